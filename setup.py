@@ -1,0 +1,70 @@
+"""Packaging for kiln.
+
+The base install is what training code needs to read a kiln dataset (the
+reader): NumPy and TensorFlow. Everything that builds datasets is an extra:
+
+    pip install kiln              # reader only
+    pip install "kiln[pipeline]"  # + Beam job and OpenCV kernels (local runner)
+    pip install "kiln[gcp]"       # + Dataflow and gs:// support
+    pip install "kiln[dev]"       # + test tools
+"""
+
+import pathlib
+import re
+
+import setuptools
+
+HERE = pathlib.Path(__file__).parent
+
+# The single place that pins Apache Beam. The Dockerfile's base image
+# (apache/beam_python3.X_sdk:<version>) must name the same version: Dataflow
+# refuses a container whose SDK differs from the launcher's. A test checks it.
+BEAM_VERSION = "2.77.0"
+
+
+def read_version() -> str:
+    text = (HERE / "src" / "kiln" / "__init__.py").read_text()
+    return re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
+
+
+setuptools.setup(
+    name="kiln",
+    version=read_version(),
+    description=(
+        "Prepare image datasets for TensorFlow: deterministic work offline "
+        "in Apache Beam, seeded random augmentation online in tf.data."
+    ),
+    long_description=(HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    package_dir={"": "src"},
+    packages=setuptools.find_packages("src"),
+    install_requires=[
+        "numpy>=1.26,<3",
+        "tensorflow>=2.16,<2.22",
+    ],
+    extras_require={
+        "pipeline": [
+            f"apache-beam=={BEAM_VERSION}",
+            # Same library as opencv-python without the GUI libraries: right
+            # for Beam workers and containers.
+            "opencv-python-headless>=4.9,<6",
+            "pydantic>=2.6,<3",
+            "pyyaml>=6.0,<7",
+            "google-crc32c>=1.5,<2",
+        ],
+        "gcp": [
+            f"apache-beam[gcp]=={BEAM_VERSION}",
+        ],
+        "dev": [
+            "pytest>=8,<10",
+            "pytest-timeout>=2.2,<3",
+            "tensorflow-datasets>=4.9,<5",
+        ],
+    },
+    entry_points={"console_scripts": ["kiln=kiln.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

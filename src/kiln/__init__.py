@@ -1,0 +1,15 @@
+"""kiln: prepare image datasets for TensorFlow training.
+
+Deterministic work (decode, orient, resize, crop, colour, encode) runs once,
+offline, in an Apache Beam job (`kiln.pipeline`, using the pure kernels in
+`kiln.transforms`). Random augmentation runs every epoch, online, in a thin
+tf.data reader (`kiln.reader`) made of TensorFlow ops with stateless seeds.
+`kiln.schemas` is the one declaration of the record format both halves share.
+"""
+
+__version__ = "0.1.0"
+
+# Bumped whenever the bytes a build writes for the same inputs and config
+# change (record layout, sharding, metadata format). Part of every dataset
+# fingerprint, so a format change forces a rebuild.
+FORMAT_VERSION = 1

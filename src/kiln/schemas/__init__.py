@@ -1,0 +1,34 @@
+"""The record format shared by the build job and the reader.
+
+`RECORD` declares a record's features once; the Beam encoder, the reader's
+parse spec and decoder, and the metadata all derive from it. `DatasetInfo`
+is the `kiln.json` written beside the shards.
+"""
+
+from kiln.schemas.features import (
+    ENCODINGS,
+    RECORD,
+    Feature,
+    Schema,
+    SchemaError,
+    decode_image,
+)
+from kiln.schemas.metadata import (
+    ERRORS_FILENAME,
+    LATEST_FILENAME,
+    METADATA_FILENAME,
+    STAGING_PREFIX,
+    ChannelStatistics,
+    DatasetInfo,
+    MetadataError,
+    ShardInfo,
+    SplitInfo,
+    shard_filename,
+)
+
+__all__ = [
+    "ENCODINGS", "RECORD", "Feature", "Schema", "SchemaError", "decode_image",
+    "ERRORS_FILENAME", "LATEST_FILENAME", "METADATA_FILENAME", "STAGING_PREFIX",
+    "ChannelStatistics", "DatasetInfo", "MetadataError", "ShardInfo", "SplitInfo",
+    "shard_filename",
+]

@@ -1,0 +1,26 @@
+"""Offline, deterministic image work: pure NumPy/OpenCV kernels.
+
+Used only by the build job (`kiln.pipeline`); never imported by the reader.
+Images are uint8 ``HxWxC`` NumPy arrays in RGB order (C is 1 or 3).
+
+- `decode`: bytes -> RGB (or grayscale) uint8 array, EXIF orientation applied.
+- `functional`: the built-in kernels (resize, center_crop, pad, to_grayscale).
+- `registry`: transforms by name, validated from the YAML `transforms:` list.
+- `encode`: array -> stored bytes (jpeg, png or raw).
+"""
+
+from kiln.transforms.registry import (
+    Chain,
+    Transform,
+    TransformConfigError,
+    get,
+    import_plugins,
+    names,
+    parse,
+    register,
+)
+
+__all__ = [
+    "Chain", "Transform", "TransformConfigError", "get", "import_plugins",
+    "names", "parse", "register",
+]
