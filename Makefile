@@ -1,0 +1,32 @@
+# kiln developer commands. Each target sets up the virtual environment first,
+# so `make demo` and `make test` work on a fresh machine.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEMO_DATA ?= build/demo-data
+STAMP := $(VENV)/.kiln-installed
+
+.PHONY: venv demo test bench clean
+
+venv: $(STAMP)
+
+# Reinstall when the dependencies change.
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[pipeline,gcp,dev]"
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/kiln demo-data $(DEMO_DATA)
+	$(BIN)/kiln build --config configs/demo.yaml
+
+test: venv
+	$(BIN)/python -m pytest
+
+bench: venv
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf build $(VENV) src/*.egg-info .pytest_cache
