@@ -13,6 +13,7 @@ from kiln.transforms.registry import (
     Chain,
     Transform,
     TransformConfigError,
+    TransformError,
     get,
     import_plugins,
     names,
@@ -21,6 +22,6 @@ from kiln.transforms.registry import (
 )
 
 __all__ = [
-    "Chain", "Transform", "TransformConfigError", "get", "import_plugins",
+    "Chain", "Transform", "TransformConfigError", "TransformError", "get", "import_plugins",
     "names", "parse", "register",
 ]

@@ -34,14 +34,34 @@ TransformFn = Callable[..., np.ndarray]
 
 _REGISTRY: dict[str, TransformFn] = {}
 _PARAM_MODELS: dict[str, type[pydantic.BaseModel]] = {}
+_CHECKS: dict[str, Callable[..., None]] = {}
 
 
 class TransformConfigError(ValueError):
     """A transform spec is invalid; the message names the list entry and field."""
 
 
-def register(name: str | None = None) -> Callable[[TransformFn], TransformFn]:
+class TransformError(ValueError):
+    """A transform cannot be applied to this image (e.g. smaller than the crop).
+
+    A property of the data, not of the config: the build job drops the file
+    with this message and carries on.
+    """
+
+
+def register(
+    name: str | None = None, *, check: Callable[..., None] | None = None
+) -> Callable[[TransformFn], TransformFn]:
     """Decorator: registers `fn` as the offline transform `name`.
+
+    Args:
+      name: The name the config uses; defaults to the function's name.
+      check: Optional validation of rules that span several parameters
+        (e.g. "exactly one of size and to_square"), which type annotations
+        cannot express. Called by `parse` with the validated parameters as
+        keyword arguments (defaults filled in); raises ValueError with a
+        message naming the parameters. The kernel should call it too, so a
+        direct call fails the same way.
 
     Raises:
       ValueError: if the name is taken or the signature is not
@@ -53,6 +73,8 @@ def register(name: str | None = None) -> Callable[[TransformFn], TransformFn]:
         if transform_name in _REGISTRY and _REGISTRY[transform_name] is not fn:
             raise ValueError(f"an offline transform named {transform_name!r} is already registered")
         _PARAM_MODELS[transform_name] = _param_model(transform_name, fn)
+        if check is not None:
+            _CHECKS[transform_name] = check
         _REGISTRY[transform_name] = fn
         return fn
 
@@ -188,6 +210,11 @@ def parse(specs: Iterable[Any], field: str = "transforms") -> Chain:
             loc = ".".join(str(p) for p in first["loc"])
             raise TransformConfigError(f"{where}.{name}.{loc}: {first['msg']}") from None
         params = tuple(sorted(model.model_dump().items()))
+        if name in _CHECKS:
+            try:
+                _CHECKS[name](**dict(params))
+            except ValueError as e:
+                raise TransformConfigError(f"{where}.{name}: {e}") from None
         transforms.append(Transform(name, params))
     return Chain(tuple(transforms))
 
