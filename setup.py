@@ -47,8 +47,10 @@ setuptools.setup(
         "pipeline": [
             f"apache-beam=={BEAM_VERSION}",
             # Same library as opencv-python without the GUI libraries: right
-            # for Beam workers and containers.
-            "opencv-python-headless>=4.9,<6",
+            # for Beam workers and containers. At least 5.0: kiln's decoding
+            # relies on imdecodeWithMetadata and EXIF from PNG and WebP.
+            "opencv-python-headless>=5.0,<6",
+            "imagesize>=2.0,<3",  # image size from the header: refuse decompression bombs
             "pydantic>=2.6,<3",
             "pyyaml>=6.0,<7",
             "google-crc32c>=1.5,<2",

@@ -9,6 +9,8 @@ Images are uint8 ``HxWxC`` NumPy arrays in RGB order (C is 1 or 3).
 - `encode`: array -> stored bytes (jpeg, png or raw).
 """
 
+from kiln.transforms.decode import DecodeError, decode_image
+from kiln.transforms.encode import encode_image
 from kiln.transforms.registry import (
     Chain,
     Transform,
@@ -22,6 +24,6 @@ from kiln.transforms.registry import (
 )
 
 __all__ = [
-    "Chain", "Transform", "TransformConfigError", "TransformError", "get", "import_plugins",
-    "names", "parse", "register",
+    "Chain", "DecodeError", "Transform", "TransformConfigError", "TransformError",
+    "decode_image", "encode_image", "get", "import_plugins", "names", "parse", "register",
 ]

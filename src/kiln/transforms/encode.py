@@ -1,0 +1,85 @@
+"""A uint8 image array to the bytes stored in a record: JPEG, PNG or raw pixels.
+
+Every encoder setting that affects the bytes is fixed here rather than left
+to OpenCV's defaults, so a build is byte-identical across runs and does not
+change silently when a default moves between OpenCV versions. (The bytes
+still depend on the libjpeg-turbo and zlib inside the OpenCV wheel, which is
+one reason kiln pins its dependencies; PNG and raw pixels decode identically
+regardless.)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import cv2
+import numpy as np
+
+FORMATS = ("jpeg", "png", "raw")
+
+# zlib level 6: the usual balance; higher levels take several times longer
+# for a few percent, which a build of millions of images feels.
+PNG_COMPRESSION = 6
+
+
+def encode_image(
+    image: np.ndarray,
+    *,
+    format: Literal["jpeg", "png", "raw"],
+    quality: int = 95,
+) -> bytes:
+    """Encodes a uint8 ``HxWxC`` RGB (C 3) or gray (C 1) image.
+
+    Args:
+      image: The pixels, RGB order.
+      format: ``"jpeg"`` (lossy, `quality` 1..100), ``"png"`` (lossless) or
+        ``"raw"`` (the pixels in C order: ``H * W * C`` bytes, row-major HWC;
+        the record's height, width and channels give the shape back).
+      quality: JPEG quality, 1..100; ignored for png and raw.
+
+    Returns:
+      The encoded bytes; identical for identical input.
+
+    Raises:
+      ValueError: if the image is not uint8 HxWx{1,3}, or the format or
+        quality is invalid.
+    """
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 \
+            or image.shape[2] not in (1, 3) or image.shape[0] == 0 or image.shape[1] == 0:
+        described = (f"{image.dtype} array of shape {image.shape}"
+                     if isinstance(image, np.ndarray) else type(image).__name__)
+        raise ValueError(f"encode_image: expected a non-empty uint8 HxWxC array with C 1 or 3, "
+                         f"got {described}")
+    if format not in FORMATS:
+        raise ValueError(f"encode_image: unknown format {format!r}; expected one of {FORMATS}")
+    if format == "raw":
+        return np.ascontiguousarray(image).tobytes(order="C")
+    if isinstance(quality, bool) or not isinstance(quality, (int, np.integer)) \
+            or not 1 <= quality <= 100:
+        raise ValueError(f"encode_image: quality must be an integer 1..100, got {quality!r}")
+
+    # OpenCV encoders take BGR, and HxW for one channel.
+    pixels = image[:, :, 0] if image.shape[2] == 1 else image[:, :, ::-1]
+    pixels = np.ascontiguousarray(pixels)
+    if format == "jpeg":
+        extension = ".jpg"
+        # 4:2:0 chroma subsampling, baseline (not progressive), standard
+        # Huffman tables: the most common JPEG, which every decoder
+        # (tf.io.decode_jpeg included) reads on its fastest path.
+        params = [
+            cv2.IMWRITE_JPEG_QUALITY, int(quality),
+            cv2.IMWRITE_JPEG_PROGRESSIVE, 0,
+            cv2.IMWRITE_JPEG_OPTIMIZE, 0,
+            cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
+        ]
+    else:
+        extension = ".png"
+        params = [
+            cv2.IMWRITE_PNG_COMPRESSION, PNG_COMPRESSION,
+            cv2.IMWRITE_PNG_STRATEGY, cv2.IMWRITE_PNG_STRATEGY_DEFAULT,
+            cv2.IMWRITE_PNG_FILTER, cv2.IMWRITE_PNG_FAST_FILTERS,
+        ]
+    ok, encoded = cv2.imencode(extension, pixels, params)
+    if not ok:
+        raise RuntimeError(f"encode_image: OpenCV failed to encode a {image.shape} image as {format}")
+    return encoded.tobytes()

@@ -1,0 +1,298 @@
+"""decode_image: every format OpenCV reads, EXIF orientation, alpha, depth, and each failure reason.
+
+Fixtures are written with Pillow (an independent encoder) or OpenCV, in memory.
+"""
+
+import io
+import pickle
+import struct
+import zlib
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image, ImageOps
+
+from kiln.transforms import DecodeError, decode_image
+from kiln.transforms import decode as decode_module
+from kiln.transforms.functional import to_grayscale
+
+RNG = np.random.default_rng(1234)
+# 8x8 blocks of random colours: survives JPEG at quality 100 almost exactly,
+# and no two blocks alike, so any flip or rotation shows.
+BLOCKS = np.kron(RNG.integers(0, 256, (3, 4, 3)), np.ones((8, 8, 1))).astype(np.uint8)  # 24x32
+NOISE = RNG.integers(0, 256, (11, 17, 3), dtype=np.uint8)
+
+
+def pillow_bytes(image, fmt, mode=None, **save_args) -> bytes:
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image, mode) if mode else Image.fromarray(image)
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **save_args)
+    return buffer.getvalue()
+
+
+def opencv_bytes(bgr, extension) -> bytes:
+    ok, encoded = cv2.imencode(extension, bgr)
+    assert ok
+    return encoded.tobytes()
+
+
+def max_abs_diff(a, b) -> int:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return int(np.abs(a.astype(int) - b.astype(int)).max())
+
+
+# --- formats ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt, save_args", [
+    ("PNG", {}),
+    ("BMP", {}),
+    ("TIFF", {}),
+    ("TIFF", {"compression": "tiff_lzw"}),
+    ("WEBP", {"lossless": True}),
+    ("JPEG2000", {}),
+])
+def test_lossless_formats_decode_exactly(fmt, save_args):
+    out = decode_image(pillow_bytes(NOISE, fmt, **save_args))
+    assert out.dtype == np.uint8 and out.flags.c_contiguous
+    np.testing.assert_array_equal(out, NOISE)
+
+
+@pytest.mark.parametrize("extension", [".ras", ".ppm", ".pam"])
+def test_opencv_only_formats_decode_exactly(extension):
+    out = decode_image(opencv_bytes(NOISE[:, :, ::-1], extension))
+    np.testing.assert_array_equal(out, NOISE)
+
+
+@pytest.mark.parametrize("save_args", [
+    {"quality": 100, "subsampling": 0},
+    {"quality": 100, "subsampling": 0, "progressive": True},
+])
+def test_jpeg_baseline_and_progressive(save_args):
+    out = decode_image(pillow_bytes(BLOCKS, "JPEG", **save_args))
+    assert out.shape == (24, 32, 3)
+    assert max_abs_diff(out, BLOCKS) <= 3
+
+
+def test_cmyk_jpeg_becomes_rgb():
+    cmyk = Image.new("CMYK", (20, 10), (0, 255, 255, 0))  # pure red in CMYK
+    out = decode_image(pillow_bytes(cmyk, "JPEG", quality=100))
+    assert out.shape == (10, 20, 3)
+    assert max_abs_diff(out, np.full((10, 20, 3), (255, 0, 0))) <= 3
+
+
+def test_gray_sources_give_one_channel_or_three_equal_channels():
+    gray = NOISE[:, :, 0]
+    for data in (pillow_bytes(gray, "PNG"), pillow_bytes(gray, "TIFF")):
+        one = decode_image(data, channels=1)
+        np.testing.assert_array_equal(one, gray[:, :, np.newaxis])
+        three = decode_image(data, channels=3)
+        np.testing.assert_array_equal(three, np.repeat(gray[:, :, np.newaxis], 3, axis=2))
+    jpeg = decode_image(pillow_bytes(BLOCKS[:, :, 0], "JPEG", quality=100), channels=1)
+    assert jpeg.shape == (24, 32, 1) and max_abs_diff(jpeg, BLOCKS[:, :, :1]) <= 2
+
+
+def test_colour_to_one_channel_uses_the_grayscale_kernel():
+    np.testing.assert_array_equal(decode_image(pillow_bytes(NOISE, "PNG"), channels=1),
+                                  to_grayscale(NOISE))
+
+
+def test_palette_png_and_gif():
+    palette_image = Image.fromarray(np.array([[0, 1, 2]], np.uint8), "P")
+    palette_image.putpalette([10, 20, 30, 40, 50, 60, 70, 80, 90])
+    expected = np.array([[[10, 20, 30], [40, 50, 60], [70, 80, 90]]], np.uint8)
+    np.testing.assert_array_equal(decode_image(pillow_bytes(palette_image, "PNG")), expected)
+    np.testing.assert_array_equal(decode_image(pillow_bytes(palette_image, "GIF")), expected)
+    # A transparent palette entry is composited over white like any alpha.
+    transparent = decode_image(pillow_bytes(palette_image, "PNG", transparency=0))
+    np.testing.assert_array_equal(transparent[0, 0], [255, 255, 255])
+    np.testing.assert_array_equal(transparent[0, 1:], expected[0, 1:])
+
+
+def test_alpha_is_composited_over_white():
+    rgba = np.array([[[200, 100, 50, 255], [200, 100, 50, 0], [200, 100, 50, 128], [0, 0, 0, 128]]],
+                    np.uint8)
+    out = decode_image(pillow_bytes(rgba, "PNG"))
+    # c * a/255 + 255 * (1 - a/255), rounded: (200*128 + 255*127) / 255 = 227.4
+    np.testing.assert_array_equal(out, [[[200, 100, 50], [255, 255, 255], [227, 177, 152], [127, 127, 127]]])
+    webp = decode_image(pillow_bytes(rgba, "WEBP", lossless=True, exact=True))
+    np.testing.assert_array_equal(webp, out)
+
+
+def test_gray_with_alpha():
+    la = np.array([[[100, 0], [100, 255]]], np.uint8)
+    data = pillow_bytes(la, "PNG", mode="LA")
+    np.testing.assert_array_equal(decode_image(data, channels=1), [[[255], [100]]])
+    np.testing.assert_array_equal(decode_image(data, channels=3), [[[255] * 3, [100] * 3]])
+
+
+def test_16_bit_png_rounds_to_8_bit():
+    values = np.array([0, 128, 129, 257, 32767, 65407, 65535], np.uint16)
+    rgb16 = np.stack([values, values[::-1], np.full_like(values, 1000)], axis=-1)[np.newaxis]
+    out = decode_image(opencv_bytes(rgb16[:, :, ::-1], ".png"))
+    np.testing.assert_array_equal(out, np.rint(rgb16 / 257.0).astype(np.uint8))
+    assert out[0, :, 0].tolist() == [0, 0, 1, 1, 127, 255, 255]
+    gray16 = decode_image(opencv_bytes(values[np.newaxis], ".png"), channels=1)
+    np.testing.assert_array_equal(gray16[0, :, 0], out[0, :, 0])
+
+
+def test_16_bit_png_with_alpha():
+    bgra16 = np.array([[[0, 0, 65535, 65535], [0, 0, 65535, 0]]], np.uint16)
+    np.testing.assert_array_equal(decode_image(opencv_bytes(bgra16, ".png")),
+                                  [[[255, 0, 0], [255, 255, 255]]])
+
+
+def test_float_hdr_is_clipped_and_scaled():
+    linear = np.array([[[0.0, 0.5, 1.0], [2.0, 0.25, 0.0]]], np.float32)  # RGB
+    out = decode_image(opencv_bytes(linear[:, :, ::-1], ".hdr"))
+    expected = np.array([[[0, 128, 255], [255, 64, 0]]])
+    assert max_abs_diff(out, expected) <= 2  # RGBE keeps 8 bits of mantissa
+
+
+def test_multi_frame_gif_gives_the_first_frame():
+    frames = [Image.new("RGB", (4, 3), colour) for colour in ((255, 0, 0), (0, 0, 255))]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
+    np.testing.assert_array_equal(decode_image(buffer.getvalue()), np.full((3, 4, 3), (255, 0, 0)))
+
+
+# --- EXIF orientation ---------------------------------------------------------------
+
+def with_orientation(fmt, orientation, **save_args) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return pillow_bytes(BLOCKS, fmt, exif=exif.tobytes(), **save_args)
+
+
+# What each orientation tag means for the stored pixels, written out independently.
+UPRIGHT = {
+    1: lambda a: a,
+    2: lambda a: a[:, ::-1],
+    3: lambda a: a[::-1, ::-1],
+    4: lambda a: a[::-1],
+    5: lambda a: np.transpose(a, (1, 0, 2)),
+    6: lambda a: np.rot90(a, k=-1),  # clockwise
+    7: lambda a: np.rot90(a, k=-1)[::-1],  # transverse
+    8: lambda a: np.rot90(a, k=1),   # counter-clockwise
+}
+
+
+@pytest.mark.parametrize("fmt, save_args, tolerance", [
+    ("JPEG", {"quality": 100, "subsampling": 0}, 3),
+    ("PNG", {}, 0),
+    ("WEBP", {"lossless": True}, 0),
+    ("TIFF", {}, 0),
+])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_is_applied(fmt, save_args, tolerance, orientation):
+    data = with_orientation(fmt, orientation, **save_args)
+    out = decode_image(data)
+    expected = UPRIGHT[orientation](BLOCKS)
+    assert out.shape == expected.shape
+    assert max_abs_diff(out, expected) <= tolerance
+    # Pillow's own reading of the same file agrees.
+    pillow = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data)).convert("RGB")))
+    assert max_abs_diff(out, pillow) <= tolerance
+
+
+def test_orientation_applies_with_alpha_and_one_channel():
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    rgba = np.dstack([BLOCKS, np.full(BLOCKS.shape[:2], 255, np.uint8)])
+    out = decode_image(pillow_bytes(rgba, "PNG", exif=exif.tobytes()), channels=1)
+    np.testing.assert_array_equal(out, to_grayscale(np.ascontiguousarray(np.rot90(BLOCKS, k=-1))))
+
+
+def test_invalid_orientation_value_is_ignored():
+    np.testing.assert_array_equal(decode_image(with_orientation("PNG", 9)), BLOCKS)
+
+
+# --- failures ------------------------------------------------------------------------
+
+def png_declaring(width, height) -> bytes:
+    """A tiny, valid-looking PNG whose header declares width x height pixels."""
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+
+
+def jpeg_declaring(width, height) -> bytes:
+    """A real small JPEG with the frame header's dimensions rewritten."""
+    data = bytearray(pillow_bytes(NOISE, "JPEG"))
+    sof = data.index(b"\xff\xc0")  # baseline frame header: length, precision, height, width
+    data[sof + 5:sof + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+@pytest.mark.parametrize("data, reason, message", [
+    (b"", "empty", "empty"),
+    (b"just some text, not a picture\n", "not_an_image", "not an image"),
+    (b"<!DOCTYPE html><html><body>404</body></html>", "not_an_image", "not an image"),
+    (b"8BPS" + bytes(60), "unsupported_format", "Photoshop"),
+    (b"\x00\x00\x00\x18ftypheic" + bytes(60), "unsupported_format", "HEIF"),
+    (b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg"/>', "unsupported_format", "SVG"),
+    (pillow_bytes(NOISE, "JPEG")[:300], "corrupt", "JPEG"),
+    (pillow_bytes(NOISE, "JPEG", progressive=True)[:-200], "corrupt", "JPEG"),
+    (pillow_bytes(NOISE, "PNG")[:-100], "corrupt", "PNG"),
+    (pillow_bytes(NOISE, "WEBP")[:40], "corrupt", "WebP"),
+    (pillow_bytes(NOISE, "TIFF")[:200], "corrupt", "TIFF"),
+], ids=["empty", "text", "html", "psd", "heic", "svg", "jpeg-header-only", "jpeg-progressive-cut",
+        "png-cut", "webp-cut", "tiff-cut"])
+def test_bad_files_raise_decode_error_with_reason(data, reason, message):
+    with pytest.raises(DecodeError, match=message) as caught:
+        decode_image(data)
+    assert caught.value.reason == reason
+
+
+def test_damaged_png_data_is_corrupt():
+    data = bytearray(pillow_bytes(NOISE, "PNG"))
+    data[data.index(b"IDAT") + 10] ^= 0xFF
+    with pytest.raises(DecodeError) as caught:
+        decode_image(bytes(data))
+    assert caught.value.reason == "corrupt"
+
+
+@pytest.mark.parametrize("data", [png_declaring(20000, 20000), jpeg_declaring(30000, 30000)],
+                         ids=["png", "jpeg"])
+def test_decompression_bomb_is_refused_from_the_header_before_decoding(data, monkeypatch):
+    def must_not_decode(*args, **kwargs):
+        raise AssertionError("OpenCV was asked to decode a file refused by its header")
+
+    monkeypatch.setattr(decode_module.cv2, "imdecodeWithMetadata", must_not_decode)
+    with pytest.raises(DecodeError, match=r"declares \d+x\d+ \(WxH\) = \d+ pixels, more than "
+                                          r"max_pixels 1000000") as caught:
+        decode_image(data, max_pixels=1_000_000)
+    assert caught.value.reason == "too_many_pixels"
+
+
+def test_max_pixels_is_also_checked_after_decoding_when_the_header_is_unknown():
+    sun_raster = opencv_bytes(NOISE[:, :, ::-1], ".ras")  # a format the header reader skips
+    with pytest.raises(DecodeError, match=r"is 17x11 \(WxH\) = 187 pixels") as caught:
+        decode_image(sun_raster, max_pixels=100)
+    assert caught.value.reason == "too_many_pixels"
+    assert decode_image(sun_raster, max_pixels=187).shape == (11, 17, 3)
+
+
+def test_too_small_names_the_size_and_the_limit():
+    with pytest.raises(DecodeError, match=r"17x11 \(WxH\), smaller than min_size 12") as caught:
+        decode_image(pillow_bytes(NOISE, "PNG"), min_size=12)
+    assert caught.value.reason == "too_small"
+    assert decode_image(pillow_bytes(NOISE, "PNG"), min_size=11).shape == (11, 17, 3)
+
+
+def test_decode_error_pickles_with_its_reason():
+    error = pickle.loads(pickle.dumps(DecodeError("corrupt", "JPEG data is truncated")))
+    assert error.reason == "corrupt" and str(error) == "JPEG data is truncated"
+    assert isinstance(error, ValueError)
+    with pytest.raises(ValueError, match="unknown decode error reason"):
+        DecodeError("bad", "x")
+
+
+@pytest.mark.parametrize("kwargs", [{"channels": 4}, {"max_pixels": 0}, {"min_size": 0}])
+def test_invalid_arguments_are_value_errors_not_decode_errors(kwargs):
+    with pytest.raises(ValueError) as caught:
+        decode_image(pillow_bytes(NOISE, "PNG"), **kwargs)
+    assert not isinstance(caught.value, DecodeError)
