@@ -1,0 +1,1 @@
+"""Standalone kiln commands: lint, verify, inspect and preview."""
