@@ -39,6 +39,7 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "build": Command("kiln.pipeline.command", "build a dataset with the Beam job", True),
     "demo-data": Command("kiln.pipeline.demo_data", "generate the small demo image folder"),
+    "lint": Command("kiln.tools.lint_command", "check training code for tf.data tracing pitfalls"),
 }
 
 EPILOG = """examples:

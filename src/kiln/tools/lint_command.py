@@ -1,0 +1,103 @@
+"""`kiln lint`: report tf.data / tf.function tracing pitfalls in training code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kiln import cli
+from kiln.tools import lint
+
+DESCRIPTION = """\
+Statically check your own training code for the tf.data tracing pitfalls.
+
+Dataset.map (filter, flat_map, interleave) and tf.function trace a Python
+function once into a graph, so plain Python in it runs once, at trace time.
+This command reads the source (Python's ast; it imports neither your code nor
+TensorFlow) and reports, inside every traced function and the same-module
+functions it calls: Python/NumPy randomness, .numpy(), print(), Python
+if/while/assert on tensors, tf.py_function, and NumPy/OpenCV on tensors."""
+
+
+def _epilog() -> str:
+    codes = "\n".join(f"  {rule.code}  {rule.title}" for rule in lint.RULES.values())
+    return f"""\
+codes:
+{codes}
+
+output: one line per finding, sorted by file and line:
+  FILE:LINE:COL: CODE message (fix: ...)
+silence one line with a trailing comment:  # kiln: noqa   or   # kiln: noqa[K101,K103]
+
+examples:
+  kiln lint train.py
+  kiln lint src/ scripts/train.py
+  kiln lint --ignore K103 src/
+  kiln lint --select K101,K104 train.py
+  kiln lint --format json src/ > lint.json
+
+exit codes:
+  0  no findings
+  1  findings (a file that cannot be parsed is reported as K000 and counts
+     as a finding; the other files are still checked)
+  2  usage error: a path does not exist, an unknown code in --select/--ignore,
+     no Python file found, or no file could be parsed"""
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = DESCRIPTION
+    parser.epilog = _epilog()
+    parser.add_argument("paths", nargs="+", metavar="FILE_OR_DIR",
+                        help="Python files, or directories searched for *.py files")
+    parser.add_argument("--format", choices=("text", "json"), default="text",
+                        help="text (default): one line per finding; json: one JSON document")
+    parser.add_argument("--select", type=_codes, metavar="CODES",
+                        help="comma-separated codes or prefixes to report (e.g. K101,K104 or K10)")
+    parser.add_argument("--ignore", type=_codes, metavar="CODES",
+                        help="comma-separated codes or prefixes not to report")
+
+
+def _codes(text: str) -> list[str]:
+    return [code.strip() for code in text.split(",") if code.strip()]
+
+
+def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
+    try:
+        files = lint.python_files(args.paths)
+    except FileNotFoundError as e:
+        raise cli.UsageError(str(e)) from None
+    if not files:
+        raise cli.UsageError(f"no Python files found in: {' '.join(args.paths)}")
+    findings: list[lint.Finding] = []
+    unparsable = 0
+    for path in files:
+        try:
+            found = lint.lint_file(path, select=args.select, ignore=args.ignore)
+        except ValueError as e:  # an unknown code in --select/--ignore
+            raise cli.UsageError(str(e)) from None
+        unparsable += any(f.code == lint.SYNTAX_ERROR_CODE for f in found)
+        findings.extend(found)
+    findings.sort()
+    checked = len(files) - unparsable
+
+    if args.format == "json":
+        json.dump({
+            "files_checked": checked,
+            "files_unparsable": unparsable,
+            "findings": [f.to_dict() for f in findings],
+        }, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for finding in findings:
+            print(finding.format())
+        problems = len(findings) - unparsable
+        summary = f"kiln lint: {problems} finding{'s' * (problems != 1)} in {checked} checked file" \
+                  f"{'s' * (checked != 1)}"
+        if unparsable:
+            summary += f"; {unparsable} file{'s' * (unparsable != 1)} could not be parsed (K000)"
+        print(summary, file=sys.stderr)
+
+    if checked == 0:
+        return 2
+    return 1 if findings else 0
