@@ -80,26 +80,22 @@ RULES: dict[str, Rule] = {
         Rule("K000", "the file could not be read or parsed",
              "fix the syntax error; nothing else in this file was checked"),
         Rule("K101", "Python or NumPy randomness in traced code",
-             "use tf.random.stateless_* / tf.image.stateless_random_* ops with a "
-             "per-element seed (e.g. derived from the element index via Dataset.enumerate)"),
+             "use tf.random.stateless_* / tf.image.stateless_random_* with a per-element "
+             "seed, e.g. from Dataset.enumerate"),
         Rule("K102", "Python value of a symbolic tensor",
-             "keep the computation in TF ops, or do the work offline with kiln build"),
+             "keep it in TF ops, or do the work offline in kiln build"),
         Rule("K103", "print() in traced code",
-             "use tf.print(...), which is an op and runs for every element"),
+             "use tf.print, which runs for every element"),
         Rule("K104", "Python branch on a tensor",
-             "branch with tf.cond(pred, true_fn, false_fn), or select element-wise "
-             "with tf.where(pred, x, y)"),
+             "use tf.cond(pred, true_fn, false_fn), or tf.where(pred, x, y) element-wise"),
         Rule("K105", "Python while loop on a tensor",
-             "use tf.while_loop(cond, body, loop_vars), or a static bound such as x.shape"),
+             "use tf.while_loop(cond, body, loop_vars), or loop over a static bound such as x.shape"),
         Rule("K106", "assert on a tensor",
-             "use tf.debugging.assert_* (e.g. tf.debugging.assert_less(x, 10)), which "
-             "checks every element"),
+             "use tf.debugging.assert_* (e.g. tf.debugging.assert_less), which checks every element"),
         Rule("K107", "Python code wrapped in tf.py_function / tf.numpy_function",
-             "move the work offline into kiln build (a registered transform), or "
-             "express it in TF ops"),
+             "move the work offline into kiln build (a registered transform), or write it in TF ops"),
         Rule("K108", "NumPy/OpenCV call on a tensor",
-             "do this deterministic work offline in kiln build, or use the TF op "
-             "equivalent (tf.image.*, tf.math.*)"),
+             "do it offline in kiln build, or use the TF equivalent (tf.image.*, tf.math.*)"),
     )
 }
 
@@ -993,18 +989,17 @@ class _FunctionBodyChecker:
             if self.is_tensor(node.test, tainted):
                 self.module.report(
                     node, "K104",
-                    "Python `if` on a tensor: works only if AutoGraph rewrites it into tf.cond, "
-                    "and fails with 'Using a symbolic tf.Tensor as a Python bool' when AutoGraph "
-                    "is off, cannot read the source, or the branches differ in dtype or structure")
+                    "Python `if` on a tensor: needs AutoGraph to rewrite it into tf.cond; fails "
+                    "('symbolic tf.Tensor as a Python bool') without AutoGraph or source access, "
+                    "or when the branches differ in dtype/structure")
             return self.block(node.body, tainted) | self.block(node.orelse, tainted)
         if isinstance(node, ast.While):
             check(node.test, tainted)
             if self.is_tensor(node.test, tainted):
                 self.module.report(
                     node, "K105",
-                    "Python `while` on a tensor: works only if AutoGraph rewrites it into "
-                    "tf.while_loop, and fails with 'Using a symbolic tf.Tensor as a Python bool' "
-                    "when AutoGraph is off or cannot read the source")
+                    "Python `while` on a tensor: needs AutoGraph to rewrite it into tf.while_loop; "
+                    "fails ('symbolic tf.Tensor as a Python bool') without AutoGraph or source access")
             after = self._loop(node.body, tainted)
             return after | self.block(node.orelse, after)
         if isinstance(node, (ast.For, ast.AsyncFor)):
@@ -1035,9 +1030,8 @@ class _FunctionBodyChecker:
             if self.is_tensor(node.test, tainted):
                 self.module.report(
                     node, "K106",
-                    "`assert` on a tensor fails in graph mode ('Using a symbolic tf.Tensor as a "
-                    "Python bool'; AutoGraph does not convert assert) and would check only the "
-                    "trace, not each element")
+                    "`assert` on a tensor fails in graph mode: AutoGraph does not convert assert, "
+                    "and a symbolic tensor has no truth value")
             return tainted
         if _is_match(node):
             check(node.subject, tainted)
@@ -1090,18 +1084,16 @@ class _FunctionBodyChecker:
             if self.is_tensor(node.test, tainted):
                 self.module.report(
                     node, "K104",
-                    "conditional expression (`a if cond else b`) on a tensor: works only if "
-                    "AutoGraph rewrites it into tf.cond, and fails with 'Using a symbolic "
-                    "tf.Tensor as a Python bool' otherwise",
+                    "conditional expression on a tensor: needs AutoGraph to rewrite it into "
+                    "tf.cond; fails ('symbolic tf.Tensor as a Python bool') without it",
                     "use tf.where(cond, a, b), or tf.cond(cond, lambda: a, lambda: b)")
         elif isinstance(node, ast.BoolOp):
             if any(self.is_tensor(value, tainted) for value in node.values[:-1]):
                 operator = "and" if isinstance(node.op, ast.And) else "or"
                 self.module.report(
                     node, "K104",
-                    f"`{operator}` on a tensor asks for its Python truth value: works only if "
-                    f"AutoGraph rewrites it, and fails with 'Using a symbolic tf.Tensor as a "
-                    f"Python bool' otherwise",
+                    f"`{operator}` on a tensor takes its Python truth value: needs AutoGraph's "
+                    f"rewrite; fails ('symbolic tf.Tensor as a Python bool') without it",
                     f"use tf.logical_{operator}(a, b) (or a {'&' if operator == 'and' else '|'} b "
                     f"on boolean tensors)")
         elif isinstance(node, ast.NamedExpr):
@@ -1110,7 +1102,7 @@ class _FunctionBodyChecker:
             return
         elif isinstance(node, ast.Call):
             skipped = self._call(node, tainted)
-            for child in ast.iter_child_nodes(node):
+            for child in [node.func, *node.args, *(k.value for k in node.keywords)]:
                 if child not in skipped:
                     self.expression(child, tainted)
             return
@@ -1127,8 +1119,8 @@ class _FunctionBodyChecker:
                 if self.is_tensor(condition, local):
                     self.module.report(
                         condition, "K104",
-                        "comprehension `if` on a tensor asks for its Python truth value, which a "
-                        "symbolic tensor does not have ('Using a symbolic tf.Tensor as a Python bool')",
+                        "comprehension `if` on a tensor takes its Python truth value, which a "
+                        "symbolic tensor does not have (fails in graph mode)",
                         "filter with tf.boolean_mask(x, mask) or select with tf.where(mask, x, y)")
         elements = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
         for element in elements:
@@ -1147,41 +1139,36 @@ class _FunctionBodyChecker:
                           or qualified.startswith("random.")):
             self.module.report(
                 node, "K101",
-                f"`{shown}()` is Python/NumPy randomness: it runs once, at trace time, and its "
-                f"result is baked into the graph as a constant, so every element and every "
-                f"epoch gets the same value")
+                f"`{shown}()` runs once, at trace time: its value is baked into the graph as a "
+                f"constant, the same for every element and epoch")
         elif isinstance(func, ast.Attribute) and self._is_python_rng(func.value):
             self.module.report(
                 node, "K101",
-                f"`{shown}()` draws from a NumPy/Python random generator: it runs once, at "
-                f"trace time, and its result is baked into the graph as a constant, so every "
-                f"element and every epoch gets the same value")
+                f"`{shown}()` draws from a NumPy/Python generator once, at trace time: its value "
+                f"is baked into the graph as a constant, the same for every element and epoch")
         elif isinstance(func, ast.Attribute) and func.attr == "numpy" and not node.args \
                 and not node.keywords:
             self.module.report(
                 node, "K102",
-                "`.numpy()` needs a concrete value, but in a traced function the tensor is "
-                "symbolic: it fails in graph mode ('SymbolicTensor' object has no attribute "
-                "'numpy')")
+                "`.numpy()` in traced code: the tensor is symbolic and has no value "
+                "(AttributeError in graph mode)")
         elif any(index.is_builtin(func, name) for name in _CONCRETE_VALUE_BUILTINS) \
                 and any(self.is_tensor(a, tainted) for a in node.args):
             self.module.report(
                 node, "K102",
-                f"`{shown}()` of a tensor needs a concrete value, which a traced function does "
-                f"not have (TypeError on a symbolic tensor)",
+                f"`{shown}()` of a tensor in traced code: the tensor is symbolic and has no value "
+                f"(TypeError in graph mode)",
                 "use tf.cast(x, dtype) to stay in the graph, or a static property such as x.shape")
         elif index.is_builtin(func, "print"):
             self.module.report(
                 node, "K103",
-                "`print()` runs once, at trace time, and shows a symbolic Tensor rather than "
-                "any element's values")
+                "`print()` runs once, at trace time, and shows a symbolic Tensor, not the elements")
         elif qualified in _PY_FUNCTIONS:
             self.module.report(
                 node, "K107",
-                f"`{shown}` runs Python for every element: it holds the GIL (num_parallel_calls "
-                f"barely helps), its outputs lose their static shape (set_shape needed), the "
-                f"graph cannot be serialized without this Python process, and it runs on the "
-                f"host only")
+                f"`{shown}` runs Python per element: it holds the GIL (num_parallel_calls barely "
+                f"helps), loses static shapes (set_shape needed), cannot be serialized with the "
+                f"graph, and runs on the host only")
             python_function = node.args[0] if node.args else _keyword(node, "func")
             if python_function is not None:
                 skipped.add(python_function)  # runs eagerly, per element: not traced code
@@ -1189,9 +1176,8 @@ class _FunctionBodyChecker:
                 and self._has_tensor_argument(node, tainted):
             self.module.report(
                 node, "K108",
-                f"`{shown}()` on a tensor: NumPy/OpenCV need concrete arrays, and a traced "
-                f"function has only symbolic tensors ('Cannot convert a symbolic tf.Tensor to "
-                f"a numpy array')")
+                f"`{shown}()` on a tensor in traced code: NumPy/OpenCV need concrete arrays "
+                f"('Cannot convert a symbolic tf.Tensor to a numpy array')")
 
         scope = self.function
         for callee in index.resolve_callables(func, scope):

@@ -1,0 +1,29 @@
+"""Asking a symbolic tensor for a Python value, printing it, NumPy/OpenCV on it."""
+
+import cv2
+import numpy as np
+import tensorflow as tf
+
+
+def parse(serialized):
+    features = tf.io.parse_single_example(serialized, {"label": tf.io.FixedLenFeature([], tf.int64)})
+    label = features["label"]
+    label_value = label.numpy()  # expect: K102
+    count = int(label)  # expect: K102
+    ratio = float(tf.shape(serialized)[0])  # expect: K102
+    print("label", label_value, count, ratio)  # expect: K103
+    tf.print("label", label)
+    width = int(serialized.shape[0])  # static: fine
+    return label, width
+
+
+def resize(image):
+    small = cv2.resize(image, (32, 32))  # expect: K108
+    mean = np.mean(image)  # expect: K108
+    kernel = np.ones((3, 3), np.float32) / 9  # a constant made at trace time: fine
+    image = tf.cast(image, np.float32)  # NumPy dtype, not a NumPy call on the tensor
+    return small, mean, kernel, image
+
+
+ds = tf.data.Dataset.list_files("*.tfrecord").map(parse)
+ds = ds.map(resize)
