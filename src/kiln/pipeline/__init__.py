@@ -1,0 +1,25 @@
+"""The build job: an Apache Beam pipeline that writes a kiln dataset.
+
+Library entry point::
+
+    from kiln.pipeline import build
+    result = build("configs/demo.yaml", ["--direct_num_workers=2"])
+    result.dataset_dir, result.version, result.info, result.up_to_date
+
+Modules (each a noun for one job):
+
+- `config`: the YAML config's schema, validation and resolution.
+- `sources`: listing an image folder or a manifest.
+- `images`: read, hash, decode, transform, encode (the heavy DoFn).
+- `splits`: split assignment. `sharding`: deterministic shards and their
+  writer. `tfrecord`: the record framing. `statistics`: pixel statistics.
+- `error_report`: errors.jsonl. `versioning`: the version and up-to-date
+  stamp. `publish`: staging, atomic publishing, LATEST.
+- `job`: the job graph. `launcher`: `build`. `command`: `kiln build`.
+- `demo_data`: `kiln demo-data`, the embedded demo input.
+"""
+
+from kiln.pipeline.config import ConfigError
+from kiln.pipeline.launcher import BuildError, BuildResult, build
+
+__all__ = ["BuildError", "BuildResult", "ConfigError", "build"]

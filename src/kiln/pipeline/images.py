@@ -1,0 +1,223 @@
+"""The heavy step: read, hash, decode, transform and encode each input image.
+
+`ImageProcessor` does the work for one file and is plain Python (testable
+without Beam). `ProcessImagesFn` runs it over a batch of files on a thread
+pool: reading, hashing (hashlib), decoding, resizing and encoding (OpenCV)
+all release the GIL, so threads in one process use several cores without
+the cost of Beam's multi-process mode (pickling every image between
+processes). How many threads is the launcher's decision (`kiln build --image-threads`,
+see `kiln.pipeline.launcher.default_image_threads`): every core on a local
+run; one on Dataflow, which already runs one SDK process per vCPU.
+
+Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
+output, counted per reason. Every file read also contributes its entry to
+the dataset version on the ``inputs`` output (see `versioning`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import logging
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from kiln import transforms
+from kiln.pipeline import versioning
+from kiln.pipeline.error_report import DroppedFile
+from kiln.pipeline.statistics import PixelSums, pixel_sums
+from kiln.schemas import RECORD
+
+logger = logging.getLogger(__name__)
+
+DROPPED = "dropped"
+INPUTS = "inputs"
+
+
+class ProcessedImage(NamedTuple):
+    """One image, stored: the serialized record and what the job counts."""
+
+    key: str
+    label: int
+    split: str | None   # from the source; set by `splits.AssignSplits` if None
+    sha256: str         # hex sha256 of the source file's bytes
+    record: bytes       # serialized tf.train.Example (`kiln.schemas.RECORD`)
+    height: int
+    width: int
+    pixel_sums: PixelSums
+
+
+class Outcome(NamedTuple):
+    """What processing one file produced: an image or a dropped row, and
+    the file's entry hash for the version."""
+
+    image: ProcessedImage | None
+    dropped: DroppedFile | None
+    entry_hash: int
+
+
+class ImageProcessor:
+    """Turns one listed file into a stored record. Pure and thread-safe.
+
+    Args:
+      chain: The offline transforms.
+      image_config: The resolved ``image`` config (channels, max_pixels, min_size).
+      encoding: The resolved ``encoding`` config (format, quality).
+      class_names: Sorted class names (label id -> name, for the version).
+    """
+
+    def __init__(self, chain: transforms.Chain, image_config: Mapping[str, Any],
+                 encoding: Mapping[str, Any], class_names: Sequence[str]):
+        self._chain = chain
+        self._channels = int(image_config["channels"])
+        self._max_pixels = int(image_config["max_pixels"])
+        self._min_size = int(image_config["min_size"])
+        self._format = encoding["format"]
+        self._quality = int(encoding["quality"] or 95)
+        self._class_names = list(class_names)
+
+    def __call__(self, item: Mapping[str, Any]) -> Outcome:
+        key, uri, label = item["key"], item["uri"], int(item["label"])
+        split = item.get("split")
+
+        def drop(stage: str, reason: str, message: str, sha256: str | None) -> Outcome:
+            entry = versioning.file_entry(key, self._class_names[label], split, sha256)
+            return Outcome(None, DroppedFile(key, stage, reason, uri, message),
+                           versioning.entry_hash(entry))
+
+        try:
+            # UNCOMPRESSED: a file named x.gz is an image file, not gzip.
+            with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                data = f.read()
+        except Exception as e:  # permission denied, vanished, network: any I/O error
+            return drop("read", "unreadable", _describe(e), None)
+        sha256 = hashlib.sha256(data).hexdigest()
+
+        try:
+            image = transforms.decode_image(
+                data, channels=self._channels, max_pixels=self._max_pixels,
+                min_size=self._min_size,
+            )
+        except transforms.DecodeError as e:
+            return drop("decode", e.reason, str(e), sha256)
+
+        try:
+            image = self._chain(image)
+            _check_output(image, self._channels)
+        except Exception as e:  # TransformError, or a plugin's own failure
+            return drop("transform", "transform_failed", _describe(e), sha256)
+
+        encoded = transforms.encode_image(image, format=self._format, quality=self._quality)
+        height, width, channels = image.shape
+        record = RECORD.encode({
+            "image": encoded,
+            "height": height,
+            "width": width,
+            "channels": channels,
+            "label": label,
+            "key": key,
+            "sha256": sha256,
+        })
+        entry = versioning.file_entry(key, self._class_names[label], split, sha256)
+        return Outcome(
+            ProcessedImage(key, label, split, sha256, record, height, width, pixel_sums(image)),
+            None,
+            versioning.entry_hash(entry),
+        )
+
+
+def _check_output(image: Any, channels: int) -> None:
+    if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3
+            and image.shape[2] == channels and image.shape[0] > 0 and image.shape[1] > 0):
+        described = (f"{image.dtype} array of shape {image.shape}"
+                     if isinstance(image, np.ndarray) else type(image).__name__)
+        raise transforms.TransformError(
+            f"the transforms returned a {described}; expected uint8 HxWx{channels}"
+        )
+
+
+def _describe(error: Exception) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class ProcessImagesFn(beam.DoFn):
+    """[listed file] -> ProcessedImage; tagged outputs ``dropped``
+    (DroppedFile) and ``inputs`` (int entry hashes).
+
+    The thread pool is created in `setup`, once per DoFn instance (Beam
+    reuses instances across bundles), and results are emitted in input order.
+    Counters are incremented on the bundle's thread: Beam's metrics belong to
+    the thread that runs the bundle.
+    """
+
+    def __init__(self, processor: ImageProcessor, threads: int):
+        self._processor = processor
+        self._threads = max(1, int(threads))
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._read = Metrics.counter("kiln", "files_read")
+        self._decoded = Metrics.counter("kiln", "images_decoded")
+        self._bytes = Metrics.counter("kiln", "bytes_read")
+
+    def setup(self):
+        if self._threads > 1:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self._threads, thread_name_prefix="kiln-image")
+
+    def teardown(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def process(self, batch: Sequence[Mapping[str, Any]]):
+        if self._pool is not None and len(batch) > 1:
+            outcomes = self._pool.map(self._processor, batch)
+        else:
+            outcomes = map(self._processor, batch)
+        for item, outcome in zip(batch, outcomes):
+            yield beam.pvalue.TaggedOutput(INPUTS, outcome.entry_hash)
+            if outcome.dropped is None or outcome.dropped.stage != "read":
+                self._read.inc()
+                self._bytes.inc(int(item.get("size", 0)))
+            if outcome.dropped is not None:
+                Metrics.counter("kiln", f"dropped_{outcome.dropped.reason}").inc()
+                yield beam.pvalue.TaggedOutput(DROPPED, outcome.dropped)
+            else:
+                self._decoded.inc()
+                yield outcome.image
+
+
+class ProcessImages(beam.PTransform):
+    """Listed files (dicts) -> ProcessedImage, with ``dropped`` and ``inputs``
+    outputs (a DoOutputsTuple: ``result[None]``, ``result.dropped``,
+    ``result.inputs``).
+
+    Args:
+      processor: The per-file work.
+      threads: Threads per DoFn instance.
+      max_batch_size: Upper bound for Beam's adaptive batching.
+    """
+
+    def __init__(self, processor: ImageProcessor, threads: int, max_batch_size: int | None = None):
+        super().__init__()
+        self._processor = processor
+        self._threads = max(1, int(threads))
+        self._max_batch_size = max_batch_size or max(8, 8 * self._threads)
+
+    def expand(self, files):
+        return (
+            files
+            | "BatchFiles" >> beam.BatchElements(
+                min_batch_size=min(self._threads, self._max_batch_size),
+                max_batch_size=self._max_batch_size,
+            )  # [listed file]
+            | "DecodeTransformEncode" >> beam.ParDo(
+                ProcessImagesFn(self._processor, self._threads)
+            ).with_outputs(DROPPED, INPUTS, main="images")
+            # images: ProcessedImage; dropped: DroppedFile; inputs: int
+        )

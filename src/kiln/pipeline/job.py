@@ -1,0 +1,182 @@
+"""The Beam job's graph: construction only, no running.
+
+`construct` adds every step of a build to a `beam.Pipeline`; the launcher
+(`kiln.pipeline.launcher`) runs it and publishes the result. Keeping the two
+apart makes the graph testable on its own (the Dataflow dry-run test
+translates it without running anything).
+
+The job reads the listing the launcher wrote, and writes into the staging
+folder: the shard files, ``errors.jsonl``, and ``.work/report.json`` (every
+aggregate the launcher needs for `kiln.json`). The steps::
+
+    ReadListing -> ParseListing -> SeparateDropped ─┬─> (listed files)
+                                                    └─> (dropped while listing)
+    (listed files) -> SpreadFiles -> ProcessImages ─┬─> (ProcessedImage)
+                                                    ├─> (dropped: DroppedFile)
+                                                    └─> (inputs: entry hashes)
+    (ProcessedImage) -> AssignSplits -> ToShardedRecords -> WriteShards
+                                     └-> ComputeStatistics
+    (all dropped) -> WriteErrorReport
+    everything -> WriteBuildReport
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from kiln import transforms
+from kiln.pipeline import versioning
+from kiln.pipeline.error_report import DroppedFile, WriteErrorReport
+from kiln.pipeline.images import ImageProcessor, ProcessImages
+from kiln.pipeline.sharding import ShardedRecord, WriteShards, sort_key
+from kiln.pipeline.splits import AssignSplits, SplitPolicy
+from kiln.pipeline.statistics import ComputeStatistics
+
+logger = logging.getLogger(__name__)
+
+REPORT_FILENAME = "report.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """Everything the job needs, decided by the launcher before it starts.
+
+    Attributes:
+      config: The resolved config (`ResolvedConfig.data`).
+      chain: The offline transforms (from the same config).
+      class_names: Sorted class names.
+      listing_uri: The listing JSONL file (`sources.Listing.write`).
+      staging_dir: Where shards and errors.jsonl go.
+      work_dir: Where temp shards and the report go; deleted before publishing.
+      image_threads: Threads per image-processing DoFn instance.
+    """
+
+    config: dict[str, Any]
+    chain: transforms.Chain
+    class_names: tuple[str, ...]
+    listing_uri: str
+    staging_dir: str
+    work_dir: str
+    image_threads: int = 1
+
+    @property
+    def temp_dir(self) -> str:
+        return FileSystems.join(self.work_dir, "tmp")
+
+    @property
+    def report_uri(self) -> str:
+        return FileSystems.join(self.work_dir, REPORT_FILENAME)
+
+
+class _SeparateDroppedFn(beam.DoFn):
+    """Listing rows -> listed files (main) and DroppedFile (``dropped``)."""
+
+    def process(self, row: dict):
+        if "dropped" in row:
+            yield beam.pvalue.TaggedOutput("dropped", DroppedFile.from_json(row["dropped"]))
+        else:
+            yield row
+
+
+def _to_sharded(image) -> ShardedRecord:
+    return ShardedRecord(image.split, sort_key(image.key), image.record)
+
+
+def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
+    """Adds the build job's steps to `pipeline` (see the module docstring)."""
+    config = plan.config
+    listing = (
+        pipeline
+        | "ReadListing" >> beam.io.ReadFromText(plan.listing_uri, validate=False)  # JSON line
+        | "ParseListing" >> beam.Map(json.loads)  # dict
+        | "SeparateDropped" >> beam.ParDo(_SeparateDroppedFn()).with_outputs(
+            "dropped", main="files")
+        # files: {key, uri, label, split, size}; dropped: DroppedFile
+    )
+    processed = (
+        listing.files
+        # The listing is one file, read as one bundle; spread it so several
+        # workers (and Dataflow's autoscaling) share the images.
+        | "SpreadFiles" >> beam.Reshuffle()  # {key, uri, label, split, size}
+        | "ProcessImages" >> ProcessImages(
+            ImageProcessor(plan.chain, config["image"], config["encoding"], plan.class_names),
+            threads=plan.image_threads,
+        )
+    )
+    images = (
+        processed.images
+        | "AssignSplits" >> AssignSplits(SplitPolicy.from_config(config["splits"]))
+        # ProcessedImage with split set
+    )
+    shards = (
+        images
+        | "ToShardedRecords" >> beam.Map(_to_sharded)  # ShardedRecord
+        | "WriteShards" >> WriteShards(
+            plan.staging_dir, plan.temp_dir, config["name"], config["sharding"])
+        # (split, index, ShardInfo)
+    )
+    statistics = images | "ComputeStatistics" >> ComputeStatistics()
+    dropped_counts = (
+        (listing.dropped, processed.dropped)
+        | "AllDropped" >> beam.Flatten()  # DroppedFile
+        | "WriteErrorReport" >> WriteErrorReport(plan.staging_dir)  # {reason: count}
+    )
+    inputs_hash = (
+        processed.inputs
+        | "HashInputs" >> beam.CombineGlobally(versioning.MultisetHashFn())  # int
+    )
+    _ = (
+        pipeline
+        | "StartReport" >> beam.Create([None])
+        | "AssembleReport" >> beam.Map(
+            _assemble_report,
+            shards=beam.pvalue.AsList(shards),
+            channels=beam.pvalue.AsList(statistics["channels"]),
+            class_counts=beam.pvalue.AsList(statistics["class_counts"]),
+            duplicates=beam.pvalue.AsSingleton(statistics["duplicates"]),
+            image_size=beam.pvalue.AsSingleton(statistics["image_size"]),
+            dropped=beam.pvalue.AsSingleton(dropped_counts),
+            inputs_hash=beam.pvalue.AsSingleton(inputs_hash),
+        )  # report dict
+        | "WriteBuildReport" >> beam.Map(_write_report, plan.report_uri)
+    )
+
+
+def _assemble_report(_, *, shards, channels, class_counts, duplicates, image_size,
+                     dropped, inputs_hash) -> dict[str, Any]:
+    splits: dict[str, dict[str, Any]] = {}
+
+    def split_entry(name):
+        return splits.setdefault(name, {"shards": [], "class_counts": {}, "statistics": None})
+
+    for split, index, info in sorted(shards, key=lambda s: (s[0], s[1])):
+        split_entry(split)["shards"].append(dataclasses.asdict(info))
+    for split, stats in channels:
+        split_entry(split)["statistics"] = dataclasses.asdict(stats) if stats else None
+    for (split, label), count in class_counts:
+        split_entry(split)["class_counts"][str(label)] = count
+    return {
+        "splits": {name: splits[name] for name in sorted(splits)},
+        "duplicates": int(duplicates[0]),
+        "duplicates_across_splits": int(duplicates[1]),
+        "image_size": image_size,
+        "dropped": dict(sorted(dropped.items())),
+        "inputs_hash": format(inputs_hash, "064x"),
+    }
+
+
+def _write_report(report: dict[str, Any], uri: str) -> None:
+    with FileSystems.create(uri) as f:
+        f.write(versioning.canonical_json(report).encode("utf-8"))
+
+
+def read_report(uri: str) -> dict[str, Any]:
+    """The report a finished job wrote (see `construct`)."""
+    with FileSystems.open(uri) as f:
+        return json.loads(f.read().decode("utf-8"))

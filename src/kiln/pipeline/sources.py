@@ -1,0 +1,380 @@
+"""Listing a build's input files: an image folder or a manifest.
+
+Listing runs in the launcher, before the job, through Beam's `FileSystems`
+(so local paths and gs:// work alike). Listing first lets the launcher
+compute the up-to-date stamp without starting Beam, know the class and split
+names when it constructs the job, and refuse an empty source early. The job
+reads the listing from a JSONL file (`Listing.write`), not from a list baked
+into the job graph, so it scales to millions of files on Dataflow.
+
+- ``image_folder``: ``root/<class>/<image>``, or ``root/<split>/<class>/<image>``
+  with ``splits.from_source``. Hidden files and folders (a name starting
+  with '.') are skipped. The key of a file is its path relative to the
+  root, with '/' separators.
+- ``manifest``: CSV with a header ``path,label[,split]`` (other columns are
+  ignored), or JSONL (``.jsonl``/``.json``) objects with those fields. A
+  relative path resolves against the manifest's folder; the key is the path
+  as written (normalized), or the URI for an absolute one.
+
+Class names are sorted, so label ids are stable: the config's
+``source.classes`` if given, else every label found. Problems with single
+files (a row that does not parse, a missing file, an unknown label, a file
+outside the layout) become `DroppedFile` rows, never exceptions.
+
+Limitation: Beam's file matching treats ``*``, ``?`` and ``[`` in the image
+folder's root as glob characters.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import logging
+import os
+import posixpath
+import re
+from typing import Any, Iterator
+
+from apache_beam.io.filesystems import FileSystems
+
+from kiln.pipeline.config import ConfigError, ResolvedConfig, is_remote
+from kiln.pipeline.error_report import DroppedFile
+
+logger = logging.getLogger(__name__)
+
+_SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class SourceFile:
+    """One input image, as listed.
+
+    Attributes:
+      key: Stable key, unique in the dataset (see the module docstring).
+      uri: Where to read it (local path or URI).
+      label: Class id: index into the listing's `class_names`.
+      split: Split named by the source (folder or manifest column), or None.
+      size: Size in bytes when listed.
+      mtime: Modification time when listed (seconds); only for the stamp.
+    """
+
+    key: str
+    uri: str
+    label: int
+    split: str | None
+    size: int
+    mtime: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "uri": self.uri, "label": self.label,
+                "split": self.split, "size": self.size}
+
+
+@dataclasses.dataclass
+class Listing:
+    """Everything the launcher learned about the inputs before the job.
+
+    Attributes:
+      files: The images to process, sorted by key.
+      dropped: Files and rows dropped while listing, sorted.
+      class_names: Sorted class names; a label is an index into it.
+      split_names: Sorted split names found in the source (only with
+        ``splits.from_source``), else None.
+      dropped_entries: What each dropped row contributes to the version and
+        stamp (row text for unparsable rows, so line numbers do not matter).
+    """
+
+    files: list[SourceFile]
+    dropped: list[DroppedFile]
+    class_names: list[str]
+    split_names: list[str] | None
+    dropped_entries: list[list]
+
+    @property
+    def total(self) -> int:
+        """Listed inputs: the files to process plus those already dropped."""
+        return len(self.files) + len(self.dropped)
+
+    def stamp_entries(self) -> Iterator[list]:
+        """Listing data for the up-to-date stamp (`versioning.stamp`)."""
+        for f in self.files:
+            yield ["file", f.key, self.class_names[f.label], f.split, f.size, f.mtime]
+        yield from self.dropped_entries
+
+    def write(self, path: str) -> None:
+        """Writes the listing as JSONL for the job: files, then dropped rows."""
+        with FileSystems.create(path) as out:
+            for f in self.files:
+                out.write((json.dumps(f.to_json(), sort_keys=True) + "\n").encode("utf-8"))
+            for d in self.dropped:
+                row = {"dropped": d.to_json()}
+                out.write((json.dumps(row, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def list_source(config: ResolvedConfig) -> Listing:
+    """Lists the config's source.
+
+    Raises:
+      ConfigError: if the source cannot be read at all (the manifest file
+        is unreadable, the folder has no image in the expected layout).
+    """
+    source = config.source
+    from_source = bool(config.splits.get("from_source"))
+    if source["type"] == "image_folder":
+        listing = _list_image_folder(source["root"], source.get("classes"), from_source)
+        where = f"source.root: {source['root']}"
+    else:
+        try:
+            listing = _list_manifest(source["path"], source.get("classes"), from_source)
+        except _ManifestError as e:
+            raise ConfigError(f"config error in {config.origin}: source.path: {e}") from None
+        where = f"source.path: {source['path']}"
+    if not listing.files:
+        raise ConfigError(
+            f"config error in {config.origin}: {where}: no usable input image "
+            f"({len(listing.dropped)} dropped while listing"
+            + (f", e.g. {listing.dropped[0].key}: {listing.dropped[0].message}"
+               if listing.dropped else "") + ")"
+        )
+    logger.info("listed %d files (%d dropped) in %d classes",
+                len(listing.files), len(listing.dropped), len(listing.class_names))
+    return listing
+
+
+def _list_image_folder(root: str, classes: list[str] | None, from_source: bool) -> Listing:
+    root = root.rstrip("/")
+    depth = 3 if from_source else 2
+    layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
+    found = []  # (key, parts, metadata)
+    dropped: list[DroppedFile] = []
+    match = FileSystems.match([root + "/**"])[0]
+    for metadata in match.metadata_list:
+        key = _relative(metadata.path, root)
+        parts = key.split("/")
+        if any(part.startswith(".") for part in parts):
+            continue
+        if len(parts) != depth:
+            dropped.append(DroppedFile(
+                key, "list", "unexpected_location", metadata.path,
+                f"not in the layout root/{layout}",
+            ))
+            continue
+        found.append((key, parts, metadata))
+
+    class_names = sorted(set(classes)) if classes else sorted({parts[-2] for _, parts, _ in found})
+    label_ids = {name: i for i, name in enumerate(class_names)}
+    files = []
+    for key, parts, metadata in found:
+        split = parts[0] if from_source else None
+        if split is not None and not _SPLIT_NAME.match(split):
+            dropped.append(DroppedFile(
+                key, "list", "unexpected_location", metadata.path,
+                f"split folder {split!r} is not a valid split name (letters, digits, '_')",
+            ))
+            continue
+        label = parts[-2]
+        if label not in label_ids:
+            dropped.append(DroppedFile(
+                key, "list", "unknown_label", metadata.path,
+                f"class {label!r} is not in source.classes",
+            ))
+            continue
+        files.append(SourceFile(
+            key=key, uri=metadata.path, label=label_ids[label], split=split,
+            size=int(metadata.size_in_bytes), mtime=float(metadata.last_updated_in_seconds),
+        ))
+    files.sort()
+    dropped.sort()
+    return Listing(
+        files=files,
+        dropped=dropped,
+        class_names=class_names,
+        split_names=sorted({f.split for f in files}) if from_source else None,
+        dropped_entries=[["dropped", d.reason, d.key] for d in dropped],
+    )
+
+
+def _relative(path: str, root: str) -> str:
+    if is_remote(root):
+        relative = path[len(root):]
+    else:
+        # Local listings come back with OS separators.
+        relative = path[len(root):].replace("\\", "/")
+    return relative.lstrip("/")
+
+
+class _ManifestError(Exception):
+    """The manifest as a whole cannot be used (unreadable, no header)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    line: int
+    text: str
+    path: str | None
+    label: str | None
+    split: str | None
+    problem: str | None = None
+
+
+def _list_manifest(path: str, classes: list[str] | None, from_source: bool) -> Listing:
+    try:
+        with FileSystems.open(path) as f:
+            text = f.read().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise _ManifestError(f"{path}: not UTF-8 text ({e.reason})") from None
+    except Exception as e:  # any filesystem's I/O error
+        raise _ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
+    name = posixpath.basename(path)
+    if path.endswith((".jsonl", ".json")):
+        rows = list(_jsonl_rows(text))
+    else:
+        rows = list(_csv_rows(text, name))
+    base = path.rsplit("/", 1)[0] if is_remote(path) else _local_dirname(path)
+
+    dropped: list[DroppedFile] = []
+    dropped_entries: list[list] = []
+
+    def drop(key, uri, reason, message, entry):
+        dropped.append(DroppedFile(key, "list", reason, uri, message))
+        dropped_entries.append(["dropped", reason, entry])
+
+    candidates: dict[str, list[_Row]] = {}
+    for row in rows:
+        where = f"{name}:{row.line}"
+        if row.problem:
+            drop(where, path, "bad_row", row.problem, row.text)
+            continue
+        if from_source and not row.split:
+            drop(where, path, "missing_split",
+                 "splits.from_source needs a split for every row", row.text)
+            continue
+        if from_source and not _SPLIT_NAME.match(row.split):
+            drop(where, path, "bad_row",
+                 f"split {row.split!r} is not a valid split name (letters, digits, '_')", row.text)
+            continue
+        candidates.setdefault(_manifest_key(row.path), []).append(row)
+
+    labels_found = {row.label for group in candidates.values() for row in group}
+    class_names = sorted(set(classes)) if classes else sorted(labels_found)
+    label_ids = {label: i for i, label in enumerate(class_names)}
+
+    keyed = []
+    for key, group in sorted(candidates.items()):
+        uri = _resolve(group[0].path, base)
+        meanings = {(row.label, row.split if from_source else None) for row in group}
+        if len(meanings) > 1:
+            lines = ", ".join(str(row.line) for row in group)
+            drop(key, uri, "duplicate_key",
+                 f"listed {len(group)} times with different labels or splits (lines {lines})",
+                 key)
+            continue
+        label, split = meanings.pop()
+        if label not in label_ids:
+            drop(key, uri, "unknown_label", f"label {label!r} is not in source.classes",
+                 [key, label])
+            continue
+        keyed.append((key, uri, label, split))
+
+    files = []
+    for key, uri, label, split in keyed:
+        try:
+            metadata = FileSystems.get_filesystem(uri).metadata(uri)
+        except Exception as e:  # BeamIOError locally, FileNotFoundError on GCS...
+            drop(key, uri, "missing", f"listed in {name} but not found ({_short(e)})", key)
+            continue
+        files.append(SourceFile(
+            key=key, uri=uri, label=label_ids[label], split=split,
+            size=int(metadata.size_in_bytes), mtime=float(metadata.last_updated_in_seconds),
+        ))
+    files.sort()
+    order = sorted(range(len(dropped)), key=lambda i: dropped[i])
+    return Listing(
+        files=files,
+        dropped=[dropped[i] for i in order],
+        class_names=class_names,
+        split_names=sorted({f.split for f in files}) if from_source else None,
+        dropped_entries=sorted(dropped_entries, key=lambda e: json.dumps(e, sort_keys=True)),
+    )
+
+
+def _csv_rows(text: str, name: str) -> Iterator[_Row]:
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader)
+    except StopIteration:
+        return
+    columns = [c.strip().lower() for c in header]
+    if "path" not in columns or "label" not in columns:
+        raise _ManifestError(
+            f"{name}: the first line must be a header naming the columns "
+            f"path,label[,split]; got {','.join(header)!r}"
+        )
+    index = {c: columns.index(c) for c in ("path", "label", "split") if c in columns}
+    for fields in reader:
+        line = reader.line_num
+        text_line = ",".join(fields)
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        if len(fields) != len(columns):
+            yield _Row(line, text_line, None, None, None,
+                       f"expected {len(columns)} fields, got {len(fields)}")
+            continue
+        path = fields[index["path"]].strip()
+        label = fields[index["label"]].strip()
+        split = fields[index["split"]].strip() if "split" in index else None
+        if not path or not label:
+            yield _Row(line, text_line, None, None, None, "empty path or label")
+            continue
+        yield _Row(line, text_line, path, label, split or None)
+
+
+def _jsonl_rows(text: str) -> Iterator[_Row]:
+    for line, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError as e:
+            yield _Row(line, raw, None, None, None, f"not valid JSON: {e.msg}")
+            continue
+        if not isinstance(row, dict):
+            yield _Row(line, raw, None, None, None, "expected a JSON object")
+            continue
+        path, label, split = row.get("path"), row.get("label"), row.get("split")
+        if not isinstance(path, str) or not path:
+            yield _Row(line, raw, None, None, None, "'path' must be a non-empty string")
+            continue
+        if isinstance(label, bool) or not isinstance(label, (str, int)) or label == "":
+            yield _Row(line, raw, None, None, None, "'label' must be a string (or integer)")
+            continue
+        if split is not None and not isinstance(split, str):
+            yield _Row(line, raw, None, None, None, "'split' must be a string")
+            continue
+        yield _Row(line, raw, path, str(label), split or None)
+
+
+def _manifest_key(path: str) -> str:
+    if is_remote(path) or path.startswith("/"):
+        return path
+    return posixpath.normpath(path.replace("\\", "/"))
+
+
+def _resolve(path: str, base: str) -> str:
+    if is_remote(path) or path.startswith("/"):
+        return path
+    relative = posixpath.normpath(path.replace("\\", "/"))
+    if is_remote(base):
+        return base + "/" + relative
+    return os.path.normpath(os.path.join(base, relative))
+
+
+def _local_dirname(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path))
+
+
+def _short(error: Exception) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text[:200]
