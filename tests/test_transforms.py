@@ -180,6 +180,22 @@ def test_to_grayscale_keep_channels_repeats_luma_and_gray_passes_through():
     np.testing.assert_array_equal(F.to_grayscale(one, keep_channels=True)[0, 1], [4, 4, 4])
 
 
+# --- equalize -----------------------------------------------------------------------
+
+def test_equalize_spreads_levels_over_the_full_range():
+    np.testing.assert_array_equal(F.equalize(gray([[10, 20, 30, 40]])), gray([[0, 85, 170, 255]]))
+    np.testing.assert_array_equal(F.equalize(gray([[10, 20], [10, 20]])), gray([[0, 255], [0, 255]]))
+
+
+def test_equalize_rgb_works_on_luma_and_keeps_hue():
+    grays = np.repeat(gray([[10, 20, 30, 40]]), 3, axis=2)
+    np.testing.assert_array_equal(F.equalize(grays), np.repeat(gray([[0, 85, 170, 255]]), 3, axis=2))
+    reds = np.array([[[100, 50, 50], [110, 60, 60]]], np.uint8)
+    out = F.equalize(reds)
+    assert F.to_grayscale(out)[0, 0, 0] <= 12 and F.to_grayscale(out)[0, 1, 0] >= 243
+    assert out[0, 1, 0] > out[0, 1, 1] and out[0, 1, 0] > out[0, 1, 2]  # still reddish
+
+
 # --- common contract ----------------------------------------------------------------
 
 @pytest.mark.parametrize("bad", [
@@ -196,7 +212,7 @@ def test_kernels_do_not_modify_their_input_and_are_deterministic_across_threads(
     image = np.random.default_rng(1).integers(0, 256, (37, 53, 3), dtype=np.uint8)
     before = image.copy()
     chain = transforms.parse([{"resize": {"shorter_side": 24}}, {"center_crop": {"size": 20}},
-                              {"letterbox": {"size": [16, 30]}}, "to_grayscale"])
+                              {"letterbox": {"size": [16, 30]}}, "equalize", "to_grayscale"])
     expected = chain(image)
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: chain(image), range(16)))

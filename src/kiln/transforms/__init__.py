@@ -4,7 +4,8 @@ Used only by the build job (`kiln.pipeline`); never imported by the reader.
 Images are uint8 ``HxWxC`` NumPy arrays in RGB order (C is 1 or 3).
 
 - `decode`: bytes -> RGB (or grayscale) uint8 array, EXIF orientation applied.
-- `functional`: the built-in kernels (resize, center_crop, pad, to_grayscale).
+- `functional`: the built-in kernels (resize, center_crop, pad, letterbox,
+  to_grayscale, equalize).
 - `registry`: transforms by name, validated from the YAML `transforms:` list.
 - `encode`: array -> stored bytes (jpeg, png or raw).
 """

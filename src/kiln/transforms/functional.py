@@ -319,3 +319,20 @@ def to_grayscale(image: np.ndarray, *, keep_channels: bool = False) -> np.ndarra
     if keep_channels:
         return np.repeat(gray, 3, axis=2)
     return gray
+
+
+@register()
+def equalize(image: np.ndarray) -> np.ndarray:
+    """Spreads the brightness histogram over 0..255 (histogram equalisation).
+
+    Equalises the luma (Y of YCrCb) and keeps the chroma, so colours keep
+    their hue; a one-channel image is equalised directly. For low-contrast
+    sources such as scans or X-rays. OpenCV's ``equalizeHist``: levels map
+    through the cumulative histogram, the darkest present level to 0.
+    """
+    _check_image(image, "equalize")
+    if image.shape[2] == 1:
+        return _with_channel_axis(cv2.equalizeHist(image[:, :, 0]))
+    ycrcb = cv2.cvtColor(image, cv2.COLOR_RGB2YCrCb)
+    ycrcb[:, :, 0] = cv2.equalizeHist(np.ascontiguousarray(ycrcb[:, :, 0]))
+    return cv2.cvtColor(ycrcb, cv2.COLOR_YCrCb2RGB)
