@@ -1,0 +1,163 @@
+"""Applies a configured augmentation list to one element or one batch, in the data path or a model.
+
+`Augmenter` is shared by the tf.data pipeline (per element, after decoding)
+and `AugmentationLayer` (per element of a batch inside a model), so both give
+identical results for identical seeds. In the data path a JPEG is decoded
+only inside the first op's crop window when that op is a crop
+(`tf.io.decode_and_crop_jpeg`); the window is widened by a small margin and
+sliced afterwards, so the pixels equal those of a full decode followed by
+the crop (chroma upsampling needs its neighbours).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import tensorflow as tf
+
+from kiln.reader import seeds as seeding
+from kiln.reader.augment import Augmentation, batch_ops, check_op, element_ops, trace_error
+from kiln.reader.ops import crop_with_window
+from kiln.schemas import decode_image
+
+# Pixels of context around a fused JPEG crop window; a full decode's chroma
+# upsampling looks one pixel beyond the window, 4 leaves room to spare.
+_JPEG_WINDOW_MARGIN = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Augmenter:
+    """A validated augmentation list, ready to run.
+
+    Attributes:
+      augmentations: Element ops first, then batch ops (see `augment.validate`).
+      training: True applies the random ops; False applies each op's
+        deterministic inference form (e.g. a centre crop of the same size),
+        and no batch ops.
+    """
+
+    augmentations: tuple[Augmentation, ...] = ()
+    training: bool = True
+
+    @property
+    def element_ops(self) -> list[Augmentation]:
+        return element_ops(self.augmentations)
+
+    @property
+    def batch_ops(self) -> list[Augmentation]:
+        return batch_ops(self.augmentations) if self.training else []
+
+    def apply(self, image: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
+        """Element ops on one decoded image.
+
+        Args:
+          image: uint8 or float ``[height, width, channels]``; uint8 is scaled
+            to float32 in [0, 1].
+          seed: shape-[2] int32 element seed (unused when not training).
+        """
+        return self._run(_to_float(image), seed, first=0)
+
+    def decode_and_apply(self, features: dict, seed: tf.Tensor | None, *, encoding: str,
+                         channels: int, image_size: Sequence[int] | None) -> tf.Tensor:
+        """Decodes a parsed record's image and applies the element ops.
+
+        Equal to ``apply(decode_image(...), seed)``; faster for JPEG when the
+        first op is a crop, because only its window is decoded.
+        """
+        ops = self.element_ops
+        window = None
+        if ops and encoding == "jpeg":
+            definition = ops[0].definition
+            window = definition.window if self.training else definition.inference_window
+        if window is None:
+            return self.apply(decode(features, encoding=encoding, channels=channels,
+                                     image_size=image_size), seed)
+        first_seed = self._op_seed(seed, 0) if self.training else None
+        encoded = features["image"]
+        shape = tf.io.extract_jpeg_shape(encoded)[:2]
+        offset, size = window.sample(shape, first_seed, **ops[0].kwargs)
+        start = tf.maximum(offset - _JPEG_WINDOW_MARGIN, 0)
+        end = tf.minimum(offset + size + _JPEG_WINDOW_MARGIN, shape)
+        wide = tf.io.decode_and_crop_jpeg(encoded, tf.concat([start, end - start], 0),
+                                          channels=channels)
+        cropped = tf.slice(wide, tf.concat([offset - start, [0]], 0),
+                           tf.concat([size, [-1]], 0))
+        cropped.set_shape([None, None, channels])
+        image = self._call(ops[0], lambda: window.finish(_to_float(cropped), **ops[0].kwargs))
+        return self._run(image, seed, first=1)
+
+    def apply_batch(self, images: tf.Tensor, labels: tf.Tensor,
+                    element_seeds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """Batch ops (mixup, cutmix) on a float batch and one-hot float labels."""
+        ops = self.batch_ops
+        if not ops:
+            return images, labels
+        seed = seeding.batch_seed(element_seeds)
+        for index, augmentation in enumerate(ops):
+            op_seed = tf.random.fold_in(seed, tf.constant(index, tf.int32))
+            images, labels = augmentation.definition.fn(images, labels, op_seed,
+                                                        **augmentation.kwargs)
+        return images, labels
+
+    def _run(self, image: tf.Tensor, seed: tf.Tensor | None, first: int) -> tf.Tensor:
+        ops = self.element_ops
+        for index in range(first, len(ops)):
+            augmentation = ops[index]
+            definition = augmentation.definition
+            if self.training:
+                if not definition.builtin:
+                    # First use: check the user op on an image of the shape it
+                    # gets here, eagerly, outside the graph being traced.
+                    with tf.init_scope():
+                        check_op(augmentation, _shape_for_check(image.shape))
+                op_seed = self._op_seed(seed, index)
+                image = self._call(augmentation, lambda: definition.fn(
+                    image, op_seed, **augmentation.kwargs))
+            elif definition.inference is not None:
+                image = self._call(augmentation, lambda: definition.inference(
+                    image, **augmentation.kwargs))
+        return image
+
+    @staticmethod
+    def _op_seed(seed: tf.Tensor, index: int) -> tf.Tensor:
+        return tf.random.fold_in(seed, tf.constant(index, tf.int32))
+
+    @staticmethod
+    def _call(augmentation: Augmentation, run):
+        if augmentation.definition.builtin:
+            return run()
+        try:
+            return run()
+        except (AttributeError, NotImplementedError, TypeError,
+                tf.errors.OperatorNotAllowedInGraphError) as e:
+            raise trace_error(augmentation.name, e) from e
+
+
+def decode(features: dict, *, encoding: str, channels: int,
+           image_size: Sequence[int] | None) -> tf.Tensor:
+    """The stored image of a parsed record as uint8, with a static shape when known."""
+    image = decode_image(features["image"], features["height"], features["width"],
+                         channels, encoding)
+    if image_size is not None:
+        image = tf.ensure_shape(image, [image_size[0], image_size[1], channels])
+    return image
+
+
+def standardize(images: tf.Tensor, mean: Sequence[float], std: Sequence[float]) -> tf.Tensor:
+    """``(pixel - mean) / std`` on the 0..255 scale, for float images in [0, 1].
+
+    One formula for the data path and the layer, so both round alike.
+    """
+    return (images * 255.0 - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+
+
+def _shape_for_check(shape: tf.TensorShape) -> tuple[int, int, int]:
+    dims = shape.as_list() if shape.rank == 3 else [None, None, 3]
+    return tuple(d if d is not None else default for d, default in zip(dims, (64, 64, 3)))
+
+
+def _to_float(image: tf.Tensor) -> tf.Tensor:
+    if image.dtype == tf.uint8:
+        return tf.cast(image, tf.float32) * (1.0 / 255.0)
+    return tf.cast(image, tf.float32)

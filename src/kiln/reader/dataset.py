@@ -1,0 +1,429 @@
+"""Reads a dataset written by `kiln build` into a `tf.data.Dataset`, TF ops only.
+
+Per pass over the data: list the split's shards from `kiln.json`, keep this
+input pipeline's share, shuffle the file order (seeded), read with a parallel
+interleave, shuffle records in a bounded buffer (seeded), number them, then
+per element: parse, derive the element's seed, decode and augment; then
+batch, apply batch ops (mixup, cutmix), normalize, prefetch.
+
+Nothing in the graph calls back into Python (no `py_function`), so the
+dataset serializes: it runs on TPU hosts, in tf.data service workers, and
+its iterators can be checkpointed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+import kiln
+from kiln.reader import seeds as seeding
+from kiln.reader.augment import AugmentConfigError, validate
+from kiln.reader.augmenter import Augmenter, decode, standardize
+from kiln.schemas import (
+    LATEST_FILENAME,
+    METADATA_FILENAME,
+    RECORD,
+    DatasetInfo,
+    MetadataError,
+)
+
+logger = logging.getLogger(__name__)
+
+# Records are small (encoded images), so a buffer of this many mixes well
+# without much memory; splits smaller than this are shuffled completely.
+DEFAULT_SHUFFLE_BUFFER = 10_000
+# Files read at once per input pipeline.
+_CYCLE_LENGTH = 16
+_AUGMENT_ON = ("data", "model")
+
+
+def _join(directory: str, name: str) -> str:
+    # gs:// paths take forward slashes on every OS.
+    if "://" in directory:
+        return posixpath.join(directory, name)
+    return os.path.join(directory, name)
+
+
+def locate(path: str | os.PathLike) -> str:
+    """The dataset version folder for `path`.
+
+    Args:
+      path: A version folder written by `kiln build` (it contains
+        `kiln.json`), or the dataset's folder ``<output>/<name>`` whose
+        `LATEST` file names the newest version folder. Local or ``gs://``.
+
+    Raises:
+      MetadataError: naming the path, when neither holds.
+    """
+    path = os.fspath(path)
+    if not path.endswith("://"):
+        path = path.rstrip("/") or "/"
+    if tf.io.gfile.exists(_join(path, METADATA_FILENAME)):
+        return path
+    latest = _join(path, LATEST_FILENAME)
+    if tf.io.gfile.exists(latest):
+        with tf.io.gfile.GFile(latest, "r") as f:
+            version = f.read().strip()
+        if not version:
+            raise MetadataError(f"{latest} is empty; it should name a version folder")
+        version_dir = version if "://" in version or os.path.isabs(version) else _join(path, version)
+        if not tf.io.gfile.exists(_join(version_dir, METADATA_FILENAME)):
+            raise MetadataError(
+                f"{latest} names version {version!r}, but {version_dir} has no "
+                f"{METADATA_FILENAME} (the build did not finish, or the folder was removed)"
+            )
+        return version_dir
+    if not tf.io.gfile.exists(path):
+        raise MetadataError(f"{path}: no such dataset folder")
+    raise MetadataError(
+        f"{path} is not a kiln dataset: it has no {METADATA_FILENAME} and no {LATEST_FILENAME} "
+        f"naming a version folder. Pass the folder `kiln build` wrote "
+        f"(<output>/<name>/<version>) or its parent <output>/<name>."
+    )
+
+
+def info(path: str | os.PathLike) -> DatasetInfo:
+    """The metadata of the dataset at `path` (splits, counts, class names, statistics, schema).
+
+    Reads `kiln.json` only; builds no dataset. `path` is resolved as in `locate`.
+
+    Raises:
+      MetadataError: naming the file, if it is missing, malformed, written by
+        a newer kiln, or declares a record schema this reader cannot parse.
+    """
+    dataset_dir = locate(path)
+    source = _join(dataset_dir, METADATA_FILENAME)
+    with tf.io.gfile.GFile(source, "r") as f:
+        metadata = DatasetInfo.loads(f.read(), source=source)
+    if metadata.format_version > kiln.FORMAT_VERSION:
+        raise MetadataError(
+            f"{source}: written with format version {metadata.format_version} by kiln "
+            f"{metadata.kiln_version}; this kiln ({kiln.__version__}) reads up to "
+            f"{kiln.FORMAT_VERSION}. Upgrade kiln."
+        )
+    stored = {f["name"]: (f["key"], f["dtype"]) for f in metadata.schema.get("features", [])}
+    expected = {f.name: (f.key, f.dtype) for f in RECORD.features}
+    if stored != expected:
+        differing = sorted(n for n in set(stored) | set(expected) if stored.get(n) != expected.get(n))
+        raise MetadataError(
+            f"{source}: the stored record schema differs from this kiln's in feature(s) "
+            f"{differing}; read it with the kiln version that wrote it ({metadata.kiln_version})"
+        )
+    return metadata
+
+
+def load(
+    path: str | os.PathLike,
+    split: str = "train",
+    *,
+    batch_size: int | None,
+    shuffle: bool | None = None,
+    seed: int | None = None,
+    augment: str | Sequence[Any] | None = "default",
+    normalize: bool = False,
+    repeat: bool | int = False,
+    drop_remainder: bool = False,
+    input_context: tf.distribute.InputContext | None = None,
+    as_supervised: bool = True,
+    deterministic: bool = True,
+    augment_on: str = "data",
+    shuffle_buffer: int | None = None,
+):
+    """A `tf.data.Dataset` of a split of the kiln dataset at `path`.
+
+    Args:
+      path: A dataset version folder, or ``<output>/<name>`` with a `LATEST`
+        file (see `locate`). Local or ``gs://``.
+      split: Split name, e.g. ``"train"``, ``"validation"``.
+      batch_size: Elements per batch; None yields single elements.
+      shuffle: Shuffle file and record order each pass. Default: True for
+        ``"train"``, False otherwise.
+      seed: Base seed of every random choice (orders, augmentation). The same
+        seed gives the same stream in any process; None draws a fresh one per
+        call (it is logged). See `kiln.reader.seeds`.
+      augment: ``"default"``: the list stored in the dataset (its build
+        config's ``augment:``) applied randomly for ``"train"``; for other
+        splits only its deterministic inference form, so every split has the
+        same output size (e.g. a centre crop instead of a random crop). A list
+        in the YAML form (``["random_flip_left_right", {"random_crop":
+        {"size": 56}}]``) is applied randomly to any split. None or ``[]``:
+        no augmentation.
+      normalize: Standardize pixels with the per-channel mean/std stored for
+        the train split (``(pixel - mean) / std`` on the 0..255 scale).
+        Otherwise images are float32 in [0, 1].
+      repeat: False: one pass per iteration (iterate again, e.g. the next
+        Keras epoch, and you get a new shuffle and new augmentation). An int:
+        that many passes. True: endless.
+      drop_remainder: Drop the last partial batch, so every tensor in
+        `element_spec` has a fully static shape (needed on TPU). Needs a known
+        output size: a dataset stored at one size, or a crop op with a size.
+      input_context: From `tf.distribute` (e.g. in
+        `distribute_datasets_from_function`): this input pipeline reads a
+        disjoint share, whole files when there are at least as many files as
+        pipelines, else every n-th record. Give each pipeline its per-replica
+        batch size.
+      as_supervised: Yield ``(image, label)``; else a dict of all record
+        features (``image`` replaced by the decoded, augmented image;
+        ``height``/``width`` stay the stored size).
+      deterministic: Keep the element order fixed (the seeded streams depend
+        on it). False lets parallel reads and maps deliver out of order:
+        faster when some files or images are slow, but not reproducible.
+      augment_on: ``"data"`` augments in the tf.data pipeline. ``"model"``
+        returns ``(dataset, layer)``: unaugmented uint8 batches with each
+        element's seed, ``({"image": uint8, "augment_seed": int32[2]},
+        label)``, and a Keras `AugmentationLayer` that applies the same
+        augmentation (and normalization) inside the model, e.g. on a GPU.
+        Same seed, same results as ``"data"``. Batch ops (mixup, cutmix) need
+        ``"data"``.
+      shuffle_buffer: Records in the shuffle buffer; default
+        ``min(records in this pipeline's share, 10000)``.
+
+    Returns:
+      The dataset; with ``augment_on="model"`` a ``(dataset, layer)`` tuple.
+      Images are float32 ``[batch, height, width, channels]`` (uint8 in model
+      mode). Labels are int64 class ids (indices into ``info(path).class_names``),
+      or float32 one-hot ``[batch, num_classes]`` when the list has mixup or
+      cutmix.
+
+    Raises:
+      MetadataError: for a path that is not a kiln dataset, or a missing split.
+      AugmentConfigError: naming the list entry and parameter that is wrong.
+      AugmentOpError: for a user op that ignores its seed or cannot be traced.
+      ValueError: for argument combinations that cannot work, with the reason.
+    """
+    dataset_dir = locate(path)
+    metadata = info(dataset_dir)
+    split_info = metadata.split(split)
+    _check_arguments(batch_size, repeat, augment_on, shuffle_buffer, drop_remainder)
+    augmenter = _augmenter(metadata, split, augment, dataset_dir)
+    if augment_on == "model" and augmenter.batch_ops:
+        raise ValueError(
+            f"augment_on='model': {[a.name for a in augmenter.batch_ops]} mix labels, which a "
+            f"layer inside the model cannot change; use augment_on='data' for them"
+        )
+    shuffle = (split == "train") if shuffle is None else bool(shuffle)
+    base_seed = seeding.resolve(seed)
+    share = _Share.of(dataset_dir, split_info, metadata, input_context)
+    if share.by_element and not deterministic:
+        logger.info("kiln.reader: sharding by element needs a fixed record order; "
+                    "reading files deterministically")
+
+    passes = _one_pass(share, base_seed, shuffle=shuffle, deterministic=deterministic,
+                       shuffle_buffer=shuffle_buffer, compression=metadata.compression)
+    if repeat is True:
+        passes = passes.repeat()
+    elif repeat is not False and repeat != 1:
+        passes = passes.repeat(repeat)
+
+    image_size = metadata.image_size
+    channels = metadata.channels
+    encoding = metadata.encoding["format"]
+    base = seeding.base_pair(base_seed)
+    model_side = augment_on == "model"
+    keep_seeds = model_side or bool(augmenter.batch_ops)
+
+    def element(position, serialized, epoch_key):
+        features = RECORD.parse(serialized)
+        seed = seeding.element_seed(base, epoch_key, share.pipeline, position)
+        if model_side:
+            image = decode(features, encoding=encoding, channels=channels,
+                           image_size=image_size)
+        else:
+            image = augmenter.decode_and_apply(features, seed, encoding=encoding,
+                                               channels=channels, image_size=image_size)
+        out = dict(features, image=image)
+        if keep_seeds:
+            out["augment_seed"] = seed
+        return out
+
+    dataset = passes.map(element, num_parallel_calls=tf.data.AUTOTUNE,
+                         deterministic=deterministic)
+    image_shape = dataset.element_spec["image"].shape
+    if batch_size is not None and not image_shape.is_fully_defined():
+        raise ValueError(
+            f"{dataset_dir}: images in split {split!r} vary in size (kiln.json image_size is "
+            f"null) and no augmentation op sets an output size, so they cannot be batched. "
+            f"Add random_resized_crop or random_crop with a size to `augment` (or to the "
+            f"build's transforms), or pass batch_size=None for unbatched elements."
+        )
+    if batch_size is not None:
+        dataset = dataset.batch(batch_size, drop_remainder=drop_remainder,
+                                num_parallel_calls=tf.data.AUTOTUNE,
+                                deterministic=deterministic)
+
+    mean_std = _statistics(metadata, split, dataset_dir) if normalize else None
+    num_classes = metadata.num_classes
+
+    def finish(batch):
+        image = batch["image"]
+        if augmenter.batch_ops:
+            if batch_size is None:
+                raise ValueError("mixup/cutmix need batches: pass a batch_size")
+            labels = tf.one_hot(batch["label"], num_classes, dtype=tf.float32)
+            image, labels = augmenter.apply_batch(image, labels, batch["augment_seed"])
+            batch = dict(batch, label=labels)
+            del batch["augment_seed"]
+        if mean_std is not None and not model_side:
+            image = standardize(image, *mean_std)
+        batch["image"] = image
+        if as_supervised:
+            if model_side:
+                return {"image": image, "augment_seed": batch["augment_seed"]}, batch["label"]
+            return image, batch["label"]
+        return batch
+
+    dataset = dataset.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    cardinality = share.cardinality(repeat, batch_size, drop_remainder)
+    if cardinality is not None:
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    dataset = dataset.with_options(options)
+    if model_side:
+        from kiln.reader.layer import AugmentationLayer
+
+        layer = AugmentationLayer(
+            [a.to_json() for a in augmenter.augmentations],
+            random=augmenter.training,
+            mean=None if mean_std is None else mean_std[0],
+            std=None if mean_std is None else mean_std[1],
+        )
+        return dataset, layer
+    return dataset
+
+
+def _check_arguments(batch_size, repeat, augment_on, shuffle_buffer, drop_remainder) -> None:
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size <= 0):
+        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    if not isinstance(repeat, bool) and (not isinstance(repeat, int) or repeat < 1):
+        raise ValueError(f"repeat must be False, True or a number of passes >= 1, got {repeat!r}")
+    if augment_on not in _AUGMENT_ON:
+        raise ValueError(f"augment_on must be one of {_AUGMENT_ON}, got {augment_on!r}")
+    if shuffle_buffer is not None and (not isinstance(shuffle_buffer, int) or shuffle_buffer < 1):
+        raise ValueError(f"shuffle_buffer must be a positive int, got {shuffle_buffer!r}")
+    if drop_remainder and batch_size is None:
+        raise ValueError("drop_remainder=True needs a batch_size")
+
+
+def _augmenter(metadata: DatasetInfo, split: str, augment, dataset_dir: str) -> Augmenter:
+    if isinstance(augment, str):
+        if augment != "default":
+            raise AugmentConfigError(
+                f"augment must be 'default', a list of ops, or None; got {augment!r}"
+            )
+        stored = validate(metadata.augment,
+                          field=f"{_join(dataset_dir, METADATA_FILENAME)}: augment")
+        return Augmenter(tuple(stored), training=(split == "train"))
+    return Augmenter(tuple(validate(augment)), training=True)
+
+
+def _statistics(metadata: DatasetInfo, split: str, dataset_dir: str):
+    for name in ("train", split):
+        split_info = metadata.splits.get(name)
+        if split_info is not None and split_info.statistics is not None:
+            stats = split_info.statistics
+            if len(stats.mean) != metadata.channels or len(stats.std) != metadata.channels:
+                raise MetadataError(
+                    f"{_join(dataset_dir, METADATA_FILENAME)}: statistics of split {name!r} "
+                    f"have {len(stats.mean)} channel(s), the images {metadata.channels}"
+                )
+            if min(stats.std) <= 0:
+                raise MetadataError(
+                    f"{_join(dataset_dir, METADATA_FILENAME)}: statistics of split {name!r} "
+                    f"have a zero standard deviation {stats.std}; cannot normalize"
+                )
+            return list(stats.mean), list(stats.std)
+    raise MetadataError(
+        f"{_join(dataset_dir, METADATA_FILENAME)}: normalize=True needs pixel statistics, "
+        f"but neither split 'train' nor {split!r} has any"
+    )
+
+
+class _Share:
+    """The files (and, when files are too few, the record stride) one input pipeline reads."""
+
+    def __init__(self, files, counts, by_element, num_pipelines, pipeline):
+        self.files = files
+        self.counts = counts
+        self.by_element = by_element
+        self.num_pipelines = num_pipelines
+        self.pipeline = pipeline
+
+    @classmethod
+    def of(cls, dataset_dir, split_info, metadata, input_context) -> "_Share":
+        files = [_join(dataset_dir, s.filename) for s in split_info.shards]
+        counts = [s.num_records for s in split_info.shards]
+        present = set(tf.io.gfile.listdir(dataset_dir))
+        missing = [s.filename for s in split_info.shards if s.filename not in present]
+        if missing:
+            raise MetadataError(
+                f"{dataset_dir}: shard file(s) listed in {METADATA_FILENAME} are missing: "
+                f"{missing[:5]}{' ...' if len(missing) > 5 else ''}"
+            )
+        if not files:
+            raise MetadataError(f"{dataset_dir}: split {split_info.name!r} has no shards")
+        if input_context is None or input_context.num_input_pipelines == 1:
+            return cls(files, counts, False, 1, 0)
+        num, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+        if len(files) >= num:
+            return cls(files[index::num], counts[index::num], False, num, index)
+        logger.info("kiln.reader: %d file(s) for %d input pipelines: sharding by record",
+                    len(files), num)
+        return cls(files, counts, True, num, index)
+
+    @property
+    def num_records(self) -> int:
+        total = sum(self.counts)
+        if self.by_element:
+            return len(range(self.pipeline, total, self.num_pipelines))
+        return total
+
+    def cardinality(self, repeat, batch_size, drop_remainder) -> int | None:
+        if repeat is True:
+            return tf.data.INFINITE_CARDINALITY
+        elements = self.num_records * (1 if repeat is False else repeat)
+        if batch_size is None:
+            return elements
+        return elements // batch_size if drop_remainder else -(-elements // batch_size)
+
+
+def _one_pass(share: _Share, base_seed: int, *, shuffle: bool, deterministic: bool,
+              shuffle_buffer: int | None, compression: str | None) -> tf.data.Dataset:
+    """One pass over this pipeline's records: ``(position, serialized, epoch_key)``.
+
+    Shuffles use ``reshuffle_each_iteration=True`` with fixed seeds, so each
+    pass (each `repeat` round, each new iterator) gets a new order that the
+    seed determines.
+    """
+    files = tf.data.Dataset.from_tensor_slices(share.files)
+    # Sharding by record strides one file order shared by all pipelines; a
+    # per-pipeline seed (seed=None draws one per call) would break that, so
+    # the file order stays fixed there and only records are shuffled.
+    if shuffle and not share.by_element:
+        files = files.shuffle(len(share.files), seed=seeding.derive(base_seed, "files"),
+                              reshuffle_each_iteration=True)
+    compression_type = {None: "", "gzip": "GZIP"}[compression]
+    ordered = deterministic or share.by_element
+    records = files.interleave(
+        lambda filename: tf.data.TFRecordDataset(filename, compression_type=compression_type),
+        cycle_length=min(len(share.files), _CYCLE_LENGTH),
+        block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=ordered,
+    )
+    if share.by_element:
+        records = records.shard(share.num_pipelines, share.pipeline)
+    if shuffle:
+        buffer = shuffle_buffer or min(share.num_records, DEFAULT_SHUFFLE_BUFFER)
+        records = records.shuffle(max(buffer, 1), seed=seeding.derive(base_seed, "records"),
+                                  reshuffle_each_iteration=True)
+    return tf.data.Dataset.zip(records.enumerate(), seeding.epoch_keys(base_seed)).map(
+        lambda numbered, key: (numbered[0], numbered[1], key)
+    )

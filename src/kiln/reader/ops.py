@@ -1,0 +1,382 @@
+"""kiln's built-in element augmentation ops: sample parameters from the seed, then apply.
+
+Every op takes a float32 ``[height, width, channels]`` image in [0, 1] and a
+shape-[2] int32 seed, draws its random parameters with stateless TF ops
+(identical for identical seeds, on any thread, in any process), then applies
+a deterministic TF kernel. Colour ops clip back to [0, 1].
+
+Cropping ops are defined by a `Window` (choose the window, then finish it), so
+the reader can decode only that window of a JPEG; the op applied to a decoded
+image gives bit-identical results (`crop_with_window`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Callable
+
+import tensorflow as tf
+
+from kiln.reader.augment import (
+    Choice,
+    Number,
+    OpDefinition,
+    Probability,
+    Range,
+    Size,
+    Window,
+    register_builtin,
+    signature_params,
+)
+
+_RESIZE_METHODS = ("bilinear", "bicubic", "area", "nearest", "lanczos3", "mitchellcubic")
+_FILL_MODES = ("constant", "reflect", "wrap", "nearest")
+
+
+def _builtin(name: str, *, inference: Callable | None = None, window: Window | None = None,
+             inference_window: Window | None = None, check: Callable | None = None) -> Callable:
+    def decorator(fn: Callable) -> Callable:
+        register_builtin(OpDefinition(
+            name=name,
+            fn=fn,
+            kind="element",
+            params=signature_params(name, fn, leading=("image", "seed")),
+            inference=inference,
+            window=window,
+            inference_window=inference_window,
+            check=check,
+        ))
+        return fn
+
+    return decorator
+
+
+def _uniform(seed: tf.Tensor, low: float = 0.0, high: float = 1.0) -> tf.Tensor:
+    return tf.random.stateless_uniform([], seed=seed, minval=low, maxval=high)
+
+
+def _with_probability(probability: float, seed: tf.Tensor, apply: Callable[[], tf.Tensor],
+                      image: tf.Tensor) -> tf.Tensor:
+    # A per-element tf.cond runs only the chosen branch; for probability 1 the
+    # condition is left out of the graph entirely.
+    if probability >= 1.0:
+        return apply()
+    return tf.cond(_uniform(seed) < probability, apply, lambda: image)
+
+
+def _require_rgb(name: str, image: tf.Tensor) -> None:
+    if image.shape[-1] is not None and image.shape[-1] != 3:
+        raise ValueError(
+            f"augmentation op {name!r} needs 3-channel (RGB) images; this dataset's images "
+            f"have {image.shape[-1]} channel(s)"
+        )
+
+
+# --- windows (crops) ------------------------------------------------------------------
+
+
+def crop_with_window(window: Window, image: tf.Tensor, seed: tf.Tensor | None,
+                     **params: Any) -> tf.Tensor:
+    """Applies a cropping op to a decoded image: sample the window, slice, finish."""
+    offset, size = window.sample(tf.shape(image)[:2], seed, **params)
+    cropped = tf.slice(image, tf.concat([offset, [0]], 0), tf.concat([size, [-1]], 0))
+    cropped.set_shape([None, None, image.shape[-1]])
+    return window.finish(cropped, **params)
+
+
+def _check_fits(shape: tf.Tensor, size: tuple[int, int], name: str) -> list:
+    return [tf.debugging.assert_greater_equal(
+        shape, tf.constant(size, tf.int32),
+        message=f"{name}: the image is smaller than the crop size {list(size)} (height, width)",
+    )]
+
+
+def _random_crop_window(shape, seed, *, size):
+    with tf.control_dependencies(_check_fits(shape, size, "random_crop")):
+        room = shape - tf.constant(size, tf.int32) + 1
+    draws = tf.random.stateless_uniform([2], seed=seed)
+    offset = tf.minimum(tf.cast(draws * tf.cast(room, tf.float32), tf.int32), room - 1)
+    return offset, tf.constant(size, tf.int32)
+
+
+def _center_crop_window(shape, seed, *, size):
+    del seed  # deterministic
+    with tf.control_dependencies(_check_fits(shape, size, "random_crop")):
+        offset = (shape - tf.constant(size, tf.int32)) // 2
+    return offset, tf.constant(size, tf.int32)
+
+
+def _finish_crop(image, *, size):
+    return tf.ensure_shape(image, [size[0], size[1], image.shape[-1]])
+
+
+_RANDOM_CROP = Window(_random_crop_window, _finish_crop)
+_CENTER_CROP = Window(_center_crop_window, _finish_crop)
+
+
+def _center_crop(image, *, size):
+    return crop_with_window(_CENTER_CROP, image, None, size=size)
+
+
+@_builtin("random_crop", inference=_center_crop, window=_RANDOM_CROP,
+          inference_window=_CENTER_CROP)
+def random_crop(image, seed, *, size: Annotated[Any, Size()]):
+    """A uniformly placed ``size`` window (``[height, width]``); where no
+    augmentation runs, the centre window of the same size."""
+    return crop_with_window(_RANDOM_CROP, image, seed, size=size)
+
+
+def _resized_crop_window(shape, seed, *, size, scale_range, ratio_range, method, antialias):
+    del size, method, antialias  # used by the finish step
+    begin, extent, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.concat([shape, [1]], 0),
+        bounding_boxes=tf.zeros([1, 0, 4], tf.float32),
+        seed=seed,
+        min_object_covered=0.0,
+        aspect_ratio_range=ratio_range,
+        area_range=scale_range,
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,  # falls back to the whole image
+    )
+    return begin[:2], extent[:2]
+
+
+def _central_aspect_window(shape, seed, *, size, scale_range, ratio_range, method, antialias):
+    # The largest centred window with the output's aspect ratio: the whole
+    # view the random crops sample from, without distorting it.
+    del seed, scale_range, ratio_range, method, antialias
+    height, width = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
+    aspect = size[1] / size[0]
+    crop_h = tf.minimum(height, width / aspect)
+    crop_w = tf.minimum(width, height * aspect)
+    extent = tf.maximum(tf.cast(tf.round(tf.stack([crop_h, crop_w])), tf.int32), 1)
+    return (shape - extent) // 2, extent
+
+
+def _finish_resized_crop(image, *, size, scale_range, ratio_range, method, antialias):
+    del scale_range, ratio_range
+    resized = tf.image.resize(image, size, method=method, antialias=antialias)
+    return tf.ensure_shape(tf.clip_by_value(resized, 0.0, 1.0),
+                           [size[0], size[1], image.shape[-1]])
+
+
+_RESIZED_CROP = Window(_resized_crop_window, _finish_resized_crop)
+_CENTRAL_RESIZED_CROP = Window(_central_aspect_window, _finish_resized_crop)
+
+
+def _central_resized_crop(image, **params):
+    return crop_with_window(_CENTRAL_RESIZED_CROP, image, None, **params)
+
+
+def _check_resized_crop(*, size, scale_range, ratio_range, method, antialias):
+    del size, ratio_range, method, antialias
+    if scale_range[1] > 1.0 or scale_range[0] <= 0.0:
+        raise ValueError(f"scale_range: fractions of the image area must be in (0, 1], "
+                         f"got {list(scale_range)}")
+
+
+@_builtin("random_resized_crop", inference=_central_resized_crop, window=_RESIZED_CROP,
+          inference_window=_CENTRAL_RESIZED_CROP, check=_check_resized_crop)
+def random_resized_crop(
+    image,
+    seed,
+    *,
+    size: Annotated[Any, Size()],
+    scale_range: Annotated[Any, Range(0.0, 1.0)] = (0.08, 1.0),
+    ratio_range: Annotated[Any, Range(positive=True)] = (3 / 4, 4 / 3),
+    method: Annotated[str, Choice(_RESIZE_METHODS)] = "bilinear",
+    antialias: bool = False,
+):
+    """A window covering a `scale_range` fraction of the area with a width/height
+    ratio in `ratio_range`, resized to ``size``. Windows are sampled with
+    `tf.image.stateless_sample_distorted_bounding_box` (10 attempts, then the
+    whole image). Where no augmentation runs: the largest centred window with
+    the output's aspect ratio, resized to ``size``."""
+    return crop_with_window(_RESIZED_CROP, image, seed, size=size, scale_range=scale_range,
+                            ratio_range=ratio_range, method=method, antialias=antialias)
+
+
+# --- flips ----------------------------------------------------------------------------
+
+
+@_builtin("random_flip_left_right")
+def random_flip_left_right(image, seed, *, probability: Probability = 0.5):
+    """Mirrors the image horizontally with `probability`."""
+    return _with_probability(probability, seed, lambda: tf.reverse(image, axis=[1]), image)
+
+
+@_builtin("random_flip_up_down")
+def random_flip_up_down(image, seed, *, probability: Probability = 0.5):
+    """Mirrors the image vertically with `probability`."""
+    return _with_probability(probability, seed, lambda: tf.reverse(image, axis=[0]), image)
+
+
+# --- colour ---------------------------------------------------------------------------
+
+
+def _brightness(image, delta):
+    return tf.clip_by_value(image + delta, 0.0, 1.0)
+
+
+def _contrast(image, factor):
+    return tf.clip_by_value(tf.image.adjust_contrast(image, factor), 0.0, 1.0)
+
+
+def _saturation(image, factor):
+    return tf.clip_by_value(tf.image.adjust_saturation(image, factor), 0.0, 1.0)
+
+
+def _hue(image, delta):
+    return tf.clip_by_value(tf.image.adjust_hue(image, delta), 0.0, 1.0)
+
+
+@_builtin("random_brightness")
+def random_brightness(image, seed, *, max_delta: Annotated[float, Number(0.0, 1.0)] = 0.2):
+    """Adds one delta drawn from ``[-max_delta, max_delta]`` to every pixel."""
+    return _brightness(image, _uniform(seed, -max_delta, max_delta))
+
+
+@_builtin("random_contrast")
+def random_contrast(image, seed, *,
+                    factor_range: Annotated[Any, Range(minimum=0.0)] = (0.8, 1.2)):
+    """Scales each channel's distance from its mean by a factor from `factor_range`."""
+    return _contrast(image, _uniform(seed, *factor_range))
+
+
+@_builtin("random_saturation")
+def random_saturation(image, seed, *,
+                      factor_range: Annotated[Any, Range(minimum=0.0)] = (0.8, 1.2)):
+    """Scales saturation (in HSV) by a factor from `factor_range`. RGB only."""
+    _require_rgb("random_saturation", image)
+    return _saturation(image, _uniform(seed, *factor_range))
+
+
+@_builtin("random_hue")
+def random_hue(image, seed, *, max_delta: Annotated[float, Number(0.0, 0.5)] = 0.05):
+    """Rotates hue by a delta from ``[-max_delta, max_delta]`` (a full turn is 1). RGB only."""
+    _require_rgb("random_hue", image)
+    return _hue(image, _uniform(seed, -max_delta, max_delta))
+
+
+@_builtin("color_jitter")
+def color_jitter(
+    image,
+    seed,
+    *,
+    brightness: Annotated[float, Number(0.0, 1.0)] = 0.4,
+    contrast: Annotated[float, Number(0.0, 1.0)] = 0.4,
+    saturation: Annotated[float, Number(0.0, 1.0)] = 0.4,
+    hue: Annotated[float, Number(0.0, 0.5)] = 0.1,
+    probability: Probability = 1.0,
+):
+    """Brightness, contrast, saturation and hue jitter in that fixed order.
+
+    Deltas are drawn from ``[-brightness, brightness]`` and
+    ``[-hue, hue]``, factors from ``[1 - x, 1 + x]``; a zero turns that part
+    off. The whole jitter happens with `probability`. Saturation and hue need
+    RGB images.
+    """
+    if saturation or hue:
+        _require_rgb("color_jitter (saturation, hue)", image)
+    seeds = tf.random.split(seed, 5)
+
+    def jitter():
+        out = image
+        if brightness:
+            out = _brightness(out, _uniform(seeds[0], -brightness, brightness))
+        if contrast:
+            out = _contrast(out, _uniform(seeds[1], max(0.0, 1 - contrast), 1 + contrast))
+        if saturation:
+            out = _saturation(out, _uniform(seeds[2], max(0.0, 1 - saturation), 1 + saturation))
+        if hue:
+            out = _hue(out, _uniform(seeds[3], -hue, hue))
+        return out
+
+    return _with_probability(probability, seeds[4], jitter, image)
+
+
+@_builtin("random_grayscale")
+def random_grayscale(image, seed, *, probability: Probability = 0.1):
+    """Replaces the image by its luma (kept as 3 channels) with `probability`. RGB only."""
+    _require_rgb("random_grayscale", image)
+    return _with_probability(
+        probability, seed,
+        lambda: tf.tile(tf.image.rgb_to_grayscale(image), [1, 1, 3]),
+        image,
+    )
+
+
+# --- geometry -------------------------------------------------------------------------
+
+
+def rotate(image: tf.Tensor, angle: tf.Tensor, *, fill_mode: str, fill_value: float,
+           interpolation: str) -> tf.Tensor:
+    """Rotates `image` by `angle` radians (counter-clockwise) about its centre."""
+    shape = tf.shape(image)
+    height, width = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
+    cos, sin = tf.cos(angle), tf.sin(angle)
+    # The transform maps output pixel coordinates to input coordinates.
+    x_offset = ((width - 1) - (cos * (width - 1) - sin * (height - 1))) / 2.0
+    y_offset = ((height - 1) - (sin * (width - 1) + cos * (height - 1))) / 2.0
+    transform = tf.stack([cos, -sin, x_offset, sin, cos, y_offset, 0.0, 0.0])[None]
+    rotated = tf.raw_ops.ImageProjectiveTransformV3(
+        images=image[None],
+        transforms=transform,
+        output_shape=shape[:2],
+        fill_value=tf.constant(fill_value, tf.float32),
+        interpolation=interpolation.upper(),
+        fill_mode=fill_mode.upper(),
+    )[0]
+    return tf.ensure_shape(rotated, image.shape)
+
+
+@_builtin("random_rotation")
+def random_rotation(
+    image,
+    seed,
+    *,
+    angle_range: Annotated[Any, Range(-180.0, 180.0)] = (-15.0, 15.0),
+    fill_mode: Annotated[str, Choice(_FILL_MODES)] = "constant",
+    fill_value: Annotated[float, Number(0.0, 1.0)] = 0.0,
+    interpolation: Annotated[str, Choice(("bilinear", "nearest"))] = "bilinear",
+):
+    """Rotates by an angle (degrees, counter-clockwise) from `angle_range`,
+    keeping the size; uncovered pixels follow `fill_mode`."""
+    low, high = (a * math.pi / 180.0 for a in angle_range)
+    return rotate(image, _uniform(seed, low, high), fill_mode=fill_mode,
+                  fill_value=fill_value, interpolation=interpolation)
+
+
+@_builtin("random_erasing")
+def random_erasing(
+    image,
+    seed,
+    *,
+    probability: Probability = 0.5,
+    scale_range: Annotated[Any, Range(0.0, 1.0)] = (0.02, 0.33),
+    ratio_range: Annotated[Any, Range(positive=True)] = (0.3, 3.3),
+    value: Annotated[float, Number(0.0, 1.0)] = 0.0,
+):
+    """With `probability`, sets one rectangle to `value` (Zhong et al. 2017).
+
+    The rectangle covers a `scale_range` fraction of the area with a
+    height/width ratio from `ratio_range` (drawn log-uniformly), clipped to
+    the image, at a uniform position.
+    """
+    seeds = tf.random.split(seed, 5)
+    shape = tf.shape(image)
+    height, width = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
+    area = _uniform(seeds[0], *scale_range) * height * width
+    ratio = tf.exp(_uniform(seeds[1], math.log(ratio_range[0]), math.log(ratio_range[1])))
+    box_h = tf.clip_by_value(tf.round(tf.sqrt(area * ratio)), 1.0, height)
+    box_w = tf.clip_by_value(tf.round(tf.sqrt(area / ratio)), 1.0, width)
+    top = tf.floor(_uniform(seeds[2]) * (height - box_h + 1.0))
+    left = tf.floor(_uniform(seeds[3]) * (width - box_w + 1.0))
+    rows = tf.range(height)[:, None]
+    cols = tf.range(width)[None, :]
+    inside = (rows >= top) & (rows < top + box_h) & (cols >= left) & (cols < left + box_w)
+
+    def erase():
+        return tf.where(inside[:, :, None], tf.constant(value, image.dtype), image)
+
+    return _with_probability(probability, seeds[4], erase, image)
