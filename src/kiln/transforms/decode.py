@@ -278,7 +278,7 @@ def _to_rgb_or_gray(image: np.ndarray, channels: int) -> np.ndarray:
     else:
         raise DecodeError("unsupported_format", f"images with {source_channels} channels "
                                                 f"are not supported")
-    rgb = np.ascontiguousarray(bgr[:, :, ::-1])
+    rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
     return rgb if channels == 3 else to_grayscale(rgb)
 
 
