@@ -66,3 +66,30 @@ def with_features(features):
 
 ds = tf.data.Dataset.from_tensor_slices(([0.0], [1])).map(make_augment({"flip": True}))
 ds2 = tf.data.Dataset.from_tensor_slices({"image": [0.0], "label": [1]}).map(with_features)
+
+
+def is_large(image):
+    return image.shape[0] > 100
+
+
+def is_bright(image):
+    return tf.reduce_mean(image) > 0.5
+
+
+def scale_of(image, factor):
+    return factor * 2
+
+
+def with_helpers(image):
+    if is_large(image):  # the helper returns a static answer: fine
+        image = image[:100]
+    if tf.nest.is_nested(image):  # structure, not a value: fine
+        image = image[0]
+    if scale_of(image, 3) > 4:  # returns only configuration: fine
+        image = image / 2
+    if is_bright(image):  # expect: K104
+        image = image / 2
+    return image
+
+
+ds3 = tf.data.Dataset.from_tensor_slices([[0.0]]).map(with_helpers)

@@ -107,3 +107,32 @@ def unused_helper(image):
 
 
 ds_recursive = tf.data.Dataset.range(3).map(lambda x: recursive(x, 3))
+
+
+def per_row(row):
+    if tf.reduce_sum(row) > 0:  # expect: K104
+        row = -row
+    return row
+
+
+def name_of(kind):
+    if kind == "rgb":  # called by map() on configuration only: fine
+        return "colour"
+    return kind
+
+
+def handed_on(image, kinds=("rgb", "gray")):
+    rows = tf.map_fn(per_row, image)
+    names = list(map(name_of, kinds))
+
+    def darker():
+        print("darker branch")  # expect: K103
+        return rows * 0.5
+
+    def unchanged():
+        return rows
+
+    return tf.cond(tf.reduce_mean(rows) > 0.5, darker, unchanged), names
+
+
+ds_handed_on = tf.data.Dataset.from_tensor_slices([[[0.0]]]).map(handed_on)

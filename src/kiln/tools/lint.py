@@ -335,13 +335,13 @@ _CONVENTIONAL_MODULES = {
 
 _TF_COMPAT_PREFIXES = ("tensorflow.compat.v1.", "tensorflow.compat.v2.")
 
-_PY_FUNCTIONS = frozenset({
-    "tensorflow.py_function", "tensorflow.numpy_function", "tensorflow.py_func",
-    "tensorflow.experimental.numpy_function",
-})
+# tf.py_function and its relatives, wherever in tensorflow they are imported from.
+_PY_FUNCTION_NAMES = frozenset({"py_function", "numpy_function", "py_func", "eager_py_func"})
 
+_TF_FUNCTION = "tensorflow.function"
+# Wrappers that return the function they are given, still traced by whoever traces them.
 _TF_FUNCTION_WRAPPERS = frozenset({
-    "tensorflow.function", "tensorflow.autograph.experimental.do_not_convert",
+    _TF_FUNCTION, "tensorflow.autograph.experimental.do_not_convert",
 })
 
 _PARTIAL = frozenset({"functools.partial"})
@@ -365,7 +365,10 @@ _TF_NON_OP_PREFIXES = (
     "tensorflow.nest.", "tensorflow.data.", "tensorflow.test.", "tensorflow.sysconfig.",
     "tensorflow.version.", "tensorflow.autograph.", "tensorflow.keras.", "tensorflow.saved_model.",
     "tensorflow.train.Checkpoint", "tensorflow.summary.", "tensorflow.errors.",
+    "tensorflow.python.",  # internals: no promise what they return
 )
+# Outside TensorFlow, `is_nested(x)`, `has_key(x)` and the like answer about structure.
+_PREDICATE_PREFIXES = ("is_", "has_")
 _STATIC_BUILTINS = frozenset({
     "isinstance", "issubclass", "hasattr", "callable", "type", "id", "len", "repr", "str",
 })
@@ -445,8 +448,14 @@ class _ModuleIndex:
         self._callables_cache: dict[tuple[int, int], list[_Callable]] = {}
         self._instances_cache: dict[tuple[int, int], list[ast.ClassDef]] = {}
         self.module_bindings = self.bindings(tree)
-        self.competing_libraries = any(
-            qualified.split(".")[0] in _NON_TF_MAP_LIBRARIES for qualified in self.imports.values())
+        # First and last parts: `import datasets`, `from lazy_modules import grain`.
+        roots = {part for qualified in self.imports.values()
+                 for part in (qualified.split(".")[0], qualified.rsplit(".", 1)[-1])}
+        self.competing_libraries = bool(roots & _NON_TF_MAP_LIBRARIES)
+        self.uses_tensorflow = bool(roots & _TF_LIBRARIES) or any(
+            isinstance(node, ast.Name) and node.id in ("tf", "tfds")
+            and node.id not in self.imports and node.id not in self.module_bindings
+            for node in ast.walk(tree))
 
     @staticmethod
     def _collect_imports(tree: ast.Module) -> dict[str, str]:
@@ -780,8 +789,9 @@ _OTHER_MAP_KEYWORDS = frozenset({
 })
 _NON_TF_MAP_LIBRARIES = frozenset({
     "datasets", "ray", "pyspark", "multiprocessing", "concurrent", "pandas", "dask",
-    "apache_beam", "torch", "polars", "joblib",
+    "apache_beam", "torch", "polars", "joblib", "grain",
 })
+_TF_LIBRARIES = frozenset({"tensorflow", "tensorflow_datasets", "keras", "tf_keras", "kiln"})
 _OTHER_NAME = re.compile(
     r"(^|_)(pool|executor|df|series|frame|rdd|pcoll|client|futures?|workers?)(_|\d|$)", re.IGNORECASE)
 _OTHER_CONSTRUCTOR = re.compile(r"Pool|Executor|DataFrame|Series|SparkContext|Client", re.IGNORECASE)
@@ -792,10 +802,11 @@ class _DatasetEvidence:
 
     Strong evidence (a chain rooted in ``tf.data``/``tfds``/``*Dataset(...)``,
     tf.data-only methods or keywords) says yes. Evidence of something else
-    (``Pool``/``Executor``/DataFrame receivers, Hugging Face ``batched=``/
-    ``num_proc=`` keywords) says no. Otherwise the answer is yes, unless the
-    module imports another library with a `.map` (Hugging Face datasets, Ray,
-    Spark, multiprocessing, pandas, ...), where only strong evidence counts.
+    (``Pool``/``Executor``/DataFrame receivers, a module such as
+    ``builtins.map``, Hugging Face ``batched=``/``num_proc=`` keywords) says no.
+    Otherwise the answer is yes in a module that uses TensorFlow and imports no
+    other library with a `.map` (Hugging Face datasets, Ray, Spark, Grain,
+    multiprocessing, pandas, ...); elsewhere only strong evidence counts.
     """
 
     def __init__(self, index: _ModuleIndex):
@@ -815,7 +826,7 @@ class _DatasetEvidence:
             return True
         if verdict == "other":
             return False
-        return not self.index.competing_libraries
+        return self.index.uses_tensorflow and not self.index.competing_libraries
 
     def _receiver(self, node: ast.AST, scope: ast.AST, depth: int) -> str:
         """"tf" (strong evidence), "other" (another library) or "unknown"."""
@@ -844,6 +855,9 @@ class _DatasetEvidence:
             if callee.endswith("Dataset") and qualified.startswith("tensorflow"):
                 return "tf"
             return "unknown"
+        qualified = self.index.qualify(node)
+        if qualified is not None and not qualified.startswith("tensorflow"):
+            return "other"  # a module's function, e.g. builtins.map(fn, items)
         if isinstance(node, ast.Name):
             if _OTHER_NAME.search(node.id):
                 return "other"
@@ -874,6 +888,7 @@ class _ModuleChecker:
         self.filename = filename
         self._findings: dict[tuple[int, str], Finding] = {}
         self._done: set[tuple[int, frozenset[str], frozenset[str]]] = set()
+        self._returns: dict[tuple[int, frozenset[str], frozenset[str]], bool] = {}
         self._evidence = _DatasetEvidence(self.index)
 
     def findings(self) -> list[Finding]:
@@ -897,7 +912,7 @@ class _ModuleChecker:
         index = self.index
         for node in ast.walk(index.tree):
             if isinstance(node, _FunctionNode):
-                if index.decorator_names(node) & _TF_FUNCTION_WRAPPERS:
+                if _TF_FUNCTION in index.decorator_names(node):
                     yield _Callable(node, skip=1 if index.is_method(node) else 0)
             elif isinstance(node, ast.Call):
                 scope = index.scope_of(node)
@@ -918,14 +933,23 @@ class _ModuleChecker:
     def _is_tf_function_wrapper(self, func: ast.AST) -> bool:
         if isinstance(func, ast.Call) and not func.args:
             func = func.func
-        return self.index.qualify(func) in _TF_FUNCTION_WRAPPERS
+        return self.index.qualify(func) == _TF_FUNCTION
+
+    @staticmethod
+    def analysis_key(callable_: _Callable, tensor_params: Iterable[str],
+                     closure: frozenset[str]) -> tuple[int, frozenset[str], frozenset[str]]:
+        return id(callable_.node), frozenset(tensor_params), closure
+
+    def returns_tensor(self, key: tuple[int, frozenset[str], frozenset[str]]) -> bool | None:
+        """Whether an analysed function may return a tensor; None if not (yet) known."""
+        return self._returns.get(key)
 
     def analyse(self, callable_: _Callable, tensor_params: set[str],
                 closure: frozenset[str], depth: int) -> None:
         """Checks one function body given which of its parameters hold tensors."""
         if depth > MAX_CALL_DEPTH:
             return
-        key = (id(callable_.node), frozenset(tensor_params), closure)
+        key = self.analysis_key(callable_, tensor_params, closure)
         if key in self._done:
             return
         self._done.add(key)
@@ -936,9 +960,11 @@ class _ModuleChecker:
         body = _FunctionBodyChecker(self, node, depth)
         if isinstance(node, ast.Lambda):
             body.expression(node.body, tainted)
+            self._returns[key] = body.is_tensor(node.body, tainted)
         else:
             # Defaults and decorators are evaluated where the def is, not here.
             body.block(node.body, tainted)
+            self._returns[key] = body.returns_tensor or _is_generator(node)
 
 
 class _FunctionBodyChecker:
@@ -949,6 +975,7 @@ class _FunctionBodyChecker:
         self.index = module.index
         self.function = function
         self.depth = depth
+        self.returns_tensor = False
 
     # statements
 
@@ -1044,6 +1071,8 @@ class _FunctionBodyChecker:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.expr):
                 check(child, tainted)
+        if isinstance(node, ast.Return) and node.value is not None:
+            self.returns_tensor |= self.is_tensor(node.value, tainted)
         return tainted
 
     def _loop(self, body: Sequence[ast.stmt], tainted: set[str]) -> set[str]:
@@ -1163,7 +1192,7 @@ class _FunctionBodyChecker:
             self.module.report(
                 node, "K103",
                 "`print()` runs once, at trace time, and shows a symbolic Tensor, not the elements")
-        elif qualified in _PY_FUNCTIONS:
+        elif _is_py_function(qualified):
             self.module.report(
                 node, "K107",
                 f"`{shown}` runs Python per element: it holds the GIL (num_parallel_calls barely "
@@ -1182,21 +1211,44 @@ class _FunctionBodyChecker:
         scope = self.function
         for callee in index.resolve_callables(func, scope):
             self._follow(callee, self._bind_arguments(callee, node, tainted), tainted)
-        # Functions handed to another call (tf.cond, tf.map_fn, ...) run at trace time too.
-        for argument in [*node.args, *(k.value for k in node.keywords)]:
+        # Functions handed to another call (tf.cond, tf.map_fn, map, ...) run at trace
+        # time too, on the call's other arguments: tensors if any of those is one.
+        arguments = [*node.args, *(k.value for k in node.keywords)]
+        for argument in arguments:
             if argument in skipped or isinstance(argument, ast.Lambda):
                 continue
             if isinstance(argument, (ast.Name, ast.Attribute)) or (
                     isinstance(argument, ast.Call) and index.qualify(argument.func) in _PARTIAL):
-                for callee in index.resolve_callables(argument, scope):
-                    self._follow(callee, callee.element_params(), tainted)
+                callees = index.resolve_callables(argument, scope)
+                if not callees:
+                    continue
+                gets_tensors = any(self.is_tensor(other, tainted)
+                                   for other in arguments if other is not argument)
+                for callee in callees:
+                    self._follow(callee, callee.element_params() if gets_tensors else set(), tainted)
         return skipped
 
     def _follow(self, callee: _Callable, tensor_params: set[str], tainted: set[str]) -> None:
+        self.module.analyse(callee, tensor_params, self._closure(callee, tainted), self.depth + 1)
+
+    def _closure(self, callee: _Callable, tainted: set[str]) -> frozenset[str]:
         # A nested function sees this function's tensors through its closure.
-        nested = self._is_inside(callee.node, self.function)
-        closure = frozenset(tainted) if nested else frozenset()
-        self.module.analyse(callee, tensor_params, closure, self.depth + 1)
+        return frozenset(tainted) if self._is_inside(callee.node, self.function) else frozenset()
+
+    def _call_returns_tensor(self, call: ast.Call, tainted: set[str]) -> bool | None:
+        """For a call of same-module functions already analysed: whether any of them
+        returns a tensor given these arguments. None when unknown."""
+        callees = self.index.resolve_callables(call.func, self.function)
+        if not callees:
+            return None
+        answers = [
+            self.module.returns_tensor(self.module.analysis_key(
+                callee, self._bind_arguments(callee, call, tainted), self._closure(callee, tainted)))
+            for callee in callees
+        ]
+        if any(answer is None for answer in answers):
+            return None
+        return any(answers)
 
     def _is_inside(self, node: ast.AST, ancestor: ast.AST) -> bool:
         current = self.index.parents.get(node)
@@ -1266,7 +1318,9 @@ class _FunctionBodyChecker:
         if isinstance(node, (ast.Constant, ast.Lambda, ast.JoinedStr)):
             return False
         if isinstance(node, ast.Attribute):
-            return node.attr not in _STATIC_ATTRIBUTES and self.is_tensor(node.value, tainted)
+            if node.attr in _STATIC_ATTRIBUTES or node.attr.startswith("__"):
+                return False  # x.shape, x.dtype, x.__class__, ...
+            return self.is_tensor(node.value, tainted)
         if isinstance(node, ast.Subscript):
             return self.is_tensor(node.value, tainted) or self.is_tensor(node.slice, tainted)
         if isinstance(node, ast.Compare):
@@ -1287,6 +1341,13 @@ class _FunctionBodyChecker:
                     return False
                 if qualified.startswith("tensorflow.") and not qualified.startswith(_TF_NON_OP_PREFIXES):
                     return True  # a TF op returns a tensor whatever its inputs
+            same_module = self._call_returns_tensor(node, tainted)
+            if same_module is not None:
+                return same_module
+            name = func.attr if isinstance(func, ast.Attribute) else \
+                func.id if isinstance(func, ast.Name) else ""
+            if name.startswith(_PREDICATE_PREFIXES):
+                return False
             if isinstance(func, ast.Attribute) and self.is_tensor(func.value, tainted):
                 return True
             return self._has_tensor_argument(node, tainted)
@@ -1297,6 +1358,11 @@ class _FunctionBodyChecker:
         return any(self.is_tensor(child, tainted) for child in ast.iter_child_nodes(node))
 
 
+def _is_py_function(qualified: str | None) -> bool:
+    return bool(qualified) and qualified.startswith("tensorflow.") and \
+        qualified.rsplit(".", 1)[-1] in _PY_FUNCTION_NAMES
+
+
 def _shown_name(func: ast.AST) -> str:
     """The callee as written, shortened for messages."""
     try:
@@ -1304,6 +1370,18 @@ def _shown_name(func: ast.AST) -> str:
     except Exception:  # unparse of odd trees is best-effort only
         return "call"
     return text if len(text) <= 40 else "..." + text[-37:]
+
+
+def _is_generator(function: ast.AST) -> bool:
+    """Whether the function's own body (not a nested def or lambda) yields."""
+    pending = list(function.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return True
+        if not isinstance(node, (*_FunctionNode, ast.ClassDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def _try_star() -> tuple[type, ...]:
