@@ -1,0 +1,97 @@
+"""Shared fixtures: a generated demo corpus and real builds of it.
+
+Both are session-scoped: the corpus is generated once and each distinct
+build runs once per test session (real Beam pipelines on the local runner,
+a few seconds each), however many tests use them.
+
+``demo_corpus`` -> `kiln.pipeline.demo_data.DemoSummary`
+    60 demo shape images in 4 classes (``circle``, ``square``, ``star``,
+    ``triangle``: label ids 0..3) plus the 3 deliberately broken files,
+    written by ``demo_data.generate(seed=0)``. ``demo_corpus.out_dir`` is
+    the folder, ``demo_corpus.broken`` maps each broken file's key
+    (``class/name``) to its drop reason. Treat it as read-only.
+
+``base_config`` -> dict
+    A fresh copy of `BASE_CONFIG` pointing at the corpus, output not set.
+
+``build_dataset(**overrides)`` -> `kiln.pipeline.BuildResult`
+    Builds the corpus with `BASE_CONFIG`, each keyword replacing that
+    top-level config key wholesale (a dict replaces the whole section), and
+    returns the result. Identical calls return the cached result of the
+    first, so tests can share builds freely; distinct calls build into
+    their own output folders. Examples::
+
+        result = build_dataset()                                  # PNG, 64x64... see BASE_CONFIG
+        result = build_dataset(encoding={"format": "jpeg", "quality": 90})
+        result = build_dataset(sharding={"num_shards": 1}, augment=["random_flip_left_right"])
+        result = build_dataset(pipeline_args=["--direct_num_workers=2"])
+
+    ``result.dataset_dir`` is the version folder (shards, kiln.json,
+    errors.jsonl), ``result.dataset_root`` the ``<output>/<name>`` folder
+    with LATEST, ``result.info`` the `kiln.schemas.DatasetInfo`.
+    The shards are read-only for tests (copy them before corrupting one).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+# 60 images over 4 classes; with a 0.7/0.15/0.15 split each split holds
+# several of every class. The 3 broken files are 4.8% of 63 inputs, so the
+# base config allows 10% (the default 5% would be uncomfortably close).
+NUM_DEMO_IMAGES = 60
+
+BASE_CONFIG = {
+    "name": "shapes",
+    "source": {"type": "image_folder", "root": None},  # set to the corpus
+    "transforms": [
+        {"resize": {"shorter_side": 40}},
+        {"center_crop": {"size": 32}},
+    ],
+    "encoding": {"format": "png"},
+    "splits": {"fractions": {"train": 0.7, "validation": 0.15, "test": 0.15}},
+    "sharding": {"num_shards": {"train": 3, "validation": 1, "test": 1}},
+    "errors": {"max_fraction": 0.1},
+}
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory):
+    from kiln.pipeline import demo_data
+
+    return demo_data.generate(
+        tmp_path_factory.mktemp("demo-corpus") / "images", num_images=NUM_DEMO_IMAGES, seed=0
+    )
+
+
+def make_config(corpus_dir, **overrides) -> dict:
+    """`BASE_CONFIG` for `corpus_dir`, top-level keys replaced by `overrides`."""
+    config = copy.deepcopy(BASE_CONFIG)
+    config["source"]["root"] = str(corpus_dir)
+    config.update(copy.deepcopy(overrides))
+    return config
+
+
+@pytest.fixture
+def base_config(demo_corpus):
+    return make_config(demo_corpus.out_dir)
+
+
+@pytest.fixture(scope="session")
+def build_dataset(demo_corpus, tmp_path_factory):
+    from kiln.pipeline import build
+
+    cache = {}
+
+    def build_with(pipeline_args=(), **overrides):
+        cache_key = json.dumps([overrides, list(pipeline_args)], sort_keys=True)
+        if cache_key not in cache:
+            config = make_config(demo_corpus.out_dir, **overrides)
+            config.setdefault("output", str(tmp_path_factory.mktemp("datasets")))
+            cache[cache_key] = build(config, list(pipeline_args))
+        return cache[cache_key]
+
+    return build_with

@@ -1,0 +1,328 @@
+"""End to end: build generated corpora on the local runner, read every shard
+back with tf.data, and check records, pixels, metadata, errors and publishing."""
+
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kiln import cli, schemas
+from kiln.pipeline import BuildError, build, launcher
+from kiln.schemas import RECORD
+from kiln.transforms import decode_image, encode_image, functional
+
+from conftest import make_config
+
+
+def read_split(result, split):
+    """Every record of a split, in shard order, decoded with TF ops."""
+    info = result.info
+    paths = [os.path.join(result.dataset_dir, s.filename) for s in info.splits[split].shards]
+    compression = "GZIP" if info.compression == "gzip" else None
+    records = []
+    for serialized in tf.data.TFRecordDataset(paths, compression_type=compression):
+        parsed = RECORD.parse(serialized)
+        image = schemas.decode_image(parsed["image"], parsed["height"], parsed["width"],
+                                     info.channels, info.encoding["format"])
+        records.append({
+            "key": parsed["key"].numpy().decode(),
+            "label": int(parsed["label"]),
+            "sha256": parsed["sha256"].numpy().decode(),
+            "image": image.numpy(),
+            "channels": int(parsed["channels"]),
+            "encoded": parsed["image"].numpy(),
+        })
+    return records
+
+
+def read_all(result):
+    return {split: read_split(result, split) for split in result.info.splits}
+
+
+def corpus_files(corpus):
+    keys = []
+    for class_name in sorted(os.listdir(corpus.out_dir)):
+        for name in sorted(os.listdir(os.path.join(corpus.out_dir, class_name))):
+            keys.append(f"{class_name}/{name}")
+    return keys
+
+
+def expected_pixels(corpus, key, channels=3):
+    """The base config's transforms applied directly: resize (the kernel), then a NumPy crop."""
+    with open(os.path.join(corpus.out_dir, key), "rb") as f:
+        image = decode_image(f.read(), channels=channels)
+    image = functional.resize(image, shorter_side=40)
+    top, left = (image.shape[0] - 32) // 2, (image.shape[1] - 32) // 2
+    return image[top:top + 32, left:left + 32]
+
+
+def file_sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def test_png_build_reads_back_exactly(build_dataset, demo_corpus):
+    result = build_dataset()
+    info = result.info
+    records = read_all(result)
+
+    good = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken]
+    assert sorted(r["key"] for rs in records.values() for r in rs) == sorted(good)
+    assert info.class_names == ["circle", "square", "star", "triangle"]
+    assert sorted(info.splits) == ["test", "train", "validation"]
+    for split, rs in records.items():
+        assert len(rs) == info.splits[split].num_examples > 0
+        counts = {name: 0 for name in info.class_names}
+        for r in rs:
+            class_name = r["key"].split("/")[0]
+            assert r["label"] == info.class_names.index(class_name)
+            counts[class_name] += 1
+            with open(os.path.join(demo_corpus.out_dir, r["key"]), "rb") as f:
+                assert r["sha256"] == hashlib.sha256(f.read()).hexdigest()
+            np.testing.assert_array_equal(r["image"], expected_pixels(demo_corpus, r["key"]),
+                                          err_msg=r["key"])
+        assert info.splits[split].class_counts == counts
+    assert info.image_size == [32, 32] and info.channels == 3
+
+
+def test_jpeg_build_is_within_jpeg_tolerance(build_dataset, demo_corpus):
+    result = build_dataset(encoding={"format": "jpeg", "quality": 95})
+    assert result.info.encoding == {"format": "jpeg", "quality": 95}
+    errors = []
+    for rs in read_all(result).values():
+        for r in rs:
+            expected = expected_pixels(demo_corpus, r["key"])
+            # Exact: the stored bytes are the expected pixels, JPEG-encoded.
+            assert r["encoded"] == encode_image(expected, format="jpeg", quality=95), r["key"]
+            difference = np.abs(r["image"].astype(np.int16) - expected.astype(np.int16))
+            errors.append(difference.mean())
+    # Read back by TF: JPEG loss only. The demo's noise backgrounds at 32x32
+    # are JPEG's worst case (up to ~18 levels mean); typical is 2-5.
+    assert max(errors) < 25 and np.mean(errors) < 6
+
+
+def test_raw_grayscale_build_reads_back_exactly(build_dataset, demo_corpus):
+    result = build_dataset(image={"channels": 1}, encoding={"format": "raw"})
+    assert result.info.channels == 1
+    for rs in read_all(result).values():
+        for r in rs:
+            assert r["channels"] == 1
+            np.testing.assert_array_equal(r["image"],
+                                          expected_pixels(demo_corpus, r["key"], channels=1))
+
+
+def test_metadata_describes_the_files(build_dataset, demo_corpus):
+    result = build_dataset()
+    info = result.info
+    records = read_all(result)
+    root = result.dataset_root
+
+    with open(os.path.join(root, "LATEST")) as f:
+        assert f.read().strip() == result.version == info.version
+    assert result.dataset_dir == os.path.join(root, result.version)
+    assert not [e for e in os.listdir(root) if e.startswith(".staging-")]
+    listed = sorted(os.listdir(result.dataset_dir))
+    shard_files = sorted(s.filename for split in info.splits.values() for s in split.shards)
+    assert listed == sorted(shard_files + ["errors.jsonl", "kiln.json"])
+    assert [s.filename for s in info.splits["train"].shards] == [
+        f"shapes-train.tfrecord-{i:05d}-of-00003" for i in range(3)]
+
+    for name, split in info.splits.items():
+        for shard in split.shards:
+            path = os.path.join(result.dataset_dir, shard.filename)
+            assert file_sha256(path) == shard.sha256
+            assert os.path.getsize(path) == shard.num_bytes
+            assert sum(1 for _ in tf.data.TFRecordDataset(path)) == shard.num_records
+        # Statistics of the stored pixels, against NumPy over what was read back.
+        pixels = np.concatenate([r["image"].reshape(-1, 3) for r in records[name]]).astype(float)
+        assert split.statistics.count == pixels.shape[0]
+        np.testing.assert_allclose(split.statistics.mean, pixels.mean(axis=0), rtol=1e-9)
+        np.testing.assert_allclose(split.statistics.std, pixels.std(axis=0), rtol=1e-9)
+
+    with open(os.path.join(result.dataset_dir, "kiln.json")) as f:
+        text = f.read()
+    assert text == info.dumps()  # canonical JSON
+    data = json.loads(text)
+    assert data["config"]["transforms"][0] == {"resize": {
+        "shorter_side": 40, "longer_side": None, "size": None, "interpolation": "auto"}}
+    assert "output" not in data["config"]  # where a dataset lives is not part of it
+    assert data["schema"] == RECORD.to_json()
+    assert data["dropped"] == {reason: 1 for reason in demo_corpus.broken.values()}
+
+    with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert [(r["key"], r["stage"], r["reason"]) for r in rows] == [
+        (key, "decode", reason) for key, reason in sorted(demo_corpus.broken.items())]
+    assert all(r["uri"] == os.path.join(demo_corpus.out_dir, r["key"]) for r in rows)
+
+
+def test_gzip_shards(build_dataset):
+    result = build_dataset(sharding={"num_shards": 2, "compression": "gzip"})
+    assert result.info.compression == "gzip"
+    for split in result.info.splits.values():
+        assert [s.filename[-3:] for s in split.shards] == [".gz", ".gz"]
+        for shard in split.shards:
+            path = os.path.join(result.dataset_dir, shard.filename)
+            assert file_sha256(path) == shard.sha256
+    plain = build_dataset()
+    assert {k: v.num_examples for k, v in result.info.splits.items()} == \
+        {k: v.num_examples for k, v in plain.info.splits.items()}
+    assert [r["key"] for r in read_split(result, "test")] == \
+        [r["key"] for r in read_split(plain, "test")]  # same order: sort by key hash
+
+
+def copy_corpus(corpus, destination):
+    shutil.copytree(corpus.out_dir, destination)
+    return str(destination)
+
+
+def test_rebuild_is_up_to_date_and_changes_make_new_versions(demo_corpus, tmp_path, monkeypatch):
+    root = copy_corpus(demo_corpus, tmp_path / "images")
+    config = make_config(root, output=str(tmp_path / "out"))
+    first = build(config)
+    assert not first.up_to_date and first.counters["images_decoded"] == 60
+
+    # Unchanged inputs: no Beam job at all.
+    def no_job(*args, **kwargs):
+        raise AssertionError("an up-to-date rebuild must not construct the Beam job")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(launcher, "construct_pipeline", no_job)
+        again = build(config)
+    assert again.up_to_date and again.version == first.version
+    assert again.info.dumps() == first.info.dumps()
+
+    # A changed file gives a new version; the old one stays readable.
+    good = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken]
+    circle, square, star = (next(k for k in good if k.startswith(c)) for c in ("ci", "sq", "st"))
+    with open(os.path.join(root, square), "rb") as f:
+        replacement = f.read()
+    with open(os.path.join(root, circle), "wb") as f:
+        f.write(replacement)
+    second = build(config)
+    assert second.version != first.version and not second.up_to_date
+    assert second.info.duplicates == 1  # the circle file is now a copy of the square one
+    with open(os.path.join(first.dataset_root, "LATEST")) as f:
+        assert f.read() == second.version
+    assert os.path.exists(os.path.join(first.dataset_dir, "kiln.json"))
+
+    # A removed file gives another new version.
+    os.remove(os.path.join(root, star))
+    third = build(config)
+    assert len({first.version, second.version, third.version}) == 3
+    assert sum(s.num_examples for s in third.info.splits.values()) == 59
+
+
+def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, tmp_path):
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"),
+                         errors={"max_fraction": 0.02})
+    with pytest.raises(BuildError, match=r"dropped 3 of 63 input files .* errors.max_fraction 2.0%"):
+        build(config)
+    dataset_root = tmp_path / "out" / "shapes"
+    entries = os.listdir(dataset_root)
+    assert "LATEST" not in entries
+    assert all(e.startswith(".staging-") for e in entries), entries
+    # The staging folder keeps its error report for the user; the next build removes it.
+    (staging,) = entries
+    assert len((dataset_root / staging / "errors.jsonl").read_text().splitlines()) == 3
+
+    config["errors"] = {"max_fraction": 0.1}
+    result = build(config)
+    assert sorted(os.listdir(dataset_root)) == sorted([".stamps", "LATEST", result.version])
+
+
+def test_cli_builds_and_prints_a_summary(demo_corpus, tmp_path, capsys):
+    import yaml
+
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "ignored"))
+    path = tmp_path / "shapes.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out_root = tmp_path / "out"
+    assert cli.main(["build", "--config", str(path), "--output", str(out_root),
+                     "--image-threads", "2"]) == 0
+    printed = capsys.readouterr().out
+    latest = (out_root / "shapes" / "LATEST").read_text()
+    assert f"dataset: {out_root / 'shapes' / latest}" in printed
+    info = launcher.read_info(str(out_root / "shapes" / latest))
+    for name, split in info.splits.items():
+        assert f"{name}" in printed and f"{split.num_examples}" in printed
+    assert "dropped: 3 (corrupt: 1, empty: 1, not_an_image: 1)" in printed
+    assert "duplicates: 0" in printed
+    assert not (tmp_path / "ignored").exists()
+
+    assert cli.main(["build", "--config", str(path), "--output", str(out_root)]) == 0
+    assert "is up to date" in capsys.readouterr().out
+
+
+def write_manifest(path, rows, header="path,label,split"):
+    path.write_text(header + "\n" + "".join(row + "\n" for row in rows))
+    return str(path)
+
+
+def test_manifest_source_with_splits_and_bad_rows(demo_corpus, tmp_path):
+    # The manifest lives beside a copy of the corpus; paths are relative to it.
+    images = copy_corpus(demo_corpus, tmp_path / "data" / "images")
+    good = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken]
+    keys = good[:24]  # circles and squares
+    star = next(k for k in good if k.startswith("star/"))
+    rows = [f"images/{k},{k.split('/')[0]},{'train' if i % 3 else 'test'}"
+            for i, k in enumerate(keys)]
+    rows += [
+        "images/circle/missing.png,circle,train",          # missing file
+        f"images/{keys[0]},circle,train,extra",           # too many fields
+        f"images/{star},hexagon,train",                     # not in source.classes
+        f"{os.path.join(images, keys[1])},{keys[1].split('/')[0]},test",  # absolute path
+    ]
+    manifest = write_manifest(tmp_path / "data" / "manifest.csv", list(reversed(rows)))
+    config = make_config(
+        images, output=str(tmp_path / "out"),
+        source={"type": "manifest", "path": manifest,
+                "classes": ["circle", "square", "star", "triangle"]},
+        splits={"from_source": True},
+        errors={"max_fraction": 0.5},
+    )
+    result = build(config)
+    records = read_all(result)
+    assert sorted(result.info.splits) == ["test", "train"]
+    assert sorted(r["key"] for r in records["test"]) == sorted(
+        [f"images/{k}" for i, k in enumerate(keys) if i % 3 == 0]
+        + [os.path.join(images, keys[1])])
+    assert len(records["train"]) == 16
+    for r in records["train"]:
+        assert r["label"] == result.info.class_names.index(r["key"].split("/")[1])
+    with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
+        reasons = sorted((json.loads(line)["reason"], json.loads(line)["key"]) for line in f)
+    assert reasons == [("bad_row", "manifest.csv:4"),
+                       ("missing", "images/circle/missing.png"),
+                       ("unknown_label", f"images/{star}")]
+    assert result.info.duplicates == 1 and result.duplicates_across_splits == 1
+
+
+def test_jsonl_manifest_and_split_folders(demo_corpus, tmp_path):
+    # image_folder with root/<split>/<class>/<image>
+    keys = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken][:12]
+    for i, key in enumerate(keys):
+        destination = tmp_path / "by_split" / ("val" if i % 4 == 0 else "train") / key
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(os.path.join(demo_corpus.out_dir, key), destination)
+    config = make_config(str(tmp_path / "by_split"), output=str(tmp_path / "out1"),
+                         splits={"from_source": True})
+    result = build(config)
+    assert {k: v.num_examples for k, v in result.info.splits.items()} == {"train": 9, "val": 3}
+    assert {r["key"] for r in read_split(result, "val")} == {
+        f"val/{k}" for i, k in enumerate(keys) if i % 4 == 0}
+
+    # The same files through a JSONL manifest with absolute paths, fractions split.
+    lines = [json.dumps({"path": os.path.join(demo_corpus.out_dir, k), "label": k.split("/")[0]})
+             for k in keys] + ["{not json"]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out2"),
+                         source={"type": "manifest", "path": str(tmp_path / "m.jsonl")},
+                         errors={"max_fraction": 0.1})
+    result = build(config)
+    assert sum(s.num_examples for s in result.info.splits.values()) == 12
+    assert result.info.dropped == {"bad_row": 1}
