@@ -281,3 +281,46 @@ def test_lint_does_not_import_tensorflow_or_the_checked_code(tmp_path):
                             timeout=60)
     assert result.returncode == 0, result.stderr
     assert not marker.exists()
+
+
+# --- the documentation ---------------------------------------------------------
+
+DOCS = pathlib.Path(__file__).parent.parent / "docs" / "lint.md"
+_DOC_BLOCK = re.compile(r"```python\n# (?P<kind>bad|fixed|clean)(?:: (?P<code>K\d{3}))?\n(?P<body>.*?)```",
+                        re.DOTALL)
+
+
+def doc_examples() -> list[tuple[str, str | None, str]]:
+    """(kind, code, source) of every marked ```python block in docs/lint.md."""
+    return [(m.group("kind"), m.group("code"), m.group("body"))
+            for m in _DOC_BLOCK.finditer(DOCS.read_text())]
+
+
+def test_docs_show_a_bad_and_a_fixed_example_for_every_code():
+    examples = doc_examples()
+    text = DOCS.read_text()
+    for code in lint.RULES:
+        assert f"### {code}:" in text, f"docs/lint.md has no section for {code}"
+        if code != lint.SYNTAX_ERROR_CODE:
+            kinds = {kind for kind, example_code, _ in examples if example_code == code}
+            assert kinds == {"bad", "fixed"}, f"{code}: {kinds}"
+
+
+@pytest.mark.parametrize("kind, code, source",
+                         [e for e in doc_examples() if e[0] == "bad"], ids=lambda v: str(v)[:8])
+def test_docs_bad_example_gets_exactly_its_code(kind, code, source):
+    assert {f.code for f in lint.lint_source(source, "example.py")} == {code}
+
+
+def test_docs_fixed_examples_lint_clean_and_run_under_tensorflow(tmp_path):
+    import runpy
+
+    fixed = [(code, source) for kind, code, source in doc_examples() if kind in ("fixed", "clean")]
+    assert len(fixed) >= 9
+    for number, (code, source) in enumerate(fixed):
+        assert lint.lint_source(source, "example.py") == [], f"fixed example for {code}"
+        path = tmp_path / f"example_{number}.py"  # a real file, so AutoGraph can read it
+        path.write_text(source)
+        namespace = runpy.run_path(str(path))
+        elements = list(namespace["ds"].as_numpy_iterator())
+        assert elements, f"fixed example for {code} produced no elements"
