@@ -41,7 +41,8 @@ computed from them, and the results of TensorFlow ops. Static properties
 `"key" in features`) and configuration (closure variables, `self.*`,
 parameters with defaults, constants) are not tensors, so branching on them is
 fine and not reported. Across calls in the same module, a callee's parameter
-is a tensor exactly when the caller passes one.
+is a tensor exactly when the caller passes one, and a call returns a tensor
+only if the callee may return one.
 
 Silence one line with a trailing ``# kiln: noqa`` (every code) or
 ``# kiln: noqa[K101,K103]`` (those codes).
@@ -255,14 +256,16 @@ def _unparsable(filename: str, error: Exception) -> Finding:
     line = getattr(error, "lineno", None) or 1
     col = getattr(error, "offset", None) or 1
     reason = getattr(error, "msg", None) or str(error)
+    fix = RULES[SYNTAX_ERROR_CODE].fix
     if isinstance(error, SyntaxError):
         message = f"syntax error: {reason}"
     elif isinstance(error, OSError):
         message = f"cannot read the file: {error.strerror or error}"
+        fix = "check the path and its permissions"
     else:
         message = f"cannot decode the file: {reason}"
-    return Finding(filename, int(line), int(col), SYNTAX_ERROR_CODE, message,
-                   RULES[SYNTAX_ERROR_CODE].fix)
+        fix = "save it as UTF-8, or declare its encoding in a coding comment (PEP 263)"
+    return Finding(filename, int(line), int(col), SYNTAX_ERROR_CODE, message, fix)
 
 
 # --- selection and suppression ------------------------------------------------
@@ -451,7 +454,8 @@ class _ModuleIndex:
         # First and last parts: `import datasets`, `from lazy_modules import grain`.
         roots = {part for qualified in self.imports.values()
                  for part in (qualified.split(".")[0], qualified.rsplit(".", 1)[-1])}
-        self.competing_libraries = bool(roots & _NON_TF_MAP_LIBRARIES)
+        self.other_datasets_imported = bool(roots & _OTHER_DATASET_LIBRARIES)
+        self.other_maps_imported = bool(roots & _OTHER_MAP_LIBRARIES)
         self.uses_tensorflow = bool(roots & _TF_LIBRARIES) or any(
             isinstance(node, ast.Name) and node.id in ("tf", "tfds")
             and node.id not in self.imports and node.id not in self.module_bindings
@@ -787,10 +791,15 @@ _OTHER_MAP_KEYWORDS = frozenset({
     "batched", "num_proc", "remove_columns", "fn_kwargs", "with_indices", "with_rank",
     "load_from_cache_file", "input_columns", "chunksize", "timeout",
 })
-_NON_TF_MAP_LIBRARIES = frozenset({
-    "datasets", "ray", "pyspark", "multiprocessing", "concurrent", "pandas", "dask",
-    "apache_beam", "torch", "polars", "joblib", "grain",
+# Libraries whose own datasets have a .map running Python per item.
+_OTHER_DATASET_LIBRARIES = frozenset({
+    "datasets", "ray", "grain", "torch", "torchdata", "dask", "pyspark",
 })
+# Libraries with a .map on objects not usually named like datasets (pools, frames).
+_OTHER_MAP_LIBRARIES = frozenset({
+    "multiprocessing", "concurrent", "pandas", "polars", "joblib", "apache_beam",
+})
+_DATASET_NAME = re.compile(r"(^|_)(ds|dataset|datasets)(_|\d|$)|dataset", re.IGNORECASE)
 _TF_LIBRARIES = frozenset({"tensorflow", "tensorflow_datasets", "keras", "tf_keras", "kiln"})
 _OTHER_NAME = re.compile(
     r"(^|_)(pool|executor|df|series|frame|rdd|pcoll|client|futures?|workers?)(_|\d|$)", re.IGNORECASE)
@@ -805,8 +814,12 @@ class _DatasetEvidence:
     (``Pool``/``Executor``/DataFrame receivers, a module such as
     ``builtins.map``, Hugging Face ``batched=``/``num_proc=`` keywords) says no.
     Otherwise the answer is yes in a module that uses TensorFlow and imports no
-    other library with a `.map` (Hugging Face datasets, Ray, Spark, Grain,
-    multiprocessing, pandas, ...); elsewhere only strong evidence counts.
+    other library with a `.map`. Where pandas, multiprocessing or the like are
+    imported, the receiver or the name the result is assigned to must also be
+    named like a dataset (``ds``, ``train_ds``, ``self.dataset``,
+    ``make_dataset(...)``). Where another
+    library's datasets are imported (Hugging Face datasets, Ray, Grain, PyTorch,
+    Spark, Dask), only strong evidence counts.
     """
 
     def __init__(self, index: _ModuleIndex):
@@ -826,7 +839,26 @@ class _DatasetEvidence:
             return True
         if verdict == "other":
             return False
-        return self.index.uses_tensorflow and not self.index.competing_libraries
+        index = self.index
+        if not index.uses_tensorflow or index.other_datasets_imported:
+            return False
+        if index.other_maps_imported:
+            names = [_receiver_name(call.func.value), *self._result_names(call)]
+            return any(_DATASET_NAME.search(name) for name in names)
+        return True
+
+    def _result_names(self, call: ast.Call) -> list[str]:
+        """Names the result is assigned to, through a method chain:
+        ``train_ds = reader(paths).map(decode).batch(8)`` -> ["train_ds"]."""
+        node: ast.AST = call
+        parent = self.index.parents.get(node)
+        while (isinstance(parent, ast.Attribute)
+               or (isinstance(parent, ast.Call) and parent.func is node)):
+            node, parent = parent, self.index.parents.get(parent)
+        if isinstance(parent, (ast.Assign, ast.AnnAssign)):
+            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            return [_receiver_name(target) for target in targets]
+        return []
 
     def _receiver(self, node: ast.AST, scope: ast.AST, depth: int) -> str:
         """"tf" (strong evidence), "other" (another library) or "unknown"."""
@@ -876,6 +908,17 @@ class _DatasetEvidence:
         if isinstance(node, ast.Subscript):
             return self._receiver(node.value, scope, depth + 1)
         return "unknown"
+
+
+def _receiver_name(node: ast.AST) -> str:
+    """The name a `.map` receiver goes by: ``ds``, ``self.train_ds``, ``make_dataset()``."""
+    while isinstance(node, (ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return ""
 
 
 # --- the checker ---------------------------------------------------------------
