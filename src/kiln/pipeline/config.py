@@ -61,6 +61,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 from typing import Annotated, Any, Literal, Mapping, Union
 
 import pydantic
@@ -150,8 +151,29 @@ class SplitsConfig(_Model):
 
 class ShardingConfig(_Model):
     target_shard_mb: pydantic.PositiveFloat = 128.0
-    num_shards: pydantic.PositiveInt | dict[SplitName, pydantic.PositiveInt] | None = None
+    # A positive int, or split name -> positive int (splits not named are
+    # sized by target_shard_mb). Checked by hand: pydantic's messages for a
+    # union name its internal member types, not the user's mistake.
+    num_shards: Any = None
     compression: Literal["none", "gzip"] = "none"
+
+    @pydantic.field_validator("num_shards")
+    @classmethod
+    def _positive_counts(cls, value):
+        def count(v, where):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{where}must be a positive integer, got {v!r}")
+            return v
+
+        if value is None:
+            return None
+        if isinstance(value, dict):
+            for split, v in value.items():
+                if not isinstance(split, str) or not re.match(_SPLIT_PATTERN, split):
+                    raise ValueError(f"{split!r} is not a valid split name (letters, digits, '_')")
+                count(v, f"{split}: ")
+            return dict(value)
+        return count(value, "")
 
 
 class ErrorsConfig(_Model):
@@ -294,6 +316,8 @@ def _describe(error: pydantic.ValidationError) -> str:
     # (source.image_folder.root); users wrote source.root.
     if len(loc) >= 2 and loc[0] == "source" and loc[1] in ("image_folder", "manifest"):
         del loc[1]
+    if loc and loc[-1] == "[key]":  # a mapping's key failed, e.g. a split name
+        del loc[-1]
     where = ".".join(str(part) for part in loc) or "(top level)"
     kind, message = first["type"], first["msg"]
     if kind == "extra_forbidden":

@@ -1,0 +1,146 @@
+"""Build config validation: every bad config stops before any work, with one
+line naming the file and the field, and `kiln build` exits 2 without a traceback."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from kiln import cli
+from kiln.pipeline import ConfigError, config
+
+from conftest import make_config
+
+
+def write_config(tmp_path, data, name="bad.yaml"):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def with_changes(corpus, tmp_path, **changes):
+    data = make_config(corpus.out_dir, output=str(tmp_path / "out"))
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return data
+
+
+CASES = [
+    # (changes, expected message after "config error in <file>: ")
+    ({"splits": {"fractions": {"train": 0.8, "test": 0.1}}},
+     "splits.fractions: must sum to 1, got 0.9"),
+    ({"splits": {"fractions": {"train": 1.0}, "from_source": True}},
+     "splits: give either fractions or from_source: true, not both"),
+    ({"splits": {"fractions": {"train-a": 1.0}}},
+     "splits.fractions.train-a: 'train-a' is not a valid name (letters, digits and '_')"),
+    ({"transforms": [{"resize": {"shorter_side": 40}}, {"blur": {"sigma": 2}}]},
+     "transforms[1]: unknown offline transform 'blur'"),
+    ({"transforms": [{"resize": {"shorter_side": "big"}}]},
+     "transforms[0].resize.shorter_side"),
+    ({"transforms": [{"center_crop": {"size": 32, "sise": 3}}]},
+     "transforms[0].center_crop.sise"),
+    ({"colour": "red"}, "colour: unknown field"),
+    ({"name": None}, "name: required field is missing"),
+    ({"name": "my data"}, "name: 'my data' is not a valid name"),
+    ({"image": {"channels": 2}}, "image.channels: Input should be 1 or 3"),
+    ({"encoding": {"format": "gif"}}, "encoding.format: Input should be 'jpeg', 'png' or 'raw'"),
+    ({"encoding": {"format": "jpeg", "quality": 101}},
+     "encoding.quality: Input should be less than or equal to 100"),
+    ({"sharding": {"num_shards": 0}}, "sharding.num_shards: must be a positive integer, got 0"),
+    ({"sharding": {"num_shards": {"train": 2, "test": 0}}},
+     "sharding.num_shards: test: must be a positive integer, got 0"),
+    ({"sharding": {"compression": "zstd"}}, "sharding.compression: Input should be 'none' or 'gzip'"),
+    ({"errors": {"max_fraction": 1.5}}, "errors.max_fraction: Input should be less than or equal to 1"),
+    ({"source": {"type": "folder", "root": "x"}},
+     "source: type must be 'image_folder' or 'manifest', got 'folder'"),
+    ({"source": {"type": "image_folder"}}, "source.root: required field is missing"),
+    ({"source": {"type": "manifest", "path": "/nonexistent/m.csv"}},
+     "source.path: manifest not found: /nonexistent/m.csv"),
+    ({"plugins": ["no_such_module_for_kiln"]},
+     "plugins: cannot import module 'no_such_module_for_kiln'"),
+    ({"augment": [{"random_wobble": {}}]}, "augment[0]"),
+]
+
+
+@pytest.mark.parametrize("changes, message", CASES, ids=[c[1].split(":")[0] for c in CASES])
+def test_bad_config_names_the_field(demo_corpus, tmp_path, changes, message):
+    path = write_config(tmp_path, with_changes(demo_corpus, tmp_path, **changes))
+    with pytest.raises(ConfigError) as raised:
+        config.load(path)
+    text = str(raised.value)
+    assert text.startswith(f"config error in {path}: {message}"), text
+    assert "\n" not in text
+
+
+def test_missing_source_and_output_inside_source(demo_corpus, tmp_path):
+    missing = with_changes(demo_corpus, tmp_path,
+                           source={"type": "image_folder", "root": str(tmp_path / "nope")})
+    with pytest.raises(ConfigError, match=r"source.root: folder not found or empty: .*nope"):
+        config.load(missing)
+    inside = with_changes(demo_corpus, tmp_path, output=os.path.join(demo_corpus.out_dir, "out"))
+    with pytest.raises(ConfigError, match=r"output: .* is inside the source folder"):
+        config.load(inside)
+
+
+def test_yaml_problems(tmp_path):
+    with pytest.raises(ConfigError, match=r"config error in .*: not valid YAML"):
+        config.load(write_config(tmp_path, "name: [unclosed\n"))
+    with pytest.raises(ConfigError, match=r"expected a mapping of settings at the top level"):
+        config.load(write_config(tmp_path, "- just\n- a list\n"))
+    with pytest.raises(ConfigError, match=r"config file not found: .*missing.yaml"):
+        config.load(str(tmp_path / "missing.yaml"))
+    # safe_load: no Python objects from YAML tags
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        config.load(write_config(tmp_path, "name: !!python/object/apply:os.system ['true']\n"))
+
+
+def test_resolved_config_fills_defaults_and_ignores_key_order(demo_corpus, tmp_path):
+    data = with_changes(demo_corpus, tmp_path,
+                        splits={"fractions": {"train": 0.5, "test": 0.25, "validation": 0.25}})
+    reordered = dict(reversed(list(data.items())))
+    reordered["splits"] = {"fractions": {"validation": 0.25, "test": 0.25, "train": 0.5}}
+    first, second = config.load(data), config.load(reordered)
+    assert first.fingerprint == second.fingerprint and first.data == second.data
+    assert first.data["image"] == {"channels": 3, "max_pixels": 89_478_485, "min_size": 1}
+    assert first.data["sharding"]["compression"] == "none"
+    assert first.data["encoding"] == {"format": "png", "quality": None}
+    assert first.data["source"]["root"] == os.path.abspath(demo_corpus.out_dir)
+    assert "output" not in first.data
+    # The output root does not change the fingerprint; a transform does.
+    moved = config.load({**data, "output": str(tmp_path / "elsewhere")})
+    assert moved.fingerprint == first.fingerprint
+    data["transforms"] = [{"resize": {"shorter_side": 41}}]
+    assert config.load(data).fingerprint != first.fingerprint
+
+
+def test_default_splits_are_all_train(demo_corpus, tmp_path):
+    resolved = config.load(with_changes(demo_corpus, tmp_path, splits=None))
+    assert resolved.data["splits"]["fractions"] == {"train": 1.0}
+
+
+def test_cli_exits_2_with_one_line_and_creates_nothing(demo_corpus, tmp_path, capsys):
+    data = with_changes(demo_corpus, tmp_path, splits={"fractions": {"train": 0.6, "test": 0.3}})
+    path = write_config(tmp_path, data)
+    assert cli.main(["build", "--config", path]) == 2
+    err = capsys.readouterr().err
+    assert err == f"kiln build: error: config error in {path}: splits.fractions: must sum to 1, got 0.9\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_subprocess_has_no_traceback(demo_corpus, tmp_path):
+    path = write_config(tmp_path, with_changes(
+        demo_corpus, tmp_path, transforms=[{"resize": {"shorter_side": -3}}]))
+    completed = subprocess.run(
+        [sys.executable, "-m", "kiln.pipeline", "--config", path],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 2
+    assert "Traceback" not in completed.stderr
+    assert f"kiln build: error: config error in {path}: transforms[0].resize.shorter_side" \
+        in completed.stderr
+    assert completed.stdout == ""
