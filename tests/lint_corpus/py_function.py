@@ -29,3 +29,18 @@ def load_v1(path):
 
 files = tf.data.Dataset.list_files("*.png")
 images = files.map(load).map(load_numpy).map(load_v1)
+
+
+def rows(count):
+    # Called by from_generator in Python for every element: not traced.
+    for index in range(int(count)):
+        print(index)
+        yield np.random.rand(2)
+
+
+def expand(count):
+    return tf.data.Dataset.from_generator(
+        rows, args=(count,), output_signature=tf.TensorSpec([2], tf.float64))
+
+
+counts = tf.data.Dataset.range(3).flat_map(expand)

@@ -340,6 +340,11 @@ _TF_COMPAT_PREFIXES = ("tensorflow.compat.v1.", "tensorflow.compat.v2.")
 
 # tf.py_function and its relatives, wherever in tensorflow they are imported from.
 _PY_FUNCTION_NAMES = frozenset({"py_function", "numpy_function", "py_func", "eager_py_func"})
+# Calls whose first argument (or this keyword) is Python run per element, not traced.
+_PYTHON_CALLBACK_KEYWORDS = {
+    **{name: "func" for name in _PY_FUNCTION_NAMES},
+    "from_generator": "generator",
+}
 
 _TF_FUNCTION = "tensorflow.function"
 # Wrappers that return the function they are given, still traced by whoever traces them.
@@ -599,9 +604,11 @@ class _ModuleIndex:
                     return found
         assigned = []
         for method in cls.body:
-            if not isinstance(method, _FunctionNode) or not method.args.args:
+            params = [*method.args.posonlyargs, *method.args.args] \
+                if isinstance(method, _FunctionNode) else []
+            if not params:
                 continue
-            receiver = method.args.args[0].arg
+            receiver = params[0].arg
             for node in _statements_in_scope(method.body):
                 if isinstance(node, ast.Assign):
                     for target in node.targets:
@@ -661,8 +668,6 @@ class _ModuleIndex:
     def _resolve_callables(self, node: ast.AST, scope: ast.AST, depth: int) -> list[_Callable]:
         if isinstance(node, ast.Lambda):
             return [_Callable(node)]
-        if isinstance(node, _FunctionNode):
-            return [_Callable(node, skip=1 if self.is_method(node) else 0)]
         if isinstance(node, ast.Name):
             found = []
             for binding in self.lookup(node.id, scope):
@@ -1241,15 +1246,19 @@ class _FunctionBodyChecker:
                 f"`{shown}` runs Python per element: it holds the GIL (num_parallel_calls barely "
                 f"helps), loses static shapes (set_shape needed), cannot be serialized with the "
                 f"graph, and runs on the host only")
-            python_function = node.args[0] if node.args else _keyword(node, "func")
-            if python_function is not None:
-                skipped.add(python_function)  # runs eagerly, per element: not traced code
         elif qualified and qualified.startswith(_HOST_ARRAY_LIBRARIES) \
                 and self._has_tensor_argument(node, tainted):
             self.module.report(
                 node, "K108",
                 f"`{shown}()` on a tensor in traced code: NumPy/OpenCV need concrete arrays "
                 f"('Cannot convert a symbolic tf.Tensor to a numpy array')")
+
+        last = (qualified or "").rsplit(".", 1)[-1]
+        if qualified and qualified.startswith("tensorflow.") and last in _PYTHON_CALLBACK_KEYWORDS:
+            python_function = node.args[0] if node.args else \
+                _keyword(node, _PYTHON_CALLBACK_KEYWORDS[last])
+            if python_function is not None:
+                skipped.add(python_function)  # runs eagerly, per element: not traced code
 
         scope = self.function
         for callee in index.resolve_callables(func, scope):
