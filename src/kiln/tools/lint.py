@@ -822,9 +822,9 @@ class _DatasetEvidence:
     other library with a `.map`. Where pandas, multiprocessing or the like are
     imported, the receiver or the name the result is assigned to must also be
     named like a dataset (``ds``, ``train_ds``, ``self.dataset``,
-    ``make_dataset(...)``). Where another
-    library's datasets are imported (Hugging Face datasets, Ray, Grain, PyTorch,
-    Spark, Dask), only strong evidence counts.
+    ``make_dataset(...)``). Where another library's datasets are imported
+    (Hugging Face datasets, Ray, Grain, PyTorch, Spark, Dask), only strong
+    evidence counts.
     """
 
     def __init__(self, index: _ModuleIndex):
@@ -889,8 +889,9 @@ class _DatasetEvidence:
                 node.func.id if isinstance(node.func, ast.Name) else ""
             if _OTHER_CONSTRUCTOR.search(qualified or callee):
                 return "other"
-            if callee.endswith("Dataset") and qualified.startswith("tensorflow"):
-                return "tf"
+            if qualified.startswith(("tensorflow.", "keras.", "tf_keras.")) \
+                    and "dataset" in callee.lower():
+                return "tf"  # tf.data.TFRecordDataset, keras.utils.image_dataset_from_directory
             return "unknown"
         qualified = self.index.qualify(node)
         if qualified is not None and not qualified.startswith("tensorflow"):
