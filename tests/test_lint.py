@@ -324,3 +324,17 @@ def test_docs_fixed_examples_lint_clean_and_run_under_tensorflow(tmp_path):
         namespace = runpy.run_path(str(path))
         elements = list(namespace["ds"].as_numpy_iterator())
         assert elements, f"fixed example for {code} produced no elements"
+
+
+def test_function_first_reached_deep_is_checked_again_when_reached_shallow():
+    depth = lint.MAX_CALL_DEPTH
+    # f0 -> ... -> f9 -> shared (depth 10, the limit) -> leaf (too deep from here).
+    chain = "\n".join(f"def f{i}(x):\n    return f{i + 1}(x)\n" for i in range(depth - 1))
+    source = (
+        "import tensorflow as tf\n" + chain
+        + f"def f{depth - 1}(x):\n    return shared(x)\n"
+        + "def shared(x):\n    return leaf(x)\n"
+        + "def leaf(x):\n    print(x)\n    return x\n"
+        + "deep = tf.data.Dataset.range(3).map(f0)\n"
+        + "shallow = tf.data.Dataset.range(3).map(shared)\n")
+    assert [f.code for f in lint.lint_source(source)] == ["K103"]

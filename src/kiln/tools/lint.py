@@ -936,7 +936,8 @@ class _ModuleChecker:
         self.index = _ModuleIndex(tree)
         self.filename = filename
         self._findings: dict[tuple[int, str], Finding] = {}
-        self._done: set[tuple[int, frozenset[str], frozenset[str]]] = set()
+        # Analysis key -> the shallowest call depth it was analysed at.
+        self._done: dict[tuple[int, frozenset[str], frozenset[str]], int] = {}
         self._returns: dict[tuple[int, frozenset[str], frozenset[str]], bool] = {}
         self._evidence = _DatasetEvidence(self.index)
 
@@ -999,9 +1000,9 @@ class _ModuleChecker:
         if depth > MAX_CALL_DEPTH:
             return
         key = self.analysis_key(callable_, tensor_params, closure)
-        if key in self._done:
-            return
-        self._done.add(key)
+        if self._done.get(key, MAX_CALL_DEPTH + 1) <= depth:
+            return  # done already, with at least as much call depth left
+        self._done[key] = depth
         node = callable_.node
         all_params = {p.arg for p in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
                                       *(a for a in (node.args.vararg, node.args.kwarg) if a)]}
