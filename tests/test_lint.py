@@ -338,3 +338,12 @@ def test_function_first_reached_deep_is_checked_again_when_reached_shallow():
         + "deep = tf.data.Dataset.range(3).map(f0)\n"
         + "shallow = tf.data.Dataset.range(3).map(shared)\n")
     assert [f.code for f in lint.lint_source(source)] == ["K103"]
+
+
+def test_deeply_nested_generated_code_is_reported_not_a_crash():
+    for terms in (600, 5000):  # too deep for the checker; too deep for the parser
+        body = " + ".join(["x"] * terms)
+        source = f"import tensorflow as tf\ndef f(x):\n    return {body}\n" \
+                 "ds = tf.data.Dataset.range(3).map(f)\n"
+        [finding] = lint.lint_source(source, "generated.py")
+        assert finding.code == "K000" and "nested too deeply" in finding.message

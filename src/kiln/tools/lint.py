@@ -158,10 +158,16 @@ def lint_source(
     code_filter = _CodeFilter(select, ignore)
     try:
         tree = ast.parse(source, filename=filename)
-    except (SyntaxError, ValueError) as e:  # ValueError: null bytes in source
+    except (SyntaxError, ValueError, RecursionError) as e:  # ValueError: null bytes
         return [_unparsable(filename, e)]
     checker = _ModuleChecker(tree, filename)
-    checker.run()
+    try:
+        checker.run()
+    except RecursionError:
+        # Machine-generated code can nest deeper than the checker recurses.
+        return [Finding(filename, 1, 1, SYNTAX_ERROR_CODE,
+                        "expressions nested too deeply to check",
+                        "split the deepest expressions, or lint this file's sources instead")]
     suppressed = _noqa_lines(source)
     kept = [
         f for f in checker.findings()
@@ -259,6 +265,9 @@ def _unparsable(filename: str, error: Exception) -> Finding:
     fix = RULES[SYNTAX_ERROR_CODE].fix
     if isinstance(error, SyntaxError):
         message = f"syntax error: {reason}"
+    elif isinstance(error, RecursionError):
+        message = "nested too deeply to parse"
+        fix = "split the deepest expressions"
     elif isinstance(error, OSError):
         message = f"cannot read the file: {error.strerror or error}"
         fix = "check the path and its permissions"
