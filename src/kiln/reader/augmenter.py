@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from kiln.reader import seeds as seeding
 from kiln.reader.augment import Augmentation, batch_ops, check_op, element_ops, trace_error
-from kiln.reader.ops import crop_with_window
+from kiln.reader.ops import crop_with_window, to_float
 from kiln.schemas import decode_image
 
 # Pixels of context around a fused JPEG crop window; a full decode's chroma
@@ -48,15 +48,35 @@ class Augmenter:
     def batch_ops(self) -> list[Augmentation]:
         return batch_ops(self.augmentations) if self.training else []
 
+    @property
+    def has_element_work(self) -> bool:
+        """Whether any element op does something (inference forms may do nothing)."""
+        if self.training:
+            return bool(self.element_ops)
+        return any(a.definition.inference is not None for a in self.element_ops)
+
     def apply(self, image: tf.Tensor, seed: tf.Tensor | None) -> tf.Tensor:
-        """Element ops on one decoded image.
+        """Element ops on one decoded image; returns float32 in [0, 1].
 
         Args:
           image: uint8 or float ``[height, width, channels]``; uint8 is scaled
-            to float32 in [0, 1].
+            to [0, 1] (after a leading crop, so only the window is converted).
           seed: shape-[2] int32 element seed (unused when not training).
         """
-        return self._run(_to_float(image), seed, first=0)
+        window = self._leading_window()
+        if window is None:
+            return self._run(to_float(image), seed, first=0)
+        first = self.element_ops[0]
+        image = self._call(first, lambda: crop_with_window(
+            window, image, self._op_seed(seed, 0) if self.training else None, **first.kwargs))
+        return self._run(image, seed, first=1)
+
+    def _leading_window(self):
+        ops = self.element_ops
+        if not ops:
+            return None
+        definition = ops[0].definition
+        return definition.window if self.training else definition.inference_window
 
     def decode_and_apply(self, features: dict, seed: tf.Tensor | None, *, encoding: str,
                          channels: int, image_size: Sequence[int] | None) -> tf.Tensor:
@@ -66,10 +86,7 @@ class Augmenter:
         first op is a crop, because only its window is decoded.
         """
         ops = self.element_ops
-        window = None
-        if ops and encoding == "jpeg":
-            definition = ops[0].definition
-            window = definition.window if self.training else definition.inference_window
+        window = self._leading_window() if encoding == "jpeg" else None
         if window is None:
             return self.apply(decode(features, encoding=encoding, channels=channels,
                                      image_size=image_size), seed)
@@ -84,7 +101,7 @@ class Augmenter:
         cropped = tf.slice(wide, tf.concat([offset - start, [0]], 0),
                            tf.concat([size, [-1]], 0))
         cropped.set_shape([None, None, channels])
-        image = self._call(ops[0], lambda: window.finish(_to_float(cropped), **ops[0].kwargs))
+        image = self._call(ops[0], lambda: window.finish(cropped, **ops[0].kwargs))
         return self._run(image, seed, first=1)
 
     def apply_batch(self, images: tf.Tensor, labels: tf.Tensor,
@@ -156,8 +173,3 @@ def _shape_for_check(shape: tf.TensorShape) -> tuple[int, int, int]:
     dims = shape.as_list() if shape.rank == 3 else [None, None, 3]
     return tuple(d if d is not None else default for d, default in zip(dims, (64, 64, 3)))
 
-
-def _to_float(image: tf.Tensor) -> tf.Tensor:
-    if image.dtype == tf.uint8:
-        return tf.cast(image, tf.float32) * (1.0 / 255.0)
-    return tf.cast(image, tf.float32)

@@ -24,6 +24,7 @@ import kiln
 from kiln.reader import seeds as seeding
 from kiln.reader.augment import AugmentConfigError, validate
 from kiln.reader.augmenter import Augmenter, decode, standardize
+from kiln.reader.ops import to_float
 from kiln.schemas import (
     LATEST_FILENAME,
     METADATA_FILENAME,
@@ -220,41 +221,35 @@ def load(
     elif repeat is not False and repeat != 1:
         passes = passes.repeat(repeat)
 
-    image_size = metadata.image_size
-    channels = metadata.channels
-    encoding = metadata.encoding["format"]
-    base = seeding.base_pair(base_seed)
     model_side = augment_on == "model"
-    keep_seeds = model_side or bool(augmenter.batch_ops)
-
-    def element(position, serialized, epoch_key):
-        features = RECORD.parse(serialized)
-        seed = seeding.element_seed(base, epoch_key, share.pipeline, position)
-        if model_side:
-            image = decode(features, encoding=encoding, channels=channels,
-                           image_size=image_size)
-        else:
-            image = augmenter.decode_and_apply(features, seed, encoding=encoding,
-                                               channels=channels, image_size=image_size)
-        out = dict(features, image=image)
-        if keep_seeds:
-            out["augment_seed"] = seed
-        return out
-
-    dataset = passes.map(element, num_parallel_calls=tf.data.AUTOTUNE,
-                         deterministic=deterministic)
-    image_shape = dataset.element_spec["image"].shape
-    if batch_size is not None and not image_shape.is_fully_defined():
-        raise ValueError(
-            f"{dataset_dir}: images in split {split!r} vary in size (kiln.json image_size is "
-            f"null) and no augmentation op sets an output size, so they cannot be batched. "
-            f"Add random_resized_crop or random_crop with a size to `augment` (or to the "
-            f"build's transforms), or pass batch_size=None for unbatched elements."
-        )
-    if batch_size is not None:
-        dataset = dataset.batch(batch_size, drop_remainder=drop_remainder,
-                                num_parallel_calls=tf.data.AUTOTUNE,
-                                deterministic=deterministic)
+    decoding = _Decoding(
+        augmenter=Augmenter(()) if model_side else augmenter,
+        encoding=metadata.encoding["format"],
+        channels=metadata.channels,
+        image_size=metadata.image_size,
+        keep_seeds=model_side or bool(augmenter.batch_ops),
+        as_float=not model_side,
+    )
+    if batch_size is not None and decoding.vectorizable:
+        dataset = passes.batch(batch_size, drop_remainder=drop_remainder)
+        dataset = dataset.map(decoding.raw_batch, num_parallel_calls=tf.data.AUTOTUNE,
+                              deterministic=deterministic)
+    else:
+        dataset = passes.map(decoding.element, num_parallel_calls=tf.data.AUTOTUNE,
+                             deterministic=deterministic)
+        image_shape = dataset.element_spec["image"].shape
+        if batch_size is not None and not image_shape.is_fully_defined():
+            raise ValueError(
+                f"{dataset_dir}: images in split {split!r} vary in size (kiln.json image_size "
+                f"is null) and no augmentation op sets an output size, so they cannot be "
+                f"batched. Add random_resized_crop or random_crop with a size to `augment` "
+                f"(or a resize/crop to the build's transforms), or pass batch_size=None for "
+                f"unbatched elements."
+            )
+        if batch_size is not None:
+            dataset = dataset.batch(batch_size, drop_remainder=drop_remainder,
+                                    num_parallel_calls=tf.data.AUTOTUNE,
+                                    deterministic=deterministic)
 
     mean_std = _statistics(metadata, split, dataset_dir) if normalize else None
     num_classes = metadata.num_classes
@@ -346,6 +341,63 @@ def _statistics(metadata: DatasetInfo, split: str, dataset_dir: str):
     )
 
 
+class _Decoding:
+    """Turns ``(position, serialized, pass_word)`` into decoded, augmented features.
+
+    Per element (parse, decode or fuse the first crop into JPEG decoding,
+    augment), or, for raw pixels of one size with nothing to augment per
+    element, per batch: one `parse_example` and one `decode_raw` for the
+    whole batch, the cheapest way to read raw pixels.
+    """
+
+    def __init__(self, augmenter: Augmenter, encoding: str, channels: int,
+                 image_size: Sequence[int] | None, keep_seeds: bool, as_float: bool):
+        self.augmenter = augmenter
+        self.encoding = encoding
+        self.channels = channels
+        self.image_size = image_size
+        self.keep_seeds = keep_seeds
+        self.as_float = as_float
+
+    @property
+    def vectorizable(self) -> bool:
+        return (self.encoding == "raw" and self.image_size is not None
+                and not self.augmenter.has_element_work)
+
+    def element(self, position, serialized, word):
+        features = RECORD.parse(serialized)
+        seed = seeding.element_seed(word, position)
+        if self.as_float:
+            image = self.augmenter.decode_and_apply(
+                features, seed, encoding=self.encoding, channels=self.channels,
+                image_size=self.image_size)
+        else:
+            image = decode(features, encoding=self.encoding, channels=self.channels,
+                           image_size=self.image_size)
+        out = dict(features, image=image)
+        if self.keep_seeds:
+            out["augment_seed"] = seed
+        return out
+
+    def raw_batch(self, positions, serialized, words):
+        features = RECORD.parse(serialized)
+        height, width = self.image_size
+        checks = [
+            tf.debugging.assert_equal(features["height"], tf.constant(height, tf.int64),
+                                      message="a raw record's height differs from kiln.json"),
+            tf.debugging.assert_equal(features["width"], tf.constant(width, tf.int64),
+                                      message="a raw record's width differs from kiln.json"),
+        ]
+        with tf.control_dependencies(checks):
+            # Fails (naming DecodeRaw or Reshape) if any record's byte count is off.
+            pixels = tf.io.decode_raw(features["image"], tf.uint8)
+        image = tf.reshape(pixels, [-1, height, width, self.channels])
+        out = dict(features, image=to_float(image) if self.as_float else image)
+        if self.keep_seeds:
+            out["augment_seed"] = seeding.element_seed(words, positions)
+        return out
+
+
 class _Share:
     """The files (and, when files are too few, the record stride) one input pipeline reads."""
 
@@ -396,7 +448,7 @@ class _Share:
 
 def _one_pass(share: _Share, base_seed: int, *, shuffle: bool, deterministic: bool,
               shuffle_buffer: int | None, compression: str | None) -> tf.data.Dataset:
-    """One pass over this pipeline's records: ``(position, serialized, epoch_key)``.
+    """One pass over this pipeline's records: ``(position, serialized, pass_word)``.
 
     Shuffles use ``reshuffle_each_iteration=True`` with fixed seeds, so each
     pass (each `repeat` round, each new iterator) gets a new order that the
@@ -424,6 +476,7 @@ def _one_pass(share: _Share, base_seed: int, *, shuffle: bool, deterministic: bo
         buffer = shuffle_buffer or min(share.num_records, DEFAULT_SHUFFLE_BUFFER)
         records = records.shuffle(max(buffer, 1), seed=seeding.derive(base_seed, "records"),
                                   reshuffle_each_iteration=True)
-    return tf.data.Dataset.zip(records.enumerate(), seeding.epoch_keys(base_seed)).map(
-        lambda numbered, key: (numbered[0], numbered[1], key)
+    words = seeding.pass_words(base_seed, share.pipeline)
+    return tf.data.Dataset.zip(records.enumerate(), words).map(
+        lambda numbered, word: (numbered[0], numbered[1], word)
     )

@@ -6,8 +6,10 @@ shape-[2] int32 seed, draws its random parameters with stateless TF ops
 a deterministic TF kernel. Colour ops clip back to [0, 1].
 
 Cropping ops are defined by a `Window` (choose the window, then finish it), so
-the reader can decode only that window of a JPEG; the op applied to a decoded
-image gives bit-identical results (`crop_with_window`).
+the reader can decode only that window of a JPEG, and crop the uint8 image
+before converting it; the result is bit-identical to cropping the decoded
+image (`crop_with_window`). Colour ops are one affine map per pixel
+(`color_twist`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Callable
 
+import numpy as np
 import tensorflow as tf
 
 from kiln.reader.augment import (
@@ -72,12 +75,23 @@ def _require_rgb(name: str, image: tf.Tensor) -> None:
         )
 
 
+def to_float(image: tf.Tensor) -> tf.Tensor:
+    """float32 in [0, 1] from uint8 (scaled) or any float image (cast)."""
+    if image.dtype == tf.uint8:
+        return tf.cast(image, tf.float32) * (1.0 / 255.0)
+    return tf.cast(image, tf.float32)
+
+
 # --- windows (crops) ------------------------------------------------------------------
 
 
 def crop_with_window(window: Window, image: tf.Tensor, seed: tf.Tensor | None,
                      **params: Any) -> tf.Tensor:
-    """Applies a cropping op to a decoded image: sample the window, slice, finish."""
+    """Applies a cropping op to a decoded image: sample the window, slice, finish.
+
+    `image` may be uint8 (the op then runs before the image is converted) or
+    float in [0, 1]; the result is float32 in [0, 1] either way.
+    """
     offset, size = window.sample(tf.shape(image)[:2], seed, **params)
     cropped = tf.slice(image, tf.concat([offset, [0]], 0), tf.concat([size, [-1]], 0))
     cropped.set_shape([None, None, image.shape[-1]])
@@ -107,7 +121,7 @@ def _center_crop_window(shape, seed, *, size):
 
 
 def _finish_crop(image, *, size):
-    return tf.ensure_shape(image, [size[0], size[1], image.shape[-1]])
+    return tf.ensure_shape(to_float(image), [size[0], size[1], image.shape[-1]])
 
 
 _RANDOM_CROP = Window(_random_crop_window, _finish_crop)
@@ -155,7 +169,10 @@ def _central_aspect_window(shape, seed, *, size, scale_range, ratio_range, metho
 
 def _finish_resized_crop(image, *, size, scale_range, ratio_range, method, antialias):
     del scale_range, ratio_range
+    # Resizing straight from uint8 skips converting the whole stored image.
     resized = tf.image.resize(image, size, method=method, antialias=antialias)
+    if image.dtype == tf.uint8:
+        resized *= 1.0 / 255.0
     return tf.ensure_shape(tf.clip_by_value(resized, 0.0, 1.0),
                            [size[0], size[1], image.shape[-1]])
 
@@ -212,50 +229,117 @@ def random_flip_up_down(image, seed, *, probability: Probability = 0.5):
 
 
 # --- colour ---------------------------------------------------------------------------
+#
+# All colour ops are one affine map per pixel, a "colour twist" (as in NVIDIA
+# DALI): brightness adds a delta, contrast scales about the mean luma,
+# saturation blends with the pixel's luma, hue rotates the chroma plane of YIQ.
+# Composed, they are ``clip(M @ pixel + offset)`` with one 3x3 matrix per
+# image: a single matmul instead of TF's HSV round trips (each several times
+# the cost of decoding the image).
+
+_LUMA = np.array([0.299, 0.587, 0.114])
+_RGB_TO_YIQ = np.array([[0.299, 0.587, 0.114],
+                        [0.595716, -0.274453, -0.321263],
+                        [0.211456, -0.522591, 0.311135]])
+_YIQ_TO_RGB = np.linalg.inv(_RGB_TO_YIQ)
+# Rotating YIQ's chroma plane by angle a, in RGB: FIXED + cos(a) COS + sin(a) SIN
+# (precomputed in float64). Built from scalars times constant matrices, not a
+# chain of small matmuls, whose rounding graph optimizers may reorder
+# differently in tf.data and in a model.
+_HUE_FIXED, _HUE_COS, _HUE_SIN = (
+    _YIQ_TO_RGB @ part @ _RGB_TO_YIQ
+    for part in (np.diag([1.0, 0.0, 0.0]), np.diag([0.0, 1.0, 1.0]),
+                 np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -1.0], [0.0, 1.0, 0.0]]))
+)
+_GREY = np.outer(np.ones(3), _LUMA)  # pixel -> its luma in every channel
 
 
-def _brightness(image, delta):
-    return tf.clip_by_value(image + delta, 0.0, 1.0)
+def color_twist(image: tf.Tensor, *, brightness: tf.Tensor | None = None,
+                contrast: tf.Tensor | None = None, saturation: tf.Tensor | None = None,
+                hue: tf.Tensor | None = None) -> tf.Tensor:
+    """Brightness, contrast, saturation and hue changes, in that order, in one pass.
 
+    Args:
+      image: float32 ``[height, width, channels]`` in [0, 1].
+      brightness: Delta added to every channel.
+      contrast: Factor scaling each pixel's distance from the image's mean
+        luma (computed before any change but brightness).
+      saturation: Factor scaling each pixel's distance from its own luma
+        (0 gives grey, 1 leaves it). RGB only.
+      hue: Rotation of the chroma (I, Q) plane of YIQ, in turns (1 = 360°).
+        RGB only.
 
-def _contrast(image, factor):
-    return tf.clip_by_value(tf.image.adjust_contrast(image, factor), 0.0, 1.0)
-
-
-def _saturation(image, factor):
-    return tf.clip_by_value(tf.image.adjust_saturation(image, factor), 0.0, 1.0)
-
-
-def _hue(image, delta):
-    return tf.clip_by_value(tf.image.adjust_hue(image, delta), 0.0, 1.0)
+    Returns:
+      ``clip(c * H S pixel + brightness + (1 - c) * mean_luma, 0, 1)``. The
+      parts left as None are skipped; luma (grey) pixels are fixed points of
+      S and H, which is what lets the offset be one scalar.
+    """
+    rgb = saturation is not None or hue is not None
+    if rgb:
+        _require_rgb("colour (saturation, hue)", image)
+    offsets = []
+    if brightness is not None:
+        offsets.append(brightness)
+    if contrast is not None:
+        channel_means = tf.reduce_mean(image, axis=[0, 1])
+        if image.shape[-1] == 3:
+            mean = tf.tensordot(channel_means, tf.constant(_LUMA, tf.float32), 1)
+        else:
+            mean = tf.reduce_mean(channel_means)
+        offsets.append((1.0 - contrast) * mean)
+    if rgb:
+        # H S = s H + (1 - s) GREY, because H leaves grey pixels unchanged.
+        if hue is not None:
+            angle = hue * (2.0 * math.pi)
+            matrix = (tf.constant(_HUE_FIXED, tf.float32)
+                      + tf.cos(angle) * tf.constant(_HUE_COS, tf.float32)
+                      + tf.sin(angle) * tf.constant(_HUE_SIN, tf.float32))
+        else:
+            matrix = tf.eye(3)
+        if saturation is not None:
+            matrix = saturation * matrix + (1.0 - saturation) * tf.constant(_GREY, tf.float32)
+        if contrast is not None:
+            matrix = contrast * matrix
+        shape = tf.shape(image)
+        pixels = tf.matmul(tf.reshape(image, [-1, 3]), matrix, transpose_b=True)
+        out = tf.reshape(pixels, shape)
+    elif contrast is not None:
+        out = contrast * image
+    else:
+        out = image
+    if offsets:
+        # One Add: Grappler rewrites chains of Adds into AddN in its own order,
+        # which would round differently here and in the Keras layer.
+        out += offsets[0] if len(offsets) == 1 else tf.reduce_sum(tf.stack(offsets))
+    return tf.ensure_shape(tf.clip_by_value(out, 0.0, 1.0), image.shape)
 
 
 @_builtin("random_brightness")
 def random_brightness(image, seed, *, max_delta: Annotated[float, Number(0.0, 1.0)] = 0.2):
     """Adds one delta drawn from ``[-max_delta, max_delta]`` to every pixel."""
-    return _brightness(image, _uniform(seed, -max_delta, max_delta))
+    return color_twist(image, brightness=_uniform(seed, -max_delta, max_delta))
 
 
 @_builtin("random_contrast")
 def random_contrast(image, seed, *,
                     factor_range: Annotated[Any, Range(minimum=0.0)] = (0.8, 1.2)):
-    """Scales each channel's distance from its mean by a factor from `factor_range`."""
-    return _contrast(image, _uniform(seed, *factor_range))
+    """Scales each pixel's distance from the image's mean luma by a factor from
+    `factor_range`."""
+    return color_twist(image, contrast=_uniform(seed, *factor_range))
 
 
 @_builtin("random_saturation")
 def random_saturation(image, seed, *,
                       factor_range: Annotated[Any, Range(minimum=0.0)] = (0.8, 1.2)):
-    """Scales saturation (in HSV) by a factor from `factor_range`. RGB only."""
-    _require_rgb("random_saturation", image)
-    return _saturation(image, _uniform(seed, *factor_range))
+    """Scales each pixel's distance from its luma by a factor from `factor_range`. RGB only."""
+    return color_twist(image, saturation=_uniform(seed, *factor_range))
 
 
 @_builtin("random_hue")
 def random_hue(image, seed, *, max_delta: Annotated[float, Number(0.0, 0.5)] = 0.05):
-    """Rotates hue by a delta from ``[-max_delta, max_delta]`` (a full turn is 1). RGB only."""
-    _require_rgb("random_hue", image)
-    return _hue(image, _uniform(seed, -max_delta, max_delta))
+    """Rotates hue (the YIQ chroma plane) by a delta from ``[-max_delta, max_delta]``
+    turns. RGB only."""
+    return color_twist(image, hue=_uniform(seed, -max_delta, max_delta))
 
 
 @_builtin("color_jitter")
@@ -269,28 +353,26 @@ def color_jitter(
     hue: Annotated[float, Number(0.0, 0.5)] = 0.1,
     probability: Probability = 1.0,
 ):
-    """Brightness, contrast, saturation and hue jitter in that fixed order.
+    """Brightness, contrast, saturation and hue jitter, composed into one `color_twist`.
 
-    Deltas are drawn from ``[-brightness, brightness]`` and
-    ``[-hue, hue]``, factors from ``[1 - x, 1 + x]``; a zero turns that part
-    off. The whole jitter happens with `probability`. Saturation and hue need
-    RGB images.
+    Draws a delta from ``[-brightness, brightness]``, factors from
+    ``[1 - x, 1 + x]`` for contrast and saturation, and a hue rotation from
+    ``[-hue, hue]`` turns; a zero turns that part off. The whole jitter
+    happens with `probability`. Saturation and hue need RGB images.
     """
-    if saturation or hue:
-        _require_rgb("color_jitter (saturation, hue)", image)
     seeds = tf.random.split(seed, 5)
 
+    def factor(index, amount):
+        return _uniform(seeds[index], max(0.0, 1.0 - amount), 1.0 + amount) if amount else None
+
     def jitter():
-        out = image
-        if brightness:
-            out = _brightness(out, _uniform(seeds[0], -brightness, brightness))
-        if contrast:
-            out = _contrast(out, _uniform(seeds[1], max(0.0, 1 - contrast), 1 + contrast))
-        if saturation:
-            out = _saturation(out, _uniform(seeds[2], max(0.0, 1 - saturation), 1 + saturation))
-        if hue:
-            out = _hue(out, _uniform(seeds[3], -hue, hue))
-        return out
+        return color_twist(
+            image,
+            brightness=_uniform(seeds[0], -brightness, brightness) if brightness else None,
+            contrast=factor(1, contrast),
+            saturation=factor(2, saturation),
+            hue=_uniform(seeds[3], -hue, hue) if hue else None,
+        )
 
     return _with_probability(probability, seeds[4], jitter, image)
 
@@ -298,12 +380,8 @@ def color_jitter(
 @_builtin("random_grayscale")
 def random_grayscale(image, seed, *, probability: Probability = 0.1):
     """Replaces the image by its luma (kept as 3 channels) with `probability`. RGB only."""
-    _require_rgb("random_grayscale", image)
-    return _with_probability(
-        probability, seed,
-        lambda: tf.tile(tf.image.rgb_to_grayscale(image), [1, 1, 3]),
-        image,
-    )
+    return _with_probability(probability, seed,
+                             lambda: color_twist(image, saturation=tf.constant(0.0)), image)
 
 
 # --- geometry -------------------------------------------------------------------------

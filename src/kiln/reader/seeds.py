@@ -9,7 +9,8 @@ The contract (tested):
 
 An element's seed is ``fold_in(fold_in(fold_in(base, epoch_key), pipeline),
 position)`` with `tf.random.fold_in` (stateless, so it is the same on any
-tf.data thread). ``epoch_key`` is drawn once per pass over the data by
+tf.data thread); `position` counts the elements of this pass in shuffled
+order. ``epoch_key`` is drawn once per pass over the data by
 ``tf.data.Dataset.random(seed, rerandomize_each_iteration=True)``: its
 sequence of per-pass values is fixed by the seed, and iterator checkpoints
 save its position. Shuffle orders use `Dataset.shuffle` with integer seeds
@@ -60,20 +61,31 @@ def base_pair(seed: int) -> tf.Tensor:
     return tf.constant([value % _INT31, (value >> 31) % _INT31], tf.int32)
 
 
-def epoch_keys(seed: int) -> tf.data.Dataset:
-    """An endless dataset repeating one int32 key, drawn anew on each pass."""
+def pass_words(seed: int, pipeline: int) -> tf.data.Dataset:
+    """An endless dataset repeating one int32 word, drawn anew on each pass.
+
+    The word is the first half of ``fold_in(pass_seed, anything)``, where
+    ``pass_seed = fold_in(fold_in(base_pair(seed), epoch_key), pipeline)``:
+    computed once per pass instead of once per element.
+    """
+    base = base_pair(seed)
+
+    def word_of(key):
+        pass_seed = tf.random.fold_in(tf.random.fold_in(base, tf.cast(key % _INT31, tf.int32)),
+                                      tf.constant(pipeline, tf.int32))
+        return tf.random.fold_in(pass_seed, tf.constant(0, tf.int32))[0]
+
     keys = tf.data.Dataset.random(seed=derive(seed, "epochs"), rerandomize_each_iteration=True)
-    return keys.take(1).flat_map(
-        lambda key: tf.data.Dataset.from_tensors(tf.cast(key % _INT31, tf.int32)).repeat()
-    )
+    return keys.take(1).flat_map(lambda key: tf.data.Dataset.from_tensors(word_of(key)).repeat())
 
 
-def element_seed(base: tf.Tensor, epoch_key: tf.Tensor, pipeline: int,
-                 position: tf.Tensor) -> tf.Tensor:
-    """The shape-[2] int32 seed of the element at `position` of this pass."""
-    seed = tf.random.fold_in(base, epoch_key)
-    seed = tf.random.fold_in(seed, tf.constant(pipeline, tf.int32))
-    return tf.random.fold_in(seed, tf.cast(position, tf.int32))
+def element_seed(word: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+    """Seed(s) of the element(s) at `position` of a pass: ``fold_in(pass_seed, position)``.
+
+    Works on scalars (one ``[2]`` seed) and on vectors (``[n, 2]`` seeds),
+    because `tf.random.fold_in` puts the folded-in value in the second half.
+    """
+    return tf.stack([word, tf.cast(position, tf.int32)], axis=-1)
 
 
 def batch_seed(element_seeds: tf.Tensor) -> tf.Tensor:
