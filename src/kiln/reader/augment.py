@@ -286,7 +286,12 @@ def _signature_params(name: str, fn: Callable, leading: Sequence[str]) -> dict:
     params = list(inspect.signature(fn).parameters.values())
     positional = [p for p in params
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) != len(leading):
+    if len(positional) > len(leading):
+        raise ValueError(
+            f"augmentation op {name!r}: parameter {positional[len(leading)].name!r} must be "
+            f"keyword-only (put it after a bare '*')"
+        )
+    if len(positional) < len(leading):
         raise ValueError(
             f"augmentation op {name!r}: expected the signature "
             f"fn({', '.join(leading)}, *, param=default, ...); "
@@ -483,7 +488,8 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
     image = tf.constant(
         np.random.default_rng(0).random(tuple(shape), dtype=np.float32)
     )
-    traced = tf.function(lambda img, seed: definition.fn(img, seed, **kwargs))
+    # autograph=False: the reader does not convert ops either (see dataset.py).
+    traced = tf.function(lambda img, seed: definition.fn(img, seed, **kwargs), autograph=False)
     try:
         concrete = traced.get_concrete_function(
             tf.TensorSpec(image.shape, tf.float32), tf.TensorSpec([2], tf.int32)

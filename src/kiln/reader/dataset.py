@@ -230,12 +230,15 @@ def load(
         keep_seeds=model_side or bool(augmenter.batch_ops),
         as_float=not model_side,
     )
+    # The map functions are not AutoGraph-converted: they are TF ops already,
+    # and an AugmentOpError from a user op then reaches the caller as itself,
+    # not rewrapped in a StagingError. User ops must use tf.cond, not `if`.
     if batch_size is not None and decoding.vectorizable:
         dataset = passes.batch(batch_size, drop_remainder=drop_remainder)
-        dataset = dataset.map(decoding.raw_batch, num_parallel_calls=tf.data.AUTOTUNE,
-                              deterministic=deterministic)
+        dataset = dataset.map(_unconverted(decoding.raw_batch),
+                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     else:
-        dataset = passes.map(decoding.element, num_parallel_calls=tf.data.AUTOTUNE,
+        dataset = passes.map(_unconverted(decoding.element), num_parallel_calls=tf.data.AUTOTUNE,
                              deterministic=deterministic)
         image_shape = dataset.element_spec["image"].shape
         if batch_size is not None and not image_shape.is_fully_defined():
@@ -272,7 +275,8 @@ def load(
             return image, batch["label"]
         return batch
 
-    dataset = dataset.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    dataset = dataset.map(_unconverted(finish), num_parallel_calls=tf.data.AUTOTUNE,
+                          deterministic=deterministic)
     cardinality = share.cardinality(repeat, batch_size, drop_remainder)
     if cardinality is not None:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
@@ -291,6 +295,9 @@ def load(
         )
         return dataset, layer
     return dataset
+
+
+_unconverted = tf.autograph.experimental.do_not_convert
 
 
 def _check_arguments(batch_size, repeat, augment_on, shuffle_buffer, drop_remainder) -> None:

@@ -16,6 +16,8 @@ from kiln.reader.augment import validate
 from kiln.reader.augmenter import Augmenter, standardize
 
 keras = tf.keras
+# As in the tf.data path: the same unconverted code, so both trace alike.
+_unconverted = tf.autograph.experimental.do_not_convert
 
 
 @keras.utils.register_keras_serializable(package="kiln")
@@ -62,11 +64,11 @@ class AugmentationLayer(keras.layers.Layer):
                 raise ValueError("AugmentationLayer(training=True) needs the batch's "
                                  "'augment_seed' (load(..., augment_on='model') yields it)")
             seeds = tf.cast(seeds, tf.int32)
-            out = tf.map_fn(lambda pair: self._random.apply(pair[0], pair[1]),
+            out = tf.map_fn(_unconverted(lambda pair: self._random.apply(pair[0], pair[1])),
                             (images, seeds), fn_output_signature=tf.float32)
         else:
-            out = tf.map_fn(lambda image: self._inference.apply(image, None), images,
-                            fn_output_signature=tf.float32)
+            out = tf.map_fn(_unconverted(lambda image: self._inference.apply(image, None)),
+                            images, fn_output_signature=tf.float32)
         if self.mean is not None:
             out = standardize(out, self.mean, self.std)
         return out

@@ -276,7 +276,7 @@ def color_twist(image: tf.Tensor, *, brightness: tf.Tensor | None = None,
     """
     rgb = saturation is not None or hue is not None
     if rgb:
-        _require_rgb("colour (saturation, hue)", image)
+        _require_rgb("color_twist (saturation, hue)", image)
     offsets = []
     if brightness is not None:
         offsets.append(brightness)
@@ -332,6 +332,7 @@ def random_contrast(image, seed, *,
 def random_saturation(image, seed, *,
                       factor_range: Annotated[Any, Range(minimum=0.0)] = (0.8, 1.2)):
     """Scales each pixel's distance from its luma by a factor from `factor_range`. RGB only."""
+    _require_rgb("random_saturation", image)
     return color_twist(image, saturation=_uniform(seed, *factor_range))
 
 
@@ -339,6 +340,7 @@ def random_saturation(image, seed, *,
 def random_hue(image, seed, *, max_delta: Annotated[float, Number(0.0, 0.5)] = 0.05):
     """Rotates hue (the YIQ chroma plane) by a delta from ``[-max_delta, max_delta]``
     turns. RGB only."""
+    _require_rgb("random_hue", image)
     return color_twist(image, hue=_uniform(seed, -max_delta, max_delta))
 
 
@@ -360,6 +362,8 @@ def color_jitter(
     ``[-hue, hue]`` turns; a zero turns that part off. The whole jitter
     happens with `probability`. Saturation and hue need RGB images.
     """
+    if saturation or hue:
+        _require_rgb("color_jitter (saturation, hue)", image)
     seeds = tf.random.split(seed, 5)
 
     def factor(index, amount):
@@ -380,6 +384,7 @@ def color_jitter(
 @_builtin("random_grayscale")
 def random_grayscale(image, seed, *, probability: Probability = 0.1):
     """Replaces the image by its luma (kept as 3 channels) with `probability`. RGB only."""
+    _require_rgb("random_grayscale", image)
     return _with_probability(probability, seed,
                              lambda: color_twist(image, saturation=tf.constant(0.0)), image)
 

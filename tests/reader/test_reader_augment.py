@@ -1,0 +1,354 @@
+"""Augmentation ops: list validation, registration, the first-use checks, and each op's behaviour."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kiln.reader
+from kiln.reader import AugmentConfigError, AugmentOpError, register_augmentation, validate
+from kiln.reader.augment import _REGISTRY
+from kiln.reader.augmenter import Augmenter
+from kiln.reader.ops import color_twist
+
+BUILTINS = ["color_jitter", "cutmix", "mixup", "random_brightness", "random_contrast",
+            "random_crop", "random_erasing", "random_flip_left_right", "random_flip_up_down",
+            "random_grayscale", "random_hue", "random_resized_crop", "random_rotation",
+            "random_saturation"]
+
+
+@pytest.fixture
+def user_ops():
+    """Registers test ops; removes them afterwards so tests stay independent."""
+    before = set(_REGISTRY)
+    yield
+    for name in set(_REGISTRY) - before:
+        del _REGISTRY[name]
+
+
+def image(height=20, width=16, channels=3, seed=0) -> tf.Tensor:
+    return tf.constant(np.random.default_rng(seed).random((height, width, channels),
+                                                          dtype=np.float32))
+
+
+def seeds(count: int) -> list[tf.Tensor]:
+    return list(tf.random.split(tf.constant([3, 4], tf.int32), count))
+
+
+def run(spec, img, seed):
+    return Augmenter(tuple(validate([spec]))).apply(img, seed)
+
+
+# --- validation ------------------------------------------------------------------------
+
+
+def test_builtins_registered():
+    assert set(BUILTINS) <= set(kiln.reader.names())
+
+
+def test_validate_fills_defaults_and_normalizes():
+    resolved = validate(["random_flip_left_right", {"random_resized_crop": {"size": 56}},
+                         {"random_brightness": None}])
+    assert [a.to_json() for a in resolved] == [
+        {"random_flip_left_right": {"probability": 0.5}},
+        {"random_resized_crop": {"antialias": False, "method": "bilinear",
+                                 "ratio_range": [0.75, 4 / 3], "scale_range": [0.08, 1.0],
+                                 "size": [56, 56]}},
+        {"random_brightness": {"max_delta": 0.2}},
+    ]
+    # The resolved form validates to itself (it is what kiln.json stores).
+    assert validate([a.to_json() for a in resolved]) == resolved
+    assert validate(None) == [] and validate([]) == []
+
+
+@pytest.mark.parametrize("specs, message", [
+    (["random_flip"], "augment[0]: unknown augmentation op 'random_flip'"),
+    ([{"random_crop": {}}], "augment[0].random_crop.size: required parameter is missing"),
+    (["random_flip_left_right", {"random_flip_left_right": {"prob": 0.5}}],
+     "augment[1].random_flip_left_right.prob: unknown parameter; known: probability"),
+    ([{"random_flip_left_right": {"probability": 1.5}}],
+     "augment[0].random_flip_left_right.probability: must be <= 1.0, got 1.5"),
+    ([{"random_resized_crop": {"size": 8, "scale_range": [0.9, 0.2]}}],
+     "augment[0].random_resized_crop.scale_range: expected low <= high, got [0.9, 0.2]"),
+    ([{"random_resized_crop": {"size": 8, "scale_range": [0.0, 0.5]}}],
+     "augment[0].random_resized_crop: scale_range: fractions of the image area must be in (0, 1]"),
+    ([{"random_crop": {"size": [8, -1]}}],
+     "augment[0].random_crop.size: expected a positive integer or [height, width], got [8, -1]"),
+    ([{"random_rotation": {"angle_range": 10}}],
+     "augment[0].random_rotation.angle_range: expected two numbers [low, high], got 10"),
+    ([{"random_rotation": {"fill_mode": "mirror"}}],
+     "augment[0].random_rotation.fill_mode: expected one of ['constant', 'reflect', 'wrap', "
+     "'nearest'], got 'mirror'"),
+    ([{"random_flip_left_right": {"probability": True}}],
+     "augment[0].random_flip_left_right.probability: expected a number, got True"),
+    ([{"random_flip_left_right": 0.5}],
+     "augment[0].random_flip_left_right: parameters must be a mapping, got 0.5"),
+    ([{"a": {}, "b": {}}], "augment[0]: expected an op name or a one-key mapping"),
+    (["mixup", "random_flip_left_right"],
+     "augment[1].random_flip_left_right: element ops must come before batch ops"),
+    ("random_flip_left_right", "augment: expected a list of ops"),
+])
+def test_validate_names_entry_and_parameter(specs, message):
+    with pytest.raises(AugmentConfigError) as error:
+        validate(specs)
+    assert message in str(error.value)
+    assert isinstance(error.value, ValueError)  # what the build config checker catches
+
+
+# --- registration and first-use checks ---------------------------------------------------
+
+
+def test_user_op_registers_validates_and_runs(user_ops):
+    @register_augmentation("random_invert")
+    def random_invert(image, seed, *, probability: float = 0.5):
+        flip = tf.random.stateless_uniform([], seed) < probability
+        return tf.where(flip, 1.0 - image, image)
+
+    assert "random_invert" in kiln.reader.names()
+    assert validate(["random_invert"])[0].to_json() == {"random_invert": {"probability": 0.5}}
+    with pytest.raises(AugmentConfigError, match=r"random_invert\.probability: expected a number"):
+        validate([{"random_invert": {"probability": "often"}}])
+    img = image()
+    outputs = [run({"random_invert": {"probability": 0.5}}, img, s).numpy() for s in seeds(16)]
+    assert any(np.allclose(o, img) for o in outputs)
+    assert any(np.allclose(o, 1 - img.numpy()) for o in outputs)
+
+
+def test_registration_rejects_bad_signatures_and_duplicates(user_ops):
+    with pytest.raises(ValueError, match="expected the signature fn"):
+        register_augmentation("no_seed")(lambda image, *, p=1: image)
+    with pytest.raises(ValueError, match="'p' must be keyword-only"):
+        register_augmentation("positional")(lambda image, seed, p=1: image)
+    with pytest.raises(ValueError, match="already registered"):
+        register_augmentation("random_crop")(lambda image, seed: image)
+
+
+def test_op_ignoring_its_seed_is_rejected_with_the_tracing_pitfall(user_ops):
+    @register_augmentation("python_random_flip")
+    def python_random_flip(image, seed):
+        # Runs once, while tracing: every element gets the same choice.
+        return tf.reverse(image, [1]) if random.random() < 0.5 else image
+
+    with pytest.raises(AugmentOpError) as error:
+        run("python_random_flip", image(), seeds(1)[0])
+    message = str(error.value)
+    assert "'python_random_flip' ignores its seed" in message
+    assert "traces an op once" in message and "baked into the graph as a constant" in message
+    assert "tf.random.stateless_uniform" in message
+
+
+def test_op_with_stateful_randomness_is_rejected(user_ops):
+    @register_augmentation("stateful_noise")
+    def stateful_noise(image, seed):
+        return image + tf.random.uniform(tf.shape(image), maxval=0.1)
+
+    with pytest.raises(AugmentOpError, match="different outputs for the same seed: it uses "
+                                             "stateful randomness"):
+        run("stateful_noise", image(), seeds(1)[0])
+
+
+def test_op_calling_numpy_fails_at_trace_time_with_an_explanation(user_ops):
+    @register_augmentation("numpy_brightness")
+    def numpy_brightness(image, seed):
+        delta = np.random.default_rng(int(seed.numpy()[0])).uniform(-0.1, 0.1)
+        return image + delta
+
+    with pytest.raises(AugmentOpError) as error:
+        run("numpy_brightness", image(), seeds(1)[0])
+    message = str(error.value)
+    assert "'numpy_brightness' cannot run inside tf.data" in message
+    assert ".numpy()" in message and "symbolic tensor" in message
+
+
+def test_user_op_checks_guard_the_reader(user_ops, png_dataset):
+    @register_augmentation("numpy_noise")
+    def numpy_noise(image, seed):
+        return image + np.random.uniform(-0.1, 0.1)
+
+    @register_augmentation("python_if")
+    def python_if(image, seed):
+        if tf.random.stateless_uniform([], seed) < 0.5:  # needs tf.cond
+            return image[:, ::-1]
+        return image
+
+    # Raised by load(), before anything is read.
+    with pytest.raises(AugmentOpError, match="'numpy_noise' ignores its seed"):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=4, augment=["numpy_noise"])
+    with pytest.raises(AugmentOpError, match="'python_if' cannot run inside tf.data.*tf.cond"):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=4, augment=["python_if"])
+
+
+def test_user_op_in_the_reader(user_ops, png_dataset):
+    @register_augmentation("random_invert")
+    def random_invert(image, seed, *, probability: float = 0.5):
+        return tf.where(tf.random.stateless_uniform([], seed) < probability, 1.0 - image, image)
+
+    plain = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1, augment=None)
+    inverted = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1,
+                                augment=["random_invert"])
+    outcomes = []
+    for (a, _), (b, _) in zip(plain, inverted):
+        for before, after in zip(a.numpy(), b.numpy()):
+            if np.allclose(after, 1.0 - before, atol=1e-6):
+                outcomes.append("inverted")
+            else:
+                np.testing.assert_array_equal(after, before)
+                outcomes.append("kept")
+    assert set(outcomes) == {"inverted", "kept"}
+
+
+# --- the built-in ops ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [
+    "random_flip_left_right", "random_flip_up_down", {"random_crop": {"size": [12, 10]}},
+    {"random_resized_crop": {"size": 8}}, "random_brightness", "random_contrast",
+    "random_saturation", "random_hue", "color_jitter", "random_rotation", "random_erasing",
+    {"random_grayscale": {"probability": 0.5}},
+])
+def test_op_is_a_function_of_its_seed(spec):
+    img = image()
+    a, b, c = seeds(3)
+    first = run(spec, img, a).numpy()
+    np.testing.assert_array_equal(first, run(spec, img, a).numpy())
+    outputs = [run(spec, img, s).numpy() for s in seeds(12)]
+    assert any(not np.array_equal(outputs[0], o) for o in outputs[1:])
+    assert first.dtype == np.float32 and 0.0 <= first.min() and first.max() <= 1.0
+
+
+def test_flips_and_probability_extremes():
+    img = image()
+    s = seeds(1)[0]
+    np.testing.assert_array_equal(run({"random_flip_left_right": {"probability": 1.0}}, img, s),
+                                  img[:, ::-1])
+    np.testing.assert_array_equal(run({"random_flip_up_down": {"probability": 1.0}}, img, s),
+                                  img[::-1])
+    np.testing.assert_array_equal(run({"random_flip_left_right": {"probability": 0.0}}, img, s),
+                                  img)
+    np.testing.assert_array_equal(run({"random_erasing": {"probability": 0.0}}, img, s), img)
+
+
+def test_random_crop_takes_a_window_of_the_image():
+    img = image(20, 16)
+    for s in seeds(8):
+        out = run({"random_crop": {"size": [12, 10]}}, img, s).numpy()
+        assert out.shape == (12, 10, 3)
+        windows = [img[y:y + 12, x:x + 10].numpy() for y in range(9) for x in range(7)]
+        assert any(np.array_equal(out, w) for w in windows)
+
+
+def test_random_crop_larger_than_image_fails_clearly():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="smaller than the crop size"):
+        run({"random_crop": {"size": [32, 32]}}, image(20, 16), seeds(1)[0])
+
+
+def test_random_resized_crop_respects_scale_and_output_size():
+    img = tf.cast(tf.reshape(tf.range(40 * 40 * 3) % 251, [40, 40, 3]), tf.uint8)
+    spec = {"random_resized_crop": {"size": [10, 14], "scale_range": [0.25, 0.5],
+                                    "ratio_range": [1.0, 1.0]}}
+    definition = validate([spec])[0]
+    for s in seeds(10):
+        op_seed = tf.random.fold_in(s, 0)
+        offset, size = definition.definition.window.sample(tf.constant([40, 40]), op_seed,
+                                                           **definition.kwargs)
+        area = float(size[0] * size[1]) / (40 * 40)
+        assert 0.25 - 0.03 <= area <= 0.5 + 0.03 and abs(int(size[0]) - int(size[1])) <= 1
+        assert 0 <= int(offset[0]) <= 40 - int(size[0]) and 0 <= int(offset[1]) <= 40 - int(size[1])
+        out = run(spec, img, s)
+        expected = tf.image.resize(img[offset[0]:offset[0] + size[0],
+                                       offset[1]:offset[1] + size[1]], [10, 14]) / 255.0
+        np.testing.assert_allclose(out, expected, atol=1e-6)
+
+
+def test_inference_forms_are_deterministic_and_keep_the_output_size():
+    img = image(20, 30)
+    augmenter = Augmenter(tuple(validate([{"random_resized_crop": {"size": 10}},
+                                          "random_flip_left_right", "color_jitter"])),
+                          training=False)
+    out = augmenter.apply(img, None).numpy()
+    assert out.shape == (10, 10, 3)
+    # The largest centred square (20x20 of 20x30), resized; flip and jitter do nothing.
+    np.testing.assert_allclose(out, tf.image.resize(img[:, 5:25], [10, 10]), atol=1e-6)
+    crop = Augmenter(tuple(validate([{"random_crop": {"size": [10, 10]}}])), training=False)
+    np.testing.assert_array_equal(crop.apply(img, None), img[5:15, 10:20])
+
+
+def test_color_twist_parts():
+    img = image()
+    grey = np.full((4, 4, 3), 0.3, np.float32)
+    # Grey pixels are fixed points of saturation and hue.
+    np.testing.assert_allclose(color_twist(tf.constant(grey), saturation=tf.constant(1.7),
+                                           hue=tf.constant(0.2)), grey, atol=1e-6)
+    np.testing.assert_allclose(color_twist(img, brightness=tf.constant(0.1)),
+                               np.clip(img + 0.1, 0, 1), atol=1e-6)
+    # Saturation 0 gives the luma in every channel (what random_grayscale uses).
+    luma = np.tensordot(img.numpy(), [0.299, 0.587, 0.114], 1)
+    np.testing.assert_allclose(color_twist(img, saturation=tf.constant(0.0)),
+                               np.repeat(luma[..., None], 3, -1), atol=1e-6)
+    # Contrast scales distances from the mean luma.
+    mean = luma.mean()
+    np.testing.assert_allclose(color_twist(img, contrast=tf.constant(0.5)),
+                               np.clip(0.5 * img + 0.5 * mean, 0, 1), atol=1e-6)
+    # A full hue turn is the identity; half a turn changes colours but not luma.
+    np.testing.assert_allclose(color_twist(img, hue=tf.constant(1.0)), img, atol=1e-5)
+    mid = tf.constant(np.full((2, 2, 3), [0.4, 0.5, 0.6], np.float32))
+    turned = color_twist(mid, hue=tf.constant(0.5)).numpy()
+    assert not np.allclose(turned, mid)
+    np.testing.assert_allclose(np.tensordot(turned, [0.299, 0.587, 0.114], 1), 0.4 * 0.299
+                               + 0.5 * 0.587 + 0.6 * 0.114, atol=1e-5)
+
+
+def test_rgb_only_ops_reject_grey_images():
+    with pytest.raises(ValueError, match="'random_saturation' needs 3-channel"):
+        run("random_saturation", image(channels=1), seeds(1)[0])
+    # Brightness and contrast work on one channel.
+    assert run("random_brightness", image(channels=1), seeds(1)[0]).shape == (20, 16, 1)
+
+
+def test_rotation_by_a_fixed_angle():
+    img = image(9, 9)
+    spec = {"random_rotation": {"angle_range": [90, 90], "interpolation": "nearest"}}
+    # A quarter turn counter-clockwise about the centre of a square image.
+    np.testing.assert_allclose(run(spec, img, seeds(1)[0]), np.rot90(img.numpy()), atol=1e-6)
+
+
+def test_random_erasing_erases_one_rectangle_within_scale():
+    img = tf.ones([20, 20, 3])
+    spec = {"random_erasing": {"probability": 1.0, "scale_range": [0.1, 0.2], "value": 0.0}}
+    for s in seeds(6):
+        out = run(spec, img, s).numpy()
+        erased = out[..., 0] == 0.0
+        rows, cols = np.nonzero(erased)
+        assert erased.sum() == (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)
+        assert 0.05 * 400 <= erased.sum() <= 0.3 * 400
+
+
+def test_mixup_and_cutmix_mix_labels_by_the_pixels_they_mix():
+    images = tf.stack([tf.fill([8, 8, 3], float(i) / 10) for i in range(6)])
+    labels = tf.one_hot(tf.range(6), 6)
+    augmenter = Augmenter(tuple(validate([{"mixup": {"alpha": 0.4}}, "cutmix"])))
+    mix = Augmenter(tuple(validate(["mixup"])))
+    element_seeds = tf.stack(seeds(6))
+    mixed, mixed_labels = mix.apply_batch(images, labels, element_seeds)
+    np.testing.assert_allclose(tf.reduce_sum(mixed_labels, 1), 1.0, atol=1e-6)
+    # Each image is lam * itself + (1 - lam) * its partner; labels say the same.
+    partners = []
+    for i in range(6):
+        row = mixed_labels[i].numpy()
+        own = row[i]
+        others = [j for j in range(6) if j != i and row[j] > 0]
+        partner = others[0] if others else i
+        partners.append(partner)
+        expected = own * images[i] + (1 - own) * images[partner]
+        np.testing.assert_allclose(mixed[i], expected, atol=1e-5)
+    assert partners != list(range(6))
+    cut = Augmenter(tuple(validate([{"cutmix": {"alpha": 1.0}}])))
+    out, out_labels = cut.apply_batch(images, labels, element_seeds)
+    for i in range(6):
+        own = np.isclose(out[i].numpy()[..., 0], i / 10).mean()
+        assert out_labels[i, i].numpy() == pytest.approx(own, abs=1e-6) or own == 1.0
+    both, both_labels = augmenter.apply_batch(images, labels, element_seeds)
+    np.testing.assert_allclose(tf.reduce_sum(both_labels, 1), 1.0, atol=1e-6)
