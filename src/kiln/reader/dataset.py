@@ -399,6 +399,7 @@ class _Decoding:
             # Fails (naming DecodeRaw or Reshape) if any record's byte count is off.
             pixels = tf.io.decode_raw(features["image"], tf.uint8)
         image = tf.reshape(pixels, [-1, height, width, self.channels])
+        image.set_shape([serialized.shape[0], height, width, self.channels])
         out = dict(features, image=to_float(image) if self.as_float else image)
         if self.keep_seeds:
             out["augment_seed"] = seeding.element_seed(words, positions)

@@ -1,0 +1,294 @@
+"""`kiln.reader.load` and `info` on real builds: paths, contents, shapes, sharding, options."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kiln
+import kiln.reader
+from builds import TRAIN_AUGMENT, keys_of, split_keys, stored_images
+from kiln.reader import AugmentConfigError
+from kiln.schemas import LATEST_FILENAME, METADATA_FILENAME, MetadataError
+
+PYTHON_CALLBACKS = {"PyFunc", "PyFuncStateless", "EagerPyFunc", "NumpyFunction"}
+
+
+def copy_dataset(result, destination) -> str:
+    target = os.path.join(destination, os.path.basename(result.dataset_dir))
+    shutil.copytree(result.dataset_dir, target)
+    return target
+
+
+def edit_metadata(dataset_dir, change) -> None:
+    path = os.path.join(dataset_dir, METADATA_FILENAME)
+    with open(path) as f:
+        data = json.load(f)
+    change(data)
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+# --- finding the dataset ---------------------------------------------------------------
+
+
+def test_info_reads_the_metadata(png_dataset):
+    info = kiln.reader.info(png_dataset.dataset_dir)
+    assert info == png_dataset.info
+    assert info.class_names == ["circle", "square", "star", "triangle"]
+    assert info.splits["train"].num_examples == len(split_keys(png_dataset, "train"))
+    assert info.augment == [a.to_json() for a in kiln.reader.validate(TRAIN_AUGMENT)]
+
+
+def test_dataset_root_follows_latest(png_dataset):
+    assert kiln.reader.locate(png_dataset.dataset_root) == png_dataset.dataset_dir
+    assert kiln.reader.info(png_dataset.dataset_root).version == png_dataset.version
+    dataset = kiln.reader.load(png_dataset.dataset_root, "test", batch_size=64,
+                               as_supervised=False)
+    assert sorted(keys_of(dataset)) == sorted(split_keys(png_dataset, "test"))
+
+
+def test_folder_without_metadata_is_named_in_the_error(tmp_path):
+    with pytest.raises(MetadataError, match=f"{tmp_path} is not a kiln dataset: it has no "
+                                            f"kiln.json and no LATEST"):
+        kiln.reader.load(tmp_path, batch_size=4)
+    with pytest.raises(MetadataError, match="no such dataset folder"):
+        kiln.reader.info(tmp_path / "missing")
+
+
+def test_latest_naming_a_missing_version(tmp_path):
+    (tmp_path / LATEST_FILENAME).write_text("v123\n")
+    with pytest.raises(MetadataError, match=r"LATEST names version 'v123', but .*v123 has no "
+                                            r"kiln.json"):
+        kiln.reader.info(tmp_path)
+
+
+def test_metadata_problems_are_reported_with_the_file(png_dataset, tmp_path):
+    newer = copy_dataset(png_dataset, tmp_path / "newer")
+    edit_metadata(newer, lambda d: d.update(format_version=kiln.FORMAT_VERSION + 1))
+    with pytest.raises(MetadataError, match=f"{newer}.*kiln.json: written with format version"):
+        kiln.reader.info(newer)
+    other_schema = copy_dataset(png_dataset, tmp_path / "schema")
+    edit_metadata(other_schema, lambda d: d["schema"]["features"][0].update(key="img/bytes"))
+    with pytest.raises(MetadataError, match=r"differs from this kiln's in feature\(s\) \['image'\]"):
+        kiln.reader.info(other_schema)
+    missing_shard = copy_dataset(png_dataset, tmp_path / "missing")
+    shard = png_dataset.info.splits["train"].shards[1].filename
+    os.remove(os.path.join(missing_shard, shard))
+    with pytest.raises(MetadataError, match=f"shard file.* missing: \\['{shard}'\\]"):
+        kiln.reader.load(missing_shard, batch_size=4)
+    with pytest.raises(MetadataError, match="has no split 'holdout'"):
+        kiln.reader.load(png_dataset.dataset_dir, "holdout", batch_size=4)
+
+
+# --- what comes out --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", ["png_dataset", "jpeg_dataset", "raw_dataset"])
+def test_one_pass_reads_every_record_once_with_its_label(fixture, request):
+    result = request.getfixturevalue(fixture)
+    dataset = kiln.reader.load(result.dataset_dir, batch_size=8, seed=5, as_supervised=False)
+    keys, labels = [], []
+    for batch in dataset:
+        assert batch["image"].shape[1:] == (24, 24, 3) and batch["image"].dtype == tf.float32
+        keys += batch["key"].numpy().tolist()
+        labels += batch["label"].numpy().tolist()
+    assert collections.Counter(keys) == collections.Counter(split_keys(result, "train"))
+    names = result.info.class_names
+    assert [names[label] for label in labels] == [k.decode().split("/")[0] for k in keys]
+    assert set(batch) == {"image", "label", "key", "sha256", "height", "width", "channels"}
+
+
+@pytest.mark.parametrize("fixture", ["png_dataset", "jpeg_dataset", "raw_dataset"])
+def test_unaugmented_images_are_the_stored_pixels(fixture, request):
+    result = request.getfixturevalue(fixture)
+    stored = stored_images(result, "validation")
+    dataset = kiln.reader.load(result.dataset_dir, "validation", batch_size=4, augment=None,
+                               as_supervised=False)
+    seen = 0
+    for batch in dataset:
+        for key, image in zip(batch["key"].numpy(), batch["image"].numpy()):
+            np.testing.assert_allclose(image, stored[key] / 255.0, atol=1e-6)
+            seen += 1
+    assert seen == len(stored)
+
+
+def test_default_augmentation_train_random_other_splits_inference_form(png_dataset):
+    train = kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=1)
+    validation = kiln.reader.load(png_dataset.dataset_dir, "validation", batch_size=4,
+                                  as_supervised=False)
+    assert train.element_spec[0].shape[1:] == validation.element_spec["image"].shape[1:] == (24, 24, 3)
+    stored = stored_images(png_dataset, "validation")
+    first, second = list(validation), list(validation)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a["image"], b["image"])  # no randomness
+        for key, image in zip(a["key"].numpy(), a["image"].numpy()):
+            # The largest centred square of the 32x32 image is all of it: a resize.
+            expected = tf.image.resize(stored[key], [24, 24]).numpy() / 255.0
+            np.testing.assert_allclose(image, expected, atol=1e-5)
+    # An explicit list augments any split.
+    flipped = kiln.reader.load(png_dataset.dataset_dir, "validation", batch_size=64,
+                               augment=[{"random_flip_left_right": {"probability": 1.0}}],
+                               as_supervised=False)
+    for batch in flipped:
+        for key, image in zip(batch["key"].numpy(), batch["image"].numpy()):
+            np.testing.assert_allclose(image, stored[key][:, ::-1] / 255.0, atol=1e-6)
+
+
+def test_shuffle_defaults(png_dataset):
+    validation = kiln.reader.load(png_dataset.dataset_dir, "validation", batch_size=2,
+                                  as_supervised=False)
+    assert keys_of(validation) == keys_of(validation)
+    train = kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=3, as_supervised=False)
+    first, second = keys_of(train), keys_of(train)
+    assert first != second and sorted(first) == sorted(second)
+    unshuffled = kiln.reader.load(png_dataset.dataset_dir, batch_size=4, shuffle=False,
+                                  as_supervised=False)
+    assert keys_of(unshuffled) == keys_of(unshuffled)
+
+
+@pytest.mark.parametrize("augment_on", ["data", "model"])
+@pytest.mark.parametrize("fixture", ["png_dataset", "jpeg_dataset", "raw_dataset"])
+def test_drop_remainder_gives_fully_static_shapes(fixture, augment_on, request):
+    result = request.getfixturevalue(fixture)
+    for as_supervised in (True, False):
+        loaded = kiln.reader.load(result.dataset_dir, batch_size=8, drop_remainder=True, seed=0,
+                                  augment_on=augment_on, as_supervised=as_supervised)
+        dataset = loaded[0] if augment_on == "model" else loaded
+        specs = tf.nest.flatten(dataset.element_spec)
+        assert all(spec.shape.is_fully_defined() for spec in specs), dataset.element_spec
+        assert all(spec.shape[0] == 8 for spec in specs)
+        batches = list(dataset)
+        assert len(batches) == result.info.splits["train"].num_examples // 8
+        assert dataset.cardinality() == len(batches)
+
+
+def test_images_of_varying_size(varying_dataset):
+    assert varying_dataset.info.image_size is None
+    path = varying_dataset.dataset_dir
+    with pytest.raises(ValueError, match=r"images in split 'train' vary in size \(kiln.json "
+                                         r"image_size is null\) and no augmentation op sets"):
+        kiln.reader.load(path, batch_size=4, augment=["random_flip_left_right"])
+    sizes = {tuple(image.shape) for image, _ in
+             kiln.reader.load(path, batch_size=None, augment=["random_flip_left_right"])}
+    assert len(sizes) > 1
+    # A crop with a size makes batches, with static shapes.
+    cropped = kiln.reader.load(path, batch_size=4, drop_remainder=True,
+                               augment=[{"random_resized_crop": {"size": 20}}])
+    assert cropped.element_spec[0].shape == (4, 20, 20, 3)
+    assert next(iter(cropped))[0].shape == (4, 20, 20, 3)
+
+
+def test_normalize_uses_the_stored_train_statistics(png_dataset):
+    statistics = png_dataset.info.splits["train"].statistics
+    mean, std = np.array(statistics.mean), np.array(statistics.std)
+    for split in ("train", "validation"):
+        plain = kiln.reader.load(png_dataset.dataset_dir, split, batch_size=8, seed=4)
+        normalized = kiln.reader.load(png_dataset.dataset_dir, split, batch_size=8, seed=4,
+                                      normalize=True)
+        for (a, _), (b, _) in zip(plain, normalized):
+            np.testing.assert_allclose(b, (a.numpy() * 255.0 - mean) / std, rtol=1e-5, atol=1e-5)
+    everything = np.concatenate([b.numpy() for b, _ in kiln.reader.load(
+        png_dataset.dataset_dir, batch_size=64, augment=None, normalize=True)])
+    np.testing.assert_allclose(everything.mean(axis=(0, 1, 2)), 0.0, atol=1e-3)
+    np.testing.assert_allclose(everything.std(axis=(0, 1, 2)), 1.0, atol=1e-3)
+
+
+def test_normalize_without_statistics_fails_clearly(png_dataset, tmp_path):
+    copy = copy_dataset(png_dataset, tmp_path)
+    edit_metadata(copy, lambda d: [s.update(statistics=None) for s in d["splits"].values()])
+    with pytest.raises(MetadataError, match="normalize=True needs pixel statistics"):
+        kiln.reader.load(copy, batch_size=4, normalize=True)
+
+
+@pytest.mark.parametrize("pipelines, by", [(3, "file"), (2, "file"), (5, "record")])
+def test_input_context_shares_are_disjoint_and_complete(png_dataset, pipelines, by):
+    assert len(png_dataset.info.splits["train"].shards) == 3
+    shares = []
+    for index in range(pipelines):
+        context = tf.distribute.InputContext(num_input_pipelines=pipelines,
+                                             input_pipeline_id=index,
+                                             num_replicas_in_sync=pipelines)
+        dataset = kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=8,
+                                   input_context=context, as_supervised=False)
+        keys = keys_of(dataset)
+        assert dataset.cardinality() == -(-len(keys) // 4)
+        shares.append(keys)
+    everything = [key for share in shares for key in share]
+    assert collections.Counter(everything) == collections.Counter(split_keys(png_dataset, "train"))
+    if by == "file":
+        files = png_dataset.info.splits["train"].shards
+        for index, share in enumerate(shares):
+            assert len(share) == sum(s.num_records for s in files[index::pipelines])
+
+
+def test_repeat(png_dataset):
+    total = png_dataset.info.splits["train"].num_examples
+    twice = kiln.reader.load(png_dataset.dataset_dir, batch_size=5, seed=2, repeat=2,
+                             as_supervised=False)
+    keys = keys_of(twice)
+    assert len(keys) == 2 * total and keys[:total] != keys[total:]
+    assert sorted(keys[:total]) == sorted(keys[total:])
+    assert twice.cardinality() == -(-2 * total // 5)
+    endless = kiln.reader.load(png_dataset.dataset_dir, batch_size=5, repeat=True)
+    assert endless.cardinality() == tf.data.INFINITE_CARDINALITY
+    assert len(list(endless.take(3 * total // 5))) == 3 * total // 5
+
+
+def test_gzip_compressed_shards(build_dataset):
+    result = build_dataset(sharding={"num_shards": 2, "compression": "gzip"},
+                           augment=TRAIN_AUGMENT)
+    assert result.info.compression == "gzip"
+    dataset = kiln.reader.load(result.dataset_dir, batch_size=8, as_supervised=False)
+    assert len(keys_of(dataset)) == result.info.splits["train"].num_examples
+
+
+def test_mixup_makes_one_hot_labels(png_dataset):
+    dataset = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1,
+                               augment=TRAIN_AUGMENT + ["mixup"])
+    assert dataset.element_spec[1].shape.as_list() == [None, 4]
+    for images, labels in dataset:
+        np.testing.assert_allclose(tf.reduce_sum(labels, axis=1), 1.0, atol=1e-6)
+        assert images.shape[1:] == (24, 24, 3)
+    with pytest.raises(ValueError, match="mix labels, which a layer inside the model cannot"):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=8, augment=["mixup"],
+                         augment_on="model")
+
+
+@pytest.mark.parametrize("fixture", ["png_dataset", "jpeg_dataset", "raw_dataset"])
+def test_serialized_graph_has_no_python_callbacks(fixture, request):
+    result = request.getfixturevalue(fixture)
+    for kwargs in ({}, {"augment_on": "model"}, {"augment": TRAIN_AUGMENT + ["cutmix"]},
+                   {"augment": None, "normalize": True}):
+        loaded = kiln.reader.load(result.dataset_dir, batch_size=8, seed=1, **kwargs)
+        dataset = loaded[0] if kwargs.get("augment_on") == "model" else loaded
+        graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+        ops = {node.op for node in graph.node}
+        ops |= {node.op for function in graph.library.function for node in function.node_def}
+        assert "ParseExampleV2" in ops or "ParseSingleExample" in ops  # the graph is all there
+        assert not ops & PYTHON_CALLBACKS, kwargs
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"batch_size": 0}, "batch_size must be a positive int or None"),
+    ({"batch_size": 4, "repeat": 0}, "repeat must be False, True or a number of passes"),
+    ({"batch_size": 4, "augment_on": "gpu"}, "augment_on must be one of"),
+    ({"batch_size": None, "drop_remainder": True}, "drop_remainder=True needs a batch_size"),
+    ({"batch_size": 4, "shuffle_buffer": 0}, "shuffle_buffer must be a positive int"),
+])
+def test_argument_errors(png_dataset, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        kiln.reader.load(png_dataset.dataset_dir, **kwargs)
+
+
+def test_bad_augment_argument(png_dataset):
+    with pytest.raises(AugmentConfigError, match="augment must be 'default', a list"):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=4, augment="strong")
+    with pytest.raises(AugmentConfigError, match=r"augment\[0\].random_crop.size"):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=4, augment=["random_crop"])
