@@ -6,6 +6,8 @@ The contract (tested):
   (c) different elements get different seeds;
   (d) ``seed=None`` draws a fresh base seed per `load` call (logged, so a run
       can be reproduced).
+Pass k of a seed is the same whether it comes from iterating the dataset k
+times (Keras epochs) or from ``repeat=k``.
 
 An element's seed is ``fold_in(fold_in(fold_in(base, epoch_key), pipeline),
 position)`` with `tf.random.fold_in` (stateless, so it is the same on any

@@ -1,0 +1,65 @@
+"""Golden test: the exact augmented stream of a seeded reader on a fixed dataset.
+
+If this fails, the reader's seeded stream changed: record order, element
+seeds or what an op does with its seed. If that is intended (it breaks the
+reproducibility of users' runs, so say so in the change log), regenerate the
+values by printing, for each batch of the stream below, the keys,
+``float(images.astype(np.float64).sum())`` and ``images[:, 5, 7, 1]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln.reader
+
+# sha256 of the golden build's shards: they pin the input, so a failure here
+# means the build (kiln.pipeline) wrote different records, not the reader.
+GOLDEN_SHARDS = {
+    "golden-train.tfrecord-00000-of-00002":
+        "11327065fdf75fc8663b41572817f2ab2a5e697ce42b9368af442552a50f39d8",
+    "golden-train.tfrecord-00001-of-00002":
+        "85cfbab7142e51aeb69421f19b4680a9a97a280cdadabc05125f1c1b3e0310ca",
+}
+
+# load(seed=2024, batch_size=4, repeat=2), augment = builds.GOLDEN_AUGMENT
+# (random_resized_crop 12, flip, color_jitter, random_erasing): per batch the
+# keys, the sum of all pixels, and pixel (5, 7) of channel 1 of each image.
+GOLDEN_STREAM = [
+    (["b/img_03.png", "b/img_05.png", "a/img_04.png", "a/img_02.png"],
+     702.2439664755948, [0.0, 0.424329, 0.92348, 0.33763]),
+    (["b/img_01.png", "b/img_09.png", "a/img_08.png", "a/img_10.png"],
+     958.3930390626192, [0.741313, 0.694037, 0.0, 0.0]),
+    (["a/img_00.png", "b/img_11.png", "a/img_06.png", "b/img_07.png"],
+     775.126182760112, [0.506523, 0.400523, 0.537694, 0.245377]),
+    (["b/img_07.png", "b/img_11.png", "a/img_06.png", "b/img_09.png"],
+     635.8212663903832, [0.0, 0.386149, 0.0, 0.456344]),
+    (["a/img_08.png", "a/img_02.png", "b/img_05.png", "a/img_00.png"],
+     917.6810741759837, [0.306687, 0.0, 0.305635, 0.500206]),
+    (["b/img_01.png", "a/img_04.png", "a/img_10.png", "b/img_03.png"],
+     686.5968080982566, [0.578554, 0.147047, 0.0, 0.592787]),
+]
+
+
+def test_golden_input_is_the_expected_build(golden_dataset):
+    shards = {s.filename: s.sha256 for s in golden_dataset.info.splits["train"].shards}
+    assert shards == GOLDEN_SHARDS, "the golden build's records changed; see module docstring"
+
+
+@pytest.mark.parametrize("augment_on", ["data", "model"])
+def test_golden_stream(golden_dataset, augment_on):
+    loaded = kiln.reader.load(golden_dataset.dataset_dir, batch_size=4, seed=2024, repeat=2,
+                              as_supervised=False, augment_on=augment_on)
+    if augment_on == "model":
+        dataset, layer = loaded
+        batches = [dict(b, image=layer(b, training=True)) for b in dataset]
+    else:
+        batches = list(loaded)
+    assert len(batches) == len(GOLDEN_STREAM)
+    for batch, (keys, total, pixels) in zip(batches, GOLDEN_STREAM):
+        images = batch["image"].numpy()
+        assert [k.decode() for k in batch["key"].numpy()] == keys
+        # Tolerances allow for float rounding on other CPUs, nothing more.
+        assert float(images.astype(np.float64).sum()) == pytest.approx(total, rel=1e-6)
+        np.testing.assert_allclose(images[:, 5, 7, 1], pixels, atol=2e-6)
