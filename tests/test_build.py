@@ -13,6 +13,7 @@ import tensorflow as tf
 from kiln import cli, schemas
 from kiln.pipeline import BuildError, build, launcher
 from kiln.schemas import RECORD
+from kiln.schemas.tfds_metadata import tfds_files
 from kiln.transforms import decode_image, encode_image, functional
 
 from conftest import make_config
@@ -127,7 +128,7 @@ def test_metadata_describes_the_files(build_dataset, demo_corpus):
     assert not [e for e in os.listdir(root) if e.startswith(".staging-")]
     listed = sorted(os.listdir(result.dataset_dir))
     shard_files = sorted(s.filename for split in info.splits.values() for s in split.shards)
-    assert listed == sorted(shard_files + ["errors.jsonl", "kiln.json"])
+    assert listed == sorted(shard_files + ["errors.jsonl", "kiln.json"] + list(tfds_files(info)))
     assert [s.filename for s in info.splits["train"].shards] == [
         f"shapes-train.tfrecord-{i:05d}-of-00003" for i in range(3)]
 

@@ -50,6 +50,7 @@ import kiln
 from kiln.pipeline import config as config_module
 from kiln.pipeline import job, publish, sources, versioning
 from kiln.pipeline.config import ResolvedConfig
+from kiln.pipeline.tfds_export import write_tfds_metadata
 from kiln.schemas import (
     ERRORS_FILENAME,
     METADATA_FILENAME,
@@ -249,6 +250,7 @@ def build(
         version = versioning.version_name(resolved.fingerprint, inputs_hash)
         info = dataset_info(resolved, listing, report, version)
         publish.delete_tree(plan.work_dir)
+        write_tfds_metadata(staging, info)  # TFDS-readable too (dataset_info.json, features.json)
         # kiln.json last: its presence marks the folder complete.
         publish.write_text(FileSystems.join(staging, METADATA_FILENAME), info.dumps())
 

@@ -1,0 +1,199 @@
+"""TFDS-compatible metadata (`dataset_info.json`, `features.json`) derived from `RECORD` and `kiln.json`.
+
+With these files beside the shards, TensorFlow Datasets reads a kiln version
+folder as it reads its own::
+
+    builder = tfds.builder_from_directory("/data/shapes/3f2a9c1b0d4e")
+    train = builder.as_dataset(split="train")             # dicts keyed like the records
+    train = builder.as_dataset(split="train", as_supervised=True)  # (image, label)
+
+The TFDS features are keyed by kiln's serialized keys (``RECORD.key(name)``),
+flat, so TFDS parses exactly the records kiln wrote: the image feature
+decodes the stored image, the label is a ``ClassLabel`` with the dataset's
+class names, the other features are scalars and text. Nothing here imports
+tensorflow_datasets: the JSON is written by hand in the layout TFDS's own
+``FeatureConnector.to_json`` and ``DatasetInfo`` proto JSON use (the tests
+load it with TFDS and compare).
+
+Not every kiln dataset maps onto TFDS; `tfds_files` raises `TfdsUnsupported`
+for these, and the build then writes no TFDS files:
+
+- gzip-compressed shards: TFDS reads TFRecord files uncompressed only.
+- raw pixels of varying sizes (``image_size`` null): TFDS's tensor feature
+  needs the shape stored in each record for that, and kiln stores height and
+  width as separate features. Raw pixels of one size map onto a fixed-shape
+  ``Tensor(dtype=uint8, encoding="bytes")``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kiln.schemas.features import RECORD, Feature
+from kiln.schemas.metadata import DatasetInfo
+
+TFDS_DATASET_INFO_FILENAME = "dataset_info.json"
+TFDS_FEATURES_FILENAME = "features.json"
+
+# TFDS wants a semantic version; kiln's versions are content ids (named in
+# the description). It is the TFDS layout's version, not the data's.
+TFDS_VERSION = "1.0.0"
+TFDS_FILE_FORMAT = "tfrecord"
+# TFDS's default shard template; kiln's shard_filename follows it (checked
+# per shard in `tfds_files`, so a change to either cannot go unnoticed).
+TFDS_FILEPATH_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+
+_FEATURES = "tensorflow_datasets.core.features."
+_IMAGE_CLASS = _FEATURES + "image_feature.Image"
+_TENSOR_CLASS = _FEATURES + "tensor_feature.Tensor"
+_SCALAR_CLASS = _FEATURES + "scalar.Scalar"
+_TEXT_CLASS = _FEATURES + "text_feature.Text"
+_CLASS_LABEL_CLASS = _FEATURES + "class_label_feature.ClassLabel"
+_FEATURES_DICT_CLASS = _FEATURES + "features_dict.FeaturesDict"
+
+# The record features with a special TFDS meaning, by RECORD name.
+_IMAGE = "image"
+_LABEL = "label"
+
+
+class TfdsUnsupported(ValueError):
+    """The dataset cannot be described to TFDS; the message says why."""
+
+
+def labels_filename(feature_key: str) -> str:
+    """Where TFDS reads a top-level ``ClassLabel``'s names from (its naming rule).
+
+    TFDS replaces the ``/`` of a feature name by ``.`` and appends
+    ``.labels.txt``, one class name per line.
+    """
+    return feature_key.replace("/", ".") + ".labels.txt"
+
+
+def tfds_files(info: DatasetInfo) -> dict[str, str]:
+    """The TFDS metadata files of a dataset: file name -> text.
+
+    ``dataset_info.json``, ``features.json``, and the label feature's class
+    names file (see `labels_filename`). Deterministic: the same `info` gives
+    the same bytes.
+
+    Raises:
+      TfdsUnsupported: for datasets TFDS cannot read (see the module docstring).
+    """
+    _check_supported(info)
+    label_key = RECORD.key(_LABEL)
+    files = {
+        TFDS_DATASET_INFO_FILENAME: _dumps(dataset_info_json(info)),
+        TFDS_FEATURES_FILENAME: _dumps(features_json(info)),
+        labels_filename(label_key): "".join(f"{name}\n" for name in info.class_names),
+    }
+    return files
+
+
+def features_json(info: DatasetInfo) -> dict[str, Any]:
+    """``features.json``: a flat ``FeaturesDict`` keyed by the records' serialized keys."""
+    features = {feature.key: _feature_json(feature, info) for feature in RECORD.features}
+    return {
+        "type": _FEATURES_DICT_CLASS,
+        "content": {"features": features},
+        "proto_cls": "tensorflow_datasets.FeaturesDict",
+    }
+
+
+def dataset_info_json(info: DatasetInfo) -> dict[str, Any]:
+    """``dataset_info.json``: the ``tensorflow_datasets.DatasetInfo`` proto as JSON."""
+    splits = []
+    for name in sorted(info.splits):
+        split = info.splits[name]
+        splits.append({
+            "name": name,
+            "numBytes": str(sum(shard.num_bytes for shard in split.shards)),
+            "shardLengths": [str(shard.num_records) for shard in split.shards],
+            "filepathTemplate": TFDS_FILEPATH_TEMPLATE,
+        })
+    return {
+        "name": info.name,
+        "version": TFDS_VERSION,
+        "description": (
+            f"kiln dataset {info.name!r}, version {info.version}, written by kiln "
+            f"{info.kiln_version}. kiln.json beside this file is the full metadata "
+            f"(build config, statistics, default augmentation); read it with "
+            f"kiln.reader.load for seeded augmentation."
+        ),
+        "fileFormat": TFDS_FILE_FORMAT,
+        "splits": splits,
+        "supervisedKeys": {"tuple": {"items": [
+            {"featureKey": RECORD.key(_IMAGE)},
+            {"featureKey": RECORD.key(_LABEL)},
+        ]}},
+    }
+
+
+def _check_supported(info: DatasetInfo) -> None:
+    if info.compression is not None:
+        raise TfdsUnsupported(
+            f"shards are {info.compression}-compressed; TFDS reads uncompressed TFRecords only"
+        )
+    if info.encoding["format"] == "raw" and info.image_size is None:
+        raise TfdsUnsupported(
+            "raw pixels of varying sizes: a TFDS tensor feature of unknown shape needs "
+            "the shape inside each record"
+        )
+    for name in info.class_names:
+        if not name.strip() or name != name.strip() or "\n" in name:
+            raise TfdsUnsupported(
+                f"class name {name!r} cannot be written to a TFDS labels file "
+                f"(one stripped name per line)"
+            )
+    for split_name, split in info.splits.items():
+        for index, shard in enumerate(split.shards):
+            expected = _tfds_shard_name(info.name, split_name, index, len(split.shards))
+            if shard.filename != expected:
+                raise TfdsUnsupported(
+                    f"shard {shard.filename!r} does not follow TFDS's file template "
+                    f"{TFDS_FILEPATH_TEMPLATE!r} (expected {expected!r})"
+                )
+
+
+def _tfds_shard_name(dataset: str, split: str, index: int, num_shards: int) -> str:
+    # TFDS expands {SHARD_X_OF_Y} as "%05d-of-%05d", as kiln's shard_filename does.
+    return (TFDS_FILEPATH_TEMPLATE
+            .replace("{DATASET}", dataset)
+            .replace("{SPLIT}", split)
+            .replace("{FILEFORMAT}", TFDS_FILE_FORMAT)
+            .replace("{SHARD_X_OF_Y}", f"{index:05d}-of-{num_shards:05d}"))
+
+
+def _feature_json(feature: Feature, info: DatasetInfo) -> dict[str, Any]:
+    if feature.name == _IMAGE:
+        content = _image_json(info)
+    elif feature.name == _LABEL:
+        content = {"pythonClassName": _CLASS_LABEL_CLASS,
+                   "classLabel": {"numClasses": str(info.num_classes)}}
+    elif feature.dtype == "bytes":
+        content = {"pythonClassName": _TEXT_CLASS, "text": {}}
+    else:
+        content = {"pythonClassName": _SCALAR_CLASS,
+                   "tensor": {"shape": {}, "dtype": _tensor_dtype(feature), "encoding": "none"}}
+    content["description"] = feature.description
+    return content
+
+
+def _image_json(info: DatasetInfo) -> dict[str, Any]:
+    height, width = info.image_size if info.image_size is not None else (-1, -1)
+    shape = {"dimensions": [str(height), str(width), str(info.channels)]}
+    if info.encoding["format"] == "raw":
+        return {"pythonClassName": _TENSOR_CLASS,
+                "tensor": {"shape": shape, "dtype": "uint8", "encoding": "bytes"}}
+    return {"pythonClassName": _IMAGE_CLASS,
+            "image": {"shape": shape, "dtype": "uint8",
+                      "encodingFormat": info.encoding["format"]}}
+
+
+def _tensor_dtype(feature: Feature) -> str:
+    return {"int64": "int64", "float32": "float32"}[feature.dtype]
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
