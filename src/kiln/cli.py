@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import importlib
 import logging
+import os
 import sys
 
 
@@ -40,6 +41,7 @@ COMMANDS: dict[str, Command] = {
     "build": Command("kiln.pipeline.command", "build a dataset with the Beam job", True),
     "demo-data": Command("kiln.pipeline.demo_data", "generate the small demo image folder"),
     "lint": Command("kiln.tools.lint_command", "check training code for tf.data tracing pitfalls"),
+    "inspect": Command("kiln.tools.inspect_command", "summarize a built dataset"),
 }
 
 EPILOG = """examples:
@@ -102,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kiln {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (`kiln inspect --json | head`):
+        # not an error of ours. Point stdout at devnull so the interpreter's
+        # final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,54 @@
+"""`kiln inspect`: summarize a built dataset (readable text, or JSON for scripts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kiln import cli
+from kiln.schemas import MetadataError
+from kiln.tools import inspection
+
+DESCRIPTION = """\
+Summarize a dataset written by `kiln build`: version, splits with example
+counts and shard sizes, class names with counts per split, pixel
+statistics, how images are stored, the offline transforms and the default
+augmentation, dropped files by reason (with examples from errors.jsonl),
+duplicates. Reads only the metadata (no shard is opened); works in a
+reader-only install and on gs:// paths."""
+
+EPILOG = """\
+PATH is a version folder (<output>/<name>/<version>) or the dataset folder
+<output>/<name>, which follows its LATEST file.
+
+examples:
+  kiln inspect build/datasets/shapes
+  kiln inspect build/datasets/shapes/3f2a9c1b0d4e
+  kiln inspect gs://my-bucket/datasets/photos --json | jq '.splits.train.num_examples'
+
+exit codes:
+  0  summary printed
+  2  PATH is not a complete kiln dataset (the message says why)"""
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = DESCRIPTION
+    parser.epilog = EPILOG
+    parser.add_argument("path", metavar="PATH", help="dataset version folder, or <output>/<name>")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document (every shard and errors.jsonl row) "
+                             "instead of the text summary")
+
+
+def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
+    try:
+        summary = inspection.inspect_dataset(args.path)
+    except MetadataError as e:
+        raise cli.UsageError(str(e)) from None
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(inspection.render(summary))
+    return 0

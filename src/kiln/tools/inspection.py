@@ -1,0 +1,277 @@
+"""What a built dataset holds, as a readable summary or JSON: the library behind `kiln inspect`.
+
+Reads only the metadata a build wrote (`kiln.json`, `errors.jsonl`) through
+`kiln.reader`'s path resolution, so it works on local and gs:// paths and
+in a reader-only install (TensorFlow and NumPy; no Beam, no OpenCV). No
+shard is opened: `kiln verify` checks the shards against the metadata.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import tensorflow as tf
+
+from kiln.reader import info as read_info
+from kiln.reader import locate
+from kiln.schemas import ERRORS_FILENAME, DatasetInfo, MetadataError
+from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME
+
+# Rows of errors.jsonl shown per drop reason in the text summary (JSON has all).
+EXAMPLES_PER_REASON = 3
+
+
+def inspect_dataset(path: str) -> dict[str, Any]:
+    """The summary of the dataset at `path`, as JSON-ready data.
+
+    Args:
+      path: A version folder, or ``<output>/<name>`` (follows LATEST), as
+        `kiln.reader.locate` accepts.
+
+    Returns:
+      A dict with: ``path`` (as given), ``dataset_dir`` (the version folder),
+      ``name``, ``version``, ``kiln_version``, ``format_version``,
+      ``config_fingerprint``, ``source``, ``encoding`` (format, quality,
+      channels, image_size, compression), ``splits`` (per split: examples,
+      shards, bytes, each shard's file, records and bytes, class counts,
+      statistics), ``class_names``, ``class_counts`` (over all splits),
+      ``transforms``, ``augment``, ``dropped`` (reason -> count, from
+      kiln.json), ``errors`` (every errors.jsonl row, or None if the file is
+      missing), ``duplicates``, ``tfds`` (whether TFDS metadata is present)
+      and ``warnings`` (inconsistencies found between the files).
+
+    Raises:
+      MetadataError: naming the path, if it is not a complete kiln dataset.
+    """
+    dataset_dir = locate(path)
+    metadata = read_info(dataset_dir)
+    errors = _read_errors(tf.io.gfile.join(dataset_dir, ERRORS_FILENAME))
+    splits = {}
+    for name in _split_order(metadata):
+        split = metadata.splits[name]
+        splits[name] = {
+            "num_examples": split.num_examples,
+            "num_shards": len(split.shards),
+            "num_bytes": sum(shard.num_bytes for shard in split.shards),
+            "shards": [{"filename": s.filename, "num_records": s.num_records,
+                        "num_bytes": s.num_bytes} for s in split.shards],
+            "class_counts": dict(split.class_counts),
+            "statistics": None if split.statistics is None else {
+                "pixels": split.statistics.count,
+                "mean": list(split.statistics.mean),
+                "std": list(split.statistics.std),
+            },
+        }
+    class_counts = {name: sum(split.class_counts.get(name, 0)
+                              for split in metadata.splits.values())
+                    for name in metadata.class_names}
+    return {
+        "path": str(path),
+        "dataset_dir": dataset_dir,
+        "name": metadata.name,
+        "version": metadata.version,
+        "kiln_version": metadata.kiln_version,
+        "format_version": metadata.format_version,
+        "config_fingerprint": metadata.config_fingerprint,
+        "source": metadata.config.get("source"),
+        "encoding": {
+            "format": metadata.encoding.get("format"),
+            "quality": metadata.encoding.get("quality"),
+            "channels": metadata.channels,
+            "image_size": metadata.image_size,
+            "compression": metadata.compression,
+        },
+        "splits": splits,
+        "class_names": list(metadata.class_names),
+        "class_counts": class_counts,
+        "transforms": metadata.config.get("transforms", []),
+        "augment": list(metadata.augment),
+        "dropped": dict(sorted(metadata.dropped.items())),
+        "errors": errors,
+        "duplicates": metadata.duplicates,
+        "tfds": tf.io.gfile.exists(tf.io.gfile.join(dataset_dir, TFDS_DATASET_INFO_FILENAME)),
+        "warnings": _consistency_warnings(metadata, errors),
+    }
+
+
+def _split_order(metadata: DatasetInfo) -> list[str]:
+    # The usual order people read splits in, then any others alphabetically.
+    usual = [name for name in ("train", "validation", "test") if name in metadata.splits]
+    return usual + sorted(set(metadata.splits) - set(usual))
+
+
+def _read_errors(path: str) -> list[dict[str, Any]] | None:
+    if not tf.io.gfile.exists(path):
+        return None
+    rows = []
+    with tf.io.gfile.GFile(path, "r") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise MetadataError(f"{path}:{number}: not valid JSON ({e})") from None
+            if not isinstance(row, dict):
+                raise MetadataError(f"{path}:{number}: expected a JSON object per line")
+            rows.append(row)
+    return rows
+
+
+def _consistency_warnings(metadata: DatasetInfo, errors: list[dict] | None) -> list[str]:
+    warnings = []
+    if errors is None:
+        if metadata.dropped:
+            warnings.append(f"{ERRORS_FILENAME} is missing, but kiln.json counts "
+                            f"{sum(metadata.dropped.values())} dropped file(s)")
+        return warnings
+    from_rows: dict[str, int] = {}
+    for row in errors:
+        reason = str(row.get("reason"))
+        from_rows[reason] = from_rows.get(reason, 0) + 1
+    if from_rows != metadata.dropped:
+        warnings.append(f"{ERRORS_FILENAME} has {dict(sorted(from_rows.items()))} dropped "
+                        f"by reason, kiln.json says {dict(sorted(metadata.dropped.items()))}")
+    return warnings
+
+
+# --- text -----------------------------------------------------------------------------
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The readable multi-line summary `kiln inspect` prints."""
+    lines = [f"{summary['name']}  version {summary['version']}  "
+             f"(kiln {summary['kiln_version']}, format {summary['format_version']})"]
+    encoding = summary["encoding"]
+    size = ("varying sizes" if encoding["image_size"] is None
+            else "x".join(str(v) for v in encoding["image_size"]))
+    stored = encoding["format"] + (f" quality {encoding['quality']}"
+                                   if encoding["quality"] is not None else "")
+    lines += [
+        f"  folder:    {summary['dataset_dir']}",
+        f"  source:    {_source_text(summary['source'])}",
+        f"  stored as: {stored}, {encoding['channels']} channel(s), {size}, "
+        f"{encoding['compression'] or 'uncompressed'} shards",
+        f"  config:    fingerprint {summary['config_fingerprint'][:16]}",
+        "",
+    ]
+    lines += _splits_table(summary["splits"])
+    lines.append("")
+    lines += _classes_table(summary)
+    lines.append("")
+    lines += _statistics_lines(summary["splits"])
+    lines.append("")
+    lines.append("offline transforms (applied once, at build time):")
+    lines += [f"  - {_op_text(spec)}" for spec in summary["transforms"]] or ["  (none)"]
+    lines.append("default augmentation (random, every epoch, train split; kiln.reader):")
+    lines += [f"  - {_op_text(spec)}" for spec in summary["augment"]] or ["  (none)"]
+    lines.append("")
+    lines += _dropped_lines(summary)
+    lines.append(f"duplicates: {summary['duplicates']} source file(s) with the same content "
+                 f"as another")
+    lines.append("TFDS: " + ("readable with tfds.builder_from_directory(folder)"
+                            if summary["tfds"] else "no TFDS metadata"))
+    for warning in summary["warnings"]:
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines)
+
+
+def _source_text(source: dict[str, Any] | None) -> str:
+    if not source:
+        return "(unknown)"
+    location = source.get("root") or source.get("path") or ""
+    return f"{source.get('type')} {location}"
+
+
+def _splits_table(splits: dict[str, Any]) -> list[str]:
+    width = max([len("total")] + [len(name) for name in splits])
+    lines = [f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}  {'size':>10}  shard sizes"]
+    for name, split in splits.items():
+        sizes = [shard["num_bytes"] for shard in split["shards"]]
+        spread = (_bytes_text(sizes[0]) if len(set(sizes)) == 1
+                  else f"{_bytes_text(min(sizes))} .. {_bytes_text(max(sizes))}") if sizes else "-"
+        lines.append(f"  {name:<{width}}  {split['num_examples']:>8}  {split['num_shards']:>6}  "
+                     f"{_bytes_text(split['num_bytes']):>10}  {spread}")
+    lines.append(f"  {'total':<{width}}  {sum(s['num_examples'] for s in splits.values()):>8}  "
+                 f"{sum(s['num_shards'] for s in splits.values()):>6}  "
+                 f"{_bytes_text(sum(s['num_bytes'] for s in splits.values())):>10}")
+    return lines
+
+
+def _classes_table(summary: dict[str, Any]) -> list[str]:
+    splits = summary["splits"]
+    names = summary["class_names"]
+    title = f"classes ({len(names)})"
+    width = max([len(title) - 2] + [len(name) for name in names] + [len("total")])
+    columns = list(splits) + ["total"]
+    widths = [max(len(column), 6) for column in columns]
+    header = "  ".join(f"{column:>{w}}" for column, w in zip(columns, widths))
+    lines = [f"{title:<{width + 2}}  {header}"]
+    for label, name in enumerate(names):
+        counts = [splits[split]["class_counts"].get(name, 0) for split in splits]
+        counts.append(summary["class_counts"][name])
+        cells = "  ".join(f"{count:>{w}}" for count, w in zip(counts, widths))
+        lines.append(f"  {name:<{width}}  {cells}  (label {label})")
+    return lines
+
+
+def _statistics_lines(splits: dict[str, Any]) -> list[str]:
+    lines = ["pixel statistics per channel (0..255 scale; normalize=True uses train's):"]
+    width = max(len(name) for name in splits) if splits else 0
+    for name, split in splits.items():
+        stats = split["statistics"]
+        if stats is None:
+            lines.append(f"  {name:<{width}}  (none)")
+            continue
+        mean = " ".join(f"{v:6.2f}" for v in stats["mean"])
+        std = " ".join(f"{v:6.2f}" for v in stats["std"])
+        lines.append(f"  {name:<{width}}  mean {mean}   std {std}")
+    return lines
+
+
+def _dropped_lines(summary: dict[str, Any]) -> list[str]:
+    dropped = summary["dropped"]
+    total = sum(dropped.values())
+    if not total:
+        return ["dropped: 0"]
+    lines = [f"dropped: {total} file(s), by reason (rows in {ERRORS_FILENAME}):"]
+    rows = summary["errors"] or []
+    width = max(len(reason) for reason in dropped)
+    for reason, count in sorted(dropped.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"  {reason:<{width}}  {count:>5}")
+        examples = [row for row in rows if row.get("reason") == reason][:EXAMPLES_PER_REASON]
+        for row in examples:
+            lines.append(f"      {row.get('key')}: {row.get('message')}")
+        if count > len(examples) and examples:
+            lines.append(f"      ... {count - len(examples)} more")
+    return lines
+
+
+def _op_text(spec: Any) -> str:
+    """``name: param=value, ...`` for a transform or augmentation list entry."""
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, dict) and len(spec) == 1:
+        name, params = next(iter(spec.items()))
+        shown = ", ".join(f"{key}={_value_text(value)}" for key, value in (params or {}).items()
+                          if value is not None)
+        return f"{name}: {shown}" if shown else name
+    return json.dumps(spec, sort_keys=True)
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value_text(v) for v in value) + "]"
+    return str(value)
+
+
+def _bytes_text(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,106 @@
+"""`kiln inspect`: the summary of a real build, as text and JSON, and its errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from kiln import cli
+from kiln.schemas import ERRORS_FILENAME, METADATA_FILENAME, MetadataError
+from kiln.tools import inspection
+
+
+@pytest.fixture(scope="module")
+def built(build_dataset):
+    return build_dataset()
+
+
+def test_summary_matches_the_build(built, demo_corpus):
+    info = built.info
+    summary = inspection.inspect_dataset(built.dataset_root)  # follows LATEST
+    assert summary["dataset_dir"] == built.dataset_dir
+    assert (summary["name"], summary["version"]) == (info.name, info.version)
+    assert list(summary["splits"]) == ["train", "validation", "test"]
+    for name, split in info.splits.items():
+        got = summary["splits"][name]
+        assert got["num_examples"] == split.num_examples
+        assert got["num_shards"] == len(split.shards)
+        assert got["num_bytes"] == sum(s.num_bytes for s in split.shards)
+        assert [s["filename"] for s in got["shards"]] == split.filenames
+        assert got["class_counts"] == split.class_counts
+        assert got["statistics"]["mean"] == split.statistics.mean
+    assert summary["class_names"] == ["circle", "square", "star", "triangle"]
+    assert sum(summary["class_counts"].values()) == sum(
+        s.num_examples for s in info.splits.values())
+    assert summary["encoding"] == {"format": "png", "quality": None, "channels": 3,
+                                   "image_size": [32, 32], "compression": None}
+    assert summary["transforms"] == info.config["transforms"]
+    assert summary["dropped"] == {reason: 1 for reason in demo_corpus.broken.values()}
+    assert {row["key"]: row["reason"] for row in summary["errors"]} == demo_corpus.broken
+    assert summary["tfds"] is True
+    assert summary["warnings"] == []
+
+
+def test_text_summary(built, demo_corpus, capsys):
+    assert cli.main(["inspect", built.dataset_dir]) == 0
+    out = capsys.readouterr().out
+    info = built.info
+    assert out.startswith(f"shapes  version {info.version}")
+    for name, split in info.splits.items():
+        assert any(line.split()[:3] == [name, str(split.num_examples), str(len(split.shards))]
+                   for line in out.splitlines()), name
+    for label, class_name in enumerate(info.class_names):
+        counts = [str(info.splits[s].class_counts[class_name])
+                  for s in ("train", "validation", "test")]
+        total = str(sum(s.class_counts[class_name] for s in info.splits.values()))
+        assert f"{' '.join([class_name, *counts, total])} (label {label})" in " ".join(
+            out.split()), class_name
+    assert "resize: interpolation=auto, shorter_side=40" in out
+    assert "center_crop: size=32" in out
+    for key in demo_corpus.broken:
+        assert key in out
+    assert f"dropped: {len(demo_corpus.broken)} file(s)" in out
+
+
+def test_json_output_is_the_summary(built, capsys):
+    assert cli.main(["inspect", built.dataset_root, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == inspection.inspect_dataset(built.dataset_root)
+
+
+def test_not_a_dataset_is_one_line_and_exit_2(tmp_path, capsys):
+    assert cli.main(["inspect", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"kiln inspect: error: {tmp_path / 'nothing'}: no such dataset folder"]
+
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["inspect", str(tmp_path / "empty")]) == 2
+    assert "is not a kiln dataset" in capsys.readouterr().err
+
+
+def test_inconsistent_error_report_is_flagged(built, tmp_path, capsys):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(built.dataset_dir, copy)
+    with open(os.path.join(copy, ERRORS_FILENAME)) as f:
+        rows = f.readlines()
+    with open(os.path.join(copy, ERRORS_FILENAME), "w") as f:
+        f.writelines(rows[1:])
+    summary = inspection.inspect_dataset(copy)
+    assert len(summary["warnings"]) == 1 and ERRORS_FILENAME in summary["warnings"][0]
+    assert cli.main(["inspect", copy]) == 0
+    assert f"warning: {ERRORS_FILENAME} has" in capsys.readouterr().out
+
+    os.remove(os.path.join(copy, ERRORS_FILENAME))
+    summary = inspection.inspect_dataset(copy)
+    assert summary["errors"] is None
+    assert "is missing" in summary["warnings"][0]
+
+    with open(os.path.join(copy, ERRORS_FILENAME), "w") as f:
+        f.write("{not json\n")
+    with pytest.raises(MetadataError, match=f"{ERRORS_FILENAME}:1: not valid JSON"):
+        inspection.inspect_dataset(copy)
+
+    os.remove(os.path.join(copy, METADATA_FILENAME))
+    assert cli.main(["inspect", copy]) == 2
