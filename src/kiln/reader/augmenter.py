@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from kiln.reader import seeds as seeding
@@ -164,9 +165,14 @@ def decode(features: dict, *, encoding: str, channels: int,
 def standardize(images: tf.Tensor, mean: Sequence[float], std: Sequence[float]) -> tf.Tensor:
     """``(pixel - mean) / std`` on the 0..255 scale, for float images in [0, 1].
 
-    One formula for the data path and the layer, so both round alike.
+    Computed as ``(image - mean / 255) * (255 / std)`` with the constants
+    folded in float64: a Sub then a Mul, which graph optimizers leave alone
+    (a Mul next to the ``* (1 / 255)`` of decoding would be merged with it),
+    so the data path and the layer round alike.
     """
-    return (images * 255.0 - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+    mean01 = np.asarray(mean, np.float64) / 255.0
+    scale = 255.0 / np.asarray(std, np.float64)
+    return (images - tf.constant(mean01, tf.float32)) * tf.constant(scale, tf.float32)
 
 
 def _shape_for_check(shape: tf.TensorShape) -> tuple[int, int, int]:

@@ -252,6 +252,7 @@ _HUE_FIXED, _HUE_COS, _HUE_SIN = (
                  np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -1.0], [0.0, 1.0, 0.0]]))
 )
 _GREY = np.outer(np.ones(3), _LUMA)  # pixel -> its luma in every channel
+_COLOR_BASIS = np.stack([_HUE_FIXED, _HUE_COS, _HUE_SIN, _GREY]).reshape(4, 9)
 
 
 def color_twist(image: tf.Tensor, *, brightness: tf.Tensor | None = None,
@@ -288,23 +289,25 @@ def color_twist(image: tf.Tensor, *, brightness: tf.Tensor | None = None,
             mean = tf.reduce_mean(channel_means)
         offsets.append((1.0 - contrast) * mean)
     if rgb:
-        # H S = s H + (1 - s) GREY, because H leaves grey pixels unchanged.
+        # c H S = c s H + c (1 - s) GREY (H leaves grey pixels unchanged), and
+        # H = FIXED + cos COS + sin SIN: four scalar weights of four constant
+        # matrices, combined by one matmul (whose rounding no graph rewrite
+        # reorders, so tf.data and a model compute the same matrix).
+        scale = contrast if contrast is not None else tf.constant(1.0)
+        chroma = scale * saturation if saturation is not None else scale
+        grey = scale * (1.0 - saturation) if saturation is not None else tf.constant(0.0)
         if hue is not None:
             angle = hue * (2.0 * math.pi)
-            matrix = (tf.constant(_HUE_FIXED, tf.float32)
-                      + tf.cos(angle) * tf.constant(_HUE_COS, tf.float32)
-                      + tf.sin(angle) * tf.constant(_HUE_SIN, tf.float32))
+            turn = [chroma, chroma * tf.cos(angle), chroma * tf.sin(angle)]
         else:
-            matrix = tf.eye(3)
-        if saturation is not None:
-            matrix = saturation * matrix + (1.0 - saturation) * tf.constant(_GREY, tf.float32)
-        if contrast is not None:
-            matrix = contrast * matrix
+            turn = [chroma, chroma, tf.constant(0.0)]  # FIXED + COS is the identity
+        weights = tf.stack(turn + [grey])[None]
+        matrix = tf.reshape(tf.matmul(weights, tf.constant(_COLOR_BASIS, tf.float32)), [3, 3])
         shape = tf.shape(image)
         pixels = tf.matmul(tf.reshape(image, [-1, 3]), matrix, transpose_b=True)
         out = tf.reshape(pixels, shape)
     elif contrast is not None:
-        out = contrast * image
+        out = contrast * image  # one channel: no matrix
     else:
         out = image
     if offsets:
@@ -396,12 +399,15 @@ def rotate(image: tf.Tensor, angle: tf.Tensor, *, fill_mode: str, fill_value: fl
            interpolation: str) -> tf.Tensor:
     """Rotates `image` by `angle` radians (counter-clockwise) about its centre."""
     shape = tf.shape(image)
-    height, width = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
     cos, sin = tf.cos(angle), tf.sin(angle)
-    # The transform maps output pixel coordinates to input coordinates.
-    x_offset = ((width - 1) - (cos * (width - 1) - sin * (height - 1))) / 2.0
-    y_offset = ((height - 1) - (sin * (width - 1) + cos * (height - 1))) / 2.0
-    transform = tf.stack([cos, -sin, x_offset, sin, cos, y_offset, 0.0, 0.0])[None]
+    # The transform maps output pixel (x, y) to input R (x, y) + offset, and
+    # keeps the centre c in place: offset = c - R c. A matvec, not a chain
+    # of scalar adds, so graph optimizers (constant folding, which pushes
+    # known sizes through such chains) cannot reorder the rounding.
+    center = (tf.cast(tf.reverse(shape[:2], [0]), tf.float32) - 1.0) * 0.5
+    rotation = tf.stack([tf.stack([cos, -sin]), tf.stack([sin, cos])])
+    offset = center - tf.linalg.matvec(rotation, center)
+    transform = tf.stack([cos, -sin, offset[0], sin, cos, offset[1], 0.0, 0.0])[None]
     rotated = tf.raw_ops.ImageProjectiveTransformV3(
         images=image[None],
         transforms=transform,
@@ -449,7 +455,7 @@ def random_erasing(
     seeds = tf.random.split(seed, 5)
     shape = tf.shape(image)
     height, width = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
-    area = _uniform(seeds[0], *scale_range) * height * width
+    area = _uniform(seeds[0], *scale_range) * (height * width)
     ratio = tf.exp(_uniform(seeds[1], math.log(ratio_range[0]), math.log(ratio_range[1])))
     box_h = tf.clip_by_value(tf.round(tf.sqrt(area * ratio)), 1.0, height)
     box_w = tf.clip_by_value(tf.round(tf.sqrt(area / ratio)), 1.0, width)

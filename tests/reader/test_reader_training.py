@@ -1,0 +1,113 @@
+"""Training with the reader: Keras fit, iterator checkpoints, and augmentation inside the model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kiln.reader
+from builds import TRAIN_AUGMENT
+
+keras = tf.keras
+
+EVERY_ELEMENT_OP = [
+    {"random_resized_crop": {"size": 20, "scale_range": [0.3, 1.0]}},
+    "random_flip_left_right", "random_flip_up_down", "color_jitter",
+    {"random_rotation": {"angle_range": [-30, 30]}}, "random_erasing",
+    {"random_grayscale": {"probability": 0.3}}, "random_brightness", "random_contrast",
+    "random_saturation", "random_hue", {"random_crop": {"size": 16}},
+]
+
+
+def tiny_classifier(inputs, features, num_classes):
+    x = keras.layers.Conv2D(16, 3, activation="relu",
+                            kernel_initializer=keras.initializers.GlorotUniform(seed=1))(features)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(num_classes,
+                                 kernel_initializer=keras.initializers.GlorotUniform(seed=2))(x)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_keras_fit_on_demo_data_loss_goes_down(png_dataset):
+    path = png_dataset.dataset_dir
+    train = kiln.reader.load(path, batch_size=8, seed=0, normalize=True)
+    validation = kiln.reader.load(path, "validation", batch_size=8, normalize=True)
+    inputs = keras.Input((24, 24, 3))
+    model = tiny_classifier(inputs, inputs, png_dataset.info.num_classes)
+    history = model.fit(train, validation_data=validation, epochs=8, verbose=0)
+    losses = history.history["loss"]
+    assert np.isfinite(losses).all()
+    assert np.mean(losses[-2:]) < losses[0] * 0.9, losses
+    assert len(history.history["val_loss"]) == 8
+
+
+def test_keras_fit_with_augmentation_in_the_model(png_dataset):
+    train, augment = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=0,
+                                      normalize=True, augment_on="model")
+    inputs = {"image": keras.Input((32, 32, 3), dtype="uint8", name="image"),
+              "augment_seed": keras.Input((2,), dtype="int32", name="augment_seed")}
+    model = tiny_classifier(inputs, augment(inputs), png_dataset.info.num_classes)
+    history = model.fit(train, epochs=6, verbose=0)
+    losses = history.history["loss"]
+    assert np.mean(losses[-2:]) < losses[0] * 0.9, losses
+    # Without seeds (evaluation, serving) the layer applies the deterministic forms.
+    images = next(iter(train))[0]["image"]
+    assert augment(images, training=False).shape == (8, 24, 24, 3)
+
+
+@pytest.mark.parametrize("fixture", ["jpeg_dataset", "raw_dataset"])
+def test_iterator_checkpoint_resumes_exactly(fixture, request, tmp_path):
+    path = request.getfixturevalue(fixture).dataset_dir
+
+    def make():
+        return kiln.reader.load(path, batch_size=5, seed=9, repeat=2, as_supervised=False)
+
+    iterator = iter(make())
+    for _ in range(7):  # mid-epoch: 47 records are 9.4 batches
+        next(iterator)
+    saved = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "reader"))
+    expected = [(b["key"].numpy().tolist(), b["image"].numpy()) for b in iterator]
+    assert len(expected) > 10  # crosses into the second pass
+
+    restored = iter(make())
+    tf.train.Checkpoint(iterator=restored).read(saved).assert_consumed()
+    resumed = [(b["key"].numpy().tolist(), b["image"].numpy()) for b in restored]
+    assert [keys for keys, _ in resumed] == [keys for keys, _ in expected]
+    for (_, a), (_, b) in zip(resumed, expected):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("fixture", ["png_dataset", "jpeg_dataset", "raw_dataset"])
+def test_augmentation_in_the_model_equals_the_data_path(fixture, request):
+    path = request.getfixturevalue(fixture).dataset_dir
+    for augment, normalize in ((TRAIN_AUGMENT, False), (EVERY_ELEMENT_OP, True)):
+        data = kiln.reader.load(path, batch_size=8, seed=21, repeat=2, augment=augment,
+                                normalize=normalize)
+        model_side, layer = kiln.reader.load(path, batch_size=8, seed=21, repeat=2,
+                                             augment=augment, normalize=normalize,
+                                             augment_on="model")
+        assert model_side.element_spec[0]["image"].dtype == tf.uint8
+        in_graph = tf.function(lambda batch: layer(batch, training=True))
+        count = 0
+        for (expected, labels), (features, model_labels) in zip(data, model_side):
+            np.testing.assert_array_equal(labels, model_labels)
+            np.testing.assert_array_equal(layer(features, training=True), expected)
+            np.testing.assert_array_equal(in_graph(features), expected)
+            count += 1
+        assert count == data.cardinality()
+
+
+def test_layer_round_trips_through_keras_config(png_dataset):
+    _, layer = kiln.reader.load(png_dataset.dataset_dir, batch_size=4, normalize=True,
+                                augment_on="model")
+    clone = kiln.reader.AugmentationLayer.from_config(layer.get_config())
+    batch = tf.cast(tf.random.stateless_uniform([2, 32, 32, 3], [1, 2], maxval=255), tf.uint8)
+    seeds = tf.constant([[1, 2], [3, 4]], tf.int32)
+    inputs = {"image": batch, "augment_seed": seeds}
+    np.testing.assert_array_equal(clone(inputs, training=True), layer(inputs, training=True))
+    with pytest.raises(ValueError, match="needs the batch's 'augment_seed'"):
+        layer(batch, training=True)
