@@ -1,0 +1,321 @@
+"""Contact sheets of stored and augmented images: the library behind `kiln preview`.
+
+`gather` reads the first elements of a split twice through `kiln.reader.load`
+itself, never a re-implementation: once without augmentation (the stored
+images, as the build wrote them), then once per epoch with augmentation.
+Each new iteration of the reader's dataset is a new pass with new element
+seeds, exactly as in training; reading the split unshuffled keeps the same
+elements in the same columns, so each column shows one element's
+augmentation epoch after epoch. (With shuffling, training applies the same
+ops with other seeds: positions, and so seeds, change with the order.)
+
+`compose` lays the rows out on one uint8 sheet with NumPy; `write_png`
+encodes it with TensorFlow. Label names and row titles are drawn with
+OpenCV's `putText` when OpenCV is installed; the reader-only install has no
+OpenCV, and then the sheet has no text (`kiln preview` prints the legend).
+
+`unchanged_columns` is the check the sheet exists for: an element that comes
+out identical in every epoch while augmentation is on means the randomness
+does not reach it, the signature of randomness baked in at trace time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+import kiln.reader
+from kiln.schemas import METADATA_FILENAME
+
+# Images smaller than this (longest side, pixels) are enlarged by a whole
+# factor, pixels kept square; larger than _LARGEST are shrunk.
+_SMALLEST = 96
+_LARGEST = 256
+_GAP = 4
+_BACKGROUND = 40
+_TEXT_COLOR = (235, 235, 235)
+_CAPTION_HEIGHT = 16
+_HEADER_WIDTH = 64
+_FONT_SCALE = 0.4
+
+
+@dataclasses.dataclass(frozen=True)
+class Preview:
+    """The images of a contact sheet, as uint8 ``[height, width, channels]`` arrays.
+
+    Attributes:
+      split: The split read.
+      seed: The reader's base seed for the augmented rows.
+      keys: Record keys of the columns' elements (first elements of the
+        split, unshuffled).
+      labels: Their class ids.
+      class_names: The dataset's class names.
+      stored: One stored image per column, as the build wrote it.
+      epochs: Per epoch, one augmented image per column.
+      augment: The augmentation list applied, in YAML form (resolved).
+      random: Whether the augmented rows are random (False: no augmentation,
+        or the deterministic inference form the reader uses outside train).
+    """
+
+    split: str
+    seed: int
+    keys: list[str]
+    labels: list[int]
+    class_names: list[str]
+    stored: list[np.ndarray]
+    epochs: list[list[np.ndarray]]
+    augment: list[Any]
+    random: bool
+
+    @property
+    def label_names(self) -> list[str]:
+        return [self.class_names[label] for label in self.labels]
+
+
+def gather(path: str, split: str = "train", *, n: int = 8, epochs: int = 3, seed: int = 0,
+           augment: str | Sequence[Any] | None = "default") -> Preview:
+    """Reads the first `n` elements of `split`, stored and as augmented in `epochs` epochs.
+
+    Args:
+      path: A dataset version folder or ``<output>/<name>`` (see
+        `kiln.reader.locate`).
+      split: Split name.
+      n: Elements (columns); fewer if the split is smaller.
+      epochs: Augmented rows.
+      seed: The reader's seed; the same seed gives the same sheet.
+      augment: As `kiln.reader.load` takes it: ``"default"`` (the list stored
+        in the dataset, random for ``"train"`` only), a list in YAML form
+        (random for any split), or None.
+
+    Raises:
+      MetadataError: for a path that is not a dataset or a missing split.
+      AugmentConfigError, AugmentOpError, ValueError: from the reader, for a
+        bad list, a user op that ignores its seed, or sizes that cannot be
+        batched for mixup/cutmix.
+    """
+    if n < 1 or epochs < 1:
+        raise ValueError(f"n and epochs must be at least 1, got n={n}, epochs={epochs}")
+    dataset_dir = kiln.reader.locate(path)
+    metadata = kiln.reader.info(dataset_dir)
+    count = min(n, metadata.split(split).num_examples)
+    ops, random = _augmentation(metadata, split, augment, dataset_dir)
+
+    stored_dataset = kiln.reader.load(dataset_dir, split, batch_size=None, shuffle=False,
+                                      augment=None, as_supervised=False)
+    stored = list(stored_dataset.take(count).as_numpy_iterator())
+    keys = [element["key"].decode("utf-8") for element in stored]
+
+    # mixup/cutmix mix the elements of a batch: read the columns as one batch.
+    batched = random and any(op.definition.kind == "batch" for op in ops)
+    augmented_dataset = kiln.reader.load(
+        dataset_dir, split, batch_size=count if batched else None, shuffle=False, seed=seed,
+        augment=augment, as_supervised=False)
+    rows = []
+    for _ in range(epochs):
+        iterator = iter(augmented_dataset)  # a new iterator is a new pass: new seeds
+        if batched:
+            batch = next(iterator)
+            row_keys = [key.decode("utf-8") for key in batch["key"].numpy()]
+            images = [_to_uint8(image) for image in batch["image"].numpy()]
+        else:
+            elements = [next(iterator) for _ in range(count)]
+            row_keys = [element["key"].numpy().decode("utf-8") for element in elements]
+            images = [_to_uint8(element["image"].numpy()) for element in elements]
+        if row_keys != keys:
+            raise RuntimeError(f"the unshuffled passes over {split!r} disagree on the element "
+                               f"order: {keys} vs {row_keys}")
+        rows.append(images)
+    return Preview(
+        split=split,
+        seed=seed,
+        keys=keys,
+        labels=[int(element["label"]) for element in stored],
+        class_names=list(metadata.class_names),
+        stored=[_to_uint8(element["image"]) for element in stored],
+        epochs=rows,
+        augment=[op.to_json() for op in ops],
+        random=random,
+    )
+
+
+def _augmentation(metadata, split: str, augment, dataset_dir: str):
+    """The validated ops and whether they run randomly, by `kiln.reader.load`'s rules.
+
+    ``"default"``: the stored list, random for ``"train"`` only (other splits
+    get the deterministic inference form); a list: random for any split.
+    """
+    if augment is None:
+        return [], False
+    if isinstance(augment, str):
+        if augment != "default":
+            raise kiln.reader.AugmentConfigError(
+                f"augment must be 'default', a list of ops, or None; got {augment!r}")
+        ops = kiln.reader.validate(
+            metadata.augment, field=tf.io.gfile.join(dataset_dir, METADATA_FILENAME) + ": augment")
+        return ops, split == "train" and bool(ops)
+    ops = kiln.reader.validate(augment)
+    return ops, bool(ops)
+
+
+def _to_uint8(image: np.ndarray) -> np.ndarray:
+    """The reader's float [0, 1] pixels back on the 0..255 scale (exact for stored pixels)."""
+    image = np.asarray(image)
+    if image.dtype != np.uint8:
+        image = np.clip(np.round(image.astype(np.float32) * 255.0), 0, 255).astype(np.uint8)
+    return image
+
+
+def unchanged_columns(epoch_rows: Sequence[Sequence[np.ndarray]]) -> list[int]:
+    """Columns whose image is identical (same shape, same pixels) in every epoch row.
+
+    Raises:
+      ValueError: with fewer than two rows, which cannot show a change.
+    """
+    if len(epoch_rows) < 2:
+        raise ValueError(f"needs at least two epochs to compare, got {len(epoch_rows)}")
+    first = epoch_rows[0]
+    return [column for column in range(len(first))
+            if all(np.array_equal(first[column], row[column]) for row in epoch_rows[1:])]
+
+
+# --- layout and drawing ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where everything sits on a sheet (pixels).
+
+    Row 0 holds the stored images, rows 1..epochs the augmented ones. Every
+    image is zoomed by `zoom` and centred in a cell of the largest zoomed size.
+    """
+
+    rows: int
+    columns: int
+    cell_height: int
+    cell_width: int
+    zoom: float
+    header_width: int  # row titles at the left (0 without text)
+    caption_height: int  # label names above the stored row (0 without text)
+    gap: int = _GAP
+
+    @property
+    def height(self) -> int:
+        return self.caption_height + self.rows * (self.cell_height + self.gap) + self.gap
+
+    @property
+    def width(self) -> int:
+        return self.header_width + self.columns * (self.cell_width + self.gap) + self.gap
+
+    def cell_origin(self, row: int, column: int) -> tuple[int, int]:
+        """``(y, x)`` of the top-left corner of a cell."""
+        return (self.caption_height + self.gap + row * (self.cell_height + self.gap),
+                self.header_width + self.gap + column * (self.cell_width + self.gap))
+
+    def zoomed_size(self, height: int, width: int) -> tuple[int, int]:
+        return (max(1, round(height * self.zoom)), max(1, round(width * self.zoom)))
+
+    def image_box(self, row: int, column: int, height: int, width: int) -> tuple[slice, slice]:
+        """The sheet slices holding an image of stored size ``height x width`` in a cell."""
+        zoomed_height, zoomed_width = self.zoomed_size(height, width)
+        y, x = self.cell_origin(row, column)
+        y += (self.cell_height - zoomed_height) // 2
+        x += (self.cell_width - zoomed_width) // 2
+        return slice(y, y + zoomed_height), slice(x, x + zoomed_width)
+
+
+def auto_zoom(longest_side: int) -> float:
+    """Whole-number enlargement for small images, shrinking for large ones, else 1."""
+    if longest_side < _SMALLEST:
+        return float(math.ceil(_SMALLEST / longest_side))
+    if longest_side > _LARGEST:
+        return _LARGEST / longest_side
+    return 1.0
+
+
+def compose(preview: Preview, *, zoom: float | None = None,
+            text: bool = True) -> tuple[np.ndarray, Layout]:
+    """Draws the sheet: a uint8 ``[height, width, 3]`` array and its `Layout`.
+
+    Args:
+      preview: From `gather`.
+      zoom: Scale of every image; None: `auto_zoom` of the largest image.
+      text: Draw label names and row titles (needs OpenCV; without it the
+        sheet simply has none).
+    """
+    rows = [preview.stored] + list(preview.epochs)
+    images = [image for row in rows for image in row]
+    if zoom is None:
+        zoom = auto_zoom(max(max(image.shape[:2]) for image in images))
+    if zoom <= 0:
+        raise ValueError(f"zoom must be positive, got {zoom}")
+    put_text = _text_renderer() if text else None
+    probe = Layout(len(rows), len(preview.stored), 0, 0, zoom, 0, 0)
+    sizes = [probe.zoomed_size(*image.shape[:2]) for image in images]
+    layout = Layout(
+        rows=len(rows),
+        columns=len(preview.stored),
+        cell_height=max(size[0] for size in sizes),
+        cell_width=max(size[1] for size in sizes),
+        zoom=zoom,
+        header_width=_HEADER_WIDTH if put_text else 0,
+        caption_height=_CAPTION_HEIGHT if put_text else 0,
+    )
+    sheet = np.full((layout.height, layout.width, 3), _BACKGROUND, np.uint8)
+    for row_index, row in enumerate(rows):
+        for column, image in enumerate(row):
+            box = layout.image_box(row_index, column, *image.shape[:2])
+            sheet[box] = _zoomed(_as_rgb(image), layout.zoomed_size(*image.shape[:2]))
+    if put_text:
+        titles = ["stored"] + [f"epoch {epoch}" for epoch in range(1, len(rows))]
+        for row_index, title in enumerate(titles):
+            y, _ = layout.cell_origin(row_index, 0)
+            put_text(sheet, title, (layout.gap, y + layout.cell_height // 2 + 4),
+                     layout.header_width - layout.gap)
+        for column, name in enumerate(preview.label_names):
+            _, x = layout.cell_origin(0, column)
+            put_text(sheet, name, (x, layout.caption_height), layout.cell_width)
+    return sheet, layout
+
+
+def _as_rgb(image: np.ndarray) -> np.ndarray:
+    return np.repeat(image, 3, axis=-1) if image.shape[-1] == 1 else image
+
+
+def _zoomed(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    if size == image.shape[:2]:
+        return image
+    height, width = image.shape[:2]
+    if size[0] % height == 0 and size[1] % width == 0:
+        # Whole-number enlargement: repeat pixels, so they stay exact squares.
+        return np.repeat(np.repeat(image, size[0] // height, axis=0), size[1] // width, axis=1)
+    resized = tf.image.resize(image, size, method="area" if size[0] < height else "bilinear")
+    return np.clip(np.round(resized.numpy()), 0, 255).astype(np.uint8)
+
+
+def _text_renderer():
+    """``put_text(sheet, text, (x, baseline_y), max_width)`` with OpenCV, or None without it."""
+    try:
+        import cv2  # optional: the reader-only install has no OpenCV
+    except ImportError:
+        return None
+
+    def put_text(sheet: np.ndarray, text: str, origin: tuple[int, int], max_width: int) -> None:
+        text = text.encode("ascii", "replace").decode("ascii")  # Hershey fonts are ASCII
+        while text and cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE,
+                                       1)[0][0] > max_width:
+            text = text[:-1]
+        cv2.putText(sheet, text, origin, cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE, _TEXT_COLOR, 1,
+                    cv2.LINE_AA)
+
+    return put_text
+
+
+def write_png(path: str, sheet: np.ndarray) -> None:
+    """Writes the sheet as a PNG (local path or gs://)."""
+    data = tf.io.encode_png(sheet).numpy()
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(data)

@@ -1,0 +1,163 @@
+"""`kiln preview`: contact sheets of a real build, read through the real reader."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kiln import cli
+from kiln.schemas import RECORD
+from kiln.tools import contact_sheet
+
+# As the reader tests' TRAIN_AUGMENT (the same build is shared in a full run).
+AUGMENT = [
+    {"random_resized_crop": {"size": [24, 24], "scale_range": [0.5, 1.0]}},
+    "random_flip_left_right",
+    {"random_brightness": {"max_delta": 0.2}},
+]
+
+
+@pytest.fixture(scope="module")
+def built(build_dataset):
+    return build_dataset(augment=AUGMENT)
+
+
+@pytest.fixture(scope="module")
+def preview(built):
+    return contact_sheet.gather(built.dataset_root, "train", n=4, epochs=3, seed=0)
+
+
+def stored_pixels(result, split: str) -> dict[str, np.ndarray]:
+    """key -> decoded stored image, read from the shards with TF alone (not the reader)."""
+    files = [os.path.join(result.dataset_dir, s.filename) for s in result.info.splits[split].shards]
+    out = {}
+    for serialized in tf.data.TFRecordDataset(files):
+        record = RECORD.parse(serialized)
+        out[record["key"].numpy().decode()] = tf.io.decode_png(record["image"]).numpy()
+    return out
+
+
+def test_stored_row_is_the_stored_pixels(built, preview):
+    pixels = stored_pixels(built, "train")
+    assert len(preview.keys) == 4 and len(set(preview.keys)) == 4
+    for key, image, label in zip(preview.keys, preview.stored, preview.labels):
+        np.testing.assert_array_equal(image, pixels[key], err_msg=key)
+        assert preview.class_names[label] == key.split("/")[0]  # demo keys are class/name
+    assert preview.random
+    assert [next(iter(op)) for op in preview.augment] == [
+        "random_resized_crop", "random_flip_left_right", "random_brightness"]
+
+
+def test_augmented_rows_change_every_epoch_and_repeat_with_the_seed(built, preview):
+    assert len(preview.epochs) == 3
+    for row in preview.epochs:
+        assert [image.shape for image in row] == [(24, 24, 3)] * 4  # the crop's output size
+    for column in range(4):
+        images = [row[column] for row in preview.epochs]
+        assert not np.array_equal(images[0], images[1])
+        assert not np.array_equal(images[1], images[2])
+    assert contact_sheet.unchanged_columns(preview.epochs) == []
+
+    again = contact_sheet.gather(built.dataset_dir, "train", n=4, epochs=3, seed=0)
+    for row, row_again in zip(preview.epochs, again.epochs):
+        for image, image_again in zip(row, row_again):
+            np.testing.assert_array_equal(image, image_again)
+    other = contact_sheet.gather(built.dataset_dir, "train", n=4, epochs=1, seed=1)
+    assert other.keys == preview.keys
+    assert not np.array_equal(other.epochs[0][0], preview.epochs[0][0])
+
+
+def test_unchanged_columns_finds_elements_identical_in_every_epoch():
+    a, b, c = (np.full((2, 2, 3), value, np.uint8) for value in (1, 2, 3))
+    rows = [[a, b, c], [a, c, c], [a, b, c]]
+    assert contact_sheet.unchanged_columns(rows) == [0, 2]
+    # Same pixels in a different shape is a change (a crop of another size).
+    assert contact_sheet.unchanged_columns([[a], [np.full((1, 4, 3), 1, np.uint8)]]) == []
+    assert contact_sheet.unchanged_columns([[a, b], [b, a]]) == []
+    with pytest.raises(ValueError, match="at least two epochs"):
+        contact_sheet.unchanged_columns([[a, b]])
+
+
+def test_sheet_holds_every_image_in_its_cell(preview):
+    sheet, layout = contact_sheet.compose(preview, zoom=1, text=False)
+    assert (layout.rows, layout.columns) == (4, 4)
+    assert (layout.cell_height, layout.cell_width) == (32, 32)  # the largest image: stored
+    assert sheet.shape == (layout.height, layout.width, 3) == (4 + 4 * 36, 4 + 4 * 36, 3)
+    rows = [preview.stored] + preview.epochs
+    for row_index, row in enumerate(rows):
+        for column, image in enumerate(row):
+            box = layout.image_box(row_index, column, *image.shape[:2])
+            np.testing.assert_array_equal(sheet[box], image)
+
+    # Zoomed with text: whole-number zoom repeats pixels; text stays in the margins.
+    sheet, layout = contact_sheet.compose(preview, zoom=2)
+    assert layout.header_width > 0 and layout.caption_height > 0  # OpenCV is installed here
+    assert sheet.shape == (layout.height, layout.width, 3)
+    for row_index, row in enumerate(rows):
+        for column, image in enumerate(row):
+            box = layout.image_box(row_index, column, *image.shape[:2])
+            np.testing.assert_array_equal(sheet[box][::2, ::2], image)
+    caption = sheet[:layout.caption_height, layout.header_width:]
+    assert (caption != caption[0, 0]).any(), "label names were not drawn"
+
+
+def test_cli_writes_the_sheet_and_a_legend(built, preview, tmp_path, capsys):
+    out = str(tmp_path / "sheet.png")
+    assert cli.main(["preview", built.dataset_root, "--n", "4", "--epochs", "3",
+                     "-o", out]) == 0
+    with open(out, "rb") as f:
+        written = tf.io.decode_png(f.read()).numpy()
+    expected, layout = contact_sheet.compose(preview)
+    np.testing.assert_array_equal(written, expected)  # same seed (0), same sheet
+    stdout = capsys.readouterr().out
+    assert f"({layout.width}x{layout.height})" in stdout
+    for column, key in enumerate(preview.keys):
+        assert f"column {column + 1}: {preview.label_names[column]}" in stdout and key in stdout
+
+
+def test_cli_says_so_when_augmentation_never_changes(built, tmp_path, capsys):
+    out = str(tmp_path / "sheet.png")
+    never = '[{"random_flip_left_right": {"probability": 0.0}}]'
+    assert cli.main(["preview", built.dataset_dir, "--n", "3", "--epochs", "2",
+                     "--augment", never, "-o", out]) == 1
+    err = capsys.readouterr().err
+    assert "every element came out identical in all 2 epochs" in err
+    assert "baked in at trace time" in err
+    assert os.path.exists(out)  # the sheet is written all the same, to look at
+
+
+def test_cli_other_splits_get_the_inference_form(built, tmp_path, capsys):
+    out = str(tmp_path / "sheet.png")
+    assert cli.main(["preview", built.dataset_dir, "--split", "validation", "--n", "2",
+                     "--epochs", "2", "-o", out]) == 0
+    captured = capsys.readouterr()
+    assert "augmentation deterministic (inference form)" in captured.out
+    assert "no random augmentation" in captured.err
+
+
+def test_cli_batch_ops_are_shown_on_one_batch(built, tmp_path):
+    out = str(tmp_path / "sheet.png")
+    mixing = '[{"random_crop": {"size": 24}}, {"mixup": {"alpha": 0.4}}]'
+    assert cli.main(["preview", built.dataset_dir, "--n", "4", "--epochs", "2",
+                     "--augment", mixing, "-o", out]) == 0
+    preview = contact_sheet.gather(built.dataset_dir, n=4, epochs=2,
+                                   augment=[{"random_crop": {"size": 24}}, "mixup"])
+    assert contact_sheet.unchanged_columns(preview.epochs) == []
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--augment", "[oops"], "--augment: expected 'default', 'none' or a JSON list"),
+    (["--augment", '["no_such_op"]'], "unknown augmentation op 'no_such_op'"),
+    (["--split", "nope"], "has no split 'nope'"),
+    (["--n", "0"], "--n must be at least 1"),
+    (["--plugin", "no.such.module"], "--plugin: cannot import module 'no.such.module'"),
+])
+def test_cli_usage_errors_are_one_line(built, tmp_path, capsys, arguments, message):
+    out = str(tmp_path / "sheet.png")
+    assert cli.main(["preview", built.dataset_dir, "-o", out, *arguments]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kiln preview: error: ") and message in err[0]
+    assert not os.path.exists(out)
