@@ -22,6 +22,7 @@ def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 
     completed = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
                                text=True, env=full_env, timeout=timeout)
     assert completed.returncode == 0, (
-        f"subprocess failed ({completed.returncode}):\n{completed.stdout}\n{completed.stderr[-4000:]}"
+        f"subprocess failed ({completed.returncode}):\n{completed.stdout}\n"
+        f"{completed.stderr[-4000:]}"
     )
     return completed.stdout

@@ -1,4 +1,4 @@
-"""Augmentation ops: list validation, registration, the first-use checks, and each op's behaviour."""
+"""Augmentation ops: list validation, registration, the first-use checks, each op's behaviour."""
 
 from __future__ import annotations
 

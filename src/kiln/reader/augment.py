@@ -37,14 +37,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import logging
 import typing
 from typing import Annotated, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
-
-logger = logging.getLogger(__name__)
 
 ElementFn = Callable[..., tf.Tensor]
 
@@ -543,15 +540,6 @@ def trace_error(name: str, error: Exception) -> AugmentOpError:
         f"augmentation op {name!r} cannot run inside tf.data: tracing it failed with {text}. "
         f"{_TRACE_PITFALL} {hint}"
     )
-
-
-# --- helpers shared by ops ------------------------------------------------------------
-
-
-def op_seeds(element_seed: tf.Tensor, count: int) -> list[tf.Tensor]:
-    """One independent seed per op of a list, from the element's seed."""
-    return [tf.random.experimental.stateless_fold_in(element_seed, index)
-            for index in range(count)]
 
 
 _BUILTINS_LOADED = False

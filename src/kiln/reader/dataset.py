@@ -72,7 +72,8 @@ def locate(path: str | os.PathLike) -> str:
             version = f.read().strip()
         if not version:
             raise MetadataError(f"{latest} is empty; it should name a version folder")
-        version_dir = version if "://" in version or os.path.isabs(version) else _join(path, version)
+        absolute = "://" in version or os.path.isabs(version)
+        version_dir = version if absolute else _join(path, version)
         if not tf.io.gfile.exists(_join(version_dir, METADATA_FILENAME)):
             raise MetadataError(
                 f"{latest} names version {version!r}, but {version_dir} has no "
@@ -110,7 +111,8 @@ def info(path: str | os.PathLike) -> DatasetInfo:
     stored = {f["name"]: (f["key"], f["dtype"]) for f in metadata.schema.get("features", [])}
     expected = {f.name: (f.key, f.dtype) for f in RECORD.features}
     if stored != expected:
-        differing = sorted(n for n in set(stored) | set(expected) if stored.get(n) != expected.get(n))
+        differing = sorted(name for name in set(stored) | set(expected)
+                           if stored.get(name) != expected.get(name))
         raise MetadataError(
             f"{source}: the stored record schema differs from this kiln's in feature(s) "
             f"{differing}; read it with the kiln version that wrote it ({metadata.kiln_version})"
@@ -170,7 +172,8 @@ def load(
         batch size.
       as_supervised: Yield ``(image, label)``; else a dict of all record
         features (``image`` replaced by the decoded, augmented image;
-        ``height``/``width`` stay the stored size).
+        ``height``/``width`` stay the stored size; plus ``augment_seed`` with
+        ``augment_on="model"``).
       deterministic: Keep the element order fixed (the seeded streams depend
         on it). False lets parallel reads and maps deliver out of order:
         faster when some files or images are slow, but not reproducible.
@@ -202,11 +205,14 @@ def load(
     split_info = metadata.split(split)
     _check_arguments(batch_size, repeat, augment_on, shuffle_buffer, drop_remainder)
     augmenter = _augmenter(metadata, split, augment, dataset_dir)
-    if augment_on == "model" and augmenter.batch_ops:
+    if augmenter.batch_ops and augment_on == "model":
         raise ValueError(
             f"augment_on='model': {[a.name for a in augmenter.batch_ops]} mix labels, which a "
             f"layer inside the model cannot change; use augment_on='data' for them"
         )
+    if augmenter.batch_ops and batch_size is None:
+        raise ValueError(f"{[a.name for a in augmenter.batch_ops]} mix images of a batch: "
+                         f"pass a batch_size")
     shuffle = (split == "train") if shuffle is None else bool(shuffle)
     base_seed = seeding.resolve(seed)
     share = _Share.of(dataset_dir, split_info, metadata, input_context)
@@ -260,8 +266,6 @@ def load(
     def finish(batch):
         image = batch["image"]
         if augmenter.batch_ops:
-            if batch_size is None:
-                raise ValueError("mixup/cutmix need batches: pass a batch_size")
             labels = tf.one_hot(batch["label"], num_classes, dtype=tf.float32)
             image, labels = augmenter.apply_batch(image, labels, batch["augment_seed"])
             batch = dict(batch, label=labels)

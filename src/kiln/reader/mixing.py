@@ -14,7 +14,13 @@ from typing import Annotated
 
 import tensorflow as tf
 
-from kiln.reader.augment import Number, OpDefinition, Probability, register_builtin, signature_params
+from kiln.reader.augment import (
+    Number,
+    OpDefinition,
+    Probability,
+    register_builtin,
+    signature_params,
+)
 
 
 def _batch_builtin(name: str):
