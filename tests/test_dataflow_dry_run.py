@@ -1,0 +1,109 @@
+"""The build job translates for Dataflow: a dry run with a fake project, no
+credentials and no network.
+
+What this proves: the job graph constructs for the DataflowRunner with
+gs:// paths, every DoFn pickles into the job's pipeline proto (and the
+image-processing DoFn taken back out of the proto still works), the steps
+are there under their names, and the workers would run the given container.
+What it cannot prove: anything that needs Google Cloud (staging, GCS I/O,
+running on workers, that the container image exists and has kiln in it).
+"""
+
+import socket
+
+import pytest
+from apache_beam.internal import pickler
+from apache_beam.portability.api import beam_runner_api_pb2
+
+from kiln.pipeline import config, launcher, publish, sources
+from kiln.schemas import RECORD
+
+from conftest import make_config
+
+pytest.importorskip("apache_beam.runners.dataflow.dataflow_runner",
+                    reason="needs kiln[gcp] (apache-beam[gcp])")
+
+CONTAINER = "europe-west1-docker.pkg.dev/fake-project/kiln/kiln:0.1.0"
+DATAFLOW_ARGS = [
+    "--runner=DataflowRunner",
+    "--dry_run=True",
+    "--project=fake-project",
+    "--region=europe-west1",
+    "--temp_location=gs://fake-bucket/tmp",
+    f"--sdk_container_image={CONTAINER}",
+    "--sdk_location=container",
+]
+
+
+@pytest.fixture
+def no_network_no_credentials(monkeypatch, tmp_path):
+    """Refuses (and records) every connection that leaves the machine."""
+    real_connect = socket.socket.connect
+    attempts = []
+
+    def local_only(sock, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if isinstance(host, str) and host not in ("localhost", "127.0.0.1", "::1") \
+                and not host.startswith("/"):
+            attempts.append(address)
+            raise OSError(f"network disabled by the test: {address}")
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", local_only)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud-config"))
+    yield attempts
+    # Checked after the test, in case library code swallowed the error.
+    assert attempts == [], f"connections attempted: {attempts}"
+
+
+def pardo_fn(proto, prefix):
+    """The DoFn object pickled into the proto for the ParDo under `prefix`."""
+    for transform in proto.components.transforms.values():
+        if transform.unique_name.startswith(prefix) and \
+                transform.spec.urn == "beam:transform:pardo:v1":
+            payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
+            return pickler.loads(payload.do_fn.payload)[0]
+    raise AssertionError(f"no ParDo under {prefix}")
+
+
+def test_dataflow_dry_run_translates_the_job(demo_corpus, no_network_no_credentials):
+    options = launcher.pipeline_options(DATAFLOW_ARGS)
+    resolved = config.load(make_config(demo_corpus.out_dir, output="gs://fake-bucket/datasets"))
+    listing = sources.list_source(resolved)  # the source is local; the job writes to gs://
+    staging = publish.new_staging_dir(resolved.dataset_root, "0" * 64)
+    plan = launcher.make_plan(resolved, listing, staging, options)
+    assert plan.image_threads == 1  # Dataflow runs a process per vCPU already
+    assert plan.listing_uri.startswith("gs://fake-bucket/datasets/shapes/.staging-")
+
+    result = launcher.construct_pipeline(plan, options).run()
+    proto = result.job.proto_pipeline
+
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    for step in ["ReadListing", "SpreadFiles", "ProcessImages/BatchFiles",
+                 "ProcessImages/DecodeTransformEncode", "AssignSplits",
+                 "WriteShards/GroupShards", "WriteShards/WriteShardFiles",
+                 "ComputeStatistics/CombineChannelMoments", "WriteErrorReport/WriteErrorsJsonl",
+                 "HashInputs", "WriteBuildReport"]:
+        assert step in names, step
+    images = set()
+    for environment in proto.components.environments.values():
+        assert environment.urn == "beam:env:docker:v1"
+        images.add(beam_runner_api_pb2.DockerPayload.FromString(environment.payload).container_image)
+    assert images == {CONTAINER}
+
+    # The shard writer goes to the gs:// staging folder.
+    writer = pardo_fn(proto, "WriteShards/WriteShardFiles")
+    assert writer._folder == staging and writer._temp_folder.startswith(staging)
+
+    # The image DoFn as a worker would get it: unpickled from the proto, it works.
+    process_fn = pardo_fn(proto, "ProcessImages/DecodeTransformEncode")
+    key = next(f for f in listing.files if f.key.startswith("star/"))
+    process_fn.setup()
+    try:
+        outputs = list(process_fn.process([{**key.to_json()}]))
+    finally:
+        process_fn.teardown()
+    (image,) = [o for o in outputs if hasattr(o, "record")]
+    decoded = RECORD.decode(image.record)
+    assert decoded["key"].decode() == key.key and (decoded["height"], decoded["width"]) == (32, 32)
