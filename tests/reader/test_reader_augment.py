@@ -231,6 +231,41 @@ def test_flips_and_probability_extremes():
     np.testing.assert_array_equal(run({"random_erasing": {"probability": 0.0}}, img, s), img)
 
 
+def test_reregistering_a_name_checks_the_new_function(user_ops):
+    @register_augmentation("my_flip")
+    def good(image, seed):
+        return tf.cond(tf.random.stateless_uniform([], seed) < 0.5,
+                       lambda: image[:, ::-1], lambda: image)
+
+    run("my_flip", image(), seeds(1)[0])
+    del _REGISTRY["my_flip"]
+
+    @register_augmentation("my_flip")
+    def bad(image, seed):
+        return image[:, ::-1] if random.random() < 0.5 else image
+
+    with pytest.raises(AugmentOpError, match="'my_flip' ignores its seed"):
+        run("my_flip", image(), seeds(1)[0])
+
+
+@pytest.mark.parametrize("spec", [{"random_resized_crop": {"size": 12, "scale_range": [0.05, 1]}},
+                                  {"random_crop": {"size": [17, 9]}}])
+@pytest.mark.parametrize("training", [True, False])
+def test_fused_jpeg_window_decoding_equals_decode_then_crop(spec, training):
+    # 4:2:0 chroma: decoding only a window upsamples chroma at its edges
+    # differently unless the window has context around it.
+    pixels = tf.cast(tf.random.stateless_uniform([61, 47, 3], [5, 6], maxval=256), tf.uint8)
+    encoded = tf.io.encode_jpeg(pixels, quality=75, chroma_downsampling=True)
+    features = {"image": encoded, "height": tf.constant(61, tf.int64),
+                "width": tf.constant(47, tf.int64)}
+    augmenter = Augmenter(tuple(validate([spec, "random_flip_left_right"])), training=training)
+    full = tf.io.decode_jpeg(encoded, channels=3)
+    for s in seeds(40):
+        fused = augmenter.decode_and_apply(features, s, encoding="jpeg", channels=3,
+                                           image_size=None)
+        np.testing.assert_array_equal(fused, augmenter.apply(full, s))
+
+
 def test_random_crop_takes_a_window_of_the_image():
     img = image(20, 16)
     for s in seeds(8):

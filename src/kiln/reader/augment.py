@@ -276,7 +276,9 @@ def _register(definition: OpDefinition) -> None:
     if existing is not None and existing.fn is not definition.fn:
         raise ValueError(f"an augmentation op named {definition.name!r} is already registered")
     _REGISTRY[definition.name] = definition
-    _CHECKED.discard(definition.name)
+    # A new function under a known name must be checked again.
+    for checked in [c for c in _CHECKED if c[0].name == definition.name]:
+        _CHECKED.discard(checked)
 
 
 def _signature_params(name: str, fn: Callable, leading: Sequence[str]) -> dict:
