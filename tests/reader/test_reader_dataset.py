@@ -295,3 +295,15 @@ def test_bad_augment_argument(png_dataset):
         kiln.reader.load(png_dataset.dataset_dir, batch_size=4, augment="strong")
     with pytest.raises(AugmentConfigError, match=r"augment\[0\].random_crop.size"):
         kiln.reader.load(png_dataset.dataset_dir, batch_size=4, augment=["random_crop"])
+
+
+def test_default_shuffle_buffer_is_bounded_by_memory_and_share():
+    from kiln.reader.dataset import _Share
+
+    def buffer(record_bytes, records):
+        return _Share(["f"], [records], record_bytes, False, 1, 0).default_shuffle_buffer
+
+    assert buffer(100_000, 50_000) == (256 << 20) // 100_000  # 256 MB of 100 KB records
+    assert buffer(1_000, 50_000) == 10_000                     # at most 10000
+    assert buffer(10_000_000, 50_000) == 1_000                 # at least 1000
+    assert buffer(1_000, 47) == 47                             # a small share: all of it

@@ -35,9 +35,12 @@ from kiln.schemas import (
 
 logger = logging.getLogger(__name__)
 
-# Records are small (encoded images), so a buffer of this many mixes well
-# without much memory; splits smaller than this are shuffled completely.
+# The shuffle buffer holds encoded records: by default as many as fit in
+# SHUFFLE_BUFFER_BYTES, but at least MIN and at most DEFAULT_SHUFFLE_BUFFER
+# records (and never more than the share has, which is then fully shuffled).
 DEFAULT_SHUFFLE_BUFFER = 10_000
+_MIN_SHUFFLE_BUFFER = 1_000
+SHUFFLE_BUFFER_BYTES = 256 << 20
 # Files read at once per input pipeline.
 _CYCLE_LENGTH = 16
 _AUGMENT_ON = ("data", "model")
@@ -184,8 +187,10 @@ def load(
         augmentation (and normalization) inside the model, e.g. on a GPU.
         Same seed, same results as ``"data"``. Batch ops (mixup, cutmix) need
         ``"data"``.
-      shuffle_buffer: Records in the shuffle buffer; default
-        ``min(records in this pipeline's share, 10000)``.
+      shuffle_buffer: Records in the shuffle buffer. Default: as many
+        records as fit in 256 MB (by the shards' average record size), at
+        least 1000 and at most 10000, and at most this pipeline's share
+        (which is then shuffled completely).
 
     Returns:
       The dataset; with ``augment_on="model"`` a ``(dataset, layer)`` tuple.
@@ -413,9 +418,10 @@ class _Decoding:
 class _Share:
     """The files (and, when files are too few, the record stride) one input pipeline reads."""
 
-    def __init__(self, files, counts, by_element, num_pipelines, pipeline):
+    def __init__(self, files, counts, record_bytes, by_element, num_pipelines, pipeline):
         self.files = files
         self.counts = counts
+        self.record_bytes = record_bytes  # average encoded record size in the split
         self.by_element = by_element
         self.num_pipelines = num_pipelines
         self.pipeline = pipeline
@@ -433,14 +439,21 @@ class _Share:
             )
         if not files:
             raise MetadataError(f"{dataset_dir}: split {split_info.name!r} has no shards")
+        record_bytes = sum(s.num_bytes for s in split_info.shards) / max(1, sum(counts))
         if input_context is None or input_context.num_input_pipelines == 1:
-            return cls(files, counts, False, 1, 0)
+            return cls(files, counts, record_bytes, False, 1, 0)
         num, index = input_context.num_input_pipelines, input_context.input_pipeline_id
         if len(files) >= num:
-            return cls(files[index::num], counts[index::num], False, num, index)
+            return cls(files[index::num], counts[index::num], record_bytes, False, num, index)
         logger.info("kiln.reader: %d file(s) for %d input pipelines: sharding by record",
                     len(files), num)
-        return cls(files, counts, True, num, index)
+        return cls(files, counts, record_bytes, True, num, index)
+
+    @property
+    def default_shuffle_buffer(self) -> int:
+        fits = int(SHUFFLE_BUFFER_BYTES // max(self.record_bytes, 1.0))
+        return max(1, min(self.num_records, DEFAULT_SHUFFLE_BUFFER,
+                          max(_MIN_SHUFFLE_BUFFER, fits)))
 
     @property
     def num_records(self) -> int:
@@ -485,8 +498,8 @@ def _one_pass(share: _Share, base_seed: int, *, shuffle: bool, deterministic: bo
     if share.by_element:
         records = records.shard(share.num_pipelines, share.pipeline)
     if shuffle:
-        buffer = shuffle_buffer or min(share.num_records, DEFAULT_SHUFFLE_BUFFER)
-        records = records.shuffle(max(buffer, 1), seed=seeding.derive(base_seed, "records"),
+        buffer = shuffle_buffer or share.default_shuffle_buffer
+        records = records.shuffle(buffer, seed=seeding.derive(base_seed, "records"),
                                   reshuffle_each_iteration=True)
     words = seeding.pass_words(base_seed, share.pipeline)
     return tf.data.Dataset.zip(records.enumerate(), words).map(
