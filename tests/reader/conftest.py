@@ -45,3 +45,15 @@ def golden_dataset(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("golden"))
     write_golden_corpus(root + "/images")
     return build(golden_config(root), [])
+
+
+@pytest.fixture
+def no_global_seed():
+    """Clears a global seed another test may have set with `tf.random.set_seed`.
+
+    TensorFlow mixes it into `Dataset.shuffle` and `Dataset.random`, so seeded
+    streams are compared with it unset, as in a fresh process.
+    """
+    import tensorflow as tf
+
+    tf.random.set_seed(None)

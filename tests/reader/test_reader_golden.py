@@ -14,6 +14,8 @@ import pytest
 
 import kiln.reader
 
+pytestmark = pytest.mark.usefixtures("no_global_seed")
+
 # sha256 of the golden build's shards: they pin the input, so a failure here
 # means the build (kiln.pipeline) wrote different records, not the reader.
 GOLDEN_SHARDS = {

@@ -9,10 +9,13 @@ import logging
 import re
 
 import numpy as np
+import pytest
 
 import kiln.reader
 from builds import keys_of
 from fresh_process import run_python
+
+pytestmark = pytest.mark.usefixtures("no_global_seed")
 
 # Two Keras-style epochs (two iterations of a one-pass dataset) and one
 # repeat=2 dataset, each element as (key, sha256 of its float32 pixels).
