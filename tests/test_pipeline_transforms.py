@@ -250,6 +250,23 @@ def numpy_statistics(images):
     return pixels.shape[0], pixels.mean(axis=0), pixels.std(axis=0)
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_pixel_sums_are_exact(channels):
+    for image in random_images(4, 5, channels) + [np.full((300, 200, channels), 255, np.uint8)]:
+        wide = image.reshape(-1, channels).astype(np.int64)
+        sums = statistics.pixel_sums(image)
+        assert sums.count == wide.shape[0]
+        assert list(sums.sums) == wide.sum(axis=0).tolist()
+        assert list(sums.squares) == (wide * wide).sum(axis=0).tolist()
+
+
+def test_pixel_sums_of_an_image_too_large_for_a_float32_histogram():
+    image = np.full((4097, 4097, 1), 255, np.uint8)  # > 2**24 pixels in one bin
+    image[0, 0, 0] = 3
+    n = 4097 * 4097
+    assert statistics.pixel_sums(image) == (n, ((n - 1) * 255 + 3,), ((n - 1) * 255**2 + 9,))
+
+
 def test_channel_moments_match_numpy_per_split():
     train, test = random_images(0, 40), random_images(1, 9)
     elements = ([("train", statistics.pixel_sums(im)) for im in train]

@@ -28,6 +28,7 @@ from fractions import Fraction
 from typing import Iterable, NamedTuple
 
 import apache_beam as beam
+import cv2
 import numpy as np
 
 from kiln.schemas import ChannelStatistics
@@ -41,17 +42,32 @@ class PixelSums(NamedTuple):
     squares: tuple[int, ...]   # sum of squared values, per channel
 
 
+_VALUES = np.arange(256, dtype=np.int64)
+_SQUARES = _VALUES * _VALUES
+# cv2.calcHist counts in float32, exact up to 2**24 per bin.
+_EXACT_HISTOGRAM_PIXELS = 1 << 24
+
+
 def pixel_sums(image: np.ndarray) -> PixelSums:
-    """`PixelSums` of a uint8 ``HxWxC`` image (exact integer arithmetic)."""
-    pixels = image.reshape(-1, image.shape[-1])
-    # uint64 cannot overflow: 255**2 * 2**40 pixels < 2**64.
-    sums = pixels.sum(axis=0, dtype=np.uint64)
-    widened = pixels.astype(np.uint32)
-    squares = np.einsum("ij,ij->j", widened, widened, dtype=np.uint64)
+    """`PixelSums` of a uint8 ``HxWxC`` image, exact.
+
+    Computed from each channel's 256-bin histogram (sum = counts . values,
+    squares = counts . values**2, in int64). OpenCV's histogram is about
+    fifteen times faster than NumPy's axis reductions with a widened dtype,
+    and this runs once per image in the job's hot loop. (OpenCV's own
+    `sumElems` is not exact: it was measured off by one.)
+    """
+    height, width, channels = image.shape
+    if height * width < _EXACT_HISTOGRAM_PIXELS:
+        image = np.ascontiguousarray(image)
+        counts = [cv2.calcHist([image], [c], None, [256], [0, 256]).ravel().astype(np.int64)
+                  for c in range(channels)]
+    else:
+        counts = [np.bincount(image[..., c].ravel(), minlength=256) for c in range(channels)]
     return PixelSums(
-        count=int(pixels.shape[0]),
-        sums=tuple(int(v) for v in sums),
-        squares=tuple(int(v) for v in squares),
+        count=int(height * width),
+        sums=tuple(int(h @ _VALUES) for h in counts),
+        squares=tuple(int(h @ _SQUARES) for h in counts),
     )
 
 
