@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from builds import TRAIN_AUGMENT, golden_config, write_golden_corpus
+from reader.builds import TRAIN_AUGMENT, golden_config, write_golden_corpus
 
 
 @pytest.fixture(scope="session")

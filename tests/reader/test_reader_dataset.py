@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import kiln
 import kiln.reader
-from builds import TRAIN_AUGMENT, keys_of, split_keys, stored_images
+from reader.builds import TRAIN_AUGMENT, keys_of, split_keys, stored_images
 from kiln.reader import AugmentConfigError
 from kiln.schemas import LATEST_FILENAME, METADATA_FILENAME, MetadataError
 

@@ -6,8 +6,8 @@ import collections
 import json
 
 import kiln.reader
-from builds import split_keys
-from fresh_process import run_python
+from reader.builds import split_keys
+from reader.fresh_process import run_python
 
 
 def test_tf_data_service_delivers_every_record(png_dataset):

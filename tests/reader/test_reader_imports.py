@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from fresh_process import run_python
+from reader.fresh_process import run_python
 
 FORBIDDEN = ("apache_beam", "cv2", "pydantic", "yaml")
 

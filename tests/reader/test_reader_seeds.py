@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import kiln.reader
-from builds import keys_of
-from fresh_process import run_python
+from reader.builds import keys_of
+from reader.fresh_process import run_python
 
 pytestmark = pytest.mark.usefixtures("no_global_seed")
 

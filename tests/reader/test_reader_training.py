@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import kiln.reader
-from builds import TRAIN_AUGMENT
+from reader.builds import TRAIN_AUGMENT
 
 keras = tf.keras
 
