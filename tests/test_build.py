@@ -16,6 +16,7 @@ from kiln.schemas import RECORD
 from kiln.schemas.tfds_metadata import tfds_files
 from kiln.transforms import decode_image, encode_image, functional
 
+from conftest import NUM_DEMO_IMAGES as NUM_GOOD
 from conftest import make_config
 
 
@@ -185,7 +186,13 @@ def test_rebuild_is_up_to_date_and_changes_make_new_versions(demo_corpus, tmp_pa
     root = copy_corpus(demo_corpus, tmp_path / "images")
     config = make_config(root, output=str(tmp_path / "out"))
     first = build(config)
-    assert not first.up_to_date and first.counters["images_decoded"] == 60
+    assert not first.up_to_date
+    counters = first.counters
+    assert (counters["files_read"], counters["images_decoded"], counters["records_written"]) == \
+        (63, 60, 60)
+    assert counters["shards_written"] == 5
+    assert {k: v for k, v in counters.items() if k.startswith("dropped_")} == {
+        f"dropped_{reason}": 1 for reason in demo_corpus.broken.values()}
 
     # Unchanged inputs: no Beam job at all.
     def no_job(*args, **kwargs):
@@ -301,6 +308,8 @@ def test_manifest_source_with_splits_and_bad_rows(demo_corpus, tmp_path):
                        ("missing", "images/circle/missing.png"),
                        ("unknown_label", f"images/{star}")]
     assert result.info.duplicates == 1 and result.duplicates_across_splits == 1
+    assert {k: v for k, v in result.counters.items() if k.startswith("dropped_")} == {
+        "dropped_bad_row": 1, "dropped_missing": 1, "dropped_unknown_label": 1}
 
 
 def test_jsonl_manifest_and_split_folders(demo_corpus, tmp_path):
@@ -327,3 +336,30 @@ def test_jsonl_manifest_and_split_folders(demo_corpus, tmp_path):
     result = build(config)
     assert sum(s.num_examples for s in result.info.splits.values()) == 12
     assert result.info.dropped == {"bad_row": 1}
+
+
+def test_size_limits_drop_files_with_a_reason(build_dataset, demo_corpus):
+    max_pixels, min_size = 110 * 110, 56
+    result = build_dataset(image={"channels": 3, "max_pixels": max_pixels, "min_size": min_size},
+                           errors={"max_fraction": 1.0})
+    expected = {}
+    for key in corpus_files(demo_corpus):
+        if key in demo_corpus.broken:
+            continue
+        with open(os.path.join(demo_corpus.out_dir, key), "rb") as f:
+            height, width = decode_image(f.read()).shape[:2]
+        if height * width > max_pixels:
+            expected[key] = "too_many_pixels"
+        elif min(height, width) < min_size:
+            expected[key] = "too_small"
+    assert "too_many_pixels" in expected.values() and "too_small" in expected.values()
+    with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    # (A broken file may now be refused for its declared size before its
+    # damage is found: the header is checked first.)
+    reasons = {r["key"]: r["reason"] for r in rows}
+    assert {k: v for k, v in reasons.items() if k not in demo_corpus.broken} == expected
+    assert set(demo_corpus.broken) <= set(reasons)
+    kept = sum(s.num_examples for s in result.info.splits.values())
+    assert kept == NUM_GOOD - len(expected)
+    assert sum(result.info.dropped.values()) == len(rows) == len(expected) + len(demo_corpus.broken)

@@ -29,9 +29,10 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
 
 from kiln import transforms
-from kiln.pipeline import versioning
+from kiln.pipeline import progress, versioning
 from kiln.pipeline.error_report import DroppedFile, WriteErrorReport
 from kiln.pipeline.images import ImageProcessor, ProcessImages
 from kiln.pipeline.sharding import ShardedRecord, WriteShards, sort_key
@@ -55,6 +56,8 @@ class JobPlan:
       staging_dir: Where shards and errors.jsonl go.
       work_dir: Where temp shards and the report go; deleted before publishing.
       image_threads: Threads per image-processing DoFn instance.
+      progress_uri: A local file the job appends one byte to per processed
+        file, for the launcher's progress display (`progress`); None: no count.
     """
 
     config: dict[str, Any]
@@ -64,6 +67,7 @@ class JobPlan:
     staging_dir: str
     work_dir: str
     image_threads: int = 1
+    progress_uri: str | None = None
 
     @property
     def temp_dir(self) -> str:
@@ -75,11 +79,14 @@ class JobPlan:
 
 
 class _SeparateDroppedFn(beam.DoFn):
-    """Listing rows -> listed files (main) and DroppedFile (``dropped``)."""
+    """Listing rows -> listed files (main) and DroppedFile (``dropped``),
+    counted per reason like the files the job itself drops."""
 
     def process(self, row: dict):
         if "dropped" in row:
-            yield beam.pvalue.TaggedOutput("dropped", DroppedFile.from_json(row["dropped"]))
+            dropped = DroppedFile.from_json(row["dropped"])
+            Metrics.counter("kiln", f"dropped_{dropped.reason}").inc()
+            yield beam.pvalue.TaggedOutput("dropped", dropped)
         else:
             yield row
 
@@ -109,6 +116,9 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
             threads=plan.image_threads,
         )
     )
+    if plan.progress_uri:
+        _ = processed.inputs | "CountProgress" >> beam.ParDo(
+            progress.CountFilesFn(plan.progress_uri))  # nothing: bytes appended to the file
     images = (
         processed.images
         | "AssignSplits" >> AssignSplits(SplitPolicy.from_config(config["splits"]))
