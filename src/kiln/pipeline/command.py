@@ -6,6 +6,7 @@ Locally (Beam's local batch engine, every core; no download, no service)::
     kiln build --config configs/demo.yaml --output /tmp/datasets
     kiln build --config configs/demo.yaml --direct_num_workers=2 --direct_running_mode=multi_processing
     python -m kiln.pipeline --config configs/demo.yaml
+    kiln build --config configs/demo.yaml --quiet --report build/report.json   # for schedulers
 
 On Dataflow (the source and output in gs://; needs ``pip install 'kiln[gcp]'``
 and a container image built from the Dockerfile, see its header)::
@@ -17,25 +18,35 @@ and a container image built from the Dockerfile, see its header)::
         --sdk_location=container
 
 kiln's own flags are below; every other flag goes to Beam's PipelineOptions
-unchanged. The command prints where the dataset is and a summary. Exit codes:
-0 built or up to date; 1 the build failed (nothing published); 2 bad config
-or usage.
+unchanged. The command prints where the dataset is and a summary; on a
+terminal, a local build also shows its progress (files done of total, rate,
+time left) on stderr. Exit codes: 0 built or up to date; 1 the build failed
+(nothing published); 2 bad config or usage.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from kiln.cli import UsageError
+from kiln.pipeline import build_report
 from kiln.pipeline.launcher import BuildError, BuildResult, build
 from kiln.schemas import ERRORS_FILENAME
 
-EPILOG = __doc__[__doc__.index("Locally"):__doc__.index("kiln's own flags")].rstrip()
+EPILOG = __doc__[__doc__.index("Locally"):__doc__.index("kiln's own flags")].rstrip() + """
+
+exit codes:
+  0  built, or already up to date
+  1  the build failed (the Beam job failed, or more than errors.max_fraction of
+     the files were dropped): nothing was published, LATEST is unchanged
+  2  bad config or usage (one line naming the field; nothing was done)"""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "kiln build --config FILE [--output ROOT] [Beam pipeline options...]"
+    parser.usage = ("kiln build --config FILE [--output ROOT] [--quiet] [--report FILE] "
+                    "[Beam pipeline options...]")
     parser.epilog = EPILOG
     parser.add_argument("--config", required=True, metavar="FILE",
                         help="the build config (YAML), e.g. configs/demo.yaml")
@@ -45,19 +56,38 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-threads", type=int, metavar="N",
                         help="threads per image-processing worker (default: every core "
                              "on a local runner, 1 on Dataflow, which runs a process per core)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print no progress and no summary (errors still go to stderr); "
+                             "progress is only shown on a terminal anyway")
+    parser.add_argument("--report", metavar="FILE",
+                        help="write the end-of-build summary as JSON to FILE (also when the "
+                             "build fails), for schedulers; local path or gs://")
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
+    started = time.monotonic()
     try:
         if args.image_threads is not None and args.image_threads < 1:
             raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
         result = build(args.config, extra_argv, output=args.output,
-                       image_threads=args.image_threads)
+                       image_threads=args.image_threads,
+                       show_progress=not args.quiet and sys.stderr.isatty())
     except BuildError as e:
         print(f"kiln build: failed: {e}", file=sys.stderr)
+        _report(args, build_report.failed(str(e), 1, time.monotonic() - started))
         return 1
-    print(summary(result))
+    except UsageError as e:
+        _report(args, build_report.failed(str(e), 2, time.monotonic() - started))
+        raise
+    if not args.quiet:
+        print(summary(result))
+    _report(args, build_report.succeeded(result, time.monotonic() - started))
     return 0
+
+
+def _report(args: argparse.Namespace, report: dict) -> None:
+    if args.report:
+        build_report.write(args.report, report)
 
 
 def summary(result: BuildResult) -> str:

@@ -48,7 +48,7 @@ from apache_beam.runners.runner import PipelineState
 
 import kiln
 from kiln.pipeline import config as config_module
-from kiln.pipeline import job, publish, sources, versioning
+from kiln.pipeline import job, progress, publish, sources, versioning
 from kiln.pipeline.config import ResolvedConfig
 from kiln.pipeline.tfds_export import write_tfds_metadata
 from kiln.schemas import (
@@ -188,6 +188,7 @@ def build(
     *,
     output: str | None = None,
     image_threads: int | None = None,
+    show_progress: bool = False,
 ) -> BuildResult:
     """Builds (or finds up to date) the dataset a config describes.
 
@@ -197,6 +198,8 @@ def build(
       output: Overrides the config's output root.
       image_threads: Threads per image-processing DoFn instance; None: every
         core on a local runner, 1 on a distributed one (`default_image_threads`).
+      show_progress: Redraw a progress line (files done of total, rate, time
+        left) on stderr while the job runs; local runners only (`progress`).
 
     Returns:
       The `BuildResult`; LATEST names its version.
@@ -224,13 +227,16 @@ def build(
     publish.clean_stale_staging(root)
     staging = publish.new_staging_dir(root, stamp)
     plan = make_plan(resolved, listing, staging, options, image_threads)
+    if show_progress and is_local_runner(options):
+        plan = dataclasses.replace(plan, progress_uri=progress.counting_path(plan.work_dir))
     keep_staging = False
     try:
         listing.write(plan.listing_uri)
         pipeline = construct_pipeline(plan, options)
         logger.info("running the build job for %d files", len(listing.files))
-        result = pipeline.run()
-        state = result.wait_until_finish()
+        with progress.display(plan.progress_uri, len(listing.files), enabled=show_progress):
+            result = pipeline.run()
+            state = result.wait_until_finish()
         if state not in (None, PipelineState.DONE):
             raise BuildError(f"the Beam job ended in state {state}")
         counters = _counters(result)

@@ -1,0 +1,66 @@
+"""The end-of-build report as JSON (`kiln build --report FILE`), for schedulers.
+
+One JSON object, written whether the build succeeded or not, so a scheduler
+can read what happened without parsing the console::
+
+    {"status": "built", "exit_code": 0, "name": "shapes", "version": "3f2a9c1b0d4e",
+     "dataset_dir": ".../shapes/3f2a9c1b0d4e", "splits": {"train": {"num_examples": 229, ...}},
+     "dropped": {"corrupt": 1}, "dropped_total": 1, "duplicates": 0, ...}
+    {"status": "failed", "exit_code": 1, "error": "dropped 40 of 300 input files ..."}
+
+``status`` is ``built``, ``up_to_date`` (nothing to do: exit 0), ``failed``
+(exit 1, nothing published) or ``usage_error`` (a bad config or flag: exit 2).
+Unlike `kiln.json` it holds the wall-clock duration: it describes a run, not
+the dataset.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kiln.pipeline import publish
+from kiln.pipeline.launcher import BuildResult
+from kiln.schemas import ERRORS_FILENAME
+
+REPORT_FORMAT = 1
+
+
+def succeeded(result: BuildResult, elapsed_seconds: float) -> dict[str, Any]:
+    """The report of a build that published `result` (or found it up to date)."""
+    info = result.info
+    return {
+        "report_format": REPORT_FORMAT,
+        "status": "up_to_date" if result.up_to_date else "built",
+        "exit_code": 0,
+        "name": info.name,
+        "version": result.version,
+        "dataset_dir": result.dataset_dir,
+        "dataset_root": result.dataset_root,
+        "splits": {name: {"num_examples": split.num_examples, "num_shards": len(split.shards)}
+                   for name, split in sorted(info.splits.items())},
+        "num_classes": info.num_classes,
+        "dropped": dict(sorted(info.dropped.items())),
+        "dropped_total": sum(info.dropped.values()),
+        "errors_file": f"{result.dataset_dir.rstrip('/')}/{ERRORS_FILENAME}",
+        "duplicates": info.duplicates,
+        "duplicates_across_splits": result.duplicates_across_splits,
+        "counters": dict(result.counters),
+        "elapsed_seconds": round(elapsed_seconds, 3),
+    }
+
+
+def failed(error: str, exit_code: int, elapsed_seconds: float) -> dict[str, Any]:
+    """The report of a build that published nothing (exit 1) or never started (exit 2)."""
+    return {
+        "report_format": REPORT_FORMAT,
+        "status": "failed" if exit_code == 1 else "usage_error",
+        "exit_code": exit_code,
+        "error": error,
+        "elapsed_seconds": round(elapsed_seconds, 3),
+    }
+
+
+def write(path: str, report: dict[str, Any]) -> None:
+    """Writes the report atomically (local path or gs://)."""
+    publish.write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
