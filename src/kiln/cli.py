@@ -50,6 +50,11 @@ EPILOG = """examples:
   kiln demo-data build/demo-data
   kiln build --config configs/demo.yaml
   kiln build --config configs/demo.yaml --runner=DataflowRunner --project=P --region=R ...
+  kiln inspect build/datasets/shapes
+  kiln preview build/datasets/shapes -o preview.png
+  kiln lint train.py
+
+`kiln COMMAND --help` shows each command's options, examples and exit codes.
 
 exit codes: 0 ok, 1 the command found a problem, 2 usage or config error"""
 

@@ -35,7 +35,8 @@ from kiln.pipeline import build_report
 from kiln.pipeline.launcher import BuildError, BuildResult, build
 from kiln.schemas import ERRORS_FILENAME
 
-EPILOG = __doc__[__doc__.index("Locally"):__doc__.index("kiln's own flags")].rstrip() + """
+EPILOG = "examples:\n\n" + __doc__[
+    __doc__.index("Locally"):__doc__.index("kiln's own flags")].rstrip() + """
 
 exit codes:
   0  built, or already up to date

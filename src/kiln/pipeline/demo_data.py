@@ -344,6 +344,16 @@ def _write(out_dir: str, relative_path: str, data: bytes) -> None:
 # --- command ----------------------------------------------------------------------
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = """\
+examples:
+  kiln demo-data build/demo-data                 # what `make demo` builds from
+  kiln demo-data /tmp/shapes --num-images 60 --no-broken
+  kiln demo-data /tmp/photos --photos --num-images 2000   # benchmark input
+
+exit codes:
+  0  written
+  2  usage error: OUT holds files that are not an earlier demo folder, or a
+     negative --num-images/--seed"""
     parser.add_argument("out", metavar="OUT", help="folder to write (new, empty, or an earlier demo folder)")
     parser.add_argument("--num-images", type=int, default=300, help="good images to write (default 300)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
