@@ -1,0 +1,72 @@
+"""A build whose source and output are on an object store (no directories,
+rename = copy + delete), through the in-memory `memgs://` store: the same
+code paths as gs://, minus the network."""
+
+import hashlib
+import os
+
+import pytest
+
+from kiln.pipeline import build
+from kiln.schemas import RECORD
+
+import object_store
+from conftest import make_config
+
+BUCKET = f"{object_store.SCHEME}://bucket"
+
+
+@pytest.fixture
+def store(demo_corpus):
+    object_store.reset()
+    for directory, _, files in os.walk(demo_corpus.out_dir):
+        for name in files:
+            path = os.path.join(directory, name)
+            key = os.path.relpath(path, demo_corpus.out_dir)
+            with open(path, "rb") as f:
+                object_store.put(f"{BUCKET}/images/{key}", f.read())
+    yield
+    object_store.reset()
+
+
+def test_build_publishes_on_an_object_store(store, build_dataset, demo_corpus):
+    stale = f"{BUCKET}/datasets/shapes/.staging-0123456789ab-dead/shapes-train.tfrecord-x"
+    object_store.put(stale, b"left by a killed build")
+    object_store.EVENTS.clear()
+
+    config = make_config(f"{BUCKET}/images", output=f"{BUCKET}/datasets")
+    result = build(config)  # the in-memory local runner: one process, one store
+
+    root = f"{BUCKET}/datasets/shapes"
+    version_dir = f"{root}/{result.version}"
+    assert result.dataset_dir == version_dir
+    assert object_store.get(f"{root}/LATEST").decode() == result.version
+    assert not [p for p in object_store.names(root) if "/.staging-" in p]  # stale one too
+    published = [p[len(version_dir) + 1:] for p in object_store.names(version_dir + "/")]
+    shard_names = [s.filename for split in result.info.splits.values() for s in split.shards]
+    assert set(shard_names) | {"errors.jsonl", "kiln.json"} <= set(published)
+
+    # Same records as the local build of the same files: keys are relative to
+    # the root, and the shards are byte-identical.
+    local = build_dataset()
+    for name, split in result.info.splits.items():
+        assert [s.sha256 for s in split.shards] == \
+            [s.sha256 for s in local.info.splits[name].shards]
+        for shard in split.shards:
+            data = object_store.get(f"{version_dir}/{shard.filename}")
+            assert hashlib.sha256(data).hexdigest() == shard.sha256
+    first_shard = object_store.get(f"{version_dir}/{shard_names[0]}")
+    key = RECORD.decode(first_shard[12:12 + int.from_bytes(first_shard[:8], "little")])["key"]
+    assert not key.decode().startswith(("/", BUCKET))
+
+    # Visibility order: every file of the version before its kiln.json, LATEST last.
+    writes = [path for kind, path in object_store.EVENTS if kind == "write"]
+    into_version = [p for p in writes if p.startswith(version_dir + "/")]
+    assert into_version[-1] == f"{version_dir}/kiln.json"
+    assert writes[-1] == f"{root}/LATEST"
+
+    # Unchanged: up to date, nothing written but (at most) LATEST.
+    object_store.EVENTS.clear()
+    again = build(config)
+    assert again.up_to_date and again.version == result.version
+    assert [e for e in object_store.EVENTS if e[1] != f"{root}/LATEST"] == []
