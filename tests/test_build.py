@@ -225,7 +225,7 @@ def test_rebuild_is_up_to_date_and_changes_make_new_versions(demo_corpus, tmp_pa
     assert sum(s.num_examples for s in third.info.splits.values()) == 59
 
 
-def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, tmp_path):
+def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, tmp_path, capsys):
     config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"),
                          errors={"max_fraction": 0.02})
     with pytest.raises(BuildError, match=r"dropped 3 of 63 input files .* errors.max_fraction 2.0%"):
@@ -237,6 +237,17 @@ def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, 
     # The staging folder keeps its error report for the user; the next build removes it.
     (staging,) = entries
     assert len((dataset_root / staging / "errors.jsonl").read_text().splitlines()) == 3
+
+    # The command: exit code 1 and one line saying why.
+    import yaml
+
+    path = tmp_path / "strict.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert cli.main(["build", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kiln build: failed: dropped 3 of 63 input files (4.8%)")
+    assert "Traceback" not in err
+    assert "LATEST" not in os.listdir(dataset_root)
 
     config["errors"] = {"max_fraction": 0.1}
     result = build(config)

@@ -209,8 +209,13 @@ def build(
       BuildError: the job failed or dropped too many inputs (nothing was
         published).
     """
-    resolved = config if isinstance(config, ResolvedConfig) \
-        else config_module.load(config, output=output)
+    if isinstance(config, ResolvedConfig):
+        if output is not None:
+            raise ValueError("output= applies to a config file or mapping; a ResolvedConfig "
+                             "already has its output root (config.load(..., output=...))")
+        resolved = config
+    else:
+        resolved = config_module.load(config, output=output)
     options = pipeline_options(pipeline_args)
     listing = sources.list_source(resolved)
     stamp = versioning.stamp(resolved.fingerprint, listing.stamp_entries())
