@@ -8,7 +8,9 @@ Two fingerprints, for two jobs:
   the source and the sha256 of its bytes (plus what the listing dropped). The
   job hashes every file's bytes anyway, so the version costs nothing extra and
   identical inputs give the identical version (and identical `kiln.json`) on
-  any machine, whatever the files' modification times.
+  any machine, whatever the files' modification times. (The source location
+  is part of the resolved config, so the same files under another root are
+  another version; the output root is not.)
 - The **stamp** decides whether a rebuild can be skipped without running the
   job. It hashes what the launcher learns from listing alone: keys, label
   names, splits, byte sizes and modification times, plus the config
