@@ -1,4 +1,4 @@
-"""`kiln inspect` and `kiln preview` work in a reader-only install (no Beam, no OpenCV)."""
+"""`kiln inspect`, `preview` and `verify` work in a reader-only install (no Beam, no OpenCV)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,12 @@ with contextlib.redirect_stdout(inspect_out):
     inspect_code = cli.main(["inspect", dataset, "--json"])
 with contextlib.redirect_stdout(io.StringIO()):
     preview_code = cli.main(["preview", dataset, "--n", "3", "--epochs", "2", "-o", sheet])
+with contextlib.redirect_stdout(io.StringIO()):
+    verify_code = cli.main(["verify", dataset])
 print(json.dumps({{
     "inspect": inspect_code,
     "preview": preview_code,
+    "verify": verify_code,
     "summary": json.loads(inspect_out.getvalue()),
     "loaded": sorted(m for m in FORBIDDEN if m in sys.modules),
 }}))
@@ -57,7 +60,7 @@ def test_inspect_and_preview_without_the_pipeline_extra(build_dataset, tmp_path)
     report = json.loads(completed.stdout.strip().splitlines()[-1])
 
     assert report["loaded"] == []
-    assert report["inspect"] == 0 and report["preview"] == 0
+    assert report["inspect"] == 0 and report["preview"] == 0 and report["verify"] == 0
     assert report["summary"]["version"] == result.version
     # Without OpenCV the sheet has no text margins; the images are all there.
     with open(sheet_path, "rb") as f:

@@ -44,6 +44,8 @@ COMMANDS: dict[str, Command] = {
     "inspect": Command("kiln.tools.inspect_command", "summarize a built dataset"),
     "preview": Command("kiln.tools.preview_command",
                        "draw stored and augmented images of a dataset as a PNG contact sheet"),
+    "verify": Command("kiln.tools.verify_command",
+                      "check every shard of a dataset against its kiln.json"),
 }
 
 EPILOG = """examples:
@@ -52,6 +54,7 @@ EPILOG = """examples:
   kiln build --config configs/demo.yaml --runner=DataflowRunner --project=P --region=R ...
   kiln inspect build/datasets/shapes
   kiln preview build/datasets/shapes -o preview.png
+  kiln verify build/datasets/shapes
   kiln lint train.py
 
 `kiln COMMAND --help` shows each command's options, examples and exit codes.

@@ -46,9 +46,9 @@ def inspect_dataset(path: str) -> dict[str, Any]:
     """
     dataset_dir = locate(path)
     metadata = read_info(dataset_dir)
-    errors = _read_errors(tf.io.gfile.join(dataset_dir, ERRORS_FILENAME))
+    errors = read_errors(tf.io.gfile.join(dataset_dir, ERRORS_FILENAME))
     splits = {}
-    for name in _split_order(metadata):
+    for name in split_order(metadata):
         split = metadata.splits[name]
         splits[name] = {
             "num_examples": split.num_examples,
@@ -91,17 +91,22 @@ def inspect_dataset(path: str) -> dict[str, Any]:
         "errors": errors,
         "duplicates": metadata.duplicates,
         "tfds": tf.io.gfile.exists(tf.io.gfile.join(dataset_dir, TFDS_DATASET_INFO_FILENAME)),
-        "warnings": _consistency_warnings(metadata, errors),
+        "warnings": consistency_warnings(metadata, errors),
     }
 
 
-def _split_order(metadata: DatasetInfo) -> list[str]:
-    # The usual order people read splits in, then any others alphabetically.
+def split_order(metadata: DatasetInfo) -> list[str]:
+    """Split names in the order people read them: train, validation, test, then the rest."""
     usual = [name for name in ("train", "validation", "test") if name in metadata.splits]
     return usual + sorted(set(metadata.splits) - set(usual))
 
 
-def _read_errors(path: str) -> list[dict[str, Any]] | None:
+def read_errors(path: str) -> list[dict[str, Any]] | None:
+    """The rows of an errors.jsonl file, or None if it does not exist.
+
+    Raises:
+      MetadataError: naming the line that is not a JSON object.
+    """
     if not tf.io.gfile.exists(path):
         return None
     rows = []
@@ -119,7 +124,8 @@ def _read_errors(path: str) -> list[dict[str, Any]] | None:
     return rows
 
 
-def _consistency_warnings(metadata: DatasetInfo, errors: list[dict] | None) -> list[str]:
+def consistency_warnings(metadata: DatasetInfo, errors: list[dict] | None) -> list[str]:
+    """Where errors.jsonl (rows from `read_errors`) and kiln.json's drop counts disagree."""
     warnings = []
     if errors is None:
         if metadata.dropped:

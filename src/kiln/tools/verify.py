@@ -1,0 +1,358 @@
+"""Checks a built dataset's files against its metadata: the library behind `kiln verify`.
+
+`verify` reads every shard of a version folder and compares what it finds
+with `kiln.json`:
+
+- Per shard, in split order: the file exists; its size and sha256 are the
+  ones recorded; every record's TFRecord CRCs (of the length and of the
+  data) are valid and no record is cut short; the number of records is the
+  one recorded; every record parses with `kiln.schemas.RECORD`, its label is
+  a class id, its channel count is the dataset's, its image decodes to the
+  stored height x width x channels (and to ``image_size`` when kiln.json has
+  one), and its key is unique in the dataset.
+- Per split, when all its shards read cleanly: ``num_examples``, the class
+  counts and the statistics' pixel count equal what the records hold.
+- The folder holds only what a build writes: the listed shards, kiln.json,
+  errors.jsonl and the TFDS metadata files. Anything else (a leftover temp
+  file, a shard from another build) is reported.
+- errors.jsonl has the report's fields on every row and agrees with
+  kiln.json's drop counts; TFDS metadata files, when present, are the ones
+  kiln.json implies.
+
+CRCs are checked by TensorFlow's record reader, which verifies both CRCs of
+every record and reports a damaged or truncated record as a `DataLossError`,
+rather than recomputed with google-crc32c as the build's framing code does:
+verify then needs only the reader-level install (TensorFlow and NumPy), and
+it reads the records exactly the way training will.
+
+Keys are held in memory to find duplicates: about 100 bytes per record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from typing import Any
+
+import tensorflow as tf
+
+from kiln.reader import info as read_info
+from kiln.reader import locate
+from kiln.schemas import (
+    ERRORS_FILENAME,
+    METADATA_FILENAME,
+    RECORD,
+    DatasetInfo,
+    MetadataError,
+    SplitInfo,
+    decode_image,
+    shard_filename,
+)
+from kiln.schemas.tfds_metadata import (
+    TFDS_DATASET_INFO_FILENAME,
+    TFDS_FEATURES_FILENAME,
+    TfdsUnsupported,
+    labels_filename,
+    tfds_files,
+)
+from kiln.tools.inspection import consistency_warnings, read_errors, split_order
+
+ERROR_ROW_FIELDS = ("key", "uri", "stage", "reason", "message")
+_CHUNK = 1 << 20
+# TF wraps op errors in its function and op names; the reason is in between.
+_TF_MESSAGE = re.compile(r"^(?:\{\{[^}]*\}\}\s*)?(.*?)(?:\s*\[Op:\w+\].*)?$", re.S)
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a dataset.
+
+    Attributes:
+      where: The file it concerns, relative to the version folder (a shard,
+        kiln.json, errors.jsonl), or a split as ``split 'train'``.
+      message: What is wrong, with the expected and the found value.
+    """
+
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+@dataclasses.dataclass
+class Verification:
+    """The outcome of `verify`.
+
+    Attributes:
+      dataset_dir: The version folder that was checked.
+      problems: Everything found wrong, shards first (in split and shard
+        order), then splits, then the folder's other files. Empty when the
+        dataset is intact.
+      num_shards: Shards read.
+      num_records: Records read and checked.
+    """
+
+    dataset_dir: str
+    problems: list[Problem]
+    num_shards: int = 0
+    num_records: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclasses.dataclass
+class _SplitTally:
+    """What the records of one split hold, to compare with its SplitInfo."""
+
+    records: int = 0
+    pixels: int = 0
+    labels: dict[int, int] = dataclasses.field(default_factory=dict)
+    complete: bool = True  # every shard read without a problem
+
+
+def verify(path: str) -> Verification:
+    """Checks the dataset at `path` against its kiln.json (see the module docstring).
+
+    Args:
+      path: A version folder, or ``<output>/<name>`` (follows LATEST), local
+        or gs://, as `kiln.reader.locate` accepts.
+
+    Returns:
+      The `Verification`; ``ok`` when nothing is wrong.
+
+    Raises:
+      MetadataError: when `path` is not a kiln dataset at all (no kiln.json,
+        no LATEST naming a version). A kiln.json that exists but does not
+        load is a problem in the result instead.
+    """
+    dataset_dir = locate(path)
+    try:
+        metadata = read_info(dataset_dir)
+    except MetadataError as e:
+        return Verification(dataset_dir, [Problem(METADATA_FILENAME, str(e))])
+    result = Verification(dataset_dir, [])
+    keys: set[bytes] = set()
+    for name in split_order(metadata):
+        split = metadata.splits[name]
+        tally = _SplitTally()
+        for index, shard in enumerate(split.shards):
+            expected_name = shard_filename(metadata.name, name, index, len(split.shards),
+                                           metadata.compression)
+            if shard.filename != expected_name:
+                result.problems.append(Problem(
+                    METADATA_FILENAME, f"split {name!r} shard {index} is named "
+                    f"{shard.filename!r}; expected {expected_name!r}"))
+            found = _check_shard(dataset_dir, shard, metadata, tally, keys)
+            result.num_shards += 1
+            if found:
+                tally.complete = False
+                result.problems.append(Problem(shard.filename, "; ".join(found)))
+        result.num_records += tally.records
+        if tally.complete:
+            result.problems += [Problem(f"split {name!r}", message)
+                                for message in _check_split(split, metadata, tally)]
+    result.problems += _check_folder(dataset_dir, metadata)
+    result.problems += _check_error_report(dataset_dir, metadata)
+    result.problems += _check_tfds_files(dataset_dir, metadata)
+    return result
+
+
+def _join(directory: str, name: str) -> str:
+    return tf.io.gfile.join(directory, name)
+
+
+def _size_and_sha256(path: str) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with tf.io.gfile.GFile(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _tf_message(error: tf.errors.OpError) -> str:
+    """The reason in a TF error, in words for the two ways a shard's framing breaks."""
+    match = _TF_MESSAGE.match(error.message.strip())
+    text = match.group(1).strip() if match else error.message.strip()
+    if isinstance(error, tf.errors.DataLossError):
+        corrupted = re.search(r"corrupted record at (\d+)", text)
+        if corrupted:
+            return f"CRC mismatch at byte {corrupted.group(1)} (the file is damaged)"
+        truncated = re.search(r"truncated record at (\d+)", text)
+        if truncated:
+            return f"cut short at byte {truncated.group(1)} (the file is truncated)"
+    return text
+
+
+def _check_shard(dataset_dir: str, shard, metadata: DatasetInfo, tally: _SplitTally,
+                 keys: set[bytes]) -> list[str]:
+    """What is wrong with one shard file (empty if nothing); adds its records to `tally`."""
+    path = _join(dataset_dir, shard.filename)
+    if not tf.io.gfile.exists(path):
+        return [f"missing (kiln.json lists it with {shard.num_records} records)"]
+    found = []
+    size, sha256 = _size_and_sha256(path)
+    if size != shard.num_bytes:
+        found.append(f"{size} bytes, kiln.json says {shard.num_bytes}")
+    if sha256 != shard.sha256:
+        found.append(f"sha256 is {sha256}, kiln.json says {shard.sha256}")
+    count, problem = _check_records(path, metadata, tally, keys)
+    if problem is not None:
+        found.append(problem)
+    elif count != shard.num_records:
+        found.append(f"holds {count} records, kiln.json says {shard.num_records}")
+    return found
+
+
+def _record_facts(metadata: DatasetInfo):
+    encoding, channels = metadata.encoding["format"], metadata.channels
+
+    def facts(serialized):
+        parsed = RECORD.parse(serialized)
+        image = decode_image(parsed["image"], parsed["height"], parsed["width"], channels,
+                             encoding)
+        return {
+            "label": parsed["label"],
+            "height": parsed["height"],
+            "width": parsed["width"],
+            "channels": parsed["channels"],
+            "key": parsed["key"],
+            "sha256": parsed["sha256"],
+            "shape": tf.shape(image, out_type=tf.int64),
+        }
+
+    return tf.autograph.experimental.do_not_convert(facts)
+
+
+def _check_records(path: str, metadata: DatasetInfo, tally: _SplitTally,
+                   keys: set[bytes]) -> tuple[int, str | None]:
+    """Reads every record of a shard: (records read, the first problem or None)."""
+    compression = "GZIP" if metadata.compression == "gzip" else ""
+    records = tf.data.TFRecordDataset(path, compression_type=compression).map(
+        _record_facts(metadata), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    image_size = tuple(metadata.image_size) if metadata.image_size else None
+    count = 0
+    iterator = iter(records.as_numpy_iterator())
+    while True:
+        try:
+            facts = next(iterator)
+        except StopIteration:
+            return count, None
+        except tf.errors.OpError as e:
+            # A bad CRC or a cut-off record (DataLossError), or a record that
+            # does not parse or decode (InvalidArgumentError).
+            return count, f"record {count}: {_tf_message(e)}"
+        problem = _record_problem(facts, metadata, image_size, keys)
+        if problem is not None:
+            key = facts["key"].decode("utf-8", "replace")
+            return count, f"record {count} (key {key!r}): {problem}"
+        count += 1
+        tally.records += 1
+        tally.pixels += int(facts["height"]) * int(facts["width"])
+        label = int(facts["label"])
+        tally.labels[label] = tally.labels.get(label, 0) + 1
+
+
+def _record_problem(facts: dict[str, Any], metadata: DatasetInfo,
+                    image_size: tuple[int, ...] | None, keys: set[bytes]) -> str | None:
+    label, channels = int(facts["label"]), int(facts["channels"])
+    height, width = int(facts["height"]), int(facts["width"])
+    if not 0 <= label < metadata.num_classes:
+        return f"label {label} is not a class id (the dataset has {metadata.num_classes} classes)"
+    if channels != metadata.channels:
+        return f"{channels} channels, the dataset stores {metadata.channels}"
+    shape = tuple(int(v) for v in facts["shape"])
+    if shape != (height, width, channels):
+        return f"the image decodes to {shape}, the record says {(height, width, channels)}"
+    if image_size is not None and (height, width) != image_size:
+        return f"the image is {height}x{width}, kiln.json says every image is " \
+               f"{image_size[0]}x{image_size[1]}"
+    if not re.fullmatch(rb"[0-9a-f]{64}", facts["sha256"]):
+        return f"sha256 feature {facts['sha256'][:80]!r} is not a hex sha256"
+    key = facts["key"]
+    if not key:
+        return "empty key"
+    if key in keys:
+        return "the key appears more than once in the dataset"
+    keys.add(key)
+    return None
+
+
+def _check_split(split: SplitInfo, metadata: DatasetInfo, tally: _SplitTally) -> list[str]:
+    found = []
+    if split.num_examples != tally.records:
+        found.append(f"num_examples is {split.num_examples}, the shards hold {tally.records}")
+    counted = {metadata.class_names[label]: n for label, n in sorted(tally.labels.items())}
+    stated = {name: int(n) for name, n in split.class_counts.items() if n}
+    if counted != stated:
+        found.append(f"class_counts are {stated}, the records hold {counted}")
+    stats = split.statistics
+    if stats is None:
+        if tally.records:
+            found.append("has records but no pixel statistics")
+    else:
+        if stats.count != tally.pixels:
+            found.append(f"statistics count {stats.count} pixels per channel, the records "
+                         f"hold {tally.pixels}")
+        if len(stats.mean) != metadata.channels or len(stats.std) != metadata.channels:
+            found.append(f"statistics have {len(stats.mean)} mean and {len(stats.std)} std "
+                         f"values for {metadata.channels} channel(s)")
+        elif not all(0 <= m <= 255 for m in stats.mean) or not all(
+                0 <= s <= 127.5 for s in stats.std):
+            found.append(f"statistics out of range for 0..255 pixels: mean {stats.mean}, "
+                         f"std {stats.std}")
+    return found
+
+
+def _allowed_files(metadata: DatasetInfo) -> set[str]:
+    shards = {shard.filename for split in metadata.splits.values() for shard in split.shards}
+    return shards | {METADATA_FILENAME, ERRORS_FILENAME, TFDS_DATASET_INFO_FILENAME,
+                     TFDS_FEATURES_FILENAME, labels_filename(RECORD.key("label"))}
+
+
+def _check_folder(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
+    present = {entry.rstrip("/") for entry in tf.io.gfile.listdir(dataset_dir)}
+    unexpected = sorted(present - _allowed_files(metadata))
+    if not unexpected:
+        return []
+    shown = ", ".join(unexpected[:5]) + (" ..." if len(unexpected) > 5 else "")
+    return [Problem(".", f"{len(unexpected)} file(s) a build does not write: {shown}")]
+
+
+def _check_error_report(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
+    try:
+        rows = read_errors(_join(dataset_dir, ERRORS_FILENAME))
+    except MetadataError as e:
+        return [Problem(ERRORS_FILENAME, str(e))]
+    found = []
+    for number, row in enumerate(rows or [], start=1):
+        missing = [name for name in ERROR_ROW_FIELDS if not isinstance(row.get(name), str)]
+        if missing:
+            found.append(Problem(ERRORS_FILENAME,
+                                 f"line {number}: missing or non-text field(s) {missing}"))
+            break
+    found += [Problem(ERRORS_FILENAME, warning)
+              for warning in consistency_warnings(metadata, rows)]
+    return found
+
+
+def _check_tfds_files(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
+    try:
+        expected = tfds_files(metadata)
+    except TfdsUnsupported:
+        return []
+    found = []
+    for name, text in sorted(expected.items()):
+        path = _join(dataset_dir, name)
+        if not tf.io.gfile.exists(path):
+            continue  # written by builds since TFDS interop; optional for older ones
+        with tf.io.gfile.GFile(path, "r") as f:
+            if f.read() != text:
+                found.append(Problem(name, "differs from what kiln.json describes (TFDS would "
+                                           "read other splits, counts or classes)"))
+    return found

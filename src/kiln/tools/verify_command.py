@@ -1,0 +1,55 @@
+"""`kiln verify`: check every shard of a built dataset against its kiln.json."""
+
+from __future__ import annotations
+
+import argparse
+
+from kiln import cli
+from kiln.schemas import MetadataError
+from kiln.tools import verify
+
+DESCRIPTION = """\
+Check a dataset written by `kiln build` before trusting it: read every shard,
+check every record's TFRecord CRCs, the record counts, sizes and sha256 of the
+shards against kiln.json, parse and decode every record with the schema, and
+check the splits' example, class and statistics counts, errors.jsonl and the
+TFDS metadata. Works in a reader-only install and on gs:// paths."""
+
+EPILOG = """\
+PATH is a version folder (<output>/<name>/<version>) or the dataset folder
+<output>/<name>, which follows its LATEST file.
+
+examples:
+  kiln verify build/datasets/shapes
+  kiln verify gs://my-bucket/datasets/photos/3f2a9c1b0d4e
+  kiln build --config configs/demo.yaml --quiet && kiln verify build/datasets/shapes
+
+exit codes:
+  0  every shard and count matches kiln.json
+  1  something does not: the first line names the first bad shard (or file) and
+     what is wrong, one line per problem follows
+  2  PATH is not a kiln dataset (no kiln.json, no LATEST naming a version)"""
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = DESCRIPTION
+    parser.epilog = EPILOG
+    parser.add_argument("path", metavar="PATH", help="dataset version folder, or <output>/<name>")
+
+
+def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
+    try:
+        result = verify.verify(args.path)
+    except MetadataError as e:
+        raise cli.UsageError(str(e)) from None
+    if result.ok:
+        print(f"kiln verify: OK: {result.dataset_dir}: {result.num_shards} shards, "
+              f"{result.num_records} records match kiln.json")
+        return 0
+    first, *others = result.problems
+    print(f"kiln verify: FAILED: {result.dataset_dir}: {first}")
+    if others:
+        print(f"{len(others)} more problem(s):")
+        for problem in others:
+            print(f"  {problem}")
+    return 1
