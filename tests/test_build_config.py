@@ -63,7 +63,17 @@ CASES = [
      "source.path: manifest not found: /nonexistent/m.csv"),
     ({"plugins": ["no_such_module_for_kiln"]},
      "plugins: cannot import module 'no_such_module_for_kiln'"),
-    ({"augment": [{"random_wobble": {}}]}, "augment[0]"),
+    ({"augment": [{"random_wobble": {}}]}, "augment[0]: unknown augmentation op 'random_wobble'"),
+    ({"augment": [{"random_crop": {"size": "big"}}]},
+     "augment[0].random_crop.size: expected a positive integer or [height, width], got 'big'"),
+    ({"augment": [{"random_brightness": {"max_delta": -1}}]},
+     "augment[0].random_brightness.max_delta: must be >= 0.0, got -1"),
+    # to_grayscale makes one channel: stored as three, every image would be dropped.
+    ({"transforms": [{"resize": {"shorter_side": 40}}, "to_grayscale"]},
+     "transforms[1].to_grayscale: gives 1-channel images but image.channels is 3; "
+     "set image.channels: 1"),
+    ({"image": {"channels": 1}, "transforms": [{"to_grayscale": {"keep_channels": True}}]},
+     "transforms[0].to_grayscale: gives 3-channel images but image.channels is 1"),
 ]
 
 
@@ -95,8 +105,22 @@ def test_yaml_problems(tmp_path):
     with pytest.raises(ConfigError, match=r"config file not found: .*missing.yaml"):
         config.load(str(tmp_path / "missing.yaml"))
     # safe_load: no Python objects from YAML tags
-    with pytest.raises(ConfigError, match="not valid YAML"):
-        config.load(write_config(tmp_path, "name: !!python/object/apply:os.system ['true']\n"))
+    for tag in ("!!python/object/apply:os.system ['touch pwned']", "!!python/object:os.PathLike {}",
+                "!!python/name:os.system"):
+        with pytest.raises(ConfigError) as raised:
+            config.load(write_config(tmp_path, f"name: x\nsource: {tag}\n"))
+        assert str(raised.value).startswith(
+            f"config error in {tmp_path / 'bad.yaml'}: not valid YAML (line 2): could not "
+            f"determine a constructor for the tag 'tag:yaml.org,2002:python/"), str(raised.value)
+        assert "read with a safe loader" in str(raised.value)
+    assert not (tmp_path / "pwned").exists() and not os.path.exists("pwned")
+
+
+def test_gray_images_from_to_grayscale_are_a_valid_config(demo_corpus, tmp_path):
+    for image, options in (({"channels": 1}, {}), ({"channels": 3}, {"keep_channels": True})):
+        resolved = config.load(with_changes(demo_corpus, tmp_path, image=image,
+                                            transforms=[{"to_grayscale": options}]))
+        assert resolved.data["image"]["channels"] == image["channels"]
 
 
 def test_resolved_config_fills_defaults_and_ignores_key_order(demo_corpus, tmp_path):

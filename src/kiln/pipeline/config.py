@@ -269,10 +269,13 @@ def load(
         raise fail(_describe(e)) from None
 
     try:
+        # Plugins first: they may register transforms and augmentation ops.
         transforms.import_plugins(model.plugins)
-        chain = transforms.parse(model.transforms)
+        chain = dataclasses.replace(transforms.parse(model.transforms),
+                                    plugins=tuple(model.plugins))
     except transforms.TransformConfigError as e:
         raise fail(str(e)) from None
+    _check_channels(chain, model.image.channels, fail)
     augment = _validate_augment(model.augment, fail)
 
     data = _resolve(model, chain, augment)
@@ -298,6 +301,14 @@ def _read_yaml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except yaml.constructor.ConstructorError as e:
+        # safe_load builds plain data only: a tag such as !!python/object
+        # (which would run code with an unsafe loader) is refused.
+        where = f" (line {e.problem_mark.line + 1})" if e.problem_mark else ""
+        raise ConfigError(
+            f"config error in {path}: not valid YAML{where}: {e.problem}; a config is plain "
+            f"data (mappings, lists, strings, numbers), read with a safe loader"
+        ) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config error in {path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
@@ -334,6 +345,28 @@ def _describe(error: pydantic.ValidationError) -> str:
     elif message.startswith("Value error, "):
         message = message[len("Value error, "):]
     return f"{where}: {message}"
+
+
+def _check_channels(chain: transforms.Chain, channels: int, fail) -> None:
+    """Refuses a chain whose built-in transforms change the channel count away
+    from ``image.channels``: every image would be dropped at the first file.
+
+    Images are decoded to ``image.channels``, and the stored images must
+    have that many channels. `to_grayscale` makes one channel (three with
+    ``keep_channels``). User transforms are checked per image instead.
+    """
+    current = channels
+    for index, transform in enumerate(chain.transforms):
+        if transform.name != "to_grayscale":
+            continue
+        keep = dict(transform.params).get("keep_channels", False)
+        current = 3 if keep else 1
+        if current != channels:
+            fix = ("set image.channels: 1 to store gray images, or keep_channels: true to "
+                   "store three equal channels") if channels == 3 else \
+                  "drop keep_channels: true (image.channels: 1 stores one channel)"
+            raise fail(f"transforms[{index}].to_grayscale: gives {current}-channel images but "
+                       f"image.channels is {channels}; {fix}")
 
 
 def _validate_augment(specs: list[Any], fail) -> list[Any]:
