@@ -158,11 +158,23 @@ class Transform:
 
 @dataclasses.dataclass(frozen=True)
 class Chain:
-    """An ordered list of transforms applied one after the other."""
+    """An ordered list of transforms applied one after the other.
+
+    Attributes:
+      transforms: The transforms, in order.
+      plugins: The modules the config names in ``plugins:``. A chain is
+        shipped to Beam workers by pickling, and a worker is a fresh process
+        (``--direct_running_mode=multi_processing``, Dataflow) whose registry
+        has only the built-ins: the chain imports these modules there before
+        its first use, so user transforms resolve. No other module is imported.
+    """
 
     transforms: tuple[Transform, ...] = ()
+    plugins: tuple[str, ...] = ()
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
+        if self.plugins:
+            import_plugins(self.plugins)  # after the first call, a sys.modules look-up each
         for transform in self.transforms:
             image = transform(image)
         return image
