@@ -329,8 +329,19 @@ def _augmenter(metadata: DatasetInfo, split: str, augment, dataset_dir: str) -> 
             raise AugmentConfigError(
                 f"augment must be 'default', a list of ops, or None; got {augment!r}"
             )
-        stored = validate(metadata.augment,
-                          field=f"{_join(dataset_dir, METADATA_FILENAME)}: augment")
+        try:
+            stored = validate(metadata.augment,
+                              field=f"{_join(dataset_dir, METADATA_FILENAME)}: augment")
+        except AugmentConfigError as e:
+            plugins = metadata.config.get("plugins") or []
+            if plugins and "unknown augmentation op" in str(e):
+                # A dataset's files are data: the reader never imports the
+                # modules they name. Training code imports its own ops.
+                raise AugmentConfigError(
+                    f"{e}. The dataset was built with plugins: {plugins}; import the module "
+                    f"that registers the op before kiln.reader.load"
+                ) from None
+            raise
         return Augmenter(tuple(stored), training=(split == "train"))
     return Augmenter(tuple(validate(augment)), training=True)
 
