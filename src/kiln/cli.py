@@ -76,8 +76,17 @@ def _top_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_tensorflow(argv: list[str]) -> None:
+    # TensorFlow's C++ start-up lines (oneDNN, CUDA, CPU features) bury the
+    # command's own output. Hide INFO and WARNING unless the user asked for
+    # verbose output or set the variable themselves; errors still show.
+    if "-v" not in argv and "--verbose" not in argv:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _quiet_tensorflow(argv)
     parser = _top_parser()
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Find the command without importing every command's module.
