@@ -11,8 +11,10 @@ Stages and reasons (part of kiln's output format):
   manifest names a file that does not exist), ``unknown_label`` (not in the
   class list), ``unexpected_location`` (a file outside the folder layout),
   ``duplicate_key`` (a manifest lists one path with different labels or
-  splits), ``missing_split`` (``splits.from_source`` but the row has none).
-- ``read``: ``unreadable`` (permission denied, I/O error).
+  splits), ``missing_split`` (``splits.from_source`` but the row has none),
+  ``unreadable`` (a local path that is not a regular file: a folder, a
+  named pipe, a socket or a device).
+- ``read``: ``unreadable`` (permission denied, I/O error, vanished since listing).
 - ``decode``: the reasons of `kiln.transforms.decode.DecodeError` (``empty``,
   ``not_an_image``, ``unsupported_format``, ``corrupt``, ``too_many_pixels``,
   ``too_small``).

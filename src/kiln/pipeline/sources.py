@@ -19,7 +19,8 @@ into the job graph, so it scales to millions of files on Dataflow.
 Class names are sorted, so label ids are stable: the config's
 ``source.classes`` if given, else every label found. Problems with single
 files (a row that does not parse, a missing file, an unknown label, a file
-outside the layout) become `DroppedFile` rows, never exceptions.
+outside the layout, a local path that is not a regular file) become
+`DroppedFile` rows, never exceptions.
 
 Limitation: Beam's file matching treats ``*``, ``?`` and ``[`` in the image
 folder's root as glob characters.
@@ -35,6 +36,7 @@ import logging
 import os
 import posixpath
 import re
+import stat
 from typing import Any, Iterator
 
 from apache_beam.io.filesystems import FileSystems
@@ -181,6 +183,10 @@ def _list_image_folder(root: str, classes: list[str] | None, from_source: bool) 
                 f"class {label!r} is not in source.classes",
             ))
             continue
+        problem = _not_a_regular_file(metadata.path)
+        if problem:
+            dropped.append(DroppedFile(key, "list", "unreadable", metadata.path, problem))
+            continue
         files.append(SourceFile(
             key=key, uri=metadata.path, label=label_ids[label], split=split,
             size=int(metadata.size_in_bytes), mtime=float(metadata.last_updated_in_seconds),
@@ -194,6 +200,27 @@ def _list_image_folder(root: str, classes: list[str] | None, from_source: bool) 
         split_names=sorted({f.split for f in files}) if from_source else None,
         dropped_entries=[["dropped", d.reason, d.key] for d in dropped],
     )
+
+
+def _not_a_regular_file(uri: str) -> str | None:
+    """Why a local path cannot be read as an image file, or None if it can.
+
+    Beam lists named pipes, sockets and devices like files, and a manifest
+    may name a folder. Reading a named pipe blocks until someone writes to
+    it, so such paths are dropped here rather than handed to the job. Object
+    stores hold plain objects only; their paths are not checked.
+    """
+    if is_remote(uri):
+        return None
+    try:
+        mode = os.stat(uri).st_mode
+    except OSError as e:  # vanished, or a dangling symlink
+        return f"cannot stat the file: {e.strerror}"
+    if stat.S_ISREG(mode):
+        return None
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device or other special file")
+    return f"not a regular file but {kind}"
 
 
 def _relative(path: str, root: str) -> str:
@@ -284,6 +311,10 @@ def _list_manifest(path: str, classes: list[str] | None, from_source: bool) -> L
             metadata = FileSystems.get_filesystem(uri).metadata(uri)
         except Exception as e:  # BeamIOError locally, FileNotFoundError on GCS...
             drop(key, uri, "missing", f"listed in {name} but not found ({_short(e)})", key)
+            continue
+        problem = _not_a_regular_file(uri)
+        if problem:
+            drop(key, uri, "unreadable", problem, key)
             continue
         files.append(SourceFile(
             key=key, uri=uri, label=label_ids[label], split=split,

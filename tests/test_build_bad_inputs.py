@@ -1,0 +1,221 @@
+"""Bad input never crashes a build: one corpus holding every kind of bad file and
+bad manifest row builds, and each is an errors.jsonl row with its stage and
+reason, counted per reason in kiln.json, the counters, the printed summary and
+the --report JSON."""
+
+import glob
+import json
+import os
+import shutil
+import struct
+import types
+import zlib
+
+import numpy as np
+import pytest
+import yaml
+
+import kiln.reader
+from kiln import cli
+from kiln.transforms import encode_image
+from kiln.tools import verify
+
+from conftest import make_config
+from test_build import corpus_files, read_all
+
+CLASSES = ["circle", "square", "star", "triangle"]
+FIELDS = {"key", "uri", "stage", "reason", "message"}
+
+
+def png_declaring(width, height):
+    """A PNG whose header declares width x height RGB pixels, with only a few
+    rows of data: a decompression bomb's header, refused before decoding."""
+    def chunk(kind, data):
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    rows = zlib.compress(b"\0" * (3 * width + 1) * 4)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows)
+            + chunk(b"IEND", b""))
+
+
+def qoi_image(width, height):
+    """A valid QOI ("Quite OK Image") file, a real format OpenCV does not read."""
+    pixels = b"".join(b"\xfe" + bytes([(17 * i) % 256, 90, 200]) for i in range(width * height))
+    return (b"qoif" + struct.pack(">IIBB", width, height, 3, 0) + pixels
+            + b"\x00" * 7 + b"\x01")
+
+
+def permission_denied_path(tmp_path):
+    """A regular file that opening for reading really refuses (EACCES).
+
+    For a normal user: a file with mode 000. Root reads any file whatever its
+    mode bits, so as root: a write-only sysfs attribute such as
+    /sys/bus/pci/uevent, which the kernel refuses to open for reading to
+    every user.
+    """
+    if os.geteuid() != 0:
+        path = tmp_path / "secret.png"
+        path.write_bytes(b"\x89PNG\r\n\x1a\n")
+        path.chmod(0)
+        return str(path)
+    candidates = sorted(glob.glob("/sys/bus/*/uevent")) + sorted(glob.glob("/sys/module/*/uevent"))
+    for candidate in candidates:
+        try:
+            open(candidate, "rb").close()
+        except PermissionError:
+            return candidate
+        except OSError:
+            continue
+    pytest.fail("running as root and no write-only sysfs file found: nothing on this machine "
+                "can stand for a file the build may not read")
+
+
+def write_bad_corpus(corpus, folder, tmp_path):
+    """Good images plus one of every bad kind, under `folder`/images, and a
+    manifest naming them. Returns (manifest path, good keys, expected drops:
+    key -> (stage, reason, a piece of the message))."""
+    images = folder / "images"
+    good = [k for k in corpus_files(corpus) if k not in corpus.broken][::3]
+    for key in good:
+        (images / key).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(os.path.join(corpus.out_dir, key), images / key)
+    with open(os.path.join(corpus.out_dir, good[0]), "rb") as f:
+        whole = f.read()
+    bad = images / "bad"
+    bad.mkdir()
+    files = {
+        "empty.jpg": b"",
+        "truncated.png": whole[: len(whole) // 2],
+        "notes.png": b"these are my holiday notes, not a picture\n",
+        "picture.qoi": qoi_image(4, 4),
+        "bomb.png": png_declaring(50_000, 50_000),
+        "tiny.png": encode_image(np.full((4, 6, 3), 128, np.uint8), format="png"),
+        "hexagon.png": whole,  # a good image, with a label not in the class list
+    }
+    for name, data in files.items():
+        (bad / name).write_bytes(data)
+    os.mkfifo(bad / "pipe.png")
+    (bad / "folder.png").mkdir()
+    denied = permission_denied_path(tmp_path)
+
+    rows = [f"images/{k},{k.split('/')[0]}" for k in good]
+    rows += [f"images/bad/{name},circle" for name in files if name != "hexagon.png"]
+    rows += [
+        "images/bad/pipe.png,circle",
+        "images/bad/folder.png,square",
+        f"{denied},square",
+        "images/bad/not_there.png,star",                 # missing
+        "images/bad/hexagon.png,hexagon",                # not in the class list
+        f"images/{good[2]},circle,extra",                # does not parse: too many fields
+        "images/bad/unlabelled.png,",                    # does not parse: no label
+        f"images/{good[3]},triangle",                    # listed twice, labels disagree
+    ]
+    (folder / "manifest.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+
+    def line(text):
+        return f"manifest.csv:{rows.index(text) + 2}"
+
+    expected = {
+        "images/bad/empty.jpg": ("decode", "empty", "0 bytes"),
+        "images/bad/truncated.png": ("decode", "corrupt", ""),
+        "images/bad/notes.png": ("decode", "not_an_image", ""),
+        "images/bad/picture.qoi": ("decode", "unsupported_format", "QOI"),
+        # "declares": refused from the header, before OpenCV allocates anything
+        "images/bad/bomb.png": ("decode", "too_many_pixels", "declares 50000x50000"),
+        "images/bad/tiny.png": ("decode", "too_small", "6x4 (WxH), smaller than min_size 8"),
+        "images/bad/pipe.png": ("list", "unreadable", "named pipe"),
+        "images/bad/folder.png": ("list", "unreadable", "a folder"),
+        denied: ("read", "unreadable", "Permission denied"),
+        "images/bad/not_there.png": ("list", "missing", "not found"),
+        "images/bad/hexagon.png": ("list", "unknown_label", "'hexagon' is not in source.classes"),
+        line(f"images/{good[2]},circle,extra"): ("list", "bad_row", "expected 2 fields, got 3"),
+        line("images/bad/unlabelled.png,"): ("list", "bad_row", "empty path or label"),
+        f"images/{good[3]}": ("list", "duplicate_key", "different labels"),
+    }
+    kept = sorted(f"images/{k}" for k in good if k != good[3])
+    return str(folder / "manifest.csv"), kept, expected
+
+
+@pytest.mark.timeout(300)  # a named pipe handed to the job would block forever
+def test_every_kind_of_bad_input_is_dropped_with_a_reason(demo_corpus, tmp_path, capsys):
+    manifest, kept, expected = write_bad_corpus(demo_corpus, tmp_path / "data", tmp_path)
+    config = make_config(
+        demo_corpus.out_dir, output=str(tmp_path / "out"),
+        source={"type": "manifest", "path": manifest, "classes": CLASSES},
+        image={"channels": 3, "min_size": 8},
+        errors={"max_fraction": 0.6},
+        sharding={"num_shards": 1},
+    )
+    config_path = tmp_path / "bad-inputs.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    report_path = tmp_path / "report.json"
+
+    code = cli.main(["build", "--config", str(config_path), "--report", str(report_path)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    report = json.loads(report_path.read_text())
+    dataset_dir = report["dataset_dir"]
+
+    with open(os.path.join(dataset_dir, "errors.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert all(set(row) == FIELDS for row in rows)
+    found = {row["key"]: row for row in rows}
+    assert sorted(found) == sorted(expected)
+    for key, (stage, reason, fragment) in expected.items():
+        row = found[key]
+        assert (row["stage"], row["reason"]) == (stage, reason), row
+        assert fragment in row["message"] and row["message"], row
+        if reason != "bad_row":  # a row's uri is the manifest, checked below
+            assert row["uri"].endswith(key.replace("images/", "", 1).lstrip("/")), row
+    assert found[next(k for k in expected if k.startswith("manifest.csv:"))]["uri"] == manifest
+
+    by_reason = {}
+    for stage, reason, _ in expected.values():
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+    assert by_reason["unreadable"] == 3 and len(by_reason) == 11
+    with open(os.path.join(dataset_dir, "kiln.json")) as f:
+        assert json.load(f)["dropped"] == by_reason
+    assert report["dropped"] == by_reason and report["dropped_total"] == len(expected)
+    assert {k[len("dropped_"):]: v for k, v in report["counters"].items()
+            if k.startswith("dropped_")} == by_reason
+    total = len(expected)
+    listed = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items()))
+    assert f"  dropped: {total} ({listed}); see {dataset_dir}/errors.jsonl" in printed.out
+
+    # Every good image is in the dataset, and the dataset checks out.
+    records = read_all(types.SimpleNamespace(info=kiln.reader.info(dataset_dir),
+                                             dataset_dir=dataset_dir))
+    assert sorted(r["key"] for split in records.values() for r in split) == kept
+    assert verify.verify(dataset_dir).ok
+
+
+@pytest.mark.timeout(300)
+def test_image_folder_special_files_and_misplaced_files(demo_corpus, tmp_path):
+    root = tmp_path / "images"
+    good = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken][::6]
+    for key in good:
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(os.path.join(demo_corpus.out_dir, key), root / key)
+    os.mkfifo(root / "circle" / "pipe.jpg")
+    (root / "hexagon").mkdir()
+    shutil.copyfile(os.path.join(demo_corpus.out_dir, good[0]), root / "hexagon" / "h.png")
+    shutil.copyfile(os.path.join(demo_corpus.out_dir, good[0]), root / "loose.png")
+    (root / ".cache").mkdir()
+    (root / ".cache" / "thumbs.db").write_bytes(b"hidden files are not inputs")
+
+    from kiln.pipeline import build
+
+    result = build(make_config(str(root), output=str(tmp_path / "out"),
+                               source={"type": "image_folder", "root": str(root),
+                                       "classes": CLASSES},
+                               errors={"max_fraction": 0.5}, sharding={"num_shards": 1}))
+    with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
+        rows = {row["key"]: (row["stage"], row["reason"]) for row in map(json.loads, f)}
+    assert rows == {
+        "circle/pipe.jpg": ("list", "unreadable"),
+        "hexagon/h.png": ("list", "unknown_label"),
+        "loose.png": ("list", "unexpected_location"),
+    }
+    assert result.info.dropped == {"unreadable": 1, "unknown_label": 1, "unexpected_location": 1}
+    assert sum(s.num_examples for s in result.info.splits.values()) == len(good)
