@@ -80,7 +80,7 @@ def test_dataflow_dry_run_translates_the_job(demo_corpus, no_network_no_credenti
     proto = result.job.proto_pipeline
 
     names = {t.unique_name for t in proto.components.transforms.values()}
-    for step in ["ReadListing", "SpreadFiles", "ProcessImages/BatchFiles",
+    for step in ["ReadListing", "SpreadFiles",
                  "ProcessImages/DecodeTransformEncode", "AssignSplits",
                  "WriteShards/GroupShards", "WriteShards/WriteShardFiles",
                  "ComputeStatistics/CombineChannelMoments", "WriteErrorReport/WriteErrorsJsonl",
@@ -101,7 +101,7 @@ def test_dataflow_dry_run_translates_the_job(demo_corpus, no_network_no_credenti
     key = next(f for f in listing.files if f.key.startswith("star/"))
     process_fn.setup()
     try:
-        outputs = list(process_fn.process([{**key.to_json()}]))
+        outputs = list(process_fn.process({**key.to_json()}))
     finally:
         process_fn.teardown()
     (image,) = [o for o in outputs if hasattr(o, "record")]
