@@ -208,6 +208,28 @@ def test_write_shards_writes_empty_shards_and_sizes_by_target(tmp_path):
     assert len(paths) == -(-total // 2048) > 1
 
 
+def test_records_spill_to_sorted_runs_that_are_merged_and_deleted(tmp_path):
+    # A ~1 KB run size against ~5 KB of records: many runs, each holding
+    # records of every shard; the shards must still hold exactly their hash
+    # range in order, and no run file may be left behind.
+    records = sharded_records(150, "train", seed=3)
+    random.Random(1).shuffle(records)
+    config = {"num_shards": 3, "target_shard_mb": 1024 / 2**20, "compression": "none"}
+    temp = tmp_path / "out" / ".work" / "tmp"
+    with local_pipeline() as p:
+        runs = (p | beam.Create(records)
+                | beam.ParDo(sharding.SpillRunsFn(str(tmp_path / "runs"), 1024))
+                | beam.Map(lambda run: len(run.entries)))
+        assert_that(runs | beam.combiners.Count.Globally(),
+                    lambda counts: counts[0] > 3 or pytest.fail(f"{counts} runs"), label="Runs")
+        assert_that(runs | beam.CombineGlobally(sum), equal_to([150]), label="AllSpilled")
+    folder = run_write_shards(tmp_path, records, config)
+    paths = sorted(glob.glob(os.path.join(folder, "ds-train.tfrecord-*-of-00003")))
+    wanted = sorted(records, key=lambda r: r.sort_key)
+    assert [r for path in paths for r in read_tfrecords(path)] == [r.record for r in wanted]
+    assert not os.listdir(temp)
+
+
 def test_gzip_shards_are_readable_and_deterministic(tmp_path):
     records = [r.record for r in sharded_records(30)]
     first = sharding.write_shard(str(tmp_path / "a.gz"), str(tmp_path / "a.tmp"), records, "gzip")
