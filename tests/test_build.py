@@ -251,7 +251,8 @@ def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, 
 
     config["errors"] = {"max_fraction": 0.1}
     result = build(config)
-    assert sorted(os.listdir(dataset_root)) == sorted([".stamps", "LATEST", result.version])
+    assert sorted(os.listdir(dataset_root)) == sorted(
+        [".published", ".stamps", "LATEST", result.version])
 
 
 def test_cli_builds_and_prints_a_summary(demo_corpus, tmp_path, capsys):

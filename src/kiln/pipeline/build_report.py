@@ -46,6 +46,7 @@ def succeeded(result: BuildResult, elapsed_seconds: float) -> dict[str, Any]:
         "duplicates": info.duplicates,
         "duplicates_across_splits": result.duplicates_across_splits,
         "counters": dict(result.counters),
+        "pruned": list(result.pruned),
         "elapsed_seconds": round(elapsed_seconds, 3),
     }
 

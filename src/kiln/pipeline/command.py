@@ -7,6 +7,7 @@ Locally (Beam's local batch engine, every core; no download, no service)::
     kiln build --config configs/demo.yaml --direct_num_workers=2 --direct_running_mode=multi_processing
     python -m kiln.pipeline --config configs/demo.yaml
     kiln build --config configs/demo.yaml --quiet --report build/report.json   # for schedulers
+    kiln build --config configs/demo.yaml --keep 3          # then delete all but 3 versions
 
 On Dataflow (the source and output in gs://; needs ``pip install 'kiln[gcp]'``
 and a container image built from the Dockerfile, see its header)::
@@ -47,7 +48,7 @@ exit codes:
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.usage = ("kiln build --config FILE [--output ROOT] [--quiet] [--report FILE] "
-                    "[Beam pipeline options...]")
+                    "[--keep N] [Beam pipeline options...]")
     parser.epilog = EPILOG
     parser.add_argument("--config", required=True, metavar="FILE",
                         help="the build config (YAML), e.g. configs/demo.yaml")
@@ -63,6 +64,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", metavar="FILE",
                         help="write the end-of-build summary as JSON to FILE (also when the "
                              "build fails), for schedulers; local path or gs://")
+    parser.add_argument("--keep", type=int, metavar="N",
+                        help="after publishing (or finding the dataset up to date), delete all "
+                             "but the N most recently published versions; never the one LATEST "
+                             "names (default: keep all)")
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
@@ -70,9 +75,11 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     try:
         if args.image_threads is not None and args.image_threads < 1:
             raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
+        if args.keep is not None and args.keep < 1:
+            raise UsageError(f"--keep must be at least 1 (LATEST's version), got {args.keep}")
         result = build(args.config, extra_argv, output=args.output,
                        image_threads=args.image_threads,
-                       show_progress=not args.quiet and sys.stderr.isatty())
+                       show_progress=not args.quiet and sys.stderr.isatty(), keep=args.keep)
     except BuildError as e:
         print(f"kiln build: failed: {e}", file=sys.stderr)
         _report(args, build_report.failed(str(e), 1, time.monotonic() - started))
@@ -116,4 +123,6 @@ def summary(result: BuildResult) -> str:
         duplicates += (f" ({result.duplicates_across_splits} in a different split than "
                        f"their first copy: the source's splits leak)")
     lines.append(duplicates)
+    if result.pruned:
+        lines.append(f"  pruned: {len(result.pruned)} old version(s): {', '.join(result.pruned)}")
     return "\n".join(lines)

@@ -13,7 +13,8 @@ What it does, in order:
    before anything else happens.
 2. List the source (`sources.list_source`) and compute the input stamp. If
    a complete version was already built from this listing and config,
-   point LATEST at it and return (``up_to_date``) without starting Beam.
+   point LATEST at it and return (``up_to_date``) without starting Beam
+   (deleting what a killed build left behind, as every build does).
 3. Delete stale staging folders, create a new one, write the listing there,
    construct the job (`job.construct`) and run it to completion.
 4. Read the job's report. If more than ``errors.max_fraction`` of the inputs
@@ -21,6 +22,7 @@ What it does, in order:
    is kept for its errors.jsonl until the next build cleans it up.
 5. Derive the content-addressed version (`versioning`), write `kiln.json`
    last, move the folder into place and replace LATEST (`publish`).
+6. With ``keep``, prune all but the newest versions (never LATEST's).
 
 The local default runner is Beam's FnApiRunner, the batch engine inside the
 DirectRunner, set up exactly as the DirectRunner sets it up. It is chosen
@@ -89,6 +91,7 @@ class BuildResult:
         come from the source); 0 when up to date.
       counters: Beam counters of the run (files_read, images_decoded,
         records_written, dropped_<reason>...); empty when up to date.
+      pruned: Versions deleted by ``keep``, newest first.
     """
 
     dataset_dir: str
@@ -97,6 +100,7 @@ class BuildResult:
     up_to_date: bool
     duplicates_across_splits: int = 0
     counters: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    pruned: tuple[str, ...] = ()
 
     @property
     def dataset_root(self) -> str:
@@ -189,6 +193,7 @@ def build(
     output: str | None = None,
     image_threads: int | None = None,
     show_progress: bool = False,
+    keep: int | None = None,
 ) -> BuildResult:
     """Builds (or finds up to date) the dataset a config describes.
 
@@ -200,6 +205,10 @@ def build(
         core on a local runner, 1 on a distributed one (`default_image_threads`).
       show_progress: Redraw a progress line (files done of total, rate, time
         left) on stderr while the job runs; local runners only (`progress`).
+      keep: After publishing (or finding the dataset up to date), delete all
+        but the `keep` most recently published versions; never the one
+        LATEST names. None keeps every version. A failure to prune is
+        logged, not raised: the dataset is published.
 
     Returns:
       The `BuildResult`; LATEST names its version.
@@ -209,6 +218,8 @@ def build(
       BuildError: the job failed or dropped too many inputs (nothing was
         published).
     """
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
     if isinstance(config, ResolvedConfig):
         if output is not None:
             raise ValueError("output= applies to a config file or mapping; a ResolvedConfig "
@@ -223,11 +234,14 @@ def build(
 
     existing = publish.stamped_version(root, stamp)
     if existing is not None:
+        publish.clean_stale_staging(root)
         if publish.latest_version(root) != existing:
+            publish.record_published(root, existing)
             publish.point_latest(root, existing)
         logger.info("up to date: %s", existing)
         directory = publish.version_dir(root, existing)
-        return BuildResult(directory, existing, read_info(directory), up_to_date=True)
+        return BuildResult(directory, existing, read_info(directory), up_to_date=True,
+                           pruned=_prune(root, keep))
 
     publish.clean_stale_staging(root)
     staging = publish.new_staging_dir(root, stamp)
@@ -274,6 +288,7 @@ def build(
         else:
             publish.move_into_place(staging, target)
         publish.record_stamp(root, stamp, version)
+        publish.record_published(root, version)
         publish.point_latest(root, version)  # last of all
     except BaseException:
         if not keep_staging:
@@ -289,7 +304,18 @@ def build(
         up_to_date=False,
         duplicates_across_splits=int(report["duplicates_across_splits"]),
         counters=counters,
+        pruned=_prune(root, keep),
     )
+
+
+def _prune(root: str, keep: int | None) -> tuple[str, ...]:
+    if keep is None:
+        return ()
+    try:
+        return tuple(publish.prune_versions(root, keep))
+    except Exception:  # e.g. permission denied on one file: the build itself succeeded
+        logger.warning("could not prune old versions of %s", root, exc_info=True)
+        return ()
 
 
 def _too_many_dropped(dropped: int, total: int, max_fraction: float,

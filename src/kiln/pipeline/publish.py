@@ -6,6 +6,8 @@ A dataset root ``<output>/<name>/`` holds::
     LATEST                  the name of the version readers should use
     .staging-<stamp>-<rnd>/ a build in progress (never read)
     .stamps/<stamp>         the version an input listing was built into
+    .published/<version>    when LATEST last named the version (a sequence
+                            number), so `prune_versions` keeps the newest
 
 A build writes everything into its staging folder, `kiln.json` last, then
 `publish` moves the folder to ``<version>/`` and replaces LATEST, last of
@@ -18,6 +20,10 @@ rename is copy-then-delete, so there the files are moved one by one with
 `kiln.json` last (a version folder without `kiln.json` is incomplete and
 is replaced by the next build), and LATEST is written as a single object
 write, which is atomic.
+
+Small files (LATEST, stamps) are written to a hidden temp name and renamed
+locally; a build killed in between leaves a ``.LATEST.tmp-*`` file that the
+next build deletes with the stale staging folders.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from kiln.schemas import LATEST_FILENAME, METADATA_FILENAME, STAGING_PREFIX
 logger = logging.getLogger(__name__)
 
 STAMPS_FOLDER = ".stamps"
+PUBLISHED_FOLDER = ".published"
+_TEMP_MARK = ".tmp-"
 WORK_FOLDER = ".work"  # inside staging: listing, temp shards, job report
 
 
@@ -64,8 +72,9 @@ def write_text(path: str, text: str) -> None:
         with FileSystems.create(path) as f:
             f.write(data)
         return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    temp = f"{path}.tmp-{secrets.token_hex(4)}"
+    folder, name = os.path.split(path)
+    os.makedirs(folder, exist_ok=True)
+    temp = os.path.join(folder, f".{name}{_TEMP_MARK}{secrets.token_hex(4)}")  # hidden
     with open(temp, "wb") as f:
         f.write(data)
         f.flush()
@@ -131,7 +140,8 @@ def stale_staging_dirs(dataset_root: str) -> list[str]:
 
 
 def clean_stale_staging(dataset_root: str) -> list[str]:
-    """Deletes the staging folders a killed or failed build left behind.
+    """Deletes what a killed or failed build left behind: its staging folder,
+    and temp files of small writes it did not finish (local only).
 
     Builds of one dataset must not run at the same time: this would delete
     the other build's staging folder.
@@ -140,7 +150,109 @@ def clean_stale_staging(dataset_root: str) -> list[str]:
     for directory in stale:
         logger.info("deleting the stale staging folder %s", directory)
         delete_tree(directory)
+    if not is_remote(dataset_root):
+        for folder in (dataset_root, os.path.join(dataset_root, STAMPS_FOLDER),
+                       os.path.join(dataset_root, PUBLISHED_FOLDER)):
+            if not os.path.isdir(folder):
+                continue
+            for entry in sorted(os.listdir(folder)):
+                if entry.startswith(".") and _TEMP_MARK in entry:
+                    stale.append(os.path.join(folder, entry))
+                    os.remove(stale[-1])
     return stale
+
+
+def versions(dataset_root: str) -> list[str]:
+    """Names of the version folders under a dataset root, complete or not, sorted."""
+    if not is_remote(dataset_root):
+        if not os.path.isdir(dataset_root):
+            return []
+        return sorted(entry for entry in os.listdir(dataset_root)
+                      if not entry.startswith(".")
+                      and os.path.isdir(os.path.join(dataset_root, entry)))
+    root = dataset_root.rstrip("/")
+    found = set()
+    for metadata in FileSystems.match([root + "/*/**"])[0].metadata_list:
+        first = metadata.path[len(root) + 1:].split("/", 1)[0]
+        if not first.startswith("."):
+            found.add(first)
+    return sorted(found)
+
+
+def record_published(dataset_root: str, version: str) -> None:
+    """Notes that LATEST is about to name `version`: the newest publication.
+
+    A sequence number rather than a clock time, so machines with skewed
+    clocks (a laptop, then a scheduler) still order publications right.
+    """
+    marks = _published_marks(dataset_root)
+    write_text(FileSystems.join(dataset_root, PUBLISHED_FOLDER, version),
+               f"{max(marks.values(), default=0) + 1}\n")
+
+
+def _small_files(folder: str) -> dict[str, str]:
+    """Path -> text of every file directly in `folder` (temp files left out)."""
+    if is_remote(folder):
+        paths = [m.path for m in FileSystems.match([folder.rstrip("/") + "/*"])[0].metadata_list]
+    elif os.path.isdir(folder):
+        paths = [os.path.join(folder, entry) for entry in os.listdir(folder)
+                 if not entry.startswith(".")]
+    else:
+        paths = []
+    return {path: (read_text(path) or "").strip() for path in sorted(paths)}
+
+
+def _published_marks(dataset_root: str) -> dict[str, int]:
+    """Version -> its publication's sequence number."""
+    return {path.rstrip("/").rsplit("/", 1)[-1]: int(text)
+            for path, text in _small_files(FileSystems.join(dataset_root, PUBLISHED_FOLDER)).items()
+            if text.isdigit()}
+
+
+def prune_versions(dataset_root: str, keep: int) -> list[str]:
+    """Deletes all but the `keep` most recently published complete versions,
+    never the one LATEST names. Returns the pruned version names.
+
+    Recency is the order in which LATEST named them (`record_published`);
+    versions published before kiln recorded it count as older than any that
+    has a record, among themselves ordered by their kiln.json's time. Each
+    version loses its kiln.json first, so a reader resolving it during the
+    deletion gets "incomplete" rather than a missing shard. Folders without
+    kiln.json are left alone: invisible to readers, and replaced by the next
+    build of that version.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
+    latest = latest_version(dataset_root)
+    marks = _published_marks(dataset_root)
+    complete = [v for v in versions(dataset_root) if is_complete(version_dir(dataset_root, v))]
+
+    def recency(version: str):
+        if version in marks:
+            return (1, marks[version], version)
+        metadata_path = FileSystems.join(version_dir(dataset_root, version), METADATA_FILENAME)
+        return (0, FileSystems.match([metadata_path])[0].metadata_list[0].last_updated_in_seconds,
+                version)
+
+    newest_first = sorted(complete, key=recency, reverse=True)
+    kept = set(newest_first[:keep]) | ({latest} if latest else set())
+    pruned = [v for v in newest_first if v not in kept]
+    if not pruned:
+        return []
+    stamps = _small_files(FileSystems.join(dataset_root, STAMPS_FOLDER))  # path -> version
+    for version in pruned:
+        logger.info("pruning version %s", version)
+        directory = version_dir(dataset_root, version)
+        FileSystems.delete([FileSystems.join(directory, METADATA_FILENAME)])
+        delete_tree(directory)
+        for path, stamped in stamps.items():
+            if stamped == version:
+                FileSystems.delete([path])
+        marker = FileSystems.join(dataset_root, PUBLISHED_FOLDER, version)
+        if FileSystems.exists(marker):
+            FileSystems.delete([marker])
+    return pruned
+
 
 
 def move_into_place(staging: str, target: str) -> None:

@@ -1,0 +1,308 @@
+"""Publishing under failure and over time: a build killed with SIGKILL at any
+moment never harms what readers see, a retried shard write leaves one correct
+file, and --keep prunes old versions but never LATEST's."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import yaml
+
+import kiln.reader
+from kiln import cli
+from kiln.pipeline import build, publish
+from kiln.schemas import MetadataError
+from kiln.tools import verify
+
+import object_store
+from conftest import make_config
+from test_build import corpus_files
+from test_pipeline_transforms import read_tfrecords, run_write_shards, sharded_records
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def small_corpus(corpus, root, every=5):
+    """Every `every`-th good demo image under `root`; returns the keys."""
+    keys = [k for k in corpus_files(corpus) if k not in corpus.broken][::every]
+    for key in keys:
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(os.path.join(corpus.out_dir, key), root / key)
+    return keys
+
+
+def add_image(corpus, root, keys, name):
+    """A new input file (a copy of a demo image under a new key): a new version."""
+    shutil.copyfile(os.path.join(corpus.out_dir, keys[0]), root / keys[0].split("/")[0] / name)
+
+
+# --- retries ----------------------------------------------------------------------------
+
+
+def test_shards_written_again_leave_one_correct_file_each(tmp_path):
+    """Beam may run a bundle again (a retry, or a speculative copy on Dataflow)
+    over what an earlier attempt left: a complete shard, or a partial temp file."""
+    records = sharded_records(40) + sharded_records(5, "test", seed=3)
+    config = {"num_shards": {"train": 3, "test": 1}, "target_shard_mb": 1, "compression": "none"}
+    folder = run_write_shards(tmp_path, records, config)
+    shards = sorted(e for e in os.listdir(folder) if not e.startswith("."))
+    first = {name: verify._size_and_sha256(os.path.join(folder, name)) for name in shards}
+    temp = os.path.join(folder, ".work", "tmp")
+    os.makedirs(temp, exist_ok=True)
+    with open(os.path.join(temp, shards[0] + ".0badc0ffee"), "wb") as f:
+        f.write(b"an attempt that died half-way")
+
+    run_write_shards(tmp_path, list(reversed(records)), config)  # every shard written again
+    assert sorted(e for e in os.listdir(folder) if not e.startswith(".")) == shards
+    assert {name: verify._size_and_sha256(os.path.join(folder, name)) for name in shards} == first
+    by_split = {"train": sorted(r for r in records if r.split == "train"),
+                "test": sorted(r for r in records if r.split == "test")}
+    for split, expected in by_split.items():
+        read = [record for name in shards if f"-{split}." in name
+                for record in read_tfrecords(os.path.join(folder, name))]
+        assert read == [r.record for r in expected]
+
+
+# --- pruning --------------------------------------------------------------------------
+
+
+def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys):
+    root = tmp_path / "images"
+    keys = small_corpus(demo_corpus, root)
+    config = make_config(str(root), output=str(tmp_path / "out"), sharding={"num_shards": 1},
+                         splits={"fractions": {"train": 1.0}})
+    first = build(config)
+    add_image(demo_corpus, root, keys, "added.png")  # an added file: a new version
+    second = build(config)
+    with open(root / keys[1], "rb") as f:
+        other = f.read()
+    with open(root / keys[2], "wb") as f:  # a changed file: another one
+        f.write(other)
+    third = build(config, keep=2)
+    assert len({first.version, second.version, third.version}) == 3
+    assert third.pruned == (first.version,)
+    dataset_root = third.dataset_root
+    assert publish.versions(dataset_root) == sorted([second.version, third.version])
+    assert not os.path.exists(first.dataset_dir)
+    stamped = {p.read_text() for p in (tmp_path / "out" / "shapes" / ".stamps").iterdir()}
+    assert stamped == {second.version, third.version}
+    with pytest.raises(MetadataError):
+        kiln.reader.info(first.dataset_dir)
+
+    # A roll-back: LATEST names an older version. Pruning to one keeps the
+    # newest and LATEST's.
+    publish.point_latest(dataset_root, second.version)
+    removed = publish.stale_staging_dirs(dataset_root)
+    assert publish.prune_versions(dataset_root, 1) == []  # newest + LATEST: both kept
+    assert removed == [] and publish.versions(dataset_root) == sorted([second.version,
+                                                                        third.version])
+    os.remove(root / "circle" / "added.png")
+    os.remove(root / keys[2])
+    shutil.copyfile(os.path.join(demo_corpus.out_dir, keys[2]), root / keys[2])
+    fourth = build(config, keep=1)  # inputs of the first version again: rebuilt
+    assert fourth.version == first.version and not fourth.up_to_date
+    assert fourth.pruned == (third.version, second.version)
+    assert publish.versions(dataset_root) == [first.version]
+
+    # The command: --keep in the summary and the report, and never below 1.
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    add_image(demo_corpus, root, keys, "again.png")
+    report = tmp_path / "report.json"
+    assert cli.main(["build", "--config", str(path), "--keep", "1", "--report",
+                     str(report)]) == 0
+    fifth = json.loads(report.read_text())
+    assert fifth["pruned"] == [first.version]
+    assert f"  pruned: 1 old version(s): {first.version}" in capsys.readouterr().out
+    assert cli.main(["build", "--config", str(path), "--keep", "0"]) == 2
+    assert "--keep must be at least 1" in capsys.readouterr().err
+    assert publish.versions(dataset_root) == [fifth["version"]]
+
+
+def test_keep_on_an_object_store(demo_corpus):
+    """No directories, no atomic rename: each pruned version loses its kiln.json
+    first, then every other object under its prefix."""
+    bucket = f"{object_store.SCHEME}://bucket"
+    object_store.reset()
+    keys = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken][::6]
+    for key in keys:
+        with open(os.path.join(demo_corpus.out_dir, key), "rb") as f:
+            object_store.put(f"{bucket}/images/{key}", f.read())
+    try:
+        config = make_config(f"{bucket}/images", output=f"{bucket}/datasets",
+                             sharding={"num_shards": 1}, splits={"fractions": {"train": 1.0}})
+        first = build(config)
+        object_store.put(f"{bucket}/images/{keys[0].split('/')[0]}/added.png",
+                         object_store.get(f"{bucket}/images/{keys[1]}"))
+        object_store.EVENTS.clear()
+        second = build(config, keep=1)
+        assert second.pruned == (first.version,)
+        assert publish.versions(second.dataset_root) == [second.version]
+        assert object_store.names(first.dataset_dir + "/") == []
+        deleted = [path for kind, path in object_store.EVENTS
+                   if kind == "delete" and path.startswith(first.dataset_dir + "/")]
+        assert deleted[0] == f"{first.dataset_dir}/kiln.json" and len(deleted) > 3
+        assert object_store.get(f"{second.dataset_root}/LATEST").decode() == second.version
+        assert object_store.names(f"{second.dataset_dir}/kiln.json")
+    finally:
+        object_store.reset()
+
+
+# --- SIGKILL ----------------------------------------------------------------------------
+
+# Runs `kiln build` and SIGKILLs itself right after one publishing step
+# returns: the moments a random delay almost never hits.
+KILL_AFTER = textwrap.dedent("""
+    import os, signal, sys
+    from kiln import cli
+    from kiln.pipeline import launcher, publish
+    module = {"launcher": launcher, "publish": publish}[sys.argv[1]]
+    original = getattr(module, sys.argv[2])
+
+    def then_die(*args, **kwargs):
+        result = original(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    setattr(module, sys.argv[2], then_die)
+    sys.exit(cli.main(["build", *sys.argv[3:]]))
+""")
+PRECISE_KILLS = [
+    ("publish", "record_published"),  # version in place, stamped, LATEST not yet replaced
+    ("launcher", "write_tfds_metadata"),  # staging complete but for kiln.json
+]
+
+
+def start_build(config_path, *kill_after):
+    """`kiln build --config config_path --quiet` in a new process group (a
+    session, so killing it kills any worker it started); output goes to a
+    log file beside the config, read back by `log`."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(REPO, "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    command = ["-c", KILL_AFTER, *kill_after] if kill_after else ["-m", "kiln.pipeline"]
+    with open(os.path.join(os.path.dirname(config_path), "build.log"), "w") as out:
+        return subprocess.Popen([sys.executable, *command, "--config", str(config_path),
+                                 "--quiet"], env=env, start_new_session=True,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def log(config_path):
+    with open(os.path.join(os.path.dirname(config_path), "build.log")) as f:
+        return f.read()[-4000:]
+
+
+def run_and_watch(config_path, dataset_root):
+    """Runs a build to completion, watching the dataset root. Returns seconds
+    from the start until a staging folder appeared, until LATEST appeared,
+    and until the process ended."""
+    started = time.monotonic()
+    process = start_build(config_path)
+    staged = published = None
+    while process.poll() is None:
+        elapsed = time.monotonic() - started
+        entries = os.listdir(dataset_root) if os.path.isdir(dataset_root) else []
+        if staged is None and any(e.startswith(".staging-") for e in entries):
+            staged = elapsed
+        if published is None and "LATEST" in entries:
+            published = elapsed
+        time.sleep(0.005)
+    assert process.returncode == 0, log(config_path)
+    ended = time.monotonic() - started
+    return staged or 0.0, published or ended, ended
+
+
+def assert_nothing_half_written(dataset_root, previous, verified):
+    """What a reader can see is whole, and the previous LATEST is intact.
+
+    "Visible" is everything a reader can open: LATEST, and every entry of the
+    dataset root whose name does not start with '.' (staging folders, stamps
+    and temp files are hidden, and never read). LATEST must name a complete
+    version, every visible folder must be a complete version that `kiln
+    verify` passes, and the version LATEST named before the build must still
+    pass and read back through kiln.reader. A complete version never
+    changes, so each is verified once (`verified` holds their names).
+    """
+    with open(os.path.join(dataset_root, "LATEST")) as f:
+        latest = f.read()
+    visible = sorted(e for e in os.listdir(dataset_root) if not e.startswith("."))
+    assert latest in visible, (latest, visible)
+    for entry in visible:
+        if entry != "LATEST" and entry not in verified:
+            checked = verify.verify(os.path.join(dataset_root, entry))
+            assert checked.ok, (entry, checked.problems)
+            verified.add(entry)
+    assert previous in visible
+    info = kiln.reader.info(dataset_root)  # follows LATEST
+    records = kiln.reader.load(dataset_root, "train", batch_size=None, shuffle=False,
+                               augment=None)
+    assert sum(1 for _ in records) == info.splits["train"].num_examples
+    return latest
+
+
+def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path):
+    root = tmp_path / "images"
+    keys = small_corpus(demo_corpus, root)
+    config = make_config(str(root), output=str(tmp_path / "out"),
+                         sharding={"num_shards": 2}, splits={"fractions": {"train": 1.0}})
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    dataset_root = str(tmp_path / "out" / "shapes")
+    verified = set()
+
+    staged, published, duration = run_and_watch(config_path, dataset_root)
+    latest = assert_nothing_half_written(dataset_root, publish.latest_version(dataset_root),
+                                         verified)
+
+    # Random moments (seeded) from the start to the end of a build. Imports
+    # take most of a small build's time, so every other trial falls in the
+    # window where it writes: from just before its staging folder appeared
+    # until LATEST was written in the measured build.
+    rng = random.Random(4)
+    trials = 10
+    killed = 0
+    for trial in range(trials):
+        add_image(demo_corpus, root, keys, f"extra_{trial}.png")
+        process = start_build(config_path)
+        step = (trial // 2 + rng.random()) / (trials // 2)
+        time.sleep(duration * step if trial % 2 == 0
+                   else 0.9 * staged + (published - 0.9 * staged) * step)
+        os.killpg(process.pid, signal.SIGKILL)
+        code = process.wait(timeout=60)
+        killed += code == -signal.SIGKILL
+        latest = assert_nothing_half_written(dataset_root, latest, verified)
+    assert killed >= 1
+
+    # The moments between publishing steps, exactly.
+    for trial, (module, step) in enumerate(PRECISE_KILLS):
+        add_image(demo_corpus, root, keys, f"precise_{trial}.png")
+        process = start_build(config_path, module, step)
+        assert process.wait(timeout=300) == -signal.SIGKILL, log(config_path)
+        assert assert_nothing_half_written(dataset_root, latest, verified) == latest, step
+    assert [e for e in os.listdir(dataset_root) if e.startswith(".staging-")]
+
+    # The next build cleans up and publishes.
+    process = start_build(config_path)
+    assert process.wait(timeout=300) == 0, log(config_path)
+    final = assert_nothing_half_written(dataset_root, latest, verified)
+    assert final != latest
+    hidden = sorted(e for e in os.listdir(dataset_root) if e.startswith("."))
+    assert hidden == [".published", ".stamps"]
+    assert not [e for e in os.listdir(os.path.join(dataset_root, ".stamps")) if "tmp" in e]
+    info = kiln.reader.info(dataset_root)
+    assert info.splits["train"].num_examples == len(keys) + trials + len(PRECISE_KILLS)
+
+    # The build killed just before replacing LATEST had stamped its version:
+    # with its inputs back, a rebuild finds it up to date and points LATEST at it.
+    for trial in range(1, len(PRECISE_KILLS)):
+        os.remove(root / keys[0].split("/")[0] / f"precise_{trial}.png")
+    again = build(str(config_path))
+    assert again.up_to_date and publish.latest_version(dataset_root) == again.version
+    assert again.info.splits["train"].num_examples == len(keys) + trials + 1
