@@ -198,6 +198,7 @@ def test_image_folder_special_files_and_misplaced_files(demo_corpus, tmp_path):
         (root / key).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(os.path.join(demo_corpus.out_dir, key), root / key)
     os.mkfifo(root / "circle" / "pipe.jpg")
+    os.symlink(root / "circle" / "deleted.png", root / "square" / "link.png")  # broken link
     (root / "hexagon").mkdir()
     shutil.copyfile(os.path.join(demo_corpus.out_dir, good[0]), root / "hexagon" / "h.png")
     shutil.copyfile(os.path.join(demo_corpus.out_dir, good[0]), root / "loose.png")
@@ -214,8 +215,9 @@ def test_image_folder_special_files_and_misplaced_files(demo_corpus, tmp_path):
         rows = {row["key"]: (row["stage"], row["reason"]) for row in map(json.loads, f)}
     assert rows == {
         "circle/pipe.jpg": ("list", "unreadable"),
+        "square/link.png": ("list", "unreadable"),
         "hexagon/h.png": ("list", "unknown_label"),
         "loose.png": ("list", "unexpected_location"),
     }
-    assert result.info.dropped == {"unreadable": 1, "unknown_label": 1, "unexpected_location": 1}
+    assert result.info.dropped == {"unreadable": 2, "unknown_label": 1, "unexpected_location": 1}
     assert sum(s.num_examples for s in result.info.splits.values()) == len(good)

@@ -22,8 +22,10 @@ files (a row that does not parse, a missing file, an unknown label, a file
 outside the layout, a local path that is not a regular file) become
 `DroppedFile` rows, never exceptions.
 
-Limitation: Beam's file matching treats ``*``, ``?`` and ``[`` in the image
-folder's root as glob characters.
+Limitation: on object stores, Beam's file matching treats ``*``, ``?`` and
+``[`` in the image folder's root as glob characters. (A local folder is
+walked directly, so that files Beam's listing would skip without a word,
+such as broken symbolic links, are reported.)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import re
 import stat
 from typing import Any, Iterator
 
+from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 from kiln.pipeline.config import ConfigError, ResolvedConfig, is_remote
@@ -151,8 +154,7 @@ def _list_image_folder(root: str, classes: list[str] | None, from_source: bool) 
     layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
     found = []  # (key, parts, metadata)
     dropped: list[DroppedFile] = []
-    match = FileSystems.match([root + "/**"])[0]
-    for metadata in match.metadata_list:
+    for metadata in _list_files(root):
         key = _relative(metadata.path, root)
         parts = key.split("/")
         if any(part.startswith(".") for part in parts):
@@ -200,6 +202,29 @@ def _list_image_folder(root: str, classes: list[str] | None, from_source: bool) 
         split_names=sorted({f.split for f in files}) if from_source else None,
         dropped_entries=[["dropped", d.reason, d.key] for d in dropped],
     )
+
+
+def _list_files(root: str) -> list[FileMetadata]:
+    """Every file under `root` (hidden folders are not entered locally).
+
+    Locally this walks the folder itself: Beam's local listing skips a file
+    it cannot stat (a broken symbolic link) silently, while here it is
+    listed, size 0, and `_not_a_regular_file` drops it with the reason.
+    """
+    if is_remote(root):
+        return FileSystems.match([root + "/**"])[0].metadata_list
+    listed = []
+    for directory, folders, names in os.walk(root):
+        folders[:] = sorted(f for f in folders if not f.startswith("."))
+        for name in sorted(names):
+            path = os.path.join(directory, name)
+            try:
+                status = os.stat(path)
+            except OSError:
+                listed.append(FileMetadata(path, 0, 0.0))
+                continue
+            listed.append(FileMetadata(path, status.st_size, status.st_mtime))
+    return listed
 
 
 def _not_a_regular_file(uri: str) -> str | None:
