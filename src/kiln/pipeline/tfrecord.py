@@ -11,8 +11,9 @@ A TFRecord file is a sequence of frames::
 record_writer.cc). Beam's WriteToTFRecord would frame records the same way,
 but it chooses shard contents and order itself; kiln needs both fixed.
 
-Only the standard library and google-crc32c: `kiln verify` can use it to
-check CRCs without Beam.
+Only the standard library and google-crc32c, which the pipeline extra
+installs. (`kiln verify` checks CRCs with TensorFlow's record reader
+instead, so that it runs in the reader-only install.)
 """
 
 from __future__ import annotations
