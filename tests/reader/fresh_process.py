@@ -12,6 +12,28 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# The pipeline extra's packages: absent from a reader-only install (`pip install kiln`).
+PIPELINE_ONLY = ("apache_beam", "cv2", "pydantic", "yaml")
+
+_READER_ONLY_PRELUDE = f"""
+import importlib.abc, sys
+FORBIDDEN = {PIPELINE_ONLY!r}
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in FORBIDDEN:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+"""
+
+
+def reader_only_install(script: str) -> str:
+    """`script` behind a finder that makes `PIPELINE_ONLY` unimportable, as in a
+    reader-only install; the script sees them as the tuple ``FORBIDDEN``."""
+    return _READER_ONLY_PRELUDE + script
+
 
 def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 300) -> str:
     """Runs `script` in a fresh interpreter (kiln importable); returns stdout, fails on error."""

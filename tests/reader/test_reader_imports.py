@@ -5,31 +5,19 @@ from __future__ import annotations
 import json
 import os
 
-from reader.fresh_process import run_python
+from reader.fresh_process import PIPELINE_ONLY, reader_only_install, run_python
 
-FORBIDDEN = ("apache_beam", "cv2", "pydantic", "yaml")
-
-# Makes the forbidden packages unimportable, as in a reader-only install
-# (`pip install kiln`), then uses the reader for real.
-READER_ONLY_INSTALL = """
-import importlib.abc, json, sys
-FORBIDDEN = {forbidden!r}
-
-class NotInstalled(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in FORBIDDEN:
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-        return None
-
-sys.meta_path.insert(0, NotInstalled())
+# Uses the reader for real with the pipeline extra's packages unimportable.
+READER_ONLY_INSTALL = reader_only_install("""
+import json
 import kiln.reader
 batch = next(iter(kiln.reader.load(sys.argv[1], batch_size=4, seed=0)))
-print(json.dumps({{
+print(json.dumps({
     "loaded": sorted(m for m in FORBIDDEN if m in sys.modules),
     "batch_shape": list(batch[0].shape),
     "layer": kiln.reader.AugmentationLayer(["random_flip_left_right"]).name != "",
-}}))
-"""
+}))
+""")
 
 # In the full environment: records which code imports each forbidden package.
 WHO_IMPORTS = """
@@ -56,7 +44,7 @@ print(json.dumps({{"loaded": sorted(m for m in FORBIDDEN if m in sys.modules),
 
 
 def test_reader_works_without_beam_opencv_pydantic_yaml(png_dataset):
-    out = json.loads(run_python(READER_ONLY_INSTALL.format(forbidden=FORBIDDEN),
+    out = json.loads(run_python(READER_ONLY_INSTALL,
                                 png_dataset.dataset_dir).strip().splitlines()[-1])
     assert out["loaded"] == []
     assert out["batch_shape"] == [4, 24, 24, 3]
@@ -64,7 +52,7 @@ def test_reader_works_without_beam_opencv_pydantic_yaml(png_dataset):
 
 
 def test_reader_code_imports_none_of_them():
-    out = json.loads(run_python(WHO_IMPORTS.format(forbidden=FORBIDDEN)).strip().splitlines()[-1])
+    out = json.loads(run_python(WHO_IMPORTS.format(forbidden=PIPELINE_ONLY)).strip().splitlines()[-1])
     # TensorFlow never imports these three.
     assert not {"apache_beam", "pydantic", "yaml"} & set(out["loaded"]), out["importers"]
     # TF 2.21 imports Keras eagerly, and Keras' visualization module imports
