@@ -266,6 +266,39 @@ def test_fused_jpeg_window_decoding_equals_decode_then_crop(spec, training):
         np.testing.assert_array_equal(fused, augmenter.apply(full, s))
 
 
+@pytest.mark.parametrize("spec", ["random_brightness", "random_contrast", "random_saturation",
+                                  "random_hue", "color_jitter",
+                                  {"color_jitter": {"probability": 0.5}},
+                                  {"random_grayscale": {"probability": 0.5}}])
+def test_colour_ops_read_uint8_as_pixel_over_255(spec):
+    # The reader hands colour ops the uint8 crop window.
+    pixels = tf.cast(tf.random.stateless_uniform([20, 16, 3], [7, 8], maxval=256), tf.uint8)
+    as_float = tf.cast(pixels, tf.float32) / 255.0
+    (op,) = validate([spec])
+    for s in seeds(8):
+        out = op.definition.fn(pixels, s, **op.kwargs)
+        assert out.dtype == tf.float32
+        np.testing.assert_allclose(out, op.definition.fn(as_float, s, **op.kwargs), atol=2e-6)
+
+
+def test_flips_and_colour_run_on_the_window_before_its_resize():
+    # The reader moves flips and colour ops past the crop's resize. Flipping
+    # commutes with it; a colour op that does not clip (mid-range pixels, a
+    # small brightness change) gives what it gives after the resize.
+    pixels = tf.cast(tf.random.stateless_uniform([40, 36, 3], [1, 9], minval=80, maxval=170),
+                     tf.uint8)
+    specs = [{"random_resized_crop": {"size": [24, 28], "scale_range": [0.2, 1.0]}},
+             {"random_flip_left_right": {"probability": 0.5}},
+             {"random_brightness": {"max_delta": 0.1}}]
+    resolved = validate(specs)
+    augmenter = Augmenter(tuple(resolved))
+    for s in seeds(12):
+        image = tf.cast(pixels, tf.float32) / 255.0
+        for index, op in enumerate(resolved):  # one by one, in list order
+            image = op.definition.fn(image, tf.random.fold_in(s, index), **op.kwargs)
+        np.testing.assert_allclose(augmenter.apply(pixels, s), image, atol=2e-6)
+
+
 def test_random_crop_takes_a_window_of_the_image():
     img = image(20, 16)
     for s in seeds(8):

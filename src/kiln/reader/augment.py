@@ -218,6 +218,13 @@ class OpDefinition:
       check: Optional ``check(**params)`` for constraints between parameters;
         raises ValueError with the reason.
       builtin: True for kiln's own ops, which skip the first-use check.
+      mirror: The op only mirrors the image (or not, at random): it commutes
+        with cropping and resizing, so the reader applies it to the uint8
+        crop window, before the window is resized (kiln's own flips).
+      pixelwise: The op maps every pixel's colour alike, by at most an
+        image-wide statistic (brightness, contrast, saturation, hue): the
+        reader may apply it to the crop window before resizing it, where
+        there are fewer pixels (kiln's own colour ops).
     """
 
     name: str
@@ -229,6 +236,8 @@ class OpDefinition:
     inference_window: Window | None = None
     check: Callable[..., None] | None = None
     builtin: bool = False
+    mirror: bool = False
+    pixelwise: bool = False
 
 
 REQUIRED = inspect.Parameter.empty

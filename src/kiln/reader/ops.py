@@ -9,7 +9,9 @@ Cropping ops are defined by a `Window` (choose the window, then finish it), so
 the reader can decode only that window of a JPEG, and crop the uint8 image
 before converting it; the result is bit-identical to cropping the decoded
 image (`crop_with_window`). Colour ops are one affine map per pixel
-(`color_twist`).
+(`color_twist`). The reader hands the flips (`OpDefinition.mirror`) and the
+colour ops (`OpDefinition.pixelwise`) the uint8 crop window too, so they
+accept uint8 images as well; colour ops return float32 in [0, 1].
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ _FILL_MODES = ("constant", "reflect", "wrap", "nearest")
 
 
 def _builtin(name: str, *, inference: Callable | None = None, window: Window | None = None,
-             inference_window: Window | None = None, check: Callable | None = None) -> Callable:
+             inference_window: Window | None = None, check: Callable | None = None,
+             mirror: bool = False, pixelwise: bool = False) -> Callable:
     def decorator(fn: Callable) -> Callable:
         register_builtin(OpDefinition(
             name=name,
@@ -48,6 +51,8 @@ def _builtin(name: str, *, inference: Callable | None = None, window: Window | N
             window=window,
             inference_window=inference_window,
             check=check,
+            mirror=mirror,
+            pixelwise=pixelwise,
         ))
         return fn
 
@@ -59,12 +64,14 @@ def _uniform(seed: tf.Tensor, low: float = 0.0, high: float = 1.0) -> tf.Tensor:
 
 
 def _with_probability(probability: float, seed: tf.Tensor, apply: Callable[[], tf.Tensor],
-                      image: tf.Tensor) -> tf.Tensor:
+                      image: tf.Tensor, otherwise: Callable[[], tf.Tensor] | None = None
+                      ) -> tf.Tensor:
+    """``apply()`` with `probability`, else ``otherwise()`` (default: `image` itself)."""
     # A per-element tf.cond runs only the chosen branch; for probability 1 the
     # condition is left out of the graph entirely.
     if probability >= 1.0:
         return apply()
-    return tf.cond(_uniform(seed) < probability, apply, lambda: image)
+    return tf.cond(_uniform(seed) < probability, apply, otherwise or (lambda: image))
 
 
 def _require_rgb(name: str, image: tf.Tensor) -> None:
@@ -167,14 +174,20 @@ def _central_aspect_window(shape, seed, *, size, scale_range, ratio_range, metho
     return (shape - extent) // 2, extent
 
 
+# Resize kernels with negative lobes, whose output can leave the input's range.
+_OVERSHOOTING_METHODS = ("bicubic", "lanczos3", "mitchellcubic")
+
+
 def _finish_resized_crop(image, *, size, scale_range, ratio_range, method, antialias):
     del scale_range, ratio_range
-    # Resizing straight from uint8 skips converting the whole stored image.
-    resized = tf.image.resize(image, size, method=method, antialias=antialias)
-    if image.dtype == tf.uint8:
-        resized *= 1.0 / 255.0
-    return tf.ensure_shape(tf.clip_by_value(resized, 0.0, 1.0),
-                           [size[0], size[1], image.shape[-1]])
+    # Float first: TF's resize kernels are about 3x slower on uint8 input,
+    # and converting the (usually smaller) window costs little.
+    resized = tf.image.resize(to_float(image), size, method=method, antialias=antialias)
+    if method in _OVERSHOOTING_METHODS:
+        resized = tf.clip_by_value(resized, 0.0, 1.0)
+    # Bilinear, area and nearest average pixels with non-negative weights:
+    # the result stays in [0, 1] without clipping.
+    return tf.ensure_shape(resized, [size[0], size[1], image.shape[-1]])
 
 
 _RESIZED_CROP = Window(_resized_crop_window, _finish_resized_crop)
@@ -216,13 +229,13 @@ def random_resized_crop(
 # --- flips ----------------------------------------------------------------------------
 
 
-@_builtin("random_flip_left_right")
+@_builtin("random_flip_left_right", mirror=True)
 def random_flip_left_right(image, seed, *, probability: Probability = 0.5):
     """Mirrors the image horizontally with `probability`."""
     return _with_probability(probability, seed, lambda: tf.reverse(image, axis=[1]), image)
 
 
-@_builtin("random_flip_up_down")
+@_builtin("random_flip_up_down", mirror=True)
 def random_flip_up_down(image, seed, *, probability: Probability = 0.5):
     """Mirrors the image vertically with `probability`."""
     return _with_probability(probability, seed, lambda: tf.reverse(image, axis=[0]), image)
@@ -261,7 +274,9 @@ def color_twist(image: tf.Tensor, *, brightness: tf.Tensor | None = None,
     """Brightness, contrast, saturation and hue changes, in that order, in one pass.
 
     Args:
-      image: float32 ``[height, width, channels]`` in [0, 1].
+      image: float32 ``[height, width, channels]`` in [0, 1], or uint8, read
+        as ``pixel / 255`` with the division folded into the colour matrix
+        (the reader hands colour ops the uint8 crop window: one pass fewer).
       brightness: Delta added to every channel.
       contrast: Factor scaling each pixel's distance from the image's mean
         luma (computed before any change but brightness).
@@ -271,45 +286,50 @@ def color_twist(image: tf.Tensor, *, brightness: tf.Tensor | None = None,
         RGB only.
 
     Returns:
-      ``clip(c * H S pixel + brightness + (1 - c) * mean_luma, 0, 1)``. The
-      parts left as None are skipped; luma (grey) pixels are fixed points of
-      S and H, which is what lets the offset be one scalar.
+      float32 ``clip(c * H S pixel + brightness + (1 - c) * mean_luma, 0, 1)``.
+      The parts left as None are skipped; luma (grey) pixels are fixed
+      points of S and H, which is what lets the offset be one scalar.
     """
     rgb = saturation is not None or hue is not None
     if rgb:
         _require_rgb("color_twist (saturation, hue)", image)
+    scale = 1.0 / 255.0 if image.dtype == tf.uint8 else 1.0
+    pixels = tf.cast(image, tf.float32)
     offsets = []
     if brightness is not None:
         offsets.append(brightness)
     if contrast is not None:
-        channel_means = tf.reduce_mean(image, axis=[0, 1])
-        if image.shape[-1] == 3:
-            mean = tf.tensordot(channel_means, tf.constant(_LUMA, tf.float32), 1)
+        # Per-channel means, then their luma: weighting every pixel first
+        # would be a broadcast multiply over the image, several times slower.
+        channel_means = tf.reduce_mean(pixels, axis=[0, 1])
+        if pixels.shape[-1] == 3:
+            mean = tf.tensordot(channel_means, tf.constant(_LUMA * scale, tf.float32), 1)
         else:
             mean = tf.reduce_mean(channel_means)
+            mean = mean * scale if scale != 1.0 else mean
         offsets.append((1.0 - contrast) * mean)
     if rgb:
         # c H S = c s H + c (1 - s) GREY (H leaves grey pixels unchanged), and
         # H = FIXED + cos COS + sin SIN: four scalar weights of four constant
         # matrices, combined by one matmul (whose rounding no graph rewrite
         # reorders, so tf.data and a model compute the same matrix).
-        scale = contrast if contrast is not None else tf.constant(1.0)
-        chroma = scale * saturation if saturation is not None else scale
-        grey = scale * (1.0 - saturation) if saturation is not None else tf.constant(0.0)
+        factor = contrast if contrast is not None else tf.constant(1.0)
+        chroma = factor * saturation if saturation is not None else factor
+        grey = factor * (1.0 - saturation) if saturation is not None else tf.constant(0.0)
         if hue is not None:
             angle = hue * (2.0 * math.pi)
             turn = [chroma, chroma * tf.cos(angle), chroma * tf.sin(angle)]
         else:
             turn = [chroma, chroma, tf.constant(0.0)]  # FIXED + COS is the identity
         weights = tf.stack(turn + [grey])[None]
-        matrix = tf.reshape(tf.matmul(weights, tf.constant(_COLOR_BASIS, tf.float32)), [3, 3])
-        shape = tf.shape(image)
-        pixels = tf.matmul(tf.reshape(image, [-1, 3]), matrix, transpose_b=True)
-        out = tf.reshape(pixels, shape)
+        basis = tf.constant(_COLOR_BASIS * scale, tf.float32)
+        matrix = tf.reshape(tf.matmul(weights, basis), [3, 3])
+        shape = tf.shape(pixels)
+        out = tf.reshape(tf.matmul(tf.reshape(pixels, [-1, 3]), matrix, transpose_b=True), shape)
     elif contrast is not None:
-        out = contrast * image  # one channel: no matrix
+        out = (contrast * scale if scale != 1.0 else contrast) * pixels  # one channel: no matrix
     else:
-        out = image
+        out = pixels * scale if scale != 1.0 else pixels
     if offsets:
         # One Add: Grappler rewrites chains of Adds into AddN in its own order,
         # which would round differently here and in the Keras layer.
@@ -317,13 +337,13 @@ def color_twist(image: tf.Tensor, *, brightness: tf.Tensor | None = None,
     return tf.ensure_shape(tf.clip_by_value(out, 0.0, 1.0), image.shape)
 
 
-@_builtin("random_brightness")
+@_builtin("random_brightness", pixelwise=True)
 def random_brightness(image, seed, *, max_delta: Annotated[float, Number(0.0, 1.0)] = 0.2):
     """Adds one delta drawn from ``[-max_delta, max_delta]`` to every pixel."""
     return color_twist(image, brightness=_uniform(seed, -max_delta, max_delta))
 
 
-@_builtin("random_contrast")
+@_builtin("random_contrast", pixelwise=True)
 def random_contrast(image, seed, *,
                     factor_range: Annotated[Any, Range(minimum=0.0)] = (0.8, 1.2)):
     """Scales each pixel's distance from the image's mean luma by a factor from
@@ -331,7 +351,7 @@ def random_contrast(image, seed, *,
     return color_twist(image, contrast=_uniform(seed, *factor_range))
 
 
-@_builtin("random_saturation")
+@_builtin("random_saturation", pixelwise=True)
 def random_saturation(image, seed, *,
                       factor_range: Annotated[Any, Range(minimum=0.0)] = (0.8, 1.2)):
     """Scales each pixel's distance from its luma by a factor from `factor_range`. RGB only."""
@@ -339,7 +359,7 @@ def random_saturation(image, seed, *,
     return color_twist(image, saturation=_uniform(seed, *factor_range))
 
 
-@_builtin("random_hue")
+@_builtin("random_hue", pixelwise=True)
 def random_hue(image, seed, *, max_delta: Annotated[float, Number(0.0, 0.5)] = 0.05):
     """Rotates hue (the YIQ chroma plane) by a delta from ``[-max_delta, max_delta]``
     turns. RGB only."""
@@ -347,7 +367,7 @@ def random_hue(image, seed, *, max_delta: Annotated[float, Number(0.0, 0.5)] = 0
     return color_twist(image, hue=_uniform(seed, -max_delta, max_delta))
 
 
-@_builtin("color_jitter")
+@_builtin("color_jitter", pixelwise=True)
 def color_jitter(
     image,
     seed,
@@ -367,29 +387,37 @@ def color_jitter(
     """
     if saturation or hue:
         _require_rgb("color_jitter (saturation, hue)", image)
-    seeds = tf.random.split(seed, 5)
+    # All five draws in one op: per-element scalar ops cost about as much as
+    # a pass over a small image.
+    draws = tf.unstack(tf.random.stateless_uniform([5], seed))
+
+    def between(index, low, high):
+        return low + (high - low) * draws[index]
 
     def factor(index, amount):
-        return _uniform(seeds[index], max(0.0, 1.0 - amount), 1.0 + amount) if amount else None
+        return between(index, max(0.0, 1.0 - amount), 1.0 + amount) if amount else None
 
     def jitter():
         return color_twist(
             image,
-            brightness=_uniform(seeds[0], -brightness, brightness) if brightness else None,
+            brightness=between(0, -brightness, brightness) if brightness else None,
             contrast=factor(1, contrast),
             saturation=factor(2, saturation),
-            hue=_uniform(seeds[3], -hue, hue) if hue else None,
+            hue=between(3, -hue, hue) if hue else None,
         )
 
-    return _with_probability(probability, seeds[4], jitter, image)
+    if probability >= 1.0:
+        return jitter()
+    return tf.cond(draws[4] < probability, jitter, lambda: to_float(image))
 
 
-@_builtin("random_grayscale")
+@_builtin("random_grayscale", pixelwise=True)
 def random_grayscale(image, seed, *, probability: Probability = 0.1):
     """Replaces the image by its luma (kept as 3 channels) with `probability`. RGB only."""
     _require_rgb("random_grayscale", image)
     return _with_probability(probability, seed,
-                             lambda: color_twist(image, saturation=tf.constant(0.0)), image)
+                             lambda: color_twist(image, saturation=tf.constant(0.0)), image,
+                             otherwise=lambda: to_float(image))
 
 
 # --- geometry -------------------------------------------------------------------------
