@@ -1,0 +1,192 @@
+"""Build measurements: kiln build against a plain single-core Python loop doing the same work.
+
+Every measured build runs in its own subprocess (``python -m
+benchmarks.build_bench SPEC_JSON``), so its peak resident memory is its own
+(`os.wait4` returns the child's ``ru_maxrss``) and no state carries over
+between runs. The child times only the work (the loop, or `kiln build`
+from its command line, listing to publishing), not starting Python and
+importing TensorFlow and Beam, which every variant pays once alike.
+
+The work, for every variant: read the file, sha256 it, decode it with
+OpenCV (`kiln.transforms.decode_image`), resize the shorter side to 256,
+center crop 224, encode JPEG quality 95, serialize the record
+(`kiln.schemas.RECORD.encode`) and write it to a TFRecord file. kiln also
+splits, shards by hash, sorts, computes pixel statistics and writes its
+metadata; the baseline does none of that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+BUILD_TRANSFORMS = [{"resize": {"shorter_side": 256}}, {"center_crop": {"size": 224}}]
+JPEG_QUALITY = 95
+# Small shards, so the scaling builds write several (4000 records of ~17 KB
+# are 5 shards) and "memory grows by less than one shard" means something.
+TARGET_SHARD_MB = 16
+_RESULT_PREFIX = "BENCH_RESULT "
+
+
+def build_config(manifest: str, output: str, *, name: str = "bench", encoding: str = "jpeg",
+                 augment: Sequence[Any] = (), target_shard_mb: float = TARGET_SHARD_MB
+                 ) -> dict[str, Any]:
+    """The benchmark's build config for a manifest of the corpus."""
+    return {
+        "name": name,
+        "source": {"type": "manifest", "path": manifest},
+        "output": output,
+        "image": {"channels": 3},
+        "transforms": BUILD_TRANSFORMS,
+        "encoding": {"format": encoding, "quality": JPEG_QUALITY},  # ignored unless jpeg
+        "splits": {"fractions": {"train": 1.0}},
+        "sharding": {"target_shard_mb": target_shard_mb},
+        "augment": list(augment),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildRun:
+    """One measured build.
+
+    Attributes:
+      seconds: Time of the work itself (see the module docstring).
+      images: Images written.
+      peak_rss_mb: Peak resident memory of the build's process, MB.
+      cpu_seconds: CPU time (user + system) of the whole process, start-up included.
+    """
+
+    seconds: float
+    images: int
+    peak_rss_mb: float
+    cpu_seconds: float
+
+    @property
+    def images_per_second(self) -> float:
+        return self.images / self.seconds
+
+
+# --- the parent side --------------------------------------------------------------
+
+
+def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
+    """Runs one build described by `spec` in a fresh subprocess; deletes its output after.
+
+    `spec` keys: ``kind`` (``"baseline"`` or ``"kiln"``), ``manifest``,
+    ``opencv_threads`` (threads OpenCV may use inside one call; None leaves
+    its default, one per core), and for kiln ``args`` (extra `kiln build`
+    flags, e.g. ``["--image-threads", "1"]``).
+    """
+    output = os.path.join(scratch, "build-output")
+    shutil.rmtree(output, ignore_errors=True)
+    os.makedirs(output)
+    spec = dict(spec, output=output)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    log_path = os.path.join(scratch, "build-child.log")
+    with open(log_path, "w+b") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.build_bench", json.dumps(spec)],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
+        # wait4, not wait(): it returns this child's own resource usage.
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        log.seek(0)
+        output_text = log.read().decode(errors="replace")
+    shutil.rmtree(output, ignore_errors=True)
+    lines = [line for line in output_text.splitlines() if line.startswith(_RESULT_PREFIX)]
+    if process.returncode != 0 or not lines:
+        raise RuntimeError(f"benchmark build {spec} failed (exit {process.returncode}):\n"
+                           f"{output_text[-4000:]}")
+    result = json.loads(lines[-1][len(_RESULT_PREFIX):])
+    return BuildRun(seconds=result["seconds"], images=result["images"],
+                    peak_rss_mb=usage.ru_maxrss / 1024.0,  # ru_maxrss is in KB on Linux
+                    cpu_seconds=usage.ru_utime + usage.ru_stime)
+
+
+# --- the child side ---------------------------------------------------------------
+
+
+def _run_baseline(spec: dict[str, Any]) -> dict[str, Any]:
+    """The plain loop: one process, one thread, `opencv_threads` inside OpenCV."""
+    import csv
+
+    import tensorflow as tf
+
+    from kiln import transforms
+    from kiln.schemas import RECORD
+
+    _limit_opencv(spec)
+    folder = os.path.dirname(spec["manifest"])
+    with open(spec["manifest"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    class_names = sorted({row["label"] for row in rows})
+    labels = {name: index for index, name in enumerate(class_names)}
+    chain = transforms.parse(BUILD_TRANSFORMS)
+    out_path = os.path.join(spec["output"], "baseline.tfrecord")
+
+    start = time.perf_counter()
+    with tf.io.TFRecordWriter(out_path) as writer:
+        for row in rows:
+            with open(os.path.join(folder, row["path"]), "rb") as f:
+                data = f.read()
+            sha256 = hashlib.sha256(data).hexdigest()
+            image = chain(transforms.decode_image(data, channels=3))
+            height, width, channels = image.shape
+            writer.write(RECORD.encode({
+                "image": transforms.encode_image(image, format="jpeg", quality=JPEG_QUALITY),
+                "height": height, "width": width, "channels": channels,
+                "label": labels[row["label"]], "key": row["path"], "sha256": sha256,
+            }))
+    return {"seconds": time.perf_counter() - start, "images": len(rows)}
+
+
+def _limit_opencv(spec: dict[str, Any]) -> None:
+    if spec.get("opencv_threads") is not None:
+        import cv2
+
+        cv2.setNumThreads(int(spec["opencv_threads"]))
+
+
+def _run_kiln(spec: dict[str, Any]) -> dict[str, Any]:
+    """`kiln build` as a user runs it (its command-line entry point, in this process)."""
+    import yaml
+
+    import kiln.pipeline.command  # noqa: F401  (cli.main imports it; not on the clock)
+    from kiln import cli
+
+    _limit_opencv(spec)
+    config_path = os.path.join(spec["output"], "bench.yaml")
+    with open(config_path, "w") as f:
+        yaml.safe_dump(build_config(spec["manifest"], os.path.join(spec["output"], "datasets")),
+                       f)
+    report = os.path.join(spec["output"], "report.json")
+    start = time.perf_counter()
+    code = cli.main(["build", "--config", config_path, "--quiet", "--report", report,
+                     *spec.get("args", [])])
+    seconds = time.perf_counter() - start
+    if code != 0:
+        raise SystemExit(f"kiln build exited {code}")
+    with open(report) as f:
+        built = json.load(f)
+    return {"seconds": seconds,
+            "images": sum(split["num_examples"] for split in built["splits"].values())}
+
+
+def main(argv: Sequence[str]) -> int:
+    spec = json.loads(argv[0])
+    run = {"baseline": _run_baseline, "kiln": _run_kiln}[spec["kind"]]
+    print(_RESULT_PREFIX + json.dumps(run(spec)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,62 @@
+"""The machine a benchmark ran on: CPU, cores, memory, load, library versions."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import sys
+
+_LIBRARIES = (("kiln", "kiln"), ("tensorflow", "tensorflow"), ("keras", "keras"),
+              ("apache_beam", "apache-beam"), ("cv2", "opencv"), ("numpy", "numpy"))
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gb() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def describe() -> dict:
+    """CPU model, cores, memory, OS and the versions of Python and the libraries measured."""
+    versions = {"python": platform.python_version()}
+    for module, name in _LIBRARIES:
+        try:
+            versions[name] = importlib.import_module(module).__version__
+        except ImportError:
+            versions[name] = None
+    memory = _memory_gb()
+    return {
+        "cpu": _cpu_model(),
+        "cores": usable_cores(),
+        "memory_gb": round(memory, 1) if memory else None,
+        "os": platform.platform(),
+        "python_executable": sys.executable,
+        "versions": versions,
+    }

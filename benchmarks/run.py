@@ -1,0 +1,247 @@
+"""`make bench`: generate the corpus, measure builds and readers side by side, write the tables.
+
+    python -m benchmarks.run             # full run: BENCHMARKS.md and build/bench/results.json
+    python -m benchmarks.run --quick     # tiny corpus, one round: checks the harness (~2 min)
+    python -m benchmarks.run --quick --out /tmp/bench --markdown /tmp/bench/BENCHMARKS.md
+
+The full run generates (once; reused while the parameters hold) 4000
+photo-like 800x600 JPEGs in ``build/bench/corpus``; the main measurements
+use 2000 of them, the scaling builds 500 to 4000. Each measurement is taken
+`repeats` times, round-robin (every variant once per round, so a burst of
+load from elsewhere hits all variants alike), and the median is reported.
+Builds run in their own processes (`benchmarks.build_bench`); the reader
+variants run in this process, one fresh tf.data pipeline per measurement
+(`benchmarks.reader_bench`). Nothing here is a test: no timing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from benchmarks import build_bench, corpus, machine, reader_bench, report
+
+logger = logging.getLogger(__name__)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How big and how often.
+
+    Attributes:
+      corpus: The generated corpus.
+      build_images: Images in the main build measurements and the reader datasets.
+      scaling: Image counts of the scaling builds.
+      build_repeats: Rounds of build measurements.
+      reader_repeats: Rounds of reader measurements.
+      batch_size: Reader batch size.
+      reader_batches: Batches timed per reader measurement; None: each
+        variant's own (`reader_bench.Variant.batches`).
+      layer_batches: Batches timed for the model-side layer.
+    """
+
+    corpus: corpus.CorpusSpec
+    build_images: int
+    scaling: tuple[int, ...]
+    build_repeats: int
+    reader_repeats: int
+    batch_size: int = reader_bench.BATCH_SIZE
+    reader_batches: int | None = None
+    layer_batches: int = 20
+
+
+FULL = Settings(corpus=corpus.CorpusSpec(parts=4, per_part=1000), build_images=2000,
+                scaling=(500, 1000, 2000, 4000), build_repeats=3, reader_repeats=5)
+QUICK = Settings(corpus=corpus.CorpusSpec(parts=2, per_part=8, width=160, height=120),
+                 build_images=16, scaling=(8, 16), build_repeats=1, reader_repeats=1,
+                 batch_size=8, reader_batches=2, layer_batches=2)
+
+# The build variants: (key, title, spec without the manifest).
+BUILD_VARIANTS = (
+    ("baseline", "A: plain Python loop, 1 process, OpenCV on 1 thread",
+     {"kind": "baseline", "opencv_threads": 1}),
+    ("kiln", "kiln build, local defaults",
+     {"kind": "kiln", "args": []}),
+    ("kiln_one_thread", "kiln build --image-threads 1 (OpenCV on 1 thread, as A)",
+     {"kind": "kiln", "args": ["--image-threads", "1"], "opencv_threads": 1}),
+    ("baseline_opencv_threads", "A with OpenCV's default threads (one per core)",
+     {"kind": "baseline", "opencv_threads": None}),
+)
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def measure_builds(settings: Settings, source: corpus.Corpus, scratch: str) -> dict[str, Any]:
+    """Every build variant and scaling size, `build_repeats` rounds, round-robin."""
+    main = source.manifest(settings.build_images)
+    jobs = [(key, dict(spec, manifest=main)) for key, _, spec in BUILD_VARIANTS]
+    jobs += [(f"scaling_{n}", {"kind": "kiln", "args": [], "manifest": source.manifest(n)})
+             for n in settings.scaling if n != settings.build_images]
+    runs: dict[str, list[build_bench.BuildRun]] = {key: [] for key, _ in jobs}
+    for round_index in range(settings.build_repeats):
+        for key, spec in jobs:
+            run = build_bench.measure(spec, scratch)
+            runs[key].append(run)
+            logger.info("build round %d %s: %.2f s, %.0f images/s, peak %.0f MB",
+                        round_index + 1, key, run.seconds, run.images_per_second,
+                        run.peak_rss_mb)
+    runs[f"scaling_{settings.build_images}"] = runs["kiln"]
+
+    def summary(key: str) -> dict[str, Any]:
+        key_runs = runs[key]
+        seconds = _median([r.seconds for r in key_runs])
+        images = key_runs[0].images
+        return {
+            "images": images,
+            "median_seconds": seconds,
+            "images_per_second": images / seconds,
+            "ms_per_image": 1000.0 * seconds / images,
+            "peak_rss_mb": max(r.peak_rss_mb for r in key_runs),
+            "runs": [dataclasses.asdict(r) for r in key_runs],
+        }
+
+    rows = {key: dict(summary(key), title=title) for key, title, _ in BUILD_VARIANTS}
+    base = rows["baseline"]["images_per_second"]
+    for row in rows.values():
+        row["ratio_vs_baseline"] = row["images_per_second"] / base
+    scaling = [summary(f"scaling_{n}") for n in settings.scaling]
+    return {
+        "images": settings.build_images,
+        "repeats": settings.build_repeats,
+        "transforms": build_bench.BUILD_TRANSFORMS,
+        "jpeg_quality": build_bench.JPEG_QUALITY,
+        "target_shard_mb": build_bench.TARGET_SHARD_MB,
+        "rows": rows,
+        "scaling": scaling,
+        "scaling_fit": _linear_fit([(s["images"], s["median_seconds"]) for s in scaling]),
+    }
+
+
+def _linear_fit(points):
+    """``seconds = fixed + per_image * images`` by least squares."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx
+    return {"fixed_seconds": mean_y - slope * mean_x, "ms_per_image": 1000.0 * slope,
+            "images_per_second": 1.0 / slope if slope > 0 else None}
+
+
+def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, Any]:
+    """Every reader variant on both encodings, and the layer, `reader_repeats` rounds."""
+    runs: dict[str, dict[str, list[float]]] = {
+        encoding: {v.key: [] for v in reader_bench.VARIANTS} for encoding in datasets}
+    layer_runs: list[float] = []
+    for round_index in range(settings.reader_repeats):
+        for encoding, directory in datasets.items():
+            for variant in reader_bench.VARIANTS:
+                value = reader_bench.measure_variant(
+                    variant, directory, encoding, batch_size=settings.batch_size,
+                    batches=settings.reader_batches)
+                runs[encoding][variant.key].append(value)
+                logger.info("reader round %d %s %s: %.0f images/s", round_index + 1,
+                            encoding, variant.key, value)
+        layer_runs.append(reader_bench.layer_throughput(
+            datasets["jpeg"], settings.layer_batches, settings.batch_size))
+    rows = {}
+    for encoding, by_variant in runs.items():
+        medians = {key: _median(values) for key, values in by_variant.items()}
+        rows[encoding] = {
+            v.key: {"title": v.title, "images_per_second": medians[v.key],
+                    "ratio_vs_a": medians[v.key] / medians["a"], "runs": by_variant[v.key]}
+            for v in reader_bench.VARIANTS
+        }
+        rows[encoding]["ratios"] = {"b_over_a": medians["b"] / medians["a"],
+                                    "b_over_c": medians["b"] / medians["c"],
+                                    "b_over_d": medians["b"] / medians["d"]}
+    return {
+        "batch_size": settings.batch_size,
+        "image_size": reader_bench.IMAGE_SIZE,
+        "repeats": settings.reader_repeats,
+        "augment": reader_bench.AUGMENT,
+        "dataset_mb": {e: reader_bench.dataset_size_mb(d) for e, d in datasets.items()},
+        "rows": rows,
+        "layer": {"images_per_second": _median(layer_runs), "runs": layer_runs,
+                  "batch_size": settings.batch_size},
+    }
+
+
+def run(settings: Settings, out_dir: str, markdown: str | None, command: str) -> dict[str, Any]:
+    """Generates or reuses the corpus, measures everything, writes JSON and Markdown."""
+    started = time.time()
+    load_start = machine.load_average()
+    os.makedirs(out_dir, exist_ok=True)
+    source = corpus.ensure(os.path.join(out_dir, "corpus"), settings.corpus,
+                           workers=machine.usable_cores() if settings is FULL else 1)
+    scratch = os.path.join(out_dir, "scratch")
+    os.makedirs(scratch, exist_ok=True)
+    builds = measure_builds(settings, source, scratch)
+    datasets = reader_bench.build_datasets(source.manifest(settings.build_images),
+                                           os.path.join(out_dir, "datasets"))
+    readers = measure_readers(settings, datasets)
+    results = {
+        "command": command,
+        "mode": "full" if settings is FULL else "quick",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "duration_seconds": round(time.time() - started, 1),
+        "machine": machine.describe(),
+        "load_average": {"start": load_start, "end": machine.load_average()},
+        "corpus": {
+            "images": source.spec.num_images,
+            "width": source.spec.width,
+            "height": source.spec.height,
+            "mean_file_kb": source.total_bytes(len(source.files)) / len(source.files) / 1024,
+            "generated_seconds": round(source.generated_seconds, 1),
+        },
+        "build": builds,
+        "reader": readers,
+    }
+    results["targets"] = report.targets(results)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write(report.markdown(results))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny corpus and one round: checks that the harness works")
+    parser.add_argument("--out", default=os.path.join(ROOT, "build", "bench"),
+                        help="scratch folder: corpus, datasets, results.json (default build/bench)")
+    parser.add_argument("--markdown", default=None,
+                        help="where to write the table (default: BENCHMARKS.md at the "
+                             "repository's top for a full run, OUT/BENCHMARKS.md for --quick)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    settings = QUICK if args.quick else FULL
+    markdown = args.markdown or (os.path.join(args.out, "BENCHMARKS.md") if args.quick
+                                 else os.path.join(ROOT, "BENCHMARKS.md"))
+    command = "python -m benchmarks.run" + (" --quick" if args.quick else "")
+    results = run(settings, os.path.abspath(args.out), markdown, command)
+    print(report.summary(results))
+    print(f"wrote {markdown} and {os.path.join(args.out, 'results.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Smoke test of the benchmark harness (`make bench`): it runs and reports every row.
+
+`python -m benchmarks.run --quick` on a tiny generated corpus, in a fresh
+process as `make bench` runs it. Asserts that every measurement was taken
+and every table row and target is written; never a timing (timings are the
+benchmark's job, not the test suite's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+BUILD_ROWS = ["baseline", "kiln", "kiln_one_thread", "baseline_opencv_threads"]
+READER_ROWS = ["a", "kiln_plain", "b", "c", "d"]
+
+
+def test_quick_benchmark_writes_every_row(tmp_path):
+    markdown = tmp_path / "BENCHMARKS.md"
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(tmp_path / "bench"),
+         "--markdown", str(markdown)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((tmp_path / "bench" / "results.json").read_text())
+
+    build = results["build"]
+    assert sorted(build["rows"]) == sorted(BUILD_ROWS)
+    for row in build["rows"].values():
+        assert row["images"] == build["images"] and len(row["runs"]) == build["repeats"]
+        assert row["images_per_second"] > 0 and row["peak_rss_mb"] > 0
+    assert [s["images"] for s in build["scaling"]] == [8, 16]
+    reader = results["reader"]
+    assert sorted(reader["rows"]) == ["jpeg", "raw"]
+    for rows in reader["rows"].values():
+        assert set(READER_ROWS) <= set(rows)
+        assert all(rows[key]["images_per_second"] > 0 for key in READER_ROWS)
+        assert set(rows["ratios"]) == {"b_over_a", "b_over_c", "b_over_d"}
+    assert reader["layer"]["images_per_second"] > 0
+    machine = results["machine"]
+    assert machine["cores"] >= 1 and machine["cpu"]
+    assert all(machine["versions"][name] for name in ("python", "tensorflow", "apache-beam",
+                                                      "opencv", "numpy"))
+    # Every target of the issue is judged, met or not.
+    assert len(results["targets"]) == 4 + 3 * 2
+    assert all(isinstance(t["met"], bool) for t in results["targets"])
+
+    page = markdown.read_text()
+    for row in list(build["rows"].values()) + [reader["rows"]["jpeg"][k] for k in READER_ROWS]:
+        assert f"| {row['title']} |" in page
+    for target in results["targets"]:
+        assert f"| {target['name']} |" in page
+    assert "python -m benchmarks.run --quick" in page and machine["cpu"] in page
