@@ -231,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where to write the table (default: BENCHMARKS.md at the "
                              "repository's top for a full run, OUT/BENCHMARKS.md for --quick)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("benchmarks").setLevel(logging.INFO)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     settings = QUICK if args.quick else FULL
     markdown = args.markdown or (os.path.join(args.out, "BENCHMARKS.md") if args.quick
