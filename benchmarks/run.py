@@ -29,7 +29,7 @@ from typing import Any
 
 from benchmarks import build_bench, corpus, machine, reader_bench, report
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("benchmarks.run")  # not __main__ under python -m
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
