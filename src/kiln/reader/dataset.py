@@ -369,7 +369,7 @@ def _statistics(metadata: DatasetInfo, split: str, dataset_dir: str):
 
 
 class _Decoding:
-    """Turns ``(position, serialized, pass_word)`` into decoded, augmented features.
+    """Turns ``((position, serialized), pass_word)`` into decoded, augmented features.
 
     Per element (parse, decode or fuse the first crop into JPEG decoding,
     augment), or, for raw pixels of one size with nothing to augment per
@@ -391,7 +391,8 @@ class _Decoding:
         return (self.encoding == "raw" and self.image_size is not None
                 and not self.augmenter.has_element_work)
 
-    def element(self, position, serialized, word):
+    def element(self, numbered, word):
+        position, serialized = numbered
         features = RECORD.parse(serialized)
         seed = seeding.element_seed(word, position)
         if self.as_float:
@@ -406,7 +407,8 @@ class _Decoding:
             out["augment_seed"] = seed
         return out
 
-    def raw_batch(self, positions, serialized, words):
+    def raw_batch(self, numbered, words):
+        positions, serialized = numbered
         features = RECORD.parse(serialized)
         height, width = self.image_size
         checks = [
@@ -484,7 +486,7 @@ class _Share:
 
 def _one_pass(share: _Share, base_seed: int, *, shuffle: bool, deterministic: bool,
               shuffle_buffer: int | None, compression: str | None) -> tf.data.Dataset:
-    """One pass over this pipeline's records: ``(position, serialized, pass_word)``.
+    """One pass over this pipeline's records: ``((position, serialized), pass_word)``.
 
     Shuffles use ``reshuffle_each_iteration=True`` with fixed seeds, so each
     pass (each `repeat` round, each new iterator) gets a new order that the
@@ -513,6 +515,6 @@ def _one_pass(share: _Share, base_seed: int, *, shuffle: bool, deterministic: bo
         records = records.shuffle(buffer, seed=seeding.derive(base_seed, "records"),
                                   reshuffle_each_iteration=True)
     words = seeding.pass_words(base_seed, share.pipeline)
-    return tf.data.Dataset.zip(records.enumerate(), words).map(
-        lambda numbered, word: (numbered[0], numbered[1], word)
-    )
+    # Nested as zip makes it: an extra map only to flatten the tuple would
+    # cost a function call per element.
+    return tf.data.Dataset.zip(records.enumerate(), words)
