@@ -27,6 +27,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+from benchmarks import machine
+
 BUILD_TRANSFORMS = [{"resize": {"shorter_side": 256}}, {"center_crop": {"size": 224}}]
 JPEG_QUALITY = 95
 # Small shards, so the scaling builds write several (4000 records of ~17 KB
@@ -61,12 +63,15 @@ class BuildRun:
       images: Images written.
       peak_rss_mb: Peak resident memory of the build's process, MB.
       cpu_seconds: CPU time (user + system) of the whole process, start-up included.
+      background_cores: Cores other processes kept busy on average meanwhile
+        (None where /proc/stat is missing).
     """
 
     seconds: float
     images: int
     peak_rss_mb: float
     cpu_seconds: float
+    background_cores: float | None = None
 
     @property
     def images_per_second(self) -> float:
@@ -90,6 +95,7 @@ def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
     spec = dict(spec, output=output)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     log_path = os.path.join(scratch, "build-child.log")
+    busy_before, started = machine.busy_cpu_seconds(), time.perf_counter()
     with open(log_path, "w+b") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.build_bench", json.dumps(spec)],
@@ -99,6 +105,8 @@ def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
         # wait4, not wait(): it returns this child's own resource usage.
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - started
+        busy_after = machine.busy_cpu_seconds()
         log.seek(0)
         output_text = log.read().decode(errors="replace")
     shutil.rmtree(output, ignore_errors=True)
@@ -107,9 +115,13 @@ def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
         raise RuntimeError(f"benchmark build {spec} failed (exit {process.returncode}):\n"
                            f"{output_text[-4000:]}")
     result = json.loads(lines[-1][len(_RESULT_PREFIX):])
+    cpu_seconds = usage.ru_utime + usage.ru_stime
+    background = None
+    if busy_before is not None and busy_after is not None:
+        background = max(0.0, (busy_after - busy_before - cpu_seconds) / wall)
     return BuildRun(seconds=result["seconds"], images=result["images"],
                     peak_rss_mb=usage.ru_maxrss / 1024.0,  # ru_maxrss is in KB on Linux
-                    cpu_seconds=usage.ru_utime + usage.ru_stime)
+                    cpu_seconds=cpu_seconds, background_cores=background)
 
 
 # --- the child side ---------------------------------------------------------------

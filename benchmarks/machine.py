@@ -60,3 +60,19 @@ def describe() -> dict:
         "python_executable": sys.executable,
         "versions": versions,
     }
+
+
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds all processes have used since boot (``/proc/stat``), or None.
+
+    The difference over a measurement, minus the measured process's own CPU
+    time, is what other processes used meanwhile: how loaded the shared
+    machine was while that number was taken.
+    """
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")

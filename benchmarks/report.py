@@ -145,7 +145,9 @@ def markdown(results: dict[str, Any]) -> str:
         f"OpenCV {v['opencv']}, NumPy {v['numpy']}, kiln {v['kiln']}. Load average "
         f"(1/5/15 min) {load['start']} at the start, {load['end']} at the end: the machine is "
         f"shared, so every number is the median of several runs with all variants measured "
-        f"in turn.",
+        f"in turn. Other processes kept {_fmt(results['build']['background_cores'], 2)} cores busy "
+        f"on average during the build measurements (median over runs) and "
+        f"{_fmt(results['reader']['background_cores'], 2)} during the reader measurements.",
         "",
         "## Targets",
         "",

@@ -22,6 +22,7 @@ import datetime
 import json
 import logging
 import os
+import resource
 import statistics
 import sys
 import time
@@ -113,6 +114,8 @@ def measure_builds(settings: Settings, source: corpus.Corpus, scratch: str) -> d
         }
 
     rows = {key: dict(summary(key), title=title) for key, title, _ in BUILD_VARIANTS}
+    background = [r.background_cores for key_runs in runs.values() for r in key_runs
+                  if r.background_cores is not None]
     base = rows["baseline"]["images_per_second"]
     for row in rows.values():
         row["ratio_vs_baseline"] = row["images_per_second"] / base
@@ -123,6 +126,7 @@ def measure_builds(settings: Settings, source: corpus.Corpus, scratch: str) -> d
         "transforms": build_bench.BUILD_TRANSFORMS,
         "jpeg_quality": build_bench.JPEG_QUALITY,
         "target_shard_mb": build_bench.TARGET_SHARD_MB,
+        "background_cores": _median(background),
         "rows": rows,
         "scaling": scaling,
         "scaling_fit": _linear_fit([(s["images"], s["median_seconds"]) for s in scaling]),
@@ -142,17 +146,41 @@ def _linear_fit(points):
             "images_per_second": 1.0 / slope if slope > 0 else None}
 
 
+class _Background:
+    """Appends the cores other processes kept busy during the block to `into`."""
+
+    def __init__(self, into: list[float]):
+        self._into = into
+
+    def __enter__(self):
+        self._busy, self._own = machine.busy_cpu_seconds(), _own_cpu_seconds()
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        busy = machine.busy_cpu_seconds()
+        if busy is not None and self._busy is not None:
+            others = busy - self._busy - (_own_cpu_seconds() - self._own)
+            self._into.append(max(0.0, others / (time.perf_counter() - self._start)))
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, Any]:
     """Every reader variant on both encodings, and the layer, `reader_repeats` rounds."""
     runs: dict[str, dict[str, list[float]]] = {
         encoding: {v.key: [] for v in reader_bench.VARIANTS} for encoding in datasets}
     layer_runs: list[float] = []
+    background: list[float] = []
     for round_index in range(settings.reader_repeats):
         for encoding, directory in datasets.items():
             for variant in reader_bench.VARIANTS:
-                value = reader_bench.measure_variant(
-                    variant, directory, encoding, batch_size=settings.batch_size,
-                    batches=settings.reader_batches)
+                with _Background(background):
+                    value = reader_bench.measure_variant(
+                        variant, directory, encoding, batch_size=settings.batch_size,
+                        batches=settings.reader_batches)
                 runs[encoding][variant.key].append(value)
                 logger.info("reader round %d %s %s: %.0f images/s", round_index + 1,
                             encoding, variant.key, value)
@@ -171,6 +199,7 @@ def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, A
                                     "b_over_d": medians["b"] / medians["d"]}
     return {
         "batch_size": settings.batch_size,
+        "background_cores": _median(background),
         "image_size": reader_bench.IMAGE_SIZE,
         "repeats": settings.reader_repeats,
         "augment": reader_bench.AUGMENT,
