@@ -49,6 +49,7 @@ from kiln.schemas import ShardInfo, shard_filename
 logger = logging.getLogger(__name__)
 
 _MB = 1 << 20
+_MAX_RUN_MB = 64.0
 
 
 class ShardedRecord(NamedTuple):
@@ -298,8 +299,11 @@ class WriteShards(beam.PTransform):
 
     def expand(self, records):
         sharding = self._sharding
+        # At most one shard's worth per run, and at most 64 MB: a Dataflow
+        # worker runs a DoFn instance per thread, each with its own buffer.
+        run_mb = min(float(sharding["target_shard_mb"]), _MAX_RUN_MB)
         runs = records | "SpillSortedRuns" >> beam.ParDo(
-            SpillRunsFn(self._temp_folder, float(sharding["target_shard_mb"]) * _MB))
+            SpillRunsFn(self._temp_folder, run_mb * _MB))
         # SpilledRun
         refs = runs | "ListRunRecords" >> beam.FlatMap(_record_refs)  # RecordRef
         num_shards = (
