@@ -36,8 +36,8 @@ WHY_NOT_MET = {
         "output is always 224x224) and applies the colour jitter (a 3x3 matrix, an offset, "
         "a clip and the contrast mean: passes over the window) and a flip. Each pass over a "
         "224x224x3 float image costs 30-60 us per element in tf.data, about a sixth of a "
-        "JPEG decode, and stock TF ops do not fuse them; measured per element, the resize "
-        "and the colour jitter together cost about as much as the decode saves and more. "
+        "JPEG decode, and stock TF ops do not fuse them: measured per element, the resize "
+        "and the colour jitter together cost more than half a decode. "
         "For raw pixels (a) is only a copy and a conversion, so the augmentation is most "
         "of (b)'s work and 0.85x is out of reach by construction. "
         "The levers that did pay are in place: the crop decoded from the JPEG, flips on the "
@@ -220,7 +220,7 @@ def markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"Memory: the records never pass through Beam's shuffle. They are spilled to sorted "
-        f"run files of one shard's size and only ~100-byte references are grouped into "
+        f"run files of at most one shard and only ~100-byte references are grouped into "
         f"shards (before this, the local runner held every record in memory, and the peak "
         f"grew by about 100 KB per image). From {previous['images']} to {last['images']} "
         f"images the peak grew by {growth:.0f} MB ({per_image_kb:.1f} KB per image): the "
@@ -228,7 +228,6 @@ def markdown(results: dict[str, Any]) -> str:
         f"a few such per-image rows remain (listing rows, references, content hashes for "
         f"the duplicate count). Below one shard's worth of records the spill buffer is not "
         f"full yet, so smaller builds peak lower.",
-        "",
     ]
 
     rows = reader["rows"]
