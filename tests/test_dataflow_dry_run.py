@@ -81,10 +81,10 @@ def test_dataflow_dry_run_translates_the_job(demo_corpus, no_network_no_credenti
 
     names = {t.unique_name for t in proto.components.transforms.values()}
     for step in ["ReadListing", "SpreadFiles",
-                 "ProcessImages/DecodeTransformEncode", "AssignSplits",
+                 "ProcessImages/DecodeTransformEncode",
                  "WriteShards/GroupShards", "WriteShards/WriteShardFiles",
-                 "ComputeStatistics/CombineChannelMoments", "WriteErrorReport/WriteErrorsJsonl",
-                 "HashInputs", "WriteBuildReport"]:
+                 "Summarize", "CountDuplicates/GatherCopies", "WriteErrorReport/WriteErrorsJsonl",
+                 "WriteBuildReport"]:
         assert step in names, step
     images = set()
     for environment in proto.components.environments.values():

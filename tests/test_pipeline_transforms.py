@@ -1,5 +1,5 @@
-"""The build job's PTransforms on real Beam pipelines: splits, sharding, the
-shard writer, statistics, image processing and the error report."""
+"""The build job's parts, the PTransforms on real Beam pipelines: splits, sharding,
+the shard writer, statistics, image processing and the error report."""
 
 import dataclasses
 import glob
@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import json
 import os
+import pickle
 import random
 from typing import NamedTuple, Optional
 
@@ -18,10 +19,10 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from kiln import transforms
-from kiln.pipeline import sharding, statistics, tfrecord
+from kiln.pipeline import sharding, statistics, tfrecord, versioning
 from kiln.pipeline.error_report import DroppedFile, WriteErrorReport
-from kiln.pipeline.images import ImageProcessor, ProcessImages
-from kiln.pipeline.splits import AssignSplits, SplitPolicy
+from kiln.pipeline.images import ImageProcessor, ProcessedImage, ProcessImages
+from kiln.pipeline.splits import SplitPolicy
 from kiln.schemas import RECORD, ChannelStatistics
 
 
@@ -32,7 +33,7 @@ def local_pipeline():
 
 
 class Record(NamedTuple):
-    """The fields AssignSplits reads and sets (as on images.ProcessedImage)."""
+    """The fields a SplitPolicy reads (as on images.ProcessedImage)."""
 
     key: str
     sha256: str
@@ -69,10 +70,7 @@ def test_assign_splits_by_content_follows_the_documented_rule():
     records = make_records(400)
     policy = SplitPolicy.from_config({"fractions": FRACTIONS, "split_by": "content", "salt": ""})
     expected = [(r.key, expected_split(FRACTIONS, r.sha256)) for r in records]
-    with local_pipeline() as p:
-        out = (p | beam.Create(records) | AssignSplits(policy)
-               | beam.Map(lambda r: (r.key, r.split)))
-        assert_that(out, equal_to(expected))
+    assert [(r.key, policy.assign(r.key, r.sha256, r.split)) for r in records] == expected
     counts = {name: sum(1 for _, s in expected if s == name) for name in FRACTIONS}
     assert 0.7 * 400 < counts["train"] < 0.9 * 400
     assert counts["validation"] > 20 and counts["test"] > 20
@@ -81,22 +79,18 @@ def test_assign_splits_by_content_follows_the_documented_rule():
 def test_assign_splits_puts_identical_content_in_one_split():
     records = make_records(300, duplicate_every=3)  # pairs of records share content
     policy = SplitPolicy.from_config({"fractions": FRACTIONS})
-    with local_pipeline() as p:
-        out = (p | beam.Create(records) | AssignSplits(policy)
-               | beam.Map(lambda r: (r.sha256, r.split))
-               | beam.GroupByKey()
-               | beam.MapTuple(lambda sha, splits: len(set(splits))))
-        assert_that(out, equal_to([1] * len({r.sha256 for r in records})))
+    splits_of_content = {}
+    for r in records:
+        splits_of_content.setdefault(r.sha256, set()).add(policy.assign(r.key, r.sha256, None))
+    assert len(splits_of_content) < len(records)  # there are copies
+    assert all(len(splits) == 1 for splits in splits_of_content.values())
 
 
 def test_assign_splits_by_key_and_salt():
     records = make_records(200)
     by_key = SplitPolicy.from_config({"fractions": FRACTIONS, "split_by": "key", "salt": "s1"})
     expected = [(r.key, expected_split(FRACTIONS, r.key, salt="s1")) for r in records]
-    with local_pipeline() as p:
-        out = (p | beam.Create(records) | AssignSplits(by_key)
-               | beam.Map(lambda r: (r.key, r.split)))
-        assert_that(out, equal_to(expected))
+    assert [(r.key, by_key.assign(r.key, r.sha256, r.split)) for r in records] == expected
     unsalted = [expected_split(FRACTIONS, r.key) for r in records]
     assert unsalted != [split for _, split in expected]  # the salt changes the draw
 
@@ -105,9 +99,10 @@ def test_assign_splits_from_source_keeps_the_source_split():
     records = [Record(f"k{i}", "0" * 64, s)
                for i, s in enumerate(["train", "test", "train", "extra"])]
     policy = SplitPolicy.from_config({"from_source": True})
-    with local_pipeline() as p:
-        out = p | beam.Create(records) | AssignSplits(policy) | beam.Map(lambda r: (r.key, r.split))
-        assert_that(out, equal_to([(r.key, r.split) for r in records]))
+    assert [policy.assign(r.key, r.sha256, r.split) for r in records] == [
+        r.split for r in records]
+    with pytest.raises(ValueError, match="k9: splits.from_source, but the source gives no split"):
+        policy.assign("k9", "0" * 64, None)
 
 
 def test_a_zero_fraction_split_gets_nothing():
@@ -289,53 +284,95 @@ def test_pixel_sums_of_an_image_too_large_for_a_float32_histogram():
     assert statistics.pixel_sums(image) == (n, ((n - 1) * 255 + 3,), ((n - 1) * 255**2 + 9,))
 
 
-def test_channel_moments_match_numpy_per_split():
-    train, test = random_images(0, 40), random_images(1, 9)
-    elements = ([("train", statistics.pixel_sums(im)) for im in train]
-                + [("test", statistics.pixel_sums(im)) for im in test])
+def stored(image, split, label=0, key="k"):
+    """A ProcessedImage carrying `image`'s statistics (the record is not read)."""
+    height, width, _ = image.shape
+    return ProcessedImage(key, label, split, "0" * 64, b"", height, width,
+                          statistics.pixel_sums(image))
 
-    def matches(expected):
-        def check(actual):
-            actual = dict(actual)
-            assert sorted(actual) == sorted(expected)
-            for split, images in expected.items():
-                count, mean, std = numpy_statistics(images)
-                assert actual[split].count == count
-                np.testing.assert_allclose(actual[split].mean, mean, rtol=1e-12)
-                np.testing.assert_allclose(actual[split].std, std, rtol=1e-12)
-        return check
+
+def summarize(partials):
+    combine = statistics.SummaryCombineFn()
+    return combine.extract_output(combine.merge_accumulators(partials))
+
+
+def test_summary_statistics_match_numpy_per_split_through_beam():
+    train, test = random_images(0, 40), random_images(1, 9)
+    partials = []
+    for start in range(0, 40, 7):  # several bundles' worth of partial summaries
+        partial = statistics.Summary()
+        for i, image in enumerate(train[start:start + 7]):
+            partial.add(versioning.entry_hash(["file", f"t{start + i}"]),
+                        stored(image, "train", label=(start + i) % 3))
+        partials.append(partial)
+    last = statistics.Summary()
+    for image in test:
+        last.add(1, stored(image, "test", label=1))
+    last.add(2, None)  # a dropped file counts towards the version only
+    partials.append(last)
+
+    def check(actual):
+        (summary,) = actual
+        stats = summary.channel_statistics()
+        assert sorted(stats) == ["test", "train"]
+        for split, images in {"train": train, "test": test}.items():
+            count, mean, std = numpy_statistics(images)
+            assert stats[split].count == count
+            np.testing.assert_allclose(stats[split].mean, mean, rtol=1e-12)
+            np.testing.assert_allclose(stats[split].std, std, rtol=1e-12)
+        assert summary.class_counts == {("train", 0): 14, ("train", 1): 13, ("train", 2): 13,
+                                        ("test", 1): 9}
+        assert summary.inputs_hash == versioning.combine_hashes(
+            [versioning.entry_hash(["file", f"t{i}"]) for i in range(40)] + [1] * 9 + [2])
 
     with local_pipeline() as p:
-        out = (p | beam.Create(elements)
-               | beam.CombinePerKey(statistics.ChannelMomentsCombineFn()))
-        assert_that(out, matches({"train": train, "test": test}))
+        out = p | beam.Create(partials) | beam.CombineGlobally(statistics.SummaryCombineFn())
+        assert_that(out, check)
 
 
-def test_channel_moments_are_exact_whatever_the_merge_order():
-    images = random_images(2, 60, channels=1)
-    combine = statistics.ChannelMomentsCombineFn()
+def test_summary_is_exact_whatever_the_merge_order():
+    images = random_images(2, 60, channels=1) + [np.zeros((3, 5, 1), np.uint8)]
     results = set()
     for seed in range(5):
-        order = list(images)
+        order = list(range(len(images)))
         random.Random(seed).shuffle(order)
         cut = random.Random(seed).sample(range(1, len(order)), 4)
-        parts = np.split(np.arange(len(order)), sorted(cut))
-        accumulators = []
-        for part in parts:
-            accumulator = combine.create_accumulator()
+        partials = []
+        for part in np.split(np.array(order), sorted(cut)):
+            partial = statistics.Summary()
             for i in part:
-                accumulator = combine.add_input(accumulator, statistics.pixel_sums(order[i]))
-            accumulators.append(accumulator)
-        random.Random(seed).shuffle(accumulators)
-        result = combine.extract_output(combine.merge_accumulators(accumulators))
-        results.add((result.count, tuple(result.mean), tuple(result.std)))
+                partial.add(versioning.entry_hash(["file", int(i)]),
+                            stored(images[i], "train", label=int(i) % 2))
+            partials.append(pickle.loads(pickle.dumps(partial)))  # as Beam ships them
+        random.Random(seed).shuffle(partials)
+        summary = summarize(partials)
+        (stats,) = summary.channel_statistics().values()
+        results.add((stats.count, tuple(stats.mean), tuple(stats.std),
+                     tuple(sorted(summary.class_counts.items())), summary.sizes,
+                     summary.inputs_hash))
     assert len(results) == 1  # bit-identical floats: kiln.json stays byte-identical
-    assert combine.extract_output(combine.create_accumulator()) is None
+    (result,) = results
+    assert len(result[4]) == 2 and summarize([]).channel_statistics() == {}
+
+
+def test_summary_image_size_is_set_only_when_every_image_has_it():
+    one, other = np.zeros((4, 6, 3), np.uint8), np.zeros((6, 4, 3), np.uint8)
+    same = statistics.Summary()
+    for _ in range(3):
+        same.add(0, stored(one, "train"))
+    assert summarize([same, same]).image_size == [4, 6]
+    mixed = statistics.Summary()
+    mixed.add(0, stored(other, "test"))
+    assert summarize([same, mixed]).image_size is None
+    assert summarize([mixed, same]).sizes == summarize([same, mixed]).sizes
+    assert statistics.Summary().image_size is None
+    with pytest.raises(ValueError, match="cannot merge statistics of 3- and 1-channel"):
+        same.add(0, stored(np.zeros((4, 6, 1), np.uint8), "train"))
 
 
 # --- image processing ---------------------------------------------------------------
 
-def test_process_images_outputs_records_drops_and_input_hashes(tmp_path):
+def test_process_images_outputs_records_drops_and_a_summary(tmp_path):
     rng = np.random.default_rng(7)
     good = rng.integers(0, 256, size=(20, 30, 3), dtype=np.uint8)
     small = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
@@ -355,14 +392,20 @@ def test_process_images_outputs_records_drops_and_input_hashes(tmp_path):
     items.append({"key": "b/gone.png", "uri": str(tmp_path / "b" / "gone.png"), "label": 1,
                   "split": None, "size": 10})
     chain = transforms.parse([{"center_crop": {"size": 8}}])
+    policy = SplitPolicy.from_config({"fractions": FRACTIONS, "split_by": "key"})
     processor = ImageProcessor(chain, {"channels": 3, "max_pixels": 10_000, "min_size": 1},
-                               {"format": "png", "quality": None}, ["a", "b"])
+                               {"format": "png", "quality": None}, ["a", "b"], policy)
+    split = expected_split(FRACTIONS, "a/good.png")
+    sha_of = {key: hashlib.sha256(data).hexdigest() for key, data in files.items()}
+    entries = [["file", item["key"], "ab"[item["label"]], None, sha_of.get(item["key"])]
+               for item in items]
 
     def check_images(images):
         assert len(images) == 1
         (image,) = images
         decoded = RECORD.decode(image.record)
         assert (image.key, decoded["key"], decoded["label"]) == ("a/good.png", b"a/good.png", 0)
+        assert image.split == split
         assert decoded["sha256"].decode() == hashlib.sha256(files["a/good.png"]).hexdigest()
         stored = transforms.decode_image(decoded["image"])
         np.testing.assert_array_equal(stored, good[6:14, 11:19])
@@ -378,8 +421,17 @@ def test_process_images_outputs_records_drops_and_input_hashes(tmp_path):
                       ("b/text.png", "decode", "not_an_image"),
                       ("b/gone.png", "read", "unreadable")]),
             label="CheckDropped")
-        assert_that(result.inputs | beam.combiners.Count.Globally(), equal_to([5]),
-                    label="CheckInputs")
+        summary = result.summary | beam.CombineGlobally(statistics.SummaryCombineFn())
+
+        def check_summary(actual):
+            (merged,) = actual
+            assert merged.inputs_hash == versioning.combine_hashes(
+                versioning.entry_hash(entry) for entry in entries)
+            assert merged.class_counts == {(split, 0): 1}
+            assert merged.pixels == {split: statistics.pixel_sums(good[6:14, 11:19])}
+            assert merged.image_size == [8, 8]
+
+        assert_that(summary, check_summary, label="CheckSummary")
 
 
 def test_error_report_is_sorted_and_counted(tmp_path):
@@ -394,10 +446,9 @@ def test_error_report_is_sorted_and_counted(tmp_path):
     assert set(parsed[0]) == {"key", "uri", "stage", "reason", "message"}
 
 
-def test_channel_statistics_dataclass_is_what_extract_returns():
-    combine = statistics.ChannelMomentsCombineFn()
+def test_channel_statistics_dataclass_is_what_kiln_json_gets():
     image = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
-    out = combine.extract_output(combine.add_input(combine.create_accumulator(),
-                                                   statistics.pixel_sums(image)))
+    out = statistics.channel_statistics(statistics.pixel_sums(image))
     assert isinstance(out, ChannelStatistics)
     assert dataclasses.asdict(out)["count"] == 4
+    assert statistics.channel_statistics(statistics.EMPTY) is None

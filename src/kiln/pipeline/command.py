@@ -28,6 +28,7 @@ time left) on stderr. Exit codes: 0 built or up to date; 1 the build failed
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 
@@ -72,6 +73,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     started = time.monotonic()
+    # The command owns the process: move everything imported so far
+    # (TensorFlow and Beam: millions of objects) out of the garbage
+    # collector's reach. A full collection would otherwise walk them all,
+    # several times a build, on the job's thread (~0.3 s each here).
+    gc.freeze()
     try:
         if args.image_threads is not None and args.image_threads < 1:
             raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")

@@ -10,8 +10,11 @@ see `kiln.pipeline.launcher.default_image_threads`): every core on a local
 run; one on Dataflow, which already runs one SDK process per vCPU.
 
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
-output, counted per reason. Every file read also contributes its entry to
-the dataset version on the ``inputs`` output (see `versioning`).
+output, counted per reason. What the job counts about every file (its
+entry in the dataset version, and each stored image's split, class, size
+and pixel sums) is added up per bundle into one `statistics.Summary` on the
+``summary`` output, instead of sending each image through a Beam step per
+statistic.
 """
 
 from __future__ import annotations
@@ -27,18 +30,21 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from kiln import transforms
 from kiln.pipeline import versioning
 from kiln.pipeline.error_report import DroppedFile
-from kiln.pipeline.statistics import PixelSums, pixel_sums
+from kiln.pipeline.splits import SplitPolicy
+from kiln.pipeline.statistics import PixelSums, Summary, pixel_sums
 from kiln.schemas import RECORD
 
 logger = logging.getLogger(__name__)
 
 DROPPED = "dropped"
-INPUTS = "inputs"
+SUMMARY = "summary"
 
 
 class ProcessedImage(NamedTuple):
@@ -46,7 +52,7 @@ class ProcessedImage(NamedTuple):
 
     key: str
     label: int
-    split: str | None   # from the source; set by `splits.AssignSplits` if None
+    split: str          # from the source, or drawn by the `SplitPolicy`
     sha256: str         # hex sha256 of the source file's bytes
     record: bytes       # serialized tf.train.Example (`kiln.schemas.RECORD`)
     height: int
@@ -71,11 +77,14 @@ class ImageProcessor:
       image_config: The resolved ``image`` config (channels, max_pixels, min_size).
       encoding: The resolved ``encoding`` config (format, quality).
       class_names: Sorted class names (label id -> name, for the version).
+      splits: Assigns each stored image its split.
     """
 
     def __init__(self, chain: transforms.Chain, image_config: Mapping[str, Any],
-                 encoding: Mapping[str, Any], class_names: Sequence[str]):
+                 encoding: Mapping[str, Any], class_names: Sequence[str],
+                 splits: SplitPolicy):
         self._chain = chain
+        self._splits = splits
         self._channels = int(image_config["channels"])
         self._max_pixels = int(image_config["max_pixels"])
         self._min_size = int(image_config["min_size"])
@@ -127,7 +136,8 @@ class ImageProcessor:
         })
         entry = versioning.file_entry(key, self._class_names[label], split, sha256)
         return Outcome(
-            ProcessedImage(key, label, split, sha256, record, height, width, pixel_sums(image)),
+            ProcessedImage(key, label, self._splits.assign(key, sha256, split), sha256, record,
+                           height, width, pixel_sums(image)),
             None,
             versioning.entry_hash(entry),
         )
@@ -150,7 +160,9 @@ def _describe(error: Exception) -> str:
 
 class ProcessImagesFn(beam.DoFn):
     """listed file -> ProcessedImage; tagged outputs ``dropped``
-    (DroppedFile) and ``inputs`` (int entry hashes).
+    (DroppedFile) and ``summary`` (one `Summary` per bundle, emitted when
+    the bundle finishes; a retried bundle's outputs, summary included, are
+    discarded with it).
 
     With one thread, each file is processed in `process`. With more, files
     are handed to a thread pool as they arrive, at most `IN_FLIGHT_PER_THREAD`
@@ -172,6 +184,7 @@ class ProcessImagesFn(beam.DoFn):
         self._threads = max(1, int(threads))
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: collections.deque = collections.deque()
+        self._summary = Summary()
         self._read = Metrics.counter("kiln", "files_read")
         self._decoded = Metrics.counter("kiln", "images_decoded")
         self._bytes = Metrics.counter("kiln", "bytes_read")
@@ -188,6 +201,7 @@ class ProcessImagesFn(beam.DoFn):
 
     def start_bundle(self):
         self._pending = collections.deque()  # a failed bundle's leftovers are dropped
+        self._summary = Summary()
 
     def process(self, item: Mapping[str, Any], window=beam.DoFn.WindowParam,
                 timestamp=beam.DoFn.TimestampParam):
@@ -202,6 +216,9 @@ class ProcessImagesFn(beam.DoFn):
     def finish_bundle(self):
         while self._pending:
             yield from self._emit_oldest()
+        # The job runs in the global window (it never windows its data).
+        yield beam.pvalue.TaggedOutput(
+            SUMMARY, WindowedValue(self._summary, MIN_TIMESTAMP, (GlobalWindow(),)))
 
     def _emit_oldest(self):
         # Emitted after later elements arrived (or from finish_bundle), so
@@ -215,7 +232,7 @@ class ProcessImagesFn(beam.DoFn):
                 yield WindowedValue(output, timestamp, (window,))
 
     def _outputs(self, item: Mapping[str, Any], outcome: Outcome):
-        yield beam.pvalue.TaggedOutput(INPUTS, outcome.entry_hash)
+        self._summary.add(outcome.entry_hash, outcome.image)
         if outcome.dropped is None or outcome.dropped.stage != "read":
             self._read.inc()
             self._bytes.inc(int(item.get("size", 0)))
@@ -228,9 +245,10 @@ class ProcessImagesFn(beam.DoFn):
 
 
 class ProcessImages(beam.PTransform):
-    """Listed files (dicts) -> ProcessedImage, with ``dropped`` and ``inputs``
-    outputs (a DoOutputsTuple: ``result[None]``, ``result.dropped``,
-    ``result.inputs``).
+    """Listed files (dicts) -> ProcessedImage, with ``dropped`` and ``summary``
+    outputs (a DoOutputsTuple: ``result.images``, ``result.dropped``,
+    ``result.summary``; merge the partial summaries with
+    `statistics.SummaryCombineFn`).
 
     Args:
       processor: The per-file work.
@@ -247,6 +265,6 @@ class ProcessImages(beam.PTransform):
             files
             | "DecodeTransformEncode" >> beam.ParDo(
                 ProcessImagesFn(self._processor, self._threads)
-            ).with_outputs(DROPPED, INPUTS, main="images")
-            # images: ProcessedImage; dropped: DroppedFile; inputs: int
+            ).with_outputs(DROPPED, SUMMARY, main="images")
+            # images: ProcessedImage; dropped: DroppedFile; summary: Summary per bundle
         )

@@ -11,13 +11,19 @@ aggregate the launcher needs for `kiln.json`). The steps::
 
     ReadListing -> ParseListing -> SeparateDropped ─┬─> (listed files)
                                                     └─> (dropped while listing)
-    (listed files) -> SpreadFiles -> ProcessImages ─┬─> (ProcessedImage)
+    (listed files) -> SpreadFiles -> ProcessImages ─┬─> (ProcessedImage, split set)
                                                     ├─> (dropped: DroppedFile)
-                                                    └─> (inputs: entry hashes)
-    (ProcessedImage) -> AssignSplits -> ToShardedRecords -> WriteShards
-                                     └-> ComputeStatistics
+                                                    └─> (summary: one per bundle)
+    (ProcessedImage) -> ToShardedRecords -> WriteShards
+                     └-> CountDuplicates
+    (summary) -> Summarize
     (all dropped) -> WriteErrorReport
     everything -> WriteBuildReport
+
+Per image, the work is in `ProcessImages` (on a thread pool); its
+statistics are added up per bundle there, so the rest of the graph sees
+each image only on its way to a shard and to the duplicate count: every
+Beam step an element passes through costs time on the bundle's thread.
 """
 
 from __future__ import annotations
@@ -36,8 +42,8 @@ from kiln.pipeline import progress, versioning
 from kiln.pipeline.error_report import DroppedFile, WriteErrorReport
 from kiln.pipeline.images import ImageProcessor, ProcessImages
 from kiln.pipeline.sharding import ShardedRecord, WriteShards, sort_key
-from kiln.pipeline.splits import AssignSplits, SplitPolicy
-from kiln.pipeline.statistics import ComputeStatistics
+from kiln.pipeline.splits import SplitPolicy
+from kiln.pipeline.statistics import CountDuplicates, Summary, SummaryCombineFn
 
 logger = logging.getLogger(__name__)
 
@@ -112,18 +118,19 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         # workers (and Dataflow's autoscaling) share the images.
         | "SpreadFiles" >> beam.Reshuffle()  # {key, uri, label, split, size}
         | "ProcessImages" >> ProcessImages(
-            ImageProcessor(plan.chain, config["image"], config["encoding"], plan.class_names),
+            ImageProcessor(plan.chain, config["image"], config["encoding"], plan.class_names,
+                           SplitPolicy.from_config(config["splits"])),
             threads=plan.image_threads,
         )
     )
     if plan.progress_uri:
-        _ = processed.inputs | "CountProgress" >> beam.ParDo(
-            progress.CountFilesFn(plan.progress_uri))  # nothing: bytes appended to the file
-    images = (
-        processed.images
-        | "AssignSplits" >> AssignSplits(SplitPolicy.from_config(config["splits"]))
-        # ProcessedImage with split set
-    )
+        _ = (
+            (processed.images, processed.dropped)
+            | "FilesDone" >> beam.Flatten()  # ProcessedImage or DroppedFile
+            | "CountProgress" >> beam.ParDo(progress.CountFilesFn(plan.progress_uri))
+            # nothing: bytes appended to the file
+        )
+    images = processed.images  # ProcessedImage, split set
     shards = (
         images
         | "ToShardedRecords" >> beam.Map(_to_sharded)  # ShardedRecord
@@ -131,15 +138,14 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
             plan.staging_dir, plan.temp_dir, config["name"], config["sharding"])
         # (split, index, ShardInfo)
     )
-    statistics = images | "ComputeStatistics" >> ComputeStatistics()
+    summary = processed.summary | "Summarize" >> beam.CombineGlobally(SummaryCombineFn())
+    # Summary
+    duplicates = images | "CountDuplicates" >> CountDuplicates()
+    # (extra copies, extra copies in another split)
     dropped_counts = (
         (listing.dropped, processed.dropped)
         | "AllDropped" >> beam.Flatten()  # DroppedFile
         | "WriteErrorReport" >> WriteErrorReport(plan.staging_dir)  # {reason: count}
-    )
-    inputs_hash = (
-        processed.inputs
-        | "HashInputs" >> beam.CombineGlobally(versioning.MultisetHashFn())  # int
     )
     _ = (
         pipeline
@@ -147,19 +153,15 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         | "AssembleReport" >> beam.Map(
             _assemble_report,
             shards=beam.pvalue.AsList(shards),
-            channels=beam.pvalue.AsList(statistics["channels"]),
-            class_counts=beam.pvalue.AsList(statistics["class_counts"]),
-            duplicates=beam.pvalue.AsSingleton(statistics["duplicates"]),
-            image_size=beam.pvalue.AsSingleton(statistics["image_size"]),
+            summary=beam.pvalue.AsSingleton(summary),
+            duplicates=beam.pvalue.AsSingleton(duplicates),
             dropped=beam.pvalue.AsSingleton(dropped_counts),
-            inputs_hash=beam.pvalue.AsSingleton(inputs_hash),
         )  # report dict
         | "WriteBuildReport" >> beam.Map(_write_report, plan.report_uri)
     )
 
 
-def _assemble_report(_, *, shards, channels, class_counts, duplicates, image_size,
-                     dropped, inputs_hash) -> dict[str, Any]:
+def _assemble_report(_, *, shards, summary: Summary, duplicates, dropped) -> dict[str, Any]:
     splits: dict[str, dict[str, Any]] = {}
 
     def split_entry(name):
@@ -167,17 +169,17 @@ def _assemble_report(_, *, shards, channels, class_counts, duplicates, image_siz
 
     for split, index, info in sorted(shards, key=lambda s: (s[0], s[1])):
         split_entry(split)["shards"].append(dataclasses.asdict(info))
-    for split, stats in channels:
+    for split, stats in summary.channel_statistics().items():
         split_entry(split)["statistics"] = dataclasses.asdict(stats) if stats else None
-    for (split, label), count in class_counts:
+    for (split, label), count in sorted(summary.class_counts.items()):
         split_entry(split)["class_counts"][str(label)] = count
     return {
         "splits": {name: splits[name] for name in sorted(splits)},
         "duplicates": int(duplicates[0]),
         "duplicates_across_splits": int(duplicates[1]),
-        "image_size": image_size,
+        "image_size": summary.image_size,
         "dropped": dict(sorted(dropped.items())),
-        "inputs_hash": format(inputs_hash, "064x"),
+        "inputs_hash": format(summary.inputs_hash, "064x"),
     }
 
 

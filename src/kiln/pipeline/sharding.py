@@ -17,14 +17,17 @@ temp file, which the launcher deletes.
 
 The records themselves do not go through Beam's shuffle: an external merge
 sort. `SpillRunsFn` collects up to one shard's worth of records, sorts them
-by (split, hash) and writes them to a temp "run" file, passing on only a
-small `RecordRef` (split, hash, run file, offset, length) per record. Shards
-are grouped from those references; in a run, a shard's records are one
-contiguous byte range (a hash range of a split), which `WriteShardFn` reads
-in one go. So the build's memory stays near one shard however large the
-dataset (Beam's local runner holds a shuffled collection in memory, which
-grew the build by about 100 KB per image), and Dataflow shuffles about 100
-bytes per image instead of the image. The run files are deleted once every
+by (split, hash) and writes them to a temp "run" file, passing on only the
+run's index (`SpilledRun`: each record's split, hash, offset and length).
+In a run, a shard's records are one contiguous byte range (a hash range of
+a split), so each run is cut into at most one `RunSlice` per shard, and
+shards are grouped from those slices; `WriteShardFn` reads each slice in
+one go and merges them. So the build's memory stays near one shard however
+large the dataset (Beam's local runner holds a shuffled collection in
+memory, which grew the build by about 100 KB per image), Dataflow shuffles
+a few dozen bytes per image instead of the image, and after the spill no
+Beam step handles single records (each step an element passes through
+costs time on the bundle's thread). The run files are deleted once every
 shard is written.
 """
 
@@ -60,14 +63,12 @@ class ShardedRecord(NamedTuple):
     record: bytes   # serialized tf.train.Example
 
 
-class RecordRef(NamedTuple):
-    """Where a spilled record is: ``length`` bytes at ``offset`` of run file ``run``."""
+class RunSlice(NamedTuple):
+    """One shard's records in one run file: consecutive, starting at byte ``start``."""
 
-    split: str
-    sort_key: str
     run: str
-    offset: int
-    length: int
+    start: int
+    entries: tuple[tuple[str, int], ...]  # (sort_key, length) of each record, in file order
 
 
 class SpilledRun(NamedTuple):
@@ -194,37 +195,52 @@ class SpillRunsFn(beam.DoFn):
                                 (window,))
 
 
-def _record_refs(run: SpilledRun):
-    for split, key, offset, length in run.entries:
-        yield RecordRef(split, key, run.run, offset, length)
+def _split_totals(run: SpilledRun):
+    """(split, (records, bytes in TFRecord framing)) for each split in a run."""
+    totals: dict[str, list[int]] = {}
+    for split, _, _, length in run.entries:
+        total = totals.setdefault(split, [0, 0])
+        total[0] += 1
+        total[1] += tfrecord.framed_size(length)
+    for split, (records, num_bytes) in totals.items():
+        yield split, (records, num_bytes)
 
 
-def read_records(refs: list[RecordRef]) -> list[tuple[str, bytes]]:
-    """``(sort_key, record)`` of every reference; one read per run file.
+def _slices_by_shard(run: SpilledRun, num_shards: Mapping[str, int]):
+    """((split, index, num_shards), RunSlice) for each shard with records in `run`."""
+    shard, start, entries = None, 0, []
+    for split, key, offset, length in run.entries:  # sorted by (split, key)
+        n = num_shards[split]
+        this = (split, shard_index(key, n), n)
+        if this != shard:
+            if entries:
+                yield shard, RunSlice(run.run, start, tuple(entries))
+            shard, start, entries = this, offset, []
+        entries.append((key, length))
+    if entries:
+        yield shard, RunSlice(run.run, start, tuple(entries))
 
-    A shard's records are contiguous in each run (see the module docstring),
-    so the span read per run holds little or nothing else.
-    """
-    by_run: dict[str, list[RecordRef]] = {}
-    for ref in refs:
-        by_run.setdefault(ref.run, []).append(ref)
+
+def read_records(slices: list[RunSlice]) -> list[tuple[str, bytes]]:
+    """``(sort_key, record)`` of every record in `slices`; one read per slice."""
     out = []
-    for run, run_refs in sorted(by_run.items()):
-        start = min(ref.offset for ref in run_refs)
-        end = max(ref.offset + ref.length for ref in run_refs)
-        with FileSystems.open(run, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            f.seek(start)
-            span = f.read(end - start)
-        if len(span) != end - start:
-            raise IOError(f"{run}: expected {end - start} bytes at offset {start}, "
+    for piece in sorted(slices):
+        size = sum(length for _, length in piece.entries)
+        with FileSystems.open(piece.run, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.seek(piece.start)
+            span = f.read(size)
+        if len(span) != size:
+            raise IOError(f"{piece.run}: expected {size} bytes at offset {piece.start}, "
                           f"read {len(span)} (the run file was truncated or replaced)")
-        out.extend((ref.sort_key, span[ref.offset - start:ref.offset - start + ref.length])
-                   for ref in run_refs)
+        offset = 0
+        for key, length in piece.entries:
+            out.append((key, span[offset:offset + length]))
+            offset += length
     return out
 
 
 class WriteShardFn(beam.DoFn):
-    """((split, index, num_shards), [RecordRef or None]) -> (split, index, ShardInfo).
+    """((split, index, num_shards), [RunSlice or None]) -> (split, index, ShardInfo).
 
     None values mark a shard that must exist even if its hash range holds no
     record, so a split always has all its ``-of-N`` files. Holds one shard's
@@ -257,17 +273,12 @@ class WriteShardFn(beam.DoFn):
         yield split, index, info
 
 
-def _delete_run(run: SpilledRun, written) -> None:
+def _delete_run(run: str, written) -> None:
     del written  # a side input only so that this runs after every shard is written
     try:
-        FileSystems.delete([run.run])
+        FileSystems.delete([run])
     except Exception:  # already gone (a retried step); the launcher deletes the work folder
-        logger.debug("could not delete run file %s", run.run, exc_info=True)
-
-
-def _key_by_shard(ref: RecordRef, num_shards: Mapping[str, int]):
-    n = num_shards[ref.split]
-    return (ref.split, shard_index(ref.sort_key, n), n), ref
+        logger.debug("could not delete run file %s", run, exc_info=True)
 
 
 def _all_shards(split_and_count):
@@ -305,31 +316,36 @@ class WriteShards(beam.PTransform):
         runs = records | "SpillSortedRuns" >> beam.ParDo(
             SpillRunsFn(self._temp_folder, run_mb * _MB))
         # SpilledRun
-        refs = runs | "ListRunRecords" >> beam.FlatMap(_record_refs)  # RecordRef
         num_shards = (
-            refs
-            | "MeasureRecords" >> beam.Map(
-                lambda r: (r.split, (1, tfrecord.framed_size(r.length))))
-            # (split, (1, framed bytes))
+            runs
+            | "MeasureRuns" >> beam.FlatMap(_split_totals)
+            # (split, (records, framed bytes)) per run
             | "SumPerSplit" >> beam.CombinePerKey(beam.combiners.TupleCombineFn(sum, sum))
             # (split, (records, bytes))
             | "CountShards" >> beam.MapTuple(
                 lambda split, totals: (split, count_shards(split, totals[0], totals[1], sharding)))
             # (split, num_shards)
         )
-        keyed = refs | "KeyByShard" >> beam.Map(
-            _key_by_shard, num_shards=beam.pvalue.AsDict(num_shards)
-        )  # ((split, index, num_shards), RecordRef)
+        keyed = runs | "SliceRuns" >> beam.FlatMap(
+            _slices_by_shard, num_shards=beam.pvalue.AsDict(num_shards)
+        )  # ((split, index, num_shards), RunSlice)
         every_shard = num_shards | "ListShards" >> beam.FlatMap(_all_shards)
         # ((split, index, num_shards), None)
         written = (
             (keyed, every_shard)
             | "MergeShardMarkers" >> beam.Flatten()
             | "GroupShards" >> beam.GroupByKey()
-            # ((split, index, num_shards), [RecordRef or None])
+            # ((split, index, num_shards), [RunSlice or None])
             | "WriteShardFiles" >> beam.ParDo(WriteShardFn(
                 self._folder, self._temp_folder, self._name, sharding["compression"]))
             # (split, index, ShardInfo)
         )
-        _ = runs | "DeleteRuns" >> beam.Map(_delete_run, written=beam.pvalue.AsList(written))
+        # Its own collection of paths: a second consumer of `runs` with a
+        # side input could be fused with SliceRuns into one stage waiting on
+        # its own output.
+        _ = (
+            runs
+            | "RunFiles" >> beam.Map(lambda run: run.run)  # run file path
+            | "DeleteRuns" >> beam.Map(_delete_run, written=beam.pvalue.AsList(written))
+        )
         return written

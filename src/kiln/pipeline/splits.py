@@ -17,8 +17,6 @@ import dataclasses
 import hashlib
 from typing import Any, Mapping
 
-import apache_beam as beam
-
 
 @dataclasses.dataclass(frozen=True)
 class SplitPolicy:
@@ -75,21 +73,3 @@ class SplitPolicy:
         # Rounding can leave the top of [0, 1) above the last bound: it
         # belongs to the last split with a non-zero fraction.
         return chosen
-
-
-class AssignSplits(beam.PTransform):
-    """Sets each record's ``split`` field.
-
-    Input and output: PCollection of records with ``key``, ``sha256`` and
-    ``split`` (the source's split or None) fields, e.g. `images.ProcessedImage`.
-    """
-
-    def __init__(self, policy: SplitPolicy):
-        super().__init__()
-        self._policy = policy
-
-    def expand(self, records):
-        policy = self._policy
-        return records | "SetSplit" >> beam.Map(
-            lambda r: r._replace(split=policy.assign(r.key, r.sha256, r.split))
-        )  # record with split set

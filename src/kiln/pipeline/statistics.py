@@ -1,21 +1,20 @@
 """Per-channel pixel statistics of a split, merged exactly in any order.
 
 Each image contributes its pixel count and per-channel integer sums of
-values and of squared values (`PixelSums`, exact). `ChannelMomentsCombineFn`
-turns those into (count, mean, M2) accumulators and merges them with Chan et
-al.'s parallel update::
+values and of squared values (`PixelSums`); a `Summary` adds those up per
+split: integer addition is exact and associative, so the totals are the
+same whatever order Beam merges accumulators in (which depends on bundling
+and the number of workers), and ``kiln.json`` stays byte-identical. Only
+`channel_statistics` divides, once, in exact rational arithmetic::
 
-    delta = mean_b - mean_a
-    mean  = mean_a + delta * n_b / n
-    M2    = M2_a + M2_b + delta**2 * n_a * n_b / n
+    mean = sum / count
+    M2   = squares - sum**2 / count        (= sum((x - mean)**2))
+    std  = sqrt(M2 / count)
 
-The accumulators hold `fractions.Fraction`, not floats. Beam merges
-accumulators in an order that depends on bundling and the number of workers;
-float merges would differ in the last bits from run to run and `kiln.json`
-would not be byte-identical. Rational arithmetic makes every merge exact, so
-the result is the same whatever the order, and the floats written out are
-the correctly rounded mean and standard deviation. Denominators stay at most
-the pixel count, so this is cheap (one merge per image per channel).
+so the floats written out are the correctly rounded mean and the square
+root of the exact variance. (Merging (count, mean, M2) accumulators with
+Chan et al.'s update gives the same numbers in rationals, at a cost of
+dozens of `Fraction` operations per image on the bundle's thread.)
 
 The standard deviation is the population one (``sqrt(M2 / count)``), as
 `np.std` computes, on the 0..255 scale of the stored uint8 pixels.
@@ -31,6 +30,7 @@ import apache_beam as beam
 import cv2
 import numpy as np
 
+from kiln.pipeline import versioning
 from kiln.schemas import ChannelStatistics
 
 
@@ -71,98 +71,136 @@ def pixel_sums(image: np.ndarray) -> PixelSums:
     )
 
 
-class Moments(NamedTuple):
-    """A (count, mean, M2) accumulator in exact rational arithmetic."""
-
-    count: int
-    mean: tuple[Fraction, ...]
-    m2: tuple[Fraction, ...]
-
-
-def moments_of(sums: PixelSums) -> Moments:
-    n = sums.count
-    mean = tuple(Fraction(s, n) for s in sums.sums)
-    # M2 = sum((x - mean)^2) = sum(x^2) - sum(x)^2 / n, exact in rationals.
-    m2 = tuple(Fraction(q) - Fraction(s * s, n) for s, q in zip(sums.sums, sums.squares))
-    return Moments(n, mean, m2)
-
-
-def merge(a: Moments, b: Moments) -> Moments:
-    """Chan et al.'s parallel merge of two accumulators."""
-    if a.count == 0:
-        return b
-    if b.count == 0:
-        return a
-    if len(a.mean) != len(b.mean):
+def merge(a: PixelSums, b: PixelSums) -> PixelSums:
+    """The sums of two sets of pixels together (plain tuples too: coders
+    may turn accumulators into tuples between bundles)."""
+    count_a, sums_a, squares_a = a
+    count_b, sums_b, squares_b = b
+    if count_a == 0:
+        return PixelSums(count_b, tuple(sums_b), tuple(squares_b))
+    if count_b == 0:
+        return PixelSums(count_a, tuple(sums_a), tuple(squares_a))
+    if len(sums_a) != len(sums_b):
         raise ValueError(
-            f"cannot merge statistics of {len(a.mean)}- and {len(b.mean)}-channel images"
+            f"cannot merge statistics of {len(sums_a)}- and {len(sums_b)}-channel images"
         )
-    n = a.count + b.count
-    mean, m2 = [], []
-    for mean_a, mean_b, m2_a, m2_b in zip(a.mean, b.mean, a.m2, b.m2):
-        delta = mean_b - mean_a
-        mean.append(mean_a + delta * b.count / n)
-        m2.append(m2_a + m2_b + delta * delta * a.count * b.count / n)
-    return Moments(n, tuple(mean), tuple(m2))
+    return PixelSums(count_a + count_b,
+                     tuple(x + y for x, y in zip(sums_a, sums_b)),
+                     tuple(x + y for x, y in zip(squares_a, squares_b)))
 
 
-EMPTY = Moments(0, (), ())
+EMPTY = PixelSums(0, (), ())
 
 
-class ChannelMomentsCombineFn(beam.CombineFn):
-    """PixelSums -> `ChannelStatistics` (count, mean and std per channel).
+def channel_statistics(sums: PixelSums) -> ChannelStatistics | None:
+    """Count, mean and std per channel from exact sums (None for no pixels)."""
+    count, totals, squares = sums
+    if count == 0:
+        return None
+    mean = [Fraction(s, count) for s in totals]
+    m2 = [Fraction(q) - Fraction(s * s, count) for s, q in zip(totals, squares)]
+    return ChannelStatistics(
+        count=count,
+        mean=[float(m) for m in mean],
+        std=[math.sqrt(v / count) for v in m2],
+    )
 
-    Mergeable, exact and order-independent: see the module docstring.
-    Returns None for no input.
+
+class Summary:
+    """Everything the job counts about the files it read, mergeable in any order.
+
+    One `ProcessImagesFn` bundle fills one (`add`, per file, on the bundle's
+    thread), emits it when the bundle finishes, and `SummaryCombineFn`
+    merges the few partial summaries: per image this costs a few dict
+    updates, not a pass through several Beam steps per statistic. Every
+    field merges exactly (integer sums, counts, a set), so the result does
+    not depend on bundling or the number of workers.
+
+    Attributes:
+      pixels: ``{split: PixelSums}`` of the stored images.
+      class_counts: ``{(split, label id): count}``.
+      sizes: The distinct stored ``(height, width)``; at most two are kept
+        (enough to tell whether every image has one size).
+      inputs_hash: The multiset hash of every file's version entry, stored
+        or dropped (`versioning.combine_hashes`).
     """
 
-    def create_accumulator(self) -> Moments:
-        return EMPTY
+    __slots__ = ("pixels", "class_counts", "sizes", "inputs_hash")
 
-    def add_input(self, accumulator: Moments, element: PixelSums) -> Moments:
-        return merge(accumulator, moments_of(PixelSums(*element)))
+    def __init__(self, pixels=None, class_counts=None, sizes=frozenset(), inputs_hash=0):
+        self.pixels: dict[str, PixelSums] = dict(pixels or {})
+        self.class_counts: dict[tuple[str, int], int] = dict(class_counts or {})
+        self.sizes: frozenset = frozenset(sizes)
+        self.inputs_hash: int = int(inputs_hash)
 
-    def merge_accumulators(self, accumulators: Iterable[Moments]) -> Moments:
-        result = EMPTY
+    def __reduce__(self):  # plain data when Beam pickles accumulators
+        return Summary, (self.pixels, self.class_counts, self.sizes, self.inputs_hash)
+
+    def __eq__(self, other):
+        return isinstance(other, Summary) and self.__reduce__() == other.__reduce__()
+
+    def add(self, entry_hash: int, image=None) -> None:
+        """Counts one file read: its version entry, and the stored image if any.
+
+        Args:
+          entry_hash: `versioning.entry_hash` of the file's entry.
+          image: An `images.ProcessedImage` with its split set, or None
+            (the file was dropped).
+        """
+        self.inputs_hash = versioning.combine_hashes((self.inputs_hash, entry_hash))
+        if image is None:
+            return
+        split = image.split
+        self.pixels[split] = merge(self.pixels.get(split, EMPTY), image.pixel_sums)
+        key = (split, image.label)
+        self.class_counts[key] = self.class_counts.get(key, 0) + 1
+        size = (image.height, image.width)
+        if size not in self.sizes:
+            self.sizes = _two_smallest(self.sizes | {size})
+
+    def merged(self, other: "Summary") -> "Summary":
+        pixels = dict(self.pixels)
+        for split, sums in other.pixels.items():
+            pixels[split] = merge(pixels.get(split, EMPTY), sums)
+        class_counts = dict(self.class_counts)
+        for key, count in other.class_counts.items():
+            class_counts[key] = class_counts.get(key, 0) + count
+        return Summary(pixels, class_counts, _two_smallest(self.sizes | other.sizes),
+                       versioning.combine_hashes((self.inputs_hash, other.inputs_hash)))
+
+    def channel_statistics(self) -> dict[str, ChannelStatistics | None]:
+        """``{split: ChannelStatistics}`` (count, mean and std per channel)."""
+        return {split: channel_statistics(sums) for split, sums in self.pixels.items()}
+
+    @property
+    def image_size(self) -> list[int] | None:
+        """[height, width] if every stored image has it, else None."""
+        return list(next(iter(self.sizes))) if len(self.sizes) == 1 else None
+
+
+def _two_smallest(sizes: frozenset) -> frozenset:
+    # Any two sizes say "more than one"; keeping the smallest two makes the
+    # accumulator the same whatever order images and merges come in.
+    return frozenset(sorted(sizes)[:2]) if len(sizes) > 2 else sizes
+
+
+class SummaryCombineFn(beam.CombineFn):
+    """Partial `Summary` objects -> their merged `Summary` (empty for no input)."""
+
+    def create_accumulator(self) -> Summary:
+        return Summary()
+
+    def add_input(self, accumulator: Summary, element: Summary) -> Summary:
+        return accumulator.merged(element)
+
+    def merge_accumulators(self, accumulators: Iterable[Summary]) -> Summary:
+        result = Summary()
         for accumulator in accumulators:
-            result = merge(result, Moments(*accumulator))
+            result = result.merged(accumulator)
         return result
 
-    def extract_output(self, accumulator: Moments) -> ChannelStatistics | None:
-        accumulator = Moments(*accumulator)
-        if accumulator.count == 0:
-            return None
-        return ChannelStatistics(
-            count=accumulator.count,
-            mean=[float(m) for m in accumulator.mean],
-            std=[math.sqrt(m2 / accumulator.count) for m2 in accumulator.m2],
-        )
-
-
-class CommonSizeCombineFn(beam.CombineFn):
-    """(height, width) -> that size if every image has it, else None.
-
-    Keeps at most two distinct sizes, so memory stays constant.
-    """
-
-    def create_accumulator(self) -> frozenset:
-        return frozenset()
-
-    def add_input(self, accumulator: frozenset, size) -> frozenset:
-        if len(accumulator) > 1:
-            return accumulator
-        return accumulator | {tuple(size)}
-
-    def merge_accumulators(self, accumulators) -> frozenset:
-        result: frozenset = frozenset()
-        for accumulator in accumulators:
-            result = result | accumulator
-            if len(result) > 1:
-                return frozenset(sorted(result)[:2])
-        return result
-
-    def extract_output(self, accumulator: frozenset) -> list[int] | None:
-        return list(next(iter(accumulator))) if len(accumulator) == 1 else None
+    def extract_output(self, accumulator: Summary) -> Summary:
+        return accumulator
 
 
 class DuplicatesCombineFn(beam.CombineFn):
@@ -196,36 +234,14 @@ def _duplicate_counts(copies_and_splits):
     return copies - 1, (copies - 1) if len(splits) > 1 else 0
 
 
-class ComputeStatistics(beam.PTransform):
-    """What `kiln.json` says about the stored images, per split.
-
-    Input: PCollection of records with ``split``, ``label``, ``sha256``,
-    ``height``, ``width`` and ``pixel_sums`` fields (`images.ProcessedImage`
-    after split assignment).
-
-    Output: a dict of PCollections:
-      ``channels``: (split, ChannelStatistics), one per non-empty split.
-      ``class_counts``: ((split, label id), count).
-      ``duplicates``: a single (extra copies, extra copies in another split)
-        pair: records whose content equals an earlier record's.
-      ``image_size``: a single [height, width] if every image has it, else None.
-    """
+class CountDuplicates(beam.PTransform):
+    """Stored images (with ``sha256`` and ``split``) -> a single (extra copies,
+    extra copies in another split) pair: records whose content equals an
+    earlier record's. Groups by content hash, so it scales with the data
+    (unlike a set held in one accumulator)."""
 
     def expand(self, records):
-        channels = (
-            records
-            | "PixelSumsBySplit" >> beam.Map(lambda r: (r.split, r.pixel_sums))
-            # (split, PixelSums)
-            | "CombineChannelMoments" >> beam.CombinePerKey(ChannelMomentsCombineFn())
-            # (split, ChannelStatistics)
-        )
-        class_counts = (
-            records
-            | "SplitAndLabel" >> beam.Map(lambda r: ((r.split, r.label), 1))
-            | "CountPerClass" >> beam.CombinePerKey(sum)
-            # ((split, label), count)
-        )
-        duplicates = (
+        return (
             records
             | "SplitByContent" >> beam.Map(lambda r: (r.sha256, r.split))
             # (sha256, split)
@@ -236,15 +252,3 @@ class ComputeStatistics(beam.PTransform):
             | "SumDuplicates" >> beam.CombineGlobally(beam.combiners.TupleCombineFn(sum, sum))
             # (duplicates, duplicates across splits)
         )
-        image_size = (
-            records
-            | "ImageSizes" >> beam.Map(lambda r: (r.height, r.width))
-            | "CommonSize" >> beam.CombineGlobally(CommonSizeCombineFn())
-            # [height, width] or None
-        )
-        return {
-            "channels": channels,
-            "class_counts": class_counts,
-            "duplicates": duplicates,
-            "image_size": image_size,
-        }

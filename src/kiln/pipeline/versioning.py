@@ -31,8 +31,6 @@ import hashlib
 import json
 from typing import Any, Iterable
 
-import apache_beam as beam
-
 import kiln
 
 VERSION_LENGTH = 12  # hex digits: 48 bits, no collision among a dataset's versions
@@ -60,22 +58,6 @@ def combine_hashes(hashes: Iterable[int]) -> int:
     for value in hashes:
         total = (total + value) % _MODULUS
     return total
-
-
-class MultisetHashFn(beam.CombineFn):
-    """Combines `entry_hash` values into one order-independent hash (an int)."""
-
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add_input(self, accumulator: int, value: int) -> int:
-        return (accumulator + value) % _MODULUS
-
-    def merge_accumulators(self, accumulators: Iterable[int]) -> int:
-        return combine_hashes(accumulators)
-
-    def extract_output(self, accumulator: int) -> int:
-        return accumulator
 
 
 def file_entry(key: str, label: str, split: str | None, sha256: str | None) -> list:
