@@ -138,8 +138,10 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
             plan.staging_dir, plan.temp_dir, config["name"], config["sharding"])
         # (split, index, ShardInfo)
     )
-    summary = processed.summary | "Summarize" >> beam.CombineGlobally(SummaryCombineFn())
-    # Summary
+    # Without a default for empty input: no separate stage to make one; an
+    # empty list stands for "no bundles" below.
+    summary = processed.summary | "Summarize" >> beam.CombineGlobally(
+        SummaryCombineFn()).without_defaults()  # Summary
     duplicates = images | "CountDuplicates" >> CountDuplicates()
     # (extra copies, extra copies in another split)
     dropped_counts = (
@@ -153,15 +155,19 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         | "AssembleReport" >> beam.Map(
             _assemble_report,
             shards=beam.pvalue.AsList(shards),
-            summary=beam.pvalue.AsSingleton(summary),
-            duplicates=beam.pvalue.AsSingleton(duplicates),
+            summary=beam.pvalue.AsList(summary),
+            duplicates=beam.pvalue.AsList(duplicates),
             dropped=beam.pvalue.AsSingleton(dropped_counts),
         )  # report dict
         | "WriteBuildReport" >> beam.Map(_write_report, plan.report_uri)
     )
 
 
-def _assemble_report(_, *, shards, summary: Summary, duplicates, dropped) -> dict[str, Any]:
+def _assemble_report(_, *, shards, summary: list[Summary], duplicates: list[tuple[int, int]],
+                     dropped) -> dict[str, Any]:
+    # One element each, or none when no file reached the image step.
+    summary = summary[0] if summary else Summary()
+    duplicates = duplicates[0] if duplicates else (0, 0)
     splits: dict[str, dict[str, Any]] = {}
 
     def split_entry(name):

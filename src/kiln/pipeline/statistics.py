@@ -236,9 +236,9 @@ def _duplicate_counts(copies_and_splits):
 
 class CountDuplicates(beam.PTransform):
     """Stored images (with ``sha256`` and ``split``) -> a single (extra copies,
-    extra copies in another split) pair: records whose content equals an
-    earlier record's. Groups by content hash, so it scales with the data
-    (unlike a set held in one accumulator)."""
+    extra copies in another split) pair, or nothing for no images: records
+    whose content equals an earlier record's. Groups by content hash, so it
+    scales with the data (unlike a set held in one accumulator)."""
 
     def expand(self, records):
         return (
@@ -249,6 +249,7 @@ class CountDuplicates(beam.PTransform):
             # (sha256, (copies, [split]))
             | "ExtraCopies" >> beam.Map(lambda kv: _duplicate_counts(kv[1]))
             # (extra copies, extra copies across splits)
-            | "SumDuplicates" >> beam.CombineGlobally(beam.combiners.TupleCombineFn(sum, sum))
-            # (duplicates, duplicates across splits)
+            | "SumDuplicates" >> beam.CombineGlobally(
+                beam.combiners.TupleCombineFn(sum, sum)).without_defaults()
+            # (duplicates, duplicates across splits); nothing for no records
         )
