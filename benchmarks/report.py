@@ -12,20 +12,30 @@ WHY_NOT_MET = {
         "ones ({fixed:.1f} s by the scaling fit): listing, constructing and starting the "
         "Beam job, and after the last image the stages that count, group and write the "
         "shards, then `kiln.json`. At {images} images of {baseline_ms:.1f} ms (A's cost), "
-        "1.8x leaves {budget:.1f} s for them. Per image, Beam's bookkeeping on the bundle "
-        "thread (split assignment, statistics, counters, passing each record through ~10 "
-        "steps; about 0.5 ms) competes with the two image threads for the two cores, which "
-        "is why even the marginal rate of the fit is {marginal:.2f}x, not 2x. Profiling "
-        "found and fixed the larger losses: Beam's adaptive batching fed the thread pool "
-        "2-5 files at a time (threads idle at every batch end, ~80% busy; now files stream "
-        "through, 2 in flight per thread, ~99% busy), and the shard shuffle held every "
-        "record in memory. When the host is busy, the two-thread build loses more than the "
-        "one-thread loop (see how much A varied between rounds)."
+        "1.8x leaves {budget:.1f} s for them. A's own work on a bare thread pool, one "
+        "thread per core, reached {pool:.2f}x in the same run ({pool_low:.2f}x to "
+        "{pool_high:.2f}x between rounds): what these two cores gave this work at the time; "
+        "the build ran at {of_pool:.0%} of that pool's rate. Per image, what the loop does "
+        "not do runs "
+        "on the same two cores: in the image threads the split, pixel statistics and "
+        "version entry (~0.3 ms), and on the bundle thread Beam's bookkeeping (reading the "
+        "listing, the reshuffle that spreads files over workers, the record's few steps to "
+        "its sorted run; measured with a no-op image step at ~0.25 ms) while holding the "
+        "GIL. The marginal rate of the scaling fit is {marginal:.2f}x. Profiling found and fixed the larger losses: Beam's adaptive "
+        "batching fed the thread pool 2-5 files at a time (now files stream through, 2 in "
+        "flight per thread), the shard shuffle held every record in memory (now sorted "
+        "runs on disk), every image went through ~15 Beam steps for statistics, splits "
+        "and the version (now summed per bundle inside the image step, and shards grouped "
+        "from one slice per run instead of one reference per record), pixel statistics "
+        "merged Python Fractions per image (now integer sums), and full garbage "
+        "collections walked TensorFlow's and Beam's objects (now frozen). When the host is "
+        "busy, the two-thread build loses more than the one-thread loop (see how much A "
+        "varied between rounds)."
     ),
     "build_one_thread": (
-        "With one thread the build does A's work plus, on the same core, Beam's per-image "
-        "bookkeeping (~0.3-0.5 ms: split assignment, pixel statistics, the sorted runs, "
-        "counters) and the fixed start and finish costs ({fixed:.1f} s)."
+        "With one thread the build does A's work plus, on the same core, the split, pixel "
+        "statistics and version entry of each image (~0.3 ms), Beam's per-image "
+        "bookkeeping (~0.25 ms) and the fixed start and finish costs ({fixed:.1f} s)."
     ),
     "build_linear": "The cost per image grew with the dataset: see the scaling table.",
     "build_memory": "Peak memory grew with the dataset: see the scaling table.",
@@ -44,7 +54,12 @@ WHY_NOT_MET = {
         "uint8 window, colour on the window before its resize (the window is smaller than "
         "the output), the resize in float, and the stored size instead of reading each "
         "JPEG header; per-batch application of the colour ops was slower (a batch of "
-        "128x224x224x3 floats does not fit in cache, so each pass is memory-bound)."
+        "128x224x224x3 floats does not fit in cache, so each pass is memory-bound). "
+        "Measured on one core for a 165x165 window (the average crop): the resize to "
+        "224x224 costs 130 us, the colour jitter 150 us, the slice and flip 40 us. The "
+        "one-op alternatives were slower still: `tf.image.crop_and_resize` (crop, flip and "
+        "resize in one op) took the pipeline to 0.3x, `ScaleAndTranslate` is 5x slower "
+        "than the resize, and a flip by negative-stride slicing halved the throughput."
     ),
     "reader_b_over_c": (
         "(c) is not a straw man: OpenCV's resize and colour conversion release the GIL "
@@ -114,6 +129,15 @@ def _value(target: dict) -> str:
     return text
 
 
+def _rss_spread(scaling: list[dict[str, Any]]) -> str:
+    """How far one size's peak memory moved between identical runs."""
+    spreads = [row["peak_rss_range_mb"][1] - row["peak_rss_range_mb"][0]
+               for row in scaling if "peak_rss_range_mb" in row]
+    if not spreads:
+        return "one run per size"
+    return f"identical runs of one size peaked up to {max(spreads):.0f} MB apart"
+
+
 def _build_facts(build: dict[str, Any]) -> dict[str, float]:
     fit = build["scaling_fit"] or {}
     baseline = build["rows"]["baseline"]
@@ -124,6 +148,24 @@ def _build_facts(build: dict[str, Any]) -> dict[str, float]:
         "baseline_ms": baseline["ms_per_image"],
         "budget": baseline["median_seconds"] / 1.8 - baseline["median_seconds"] / 2.0,
         "marginal": marginal,
+        **_pool_facts(build["rows"]),
+    }
+
+
+def _pool_facts(rows: dict[str, Any]) -> dict[str, float]:
+    """A on a bare thread pool: its ratio to A (median, and range over rounds),
+    and the build's rate as a fraction of the pool's."""
+    if "baseline_threads" not in rows:
+        nan = float("nan")
+        return {"pool": nan, "pool_low": nan, "pool_high": nan, "of_pool": nan}
+    pool = rows["baseline_threads"]
+    per_round = [a["seconds"] / p["seconds"]
+                 for a, p in zip(rows["baseline"]["runs"], pool["runs"])]
+    return {
+        "pool": pool["ratio_vs_baseline"],
+        "pool_low": min(per_round),
+        "pool_high": max(per_round),
+        "of_pool": rows["kiln"]["images_per_second"] / pool["images_per_second"],
     }
 
 
@@ -183,13 +225,16 @@ def markdown(results: dict[str, Any]) -> str:
         f"sensor noise; {corpus['mean_file_kb']:.0f} KB on average). Every build runs in its "
         f"own process; the time is the work only (the loop, or `kiln build` from listing to "
         f"publishing), not starting Python and importing TensorFlow and Beam. Peak memory is "
-        f"the process's peak resident set (imports included). Median of "
-        f"{build['repeats']} runs.",
+        f"the process's peak resident set (imports included). Medians of "
+        f"{build['repeats']} runs, memory too.",
         "",
         "| Variant | Seconds | Images/s | vs A | Best run, images/s | Peak RSS (MB) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for key in ("baseline", "kiln", "kiln_one_thread", "baseline_opencv_threads"):
+    for key in ("baseline", "kiln", "kiln_one_thread", "baseline_opencv_threads",
+                "baseline_threads"):
+        if key not in build["rows"]:
+            continue
         row = build["rows"][key]
         best = row["images"] / min(run["seconds"] for run in row["runs"])
         lines.append(f"| {row['title']} | {row['median_seconds']:.2f} | "
@@ -202,6 +247,9 @@ def markdown(results: dict[str, Any]) -> str:
         "the same transforms chain, `encode_image`, `RECORD.encode`) and writes one file with "
         "`tf.io.TFRecordWriter`; it does not shard, sort, compute statistics or write "
         "metadata. Its OpenCV is held to one thread, so it is the single-core limit. "
+        "The last row runs A's per-image work on a plain thread pool, one thread per core, "
+        "writing in order: what these cores give this work with no pipeline at all, the "
+        "ceiling for the build's ratio on this machine. "
         f"Between rounds, A itself took {min(baseline_seconds):.1f} to "
         f"{max(baseline_seconds):.1f} s: the virtual machine's speed varies with its "
         f"neighbours on the host, which `ps` and `/proc/stat` inside it do not show, and the "
@@ -209,6 +257,9 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "### Scaling: kiln build, local defaults",
         "",
+        *(["Builds larger than the corpus read it more than once (hard-linked copies under "
+           "new keys: the same bytes, every image a duplicate of one already built).", ""]
+          if build["scaling"][-1]["images"] > corpus["images"] else []),
         "| Images | Seconds | Images/s | ms per image | Peak RSS (MB) |",
         "|---:|---:|---:|---:|---:|",
     ]
@@ -231,14 +282,15 @@ def markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"Memory: the records never pass through Beam's shuffle. They are spilled to sorted "
-        f"run files of at most one shard and only ~100-byte references are grouped into "
-        f"shards (before this, the local runner held every record in memory, and the peak "
-        f"grew by about 100 KB per image). From {previous['images']} to {last['images']} "
-        f"images the peak grew by {growth:.0f} MB ({per_image_kb:.1f} KB per image): the "
-        f"local runner keeps every collection that crosses a stage boundary in memory, and "
-        f"a few such per-image rows remain (listing rows, references, content hashes for "
-        f"the duplicate count). Below one shard's worth of records the spill buffer is not "
-        f"full yet, so smaller builds peak lower.",
+        f"run files of at most one shard, and shards are grouped from one slice (an index "
+        f"of ~30 bytes per record) per run and shard (before this, the local runner held "
+        f"every record in memory, and the peak grew by about 100 KB per image). From "
+        f"{previous['images']} to {last['images']} images the peak grew by {growth:.0f} MB "
+        f"({per_image_kb:.1f} KB per image; {_rss_spread(build['scaling'])}): the local "
+        f"runner keeps every collection that "
+        f"crosses a stage boundary in memory, and a few such per-image rows remain (listing "
+        f"rows, run indexes, content hashes for the duplicate count). Below one shard's "
+        f"worth of records the spill buffer is not full yet, so smaller builds peak lower.",
     ]
 
     rows = reader["rows"]

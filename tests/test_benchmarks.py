@@ -15,7 +15,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-BUILD_ROWS = ["baseline", "kiln", "kiln_one_thread", "baseline_opencv_threads"]
+BUILD_ROWS = ["baseline", "kiln", "kiln_one_thread", "baseline_opencv_threads",
+              "baseline_threads"]
 READER_ROWS = ["a", "kiln_plain", "b", "c", "d"]
 
 
@@ -35,7 +36,8 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     for row in build["rows"].values():
         assert row["images"] == build["images"] and len(row["runs"]) == build["repeats"]
         assert row["images_per_second"] > 0 and row["peak_rss_mb"] > 0
-    assert [s["images"] for s in build["scaling"]] == [8, 16]
+    # 32 is twice the quick corpus: its second half are linked copies, all built.
+    assert [s["images"] for s in build["scaling"]] == [8, 16, 32]
     reader = results["reader"]
     assert sorted(reader["rows"]) == ["jpeg", "raw"]
     for rows in reader["rows"].values():
