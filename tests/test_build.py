@@ -1,6 +1,7 @@
 """End to end: build generated corpora on the local runner, read every shard
 back with tf.data, and check records, pixels, metadata, errors and publishing."""
 
+import gc
 import hashlib
 import json
 import os
@@ -276,6 +277,9 @@ def test_cli_builds_and_prints_a_summary(demo_corpus, tmp_path, capsys):
 
     assert cli.main(["build", "--config", str(path), "--output", str(out_root)]) == 0
     assert "is up to date" in capsys.readouterr().out
+    # The command freezes the garbage collector's view while it builds, and
+    # undoes it: run in a long-lived process, it must not leave objects immortal.
+    assert gc.get_freeze_count() == 0
 
 
 def write_manifest(path, rows, header="path,label,split"):
