@@ -63,7 +63,7 @@ class Settings:
 
 
 FULL = Settings(corpus=corpus.CorpusSpec(parts=4, per_part=1000), build_images=2000,
-                scaling=(500, 1000, 2000, 4000, 8000), build_repeats=3, reader_repeats=5)
+                scaling=(500, 1000, 2000, 4000, 8000), build_repeats=5, reader_repeats=5)
 QUICK = Settings(corpus=corpus.CorpusSpec(parts=2, per_part=8, width=160, height=120),
                  build_images=16, scaling=(8, 16, 32), build_repeats=1, reader_repeats=1,
                  batch_size=8, reader_batches=2, layer_batches=2)
