@@ -96,14 +96,17 @@ def test_dataflow_dry_run_translates_the_job(demo_corpus, no_network_no_credenti
     writer = pardo_fn(proto, "WriteShards/WriteShardFiles")
     assert writer._folder == staging and writer._temp_folder.startswith(staging)
 
-    # The image DoFn as a worker would get it: unpickled from the proto, it works.
+    # The image DoFn as a worker would get it: unpickled from the proto, its
+    # image work runs, and its sorted runs go to the gs:// staging folder
+    # (not written here: no network).
     process_fn = pardo_fn(proto, "ProcessImages/DecodeTransformEncode")
+    assert process_fn._runs._folder.startswith(staging) and process_fn._counter is None
     key = next(f for f in listing.files if f.key.startswith("star/"))
     process_fn.setup()
     try:
-        outputs = list(process_fn.process({**key.to_json()}))
+        outcome = process_fn._processor({**key.to_json()})
     finally:
         process_fn.teardown()
-    (image,) = [o for o in outputs if hasattr(o, "record")]
-    decoded = RECORD.decode(image.record)
+    assert outcome.dropped is None
+    decoded = RECORD.decode(outcome.image.record)
     assert decoded["key"].decode() == key.key and (decoded["height"], decoded["width"]) == (32, 32)

@@ -182,7 +182,10 @@ def test_write_shards_hash_ranges_give_a_global_order(tmp_path):
         wanted = sorted((r for r in records if r.split == split), key=lambda r: r.sort_key)
         # Reading the shards in order reads the split in hash order.
         assert read_back == [r.record for r in wanted]
-    assert not glob.glob(os.path.join(folder, ".work", "tmp", "*"))  # temp files renamed away
+    # Temp shard files were renamed away; only the sorted runs are left, for
+    # the launcher to delete with the work folder.
+    left = os.listdir(os.path.join(folder, ".work", "tmp"))
+    assert left and all(name.startswith("run-") for name in left)
 
 
 def test_write_shards_writes_empty_shards_and_sizes_by_target(tmp_path):
@@ -203,10 +206,10 @@ def test_write_shards_writes_empty_shards_and_sizes_by_target(tmp_path):
     assert len(paths) == -(-total // 2048) > 1
 
 
-def test_records_spill_to_sorted_runs_that_are_merged_and_deleted(tmp_path):
+def test_records_spill_to_sorted_runs_that_are_merged(tmp_path):
     # A ~1 KB run size against ~5 KB of records: many runs, each holding
     # records of every shard; the shards must still hold exactly their hash
-    # range in order, and no run file may be left behind.
+    # range in order.
     records = sharded_records(150, "train", seed=3)
     random.Random(1).shuffle(records)
     config = {"num_shards": 3, "target_shard_mb": 1024 / 2**20, "compression": "none"}
@@ -222,7 +225,7 @@ def test_records_spill_to_sorted_runs_that_are_merged_and_deleted(tmp_path):
     paths = sorted(glob.glob(os.path.join(folder, "ds-train.tfrecord-*-of-00003")))
     wanted = sorted(records, key=lambda r: r.sort_key)
     assert [r for path in paths for r in read_tfrecords(path)] == [r.record for r in wanted]
-    assert not os.listdir(temp)
+    assert all(name.startswith("run-") for name in os.listdir(temp))
 
 
 def test_gzip_shards_are_readable_and_deterministic(tmp_path):
@@ -372,7 +375,7 @@ def test_summary_image_size_is_set_only_when_every_image_has_it():
 
 # --- image processing ---------------------------------------------------------------
 
-def test_process_images_outputs_records_drops_and_a_summary(tmp_path):
+def test_process_images_outputs_runs_drops_and_a_summary(tmp_path):
     rng = np.random.default_rng(7)
     good = rng.integers(0, 256, size=(20, 30, 3), dtype=np.uint8)
     small = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
@@ -400,20 +403,30 @@ def test_process_images_outputs_records_drops_and_a_summary(tmp_path):
     entries = [["file", item["key"], "ab"[item["label"]], None, sha_of.get(item["key"])]
                for item in items]
 
-    def check_images(images):
-        assert len(images) == 1
-        (image,) = images
-        decoded = RECORD.decode(image.record)
-        assert (image.key, decoded["key"], decoded["label"]) == ("a/good.png", b"a/good.png", 0)
-        assert image.split == split
-        assert decoded["sha256"].decode() == hashlib.sha256(files["a/good.png"]).hexdigest()
+    def check_runs(runs):
+        # The one stored image went straight into a sorted run file.
+        assert [len(run.entries) for run in runs] == [1]
+        (run,) = runs
+        (entry,), (content,) = run.entries, run.contents
+        assert entry[:3] == (split, sharding.sort_key("a/good.png"), 0)
+        assert content == sha_of["a/good.png"]
+        with open(run.run, "rb") as f:
+            record = f.read()
+        assert len(record) == entry[3]
+        decoded = RECORD.decode(record)
+        assert (decoded["key"], decoded["label"]) == (b"a/good.png", 0)
+        assert decoded["sha256"].decode() == sha_of["a/good.png"]
         stored = transforms.decode_image(decoded["image"])
         np.testing.assert_array_equal(stored, good[6:14, 11:19])
-        assert image.pixel_sums == statistics.pixel_sums(good[6:14, 11:19])
 
+    runs_folder = tmp_path / "runs"
+    runs_folder.mkdir()
     with local_pipeline() as p:
-        result = p | beam.Create(items) | ProcessImages(processor, threads=2)
-        assert_that(result.images, check_images, label="CheckImages")
+        # Files come in lists (lines of the listing).
+        result = (p | beam.Create([items[:3], items[3:]])
+                  | ProcessImages(processor, threads=2, runs_folder=str(runs_folder),
+                                  run_bytes=1 << 20))
+        assert_that(result.runs, check_runs, label="CheckRuns")
         assert_that(
             result.dropped | beam.Map(lambda d: (d.key, d.stage, d.reason)),
             equal_to([("a/small.png", "transform", "transform_failed"),
@@ -432,6 +445,29 @@ def test_process_images_outputs_records_drops_and_a_summary(tmp_path):
             assert merged.image_size == [8, 8]
 
         assert_that(summary, check_summary, label="CheckSummary")
+
+
+def test_count_duplicates_over_runs_matches_a_direct_count():
+    # 300 records drawn from 120 contents, in 7 runs, splits by key: copies
+    # fall in every bucket, some within one split, some across splits.
+    rng = random.Random(3)
+    contents = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(120)]
+    records = [(rng.choice(["train", "test"]), rng.choice(contents)) for _ in range(300)]
+    runs = [sharding.SpilledRun(f"run-{i}", tuple((split, "0" * 16, 0, 1) for split, _ in part),
+                                tuple(content for _, content in part))
+            for i, part in enumerate(records[k:k + 43] for k in range(0, 300, 43))]
+    splits_of = {}
+    for split, content in records:
+        splits_of.setdefault(content, []).append(split)
+    extra = sum(len(s) - 1 for s in splits_of.values())
+    across = sum(len(s) - 1 for s in splits_of.values() if len(set(s)) > 1)
+    assert 0 < across < extra
+
+    with local_pipeline() as p:
+        counted = p | beam.Create(runs) | statistics.CountDuplicates()
+        assert_that(counted, equal_to([(extra, across)]))
+    with local_pipeline() as p:  # no runs: nothing (the report reads it as 0)
+        assert_that(p | beam.Create([]) | statistics.CountDuplicates(), equal_to([]))
 
 
 def test_error_report_is_sorted_and_counted(tmp_path):

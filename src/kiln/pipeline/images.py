@@ -7,7 +7,9 @@ encoding (OpenCV) all release the GIL, so threads in one process use several
 cores without the cost of Beam's multi-process mode (pickling every image
 between processes). How many threads is the launcher's decision (`kiln build --image-threads`,
 see `kiln.pipeline.launcher.default_image_threads`): every core on a local
-run; one on Dataflow, which already runs one SDK process per vCPU.
+run; one on Dataflow, which already runs one SDK process per vCPU. The
+records go straight into sorted runs for the shard writer
+(`sharding.RunWriter`), not one by one through further Beam steps.
 
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
 output, counted per reason. What the job counts about every file (its
@@ -37,6 +39,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 from kiln import transforms
 from kiln.pipeline import versioning
 from kiln.pipeline.error_report import DroppedFile
+from kiln.pipeline.progress import FileCounter
+from kiln.pipeline.sharding import RunWriter, sort_key
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import PixelSums, Summary, pixel_sums
 from kiln.schemas import RECORD
@@ -159,18 +163,23 @@ def _describe(error: Exception) -> str:
 
 
 class ProcessImagesFn(beam.DoFn):
-    """listed file -> ProcessedImage; tagged outputs ``dropped``
-    (DroppedFile) and ``summary`` (one `Summary` per bundle, emitted when
-    the bundle finishes; a retried bundle's outputs, summary included, are
-    discarded with it).
+    """Groups of listed files -> sorted runs of their records (`SpilledRun`);
+    tagged outputs ``dropped`` (DroppedFile) and ``summary`` (one `Summary`
+    per bundle, emitted when the bundle finishes; a retried bundle's outputs,
+    summary and runs included, are discarded with it).
+
+    Each input element is a list of listed files (the listing has several
+    per line), and each stored image goes straight into a `RunWriter`, so
+    no Beam step sees single images: every step an element passes through
+    costs time on the bundle's thread, which holds the GIL the image
+    threads need too.
 
     With one thread, each file is processed in `process`. With more, files
     are handed to a thread pool as they arrive, at most `IN_FLIGHT_PER_THREAD`
-    per thread, and the results are emitted in input order as they complete
+    per thread, and their results are taken in input order as they complete
     (the rest at the end of the bundle). Every thread stays busy across
     elements, unlike processing a batch at a time, where threads idle at the
-    end of every batch (and Beam's adaptive batching shrinks batches to a few
-    elements: measured at 80% of two cores instead of 99%).
+    end of every batch.
 
     The pool is created in `setup`, once per DoFn instance (Beam reuses
     instances across bundles). Counters are incremented on the bundle's
@@ -179,9 +188,12 @@ class ProcessImagesFn(beam.DoFn):
 
     IN_FLIGHT_PER_THREAD = 2
 
-    def __init__(self, processor: ImageProcessor, threads: int):
+    def __init__(self, processor: ImageProcessor, threads: int, runs_folder: str,
+                 run_bytes: int, progress_path: str | None = None):
         self._processor = processor
         self._threads = max(1, int(threads))
+        self._runs = RunWriter(runs_folder, run_bytes)
+        self._counter = FileCounter(progress_path) if progress_path else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: collections.deque = collections.deque()
         self._summary = Summary()
@@ -193,78 +205,93 @@ class ProcessImagesFn(beam.DoFn):
         if self._threads > 1:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self._threads, thread_name_prefix="kiln-image")
+        if self._counter is not None:
+            self._counter.open()
 
     def teardown(self):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._counter is not None:
+            self._counter.close()
 
     def start_bundle(self):
         self._pending = collections.deque()  # a failed bundle's leftovers are dropped
+        self._runs.reset()
         self._summary = Summary()
 
-    def process(self, item: Mapping[str, Any], window=beam.DoFn.WindowParam,
+    def process(self, files: Sequence[Mapping[str, Any]], window=beam.DoFn.WindowParam,
                 timestamp=beam.DoFn.TimestampParam):
-        if self._pool is None:
-            yield from self._outputs(item, self._processor(item))
-            return
-        self._pending.append((item, self._pool.submit(self._processor, item), window, timestamp))
         limit = self.IN_FLIGHT_PER_THREAD * self._threads
-        while self._pending and (len(self._pending) > limit or self._pending[0][1].done()):
-            yield from self._emit_oldest()
+        for item in files:
+            if self._pool is None:
+                yield from self._take(item, self._processor(item), window, timestamp)
+                continue
+            self._pending.append((item, self._pool.submit(self._processor, item), window,
+                                  timestamp))
+            while self._pending and (len(self._pending) > limit or self._pending[0][1].done()):
+                yield from self._take(*self._oldest())
 
     def finish_bundle(self):
         while self._pending:
-            yield from self._emit_oldest()
+            yield from self._take(*self._oldest())
+        yield from self._runs.flush()
+        if self._counter is not None:
+            self._counter.flush()
         # The job runs in the global window (it never windows its data).
         yield beam.pvalue.TaggedOutput(
             SUMMARY, WindowedValue(self._summary, MIN_TIMESTAMP, (GlobalWindow(),)))
 
-    def _emit_oldest(self):
-        # Emitted after later elements arrived (or from finish_bundle), so
-        # each output carries its own input's window and timestamp.
+    def _oldest(self):
         item, future, window, timestamp = self._pending.popleft()
-        for output in self._outputs(item, future.result()):
-            if isinstance(output, beam.pvalue.TaggedOutput):
-                yield beam.pvalue.TaggedOutput(
-                    output.tag, WindowedValue(output.value, timestamp, (window,)))
-            else:
-                yield WindowedValue(output, timestamp, (window,))
+        return item, future.result(), window, timestamp
 
-    def _outputs(self, item: Mapping[str, Any], outcome: Outcome):
+    def _take(self, item: Mapping[str, Any], outcome: Outcome, window, timestamp):
+        """Counts one finished file and stores or drops it. Outputs carry the
+        input's window and timestamp themselves (they may leave in a later
+        `process` call or in `finish_bundle`)."""
         self._summary.add(outcome.entry_hash, outcome.image)
+        if self._counter is not None:
+            self._counter.add()
         if outcome.dropped is None or outcome.dropped.stage != "read":
             self._read.inc()
             self._bytes.inc(int(item.get("size", 0)))
         if outcome.dropped is not None:
             Metrics.counter("kiln", f"dropped_{outcome.dropped.reason}").inc()
-            yield beam.pvalue.TaggedOutput(DROPPED, outcome.dropped)
-        else:
-            self._decoded.inc()
-            yield outcome.image
+            yield beam.pvalue.TaggedOutput(
+                DROPPED, WindowedValue(outcome.dropped, timestamp, (window,)))
+            return
+        self._decoded.inc()
+        image = outcome.image
+        if self._runs.add(window, image.split, sort_key(image.key), image.record, image.sha256):
+            yield from self._runs.flush()
 
 
 class ProcessImages(beam.PTransform):
-    """Listed files (dicts) -> ProcessedImage, with ``dropped`` and ``summary``
-    outputs (a DoOutputsTuple: ``result.images``, ``result.dropped``,
-    ``result.summary``; merge the partial summaries with
+    """Lists of listed files (dicts) -> sorted runs of their records
+    (`sharding.SpilledRun`, written to `runs_folder`), with ``dropped`` and
+    ``summary`` outputs (a DoOutputsTuple: ``result.runs``,
+    ``result.dropped``, ``result.summary``; merge the partial summaries with
     `statistics.SummaryCombineFn`).
 
     Args:
       processor: The per-file work.
       threads: Threads per DoFn instance.
+      runs_folder: Where the runs go (the job's temp folder).
+      run_bytes: Records per run at most, in bytes (`sharding.run_bytes`).
+      progress_path: A local file to count finished files in (`progress`), or None.
     """
 
-    def __init__(self, processor: ImageProcessor, threads: int):
+    def __init__(self, processor: ImageProcessor, threads: int, runs_folder: str,
+                 run_bytes: int, progress_path: str | None = None):
         super().__init__()
-        self._processor = processor
-        self._threads = max(1, int(threads))
+        self._fn_args = (processor, max(1, int(threads)), runs_folder, run_bytes, progress_path)
 
     def expand(self, files):
         return (
             files
             | "DecodeTransformEncode" >> beam.ParDo(
-                ProcessImagesFn(self._processor, self._threads)
-            ).with_outputs(DROPPED, SUMMARY, main="images")
-            # images: ProcessedImage; dropped: DroppedFile; summary: Summary per bundle
+                ProcessImagesFn(*self._fn_args)
+            ).with_outputs(DROPPED, SUMMARY, main="runs")
+            # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle
         )

@@ -9,21 +9,23 @@ The job reads the listing the launcher wrote, and writes into the staging
 folder: the shard files, ``errors.jsonl``, and ``.work/report.json`` (every
 aggregate the launcher needs for `kiln.json`). The steps::
 
-    ReadListing -> ParseListing -> SeparateDropped ─┬─> (listed files)
+    ReadListing -> ParseListing -> SeparateDropped ─┬─> (lists of listed files)
                                                     └─> (dropped while listing)
-    (listed files) -> SpreadFiles -> ProcessImages ─┬─> (ProcessedImage, split set)
-                                                    ├─> (dropped: DroppedFile)
-                                                    └─> (summary: one per bundle)
-    (ProcessedImage) -> ToShardedRecords -> WriteShards
-                     └-> CountDuplicates
+    (lists of files) -> SpreadFiles -> ProcessImages ─┬─> (sorted runs of records)
+                                                      ├─> (dropped: DroppedFile)
+                                                      └─> (summary: one per bundle)
+    (runs) -> WriteShards
+           └-> CountDuplicates
     (summary) -> Summarize
     (all dropped) -> WriteErrorReport
     everything -> WriteBuildReport
 
-Per image, the work is in `ProcessImages` (on a thread pool); its
-statistics are added up per bundle there, so the rest of the graph sees
-each image only on its way to a shard and to the duplicate count: every
-Beam step an element passes through costs time on the bundle's thread.
+Per image, all the work is in `ProcessImages` (on a thread pool): the
+listing holds several files per line, the records go straight into sorted
+run files (`sharding.RunWriter`) and the statistics are added up per bundle
+there, so no later Beam step handles single images (every step an element
+passes through costs time on the bundle's thread). The steps after it
+handle a few elements per run, shard or split.
 """
 
 from __future__ import annotations
@@ -38,10 +40,9 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from kiln import transforms
-from kiln.pipeline import progress, versioning
+from kiln.pipeline import sharding, versioning
 from kiln.pipeline.error_report import DroppedFile, WriteErrorReport
 from kiln.pipeline.images import ImageProcessor, ProcessImages
-from kiln.pipeline.sharding import ShardedRecord, WriteShards, sort_key
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import CountDuplicates, Summary, SummaryCombineFn
 
@@ -85,7 +86,7 @@ class JobPlan:
 
 
 class _SeparateDroppedFn(beam.DoFn):
-    """Listing rows -> listed files (main) and DroppedFile (``dropped``),
+    """Listing lines -> lists of files (main) and DroppedFile (``dropped``),
     counted per reason like the files the job itself drops."""
 
     def process(self, row: dict):
@@ -94,11 +95,7 @@ class _SeparateDroppedFn(beam.DoFn):
             Metrics.counter("kiln", f"dropped_{dropped.reason}").inc()
             yield beam.pvalue.TaggedOutput("dropped", dropped)
         else:
-            yield row
-
-
-def _to_sharded(image) -> ShardedRecord:
-    return ShardedRecord(image.split, sort_key(image.key), image.record)
+            yield row["files"]
 
 
 def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
@@ -110,39 +107,31 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         | "ParseListing" >> beam.Map(json.loads)  # dict
         | "SeparateDropped" >> beam.ParDo(_SeparateDroppedFn()).with_outputs(
             "dropped", main="files")
-        # files: {key, uri, label, split, size}; dropped: DroppedFile
+        # files: [{key, uri, label, split, size}] (`sources.FILES_PER_LINE`); dropped: DroppedFile
     )
     processed = (
         listing.files
         # The listing is one file, read as one bundle; spread it so several
         # workers (and Dataflow's autoscaling) share the images.
-        | "SpreadFiles" >> beam.Reshuffle()  # {key, uri, label, split, size}
+        | "SpreadFiles" >> beam.Reshuffle()  # [{key, uri, label, split, size}]
         | "ProcessImages" >> ProcessImages(
             ImageProcessor(plan.chain, config["image"], config["encoding"], plan.class_names,
                            SplitPolicy.from_config(config["splits"])),
             threads=plan.image_threads,
+            runs_folder=plan.temp_dir,
+            run_bytes=sharding.run_bytes(config["sharding"]),
+            progress_path=plan.progress_uri,
         )
     )
-    if plan.progress_uri:
-        _ = (
-            (processed.images, processed.dropped)
-            | "FilesDone" >> beam.Flatten()  # ProcessedImage or DroppedFile
-            | "CountProgress" >> beam.ParDo(progress.CountFilesFn(plan.progress_uri))
-            # nothing: bytes appended to the file
-        )
-    images = processed.images  # ProcessedImage, split set
-    shards = (
-        images
-        | "ToShardedRecords" >> beam.Map(_to_sharded)  # ShardedRecord
-        | "WriteShards" >> WriteShards(
-            plan.staging_dir, plan.temp_dir, config["name"], config["sharding"])
-        # (split, index, ShardInfo)
-    )
+    runs = processed.runs  # SpilledRun: sorted runs of records, with their contents
+    shards = runs | "WriteShards" >> sharding.ShardRuns(
+        plan.staging_dir, plan.temp_dir, config["name"], config["sharding"]
+    )  # (split, index, ShardInfo)
     # Without a default for empty input: no separate stage to make one; an
     # empty list stands for "no bundles" below.
     summary = processed.summary | "Summarize" >> beam.CombineGlobally(
         SummaryCombineFn()).without_defaults()  # Summary
-    duplicates = images | "CountDuplicates" >> CountDuplicates()
+    duplicates = runs | "CountDuplicates" >> CountDuplicates()
     # (extra copies, extra copies in another split)
     dropped_counts = (
         (listing.dropped, processed.dropped)

@@ -1,8 +1,8 @@
 """Progress of a local build on a terminal: files done of total, rate, time left.
 
-The job counts processed files with `CountFilesFn` (a step on the ``inputs``
-output of ProcessImages, one element per file, kept or dropped), which
-appends one byte per file to a small file in the staging work folder; the
+The image step counts the files it finishes, kept or dropped, with a
+`FileCounter`, which appends one byte per file to a small file in the
+staging work folder; the
 launcher's `ProgressDisplay` thread polls that file's size and redraws one
 status line. A file and not Beam metrics, because the local runner hands
 out its metrics only when the whole job has finished; and a file works alike
@@ -23,8 +23,6 @@ import threading
 import time
 from typing import Callable, TextIO
 
-import apache_beam as beam
-
 from kiln.pipeline.config import is_remote
 
 PROGRESS_FILENAME = "progress"
@@ -33,8 +31,9 @@ _FLUSH_SECONDS = 0.2
 _REDRAW_SECONDS = 0.5
 
 
-class CountFilesFn(beam.DoFn):
-    """Appends one byte per element to a local file; outputs nothing."""
+class FileCounter:
+    """Counts files by appending one byte each to a local file, at most
+    every `_FLUSH_SECONDS` (the image step keeps one per DoFn instance)."""
 
     def __init__(self, path: str):
         self._path = path
@@ -42,28 +41,29 @@ class CountFilesFn(beam.DoFn):
         self._pending = 0
         self._flushed_at = 0.0
 
-    def setup(self):
+    def open(self) -> None:
         # O_APPEND: writes from several threads or processes never overwrite each other.
         self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def process(self, element):
-        self._pending += 1
+    def add(self, files: int = 1) -> None:
+        self._pending += files
         if time.monotonic() - self._flushed_at >= _FLUSH_SECONDS:
-            self._flush()
+            self.flush()
 
-    def finish_bundle(self):
-        self._flush()
-
-    def teardown(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def _flush(self) -> None:
+    def flush(self) -> None:
         if self._pending and self._fd is not None:
             os.write(self._fd, b"." * self._pending)
             self._pending = 0
         self._flushed_at = time.monotonic()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self.flush()
+            os.close(self._fd)
+            self._fd = None
+
+    def __getstate__(self):  # pickled into the job: the path only, never an open descriptor
+        return {"_path": self._path, "_fd": None, "_pending": 0, "_flushed_at": 0.0}
 
 
 def counting_path(work_dir: str) -> str | None:

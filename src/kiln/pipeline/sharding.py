@@ -16,9 +16,10 @@ exactly one complete, correct file; an interrupted attempt leaves only a
 temp file, which the launcher deletes.
 
 The records themselves do not go through Beam's shuffle: an external merge
-sort. `SpillRunsFn` collects up to one shard's worth of records, sorts them
-by (split, hash) and writes them to a temp "run" file, passing on only the
-run's index (`SpilledRun`: each record's split, hash, offset and length).
+sort. A `RunWriter` (inside the job's image step, or `SpillRunsFn`)
+collects up to one shard's worth of records, sorts them by (split, hash)
+and writes them to a temp "run" file, passing on only the run's index
+(`SpilledRun`: each record's split, hash, offset and length).
 In a run, a shard's records are one contiguous byte range (a hash range of
 a split), so each run is cut into at most one `RunSlice` per shard, and
 shards are grouped from those slices; `WriteShardFn` reads each slice in
@@ -27,8 +28,8 @@ large the dataset (Beam's local runner holds a shuffled collection in
 memory, which grew the build by about 100 KB per image), Dataflow shuffles
 a few dozen bytes per image instead of the image, and after the spill no
 Beam step handles single records (each step an element passes through
-costs time on the bundle's thread). The run files are deleted once every
-shard is written.
+costs time on the bundle's thread). The run files stay in the job's work
+folder, which the launcher deletes once the job is done.
 """
 
 from __future__ import annotations
@@ -72,10 +73,15 @@ class RunSlice(NamedTuple):
 
 
 class SpilledRun(NamedTuple):
-    """A run file and its records' ``(split, sort_key, offset, length)``, in file order."""
+    """A run file and its records' ``(split, sort_key, offset, length)``, in file order.
+
+    `contents` holds each record's source sha256 in the same order when the
+    writer knew it (the image step does), else nothing.
+    """
 
     run: str
     entries: tuple[tuple[str, str, int, int], ...]
+    contents: tuple[str, ...] = ()
 
 
 def sort_key(key: str) -> str:
@@ -150,13 +156,22 @@ def write_shard(path: str, temp_path: str, records: list[bytes], compression: st
     )
 
 
-class SpillRunsFn(beam.DoFn):
-    """ShardedRecord -> SpilledRun: sorted runs of at most about `run_bytes` each.
+def run_bytes(sharding: Mapping[str, Any]) -> int:
+    """How many bytes of records a sorted run holds at most: one shard's
+    worth, and at most 64 MB (a Dataflow worker runs a DoFn instance per
+    thread, each with its own buffer)."""
+    return max(1, int(min(float(sharding["target_shard_mb"]), _MAX_RUN_MB) * _MB))
 
-    Records are buffered per window until they reach `run_bytes` (or the
-    bundle ends), sorted by (split, sort_key, record) and written to a new
-    file in `folder` under a unique name; a retried bundle writes new files
-    and the failed attempt's are never referenced.
+
+class RunWriter:
+    """Buffers records per window and writes them out as sorted runs.
+
+    `add` returns True once the buffered records reach `run_bytes`; `flush`
+    then sorts each window's records by (split, sort_key, record), writes
+    them to a new file in `folder` under a unique name (a retried bundle
+    writes new files; the failed attempt's are never referenced) and yields
+    one `SpilledRun` per file, as a WindowedValue in its window (so it can
+    be emitted from ``finish_bundle`` too).
     """
 
     def __init__(self, folder: str, run_bytes: int):
@@ -165,34 +180,51 @@ class SpillRunsFn(beam.DoFn):
         self._buffers: dict = {}
         self._buffered = 0
 
-    def start_bundle(self):
+    def reset(self) -> None:
+        """Forgets the buffered records (a failed bundle's)."""
         self._buffers = {}
         self._buffered = 0
 
-    def process(self, record: ShardedRecord, window=beam.DoFn.WindowParam):
-        self._buffers.setdefault(window, []).append(tuple(record))
-        self._buffered += len(record.record)
-        if self._buffered >= self._run_bytes:
-            yield from self._flush()
+    def add(self, window, split: str, key: str, record: bytes, content: str = "") -> bool:
+        """Buffers one record; `content` is its source's sha256 (for `CountDuplicates`)."""
+        self._buffers.setdefault(window, []).append((split, key, record, content))
+        self._buffered += len(record)
+        return self._buffered >= self._run_bytes
 
-    def finish_bundle(self):
-        yield from self._flush()
-
-    def _flush(self):
-        buffers, self._buffers, self._buffered = self._buffers, {}, 0
+    def flush(self):
+        buffers = self._buffers
+        self.reset()
         for window, records in buffers.items():
             records.sort()
             run = FileSystems.join(self._folder, f"run-{uuid.uuid4().hex}")
             entries = []
             offset = 0
             with FileSystems.create(run, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                for split, key, data in records:
+                for split, key, data, _ in records:
                     f.write(data)
                     entries.append((split, key, offset, len(data)))
                     offset += len(data)
-            # Emitted from finish_bundle too, so it carries its window itself.
-            yield WindowedValue(SpilledRun(run, tuple(entries)), window.max_timestamp(),
-                                (window,))
+            contents = tuple(content for *_, content in records)
+            yield WindowedValue(SpilledRun(run, tuple(entries), contents),
+                                window.max_timestamp(), (window,))
+
+
+class SpillRunsFn(beam.DoFn):
+    """ShardedRecord -> SpilledRun: sorted runs of at most about `run_bytes`
+    each (a `RunWriter` per DoFn instance)."""
+
+    def __init__(self, folder: str, run_bytes: int):
+        self._runs = RunWriter(folder, run_bytes)
+
+    def start_bundle(self):
+        self._runs.reset()
+
+    def process(self, record: ShardedRecord, window=beam.DoFn.WindowParam):
+        if self._runs.add(window, record.split, record.sort_key, record.record):
+            yield from self._runs.flush()
+
+    def finish_bundle(self):
+        yield from self._runs.flush()
 
 
 def _split_totals(run: SpilledRun):
@@ -273,30 +305,23 @@ class WriteShardFn(beam.DoFn):
         yield split, index, info
 
 
-def _delete_run(run: str, written) -> None:
-    del written  # a side input only so that this runs after every shard is written
-    try:
-        FileSystems.delete([run])
-    except Exception:  # already gone (a retried step); the launcher deletes the work folder
-        logger.debug("could not delete run file %s", run, exc_info=True)
-
-
 def _all_shards(split_and_count):
     split, n = split_and_count
     for index in range(n):
         yield (split, index, n), None
 
 
-class WriteShards(beam.PTransform):
-    """Shards, orders and writes the records of every split.
+class ShardRuns(beam.PTransform):
+    """Shards, orders and writes the records of sorted runs, every split.
 
-    Input: PCollection[ShardedRecord]. Output: PCollection[(split, index,
-    ShardInfo)], one per shard file written to `folder`.
+    Input: PCollection[SpilledRun] (from `RunWriter`). Output:
+    PCollection[(split, index, ShardInfo)], one per shard file written to
+    `folder`. The run files are left in place: they live in the job's work
+    folder, which the launcher deletes after the job.
 
     Args:
       folder: Where the shard files go.
-      temp_folder: Where they are written first (same filesystem), and the
-        sorted runs of records (`SpillRunsFn`), deleted at the end.
+      temp_folder: Where they are written first (same filesystem).
       name: Dataset name, the first part of the file names.
       sharding: The resolved ``sharding`` config.
     """
@@ -308,14 +333,8 @@ class WriteShards(beam.PTransform):
         self._name = name
         self._sharding = dict(sharding)
 
-    def expand(self, records):
+    def expand(self, runs):
         sharding = self._sharding
-        # At most one shard's worth per run, and at most 64 MB: a Dataflow
-        # worker runs a DoFn instance per thread, each with its own buffer.
-        run_mb = min(float(sharding["target_shard_mb"]), _MAX_RUN_MB)
-        runs = records | "SpillSortedRuns" >> beam.ParDo(
-            SpillRunsFn(self._temp_folder, run_mb * _MB))
-        # SpilledRun
         num_shards = (
             runs
             | "MeasureRuns" >> beam.FlatMap(_split_totals)
@@ -331,7 +350,7 @@ class WriteShards(beam.PTransform):
         )  # ((split, index, num_shards), RunSlice)
         every_shard = num_shards | "ListShards" >> beam.FlatMap(_all_shards)
         # ((split, index, num_shards), None)
-        written = (
+        return (
             (keyed, every_shard)
             | "MergeShardMarkers" >> beam.Flatten()
             | "GroupShards" >> beam.GroupByKey()
@@ -340,12 +359,26 @@ class WriteShards(beam.PTransform):
                 self._folder, self._temp_folder, self._name, sharding["compression"]))
             # (split, index, ShardInfo)
         )
-        # Its own collection of paths: a second consumer of `runs` with a
-        # side input could be fused with SliceRuns into one stage waiting on
-        # its own output.
-        _ = (
-            runs
-            | "RunFiles" >> beam.Map(lambda run: run.run)  # run file path
-            | "DeleteRuns" >> beam.Map(_delete_run, written=beam.pvalue.AsList(written))
+
+
+class WriteShards(beam.PTransform):
+    """`ShardRuns` for records: spills them to sorted runs in `temp_folder`
+    first (`SpillRunsFn`).
+
+    Input: PCollection[ShardedRecord]. Output: PCollection[(split, index,
+    ShardInfo)]. The run files stay in `temp_folder`, for the caller to
+    delete.
+    """
+
+    def __init__(self, folder: str, temp_folder: str, name: str, sharding: Mapping[str, Any]):
+        super().__init__()
+        self._args = (folder, temp_folder, name, dict(sharding))
+
+    def expand(self, records):
+        folder, temp_folder, name, sharding = self._args
+        return (
+            records
+            | "SpillSortedRuns" >> beam.ParDo(SpillRunsFn(temp_folder, run_bytes(sharding)))
+            # SpilledRun
+            | "ShardRuns" >> ShardRuns(folder, temp_folder, name, sharding)
         )
-        return written

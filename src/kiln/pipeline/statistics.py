@@ -203,52 +203,57 @@ class SummaryCombineFn(beam.CombineFn):
         return accumulator
 
 
-class DuplicatesCombineFn(beam.CombineFn):
-    """Splits of the records sharing one content hash -> (copies, splits).
-
-    Used per sha256: ``copies`` is how many records have that content and
-    ``splits`` the sorted splits they landed in.
-    """
-
-    def create_accumulator(self):
-        return 0, frozenset()
-
-    def add_input(self, accumulator, split):
-        count, splits = accumulator
-        return count + 1, splits | {split}
-
-    def merge_accumulators(self, accumulators):
-        count, splits = 0, frozenset()
-        for c, s in accumulators:
-            count, splits = count + c, splits | s
-        return count, splits
-
-    def extract_output(self, accumulator):
-        count, splits = accumulator
-        return count, sorted(splits)
+# Content hashes are grouped into this many buckets (by their leading bits)
+# to count duplicates: a few elements per run instead of one per image,
+# and each bucket's set of hashes small enough for one worker at any scale
+# (1/64th of the dataset: ~100 bytes per image).
+DUPLICATE_BUCKETS = 64
 
 
-def _duplicate_counts(copies_and_splits):
-    copies, splits = copies_and_splits
-    # Extra copies beyond the first; and whether they span splits (leakage).
-    return copies - 1, (copies - 1) if len(splits) > 1 else 0
+def _contents_by_bucket(run):
+    """SpilledRun -> (bucket, ((sha256, split), ...)) for each bucket it has content in."""
+    buckets: dict[int, list] = {}
+    for (split, *_), content in zip(run.entries, run.contents):
+        buckets.setdefault(int(content[:8], 16) % DUPLICATE_BUCKETS, []).append((content, split))
+    for bucket, pairs in buckets.items():
+        yield bucket, tuple(pairs)
+
+
+def _bucket_duplicates(bucket_and_parts) -> tuple[int, int]:
+    """One bucket's (extra copies, extra copies whose content is in several splits)."""
+    _, parts = bucket_and_parts
+    splits_of: dict[str, set] = {}
+    copies: dict[str, int] = {}
+    for pairs in parts:
+        for content, split in pairs:
+            splits_of.setdefault(content, set()).add(split)
+            copies[content] = copies.get(content, 0) + 1
+    extra = across = 0
+    for content, count in copies.items():
+        if count > 1:
+            extra += count - 1
+            # Leakage: copies of one content in more than one split.
+            across += count - 1 if len(splits_of[content]) > 1 else 0
+    return extra, across
 
 
 class CountDuplicates(beam.PTransform):
-    """Stored images (with ``sha256`` and ``split``) -> a single (extra copies,
-    extra copies in another split) pair, or nothing for no images: records
-    whose content equals an earlier record's. Groups by content hash, so it
-    scales with the data (unlike a set held in one accumulator)."""
+    """Sorted runs of stored records (`sharding.SpilledRun` with their
+    ``contents``) -> a single (extra copies, extra copies in another split)
+    pair, or nothing for no runs: records whose source content equals an
+    earlier record's. Groups by content hash (in `DUPLICATE_BUCKETS`
+    buckets), so it scales with the data (unlike a set held in one
+    accumulator)."""
 
-    def expand(self, records):
+    def expand(self, runs):
         return (
-            records
-            | "SplitByContent" >> beam.Map(lambda r: (r.sha256, r.split))
-            # (sha256, split)
-            | "GatherCopies" >> beam.CombinePerKey(DuplicatesCombineFn())
-            # (sha256, (copies, [split]))
-            | "ExtraCopies" >> beam.Map(lambda kv: _duplicate_counts(kv[1]))
-            # (extra copies, extra copies across splits)
+            runs
+            | "ContentsByBucket" >> beam.FlatMap(_contents_by_bucket)
+            # (bucket, ((sha256, split), ...)) per run
+            | "GatherCopies" >> beam.GroupByKey()
+            # (bucket, [((sha256, split), ...)])
+            | "ExtraCopies" >> beam.Map(_bucket_duplicates)
+            # (extra copies, extra copies across splits) per bucket
             | "SumDuplicates" >> beam.CombineGlobally(
                 beam.combiners.TupleCombineFn(sum, sum)).without_defaults()
             # (duplicates, duplicates across splits); nothing for no records
