@@ -447,6 +447,27 @@ def test_process_images_outputs_runs_drops_and_a_summary(tmp_path):
         assert_that(summary, check_summary, label="CheckSummary")
 
 
+def test_the_image_step_holds_opencv_to_one_thread_per_call_and_restores_it(tmp_path):
+    import cv2
+
+    from kiln.pipeline.images import ProcessImagesFn
+
+    chain = transforms.parse([])
+    processor = ImageProcessor(chain, {"channels": 3, "max_pixels": 10_000, "min_size": 1},
+                               {"format": "png", "quality": None}, ["a"],
+                               SplitPolicy.from_config({"fractions": {"train": 1.0}}))
+    fn = ProcessImagesFn(processor, threads=2, runs_folder=str(tmp_path), run_bytes=1 << 20)
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(3)
+    try:
+        fn.setup()
+        assert cv2.getNumThreads() == 1  # images run in parallel, not inside OpenCV calls
+        fn.teardown()
+        assert cv2.getNumThreads() == 3
+    finally:
+        cv2.setNumThreads(before)
+
+
 def test_count_duplicates_over_runs_matches_a_direct_count():
     # 300 records drawn from 120 contents, in 7 runs, splits by key: copies
     # fall in every bucket, some within one split, some across splits.

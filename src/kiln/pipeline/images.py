@@ -195,6 +195,7 @@ class ProcessImagesFn(beam.DoFn):
         self._runs = RunWriter(runs_folder, run_bytes)
         self._counter = FileCounter(progress_path) if progress_path else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._opencv_threads: int | None = None
         self._pending: collections.deque = collections.deque()
         self._summary = Summary()
         self._read = Metrics.counter("kiln", "files_read")
@@ -202,6 +203,10 @@ class ProcessImagesFn(beam.DoFn):
         self._bytes = Metrics.counter("kiln", "bytes_read")
 
     def setup(self):
+        # The parallelism is across images (this pool; on Dataflow, a worker
+        # process per vCPU): OpenCV splitting single calls over every core
+        # as well would oversubscribe them. Restored in teardown.
+        self._opencv_threads = transforms.set_opencv_threads(1)
         if self._threads > 1:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self._threads, thread_name_prefix="kiln-image")
@@ -214,6 +219,9 @@ class ProcessImagesFn(beam.DoFn):
             self._pool = None
         if self._counter is not None:
             self._counter.close()
+        if self._opencv_threads is not None:
+            transforms.set_opencv_threads(self._opencv_threads)
+            self._opencv_threads = None
 
     def start_bundle(self):
         self._pending = collections.deque()  # a failed bundle's leftovers are dropped

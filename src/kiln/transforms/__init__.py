@@ -8,6 +8,7 @@ Images are uint8 ``HxWxC`` NumPy arrays in RGB order (C is 1 or 3).
   to_grayscale, equalize).
 - `registry`: transforms by name, validated from the YAML `transforms:` list.
 - `encode`: array -> stored bytes (jpeg, png or raw).
+- `threads`: how many threads OpenCV may use inside one call.
 """
 
 from kiln.transforms.decode import DecodeError, decode_image
@@ -23,8 +24,10 @@ from kiln.transforms.registry import (
     parse,
     register,
 )
+from kiln.transforms.threads import set_opencv_threads
 
 __all__ = [
     "Chain", "DecodeError", "Transform", "TransformConfigError", "TransformError",
     "decode_image", "encode_image", "get", "import_plugins", "names", "parse", "register",
+    "set_opencv_threads",
 ]
