@@ -28,7 +28,6 @@ import dataclasses
 import json
 from typing import Any
 
-import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from kiln.schemas import ERRORS_FILENAME
@@ -65,38 +64,18 @@ def render(rows: list[DroppedFile]) -> bytes:
     return "".join(lines).encode("utf-8")
 
 
-class _WriteReportFn(beam.DoFn):
-    def __init__(self, folder: str):
-        self._folder = folder
+def write_error_report(folder: str, rows: list[DroppedFile]) -> dict[str, int]:
+    """Writes `rows` to ``<folder>/errors.jsonl``, sorted (an empty file for
+    none); returns reason -> count, sorted by reason.
 
-    def process(self, rows: list[DroppedFile]):
-        path = FileSystems.join(self._folder, ERRORS_FILENAME)
-        # One small object write: a retry rewrites the same bytes.
-        with FileSystems.create(path) as f:
-            f.write(render(rows))
-        counts: dict[str, int] = {}
-        for row in rows:
-            counts[row.reason] = counts.get(row.reason, 0) + 1
-        yield dict(sorted(counts.items()))
-
-
-class WriteErrorReport(beam.PTransform):
-    """Writes all dropped-file rows to ``<folder>/errors.jsonl``, sorted.
-
-    Input: PCollection[DroppedFile]. Output: a single dict, reason -> count
-    (an empty file and ``{}`` when nothing was dropped).
-
-    The rows are gathered on one worker to sort them: fine for an error
-    report, which `errors.max_fraction` keeps to a small part of the input.
+    The job calls it once, in its last step, with every dropped row
+    gathered there: fine for an error report, which `errors.max_fraction`
+    keeps to a small part of the input. One small object write, so a retry
+    rewrites the same bytes.
     """
-
-    def __init__(self, folder: str):
-        super().__init__()
-        self._folder = folder
-
-    def expand(self, dropped):
-        return (
-            dropped
-            | "GatherDropped" >> beam.combiners.ToList()  # [DroppedFile]
-            | "WriteErrorsJsonl" >> beam.ParDo(_WriteReportFn(self._folder))  # {reason: count}
-        )
+    with FileSystems.create(FileSystems.join(folder, ERRORS_FILENAME)) as f:
+        f.write(render(rows))
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.reason] = counts.get(row.reason, 0) + 1
+    return dict(sorted(counts.items()))

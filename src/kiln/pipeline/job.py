@@ -9,16 +9,16 @@ The job reads the listing the launcher wrote, and writes into the staging
 folder: the shard files, ``errors.jsonl``, and ``.work/report.json`` (every
 aggregate the launcher needs for `kiln.json`). The steps::
 
-    ReadListing -> ParseListing -> SeparateDropped ─┬─> (lists of listed files)
-                                                    └─> (dropped while listing)
+    ReadListing -> ParseListing ─┬─> (lists of listed files)
+                                 └─> (dropped while listing)
     (lists of files) -> SpreadFiles -> ProcessImages ─┬─> (sorted runs of records)
                                                       ├─> (dropped: DroppedFile)
                                                       └─> (summary: one per bundle)
     (runs) -> WriteShards
            └-> CountDuplicates
     (summary) -> Summarize
-    (all dropped) -> WriteErrorReport
-    everything -> WriteBuildReport
+    shards, summary, duplicates, all dropped -> WriteReports
+                                (errors.jsonl, and the report)
 
 Per image, all the work is in `ProcessImages` (on a thread pool): the
 listing holds several files per line, the records go straight into sorted
@@ -41,7 +41,7 @@ from apache_beam.metrics import Metrics
 
 from kiln import transforms
 from kiln.pipeline import sharding, versioning
-from kiln.pipeline.error_report import DroppedFile, WriteErrorReport
+from kiln.pipeline.error_report import DroppedFile, write_error_report
 from kiln.pipeline.images import ImageProcessor, ProcessImages
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import CountDuplicates, Summary, SummaryCombineFn
@@ -85,11 +85,12 @@ class JobPlan:
         return FileSystems.join(self.work_dir, REPORT_FILENAME)
 
 
-class _SeparateDroppedFn(beam.DoFn):
-    """Listing lines -> lists of files (main) and DroppedFile (``dropped``),
-    counted per reason like the files the job itself drops."""
+class _ParseListingFn(beam.DoFn):
+    """Listing lines (JSON) -> lists of files (main) and DroppedFile
+    (``dropped``), counted per reason like the files the job itself drops."""
 
-    def process(self, row: dict):
+    def process(self, line: str):
+        row = json.loads(line)
         if "dropped" in row:
             dropped = DroppedFile.from_json(row["dropped"])
             Metrics.counter("kiln", f"dropped_{dropped.reason}").inc()
@@ -104,9 +105,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     listing = (
         pipeline
         | "ReadListing" >> beam.io.ReadFromText(plan.listing_uri, validate=False)  # JSON line
-        | "ParseListing" >> beam.Map(json.loads)  # dict
-        | "SeparateDropped" >> beam.ParDo(_SeparateDroppedFn()).with_outputs(
-            "dropped", main="files")
+        | "ParseListing" >> beam.ParDo(_ParseListingFn()).with_outputs("dropped", main="files")
         # files: [{key, uri, label, split, size}] (`sources.FILES_PER_LINE`); dropped: DroppedFile
     )
     processed = (
@@ -132,31 +131,41 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     summary = processed.summary | "Summarize" >> beam.CombineGlobally(
         SummaryCombineFn()).without_defaults()  # Summary
     duplicates = runs | "CountDuplicates" >> CountDuplicates()
-    # (extra copies, extra copies in another split)
-    dropped_counts = (
-        (listing.dropped, processed.dropped)
-        | "AllDropped" >> beam.Flatten()  # DroppedFile
-        | "WriteErrorReport" >> WriteErrorReport(plan.staging_dir)  # {reason: count}
-    )
+    # (extra copies, extra copies in another split) per bucket of content hashes
+    dropped = (listing.dropped, processed.dropped) | "AllDropped" >> beam.Flatten()
+    # DroppedFile
+    # The last step: one element, everything else as side inputs. Small
+    # aggregates are summed here rather than by their own combining steps:
+    # every step costs the job time to build, translate and run.
     _ = (
         pipeline
-        | "StartReport" >> beam.Create([None])
-        | "AssembleReport" >> beam.Map(
-            _assemble_report,
+        | "StartReport" >> beam.Impulse()
+        | "WriteReports" >> beam.Map(
+            _write_reports,
+            staging_dir=plan.staging_dir,
+            report_uri=plan.report_uri,
             shards=beam.pvalue.AsList(shards),
             summary=beam.pvalue.AsList(summary),
             duplicates=beam.pvalue.AsList(duplicates),
-            dropped=beam.pvalue.AsSingleton(dropped_counts),
-        )  # report dict
-        | "WriteBuildReport" >> beam.Map(_write_report, plan.report_uri)
+            dropped=beam.pvalue.AsList(dropped),
+        )  # nothing: errors.jsonl in the staging folder, the report in the work folder
     )
 
 
-def _assemble_report(_, *, shards, summary: list[Summary], duplicates: list[tuple[int, int]],
-                     dropped) -> dict[str, Any]:
-    # One element each, or none when no file reached the image step.
+def _write_reports(_, *, staging_dir: str, report_uri: str, **aggregates) -> None:
+    dropped = aggregates.pop("dropped")
+    counts = write_error_report(staging_dir, dropped)
+    report = _assemble_report(**aggregates, dropped=counts)
+    with FileSystems.create(report_uri) as f:
+        f.write(versioning.canonical_json(report).encode("utf-8"))
+
+
+def _assemble_report(*, shards, summary: list[Summary], duplicates: list[tuple[int, int]],
+                     dropped: dict[str, int]) -> dict[str, Any]:
+    # One summary, or none when no file reached the image step; a pair per
+    # bucket of content hashes.
     summary = summary[0] if summary else Summary()
-    duplicates = duplicates[0] if duplicates else (0, 0)
+    duplicates = tuple(map(sum, zip(*duplicates))) if duplicates else (0, 0)
     splits: dict[str, dict[str, Any]] = {}
 
     def split_entry(name):
@@ -176,11 +185,6 @@ def _assemble_report(_, *, shards, summary: list[Summary], duplicates: list[tupl
         "dropped": dict(sorted(dropped.items())),
         "inputs_hash": format(summary.inputs_hash, "064x"),
     }
-
-
-def _write_report(report: dict[str, Any], uri: str) -> None:
-    with FileSystems.create(uri) as f:
-        f.write(versioning.canonical_json(report).encode("utf-8"))
 
 
 def read_report(uri: str) -> dict[str, Any]:

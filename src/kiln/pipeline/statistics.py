@@ -239,11 +239,11 @@ def _bucket_duplicates(bucket_and_parts) -> tuple[int, int]:
 
 class CountDuplicates(beam.PTransform):
     """Sorted runs of stored records (`sharding.SpilledRun` with their
-    ``contents``) -> a single (extra copies, extra copies in another split)
-    pair, or nothing for no runs: records whose source content equals an
-    earlier record's. Groups by content hash (in `DUPLICATE_BUCKETS`
-    buckets), so it scales with the data (unlike a set held in one
-    accumulator)."""
+    ``contents``) -> (extra copies, extra copies in another split) per
+    bucket of content hashes (at most `DUPLICATE_BUCKETS` pairs, none for no
+    runs; their sum is the dataset's): records whose source content equals
+    an earlier record's. Groups by content hash, so it scales with the data
+    (unlike a set held in one accumulator)."""
 
     def expand(self, runs):
         return (
@@ -254,7 +254,4 @@ class CountDuplicates(beam.PTransform):
             # (bucket, [((sha256, split), ...)])
             | "ExtraCopies" >> beam.Map(_bucket_duplicates)
             # (extra copies, extra copies across splits) per bucket
-            | "SumDuplicates" >> beam.CombineGlobally(
-                beam.combiners.TupleCombineFn(sum, sum)).without_defaults()
-            # (duplicates, duplicates across splits); nothing for no records
         )
