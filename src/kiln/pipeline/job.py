@@ -152,10 +152,10 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     )
 
 
-def _write_reports(_, *, staging_dir: str, report_uri: str, **aggregates) -> None:
-    dropped = aggregates.pop("dropped")
-    counts = write_error_report(staging_dir, dropped)
-    report = _assemble_report(**aggregates, dropped=counts)
+def _write_reports(_, *, staging_dir: str, report_uri: str, shards, summary, duplicates,
+                   dropped: list[DroppedFile]) -> None:
+    report = _assemble_report(shards=shards, summary=summary, duplicates=duplicates,
+                              dropped=write_error_report(staging_dir, dropped))
     with FileSystems.create(report_uri) as f:
         f.write(versioning.canonical_json(report).encode("utf-8"))
 

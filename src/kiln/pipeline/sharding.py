@@ -16,7 +16,7 @@ exactly one complete, correct file; an interrupted attempt leaves only a
 temp file, which the launcher deletes.
 
 The records themselves do not go through Beam's shuffle: an external merge
-sort. A `RunWriter` (inside the job's image step, or `SpillRunsFn`)
+sort. A `RunWriter` (inside the job's image step, `images.ProcessImagesFn`)
 collects up to one shard's worth of records, sorts them by (split, hash)
 and writes them to a temp "run" file, passing on only the run's index
 (`SpilledRun`: each record's split, hash, offset and length).
@@ -56,14 +56,6 @@ _MB = 1 << 20
 _MAX_RUN_MB = 64.0
 
 
-class ShardedRecord(NamedTuple):
-    """A serialized record on its way to a shard."""
-
-    split: str
-    sort_key: str   # 16 hex digits: `sort_key(stable key)`
-    record: bytes   # serialized tf.train.Example
-
-
 class RunSlice(NamedTuple):
     """One shard's records in one run file: consecutive, starting at byte ``start``."""
 
@@ -73,15 +65,13 @@ class RunSlice(NamedTuple):
 
 
 class SpilledRun(NamedTuple):
-    """A run file and its records' ``(split, sort_key, offset, length)``, in file order.
-
-    `contents` holds each record's source sha256 in the same order when the
-    writer knew it (the image step does), else nothing.
-    """
+    """A run file, its records' ``(split, sort_key, offset, length)`` in file
+    order, and in the same order the sha256 of each record's source file
+    (for `statistics.CountDuplicates`)."""
 
     run: str
     entries: tuple[tuple[str, str, int, int], ...]
-    contents: tuple[str, ...] = ()
+    contents: tuple[str, ...]
 
 
 def sort_key(key: str) -> str:
@@ -185,8 +175,8 @@ class RunWriter:
         self._buffers = {}
         self._buffered = 0
 
-    def add(self, window, split: str, key: str, record: bytes, content: str = "") -> bool:
-        """Buffers one record; `content` is its source's sha256 (for `CountDuplicates`)."""
+    def add(self, window, split: str, key: str, record: bytes, content: str) -> bool:
+        """Buffers one record; `content` is its source file's sha256."""
         self._buffers.setdefault(window, []).append((split, key, record, content))
         self._buffered += len(record)
         return self._buffered >= self._run_bytes
@@ -207,24 +197,6 @@ class RunWriter:
             contents = tuple(content for *_, content in records)
             yield WindowedValue(SpilledRun(run, tuple(entries), contents),
                                 window.max_timestamp(), (window,))
-
-
-class SpillRunsFn(beam.DoFn):
-    """ShardedRecord -> SpilledRun: sorted runs of at most about `run_bytes`
-    each (a `RunWriter` per DoFn instance)."""
-
-    def __init__(self, folder: str, run_bytes: int):
-        self._runs = RunWriter(folder, run_bytes)
-
-    def start_bundle(self):
-        self._runs.reset()
-
-    def process(self, record: ShardedRecord, window=beam.DoFn.WindowParam):
-        if self._runs.add(window, record.split, record.sort_key, record.record):
-            yield from self._runs.flush()
-
-    def finish_bundle(self):
-        yield from self._runs.flush()
 
 
 def _split_totals(run: SpilledRun):
@@ -358,27 +330,4 @@ class ShardRuns(beam.PTransform):
             | "WriteShardFiles" >> beam.ParDo(WriteShardFn(
                 self._folder, self._temp_folder, self._name, sharding["compression"]))
             # (split, index, ShardInfo)
-        )
-
-
-class WriteShards(beam.PTransform):
-    """`ShardRuns` for records: spills them to sorted runs in `temp_folder`
-    first (`SpillRunsFn`).
-
-    Input: PCollection[ShardedRecord]. Output: PCollection[(split, index,
-    ShardInfo)]. The run files stay in `temp_folder`, for the caller to
-    delete.
-    """
-
-    def __init__(self, folder: str, temp_folder: str, name: str, sharding: Mapping[str, Any]):
-        super().__init__()
-        self._args = (folder, temp_folder, name, dict(sharding))
-
-    def expand(self, records):
-        folder, temp_folder, name, sharding = self._args
-        return (
-            records
-            | "SpillSortedRuns" >> beam.ParDo(SpillRunsFn(temp_folder, run_bytes(sharding)))
-            # SpilledRun
-            | "ShardRuns" >> ShardRuns(folder, temp_folder, name, sharding)
         )
