@@ -1,0 +1,64 @@
+"""The demo build, pinned: `make demo`'s dataset is byte-identical to the
+committed golden files, so a restructuring that changes one stored byte, one
+kiln.json field or one errors.jsonl row fails here.
+
+Shards, features.json and the labels file are pinned by sha256. kiln.json,
+dataset_info.json and errors.jsonl name the source folder (an absolute path)
+and hash it into the version and config fingerprint, so they are compared
+with that folder written as ``<demo-data>`` and those two hashes as
+``<version>`` / ``<fingerprint>``; the version's own derivation is pinned by
+tests/test_build_determinism.py.
+
+After an intended change of the output, regenerate with
+``KILN_UPDATE_GOLDEN=1 python -m pytest tests/test_demo_golden.py`` and say
+why in the commit.
+"""
+
+import hashlib
+import json
+import os
+import pathlib
+
+import yaml
+
+from kiln.pipeline import build, demo_data
+
+TOP = pathlib.Path(__file__).resolve().parent.parent
+GOLDEN = TOP / "tests" / "golden" / "demo"
+PINNED_BY_HASH = "sha256.json"
+NORMALIZED = ("kiln.json", "dataset_info.json", "errors.jsonl")
+
+
+def normalized(text: str, *, images: str, version: str, fingerprint: str) -> str:
+    return (text.replace(images, "<demo-data>")
+                .replace(fingerprint, "<fingerprint>")
+                .replace(version, "<version>"))
+
+
+def test_demo_build_matches_the_golden_files(tmp_path):
+    images = str(tmp_path / "demo-data")
+    demo_data.generate(images)
+    config = yaml.safe_load((TOP / "configs" / "demo.yaml").read_text())
+    config["source"]["root"] = images
+    config["output"] = str(tmp_path / "datasets")
+    result = build(config)
+
+    folder = pathlib.Path(result.dataset_dir)
+    names = sorted(os.listdir(folder))
+    hashes = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
+              for name in names if name not in NORMALIZED}
+    texts = {name: normalized((folder / name).read_text(), images=images,
+                              version=result.version,
+                              fingerprint=result.info.config_fingerprint)
+             for name in NORMALIZED}
+
+    if os.environ.get("KILN_UPDATE_GOLDEN"):
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        (GOLDEN / PINNED_BY_HASH).write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
+        for name, text in texts.items():
+            (GOLDEN / name).write_text(text)
+
+    assert names == sorted([*json.loads((GOLDEN / PINNED_BY_HASH).read_text()), *NORMALIZED])
+    assert hashes == json.loads((GOLDEN / PINNED_BY_HASH).read_text())
+    for name in NORMALIZED:
+        assert texts[name] == (GOLDEN / name).read_text(), name
