@@ -120,7 +120,7 @@ def test_gray_images_from_to_grayscale_are_a_valid_config(demo_corpus, tmp_path)
     for image, options in (({"channels": 1}, {}), ({"channels": 3}, {"keep_channels": True})):
         resolved = config.load(with_changes(demo_corpus, tmp_path, image=image,
                                             transforms=[{"to_grayscale": options}]))
-        assert resolved.data["image"]["channels"] == image["channels"]
+        assert resolved.to_json()["image"]["channels"] == image["channels"]
 
 
 def test_resolved_config_fills_defaults_and_ignores_key_order(demo_corpus, tmp_path):
@@ -129,12 +129,12 @@ def test_resolved_config_fills_defaults_and_ignores_key_order(demo_corpus, tmp_p
     reordered = dict(reversed(list(data.items())))
     reordered["splits"] = {"fractions": {"validation": 0.25, "test": 0.25, "train": 0.5}}
     first, second = config.load(data), config.load(reordered)
-    assert first.fingerprint == second.fingerprint and first.data == second.data
-    assert first.data["image"] == {"channels": 3, "max_pixels": 89_478_485, "min_size": 1}
-    assert first.data["sharding"]["compression"] == "none"
-    assert first.data["encoding"] == {"format": "png", "quality": None}
-    assert first.data["source"]["root"] == os.path.abspath(demo_corpus.out_dir)
-    assert "output" not in first.data
+    assert first.fingerprint == second.fingerprint and first.to_json() == second.to_json()
+    assert first.to_json()["image"] == {"channels": 3, "max_pixels": 89_478_485, "min_size": 1}
+    assert first.to_json()["sharding"]["compression"] == "none"
+    assert first.to_json()["encoding"] == {"format": "png", "quality": None}
+    assert first.to_json()["source"]["root"] == os.path.abspath(demo_corpus.out_dir)
+    assert "output" not in first.to_json()
     # The output root does not change the fingerprint; a transform does.
     moved = config.load({**data, "output": str(tmp_path / "elsewhere")})
     assert moved.fingerprint == first.fingerprint
@@ -144,7 +144,7 @@ def test_resolved_config_fills_defaults_and_ignores_key_order(demo_corpus, tmp_p
 
 def test_default_splits_are_all_train(demo_corpus, tmp_path):
     resolved = config.load(with_changes(demo_corpus, tmp_path, splits=None))
-    assert resolved.data["splits"]["fractions"] == {"train": 1.0}
+    assert resolved.to_json()["splits"]["fractions"] == {"train": 1.0}
 
 
 def test_cli_exits_2_with_one_line_and_creates_nothing(demo_corpus, tmp_path, capsys):

@@ -75,7 +75,7 @@ def test_user_ops_need_their_module_named_in_the_config(plugin_dir, demo_corpus,
     resolved = config.load({**base, "transforms": ["invert_colours"],
                             "augment": [{"random_invert_colours": {"probability": 0.25}}],
                             "plugins": [TRANSFORMS_MODULE, AUGMENT_MODULE]})
-    assert resolved.data["augment"] == [{"random_invert_colours": {"probability": 0.25}}]
+    assert resolved.to_json()["augment"] == [{"random_invert_colours": {"probability": 0.25}}]
     with pytest.raises(ConfigError, match=r"augment\[0\].random_invert_colours.probability"):
         config.load({**base, "augment": [{"random_invert_colours": {"probability": "often"}}],
                      "plugins": [AUGMENT_MODULE]})

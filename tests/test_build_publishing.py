@@ -24,7 +24,7 @@ from kiln.tools import verify
 import object_store
 from conftest import make_config
 from test_build import corpus_files
-from test_pipeline_transforms import read_tfrecords, run_write_shards, sharded_records
+from test_pipeline_steps import read_tfrecords, run_write_shards, sharded_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,7 +89,7 @@ def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys
     assert len({first.version, second.version, third.version}) == 3
     assert third.pruned == (first.version,)
     dataset_root = third.dataset_root
-    assert publish.versions(dataset_root) == sorted([second.version, third.version])
+    assert publish.DatasetRoot(dataset_root).versions() == sorted([second.version, third.version])
     assert not os.path.exists(first.dataset_dir)
     stamped = {p.read_text() for p in (tmp_path / "out" / "shapes" / ".stamps").iterdir()}
     assert stamped == {second.version, third.version}
@@ -98,10 +98,10 @@ def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys
 
     # A roll-back: LATEST names an older version. Pruning to one keeps the
     # newest and LATEST's.
-    publish.point_latest(dataset_root, second.version)
-    removed = publish.stale_staging_dirs(dataset_root)
-    assert publish.prune_versions(dataset_root, 1) == []  # newest + LATEST: both kept
-    assert removed == [] and publish.versions(dataset_root) == sorted([second.version,
+    publish.DatasetRoot(dataset_root).point_latest(second.version)
+    removed = publish.DatasetRoot(dataset_root).staging_dirs()
+    assert publish.DatasetRoot(dataset_root).prune(1) == []  # newest + LATEST: both kept
+    assert removed == [] and publish.DatasetRoot(dataset_root).versions() == sorted([second.version,
                                                                         third.version])
     os.remove(root / "circle" / "added.png")
     os.remove(root / keys[2])
@@ -109,7 +109,7 @@ def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys
     fourth = build(config, keep=1)  # inputs of the first version again: rebuilt
     assert fourth.version == first.version and not fourth.up_to_date
     assert fourth.pruned == (third.version, second.version)
-    assert publish.versions(dataset_root) == [first.version]
+    assert publish.DatasetRoot(dataset_root).versions() == [first.version]
 
     # The command: --keep in the summary and the report, and never below 1.
     path = tmp_path / "config.yaml"
@@ -123,7 +123,7 @@ def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys
     assert f"  pruned: 1 old version(s): {first.version}" in capsys.readouterr().out
     assert cli.main(["build", "--config", str(path), "--keep", "0"]) == 2
     assert "--keep must be at least 1" in capsys.readouterr().err
-    assert publish.versions(dataset_root) == [fifth["version"]]
+    assert publish.DatasetRoot(dataset_root).versions() == [fifth["version"]]
 
 
 def test_keep_on_an_object_store(demo_corpus):
@@ -144,7 +144,7 @@ def test_keep_on_an_object_store(demo_corpus):
         object_store.EVENTS.clear()
         second = build(config, keep=1)
         assert second.pruned == (first.version,)
-        assert publish.versions(second.dataset_root) == [second.version]
+        assert publish.DatasetRoot(second.dataset_root).versions() == [second.version]
         assert object_store.names(first.dataset_dir + "/") == []
         deleted = [path for kind, path in object_store.EVENTS
                    if kind == "delete" and path.startswith(first.dataset_dir + "/")]
@@ -163,20 +163,23 @@ KILL_AFTER = textwrap.dedent("""
     import os, signal, sys
     from kiln import cli
     from kiln.pipeline import launcher, publish
-    module = {"launcher": launcher, "publish": publish}[sys.argv[1]]
-    original = getattr(module, sys.argv[2])
+    owner = {"launcher": launcher, "publish": publish}[sys.argv[1]]
+    *path, name = sys.argv[2].split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    original = getattr(owner, name)
 
     def then_die(*args, **kwargs):
         result = original(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
         return result
 
-    setattr(module, sys.argv[2], then_die)
+    setattr(owner, name, then_die)
     sys.exit(cli.main(["build", *sys.argv[3:]]))
 """)
 PRECISE_KILLS = [
-    ("publish", "record_published"),  # version in place, stamped, LATEST not yet replaced
-    ("launcher", "write_tfds_metadata"),  # staging complete but for kiln.json
+    ("publish", "DatasetRoot.record_published"),  # version in place, stamped, LATEST not yet
+    ("publish", "write_tfds_metadata"),  # staging complete but for kiln.json
 ]
 
 
@@ -258,7 +261,7 @@ def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path
     verified = set()
 
     staged, published, duration = run_and_watch(config_path, dataset_root)
-    latest = assert_nothing_half_written(dataset_root, publish.latest_version(dataset_root),
+    latest = assert_nothing_half_written(dataset_root, publish.DatasetRoot(dataset_root).latest(),
                                          verified)
 
     # Random moments (seeded) from the start to the end of a build. Imports
@@ -307,5 +310,5 @@ def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path
     for trial in range(1, len(PRECISE_KILLS)):
         os.remove(root / keys[0].split("/")[0] / f"precise_{trial}.png")
     again = build(str(config_path))
-    assert again.up_to_date and publish.latest_version(dataset_root) == again.version
+    assert again.up_to_date and publish.DatasetRoot(dataset_root).latest() == again.version
     assert again.info.splits["train"].num_examples == len(keys) + trials + 1

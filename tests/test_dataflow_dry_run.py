@@ -70,8 +70,8 @@ def pardo_fn(proto, prefix):
 def test_dataflow_dry_run_translates_the_job(demo_corpus, no_network_no_credentials):
     options = launcher.pipeline_options(DATAFLOW_ARGS)
     resolved = config.load(make_config(demo_corpus.out_dir, output="gs://fake-bucket/datasets"))
-    listing = sources.list_source(resolved)  # the source is local; the job writes to gs://
-    staging = publish.new_staging_dir(resolved.dataset_root, "0" * 64)
+    listing = resolved.list_source()  # the source is local; the job writes to gs://
+    staging = publish.DatasetRoot(resolved.dataset_root).new_staging_dir("0" * 64)
     plan = launcher.make_plan(resolved, listing, staging, options)
     assert plan.image_threads == 1  # Dataflow runs a process per vCPU already
     assert plan.listing_uri.startswith("gs://fake-bucket/datasets/shapes/.staging-")

@@ -11,9 +11,10 @@ that need nothing more. `extra_argv` holds the arguments the command's parser
 did not know (only commands with ``passes_extra_args`` accept them: `kiln
 build` hands them to Beam's PipelineOptions).
 
-Exit codes: 0 success; 1 the command ran and found a problem (failed build,
-lint findings, verification failure); 2 a usage or configuration error,
-reported on one line without a traceback.
+Exit codes (`kiln.errors`): 0 success; 1 the command ran and found a problem
+(failed build, lint findings, verification failure); 2 a usage or
+configuration error; 3 another build of the dataset is running. Errors are
+`kiln.errors.KilnError`s, mapped here once: one line, no traceback.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import logging
 import os
 import sys
 
+from kiln.errors import EXIT_USAGE, KilnError, UsageError
 
-class UsageError(Exception):
-    """A user error: printed as one line, exit code 2, no traceback."""
+__all__ = ["COMMANDS", "Command", "UsageError", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError as e:
                 print(f"kiln {name}: needs an extra that is not installed ({e}); "
                       f"try: pip install 'kiln[pipeline]'", file=sys.stderr)
-                return 2
+                return EXIT_USAGE
             module.configure_parser(sub)
             sub.set_defaults(_module=module, _command=command)
     if chosen is None:
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     args, extra = parser.parse_known_args(argv)
     if extra and not args._command.passes_extra_args:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -117,9 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args._module.run(args, extra) or 0)
-    except UsageError as e:
-        print(f"kiln {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except KilnError as e:
+        print(f"kiln {args.command}: {e.label}: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print(f"kiln {args.command}: interrupted", file=sys.stderr)
         return 130

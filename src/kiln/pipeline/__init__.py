@@ -19,7 +19,7 @@ Modules (each a noun for one job):
 - `demo_data`: `kiln demo-data`, the embedded demo input.
 """
 
-from kiln.pipeline.config import ConfigError
+from kiln.errors import ConfigError
 from kiln.pipeline.launcher import BuildError, BuildResult, build
 
 __all__ = ["BuildError", "BuildResult", "ConfigError", "build"]

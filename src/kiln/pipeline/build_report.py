@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kiln.pipeline import publish
+from kiln.pipeline import storage
 from kiln.pipeline.launcher import BuildResult
 from kiln.schemas import ERRORS_FILENAME
 
@@ -64,4 +64,4 @@ def failed(error: str, exit_code: int, elapsed_seconds: float) -> dict[str, Any]
 
 def write(path: str, report: dict[str, Any]) -> None:
     """Writes the report atomically (local path or gs://)."""
-    publish.write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+    storage.write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")

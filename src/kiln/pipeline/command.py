@@ -32,9 +32,9 @@ import gc
 import sys
 import time
 
-from kiln.cli import UsageError
+from kiln.errors import KilnError, UsageError
 from kiln.pipeline import build_report
-from kiln.pipeline.launcher import BuildError, BuildResult, build
+from kiln.pipeline.launcher import BuildResult, build
 from kiln.schemas import ERRORS_FILENAME
 
 EPILOG = "examples:\n\n" + __doc__[
@@ -90,17 +90,11 @@ def _run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     try:
         if args.image_threads is not None and args.image_threads < 1:
             raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
-        if args.keep is not None and args.keep < 1:
-            raise UsageError(f"--keep must be at least 1 (LATEST's version), got {args.keep}")
         result = build(args.config, extra_argv, output=args.output,
                        image_threads=args.image_threads,
                        show_progress=not args.quiet and sys.stderr.isatty(), keep=args.keep)
-    except BuildError as e:
-        print(f"kiln build: failed: {e}", file=sys.stderr)
-        _report(args, build_report.failed(str(e), 1, time.monotonic() - started))
-        return 1
-    except UsageError as e:
-        _report(args, build_report.failed(str(e), 2, time.monotonic() - started))
+    except KilnError as e:  # printed by kiln.cli, with its exit code
+        _report(args, build_report.failed(str(e), e.exit_code, time.monotonic() - started))
         raise
     if not args.quiet:
         print(summary(result))

@@ -47,7 +47,7 @@ Relative paths in the config resolve against the current directory (the
 Makefile runs from the repository's top), except image paths inside a
 manifest, which resolve against the manifest's folder.
 
-The resolved config (`ResolvedConfig.data`) is that shape with every default
+The resolved config (`BuildSpec.to_json`) is that shape with every default
 filled in, transforms in their canonical form and paths made absolute. It is
 saved in `kiln.json`; its fingerprint is part of the dataset version. The
 output root is deliberately left out of both: where a dataset is written is
@@ -58,19 +58,21 @@ change its metadata.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
 import re
-from typing import Annotated, Any, Literal, Mapping, Union
+from typing import Annotated, Any, Literal, Mapping
 
 import pydantic
 import yaml
-from apache_beam.io.filesystems import FileSystems
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln import transforms
-from kiln.cli import UsageError
+from kiln.errors import ConfigError
+from kiln.pipeline import storage
+from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, Source
 from kiln.pipeline.versioning import fingerprint
 
 logger = logging.getLogger(__name__)
@@ -87,31 +89,8 @@ _SPLIT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_]*$"
 SplitName = Annotated[str, Field(pattern=_SPLIT_PATTERN)]
 
 
-class ConfigError(UsageError):
-    """The build config is invalid. The message names the file and the field."""
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ImageFolderSource(_Model):
-    """``root/<class>/<image>``, or ``root/<split>/<class>/<image>`` with
-    ``splits.from_source``. Class names are the sorted folder names."""
-
-    type: Literal["image_folder"]
-    root: str = Field(min_length=1)
-    classes: list[str] | None = None
-
-
-class ManifestSource(_Model):
-    """A CSV (header ``path,label[,split]``) or JSONL (``{"path", "label"[, "split"]}``)
-    file; ``.jsonl``/``.json`` means JSONL, anything else CSV. Class names are
-    `classes` if given, else the sorted distinct labels."""
-
-    type: Literal["manifest"]
-    path: str = Field(min_length=1)
-    classes: list[str] | None = None
 
 
 class ImageConfig(_Model):
@@ -184,7 +163,7 @@ class BuildConfig(_Model):
     """The YAML file's schema. See the module docstring for the shape."""
 
     name: str = Field(pattern=_NAME_PATTERN)
-    source: Annotated[Union[ImageFolderSource, ManifestSource], Field(discriminator="type")]
+    source: Source
     output: str = Field(min_length=1)
     image: ImageConfig = ImageConfig()
     transforms: list[Any] = []
@@ -197,41 +176,70 @@ class BuildConfig(_Model):
 
 
 @dataclasses.dataclass(frozen=True)
-class ResolvedConfig:
-    """A validated config with every default filled in.
+class BuildSpec:
+    """A validated build config with every default resolved: what a build runs.
+
+    The job, the metadata and the report carry this typed object; its JSON
+    form (`to_json`) is made only where it is written into `kiln.json` and
+    hashed into the fingerprint.
 
     Attributes:
-      model: The validated `BuildConfig` (paths as written).
-      data: The resolved config as plain JSON data (saved in `kiln.json`).
-      fingerprint: sha256 of the canonical JSON of `data`.
+      config: The validated config, resolved: the source's location absolute
+        and its classes sorted, ``splits.fractions`` defaulting to
+        ``{train: 1.0}`` unless splits come from the source.
       chain: The offline transforms, ready to apply.
+      augment: The reader's default augmentation list, validated, in its
+        canonical JSON form (the reader applies it; the build only stores it).
       output_root: Absolute output root (local path or URI).
       origin: Where the config came from, for messages (a file name or "config").
     """
 
-    model: BuildConfig
-    data: dict[str, Any]
-    fingerprint: str
+    config: BuildConfig
     chain: transforms.Chain
+    augment: tuple[Any, ...]
     output_root: str
     origin: str
 
     @property
     def name(self) -> str:
-        return self.model.name
-
-    @property
-    def source(self) -> dict[str, Any]:
-        return self.data["source"]
-
-    @property
-    def splits(self) -> dict[str, Any]:
-        return self.data["splits"]
+        return self.config.name
 
     @property
     def dataset_root(self) -> str:
         """``<output>/<name>``: holds the versions, LATEST and staging folders."""
-        return FileSystems.join(self.output_root, self.name)
+        return storage.join(self.output_root, self.name)
+
+    def to_json(self) -> dict[str, Any]:
+        """The resolved config as saved in `kiln.json` (without ``output``:
+        where a dataset is written is not a property of the dataset)."""
+        data = self.config.model_dump(mode="json", exclude={"output"})
+        data["transforms"] = self.chain.to_json()
+        data["augment"] = list(self.augment)
+        if self.config.encoding.format != "jpeg":
+            # Only JPEG is lossy: keep unused knobs out of the fingerprint.
+            data["encoding"]["quality"] = None
+        return data
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON of `to_json`: part of the version."""
+        return fingerprint(self.to_json())
+
+    def list_source(self) -> Listing:
+        """Lists the source (`sources`).
+
+        Raises:
+          ConfigError: naming this config, when the source cannot be read at
+            all or holds no usable image.
+        """
+        try:
+            return self.config.source.list(splits_from_source=self.config.splits.from_source)
+        except ConfigError as e:
+            raise self.error(str(e)) from None
+
+    def error(self, message: str) -> ConfigError:
+        """A `ConfigError` naming this config: ``config error in <origin>: <message>``."""
+        return ConfigError(f"config error in {self.origin}: {message}")
 
 
 def load(
@@ -239,8 +247,8 @@ def load(
     *,
     output: str | None = None,
     check_paths: bool = True,
-) -> ResolvedConfig:
-    """Reads, validates and resolves a build config.
+) -> BuildSpec:
+    """Reads, validates and resolves a build config into a `BuildSpec`.
 
     Args:
       config: A YAML file path, or the already-parsed mapping.
@@ -278,19 +286,18 @@ def load(
     _check_channels(chain, model.image.channels, fail)
     augment = _validate_augment(model.augment, fail)
 
-    data = _resolve(model, chain, augment)
-    output_root = _absolute(model.output)
-    resolved = ResolvedConfig(
-        model=model,
-        data=data,
-        fingerprint=fingerprint(data),
+    spec = BuildSpec(
+        config=_resolved(model),
         chain=chain,
-        output_root=output_root,
+        augment=tuple(augment),
+        output_root=storage.absolute(model.output),
         origin=origin,
     )
     if check_paths:
-        _check_paths(resolved, fail)
-    return resolved
+        problem = spec.config.source.check(spec.output_root)
+        if problem:
+            raise spec.error(problem)
+    return spec
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
@@ -398,63 +405,9 @@ def _as_json(value: Any) -> Any:
     return value
 
 
-def _resolve(model: BuildConfig, chain: transforms.Chain, augment: list[Any]) -> dict[str, Any]:
-    splits = model.splits.model_dump(mode="json")
-    if not model.splits.from_source and model.splits.fractions is None:
-        splits["fractions"] = {"train": 1.0}
-    encoding = model.encoding.model_dump(mode="json")
-    if encoding["format"] != "jpeg":
-        encoding["quality"] = None  # only JPEG is lossy; keep unused knobs out of the fingerprint
-    source = model.source.model_dump(mode="json")
-    location_field = "root" if source["type"] == "image_folder" else "path"
-    source[location_field] = _absolute(source[location_field])
-    if source.get("classes") is not None:
-        source["classes"] = sorted(set(source["classes"]))
-    return {
-        "name": model.name,
-        "source": source,
-        "image": model.image.model_dump(mode="json"),
-        "transforms": chain.to_json(),
-        "encoding": encoding,
-        "splits": splits,
-        "sharding": model.sharding.model_dump(mode="json"),
-        "augment": augment,
-        "errors": model.errors.model_dump(mode="json"),
-        "plugins": list(model.plugins),
-    }
-
-
-def is_remote(path: str) -> bool:
-    """True for URIs with a scheme (gs://...), False for local paths."""
-    return FileSystems.get_scheme(path) not in (None, "file")
-
-
-def _absolute(path: str) -> str:
-    if is_remote(path):
-        return path.rstrip("/")
-    return os.path.abspath(os.path.expanduser(path))
-
-
-def _inside(path: str, folder: str) -> bool:
-    path, folder = path.rstrip("/") + "/", folder.rstrip("/") + "/"
-    return path.startswith(folder)
-
-
-def _check_paths(resolved: ResolvedConfig, fail) -> None:
-    source = resolved.source
-    if source["type"] == "image_folder":
-        root = source["root"]
-        if is_remote(root):
-            exists = bool(FileSystems.match([root + "/**"], limits=[1])[0].metadata_list)
-        else:
-            exists = os.path.isdir(root)
-        if not exists:
-            raise fail(f"source.root: folder not found or empty: {root}")
-        if _inside(resolved.output_root, root):
-            raise fail(
-                f"output: {resolved.output_root} is inside the source folder {root}; "
-                f"the next build would read its own output"
-            )
-    else:
-        if not FileSystems.exists(source["path"]):
-            raise fail(f"source.path: manifest not found: {source['path']}")
+def _resolved(model: BuildConfig) -> BuildConfig:
+    """`model` with its defaults resolved (see `BuildSpec.config`)."""
+    splits = model.splits
+    if not splits.from_source and splits.fractions is None:
+        splits = splits.model_copy(update={"fractions": {"train": 1.0}})
+    return model.model_copy(update={"source": model.source.resolved(), "splits": splits})

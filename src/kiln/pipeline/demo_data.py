@@ -363,7 +363,7 @@ exit codes:
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
-    from kiln.cli import UsageError
+    from kiln.errors import UsageError
 
     if args.num_images < 0 or args.seed < 0:
         raise UsageError(f"--num-images and --seed must be >= 0, got {args.num_images} and {args.seed}")

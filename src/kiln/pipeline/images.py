@@ -25,7 +25,7 @@ import collections
 import concurrent.futures
 import hashlib
 import logging
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -44,6 +44,9 @@ from kiln.pipeline.sharding import RunWriter, sort_key
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import PixelSums, Summary, pixel_sums
 from kiln.schemas import RECORD
+
+if TYPE_CHECKING:
+    from kiln.pipeline.config import EncodingConfig, ImageConfig
 
 logger = logging.getLogger(__name__)
 
@@ -78,22 +81,21 @@ class ImageProcessor:
 
     Args:
       chain: The offline transforms.
-      image_config: The resolved ``image`` config (channels, max_pixels, min_size).
-      encoding: The resolved ``encoding`` config (format, quality).
+      image: The ``image`` config (channels, max_pixels, min_size).
+      encoding: The ``encoding`` config (format, quality).
       class_names: Sorted class names (label id -> name, for the version).
       splits: Assigns each stored image its split.
     """
 
-    def __init__(self, chain: transforms.Chain, image_config: Mapping[str, Any],
-                 encoding: Mapping[str, Any], class_names: Sequence[str],
-                 splits: SplitPolicy):
+    def __init__(self, chain: transforms.Chain, image: ImageConfig, encoding: EncodingConfig,
+                 class_names: Sequence[str], splits: SplitPolicy):
         self._chain = chain
         self._splits = splits
-        self._channels = int(image_config["channels"])
-        self._max_pixels = int(image_config["max_pixels"])
-        self._min_size = int(image_config["min_size"])
-        self._format = encoding["format"]
-        self._quality = int(encoding["quality"] or 95)
+        self._channels = image.channels
+        self._max_pixels = image.max_pixels
+        self._min_size = image.min_size
+        self._format = encoding.format
+        self._quality = encoding.quality
         self._class_names = list(class_names)
 
     def __call__(self, item: Mapping[str, Any]) -> Outcome:

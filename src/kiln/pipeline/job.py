@@ -33,18 +33,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any
+from typing import Any, Mapping
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from kiln import transforms
 from kiln.pipeline import sharding, versioning
+from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.error_report import DroppedFile, write_error_report
 from kiln.pipeline.images import ImageProcessor, ProcessImages
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import CountDuplicates, Summary, SummaryCombineFn
+from kiln.schemas import ChannelStatistics, ShardInfo
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,7 @@ class JobPlan:
     """Everything the job needs, decided by the launcher before it starts.
 
     Attributes:
-      config: The resolved config (`ResolvedConfig.data`).
-      chain: The offline transforms (from the same config).
+      spec: The build spec (the validated, resolved config).
       class_names: Sorted class names.
       listing_uri: The listing JSONL file (`sources.Listing.write`).
       staging_dir: Where shards and errors.jsonl go.
@@ -67,8 +67,7 @@ class JobPlan:
         file, for the launcher's progress display (`progress`); None: no count.
     """
 
-    config: dict[str, Any]
-    chain: transforms.Chain
+    spec: BuildSpec
     class_names: tuple[str, ...]
     listing_uri: str
     staging_dir: str
@@ -101,7 +100,7 @@ class _ParseListingFn(beam.DoFn):
 
 def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     """Adds the build job's steps to `pipeline` (see the module docstring)."""
-    config = plan.config
+    config = plan.spec.config
     listing = (
         pipeline
         | "ReadListing" >> beam.io.ReadFromText(plan.listing_uri, validate=False)  # JSON line
@@ -114,17 +113,17 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         # workers (and Dataflow's autoscaling) share the images.
         | "SpreadFiles" >> beam.Reshuffle()  # [{key, uri, label, split, size}]
         | "ProcessImages" >> ProcessImages(
-            ImageProcessor(plan.chain, config["image"], config["encoding"], plan.class_names,
-                           SplitPolicy.from_config(config["splits"])),
+            ImageProcessor(plan.spec.chain, config.image, config.encoding, plan.class_names,
+                           SplitPolicy.from_config(config.splits)),
             threads=plan.image_threads,
             runs_folder=plan.temp_dir,
-            run_bytes=sharding.run_bytes(config["sharding"]),
+            run_bytes=sharding.run_bytes(config.sharding),
             progress_path=plan.progress_uri,
         )
     )
     runs = processed.runs  # SpilledRun: sorted runs of records, with their contents
     shards = runs | "WriteShards" >> sharding.ShardRuns(
-        plan.staging_dir, plan.temp_dir, config["name"], config["sharding"]
+        plan.staging_dir, plan.temp_dir, config.name, config.sharding
     )  # (split, index, ShardInfo)
     # Without a default for empty input: no separate stage to make one; an
     # empty list stands for "no bundles" below.
@@ -152,42 +151,127 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class SplitReport:
+    """What the job wrote for one split.
+
+    Attributes:
+      shards: The shard files, in index order.
+      class_counts: Label id -> stored images of that class.
+      statistics: Per-channel pixel statistics of the stored images.
+    """
+
+    shards: tuple[ShardInfo, ...] = ()
+    class_counts: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    statistics: ChannelStatistics | None = None
+
+    @property
+    def num_records(self) -> int:
+        return sum(shard.num_records for shard in self.shards)
+
+    @property
+    def num_images(self) -> int:
+        """Images the image step stored in this split (must equal `num_records`)."""
+        return sum(self.class_counts.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class JobReport:
+    """Everything a finished job tells the launcher, written to the work
+    folder as JSON (`to_json`) by the job's last step.
+
+    Attributes:
+      splits: Split name -> `SplitReport`, for every split with records.
+      files_read: Files the image step read (stored or dropped).
+      dropped: Reason -> rows in errors.jsonl (dropped while listing or by the job).
+      duplicates: Extra copies of identical content.
+      duplicates_across_splits: Of those, copies in another split than the first.
+      image_size: ``[height, width]`` if every stored image has that size.
+      inputs_hash: Multiset hash of every file's version entry.
+    """
+
+    splits: Mapping[str, SplitReport]
+    files_read: int
+    dropped: Mapping[str, int]
+    duplicates: int
+    duplicates_across_splits: int
+    image_size: list[int] | None
+    inputs_hash: int
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "splits": {name: {
+                "shards": [dataclasses.asdict(shard) for shard in split.shards],
+                "class_counts": {str(label): count
+                                 for label, count in sorted(split.class_counts.items())},
+                "statistics": dataclasses.asdict(split.statistics) if split.statistics else None,
+            } for name, split in sorted(self.splits.items())},
+            "files_read": self.files_read,
+            "dropped": dict(sorted(self.dropped.items())),
+            "duplicates": self.duplicates,
+            "duplicates_across_splits": self.duplicates_across_splits,
+            "image_size": self.image_size,
+            "inputs_hash": format(self.inputs_hash, "064x"),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JobReport:
+        return cls(
+            splits={name: SplitReport(
+                shards=tuple(ShardInfo(**shard) for shard in split["shards"]),
+                class_counts={int(label): int(count)
+                              for label, count in split["class_counts"].items()},
+                statistics=(ChannelStatistics(**split["statistics"])
+                            if split["statistics"] else None),
+            ) for name, split in data["splits"].items()},
+            files_read=int(data["files_read"]),
+            dropped={reason: int(count) for reason, count in data["dropped"].items()},
+            duplicates=int(data["duplicates"]),
+            duplicates_across_splits=int(data["duplicates_across_splits"]),
+            image_size=data["image_size"],
+            inputs_hash=int(data["inputs_hash"], 16),
+        )
+
+
 def _write_reports(_, *, staging_dir: str, report_uri: str, shards, summary, duplicates,
                    dropped: list[DroppedFile]) -> None:
     report = _assemble_report(shards=shards, summary=summary, duplicates=duplicates,
                               dropped=write_error_report(staging_dir, dropped))
     with FileSystems.create(report_uri) as f:
-        f.write(versioning.canonical_json(report).encode("utf-8"))
+        f.write(versioning.canonical_json(report.to_json()).encode("utf-8"))
 
 
 def _assemble_report(*, shards, summary: list[Summary], duplicates: list[tuple[int, int]],
-                     dropped: dict[str, int]) -> dict[str, Any]:
+                     dropped: dict[str, int]) -> JobReport:
     # One summary, or none when no file reached the image step; a pair per
     # bucket of content hashes.
-    summary = summary[0] if summary else Summary()
-    duplicates = tuple(map(sum, zip(*duplicates))) if duplicates else (0, 0)
-    splits: dict[str, dict[str, Any]] = {}
+    merged = summary[0] if summary else Summary()
+    extra, across = tuple(map(sum, zip(*duplicates))) if duplicates else (0, 0)
+    shards_by_split: dict[str, list[ShardInfo]] = {}
+    for split, _, info in sorted(shards, key=lambda s: (s[0], s[1])):
+        shards_by_split.setdefault(split, []).append(info)
+    counts: dict[str, dict[int, int]] = {}
+    for (split, label), count in merged.class_counts.items():
+        counts.setdefault(split, {})[label] = count
+    statistics = merged.channel_statistics()
+    names = sorted(set(shards_by_split) | set(counts) | set(statistics))
+    return JobReport(
+        splits={name: SplitReport(tuple(shards_by_split.get(name, ())), counts.get(name, {}),
+                                  statistics.get(name)) for name in names},
+        files_read=merged.files,
+        dropped=dict(sorted(dropped.items())),
+        duplicates=int(extra),
+        duplicates_across_splits=int(across),
+        image_size=merged.image_size,
+        inputs_hash=merged.inputs_hash,
+    )
 
-    def split_entry(name):
-        return splits.setdefault(name, {"shards": [], "class_counts": {}, "statistics": None})
 
-    for split, index, info in sorted(shards, key=lambda s: (s[0], s[1])):
-        split_entry(split)["shards"].append(dataclasses.asdict(info))
-    for split, stats in summary.channel_statistics().items():
-        split_entry(split)["statistics"] = dataclasses.asdict(stats) if stats else None
-    for (split, label), count in sorted(summary.class_counts.items()):
-        split_entry(split)["class_counts"][str(label)] = count
-    return {
-        "splits": {name: splits[name] for name in sorted(splits)},
-        "duplicates": int(duplicates[0]),
-        "duplicates_across_splits": int(duplicates[1]),
-        "image_size": summary.image_size,
-        "dropped": dict(sorted(dropped.items())),
-        "inputs_hash": format(summary.inputs_hash, "064x"),
-    }
-
-
-def read_report(uri: str) -> dict[str, Any]:
+def read_report(uri: str) -> JobReport:
     """The report a finished job wrote (see `construct`)."""
     with FileSystems.open(uri) as f:
-        return json.loads(f.read().decode("utf-8"))
+        return JobReport.from_json(json.loads(f.read().decode("utf-8")))

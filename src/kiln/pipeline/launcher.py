@@ -7,22 +7,16 @@
     result = build(config_dict, ["--direct_num_workers=2", "--direct_running_mode=multi_processing"])
     print(result.dataset_dir, result.info.splits["train"].num_examples)
 
-What it does, in order:
-
-1. Validate the config (`config.load`); a bad config raises `ConfigError`
-   before anything else happens.
-2. List the source (`sources.list_source`) and compute the input stamp. If
-   a complete version was already built from this listing and config,
-   point LATEST at it and return (``up_to_date``) without starting Beam
-   (deleting what a killed build left behind, as every build does).
-3. Delete stale staging folders, create a new one, write the listing there,
-   construct the job (`job.construct`) and run it to completion.
-4. Read the job's report. If more than ``errors.max_fraction`` of the inputs
-   were dropped, fail (`BuildError`) and publish nothing; the staging folder
-   is kept for its errors.jsonl until the next build cleans it up.
-5. Derive the content-addressed version (`versioning`), write `kiln.json`
-   last, move the folder into place and replace LATEST (`publish`).
-6. With ``keep``, prune all but the newest versions (never LATEST's).
+A build, as `build` tells it: validate the config into a `BuildSpec` (a
+bad config raises `ConfigError` before anything else happens); list the
+source and stamp the listing; if a complete version was already built from
+this stamp, point LATEST at it and stop (``up_to_date``, without starting
+Beam). Otherwise, inside a `publish.PublishTransaction`: run the job
+(`job.construct`) into the staging folder, read its typed `job.JobReport`,
+refuse too many dropped files (`BuildError`; the staging folder is kept for
+its errors.jsonl until the next build), derive the content-addressed version
+(`versioning`) and the `DatasetInfo`, and commit (kiln.json last, LATEST
+last of all). With ``keep``, prune all but the newest versions.
 
 The local default runner is Beam's FnApiRunner, the batch engine inside the
 DirectRunner, set up exactly as the DirectRunner sets it up. It is chosen
@@ -40,7 +34,6 @@ import os
 from typing import Any, Mapping, Sequence
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
@@ -50,19 +43,11 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.runners.runner import PipelineState
 
 import kiln
+from kiln.errors import Failure, UsageError
 from kiln.pipeline import config as config_module
-from kiln.pipeline import job, progress, publish, sources, versioning
-from kiln.pipeline.config import ResolvedConfig
-from kiln.pipeline.tfds_export import write_tfds_metadata
-from kiln.schemas import (
-    ERRORS_FILENAME,
-    METADATA_FILENAME,
-    RECORD,
-    ChannelStatistics,
-    DatasetInfo,
-    ShardInfo,
-    SplitInfo,
-)
+from kiln.pipeline import job, progress, publish, sources, storage, versioning
+from kiln.pipeline.config import BuildSpec
+from kiln.schemas import ERRORS_FILENAME, METADATA_FILENAME, RECORD, DatasetInfo, SplitInfo
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +55,7 @@ LOCAL_RUNNER = "FnApiRunner"
 _FN_API_RUNNER_NAMES = ("fnapirunner", "apache_beam.runners.portability.fn_api_runner.fnapirunner")
 
 
-class BuildError(Exception):
+class BuildError(Failure):
     """The build ran but failed (the job failed, too many inputs were dropped).
 
     Nothing was published. The CLI prints the message and exits 1.
@@ -164,23 +149,21 @@ def _runner_for(options: PipelineOptions):
         beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
 
 
-def make_plan(resolved: ResolvedConfig, listing: sources.Listing, staging_dir: str,
+def make_plan(spec: BuildSpec, listing: sources.Listing, staging_dir: str,
               options: PipelineOptions, image_threads: int | None = None) -> job.JobPlan:
     """The job plan for a listing, staged under `staging_dir`.
 
     Args:
       image_threads: Threads per image DoFn; None: `default_image_threads`.
     """
-    work_dir = FileSystems.join(staging_dir, publish.WORK_FOLDER)
-    threads = image_threads or default_image_threads(options)
+    work_dir = storage.join(staging_dir, publish.WORK_FOLDER)
     return job.JobPlan(
-        config=resolved.data,
-        chain=resolved.chain,
+        spec=spec,
         class_names=tuple(listing.class_names),
-        listing_uri=FileSystems.join(work_dir, "listing.jsonl"),
+        listing_uri=storage.join(work_dir, "listing.jsonl"),
         staging_dir=staging_dir,
         work_dir=work_dir,
-        image_threads=threads,
+        image_threads=image_threads or default_image_threads(options),
     )
 
 
@@ -192,7 +175,7 @@ def construct_pipeline(plan: job.JobPlan, options: PipelineOptions) -> beam.Pipe
 
 
 def build(
-    config: str | os.PathLike | Mapping[str, Any] | ResolvedConfig,
+    config: str | os.PathLike | Mapping[str, Any] | BuildSpec,
     pipeline_args: Sequence[str] = (),
     *,
     output: str | None = None,
@@ -203,7 +186,7 @@ def build(
     """Builds (or finds up to date) the dataset a config describes.
 
     Args:
-      config: A YAML file path, the parsed mapping, or a `ResolvedConfig`.
+      config: A YAML file path, the parsed mapping, or a `BuildSpec`.
       pipeline_args: Beam pipeline options, e.g. ``["--direct_num_workers=2"]``.
       output: Overrides the config's output root.
       image_threads: Threads per image-processing DoFn instance; None: every
@@ -219,114 +202,101 @@ def build(
       The `BuildResult`; LATEST names its version.
 
     Raises:
-      ConfigError: the config is invalid (nothing was done).
+      ConfigError: the config or an argument is invalid (nothing was done).
       BuildError: the job failed or dropped too many inputs (nothing was
         published).
     """
-    if keep is not None and keep < 1:
-        raise ValueError(f"keep must be at least 1, got {keep}")
-    if isinstance(config, ResolvedConfig):
-        if output is not None:
-            raise ValueError("output= applies to a config file or mapping; a ResolvedConfig "
-                             "already has its output root (config.load(..., output=...))")
-        resolved = config
-    else:
-        resolved = config_module.load(config, output=output)
+    _check_keep(keep)
+    spec = _spec(config, output)
     options = pipeline_options(pipeline_args)
-    listing = sources.list_source(resolved)
-    stamp = versioning.stamp(resolved.fingerprint, listing.stamp_entries())
-    root = resolved.dataset_root
+    listing = spec.list_source()
+    stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
+    dataset = publish.DatasetRoot(spec.dataset_root)
 
-    existing = publish.stamped_version(root, stamp)
+    existing = dataset.stamped_version(stamp)
     if existing is not None:
-        publish.clean_stale_staging(root)
-        if publish.latest_version(root) != existing:
-            publish.record_published(root, existing)
-            publish.point_latest(root, existing)
+        dataset.clean_stale_staging()
+        dataset.name_latest(existing)
         logger.info("up to date: %s", existing)
-        directory = publish.version_dir(root, existing)
+        directory = dataset.version_dir(existing)
         return BuildResult(directory, existing, read_info(directory), up_to_date=True,
-                           pruned=_prune(root, keep))
+                           pruned=_prune(dataset, keep))
 
-    publish.clean_stale_staging(root)
-    staging = publish.new_staging_dir(root, stamp)
-    plan = make_plan(resolved, listing, staging, options, image_threads)
-    if show_progress and is_local_runner(options):
-        plan = dataclasses.replace(plan, progress_uri=progress.counting_path(plan.work_dir))
-    keep_staging = False
-    try:
-        listing.write(plan.listing_uri)
-        pipeline = construct_pipeline(plan, options)
-        logger.info("running the build job for %d files", len(listing.files))
-        with progress.display(plan.progress_uri, len(listing.files), enabled=show_progress):
-            result = pipeline.run()
-            state = result.wait_until_finish()
-        if state not in (None, PipelineState.DONE):
-            raise BuildError(f"the Beam job ended in state {state}")
-        counters = _counters(result)
-        report = job.read_report(plan.report_uri)
-
-        dropped = sum(report["dropped"].values())
-        max_fraction = resolved.data["errors"]["max_fraction"]
-        if dropped > max_fraction * listing.total:
-            keep_staging = True
-            raise BuildError(_too_many_dropped(dropped, listing.total, max_fraction,
-                                               report["dropped"], staging))
-
-        inputs_hash = versioning.combine_hashes(
-            [int(report["inputs_hash"], 16)]
-            + [versioning.entry_hash(entry) for entry in listing.dropped_entries]
-        )
-        version = versioning.version_name(resolved.fingerprint, inputs_hash)
-        info = dataset_info(resolved, listing, report, version)
-        publish.delete_tree(plan.work_dir)
-        write_tfds_metadata(staging, info)  # TFDS-readable too (dataset_info.json, features.json)
-        # kiln.json last: its presence marks the folder complete.
-        publish.write_text(FileSystems.join(staging, METADATA_FILENAME), info.dumps())
-
-        target = publish.version_dir(root, version)
-        if publish.is_complete(target):
-            # Same content and config as an existing version (e.g. the files
-            # were touched): same bytes, keep the published copy.
-            logger.info("version %s already exists; reusing it", version)
-            publish.delete_tree(staging)
-        else:
-            publish.move_into_place(staging, target)
-        publish.record_stamp(root, stamp, version)
-        publish.record_published(root, version)
-        publish.point_latest(root, version)  # last of all
-    except BaseException:
-        if not keep_staging:
-            try:
-                publish.delete_tree(staging)
-            except Exception:  # keep the original error; the next build cleans up
-                logger.warning("could not delete the staging folder %s", staging, exc_info=True)
-        raise
+    with publish.PublishTransaction(dataset, stamp) as transaction:
+        plan = make_plan(spec, listing, transaction.staging_dir, options, image_threads)
+        if show_progress and is_local_runner(options):
+            plan = dataclasses.replace(plan, progress_uri=progress.counting_path(plan.work_dir))
+        report, counters = _run_job(plan, listing, options, show_progress)
+        if report.dropped_total > spec.config.errors.max_fraction * listing.total:
+            transaction.keep_staging()
+            raise BuildError(_too_many_dropped(report, listing.total,
+                                               spec.config.errors.max_fraction,
+                                               transaction.staging_dir))
+        info = dataset_info(spec, listing, report, _version(spec, listing, report))
+        target = transaction.commit(info)
     return BuildResult(
         dataset_dir=target,
-        version=version,
+        version=info.version,
         info=info,
         up_to_date=False,
-        duplicates_across_splits=int(report["duplicates_across_splits"]),
+        duplicates_across_splits=report.duplicates_across_splits,
         counters=counters,
-        pruned=_prune(root, keep),
+        pruned=_prune(dataset, keep),
     )
 
 
-def _prune(root: str, keep: int | None) -> tuple[str, ...]:
+def _check_keep(keep: int | None) -> None:
+    if keep is not None and keep < 1:
+        raise UsageError(f"--keep must be at least 1 (LATEST's version), got {keep}")
+
+
+def _spec(config: str | os.PathLike | Mapping[str, Any] | BuildSpec,
+          output: str | None) -> BuildSpec:
+    if not isinstance(config, BuildSpec):
+        return config_module.load(config, output=output)
+    if output is not None:
+        raise UsageError("output= applies to a config file or mapping; a BuildSpec "
+                         "already has its output root (config.load(..., output=...))")
+    return config
+
+
+def _run_job(plan: job.JobPlan, listing: sources.Listing, options: PipelineOptions,
+             show_progress: bool) -> tuple[job.JobReport, dict[str, int]]:
+    """Writes the listing, runs the job to completion and reads its report."""
+    listing.write(plan.listing_uri)
+    pipeline = construct_pipeline(plan, options)
+    logger.info("running the build job for %d files", len(listing.files))
+    with progress.display(plan.progress_uri, len(listing.files), enabled=show_progress):
+        result = pipeline.run()
+        state = result.wait_until_finish()
+    if state not in (None, PipelineState.DONE):
+        raise BuildError(f"the Beam job ended in state {state}")
+    return job.read_report(plan.report_uri), _counters(result)
+
+
+def _version(spec: BuildSpec, listing: sources.Listing, report: job.JobReport) -> str:
+    """The content-addressed version: the config and every input's entry."""
+    inputs_hash = versioning.combine_hashes(
+        [report.inputs_hash]
+        + [versioning.entry_hash(entry) for entry in listing.dropped_entries])
+    return versioning.version_name(spec.fingerprint, inputs_hash)
+
+
+def _prune(dataset: publish.DatasetRoot, keep: int | None) -> tuple[str, ...]:
     if keep is None:
         return ()
     try:
-        return tuple(publish.prune_versions(root, keep))
+        return tuple(dataset.prune(keep))
     except Exception:  # e.g. permission denied on one file: the build itself succeeded
-        logger.warning("could not prune old versions of %s", root, exc_info=True)
+        logger.warning("could not prune old versions of %s", dataset.path, exc_info=True)
         return ()
 
 
-def _too_many_dropped(dropped: int, total: int, max_fraction: float,
-                      by_reason: Mapping[str, int], staging: str) -> str:
+def _too_many_dropped(report: job.JobReport, total: int, max_fraction: float,
+                      staging: str) -> str:
+    dropped = report.dropped_total
     reasons = ", ".join(f"{reason}: {count}" for reason, count in
-                        sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])))
+                        sorted(report.dropped.items(), key=lambda kv: (-kv[1], kv[0])))
     return (
         f"dropped {dropped} of {total} input files ({dropped / total:.1%}), more than "
         f"errors.max_fraction {max_fraction:.1%} ({reasons}); nothing was published. "
@@ -346,54 +316,49 @@ def _counters(result) -> dict[str, int]:
     return dict(sorted(counters.items()))
 
 
-def dataset_info(resolved: ResolvedConfig, listing: sources.Listing,
-                 report: Mapping[str, Any], version: str) -> DatasetInfo:
+def dataset_info(spec: BuildSpec, listing: sources.Listing, report: job.JobReport,
+                 version: str) -> DatasetInfo:
     """The `kiln.json` contents for a finished job's report."""
-    data = resolved.data
-    policy_splits = list(data["splits"]["fractions"]) if data["splits"].get("fractions") \
-        else list(listing.split_names or [])
-    split_names = sorted(set(policy_splits) | set(report["splits"]))
+    config = spec.config
+    policy_splits = list(config.splits.fractions or listing.split_names or [])
     splits = {}
-    for name in split_names:
-        entry = report["splits"].get(name, {"shards": [], "class_counts": {}, "statistics": None})
-        shards = [ShardInfo(**shard) for shard in entry["shards"]]
+    for name in sorted(set(policy_splits) | set(report.splits)):
+        split = report.splits.get(name, job.SplitReport())
         counts = {label: 0 for label in listing.class_names}
-        for label_id, count in entry["class_counts"].items():
-            counts[listing.class_names[int(label_id)]] = int(count)
-        stats = entry["statistics"]
+        for label_id, count in split.class_counts.items():
+            counts[listing.class_names[label_id]] = count
         splits[name] = SplitInfo(
             name=name,
-            num_examples=sum(shard.num_records for shard in shards),
-            shards=shards,
+            num_examples=split.num_records,
+            shards=list(split.shards),
             class_counts=counts,
-            statistics=ChannelStatistics(**stats) if stats else None,
+            statistics=split.statistics,
         )
-    encoding = data["encoding"]
-    compression = data["sharding"]["compression"]
+    data = spec.to_json()
     return DatasetInfo(
-        name=data["name"],
+        name=config.name,
         version=version,
         kiln_version=kiln.__version__,
         format_version=kiln.FORMAT_VERSION,
         config=data,
-        config_fingerprint=resolved.fingerprint,
+        config_fingerprint=spec.fingerprint,
         schema=RECORD.to_json(),
         class_names=list(listing.class_names),
-        encoding={"format": encoding["format"], "quality": encoding["quality"]},
-        channels=int(data["image"]["channels"]),
-        image_size=report["image_size"],
-        compression=None if compression == "none" else compression,
+        encoding=dict(data["encoding"]),
+        channels=config.image.channels,
+        image_size=report.image_size,
+        compression=None if config.sharding.compression == "none" else config.sharding.compression,
         splits=splits,
-        augment=list(data["augment"]),
-        duplicates=int(report["duplicates"]),
-        dropped=dict(report["dropped"]),
+        augment=list(spec.augment),
+        duplicates=report.duplicates,
+        dropped=dict(report.dropped),
     )
 
 
 def read_info(directory: str) -> DatasetInfo:
     """The `DatasetInfo` of a complete version folder."""
-    path = FileSystems.join(directory, METADATA_FILENAME)
-    text = publish.read_text(path)
+    path = storage.join(directory, METADATA_FILENAME)
+    text = storage.read_text(path)
     if text is None:
         raise BuildError(f"{path} is missing")
     return DatasetInfo.loads(text, source=path)

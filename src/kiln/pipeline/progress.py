@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Callable, TextIO
 
-from kiln.pipeline.config import is_remote
+from kiln.pipeline.storage import is_remote
 
 PROGRESS_FILENAME = "progress"
 # How often a counting DoFn writes its pending count, and the display redraws.

@@ -39,7 +39,7 @@ import hashlib
 import logging
 import math
 import uuid
-from typing import Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -49,6 +49,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from kiln.pipeline import tfrecord
 from kiln.schemas import ShardInfo, shard_filename
+
+if TYPE_CHECKING:
+    from kiln.pipeline.config import ShardingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -85,21 +88,21 @@ def shard_index(sort_key_hex: str, num_shards: int) -> int:
 
 
 def count_shards(split: str, num_records: int, num_bytes: int,
-                 sharding: Mapping[str, Any]) -> int:
+                 sharding: ShardingConfig) -> int:
     """Shards for a split: fixed by the config, else by the target size.
 
     Args:
       split: Split name (a fixed count may be given per split).
       num_records: Records in the split.
       num_bytes: Bytes the split's records take in TFRecord framing.
-      sharding: The resolved ``sharding`` config.
+      sharding: The ``sharding`` config.
     """
-    fixed = sharding.get("num_shards")
+    fixed = sharding.num_shards
     if isinstance(fixed, Mapping):
         fixed = fixed.get(split)
     if fixed:
         return int(fixed)
-    target = float(sharding["target_shard_mb"]) * _MB
+    target = sharding.target_shard_mb * _MB
     return max(1, min(num_records, math.ceil(num_bytes / target)))
 
 
@@ -146,11 +149,11 @@ def write_shard(path: str, temp_path: str, records: list[bytes], compression: st
     )
 
 
-def run_bytes(sharding: Mapping[str, Any]) -> int:
+def run_bytes(sharding: ShardingConfig) -> int:
     """How many bytes of records a sorted run holds at most: one shard's
     worth, and at most 64 MB (a Dataflow worker runs a DoFn instance per
     thread, each with its own buffer)."""
-    return max(1, int(min(float(sharding["target_shard_mb"]), _MAX_RUN_MB) * _MB))
+    return max(1, int(min(sharding.target_shard_mb, _MAX_RUN_MB) * _MB))
 
 
 class RunWriter:
@@ -295,15 +298,15 @@ class ShardRuns(beam.PTransform):
       folder: Where the shard files go.
       temp_folder: Where they are written first (same filesystem).
       name: Dataset name, the first part of the file names.
-      sharding: The resolved ``sharding`` config.
+      sharding: The ``sharding`` config.
     """
 
-    def __init__(self, folder: str, temp_folder: str, name: str, sharding: Mapping[str, Any]):
+    def __init__(self, folder: str, temp_folder: str, name: str, sharding: ShardingConfig):
         super().__init__()
         self._folder = folder
         self._temp_folder = temp_folder
         self._name = name
-        self._sharding = dict(sharding)
+        self._sharding = sharding
 
     def expand(self, runs):
         sharding = self._sharding
@@ -328,6 +331,6 @@ class ShardRuns(beam.PTransform):
             | "GroupShards" >> beam.GroupByKey()
             # ((split, index, num_shards), [RunSlice or None])
             | "WriteShardFiles" >> beam.ParDo(WriteShardFn(
-                self._folder, self._temp_folder, self._name, sharding["compression"]))
+                self._folder, self._temp_folder, self._name, sharding.compression))
             # (split, index, ShardInfo)
         )

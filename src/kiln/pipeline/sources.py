@@ -38,14 +38,16 @@ import logging
 import os
 import posixpath
 import re
-import stat
-from typing import Any, Iterator
+from typing import Annotated, Any, Iterator, Literal, Union
 
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
+from pydantic import BaseModel, ConfigDict, Field
 
-from kiln.pipeline.config import ConfigError, ResolvedConfig, is_remote
+from kiln.errors import ConfigError
+from kiln.pipeline import storage
 from kiln.pipeline.error_report import DroppedFile
+from kiln.pipeline.storage import is_remote
 
 logger = logging.getLogger(__name__)
 
@@ -128,34 +130,109 @@ class Listing:
                 out.write((json.dumps(row, sort_keys=True) + "\n").encode("utf-8"))
 
 
-def list_source(config: ResolvedConfig) -> Listing:
-    """Lists the config's source.
+class _SourceModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    Raises:
-      ConfigError: if the source cannot be read at all (the manifest file
-        is unreadable, the folder has no image in the expected layout).
-    """
-    source = config.source
-    from_source = bool(config.splits.get("from_source"))
-    if source["type"] == "image_folder":
-        listing = _list_image_folder(source["root"], source.get("classes"), from_source)
-        where = f"source.root: {source['root']}"
-    else:
+    def list(self, *, splits_from_source: bool) -> Listing:
+        """Lists the source's files; problems with single files become rows of
+        `Listing.dropped`.
+
+        Args:
+          splits_from_source: Take each file's split from the source
+            (``splits.from_source``).
+
+        Raises:
+          ConfigError: the source cannot be read at all (the manifest is
+            unreadable, no file is usable), with the message naming the field,
+            e.g. ``source.path: ...``; the caller adds the config's name.
+        """
+        listing = self._list(splits_from_source)
+        if not listing.files:
+            example = (f", e.g. {listing.dropped[0].key}: {listing.dropped[0].message}"
+                       if listing.dropped else "")
+            raise ConfigError(f"{self.describe()}: no usable input image "
+                              f"({len(listing.dropped)} dropped while listing{example})")
+        logger.info("listed %d files (%d dropped) in %d classes",
+                    len(listing.files), len(listing.dropped), len(listing.class_names))
+        return listing
+
+    def _list(self, splits_from_source: bool) -> Listing:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """``source.<field>: <location>``, for messages."""
+        raise NotImplementedError
+
+    def resolved(self) -> _SourceModel:
+        """The same source with its location absolute and its classes sorted."""
+        raise NotImplementedError
+
+    def check(self, output_root: str) -> str | None:
+        """What is wrong with the source's location for this output, or None."""
+        raise NotImplementedError
+
+
+class ImageFolderSource(_SourceModel):
+    """``root/<class>/<image>``, or ``root/<split>/<class>/<image>`` with
+    ``splits.from_source``. Class names are the sorted folder names."""
+
+    type: Literal["image_folder"]
+    root: str = Field(min_length=1)
+    classes: list[str] | None = None
+
+    def _list(self, splits_from_source: bool) -> Listing:
+        return _list_image_folder(self.root, self.classes, splits_from_source)
+
+    def describe(self) -> str:
+        return f"source.root: {self.root}"
+
+    def resolved(self) -> ImageFolderSource:
+        return self.model_copy(update={"root": storage.absolute(self.root),
+                                       "classes": _sorted(self.classes)})
+
+    def check(self, output_root: str) -> str | None:
+        if not storage.store_for(self.root).has_files(self.root):
+            return f"source.root: folder not found or empty: {self.root}"
+        if storage.inside(output_root, self.root):
+            return (f"output: {output_root} is inside the source folder {self.root}; "
+                    f"the next build would read its own output")
+        return None
+
+
+class ManifestSource(_SourceModel):
+    """A CSV (header ``path,label[,split]``) or JSONL (``{"path", "label"[, "split"]}``)
+    file; ``.jsonl``/``.json`` means JSONL, anything else CSV. Class names are
+    `classes` if given, else the sorted distinct labels."""
+
+    type: Literal["manifest"]
+    path: str = Field(min_length=1)
+    classes: list[str] | None = None
+
+    def _list(self, splits_from_source: bool) -> Listing:
         try:
-            listing = _list_manifest(source["path"], source.get("classes"), from_source)
+            return _list_manifest(self.path, self.classes, splits_from_source)
         except _ManifestError as e:
-            raise ConfigError(f"config error in {config.origin}: source.path: {e}") from None
-        where = f"source.path: {source['path']}"
-    if not listing.files:
-        raise ConfigError(
-            f"config error in {config.origin}: {where}: no usable input image "
-            f"({len(listing.dropped)} dropped while listing"
-            + (f", e.g. {listing.dropped[0].key}: {listing.dropped[0].message}"
-               if listing.dropped else "") + ")"
-        )
-    logger.info("listed %d files (%d dropped) in %d classes",
-                len(listing.files), len(listing.dropped), len(listing.class_names))
-    return listing
+            raise ConfigError(f"source.path: {e}") from None
+
+    def describe(self) -> str:
+        return f"source.path: {self.path}"
+
+    def resolved(self) -> ManifestSource:
+        return self.model_copy(update={"path": storage.absolute(self.path),
+                                       "classes": _sorted(self.classes)})
+
+    def check(self, output_root: str) -> str | None:
+        if not storage.exists(self.path):
+            return f"source.path: manifest not found: {self.path}"
+        return None
+
+
+Source = Annotated[Union[ImageFolderSource, ManifestSource], Field(discriminator="type")]
+"""The ``source:`` section: one of the source kinds, chosen by its ``type``."""
+
+
+def _sorted(classes: list[str] | None) -> list[str] | None:
+    return None if classes is None else sorted(set(classes))
 
 
 def _list_image_folder(root: str, classes: list[str] | None, from_source: bool) -> Listing:
@@ -195,7 +272,10 @@ def _list_image_folder(root: str, classes: list[str] | None, from_source: bool) 
                 f"class {label!r} is not in source.classes",
             ))
             continue
-        problem = _not_a_regular_file(metadata.path)
+        try:
+            problem = _file_status(metadata.path)[2]
+        except OSError as e:  # vanished since listing, or a dangling symbolic link
+            problem = f"cannot stat the file: {e.strerror}"
         if problem:
             dropped.append(DroppedFile(key, "list", "unreadable", metadata.path, problem))
             continue
@@ -215,67 +295,23 @@ def _list_image_folder(root: str, classes: list[str] | None, from_source: bool) 
 
 
 def _list_files(root: str) -> list[FileMetadata]:
-    """Every file under `root` (hidden folders are not entered locally).
+    """Every file under `root`, hidden folders not entered.
 
-    Locally this walks the folder itself: Beam's local listing skips a file
-    it cannot stat (a broken symbolic link) silently, while here it is
-    listed, size 0, and `_not_a_regular_file` drops it with the reason.
+    A file the store cannot stat (a dangling symbolic link) is listed with
+    size 0 rather than skipped, so `_file_status` reports it with its reason
+    instead of it vanishing without a word as in Beam's own local listing.
     """
-    if is_remote(root):
-        return FileSystems.match([root + "/**"])[0].metadata_list
-    listed = []
-    for directory, folders, names in os.walk(root):
-        folders[:] = sorted(f for f in folders if not f.startswith("."))
-        for name in sorted(names):
-            path = os.path.join(directory, name)
-            try:
-                status = os.stat(path)
-            except OSError:
-                listed.append(FileMetadata(path, 0, 0.0))
-                continue
-            listed.append(FileMetadata(path, status.st_size, status.st_mtime))
-    return listed
+    return storage.store_for(root).list_tree(root, skip_hidden=True)
 
 
-def _not_a_regular_file(uri: str) -> str | None:
-    """Why a local path cannot be read as an image file, or None if it can.
-
-    Beam lists named pipes, sockets and devices like files, and a manifest
-    may name a folder. Reading a named pipe blocks until someone writes to
-    it, so such paths are dropped here rather than handed to the job. Object
-    stores hold plain objects only; their paths are not checked.
-    """
-    if is_remote(uri):
-        return None
-    try:
-        mode = os.stat(uri).st_mode
-    except OSError as e:  # vanished, or a dangling symlink
-        return f"cannot stat the file: {e.strerror}"
-    return _special_file_problem(mode)
-
-
-def _special_file_problem(mode: int) -> str | None:
-    if stat.S_ISREG(mode):
-        return None
-    kind = ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "a device or other special file")
-    return f"not a regular file but {kind}"
-
-
-def _stat(uri: str) -> tuple[int, float, str | None]:
-    """Size, modification time and `_not_a_regular_file` problem of a listed path.
-
-    One ``os.stat`` for a local path (a manifest of a million local files
-    is listed in seconds); the filesystem's metadata call for a remote one.
+def _file_status(uri: str) -> tuple[int, float, str | None]:
+    """Size, modification time, and why the path cannot be read as an image
+    file (None if it can); see `storage.Store.file_status`.
 
     Raises:
       OSError, BeamIOError: the path does not exist (or cannot be stat'ed).
     """
-    if is_remote(uri):
-        metadata = FileSystems.get_filesystem(uri).metadata(uri)
-        return int(metadata.size_in_bytes), float(metadata.last_updated_in_seconds), None
-    info = os.stat(uri)
-    return info.st_size, info.st_mtime, _special_file_problem(info.st_mode)
+    return storage.store_for(uri).file_status(uri)
 
 
 def _relative(path: str, root: str) -> str:
@@ -363,7 +399,7 @@ def _list_manifest(path: str, classes: list[str] | None, from_source: bool) -> L
     files = []
     for key, uri, label, split in keyed:
         try:
-            size, mtime, problem = _stat(uri)
+            size, mtime, problem = _file_status(uri)
         except Exception as e:  # OSError locally, FileNotFoundError or BeamIOError remotely
             drop(key, uri, "missing", f"listed in {name} but not found ({_short(e)})", key)
             continue

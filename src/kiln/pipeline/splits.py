@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kiln.pipeline.config import SplitsConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +37,14 @@ class SplitPolicy:
     salt: str = ""
 
     @classmethod
-    def from_config(cls, splits: Mapping[str, Any]) -> "SplitPolicy":
+    def from_config(cls, splits: SplitsConfig) -> SplitPolicy:
+        """The policy of a resolved ``splits`` config (`BuildSpec.config.splits`)."""
         fractions = None
-        if not splits.get("from_source"):
-            fractions = tuple(sorted((str(k), float(v)) for k, v in splits["fractions"].items()))
-        return cls(fractions, splits.get("split_by", "content"), splits.get("salt", ""))
+        if not splits.from_source:
+            if splits.fractions is None:
+                raise ValueError("splits.fractions is unresolved (use BuildSpec.config)")
+            fractions = tuple(sorted(splits.fractions.items()))
+        return cls(fractions, splits.split_by, splits.salt)
 
     @property
     def split_names(self) -> list[str] | None:

@@ -123,18 +123,23 @@ class Summary:
         (enough to tell whether every image has one size).
       inputs_hash: The multiset hash of every file's version entry, stored
         or dropped (`versioning.combine_hashes`).
+      files: How many files were read, stored or dropped: with the rows
+        dropped while listing, this must add up to the listing.
     """
 
-    __slots__ = ("pixels", "class_counts", "sizes", "inputs_hash")
+    __slots__ = ("pixels", "class_counts", "sizes", "inputs_hash", "files")
 
-    def __init__(self, pixels=None, class_counts=None, sizes=frozenset(), inputs_hash=0):
+    def __init__(self, pixels=None, class_counts=None, sizes=frozenset(), inputs_hash=0,
+                 files=0):
         self.pixels: dict[str, PixelSums] = dict(pixels or {})
         self.class_counts: dict[tuple[str, int], int] = dict(class_counts or {})
         self.sizes: frozenset = frozenset(sizes)
         self.inputs_hash: int = int(inputs_hash)
+        self.files: int = int(files)
 
     def __reduce__(self):  # plain data when Beam pickles accumulators
-        return Summary, (self.pixels, self.class_counts, self.sizes, self.inputs_hash)
+        return Summary, (self.pixels, self.class_counts, self.sizes, self.inputs_hash,
+                         self.files)
 
     def __eq__(self, other):
         return isinstance(other, Summary) and self.__reduce__() == other.__reduce__()
@@ -148,6 +153,7 @@ class Summary:
             (the file was dropped).
         """
         self.inputs_hash = versioning.combine_hashes((self.inputs_hash, entry_hash))
+        self.files += 1
         if image is None:
             return
         split = image.split
@@ -166,7 +172,8 @@ class Summary:
         for key, count in other.class_counts.items():
             class_counts[key] = class_counts.get(key, 0) + count
         return Summary(pixels, class_counts, _two_smallest(self.sizes | other.sizes),
-                       versioning.combine_hashes((self.inputs_hash, other.inputs_hash)))
+                       versioning.combine_hashes((self.inputs_hash, other.inputs_hash)),
+                       self.files + other.files)
 
     def channel_statistics(self) -> dict[str, ChannelStatistics | None]:
         """``{split: ChannelStatistics}`` (count, mean and std per channel)."""

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from apache_beam.io.filesystems import FileSystems
-
-from kiln.pipeline import publish
+from kiln.pipeline import storage
 from kiln.schemas import DatasetInfo
 from kiln.schemas.tfds_metadata import TfdsUnsupported, tfds_files
 
@@ -33,5 +31,5 @@ def write_tfds_metadata(directory: str, info: DatasetInfo) -> list[str]:
         logger.info("no TFDS metadata for %s: %s", info.name, e)
         return []
     for name in sorted(files):
-        publish.write_text(FileSystems.join(directory, name), files[name])
+        storage.write_text(storage.join(directory, name), files[name])
     return sorted(files)

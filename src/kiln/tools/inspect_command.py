@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from kiln import cli
+from kiln.errors import UsageError
 from kiln.schemas import MetadataError
 from kiln.tools import inspection
 
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     try:
         summary = inspection.inspect_dataset(args.path)
     except MetadataError as e:
-        raise cli.UsageError(str(e)) from None
+        raise UsageError(str(e)) from None
     if args.json:
         json.dump(summary, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

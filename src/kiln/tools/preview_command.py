@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 
-from kiln import cli
+from kiln.errors import UsageError
 from kiln.reader import AugmentConfigError, AugmentOpError
 from kiln.schemas import MetadataError
 from kiln.tools import contact_sheet
@@ -73,28 +73,28 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     if args.n < 1:
-        raise cli.UsageError(f"--n must be at least 1, got {args.n}")
+        raise UsageError(f"--n must be at least 1, got {args.n}")
     if args.epochs < 1:
-        raise cli.UsageError(f"--epochs must be at least 1, got {args.epochs}")
+        raise UsageError(f"--epochs must be at least 1, got {args.epochs}")
     if args.zoom is not None and args.zoom <= 0:
-        raise cli.UsageError(f"--zoom must be positive, got {args.zoom}")
+        raise UsageError(f"--zoom must be positive, got {args.zoom}")
     for module in args.plugin:
         try:
             importlib.import_module(module)
         except ImportError as e:
-            raise cli.UsageError(f"--plugin: cannot import module {module!r}: {e}") from None
+            raise UsageError(f"--plugin: cannot import module {module!r}: {e}") from None
     augment = _augment_argument(args.augment)
 
     try:
         preview = contact_sheet.gather(args.path, args.split, n=args.n, epochs=args.epochs,
                                        seed=args.seed, augment=augment)
     except (MetadataError, AugmentConfigError) as e:
-        raise cli.UsageError(str(e)) from None
+        raise UsageError(str(e)) from None
     except AugmentOpError as e:
         print(f"kiln preview: error: {e}", file=sys.stderr)
         return 1
     except ValueError as e:  # e.g. mixup/cutmix on images of varying sizes
-        raise cli.UsageError(str(e)) from None
+        raise UsageError(str(e)) from None
     sheet, layout = contact_sheet.compose(preview, zoom=args.zoom)
     contact_sheet.write_png(args.output, sheet)
 
@@ -122,10 +122,10 @@ def _augment_argument(text: str):
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise cli.UsageError(f"--augment: expected 'default', 'none' or a JSON list, "
+        raise UsageError(f"--augment: expected 'default', 'none' or a JSON list, "
                              f"got {text!r} ({e.msg})") from None
     if not isinstance(value, list):
-        raise cli.UsageError(f"--augment: expected a JSON list of ops, got {text!r}")
+        raise UsageError(f"--augment: expected a JSON list of ops, got {text!r}")
     return value
 
 

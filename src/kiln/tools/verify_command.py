@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kiln import cli
+from kiln.errors import UsageError
 from kiln.schemas import MetadataError
 from kiln.tools import verify
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     try:
         result = verify.verify(args.path)
     except MetadataError as e:
-        raise cli.UsageError(str(e)) from None
+        raise UsageError(str(e)) from None
     if result.ok:
         print(f"kiln verify: OK: {result.dataset_dir}: {result.num_shards} shards, "
               f"{result.num_records} records match kiln.json")

@@ -23,6 +23,7 @@ from kiln import transforms
 from kiln.pipeline import sharding, statistics, tfrecord, versioning
 from kiln.pipeline.error_report import DroppedFile, write_error_report
 from kiln.pipeline.images import ImageProcessor, ProcessedImage, ProcessImages
+from kiln.pipeline.config import EncodingConfig, ImageConfig, ShardingConfig, SplitsConfig
 from kiln.pipeline.splits import SplitPolicy
 from kiln.schemas import RECORD, ChannelStatistics
 
@@ -69,7 +70,7 @@ def make_records(n, duplicate_every=0):
 
 def test_assign_splits_by_content_follows_the_documented_rule():
     records = make_records(400)
-    policy = SplitPolicy.from_config({"fractions": FRACTIONS, "split_by": "content", "salt": ""})
+    policy = SplitPolicy.from_config(SplitsConfig(**{"fractions": FRACTIONS, "split_by": "content", "salt": ""}))
     expected = [(r.key, expected_split(FRACTIONS, r.sha256)) for r in records]
     assert [(r.key, policy.assign(r.key, r.sha256, r.split)) for r in records] == expected
     counts = {name: sum(1 for _, s in expected if s == name) for name in FRACTIONS}
@@ -79,7 +80,7 @@ def test_assign_splits_by_content_follows_the_documented_rule():
 
 def test_assign_splits_puts_identical_content_in_one_split():
     records = make_records(300, duplicate_every=3)  # pairs of records share content
-    policy = SplitPolicy.from_config({"fractions": FRACTIONS})
+    policy = SplitPolicy.from_config(SplitsConfig(**{"fractions": FRACTIONS}))
     splits_of_content = {}
     for r in records:
         splits_of_content.setdefault(r.sha256, set()).add(policy.assign(r.key, r.sha256, None))
@@ -89,7 +90,7 @@ def test_assign_splits_puts_identical_content_in_one_split():
 
 def test_assign_splits_by_key_and_salt():
     records = make_records(200)
-    by_key = SplitPolicy.from_config({"fractions": FRACTIONS, "split_by": "key", "salt": "s1"})
+    by_key = SplitPolicy.from_config(SplitsConfig(**{"fractions": FRACTIONS, "split_by": "key", "salt": "s1"}))
     expected = [(r.key, expected_split(FRACTIONS, r.key, salt="s1")) for r in records]
     assert [(r.key, by_key.assign(r.key, r.sha256, r.split)) for r in records] == expected
     unsalted = [expected_split(FRACTIONS, r.key) for r in records]
@@ -99,7 +100,7 @@ def test_assign_splits_by_key_and_salt():
 def test_assign_splits_from_source_keeps_the_source_split():
     records = [Record(f"k{i}", "0" * 64, s)
                for i, s in enumerate(["train", "test", "train", "extra"])]
-    policy = SplitPolicy.from_config({"from_source": True})
+    policy = SplitPolicy.from_config(SplitsConfig(**{"from_source": True}))
     assert [policy.assign(r.key, r.sha256, r.split) for r in records] == [
         r.split for r in records]
     with pytest.raises(ValueError, match="k9: splits.from_source, but the source gives no split"):
@@ -108,7 +109,7 @@ def test_assign_splits_from_source_keeps_the_source_split():
 
 def test_a_zero_fraction_split_gets_nothing():
     fractions = {"a": 0.5, "b": 0.0, "c": 0.5}
-    policy = SplitPolicy.from_config({"fractions": fractions})
+    policy = SplitPolicy.from_config(SplitsConfig(**{"fractions": fractions}))
     splits = {policy.assign(r.key, r.sha256, None) for r in make_records(300)}
     assert splits == {"a", "c"}
 
@@ -167,7 +168,7 @@ def run_write_shards(tmp_path, records, config, name="ds", run_bytes=1 << 20):
     runs = spill(records, temp, run_bytes)
     with local_pipeline() as p:
         infos = (p | beam.Create(runs)
-                 | sharding.ShardRuns(folder, temp, name, config)
+                 | sharding.ShardRuns(folder, temp, name, ShardingConfig(**config))
                  | beam.MapTuple(lambda split, index, info: (split, index, info.filename,
                                                              info.num_records)))
         assert_that(infos, equal_to(expected_infos(records, config, name)))
@@ -181,7 +182,7 @@ def expected_infos(records, config, name):
     expected = []
     for split, rs in by_split.items():
         n = sharding.count_shards(split, len(rs), sum(tfrecord.framed_size(len(r.record)) for r in rs),
-                                  config)
+                                  ShardingConfig(**config))
         for index in range(n):
             lower, upper = index * 2**64 // n, (index + 1) * 2**64 // n
             inside = [r for r in rs if lower <= int(r.sort_key, 16) < upper]
@@ -414,9 +415,9 @@ def test_process_images_outputs_runs_drops_and_a_summary(tmp_path):
     items.append({"key": "b/gone.png", "uri": str(tmp_path / "b" / "gone.png"), "label": 1,
                   "split": None, "size": 10})
     chain = transforms.parse([{"center_crop": {"size": 8}}])
-    policy = SplitPolicy.from_config({"fractions": FRACTIONS, "split_by": "key"})
-    processor = ImageProcessor(chain, {"channels": 3, "max_pixels": 10_000, "min_size": 1},
-                               {"format": "png", "quality": None}, ["a", "b"], policy)
+    policy = SplitPolicy.from_config(SplitsConfig(**{"fractions": FRACTIONS, "split_by": "key"}))
+    processor = ImageProcessor(chain, ImageConfig(channels=3, max_pixels=10_000, min_size=1),
+                               EncodingConfig(format="png"), ["a", "b"], policy)
     split = expected_split(FRACTIONS, "a/good.png")
     sha_of = {key: hashlib.sha256(data).hexdigest() for key, data in files.items()}
     entries = [["file", item["key"], "ab"[item["label"]], None, sha_of.get(item["key"])]
@@ -472,9 +473,9 @@ def test_the_image_step_holds_opencv_to_one_thread_per_call_and_restores_it(tmp_
     from kiln.pipeline.images import ProcessImagesFn
 
     chain = transforms.parse([])
-    processor = ImageProcessor(chain, {"channels": 3, "max_pixels": 10_000, "min_size": 1},
-                               {"format": "png", "quality": None}, ["a"],
-                               SplitPolicy.from_config({"fractions": {"train": 1.0}}))
+    processor = ImageProcessor(chain, ImageConfig(channels=3, max_pixels=10_000, min_size=1),
+                               EncodingConfig(format="png"), ["a"],
+                               SplitPolicy.from_config(SplitsConfig(**{"fractions": {"train": 1.0}})))
     fn = ProcessImagesFn(processor, threads=2, runs_folder=str(tmp_path), run_bytes=1 << 20)
     before = cv2.getNumThreads()
     cv2.setNumThreads(3)

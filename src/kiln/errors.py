@@ -1,0 +1,62 @@
+"""kiln's error base: every error a user can cause carries its exit code.
+
+The command line maps them once (`kiln.cli.main`): the message is printed as
+one line, ``kiln <command>: <label>: <message>``, without a traceback, and the
+process exits with `KilnError.exit_code`. Library callers catch the classes.
+
+Exit codes (the same for every command, documented in docs/cli.md):
+
+====  ==========================================================================
+0     success (built, up to date, verified, no findings)
+1     the command ran and found a problem (`Failure`: a failed build, lint
+      findings, a dataset that does not verify)
+2     usage or configuration error (`UsageError`, `ConfigError`): nothing was done
+3     another build of the same dataset holds its lock (`Busy`): nothing was done
+====  ==========================================================================
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_BUSY = 3
+
+
+class KilnError(Exception):
+    """Base of kiln's user-facing errors.
+
+    Attributes:
+      exit_code: What the command line exits with.
+      label: The word the command line prints before the message.
+    """
+
+    exit_code = EXIT_FAILED
+    label = "error"
+
+
+class UsageError(KilnError):
+    """A bad flag or argument: one line, exit 2, nothing was done."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError, ValueError):
+    """A build config (or augmentation or transform list) is invalid.
+
+    The message names the file and the field. Also a `ValueError`, so code
+    that only knows Python's conventions can catch it.
+    """
+
+
+class Failure(KilnError):
+    """The command ran and failed (a build, a verification): exit 1."""
+
+    label = "failed"
+
+
+class Busy(KilnError):
+    """Another build of the same dataset is running: exit 3, nothing was done."""
+
+    exit_code = EXIT_BUSY
+    label = "busy"

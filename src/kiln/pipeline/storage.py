@@ -1,0 +1,344 @@
+"""One storage layer for local paths and object stores (gs://, any Beam filesystem).
+
+Everything the launcher does to files outside the Beam job goes through here:
+listing, reading and writing small files atomically, creating a file only if
+it does not exist (the build lock), moving a finished folder into place and
+deleting trees. Each operation is written once per kind of store, behind
+`store_for`, so callers never branch on the scheme:
+
+- `LocalStore`: POSIX semantics. A folder rename is atomic, small files are
+  written to a hidden temp name and renamed, exclusive creation is
+  ``O_CREAT | O_EXCL``.
+- `ObjectStore`: Cloud Storage semantics through Beam's `FileSystems`. There
+  are no folders (a folder is a name prefix), an object appears whole when
+  its writer closes, and rename is copy-then-delete, so a folder is moved file
+  by file with a chosen file last. Exclusive creation uses the store's
+  precondition (GCS ``ifGenerationMatch=0``) where the store has one.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import logging
+import os
+import secrets
+import stat
+from typing import Iterable
+
+from apache_beam.io.filesystem import FileMetadata
+from apache_beam.io.filesystems import FileSystems
+
+logger = logging.getLogger(__name__)
+
+TEMP_MARK = ".tmp-"  # hidden temp names of small writes: ``.<name>.tmp-<random>``
+
+
+def is_remote(path: str) -> bool:
+    """True for URIs with a scheme (gs://...), False for local paths."""
+    return FileSystems.get_scheme(path) not in (None, "file")
+
+
+def join(base: str, *parts: str) -> str:
+    return FileSystems.join(base, *parts)
+
+
+def absolute(path: str) -> str:
+    """A local path made absolute (``~`` expanded); a URI without its trailing '/'."""
+    if is_remote(path):
+        return path.rstrip("/")
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def inside(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or lies below it (by name)."""
+    path, folder = path.rstrip("/") + "/", folder.rstrip("/") + "/"
+    return path.startswith(folder)
+
+
+def basename(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+class Store(abc.ABC):
+    """The operations kiln needs from a store. Paths are full paths or URIs."""
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool:
+        """Whether a file (or, locally, a folder) exists at `path`."""
+
+    @abc.abstractmethod
+    def has_files(self, folder: str) -> bool:
+        """Whether anything is stored below `folder`."""
+
+    @abc.abstractmethod
+    def list_tree(self, folder: str, *, skip_hidden: bool = False) -> list[FileMetadata]:
+        """Every file below `folder`, recursively, sorted by path.
+
+        With `skip_hidden`, files and folders whose name starts with '.' are
+        left out (and, where the store has folders, not entered). A file that
+        cannot be stat'ed (a dangling link) is listed with size 0.
+        """
+
+    @abc.abstractmethod
+    def file_status(self, path: str) -> tuple[int, float, str | None]:
+        """Size, modification time, and why `path` cannot be read as a plain
+        file (a folder, a named pipe, a device), or None if it can.
+
+        Raises:
+          OSError, BeamIOError: the path does not exist.
+        """
+
+    @abc.abstractmethod
+    def children(self, folder: str) -> list[str]:
+        """Names of the entries directly in `folder` (files and folders), sorted."""
+
+    @abc.abstractmethod
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replaces `path` with `data` so that readers see the old or the new whole."""
+
+    @abc.abstractmethod
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Creates `path` with `data` only if it does not exist; False if it did."""
+
+    @abc.abstractmethod
+    def delete_tree(self, folder: str) -> None:
+        """Deletes a folder and everything below it, if it exists."""
+
+    @abc.abstractmethod
+    def move_tree(self, source: str, target: str, last: str) -> None:
+        """Moves the folder `source` to `target` (which must not exist), the
+        file named `last` (directly in `source`) made visible last."""
+
+    @abc.abstractmethod
+    def clean_temp_files(self, folder: str) -> list[str]:
+        """Deletes the temp files unfinished `write_atomic` calls left directly
+        in `folder`; returns their paths."""
+
+    def read_bytes(self, path: str) -> bytes | None:
+        """A file's bytes, or None if it does not exist."""
+        try:
+            with FileSystems.open(path) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except Exception:  # Beam wraps a missing object in BeamIOError on some stores
+            if not self.exists(path):
+                return None
+            raise
+
+    def read_text(self, path: str) -> str | None:
+        """A small file's text, or None if it does not exist."""
+        data = self.read_bytes(path)
+        return None if data is None else data.decode("utf-8")
+
+    def modified_time(self, path: str) -> float:
+        return FileSystems.match([path])[0].metadata_list[0].last_updated_in_seconds
+
+    def delete(self, paths: Iterable[str]) -> None:
+        """Deletes files that exist; missing ones are not an error."""
+        present = [path for path in paths if self.exists(path)]
+        if present:
+            FileSystems.delete(present)
+
+
+class LocalStore(Store):
+    """A local (or mounted) filesystem."""
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def has_files(self, folder: str) -> bool:
+        return any(files for _, _, files in os.walk(folder))
+
+    def list_tree(self, folder: str, *, skip_hidden: bool = False) -> list[FileMetadata]:
+        listed = []
+        for directory, folders, names in os.walk(folder):
+            folders[:] = sorted(f for f in folders if not (skip_hidden and f.startswith(".")))
+            for name in sorted(names):
+                if skip_hidden and name.startswith("."):
+                    continue
+                path = os.path.join(directory, name)
+                try:
+                    status = os.stat(path)
+                except OSError:  # a dangling link: listed, size 0, for the caller to judge
+                    listed.append(FileMetadata(path, 0, 0.0))
+                    continue
+                listed.append(FileMetadata(path, status.st_size, status.st_mtime))
+        return sorted(listed, key=lambda m: m.path)
+
+    def file_status(self, path: str) -> tuple[int, float, str | None]:
+        # One os.stat: a manifest of a million local files lists in seconds.
+        status = os.stat(path)
+        return status.st_size, status.st_mtime, _special_file_problem(status.st_mode)
+
+    def children(self, folder: str) -> list[str]:
+        try:
+            return sorted(os.listdir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        folder, name = os.path.split(path)
+        os.makedirs(folder, exist_ok=True)
+        temp = os.path.join(folder, f".{name}{TEMP_MARK}{secrets.token_hex(4)}")  # hidden
+        try:
+            with open(temp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            if os.path.lexists(temp):
+                os.remove(temp)
+            raise
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+
+    def delete_tree(self, folder: str) -> None:
+        if os.path.lexists(folder):
+            FileSystems.delete([folder])
+
+    def move_tree(self, source: str, target: str, last: str) -> None:
+        # One rename: the whole folder appears at once, `last` included.
+        os.rename(source, target)
+
+    def clean_temp_files(self, folder: str) -> list[str]:
+        removed = []
+        for name in self.children(folder):
+            if name.startswith(".") and TEMP_MARK in name:
+                path = os.path.join(folder, name)
+                try:
+                    os.remove(path)
+                except FileNotFoundError:  # another process cleaned it first
+                    continue
+                removed.append(path)
+        return removed
+
+
+class ObjectStore(Store):
+    """An object store behind Beam's `FileSystems` (gs://, s3://, ...)."""
+
+    def exists(self, path: str) -> bool:
+        return FileSystems.exists(path)
+
+    def has_files(self, folder: str) -> bool:
+        return bool(FileSystems.match([folder.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
+
+    def list_tree(self, folder: str, *, skip_hidden: bool = False) -> list[FileMetadata]:
+        root = folder.rstrip("/")
+        listed = FileSystems.match([root + "/**"])[0].metadata_list
+        if skip_hidden:
+            listed = [m for m in listed
+                      if not any(part.startswith(".") for part in m.path[len(root) + 1:].split("/"))]
+        return sorted(listed, key=lambda m: m.path)
+
+    def file_status(self, path: str) -> tuple[int, float, str | None]:
+        # Object stores hold plain objects only: nothing to refuse.
+        metadata = FileSystems.get_filesystem(path).metadata(path)
+        return int(metadata.size_in_bytes), float(metadata.last_updated_in_seconds), None
+
+    def children(self, folder: str) -> list[str]:
+        root = folder.rstrip("/")
+        return sorted({m.path[len(root) + 1:].split("/", 1)[0] for m in self.list_tree(root)})
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        with FileSystems.create(path) as f:  # one object write: visible whole, on close
+            f.write(data)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        if path.startswith("gs://"):
+            return _gcs_create_exclusive(path, data)
+        # A store without preconditions: check, then write. Two builders can
+        # both pass the check in the same instant; the lock's read-back
+        # (`lock.DatasetLock`) notices when the other one won.
+        if self.exists(path):
+            return False
+        self.write_atomic(path, data)
+        return True
+
+    def delete_tree(self, folder: str) -> None:
+        files = [m.path for m in self.list_tree(folder)]
+        if files:
+            FileSystems.delete(files)
+
+    def move_tree(self, source: str, target: str, last: str) -> None:
+        root, target = source.rstrip("/"), target.rstrip("/")
+        files = [m.path for m in self.list_tree(root)]
+        final = [path for path in files if path == f"{root}/{last}"]
+        for group in ([path for path in files if path not in final], final):
+            if group:
+                FileSystems.rename(group, [target + path[len(root):] for path in group])
+
+    def clean_temp_files(self, folder: str) -> list[str]:
+        return []  # object writes leave no temp names
+
+
+def _gcs_create_exclusive(path: str, data: bytes) -> bool:
+    """Creates a GCS object only if no generation of it exists (``ifGenerationMatch=0``)."""
+    from google.api_core import exceptions
+    from google.cloud import storage as gcs
+
+    bucket_name, _, name = path[len("gs://"):].partition("/")
+    blob = gcs.Client().bucket(bucket_name).blob(name)
+    try:
+        blob.upload_from_string(data, if_generation_match=0)
+    except exceptions.PreconditionFailed:
+        return False
+    return True
+
+
+def _special_file_problem(mode: int) -> str | None:
+    """Why a file of this mode cannot be read as an image, or None.
+
+    Beam lists named pipes, sockets and devices like files, and a manifest
+    may name a folder. Reading a named pipe blocks until someone writes to
+    it, so such paths must be refused before anything reads them.
+    """
+    if stat.S_ISREG(mode):
+        return None
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device or other special file")
+    return f"not a regular file but {kind}"
+
+
+_LOCAL = LocalStore()
+_OBJECT = ObjectStore()
+
+
+def store_for(path: str) -> Store:
+    """The store that holds `path`."""
+    return _OBJECT if is_remote(path) else _LOCAL
+
+
+def read_text(path: str) -> str | None:
+    return store_for(path).read_text(path)
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes a small text file atomically (see `Store.write_atomic`)."""
+    store_for(path).write_atomic(path, text.encode("utf-8"))
+
+
+def exists(path: str) -> bool:
+    return store_for(path).exists(path)
+
+
+def delete_tree(folder: str) -> None:
+    store_for(folder).delete_tree(folder)
+
+
+def describe_os_error(error: OSError) -> str:
+    """``<path>: <strerror>`` for an OS error, e.g. ``/data/x: No space left on device``."""
+    reason = error.strerror or errno.errorcode.get(error.errno or 0, "") or str(error)
+    return f"{error.filename}: {reason}" if error.filename else reason
