@@ -234,9 +234,10 @@ def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, 
     dataset_root = tmp_path / "out" / "shapes"
     entries = os.listdir(dataset_root)
     assert "LATEST" not in entries
-    assert all(e.startswith(".staging-") for e in entries), entries
-    # The staging folder keeps its error report for the user; the next build removes it.
-    (staging,) = entries
+    # The staging folder keeps its error report for the user; the next build
+    # removes it. The lock file stays (unlocked): see kiln.pipeline.lock.
+    (staging,) = [e for e in entries if e != ".lock"]
+    assert sorted(entries) == [".lock", staging] and staging.startswith(".staging-")
     assert len((dataset_root / staging / "errors.jsonl").read_text().splitlines()) == 3
 
     # The command: exit code 1 and one line saying why.
@@ -253,7 +254,7 @@ def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, 
     config["errors"] = {"max_fraction": 0.1}
     result = build(config)
     assert sorted(os.listdir(dataset_root)) == sorted(
-        [".published", ".stamps", "LATEST", result.version])
+        [".lock", ".published", ".stamps", "LATEST", result.version])
 
 
 def test_cli_builds_and_prints_a_summary(demo_corpus, tmp_path, capsys):

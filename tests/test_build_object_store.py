@@ -69,4 +69,6 @@ def test_build_publishes_on_an_object_store(store, build_dataset, demo_corpus):
     object_store.EVENTS.clear()
     again = build(config)
     assert again.up_to_date and again.version == result.version
-    assert [e for e in object_store.EVENTS if e[1] != f"{root}/LATEST"] == []
+    # The lock object is created and deleted around the check.
+    assert [e for e in object_store.EVENTS if e[1] not in (f"{root}/LATEST", f"{root}/.lock")] == []
+    assert f"{root}/.lock" not in object_store.names(root)

@@ -300,7 +300,7 @@ def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path
     final = assert_nothing_half_written(dataset_root, latest, verified)
     assert final != latest
     hidden = sorted(e for e in os.listdir(dataset_root) if e.startswith("."))
-    assert hidden == [".published", ".stamps"]
+    assert hidden == [".lock", ".published", ".stamps"]
     assert not [e for e in os.listdir(os.path.join(dataset_root, ".stamps")) if "tmp" in e]
     info = kiln.reader.info(dataset_root)
     assert info.splits["train"].num_examples == len(keys) + trials + len(PRECISE_KILLS)

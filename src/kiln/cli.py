@@ -116,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # Beam logs a failing worker's traceback at ERROR before re-raising it;
+        # kiln reports the failure itself, on one line (--verbose shows both).
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     try:
         return int(args._module.run(args, extra) or 0)
     except KilnError as e:

@@ -9,7 +9,8 @@ can read what happened without parsing the console::
     {"status": "failed", "exit_code": 1, "error": "dropped 40 of 300 input files ..."}
 
 ``status`` is ``built``, ``up_to_date`` (nothing to do: exit 0), ``failed``
-(exit 1, nothing published) or ``usage_error`` (a bad config or flag: exit 2).
+(exit 1, nothing published), ``usage_error`` (a bad config or flag: exit 2)
+or ``busy`` (another build of the dataset holds its lock: exit 3).
 Unlike `kiln.json` it holds the wall-clock duration: it describes a run, not
 the dataset.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kiln.errors import EXIT_BUSY, EXIT_FAILED, EXIT_USAGE
 from kiln.pipeline import storage
 from kiln.pipeline.launcher import BuildResult
 from kiln.schemas import ERRORS_FILENAME
@@ -51,11 +53,15 @@ def succeeded(result: BuildResult, elapsed_seconds: float) -> dict[str, Any]:
     }
 
 
+_STATUS = {EXIT_FAILED: "failed", EXIT_USAGE: "usage_error", EXIT_BUSY: "busy"}
+
+
 def failed(error: str, exit_code: int, elapsed_seconds: float) -> dict[str, Any]:
-    """The report of a build that published nothing (exit 1) or never started (exit 2)."""
+    """The report of a build that published nothing (exit 1), never started
+    (exit 2) or found another build of the dataset running (exit 3)."""
     return {
         "report_format": REPORT_FORMAT,
-        "status": "failed" if exit_code == 1 else "usage_error",
+        "status": _STATUS.get(exit_code, "failed"),
         "exit_code": exit_code,
         "error": error,
         "elapsed_seconds": round(elapsed_seconds, 3),

@@ -44,12 +44,13 @@ exit codes:
   0  built, or already up to date
   1  the build failed (the Beam job failed, or more than errors.max_fraction of
      the files were dropped): nothing was published, LATEST is unchanged
-  2  bad config or usage (one line naming the field; nothing was done)"""
+  2  bad config or usage (one line naming the field; nothing was done)
+  3  another build of the same dataset is running (nothing was done; --wait)"""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.usage = ("kiln build --config FILE [--output ROOT] [--quiet] [--report FILE] "
-                    "[--keep N] [Beam pipeline options...]")
+                    "[--keep N] [--wait SECONDS] [Beam pipeline options...]")
     parser.epilog = EPILOG
     parser.add_argument("--config", required=True, metavar="FILE",
                         help="the build config (YAML), e.g. configs/demo.yaml")
@@ -65,6 +66,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", metavar="FILE",
                         help="write the end-of-build summary as JSON to FILE (also when the "
                              "build fails), for schedulers; local path or gs://")
+    parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                        help="if another build of the same dataset is running, wait up to "
+                             "SECONDS for it to finish (default: exit 3 at once)")
     parser.add_argument("--keep", type=int, metavar="N",
                         help="after publishing (or finding the dataset up to date), delete all "
                              "but the N most recently published versions; never the one LATEST "
@@ -92,7 +96,8 @@ def _run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
         result = build(args.config, extra_argv, output=args.output,
                        image_threads=args.image_threads,
-                       show_progress=not args.quiet and sys.stderr.isatty(), keep=args.keep)
+                       show_progress=not args.quiet and sys.stderr.isatty(), keep=args.keep,
+                       wait=args.wait)
     except KilnError as e:  # printed by kiln.cli, with its exit code
         _report(args, build_report.failed(str(e), e.exit_code, time.monotonic() - started))
         raise

@@ -41,6 +41,7 @@ The shape (every key but ``name``, ``source`` and ``output`` has a default)::
     augment: []                     # the reader's default augmentation for the train split
     errors:
       max_fraction: 0.05            # more dropped files than this fails the build
+      allow_empty: false            # true: publish even when no example is stored
     plugins: []                     # modules that register your own transforms
 
 Relative paths in the config resolve against the current directory (the
@@ -157,6 +158,7 @@ class ShardingConfig(_Model):
 
 class ErrorsConfig(_Model):
     max_fraction: Annotated[float, Field(ge=0, le=1)] = 0.05
+    allow_empty: bool = False
 
 
 class BuildConfig(_Model):

@@ -72,6 +72,9 @@ MEANINGS: dict[str, str] = {
     "errors.max_fraction": "If more than this fraction of the input files is dropped, the build "
                            "fails (exit 1) and publishes nothing. Every dropped file is a row "
                            "in `errors.jsonl`.",
+    "errors.allow_empty": "Publish a dataset with no example at all (every input dropped). "
+                          "Off: such a build fails (exit 1), so a broken source never "
+                          "replaces a good dataset with an empty one.",
     "plugins": "Python modules to import before validating: they register your own offline "
                "transforms (and augmentation ops). Only modules named here are imported.",
 }

@@ -202,6 +202,10 @@ class JobReport:
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
 
+    @property
+    def num_records(self) -> int:
+        return sum(split.num_records for split in self.splits.values())
+
     def to_json(self) -> dict[str, Any]:
         return {
             "splits": {name: {

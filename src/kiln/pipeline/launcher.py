@@ -47,6 +47,7 @@ from kiln.errors import Failure, UsageError
 from kiln.pipeline import config as config_module
 from kiln.pipeline import job, progress, publish, sources, storage, versioning
 from kiln.pipeline.config import BuildSpec
+from kiln.pipeline.lock import DatasetLock
 from kiln.schemas import ERRORS_FILENAME, METADATA_FILENAME, RECORD, DatasetInfo, SplitInfo
 
 logger = logging.getLogger(__name__)
@@ -182,6 +183,7 @@ def build(
     image_threads: int | None = None,
     show_progress: bool = False,
     keep: int | None = None,
+    wait: float = 0.0,
 ) -> BuildResult:
     """Builds (or finds up to date) the dataset a config describes.
 
@@ -197,18 +199,33 @@ def build(
         but the `keep` most recently published versions; never the one
         LATEST names. None keeps every version. A failure to prune is
         logged, not raised: the dataset is published.
+      wait: Seconds to wait while another build of the dataset holds its
+        lock (`lock.DatasetLock`); 0 raises `Busy` at once.
 
     Returns:
       The `BuildResult`; LATEST names its version.
 
     Raises:
       ConfigError: the config or an argument is invalid (nothing was done).
-      BuildError: the job failed or dropped too many inputs (nothing was
-        published).
+      Busy: another build of the dataset is running (nothing was done).
+      BuildError: the job failed, dropped too many inputs, did not account
+        for every listed file, stored nothing, or a file could not be
+        written (nothing was published).
     """
     _check_keep(keep)
     spec = _spec(config, output)
     options = pipeline_options(pipeline_args)
+    try:
+        with DatasetLock(spec.dataset_root, wait=wait) as held:
+            return _build_locked(spec, options, held, image_threads=image_threads,
+                                 show_progress=show_progress, keep=keep)
+    except OSError as e:  # a full disk, a read-only or unwritable output...
+        raise BuildError(f"{storage.describe_os_error(e)}; nothing was published") from e
+
+
+def _build_locked(spec: BuildSpec, options: PipelineOptions, held: DatasetLock, *,
+                  image_threads: int | None, show_progress: bool,
+                  keep: int | None) -> BuildResult:
     listing = spec.list_source()
     stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
     dataset = publish.DatasetRoot(spec.dataset_root)
@@ -227,12 +244,20 @@ def build(
         if show_progress and is_local_runner(options):
             plan = dataclasses.replace(plan, progress_uri=progress.counting_path(plan.work_dir))
         report, counters = _run_job(plan, listing, options, show_progress)
+        _check_accounted(listing, report)
         if report.dropped_total > spec.config.errors.max_fraction * listing.total:
             transaction.keep_staging()
             raise BuildError(_too_many_dropped(report, listing.total,
                                                spec.config.errors.max_fraction,
                                                transaction.staging_dir))
+        if report.num_records == 0 and not spec.config.errors.allow_empty:
+            transaction.keep_staging()
+            raise BuildError(f"no example was stored (all {listing.total} input files were "
+                             f"dropped); an empty dataset is published only with "
+                             f"errors.allow_empty: true. The rows are in "
+                             f"{transaction.staging_dir.rstrip('/')}/{ERRORS_FILENAME}")
         info = dataset_info(spec, listing, report, _version(spec, listing, report))
+        held.check()
         target = transaction.commit(info)
     return BuildResult(
         dataset_dir=target,
@@ -266,12 +291,55 @@ def _run_job(plan: job.JobPlan, listing: sources.Listing, options: PipelineOptio
     listing.write(plan.listing_uri)
     pipeline = construct_pipeline(plan, options)
     logger.info("running the build job for %d files", len(listing.files))
-    with progress.display(plan.progress_uri, len(listing.files), enabled=show_progress):
-        result = pipeline.run()
-        state = result.wait_until_finish()
+    try:
+        with progress.display(plan.progress_uri, len(listing.files), enabled=show_progress):
+            result = pipeline.run()
+            state = result.wait_until_finish()
+    except Exception as e:  # a worker's error, re-raised by the runner with its traceback
+        raise BuildError(f"the Beam job failed writing under {plan.staging_dir}: "
+                         f"{_last_line(e)}; nothing was published") from e
     if state not in (None, PipelineState.DONE):
         raise BuildError(f"the Beam job ended in state {state}")
     return job.read_report(plan.report_uri), _counters(result)
+
+
+def _last_line(error: BaseException) -> str:
+    """The one line that says what went wrong: an OS error's own words, else
+    the last line of the message (runners put the worker's traceback first)."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            return storage.describe_os_error(cause)
+        cause = cause.__cause__ or cause.__context__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(error).__name__)[:500]
+
+
+def _check_accounted(listing: sources.Listing, report: job.JobReport) -> None:
+    """Every listed file was stored or dropped, and every stored image is in a shard.
+
+    Anything else means the job lost or invented inputs (its listing was
+    deleted under it, a runner dropped a bundle, a shard write was lost):
+    publishing would give a wrong, possibly empty dataset with exit 0.
+
+    Raises:
+      BuildError: naming the counts that disagree.
+    """
+    problems = []
+    if report.files_read != len(listing.files):
+        problems.append(f"the image step read {report.files_read} of the "
+                        f"{len(listing.files)} listed files")
+    for name, split in sorted(report.splits.items()):
+        if split.num_records != split.num_images:
+            problems.append(f"split {name}: the shards hold {split.num_records} records "
+                            f"but {split.num_images} images were stored")
+    stored = sum(split.num_images for split in report.splits.values())
+    if stored + report.dropped_total != listing.total:
+        problems.append(f"{stored} stored + {report.dropped_total} dropped != "
+                        f"{listing.total} listed")
+    if problems:
+        raise BuildError("the job did not account for every input file ("
+                         + "; ".join(problems) + "); nothing was published")
 
 
 def _version(spec: BuildSpec, listing: sources.Listing, report: job.JobReport) -> str:

@@ -1,0 +1,185 @@
+"""The dataset lock: builds of one dataset exclude each other.
+
+A scheduler that fires twice, or a rebuild started by hand while the nightly
+one runs, must not produce two builds of ``<output>/<name>`` at once: each
+would clean the other's staging folder and race to replace LATEST. `build`
+holds `DatasetLock` from before it lists the source until it has published
+(or found the dataset up to date); a second build either waits for it
+(``kiln build --wait SECONDS``) or stops at once with `kiln.errors.Busy`
+(exit 3), naming the build that holds the lock.
+
+- **Local disks**: ``<output>/<name>/.lock`` is locked with ``flock``. The
+  kernel releases the lock when its holder exits, however it exits (SIGKILL
+  and power loss included), so a dead builder never leaves a stale lock. The
+  file stays; its content names the last holder (pid, host, start time).
+- **Object stores**: the ``.lock`` object is created only if it does not
+  exist (a GCS ``ifGenerationMatch=0`` create, `storage.Store.create_exclusive`),
+  and deleted on release. A builder that dies cannot delete it, so the holder
+  rewrites its ``heartbeat`` every `HEARTBEAT_SECONDS`; a lock whose heartbeat
+  is older than `STALE_AFTER_SECONDS` belonged to a dead builder and is
+  broken by the next one (logged). Before publishing, the holder checks that
+  the lock is still its own (`DatasetLock.check`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import errno
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+import types
+
+from kiln.errors import Busy, Failure
+from kiln.pipeline import storage
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILENAME = ".lock"
+HEARTBEAT_SECONDS = 30.0
+STALE_AFTER_SECONDS = 600.0
+_POLL_SECONDS = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """Who holds (or last held) a dataset's lock."""
+
+    pid: int
+    host: str
+    started: str  # ISO 8601, UTC
+    token: str = ""
+    heartbeat: float = 0.0  # time.time() of the holder's last sign of life (object stores)
+
+    @classmethod
+    def me(cls) -> Holder:
+        return cls(pid=os.getpid(), host=socket.gethostname(),
+                   started=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                       timespec="seconds"),
+                   token=secrets.token_hex(8), heartbeat=time.time())
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(dataclasses.asdict(self), sort_keys=True) + "\n").encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, data: bytes | None) -> Holder | None:
+        try:
+            fields = json.loads((data or b"").decode("utf-8"))
+            return cls(**fields)
+        except (ValueError, TypeError):  # empty (being written) or not ours
+            return None
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}, started {self.started}"
+
+
+class DatasetLock:
+    """Holds a dataset's lock for a build (a context manager).
+
+    Args:
+      dataset_root: ``<output>/<name>``.
+      wait: Seconds to wait for another build to finish; 0 fails at once.
+
+    Raises (on entering):
+      Busy: another build holds the lock (after waiting `wait` seconds).
+    """
+
+    def __init__(self, dataset_root: str, *, wait: float = 0.0):
+        self.path = storage.join(dataset_root, LOCK_FILENAME)
+        self._wait = wait
+        self._me = Holder.me()
+        self._remote = storage.is_remote(dataset_root)
+        self._fd: int | None = None
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    def __enter__(self) -> DatasetLock:
+        deadline = time.monotonic() + self._wait
+        while not self._try_acquire():
+            if time.monotonic() >= deadline:
+                holder = self.holder()
+                who = f" ({holder.describe()})" if holder else ""
+                waited = f" after waiting {self._wait:g} s" if self._wait else ""
+                raise Busy(f"another build of {os.path.dirname(self.path)} is running{who}; "
+                           f"nothing was done{waited} (kiln build --wait SECONDS waits for it)")
+            time.sleep(_POLL_SECONDS)
+        logger.info("locked %s", self.path)
+        return self
+
+    def holder(self) -> Holder | None:
+        """Who holds the lock now (or held it last, on a local disk)."""
+        return Holder.from_bytes(storage.store_for(self.path).read_bytes(self.path))
+
+    def check(self) -> None:
+        """Raises `Failure` if this build no longer holds the lock (an object
+        store lock broken as stale while this build was stalled)."""
+        if not self._remote:
+            return  # flock cannot be taken away from a live process
+        holder = self.holder()
+        if holder is None or holder.token != self._me.token:
+            raise Failure(f"lost the lock {self.path} to "
+                          f"{holder.describe() if holder else 'nobody'}; nothing was published")
+
+    def _try_acquire(self) -> bool:
+        return self._try_object_lock() if self._remote else self._try_flock()
+
+    def _try_flock(self) -> bool:
+        import fcntl  # POSIX only; imported here so the module loads everywhere
+
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return False
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, self._me.to_bytes(), 0)
+        self._fd = fd
+        return True
+
+    def _try_object_lock(self) -> bool:
+        store = storage.store_for(self.path)
+        if store.create_exclusive(self.path, self._me.to_bytes()):
+            holder = self.holder()  # read back: a store without preconditions may race
+            if holder is None or holder.token != self._me.token:
+                return False
+            self._start_heartbeat()
+            return True
+        holder = self.holder()
+        if holder is not None and time.time() - holder.heartbeat > STALE_AFTER_SECONDS:
+            logger.warning("breaking the stale lock %s of %s: no heartbeat for %.0f s",
+                           self.path, holder.describe(), time.time() - holder.heartbeat)
+            store.delete([self.path])
+        return False
+
+    def _start_heartbeat(self) -> None:
+        def beat() -> None:
+            while not self._stop.wait(HEARTBEAT_SECONDS):
+                with contextlib.suppress(Exception):  # a missed beat is retried next time
+                    self._me = dataclasses.replace(self._me, heartbeat=time.time())
+                    storage.store_for(self.path).write_atomic(self.path, self._me.to_bytes())
+
+        self._heartbeat = threading.Thread(target=beat, name="kiln-lock-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: types.TracebackType | None) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+            return
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+        holder = self.holder()
+        if holder is not None and holder.token == self._me.token:
+            storage.store_for(self.path).delete([self.path])
