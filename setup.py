@@ -61,10 +61,16 @@ setuptools.setup(
         "dev": [
             "pytest>=8,<10",
             "pytest-timeout>=2.2,<3",
+            "flake8>=7,<8",  # tests run kiln lint's flake8 plugin under real flake8
             "tensorflow-datasets>=4.9,<5",
         ],
     },
-    entry_points={"console_scripts": ["kiln=kiln.cli:main"]},
+    entry_points={
+        "console_scripts": ["kiln=kiln.cli:main"],
+        # `flake8 --select K`: kiln lint's checks under flake8. flake8 names a
+        # plugin by the prefix of its codes (K000, K101-K108).
+        "flake8.extension": ["K = kiln.tools.lint.flake8_plugin:Flake8Plugin"],
+    },
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -41,7 +41,7 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "build": Command("kiln.pipeline.command", "build a dataset with the Beam job", True),
     "demo-data": Command("kiln.pipeline.demo_data", "generate the small demo image folder"),
-    "lint": Command("kiln.tools.lint_command", "check training code for tf.data tracing pitfalls"),
+    "lint": Command("kiln.tools.lint.command", "check training code for tf.data tracing pitfalls"),
     "inspect": Command("kiln.tools.inspect_command", "summarize a built dataset"),
     "preview": Command("kiln.tools.preview_command",
                        "draw stored and augmented images of a dataset as a PNG contact sheet"),
