@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from kiln import cli
+from kiln.errors import UsageError
 from kiln.tools import lint
 
 DESCRIPTION = """\
@@ -66,16 +66,16 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     try:
         files = lint.python_files(args.paths)
     except FileNotFoundError as e:
-        raise cli.UsageError(str(e)) from None
+        raise UsageError(str(e)) from None
     if not files:
-        raise cli.UsageError(f"no Python files found in: {' '.join(args.paths)}")
+        raise UsageError(f"no Python files found in: {' '.join(args.paths)}")
     findings: list[lint.Finding] = []
     unparsable = 0
     for path in files:
         try:
             found = lint.lint_file(path, select=args.select, ignore=args.ignore)
         except ValueError as e:  # an unknown code in --select/--ignore
-            raise cli.UsageError(str(e)) from None
+            raise UsageError(str(e)) from None
         unparsable += any(f.code == lint.SYNTAX_ERROR_CODE for f in found)
         findings.extend(found)
     findings.sort()
