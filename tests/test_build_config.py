@@ -168,3 +168,60 @@ def test_cli_subprocess_has_no_traceback(demo_corpus, tmp_path):
     assert f"kiln build: error: config error in {path}: transforms[0].resize.shorter_side" \
         in completed.stderr
     assert completed.stdout == ""
+
+
+# --- hostile configs ----------------------------------------------------------------------
+
+
+def alias_bomb(levels, width=9):
+    """A "billion laughs" YAML document: `width` ** `levels` strings in ~600 bytes."""
+    lines = ["name: bomb", "source: {type: image_folder, root: /nowhere}", "output: /tmp/out",
+             "lol: &l0 [" + ", ".join(['"lol"'] * width) + "]"]
+    for level in range(1, levels):
+        lines.append(f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * width) + "]")
+    lines.append(f"transforms: *l{levels - 1}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("levels", [6, 9])
+def test_a_yaml_alias_bomb_fails_fast_on_one_short_line(tmp_path, capsys, levels):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb(levels))
+    assert len(path.read_bytes()) < 1000  # 9**9 = 387 million values when expanded
+    assert cli.main(["build", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"kiln build: error: config error in {path}: expands to more than 100000 "
+                   f"values (through YAML aliases?); a config is a few hundred settings\n")
+
+
+def test_small_aliases_are_still_fine(demo_corpus, tmp_path):
+    text = yaml.safe_dump(with_changes(demo_corpus, tmp_path)) + \
+        "augment: [&flip random_flip_left_right, *flip]\n"
+    path = tmp_path / "aliases.yaml"
+    path.write_text(text)
+    assert config.load(str(path)).to_json()["augment"] == \
+        [{"random_flip_left_right": {"probability": 0.5}}] * 2
+
+
+def test_recursive_deep_huge_and_non_utf8_configs_are_one_line_errors(tmp_path, capsys):
+    cases = {
+        "recursive.yaml": (b"name: x\ntransforms: &t [*t]\n", "a recursive YAML alias"),
+        "deep.yaml": (b"name: x\ntransforms: " + b"[" * 40 + b"]" * 40 + b"\n",
+                      "nested more than 32 levels deep"),
+        "huge.yaml": (b"name: x\n" + b"# padding\n" * 120_000, "larger than 1 MiB"),
+        "latin1.yaml": ("name: caf\u00e9\n".encode("latin-1"), "not UTF-8 text (byte 9, line 1"),
+    }
+    for name, (data, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        assert cli.main(["build", "--config", str(path)]) == 2, name
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, (name, err)
+        assert len(err) < 400
+
+
+def test_quoted_user_values_are_cut(demo_corpus, tmp_path):
+    with pytest.raises(ConfigError) as raised:
+        config.load(with_changes(demo_corpus, tmp_path, name="x/" * 50_000))
+    message = str(raised.value)
+    assert "is not a valid name" in message and len(message) < 300

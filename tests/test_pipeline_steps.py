@@ -212,12 +212,22 @@ def test_write_shards_hash_ranges_give_a_global_order(tmp_path):
 
 
 def test_write_shards_writes_empty_shards_and_sizes_by_target(tmp_path):
-    # 3 records in 8 fixed shards: most hash ranges are empty, the files must exist.
-    records = sharded_records(3, "small")
+    # 12 records in 8 fixed shards: some hash ranges are empty, the files must exist.
+    records = sharded_records(12, "small")
     config = {"num_shards": 8, "target_shard_mb": 1, "compression": "none"}
     folder = run_write_shards(tmp_path / "fixed", records, config)
     paths = sorted(glob.glob(os.path.join(folder, "ds-small.tfrecord-*-of-00008")))
     assert len(paths) == 8
+    counts = [len(read_tfrecords(p)) for p in paths]
+    assert sum(counts) == 12 and 0 in counts
+
+    # A fixed count above the records is capped at one shard per record: 3
+    # records never make 100,000 files.
+    records = sharded_records(3, "few")
+    config = {"num_shards": 100_000, "target_shard_mb": 1, "compression": "none"}
+    folder = run_write_shards(tmp_path / "capped", records, config)
+    paths = sorted(glob.glob(os.path.join(folder, "ds-few.tfrecord-*")))
+    assert [os.path.basename(p)[-5:] for p in paths] == ["00003"] * 3
     assert sum(len(read_tfrecords(p)) for p in paths) == 3
 
     # By target size: 200 records of ~50 bytes at a 2 KB target -> several shards.

@@ -17,14 +17,41 @@ Exit codes (the same for every command, documented in docs/cli.md):
 
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_BUSY = 3
 
 
+# How much of a user's value an error message quotes. A config value can be
+# huge (a YAML alias bomb expands a 600-byte file to gigabytes); quoting it
+# whole once made a 312 MB one-line message.
+_QUOTE = reprlib.Repr()
+_QUOTE.maxstring = 80
+_QUOTE.maxother = 80
+_QUOTE.maxlist = _QUOTE.maxtuple = _QUOTE.maxdict = _QUOTE.maxset = 6
+_QUOTE.maxlevel = 3
+MAX_MESSAGE_CHARS = 2000
+
+
+def quote(value: Any) -> str:
+    """`repr(value)` cut to a readable size: what error messages quote of user input."""
+    return _QUOTE.repr(value)
+
+
+def quote_text(text: str, limit: int = 500) -> str:
+    """`text` cut to `limit` characters, saying how much was cut."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 class KilnError(Exception):
     """Base of kiln's user-facing errors.
+
+    The message is cut to `MAX_MESSAGE_CHARS`: a last guard for messages
+    that quote user input (quote it with `quote` in the first place).
 
     Attributes:
       exit_code: What the command line exits with.
@@ -33,6 +60,9 @@ class KilnError(Exception):
 
     exit_code = EXIT_FAILED
     label = "error"
+
+    def __str__(self) -> str:
+        return quote_text(super().__str__(), MAX_MESSAGE_CHARS)
 
 
 class UsageError(KilnError):

@@ -71,7 +71,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln import transforms
-from kiln.errors import ConfigError
+from kiln.errors import ConfigError, quote, quote_text
 from kiln.pipeline import storage
 from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, Source
 from kiln.pipeline.versioning import fingerprint
@@ -142,7 +142,7 @@ class ShardingConfig(_Model):
     def _positive_counts(cls, value):
         def count(v, where):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{where}must be a positive integer, got {v!r}")
+                raise ValueError(f"{where}must be a positive integer, got {quote(v)}")
             return v
 
         if value is None:
@@ -150,7 +150,8 @@ class ShardingConfig(_Model):
         if isinstance(value, dict):
             for split, v in value.items():
                 if not isinstance(split, str) or not re.match(_SPLIT_PATTERN, split):
-                    raise ValueError(f"{split!r} is not a valid split name (letters, digits, '_')")
+                    raise ValueError(f"{quote(split)} is not a valid split name "
+                                     f"(letters, digits, '_')")
                 count(v, f"{split}: ")
             return dict(value)
         return count(value, "")
@@ -273,6 +274,10 @@ def load(
     def fail(message: str) -> ConfigError:
         return ConfigError(f"config error in {origin}: {message}")
 
+    problem = _size_problem(raw)
+    if problem:
+        raise fail(problem)
+
     try:
         model = BuildConfig.model_validate(raw)
     except pydantic.ValidationError as e:
@@ -302,14 +307,35 @@ def load(
     return spec
 
 
+# Bounds on what a config may be, so that a hostile or broken file fails in
+# milliseconds with one line: a real config is a few KB, a few hundred values
+# and a few levels deep. YAML aliases let a 600-byte file stand for billions
+# of values ("billion laughs"); they are allowed, but the document they
+# expand to must stay within MAX_CONFIG_VALUES.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 100_000
+MAX_CONFIG_DEPTH = 32
+
+
 def _read_yaml(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config error in {path}: the file is larger than "
+                          f"{MAX_CONFIG_BYTES >> 20} MiB; a config is a few KB of settings")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(f"config error in {path}: not UTF-8 text (byte {e.start}, "
+                          f"line {line}: {e.reason})") from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.constructor.ConstructorError as e:
         # safe_load builds plain data only: a tag such as !!python/object
         # (which would run code with an unsafe loader) is refused.
@@ -319,13 +345,52 @@ def _read_yaml(path: str) -> dict[str, Any]:
             f"data (mappings, lists, strings, numbers), read with a safe loader"
         ) from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config error in {path}: not valid YAML: {e}") from None
+        raise ConfigError(f"config error in {path}: not valid YAML: {quote_text(str(e))}") from None
+    except RecursionError:
+        raise ConfigError(f"config error in {path}: nested more than Python can read; "
+                          f"a config is a few levels deep") from None
     if not isinstance(raw, dict):
         raise ConfigError(
             f"config error in {path}: expected a mapping of settings at the top level, "
             f"got {type(raw).__name__}"
         )
     return raw
+
+
+def _size_problem(raw: Any) -> str | None:
+    """Why `raw` is too large or too deep to be a config, or None.
+
+    Counts the values the document expands to, each shared (aliased) value
+    once per place it appears, without expanding anything: a memo by object
+    identity makes it linear in the parsed size. A value that contains
+    itself (a recursive alias) is refused too.
+    """
+    sizes: dict[int, int] = {}
+    stack: list[tuple[Any, int, bool]] = [(raw, 1, False)]
+    open_ids: set[int] = set()
+    while stack:
+        value, depth, children_done = stack.pop()
+        if not isinstance(value, (dict, list)):
+            continue
+        key = id(value)
+        children = list(value.values()) if isinstance(value, dict) else value
+        if children_done:
+            open_ids.discard(key)
+            sizes[key] = 1 + sum(sizes.get(id(child), 1) for child in children)
+            if sizes[key] > MAX_CONFIG_VALUES:
+                return (f"expands to more than {MAX_CONFIG_VALUES} values (through YAML "
+                        f"aliases?); a config is a few hundred settings")
+            continue
+        if key in sizes:
+            continue
+        if key in open_ids:
+            return "a value contains itself (a recursive YAML alias)"
+        if depth > MAX_CONFIG_DEPTH:
+            return f"nested more than {MAX_CONFIG_DEPTH} levels deep"
+        open_ids.add(key)
+        stack.append((value, depth, True))
+        stack.extend((child, depth + 1, False) for child in children)
+    return None
 
 
 def _describe(error: pydantic.ValidationError) -> str:
@@ -345,11 +410,12 @@ def _describe(error: pydantic.ValidationError) -> str:
     elif kind == "missing":
         message = "required field is missing"
     elif kind == "union_tag_invalid":
-        message = f"type must be 'image_folder' or 'manifest', got {first['input'].get('type')!r}"
+        message = ("type must be 'image_folder' or 'manifest', "
+                   f"got {quote(first['input'].get('type'))}")
     elif kind == "union_tag_not_found":
         message = "needs a type: 'image_folder' or 'manifest'"
     elif kind == "string_pattern_mismatch":
-        message = (f"{first['input']!r} is not a valid name (letters, digits and '_'"
+        message = (f"{quote(first['input'])} is not a valid name (letters, digits and '_'"
                    + (", '.', '-'" if loc == ["name"] else "") + ")")
     elif message.startswith("Value error, "):
         message = message[len("Value error, "):]

@@ -227,6 +227,7 @@ def _build_locked(spec: BuildSpec, options: PipelineOptions, held: DatasetLock, 
                   image_threads: int | None, show_progress: bool,
                   keep: int | None) -> BuildResult:
     listing = spec.list_source()
+    _warn_about_shard_counts(spec, listing)
     stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
     dataset = publish.DatasetRoot(spec.dataset_root)
 
@@ -301,6 +302,14 @@ def _run_job(plan: job.JobPlan, listing: sources.Listing, options: PipelineOptio
     if state not in (None, PipelineState.DONE):
         raise BuildError(f"the Beam job ended in state {state}")
     return job.read_report(plan.report_uri), _counters(result)
+
+
+def _warn_about_shard_counts(spec: BuildSpec, listing: sources.Listing) -> None:
+    fixed = spec.config.sharding.num_shards
+    counts = fixed.values() if isinstance(fixed, Mapping) else [fixed] if fixed else []
+    if any(count > len(listing.files) for count in counts):
+        logger.warning("sharding.num_shards asks for more shards than the %d files listed; "
+                       "a split gets at most one shard per record", len(listing.files))
 
 
 def _last_line(error: BaseException) -> str:

@@ -89,7 +89,9 @@ def shard_index(sort_key_hex: str, num_shards: int) -> int:
 
 def count_shards(split: str, num_records: int, num_bytes: int,
                  sharding: ShardingConfig) -> int:
-    """Shards for a split: fixed by the config, else by the target size.
+    """Shards for a split: fixed by the config, else by the target size; never
+    more than the split has records (``num_shards: 100000`` for two images
+    writes two shards, not 99,998 empty files; the launcher says so).
 
     Args:
       split: Split name (a fixed count may be given per split).
@@ -101,7 +103,7 @@ def count_shards(split: str, num_records: int, num_bytes: int,
     if isinstance(fixed, Mapping):
         fixed = fixed.get(split)
     if fixed:
-        return int(fixed)
+        return max(1, min(int(fixed), num_records))
     target = sharding.target_shard_mb * _MB
     return max(1, min(num_records, math.ceil(num_bytes / target)))
 
