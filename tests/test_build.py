@@ -306,7 +306,8 @@ def test_manifest_source_with_splits_and_bad_rows(demo_corpus, tmp_path):
     config = make_config(
         images, output=str(tmp_path / "out"),
         source={"type": "manifest", "path": manifest,
-                "classes": ["circle", "square", "star", "triangle"]},
+                "classes": ["circle", "square", "star", "triangle"],
+                "allowed_roots": [images]},  # the absolute path
         splits={"from_source": True},
         errors={"max_fraction": 0.5},
     )
@@ -348,7 +349,8 @@ def test_jsonl_manifest_and_split_folders(demo_corpus, tmp_path):
              for k in keys] + ["{not json"]
     (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
     config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out2"),
-                         source={"type": "manifest", "path": str(tmp_path / "m.jsonl")},
+                         source={"type": "manifest", "path": str(tmp_path / "m.jsonl"),
+                                 "allowed_roots": [demo_corpus.out_dir]},
                          errors={"max_fraction": 0.1})
     result = build(config)
     assert sum(s.num_examples for s in result.info.splits.values()) == 12

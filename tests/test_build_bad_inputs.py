@@ -97,7 +97,8 @@ def write_bad_corpus(corpus, folder, tmp_path):
         (bad / name).write_bytes(data)
     os.mkfifo(bad / "pipe.png")
     (bad / "folder.png").mkdir()
-    denied = permission_denied_path(tmp_path)
+    (bad / "link.png").symlink_to("/etc/hostname")  # a link out of the source
+    denied = permission_denied_path(tmp_path)  # its folder is in source.allowed_roots
 
     rows = [f"images/{k},{k.split('/')[0]}" for k in good]
     rows += [f"images/bad/{name},circle" for name in files if name != "hexagon.png"]
@@ -105,6 +106,8 @@ def write_bad_corpus(corpus, folder, tmp_path):
         "images/bad/pipe.png,circle",
         "images/bad/folder.png,square",
         f"{denied},square",
+        "images/bad/link.png,circle",
+        "../../../../../../../../etc/passwd,circle",
         "images/bad/not_there.png,star",                 # missing
         "images/bad/hexagon.png,hexagon",                # not in the class list
         f"images/{good[2]},circle,extra",                # does not parse: too many fields
@@ -128,6 +131,9 @@ def write_bad_corpus(corpus, folder, tmp_path):
         "images/bad/folder.png": ("list", "unreadable", "a folder"),
         denied: ("read", "unreadable", "Permission denied"),
         "images/bad/not_there.png": ("list", "missing", "not found"),
+        "images/bad/link.png": ("list", "outside_source", "(it resolves to /etc/hostname)"),
+        "../../../../../../../../etc/passwd": ("list", "outside_source",
+                                               "outside the source folder"),
         "images/bad/hexagon.png": ("list", "unknown_label", "'hexagon' is not in source.classes"),
         line(f"images/{good[2]},circle,extra"): ("list", "bad_row", "expected 2 fields, got 3"),
         line("images/bad/unlabelled.png,"): ("list", "bad_row", "empty path or label"),
@@ -142,7 +148,8 @@ def test_every_kind_of_bad_input_is_dropped_with_a_reason(demo_corpus, tmp_path,
     manifest, kept, expected = write_bad_corpus(demo_corpus, tmp_path / "data", tmp_path)
     config = make_config(
         demo_corpus.out_dir, output=str(tmp_path / "out"),
-        source={"type": "manifest", "path": manifest, "classes": CLASSES},
+        source={"type": "manifest", "path": manifest, "classes": CLASSES,
+                "allowed_roots": [os.path.dirname(permission_denied_path(tmp_path))]},
         image={"channels": 3, "min_size": 8},
         errors={"max_fraction": 0.6},
         sharding={"num_shards": 1},
@@ -167,13 +174,18 @@ def test_every_kind_of_bad_input_is_dropped_with_a_reason(demo_corpus, tmp_path,
         assert (row["stage"], row["reason"]) == (stage, reason), row
         assert fragment in row["message"] and row["message"], row
         if reason != "bad_row":  # a row's uri is the manifest, checked below
-            assert row["uri"].endswith(key.replace("images/", "", 1).lstrip("/")), row
+            assert row["uri"].endswith(key.replace("images/", "", 1).lstrip("./")), row
     assert found[next(k for k in expected if k.startswith("manifest.csv:"))]["uri"] == manifest
 
     by_reason = {}
     for stage, reason, _ in expected.values():
         by_reason[reason] = by_reason.get(reason, 0) + 1
-    assert by_reason["unreadable"] == 3 and len(by_reason) == 11
+    assert by_reason["unreadable"] == 3 and by_reason["outside_source"] == 2
+    assert len(by_reason) == 12
+    # Nothing of a file outside the source was read, so nothing of it is reported.
+    with open("/etc/passwd") as f:
+        first_line = f.readline().strip()
+    assert first_line[:8] not in json.dumps(rows)
     with open(os.path.join(dataset_dir, "kiln.json")) as f:
         assert json.load(f)["dropped"] == by_reason
     assert report["dropped"] == by_reason and report["dropped_total"] == len(expected)

@@ -71,7 +71,8 @@ def test_shuffled_manifest_rows_and_threads_give_the_same_bytes(demo_corpus, tmp
         random.Random(attempt).shuffle(rows)
         config = make_config(
             demo_corpus.out_dir, output=str(tmp_path / f"out{attempt}"),
-            source={"type": "manifest", "path": _place_manifest(demo_corpus, tmp_path, rows)},
+            source={"type": "manifest", "path": _place_manifest(demo_corpus, tmp_path, rows),
+                    "allowed_roots": [demo_corpus.out_dir]},  # where the link leads
             sharding={"num_shards": 2, "compression": "gzip"},
             encoding={"format": "jpeg", "quality": 90},
         )

@@ -91,25 +91,44 @@ SplitName = Annotated[str, Field(pattern=_SPLIT_PATTERN)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Each field's docstring is its meaning in docs/configuration.md
+    # (`config_reference`): adding a key is one place plus its consumer.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ImageConfig(_Model):
     channels: Literal[1, 3] = 3
+    """1: grayscale (ITU-R 601 luma), 3: RGB. Alpha is composited over white; 16-bit samples
+    are rounded to 8 bits; EXIF orientation is applied."""
     max_pixels: pydantic.PositiveInt = DEFAULT_MAX_PIXELS
+    """Images with more pixels (width x height, read from the header where the format allows)
+    are dropped as `too_many_pixels` before decoding: a decompression-bomb guard.
+    89478485 is Pillow's limit."""
     min_size: pydantic.PositiveInt = 1
+    """Images whose shorter side is below this are dropped as `too_small`."""
 
 
 class EncodingConfig(_Model):
     format: Literal["jpeg", "png", "raw"] = "jpeg"
+    """`jpeg` (small, lossy), `png` (lossless) or `raw` (uint8 pixels with their shape:
+    largest, fastest to read)."""
     quality: Annotated[int, Field(ge=1, le=100)] = 95
+    """JPEG quality. Ignored (and left out of the fingerprint) for png and raw."""
 
 
 class SplitsConfig(_Model):
     fractions: dict[SplitName, Annotated[float, Field(ge=0, le=1)]] | None = None
+    """Split name to fraction, summing to 1, e.g. `{train: 0.8, validation: 0.1, test: 0.1}`;
+    assigned by a salted hash. Default (with `from_source: false`): everything in `train`."""
     from_source: bool = False
+    """Take splits from the source: `root/<split>/<class>/<image>` folders or the manifest's
+    `split` column. Excludes `fractions`."""
     split_by: Literal["content", "key"] = "content"
+    """What the fractions hash: `content` (the file's sha256: identical files always share a
+    split, so duplicates cannot leak between train and test) or `key` (the path: stable when
+    files are re-encoded)."""
     salt: str = ""
+    """Mixed into the hash: change it to draw a different assignment."""
 
     @pydantic.field_validator("fractions")
     @classmethod
@@ -131,11 +150,16 @@ class SplitsConfig(_Model):
 
 class ShardingConfig(_Model):
     target_shard_mb: pydantic.PositiveFloat = 128.0
+    """Shards per split = ceil(split bytes / this many MB)."""
     # A positive int, or split name -> positive int (splits not named are
     # sized by target_shard_mb). Checked by hand: pydantic's messages for a
     # union name its internal member types, not the user's mistake.
     num_shards: Any = None
+    """A fixed shard count instead: one positive int for every split, or `{split: count}`
+    (splits not named use `target_shard_mb`)."""
     compression: Literal["none", "gzip"] = "none"
+    """`gzip` compresses the shards (`.gz` suffix). TFDS cannot read gzip shards, so such
+    builds get no TFDS metadata."""
 
     @pydantic.field_validator("num_shards")
     @classmethod
@@ -159,23 +183,45 @@ class ShardingConfig(_Model):
 
 class ErrorsConfig(_Model):
     max_fraction: Annotated[float, Field(ge=0, le=1)] = 0.05
+    """If more than this fraction of the input files is dropped, the build fails (exit 1) and
+    publishes nothing. Every dropped file is a row in `errors.jsonl`."""
     allow_empty: bool = False
+    """Publish a dataset with no example at all (every input dropped). Off: such a build fails
+    (exit 1), so a broken source never replaces a good dataset with an empty one."""
 
 
 class BuildConfig(_Model):
     """The YAML file's schema. See the module docstring for the shape."""
 
     name: str = Field(pattern=_NAME_PATTERN)
+    """Dataset name: the folder `<output>/<name>/` and the shard file prefix
+    `<name>-<split>.tfrecord-...`."""
     source: Source
+    """Where the images come from: an `image_folder` or a `manifest`."""
     output: str = Field(min_length=1)
+    """Output root: the dataset lands in `<output>/<name>/<version>/` with
+    `<output>/<name>/LATEST` naming the newest version. Local or `gs://`. `kiln build
+    --output` overrides it. Not part of the dataset's fingerprint."""
     image: ImageConfig = ImageConfig()
+    """Decoding: what the images become before the transforms."""
     transforms: list[Any] = []
+    """Offline transforms, applied in order to every image once, at build time: a list of names
+    or `{name: {param: value}}`. See [transforms.md](transforms.md)."""
     encoding: EncodingConfig = EncodingConfig()
+    """How the stored images are encoded in the records."""
     splits: SplitsConfig = SplitsConfig()
+    """How images are assigned to splits."""
     sharding: ShardingConfig = ShardingConfig()
+    """How each split is cut into TFRecord shards."""
     augment: list[Any] = []
+    """The reader's default augmentation for the train split (random TF ops, every epoch),
+    stored in `kiln.json`; validated at build time. See
+    [augmentations.md](augmentations.md)."""
     errors: ErrorsConfig = ErrorsConfig()
+    """What to do about bad input files."""
     plugins: list[Annotated[str, Field(min_length=1)]] = []
+    """Python modules to import before validating: they register your own offline transforms
+    (and augmentation ops). Only modules named here are imported."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +282,7 @@ class BuildSpec:
             all or holds no usable image.
         """
         try:
-            return self.config.source.list(splits_from_source=self.config.splits.from_source)
+            return self.config.source.list_files(splits_from_source=self.config.splits.from_source)
         except ConfigError as e:
             raise self.error(str(e)) from None
 

@@ -131,9 +131,20 @@ class Listing:
 
 
 class _SourceModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """A kind of source: where the images come from, and how to list them."""
 
-    def list(self, *, splits_from_source: bool) -> Listing:
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    classes: list[str] | None = None
+    """The class list. Files with other labels are dropped (`unknown_label`). Default: every
+    folder name (image_folder) or distinct label (manifest), sorted; a label is the index
+    into the sorted list."""
+    allowed_roots: list[Annotated[str, Field(min_length=1)]] = []
+    """More folders (or `gs://` prefixes) inputs may be read from. By default a source reads
+    only below its own folder (the image folder, or the manifest's folder), after following
+    symbolic links; anything else is dropped as `outside_source`, never read."""
+
+    def list_files(self, *, splits_from_source: bool) -> Listing:
         """Lists the source's files; problems with single files become rows of
         `Listing.dropped`.
 
@@ -177,18 +188,22 @@ class ImageFolderSource(_SourceModel):
     ``splits.from_source``. Class names are the sorted folder names."""
 
     type: Literal["image_folder"]
+    """`image_folder`: `root/<class>/<image>`, or `root/<split>/<class>/<image>` with
+    `splits.from_source`; class names are the sorted folder names."""
     root: str = Field(min_length=1)
-    classes: list[str] | None = None
+    """The image folder: a local path or `gs://bucket/prefix`."""
 
     def _list(self, splits_from_source: bool) -> Listing:
-        return _list_image_folder(self.root, self.classes, splits_from_source)
+        return _list_image_folder(self.root, self.classes, splits_from_source,
+                                  _Confinement.of(self.root, self.allowed_roots))
 
     def describe(self) -> str:
         return f"source.root: {self.root}"
 
     def resolved(self) -> ImageFolderSource:
         return self.model_copy(update={"root": storage.absolute(self.root),
-                                       "classes": _sorted(self.classes)})
+                                       "classes": _sorted(self.classes),
+                                       "allowed_roots": _absolute_all(self.allowed_roots)})
 
     def check(self, output_root: str) -> str | None:
         if not storage.store_for(self.root).has_files(self.root):
@@ -205,12 +220,16 @@ class ManifestSource(_SourceModel):
     `classes` if given, else the sorted distinct labels."""
 
     type: Literal["manifest"]
+    """`manifest`: a CSV (header `path,label[,split]`) or JSONL file (`{"path", "label"[,
+    "split"]}`; `.jsonl`/`.json` means JSONL)."""
     path: str = Field(min_length=1)
-    classes: list[str] | None = None
+    """The manifest file; relative image paths in it resolve against its folder."""
 
     def _list(self, splits_from_source: bool) -> Listing:
+        folder = self.path.rstrip("/").rsplit("/", 1)[0]
         try:
-            return _list_manifest(self.path, self.classes, splits_from_source)
+            return _list_manifest(self.path, self.classes, splits_from_source,
+                                  _Confinement.of(folder, self.allowed_roots))
         except _ManifestError as e:
             raise ConfigError(f"source.path: {e}") from None
 
@@ -219,7 +238,8 @@ class ManifestSource(_SourceModel):
 
     def resolved(self) -> ManifestSource:
         return self.model_copy(update={"path": storage.absolute(self.path),
-                                       "classes": _sorted(self.classes)})
+                                       "classes": _sorted(self.classes),
+                                       "allowed_roots": _absolute_all(self.allowed_roots)})
 
     def check(self, output_root: str) -> str | None:
         if not storage.exists(self.path):
@@ -235,7 +255,45 @@ def _sorted(classes: list[str] | None) -> list[str] | None:
     return None if classes is None else sorted(set(classes))
 
 
-def _list_image_folder(root: str, classes: list[str] | None, from_source: bool) -> Listing:
+def _absolute_all(paths: list[str]) -> list[str]:
+    return sorted({storage.absolute(path) for path in paths})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Confinement:
+    """Where a source's inputs may be read from: its own folder (an image
+    folder's root, a manifest's folder) and ``source.allowed_roots``.
+
+    Local paths are compared after following symbolic links, so a link (or a
+    manifest row such as ``../../etc/passwd``) cannot reach outside; object
+    store URIs by prefix (they have no links). Anything else is dropped with
+    reason ``outside_source``, never read.
+    """
+
+    source_root: str
+    roots: tuple[str, ...]
+
+    @classmethod
+    def of(cls, source_root: str, allowed_roots: list[str]) -> _Confinement:
+        roots = [source_root, *allowed_roots]
+        return cls(source_root, tuple(_real(root) for root in roots))
+
+    def problem(self, uri: str) -> str | None:
+        """Why `uri` may not be read, or None if it may."""
+        resolved = _real(uri)
+        if any(storage.inside(resolved, root) for root in self.roots):
+            return None
+        shown = f" (it resolves to {resolved})" if resolved != uri else ""
+        return (f"outside the source folder {self.source_root}{shown}; "
+                f"list its folder in source.allowed_roots to read it")
+
+
+def _real(path: str) -> str:
+    return path.rstrip("/") if is_remote(path) else os.path.realpath(path)
+
+
+def _list_image_folder(root: str, classes: list[str] | None, from_source: bool,
+                       confinement: _Confinement) -> Listing:
     root = root.rstrip("/")
     depth = 3 if from_source else 2
     layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
@@ -271,6 +329,10 @@ def _list_image_folder(root: str, classes: list[str] | None, from_source: bool) 
                 key, "list", "unknown_label", metadata.path,
                 f"class {label!r} is not in source.classes",
             ))
+            continue
+        outside = confinement.problem(metadata.path)
+        if outside:
+            dropped.append(DroppedFile(key, "list", "outside_source", metadata.path, outside))
             continue
         try:
             problem = _file_status(metadata.path)[2]
@@ -337,7 +399,8 @@ class _Row:
     problem: str | None = None
 
 
-def _list_manifest(path: str, classes: list[str] | None, from_source: bool) -> Listing:
+def _list_manifest(path: str, classes: list[str] | None, from_source: bool,
+                   confinement: _Confinement) -> Listing:
     try:
         with FileSystems.open(path) as f:
             text = f.read().decode("utf-8-sig")
@@ -398,6 +461,10 @@ def _list_manifest(path: str, classes: list[str] | None, from_source: bool) -> L
 
     files = []
     for key, uri, label, split in keyed:
+        outside = confinement.problem(uri)
+        if outside:
+            drop(key, uri, "outside_source", outside, key)
+            continue
         try:
             size, mtime, problem = _file_status(uri)
         except Exception as e:  # OSError locally, FileNotFoundError or BeamIOError remotely

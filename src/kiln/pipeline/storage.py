@@ -152,8 +152,16 @@ class LocalStore(Store):
         return any(files for _, _, files in os.walk(folder))
 
     def list_tree(self, folder: str, *, skip_hidden: bool = False) -> list[FileMetadata]:
+        # Symbolic links to folders are followed (a linked class folder is
+        # listed, not skipped without a word), except a link back to one of
+        # its own ancestors, which would loop. Callers decide what a link
+        # that leads elsewhere may read (`sources` confines inputs).
         listed = []
-        for directory, folders, names in os.walk(folder):
+        top = os.path.abspath(folder)
+        for directory, folders, names in os.walk(top, followlinks=True):
+            if _loops(directory, top):
+                folders[:] = []
+                continue
             folders[:] = sorted(f for f in folders if not (skip_hidden and f.startswith(".")))
             for name in sorted(names):
                 if skip_hidden and name.startswith("."):
@@ -296,6 +304,17 @@ def _gcs_create_exclusive(path: str, data: bytes) -> bool:
     except exceptions.PreconditionFailed:
         return False
     return True
+
+
+def _loops(directory: str, top: str) -> bool:
+    """Whether `directory` (below `top`) is, through links, one of its own ancestors."""
+    real = os.path.realpath(directory)
+    parent = os.path.dirname(directory)
+    while len(parent) >= len(top):
+        if os.path.realpath(parent) == real:
+            return True
+        parent = os.path.dirname(parent)
+    return False
 
 
 def _special_file_problem(mode: int) -> str | None:
