@@ -376,10 +376,10 @@ def _validate_augment(specs: list[Any], fail) -> list[Any]:
     typo before an hour-long build rather than at training time.
     """
     try:
-        from kiln.reader import augment as reader_augment
+        from kiln import reader
     except ImportError:
         return list(specs)
-    validate = getattr(reader_augment, "validate", None)
+    validate = getattr(reader, "validate", None)
     if validate is None:
         return list(specs)
     try:
