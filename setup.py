@@ -63,6 +63,7 @@ setuptools.setup(
         "dev": [
             "pytest>=8,<10",
             "pytest-timeout>=2.2,<3",
+            "import-linter>=2.1,<3",  # the layering contracts in .importlinter
             "tensorflow-datasets>=4.9,<5",
         ],
     },
