@@ -178,6 +178,7 @@ class Spec:
         return {self.name: _jsonable(self.kwargs)}
 
 
+F = TypeVar("F", bound=Callable[..., Any])
 R = TypeVar("R", bound=Registered)
 S = TypeVar("S", bound=Spec)
 
@@ -255,6 +256,29 @@ class Registry(Generic[R]):
         self.noun = noun
         self.error = error
         self._entries: dict[str, R] = {}
+
+    def register(self, name: str | None, *, leading: Sequence[str],
+                 entry: Callable[..., R] = Registered, **details: Any) -> Callable[[F], F]:
+        """A decorator that registers its function as `name` (default: the function's name).
+
+        Args:
+          name: What lists use.
+          leading: The function's positional data parameters (see `parameter_model`).
+          entry: The `Registered` (sub)class to record, built with the name,
+            the function, its parameter model and `details`.
+
+        Raises:
+          ValueError: if the name is taken by another function or the
+            signature is not ``fn(<leading>, *, param: type = default, ...)``.
+        """
+
+        def decorator(fn: F) -> F:
+            entry_name = name or fn.__name__
+            parameters = parameter_model(self.kind, entry_name, fn, leading)
+            self.add(entry(name=entry_name, fn=fn, parameters=parameters, **details))
+            return fn
+
+        return decorator
 
     def add(self, entry: R) -> None:
         """Registers `entry`; registering the same function again is a no-op.

@@ -60,7 +60,6 @@ from kiln.registry import (
     Registered,
     Registry,
     Spec,
-    parameter_model,
 )
 
 ElementFn = Callable[..., tf.Tensor]
@@ -169,29 +168,16 @@ def register_augmentation(
       ValueError: if the name is taken by another function or the signature is
         not ``fn(image, seed, *, keyword_only_params)``.
     """
-    return _registering(name, inference=inference, check=check)
+    return AUGMENTATIONS.register(name, leading=_LEADING["element"], entry=OpDefinition,
+                                  inference=inference, check=check)
 
 
 def builtin_op(name: str, *, kind: str = "element", **details: Any) -> Callable:
     """Decorator for kiln's own ops: trusted (no first-use check), and free to
     declare what the reader may do with them (`OpDefinition`'s window,
     inference_window, mirror, pixelwise)."""
-    return _registering(name, kind=kind, builtin=True, **details)
-
-
-def _registering(name: str | None, *, kind: str = "element", **details: Any) -> Callable:
-    def decorator(fn: Callable) -> Callable:
-        op_name = name or fn.__name__
-        AUGMENTATIONS.add(OpDefinition(
-            name=op_name,
-            fn=fn,
-            parameters=parameter_model("augmentation op", op_name, fn, leading=_LEADING[kind]),
-            kind=kind,
-            **details,
-        ))
-        return fn
-
-    return decorator
+    return AUGMENTATIONS.register(name, leading=_LEADING[kind], entry=OpDefinition, kind=kind,
+                                  builtin=True, **details)
 
 
 def names() -> list[str]:

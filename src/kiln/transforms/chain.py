@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from kiln.registry import Registered, Registry, Spec, parameter_model
+from kiln.registry import Registered, Registry, Spec
 
 TransformFn = Callable[..., np.ndarray]
 
@@ -68,19 +68,7 @@ def register(
       ValueError: if the name is taken or the signature is not
         ``fn(image, *, param: type = default, ...)``.
     """
-
-    def decorator(fn: TransformFn) -> TransformFn:
-        transform_name = name or fn.__name__
-        TRANSFORMS.add(Registered(
-            name=transform_name,
-            fn=fn,
-            parameters=parameter_model("offline transform", transform_name, fn,
-                                       leading=("image",)),
-            check=check,
-        ))
-        return fn
-
-    return decorator
+    return TRANSFORMS.register(name, leading=("image",), check=check)
 
 
 def names() -> list[str]:
