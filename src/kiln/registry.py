@@ -182,7 +182,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 R = TypeVar("R", bound=Registered)
 S = TypeVar("S", bound=Spec)
 
-REQUIRED = inspect.Parameter.empty
+_NO_DEFAULT = inspect.Parameter.empty
 
 
 def parameter_model(kind: str, name: str, fn: Callable[..., Any],
@@ -217,7 +217,7 @@ def parameter_model(kind: str, name: str, fn: Callable[..., Any],
         if param.kind is not param.KEYWORD_ONLY:
             raise ValueError(f"{kind} {name!r}: parameter {param.name!r} must be keyword-only "
                              f"(put it after a bare '*')")
-        default = ... if param.default is REQUIRED else param.default
+        default = ... if param.default is _NO_DEFAULT else param.default
         fields[param.name] = (_strict_scalars(hints.get(param.name, Any)), default)
     return pydantic.create_model(
         f"{name}_parameters",
