@@ -1,7 +1,9 @@
 """Packaging for kiln.
 
 The base install is what training code needs to read a kiln dataset (the
-reader): NumPy and TensorFlow. Everything that builds datasets is an extra:
+reader): NumPy, TensorFlow and pydantic (small; it validates the parameters
+of augmentation ops, as it does those of offline transforms). Everything
+that builds datasets is an extra:
 
     pip install kiln              # reader only
     pip install "kiln[pipeline]"  # + Beam job and OpenCV kernels (local runner)
@@ -42,6 +44,7 @@ setuptools.setup(
     install_requires=[
         "numpy>=1.26,<3",
         "tensorflow>=2.16,<2.22",
+        "pydantic>=2.6,<3",
     ],
     extras_require={
         "pipeline": [
@@ -51,7 +54,6 @@ setuptools.setup(
             # relies on imdecodeWithMetadata and EXIF from PNG and WebP.
             "opencv-python-headless>=5.0,<6",
             "imagesize>=2.0,<3",  # image size from the header: refuse decompression bombs
-            "pydantic>=2.6,<3",
             "pyyaml>=6.0,<7",
             "google-crc32c>=1.5,<2",
         ],
@@ -62,6 +64,7 @@ setuptools.setup(
             "pytest>=8,<10",
             "pytest-timeout>=2.2,<3",
             "flake8>=7,<8",  # tests run kiln lint's flake8 plugin under real flake8
+            "import-linter>=2.1,<3",  # the layering contracts in .importlinter
             "tensorflow-datasets>=4.9,<5",
         ],
     },

@@ -8,7 +8,6 @@ not registered.
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import re
@@ -16,8 +15,8 @@ import re
 import pytest
 import yaml
 
-from kiln import transforms
-from kiln.reader import augment
+from kiln.reader.ops import AUGMENTATIONS
+from kiln.transforms.chain import TRANSFORMS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REQUIRED = object()
@@ -54,26 +53,21 @@ def same_default(documented, actual) -> bool:
     return documented == actual and type(documented) is type(actual)
 
 
+def documented_parameters(entry) -> dict[str, object]:
+    """Parameter -> default (or REQUIRED) of a registered function, from its parameter model."""
+    return {name: REQUIRED if field.is_required() else field.default
+            for name, field in entry.parameters.model_fields.items()}
+
+
 def builtin_transforms() -> dict[str, dict[str, object]]:
-    out = {}
-    for name in transforms.names():
-        fn = transforms.get(name)
-        if fn.__module__ != "kiln.transforms.functional":
-            continue  # registered by a test or a plugin
-        params = list(inspect.signature(fn).parameters.values())[1:]
-        out[name] = {p.name: REQUIRED if p.default is inspect.Parameter.empty else p.default
-                     for p in params}
-    return out
+    return {name: documented_parameters(TRANSFORMS.get(name)) for name in TRANSFORMS.names()
+            # The others are registered by a test or a plugin.
+            if TRANSFORMS.get(name).fn.__module__ == "kiln.transforms.functional"}
 
 
 def builtin_augmentations() -> dict[str, dict[str, object]]:
-    out = {}
-    for name in augment.names():
-        definition = augment.get(name)
-        if definition.builtin:
-            out[name] = {param: REQUIRED if default is augment.REQUIRED else default
-                         for param, (_, default) in definition.params.items()}
-    return out
+    return {name: documented_parameters(AUGMENTATIONS.get(name))
+            for name in AUGMENTATIONS.names() if AUGMENTATIONS.get(name).builtin}
 
 
 @pytest.mark.parametrize("doc, level, registry", [

@@ -13,7 +13,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The pipeline extra's packages: absent from a reader-only install (`pip install kiln`).
-PIPELINE_ONLY = ("apache_beam", "cv2", "pydantic", "yaml")
+# (pydantic is a base dependency: augmentation parameters are validated with it.)
+PIPELINE_ONLY = ("apache_beam", "cv2", "yaml")
 
 _READER_ONLY_PRELUDE = f"""
 import importlib.abc, sys

@@ -10,9 +10,8 @@ import tensorflow as tf
 
 import kiln.reader
 from kiln.reader import AugmentConfigError, AugmentOpError, register_augmentation, validate
-from kiln.reader.augment import _REGISTRY
 from kiln.reader.augmenter import Augmenter
-from kiln.reader.ops import color_twist
+from kiln.reader.ops import AUGMENTATIONS, color_twist
 
 BUILTINS = ["color_jitter", "cutmix", "mixup", "random_brightness", "random_contrast",
             "random_crop", "random_erasing", "random_flip_left_right", "random_flip_up_down",
@@ -23,10 +22,10 @@ BUILTINS = ["color_jitter", "cutmix", "mixup", "random_brightness", "random_cont
 @pytest.fixture
 def user_ops():
     """Registers test ops; removes them afterwards so tests stay independent."""
-    before = set(_REGISTRY)
+    before = set(AUGMENTATIONS.names())
     yield
-    for name in set(_REGISTRY) - before:
-        del _REGISTRY[name]
+    for name in set(AUGMENTATIONS.names()) - before:
+        AUGMENTATIONS.remove(name)
 
 
 def image(height=20, width=16, channels=3, seed=0) -> tf.Tensor:
@@ -238,7 +237,7 @@ def test_reregistering_a_name_checks_the_new_function(user_ops):
                        lambda: image[:, ::-1], lambda: image)
 
     run("my_flip", image(), seeds(1)[0])
-    del _REGISTRY["my_flip"]
+    AUGMENTATIONS.remove("my_flip")
 
     @register_augmentation("my_flip")
     def bad(image, seed):

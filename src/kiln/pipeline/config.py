@@ -491,32 +491,20 @@ def _check_channels(chain: transforms.Chain, channels: int, fail) -> None:
 
 
 def _validate_augment(specs: list[Any], fail) -> list[Any]:
-    """Validates augmentation names with the reader's registry, when present.
+    """The augment list validated with the reader's registry, in canonical JSON form.
 
     The augmentations run in the reader, not here; checking them now stops a
-    typo before an hour-long build rather than at training time.
+    typo before an hour-long build rather than at training time. The reader
+    (TensorFlow) is imported here, when a config is checked, not when this
+    module is.
     """
+    from kiln import reader
+
     try:
-        from kiln.reader import augment as reader_augment
-    except ImportError:
-        return list(specs)
-    validate = getattr(reader_augment, "validate", None)
-    if validate is None:
-        return list(specs)
-    try:
-        resolved = validate(specs)
+        return [augmentation.to_json() for augmentation in reader.validate(specs)]
     except ValueError as e:
         message = str(e)
         raise fail(message if message.startswith("augment") else f"augment: {message}") from None
-    return _as_json(resolved) if resolved is not None else list(specs)
-
-
-def _as_json(value: Any) -> Any:
-    if hasattr(value, "to_json"):
-        return value.to_json()
-    if isinstance(value, (list, tuple)):
-        return [_as_json(v) for v in value]
-    return value
 
 
 def _resolved(model: BuildConfig) -> BuildConfig:

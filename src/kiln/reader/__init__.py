@@ -5,8 +5,9 @@
     train = kiln.reader.load("gs://bucket/datasets/shapes", "train", batch_size=64, seed=1)
     model.fit(train, epochs=10)
 
-Imports TensorFlow, NumPy and the standard library only (never Beam, OpenCV,
-pydantic or yaml), so training jobs install just ``pip install kiln``.
+Imports TensorFlow, NumPy, pydantic (for the parameters of augmentation
+ops, validated as in `kiln.registry`) and the standard library only: never
+Beam, OpenCV or yaml, so training jobs install just ``pip install kiln``.
 
 Public API:
   load: the `tf.data.Dataset` of a split (see `kiln.reader.dataset.load`).
@@ -16,17 +17,24 @@ Public API:
   validate: checks an augmentation list in YAML form (names, parameters).
   names: registered augmentation op names.
   AugmentationLayer: the Keras layer for ``augment_on="model"``.
+
+Modules: `ops` declares augmentation ops (and holds kiln's element ops),
+`mixing` the batch ops, `augmenter` applies a validated list, `dataset`
+reads, `layer` is the Keras layer, `seeds` derives per-element seeds.
+Importing the package registers kiln's own ops.
 """
 
-from kiln.reader.augment import (
+# mixing is imported for its registrations: mixup and cutmix.
+from kiln.reader import mixing  # noqa: F401
+from kiln.reader.augmenter import AugmentOpError
+from kiln.reader.dataset import DEFAULT_SHUFFLE_BUFFER, info, load, locate
+from kiln.reader.ops import (
     AugmentConfigError,
     Augmentation,
-    AugmentOpError,
     names,
     register_augmentation,
     validate,
 )
-from kiln.reader.dataset import DEFAULT_SHUFFLE_BUFFER, info, load, locate
 
 __all__ = [
     "AugmentConfigError", "Augmentation", "AugmentOpError", "AugmentationLayer",

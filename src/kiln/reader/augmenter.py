@@ -1,5 +1,10 @@
 """Applies a configured augmentation list to one element or one batch, in the data path or a model.
 
+A user's op is checked the first time it runs (`check_op`): traced as
+tf.data traces it and run with many seeds, it is refused if the seed
+changes nothing, if the same seed gives different outputs, or if it cannot
+be traced. kiln's own ops are trusted.
+
 `Augmenter` is shared by the tf.data pipeline (per element, after decoding)
 and `AugmentationLayer` (per element of a batch inside a model), so both give
 identical results for identical seeds. In the data path a JPEG is decoded
@@ -31,9 +36,13 @@ import numpy as np
 import tensorflow as tf
 
 from kiln.reader import seeds as seeding
-from kiln.reader.augment import Augmentation, batch_ops, check_op, element_ops, trace_error
-from kiln.reader.ops import to_float
+from kiln.reader.ops import Augmentation, slice_window, to_float
 from kiln.schemas import decode_image
+
+
+class AugmentOpError(ValueError):
+    """A registered op misbehaves (ignores its seed, uses Python values of tensors)."""
+
 
 # Pixels of context around a fused JPEG crop window; a full decode's chroma
 # upsampling looks one pixel beyond the window, 4 leaves room to spare.
@@ -45,7 +54,7 @@ class Augmenter:
     """A validated augmentation list, ready to run.
 
     Attributes:
-      augmentations: Element ops first, then batch ops (see `augment.validate`).
+      augmentations: Element ops first, then batch ops (see `ops.validate`).
       training: True applies the random ops; False applies each op's
         deterministic inference form (e.g. a centre crop of the same size),
         and no batch ops.
@@ -56,11 +65,13 @@ class Augmenter:
 
     @property
     def element_ops(self) -> list[Augmentation]:
-        return element_ops(self.augmentations)
+        return [a for a in self.augmentations if a.definition.kind == "element"]
 
     @property
     def batch_ops(self) -> list[Augmentation]:
-        return batch_ops(self.augmentations) if self.training else []
+        if not self.training:
+            return []
+        return [a for a in self.augmentations if a.definition.kind == "batch"]
 
     @property
     def has_element_work(self) -> bool:
@@ -82,7 +93,7 @@ class Augmenter:
             return self._after_window(image, seed, first=0)
         first = self.element_ops[0]
         offset, size = window.sample(tf.shape(image)[:2], self._first_seed(seed), **first.kwargs)
-        return self._after_window(_slice_window(image, offset, size), seed, first=1)
+        return self._after_window(slice_window(image, offset, size), seed, first=1)
 
     def _leading_window(self):
         ops = self.element_ops
@@ -116,7 +127,7 @@ class Augmenter:
         end = tf.minimum(offset + size + _JPEG_WINDOW_MARGIN, shape)
         wide = tf.io.decode_and_crop_jpeg(encoded, tf.concat([start, end - start], 0),
                                           channels=channels)
-        cropped = _slice_window(wide, offset - start, size)
+        cropped = slice_window(wide, offset - start, size)
         return self._after_window(cropped, seed, first=1)
 
     def _after_window(self, image: tf.Tensor, seed: tf.Tensor | None, first: int) -> tf.Tensor:
@@ -193,12 +204,6 @@ class Augmenter:
             raise trace_error(augmentation.name, e) from e
 
 
-def _slice_window(image: tf.Tensor, offset: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
-    cropped = tf.slice(image, tf.concat([offset, [0]], 0), tf.concat([size, [-1]], 0))
-    cropped.set_shape([None, None, image.shape[-1]])
-    return cropped
-
-
 def decode(features: dict, *, encoding: str, channels: int,
            image_size: Sequence[int] | None) -> tf.Tensor:
     """The stored image of a parsed record as uint8, with a static shape when known."""
@@ -226,3 +231,102 @@ def _shape_for_check(shape: tf.TensorShape) -> tuple[int, int, int]:
     dims = shape.as_list() if shape.rank == 3 else [None, None, 3]
     return tuple(d if d is not None else default for d, default in zip(dims, (64, 64, 3)))
 
+
+# --- first-use checks of user ops -----------------------------------------------------
+
+_CHECKED: set = set()
+_CHECK_SEEDS = 64
+
+_TRACE_PITFALL = (
+    "Dataset.map traces an op once into a graph; Python and NumPy code in it "
+    "(random.random(), np.random.*, .numpy(), if on a tensor) runs once, while "
+    "tracing, and its result is baked into the graph as a constant."
+)
+
+
+def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
+    """Rejects a user op that ignores its seed or needs Python values of tensors.
+
+    Traces the op once, like `tf.data` does, and runs the trace on one input
+    image with `_CHECK_SEEDS` different seeds. kiln's own ops are trusted and
+    skipped; results are cached per (name, params).
+
+    Args:
+      augmentation: The configured op.
+      shape: ``[height, width, channels]`` of the test image (the dataset's
+        image size when known).
+
+    Raises:
+      AugmentOpError: if every seed gives the same output (the randomness is
+        not coming from the seed), if the same seed gives different outputs
+        (stateful randomness), or if tracing fails because the op converts a
+        tensor to a Python/NumPy value.
+    """
+    definition = augmentation.definition
+    if definition.builtin or definition.kind != "element":
+        return
+    # Keyed by the function too: a new function under a known name is checked again.
+    cache_key = (definition.fn, augmentation, tuple(shape))
+    if cache_key in _CHECKED:
+        return
+    name = augmentation.name
+    kwargs = augmentation.kwargs
+    # A fixed, asymmetric image, so flips and crops visibly change it.
+    image = tf.constant(
+        np.random.default_rng(0).random(tuple(shape), dtype=np.float32)
+    )
+    # autograph=False: the reader does not convert ops either (see dataset.py).
+    traced = tf.function(lambda img, seed: definition.fn(img, seed, **kwargs), autograph=False)
+    try:
+        concrete = traced.get_concrete_function(
+            tf.TensorSpec(image.shape, tf.float32), tf.TensorSpec([2], tf.int32)
+        )
+    except Exception as e:  # the message depends on what the op did; explain all alike
+        raise trace_error(name, e) from e
+    seeds = tf.random.experimental.stateless_split(tf.constant([20240, 7], tf.int32),
+                                                   _CHECK_SEEDS)
+    outputs = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
+    if all(np.array_equal(outputs[0], out) for out in outputs[1:]):
+        raise AugmentOpError(
+            f"augmentation op {name!r} ignores its seed: {_CHECK_SEEDS} different seeds gave "
+            f"identical outputs. {_TRACE_PITFALL} Draw random values from the `seed` argument "
+            f"with tf.random.stateless_uniform / tf.random.stateless_* or "
+            f"tf.image.stateless_random_* (split it with tf.random.split for several "
+            f"draws). If the op is deterministic with these parameters {kwargs}, it is not an "
+            f"augmentation: do it once, offline, as a kiln.transforms transform."
+        )
+    again = concrete(image, seeds[1]).numpy()
+    if not np.array_equal(outputs[1], again):
+        raise AugmentOpError(
+            f"augmentation op {name!r} gave different outputs for the same seed: it uses "
+            f"stateful randomness (tf.random.uniform, tf.random.Generator, a Keras random "
+            f"layer), which is not reproducible under a parallel tf.data map. Draw random "
+            f"values from the `seed` argument with tf.random.stateless_* or "
+            f"tf.image.stateless_random_* instead."
+        )
+    _CHECKED.add(cache_key)
+
+
+def trace_error(name: str, error: Exception) -> AugmentOpError:
+    """Explains why op `name` could not be traced into a graph."""
+    text = f"{type(error).__name__}: {error}"
+    if "numpy" in str(error) or isinstance(error, NotImplementedError):
+        hint = (
+            "It converts a tensor to a NumPy/Python value (.numpy(), np.asarray, float(t)), "
+            "which only exists in eager mode: inside tf.data the image is a symbolic "
+            "tensor with no value yet. Write the op with TensorFlow ops on tensors "
+            "(tf.*, tf.image.*, tf.random.stateless_*); use tf.cond or tf.where instead "
+            "of `if` on a tensor. If the work needs NumPy or OpenCV and is deterministic, "
+            "it belongs offline in a kiln.transforms transform."
+        )
+    elif isinstance(error, (tf.errors.OperatorNotAllowedInGraphError, TypeError)):
+        hint = (
+            "It uses a tensor as a Python value (`if tensor:`, `bool(tensor)`, a Python "
+            "loop over a tensor). Use tf.cond / tf.where for data-dependent choices."
+        )
+    else:
+        hint = "Write it with TensorFlow ops only."
+    return AugmentOpError(
+        f"augmentation op {name!r} cannot run inside tf.data: tracing it failed with {text}. "
+        f"{_TRACE_PITFALL} {hint}"
+    )

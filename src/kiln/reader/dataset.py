@@ -22,9 +22,8 @@ import tensorflow as tf
 
 import kiln
 from kiln.reader import seeds as seeding
-from kiln.reader.augment import AugmentConfigError, validate
 from kiln.reader.augmenter import Augmenter, decode, standardize
-from kiln.reader.ops import to_float
+from kiln.reader.ops import AugmentConfigError, to_float, validate
 from kiln.schemas import (
     LATEST_FILENAME,
     METADATA_FILENAME,

@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from kiln.reader.augment import validate
 from kiln.reader.augmenter import Augmenter, standardize
+from kiln.reader.ops import validate
 
 keras = tf.keras
 # As in the tf.data path: the same unconverted code, so both trace alike.

@@ -13,27 +13,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import tensorflow as tf
+from pydantic import Field
 
-from kiln.reader.augment import (
-    Number,
-    OpDefinition,
-    Probability,
-    register_builtin,
-    signature_params,
-)
-
-
-def _batch_builtin(name: str):
-    def decorator(fn):
-        register_builtin(OpDefinition(
-            name=name,
-            fn=fn,
-            kind="batch",
-            params=signature_params(name, fn, leading=("images", "labels", "seed")),
-        ))
-        return fn
-
-    return decorator
+from kiln.reader.ops import builtin_op
+from kiln.registry import Probability
 
 
 def _beta(seed: tf.Tensor, alpha: float) -> tf.Tensor:
@@ -51,9 +34,9 @@ def _applies(seed: tf.Tensor, probability: float) -> tf.Tensor:
     return tf.random.stateless_uniform([], seed=seed) < probability
 
 
-@_batch_builtin("mixup")
+@builtin_op("mixup", kind="batch")
 def mixup(images, labels, seed, *,
-          alpha: Annotated[float, Number(minimum=1e-6)] = 0.2,
+          alpha: Annotated[float, Field(ge=1e-6)] = 0.2,
           probability: Probability = 1.0):
     """Blends each image with a partner: ``lam * x + (1 - lam) * x[partner]``,
     labels alike, one ``lam ~ Beta(alpha, alpha)`` per batch (Zhang et al. 2018).
@@ -66,9 +49,9 @@ def mixup(images, labels, seed, *,
     return images, labels
 
 
-@_batch_builtin("cutmix")
+@builtin_op("cutmix", kind="batch")
 def cutmix(images, labels, seed, *,
-           alpha: Annotated[float, Number(minimum=1e-6)] = 1.0,
+           alpha: Annotated[float, Field(ge=1e-6)] = 1.0,
            probability: Probability = 1.0):
     """Pastes a rectangle of each image's partner into it (Yun et al. 2019).
 

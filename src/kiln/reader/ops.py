@@ -1,62 +1,242 @@
-"""kiln's built-in element augmentation ops: sample parameters from the seed, then apply.
+"""Augmentation ops: declaring one, validating lists of them, and kiln's built-in element ops.
 
-Every op takes a float32 ``[height, width, channels]`` image in [0, 1] and a
-shape-[2] int32 seed, draws its random parameters with stateless TF ops
-(identical for identical seeds, on any thread, in any process), then applies
-a deterministic TF kernel. Colour ops clip back to [0, 1].
+An element op is a function ``fn(image, seed, **params) -> image`` made of
+TensorFlow ops. ``image`` is a float32 ``[height, width, channels]`` tensor
+with values in [0, 1]; ``seed`` is a shape-[2] int32 tensor, different for
+every element and every epoch. The op *samples* its random parameters from
+`seed` with `tf.random.stateless_*` / `tf.image.stateless_random_*` and then
+*applies* a deterministic kernel with them. Parameters are keyword-only and
+annotated like offline transforms' (pydantic types and the shared types of
+`kiln.registry`: `Probability`, `HeightWidth`, `Range`, `Choice`);
+parameters that are ranges end in ``_range`` and are ``[low, high]``.
+
+Register your own::
+
+    import tensorflow as tf
+    from kiln.reader import register_augmentation
+
+    @register_augmentation("random_invert")
+    def random_invert(image, seed, *, probability: float = 0.5):
+        flip = tf.random.stateless_uniform([], seed) < probability
+        return tf.where(flip, 1.0 - image, image)
+
+and name it in an augmentation list (``- random_invert: {probability: 0.2}``).
+`validate` checks a list against the registered ops (`kiln.registry` does
+the parsing); `kiln.reader.augmenter.Augmenter` applies a validated list,
+and checks a user op the first time it runs.
+
+kiln's own element ops are below: each is declared in one place, with
+`builtin_op`, which also says what the reader may do with it. Every op takes
+a float32 ``[height, width, channels]`` image in [0, 1] and a shape-[2]
+int32 seed, draws its random parameters with stateless TF ops (identical
+for identical seeds, on any thread, in any process), then applies a
+deterministic TF kernel. Colour ops clip back to [0, 1].
 
 Cropping ops are defined by a `Window` (choose the window, then finish it), so
 the reader can decode only that window of a JPEG, and crop the uint8 image
 before converting it; the result is bit-identical to cropping the decoded
-image (`crop_with_window`). Colour ops are one affine map per pixel
+image (`Window.crop`). Colour ops are one affine map per pixel
 (`color_twist`). The reader hands the flips (`OpDefinition.mirror`) and the
 colour ops (`OpDefinition.pixelwise`) the uint8 crop window too, so they
-accept uint8 images as well; colour ops return float32 in [0, 1].
+accept uint8 images as well; colour ops return float32 in [0, 1]. The batch
+ops (mixup, cutmix) are in `kiln.reader.mixing`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Iterable
 
 import numpy as np
 import tensorflow as tf
+from pydantic import Field
 
-from kiln.reader.augment import (
+from kiln.registry import (
     Choice,
-    Number,
-    OpDefinition,
+    HeightWidth,
     Probability,
     Range,
-    Size,
-    Window,
-    register_builtin,
-    signature_params,
+    Registered,
+    Registry,
+    Spec,
 )
+
+ElementFn = Callable[..., tf.Tensor]
 
 _RESIZE_METHODS = ("bilinear", "bicubic", "area", "nearest", "lanczos3", "mitchellcubic")
 _FILL_MODES = ("constant", "reflect", "wrap", "nearest")
 
 
-def _builtin(name: str, *, inference: Callable | None = None, window: Window | None = None,
-             inference_window: Window | None = None, check: Callable | None = None,
-             mirror: bool = False, pixelwise: bool = False) -> Callable:
-    def decorator(fn: Callable) -> Callable:
-        register_builtin(OpDefinition(
-            name=name,
-            fn=fn,
-            kind="element",
-            params=signature_params(name, fn, leading=("image", "seed")),
-            inference=inference,
-            window=window,
-            inference_window=inference_window,
-            check=check,
-            mirror=mirror,
-            pixelwise=pixelwise,
-        ))
-        return fn
+class AugmentConfigError(ValueError):
+    """An augmentation list is invalid; the message names the entry and parameter."""
 
-    return decorator
+
+# --- declaring ops --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """How a cropping op splits into "choose a window" and "finish the crop".
+
+    Lets the reader decode only the window of a JPEG
+    (`tf.io.decode_and_crop_jpeg`) instead of the whole image. The op itself
+    must equal `crop`: ``finish(slice_window(image, *sample(shape, seed)), **params)``.
+
+    Attributes:
+      sample: ``sample(shape, seed, **params) -> (offset, size)``; `shape` is
+        the int32 ``[height, width]`` of the image, `offset` and `size` int32
+        ``[2]`` tensors.
+      finish: ``finish(window_image, **params) -> image``.
+    """
+
+    sample: Callable[..., tuple[tf.Tensor, tf.Tensor]]
+    finish: Callable[..., tf.Tensor]
+
+    def crop(self, image: tf.Tensor, seed: tf.Tensor | None, **params: Any) -> tf.Tensor:
+        """The cropping op on a decoded image: sample the window, slice, finish.
+
+        `image` may be uint8 (the op then runs before the image is converted) or
+        float in [0, 1]; the result is float32 in [0, 1] either way.
+        """
+        offset, size = self.sample(tf.shape(image)[:2], seed, **params)
+        return self.finish(slice_window(image, offset, size), **params)
+
+
+def slice_window(image: tf.Tensor, offset: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
+    """The ``size`` window of an ``[height, width, channels]`` image at ``offset``."""
+    cropped = tf.slice(image, tf.concat([offset, [0]], 0), tf.concat([size, [-1]], 0))
+    cropped.set_shape([None, None, image.shape[-1]])
+    return cropped
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDefinition(Registered):
+    """A registered op: its function and what the reader needs to know about it.
+
+    Attributes (besides `Registered`'s name, fn, parameters and check):
+      kind: ``"element"``: ``fn(image, seed, **params) -> image``, or
+        ``"batch"``: ``fn(images, labels, seed, **params) -> (images, labels)``.
+      inference: ``inference(image, **params) -> image``: what the op does
+        where no random augmentation runs (non-train splits, the Keras layer
+        with ``training=False``), e.g. a crop's deterministic center crop to
+        the same output size. None means "leave the image as it is".
+      window: Set for cropping ops that can be fused into JPEG decoding.
+      inference_window: Same, for `inference`.
+      builtin: True for kiln's own ops, which skip the first-use check.
+      mirror: The op only mirrors the image (or not, at random): it commutes
+        with cropping and resizing, so the reader applies it to the uint8
+        crop window, before the window is resized (kiln's own flips).
+      pixelwise: The op maps every pixel's colour alike, by at most an
+        image-wide statistic (brightness, contrast, saturation, hue): the
+        reader may apply it to the crop window before resizing it, where
+        there are fewer pixels (kiln's own colour ops).
+    """
+
+    kind: str = "element"
+    inference: Callable[..., tf.Tensor] | None = None
+    window: Window | None = None
+    inference_window: Window | None = None
+    builtin: bool = False
+    mirror: bool = False
+    pixelwise: bool = False
+
+
+AUGMENTATIONS: Registry[OpDefinition] = Registry("augmentation op", "op", AugmentConfigError)
+
+# The data each kind of op gets before its configurable parameters.
+_LEADING = {"element": ("image", "seed"), "batch": ("images", "labels", "seed")}
+
+
+def register_augmentation(
+    name: str | None = None,
+    *,
+    inference: Callable[..., tf.Tensor] | None = None,
+    check: Callable[..., None] | None = None,
+) -> Callable[[ElementFn], ElementFn]:
+    """Decorator: registers ``fn(image, seed, *, param=default, ...)`` as an element op.
+
+    Args:
+      name: Name used in augmentation lists; defaults to the function's name.
+      inference: Optional ``inference(image, **params)``: the op's
+        deterministic counterpart where no random augmentation runs (must keep
+        the output size the op produces, if it changes it).
+      check: Optional ``check(**params)`` for constraints between parameters;
+        raise ValueError with the reason (reported with the list entry).
+
+    Raises:
+      ValueError: if the name is taken by another function or the signature is
+        not ``fn(image, seed, *, keyword_only_params)``.
+    """
+    return AUGMENTATIONS.register(name, leading=_LEADING["element"], entry=OpDefinition,
+                                  inference=inference, check=check)
+
+
+def builtin_op(name: str, *, kind: str = "element", **details: Any) -> Callable:
+    """Decorator for kiln's own ops: trusted (no first-use check), and free to
+    declare what the reader may do with them (`OpDefinition`'s window,
+    inference_window, mirror, pixelwise)."""
+    return AUGMENTATIONS.register(name, leading=_LEADING[kind], entry=OpDefinition, kind=kind,
+                                  builtin=True, **details)
+
+
+def names() -> list[str]:
+    """Sorted names of all registered ops (element and batch)."""
+    return AUGMENTATIONS.names()
+
+
+def get(name: str) -> OpDefinition:
+    """The op registered as `name`; raises AugmentConfigError if there is none."""
+    return AUGMENTATIONS.get(name)
+
+
+class Augmentation(Spec):
+    """One configured op: a registered name and validated, normalized parameters.
+
+    Frozen and hashable; looks the function up by name, so it survives being
+    rebuilt in another process from `to_json`.
+    """
+
+    @property
+    def definition(self) -> OpDefinition:
+        return AUGMENTATIONS.get(self.name)
+
+
+def validate(specs: Iterable[Any] | None, field: str = "augment") -> list[Augmentation]:
+    """Checks an augmentation list in YAML form and returns it resolved.
+
+    Each entry is an op name (``- random_flip_left_right``) or a one-key
+    mapping ``{name: {param: value, ...}}``. Defaults are filled in and
+    values normalized (a size ``56`` becomes ``(56, 56)``), so
+    ``[a.to_json() for a in validate(x)]`` is the resolved list.
+
+    Args:
+      specs: The list (None or empty means no augmentation).
+      field: Name of the list in error messages (e.g. ``"augment"``).
+
+    Raises:
+      AugmentConfigError: naming the entry and parameter, e.g.
+        ``augment[0].random_resized_crop.scale_range: expected low <= high``.
+    """
+    resolved = AUGMENTATIONS.parse(specs, field, make=Augmentation)
+    kinds = [augmentation.definition.kind for augmentation in resolved]
+    for index, augmentation in enumerate(resolved):
+        if kinds[index] == "element" and "batch" in kinds[:index]:
+            raise AugmentConfigError(
+                f"{field}[{index}].{augmentation.name}: element ops must come before batch ops "
+                f"(mixup, cutmix), which run on whole batches at the end"
+            )
+    return resolved
+
+
+# --- kiln's element ops ---------------------------------------------------------------
+
+# Parameter types of kiln's own ops, beside the shared ones of kiln.registry.
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]  # a level or an amount on the [0, 1] scale
+HueTurns = Annotated[float, Field(ge=0.0, le=0.5)]  # a hue amount in turns, half a turn at most
+AreaRange = Annotated[tuple[float, float], Range(0.0, 1.0)]  # fractions of the image area
+RatioRange = Annotated[tuple[float, float], Range(positive=True)]  # aspect ratios
+FactorRange = Annotated[tuple[float, float], Range(minimum=0.0)]  # scale factors
 
 
 def _uniform(seed: tf.Tensor, low: float = 0.0, high: float = 1.0) -> tf.Tensor:
@@ -92,19 +272,6 @@ def to_float(image: tf.Tensor) -> tf.Tensor:
 # --- windows (crops) ------------------------------------------------------------------
 
 
-def crop_with_window(window: Window, image: tf.Tensor, seed: tf.Tensor | None,
-                     **params: Any) -> tf.Tensor:
-    """Applies a cropping op to a decoded image: sample the window, slice, finish.
-
-    `image` may be uint8 (the op then runs before the image is converted) or
-    float in [0, 1]; the result is float32 in [0, 1] either way.
-    """
-    offset, size = window.sample(tf.shape(image)[:2], seed, **params)
-    cropped = tf.slice(image, tf.concat([offset, [0]], 0), tf.concat([size, [-1]], 0))
-    cropped.set_shape([None, None, image.shape[-1]])
-    return window.finish(cropped, **params)
-
-
 def _check_fits(shape: tf.Tensor, size: tuple[int, int], name: str) -> list:
     return [tf.debugging.assert_greater_equal(
         shape, tf.constant(size, tf.int32),
@@ -136,15 +303,15 @@ _CENTER_CROP = Window(_center_crop_window, _finish_crop)
 
 
 def _center_crop(image, *, size):
-    return crop_with_window(_CENTER_CROP, image, None, size=size)
+    return _CENTER_CROP.crop(image, None, size=size)
 
 
-@_builtin("random_crop", inference=_center_crop, window=_RANDOM_CROP,
-          inference_window=_CENTER_CROP)
-def random_crop(image, seed, *, size: Annotated[Any, Size()]):
+@builtin_op("random_crop", inference=_center_crop, window=_RANDOM_CROP,
+            inference_window=_CENTER_CROP)
+def random_crop(image, seed, *, size: HeightWidth):
     """A uniformly placed ``size`` window (``[height, width]``); where no
     augmentation runs, the centre window of the same size."""
-    return crop_with_window(_RANDOM_CROP, image, seed, size=size)
+    return _RANDOM_CROP.crop(image, seed, size=size)
 
 
 def _resized_crop_window(shape, seed, *, size, scale_range, ratio_range, method, antialias):
@@ -195,7 +362,7 @@ _CENTRAL_RESIZED_CROP = Window(_central_aspect_window, _finish_resized_crop)
 
 
 def _central_resized_crop(image, **params):
-    return crop_with_window(_CENTRAL_RESIZED_CROP, image, None, **params)
+    return _CENTRAL_RESIZED_CROP.crop(image, None, **params)
 
 
 def _check_resized_crop(*, size, scale_range, ratio_range, method, antialias):
@@ -205,15 +372,15 @@ def _check_resized_crop(*, size, scale_range, ratio_range, method, antialias):
                          f"got {list(scale_range)}")
 
 
-@_builtin("random_resized_crop", inference=_central_resized_crop, window=_RESIZED_CROP,
-          inference_window=_CENTRAL_RESIZED_CROP, check=_check_resized_crop)
+@builtin_op("random_resized_crop", inference=_central_resized_crop, window=_RESIZED_CROP,
+            inference_window=_CENTRAL_RESIZED_CROP, check=_check_resized_crop)
 def random_resized_crop(
     image,
     seed,
     *,
-    size: Annotated[Any, Size()],
-    scale_range: Annotated[Any, Range(0.0, 1.0)] = (0.08, 1.0),
-    ratio_range: Annotated[Any, Range(positive=True)] = (3 / 4, 4 / 3),
+    size: HeightWidth,
+    scale_range: AreaRange = (0.08, 1.0),
+    ratio_range: RatioRange = (3 / 4, 4 / 3),
     method: Annotated[str, Choice(_RESIZE_METHODS)] = "bilinear",
     antialias: bool = False,
 ):
@@ -222,20 +389,20 @@ def random_resized_crop(
     `tf.image.stateless_sample_distorted_bounding_box` (10 attempts, then the
     whole image). Where no augmentation runs: the largest centred window with
     the output's aspect ratio, resized to ``size``."""
-    return crop_with_window(_RESIZED_CROP, image, seed, size=size, scale_range=scale_range,
-                            ratio_range=ratio_range, method=method, antialias=antialias)
+    return _RESIZED_CROP.crop(image, seed, size=size, scale_range=scale_range,
+                              ratio_range=ratio_range, method=method, antialias=antialias)
 
 
 # --- flips ----------------------------------------------------------------------------
 
 
-@_builtin("random_flip_left_right", mirror=True)
+@builtin_op("random_flip_left_right", mirror=True)
 def random_flip_left_right(image, seed, *, probability: Probability = 0.5):
     """Mirrors the image horizontally with `probability`."""
     return _with_probability(probability, seed, lambda: tf.reverse(image, axis=[1]), image)
 
 
-@_builtin("random_flip_up_down", mirror=True)
+@builtin_op("random_flip_up_down", mirror=True)
 def random_flip_up_down(image, seed, *, probability: Probability = 0.5):
     """Mirrors the image vertically with `probability`."""
     return _with_probability(probability, seed, lambda: tf.reverse(image, axis=[0]), image)
@@ -353,45 +520,43 @@ def _channel_means(pixels: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(tf.reshape(row, [-1, channels]), 0)  # [channels]
 
 
-@_builtin("random_brightness", pixelwise=True)
-def random_brightness(image, seed, *, max_delta: Annotated[float, Number(0.0, 1.0)] = 0.2):
+@builtin_op("random_brightness", pixelwise=True)
+def random_brightness(image, seed, *, max_delta: Fraction = 0.2):
     """Adds one delta drawn from ``[-max_delta, max_delta]`` to every pixel."""
     return color_twist(image, brightness=_uniform(seed, -max_delta, max_delta))
 
 
-@_builtin("random_contrast", pixelwise=True)
-def random_contrast(image, seed, *,
-                    factor_range: Annotated[Any, Range(minimum=0.0)] = (0.8, 1.2)):
+@builtin_op("random_contrast", pixelwise=True)
+def random_contrast(image, seed, *, factor_range: FactorRange = (0.8, 1.2)):
     """Scales each pixel's distance from the image's mean luma by a factor from
     `factor_range`."""
     return color_twist(image, contrast=_uniform(seed, *factor_range))
 
 
-@_builtin("random_saturation", pixelwise=True)
-def random_saturation(image, seed, *,
-                      factor_range: Annotated[Any, Range(minimum=0.0)] = (0.8, 1.2)):
+@builtin_op("random_saturation", pixelwise=True)
+def random_saturation(image, seed, *, factor_range: FactorRange = (0.8, 1.2)):
     """Scales each pixel's distance from its luma by a factor from `factor_range`. RGB only."""
     _require_rgb("random_saturation", image)
     return color_twist(image, saturation=_uniform(seed, *factor_range))
 
 
-@_builtin("random_hue", pixelwise=True)
-def random_hue(image, seed, *, max_delta: Annotated[float, Number(0.0, 0.5)] = 0.05):
+@builtin_op("random_hue", pixelwise=True)
+def random_hue(image, seed, *, max_delta: HueTurns = 0.05):
     """Rotates hue (the YIQ chroma plane) by a delta from ``[-max_delta, max_delta]``
     turns. RGB only."""
     _require_rgb("random_hue", image)
     return color_twist(image, hue=_uniform(seed, -max_delta, max_delta))
 
 
-@_builtin("color_jitter", pixelwise=True)
+@builtin_op("color_jitter", pixelwise=True)
 def color_jitter(
     image,
     seed,
     *,
-    brightness: Annotated[float, Number(0.0, 1.0)] = 0.4,
-    contrast: Annotated[float, Number(0.0, 1.0)] = 0.4,
-    saturation: Annotated[float, Number(0.0, 1.0)] = 0.4,
-    hue: Annotated[float, Number(0.0, 0.5)] = 0.1,
+    brightness: Fraction = 0.4,
+    contrast: Fraction = 0.4,
+    saturation: Fraction = 0.4,
+    hue: HueTurns = 0.1,
     probability: Probability = 1.0,
 ):
     """Brightness, contrast, saturation and hue jitter, composed into one `color_twist`.
@@ -427,7 +592,7 @@ def color_jitter(
     return tf.cond(draws[4] < probability, jitter, lambda: to_float(image))
 
 
-@_builtin("random_grayscale", pixelwise=True)
+@builtin_op("random_grayscale", pixelwise=True)
 def random_grayscale(image, seed, *, probability: Probability = 0.1):
     """Replaces the image by its luma (kept as 3 channels) with `probability`. RGB only."""
     _require_rgb("random_grayscale", image)
@@ -463,14 +628,14 @@ def rotate(image: tf.Tensor, angle: tf.Tensor, *, fill_mode: str, fill_value: fl
     return tf.ensure_shape(rotated, image.shape)
 
 
-@_builtin("random_rotation")
+@builtin_op("random_rotation")
 def random_rotation(
     image,
     seed,
     *,
-    angle_range: Annotated[Any, Range(-180.0, 180.0)] = (-15.0, 15.0),
+    angle_range: Annotated[tuple[float, float], Range(-180.0, 180.0)] = (-15.0, 15.0),
     fill_mode: Annotated[str, Choice(_FILL_MODES)] = "constant",
-    fill_value: Annotated[float, Number(0.0, 1.0)] = 0.0,
+    fill_value: Fraction = 0.0,
     interpolation: Annotated[str, Choice(("bilinear", "nearest"))] = "bilinear",
 ):
     """Rotates by an angle (degrees, counter-clockwise) from `angle_range`,
@@ -480,15 +645,15 @@ def random_rotation(
                   fill_value=fill_value, interpolation=interpolation)
 
 
-@_builtin("random_erasing")
+@builtin_op("random_erasing")
 def random_erasing(
     image,
     seed,
     *,
     probability: Probability = 0.5,
-    scale_range: Annotated[Any, Range(0.0, 1.0)] = (0.02, 0.33),
-    ratio_range: Annotated[Any, Range(positive=True)] = (0.3, 3.3),
-    value: Annotated[float, Number(0.0, 1.0)] = 0.0,
+    scale_range: AreaRange = (0.02, 0.33),
+    ratio_range: RatioRange = (0.3, 3.3),
+    value: Fraction = 0.0,
 ):
     """With `probability`, sets one rectangle to `value` (Zhong et al. 2017).
 

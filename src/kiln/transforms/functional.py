@@ -14,49 +14,33 @@ in kiln.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Union
 
 import cv2
 import numpy as np
 from pydantic import Field, PlainValidator, StrictInt
-from pydantic_core import PydanticCustomError
 
-from kiln.transforms.registry import TransformError, register
-
-
-def _is_int_in(value: Any, low: int, high: int | None = None) -> bool:
-    # bool is an int subclass, but ``size: true`` is a config mistake, not 1.
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and value >= low and (high is None or value <= high))
-
-
-def _validate_size(value: Any) -> int | tuple[int, int]:
-    if _is_int_in(value, 1):
-        return value
-    if isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int_in(v, 1) for v in value):
-        return (value[0], value[1])
-    raise PydanticCustomError(
-        "kiln_size", "expected a positive integer or [height, width] of positive integers, "
-        "got {value}", {"value": repr(value)})
+from kiln.registry import Choice, Size
+from kiln.transforms.chain import TransformError, register
 
 
 def _validate_fill(value: Any) -> int | tuple[int, int, int]:
-    if _is_int_in(value, 0, 255):
+    def is_level(v: Any) -> bool:
+        # bool is an int subclass, but ``value: true`` is a config mistake, not 1.
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255
+
+    if is_level(value):
         return value
-    if isinstance(value, (list, tuple)) and len(value) == 3 and all(_is_int_in(v, 0, 255) for v in value):
+    if isinstance(value, (list, tuple)) and len(value) == 3 and all(is_level(v) for v in value):
         return (value[0], value[1], value[2])
-    raise PydanticCustomError(
-        "kiln_fill", "expected a level 0..255 or [r, g, b] of levels 0..255, got {value}",
-        {"value": repr(value)})
+    raise ValueError(f"expected a level 0..255 or [r, g, b] of levels 0..255, got {value!r}")
 
 
 # Strict ints: YAML ``shorter_side: "64"`` is a config mistake, not 64.
 Length = Annotated[StrictInt, Field(gt=0)]
-# One validator per union (not pydantic's Union) so a mistake gets one
-# message saying what is expected instead of one per union branch.
-Size = Annotated[Union[int, tuple[int, int]], PlainValidator(_validate_size)]
+# One validator for the union, as for `Size`: one message saying what is expected.
 FillValue = Annotated[Union[int, tuple[int, int, int]], PlainValidator(_validate_fill)]
-Interpolation = Literal["auto", "area", "linear", "cubic", "nearest", "lanczos"]
+Interpolation = Annotated[str, Choice(("auto", "area", "linear", "cubic", "nearest", "lanczos"))]
 
 # The *_EXACT variants are bit-exact across CPUs and SIMD paths (the plain
 # ones may differ in the last bit between, say, AVX2 and AVX-512 workers),

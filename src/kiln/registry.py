@@ -1,0 +1,412 @@
+"""Named functions with typed parameters: one registry for offline transforms and augmentation ops.
+
+Both halves of kiln name their operations in YAML lists of the same form,
+an entry being a name or a one-key mapping ``{name: {param: value}}``:
+
+    transforms:                       augment:
+      - resize: {shorter_side: 256}     - random_resized_crop: {size: 224}
+      - equalize                        - random_flip_left_right
+
+A `Registry` holds the functions of one kind (`kiln.transforms` has the
+offline transforms, `kiln.reader` the augmentation ops). Registering a
+function derives a frozen pydantic model from its keyword-only parameters
+and their annotations; `Registry.parse` validates a list against those
+models into `Spec`s: the name and the parameters, defaults filled in,
+frozen, picklable and JSON-serialisable (`Spec.to_json` is the resolved
+entry that configs and ``kiln.json`` store). A mistake is reported with the
+list, the entry's index, the name and the parameter, e.g.
+``augment[0].random_crop.size: expected a positive integer or [height, width], got 'big'``.
+
+Parameters are declared with pydantic annotations (``Annotated[float,
+Field(ge=0)]``, ``Literal[...]``) and the kiln types shared by both halves,
+defined here once: `Size`, `HeightWidth`, `Probability`, `Range` (for
+parameters named ``*_range``) and `Choice`. Plain ``bool``, ``int``,
+``float`` and ``str`` annotations are strict: ``"64"`` or ``true`` where a
+number belongs is a config mistake, not 64 or 1.
+
+Plain Python and pydantic only: the build job and the reader both import
+this module, and it imports neither's libraries (TensorFlow, Beam, OpenCV).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import numbers
+import typing
+from typing import Annotated, Any, Callable, Generic, Iterable, Mapping, Sequence, TypeVar, Union
+
+import pydantic
+from pydantic import Field, PlainValidator
+from pydantic_core import core_schema
+
+# --- parameter types ---------------------------------------------------------------
+
+
+def _is_integer(value: Any) -> bool:
+    # bool is an int subclass, but ``size: true`` is a config mistake, not 1.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _size(value: Any) -> int | tuple[int, int]:
+    if _is_integer(value) and value > 0:
+        return int(value)
+    if (isinstance(value, (list, tuple)) and len(value) == 2
+            and all(_is_integer(v) and v > 0 for v in value)):
+        return (int(value[0]), int(value[1]))
+    raise ValueError(f"expected a positive integer or [height, width], got {value!r}")
+
+
+def _height_width(value: Any) -> tuple[int, int]:
+    size = _size(value)
+    return (size, size) if isinstance(size, int) else size
+
+
+# One validator per union (not pydantic's Union) so a mistake gets one message
+# saying what is expected instead of one per union branch.
+Size = Annotated[Union[int, tuple[int, int]], PlainValidator(_size)]
+"""One positive int (a square) or ``[height, width]``; kept as written (an
+int stays an int), so a resolved config reads like its YAML."""
+
+HeightWidth = Annotated[tuple[int, int], PlainValidator(_height_width)]
+"""What `Size` accepts, always as ``(height, width)``: ``56`` becomes ``(56, 56)``."""
+
+Probability = Annotated[float, pydantic.Strict(), Field(ge=0.0, le=1.0)]
+"""A chance in [0, 1]."""
+
+
+class _Validator:
+    """A pydantic annotation that validates with ``self.validate`` (raising ValueError)."""
+
+    def validate(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        return core_schema.no_info_plain_validator_function(self.validate)
+
+
+@dataclasses.dataclass(frozen=True)
+class Range(_Validator):
+    """``[low, high]`` with ``low <= high``, both within ``[minimum, maximum]``, as two floats.
+
+    For parameters named ``*_range``:
+    ``scale_range: Annotated[tuple[float, float], Range(0.0, 1.0)] = (0.08, 1.0)``.
+
+    Attributes:
+      minimum: Lowest allowed end (None: unbounded).
+      maximum: Highest allowed end (None: unbounded).
+      positive: Both ends must be above 0 (for ratios, whose logarithm is taken).
+    """
+
+    minimum: float | None = None
+    maximum: float | None = None
+    positive: bool = False
+
+    def validate(self, value: Any) -> tuple[float, float]:
+        if (not isinstance(value, (list, tuple)) or len(value) != 2
+                or not all(_is_number(v) for v in value)):
+            raise ValueError(f"expected two numbers [low, high], got {value!r}")
+        low, high = float(value[0]), float(value[1])
+        if low > high:
+            raise ValueError(f"expected low <= high, got {list(value)!r}")
+        for end in (low, high):
+            if self.minimum is not None and end < self.minimum:
+                raise ValueError(f"must be >= {self.minimum}, got {end!r}")
+            if self.maximum is not None and end > self.maximum:
+                raise ValueError(f"must be <= {self.maximum}, got {end!r}")
+            if self.positive and end <= 0:
+                raise ValueError(f"both ends must be > 0, got {list(value)!r}")
+        return (low, high)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice(_Validator):
+    """One of a fixed set of strings: ``method: Annotated[str, Choice(("area", "linear"))]``."""
+
+    options: tuple[str, ...]
+
+    def validate(self, value: Any) -> str:
+        if not isinstance(value, str) or value not in self.options:
+            raise ValueError(f"expected one of {list(self.options)}, got {value!r}")
+        return value
+
+
+# --- registered functions and configured entries -------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """A function registered under a name.
+
+    Attributes:
+      name: What lists use.
+      fn: The function; its keyword-only parameters are the configurable ones.
+      parameters: The frozen pydantic model of those parameters.
+      check: Optional ``check(**params)`` for rules between parameters (e.g.
+        "exactly one of size and to_square") that annotations cannot
+        express; raises ValueError with a message naming the parameters.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    parameters: type[pydantic.BaseModel]
+    check: Callable[..., None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One list entry, validated: a registered name and its parameters.
+
+    Holds the name, not the function, so it is picklable and rebuilt from
+    `to_json` in another process; parameters are sorted by name, with
+    defaults filled in, so equal configs give equal specs.
+    """
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def to_json(self) -> dict[str, Any]:
+        """The resolved entry, ``{name: {param: value}}``, tuples as lists."""
+        return {self.name: _jsonable(self.kwargs)}
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R", bound=Registered)
+S = TypeVar("S", bound=Spec)
+
+_NO_DEFAULT = inspect.Parameter.empty
+
+
+def parameter_model(kind: str, name: str, fn: Callable[..., Any],
+                    leading: Sequence[str]) -> type[pydantic.BaseModel]:
+    """The frozen model of `fn`'s configurable parameters.
+
+    Args:
+      kind: What `fn` is, for messages (``"offline transform"``).
+      name: Its registered name, for messages.
+      fn: ``fn(<leading>, *, param: type = default, ...)``.
+      leading: Names of the positional parameters that carry the data (the
+        image, a seed), which a config does not set.
+
+    Raises:
+      ValueError: if the signature has another shape.
+    """
+    params = list(inspect.signature(fn).parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < len(leading):
+        raise ValueError(
+            f"{kind} {name!r}: expected the signature fn({', '.join(leading)}, *, "
+            f"param=default, ...); got {len(positional)} positional parameter(s)"
+        )
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception as e:  # what a wrong annotation raises depends on the annotation
+        # Validating without the annotations would let every value through.
+        raise ValueError(f"{kind} {name!r}: cannot resolve the parameter annotations: "
+                         f"{type(e).__name__}: {e}") from e
+    fields = {}
+    for param in params[len(leading):]:
+        if param.kind is not param.KEYWORD_ONLY:
+            raise ValueError(f"{kind} {name!r}: parameter {param.name!r} must be keyword-only "
+                             f"(put it after a bare '*')")
+        default = ... if param.default is _NO_DEFAULT else param.default
+        fields[param.name] = (_strict_scalars(hints.get(param.name, Any)), default)
+    return pydantic.create_model(
+        f"{name}_parameters",
+        __config__=pydantic.ConfigDict(extra="forbid", frozen=True,
+                                       arbitrary_types_allowed=True),
+        **fields,
+    )
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _strict_scalars(annotation: Any) -> Any:
+    if typing.get_origin(annotation) is Annotated:
+        base, *metadata = typing.get_args(annotation)
+    else:
+        base, metadata = annotation, []
+    if base not in _SCALARS:
+        return annotation
+    # Strict first, on the scalar itself: later metadata may replace the
+    # scalar's validation altogether (a `Choice`, a PlainValidator).
+    return Annotated[(base, pydantic.Strict(), *metadata)]
+
+
+class Registry(Generic[R]):
+    """The registered functions of one kind, and the parsing of lists that name them.
+
+    Args:
+      kind: What the functions are, for messages (``"augmentation op"``).
+      noun: Its short form (``"op"``), for messages about list entries.
+      error: The ValueError subclass raised for invalid lists.
+    """
+
+    def __init__(self, kind: str, noun: str, error: type[ValueError]):
+        self.kind = kind
+        self.noun = noun
+        self.error = error
+        self._entries: dict[str, R] = {}
+
+    def register(self, name: str | None, *, leading: Sequence[str],
+                 entry: Callable[..., R] = Registered, **details: Any) -> Callable[[F], F]:
+        """A decorator that registers its function as `name` (default: the function's name).
+
+        Args:
+          name: What lists use.
+          leading: The function's positional data parameters (see `parameter_model`).
+          entry: The `Registered` (sub)class to record, built with the name,
+            the function, its parameter model and `details`.
+
+        Raises:
+          ValueError: if the name is taken by another function or the
+            signature is not ``fn(<leading>, *, param: type = default, ...)``.
+        """
+
+        def decorator(fn: F) -> F:
+            entry_name = name or fn.__name__
+            parameters = parameter_model(self.kind, entry_name, fn, leading)
+            self.add(entry(name=entry_name, fn=fn, parameters=parameters, **details))
+            return fn
+
+        return decorator
+
+    def add(self, entry: R) -> None:
+        """Registers `entry`; registering the same function again is a no-op.
+
+        Raises:
+          ValueError: if another function has the name.
+        """
+        existing = self._entries.get(entry.name)
+        if existing is not None and existing.fn is not entry.fn:
+            raise ValueError(f"{_article(self.kind)} {self.kind} named {entry.name!r} "
+                             f"is already registered")
+        self._entries[entry.name] = entry
+
+    def remove(self, name: str) -> None:
+        """Forgets `name` (so a test can register its own function under it)."""
+        del self._entries[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def get(self, name: str) -> R:
+        if name not in self._entries:
+            raise self.error(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
+        return self._entries[name]
+
+    def parse(self, specs: Iterable[Any] | None, field: str,
+              make: Callable[[str, tuple[tuple[str, Any], ...]], S] = Spec) -> list[S]:
+        """Validates a list in YAML form; returns one ``make(name, params)`` per entry.
+
+        Args:
+          specs: The list; None means an empty one.
+          field: Where the list is, for messages (``"transforms"``).
+          make: Builds the entry (a `Spec` subclass) from the name and the
+            validated parameters.
+
+        Raises:
+          self.error: naming the entry and parameter (``augment[1].random_crop.size: ...``).
+        """
+        if specs is None:
+            return []
+        if isinstance(specs, (str, Mapping)) or not isinstance(specs, Iterable):
+            raise self.error(f"{field}: expected a list of {self.noun}s, got {specs!r}")
+        return [make(*self._parse_entry(f"{field}[{index}]", spec))
+                for index, spec in enumerate(specs)]
+
+    def _parse_entry(self, where: str, spec: Any) -> tuple[str, tuple[tuple[str, Any], ...]]:
+        if isinstance(spec, str):
+            name, raw = spec, {}
+        elif isinstance(spec, Mapping) and len(spec) == 1:
+            name, raw = next(iter(spec.items()))
+            raw = {} if raw is None else raw
+        else:
+            raise self.error(
+                f"{where}: expected {_article(self.noun)} {self.noun} name or a one-key mapping "
+                f"{{name: {{params}}}}, got {spec!r}"
+            )
+        if name not in self._entries:
+            raise self.error(f"{where}: unknown {self.kind} {name!r}; "
+                             f"known: {', '.join(self.names())}")
+        if not isinstance(raw, Mapping):
+            raise self.error(f"{where}.{name}: parameters must be a mapping, got {raw!r}")
+        return name, self._validate(f"{where}.{name}", self._entries[name], raw)
+
+    def _validate(self, where: str, entry: R, raw: Mapping) -> tuple[tuple[str, Any], ...]:
+        try:
+            model = entry.parameters.model_validate(dict(raw))
+        except pydantic.ValidationError as e:
+            # An unknown parameter first: it is usually a typo of the one
+            # reported missing.
+            errors = e.errors(include_url=False)
+            first = next((err for err in errors if err["type"] == "extra_forbidden"), errors[0])
+            loc = ".".join(str(part) for part in first["loc"])
+            raise self.error(f"{where}.{loc}: {_describe(first, entry.parameters)}") from None
+        params = {name: _frozen(getattr(model, name)) for name in type(model).model_fields}
+        if entry.check is not None:
+            try:
+                entry.check(**params)
+            except ValueError as e:
+                raise self.error(f"{where}: {e}") from None
+        return tuple(sorted(params.items()))
+
+
+_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="),
+           "less_than": ("lt", "<"), "less_than_equal": ("le", "<=")}
+_EXPECTED = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+    "bool_type": "true or false", "bool_parsing": "true or false",
+    "string_type": "a string",
+}
+
+
+def _describe(error: Mapping[str, Any], model: type[pydantic.BaseModel]) -> str:
+    """One pydantic error in kiln's words: what was expected, and what was given."""
+    kind, given, context = error["type"], error.get("input"), error.get("ctx") or {}
+    if kind == "missing":
+        return "required parameter is missing"
+    if kind == "extra_forbidden":
+        return f"unknown parameter; known: {', '.join(model.model_fields) or 'none'}"
+    if kind == "value_error":
+        return str(context["error"])
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}, got {given!r}"
+    if kind in _BOUNDS:
+        key, sign = _BOUNDS[kind]
+        return f"must be {sign} {context[key]}, got {given!r}"
+    if kind == "literal_error":
+        return f"expected {context['expected']}, got {given!r}"
+    return error["msg"]
+
+
+def _article(noun: str) -> str:
+    return "an" if noun[:1] in "aeiou" else "a"
+
+
+def _frozen(value: Any) -> Any:
+    # Lists (from a list[...] annotation) become tuples: specs are hashable.
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
