@@ -258,6 +258,7 @@ def _build_locked(spec: BuildSpec, options: PipelineOptions, held: DatasetLock, 
                              f"errors.allow_empty: true. The rows are in "
                              f"{transaction.staging_dir.rstrip('/')}/{ERRORS_FILENAME}")
         info = dataset_info(spec, listing, report, _version(spec, listing, report))
+        _warn_about_empty_classes(info)
         held.check()
         target = transaction.commit(info)
     return BuildResult(
@@ -310,6 +311,16 @@ def _warn_about_shard_counts(spec: BuildSpec, listing: sources.Listing) -> None:
     if any(count > len(listing.files) for count in counts):
         logger.warning("sharding.num_shards asks for more shards than the %d files listed; "
                        "a split gets at most one shard per record", len(listing.files))
+
+
+def _warn_about_empty_classes(info: DatasetInfo) -> None:
+    # Kept as classes (label ids are indices into the sorted names: dropping
+    # one would shift every id after it), but worth a line in the cron mail.
+    empty = [name for name in info.class_names
+             if not any(split.class_counts.get(name) for split in info.splits.values())]
+    if empty:
+        logger.warning("class(es) with no example (every file dropped): %s; they keep their "
+                       "label ids", ", ".join(empty))
 
 
 def _last_line(error: BaseException) -> str:

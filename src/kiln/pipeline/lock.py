@@ -103,7 +103,7 @@ class DatasetLock:
         deadline = time.monotonic() + self._wait
         while not self._try_acquire():
             if time.monotonic() >= deadline:
-                holder = self.holder()
+                holder = self._current_holder()
                 who = f" ({holder.describe()})" if holder else ""
                 waited = f" after waiting {self._wait:g} s" if self._wait else ""
                 raise Busy(f"another build of {os.path.dirname(self.path)} is running{who}; "
@@ -115,6 +115,15 @@ class DatasetLock:
     def holder(self) -> Holder | None:
         """Who holds the lock now (or held it last, on a local disk)."""
         return Holder.from_bytes(storage.store_for(self.path).read_bytes(self.path))
+
+    def _current_holder(self) -> Holder | None:
+        """`holder`, read again for a moment if it is being written."""
+        for _ in range(10):
+            holder = self.holder()
+            if holder is not None:
+                return holder
+            time.sleep(0.05)
+        return None
 
     def check(self) -> None:
         """Raises `Failure` if this build no longer holds the lock (an object
@@ -141,8 +150,11 @@ class DatasetLock:
             if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 return False
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, self._me.to_bytes(), 0)
+        # Overwrite in place, then cut what the last holder left beyond it:
+        # the file is never empty while a waiting build reads who holds it.
+        data = self._me.to_bytes()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
         self._fd = fd
         return True
 
