@@ -10,10 +10,10 @@
 
 # The Beam SDK image of exactly the version setup.py pins (BEAM_VERSION): the
 # two must move together, because Dataflow refuses workers whose SDK differs
-# from the launcher's. tests/test_dockerfile.py checks that they agree.
+# from the launcher's. Its ENTRYPOINT (/opt/apache/beam/boot) is what the
+# runner starts, so this file sets none. tests/test_dockerfile.py checks both.
 FROM apache/beam_python3.11_sdk:2.77.0
 
-# A fixed place for the source, outside the SDK's own folders.
 WORKDIR /opt/kiln
 
 # Only what installing kiln needs (setup.py reads README.md and the version
@@ -21,8 +21,9 @@ WORKDIR /opt/kiln
 COPY setup.py README.md ./
 COPY src ./src
 
-# kiln with the pipeline extra: OpenCV (headless: no GUI libraries), pydantic,
-# PyYAML, google-crc32c, and TensorFlow (kiln.schemas encodes records with it).
+# kiln with the pipeline extra: OpenCV (headless: no GUI libraries), PyYAML,
+# google-crc32c, imagesize, and the base install's TensorFlow (kiln.schemas
+# encodes records with it) and pydantic (the config and parameter models).
 # apache-beam==2.77.0 is already in the image, so pip keeps the SDK's copy.
 # A regular (not editable) install: the workers import it from site-packages.
 # No pip cache: it would only make the image larger.

@@ -65,6 +65,7 @@ setuptools.setup(
             "pytest-timeout>=2.2,<3",
             "flake8>=7,<8",  # tests run kiln lint's flake8 plugin under real flake8
             "import-linter>=2.1,<3",  # the layering contracts in .importlinter
+            "dockerfile-parse>=2.0,<3",  # tests read the Dockerfile as Docker does
             "tensorflow-datasets>=4.9,<5",
         ],
     },
