@@ -27,15 +27,24 @@ a few seconds each), however many tests use them.
         result = build_dataset(pipeline_args=["--direct_num_workers=2"])
 
     ``result.dataset_dir`` is the version folder (shards, kiln.json,
-    errors.jsonl), ``result.dataset_root`` the ``<output>/<name>`` folder
-    with LATEST, ``result.info`` the `kiln.schemas.DatasetInfo`.
+    errors.jsonl, duplicates.jsonl), ``result.dataset_root`` the
+    ``<output>/<name>`` folder with LATEST, ``result.info`` the
+    `kiln.schemas.DatasetInfo`.
     The shards are read-only for tests (copy them before corrupting one).
+
+``duplicates_build`` -> (`kiln.pipeline.BuildResult`, expected groups)
+    The demo corpus plus three byte-for-byte copies, built with
+    `BASE_CONFIG`: a circle copied once into its own class and once into
+    ``star``, a square copied into ``triangle``. The groups are the sorted
+    keys of each set of identical files, as duplicates.jsonl lists them.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
 
 import pytest
 
@@ -95,3 +104,27 @@ def build_dataset(demo_corpus, tmp_path_factory):
         return cache[cache_key]
 
     return build_with
+
+
+@pytest.fixture(scope="session")
+def duplicates_build(demo_corpus, tmp_path_factory):
+    from kiln.pipeline import build
+
+    root = tmp_path_factory.mktemp("duplicates-corpus") / "images"
+    shutil.copytree(demo_corpus.out_dir, root)
+
+    def first(class_name):
+        return next(f"{class_name}/{name}" for name in sorted(os.listdir(root / class_name))
+                    if f"{class_name}/{name}" not in demo_corpus.broken)
+
+    circle, square = first("circle"), first("square")
+    copies = {circle: ["circle/zz_copy_a", "star/zz_copy_c"], square: ["triangle/zz_copy_b"]}
+    groups = []
+    for original, keys in copies.items():
+        extension = os.path.splitext(original)[1]
+        keys = [key + extension for key in keys]
+        for key in keys:
+            shutil.copyfile(root / original, root / key)
+        groups.append(sorted([original, *keys]))
+    config = make_config(root, output=str(tmp_path_factory.mktemp("duplicates-out")))
+    return build(config), groups

@@ -46,6 +46,16 @@ def read_all(result):
     return {split: read_split(result, split) for split in result.info.splits}
 
 
+def read_jsonl(dataset_dir, name):
+    with open(os.path.join(dataset_dir, name)) as f:
+        return [json.loads(line) for line in f]
+
+
+def split_of(result, key):
+    return next(split for split, records in read_all(result).items()
+                if key in [r["key"] for r in records])
+
+
 def corpus_files(corpus):
     keys = []
     for class_name in sorted(os.listdir(corpus.out_dir)):
@@ -130,7 +140,8 @@ def test_metadata_describes_the_files(build_dataset, demo_corpus):
     assert not [e for e in os.listdir(root) if e.startswith(".staging-")]
     listed = sorted(os.listdir(result.dataset_dir))
     shard_files = sorted(s.filename for split in info.splits.values() for s in split.shards)
-    assert listed == sorted(shard_files + ["errors.jsonl", "kiln.json"] + list(tfds_files(info)))
+    assert listed == sorted(shard_files + ["duplicates.jsonl", "errors.jsonl", "kiln.json"]
+                            + list(tfds_files(info)))
     assert [s.filename for s in info.splits["train"].shards] == [
         f"shapes-train.tfrecord-{i:05d}-of-00003" for i in range(3)]
 
@@ -155,6 +166,13 @@ def test_metadata_describes_the_files(build_dataset, demo_corpus):
     assert "output" not in data["config"]  # where a dataset lives is not part of it
     assert data["schema"] == RECORD.to_json()
     assert data["dropped"] == {reason: 1 for reason in demo_corpus.broken.values()}
+    # The reports beside kiln.json are pinned by their sha256, kiln.json by its own checksum.
+    for name, field in [("errors.jsonl", "errors_sha256"),
+                        ("duplicates.jsonl", "duplicates_sha256")]:
+        assert data[field] == file_sha256(os.path.join(result.dataset_dir, name))
+    assert data["checksum"] == schemas.metadata.content_checksum(data) == info.checksum
+    assert data["format_version"] == 2
+    assert open(os.path.join(result.dataset_dir, "duplicates.jsonl"), "rb").read() == b""
 
     with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
         rows = [json.loads(line) for line in f]
@@ -215,6 +233,9 @@ def test_rebuild_is_up_to_date_and_changes_make_new_versions(demo_corpus, tmp_pa
     second = build(config)
     assert second.version != first.version and not second.up_to_date
     assert second.info.duplicates == 1  # the circle file is now a copy of the square one
+    assert read_jsonl(second.dataset_dir, "duplicates.jsonl") == [{
+        "sha256": hashlib.sha256(replacement).hexdigest(), "keys": sorted([circle, square]),
+        "splits": [split_of(second, key) for key in sorted([circle, square])]}]
     with open(os.path.join(first.dataset_root, "LATEST")) as f:
         assert f.read() == second.version
     assert os.path.exists(os.path.join(first.dataset_dir, "kiln.json"))
@@ -326,6 +347,13 @@ def test_manifest_source_with_splits_and_bad_rows(demo_corpus, tmp_path):
                        ("missing", "images/circle/missing.png"),
                        ("unknown_label", f"images/{star}")]
     assert result.info.duplicates == 1 and result.duplicates_across_splits == 1
+    # Which files: the one file listed twice, by a relative and an absolute path.
+    copies = sorted([f"images/{keys[1]}", os.path.join(images, keys[1])])
+    with open(os.path.join(images, keys[1]), "rb") as f:
+        content = hashlib.sha256(f.read()).hexdigest()
+    assert read_jsonl(result.dataset_dir, "duplicates.jsonl") == [{
+        "sha256": content, "keys": copies,
+        "splits": ["test" if key.startswith("/") else "train" for key in copies]}]
     assert {k: v for k, v in result.counters.items() if k.startswith("dropped_")} == {
         "dropped_bad_row": 1, "dropped_missing": 1, "dropped_unknown_label": 1}
 

@@ -83,7 +83,7 @@ def test_dataflow_dry_run_translates_the_job(demo_corpus, no_network_no_credenti
     for step in ["ReadListing", "SpreadFiles",
                  "ProcessImages/DecodeTransformEncode",
                  "WriteShards/GroupShards", "WriteShards/WriteShardFiles",
-                 "Summarize", "CountDuplicates/GatherCopies", "WriteReports"]:
+                 "Summarize", "FindDuplicates/GatherCopies", "WriteReports"]:
         assert step in names, step
     images = set()
     for environment in proto.components.environments.values():

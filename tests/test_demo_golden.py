@@ -2,12 +2,14 @@
 committed golden files, so a restructuring that changes one stored byte, one
 kiln.json field or one errors.jsonl row fails here.
 
-Shards, features.json and the labels file are pinned by sha256. kiln.json,
-dataset_info.json and errors.jsonl name the source folder (an absolute path)
-and hash it into the version and config fingerprint, so they are compared
-with that folder written as ``<demo-data>`` and those two hashes as
-``<version>`` / ``<fingerprint>``; the version's own derivation is pinned by
-tests/test_build_determinism.py.
+Shards, features.json, the labels file and duplicates.jsonl are pinned by
+sha256. kiln.json, dataset_info.json and errors.jsonl name the source folder
+(an absolute path) and hash it into the version and config fingerprint, so
+they are compared with that folder written as ``<demo-data>`` and those two
+hashes as ``<version>`` / ``<fingerprint>``; the version's own derivation is
+pinned by tests/test_build_determinism.py. For the same reason kiln.json's
+own checksum and errors.jsonl's sha256 are written as ``<checksum>`` and
+``<errors-sha256>``, and checked against the files instead.
 
 After an intended change of the output, regenerate with
 ``KILN_UPDATE_GOLDEN=1 python -m pytest tests/test_demo_golden.py`` and say
@@ -21,6 +23,7 @@ import pathlib
 
 import yaml
 
+import kiln.reader
 from kiln.pipeline import build, demo_data
 
 TOP = pathlib.Path(__file__).resolve().parent.parent
@@ -29,10 +32,12 @@ PINNED_BY_HASH = "sha256.json"
 NORMALIZED = ("kiln.json", "dataset_info.json", "errors.jsonl")
 
 
-def normalized(text: str, *, images: str, version: str, fingerprint: str) -> str:
+def normalized(text: str, *, images: str, info) -> str:
     return (text.replace(images, "<demo-data>")
-                .replace(fingerprint, "<fingerprint>")
-                .replace(version, "<version>"))
+                .replace(info.config_fingerprint, "<fingerprint>")
+                .replace(info.checksum, "<checksum>")
+                .replace(info.errors_sha256, "<errors-sha256>")
+                .replace(info.version, "<version>"))
 
 
 def test_demo_build_matches_the_golden_files(tmp_path):
@@ -47,10 +52,13 @@ def test_demo_build_matches_the_golden_files(tmp_path):
     names = sorted(os.listdir(folder))
     hashes = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
               for name in names if name not in NORMALIZED}
-    texts = {name: normalized((folder / name).read_text(), images=images,
-                              version=result.version,
-                              fingerprint=result.info.config_fingerprint)
+    texts = {name: normalized((folder / name).read_text(), images=images, info=result.info)
              for name in NORMALIZED}
+    # What the normalization hides is checked against the files themselves.
+    assert kiln.reader.info(str(folder)) == result.info  # kiln.json matches its checksum
+    assert result.info.errors_sha256 == hashlib.sha256(
+        (folder / "errors.jsonl").read_bytes()).hexdigest()
+    assert result.info.duplicates_sha256 == hashes["duplicates.jsonl"]
 
     if os.environ.get("KILN_UPDATE_GOLDEN"):
         GOLDEN.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,25 @@ def test_summary_matches_the_build(built, demo_corpus):
     assert summary["dropped"] == {reason: 1 for reason in demo_corpus.broken.values()}
     assert {row["key"]: row["reason"] for row in summary["errors"]} == demo_corpus.broken
     assert summary["tfds"] is True
+    assert summary["duplicates"] == 0 and summary["duplicate_groups"] == []
     assert summary["warnings"] == []
+
+
+def test_duplicate_groups_are_in_the_summary(duplicates_build, capsys):
+    result, groups = duplicates_build
+    summary = inspection.inspect_dataset(result.dataset_dir)
+    assert summary["duplicates"] == 3
+    assert sorted(group["keys"] for group in summary["duplicate_groups"]) == sorted(groups)
+    assert all(set(group) == {"sha256", "keys", "splits"} for group in summary["duplicate_groups"])
+    assert summary["warnings"] == []
+    assert cli.main(["inspect", result.dataset_dir, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["duplicate_groups"] == summary["duplicate_groups"]
+    assert cli.main(["inspect", result.dataset_dir]) == 0
+    out = capsys.readouterr().out
+    assert "duplicates: 3 source file(s) with the same content as another (rows in " \
+           "duplicates.jsonl):" in out
+    for keys in groups:
+        assert any(all(key in line for key in keys) for line in out.splitlines()), keys
 
 
 def test_text_summary(built, demo_corpus, capsys):

@@ -20,7 +20,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import GlobalWindow
 
 from kiln import transforms
-from kiln.pipeline import sharding, statistics, tfrecord, versioning
+from kiln.pipeline import duplicates, sharding, statistics, tfrecord, versioning
 from kiln.pipeline.error_report import DroppedFile, write_error_report
 from kiln.pipeline.images import ImageProcessor, ProcessedImage, ProcessImages
 from kiln.pipeline.config import EncodingConfig, ImageConfig, ShardingConfig, SplitsConfig
@@ -158,7 +158,7 @@ def spill(records, folder, run_bytes):
     runs = []
     for r in records:
         content = hashlib.sha256(r.record).hexdigest()
-        if writer.add(GlobalWindow(), r.split, r.sort_key, r.record, content):
+        if writer.add(GlobalWindow(), r.split, r.sort_key, r.record, content, f"k/{r.sort_key}"):
             runs += [windowed.value for windowed in writer.flush()]
     return runs + [windowed.value for windowed in writer.flush()]
 
@@ -439,7 +439,7 @@ def test_process_images_outputs_runs_drops_and_a_summary(tmp_path):
         (run,) = runs
         (entry,), (content,) = run.entries, run.contents
         assert entry[:3] == (split, sharding.sort_key("a/good.png"), 0)
-        assert content == sha_of["a/good.png"]
+        assert content == (sha_of["a/good.png"], "a/good.png")
         with open(run.run, "rb") as f:
             record = f.read()
         assert len(record) == entry[3]
@@ -498,37 +498,54 @@ def test_the_image_step_holds_opencv_to_one_thread_per_call_and_restores_it(tmp_
         cv2.setNumThreads(before)
 
 
-def test_count_duplicates_over_runs_matches_a_direct_count():
+def test_find_duplicates_over_runs_matches_a_direct_grouping():
     # 300 records drawn from 120 contents, in 7 runs, splits by key: copies
     # fall in every bucket, some within one split, some across splits.
     rng = random.Random(3)
     contents = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(120)]
-    records = [(rng.choice(["train", "test"]), rng.choice(contents)) for _ in range(300)]
-    runs = [sharding.SpilledRun(f"run-{i}", tuple((split, "0" * 16, 0, 1) for split, _ in part),
-                                tuple(content for _, content in part))
+    records = [(f"k{i:03d}", rng.choice(["train", "test"]), rng.choice(contents))
+               for i in range(300)]
+    runs = [sharding.SpilledRun(f"run-{i}", tuple((split, "0" * 16, 0, 1) for _, split, _ in part),
+                                tuple((content, key) for key, _, content in part))
             for i, part in enumerate(records[k:k + 43] for k in range(0, 300, 43))]
-    splits_of = {}
-    for split, content in records:
-        splits_of.setdefault(content, []).append(split)
-    extra = sum(len(s) - 1 for s in splits_of.values())
-    across = sum(len(s) - 1 for s in splits_of.values() if len(set(s)) > 1)
-    assert 0 < across < extra
+    copies = {}
+    for key, split, content in sorted(records):
+        copies.setdefault(content, []).append((key, split))
+    expected = [duplicates.DuplicateGroup(content, tuple(k for k, _ in stored),
+                                          tuple(s for _, s in stored))
+                for content, stored in copies.items() if len(stored) > 1]
+    assert 0 < sum(g.extra_copies for g in expected if g.across_splits) < sum(
+        g.extra_copies for g in expected)
+    assert len({int(g.sha256[:8], 16) % duplicates.DUPLICATE_BUCKETS for g in expected}) > 1
 
-    def check_sums(pairs):
-        assert 1 < len(pairs) <= statistics.DUPLICATE_BUCKETS
-        assert tuple(map(sum, zip(*pairs))) == (extra, across)
+    with local_pipeline() as p:  # one group per content stored more than once
+        assert_that(p | beam.Create(runs) | duplicates.FindDuplicates(), equal_to(expected))
+    with local_pipeline() as p:  # no runs: nothing
+        assert_that(p | beam.Create([]) | duplicates.FindDuplicates(), equal_to([]))
 
-    with local_pipeline() as p:  # a pair per bucket; their sums are the dataset's
-        assert_that(p | beam.Create(runs) | statistics.CountDuplicates(), check_sums)
-    with local_pipeline() as p:  # no runs: nothing (the report reads it as 0)
-        assert_that(p | beam.Create([]) | statistics.CountDuplicates(), equal_to([]))
+
+def test_duplicate_report_is_sorted_canonical_and_hashed(tmp_path):
+    groups = [duplicates.DuplicateGroup("b" * 64, ("x/2.png", "y/1.png"), ("test", "train")),
+              duplicates.DuplicateGroup("a" * 64, ("a/é.png", "b/1.png", "c/1.png"),
+                                        ("train", "train", "train"))]
+    sha256 = duplicates.write_duplicate_report(str(tmp_path), groups)
+    data = (tmp_path / "duplicates.jsonl").read_bytes()
+    assert sha256 == hashlib.sha256(data).hexdigest()
+    assert data.decode("utf-8") == (
+        '{"keys": ["a/é.png", "b/1.png", "c/1.png"], "sha256": "' + "a" * 64
+        + '", "splits": ["train", "train", "train"]}\n'
+        '{"keys": ["x/2.png", "y/1.png"], "sha256": "' + "b" * 64
+        + '", "splits": ["test", "train"]}\n')
+    assert duplicates.write_duplicate_report(str(tmp_path), []) == hashlib.sha256(b"").hexdigest()
+    assert (tmp_path / "duplicates.jsonl").read_bytes() == b""
 
 
 def test_error_report_is_sorted_and_counted(tmp_path):
     rows = [DroppedFile(f"k{i % 7}", "decode", reason, f"/x/k{i}", "m")
             for i, reason in enumerate(["corrupt", "empty", "corrupt", "too_small", "corrupt"])]
-    counts = write_error_report(str(tmp_path), list(reversed(rows)))
+    counts, sha256 = write_error_report(str(tmp_path), list(reversed(rows)))
     assert counts == {"corrupt": 3, "empty": 1, "too_small": 1}
+    assert sha256 == hashlib.sha256((tmp_path / "errors.jsonl").read_bytes()).hexdigest()
     assert list(counts) == sorted(counts)
     lines = (tmp_path / "errors.jsonl").read_text().splitlines()
     parsed = [json.loads(line) for line in lines]

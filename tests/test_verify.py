@@ -1,15 +1,22 @@
 """`kiln verify`: an intact build passes; a flipped byte, a truncated or deleted shard,
-edited metadata and records that do not match the schema are each found and named."""
+edited metadata (kiln.json against its checksum, the reports against their sha256),
+a wrong duplicates report and records that do not match the schema are each found and
+named; the reader refuses an edited kiln.json too."""
 
+import hashlib
 import json
 import os
+import re
 import shutil
 
 import pytest
 import tensorflow as tf
 
+import kiln
+import kiln.reader
 from kiln import cli
-from kiln.schemas import RECORD, DatasetInfo
+from kiln.schemas import RECORD, DatasetInfo, MetadataChecksumError, MetadataError
+from kiln.schemas.metadata import content_checksum
 from kiln.tools import verify
 
 GZIP = {"sharding": {"num_shards": 2, "compression": "gzip"}}
@@ -28,13 +35,27 @@ def shard_path(folder, info, split="train", index=1):
     return os.path.join(folder, info.splits[split].shards[index].filename)
 
 
-def edit_metadata(folder, change):
+def edit_metadata(folder, change, reseal=False):
+    """Edits kiln.json in place; with `reseal`, records the new content's
+    checksum too (a consistent forgery: only the other files can tell)."""
     path = os.path.join(folder, "kiln.json")
     with open(path) as f:
         data = json.load(f)
     change(data)
+    if reseal:
+        data["checksum"] = content_checksum(data)
     with open(path, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
+
+
+def edit_lines(folder, name, change):
+    """Rewrites a report file (errors.jsonl, duplicates.jsonl) through `change(rows)`."""
+    path = os.path.join(folder, name)
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
+    change(rows)
+    with open(path, "w") as f:
+        f.writelines(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n" for row in rows)
 
 
 def only_problem(folder):
@@ -120,7 +141,10 @@ def test_edited_metadata(version_copy):
     def recount(data):
         data["splits"]["train"]["shards"][0]["num_records"] += 1
     edit_metadata(folder, recount)
-    problem, _ = only_problem(folder)
+    checksum, result = only_problem(folder)
+    assert checksum.where == "kiln.json"
+    assert "kiln.json was modified after it was written: checksum " in checksum.message
+    problem = result.problems[1]  # and what else disagrees, checked against the edited file
     assert problem.where == first.filename
     assert problem.message == (f"holds {first.num_records} records, kiln.json says "
                                f"{first.num_records + 1}")
@@ -129,7 +153,7 @@ def test_edited_metadata(version_copy):
         shard = data["splits"]["train"]["shards"][0]
         shard["num_records"] -= 1
         shard["sha256"] = "0" * 64
-    edit_metadata(folder, restore_count_and_change_sha256)
+    edit_metadata(folder, restore_count_and_change_sha256, reseal=True)
     problem, _ = only_problem(folder)
     assert (problem.where, problem.message) == (
         first.filename, f"sha256 is {first.sha256}, kiln.json says {'0' * 64}")
@@ -147,6 +171,7 @@ def test_edited_split_counts(version_copy):
         split["statistics"]["count"] += 1
     edit_metadata(folder, edit)
     result = verify.verify(folder)
+    assert result.problems[0].where == "kiln.json"
     messages = [str(p) for p in result.problems if p.where == "split 'train'"]
     assert messages[0] == (f"split 'train': num_examples is {train.num_examples + 2}, "
                            f"the shards hold {train.num_examples}")
@@ -162,9 +187,10 @@ def test_unparsable_json_stray_files_and_error_report(version_copy):
     with open(os.path.join(folder, "errors.jsonl"), "w") as f:
         f.writelines(rows[1:])
     result = verify.verify(folder)
-    assert [p.where for p in result.problems] == [".", "errors.jsonl"]
+    assert [p.where for p in result.problems] == [".", "errors.jsonl", "errors.jsonl"]
     assert "shapes-train.tfrecord-00000-of-00003.tmp-1234" in result.problems[0].message
-    assert "kiln.json says" in result.problems[1].message
+    assert result.problems[1].message.startswith("modified after it was written: sha256 is ")
+    assert "kiln.json says {" in result.problems[2].message
 
     with open(os.path.join(folder, "kiln.json"), "w") as f:
         f.write('{"name": "shapes", ')  # cut off
@@ -187,7 +213,7 @@ def rewrite_shard(folder, info, split, index, change):
     def update(data):
         entry = data["splits"][split]["shards"][index]
         entry["num_bytes"], entry["sha256"] = size, sha256
-    edit_metadata(folder, update)
+    edit_metadata(folder, update, reseal=True)
     return shard.filename
 
 
@@ -224,3 +250,169 @@ def test_records_are_parsed_and_decoded_with_the_schema(version_copy):
 def test_not_a_dataset_exits_2(tmp_path, capsys):
     assert cli.main(["verify", str(tmp_path)]) == 2
     assert "is not a kiln dataset" in capsys.readouterr().err
+
+
+# --- metadata the files cannot contradict: kiln.json's checksum, the reports' sha256 ----
+
+
+def _set_first_mean(data):
+    data["splits"]["train"]["statistics"]["mean"][0] += 10.0  # normalize=True reads it
+
+
+def _add_augmentation(data):
+    data["augment"].append({"random_flip_up_down": {"probability": 0.5}})
+
+
+def _one_example_fewer(data):
+    data["splits"]["test"]["num_examples"] -= 1
+
+
+def _zero_sha256(data):
+    data["splits"]["validation"]["shards"][0]["sha256"] = "0" * 64
+
+
+def _one_channel(data):
+    data["channels"] = 1
+
+
+# Each edit of kiln.json, and (where the files can contradict it) the problem
+# verify finds besides the checksum: (where, text in the message), or None.
+KILN_JSON_EDITS = {
+    "statistics mean": (_set_first_mean, None),
+    "augment list": (_add_augmentation, None),
+    "num_examples": (_one_example_fewer, ("split 'test'", "num_examples is")),
+    "shard sha256": (_zero_sha256, ("shapes-validation.tfrecord-00000-of-00001",
+                                    f"kiln.json says {'0' * 64}")),
+    "channels": (_one_channel, ("shapes-train.tfrecord-00000-of-00003",
+                                "3 channels, the dataset stores 1")),
+}
+
+
+@pytest.mark.parametrize("edit", list(KILN_JSON_EDITS))
+def test_an_edited_kiln_json_fails_verify_and_the_reader(version_copy, capsys, edit):
+    folder, _ = version_copy
+    change, also = KILN_JSON_EDITS[edit]
+    edit_metadata(folder, change)
+    modified = f"{folder}/kiln.json was modified after it was written: checksum "
+
+    result = verify.verify(folder)
+    assert result.problems[0].where == "kiln.json"
+    assert result.problems[0].message.startswith(modified)
+    if also is None:
+        assert len(result.problems) == 1
+    else:
+        assert any(p.where == also[0] and also[1] in p.message for p in result.problems[1:]), \
+            result.problems
+    code, out = run_cli(folder, capsys)
+    assert code == 1 and out.startswith(f"kiln verify: FAILED: {folder}: kiln.json: {modified}")
+
+    with pytest.raises(MetadataChecksumError, match=re.escape(modified)):
+        kiln.reader.info(folder)
+    with pytest.raises(MetadataError, match=re.escape(modified)):
+        kiln.reader.load(folder, "train", batch_size=4, normalize=True)
+
+
+def test_an_edited_error_report_fails_verify(version_copy, capsys):
+    folder, info = version_copy
+    edit_lines(folder, "errors.jsonl", lambda rows: rows[0].update(message="looked fine to me"))
+    problem, result = only_problem(folder)
+    assert [p.where for p in result.problems] == ["errors.jsonl"]
+    assert problem.message.startswith("modified after it was written: sha256 is ")
+    assert problem.message.endswith(f", kiln.json says {info.errors_sha256}")
+    code, out = run_cli(folder, capsys)
+    assert code == 1 and out.splitlines()[0].endswith(f"kiln.json says {info.errors_sha256}")
+    # Training does not read the report, so the reader does not check it.
+    assert kiln.reader.info(folder) == info
+
+    os.remove(os.path.join(folder, "errors.jsonl"))
+    problem, _ = only_problem(folder)
+    assert (problem.where, problem.message) == (
+        "errors.jsonl", f"missing (kiln.json records its sha256 {info.errors_sha256})")
+
+
+def test_a_removed_checksum_is_refused(version_copy):
+    folder, _ = version_copy
+    edit_metadata(folder, lambda data: data.pop("checksum"))
+    message = "kiln.json records no checksum, which format version 2 and later always write"
+    with pytest.raises(MetadataChecksumError, match=message):
+        kiln.reader.info(folder)
+    problem, _ = only_problem(folder)
+    assert problem.where == "kiln.json" and message in problem.message
+
+
+def test_format_1_without_checksum_loads_unchecked(version_copy):
+    folder, info = version_copy
+
+    def as_format_1(data):  # what kiln wrote before format 2
+        data["format_version"] = 1
+        for name in ("checksum", "errors_sha256", "duplicates_sha256"):
+            del data[name]
+    edit_metadata(folder, as_format_1)
+    old = kiln.reader.info(folder)
+    assert (old.format_version, old.checksum, old.errors_sha256) == (1, None, None)
+    assert old.splits == info.splits
+    assert verify.verify(folder).ok  # nothing recorded to check the reports against
+    # An edit is not noticed in format 1 (this is what format 2 adds).
+    edit_metadata(folder, _set_first_mean)
+    assert kiln.reader.info(folder).splits["train"].statistics.mean[0] == \
+        info.splits["train"].statistics.mean[0] + 10.0
+
+
+def test_lowering_the_format_version_does_not_skip_the_checksum(version_copy):
+    folder, _ = version_copy
+    edit_metadata(folder, lambda data: data.update(format_version=1))
+    with pytest.raises(MetadataChecksumError, match="was modified after it was written"):
+        kiln.reader.info(folder)
+
+
+# --- the duplicates report --------------------------------------------------------------
+
+
+def test_duplicates_report_lists_the_groups_and_verifies(duplicates_build, capsys):
+    result, groups = duplicates_build
+    folder = result.dataset_dir
+    with open(os.path.join(folder, "duplicates.jsonl"), "rb") as f:
+        data = f.read()
+    rows = [json.loads(line) for line in data.decode().splitlines()]
+    assert [row["keys"] for row in rows] == sorted(groups, key=lambda keys: rows_sha(rows, keys))
+    assert [row["sha256"] for row in rows] == sorted(row["sha256"] for row in rows)
+    stored = {key: split for split in result.info.splits for key in split_keys(result, split)}
+    for row in rows:
+        assert row["splits"] == [stored[key] for key in row["keys"]]
+    assert data == b"".join(json.dumps(row, sort_keys=True).encode() + b"\n" for row in rows)
+    assert result.info.duplicates == 3  # a group of three and a pair
+    assert hashlib.sha256(data).hexdigest() == result.info.duplicates_sha256
+    assert verify.verify(folder).ok
+
+
+def test_a_wrong_duplicates_report_fails_verify(duplicates_build, tmp_path):
+    result, groups = duplicates_build
+    folder = str(tmp_path / "copy")
+    shutil.copytree(result.dataset_dir, folder)
+    edit_lines(folder, "duplicates.jsonl", lambda rows: rows.pop())
+    problems = verify.verify(folder).problems
+    assert [p.where for p in problems] == ["duplicates.jsonl"] * 3
+    assert problems[0].message.startswith("modified after it was written: sha256 is ")
+    assert "kiln.json counts 3" in problems[1].message
+    assert "the records hold 2" in problems[2].message
+
+    # A consistent forgery (sha256 and checksum recorded anew) still differs from the records.
+    fresh = str(tmp_path / "forged")
+    shutil.copytree(result.dataset_dir, fresh)
+    edit_lines(fresh, "duplicates.jsonl", lambda rows: rows.__setitem__(
+        0, {**rows[0], "keys": [rows[0]["keys"][0], "circle/elsewhere.png", *rows[0]["keys"][2:]]}))
+    with open(os.path.join(fresh, "duplicates.jsonl"), "rb") as f:
+        sha256 = hashlib.sha256(f.read()).hexdigest()
+    edit_metadata(fresh, lambda data: data.update(duplicates_sha256=sha256), reseal=True)
+    problem, result = only_problem(fresh)
+    assert [p.where for p in result.problems] == ["duplicates.jsonl"]
+    assert "'circle/elsewhere.png'" in problem.message and "the records hold" in problem.message
+
+
+def rows_sha(rows, keys):
+    return next(row["sha256"] for row in rows if row["keys"] == keys)
+
+
+def split_keys(result, split):
+    paths = [os.path.join(result.dataset_dir, s.filename) for s in result.info.splits[split].shards]
+    return [RECORD.parse(r)["key"].numpy().decode() for r in tf.data.TFRecordDataset(paths)]

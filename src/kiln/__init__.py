@@ -11,5 +11,7 @@ __version__ = "0.1.0"
 
 # Bumped whenever the bytes a build writes for the same inputs and config
 # change (record layout, sharding, metadata format). Part of every dataset
-# fingerprint, so a format change forces a rebuild.
-FORMAT_VERSION = 1
+# fingerprint, so a format change forces a rebuild. Readers read every
+# format up to their own (2: kiln.json's checksum and the reports' sha256,
+# and duplicates.jsonl; see `kiln.schemas.DatasetInfo`).
+FORMAT_VERSION = 2

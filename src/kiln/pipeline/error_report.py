@@ -25,8 +25,9 @@ Stages and reasons (part of kiln's output format):
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -64,18 +65,27 @@ def render(rows: list[DroppedFile]) -> bytes:
     return "".join(lines).encode("utf-8")
 
 
-def write_error_report(folder: str, rows: list[DroppedFile]) -> dict[str, int]:
+class WrittenErrorReport(NamedTuple):
+    """What `write_error_report` wrote: reason -> rows (sorted by reason),
+    and the file's sha256 (hex), which kiln.json records."""
+
+    counts: dict[str, int]
+    sha256: str
+
+
+def write_error_report(folder: str, rows: list[DroppedFile]) -> WrittenErrorReport:
     """Writes `rows` to ``<folder>/errors.jsonl``, sorted (an empty file for
-    none); returns reason -> count, sorted by reason.
+    none); returns the counts per reason and the file's sha256.
 
     The job calls it once, in its last step, with every dropped row
     gathered there: fine for an error report, which `errors.max_fraction`
     keeps to a small part of the input. One small object write, so a retry
     rewrites the same bytes.
     """
+    data = render(rows)
     with FileSystems.create(FileSystems.join(folder, ERRORS_FILENAME)) as f:
-        f.write(render(rows))
+        f.write(data)
     counts: dict[str, int] = {}
     for row in rows:
         counts[row.reason] = counts.get(row.reason, 0) + 1
-    return dict(sorted(counts.items()))
+    return WrittenErrorReport(dict(sorted(counts.items())), hashlib.sha256(data).hexdigest())

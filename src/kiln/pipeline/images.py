@@ -273,7 +273,8 @@ class ProcessImagesFn(beam.DoFn):
             return
         self._decoded.inc()
         image = outcome.image
-        if self._runs.add(window, image.split, sort_key(image.key), image.record, image.sha256):
+        if self._runs.add(window, image.split, sort_key(image.key), image.record, image.sha256,
+                          image.key):
             yield from self._runs.flush()
 
 

@@ -15,10 +15,10 @@ aggregate the launcher needs for `kiln.json`). The steps::
                                                       ├─> (dropped: DroppedFile)
                                                       └─> (summary: one per bundle)
     (runs) -> WriteShards
-           └-> CountDuplicates
+           └-> FindDuplicates
     (summary) -> Summarize
     shards, summary, duplicates, all dropped -> WriteReports
-                                (errors.jsonl, and the report)
+                                (errors.jsonl, duplicates.jsonl, and the report)
 
 Per image, all the work is in `ProcessImages` (on a thread pool): the
 listing holds several files per line, the records go straight into sorted
@@ -41,10 +41,11 @@ from apache_beam.metrics import Metrics
 
 from kiln.pipeline import sharding, versioning
 from kiln.pipeline.config import BuildSpec
+from kiln.pipeline.duplicates import DuplicateGroup, FindDuplicates, write_duplicate_report
 from kiln.pipeline.error_report import DroppedFile, write_error_report
 from kiln.pipeline.images import ImageProcessor, ProcessImages
 from kiln.pipeline.splits import SplitPolicy
-from kiln.pipeline.statistics import CountDuplicates, Summary, SummaryCombineFn
+from kiln.pipeline.statistics import Summary, SummaryCombineFn
 from kiln.schemas import ChannelStatistics, ShardInfo
 
 logger = logging.getLogger(__name__)
@@ -129,8 +130,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     # empty list stands for "no bundles" below.
     summary = processed.summary | "Summarize" >> beam.CombineGlobally(
         SummaryCombineFn()).without_defaults()  # Summary
-    duplicates = runs | "CountDuplicates" >> CountDuplicates()
-    # (extra copies, extra copies in another split) per bucket of content hashes
+    duplicates = runs | "FindDuplicates" >> FindDuplicates()  # DuplicateGroup
     dropped = (listing.dropped, processed.dropped) | "AllDropped" >> beam.Flatten()
     # DroppedFile
     # The last step: one element, everything else as side inputs. Small
@@ -147,7 +147,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
             summary=beam.pvalue.AsList(summary),
             duplicates=beam.pvalue.AsList(duplicates),
             dropped=beam.pvalue.AsList(dropped),
-        )  # nothing: errors.jsonl in the staging folder, the report in the work folder
+        )  # nothing: the two reports in the staging folder, the job's in the work folder
     )
 
 
@@ -188,6 +188,8 @@ class JobReport:
       duplicates_across_splits: Of those, copies in another split than the first.
       image_size: ``[height, width]`` if every stored image has that size.
       inputs_hash: Multiset hash of every file's version entry.
+      errors_sha256: sha256 of the errors.jsonl written.
+      duplicates_sha256: sha256 of the duplicates.jsonl written.
     """
 
     splits: Mapping[str, SplitReport]
@@ -197,6 +199,8 @@ class JobReport:
     duplicates_across_splits: int
     image_size: list[int] | None
     inputs_hash: int
+    errors_sha256: str
+    duplicates_sha256: str
 
     @property
     def dropped_total(self) -> int:
@@ -220,6 +224,8 @@ class JobReport:
             "duplicates_across_splits": self.duplicates_across_splits,
             "image_size": self.image_size,
             "inputs_hash": format(self.inputs_hash, "064x"),
+            "errors_sha256": self.errors_sha256,
+            "duplicates_sha256": self.duplicates_sha256,
         }
 
     @classmethod
@@ -238,23 +244,26 @@ class JobReport:
             duplicates_across_splits=int(data["duplicates_across_splits"]),
             image_size=data["image_size"],
             inputs_hash=int(data["inputs_hash"], 16),
+            errors_sha256=data["errors_sha256"],
+            duplicates_sha256=data["duplicates_sha256"],
         )
 
 
-def _write_reports(_, *, staging_dir: str, report_uri: str, shards, summary, duplicates,
-                   dropped: list[DroppedFile]) -> None:
+def _write_reports(_, *, staging_dir: str, report_uri: str, shards, summary,
+                   duplicates: list[DuplicateGroup], dropped: list[DroppedFile]) -> None:
+    errors = write_error_report(staging_dir, dropped)
     report = _assemble_report(shards=shards, summary=summary, duplicates=duplicates,
-                              dropped=write_error_report(staging_dir, dropped))
+                              dropped=errors.counts, errors_sha256=errors.sha256,
+                              duplicates_sha256=write_duplicate_report(staging_dir, duplicates))
     with FileSystems.create(report_uri) as f:
         f.write(versioning.canonical_json(report.to_json()).encode("utf-8"))
 
 
-def _assemble_report(*, shards, summary: list[Summary], duplicates: list[tuple[int, int]],
-                     dropped: dict[str, int]) -> JobReport:
-    # One summary, or none when no file reached the image step; a pair per
-    # bucket of content hashes.
+def _assemble_report(*, shards, summary: list[Summary], duplicates: list[DuplicateGroup],
+                     dropped: dict[str, int], errors_sha256: str,
+                     duplicates_sha256: str) -> JobReport:
+    # One summary, or none when no file reached the image step.
     merged = summary[0] if summary else Summary()
-    extra, across = tuple(map(sum, zip(*duplicates))) if duplicates else (0, 0)
     shards_by_split: dict[str, list[ShardInfo]] = {}
     for split, _, info in sorted(shards, key=lambda s: (s[0], s[1])):
         shards_by_split.setdefault(split, []).append(info)
@@ -268,10 +277,13 @@ def _assemble_report(*, shards, summary: list[Summary], duplicates: list[tuple[i
                                   statistics.get(name)) for name in names},
         files_read=merged.files,
         dropped=dict(sorted(dropped.items())),
-        duplicates=int(extra),
-        duplicates_across_splits=int(across),
+        duplicates=sum(group.extra_copies for group in duplicates),
+        duplicates_across_splits=sum(group.extra_copies for group in duplicates
+                                     if group.across_splits),
         image_size=merged.image_size,
         inputs_hash=merged.inputs_hash,
+        errors_sha256=errors_sha256,
+        duplicates_sha256=duplicates_sha256,
     )
 
 

@@ -440,7 +440,9 @@ def dataset_info(spec: BuildSpec, listing: sources.Listing, report: job.JobRepor
         augment=list(spec.augment),
         duplicates=report.duplicates,
         dropped=dict(report.dropped),
-    )
+        errors_sha256=report.errors_sha256,
+        duplicates_sha256=report.duplicates_sha256,
+    ).sealed()
 
 
 def read_info(directory: str) -> DatasetInfo:

@@ -69,12 +69,12 @@ class RunSlice(NamedTuple):
 
 class SpilledRun(NamedTuple):
     """A run file, its records' ``(split, sort_key, offset, length)`` in file
-    order, and in the same order the sha256 of each record's source file
-    (for `statistics.CountDuplicates`)."""
+    order, and in the same order each record's ``(source file's sha256,
+    key)`` (for `duplicates.FindDuplicates`)."""
 
     run: str
     entries: tuple[tuple[str, str, int, int], ...]
-    contents: tuple[str, ...]
+    contents: tuple[tuple[str, str], ...]
 
 
 def sort_key(key: str) -> str:
@@ -180,9 +180,11 @@ class RunWriter:
         self._buffers = {}
         self._buffered = 0
 
-    def add(self, window, split: str, key: str, record: bytes, content: str) -> bool:
-        """Buffers one record; `content` is its source file's sha256."""
-        self._buffers.setdefault(window, []).append((split, key, record, content))
+    def add(self, window, split: str, key: str, record: bytes, content: str,
+            source_key: str) -> bool:
+        """Buffers one record: `key` is its sort key, `content` its source
+        file's sha256, `source_key` its key."""
+        self._buffers.setdefault(window, []).append((split, key, record, content, source_key))
         self._buffered += len(record)
         return self._buffered >= self._run_bytes
 
@@ -195,11 +197,11 @@ class RunWriter:
             entries = []
             offset = 0
             with FileSystems.create(run, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                for split, key, data, _ in records:
+                for split, key, data, *_ in records:
                     f.write(data)
                     entries.append((split, key, offset, len(data)))
                     offset += len(data)
-            contents = tuple(content for *_, content in records)
+            contents = tuple((content, source_key) for *_, content, source_key in records)
             yield WindowedValue(SpilledRun(run, tuple(entries), contents),
                                 window.max_timestamp(), (window,))
 

@@ -28,18 +28,13 @@ listing or Beam's workers see the files.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any, Iterable
 
 import kiln
+from kiln.schemas.metadata import canonical_json
 
 VERSION_LENGTH = 12  # hex digits: 48 bits, no collision among a dataset's versions
 _MODULUS = 1 << 256
-
-
-def canonical_json(data: Any) -> str:
-    """JSON with sorted keys and no whitespace: equal data, equal text."""
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def fingerprint(data: Any) -> str:

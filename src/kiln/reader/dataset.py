@@ -96,9 +96,16 @@ def info(path: str | os.PathLike) -> DatasetInfo:
 
     Reads `kiln.json` only; builds no dataset. `path` is resolved as in `locate`.
 
+    The metadata is checked as far as kiln.json alone allows: from format
+    version 2 it records a checksum of its own content, and a file edited
+    after the build wrote it (a statistics mean, the augment list, a count,
+    a shard's sha256...) is refused. Older formats have no checksum and load
+    unchecked. The shards are not read: `kiln verify` checks them.
+
     Raises:
-      MetadataError: naming the file, if it is missing, malformed, written by
-        a newer kiln, or declares a record schema this reader cannot parse.
+      MetadataError: naming the file, if it is missing, malformed, modified
+        after it was written (`kiln.schemas.MetadataChecksumError`), written
+        by a newer kiln, or declares a record schema this reader cannot parse.
     """
     dataset_dir = locate(path)
     source = _join(dataset_dir, METADATA_FILENAME)

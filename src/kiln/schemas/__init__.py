@@ -14,12 +14,14 @@ from kiln.schemas.features import (
     decode_image,
 )
 from kiln.schemas.metadata import (
+    DUPLICATES_FILENAME,
     ERRORS_FILENAME,
     LATEST_FILENAME,
     METADATA_FILENAME,
     STAGING_PREFIX,
     ChannelStatistics,
     DatasetInfo,
+    MetadataChecksumError,
     MetadataError,
     ShardInfo,
     SplitInfo,
@@ -28,7 +30,7 @@ from kiln.schemas.metadata import (
 
 __all__ = [
     "ENCODINGS", "RECORD", "Feature", "Schema", "SchemaError", "decode_image",
-    "ERRORS_FILENAME", "LATEST_FILENAME", "METADATA_FILENAME", "STAGING_PREFIX",
-    "ChannelStatistics", "DatasetInfo", "MetadataError", "ShardInfo", "SplitInfo",
-    "shard_filename",
+    "DUPLICATES_FILENAME", "ERRORS_FILENAME", "LATEST_FILENAME", "METADATA_FILENAME",
+    "STAGING_PREFIX", "ChannelStatistics", "DatasetInfo", "MetadataChecksumError",
+    "MetadataError", "ShardInfo", "SplitInfo", "shard_filename",
 ]

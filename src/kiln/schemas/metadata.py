@@ -2,7 +2,9 @@
 
 A build writes `kiln.json` last, so its presence marks a complete dataset.
 It holds nothing that depends on the wall clock: building the same inputs
-with the same config gives the same bytes.
+with the same config gives the same bytes. Since format version 2 it
+carries a checksum of its own content (`DatasetInfo.checksum`), checked
+whenever it is loaded, and the sha256 of the two reports beside it.
 
 Standard library only (plus `tf.io.gfile` for reading local or gs:// paths).
 """
@@ -10,17 +12,65 @@ Standard library only (plus `tf.io.gfile` for reading local or gs:// paths).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-from typing import Any
+from typing import Any, Mapping
+
+import kiln
 
 METADATA_FILENAME = "kiln.json"
 ERRORS_FILENAME = "errors.jsonl"
+DUPLICATES_FILENAME = "duplicates.jsonl"
 LATEST_FILENAME = "LATEST"
 STAGING_PREFIX = ".staging-"
+
+# The first format whose kiln.json carries `checksum`, `errors_sha256` and
+# `duplicates_sha256`; older files load without them (nothing to check).
+CHECKSUM_FORMAT_VERSION = 2
+CHECKSUM_FIELD = "checksum"
 
 
 class MetadataError(ValueError):
     """A dataset folder's metadata is missing, incomplete or malformed."""
+
+
+class MetadataChecksumError(MetadataError):
+    """kiln.json's content does not match the checksum it records: it was
+    edited after the build wrote it.
+
+    Attributes:
+      recorded: The checksum the file records (None: it records none).
+      actual: The checksum of the content found.
+      info: The metadata as found, parsed but not to be trusted (`kiln
+        verify` compares it with the files to say what else disagrees).
+    """
+
+    def __init__(self, source: str, recorded: str | None, actual: str, info: "DatasetInfo"):
+        self.recorded, self.actual, self.info = recorded, actual, info
+        if recorded is None:
+            message = (f"{source} records no checksum, which format version "
+                       f"{CHECKSUM_FORMAT_VERSION} and later always write: the field was "
+                       f"removed after it was written")
+        else:
+            message = (f"{source} was modified after it was written: checksum {recorded} "
+                       f"recorded, its content hashes to {actual}")
+        super().__init__(message)
+
+
+def canonical_json(data: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal data, equal text."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def content_checksum(data: Mapping[str, Any]) -> str:
+    """The checksum kiln.json records of its content (see `DatasetInfo.checksum`).
+
+    Args:
+      data: The JSON object of a kiln.json, as parsed; its ``checksum``
+        member, if any, is left out.
+    """
+    content = {name: value for name, value in data.items() if name != CHECKSUM_FIELD}
+    return hashlib.sha256(canonical_json(content).encode("utf-8")).hexdigest()
 
 
 def shard_filename(name: str, split: str, index: int, num_shards: int,
@@ -84,8 +134,27 @@ class DatasetInfo:
       compression: None or "gzip".
       splits: Split name -> `SplitInfo`.
       augment: Default augmentation list for the train split.
-      duplicates: Number of source files whose content duplicates another's.
+      duplicates: Number of source files whose content duplicates another's
+        (the extra copies: a group of three identical files counts 2).
       dropped: Dropped-file counts by reason.
+      errors_sha256: sha256 (hex) of the bytes of ``errors.jsonl``, the
+        dropped-files report. None in formats before 2.
+      duplicates_sha256: sha256 (hex) of the bytes of ``duplicates.jsonl``,
+        the duplicates report (one row per group of identical content).
+        None in formats before 2.
+      checksum: sha256 (hex) of kiln.json's own content, so an edit is
+        noticed (format 2 and later; None before). Canonical content: the
+        file's JSON object without its ``checksum`` member, serialized with
+        keys sorted at every level, no whitespace (separators ``,`` and
+        ``:``), non-ASCII characters as themselves and numbers as Python's
+        `json` writes them (shortest round-trip floats, ``1.0`` stays a
+        float), then UTF-8 encoded:
+        `canonical_json` and `content_checksum`. It is computed from the
+        parsed object, so the file's indentation and key order do not
+        matter, and it covers every member, including any this version of
+        kiln does not know. `loads` and `from_json` check it (`dumps` and
+        `sealed` set it). It detects edits and damage, not tampering: whoever
+        edits the file can recompute it.
     """
 
     name: str
@@ -104,6 +173,9 @@ class DatasetInfo:
     augment: list[Any] = dataclasses.field(default_factory=list)
     duplicates: int = 0
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
+    errors_sha256: str | None = None
+    duplicates_sha256: str | None = None
+    checksum: str | None = None
 
     @property
     def num_classes(self) -> int:
@@ -116,15 +188,56 @@ class DatasetInfo:
             )
         return self.splits[name]
 
+    @property
+    def has_checksum(self) -> bool:
+        """Whether this format records `checksum` and the reports' sha256."""
+        return self.format_version >= CHECKSUM_FORMAT_VERSION
+
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not self.has_checksum:  # older formats: their fields only
+            for name in ("errors_sha256", "duplicates_sha256", CHECKSUM_FIELD):
+                if data[name] is None:
+                    del data[name]
+        return data
+
+    def sealed(self) -> "DatasetInfo":
+        """This info with `checksum` set to its content's (format 2 and later)."""
+        if not self.has_checksum:
+            return self
+        return dataclasses.replace(self, checksum=content_checksum(self.to_json()))
 
     def dumps(self) -> str:
-        """Canonical JSON text: sorted keys, so identical info gives identical bytes."""
-        return json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
+        """Canonical JSON text: sorted keys, so identical info gives identical bytes.
+
+        From format 2, with `checksum` computed from the content written, so
+        the file always matches its checksum.
+        """
+        return json.dumps(self.sealed().to_json(), indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str = "kiln.json") -> "DatasetInfo":
+        """The info of a parsed kiln.json.
+
+        Raises:
+          MetadataChecksumError: the content does not match its checksum
+            (format 2 and later; a file of a newer format than this kiln's is
+            not checked here, its checksum may be defined differently: readers
+            refuse it, see `kiln.reader.info`).
+          MetadataError: naming `source`, when a field is missing or malformed.
+        """
+        info = cls._from_json(data, source)
+        # A checksum is checked wherever there is one, so lowering
+        # format_version does not skip it.
+        checked = info.has_checksum or info.checksum is not None
+        if checked and info.format_version <= kiln.FORMAT_VERSION:
+            actual = content_checksum(data)
+            if info.checksum != actual:
+                raise MetadataChecksumError(source, info.checksum, actual, info)
+        return info
+
+    @classmethod
+    def _from_json(cls, data: dict[str, Any], source: str) -> "DatasetInfo":
         try:
             splits = {}
             for split_name, split in data["splits"].items():
@@ -144,6 +257,7 @@ class DatasetInfo:
                 raise MetadataError(f"{source}: missing field(s) {sorted(missing)}")
             kwargs = {k: v for k, v in data.items() if k in fields}
             kwargs["splits"] = splits
+            kwargs["format_version"] = int(data["format_version"])
             return cls(**kwargs)
         except MetadataError:
             raise

@@ -15,7 +15,8 @@ Summarize a dataset written by `kiln build`: version, splits with example
 counts and shard sizes, class names with counts per split, pixel
 statistics, how images are stored, the offline transforms and the default
 augmentation, dropped files by reason (with examples from errors.jsonl),
-duplicates. Reads only the metadata (no shard is opened); works in a
+duplicates (with the groups of identical files from duplicates.jsonl).
+Reads only the metadata (no shard is opened); works in a
 reader-only install and on gs:// paths."""
 
 EPILOG = """\
@@ -37,8 +38,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.add_argument("path", metavar="PATH", help="dataset version folder, or <output>/<name>")
     parser.add_argument("--json", action="store_true",
-                        help="print one JSON document (every shard and errors.jsonl row) "
-                             "instead of the text summary")
+                        help="print one JSON document (every shard, errors.jsonl row and "
+                             "duplicates.jsonl group) instead of the text summary")
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:

@@ -1,6 +1,7 @@
 """What a built dataset holds, as a readable summary or JSON: the library behind `kiln inspect`.
 
-Reads only the metadata a build wrote (`kiln.json`, `errors.jsonl`) through
+Reads only the metadata a build wrote (`kiln.json`, `errors.jsonl`,
+`duplicates.jsonl`) through
 `kiln.reader`'s path resolution, so it works on local and gs:// paths and
 in a reader-only install (TensorFlow and NumPy; no Beam, no OpenCV). No
 shard is opened: `kiln verify` checks the shards against the metadata.
@@ -15,11 +16,13 @@ import tensorflow as tf
 
 from kiln.reader import info as read_info
 from kiln.reader import locate
-from kiln.schemas import ERRORS_FILENAME, DatasetInfo, MetadataError
+from kiln.schemas import DUPLICATES_FILENAME, ERRORS_FILENAME, DatasetInfo, MetadataError
 from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME
 
-# Rows of errors.jsonl shown per drop reason in the text summary (JSON has all).
+# Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the
+# text summary (JSON has all).
 EXAMPLES_PER_REASON = 3
+DUPLICATE_EXAMPLES = 3
 
 
 def inspect_dataset(path: str) -> dict[str, Any]:
@@ -38,15 +41,19 @@ def inspect_dataset(path: str) -> dict[str, Any]:
       statistics), ``class_names``, ``class_counts`` (over all splits),
       ``transforms``, ``augment``, ``dropped`` (reason -> count, from
       kiln.json), ``errors`` (every errors.jsonl row, or None if the file is
-      missing), ``duplicates``, ``tfds`` (whether TFDS metadata is present)
-      and ``warnings`` (inconsistencies found between the files).
+      missing), ``duplicates`` (extra copies, from kiln.json),
+      ``duplicate_groups`` (every duplicates.jsonl row: ``sha256``, ``keys``
+      sorted, ``splits`` (the split of each key); None if the file is
+      missing, as in datasets of format 1), ``tfds`` (whether TFDS metadata
+      is present) and ``warnings`` (inconsistencies found between the files).
 
     Raises:
       MetadataError: naming the path, if it is not a complete kiln dataset.
     """
     dataset_dir = locate(path)
     metadata = read_info(dataset_dir)
-    errors = read_errors(tf.io.gfile.join(dataset_dir, ERRORS_FILENAME))
+    errors = read_jsonl(tf.io.gfile.join(dataset_dir, ERRORS_FILENAME))
+    duplicate_groups = read_jsonl(tf.io.gfile.join(dataset_dir, DUPLICATES_FILENAME))
     splits = {}
     for name in split_order(metadata):
         split = metadata.splits[name]
@@ -90,8 +97,10 @@ def inspect_dataset(path: str) -> dict[str, Any]:
         "dropped": dict(sorted(metadata.dropped.items())),
         "errors": errors,
         "duplicates": metadata.duplicates,
+        "duplicate_groups": duplicate_groups,
         "tfds": tf.io.gfile.exists(tf.io.gfile.join(dataset_dir, TFDS_DATASET_INFO_FILENAME)),
-        "warnings": consistency_warnings(metadata, errors),
+        "warnings": (consistency_warnings(metadata, errors)
+                     + duplicate_warnings(metadata, duplicate_groups)),
     }
 
 
@@ -101,8 +110,8 @@ def split_order(metadata: DatasetInfo) -> list[str]:
     return usual + sorted(set(metadata.splits) - set(usual))
 
 
-def read_errors(path: str) -> list[dict[str, Any]] | None:
-    """The rows of an errors.jsonl file, or None if it does not exist.
+def read_jsonl(path: str) -> list[dict[str, Any]] | None:
+    """The rows of a report file (errors.jsonl, duplicates.jsonl), or None if it does not exist.
 
     Raises:
       MetadataError: naming the line that is not a JSON object.
@@ -125,7 +134,7 @@ def read_errors(path: str) -> list[dict[str, Any]] | None:
 
 
 def consistency_warnings(metadata: DatasetInfo, errors: list[dict] | None) -> list[str]:
-    """Where errors.jsonl (rows from `read_errors`) and kiln.json's drop counts disagree."""
+    """Where errors.jsonl (rows from `read_jsonl`) and kiln.json's drop counts disagree."""
     warnings = []
     if errors is None:
         if metadata.dropped:
@@ -140,6 +149,21 @@ def consistency_warnings(metadata: DatasetInfo, errors: list[dict] | None) -> li
         warnings.append(f"{ERRORS_FILENAME} has {dict(sorted(from_rows.items()))} dropped "
                         f"by reason, kiln.json says {dict(sorted(metadata.dropped.items()))}")
     return warnings
+
+
+def duplicate_warnings(metadata: DatasetInfo, groups: list[dict] | None) -> list[str]:
+    """Where duplicates.jsonl (rows from `read_jsonl`) and kiln.json's
+    ``duplicates`` count disagree."""
+    if groups is None:
+        if metadata.duplicates_sha256 is not None:
+            return [f"{DUPLICATES_FILENAME} is missing, but kiln.json records its sha256"]
+        return []  # format 1 wrote no duplicates report
+    extra = sum(len(group["keys"]) - 1 for group in groups
+                if isinstance(group.get("keys"), list) and group["keys"])
+    if extra != metadata.duplicates:
+        return [f"{DUPLICATES_FILENAME} lists {extra} extra copies in {len(groups)} group(s), "
+                f"kiln.json counts {metadata.duplicates}"]
+    return []
 
 
 # --- text -----------------------------------------------------------------------------
@@ -174,8 +198,7 @@ def render(summary: dict[str, Any]) -> str:
     lines += [f"  - {_op_text(spec)}" for spec in summary["augment"]] or ["  (none)"]
     lines.append("")
     lines += _dropped_lines(summary)
-    lines.append(f"duplicates: {summary['duplicates']} source file(s) with the same content "
-                 f"as another")
+    lines += _duplicate_lines(summary)
     lines.append("TFDS: " + ("readable with tfds.builder_from_directory(folder)"
                             if summary["tfds"] else "no TFDS metadata"))
     for warning in summary["warnings"]:
@@ -251,6 +274,20 @@ def _dropped_lines(summary: dict[str, Any]) -> list[str]:
             lines.append(f"      {row.get('key')}: {row.get('message')}")
         if count > len(examples) and examples:
             lines.append(f"      ... {count - len(examples)} more")
+    return lines
+
+
+def _duplicate_lines(summary: dict[str, Any]) -> list[str]:
+    groups = summary["duplicate_groups"] or []
+    rows = f" (rows in {DUPLICATES_FILENAME}):" if groups else ""
+    lines = [f"duplicates: {summary['duplicates']} source file(s) with the same content "
+             f"as another{rows}"]
+    for group in groups[:DUPLICATE_EXAMPLES]:
+        copies = [f"{key} ({split})" for key, split in
+                  zip(group.get("keys") or [], group.get("splits") or [])]
+        lines.append(f"      {' = '.join(copies)}")
+    if len(groups) > DUPLICATE_EXAMPLES:
+        lines.append(f"      ... {len(groups) - DUPLICATE_EXAMPLES} more group(s)")
     return lines
 
 

@@ -3,6 +3,10 @@
 `verify` reads every shard of a version folder and compares what it finds
 with `kiln.json`:
 
+- kiln.json itself: its content matches the checksum it records (format 2
+  and later), so an edit of anything the files cannot contradict (a
+  statistics mean, the augment list, the config) is found too. The other
+  checks still run, against the edited values, to say what else disagrees.
 - Per shard, in split order: the file exists; its size and sha256 are the
   ones recorded; every record's TFRecord CRCs (of the length and of the
   data) are valid and no record is cut short; the number of records is the
@@ -13,11 +17,15 @@ with `kiln.json`:
 - Per split, when all its shards read cleanly: ``num_examples``, the class
   counts and the statistics' pixel count equal what the records hold.
 - The folder holds only what a build writes: the listed shards, kiln.json,
-  errors.jsonl and the TFDS metadata files. Anything else (a leftover temp
-  file, a shard from another build) is reported.
-- errors.jsonl has the report's fields on every row and agrees with
-  kiln.json's drop counts; TFDS metadata files, when present, are the ones
-  kiln.json implies.
+  errors.jsonl, duplicates.jsonl and the TFDS metadata files. Anything else
+  (a leftover temp file, a shard from another build) is reported.
+- errors.jsonl has the sha256 kiln.json records (format 2 and later), the
+  report's fields on every row, and agrees with kiln.json's drop counts.
+- duplicates.jsonl (format 2 and later) has the sha256 kiln.json records,
+  agrees with kiln.json's ``duplicates`` count and, when every shard read
+  cleanly, lists exactly the groups of records with the same content
+  sha256 (keys and splits).
+- TFDS metadata files, when present, are the ones kiln.json implies.
 
 CRCs are checked by TensorFlow's record reader, which verifies both CRCs of
 every record and reports a damaged or truncated record as a `DataLossError`,
@@ -25,7 +33,8 @@ rather than recomputed with google-crc32c as the build's framing code does:
 verify then needs only the reader-level install (TensorFlow and NumPy), and
 it reads the records exactly the way training will.
 
-Keys are held in memory to find duplicates: about 100 bytes per record.
+Keys and content hashes are held in memory to find repeated keys and check
+the duplicates report: about 200 bytes per record.
 """
 
 from __future__ import annotations
@@ -40,10 +49,12 @@ import tensorflow as tf
 from kiln.reader import info as read_info
 from kiln.reader import locate
 from kiln.schemas import (
+    DUPLICATES_FILENAME,
     ERRORS_FILENAME,
     METADATA_FILENAME,
     RECORD,
     DatasetInfo,
+    MetadataChecksumError,
     MetadataError,
     SplitInfo,
     decode_image,
@@ -56,9 +67,15 @@ from kiln.schemas.tfds_metadata import (
     labels_filename,
     tfds_files,
 )
-from kiln.tools.inspection import consistency_warnings, read_errors, split_order
+from kiln.tools.inspection import (
+    consistency_warnings,
+    duplicate_warnings,
+    read_jsonl,
+    split_order,
+)
 
 ERROR_ROW_FIELDS = ("key", "uri", "stage", "reason", "message")
+DUPLICATE_ROW_FIELDS = {"sha256": str, "keys": list, "splits": list}
 _CHUNK = 1 << 20
 # TF wraps op errors in its function and op names; the reason is in between.
 _TF_MESSAGE = re.compile(r"^(?:\{\{[^}]*\}\}\s*)?(.*?)(?:\s*\[Op:\w+\].*)?$", re.S)
@@ -87,9 +104,9 @@ class Verification:
 
     Attributes:
       dataset_dir: The version folder that was checked.
-      problems: Everything found wrong, shards first (in split and shard
-        order), then splits, then the folder's other files. Empty when the
-        dataset is intact.
+      problems: Everything found wrong: kiln.json's checksum first, then
+        shards (in split and shard order), then splits, then the folder's
+        other files. Empty when the dataset is intact.
       num_shards: Shards read.
       num_records: Records read and checked.
     """
@@ -114,6 +131,20 @@ class _SplitTally:
     complete: bool = True  # every shard read without a problem
 
 
+@dataclasses.dataclass
+class _DatasetTally:
+    """What the records of every split hold, across splits.
+
+    Attributes:
+      keys: Every key read, to find one that repeats.
+      copies: Source content sha256 -> ``(key, split)`` of each record
+        stored from it, to check duplicates.jsonl.
+    """
+
+    keys: set[bytes] = dataclasses.field(default_factory=set)
+    copies: dict[bytes, list[tuple[str, str]]] = dataclasses.field(default_factory=dict)
+
+
 def verify(path: str) -> Verification:
     """Checks the dataset at `path` against its kiln.json (see the module docstring).
 
@@ -130,12 +161,17 @@ def verify(path: str) -> Verification:
         load is a problem in the result instead.
     """
     dataset_dir = locate(path)
+    result = Verification(dataset_dir, [])
     try:
         metadata = read_info(dataset_dir)
+    except MetadataChecksumError as e:
+        # Check the rest against what the file says now, to tell what else differs.
+        result.problems.append(Problem(METADATA_FILENAME, str(e)))
+        metadata = e.info
     except MetadataError as e:
         return Verification(dataset_dir, [Problem(METADATA_FILENAME, str(e))])
-    result = Verification(dataset_dir, [])
-    keys: set[bytes] = set()
+    seen = _DatasetTally()
+    complete = True
     for name in split_order(metadata):
         split = metadata.splits[name]
         tally = _SplitTally()
@@ -146,17 +182,20 @@ def verify(path: str) -> Verification:
                 result.problems.append(Problem(
                     METADATA_FILENAME, f"split {name!r} shard {index} is named "
                     f"{shard.filename!r}; expected {expected_name!r}"))
-            found = _check_shard(dataset_dir, shard, metadata, tally, keys)
+            found = _check_shard(dataset_dir, shard, name, metadata, tally, seen)
             result.num_shards += 1
             if found:
                 tally.complete = False
                 result.problems.append(Problem(shard.filename, "; ".join(found)))
         result.num_records += tally.records
+        complete = complete and tally.complete
         if tally.complete:
             result.problems += [Problem(f"split {name!r}", message)
                                 for message in _check_split(split, metadata, tally)]
     result.problems += _check_folder(dataset_dir, metadata)
     result.problems += _check_error_report(dataset_dir, metadata)
+    result.problems += _check_duplicate_report(dataset_dir, metadata,
+                                               seen.copies if complete else None)
     result.problems += _check_tfds_files(dataset_dir, metadata)
     return result
 
@@ -189,8 +228,8 @@ def _tf_message(error: tf.errors.OpError) -> str:
     return text
 
 
-def _check_shard(dataset_dir: str, shard, metadata: DatasetInfo, tally: _SplitTally,
-                 keys: set[bytes]) -> list[str]:
+def _check_shard(dataset_dir: str, shard, split: str, metadata: DatasetInfo,
+                 tally: _SplitTally, seen: _DatasetTally) -> list[str]:
     """What is wrong with one shard file (empty if nothing); adds its records to `tally`."""
     path = _join(dataset_dir, shard.filename)
     if not tf.io.gfile.exists(path):
@@ -201,7 +240,7 @@ def _check_shard(dataset_dir: str, shard, metadata: DatasetInfo, tally: _SplitTa
         found.append(f"{size} bytes, kiln.json says {shard.num_bytes}")
     if sha256 != shard.sha256:
         found.append(f"sha256 is {sha256}, kiln.json says {shard.sha256}")
-    count, problem = _check_records(path, metadata, tally, keys)
+    count, problem = _check_records(path, split, metadata, tally, seen)
     if problem is not None:
         found.append(problem)
     elif count != shard.num_records:
@@ -229,8 +268,8 @@ def _record_facts(metadata: DatasetInfo):
     return tf.autograph.experimental.do_not_convert(facts)
 
 
-def _check_records(path: str, metadata: DatasetInfo, tally: _SplitTally,
-                   keys: set[bytes]) -> tuple[int, str | None]:
+def _check_records(path: str, split: str, metadata: DatasetInfo, tally: _SplitTally,
+                   seen: _DatasetTally) -> tuple[int, str | None]:
     """Reads every record of a shard: (records read, the first problem or None)."""
     compression = "GZIP" if metadata.compression == "gzip" else ""
     records = tf.data.TFRecordDataset(path, compression_type=compression).map(
@@ -247,10 +286,12 @@ def _check_records(path: str, metadata: DatasetInfo, tally: _SplitTally,
             # A bad CRC or a cut-off record (DataLossError), or a record that
             # does not parse or decode (InvalidArgumentError).
             return count, f"record {count}: {_tf_message(e)}"
-        problem = _record_problem(facts, metadata, image_size, keys)
+        problem = _record_problem(facts, metadata, image_size, seen.keys)
         if problem is not None:
             key = facts["key"].decode("utf-8", "replace")
             return count, f"record {count} (key {key!r}): {problem}"
+        seen.copies.setdefault(bytes.fromhex(facts["sha256"].decode()), []).append(
+            (facts["key"].decode("utf-8", "replace"), split))
         count += 1
         tally.records += 1
         tally.pixels += int(facts["height"]) * int(facts["width"])
@@ -311,8 +352,9 @@ def _check_split(split: SplitInfo, metadata: DatasetInfo, tally: _SplitTally) ->
 
 def _allowed_files(metadata: DatasetInfo) -> set[str]:
     shards = {shard.filename for split in metadata.splits.values() for shard in split.shards}
-    return shards | {METADATA_FILENAME, ERRORS_FILENAME, TFDS_DATASET_INFO_FILENAME,
-                     TFDS_FEATURES_FILENAME, labels_filename(RECORD.key("label"))}
+    return shards | {METADATA_FILENAME, ERRORS_FILENAME, DUPLICATES_FILENAME,
+                     TFDS_DATASET_INFO_FILENAME, TFDS_FEATURES_FILENAME,
+                     labels_filename(RECORD.key("label"))}
 
 
 def _check_folder(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
@@ -324,12 +366,27 @@ def _check_folder(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
     return [Problem(".", f"{len(unexpected)} file(s) a build does not write: {shown}")]
 
 
+def _check_report_sha256(dataset_dir: str, name: str, recorded: str | None) -> list[Problem]:
+    """A report file against the sha256 kiln.json records (None: an older
+    format records none, nothing to check)."""
+    if recorded is None:
+        return []
+    path = _join(dataset_dir, name)
+    if not tf.io.gfile.exists(path):
+        return [Problem(name, f"missing (kiln.json records its sha256 {recorded})")]
+    _, sha256 = _size_and_sha256(path)
+    if sha256 != recorded:
+        return [Problem(name, f"modified after it was written: sha256 is {sha256}, "
+                              f"kiln.json says {recorded}")]
+    return []
+
+
 def _check_error_report(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
+    found = _check_report_sha256(dataset_dir, ERRORS_FILENAME, metadata.errors_sha256)
     try:
-        rows = read_errors(_join(dataset_dir, ERRORS_FILENAME))
+        rows = read_jsonl(_join(dataset_dir, ERRORS_FILENAME))
     except MetadataError as e:
-        return [Problem(ERRORS_FILENAME, str(e))]
-    found = []
+        return found + [Problem(ERRORS_FILENAME, str(e))]
     for number, row in enumerate(rows or [], start=1):
         missing = [name for name in ERROR_ROW_FIELDS if not isinstance(row.get(name), str)]
         if missing:
@@ -339,6 +396,68 @@ def _check_error_report(dataset_dir: str, metadata: DatasetInfo) -> list[Problem
     found += [Problem(ERRORS_FILENAME, warning)
               for warning in consistency_warnings(metadata, rows)]
     return found
+
+
+def _check_duplicate_report(dataset_dir: str, metadata: DatasetInfo,
+                            copies: dict[bytes, list[tuple[str, str]]] | None) -> list[Problem]:
+    """duplicates.jsonl against kiln.json and, if `copies` (every record's
+    content and key, None when some shard did not read cleanly), the records."""
+    if metadata.duplicates_sha256 is None:
+        return []  # an older format: no duplicates report
+    found = _check_report_sha256(dataset_dir, DUPLICATES_FILENAME, metadata.duplicates_sha256)
+    try:
+        rows = read_jsonl(_join(dataset_dir, DUPLICATES_FILENAME))
+    except MetadataError as e:
+        return found + [Problem(DUPLICATES_FILENAME, str(e))]
+    if rows is None:
+        return found
+    for number, row in enumerate(rows, start=1):
+        wrong = [name for name, kind in DUPLICATE_ROW_FIELDS.items()
+                 if not isinstance(row.get(name), kind)]
+        if wrong:
+            return found + [Problem(DUPLICATES_FILENAME,
+                                    f"line {number}: missing or malformed field(s) {wrong}")]
+        keys, splits = row["keys"], row["splits"]
+        if len(keys) < 2 or len(keys) != len(splits) or not all(
+                isinstance(text, str) for text in keys + splits):
+            return found + [Problem(DUPLICATES_FILENAME, (
+                f"line {number}: {len(keys)} keys and {len(splits)} splits; a group has "
+                f"two keys or more and a split for each, all text"))]
+    found += [Problem(DUPLICATES_FILENAME, warning)
+              for warning in duplicate_warnings(metadata, rows)]
+    if copies is not None:
+        difference = _duplicates_difference(rows, copies)
+        if difference is not None:
+            found.append(Problem(DUPLICATES_FILENAME, difference))
+    return found
+
+
+def _duplicates_difference(rows: list[dict[str, Any]],
+                           copies: dict[bytes, list[tuple[str, str]]]) -> str | None:
+    """Where the report's rows and the records' groups of identical content
+    differ (None: they agree), for the first content sha256 that differs."""
+    held = {content.hex(): sorted(group) for content, group in copies.items() if len(group) > 1}
+    listed = {row["sha256"]: sorted(zip(row["keys"], row["splits"])) for row in rows}
+    if len(listed) != len(rows):
+        return "lists a content sha256 more than once"
+    differing = sorted(content for content in set(held) | set(listed)
+                       if held.get(content) != listed.get(content))
+    order = [row["sha256"] for row in rows]
+    if not differing and order == sorted(order) and all(
+            row["keys"] == sorted(row["keys"]) for row in rows):
+        return None
+    if not differing:
+        return "rows or keys are not sorted"
+    content = differing[0]
+    return (f"lists {len(listed)} group(s) of identical content, the records hold "
+            f"{len(held)}; for content {content}, it lists {_copies_text(listed.get(content))}, "
+            f"the records hold {_copies_text(held.get(content))}")
+
+
+def _copies_text(copies: list[tuple[str, str]] | None) -> str:
+    if not copies:
+        return "no copies"
+    return ", ".join(f"{key!r} ({split})" for key, split in copies)
 
 
 def _check_tfds_files(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:

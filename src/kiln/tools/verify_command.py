@@ -9,11 +9,14 @@ from kiln.schemas import MetadataError
 from kiln.tools import verify
 
 DESCRIPTION = """\
-Check a dataset written by `kiln build` before trusting it: read every shard,
-check every record's TFRecord CRCs, the record counts, sizes and sha256 of the
+Check a dataset written by `kiln build` before trusting it: check kiln.json
+against the checksum it records of its own content, read every shard, check
+every record's TFRecord CRCs, the record counts, sizes and sha256 of the
 shards against kiln.json, parse and decode every record with the schema, and
-check the splits' example, class and statistics counts, errors.jsonl and the
-TFDS metadata. Works in a reader-only install and on gs:// paths."""
+check the splits' example, class and statistics counts, errors.jsonl and
+duplicates.jsonl (against their sha256 in kiln.json, its counts and the
+records) and the TFDS metadata. Works in a reader-only install and on gs://
+paths."""
 
 EPILOG = """\
 PATH is a version folder (<output>/<name>/<version>) or the dataset folder
@@ -26,8 +29,9 @@ examples:
 
 exit codes:
   0  every shard and count matches kiln.json
-  1  something does not: the first line names the first bad shard (or file) and
-     what is wrong, one line per problem follows
+  1  something does not: the first line names the first bad file (kiln.json when
+     it was edited, else a shard or report) and what is wrong, one line per
+     problem follows
   2  PATH is not a kiln dataset (no kiln.json, no LATEST naming a version)"""
 
 
