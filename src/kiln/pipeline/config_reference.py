@@ -38,9 +38,9 @@ MEANINGS: dict[str, str] = {
     "image": "Decoding: what the images become before the transforms.",
     "image.channels": "1: grayscale (ITU-R 601 luma), 3: RGB. Alpha is composited over white; "
                       "16-bit samples are rounded to 8 bits; EXIF orientation is applied.",
-    "image.max_pixels": "Images with more pixels (width x height, read from the header where "
-                        "the format allows) are dropped as `too_many_pixels` before decoding: "
-                        f"a decompression-bomb guard. {DEFAULT_MAX_PIXELS} is Pillow's limit.",
+    "image.max_pixels": "Images with more pixels (width x height, read from the header) are "
+                        "dropped as `too_many_pixels` before decoding: a decompression-bomb "
+                        f"guard. {DEFAULT_MAX_PIXELS} is Pillow's limit.",
     "image.min_size": "Images whose shorter side is below this are dropped as `too_small`.",
     "transforms": "Offline transforms, applied in order to every image once, at build time: "
                   "a list of names or `{name: {param: value}}`. See "
