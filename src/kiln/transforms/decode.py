@@ -210,7 +210,11 @@ def _to_uint8(pixels: np.ndarray) -> np.ndarray:
         # round(v * 255 / 65535) == round(v / 257), exactly, in integers.
         return ((pixels.astype(np.uint32) + 128) // 257).astype(np.uint8)
     if pixels.dtype in (np.float32, np.float64):
-        return np.rint(np.clip(pixels, 0.0, 1.0) * 255.0).astype(np.uint8)
+        # In place: OpenCV's array is ours, and a float image is the largest
+        # kiln decodes (12 bytes a pixel for HDR).
+        np.clip(pixels, 0.0, 1.0, out=pixels)
+        pixels *= 255.0
+        return np.rint(pixels, out=pixels).astype(np.uint8)
     raise DecodeError("unsupported_format", f"{pixels.dtype} samples are not supported")
 
 
