@@ -260,6 +260,17 @@ def test_decompression_bombs_are_refused_from_the_header_before_decoding(name, o
     assert caught.value.reason == "too_many_pixels"
 
 
+def test_an_avif_frame_larger_than_its_declared_size_is_refused(opencv_must_not_decode):
+    # libavif would decode the 1024x768 AV1 frame, whatever 'ispe' (8x8) says.
+    frame = cv2.imencode(".avif", np.zeros((768, 1024, 3), np.uint8))[1].tobytes()
+    data = bytearray(frame)
+    ispe = data.index(b"ispe")
+    data[ispe + 8:ispe + 16] = struct.pack(">II", 8, 8)
+    with pytest.raises(DecodeError, match="declares 8x8 .* decoder works on 786432 pixels") as caught:
+        decode_image(bytes(data), max_pixels=100_000)
+    assert caught.value.reason == "too_many_pixels"
+
+
 def test_the_reported_radiance_hdr_bomb_is_refused_before_decoding(opencv_must_not_decode):
     data = bombs.radiance_hdr(12000, 12000)  # 9 MB; 3.4 GB once decoded
     assert len(data) > 9_000_000
