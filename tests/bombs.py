@@ -114,24 +114,20 @@ def tiff(width: int, height: int, *, order: str = "<", big: bool = False,
     entries.sort()
     if big:
         head = (b"II+\x00" if order == "<" else b"MM\x00+") + struct.pack(order + "HHQ", 8, 0, 16)
-        directory_size = 8 + 20 * len(entries) + 8
-        data_offset = 16 + directory_size
-        packed = struct.pack(order + "Q", len(entries))
-        for tag, kind, value in entries:
-            value = data_offset if tag == offset_tag else value
-            field = struct.pack(order + ("H" if kind == 3 else "I"), value).ljust(8, b"\x00")
-            packed += struct.pack(order + "HHQ", tag, kind, 1) + field
-        packed += struct.pack(order + "Q", 0)
+        count_format, entry_format, field_size = "Q", "HHQ", 8
     else:
         head = (b"II*\x00" if order == "<" else b"MM\x00*") + struct.pack(order + "I", 8)
-        directory_size = 2 + 12 * len(entries) + 4
-        data_offset = 8 + directory_size
-        packed = struct.pack(order + "H", len(entries))
-        for tag, kind, value in entries:
-            value = data_offset if tag == offset_tag else value
-            field = struct.pack(order + ("H" if kind == 3 else "I"), value).ljust(4, b"\x00")
-            packed += struct.pack(order + "HHI", tag, kind, 1) + field
-        packed += struct.pack(order + "I", 0)
+        count_format, entry_format, field_size = "H", "HHI", 4
+    next_format = "Q" if big else "I"
+    entry_size = struct.calcsize(order + entry_format) + field_size
+    data_offset = (len(head) + struct.calcsize(order + count_format) + entry_size * len(entries)
+                   + struct.calcsize(order + next_format))
+    packed = struct.pack(order + count_format, len(entries))
+    for tag, kind, value in entries:
+        value = data_offset if tag == offset_tag else value
+        field = struct.pack(order + ("H" if kind == 3 else "I"), value).ljust(field_size, b"\x00")
+        packed += struct.pack(order + entry_format, tag, kind, 1) + field
+    packed += struct.pack(order + next_format, 0)
     return head + packed + compressed
 
 
@@ -158,9 +154,25 @@ def jp2_declaring(width: int, height: int, *, codestream_only: bool = False) -> 
     data = bytearray(buffer.getvalue())
     siz = data.index(b"\xff\x4f\xff\x51") + 4
     data[siz + 4:siz + 12] = struct.pack(">II", width, height)  # Xsiz, Ysiz (offsets are 0)
+    data[siz + 20:siz + 28] = struct.pack(">II", width, height)  # one tile: XTsiz, YTsiz
     if codestream_only:
         return bytes(data[siz - 4:])
     return bytes(data)
+
+
+def jp2_tiles(width: int, height: int, tile: int, *, codestream_only: bool = True) -> bytes:
+    """A JPEG 2000 codestream of width x height in tiles of tile x tile."""
+    data = bytearray(jp2_declaring(width, height, codestream_only=codestream_only))
+    siz = data.index(b"\xff\x4f\xff\x51") + 4
+    data[siz + 20:siz + 28] = struct.pack(">II", tile, tile)  # XTsiz, YTsiz
+    return bytes(data)
+
+
+def png_with_a_chunk_of(length: int) -> bytes:
+    """A 16x16 PNG whose second chunk declares `length` bytes and holds none."""
+    header = struct.pack(">IIBBBBB", 16, 16, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + struct.pack(">I", length) + b"tEXt"
+            + bytes(16))
 
 
 def avif_declaring(width: int, height: int) -> bytes:
@@ -169,6 +181,15 @@ def avif_declaring(width: int, height: int) -> bytes:
     ispe = data.index(b"ispe")
     data[ispe + 8:ispe + 16] = struct.pack(">II", width, height)
     return bytes(data)
+
+
+def allocation_bombs() -> dict[str, tuple[bytes, str]]:
+    """Small files whose pixel size is small but whose decoder would allocate
+    a lot from other header fields: name -> (data, the decode reason they get)."""
+    return {
+        "chunk.png": (png_with_a_chunk_of(0xFFFF0000), "corrupt"),  # 4 GB, zeroed, before reading
+        "tiles.j2k": (jp2_tiles(255, 256, 1), "unsupported_format"),  # 65280 tiles: about 600 MB
+    }
 
 
 def bombs(width: int, height: int) -> dict[str, bytes]:

@@ -271,6 +271,15 @@ def test_an_avif_frame_larger_than_its_declared_size_is_refused(opencv_must_not_
     assert caught.value.reason == "too_many_pixels"
 
 
+@pytest.mark.parametrize("name", sorted(bombs.allocation_bombs()))
+def test_files_that_would_make_opencv_allocate_from_other_fields_are_refused(
+        name, opencv_must_not_decode):
+    data, reason = bombs.allocation_bombs()[name]
+    with pytest.raises(DecodeError) as caught:
+        decode_image(data)
+    assert caught.value.reason == reason
+
+
 def test_the_reported_radiance_hdr_bomb_is_refused_before_decoding(opencv_must_not_decode):
     data = bombs.radiance_hdr(12000, 12000)  # 9 MB; 3.4 GB once decoded
     assert len(data) > 9_000_000

@@ -15,13 +15,17 @@ make two readers disagree. Hence:
   ``sscanf`` included). Where a reader cannot be sure to read what the
   decoder reads, it refuses the file rather than guess: each accepts a
   subset of what its decoder accepts.
-- `imagesize` reads PNG (the IHDR chunk) and AVIF (the primary item's
-  ``ispe`` box; the AV1 sequence headers, which size what libavif decodes,
-  are read here). Its readers for the other formats disagree with the
-  decoders on crafted files (it keeps the last JPEG frame header before the
-  scan and reads ``FF 00`` as a marker with a length, reads GIF sizes as
-  signed, ends PNM comments only at LF, reads the JP2 ``ihdr`` box rather
-  than the codestream, misses raw WebP bitstreams), so those are read here.
+- `imagesize` reads AVIF's size (the primary item's ``ispe`` box; the AV1
+  sequence headers, which size what libavif decodes, are read here). Its
+  readers for the other formats disagree with the decoders on crafted
+  files (it keeps the last JPEG frame header before the scan and reads
+  ``FF 00`` as a marker with a length, reads GIF sizes as signed, ends PNM
+  comments only at LF, reads the JP2 ``ihdr`` box rather than the
+  codestream, misses raw WebP bitstreams, does not look past a PNG's
+  IHDR), so those are read here.
+- What a decoder allocates from other header fields before reading the
+  pixels is bounded too: PNG chunks no longer than the file, at most 4096
+  JPEG 2000 tiles.
 
 Only the first frame of a multi-frame file is decoded (`decode_image`), and
 OpenCV decodes it onto a canvas of the header's size: a GIF frame must lie
@@ -164,9 +168,17 @@ def _avif(data: bytes):
 
 
 def _iso_boxes(data: bytes, start: int, end: int) -> dict[bytes, tuple[int, int]]:
-    """Box type -> (payload start, payload end) of the boxes from `start` to
-    `end` (the first of each type)."""
+    """Box type -> (payload start, box end) of the boxes from `start` to `end`
+    (the first of each type)."""
     boxes: dict[bytes, tuple[int, int]] = {}
+    for kind, payload, box_end in _boxes(data, start, end):
+        boxes.setdefault(kind, (payload, box_end))
+    return boxes
+
+
+def _boxes(data: bytes, start: int, end: int):
+    """(type, payload start, box end) of each box from `start` to `end`, in
+    order: the box layout of ISO BMFF (AVIF) and JP2 alike."""
     offset = start
     while offset + 8 <= end:
         size, kind = struct.unpack_from(">I4s", data, offset)
@@ -174,13 +186,12 @@ def _iso_boxes(data: bytes, start: int, end: int) -> dict[bytes, tuple[int, int]
         if size == 1:
             (size,) = struct.unpack_from(">Q", data, offset + 8)
             header = 16
-        elif size == 0:
+        elif size == 0:  # the last box
             size = end - offset
         if size < header or offset + size > end:
-            raise ValueError("invalid ISO box size")
-        boxes.setdefault(kind, (offset + header, offset + size))
+            raise ValueError("invalid box size")
+        yield kind, offset + header, offset + size
         offset += size
-    return boxes
 
 
 def _avif_av1_items(data: bytes, meta_start: int, meta_end: int) -> list[bytes]:
@@ -673,7 +684,21 @@ def _tiff(data: bytes):
 
 
 def _png(data: bytes):
-    return _imagesize(data)  # the IHDR chunk, which must come first
+    """The IHDR chunk, which OpenCV wants first and 13 bytes long; and every
+    chunk up to IEND no longer than the rest of the file: OpenCV allocates
+    and zeroes a chunk's declared length (up to 4 GB) before reading it."""
+    length, kind, width, height = struct.unpack_from(">I4sII", data, 8)
+    if kind != b"IHDR" or length != 13:
+        raise ValueError("the first chunk is not a 13-byte IHDR")
+    offset = 8
+    while offset < len(data):
+        length, kind = struct.unpack_from(">I4s", data, offset)
+        offset += 12 + length
+        if offset > len(data):
+            raise ValueError("a chunk longer than the rest of the file")
+        if kind == b"IEND":
+            break
+    return width, height
 
 
 def _imagesize(data: bytes) -> tuple[int, int]:
@@ -691,29 +716,31 @@ def _jpeg_2000(data: bytes):
     is the first top-level 'jp2c' box."""
     offset = 0
     if data.startswith(_JP2_SIGNATURE):
-        while True:
-            size, kind = struct.unpack_from(">I4s", data, offset)
-            header = 8
-            if size == 1:
-                (size,) = struct.unpack_from(">Q", data, offset + 8)
-                header = 16
-            elif size == 0:
-                size = len(data) - offset
-            if size < header:
-                raise ValueError("invalid box size")
-            if kind == b"jp2c":
-                offset += header
-                break
-            offset += size
+        codestreams = (payload for kind, payload, _ in _boxes(data, 0, len(data)) if kind == b"jp2c")
+        offset = next(codestreams, None)
+        if offset is None:
+            raise ValueError("no codestream box")
     if data[offset:offset + 4] != _J2K_SIGNATURE:
         raise ValueError("codestream does not start with SOC and SIZ")
-    (_lsiz, _rsiz, x_size, y_size, x_offset, y_offset,
-     *_tiles, components) = struct.unpack_from(">HHIIIIIIIIH", data, offset + 4)
+    (_lsiz, _rsiz, x_size, y_size, x_offset, y_offset, tile_width, tile_height,
+     tile_x_offset, tile_y_offset, components) = struct.unpack_from(">HHIIIIIIIIH", data, offset + 4)
     if x_size <= x_offset or y_size <= y_offset:
         raise ValueError("empty image area")
     if not 1 <= components <= 4:
         raise UnsupportedVariant(f"JPEG 2000 images with {components} components are not supported")
+    if not (0 < tile_width and 0 < tile_height and tile_x_offset < x_size and tile_y_offset < y_size):
+        raise ValueError("invalid tiling")
+    tiles = -(-(x_size - tile_x_offset) // tile_width) * -(-(y_size - tile_y_offset) // tile_height)
+    if tiles > _J2K_MAX_TILES:
+        raise UnsupportedVariant(f"JPEG 2000 images of more than {_J2K_MAX_TILES} tiles are not "
+                                 f"supported")
     return x_size - x_offset, y_size - y_offset
+
+
+# OpenJPEG allocates the coding parameters of every tile up front, about 10 KB
+# a tile (it allows 65535 tiles: a 300-byte file can take 600 MB); encoders
+# use a single tile or tiles of 256x256 and more.
+_J2K_MAX_TILES = 4096
 
 
 _Reader = Callable[[bytes], tuple]
