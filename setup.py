@@ -53,7 +53,7 @@ setuptools.setup(
             # for Beam workers and containers. At least 5.0: kiln's decoding
             # relies on imdecodeWithMetadata and EXIF from PNG and WebP.
             "opencv-python-headless>=5.0,<6",
-            "imagesize>=2.0,<3",  # image size from the header: refuse decompression bombs
+            "imagesize>=2.0,<3",  # PNG and AVIF header sizes: refuse decompression bombs
             "pyyaml>=6.0,<7",
             "google-crc32c>=1.5,<2",
         ],

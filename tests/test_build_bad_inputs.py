@@ -8,6 +8,9 @@ import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
+import textwrap
 import types
 import zlib
 
@@ -20,6 +23,7 @@ from kiln import cli
 from kiln.transforms import encode_image
 from kiln.tools import verify
 
+import bombs
 from conftest import make_config
 from test_build import corpus_files, read_all
 
@@ -202,13 +206,19 @@ def test_every_kind_of_bad_input_is_dropped_with_a_reason(demo_corpus, tmp_path,
     assert verify.verify(dataset_dir).ok
 
 
+def copy_good_images(corpus, root):
+    """Every sixth good image of the demo corpus, copied to root/<class>/; their keys."""
+    good = [k for k in corpus_files(corpus) if k not in corpus.broken][::6]
+    for key in good:
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(os.path.join(corpus.out_dir, key), root / key)
+    return good
+
+
 @pytest.mark.timeout(300)
 def test_image_folder_special_files_and_misplaced_files(demo_corpus, tmp_path):
     root = tmp_path / "images"
-    good = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken][::6]
-    for key in good:
-        (root / key).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(os.path.join(demo_corpus.out_dir, key), root / key)
+    good = copy_good_images(demo_corpus, root)
     os.mkfifo(root / "circle" / "pipe.jpg")
     os.symlink(root / "circle" / "deleted.png", root / "square" / "link.png")  # broken link
     (root / "hexagon").mkdir()
@@ -233,3 +243,70 @@ def test_image_folder_special_files_and_misplaced_files(demo_corpus, tmp_path):
     }
     assert result.info.dropped == {"unreadable": 2, "unknown_label": 1, "unexpected_location": 1}
     assert sum(s.num_examples for s in result.info.splits.values()) == len(good)
+
+
+# A build in a fresh process, which reports its peak RSS and what OpenCV was
+# asked to decode.
+BUILD_AND_MEASURE = textwrap.dedent("""
+    import json, resource, sys
+    from kiln.transforms import decode
+    decoded = []
+    real_decode = decode.cv2.imdecodeWithMetadata
+    def counted_decode(buffer, flags):
+        decoded.append(len(buffer))
+        return real_decode(buffer, flags)
+    decode.cv2.imdecodeWithMetadata = counted_decode
+    from kiln import cli
+    code = cli.main(["build", "--config", sys.argv[1], "--report", sys.argv[2], "--quiet",
+                     "--image-threads", "2"])
+    # VmHWM: this process's own peak, not the size of the pytest process it
+    # was forked from (which ru_maxrss would report). Its own helper
+    # processes, if any, count with theirs.
+    with open("/proc/self/status") as f:
+        peak_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    peak_kb = max(peak_kb, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    print(json.dumps({"code": code, "decoded": decoded, "peak_rss_bytes": peak_kb * 1024}))
+""")
+# Decoded, the bombs below would take 3.4 GB for the Radiance HDR alone, 4 GB
+# for the PNG chunk; the build with its TensorFlow and Beam imports stays well
+# below this.
+PEAK_RSS_BOUND = 1_500_000_000
+
+
+@pytest.mark.timeout(600)
+def test_a_build_over_decompression_bombs_in_every_format_stays_small(demo_corpus, tmp_path):
+    images = tmp_path / "images"
+    good = copy_good_images(demo_corpus, images)
+    corpus = dict(bombs.bombs(12000, 12000))  # 144 million pixels each
+    corpus["bomb.hdr"] = bombs.radiance_hdr(12000, 12000)  # the reported 9 MB file, complete
+    reasons = dict.fromkeys(corpus, "too_many_pixels")
+    for name, (data, reason) in bombs.allocation_bombs().items():
+        corpus[name], reasons[name] = data, reason
+    for name, data in corpus.items():
+        (images / "circle" / name).write_bytes(data)
+    config = make_config(str(images), output=str(tmp_path / "out"),
+                         source={"type": "image_folder", "root": str(images), "classes": CLASSES},
+                         errors={"max_fraction": 0.9}, sharding={"num_shards": 1})
+    assert "image" not in config  # image.max_pixels: the default, 89478485
+    config_path = tmp_path / "bombs.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    report_path = tmp_path / "report.json"
+
+    child = subprocess.run([sys.executable, "-c", BUILD_AND_MEASURE, str(config_path),
+                            str(report_path)], capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stderr[-3000:]
+    measured = json.loads(child.stdout.strip().splitlines()[-1])
+    assert measured["code"] == 0, child.stderr[-3000:]
+    # OpenCV saw the good images only, and the build stayed small.
+    assert len(measured["decoded"]) == len(good)
+    assert measured["peak_rss_bytes"] < PEAK_RSS_BOUND, measured["peak_rss_bytes"]
+
+    dataset_dir = json.loads(report_path.read_text())["dataset_dir"]
+    with open(os.path.join(dataset_dir, "errors.jsonl")) as f:
+        rows = {row["key"]: row for row in map(json.loads, f)}
+    assert sorted(rows) == sorted(f"circle/{name}" for name in corpus)
+    for key, row in rows.items():
+        name = key.split("/")[1]
+        assert (row["stage"], row["reason"]) == ("decode", reasons[name]), row
+        if reasons[name] == "too_many_pixels":
+            assert "declares" in row["message"] and "more than max_pixels 89478485" in row["message"]

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
+import bombs
 from kiln.transforms import DecodeError, decode_image
 from kiln.transforms import decode as decode_module
+from kiln.transforms import image_header
 from kiln.transforms.functional import to_grayscale
 
 RNG = np.random.default_rng(1234)
@@ -210,23 +212,6 @@ def test_invalid_orientation_value_is_ignored():
 
 # --- failures ------------------------------------------------------------------------
 
-def png_declaring(width, height) -> bytes:
-    """A tiny, valid-looking PNG whose header declares width x height pixels."""
-    def chunk(kind, body):
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
-            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
-
-
-def jpeg_declaring(width, height) -> bytes:
-    """A real small JPEG with the frame header's dimensions rewritten."""
-    data = bytearray(pillow_bytes(NOISE, "JPEG"))
-    sof = data.index(b"\xff\xc0")  # baseline frame header: length, precision, height, width
-    data[sof + 5:sof + 9] = struct.pack(">HH", height, width)
-    return bytes(data)
-
-
 @pytest.mark.parametrize("data, reason, message", [
     (b"", "empty", "empty"),
     (b"just some text, not a picture\n", "not_an_image", "not an image"),
@@ -255,25 +240,102 @@ def test_damaged_png_data_is_corrupt():
     assert caught.value.reason == "corrupt"
 
 
-@pytest.mark.parametrize("data", [png_declaring(20000, 20000), jpeg_declaring(30000, 30000)],
-                         ids=["png", "jpeg"])
-def test_decompression_bomb_is_refused_from_the_header_before_decoding(data, monkeypatch):
+@pytest.fixture
+def opencv_must_not_decode(monkeypatch):
     def must_not_decode(*args, **kwargs):
         raise AssertionError("OpenCV was asked to decode a file refused by its header")
 
     monkeypatch.setattr(decode_module.cv2, "imdecodeWithMetadata", must_not_decode)
-    with pytest.raises(DecodeError, match=r"declares \d+x\d+ \(WxH\) = \d+ pixels, more than "
-                                          r"max_pixels 1000000") as caught:
-        decode_image(data, max_pixels=1_000_000)
+
+
+BOMBS = bombs.bombs(12000, 12000)
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+def test_decompression_bombs_are_refused_from_the_header_before_decoding(name, opencv_must_not_decode):
+    declared = (r"declares 16x16 \(WxH\) but its decoder works on 144000000 pixels"
+                if "tiles" in name else r"declares 12000x12000 \(WxH\) = 144000000 pixels")
+    with pytest.raises(DecodeError, match=declared + r".*more than max_pixels 1000000") as caught:
+        decode_image(BOMBS[name], max_pixels=1_000_000)
     assert caught.value.reason == "too_many_pixels"
 
 
-def test_max_pixels_is_also_checked_after_decoding_when_the_header_is_unknown():
-    sun_raster = opencv_bytes(NOISE[:, :, ::-1], ".ras")  # a format the header reader skips
+def test_an_avif_frame_larger_than_its_declared_size_is_refused(opencv_must_not_decode):
+    # libavif would decode the 1024x768 AV1 frame, whatever 'ispe' (8x8) says.
+    frame = cv2.imencode(".avif", np.zeros((768, 1024, 3), np.uint8))[1].tobytes()
+    data = bytearray(frame)
+    ispe = data.index(b"ispe")
+    data[ispe + 8:ispe + 16] = struct.pack(">II", 8, 8)
+    with pytest.raises(DecodeError, match="declares 8x8 .* decoder works on 786432 pixels") as caught:
+        decode_image(bytes(data), max_pixels=100_000)
+    assert caught.value.reason == "too_many_pixels"
+
+
+@pytest.mark.parametrize("name", sorted(bombs.allocation_bombs()))
+def test_files_that_would_make_opencv_allocate_from_other_fields_are_refused(
+        name, opencv_must_not_decode):
+    data, reason = bombs.allocation_bombs()[name]
+    with pytest.raises(DecodeError) as caught:
+        decode_image(data)
+    assert caught.value.reason == reason
+
+
+def test_the_reported_radiance_hdr_bomb_is_refused_before_decoding(opencv_must_not_decode):
+    data = bombs.radiance_hdr(12000, 12000)  # 9 MB; 3.4 GB once decoded
+    assert len(data) > 9_000_000
+    with pytest.raises(DecodeError, match="declares 12000x12000") as caught:
+        decode_image(data, max_pixels=89_478_485)
+    assert caught.value.reason == "too_many_pixels"
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"\x00\x00\x00\x14ftypavis\x00\x00\x00\x00avis" + b"\x00\x00\x00\x08moov",
+     "AVIF image sequences are not supported"),
+    (b"P7\nWIDTH 2\nHEIGHT 2\nDEPTH 6\nMAXVAL 255\nENDHDR\n" + bytes(24),
+     "PAM images with 6 channels are not supported"),
+])
+def test_variants_whose_size_is_not_read_are_unsupported(data, message, opencv_must_not_decode):
+    with pytest.raises(DecodeError, match=message) as caught:
+        decode_image(data)
+    assert caught.value.reason == "unsupported_format"
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"SECRET-TOKEN-1234 is not an image\n", "not_an_image"),
+    (b"\x89PNG\r\n\x1a\nSECRET-TOKEN-1234", "corrupt"),
+    (b"P7\nSECRET-TOKEN-1234 1\nENDHDR\n", "corrupt"),
+    (b"#?RADIANCE\nSECRET-TOKEN-1234\n\n-Y 2 +X 2\n", "corrupt"),
+])
+def test_messages_never_quote_the_file(data, reason, opencv_must_not_decode):
+    with pytest.raises(DecodeError) as caught:
+        decode_image(data)
+    assert caught.value.reason == reason
+    assert "SECRET" not in str(caught.value) and "TOKEN" not in str(caught.value)
+
+
+def test_before_decoding_gets_the_pixels_to_decode_before_opencv_runs(monkeypatch):
+    events = []
+    real_decode = decode_module.cv2.imdecodeWithMetadata
+    monkeypatch.setattr(decode_module.cv2, "imdecodeWithMetadata",
+                        lambda *args: events.append("decode") or real_decode(*args))
+    decode_image(pillow_bytes(NOISE, "PNG"), before_decoding=events.append)
+    assert events == [17 * 11, "decode"]
+    tiles = bombs.tiff(16, 16, tile=(64, 32))
+    decode_image(tiles, before_decoding=events.append)
+    assert events[2:] == [64 * 32, "decode"]
+    with pytest.raises(DecodeError):  # refused: never admitted
+        decode_image(pillow_bytes(NOISE, "PNG"), max_pixels=100, before_decoding=events.append)
+    assert len(events) == 4
+
+
+def test_the_decoded_size_is_checked_too_should_a_header_reader_disagree(monkeypatch):
+    sun_raster = opencv_bytes(NOISE[:, :, ::-1], ".ras")
+    assert decode_image(sun_raster, max_pixels=187).shape == (11, 17, 3)
+    understated = image_header.ImageHeader("Sun raster", 5, 5, 25)
+    monkeypatch.setattr(decode_module.image_header, "read", lambda data, name: understated)
     with pytest.raises(DecodeError, match=r"is 17x11 \(WxH\) = 187 pixels") as caught:
         decode_image(sun_raster, max_pixels=100)
     assert caught.value.reason == "too_many_pixels"
-    assert decode_image(sun_raster, max_pixels=187).shape == (11, 17, 3)
 
 
 def test_too_small_names_the_size_and_the_limit():

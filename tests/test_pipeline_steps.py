@@ -498,6 +498,59 @@ def test_the_image_step_holds_opencv_to_one_thread_per_call_and_restores_it(tmp_
         cv2.setNumThreads(before)
 
 
+@pytest.mark.parametrize("budget, most_at_once", [(1_000, 1), (1_300, 2), (10, 1)])
+def test_the_image_threads_decode_within_a_budget_of_pixels(tmp_path, monkeypatch, budget,
+                                                            most_at_once):
+    """Each file holds its header's pixels from decoding to encoding; a file
+    larger than the whole budget (10) still runs, alone."""
+    import threading
+    import time
+
+    from kiln.pipeline.images import ProcessImagesFn
+
+    items = []
+    for i in range(12):
+        path = tmp_path / f"{i}.png"
+        path.write_bytes(transforms.encode_image(np.full((20, 30, 3), i, np.uint8), format="png"))
+        items.append({"key": f"a/{i}.png", "uri": str(path), "label": 0, "split": None,
+                      "size": 1})
+    lock, active, most = threading.Lock(), [0], [0]
+    real_encode = transforms.encode_image
+
+    def counting_decode(*args, **kwargs):
+        image = real_decode(*args, **kwargs)
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.01)
+        return image
+
+    def counting_encode(*args, **kwargs):
+        with lock:
+            active[0] -= 1
+        return real_encode(*args, **kwargs)
+
+    real_decode = transforms.decode_image
+    monkeypatch.setattr(transforms, "decode_image", counting_decode)
+    monkeypatch.setattr(transforms, "encode_image", counting_encode)
+    monkeypatch.setattr(ProcessImagesFn, "PIXELS_IN_FLIGHT", budget)
+    processor = ImageProcessor(transforms.parse([]),
+                               ImageConfig(channels=3, max_pixels=10_000, min_size=1),
+                               EncodingConfig(format="png"), ["a"],
+                               SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})))
+    fn = ProcessImagesFn(processor, threads=4, runs_folder=str(tmp_path), run_bytes=1 << 20)
+    fn.setup()
+    try:
+        fn.start_bundle()
+        list(fn.process(items, window=GlobalWindow(), timestamp=0))
+        outputs = list(fn.finish_bundle())
+    finally:
+        fn.teardown()
+    (summary,) = [o.value.value for o in outputs if getattr(o, "tag", None) == "summary"]
+    assert sum(summary.class_counts.values()) == 12
+    assert most[0] == most_at_once  # 600 pixels each
+
+
 def test_find_duplicates_over_runs_matches_a_direct_grouping():
     # 300 records drawn from 120 contents, in 7 runs, splits by key: copies
     # fall in every bucket, some within one split, some across splits.

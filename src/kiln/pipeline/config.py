@@ -101,9 +101,9 @@ class ImageConfig(_Model):
     """1: grayscale (ITU-R 601 luma), 3: RGB. Alpha is composited over white; 16-bit samples
     are rounded to 8 bits; EXIF orientation is applied."""
     max_pixels: pydantic.PositiveInt = DEFAULT_MAX_PIXELS
-    """Images with more pixels (width x height, read from the header where the format allows)
-    are dropped as `too_many_pixels` before decoding: a decompression-bomb guard.
-    89478485 is Pillow's limit."""
+    """Images with more pixels (width x height, read from the header) are dropped as
+    `too_many_pixels` before decoding: a decompression-bomb guard. 89478485 is Pillow's
+    limit."""
     min_size: pydantic.PositiveInt = 1
     """Images whose shorter side is below this are dropped as `too_small`."""
 

@@ -25,7 +25,7 @@ import collections
 import concurrent.futures
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -39,6 +39,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from kiln import transforms
 from kiln.pipeline import versioning
 from kiln.pipeline.error_report import DroppedFile
+from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
 from kiln.pipeline.sharding import RunWriter, sort_key
 from kiln.pipeline.splits import SplitPolicy
@@ -98,7 +99,9 @@ class ImageProcessor:
         self._quality = encoding.quality
         self._class_names = list(class_names)
 
-    def __call__(self, item: Mapping[str, Any]) -> Outcome:
+    def __call__(self, item: Mapping[str, Any],
+                 before_decoding: Callable[[int], None] | None = None) -> Outcome:
+        """`before_decoding`: see `transforms.decode_image`."""
         key, uri, label = item["key"], item["uri"], int(item["label"])
         split = item.get("split")
 
@@ -118,7 +121,7 @@ class ImageProcessor:
         try:
             image = transforms.decode_image(
                 data, channels=self._channels, max_pixels=self._max_pixels,
-                min_size=self._min_size,
+                min_size=self._min_size, before_decoding=before_decoding,
             )
         except transforms.DecodeError as e:
             return drop("decode", e.reason, str(e), sha256)
@@ -189,6 +192,9 @@ class ProcessImagesFn(beam.DoFn):
     """
 
     IN_FLIGHT_PER_THREAD = 2
+    # Pixels being decoded at once across the threads (`PixelBudget`): about
+    # 1.5 GB of 8-bit RGB work, or one image up to image.max_pixels alone.
+    PIXELS_IN_FLIGHT = 2**27
 
     def __init__(self, processor: ImageProcessor, threads: int, runs_folder: str,
                  run_bytes: int, progress_path: str | None = None):
@@ -212,6 +218,7 @@ class ProcessImagesFn(beam.DoFn):
         if self._threads > 1:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self._threads, thread_name_prefix="kiln-image")
+            self._budget = PixelBudget(self.PIXELS_IN_FLIGHT)
         if self._counter is not None:
             self._counter.open()
 
@@ -237,7 +244,7 @@ class ProcessImagesFn(beam.DoFn):
             if self._pool is None:
                 yield from self._take(item, self._processor(item), window, timestamp)
                 continue
-            self._pending.append((item, self._pool.submit(self._processor, item), window,
+            self._pending.append((item, self._pool.submit(self._process_in_budget, item), window,
                                   timestamp))
             while self._pending and (len(self._pending) > limit or self._pending[0][1].done()):
                 yield from self._take(*self._oldest())
@@ -251,6 +258,12 @@ class ProcessImagesFn(beam.DoFn):
         # The job runs in the global window (it never windows its data).
         yield beam.pvalue.TaggedOutput(
             SUMMARY, WindowedValue(self._summary, MIN_TIMESTAMP, (GlobalWindow(),)))
+
+    def _process_in_budget(self, item: Mapping[str, Any]) -> Outcome:
+        # On a pool thread: the file's pixels count from its header check to
+        # the end of its encoding.
+        with self._budget.reservation() as reservation:
+            return self._processor(item, before_decoding=reservation.acquire)
 
     def _oldest(self):
         item, future, window, timestamp = self._pending.popleft()

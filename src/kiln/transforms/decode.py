@@ -8,13 +8,16 @@ the build job can drop the file, count it and report it.
 
 How it decodes, and why:
 
-- Header first. The width and height are read from the file's header with
-  `imagesize` (pure Python, reads only the first bytes) and checked against
-  `max_pixels` before OpenCV allocates anything: a 100-byte PNG may declare
-  50000x50000 pixels (a "decompression bomb"). OpenCV 5's Python API has no
-  header-only read (`imdecodeWithMetadata` decodes the pixels too), and its
-  own limit, ``OPENCV_IO_MAX_IMAGE_PIXELS``, is one process-wide setting
-  read once, not a per-dataset value.
+- Header first. The format and size are read from the file's header
+  (`image_header`: the format OpenCV would pick, read the way its decoder
+  reads it) and checked against `max_pixels` before OpenCV allocates
+  anything: a 100-byte PNG may declare 50000x50000 pixels (a "decompression
+  bomb"). A file whose header cannot be read is never decoded: no image
+  signature is "not_an_image", an image format or variant kiln reads no
+  header of is "unsupported_format", a damaged header "corrupt". OpenCV 5's
+  Python API has no header-only read (`imdecodeWithMetadata` decodes the
+  pixels too), and its own limit, ``OPENCV_IO_MAX_IMAGE_PIXELS``, is one
+  process-wide setting read once, not a per-dataset value.
 - Then `cv2.imdecodeWithMetadata` with ``IMREAD_UNCHANGED``: the only mode
   that keeps alpha and 16-bit samples. It does not apply EXIF orientation
   (the colour modes do, but drop alpha), so the orientation tag is read
@@ -31,22 +34,22 @@ How it decodes, and why:
 - Gray sources stay one channel for ``channels=1`` and are repeated for
   ``channels=3``; colour sources become gray with `to_grayscale`'s ITU-R 601
   weights.
-- Multi-frame files (GIF, multi-page TIFF, animated WebP) give the first
-  frame.
+- Multi-frame files (GIF, multi-page TIFF, animated WebP and PNG) give the
+  first frame, decoded onto a canvas of the header's size.
 
 Pure and thread-safe: the same bytes always give the same array.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import struct
+from typing import Callable
 
 import cv2
-import imagesize
 import numpy as np
 
+from kiln.transforms import image_header
 from kiln.transforms.functional import to_grayscale
 
 logger = logging.getLogger(__name__)
@@ -57,8 +60,8 @@ logger = logging.getLogger(__name__)
 REASONS = (
     "empty",              # zero bytes
     "not_an_image",       # no known image signature (text, HTML, random bytes)
-    "unsupported_format", # a known image format OpenCV cannot decode (HEIC, PSD, SVG...)
-    "corrupt",            # an OpenCV format that fails to decode (truncated, damaged)
+    "unsupported_format", # an image format (or variant) kiln does not decode (HEIC, PSD, SVG...)
+    "corrupt",            # an OpenCV format with a damaged header, or that fails to decode
     "too_many_pixels",    # width * height > max_pixels
     "too_small",          # height or width < min_size
 )
@@ -66,30 +69,6 @@ REASONS = (
 ALPHA_BACKGROUND = 255  # white: see the module docstring
 
 _EXIF_ORIENTATION_TAG = 0x0112
-
-# Leading bytes of the formats this OpenCV build decodes, to tell a damaged
-# file ("corrupt") from one that is not an image at all.
-_OPENCV_SIGNATURES = (
-    (b"\xff\xd8\xff", "JPEG"),
-    (b"\x89PNG\r\n\x1a\n", "PNG"),
-    (b"BM", "BMP"),
-    (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"), (b"II+\x00", "TIFF"), (b"MM\x00+", "TIFF"),
-    (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
-    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "JPEG 2000"), (b"\xff\x4f\xff\x51", "JPEG 2000"),
-    (b"#?RADIANCE", "Radiance HDR"), (b"#?RGBE", "Radiance HDR"),
-    (b"PF\n", "PFM"), (b"Pf\n", "PFM"),
-    (b"\x59\xa6\x6a\x95", "Sun raster"),
-)
-_PNM_MAGIC = (b"P1", b"P2", b"P3", b"P4", b"P5", b"P6", b"P7")
-# Image formats OpenCV does not read: a clearer reason than "not an image".
-_OTHER_IMAGE_SIGNATURES = (
-    (b"8BPS", "Photoshop PSD"),
-    (b"\x00\x00\x01\x00", "Windows icon"),
-    (b"\xff\x0a", "JPEG XL"), (b"\x00\x00\x00\x0cJXL \r\n\x87\n", "JPEG XL"),
-    (b"\x76\x2f\x31\x01", "OpenEXR"),
-    (b"DDS ", "DirectDraw surface"),
-    (b"qoif", "QOI"),
-)
 
 
 class DecodeError(ValueError):
@@ -116,17 +95,21 @@ def decode_image(
     channels: int = 3,
     max_pixels: int | None = None,
     min_size: int = 1,
+    before_decoding: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """Decodes an image file's bytes to a uint8 ``HxWxchannels`` array.
 
     Args:
       data: The whole file.
       channels: 3 for RGB, 1 for gray (ITU-R 601 luma).
-      max_pixels: Refuse images whose width * height exceeds this; checked
-        from the header before decoding where the format allows (JPEG, PNG,
-        GIF, BMP, TIFF, WebP, JPEG 2000, PNM, AVIF), else after decoding.
-        None: no limit of kiln's own (OpenCV still refuses more than 2**30).
+      max_pixels: Refuse images whose width * height (or the decoder's
+        working buffer, `ImageHeader.decode_pixels`) exceeds this; checked
+        from the header, before decoding. None: no limit of kiln's own
+        (OpenCV still refuses more than 2**30).
       min_size: Refuse images whose height or width is below this.
+      before_decoding: Called with the pixels decoding allocates, once the
+        header checks pass and before OpenCV runs; it may block (the build
+        job waits there for room in its budget of pixels in flight).
 
     Returns:
       A C-contiguous uint8 array, RGB order, upright (EXIF orientation
@@ -147,12 +130,16 @@ def decode_image(
     if not data:
         raise DecodeError("empty", "the file is empty (0 bytes)")
 
-    header_size = _size_from_header(data)
-    if header_size is not None:
-        _check_size(*header_size, max_pixels=max_pixels, min_size=min_size, when="declares")
+    header = _read_header(data)
+    _check_size(header.width, header.height, max_pixels=max_pixels, min_size=min_size,
+                when="declares", decode_pixels=header.decode_pixels)
+    if before_decoding is not None:
+        before_decoding(header.decode_pixels)
 
-    pixels, exif = _decode_with_opencv(data)
+    pixels, exif = _decode_with_opencv(data, header.format)
     height, width = pixels.shape[:2]
+    # The readers follow the decoders; should one ever disagree, the size
+    # decoded is checked too.
     _check_size(width, height, max_pixels=max_pixels, min_size=min_size, when="is")
 
     image = _to_uint8(pixels)
@@ -161,27 +148,36 @@ def decode_image(
     return np.ascontiguousarray(_orient(image, orientation))
 
 
-def _size_from_header(data: bytes) -> tuple[int, int] | None:
-    """(width, height) the header declares, or None if it cannot be read."""
+def _read_header(data: bytes) -> image_header.ImageHeader:
+    """The header's format and size. Never echoes the file's bytes: the report
+    names the format, or says the signature is unknown."""
+    kind, name = image_header.identify(data)
+    if kind == "unknown":
+        raise DecodeError("not_an_image", "not an image file (unknown signature)")
+    if kind == "other_image":
+        raise DecodeError("unsupported_format", f"{name} images are not supported")
     try:
-        info = imagesize.get_info(io.BytesIO(data), dpi=False, colors=False,
-                                  exif_rotation=False, channels=False)
-    except Exception as e:  # a parser of untrusted bytes may fail in any way
-        logger.debug("image header not readable (%s: %s); checking sizes after decoding",
-                     type(e).__name__, e)
-        return None
-    if info.width <= 0 or info.height <= 0:
-        return None
-    return info.width, info.height
+        return image_header.read(data, name)
+    except image_header.UnsupportedVariant as e:
+        raise DecodeError("unsupported_format", str(e)) from None
+    except ValueError as e:
+        raise DecodeError("corrupt", f"{name} header is damaged or truncated ({e})") from None
 
 
 def _check_size(width: int, height: int, *, max_pixels: int | None, min_size: int,
-                when: str) -> None:
+                when: str, decode_pixels: int | None = None) -> None:
     if max_pixels is not None and width * height > max_pixels:
         raise DecodeError(
             "too_many_pixels",
             f"the image {when} {width}x{height} (WxH) = {width * height} pixels, "
             f"more than max_pixels {max_pixels}",
+        )
+    if max_pixels is not None and decode_pixels is not None and decode_pixels > max_pixels:
+        raise DecodeError(
+            "too_many_pixels",
+            f"the image {when} {width}x{height} (WxH) but its decoder works on {decode_pixels} "
+            f"pixels (tiles or coded frames larger than the image), more than max_pixels "
+            f"{max_pixels}",
         )
     if width < min_size or height < min_size:
         raise DecodeError(
@@ -189,37 +185,7 @@ def _check_size(width: int, height: int, *, max_pixels: int | None, min_size: in
         )
 
 
-def _format_of(data: bytes, signatures) -> str | None:
-    for magic, name in signatures:
-        if data.startswith(magic):
-            return name
-    return None
-
-
-def _sniff(data: bytes) -> tuple[str, str | None]:
-    """(kind, format name): kind is "opencv", "other_image" or "unknown"."""
-    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "opencv", "WebP"
-    if len(data) >= 12 and data[4:8] == b"ftyp":
-        brand = data[8:12]
-        if brand in (b"avif", b"avis"):
-            return "opencv", "AVIF"
-        if brand in (b"heic", b"heix", b"hevc", b"hevx", b"mif1", b"msf1"):
-            return "other_image", "HEIF/HEIC"
-    name = _format_of(data, _OPENCV_SIGNATURES)
-    if name:
-        return "opencv", name
-    if data[:2] in _PNM_MAGIC and len(data) > 2 and data[2:3].isspace():
-        return "opencv", "PNM"
-    name = _format_of(data, _OTHER_IMAGE_SIGNATURES)
-    if name:
-        return "other_image", name
-    if b"<svg" in data[:1024]:
-        return "other_image", "SVG"
-    return "unknown", None
-
-
-def _decode_with_opencv(data: bytes) -> tuple[np.ndarray, bytes | None]:
+def _decode_with_opencv(data: bytes, format_name: str) -> tuple[np.ndarray, bytes | None]:
     """Pixels as OpenCV returns them (BGR[A], any depth) and the EXIF block, if any."""
     buffer = np.frombuffer(data, np.uint8)
     try:
@@ -228,14 +194,8 @@ def _decode_with_opencv(data: bytes) -> tuple[np.ndarray, bytes | None]:
     except cv2.error as e:
         pixels, failure = None, str(e).strip().splitlines()[-1]
     if pixels is None or pixels.size == 0:
-        kind, name = _sniff(data)
         detail = f" ({failure})" if failure else ""
-        if kind == "opencv":
-            raise DecodeError("corrupt", f"{name} data is truncated or damaged{detail}")
-        if kind == "other_image":
-            raise DecodeError("unsupported_format", f"{name} images are not supported{detail}")
-        head = data[:16]
-        raise DecodeError("not_an_image", f"not an image file (starts with {head!r}){detail}")
+        raise DecodeError("corrupt", f"{format_name} data is truncated or damaged{detail}")
     exif = None
     for kind, block in zip(metadata_types, metadata):
         if kind == cv2.IMAGE_METADATA_EXIF:
@@ -250,7 +210,11 @@ def _to_uint8(pixels: np.ndarray) -> np.ndarray:
         # round(v * 255 / 65535) == round(v / 257), exactly, in integers.
         return ((pixels.astype(np.uint32) + 128) // 257).astype(np.uint8)
     if pixels.dtype in (np.float32, np.float64):
-        return np.rint(np.clip(pixels, 0.0, 1.0) * 255.0).astype(np.uint8)
+        # In place: OpenCV's array is ours, and a float image is the largest
+        # kiln decodes (12 bytes a pixel for HDR).
+        np.clip(pixels, 0.0, 1.0, out=pixels)
+        pixels *= 255.0
+        return np.rint(pixels, out=pixels).astype(np.uint8)
     raise DecodeError("unsupported_format", f"{pixels.dtype} samples are not supported")
 
 
