@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from kiln import cli, schemas
-from kiln.pipeline import BuildError, build, launcher
+from kiln.pipeline import BuildError, build, publish
 from kiln.schemas import RECORD
 from kiln.schemas.tfds_metadata import tfds_files
 from kiln.transforms import decode_image, encode_image, functional
@@ -290,7 +290,7 @@ def test_cli_builds_and_prints_a_summary(demo_corpus, tmp_path, capsys):
     printed = capsys.readouterr().out
     latest = (out_root / "shapes" / "LATEST").read_text()
     assert f"dataset: {out_root / 'shapes' / latest}" in printed
-    info = launcher.read_info(str(out_root / "shapes" / latest))
+    info = publish.DatasetRoot(str(out_root / "shapes")).read_info(latest)
     for name, split in info.splits.items():
         assert f"{name}" in printed and f"{split.num_examples}" in printed
     assert "dropped: 3 (corrupt: 1, empty: 1, not_an_image: 1)" in printed

@@ -312,3 +312,24 @@ def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path
     again = build(str(config_path))
     assert again.up_to_date and publish.DatasetRoot(dataset_root).latest() == again.version
     assert again.info.splits["train"].num_examples == len(keys) + trials + 1
+
+
+def test_a_published_version_whose_kiln_json_was_edited_is_rebuilt_not_reused(demo_corpus,
+                                                                              tmp_path):
+    root = tmp_path / "images"
+    small_corpus(demo_corpus, root)
+    config = make_config(root, output=str(tmp_path / "out"))
+    first = build(config)
+    metadata = os.path.join(first.dataset_dir, "kiln.json")
+    with open(metadata) as f:
+        edited = f.read().replace('"num_examples": ', '"num_examples": 1', 1)
+    with open(metadata, "w") as f:
+        f.write(edited)
+    with pytest.raises(MetadataError, match="modified after it was written"):
+        kiln.reader.info(first.dataset_dir)
+
+    again = build(config)  # not "up to date" on a damaged version: built and replaced
+    assert not again.up_to_date and again.version == first.version
+    assert kiln.reader.info(again.dataset_dir).splits == first.info.splits
+    assert verify.verify(again.dataset_dir).ok
+    assert build(config).up_to_date

@@ -48,7 +48,7 @@ from kiln.pipeline import config as config_module
 from kiln.pipeline import job, progress, publish, sources, storage, versioning
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.lock import DatasetLock
-from kiln.schemas import ERRORS_FILENAME, METADATA_FILENAME, RECORD, DatasetInfo, SplitInfo
+from kiln.schemas import ERRORS_FILENAME, RECORD, DatasetInfo, SplitInfo
 
 logger = logging.getLogger(__name__)
 
@@ -232,13 +232,13 @@ def _build_locked(spec: BuildSpec, options: PipelineOptions, held: DatasetLock, 
     dataset = publish.DatasetRoot(spec.dataset_root)
 
     existing = dataset.stamped_version(stamp)
-    if existing is not None:
+    built = dataset.read_info(existing) if existing else None
+    if built is not None:
         dataset.clean_stale_staging()
-        dataset.name_latest(existing)
-        logger.info("up to date: %s", existing)
-        directory = dataset.version_dir(existing)
-        return BuildResult(directory, existing, read_info(directory), up_to_date=True,
-                           pruned=_prune(dataset, keep))
+        dataset.name_latest(built.version)
+        logger.info("up to date: %s", built.version)
+        return BuildResult(dataset.version_dir(built.version), built.version, built,
+                           up_to_date=True, pruned=_prune(dataset, keep))
 
     with publish.PublishTransaction(dataset, stamp) as transaction:
         plan = make_plan(spec, listing, transaction.staging_dir, options, image_threads)
@@ -443,12 +443,3 @@ def dataset_info(spec: BuildSpec, listing: sources.Listing, report: job.JobRepor
         errors_sha256=report.errors_sha256,
         duplicates_sha256=report.duplicates_sha256,
     ).sealed()
-
-
-def read_info(directory: str) -> DatasetInfo:
-    """The `DatasetInfo` of a complete version folder."""
-    path = storage.join(directory, METADATA_FILENAME)
-    text = storage.read_text(path)
-    if text is None:
-        raise BuildError(f"{path} is missing")
-    return DatasetInfo.loads(text, source=path)

@@ -29,7 +29,13 @@ import types
 
 from kiln.pipeline import storage
 from kiln.pipeline.tfds_export import write_tfds_metadata
-from kiln.schemas import LATEST_FILENAME, METADATA_FILENAME, STAGING_PREFIX, DatasetInfo
+from kiln.schemas import (
+    LATEST_FILENAME,
+    METADATA_FILENAME,
+    STAGING_PREFIX,
+    DatasetInfo,
+    MetadataError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +66,25 @@ class DatasetRoot:
         text = self.store.read_text(storage.join(self.path, LATEST_FILENAME))
         return text.strip() or None if text else None
 
+    def read_info(self, version: str) -> DatasetInfo | None:
+        """A version's `kiln.json`, or None if it is missing or does not check
+        out (edited after it was written, damaged): such a version is rebuilt
+        and replaced, never reused."""
+        path = storage.join(self.version_dir(version), METADATA_FILENAME)
+        text = self.store.read_text(path)
+        if text is None:
+            return None
+        try:
+            return DatasetInfo.loads(text, source=path)
+        except MetadataError as e:
+            logger.warning("%s; the version will be rebuilt", e)
+            return None
+
     def stamped_version(self, stamp: str) -> str | None:
-        """The complete version this input stamp was built into, or None."""
+        """The version this input stamp was built into, or None (it may have
+        been pruned or damaged since: check it with `read_info`)."""
         text = self.store.read_text(storage.join(self.path, STAMPS_FOLDER, stamp))
-        version = text.strip() if text else ""
-        return version if version and self.is_complete(version) else None
+        return text.strip() or None if text else None
 
     def versions(self) -> list[str]:
         """Names of the version folders, complete or not, sorted."""
@@ -216,7 +236,7 @@ class PublishTransaction:
         # kiln.json last: its presence marks the folder complete.
         storage.write_text(storage.join(self.staging_dir, METADATA_FILENAME), info.dumps())
         target = self.dataset.version_dir(info.version)
-        if self.dataset.is_complete(info.version):
+        if self.dataset.read_info(info.version) is not None:
             # Same content and config as an existing version (e.g. the files
             # were touched): same bytes, keep the published copy.
             logger.info("version %s already exists; reusing it", info.version)
