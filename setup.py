@@ -67,6 +67,10 @@ setuptools.setup(
             "import-linter>=2.1,<3",  # the layering contracts in .importlinter
             "dockerfile-parse>=2.0,<3",  # tests read the Dockerfile as Docker does
             "tensorflow-datasets>=4.9,<5",
+            # The type checker (configured in pyproject.toml) and the stubs of
+            # the libraries that ship no types of their own.
+            "mypy>=1.15,<2",  # 1.15: strict_bytes
+            "types-PyYAML>=6.0.12,<7",
         ],
     },
     entry_points={

@@ -305,7 +305,7 @@ def test_pixel_sums_are_exact(channels):
     for image in random_images(4, 5, channels) + [np.full((300, 200, channels), 255, np.uint8)]:
         wide = image.reshape(-1, channels).astype(np.int64)
         sums = statistics.pixel_sums(image)
-        assert sums.count == wide.shape[0]
+        assert sums.pixels == wide.shape[0]
         assert list(sums.sums) == wide.sum(axis=0).tolist()
         assert list(sums.squares) == (wide * wide).sum(axis=0).tolist()
 

@@ -212,7 +212,9 @@ def parameter_model(kind: str, name: str, fn: Callable[..., Any],
         # Validating without the annotations would let every value through.
         raise ValueError(f"{kind} {name!r}: cannot resolve the parameter annotations: "
                          f"{type(e).__name__}: {e}") from e
-    fields = {}
+    # Any: mypy would match `**fields` against create_model's own keywords
+    # (__base__, __module__...); each value is an (annotation, default) pair.
+    fields: dict[str, Any] = {}
     for param in params[len(leading):]:
         if param.kind is not param.KEYWORD_ONLY:
             raise ValueError(f"{kind} {name!r}: parameter {param.name!r} must be keyword-only "
@@ -249,23 +251,27 @@ class Registry(Generic[R]):
       kind: What the functions are, for messages (``"augmentation op"``).
       noun: Its short form (``"op"``), for messages about list entries.
       error: The ValueError subclass raised for invalid lists.
+      entry: The `Registered` (sub)class every registration records, built
+        with the name, the function, its parameter model and the details
+        given to `register`.
     """
 
-    def __init__(self, kind: str, noun: str, error: type[ValueError]):
+    def __init__(self, kind: str, noun: str, error: type[ValueError], entry: Callable[..., R]):
         self.kind = kind
         self.noun = noun
         self.error = error
+        self._entry = entry
         self._entries: dict[str, R] = {}
 
     def register(self, name: str | None, *, leading: Sequence[str],
-                 entry: Callable[..., R] = Registered, **details: Any) -> Callable[[F], F]:
+                 **details: Any) -> Callable[[F], F]:
         """A decorator that registers its function as `name` (default: the function's name).
 
         Args:
           name: What lists use.
           leading: The function's positional data parameters (see `parameter_model`).
-          entry: The `Registered` (sub)class to record, built with the name,
-            the function, its parameter model and `details`.
+          details: The entry's other fields (``check``, and those of the
+            registry's `Registered` subclass).
 
         Raises:
           ValueError: if the name is taken by another function or the
@@ -275,7 +281,7 @@ class Registry(Generic[R]):
         def decorator(fn: F) -> F:
             entry_name = name or fn.__name__
             parameters = parameter_model(self.kind, entry_name, fn, leading)
-            self.add(entry(name=entry_name, fn=fn, parameters=parameters, **details))
+            self.add(self._entry(name=entry_name, fn=fn, parameters=parameters, **details))
             return fn
 
         return decorator
@@ -308,7 +314,7 @@ class Registry(Generic[R]):
         return self._entries[name]
 
     def parse(self, specs: Iterable[Any] | None, field: str,
-              make: Callable[[str, tuple[tuple[str, Any], ...]], S] = Spec) -> list[S]:
+              make: Callable[[str, tuple[tuple[str, Any], ...]], S]) -> list[S]:
         """Validates a list in YAML form; returns one ``make(name, params)`` per entry.
 
         Args:
@@ -328,6 +334,7 @@ class Registry(Generic[R]):
                 for index, spec in enumerate(specs)]
 
     def _parse_entry(self, where: str, spec: Any) -> tuple[str, tuple[tuple[str, Any], ...]]:
+        raw: Any  # the parameters as written, checked to be a mapping below
         if isinstance(spec, str):
             name, raw = spec, {}
         elif isinstance(spec, Mapping) and len(spec) == 1:

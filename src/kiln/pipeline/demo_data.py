@@ -235,7 +235,7 @@ def _contrasting_colour(rng: np.random.Generator, background: np.ndarray) -> tup
         colour = rng.integers(0, 256, size=3)
         luma = 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2]
         if abs(luma - mean_luma) >= 80:
-            return tuple(int(c) for c in colour)
+            return int(colour[0]), int(colour[1]), int(colour[2])
 
 
 _SUBPIXEL_BITS = 4  # OpenCV draws at 1/16 pixel: smooth, still integer coordinates
@@ -277,7 +277,7 @@ def _photo_image(rng: np.random.Generator, class_name: str, width: int, height: 
     _draw_shape(image, class_name, centre, radius, float(rng.uniform(0, 2 * math.pi)),
                 _contrasting_colour(rng, image))
     # Texture over everything (so shapes are not flat), lens blur, sensor noise.
-    shaded = image.astype(np.float32)
+    shaded: np.ndarray = image.astype(np.float32)
     for cells, amplitude in ((12, 18.0), (48, 10.0), (160, 6.0)):
         noise = rng.normal(0.0, amplitude, size=(max(1, cells * height // width), cells))
         shaded += cv2.resize(noise.astype(np.float32), (width, height),

@@ -284,8 +284,10 @@ class ProcessImagesFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(
                 DROPPED, WindowedValue(outcome.dropped, timestamp, (window,)))
             return
-        self._decoded.inc()
         image = outcome.image
+        if image is None:
+            raise ValueError("an Outcome holds an image or a dropped file, never neither")
+        self._decoded.inc()
         if self._runs.add(window, image.split, sort_key(image.key), image.record, image.sha256,
                           image.key):
             yield from self._runs.flush()

@@ -219,7 +219,9 @@ def _split_totals(run: SpilledRun):
 
 def _slices_by_shard(run: SpilledRun, num_shards: Mapping[str, int]):
     """((split, index, num_shards), RunSlice) for each shard with records in `run`."""
-    shard, start, entries = None, 0, []
+    shard: tuple[str, int, int] | None = None
+    start = 0
+    entries: list[tuple[str, int]] = []
     for split, key, offset, length in run.entries:  # sorted by (split, key)
         n = num_shards[split]
         this = (split, shard_index(key, n), n)

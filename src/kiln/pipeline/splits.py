@@ -61,7 +61,8 @@ class SplitPolicy:
 
         Raises:
           ValueError: splits come from the source and the record has none
-            (the listing drops such files before the job).
+            (the listing drops such files before the job), or no fraction is
+            above 0 (the config refuses that: they sum to 1).
         """
         if self.fractions is None:
             if source_split is None:
@@ -78,4 +79,6 @@ class SplitPolicy:
                     return name
         # Rounding can leave the top of [0, 1) above the last bound: it
         # belongs to the last split with a non-zero fraction.
+        if chosen is None:
+            raise ValueError(f"{key}: no split has a fraction above 0")
         return chosen

@@ -37,7 +37,7 @@ from kiln.schemas import ChannelStatistics
 class PixelSums(NamedTuple):
     """Exact sufficient statistics of one image's pixels, per channel."""
 
-    count: int                 # pixels (height * width)
+    pixels: int                # height * width (not `count`: that is tuple.count)
     sums: tuple[int, ...]      # sum of values, per channel
     squares: tuple[int, ...]   # sum of squared values, per channel
 
@@ -65,7 +65,7 @@ def pixel_sums(image: np.ndarray) -> PixelSums:
     else:
         counts = [np.bincount(image[..., c].ravel(), minlength=256) for c in range(channels)]
     return PixelSums(
-        count=int(height * width),
+        pixels=int(height * width),
         sums=tuple(int(h @ _VALUES) for h in counts),
         squares=tuple(int(h @ _SQUARES) for h in counts),
     )

@@ -229,7 +229,9 @@ def standardize(images: tf.Tensor, mean: Sequence[float], std: Sequence[float]) 
 
 def _shape_for_check(shape: tf.TensorShape) -> tuple[int, int, int]:
     dims = shape.as_list() if shape.rank == 3 else [None, None, 3]
-    return tuple(d if d is not None else default for d, default in zip(dims, (64, 64, 3)))
+    height, width, channels = (d if d is not None else default
+                               for d, default in zip(dims, (64, 64, 3)))
+    return height, width, channels
 
 
 # --- first-use checks of user ops -----------------------------------------------------

@@ -414,6 +414,8 @@ class _Decoding:
         return out
 
     def raw_batch(self, numbered, words):
+        if self.image_size is None:  # see `vectorizable`
+            raise ValueError("decoding a batch at once needs the dataset's one image size")
         positions, serialized = numbered
         features = RECORD.parse(serialized)
         height, width = self.image_size

@@ -15,13 +15,12 @@ import tensorflow as tf
 from kiln.reader.augmenter import Augmenter, standardize
 from kiln.reader.ops import validate
 
-keras = tf.keras
 # As in the tf.data path: the same unconverted code, so both trace alike.
 _unconverted = tf.autograph.experimental.do_not_convert
 
 
-@keras.utils.register_keras_serializable(package="kiln")
-class AugmentationLayer(keras.layers.Layer):
+@tf.keras.utils.register_keras_serializable(package="kiln")
+class AugmentationLayer(tf.keras.layers.Layer):
     """Augments ``{"image": uint8 [B, H, W, C], "augment_seed": int32 [B, 2]}``.
 
     With ``training=True`` (Keras passes it during `fit`) each image gets the
@@ -69,7 +68,7 @@ class AugmentationLayer(keras.layers.Layer):
         else:
             out = tf.map_fn(_unconverted(lambda image: self._inference.apply(image, None)),
                             images, fn_output_signature=tf.float32)
-        if self.mean is not None:
+        if self.mean is not None and self.std is not None:  # both or neither
             out = standardize(out, self.mean, self.std)
         return out
 

@@ -142,7 +142,8 @@ class OpDefinition(Registered):
     pixelwise: bool = False
 
 
-AUGMENTATIONS: Registry[OpDefinition] = Registry("augmentation op", "op", AugmentConfigError)
+AUGMENTATIONS: Registry[OpDefinition] = Registry("augmentation op", "op", AugmentConfigError,
+                                                 entry=OpDefinition)
 
 # The data each kind of op gets before its configurable parameters.
 _LEADING = {"element": ("image", "seed"), "batch": ("images", "labels", "seed")}
@@ -168,16 +169,16 @@ def register_augmentation(
       ValueError: if the name is taken by another function or the signature is
         not ``fn(image, seed, *, keyword_only_params)``.
     """
-    return AUGMENTATIONS.register(name, leading=_LEADING["element"], entry=OpDefinition,
-                                  inference=inference, check=check)
+    return AUGMENTATIONS.register(name, leading=_LEADING["element"], inference=inference,
+                                  check=check)
 
 
 def builtin_op(name: str, *, kind: str = "element", **details: Any) -> Callable:
     """Decorator for kiln's own ops: trusted (no first-use check), and free to
     declare what the reader may do with them (`OpDefinition`'s window,
     inference_window, mirror, pixelwise)."""
-    return AUGMENTATIONS.register(name, leading=_LEADING[kind], entry=OpDefinition, kind=kind,
-                                  builtin=True, **details)
+    return AUGMENTATIONS.register(name, leading=_LEADING[kind], kind=kind, builtin=True,
+                                  **details)
 
 
 def names() -> list[str]:

@@ -47,7 +47,7 @@ class TransformError(ValueError):
 
 
 TRANSFORMS: Registry[Registered] = Registry("offline transform", "transform",
-                                            TransformConfigError)
+                                            TransformConfigError, entry=Registered)
 
 
 def register(

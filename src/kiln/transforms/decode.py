@@ -152,7 +152,7 @@ def _read_header(data: bytes) -> image_header.ImageHeader:
     """The header's format and size. Never echoes the file's bytes: the report
     names the format, or says the signature is unknown."""
     kind, name = image_header.identify(data)
-    if kind == "unknown":
+    if name is None:  # kind "unknown": no image signature
         raise DecodeError("not_an_image", "not an image file (unknown signature)")
     if kind == "other_image":
         raise DecodeError("unsupported_format", f"{name} images are not supported")

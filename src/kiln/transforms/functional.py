@@ -83,13 +83,19 @@ def _scale_length(length: int, target: int, reference: int) -> int:
     return max(1, (2 * length * target + reference) // (2 * reference))
 
 
-def _only_one_size(**sizes) -> str:
+def _only_one_size(**sizes: object) -> None:
     given = [name for name, value in sizes.items() if value is not None]
     if len(given) != 1:
         names = ", ".join(sizes)
         found = " and ".join(given) if given else "none"
         raise ValueError(f"give exactly one of {names} (got {found})")
-    return given[0]
+
+
+def _fit_side(in_height: int, in_width: int, side: int, reference: int) -> tuple[int, int]:
+    """(height, width): the side that measures `reference` becomes `side`, the aspect ratio kept."""
+    if in_height == reference:
+        return side, _scale_length(in_width, side, in_height)
+    return _scale_length(in_height, side, in_width), side
 
 
 def _check_resize(*, shorter_side=None, longer_side=None, size=None, interpolation="auto") -> None:
@@ -147,17 +153,14 @@ def resize(
       ValueError: if not exactly one of the three sizes is given.
     """
     _check_image(image, "resize")
-    chosen = _only_one_size(shorter_side=shorter_side, longer_side=longer_side, size=size)
+    _only_one_size(shorter_side=shorter_side, longer_side=longer_side, size=size)
     in_height, in_width = image.shape[:2]
-    if chosen == "size":
+    if size is not None:
         height, width = _hw(size)
-    else:
-        target = shorter_side if chosen == "shorter_side" else longer_side
-        reference = (min if chosen == "shorter_side" else max)(in_height, in_width)
-        if in_height == reference:
-            height, width = target, _scale_length(in_width, target, in_height)
-        else:
-            height, width = _scale_length(in_height, target, in_width), target
+    elif shorter_side is not None:
+        height, width = _fit_side(in_height, in_width, shorter_side, min(in_height, in_width))
+    elif longer_side is not None:
+        height, width = _fit_side(in_height, in_width, longer_side, max(in_height, in_width))
     return resize_to(image, height, width, interpolation)
 
 
@@ -245,11 +248,11 @@ def pad(
     """
     _check_image(image, "pad")
     _check_pad(size=size, to_square=to_square, value=value)
-    if to_square:
+    if size is not None:
+        height, width = _hw(size)
+    else:  # to_square, as _check_pad made sure
         side = max(image.shape[:2])
         height, width = side, side
-    else:
-        height, width = _hw(size)
     return _pad_centred(image, height, width, value, "pad")
 
 

@@ -717,9 +717,10 @@ def _jpeg_2000(data: bytes):
     offset = 0
     if data.startswith(_JP2_SIGNATURE):
         codestreams = (payload for kind, payload, _ in _boxes(data, 0, len(data)) if kind == b"jp2c")
-        offset = next(codestreams, None)
-        if offset is None:
+        first = next(codestreams, None)
+        if first is None:
             raise ValueError("no codestream box")
+        offset = first
     if data[offset:offset + 4] != _J2K_SIGNATURE:
         raise ValueError("codestream does not start with SOC and SIZ")
     (_lsiz, _rsiz, x_size, y_size, x_offset, y_offset, tile_width, tile_height,

@@ -37,9 +37,11 @@ class NoqaComments:
         line = comment.start[0]
         if codes is None:
             self._silenced[line] = None
-        elif self._silenced.get(line, frozenset()) is not None:
+            return
+        already = self._silenced.get(line, frozenset())
+        if already is not None:  # else a bare noqa on this line silences everything
             named = frozenset(c.strip().upper() for c in codes.split(",") if c.strip())
-            self._silenced[line] = self._silenced.get(line, frozenset()) | named
+            self._silenced[line] = already | named
 
     def silences(self, finding: Finding) -> bool:
         if finding.line not in self._silenced:

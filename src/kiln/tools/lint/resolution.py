@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, TypeAlias
 
 MAX_RESOLVE_DEPTH = 8
 """How many indirections (aliases, partials, factories) a function reference may take."""
@@ -56,6 +56,13 @@ class _Parameter:
     """A parameter binding: the name is local to the function, its value unknown."""
 
     name: str
+
+
+Binding: TypeAlias = ast.AST | _Parameter
+"""What a name may be bound to: a def, a class, an assigned value or a parameter."""
+
+DefiningScope: TypeAlias = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+"""Where a class member is seen from: its class for a def, the method that assigns it otherwise."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +110,7 @@ class ModuleIndex:
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
         self.imports = self._collect_imports(tree)
-        self._bindings_cache: dict[ast.AST, dict[str, list[ast.AST]]] = {}
+        self._bindings_cache: dict[ast.AST, dict[str, list[Binding]]] = {}
         self._callables_cache: dict[tuple[int, int], list[ResolvedFunction]] = {}
         self._instances_cache: dict[tuple[int, int], list[ast.ClassDef]] = {}
         self.module_bindings = self.bindings(tree)
@@ -152,18 +159,18 @@ class ModuleIndex:
             current = self.parents.get(current)
         return current if current is not None else self.tree
 
-    def bindings(self, scope: ast.AST) -> dict[str, list[ast.AST]]:
+    def bindings(self, scope: ast.AST) -> dict[str, list[Binding]]:
         """Names bound directly in `scope` -> defs, classes, assigned values or `_Parameter`s."""
         cached = self._bindings_cache.get(scope)
         if cached is not None:
             return cached
-        bound: dict[str, list[ast.AST]] = {}
+        bound: dict[str, list[Binding]] = {}
         if isinstance(scope, (*FUNCTION_NODES, ast.Lambda)):
             args = scope.args
             for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs,
                         *(a for a in (args.vararg, args.kwarg) if a is not None)]:
                 bound.setdefault(arg.arg, []).append(_Parameter(arg.arg))
-        if not isinstance(scope, ast.Lambda):
+        if isinstance(scope, (ast.Module, ast.ClassDef, *FUNCTION_NODES)):
             for node in _statements_in_scope(scope.body):
                 if isinstance(node, (*FUNCTION_NODES, ast.ClassDef)):
                     bound.setdefault(node.name, []).append(node)
@@ -181,7 +188,7 @@ class ModuleIndex:
         self._bindings_cache[scope] = bound
         return bound
 
-    def lookup(self, name: str, scope: ast.AST) -> list[ast.AST]:
+    def lookup(self, name: str, scope: ast.AST) -> list[Binding]:
         """What `name` may refer to from `scope`, by Python's rules (classes are
         not enclosing scopes for their methods), innermost binding first."""
         current: ast.AST | None = scope
@@ -231,9 +238,11 @@ class ModuleIndex:
             current = self.scope_of(current)
         return None
 
-    def class_member(self, cls: ast.ClassDef, name: str, depth: int = 0) -> list[tuple[ast.AST, ast.ClassDef]]:
+    def class_member(self, cls: ast.ClassDef, name: str,
+                     depth: int = 0) -> list[tuple[ast.AST, DefiningScope]]:
         """Defs named `name` in `cls` or its same-module bases; else values assigned
-        to ``self.<name>`` in its methods. Pairs of (def or value, defining class)."""
+        to ``self.<name>`` in its methods. Pairs of (def or value, the scope it is
+        seen from: the defining class for a def, the assigning method for a value)."""
         if depth > MAX_RESOLVE_DEPTH:
             return []
         for node in cls.body:
@@ -244,10 +253,11 @@ class ModuleIndex:
                 found = self.class_member(base_class, name, depth + 1)
                 if found:
                     return found
-        assigned = []
+        assigned: list[tuple[ast.AST, DefiningScope]] = []
         for method in cls.body:
-            params = [*method.args.posonlyargs, *method.args.args] \
-                if isinstance(method, FUNCTION_NODES) else []
+            if not isinstance(method, FUNCTION_NODES):
+                continue
+            params = [*method.args.posonlyargs, *method.args.args]
             if not params:
                 continue
             receiver = params[0].arg

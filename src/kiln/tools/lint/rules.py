@@ -95,7 +95,7 @@ class Violation:
     message: str
     fix: str | None = None
 
-    def at(self, path: str, node: ast.AST) -> Finding:
+    def at(self, path: str, node: ast.stmt | ast.expr) -> Finding:
         return Finding(path, node.lineno, node.col_offset + 1, self.code, self.message,
                        self.fix or RULES[self.code].fix)
 
@@ -240,7 +240,7 @@ def call_violation(call: ast.Call, index: ModuleIndex, scope: ast.AST,
 
 def _is_py_function(qualified: str | None) -> bool:
     """Whether a dotted name is tf.py_function or one of its relatives."""
-    return bool(qualified) and qualified.startswith("tensorflow.") and \
+    return qualified is not None and qualified.startswith("tensorflow.") and \
         qualified.rsplit(".", 1)[-1] in PY_FUNCTION_NAMES
 
 

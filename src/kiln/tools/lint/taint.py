@@ -19,7 +19,8 @@ only if the callee may return one. Same-module functions are followed up to
 from __future__ import annotations
 
 import ast
-from typing import Iterable, Sequence
+import sys
+from typing import Iterable, Sequence, TypeAlias
 
 from kiln.tools.lint import rules
 from kiln.tools.lint.resolution import (
@@ -65,6 +66,12 @@ _STATIC_ATTRIBUTES = frozenset({
 _STATIC_METHODS = frozenset({"get_shape", "numpy"})
 
 _COMPREHENSION_NODES = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+_Comprehension: TypeAlias = ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
+# `try: ... except* E:` is a node of its own since Python 3.11.
+if sys.version_info >= (3, 11):
+    _TRY_NODES: tuple[type[ast.Try | ast.TryStar], ...] = (ast.Try, ast.TryStar)
+else:
+    _TRY_NODES = (ast.Try,)
 
 # (function node id, its parameters holding tensors, closure names holding tensors).
 _AnalysisKey = tuple[int, frozenset[str], frozenset[str]]
@@ -95,7 +102,7 @@ class _ModuleChecker:
     def findings(self) -> list[Finding]:
         return list(self._findings.values())
 
-    def report(self, node: ast.AST, violation: Violation | None) -> None:
+    def report(self, node: ast.stmt | ast.expr, violation: Violation | None) -> None:
         if violation is None:
             return
         finding = violation.at(self.filename, node)
@@ -206,7 +213,7 @@ class _FunctionBodyChecker:
                 if item.optional_vars is not None:
                     self._bind(item.optional_vars, self.is_tensor(item.context_expr, tainted), tainted)
             return self.block(node.body, tainted)
-        if isinstance(node, (ast.Try, *_try_star())):
+        if isinstance(node, _TRY_NODES):
             after = self.block(node.body, tainted)
             for handler in node.handlers:
                 if handler.type is not None:
@@ -220,7 +227,7 @@ class _FunctionBodyChecker:
                 check(node.msg, tainted)
             self.module.report(node, rules.statement_violation(node, self._tensor_test(tainted)))
             return tainted
-        if _is_match(node):
+        if isinstance(node, ast.Match):
             check(node.subject, tainted)
             after = set(tainted)
             for case in node.cases:
@@ -277,14 +284,14 @@ class _FunctionBodyChecker:
             return
         elif isinstance(node, ast.Call):
             skipped = self._call(node, tainted)
-            for child in [node.func, *node.args, *(k.value for k in node.keywords)]:
-                if child not in skipped:
-                    self.expression(child, tainted)
+            for part in [node.func, *node.args, *(k.value for k in node.keywords)]:
+                if part not in skipped:
+                    self.expression(part, tainted)
             return
         for child in ast.iter_child_nodes(node):
             self.expression(child, tainted)
 
-    def _comprehension(self, node: ast.AST, tainted: set[str]) -> None:
+    def _comprehension(self, node: _Comprehension, tainted: set[str]) -> None:
         local = set(tainted)
         for generator in node.generators:
             self.expression(generator.iter, local)
@@ -450,9 +457,9 @@ class _FunctionBodyChecker:
         return any(self.is_tensor(child, tainted) for child in ast.iter_child_nodes(node))
 
 
-def _is_generator(function: ast.AST) -> bool:
+def _is_generator(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """Whether the function's own body (not a nested def or lambda) yields."""
-    pending = list(function.body)
+    pending: list[ast.AST] = list(function.body)
     while pending:
         node = pending.pop()
         if isinstance(node, (ast.Yield, ast.YieldFrom)):
@@ -460,13 +467,3 @@ def _is_generator(function: ast.AST) -> bool:
         if not isinstance(node, (*FUNCTION_NODES, ast.ClassDef, ast.Lambda)):
             pending.extend(ast.iter_child_nodes(node))
     return False
-
-
-def _try_star() -> tuple[type, ...]:
-    star = getattr(ast, "TryStar", None)
-    return (star,) if star is not None else ()
-
-
-def _is_match(node: ast.AST) -> bool:
-    match = getattr(ast, "Match", None)
-    return match is not None and isinstance(node, match)

@@ -184,8 +184,8 @@ class DatasetEvidence:
                     and "dataset" in callee.lower():
                 return "tf"  # tf.data.TFRecordDataset, keras.utils.image_dataset_from_directory
             return "unknown"
-        qualified = self.index.qualify(node)
-        if qualified is not None and not qualified.startswith("tensorflow"):
+        referenced = self.index.qualify(node)
+        if referenced is not None and not referenced.startswith("tensorflow"):
             return "other"  # a module's function, e.g. builtins.map(fn, items)
         if isinstance(node, ast.Name):
             if _OTHER_NAME.search(node.id):
