@@ -27,8 +27,8 @@ EXIT_BUSY = 3
 
 
 # How much of a user's value an error message quotes. A config value can be
-# huge (a YAML alias bomb expands a 600-byte file to gigabytes); quoting it
-# whole once made a 312 MB one-line message.
+# huge (a YAML alias bomb expands a 600-byte file to gigabytes), and a
+# message quoting it whole would be as large.
 _QUOTE = reprlib.Repr()
 _QUOTE.maxstring = 80
 _QUOTE.maxother = 80

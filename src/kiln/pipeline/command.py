@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     # Move everything alive so far (TensorFlow and Beam: millions of
     # objects) out of the garbage collector's reach while the build runs: a
     # full collection would otherwise walk them all, several times a build,
-    # on the job's thread (~0.3 s each here). Unfrozen after, so a process
+    # on the job's thread. Unfrozen after, so a process
     # that runs several builds (kiln.cli.main in a scheduler) keeps nothing
     # alive that it would otherwise collect.
     gc.freeze()

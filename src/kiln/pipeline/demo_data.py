@@ -141,9 +141,9 @@ def generate_photos(
 
     Unlike the flat demo shapes, these cost what real photos cost to decode
     and resize: smooth colour fields, several octaves of texture, shaded
-    shapes, slight blur and sensor-like noise, JPEG quality 90 (about 60-100
-    KB at 800x600). Named ``<class>/photo_<i:04d>.jpg``; the same seed
-    writes the same bytes.
+    shapes, slight blur and sensor-like noise, JPEG quality 90 (files the
+    size of real photos of that resolution). Named
+    ``<class>/photo_<i:04d>.jpg``; the same seed writes the same bytes.
 
     Args:
       out_dir: As in `generate`.

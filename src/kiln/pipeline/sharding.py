@@ -25,7 +25,7 @@ a split), so each run is cut into at most one `RunSlice` per shard, and
 shards are grouped from those slices; `WriteShardFn` reads each slice in
 one go and merges them. So the build's memory stays near one shard however
 large the dataset (Beam's local runner holds a shuffled collection in
-memory, which grew the build by about 100 KB per image), Dataflow shuffles
+memory, and records are images), Dataflow shuffles
 a few dozen bytes per image instead of the image, and after the spill no
 Beam step handles single records (each step an element passes through
 costs time on the bundle's thread). The run files stay in the job's work

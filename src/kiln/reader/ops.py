@@ -348,8 +348,8 @@ _OVERSHOOTING_METHODS = ("bicubic", "lanczos3", "mitchellcubic")
 
 def _finish_resized_crop(image, *, size, scale_range, ratio_range, method, antialias):
     del scale_range, ratio_range
-    # Float first: TF's resize kernels are about 3x slower on uint8 input,
-    # and converting the (usually smaller) window costs little.
+    # Float first: TF's resize is faster on float input than on uint8 (see
+    # BENCHMARKS.md), and converting the (usually smaller) window costs little.
     resized = tf.image.resize(to_float(image), size, method=method, antialias=antialias)
     if method in _OVERSHOOTING_METHODS:
         resized = tf.clip_by_value(resized, 0.0, 1.0)
@@ -415,8 +415,8 @@ def random_flip_up_down(image, seed, *, probability: Probability = 0.5):
 # DALI): brightness adds a delta, contrast scales about the mean luma,
 # saturation blends with the pixel's luma, hue rotates the chroma plane of YIQ.
 # Composed, they are ``clip(M @ pixel + offset)`` with one 3x3 matrix per
-# image: a single matmul instead of TF's HSV round trips (each several times
-# the cost of decoding the image).
+# image: a single matmul instead of one RGB-HSV-RGB round trip per op (a
+# branchy per-pixel conversion each way).
 
 _LUMA = np.array([0.299, 0.587, 0.114])
 _RGB_TO_YIQ = np.array([[0.299, 0.587, 0.114],
@@ -467,8 +467,8 @@ def color_twist(image: tf.Tensor, *, brightness: tf.Tensor | None = None,
     if brightness is not None:
         offsets.append(brightness)
     if contrast is not None:
-        # Per-channel means, then their luma: weighting every pixel first
-        # would be a broadcast multiply over the image, several times slower.
+        # Per-channel means, then their luma: three multiplies, where weighting
+        # every pixel first would be a broadcast multiply over the image.
         channel_means = _channel_means(pixels)
         if pixels.shape[-1] == 3:
             mean = tf.tensordot(channel_means, tf.constant(_LUMA * scale, tf.float32), 1)
@@ -509,8 +509,9 @@ def _channel_means(pixels: tf.Tensor) -> tf.Tensor:
     """Per-channel means of a float ``[height, width, channels]`` image.
 
     The rows are averaged first (a reduction over the outer dimension, which
-    TF vectorizes along the row), then the pixels of the mean row: about
-    4x faster than one reduction over axes [0, 1] on a crop window. Means,
+    TF vectorizes along the row), then the pixels of the mean row: one
+    reduction over axes [0, 1] would keep only the channels as its inner
+    axis, too short to vectorize. Means,
     not sums and a division: a division by the pixel count, a constant
     where the shape is static (in a model), is one that graph optimizers
     rewrite, rounding differently in the model and in tf.data.

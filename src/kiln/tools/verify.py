@@ -34,7 +34,7 @@ verify then needs only the reader-level install (TensorFlow and NumPy), and
 it reads the records exactly the way training will.
 
 Keys and content hashes are held in memory to find repeated keys and check
-the duplicates report: about 200 bytes per record.
+the duplicates report: one key and one hash per record.
 """
 
 from __future__ import annotations

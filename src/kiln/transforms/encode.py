@@ -17,8 +17,8 @@ import numpy as np
 
 FORMATS = ("jpeg", "png", "raw")
 
-# zlib level 6: the usual balance; higher levels take several times longer
-# for a few percent, which a build of millions of images feels.
+# zlib level 6: the usual balance; higher levels cost much more time for
+# slightly smaller files, which a build of millions of images feels.
 PNG_COMPRESSION = 6
 
 

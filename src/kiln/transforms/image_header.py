@@ -738,9 +738,9 @@ def _jpeg_2000(data: bytes):
     return x_size - x_offset, y_size - y_offset
 
 
-# OpenJPEG allocates the coding parameters of every tile up front, about 10 KB
-# a tile (it allows 65535 tiles: a 300-byte file can take 600 MB); encoders
-# use a single tile or tiles of 256x256 and more.
+# OpenJPEG allocates the coding parameters of every tile up front, kilobytes
+# a tile, and allows 65535 tiles: a file of a few hundred bytes can claim
+# hundreds of megabytes. Encoders use a single tile or tiles of 256x256 and more.
 _J2K_MAX_TILES = 4096
 
 
