@@ -67,10 +67,13 @@ setuptools.setup(
             "import-linter>=2.1,<3",  # the layering contracts in .importlinter
             "dockerfile-parse>=2.0,<3",  # tests read the Dockerfile as Docker does
             "tensorflow-datasets>=4.9,<5",
-            # The type checker (configured in pyproject.toml) and the stubs of
-            # the libraries that ship no types of their own.
-            "mypy>=1.15,<2",  # 1.15: strict_bytes
+            # The type checker and the linter, configured in pyproject.toml, and
+            # the stubs of the libraries that ship no types of their own.
+            "mypy>=1.20,<2",
             "types-PyYAML>=6.0.12,<7",
+            # One minor version: each one makes new rules of the selected
+            # families stable, which would fail `make test` with no change here.
+            "ruff>=0.17,<0.18",
         ],
     },
     entry_points={

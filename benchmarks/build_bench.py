@@ -25,7 +25,8 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from benchmarks import machine
 

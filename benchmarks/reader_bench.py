@@ -32,7 +32,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 BATCH_SIZE = 128
 IMAGE_SIZE = 224

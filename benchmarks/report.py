@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 # Why a target can be missed on this kind of machine; shown under the table
@@ -91,7 +92,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     ]
     scaling = build["scaling"]
     growth = max(later["ms_per_image"] / earlier["ms_per_image"]
-                 for earlier, later in zip(scaling, scaling[1:]))
+                 for earlier, later in itertools.pairwise(scaling))
     out.append(_target("build_linear", "build cost per image, largest growth between sizes",
                        growth, "<= 1.10x (flat)", growth <= 1.10))
     # The two largest builds: both hold more than one shard's worth of
@@ -133,7 +134,8 @@ def _value(target: dict) -> str:
 
 def _round_range(rows: dict[str, Any], other: str) -> str:
     """``; 2.9x to 3.8x within single rounds``: (b) over `other` measured back to back."""
-    ratios = [b / o for b, o in zip(rows["b"].get("runs", []), rows[other].get("runs", []))
+    ratios = [b / o for b, o in zip(rows["b"].get("runs", []), rows[other].get("runs", []),
+                                    strict=False)
               if o]
     if len(ratios) < 2:
         return ""
@@ -171,7 +173,7 @@ def _pool_facts(rows: dict[str, Any]) -> dict[str, float]:
         return {"pool": nan, "pool_low": nan, "pool_high": nan, "of_pool": nan}
     pool = rows["baseline_threads"]
     per_round = [a["seconds"] / p["seconds"]
-                 for a, p in zip(rows["baseline"]["runs"], pool["runs"])]
+                 for a, p in zip(rows["baseline"]["runs"], pool["runs"], strict=False)]
     return {
         "pool": pool["ratio_vs_baseline"],
         "pool_low": min(per_round),
@@ -294,8 +296,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"Memory: the records never pass through Beam's shuffle. The image step writes "
         f"them to sorted run files of at most one shard, and shards are grouped from one "
-        f"slice (an index of ~30 bytes per record) per run and shard (before this, the local runner held "
-        f"every record in memory, and the peak grew by about 100 KB per image). From "
+        f"slice (an index of ~30 bytes per record) per run and shard (before this, the local "
+        f"runner held every record in memory, and the peak grew by about 100 KB per image). From "
         f"{previous['images']} to {last['images']} images the peak grew by {growth:.0f} MB "
         f"({per_image_kb:.1f} KB per image; {_rss_spread(build['scaling'])}): the local "
         f"runner keeps every collection that "

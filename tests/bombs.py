@@ -78,7 +78,8 @@ def webp_animated(width: int, height: int) -> bytes:
     """An animated WebP: a width x height canvas, one 1x1 lossless frame."""
     frame = cv2.imencode(".webp", TINY[:1, :1], [cv2.IMWRITE_WEBP_QUALITY, 101])[1].tobytes()
     bitstream = frame[12:]  # the "VP8L" chunk
-    vp8x = struct.pack("<I", 0x02) + (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3, "little")
+    vp8x = struct.pack("<I", 0x02) + (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3,
+                                                                                               "little")
     anmf = bytes(6) + bytes(3) + bytes(3) + (100).to_bytes(3, "little") + b"\x00" + bitstream
     return _riff(_webp_chunk(b"VP8X", vp8x), _webp_chunk(b"ANIM", bytes(6)),
                  _webp_chunk(b"ANMF", anmf))
@@ -144,7 +145,8 @@ def radiance_hdr(width: int, height: int, rows: int | None = None) -> bytes:
 
 
 def sun_raster(width: int, height: int) -> bytes:
-    return struct.pack(">IiiiiiII", 0x59A66A95, width, height, 8, width * height, 1, 0, 0) + bytes(64)
+    return struct.pack(">IiiiiiII", 0x59A66A95, width, height, 8, width * height, 1, 0,
+                       0) + bytes(64)
 
 
 def jp2_declaring(width: int, height: int, *, codestream_only: bool = False) -> bytes:

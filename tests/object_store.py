@@ -108,7 +108,7 @@ class InMemoryObjectStore(FileSystem):
         return CompressedFile(reader, compression_type=compression_type)
 
     def copy(self, source_file_names, destination_file_names):
-        for source, destination in zip(source_file_names, destination_file_names):
+        for source, destination in zip(source_file_names, destination_file_names, strict=True):
             with _LOCK:
                 if source not in OBJECTS:
                     raise BeamIOError("Copy failed", {(source, destination): FileNotFoundError()})

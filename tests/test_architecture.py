@@ -1,4 +1,4 @@
-"""kiln's layering holds: the import contracts in .importlinter are kept, and no import hides from them.
+"""kiln's layering holds: the contracts in .importlinter are kept, and no import hides from them.
 
 The contracts say what each package may import (the reader never Beam or
 OpenCV, the kernels never TensorFlow, kiln.registry neither) and that no

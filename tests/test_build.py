@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import NUM_DEMO_IMAGES as NUM_GOOD
+from conftest import make_config
 from kiln import cli, schemas
-from kiln.pipeline import BuildError, build, publish
+from kiln.pipeline import BuildError, build, launcher, publish
 from kiln.schemas import RECORD
 from kiln.schemas.tfds_metadata import tfds_files
 from kiln.transforms import decode_image, encode_image, functional
-
-from conftest import NUM_DEMO_IMAGES as NUM_GOOD
-from conftest import make_config
 
 
 def read_split(result, split):
@@ -250,7 +249,8 @@ def test_rebuild_is_up_to_date_and_changes_make_new_versions(demo_corpus, tmp_pa
 def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, tmp_path, capsys):
     config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"),
                          errors={"max_fraction": 0.02})
-    with pytest.raises(BuildError, match=r"dropped 3 of 63 input files .* errors.max_fraction 2.0%"):
+    with pytest.raises(BuildError,
+                       match=r"dropped 3 of 63 input files .* errors.max_fraction 2.0%"):
         build(config)
     dataset_root = tmp_path / "out" / "shapes"
     entries = os.listdir(dataset_root)

@@ -16,14 +16,13 @@ import pytest
 import yaml
 
 import kiln.reader
+import object_store
+from conftest import make_config
 from kiln import cli
 from kiln.errors import Busy
 from kiln.pipeline import build, lock, publish, sources
 from kiln.pipeline.launcher import BuildError
 from kiln.tools import verify
-
-import object_store
-from conftest import make_config
 from test_build_publishing import add_image, small_corpus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,7 +58,7 @@ def test_simultaneous_builds_publish_once_and_never_an_empty_or_partial_version(
                               + (["--wait", "300"] if i >= STARTS - 2 else []))
                      for i, report in enumerate(reports)]
         outcomes = []
-        for process, report in zip(processes, reports):
+        for process, report in zip(processes, reports, strict=True):
             out, err = process.communicate(timeout=600)
             status = json.loads(report.read_text())["status"]
             outcomes.append((process.returncode, status))

@@ -8,10 +8,9 @@ import sys
 import pytest
 import yaml
 
+from conftest import make_config
 from kiln import cli
 from kiln.pipeline import ConfigError, config
-
-from conftest import make_config
 
 
 def write_config(tmp_path, data, name="bad.yaml"):
@@ -54,8 +53,10 @@ CASES = [
     ({"sharding": {"num_shards": 0}}, "sharding.num_shards: must be a positive integer, got 0"),
     ({"sharding": {"num_shards": {"train": 2, "test": 0}}},
      "sharding.num_shards: test: must be a positive integer, got 0"),
-    ({"sharding": {"compression": "zstd"}}, "sharding.compression: Input should be 'none' or 'gzip'"),
-    ({"errors": {"max_fraction": 1.5}}, "errors.max_fraction: Input should be less than or equal to 1"),
+    ({"sharding": {"compression": "zstd"}},
+     "sharding.compression: Input should be 'none' or 'gzip'"),
+    ({"errors": {"max_fraction": 1.5}},
+     "errors.max_fraction: Input should be less than or equal to 1"),
     ({"source": {"type": "folder", "root": "x"}},
      "source: type must be 'image_folder' or 'manifest', got 'folder'"),
     ({"source": {"type": "image_folder"}}, "source.root: required field is missing"),
@@ -152,7 +153,8 @@ def test_cli_exits_2_with_one_line_and_creates_nothing(demo_corpus, tmp_path, ca
     path = write_config(tmp_path, data)
     assert cli.main(["build", "--config", path]) == 2
     err = capsys.readouterr().err
-    assert err == f"kiln build: error: config error in {path}: splits.fractions: must sum to 1, got 0.9\n"
+    assert err == (f"kiln build: error: config error in {path}: "
+                   f"splits.fractions: must sum to 1, got 0.9\n")
     assert not (tmp_path / "out").exists()
 
 

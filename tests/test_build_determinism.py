@@ -7,9 +7,8 @@ import os
 import random
 import shutil
 
-from kiln.pipeline import build
-
 from conftest import make_config
+from kiln.pipeline import build
 
 
 def digests(result):

@@ -15,10 +15,9 @@ import subprocess
 import pytest
 import yaml
 
+from conftest import make_config
 from kiln import cli
 from kiln.pipeline import storage
-
-from conftest import make_config
 
 
 @contextlib.contextmanager

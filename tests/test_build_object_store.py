@@ -7,11 +7,10 @@ import os
 
 import pytest
 
-from kiln.pipeline import build
-from kiln.schemas import RECORD
-
 import object_store
 from conftest import make_config
+from kiln.pipeline import build
+from kiln.schemas import RECORD
 
 BUCKET = f"{object_store.SCHEME}://bucket"
 

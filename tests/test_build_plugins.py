@@ -9,9 +9,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from kiln.pipeline import ConfigError, build, config
-
 from conftest import make_config
+from kiln.pipeline import ConfigError, build, config
 from reader.fresh_process import run_python
 from test_build import expected_pixels, read_split
 

@@ -8,10 +8,9 @@ import os
 
 import yaml
 
+from conftest import NUM_DEMO_IMAGES, make_config
 from kiln import cli
 from kiln.pipeline import build, progress
-
-from conftest import NUM_DEMO_IMAGES, make_config
 
 
 def test_status_line():

@@ -16,13 +16,12 @@ import pytest
 import yaml
 
 import kiln.reader
+import object_store
+from conftest import make_config
 from kiln import cli
 from kiln.pipeline import build, publish
 from kiln.schemas import MetadataError
 from kiln.tools import verify
-
-import object_store
-from conftest import make_config
 from test_build import corpus_files
 from test_pipeline_steps import read_tfrecords, run_write_shards, sharded_records
 

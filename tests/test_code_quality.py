@@ -1,8 +1,8 @@
-"""The code passes the type checker, as configured in pyproject.toml.
+"""The code passes the type checker and the linter, as configured in pyproject.toml.
 
-mypy runs from this interpreter (setup.py's dev extra installs it and the stub
-packages), on what ``[tool.mypy]`` names: the kiln package. ``make lint`` runs
-the same checks directly.
+Both run from this interpreter (setup.py's dev extra installs them and the stub
+packages): mypy on what ``[tool.mypy]`` names, the kiln package; ruff on the
+source, the tests and the benchmarks. ``make lint`` runs the same checks directly.
 """
 
 from __future__ import annotations
@@ -21,4 +21,10 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_mypy_finds_no_type_errors():
     completed = run("mypy")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_ruff_finds_nothing_to_fix():
+    completed = run("ruff", "check", "--no-cache", "--output-format", "concise", "src", "tests",
+                    "benchmarks")
     assert completed.returncode == 0, completed.stdout + completed.stderr

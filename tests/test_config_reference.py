@@ -33,7 +33,7 @@ def test_a_key_without_a_docstring_fails(monkeypatch):
     del schema["$defs"]["SplitsConfig"]["properties"]["salt"]["description"]
     monkeypatch.setattr(config_reference.BuildConfig, "model_json_schema",
                         classmethod(lambda cls: schema))
-    with pytest.raises(KeyError, match="'splits.salt' has no meaning: write a docstring"):
+    with pytest.raises(KeyError, match=r"'splits\.salt' has no meaning: write a docstring"):
         config_reference.markdown()
 
 

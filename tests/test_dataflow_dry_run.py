@@ -15,10 +15,9 @@ import pytest
 from apache_beam.internal import pickler
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from kiln.pipeline import config, launcher, publish, sources
-from kiln.schemas import RECORD
-
 from conftest import make_config
+from kiln.pipeline import config, launcher, publish
+from kiln.schemas import RECORD
 
 pytest.importorskip("apache_beam.runners.dataflow.dataflow_runner",
                     reason="needs kiln[gcp] (apache-beam[gcp])")

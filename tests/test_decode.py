@@ -6,7 +6,6 @@ Fixtures are written with Pillow (an independent encoder) or OpenCV, in memory.
 import io
 import pickle
 import struct
-import zlib
 
 import cv2
 import numpy as np
@@ -14,9 +13,8 @@ import pytest
 from PIL import Image, ImageOps
 
 import bombs
-from kiln.transforms import DecodeError, decode_image
+from kiln.transforms import DecodeError, decode_image, image_header
 from kiln.transforms import decode as decode_module
-from kiln.transforms import image_header
 from kiln.transforms.functional import to_grayscale
 
 RNG = np.random.default_rng(1234)
@@ -117,7 +115,9 @@ def test_alpha_is_composited_over_white():
                     np.uint8)
     out = decode_image(pillow_bytes(rgba, "PNG"))
     # c * a/255 + 255 * (1 - a/255), rounded: (200*128 + 255*127) / 255 = 227.4
-    np.testing.assert_array_equal(out, [[[200, 100, 50], [255, 255, 255], [227, 177, 152], [127, 127, 127]]])
+    np.testing.assert_array_equal(out, [[[200, 100, 50], [255, 255, 255], [227, 177, 152], [127,
+                                                                                            127,
+                                                                                            127]]])
     webp = decode_image(pillow_bytes(rgba, "WEBP", lossless=True, exact=True))
     np.testing.assert_array_equal(webp, out)
 
@@ -218,7 +218,8 @@ def test_invalid_orientation_value_is_ignored():
     (b"<!DOCTYPE html><html><body>404</body></html>", "not_an_image", "not an image"),
     (b"8BPS" + bytes(60), "unsupported_format", "Photoshop"),
     (b"\x00\x00\x00\x18ftypheic" + bytes(60), "unsupported_format", "HEIF"),
-    (b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg"/>', "unsupported_format", "SVG"),
+    (b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg"/>', "unsupported_format",
+     "SVG"),
     (pillow_bytes(NOISE, "JPEG")[:300], "corrupt", "JPEG"),
     (pillow_bytes(NOISE, "JPEG", progressive=True)[:-200], "corrupt", "JPEG"),
     (pillow_bytes(NOISE, "PNG")[:-100], "corrupt", "PNG"),
@@ -252,7 +253,8 @@ BOMBS = bombs.bombs(12000, 12000)
 
 
 @pytest.mark.parametrize("name", sorted(BOMBS))
-def test_decompression_bombs_are_refused_from_the_header_before_decoding(name, opencv_must_not_decode):
+def test_decompression_bombs_are_refused_from_the_header_before_decoding(name,
+                                                                         opencv_must_not_decode):
     declared = (r"declares 16x16 \(WxH\) but its decoder works on 144000000 pixels"
                 if "tiles" in name else r"declares 12000x12000 \(WxH\) = 144000000 pixels")
     with pytest.raises(DecodeError, match=declared + r".*more than max_pixels 1000000") as caught:
@@ -266,7 +268,8 @@ def test_an_avif_frame_larger_than_its_declared_size_is_refused(opencv_must_not_
     data = bytearray(frame)
     ispe = data.index(b"ispe")
     data[ispe + 8:ispe + 16] = struct.pack(">II", 8, 8)
-    with pytest.raises(DecodeError, match="declares 8x8 .* decoder works on 786432 pixels") as caught:
+    with pytest.raises(DecodeError,
+                       match=r"declares 8x8 .* decoder works on 786432 pixels") as caught:
         decode_image(bytes(data), max_pixels=100_000)
     assert caught.value.reason == "too_many_pixels"
 

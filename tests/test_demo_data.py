@@ -110,7 +110,8 @@ def test_sideways_jpegs_carry_exif_orientation_and_decode_upright(demo):
         # OpenCV's own colour mode applies EXIF orientation: it must agree exactly.
         opencv = cv2.imdecode(np.frombuffer(files[path], np.uint8), cv2.IMREAD_COLOR_RGB)
         np.testing.assert_array_equal(decoded, opencv)
-        pillow = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(files[path]))).convert("RGB"))
+        opened = Image.open(io.BytesIO(files[path]))
+        pillow = np.asarray(ImageOps.exif_transpose(opened).convert("RGB"))
         assert np.abs(decoded.astype(int) - pillow.astype(int)).mean() < 2, path
         if orientation in (6, 8):
             stored = cv2.imdecode(np.frombuffer(files[path], np.uint8), cv2.IMREAD_UNCHANGED)
@@ -128,7 +129,7 @@ def test_regenerating_replaces_an_earlier_demo_folder(tmp_path):
 def test_a_folder_with_other_files_is_never_touched(tmp_path):
     (tmp_path / "circle").mkdir()
     (tmp_path / "circle" / "holiday.jpg").write_bytes(b"precious")
-    with pytest.raises(FileExistsError, match="holiday|circle.*not written by kiln demo-data"):
+    with pytest.raises(FileExistsError, match=r"holiday|circle.*not written by kiln demo-data"):
         demo_data.generate(tmp_path, num_images=4)
     assert (tmp_path / "circle" / "holiday.jpg").read_bytes() == b"precious"
     assert read_tree(tmp_path) == {"circle/holiday.jpg": b"precious"}

@@ -45,7 +45,7 @@ def sections(path: str, level: str) -> dict[str, dict[str, object]]:
 def same_default(documented, actual) -> bool:
     if isinstance(actual, (tuple, list)):
         return (isinstance(documented, list) and len(documented) == len(actual)
-                and all(same_default(d, a) for d, a in zip(documented, actual)))
+                and all(same_default(d, a) for d, a in zip(documented, actual, strict=True)))
     if isinstance(actual, float) and not isinstance(documented, bool):
         # Rounded in prose: 4/3 is written 1.333.
         return isinstance(documented, (int, float)) and math.isclose(documented, actual,

@@ -109,7 +109,8 @@ def test_jpeg_fill_bytes_and_ff00_are_skipped_as_libjpeg_skips_them():
     big_sof = big[sof:sof + 2 + struct.unpack(">H", big[sof + 2:sof + 4])[0]]
     rest = big[2:sof] + big[sof + len(big_sof):]
     small_sof = b"\xff\xc0" + struct.pack(">HBHHB", 17, 8, 16, 16, 3) + bytes(9)
-    app1 = b"\xff\xe1" + struct.pack(">H", 2 + 2 + len(small_sof) + 4) + b"\0\0" + small_sof + bytes(4)
+    app1 = (b"\xff\xe1" + struct.pack(">H", 2 + 2 + len(small_sof) + 4) + b"\0\0" + small_sof
+            + bytes(4))
     data = b"\xff\xd8\xff\x00" + struct.pack(">H", 2 + len(big_sof) + 4 + 2) + big_sof + app1 + rest
     header = header_of(data)
     assert (header.height, header.width) == (2000, 3000) == decoded_shape(data)
@@ -119,7 +120,8 @@ def test_a_second_jpeg_frame_header_is_not_read():
     data = bombs.jpeg_declaring(16, 16)
     sof = data.index(b"\xff\xc0")
     segment = data[sof:sof + 19]
-    twice = data[:sof] + segment + bytearray(segment[:5]) + struct.pack(">HH", 9000, 9000) + segment[9:] + data[sof + 19:]
+    twice = (data[:sof] + segment + bytearray(segment[:5]) + struct.pack(">HH", 9000, 9000)
+             + segment[9:] + data[sof + 19:])
     assert header_of(bytes(twice))[1:3] == (16, 16)
     assert decoded_shape(bytes(twice)) is None  # libjpeg refuses two frame headers
 
@@ -131,7 +133,8 @@ def test_pnm_comments_end_at_cr_as_in_opencv():
 
 
 def test_radiance_header_lines_are_read_in_opencvs_127_byte_pieces():
-    long_comment = b"#" + b"x" * 126 + b"\n"  # fgets(buf, 128) stops before the LF: then "\n" ends the header
+    # fgets(buf, 128) stops before the LF: then "\n" ends the header.
+    long_comment = b"#" + b"x" * 126 + b"\n"
     data = (b"#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n" + long_comment + b"-Y 30 +X 20\n\n-Y 2 +X 2\n"
             + bytes(4 * 30 * 20))
     header = header_of(data)
@@ -211,7 +214,8 @@ def ftyp(major, *compatible):
     (b"GIF88a" + bytes(10), ValueError),
     (b"BM" + bytes(12) + struct.pack("<i", 20) + bytes(20), ValueError),
     (b"II*\x00\x08\x00\x00\x00\x00\x00", ValueError),
-    (b"\xff\x4f\xff\x51" + struct.pack(">HHIIIIIIIIH", 53, 0, 10, 10, 0, 0, 10, 10, 0, 0, 5), UnsupportedVariant),
+    (b"\xff\x4f\xff\x51" + struct.pack(">HHIIIIIIIIH", 53, 0, 10, 10, 0, 0, 10, 10, 0, 0, 5),
+     UnsupportedVariant),
     (b"\x59\xa6\x6a\x95" + struct.pack(">ii", -5, 4), ValueError),
     (bombs.png_with_a_chunk_of(1000), ValueError),
     (bombs.png_declaring(16, 16)[:8] + bombs.chunk(b"IHDR", bytes(14)), ValueError),
@@ -299,7 +303,8 @@ def variants(kind, seed):
         for _ in range(60):
             mutant = bytearray(data)
             for _ in range(rng.randint(1, 4)):
-                position = rng.randrange(min(len(mutant), 160) if rng.random() < 0.8 else len(mutant))
+                near_the_start = rng.random() < 0.8
+                position = rng.randrange(min(len(mutant), 160) if near_the_start else len(mutant))
                 action = rng.random()
                 if action < 0.6:
                     mutant[position] = rng.choice([0, 1, 0x0A, 0x0D, 0x20, 0x23, 0x2F, 0x30, 0x39,

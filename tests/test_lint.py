@@ -170,7 +170,7 @@ def test_lint_paths_walks_directories_sorted_by_file_and_line(tmp_path):
     findings = lint.lint_paths([tmp_path, tmp_path / "b.py"])
     assert [(pathlib.Path(f.path).relative_to(tmp_path).as_posix(), f.line) for f in findings] == [
         ("b.py", 2), ("pkg/a.py", 3)]
-    with pytest.raises(FileNotFoundError, match="missing.py"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.py"):
         lint.lint_paths([tmp_path / "missing.py"])
 
 
@@ -248,7 +248,8 @@ def test_cli_only_unparsable_files_exit_2(capsys):
 
 
 def test_cli_json_format(capsys):
-    paths = [CORPUS / "syntax_error.py", CORPUS / "chained_pipeline.py", CORPUS / "clean_stateless.py"]
+    paths = [CORPUS / "syntax_error.py", CORPUS / "chained_pipeline.py",
+             CORPUS / "clean_stateless.py"]
     assert cli.main(["lint", "--format", "json", *map(str, paths)]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["files_checked"] == 2 and report["files_unparsable"] == 1
@@ -286,8 +287,8 @@ def test_lint_does_not_import_tensorflow_or_the_checked_code(tmp_path):
 # --- the documentation ---------------------------------------------------------
 
 DOCS = pathlib.Path(__file__).parent.parent / "docs" / "lint.md"
-_DOC_BLOCK = re.compile(r"```python\n# (?P<kind>bad|fixed|clean)(?:: (?P<code>K\d{3}))?\n(?P<body>.*?)```",
-                        re.DOTALL)
+_DOC_BLOCK = re.compile(
+    r"```python\n# (?P<kind>bad|fixed|clean)(?:: (?P<code>K\d{3}))?\n(?P<body>.*?)```", re.DOTALL)
 
 
 def doc_examples() -> list[tuple[str, str | None, str]]:

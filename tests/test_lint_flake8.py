@@ -1,4 +1,5 @@
-"""`kiln lint` as a flake8 plugin: setup.py's entry point, and real flake8 running it on the corpus."""
+"""`kiln lint` as a flake8 plugin: setup.py's entry point, and real flake8 running it on the
+corpus."""
 
 from __future__ import annotations
 
@@ -69,7 +70,8 @@ def flake8_run(tmp_path_factory) -> tuple[pathlib.Path, str]:
         ds = tf.data.Dataset.range(3).map(augment)
         """))
     entry_point = setup_flake8_entry_point()
-    command = [sys.executable, "-m", "flake8", "--select", f"{entry_point.name},E999", "--jobs", "1"]
+    command = [sys.executable, "-m", "flake8", "--select", f"{entry_point.name},E999",
+               "--jobs", "1"]
     installed = [ep for ep in importlib.metadata.entry_points(group="flake8.extension")
                  if ep.name == entry_point.name]
     if installed:

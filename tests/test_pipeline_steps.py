@@ -9,7 +9,7 @@ import json
 import os
 import pickle
 import random
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -21,9 +21,9 @@ from apache_beam.transforms.window import GlobalWindow
 
 from kiln import transforms
 from kiln.pipeline import duplicates, sharding, statistics, tfrecord, versioning
+from kiln.pipeline.config import EncodingConfig, ImageConfig, ShardingConfig, SplitsConfig
 from kiln.pipeline.error_report import DroppedFile, write_error_report
 from kiln.pipeline.images import ImageProcessor, ProcessedImage, ProcessImages
-from kiln.pipeline.config import EncodingConfig, ImageConfig, ShardingConfig, SplitsConfig
 from kiln.pipeline.splits import SplitPolicy
 from kiln.schemas import RECORD, ChannelStatistics
 
@@ -39,7 +39,7 @@ class Record(NamedTuple):
 
     key: str
     sha256: str
-    split: Optional[str]
+    split: str | None
 
 
 # --- splits ------------------------------------------------------------------------
@@ -70,7 +70,8 @@ def make_records(n, duplicate_every=0):
 
 def test_assign_splits_by_content_follows_the_documented_rule():
     records = make_records(400)
-    policy = SplitPolicy.from_config(SplitsConfig(**{"fractions": FRACTIONS, "split_by": "content", "salt": ""}))
+    policy = SplitPolicy.from_config(SplitsConfig(**{"fractions": FRACTIONS, "split_by": "content",
+                                                     "salt": ""}))
     expected = [(r.key, expected_split(FRACTIONS, r.sha256)) for r in records]
     assert [(r.key, policy.assign(r.key, r.sha256, r.split)) for r in records] == expected
     counts = {name: sum(1 for _, s in expected if s == name) for name in FRACTIONS}
@@ -90,7 +91,8 @@ def test_assign_splits_puts_identical_content_in_one_split():
 
 def test_assign_splits_by_key_and_salt():
     records = make_records(200)
-    by_key = SplitPolicy.from_config(SplitsConfig(**{"fractions": FRACTIONS, "split_by": "key", "salt": "s1"}))
+    by_key = SplitPolicy.from_config(SplitsConfig(**{"fractions": FRACTIONS, "split_by": "key",
+                                                     "salt": "s1"}))
     expected = [(r.key, expected_split(FRACTIONS, r.key, salt="s1")) for r in records]
     assert [(r.key, by_key.assign(r.key, r.sha256, r.split)) for r in records] == expected
     unsalted = [expected_split(FRACTIONS, r.key) for r in records]
@@ -103,7 +105,7 @@ def test_assign_splits_from_source_keeps_the_source_split():
     policy = SplitPolicy.from_config(SplitsConfig(**{"from_source": True}))
     assert [policy.assign(r.key, r.sha256, r.split) for r in records] == [
         r.split for r in records]
-    with pytest.raises(ValueError, match="k9: splits.from_source, but the source gives no split"):
+    with pytest.raises(ValueError, match=r"k9: splits\.from_source, but the source gives no split"):
         policy.assign("k9", "0" * 64, None)
 
 
@@ -146,7 +148,8 @@ def sharded_records(n, split="train", seed=0):
     out = []
     for i in range(n):
         key = f"{split}/item-{i:04d}"
-        payload = f"{key}:".encode() + bytes(rng.randrange(256) for _ in range(rng.randrange(1, 60)))
+        noise = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 60)))
+        payload = f"{key}:".encode() + noise
         out.append(ShardedRecord(split, sharding.sort_key(key), payload))
     return out
 
@@ -181,13 +184,15 @@ def expected_infos(records, config, name):
         by_split.setdefault(r.split, []).append(r)
     expected = []
     for split, rs in by_split.items():
-        n = sharding.count_shards(split, len(rs), sum(tfrecord.framed_size(len(r.record)) for r in rs),
+        n = sharding.count_shards(split, len(rs),
+                                  sum(tfrecord.framed_size(len(r.record)) for r in rs),
                                   ShardingConfig(**config))
         for index in range(n):
             lower, upper = index * 2**64 // n, (index + 1) * 2**64 // n
             inside = [r for r in rs if lower <= int(r.sort_key, 16) < upper]
             suffix = ".gz" if config["compression"] == "gzip" else ""
-            expected.append((split, index, f"{name}-{split}.tfrecord-{index:05d}-of-{n:05d}{suffix}",
+            expected.append((split, index,
+                             f"{name}-{split}.tfrecord-{index:05d}-of-{n:05d}{suffix}",
                              len(inside)))
     return expected
 
@@ -416,7 +421,7 @@ def test_process_images_outputs_runs_drops_and_a_summary(tmp_path):
         "b/text.png": b"hello, not an image",
     }
     items = []
-    for i, (key, data) in enumerate(sorted(files.items())):
+    for key, data in sorted(files.items()):
         path = tmp_path / key
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(data)
@@ -485,7 +490,7 @@ def test_the_image_step_holds_opencv_to_one_thread_per_call_and_restores_it(tmp_
     chain = transforms.parse([])
     processor = ImageProcessor(chain, ImageConfig(channels=3, max_pixels=10_000, min_size=1),
                                EncodingConfig(format="png"), ["a"],
-                               SplitPolicy.from_config(SplitsConfig(**{"fractions": {"train": 1.0}})))
+                               SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})))
     fn = ProcessImagesFn(processor, threads=2, runs_folder=str(tmp_path), run_bytes=1 << 20)
     before = cv2.getNumThreads()
     cv2.setNumThreads(3)

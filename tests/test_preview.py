@@ -43,7 +43,7 @@ def stored_pixels(result, split: str) -> dict[str, np.ndarray]:
 def test_stored_row_is_the_stored_pixels(built, preview):
     pixels = stored_pixels(built, "train")
     assert len(preview.keys) == 4 and len(set(preview.keys)) == 4
-    for key, image, label in zip(preview.keys, preview.stored, preview.labels):
+    for key, image, label in zip(preview.keys, preview.stored, preview.labels, strict=True):
         np.testing.assert_array_equal(image, pixels[key], err_msg=key)
         assert preview.class_names[label] == key.split("/")[0]  # demo keys are class/name
     assert preview.random
@@ -62,8 +62,8 @@ def test_augmented_rows_change_every_epoch_and_repeat_with_the_seed(built, previ
     assert contact_sheet.unchanged_columns(preview.epochs) == []
 
     again = contact_sheet.gather(built.dataset_dir, "train", n=4, epochs=3, seed=0)
-    for row, row_again in zip(preview.epochs, again.epochs):
-        for image, image_again in zip(row, row_again):
+    for row, row_again in zip(preview.epochs, again.epochs, strict=True):
+        for image, image_again in zip(row, row_again, strict=True):
             np.testing.assert_array_equal(image, image_again)
     other = contact_sheet.gather(built.dataset_dir, "train", n=4, epochs=1, seed=1)
     assert other.keys == preview.keys

@@ -1,4 +1,4 @@
-"""Schema round trips: encode -> serialize -> parse with the derived spec -> decode, and metadata."""
+"""Schema round trips (encode -> serialize -> parse with the derived spec -> decode), metadata."""
 
 import hashlib
 import json
@@ -141,7 +141,8 @@ def test_python_decode_of_a_bad_record_names_the_field():
 
 def test_decode_image_refuses_an_unknown_encoding():
     with pytest.raises(ValueError, match="unknown encoding 'webp'"):
-        schemas.decode_image(tf.constant(b""), tf.constant(1, tf.int64), tf.constant(1, tf.int64), 3, "webp")
+        schemas.decode_image(tf.constant(b""), tf.constant(1, tf.int64), tf.constant(1, tf.int64),
+                             3, "webp")
 
 
 # --- kiln.json -----------------------------------------------------------------------
@@ -157,7 +158,8 @@ def make_info():
         encoding={"format": "png", "quality": None}, channels=3, image_size=[64, 64],
         compression=None,
         splits={
-            "train": schemas.SplitInfo("train", 21, shards, {"circle": 7, "square": 7, "triangle": 7},
+            "train": schemas.SplitInfo("train", 21, shards,
+                                       {"circle": 7, "square": 7, "triangle": 7},
                                        schemas.ChannelStatistics(21 * 64 * 64, [1.5, 2.5, 3.5],
                                                                  [0.5, 0.25, 0.125])),
             "test": schemas.SplitInfo("test", 0, [], {}),
@@ -179,13 +181,15 @@ def test_dataset_info_round_trips_through_json():
 
 
 def test_shard_filename_with_gzip():
-    assert schemas.shard_filename("x", "validation", 3, 12, "gzip") == "x-validation.tfrecord-00003-of-00012.gz"
+    assert schemas.shard_filename("x", "validation", 3, 12, "gzip") == \
+        "x-validation.tfrecord-00003-of-00012.gz"
 
 
 @pytest.mark.parametrize("change, message", [
     (lambda text: text[:-20], r"^meta/kiln\.json: not valid JSON"),
     (lambda text: "[1, 2]", r"^meta/kiln\.json: expected a JSON object"),
-    (lambda text: _edit(text, lambda d: d.pop("class_names")), r"missing field\(s\) \['class_names'\]"),
+    (lambda text: _edit(text, lambda d: d.pop("class_names")),
+     r"missing field\(s\) \['class_names'\]"),
     (lambda text: _edit(text, lambda d: d.pop("splits")), r"malformed metadata .*'splits'"),
     (lambda text: _edit(text, lambda d: d["splits"]["train"].update(num_examples="many")),
      r"malformed metadata \(ValueError: .*'many'"),
@@ -204,5 +208,6 @@ def _edit(text, mutate):
 
 
 def test_unknown_split_lists_the_known_ones():
-    with pytest.raises(MetadataError, match=r"has no split 'validation'; it has \['test', 'train'\]"):
+    with pytest.raises(MetadataError,
+                       match=r"has no split 'validation'; it has \['test', 'train'\]"):
         make_info().split("validation")

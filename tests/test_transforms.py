@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kiln import transforms
-from kiln.transforms import TransformConfigError, TransformError, functional as F
+from kiln.transforms import TransformConfigError, TransformError
+from kiln.transforms import functional as F
 
 
 def gray(rows):
@@ -25,7 +26,8 @@ def arange_image(height, width, channels=1):
 
 def test_center_crop_takes_the_middle_window():
     image = arange_image(5, 4)  # rows 0-3, 4-7, ..., 16-19
-    np.testing.assert_array_equal(F.center_crop(image, size=[3, 2]), gray([[5, 6], [9, 10], [13, 14]]))
+    np.testing.assert_array_equal(F.center_crop(image, size=[3, 2]),
+                                  gray([[5, 6], [9, 10], [13, 14]]))
 
 
 def test_center_crop_odd_margin_cuts_the_extra_from_bottom_and_right():
@@ -110,7 +112,8 @@ def test_letterbox_height_limited_shrinks_with_rounded_width():
 
 def test_resize_nearest_enlarges_by_repeating_pixels():
     out = F.resize(gray([[1, 2], [3, 4]]), size=4, interpolation="nearest")
-    np.testing.assert_array_equal(out, gray([[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 4, 4], [3, 3, 4, 4]]))
+    np.testing.assert_array_equal(out,
+                                  gray([[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 4, 4], [3, 3, 4, 4]]))
 
 
 def test_resize_nearest_shrinks_by_sampling_pixel_centres():
@@ -184,12 +187,14 @@ def test_to_grayscale_keep_channels_repeats_luma_and_gray_passes_through():
 
 def test_equalize_spreads_levels_over_the_full_range():
     np.testing.assert_array_equal(F.equalize(gray([[10, 20, 30, 40]])), gray([[0, 85, 170, 255]]))
-    np.testing.assert_array_equal(F.equalize(gray([[10, 20], [10, 20]])), gray([[0, 255], [0, 255]]))
+    np.testing.assert_array_equal(F.equalize(gray([[10, 20], [10, 20]])),
+                                  gray([[0, 255], [0, 255]]))
 
 
 def test_equalize_rgb_works_on_luma_and_keeps_hue():
     grays = np.repeat(gray([[10, 20, 30, 40]]), 3, axis=2)
-    np.testing.assert_array_equal(F.equalize(grays), np.repeat(gray([[0, 85, 170, 255]]), 3, axis=2))
+    np.testing.assert_array_equal(F.equalize(grays),
+                                  np.repeat(gray([[0, 85, 170, 255]]), 3, axis=2))
     reds = np.array([[[100, 50, 50], [110, 60, 60]]], np.uint8)
     out = F.equalize(reds)
     assert F.to_grayscale(out)[0, 0, 0] <= 12 and F.to_grayscale(out)[0, 1, 0] >= 243
@@ -227,7 +232,8 @@ def test_parse_builds_a_chain_with_defaults_filled_in():
     chain = transforms.parse([{"resize": {"shorter_side": 72}}, {"center_crop": {"size": [64, 60]}},
                               "to_grayscale"])
     assert chain.to_json() == [
-        {"resize": {"shorter_side": 72, "longer_side": None, "size": None, "interpolation": "auto"}},
+        {"resize": {"shorter_side": 72, "longer_side": None, "size": None,
+                    "interpolation": "auto"}},
         {"center_crop": {"size": [64, 60]}},
         {"to_grayscale": {"keep_channels": False}},
     ]
@@ -237,21 +243,32 @@ def test_parse_builds_a_chain_with_defaults_filled_in():
 
 @pytest.mark.parametrize("specs, message", [
     (["blur"], r"^transforms\[0\]: unknown offline transform 'blur'; known: center_crop, "),
-    ([{"resize": {"size": "64"}}], r"^transforms\[0\]\.resize\.size: expected a positive integer or \[height, width\]"),
-    ([{"resize": {"size": [64, 64, 3]}}], r"^transforms\[0\]\.resize\.size: expected a positive integer"),
+    ([{"resize": {"size": "64"}}],
+     r"^transforms\[0\]\.resize\.size: expected a positive integer or \[height, width\]"),
+    ([{"resize": {"size": [64, 64, 3]}}],
+     r"^transforms\[0\]\.resize\.size: expected a positive integer"),
     ([{"resize": {"size": True}}], r"^transforms\[0\]\.resize\.size: "),
-    (["to_grayscale", {"resize": {"shorter_side": 0}}], r"^transforms\[1\]\.resize\.shorter_side: must be > 0, got 0"),
-    ([{"resize": {"shorter_side": "72"}}], r"^transforms\[0\]\.resize\.shorter_side: expected an integer, got '72'"),
-    ([{"resize": {"size": 8, "interpolation": "bilinear"}}], r"^transforms\[0\]\.resize\.interpolation: expected one of \['auto', 'area', "),
-    ([{"resize": {"size": 8, "sise": 9}}], r"^transforms\[0\]\.resize\.sise: unknown parameter; known: shorter_side, longer_side, size, "),
-    ([{"pad": {"size": 8, "value": 256}}], r"^transforms\[0\]\.pad\.value: expected a level 0\.\.255"),
+    (["to_grayscale", {"resize": {"shorter_side": 0}}],
+     r"^transforms\[1\]\.resize\.shorter_side: must be > 0, got 0"),
+    ([{"resize": {"shorter_side": "72"}}],
+     r"^transforms\[0\]\.resize\.shorter_side: expected an integer, got '72'"),
+    ([{"resize": {"size": 8, "interpolation": "bilinear"}}],
+     r"^transforms\[0\]\.resize\.interpolation: expected one of \['auto', 'area', "),
+    ([{"resize": {"size": 8, "sise": 9}}],
+     r"^transforms\[0\]\.resize\.sise: unknown parameter; "
+     r"known: shorter_side, longer_side, size, "),
+    ([{"pad": {"size": 8, "value": 256}}],
+     r"^transforms\[0\]\.pad\.value: expected a level 0\.\.255"),
     ([{"pad": {"size": 8, "value": [1, 2]}}], r"^transforms\[0\]\.pad\.value: "),
     ([{"center_crop": {}}], r"^transforms\[0\]\.center_crop\.size: required parameter is missing"),
     ([{"center_crop": 64}], r"^transforms\[0\]\.center_crop: parameters must be a mapping"),
-    ([{"resize": {}, "pad": {}}], r"^transforms\[0\]: expected a transform name or a one-key mapping"),
+    ([{"resize": {}, "pad": {}}],
+     r"^transforms\[0\]: expected a transform name or a one-key mapping"),
     # Rules across parameters are checked at config time too, naming the parameters.
-    ([{"resize": {}}], r"^transforms\[0\]\.resize: give exactly one of shorter_side, longer_side, size \(got none\)"),
-    ([{"resize": {"shorter_side": 8, "size": 8}}], r"^transforms\[0\]\.resize: .*got shorter_side and size"),
+    ([{"resize": {}}],
+     r"^transforms\[0\]\.resize: give exactly one of shorter_side, longer_side, size \(got none\)"),
+    ([{"resize": {"shorter_side": 8, "size": 8}}],
+     r"^transforms\[0\]\.resize: .*got shorter_side and size"),
     ([{"pad": {"value": 3}}], r"^transforms\[0\]\.pad: give exactly one of size and to_square"),
 ])
 def test_parse_reports_the_entry_and_field(specs, message):
@@ -315,13 +332,15 @@ def test_user_plugin_is_imported_by_name_validated_and_applied(tmp_path, monkeyp
 
     with pytest.raises(TransformConfigError, match=r"transforms\[0\]\.clamp_levels\.high: "):
         transforms.parse([{"clamp_levels": {"high": 300}}])
-    with pytest.raises(TransformConfigError,
-                       match=r"transforms\[0\]\.clamp_levels: low \(30\) must be below high \(20\)"):
+    with pytest.raises(
+            TransformConfigError,
+            match=r"transforms\[0\]\.clamp_levels: low \(30\) must be below high \(20\)"):
         transforms.parse([{"clamp_levels": {"low": 30, "high": 20}}])
 
 
 def test_import_plugins_reports_a_missing_module():
-    with pytest.raises(TransformConfigError, match=r"plugins: cannot import module 'no_such_kiln_plugin'"):
+    with pytest.raises(TransformConfigError,
+                       match=r"plugins: cannot import module 'no_such_kiln_plugin'"):
         transforms.import_plugins(["no_such_kiln_plugin"])
 
 

@@ -44,7 +44,9 @@ def quote(value: Any) -> str:
 
 def quote_text(text: str, limit: int = 500) -> str:
     """`text` cut to `limit` characters, saying how much was cut."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 class KilnError(Exception):

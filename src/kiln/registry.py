@@ -34,7 +34,8 @@ import dataclasses
 import inspect
 import numbers
 import typing
-from typing import Annotated, Any, Callable, Generic, Iterable, Mapping, Sequence, TypeVar, Union
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Annotated, Any, Generic, TypeVar
 
 import pydantic
 from pydantic import Field, PlainValidator
@@ -68,7 +69,7 @@ def _height_width(value: Any) -> tuple[int, int]:
 
 # One validator per union (not pydantic's Union) so a mistake gets one message
 # saying what is expected instead of one per union branch.
-Size = Annotated[Union[int, tuple[int, int]], PlainValidator(_size)]
+Size = Annotated[int | tuple[int, int], PlainValidator(_size)]
 """One positive int (a square) or ``[height, width]``; kept as written (an
 int stays an int), so a resolved config reads like its YAML."""
 

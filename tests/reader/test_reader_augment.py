@@ -176,7 +176,7 @@ def test_user_op_checks_guard_the_reader(user_ops, png_dataset):
     # Raised by load(), before anything is read.
     with pytest.raises(AugmentOpError, match="'numpy_noise' ignores its seed"):
         kiln.reader.load(png_dataset.dataset_dir, batch_size=4, augment=["numpy_noise"])
-    with pytest.raises(AugmentOpError, match="'python_if' cannot run inside tf.data.*tf.cond"):
+    with pytest.raises(AugmentOpError, match=r"'python_if' cannot run inside tf\.data.*tf\.cond"):
         kiln.reader.load(png_dataset.dataset_dir, batch_size=4, augment=["python_if"])
 
 
@@ -189,8 +189,8 @@ def test_user_op_in_the_reader(user_ops, png_dataset):
     inverted = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1,
                                 augment=["random_invert"])
     outcomes = []
-    for (a, _), (b, _) in zip(plain, inverted):
-        for before, after in zip(a.numpy(), b.numpy()):
+    for (a, _), (b, _) in zip(plain, inverted, strict=True):
+        for before, after in zip(a.numpy(), b.numpy(), strict=True):
             if np.allclose(after, 1.0 - before, atol=1e-6):
                 outcomes.append("inverted")
             else:

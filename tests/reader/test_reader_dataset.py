@@ -13,10 +13,10 @@ import tensorflow as tf
 
 import kiln
 import kiln.reader
-from reader.builds import TRAIN_AUGMENT, keys_of, split_keys, stored_images
 from kiln.reader import AugmentConfigError
 from kiln.schemas import LATEST_FILENAME, METADATA_FILENAME, MetadataError
 from kiln.schemas.metadata import content_checksum
+from reader.builds import TRAIN_AUGMENT, keys_of, split_keys, stored_images
 
 PYTHON_CALLBACKS = {"PyFunc", "PyFuncStateless", "EagerPyFunc", "NumpyFunction"}
 
@@ -119,7 +119,7 @@ def test_unaugmented_images_are_the_stored_pixels(fixture, request):
                                as_supervised=False)
     seen = 0
     for batch in dataset:
-        for key, image in zip(batch["key"].numpy(), batch["image"].numpy()):
+        for key, image in zip(batch["key"].numpy(), batch["image"].numpy(), strict=True):
             np.testing.assert_allclose(image, stored[key] / 255.0, atol=1e-6)
             seen += 1
     assert seen == len(stored)
@@ -133,9 +133,9 @@ def test_default_augmentation_train_random_other_splits_inference_form(png_datas
     assert validation.element_spec["image"].shape[1:] == (24, 24, 3)
     stored = stored_images(png_dataset, "validation")
     first, second = list(validation), list(validation)
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         np.testing.assert_array_equal(a["image"], b["image"])  # no randomness
-        for key, image in zip(a["key"].numpy(), a["image"].numpy()):
+        for key, image in zip(a["key"].numpy(), a["image"].numpy(), strict=True):
             # The largest centred square of the 32x32 image is all of it: a resize.
             expected = tf.image.resize(stored[key], [24, 24]).numpy() / 255.0
             np.testing.assert_allclose(image, expected, atol=1e-5)
@@ -144,7 +144,7 @@ def test_default_augmentation_train_random_other_splits_inference_form(png_datas
                                augment=[{"random_flip_left_right": {"probability": 1.0}}],
                                as_supervised=False)
     for batch in flipped:
-        for key, image in zip(batch["key"].numpy(), batch["image"].numpy()):
+        for key, image in zip(batch["key"].numpy(), batch["image"].numpy(), strict=True):
             np.testing.assert_allclose(image, stored[key][:, ::-1] / 255.0, atol=1e-6)
 
 
@@ -199,7 +199,7 @@ def test_normalize_uses_the_stored_train_statistics(png_dataset):
         plain = kiln.reader.load(png_dataset.dataset_dir, split, batch_size=8, seed=4)
         normalized = kiln.reader.load(png_dataset.dataset_dir, split, batch_size=8, seed=4,
                                       normalize=True)
-        for (a, _), (b, _) in zip(plain, normalized):
+        for (a, _), (b, _) in zip(plain, normalized, strict=True):
             np.testing.assert_allclose(b, (a.numpy() * 255.0 - mean) / std, rtol=1e-5, atol=1e-5)
     everything = np.concatenate([b.numpy() for b, _ in kiln.reader.load(
         png_dataset.dataset_dir, batch_size=64, augment=None, normalize=True)])

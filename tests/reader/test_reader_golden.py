@@ -59,7 +59,7 @@ def test_golden_stream(golden_dataset, augment_on):
     else:
         batches = list(loaded)
     assert len(batches) == len(GOLDEN_STREAM)
-    for batch, (keys, total, pixels) in zip(batches, GOLDEN_STREAM):
+    for batch, (keys, total, pixels) in zip(batches, GOLDEN_STREAM, strict=True):
         images = batch["image"].numpy()
         assert [k.decode() for k in batch["key"].numpy()] == keys
         # Tolerances allow for float rounding on other CPUs, nothing more.

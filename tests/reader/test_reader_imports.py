@@ -52,7 +52,8 @@ def test_reader_works_without_beam_opencv_yaml(png_dataset):
 
 
 def test_reader_code_imports_none_of_them():
-    out = json.loads(run_python(WHO_IMPORTS.format(forbidden=PIPELINE_ONLY)).strip().splitlines()[-1])
+    printed = run_python(WHO_IMPORTS.format(forbidden=PIPELINE_ONLY))
+    out = json.loads(printed.strip().splitlines()[-1])
     # TensorFlow never imports these two.
     assert not {"apache_beam", "yaml"} & set(out["loaded"]), out["importers"]
     # TF 2.21 imports Keras eagerly, and Keras' visualization module imports

@@ -37,7 +37,8 @@ print(json.dumps({"epochs": [stream(one_pass), stream(one_pass)], "repeated": st
 
 def stream_here(path: str) -> dict:
     namespace = {}
-    exec(STREAM.split("path = sys.argv[1]")[0], namespace)
+    # The fresh process's own code (STREAM is this file's), run here too.
+    exec(STREAM.split("path = sys.argv[1]")[0], namespace)  # noqa: S102
     stream = namespace["stream"]
     one_pass = kiln.reader.load(path, batch_size=8, seed=123, as_supervised=False)
     repeated = kiln.reader.load(path, batch_size=8, seed=123, repeat=2, as_supervised=False)

@@ -77,7 +77,7 @@ def test_iterator_checkpoint_resumes_exactly(fixture, request, tmp_path):
     tf.train.Checkpoint(iterator=restored).read(saved).assert_consumed()
     resumed = [(b["key"].numpy().tolist(), b["image"].numpy()) for b in restored]
     assert [keys for keys, _ in resumed] == [keys for keys, _ in expected]
-    for (_, a), (_, b) in zip(resumed, expected):
+    for (_, a), (_, b) in zip(resumed, expected, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -91,9 +91,10 @@ def test_augmentation_in_the_model_equals_the_data_path(fixture, request):
                                              augment=augment, normalize=normalize,
                                              augment_on="model")
         assert model_side.element_spec[0]["image"].dtype == tf.uint8
-        in_graph = tf.function(lambda batch: layer(batch, training=True))
+        # Called in this iteration only, with this iteration's layer.
+        in_graph = tf.function(lambda batch: layer(batch, training=True))  # noqa: B023
         count = 0
-        for (expected, labels), (features, model_labels) in zip(data, model_side):
+        for (expected, labels), (features, model_labels) in zip(data, model_side, strict=True):
             np.testing.assert_array_equal(labels, model_labels)
             np.testing.assert_array_equal(layer(features, training=True), expected)
             np.testing.assert_array_equal(in_graph(features), expected)

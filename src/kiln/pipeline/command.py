@@ -4,7 +4,8 @@ Locally (Beam's local batch engine, every core; no download, no service)::
 
     kiln build --config configs/demo.yaml
     kiln build --config configs/demo.yaml --output /tmp/datasets
-    kiln build --config configs/demo.yaml --direct_num_workers=2 --direct_running_mode=multi_processing
+    kiln build --config configs/demo.yaml \
+        --direct_num_workers=2 --direct_running_mode=multi_processing
     python -m kiln.pipeline --config configs/demo.yaml
     kiln build --config configs/demo.yaml --quiet --report build/report.json   # for schedulers
     kiln build --config configs/demo.yaml --keep 3          # then delete all but 3 versions

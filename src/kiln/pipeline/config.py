@@ -64,7 +64,8 @@ import logging
 import math
 import os
 import re
-from typing import Annotated, Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 import pydantic
 import yaml
@@ -73,7 +74,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln import transforms
 from kiln.errors import ConfigError, quote, quote_text
 from kiln.pipeline import storage
-from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, Source
+from kiln.pipeline.sources import Listing, Source
 from kiln.pipeline.versioning import fingerprint
 
 logger = logging.getLogger(__name__)

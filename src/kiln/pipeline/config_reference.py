@@ -13,7 +13,8 @@ reference cannot drift from the code. Regenerate it with::
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from kiln.pipeline.config import BuildConfig
 
@@ -97,11 +98,11 @@ def _variant_rows(root: dict, path: str, variants: list[dict]) -> Iterator[tuple
     kinds that have it."""
     kinds = [variant["properties"]["type"]["const"] for variant in variants]
     type_meanings = [_meaning(f"{path}.type ({kind})", variant["properties"]["type"])
-                     for kind, variant in zip(kinds, variants)]
+                     for kind, variant in zip(kinds, variants, strict=True)]
     yield (f"{path}.type", " \\| ".join(f"`{kind}`" for kind in kinds), "required",
            " ".join(type_meanings))
     seen: dict[str, list[str]] = {}
-    for kind, variant in zip(kinds, variants):
+    for kind, variant in zip(kinds, variants, strict=True):
         for name in variant["properties"]:
             if name != "type":
                 seen.setdefault(name, []).append(kind)

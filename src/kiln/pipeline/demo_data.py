@@ -52,8 +52,8 @@ _NOT_AN_IMAGE = (b"This is not a PNG file. kiln demo-data writes it on purpose, 
                  b"build drops and reports a file it cannot decode.\n")
 # Separate random streams, so adding one kind of file never shifts another.
 _SHAPES_STREAM, _BROKEN_STREAM, _PHOTOS_STREAM = 0, 1, 2
-_OWN_FILE = re.compile(r"^(%s)_\d{4}\.(jpg|png)$|^broken_\w+\.(jpg|png)$|^photo_\d{4}\.jpg$"
-                       % "|".join(CLASSES))
+_OWN_FILE = re.compile("^(" + "|".join(CLASSES) + r")_\d{4}\.(jpg|png)$"
+                       r"|^broken_\w+\.(jpg|png)$|^photo_\d{4}\.jpg$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +118,8 @@ def generate(
         counts[class_name] += 1
     broken = {}
     if include_broken:
-        truncated = encode_image(_draw_shape_image(np.random.default_rng([seed, _BROKEN_STREAM]), "square"),
+        truncated = encode_image(_draw_shape_image(np.random.default_rng([seed, _BROKEN_STREAM]),
+                                                   "square"),
                                  format="jpeg", quality=90)
         contents = {"empty": b"", "corrupt": truncated[: len(truncated) * 2 // 5],
                     "not_an_image": _NOT_AN_IMAGE}
@@ -202,7 +203,8 @@ def _draw_shape_image(rng: np.random.Generator, class_name: str) -> np.ndarray:
     image = _background(rng, height, width)
     colour = _contrasting_colour(rng, image)
     radius = float(rng.uniform(0.28, 0.45)) * min(height, width)
-    centre = (float(rng.uniform(radius, width - radius)), float(rng.uniform(radius, height - radius)))
+    centre = (float(rng.uniform(radius, width - radius)),
+              float(rng.uniform(radius, height - radius)))
     _draw_shape(image, class_name, centre, radius, float(rng.uniform(0, 2 * math.pi)), colour)
     return image
 
@@ -354,19 +356,24 @@ exit codes:
   0  written
   2  usage error: OUT holds files that are not an earlier demo folder, or a
      negative --num-images/--seed"""
-    parser.add_argument("out", metavar="OUT", help="folder to write (new, empty, or an earlier demo folder)")
-    parser.add_argument("--num-images", type=int, default=300, help="good images to write (default 300)")
+    parser.add_argument("out", metavar="OUT",
+                        help="folder to write (new, empty, or an earlier demo folder)")
+    parser.add_argument("--num-images", type=int, default=300,
+                        help="good images to write (default 300)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--no-broken", action="store_true", help="leave out the deliberately broken files")
+    parser.add_argument("--no-broken", action="store_true",
+                        help="leave out the deliberately broken files")
     parser.add_argument("--photos", action="store_true",
-                        help="write 800x600 photo-like JPEGs (for benchmarks) instead of small shapes")
+                        help="write 800x600 photo-like JPEGs (for benchmarks) instead of small "
+                             "shapes")
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     from kiln.errors import UsageError
 
     if args.num_images < 0 or args.seed < 0:
-        raise UsageError(f"--num-images and --seed must be >= 0, got {args.num_images} and {args.seed}")
+        raise UsageError(f"--num-images and --seed must be >= 0, got {args.num_images} and "
+                         f"{args.seed}")
     try:
         if args.photos:
             summary = generate_photos(args.out, num_images=args.num_images, seed=args.seed)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -63,7 +64,7 @@ class DuplicateGroup:
 def _sources_by_bucket(run):
     """SpilledRun -> (bucket, ((sha256, key, split), ...)) for each bucket it has content in."""
     buckets: dict[int, list] = {}
-    for (split, *_), (content, key) in zip(run.entries, run.contents):
+    for (split, *_), (content, key) in zip(run.entries, run.contents, strict=True):
         buckets.setdefault(int(content[:8], 16) % DUPLICATE_BUCKETS, []).append(
             (content, key, split))
     for bucket, sources in buckets.items():
@@ -79,7 +80,7 @@ def _bucket_groups(bucket_and_parts) -> Iterable[DuplicateGroup]:
             copies.setdefault(content, []).append((key, split))
     for content, stored in copies.items():
         if len(stored) > 1:
-            keys, splits = zip(*sorted(stored))
+            keys, splits = zip(*sorted(stored), strict=True)
             yield DuplicateGroup(content, keys, splits)
 
 

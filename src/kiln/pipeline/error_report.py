@@ -54,7 +54,7 @@ class DroppedFile:
         }
 
     @classmethod
-    def from_json(cls, row: dict[str, Any]) -> "DroppedFile":
+    def from_json(cls, row: dict[str, Any]) -> DroppedFile:
         return cls(row["key"], row["stage"], row["reason"], row["uri"], row["message"])
 
 

@@ -25,7 +25,8 @@ import collections
 import concurrent.futures
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np

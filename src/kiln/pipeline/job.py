@@ -33,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems

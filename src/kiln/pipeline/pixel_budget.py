@@ -13,7 +13,7 @@ import collections
 import contextlib
 import itertools
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class PixelBudget:

@@ -21,7 +21,8 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from kiln.pipeline.storage import is_remote
 
@@ -129,7 +130,7 @@ class ProgressDisplay:
         self._all_done_at: float | None = None
         self._width = 0
 
-    def __enter__(self) -> "ProgressDisplay":
+    def __enter__(self) -> ProgressDisplay:
         self._started = self.clock()
         self._thread = threading.Thread(target=self._run, name="kiln-progress", daemon=True)
         self._thread.start()

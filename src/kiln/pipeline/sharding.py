@@ -39,7 +39,8 @@ import hashlib
 import logging
 import math
 import uuid
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -243,7 +244,7 @@ def read_records(slices: list[RunSlice]) -> list[tuple[str, bytes]]:
             f.seek(piece.start)
             span = f.read(size)
         if len(span) != size:
-            raise IOError(f"{piece.run}: expected {size} bytes at offset {piece.start}, "
+            raise OSError(f"{piece.run}: expected {size} bytes at offset {piece.start}, "
                           f"read {len(span)} (the run file was truncated or replaced)")
         offset = 0
         for key, length in piece.entries:

@@ -53,7 +53,7 @@ class SplitPolicy:
     def draw(self, key: str, sha256: str) -> float:
         """The record's uniform draw in [0, 1)."""
         value = sha256 if self.split_by == "content" else key
-        digest = hashlib.sha256(f"{self.salt}\x00{value}".encode("utf-8")).digest()
+        digest = hashlib.sha256(f"{self.salt}\x00{value}".encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2.0**64
 
     def assign(self, key: str, sha256: str, source_split: str | None) -> str:

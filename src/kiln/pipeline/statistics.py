@@ -23,8 +23,9 @@ The standard deviation is the population one (``sqrt(M2 / count)``), as
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from fractions import Fraction
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import apache_beam as beam
 import cv2
@@ -85,8 +86,8 @@ def merge(a: PixelSums, b: PixelSums) -> PixelSums:
             f"cannot merge statistics of {len(sums_a)}- and {len(sums_b)}-channel images"
         )
     return PixelSums(count_a + count_b,
-                     tuple(x + y for x, y in zip(sums_a, sums_b)),
-                     tuple(x + y for x, y in zip(squares_a, squares_b)))
+                     tuple(x + y for x, y in zip(sums_a, sums_b, strict=True)),
+                     tuple(x + y for x, y in zip(squares_a, squares_b, strict=True)))
 
 
 EMPTY = PixelSums(0, (), ())
@@ -98,7 +99,7 @@ def channel_statistics(sums: PixelSums) -> ChannelStatistics | None:
     if count == 0:
         return None
     mean = [Fraction(s, count) for s in totals]
-    m2 = [Fraction(q) - Fraction(s * s, count) for s, q in zip(totals, squares)]
+    m2 = [Fraction(q) - Fraction(s * s, count) for s, q in zip(totals, squares, strict=True)]
     return ChannelStatistics(
         count=count,
         mean=[float(m) for m in mean],
@@ -164,7 +165,7 @@ class Summary:
         if size not in self.sizes:
             self.sizes = _two_smallest(self.sizes | {size})
 
-    def merged(self, other: "Summary") -> "Summary":
+    def merged(self, other: Summary) -> Summary:
         pixels = dict(self.pixels)
         for split, sums in other.pixels.items():
             pixels[split] = merge(pixels.get(split, EMPTY), sums)

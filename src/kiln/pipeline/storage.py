@@ -24,7 +24,7 @@ import logging
 import os
 import secrets
 import stat
-from typing import Iterable
+from collections.abc import Iterable
 
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
@@ -248,7 +248,8 @@ class ObjectStore(Store):
         listed = FileSystems.match([root + "/**"])[0].metadata_list
         if skip_hidden:
             listed = [m for m in listed
-                      if not any(part.startswith(".") for part in m.path[len(root) + 1:].split("/"))]
+                      if not any(part.startswith(".")
+                                 for part in m.path[len(root) + 1:].split("/"))]
         return sorted(listed, key=lambda m: m.path)
 
     def file_status(self, path: str) -> tuple[int, float, str | None]:

@@ -28,7 +28,8 @@ listing or Beam's workers see the files.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import kiln
 from kiln.schemas.metadata import canonical_json

@@ -29,8 +29,8 @@ from kiln.reader import mixing  # noqa: F401
 from kiln.reader.augmenter import AugmentOpError
 from kiln.reader.dataset import DEFAULT_SHUFFLE_BUFFER, info, load, locate
 from kiln.reader.ops import (
-    AugmentConfigError,
     Augmentation,
+    AugmentConfigError,
     names,
     register_augmentation,
     validate,

@@ -30,7 +30,7 @@ instead of the float output are most of what the reader can save.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -230,7 +230,7 @@ def standardize(images: tf.Tensor, mean: Sequence[float], std: Sequence[float]) 
 def _shape_for_check(shape: tf.TensorShape) -> tuple[int, int, int]:
     dims = shape.as_list() if shape.rank == 3 else [None, None, 3]
     height, width, channels = (d if d is not None else default
-                               for d, default in zip(dims, (64, 64, 3)))
+                               for d, default in zip(dims, (64, 64, 3), strict=True))
     return height, width, channels
 
 

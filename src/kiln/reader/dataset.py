@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -448,7 +449,7 @@ class _Share:
         self.pipeline = pipeline
 
     @classmethod
-    def of(cls, dataset_dir, split_info, metadata, input_context) -> "_Share":
+    def of(cls, dataset_dir, split_info, metadata, input_context) -> _Share:
         files = [_join(dataset_dir, s.filename) for s in split_info.shards]
         counts = [s.num_records for s in split_info.shards]
         present = set(tf.io.gfile.listdir(dataset_dir))

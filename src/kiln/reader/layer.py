@@ -8,7 +8,8 @@ so the results are identical. TensorFlow backend only (it calls TF ops).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import tensorflow as tf
 

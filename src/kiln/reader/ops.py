@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Annotated, Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any
 
 import numpy as np
 import tensorflow as tf

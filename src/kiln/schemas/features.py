@@ -11,7 +11,8 @@ Imports TensorFlow and NumPy only: the reader depends on it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import tensorflow as tf

@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import kiln
 
@@ -45,7 +46,7 @@ class MetadataChecksumError(MetadataError):
         verify` compares it with the files to say what else disagrees).
     """
 
-    def __init__(self, source: str, recorded: str | None, actual: str, info: "DatasetInfo"):
+    def __init__(self, source: str, recorded: str | None, actual: str, info: DatasetInfo):
         self.recorded, self.actual, self.info = recorded, actual, info
         if recorded is None:
             message = (f"{source} records no checksum, which format version "
@@ -201,7 +202,7 @@ class DatasetInfo:
                     del data[name]
         return data
 
-    def sealed(self) -> "DatasetInfo":
+    def sealed(self) -> DatasetInfo:
         """This info with `checksum` set to its content's (format 2 and later)."""
         if not self.has_checksum:
             return self
@@ -216,7 +217,7 @@ class DatasetInfo:
         return json.dumps(self.sealed().to_json(), indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], source: str = "kiln.json") -> "DatasetInfo":
+    def from_json(cls, data: dict[str, Any], source: str = "kiln.json") -> DatasetInfo:
         """The info of a parsed kiln.json.
 
         Raises:
@@ -237,7 +238,7 @@ class DatasetInfo:
         return info
 
     @classmethod
-    def _from_json(cls, data: dict[str, Any], source: str) -> "DatasetInfo":
+    def _from_json(cls, data: dict[str, Any], source: str) -> DatasetInfo:
         try:
             splits = {}
             for split_name, split in data["splits"].items():
@@ -265,7 +266,7 @@ class DatasetInfo:
             raise MetadataError(f"{source}: malformed metadata ({type(e).__name__}: {e})") from e
 
     @classmethod
-    def loads(cls, text: str, source: str = "kiln.json") -> "DatasetInfo":
+    def loads(cls, text: str, source: str = "kiln.json") -> DatasetInfo:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:

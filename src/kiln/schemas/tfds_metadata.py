@@ -1,4 +1,4 @@
-"""TFDS-compatible metadata (`dataset_info.json`, `features.json`) derived from `RECORD` and `kiln.json`.
+"""TFDS-compatible metadata (`dataset_info.json`, `features.json`) from `RECORD` and `kiln.json`.
 
 With these files beside the shards, TensorFlow Datasets reads a kiln version
 folder as it reads its own::

@@ -235,12 +235,12 @@ def _classes_table(summary: dict[str, Any]) -> list[str]:
     width = max([len(title) - 2] + [len(name) for name in names] + [len("total")])
     columns = list(splits) + ["total"]
     widths = [max(len(column), 6) for column in columns]
-    header = "  ".join(f"{column:>{w}}" for column, w in zip(columns, widths))
+    header = "  ".join(f"{column:>{w}}" for column, w in zip(columns, widths, strict=True))
     lines = [f"{title:<{width + 2}}  {header}"]
     for label, name in enumerate(names):
         counts = [splits[split]["class_counts"].get(name, 0) for split in splits]
         counts.append(summary["class_counts"][name])
-        cells = "  ".join(f"{count:>{w}}" for count, w in zip(counts, widths))
+        cells = "  ".join(f"{count:>{w}}" for count, w in zip(counts, widths, strict=True))
         lines.append(f"  {name:<{width}}  {cells}  (label {label})")
     return lines
 
@@ -284,7 +284,7 @@ def _duplicate_lines(summary: dict[str, Any]) -> list[str]:
              f"as another{rows}"]
     for group in groups[:DUPLICATE_EXAMPLES]:
         copies = [f"{key} ({split})" for key, split in
-                  zip(group.get("keys") or [], group.get("splits") or [])]
+                  zip(group.get("keys") or [], group.get("splits") or [], strict=False)]
         lines.append(f"      {' = '.join(copies)}")
     if len(groups) > DUPLICATE_EXAMPLES:
         lines.append(f"      ... {len(groups) - DUPLICATE_EXAMPLES} more group(s)")

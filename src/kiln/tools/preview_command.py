@@ -109,7 +109,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
           f"{preview.split!r}, {len(preview.keys)} elements x {len(preview.epochs)} epoch(s), "
           f"seed {preview.seed}; augmentation {mode}: {ops}")
     width = max(len(name) for name in preview.label_names)
-    for column, (name, key) in enumerate(zip(preview.label_names, preview.keys)):
+    for column, (name, key) in enumerate(zip(preview.label_names, preview.keys, strict=True)):
         print(f"  column {column + 1}: {name:<{width}}  {key}")
     return _check_epochs(preview, strict=args.strict)
 

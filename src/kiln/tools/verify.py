@@ -437,7 +437,7 @@ def _duplicates_difference(rows: list[dict[str, Any]],
     """Where the report's rows and the records' groups of identical content
     differ (None: they agree), for the first content sha256 that differs."""
     held = {content.hex(): sorted(group) for content, group in copies.items() if len(group) > 1}
-    listed = {row["sha256"]: sorted(zip(row["keys"], row["splits"])) for row in rows}
+    listed = {row["sha256"]: sorted(zip(row["keys"], row["splits"], strict=True)) for row in rows}
     if len(listed) != len(rows):
         return "lists a content sha256 more than once"
     differing = sorted(content for content in set(held) | set(listed)

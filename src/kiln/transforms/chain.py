@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import Callable
+from collections.abc import Callable
 
 import cv2
 import numpy as np
@@ -181,7 +181,8 @@ def _check_size(width: int, height: int, *, max_pixels: int | None, min_size: in
         )
     if width < min_size or height < min_size:
         raise DecodeError(
-            "too_small", f"the image {when} {width}x{height} (WxH), smaller than min_size {min_size}"
+            "too_small",
+            f"the image {when} {width}x{height} (WxH), smaller than min_size {min_size}",
         )
 
 
@@ -197,7 +198,7 @@ def _decode_with_opencv(data: bytes, format_name: str) -> tuple[np.ndarray, byte
         detail = f" ({failure})" if failure else ""
         raise DecodeError("corrupt", f"{format_name} data is truncated or damaged{detail}")
     exif = None
-    for kind, block in zip(metadata_types, metadata):
+    for kind, block in zip(metadata_types, metadata, strict=True):
         if kind == cv2.IMAGE_METADATA_EXIF:
             exif = np.asarray(block, np.uint8).tobytes()
     return pixels, exif
@@ -247,7 +248,8 @@ def _to_rgb_or_gray(image: np.ndarray, channels: int) -> np.ndarray:
 
 
 def _exif_orientation(exif: bytes) -> int:
-    """The EXIF orientation tag (1..8) of a TIFF-structured EXIF block; 1 if absent or unreadable."""
+    """The EXIF orientation tag (1..8) of a TIFF-structured EXIF block; 1 if absent or
+    unreadable."""
     if exif.startswith(b"Exif\x00\x00"):
         exif = exif[6:]
     byte_order = {b"II": "<", b"MM": ">"}.get(exif[:2])

@@ -81,5 +81,6 @@ def encode_image(
         ]
     ok, encoded = cv2.imencode(extension, pixels, params)
     if not ok:
-        raise RuntimeError(f"encode_image: OpenCV failed to encode a {image.shape} image as {format}")
+        raise RuntimeError(f"encode_image: OpenCV failed to encode a {image.shape} image as "
+                           f"{format}")
     return encoded.tobytes()

@@ -14,7 +14,7 @@ in kiln.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 import cv2
 import numpy as np
@@ -39,7 +39,7 @@ def _validate_fill(value: Any) -> int | tuple[int, int, int]:
 # Strict ints: YAML ``shorter_side: "64"`` is a config mistake, not 64.
 Length = Annotated[StrictInt, Field(gt=0)]
 # One validator for the union, as for `Size`: one message saying what is expected.
-FillValue = Annotated[Union[int, tuple[int, int, int]], PlainValidator(_validate_fill)]
+FillValue = Annotated[int | tuple[int, int, int], PlainValidator(_validate_fill)]
 Interpolation = Annotated[str, Choice(("auto", "area", "linear", "cubic", "nearest", "lanczos"))]
 
 # The *_EXACT variants are bit-exact across CPUs and SIMD paths (the plain
@@ -102,7 +102,8 @@ def _check_resize(*, shorter_side=None, longer_side=None, size=None, interpolati
     _only_one_size(shorter_side=shorter_side, longer_side=longer_side, size=size)
 
 
-def resize_to(image: np.ndarray, height: int, width: int, interpolation: str = "auto") -> np.ndarray:
+def resize_to(image: np.ndarray, height: int, width: int,
+              interpolation: str = "auto") -> np.ndarray:
     """Resamples `image` to exactly ``height x width``; the work behind `resize`.
 
     ``"auto"`` picks INTER_AREA when neither side grows: it averages every

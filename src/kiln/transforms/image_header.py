@@ -38,7 +38,8 @@ from __future__ import annotations
 import io
 import re
 import struct
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import imagesize
 
@@ -668,7 +669,8 @@ def _tiff(data: bytes):
             continue
         # Strict where libtiff is lenient (other integer types, a repeated
         # tag: libtiff keeps the first), so that both read the same value.
-        value_count = struct.unpack_from(order + ("I" if entry_size == 12 else "Q"), data, entry + 4)[0]
+        value_count = struct.unpack_from(order + ("I" if entry_size == 12 else "Q"), data,
+                                         entry + 4)[0]
         if tag in fields or value_count != 1 or field_type not in value_types:
             raise ValueError(f"unexpected {_TIFF_SIZE_TAGS[tag]} field")
         value_offset = entry + (8 if entry_size == 12 else 12)
@@ -716,7 +718,8 @@ def _jpeg_2000(data: bytes):
     is the first top-level 'jp2c' box."""
     offset = 0
     if data.startswith(_JP2_SIGNATURE):
-        codestreams = (payload for kind, payload, _ in _boxes(data, 0, len(data)) if kind == b"jp2c")
+        codestreams = (payload for kind, payload, _ in _boxes(data, 0,
+                                                              len(data)) if kind == b"jp2c")
         first = next(codestreams, None)
         if first is None:
             raise ValueError("no codestream box")
@@ -724,12 +727,14 @@ def _jpeg_2000(data: bytes):
     if data[offset:offset + 4] != _J2K_SIGNATURE:
         raise ValueError("codestream does not start with SOC and SIZ")
     (_lsiz, _rsiz, x_size, y_size, x_offset, y_offset, tile_width, tile_height,
-     tile_x_offset, tile_y_offset, components) = struct.unpack_from(">HHIIIIIIIIH", data, offset + 4)
+     tile_x_offset, tile_y_offset, components) = struct.unpack_from(">HHIIIIIIIIH", data,
+                                                                    offset + 4)
     if x_size <= x_offset or y_size <= y_offset:
         raise ValueError("empty image area")
     if not 1 <= components <= 4:
         raise UnsupportedVariant(f"JPEG 2000 images with {components} components are not supported")
-    if not (0 < tile_width and 0 < tile_height and tile_x_offset < x_size and tile_y_offset < y_size):
+    if not (0 < tile_width and 0 < tile_height
+            and tile_x_offset < x_size and tile_y_offset < y_size):
         raise ValueError("invalid tiling")
     tiles = -(-(x_size - tile_x_offset) // tile_width) * -(-(y_size - tile_y_offset) // tile_height)
     if tiles > _J2K_MAX_TILES:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import ast
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from kiln.tools.lint import rules, taint
 from kiln.tools.lint.files import SKIPPED_DIRECTORIES, python_files, read_source

@@ -92,8 +92,8 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         for finding in findings:
             print(finding.format())
         problems = len(findings) - unparsable
-        summary = f"kiln lint: {problems} finding{'s' * (problems != 1)} in {checked} checked file" \
-                  f"{'s' * (checked != 1)}"
+        summary = f"kiln lint: {problems} finding{'s' * (problems != 1)} in {checked} " \
+                  f"checked file{'s' * (checked != 1)}"
         if unparsable:
             summary += f"; {unparsable} file{'s' * (unparsable != 1)} could not be parsed (K000)"
         print(summary, file=sys.stderr)

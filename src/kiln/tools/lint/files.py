@@ -6,7 +6,7 @@ import io
 import os
 import pathlib
 import tokenize
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 SKIPPED_DIRECTORIES = frozenset({
     "__pycache__", "node_modules", "site-packages", "venv", "env", "build", "dist",
@@ -42,7 +42,8 @@ def _walk_python_files(root: pathlib.Path) -> Iterator[pathlib.Path]:
     for directory, subdirectories, files in os.walk(root):
         subdirectories[:] = sorted(
             d for d in subdirectories
-            if not d.startswith(".") and d not in SKIPPED_DIRECTORIES and not d.endswith(".egg-info")
+            if not d.startswith(".") and d not in SKIPPED_DIRECTORIES
+            and not d.endswith(".egg-info")
         )
         for name in sorted(files):
             if name.endswith(".py"):

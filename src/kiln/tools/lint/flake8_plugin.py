@@ -15,7 +15,7 @@ Importing this module imports neither flake8 nor TensorFlow.
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+from collections.abc import Iterator
 
 from kiln import __version__
 from kiln.tools.lint import lint_tree

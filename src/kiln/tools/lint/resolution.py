@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Iterable, Iterator, TypeAlias
+from collections.abc import Iterable, Iterator
+from typing import TypeAlias
 
 MAX_RESOLVE_DEPTH = 8
 """How many indirections (aliases, partials, factories) a function reference may take."""
@@ -293,7 +294,8 @@ class ModuleIndex:
             classes = []
             for binding in self.lookup(node.id, scope):
                 if isinstance(binding, ast.expr):
-                    classes.extend(self.instance_classes(binding, self.scope_of(binding), depth + 1))
+                    classes.extend(self.instance_classes(binding, self.scope_of(binding),
+                                                         depth + 1))
             return classes
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             owner = self.method_receiver(scope, node.value.id)
@@ -306,7 +308,8 @@ class ModuleIndex:
         return []
 
     def is_python_rng(self, node: ast.AST, scope: ast.AST, depth: int = 0) -> bool:
-        """Whether `node`, seen from `scope`, is a NumPy Generator/RandomState or a random.Random."""
+        """Whether `node`, seen from `scope`, is a NumPy Generator or RandomState, or a
+        random.Random."""
         if depth > MAX_RESOLVE_DEPTH:
             return False
         if isinstance(node, ast.Call):
@@ -317,11 +320,13 @@ class ModuleIndex:
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             owner = self.method_receiver(scope, node.value.id)
             if owner is not None:
-                return any(isinstance(value, ast.expr) and self.is_python_rng(value, scope, depth + 1)
+                return any(isinstance(value, ast.expr)
+                           and self.is_python_rng(value, scope, depth + 1)
                            for value, _ in self.class_member(owner, node.attr))
         return False
 
-    def resolve_callables(self, node: ast.AST, scope: ast.AST, depth: int = 0) -> list[ResolvedFunction]:
+    def resolve_callables(self, node: ast.AST, scope: ast.AST,
+                          depth: int = 0) -> list[ResolvedFunction]:
         """The same-module functions an expression may evaluate to (possibly none)."""
         if depth > MAX_RESOLVE_DEPTH:
             return []
@@ -333,7 +338,8 @@ class ModuleIndex:
         self._callables_cache[key] = found
         return found
 
-    def _resolve_callables(self, node: ast.AST, scope: ast.AST, depth: int) -> list[ResolvedFunction]:
+    def _resolve_callables(self, node: ast.AST, scope: ast.AST,
+                           depth: int) -> list[ResolvedFunction]:
         if isinstance(node, ast.Lambda):
             return [ResolvedFunction(node)]
         if isinstance(node, ast.Name):
@@ -350,7 +356,8 @@ class ModuleIndex:
             return self._resolve_call_result(node, scope, depth)
         return []
 
-    def _resolve_attribute(self, node: ast.Attribute, scope: ast.AST, depth: int) -> list[ResolvedFunction]:
+    def _resolve_attribute(self, node: ast.Attribute, scope: ast.AST,
+                           depth: int) -> list[ResolvedFunction]:
         # self.method / cls.method inside a class
         if isinstance(node.value, ast.Name):
             owner = self.method_receiver(scope, node.value.id)
@@ -381,7 +388,8 @@ class ModuleIndex:
                 found.extend(self.resolve_callables(member, where, depth + 1))
         return found
 
-    def _resolve_call_result(self, node: ast.Call, scope: ast.AST, depth: int) -> list[ResolvedFunction]:
+    def _resolve_call_result(self, node: ast.Call, scope: ast.AST,
+                             depth: int) -> list[ResolvedFunction]:
         qualified = self.qualify(node.func)
         if qualified in PARTIAL or (isinstance(node.func, ast.Name) and node.func.id == "partial"
                                     and qualified is None and not self.lookup("partial", scope)):

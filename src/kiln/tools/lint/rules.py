@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from kiln.tools.lint.resolution import ModuleIndex
 
@@ -41,11 +41,14 @@ RULES: dict[str, Rule] = {
         Rule("K104", "Python branch on a tensor",
              "use tf.cond(pred, true_fn, false_fn), or tf.where(pred, x, y) element-wise"),
         Rule("K105", "Python while loop on a tensor",
-             "use tf.while_loop(cond, body, loop_vars), or loop over a static bound such as x.shape"),
+             "use tf.while_loop(cond, body, loop_vars), or loop over a static bound such as "
+             "x.shape"),
         Rule("K106", "assert on a tensor",
-             "use tf.debugging.assert_* (e.g. tf.debugging.assert_less), which checks every element"),
+             "use tf.debugging.assert_* (e.g. tf.debugging.assert_less), which checks every "
+             "element"),
         Rule("K107", "Python code wrapped in tf.py_function / tf.numpy_function",
-             "move the work offline into kiln build (a registered transform), or write it in TF ops"),
+             "move the work offline into kiln build (a registered transform), or write it in "
+             "TF ops"),
         Rule("K108", "NumPy/OpenCV call on a tensor",
              "do it offline in kiln build, or use the TF equivalent (tf.image.*, tf.math.*)"),
     )
@@ -216,8 +219,8 @@ def call_violation(call: ast.Call, index: ModuleIndex, scope: ast.AST,
             and any(is_tensor(a) for a in call.args):
         return Violation(
             "K102",
-            f"`{_shown_name(func)}()` of a tensor in traced code: the tensor is symbolic and has no "
-            f"value (TypeError in graph mode)",
+            f"`{_shown_name(func)}()` of a tensor in traced code: the tensor is symbolic and "
+            f"has no value (TypeError in graph mode)",
             "use tf.cast(x, dtype) to stay in the graph, or a static property such as x.shape")
     if index.is_builtin(func, "print"):
         return Violation(
@@ -233,8 +236,8 @@ def call_violation(call: ast.Call, index: ModuleIndex, scope: ast.AST,
             and any(is_tensor(a) for a in [*call.args, *(k.value for k in call.keywords)]):
         return Violation(
             "K108",
-            f"`{_shown_name(func)}()` on a tensor in traced code: NumPy/OpenCV need concrete arrays "
-            f"('Cannot convert a symbolic tf.Tensor to a numpy array')")
+            f"`{_shown_name(func)}()` on a tensor in traced code: NumPy/OpenCV need concrete "
+            f"arrays ('Cannot convert a symbolic tf.Tensor to a numpy array')")
     return None
 
 

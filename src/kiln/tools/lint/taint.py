@@ -20,11 +20,16 @@ from __future__ import annotations
 
 import ast
 import sys
-from typing import Iterable, Sequence, TypeAlias
+from collections.abc import Iterable, Sequence
+from typing import TypeAlias
 
 from kiln.tools.lint import rules
 from kiln.tools.lint.resolution import (
-    FUNCTION_NODES, PARTIAL, ModuleIndex, ResolvedFunction, keyword_argument,
+    FUNCTION_NODES,
+    PARTIAL,
+    ModuleIndex,
+    ResolvedFunction,
+    keyword_argument,
 )
 from kiln.tools.lint.rules import Finding, Violation
 from kiln.tools.lint.traced_functions import traced_functions
@@ -134,7 +139,8 @@ class _ModuleChecker:
             return  # done already, with at least as much call depth left
         self._done[key] = depth
         node = function.node
-        all_params = {p.arg for p in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
+        all_params = {p.arg for p in [*node.args.posonlyargs, *node.args.args,
+                                      *node.args.kwonlyargs,
                                       *(a for a in (node.args.vararg, node.args.kwarg) if a)]}
         tainted = (set(closure) - all_params) | set(tensor_params)
         body = _FunctionBodyChecker(self, node, depth)
@@ -211,7 +217,8 @@ class _FunctionBodyChecker:
             for item in node.items:
                 check(item.context_expr, tainted)
                 if item.optional_vars is not None:
-                    self._bind(item.optional_vars, self.is_tensor(item.context_expr, tainted), tainted)
+                    self._bind(item.optional_vars, self.is_tensor(item.context_expr, tainted),
+                               tainted)
             return self.block(node.body, tainted)
         if isinstance(node, _TRY_NODES):
             after = self.block(node.body, tainted)
@@ -247,7 +254,8 @@ class _FunctionBodyChecker:
         first = self.block(body, tainted) | tainted
         return self.block(body, first) | first
 
-    def _bind(self, target: ast.AST, is_tensor: bool, tainted: set[str], strong: bool = True) -> None:
+    def _bind(self, target: ast.AST, is_tensor: bool, tainted: set[str],
+              strong: bool = True) -> None:
         if isinstance(target, ast.Name):
             if is_tensor:
                 tainted.add(target.id)
@@ -337,7 +345,8 @@ class _FunctionBodyChecker:
                 gets_tensors = any(self.is_tensor(other, tainted)
                                    for other in arguments if other is not argument)
                 for callee in callees:
-                    self._follow(callee, callee.element_params() if gets_tensors else set(), tainted)
+                    self._follow(callee, callee.element_params() if gets_tensors else set(),
+                                 tainted)
         return skipped
 
     def _follow(self, callee: ResolvedFunction, tensor_params: set[str], tainted: set[str]) -> None:
@@ -355,7 +364,8 @@ class _FunctionBodyChecker:
             return None
         answers = [
             self.module.returns_tensor(self.module.analysis_key(
-                callee, self._bind_arguments(callee, call, tainted), self._closure(callee, tainted)))
+                callee, self._bind_arguments(callee, call, tainted),
+                self._closure(callee, tainted)))
             for callee in callees
         ]
         if any(answer is None for answer in answers):
@@ -370,7 +380,8 @@ class _FunctionBodyChecker:
             current = self.index.parents.get(current)
         return False
 
-    def _bind_arguments(self, callee: ResolvedFunction, call: ast.Call, tainted: set[str]) -> set[str]:
+    def _bind_arguments(self, callee: ResolvedFunction, call: ast.Call,
+                        tainted: set[str]) -> set[str]:
         """The callee's parameters that receive a tensor at this call."""
         params = [p for p, _ in callee.positional_params()]
         args = callee.node.args
@@ -401,7 +412,8 @@ class _FunctionBodyChecker:
         return result
 
     def _has_tensor_argument(self, call: ast.Call, tainted: set[str]) -> bool:
-        return any(self.is_tensor(a, tainted) for a in [*call.args, *(k.value for k in call.keywords)])
+        arguments = [*call.args, *(k.value for k in call.keywords)]
+        return any(self.is_tensor(a, tainted) for a in arguments)
 
     # data flow
 
@@ -438,7 +450,8 @@ class _FunctionBodyChecker:
             if qualified:
                 if qualified in _TF_STATIC_CALLS:
                     return False
-                if qualified.startswith("tensorflow.") and not qualified.startswith(_TF_NON_OP_PREFIXES):
+                if qualified.startswith("tensorflow.") \
+                        and not qualified.startswith(_TF_NON_OP_PREFIXES):
                     return True  # a TF op returns a tensor whatever its inputs
             same_module = self._call_returns_tensor(node, tainted)
             if same_module is not None:
@@ -453,7 +466,8 @@ class _FunctionBodyChecker:
         if isinstance(node, _COMPREHENSION_NODES):
             return any(self.is_tensor(g.iter, tainted) for g in node.generators) or any(
                 self.is_tensor(child, tainted)
-                for child in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]))
+                for child in ([node.key, node.value] if isinstance(node, ast.DictComp)
+                              else [node.elt]))
         return any(self.is_tensor(child, tainted) for child in ast.iter_child_nodes(node))
 
 

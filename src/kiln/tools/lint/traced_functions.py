@@ -1,4 +1,4 @@
-"""Which functions TensorFlow traces: `tf.function`s, and functions given to a tf.data `Dataset.map`.
+"""Which functions TensorFlow traces: `tf.function`s, and functions given to `Dataset.map`.
 
 `Dataset.map` (and `filter`, `flat_map`, `interleave`) and `tf.function` do not
 call a Python function once per element: they *trace* it once into a graph.
@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from kiln.tools.lint.resolution import (
-    FUNCTION_NODES, MAX_RESOLVE_DEPTH, TF_FUNCTION, ModuleIndex, ResolvedFunction, keyword_argument,
+    FUNCTION_NODES,
+    MAX_RESOLVE_DEPTH,
+    TF_FUNCTION,
+    ModuleIndex,
+    ResolvedFunction,
+    keyword_argument,
 )
-
 
 _DATASET_FUNCTION_METHODS = {
     # method: (position of the function argument, its keyword name)
@@ -59,8 +63,10 @@ _OTHER_MAP_LIBRARIES = frozenset({
 _DATASET_NAME = re.compile(r"(^|_)(ds|dataset|datasets)(_|\d|$)|dataset", re.IGNORECASE)
 _TF_LIBRARIES = frozenset({"tensorflow", "tensorflow_datasets", "keras", "tf_keras", "kiln"})
 _OTHER_NAME = re.compile(
-    r"(^|_)(pool|executor|df|series|frame|rdd|pcoll|client|futures?|workers?)(_|\d|$)", re.IGNORECASE)
-_OTHER_CONSTRUCTOR = re.compile(r"Pool|Executor|DataFrame|Series|SparkContext|Client", re.IGNORECASE)
+    r"(^|_)(pool|executor|df|series|frame|rdd|pcoll|client|futures?|workers?)(_|\d|$)",
+    re.IGNORECASE)
+_OTHER_CONSTRUCTOR = re.compile(r"Pool|Executor|DataFrame|Series|SparkContext|Client",
+                                re.IGNORECASE)
 
 
 def traced_functions(index: ModuleIndex) -> Iterator[ResolvedFunction]:
@@ -124,7 +130,8 @@ class DatasetEvidence:
             for node in ast.walk(index.tree))
 
     def is_dataset_call(self, call: ast.Call) -> bool:
-        assert isinstance(call.func, ast.Attribute)
+        if not isinstance(call.func, ast.Attribute):
+            return False  # not a method call
         keywords = {k.arg for k in call.keywords if k.arg}
         if keywords & _TF_DATA_KEYWORDS:
             return True
