@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DEMO_DATA ?= build/demo-data
 STAMP := $(VENV)/.kiln-installed
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test lint bench clean
 
 venv: $(STAMP)
 
@@ -22,11 +22,20 @@ demo: venv
 	$(BIN)/kiln demo-data $(DEMO_DATA)
 	$(BIN)/kiln build --config configs/demo.yaml
 
+# The whole suite, the checks below included (tests/test_code_quality.py,
+# test_security.py, test_architecture.py).
 test: venv
 	$(BIN)/python -m pytest
+
+# The static checks alone, quicker while working: the linter, the type checker
+# and the import layering (all configured in pyproject.toml and .importlinter).
+lint: venv
+	$(BIN)/python -m ruff check src tests benchmarks
+	$(BIN)/python -m mypy
+	$(BIN)/lint-imports --no-cache .importlinter
 
 bench: venv
 	$(BIN)/python -m benchmarks.run
 
 clean:
-	rm -rf build $(VENV) src/*.egg-info .pytest_cache
+	rm -rf build $(VENV) src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
