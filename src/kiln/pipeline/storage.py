@@ -24,7 +24,7 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
@@ -71,9 +71,13 @@ class Store(abc.ABC):
     def has_files(self, folder: str) -> bool:
         """Whether anything is stored below `folder`."""
 
-    @abc.abstractmethod
     def list_tree(self, folder: str, *, skip_hidden: bool = False) -> list[FileMetadata]:
-        """Every file below `folder`, recursively, sorted by path.
+        """Every file below `folder`, recursively, sorted by path (see `walk_tree`)."""
+        return sorted(self.walk_tree(folder, skip_hidden=skip_hidden), key=lambda m: m.path)
+
+    @abc.abstractmethod
+    def walk_tree(self, folder: str, *, skip_hidden: bool = False) -> Iterator[FileMetadata]:
+        """Every file below `folder`, recursively, in no particular order.
 
         With `skip_hidden`, files and folders whose name starts with '.' are
         left out (and, where the store has folders, not entered). A file that
@@ -151,12 +155,11 @@ class LocalStore(Store):
     def has_files(self, folder: str) -> bool:
         return any(files for _, _, files in os.walk(folder))
 
-    def list_tree(self, folder: str, *, skip_hidden: bool = False) -> list[FileMetadata]:
+    def walk_tree(self, folder: str, *, skip_hidden: bool = False) -> Iterator[FileMetadata]:
         # Symbolic links to folders are followed (a linked class folder is
         # listed, not skipped without a word), except a link back to one of
         # its own ancestors, which would loop. Callers decide what a link
         # that leads elsewhere may read (`sources` confines inputs).
-        listed = []
         top = os.path.abspath(folder)
         for directory, folders, names in os.walk(top, followlinks=True):
             if _loops(directory, top):
@@ -170,10 +173,9 @@ class LocalStore(Store):
                 try:
                     status = os.stat(path)
                 except OSError:  # a dangling link: listed, size 0, for the caller to judge
-                    listed.append(FileMetadata(path, 0, 0.0))
+                    yield FileMetadata(path, 0, 0.0)
                     continue
-                listed.append(FileMetadata(path, status.st_size, status.st_mtime))
-        return sorted(listed, key=lambda m: m.path)
+                yield FileMetadata(path, status.st_size, status.st_mtime)
 
     def file_status(self, path: str) -> tuple[int, float, str | None]:
         # One os.stat: a manifest of a million local files lists in seconds.
@@ -243,14 +245,13 @@ class ObjectStore(Store):
     def has_files(self, folder: str) -> bool:
         return bool(FileSystems.match([folder.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
 
-    def list_tree(self, folder: str, *, skip_hidden: bool = False) -> list[FileMetadata]:
+    def walk_tree(self, folder: str, *, skip_hidden: bool = False) -> Iterator[FileMetadata]:
         root = folder.rstrip("/")
-        listed = FileSystems.match([root + "/**"])[0].metadata_list
-        if skip_hidden:
-            listed = [m for m in listed
-                      if not any(part.startswith(".")
-                                 for part in m.path[len(root) + 1:].split("/"))]
-        return sorted(listed, key=lambda m: m.path)
+        # Beam's match returns the whole listing at once (one metadata object per file).
+        for metadata in FileSystems.match([root + "/**"])[0].metadata_list:
+            if not (skip_hidden and any(part.startswith(".")
+                                        for part in metadata.path[len(root) + 1:].split("/"))):
+                yield metadata
 
     def file_status(self, path: str) -> tuple[int, float, str | None]:
         # Object stores hold plain objects only: nothing to refuse.
