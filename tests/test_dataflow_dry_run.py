@@ -99,7 +99,7 @@ def test_dataflow_dry_run_translates_the_job(demo_corpus, no_network_no_credenti
     # (not written here: no network).
     process_fn = pardo_fn(proto, "ProcessImages/DecodeTransformEncode")
     assert process_fn._runs._folder.startswith(staging) and process_fn._counter is None
-    key = next(f for f in listing.files if f.key.startswith("star/"))
+    key = next(f for f in listing.files() if f.key.startswith("star/"))
     process_fn.setup()
     try:
         outcome = process_fn._processor({**key.to_json()})

@@ -9,7 +9,8 @@ Library entry point::
 Modules (each a noun for one job):
 
 - `config`: the YAML config's schema, validation and resolution.
-- `sources`: listing an image folder or a manifest.
+- `sources`: listing an image folder or a manifest. `listing`: the listed
+  inputs, on disk (a temporary SQLite file), and the job's listing file.
 - `images`: read, hash, decode, transform, encode (the heavy DoFn).
 - `splits`: split assignment. `sharding`: deterministic shards and their
   writer. `tfrecord`: the record framing. `statistics`: pixel statistics.

@@ -216,17 +216,17 @@ def build(
     spec = _spec(config, output)
     options = pipeline_options(pipeline_args)
     try:
-        with DatasetLock(spec.dataset_root, wait=wait) as held:
-            return _build_locked(spec, options, held, image_threads=image_threads,
+        # The listing's rows are on disk until the build ends, failed or not.
+        with DatasetLock(spec.dataset_root, wait=wait) as held, spec.list_source() as listing:
+            return _build_locked(spec, listing, options, held, image_threads=image_threads,
                                  show_progress=show_progress, keep=keep)
     except OSError as e:  # a full disk, a read-only or unwritable output...
         raise BuildError(f"{storage.describe_os_error(e)}; nothing was published") from e
 
 
-def _build_locked(spec: BuildSpec, options: PipelineOptions, held: DatasetLock, *,
-                  image_threads: int | None, show_progress: bool,
+def _build_locked(spec: BuildSpec, listing: sources.Listing, options: PipelineOptions,
+                  held: DatasetLock, *, image_threads: int | None, show_progress: bool,
                   keep: int | None) -> BuildResult:
-    listing = spec.list_source()
     _warn_about_shard_counts(spec, listing)
     stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
     dataset = publish.DatasetRoot(spec.dataset_root)
@@ -292,9 +292,9 @@ def _run_job(plan: job.JobPlan, listing: sources.Listing, options: PipelineOptio
     """Writes the listing, runs the job to completion and reads its report."""
     listing.write(plan.listing_uri)
     pipeline = construct_pipeline(plan, options)
-    logger.info("running the build job for %d files", len(listing.files))
+    logger.info("running the build job for %d files", listing.num_files)
     try:
-        with progress.display(plan.progress_uri, len(listing.files), enabled=show_progress):
+        with progress.display(plan.progress_uri, listing.num_files, enabled=show_progress):
             result = pipeline.run()
             state = result.wait_until_finish()
     except Exception as e:  # a worker's error, re-raised by the runner with its traceback
@@ -308,9 +308,9 @@ def _run_job(plan: job.JobPlan, listing: sources.Listing, options: PipelineOptio
 def _warn_about_shard_counts(spec: BuildSpec, listing: sources.Listing) -> None:
     fixed = spec.config.sharding.num_shards
     counts = fixed.values() if isinstance(fixed, Mapping) else [fixed] if fixed else []
-    if any(count > len(listing.files) for count in counts):
+    if any(count > listing.num_files for count in counts):
         logger.warning("sharding.num_shards asks for more shards than the %d files listed; "
-                       "a split gets at most one shard per record", len(listing.files))
+                       "a split gets at most one shard per record", listing.num_files)
 
 
 def _warn_about_empty_classes(info: DatasetInfo) -> None:
@@ -346,9 +346,9 @@ def _check_accounted(listing: sources.Listing, report: job.JobReport) -> None:
       BuildError: naming the counts that disagree.
     """
     problems = []
-    if report.files_read != len(listing.files):
+    if report.files_read != listing.num_files:
         problems.append(f"the image step read {report.files_read} of the "
-                        f"{len(listing.files)} listed files")
+                        f"{listing.num_files} listed files")
     for name, split in sorted(report.splits.items()):
         if split.num_records != split.num_images:
             problems.append(f"split {name}: the shards hold {split.num_records} records "
@@ -364,9 +364,9 @@ def _check_accounted(listing: sources.Listing, report: job.JobReport) -> None:
 
 def _version(spec: BuildSpec, listing: sources.Listing, report: job.JobReport) -> str:
     """The content-addressed version: the config and every input's entry."""
-    inputs_hash = versioning.combine_hashes(
-        [report.inputs_hash]
-        + [versioning.entry_hash(entry) for entry in listing.dropped_entries])
+    dropped = versioning.combine_hashes(
+        versioning.entry_hash(entry) for entry in listing.dropped_entries())
+    inputs_hash = versioning.combine_hashes([report.inputs_hash, dropped])
     return versioning.version_name(spec.fingerprint, inputs_hash)
 
 

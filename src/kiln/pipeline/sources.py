@@ -5,7 +5,9 @@ Listing runs in the launcher, before the job, through Beam's `FileSystems`
 compute the up-to-date stamp without starting Beam, know the class and split
 names when it constructs the job, and refuse an empty source early. The job
 reads the listing from a JSONL file (`Listing.write`), not from a list baked
-into the job graph, so it scales to millions of files on Dataflow.
+into the job graph, so it scales to millions of files on Dataflow. Neither
+holds the rows in memory: the manifest is read row by row and the rows go
+to disk as they come (`kiln.pipeline.listing`).
 
 - ``image_folder``: ``root/<class>/<image>``, or ``root/<split>/<class>/<image>``
   with ``splits.from_source``. Hidden files and folders (a name starting
@@ -30,15 +32,15 @@ such as broken symbolic links, are reported.)
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
-import io
 import json
 import logging
 import os
 import posixpath
 import re
-from typing import Annotated, Any, Iterator, Literal, Union
+from typing import Annotated, Iterator, Literal, Union
 
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
@@ -47,87 +49,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from kiln.errors import ConfigError
 from kiln.pipeline import storage
 from kiln.pipeline.error_report import DroppedFile
+from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
 from kiln.pipeline.storage import is_remote
 
 logger = logging.getLogger(__name__)
 
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class SourceFile:
-    """One input image, as listed.
-
-    Attributes:
-      key: Stable key, unique in the dataset (see the module docstring).
-      uri: Where to read it (local path or URI).
-      label: Class id: index into the listing's `class_names`.
-      split: Split named by the source (folder or manifest column), or None.
-      size: Size in bytes when listed.
-      mtime: Modification time when listed (seconds); only for the stamp.
-    """
-
-    key: str
-    uri: str
-    label: int
-    split: str | None
-    size: int
-    mtime: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "uri": self.uri, "label": self.label,
-                "split": self.split, "size": self.size}
-
-
-# Files per line of the job's listing, and so per element of its image step:
-# Beam's steps before it (read, parse, reshuffle) then run once per group
-# instead of once per file. Small enough that a group is a fraction of a
-# second of work, so Dataflow still balances groups across workers.
-FILES_PER_LINE = 16
-
-
-@dataclasses.dataclass
-class Listing:
-    """Everything the launcher learned about the inputs before the job.
-
-    Attributes:
-      files: The images to process, sorted by key.
-      dropped: Files and rows dropped while listing, sorted.
-      class_names: Sorted class names; a label is an index into it.
-      split_names: Sorted split names found in the source (only with
-        ``splits.from_source``), else None.
-      dropped_entries: What each dropped row contributes to the version and
-        stamp (row text for unparsable rows, so line numbers do not matter).
-    """
-
-    files: list[SourceFile]
-    dropped: list[DroppedFile]
-    class_names: list[str]
-    split_names: list[str] | None
-    dropped_entries: list[list]
-
-    @property
-    def total(self) -> int:
-        """Listed inputs: the files to process plus those already dropped."""
-        return len(self.files) + len(self.dropped)
-
-    def stamp_entries(self) -> Iterator[list]:
-        """Listing data for the up-to-date stamp (`versioning.stamp`)."""
-        for f in self.files:
-            yield ["file", f.key, self.class_names[f.label], f.split, f.size, f.mtime]
-        yield from self.dropped_entries
-
-    def write(self, path: str) -> None:
-        """Writes the listing as JSONL for the job: lines of up to
-        `FILES_PER_LINE` files (``{"files": [...]}``), then one line per
-        dropped row (``{"dropped": ...}``)."""
-        with FileSystems.create(path) as out:
-            for start in range(0, len(self.files), FILES_PER_LINE):
-                row = {"files": [f.to_json() for f in self.files[start:start + FILES_PER_LINE]]}
-                out.write((json.dumps(row, sort_keys=True) + "\n").encode("utf-8"))
-            for d in self.dropped:
-                row = {"dropped": d.to_json()}
-                out.write((json.dumps(row, sort_keys=True) + "\n").encode("utf-8"))
 
 
 class _SourceModel(BaseModel):
@@ -152,19 +79,23 @@ class _SourceModel(BaseModel):
           splits_from_source: Take each file's split from the source
             (``splits.from_source``).
 
+        Returns:
+          The listing, on disk until it is closed (`Listing.close`).
+
         Raises:
           ConfigError: the source cannot be read at all (the manifest is
             unreadable, no file is usable), with the message naming the field,
             e.g. ``source.path: ...``; the caller adds the config's name.
         """
         listing = self._list(splits_from_source)
-        if not listing.files:
-            example = (f", e.g. {listing.dropped[0].key}: {listing.dropped[0].message}"
-                       if listing.dropped else "")
+        if not listing.num_files:
+            with listing:
+                first = next(listing.dropped(), None)
+            example = f", e.g. {first.key}: {first.message}" if first else ""
             raise ConfigError(f"{self.describe()}: no usable input image "
-                              f"({len(listing.dropped)} dropped while listing{example})")
+                              f"({listing.num_dropped} dropped while listing{example})")
         logger.info("listed %d files (%d dropped) in %d classes",
-                    len(listing.files), len(listing.dropped), len(listing.class_names))
+                    listing.num_files, listing.num_dropped, len(listing.class_names))
         return listing
 
     def _list(self, splits_from_source: bool) -> Listing:
@@ -297,73 +228,59 @@ def _list_image_folder(root: str, classes: list[str] | None, from_source: bool,
     root = root.rstrip("/")
     depth = 3 if from_source else 2
     layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
-    found = []  # (key, parts, metadata)
-    dropped: list[DroppedFile] = []
-    for metadata in _list_files(root):
-        key = _relative(metadata.path, root)
-        parts = key.split("/")
-        if any(part.startswith(".") for part in parts):
-            continue
-        if len(parts) != depth:
-            dropped.append(DroppedFile(
-                key, "list", "unexpected_location", metadata.path,
-                f"not in the layout root/{layout}",
-            ))
-            continue
-        found.append((key, parts, metadata))
+    with ListingWriter() as writer:
 
-    class_names = sorted(set(classes)) if classes else sorted({parts[-2] for _, parts, _ in found})
-    label_ids = {name: i for i, name in enumerate(class_names)}
-    files = []
-    for key, parts, metadata in found:
-        split = parts[0] if from_source else None
-        if split is not None and not _SPLIT_NAME.match(split):
-            dropped.append(DroppedFile(
-                key, "list", "unexpected_location", metadata.path,
-                f"split folder {split!r} is not a valid split name (letters, digits, '_')",
-            ))
-            continue
-        label = parts[-2]
-        if label not in label_ids:
-            dropped.append(DroppedFile(
-                key, "list", "unknown_label", metadata.path,
-                f"class {label!r} is not in source.classes",
-            ))
-            continue
-        outside = confinement.problem(metadata.path)
-        if outside:
-            dropped.append(DroppedFile(key, "list", "outside_source", metadata.path, outside))
-            continue
-        try:
-            problem = _file_status(metadata.path)[2]
-        except OSError as e:  # vanished since listing, or a dangling symbolic link
-            problem = f"cannot stat the file: {e.strerror}"
-        if problem:
-            dropped.append(DroppedFile(key, "list", "unreadable", metadata.path, problem))
-            continue
-        files.append(SourceFile(
-            key=key, uri=metadata.path, label=label_ids[label], split=split,
-            size=int(metadata.size_in_bytes), mtime=float(metadata.last_updated_in_seconds),
-        ))
-    files.sort()
-    dropped.sort()
-    return Listing(
-        files=files,
-        dropped=dropped,
-        class_names=class_names,
-        split_names=sorted({f.split for f in files}) if from_source else None,
-        dropped_entries=[["dropped", d.reason, d.key] for d in dropped],
-    )
+        def drop(key, uri, reason, message):
+            writer.drop(DroppedFile(key, "list", reason, uri, message), ["dropped", reason, key])
+
+        for position, metadata in enumerate(_walk_files(root)):
+            key = _relative(metadata.path, root)
+            parts = key.split("/")
+            if any(part.startswith(".") for part in parts):
+                continue
+            if len(parts) != depth:
+                drop(key, metadata.path, "unexpected_location", f"not in the layout root/{layout}")
+                continue
+            writer.add_candidate(Candidate(
+                key, position, metadata.path, label=parts[-2],
+                split=parts[0] if from_source else None, size=int(metadata.size_in_bytes),
+                mtime=float(metadata.last_updated_in_seconds)))
+
+        class_names = sorted(set(classes)) if classes else writer.candidate_labels()
+        label_ids = {name: i for i, name in enumerate(class_names)}
+        for (found,) in writer.candidates():  # a folder lists each path once
+            key, uri, split = found.key, found.uri, found.split
+            if split is not None and not _SPLIT_NAME.match(split):
+                drop(key, uri, "unexpected_location",
+                     f"split folder {split!r} is not a valid split name (letters, digits, '_')")
+                continue
+            if found.label not in label_ids:
+                drop(key, uri, "unknown_label", f"class {found.label!r} is not in source.classes")
+                continue
+            outside = confinement.problem(uri)
+            if outside:
+                drop(key, uri, "outside_source", outside)
+                continue
+            try:
+                problem = _file_status(uri)[2]
+            except OSError as e:  # vanished since listing, or a dangling symbolic link
+                problem = f"cannot stat the file: {e.strerror}"
+            if problem:
+                drop(key, uri, "unreadable", problem)
+                continue
+            writer.add_file(SourceFile(key=key, uri=uri, label=label_ids[found.label],
+                                       split=split, size=found.size, mtime=found.mtime))
+        return writer.finish(class_names, from_source)
 
 
-def _list_files(root: str) -> list[FileMetadata]:
-    """Every file under `root`, hidden folders not entered.
+def _walk_files(root: str) -> Iterator[FileMetadata]:
+    """Every file under `root`, hidden folders not entered, in no particular order.
 
     A file the store cannot stat (a dangling symbolic link) is listed with
     size 0 rather than skipped, so `_file_status` reports it with its reason
     instead of it vanishing without a word as in Beam's own local listing.
     """
-    return storage.store_for(root).list_tree(root, skip_hidden=True)
+    return storage.store_for(root).walk_tree(root, skip_hidden=True)
 
 
 def _file_status(uri: str) -> tuple[int, float, str | None]:
@@ -401,93 +318,95 @@ class _Row:
 
 def _list_manifest(path: str, classes: list[str] | None, from_source: bool,
                    confinement: _Confinement) -> Listing:
+    name = posixpath.basename(path)
+    lines = _manifest_lines(path)
+    rows = _jsonl_rows(lines) if path.endswith((".jsonl", ".json")) else _csv_rows(lines, name)
+    base = path.rsplit("/", 1)[0] if is_remote(path) else _local_dirname(path)
+    with ListingWriter() as writer:
+
+        def drop(key, uri, reason, message, entry):
+            writer.drop(DroppedFile(key, "list", reason, uri, message), ["dropped", reason, entry])
+
+        for row in rows:
+            where = f"{name}:{row.line}"
+            if row.problem:
+                drop(where, path, "bad_row", row.problem, row.text)
+                continue
+            if from_source and not row.split:
+                drop(where, path, "missing_split",
+                     "splits.from_source needs a split for every row", row.text)
+                continue
+            if from_source and not _SPLIT_NAME.match(row.split):
+                drop(where, path, "bad_row",
+                     f"split {row.split!r} is not a valid split name (letters, digits, '_')",
+                     row.text)
+                continue
+            writer.add_candidate(Candidate(_manifest_key(row.path), row.line,
+                                           _resolve(row.path, base), row.label,
+                                           row.split if from_source else None))
+
+        class_names = sorted(set(classes)) if classes else writer.candidate_labels()
+        label_ids = {label: i for i, label in enumerate(class_names)}
+        for group in writer.candidates():
+            key, uri = group[0].key, group[0].uri
+            meanings = {(row.label, row.split) for row in group}
+            if len(meanings) > 1:
+                lines_listed = ", ".join(str(row.position) for row in group)
+                drop(key, uri, "duplicate_key",
+                     f"listed {len(group)} times with different labels or splits "
+                     f"(lines {lines_listed})", key)
+                continue
+            label, split = meanings.pop()
+            if label not in label_ids:
+                drop(key, uri, "unknown_label", f"label {label!r} is not in source.classes",
+                     [key, label])
+                continue
+            outside = confinement.problem(uri)
+            if outside:
+                drop(key, uri, "outside_source", outside, key)
+                continue
+            try:
+                size, mtime, problem = _file_status(uri)
+            except Exception as e:  # OSError locally, FileNotFoundError or BeamIOError remotely
+                drop(key, uri, "missing", f"listed in {name} but not found ({_short(e)})", key)
+                continue
+            if problem:
+                drop(key, uri, "unreadable", problem, key)
+                continue
+            writer.add_file(SourceFile(key=key, uri=uri, label=label_ids[label], split=split,
+                                       size=size, mtime=mtime))
+        return writer.finish(class_names, from_source)
+
+
+def _manifest_lines(path: str) -> Iterator[str]:
+    """The manifest's text line by line, read as it is used: UTF-8 (a BOM
+    dropped), lines ending at '\n' only (as `io.StringIO` splits them).
+
+    Raises:
+      _ManifestError: the file cannot be read or is not UTF-8.
+    """
     try:
-        with FileSystems.open(path) as f:
-            text = f.read().decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise _ManifestError(f"{path}: not UTF-8 text ({e.reason})") from None
+        f = FileSystems.open(path)
     except Exception as e:  # any filesystem's I/O error
         raise _ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
-    name = posixpath.basename(path)
-    if path.endswith((".jsonl", ".json")):
-        rows = list(_jsonl_rows(text))
-    else:
-        rows = list(_csv_rows(text, name))
-    base = path.rsplit("/", 1)[0] if is_remote(path) else _local_dirname(path)
-
-    dropped: list[DroppedFile] = []
-    dropped_entries: list[list] = []
-
-    def drop(key, uri, reason, message, entry):
-        dropped.append(DroppedFile(key, "list", reason, uri, message))
-        dropped_entries.append(["dropped", reason, entry])
-
-    candidates: dict[str, list[_Row]] = {}
-    for row in rows:
-        where = f"{name}:{row.line}"
-        if row.problem:
-            drop(where, path, "bad_row", row.problem, row.text)
-            continue
-        if from_source and not row.split:
-            drop(where, path, "missing_split",
-                 "splits.from_source needs a split for every row", row.text)
-            continue
-        if from_source and not _SPLIT_NAME.match(row.split):
-            drop(where, path, "bad_row",
-                 f"split {row.split!r} is not a valid split name (letters, digits, '_')", row.text)
-            continue
-        candidates.setdefault(_manifest_key(row.path), []).append(row)
-
-    labels_found = {row.label for group in candidates.values() for row in group}
-    class_names = sorted(set(classes)) if classes else sorted(labels_found)
-    label_ids = {label: i for i, label in enumerate(class_names)}
-
-    keyed = []
-    for key, group in sorted(candidates.items()):
-        uri = _resolve(group[0].path, base)
-        meanings = {(row.label, row.split if from_source else None) for row in group}
-        if len(meanings) > 1:
-            lines = ", ".join(str(row.line) for row in group)
-            drop(key, uri, "duplicate_key",
-                 f"listed {len(group)} times with different labels or splits (lines {lines})",
-                 key)
-            continue
-        label, split = meanings.pop()
-        if label not in label_ids:
-            drop(key, uri, "unknown_label", f"label {label!r} is not in source.classes",
-                 [key, label])
-            continue
-        keyed.append((key, uri, label, split))
-
-    files = []
-    for key, uri, label, split in keyed:
-        outside = confinement.problem(uri)
-        if outside:
-            drop(key, uri, "outside_source", outside, key)
-            continue
-        try:
-            size, mtime, problem = _file_status(uri)
-        except Exception as e:  # OSError locally, FileNotFoundError or BeamIOError remotely
-            drop(key, uri, "missing", f"listed in {name} but not found ({_short(e)})", key)
-            continue
-        if problem:
-            drop(key, uri, "unreadable", problem, key)
-            continue
-        files.append(SourceFile(key=key, uri=uri, label=label_ids[label], split=split,
-                                size=size, mtime=mtime))
-    files.sort()
-    order = sorted(range(len(dropped)), key=lambda i: dropped[i])
-    return Listing(
-        files=files,
-        dropped=[dropped[i] for i in order],
-        class_names=class_names,
-        split_names=sorted({f.split for f in files}) if from_source else None,
-        dropped_entries=sorted(dropped_entries, key=lambda e: json.dumps(e, sort_keys=True)),
-    )
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    with f:
+        while True:
+            try:
+                raw = f.readline()
+                text = decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as e:
+                raise _ManifestError(f"{path}: not UTF-8 text ({e.reason})") from None
+            except Exception as e:  # any filesystem's I/O error
+                raise _ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
+            if text:
+                yield text
+            if not raw:
+                return
 
 
-def _csv_rows(text: str, name: str) -> Iterator[_Row]:
-    reader = csv.reader(io.StringIO(text))
+def _csv_rows(lines: Iterator[str], name: str) -> Iterator[_Row]:
+    reader = csv.reader(lines)
     try:
         header = next(reader)
     except StopIteration:
@@ -517,8 +436,11 @@ def _csv_rows(text: str, name: str) -> Iterator[_Row]:
         yield _Row(line, text_line, path, label, split or None)
 
 
-def _jsonl_rows(text: str) -> Iterator[_Row]:
-    for line, raw in enumerate(text.splitlines(), start=1):
+def _jsonl_rows(lines: Iterator[str]) -> Iterator[_Row]:
+    # str.splitlines also ends a line at \r, \x0b, \x0c, \x1c-\x1e, \x85, \u2028
+    # and \u2029; line numbers count those breaks too.
+    split = (part for text in lines for part in text.splitlines())
+    for line, raw in enumerate(split, start=1):
         if not raw.strip():
             continue
         try:

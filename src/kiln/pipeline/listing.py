@@ -1,0 +1,312 @@
+"""The listing of a build's inputs, kept in a temporary SQLite file rather than in memory.
+
+A source (`sources`) can name millions of files. While it is read, every
+row goes to a local SQLite database (`ListingWriter`); what stays in memory
+is the class and split names and a few counters, whatever the number of
+rows. SQLite does the work that needs every row at once: grouping a
+manifest's rows by key (duplicate keys), and iterating in key order for the
+job's listing (`Listing.write`) and the up-to-date stamp
+(`Listing.stamp_entries`). Its own sorts spill to temporary files, so
+memory stays bounded there too.
+
+The database lives in a temporary folder that `Listing.close` deletes (the
+launcher closes the listing when the build ends, failed or not; a listing
+never closed is deleted when the process exits). The folder is
+`tempfile.gettempdir()`'s (``TMPDIR``); it needs about 0.3 KB per listed
+row (see BENCHMARKS.md).
+
+Strings are stored as UTF-8 bytes with lone surrogates passed through (a
+JSON manifest can hold ``"\\ud800"``; a local file name that is not UTF-8
+arrives as surrogate escapes), so every Python string round-trips, and
+SQLite's byte order on them is Python's code point order: rows come back in
+exactly the order `sorted` would give.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import sqlite3
+import tempfile
+from typing import Any, Iterator
+
+from apache_beam.io.filesystems import FileSystems
+
+from kiln.pipeline.error_report import DroppedFile
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class SourceFile:
+    """One input image, as listed.
+
+    Attributes:
+      key: Stable key, unique in the dataset (see `sources`).
+      uri: Where to read it (local path or URI).
+      label: Class id: index into the listing's `class_names`.
+      split: Split named by the source (folder or manifest column), or None.
+      size: Size in bytes when listed.
+      mtime: Modification time when listed (seconds); only for the stamp.
+    """
+
+    key: str
+    uri: str
+    label: int
+    split: str | None
+    size: int
+    mtime: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "uri": self.uri, "label": self.label,
+                "split": self.split, "size": self.size}
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A listed path before its checks: a manifest row or a file found in a folder.
+
+    Attributes:
+      key: The file's key; a manifest may list one key on several rows.
+      position: Its place in the source (a manifest's line number), which
+        orders the rows of one key.
+      uri: Where to read it.
+      label: Class name.
+      split: Split named by the source, or None.
+      size, mtime: As listed, where the listing itself gave them (a folder's
+        walk), else None.
+    """
+
+    key: str
+    position: int
+    uri: str
+    label: str
+    split: str | None
+    size: int | None = None
+    mtime: float | None = None
+
+
+# Files per line of the job's listing, and so per element of its image step:
+# Beam's steps before it (read, parse, reshuffle) then run once per group
+# instead of once per file. Small enough that a group is a fraction of a
+# second of work, so Dataflow still balances groups across workers.
+FILES_PER_LINE = 16
+
+# Rows buffered in memory between inserts.
+_BATCH = 10_000
+# SQLite's page cache, KiB; its sorts spill to disk beyond about this much.
+_CACHE_KIB = 16 * 1024
+
+_SCHEMA = """
+CREATE TABLE candidates (key BLOB, position INTEGER, uri BLOB, label BLOB, split BLOB,
+                         size INTEGER, mtime REAL);
+CREATE TABLE files (position INTEGER PRIMARY KEY, key BLOB, uri BLOB, label INTEGER,
+                    split BLOB, size INTEGER, mtime REAL);
+CREATE TABLE dropped (key BLOB, stage BLOB, reason BLOB, uri BLOB, message BLOB, entry TEXT);
+"""
+
+
+def _encode(text: str | None) -> bytes | None:
+    return None if text is None else text.encode("utf-8", "surrogatepass")
+
+
+def _decode(data: bytes | None) -> str | None:
+    return None if data is None else data.decode("utf-8", "surrogatepass")
+
+
+class _Database:
+    """The SQLite file in its own temporary folder; `close` deletes both."""
+
+    def __init__(self):
+        self._folder = tempfile.TemporaryDirectory(prefix="kiln-listing-")
+        # Autocommit mode: `ListingWriter` opens one transaction itself.
+        self.connection = sqlite3.connect(os.path.join(self._folder.name, "listing.sqlite"),
+                                          isolation_level=None)
+        # A scratch file: no journal, no fsync; a crash loses nothing that matters.
+        for pragma in ("journal_mode = OFF", "synchronous = OFF", "locking_mode = EXCLUSIVE",
+                       f"cache_size = -{_CACHE_KIB}", "temp_store = FILE"):
+            self.connection.execute(f"PRAGMA {pragma}")
+
+    @property
+    def folder(self) -> str:
+        return self._folder.name
+
+    def close(self) -> None:
+        self.connection.close()
+        self._folder.cleanup()
+
+
+class Listing:
+    """Everything the launcher learned about the inputs before the job.
+
+    The rows are on disk (see the module docstring); the methods iterate
+    over them. Close the listing (or use it as a context manager) to delete
+    them.
+
+    Attributes:
+      class_names: Sorted class names; a label is an index into it.
+      split_names: Sorted split names found in the source (only with
+        ``splits.from_source``), else None.
+      num_files: The images to process.
+      num_dropped: Files and rows dropped while listing.
+    """
+
+    def __init__(self, database: _Database, class_names: list[str],
+                 split_names: list[str] | None, num_files: int, num_dropped: int):
+        self._database = database
+        self.class_names = class_names
+        self.split_names = split_names
+        self.num_files = num_files
+        self.num_dropped = num_dropped
+
+    @property
+    def total(self) -> int:
+        """Listed inputs: the files to process plus those already dropped."""
+        return self.num_files + self.num_dropped
+
+    def files(self) -> Iterator[SourceFile]:
+        """The images to process, sorted by key."""
+        for key, uri, label, split, size, mtime in self._query(
+                "SELECT key, uri, label, split, size, mtime FROM files ORDER BY position"):
+            yield SourceFile(_decode(key), _decode(uri), label, _decode(split), size, mtime)
+
+    def dropped(self) -> Iterator[DroppedFile]:
+        """Files and rows dropped while listing, sorted (`DroppedFile`'s order)."""
+        for row in self._query("SELECT key, stage, reason, uri, message FROM dropped "
+                               "ORDER BY key, stage, reason, uri, message"):
+            yield DroppedFile(*map(_decode, row))
+
+    def dropped_entries(self) -> Iterator[list]:
+        """What each dropped row contributes to the version and stamp (row
+        text for unparsable rows, so line numbers do not matter), sorted by
+        their JSON text."""
+        for (entry,) in self._query("SELECT entry FROM dropped ORDER BY entry"):
+            yield json.loads(entry)
+
+    def stamp_entries(self) -> Iterator[list]:
+        """Listing data for the up-to-date stamp (`versioning.stamp`)."""
+        for f in self.files():
+            yield ["file", f.key, self.class_names[f.label], f.split, f.size, f.mtime]
+        yield from self.dropped_entries()
+
+    def write(self, path: str) -> None:
+        """Writes the listing as JSONL for the job: lines of up to
+        `FILES_PER_LINE` files (``{"files": [...]}``), then one line per
+        dropped row (``{"dropped": ...}``)."""
+        files = self.files()
+        with FileSystems.create(path) as out:
+            while chunk := list(itertools.islice(files, FILES_PER_LINE)):
+                row = {"files": [f.to_json() for f in chunk]}
+                out.write((json.dumps(row, sort_keys=True) + "\n").encode("utf-8"))
+            for d in self.dropped():
+                row = {"dropped": d.to_json()}
+                out.write((json.dumps(row, sort_keys=True) + "\n").encode("utf-8"))
+
+    def close(self) -> None:
+        """Deletes the listing's rows (its temporary folder)."""
+        self._database.close()
+
+    def __enter__(self) -> Listing:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _query(self, sql: str) -> Iterator[tuple]:
+        # A cursor of its own: iterations may interleave (files, then dropped).
+        return self._database.connection.execute(sql)
+
+
+class ListingWriter:
+    """Collects a source's rows on disk and turns them into a `Listing`.
+
+    A source adds every path it lists as a `Candidate` and every row it
+    drops at once; then it reads the candidates back grouped by key
+    (`candidates`), checks each, and adds the usable ones as files in that
+    order (`add_file`). `finish` returns the `Listing`. Used as a context
+    manager, the writer deletes everything if the block raises before
+    `finish`.
+    """
+
+    def __init__(self):
+        self._database = _Database()
+        self._connection = self._database.connection
+        self._connection.executescript(_SCHEMA)
+        self._connection.execute("BEGIN")
+        self._pending: dict[str, list[tuple]] = {"candidates": [], "files": [], "dropped": []}
+        self._num_files = 0
+        self._num_dropped = 0
+        self._splits: set[str | None] = set()
+        self._finished = False
+
+    def __enter__(self) -> ListingWriter:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if not self._finished:
+            self._database.close()
+
+    def add_candidate(self, candidate: Candidate) -> None:
+        self._add("candidates", (
+            _encode(candidate.key), candidate.position, _encode(candidate.uri),
+            _encode(candidate.label), _encode(candidate.split), candidate.size, candidate.mtime))
+
+    def drop(self, dropped: DroppedFile, entry: Any) -> None:
+        """Records a dropped row and its `Listing.dropped_entries` entry."""
+        self._num_dropped += 1
+        self._add("dropped", (*map(_encode, (dropped.key, dropped.stage, dropped.reason,
+                                             dropped.uri, dropped.message)),
+                              json.dumps(entry, sort_keys=True)))
+
+    def candidate_labels(self) -> list[str]:
+        """Every label of a candidate, sorted."""
+        self._flush("candidates")
+        rows = self._connection.execute("SELECT DISTINCT label FROM candidates")
+        return sorted(_decode(label) for (label,) in rows)
+
+    def candidates(self) -> Iterator[list[Candidate]]:
+        """The candidates grouped by key, in key order; a group in position order."""
+        self._flush("candidates")
+        rows = self._connection.execute(
+            "SELECT key, position, uri, label, split, size, mtime FROM candidates "
+            "ORDER BY key, position")
+        for _, group in itertools.groupby(rows, key=lambda row: row[0]):
+            yield [Candidate(_decode(key), position, _decode(uri), _decode(label),
+                             _decode(split), size, mtime)
+                   for key, position, uri, label, split, size, mtime in group]
+
+    def add_file(self, file: SourceFile) -> None:
+        """Adds a file to process; files must come in key order."""
+        self._splits.add(file.split)
+        self._add("files", (self._num_files, _encode(file.key), _encode(file.uri), file.label,
+                            _encode(file.split), file.size, file.mtime))
+        self._num_files += 1
+
+    def finish(self, class_names: list[str], splits_from_source: bool) -> Listing:
+        """The listing; the writer is done with.
+
+        Args:
+          splits_from_source: The files' splits come from the source, so the
+            listing names them (`Listing.split_names`).
+        """
+        for table in self._pending:
+            self._flush(table)
+        self._connection.execute("DELETE FROM candidates")
+        self._connection.execute("COMMIT")
+        self._finished = True
+        return Listing(self._database, class_names,
+                       sorted(self._splits) if splits_from_source else None,
+                       self._num_files, self._num_dropped)
+
+    def _add(self, table: str, row: tuple) -> None:
+        pending = self._pending[table]
+        pending.append(row)
+        if len(pending) >= _BATCH:
+            self._flush(table)
+
+    def _flush(self, table: str) -> None:
+        pending = self._pending[table]
+        if pending:
+            marks = ", ".join("?" * len(pending[0]))
+            self._connection.executemany(f"INSERT INTO {table} VALUES ({marks})", pending)
+            pending.clear()
