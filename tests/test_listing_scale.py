@@ -1,0 +1,114 @@
+"""A manifest's listing costs bounded memory however many rows it has, and gives the same output.
+
+Issue 13 found a 1,000,000-row manifest taking 2.3 GB in the launcher: the
+listing kept a Python object per row (several KB each). It now streams the
+rows to a temporary SQLite file (`kiln.pipeline.listing`). Here a manifest
+is listed at 30,000 and at 300,000 rows, each in a fresh process, as the
+launcher lists it (list, stamp, write the job's JSONL); the extra 270,000
+rows may cost at most 60 MB of peak memory. Both outputs are checked
+against what the listing must give for those rows, written out
+independently here: the job's listing line by line and the stamp.
+
+The rows are shuffled (the listing sorts them by key, and keys sort as
+strings: ``img/10.png`` before ``img/2.png``); every tenth names a real file
+(hard links of one file, so 30,000 files cost no disk), the rest are missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+from kiln.pipeline import listing, versioning
+
+CLASSES = ["class0", "class1", "class2"]
+SIZE, MTIME = 7, 1_000_000_000.5
+
+# What the launcher does with a listing, in a process of its own.
+CHILD = """
+import json, resource, sys
+from kiln.pipeline import sources, versioning
+manifest, output = sys.argv[1:]
+source = sources.ManifestSource(type="manifest", path=manifest)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with source.list_files(splits_from_source=False) as listing:
+    stamp = versioning.stamp("config", listing.stamp_entries())
+    listing.write(output)
+    counts = [listing.num_files, listing.num_dropped, listing.total]
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"growth_kb": peak - before, "stamp": stamp, "counts": counts}))
+"""
+
+
+def make_manifest(folder, rows: int) -> tuple[str, list[str], list[str]]:
+    """A shuffled manifest of `rows` rows; returns it, the real keys and the missing keys."""
+    os.makedirs(folder / "real")
+    original = folder / "real" / "original"
+    original.write_bytes(b"x" * SIZE)
+    os.utime(original, (MTIME, MTIME))
+    real, missing = [], []
+    for i in range(rows):
+        if i % 10 == 0:
+            key = f"real/{i}.png"
+            os.link(original, folder / key)
+            real.append(key)
+        else:
+            missing.append(f"img/{i}.png")
+    keys = real + missing
+    random.Random(0).shuffle(keys)
+    manifest = folder / "manifest.csv"
+    with open(manifest, "w") as f:
+        f.write("path,label\n")
+        f.writelines(f"{key},{label(key)}\n" for key in keys)
+    return str(manifest), sorted(real), sorted(missing)
+
+
+def label(key: str) -> str:
+    return CLASSES[int(key.split("/")[1].split(".")[0]) % 3]
+
+
+def expected_listing(root: str, real: list[str], missing: list[str]) -> tuple[list[str], str]:
+    """The job's listing lines and the stamp these rows must give (`listing.Listing`)."""
+    files = [{"key": key, "label": CLASSES.index(label(key)), "size": SIZE, "split": None,
+              "uri": f"{root}/{key}"} for key in real]
+    lines = [json.dumps({"files": files[start:start + listing.FILES_PER_LINE]}, sort_keys=True)
+             for start in range(0, len(files), listing.FILES_PER_LINE)]
+    for key in missing:
+        uri = f"{root}/{key}"
+        lines.append(json.dumps({"dropped": {
+            "key": key, "uri": uri, "stage": "list", "reason": "missing",
+            "message": f"listed in manifest.csv but not found "
+                       f"([Errno 2] No such file or directory: '{uri}')"}}, sort_keys=True))
+    entries = ([["file", key, label(key), None, SIZE, MTIME] for key in real]
+               + [["dropped", "missing", key] for key in missing])
+    return lines, versioning.stamp("config", entries)
+
+
+def list_in_child(folder, rows: int) -> dict:
+    manifest, real, missing = make_manifest(folder, rows)
+    output = folder / "listing.jsonl"
+    completed = subprocess.run(
+        [sys.executable, "-c", CHILD, manifest, str(output)], capture_output=True, text=True,
+        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+
+    lines, stamp = expected_listing(str(folder), real, missing)
+    assert result["counts"] == [len(real), len(missing), rows]
+    assert result["stamp"] == stamp
+    with open(output) as f:
+        for number, (line, expected) in enumerate(zip(f, lines, strict=True)):
+            assert line == expected + "\n", f"line {number + 1}"
+    shutil.rmtree(folder)  # 30,000 hard links: not left for pytest's retention
+    return result
+
+
+def test_a_manifest_lists_in_memory_that_does_not_grow_with_its_rows(tmp_path):
+    small = list_in_child(tmp_path / "small", 30_000)
+    large = list_in_child(tmp_path / "large", 300_000)
+    extra_mb = (large["growth_kb"] - small["growth_kb"]) / 1024
+    assert extra_mb < 60, f"270,000 more rows took {extra_mb:.0f} MB more at peak"
