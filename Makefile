@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DEMO_DATA ?= build/demo-data
 STAMP := $(VENV)/.kiln-installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench bench-listing clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,10 @@ lint: venv
 
 bench: venv
 	$(BIN)/python -m benchmarks.run
+
+# Only the listing section of BENCHMARKS.md (bench measures it too).
+bench-listing: venv
+	$(BIN)/python -m benchmarks.listing_bench
 
 clean:
 	rm -rf build $(VENV) src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""`make bench`: generate the corpus, measure builds and readers side by side, write the tables.
+"""`make bench`: generate the corpus, measure builds, readers and listing, write the tables.
 
     python -m benchmarks.run             # full run: BENCHMARKS.md and build/bench/results.json
     python -m benchmarks.run --quick     # tiny corpus, one round: checks the harness (~2 min)
@@ -12,7 +12,9 @@ use 2000 of them, the scaling builds 500 to 8000 (twice the corpus: see
 load from elsewhere hits all variants alike), and the median is reported.
 Builds run in their own processes (`benchmarks.build_bench`); the reader
 variants run in this process, one fresh tf.data pipeline per measurement
-(`benchmarks.reader_bench`). Nothing here is a test: no timing is asserted.
+(`benchmarks.reader_bench`). Last, the launcher's listing of manifests of
+100,000 and 1,000,000 rows (`benchmarks.listing_bench`, which also runs
+alone). Nothing here is a test: no timing is asserted.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks import build_bench, corpus, machine, reader_bench, report
+from benchmarks import build_bench, corpus, listing_bench, machine, reader_bench, report
 
 logger = logging.getLogger("benchmarks.run")  # not __main__ under python -m
 
@@ -50,6 +52,8 @@ class Settings:
       reader_batches: Batches timed per reader measurement; None: each
         variant's own (`reader_bench.Variant.batches`).
       layer_batches: Batches timed for the model-side layer.
+      listing: Manifest sizes and rounds of the listing measurements
+        (`benchmarks.listing_bench`).
     """
 
     corpus: corpus.CorpusSpec
@@ -60,13 +64,14 @@ class Settings:
     batch_size: int = reader_bench.BATCH_SIZE
     reader_batches: int | None = None
     layer_batches: int = 20
+    listing: listing_bench.Settings = listing_bench.FULL
 
 
 FULL = Settings(corpus=corpus.CorpusSpec(parts=4, per_part=1000), build_images=2000,
                 scaling=(500, 1000, 2000, 4000, 8000), build_repeats=5, reader_repeats=5)
 QUICK = Settings(corpus=corpus.CorpusSpec(parts=2, per_part=8, width=160, height=120),
                  build_images=16, scaling=(8, 16, 32), build_repeats=1, reader_repeats=1,
-                 batch_size=8, reader_batches=2, layer_batches=2)
+                 batch_size=8, reader_batches=2, layer_batches=2, listing=listing_bench.QUICK)
 
 # The build variants: (key, title, spec without the manifest).
 BUILD_VARIANTS = (
@@ -230,6 +235,7 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
     datasets = reader_bench.build_datasets(source.manifest(settings.build_images),
                                            os.path.join(out_dir, "datasets"))
     readers = measure_readers(settings, datasets)
+    listing = listing_bench.measure(settings.listing, out_dir, log=logger.info)
     results = {
         "command": command,
         "mode": "full" if settings is FULL else "quick",
@@ -246,6 +252,7 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
         },
         "build": builds,
         "reader": readers,
+        "listing": listing,
     }
     results["targets"] = report.targets(results)
     with open(os.path.join(out_dir, "results.json"), "w") as f:

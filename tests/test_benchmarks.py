@@ -53,7 +53,16 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     assert len(results["targets"]) == 4 + 3 * 2
     assert all(isinstance(t["met"], bool) for t in results["targets"])
 
+    listing = results["listing"]
+    assert sorted((row["kind"], row["rows"]) for row in listing["rows"]) == [
+        ("missing", 1000), ("missing", 4000), ("real", 1000), ("real", 4000)]
+    for row in listing["rows"]:
+        assert row["files"] + row["dropped"] == row["rows"] and row["rows_per_second"] > 0
+        assert row["files"] == (2 if row["kind"] == "missing" else row["rows"])
+    assert sorted(listing["extrapolation"]) == ["missing", "real"]
+
     page = markdown.read_text()
+    assert "## Listing: manifests of 1,000 and 4,000 rows" in page
     for row in list(build["rows"].values()) + [reader["rows"]["jpeg"][k] for k in READER_ROWS]:
         assert f"| {row['title']} |" in page
     for target in results["targets"]:
