@@ -61,7 +61,7 @@ class JobPlan:
     Attributes:
       spec: The build spec (the validated, resolved config).
       class_names: Sorted class names.
-      listing_uri: The listing JSONL file (`sources.Listing.write`).
+      listing_uri: The listing JSONL file (`kiln.pipeline.listing.Listing.write`).
       staging_dir: Where shards and errors.jsonl go.
       work_dir: Where temp shards and the report go; deleted before publishing.
       image_threads: Threads per image-processing DoFn instance.
@@ -107,7 +107,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         pipeline
         | "ReadListing" >> beam.io.ReadFromText(plan.listing_uri, validate=False)  # JSON line
         | "ParseListing" >> beam.ParDo(_ParseListingFn()).with_outputs("dropped", main="files")
-        # files: [{key, uri, label, split, size}] (`sources.FILES_PER_LINE`); dropped: DroppedFile
+        # files: [{key, uri, label, split, size}] (`listing.FILES_PER_LINE`); dropped: DroppedFile
     )
     processed = (
         listing.files
