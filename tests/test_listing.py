@@ -1,7 +1,7 @@
-"""A manifest's listing costs bounded memory however many rows it has, and gives the same output.
+"""The launcher's listing: bounded memory however many rows, the same output, no files left.
 
 Issue 13 found a 1,000,000-row manifest taking 2.3 GB in the launcher: the
-listing kept a Python object per row (several KB each). It now streams the
+listing kept Python objects per row (about 1.4 KB of them). It now streams the
 rows to a temporary SQLite file (`kiln.pipeline.listing`). Here a manifest
 is listed at 30,000 and at 300,000 rows, each in a fresh process, as the
 launcher lists it (list, stamp, write the job's JSONL); the extra 270,000
@@ -12,6 +12,9 @@ independently here: the job's listing line by line and the stamp.
 The rows are shuffled (the listing sorts them by key, and keys sort as
 strings: ``img/10.png`` before ``img/2.png``); every tenth names a real file
 (hard links of one file, so 30,000 files cost no disk), the rest are missing.
+
+The listing's temporary folder goes when the build ends, whether it built,
+found the dataset up to date or failed.
 """
 
 from __future__ import annotations
@@ -22,8 +25,15 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 
-from kiln.pipeline import listing, versioning
+import pytest
+
+from kiln.errors import ConfigError
+from kiln.pipeline import BuildError, build, listing, versioning
+from kiln.pipeline.config import BuildSpec
+
+from conftest import make_config
 
 CLASSES = ["class0", "class1", "class2"]
 SIZE, MTIME = 7, 1_000_000_000.5
@@ -112,3 +122,32 @@ def test_a_manifest_lists_in_memory_that_does_not_grow_with_its_rows(tmp_path):
     large = list_in_child(tmp_path / "large", 300_000)
     extra_mb = (large["growth_kb"] - small["growth_kb"]) / 1024
     assert extra_mb < 60, f"270,000 more rows took {extra_mb:.0f} MB more at peak"
+
+
+def test_the_listing_is_deleted_when_the_build_ends_built_or_failed(demo_corpus, tmp_path,
+                                                                    monkeypatch):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    # Kept alive here, so only closing them deletes their folders (not the garbage collector).
+    alive = []
+    list_source = BuildSpec.list_source
+    monkeypatch.setattr(BuildSpec, "list_source",
+                        lambda spec: alive.append(list_source(spec)) or alive[-1])
+
+    def listings():
+        return [name for name in os.listdir(temp) if name.startswith("kiln-listing-")]
+
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    assert not build(config).up_to_date
+    assert listings() == []
+    assert build(config).up_to_date
+    assert listings() == []
+    with pytest.raises(BuildError, match="dropped 3 of 63 input files"):
+        build(dict(config, name="strict", errors={"max_fraction": 0.01}))
+    assert len(alive) == 3 and listings() == []
+    manifest = tmp_path / "manifest.csv"
+    manifest.write_text("path,label\nnot_there.png,circle\n")
+    with pytest.raises(ConfigError, match="no usable input image"):
+        build(dict(config, source={"type": "manifest", "path": str(manifest)}))
+    assert listings() == []
