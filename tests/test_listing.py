@@ -29,11 +29,10 @@ import tempfile
 
 import pytest
 
+from conftest import make_config
 from kiln.errors import ConfigError
 from kiln.pipeline import BuildError, build, listing, versioning
 from kiln.pipeline.config import BuildSpec
-
-from conftest import make_config
 
 CLASSES = ["class0", "class1", "class2"]
 SIZE, MTIME = 7, 1_000_000_000.5

@@ -30,7 +30,8 @@ import json
 import os
 import sqlite3
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -73,8 +74,8 @@ class Candidate:
       uri: Where to read it.
       label: Class name.
       split: Split named by the source, or None.
-      size, mtime: As listed, where the listing itself gave them (a folder's
-        walk), else None.
+      size, mtime: As a folder's walk found them; a manifest's rows are
+        stat'ed after grouping (0 until then).
     """
 
     key: str
@@ -82,8 +83,8 @@ class Candidate:
     uri: str
     label: str
     split: str | None
-    size: int | None = None
-    mtime: float | None = None
+    size: int = 0
+    mtime: float = 0.0
 
 
 # Files per line of the job's listing, and so per element of its image step:
@@ -104,14 +105,27 @@ CREATE TABLE files (position INTEGER PRIMARY KEY, key BLOB, uri BLOB, label INTE
                     split BLOB, size INTEGER, mtime REAL);
 CREATE TABLE dropped (key BLOB, stage BLOB, reason BLOB, uri BLOB, message BLOB, entry TEXT);
 """
+_INSERT = {
+    "candidates": "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "files": "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "dropped": "INSERT INTO dropped VALUES (?, ?, ?, ?, ?, ?)",
+}
 
 
-def _encode(text: str | None) -> bytes | None:
-    return None if text is None else text.encode("utf-8", "surrogatepass")
+def _blob(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
 
 
-def _decode(data: bytes | None) -> str | None:
-    return None if data is None else data.decode("utf-8", "surrogatepass")
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "surrogatepass")
+
+
+def _optional_blob(text: str | None) -> bytes | None:
+    return None if text is None else _blob(text)
+
+
+def _optional_text(data: bytes | None) -> str | None:
+    return None if data is None else _text(data)
 
 
 class _Database:
@@ -168,13 +182,13 @@ class Listing:
         """The images to process, sorted by key."""
         for key, uri, label, split, size, mtime in self._query(
                 "SELECT key, uri, label, split, size, mtime FROM files ORDER BY position"):
-            yield SourceFile(_decode(key), _decode(uri), label, _decode(split), size, mtime)
+            yield SourceFile(_text(key), _text(uri), label, _optional_text(split), size, mtime)
 
     def dropped(self) -> Iterator[DroppedFile]:
         """Files and rows dropped while listing, sorted (`DroppedFile`'s order)."""
         for row in self._query("SELECT key, stage, reason, uri, message FROM dropped "
                                "ORDER BY key, stage, reason, uri, message"):
-            yield DroppedFile(*map(_decode, row))
+            yield DroppedFile(*map(_text, row))
 
     def dropped_entries(self) -> Iterator[list]:
         """What each dropped row contributes to the version and stamp (row
@@ -196,11 +210,11 @@ class Listing:
         files = self.files()
         with FileSystems.create(path) as out:
             while chunk := list(itertools.islice(files, FILES_PER_LINE)):
-                row = {"files": [f.to_json() for f in chunk]}
-                out.write((json.dumps(row, sort_keys=True) + "\n").encode("utf-8"))
+                line = {"files": [f.to_json() for f in chunk]}
+                out.write((json.dumps(line, sort_keys=True) + "\n").encode("utf-8"))
             for d in self.dropped():
-                row = {"dropped": d.to_json()}
-                out.write((json.dumps(row, sort_keys=True) + "\n").encode("utf-8"))
+                out.write((json.dumps({"dropped": d.to_json()}, sort_keys=True)
+                           + "\n").encode("utf-8"))
 
     def close(self) -> None:
         """Deletes the listing's rows (its temporary folder)."""
@@ -236,7 +250,7 @@ class ListingWriter:
         self._pending: dict[str, list[tuple]] = {"candidates": [], "files": [], "dropped": []}
         self._num_files = 0
         self._num_dropped = 0
-        self._splits: set[str | None] = set()
+        self._splits: set[str] = set()
         self._finished = False
 
     def __enter__(self) -> ListingWriter:
@@ -248,21 +262,22 @@ class ListingWriter:
 
     def add_candidate(self, candidate: Candidate) -> None:
         self._add("candidates", (
-            _encode(candidate.key), candidate.position, _encode(candidate.uri),
-            _encode(candidate.label), _encode(candidate.split), candidate.size, candidate.mtime))
+            _blob(candidate.key), candidate.position, _blob(candidate.uri),
+            _blob(candidate.label), _optional_blob(candidate.split), candidate.size,
+            candidate.mtime))
 
     def drop(self, dropped: DroppedFile, entry: Any) -> None:
         """Records a dropped row and its `Listing.dropped_entries` entry."""
         self._num_dropped += 1
-        self._add("dropped", (*map(_encode, (dropped.key, dropped.stage, dropped.reason,
-                                             dropped.uri, dropped.message)),
+        self._add("dropped", (*map(_blob, (dropped.key, dropped.stage, dropped.reason,
+                                           dropped.uri, dropped.message)),
                               json.dumps(entry, sort_keys=True)))
 
     def candidate_labels(self) -> list[str]:
         """Every label of a candidate, sorted."""
         self._flush("candidates")
         rows = self._connection.execute("SELECT DISTINCT label FROM candidates")
-        return sorted(_decode(label) for (label,) in rows)
+        return sorted(_text(label) for (label,) in rows)
 
     def candidates(self) -> Iterator[list[Candidate]]:
         """The candidates grouped by key, in key order; a group in position order."""
@@ -271,15 +286,16 @@ class ListingWriter:
             "SELECT key, position, uri, label, split, size, mtime FROM candidates "
             "ORDER BY key, position")
         for _, group in itertools.groupby(rows, key=lambda row: row[0]):
-            yield [Candidate(_decode(key), position, _decode(uri), _decode(label),
-                             _decode(split), size, mtime)
+            yield [Candidate(_text(key), position, _text(uri), _text(label),
+                             _optional_text(split), size, mtime)
                    for key, position, uri, label, split, size, mtime in group]
 
     def add_file(self, file: SourceFile) -> None:
         """Adds a file to process; files must come in key order."""
-        self._splits.add(file.split)
-        self._add("files", (self._num_files, _encode(file.key), _encode(file.uri), file.label,
-                            _encode(file.split), file.size, file.mtime))
+        if file.split is not None:
+            self._splits.add(file.split)
+        self._add("files", (self._num_files, _blob(file.key), _blob(file.uri), file.label,
+                            _optional_blob(file.split), file.size, file.mtime))
         self._num_files += 1
 
     def finish(self, class_names: list[str], splits_from_source: bool) -> Listing:
@@ -307,6 +323,5 @@ class ListingWriter:
     def _flush(self, table: str) -> None:
         pending = self._pending[table]
         if pending:
-            marks = ", ".join("?" * len(pending[0]))
-            self._connection.executemany(f"INSERT INTO {table} VALUES ({marks})", pending)
+            self._connection.executemany(_INSERT[table], pending)
             pending.clear()

@@ -40,7 +40,8 @@ import logging
 import os
 import posixpath
 import re
-from typing import Annotated, Iterator, Literal, Union
+from collections.abc import Iterator
+from typing import Annotated, Literal
 
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
@@ -178,7 +179,7 @@ class ManifestSource(_SourceModel):
         return None
 
 
-Source = Annotated[Union[ImageFolderSource, ManifestSource], Field(discriminator="type")]
+Source = Annotated[ImageFolderSource | ManifestSource, Field(discriminator="type")]
 """The ``source:`` section: one of the source kinds, chosen by its ``type``."""
 
 
@@ -308,12 +309,22 @@ class _ManifestError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class _Row:
+    """A manifest row that parses (its checks come later)."""
+
     line: int
     text: str
-    path: str | None
-    label: str | None
+    path: str
+    label: str
     split: str | None
-    problem: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _BadRow:
+    """A manifest row that does not parse: dropped as ``bad_row``."""
+
+    line: int
+    text: str
+    problem: str
 
 
 def _list_manifest(path: str, classes: list[str] | None, from_source: bool,
@@ -329,21 +340,21 @@ def _list_manifest(path: str, classes: list[str] | None, from_source: bool,
 
         for row in rows:
             where = f"{name}:{row.line}"
-            if row.problem:
+            if isinstance(row, _BadRow):
                 drop(where, path, "bad_row", row.problem, row.text)
                 continue
-            if from_source and not row.split:
+            split = row.split if from_source else None
+            if from_source and split is None:
                 drop(where, path, "missing_split",
                      "splits.from_source needs a split for every row", row.text)
                 continue
-            if from_source and not _SPLIT_NAME.match(row.split):
+            if split is not None and not _SPLIT_NAME.match(split):
                 drop(where, path, "bad_row",
-                     f"split {row.split!r} is not a valid split name (letters, digits, '_')",
+                     f"split {split!r} is not a valid split name (letters, digits, '_')",
                      row.text)
                 continue
             writer.add_candidate(Candidate(_manifest_key(row.path), row.line,
-                                           _resolve(row.path, base), row.label,
-                                           row.split if from_source else None))
+                                           _resolve(row.path, base), row.label, split))
 
         class_names = sorted(set(classes)) if classes else writer.candidate_labels()
         label_ids = {label: i for i, label in enumerate(class_names)}
@@ -405,7 +416,7 @@ def _manifest_lines(path: str) -> Iterator[str]:
                 return
 
 
-def _csv_rows(lines: Iterator[str], name: str) -> Iterator[_Row]:
+def _csv_rows(lines: Iterator[str], name: str) -> Iterator[_Row | _BadRow]:
     reader = csv.reader(lines)
     try:
         header = next(reader)
@@ -424,42 +435,41 @@ def _csv_rows(lines: Iterator[str], name: str) -> Iterator[_Row]:
         if not fields or all(not f.strip() for f in fields):
             continue
         if len(fields) != len(columns):
-            yield _Row(line, text_line, None, None, None,
-                       f"expected {len(columns)} fields, got {len(fields)}")
+            yield _BadRow(line, text_line, f"expected {len(columns)} fields, got {len(fields)}")
             continue
         path = fields[index["path"]].strip()
         label = fields[index["label"]].strip()
         split = fields[index["split"]].strip() if "split" in index else None
         if not path or not label:
-            yield _Row(line, text_line, None, None, None, "empty path or label")
+            yield _BadRow(line, text_line, "empty path or label")
             continue
         yield _Row(line, text_line, path, label, split or None)
 
 
-def _jsonl_rows(lines: Iterator[str]) -> Iterator[_Row]:
+def _jsonl_rows(lines: Iterator[str]) -> Iterator[_Row | _BadRow]:
     # str.splitlines also ends a line at \r, \x0b, \x0c, \x1c-\x1e, \x85, \u2028
     # and \u2029; line numbers count those breaks too.
-    split = (part for text in lines for part in text.splitlines())
-    for line, raw in enumerate(split, start=1):
+    logical_lines = (part for text in lines for part in text.splitlines())
+    for line, raw in enumerate(logical_lines, start=1):
         if not raw.strip():
             continue
         try:
             row = json.loads(raw)
         except json.JSONDecodeError as e:
-            yield _Row(line, raw, None, None, None, f"not valid JSON: {e.msg}")
+            yield _BadRow(line, raw, f"not valid JSON: {e.msg}")
             continue
         if not isinstance(row, dict):
-            yield _Row(line, raw, None, None, None, "expected a JSON object")
+            yield _BadRow(line, raw, "expected a JSON object")
             continue
         path, label, split = row.get("path"), row.get("label"), row.get("split")
         if not isinstance(path, str) or not path:
-            yield _Row(line, raw, None, None, None, "'path' must be a non-empty string")
+            yield _BadRow(line, raw, "'path' must be a non-empty string")
             continue
         if isinstance(label, bool) or not isinstance(label, (str, int)) or label == "":
-            yield _Row(line, raw, None, None, None, "'label' must be a string (or integer)")
+            yield _BadRow(line, raw, "'label' must be a string (or integer)")
             continue
         if split is not None and not isinstance(split, str):
-            yield _Row(line, raw, None, None, None, "'split' must be a string")
+            yield _BadRow(line, raw, "'split' must be a string")
             continue
         yield _Row(line, raw, path, str(label), split or None)
 
