@@ -76,6 +76,7 @@ from kiln.errors import ConfigError, quote, quote_text
 from kiln.pipeline import storage
 from kiln.pipeline.sources import Listing, Source
 from kiln.pipeline.versioning import fingerprint
+from kiln.schemas import SPLIT_NAME_PATTERN
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +84,10 @@ logger = logging.getLogger(__name__)
 # enough for any real photo, small enough to refuse a 50000x50000 PNG bomb.
 DEFAULT_MAX_PIXELS = 89_478_485
 
-# Names end up in file names (`<name>-<split>.tfrecord-...`); '-' would make
-# the split ambiguous, so splits may not contain it.
+# Names end up in file names (`<name>-<split>.tfrecord-...`).
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-_SPLIT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_]*$"
 
-SplitName = Annotated[str, Field(pattern=_SPLIT_PATTERN)]
+SplitName = Annotated[str, Field(pattern=SPLIT_NAME_PATTERN)]
 
 
 class _Model(BaseModel):
@@ -174,7 +173,7 @@ class ShardingConfig(_Model):
             return None
         if isinstance(value, dict):
             for split, v in value.items():
-                if not isinstance(split, str) or not re.match(_SPLIT_PATTERN, split):
+                if not isinstance(split, str) or not re.match(SPLIT_NAME_PATTERN, split):
                     raise ValueError(f"{quote(split)} is not a valid split name "
                                      f"(letters, digits, '_')")
                 count(v, f"{split}: ")

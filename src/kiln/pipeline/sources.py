@@ -52,10 +52,11 @@ from kiln.pipeline import storage
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
 from kiln.pipeline.storage import is_remote
+from kiln.schemas import SPLIT_NAME_PATTERN
 
 logger = logging.getLogger(__name__)
 
-_SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
+_SPLIT_NAME = re.compile(SPLIT_NAME_PATTERN)
 
 
 class _SourceModel(BaseModel):

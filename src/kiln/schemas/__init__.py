@@ -18,6 +18,7 @@ from kiln.schemas.metadata import (
     ERRORS_FILENAME,
     LATEST_FILENAME,
     METADATA_FILENAME,
+    SPLIT_NAME_PATTERN,
     STAGING_PREFIX,
     ChannelStatistics,
     DatasetInfo,
@@ -31,6 +32,6 @@ from kiln.schemas.metadata import (
 __all__ = [
     "ENCODINGS", "RECORD", "Feature", "Schema", "SchemaError", "decode_image",
     "DUPLICATES_FILENAME", "ERRORS_FILENAME", "LATEST_FILENAME", "METADATA_FILENAME",
-    "STAGING_PREFIX", "ChannelStatistics", "DatasetInfo", "MetadataChecksumError",
-    "MetadataError", "ShardInfo", "SplitInfo", "shard_filename",
+    "SPLIT_NAME_PATTERN", "STAGING_PREFIX", "ChannelStatistics", "DatasetInfo",
+    "MetadataChecksumError", "MetadataError", "ShardInfo", "SplitInfo", "shard_filename",
 ]

@@ -74,6 +74,11 @@ def content_checksum(data: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(content).encode("utf-8")).hexdigest()
 
 
+# A split name ends up in shard file names (`<name>-<split>.tfrecord-...`):
+# '-' would make them ambiguous, so splits may not contain it.
+SPLIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_]*$"
+
+
 def shard_filename(name: str, split: str, index: int, num_shards: int,
                    compression: str | None = None) -> str:
     """`<name>-<split>.tfrecord-00000-of-00004`, with `.gz` when gzipped."""
