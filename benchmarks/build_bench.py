@@ -38,9 +38,15 @@ TARGET_SHARD_MB = 16
 _RESULT_PREFIX = "BENCH_RESULT "
 
 
-def build_config(manifest: str, output: str, *, name: str = "bench", encoding: str = "jpeg",
-                 augment: Sequence[Any] = (), target_shard_mb: float = TARGET_SHARD_MB
-                 ) -> dict[str, Any]:
+def build_config(
+    manifest: str,
+    output: str,
+    *,
+    name: str = "bench",
+    encoding: str = "jpeg",
+    augment: Sequence[Any] = (),
+    target_shard_mb: float = TARGET_SHARD_MB,
+) -> dict[str, Any]:
     """The benchmark's build config for a manifest of the corpus."""
     return {
         "name": name,
@@ -101,7 +107,9 @@ def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
     with open(log_path, "w+b") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.build_bench", json.dumps(spec)],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         )
         # wait4, not wait(): it returns this child's own resource usage.
@@ -114,16 +122,21 @@ def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
     shutil.rmtree(output, ignore_errors=True)
     lines = [line for line in output_text.splitlines() if line.startswith(_RESULT_PREFIX)]
     if process.returncode != 0 or not lines:
-        raise RuntimeError(f"benchmark build {spec} failed (exit {process.returncode}):\n"
-                           f"{output_text[-4000:]}")
-    result = json.loads(lines[-1][len(_RESULT_PREFIX):])
+        raise RuntimeError(
+            f"benchmark build {spec} failed (exit {process.returncode}):\n{output_text[-4000:]}"
+        )
+    result = json.loads(lines[-1][len(_RESULT_PREFIX) :])
     cpu_seconds = usage.ru_utime + usage.ru_stime
     background = None
     if busy_before is not None and busy_after is not None:
         background = max(0.0, (busy_after - busy_before - cpu_seconds) / wall)
-    return BuildRun(seconds=result["seconds"], images=result["images"],
-                    peak_rss_mb=usage.ru_maxrss / 1024.0,  # ru_maxrss is in KB on Linux
-                    cpu_seconds=cpu_seconds, background_cores=background)
+    return BuildRun(
+        seconds=result["seconds"],
+        images=result["images"],
+        peak_rss_mb=usage.ru_maxrss / 1024.0,  # ru_maxrss is in KB on Linux
+        cpu_seconds=cpu_seconds,
+        background_cores=background,
+    )
 
 
 # --- the child side ---------------------------------------------------------------
@@ -157,11 +170,17 @@ def _run_baseline(spec: dict[str, Any]) -> dict[str, Any]:
         sha256 = hashlib.sha256(data).hexdigest()
         image = chain(transforms.decode_image(data, channels=3))
         height, width, channels = image.shape
-        return RECORD.encode({
-            "image": transforms.encode_image(image, format="jpeg", quality=JPEG_QUALITY),
-            "height": height, "width": width, "channels": channels,
-            "label": labels[row["label"]], "key": row["path"], "sha256": sha256,
-        })
+        return RECORD.encode(
+            {
+                "image": transforms.encode_image(image, format="jpeg", quality=JPEG_QUALITY),
+                "height": height,
+                "width": width,
+                "channels": channels,
+                "label": labels[row["label"]],
+                "key": row["path"],
+                "sha256": sha256,
+            }
+        )
 
     threads = int(spec.get("threads") or 1)
     start = time.perf_counter()
@@ -193,19 +212,21 @@ def _run_kiln(spec: dict[str, Any]) -> dict[str, Any]:
     _limit_opencv(spec)
     config_path = os.path.join(spec["output"], "bench.yaml")
     with open(config_path, "w") as f:
-        yaml.safe_dump(build_config(spec["manifest"], os.path.join(spec["output"], "datasets")),
-                       f)
+        yaml.safe_dump(build_config(spec["manifest"], os.path.join(spec["output"], "datasets")), f)
     report = os.path.join(spec["output"], "report.json")
     start = time.perf_counter()
-    code = cli.main(["build", "--config", config_path, "--quiet", "--report", report,
-                     *spec.get("args", [])])
+    code = cli.main(
+        ["build", "--config", config_path, "--quiet", "--report", report, *spec.get("args", [])]
+    )
     seconds = time.perf_counter() - start
     if code != 0:
         raise SystemExit(f"kiln build exited {code}")
     with open(report) as f:
         built = json.load(f)
-    return {"seconds": seconds,
-            "images": sum(split["num_examples"] for split in built["splits"].values())}
+    return {
+        "seconds": seconds,
+        "images": sum(split["num_examples"] for split in built["splits"].values()),
+    }
 
 
 def main(argv: Sequence[str]) -> int:

@@ -81,8 +81,7 @@ class Corpus:
 
     def paths(self, num_images: int) -> list[tuple[str, str]]:
         """``(absolute path, class name)`` of the first `num_images` files."""
-        return [(os.path.join(self.root, name), label)
-                for name, label in self._names(num_images)]
+        return [(os.path.join(self.root, name), label) for name, label in self._names(num_images)]
 
     def _names(self, num_images: int) -> list[tuple[str, str]]:
         """``(path relative to root, class name)``, linking copies as needed."""
@@ -115,15 +114,21 @@ def _link(source: str, target: str) -> None:
 def _part_files(spec: CorpusSpec, part: int) -> list[str]:
     from kiln.pipeline.demo_data import CLASSES
 
-    return [f"part-{part}/{CLASSES[index % len(CLASSES)]}/photo_{index:04d}.jpg"
-            for index in range(spec.per_part)]
+    return [
+        f"part-{part}/{CLASSES[index % len(CLASSES)]}/photo_{index:04d}.jpg"
+        for index in range(spec.per_part)
+    ]
 
 
 def _generate_part(root: str, spec: CorpusSpec, part: int) -> None:
     from kiln.pipeline.demo_data import generate_photos
 
-    generate_photos(os.path.join(root, f"part-{part}"), num_images=spec.per_part,
-                    size=(spec.width, spec.height), seed=part)
+    generate_photos(
+        os.path.join(root, f"part-{part}"),
+        num_images=spec.per_part,
+        size=(spec.width, spec.height),
+        seed=part,
+    )
 
 
 def ensure(root: str, spec: CorpusSpec, workers: int) -> Corpus:
@@ -142,8 +147,14 @@ def ensure(root: str, spec: CorpusSpec, workers: int) -> Corpus:
     for entry in os.listdir(root):  # copies of the old files
         if entry.startswith("copy-"):
             shutil.rmtree(os.path.join(root, entry))
-    logger.info("generating %d photo-like %dx%d JPEGs in %s on %d processes",
-                spec.num_images, spec.width, spec.height, root, workers)
+    logger.info(
+        "generating %d photo-like %dx%d JPEGs in %s on %d processes",
+        spec.num_images,
+        spec.width,
+        spec.height,
+        root,
+        workers,
+    )
     start = time.perf_counter()
     if workers <= 1:
         for part in range(spec.parts):
@@ -152,8 +163,9 @@ def ensure(root: str, spec: CorpusSpec, workers: int) -> Corpus:
         # spawn: the parent may have imported TensorFlow, which does not survive fork.
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            for future in [pool.submit(_generate_part, root, spec, part)
-                           for part in range(spec.parts)]:
+            for future in [
+                pool.submit(_generate_part, root, spec, part) for part in range(spec.parts)
+            ]:
                 future.result()
     elapsed = time.perf_counter() - start
     with open(stamp_path, "w") as f:

@@ -132,14 +132,19 @@ def measure_one(manifest: str, scratch: str) -> dict[str, Any]:
     spec = {"manifest": manifest, "temp": temp, "output": os.path.join(scratch, "listing.jsonl")}
     completed = subprocess.run(
         [sys.executable, "-m", "benchmarks.listing_bench", "--child", json.dumps(spec)],
-        cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
     lines = [line for line in completed.stdout.splitlines() if line.startswith(_RESULT_PREFIX)]
     if completed.returncode != 0 or not lines:
-        raise RuntimeError(f"listing {manifest} failed (exit {completed.returncode}):\n"
-                           f"{completed.stderr[-4000:]}")
+        raise RuntimeError(
+            f"listing {manifest} failed (exit {completed.returncode}):\n{completed.stderr[-4000:]}"
+        )
     shutil.rmtree(temp, ignore_errors=True)
     os.remove(spec["output"])
-    return json.loads(lines[-1][len(_RESULT_PREFIX):])
+    return json.loads(lines[-1][len(_RESULT_PREFIX) :])
 
 
 def measure(settings: Settings, out_dir: str, log=None) -> dict[str, Any]:
@@ -149,31 +154,52 @@ def measure(settings: Settings, out_dir: str, log=None) -> dict[str, Any]:
     os.makedirs(scratch, exist_ok=True)
     manifests = {kind: ensure_manifests(folder, kind, settings.sizes) for kind in KINDS}
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {
-        (kind, rows): [] for kind in KINDS for rows in settings.sizes}
+        (kind, rows): [] for kind in KINDS for rows in settings.sizes
+    }
     for round_index in range(settings.repeats):
         for (kind, rows), kind_runs in runs.items():
             run = measure_one(manifests[kind][rows], scratch)
             kind_runs.append(run)
             if log:
-                log(f"listing round {round_index + 1} {kind} {rows}: "
+                log(
+                    f"listing round {round_index + 1} {kind} {rows}: "
                     f"{run['list_seconds'] + run['stamp_seconds'] + run['write_seconds']:.1f} s, "
-                    f"+{run['growth_kb'] / 1024:.0f} MB")
+                    f"+{run['growth_kb'] / 1024:.0f} MB"
+                )
     rows_out = []
     for (kind, rows), kind_runs in runs.items():
-        median = {name: statistics.median(run[name] for run in kind_runs)
-                  for name in ("list_seconds", "stamp_seconds", "write_seconds", "growth_kb",
-                               "temp_bytes", "peak_rss_kb")}
+        median = {
+            name: statistics.median(run[name] for run in kind_runs)
+            for name in (
+                "list_seconds",
+                "stamp_seconds",
+                "write_seconds",
+                "growth_kb",
+                "temp_bytes",
+                "peak_rss_kb",
+            )
+        }
         total = median["list_seconds"] + median["stamp_seconds"] + median["write_seconds"]
-        rows_out.append({
-            "kind": kind, "rows": rows, **median, "seconds": total,
-            "rows_per_second": rows / total,
-            "list_rows_per_second": rows / median["list_seconds"],
-            "temp_bytes_per_row": median["temp_bytes"] / rows,
-            "files": kind_runs[0]["files"], "dropped": kind_runs[0]["dropped"],
-            "runs": kind_runs,
-        })
-    return {"repeats": settings.repeats, "sizes": list(settings.sizes), "rows": rows_out,
-            "extrapolation": _extrapolate(rows_out, 10_000_000)}
+        rows_out.append(
+            {
+                "kind": kind,
+                "rows": rows,
+                **median,
+                "seconds": total,
+                "rows_per_second": rows / total,
+                "list_rows_per_second": rows / median["list_seconds"],
+                "temp_bytes_per_row": median["temp_bytes"] / rows,
+                "files": kind_runs[0]["files"],
+                "dropped": kind_runs[0]["dropped"],
+                "runs": kind_runs,
+            }
+        )
+    return {
+        "repeats": settings.repeats,
+        "sizes": list(settings.sizes),
+        "rows": rows_out,
+        "extrapolation": _extrapolate(rows_out, 10_000_000),
+    }
 
 
 def _extrapolate(rows: list[dict[str, Any]], target: int) -> dict[str, Any]:
@@ -191,8 +217,8 @@ def _extrapolate(rows: list[dict[str, Any]], target: int) -> dict[str, Any]:
             "rows": target,
             "marginal_bytes_per_row": bytes_per_row,
             "seconds": large["seconds"] + seconds_per_row * (target - large["rows"]),
-            "growth_mb": (large["growth_kb"] * 1024
-                          + bytes_per_row * (target - large["rows"])) / 2**20,
+            "growth_mb": (large["growth_kb"] * 1024 + bytes_per_row * (target - large["rows"]))
+            / 2**20,
             "temp_gb": large["temp_bytes_per_row"] * target / 1e9,
         }
     return result
@@ -223,21 +249,30 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {row['kind']} | {row['rows']:,} | {row['list_seconds']:.1f} | "
             f"{row['stamp_seconds']:.1f} | {row['write_seconds']:.1f} | "
             f"{row['rows_per_second']:,.0f} | {row['growth_kb'] / 1024:.0f} | "
-            f"{row['peak_rss_kb'] / 1024:.0f} | {row['temp_bytes_per_row']:.0f} |")
+            f"{row['peak_rss_kb'] / 1024:.0f} | {row['temp_bytes_per_row']:.0f} |"
+        )
     extrapolation = results["extrapolation"]
     if extrapolation:
-        lines += ["", "Per row beyond the smaller size, and a straight line out to 10,000,000 "
-                      "rows:", ""]
+        lines += [
+            "",
+            "Per row beyond the smaller size, and a straight line out to 10,000,000 rows:",
+            "",
+        ]
         for kind, line in extrapolation.items():
             lines.append(
                 f"- `{kind}`: {line['marginal_bytes_per_row']:.1f} bytes of memory per extra "
                 f"row; 10M rows would take about {line['seconds'] / 60:.0f} minutes, "
                 f"{line['growth_mb']:.0f} MB of memory over the imports and "
-                f"{line['temp_gb']:.1f} GB of temporary disk.")
-        practical = all(line["seconds"] < 3600 and line["growth_mb"] < 1024
-                        for line in extrapolation.values())
-        lines += ["", f"By the measure of under an hour and under 1 GB of the launcher's memory, "
-                      f"10M rows are {'practical' if practical else '**not** practical'}."]
+                f"{line['temp_gb']:.1f} GB of temporary disk."
+            )
+        practical = all(
+            line["seconds"] < 3600 and line["growth_mb"] < 1024 for line in extrapolation.values()
+        )
+        lines += [
+            "",
+            f"By the measure of under an hour and under 1 GB of the launcher's memory, "
+            f"10M rows are {'practical' if practical else '**not** practical'}.",
+        ]
     lines += [
         "",
         "What stays in memory is the class and split names, a few counters, the insert "
@@ -285,24 +320,40 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         stamped = time.perf_counter()
         listing.write(spec["output"])
         written = time.perf_counter()
-        temp_bytes = sum(os.path.getsize(os.path.join(directory, name))
-                         for directory, _, names in os.walk(spec["temp"]) for name in names)
+        temp_bytes = sum(
+            os.path.getsize(os.path.join(directory, name))
+            for directory, _, names in os.walk(spec["temp"])
+            for name in names
+        )
         counts = {"files": listing.num_files, "dropped": listing.num_dropped}
-    return {"list_seconds": listed - start, "stamp_seconds": stamped - listed,
-            "write_seconds": written - stamped, "growth_kb": peak_kb() - before,
-            "peak_rss_kb": peak_kb(), "temp_bytes": temp_bytes, **counts}
+    return {
+        "list_seconds": listed - start,
+        "stamp_seconds": stamped - listed,
+        "write_seconds": written - stamped,
+        "growth_kb": peak_kb() - before,
+        "peak_rss_kb": peak_kb(),
+        "temp_bytes": temp_bytes,
+        **counts,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.listing_bench",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.listing_bench", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="tiny manifests, one round")
-    parser.add_argument("--out", default=os.path.join(ROOT, "build", "bench"),
-                        help="scratch folder: manifests, listing.json (default build/bench)")
-    parser.add_argument("--markdown", default=None,
-                        help="the page whose listing section to replace (default: "
-                             "BENCHMARKS.md at the repository's top; OUT/BENCHMARKS.md "
-                             "for --quick)")
+    parser.add_argument(
+        "--out",
+        default=os.path.join(ROOT, "build", "bench"),
+        help="scratch folder: manifests, listing.json (default build/bench)",
+    )
+    parser.add_argument(
+        "--markdown",
+        default=None,
+        help="the page whose listing section to replace (default: "
+        "BENCHMARKS.md at the repository's top; OUT/BENCHMARKS.md "
+        "for --quick)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -313,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "listing.json"), "w") as f:
         json.dump(results, f, indent=2)
-    markdown_path = args.markdown or (os.path.join(out, "BENCHMARKS.md") if args.quick
-                                      else os.path.join(ROOT, "BENCHMARKS.md"))
+    markdown_path = args.markdown or (
+        os.path.join(out, "BENCHMARKS.md") if args.quick else os.path.join(ROOT, "BENCHMARKS.md")
+    )
     page = open(markdown_path).read() if os.path.exists(markdown_path) else ""
     with open(markdown_path, "w") as f:
         f.write(replace_section(page, markdown(results)))

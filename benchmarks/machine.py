@@ -7,8 +7,14 @@ import os
 import platform
 import sys
 
-_LIBRARIES = (("kiln", "kiln"), ("tensorflow", "tensorflow"), ("keras", "keras"),
-              ("apache_beam", "apache-beam"), ("cv2", "opencv"), ("numpy", "numpy"))
+_LIBRARIES = (
+    ("kiln", "kiln"),
+    ("tensorflow", "tensorflow"),
+    ("keras", "keras"),
+    ("apache_beam", "apache-beam"),
+    ("cv2", "opencv"),
+    ("numpy", "numpy"),
+)
 
 
 def _cpu_model() -> str:

@@ -37,8 +37,7 @@ from collections.abc import Callable
 BATCH_SIZE = 128
 IMAGE_SIZE = 224
 # The default augmentation list the benchmark datasets store.
-AUGMENT = [{"random_resized_crop": {"size": IMAGE_SIZE}}, "random_flip_left_right",
-           "color_jitter"]
+AUGMENT = [{"random_resized_crop": {"size": IMAGE_SIZE}}, "random_flip_left_right", "color_jitter"]
 # color_jitter's defaults, used by the NumPy and Keras variants too.
 BRIGHTNESS, CONTRAST, SATURATION, HUE = 0.4, 0.4, 0.4, 0.1
 SCALE_RANGE, RATIO_RANGE = (0.08, 1.0), (3 / 4, 4 / 3)
@@ -78,8 +77,11 @@ def _records(dataset_dir: str):
 
     files, buffer = _files_and_buffer(dataset_dir)
     records = tf.data.Dataset.from_tensor_slices(files).interleave(
-        tf.data.TFRecordDataset, cycle_length=min(len(files), 16), block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE)
+        tf.data.TFRecordDataset,
+        cycle_length=min(len(files), 16),
+        block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
     return records.shuffle(buffer, seed=1, reshuffle_each_iteration=True).repeat()
 
 
@@ -94,8 +96,9 @@ def _decoded(dataset_dir: str, encoding: str, as_float: bool):
         if encoding == "jpeg":
             image = tf.io.decode_jpeg(features["image"], channels=3)
         else:
-            image = tf.reshape(tf.io.decode_raw(features["image"], tf.uint8),
-                               [IMAGE_SIZE, IMAGE_SIZE, 3])
+            image = tf.reshape(
+                tf.io.decode_raw(features["image"], tf.uint8), [IMAGE_SIZE, IMAGE_SIZE, 3]
+            )
         image.set_shape([IMAGE_SIZE, IMAGE_SIZE, 3])
         if as_float:
             image = tf.cast(image, tf.float32) * (1.0 / 255.0)
@@ -112,14 +115,18 @@ def _limit(dataset_dir: str, encoding: str, batch_size: int):
     if encoding == "jpeg":
         dataset = _decoded(dataset_dir, "jpeg", as_float=True).batch(batch_size)
     else:
+
         def decode_batch(serialized):
             features = RECORD.parse(serialized)
             pixels = tf.io.decode_raw(features["image"], tf.uint8)
             images = tf.reshape(pixels, [batch_size, IMAGE_SIZE, IMAGE_SIZE, 3])
             return tf.cast(images, tf.float32) * (1.0 / 255.0), features["label"]
 
-        dataset = _records(dataset_dir).batch(batch_size, drop_remainder=True).map(
-            decode_batch, num_parallel_calls=tf.data.AUTOTUNE)
+        dataset = (
+            _records(dataset_dir)
+            .batch(batch_size, drop_remainder=True)
+            .map(decode_batch, num_parallel_calls=tf.data.AUTOTUNE)
+        )
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
@@ -127,8 +134,9 @@ def _kiln(dataset_dir: str, encoding: str, batch_size: int, augment="default"):
     import kiln.reader
 
     del encoding  # kiln.json says
-    return kiln.reader.load(dataset_dir, "train", batch_size=batch_size, seed=1, repeat=True,
-                            augment=augment)
+    return kiln.reader.load(
+        dataset_dir, "train", batch_size=batch_size, seed=1, repeat=True, augment=augment
+    )
 
 
 def _kiln_plain(dataset_dir: str, encoding: str, batch_size: int):
@@ -158,10 +166,14 @@ def numpy_augment(image):
         w = int(round(math.sqrt(area * ratio)))
         h = int(round(math.sqrt(area / ratio)))
         if 0 < w <= width and 0 < h <= height:
-            top, left, crop_h, crop_w = (int(rng.integers(0, height - h + 1)),
-                                         int(rng.integers(0, width - w + 1)), h, w)
+            top, left, crop_h, crop_w = (
+                int(rng.integers(0, height - h + 1)),
+                int(rng.integers(0, width - w + 1)),
+                h,
+                w,
+            )
             break
-    crop = image[top:top + crop_h, left:left + crop_w]
+    crop = image[top : top + crop_h, left : left + crop_w]
     out = cv2.resize(crop, (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_LINEAR)
     if rng.random() < 0.5:
         out = out[:, ::-1]
@@ -185,7 +197,8 @@ def _numpy_function(dataset_dir: str, encoding: str, batch_size: int):
         return out, label
 
     dataset = _decoded(dataset_dir, encoding, as_float=False).map(
-        augment, num_parallel_calls=tf.data.AUTOTUNE)
+        augment, num_parallel_calls=tf.data.AUTOTUNE
+    )
     return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
@@ -197,14 +210,21 @@ def keras_augmentation():
     import keras
 
     zoom = -(1.0 - math.sqrt(SCALE_RANGE[0]))  # zoom in to sqrt(8%) of each side at most
-    return keras.Sequential([
-        keras.layers.RandomZoom(height_factor=(zoom, 0.0), width_factor=(zoom, 0.0),
-                                fill_mode="reflect"),
-        keras.layers.RandomFlip("horizontal"),
-        keras.layers.RandomColorJitter(value_range=(0.0, 1.0), brightness_factor=BRIGHTNESS,
-                                       contrast_factor=CONTRAST,
-                                       saturation_factor=SATURATION, hue_factor=HUE),
-    ])
+    return keras.Sequential(
+        [
+            keras.layers.RandomZoom(
+                height_factor=(zoom, 0.0), width_factor=(zoom, 0.0), fill_mode="reflect"
+            ),
+            keras.layers.RandomFlip("horizontal"),
+            keras.layers.RandomColorJitter(
+                value_range=(0.0, 1.0),
+                brightness_factor=BRIGHTNESS,
+                contrast_factor=CONTRAST,
+                saturation_factor=SATURATION,
+                hue_factor=HUE,
+            ),
+        ]
+    )
 
 
 def _keras_layers(dataset_dir: str, encoding: str, batch_size: int):
@@ -212,8 +232,10 @@ def _keras_layers(dataset_dir: str, encoding: str, batch_size: int):
 
     layers = keras_augmentation()
     dataset = _decoded(dataset_dir, encoding, as_float=True).batch(batch_size)
-    dataset = dataset.map(lambda images, labels: (layers(images, training=True), labels),
-                          num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.map(
+        lambda images, labels: (layers(images, training=True), labels),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
@@ -240,8 +262,14 @@ def throughput(dataset, batches: int, warmup: int = WARMUP_BATCHES) -> float:
     return images / (time.perf_counter() - start)
 
 
-def measure_variant(variant: Variant, dataset_dir: str, encoding: str, *,
-                    batch_size: int = BATCH_SIZE, batches: int | None = None) -> float:
+def measure_variant(
+    variant: Variant,
+    dataset_dir: str,
+    encoding: str,
+    *,
+    batch_size: int = BATCH_SIZE,
+    batches: int | None = None,
+) -> float:
     """Images per second of one variant, in a fresh pipeline."""
     import gc
 
@@ -264,8 +292,9 @@ def layer_throughput(dataset_dir: str, batches: int, batch_size: int = BATCH_SIZ
 
     import kiln.reader
 
-    dataset, layer = kiln.reader.load(dataset_dir, "train", batch_size=batch_size, seed=1,
-                                      repeat=True, augment_on="model")
+    dataset, layer = kiln.reader.load(
+        dataset_dir, "train", batch_size=batch_size, seed=1, repeat=True, augment_on="model"
+    )
     inputs, _ = next(iter(dataset))
     step = tf.function(lambda batch: layer(batch, training=True))
     step(inputs).numpy()  # trace
@@ -280,8 +309,14 @@ def dataset_size_mb(dataset_dir: str) -> float:
     import kiln.reader
 
     directory = kiln.reader.locate(dataset_dir)
-    return sum(os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)
-               if ".tfrecord-" in name) / 2**20
+    return (
+        sum(
+            os.path.getsize(os.path.join(directory, name))
+            for name in os.listdir(directory)
+            if ".tfrecord-" in name
+        )
+        / 2**20
+    )
 
 
 def build_datasets(manifest: str, output: str) -> dict[str, str]:
@@ -296,7 +331,13 @@ def build_datasets(manifest: str, output: str) -> dict[str, str]:
 
     datasets = {}
     for encoding in ("jpeg", "raw"):
-        config = build_config(manifest, output, name=f"reader-{encoding}", encoding=encoding,
-                              augment=AUGMENT, target_shard_mb=8)
+        config = build_config(
+            manifest,
+            output,
+            name=f"reader-{encoding}",
+            encoding=encoding,
+            augment=AUGMENT,
+            target_shard_mb=8,
+        )
         datasets[encoding] = build(config).dataset_dir
     return datasets

@@ -85,35 +85,71 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     build = results["build"]
     rows = build["rows"]
     out = [
-        _target("build_parallel", "kiln build (local defaults) vs A",
-                rows["kiln"]["ratio_vs_baseline"], ">= 1.8x",
-                rows["kiln"]["ratio_vs_baseline"] >= 1.8),
-        _target("build_one_thread", "kiln build, one thread, vs A",
-                rows["kiln_one_thread"]["ratio_vs_baseline"], ">= 0.9x",
-                rows["kiln_one_thread"]["ratio_vs_baseline"] >= 0.9),
+        _target(
+            "build_parallel",
+            "kiln build (local defaults) vs A",
+            rows["kiln"]["ratio_vs_baseline"],
+            ">= 1.8x",
+            rows["kiln"]["ratio_vs_baseline"] >= 1.8,
+        ),
+        _target(
+            "build_one_thread",
+            "kiln build, one thread, vs A",
+            rows["kiln_one_thread"]["ratio_vs_baseline"],
+            ">= 0.9x",
+            rows["kiln_one_thread"]["ratio_vs_baseline"] >= 0.9,
+        ),
     ]
     scaling = build["scaling"]
-    growth = max(later["ms_per_image"] / earlier["ms_per_image"]
-                 for earlier, later in itertools.pairwise(scaling))
-    out.append(_target("build_linear", "build cost per image, largest growth between sizes",
-                       growth, "<= 1.10x (flat)", growth <= 1.10))
+    growth = max(
+        later["ms_per_image"] / earlier["ms_per_image"]
+        for earlier, later in itertools.pairwise(scaling)
+    )
+    out.append(
+        _target(
+            "build_linear",
+            "build cost per image, largest growth between sizes",
+            growth,
+            "<= 1.10x (flat)",
+            growth <= 1.10,
+        )
+    )
     # The two largest builds: both hold more than one shard's worth of
     # records, so the spill buffer (one shard) is full in both.
     memory = scaling[-1]["peak_rss_mb"] - scaling[-2]["peak_rss_mb"]
-    out.append(_target(
-        "build_memory",
-        f"build peak memory growth, {scaling[-2]['images']} to {scaling[-1]['images']} images",
-        memory, f"< one shard ({build['target_shard_mb']} MB)",
-        memory < build["target_shard_mb"]))
+    out.append(
+        _target(
+            "build_memory",
+            f"build peak memory growth, {scaling[-2]['images']} to {scaling[-1]['images']} images",
+            memory,
+            f"< one shard ({build['target_shard_mb']} MB)",
+            memory < build["target_shard_mb"],
+        )
+    )
     for encoding, reader in results["reader"]["rows"].items():
         ratios = reader["ratios"]
         out += [
-            _target("reader_b_over_a", f"reader {encoding}: (b) kiln vs (a) limit",
-                    ratios["b_over_a"], ">= 0.85x", ratios["b_over_a"] >= 0.85),
-            _target("reader_b_over_c", f"reader {encoding}: (b) kiln vs (c) numpy_function",
-                    ratios["b_over_c"], ">= 4x", ratios["b_over_c"] >= 4.0),
-            _target("reader_b_over_d", f"reader {encoding}: (b) kiln vs (d) Keras layers",
-                    ratios["b_over_d"], ">= 2x", ratios["b_over_d"] >= 2.0),
+            _target(
+                "reader_b_over_a",
+                f"reader {encoding}: (b) kiln vs (a) limit",
+                ratios["b_over_a"],
+                ">= 0.85x",
+                ratios["b_over_a"] >= 0.85,
+            ),
+            _target(
+                "reader_b_over_c",
+                f"reader {encoding}: (b) kiln vs (c) numpy_function",
+                ratios["b_over_c"],
+                ">= 4x",
+                ratios["b_over_c"] >= 4.0,
+            ),
+            _target(
+                "reader_b_over_d",
+                f"reader {encoding}: (b) kiln vs (d) Keras layers",
+                ratios["b_over_d"],
+                ">= 2x",
+                ratios["b_over_d"] >= 2.0,
+            ),
         ]
     return out
 
@@ -128,17 +164,20 @@ def _value(target: dict) -> str:
     if target["key"] == "build_memory":
         return f"{target['value']:+.0f} MB"
     text = f"{target['value']:.2f}x"
-    if not target["met"] and target["goal"].startswith(">= " + text.rstrip("x").rstrip("0")
-                                                       .rstrip(".")):
+    if not target["met"] and target["goal"].startswith(
+        ">= " + text.rstrip("x").rstrip("0").rstrip(".")
+    ):
         text = f"{target['value']:.3f}x"  # 3.996x would print as the 4.00x it misses
     return text
 
 
 def _round_range(rows: dict[str, Any], other: str) -> str:
     """``; 2.9x to 3.8x within single rounds``: (b) over `other` measured back to back."""
-    ratios = [b / o for b, o in zip(rows["b"].get("runs", []), rows[other].get("runs", []),
-                                    strict=False)
-              if o]
+    ratios = [
+        b / o
+        for b, o in zip(rows["b"].get("runs", []), rows[other].get("runs", []), strict=False)
+        if o
+    ]
     if len(ratios) < 2:
         return ""
     return f"; {min(ratios):.1f}x to {max(ratios):.1f}x within single rounds"
@@ -146,8 +185,11 @@ def _round_range(rows: dict[str, Any], other: str) -> str:
 
 def _rss_spread(scaling: list[dict[str, Any]]) -> str:
     """How far one size's peak memory moved between identical runs."""
-    spreads = [row["peak_rss_range_mb"][1] - row["peak_rss_range_mb"][0]
-               for row in scaling if "peak_rss_range_mb" in row]
+    spreads = [
+        row["peak_rss_range_mb"][1] - row["peak_rss_range_mb"][0]
+        for row in scaling
+        if "peak_rss_range_mb" in row
+    ]
     if not spreads:
         return "one run per size"
     return f"identical runs of one size peaked up to {max(spreads):.0f} MB apart"
@@ -174,8 +216,10 @@ def _pool_facts(rows: dict[str, Any]) -> dict[str, float]:
         nan = float("nan")
         return {"pool": nan, "pool_low": nan, "pool_high": nan, "of_pool": nan}
     pool = rows["baseline_threads"]
-    per_round = [a["seconds"] / p["seconds"]
-                 for a, p in zip(rows["baseline"]["runs"], pool["runs"], strict=False)]
+    per_round = [
+        a["seconds"] / p["seconds"]
+        for a, p in zip(rows["baseline"]["runs"], pool["runs"], strict=False)
+    ]
     return {
         "pool": pool["ratio_vs_baseline"],
         "pool_low": min(per_round),
@@ -217,8 +261,10 @@ def markdown(results: dict[str, Any]) -> str:
         "|---|---:|---|:---:|",
     ]
     for target in results["targets"]:
-        lines.append(f"| {target['name']} | {_value(target)} | {target['goal']} | "
-                     f"{'yes' if target['met'] else '**no**'} |")
+        lines.append(
+            f"| {target['name']} | {_value(target)} | {target['goal']} | "
+            f"{'yes' if target['met'] else '**no**'} |"
+        )
     missed = [t for t in results["targets"] if not t["met"]]
     if missed:
         lines += ["", "Targets not met, and why:", ""]
@@ -246,15 +292,22 @@ def markdown(results: dict[str, Any]) -> str:
         "| Variant | Seconds | Images/s | vs A | Best run, images/s | Peak RSS (MB) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for key in ("baseline", "kiln", "kiln_one_thread", "baseline_opencv_threads",
-                "baseline_threads"):
+    for key in (
+        "baseline",
+        "kiln",
+        "kiln_one_thread",
+        "baseline_opencv_threads",
+        "baseline_threads",
+    ):
         if key not in build["rows"]:
             continue
         row = build["rows"][key]
         best = row["images"] / min(run["seconds"] for run in row["runs"])
-        lines.append(f"| {row['title']} | {row['median_seconds']:.2f} | "
-                     f"{row['images_per_second']:.0f} | {row['ratio_vs_baseline']:.2f}x | "
-                     f"{best:.0f} | {row['peak_rss_mb']:.0f} |")
+        lines.append(
+            f"| {row['title']} | {row['median_seconds']:.2f} | "
+            f"{row['images_per_second']:.0f} | {row['ratio_vs_baseline']:.2f}x | "
+            f"{best:.0f} | {row['peak_rss_mb']:.0f} |"
+        )
     baseline_seconds = [run["seconds"] for run in build["rows"]["baseline"]["runs"]]
     lines += [
         "",
@@ -272,16 +325,24 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "### Scaling: kiln build, local defaults",
         "",
-        *(["Builds larger than the corpus read it more than once (hard-linked copies under "
-           "new keys: the same bytes, every image a duplicate of one already built).", ""]
-          if build["scaling"][-1]["images"] > corpus["images"] else []),
+        *(
+            [
+                "Builds larger than the corpus read it more than once (hard-linked copies under "
+                "new keys: the same bytes, every image a duplicate of one already built).",
+                "",
+            ]
+            if build["scaling"][-1]["images"] > corpus["images"]
+            else []
+        ),
         "| Images | Seconds | Images/s | ms per image | Peak RSS (MB) |",
         "|---:|---:|---:|---:|---:|",
     ]
     for row in build["scaling"]:
-        lines.append(f"| {row['images']} | {row['median_seconds']:.2f} | "
-                     f"{row['images_per_second']:.0f} | {row['ms_per_image']:.2f} | "
-                     f"{row['peak_rss_mb']:.0f} |")
+        lines.append(
+            f"| {row['images']} | {row['median_seconds']:.2f} | "
+            f"{row['images_per_second']:.0f} | {row['ms_per_image']:.2f} | "
+            f"{row['peak_rss_mb']:.0f} |"
+        )
     fit = build["scaling_fit"]
     if fit and fit["images_per_second"]:
         marginal = fit["images_per_second"] / build["rows"]["baseline"]["images_per_second"]
@@ -289,7 +350,7 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             f"Least-squares fit: {fit['fixed_seconds']:.2f} s fixed (start-up, shuffles, "
             f"metadata) + {fit['ms_per_image']:.2f} ms per image, i.e. "
-            f"{fit['images_per_second']:.0f} images/s once the job runs ({marginal:.2f}x A). "
+            f"{fit['images_per_second']:.0f} images/s once the job runs ({marginal:.2f}x A). ",
         ]
     previous, last = build["scaling"][-2], build["scaling"][-1]
     growth = last["peak_rss_mb"] - previous["peak_rss_mb"]
@@ -330,9 +391,11 @@ def markdown(results: dict[str, Any]) -> str:
         if key == "ratios":
             continue
         jpeg, raw = rows["jpeg"][key], rows["raw"][key]
-        lines.append(f"| {jpeg['title']} | {jpeg['images_per_second']:.0f} | "
-                     f"{jpeg['ratio_vs_a']:.2f}x | {raw['images_per_second']:.0f} | "
-                     f"{raw['ratio_vs_a']:.2f}x |")
+        lines.append(
+            f"| {jpeg['title']} | {jpeg['images_per_second']:.0f} | "
+            f"{jpeg['ratio_vs_a']:.2f}x | {raw['images_per_second']:.0f} | "
+            f"{raw['ratio_vs_a']:.2f}x |"
+        )
     lines += [
         "",
         f"(b) vs (c): {rows['jpeg']['ratios']['b_over_c']:.1f}x (JPEG"
@@ -352,7 +415,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "### Augmentation on the accelerator",
         "",
-        f"`load(..., augment_on=\"model\")` returns unaugmented uint8 batches and an "
+        f'`load(..., augment_on="model")` returns unaugmented uint8 batches and an '
         f"`AugmentationLayer` with the same augmentation (same seeds, same results). On this "
         f"CPU, inside a `tf.function`, the layer augments "
         f"{reader['layer']['images_per_second']:.0f} images/s (batches of "
@@ -368,6 +431,8 @@ def summary(results: dict[str, Any]) -> str:
     """A few lines for the console."""
     lines = []
     for target in results["targets"]:
-        lines.append(f"{'met    ' if target['met'] else 'NOT MET'}  {target['name']}: "
-                     f"{_value(target)} (goal {target['goal']})")
+        lines.append(
+            f"{'met    ' if target['met'] else 'NOT MET'}  {target['name']}: "
+            f"{_value(target)} (goal {target['goal']})"
+        )
     return "\n".join(lines)

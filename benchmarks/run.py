@@ -67,24 +67,48 @@ class Settings:
     listing: listing_bench.Settings = listing_bench.FULL
 
 
-FULL = Settings(corpus=corpus.CorpusSpec(parts=4, per_part=1000), build_images=2000,
-                scaling=(500, 1000, 2000, 4000, 8000), build_repeats=5, reader_repeats=5)
-QUICK = Settings(corpus=corpus.CorpusSpec(parts=2, per_part=8, width=160, height=120),
-                 build_images=16, scaling=(8, 16, 32), build_repeats=1, reader_repeats=1,
-                 batch_size=8, reader_batches=2, layer_batches=2, listing=listing_bench.QUICK)
+FULL = Settings(
+    corpus=corpus.CorpusSpec(parts=4, per_part=1000),
+    build_images=2000,
+    scaling=(500, 1000, 2000, 4000, 8000),
+    build_repeats=5,
+    reader_repeats=5,
+)
+QUICK = Settings(
+    corpus=corpus.CorpusSpec(parts=2, per_part=8, width=160, height=120),
+    build_images=16,
+    scaling=(8, 16, 32),
+    build_repeats=1,
+    reader_repeats=1,
+    batch_size=8,
+    reader_batches=2,
+    layer_batches=2,
+    listing=listing_bench.QUICK,
+)
 
 # The build variants: (key, title, spec without the manifest).
 BUILD_VARIANTS = (
-    ("baseline", "A: plain Python loop, 1 process, OpenCV on 1 thread",
-     {"kind": "baseline", "opencv_threads": 1}),
-    ("kiln", "kiln build, local defaults",
-     {"kind": "kiln", "args": []}),
-    ("kiln_one_thread", "kiln build --image-threads 1 (OpenCV on 1 thread, as A)",
-     {"kind": "kiln", "args": ["--image-threads", "1"], "opencv_threads": 1}),
-    ("baseline_opencv_threads", "A with OpenCV's default threads (one per core)",
-     {"kind": "baseline", "opencv_threads": None}),
-    ("baseline_threads", "A's work on a thread pool, one thread per core (no pipeline)",
-     {"kind": "baseline", "opencv_threads": 1, "threads": len(os.sched_getaffinity(0))}),
+    (
+        "baseline",
+        "A: plain Python loop, 1 process, OpenCV on 1 thread",
+        {"kind": "baseline", "opencv_threads": 1},
+    ),
+    ("kiln", "kiln build, local defaults", {"kind": "kiln", "args": []}),
+    (
+        "kiln_one_thread",
+        "kiln build --image-threads 1 (OpenCV on 1 thread, as A)",
+        {"kind": "kiln", "args": ["--image-threads", "1"], "opencv_threads": 1},
+    ),
+    (
+        "baseline_opencv_threads",
+        "A with OpenCV's default threads (one per core)",
+        {"kind": "baseline", "opencv_threads": None},
+    ),
+    (
+        "baseline_threads",
+        "A's work on a thread pool, one thread per core (no pipeline)",
+        {"kind": "baseline", "opencv_threads": 1, "threads": len(os.sched_getaffinity(0))},
+    ),
 )
 
 
@@ -96,16 +120,24 @@ def measure_builds(settings: Settings, source: corpus.Corpus, scratch: str) -> d
     """Every build variant and scaling size, `build_repeats` rounds, round-robin."""
     main = source.manifest(settings.build_images)
     jobs = [(key, dict(spec, manifest=main)) for key, _, spec in BUILD_VARIANTS]
-    jobs += [(f"scaling_{n}", {"kind": "kiln", "args": [], "manifest": source.manifest(n)})
-             for n in settings.scaling if n != settings.build_images]
+    jobs += [
+        (f"scaling_{n}", {"kind": "kiln", "args": [], "manifest": source.manifest(n)})
+        for n in settings.scaling
+        if n != settings.build_images
+    ]
     runs: dict[str, list[build_bench.BuildRun]] = {key: [] for key, _ in jobs}
     for round_index in range(settings.build_repeats):
         for key, spec in jobs:
             run = build_bench.measure(spec, scratch)
             runs[key].append(run)
-            logger.info("build round %d %s: %.2f s, %.0f images/s, peak %.0f MB",
-                        round_index + 1, key, run.seconds, run.images_per_second,
-                        run.peak_rss_mb)
+            logger.info(
+                "build round %d %s: %.2f s, %.0f images/s, peak %.0f MB",
+                round_index + 1,
+                key,
+                run.seconds,
+                run.images_per_second,
+                run.peak_rss_mb,
+            )
     runs[f"scaling_{settings.build_images}"] = runs["kiln"]
 
     def summary(key: str) -> dict[str, Any]:
@@ -120,14 +152,20 @@ def measure_builds(settings: Settings, source: corpus.Corpus, scratch: str) -> d
             # The median, as for the times: one run's peak moves by several MB
             # with the allocator's arenas, whatever the dataset.
             "peak_rss_mb": _median([r.peak_rss_mb for r in key_runs]),
-            "peak_rss_range_mb": [min(r.peak_rss_mb for r in key_runs),
-                                  max(r.peak_rss_mb for r in key_runs)],
+            "peak_rss_range_mb": [
+                min(r.peak_rss_mb for r in key_runs),
+                max(r.peak_rss_mb for r in key_runs),
+            ],
             "runs": [dataclasses.asdict(r) for r in key_runs],
         }
 
     rows = {key: dict(summary(key), title=title) for key, title, _ in BUILD_VARIANTS}
-    background = [r.background_cores for key_runs in runs.values() for r in key_runs
-                  if r.background_cores is not None]
+    background = [
+        r.background_cores
+        for key_runs in runs.values()
+        for r in key_runs
+        if r.background_cores is not None
+    ]
     base = rows["baseline"]["images_per_second"]
     for row in rows.values():
         row["ratio_vs_baseline"] = row["images_per_second"] / base
@@ -154,8 +192,11 @@ def _linear_fit(points):
     mean_y = sum(y for _, y in points) / n
     sxx = sum((x - mean_x) ** 2 for x, _ in points)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx
-    return {"fixed_seconds": mean_y - slope * mean_x, "ms_per_image": 1000.0 * slope,
-            "images_per_second": 1.0 / slope if slope > 0 else None}
+    return {
+        "fixed_seconds": mean_y - slope * mean_x,
+        "ms_per_image": 1000.0 * slope,
+        "images_per_second": 1.0 / slope if slope > 0 else None,
+    }
 
 
 class _Background:
@@ -183,7 +224,8 @@ def _own_cpu_seconds() -> float:
 def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, Any]:
     """Every reader variant on both encodings, and the layer, `reader_repeats` rounds."""
     runs: dict[str, dict[str, list[float]]] = {
-        encoding: {v.key: [] for v in reader_bench.VARIANTS} for encoding in datasets}
+        encoding: {v.key: [] for v in reader_bench.VARIANTS} for encoding in datasets
+    }
     layer_runs: list[float] = []
     background: list[float] = []
     for round_index in range(settings.reader_repeats):
@@ -191,24 +233,42 @@ def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, A
             for variant in reader_bench.VARIANTS:
                 with _Background(background):
                     value = reader_bench.measure_variant(
-                        variant, directory, encoding, batch_size=settings.batch_size,
-                        batches=settings.reader_batches)
+                        variant,
+                        directory,
+                        encoding,
+                        batch_size=settings.batch_size,
+                        batches=settings.reader_batches,
+                    )
                 runs[encoding][variant.key].append(value)
-                logger.info("reader round %d %s %s: %.0f images/s", round_index + 1,
-                            encoding, variant.key, value)
-        layer_runs.append(reader_bench.layer_throughput(
-            datasets["jpeg"], settings.layer_batches, settings.batch_size))
+                logger.info(
+                    "reader round %d %s %s: %.0f images/s",
+                    round_index + 1,
+                    encoding,
+                    variant.key,
+                    value,
+                )
+        layer_runs.append(
+            reader_bench.layer_throughput(
+                datasets["jpeg"], settings.layer_batches, settings.batch_size
+            )
+        )
     rows = {}
     for encoding, by_variant in runs.items():
         medians = {key: _median(values) for key, values in by_variant.items()}
         rows[encoding] = {
-            v.key: {"title": v.title, "images_per_second": medians[v.key],
-                    "ratio_vs_a": medians[v.key] / medians["a"], "runs": by_variant[v.key]}
+            v.key: {
+                "title": v.title,
+                "images_per_second": medians[v.key],
+                "ratio_vs_a": medians[v.key] / medians["a"],
+                "runs": by_variant[v.key],
+            }
             for v in reader_bench.VARIANTS
         }
-        rows[encoding]["ratios"] = {"b_over_a": medians["b"] / medians["a"],
-                                    "b_over_c": medians["b"] / medians["c"],
-                                    "b_over_d": medians["b"] / medians["d"]}
+        rows[encoding]["ratios"] = {
+            "b_over_a": medians["b"] / medians["a"],
+            "b_over_c": medians["b"] / medians["c"],
+            "b_over_d": medians["b"] / medians["d"],
+        }
     return {
         "batch_size": settings.batch_size,
         "background_cores": _median(background),
@@ -217,8 +277,11 @@ def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, A
         "augment": reader_bench.AUGMENT,
         "dataset_mb": {e: reader_bench.dataset_size_mb(d) for e, d in datasets.items()},
         "rows": rows,
-        "layer": {"images_per_second": _median(layer_runs), "runs": layer_runs,
-                  "batch_size": settings.batch_size},
+        "layer": {
+            "images_per_second": _median(layer_runs),
+            "runs": layer_runs,
+            "batch_size": settings.batch_size,
+        },
     }
 
 
@@ -227,13 +290,17 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
     started = time.time()
     load_start = machine.load_average()
     os.makedirs(out_dir, exist_ok=True)
-    source = corpus.ensure(os.path.join(out_dir, "corpus"), settings.corpus,
-                           workers=machine.usable_cores() if settings is FULL else 1)
+    source = corpus.ensure(
+        os.path.join(out_dir, "corpus"),
+        settings.corpus,
+        workers=machine.usable_cores() if settings is FULL else 1,
+    )
     scratch = os.path.join(out_dir, "scratch")
     os.makedirs(scratch, exist_ok=True)
     builds = measure_builds(settings, source, scratch)
-    datasets = reader_bench.build_datasets(source.manifest(settings.build_images),
-                                           os.path.join(out_dir, "datasets"))
+    datasets = reader_bench.build_datasets(
+        source.manifest(settings.build_images), os.path.join(out_dir, "datasets")
+    )
     readers = measure_readers(settings, datasets)
     listing = listing_bench.measure(settings.listing, out_dir, log=logger.info)
     results = {
@@ -264,23 +331,35 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run",
-                                     description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny corpus and one round: checks that the harness works")
-    parser.add_argument("--out", default=os.path.join(ROOT, "build", "bench"),
-                        help="scratch folder: corpus, datasets, results.json (default build/bench)")
-    parser.add_argument("--markdown", default=None,
-                        help="where to write the table (default: BENCHMARKS.md at the "
-                             "repository's top for a full run, OUT/BENCHMARKS.md for --quick)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny corpus and one round: checks that the harness works",
+    )
+    parser.add_argument(
+        "--out",
+        default=os.path.join(ROOT, "build", "bench"),
+        help="scratch folder: corpus, datasets, results.json (default build/bench)",
+    )
+    parser.add_argument(
+        "--markdown",
+        default=None,
+        help="where to write the table (default: BENCHMARKS.md at the "
+        "repository's top for a full run, OUT/BENCHMARKS.md for --quick)",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("benchmarks").setLevel(logging.INFO)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     settings = QUICK if args.quick else FULL
-    markdown = args.markdown or (os.path.join(args.out, "BENCHMARKS.md") if args.quick
-                                 else os.path.join(ROOT, "BENCHMARKS.md"))
+    markdown = args.markdown or (
+        os.path.join(args.out, "BENCHMARKS.md")
+        if args.quick
+        else os.path.join(ROOT, "BENCHMARKS.md")
+    )
     command = "python -m benchmarks.run" + (" --quick" if args.quick else "")
     results = run(settings, os.path.abspath(args.out), markdown, command)
     print(report.summary(results))

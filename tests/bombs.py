@@ -28,15 +28,19 @@ def chunk(kind: bytes, body: bytes) -> bytes:
 
 def png_declaring(width: int, height: int) -> bytes:
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
-            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+        + chunk(b"IEND", b"")
+    )
 
 
 def jpeg_declaring(width: int, height: int) -> bytes:
     """A real small JPEG with its frame header's size rewritten."""
     data = bytearray(cv2.imencode(".jpg", TINY)[1].tobytes())
     sof = data.index(b"\xff\xc0")
-    data[sof + 5:sof + 9] = struct.pack(">HH", height, width)
+    data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
     return bytes(data)
 
 
@@ -45,24 +49,32 @@ def bmp_rle8(width: int, height: int) -> bytes:
     palette = b"\x00\x00\x00\x00" * 256
     offset = 14 + 40 + len(palette)
     info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 1, 2, 2835, 2835, 256, 0)
-    return (b"BM" + struct.pack("<IHHI", offset + 2, 0, 0, offset) + info + palette
-            + b"\x00\x01")
+    return b"BM" + struct.pack("<IHHI", offset + 2, 0, 0, offset) + info + palette + b"\x00\x01"
 
 
 def bmp_os2(width: int, height: int) -> bytes:
     """A 24-bit BMP with the 12-byte OS/2 header (16-bit sizes)."""
     pitch = (width * 3 + 3) & ~3
     offset = 14 + 12
-    return (b"BM" + struct.pack("<IHHI", offset + pitch * height, 0, 0, offset)
-            + struct.pack("<IHHHH", 12, width, height, 1, 24) + bytes(pitch * height))
+    return (
+        b"BM"
+        + struct.pack("<IHHI", offset + pitch * height, 0, 0, offset)
+        + struct.pack("<IHHHH", 12, width, height, 1, 24)
+        + bytes(pitch * height)
+    )
 
 
 def gif_screen(width: int, height: int) -> bytes:
     """A GIF with a width x height logical screen and one 1x1 frame."""
-    return (b"GIF89a" + struct.pack("<HHBBB", width, height, 0x80, 0, 0)
-            + b"\x00\x00\x00\xff\xff\xff"                      # 2-colour global table
-            + b"\x2c" + struct.pack("<HHHHB", 0, 0, 1, 1, 0)    # image descriptor
-            + b"\x02\x02\x44\x01\x00" + b"\x3b")                # LZW data, trailer
+    return (
+        b"GIF89a"
+        + struct.pack("<HHBBB", width, height, 0x80, 0, 0)
+        + b"\x00\x00\x00\xff\xff\xff"  # 2-colour global table
+        + b"\x2c"
+        + struct.pack("<HHHHB", 0, 0, 1, 1, 0)  # image descriptor
+        + b"\x02\x02\x44\x01\x00"
+        + b"\x3b"
+    )  # LZW data, trailer
 
 
 def _riff(*chunks: bytes) -> bytes:
@@ -78,11 +90,15 @@ def webp_animated(width: int, height: int) -> bytes:
     """An animated WebP: a width x height canvas, one 1x1 lossless frame."""
     frame = cv2.imencode(".webp", TINY[:1, :1], [cv2.IMWRITE_WEBP_QUALITY, 101])[1].tobytes()
     bitstream = frame[12:]  # the "VP8L" chunk
-    vp8x = struct.pack("<I", 0x02) + (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3,
-                                                                                               "little")
+    vp8x = (
+        struct.pack("<I", 0x02)
+        + (width - 1).to_bytes(3, "little")
+        + (height - 1).to_bytes(3, "little")
+    )
     anmf = bytes(6) + bytes(3) + bytes(3) + (100).to_bytes(3, "little") + b"\x00" + bitstream
-    return _riff(_webp_chunk(b"VP8X", vp8x), _webp_chunk(b"ANIM", bytes(6)),
-                 _webp_chunk(b"ANMF", anmf))
+    return _riff(
+        _webp_chunk(b"VP8X", vp8x), _webp_chunk(b"ANIM", bytes(6)), _webp_chunk(b"ANMF", anmf)
+    )
 
 
 def webp_lossless_declaring(width: int, height: int) -> bytes:
@@ -91,8 +107,15 @@ def webp_lossless_declaring(width: int, height: int) -> bytes:
     return _riff(_webp_chunk(b"VP8L", b"\x2f" + struct.pack("<I", bits) + bytes(27)))
 
 
-def tiff(width: int, height: int, *, order: str = "<", big: bool = False,
-         tile: tuple[int, int] | None = None, pixels: bytes | None = None) -> bytes:
+def tiff(
+    width: int,
+    height: int,
+    *,
+    order: str = "<",
+    big: bool = False,
+    tile: tuple[int, int] | None = None,
+    pixels: bytes | None = None,
+) -> bytes:
     """An 8-bit gray TIFF (classic or BigTIFF), one strip or one tile, its data
     deflate-compressed (`pixels`: the uncompressed data; zeros if None)."""
     tile_width, tile_height = tile or (width, height)
@@ -105,8 +128,14 @@ def tiff(width: int, height: int, *, order: str = "<", big: bool = False,
     else:
         compressed = zlib.compress(pixels, 9)
     offset_tag, count_tag = (324, 325) if tile else (273, 279)
-    entries = [(256, 4, width), (257, 4, height), (258, 3, 8), (259, 3, 8), (262, 3, 1),
-               (277, 3, 1)]
+    entries = [
+        (256, 4, width),
+        (257, 4, height),
+        (258, 3, 8),
+        (259, 3, 8),
+        (262, 3, 1),
+        (277, 3, 1),
+    ]
     if tile:
         entries += [(322, 4, tile_width), (323, 4, tile_height)]
     else:
@@ -121,8 +150,12 @@ def tiff(width: int, height: int, *, order: str = "<", big: bool = False,
         count_format, entry_format, field_size = "H", "HHI", 4
     next_format = "Q" if big else "I"
     entry_size = struct.calcsize(order + entry_format) + field_size
-    data_offset = (len(head) + struct.calcsize(order + count_format) + entry_size * len(entries)
-                   + struct.calcsize(order + next_format))
+    data_offset = (
+        len(head)
+        + struct.calcsize(order + count_format)
+        + entry_size * len(entries)
+        + struct.calcsize(order + next_format)
+    )
     packed = struct.pack(order + count_format, len(entries))
     for tag, kind, value in entries:
         value = data_offset if tag == offset_tag else value
@@ -135,18 +168,23 @@ def tiff(width: int, height: int, *, order: str = "<", big: bool = False,
 def radiance_hdr(width: int, height: int, rows: int | None = None) -> bytes:
     """A run-length encoded Radiance HDR of one colour: `rows` scanlines of
     `height` (all by default; about 760 bytes a scanline at width 12000)."""
+
     def runs(value: int) -> bytes:
         full, rest = divmod(width, 127)
         return (bytes((128 + 127, value)) * full) + (bytes((128 + rest, value)) if rest else b"")
 
     scanline = bytes((2, 2, width >> 8, width & 0xFF)) + runs(128) + runs(64) + runs(32) + runs(129)
-    return (b"#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n\n" + f"-Y {height} +X {width}\n".encode()
-            + scanline * (height if rows is None else rows))
+    return (
+        b"#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n\n"
+        + f"-Y {height} +X {width}\n".encode()
+        + scanline * (height if rows is None else rows)
+    )
 
 
 def sun_raster(width: int, height: int) -> bytes:
-    return struct.pack(">IiiiiiII", 0x59A66A95, width, height, 8, width * height, 1, 0,
-                       0) + bytes(64)
+    return struct.pack(">IiiiiiII", 0x59A66A95, width, height, 8, width * height, 1, 0, 0) + bytes(
+        64
+    )
 
 
 def jp2_declaring(width: int, height: int, *, codestream_only: bool = False) -> bytes:
@@ -155,10 +193,10 @@ def jp2_declaring(width: int, height: int, *, codestream_only: bool = False) -> 
     Image.fromarray(TINY).save(buffer, "JPEG2000")
     data = bytearray(buffer.getvalue())
     siz = data.index(b"\xff\x4f\xff\x51") + 4
-    data[siz + 4:siz + 12] = struct.pack(">II", width, height)  # Xsiz, Ysiz (offsets are 0)
-    data[siz + 20:siz + 28] = struct.pack(">II", width, height)  # one tile: XTsiz, YTsiz
+    data[siz + 4 : siz + 12] = struct.pack(">II", width, height)  # Xsiz, Ysiz (offsets are 0)
+    data[siz + 20 : siz + 28] = struct.pack(">II", width, height)  # one tile: XTsiz, YTsiz
     if codestream_only:
-        return bytes(data[siz - 4:])
+        return bytes(data[siz - 4 :])
     return bytes(data)
 
 
@@ -166,22 +204,27 @@ def jp2_tiles(width: int, height: int, tile: int, *, codestream_only: bool = Tru
     """A JPEG 2000 codestream of width x height in tiles of tile x tile."""
     data = bytearray(jp2_declaring(width, height, codestream_only=codestream_only))
     siz = data.index(b"\xff\x4f\xff\x51") + 4
-    data[siz + 20:siz + 28] = struct.pack(">II", tile, tile)  # XTsiz, YTsiz
+    data[siz + 20 : siz + 28] = struct.pack(">II", tile, tile)  # XTsiz, YTsiz
     return bytes(data)
 
 
 def png_with_a_chunk_of(length: int) -> bytes:
     """A 16x16 PNG whose second chunk declares `length` bytes and holds none."""
     header = struct.pack(">IIBBBBB", 16, 16, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + struct.pack(">I", length) + b"tEXt"
-            + bytes(16))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + struct.pack(">I", length)
+        + b"tEXt"
+        + bytes(16)
+    )
 
 
 def avif_declaring(width: int, height: int) -> bytes:
     """A real small AVIF with its 'ispe' box rewritten."""
     data = bytearray(cv2.imencode(".avif", TINY)[1].tobytes())
     ispe = data.index(b"ispe")
-    data[ispe + 8:ispe + 16] = struct.pack(">II", width, height)
+    data[ispe + 8 : ispe + 16] = struct.pack(">II", width, height)
     return bytes(data)
 
 
@@ -211,7 +254,8 @@ def bombs(width: int, height: int) -> dict[str, bytes]:
         "bomb.pgm": b"P5\n%d %d\n255\n" % (width, height) + bytes(64),
         "bomb.ppm": b"P6 # comment\n%d %d 65535\n" % (width, height) + bytes(64),
         "bomb.pam": b"P7\nWIDTH %d\nHEIGHT %d\nDEPTH 3\nMAXVAL 255\nTUPLTYPE RGB\nENDHDR\n"
-                    % (width, height) + bytes(64),
+        % (width, height)
+        + bytes(64),
         "bomb.pfm": b"PF\n%d %d\n-1.0\n" % (width, height) + bytes(64),
         "bomb.tif": tiff(width, height, pixels=bytes(4096)),
         "bomb-big-endian.tif": tiff(width, height, order=">", pixels=bytes(4096)),

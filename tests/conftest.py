@@ -114,8 +114,11 @@ def duplicates_build(demo_corpus, tmp_path_factory):
     shutil.copytree(demo_corpus.out_dir, root)
 
     def first(class_name):
-        return next(f"{class_name}/{name}" for name in sorted(os.listdir(root / class_name))
-                    if f"{class_name}/{name}" not in demo_corpus.broken)
+        return next(
+            f"{class_name}/{name}"
+            for name in sorted(os.listdir(root / class_name))
+            if f"{class_name}/{name}" not in demo_corpus.broken
+        )
 
     circle, square = first("circle"), first("square")
     copies = {circle: ["circle/zz_copy_a", "star/zz_copy_c"], square: ["triangle/zz_copy_b"]}

@@ -89,16 +89,18 @@ class InMemoryObjectStore(FileSystem):
             data, mtime = OBJECTS[path]
             yield FileMetadata(path, len(data), mtime)
 
-    def create(self, path, mime_type="application/octet-stream",
-               compression_type=CompressionTypes.AUTO):
+    def create(
+        self, path, mime_type="application/octet-stream", compression_type=CompressionTypes.AUTO
+    ):
         writer = _Writer(path)
         compression_type = FileSystem._get_compression_type(path, compression_type)
         if compression_type == CompressionTypes.UNCOMPRESSED:
             return writer
         return CompressedFile(writer, compression_type=compression_type)
 
-    def open(self, path, mime_type="application/octet-stream",
-             compression_type=CompressionTypes.AUTO):
+    def open(
+        self, path, mime_type="application/octet-stream", compression_type=CompressionTypes.AUTO
+    ):
         if path not in OBJECTS:
             raise BeamIOError("Open failed", {path: FileNotFoundError(path)})
         reader = io.BytesIO(OBJECTS[path][0])
@@ -140,8 +142,11 @@ class InMemoryObjectStore(FileSystem):
     def delete(self, paths):
         with _LOCK:
             for path in paths:
-                doomed = [path] if path in OBJECTS else [
-                    p for p in OBJECTS if p.startswith(path.rstrip("/") + "/")]
+                doomed = (
+                    [path]
+                    if path in OBJECTS
+                    else [p for p in OBJECTS if p.startswith(path.rstrip("/") + "/")]
+                )
                 for p in doomed:
                     del OBJECTS[p]
                     EVENTS.append(("delete", p))

@@ -20,17 +20,27 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 SOURCE = REPO / "src"
 
 # lint-imports' own entry point, run with this interpreter.
-LINT_IMPORTS = "import sys; from importlinter.cli import lint_imports_command; " \
-               "sys.exit(lint_imports_command())"
+LINT_IMPORTS = (
+    "import sys; from importlinter.cli import lint_imports_command; "
+    "sys.exit(lint_imports_command())"
+)
 
 
 def test_import_contracts_are_kept():
     # This checkout's source first: an installed kiln elsewhere must not be the one analysed.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(SOURCE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(SOURCE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+        ),
+    )
     completed = subprocess.run(
         [sys.executable, "-c", LINT_IMPORTS, "--no-cache", "--no-logo", ".importlinter"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert " kept, 0 broken." in completed.stdout, completed.stdout
@@ -40,13 +50,18 @@ def test_no_kiln_module_is_imported_by_name_at_run_time():
     hidden = []
     for path in sorted((SOURCE / "kiln").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if (isinstance(node, ast.Call) and _called_name(node.func) in ("import_module",
-                                                                          "__import__")
-                    and node.args and isinstance(node.args[0], ast.Constant)
-                    and str(node.args[0].value).startswith("kiln")):
+            if (
+                isinstance(node, ast.Call)
+                and _called_name(node.func) in ("import_module", "__import__")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).startswith("kiln")
+            ):
                 hidden.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.args[0].value}")
-    assert not hidden, "import these with an import statement (registration happens " \
-                       f"when the package is imported): {hidden}"
+    assert not hidden, (
+        "import these with an import statement (registration happens "
+        f"when the package is imported): {hidden}"
+    )
 
 
 def _called_name(func: ast.expr) -> str | None:

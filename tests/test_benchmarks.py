@@ -15,17 +15,27 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-BUILD_ROWS = ["baseline", "kiln", "kiln_one_thread", "baseline_opencv_threads",
-              "baseline_threads"]
+BUILD_ROWS = ["baseline", "kiln", "kiln_one_thread", "baseline_opencv_threads", "baseline_threads"]
 READER_ROWS = ["a", "kiln_plain", "b", "c", "d"]
 
 
 def test_quick_benchmark_writes_every_row(tmp_path):
     markdown = tmp_path / "BENCHMARKS.md"
     completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(tmp_path / "bench"),
-         "--markdown", str(markdown)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.run",
+            "--quick",
+            "--out",
+            str(tmp_path / "bench"),
+            "--markdown",
+            str(markdown),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -47,15 +57,21 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     assert reader["layer"]["images_per_second"] > 0
     machine = results["machine"]
     assert machine["cores"] >= 1 and machine["cpu"]
-    assert all(machine["versions"][name] for name in ("python", "tensorflow", "apache-beam",
-                                                      "opencv", "numpy"))
+    assert all(
+        machine["versions"][name]
+        for name in ("python", "tensorflow", "apache-beam", "opencv", "numpy")
+    )
     # Every target of the issue is judged, met or not.
     assert len(results["targets"]) == 4 + 3 * 2
     assert all(isinstance(t["met"], bool) for t in results["targets"])
 
     listing = results["listing"]
     assert sorted((row["kind"], row["rows"]) for row in listing["rows"]) == [
-        ("missing", 1000), ("missing", 4000), ("real", 1000), ("real", 4000)]
+        ("missing", 1000),
+        ("missing", 4000),
+        ("real", 1000),
+        ("real", 4000),
+    ]
     for row in listing["rows"]:
         assert row["files"] + row["dropped"] == row["rows"] and row["rows_per_second"] > 0
         assert row["files"] == (2 if row["kind"] == "missing" else row["rows"])

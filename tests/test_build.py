@@ -28,16 +28,23 @@ def read_split(result, split):
     records = []
     for serialized in tf.data.TFRecordDataset(paths, compression_type=compression):
         parsed = RECORD.parse(serialized)
-        image = schemas.decode_image(parsed["image"], parsed["height"], parsed["width"],
-                                     info.channels, info.encoding["format"])
-        records.append({
-            "key": parsed["key"].numpy().decode(),
-            "label": int(parsed["label"]),
-            "sha256": parsed["sha256"].numpy().decode(),
-            "image": image.numpy(),
-            "channels": int(parsed["channels"]),
-            "encoded": parsed["image"].numpy(),
-        })
+        image = schemas.decode_image(
+            parsed["image"],
+            parsed["height"],
+            parsed["width"],
+            info.channels,
+            info.encoding["format"],
+        )
+        records.append(
+            {
+                "key": parsed["key"].numpy().decode(),
+                "label": int(parsed["label"]),
+                "sha256": parsed["sha256"].numpy().decode(),
+                "image": image.numpy(),
+                "channels": int(parsed["channels"]),
+                "encoded": parsed["image"].numpy(),
+            }
+        )
     return records
 
 
@@ -51,8 +58,9 @@ def read_jsonl(dataset_dir, name):
 
 
 def split_of(result, key):
-    return next(split for split, records in read_all(result).items()
-                if key in [r["key"] for r in records])
+    return next(
+        split for split, records in read_all(result).items() if key in [r["key"] for r in records]
+    )
 
 
 def corpus_files(corpus):
@@ -69,7 +77,7 @@ def expected_pixels(corpus, key, channels=3):
         image = decode_image(f.read(), channels=channels)
     image = functional.resize(image, shorter_side=40)
     top, left = (image.shape[0] - 32) // 2, (image.shape[1] - 32) // 2
-    return image[top:top + 32, left:left + 32]
+    return image[top : top + 32, left : left + 32]
 
 
 def file_sha256(path):
@@ -95,8 +103,9 @@ def test_png_build_reads_back_exactly(build_dataset, demo_corpus):
             counts[class_name] += 1
             with open(os.path.join(demo_corpus.out_dir, r["key"]), "rb") as f:
                 assert r["sha256"] == hashlib.sha256(f.read()).hexdigest()
-            np.testing.assert_array_equal(r["image"], expected_pixels(demo_corpus, r["key"]),
-                                          err_msg=r["key"])
+            np.testing.assert_array_equal(
+                r["image"], expected_pixels(demo_corpus, r["key"]), err_msg=r["key"]
+            )
         assert info.splits[split].class_counts == counts
     assert info.image_size == [32, 32] and info.channels == 3
 
@@ -123,8 +132,9 @@ def test_raw_grayscale_build_reads_back_exactly(build_dataset, demo_corpus):
     for rs in read_all(result).values():
         for r in rs:
             assert r["channels"] == 1
-            np.testing.assert_array_equal(r["image"],
-                                          expected_pixels(demo_corpus, r["key"], channels=1))
+            np.testing.assert_array_equal(
+                r["image"], expected_pixels(demo_corpus, r["key"], channels=1)
+            )
 
 
 def test_metadata_describes_the_files(build_dataset, demo_corpus):
@@ -139,10 +149,12 @@ def test_metadata_describes_the_files(build_dataset, demo_corpus):
     assert not [e for e in os.listdir(root) if e.startswith(".staging-")]
     listed = sorted(os.listdir(result.dataset_dir))
     shard_files = sorted(s.filename for split in info.splits.values() for s in split.shards)
-    assert listed == sorted(shard_files + ["duplicates.jsonl", "errors.jsonl", "kiln.json"]
-                            + list(tfds_files(info)))
+    assert listed == sorted(
+        shard_files + ["duplicates.jsonl", "errors.jsonl", "kiln.json"] + list(tfds_files(info))
+    )
     assert [s.filename for s in info.splits["train"].shards] == [
-        f"shapes-train.tfrecord-{i:05d}-of-00003" for i in range(3)]
+        f"shapes-train.tfrecord-{i:05d}-of-00003" for i in range(3)
+    ]
 
     for name, split in info.splits.items():
         for shard in split.shards:
@@ -160,14 +172,17 @@ def test_metadata_describes_the_files(build_dataset, demo_corpus):
         text = f.read()
     assert text == info.dumps()  # canonical JSON
     data = json.loads(text)
-    assert data["config"]["transforms"][0] == {"resize": {
-        "shorter_side": 40, "longer_side": None, "size": None, "interpolation": "auto"}}
+    assert data["config"]["transforms"][0] == {
+        "resize": {"shorter_side": 40, "longer_side": None, "size": None, "interpolation": "auto"}
+    }
     assert "output" not in data["config"]  # where a dataset lives is not part of it
     assert data["schema"] == RECORD.to_json()
     assert data["dropped"] == {reason: 1 for reason in demo_corpus.broken.values()}
     # The reports beside kiln.json are pinned by their sha256, kiln.json by its own checksum.
-    for name, field in [("errors.jsonl", "errors_sha256"),
-                        ("duplicates.jsonl", "duplicates_sha256")]:
+    for name, field in [
+        ("errors.jsonl", "errors_sha256"),
+        ("duplicates.jsonl", "duplicates_sha256"),
+    ]:
         assert data[field] == file_sha256(os.path.join(result.dataset_dir, name))
     assert data["checksum"] == schemas.metadata.content_checksum(data) == info.checksum
     assert data["format_version"] == 2
@@ -176,7 +191,8 @@ def test_metadata_describes_the_files(build_dataset, demo_corpus):
     with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     assert [(r["key"], r["stage"], r["reason"]) for r in rows] == [
-        (key, "decode", reason) for key, reason in sorted(demo_corpus.broken.items())]
+        (key, "decode", reason) for key, reason in sorted(demo_corpus.broken.items())
+    ]
     assert all(r["uri"] == os.path.join(demo_corpus.out_dir, r["key"]) for r in rows)
 
 
@@ -189,10 +205,12 @@ def test_gzip_shards(build_dataset):
             path = os.path.join(result.dataset_dir, shard.filename)
             assert file_sha256(path) == shard.sha256
     plain = build_dataset()
-    assert {k: v.num_examples for k, v in result.info.splits.items()} == \
-        {k: v.num_examples for k, v in plain.info.splits.items()}
-    assert [r["key"] for r in read_split(result, "test")] == \
-        [r["key"] for r in read_split(plain, "test")]  # same order: sort by key hash
+    assert {k: v.num_examples for k, v in result.info.splits.items()} == {
+        k: v.num_examples for k, v in plain.info.splits.items()
+    }
+    assert [r["key"] for r in read_split(result, "test")] == [
+        r["key"] for r in read_split(plain, "test")
+    ]  # same order: sort by key hash
 
 
 def copy_corpus(corpus, destination):
@@ -206,11 +224,15 @@ def test_rebuild_is_up_to_date_and_changes_make_new_versions(demo_corpus, tmp_pa
     first = build(config)
     assert not first.up_to_date
     counters = first.counters
-    assert (counters["files_read"], counters["images_decoded"], counters["records_written"]) == \
-        (63, 60, 60)
+    assert (counters["files_read"], counters["images_decoded"], counters["records_written"]) == (
+        63,
+        60,
+        60,
+    )
     assert counters["shards_written"] == 5
     assert {k: v for k, v in counters.items() if k.startswith("dropped_")} == {
-        f"dropped_{reason}": 1 for reason in demo_corpus.broken.values()}
+        f"dropped_{reason}": 1 for reason in demo_corpus.broken.values()
+    }
 
     # Unchanged inputs: no Beam job at all.
     def no_job(*args, **kwargs):
@@ -232,9 +254,13 @@ def test_rebuild_is_up_to_date_and_changes_make_new_versions(demo_corpus, tmp_pa
     second = build(config)
     assert second.version != first.version and not second.up_to_date
     assert second.info.duplicates == 1  # the circle file is now a copy of the square one
-    assert read_jsonl(second.dataset_dir, "duplicates.jsonl") == [{
-        "sha256": hashlib.sha256(replacement).hexdigest(), "keys": sorted([circle, square]),
-        "splits": [split_of(second, key) for key in sorted([circle, square])]}]
+    assert read_jsonl(second.dataset_dir, "duplicates.jsonl") == [
+        {
+            "sha256": hashlib.sha256(replacement).hexdigest(),
+            "keys": sorted([circle, square]),
+            "splits": [split_of(second, key) for key in sorted([circle, square])],
+        }
+    ]
     with open(os.path.join(first.dataset_root, "LATEST")) as f:
         assert f.read() == second.version
     assert os.path.exists(os.path.join(first.dataset_dir, "kiln.json"))
@@ -247,10 +273,12 @@ def test_rebuild_is_up_to_date_and_changes_make_new_versions(demo_corpus, tmp_pa
 
 
 def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, tmp_path, capsys):
-    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"),
-                         errors={"max_fraction": 0.02})
-    with pytest.raises(BuildError,
-                       match=r"dropped 3 of 63 input files .* errors.max_fraction 2.0%"):
+    config = make_config(
+        demo_corpus.out_dir, output=str(tmp_path / "out"), errors={"max_fraction": 0.02}
+    )
+    with pytest.raises(
+        BuildError, match=r"dropped 3 of 63 input files .* errors.max_fraction 2.0%"
+    ):
         build(config)
     dataset_root = tmp_path / "out" / "shapes"
     entries = os.listdir(dataset_root)
@@ -275,7 +303,8 @@ def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, 
     config["errors"] = {"max_fraction": 0.1}
     result = build(config)
     assert sorted(os.listdir(dataset_root)) == sorted(
-        [".lock", ".published", ".stamps", "LATEST", result.version])
+        [".lock", ".published", ".stamps", "LATEST", result.version]
+    )
 
 
 def test_cli_builds_and_prints_a_summary(demo_corpus, tmp_path, capsys):
@@ -285,8 +314,12 @@ def test_cli_builds_and_prints_a_summary(demo_corpus, tmp_path, capsys):
     path = tmp_path / "shapes.yaml"
     path.write_text(yaml.safe_dump(config))
     out_root = tmp_path / "out"
-    assert cli.main(["build", "--config", str(path), "--output", str(out_root),
-                     "--image-threads", "2"]) == 0
+    assert (
+        cli.main(
+            ["build", "--config", str(path), "--output", str(out_root), "--image-threads", "2"]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     latest = (out_root / "shapes" / "LATEST").read_text()
     assert f"dataset: {out_root / 'shapes' / latest}" in printed
@@ -315,20 +348,25 @@ def test_manifest_source_with_splits_and_bad_rows(demo_corpus, tmp_path):
     good = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken]
     keys = good[:24]  # circles and squares
     star = next(k for k in good if k.startswith("star/"))
-    rows = [f"images/{k},{k.split('/')[0]},{'train' if i % 3 else 'test'}"
-            for i, k in enumerate(keys)]
+    rows = [
+        f"images/{k},{k.split('/')[0]},{'train' if i % 3 else 'test'}" for i, k in enumerate(keys)
+    ]
     rows += [
-        "images/circle/missing.png,circle,train",          # missing file
-        f"images/{keys[0]},circle,train,extra",           # too many fields
-        f"images/{star},hexagon,train",                     # not in source.classes
+        "images/circle/missing.png,circle,train",  # missing file
+        f"images/{keys[0]},circle,train,extra",  # too many fields
+        f"images/{star},hexagon,train",  # not in source.classes
         f"{os.path.join(images, keys[1])},{keys[1].split('/')[0]},test",  # absolute path
     ]
     manifest = write_manifest(tmp_path / "data" / "manifest.csv", list(reversed(rows)))
     config = make_config(
-        images, output=str(tmp_path / "out"),
-        source={"type": "manifest", "path": manifest,
-                "classes": ["circle", "square", "star", "triangle"],
-                "allowed_roots": [images]},  # the absolute path
+        images,
+        output=str(tmp_path / "out"),
+        source={
+            "type": "manifest",
+            "path": manifest,
+            "classes": ["circle", "square", "star", "triangle"],
+            "allowed_roots": [images],
+        },  # the absolute path
         splits={"from_source": True},
         errors={"max_fraction": 0.5},
     )
@@ -336,26 +374,35 @@ def test_manifest_source_with_splits_and_bad_rows(demo_corpus, tmp_path):
     records = read_all(result)
     assert sorted(result.info.splits) == ["test", "train"]
     assert sorted(r["key"] for r in records["test"]) == sorted(
-        [f"images/{k}" for i, k in enumerate(keys) if i % 3 == 0]
-        + [os.path.join(images, keys[1])])
+        [f"images/{k}" for i, k in enumerate(keys) if i % 3 == 0] + [os.path.join(images, keys[1])]
+    )
     assert len(records["train"]) == 16
     for r in records["train"]:
         assert r["label"] == result.info.class_names.index(r["key"].split("/")[1])
     with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
         reasons = sorted((json.loads(line)["reason"], json.loads(line)["key"]) for line in f)
-    assert reasons == [("bad_row", "manifest.csv:4"),
-                       ("missing", "images/circle/missing.png"),
-                       ("unknown_label", f"images/{star}")]
+    assert reasons == [
+        ("bad_row", "manifest.csv:4"),
+        ("missing", "images/circle/missing.png"),
+        ("unknown_label", f"images/{star}"),
+    ]
     assert result.info.duplicates == 1 and result.duplicates_across_splits == 1
     # Which files: the one file listed twice, by a relative and an absolute path.
     copies = sorted([f"images/{keys[1]}", os.path.join(images, keys[1])])
     with open(os.path.join(images, keys[1]), "rb") as f:
         content = hashlib.sha256(f.read()).hexdigest()
-    assert read_jsonl(result.dataset_dir, "duplicates.jsonl") == [{
-        "sha256": content, "keys": copies,
-        "splits": ["test" if key.startswith("/") else "train" for key in copies]}]
+    assert read_jsonl(result.dataset_dir, "duplicates.jsonl") == [
+        {
+            "sha256": content,
+            "keys": copies,
+            "splits": ["test" if key.startswith("/") else "train" for key in copies],
+        }
+    ]
     assert {k: v for k, v in result.counters.items() if k.startswith("dropped_")} == {
-        "dropped_bad_row": 1, "dropped_missing": 1, "dropped_unknown_label": 1}
+        "dropped_bad_row": 1,
+        "dropped_missing": 1,
+        "dropped_unknown_label": 1,
+    }
 
 
 def test_jsonl_manifest_and_split_folders(demo_corpus, tmp_path):
@@ -365,21 +412,31 @@ def test_jsonl_manifest_and_split_folders(demo_corpus, tmp_path):
         destination = tmp_path / "by_split" / ("val" if i % 4 == 0 else "train") / key
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(os.path.join(demo_corpus.out_dir, key), destination)
-    config = make_config(str(tmp_path / "by_split"), output=str(tmp_path / "out1"),
-                         splits={"from_source": True})
+    config = make_config(
+        str(tmp_path / "by_split"), output=str(tmp_path / "out1"), splits={"from_source": True}
+    )
     result = build(config)
     assert {k: v.num_examples for k, v in result.info.splits.items()} == {"train": 9, "val": 3}
     assert {r["key"] for r in read_split(result, "val")} == {
-        f"val/{k}" for i, k in enumerate(keys) if i % 4 == 0}
+        f"val/{k}" for i, k in enumerate(keys) if i % 4 == 0
+    }
 
     # The same files through a JSONL manifest with absolute paths, fractions split.
-    lines = [json.dumps({"path": os.path.join(demo_corpus.out_dir, k), "label": k.split("/")[0]})
-             for k in keys] + ["{not json"]
+    lines = [
+        json.dumps({"path": os.path.join(demo_corpus.out_dir, k), "label": k.split("/")[0]})
+        for k in keys
+    ] + ["{not json"]
     (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
-    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out2"),
-                         source={"type": "manifest", "path": str(tmp_path / "m.jsonl"),
-                                 "allowed_roots": [demo_corpus.out_dir]},
-                         errors={"max_fraction": 0.1})
+    config = make_config(
+        demo_corpus.out_dir,
+        output=str(tmp_path / "out2"),
+        source={
+            "type": "manifest",
+            "path": str(tmp_path / "m.jsonl"),
+            "allowed_roots": [demo_corpus.out_dir],
+        },
+        errors={"max_fraction": 0.1},
+    )
     result = build(config)
     assert sum(s.num_examples for s in result.info.splits.values()) == 12
     assert result.info.dropped == {"bad_row": 1}
@@ -387,8 +444,10 @@ def test_jsonl_manifest_and_split_folders(demo_corpus, tmp_path):
 
 def test_size_limits_drop_files_with_a_reason(build_dataset, demo_corpus):
     max_pixels, min_size = 110 * 110, 56
-    result = build_dataset(image={"channels": 3, "max_pixels": max_pixels, "min_size": min_size},
-                           errors={"max_fraction": 1.0})
+    result = build_dataset(
+        image={"channels": 3, "max_pixels": max_pixels, "min_size": min_size},
+        errors={"max_fraction": 1.0},
+    )
     expected = {}
     for key in corpus_files(demo_corpus):
         if key in demo_corpus.broken:

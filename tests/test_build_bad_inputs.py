@@ -33,20 +33,23 @@ FIELDS = {"key", "uri", "stage", "reason", "message"}
 def png_declaring(width, height):
     """A PNG whose header declares width x height RGB pixels, with only a few
     rows of data: a decompression bomb's header, refused before decoding."""
+
     def chunk(kind, data):
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data)))
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     rows = zlib.compress(b"\0" * (3 * width + 1) * 4)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows)
-            + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+    )
 
 
 def qoi_image(width, height):
     """A valid QOI ("Quite OK Image") file, a real format OpenCV does not read."""
     pixels = b"".join(b"\xfe" + bytes([(17 * i) % 256, 90, 200]) for i in range(width * height))
-    return (b"qoif" + struct.pack(">IIBB", width, height, 3, 0) + pixels
-            + b"\x00" * 7 + b"\x01")
+    return b"qoif" + struct.pack(">IIBB", width, height, 3, 0) + pixels + b"\x00" * 7 + b"\x01"
 
 
 def permission_denied_path(tmp_path):
@@ -70,8 +73,10 @@ def permission_denied_path(tmp_path):
             return candidate
         except OSError:
             continue
-    pytest.fail("running as root and no write-only sysfs file found: nothing on this machine "
-                "can stand for a file the build may not read")
+    pytest.fail(
+        "running as root and no write-only sysfs file found: nothing on this machine "
+        "can stand for a file the build may not read"
+    )
 
 
 def write_bad_corpus(corpus, folder, tmp_path):
@@ -111,11 +116,11 @@ def write_bad_corpus(corpus, folder, tmp_path):
         f"{denied},square",
         "images/bad/link.png,circle",
         "../../../../../../../../etc/passwd,circle",
-        "images/bad/not_there.png,star",                 # missing
-        "images/bad/hexagon.png,hexagon",                # not in the class list
-        f"images/{good[2]},circle,extra",                # does not parse: too many fields
-        "images/bad/unlabelled.png,",                    # does not parse: no label
-        f"images/{good[3]},triangle",                    # listed twice, labels disagree
+        "images/bad/not_there.png,star",  # missing
+        "images/bad/hexagon.png,hexagon",  # not in the class list
+        f"images/{good[2]},circle,extra",  # does not parse: too many fields
+        "images/bad/unlabelled.png,",  # does not parse: no label
+        f"images/{good[3]},triangle",  # listed twice, labels disagree
     ]
     (folder / "manifest.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
 
@@ -135,8 +140,11 @@ def write_bad_corpus(corpus, folder, tmp_path):
         denied: ("read", "unreadable", "Permission denied"),
         "images/bad/not_there.png": ("list", "missing", "not found"),
         "images/bad/link.png": ("list", "outside_source", "(it resolves to /etc/hostname)"),
-        "../../../../../../../../etc/passwd": ("list", "outside_source",
-                                               "outside the source folder"),
+        "../../../../../../../../etc/passwd": (
+            "list",
+            "outside_source",
+            "outside the source folder",
+        ),
         "images/bad/hexagon.png": ("list", "unknown_label", "'hexagon' is not in source.classes"),
         line(f"images/{good[2]},circle,extra"): ("list", "bad_row", "expected 2 fields, got 3"),
         line("images/bad/unlabelled.png,"): ("list", "bad_row", "empty path or label"),
@@ -150,9 +158,14 @@ def write_bad_corpus(corpus, folder, tmp_path):
 def test_every_kind_of_bad_input_is_dropped_with_a_reason(demo_corpus, tmp_path, capsys):
     manifest, kept, expected = write_bad_corpus(demo_corpus, tmp_path / "data", tmp_path)
     config = make_config(
-        demo_corpus.out_dir, output=str(tmp_path / "out"),
-        source={"type": "manifest", "path": manifest, "classes": CLASSES,
-                "allowed_roots": [os.path.dirname(permission_denied_path(tmp_path))]},
+        demo_corpus.out_dir,
+        output=str(tmp_path / "out"),
+        source={
+            "type": "manifest",
+            "path": manifest,
+            "classes": CLASSES,
+            "allowed_roots": [os.path.dirname(permission_denied_path(tmp_path))],
+        },
         image={"channels": 3, "min_size": 8},
         errors={"max_fraction": 0.6},
         sharding={"num_shards": 1},
@@ -192,15 +205,17 @@ def test_every_kind_of_bad_input_is_dropped_with_a_reason(demo_corpus, tmp_path,
     with open(os.path.join(dataset_dir, "kiln.json")) as f:
         assert json.load(f)["dropped"] == by_reason
     assert report["dropped"] == by_reason and report["dropped_total"] == len(expected)
-    assert {k[len("dropped_"):]: v for k, v in report["counters"].items()
-            if k.startswith("dropped_")} == by_reason
+    assert {
+        k[len("dropped_") :]: v for k, v in report["counters"].items() if k.startswith("dropped_")
+    } == by_reason
     total = len(expected)
     listed = ", ".join(f"{reason}: {count}" for reason, count in sorted(by_reason.items()))
     assert f"  dropped: {total} ({listed}); see {dataset_dir}/errors.jsonl" in printed.out
 
     # Every good image is in the dataset, and the dataset checks out.
-    records = read_all(types.SimpleNamespace(info=kiln.reader.info(dataset_dir),
-                                             dataset_dir=dataset_dir))
+    records = read_all(
+        types.SimpleNamespace(info=kiln.reader.info(dataset_dir), dataset_dir=dataset_dir)
+    )
     assert sorted(r["key"] for split in records.values() for r in split) == kept
     assert verify.verify(dataset_dir).ok
 
@@ -228,10 +243,15 @@ def test_image_folder_special_files_and_misplaced_files(demo_corpus, tmp_path):
 
     from kiln.pipeline import build
 
-    result = build(make_config(str(root), output=str(tmp_path / "out"),
-                               source={"type": "image_folder", "root": str(root),
-                                       "classes": CLASSES},
-                               errors={"max_fraction": 0.5}, sharding={"num_shards": 1}))
+    result = build(
+        make_config(
+            str(root),
+            output=str(tmp_path / "out"),
+            source={"type": "image_folder", "root": str(root), "classes": CLASSES},
+            errors={"max_fraction": 0.5},
+            sharding={"num_shards": 1},
+        )
+    )
     with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
         rows = {row["key"]: (row["stage"], row["reason"]) for row in map(json.loads, f)}
     assert rows == {
@@ -283,16 +303,24 @@ def test_a_build_over_decompression_bombs_in_every_format_stays_small(demo_corpu
         corpus[name], reasons[name] = data, reason
     for name, data in corpus.items():
         (images / "circle" / name).write_bytes(data)
-    config = make_config(str(images), output=str(tmp_path / "out"),
-                         source={"type": "image_folder", "root": str(images), "classes": CLASSES},
-                         errors={"max_fraction": 0.9}, sharding={"num_shards": 1})
+    config = make_config(
+        str(images),
+        output=str(tmp_path / "out"),
+        source={"type": "image_folder", "root": str(images), "classes": CLASSES},
+        errors={"max_fraction": 0.9},
+        sharding={"num_shards": 1},
+    )
     assert "image" not in config  # image.max_pixels: the default, 89478485
     config_path = tmp_path / "bombs.yaml"
     config_path.write_text(yaml.safe_dump(config))
     report_path = tmp_path / "report.json"
 
-    child = subprocess.run([sys.executable, "-c", BUILD_AND_MEASURE, str(config_path),
-                            str(report_path)], capture_output=True, text=True, timeout=600)
+    child = subprocess.run(
+        [sys.executable, "-c", BUILD_AND_MEASURE, str(config_path), str(report_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     measured = json.loads(child.stdout.strip().splitlines()[-1])
     assert measured["code"] == 0, child.stderr[-3000:]

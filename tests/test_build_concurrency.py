@@ -33,15 +33,22 @@ ROUNDS = 3
 def run_kiln(args, env_extra=None):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(REPO, "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        [os.path.join(REPO, "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    )
     env.update(env_extra or {})
-    return subprocess.Popen([sys.executable, "-m", "kiln.cli", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "kiln.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def test_simultaneous_builds_publish_once_and_never_an_empty_or_partial_version(
-        demo_corpus, tmp_path):
+    demo_corpus, tmp_path
+):
     root = tmp_path / "images"
     keys = small_corpus(demo_corpus, root)
     config_path = tmp_path / "config.yaml"
@@ -53,10 +60,13 @@ def test_simultaneous_builds_publish_once_and_never_an_empty_or_partial_version(
         reports = [tmp_path / f"report-{round_number}-{i}.json" for i in range(STARTS)]
         # The last two wait for the lock instead of giving up: they find the
         # dataset the first one published up to date (or build it themselves).
-        processes = [run_kiln(["build", "--config", str(config_path), "--quiet",
-                               "--report", str(report)]
-                              + (["--wait", "300"] if i >= STARTS - 2 else []))
-                     for i, report in enumerate(reports)]
+        processes = [
+            run_kiln(
+                ["build", "--config", str(config_path), "--quiet", "--report", str(report)]
+                + (["--wait", "300"] if i >= STARTS - 2 else [])
+            )
+            for i, report in enumerate(reports)
+        ]
         outcomes = []
         for process, report in zip(processes, reports, strict=True):
             out, err = process.communicate(timeout=600)
@@ -96,8 +106,11 @@ def test_a_second_build_is_busy_while_the_first_holds_the_lock(demo_corpus, tmp_
     config_path.write_text(yaml.safe_dump(config))
     dataset_root = str(tmp_path / "out" / "shapes")
     with lock.DatasetLock(dataset_root):
-        with pytest.raises(Busy, match=rf"another build of {dataset_root} is running "
-                                       rf"\(pid {os.getpid()} on "):
+        with pytest.raises(
+            Busy,
+            match=rf"another build of {dataset_root} is running "
+            rf"\(pid {os.getpid()} on ",
+        ):
             build(config)
         report = tmp_path / "report.json"
         assert cli.main(["build", "--config", str(config_path), "--report", str(report)]) == 3
@@ -115,12 +128,18 @@ def test_a_second_build_is_busy_while_the_first_holds_the_lock(demo_corpus, tmp_
 def test_a_killed_holder_leaves_no_stale_lock_on_a_local_disk(tmp_path):
     dataset_root = str(tmp_path / "shapes")
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from kiln.pipeline import lock\n"
-         "with lock.DatasetLock(sys.argv[1]):\n"
-         "    print('held', flush=True); time.sleep(600)\n", dataset_root],
-        stdout=subprocess.PIPE, text=True,
-        env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "src")))
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from kiln.pipeline import lock\n"
+            "with lock.DatasetLock(sys.argv[1]):\n"
+            "    print('held', flush=True); time.sleep(600)\n",
+            dataset_root,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "src")),
+    )
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(Busy, match=f"pid {holder.pid} on "):
         lock.DatasetLock(dataset_root).__enter__()
@@ -142,21 +161,31 @@ def test_object_store_lock_excludes_and_a_stale_one_is_broken(monkeypatch):
     assert object_store.names(path) == []  # released: deleted
 
     # A builder that died: its heartbeat stops; past the limit the lock is broken.
-    dead = lock.Holder(pid=1, host="elsewhere", started="2026-01-01T00:00:00+00:00",
-                       token="dead", heartbeat=time.time() - lock.STALE_AFTER_SECONDS - 1)
+    dead = lock.Holder(
+        pid=1,
+        host="elsewhere",
+        started="2026-01-01T00:00:00+00:00",
+        token="dead",
+        heartbeat=time.time() - lock.STALE_AFTER_SECONDS - 1,
+    )
     object_store.put(path, dead.to_bytes())
     with lock.DatasetLock(dataset_root, wait=2) as held:
         assert held.holder().token != "dead"
     # A live one (fresh heartbeat) is not broken.
-    object_store.put(path, lock.Holder(pid=1, host="elsewhere", started="now", token="live",
-                                       heartbeat=time.time()).to_bytes())
+    object_store.put(
+        path,
+        lock.Holder(
+            pid=1, host="elsewhere", started="now", token="live", heartbeat=time.time()
+        ).to_bytes(),
+    )
     with pytest.raises(Busy, match="pid 1 on elsewhere"):
         lock.DatasetLock(dataset_root, wait=1).__enter__()
     object_store.reset()
 
 
 def test_a_lost_listing_fails_the_build_instead_of_publishing_an_empty_dataset(
-        demo_corpus, tmp_path, monkeypatch):
+    demo_corpus, tmp_path, monkeypatch
+):
     """What two builds sharing a staging folder did: the listing vanished under
     the job, which then read nothing and published 0 examples with exit 0."""
     config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
@@ -167,19 +196,29 @@ def test_a_lost_listing_fails_the_build_instead_of_publishing_an_empty_dataset(
         os.remove(path)
 
     monkeypatch.setattr(sources.Listing, "write", write_then_lose)
-    with pytest.raises(BuildError, match=r"did not account for every input file \(the image "
-                                         r"step read 0 of the 63 listed files; 0 stored \+ 0 "
-                                         r"dropped != 63 listed\); nothing was published"):
+    with pytest.raises(
+        BuildError,
+        match=r"did not account for every input file \(the image "
+        r"step read 0 of the 63 listed files; 0 stored \+ 0 "
+        r"dropped != 63 listed\); nothing was published",
+    ):
         build(config)
     dataset_root = tmp_path / "out" / "shapes"
     assert sorted(os.listdir(dataset_root)) == [".lock"]  # no version, no LATEST, no staging
 
 
 def test_an_empty_dataset_is_published_only_when_the_config_allows_it(demo_corpus, tmp_path):
-    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"),
-                         image={"min_size": 10_000}, errors={"max_fraction": 1.0})
-    with pytest.raises(BuildError, match=r"no example was stored \(all 63 input files were "
-                                         r"dropped\); .* errors.allow_empty: true"):
+    config = make_config(
+        demo_corpus.out_dir,
+        output=str(tmp_path / "out"),
+        image={"min_size": 10_000},
+        errors={"max_fraction": 1.0},
+    )
+    with pytest.raises(
+        BuildError,
+        match=r"no example was stored \(all 63 input files were "
+        r"dropped\); .* errors.allow_empty: true",
+    ):
         build(config)
     assert not os.path.exists(tmp_path / "out" / "shapes" / "LATEST")
     config["errors"]["allow_empty"] = True
@@ -188,8 +227,9 @@ def test_an_empty_dataset_is_published_only_when_the_config_allows_it(demo_corpu
     assert result.info.dropped == {"empty": 1, "not_an_image": 1, "too_small": 61}
 
 
-def test_a_class_whose_every_file_was_dropped_stays_with_zero_examples(demo_corpus, tmp_path,
-                                                                      caplog):
+def test_a_class_whose_every_file_was_dropped_stays_with_zero_examples(
+    demo_corpus, tmp_path, caplog
+):
     root = tmp_path / "images"
     keys = small_corpus(demo_corpus, root)
     for key in keys:

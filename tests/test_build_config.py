@@ -31,50 +31,78 @@ def with_changes(corpus, tmp_path, **changes):
 
 CASES = [
     # (changes, expected message after "config error in <file>: ")
-    ({"splits": {"fractions": {"train": 0.8, "test": 0.1}}},
-     "splits.fractions: must sum to 1, got 0.9"),
-    ({"splits": {"fractions": {"train": 1.0}, "from_source": True}},
-     "splits: give either fractions or from_source: true, not both"),
-    ({"splits": {"fractions": {"train-a": 1.0}}},
-     "splits.fractions.train-a: 'train-a' is not a valid name (letters, digits and '_')"),
-    ({"transforms": [{"resize": {"shorter_side": 40}}, {"blur": {"sigma": 2}}]},
-     "transforms[1]: unknown offline transform 'blur'"),
-    ({"transforms": [{"resize": {"shorter_side": "big"}}]},
-     "transforms[0].resize.shorter_side"),
-    ({"transforms": [{"center_crop": {"size": 32, "sise": 3}}]},
-     "transforms[0].center_crop.sise"),
+    (
+        {"splits": {"fractions": {"train": 0.8, "test": 0.1}}},
+        "splits.fractions: must sum to 1, got 0.9",
+    ),
+    (
+        {"splits": {"fractions": {"train": 1.0}, "from_source": True}},
+        "splits: give either fractions or from_source: true, not both",
+    ),
+    (
+        {"splits": {"fractions": {"train-a": 1.0}}},
+        "splits.fractions.train-a: 'train-a' is not a valid name (letters, digits and '_')",
+    ),
+    (
+        {"transforms": [{"resize": {"shorter_side": 40}}, {"blur": {"sigma": 2}}]},
+        "transforms[1]: unknown offline transform 'blur'",
+    ),
+    ({"transforms": [{"resize": {"shorter_side": "big"}}]}, "transforms[0].resize.shorter_side"),
+    ({"transforms": [{"center_crop": {"size": 32, "sise": 3}}]}, "transforms[0].center_crop.sise"),
     ({"colour": "red"}, "colour: unknown field"),
     ({"name": None}, "name: required field is missing"),
     ({"name": "my data"}, "name: 'my data' is not a valid name"),
     ({"image": {"channels": 2}}, "image.channels: Input should be 1 or 3"),
     ({"encoding": {"format": "gif"}}, "encoding.format: Input should be 'jpeg', 'png' or 'raw'"),
-    ({"encoding": {"format": "jpeg", "quality": 101}},
-     "encoding.quality: Input should be less than or equal to 100"),
+    (
+        {"encoding": {"format": "jpeg", "quality": 101}},
+        "encoding.quality: Input should be less than or equal to 100",
+    ),
     ({"sharding": {"num_shards": 0}}, "sharding.num_shards: must be a positive integer, got 0"),
-    ({"sharding": {"num_shards": {"train": 2, "test": 0}}},
-     "sharding.num_shards: test: must be a positive integer, got 0"),
-    ({"sharding": {"compression": "zstd"}},
-     "sharding.compression: Input should be 'none' or 'gzip'"),
-    ({"errors": {"max_fraction": 1.5}},
-     "errors.max_fraction: Input should be less than or equal to 1"),
-    ({"source": {"type": "folder", "root": "x"}},
-     "source: type must be 'image_folder' or 'manifest', got 'folder'"),
+    (
+        {"sharding": {"num_shards": {"train": 2, "test": 0}}},
+        "sharding.num_shards: test: must be a positive integer, got 0",
+    ),
+    (
+        {"sharding": {"compression": "zstd"}},
+        "sharding.compression: Input should be 'none' or 'gzip'",
+    ),
+    (
+        {"errors": {"max_fraction": 1.5}},
+        "errors.max_fraction: Input should be less than or equal to 1",
+    ),
+    (
+        {"source": {"type": "folder", "root": "x"}},
+        "source: type must be 'image_folder' or 'manifest', got 'folder'",
+    ),
     ({"source": {"type": "image_folder"}}, "source.root: required field is missing"),
-    ({"source": {"type": "manifest", "path": "/nonexistent/m.csv"}},
-     "source.path: manifest not found: /nonexistent/m.csv"),
-    ({"plugins": ["no_such_module_for_kiln"]},
-     "plugins: cannot import module 'no_such_module_for_kiln'"),
+    (
+        {"source": {"type": "manifest", "path": "/nonexistent/m.csv"}},
+        "source.path: manifest not found: /nonexistent/m.csv",
+    ),
+    (
+        {"plugins": ["no_such_module_for_kiln"]},
+        "plugins: cannot import module 'no_such_module_for_kiln'",
+    ),
     ({"augment": [{"random_wobble": {}}]}, "augment[0]: unknown augmentation op 'random_wobble'"),
-    ({"augment": [{"random_crop": {"size": "big"}}]},
-     "augment[0].random_crop.size: expected a positive integer or [height, width], got 'big'"),
-    ({"augment": [{"random_brightness": {"max_delta": -1}}]},
-     "augment[0].random_brightness.max_delta: must be >= 0.0, got -1"),
+    (
+        {"augment": [{"random_crop": {"size": "big"}}]},
+        "augment[0].random_crop.size: expected a positive integer or [height, width], got 'big'",
+    ),
+    (
+        {"augment": [{"random_brightness": {"max_delta": -1}}]},
+        "augment[0].random_brightness.max_delta: must be >= 0.0, got -1",
+    ),
     # to_grayscale makes one channel: stored as three, every image would be dropped.
-    ({"transforms": [{"resize": {"shorter_side": 40}}, "to_grayscale"]},
-     "transforms[1].to_grayscale: gives 1-channel images but image.channels is 3; "
-     "set image.channels: 1"),
-    ({"image": {"channels": 1}, "transforms": [{"to_grayscale": {"keep_channels": True}}]},
-     "transforms[0].to_grayscale: gives 3-channel images but image.channels is 1"),
+    (
+        {"transforms": [{"resize": {"shorter_side": 40}}, "to_grayscale"]},
+        "transforms[1].to_grayscale: gives 1-channel images but image.channels is 3; "
+        "set image.channels: 1",
+    ),
+    (
+        {"image": {"channels": 1}, "transforms": [{"to_grayscale": {"keep_channels": True}}]},
+        "transforms[0].to_grayscale: gives 3-channel images but image.channels is 1",
+    ),
 ]
 
 
@@ -89,8 +117,9 @@ def test_bad_config_names_the_field(demo_corpus, tmp_path, changes, message):
 
 
 def test_missing_source_and_output_inside_source(demo_corpus, tmp_path):
-    missing = with_changes(demo_corpus, tmp_path,
-                           source={"type": "image_folder", "root": str(tmp_path / "nope")})
+    missing = with_changes(
+        demo_corpus, tmp_path, source={"type": "image_folder", "root": str(tmp_path / "nope")}
+    )
     with pytest.raises(ConfigError, match=r"source.root: folder not found or empty: .*nope"):
         config.load(missing)
     inside = with_changes(demo_corpus, tmp_path, output=os.path.join(demo_corpus.out_dir, "out"))
@@ -106,27 +135,35 @@ def test_yaml_problems(tmp_path):
     with pytest.raises(ConfigError, match=r"config file not found: .*missing.yaml"):
         config.load(str(tmp_path / "missing.yaml"))
     # safe_load: no Python objects from YAML tags
-    for tag in ("!!python/object/apply:os.system ['touch pwned']", "!!python/object:os.PathLike {}",
-                "!!python/name:os.system"):
+    for tag in (
+        "!!python/object/apply:os.system ['touch pwned']",
+        "!!python/object:os.PathLike {}",
+        "!!python/name:os.system",
+    ):
         with pytest.raises(ConfigError) as raised:
             config.load(write_config(tmp_path, f"name: x\nsource: {tag}\n"))
         assert str(raised.value).startswith(
             f"config error in {tmp_path / 'bad.yaml'}: not valid YAML (line 2): could not "
-            f"determine a constructor for the tag 'tag:yaml.org,2002:python/"), str(raised.value)
+            f"determine a constructor for the tag 'tag:yaml.org,2002:python/"
+        ), str(raised.value)
         assert "read with a safe loader" in str(raised.value)
     assert not (tmp_path / "pwned").exists() and not os.path.exists("pwned")
 
 
 def test_gray_images_from_to_grayscale_are_a_valid_config(demo_corpus, tmp_path):
     for image, options in (({"channels": 1}, {}), ({"channels": 3}, {"keep_channels": True})):
-        resolved = config.load(with_changes(demo_corpus, tmp_path, image=image,
-                                            transforms=[{"to_grayscale": options}]))
+        resolved = config.load(
+            with_changes(demo_corpus, tmp_path, image=image, transforms=[{"to_grayscale": options}])
+        )
         assert resolved.to_json()["image"]["channels"] == image["channels"]
 
 
 def test_resolved_config_fills_defaults_and_ignores_key_order(demo_corpus, tmp_path):
-    data = with_changes(demo_corpus, tmp_path,
-                        splits={"fractions": {"train": 0.5, "test": 0.25, "validation": 0.25}})
+    data = with_changes(
+        demo_corpus,
+        tmp_path,
+        splits={"fractions": {"train": 0.5, "test": 0.25, "validation": 0.25}},
+    )
     reordered = dict(reversed(list(data.items())))
     reordered["splits"] = {"fractions": {"validation": 0.25, "test": 0.25, "train": 0.5}}
     first, second = config.load(data), config.load(reordered)
@@ -153,22 +190,28 @@ def test_cli_exits_2_with_one_line_and_creates_nothing(demo_corpus, tmp_path, ca
     path = write_config(tmp_path, data)
     assert cli.main(["build", "--config", path]) == 2
     err = capsys.readouterr().err
-    assert err == (f"kiln build: error: config error in {path}: "
-                   f"splits.fractions: must sum to 1, got 0.9\n")
+    assert err == (
+        f"kiln build: error: config error in {path}: splits.fractions: must sum to 1, got 0.9\n"
+    )
     assert not (tmp_path / "out").exists()
 
 
 def test_cli_subprocess_has_no_traceback(demo_corpus, tmp_path):
-    path = write_config(tmp_path, with_changes(
-        demo_corpus, tmp_path, transforms=[{"resize": {"shorter_side": -3}}]))
+    path = write_config(
+        tmp_path, with_changes(demo_corpus, tmp_path, transforms=[{"resize": {"shorter_side": -3}}])
+    )
     completed = subprocess.run(
         [sys.executable, "-m", "kiln.pipeline", "--config", path],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 2
     assert "Traceback" not in completed.stderr
-    assert f"kiln build: error: config error in {path}: transforms[0].resize.shorter_side" \
+    assert (
+        f"kiln build: error: config error in {path}: transforms[0].resize.shorter_side"
         in completed.stderr
+    )
     assert completed.stdout == ""
 
 
@@ -177,8 +220,12 @@ def test_cli_subprocess_has_no_traceback(demo_corpus, tmp_path):
 
 def alias_bomb(levels, width=9):
     """A "billion laughs" YAML document: `width` ** `levels` strings in ~600 bytes."""
-    lines = ["name: bomb", "source: {type: image_folder, root: /nowhere}", "output: /tmp/out",
-             "lol: &l0 [" + ", ".join(['"lol"'] * width) + "]"]
+    lines = [
+        "name: bomb",
+        "source: {type: image_folder, root: /nowhere}",
+        "output: /tmp/out",
+        "lol: &l0 [" + ", ".join(['"lol"'] * width) + "]",
+    ]
     for level in range(1, levels):
         lines.append(f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * width) + "]")
     lines.append(f"transforms: *l{levels - 1}")
@@ -192,24 +239,32 @@ def test_a_yaml_alias_bomb_fails_fast_on_one_short_line(tmp_path, capsys, levels
     assert len(path.read_bytes()) < 1000  # 9**9 = 387 million values when expanded
     assert cli.main(["build", "--config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err == (f"kiln build: error: config error in {path}: expands to more than 100000 "
-                   f"values (through YAML aliases?); a config is a few hundred settings\n")
+    assert err == (
+        f"kiln build: error: config error in {path}: expands to more than 100000 "
+        f"values (through YAML aliases?); a config is a few hundred settings\n"
+    )
 
 
 def test_small_aliases_are_still_fine(demo_corpus, tmp_path):
-    text = yaml.safe_dump(with_changes(demo_corpus, tmp_path)) + \
-        "augment: [&flip random_flip_left_right, *flip]\n"
+    text = (
+        yaml.safe_dump(with_changes(demo_corpus, tmp_path))
+        + "augment: [&flip random_flip_left_right, *flip]\n"
+    )
     path = tmp_path / "aliases.yaml"
     path.write_text(text)
-    assert config.load(str(path)).to_json()["augment"] == \
-        [{"random_flip_left_right": {"probability": 0.5}}] * 2
+    assert (
+        config.load(str(path)).to_json()["augment"]
+        == [{"random_flip_left_right": {"probability": 0.5}}] * 2
+    )
 
 
 def test_recursive_deep_huge_and_non_utf8_configs_are_one_line_errors(tmp_path, capsys):
     cases = {
         "recursive.yaml": (b"name: x\ntransforms: &t [*t]\n", "a recursive YAML alias"),
-        "deep.yaml": (b"name: x\ntransforms: " + b"[" * 40 + b"]" * 40 + b"\n",
-                      "nested more than 32 levels deep"),
+        "deep.yaml": (
+            b"name: x\ntransforms: " + b"[" * 40 + b"]" * 40 + b"\n",
+            "nested more than 32 levels deep",
+        ),
         "huge.yaml": (b"name: x\n" + b"# padding\n" * 120_000, "larger than 1 MiB"),
         "latin1.yaml": ("name: caf\u00e9\n".encode("latin-1"), "not UTF-8 text (byte 9, line 1"),
     }

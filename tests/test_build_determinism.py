@@ -29,8 +29,9 @@ def copy_files(source_dir, destination, order):
 
 
 def corpus_listing(root):
-    return sorted(os.path.relpath(os.path.join(d, f), root)
-                  for d, _, files in os.walk(root) for f in files)
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files
+    )
 
 
 def test_same_bytes_across_creation_order_workers_and_running_mode(demo_corpus, tmp_path):
@@ -56,8 +57,10 @@ def test_same_bytes_across_creation_order_workers_and_running_mode(demo_corpus, 
     for split in first.info.splits.values():
         for shard in split.shards:
             assert first_files[shard.filename] == shard.sha256  # kiln.json matches the file
-    with open(os.path.join(first.dataset_dir, "kiln.json"), "rb") as a, \
-            open(os.path.join(second.dataset_dir, "kiln.json"), "rb") as b:
+    with (
+        open(os.path.join(first.dataset_dir, "kiln.json"), "rb") as a,
+        open(os.path.join(second.dataset_dir, "kiln.json"), "rb") as b,
+    ):
         assert a.read() == b.read()
 
 
@@ -65,13 +68,18 @@ def test_shuffled_manifest_rows_and_threads_give_the_same_bytes(demo_corpus, tmp
     keys = [k for k in corpus_listing(demo_corpus.out_dir) if k not in demo_corpus.broken]
     rows = [f"{k},{k.split('/')[0]}" for k in keys]
     results = []
-    for attempt, args in enumerate([[], ["--direct_num_workers=2",
-                                         "--direct_running_mode=multi_threading"]]):
+    for attempt, args in enumerate(
+        [[], ["--direct_num_workers=2", "--direct_running_mode=multi_threading"]]
+    ):
         random.Random(attempt).shuffle(rows)
         config = make_config(
-            demo_corpus.out_dir, output=str(tmp_path / f"out{attempt}"),
-            source={"type": "manifest", "path": _place_manifest(demo_corpus, tmp_path, rows),
-                    "allowed_roots": [demo_corpus.out_dir]},  # where the link leads
+            demo_corpus.out_dir,
+            output=str(tmp_path / f"out{attempt}"),
+            source={
+                "type": "manifest",
+                "path": _place_manifest(demo_corpus, tmp_path, rows),
+                "allowed_roots": [demo_corpus.out_dir],
+            },  # where the link leads
             sharding={"num_shards": 2, "compression": "gzip"},
             encoding={"format": "jpeg", "quality": 90},
         )
@@ -79,8 +87,9 @@ def test_shuffled_manifest_rows_and_threads_give_the_same_bytes(demo_corpus, tmp
     first, second = results
     assert first.version == second.version
     assert digests(first) == digests(second)
-    assert all(s.filename.endswith(".gz") for split in first.info.splits.values()
-               for s in split.shards)
+    assert all(
+        s.filename.endswith(".gz") for split in first.info.splits.values() for s in split.shards
+    )
 
 
 def _place_manifest(corpus, tmp_path, rows):

@@ -23,8 +23,13 @@ from kiln.pipeline import storage
 @contextlib.contextmanager
 def tmpfs(path, *options):
     os.makedirs(path, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs",
-                              str(path)], capture_output=True).returncode == 0
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs", str(path)],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     try:
         yield mounted
     finally:
@@ -48,22 +53,30 @@ def assert_one_line_failure(code, out, err, report, *expected):
     for text in expected:
         assert text in err, (text, err)
     assert report["status"] == "failed" and report["exit_code"] == 1
-    assert report["error"] == err[len("kiln build: failed: "):].strip()
+    assert report["error"] == err[len("kiln build: failed: ") :].strip()
 
 
-def test_a_full_disk_fails_on_one_line_and_cleans_up(demo_corpus, tmp_path, capsys,
-                                                      monkeypatch):
+def test_a_full_disk_fails_on_one_line_and_cleans_up(demo_corpus, tmp_path, capsys, monkeypatch):
     output = tmp_path / "full"
     with tmpfs(output, "size=200k") as mounted:
         if not mounted:
+
             def no_space(self, *args, **kwargs):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
             from kiln.pipeline import sharding
+
             monkeypatch.setattr(sharding.RunWriter, "flush", no_space)
         code, out, err, report = build_into(tmp_path, demo_corpus, output, capsys)
-        assert_one_line_failure(code, out, err, report, str(output / "shapes"),
-                                "No space left on device", "nothing was published")
+        assert_one_line_failure(
+            code,
+            out,
+            err,
+            report,
+            str(output / "shapes"),
+            "No space left on device",
+            "nothing was published",
+        )
         assert sorted(os.listdir(output / "shapes")) == [".lock"]
 
 
@@ -71,13 +84,15 @@ def test_a_read_only_output_fails_on_one_line(demo_corpus, tmp_path, capsys, mon
     output = tmp_path / "read-only"
     with tmpfs(output, "ro", "size=1m") as mounted:
         if not mounted:
+
             def read_only(*args, **kwargs):
                 raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(output / "shapes"))
 
             monkeypatch.setattr(os, "makedirs", read_only)
         code, out, err, report = build_into(tmp_path, demo_corpus, output, capsys)
-        assert_one_line_failure(code, out, err, report,
-                                f"{output / 'shapes'}: Read-only file system")
+        assert_one_line_failure(
+            code, out, err, report, f"{output / 'shapes'}: Read-only file system"
+        )
         assert os.listdir(output) == []
 
 

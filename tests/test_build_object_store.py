@@ -41,7 +41,7 @@ def test_build_publishes_on_an_object_store(store, build_dataset, demo_corpus):
     assert result.dataset_dir == version_dir
     assert object_store.get(f"{root}/LATEST").decode() == result.version
     assert not [p for p in object_store.names(root) if "/.staging-" in p]  # stale one too
-    published = [p[len(version_dir) + 1:] for p in object_store.names(version_dir + "/")]
+    published = [p[len(version_dir) + 1 :] for p in object_store.names(version_dir + "/")]
     shard_names = [s.filename for split in result.info.splits.values() for s in split.shards]
     assert set(shard_names) | {"errors.jsonl", "kiln.json"} <= set(published)
 
@@ -49,13 +49,14 @@ def test_build_publishes_on_an_object_store(store, build_dataset, demo_corpus):
     # the root, and the shards are byte-identical.
     local = build_dataset()
     for name, split in result.info.splits.items():
-        assert [s.sha256 for s in split.shards] == \
-            [s.sha256 for s in local.info.splits[name].shards]
+        assert [s.sha256 for s in split.shards] == [
+            s.sha256 for s in local.info.splits[name].shards
+        ]
         for shard in split.shards:
             data = object_store.get(f"{version_dir}/{shard.filename}")
             assert hashlib.sha256(data).hexdigest() == shard.sha256
     first_shard = object_store.get(f"{version_dir}/{shard_names[0]}")
-    key = RECORD.decode(first_shard[12:12 + int.from_bytes(first_shard[:8], "little")])["key"]
+    key = RECORD.decode(first_shard[12 : 12 + int.from_bytes(first_shard[:8], "little")])["key"]
     assert not key.decode().startswith(("/", BUCKET))
 
     # Visibility order: every file of the version before its kiln.json, LATEST last.

@@ -19,15 +19,15 @@ AUGMENT_MODULE = "kiln_test_user_augment"
 UNNAMED_MODULE = "kiln_test_never_named"
 
 SOURCES = {
-    TRANSFORMS_MODULE: '''
+    TRANSFORMS_MODULE: """
         import numpy as np
         from kiln.transforms import register
 
         @register()
         def invert_colours(image: np.ndarray) -> np.ndarray:
             return 255 - image
-    ''',
-    AUGMENT_MODULE: '''
+    """,
+    AUGMENT_MODULE: """
         import tensorflow as tf
         from kiln.reader import register_augmentation
 
@@ -35,12 +35,12 @@ SOURCES = {
         def random_invert_colours(image, seed, *, probability: float = 0.5):
             invert = tf.random.stateless_uniform([], seed) < probability
             return tf.where(invert, 1.0 - image, image)
-    ''',
+    """,
     # Would register the same names and leave a mark if it were ever imported.
-    UNNAMED_MODULE: '''
+    UNNAMED_MODULE: """
         import os
         open(os.environ["KILN_TEST_IMPORT_MARK"], "w").close()
-    ''',
+    """,
 }
 
 
@@ -63,35 +63,58 @@ def mark(tmp_path, monkeypatch):
 
 def test_user_ops_need_their_module_named_in_the_config(plugin_dir, demo_corpus, tmp_path, mark):
     base = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
-    with pytest.raises(ConfigError, match=r"transforms\[0\]: unknown offline transform "
-                                          r"'invert_colours'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"transforms\[0\]: unknown offline transform "
+        r"'invert_colours'",
+    ):
         config.load({**base, "transforms": ["invert_colours"]})
-    with pytest.raises(ConfigError, match=r"augment\[0\]: unknown augmentation op "
-                                          r"'random_invert_colours'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"augment\[0\]: unknown augmentation op "
+        r"'random_invert_colours'",
+    ):
         config.load({**base, "augment": ["random_invert_colours"]})
     assert TRANSFORMS_MODULE not in sys.modules and AUGMENT_MODULE not in sys.modules
 
-    resolved = config.load({**base, "transforms": ["invert_colours"],
-                            "augment": [{"random_invert_colours": {"probability": 0.25}}],
-                            "plugins": [TRANSFORMS_MODULE, AUGMENT_MODULE]})
+    resolved = config.load(
+        {
+            **base,
+            "transforms": ["invert_colours"],
+            "augment": [{"random_invert_colours": {"probability": 0.25}}],
+            "plugins": [TRANSFORMS_MODULE, AUGMENT_MODULE],
+        }
+    )
     assert resolved.to_json()["augment"] == [{"random_invert_colours": {"probability": 0.25}}]
     with pytest.raises(ConfigError, match=r"augment\[0\].random_invert_colours.probability"):
-        config.load({**base, "augment": [{"random_invert_colours": {"probability": "often"}}],
-                     "plugins": [AUGMENT_MODULE]})
+        config.load(
+            {
+                **base,
+                "augment": [{"random_invert_colours": {"probability": "often"}}],
+                "plugins": [AUGMENT_MODULE],
+            }
+        )
     # Nothing imports a module the config does not name.
     assert UNNAMED_MODULE not in sys.modules and not mark.exists()
 
 
-def test_plugin_transforms_run_on_fresh_worker_processes(plugin_dir, demo_corpus, tmp_path,
-                                                         monkeypatch, mark):
+def test_plugin_transforms_run_on_fresh_worker_processes(
+    plugin_dir, demo_corpus, tmp_path, monkeypatch, mark
+):
     # Beam's multi_processing workers are new interpreters: they find the
     # plugin through PYTHONPATH (as Dataflow workers find it installed).
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(plugin_dir)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join([str(plugin_dir)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+    )
     data = make_config(
-        demo_corpus.out_dir, output=str(tmp_path / "out"),
-        transforms=[{"resize": {"shorter_side": 40}}, {"center_crop": {"size": 32}},
-                    "invert_colours"],
+        demo_corpus.out_dir,
+        output=str(tmp_path / "out"),
+        transforms=[
+            {"resize": {"shorter_side": 40}},
+            {"center_crop": {"size": 32}},
+            "invert_colours",
+        ],
         augment=["random_invert_colours"],
         plugins=[TRANSFORMS_MODULE, AUGMENT_MODULE],
         sharding={"num_shards": 1},
@@ -99,14 +122,16 @@ def test_plugin_transforms_run_on_fresh_worker_processes(plugin_dir, demo_corpus
     result = build(data, ["--direct_num_workers=2", "--direct_running_mode=multi_processing"])
     assert result.info.dropped == {reason: 1 for reason in demo_corpus.broken.values()}
     for record in read_split(result, "train"):
-        np.testing.assert_array_equal(record["image"],
-                                      255 - expected_pixels(demo_corpus, record["key"]))
+        np.testing.assert_array_equal(
+            record["image"], 255 - expected_pixels(demo_corpus, record["key"])
+        )
     assert not mark.exists()
 
     # The reader, in a fresh process: the stored augment list names the user
     # op; loading does not import its module (a dataset's files are data) and
     # says which one to import. After the import, it reads.
-    out = run_python(textwrap.dedent(f"""
+    out = run_python(
+        textwrap.dedent(f"""
         import sys
         import kiln.reader
         root = sys.argv[1]
@@ -118,7 +143,10 @@ def test_plugin_transforms_run_on_fresh_worker_processes(plugin_dir, demo_corpus
         import {AUGMENT_MODULE}
         images, labels = next(iter(kiln.reader.load(root, "train", batch_size=4, seed=0)))
         print("batch:", tuple(images.shape))
-    """), result.dataset_root, env={"PYTHONPATH": os.environ["PYTHONPATH"]})
+    """),
+        result.dataset_root,
+        env={"PYTHONPATH": os.environ["PYTHONPATH"]},
+    )
     lines = out.strip().splitlines()
     assert lines[0].startswith("refused: ")
     assert "unknown augmentation op 'random_invert_colours'" in lines[0]

@@ -15,13 +15,15 @@ from kiln.pipeline import build, progress
 
 def test_status_line():
     assert progress.status_line(0, 400, 0.0) == "0/400 files (0.0%)"
-    assert progress.status_line(100, 400, 10.0) == \
-        "100/400 files (25.0%), 10.0 files/s, 0:30 left"
-    assert progress.status_line(10, 40_000, 1.0) == \
-        "10/40000 files (0.0%), 10.0 files/s, 1:06:39 left"
+    assert progress.status_line(100, 400, 10.0) == "100/400 files (25.0%), 10.0 files/s, 0:30 left"
+    assert (
+        progress.status_line(10, 40_000, 1.0) == "10/40000 files (0.0%), 10.0 files/s, 1:06:39 left"
+    )
     # A retried bundle counts again: never more than the total.
-    assert progress.status_line(420, 400, 20.0) == \
-        "400/400 files (100.0%), 20.0 files/s; writing shards and statistics"
+    assert (
+        progress.status_line(420, 400, 20.0)
+        == "400/400 files (100.0%), 20.0 files/s; writing shards and statistics"
+    )
 
 
 def test_display_redraws_one_line_from_the_count_file(tmp_path):
@@ -40,7 +42,8 @@ def test_display_redraws_one_line_from_the_count_file(tmp_path):
     display.__exit__(None, None, None)  # t=4: 8 of 8, then a newline
     assert stream.getvalue() == (
         "\rp: 4/8 files (50.0%), 2.0 files/s, 0:02 left"
-        "\rp: 8/8 files (100.0%), 2.0 files/s; writing shards and statistics\n")
+        "\rp: 8/8 files (100.0%), 2.0 files/s; writing shards and statistics\n"
+    )
 
 
 def test_build_shows_every_file_counted(demo_corpus, tmp_path, capsys):
@@ -88,8 +91,7 @@ def test_quiet_and_report(demo_corpus, tmp_path, capsys):
         again = json.load(f)
     assert again["status"] == "up_to_date" and again["version"] == report["version"]
 
-    strict = write_config(tmp_path / "strict.yaml",
-                          dict(config, errors={"max_fraction": 0.0}))
+    strict = write_config(tmp_path / "strict.yaml", dict(config, errors={"max_fraction": 0.0}))
     assert cli.main(["build", "--config", strict, "--report", report_path]) == 1
     with open(report_path) as f:
         failed = json.load(f)

@@ -61,11 +61,17 @@ def test_shards_written_again_leave_one_correct_file_each(tmp_path):
     run_write_shards(tmp_path, list(reversed(records)), config)  # every shard written again
     assert sorted(e for e in os.listdir(folder) if not e.startswith(".")) == shards
     assert {name: verify._size_and_sha256(os.path.join(folder, name)) for name in shards} == first
-    by_split = {"train": sorted(r for r in records if r.split == "train"),
-                "test": sorted(r for r in records if r.split == "test")}
+    by_split = {
+        "train": sorted(r for r in records if r.split == "train"),
+        "test": sorted(r for r in records if r.split == "test"),
+    }
     for split, expected in by_split.items():
-        read = [record for name in shards if f"-{split}." in name
-                for record in read_tfrecords(os.path.join(folder, name))]
+        read = [
+            record
+            for name in shards
+            if f"-{split}." in name
+            for record in read_tfrecords(os.path.join(folder, name))
+        ]
         assert read == [r.record for r in expected]
 
 
@@ -75,8 +81,12 @@ def test_shards_written_again_leave_one_correct_file_each(tmp_path):
 def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys):
     root = tmp_path / "images"
     keys = small_corpus(demo_corpus, root)
-    config = make_config(str(root), output=str(tmp_path / "out"), sharding={"num_shards": 1},
-                         splits={"fractions": {"train": 1.0}})
+    config = make_config(
+        str(root),
+        output=str(tmp_path / "out"),
+        sharding={"num_shards": 1},
+        splits={"fractions": {"train": 1.0}},
+    )
     first = build(config)
     add_image(demo_corpus, root, keys, "added.png")  # an added file: a new version
     second = build(config)
@@ -100,8 +110,9 @@ def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys
     publish.DatasetRoot(dataset_root).point_latest(second.version)
     removed = publish.DatasetRoot(dataset_root).staging_dirs()
     assert publish.DatasetRoot(dataset_root).prune(1) == []  # newest + LATEST: both kept
-    assert removed == [] and publish.DatasetRoot(dataset_root).versions() == sorted([second.version,
-                                                                        third.version])
+    assert removed == [] and publish.DatasetRoot(dataset_root).versions() == sorted(
+        [second.version, third.version]
+    )
     os.remove(root / "circle" / "added.png")
     os.remove(root / keys[2])
     shutil.copyfile(os.path.join(demo_corpus.out_dir, keys[2]), root / keys[2])
@@ -115,8 +126,7 @@ def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys
     path.write_text(yaml.safe_dump(config))
     add_image(demo_corpus, root, keys, "again.png")
     report = tmp_path / "report.json"
-    assert cli.main(["build", "--config", str(path), "--keep", "1", "--report",
-                     str(report)]) == 0
+    assert cli.main(["build", "--config", str(path), "--keep", "1", "--report", str(report)]) == 0
     fifth = json.loads(report.read_text())
     assert fifth["pruned"] == [first.version]
     assert f"  pruned: 1 old version(s): {first.version}" in capsys.readouterr().out
@@ -135,18 +145,27 @@ def test_keep_on_an_object_store(demo_corpus):
         with open(os.path.join(demo_corpus.out_dir, key), "rb") as f:
             object_store.put(f"{bucket}/images/{key}", f.read())
     try:
-        config = make_config(f"{bucket}/images", output=f"{bucket}/datasets",
-                             sharding={"num_shards": 1}, splits={"fractions": {"train": 1.0}})
+        config = make_config(
+            f"{bucket}/images",
+            output=f"{bucket}/datasets",
+            sharding={"num_shards": 1},
+            splits={"fractions": {"train": 1.0}},
+        )
         first = build(config)
-        object_store.put(f"{bucket}/images/{keys[0].split('/')[0]}/added.png",
-                         object_store.get(f"{bucket}/images/{keys[1]}"))
+        object_store.put(
+            f"{bucket}/images/{keys[0].split('/')[0]}/added.png",
+            object_store.get(f"{bucket}/images/{keys[1]}"),
+        )
         object_store.EVENTS.clear()
         second = build(config, keep=1)
         assert second.pruned == (first.version,)
         assert publish.DatasetRoot(second.dataset_root).versions() == [second.version]
         assert object_store.names(first.dataset_dir + "/") == []
-        deleted = [path for kind, path in object_store.EVENTS
-                   if kind == "delete" and path.startswith(first.dataset_dir + "/")]
+        deleted = [
+            path
+            for kind, path in object_store.EVENTS
+            if kind == "delete" and path.startswith(first.dataset_dir + "/")
+        ]
         assert deleted[0] == f"{first.dataset_dir}/kiln.json" and len(deleted) > 3
         assert object_store.get(f"{second.dataset_root}/LATEST").decode() == second.version
         assert object_store.names(f"{second.dataset_dir}/kiln.json")
@@ -188,12 +207,17 @@ def start_build(config_path, *kill_after):
     log file beside the config, read back by `log`."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(REPO, "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        [os.path.join(REPO, "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    )
     command = ["-c", KILL_AFTER, *kill_after] if kill_after else ["-m", "kiln.pipeline"]
     with open(os.path.join(os.path.dirname(config_path), "build.log"), "w") as out:
-        return subprocess.Popen([sys.executable, *command, "--config", str(config_path),
-                                 "--quiet"], env=env, start_new_session=True,
-                                stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, *command, "--config", str(config_path), "--quiet"],
+            env=env,
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def log(config_path):
@@ -243,8 +267,7 @@ def assert_nothing_half_written(dataset_root, previous, verified):
             verified.add(entry)
     assert previous in visible
     info = kiln.reader.info(dataset_root)  # follows LATEST
-    records = kiln.reader.load(dataset_root, "train", batch_size=None, shuffle=False,
-                               augment=None)
+    records = kiln.reader.load(dataset_root, "train", batch_size=None, shuffle=False, augment=None)
     assert sum(1 for _ in records) == info.splits["train"].num_examples
     return latest
 
@@ -252,16 +275,21 @@ def assert_nothing_half_written(dataset_root, previous, verified):
 def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path):
     root = tmp_path / "images"
     keys = small_corpus(demo_corpus, root)
-    config = make_config(str(root), output=str(tmp_path / "out"),
-                         sharding={"num_shards": 2}, splits={"fractions": {"train": 1.0}})
+    config = make_config(
+        str(root),
+        output=str(tmp_path / "out"),
+        sharding={"num_shards": 2},
+        splits={"fractions": {"train": 1.0}},
+    )
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     dataset_root = str(tmp_path / "out" / "shapes")
     verified = set()
 
     staged, published, duration = run_and_watch(config_path, dataset_root)
-    latest = assert_nothing_half_written(dataset_root, publish.DatasetRoot(dataset_root).latest(),
-                                         verified)
+    latest = assert_nothing_half_written(
+        dataset_root, publish.DatasetRoot(dataset_root).latest(), verified
+    )
 
     # Random moments (seeded) from the start to the end of a build. Imports
     # take most of a small build's time, so every other trial falls in the
@@ -274,8 +302,9 @@ def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path
         add_image(demo_corpus, root, keys, f"extra_{trial}.png")
         process = start_build(config_path)
         step = (trial // 2 + rng.random()) / (trials // 2)
-        time.sleep(duration * step if trial % 2 == 0
-                   else 0.9 * staged + (published - 0.9 * staged) * step)
+        time.sleep(
+            duration * step if trial % 2 == 0 else 0.9 * staged + (published - 0.9 * staged) * step
+        )
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:  # it finished (and published) before the moment came
@@ -313,8 +342,9 @@ def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path
     assert again.info.splits["train"].num_examples == len(keys) + trials + 1
 
 
-def test_a_published_version_whose_kiln_json_was_edited_is_rebuilt_not_reused(demo_corpus,
-                                                                              tmp_path):
+def test_a_published_version_whose_kiln_json_was_edited_is_rebuilt_not_reused(
+    demo_corpus, tmp_path
+):
     root = tmp_path / "images"
     small_corpus(demo_corpus, root)
     config = make_config(root, output=str(tmp_path / "out"))

@@ -8,8 +8,9 @@ import pytest
 
 from kiln import cli
 
-CLI_DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "docs", "cli.md")
+CLI_DOC = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "cli.md"
+)
 
 
 @pytest.mark.parametrize("command", sorted(cli.COMMANDS))

@@ -19,8 +19,9 @@ from conftest import make_config
 from kiln.pipeline import config, launcher, publish
 from kiln.schemas import RECORD
 
-pytest.importorskip("apache_beam.runners.dataflow.dataflow_runner",
-                    reason="needs kiln[gcp] (apache-beam[gcp])")
+pytest.importorskip(
+    "apache_beam.runners.dataflow.dataflow_runner", reason="needs kiln[gcp] (apache-beam[gcp])"
+)
 
 CONTAINER = "europe-west1-docker.pkg.dev/fake-project/kiln/kiln:0.1.0"
 DATAFLOW_ARGS = [
@@ -42,8 +43,11 @@ def no_network_no_credentials(monkeypatch, tmp_path):
 
     def local_only(sock, address):
         host = address[0] if isinstance(address, tuple) else address
-        if isinstance(host, str) and host not in ("localhost", "127.0.0.1", "::1") \
-                and not host.startswith("/"):
+        if (
+            isinstance(host, str)
+            and host not in ("localhost", "127.0.0.1", "::1")
+            and not host.startswith("/")
+        ):
             attempts.append(address)
             raise OSError(f"network disabled by the test: {address}")
         return real_connect(sock, address)
@@ -59,8 +63,10 @@ def no_network_no_credentials(monkeypatch, tmp_path):
 def pardo_fn(proto, prefix):
     """The DoFn object pickled into the proto for the ParDo under `prefix`."""
     for transform in proto.components.transforms.values():
-        if transform.unique_name.startswith(prefix) and \
-                transform.spec.urn == "beam:transform:pardo:v1":
+        if (
+            transform.unique_name.startswith(prefix)
+            and transform.spec.urn == "beam:transform:pardo:v1"
+        ):
             payload = beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)
             return pickler.loads(payload.do_fn.payload)[0]
     raise AssertionError(f"no ParDo under {prefix}")
@@ -79,15 +85,23 @@ def test_dataflow_dry_run_translates_the_job(demo_corpus, no_network_no_credenti
     proto = result.job.proto_pipeline
 
     names = {t.unique_name for t in proto.components.transforms.values()}
-    for step in ["ReadListing", "SpreadFiles",
-                 "ProcessImages/DecodeTransformEncode",
-                 "WriteShards/GroupShards", "WriteShards/WriteShardFiles",
-                 "Summarize", "FindDuplicates/GatherCopies", "WriteReports"]:
+    for step in [
+        "ReadListing",
+        "SpreadFiles",
+        "ProcessImages/DecodeTransformEncode",
+        "WriteShards/GroupShards",
+        "WriteShards/WriteShardFiles",
+        "Summarize",
+        "FindDuplicates/GatherCopies",
+        "WriteReports",
+    ]:
         assert step in names, step
     images = set()
     for environment in proto.components.environments.values():
         assert environment.urn == "beam:env:docker:v1"
-        images.add(beam_runner_api_pb2.DockerPayload.FromString(environment.payload).container_image)
+        images.add(
+            beam_runner_api_pb2.DockerPayload.FromString(environment.payload).container_image
+        )
     assert images == {CONTAINER}
 
     # The shard writer goes to the gs:// staging folder.

@@ -45,14 +45,18 @@ def max_abs_diff(a, b) -> int:
 
 # --- formats ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("fmt, save_args", [
-    ("PNG", {}),
-    ("BMP", {}),
-    ("TIFF", {}),
-    ("TIFF", {"compression": "tiff_lzw"}),
-    ("WEBP", {"lossless": True}),
-    ("JPEG2000", {}),
-])
+
+@pytest.mark.parametrize(
+    "fmt, save_args",
+    [
+        ("PNG", {}),
+        ("BMP", {}),
+        ("TIFF", {}),
+        ("TIFF", {"compression": "tiff_lzw"}),
+        ("WEBP", {"lossless": True}),
+        ("JPEG2000", {}),
+    ],
+)
 def test_lossless_formats_decode_exactly(fmt, save_args):
     out = decode_image(pillow_bytes(NOISE, fmt, **save_args))
     assert out.dtype == np.uint8 and out.flags.c_contiguous
@@ -65,10 +69,13 @@ def test_opencv_only_formats_decode_exactly(extension):
     np.testing.assert_array_equal(out, NOISE)
 
 
-@pytest.mark.parametrize("save_args", [
-    {"quality": 100, "subsampling": 0},
-    {"quality": 100, "subsampling": 0, "progressive": True},
-])
+@pytest.mark.parametrize(
+    "save_args",
+    [
+        {"quality": 100, "subsampling": 0},
+        {"quality": 100, "subsampling": 0, "progressive": True},
+    ],
+)
 def test_jpeg_baseline_and_progressive(save_args):
     out = decode_image(pillow_bytes(BLOCKS, "JPEG", **save_args))
     assert out.shape == (24, 32, 3)
@@ -94,8 +101,9 @@ def test_gray_sources_give_one_channel_or_three_equal_channels():
 
 
 def test_colour_to_one_channel_uses_the_grayscale_kernel():
-    np.testing.assert_array_equal(decode_image(pillow_bytes(NOISE, "PNG"), channels=1),
-                                  to_grayscale(NOISE))
+    np.testing.assert_array_equal(
+        decode_image(pillow_bytes(NOISE, "PNG"), channels=1), to_grayscale(NOISE)
+    )
 
 
 def test_palette_png_and_gif():
@@ -111,13 +119,14 @@ def test_palette_png_and_gif():
 
 
 def test_alpha_is_composited_over_white():
-    rgba = np.array([[[200, 100, 50, 255], [200, 100, 50, 0], [200, 100, 50, 128], [0, 0, 0, 128]]],
-                    np.uint8)
+    rgba = np.array(
+        [[[200, 100, 50, 255], [200, 100, 50, 0], [200, 100, 50, 128], [0, 0, 0, 128]]], np.uint8
+    )
     out = decode_image(pillow_bytes(rgba, "PNG"))
     # c * a/255 + 255 * (1 - a/255), rounded: (200*128 + 255*127) / 255 = 227.4
-    np.testing.assert_array_equal(out, [[[200, 100, 50], [255, 255, 255], [227, 177, 152], [127,
-                                                                                            127,
-                                                                                            127]]])
+    np.testing.assert_array_equal(
+        out, [[[200, 100, 50], [255, 255, 255], [227, 177, 152], [127, 127, 127]]]
+    )
     webp = decode_image(pillow_bytes(rgba, "WEBP", lossless=True, exact=True))
     np.testing.assert_array_equal(webp, out)
 
@@ -141,8 +150,9 @@ def test_16_bit_png_rounds_to_8_bit():
 
 def test_16_bit_png_with_alpha():
     bgra16 = np.array([[[0, 0, 65535, 65535], [0, 0, 65535, 0]]], np.uint16)
-    np.testing.assert_array_equal(decode_image(opencv_bytes(bgra16, ".png")),
-                                  [[[255, 0, 0], [255, 255, 255]]])
+    np.testing.assert_array_equal(
+        decode_image(opencv_bytes(bgra16, ".png")), [[[255, 0, 0], [255, 255, 255]]]
+    )
 
 
 def test_float_hdr_is_clipped_and_scaled():
@@ -161,6 +171,7 @@ def test_multi_frame_gif_gives_the_first_frame():
 
 # --- EXIF orientation ---------------------------------------------------------------
 
+
 def with_orientation(fmt, orientation, **save_args) -> bytes:
     exif = Image.Exif()
     exif[0x0112] = orientation
@@ -176,16 +187,19 @@ UPRIGHT = {
     5: lambda a: np.transpose(a, (1, 0, 2)),
     6: lambda a: np.rot90(a, k=-1),  # clockwise
     7: lambda a: np.rot90(a, k=-1)[::-1],  # transverse
-    8: lambda a: np.rot90(a, k=1),   # counter-clockwise
+    8: lambda a: np.rot90(a, k=1),  # counter-clockwise
 }
 
 
-@pytest.mark.parametrize("fmt, save_args, tolerance", [
-    ("JPEG", {"quality": 100, "subsampling": 0}, 3),
-    ("PNG", {}, 0),
-    ("WEBP", {"lossless": True}, 0),
-    ("TIFF", {}, 0),
-])
+@pytest.mark.parametrize(
+    "fmt, save_args, tolerance",
+    [
+        ("JPEG", {"quality": 100, "subsampling": 0}, 3),
+        ("PNG", {}, 0),
+        ("WEBP", {"lossless": True}, 0),
+        ("TIFF", {}, 0),
+    ],
+)
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_exif_orientation_is_applied(fmt, save_args, tolerance, orientation):
     data = with_orientation(fmt, orientation, **save_args)
@@ -212,21 +226,40 @@ def test_invalid_orientation_value_is_ignored():
 
 # --- failures ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("data, reason, message", [
-    (b"", "empty", "empty"),
-    (b"just some text, not a picture\n", "not_an_image", "not an image"),
-    (b"<!DOCTYPE html><html><body>404</body></html>", "not_an_image", "not an image"),
-    (b"8BPS" + bytes(60), "unsupported_format", "Photoshop"),
-    (b"\x00\x00\x00\x18ftypheic" + bytes(60), "unsupported_format", "HEIF"),
-    (b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg"/>', "unsupported_format",
-     "SVG"),
-    (pillow_bytes(NOISE, "JPEG")[:300], "corrupt", "JPEG"),
-    (pillow_bytes(NOISE, "JPEG", progressive=True)[:-200], "corrupt", "JPEG"),
-    (pillow_bytes(NOISE, "PNG")[:-100], "corrupt", "PNG"),
-    (pillow_bytes(NOISE, "WEBP")[:40], "corrupt", "WebP"),
-    (pillow_bytes(NOISE, "TIFF")[:200], "corrupt", "TIFF"),
-], ids=["empty", "text", "html", "psd", "heic", "svg", "jpeg-header-only", "jpeg-progressive-cut",
-        "png-cut", "webp-cut", "tiff-cut"])
+
+@pytest.mark.parametrize(
+    "data, reason, message",
+    [
+        (b"", "empty", "empty"),
+        (b"just some text, not a picture\n", "not_an_image", "not an image"),
+        (b"<!DOCTYPE html><html><body>404</body></html>", "not_an_image", "not an image"),
+        (b"8BPS" + bytes(60), "unsupported_format", "Photoshop"),
+        (b"\x00\x00\x00\x18ftypheic" + bytes(60), "unsupported_format", "HEIF"),
+        (
+            b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg"/>',
+            "unsupported_format",
+            "SVG",
+        ),
+        (pillow_bytes(NOISE, "JPEG")[:300], "corrupt", "JPEG"),
+        (pillow_bytes(NOISE, "JPEG", progressive=True)[:-200], "corrupt", "JPEG"),
+        (pillow_bytes(NOISE, "PNG")[:-100], "corrupt", "PNG"),
+        (pillow_bytes(NOISE, "WEBP")[:40], "corrupt", "WebP"),
+        (pillow_bytes(NOISE, "TIFF")[:200], "corrupt", "TIFF"),
+    ],
+    ids=[
+        "empty",
+        "text",
+        "html",
+        "psd",
+        "heic",
+        "svg",
+        "jpeg-header-only",
+        "jpeg-progressive-cut",
+        "png-cut",
+        "webp-cut",
+        "tiff-cut",
+    ],
+)
 def test_bad_files_raise_decode_error_with_reason(data, reason, message):
     with pytest.raises(DecodeError, match=message) as caught:
         decode_image(data)
@@ -253,10 +286,14 @@ BOMBS = bombs.bombs(12000, 12000)
 
 
 @pytest.mark.parametrize("name", sorted(BOMBS))
-def test_decompression_bombs_are_refused_from_the_header_before_decoding(name,
-                                                                         opencv_must_not_decode):
-    declared = (r"declares 16x16 \(WxH\) but its decoder works on 144000000 pixels"
-                if "tiles" in name else r"declares 12000x12000 \(WxH\) = 144000000 pixels")
+def test_decompression_bombs_are_refused_from_the_header_before_decoding(
+    name, opencv_must_not_decode
+):
+    declared = (
+        r"declares 16x16 \(WxH\) but its decoder works on 144000000 pixels"
+        if "tiles" in name
+        else r"declares 12000x12000 \(WxH\) = 144000000 pixels"
+    )
     with pytest.raises(DecodeError, match=declared + r".*more than max_pixels 1000000") as caught:
         decode_image(BOMBS[name], max_pixels=1_000_000)
     assert caught.value.reason == "too_many_pixels"
@@ -267,16 +304,18 @@ def test_an_avif_frame_larger_than_its_declared_size_is_refused(opencv_must_not_
     frame = cv2.imencode(".avif", np.zeros((768, 1024, 3), np.uint8))[1].tobytes()
     data = bytearray(frame)
     ispe = data.index(b"ispe")
-    data[ispe + 8:ispe + 16] = struct.pack(">II", 8, 8)
-    with pytest.raises(DecodeError,
-                       match=r"declares 8x8 .* decoder works on 786432 pixels") as caught:
+    data[ispe + 8 : ispe + 16] = struct.pack(">II", 8, 8)
+    with pytest.raises(
+        DecodeError, match=r"declares 8x8 .* decoder works on 786432 pixels"
+    ) as caught:
         decode_image(bytes(data), max_pixels=100_000)
     assert caught.value.reason == "too_many_pixels"
 
 
 @pytest.mark.parametrize("name", sorted(bombs.allocation_bombs()))
 def test_files_that_would_make_opencv_allocate_from_other_fields_are_refused(
-        name, opencv_must_not_decode):
+    name, opencv_must_not_decode
+):
     data, reason = bombs.allocation_bombs()[name]
     with pytest.raises(DecodeError) as caught:
         decode_image(data)
@@ -291,24 +330,34 @@ def test_the_reported_radiance_hdr_bomb_is_refused_before_decoding(opencv_must_n
     assert caught.value.reason == "too_many_pixels"
 
 
-@pytest.mark.parametrize("data, message", [
-    (b"\x00\x00\x00\x14ftypavis\x00\x00\x00\x00avis" + b"\x00\x00\x00\x08moov",
-     "AVIF image sequences are not supported"),
-    (b"P7\nWIDTH 2\nHEIGHT 2\nDEPTH 6\nMAXVAL 255\nENDHDR\n" + bytes(24),
-     "PAM images with 6 channels are not supported"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (
+            b"\x00\x00\x00\x14ftypavis\x00\x00\x00\x00avis" + b"\x00\x00\x00\x08moov",
+            "AVIF image sequences are not supported",
+        ),
+        (
+            b"P7\nWIDTH 2\nHEIGHT 2\nDEPTH 6\nMAXVAL 255\nENDHDR\n" + bytes(24),
+            "PAM images with 6 channels are not supported",
+        ),
+    ],
+)
 def test_variants_whose_size_is_not_read_are_unsupported(data, message, opencv_must_not_decode):
     with pytest.raises(DecodeError, match=message) as caught:
         decode_image(data)
     assert caught.value.reason == "unsupported_format"
 
 
-@pytest.mark.parametrize("data, reason", [
-    (b"SECRET-TOKEN-1234 is not an image\n", "not_an_image"),
-    (b"\x89PNG\r\n\x1a\nSECRET-TOKEN-1234", "corrupt"),
-    (b"P7\nSECRET-TOKEN-1234 1\nENDHDR\n", "corrupt"),
-    (b"#?RADIANCE\nSECRET-TOKEN-1234\n\n-Y 2 +X 2\n", "corrupt"),
-])
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"SECRET-TOKEN-1234 is not an image\n", "not_an_image"),
+        (b"\x89PNG\r\n\x1a\nSECRET-TOKEN-1234", "corrupt"),
+        (b"P7\nSECRET-TOKEN-1234 1\nENDHDR\n", "corrupt"),
+        (b"#?RADIANCE\nSECRET-TOKEN-1234\n\n-Y 2 +X 2\n", "corrupt"),
+    ],
+)
 def test_messages_never_quote_the_file(data, reason, opencv_must_not_decode):
     with pytest.raises(DecodeError) as caught:
         decode_image(data)
@@ -319,8 +368,11 @@ def test_messages_never_quote_the_file(data, reason, opencv_must_not_decode):
 def test_before_decoding_gets_the_pixels_to_decode_before_opencv_runs(monkeypatch):
     events = []
     real_decode = decode_module.cv2.imdecodeWithMetadata
-    monkeypatch.setattr(decode_module.cv2, "imdecodeWithMetadata",
-                        lambda *args: events.append("decode") or real_decode(*args))
+    monkeypatch.setattr(
+        decode_module.cv2,
+        "imdecodeWithMetadata",
+        lambda *args: events.append("decode") or real_decode(*args),
+    )
     decode_image(pillow_bytes(NOISE, "PNG"), before_decoding=events.append)
     assert events == [17 * 11, "decode"]
     tiles = bombs.tiff(16, 16, tile=(64, 32))

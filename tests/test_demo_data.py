@@ -61,8 +61,10 @@ def test_classes_counts_and_layout(demo):
     for path in good:
         class_name, name = path.split("/")
         assert name.startswith(class_name + "_") and name.endswith((".jpg", ".png"))
-    assert "wrote 120 images in 4 classes (circle 30, square 30, star 30, triangle 30) " \
-           "and 3 broken files" in summary.describe()
+    assert (
+        "wrote 120 images in 4 classes (circle 30, square 30, star 30, triangle 30) "
+        "and 3 broken files" in summary.describe()
+    )
 
 
 def test_broken_files_fail_to_decode_with_the_declared_reasons(demo):
@@ -123,7 +125,11 @@ def test_regenerating_replaces_an_earlier_demo_folder(tmp_path):
     demo_data.generate(tmp_path, num_images=4, seed=1, include_broken=False)
     # The 12 earlier images and the broken files are gone, not mixed in.
     assert sorted(path.rsplit(".", 1)[0] for path in read_tree(tmp_path)) == [
-        "circle/circle_0000", "square/square_0001", "star/star_0002", "triangle/triangle_0003"]
+        "circle/circle_0000",
+        "square/square_0001",
+        "star/star_0002",
+        "triangle/triangle_0003",
+    ]
 
 
 def test_a_folder_with_other_files_is_never_touched(tmp_path):
@@ -138,8 +144,10 @@ def test_a_folder_with_other_files_is_never_touched(tmp_path):
 def test_command_prints_a_one_line_summary(tmp_path, capsys):
     assert cli.main(["demo-data", str(tmp_path / "out"), "--num-images", "8", "--no-broken"]) == 0
     output = capsys.readouterr().out.strip().splitlines()
-    assert output == [f"wrote 8 images in 4 classes (circle 2, square 2, star 2, triangle 2) "
-                      f"to {tmp_path / 'out'}"]
+    assert output == [
+        f"wrote 8 images in 4 classes (circle 2, square 2, star 2, triangle 2) "
+        f"to {tmp_path / 'out'}"
+    ]
     assert len(read_tree(tmp_path / "out")) == 8
 
 
@@ -156,8 +164,12 @@ def test_photos_are_deterministic_photo_like_jpegs(tmp_path):
     files = read_tree(tmp_path / "a")
     assert files == read_tree(tmp_path / "b")
     assert summary.class_counts == {"circle": 1, "square": 1, "star": 1, "triangle": 1}
-    assert sorted(files) == ["circle/photo_0000.jpg", "square/photo_0001.jpg",
-                             "star/photo_0002.jpg", "triangle/photo_0003.jpg"]
+    assert sorted(files) == [
+        "circle/photo_0000.jpg",
+        "square/photo_0001.jpg",
+        "star/photo_0002.jpg",
+        "triangle/photo_0003.jpg",
+    ]
     for data in files.values():
         image = decode_image(data)
         assert image.shape == (120, 160, 3)

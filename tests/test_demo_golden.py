@@ -33,11 +33,13 @@ NORMALIZED = ("kiln.json", "dataset_info.json", "errors.jsonl")
 
 
 def normalized(text: str, *, images: str, info) -> str:
-    return (text.replace(images, "<demo-data>")
-                .replace(info.config_fingerprint, "<fingerprint>")
-                .replace(info.checksum, "<checksum>")
-                .replace(info.errors_sha256, "<errors-sha256>")
-                .replace(info.version, "<version>"))
+    return (
+        text.replace(images, "<demo-data>")
+        .replace(info.config_fingerprint, "<fingerprint>")
+        .replace(info.checksum, "<checksum>")
+        .replace(info.errors_sha256, "<errors-sha256>")
+        .replace(info.version, "<version>")
+    )
 
 
 def test_demo_build_matches_the_golden_files(tmp_path):
@@ -50,14 +52,21 @@ def test_demo_build_matches_the_golden_files(tmp_path):
 
     folder = pathlib.Path(result.dataset_dir)
     names = sorted(os.listdir(folder))
-    hashes = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
-              for name in names if name not in NORMALIZED}
-    texts = {name: normalized((folder / name).read_text(), images=images, info=result.info)
-             for name in NORMALIZED}
+    hashes = {
+        name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        for name in names
+        if name not in NORMALIZED
+    }
+    texts = {
+        name: normalized((folder / name).read_text(), images=images, info=result.info)
+        for name in NORMALIZED
+    }
     # What the normalization hides is checked against the files themselves.
     assert kiln.reader.info(str(folder)) == result.info  # kiln.json matches its checksum
-    assert result.info.errors_sha256 == hashlib.sha256(
-        (folder / "errors.jsonl").read_bytes()).hexdigest()
+    assert (
+        result.info.errors_sha256
+        == hashlib.sha256((folder / "errors.jsonl").read_bytes()).hexdigest()
+    )
     assert result.info.duplicates_sha256 == hashes["duplicates.jsonl"]
 
     if os.environ.get("KILN_UPDATE_GOLDEN"):

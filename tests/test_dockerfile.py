@@ -26,13 +26,17 @@ def dockerfile():
 
 
 def instructions():
-    return [(entry["instruction"], entry["value"]) for entry in dockerfile().structure
-            if entry["instruction"] != "COMMENT"]
+    return [
+        (entry["instruction"], entry["value"])
+        for entry in dockerfile().structure
+        if entry["instruction"] != "COMMENT"
+    ]
 
 
 def test_base_image_is_the_pinned_beam_sdk_for_this_python():
-    beam_version = re.search(r'^BEAM_VERSION = "([^"]+)"', (TOP / "setup.py").read_text(),
-                             re.M).group(1)
+    beam_version = re.search(
+        r'^BEAM_VERSION = "([^"]+)"', (TOP / "setup.py").read_text(), re.M
+    ).group(1)
     match = re.fullmatch(r"apache/beam_python(\d+)\.(\d+)_sdk:(\S+)", dockerfile().baseimage)
     assert match, dockerfile().baseimage
     assert match.group(3) == beam_version
@@ -66,13 +70,31 @@ def test_the_copied_files_are_enough_to_build_kiln(tmp_path):
                     target.mkdir(parents=True, exist_ok=True)
                     shutil.copy(path, target / path.name)
     completed = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--wheel-dir", str(tmp_path / "wheels"), str(workdir)],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(tmp_path / "wheels"),
+            str(workdir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     (wheel,) = (tmp_path / "wheels").glob("kiln-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     # The workers import the job's modules and its transforms from the wheel.
-    for module in ("kiln/pipeline/job.py", "kiln/pipeline/images.py", "kiln/transforms/chain.py",
-                   "kiln/schemas/features.py", "kiln/registry.py", "kiln/errors.py"):
+    for module in (
+        "kiln/pipeline/job.py",
+        "kiln/pipeline/images.py",
+        "kiln/transforms/chain.py",
+        "kiln/schemas/features.py",
+        "kiln/registry.py",
+        "kiln/errors.py",
+    ):
         assert module in names, module

@@ -37,43 +37,59 @@ def sections(path: str, level: str) -> dict[str, dict[str, object]]:
         elif current is not None and line.startswith("| `"):
             cells = [cell.strip() for cell in line.strip("|").split(" | ")]
             name, default = cells[0].strip("`"), cells[2]
-            current[name] = REQUIRED if default == "required" else yaml.safe_load(
-                default.strip("`"))
+            current[name] = (
+                REQUIRED if default == "required" else yaml.safe_load(default.strip("`"))
+            )
     return out
 
 
 def same_default(documented, actual) -> bool:
     if isinstance(actual, (tuple, list)):
-        return (isinstance(documented, list) and len(documented) == len(actual)
-                and all(same_default(d, a) for d, a in zip(documented, actual, strict=True)))
+        return (
+            isinstance(documented, list)
+            and len(documented) == len(actual)
+            and all(same_default(d, a) for d, a in zip(documented, actual, strict=True))
+        )
     if isinstance(actual, float) and not isinstance(documented, bool):
         # Rounded in prose: 4/3 is written 1.333.
-        return isinstance(documented, (int, float)) and math.isclose(documented, actual,
-                                                                     rel_tol=1e-3)
+        return isinstance(documented, (int, float)) and math.isclose(
+            documented, actual, rel_tol=1e-3
+        )
     return documented == actual and type(documented) is type(actual)
 
 
 def documented_parameters(entry) -> dict[str, object]:
     """Parameter -> default (or REQUIRED) of a registered function, from its parameter model."""
-    return {name: REQUIRED if field.is_required() else field.default
-            for name, field in entry.parameters.model_fields.items()}
+    return {
+        name: REQUIRED if field.is_required() else field.default
+        for name, field in entry.parameters.model_fields.items()
+    }
 
 
 def builtin_transforms() -> dict[str, dict[str, object]]:
-    return {name: documented_parameters(TRANSFORMS.get(name)) for name in TRANSFORMS.names()
-            # The others are registered by a test or a plugin.
-            if TRANSFORMS.get(name).fn.__module__ == "kiln.transforms.functional"}
+    return {
+        name: documented_parameters(TRANSFORMS.get(name))
+        for name in TRANSFORMS.names()
+        # The others are registered by a test or a plugin.
+        if TRANSFORMS.get(name).fn.__module__ == "kiln.transforms.functional"
+    }
 
 
 def builtin_augmentations() -> dict[str, dict[str, object]]:
-    return {name: documented_parameters(AUGMENTATIONS.get(name))
-            for name in AUGMENTATIONS.names() if AUGMENTATIONS.get(name).builtin}
+    return {
+        name: documented_parameters(AUGMENTATIONS.get(name))
+        for name in AUGMENTATIONS.names()
+        if AUGMENTATIONS.get(name).builtin
+    }
 
 
-@pytest.mark.parametrize("doc, level, registry", [
-    ("docs/transforms.md", "##", builtin_transforms),
-    ("docs/augmentations.md", "###", builtin_augmentations),
-])
+@pytest.mark.parametrize(
+    "doc, level, registry",
+    [
+        ("docs/transforms.md", "##", builtin_transforms),
+        ("docs/augmentations.md", "###", builtin_augmentations),
+    ],
+)
 def test_every_builtin_is_documented_with_its_parameters(doc, level, registry):
     documented = sections(doc, level)
     actual = registry()
@@ -85,14 +101,17 @@ def test_every_builtin_is_documented_with_its_parameters(doc, level, registry):
             if default is REQUIRED or written is REQUIRED:
                 assert written is default, f"{doc}: {name}.{param} required?"
             else:
-                assert same_default(written, default), \
+                assert same_default(written, default), (
                     f"{doc}: {name}.{param} default {written!r}, actually {default!r}"
+                )
 
 
 def test_relative_links_in_docs_resolve():
-    documents = ["README.md"] + [os.path.join("docs", name)
-                                 for name in sorted(os.listdir(os.path.join(REPO, "docs")))
-                                 if name.endswith(".md")]
+    documents = ["README.md"] + [
+        os.path.join("docs", name)
+        for name in sorted(os.listdir(os.path.join(REPO, "docs")))
+        if name.endswith(".md")
+    ]
     for document in documents:
         with open(os.path.join(REPO, document), encoding="utf-8") as f:
             text = f.read()

@@ -35,7 +35,8 @@ def test_raw_is_the_c_order_pixels(image):
 def test_raw_of_a_non_contiguous_view_is_still_row_major_hwc():
     view = NOISE[::2, ::-1]
     np.testing.assert_array_equal(
-        np.frombuffer(encode_image(view, format="raw"), np.uint8).reshape(view.shape), view)
+        np.frombuffer(encode_image(view, format="raw"), np.uint8).reshape(view.shape), view
+    )
 
 
 @pytest.mark.parametrize("image", [SMOOTH, SMOOTH[:, :, 1:2]], ids=["rgb", "gray"])
@@ -62,16 +63,19 @@ def test_same_image_gives_the_same_bytes(format):
     assert isinstance(first, bytes)
 
 
-@pytest.mark.parametrize("image, kwargs, message", [
-    (NOISE.astype(np.float32), {"format": "png"}, "uint8"),
-    (NOISE[:, :, 0], {"format": "png"}, "uint8 HxWxC"),
-    (np.zeros((4, 4, 4), np.uint8), {"format": "png"}, "C 1 or 3"),
-    (np.zeros((0, 4, 3), np.uint8), {"format": "raw"}, "non-empty"),
-    (NOISE, {"format": "webp"}, "unknown format 'webp'"),
-    (NOISE, {"format": "jpeg", "quality": 0}, "quality must be an integer 1..100"),
-    (NOISE, {"format": "jpeg", "quality": 101}, "quality"),
-    (NOISE, {"format": "jpeg", "quality": 90.0}, "quality"),
-])
+@pytest.mark.parametrize(
+    "image, kwargs, message",
+    [
+        (NOISE.astype(np.float32), {"format": "png"}, "uint8"),
+        (NOISE[:, :, 0], {"format": "png"}, "uint8 HxWxC"),
+        (np.zeros((4, 4, 4), np.uint8), {"format": "png"}, "C 1 or 3"),
+        (np.zeros((0, 4, 3), np.uint8), {"format": "raw"}, "non-empty"),
+        (NOISE, {"format": "webp"}, "unknown format 'webp'"),
+        (NOISE, {"format": "jpeg", "quality": 0}, "quality must be an integer 1..100"),
+        (NOISE, {"format": "jpeg", "quality": 101}, "quality"),
+        (NOISE, {"format": "jpeg", "quality": 90.0}, "quality"),
+    ],
+)
 def test_invalid_arguments(image, kwargs, message):
     with pytest.raises(ValueError, match=message):
         encode_image(image, **kwargs)

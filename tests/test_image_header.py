@@ -60,26 +60,36 @@ def real_files(height, width):
     frames[0].save(animated_webp, "WEBP", save_all=True, append_images=frames[1:], lossless=True)
     frames[0].save(animated_gif, "GIF", save_all=True, append_images=frames[1:])
     files = [
-        ("BMP", opencv(".bmp", rgb)), ("BMP", pillow(gray, "BMP")),
+        ("BMP", opencv(".bmp", rgb)),
+        ("BMP", pillow(gray, "BMP")),
         ("BMP", bombs.bmp_os2(width, height)),
-        ("GIF", pillow(rgb, "GIF")), ("GIF", animated_gif.getvalue()),
-        ("AVIF", opencv(".avif", rgb)), ("AVIF", pillow(rgb, "AVIF")),
+        ("GIF", pillow(rgb, "GIF")),
+        ("GIF", animated_gif.getvalue()),
+        ("AVIF", opencv(".avif", rgb)),
+        ("AVIF", pillow(rgb, "AVIF")),
         ("AVIF", opencv(".avif", np.dstack([rgb, gray]))),
         ("Radiance HDR", opencv(".hdr", floats)),
-        ("JPEG", opencv(".jpg", rgb)), ("JPEG", pillow(gray, "JPEG")),
+        ("JPEG", opencv(".jpg", rgb)),
+        ("JPEG", pillow(gray, "JPEG")),
         ("JPEG", pillow(rgb, "JPEG", progressive=True)),
         ("WebP", opencv(".webp", rgb, cv2.IMWRITE_WEBP_QUALITY, 80)),
         ("WebP", opencv(".webp", rgb, cv2.IMWRITE_WEBP_QUALITY, 101)),
-        ("WebP", pillow(np.dstack([rgb, gray]), "WEBP")), ("WebP", animated_webp.getvalue()),
+        ("WebP", pillow(np.dstack([rgb, gray]), "WEBP")),
+        ("WebP", animated_webp.getvalue()),
         ("Sun raster", opencv(".ras", rgb)),
-        ("PNM", opencv(".pgm", gray)), ("PNM", opencv(".ppm", rgb)), ("PNM", opencv(".pbm", gray)),
-        ("PNM", opencv(".ppm", rgb, cv2.IMWRITE_PXM_BINARY, 0)), ("PNM", pillow(rgb, "PPM")),
-        ("PAM", opencv(".pam", rgb)), ("PFM", opencv(".pfm", floats)),
+        ("PNM", opencv(".pgm", gray)),
+        ("PNM", opencv(".ppm", rgb)),
+        ("PNM", opencv(".pbm", gray)),
+        ("PNM", opencv(".ppm", rgb, cv2.IMWRITE_PXM_BINARY, 0)),
+        ("PNM", pillow(rgb, "PPM")),
+        ("PAM", opencv(".pam", rgb)),
+        ("PFM", opencv(".pfm", floats)),
         ("PFM", opencv(".pfm", floats[:, :, 0])),
-        ("TIFF", opencv(".tif", rgb)), ("TIFF", pillow(rgb, "TIFF", compression="tiff_lzw")),
-        ("TIFF", bombs.tiff(width, height, order=">", big=True,
-                            pixels=gray.tobytes())),
-        ("PNG", opencv(".png", rgb)), ("PNG", pillow(gray, "PNG")),
+        ("TIFF", opencv(".tif", rgb)),
+        ("TIFF", pillow(rgb, "TIFF", compression="tiff_lzw")),
+        ("TIFF", bombs.tiff(width, height, order=">", big=True, pixels=gray.tobytes())),
+        ("PNG", opencv(".png", rgb)),
+        ("PNG", pillow(gray, "PNG")),
         ("JPEG 2000", pillow(rgb, "JPEG2000")),
         ("JPEG 2000", pillow(rgb, "JPEG2000", no_jp2=True)),
     ]
@@ -100,17 +110,19 @@ def test_the_header_size_is_the_decoded_size(height, width):
 
 # --- files on which a simpler reader reads another size than the decoder ---------
 
+
 def test_jpeg_fill_bytes_and_ff00_are_skipped_as_libjpeg_skips_them():
     # imagesize reads "FF 00 <length>" as a segment and lands in an APP1
     # segment holding a 16x16 frame header; libjpeg skips FF 00 as stray data
     # and reads the real 3000x2000 frame header.
     big = opencv(".jpg", np.full((2000, 3000, 3), 128, np.uint8))
     sof = big.index(b"\xff\xc0")
-    big_sof = big[sof:sof + 2 + struct.unpack(">H", big[sof + 2:sof + 4])[0]]
-    rest = big[2:sof] + big[sof + len(big_sof):]
+    big_sof = big[sof : sof + 2 + struct.unpack(">H", big[sof + 2 : sof + 4])[0]]
+    rest = big[2:sof] + big[sof + len(big_sof) :]
     small_sof = b"\xff\xc0" + struct.pack(">HBHHB", 17, 8, 16, 16, 3) + bytes(9)
-    app1 = (b"\xff\xe1" + struct.pack(">H", 2 + 2 + len(small_sof) + 4) + b"\0\0" + small_sof
-            + bytes(4))
+    app1 = (
+        b"\xff\xe1" + struct.pack(">H", 2 + 2 + len(small_sof) + 4) + b"\0\0" + small_sof + bytes(4)
+    )
     data = b"\xff\xd8\xff\x00" + struct.pack(">H", 2 + len(big_sof) + 4 + 2) + big_sof + app1 + rest
     header = header_of(data)
     assert (header.height, header.width) == (2000, 3000) == decoded_shape(data)
@@ -119,9 +131,15 @@ def test_jpeg_fill_bytes_and_ff00_are_skipped_as_libjpeg_skips_them():
 def test_a_second_jpeg_frame_header_is_not_read():
     data = bombs.jpeg_declaring(16, 16)
     sof = data.index(b"\xff\xc0")
-    segment = data[sof:sof + 19]
-    twice = (data[:sof] + segment + bytearray(segment[:5]) + struct.pack(">HH", 9000, 9000)
-             + segment[9:] + data[sof + 19:])
+    segment = data[sof : sof + 19]
+    twice = (
+        data[:sof]
+        + segment
+        + bytearray(segment[:5])
+        + struct.pack(">HH", 9000, 9000)
+        + segment[9:]
+        + data[sof + 19 :]
+    )
     assert header_of(bytes(twice))[1:3] == (16, 16)
     assert decoded_shape(bytes(twice)) is None  # libjpeg refuses two frame headers
 
@@ -135,8 +153,12 @@ def test_pnm_comments_end_at_cr_as_in_opencv():
 def test_radiance_header_lines_are_read_in_opencvs_127_byte_pieces():
     # fgets(buf, 128) stops before the LF: then "\n" ends the header.
     long_comment = b"#" + b"x" * 126 + b"\n"
-    data = (b"#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n" + long_comment + b"-Y 30 +X 20\n\n-Y 2 +X 2\n"
-            + bytes(4 * 30 * 20))
+    data = (
+        b"#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n"
+        + long_comment
+        + b"-Y 30 +X 20\n\n-Y 2 +X 2\n"
+        + bytes(4 * 30 * 20)
+    )
     header = header_of(data)
     assert (header.height, header.width) == (30, 20) == decoded_shape(data)
 
@@ -165,7 +187,7 @@ def test_webp_bitstreams_without_a_riff_container_are_webp():
 def test_jpeg_2000_size_comes_from_the_codestream_not_the_jp2_header_box():
     data = bytearray(pillow(RNG.integers(0, 256, (30, 20, 3), dtype=np.uint8), "JPEG2000"))
     ihdr = data.index(b"ihdr")
-    data[ihdr + 4:ihdr + 12] = struct.pack(">II", 3, 2)  # height, width
+    data[ihdr + 4 : ihdr + 12] = struct.pack(">II", 3, 2)  # height, width
     assert header_of(bytes(data))[1:3] == (20, 30)
     assert decoded_shape(bytes(data)) in (None, (30, 20))
 
@@ -184,48 +206,75 @@ def test_avif_coded_frames_larger_than_the_declared_size_count_in_the_pixels_dec
     # size: 8x8 declared, 1024x768 decoded.
     data = bytearray(opencv(".avif", np.zeros((768, 1024, 3), np.uint8)))
     ispe = data.index(b"ispe")
-    data[ispe + 8:ispe + 16] = struct.pack(">II", 8, 8)
+    data[ispe + 8 : ispe + 16] = struct.pack(">II", 8, 8)
     header = header_of(bytes(data))
     assert (header.width, header.height, header.decode_pixels) == (8, 8, 1024 * 768)
 
 
 # --- refused -------------------------------------------------------------------------
 
+
 def ftyp(major, *compatible):
     body = major + b"\0\0\0\0" + b"".join(compatible)
     return struct.pack(">I", 8 + len(body)) + b"ftyp" + body
 
 
-@pytest.mark.parametrize("data, error", [
-    (ftyp(b"avis", b"avis", b"msf1") + struct.pack(">I", 8) + b"moov", UnsupportedVariant),
-    (ftyp(b"mif1", b"avif") + struct.pack(">I", 8) + b"moov", UnsupportedVariant),
-    (b"P7\nWIDTH 4\nHEIGHT 4\nDEPTH 5\nMAXVAL 255\nENDHDR\n", UnsupportedVariant),
-    (b"P7\rWIDTH 4\rHEIGHT 4\rDEPTH 3\rMAXVAL 255\rENDHDR\r", ValueError),
-    (b"P7\nWIDTH 4\nWIDTH 9000\nHEIGHT 4\nDEPTH 3\nMAXVAL 255\nENDHDR\n", ValueError),
-    (b"P7\nWIDTH 4\nHEIGHT 4\nDEPTH 3\nENDHDR\n", ValueError),
-    (b"#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n\n+X 20 -Y 30\n", ValueError),
-    (b"#?RADIANCE\n\n-Y 30 +X 20\n", ValueError),
-    (b"P5\n4 3\n70000\n", ValueError),
-    (b"P6\n99999999999 3\n255\n", ValueError),
-    (b"PF\n-4 3\n-1.0\n", ValueError),
-    (b"\xff\xd8\xff\xd8", ValueError),
-    (b"\xff\xd8\xff\xc8" + bytes(20), ValueError),
-    (b"\xff\xd8\xff\xda\x00\x02", ValueError),
-    (b"GIF88a" + bytes(10), ValueError),
-    (b"BM" + bytes(12) + struct.pack("<i", 20) + bytes(20), ValueError),
-    (b"II*\x00\x08\x00\x00\x00\x00\x00", ValueError),
-    (b"\xff\x4f\xff\x51" + struct.pack(">HHIIIIIIIIH", 53, 0, 10, 10, 0, 0, 10, 10, 0, 0, 5),
-     UnsupportedVariant),
-    (b"\x59\xa6\x6a\x95" + struct.pack(">ii", -5, 4), ValueError),
-    (bombs.png_with_a_chunk_of(1000), ValueError),
-    (bombs.png_declaring(16, 16)[:8] + bombs.chunk(b"IHDR", bytes(14)), ValueError),
-    (bombs.jp2_tiles(255, 256, 1), UnsupportedVariant),
-    (bombs.jp2_tiles(255, 256, 1, codestream_only=False), UnsupportedVariant),
-], ids=["avif-sequence", "avif-tracks", "pam-5-channels", "pam-cr", "pam-repeated-width",
-        "pam-no-maxval", "hdr-rotated", "hdr-no-format", "pnm-maxval", "pnm-huge", "pfm-negative",
-        "jpeg-soi-twice", "jpeg-unsupported-frame", "jpeg-scan-first", "gif-version",
-        "bmp-header-size", "tiff-empty-directory", "j2k-5-components", "sun-raster-negative",
-        "png-chunk-past-the-end", "png-ihdr-length", "j2k-65280-tiles", "jp2-65280-tiles"])
+@pytest.mark.parametrize(
+    "data, error",
+    [
+        (ftyp(b"avis", b"avis", b"msf1") + struct.pack(">I", 8) + b"moov", UnsupportedVariant),
+        (ftyp(b"mif1", b"avif") + struct.pack(">I", 8) + b"moov", UnsupportedVariant),
+        (b"P7\nWIDTH 4\nHEIGHT 4\nDEPTH 5\nMAXVAL 255\nENDHDR\n", UnsupportedVariant),
+        (b"P7\rWIDTH 4\rHEIGHT 4\rDEPTH 3\rMAXVAL 255\rENDHDR\r", ValueError),
+        (b"P7\nWIDTH 4\nWIDTH 9000\nHEIGHT 4\nDEPTH 3\nMAXVAL 255\nENDHDR\n", ValueError),
+        (b"P7\nWIDTH 4\nHEIGHT 4\nDEPTH 3\nENDHDR\n", ValueError),
+        (b"#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n\n+X 20 -Y 30\n", ValueError),
+        (b"#?RADIANCE\n\n-Y 30 +X 20\n", ValueError),
+        (b"P5\n4 3\n70000\n", ValueError),
+        (b"P6\n99999999999 3\n255\n", ValueError),
+        (b"PF\n-4 3\n-1.0\n", ValueError),
+        (b"\xff\xd8\xff\xd8", ValueError),
+        (b"\xff\xd8\xff\xc8" + bytes(20), ValueError),
+        (b"\xff\xd8\xff\xda\x00\x02", ValueError),
+        (b"GIF88a" + bytes(10), ValueError),
+        (b"BM" + bytes(12) + struct.pack("<i", 20) + bytes(20), ValueError),
+        (b"II*\x00\x08\x00\x00\x00\x00\x00", ValueError),
+        (
+            b"\xff\x4f\xff\x51" + struct.pack(">HHIIIIIIIIH", 53, 0, 10, 10, 0, 0, 10, 10, 0, 0, 5),
+            UnsupportedVariant,
+        ),
+        (b"\x59\xa6\x6a\x95" + struct.pack(">ii", -5, 4), ValueError),
+        (bombs.png_with_a_chunk_of(1000), ValueError),
+        (bombs.png_declaring(16, 16)[:8] + bombs.chunk(b"IHDR", bytes(14)), ValueError),
+        (bombs.jp2_tiles(255, 256, 1), UnsupportedVariant),
+        (bombs.jp2_tiles(255, 256, 1, codestream_only=False), UnsupportedVariant),
+    ],
+    ids=[
+        "avif-sequence",
+        "avif-tracks",
+        "pam-5-channels",
+        "pam-cr",
+        "pam-repeated-width",
+        "pam-no-maxval",
+        "hdr-rotated",
+        "hdr-no-format",
+        "pnm-maxval",
+        "pnm-huge",
+        "pfm-negative",
+        "jpeg-soi-twice",
+        "jpeg-unsupported-frame",
+        "jpeg-scan-first",
+        "gif-version",
+        "bmp-header-size",
+        "tiff-empty-directory",
+        "j2k-5-components",
+        "sun-raster-negative",
+        "png-chunk-past-the-end",
+        "png-ihdr-length",
+        "j2k-65280-tiles",
+        "jp2-65280-tiles",
+    ],
+)
 def test_headers_that_are_refused(data, error):
     kind, name = identify(data)
     assert kind == "opencv"
@@ -242,30 +291,40 @@ def test_jpeg_2000_tiles_up_to_4096():
 def test_tiff_size_fields_must_be_plain_and_single():
     data = bytearray(bombs.tiff(8, 8, pixels=bytes(64)))
     width_entry = data.index(struct.pack("<HH", 256, 4))
-    twice = bytes(data[:width_entry + 12]) + bytes(data[width_entry:])  # ImageWidth repeated
+    twice = bytes(data[: width_entry + 12]) + bytes(data[width_entry:])  # ImageWidth repeated
     twice = twice[:8] + struct.pack("<H", struct.unpack_from("<H", twice, 8)[0] + 1) + twice[10:]
     with pytest.raises(ValueError, match="ImageWidth"):
         read(twice, "TIFF")
-    data[width_entry + 2:width_entry + 4] = struct.pack("<H", 11)  # FLOAT
+    data[width_entry + 2 : width_entry + 4] = struct.pack("<H", 11)  # FLOAT
     with pytest.raises(ValueError, match="ImageWidth"):
         read(bytes(data), "TIFF")
 
 
 # --- identify: OpenCV's order and signature checks ----------------------------------------
 
-@pytest.mark.parametrize("data, expected", [
-    (b"BM" + b"\0\0ftypavif" + bytes(40), ("opencv", "BMP")),  # BMP is tried before AVIF
-    (b"GIF87a", ("opencv", "GIF")),
-    (b"GIF", ("opencv", "GIF")),                        # OpenCV's GIF check reads 3 bytes
-    (ftyp(b"mif1", b"miaf", b"avif"), ("opencv", "AVIF")),
-    (ftyp(b"heic", b"mif1"), ("other_image", "HEIF/HEIC")),
-    (b"RIFF\0\0\0\0WEBPVP8 " + bytes(4), ("opencv", "WebP")),  # damaged: read refuses it
-    (b"P4 1 1\n\0", ("opencv", "PNM")), (b"P7\n", ("opencv", "PAM")), (b"Pf\n", ("opencv", "PFM")),
-    (b"P8\n", ("unknown", None)), (b"P6x", ("unknown", None)),
-    (b"MM\x00+", ("opencv", "TIFF")), (b"II+\x00", ("opencv", "TIFF")),
-    (b"8BPS\0\1", ("other_image", "Photoshop PSD")), (b"qoif", ("other_image", "QOI")),
-    (b"just text", ("unknown", None)), (b"", ("unknown", None)),
-])
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (b"BM" + b"\0\0ftypavif" + bytes(40), ("opencv", "BMP")),  # BMP is tried before AVIF
+        (b"GIF87a", ("opencv", "GIF")),
+        (b"GIF", ("opencv", "GIF")),  # OpenCV's GIF check reads 3 bytes
+        (ftyp(b"mif1", b"miaf", b"avif"), ("opencv", "AVIF")),
+        (ftyp(b"heic", b"mif1"), ("other_image", "HEIF/HEIC")),
+        (b"RIFF\0\0\0\0WEBPVP8 " + bytes(4), ("opencv", "WebP")),  # damaged: read refuses it
+        (b"P4 1 1\n\0", ("opencv", "PNM")),
+        (b"P7\n", ("opencv", "PAM")),
+        (b"Pf\n", ("opencv", "PFM")),
+        (b"P8\n", ("unknown", None)),
+        (b"P6x", ("unknown", None)),
+        (b"MM\x00+", ("opencv", "TIFF")),
+        (b"II+\x00", ("opencv", "TIFF")),
+        (b"8BPS\0\1", ("other_image", "Photoshop PSD")),
+        (b"qoif", ("other_image", "QOI")),
+        (b"just text", ("unknown", None)),
+        (b"", ("unknown", None)),
+    ],
+)
 def test_identify(data, expected):
     assert identify(data) == expected
 
@@ -275,6 +334,7 @@ def test_identify(data, expected):
 # fresh process (a mutant may make OpenCV allocate gigabytes), which reports
 # the files the reader accepted and OpenCV decoded at another size, and those
 # after which the process's peak memory rose by more than 64 MB.
+
 
 def agrees_with_opencv(data):
     """False if the header reader accepts `data` and OpenCV decodes another size."""
@@ -307,8 +367,23 @@ def variants(kind, seed):
                 position = rng.randrange(min(len(mutant), 160) if near_the_start else len(mutant))
                 action = rng.random()
                 if action < 0.6:
-                    mutant[position] = rng.choice([0, 1, 0x0A, 0x0D, 0x20, 0x23, 0x2F, 0x30, 0x39,
-                                                   0x7F, 0x80, 0xFF, rng.randrange(256)])
+                    mutant[position] = rng.choice(
+                        [
+                            0,
+                            1,
+                            0x0A,
+                            0x0D,
+                            0x20,
+                            0x23,
+                            0x2F,
+                            0x30,
+                            0x39,
+                            0x7F,
+                            0x80,
+                            0xFF,
+                            rng.randrange(256),
+                        ]
+                    )
                 elif action < 0.8:
                     del mutant[position]
                 else:
@@ -343,9 +418,16 @@ def test_variants_agree_with_opencv_and_stay_small(kind, seed):
 
     here = os.path.dirname(os.path.abspath(__file__))
     child = subprocess.run(
-        [sys.executable, "-c", f"import sys; sys.path.insert(0, {here!r}); "
-         f"import test_image_header; test_image_header.check_variants({kind!r}, {seed})"],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-c",
+            f"import sys; sys.path.insert(0, {here!r}); "
+            f"import test_image_header; test_image_header.check_variants({kind!r}, {seed})",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     found = json.loads(child.stdout.strip().splitlines()[-1])
     assert found == {"disagreements": [], "memory": []}

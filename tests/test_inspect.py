@@ -34,9 +34,15 @@ def test_summary_matches_the_build(built, demo_corpus):
         assert got["statistics"]["mean"] == split.statistics.mean
     assert summary["class_names"] == ["circle", "square", "star", "triangle"]
     assert sum(summary["class_counts"].values()) == sum(
-        s.num_examples for s in info.splits.values())
-    assert summary["encoding"] == {"format": "png", "quality": None, "channels": 3,
-                                   "image_size": [32, 32], "compression": None}
+        s.num_examples for s in info.splits.values()
+    )
+    assert summary["encoding"] == {
+        "format": "png",
+        "quality": None,
+        "channels": 3,
+        "image_size": [32, 32],
+        "compression": None,
+    }
     assert summary["transforms"] == info.config["transforms"]
     assert summary["dropped"] == {reason: 1 for reason in demo_corpus.broken.values()}
     assert {row["key"]: row["reason"] for row in summary["errors"]} == demo_corpus.broken
@@ -56,8 +62,10 @@ def test_duplicate_groups_are_in_the_summary(duplicates_build, capsys):
     assert json.loads(capsys.readouterr().out)["duplicate_groups"] == summary["duplicate_groups"]
     assert cli.main(["inspect", result.dataset_dir]) == 0
     out = capsys.readouterr().out
-    assert "duplicates: 3 source file(s) with the same content as another (rows in " \
-           "duplicates.jsonl):" in out
+    assert (
+        "duplicates: 3 source file(s) with the same content as another (rows in "
+        "duplicates.jsonl):" in out
+    )
     for keys in groups:
         assert any(all(key in line for key in keys) for line in out.splitlines()), keys
 
@@ -68,14 +76,18 @@ def test_text_summary(built, demo_corpus, capsys):
     info = built.info
     assert out.startswith(f"shapes  version {info.version}")
     for name, split in info.splits.items():
-        assert any(line.split()[:3] == [name, str(split.num_examples), str(len(split.shards))]
-                   for line in out.splitlines()), name
+        assert any(
+            line.split()[:3] == [name, str(split.num_examples), str(len(split.shards))]
+            for line in out.splitlines()
+        ), name
     for label, class_name in enumerate(info.class_names):
-        counts = [str(info.splits[s].class_counts[class_name])
-                  for s in ("train", "validation", "test")]
+        counts = [
+            str(info.splits[s].class_counts[class_name]) for s in ("train", "validation", "test")
+        ]
         total = str(sum(s.class_counts[class_name] for s in info.splits.values()))
         assert f"{' '.join([class_name, *counts, total])} (label {label})" in " ".join(
-            out.split()), class_name
+            out.split()
+        ), class_name
     assert "resize: interpolation=auto, shorter_side=40" in out
     assert "center_crop: size=32" in out
     for key in demo_corpus.broken:

@@ -36,7 +36,8 @@ def test_corpus_file_reports_exactly_the_marked_findings(path):
     missed = sorted(expected - found)
     false_alarms = sorted(found - expected)
     assert not missed and not false_alarms, (
-        f"{path.name}: missed (line, code) {missed}; not expected {false_alarms}")
+        f"{path.name}: missed (line, code) {missed}; not expected {false_alarms}"
+    )
 
 
 def test_corpus_covers_every_code_and_has_clean_files():
@@ -64,8 +65,10 @@ def test_finding_format_is_one_line_with_location_code_and_fix():
     [finding] = lint.lint_source(source, "train.py")
     assert (finding.path, finding.line, finding.col, finding.code) == ("train.py", 4, 5, "K103")
     line = finding.format()
-    assert line == ("train.py:4:5: K103 `print()` runs once, at trace time, and shows a symbolic "
-                    "Tensor, not the elements (fix: use tf.print, which runs for every element)")
+    assert line == (
+        "train.py:4:5: K103 `print()` runs once, at trace time, and shows a symbolic "
+        "Tensor, not the elements (fix: use tf.print, which runs for every element)"
+    )
     assert "\n" not in line
 
 
@@ -115,12 +118,13 @@ def test_callee_parameter_is_a_tensor_only_when_the_caller_passes_one():
 
 def test_call_chain_is_followed_up_to_the_depth_limit():
     depth = lint.MAX_CALL_DEPTH
-    functions = "\n".join(
-        f"def f{i}(x):\n    return f{i + 1}(x)\n" for i in range(depth + 2))
+    functions = "\n".join(f"def f{i}(x):\n    return f{i + 1}(x)\n" for i in range(depth + 2))
     source = (
-        "import tensorflow as tf\n" + functions
+        "import tensorflow as tf\n"
+        + functions
         + f"def f{depth + 2}(x):\n    print(x)\n    return x\n"
-        + "ds = tf.data.Dataset.range(3).map(f0)\n")
+        + "ds = tf.data.Dataset.range(3).map(f0)\n"
+    )
     assert lint.lint_source(source) == []  # beyond the limit: not followed
     shallow = source.replace("map(f0)", "map(f3)")
     assert [f.code for f in lint.lint_source(shallow)] == ["K103"]
@@ -147,8 +151,9 @@ def test_select_and_ignore_by_code_prefix():
     everything = {f.code for f in lint.lint_file(path)}
     assert {"K101", "K102", "K103", "K104", "K105"} <= everything
     assert {f.code for f in lint.lint_file(path, select=["K101", "K103"])} == {"K101", "K103"}
-    assert {f.code for f in lint.lint_file(path, select=["K10"], ignore=["K104", "K105"])} == \
-        everything - {"K104", "K105"}
+    assert {
+        f.code for f in lint.lint_file(path, select=["K10"], ignore=["K104", "K105"])
+    } == everything - {"K104", "K105"}
     with pytest.raises(ValueError, match="unknown code 'K999'"):
         lint.lint_source("", select=["K999"])
 
@@ -169,7 +174,9 @@ def test_lint_paths_walks_directories_sorted_by_file_and_line(tmp_path):
     (tmp_path / "notes.txt").write_text(bad)
     findings = lint.lint_paths([tmp_path, tmp_path / "b.py"])
     assert [(pathlib.Path(f.path).relative_to(tmp_path).as_posix(), f.line) for f in findings] == [
-        ("b.py", 2), ("pkg/a.py", 3)]
+        ("b.py", 2),
+        ("pkg/a.py", 3),
+    ]
     with pytest.raises(FileNotFoundError, match=r"missing\.py"):
         lint.lint_paths([tmp_path / "missing.py"])
 
@@ -183,6 +190,7 @@ def test_undecodable_file_is_reported_not_raised(tmp_path):
 
 # --- the command ---------------------------------------------------------------
 
+
 def test_cli_clean_file_exits_0(capsys):
     assert cli.main(["lint", str(CORPUS / "clean_stateless.py")]) == 0
     out, err = capsys.readouterr()
@@ -195,7 +203,8 @@ def test_cli_findings_exit_1_one_line_each_sorted(capsys):
     assert cli.main(["lint", *map(str, paths)]) == 1
     lines = capsys.readouterr().out.splitlines()
     expected = sorted(
-        (str(path), line, code) for path in paths for line, code in expected_findings(path))
+        (str(path), line, code) for path in paths for line, code in expected_findings(path)
+    )
     parsed = []
     for text in lines:
         match = re.match(r"^(.+\.py):(\d+):(\d+): (K\d{3}) .+ \(fix: .+\)$", text)
@@ -248,8 +257,11 @@ def test_cli_only_unparsable_files_exit_2(capsys):
 
 
 def test_cli_json_format(capsys):
-    paths = [CORPUS / "syntax_error.py", CORPUS / "chained_pipeline.py",
-             CORPUS / "clean_stateless.py"]
+    paths = [
+        CORPUS / "syntax_error.py",
+        CORPUS / "chained_pipeline.py",
+        CORPUS / "clean_stateless.py",
+    ]
     assert cli.main(["lint", "--format", "json", *map(str, paths)]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["files_checked"] == 2 and report["files_unparsable"] == 1
@@ -277,9 +289,11 @@ def test_lint_does_not_import_tensorflow_or_the_checked_code(tmp_path):
         "import sys\nfrom kiln import cli\n"
         f"code = cli.main(['lint', {str(target)!r}])\n"
         "assert 'tensorflow' not in sys.modules, 'kiln lint imported tensorflow'\n"
-        "sys.exit(code)\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=60)
+        "sys.exit(code)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert not marker.exists()
 
@@ -288,13 +302,16 @@ def test_lint_does_not_import_tensorflow_or_the_checked_code(tmp_path):
 
 DOCS = pathlib.Path(__file__).parent.parent / "docs" / "lint.md"
 _DOC_BLOCK = re.compile(
-    r"```python\n# (?P<kind>bad|fixed|clean)(?:: (?P<code>K\d{3}))?\n(?P<body>.*?)```", re.DOTALL)
+    r"```python\n# (?P<kind>bad|fixed|clean)(?:: (?P<code>K\d{3}))?\n(?P<body>.*?)```", re.DOTALL
+)
 
 
 def doc_examples() -> list[tuple[str, str | None, str]]:
     """(kind, code, source) of every marked ```python block in docs/lint.md."""
-    return [(m.group("kind"), m.group("code"), m.group("body"))
-            for m in _DOC_BLOCK.finditer(DOCS.read_text())]
+    return [
+        (m.group("kind"), m.group("code"), m.group("body"))
+        for m in _DOC_BLOCK.finditer(DOCS.read_text())
+    ]
 
 
 def test_docs_show_a_bad_and_a_fixed_example_for_every_code():
@@ -307,8 +324,9 @@ def test_docs_show_a_bad_and_a_fixed_example_for_every_code():
             assert kinds == {"bad", "fixed"}, f"{code}: {kinds}"
 
 
-@pytest.mark.parametrize("kind, code, source",
-                         [e for e in doc_examples() if e[0] == "bad"], ids=lambda v: str(v)[:8])
+@pytest.mark.parametrize(
+    "kind, code, source", [e for e in doc_examples() if e[0] == "bad"], ids=lambda v: str(v)[:8]
+)
 def test_docs_bad_example_gets_exactly_its_code(kind, code, source):
     assert {f.code for f in lint.lint_source(source, "example.py")} == {code}
 
@@ -332,19 +350,23 @@ def test_function_first_reached_deep_is_checked_again_when_reached_shallow():
     # f0 -> ... -> f9 -> shared (depth 10, the limit) -> leaf (too deep from here).
     chain = "\n".join(f"def f{i}(x):\n    return f{i + 1}(x)\n" for i in range(depth - 1))
     source = (
-        "import tensorflow as tf\n" + chain
+        "import tensorflow as tf\n"
+        + chain
         + f"def f{depth - 1}(x):\n    return shared(x)\n"
         + "def shared(x):\n    return leaf(x)\n"
         + "def leaf(x):\n    print(x)\n    return x\n"
         + "deep = tf.data.Dataset.range(3).map(f0)\n"
-        + "shallow = tf.data.Dataset.range(3).map(shared)\n")
+        + "shallow = tf.data.Dataset.range(3).map(shared)\n"
+    )
     assert [f.code for f in lint.lint_source(source)] == ["K103"]
 
 
 def test_deeply_nested_generated_code_is_reported_not_a_crash():
     for terms in (600, 5000):  # too deep for the checker; too deep for the parser
         body = " + ".join(["x"] * terms)
-        source = f"import tensorflow as tf\ndef f(x):\n    return {body}\n" \
-                 "ds = tf.data.Dataset.range(3).map(f)\n"
+        source = (
+            f"import tensorflow as tf\ndef f(x):\n    return {body}\n"
+            "ds = tf.data.Dataset.range(3).map(f)\n"
+        )
         [finding] = lint.lint_source(source, "generated.py")
         assert finding.code == "K000" and "nested too deeply" in finding.message

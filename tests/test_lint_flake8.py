@@ -57,7 +57,8 @@ def flake8_run(tmp_path_factory) -> tuple[pathlib.Path, str]:
     """
     directory = tmp_path_factory.mktemp("flake8")
     silenced = directory / "flake8_noqa.py"
-    silenced.write_text(textwrap.dedent("""\
+    silenced.write_text(
+        textwrap.dedent("""\
         import tensorflow as tf
 
 
@@ -68,24 +69,41 @@ def flake8_run(tmp_path_factory) -> tuple[pathlib.Path, str]:
 
 
         ds = tf.data.Dataset.range(3).map(augment)
-        """))
+        """)
+    )
     entry_point = setup_flake8_entry_point()
-    command = [sys.executable, "-m", "flake8", "--select", f"{entry_point.name},E999",
-               "--jobs", "1"]
-    installed = [ep for ep in importlib.metadata.entry_points(group="flake8.extension")
-                 if ep.name == entry_point.name]
+    command = [
+        sys.executable,
+        "-m",
+        "flake8",
+        "--select",
+        f"{entry_point.name},E999",
+        "--jobs",
+        "1",
+    ]
+    installed = [
+        ep
+        for ep in importlib.metadata.entry_points(group="flake8.extension")
+        if ep.name == entry_point.name
+    ]
     if installed:
         assert [ep.value for ep in installed] == [entry_point.value]
         command.append("--isolated")  # no configuration file of this machine
     else:
         config = directory / "flake8.cfg"
-        config.write_text(f"[flake8:local-plugins]\nextension =\n    {entry_point.name} = "
-                          f"{entry_point.value}\n")
+        config.write_text(
+            f"[flake8:local-plugins]\nextension =\n    {entry_point.name} = {entry_point.value}\n"
+        )
         command += ["--config", str(config)]
     python_path = os.pathsep.join(filter(None, [str(KILN_SOURCE), os.environ.get("PYTHONPATH")]))
     result = subprocess.run(
-        [*command, *map(str, CORPUS_FILES), str(silenced)], capture_output=True, text=True,
-        cwd=directory, env={**os.environ, "PYTHONPATH": python_path}, timeout=300)
+        [*command, *map(str, CORPUS_FILES), str(silenced)],
+        capture_output=True,
+        text=True,
+        cwd=directory,
+        env={**os.environ, "PYTHONPATH": python_path},
+        timeout=300,
+    )
     assert result.returncode == 1, result.stderr  # 1: flake8 reported something
     assert result.stderr == ""
     return silenced, result.stdout
@@ -114,8 +132,9 @@ def test_flake8_reports_the_marked_codes_at_their_lines(flake8_run, path):
 
 def test_flake8_reports_a_syntax_error_itself(flake8_run):
     _, stdout = flake8_run
-    assert [line_and_code(line) for line in reported(stdout, CORPUS / "syntax_error.py")] == \
-        [(6, "E999")]
+    assert [line_and_code(line) for line in reported(stdout, CORPUS / "syntax_error.py")] == [
+        (6, "E999")
+    ]
 
 
 def test_flake8_noqa_comment_silences_a_kiln_code(flake8_run):
@@ -128,7 +147,13 @@ def test_plugin_import_loads_neither_flake8_nor_tensorflow():
     script = (
         "import sys\nimport kiln.tools.lint.flake8_plugin, kiln.tools.lint.command\n"
         "heavy = {'flake8', 'tensorflow', 'apache_beam', 'numpy', 'cv2'} & set(sys.modules)\n"
-        "assert not heavy, sorted(heavy)\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=60, env={**os.environ, "PYTHONPATH": str(KILN_SOURCE)})
+        "assert not heavy, sorted(heavy)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(KILN_SOURCE)},
+    )
     assert result.returncode == 0, result.stderr

@@ -82,18 +82,40 @@ def label(key: str) -> str:
 
 def expected_listing(root: str, real: list[str], missing: list[str]) -> tuple[list[str], str]:
     """The job's listing lines and the stamp these rows must give (`listing.Listing`)."""
-    files = [{"key": key, "label": CLASSES.index(label(key)), "size": SIZE, "split": None,
-              "uri": f"{root}/{key}"} for key in real]
-    lines = [json.dumps({"files": files[start:start + listing.FILES_PER_LINE]}, sort_keys=True)
-             for start in range(0, len(files), listing.FILES_PER_LINE)]
+    files = [
+        {
+            "key": key,
+            "label": CLASSES.index(label(key)),
+            "size": SIZE,
+            "split": None,
+            "uri": f"{root}/{key}",
+        }
+        for key in real
+    ]
+    lines = [
+        json.dumps({"files": files[start : start + listing.FILES_PER_LINE]}, sort_keys=True)
+        for start in range(0, len(files), listing.FILES_PER_LINE)
+    ]
     for key in missing:
         uri = f"{root}/{key}"
-        lines.append(json.dumps({"dropped": {
-            "key": key, "uri": uri, "stage": "list", "reason": "missing",
-            "message": f"listed in manifest.csv but not found "
-                       f"([Errno 2] No such file or directory: '{uri}')"}}, sort_keys=True))
-    entries = ([["file", key, label(key), None, SIZE, MTIME] for key in real]
-               + [["dropped", "missing", key] for key in missing])
+        lines.append(
+            json.dumps(
+                {
+                    "dropped": {
+                        "key": key,
+                        "uri": uri,
+                        "stage": "list",
+                        "reason": "missing",
+                        "message": f"listed in manifest.csv but not found "
+                        f"([Errno 2] No such file or directory: '{uri}')",
+                    }
+                },
+                sort_keys=True,
+            )
+        )
+    entries = [["file", key, label(key), None, SIZE, MTIME] for key in real] + [
+        ["dropped", "missing", key] for key in missing
+    ]
     return lines, versioning.stamp("config", entries)
 
 
@@ -101,8 +123,12 @@ def list_in_child(folder, rows: int) -> dict:
     manifest, real, missing = make_manifest(folder, rows)
     output = folder / "listing.jsonl"
     completed = subprocess.run(
-        [sys.executable, "-c", CHILD, manifest, str(output)], capture_output=True, text=True,
-        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        [sys.executable, "-c", CHILD, manifest, str(output)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
 
@@ -123,16 +149,18 @@ def test_a_manifest_lists_in_memory_that_does_not_grow_with_its_rows(tmp_path):
     assert extra_mb < 60, f"270,000 more rows took {extra_mb:.0f} MB more at peak"
 
 
-def test_the_listing_is_deleted_when_the_build_ends_built_or_failed(demo_corpus, tmp_path,
-                                                                    monkeypatch):
+def test_the_listing_is_deleted_when_the_build_ends_built_or_failed(
+    demo_corpus, tmp_path, monkeypatch
+):
     temp = tmp_path / "temp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     # Kept alive here, so only closing them deletes their folders (not the garbage collector).
     alive = []
     list_source = BuildSpec.list_source
-    monkeypatch.setattr(BuildSpec, "list_source",
-                        lambda spec: alive.append(list_source(spec)) or alive[-1])
+    monkeypatch.setattr(
+        BuildSpec, "list_source", lambda spec: alive.append(list_source(spec)) or alive[-1]
+    )
 
     def listings():
         return [name for name in os.listdir(temp) if name.startswith("kiln-listing-")]

@@ -44,6 +44,7 @@ class Record(NamedTuple):
 
 # --- splits ------------------------------------------------------------------------
 
+
 def expected_split(fractions, value, salt=""):
     """The documented rule, written out independently of kiln.pipeline.splits."""
     digest = hashlib.sha256(f"{salt}\x00{value}".encode()).digest()
@@ -63,15 +64,17 @@ def make_records(n, duplicate_every=0):
     records = []
     for i in range(n):
         content = i // 2 if duplicate_every and i % duplicate_every < 2 else 1000 + i
-        records.append(Record(f"class/{i:05d}.png",
-                              hashlib.sha256(str(content).encode()).hexdigest(), None))
+        records.append(
+            Record(f"class/{i:05d}.png", hashlib.sha256(str(content).encode()).hexdigest(), None)
+        )
     return records
 
 
 def test_assign_splits_by_content_follows_the_documented_rule():
     records = make_records(400)
-    policy = SplitPolicy.from_config(SplitsConfig(**{"fractions": FRACTIONS, "split_by": "content",
-                                                     "salt": ""}))
+    policy = SplitPolicy.from_config(
+        SplitsConfig(**{"fractions": FRACTIONS, "split_by": "content", "salt": ""})
+    )
     expected = [(r.key, expected_split(FRACTIONS, r.sha256)) for r in records]
     assert [(r.key, policy.assign(r.key, r.sha256, r.split)) for r in records] == expected
     counts = {name: sum(1 for _, s in expected if s == name) for name in FRACTIONS}
@@ -91,8 +94,9 @@ def test_assign_splits_puts_identical_content_in_one_split():
 
 def test_assign_splits_by_key_and_salt():
     records = make_records(200)
-    by_key = SplitPolicy.from_config(SplitsConfig(**{"fractions": FRACTIONS, "split_by": "key",
-                                                     "salt": "s1"}))
+    by_key = SplitPolicy.from_config(
+        SplitsConfig(**{"fractions": FRACTIONS, "split_by": "key", "salt": "s1"})
+    )
     expected = [(r.key, expected_split(FRACTIONS, r.key, salt="s1")) for r in records]
     assert [(r.key, by_key.assign(r.key, r.sha256, r.split)) for r in records] == expected
     unsalted = [expected_split(FRACTIONS, r.key) for r in records]
@@ -100,11 +104,11 @@ def test_assign_splits_by_key_and_salt():
 
 
 def test_assign_splits_from_source_keeps_the_source_split():
-    records = [Record(f"k{i}", "0" * 64, s)
-               for i, s in enumerate(["train", "test", "train", "extra"])]
+    records = [
+        Record(f"k{i}", "0" * 64, s) for i, s in enumerate(["train", "test", "train", "extra"])
+    ]
     policy = SplitPolicy.from_config(SplitsConfig(**{"from_source": True}))
-    assert [policy.assign(r.key, r.sha256, r.split) for r in records] == [
-        r.split for r in records]
+    assert [policy.assign(r.key, r.sha256, r.split) for r in records] == [r.split for r in records]
     with pytest.raises(ValueError, match=r"k9: splits\.from_source, but the source gives no split"):
         policy.assign("k9", "0" * 64, None)
 
@@ -118,6 +122,7 @@ def test_a_zero_fraction_split_gets_nothing():
 
 # --- tfrecord framing ---------------------------------------------------------------
 
+
 def test_framing_is_byte_identical_to_tensorflows_writer(tmp_path):
     records = [b"", b"x", bytes(range(256)) * 40, "ünïcode".encode()]
     path = str(tmp_path / "tf.tfrecord")
@@ -130,6 +135,7 @@ def test_framing_is_byte_identical_to_tensorflows_writer(tmp_path):
 
 
 # --- sharding and the shard writer --------------------------------------------------
+
 
 def read_tfrecords(path, compression=None):
     return [r.numpy() for r in tf.data.TFRecordDataset(path, compression_type=compression)]
@@ -170,10 +176,14 @@ def run_write_shards(tmp_path, records, config, name="ds", run_bytes=1 << 20):
     folder, temp = str(tmp_path / "out"), str(tmp_path / "out" / ".work" / "tmp")
     runs = spill(records, temp, run_bytes)
     with local_pipeline() as p:
-        infos = (p | beam.Create(runs)
-                 | sharding.ShardRuns(folder, temp, name, ShardingConfig(**config))
-                 | beam.MapTuple(lambda split, index, info: (split, index, info.filename,
-                                                             info.num_records)))
+        infos = (
+            p
+            | beam.Create(runs)
+            | sharding.ShardRuns(folder, temp, name, ShardingConfig(**config))
+            | beam.MapTuple(
+                lambda split, index, info: (split, index, info.filename, info.num_records)
+            )
+        )
         assert_that(infos, equal_to(expected_infos(records, config, name)))
     return folder
 
@@ -184,16 +194,24 @@ def expected_infos(records, config, name):
         by_split.setdefault(r.split, []).append(r)
     expected = []
     for split, rs in by_split.items():
-        n = sharding.count_shards(split, len(rs),
-                                  sum(tfrecord.framed_size(len(r.record)) for r in rs),
-                                  ShardingConfig(**config))
+        n = sharding.count_shards(
+            split,
+            len(rs),
+            sum(tfrecord.framed_size(len(r.record)) for r in rs),
+            ShardingConfig(**config),
+        )
         for index in range(n):
             lower, upper = index * 2**64 // n, (index + 1) * 2**64 // n
             inside = [r for r in rs if lower <= int(r.sort_key, 16) < upper]
             suffix = ".gz" if config["compression"] == "gzip" else ""
-            expected.append((split, index,
-                             f"{name}-{split}.tfrecord-{index:05d}-of-{n:05d}{suffix}",
-                             len(inside)))
+            expected.append(
+                (
+                    split,
+                    index,
+                    f"{name}-{split}.tfrecord-{index:05d}-of-{n:05d}{suffix}",
+                    len(inside),
+                )
+            )
     return expected
 
 
@@ -282,22 +300,30 @@ def test_a_retried_shard_write_leaves_one_correct_file(tmp_path):
     with open(tmp_path / "ds-train.tfrecord-00000-of-00001.attempt1", "wb") as f:
         f.write(b"half a shard")
     # ...two later attempts both completed (Beam may run a bundle twice).
-    infos = [sharding.write_shard(target, str(tmp_path / f"attempt{i}"), records, "none")
-             for i in (2, 3)]
+    infos = [
+        sharding.write_shard(target, str(tmp_path / f"attempt{i}"), records, "none") for i in (2, 3)
+    ]
     assert infos[0] == infos[1]
     assert read_tfrecords(target) == records
     with open(target, "rb") as f:
         assert hashlib.sha256(f.read()).hexdigest() == infos[0].sha256
     assert sorted(os.listdir(tmp_path)) == [
-        "ds-train.tfrecord-00000-of-00001", "ds-train.tfrecord-00000-of-00001.attempt1"]
+        "ds-train.tfrecord-00000-of-00001",
+        "ds-train.tfrecord-00000-of-00001.attempt1",
+    ]
 
 
 # --- statistics ---------------------------------------------------------------------
 
+
 def random_images(seed, count, channels=3):
     rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, size=(rng.integers(3, 30), rng.integers(3, 30), channels),
-                         dtype=np.uint8) for _ in range(count)]
+    return [
+        rng.integers(
+            0, 256, size=(rng.integers(3, 30), rng.integers(3, 30), channels), dtype=np.uint8
+        )
+        for _ in range(count)
+    ]
 
 
 def numpy_statistics(images):
@@ -325,8 +351,9 @@ def test_pixel_sums_of_an_image_too_large_for_a_float32_histogram():
 def stored(image, split, label=0, key="k"):
     """A ProcessedImage carrying `image`'s statistics (the record is not read)."""
     height, width, _ = image.shape
-    return ProcessedImage(key, label, split, "0" * 64, b"", height, width,
-                          statistics.pixel_sums(image))
+    return ProcessedImage(
+        key, label, split, "0" * 64, b"", height, width, statistics.pixel_sums(image)
+    )
 
 
 def summarize(partials):
@@ -339,9 +366,11 @@ def test_summary_statistics_match_numpy_per_split_through_beam():
     partials = []
     for start in range(0, 40, 7):  # several bundles' worth of partial summaries
         partial = statistics.Summary()
-        for i, image in enumerate(train[start:start + 7]):
-            partial.add(versioning.entry_hash(["file", f"t{start + i}"]),
-                        stored(image, "train", label=(start + i) % 3))
+        for i, image in enumerate(train[start : start + 7]):
+            partial.add(
+                versioning.entry_hash(["file", f"t{start + i}"]),
+                stored(image, "train", label=(start + i) % 3),
+            )
         partials.append(partial)
     last = statistics.Summary()
     for image in test:
@@ -358,10 +387,15 @@ def test_summary_statistics_match_numpy_per_split_through_beam():
             assert stats[split].count == count
             np.testing.assert_allclose(stats[split].mean, mean, rtol=1e-12)
             np.testing.assert_allclose(stats[split].std, std, rtol=1e-12)
-        assert summary.class_counts == {("train", 0): 14, ("train", 1): 13, ("train", 2): 13,
-                                        ("test", 1): 9}
+        assert summary.class_counts == {
+            ("train", 0): 14,
+            ("train", 1): 13,
+            ("train", 2): 13,
+            ("test", 1): 9,
+        }
         assert summary.inputs_hash == versioning.combine_hashes(
-            [versioning.entry_hash(["file", f"t{i}"]) for i in range(40)] + [1] * 9 + [2])
+            [versioning.entry_hash(["file", f"t{i}"]) for i in range(40)] + [1] * 9 + [2]
+        )
 
     with local_pipeline() as p:
         out = p | beam.Create(partials) | beam.CombineGlobally(statistics.SummaryCombineFn())
@@ -379,15 +413,24 @@ def test_summary_is_exact_whatever_the_merge_order():
         for part in np.split(np.array(order), sorted(cut)):
             partial = statistics.Summary()
             for i in part:
-                partial.add(versioning.entry_hash(["file", int(i)]),
-                            stored(images[i], "train", label=int(i) % 2))
+                partial.add(
+                    versioning.entry_hash(["file", int(i)]),
+                    stored(images[i], "train", label=int(i) % 2),
+                )
             partials.append(pickle.loads(pickle.dumps(partial)))  # as Beam ships them
         random.Random(seed).shuffle(partials)
         summary = summarize(partials)
         (stats,) = summary.channel_statistics().values()
-        results.add((stats.count, tuple(stats.mean), tuple(stats.std),
-                     tuple(sorted(summary.class_counts.items())), summary.sizes,
-                     summary.inputs_hash))
+        results.add(
+            (
+                stats.count,
+                tuple(stats.mean),
+                tuple(stats.std),
+                tuple(sorted(summary.class_counts.items())),
+                summary.sizes,
+                summary.inputs_hash,
+            )
+        )
     assert len(results) == 1  # bit-identical floats: kiln.json stays byte-identical
     (result,) = results
     assert len(result[4]) == 2 and summarize([]).channel_statistics() == {}
@@ -410,6 +453,7 @@ def test_summary_image_size_is_set_only_when_every_image_has_it():
 
 # --- image processing ---------------------------------------------------------------
 
+
 def test_process_images_outputs_runs_drops_and_a_summary(tmp_path):
     rng = np.random.default_rng(7)
     good = rng.integers(0, 256, size=(20, 30, 3), dtype=np.uint8)
@@ -425,18 +469,38 @@ def test_process_images_outputs_runs_drops_and_a_summary(tmp_path):
         path = tmp_path / key
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(data)
-        items.append({"key": key, "uri": str(path), "label": 0 if key.startswith("a") else 1,
-                      "split": None, "size": len(data)})
-    items.append({"key": "b/gone.png", "uri": str(tmp_path / "b" / "gone.png"), "label": 1,
-                  "split": None, "size": 10})
+        items.append(
+            {
+                "key": key,
+                "uri": str(path),
+                "label": 0 if key.startswith("a") else 1,
+                "split": None,
+                "size": len(data),
+            }
+        )
+    items.append(
+        {
+            "key": "b/gone.png",
+            "uri": str(tmp_path / "b" / "gone.png"),
+            "label": 1,
+            "split": None,
+            "size": 10,
+        }
+    )
     chain = transforms.parse([{"center_crop": {"size": 8}}])
     policy = SplitPolicy.from_config(SplitsConfig(**{"fractions": FRACTIONS, "split_by": "key"}))
-    processor = ImageProcessor(chain, ImageConfig(channels=3, max_pixels=10_000, min_size=1),
-                               EncodingConfig(format="png"), ["a", "b"], policy)
+    processor = ImageProcessor(
+        chain,
+        ImageConfig(channels=3, max_pixels=10_000, min_size=1),
+        EncodingConfig(format="png"),
+        ["a", "b"],
+        policy,
+    )
     split = expected_split(FRACTIONS, "a/good.png")
     sha_of = {key: hashlib.sha256(data).hexdigest() for key, data in files.items()}
-    entries = [["file", item["key"], "ab"[item["label"]], None, sha_of.get(item["key"])]
-               for item in items]
+    entries = [
+        ["file", item["key"], "ab"[item["label"]], None, sha_of.get(item["key"])] for item in items
+    ]
 
     def check_runs(runs):
         # The one stored image went straight into a sorted run file.
@@ -458,23 +522,31 @@ def test_process_images_outputs_runs_drops_and_a_summary(tmp_path):
     runs_folder.mkdir()
     with local_pipeline() as p:
         # Files come in lists (lines of the listing).
-        result = (p | beam.Create([items[:3], items[3:]])
-                  | ProcessImages(processor, threads=2, runs_folder=str(runs_folder),
-                                  run_bytes=1 << 20))
+        result = (
+            p
+            | beam.Create([items[:3], items[3:]])
+            | ProcessImages(processor, threads=2, runs_folder=str(runs_folder), run_bytes=1 << 20)
+        )
         assert_that(result.runs, check_runs, label="CheckRuns")
         assert_that(
             result.dropped | beam.Map(lambda d: (d.key, d.stage, d.reason)),
-            equal_to([("a/small.png", "transform", "transform_failed"),
-                      ("b/empty.jpg", "decode", "empty"),
-                      ("b/text.png", "decode", "not_an_image"),
-                      ("b/gone.png", "read", "unreadable")]),
-            label="CheckDropped")
+            equal_to(
+                [
+                    ("a/small.png", "transform", "transform_failed"),
+                    ("b/empty.jpg", "decode", "empty"),
+                    ("b/text.png", "decode", "not_an_image"),
+                    ("b/gone.png", "read", "unreadable"),
+                ]
+            ),
+            label="CheckDropped",
+        )
         summary = result.summary | beam.CombineGlobally(statistics.SummaryCombineFn())
 
         def check_summary(actual):
             (merged,) = actual
             assert merged.inputs_hash == versioning.combine_hashes(
-                versioning.entry_hash(entry) for entry in entries)
+                versioning.entry_hash(entry) for entry in entries
+            )
             assert merged.class_counts == {(split, 0): 1}
             assert merged.pixels == {split: statistics.pixel_sums(good[6:14, 11:19])}
             assert merged.image_size == [8, 8]
@@ -488,9 +560,13 @@ def test_the_image_step_holds_opencv_to_one_thread_per_call_and_restores_it(tmp_
     from kiln.pipeline.images import ProcessImagesFn
 
     chain = transforms.parse([])
-    processor = ImageProcessor(chain, ImageConfig(channels=3, max_pixels=10_000, min_size=1),
-                               EncodingConfig(format="png"), ["a"],
-                               SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})))
+    processor = ImageProcessor(
+        chain,
+        ImageConfig(channels=3, max_pixels=10_000, min_size=1),
+        EncodingConfig(format="png"),
+        ["a"],
+        SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})),
+    )
     fn = ProcessImagesFn(processor, threads=2, runs_folder=str(tmp_path), run_bytes=1 << 20)
     before = cv2.getNumThreads()
     cv2.setNumThreads(3)
@@ -504,8 +580,9 @@ def test_the_image_step_holds_opencv_to_one_thread_per_call_and_restores_it(tmp_
 
 
 @pytest.mark.parametrize("budget, most_at_once", [(1_000, 1), (1_300, 2), (10, 1)])
-def test_the_image_threads_decode_within_a_budget_of_pixels(tmp_path, monkeypatch, budget,
-                                                            most_at_once):
+def test_the_image_threads_decode_within_a_budget_of_pixels(
+    tmp_path, monkeypatch, budget, most_at_once
+):
     """Each file holds its header's pixels from decoding to encoding; a file
     larger than the whole budget (10) still runs, alone."""
     import threading
@@ -517,8 +594,7 @@ def test_the_image_threads_decode_within_a_budget_of_pixels(tmp_path, monkeypatc
     for i in range(12):
         path = tmp_path / f"{i}.png"
         path.write_bytes(transforms.encode_image(np.full((20, 30, 3), i, np.uint8), format="png"))
-        items.append({"key": f"a/{i}.png", "uri": str(path), "label": 0, "split": None,
-                      "size": 1})
+        items.append({"key": f"a/{i}.png", "uri": str(path), "label": 0, "split": None, "size": 1})
     lock, active, most = threading.Lock(), [0], [0]
     real_encode = transforms.encode_image
 
@@ -539,10 +615,13 @@ def test_the_image_threads_decode_within_a_budget_of_pixels(tmp_path, monkeypatc
     monkeypatch.setattr(transforms, "decode_image", counting_decode)
     monkeypatch.setattr(transforms, "encode_image", counting_encode)
     monkeypatch.setattr(ProcessImagesFn, "PIXELS_IN_FLIGHT", budget)
-    processor = ImageProcessor(transforms.parse([]),
-                               ImageConfig(channels=3, max_pixels=10_000, min_size=1),
-                               EncodingConfig(format="png"), ["a"],
-                               SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})))
+    processor = ImageProcessor(
+        transforms.parse([]),
+        ImageConfig(channels=3, max_pixels=10_000, min_size=1),
+        EncodingConfig(format="png"),
+        ["a"],
+        SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})),
+    )
     fn = ProcessImagesFn(processor, threads=4, runs_folder=str(tmp_path), run_bytes=1 << 20)
     fn.setup()
     try:
@@ -561,19 +640,30 @@ def test_find_duplicates_over_runs_matches_a_direct_grouping():
     # fall in every bucket, some within one split, some across splits.
     rng = random.Random(3)
     contents = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(120)]
-    records = [(f"k{i:03d}", rng.choice(["train", "test"]), rng.choice(contents))
-               for i in range(300)]
-    runs = [sharding.SpilledRun(f"run-{i}", tuple((split, "0" * 16, 0, 1) for _, split, _ in part),
-                                tuple((content, key) for key, _, content in part))
-            for i, part in enumerate(records[k:k + 43] for k in range(0, 300, 43))]
+    records = [
+        (f"k{i:03d}", rng.choice(["train", "test"]), rng.choice(contents)) for i in range(300)
+    ]
+    runs = [
+        sharding.SpilledRun(
+            f"run-{i}",
+            tuple((split, "0" * 16, 0, 1) for _, split, _ in part),
+            tuple((content, key) for key, _, content in part),
+        )
+        for i, part in enumerate(records[k : k + 43] for k in range(0, 300, 43))
+    ]
     copies = {}
     for key, split, content in sorted(records):
         copies.setdefault(content, []).append((key, split))
-    expected = [duplicates.DuplicateGroup(content, tuple(k for k, _ in stored),
-                                          tuple(s for _, s in stored))
-                for content, stored in copies.items() if len(stored) > 1]
-    assert 0 < sum(g.extra_copies for g in expected if g.across_splits) < sum(
-        g.extra_copies for g in expected)
+    expected = [
+        duplicates.DuplicateGroup(content, tuple(k for k, _ in stored), tuple(s for _, s in stored))
+        for content, stored in copies.items()
+        if len(stored) > 1
+    ]
+    assert (
+        0
+        < sum(g.extra_copies for g in expected if g.across_splits)
+        < sum(g.extra_copies for g in expected)
+    )
     assert len({int(g.sha256[:8], 16) % duplicates.DUPLICATE_BUCKETS for g in expected}) > 1
 
     with local_pipeline() as p:  # one group per content stored more than once
@@ -583,24 +673,32 @@ def test_find_duplicates_over_runs_matches_a_direct_grouping():
 
 
 def test_duplicate_report_is_sorted_canonical_and_hashed(tmp_path):
-    groups = [duplicates.DuplicateGroup("b" * 64, ("x/2.png", "y/1.png"), ("test", "train")),
-              duplicates.DuplicateGroup("a" * 64, ("a/é.png", "b/1.png", "c/1.png"),
-                                        ("train", "train", "train"))]
+    groups = [
+        duplicates.DuplicateGroup("b" * 64, ("x/2.png", "y/1.png"), ("test", "train")),
+        duplicates.DuplicateGroup(
+            "a" * 64, ("a/é.png", "b/1.png", "c/1.png"), ("train", "train", "train")
+        ),
+    ]
     sha256 = duplicates.write_duplicate_report(str(tmp_path), groups)
     data = (tmp_path / "duplicates.jsonl").read_bytes()
     assert sha256 == hashlib.sha256(data).hexdigest()
     assert data.decode("utf-8") == (
-        '{"keys": ["a/é.png", "b/1.png", "c/1.png"], "sha256": "' + "a" * 64
+        '{"keys": ["a/é.png", "b/1.png", "c/1.png"], "sha256": "'
+        + "a" * 64
         + '", "splits": ["train", "train", "train"]}\n'
-        '{"keys": ["x/2.png", "y/1.png"], "sha256": "' + "b" * 64
-        + '", "splits": ["test", "train"]}\n')
+        '{"keys": ["x/2.png", "y/1.png"], "sha256": "'
+        + "b" * 64
+        + '", "splits": ["test", "train"]}\n'
+    )
     assert duplicates.write_duplicate_report(str(tmp_path), []) == hashlib.sha256(b"").hexdigest()
     assert (tmp_path / "duplicates.jsonl").read_bytes() == b""
 
 
 def test_error_report_is_sorted_and_counted(tmp_path):
-    rows = [DroppedFile(f"k{i % 7}", "decode", reason, f"/x/k{i}", "m")
-            for i, reason in enumerate(["corrupt", "empty", "corrupt", "too_small", "corrupt"])]
+    rows = [
+        DroppedFile(f"k{i % 7}", "decode", reason, f"/x/k{i}", "m")
+        for i, reason in enumerate(["corrupt", "empty", "corrupt", "too_small", "corrupt"])
+    ]
     counts, sha256 = write_error_report(str(tmp_path), list(reversed(rows)))
     assert counts == {"corrupt": 3, "empty": 1, "too_small": 1}
     assert sha256 == hashlib.sha256((tmp_path / "errors.jsonl").read_bytes()).hexdigest()

@@ -48,7 +48,10 @@ def test_stored_row_is_the_stored_pixels(built, preview):
         assert preview.class_names[label] == key.split("/")[0]  # demo keys are class/name
     assert preview.random
     assert [next(iter(op)) for op in preview.augment] == [
-        "random_resized_crop", "random_flip_left_right", "random_brightness"]
+        "random_resized_crop",
+        "random_flip_left_right",
+        "random_brightness",
+    ]
 
 
 def test_augmented_rows_change_every_epoch_and_repeat_with_the_seed(built, preview):
@@ -100,14 +103,13 @@ def test_sheet_holds_every_image_in_its_cell(preview):
         for column, image in enumerate(row):
             box = layout.image_box(row_index, column, *image.shape[:2])
             np.testing.assert_array_equal(sheet[box][::2, ::2], image)
-    caption = sheet[:layout.caption_height, layout.header_width:]
+    caption = sheet[: layout.caption_height, layout.header_width :]
     assert (caption != caption[0, 0]).any(), "label names were not drawn"
 
 
 def test_cli_writes_the_sheet_and_a_legend(built, preview, tmp_path, capsys):
     out = str(tmp_path / "sheet.png")
-    assert cli.main(["preview", built.dataset_root, "--n", "4", "--epochs", "3",
-                     "-o", out]) == 0
+    assert cli.main(["preview", built.dataset_root, "--n", "4", "--epochs", "3", "-o", out]) == 0
     with open(out, "rb") as f:
         written = tf.io.decode_png(f.read()).numpy()
     expected, layout = contact_sheet.compose(preview)
@@ -121,8 +123,23 @@ def test_cli_writes_the_sheet_and_a_legend(built, preview, tmp_path, capsys):
 def test_cli_says_so_when_augmentation_never_changes(built, tmp_path, capsys):
     out = str(tmp_path / "sheet.png")
     never = '[{"random_flip_left_right": {"probability": 0.0}}]'
-    assert cli.main(["preview", built.dataset_dir, "--n", "3", "--epochs", "2",
-                     "--augment", never, "-o", out]) == 1
+    assert (
+        cli.main(
+            [
+                "preview",
+                built.dataset_dir,
+                "--n",
+                "3",
+                "--epochs",
+                "2",
+                "--augment",
+                never,
+                "-o",
+                out,
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "every element came out identical in all 2 epochs" in err
     assert "baked in at trace time" in err
@@ -131,8 +148,23 @@ def test_cli_says_so_when_augmentation_never_changes(built, tmp_path, capsys):
 
 def test_cli_other_splits_get_the_inference_form(built, tmp_path, capsys):
     out = str(tmp_path / "sheet.png")
-    assert cli.main(["preview", built.dataset_dir, "--split", "validation", "--n", "2",
-                     "--epochs", "2", "-o", out]) == 0
+    assert (
+        cli.main(
+            [
+                "preview",
+                built.dataset_dir,
+                "--split",
+                "validation",
+                "--n",
+                "2",
+                "--epochs",
+                "2",
+                "-o",
+                out,
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "augmentation deterministic (inference form)" in captured.out
     assert "no random augmentation" in captured.err
@@ -141,20 +173,39 @@ def test_cli_other_splits_get_the_inference_form(built, tmp_path, capsys):
 def test_cli_batch_ops_are_shown_on_one_batch(built, tmp_path):
     out = str(tmp_path / "sheet.png")
     mixing = '[{"random_crop": {"size": 24}}, {"mixup": {"alpha": 0.4}}]'
-    assert cli.main(["preview", built.dataset_dir, "--n", "4", "--epochs", "2",
-                     "--augment", mixing, "-o", out]) == 0
-    preview = contact_sheet.gather(built.dataset_dir, n=4, epochs=2,
-                                   augment=[{"random_crop": {"size": 24}}, "mixup"])
+    assert (
+        cli.main(
+            [
+                "preview",
+                built.dataset_dir,
+                "--n",
+                "4",
+                "--epochs",
+                "2",
+                "--augment",
+                mixing,
+                "-o",
+                out,
+            ]
+        )
+        == 0
+    )
+    preview = contact_sheet.gather(
+        built.dataset_dir, n=4, epochs=2, augment=[{"random_crop": {"size": 24}}, "mixup"]
+    )
     assert contact_sheet.unchanged_columns(preview.epochs) == []
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--augment", "[oops"], "--augment: expected 'default', 'none' or a JSON list"),
-    (["--augment", '["no_such_op"]'], "unknown augmentation op 'no_such_op'"),
-    (["--split", "nope"], "has no split 'nope'"),
-    (["--n", "0"], "--n must be at least 1"),
-    (["--plugin", "no.such.module"], "--plugin: cannot import module 'no.such.module'"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--augment", "[oops"], "--augment: expected 'default', 'none' or a JSON list"),
+        (["--augment", '["no_such_op"]'], "unknown augmentation op 'no_such_op'"),
+        (["--split", "nope"], "has no split 'nope'"),
+        (["--n", "0"], "--n must be at least 1"),
+        (["--plugin", "no.such.module"], "--plugin: cannot import module 'no.such.module'"),
+    ],
+)
 def test_cli_usage_errors_are_one_line(built, tmp_path, capsys, arguments, message):
     out = str(tmp_path / "sheet.png")
     assert cli.main(["preview", built.dataset_dir, "-o", out, *arguments]) == 2

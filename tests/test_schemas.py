@@ -31,11 +31,14 @@ def make_record(image, encoding, label=2, key="circle/circle_0001.png"):
 
 
 CASES = [
-    ("png", NOISE, 0), ("png", NOISE[:, :, :1], 0),
-    ("raw", NOISE, 0), ("raw", NOISE[:, :, 2:], 0),
+    ("png", NOISE, 0),
+    ("png", NOISE[:, :, :1], 0),
+    ("raw", NOISE, 0),
+    ("raw", NOISE[:, :, 2:], 0),
     # JPEG 4:2:0 at quality 95 on a 12x20 image: small errors where chroma
     # blocks meet the border; a swapped channel or wrong shape is off by 100+.
-    ("jpeg", SMOOTH, 12), ("jpeg", SMOOTH[:, :, :1], 12),
+    ("jpeg", SMOOTH, 12),
+    ("jpeg", SMOOTH[:, :, :1], 12),
 ]
 CASE_IDS = ["png-rgb", "png-gray", "raw-rgb", "raw-gray", "jpeg-rgb", "jpeg-gray"]
 
@@ -57,8 +60,13 @@ def test_batch_round_trip_with_parse_example(encoding, image, tolerance):
     assert [k.decode() for k in parsed["key"].numpy()] == ["k/0", "k/1", "k/2"]
     assert [s.decode() for s in parsed["sha256"].numpy()] == [r["sha256"] for r in records]
     for index, original in enumerate(images):
-        decoded = schemas.decode_image(parsed["image"][index], parsed["height"][index],
-                                       parsed["width"][index], image.shape[2], encoding)
+        decoded = schemas.decode_image(
+            parsed["image"][index],
+            parsed["height"][index],
+            parsed["width"][index],
+            image.shape[2],
+            encoding,
+        )
         assert_pixels_close(decoded.numpy(), original, tolerance)
 
 
@@ -69,13 +77,14 @@ def test_single_round_trip_in_a_tf_data_graph(encoding, image, tolerance):
 
     def parse_and_decode(serialized):  # traced once: graph mode, like the reader
         parsed = RECORD.parse(serialized)  # scalar in: tf.io.parse_single_example
-        pixels = schemas.decode_image(parsed["image"], parsed["height"], parsed["width"],
-                                      channels, encoding)
+        pixels = schemas.decode_image(
+            parsed["image"], parsed["height"], parsed["width"], channels, encoding
+        )
         return pixels, parsed["label"], parsed["channels"]
 
     dataset = tf.data.Dataset.from_tensor_slices([RECORD.encode(record)]).map(parse_and_decode)
     assert dataset.element_spec[0].shape.as_list() == [None, None, channels]
-    (pixels, label, stored_channels), = list(dataset.as_numpy_iterator())
+    ((pixels, label, stored_channels),) = list(dataset.as_numpy_iterator())
     assert_pixels_close(pixels, image, tolerance)
     assert label == 5 and stored_channels == channels
 
@@ -83,7 +92,10 @@ def test_single_round_trip_in_a_tf_data_graph(encoding, image, tolerance):
 def test_python_decode_returns_every_field():
     record = make_record(NOISE, "png")
     assert RECORD.decode(RECORD.encode(record)) == {
-        **record, "key": record["key"].encode(), "sha256": record["sha256"].encode()}
+        **record,
+        "key": record["key"].encode(),
+        "sha256": record["sha256"].encode(),
+    }
 
 
 def test_encoding_is_deterministic_and_independent_of_field_order():
@@ -102,13 +114,17 @@ def test_parse_spec_derives_from_the_declaration():
 
 # --- invalid input ------------------------------------------------------------------
 
-@pytest.mark.parametrize("change, message", [
-    (lambda r: r.pop("label"), r"field 'label' .* is missing"),
-    (lambda r: r.update(label="3"), r"field 'label' .*expected an integer, got str"),
-    (lambda r: r.update(height=True), r"field 'height' .*expected an integer, got bool"),
-    (lambda r: r.update(image=123), r"field 'image' .*expected bytes or str, got int"),
-    (lambda r: r.update(colour="red"), r"unknown field\(s\) \['colour'\]"),
-])
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda r: r.pop("label"), r"field 'label' .* is missing"),
+        (lambda r: r.update(label="3"), r"field 'label' .*expected an integer, got str"),
+        (lambda r: r.update(height=True), r"field 'height' .*expected an integer, got bool"),
+        (lambda r: r.update(image=123), r"field 'image' .*expected bytes or str, got int"),
+        (lambda r: r.update(colour="red"), r"unknown field\(s\) \['colour'\]"),
+    ],
+)
 def test_invalid_records_raise_schema_error_naming_the_field(change, message):
     record = make_record(NOISE, "raw")
     change(record)
@@ -141,30 +157,47 @@ def test_python_decode_of_a_bad_record_names_the_field():
 
 def test_decode_image_refuses_an_unknown_encoding():
     with pytest.raises(ValueError, match="unknown encoding 'webp'"):
-        schemas.decode_image(tf.constant(b""), tf.constant(1, tf.int64), tf.constant(1, tf.int64),
-                             3, "webp")
+        schemas.decode_image(
+            tf.constant(b""), tf.constant(1, tf.int64), tf.constant(1, tf.int64), 3, "webp"
+        )
 
 
 # --- kiln.json -----------------------------------------------------------------------
 
+
 def make_info():
-    shards = [schemas.ShardInfo(schemas.shard_filename("shapes", "train", i, 2), 10 + i, 1000 + i,
-                                f"{i:064x}") for i in range(2)]
+    shards = [
+        schemas.ShardInfo(
+            schemas.shard_filename("shapes", "train", i, 2), 10 + i, 1000 + i, f"{i:064x}"
+        )
+        for i in range(2)
+    ]
     return DatasetInfo(
-        name="shapes", version="v-abc123", kiln_version="0.1.0", format_version=1,
+        name="shapes",
+        version="v-abc123",
+        kiln_version="0.1.0",
+        format_version=1,
         config={"name": "shapes", "transforms": [{"resize": {"shorter_side": 72}}]},
-        config_fingerprint="f" * 64, schema=RECORD.to_json(),
+        config_fingerprint="f" * 64,
+        schema=RECORD.to_json(),
         class_names=["circle", "square", "triangle"],
-        encoding={"format": "png", "quality": None}, channels=3, image_size=[64, 64],
+        encoding={"format": "png", "quality": None},
+        channels=3,
+        image_size=[64, 64],
         compression=None,
         splits={
-            "train": schemas.SplitInfo("train", 21, shards,
-                                       {"circle": 7, "square": 7, "triangle": 7},
-                                       schemas.ChannelStatistics(21 * 64 * 64, [1.5, 2.5, 3.5],
-                                                                 [0.5, 0.25, 0.125])),
+            "train": schemas.SplitInfo(
+                "train",
+                21,
+                shards,
+                {"circle": 7, "square": 7, "triangle": 7},
+                schemas.ChannelStatistics(21 * 64 * 64, [1.5, 2.5, 3.5], [0.5, 0.25, 0.125]),
+            ),
             "test": schemas.SplitInfo("test", 0, [], {}),
         },
-        augment=[{"random_flip_left_right": {}}], duplicates=2, dropped={"corrupt": 1},
+        augment=[{"random_flip_left_right": {}}],
+        duplicates=2,
+        dropped={"corrupt": 1},
     )
 
 
@@ -175,27 +208,40 @@ def test_dataset_info_round_trips_through_json():
     assert restored == info
     assert restored.dumps() == text  # canonical: same info, same bytes
     assert restored.split("train").filenames == [
-        "shapes-train.tfrecord-00000-of-00002", "shapes-train.tfrecord-00001-of-00002"]
+        "shapes-train.tfrecord-00000-of-00002",
+        "shapes-train.tfrecord-00001-of-00002",
+    ]
     assert restored.num_classes == 3
     assert json.loads(text)["schema"] == RECORD.to_json()
 
 
 def test_shard_filename_with_gzip():
-    assert schemas.shard_filename("x", "validation", 3, 12, "gzip") == \
-        "x-validation.tfrecord-00003-of-00012.gz"
+    assert (
+        schemas.shard_filename("x", "validation", 3, 12, "gzip")
+        == "x-validation.tfrecord-00003-of-00012.gz"
+    )
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda text: text[:-20], r"^meta/kiln\.json: not valid JSON"),
-    (lambda text: "[1, 2]", r"^meta/kiln\.json: expected a JSON object"),
-    (lambda text: _edit(text, lambda d: d.pop("class_names")),
-     r"missing field\(s\) \['class_names'\]"),
-    (lambda text: _edit(text, lambda d: d.pop("splits")), r"malformed metadata .*'splits'"),
-    (lambda text: _edit(text, lambda d: d["splits"]["train"].update(num_examples="many")),
-     r"malformed metadata \(ValueError: .*'many'"),
-    (lambda text: _edit(text, lambda d: d["splits"]["train"]["shards"][0].pop("sha256")),
-     r"malformed metadata \(TypeError: .*sha256"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda text: text[:-20], r"^meta/kiln\.json: not valid JSON"),
+        (lambda text: "[1, 2]", r"^meta/kiln\.json: expected a JSON object"),
+        (
+            lambda text: _edit(text, lambda d: d.pop("class_names")),
+            r"missing field\(s\) \['class_names'\]",
+        ),
+        (lambda text: _edit(text, lambda d: d.pop("splits")), r"malformed metadata .*'splits'"),
+        (
+            lambda text: _edit(text, lambda d: d["splits"]["train"].update(num_examples="many")),
+            r"malformed metadata \(ValueError: .*'many'",
+        ),
+        (
+            lambda text: _edit(text, lambda d: d["splits"]["train"]["shards"][0].pop("sha256")),
+            r"malformed metadata \(TypeError: .*sha256",
+        ),
+    ],
+)
 def test_malformed_metadata_raises_metadata_error_naming_the_problem(change, message):
     with pytest.raises(MetadataError, match=message):
         DatasetInfo.loads(change(make_info().dumps()), source="meta/kiln.json")
@@ -208,6 +254,7 @@ def _edit(text, mutate):
 
 
 def test_unknown_split_lists_the_known_ones():
-    with pytest.raises(MetadataError,
-                       match=r"has no split 'validation'; it has \['test', 'train'\]"):
+    with pytest.raises(
+        MetadataError, match=r"has no split 'validation'; it has \['test', 'train'\]"
+    ):
         make_info().split("validation")

@@ -49,8 +49,8 @@ ALLOWED = ["yaml.safe_load(text)", "yaml.load(text, Loader=yaml.SafeLoader)", "j
 # Where a module name that is not a literal may be imported, and why.
 DYNAMIC_IMPORTS = {
     ("transforms/chain.py", "import_plugins"),  # the config's plugins:
-    ("tools/preview_command.py", "run"),           # kiln preview --plugin MODULE
-    ("cli.py", "main"),                            # cli.COMMANDS, kiln's own modules
+    ("tools/preview_command.py", "run"),  # kiln preview --plugin MODULE
+    ("cli.py", "main"),  # cli.COMMANDS, kiln's own modules
 }
 
 
@@ -58,9 +58,24 @@ def ruff_findings(source: str, as_path: str) -> list[tuple[int, str]]:
     """(line, code) of what the project's ruff configuration reports in `source`,
     checked as if it were the file `as_path` of this repository."""
     completed = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "json",
-         "--stdin-filename", as_path, "-"],
-        cwd=REPO, input=source, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            "check",
+            "--no-cache",
+            "--output-format",
+            "json",
+            "--stdin-filename",
+            as_path,
+            "-",
+        ],
+        cwd=REPO,
+        input=source,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert completed.returncode in (0, 1), completed.stderr
     return sorted((f["location"]["row"], f["code"]) for f in json.loads(completed.stdout))
 
@@ -93,13 +108,18 @@ def python_files():
 
 def calls(tree):
     """(enclosing function name, call node) for every call in a module."""
+
     def visit(node, function):
         for child in ast.iter_child_nodes(node):
-            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+            inner = (
+                child.name
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
                 else function
+            )
             if isinstance(child, ast.Call):
                 yield function, child
             yield from visit(child, inner)
+
     yield from visit(tree, "<module>")
 
 
@@ -117,8 +137,10 @@ def test_modules_are_imported_by_computed_name_only_where_the_user_names_them():
     for relative, path in python_files():
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         for function, call in calls(tree):
-            if dotted(call.func) in ("importlib.import_module", "import_module",
-                                     "__import__") and not (
-                    call.args and isinstance(call.args[0], ast.Constant)):
+            if dotted(call.func) in (
+                "importlib.import_module",
+                "import_module",
+                "__import__",
+            ) and not (call.args and isinstance(call.args[0], ast.Constant)):
                 dynamic.add((relative, function))
     assert dynamic == DYNAMIC_IMPORTS

@@ -40,8 +40,9 @@ BUILDS = {
 
 def kiln_examples(dataset_dir: str, split: str) -> dict[bytes, tuple[np.ndarray, int]]:
     """key -> (uint8 image, label) as kiln's reader yields them, unaugmented."""
-    dataset = kiln.reader.load(dataset_dir, split, batch_size=None, shuffle=False,
-                               augment=None, as_supervised=False)
+    dataset = kiln.reader.load(
+        dataset_dir, split, batch_size=None, shuffle=False, augment=None, as_supervised=False
+    )
     out = {}
     for example in dataset.as_numpy_iterator():
         # The reader yields float32 in [0, 1] = uint8 / 255, exactly invertible.
@@ -79,10 +80,12 @@ def test_tfds_info_describes_the_dataset(build_dataset):
     info = result.info
     builder = tfds.builder_from_directory(result.dataset_dir)
     assert builder.info.name == info.name
-    assert {name: split.num_examples for name, split in builder.info.splits.items()} == \
-        {name: split.num_examples for name, split in info.splits.items()}
-    assert {name: split.num_shards for name, split in builder.info.splits.items()} == \
-        {name: len(split.shards) for name, split in info.splits.items()}
+    assert {name: split.num_examples for name, split in builder.info.splits.items()} == {
+        name: split.num_examples for name, split in info.splits.items()
+    }
+    assert {name: split.num_shards for name, split in builder.info.splits.items()} == {
+        name: len(split.shards) for name, split in info.splits.items()
+    }
     assert builder.info.features[LABEL_KEY].names == info.class_names
     image_feature = builder.info.features[IMAGE_KEY]
     assert isinstance(image_feature, tfds.features.Image)
@@ -112,8 +115,9 @@ def test_metadata_files_are_written_before_kiln_json_and_deterministic(build_dat
     result = build_dataset()
     directory = result.dataset_dir
     files = tfds_files(result.info)
-    assert sorted(files) == sorted([TFDS_DATASET_INFO_FILENAME, TFDS_FEATURES_FILENAME,
-                                    labels_filename(LABEL_KEY)])
+    assert sorted(files) == sorted(
+        [TFDS_DATASET_INFO_FILENAME, TFDS_FEATURES_FILENAME, labels_filename(LABEL_KEY)]
+    )
     for name, text in files.items():
         with open(os.path.join(directory, name)) as f:
             assert f.read() == text, name
@@ -145,7 +149,8 @@ def test_unsupported_layouts_are_refused_with_the_reason(build_dataset, tmp_path
         tfds_files(bad_label)
 
     split = info.splits["test"]
-    renamed = dataclasses.replace(split, shards=[
-        dataclasses.replace(split.shards[0], filename="other-name.tfrecord")])
+    renamed = dataclasses.replace(
+        split, shards=[dataclasses.replace(split.shards[0], filename="other-name.tfrecord")]
+    )
     with pytest.raises(TfdsUnsupported, match="TFDS's file template"):
         tfds_files(dataclasses.replace(info, splits={**info.splits, "test": renamed}))

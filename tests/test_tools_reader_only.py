@@ -46,5 +46,6 @@ def test_inspect_and_preview_without_the_pipeline_extra(build_dataset, tmp_path)
     with open(sheet_path, "rb") as f:
         written = tf.io.decode_png(f.read()).numpy()
     expected, _ = contact_sheet.compose(
-        contact_sheet.gather(result.dataset_root, n=3, epochs=2), text=False)
+        contact_sheet.gather(result.dataset_root, n=3, epochs=2), text=False
+    )
     np.testing.assert_array_equal(written, expected)

@@ -24,10 +24,12 @@ def arange_image(height, width, channels=1):
 
 # --- center_crop ------------------------------------------------------------------
 
+
 def test_center_crop_takes_the_middle_window():
     image = arange_image(5, 4)  # rows 0-3, 4-7, ..., 16-19
-    np.testing.assert_array_equal(F.center_crop(image, size=[3, 2]),
-                                  gray([[5, 6], [9, 10], [13, 14]]))
+    np.testing.assert_array_equal(
+        F.center_crop(image, size=[3, 2]), gray([[5, 6], [9, 10], [13, 14]])
+    )
 
 
 def test_center_crop_odd_margin_cuts_the_extra_from_bottom_and_right():
@@ -51,14 +53,20 @@ def test_center_crop_of_a_smaller_image_raises_transform_error_naming_sizes():
 
 # --- pad and letterbox ---------------------------------------------------------------
 
+
 def test_pad_to_size_centres_with_the_fill_value():
     out = F.pad(gray([[1, 2, 3], [4, 5, 6]]), size=[4, 6], value=7)
-    np.testing.assert_array_equal(out, gray([
-        [7, 7, 7, 7, 7, 7],
-        [7, 1, 2, 3, 7, 7],
-        [7, 4, 5, 6, 7, 7],
-        [7, 7, 7, 7, 7, 7],
-    ]))
+    np.testing.assert_array_equal(
+        out,
+        gray(
+            [
+                [7, 7, 7, 7, 7, 7],
+                [7, 1, 2, 3, 7, 7],
+                [7, 4, 5, 6, 7, 7],
+                [7, 7, 7, 7, 7, 7],
+            ]
+        ),
+    )
 
 
 def test_pad_to_square_adds_the_odd_row_at_the_bottom():
@@ -90,12 +98,17 @@ def test_pad_needs_exactly_one_of_size_and_to_square():
 def test_letterbox_fits_then_pads():
     # 1x2 into 4x4: the width limits (scale 2), so 2x4 content with one bar above and below.
     out = F.letterbox(gray([[10, 20]]), size=4, value=9, interpolation="nearest")
-    np.testing.assert_array_equal(out, gray([
-        [9, 9, 9, 9],
-        [10, 10, 20, 20],
-        [10, 10, 20, 20],
-        [9, 9, 9, 9],
-    ]))
+    np.testing.assert_array_equal(
+        out,
+        gray(
+            [
+                [9, 9, 9, 9],
+                [10, 10, 20, 20],
+                [10, 10, 20, 20],
+                [9, 9, 9, 9],
+            ]
+        ),
+    )
 
 
 def test_letterbox_height_limited_shrinks_with_rounded_width():
@@ -110,10 +123,12 @@ def test_letterbox_height_limited_shrinks_with_rounded_width():
 
 # --- resize --------------------------------------------------------------------------
 
+
 def test_resize_nearest_enlarges_by_repeating_pixels():
     out = F.resize(gray([[1, 2], [3, 4]]), size=4, interpolation="nearest")
-    np.testing.assert_array_equal(out,
-                                  gray([[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 4, 4], [3, 3, 4, 4]]))
+    np.testing.assert_array_equal(
+        out, gray([[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 4, 4], [3, 3, 4, 4]])
+    )
 
 
 def test_resize_nearest_shrinks_by_sampling_pixel_centres():
@@ -140,17 +155,20 @@ def test_resize_auto_enlarges_with_bicubic():
     assert not np.array_equal(auto, F.resize(image, size=[10, 14], interpolation="area"))
 
 
-@pytest.mark.parametrize("shape, kwargs, expected", [
-    ((3, 5, 1), {"shorter_side": 2}, (2, 3, 1)),      # 5 * 2/3 = 3.33 -> 3
-    ((2, 3, 3), {"shorter_side": 3}, (3, 5, 3)),      # 3 * 3/2 = 4.5 -> 5 (halves up)
-    ((5, 3, 3), {"shorter_side": 2}, (3, 2, 3)),      # portrait
-    ((4, 6, 3), {"longer_side": 3}, (2, 3, 3)),
-    ((6, 4, 1), {"longer_side": 9}, (9, 6, 1)),
-    ((4, 4, 3), {"shorter_side": 7}, (7, 7, 3)),      # square
-    ((200, 1, 3), {"longer_side": 10}, (10, 1, 3)),   # never below 1
-    ((4, 6, 3), {"size": [3, 5]}, (3, 5, 3)),
-    ((4, 6, 1), {"size": 8}, (8, 8, 1)),
-])
+@pytest.mark.parametrize(
+    "shape, kwargs, expected",
+    [
+        ((3, 5, 1), {"shorter_side": 2}, (2, 3, 1)),  # 5 * 2/3 = 3.33 -> 3
+        ((2, 3, 3), {"shorter_side": 3}, (3, 5, 3)),  # 3 * 3/2 = 4.5 -> 5 (halves up)
+        ((5, 3, 3), {"shorter_side": 2}, (3, 2, 3)),  # portrait
+        ((4, 6, 3), {"longer_side": 3}, (2, 3, 3)),
+        ((6, 4, 1), {"longer_side": 9}, (9, 6, 1)),
+        ((4, 4, 3), {"shorter_side": 7}, (7, 7, 3)),  # square
+        ((200, 1, 3), {"longer_side": 10}, (10, 1, 3)),  # never below 1
+        ((4, 6, 3), {"size": [3, 5]}, (3, 5, 3)),
+        ((4, 6, 1), {"size": 8}, (8, 8, 1)),
+    ],
+)
 def test_resize_output_shapes_and_rounding(shape, kwargs, expected):
     assert F.resize(np.zeros(shape, np.uint8), **kwargs).shape == expected
 
@@ -169,6 +187,7 @@ def test_resize_needs_exactly_one_size():
 
 # --- to_grayscale -------------------------------------------------------------------
 
+
 def test_to_grayscale_uses_itu_r_601_weights():
     image = np.array([[[255, 0, 0], [0, 255, 0], [0, 0, 255], [10, 20, 30]]], np.uint8)
     # 0.299 R + 0.587 G + 0.114 B, rounded: 76.2, 149.7, 29.1, 18.15
@@ -185,16 +204,19 @@ def test_to_grayscale_keep_channels_repeats_luma_and_gray_passes_through():
 
 # --- equalize -----------------------------------------------------------------------
 
+
 def test_equalize_spreads_levels_over_the_full_range():
     np.testing.assert_array_equal(F.equalize(gray([[10, 20, 30, 40]])), gray([[0, 85, 170, 255]]))
-    np.testing.assert_array_equal(F.equalize(gray([[10, 20], [10, 20]])),
-                                  gray([[0, 255], [0, 255]]))
+    np.testing.assert_array_equal(
+        F.equalize(gray([[10, 20], [10, 20]])), gray([[0, 255], [0, 255]])
+    )
 
 
 def test_equalize_rgb_works_on_luma_and_keeps_hue():
     grays = np.repeat(gray([[10, 20, 30, 40]]), 3, axis=2)
-    np.testing.assert_array_equal(F.equalize(grays),
-                                  np.repeat(gray([[0, 85, 170, 255]]), 3, axis=2))
+    np.testing.assert_array_equal(
+        F.equalize(grays), np.repeat(gray([[0, 85, 170, 255]]), 3, axis=2)
+    )
     reds = np.array([[[100, 50, 50], [110, 60, 60]]], np.uint8)
     out = F.equalize(reds)
     assert F.to_grayscale(out)[0, 0, 0] <= 12 and F.to_grayscale(out)[0, 1, 0] >= 243
@@ -203,11 +225,15 @@ def test_equalize_rgb_works_on_luma_and_keeps_hue():
 
 # --- common contract ----------------------------------------------------------------
 
-@pytest.mark.parametrize("bad", [
-    np.zeros((4, 4), np.uint8),          # no channel axis
-    np.zeros((4, 4, 4), np.uint8),       # RGBA
-    np.zeros((4, 4, 3), np.float32),     # not uint8
-])
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.zeros((4, 4), np.uint8),  # no channel axis
+        np.zeros((4, 4, 4), np.uint8),  # RGBA
+        np.zeros((4, 4, 3), np.float32),  # not uint8
+    ],
+)
 def test_kernels_reject_arrays_that_are_not_uint8_hwc(bad):
     with pytest.raises(ValueError, match="uint8 HxWxC"):
         F.center_crop(bad, size=2)
@@ -216,8 +242,15 @@ def test_kernels_reject_arrays_that_are_not_uint8_hwc(bad):
 def test_kernels_do_not_modify_their_input_and_are_deterministic_across_threads():
     image = np.random.default_rng(1).integers(0, 256, (37, 53, 3), dtype=np.uint8)
     before = image.copy()
-    chain = transforms.parse([{"resize": {"shorter_side": 24}}, {"center_crop": {"size": 20}},
-                              {"letterbox": {"size": [16, 30]}}, "equalize", "to_grayscale"])
+    chain = transforms.parse(
+        [
+            {"resize": {"shorter_side": 24}},
+            {"center_crop": {"size": 20}},
+            {"letterbox": {"size": [16, 30]}},
+            "equalize",
+            "to_grayscale",
+        ]
+    )
     expected = chain(image)
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: chain(image), range(16)))
@@ -228,12 +261,20 @@ def test_kernels_do_not_modify_their_input_and_are_deterministic_across_threads(
 
 # --- config validation --------------------------------------------------------------
 
+
 def test_parse_builds_a_chain_with_defaults_filled_in():
-    chain = transforms.parse([{"resize": {"shorter_side": 72}}, {"center_crop": {"size": [64, 60]}},
-                              "to_grayscale"])
+    chain = transforms.parse(
+        [{"resize": {"shorter_side": 72}}, {"center_crop": {"size": [64, 60]}}, "to_grayscale"]
+    )
     assert chain.to_json() == [
-        {"resize": {"shorter_side": 72, "longer_side": None, "size": None,
-                    "interpolation": "auto"}},
+        {
+            "resize": {
+                "shorter_side": 72,
+                "longer_side": None,
+                "size": None,
+                "interpolation": "auto",
+            }
+        },
         {"center_crop": {"size": [64, 60]}},
         {"to_grayscale": {"keep_channels": False}},
     ]
@@ -241,36 +282,63 @@ def test_parse_builds_a_chain_with_defaults_filled_in():
     assert out.shape == (64, 60, 1)
 
 
-@pytest.mark.parametrize("specs, message", [
-    (["blur"], r"^transforms\[0\]: unknown offline transform 'blur'; known: center_crop, "),
-    ([{"resize": {"size": "64"}}],
-     r"^transforms\[0\]\.resize\.size: expected a positive integer or \[height, width\]"),
-    ([{"resize": {"size": [64, 64, 3]}}],
-     r"^transforms\[0\]\.resize\.size: expected a positive integer"),
-    ([{"resize": {"size": True}}], r"^transforms\[0\]\.resize\.size: "),
-    (["to_grayscale", {"resize": {"shorter_side": 0}}],
-     r"^transforms\[1\]\.resize\.shorter_side: must be > 0, got 0"),
-    ([{"resize": {"shorter_side": "72"}}],
-     r"^transforms\[0\]\.resize\.shorter_side: expected an integer, got '72'"),
-    ([{"resize": {"size": 8, "interpolation": "bilinear"}}],
-     r"^transforms\[0\]\.resize\.interpolation: expected one of \['auto', 'area', "),
-    ([{"resize": {"size": 8, "sise": 9}}],
-     r"^transforms\[0\]\.resize\.sise: unknown parameter; "
-     r"known: shorter_side, longer_side, size, "),
-    ([{"pad": {"size": 8, "value": 256}}],
-     r"^transforms\[0\]\.pad\.value: expected a level 0\.\.255"),
-    ([{"pad": {"size": 8, "value": [1, 2]}}], r"^transforms\[0\]\.pad\.value: "),
-    ([{"center_crop": {}}], r"^transforms\[0\]\.center_crop\.size: required parameter is missing"),
-    ([{"center_crop": 64}], r"^transforms\[0\]\.center_crop: parameters must be a mapping"),
-    ([{"resize": {}, "pad": {}}],
-     r"^transforms\[0\]: expected a transform name or a one-key mapping"),
-    # Rules across parameters are checked at config time too, naming the parameters.
-    ([{"resize": {}}],
-     r"^transforms\[0\]\.resize: give exactly one of shorter_side, longer_side, size \(got none\)"),
-    ([{"resize": {"shorter_side": 8, "size": 8}}],
-     r"^transforms\[0\]\.resize: .*got shorter_side and size"),
-    ([{"pad": {"value": 3}}], r"^transforms\[0\]\.pad: give exactly one of size and to_square"),
-])
+@pytest.mark.parametrize(
+    "specs, message",
+    [
+        (["blur"], r"^transforms\[0\]: unknown offline transform 'blur'; known: center_crop, "),
+        (
+            [{"resize": {"size": "64"}}],
+            r"^transforms\[0\]\.resize\.size: expected a positive integer or \[height, width\]",
+        ),
+        (
+            [{"resize": {"size": [64, 64, 3]}}],
+            r"^transforms\[0\]\.resize\.size: expected a positive integer",
+        ),
+        ([{"resize": {"size": True}}], r"^transforms\[0\]\.resize\.size: "),
+        (
+            ["to_grayscale", {"resize": {"shorter_side": 0}}],
+            r"^transforms\[1\]\.resize\.shorter_side: must be > 0, got 0",
+        ),
+        (
+            [{"resize": {"shorter_side": "72"}}],
+            r"^transforms\[0\]\.resize\.shorter_side: expected an integer, got '72'",
+        ),
+        (
+            [{"resize": {"size": 8, "interpolation": "bilinear"}}],
+            r"^transforms\[0\]\.resize\.interpolation: expected one of \['auto', 'area', ",
+        ),
+        (
+            [{"resize": {"size": 8, "sise": 9}}],
+            r"^transforms\[0\]\.resize\.sise: unknown parameter; "
+            r"known: shorter_side, longer_side, size, ",
+        ),
+        (
+            [{"pad": {"size": 8, "value": 256}}],
+            r"^transforms\[0\]\.pad\.value: expected a level 0\.\.255",
+        ),
+        ([{"pad": {"size": 8, "value": [1, 2]}}], r"^transforms\[0\]\.pad\.value: "),
+        (
+            [{"center_crop": {}}],
+            r"^transforms\[0\]\.center_crop\.size: required parameter is missing",
+        ),
+        ([{"center_crop": 64}], r"^transforms\[0\]\.center_crop: parameters must be a mapping"),
+        (
+            [{"resize": {}, "pad": {}}],
+            r"^transforms\[0\]: expected a transform name or a one-key mapping",
+        ),
+        # Rules across parameters are checked at config time too, naming the parameters.
+        (
+            [{"resize": {}}],
+            r"^transforms\[0\]\.resize: "
+            r"give exactly one of shorter_side, longer_side, size \(got none\)",
+        ),
+        (
+            [{"resize": {"shorter_side": 8, "size": 8}}],
+            r"^transforms\[0\]\.resize: .*got shorter_side and size",
+        ),
+        ([{"pad": {"value": 3}}], r"^transforms\[0\]\.pad: give exactly one of size and to_square"),
+    ],
+)
 def test_parse_reports_the_entry_and_field(specs, message):
     with pytest.raises(TransformConfigError, match=message):
         transforms.parse(specs)
@@ -282,8 +350,13 @@ def test_parse_names_the_config_field_it_was_given():
 
 
 def test_chain_to_json_round_trips_and_chains_pickle():
-    chain = transforms.parse([{"letterbox": {"size": [20, 30], "value": [1, 2, 3]}},
-                              {"pad": {"to_square": True}}, {"resize": {"longer_side": 12}}])
+    chain = transforms.parse(
+        [
+            {"letterbox": {"size": [20, 30], "value": [1, 2, 3]}},
+            {"pad": {"to_square": True}},
+            {"resize": {"longer_side": 12}},
+        ]
+    )
     assert transforms.parse(chain.to_json()) == chain
     restored = pickle.loads(pickle.dumps(chain))
     assert restored == chain
@@ -333,14 +406,16 @@ def test_user_plugin_is_imported_by_name_validated_and_applied(tmp_path, monkeyp
     with pytest.raises(TransformConfigError, match=r"transforms\[0\]\.clamp_levels\.high: "):
         transforms.parse([{"clamp_levels": {"high": 300}}])
     with pytest.raises(
-            TransformConfigError,
-            match=r"transforms\[0\]\.clamp_levels: low \(30\) must be below high \(20\)"):
+        TransformConfigError,
+        match=r"transforms\[0\]\.clamp_levels: low \(30\) must be below high \(20\)",
+    ):
         transforms.parse([{"clamp_levels": {"low": 30, "high": 20}}])
 
 
 def test_import_plugins_reports_a_missing_module():
-    with pytest.raises(TransformConfigError,
-                       match=r"plugins: cannot import module 'no_such_kiln_plugin'"):
+    with pytest.raises(
+        TransformConfigError, match=r"plugins: cannot import module 'no_such_kiln_plugin'"
+    ):
         transforms.import_plugins(["no_such_kiln_plugin"])
 
 

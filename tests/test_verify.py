@@ -79,8 +79,10 @@ def test_an_intact_build_passes(build_dataset, capsys, overrides):
     assert checked.num_records == sum(s.num_examples for s in result.info.splits.values())
     code, out = run_cli(result.dataset_dir, capsys)
     assert code == 0
-    assert out == (f"kiln verify: OK: {result.dataset_dir}: {checked.num_shards} shards, "
-                   f"{checked.num_records} records match kiln.json\n")
+    assert out == (
+        f"kiln verify: OK: {result.dataset_dir}: {checked.num_shards} shards, "
+        f"{checked.num_records} records match kiln.json\n"
+    )
 
 
 def test_a_flipped_byte_is_a_crc_error_in_that_shard(version_copy, capsys):
@@ -140,23 +142,28 @@ def test_edited_metadata(version_copy):
 
     def recount(data):
         data["splits"]["train"]["shards"][0]["num_records"] += 1
+
     edit_metadata(folder, recount)
     checksum, result = only_problem(folder)
     assert checksum.where == "kiln.json"
     assert "kiln.json was modified after it was written: checksum " in checksum.message
     problem = result.problems[1]  # and what else disagrees, checked against the edited file
     assert problem.where == first.filename
-    assert problem.message == (f"holds {first.num_records} records, kiln.json says "
-                               f"{first.num_records + 1}")
+    assert problem.message == (
+        f"holds {first.num_records} records, kiln.json says {first.num_records + 1}"
+    )
 
     def restore_count_and_change_sha256(data):
         shard = data["splits"]["train"]["shards"][0]
         shard["num_records"] -= 1
         shard["sha256"] = "0" * 64
+
     edit_metadata(folder, restore_count_and_change_sha256, reseal=True)
     problem, _ = only_problem(folder)
     assert (problem.where, problem.message) == (
-        first.filename, f"sha256 is {first.sha256}, kiln.json says {'0' * 64}")
+        first.filename,
+        f"sha256 is {first.sha256}, kiln.json says {'0' * 64}",
+    )
 
 
 def test_edited_split_counts(version_copy):
@@ -169,12 +176,15 @@ def test_edited_split_counts(version_copy):
         split["num_examples"] += 2
         split["class_counts"][some_class] += 2
         split["statistics"]["count"] += 1
+
     edit_metadata(folder, edit)
     result = verify.verify(folder)
     assert result.problems[0].where == "kiln.json"
     messages = [str(p) for p in result.problems if p.where == "split 'train'"]
-    assert messages[0] == (f"split 'train': num_examples is {train.num_examples + 2}, "
-                           f"the shards hold {train.num_examples}")
+    assert messages[0] == (
+        f"split 'train': num_examples is {train.num_examples + 2}, "
+        f"the shards hold {train.num_examples}"
+    )
     assert any("class_counts are" in m for m in messages)
     assert any(f"statistics count {train.statistics.count + 1} pixels" in m for m in messages)
 
@@ -213,6 +223,7 @@ def rewrite_shard(folder, info, split, index, change):
     def update(data):
         entry = data["splits"][split]["shards"][index]
         entry["num_bytes"], entry["sha256"] = size, sha256
+
     edit_metadata(folder, update, reseal=True)
     return shard.filename
 
@@ -223,6 +234,7 @@ def test_records_are_parsed_and_decoded_with_the_schema(version_copy):
     def relabel(records):
         record = RECORD.decode(records[1])
         records[1] = RECORD.encode(dict(record, label=len(info.class_names)))
+
     name = rewrite_shard(folder, info, "train", 0, relabel)
     problem, _ = only_problem(folder)
     assert problem.where == name
@@ -231,8 +243,10 @@ def test_records_are_parsed_and_decoded_with_the_schema(version_copy):
 
     def garble(records):
         records[0] = b"not a tf.train.Example"
-    name = rewrite_shard(folder, DatasetInfo.loads(open(os.path.join(folder, "kiln.json")).read()),
-                         "test", 0, garble)
+
+    name = rewrite_shard(
+        folder, DatasetInfo.loads(open(os.path.join(folder, "kiln.json")).read()), "test", 0, garble
+    )
     result = verify.verify(folder)
     assert [p.where for p in result.problems][:2] == [info.splits["train"].shards[0].filename, name]
     assert result.problems[1].message.startswith("record 0: ")
@@ -240,6 +254,7 @@ def test_records_are_parsed_and_decoded_with_the_schema(version_copy):
     def wrong_size(records):
         record = RECORD.decode(records[0])
         records[0] = RECORD.encode(dict(record, height=record["height"] + 1))
+
     fresh = str(folder) + "-2"
     shutil.copytree(folder, fresh)
     name = rewrite_shard(fresh, info, "validation", 0, wrong_size)
@@ -281,10 +296,14 @@ KILN_JSON_EDITS = {
     "statistics mean": (_set_first_mean, None),
     "augment list": (_add_augmentation, None),
     "num_examples": (_one_example_fewer, ("split 'test'", "num_examples is")),
-    "shard sha256": (_zero_sha256, ("shapes-validation.tfrecord-00000-of-00001",
-                                    f"kiln.json says {'0' * 64}")),
-    "channels": (_one_channel, ("shapes-train.tfrecord-00000-of-00003",
-                                "3 channels, the dataset stores 1")),
+    "shard sha256": (
+        _zero_sha256,
+        ("shapes-validation.tfrecord-00000-of-00001", f"kiln.json says {'0' * 64}"),
+    ),
+    "channels": (
+        _one_channel,
+        ("shapes-train.tfrecord-00000-of-00003", "3 channels, the dataset stores 1"),
+    ),
 }
 
 
@@ -301,8 +320,9 @@ def test_an_edited_kiln_json_fails_verify_and_the_reader(version_copy, capsys, e
     if also is None:
         assert len(result.problems) == 1
     else:
-        assert any(p.where == also[0] and also[1] in p.message for p in result.problems[1:]), \
+        assert any(p.where == also[0] and also[1] in p.message for p in result.problems[1:]), (
             result.problems
+        )
     code, out = run_cli(folder, capsys)
     assert code == 1 and out.startswith(f"kiln verify: FAILED: {folder}: kiln.json: {modified}")
 
@@ -327,7 +347,9 @@ def test_an_edited_error_report_fails_verify(version_copy, capsys):
     os.remove(os.path.join(folder, "errors.jsonl"))
     problem, _ = only_problem(folder)
     assert (problem.where, problem.message) == (
-        "errors.jsonl", f"missing (kiln.json records its sha256 {info.errors_sha256})")
+        "errors.jsonl",
+        f"missing (kiln.json records its sha256 {info.errors_sha256})",
+    )
 
 
 def test_a_removed_checksum_is_refused(version_copy):
@@ -347,6 +369,7 @@ def test_format_1_without_checksum_loads_unchecked(version_copy):
         data["format_version"] = 1
         for name in ("checksum", "errors_sha256", "duplicates_sha256"):
             del data[name]
+
     edit_metadata(folder, as_format_1)
     old = kiln.reader.info(folder)
     assert (old.format_version, old.checksum, old.errors_sha256) == (1, None, None)
@@ -354,8 +377,10 @@ def test_format_1_without_checksum_loads_unchecked(version_copy):
     assert verify.verify(folder).ok  # nothing recorded to check the reports against
     # An edit is not noticed in format 1 (this is what format 2 adds).
     edit_metadata(folder, _set_first_mean)
-    assert kiln.reader.info(folder).splits["train"].statistics.mean[0] == \
-        info.splits["train"].statistics.mean[0] + 10.0
+    assert (
+        kiln.reader.info(folder).splits["train"].statistics.mean[0]
+        == info.splits["train"].statistics.mean[0] + 10.0
+    )
 
 
 def test_lowering_the_format_version_does_not_skip_the_checksum(version_copy):
@@ -399,8 +424,14 @@ def test_a_wrong_duplicates_report_fails_verify(duplicates_build, tmp_path):
     # A consistent forgery (sha256 and checksum recorded anew) still differs from the records.
     fresh = str(tmp_path / "forged")
     shutil.copytree(result.dataset_dir, fresh)
-    edit_lines(fresh, "duplicates.jsonl", lambda rows: rows.__setitem__(
-        0, {**rows[0], "keys": [rows[0]["keys"][0], "circle/elsewhere.png", *rows[0]["keys"][2:]]}))
+    edit_lines(
+        fresh,
+        "duplicates.jsonl",
+        lambda rows: rows.__setitem__(
+            0,
+            {**rows[0], "keys": [rows[0]["keys"][0], "circle/elsewhere.png", *rows[0]["keys"][2:]]},
+        ),
+    )
     with open(os.path.join(fresh, "duplicates.jsonl"), "rb") as f:
         sha256 = hashlib.sha256(f.read()).hexdigest()
     edit_metadata(fresh, lambda data: data.update(duplicates_sha256=sha256), reseal=True)

@@ -43,10 +43,13 @@ COMMANDS: dict[str, Command] = {
     "demo-data": Command("kiln.pipeline.demo_data", "generate the small demo image folder"),
     "lint": Command("kiln.tools.lint.command", "check training code for tf.data tracing pitfalls"),
     "inspect": Command("kiln.tools.inspect_command", "summarize a built dataset"),
-    "preview": Command("kiln.tools.preview_command",
-                       "draw stored and augmented images of a dataset as a PNG contact sheet"),
-    "verify": Command("kiln.tools.verify_command",
-                      "check every shard of a dataset against its kiln.json"),
+    "preview": Command(
+        "kiln.tools.preview_command",
+        "draw stored and augmented images of a dataset as a PNG contact sheet",
+    ),
+    "verify": Command(
+        "kiln.tools.verify_command", "check every shard of a dataset against its kiln.json"
+    ),
 }
 
 EPILOG = """examples:
@@ -94,15 +97,20 @@ def main(argv: list[str] | None = None) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, command in COMMANDS.items():
         sub = subparsers.add_parser(
-            name, help=command.help, description=command.help,
+            name,
+            help=command.help,
+            description=command.help,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         if name == chosen:
             try:
                 module = importlib.import_module(command.module)
             except ImportError as e:
-                print(f"kiln {name}: needs an extra that is not installed ({e}); "
-                      f"try: pip install 'kiln[pipeline]'", file=sys.stderr)
+                print(
+                    f"kiln {name}: needs an extra that is not installed ({e}); "
+                    f"try: pip install 'kiln[pipeline]'",
+                    file=sys.stderr,
+                )
                 return EXIT_USAGE
             module.configure_parser(sub)
             sub.set_defaults(_module=module, _command=command)

@@ -56,8 +56,11 @@ def _is_number(value: Any) -> bool:
 def _size(value: Any) -> int | tuple[int, int]:
     if _is_integer(value) and value > 0:
         return int(value)
-    if (isinstance(value, (list, tuple)) and len(value) == 2
-            and all(_is_integer(v) and v > 0 for v in value)):
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(_is_integer(v) and v > 0 for v in value)
+    ):
         return (int(value[0]), int(value[1]))
     raise ValueError(f"expected a positive integer or [height, width], got {value!r}")
 
@@ -108,8 +111,11 @@ class Range(_Validator):
     positive: bool = False
 
     def validate(self, value: Any) -> tuple[float, float]:
-        if (not isinstance(value, (list, tuple)) or len(value) != 2
-                or not all(_is_number(v) for v in value)):
+        if (
+            not isinstance(value, (list, tuple))
+            or len(value) != 2
+            or not all(_is_number(v) for v in value)
+        ):
             raise ValueError(f"expected two numbers [low, high], got {value!r}")
         low, high = float(value[0]), float(value[1])
         if low > high:
@@ -186,8 +192,9 @@ S = TypeVar("S", bound=Spec)
 _NO_DEFAULT = inspect.Parameter.empty
 
 
-def parameter_model(kind: str, name: str, fn: Callable[..., Any],
-                    leading: Sequence[str]) -> type[pydantic.BaseModel]:
+def parameter_model(
+    kind: str, name: str, fn: Callable[..., Any], leading: Sequence[str]
+) -> type[pydantic.BaseModel]:
     """The frozen model of `fn`'s configurable parameters.
 
     Args:
@@ -211,21 +218,23 @@ def parameter_model(kind: str, name: str, fn: Callable[..., Any],
         hints = typing.get_type_hints(fn, include_extras=True)
     except Exception as e:  # what a wrong annotation raises depends on the annotation
         # Validating without the annotations would let every value through.
-        raise ValueError(f"{kind} {name!r}: cannot resolve the parameter annotations: "
-                         f"{type(e).__name__}: {e}") from e
+        raise ValueError(
+            f"{kind} {name!r}: cannot resolve the parameter annotations: {type(e).__name__}: {e}"
+        ) from e
     # Any: mypy would match `**fields` against create_model's own keywords
     # (__base__, __module__...); each value is an (annotation, default) pair.
     fields: dict[str, Any] = {}
-    for param in params[len(leading):]:
+    for param in params[len(leading) :]:
         if param.kind is not param.KEYWORD_ONLY:
-            raise ValueError(f"{kind} {name!r}: parameter {param.name!r} must be keyword-only "
-                             f"(put it after a bare '*')")
+            raise ValueError(
+                f"{kind} {name!r}: parameter {param.name!r} must be keyword-only "
+                f"(put it after a bare '*')"
+            )
         default = ... if param.default is _NO_DEFAULT else param.default
         fields[param.name] = (_strict_scalars(hints.get(param.name, Any)), default)
     return pydantic.create_model(
         f"{name}_parameters",
-        __config__=pydantic.ConfigDict(extra="forbid", frozen=True,
-                                       arbitrary_types_allowed=True),
+        __config__=pydantic.ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True),
         **fields,
     )
 
@@ -264,8 +273,9 @@ class Registry(Generic[R]):
         self._entry = entry
         self._entries: dict[str, R] = {}
 
-    def register(self, name: str | None, *, leading: Sequence[str],
-                 **details: Any) -> Callable[[F], F]:
+    def register(
+        self, name: str | None, *, leading: Sequence[str], **details: Any
+    ) -> Callable[[F], F]:
         """A decorator that registers its function as `name` (default: the function's name).
 
         Args:
@@ -295,8 +305,9 @@ class Registry(Generic[R]):
         """
         existing = self._entries.get(entry.name)
         if existing is not None and existing.fn is not entry.fn:
-            raise ValueError(f"{_article(self.kind)} {self.kind} named {entry.name!r} "
-                             f"is already registered")
+            raise ValueError(
+                f"{_article(self.kind)} {self.kind} named {entry.name!r} is already registered"
+            )
         self._entries[entry.name] = entry
 
     def remove(self, name: str) -> None:
@@ -314,8 +325,12 @@ class Registry(Generic[R]):
             raise self.error(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
         return self._entries[name]
 
-    def parse(self, specs: Iterable[Any] | None, field: str,
-              make: Callable[[str, tuple[tuple[str, Any], ...]], S]) -> list[S]:
+    def parse(
+        self,
+        specs: Iterable[Any] | None,
+        field: str,
+        make: Callable[[str, tuple[tuple[str, Any], ...]], S],
+    ) -> list[S]:
         """Validates a list in YAML form; returns one ``make(name, params)`` per entry.
 
         Args:
@@ -331,8 +346,9 @@ class Registry(Generic[R]):
             return []
         if isinstance(specs, (str, Mapping)) or not isinstance(specs, Iterable):
             raise self.error(f"{field}: expected a list of {self.noun}s, got {specs!r}")
-        return [make(*self._parse_entry(f"{field}[{index}]", spec))
-                for index, spec in enumerate(specs)]
+        return [
+            make(*self._parse_entry(f"{field}[{index}]", spec)) for index, spec in enumerate(specs)
+        ]
 
     def _parse_entry(self, where: str, spec: Any) -> tuple[str, tuple[tuple[str, Any], ...]]:
         raw: Any  # the parameters as written, checked to be a mapping below
@@ -347,8 +363,9 @@ class Registry(Generic[R]):
                 f"{{name: {{params}}}}, got {spec!r}"
             )
         if name not in self._entries:
-            raise self.error(f"{where}: unknown {self.kind} {name!r}; "
-                             f"known: {', '.join(self.names())}")
+            raise self.error(
+                f"{where}: unknown {self.kind} {name!r}; known: {', '.join(self.names())}"
+            )
         if not isinstance(raw, Mapping):
             raise self.error(f"{where}.{name}: parameters must be a mapping, got {raw!r}")
         return name, self._validate(f"{where}.{name}", self._entries[name], raw)
@@ -372,12 +389,21 @@ class Registry(Generic[R]):
         return tuple(sorted(params.items()))
 
 
-_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="),
-           "less_than": ("lt", "<"), "less_than_equal": ("le", "<=")}
+_BOUNDS = {
+    "greater_than": ("gt", ">"),
+    "greater_than_equal": ("ge", ">="),
+    "less_than": ("lt", "<"),
+    "less_than_equal": ("le", "<="),
+}
 _EXPECTED = {
-    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
-    "bool_type": "true or false", "bool_parsing": "true or false",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "finite_number": "a finite number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
     "string_type": "a string",
 }
 

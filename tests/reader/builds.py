@@ -38,9 +38,14 @@ def write_golden_corpus(root: str) -> None:
     for index in range(12):
         class_name = ("a", "b")[index % 2]
         rows, cols = np.mgrid[0:16, 0:16]
-        image = np.stack([(rows * 16 + index * 7) % 256,
-                          (cols * 15 + index * 29) % 256,
-                          ((rows + cols) * 8 + index * 53) % 256], axis=-1).astype(np.uint8)
+        image = np.stack(
+            [
+                (rows * 16 + index * 7) % 256,
+                (cols * 15 + index * 29) % 256,
+                ((rows + cols) * 8 + index * 53) % 256,
+            ],
+            axis=-1,
+        ).astype(np.uint8)
         os.makedirs(os.path.join(root, class_name), exist_ok=True)
         with open(os.path.join(root, class_name, f"img_{index:02d}.png"), "wb") as f:
             f.write(tf.io.encode_png(image).numpy())
@@ -78,7 +83,8 @@ def stored_images(result, split: str) -> dict[bytes, np.ndarray]:
             record = RECORD.decode(serialized)
             if result.info.encoding["format"] == "raw":
                 image = np.frombuffer(record["image"], np.uint8).reshape(
-                    record["height"], record["width"], record["channels"])
+                    record["height"], record["width"], record["channels"]
+                )
             else:
                 image = tf.io.decode_image(record["image"], channels=record["channels"]).numpy()
             images[record["key"]] = image

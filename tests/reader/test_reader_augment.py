@@ -13,10 +13,22 @@ from kiln.reader import AugmentConfigError, AugmentOpError, register_augmentatio
 from kiln.reader.augmenter import Augmenter
 from kiln.reader.ops import AUGMENTATIONS, color_twist
 
-BUILTINS = ["color_jitter", "cutmix", "mixup", "random_brightness", "random_contrast",
-            "random_crop", "random_erasing", "random_flip_left_right", "random_flip_up_down",
-            "random_grayscale", "random_hue", "random_resized_crop", "random_rotation",
-            "random_saturation"]
+BUILTINS = [
+    "color_jitter",
+    "cutmix",
+    "mixup",
+    "random_brightness",
+    "random_contrast",
+    "random_crop",
+    "random_erasing",
+    "random_flip_left_right",
+    "random_flip_up_down",
+    "random_grayscale",
+    "random_hue",
+    "random_resized_crop",
+    "random_rotation",
+    "random_saturation",
+]
 
 
 @pytest.fixture
@@ -29,8 +41,9 @@ def user_ops():
 
 
 def image(height=20, width=16, channels=3, seed=0) -> tf.Tensor:
-    return tf.constant(np.random.default_rng(seed).random((height, width, channels),
-                                                          dtype=np.float32))
+    return tf.constant(
+        np.random.default_rng(seed).random((height, width, channels), dtype=np.float32)
+    )
 
 
 def seeds(count: int) -> list[tf.Tensor]:
@@ -49,13 +62,24 @@ def test_builtins_registered():
 
 
 def test_validate_fills_defaults_and_normalizes():
-    resolved = validate(["random_flip_left_right", {"random_resized_crop": {"size": 56}},
-                         {"random_brightness": None}])
+    resolved = validate(
+        [
+            "random_flip_left_right",
+            {"random_resized_crop": {"size": 56}},
+            {"random_brightness": None},
+        ]
+    )
     assert [a.to_json() for a in resolved] == [
         {"random_flip_left_right": {"probability": 0.5}},
-        {"random_resized_crop": {"antialias": False, "method": "bilinear",
-                                 "ratio_range": [0.75, 4 / 3], "scale_range": [0.08, 1.0],
-                                 "size": [56, 56]}},
+        {
+            "random_resized_crop": {
+                "antialias": False,
+                "method": "bilinear",
+                "ratio_range": [0.75, 4 / 3],
+                "scale_range": [0.08, 1.0],
+                "size": [56, 56],
+            }
+        },
         {"random_brightness": {"max_delta": 0.2}},
     ]
     # The resolved form validates to itself (it is what kiln.json stores).
@@ -63,33 +87,58 @@ def test_validate_fills_defaults_and_normalizes():
     assert validate(None) == [] and validate([]) == []
 
 
-@pytest.mark.parametrize("specs, message", [
-    (["random_flip"], "augment[0]: unknown augmentation op 'random_flip'"),
-    ([{"random_crop": {}}], "augment[0].random_crop.size: required parameter is missing"),
-    (["random_flip_left_right", {"random_flip_left_right": {"prob": 0.5}}],
-     "augment[1].random_flip_left_right.prob: unknown parameter; known: probability"),
-    ([{"random_flip_left_right": {"probability": 1.5}}],
-     "augment[0].random_flip_left_right.probability: must be <= 1.0, got 1.5"),
-    ([{"random_resized_crop": {"size": 8, "scale_range": [0.9, 0.2]}}],
-     "augment[0].random_resized_crop.scale_range: expected low <= high, got [0.9, 0.2]"),
-    ([{"random_resized_crop": {"size": 8, "scale_range": [0.0, 0.5]}}],
-     "augment[0].random_resized_crop: scale_range: fractions of the image area must be in (0, 1]"),
-    ([{"random_crop": {"size": [8, -1]}}],
-     "augment[0].random_crop.size: expected a positive integer or [height, width], got [8, -1]"),
-    ([{"random_rotation": {"angle_range": 10}}],
-     "augment[0].random_rotation.angle_range: expected two numbers [low, high], got 10"),
-    ([{"random_rotation": {"fill_mode": "mirror"}}],
-     "augment[0].random_rotation.fill_mode: expected one of ['constant', 'reflect', 'wrap', "
-     "'nearest'], got 'mirror'"),
-    ([{"random_flip_left_right": {"probability": True}}],
-     "augment[0].random_flip_left_right.probability: expected a number, got True"),
-    ([{"random_flip_left_right": 0.5}],
-     "augment[0].random_flip_left_right: parameters must be a mapping, got 0.5"),
-    ([{"a": {}, "b": {}}], "augment[0]: expected an op name or a one-key mapping"),
-    (["mixup", "random_flip_left_right"],
-     "augment[1].random_flip_left_right: element ops must come before batch ops"),
-    ("random_flip_left_right", "augment: expected a list of ops"),
-])
+@pytest.mark.parametrize(
+    "specs, message",
+    [
+        (["random_flip"], "augment[0]: unknown augmentation op 'random_flip'"),
+        ([{"random_crop": {}}], "augment[0].random_crop.size: required parameter is missing"),
+        (
+            ["random_flip_left_right", {"random_flip_left_right": {"prob": 0.5}}],
+            "augment[1].random_flip_left_right.prob: unknown parameter; known: probability",
+        ),
+        (
+            [{"random_flip_left_right": {"probability": 1.5}}],
+            "augment[0].random_flip_left_right.probability: must be <= 1.0, got 1.5",
+        ),
+        (
+            [{"random_resized_crop": {"size": 8, "scale_range": [0.9, 0.2]}}],
+            "augment[0].random_resized_crop.scale_range: expected low <= high, got [0.9, 0.2]",
+        ),
+        (
+            [{"random_resized_crop": {"size": 8, "scale_range": [0.0, 0.5]}}],
+            "augment[0].random_resized_crop: scale_range: "
+            "fractions of the image area must be in (0, 1]",
+        ),
+        (
+            [{"random_crop": {"size": [8, -1]}}],
+            "augment[0].random_crop.size: "
+            "expected a positive integer or [height, width], got [8, -1]",
+        ),
+        (
+            [{"random_rotation": {"angle_range": 10}}],
+            "augment[0].random_rotation.angle_range: expected two numbers [low, high], got 10",
+        ),
+        (
+            [{"random_rotation": {"fill_mode": "mirror"}}],
+            "augment[0].random_rotation.fill_mode: expected one of ['constant', 'reflect', 'wrap', "
+            "'nearest'], got 'mirror'",
+        ),
+        (
+            [{"random_flip_left_right": {"probability": True}}],
+            "augment[0].random_flip_left_right.probability: expected a number, got True",
+        ),
+        (
+            [{"random_flip_left_right": 0.5}],
+            "augment[0].random_flip_left_right: parameters must be a mapping, got 0.5",
+        ),
+        ([{"a": {}, "b": {}}], "augment[0]: expected an op name or a one-key mapping"),
+        (
+            ["mixup", "random_flip_left_right"],
+            "augment[1].random_flip_left_right: element ops must come before batch ops",
+        ),
+        ("random_flip_left_right", "augment: expected a list of ops"),
+    ],
+)
 def test_validate_names_entry_and_parameter(specs, message):
     with pytest.raises(AugmentConfigError) as error:
         validate(specs)
@@ -144,8 +193,9 @@ def test_op_with_stateful_randomness_is_rejected(user_ops):
     def stateful_noise(image, seed):
         return image + tf.random.uniform(tf.shape(image), maxval=0.1)
 
-    with pytest.raises(AugmentOpError, match="different outputs for the same seed: it uses "
-                                             "stateful randomness"):
+    with pytest.raises(
+        AugmentOpError, match="different outputs for the same seed: it uses stateful randomness"
+    ):
         run("stateful_noise", image(), seeds(1)[0])
 
 
@@ -186,8 +236,9 @@ def test_user_op_in_the_reader(user_ops, png_dataset):
         return tf.where(tf.random.stateless_uniform([], seed) < probability, 1.0 - image, image)
 
     plain = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1, augment=None)
-    inverted = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1,
-                                augment=["random_invert"])
+    inverted = kiln.reader.load(
+        png_dataset.dataset_dir, batch_size=8, seed=1, augment=["random_invert"]
+    )
     outcomes = []
     for (a, _), (b, _) in zip(plain, inverted, strict=True):
         for before, after in zip(a.numpy(), b.numpy(), strict=True):
@@ -202,12 +253,23 @@ def test_user_op_in_the_reader(user_ops, png_dataset):
 # --- the built-in ops ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", [
-    "random_flip_left_right", "random_flip_up_down", {"random_crop": {"size": [12, 10]}},
-    {"random_resized_crop": {"size": 8}}, "random_brightness", "random_contrast",
-    "random_saturation", "random_hue", "color_jitter", "random_rotation", "random_erasing",
-    {"random_grayscale": {"probability": 0.5}},
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "random_flip_left_right",
+        "random_flip_up_down",
+        {"random_crop": {"size": [12, 10]}},
+        {"random_resized_crop": {"size": 8}},
+        "random_brightness",
+        "random_contrast",
+        "random_saturation",
+        "random_hue",
+        "color_jitter",
+        "random_rotation",
+        "random_erasing",
+        {"random_grayscale": {"probability": 0.5}},
+    ],
+)
 def test_op_is_a_function_of_its_seed(spec):
     img = image()
     a, b, c = seeds(3)
@@ -221,20 +283,24 @@ def test_op_is_a_function_of_its_seed(spec):
 def test_flips_and_probability_extremes():
     img = image()
     s = seeds(1)[0]
-    np.testing.assert_array_equal(run({"random_flip_left_right": {"probability": 1.0}}, img, s),
-                                  img[:, ::-1])
-    np.testing.assert_array_equal(run({"random_flip_up_down": {"probability": 1.0}}, img, s),
-                                  img[::-1])
-    np.testing.assert_array_equal(run({"random_flip_left_right": {"probability": 0.0}}, img, s),
-                                  img)
+    np.testing.assert_array_equal(
+        run({"random_flip_left_right": {"probability": 1.0}}, img, s), img[:, ::-1]
+    )
+    np.testing.assert_array_equal(
+        run({"random_flip_up_down": {"probability": 1.0}}, img, s), img[::-1]
+    )
+    np.testing.assert_array_equal(
+        run({"random_flip_left_right": {"probability": 0.0}}, img, s), img
+    )
     np.testing.assert_array_equal(run({"random_erasing": {"probability": 0.0}}, img, s), img)
 
 
 def test_reregistering_a_name_checks_the_new_function(user_ops):
     @register_augmentation("my_flip")
     def good(image, seed):
-        return tf.cond(tf.random.stateless_uniform([], seed) < 0.5,
-                       lambda: image[:, ::-1], lambda: image)
+        return tf.cond(
+            tf.random.stateless_uniform([], seed) < 0.5, lambda: image[:, ::-1], lambda: image
+        )
 
     run("my_flip", image(), seeds(1)[0])
     AUGMENTATIONS.remove("my_flip")
@@ -247,28 +313,45 @@ def test_reregistering_a_name_checks_the_new_function(user_ops):
         run("my_flip", image(), seeds(1)[0])
 
 
-@pytest.mark.parametrize("spec", [{"random_resized_crop": {"size": 12, "scale_range": [0.05, 1]}},
-                                  {"random_crop": {"size": [17, 9]}}])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"random_resized_crop": {"size": 12, "scale_range": [0.05, 1]}},
+        {"random_crop": {"size": [17, 9]}},
+    ],
+)
 @pytest.mark.parametrize("training", [True, False])
 def test_fused_jpeg_window_decoding_equals_decode_then_crop(spec, training):
     # 4:2:0 chroma: decoding only a window upsamples chroma at its edges
     # differently unless the window has context around it.
     pixels = tf.cast(tf.random.stateless_uniform([61, 47, 3], [5, 6], maxval=256), tf.uint8)
     encoded = tf.io.encode_jpeg(pixels, quality=75, chroma_downsampling=True)
-    features = {"image": encoded, "height": tf.constant(61, tf.int64),
-                "width": tf.constant(47, tf.int64)}
+    features = {
+        "image": encoded,
+        "height": tf.constant(61, tf.int64),
+        "width": tf.constant(47, tf.int64),
+    }
     augmenter = Augmenter(tuple(validate([spec, "random_flip_left_right"])), training=training)
     full = tf.io.decode_jpeg(encoded, channels=3)
     for s in seeds(40):
-        fused = augmenter.decode_and_apply(features, s, encoding="jpeg", channels=3,
-                                           image_size=None)
+        fused = augmenter.decode_and_apply(
+            features, s, encoding="jpeg", channels=3, image_size=None
+        )
         np.testing.assert_array_equal(fused, augmenter.apply(full, s))
 
 
-@pytest.mark.parametrize("spec", ["random_brightness", "random_contrast", "random_saturation",
-                                  "random_hue", "color_jitter",
-                                  {"color_jitter": {"probability": 0.5}},
-                                  {"random_grayscale": {"probability": 0.5}}])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "random_brightness",
+        "random_contrast",
+        "random_saturation",
+        "random_hue",
+        "color_jitter",
+        {"color_jitter": {"probability": 0.5}},
+        {"random_grayscale": {"probability": 0.5}},
+    ],
+)
 def test_colour_ops_read_uint8_as_pixel_over_255(spec):
     # The reader hands colour ops the uint8 crop window.
     pixels = tf.cast(tf.random.stateless_uniform([20, 16, 3], [7, 8], maxval=256), tf.uint8)
@@ -284,11 +367,14 @@ def test_flips_and_colour_run_on_the_window_before_its_resize():
     # The reader moves flips and colour ops past the crop's resize. Flipping
     # commutes with it; a colour op that does not clip (mid-range pixels, a
     # small brightness change) gives what it gives after the resize.
-    pixels = tf.cast(tf.random.stateless_uniform([40, 36, 3], [1, 9], minval=80, maxval=170),
-                     tf.uint8)
-    specs = [{"random_resized_crop": {"size": [24, 28], "scale_range": [0.2, 1.0]}},
-             {"random_flip_left_right": {"probability": 0.5}},
-             {"random_brightness": {"max_delta": 0.1}}]
+    pixels = tf.cast(
+        tf.random.stateless_uniform([40, 36, 3], [1, 9], minval=80, maxval=170), tf.uint8
+    )
+    specs = [
+        {"random_resized_crop": {"size": [24, 28], "scale_range": [0.2, 1.0]}},
+        {"random_flip_left_right": {"probability": 0.5}},
+        {"random_brightness": {"max_delta": 0.1}},
+    ]
     resolved = validate(specs)
     augmenter = Augmenter(tuple(resolved))
     for s in seeds(12):
@@ -303,7 +389,7 @@ def test_random_crop_takes_a_window_of_the_image():
     for s in seeds(8):
         out = run({"random_crop": {"size": [12, 10]}}, img, s).numpy()
         assert out.shape == (12, 10, 3)
-        windows = [img[y:y + 12, x:x + 10].numpy() for y in range(9) for x in range(7)]
+        windows = [img[y : y + 12, x : x + 10].numpy() for y in range(9) for x in range(7)]
         assert any(np.array_equal(out, w) for w in windows)
 
 
@@ -314,27 +400,42 @@ def test_random_crop_larger_than_image_fails_clearly():
 
 def test_random_resized_crop_respects_scale_and_output_size():
     img = tf.cast(tf.reshape(tf.range(40 * 40 * 3) % 251, [40, 40, 3]), tf.uint8)
-    spec = {"random_resized_crop": {"size": [10, 14], "scale_range": [0.25, 0.5],
-                                    "ratio_range": [1.0, 1.0]}}
+    spec = {
+        "random_resized_crop": {
+            "size": [10, 14],
+            "scale_range": [0.25, 0.5],
+            "ratio_range": [1.0, 1.0],
+        }
+    }
     definition = validate([spec])[0]
     for s in seeds(10):
         op_seed = tf.random.fold_in(s, 0)
-        offset, size = definition.definition.window.sample(tf.constant([40, 40]), op_seed,
-                                                           **definition.kwargs)
+        offset, size = definition.definition.window.sample(
+            tf.constant([40, 40]), op_seed, **definition.kwargs
+        )
         area = float(size[0] * size[1]) / (40 * 40)
         assert 0.25 - 0.03 <= area <= 0.5 + 0.03 and abs(int(size[0]) - int(size[1])) <= 1
         assert 0 <= int(offset[0]) <= 40 - int(size[0]) and 0 <= int(offset[1]) <= 40 - int(size[1])
         out = run(spec, img, s)
-        expected = tf.image.resize(img[offset[0]:offset[0] + size[0],
-                                       offset[1]:offset[1] + size[1]], [10, 14]) / 255.0
+        expected = (
+            tf.image.resize(
+                img[offset[0] : offset[0] + size[0], offset[1] : offset[1] + size[1]], [10, 14]
+            )
+            / 255.0
+        )
         np.testing.assert_allclose(out, expected, atol=1e-6)
 
 
 def test_inference_forms_are_deterministic_and_keep_the_output_size():
     img = image(20, 30)
-    augmenter = Augmenter(tuple(validate([{"random_resized_crop": {"size": 10}},
-                                          "random_flip_left_right", "color_jitter"])),
-                          training=False)
+    augmenter = Augmenter(
+        tuple(
+            validate(
+                [{"random_resized_crop": {"size": 10}}, "random_flip_left_right", "color_jitter"]
+            )
+        ),
+        training=False,
+    )
     out = augmenter.apply(img, None).numpy()
     assert out.shape == (10, 10, 3)
     # The largest centred square (20x20 of 20x30), resized; flip and jitter do nothing.
@@ -347,25 +448,36 @@ def test_color_twist_parts():
     img = image()
     grey = np.full((4, 4, 3), 0.3, np.float32)
     # Grey pixels are fixed points of saturation and hue.
-    np.testing.assert_allclose(color_twist(tf.constant(grey), saturation=tf.constant(1.7),
-                                           hue=tf.constant(0.2)), grey, atol=1e-6)
-    np.testing.assert_allclose(color_twist(img, brightness=tf.constant(0.1)),
-                               np.clip(img + 0.1, 0, 1), atol=1e-6)
+    np.testing.assert_allclose(
+        color_twist(tf.constant(grey), saturation=tf.constant(1.7), hue=tf.constant(0.2)),
+        grey,
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        color_twist(img, brightness=tf.constant(0.1)), np.clip(img + 0.1, 0, 1), atol=1e-6
+    )
     # Saturation 0 gives the luma in every channel (what random_grayscale uses).
     luma = np.tensordot(img.numpy(), [0.299, 0.587, 0.114], 1)
-    np.testing.assert_allclose(color_twist(img, saturation=tf.constant(0.0)),
-                               np.repeat(luma[..., None], 3, -1), atol=1e-6)
+    np.testing.assert_allclose(
+        color_twist(img, saturation=tf.constant(0.0)), np.repeat(luma[..., None], 3, -1), atol=1e-6
+    )
     # Contrast scales distances from the mean luma.
     mean = luma.mean()
-    np.testing.assert_allclose(color_twist(img, contrast=tf.constant(0.5)),
-                               np.clip(0.5 * img + 0.5 * mean, 0, 1), atol=1e-6)
+    np.testing.assert_allclose(
+        color_twist(img, contrast=tf.constant(0.5)),
+        np.clip(0.5 * img + 0.5 * mean, 0, 1),
+        atol=1e-6,
+    )
     # A full hue turn is the identity; half a turn changes colours but not luma.
     np.testing.assert_allclose(color_twist(img, hue=tf.constant(1.0)), img, atol=1e-5)
     mid = tf.constant(np.full((2, 2, 3), [0.4, 0.5, 0.6], np.float32))
     turned = color_twist(mid, hue=tf.constant(0.5)).numpy()
     assert not np.allclose(turned, mid)
-    np.testing.assert_allclose(np.tensordot(turned, [0.299, 0.587, 0.114], 1), 0.4 * 0.299
-                               + 0.5 * 0.587 + 0.6 * 0.114, atol=1e-5)
+    np.testing.assert_allclose(
+        np.tensordot(turned, [0.299, 0.587, 0.114], 1),
+        0.4 * 0.299 + 0.5 * 0.587 + 0.6 * 0.114,
+        atol=1e-5,
+    )
 
 
 def test_rgb_only_ops_reject_grey_images():

@@ -54,14 +54,14 @@ def test_info_reads_the_metadata(png_dataset):
 def test_dataset_root_follows_latest(png_dataset):
     assert kiln.reader.locate(png_dataset.dataset_root) == png_dataset.dataset_dir
     assert kiln.reader.info(png_dataset.dataset_root).version == png_dataset.version
-    dataset = kiln.reader.load(png_dataset.dataset_root, "test", batch_size=64,
-                               as_supervised=False)
+    dataset = kiln.reader.load(png_dataset.dataset_root, "test", batch_size=64, as_supervised=False)
     assert sorted(keys_of(dataset)) == sorted(split_keys(png_dataset, "test"))
 
 
 def test_folder_without_metadata_is_named_in_the_error(tmp_path):
-    with pytest.raises(MetadataError, match=f"{tmp_path} is not a kiln dataset: it has no "
-                                            f"kiln.json and no LATEST"):
+    with pytest.raises(
+        MetadataError, match=f"{tmp_path} is not a kiln dataset: it has no kiln.json and no LATEST"
+    ):
         kiln.reader.load(tmp_path, batch_size=4)
     with pytest.raises(MetadataError, match="no such dataset folder"):
         kiln.reader.info(tmp_path / "missing")
@@ -69,8 +69,11 @@ def test_folder_without_metadata_is_named_in_the_error(tmp_path):
 
 def test_latest_naming_a_missing_version(tmp_path):
     (tmp_path / LATEST_FILENAME).write_text("v123\n")
-    with pytest.raises(MetadataError, match=r"LATEST names version 'v123', but .*v123 has no "
-                                            r"kiln.json"):
+    with pytest.raises(
+        MetadataError,
+        match=r"LATEST names version 'v123', but .*v123 has no "
+        r"kiln.json",
+    ):
         kiln.reader.info(tmp_path)
 
 
@@ -81,8 +84,9 @@ def test_metadata_problems_are_reported_with_the_file(png_dataset, tmp_path):
         kiln.reader.info(newer)
     other_schema = copy_dataset(png_dataset, tmp_path / "schema")
     edit_metadata(other_schema, lambda d: d["schema"]["features"][0].update(key="img/bytes"))
-    with pytest.raises(MetadataError,
-                       match=r"differs from this kiln's in feature\(s\) \['image'\]"):
+    with pytest.raises(
+        MetadataError, match=r"differs from this kiln's in feature\(s\) \['image'\]"
+    ):
         kiln.reader.info(other_schema)
     missing_shard = copy_dataset(png_dataset, tmp_path / "missing")
     shard = png_dataset.info.splits["train"].shards[1].filename
@@ -115,8 +119,9 @@ def test_one_pass_reads_every_record_once_with_its_label(fixture, request):
 def test_unaugmented_images_are_the_stored_pixels(fixture, request):
     result = request.getfixturevalue(fixture)
     stored = stored_images(result, "validation")
-    dataset = kiln.reader.load(result.dataset_dir, "validation", batch_size=4, augment=None,
-                               as_supervised=False)
+    dataset = kiln.reader.load(
+        result.dataset_dir, "validation", batch_size=4, augment=None, as_supervised=False
+    )
     seen = 0
     for batch in dataset:
         for key, image in zip(batch["key"].numpy(), batch["image"].numpy(), strict=True):
@@ -127,8 +132,9 @@ def test_unaugmented_images_are_the_stored_pixels(fixture, request):
 
 def test_default_augmentation_train_random_other_splits_inference_form(png_dataset):
     train = kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=1)
-    validation = kiln.reader.load(png_dataset.dataset_dir, "validation", batch_size=4,
-                                  as_supervised=False)
+    validation = kiln.reader.load(
+        png_dataset.dataset_dir, "validation", batch_size=4, as_supervised=False
+    )
     assert train.element_spec[0].shape[1:] == (24, 24, 3)
     assert validation.element_spec["image"].shape[1:] == (24, 24, 3)
     stored = stored_images(png_dataset, "validation")
@@ -140,23 +146,29 @@ def test_default_augmentation_train_random_other_splits_inference_form(png_datas
             expected = tf.image.resize(stored[key], [24, 24]).numpy() / 255.0
             np.testing.assert_allclose(image, expected, atol=1e-5)
     # An explicit list augments any split.
-    flipped = kiln.reader.load(png_dataset.dataset_dir, "validation", batch_size=64,
-                               augment=[{"random_flip_left_right": {"probability": 1.0}}],
-                               as_supervised=False)
+    flipped = kiln.reader.load(
+        png_dataset.dataset_dir,
+        "validation",
+        batch_size=64,
+        augment=[{"random_flip_left_right": {"probability": 1.0}}],
+        as_supervised=False,
+    )
     for batch in flipped:
         for key, image in zip(batch["key"].numpy(), batch["image"].numpy(), strict=True):
             np.testing.assert_allclose(image, stored[key][:, ::-1] / 255.0, atol=1e-6)
 
 
 def test_shuffle_defaults(png_dataset):
-    validation = kiln.reader.load(png_dataset.dataset_dir, "validation", batch_size=2,
-                                  as_supervised=False)
+    validation = kiln.reader.load(
+        png_dataset.dataset_dir, "validation", batch_size=2, as_supervised=False
+    )
     assert keys_of(validation) == keys_of(validation)
     train = kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=3, as_supervised=False)
     first, second = keys_of(train), keys_of(train)
     assert first != second and sorted(first) == sorted(second)
-    unshuffled = kiln.reader.load(png_dataset.dataset_dir, batch_size=4, shuffle=False,
-                                  as_supervised=False)
+    unshuffled = kiln.reader.load(
+        png_dataset.dataset_dir, batch_size=4, shuffle=False, as_supervised=False
+    )
     assert keys_of(unshuffled) == keys_of(unshuffled)
 
 
@@ -165,8 +177,14 @@ def test_shuffle_defaults(png_dataset):
 def test_drop_remainder_gives_fully_static_shapes(fixture, augment_on, request):
     result = request.getfixturevalue(fixture)
     for as_supervised in (True, False):
-        loaded = kiln.reader.load(result.dataset_dir, batch_size=8, drop_remainder=True, seed=0,
-                                  augment_on=augment_on, as_supervised=as_supervised)
+        loaded = kiln.reader.load(
+            result.dataset_dir,
+            batch_size=8,
+            drop_remainder=True,
+            seed=0,
+            augment_on=augment_on,
+            as_supervised=as_supervised,
+        )
         dataset = loaded[0] if augment_on == "model" else loaded
         specs = tf.nest.flatten(dataset.element_spec)
         assert all(spec.shape.is_fully_defined() for spec in specs), dataset.element_spec
@@ -179,15 +197,21 @@ def test_drop_remainder_gives_fully_static_shapes(fixture, augment_on, request):
 def test_images_of_varying_size(varying_dataset):
     assert varying_dataset.info.image_size is None
     path = varying_dataset.dataset_dir
-    with pytest.raises(ValueError, match=r"images in split 'train' vary in size \(kiln.json "
-                                         r"image_size is null\) and no augmentation op sets"):
+    with pytest.raises(
+        ValueError,
+        match=r"images in split 'train' vary in size \(kiln.json "
+        r"image_size is null\) and no augmentation op sets",
+    ):
         kiln.reader.load(path, batch_size=4, augment=["random_flip_left_right"])
-    sizes = {tuple(image.shape) for image, _ in
-             kiln.reader.load(path, batch_size=None, augment=["random_flip_left_right"])}
+    sizes = {
+        tuple(image.shape)
+        for image, _ in kiln.reader.load(path, batch_size=None, augment=["random_flip_left_right"])
+    }
     assert len(sizes) > 1
     # A crop with a size makes batches, with static shapes.
-    cropped = kiln.reader.load(path, batch_size=4, drop_remainder=True,
-                               augment=[{"random_resized_crop": {"size": 20}}])
+    cropped = kiln.reader.load(
+        path, batch_size=4, drop_remainder=True, augment=[{"random_resized_crop": {"size": 20}}]
+    )
     assert cropped.element_spec[0].shape == (4, 20, 20, 3)
     assert next(iter(cropped))[0].shape == (4, 20, 20, 3)
 
@@ -197,12 +221,19 @@ def test_normalize_uses_the_stored_train_statistics(png_dataset):
     mean, std = np.array(statistics.mean), np.array(statistics.std)
     for split in ("train", "validation"):
         plain = kiln.reader.load(png_dataset.dataset_dir, split, batch_size=8, seed=4)
-        normalized = kiln.reader.load(png_dataset.dataset_dir, split, batch_size=8, seed=4,
-                                      normalize=True)
+        normalized = kiln.reader.load(
+            png_dataset.dataset_dir, split, batch_size=8, seed=4, normalize=True
+        )
         for (a, _), (b, _) in zip(plain, normalized, strict=True):
             np.testing.assert_allclose(b, (a.numpy() * 255.0 - mean) / std, rtol=1e-5, atol=1e-5)
-    everything = np.concatenate([b.numpy() for b, _ in kiln.reader.load(
-        png_dataset.dataset_dir, batch_size=64, augment=None, normalize=True)])
+    everything = np.concatenate(
+        [
+            b.numpy()
+            for b, _ in kiln.reader.load(
+                png_dataset.dataset_dir, batch_size=64, augment=None, normalize=True
+            )
+        ]
+    )
     np.testing.assert_allclose(everything.mean(axis=(0, 1, 2)), 0.0, atol=1e-3)
     np.testing.assert_allclose(everything.std(axis=(0, 1, 2)), 1.0, atol=1e-3)
 
@@ -219,11 +250,16 @@ def test_input_context_shares_are_disjoint_and_complete(png_dataset, pipelines, 
     assert len(png_dataset.info.splits["train"].shards) == 3
     shares = []
     for index in range(pipelines):
-        context = tf.distribute.InputContext(num_input_pipelines=pipelines,
-                                             input_pipeline_id=index,
-                                             num_replicas_in_sync=pipelines)
-        dataset = kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=8,
-                                   input_context=context, as_supervised=False)
+        context = tf.distribute.InputContext(
+            num_input_pipelines=pipelines, input_pipeline_id=index, num_replicas_in_sync=pipelines
+        )
+        dataset = kiln.reader.load(
+            png_dataset.dataset_dir,
+            batch_size=4,
+            seed=8,
+            input_context=context,
+            as_supervised=False,
+        )
         keys = keys_of(dataset)
         assert dataset.cardinality() == -(-len(keys) // 4)
         shares.append(keys)
@@ -237,8 +273,9 @@ def test_input_context_shares_are_disjoint_and_complete(png_dataset, pipelines, 
 
 def test_repeat(png_dataset):
     total = png_dataset.info.splits["train"].num_examples
-    twice = kiln.reader.load(png_dataset.dataset_dir, batch_size=5, seed=2, repeat=2,
-                             as_supervised=False)
+    twice = kiln.reader.load(
+        png_dataset.dataset_dir, batch_size=5, seed=2, repeat=2, as_supervised=False
+    )
     keys = keys_of(twice)
     assert len(keys) == 2 * total and keys[:total] != keys[total:]
     assert sorted(keys[:total]) == sorted(keys[total:])
@@ -249,30 +286,35 @@ def test_repeat(png_dataset):
 
 
 def test_gzip_compressed_shards(build_dataset):
-    result = build_dataset(sharding={"num_shards": 2, "compression": "gzip"},
-                           augment=TRAIN_AUGMENT)
+    result = build_dataset(sharding={"num_shards": 2, "compression": "gzip"}, augment=TRAIN_AUGMENT)
     assert result.info.compression == "gzip"
     dataset = kiln.reader.load(result.dataset_dir, batch_size=8, as_supervised=False)
     assert len(keys_of(dataset)) == result.info.splits["train"].num_examples
 
 
 def test_mixup_makes_one_hot_labels(png_dataset):
-    dataset = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1,
-                               augment=TRAIN_AUGMENT + ["mixup"])
+    dataset = kiln.reader.load(
+        png_dataset.dataset_dir, batch_size=8, seed=1, augment=TRAIN_AUGMENT + ["mixup"]
+    )
     assert dataset.element_spec[1].shape.as_list() == [None, 4]
     for images, labels in dataset:
         np.testing.assert_allclose(tf.reduce_sum(labels, axis=1), 1.0, atol=1e-6)
         assert images.shape[1:] == (24, 24, 3)
     with pytest.raises(ValueError, match="mix labels, which a layer inside the model cannot"):
-        kiln.reader.load(png_dataset.dataset_dir, batch_size=8, augment=["mixup"],
-                         augment_on="model")
+        kiln.reader.load(
+            png_dataset.dataset_dir, batch_size=8, augment=["mixup"], augment_on="model"
+        )
 
 
 @pytest.mark.parametrize("fixture", ["png_dataset", "jpeg_dataset", "raw_dataset"])
 def test_serialized_graph_has_no_python_callbacks(fixture, request):
     result = request.getfixturevalue(fixture)
-    for kwargs in ({}, {"augment_on": "model"}, {"augment": TRAIN_AUGMENT + ["cutmix"]},
-                   {"augment": None, "normalize": True}):
+    for kwargs in (
+        {},
+        {"augment_on": "model"},
+        {"augment": TRAIN_AUGMENT + ["cutmix"]},
+        {"augment": None, "normalize": True},
+    ):
         loaded = kiln.reader.load(result.dataset_dir, batch_size=8, seed=1, **kwargs)
         dataset = loaded[0] if kwargs.get("augment_on") == "model" else loaded
         graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
@@ -282,14 +324,17 @@ def test_serialized_graph_has_no_python_callbacks(fixture, request):
         assert not ops & PYTHON_CALLBACKS, kwargs
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"batch_size": 0}, "batch_size must be a positive int or None"),
-    ({"batch_size": 4, "repeat": 0}, "repeat must be False, True or a number of passes"),
-    ({"batch_size": 4, "augment_on": "gpu"}, "augment_on must be one of"),
-    ({"batch_size": None, "drop_remainder": True}, "drop_remainder=True needs a batch_size"),
-    ({"batch_size": 4, "shuffle_buffer": 0}, "shuffle_buffer must be a positive int"),
-    ({"batch_size": None, "augment": ["cutmix"]}, r"\['cutmix'\] mix images of a batch"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch_size": 0}, "batch_size must be a positive int or None"),
+        ({"batch_size": 4, "repeat": 0}, "repeat must be False, True or a number of passes"),
+        ({"batch_size": 4, "augment_on": "gpu"}, "augment_on must be one of"),
+        ({"batch_size": None, "drop_remainder": True}, "drop_remainder=True needs a batch_size"),
+        ({"batch_size": 4, "shuffle_buffer": 0}, "shuffle_buffer must be a positive int"),
+        ({"batch_size": None, "augment": ["cutmix"]}, r"\['cutmix'\] mix images of a batch"),
+    ],
+)
 def test_argument_errors(png_dataset, kwargs, message):
     with pytest.raises(ValueError, match=message):
         kiln.reader.load(png_dataset.dataset_dir, **kwargs)
@@ -309,6 +354,6 @@ def test_default_shuffle_buffer_is_bounded_by_memory_and_share():
         return _Share(["f"], [records], record_bytes, False, 1, 0).default_shuffle_buffer
 
     assert buffer(100_000, 50_000) == (256 << 20) // 100_000  # 256 MB of 100 KB records
-    assert buffer(1_000, 50_000) == 10_000                     # at most 10000
-    assert buffer(10_000_000, 50_000) == 1_000                 # at least 1000
-    assert buffer(1_000, 47) == 47                             # a small share: all of it
+    assert buffer(1_000, 50_000) == 10_000  # at most 10000
+    assert buffer(10_000_000, 50_000) == 1_000  # at least 1000
+    assert buffer(1_000, 47) == 47  # a small share: all of it

@@ -15,14 +15,20 @@ def test_tf_data_service_delivers_every_record(png_dataset):
 
     service = tf.data.experimental.service
     dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
-    worker = service.WorkerServer(service.WorkerConfig(
-        dispatcher_address=dispatcher.target.split("://")[1], port=0))
+    worker = service.WorkerServer(
+        service.WorkerConfig(dispatcher_address=dispatcher.target.split("://")[1], port=0)
+    )
     try:
-        dataset = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=4,
-                                   as_supervised=False)
-        distributed = dataset.apply(service.distribute(
-            processing_mode=service.ShardingPolicy.OFF, service=dispatcher.target,
-            job_name="kiln-reader-test"))
+        dataset = kiln.reader.load(
+            png_dataset.dataset_dir, batch_size=8, seed=4, as_supervised=False
+        )
+        distributed = dataset.apply(
+            service.distribute(
+                processing_mode=service.ShardingPolicy.OFF,
+                service=dispatcher.target,
+                job_name="kiln-reader-test",
+            )
+        )
         keys, shapes = [], set()
         for batch in distributed:
             keys += batch["key"].numpy().tolist()

@@ -44,8 +44,9 @@ print(json.dumps({{"loaded": sorted(m for m in FORBIDDEN if m in sys.modules),
 
 
 def test_reader_works_without_beam_opencv_yaml(png_dataset):
-    out = json.loads(run_python(READER_ONLY_INSTALL,
-                                png_dataset.dataset_dir).strip().splitlines()[-1])
+    out = json.loads(
+        run_python(READER_ONLY_INSTALL, png_dataset.dataset_dir).strip().splitlines()[-1]
+    )
     assert out["loaded"] == []
     assert out["batch_shape"] == [4, 24, 24, 3]
     assert out["layer"]

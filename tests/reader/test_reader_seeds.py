@@ -67,18 +67,30 @@ def test_b_every_epoch_differs(jpeg_dataset):
 
 
 def test_c_every_element_gets_its_own_seed_and_its_own_augmentation(png_dataset):
-    dataset, _ = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=6, repeat=3,
-                                  augment_on="model", as_supervised=False)
+    dataset, _ = kiln.reader.load(
+        png_dataset.dataset_dir,
+        batch_size=8,
+        seed=6,
+        repeat=3,
+        augment_on="model",
+        as_supervised=False,
+    )
     seeds = np.concatenate([batch["augment_seed"].numpy() for batch in dataset])
     assert len(seeds) == 3 * png_dataset.info.splits["train"].num_examples
     assert len({tuple(seed) for seed in seeds}) == len(seeds)
     # The same stored image in the same pass gets a different brightness
     # delta depending on its position: read the stream unshuffled, with and
     # without the op, and compare the per-element deltas.
-    plain = kiln.reader.load(png_dataset.dataset_dir, batch_size=64, shuffle=False, seed=6,
-                             augment=None)
-    bright = kiln.reader.load(png_dataset.dataset_dir, batch_size=64, shuffle=False, seed=6,
-                              augment=[{"random_brightness": {"max_delta": 0.3}}])
+    plain = kiln.reader.load(
+        png_dataset.dataset_dir, batch_size=64, shuffle=False, seed=6, augment=None
+    )
+    bright = kiln.reader.load(
+        png_dataset.dataset_dir,
+        batch_size=64,
+        shuffle=False,
+        seed=6,
+        augment=[{"random_brightness": {"max_delta": 0.3}}],
+    )
     a, b = next(iter(plain))[0].numpy(), next(iter(bright))[0].numpy()
     unclipped = (b > 0) & (b < 1)
     deltas = [np.median((b[i] - a[i])[unclipped[i]]) for i in range(len(a))]
@@ -100,5 +112,6 @@ def test_d_seed_none_is_fresh_per_run_and_logged(png_dataset, caplog):
     assert first_digest != digest(second)
     # The logged seed reproduces the run.
     assert digest(kiln.reader.load(path, batch_size=8, seed=drawn[0])) == first_digest
-    assert keys_of(kiln.reader.load(path, batch_size=8, seed=drawn[1], as_supervised=False)) \
-        != keys_of(kiln.reader.load(path, batch_size=8, seed=drawn[0], as_supervised=False))
+    assert keys_of(
+        kiln.reader.load(path, batch_size=8, seed=drawn[1], as_supervised=False)
+    ) != keys_of(kiln.reader.load(path, batch_size=8, seed=drawn[0], as_supervised=False))

@@ -13,22 +13,33 @@ keras = tf.keras
 
 EVERY_ELEMENT_OP = [
     {"random_resized_crop": {"size": 20, "scale_range": [0.3, 1.0]}},
-    "random_flip_left_right", "random_flip_up_down", "color_jitter",
-    {"random_rotation": {"angle_range": [-30, 30]}}, "random_erasing",
-    {"random_grayscale": {"probability": 0.3}}, "random_brightness", "random_contrast",
-    "random_saturation", "random_hue", {"random_crop": {"size": 16}},
+    "random_flip_left_right",
+    "random_flip_up_down",
+    "color_jitter",
+    {"random_rotation": {"angle_range": [-30, 30]}},
+    "random_erasing",
+    {"random_grayscale": {"probability": 0.3}},
+    "random_brightness",
+    "random_contrast",
+    "random_saturation",
+    "random_hue",
+    {"random_crop": {"size": 16}},
 ]
 
 
 def tiny_classifier(inputs, features, num_classes):
-    x = keras.layers.Conv2D(16, 3, activation="relu",
-                            kernel_initializer=keras.initializers.GlorotUniform(seed=1))(features)
+    x = keras.layers.Conv2D(
+        16, 3, activation="relu", kernel_initializer=keras.initializers.GlorotUniform(seed=1)
+    )(features)
     x = keras.layers.GlobalAveragePooling2D()(x)
-    outputs = keras.layers.Dense(num_classes,
-                                 kernel_initializer=keras.initializers.GlorotUniform(seed=2))(x)
+    outputs = keras.layers.Dense(
+        num_classes, kernel_initializer=keras.initializers.GlorotUniform(seed=2)
+    )(x)
     model = keras.Model(inputs, outputs)
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
     return model
 
 
@@ -46,10 +57,13 @@ def test_keras_fit_on_demo_data_loss_goes_down(png_dataset):
 
 
 def test_keras_fit_with_augmentation_in_the_model(png_dataset):
-    train, augment = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=0,
-                                      normalize=True, augment_on="model")
-    inputs = {"image": keras.Input((32, 32, 3), dtype="uint8", name="image"),
-              "augment_seed": keras.Input((2,), dtype="int32", name="augment_seed")}
+    train, augment = kiln.reader.load(
+        png_dataset.dataset_dir, batch_size=8, seed=0, normalize=True, augment_on="model"
+    )
+    inputs = {
+        "image": keras.Input((32, 32, 3), dtype="uint8", name="image"),
+        "augment_seed": keras.Input((2,), dtype="int32", name="augment_seed"),
+    }
     model = tiny_classifier(inputs, augment(inputs), png_dataset.info.num_classes)
     history = model.fit(train, epochs=6, verbose=0)
     losses = history.history["loss"]
@@ -85,11 +99,18 @@ def test_iterator_checkpoint_resumes_exactly(fixture, request, tmp_path):
 def test_augmentation_in_the_model_equals_the_data_path(fixture, request):
     path = request.getfixturevalue(fixture).dataset_dir
     for augment, normalize in ((TRAIN_AUGMENT, False), (EVERY_ELEMENT_OP, True)):
-        data = kiln.reader.load(path, batch_size=8, seed=21, repeat=2, augment=augment,
-                                normalize=normalize)
-        model_side, layer = kiln.reader.load(path, batch_size=8, seed=21, repeat=2,
-                                             augment=augment, normalize=normalize,
-                                             augment_on="model")
+        data = kiln.reader.load(
+            path, batch_size=8, seed=21, repeat=2, augment=augment, normalize=normalize
+        )
+        model_side, layer = kiln.reader.load(
+            path,
+            batch_size=8,
+            seed=21,
+            repeat=2,
+            augment=augment,
+            normalize=normalize,
+            augment_on="model",
+        )
         assert model_side.element_spec[0]["image"].dtype == tf.uint8
         # Called in this iteration only, with this iteration's layer.
         in_graph = tf.function(lambda batch: layer(batch, training=True))  # noqa: B023
@@ -103,8 +124,9 @@ def test_augmentation_in_the_model_equals_the_data_path(fixture, request):
 
 
 def test_layer_round_trips_through_keras_config(png_dataset):
-    _, layer = kiln.reader.load(png_dataset.dataset_dir, batch_size=4, normalize=True,
-                                augment_on="model")
+    _, layer = kiln.reader.load(
+        png_dataset.dataset_dir, batch_size=4, normalize=True, augment_on="model"
+    )
     clone = kiln.reader.AugmentationLayer.from_config(layer.get_config())
     batch = tf.cast(tf.random.stateless_uniform([2, 32, 32, 3], [1, 2], maxval=255), tf.uint8)
     seeds = tf.constant([[1, 2], [3, 4]], tf.int32)

@@ -39,8 +39,10 @@ def succeeded(result: BuildResult, elapsed_seconds: float) -> dict[str, Any]:
         "version": result.version,
         "dataset_dir": result.dataset_dir,
         "dataset_root": result.dataset_root,
-        "splits": {name: {"num_examples": split.num_examples, "num_shards": len(split.shards)}
-                   for name, split in sorted(info.splits.items())},
+        "splits": {
+            name: {"num_examples": split.num_examples, "num_shards": len(split.shards)}
+            for name, split in sorted(info.splits.items())
+        },
         "num_classes": info.num_classes,
         "dropped": dict(sorted(info.dropped.items())),
         "dropped_total": sum(info.dropped.values()),

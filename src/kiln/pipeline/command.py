@@ -38,8 +38,10 @@ from kiln.pipeline import build_report
 from kiln.pipeline.launcher import BuildResult, build
 from kiln.schemas import ERRORS_FILENAME
 
-EPILOG = "examples:\n\n" + __doc__[
-    __doc__.index("Locally"):__doc__.index("kiln's own flags")].rstrip() + """
+EPILOG = (
+    "examples:\n\n"
+    + __doc__[__doc__.index("Locally") : __doc__.index("kiln's own flags")].rstrip()
+    + """
 
 exit codes:
   0  built, or already up to date
@@ -47,33 +49,62 @@ exit codes:
      the files were dropped): nothing was published, LATEST is unchanged
   2  bad config or usage (one line naming the field; nothing was done)
   3  another build of the same dataset is running (nothing was done; --wait)"""
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.usage = ("kiln build --config FILE [--output ROOT] [--quiet] [--report FILE] "
-                    "[--keep N] [--wait SECONDS] [Beam pipeline options...]")
+    parser.usage = (
+        "kiln build --config FILE [--output ROOT] [--quiet] [--report FILE] "
+        "[--keep N] [--wait SECONDS] [Beam pipeline options...]"
+    )
     parser.epilog = EPILOG
-    parser.add_argument("--config", required=True, metavar="FILE",
-                        help="the build config (YAML), e.g. configs/demo.yaml")
-    parser.add_argument("--output", metavar="ROOT",
-                        help="output root, overriding the config's `output` "
-                             "(the dataset goes to ROOT/<name>/<version>/)")
-    parser.add_argument("--image-threads", type=int, metavar="N",
-                        help="threads per image-processing worker (default: every core "
-                             "on a local runner, 1 on Dataflow, which runs a process per core)")
-    parser.add_argument("--quiet", action="store_true",
-                        help="print no progress and no summary (errors still go to stderr); "
-                             "progress is only shown on a terminal anyway")
-    parser.add_argument("--report", metavar="FILE",
-                        help="write the end-of-build summary as JSON to FILE (also when the "
-                             "build fails), for schedulers; local path or gs://")
-    parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                        help="if another build of the same dataset is running, wait up to "
-                             "SECONDS for it to finish (default: exit 3 at once)")
-    parser.add_argument("--keep", type=int, metavar="N",
-                        help="after publishing (or finding the dataset up to date), delete all "
-                             "but the N most recently published versions; never the one LATEST "
-                             "names (default: keep all)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        metavar="FILE",
+        help="the build config (YAML), e.g. configs/demo.yaml",
+    )
+    parser.add_argument(
+        "--output",
+        metavar="ROOT",
+        help="output root, overriding the config's `output` "
+        "(the dataset goes to ROOT/<name>/<version>/)",
+    )
+    parser.add_argument(
+        "--image-threads",
+        type=int,
+        metavar="N",
+        help="threads per image-processing worker (default: every core "
+        "on a local runner, 1 on Dataflow, which runs a process per core)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print no progress and no summary (errors still go to stderr); "
+        "progress is only shown on a terminal anyway",
+    )
+    parser.add_argument(
+        "--report",
+        metavar="FILE",
+        help="write the end-of-build summary as JSON to FILE (also when the "
+        "build fails), for schedulers; local path or gs://",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="if another build of the same dataset is running, wait up to "
+        "SECONDS for it to finish (default: exit 3 at once)",
+    )
+    parser.add_argument(
+        "--keep",
+        type=int,
+        metavar="N",
+        help="after publishing (or finding the dataset up to date), delete all "
+        "but the N most recently published versions; never the one LATEST "
+        "names (default: keep all)",
+    )
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
@@ -95,10 +126,15 @@ def _run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     try:
         if args.image_threads is not None and args.image_threads < 1:
             raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
-        result = build(args.config, extra_argv, output=args.output,
-                       image_threads=args.image_threads,
-                       show_progress=not args.quiet and sys.stderr.isatty(), keep=args.keep,
-                       wait=args.wait)
+        result = build(
+            args.config,
+            extra_argv,
+            output=args.output,
+            image_threads=args.image_threads,
+            show_progress=not args.quiet and sys.stderr.isatty(),
+            keep=args.keep,
+            wait=args.wait,
+        )
     except KilnError as e:  # printed by kiln.cli, with its exit code
         _report(args, build_report.failed(str(e), e.exit_code, time.monotonic() - started))
         raise
@@ -129,14 +165,18 @@ def summary(result: BuildResult) -> str:
     dropped = sum(info.dropped.values())
     if dropped:
         reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(info.dropped.items()))
-        lines.append(f"  dropped: {dropped} ({reasons}); "
-                     f"see {result.dataset_dir.rstrip('/')}/{ERRORS_FILENAME}")
+        lines.append(
+            f"  dropped: {dropped} ({reasons}); "
+            f"see {result.dataset_dir.rstrip('/')}/{ERRORS_FILENAME}"
+        )
     else:
         lines.append("  dropped: 0")
     duplicates = f"  duplicates: {info.duplicates}"
     if result.duplicates_across_splits:
-        duplicates += (f" ({result.duplicates_across_splits} in a different split than "
-                       f"their first copy: the source's splits leak)")
+        duplicates += (
+            f" ({result.duplicates_across_splits} in a different split than "
+            f"their first copy: the source's splits leak)"
+        )
     lines.append(duplicates)
     if result.pruned:
         lines.append(f"  pruned: {len(result.pruned)} old version(s): {', '.join(result.pruned)}")

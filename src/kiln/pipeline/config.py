@@ -174,8 +174,9 @@ class ShardingConfig(_Model):
         if isinstance(value, dict):
             for split, v in value.items():
                 if not isinstance(split, str) or not re.match(SPLIT_NAME_PATTERN, split):
-                    raise ValueError(f"{quote(split)} is not a valid split name "
-                                     f"(letters, digits, '_')")
+                    raise ValueError(
+                        f"{quote(split)} is not a valid split name (letters, digits, '_')"
+                    )
                 count(v, f"{split}: ")
             return dict(value)
         return count(value, "")
@@ -332,8 +333,9 @@ def load(
     try:
         # Plugins first: they may register transforms and augmentation ops.
         transforms.import_plugins(model.plugins)
-        chain = dataclasses.replace(transforms.parse(model.transforms),
-                                    plugins=tuple(model.plugins))
+        chain = dataclasses.replace(
+            transforms.parse(model.transforms), plugins=tuple(model.plugins)
+        )
     except transforms.TransformConfigError as e:
         raise fail(str(e)) from None
     _check_channels(chain, model.image.channels, fail)
@@ -372,14 +374,17 @@ def _read_yaml(path: str) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config error in {path}: the file is larger than "
-                          f"{MAX_CONFIG_BYTES >> 20} MiB; a config is a few KB of settings")
+        raise ConfigError(
+            f"config error in {path}: the file is larger than "
+            f"{MAX_CONFIG_BYTES >> 20} MiB; a config is a few KB of settings"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise ConfigError(f"config error in {path}: not UTF-8 text (byte {e.start}, "
-                          f"line {line}: {e.reason})") from None
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"config error in {path}: not UTF-8 text (byte {e.start}, line {line}: {e.reason})"
+        ) from None
     try:
         raw = yaml.safe_load(text)
     except yaml.constructor.ConstructorError as e:
@@ -393,8 +398,10 @@ def _read_yaml(path: str) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise ConfigError(f"config error in {path}: not valid YAML: {quote_text(str(e))}") from None
     except RecursionError:
-        raise ConfigError(f"config error in {path}: nested more than Python can read; "
-                          f"a config is a few levels deep") from None
+        raise ConfigError(
+            f"config error in {path}: nested more than Python can read; "
+            f"a config is a few levels deep"
+        ) from None
     if not isinstance(raw, dict):
         raise ConfigError(
             f"config error in {path}: expected a mapping of settings at the top level, "
@@ -424,8 +431,10 @@ def _size_problem(raw: Any) -> str | None:
             open_ids.discard(key)
             sizes[key] = 1 + sum(sizes.get(id(child), 1) for child in children)
             if sizes[key] > MAX_CONFIG_VALUES:
-                return (f"expands to more than {MAX_CONFIG_VALUES} values (through YAML "
-                        f"aliases?); a config is a few hundred settings")
+                return (
+                    f"expands to more than {MAX_CONFIG_VALUES} values (through YAML "
+                    f"aliases?); a config is a few hundred settings"
+                )
             continue
         if key in sizes:
             continue
@@ -456,15 +465,19 @@ def _describe(error: pydantic.ValidationError) -> str:
     elif kind == "missing":
         message = "required field is missing"
     elif kind == "union_tag_invalid":
-        message = ("type must be 'image_folder' or 'manifest', "
-                   f"got {quote(first['input'].get('type'))}")
+        message = (
+            f"type must be 'image_folder' or 'manifest', got {quote(first['input'].get('type'))}"
+        )
     elif kind == "union_tag_not_found":
         message = "needs a type: 'image_folder' or 'manifest'"
     elif kind == "string_pattern_mismatch":
-        message = (f"{quote(first['input'])} is not a valid name (letters, digits and '_'"
-                   + (", '.', '-'" if loc == ["name"] else "") + ")")
+        message = (
+            f"{quote(first['input'])} is not a valid name (letters, digits and '_'"
+            + (", '.', '-'" if loc == ["name"] else "")
+            + ")"
+        )
     elif message.startswith("Value error, "):
-        message = message[len("Value error, "):]
+        message = message[len("Value error, ") :]
     return f"{where}: {message}"
 
 
@@ -483,11 +496,18 @@ def _check_channels(chain: transforms.Chain, channels: int, fail) -> None:
         keep = dict(transform.params).get("keep_channels", False)
         current = 3 if keep else 1
         if current != channels:
-            fix = ("set image.channels: 1 to store gray images, or keep_channels: true to "
-                   "store three equal channels") if channels == 3 else \
-                  "drop keep_channels: true (image.channels: 1 stores one channel)"
-            raise fail(f"transforms[{index}].to_grayscale: gives {current}-channel images but "
-                       f"image.channels is {channels}; {fix}")
+            fix = (
+                (
+                    "set image.channels: 1 to store gray images, or keep_channels: true to "
+                    "store three equal channels"
+                )
+                if channels == 3
+                else "drop keep_channels: true (image.channels: 1 stores one channel)"
+            )
+            raise fail(
+                f"transforms[{index}].to_grayscale: gives {current}-channel images but "
+                f"image.channels is {channels}; {fix}"
+            )
 
 
 def _validate_augment(specs: list[Any], fail) -> list[Any]:

@@ -70,8 +70,9 @@ def markdown() -> str:
         parts.append("| key | type | default | meaning |")
         parts.append("|---|---|---|---|")
         for path, type_text, default_text, meaning in section_rows:
-            parts.append(f"| `{path}` | {_cell(type_text)} | {_cell(default_text)} | "
-                         f"{_cell(meaning)} |")
+            parts.append(
+                f"| `{path}` | {_cell(type_text)} | {_cell(default_text)} | {_cell(meaning)} |"
+            )
     return "\n".join(parts) + "\n"
 
 
@@ -97,10 +98,16 @@ def _variant_rows(root: dict, path: str, variants: list[dict]) -> Iterator[tuple
     meaning each kind's own docstring; then every other key once, with the
     kinds that have it."""
     kinds = [variant["properties"]["type"]["const"] for variant in variants]
-    type_meanings = [_meaning(f"{path}.type ({kind})", variant["properties"]["type"])
-                     for kind, variant in zip(kinds, variants, strict=True)]
-    yield (f"{path}.type", " \\| ".join(f"`{kind}`" for kind in kinds), "required",
-           " ".join(type_meanings))
+    type_meanings = [
+        _meaning(f"{path}.type ({kind})", variant["properties"]["type"])
+        for kind, variant in zip(kinds, variants, strict=True)
+    ]
+    yield (
+        f"{path}.type",
+        " \\| ".join(f"`{kind}`" for kind in kinds),
+        "required",
+        " ".join(type_meanings),
+    )
     seen: dict[str, list[str]] = {}
     for kind, variant in zip(kinds, variants, strict=True):
         for name in variant["properties"]:
@@ -126,8 +133,10 @@ def _resolve(root: dict, prop: dict) -> dict:
 
 def _meaning(path: str, prop: dict) -> str:
     if not prop.get("description"):
-        raise KeyError(f"config key {path!r} has no meaning: write a docstring under its "
-                       f"field in the config models")
+        raise KeyError(
+            f"config key {path!r} has no meaning: write a docstring under its "
+            f"field in the config models"
+        )
     return prop["description"]
 
 
@@ -156,8 +165,9 @@ def _type_text(path: str, prop: dict) -> str:
         return "non-empty string"
     names = {"string": "string", "integer": "int", "number": "number", "boolean": "bool"}
     if kind not in names:
-        raise KeyError(f"config key {path!r}: cannot describe its type {prop}; "
-                       f"add it to TYPE_OVERRIDES")
+        raise KeyError(
+            f"config key {path!r}: cannot describe its type {prop}; add it to TYPE_OVERRIDES"
+        )
     return names[kind] + _bounds(prop)
 
 

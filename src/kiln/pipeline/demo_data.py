@@ -48,12 +48,16 @@ _BROKEN_FILES = {  # path -> the decode reason a build reports for it
     "square/broken_truncated.jpg": "corrupt",
     "triangle/broken_not_an_image.png": "not_an_image",
 }
-_NOT_AN_IMAGE = (b"This is not a PNG file. kiln demo-data writes it on purpose, to show how a "
-                 b"build drops and reports a file it cannot decode.\n")
+_NOT_AN_IMAGE = (
+    b"This is not a PNG file. kiln demo-data writes it on purpose, to show how a "
+    b"build drops and reports a file it cannot decode.\n"
+)
 # Separate random streams, so adding one kind of file never shifts another.
 _SHAPES_STREAM, _BROKEN_STREAM, _PHOTOS_STREAM = 0, 1, 2
-_OWN_FILE = re.compile("^(" + "|".join(CLASSES) + r")_\d{4}\.(jpg|png)$"
-                       r"|^broken_\w+\.(jpg|png)$|^photo_\d{4}\.jpg$")
+_OWN_FILE = re.compile(
+    "^(" + "|".join(CLASSES) + r")_\d{4}\.(jpg|png)$"
+    r"|^broken_\w+\.(jpg|png)$|^photo_\d{4}\.jpg$"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +82,10 @@ class DemoSummary:
     def describe(self) -> str:
         counts = ", ".join(f"{name} {count}" for name, count in self.class_counts.items())
         broken = f" and {len(self.broken)} broken files" if self.broken else ""
-        return (f"wrote {self.num_images} images in {len(self.class_counts)} classes "
-                f"({counts}){broken} to {self.out_dir}")
+        return (
+            f"wrote {self.num_images} images in {len(self.class_counts)} classes "
+            f"({counts}){broken} to {self.out_dir}"
+        )
 
 
 def generate(
@@ -118,11 +124,16 @@ def generate(
         counts[class_name] += 1
     broken = {}
     if include_broken:
-        truncated = encode_image(_draw_shape_image(np.random.default_rng([seed, _BROKEN_STREAM]),
-                                                   "square"),
-                                 format="jpeg", quality=90)
-        contents = {"empty": b"", "corrupt": truncated[: len(truncated) * 2 // 5],
-                    "not_an_image": _NOT_AN_IMAGE}
+        truncated = encode_image(
+            _draw_shape_image(np.random.default_rng([seed, _BROKEN_STREAM]), "square"),
+            format="jpeg",
+            quality=90,
+        )
+        contents = {
+            "empty": b"",
+            "corrupt": truncated[: len(truncated) * 2 // 5],
+            "not_an_image": _NOT_AN_IMAGE,
+        }
         for path, reason in _BROKEN_FILES.items():
             _write(out_dir, path, contents[reason])
         broken = dict(_BROKEN_FILES)
@@ -163,8 +174,11 @@ def generate_photos(
         class_name = CLASSES[index % len(CLASSES)]
         rng = np.random.default_rng([seed, _PHOTOS_STREAM, index])
         image = _photo_image(rng, class_name, width, height)
-        _write(out_dir, f"{class_name}/photo_{index:04d}.jpg",
-               encode_image(image, format="jpeg", quality=90))
+        _write(
+            out_dir,
+            f"{class_name}/photo_{index:04d}.jpg",
+            encode_image(image, format="jpeg", quality=90),
+        )
         counts[class_name] += 1
     return DemoSummary(out_dir, counts, {})
 
@@ -177,6 +191,7 @@ def _check_counts(num_images: int, seed: int) -> None:
 
 
 # --- one image ------------------------------------------------------------------------
+
 
 def _shape_file(rng: np.random.Generator, class_name: str, index: int) -> tuple[str, bytes]:
     """(file name, file bytes) of one demo image."""
@@ -203,8 +218,10 @@ def _draw_shape_image(rng: np.random.Generator, class_name: str) -> np.ndarray:
     image = _background(rng, height, width)
     colour = _contrasting_colour(rng, image)
     radius = float(rng.uniform(0.28, 0.45)) * min(height, width)
-    centre = (float(rng.uniform(radius, width - radius)),
-              float(rng.uniform(radius, height - radius)))
+    centre = (
+        float(rng.uniform(radius, width - radius)),
+        float(rng.uniform(radius, height - radius)),
+    )
     _draw_shape(image, class_name, centre, radius, float(rng.uniform(0, 2 * math.pi)), colour)
     return image
 
@@ -247,17 +264,31 @@ def _draw_shape(image, class_name, centre, radius, angle, colour) -> None:
     scale = 1 << _SUBPIXEL_BITS
     cx, cy = centre
     if class_name == "circle":
-        cv2.circle(image, (round(cx * scale), round(cy * scale)), round(radius * scale), colour,
-                   thickness=-1, lineType=cv2.LINE_AA, shift=_SUBPIXEL_BITS)
+        cv2.circle(
+            image,
+            (round(cx * scale), round(cy * scale)),
+            round(radius * scale),
+            colour,
+            thickness=-1,
+            lineType=cv2.LINE_AA,
+            shift=_SUBPIXEL_BITS,
+        )
         return
     if class_name == "star":
         radii = [radius if i % 2 == 0 else radius * 0.45 for i in range(10)]
     else:
         radii = [radius] * {"square": 4, "triangle": 3}[class_name]
     step = 2 * math.pi / len(radii)
-    points = np.array([[round((cx + r * math.cos(angle + i * step)) * scale),
-                        round((cy + r * math.sin(angle + i * step)) * scale)]
-                       for i, r in enumerate(radii)], np.int32)
+    points = np.array(
+        [
+            [
+                round((cx + r * math.cos(angle + i * step)) * scale),
+                round((cy + r * math.sin(angle + i * step)) * scale),
+            ]
+            for i, r in enumerate(radii)
+        ],
+        np.int32,
+    )
     cv2.fillPoly(image, [points], colour, lineType=cv2.LINE_AA, shift=_SUBPIXEL_BITS)
 
 
@@ -271,19 +302,34 @@ def _photo_image(rng: np.random.Generator, class_name: str, width: int, height: 
         other = CLASSES[int(rng.integers(len(CLASSES)))]
         radius = float(rng.uniform(0.04, 0.15)) * min(width, height)
         centre = (float(rng.uniform(0, width)), float(rng.uniform(0, height)))
-        _draw_shape(image, other, centre, radius, float(rng.uniform(0, 2 * math.pi)),
-                    tuple(int(c) for c in rng.integers(0, 256, size=3)))
+        _draw_shape(
+            image,
+            other,
+            centre,
+            radius,
+            float(rng.uniform(0, 2 * math.pi)),
+            tuple(int(c) for c in rng.integers(0, 256, size=3)),
+        )
     radius = float(rng.uniform(0.22, 0.35)) * min(width, height)
-    centre = (width / 2 + float(rng.uniform(-0.1, 0.1)) * width,
-              height / 2 + float(rng.uniform(-0.1, 0.1)) * height)
-    _draw_shape(image, class_name, centre, radius, float(rng.uniform(0, 2 * math.pi)),
-                _contrasting_colour(rng, image))
+    centre = (
+        width / 2 + float(rng.uniform(-0.1, 0.1)) * width,
+        height / 2 + float(rng.uniform(-0.1, 0.1)) * height,
+    )
+    _draw_shape(
+        image,
+        class_name,
+        centre,
+        radius,
+        float(rng.uniform(0, 2 * math.pi)),
+        _contrasting_colour(rng, image),
+    )
     # Texture over everything (so shapes are not flat), lens blur, sensor noise.
     shaded: np.ndarray = image.astype(np.float32)
     for cells, amplitude in ((12, 18.0), (48, 10.0), (160, 6.0)):
         noise = rng.normal(0.0, amplitude, size=(max(1, cells * height // width), cells))
-        shaded += cv2.resize(noise.astype(np.float32), (width, height),
-                             interpolation=cv2.INTER_CUBIC)[:, :, np.newaxis]
+        shaded += cv2.resize(
+            noise.astype(np.float32), (width, height), interpolation=cv2.INTER_CUBIC
+        )[:, :, np.newaxis]
     shaded = cv2.GaussianBlur(shaded, (0, 0), 1.2)
     shaded += rng.normal(0.0, 3.0, size=shaded.shape).astype(np.float32)
     return np.clip(np.rint(shaded), 0, 255).astype(np.uint8)
@@ -291,20 +337,26 @@ def _photo_image(rng: np.random.Generator, class_name: str, width: int, height: 
 
 # --- EXIF orientation -------------------------------------------------------------
 
+
 def _as_stored_for(upright: np.ndarray, orientation: int) -> np.ndarray:
     """The pixels a file tagged `orientation` stores so that it displays `upright`."""
-    stored = {3: lambda a: a[::-1, ::-1],
-              6: lambda a: np.rot90(a, k=1),    # shown after turning 90 degrees clockwise
-              8: lambda a: np.rot90(a, k=-1)}[orientation](upright)
+    stored = {
+        3: lambda a: a[::-1, ::-1],
+        6: lambda a: np.rot90(a, k=1),  # shown after turning 90 degrees clockwise
+        8: lambda a: np.rot90(a, k=-1),
+    }[orientation](upright)
     return np.ascontiguousarray(stored)
 
 
 def _with_exif_orientation(jpeg: bytes, orientation: int) -> bytes:
     """Inserts an APP1 EXIF segment holding only the orientation tag."""
-    tiff = (b"MM\x00\x2a" + struct.pack(">I", 8)              # big-endian TIFF, IFD0 at 8
-            + struct.pack(">H", 1)                            # one entry:
-            + struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0)  # Orientation, SHORT, 1 value
-            + struct.pack(">I", 0))                           # no next IFD
+    tiff = (
+        b"MM\x00\x2a"
+        + struct.pack(">I", 8)  # big-endian TIFF, IFD0 at 8
+        + struct.pack(">H", 1)  # one entry:
+        + struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0)  # Orientation, SHORT, 1 value
+        + struct.pack(">I", 0)
+    )  # no next IFD
     payload = b"Exif\x00\x00" + tiff
     segment = b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
     # After SOI and the JFIF APP0 segment, where readers look for it.
@@ -316,6 +368,7 @@ def _with_exif_orientation(jpeg: bytes, orientation: int) -> bytes:
 
 # --- files ------------------------------------------------------------------------
 
+
 def _prepare_out_dir(out_dir: str) -> None:
     """Empties a previous demo folder; refuses to touch anything else."""
     if not os.path.exists(out_dir):
@@ -325,8 +378,11 @@ def _prepare_out_dir(out_dir: str) -> None:
         raise FileExistsError(f"{out_dir} exists and is not a folder")
     for entry in sorted(os.listdir(out_dir)):
         path = os.path.join(out_dir, entry)
-        foreign = (entry not in CLASSES or not os.path.isdir(path)
-                   or any(not _OWN_FILE.match(name) for name in os.listdir(path)))
+        foreign = (
+            entry not in CLASSES
+            or not os.path.isdir(path)
+            or any(not _OWN_FILE.match(name) for name in os.listdir(path))
+        )
         if foreign:
             raise FileExistsError(
                 f"{out_dir} is not empty and {path} was not written by kiln demo-data; "
@@ -345,6 +401,7 @@ def _write(out_dir: str, relative_path: str, data: bytes) -> None:
 
 # --- command ----------------------------------------------------------------------
 
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.epilog = """\
 examples:
@@ -356,30 +413,40 @@ exit codes:
   0  written
   2  usage error: OUT holds files that are not an earlier demo folder, or a
      negative --num-images/--seed"""
-    parser.add_argument("out", metavar="OUT",
-                        help="folder to write (new, empty, or an earlier demo folder)")
-    parser.add_argument("--num-images", type=int, default=300,
-                        help="good images to write (default 300)")
+    parser.add_argument(
+        "out", metavar="OUT", help="folder to write (new, empty, or an earlier demo folder)"
+    )
+    parser.add_argument(
+        "--num-images", type=int, default=300, help="good images to write (default 300)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--no-broken", action="store_true",
-                        help="leave out the deliberately broken files")
-    parser.add_argument("--photos", action="store_true",
-                        help="write 800x600 photo-like JPEGs (for benchmarks) instead of small "
-                             "shapes")
+    parser.add_argument(
+        "--no-broken", action="store_true", help="leave out the deliberately broken files"
+    )
+    parser.add_argument(
+        "--photos",
+        action="store_true",
+        help="write 800x600 photo-like JPEGs (for benchmarks) instead of small shapes",
+    )
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     from kiln.errors import UsageError
 
     if args.num_images < 0 or args.seed < 0:
-        raise UsageError(f"--num-images and --seed must be >= 0, got {args.num_images} and "
-                         f"{args.seed}")
+        raise UsageError(
+            f"--num-images and --seed must be >= 0, got {args.num_images} and {args.seed}"
+        )
     try:
         if args.photos:
             summary = generate_photos(args.out, num_images=args.num_images, seed=args.seed)
         else:
-            summary = generate(args.out, num_images=args.num_images, seed=args.seed,
-                               include_broken=not args.no_broken)
+            summary = generate(
+                args.out,
+                num_images=args.num_images,
+                seed=args.seed,
+                include_broken=not args.no_broken,
+            )
     except FileExistsError as e:
         raise UsageError(str(e)) from None
     print(summary.describe())

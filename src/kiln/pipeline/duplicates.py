@@ -66,7 +66,8 @@ def _sources_by_bucket(run):
     buckets: dict[int, list] = {}
     for (split, *_), (content, key) in zip(run.entries, run.contents, strict=True):
         buckets.setdefault(int(content[:8], 16) % DUPLICATE_BUCKETS, []).append(
-            (content, key, split))
+            (content, key, split)
+        )
     for bucket, sources in buckets.items():
         yield bucket, tuple(sources)
 
@@ -105,8 +106,10 @@ class FindDuplicates(beam.PTransform):
 
 def render(groups: Iterable[DuplicateGroup]) -> bytes:
     """The bytes of duplicates.jsonl: groups sorted, one canonical JSON object per line."""
-    lines = [json.dumps(group.to_json(), sort_keys=True, ensure_ascii=False) + "\n"
-             for group in sorted(groups)]
+    lines = [
+        json.dumps(group.to_json(), sort_keys=True, ensure_ascii=False) + "\n"
+        for group in sorted(groups)
+    ]
     return "".join(lines).encode("utf-8")
 
 

@@ -60,8 +60,9 @@ class DroppedFile:
 
 def render(rows: list[DroppedFile]) -> bytes:
     """The bytes of errors.jsonl: rows sorted, one canonical JSON object per line."""
-    lines = [json.dumps(row.to_json(), sort_keys=True, ensure_ascii=False) + "\n"
-             for row in sorted(rows)]
+    lines = [
+        json.dumps(row.to_json(), sort_keys=True, ensure_ascii=False) + "\n" for row in sorted(rows)
+    ]
     return "".join(lines).encode("utf-8")
 
 

@@ -61,9 +61,9 @@ class ProcessedImage(NamedTuple):
 
     key: str
     label: int
-    split: str          # from the source, or drawn by the `SplitPolicy`
-    sha256: str         # hex sha256 of the source file's bytes
-    record: bytes       # serialized tf.train.Example (`kiln.schemas.RECORD`)
+    split: str  # from the source, or drawn by the `SplitPolicy`
+    sha256: str  # hex sha256 of the source file's bytes
+    record: bytes  # serialized tf.train.Example (`kiln.schemas.RECORD`)
     height: int
     width: int
     pixel_sums: PixelSums
@@ -89,8 +89,14 @@ class ImageProcessor:
       splits: Assigns each stored image its split.
     """
 
-    def __init__(self, chain: transforms.Chain, image: ImageConfig, encoding: EncodingConfig,
-                 class_names: Sequence[str], splits: SplitPolicy):
+    def __init__(
+        self,
+        chain: transforms.Chain,
+        image: ImageConfig,
+        encoding: EncodingConfig,
+        class_names: Sequence[str],
+        splits: SplitPolicy,
+    ):
         self._chain = chain
         self._splits = splits
         self._channels = image.channels
@@ -100,16 +106,18 @@ class ImageProcessor:
         self._quality = encoding.quality
         self._class_names = list(class_names)
 
-    def __call__(self, item: Mapping[str, Any],
-                 before_decoding: Callable[[int], None] | None = None) -> Outcome:
+    def __call__(
+        self, item: Mapping[str, Any], before_decoding: Callable[[int], None] | None = None
+    ) -> Outcome:
         """`before_decoding`: see `transforms.decode_image`."""
         key, uri, label = item["key"], item["uri"], int(item["label"])
         split = item.get("split")
 
         def drop(stage: str, reason: str, message: str, sha256: str | None) -> Outcome:
             entry = versioning.file_entry(key, self._class_names[label], split, sha256)
-            return Outcome(None, DroppedFile(key, stage, reason, uri, message),
-                           versioning.entry_hash(entry))
+            return Outcome(
+                None, DroppedFile(key, stage, reason, uri, message), versioning.entry_hash(entry)
+            )
 
         try:
             # UNCOMPRESSED: a file named x.gz is an image file, not gzip.
@@ -121,8 +129,11 @@ class ImageProcessor:
 
         try:
             image = transforms.decode_image(
-                data, channels=self._channels, max_pixels=self._max_pixels,
-                min_size=self._min_size, before_decoding=before_decoding,
+                data,
+                channels=self._channels,
+                max_pixels=self._max_pixels,
+                min_size=self._min_size,
+                before_decoding=before_decoding,
             )
         except transforms.DecodeError as e:
             return drop("decode", e.reason, str(e), sha256)
@@ -135,29 +146,48 @@ class ImageProcessor:
 
         encoded = transforms.encode_image(image, format=self._format, quality=self._quality)
         height, width, channels = image.shape
-        record = RECORD.encode({
-            "image": encoded,
-            "height": height,
-            "width": width,
-            "channels": channels,
-            "label": label,
-            "key": key,
-            "sha256": sha256,
-        })
+        record = RECORD.encode(
+            {
+                "image": encoded,
+                "height": height,
+                "width": width,
+                "channels": channels,
+                "label": label,
+                "key": key,
+                "sha256": sha256,
+            }
+        )
         entry = versioning.file_entry(key, self._class_names[label], split, sha256)
         return Outcome(
-            ProcessedImage(key, label, self._splits.assign(key, sha256, split), sha256, record,
-                           height, width, pixel_sums(image)),
+            ProcessedImage(
+                key,
+                label,
+                self._splits.assign(key, sha256, split),
+                sha256,
+                record,
+                height,
+                width,
+                pixel_sums(image),
+            ),
             None,
             versioning.entry_hash(entry),
         )
 
 
 def _check_output(image: Any, channels: int) -> None:
-    if not (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3
-            and image.shape[2] == channels and image.shape[0] > 0 and image.shape[1] > 0):
-        described = (f"{image.dtype} array of shape {image.shape}"
-                     if isinstance(image, np.ndarray) else type(image).__name__)
+    if not (
+        isinstance(image, np.ndarray)
+        and image.dtype == np.uint8
+        and image.ndim == 3
+        and image.shape[2] == channels
+        and image.shape[0] > 0
+        and image.shape[1] > 0
+    ):
+        described = (
+            f"{image.dtype} array of shape {image.shape}"
+            if isinstance(image, np.ndarray)
+            else type(image).__name__
+        )
         raise transforms.TransformError(
             f"the transforms returned a {described}; expected uint8 HxWx{channels}"
         )
@@ -197,8 +227,14 @@ class ProcessImagesFn(beam.DoFn):
     # 1.5 GB of 8-bit RGB work, or one image up to image.max_pixels alone.
     PIXELS_IN_FLIGHT = 2**27
 
-    def __init__(self, processor: ImageProcessor, threads: int, runs_folder: str,
-                 run_bytes: int, progress_path: str | None = None):
+    def __init__(
+        self,
+        processor: ImageProcessor,
+        threads: int,
+        runs_folder: str,
+        run_bytes: int,
+        progress_path: str | None = None,
+    ):
         self._processor = processor
         self._threads = max(1, int(threads))
         self._runs = RunWriter(runs_folder, run_bytes)
@@ -218,7 +254,8 @@ class ProcessImagesFn(beam.DoFn):
         self._opencv_threads = transforms.set_opencv_threads(1)
         if self._threads > 1:
             self._pool = concurrent.futures.ThreadPoolExecutor(
-                self._threads, thread_name_prefix="kiln-image")
+                self._threads, thread_name_prefix="kiln-image"
+            )
             self._budget = PixelBudget(self.PIXELS_IN_FLIGHT)
         if self._counter is not None:
             self._counter.open()
@@ -238,15 +275,20 @@ class ProcessImagesFn(beam.DoFn):
         self._runs.reset()
         self._summary = Summary()
 
-    def process(self, files: Sequence[Mapping[str, Any]], window=beam.DoFn.WindowParam,
-                timestamp=beam.DoFn.TimestampParam):
+    def process(
+        self,
+        files: Sequence[Mapping[str, Any]],
+        window=beam.DoFn.WindowParam,
+        timestamp=beam.DoFn.TimestampParam,
+    ):
         limit = self.IN_FLIGHT_PER_THREAD * self._threads
         for item in files:
             if self._pool is None:
                 yield from self._take(item, self._processor(item), window, timestamp)
                 continue
-            self._pending.append((item, self._pool.submit(self._process_in_budget, item), window,
-                                  timestamp))
+            self._pending.append(
+                (item, self._pool.submit(self._process_in_budget, item), window, timestamp)
+            )
             while self._pending and (len(self._pending) > limit or self._pending[0][1].done()):
                 yield from self._take(*self._oldest())
 
@@ -258,7 +300,8 @@ class ProcessImagesFn(beam.DoFn):
             self._counter.flush()
         # The job runs in the global window (it never windows its data).
         yield beam.pvalue.TaggedOutput(
-            SUMMARY, WindowedValue(self._summary, MIN_TIMESTAMP, (GlobalWindow(),)))
+            SUMMARY, WindowedValue(self._summary, MIN_TIMESTAMP, (GlobalWindow(),))
+        )
 
     def _process_in_budget(self, item: Mapping[str, Any]) -> Outcome:
         # On a pool thread: the file's pixels count from its header check to
@@ -283,14 +326,16 @@ class ProcessImagesFn(beam.DoFn):
         if outcome.dropped is not None:
             Metrics.counter("kiln", f"dropped_{outcome.dropped.reason}").inc()
             yield beam.pvalue.TaggedOutput(
-                DROPPED, WindowedValue(outcome.dropped, timestamp, (window,)))
+                DROPPED, WindowedValue(outcome.dropped, timestamp, (window,))
+            )
             return
         image = outcome.image
         if image is None:
             raise ValueError("an Outcome holds an image or a dropped file, never neither")
         self._decoded.inc()
-        if self._runs.add(window, image.split, sort_key(image.key), image.record, image.sha256,
-                          image.key):
+        if self._runs.add(
+            window, image.split, sort_key(image.key), image.record, image.sha256, image.key
+        ):
             yield from self._runs.flush()
 
 
@@ -309,16 +354,23 @@ class ProcessImages(beam.PTransform):
       progress_path: A local file to count finished files in (`progress`), or None.
     """
 
-    def __init__(self, processor: ImageProcessor, threads: int, runs_folder: str,
-                 run_bytes: int, progress_path: str | None = None):
+    def __init__(
+        self,
+        processor: ImageProcessor,
+        threads: int,
+        runs_folder: str,
+        run_bytes: int,
+        progress_path: str | None = None,
+    ):
         super().__init__()
         self._fn_args = (processor, max(1, int(threads)), runs_folder, run_bytes, progress_path)
 
     def expand(self, files):
         return (
             files
-            | "DecodeTransformEncode" >> beam.ParDo(
-                ProcessImagesFn(*self._fn_args)
-            ).with_outputs(DROPPED, SUMMARY, main="runs")
+            | "DecodeTransformEncode"
+            >> beam.ParDo(ProcessImagesFn(*self._fn_args)).with_outputs(
+                DROPPED, SUMMARY, main="runs"
+            )
             # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle
         )

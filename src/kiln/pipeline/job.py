@@ -114,9 +114,15 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         # The listing is one file, read as one bundle; spread it so several
         # workers (and Dataflow's autoscaling) share the images.
         | "SpreadFiles" >> beam.Reshuffle()  # [{key, uri, label, split, size}]
-        | "ProcessImages" >> ProcessImages(
-            ImageProcessor(plan.spec.chain, config.image, config.encoding, plan.class_names,
-                           SplitPolicy.from_config(config.splits)),
+        | "ProcessImages"
+        >> ProcessImages(
+            ImageProcessor(
+                plan.spec.chain,
+                config.image,
+                config.encoding,
+                plan.class_names,
+                SplitPolicy.from_config(config.splits),
+            ),
             threads=plan.image_threads,
             runs_folder=plan.temp_dir,
             run_bytes=sharding.run_bytes(config.sharding),
@@ -129,8 +135,10 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     )  # (split, index, ShardInfo)
     # Without a default for empty input: no separate stage to make one; an
     # empty list stands for "no bundles" below.
-    summary = processed.summary | "Summarize" >> beam.CombineGlobally(
-        SummaryCombineFn()).without_defaults()  # Summary
+    summary = (
+        processed.summary
+        | "Summarize" >> beam.CombineGlobally(SummaryCombineFn()).without_defaults()
+    )  # Summary
     duplicates = runs | "FindDuplicates" >> FindDuplicates()  # DuplicateGroup
     dropped = (listing.dropped, processed.dropped) | "AllDropped" >> beam.Flatten()
     # DroppedFile
@@ -140,7 +148,8 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     _ = (
         pipeline
         | "StartReport" >> beam.Impulse()
-        | "WriteReports" >> beam.Map(
+        | "WriteReports"
+        >> beam.Map(
             _write_reports,
             staging_dir=plan.staging_dir,
             report_uri=plan.report_uri,
@@ -213,12 +222,18 @@ class JobReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "splits": {name: {
-                "shards": [dataclasses.asdict(shard) for shard in split.shards],
-                "class_counts": {str(label): count
-                                 for label, count in sorted(split.class_counts.items())},
-                "statistics": dataclasses.asdict(split.statistics) if split.statistics else None,
-            } for name, split in sorted(self.splits.items())},
+            "splits": {
+                name: {
+                    "shards": [dataclasses.asdict(shard) for shard in split.shards],
+                    "class_counts": {
+                        str(label): count for label, count in sorted(split.class_counts.items())
+                    },
+                    "statistics": dataclasses.asdict(split.statistics)
+                    if split.statistics
+                    else None,
+                }
+                for name, split in sorted(self.splits.items())
+            },
             "files_read": self.files_read,
             "dropped": dict(sorted(self.dropped.items())),
             "duplicates": self.duplicates,
@@ -232,13 +247,18 @@ class JobReport:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> JobReport:
         return cls(
-            splits={name: SplitReport(
-                shards=tuple(ShardInfo(**shard) for shard in split["shards"]),
-                class_counts={int(label): int(count)
-                              for label, count in split["class_counts"].items()},
-                statistics=(ChannelStatistics(**split["statistics"])
-                            if split["statistics"] else None),
-            ) for name, split in data["splits"].items()},
+            splits={
+                name: SplitReport(
+                    shards=tuple(ShardInfo(**shard) for shard in split["shards"]),
+                    class_counts={
+                        int(label): int(count) for label, count in split["class_counts"].items()
+                    },
+                    statistics=(
+                        ChannelStatistics(**split["statistics"]) if split["statistics"] else None
+                    ),
+                )
+                for name, split in data["splits"].items()
+            },
             files_read=int(data["files_read"]),
             dropped={reason: int(count) for reason, count in data["dropped"].items()},
             duplicates=int(data["duplicates"]),
@@ -250,19 +270,38 @@ class JobReport:
         )
 
 
-def _write_reports(_, *, staging_dir: str, report_uri: str, shards, summary,
-                   duplicates: list[DuplicateGroup], dropped: list[DroppedFile]) -> None:
+def _write_reports(
+    _,
+    *,
+    staging_dir: str,
+    report_uri: str,
+    shards,
+    summary,
+    duplicates: list[DuplicateGroup],
+    dropped: list[DroppedFile],
+) -> None:
     errors = write_error_report(staging_dir, dropped)
-    report = _assemble_report(shards=shards, summary=summary, duplicates=duplicates,
-                              dropped=errors.counts, errors_sha256=errors.sha256,
-                              duplicates_sha256=write_duplicate_report(staging_dir, duplicates))
+    report = _assemble_report(
+        shards=shards,
+        summary=summary,
+        duplicates=duplicates,
+        dropped=errors.counts,
+        errors_sha256=errors.sha256,
+        duplicates_sha256=write_duplicate_report(staging_dir, duplicates),
+    )
     with FileSystems.create(report_uri) as f:
         f.write(versioning.canonical_json(report.to_json()).encode("utf-8"))
 
 
-def _assemble_report(*, shards, summary: list[Summary], duplicates: list[DuplicateGroup],
-                     dropped: dict[str, int], errors_sha256: str,
-                     duplicates_sha256: str) -> JobReport:
+def _assemble_report(
+    *,
+    shards,
+    summary: list[Summary],
+    duplicates: list[DuplicateGroup],
+    dropped: dict[str, int],
+    errors_sha256: str,
+    duplicates_sha256: str,
+) -> JobReport:
     # One summary, or none when no file reached the image step.
     merged = summary[0] if summary else Summary()
     shards_by_split: dict[str, list[ShardInfo]] = {}
@@ -274,13 +313,18 @@ def _assemble_report(*, shards, summary: list[Summary], duplicates: list[Duplica
     statistics = merged.channel_statistics()
     names = sorted(set(shards_by_split) | set(counts) | set(statistics))
     return JobReport(
-        splits={name: SplitReport(tuple(shards_by_split.get(name, ())), counts.get(name, {}),
-                                  statistics.get(name)) for name in names},
+        splits={
+            name: SplitReport(
+                tuple(shards_by_split.get(name, ())), counts.get(name, {}), statistics.get(name)
+            )
+            for name in names
+        },
         files_read=merged.files,
         dropped=dict(sorted(dropped.items())),
         duplicates=sum(group.extra_copies for group in duplicates),
-        duplicates_across_splits=sum(group.extra_copies for group in duplicates
-                                     if group.across_splits),
+        duplicates_across_splits=sum(
+            group.extra_copies for group in duplicates if group.across_splits
+        ),
         image_size=merged.image_size,
         inputs_hash=merged.inputs_hash,
         errors_sha256=errors_sha256,

@@ -148,12 +148,20 @@ def _runner_for(options: PipelineOptions):
     from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    return fn_runner.FnApiRunner(provision_info=fn_runner.ExtendedProvisionInfo(
-        beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)))
+    return fn_runner.FnApiRunner(
+        provision_info=fn_runner.ExtendedProvisionInfo(
+            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
+        )
+    )
 
 
-def make_plan(spec: BuildSpec, listing: sources.Listing, staging_dir: str,
-              options: PipelineOptions, image_threads: int | None = None) -> job.JobPlan:
+def make_plan(
+    spec: BuildSpec,
+    listing: sources.Listing,
+    staging_dir: str,
+    options: PipelineOptions,
+    image_threads: int | None = None,
+) -> job.JobPlan:
     """The job plan for a listing, staged under `staging_dir`.
 
     Args:
@@ -220,15 +228,29 @@ def build(
     try:
         # The listing's rows are on disk until the build ends, failed or not.
         with DatasetLock(spec.dataset_root, wait=wait) as held, spec.list_source() as listing:
-            return _build_locked(spec, listing, options, held, image_threads=image_threads,
-                                 show_progress=show_progress, keep=keep)
+            return _build_locked(
+                spec,
+                listing,
+                options,
+                held,
+                image_threads=image_threads,
+                show_progress=show_progress,
+                keep=keep,
+            )
     except OSError as e:  # a full disk, a read-only or unwritable output...
         raise BuildError(f"{storage.describe_os_error(e)}; nothing was published") from e
 
 
-def _build_locked(spec: BuildSpec, listing: sources.Listing, options: PipelineOptions,
-                  held: DatasetLock, *, image_threads: int | None, show_progress: bool,
-                  keep: int | None) -> BuildResult:
+def _build_locked(
+    spec: BuildSpec,
+    listing: sources.Listing,
+    options: PipelineOptions,
+    held: DatasetLock,
+    *,
+    image_threads: int | None,
+    show_progress: bool,
+    keep: int | None,
+) -> BuildResult:
     _warn_about_shard_counts(spec, listing)
     stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
     dataset = publish.DatasetRoot(spec.dataset_root)
@@ -239,8 +261,13 @@ def _build_locked(spec: BuildSpec, listing: sources.Listing, options: PipelineOp
         dataset.clean_stale_staging()
         dataset.name_latest(built.version)
         logger.info("up to date: %s", built.version)
-        return BuildResult(dataset.version_dir(built.version), built.version, built,
-                           up_to_date=True, pruned=_prune(dataset, keep))
+        return BuildResult(
+            dataset.version_dir(built.version),
+            built.version,
+            built,
+            up_to_date=True,
+            pruned=_prune(dataset, keep),
+        )
 
     with publish.PublishTransaction(dataset, stamp) as transaction:
         plan = make_plan(spec, listing, transaction.staging_dir, options, image_threads)
@@ -250,15 +277,19 @@ def _build_locked(spec: BuildSpec, listing: sources.Listing, options: PipelineOp
         _check_accounted(listing, report)
         if report.dropped_total > spec.config.errors.max_fraction * listing.total:
             transaction.keep_staging()
-            raise BuildError(_too_many_dropped(report, listing.total,
-                                               spec.config.errors.max_fraction,
-                                               transaction.staging_dir))
+            raise BuildError(
+                _too_many_dropped(
+                    report, listing.total, spec.config.errors.max_fraction, transaction.staging_dir
+                )
+            )
         if report.num_records == 0 and not spec.config.errors.allow_empty:
             transaction.keep_staging()
-            raise BuildError(f"no example was stored (all {listing.total} input files were "
-                             f"dropped); an empty dataset is published only with "
-                             f"errors.allow_empty: true. The rows are in "
-                             f"{transaction.staging_dir.rstrip('/')}/{ERRORS_FILENAME}")
+            raise BuildError(
+                f"no example was stored (all {listing.total} input files were "
+                f"dropped); an empty dataset is published only with "
+                f"errors.allow_empty: true. The rows are in "
+                f"{transaction.staging_dir.rstrip('/')}/{ERRORS_FILENAME}"
+            )
         info = dataset_info(spec, listing, report, _version(spec, listing, report))
         _warn_about_empty_classes(info)
         held.check()
@@ -279,18 +310,22 @@ def _check_keep(keep: int | None) -> None:
         raise UsageError(f"--keep must be at least 1 (LATEST's version), got {keep}")
 
 
-def _spec(config: str | os.PathLike | Mapping[str, Any] | BuildSpec,
-          output: str | None) -> BuildSpec:
+def _spec(
+    config: str | os.PathLike | Mapping[str, Any] | BuildSpec, output: str | None
+) -> BuildSpec:
     if not isinstance(config, BuildSpec):
         return config_module.load(config, output=output)
     if output is not None:
-        raise UsageError("output= applies to a config file or mapping; a BuildSpec "
-                         "already has its output root (config.load(..., output=...))")
+        raise UsageError(
+            "output= applies to a config file or mapping; a BuildSpec "
+            "already has its output root (config.load(..., output=...))"
+        )
     return config
 
 
-def _run_job(plan: job.JobPlan, listing: sources.Listing, options: PipelineOptions,
-             show_progress: bool) -> tuple[job.JobReport, dict[str, int]]:
+def _run_job(
+    plan: job.JobPlan, listing: sources.Listing, options: PipelineOptions, show_progress: bool
+) -> tuple[job.JobReport, dict[str, int]]:
     """Writes the listing, runs the job to completion and reads its report."""
     listing.write(plan.listing_uri)
     pipeline = construct_pipeline(plan, options)
@@ -300,8 +335,10 @@ def _run_job(plan: job.JobPlan, listing: sources.Listing, options: PipelineOptio
             result = pipeline.run()
             state = result.wait_until_finish()
     except Exception as e:  # a worker's error, re-raised by the runner with its traceback
-        raise BuildError(f"the Beam job failed writing under {plan.staging_dir}: "
-                         f"{_last_line(e)}; nothing was published") from e
+        raise BuildError(
+            f"the Beam job failed writing under {plan.staging_dir}: "
+            f"{_last_line(e)}; nothing was published"
+        ) from e
     if state not in (None, PipelineState.DONE):
         raise BuildError(f"the Beam job ended in state {state}")
     return job.read_report(plan.report_uri), _counters(result)
@@ -311,18 +348,26 @@ def _warn_about_shard_counts(spec: BuildSpec, listing: sources.Listing) -> None:
     fixed = spec.config.sharding.num_shards
     counts = fixed.values() if isinstance(fixed, Mapping) else [fixed] if fixed else []
     if any(count > listing.num_files for count in counts):
-        logger.warning("sharding.num_shards asks for more shards than the %d files listed; "
-                       "a split gets at most one shard per record", listing.num_files)
+        logger.warning(
+            "sharding.num_shards asks for more shards than the %d files listed; "
+            "a split gets at most one shard per record",
+            listing.num_files,
+        )
 
 
 def _warn_about_empty_classes(info: DatasetInfo) -> None:
     # Kept as classes (label ids are indices into the sorted names: dropping
     # one would shift every id after it), but worth a line in the cron mail.
-    empty = [name for name in info.class_names
-             if not any(split.class_counts.get(name) for split in info.splits.values())]
+    empty = [
+        name
+        for name in info.class_names
+        if not any(split.class_counts.get(name) for split in info.splits.values())
+    ]
     if empty:
-        logger.warning("class(es) with no example (every file dropped): %s; they keep their "
-                       "label ids", ", ".join(empty))
+        logger.warning(
+            "class(es) with no example (every file dropped): %s; they keep their label ids",
+            ", ".join(empty),
+        )
 
 
 def _last_line(error: BaseException) -> str:
@@ -349,25 +394,33 @@ def _check_accounted(listing: sources.Listing, report: job.JobReport) -> None:
     """
     problems = []
     if report.files_read != listing.num_files:
-        problems.append(f"the image step read {report.files_read} of the "
-                        f"{listing.num_files} listed files")
+        problems.append(
+            f"the image step read {report.files_read} of the {listing.num_files} listed files"
+        )
     for name, split in sorted(report.splits.items()):
         if split.num_records != split.num_images:
-            problems.append(f"split {name}: the shards hold {split.num_records} records "
-                            f"but {split.num_images} images were stored")
+            problems.append(
+                f"split {name}: the shards hold {split.num_records} records "
+                f"but {split.num_images} images were stored"
+            )
     stored = sum(split.num_images for split in report.splits.values())
     if stored + report.dropped_total != listing.total:
-        problems.append(f"{stored} stored + {report.dropped_total} dropped != "
-                        f"{listing.total} listed")
+        problems.append(
+            f"{stored} stored + {report.dropped_total} dropped != {listing.total} listed"
+        )
     if problems:
-        raise BuildError("the job did not account for every input file ("
-                         + "; ".join(problems) + "); nothing was published")
+        raise BuildError(
+            "the job did not account for every input file ("
+            + "; ".join(problems)
+            + "); nothing was published"
+        )
 
 
 def _version(spec: BuildSpec, listing: sources.Listing, report: job.JobReport) -> str:
     """The content-addressed version: the config and every input's entry."""
     dropped = versioning.combine_hashes(
-        versioning.entry_hash(entry) for entry in listing.dropped_entries())
+        versioning.entry_hash(entry) for entry in listing.dropped_entries()
+    )
     inputs_hash = versioning.combine_hashes([report.inputs_hash, dropped])
     return versioning.version_name(spec.fingerprint, inputs_hash)
 
@@ -382,11 +435,12 @@ def _prune(dataset: publish.DatasetRoot, keep: int | None) -> tuple[str, ...]:
         return ()
 
 
-def _too_many_dropped(report: job.JobReport, total: int, max_fraction: float,
-                      staging: str) -> str:
+def _too_many_dropped(report: job.JobReport, total: int, max_fraction: float, staging: str) -> str:
     dropped = report.dropped_total
-    reasons = ", ".join(f"{reason}: {count}" for reason, count in
-                        sorted(report.dropped.items(), key=lambda kv: (-kv[1], kv[0])))
+    reasons = ", ".join(
+        f"{reason}: {count}"
+        for reason, count in sorted(report.dropped.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
     return (
         f"dropped {dropped} of {total} input files ({dropped / total:.1%}), more than "
         f"errors.max_fraction {max_fraction:.1%} ({reasons}); nothing was published. "
@@ -406,8 +460,9 @@ def _counters(result) -> dict[str, int]:
     return dict(sorted(counters.items()))
 
 
-def dataset_info(spec: BuildSpec, listing: sources.Listing, report: job.JobReport,
-                 version: str) -> DatasetInfo:
+def dataset_info(
+    spec: BuildSpec, listing: sources.Listing, report: job.JobReport, version: str
+) -> DatasetInfo:
     """The `kiln.json` contents for a finished job's report."""
     config = spec.config
     policy_splits = list(config.splits.fractions or listing.split_names or [])

@@ -59,8 +59,13 @@ class SourceFile:
     mtime: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "uri": self.uri, "label": self.label,
-                "split": self.split, "size": self.size}
+        return {
+            "key": self.key,
+            "uri": self.uri,
+            "label": self.label,
+            "split": self.split,
+            "size": self.size,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,11 +139,17 @@ class _Database:
     def __init__(self):
         self._folder = tempfile.TemporaryDirectory(prefix="kiln-listing-")
         # Autocommit mode: `ListingWriter` opens one transaction itself.
-        self.connection = sqlite3.connect(os.path.join(self._folder.name, "listing.sqlite"),
-                                          isolation_level=None)
+        self.connection = sqlite3.connect(
+            os.path.join(self._folder.name, "listing.sqlite"), isolation_level=None
+        )
         # A scratch file: no journal, no fsync; a crash loses nothing that matters.
-        for pragma in ("journal_mode = OFF", "synchronous = OFF", "locking_mode = EXCLUSIVE",
-                       f"cache_size = -{_CACHE_KIB}", "temp_store = FILE"):
+        for pragma in (
+            "journal_mode = OFF",
+            "synchronous = OFF",
+            "locking_mode = EXCLUSIVE",
+            f"cache_size = -{_CACHE_KIB}",
+            "temp_store = FILE",
+        ):
             self.connection.execute(f"PRAGMA {pragma}")
 
     @property
@@ -165,8 +176,14 @@ class Listing:
       num_dropped: Files and rows dropped while listing.
     """
 
-    def __init__(self, database: _Database, class_names: list[str],
-                 split_names: list[str] | None, num_files: int, num_dropped: int):
+    def __init__(
+        self,
+        database: _Database,
+        class_names: list[str],
+        split_names: list[str] | None,
+        num_files: int,
+        num_dropped: int,
+    ):
         self._database = database
         self.class_names = class_names
         self.split_names = split_names
@@ -181,13 +198,16 @@ class Listing:
     def files(self) -> Iterator[SourceFile]:
         """The images to process, sorted by key."""
         for key, uri, label, split, size, mtime in self._query(
-                "SELECT key, uri, label, split, size, mtime FROM files ORDER BY position"):
+            "SELECT key, uri, label, split, size, mtime FROM files ORDER BY position"
+        ):
             yield SourceFile(_text(key), _text(uri), label, _optional_text(split), size, mtime)
 
     def dropped(self) -> Iterator[DroppedFile]:
         """Files and rows dropped while listing, sorted (`DroppedFile`'s order)."""
-        for row in self._query("SELECT key, stage, reason, uri, message FROM dropped "
-                               "ORDER BY key, stage, reason, uri, message"):
+        for row in self._query(
+            "SELECT key, stage, reason, uri, message FROM dropped "
+            "ORDER BY key, stage, reason, uri, message"
+        ):
             yield DroppedFile(*map(_text, row))
 
     def dropped_entries(self) -> Iterator[list]:
@@ -213,8 +233,9 @@ class Listing:
                 line = {"files": [f.to_json() for f in chunk]}
                 out.write((json.dumps(line, sort_keys=True) + "\n").encode("utf-8"))
             for d in self.dropped():
-                out.write((json.dumps({"dropped": d.to_json()}, sort_keys=True)
-                           + "\n").encode("utf-8"))
+                out.write(
+                    (json.dumps({"dropped": d.to_json()}, sort_keys=True) + "\n").encode("utf-8")
+                )
 
     def close(self) -> None:
         """Deletes the listing's rows (its temporary folder)."""
@@ -261,17 +282,32 @@ class ListingWriter:
             self._database.close()
 
     def add_candidate(self, candidate: Candidate) -> None:
-        self._add("candidates", (
-            _blob(candidate.key), candidate.position, _blob(candidate.uri),
-            _blob(candidate.label), _optional_blob(candidate.split), candidate.size,
-            candidate.mtime))
+        self._add(
+            "candidates",
+            (
+                _blob(candidate.key),
+                candidate.position,
+                _blob(candidate.uri),
+                _blob(candidate.label),
+                _optional_blob(candidate.split),
+                candidate.size,
+                candidate.mtime,
+            ),
+        )
 
     def drop(self, dropped: DroppedFile, entry: Any) -> None:
         """Records a dropped row and its `Listing.dropped_entries` entry."""
         self._num_dropped += 1
-        self._add("dropped", (*map(_blob, (dropped.key, dropped.stage, dropped.reason,
-                                           dropped.uri, dropped.message)),
-                              json.dumps(entry, sort_keys=True)))
+        self._add(
+            "dropped",
+            (
+                *map(
+                    _blob,
+                    (dropped.key, dropped.stage, dropped.reason, dropped.uri, dropped.message),
+                ),
+                json.dumps(entry, sort_keys=True),
+            ),
+        )
 
     def candidate_labels(self) -> list[str]:
         """Every label of a candidate, sorted."""
@@ -284,18 +320,38 @@ class ListingWriter:
         self._flush("candidates")
         rows = self._connection.execute(
             "SELECT key, position, uri, label, split, size, mtime FROM candidates "
-            "ORDER BY key, position")
+            "ORDER BY key, position"
+        )
         for _, group in itertools.groupby(rows, key=lambda row: row[0]):
-            yield [Candidate(_text(key), position, _text(uri), _text(label),
-                             _optional_text(split), size, mtime)
-                   for key, position, uri, label, split, size, mtime in group]
+            yield [
+                Candidate(
+                    _text(key),
+                    position,
+                    _text(uri),
+                    _text(label),
+                    _optional_text(split),
+                    size,
+                    mtime,
+                )
+                for key, position, uri, label, split, size, mtime in group
+            ]
 
     def add_file(self, file: SourceFile) -> None:
         """Adds a file to process; files must come in key order."""
         if file.split is not None:
             self._splits.add(file.split)
-        self._add("files", (self._num_files, _blob(file.key), _blob(file.uri), file.label,
-                            _optional_blob(file.split), file.size, file.mtime))
+        self._add(
+            "files",
+            (
+                self._num_files,
+                _blob(file.key),
+                _blob(file.uri),
+                file.label,
+                _optional_blob(file.split),
+                file.size,
+                file.mtime,
+            ),
+        )
         self._num_files += 1
 
     def finish(self, class_names: list[str], splits_from_source: bool) -> Listing:
@@ -310,9 +366,13 @@ class ListingWriter:
         self._connection.execute("DELETE FROM candidates")
         self._connection.execute("COMMIT")
         self._finished = True
-        return Listing(self._database, class_names,
-                       sorted(self._splits) if splits_from_source else None,
-                       self._num_files, self._num_dropped)
+        return Listing(
+            self._database,
+            class_names,
+            sorted(self._splits) if splits_from_source else None,
+            self._num_files,
+            self._num_dropped,
+        )
 
     def _add(self, table: str, row: tuple) -> None:
         pending = self._pending[table]

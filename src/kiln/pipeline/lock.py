@@ -59,10 +59,13 @@ class Holder:
 
     @classmethod
     def me(cls) -> Holder:
-        return cls(pid=os.getpid(), host=socket.gethostname(),
-                   started=datetime.datetime.now(datetime.timezone.utc).isoformat(
-                       timespec="seconds"),
-                   token=secrets.token_hex(8), heartbeat=time.time())
+        return cls(
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            token=secrets.token_hex(8),
+            heartbeat=time.time(),
+        )
 
     def to_bytes(self) -> bytes:
         return (json.dumps(dataclasses.asdict(self), sort_keys=True) + "\n").encode("utf-8")
@@ -106,8 +109,10 @@ class DatasetLock:
                 holder = self._current_holder()
                 who = f" ({holder.describe()})" if holder else ""
                 waited = f" after waiting {self._wait:g} s" if self._wait else ""
-                raise Busy(f"another build of {os.path.dirname(self.path)} is running{who}; "
-                           f"nothing was done{waited} (kiln build --wait SECONDS waits for it)")
+                raise Busy(
+                    f"another build of {os.path.dirname(self.path)} is running{who}; "
+                    f"nothing was done{waited} (kiln build --wait SECONDS waits for it)"
+                )
             time.sleep(_POLL_SECONDS)
         logger.info("locked %s", self.path)
         return self
@@ -132,8 +137,10 @@ class DatasetLock:
             return  # flock cannot be taken away from a live process
         holder = self.holder()
         if holder is None or holder.token != self._me.token:
-            raise Failure(f"lost the lock {self.path} to "
-                          f"{holder.describe() if holder else 'nobody'}; nothing was published")
+            raise Failure(
+                f"lost the lock {self.path} to "
+                f"{holder.describe() if holder else 'nobody'}; nothing was published"
+            )
 
     def _try_acquire(self) -> bool:
         return self._try_object_lock() if self._remote else self._try_flock()
@@ -168,8 +175,12 @@ class DatasetLock:
             return True
         holder = self.holder()
         if holder is not None and time.time() - holder.heartbeat > STALE_AFTER_SECONDS:
-            logger.warning("breaking the stale lock %s of %s: no heartbeat for %.0f s",
-                           self.path, holder.describe(), time.time() - holder.heartbeat)
+            logger.warning(
+                "breaking the stale lock %s of %s: no heartbeat for %.0f s",
+                self.path,
+                holder.describe(),
+                time.time() - holder.heartbeat,
+            )
             store.delete([self.path])
         return False
 
@@ -183,8 +194,12 @@ class DatasetLock:
         self._heartbeat = threading.Thread(target=beat, name="kiln-lock-heartbeat", daemon=True)
         self._heartbeat.start()
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: types.TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> None:
         if self._fd is not None:
             os.close(self._fd)  # releases the flock
             self._fd = None

@@ -88,13 +88,19 @@ class DatasetRoot:
 
     def versions(self) -> list[str]:
         """Names of the version folders, complete or not, sorted."""
-        return [name for name in self.store.children(self.path)
-                if not name.startswith(".") and name != LATEST_FILENAME]
+        return [
+            name
+            for name in self.store.children(self.path)
+            if not name.startswith(".") and name != LATEST_FILENAME
+        ]
 
     def staging_dirs(self) -> list[str]:
         """Staging folders of builds that did not finish (or are running)."""
-        return [storage.join(self.path, name) for name in self.store.children(self.path)
-                if name.startswith(STAGING_PREFIX)]
+        return [
+            storage.join(self.path, name)
+            for name in self.store.children(self.path)
+            if name.startswith(STAGING_PREFIX)
+        ]
 
     def new_staging_dir(self, stamp: str) -> str:
         """A fresh, unique staging folder name next to the versions."""
@@ -111,8 +117,11 @@ class DatasetRoot:
         for directory in stale:
             logger.info("deleting the stale staging folder %s", directory)
             self.store.delete_tree(directory)
-        for folder in (self.path, storage.join(self.path, STAMPS_FOLDER),
-                       storage.join(self.path, PUBLISHED_FOLDER)):
+        for folder in (
+            self.path,
+            storage.join(self.path, STAMPS_FOLDER),
+            storage.join(self.path, PUBLISHED_FOLDER),
+        ):
             stale += self.store.clean_temp_files(folder)
         return stale
 
@@ -130,8 +139,10 @@ class DatasetRoot:
         clocks (a laptop, then a scheduler) still order publications right.
         """
         marks = self._published_marks()
-        storage.write_text(storage.join(self.path, PUBLISHED_FOLDER, version),
-                           f"{max(marks.values(), default=0) + 1}\n")
+        storage.write_text(
+            storage.join(self.path, PUBLISHED_FOLDER, version),
+            f"{max(marks.values(), default=0) + 1}\n",
+        )
 
     def name_latest(self, version: str) -> None:
         """Points LATEST at `version` (if it names another), noting the publication first."""
@@ -141,15 +152,21 @@ class DatasetRoot:
 
     def _small_files(self, folder: str) -> dict[str, str]:
         """Path -> text of every file directly in `folder` (hidden temp files left out)."""
-        paths = [storage.join(folder, name) for name in self.store.children(folder)
-                 if not name.startswith(".")]
+        paths = [
+            storage.join(folder, name)
+            for name in self.store.children(folder)
+            if not name.startswith(".")
+        ]
         return {path: (self.store.read_text(path) or "").strip() for path in paths}
 
     def _published_marks(self) -> dict[str, int]:
         """Version -> its publication's sequence number."""
         folder = storage.join(self.path, PUBLISHED_FOLDER)
-        return {storage.basename(path): int(text)
-                for path, text in self._small_files(folder).items() if text.isdigit()}
+        return {
+            storage.basename(path): int(text)
+            for path, text in self._small_files(folder).items()
+            if text.isdigit()
+        }
 
     def prune(self, keep: int) -> list[str]:
         """Deletes all but the `keep` most recently published complete versions,
@@ -184,8 +201,10 @@ class DatasetRoot:
             directory = self.version_dir(version)
             self.store.delete([storage.join(directory, METADATA_FILENAME)])
             self.store.delete_tree(directory)
-            self.store.delete([path for path, stamped in stamps.items() if stamped == version]
-                              + [storage.join(self.path, PUBLISHED_FOLDER, version)])
+            self.store.delete(
+                [path for path, stamped in stamps.items() if stamped == version]
+                + [storage.join(self.path, PUBLISHED_FOLDER, version)]
+            )
         return pruned
 
 
@@ -251,12 +270,17 @@ class PublishTransaction:
         self.dataset.name_latest(info.version)  # last of all
         return target
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: types.TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> None:
         if kind is None or self._keep:
             return
         try:
             self.dataset.store.delete_tree(self.staging_dir)
         except Exception:  # keep the original error; the next build cleans up
-            logger.warning("could not delete the staging folder %s", self.staging_dir,
-                           exc_info=True)
+            logger.warning(
+                "could not delete the staging folder %s", self.staging_dir, exc_info=True
+            )

@@ -88,8 +88,7 @@ def shard_index(sort_key_hex: str, num_shards: int) -> int:
     return (int(sort_key_hex, 16) * num_shards) >> 64
 
 
-def count_shards(split: str, num_records: int, num_bytes: int,
-                 sharding: ShardingConfig) -> int:
+def count_shards(split: str, num_records: int, num_bytes: int, sharding: ShardingConfig) -> int:
     """Shards for a split: fixed by the config, else by the target size; never
     more than the split has records (``num_shards: 100000`` for two images
     writes two shards, not 99,998 empty files; the launcher says so).
@@ -181,8 +180,9 @@ class RunWriter:
         self._buffers = {}
         self._buffered = 0
 
-    def add(self, window, split: str, key: str, record: bytes, content: str,
-            source_key: str) -> bool:
+    def add(
+        self, window, split: str, key: str, record: bytes, content: str, source_key: str
+    ) -> bool:
         """Buffers one record: `key` is its sort key, `content` its source
         file's sha256, `source_key` its key."""
         self._buffers.setdefault(window, []).append((split, key, record, content, source_key))
@@ -203,8 +203,9 @@ class RunWriter:
                     entries.append((split, key, offset, len(data)))
                     offset += len(data)
             contents = tuple((content, source_key) for *_, content, source_key in records)
-            yield WindowedValue(SpilledRun(run, tuple(entries), contents),
-                                window.max_timestamp(), (window,))
+            yield WindowedValue(
+                SpilledRun(run, tuple(entries), contents), window.max_timestamp(), (window,)
+            )
 
 
 def _split_totals(run: SpilledRun):
@@ -244,11 +245,13 @@ def read_records(slices: list[RunSlice]) -> list[tuple[str, bytes]]:
             f.seek(piece.start)
             span = f.read(size)
         if len(span) != size:
-            raise OSError(f"{piece.run}: expected {size} bytes at offset {piece.start}, "
-                          f"read {len(span)} (the run file was truncated or replaced)")
+            raise OSError(
+                f"{piece.run}: expected {size} bytes at offset {piece.start}, "
+                f"read {len(span)} (the run file was truncated or replaced)"
+            )
         offset = 0
         for key, length in piece.entries:
-            out.append((key, span[offset:offset + length]))
+            out.append((key, span[offset : offset + length]))
             offset += length
     return out
 
@@ -273,7 +276,10 @@ class WriteShardFn(beam.DoFn):
         (split, index, num_shards), values = element
         ordered = sorted(read_records([v for v in values if v is not None]))
         filename = shard_filename(
-            self._name, split, index, num_shards,
+            self._name,
+            split,
+            index,
+            num_shards,
             self._compression if self._compression != "none" else None,
         )
         info = write_shard(
@@ -323,8 +329,10 @@ class ShardRuns(beam.PTransform):
             # (split, (records, framed bytes)) per run
             | "SumPerSplit" >> beam.CombinePerKey(beam.combiners.TupleCombineFn(sum, sum))
             # (split, (records, bytes))
-            | "CountShards" >> beam.MapTuple(
-                lambda split, totals: (split, count_shards(split, totals[0], totals[1], sharding)))
+            | "CountShards"
+            >> beam.MapTuple(
+                lambda split, totals: (split, count_shards(split, totals[0], totals[1], sharding))
+            )
             # (split, num_shards)
         )
         keyed = runs | "SliceRuns" >> beam.FlatMap(
@@ -337,7 +345,9 @@ class ShardRuns(beam.PTransform):
             | "MergeShardMarkers" >> beam.Flatten()
             | "GroupShards" >> beam.GroupByKey()
             # ((split, index, num_shards), [RunSlice or None])
-            | "WriteShardFiles" >> beam.ParDo(WriteShardFn(
-                self._folder, self._temp_folder, self._name, sharding.compression))
+            | "WriteShardFiles"
+            >> beam.ParDo(
+                WriteShardFn(self._folder, self._temp_folder, self._name, sharding.compression)
+            )
             # (split, index, ShardInfo)
         )

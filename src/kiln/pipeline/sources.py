@@ -94,10 +94,16 @@ class _SourceModel(BaseModel):
             with listing:
                 first = next(listing.dropped(), None)
             example = f", e.g. {first.key}: {first.message}" if first else ""
-            raise ConfigError(f"{self.describe()}: no usable input image "
-                              f"({listing.num_dropped} dropped while listing{example})")
-        logger.info("listed %d files (%d dropped) in %d classes",
-                    listing.num_files, listing.num_dropped, len(listing.class_names))
+            raise ConfigError(
+                f"{self.describe()}: no usable input image "
+                f"({listing.num_dropped} dropped while listing{example})"
+            )
+        logger.info(
+            "listed %d files (%d dropped) in %d classes",
+            listing.num_files,
+            listing.num_dropped,
+            len(listing.class_names),
+        )
         return listing
 
     def _list(self, splits_from_source: bool) -> Listing:
@@ -127,23 +133,33 @@ class ImageFolderSource(_SourceModel):
     """The image folder: a local path or `gs://bucket/prefix`."""
 
     def _list(self, splits_from_source: bool) -> Listing:
-        return _list_image_folder(self.root, self.classes, splits_from_source,
-                                  _Confinement.of(self.root, self.allowed_roots))
+        return _list_image_folder(
+            self.root,
+            self.classes,
+            splits_from_source,
+            _Confinement.of(self.root, self.allowed_roots),
+        )
 
     def describe(self) -> str:
         return f"source.root: {self.root}"
 
     def resolved(self) -> ImageFolderSource:
-        return self.model_copy(update={"root": storage.absolute(self.root),
-                                       "classes": _sorted(self.classes),
-                                       "allowed_roots": _absolute_all(self.allowed_roots)})
+        return self.model_copy(
+            update={
+                "root": storage.absolute(self.root),
+                "classes": _sorted(self.classes),
+                "allowed_roots": _absolute_all(self.allowed_roots),
+            }
+        )
 
     def check(self, output_root: str) -> str | None:
         if not storage.store_for(self.root).has_files(self.root):
             return f"source.root: folder not found or empty: {self.root}"
         if storage.inside(output_root, self.root):
-            return (f"output: {output_root} is inside the source folder {self.root}; "
-                    f"the next build would read its own output")
+            return (
+                f"output: {output_root} is inside the source folder {self.root}; "
+                f"the next build would read its own output"
+            )
         return None
 
 
@@ -161,8 +177,12 @@ class ManifestSource(_SourceModel):
     def _list(self, splits_from_source: bool) -> Listing:
         folder = self.path.rstrip("/").rsplit("/", 1)[0]
         try:
-            return _list_manifest(self.path, self.classes, splits_from_source,
-                                  _Confinement.of(folder, self.allowed_roots))
+            return _list_manifest(
+                self.path,
+                self.classes,
+                splits_from_source,
+                _Confinement.of(folder, self.allowed_roots),
+            )
         except _ManifestError as e:
             raise ConfigError(f"source.path: {e}") from None
 
@@ -170,9 +190,13 @@ class ManifestSource(_SourceModel):
         return f"source.path: {self.path}"
 
     def resolved(self) -> ManifestSource:
-        return self.model_copy(update={"path": storage.absolute(self.path),
-                                       "classes": _sorted(self.classes),
-                                       "allowed_roots": _absolute_all(self.allowed_roots)})
+        return self.model_copy(
+            update={
+                "path": storage.absolute(self.path),
+                "classes": _sorted(self.classes),
+                "allowed_roots": _absolute_all(self.allowed_roots),
+            }
+        )
 
     def check(self, output_root: str) -> str | None:
         if not storage.exists(self.path):
@@ -217,16 +241,19 @@ class _Confinement:
         if any(storage.inside(resolved, root) for root in self.roots):
             return None
         shown = f" (it resolves to {resolved})" if resolved != uri else ""
-        return (f"outside the source folder {self.source_root}{shown}; "
-                f"list its folder in source.allowed_roots to read it")
+        return (
+            f"outside the source folder {self.source_root}{shown}; "
+            f"list its folder in source.allowed_roots to read it"
+        )
 
 
 def _real(path: str) -> str:
     return path.rstrip("/") if is_remote(path) else os.path.realpath(path)
 
 
-def _list_image_folder(root: str, classes: list[str] | None, from_source: bool,
-                       confinement: _Confinement) -> Listing:
+def _list_image_folder(
+    root: str, classes: list[str] | None, from_source: bool, confinement: _Confinement
+) -> Listing:
     root = root.rstrip("/")
     depth = 3 if from_source else 2
     layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
@@ -243,18 +270,29 @@ def _list_image_folder(root: str, classes: list[str] | None, from_source: bool,
             if len(parts) != depth:
                 drop(key, metadata.path, "unexpected_location", f"not in the layout root/{layout}")
                 continue
-            writer.add_candidate(Candidate(
-                key, position, metadata.path, label=parts[-2],
-                split=parts[0] if from_source else None, size=int(metadata.size_in_bytes),
-                mtime=float(metadata.last_updated_in_seconds)))
+            writer.add_candidate(
+                Candidate(
+                    key,
+                    position,
+                    metadata.path,
+                    label=parts[-2],
+                    split=parts[0] if from_source else None,
+                    size=int(metadata.size_in_bytes),
+                    mtime=float(metadata.last_updated_in_seconds),
+                )
+            )
 
         class_names = sorted(set(classes)) if classes else writer.candidate_labels()
         label_ids = {name: i for i, name in enumerate(class_names)}
         for (found,) in writer.candidates():  # a folder lists each path once
             key, uri, split = found.key, found.uri, found.split
             if split is not None and not _SPLIT_NAME.match(split):
-                drop(key, uri, "unexpected_location",
-                     f"split folder {split!r} is not a valid split name (letters, digits, '_')")
+                drop(
+                    key,
+                    uri,
+                    "unexpected_location",
+                    f"split folder {split!r} is not a valid split name (letters, digits, '_')",
+                )
                 continue
             if found.label not in label_ids:
                 drop(key, uri, "unknown_label", f"class {found.label!r} is not in source.classes")
@@ -270,8 +308,16 @@ def _list_image_folder(root: str, classes: list[str] | None, from_source: bool,
             if problem:
                 drop(key, uri, "unreadable", problem)
                 continue
-            writer.add_file(SourceFile(key=key, uri=uri, label=label_ids[found.label],
-                                       split=split, size=found.size, mtime=found.mtime))
+            writer.add_file(
+                SourceFile(
+                    key=key,
+                    uri=uri,
+                    label=label_ids[found.label],
+                    split=split,
+                    size=found.size,
+                    mtime=found.mtime,
+                )
+            )
         return writer.finish(class_names, from_source)
 
 
@@ -297,10 +343,10 @@ def _file_status(uri: str) -> tuple[int, float, str | None]:
 
 def _relative(path: str, root: str) -> str:
     if is_remote(root):
-        relative = path[len(root):]
+        relative = path[len(root) :]
     else:
         # Local listings come back with OS separators.
-        relative = path[len(root):].replace("\\", "/")
+        relative = path[len(root) :].replace("\\", "/")
     return relative.lstrip("/")
 
 
@@ -328,8 +374,9 @@ class _BadRow:
     problem: str
 
 
-def _list_manifest(path: str, classes: list[str] | None, from_source: bool,
-                   confinement: _Confinement) -> Listing:
+def _list_manifest(
+    path: str, classes: list[str] | None, from_source: bool, confinement: _Confinement
+) -> Listing:
     name = posixpath.basename(path)
     lines = _manifest_lines(path)
     rows = _jsonl_rows(lines) if path.endswith((".jsonl", ".json")) else _csv_rows(lines, name)
@@ -346,16 +393,28 @@ def _list_manifest(path: str, classes: list[str] | None, from_source: bool,
                 continue
             split = row.split if from_source else None
             if from_source and split is None:
-                drop(where, path, "missing_split",
-                     "splits.from_source needs a split for every row", row.text)
+                drop(
+                    where,
+                    path,
+                    "missing_split",
+                    "splits.from_source needs a split for every row",
+                    row.text,
+                )
                 continue
             if split is not None and not _SPLIT_NAME.match(split):
-                drop(where, path, "bad_row",
-                     f"split {split!r} is not a valid split name (letters, digits, '_')",
-                     row.text)
+                drop(
+                    where,
+                    path,
+                    "bad_row",
+                    f"split {split!r} is not a valid split name (letters, digits, '_')",
+                    row.text,
+                )
                 continue
-            writer.add_candidate(Candidate(_manifest_key(row.path), row.line,
-                                           _resolve(row.path, base), row.label, split))
+            writer.add_candidate(
+                Candidate(
+                    _manifest_key(row.path), row.line, _resolve(row.path, base), row.label, split
+                )
+            )
 
         class_names = sorted(set(classes)) if classes else writer.candidate_labels()
         label_ids = {label: i for i, label in enumerate(class_names)}
@@ -364,14 +423,24 @@ def _list_manifest(path: str, classes: list[str] | None, from_source: bool,
             meanings = {(row.label, row.split) for row in group}
             if len(meanings) > 1:
                 lines_listed = ", ".join(str(row.position) for row in group)
-                drop(key, uri, "duplicate_key",
-                     f"listed {len(group)} times with different labels or splits "
-                     f"(lines {lines_listed})", key)
+                drop(
+                    key,
+                    uri,
+                    "duplicate_key",
+                    f"listed {len(group)} times with different labels or splits "
+                    f"(lines {lines_listed})",
+                    key,
+                )
                 continue
             label, split = meanings.pop()
             if label not in label_ids:
-                drop(key, uri, "unknown_label", f"label {label!r} is not in source.classes",
-                     [key, label])
+                drop(
+                    key,
+                    uri,
+                    "unknown_label",
+                    f"label {label!r} is not in source.classes",
+                    [key, label],
+                )
                 continue
             outside = confinement.problem(uri)
             if outside:
@@ -385,8 +454,11 @@ def _list_manifest(path: str, classes: list[str] | None, from_source: bool,
             if problem:
                 drop(key, uri, "unreadable", problem, key)
                 continue
-            writer.add_file(SourceFile(key=key, uri=uri, label=label_ids[label], split=split,
-                                       size=size, mtime=mtime))
+            writer.add_file(
+                SourceFile(
+                    key=key, uri=uri, label=label_ids[label], split=split, size=size, mtime=mtime
+                )
+            )
         return writer.finish(class_names, from_source)
 
 

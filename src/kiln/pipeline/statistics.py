@@ -38,9 +38,9 @@ from kiln.schemas import ChannelStatistics
 class PixelSums(NamedTuple):
     """Exact sufficient statistics of one image's pixels, per channel."""
 
-    pixels: int                # height * width (not `count`: that is tuple.count)
-    sums: tuple[int, ...]      # sum of values, per channel
-    squares: tuple[int, ...]   # sum of squared values, per channel
+    pixels: int  # height * width (not `count`: that is tuple.count)
+    sums: tuple[int, ...]  # sum of values, per channel
+    squares: tuple[int, ...]  # sum of squared values, per channel
 
 
 _VALUES = np.arange(256, dtype=np.int64)
@@ -61,8 +61,10 @@ def pixel_sums(image: np.ndarray) -> PixelSums:
     height, width, channels = image.shape
     if height * width < _EXACT_HISTOGRAM_PIXELS:
         image = np.ascontiguousarray(image)
-        counts = [cv2.calcHist([image], [c], None, [256], [0, 256]).ravel().astype(np.int64)
-                  for c in range(channels)]
+        counts = [
+            cv2.calcHist([image], [c], None, [256], [0, 256]).ravel().astype(np.int64)
+            for c in range(channels)
+        ]
     else:
         counts = [np.bincount(image[..., c].ravel(), minlength=256) for c in range(channels)]
     return PixelSums(
@@ -85,9 +87,11 @@ def merge(a: PixelSums, b: PixelSums) -> PixelSums:
         raise ValueError(
             f"cannot merge statistics of {len(sums_a)}- and {len(sums_b)}-channel images"
         )
-    return PixelSums(count_a + count_b,
-                     tuple(x + y for x, y in zip(sums_a, sums_b, strict=True)),
-                     tuple(x + y for x, y in zip(squares_a, squares_b, strict=True)))
+    return PixelSums(
+        count_a + count_b,
+        tuple(x + y for x, y in zip(sums_a, sums_b, strict=True)),
+        tuple(x + y for x, y in zip(squares_a, squares_b, strict=True)),
+    )
 
 
 EMPTY = PixelSums(0, (), ())
@@ -130,8 +134,7 @@ class Summary:
 
     __slots__ = ("pixels", "class_counts", "sizes", "inputs_hash", "files")
 
-    def __init__(self, pixels=None, class_counts=None, sizes=frozenset(), inputs_hash=0,
-                 files=0):
+    def __init__(self, pixels=None, class_counts=None, sizes=frozenset(), inputs_hash=0, files=0):
         self.pixels: dict[str, PixelSums] = dict(pixels or {})
         self.class_counts: dict[tuple[str, int], int] = dict(class_counts or {})
         self.sizes: frozenset = frozenset(sizes)
@@ -139,8 +142,7 @@ class Summary:
         self.files: int = int(files)
 
     def __reduce__(self):  # plain data when Beam pickles accumulators
-        return Summary, (self.pixels, self.class_counts, self.sizes, self.inputs_hash,
-                         self.files)
+        return Summary, (self.pixels, self.class_counts, self.sizes, self.inputs_hash, self.files)
 
     def __eq__(self, other):
         return isinstance(other, Summary) and self.__reduce__() == other.__reduce__()
@@ -172,9 +174,13 @@ class Summary:
         class_counts = dict(self.class_counts)
         for key, count in other.class_counts.items():
             class_counts[key] = class_counts.get(key, 0) + count
-        return Summary(pixels, class_counts, _two_smallest(self.sizes | other.sizes),
-                       versioning.combine_hashes((self.inputs_hash, other.inputs_hash)),
-                       self.files + other.files)
+        return Summary(
+            pixels,
+            class_counts,
+            _two_smallest(self.sizes | other.sizes),
+            versioning.combine_hashes((self.inputs_hash, other.inputs_hash)),
+            self.files + other.files,
+        )
 
     def channel_statistics(self) -> dict[str, ChannelStatistics | None]:
         """``{split: ChannelStatistics}`` (count, mean and std per channel)."""

@@ -249,8 +249,10 @@ class ObjectStore(Store):
         root = folder.rstrip("/")
         # Beam's match returns the whole listing at once (one metadata object per file).
         for metadata in FileSystems.match([root + "/**"])[0].metadata_list:
-            if not (skip_hidden and any(part.startswith(".")
-                                        for part in metadata.path[len(root) + 1:].split("/"))):
+            if not (
+                skip_hidden
+                and any(part.startswith(".") for part in metadata.path[len(root) + 1 :].split("/"))
+            ):
                 yield metadata
 
     def file_status(self, path: str) -> tuple[int, float, str | None]:
@@ -260,7 +262,7 @@ class ObjectStore(Store):
 
     def children(self, folder: str) -> list[str]:
         root = folder.rstrip("/")
-        return sorted({m.path[len(root) + 1:].split("/", 1)[0] for m in self.list_tree(root)})
+        return sorted({m.path[len(root) + 1 :].split("/", 1)[0] for m in self.list_tree(root)})
 
     def write_atomic(self, path: str, data: bytes) -> None:
         with FileSystems.create(path) as f:  # one object write: visible whole, on close
@@ -288,7 +290,7 @@ class ObjectStore(Store):
         final = [path for path in files if path == f"{root}/{last}"]
         for group in ([path for path in files if path not in final], final):
             if group:
-                FileSystems.rename(group, [target + path[len(root):] for path in group])
+                FileSystems.rename(group, [target + path[len(root) :] for path in group])
 
     def clean_temp_files(self, folder: str) -> list[str]:
         return []  # object writes leave no temp names
@@ -299,7 +301,7 @@ def _gcs_create_exclusive(path: str, data: bytes) -> bool:
     from google.api_core import exceptions
     from google.cloud import storage as gcs
 
-    bucket_name, _, name = path[len("gs://"):].partition("/")
+    bucket_name, _, name = path[len("gs://") :].partition("/")
     blob = gcs.Client().bucket(bucket_name).blob(name)
     try:
         blob.upload_from_string(data, if_generation_match=0)
@@ -328,8 +330,15 @@ def _special_file_problem(mode: int) -> str | None:
     """
     if stat.S_ISREG(mode):
         return None
-    kind = ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "a device or other special file")
+    kind = (
+        "a folder"
+        if stat.S_ISDIR(mode)
+        else "a named pipe (FIFO)"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device or other special file"
+    )
     return f"not a regular file but {kind}"
 
 

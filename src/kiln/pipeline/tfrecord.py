@@ -26,8 +26,8 @@ _MASK_DELTA = 0xA282EAD8
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 
-HEADER_SIZE = _LENGTH.size + _CRC.size   # 12
-FOOTER_SIZE = _CRC.size                  # 4
+HEADER_SIZE = _LENGTH.size + _CRC.size  # 12
+FOOTER_SIZE = _CRC.size  # 4
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -42,12 +42,14 @@ def masked_crc32c(data: bytes) -> int:
 def frame(record: bytes) -> bytes:
     """One record as TFRecord bytes (header, data, footer)."""
     length = _LENGTH.pack(len(record))
-    return b"".join((
-        length,
-        _CRC.pack(masked_crc32c(length)),
-        record,
-        _CRC.pack(masked_crc32c(record)),
-    ))
+    return b"".join(
+        (
+            length,
+            _CRC.pack(masked_crc32c(length)),
+            record,
+            _CRC.pack(masked_crc32c(record)),
+        )
+    )
 
 
 def framed_size(record_size: int) -> int:

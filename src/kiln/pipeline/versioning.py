@@ -63,18 +63,22 @@ def file_entry(key: str, label: str, split: str | None, sha256: str | None) -> l
 
 def version_name(config_fingerprint: str, inputs_hash: int) -> str:
     """The content-addressed version: a short hex id, stable across machines."""
-    return fingerprint({
-        "format_version": kiln.FORMAT_VERSION,
-        "config": config_fingerprint,
-        "inputs": format(inputs_hash, "064x"),
-    })[:VERSION_LENGTH]
+    return fingerprint(
+        {
+            "format_version": kiln.FORMAT_VERSION,
+            "config": config_fingerprint,
+            "inputs": format(inputs_hash, "064x"),
+        }
+    )[:VERSION_LENGTH]
 
 
 def stamp(config_fingerprint: str, listing_entries: Iterable[Any]) -> str:
     """The up-to-date stamp from listing data (see the module docstring)."""
     inputs = combine_hashes(entry_hash(entry) for entry in listing_entries)
-    return fingerprint({
-        "format_version": kiln.FORMAT_VERSION,
-        "config": config_fingerprint,
-        "listing": format(inputs, "064x"),
-    })
+    return fingerprint(
+        {
+            "format_version": kiln.FORMAT_VERSION,
+            "config": config_fingerprint,
+            "listing": format(inputs, "064x"),
+        }
+    )

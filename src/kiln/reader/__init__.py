@@ -37,8 +37,16 @@ from kiln.reader.ops import (
 )
 
 __all__ = [
-    "AugmentConfigError", "Augmentation", "AugmentOpError", "AugmentationLayer",
-    "DEFAULT_SHUFFLE_BUFFER", "info", "load", "locate", "names", "register_augmentation",
+    "AugmentConfigError",
+    "Augmentation",
+    "AugmentOpError",
+    "AugmentationLayer",
+    "DEFAULT_SHUFFLE_BUFFER",
+    "info",
+    "load",
+    "locate",
+    "names",
+    "register_augmentation",
     "validate",
 ]
 

@@ -105,8 +105,15 @@ class Augmenter:
     def _first_seed(self, seed: tf.Tensor | None) -> tf.Tensor | None:
         return self._op_seed(seed, 0) if self.training else None
 
-    def decode_and_apply(self, features: dict, seed: tf.Tensor | None, *, encoding: str,
-                         channels: int, image_size: Sequence[int] | None) -> tf.Tensor:
+    def decode_and_apply(
+        self,
+        features: dict,
+        seed: tf.Tensor | None,
+        *,
+        encoding: str,
+        channels: int,
+        image_size: Sequence[int] | None,
+    ) -> tf.Tensor:
         """Decodes a parsed record's image and applies the element ops.
 
         Equal to ``apply(decode_image(...), seed)``; faster for JPEG when the
@@ -115,18 +122,23 @@ class Augmenter:
         ops = self.element_ops
         window = self._leading_window() if encoding == "jpeg" else None
         if window is None:
-            return self.apply(decode(features, encoding=encoding, channels=channels,
-                                     image_size=image_size), seed)
+            return self.apply(
+                decode(features, encoding=encoding, channels=channels, image_size=image_size), seed
+            )
         encoded = features["image"]
         # The stored size, known without reading the JPEG header when the
         # dataset has one size.
-        shape = (tf.constant(list(image_size), tf.int32) if image_size is not None
-                 else tf.io.extract_jpeg_shape(encoded)[:2])
+        shape = (
+            tf.constant(list(image_size), tf.int32)
+            if image_size is not None
+            else tf.io.extract_jpeg_shape(encoded)[:2]
+        )
         offset, size = window.sample(shape, self._first_seed(seed), **ops[0].kwargs)
         start = tf.maximum(offset - _JPEG_WINDOW_MARGIN, 0)
         end = tf.minimum(offset + size + _JPEG_WINDOW_MARGIN, shape)
-        wide = tf.io.decode_and_crop_jpeg(encoded, tf.concat([start, end - start], 0),
-                                          channels=channels)
+        wide = tf.io.decode_and_crop_jpeg(
+            encoded, tf.concat([start, end - start], 0), channels=channels
+        )
         cropped = slice_window(wide, offset - start, size)
         return self._after_window(cropped, seed, first=1)
 
@@ -154,8 +166,9 @@ class Augmenter:
             return self._run(image, seed, first=index)
         return self._run(to_float(image), seed, first=index)
 
-    def apply_batch(self, images: tf.Tensor, labels: tf.Tensor,
-                    element_seeds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def apply_batch(
+        self, images: tf.Tensor, labels: tf.Tensor, element_seeds: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor]:
         """Batch ops (mixup, cutmix) on a float batch and one-hot float labels."""
         ops = self.batch_ops
         if not ops:
@@ -163,8 +176,9 @@ class Augmenter:
         seed = seeding.batch_seed(element_seeds)
         for index, augmentation in enumerate(ops):
             op_seed = tf.random.fold_in(seed, tf.constant(index, tf.int32))
-            images, labels = augmentation.definition.fn(images, labels, op_seed,
-                                                        **augmentation.kwargs)
+            images, labels = augmentation.definition.fn(
+                images, labels, op_seed, **augmentation.kwargs
+            )
         return images, labels
 
     def _run(self, image: tf.Tensor, seed: tf.Tensor | None, first: int) -> tf.Tensor:
@@ -182,11 +196,13 @@ class Augmenter:
                 with tf.init_scope():
                     check_op(augmentation, _shape_for_check(image.shape))
             op_seed = self._op_seed(seed, index)
-            return self._call(augmentation, lambda: definition.fn(
-                image, op_seed, **augmentation.kwargs))
+            return self._call(
+                augmentation, lambda: definition.fn(image, op_seed, **augmentation.kwargs)
+            )
         if definition.inference is not None:
-            return self._call(augmentation, lambda: definition.inference(
-                image, **augmentation.kwargs))
+            return self._call(
+                augmentation, lambda: definition.inference(image, **augmentation.kwargs)
+            )
         return image
 
     @staticmethod
@@ -199,16 +215,22 @@ class Augmenter:
             return run()
         try:
             return run()
-        except (AttributeError, NotImplementedError, TypeError,
-                tf.errors.OperatorNotAllowedInGraphError) as e:
+        except (
+            AttributeError,
+            NotImplementedError,
+            TypeError,
+            tf.errors.OperatorNotAllowedInGraphError,
+        ) as e:
             raise trace_error(augmentation.name, e) from e
 
 
-def decode(features: dict, *, encoding: str, channels: int,
-           image_size: Sequence[int] | None) -> tf.Tensor:
+def decode(
+    features: dict, *, encoding: str, channels: int, image_size: Sequence[int] | None
+) -> tf.Tensor:
     """The stored image of a parsed record as uint8, with a static shape when known."""
-    image = decode_image(features["image"], features["height"], features["width"],
-                         channels, encoding)
+    image = decode_image(
+        features["image"], features["height"], features["width"], channels, encoding
+    )
     if image_size is not None:
         image = tf.ensure_shape(image, [image_size[0], image_size[1], channels])
     return image
@@ -229,8 +251,9 @@ def standardize(images: tf.Tensor, mean: Sequence[float], std: Sequence[float]) 
 
 def _shape_for_check(shape: tf.TensorShape) -> tuple[int, int, int]:
     dims = shape.as_list() if shape.rank == 3 else [None, None, 3]
-    height, width, channels = (d if d is not None else default
-                               for d, default in zip(dims, (64, 64, 3), strict=True))
+    height, width, channels = (
+        d if d is not None else default for d, default in zip(dims, (64, 64, 3), strict=True)
+    )
     return height, width, channels
 
 
@@ -274,9 +297,7 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
     name = augmentation.name
     kwargs = augmentation.kwargs
     # A fixed, asymmetric image, so flips and crops visibly change it.
-    image = tf.constant(
-        np.random.default_rng(0).random(tuple(shape), dtype=np.float32)
-    )
+    image = tf.constant(np.random.default_rng(0).random(tuple(shape), dtype=np.float32))
     # autograph=False: the reader does not convert ops either (see dataset.py).
     traced = tf.function(lambda img, seed: definition.fn(img, seed, **kwargs), autograph=False)
     try:
@@ -285,8 +306,7 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
         )
     except Exception as e:  # the message depends on what the op did; explain all alike
         raise trace_error(name, e) from e
-    seeds = tf.random.experimental.stateless_split(tf.constant([20240, 7], tf.int32),
-                                                   _CHECK_SEEDS)
+    seeds = tf.random.experimental.stateless_split(tf.constant([20240, 7], tf.int32), _CHECK_SEEDS)
     outputs = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
     if all(np.array_equal(outputs[0], out) for out in outputs[1:]):
         raise AugmentOpError(

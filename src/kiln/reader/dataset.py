@@ -121,8 +121,9 @@ def info(path: str | os.PathLike) -> DatasetInfo:
     stored = {f["name"]: (f["key"], f["dtype"]) for f in metadata.schema.get("features", [])}
     expected = {f.name: (f.key, f.dtype) for f in RECORD.features}
     if stored != expected:
-        differing = sorted(name for name in set(stored) | set(expected)
-                           if stored.get(name) != expected.get(name))
+        differing = sorted(
+            name for name in set(stored) | set(expected) if stored.get(name) != expected.get(name)
+        )
         raise MetadataError(
             f"{source}: the stored record schema differs from this kiln's in feature(s) "
             f"{differing}; read it with the kiln version that wrote it ({metadata.kiln_version})"
@@ -223,17 +224,26 @@ def load(
             f"layer inside the model cannot change; use augment_on='data' for them"
         )
     if augmenter.batch_ops and batch_size is None:
-        raise ValueError(f"{[a.name for a in augmenter.batch_ops]} mix images of a batch: "
-                         f"pass a batch_size")
+        raise ValueError(
+            f"{[a.name for a in augmenter.batch_ops]} mix images of a batch: pass a batch_size"
+        )
     shuffle = (split == "train") if shuffle is None else bool(shuffle)
     base_seed = seeding.resolve(seed)
     share = _Share.of(dataset_dir, split_info, metadata, input_context)
     if share.by_element and not deterministic:
-        logger.info("kiln.reader: sharding by element needs a fixed record order; "
-                    "reading files deterministically")
+        logger.info(
+            "kiln.reader: sharding by element needs a fixed record order; "
+            "reading files deterministically"
+        )
 
-    passes = _one_pass(share, base_seed, shuffle=shuffle, deterministic=deterministic,
-                       shuffle_buffer=shuffle_buffer, compression=metadata.compression)
+    passes = _one_pass(
+        share,
+        base_seed,
+        shuffle=shuffle,
+        deterministic=deterministic,
+        shuffle_buffer=shuffle_buffer,
+        compression=metadata.compression,
+    )
     if repeat is True:
         passes = passes.repeat()
     elif repeat is not False and repeat != 1:
@@ -253,11 +263,17 @@ def load(
     # not rewrapped in a StagingError. User ops must use tf.cond, not `if`.
     if batch_size is not None and decoding.vectorizable:
         dataset = passes.batch(batch_size, drop_remainder=drop_remainder)
-        dataset = dataset.map(_unconverted(decoding.raw_batch),
-                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        dataset = dataset.map(
+            _unconverted(decoding.raw_batch),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=deterministic,
+        )
     else:
-        dataset = passes.map(_unconverted(decoding.element), num_parallel_calls=tf.data.AUTOTUNE,
-                             deterministic=deterministic)
+        dataset = passes.map(
+            _unconverted(decoding.element),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=deterministic,
+        )
         image_shape = dataset.element_spec["image"].shape
         if batch_size is not None and not image_shape.is_fully_defined():
             raise ValueError(
@@ -268,9 +284,12 @@ def load(
                 f"unbatched elements."
             )
         if batch_size is not None:
-            dataset = dataset.batch(batch_size, drop_remainder=drop_remainder,
-                                    num_parallel_calls=tf.data.AUTOTUNE,
-                                    deterministic=deterministic)
+            dataset = dataset.batch(
+                batch_size,
+                drop_remainder=drop_remainder,
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=deterministic,
+            )
 
     mean_std = _statistics(metadata, split, dataset_dir) if normalize else None
     num_classes = metadata.num_classes
@@ -291,8 +310,9 @@ def load(
             return image, batch["label"]
         return batch
 
-    dataset = dataset.map(_unconverted(finish), num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=deterministic)
+    dataset = dataset.map(
+        _unconverted(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+    )
     cardinality = share.cardinality(repeat, batch_size, drop_remainder)
     if cardinality is not None:
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
@@ -317,8 +337,9 @@ _unconverted = tf.autograph.experimental.do_not_convert
 
 
 def _check_arguments(batch_size, repeat, augment_on, shuffle_buffer, drop_remainder) -> None:
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                   or batch_size <= 0):
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
+    ):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
     if not isinstance(repeat, bool) and (not isinstance(repeat, int) or repeat < 1):
         raise ValueError(f"repeat must be False, True or a number of passes >= 1, got {repeat!r}")
@@ -337,8 +358,9 @@ def _augmenter(metadata: DatasetInfo, split: str, augment, dataset_dir: str) -> 
                 f"augment must be 'default', a list of ops, or None; got {augment!r}"
             )
         try:
-            stored = validate(metadata.augment,
-                              field=f"{_join(dataset_dir, METADATA_FILENAME)}: augment")
+            stored = validate(
+                metadata.augment, field=f"{_join(dataset_dir, METADATA_FILENAME)}: augment"
+            )
         except AugmentConfigError as e:
             plugins = metadata.config.get("plugins") or []
             if plugins and "unknown augmentation op" in str(e):
@@ -384,8 +406,15 @@ class _Decoding:
     whole batch, the cheapest way to read raw pixels.
     """
 
-    def __init__(self, augmenter: Augmenter, encoding: str, channels: int,
-                 image_size: Sequence[int] | None, keep_seeds: bool, as_float: bool):
+    def __init__(
+        self,
+        augmenter: Augmenter,
+        encoding: str,
+        channels: int,
+        image_size: Sequence[int] | None,
+        keep_seeds: bool,
+        as_float: bool,
+    ):
         self.augmenter = augmenter
         self.encoding = encoding
         self.channels = channels
@@ -395,8 +424,11 @@ class _Decoding:
 
     @property
     def vectorizable(self) -> bool:
-        return (self.encoding == "raw" and self.image_size is not None
-                and not self.augmenter.has_element_work)
+        return (
+            self.encoding == "raw"
+            and self.image_size is not None
+            and not self.augmenter.has_element_work
+        )
 
     def element(self, numbered, word):
         position, serialized = numbered
@@ -404,11 +436,16 @@ class _Decoding:
         seed = seeding.element_seed(word, position)
         if self.as_float:
             image = self.augmenter.decode_and_apply(
-                features, seed, encoding=self.encoding, channels=self.channels,
-                image_size=self.image_size)
+                features,
+                seed,
+                encoding=self.encoding,
+                channels=self.channels,
+                image_size=self.image_size,
+            )
         else:
-            image = decode(features, encoding=self.encoding, channels=self.channels,
-                           image_size=self.image_size)
+            image = decode(
+                features, encoding=self.encoding, channels=self.channels, image_size=self.image_size
+            )
         out = dict(features, image=image)
         if self.keep_seeds:
             out["augment_seed"] = seed
@@ -421,10 +458,16 @@ class _Decoding:
         features = RECORD.parse(serialized)
         height, width = self.image_size
         checks = [
-            tf.debugging.assert_equal(features["height"], tf.constant(height, tf.int64),
-                                      message="a raw record's height differs from kiln.json"),
-            tf.debugging.assert_equal(features["width"], tf.constant(width, tf.int64),
-                                      message="a raw record's width differs from kiln.json"),
+            tf.debugging.assert_equal(
+                features["height"],
+                tf.constant(height, tf.int64),
+                message="a raw record's height differs from kiln.json",
+            ),
+            tf.debugging.assert_equal(
+                features["width"],
+                tf.constant(width, tf.int64),
+                message="a raw record's width differs from kiln.json",
+            ),
         ]
         with tf.control_dependencies(checks):
             # Fails (naming DecodeRaw or Reshape) if any record's byte count is off.
@@ -467,15 +510,15 @@ class _Share:
         num, index = input_context.num_input_pipelines, input_context.input_pipeline_id
         if len(files) >= num:
             return cls(files[index::num], counts[index::num], record_bytes, False, num, index)
-        logger.info("kiln.reader: %d file(s) for %d input pipelines: sharding by record",
-                    len(files), num)
+        logger.info(
+            "kiln.reader: %d file(s) for %d input pipelines: sharding by record", len(files), num
+        )
         return cls(files, counts, record_bytes, True, num, index)
 
     @property
     def default_shuffle_buffer(self) -> int:
         fits = int(SHUFFLE_BUFFER_BYTES // max(self.record_bytes, 1.0))
-        return max(1, min(self.num_records, DEFAULT_SHUFFLE_BUFFER,
-                          max(_MIN_SHUFFLE_BUFFER, fits)))
+        return max(1, min(self.num_records, DEFAULT_SHUFFLE_BUFFER, max(_MIN_SHUFFLE_BUFFER, fits)))
 
     @property
     def num_records(self) -> int:
@@ -493,8 +536,15 @@ class _Share:
         return elements // batch_size if drop_remainder else -(-elements // batch_size)
 
 
-def _one_pass(share: _Share, base_seed: int, *, shuffle: bool, deterministic: bool,
-              shuffle_buffer: int | None, compression: str | None) -> tf.data.Dataset:
+def _one_pass(
+    share: _Share,
+    base_seed: int,
+    *,
+    shuffle: bool,
+    deterministic: bool,
+    shuffle_buffer: int | None,
+    compression: str | None,
+) -> tf.data.Dataset:
     """One pass over this pipeline's records: ``((position, serialized), pass_word)``.
 
     Shuffles use ``reshuffle_each_iteration=True`` with fixed seeds, so each
@@ -506,8 +556,9 @@ def _one_pass(share: _Share, base_seed: int, *, shuffle: bool, deterministic: bo
     # per-pipeline seed (seed=None draws one per call) would break that, so
     # the file order stays fixed there and only records are shuffled.
     if shuffle and not share.by_element:
-        files = files.shuffle(len(share.files), seed=seeding.derive(base_seed, "files"),
-                              reshuffle_each_iteration=True)
+        files = files.shuffle(
+            len(share.files), seed=seeding.derive(base_seed, "files"), reshuffle_each_iteration=True
+        )
     compression_type = {None: "", "gzip": "GZIP"}[compression]
     ordered = deterministic or share.by_element
     records = files.interleave(
@@ -521,8 +572,9 @@ def _one_pass(share: _Share, base_seed: int, *, shuffle: bool, deterministic: bo
         records = records.shard(share.num_pipelines, share.pipeline)
     if shuffle:
         buffer = shuffle_buffer or share.default_shuffle_buffer
-        records = records.shuffle(buffer, seed=seeding.derive(base_seed, "records"),
-                                  reshuffle_each_iteration=True)
+        records = records.shuffle(
+            buffer, seed=seeding.derive(base_seed, "records"), reshuffle_each_iteration=True
+        )
     words = seeding.pass_words(base_seed, share.pipeline)
     # Nested as zip makes it: an extra map only to flatten the tuple would
     # cost a function call per element.

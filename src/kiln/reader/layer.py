@@ -37,14 +37,22 @@ class AugmentationLayer(tf.keras.layers.Layer):
       std: Per-channel standard deviation on the 0..255 scale.
     """
 
-    def __init__(self, augment: Sequence[Any], *, random: bool = True,
-                 mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                 **kwargs):
+    def __init__(
+        self,
+        augment: Sequence[Any],
+        *,
+        random: bool = True,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         augmentations = tuple(validate(augment, field="AugmentationLayer.augment"))
         if any(a.definition.kind != "element" for a in augmentations):
-            raise ValueError("AugmentationLayer applies element ops only; mixup and cutmix "
-                             "change labels and must run in the tf.data pipeline")
+            raise ValueError(
+                "AugmentationLayer applies element ops only; mixup and cutmix "
+                "change labels and must run in the tf.data pipeline"
+            )
         if (mean is None) != (std is None):
             raise ValueError("AugmentationLayer: give both mean and std, or neither")
         self.augment = [a.to_json() for a in augmentations]
@@ -61,14 +69,22 @@ class AugmentationLayer(tf.keras.layers.Layer):
             images, seeds = inputs, None
         if training and self.random:
             if seeds is None:
-                raise ValueError("AugmentationLayer(training=True) needs the batch's "
-                                 "'augment_seed' (load(..., augment_on='model') yields it)")
+                raise ValueError(
+                    "AugmentationLayer(training=True) needs the batch's "
+                    "'augment_seed' (load(..., augment_on='model') yields it)"
+                )
             seeds = tf.cast(seeds, tf.int32)
-            out = tf.map_fn(_unconverted(lambda pair: self._random.apply(pair[0], pair[1])),
-                            (images, seeds), fn_output_signature=tf.float32)
+            out = tf.map_fn(
+                _unconverted(lambda pair: self._random.apply(pair[0], pair[1])),
+                (images, seeds),
+                fn_output_signature=tf.float32,
+            )
         else:
-            out = tf.map_fn(_unconverted(lambda image: self._inference.apply(image, None)),
-                            images, fn_output_signature=tf.float32)
+            out = tf.map_fn(
+                _unconverted(lambda image: self._inference.apply(image, None)),
+                images,
+                fn_output_signature=tf.float32,
+            )
         if self.mean is not None and self.std is not None:  # both or neither
             out = standardize(out, self.mean, self.std)
         return out

@@ -35,9 +35,14 @@ def _applies(seed: tf.Tensor, probability: float) -> tf.Tensor:
 
 
 @builtin_op("mixup", kind="batch")
-def mixup(images, labels, seed, *,
-          alpha: Annotated[float, Field(ge=1e-6)] = 0.2,
-          probability: Probability = 1.0):
+def mixup(
+    images,
+    labels,
+    seed,
+    *,
+    alpha: Annotated[float, Field(ge=1e-6)] = 0.2,
+    probability: Probability = 1.0,
+):
     """Blends each image with a partner: ``lam * x + (1 - lam) * x[partner]``,
     labels alike, one ``lam ~ Beta(alpha, alpha)`` per batch (Zhang et al. 2018).
     With `probability` per batch; otherwise the batch is unchanged."""
@@ -50,9 +55,14 @@ def mixup(images, labels, seed, *,
 
 
 @builtin_op("cutmix", kind="batch")
-def cutmix(images, labels, seed, *,
-           alpha: Annotated[float, Field(ge=1e-6)] = 1.0,
-           probability: Probability = 1.0):
+def cutmix(
+    images,
+    labels,
+    seed,
+    *,
+    alpha: Annotated[float, Field(ge=1e-6)] = 1.0,
+    probability: Probability = 1.0,
+):
     """Pastes a rectangle of each image's partner into it (Yun et al. 2019).
 
     The rectangle has area ``1 - lam`` of the image (``lam ~ Beta(alpha,

@@ -143,8 +143,9 @@ class OpDefinition(Registered):
     pixelwise: bool = False
 
 
-AUGMENTATIONS: Registry[OpDefinition] = Registry("augmentation op", "op", AugmentConfigError,
-                                                 entry=OpDefinition)
+AUGMENTATIONS: Registry[OpDefinition] = Registry(
+    "augmentation op", "op", AugmentConfigError, entry=OpDefinition
+)
 
 # The data each kind of op gets before its configurable parameters.
 _LEADING = {"element": ("image", "seed"), "batch": ("images", "labels", "seed")}
@@ -170,16 +171,16 @@ def register_augmentation(
       ValueError: if the name is taken by another function or the signature is
         not ``fn(image, seed, *, keyword_only_params)``.
     """
-    return AUGMENTATIONS.register(name, leading=_LEADING["element"], inference=inference,
-                                  check=check)
+    return AUGMENTATIONS.register(
+        name, leading=_LEADING["element"], inference=inference, check=check
+    )
 
 
 def builtin_op(name: str, *, kind: str = "element", **details: Any) -> Callable:
     """Decorator for kiln's own ops: trusted (no first-use check), and free to
     declare what the reader may do with them (`OpDefinition`'s window,
     inference_window, mirror, pixelwise)."""
-    return AUGMENTATIONS.register(name, leading=_LEADING[kind], kind=kind, builtin=True,
-                                  **details)
+    return AUGMENTATIONS.register(name, leading=_LEADING[kind], kind=kind, builtin=True, **details)
 
 
 def names() -> list[str]:
@@ -245,9 +246,13 @@ def _uniform(seed: tf.Tensor, low: float = 0.0, high: float = 1.0) -> tf.Tensor:
     return tf.random.stateless_uniform([], seed=seed, minval=low, maxval=high)
 
 
-def _with_probability(probability: float, seed: tf.Tensor, apply: Callable[[], tf.Tensor],
-                      image: tf.Tensor, otherwise: Callable[[], tf.Tensor] | None = None
-                      ) -> tf.Tensor:
+def _with_probability(
+    probability: float,
+    seed: tf.Tensor,
+    apply: Callable[[], tf.Tensor],
+    image: tf.Tensor,
+    otherwise: Callable[[], tf.Tensor] | None = None,
+) -> tf.Tensor:
     """``apply()`` with `probability`, else ``otherwise()`` (default: `image` itself)."""
     # A per-element tf.cond runs only the chosen branch; for probability 1 the
     # condition is left out of the graph entirely.
@@ -275,10 +280,13 @@ def to_float(image: tf.Tensor) -> tf.Tensor:
 
 
 def _check_fits(shape: tf.Tensor, size: tuple[int, int], name: str) -> list:
-    return [tf.debugging.assert_greater_equal(
-        shape, tf.constant(size, tf.int32),
-        message=f"{name}: the image is smaller than the crop size {list(size)} (height, width)",
-    )]
+    return [
+        tf.debugging.assert_greater_equal(
+            shape,
+            tf.constant(size, tf.int32),
+            message=f"{name}: the image is smaller than the crop size {list(size)} (height, width)",
+        )
+    ]
 
 
 def _random_crop_window(shape, seed, *, size):
@@ -308,8 +316,9 @@ def _center_crop(image, *, size):
     return _CENTER_CROP.crop(image, None, size=size)
 
 
-@builtin_op("random_crop", inference=_center_crop, window=_RANDOM_CROP,
-            inference_window=_CENTER_CROP)
+@builtin_op(
+    "random_crop", inference=_center_crop, window=_RANDOM_CROP, inference_window=_CENTER_CROP
+)
 def random_crop(image, seed, *, size: HeightWidth):
     """A uniformly placed ``size`` window (``[height, width]``); where no
     augmentation runs, the centre window of the same size."""
@@ -370,12 +379,18 @@ def _central_resized_crop(image, **params):
 def _check_resized_crop(*, size, scale_range, ratio_range, method, antialias):
     del size, ratio_range, method, antialias
     if scale_range[1] > 1.0 or scale_range[0] <= 0.0:
-        raise ValueError(f"scale_range: fractions of the image area must be in (0, 1], "
-                         f"got {list(scale_range)}")
+        raise ValueError(
+            f"scale_range: fractions of the image area must be in (0, 1], got {list(scale_range)}"
+        )
 
 
-@builtin_op("random_resized_crop", inference=_central_resized_crop, window=_RESIZED_CROP,
-            inference_window=_CENTRAL_RESIZED_CROP, check=_check_resized_crop)
+@builtin_op(
+    "random_resized_crop",
+    inference=_central_resized_crop,
+    window=_RESIZED_CROP,
+    inference_window=_CENTRAL_RESIZED_CROP,
+    check=_check_resized_crop,
+)
 def random_resized_crop(
     image,
     seed,
@@ -391,8 +406,15 @@ def random_resized_crop(
     `tf.image.stateless_sample_distorted_bounding_box` (10 attempts, then the
     whole image). Where no augmentation runs: the largest centred window with
     the output's aspect ratio, resized to ``size``."""
-    return _RESIZED_CROP.crop(image, seed, size=size, scale_range=scale_range,
-                              ratio_range=ratio_range, method=method, antialias=antialias)
+    return _RESIZED_CROP.crop(
+        image,
+        seed,
+        size=size,
+        scale_range=scale_range,
+        ratio_range=ratio_range,
+        method=method,
+        antialias=antialias,
+    )
 
 
 # --- flips ----------------------------------------------------------------------------
@@ -420,9 +442,9 @@ def random_flip_up_down(image, seed, *, probability: Probability = 0.5):
 # branchy per-pixel conversion each way).
 
 _LUMA = np.array([0.299, 0.587, 0.114])
-_RGB_TO_YIQ = np.array([[0.299, 0.587, 0.114],
-                        [0.595716, -0.274453, -0.321263],
-                        [0.211456, -0.522591, 0.311135]])
+_RGB_TO_YIQ = np.array(
+    [[0.299, 0.587, 0.114], [0.595716, -0.274453, -0.321263], [0.211456, -0.522591, 0.311135]]
+)
 _YIQ_TO_RGB = np.linalg.inv(_RGB_TO_YIQ)
 # Rotating YIQ's chroma plane by angle a, in RGB: FIXED + cos(a) COS + sin(a) SIN
 # (precomputed in float64). Built from scalars times constant matrices, not a
@@ -430,16 +452,24 @@ _YIQ_TO_RGB = np.linalg.inv(_RGB_TO_YIQ)
 # differently in tf.data and in a model.
 _HUE_FIXED, _HUE_COS, _HUE_SIN = (
     _YIQ_TO_RGB @ part @ _RGB_TO_YIQ
-    for part in (np.diag([1.0, 0.0, 0.0]), np.diag([0.0, 1.0, 1.0]),
-                 np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -1.0], [0.0, 1.0, 0.0]]))
+    for part in (
+        np.diag([1.0, 0.0, 0.0]),
+        np.diag([0.0, 1.0, 1.0]),
+        np.array([[0.0, 0.0, 0.0], [0.0, 0.0, -1.0], [0.0, 1.0, 0.0]]),
+    )
 )
 _GREY = np.outer(np.ones(3), _LUMA)  # pixel -> its luma in every channel
 _COLOR_BASIS = np.stack([_HUE_FIXED, _HUE_COS, _HUE_SIN, _GREY]).reshape(4, 9)
 
 
-def color_twist(image: tf.Tensor, *, brightness: tf.Tensor | None = None,
-                contrast: tf.Tensor | None = None, saturation: tf.Tensor | None = None,
-                hue: tf.Tensor | None = None) -> tf.Tensor:
+def color_twist(
+    image: tf.Tensor,
+    *,
+    brightness: tf.Tensor | None = None,
+    contrast: tf.Tensor | None = None,
+    saturation: tf.Tensor | None = None,
+    hue: tf.Tensor | None = None,
+) -> tf.Tensor:
     """Brightness, contrast, saturation and hue changes, in that order, in one pass.
 
     Args:
@@ -599,16 +629,21 @@ def color_jitter(
 def random_grayscale(image, seed, *, probability: Probability = 0.1):
     """Replaces the image by its luma (kept as 3 channels) with `probability`. RGB only."""
     _require_rgb("random_grayscale", image)
-    return _with_probability(probability, seed,
-                             lambda: color_twist(image, saturation=tf.constant(0.0)), image,
-                             otherwise=lambda: to_float(image))
+    return _with_probability(
+        probability,
+        seed,
+        lambda: color_twist(image, saturation=tf.constant(0.0)),
+        image,
+        otherwise=lambda: to_float(image),
+    )
 
 
 # --- geometry -------------------------------------------------------------------------
 
 
-def rotate(image: tf.Tensor, angle: tf.Tensor, *, fill_mode: str, fill_value: float,
-           interpolation: str) -> tf.Tensor:
+def rotate(
+    image: tf.Tensor, angle: tf.Tensor, *, fill_mode: str, fill_value: float, interpolation: str
+) -> tf.Tensor:
     """Rotates `image` by `angle` radians (counter-clockwise) about its centre."""
     shape = tf.shape(image)
     cos, sin = tf.cos(angle), tf.sin(angle)
@@ -644,8 +679,13 @@ def random_rotation(
     """Rotates by an angle (degrees, counter-clockwise) from `angle_range`,
     keeping the size; uncovered pixels follow `fill_mode`."""
     low, high = (a * math.pi / 180.0 for a in angle_range)
-    return rotate(image, _uniform(seed, low, high), fill_mode=fill_mode,
-                  fill_value=fill_value, interpolation=interpolation)
+    return rotate(
+        image,
+        _uniform(seed, low, high),
+        fill_mode=fill_mode,
+        fill_value=fill_value,
+        interpolation=interpolation,
+    )
 
 
 @builtin_op("random_erasing")

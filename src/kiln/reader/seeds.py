@@ -40,8 +40,7 @@ def resolve(seed: int | None) -> int:
     """The base seed: `seed` itself, or a fresh random one (logged) when None."""
     if seed is None:
         seed = secrets.randbits(63)
-        logger.info("kiln.reader: seed=None, drew seed %d (pass seed=%d to reproduce)",
-                    seed, seed)
+        logger.info("kiln.reader: seed=None, drew seed %d (pass seed=%d to reproduce)", seed, seed)
         return seed
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
@@ -73,8 +72,10 @@ def pass_words(seed: int, pipeline: int) -> tf.data.Dataset:
     base = base_pair(seed)
 
     def word_of(key):
-        pass_seed = tf.random.fold_in(tf.random.fold_in(base, tf.cast(key % _INT31, tf.int32)),
-                                      tf.constant(pipeline, tf.int32))
+        pass_seed = tf.random.fold_in(
+            tf.random.fold_in(base, tf.cast(key % _INT31, tf.int32)),
+            tf.constant(pipeline, tf.int32),
+        )
         return tf.random.fold_in(pass_seed, tf.constant(0, tf.int32))[0]
 
     keys = tf.data.Dataset.random(seed=derive(seed, "epochs"), rerandomize_each_iteration=True)

@@ -30,8 +30,23 @@ from kiln.schemas.metadata import (
 )
 
 __all__ = [
-    "ENCODINGS", "RECORD", "Feature", "Schema", "SchemaError", "decode_image",
-    "DUPLICATES_FILENAME", "ERRORS_FILENAME", "LATEST_FILENAME", "METADATA_FILENAME",
-    "SPLIT_NAME_PATTERN", "STAGING_PREFIX", "ChannelStatistics", "DatasetInfo",
-    "MetadataChecksumError", "MetadataError", "ShardInfo", "SplitInfo", "shard_filename",
+    "ENCODINGS",
+    "RECORD",
+    "Feature",
+    "Schema",
+    "SchemaError",
+    "decode_image",
+    "DUPLICATES_FILENAME",
+    "ERRORS_FILENAME",
+    "LATEST_FILENAME",
+    "METADATA_FILENAME",
+    "SPLIT_NAME_PATTERN",
+    "STAGING_PREFIX",
+    "ChannelStatistics",
+    "DatasetInfo",
+    "MetadataChecksumError",
+    "MetadataError",
+    "ShardInfo",
+    "SplitInfo",
+    "shard_filename",
 ]

@@ -190,18 +190,29 @@ class Schema:
 
 RECORD = Schema(
     features=(
-        Feature("image", "image/encoded", "bytes",
-                "The stored image: JPEG or PNG bytes, or raw uint8 pixels in "
-                "row-major HWC order, as the dataset's encoding says."),
+        Feature(
+            "image",
+            "image/encoded",
+            "bytes",
+            "The stored image: JPEG or PNG bytes, or raw uint8 pixels in "
+            "row-major HWC order, as the dataset's encoding says.",
+        ),
         Feature("height", "image/height", "int64", "Stored image height in pixels."),
         Feature("width", "image/width", "int64", "Stored image width in pixels."),
         Feature("channels", "image/channels", "int64", "Stored channels: 1 or 3."),
-        Feature("label", "image/class/label", "int64",
-                "Class id: index into the dataset's sorted class names."),
-        Feature("key", "image/key", "bytes",
-                "Stable key of the source image, unique within the dataset."),
-        Feature("sha256", "image/sha256", "bytes",
-                "Hex sha256 of the source file's bytes."),
+        Feature(
+            "label",
+            "image/class/label",
+            "int64",
+            "Class id: index into the dataset's sorted class names.",
+        ),
+        Feature(
+            "key",
+            "image/key",
+            "bytes",
+            "Stable key of the source image, unique within the dataset.",
+        ),
+        Feature("sha256", "image/sha256", "bytes", "Hex sha256 of the source file's bytes."),
     )
 )
 

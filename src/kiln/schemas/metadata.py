@@ -49,12 +49,16 @@ class MetadataChecksumError(MetadataError):
     def __init__(self, source: str, recorded: str | None, actual: str, info: DatasetInfo):
         self.recorded, self.actual, self.info = recorded, actual, info
         if recorded is None:
-            message = (f"{source} records no checksum, which format version "
-                       f"{CHECKSUM_FORMAT_VERSION} and later always write: the field was "
-                       f"removed after it was written")
+            message = (
+                f"{source} records no checksum, which format version "
+                f"{CHECKSUM_FORMAT_VERSION} and later always write: the field was "
+                f"removed after it was written"
+            )
         else:
-            message = (f"{source} was modified after it was written: checksum {recorded} "
-                       f"recorded, its content hashes to {actual}")
+            message = (
+                f"{source} was modified after it was written: checksum {recorded} "
+                f"recorded, its content hashes to {actual}"
+            )
         super().__init__(message)
 
 
@@ -79,8 +83,9 @@ def content_checksum(data: Mapping[str, Any]) -> str:
 SPLIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_]*$"
 
 
-def shard_filename(name: str, split: str, index: int, num_shards: int,
-                   compression: str | None = None) -> str:
+def shard_filename(
+    name: str, split: str, index: int, num_shards: int, compression: str | None = None
+) -> str:
     """`<name>-<split>.tfrecord-00000-of-00004`, with `.gz` when gzipped."""
     suffix = ".gz" if compression == "gzip" else ""
     return f"{name}-{split}.tfrecord-{index:05d}-of-{num_shards:05d}{suffix}"
@@ -256,9 +261,11 @@ class DatasetInfo:
                     statistics=ChannelStatistics(**stats) if stats else None,
                 )
             fields = {f.name for f in dataclasses.fields(cls)}
-            missing = {f.name for f in dataclasses.fields(cls)
-                       if f.default is dataclasses.MISSING
-                       and f.default_factory is dataclasses.MISSING} - set(data)
+            missing = {
+                f.name
+                for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            } - set(data)
             if missing:
                 raise MetadataError(f"{source}: missing field(s) {sorted(missing)}")
             kwargs = {k: v for k, v in data.items() if k in fields}

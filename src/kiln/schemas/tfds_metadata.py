@@ -105,12 +105,14 @@ def dataset_info_json(info: DatasetInfo) -> dict[str, Any]:
     splits = []
     for name in sorted(info.splits):
         split = info.splits[name]
-        splits.append({
-            "name": name,
-            "numBytes": str(sum(shard.num_bytes for shard in split.shards)),
-            "shardLengths": [str(shard.num_records) for shard in split.shards],
-            "filepathTemplate": TFDS_FILEPATH_TEMPLATE,
-        })
+        splits.append(
+            {
+                "name": name,
+                "numBytes": str(sum(shard.num_bytes for shard in split.shards)),
+                "shardLengths": [str(shard.num_records) for shard in split.shards],
+                "filepathTemplate": TFDS_FILEPATH_TEMPLATE,
+            }
+        )
     return {
         "name": info.name,
         "version": TFDS_VERSION,
@@ -122,10 +124,14 @@ def dataset_info_json(info: DatasetInfo) -> dict[str, Any]:
         ),
         "fileFormat": TFDS_FILE_FORMAT,
         "splits": splits,
-        "supervisedKeys": {"tuple": {"items": [
-            {"featureKey": RECORD.key(_IMAGE)},
-            {"featureKey": RECORD.key(_LABEL)},
-        ]}},
+        "supervisedKeys": {
+            "tuple": {
+                "items": [
+                    {"featureKey": RECORD.key(_IMAGE)},
+                    {"featureKey": RECORD.key(_LABEL)},
+                ]
+            }
+        },
     }
 
 
@@ -157,24 +163,29 @@ def _check_supported(info: DatasetInfo) -> None:
 
 def _tfds_shard_name(dataset: str, split: str, index: int, num_shards: int) -> str:
     # TFDS expands {SHARD_X_OF_Y} as "%05d-of-%05d", as kiln's shard_filename does.
-    return (TFDS_FILEPATH_TEMPLATE
-            .replace("{DATASET}", dataset)
-            .replace("{SPLIT}", split)
-            .replace("{FILEFORMAT}", TFDS_FILE_FORMAT)
-            .replace("{SHARD_X_OF_Y}", f"{index:05d}-of-{num_shards:05d}"))
+    return (
+        TFDS_FILEPATH_TEMPLATE.replace("{DATASET}", dataset)
+        .replace("{SPLIT}", split)
+        .replace("{FILEFORMAT}", TFDS_FILE_FORMAT)
+        .replace("{SHARD_X_OF_Y}", f"{index:05d}-of-{num_shards:05d}")
+    )
 
 
 def _feature_json(feature: Feature, info: DatasetInfo) -> dict[str, Any]:
     if feature.name == _IMAGE:
         content = _image_json(info)
     elif feature.name == _LABEL:
-        content = {"pythonClassName": _CLASS_LABEL_CLASS,
-                   "classLabel": {"numClasses": str(info.num_classes)}}
+        content = {
+            "pythonClassName": _CLASS_LABEL_CLASS,
+            "classLabel": {"numClasses": str(info.num_classes)},
+        }
     elif feature.dtype == "bytes":
         content = {"pythonClassName": _TEXT_CLASS, "text": {}}
     else:
-        content = {"pythonClassName": _SCALAR_CLASS,
-                   "tensor": {"shape": {}, "dtype": _tensor_dtype(feature), "encoding": "none"}}
+        content = {
+            "pythonClassName": _SCALAR_CLASS,
+            "tensor": {"shape": {}, "dtype": _tensor_dtype(feature), "encoding": "none"},
+        }
     content["description"] = feature.description
     return content
 
@@ -183,11 +194,14 @@ def _image_json(info: DatasetInfo) -> dict[str, Any]:
     height, width = info.image_size if info.image_size is not None else (-1, -1)
     shape = {"dimensions": [str(height), str(width), str(info.channels)]}
     if info.encoding["format"] == "raw":
-        return {"pythonClassName": _TENSOR_CLASS,
-                "tensor": {"shape": shape, "dtype": "uint8", "encoding": "bytes"}}
-    return {"pythonClassName": _IMAGE_CLASS,
-            "image": {"shape": shape, "dtype": "uint8",
-                      "encodingFormat": info.encoding["format"]}}
+        return {
+            "pythonClassName": _TENSOR_CLASS,
+            "tensor": {"shape": shape, "dtype": "uint8", "encoding": "bytes"},
+        }
+    return {
+        "pythonClassName": _IMAGE_CLASS,
+        "image": {"shape": shape, "dtype": "uint8", "encodingFormat": info.encoding["format"]},
+    }
 
 
 def _tensor_dtype(feature: Feature) -> str:
@@ -196,4 +210,3 @@ def _tensor_dtype(feature: Feature) -> str:
 
 def _dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
-

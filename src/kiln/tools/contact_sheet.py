@@ -77,8 +77,15 @@ class Preview:
         return [self.class_names[label] for label in self.labels]
 
 
-def gather(path: str, split: str = "train", *, n: int = 8, epochs: int = 3, seed: int = 0,
-           augment: str | Sequence[Any] | None = "default") -> Preview:
+def gather(
+    path: str,
+    split: str = "train",
+    *,
+    n: int = 8,
+    epochs: int = 3,
+    seed: int = 0,
+    augment: str | Sequence[Any] | None = "default",
+) -> Preview:
     """Reads the first `n` elements of `split`, stored and as augmented in `epochs` epochs.
 
     Args:
@@ -105,16 +112,23 @@ def gather(path: str, split: str = "train", *, n: int = 8, epochs: int = 3, seed
     count = min(n, metadata.split(split).num_examples)
     ops, random = _augmentation(metadata, split, augment, dataset_dir)
 
-    stored_dataset = kiln.reader.load(dataset_dir, split, batch_size=None, shuffle=False,
-                                      augment=None, as_supervised=False)
+    stored_dataset = kiln.reader.load(
+        dataset_dir, split, batch_size=None, shuffle=False, augment=None, as_supervised=False
+    )
     stored = list(stored_dataset.take(count).as_numpy_iterator())
     keys = [element["key"].decode("utf-8") for element in stored]
 
     # mixup/cutmix mix the elements of a batch: read the columns as one batch.
     batched = random and any(op.definition.kind == "batch" for op in ops)
     augmented_dataset = kiln.reader.load(
-        dataset_dir, split, batch_size=count if batched else None, shuffle=False, seed=seed,
-        augment=augment, as_supervised=False)
+        dataset_dir,
+        split,
+        batch_size=count if batched else None,
+        shuffle=False,
+        seed=seed,
+        augment=augment,
+        as_supervised=False,
+    )
     rows = []
     for _ in range(epochs):
         iterator = iter(augmented_dataset)  # a new iterator is a new pass: new seeds
@@ -127,8 +141,10 @@ def gather(path: str, split: str = "train", *, n: int = 8, epochs: int = 3, seed
             row_keys = [element["key"].numpy().decode("utf-8") for element in elements]
             images = [_to_uint8(element["image"].numpy()) for element in elements]
         if row_keys != keys:
-            raise RuntimeError(f"the unshuffled passes over {split!r} disagree on the element "
-                               f"order: {keys} vs {row_keys}")
+            raise RuntimeError(
+                f"the unshuffled passes over {split!r} disagree on the element "
+                f"order: {keys} vs {row_keys}"
+            )
         rows.append(images)
     return Preview(
         split=split,
@@ -154,9 +170,11 @@ def _augmentation(metadata, split: str, augment, dataset_dir: str):
     if isinstance(augment, str):
         if augment != "default":
             raise kiln.reader.AugmentConfigError(
-                f"augment must be 'default', a list of ops, or None; got {augment!r}")
+                f"augment must be 'default', a list of ops, or None; got {augment!r}"
+            )
         ops = kiln.reader.validate(
-            metadata.augment, field=tf.io.gfile.join(dataset_dir, METADATA_FILENAME) + ": augment")
+            metadata.augment, field=tf.io.gfile.join(dataset_dir, METADATA_FILENAME) + ": augment"
+        )
         return ops, split == "train" and bool(ops)
     ops = kiln.reader.validate(augment)
     return ops, bool(ops)
@@ -179,8 +197,11 @@ def unchanged_columns(epoch_rows: Sequence[Sequence[np.ndarray]]) -> list[int]:
     if len(epoch_rows) < 2:
         raise ValueError(f"needs at least two epochs to compare, got {len(epoch_rows)}")
     first = epoch_rows[0]
-    return [column for column in range(len(first))
-            if all(np.array_equal(first[column], row[column]) for row in epoch_rows[1:])]
+    return [
+        column
+        for column in range(len(first))
+        if all(np.array_equal(first[column], row[column]) for row in epoch_rows[1:])
+    ]
 
 
 # --- layout and drawing ---------------------------------------------------------------
@@ -213,8 +234,10 @@ class Layout:
 
     def cell_origin(self, row: int, column: int) -> tuple[int, int]:
         """``(y, x)`` of the top-left corner of a cell."""
-        return (self.caption_height + self.gap + row * (self.cell_height + self.gap),
-                self.header_width + self.gap + column * (self.cell_width + self.gap))
+        return (
+            self.caption_height + self.gap + row * (self.cell_height + self.gap),
+            self.header_width + self.gap + column * (self.cell_width + self.gap),
+        )
 
     def zoomed_size(self, height: int, width: int) -> tuple[int, int]:
         return (max(1, round(height * self.zoom)), max(1, round(width * self.zoom)))
@@ -237,8 +260,9 @@ def auto_zoom(longest_side: int) -> float:
     return 1.0
 
 
-def compose(preview: Preview, *, zoom: float | None = None,
-            text: bool = True) -> tuple[np.ndarray, Layout]:
+def compose(
+    preview: Preview, *, zoom: float | None = None, text: bool = True
+) -> tuple[np.ndarray, Layout]:
     """Draws the sheet: a uint8 ``[height, width, 3]`` array and its `Layout`.
 
     Args:
@@ -274,8 +298,12 @@ def compose(preview: Preview, *, zoom: float | None = None,
         titles = ["stored"] + [f"epoch {epoch}" for epoch in range(1, len(rows))]
         for row_index, title in enumerate(titles):
             y, _ = layout.cell_origin(row_index, 0)
-            put_text(sheet, title, (layout.gap, y + layout.cell_height // 2 + 4),
-                     layout.header_width - layout.gap)
+            put_text(
+                sheet,
+                title,
+                (layout.gap, y + layout.cell_height // 2 + 4),
+                layout.header_width - layout.gap,
+            )
         for column, name in enumerate(preview.label_names):
             _, x = layout.cell_origin(0, column)
             put_text(sheet, name, (x, layout.caption_height), layout.cell_width)
@@ -306,11 +334,14 @@ def _text_renderer():
 
     def put_text(sheet: np.ndarray, text: str, origin: tuple[int, int], max_width: int) -> None:
         text = text.encode("ascii", "replace").decode("ascii")  # Hershey fonts are ASCII
-        while text and cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE,
-                                       1)[0][0] > max_width:
+        while (
+            text
+            and cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE, 1)[0][0] > max_width
+        ):
             text = text[:-1]
-        cv2.putText(sheet, text, origin, cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE, _TEXT_COLOR, 1,
-                    cv2.LINE_AA)
+        cv2.putText(
+            sheet, text, origin, cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE, _TEXT_COLOR, 1, cv2.LINE_AA
+        )
 
     return put_text
 

@@ -37,9 +37,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.epilog = EPILOG
     parser.add_argument("path", metavar="PATH", help="dataset version folder, or <output>/<name>")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON document (every shard, errors.jsonl row and "
-                             "duplicates.jsonl group) instead of the text summary")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document (every shard, errors.jsonl row and "
+        "duplicates.jsonl group) instead of the text summary",
+    )
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:

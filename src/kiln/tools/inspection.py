@@ -61,18 +61,23 @@ def inspect_dataset(path: str) -> dict[str, Any]:
             "num_examples": split.num_examples,
             "num_shards": len(split.shards),
             "num_bytes": sum(shard.num_bytes for shard in split.shards),
-            "shards": [{"filename": s.filename, "num_records": s.num_records,
-                        "num_bytes": s.num_bytes} for s in split.shards],
+            "shards": [
+                {"filename": s.filename, "num_records": s.num_records, "num_bytes": s.num_bytes}
+                for s in split.shards
+            ],
             "class_counts": dict(split.class_counts),
-            "statistics": None if split.statistics is None else {
+            "statistics": None
+            if split.statistics is None
+            else {
                 "pixels": split.statistics.count,
                 "mean": list(split.statistics.mean),
                 "std": list(split.statistics.std),
             },
         }
-    class_counts = {name: sum(split.class_counts.get(name, 0)
-                              for split in metadata.splits.values())
-                    for name in metadata.class_names}
+    class_counts = {
+        name: sum(split.class_counts.get(name, 0) for split in metadata.splits.values())
+        for name in metadata.class_names
+    }
     return {
         "path": str(path),
         "dataset_dir": dataset_dir,
@@ -99,8 +104,9 @@ def inspect_dataset(path: str) -> dict[str, Any]:
         "duplicates": metadata.duplicates,
         "duplicate_groups": duplicate_groups,
         "tfds": tf.io.gfile.exists(tf.io.gfile.join(dataset_dir, TFDS_DATASET_INFO_FILENAME)),
-        "warnings": (consistency_warnings(metadata, errors)
-                     + duplicate_warnings(metadata, duplicate_groups)),
+        "warnings": (
+            consistency_warnings(metadata, errors) + duplicate_warnings(metadata, duplicate_groups)
+        ),
     }
 
 
@@ -138,16 +144,20 @@ def consistency_warnings(metadata: DatasetInfo, errors: list[dict] | None) -> li
     warnings = []
     if errors is None:
         if metadata.dropped:
-            warnings.append(f"{ERRORS_FILENAME} is missing, but kiln.json counts "
-                            f"{sum(metadata.dropped.values())} dropped file(s)")
+            warnings.append(
+                f"{ERRORS_FILENAME} is missing, but kiln.json counts "
+                f"{sum(metadata.dropped.values())} dropped file(s)"
+            )
         return warnings
     from_rows: dict[str, int] = {}
     for row in errors:
         reason = str(row.get("reason"))
         from_rows[reason] = from_rows.get(reason, 0) + 1
     if from_rows != metadata.dropped:
-        warnings.append(f"{ERRORS_FILENAME} has {dict(sorted(from_rows.items()))} dropped "
-                        f"by reason, kiln.json says {dict(sorted(metadata.dropped.items()))}")
+        warnings.append(
+            f"{ERRORS_FILENAME} has {dict(sorted(from_rows.items()))} dropped "
+            f"by reason, kiln.json says {dict(sorted(metadata.dropped.items()))}"
+        )
     return warnings
 
 
@@ -158,11 +168,16 @@ def duplicate_warnings(metadata: DatasetInfo, groups: list[dict] | None) -> list
         if metadata.duplicates_sha256 is not None:
             return [f"{DUPLICATES_FILENAME} is missing, but kiln.json records its sha256"]
         return []  # format 1 wrote no duplicates report
-    extra = sum(len(group["keys"]) - 1 for group in groups
-                if isinstance(group.get("keys"), list) and group["keys"])
+    extra = sum(
+        len(group["keys"]) - 1
+        for group in groups
+        if isinstance(group.get("keys"), list) and group["keys"]
+    )
     if extra != metadata.duplicates:
-        return [f"{DUPLICATES_FILENAME} lists {extra} extra copies in {len(groups)} group(s), "
-                f"kiln.json counts {metadata.duplicates}"]
+        return [
+            f"{DUPLICATES_FILENAME} lists {extra} extra copies in {len(groups)} group(s), "
+            f"kiln.json counts {metadata.duplicates}"
+        ]
     return []
 
 
@@ -171,13 +186,19 @@ def duplicate_warnings(metadata: DatasetInfo, groups: list[dict] | None) -> list
 
 def render(summary: dict[str, Any]) -> str:
     """The readable multi-line summary `kiln inspect` prints."""
-    lines = [f"{summary['name']}  version {summary['version']}  "
-             f"(kiln {summary['kiln_version']}, format {summary['format_version']})"]
+    lines = [
+        f"{summary['name']}  version {summary['version']}  "
+        f"(kiln {summary['kiln_version']}, format {summary['format_version']})"
+    ]
     encoding = summary["encoding"]
-    size = ("varying sizes" if encoding["image_size"] is None
-            else "x".join(str(v) for v in encoding["image_size"]))
-    stored = encoding["format"] + (f" quality {encoding['quality']}"
-                                   if encoding["quality"] is not None else "")
+    size = (
+        "varying sizes"
+        if encoding["image_size"] is None
+        else "x".join(str(v) for v in encoding["image_size"])
+    )
+    stored = encoding["format"] + (
+        f" quality {encoding['quality']}" if encoding["quality"] is not None else ""
+    )
     lines += [
         f"  folder:    {summary['dataset_dir']}",
         f"  source:    {_source_text(summary['source'])}",
@@ -199,8 +220,14 @@ def render(summary: dict[str, Any]) -> str:
     lines.append("")
     lines += _dropped_lines(summary)
     lines += _duplicate_lines(summary)
-    lines.append("TFDS: " + ("readable with tfds.builder_from_directory(folder)"
-                            if summary["tfds"] else "no TFDS metadata"))
+    lines.append(
+        "TFDS: "
+        + (
+            "readable with tfds.builder_from_directory(folder)"
+            if summary["tfds"]
+            else "no TFDS metadata"
+        )
+    )
     for warning in summary["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
@@ -218,13 +245,24 @@ def _splits_table(splits: dict[str, Any]) -> list[str]:
     lines = [f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}  {'size':>10}  shard sizes"]
     for name, split in splits.items():
         sizes = [shard["num_bytes"] for shard in split["shards"]]
-        spread = (_bytes_text(sizes[0]) if len(set(sizes)) == 1
-                  else f"{_bytes_text(min(sizes))} .. {_bytes_text(max(sizes))}") if sizes else "-"
-        lines.append(f"  {name:<{width}}  {split['num_examples']:>8}  {split['num_shards']:>6}  "
-                     f"{_bytes_text(split['num_bytes']):>10}  {spread}")
-    lines.append(f"  {'total':<{width}}  {sum(s['num_examples'] for s in splits.values()):>8}  "
-                 f"{sum(s['num_shards'] for s in splits.values()):>6}  "
-                 f"{_bytes_text(sum(s['num_bytes'] for s in splits.values())):>10}")
+        spread = (
+            (
+                _bytes_text(sizes[0])
+                if len(set(sizes)) == 1
+                else f"{_bytes_text(min(sizes))} .. {_bytes_text(max(sizes))}"
+            )
+            if sizes
+            else "-"
+        )
+        lines.append(
+            f"  {name:<{width}}  {split['num_examples']:>8}  {split['num_shards']:>6}  "
+            f"{_bytes_text(split['num_bytes']):>10}  {spread}"
+        )
+    lines.append(
+        f"  {'total':<{width}}  {sum(s['num_examples'] for s in splits.values()):>8}  "
+        f"{sum(s['num_shards'] for s in splits.values()):>6}  "
+        f"{_bytes_text(sum(s['num_bytes'] for s in splits.values())):>10}"
+    )
     return lines
 
 
@@ -280,11 +318,14 @@ def _dropped_lines(summary: dict[str, Any]) -> list[str]:
 def _duplicate_lines(summary: dict[str, Any]) -> list[str]:
     groups = summary["duplicate_groups"] or []
     rows = f" (rows in {DUPLICATES_FILENAME}):" if groups else ""
-    lines = [f"duplicates: {summary['duplicates']} source file(s) with the same content "
-             f"as another{rows}"]
+    lines = [
+        f"duplicates: {summary['duplicates']} source file(s) with the same content as another{rows}"
+    ]
     for group in groups[:DUPLICATE_EXAMPLES]:
-        copies = [f"{key} ({split})" for key, split in
-                  zip(group.get("keys") or [], group.get("splits") or [], strict=False)]
+        copies = [
+            f"{key} ({split})"
+            for key, split in zip(group.get("keys") or [], group.get("splits") or [], strict=False)
+        ]
         lines.append(f"      {' = '.join(copies)}")
     if len(groups) > DUPLICATE_EXAMPLES:
         lines.append(f"      ... {len(groups) - DUPLICATE_EXAMPLES} more group(s)")
@@ -297,8 +338,11 @@ def _op_text(spec: Any) -> str:
         return spec
     if isinstance(spec, dict) and len(spec) == 1:
         name, params = next(iter(spec.items()))
-        shown = ", ".join(f"{key}={_value_text(value)}" for key, value in (params or {}).items()
-                          if value is not None)
+        shown = ", ".join(
+            f"{key}={_value_text(value)}"
+            for key, value in (params or {}).items()
+            if value is not None
+        )
         return f"{name}: {shown}" if shown else name
     return json.dumps(spec, sort_keys=True)
 

@@ -47,28 +47,57 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.epilog = EPILOG
     parser.add_argument("path", metavar="PATH", help="dataset version folder, or <output>/<name>")
-    parser.add_argument("-o", "--output", required=True, metavar="FILE.png",
-                        help="where to write the PNG (local path or gs://)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="FILE.png",
+        help="where to write the PNG (local path or gs://)",
+    )
     parser.add_argument("--split", default="train", help="split to show (default: train)")
-    parser.add_argument("--n", type=int, default=8, metavar="N",
-                        help="elements, one per column (default: 8)")
-    parser.add_argument("--epochs", type=int, default=3, metavar="K",
-                        help="augmented rows, one per epoch (default: 3)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="the reader's seed; the same seed draws the same sheet (default: 0)")
-    parser.add_argument("--augment", default="default", metavar="LIST",
-                        help="'default' (the list stored in the dataset: random for train, the "
-                             "deterministic inference form for other splits), 'none', or a "
-                             "JSON list in the config's form, applied randomly to any split")
-    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                        help="import MODULE first, to register your own augmentation ops "
-                             "(repeatable)")
-    parser.add_argument("--zoom", type=float, metavar="Z",
-                        help="scale images by Z (default: enlarge small images to about "
-                             "96 px, shrink large ones to 256 px)")
-    parser.add_argument("--strict", action="store_true",
-                        help="exit 1 if any element is identical in every epoch, not only "
-                             "when all are")
+    parser.add_argument(
+        "--n", type=int, default=8, metavar="N", help="elements, one per column (default: 8)"
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=3,
+        metavar="K",
+        help="augmented rows, one per epoch (default: 3)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the reader's seed; the same seed draws the same sheet (default: 0)",
+    )
+    parser.add_argument(
+        "--augment",
+        default="default",
+        metavar="LIST",
+        help="'default' (the list stored in the dataset: random for train, the "
+        "deterministic inference form for other splits), 'none', or a "
+        "JSON list in the config's form, applied randomly to any split",
+    )
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, to register your own augmentation ops (repeatable)",
+    )
+    parser.add_argument(
+        "--zoom",
+        type=float,
+        metavar="Z",
+        help="scale images by Z (default: enlarge small images to about "
+        "96 px, shrink large ones to 256 px)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 if any element is identical in every epoch, not only when all are",
+    )
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
@@ -86,8 +115,9 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     augment = _augment_argument(args.augment)
 
     try:
-        preview = contact_sheet.gather(args.path, args.split, n=args.n, epochs=args.epochs,
-                                       seed=args.seed, augment=augment)
+        preview = contact_sheet.gather(
+            args.path, args.split, n=args.n, epochs=args.epochs, seed=args.seed, augment=augment
+        )
     except (MetadataError, AugmentConfigError) as e:
         raise UsageError(str(e)) from None
     except AugmentOpError as e:
@@ -105,9 +135,11 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         mode = "deterministic (inference form)"
     else:
         mode = "off"
-    print(f"kiln preview: wrote {args.output} ({layout.width}x{layout.height}): split "
-          f"{preview.split!r}, {len(preview.keys)} elements x {len(preview.epochs)} epoch(s), "
-          f"seed {preview.seed}; augmentation {mode}: {ops}")
+    print(
+        f"kiln preview: wrote {args.output} ({layout.width}x{layout.height}): split "
+        f"{preview.split!r}, {len(preview.keys)} elements x {len(preview.epochs)} epoch(s), "
+        f"seed {preview.seed}; augmentation {mode}: {ops}"
+    )
     width = max(len(name) for name in preview.label_names)
     for column, (name, key) in enumerate(zip(preview.label_names, preview.keys, strict=True)):
         print(f"  column {column + 1}: {name:<{width}}  {key}")
@@ -122,8 +154,9 @@ def _augment_argument(text: str):
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise UsageError(f"--augment: expected 'default', 'none' or a JSON list, "
-                             f"got {text!r} ({e.msg})") from None
+        raise UsageError(
+            f"--augment: expected 'default', 'none' or a JSON list, got {text!r} ({e.msg})"
+        ) from None
     if not isinstance(value, list):
         raise UsageError(f"--augment: expected a JSON list of ops, got {text!r}")
     return value
@@ -137,13 +170,19 @@ def _check_epochs(preview: contact_sheet.Preview, *, strict: bool) -> int:
     """Says, on stderr, when augmentation is on but elements do not change between epochs."""
     if not preview.random:
         if preview.augment:
-            print(f"kiln preview: note: split {preview.split!r} gets no random augmentation "
-                  f"by default (the reader applies the deterministic inference form of the "
-                  f"stored list); pass --augment to try random ops on it", file=sys.stderr)
+            print(
+                f"kiln preview: note: split {preview.split!r} gets no random augmentation "
+                f"by default (the reader applies the deterministic inference form of the "
+                f"stored list); pass --augment to try random ops on it",
+                file=sys.stderr,
+            )
         return 0
     if len(preview.epochs) < 2:
-        print("kiln preview: note: one epoch cannot show whether augmentation changes "
-              "between epochs; use --epochs 2 or more", file=sys.stderr)
+        print(
+            "kiln preview: note: one epoch cannot show whether augmentation changes "
+            "between epochs; use --epochs 2 or more",
+            file=sys.stderr,
+        )
         return 0
     unchanged = contact_sheet.unchanged_columns(preview.epochs)
     if not unchanged:
@@ -151,15 +190,20 @@ def _check_epochs(preview: contact_sheet.Preview, *, strict: bool) -> int:
     epochs = len(preview.epochs)
     listed = ", ".join(f"{column + 1} ({preview.keys[column]})" for column in unchanged)
     if len(unchanged) == len(preview.keys):
-        print(f"kiln preview: error: augmentation is on, but every element came out identical "
-              f"in all {epochs} epochs: the randomness does not reach the elements. This is "
-              f"what augmentation baked in at trace time looks like (Python or NumPy random "
-              f"values drawn once while tf.data traces the function), or ops whose "
-              f"parameters make them deterministic (e.g. probability 0 or 1).",
-              file=sys.stderr)
+        print(
+            f"kiln preview: error: augmentation is on, but every element came out identical "
+            f"in all {epochs} epochs: the randomness does not reach the elements. This is "
+            f"what augmentation baked in at trace time looks like (Python or NumPy random "
+            f"values drawn once while tf.data traces the function), or ops whose "
+            f"parameters make them deterministic (e.g. probability 0 or 1).",
+            file=sys.stderr,
+        )
         return 1
-    print(f"kiln preview: warning: column(s) {listed} came out identical in all {epochs} "
-          f"epochs. Ops that apply with a probability can do that by chance (a flip with "
-          f"probability 0.5: 1 in {2 ** (epochs - 1)}); more --epochs tell chance from "
-          f"a bug.", file=sys.stderr)
+    print(
+        f"kiln preview: warning: column(s) {listed} came out identical in all {epochs} "
+        f"epochs. Ops that apply with a probability can do that by chance (a flip with "
+        f"probability 0.5: 1 in {2 ** (epochs - 1)}); more --epochs tell chance from "
+        f"a bug.",
+        file=sys.stderr,
+    )
     return 1 if strict else 0

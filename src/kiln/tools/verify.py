@@ -176,12 +176,17 @@ def verify(path: str) -> Verification:
         split = metadata.splits[name]
         tally = _SplitTally()
         for index, shard in enumerate(split.shards):
-            expected_name = shard_filename(metadata.name, name, index, len(split.shards),
-                                           metadata.compression)
+            expected_name = shard_filename(
+                metadata.name, name, index, len(split.shards), metadata.compression
+            )
             if shard.filename != expected_name:
-                result.problems.append(Problem(
-                    METADATA_FILENAME, f"split {name!r} shard {index} is named "
-                    f"{shard.filename!r}; expected {expected_name!r}"))
+                result.problems.append(
+                    Problem(
+                        METADATA_FILENAME,
+                        f"split {name!r} shard {index} is named "
+                        f"{shard.filename!r}; expected {expected_name!r}",
+                    )
+                )
             found = _check_shard(dataset_dir, shard, name, metadata, tally, seen)
             result.num_shards += 1
             if found:
@@ -190,12 +195,15 @@ def verify(path: str) -> Verification:
         result.num_records += tally.records
         complete = complete and tally.complete
         if tally.complete:
-            result.problems += [Problem(f"split {name!r}", message)
-                                for message in _check_split(split, metadata, tally)]
+            result.problems += [
+                Problem(f"split {name!r}", message)
+                for message in _check_split(split, metadata, tally)
+            ]
     result.problems += _check_folder(dataset_dir, metadata)
     result.problems += _check_error_report(dataset_dir, metadata)
-    result.problems += _check_duplicate_report(dataset_dir, metadata,
-                                               seen.copies if complete else None)
+    result.problems += _check_duplicate_report(
+        dataset_dir, metadata, seen.copies if complete else None
+    )
     result.problems += _check_tfds_files(dataset_dir, metadata)
     return result
 
@@ -228,8 +236,14 @@ def _tf_message(error: tf.errors.OpError) -> str:
     return text
 
 
-def _check_shard(dataset_dir: str, shard, split: str, metadata: DatasetInfo,
-                 tally: _SplitTally, seen: _DatasetTally) -> list[str]:
+def _check_shard(
+    dataset_dir: str,
+    shard,
+    split: str,
+    metadata: DatasetInfo,
+    tally: _SplitTally,
+    seen: _DatasetTally,
+) -> list[str]:
     """What is wrong with one shard file (empty if nothing); adds its records to `tally`."""
     path = _join(dataset_dir, shard.filename)
     if not tf.io.gfile.exists(path):
@@ -253,8 +267,7 @@ def _record_facts(metadata: DatasetInfo):
 
     def facts(serialized):
         parsed = RECORD.parse(serialized)
-        image = decode_image(parsed["image"], parsed["height"], parsed["width"], channels,
-                             encoding)
+        image = decode_image(parsed["image"], parsed["height"], parsed["width"], channels, encoding)
         return {
             "label": parsed["label"],
             "height": parsed["height"],
@@ -268,12 +281,14 @@ def _record_facts(metadata: DatasetInfo):
     return tf.autograph.experimental.do_not_convert(facts)
 
 
-def _check_records(path: str, split: str, metadata: DatasetInfo, tally: _SplitTally,
-                   seen: _DatasetTally) -> tuple[int, str | None]:
+def _check_records(
+    path: str, split: str, metadata: DatasetInfo, tally: _SplitTally, seen: _DatasetTally
+) -> tuple[int, str | None]:
     """Reads every record of a shard: (records read, the first problem or None)."""
     compression = "GZIP" if metadata.compression == "gzip" else ""
     records = tf.data.TFRecordDataset(path, compression_type=compression).map(
-        _record_facts(metadata), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        _record_facts(metadata), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
     image_size = tuple(metadata.image_size) if metadata.image_size else None
     count = 0
     iterator = iter(records.as_numpy_iterator())
@@ -291,7 +306,8 @@ def _check_records(path: str, split: str, metadata: DatasetInfo, tally: _SplitTa
             key = facts["key"].decode("utf-8", "replace")
             return count, f"record {count} (key {key!r}): {problem}"
         seen.copies.setdefault(bytes.fromhex(facts["sha256"].decode()), []).append(
-            (facts["key"].decode("utf-8", "replace"), split))
+            (facts["key"].decode("utf-8", "replace"), split)
+        )
         count += 1
         tally.records += 1
         tally.pixels += int(facts["height"]) * int(facts["width"])
@@ -299,8 +315,12 @@ def _check_records(path: str, split: str, metadata: DatasetInfo, tally: _SplitTa
         tally.labels[label] = tally.labels.get(label, 0) + 1
 
 
-def _record_problem(facts: dict[str, Any], metadata: DatasetInfo,
-                    image_size: tuple[int, ...] | None, keys: set[bytes]) -> str | None:
+def _record_problem(
+    facts: dict[str, Any],
+    metadata: DatasetInfo,
+    image_size: tuple[int, ...] | None,
+    keys: set[bytes],
+) -> str | None:
     label, channels = int(facts["label"]), int(facts["channels"])
     height, width = int(facts["height"]), int(facts["width"])
     if not 0 <= label < metadata.num_classes:
@@ -311,8 +331,10 @@ def _record_problem(facts: dict[str, Any], metadata: DatasetInfo,
     if shape != (height, width, channels):
         return f"the image decodes to {shape}, the record says {(height, width, channels)}"
     if image_size is not None and (height, width) != image_size:
-        return f"the image is {height}x{width}, kiln.json says every image is " \
-               f"{image_size[0]}x{image_size[1]}"
+        return (
+            f"the image is {height}x{width}, kiln.json says every image is "
+            f"{image_size[0]}x{image_size[1]}"
+        )
     if not re.fullmatch(rb"[0-9a-f]{64}", facts["sha256"]):
         return f"sha256 feature {facts['sha256'][:80]!r} is not a hex sha256"
     key = facts["key"]
@@ -338,23 +360,34 @@ def _check_split(split: SplitInfo, metadata: DatasetInfo, tally: _SplitTally) ->
             found.append("has records but no pixel statistics")
     else:
         if stats.count != tally.pixels:
-            found.append(f"statistics count {stats.count} pixels per channel, the records "
-                         f"hold {tally.pixels}")
+            found.append(
+                f"statistics count {stats.count} pixels per channel, the records "
+                f"hold {tally.pixels}"
+            )
         if len(stats.mean) != metadata.channels or len(stats.std) != metadata.channels:
-            found.append(f"statistics have {len(stats.mean)} mean and {len(stats.std)} std "
-                         f"values for {metadata.channels} channel(s)")
+            found.append(
+                f"statistics have {len(stats.mean)} mean and {len(stats.std)} std "
+                f"values for {metadata.channels} channel(s)"
+            )
         elif not all(0 <= m <= 255 for m in stats.mean) or not all(
-                0 <= s <= 127.5 for s in stats.std):
-            found.append(f"statistics out of range for 0..255 pixels: mean {stats.mean}, "
-                         f"std {stats.std}")
+            0 <= s <= 127.5 for s in stats.std
+        ):
+            found.append(
+                f"statistics out of range for 0..255 pixels: mean {stats.mean}, std {stats.std}"
+            )
     return found
 
 
 def _allowed_files(metadata: DatasetInfo) -> set[str]:
     shards = {shard.filename for split in metadata.splits.values() for shard in split.shards}
-    return shards | {METADATA_FILENAME, ERRORS_FILENAME, DUPLICATES_FILENAME,
-                     TFDS_DATASET_INFO_FILENAME, TFDS_FEATURES_FILENAME,
-                     labels_filename(RECORD.key("label"))}
+    return shards | {
+        METADATA_FILENAME,
+        ERRORS_FILENAME,
+        DUPLICATES_FILENAME,
+        TFDS_DATASET_INFO_FILENAME,
+        TFDS_FEATURES_FILENAME,
+        labels_filename(RECORD.key("label")),
+    }
 
 
 def _check_folder(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
@@ -376,8 +409,12 @@ def _check_report_sha256(dataset_dir: str, name: str, recorded: str | None) -> l
         return [Problem(name, f"missing (kiln.json records its sha256 {recorded})")]
     _, sha256 = _size_and_sha256(path)
     if sha256 != recorded:
-        return [Problem(name, f"modified after it was written: sha256 is {sha256}, "
-                              f"kiln.json says {recorded}")]
+        return [
+            Problem(
+                name,
+                f"modified after it was written: sha256 is {sha256}, kiln.json says {recorded}",
+            )
+        ]
     return []
 
 
@@ -390,16 +427,17 @@ def _check_error_report(dataset_dir: str, metadata: DatasetInfo) -> list[Problem
     for number, row in enumerate(rows or [], start=1):
         missing = [name for name in ERROR_ROW_FIELDS if not isinstance(row.get(name), str)]
         if missing:
-            found.append(Problem(ERRORS_FILENAME,
-                                 f"line {number}: missing or non-text field(s) {missing}"))
+            found.append(
+                Problem(ERRORS_FILENAME, f"line {number}: missing or non-text field(s) {missing}")
+            )
             break
-    found += [Problem(ERRORS_FILENAME, warning)
-              for warning in consistency_warnings(metadata, rows)]
+    found += [Problem(ERRORS_FILENAME, warning) for warning in consistency_warnings(metadata, rows)]
     return found
 
 
-def _check_duplicate_report(dataset_dir: str, metadata: DatasetInfo,
-                            copies: dict[bytes, list[tuple[str, str]]] | None) -> list[Problem]:
+def _check_duplicate_report(
+    dataset_dir: str, metadata: DatasetInfo, copies: dict[bytes, list[tuple[str, str]]] | None
+) -> list[Problem]:
     """duplicates.jsonl against kiln.json and, if `copies` (every record's
     content and key, None when some shard did not read cleanly), the records."""
     if metadata.duplicates_sha256 is None:
@@ -412,19 +450,35 @@ def _check_duplicate_report(dataset_dir: str, metadata: DatasetInfo,
     if rows is None:
         return found
     for number, row in enumerate(rows, start=1):
-        wrong = [name for name, kind in DUPLICATE_ROW_FIELDS.items()
-                 if not isinstance(row.get(name), kind)]
+        wrong = [
+            name
+            for name, kind in DUPLICATE_ROW_FIELDS.items()
+            if not isinstance(row.get(name), kind)
+        ]
         if wrong:
-            return found + [Problem(DUPLICATES_FILENAME,
-                                    f"line {number}: missing or malformed field(s) {wrong}")]
+            return found + [
+                Problem(
+                    DUPLICATES_FILENAME, f"line {number}: missing or malformed field(s) {wrong}"
+                )
+            ]
         keys, splits = row["keys"], row["splits"]
-        if len(keys) < 2 or len(keys) != len(splits) or not all(
-                isinstance(text, str) for text in keys + splits):
-            return found + [Problem(DUPLICATES_FILENAME, (
-                f"line {number}: {len(keys)} keys and {len(splits)} splits; a group has "
-                f"two keys or more and a split for each, all text"))]
-    found += [Problem(DUPLICATES_FILENAME, warning)
-              for warning in duplicate_warnings(metadata, rows)]
+        if (
+            len(keys) < 2
+            or len(keys) != len(splits)
+            or not all(isinstance(text, str) for text in keys + splits)
+        ):
+            return found + [
+                Problem(
+                    DUPLICATES_FILENAME,
+                    (
+                        f"line {number}: {len(keys)} keys and {len(splits)} splits; a group has "
+                        f"two keys or more and a split for each, all text"
+                    ),
+                )
+            ]
+    found += [
+        Problem(DUPLICATES_FILENAME, warning) for warning in duplicate_warnings(metadata, rows)
+    ]
     if copies is not None:
         difference = _duplicates_difference(rows, copies)
         if difference is not None:
@@ -432,26 +486,33 @@ def _check_duplicate_report(dataset_dir: str, metadata: DatasetInfo,
     return found
 
 
-def _duplicates_difference(rows: list[dict[str, Any]],
-                           copies: dict[bytes, list[tuple[str, str]]]) -> str | None:
+def _duplicates_difference(
+    rows: list[dict[str, Any]], copies: dict[bytes, list[tuple[str, str]]]
+) -> str | None:
     """Where the report's rows and the records' groups of identical content
     differ (None: they agree), for the first content sha256 that differs."""
     held = {content.hex(): sorted(group) for content, group in copies.items() if len(group) > 1}
     listed = {row["sha256"]: sorted(zip(row["keys"], row["splits"], strict=True)) for row in rows}
     if len(listed) != len(rows):
         return "lists a content sha256 more than once"
-    differing = sorted(content for content in set(held) | set(listed)
-                       if held.get(content) != listed.get(content))
+    differing = sorted(
+        content for content in set(held) | set(listed) if held.get(content) != listed.get(content)
+    )
     order = [row["sha256"] for row in rows]
-    if not differing and order == sorted(order) and all(
-            row["keys"] == sorted(row["keys"]) for row in rows):
+    if (
+        not differing
+        and order == sorted(order)
+        and all(row["keys"] == sorted(row["keys"]) for row in rows)
+    ):
         return None
     if not differing:
         return "rows or keys are not sorted"
     content = differing[0]
-    return (f"lists {len(listed)} group(s) of identical content, the records hold "
-            f"{len(held)}; for content {content}, it lists {_copies_text(listed.get(content))}, "
-            f"the records hold {_copies_text(held.get(content))}")
+    return (
+        f"lists {len(listed)} group(s) of identical content, the records hold "
+        f"{len(held)}; for content {content}, it lists {_copies_text(listed.get(content))}, "
+        f"the records hold {_copies_text(held.get(content))}"
+    )
 
 
 def _copies_text(copies: list[tuple[str, str]] | None) -> str:
@@ -472,6 +533,11 @@ def _check_tfds_files(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
             continue  # written by builds since TFDS interop; optional for older ones
         with tf.io.gfile.GFile(path, "r") as f:
             if f.read() != text:
-                found.append(Problem(name, "differs from what kiln.json describes (TFDS would "
-                                           "read other splits, counts or classes)"))
+                found.append(
+                    Problem(
+                        name,
+                        "differs from what kiln.json describes (TFDS would "
+                        "read other splits, counts or classes)",
+                    )
+                )
     return found

@@ -47,8 +47,10 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     except MetadataError as e:
         raise UsageError(str(e)) from None
     if result.ok:
-        print(f"kiln verify: OK: {result.dataset_dir}: {result.num_shards} shards, "
-              f"{result.num_records} records match kiln.json")
+        print(
+            f"kiln verify: OK: {result.dataset_dir}: {result.num_shards} shards, "
+            f"{result.num_records} records match kiln.json"
+        )
         return 0
     first, *others = result.problems
     print(f"kiln verify: FAILED: {result.dataset_dir}: {first}")

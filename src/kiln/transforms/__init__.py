@@ -32,7 +32,17 @@ from kiln.transforms.threads import set_opencv_threads
 from kiln.transforms import functional  # noqa: F401  isort: skip
 
 __all__ = [
-    "Chain", "DecodeError", "Transform", "TransformConfigError", "TransformError",
-    "decode_image", "encode_image", "get", "import_plugins", "names", "parse", "register",
+    "Chain",
+    "DecodeError",
+    "Transform",
+    "TransformConfigError",
+    "TransformError",
+    "decode_image",
+    "encode_image",
+    "get",
+    "import_plugins",
+    "names",
+    "parse",
+    "register",
     "set_opencv_threads",
 ]

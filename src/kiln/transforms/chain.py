@@ -47,8 +47,9 @@ class TransformError(ValueError):
     """
 
 
-TRANSFORMS: Registry[Registered] = Registry("offline transform", "transform",
-                                            TransformConfigError, entry=Registered)
+TRANSFORMS: Registry[Registered] = Registry(
+    "offline transform", "transform", TransformConfigError, entry=Registered
+)
 
 
 def register(

@@ -58,12 +58,12 @@ logger = logging.getLogger(__name__)
 # reason and writes the reason into errors.jsonl, so these strings are part
 # of kiln's output format.
 REASONS = (
-    "empty",              # zero bytes
-    "not_an_image",       # no known image signature (text, HTML, random bytes)
-    "unsupported_format", # an image format (or variant) kiln does not decode (HEIC, PSD, SVG...)
-    "corrupt",            # an OpenCV format with a damaged header, or that fails to decode
-    "too_many_pixels",    # width * height > max_pixels
-    "too_small",          # height or width < min_size
+    "empty",  # zero bytes
+    "not_an_image",  # no known image signature (text, HTML, random bytes)
+    "unsupported_format",  # an image format (or variant) kiln does not decode (HEIC, PSD, SVG...)
+    "corrupt",  # an OpenCV format with a damaged header, or that fails to decode
+    "too_many_pixels",  # width * height > max_pixels
+    "too_small",  # height or width < min_size
 )
 
 ALPHA_BACKGROUND = 255  # white: see the module docstring
@@ -131,8 +131,14 @@ def decode_image(
         raise DecodeError("empty", "the file is empty (0 bytes)")
 
     header = _read_header(data)
-    _check_size(header.width, header.height, max_pixels=max_pixels, min_size=min_size,
-                when="declares", decode_pixels=header.decode_pixels)
+    _check_size(
+        header.width,
+        header.height,
+        max_pixels=max_pixels,
+        min_size=min_size,
+        when="declares",
+        decode_pixels=header.decode_pixels,
+    )
     if before_decoding is not None:
         before_decoding(header.decode_pixels)
 
@@ -164,8 +170,15 @@ def _read_header(data: bytes) -> image_header.ImageHeader:
         raise DecodeError("corrupt", f"{name} header is damaged or truncated ({e})") from None
 
 
-def _check_size(width: int, height: int, *, max_pixels: int | None, min_size: int,
-                when: str, decode_pixels: int | None = None) -> None:
+def _check_size(
+    width: int,
+    height: int,
+    *,
+    max_pixels: int | None,
+    min_size: int,
+    when: str,
+    decode_pixels: int | None = None,
+) -> None:
     if max_pixels is not None and width * height > max_pixels:
         raise DecodeError(
             "too_many_pixels",
@@ -241,8 +254,9 @@ def _to_rgb_or_gray(image: np.ndarray, channels: int) -> np.ndarray:
     elif source_channels == 3:
         bgr = image
     else:
-        raise DecodeError("unsupported_format", f"images with {source_channels} channels "
-                                                f"are not supported")
+        raise DecodeError(
+            "unsupported_format", f"images with {source_channels} channels are not supported"
+        )
     rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
     return rgb if channels == 3 else to_grayscale(rgb)
 

@@ -44,18 +44,31 @@ def encode_image(
       ValueError: if the image is not uint8 HxWx{1,3}, or the format or
         quality is invalid.
     """
-    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 \
-            or image.shape[2] not in (1, 3) or image.shape[0] == 0 or image.shape[1] == 0:
-        described = (f"{image.dtype} array of shape {image.shape}"
-                     if isinstance(image, np.ndarray) else type(image).__name__)
-        raise ValueError(f"encode_image: expected a non-empty uint8 HxWxC array with C 1 or 3, "
-                         f"got {described}")
+    if (
+        not isinstance(image, np.ndarray)
+        or image.dtype != np.uint8
+        or image.ndim != 3
+        or image.shape[2] not in (1, 3)
+        or image.shape[0] == 0
+        or image.shape[1] == 0
+    ):
+        described = (
+            f"{image.dtype} array of shape {image.shape}"
+            if isinstance(image, np.ndarray)
+            else type(image).__name__
+        )
+        raise ValueError(
+            f"encode_image: expected a non-empty uint8 HxWxC array with C 1 or 3, got {described}"
+        )
     if format not in FORMATS:
         raise ValueError(f"encode_image: unknown format {format!r}; expected one of {FORMATS}")
     if format == "raw":
         return np.ascontiguousarray(image).tobytes(order="C")
-    if isinstance(quality, bool) or not isinstance(quality, (int, np.integer)) \
-            or not 1 <= quality <= 100:
+    if (
+        isinstance(quality, bool)
+        or not isinstance(quality, (int, np.integer))
+        or not 1 <= quality <= 100
+    ):
         raise ValueError(f"encode_image: quality must be an integer 1..100, got {quality!r}")
 
     # OpenCV encoders take BGR, and HxW for one channel.
@@ -67,20 +80,28 @@ def encode_image(
         # Huffman tables: the most common JPEG, which every decoder
         # (tf.io.decode_jpeg included) reads on its fastest path.
         params = [
-            cv2.IMWRITE_JPEG_QUALITY, int(quality),
-            cv2.IMWRITE_JPEG_PROGRESSIVE, 0,
-            cv2.IMWRITE_JPEG_OPTIMIZE, 0,
-            cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
+            cv2.IMWRITE_JPEG_QUALITY,
+            int(quality),
+            cv2.IMWRITE_JPEG_PROGRESSIVE,
+            0,
+            cv2.IMWRITE_JPEG_OPTIMIZE,
+            0,
+            cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
+            cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
         ]
     else:
         extension = ".png"
         params = [
-            cv2.IMWRITE_PNG_COMPRESSION, PNG_COMPRESSION,
-            cv2.IMWRITE_PNG_STRATEGY, cv2.IMWRITE_PNG_STRATEGY_DEFAULT,
-            cv2.IMWRITE_PNG_FILTER, cv2.IMWRITE_PNG_FAST_FILTERS,
+            cv2.IMWRITE_PNG_COMPRESSION,
+            PNG_COMPRESSION,
+            cv2.IMWRITE_PNG_STRATEGY,
+            cv2.IMWRITE_PNG_STRATEGY_DEFAULT,
+            cv2.IMWRITE_PNG_FILTER,
+            cv2.IMWRITE_PNG_FAST_FILTERS,
         ]
     ok, encoded = cv2.imencode(extension, pixels, params)
     if not ok:
-        raise RuntimeError(f"encode_image: OpenCV failed to encode a {image.shape} image as "
-                           f"{format}")
+        raise RuntimeError(
+            f"encode_image: OpenCV failed to encode a {image.shape} image as {format}"
+        )
     return encoded.tobytes()

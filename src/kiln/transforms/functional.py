@@ -56,10 +56,17 @@ _INTERPOLATIONS = {
 
 
 def _check_image(image: np.ndarray, kernel: str) -> None:
-    if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 \
-            or image.shape[2] not in (1, 3):
-        described = (f"{image.dtype} array of shape {image.shape}"
-                     if isinstance(image, np.ndarray) else type(image).__name__)
+    if (
+        not isinstance(image, np.ndarray)
+        or image.dtype != np.uint8
+        or image.ndim != 3
+        or image.shape[2] not in (1, 3)
+    ):
+        described = (
+            f"{image.dtype} array of shape {image.shape}"
+            if isinstance(image, np.ndarray)
+            else type(image).__name__
+        )
         raise ValueError(f"{kernel}: expected a uint8 HxWxC array with C 1 or 3, got {described}")
 
 
@@ -102,8 +109,9 @@ def _check_resize(*, shorter_side=None, longer_side=None, size=None, interpolati
     _only_one_size(shorter_side=shorter_side, longer_side=longer_side, size=size)
 
 
-def resize_to(image: np.ndarray, height: int, width: int,
-              interpolation: str = "auto") -> np.ndarray:
+def resize_to(
+    image: np.ndarray, height: int, width: int, interpolation: str = "auto"
+) -> np.ndarray:
     """Resamples `image` to exactly ``height x width``; the work behind `resize`.
 
     ``"auto"`` picks INTER_AREA when neither side grows: it averages every
@@ -118,8 +126,10 @@ def resize_to(image: np.ndarray, height: int, width: int,
         shrinking = height <= in_height and width <= in_width
         interpolation = "area" if shrinking else "cubic"
     if interpolation not in _INTERPOLATIONS:
-        raise ValueError(f"unknown interpolation {interpolation!r}; "
-                         f"expected auto or one of {sorted(_INTERPOLATIONS)}")
+        raise ValueError(
+            f"unknown interpolation {interpolation!r}; "
+            f"expected auto or one of {sorted(_INTERPOLATIONS)}"
+        )
     result = cv2.resize(image, (width, height), interpolation=_INTERPOLATIONS[interpolation])
     return _with_channel_axis(result)
 
@@ -185,7 +195,7 @@ def center_crop(image: np.ndarray, *, size: Size) -> np.ndarray:
         )
     top = (in_height - height) // 2
     left = (in_width - width) // 2
-    return np.ascontiguousarray(image[top:top + height, left:left + width])
+    return np.ascontiguousarray(image[top : top + height, left : left + width])
 
 
 def _fill_for(image: np.ndarray, value: int | tuple[int, int, int] | list[int]) -> np.ndarray:
@@ -212,14 +222,16 @@ def _pad_centred(image: np.ndarray, height: int, width: int, value, kernel: str)
     left = (width - in_width) // 2
     result = np.empty((height, width, channels), np.uint8)
     result[...] = _fill_for(image, value)
-    result[top:top + in_height, left:left + in_width] = image
+    result[top : top + in_height, left : left + in_width] = image
     return result
 
 
 def _check_pad(*, size=None, to_square=False, value=0) -> None:
     if (size is None) == (not to_square):
-        raise ValueError("give exactly one of size and to_square: true "
-                         f"(got size={size!r}, to_square={to_square!r})")
+        raise ValueError(
+            "give exactly one of size and to_square: true "
+            f"(got size={size!r}, to_square={to_square!r})"
+        )
 
 
 @register(check=_check_pad)
@@ -302,8 +314,11 @@ def to_grayscale(image: np.ndarray, *, keep_channels: bool = False) -> np.ndarra
         that expect RGB input.
     """
     _check_image(image, "to_grayscale")
-    gray = image if image.shape[2] == 1 else _with_channel_axis(
-        cv2.cvtColor(image, cv2.COLOR_RGB2GRAY))
+    gray = (
+        image
+        if image.shape[2] == 1
+        else _with_channel_axis(cv2.cvtColor(image, cv2.COLOR_RGB2GRAY))
+    )
     if keep_channels:
         return np.repeat(gray, 3, axis=2)
     return gray

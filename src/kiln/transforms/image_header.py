@@ -73,7 +73,8 @@ class UnsupportedVariant(ValueError):
 _OTHER_IMAGE_SIGNATURES = (
     (b"8BPS", "Photoshop PSD"),
     (b"\x00\x00\x01\x00", "Windows icon"),
-    (b"\xff\x0a", "JPEG XL"), (b"\x00\x00\x00\x0cJXL \r\n\x87\n", "JPEG XL"),
+    (b"\xff\x0a", "JPEG XL"),
+    (b"\x00\x00\x00\x0cJXL \r\n\x87\n", "JPEG XL"),
     (b"\x76\x2f\x31\x01", "OpenEXR"),
     (b"DDS ", "DirectDraw surface"),
     (b"qoif", "QOI"),
@@ -122,6 +123,7 @@ def read(data: bytes, format_name: str) -> ImageHeader:
 
 # --- readers, each returning (width, height[, decode pixels]) -------------------------
 
+
 def _bmp(data: bytes):
     (header_size,) = struct.unpack_from("<i", data, 14)
     if header_size >= 36:  # BITMAPINFOHEADER and its successors: signed 32-bit sizes
@@ -130,7 +132,7 @@ def _bmp(data: bytes):
         width, height = struct.unpack_from("<HH", data, 18)
     else:
         raise ValueError(f"unknown BMP header size {header_size}")
-    if height == -2**31:  # abs() overflows in C
+    if height == -(2**31):  # abs() overflows in C
         raise ValueError("invalid height")
     return width, abs(height)  # negative: rows stored top-down
 
@@ -146,7 +148,7 @@ def _is_avif(data: bytes) -> bool:
     if data[4:8] != b"ftyp":
         return False
     size = min(struct.unpack_from(">I", data, 0)[0], len(data))
-    brands = [data[i:i + 4] for i in range(8, size, 4)]
+    brands = [data[i : i + 4] for i in range(8, size, 4)]
     return any(brand in _AVIF_BRANDS for brand in brands[:1] + brands[2:])  # skip minor version
 
 
@@ -214,7 +216,7 @@ def _avif_av1_items(data: bytes, meta_start: int, meta_end: int) -> list[bytes]:
         if kind == b"infe" and size >= 22 and data[offset + 8] in (2, 3):
             wide = data[offset + 8] == 3
             item_id = struct.unpack_from(">I" if wide else ">H", data, offset + 12)[0]
-            item_type = data[offset + 12 + (4 if wide else 2) + 2:][:4]
+            item_type = data[offset + 12 + (4 if wide else 2) + 2 :][:4]
             if item_type == b"av01":
                 av01_items.add(item_id)
         offset += size
@@ -252,7 +254,7 @@ def _iloc(data: bytes, start: int, end: int):
         nonlocal position
         if size not in (0, 2, 4, 8) or position + size > end:
             raise ValueError("invalid iloc box")
-        value = int.from_bytes(data[position:position + size], "big")
+        value = int.from_bytes(data[position : position + size], "big")
         position += size
         return value
 
@@ -292,7 +294,7 @@ def _av1_max_frame(item: bytes) -> tuple[int, int]:
         if offset + size > len(item):
             raise ValueError("truncated OBU")
         if obu_type == 1:  # sequence header
-            frame = _av1_sequence_frame_size(item[offset:offset + size])
+            frame = _av1_sequence_frame_size(item[offset : offset + size])
             largest = max(largest, frame, key=lambda pair: pair[0] * pair[1])
         offset += size
     return largest
@@ -360,7 +362,8 @@ class _BitReader:
 
 _C_SPACE = rb"[ \t\n\v\f\r]*"
 _HDR_RESOLUTION = re.compile(  # sscanf(line, "-Y %d +X %d", &height, &width)
-    rb"-Y" + _C_SPACE + rb"([+-]?[0-9]+)" + _C_SPACE + rb"\+X" + _C_SPACE + rb"([+-]?[0-9]+)")
+    rb"-Y" + _C_SPACE + rb"([+-]?[0-9]+)" + _C_SPACE + rb"\+X" + _C_SPACE + rb"([+-]?[0-9]+)"
+)
 
 
 def _radiance_hdr(data: bytes):
@@ -471,13 +474,13 @@ def _webp_features(data: bytes) -> tuple[int, int] | None:
             return None
         offset = 12
     canvas = None
-    if data[offset:offset + 4] == b"VP8X":
+    if data[offset : offset + 4] == b"VP8X":
         (chunk_size,) = struct.unpack_from("<I", data, offset + 4)
         if chunk_size != 10 or not riff_size:
             return None
         flags = data[offset + 8]
-        width = 1 + int.from_bytes(data[offset + 12:offset + 15], "little")
-        height = 1 + int.from_bytes(data[offset + 15:offset + 18], "little")
+        width = 1 + int.from_bytes(data[offset + 12 : offset + 15], "little")
+        height = 1 + int.from_bytes(data[offset + 15 : offset + 18], "little")
         if width * height >= 2**32:
             return None
         canvas = (width, height)
@@ -486,7 +489,7 @@ def _webp_features(data: bytes) -> tuple[int, int] | None:
         offset += 18
     # Past this point, running out of the 32 bytes is success for an
     # extended file (the canvas is the size) and failure otherwise.
-    if (riff_size and canvas) or (not riff_size and data[offset:offset + 4] == b"ALPH"):
+    if (riff_size and canvas) or (not riff_size and data[offset : offset + 4] == b"ALPH"):
         total = 22  # "WEBP" + the VP8X chunk
         while True:
             if len(data) - offset < 8:
@@ -498,15 +501,15 @@ def _webp_features(data: bytes) -> tuple[int, int] | None:
             total += disk_size
             if riff_size and total > riff_size:
                 return None
-            if data[offset:offset + 4] in (b"VP8 ", b"VP8L"):
+            if data[offset : offset + 4] in (b"VP8 ", b"VP8L"):
                 break
             if len(data) - offset < disk_size:
                 return canvas
             offset += disk_size
     if len(data) - offset < 8:
         return canvas
-    if data[offset:offset + 4] in (b"VP8 ", b"VP8L"):
-        lossless = data[offset:offset + 4] == b"VP8L"
+    if data[offset : offset + 4] in (b"VP8 ", b"VP8L"):
+        lossless = data[offset : offset + 4] == b"VP8L"
         (stream_size,) = struct.unpack_from("<I", data, offset + 4)
         if riff_size >= 12 and stream_size > riff_size - 12:
             return None
@@ -533,8 +536,10 @@ def _webp_features(data: bytes) -> tuple[int, int] | None:
         bits = int.from_bytes(stream[0:3], "little")
         if bits & 1 or (bits >> 1) & 7 > 3 or not (bits >> 4) & 1 or bits >> 5 >= stream_size:
             return None  # not a shown key frame of a known profile
-        size = (int.from_bytes(stream[6:8], "little") & 0x3FFF,
-                int.from_bytes(stream[8:10], "little") & 0x3FFF)
+        size = (
+            int.from_bytes(stream[6:8], "little") & 0x3FFF,
+            int.from_bytes(stream[8:10], "little") & 0x3FFF,
+        )
         if 0 in size:
             return None
     if canvas is not None and canvas != size:
@@ -564,12 +569,13 @@ def _pnm(data: bytes):
 
 def _pnm_number(data: bytes, offset: int) -> tuple[int, int]:
     """OpenCV's ReadNumber from `offset`: (value, offset after the byte that ended it)."""
+
     def byte():
         nonlocal offset
         if offset >= len(data):
             raise ValueError("truncated header")
         offset += 1
-        return data[offset - 1:offset]
+        return data[offset - 1 : offset]
 
     code = byte()
     while not code.isdigit():
@@ -669,8 +675,9 @@ def _tiff(data: bytes):
             continue
         # Strict where libtiff is lenient (other integer types, a repeated
         # tag: libtiff keeps the first), so that both read the same value.
-        value_count = struct.unpack_from(order + ("I" if entry_size == 12 else "Q"), data,
-                                         entry + 4)[0]
+        value_count = struct.unpack_from(
+            order + ("I" if entry_size == 12 else "Q"), data, entry + 4
+        )[0]
         if tag in fields or value_count != 1 or field_type not in value_types:
             raise ValueError(f"unexpected {_TIFF_SIZE_TAGS[tag]} field")
         value_offset = entry + (8 if entry_size == 12 else 12)
@@ -705,8 +712,9 @@ def _png(data: bytes):
 
 def _imagesize(data: bytes) -> tuple[int, int]:
     try:
-        info = imagesize.get_info(io.BytesIO(data), dpi=False, colors=False,
-                                  exif_rotation=False, channels=False)
+        info = imagesize.get_info(
+            io.BytesIO(data), dpi=False, colors=False, exif_rotation=False, channels=False
+        )
     except Exception as e:  # a parser of untrusted bytes may fail in any way
         raise ValueError(f"imagesize: {type(e).__name__}") from None
     return info.width, info.height
@@ -718,28 +726,41 @@ def _jpeg_2000(data: bytes):
     is the first top-level 'jp2c' box."""
     offset = 0
     if data.startswith(_JP2_SIGNATURE):
-        codestreams = (payload for kind, payload, _ in _boxes(data, 0,
-                                                              len(data)) if kind == b"jp2c")
+        codestreams = (
+            payload for kind, payload, _ in _boxes(data, 0, len(data)) if kind == b"jp2c"
+        )
         first = next(codestreams, None)
         if first is None:
             raise ValueError("no codestream box")
         offset = first
-    if data[offset:offset + 4] != _J2K_SIGNATURE:
+    if data[offset : offset + 4] != _J2K_SIGNATURE:
         raise ValueError("codestream does not start with SOC and SIZ")
-    (_lsiz, _rsiz, x_size, y_size, x_offset, y_offset, tile_width, tile_height,
-     tile_x_offset, tile_y_offset, components) = struct.unpack_from(">HHIIIIIIIIH", data,
-                                                                    offset + 4)
+    (
+        _lsiz,
+        _rsiz,
+        x_size,
+        y_size,
+        x_offset,
+        y_offset,
+        tile_width,
+        tile_height,
+        tile_x_offset,
+        tile_y_offset,
+        components,
+    ) = struct.unpack_from(">HHIIIIIIIIH", data, offset + 4)
     if x_size <= x_offset or y_size <= y_offset:
         raise ValueError("empty image area")
     if not 1 <= components <= 4:
         raise UnsupportedVariant(f"JPEG 2000 images with {components} components are not supported")
-    if not (0 < tile_width and 0 < tile_height
-            and tile_x_offset < x_size and tile_y_offset < y_size):
+    if not (
+        0 < tile_width and 0 < tile_height and tile_x_offset < x_size and tile_y_offset < y_size
+    ):
         raise ValueError("invalid tiling")
     tiles = -(-(x_size - tile_x_offset) // tile_width) * -(-(y_size - tile_y_offset) // tile_height)
     if tiles > _J2K_MAX_TILES:
-        raise UnsupportedVariant(f"JPEG 2000 images of more than {_J2K_MAX_TILES} tiles are not "
-                                 f"supported")
+        raise UnsupportedVariant(
+            f"JPEG 2000 images of more than {_J2K_MAX_TILES} tiles are not supported"
+        )
     return x_size - x_offset, y_size - y_offset
 
 

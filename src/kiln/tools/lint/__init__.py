@@ -49,8 +49,17 @@ from kiln.tools.lint.selection import CodeFilter
 from kiln.tools.lint.taint import MAX_CALL_DEPTH
 
 __all__ = [
-    "MAX_CALL_DEPTH", "RULES", "SKIPPED_DIRECTORIES", "SYNTAX_ERROR_CODE", "Finding", "Rule",
-    "lint_file", "lint_paths", "lint_source", "lint_tree", "python_files",
+    "MAX_CALL_DEPTH",
+    "RULES",
+    "SKIPPED_DIRECTORIES",
+    "SYNTAX_ERROR_CODE",
+    "Finding",
+    "Rule",
+    "lint_file",
+    "lint_paths",
+    "lint_source",
+    "lint_tree",
+    "python_files",
 ]
 
 

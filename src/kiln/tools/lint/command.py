@@ -48,14 +48,30 @@ exit codes:
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.epilog = _epilog()
-    parser.add_argument("paths", nargs="+", metavar="FILE_OR_DIR",
-                        help="Python files, or directories searched for *.py files")
-    parser.add_argument("--format", choices=("text", "json"), default="text",
-                        help="text (default): one line per finding; json: one JSON document")
-    parser.add_argument("--select", type=_codes, metavar="CODES",
-                        help="comma-separated codes or prefixes to report (e.g. K101,K104 or K10)")
-    parser.add_argument("--ignore", type=_codes, metavar="CODES",
-                        help="comma-separated codes or prefixes not to report")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="FILE_OR_DIR",
+        help="Python files, or directories searched for *.py files",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text (default): one line per finding; json: one JSON document",
+    )
+    parser.add_argument(
+        "--select",
+        type=_codes,
+        metavar="CODES",
+        help="comma-separated codes or prefixes to report (e.g. K101,K104 or K10)",
+    )
+    parser.add_argument(
+        "--ignore",
+        type=_codes,
+        metavar="CODES",
+        help="comma-separated codes or prefixes not to report",
+    )
 
 
 def _codes(text: str) -> list[str]:
@@ -82,18 +98,24 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     checked = len(files) - unparsable
 
     if args.format == "json":
-        json.dump({
-            "files_checked": checked,
-            "files_unparsable": unparsable,
-            "findings": [f.to_dict() for f in findings],
-        }, sys.stdout, indent=2)
+        json.dump(
+            {
+                "files_checked": checked,
+                "files_unparsable": unparsable,
+                "findings": [f.to_dict() for f in findings],
+            },
+            sys.stdout,
+            indent=2,
+        )
         sys.stdout.write("\n")
     else:
         for finding in findings:
             print(finding.format())
         problems = len(findings) - unparsable
-        summary = f"kiln lint: {problems} finding{'s' * (problems != 1)} in {checked} " \
-                  f"checked file{'s' * (checked != 1)}"
+        summary = (
+            f"kiln lint: {problems} finding{'s' * (problems != 1)} in {checked} "
+            f"checked file{'s' * (checked != 1)}"
+        )
         if unparsable:
             summary += f"; {unparsable} file{'s' * (unparsable != 1)} could not be parsed (K000)"
         print(summary, file=sys.stderr)

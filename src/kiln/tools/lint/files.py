@@ -8,9 +8,17 @@ import pathlib
 import tokenize
 from collections.abc import Iterable, Iterator
 
-SKIPPED_DIRECTORIES = frozenset({
-    "__pycache__", "node_modules", "site-packages", "venv", "env", "build", "dist",
-})
+SKIPPED_DIRECTORIES = frozenset(
+    {
+        "__pycache__",
+        "node_modules",
+        "site-packages",
+        "venv",
+        "env",
+        "build",
+        "dist",
+    }
+)
 
 
 def python_files(paths: Iterable[str | os.PathLike]) -> list[pathlib.Path]:
@@ -41,8 +49,10 @@ def python_files(paths: Iterable[str | os.PathLike]) -> list[pathlib.Path]:
 def _walk_python_files(root: pathlib.Path) -> Iterator[pathlib.Path]:
     for directory, subdirectories, files in os.walk(root):
         subdirectories[:] = sorted(
-            d for d in subdirectories
-            if not d.startswith(".") and d not in SKIPPED_DIRECTORIES
+            d
+            for d in subdirectories
+            if not d.startswith(".")
+            and d not in SKIPPED_DIRECTORIES
             and not d.endswith(".egg-info")
         )
         for name in sorted(files):

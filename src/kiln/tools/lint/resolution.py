@@ -22,24 +22,37 @@ MAX_RESOLVE_DEPTH = 8
 
 # Conventional names, so snippets without their imports are still checked.
 _CONVENTIONAL_MODULES = {
-    "tf": "tensorflow", "tensorflow": "tensorflow", "np": "numpy", "numpy": "numpy",
-    "random": "random", "cv2": "cv2", "tfds": "tensorflow_datasets",
+    "tf": "tensorflow",
+    "tensorflow": "tensorflow",
+    "np": "numpy",
+    "numpy": "numpy",
+    "random": "random",
+    "cv2": "cv2",
+    "tfds": "tensorflow_datasets",
 }
 
 _TF_COMPAT_PREFIXES = ("tensorflow.compat.v1.", "tensorflow.compat.v2.")
 
 TF_FUNCTION = "tensorflow.function"
 # Wrappers that return the function they are given, still traced by whoever traces them.
-_TF_FUNCTION_WRAPPERS = frozenset({
-    TF_FUNCTION, "tensorflow.autograph.experimental.do_not_convert",
-})
+_TF_FUNCTION_WRAPPERS = frozenset(
+    {
+        TF_FUNCTION,
+        "tensorflow.autograph.experimental.do_not_convert",
+    }
+)
 
 PARTIAL = frozenset({"functools.partial"})
 
-_PYTHON_RNG_CONSTRUCTORS = frozenset({
-    "numpy.random.default_rng", "numpy.random.RandomState", "numpy.random.Generator",
-    "random.Random", "random.SystemRandom",
-})
+_PYTHON_RNG_CONSTRUCTORS = frozenset(
+    {
+        "numpy.random.default_rng",
+        "numpy.random.RandomState",
+        "numpy.random.Generator",
+        "random.Random",
+        "random.SystemRandom",
+    }
+)
 
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef)
 _SCOPE_NODES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
@@ -48,7 +61,7 @@ _SCOPE_NODES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, a
 def _normalize(qualified: str) -> str:
     for prefix in _TF_COMPAT_PREFIXES:
         if qualified.startswith(prefix):
-            return "tensorflow." + qualified[len(prefix):]
+            return "tensorflow." + qualified[len(prefix) :]
     return qualified
 
 
@@ -82,20 +95,25 @@ class ResolvedFunction:
 
     def partial(self, positional: int, keywords: Iterable[str]) -> ResolvedFunction:
         return dataclasses.replace(
-            self, skip=self.skip + positional,
-            bound_keywords=self.bound_keywords | frozenset(keywords))
+            self,
+            skip=self.skip + positional,
+            bound_keywords=self.bound_keywords | frozenset(keywords),
+        )
 
     def positional_params(self) -> list[tuple[ast.arg, bool]]:
         """(parameter, has_default) for the positional parameters not yet bound."""
         args = self.node.args
         positional = [*args.posonlyargs, *args.args]
         first_default = len(positional) - len(args.defaults)
-        return [(p, i >= first_default) for i, p in enumerate(positional)][self.skip:]
+        return [(p, i >= first_default) for i, p in enumerate(positional)][self.skip :]
 
     def element_params(self) -> set[str]:
         """Parameters that receive tensors when called with dataset elements."""
-        names = {p.arg for p, has_default in self.positional_params()
-                 if not has_default and p.arg not in self.bound_keywords}
+        names = {
+            p.arg
+            for p, has_default in self.positional_params()
+            if not has_default and p.arg not in self.bound_keywords
+        }
         if self.node.args.vararg is not None:
             names.add(self.node.args.vararg.arg)
         return names
@@ -150,8 +168,12 @@ class ModuleIndex:
         return None
 
     def is_builtin(self, node: ast.AST, name: str) -> bool:
-        return (isinstance(node, ast.Name) and node.id == name
-                and name not in self.imports and name not in self.module_bindings)
+        return (
+            isinstance(node, ast.Name)
+            and node.id == name
+            and name not in self.imports
+            and name not in self.module_bindings
+        )
 
     def scope_of(self, node: ast.AST) -> ast.AST:
         """The innermost function, lambda, class or module containing `node`."""
@@ -168,8 +190,12 @@ class ModuleIndex:
         bound: dict[str, list[Binding]] = {}
         if isinstance(scope, (*FUNCTION_NODES, ast.Lambda)):
             args = scope.args
-            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs,
-                        *(a for a in (args.vararg, args.kwarg) if a is not None)]:
+            for arg in [
+                *args.posonlyargs,
+                *args.args,
+                *args.kwonlyargs,
+                *(a for a in (args.vararg, args.kwarg) if a is not None),
+            ]:
                 bound.setdefault(arg.arg, []).append(_Parameter(arg.arg))
         if isinstance(scope, (ast.Module, ast.ClassDef, *FUNCTION_NODES)):
             for node in _statements_in_scope(scope.body):
@@ -222,8 +248,9 @@ class ModuleIndex:
 
     def is_method(self, function: ast.AST) -> bool:
         """A def in a class body whose first parameter is the instance or class."""
-        return (self.enclosing_class(function) is not None
-                and "staticmethod" not in self.decorator_names(function))
+        return self.enclosing_class(
+            function
+        ) is not None and "staticmethod" not in self.decorator_names(function)
 
     def method_receiver(self, scope: ast.AST, name: str) -> ast.ClassDef | None:
         """The class whose instance (or class) `name` is, when `name` is the first
@@ -239,8 +266,9 @@ class ModuleIndex:
             current = self.scope_of(current)
         return None
 
-    def class_member(self, cls: ast.ClassDef, name: str,
-                     depth: int = 0) -> list[tuple[ast.AST, DefiningScope]]:
+    def class_member(
+        self, cls: ast.ClassDef, name: str, depth: int = 0
+    ) -> list[tuple[ast.AST, DefiningScope]]:
         """Defs named `name` in `cls` or its same-module bases; else values assigned
         to ``self.<name>`` in its methods. Pairs of (def or value, the scope it is
         seen from: the defining class for a def, the assigning method for a value)."""
@@ -265,9 +293,12 @@ class ModuleIndex:
             for node in _statements_in_scope(method.body):
                 if isinstance(node, ast.Assign):
                     for target in node.targets:
-                        if (isinstance(target, ast.Attribute) and target.attr == name
-                                and isinstance(target.value, ast.Name)
-                                and target.value.id == receiver):
+                        if (
+                            isinstance(target, ast.Attribute)
+                            and target.attr == name
+                            and isinstance(target.value, ast.Name)
+                            and target.value.id == receiver
+                        ):
                             assigned.append((node.value, method))
         return assigned
 
@@ -294,8 +325,9 @@ class ModuleIndex:
             classes = []
             for binding in self.lookup(node.id, scope):
                 if isinstance(binding, ast.expr):
-                    classes.extend(self.instance_classes(binding, self.scope_of(binding),
-                                                         depth + 1))
+                    classes.extend(
+                        self.instance_classes(binding, self.scope_of(binding), depth + 1)
+                    )
             return classes
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             owner = self.method_receiver(scope, node.value.id)
@@ -315,18 +347,22 @@ class ModuleIndex:
         if isinstance(node, ast.Call):
             return self.qualify(node.func) in _PYTHON_RNG_CONSTRUCTORS
         if isinstance(node, ast.Name):
-            return any(isinstance(b, ast.expr) and self.is_python_rng(b, scope, depth + 1)
-                       for b in self.lookup(node.id, scope))
+            return any(
+                isinstance(b, ast.expr) and self.is_python_rng(b, scope, depth + 1)
+                for b in self.lookup(node.id, scope)
+            )
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             owner = self.method_receiver(scope, node.value.id)
             if owner is not None:
-                return any(isinstance(value, ast.expr)
-                           and self.is_python_rng(value, scope, depth + 1)
-                           for value, _ in self.class_member(owner, node.attr))
+                return any(
+                    isinstance(value, ast.expr) and self.is_python_rng(value, scope, depth + 1)
+                    for value, _ in self.class_member(owner, node.attr)
+                )
         return False
 
-    def resolve_callables(self, node: ast.AST, scope: ast.AST,
-                          depth: int = 0) -> list[ResolvedFunction]:
+    def resolve_callables(
+        self, node: ast.AST, scope: ast.AST, depth: int = 0
+    ) -> list[ResolvedFunction]:
         """The same-module functions an expression may evaluate to (possibly none)."""
         if depth > MAX_RESOLVE_DEPTH:
             return []
@@ -338,8 +374,9 @@ class ModuleIndex:
         self._callables_cache[key] = found
         return found
 
-    def _resolve_callables(self, node: ast.AST, scope: ast.AST,
-                           depth: int) -> list[ResolvedFunction]:
+    def _resolve_callables(
+        self, node: ast.AST, scope: ast.AST, depth: int
+    ) -> list[ResolvedFunction]:
         if isinstance(node, ast.Lambda):
             return [ResolvedFunction(node)]
         if isinstance(node, ast.Name):
@@ -356,8 +393,9 @@ class ModuleIndex:
             return self._resolve_call_result(node, scope, depth)
         return []
 
-    def _resolve_attribute(self, node: ast.Attribute, scope: ast.AST,
-                           depth: int) -> list[ResolvedFunction]:
+    def _resolve_attribute(
+        self, node: ast.Attribute, scope: ast.AST, depth: int
+    ) -> list[ResolvedFunction]:
         # self.method / cls.method inside a class
         if isinstance(node.value, ast.Name):
             owner = self.method_receiver(scope, node.value.id)
@@ -371,8 +409,9 @@ class ModuleIndex:
             found.extend(self._members_as_callables(cls, node.attr, bound=True, depth=depth))
         return found
 
-    def _members_as_callables(self, cls: ast.ClassDef, name: str, *, bound: bool,
-                              depth: int) -> list[ResolvedFunction]:
+    def _members_as_callables(
+        self, cls: ast.ClassDef, name: str, *, bound: bool, depth: int
+    ) -> list[ResolvedFunction]:
         found = []
         for member, where in self.class_member(cls, name):
             if isinstance(member, FUNCTION_NODES):
@@ -388,16 +427,23 @@ class ModuleIndex:
                 found.extend(self.resolve_callables(member, where, depth + 1))
         return found
 
-    def _resolve_call_result(self, node: ast.Call, scope: ast.AST,
-                             depth: int) -> list[ResolvedFunction]:
+    def _resolve_call_result(
+        self, node: ast.Call, scope: ast.AST, depth: int
+    ) -> list[ResolvedFunction]:
         qualified = self.qualify(node.func)
-        if qualified in PARTIAL or (isinstance(node.func, ast.Name) and node.func.id == "partial"
-                                    and qualified is None and not self.lookup("partial", scope)):
+        if qualified in PARTIAL or (
+            isinstance(node.func, ast.Name)
+            and node.func.id == "partial"
+            and qualified is None
+            and not self.lookup("partial", scope)
+        ):
             if not node.args:
                 return []
             keywords = [k.arg for k in node.keywords if k.arg]
-            return [c.partial(len(node.args) - 1, keywords)
-                    for c in self.resolve_callables(node.args[0], scope, depth + 1)]
+            return [
+                c.partial(len(node.args) - 1, keywords)
+                for c in self.resolve_callables(node.args[0], scope, depth + 1)
+            ]
         if qualified in _TF_FUNCTION_WRAPPERS:
             wrapped = node.args[0] if node.args else keyword_argument(node, "func")
             return self.resolve_callables(wrapped, scope, depth + 1) if wrapped is not None else []

@@ -29,28 +29,48 @@ class Rule:
 RULES: dict[str, Rule] = {
     rule.code: rule
     for rule in (
-        Rule("K000", "the file could not be read or parsed",
-             "fix the syntax error; nothing else in this file was checked"),
-        Rule("K101", "Python or NumPy randomness in traced code",
-             "use tf.random.stateless_* / tf.image.stateless_random_* with a per-element "
-             "seed, e.g. from Dataset.enumerate"),
-        Rule("K102", "Python value of a symbolic tensor",
-             "keep it in TF ops, or do the work offline in kiln build"),
-        Rule("K103", "print() in traced code",
-             "use tf.print, which runs for every element"),
-        Rule("K104", "Python branch on a tensor",
-             "use tf.cond(pred, true_fn, false_fn), or tf.where(pred, x, y) element-wise"),
-        Rule("K105", "Python while loop on a tensor",
-             "use tf.while_loop(cond, body, loop_vars), or loop over a static bound such as "
-             "x.shape"),
-        Rule("K106", "assert on a tensor",
-             "use tf.debugging.assert_* (e.g. tf.debugging.assert_less), which checks every "
-             "element"),
-        Rule("K107", "Python code wrapped in tf.py_function / tf.numpy_function",
-             "move the work offline into kiln build (a registered transform), or write it in "
-             "TF ops"),
-        Rule("K108", "NumPy/OpenCV call on a tensor",
-             "do it offline in kiln build, or use the TF equivalent (tf.image.*, tf.math.*)"),
+        Rule(
+            "K000",
+            "the file could not be read or parsed",
+            "fix the syntax error; nothing else in this file was checked",
+        ),
+        Rule(
+            "K101",
+            "Python or NumPy randomness in traced code",
+            "use tf.random.stateless_* / tf.image.stateless_random_* with a per-element "
+            "seed, e.g. from Dataset.enumerate",
+        ),
+        Rule(
+            "K102",
+            "Python value of a symbolic tensor",
+            "keep it in TF ops, or do the work offline in kiln build",
+        ),
+        Rule("K103", "print() in traced code", "use tf.print, which runs for every element"),
+        Rule(
+            "K104",
+            "Python branch on a tensor",
+            "use tf.cond(pred, true_fn, false_fn), or tf.where(pred, x, y) element-wise",
+        ),
+        Rule(
+            "K105",
+            "Python while loop on a tensor",
+            "use tf.while_loop(cond, body, loop_vars), or loop over a static bound such as x.shape",
+        ),
+        Rule(
+            "K106",
+            "assert on a tensor",
+            "use tf.debugging.assert_* (e.g. tf.debugging.assert_less), which checks every element",
+        ),
+        Rule(
+            "K107",
+            "Python code wrapped in tf.py_function / tf.numpy_function",
+            "move the work offline into kiln build (a registered transform), or write it in TF ops",
+        ),
+        Rule(
+            "K108",
+            "NumPy/OpenCV call on a tensor",
+            "do it offline in kiln build, or use the TF equivalent (tf.image.*, tf.math.*)",
+        ),
     )
 }
 
@@ -99,11 +119,18 @@ class Violation:
     fix: str | None = None
 
     def at(self, path: str, node: ast.stmt | ast.expr) -> Finding:
-        return Finding(path, node.lineno, node.col_offset + 1, self.code, self.message,
-                       self.fix or RULES[self.code].fix)
+        return Finding(
+            path,
+            node.lineno,
+            node.col_offset + 1,
+            self.code,
+            self.message,
+            self.fix or RULES[self.code].fix,
+        )
 
 
 # --- files that could not be checked (K000) -----------------------------------------
+
 
 def file_not_checked(path: str, error: Exception) -> Finding:
     """The K000 finding for a file that could not be read, decoded or parsed."""
@@ -127,11 +154,18 @@ def file_not_checked(path: str, error: Exception) -> Finding:
 
 def nested_too_deeply_to_check(path: str) -> Finding:
     """The K000 finding for code that parses but nests deeper than the checker recurses."""
-    return Finding(path, 1, 1, SYNTAX_ERROR_CODE, "expressions nested too deeply to check",
-                   "split the deepest expressions, or lint this file's sources instead")
+    return Finding(
+        path,
+        1,
+        1,
+        SYNTAX_ERROR_CODE,
+        "expressions nested too deeply to check",
+        "split the deepest expressions, or lint this file's sources instead",
+    )
 
 
 # --- branches on tensors (K104, K105, K106) -------------------------------------------
+
 
 def statement_violation(statement: ast.stmt, is_tensor: IsTensor) -> Violation | None:
     """A Python `if`, `while` or `assert` whose test is a tensor."""
@@ -140,17 +174,20 @@ def statement_violation(statement: ast.stmt, is_tensor: IsTensor) -> Violation |
             "K104",
             "Python `if` on a tensor: needs AutoGraph to rewrite it into tf.cond; fails "
             "('symbolic tf.Tensor as a Python bool') without AutoGraph or source access, "
-            "or when the branches differ in dtype/structure")
+            "or when the branches differ in dtype/structure",
+        )
     if isinstance(statement, ast.While) and is_tensor(statement.test):
         return Violation(
             "K105",
             "Python `while` on a tensor: needs AutoGraph to rewrite it into tf.while_loop; "
-            "fails ('symbolic tf.Tensor as a Python bool') without AutoGraph or source access")
+            "fails ('symbolic tf.Tensor as a Python bool') without AutoGraph or source access",
+        )
     if isinstance(statement, ast.Assert) and is_tensor(statement.test):
         return Violation(
             "K106",
             "`assert` on a tensor fails in graph mode: AutoGraph does not convert assert, "
-            "and a symbolic tensor has no truth value")
+            "and a symbolic tensor has no truth value",
+        )
     return None
 
 
@@ -161,7 +198,8 @@ def expression_violation(expression: ast.AST, is_tensor: IsTensor) -> Violation 
             "K104",
             "conditional expression on a tensor: needs AutoGraph to rewrite it into "
             "tf.cond; fails ('symbolic tf.Tensor as a Python bool') without it",
-            "use tf.where(cond, a, b), or tf.cond(cond, lambda: a, lambda: b)")
+            "use tf.where(cond, a, b), or tf.cond(cond, lambda: a, lambda: b)",
+        )
     # The last operand's truth value is never taken: `a and b` returns b as it is.
     if isinstance(expression, ast.BoolOp) and any(is_tensor(v) for v in expression.values[:-1]):
         operator = "and" if isinstance(expression.op, ast.And) else "or"
@@ -170,7 +208,8 @@ def expression_violation(expression: ast.AST, is_tensor: IsTensor) -> Violation 
             f"`{operator}` on a tensor takes its Python truth value: needs AutoGraph's "
             f"rewrite; fails ('symbolic tf.Tensor as a Python bool') without it",
             f"use tf.logical_{operator}(a, b) (or a {'&' if operator == 'and' else '|'} b "
-            f"on boolean tensors)")
+            f"on boolean tensors)",
+        )
     return None
 
 
@@ -182,7 +221,8 @@ def comprehension_condition_violation(condition: ast.expr, is_tensor: IsTensor) 
         "K104",
         "comprehension `if` on a tensor takes its Python truth value, which a "
         "symbolic tensor does not have (fails in graph mode)",
-        "filter with tf.boolean_mask(x, mask) or select with tf.where(mask, x, y)")
+        "filter with tf.boolean_mask(x, mask) or select with tf.where(mask, x, y)",
+    )
 
 
 # --- calls (K101, K102, K103, K107, K108) ---------------------------------------------
@@ -193,58 +233,80 @@ _CONCRETE_VALUE_BUILTINS = frozenset({"int", "float", "bool", "complex"})
 _HOST_ARRAY_LIBRARIES = ("numpy.", "cv2.", "scipy.", "skimage.", "PIL.")
 
 
-def call_violation(call: ast.Call, index: ModuleIndex, scope: ast.AST,
-                   is_tensor: IsTensor) -> Violation | None:
+def call_violation(
+    call: ast.Call, index: ModuleIndex, scope: ast.AST, is_tensor: IsTensor
+) -> Violation | None:
     """The pitfall a call in traced code is, if any; `scope` is the traced function."""
     qualified = index.qualify(call.func)
     func = call.func
-    if qualified and (qualified.startswith("numpy.random.") or qualified == "random"
-                      or qualified.startswith("random.")):
+    if qualified and (
+        qualified.startswith("numpy.random.")
+        or qualified == "random"
+        or qualified.startswith("random.")
+    ):
         return Violation(
             "K101",
             f"`{_shown_name(func)}()` runs once, at trace time: its value is baked into the graph "
-            f"as a constant, the same for every element and epoch")
+            f"as a constant, the same for every element and epoch",
+        )
     if isinstance(func, ast.Attribute) and index.is_python_rng(func.value, scope):
         return Violation(
             "K101",
             f"`{_shown_name(func)}()` draws from a NumPy/Python generator once, at trace time: its "
-            f"value is baked into the graph as a constant, the same for every element and epoch")
-    if isinstance(func, ast.Attribute) and func.attr == "numpy" and not call.args \
-            and not call.keywords:
+            f"value is baked into the graph as a constant, the same for every element and epoch",
+        )
+    if (
+        isinstance(func, ast.Attribute)
+        and func.attr == "numpy"
+        and not call.args
+        and not call.keywords
+    ):
         return Violation(
             "K102",
             "`.numpy()` in traced code: the tensor is symbolic and has no value "
-            "(AttributeError in graph mode)")
-    if any(index.is_builtin(func, name) for name in _CONCRETE_VALUE_BUILTINS) \
-            and any(is_tensor(a) for a in call.args):
+            "(AttributeError in graph mode)",
+        )
+    if any(index.is_builtin(func, name) for name in _CONCRETE_VALUE_BUILTINS) and any(
+        is_tensor(a) for a in call.args
+    ):
         return Violation(
             "K102",
             f"`{_shown_name(func)}()` of a tensor in traced code: the tensor is symbolic and "
             f"has no value (TypeError in graph mode)",
-            "use tf.cast(x, dtype) to stay in the graph, or a static property such as x.shape")
+            "use tf.cast(x, dtype) to stay in the graph, or a static property such as x.shape",
+        )
     if index.is_builtin(func, "print"):
         return Violation(
             "K103",
-            "`print()` runs once, at trace time, and shows a symbolic Tensor, not the elements")
+            "`print()` runs once, at trace time, and shows a symbolic Tensor, not the elements",
+        )
     if _is_py_function(qualified):
         return Violation(
             "K107",
             f"`{_shown_name(func)}` runs Python per element: it holds the GIL (num_parallel_calls "
             f"barely helps), loses static shapes (set_shape needed), cannot be serialized with the "
-            f"graph, and runs on the host only")
-    if qualified and qualified.startswith(_HOST_ARRAY_LIBRARIES) \
-            and any(is_tensor(a) for a in [*call.args, *(k.value for k in call.keywords)]):
+            f"graph, and runs on the host only",
+        )
+    if (
+        qualified
+        and qualified.startswith(_HOST_ARRAY_LIBRARIES)
+        and any(is_tensor(a) for a in [*call.args, *(k.value for k in call.keywords)])
+    ):
         return Violation(
             "K108",
             f"`{_shown_name(func)}()` on a tensor in traced code: NumPy/OpenCV need concrete "
-            f"arrays ('Cannot convert a symbolic tf.Tensor to a numpy array')")
+            f"arrays ('Cannot convert a symbolic tf.Tensor to a numpy array')",
+        )
     return None
 
 
 def _is_py_function(qualified: str | None) -> bool:
     """Whether a dotted name is tf.py_function or one of its relatives."""
-    return qualified is not None and qualified.startswith("tensorflow.") and \
-        qualified.rsplit(".", 1)[-1] in PY_FUNCTION_NAMES
+    return (
+        qualified is not None
+        and qualified.startswith("tensorflow.")
+        and qualified.rsplit(".", 1)[-1] in PY_FUNCTION_NAMES
+    )
 
 
 def _shown_name(func: ast.AST) -> str:

@@ -26,7 +26,8 @@ class CodeFilter:
         for prefix in cleaned:
             if not any(code.startswith(prefix) for code in RULES):
                 raise ValueError(
-                    f"{what}: unknown code {prefix!r} (known: {', '.join(sorted(RULES))})")
+                    f"{what}: unknown code {prefix!r} (known: {', '.join(sorted(RULES))})"
+                )
         return cleaned
 
     def wants(self, code: str) -> bool:

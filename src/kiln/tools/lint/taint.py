@@ -44,30 +44,70 @@ _PYTHON_CALLBACK_KEYWORDS = {
 }
 
 # TF calls that return Python values (or objects), not tensors.
-_TF_STATIC_CALLS = frozenset({
-    "tensorflow.executing_eagerly", "tensorflow.is_tensor", "tensorflow.is_symbolic_tensor",
-    "tensorflow.get_static_value", "tensorflow.as_dtype", "tensorflow.TensorShape",
-    "tensorflow.TensorSpec", "tensorflow.RaggedTensorSpec", "tensorflow.SparseTensorSpec",
-    "tensorflow.dimension_value", "tensorflow.compat.dimension_value", "tensorflow.DType",
-    "tensorflow.debugging.is_numeric_tensor", "tensorflow.function",
-})
+_TF_STATIC_CALLS = frozenset(
+    {
+        "tensorflow.executing_eagerly",
+        "tensorflow.is_tensor",
+        "tensorflow.is_symbolic_tensor",
+        "tensorflow.get_static_value",
+        "tensorflow.as_dtype",
+        "tensorflow.TensorShape",
+        "tensorflow.TensorSpec",
+        "tensorflow.RaggedTensorSpec",
+        "tensorflow.SparseTensorSpec",
+        "tensorflow.dimension_value",
+        "tensorflow.compat.dimension_value",
+        "tensorflow.DType",
+        "tensorflow.debugging.is_numeric_tensor",
+        "tensorflow.function",
+    }
+)
 # TF namespaces whose calls are not tensor ops; they pass taint through their arguments.
 _TF_NON_OP_PREFIXES = (
-    "tensorflow.config.", "tensorflow.distribute.", "tensorflow.io.gfile.",
-    "tensorflow.nest.", "tensorflow.data.", "tensorflow.test.", "tensorflow.sysconfig.",
-    "tensorflow.version.", "tensorflow.autograph.", "tensorflow.keras.", "tensorflow.saved_model.",
-    "tensorflow.train.Checkpoint", "tensorflow.summary.", "tensorflow.errors.",
+    "tensorflow.config.",
+    "tensorflow.distribute.",
+    "tensorflow.io.gfile.",
+    "tensorflow.nest.",
+    "tensorflow.data.",
+    "tensorflow.test.",
+    "tensorflow.sysconfig.",
+    "tensorflow.version.",
+    "tensorflow.autograph.",
+    "tensorflow.keras.",
+    "tensorflow.saved_model.",
+    "tensorflow.train.Checkpoint",
+    "tensorflow.summary.",
+    "tensorflow.errors.",
     "tensorflow.python.",  # internals: no promise what they return
 )
 # Outside TensorFlow, `is_nested(x)`, `has_key(x)` and the like answer about structure.
 _PREDICATE_PREFIXES = ("is_", "has_")
-_STATIC_BUILTINS = frozenset({
-    "isinstance", "issubclass", "hasattr", "callable", "type", "id", "len", "repr", "str",
-})
+_STATIC_BUILTINS = frozenset(
+    {
+        "isinstance",
+        "issubclass",
+        "hasattr",
+        "callable",
+        "type",
+        "id",
+        "len",
+        "repr",
+        "str",
+    }
+)
 # Attributes of a tensor known when the graph is built.
-_STATIC_ATTRIBUTES = frozenset({
-    "shape", "dtype", "ndim", "rank", "name", "device", "graph", "element_spec",
-})
+_STATIC_ATTRIBUTES = frozenset(
+    {
+        "shape",
+        "dtype",
+        "ndim",
+        "rank",
+        "name",
+        "device",
+        "graph",
+        "element_spec",
+    }
+)
 _STATIC_METHODS = frozenset({"get_shape", "numpy"})
 
 _COMPREHENSION_NODES = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
@@ -121,16 +161,22 @@ class _ModuleChecker:
             self.analyse(function, function.element_params(), frozenset(), depth=0)
 
     @staticmethod
-    def analysis_key(function: ResolvedFunction, tensor_params: Iterable[str],
-                     closure: frozenset[str]) -> _AnalysisKey:
+    def analysis_key(
+        function: ResolvedFunction, tensor_params: Iterable[str], closure: frozenset[str]
+    ) -> _AnalysisKey:
         return id(function.node), frozenset(tensor_params), closure
 
     def returns_tensor(self, key: _AnalysisKey) -> bool | None:
         """Whether an analysed function may return a tensor; None if not (yet) known."""
         return self._returns.get(key)
 
-    def analyse(self, function: ResolvedFunction, tensor_params: set[str],
-                closure: frozenset[str], depth: int) -> None:
+    def analyse(
+        self,
+        function: ResolvedFunction,
+        tensor_params: set[str],
+        closure: frozenset[str],
+        depth: int,
+    ) -> None:
         """Checks one function body given which of its parameters hold tensors."""
         if depth > MAX_CALL_DEPTH:
             return
@@ -139,9 +185,15 @@ class _ModuleChecker:
             return  # done already, with at least as much call depth left
         self._done[key] = depth
         node = function.node
-        all_params = {p.arg for p in [*node.args.posonlyargs, *node.args.args,
-                                      *node.args.kwonlyargs,
-                                      *(a for a in (node.args.vararg, node.args.kwarg) if a)]}
+        all_params = {
+            p.arg
+            for p in [
+                *node.args.posonlyargs,
+                *node.args.args,
+                *node.args.kwonlyargs,
+                *(a for a in (node.args.vararg, node.args.kwarg) if a),
+            ]
+        }
         tainted = (set(closure) - all_params) | set(tensor_params)
         body = _FunctionBodyChecker(self, node, depth)
         if isinstance(node, ast.Lambda):
@@ -217,8 +269,9 @@ class _FunctionBodyChecker:
             for item in node.items:
                 check(item.context_expr, tainted)
                 if item.optional_vars is not None:
-                    self._bind(item.optional_vars, self.is_tensor(item.context_expr, tainted),
-                               tainted)
+                    self._bind(
+                        item.optional_vars, self.is_tensor(item.context_expr, tainted), tainted
+                    )
             return self.block(node.body, tainted)
         if isinstance(node, _TRY_NODES):
             after = self.block(node.body, tainted)
@@ -254,8 +307,9 @@ class _FunctionBodyChecker:
         first = self.block(body, tainted) | tainted
         return self.block(body, first) | first
 
-    def _bind(self, target: ast.AST, is_tensor: bool, tainted: set[str],
-              strong: bool = True) -> None:
+    def _bind(
+        self, target: ast.AST, is_tensor: bool, tainted: set[str], strong: bool = True
+    ) -> None:
         if isinstance(target, ast.Name):
             if is_tensor:
                 tainted.add(target.id)
@@ -306,8 +360,10 @@ class _FunctionBodyChecker:
             self._bind(generator.target, self.is_tensor(generator.iter, local), local)
             for condition in generator.ifs:
                 self.expression(condition, local)
-                self.module.report(condition, rules.comprehension_condition_violation(
-                    condition, self._tensor_test(local)))
+                self.module.report(
+                    condition,
+                    rules.comprehension_condition_violation(condition, self._tensor_test(local)),
+                )
         elements = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
         for element in elements:
             self.expression(element, local)
@@ -316,15 +372,19 @@ class _FunctionBodyChecker:
         """Reports the call itself and follows same-module callees; returns the
         argument nodes not to check as traced code (a py_function's Python function)."""
         index = self.index
-        self.module.report(node, rules.call_violation(
-            node, index, self.function, self._tensor_test(tainted)))
+        self.module.report(
+            node, rules.call_violation(node, index, self.function, self._tensor_test(tainted))
+        )
         qualified = index.qualify(node.func)
         func = node.func
         skipped: set[ast.AST] = set()
         last = (qualified or "").rsplit(".", 1)[-1]
         if qualified and qualified.startswith("tensorflow.") and last in _PYTHON_CALLBACK_KEYWORDS:
-            python_function = node.args[0] if node.args else \
-                keyword_argument(node, _PYTHON_CALLBACK_KEYWORDS[last])
+            python_function = (
+                node.args[0]
+                if node.args
+                else keyword_argument(node, _PYTHON_CALLBACK_KEYWORDS[last])
+            )
             if python_function is not None:
                 skipped.add(python_function)  # runs eagerly, per element: not traced code
 
@@ -338,15 +398,18 @@ class _FunctionBodyChecker:
             if argument in skipped or isinstance(argument, ast.Lambda):
                 continue
             if isinstance(argument, (ast.Name, ast.Attribute)) or (
-                    isinstance(argument, ast.Call) and index.qualify(argument.func) in PARTIAL):
+                isinstance(argument, ast.Call) and index.qualify(argument.func) in PARTIAL
+            ):
                 callees = index.resolve_callables(argument, scope)
                 if not callees:
                     continue
-                gets_tensors = any(self.is_tensor(other, tainted)
-                                   for other in arguments if other is not argument)
+                gets_tensors = any(
+                    self.is_tensor(other, tainted) for other in arguments if other is not argument
+                )
                 for callee in callees:
-                    self._follow(callee, callee.element_params() if gets_tensors else set(),
-                                 tainted)
+                    self._follow(
+                        callee, callee.element_params() if gets_tensors else set(), tainted
+                    )
         return skipped
 
     def _follow(self, callee: ResolvedFunction, tensor_params: set[str], tainted: set[str]) -> None:
@@ -363,9 +426,13 @@ class _FunctionBodyChecker:
         if not callees:
             return None
         answers = [
-            self.module.returns_tensor(self.module.analysis_key(
-                callee, self._bind_arguments(callee, call, tainted),
-                self._closure(callee, tainted)))
+            self.module.returns_tensor(
+                self.module.analysis_key(
+                    callee,
+                    self._bind_arguments(callee, call, tainted),
+                    self._closure(callee, tainted),
+                )
+            )
             for callee in callees
         ]
         if any(answer is None for answer in answers):
@@ -380,8 +447,9 @@ class _FunctionBodyChecker:
             current = self.index.parents.get(current)
         return False
 
-    def _bind_arguments(self, callee: ResolvedFunction, call: ast.Call,
-                        tainted: set[str]) -> set[str]:
+    def _bind_arguments(
+        self, callee: ResolvedFunction, call: ast.Call, tainted: set[str]
+    ) -> set[str]:
         """The callee's parameters that receive a tensor at this call."""
         params = [p for p, _ in callee.positional_params()]
         args = callee.node.args
@@ -450,14 +518,20 @@ class _FunctionBodyChecker:
             if qualified:
                 if qualified in _TF_STATIC_CALLS:
                     return False
-                if qualified.startswith("tensorflow.") \
-                        and not qualified.startswith(_TF_NON_OP_PREFIXES):
+                if qualified.startswith("tensorflow.") and not qualified.startswith(
+                    _TF_NON_OP_PREFIXES
+                ):
                     return True  # a TF op returns a tensor whatever its inputs
             same_module = self._call_returns_tensor(node, tainted)
             if same_module is not None:
                 return same_module
-            name = func.attr if isinstance(func, ast.Attribute) else \
-                func.id if isinstance(func, ast.Name) else ""
+            name = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else ""
+            )
             if name.startswith(_PREDICATE_PREFIXES):
                 return False
             if isinstance(func, ast.Attribute) and self.is_tensor(func.value, tainted):
@@ -466,8 +540,10 @@ class _FunctionBodyChecker:
         if isinstance(node, _COMPREHENSION_NODES):
             return any(self.is_tensor(g.iter, tainted) for g in node.generators) or any(
                 self.is_tensor(child, tainted)
-                for child in ([node.key, node.value] if isinstance(node, ast.DictComp)
-                              else [node.elt]))
+                for child in (
+                    [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+                )
+            )
         return any(self.is_tensor(child, tainted) for child in ast.iter_child_nodes(node))
 
 

@@ -34,39 +34,103 @@ _DATASET_FUNCTION_METHODS = {
     "interleave": (0, "map_func"),
 }
 # Methods and constructors only tf.data has: strong evidence of a Dataset.
-_TF_DATA_ONLY_METHODS = frozenset({
-    "prefetch", "padded_batch", "unbatch", "with_options", "interleave", "flat_map",
-    "from_tensor_slices", "from_tensors", "list_files", "ragged_batch", "take_while",
-    "bucket_by_sequence_length", "as_dataset", "snapshot", "rejection_resample",
-})
+_TF_DATA_ONLY_METHODS = frozenset(
+    {
+        "prefetch",
+        "padded_batch",
+        "unbatch",
+        "with_options",
+        "interleave",
+        "flat_map",
+        "from_tensor_slices",
+        "from_tensors",
+        "list_files",
+        "ragged_batch",
+        "take_while",
+        "bucket_by_sequence_length",
+        "as_dataset",
+        "snapshot",
+        "rejection_resample",
+    }
+)
 # Dataset methods other libraries also have: follow the chain to its root.
-_CHAINABLE_METHODS = frozenset({
-    "map", "filter", "batch", "shuffle", "repeat", "cache", "take", "skip", "shard",
-    "zip", "enumerate", "apply", "concatenate", "window", "unique", "ignore_errors",
-})
-_TF_DATA_KEYWORDS = frozenset({
-    "num_parallel_calls", "deterministic", "cycle_length", "block_length", "map_func", "predicate",
-})
+_CHAINABLE_METHODS = frozenset(
+    {
+        "map",
+        "filter",
+        "batch",
+        "shuffle",
+        "repeat",
+        "cache",
+        "take",
+        "skip",
+        "shard",
+        "zip",
+        "enumerate",
+        "apply",
+        "concatenate",
+        "window",
+        "unique",
+        "ignore_errors",
+    }
+)
+_TF_DATA_KEYWORDS = frozenset(
+    {
+        "num_parallel_calls",
+        "deterministic",
+        "cycle_length",
+        "block_length",
+        "map_func",
+        "predicate",
+    }
+)
 # Keywords of Hugging Face datasets, multiprocessing and concurrent.futures map().
-_OTHER_MAP_KEYWORDS = frozenset({
-    "batched", "num_proc", "remove_columns", "fn_kwargs", "with_indices", "with_rank",
-    "load_from_cache_file", "input_columns", "chunksize", "timeout",
-})
+_OTHER_MAP_KEYWORDS = frozenset(
+    {
+        "batched",
+        "num_proc",
+        "remove_columns",
+        "fn_kwargs",
+        "with_indices",
+        "with_rank",
+        "load_from_cache_file",
+        "input_columns",
+        "chunksize",
+        "timeout",
+    }
+)
 # Libraries whose own datasets have a .map running Python per item.
-_OTHER_DATASET_LIBRARIES = frozenset({
-    "datasets", "ray", "grain", "torch", "torchdata", "dask", "pyspark",
-})
+_OTHER_DATASET_LIBRARIES = frozenset(
+    {
+        "datasets",
+        "ray",
+        "grain",
+        "torch",
+        "torchdata",
+        "dask",
+        "pyspark",
+    }
+)
 # Libraries with a .map on objects not usually named like datasets (pools, frames).
-_OTHER_MAP_LIBRARIES = frozenset({
-    "multiprocessing", "concurrent", "pandas", "polars", "joblib", "apache_beam",
-})
+_OTHER_MAP_LIBRARIES = frozenset(
+    {
+        "multiprocessing",
+        "concurrent",
+        "pandas",
+        "polars",
+        "joblib",
+        "apache_beam",
+    }
+)
 _DATASET_NAME = re.compile(r"(^|_)(ds|dataset|datasets)(_|\d|$)|dataset", re.IGNORECASE)
 _TF_LIBRARIES = frozenset({"tensorflow", "tensorflow_datasets", "keras", "tf_keras", "kiln"})
 _OTHER_NAME = re.compile(
     r"(^|_)(pool|executor|df|series|frame|rdd|pcoll|client|futures?|workers?)(_|\d|$)",
-    re.IGNORECASE)
-_OTHER_CONSTRUCTOR = re.compile(r"Pool|Executor|DataFrame|Series|SparkContext|Client",
-                                re.IGNORECASE)
+    re.IGNORECASE,
+)
+_OTHER_CONSTRUCTOR = re.compile(
+    r"Pool|Executor|DataFrame|Series|SparkContext|Client", re.IGNORECASE
+)
 
 
 def traced_functions(index: ModuleIndex) -> Iterator[ResolvedFunction]:
@@ -82,11 +146,15 @@ def traced_functions(index: ModuleIndex) -> Iterator[ResolvedFunction]:
             if _is_tf_function_wrapper(index, node.func) and node.args:
                 # tf.function(fn, ...) and tf.function(input_signature=...)(fn)
                 yield from index.resolve_callables(node.args[0], scope)
-            elif (isinstance(node.func, ast.Attribute)
-                  and node.func.attr in _DATASET_FUNCTION_METHODS):
+            elif (
+                isinstance(node.func, ast.Attribute) and node.func.attr in _DATASET_FUNCTION_METHODS
+            ):
                 position, keyword = _DATASET_FUNCTION_METHODS[node.func.attr]
-                function = node.args[position] if len(node.args) > position else \
-                    keyword_argument(node, keyword)
+                function = (
+                    node.args[position]
+                    if len(node.args) > position
+                    else keyword_argument(node, keyword)
+                )
                 if function is None:
                     continue
                 callables = index.resolve_callables(function, scope)
@@ -120,14 +188,20 @@ class DatasetEvidence:
         self.index = index
         self._verdicts: dict[tuple[int, int], str] = {}
         # First and last parts: `import datasets`, `from lazy_modules import grain`.
-        roots = {part for qualified in index.imports.values()
-                 for part in (qualified.split(".")[0], qualified.rsplit(".", 1)[-1])}
+        roots = {
+            part
+            for qualified in index.imports.values()
+            for part in (qualified.split(".")[0], qualified.rsplit(".", 1)[-1])
+        }
         self.other_datasets_imported = bool(roots & _OTHER_DATASET_LIBRARIES)
         self.other_maps_imported = bool(roots & _OTHER_MAP_LIBRARIES)
         self.uses_tensorflow = bool(roots & _TF_LIBRARIES) or any(
-            isinstance(node, ast.Name) and node.id in ("tf", "tfds")
-            and node.id not in index.imports and node.id not in index.module_bindings
-            for node in ast.walk(index.tree))
+            isinstance(node, ast.Name)
+            and node.id in ("tf", "tfds")
+            and node.id not in index.imports
+            and node.id not in index.module_bindings
+            for node in ast.walk(index.tree)
+        )
 
     def is_dataset_call(self, call: ast.Call) -> bool:
         if not isinstance(call.func, ast.Attribute):
@@ -155,8 +229,9 @@ class DatasetEvidence:
         ``train_ds = reader(paths).map(decode).batch(8)`` -> ["train_ds"]."""
         node: ast.AST = call
         parent = self.index.parents.get(node)
-        while (isinstance(parent, ast.Attribute)
-               or (isinstance(parent, ast.Call) and parent.func is node)):
+        while isinstance(parent, ast.Attribute) or (
+            isinstance(parent, ast.Call) and parent.func is node
+        ):
             node, parent = parent, self.index.parents.get(parent)
         if isinstance(parent, (ast.Assign, ast.AnnAssign)):
             targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
@@ -164,7 +239,7 @@ class DatasetEvidence:
         return []
 
     def _receiver(self, node: ast.AST, scope: ast.AST, depth: int) -> str:
-        """"tf" (strong evidence), "other" (another library) or "unknown"."""
+        """ "tf" (strong evidence), "other" (another library) or "unknown"."""
         if depth > MAX_RESOLVE_DEPTH:
             return "unknown"
         key = (id(node), id(scope))
@@ -183,12 +258,19 @@ class DatasetEvidence:
                     return "tf"
                 if node.func.attr in _CHAINABLE_METHODS:
                     return self._receiver(node.func.value, scope, depth + 1)
-            callee = node.func.attr if isinstance(node.func, ast.Attribute) else \
-                node.func.id if isinstance(node.func, ast.Name) else ""
+            callee = (
+                node.func.attr
+                if isinstance(node.func, ast.Attribute)
+                else node.func.id
+                if isinstance(node.func, ast.Name)
+                else ""
+            )
             if _OTHER_CONSTRUCTOR.search(qualified or callee):
                 return "other"
-            if qualified.startswith(("tensorflow.", "keras.", "tf_keras.")) \
-                    and "dataset" in callee.lower():
+            if (
+                qualified.startswith(("tensorflow.", "keras.", "tf_keras."))
+                and "dataset" in callee.lower()
+            ):
                 return "tf"  # tf.data.TFRecordDataset, keras.utils.image_dataset_from_directory
             return "unknown"
         referenced = self.index.qualify(node)
@@ -199,7 +281,8 @@ class DatasetEvidence:
                 return "other"
             verdicts = {
                 self._receiver(binding, self.index.scope_of(binding), depth + 1)
-                for binding in self.index.lookup(node.id, scope) if isinstance(binding, ast.expr)
+                for binding in self.index.lookup(node.id, scope)
+                if isinstance(binding, ast.expr)
             }
             for verdict in ("tf", "other"):
                 if verdict in verdicts:
