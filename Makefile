@@ -31,6 +31,7 @@ test: venv
 # and the import layering (all configured in pyproject.toml and .importlinter).
 lint: venv
 	$(BIN)/python -m ruff check src tests benchmarks
+	$(BIN)/python -m ruff format --check src tests benchmarks
 	$(BIN)/python -m mypy
 	$(BIN)/lint-imports --no-cache .importlinter
 
