@@ -14,7 +14,7 @@ measurement runs in its own process (``python -m benchmarks.listing_bench
 --child SPEC_JSON``); the child reports the seconds of each phase, the growth
 of its peak resident memory over the imports (`resource.getrusage` before
 and after; the imports alone take most of a process's memory, TensorFlow
-included), and the listing's temporary files at their largest.
+included), and the size of the listing's temporary file (`Listing.disk_bytes`).
 
 Two manifests (CSV, ten classes, rows in shuffled order, relative paths in
 folders of 1000):
@@ -126,23 +126,21 @@ def _ensure_links(base: str, count: int) -> None:
 
 def measure_one(manifest: str, scratch: str) -> dict[str, Any]:
     """Lists `manifest` in a fresh process, as the launcher does; its measurements."""
-    temp = os.path.join(scratch, "listing-temp")
-    shutil.rmtree(temp, ignore_errors=True)
-    os.makedirs(temp)
-    spec = {"manifest": manifest, "temp": temp, "output": os.path.join(scratch, "listing.jsonl")}
+    temp = os.path.join(scratch, "listing-temp")  # the child's SQLite files, unlinked at birth
+    os.makedirs(temp, exist_ok=True)
+    spec = {"manifest": manifest, "output": os.path.join(scratch, "listing.jsonl")}
     completed = subprocess.run(
         [sys.executable, "-m", "benchmarks.listing_bench", "--child", json.dumps(spec)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", SQLITE_TMPDIR=temp),
     )
     lines = [line for line in completed.stdout.splitlines() if line.startswith(_RESULT_PREFIX)]
     if completed.returncode != 0 or not lines:
         raise RuntimeError(
             f"listing {manifest} failed (exit {completed.returncode}):\n{completed.stderr[-4000:]}"
         )
-    shutil.rmtree(temp, ignore_errors=True)
     os.remove(spec["output"])
     return json.loads(lines[-1][len(_RESULT_PREFIX) :])
 
@@ -303,9 +301,7 @@ def replace_section(page: str, section: str) -> str:
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     import resource
-    import tempfile
 
-    tempfile.tempdir = spec["temp"]  # the listing's SQLite file goes here, to be measured
     from kiln.pipeline import sources, versioning
 
     def peak_kb() -> int:
@@ -320,11 +316,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         stamped = time.perf_counter()
         listing.write(spec["output"])
         written = time.perf_counter()
-        temp_bytes = sum(
-            os.path.getsize(os.path.join(directory, name))
-            for directory, _, names in os.walk(spec["temp"])
-            for name in names
-        )
+        temp_bytes = listing.disk_bytes
         counts = {"files": listing.num_files, "dropped": listing.num_dropped}
     return {
         "list_seconds": listed - start,

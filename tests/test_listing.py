@@ -23,16 +23,17 @@ import json
 import os
 import random
 import shutil
+import signal
+import sqlite3
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 from conftest import make_config
 from kiln.errors import ConfigError
 from kiln.pipeline import BuildError, build, listing, versioning
-from kiln.pipeline.config import BuildSpec
+from kiln.pipeline.listing import Listing, ListingWriter
 
 CLASSES = ["class0", "class1", "class2"]
 SIZE, MTIME = 7, 1_000_000_000.5
@@ -149,32 +150,67 @@ def test_a_manifest_lists_in_memory_that_does_not_grow_with_its_rows(tmp_path):
     assert extra_mb < 60, f"270,000 more rows took {extra_mb:.0f} MB more at peak"
 
 
-def test_the_listing_is_deleted_when_the_build_ends_built_or_failed(
+# Lists a manifest, says which temporary files it holds open, and is killed.
+KILLED_CHILD = """
+import os, signal, sys
+from kiln.pipeline import sources
+source = sources.ManifestSource(type="manifest", path=sys.argv[1])
+listing = source.list_files(splits_from_source=False)
+print(os.path.realpath(sys.argv[2]), flush=True)
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        print(os.readlink(f"/proc/self/fd/{fd}"), flush=True)
+    except OSError:
+        pass
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def is_closed(listing: Listing) -> bool:
+    try:
+        _ = listing.disk_bytes
+    except sqlite3.ProgrammingError:  # "Cannot operate on a closed database."
+        return True
+    return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads Linux's /proc")
+def test_the_listing_is_deleted_when_the_build_ends_built_failed_or_killed(
     demo_corpus, tmp_path, monkeypatch
 ):
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    # Kept alive here, so only closing them deletes their folders (not the garbage collector).
-    alive = []
-    list_source = BuildSpec.list_source
+    # Every listing made, kept alive here: only closing one frees its file.
+    made: list[Listing] = []
+    finish = ListingWriter.finish
     monkeypatch.setattr(
-        BuildSpec, "list_source", lambda spec: alive.append(list_source(spec)) or alive[-1]
+        ListingWriter,
+        "finish",
+        lambda writer, *args: made.append(finish(writer, *args)) or made[-1],
     )
-
-    def listings():
-        return [name for name in os.listdir(temp) if name.startswith("kiln-listing-")]
 
     config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
     assert not build(config).up_to_date
-    assert listings() == []
     assert build(config).up_to_date
-    assert listings() == []
     with pytest.raises(BuildError, match="dropped 3 of 63 input files"):
         build(dict(config, name="strict", errors={"max_fraction": 0.01}))
-    assert len(alive) == 3 and listings() == []
     manifest = tmp_path / "manifest.csv"
     manifest.write_text("path,label\nnot_there.png,circle\n")
     with pytest.raises(ConfigError, match="no usable input image"):
         build(dict(config, source={"type": "manifest", "path": str(manifest)}))
-    assert listings() == []
+    assert len(made) == 4 and all(is_closed(listing) for listing in made)
+
+    # A killed process closes nothing, yet its listing leaves nothing on disk. (SQLite
+    # creates the file once the rows outgrow its page cache: 60,000 rows do.)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    manifest, _, _ = make_manifest(tmp_path / "killed", 60_000)
+    completed = subprocess.run(
+        [sys.executable, "-c", KILLED_CHILD, manifest, str(temp)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", SQLITE_TMPDIR=str(temp)),
+    )
+    assert completed.returncode == -signal.SIGKILL, completed.stderr[-3000:]
+    folder, *held = completed.stdout.splitlines()
+    assert any(path.startswith(folder + "/etilqs_") for path in held), held
+    assert os.listdir(temp) == []

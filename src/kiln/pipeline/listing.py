@@ -9,11 +9,13 @@ job's listing (`Listing.write`) and the up-to-date stamp
 (`Listing.stamp_entries`). Its own sorts spill to temporary files, so
 memory stays bounded there too.
 
-The database lives in a temporary folder that `Listing.close` deletes (the
-launcher closes the listing when the build ends, failed or not; a listing
-never closed is deleted when the process exits). The folder is
-`tempfile.gettempdir()`'s (``TMPDIR``); it needs about 0.3 KB per listed
-row (see BENCHMARKS.md).
+The database is SQLite's private temporary file (opened by the name ""):
+SQLite removes its name from the folder as soon as it is created, so the
+disk space comes back when the listing is closed (`Listing.close`; the
+launcher closes it when the build ends, failed or not) and, whatever
+happens, when the process ends: even a killed build leaves nothing behind.
+The folder is ``SQLITE_TMPDIR``, else ``TMPDIR``, else /var/tmp; a listing
+needs a few hundred bytes there per row (see BENCHMARKS.md).
 
 Strings are stored as UTF-8 bytes with lone surrogates passed through (a
 JSON manifest can hold ``"\\ud800"``; a local file name that is not UTF-8
@@ -27,9 +29,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import sqlite3
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -133,40 +133,28 @@ def _optional_text(data: bytes | None) -> str | None:
     return None if data is None else _text(data)
 
 
-class _Database:
-    """The SQLite file in its own temporary folder; `close` deletes both."""
-
-    def __init__(self):
-        self._folder = tempfile.TemporaryDirectory(prefix="kiln-listing-")
-        # Autocommit mode: `ListingWriter` opens one transaction itself.
-        self.connection = sqlite3.connect(
-            os.path.join(self._folder.name, "listing.sqlite"), isolation_level=None
-        )
-        # A scratch file: no journal, no fsync; a crash loses nothing that matters.
-        for pragma in (
-            "journal_mode = OFF",
-            "synchronous = OFF",
-            "locking_mode = EXCLUSIVE",
-            f"cache_size = -{_CACHE_KIB}",
-            "temp_store = FILE",
-        ):
-            self.connection.execute(f"PRAGMA {pragma}")
-
-    @property
-    def folder(self) -> str:
-        return self._folder.name
-
-    def close(self) -> None:
-        self.connection.close()
-        self._folder.cleanup()
+def _connect() -> sqlite3.Connection:
+    """A private temporary database (see the module docstring)."""
+    # Autocommit mode: `ListingWriter` opens one transaction itself.
+    connection = sqlite3.connect("", isolation_level=None)
+    # A scratch file: no journal, no fsync; a crash loses nothing that matters.
+    for pragma in (
+        "journal_mode = OFF",
+        "synchronous = OFF",
+        "locking_mode = EXCLUSIVE",
+        f"cache_size = -{_CACHE_KIB}",
+        "temp_store = FILE",
+    ):
+        connection.execute(f"PRAGMA {pragma}")
+    return connection
 
 
 class Listing:
     """Everything the launcher learned about the inputs before the job.
 
     The rows are on disk (see the module docstring); the methods iterate
-    over them. Close the listing (or use it as a context manager) to delete
-    them.
+    over them. Close the listing (or use it as a context manager) to give
+    their disk space back.
 
     Attributes:
       class_names: Sorted class names; a label is an index into it.
@@ -178,13 +166,13 @@ class Listing:
 
     def __init__(
         self,
-        database: _Database,
+        connection: sqlite3.Connection,
         class_names: list[str],
         split_names: list[str] | None,
         num_files: int,
         num_dropped: int,
     ):
-        self._database = database
+        self._connection = connection
         self.class_names = class_names
         self.split_names = split_names
         self.num_files = num_files
@@ -237,9 +225,16 @@ class Listing:
                     (json.dumps({"dropped": d.to_json()}, sort_keys=True) + "\n").encode("utf-8")
                 )
 
+    @property
+    def disk_bytes(self) -> int:
+        """The size of the listing's temporary file (SQLite's sorts use more, briefly)."""
+        (pages,) = self._connection.execute("PRAGMA page_count").fetchone()
+        (page_size,) = self._connection.execute("PRAGMA page_size").fetchone()
+        return pages * page_size
+
     def close(self) -> None:
-        """Deletes the listing's rows (its temporary folder)."""
-        self._database.close()
+        """Deletes the listing's rows: its temporary file goes."""
+        self._connection.close()
 
     def __enter__(self) -> Listing:
         return self
@@ -249,7 +244,7 @@ class Listing:
 
     def _query(self, sql: str) -> Iterator[tuple]:
         # A cursor of its own: iterations may interleave (files, then dropped).
-        return self._database.connection.execute(sql)
+        return self._connection.execute(sql)
 
 
 class ListingWriter:
@@ -264,8 +259,7 @@ class ListingWriter:
     """
 
     def __init__(self):
-        self._database = _Database()
-        self._connection = self._database.connection
+        self._connection = _connect()
         self._connection.executescript(_SCHEMA)
         self._connection.execute("BEGIN")
         self._pending: dict[str, list[tuple]] = {"candidates": [], "files": [], "dropped": []}
@@ -279,7 +273,7 @@ class ListingWriter:
 
     def __exit__(self, exc_type, *exc) -> None:
         if not self._finished:
-            self._database.close()
+            self._connection.close()
 
     def add_candidate(self, candidate: Candidate) -> None:
         self._add(
@@ -367,7 +361,7 @@ class ListingWriter:
         self._connection.execute("COMMIT")
         self._finished = True
         return Listing(
-            self._database,
+            self._connection,
             class_names,
             sorted(self._splits) if splits_from_source else None,
             self._num_files,
