@@ -210,25 +210,29 @@ class CoordinateMap:
         preimage of ``(u + 0.5, v + 0.5)``, floored), or `fill` when that
         centre lies outside the input. Axis-aligned maps are computed with
         exact index arithmetic in NumPy (a crop, a pad or an orientation is
-        an exact slice); other maps use ``cv2.warpAffine`` with
+        an exact copy of pixels); other maps use ``cv2.warpAffine`` with
         ``INTER_NEAREST``. Values are only ever copied, never blended.
         """
         if mask.ndim != 2:
             raise ValueError(f"warp_mask expects a 2-D mask, got shape {mask.shape}")
-        in_height, in_width = mask.shape
+        return self.warp_masks(mask[np.newaxis], fill)[0]
+
+    def warp_masks(self, masks: np.ndarray, fill: int = 0) -> np.ndarray:
+        """`warp_mask` for a ``[N, H, W]`` stack (instance masks), all at once."""
+        if masks.ndim != 3:
+            raise ValueError(f"warp_masks expects [N, H, W] masks, got shape {masks.shape}")
+        _, in_height, in_width = masks.shape
         xx, xy, x0, yx, yy, y0 = self.matrix
         if xy == 0 and yx == 0:
             rows, row_ok = _source_indices(self.height, yy, y0, in_height)
             cols, col_ok = _source_indices(self.width, xx, x0, in_width)
-            out = mask[rows[:, None], cols[None, :]]
-            valid = row_ok[:, None] & col_ok[None, :]
+            out = masks.take(rows, axis=1).take(cols, axis=2)
         elif xx == 0 and yy == 0:
-            # x' depends on y only and y' on x only: output column u reads
-            # input row rows[u], output row v reads input column cols[v].
-            rows, row_ok = _source_indices(self.width, xy, x0, in_height)
-            cols, col_ok = _source_indices(self.height, yx, y0, in_width)
-            out = mask[rows[None, :], cols[:, None]]
-            valid = col_ok[:, None] & row_ok[None, :]
+            # x' depends on y only and y' on x only: output row v reads input
+            # column cols[v], output column u reads input row rows[u].
+            rows, col_ok = _source_indices(self.width, xy, x0, in_height)
+            cols, row_ok = _source_indices(self.height, yx, y0, in_width)
+            out = masks.take(rows, axis=1).take(cols, axis=2).transpose(0, 2, 1)
         else:
             index_matrix = np.array(
                 [
@@ -236,17 +240,24 @@ class CoordinateMap:
                     [yx, yy, y0 + 0.5 * (yx + yy) - 0.5],
                 ]
             )
-            return cv2.warpAffine(
-                np.ascontiguousarray(mask),
-                index_matrix,
-                (self.width, self.height),
-                flags=cv2.INTER_NEAREST,
-                borderMode=cv2.BORDER_CONSTANT,
-                borderValue=int(fill),
-            )
-        if not valid.all():
-            out = np.where(valid, out, np.asarray(fill, mask.dtype))
-        return np.ascontiguousarray(out)
+            warped = [
+                cv2.warpAffine(
+                    np.ascontiguousarray(mask),
+                    index_matrix,
+                    (self.width, self.height),
+                    flags=cv2.INTER_NEAREST,
+                    borderMode=cv2.BORDER_CONSTANT,
+                    borderValue=int(fill),
+                )
+                for mask in masks
+            ]
+            return np.stack(warped) if warped else np.zeros((0, *self.size), masks.dtype)
+        out = np.ascontiguousarray(out)
+        if not row_ok.all():
+            out[:, ~row_ok, :] = fill
+        if not col_ok.all():
+            out[:, :, ~col_ok] = fill
+        return out
 
 
 def _source_indices(

@@ -267,31 +267,42 @@ class Targets:
                 keypoints[:, :, :2] = coordinate_map.map_points(keypoints[:, :, :2])
             x, y = keypoints[:, :, 0], keypoints[:, :, 1]
             inside = (x >= 0) & (x <= width) & (y >= 0) & (y <= height)
-            keypoints[labelled & ~inside, 2] = 0  # zeroed by the constructor
+            keypoints[labelled & ~inside, 2] = 0  # coordinates zeroed below
 
         mask, instance_masks = self.mask, self.instance_masks
+        every = bool(keep.all())
+        if instance_masks is not None and not every:
+            instance_masks = instance_masks[keep]
         # An identity map may still grow the canvas (a pad by one pixel puts
         # the extra column on the right): masks move unless nothing changes.
         if not (identity and self.mask_size() in (None, (height, width))):
             if mask is not None:
                 mask = coordinate_map.warp_mask(mask, fill=mask_fill)
             if instance_masks is not None:
-                kept = instance_masks[keep]
-                if len(kept):
-                    instance_masks = np.stack([coordinate_map.warp_mask(m, 0) for m in kept])
-                else:
-                    instance_masks = np.zeros((0, height, width), np.uint8)
-        elif instance_masks is not None:
-            instance_masks = instance_masks[keep]
+                instance_masks = coordinate_map.warp_masks(instance_masks, 0)
 
-        return Targets(
-            boxes=clipped[keep],
-            objects={name: column[keep] for name, column in self.objects.items()},
-            keypoints=None if keypoints is None else keypoints[keep],
+        if keypoints is not None:
+            keypoints[keypoints[:, :, 2] == 0, :2] = 0.0
+            if not every:
+                keypoints = keypoints[keep]
+        # Every array is new or unchanged (never the caller's: the
+        # constructor copied those), so no validation or copy again.
+        return _trusted(
+            boxes=clipped if every else clipped[keep],
+            objects=self.objects if every else {n: c[keep] for n, c in self.objects.items()},
+            keypoints=keypoints,
             mask=mask,
             instance_masks=instance_masks,
             dropped_objects=self.dropped_objects + int((~keep).sum()),
         )
+
+
+def _trusted(**fields: Any) -> Targets:
+    """A `Targets` of arrays that are already valid and owned (see `Targets.mapped`)."""
+    targets = object.__new__(Targets)
+    for field in dataclasses.fields(Targets):
+        object.__setattr__(targets, field.name, fields[field.name])
+    return targets
 
 
 def visible_fraction(boxes: np.ndarray, clipped: np.ndarray, height: int, width: int) -> np.ndarray:
