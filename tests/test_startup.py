@@ -151,3 +151,15 @@ def test_quiet_build_prints_nothing_and_imports_them_after_validating(tmp_path, 
     assert again["code"] == 0, again["stderr"]
     assert again["stderr"] == ""
     assert again["stdout"].startswith("kiln build: built shapes version ")
+
+
+def test_reading_commands_print_only_their_own_lines(tmp_path, build_dataset):
+    # verify and preview run TensorFlow ops: no absl, oneDNN, CUDA or
+    # TFRecordDataset lines from it on stderr, only the command's output.
+    result = build_dataset()
+    verified = probe(tmp_path, "verify", result.dataset_root)
+    assert verified["code"] == 0 and verified["stderr"] == "", verified["stderr"]
+    assert verified["stdout"].startswith("kiln verify: OK: ")
+    sheet = str(tmp_path / "sheet.png")
+    previewed = probe(tmp_path, "preview", result.dataset_root, "--n", "2", "-o", sheet)
+    assert previewed["code"] == 0 and previewed["stderr"] == "", previewed["stderr"]

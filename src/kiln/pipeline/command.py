@@ -39,12 +39,12 @@ import time
 from typing import TYPE_CHECKING
 
 from kiln.errors import Failure, KilnError, UsageError
-from kiln.pipeline import build_report, storage
-from kiln.pipeline import config as config_module
-from kiln.schemas import ERRORS_FILENAME, share_text
 
 if TYPE_CHECKING:
     from kiln.pipeline.launcher import BuildResult
+
+# The modules that validate and build are imported by `run`: `kiln build
+# --help` needs none of them (nor NumPy, OpenCV and pydantic, which they import).
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
+    from kiln.pipeline import build_report
+
     started = time.monotonic()
     try:
         result = _build(args, extra_argv)
@@ -151,6 +153,8 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
         raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
     if args.progress_every < 0:
         raise UsageError(f"--progress-every must be 0 or more, got {args.progress_every}")
+    from kiln.pipeline import config as config_module
+
     # The whole config first, before Beam and TensorFlow are imported: a
     # mistake is reported in a fraction of a second.
     spec = config_module.load(args.config, output=args.output)
@@ -191,6 +195,8 @@ def _own_flags() -> list[str]:
 
 
 def _report(args: argparse.Namespace, report: dict) -> None:
+    from kiln.pipeline import build_report, storage
+
     if not args.report:
         return
     try:
@@ -205,6 +211,8 @@ def _report(args: argparse.Namespace, report: dict) -> None:
 
 def summary(result: BuildResult) -> str:
     """The end-of-build summary the command prints."""
+    from kiln.schemas import ERRORS_FILENAME, share_text
+
     info = result.info
     if result.up_to_date:
         head = f"kiln build: {info.name} is up to date: version {result.version}"

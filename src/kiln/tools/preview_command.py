@@ -7,12 +7,15 @@ import importlib
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from kiln.errors import UsageError
-from kiln.reader import AugmentConfigError, AugmentOpError
-from kiln.reader.location import is_remote
-from kiln.schemas import MetadataError
-from kiln.tools import contact_sheet
+
+if TYPE_CHECKING:
+    from kiln.tools import contact_sheet
+
+# The reader and the sheet are imported by `run` (TensorFlow on first use):
+# `kiln preview --help` needs none of them.
 
 DESCRIPTION = """\
 Draw a contact sheet that answers "is my augmentation doing what I think,
@@ -116,6 +119,9 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             raise UsageError(f"--plugin: cannot import module {module!r}: {e}") from None
     augment = _augment_argument(args.augment)
     _check_output(args.output)
+    from kiln.reader import AugmentConfigError, AugmentOpError
+    from kiln.schemas import MetadataError
+    from kiln.tools import contact_sheet
 
     try:
         preview = contact_sheet.gather(
@@ -158,6 +164,9 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
 
 def _check_output(path: str) -> None:
     """Refuses an output that cannot be written before any work is done."""
+    from kiln.reader.location import is_remote
+    from kiln.tools import contact_sheet
+
     if contact_sheet.image_format(path) is None:
         extensions = ", ".join(contact_sheet.IMAGE_FORMATS)
         raise UsageError(f"-o {path}: expected a file name ending in {extensions}")
@@ -208,6 +217,8 @@ def _check_epochs(preview: contact_sheet.Preview, *, strict: bool) -> int:
             file=sys.stderr,
         )
         return 0
+    from kiln.tools import contact_sheet
+
     unchanged = contact_sheet.unchanged_columns(preview.epochs)
     if not unchanged:
         return 0

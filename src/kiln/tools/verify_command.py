@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from kiln.errors import UsageError
-from kiln.schemas import MetadataError
 
 DESCRIPTION = """\
 Check a dataset written by `kiln build` before trusting it: check kiln.json
@@ -41,7 +40,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
-    # Here, not at the top: `kiln verify --help` needs no TensorFlow.
+    # Here, not at the top: `kiln verify --help` needs none of it (TensorFlow, NumPy).
+    from kiln.schemas import MetadataError
     from kiln.tools import verify
 
     try:
