@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from benchmarks import listing_bench
+from benchmarks import listing_bench, startup_bench
 
 # Why a target can be missed on this kind of machine; shown under the table
 # only for targets a run did not meet. Each states the arithmetic, not hope.
@@ -424,6 +424,8 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     if "listing" in results:
         lines.append(listing_bench.markdown(results["listing"]))
+    if "startup" in results:
+        lines.append(startup_bench.markdown(results["startup"]))
     return "\n".join(lines)
 
 

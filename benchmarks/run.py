@@ -12,9 +12,11 @@ use 2000 of them, the scaling builds 500 to 8000 (twice the corpus: see
 load from elsewhere hits all variants alike), and the median is reported.
 Builds run in their own processes (`benchmarks.build_bench`); the reader
 variants run in this process, one fresh tf.data pipeline per measurement
-(`benchmarks.reader_bench`). Last, the launcher's listing of manifests of
+(`benchmarks.reader_bench`). Then the launcher's listing of manifests of
 100,000 and 1,000,000 rows (`benchmarks.listing_bench`, which also runs
-alone). Nothing here is a test: no timing is asserted.
+alone), and last the start-up of every command (`benchmarks.startup_bench`:
+`--help`, config errors, `kiln inspect`, next to importing TensorFlow).
+Nothing here is a test: no timing is asserted.
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ import sys
 import time
 from typing import Any
 
-from benchmarks import build_bench, corpus, listing_bench, machine, reader_bench, report
+from benchmarks import (
+    build_bench,
+    corpus,
+    listing_bench,
+    machine,
+    reader_bench,
+    report,
+    startup_bench,
+)
 
 logger = logging.getLogger("benchmarks.run")  # not __main__ under python -m
 
@@ -54,6 +64,7 @@ class Settings:
       layer_batches: Batches timed for the model-side layer.
       listing: Manifest sizes and rounds of the listing measurements
         (`benchmarks.listing_bench`).
+      startup: Rounds of the start-up measurements (`benchmarks.startup_bench`).
     """
 
     corpus: corpus.CorpusSpec
@@ -65,6 +76,7 @@ class Settings:
     reader_batches: int | None = None
     layer_batches: int = 20
     listing: listing_bench.Settings = listing_bench.FULL
+    startup: startup_bench.Settings = startup_bench.FULL
 
 
 FULL = Settings(
@@ -84,6 +96,7 @@ QUICK = Settings(
     reader_batches=2,
     layer_batches=2,
     listing=listing_bench.QUICK,
+    startup=startup_bench.QUICK,
 )
 
 # The build variants: (key, title, spec without the manifest).
@@ -303,6 +316,7 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
     )
     readers = measure_readers(settings, datasets)
     listing = listing_bench.measure(settings.listing, out_dir, log=logger.info)
+    startup = startup_bench.measure(settings.startup, out_dir, log=logger.info)
     results = {
         "command": command,
         "mode": "full" if settings is FULL else "quick",
@@ -320,6 +334,7 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
         "build": builds,
         "reader": readers,
         "listing": listing,
+        "startup": startup,
     }
     results["targets"] = report.targets(results)
     with open(os.path.join(out_dir, "results.json"), "w") as f:

@@ -77,7 +77,15 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         assert row["files"] == (2 if row["kind"] == "missing" else row["rows"])
     assert sorted(listing["extrapolation"]) == ["missing", "real"]
 
+    startup = {row["key"]: row for row in results["startup"]["rows"]}
+    assert {"tensorflow", "help", "missing_config", "typo_config", "inspect"} <= set(startup)
+    assert {f"help_{name}" for name in ("build", "inspect", "preview", "verify")} <= set(startup)
+    assert "exit_after_summary" in startup
+    assert all(row["median_seconds"] > 0 for row in startup.values())
+
     page = markdown.read_text()
+    assert "## Start-up: what a command costs before it does anything" in page
+    assert all(f"| {row['title']} |" in page for row in startup.values())
     assert "## Listing: manifests of 1,000 and 4,000 rows" in page
     for row in list(build["rows"].values()) + [reader["rows"]["jpeg"][k] for k in READER_ROWS]:
         assert f"| {row['title']} |" in page

@@ -262,7 +262,7 @@ def test_rebuild_is_up_to_date_and_changes_make_new_versions(demo_corpus, tmp_pa
         }
     ]
     with open(os.path.join(first.dataset_root, "LATEST")) as f:
-        assert f.read() == second.version
+        assert f.read() == second.version + "\n"
     assert os.path.exists(os.path.join(first.dataset_dir, "kiln.json"))
 
     # A removed file gives another new version.
@@ -322,6 +322,8 @@ def test_cli_builds_and_prints_a_summary(demo_corpus, tmp_path, capsys):
     )
     printed = capsys.readouterr().out
     latest = (out_root / "shapes" / "LATEST").read_text()
+    assert latest.endswith("\n") and latest.count("\n") == 1  # one line, as text files end
+    latest = latest.rstrip("\n")
     assert f"dataset: {out_root / 'shapes' / latest}" in printed
     info = publish.DatasetRoot(str(out_root / "shapes")).read_info(latest)
     for name, split in info.splits.items():

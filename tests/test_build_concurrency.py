@@ -86,7 +86,7 @@ def test_simultaneous_builds_publish_once_and_never_an_empty_or_partial_version(
         # The waiting ones never give up: one of them may even be the one that builds.
         assert {status for _, status in outcomes[-2:]} <= {"built", "up_to_date"}, outcomes
 
-        latest = (dataset_root / "LATEST").read_text()
+        latest = (dataset_root / "LATEST").read_text().rstrip("\n")
         versions = publish.DatasetRoot(str(dataset_root)).versions()
         published.append(latest)
         assert versions == sorted(set(published)), (versions, published)  # one new version

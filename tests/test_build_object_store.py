@@ -39,7 +39,7 @@ def test_build_publishes_on_an_object_store(store, build_dataset, demo_corpus):
     root = f"{BUCKET}/datasets/shapes"
     version_dir = f"{root}/{result.version}"
     assert result.dataset_dir == version_dir
-    assert object_store.get(f"{root}/LATEST").decode() == result.version
+    assert object_store.get(f"{root}/LATEST").decode() == result.version + "\n"
     assert not [p for p in object_store.names(root) if "/.staging-" in p]  # stale one too
     published = [p[len(version_dir) + 1 :] for p in object_store.names(version_dir + "/")]
     shard_names = [s.filename for split in result.info.splits.values() for s in split.shards]

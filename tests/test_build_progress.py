@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 
+import pytest
 import yaml
 
 from conftest import NUM_DEMO_IMAGES, make_config
@@ -26,34 +28,111 @@ def test_status_line():
     )
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 def test_display_redraws_one_line_from_the_count_file(tmp_path):
     path = str(tmp_path / "count")
-    stream = io.StringIO()
-    clock = iter([0.0, 2.0, 4.0]).__next__
-    display = progress.ProgressDisplay(path, total=8, stream=stream, prefix="p: ", clock=clock)
+    stream = Terminal()
+    clock = iter([0.0, 2.0, 4.0, 6.0]).__next__
+    display = progress.display(path, 12, enabled=True, stream=stream)
+    assert isinstance(display, progress.ProgressDisplay)  # on a terminal: redrawn
+    display.prefix, display.clock = "p: ", clock
     display.__enter__()
     display._stop.set()  # drive the drawing by hand, not by the thread's timer
     display._thread.join()
     with open(path, "wb") as f:
         f.write(b"....")
-    display.draw()  # t=2: 4 of 8
+    display.draw()  # t=2: 4 of 12, the first files: no rate yet
     with open(path, "ab") as f:
         f.write(b"....")
-    display.__exit__(None, None, None)  # t=4: 8 of 8, then a newline
+    display.draw()  # t=4: 8 of 12: 4 files in the 2 s since the first ones
+    with open(path, "ab") as f:
+        f.write(b"....")
+    display.__exit__(None, None, None)  # t=6: 12 of 12, then a newline
     assert stream.getvalue() == (
-        "\rp: 4/8 files (50.0%), 2.0 files/s, 0:02 left"
-        "\rp: 8/8 files (100.0%), 2.0 files/s; writing shards and statistics\n"
+        "\rp: 4/12 files (33.3%)"
+        "\rp: 8/12 files (66.7%), 2.0 files/s, 0:02 left"
+        "\rp: 12/12 files (100.0%), 2.0 files/s; writing shards and statistics\n"
     )
+
+
+def test_the_first_estimate_leaves_out_the_start_up():
+    # 20 s of start-up (workers, imports), then 10 files/s: the old estimate
+    # (files / time since the start) said 1 file/s and 16 minutes left.
+    rate = progress.RateEstimate()
+    assert rate.update(20.0, 5) is None  # the first files: nothing to measure from yet
+    assert rate.update(20.5, 10) is None  # under a second of work: too short to tell
+    assert rate.update(21.0, 15) == pytest.approx(10.0)
+    assert progress.status_line(15, 1000, 21.0, 10.0) == (
+        "15/1000 files (1.5%), 10.0 files/s, 1:38 left"
+    )
+
+
+def test_off_a_terminal_a_plain_line_every_so_often(tmp_path):
+    path = str(tmp_path / "count")
+    stream = io.StringIO()
+    assert isinstance(progress.display(path, 8, enabled=True, every=0), progress._NoDisplay)
+    assert isinstance(progress.display(path, 8, enabled=False, stream=stream), progress._NoDisplay)
+    display = progress.display(path, 8, enabled=True, every=0.01, stream=stream)
+    assert isinstance(display, progress.ProgressLog)
+    with open(path, "wb") as f:
+        f.write(b"....")
+    with display:
+        deadline = time.monotonic() + 10
+        while "4/8 files" not in stream.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with open(path, "ab") as f:
+            f.write(b"....")
+    lines = stream.getvalue().splitlines(keepends=True)
+    assert "\r" not in stream.getvalue() and all(line.endswith("\n") for line in lines)
+    assert lines[0].startswith("kiln build: 4/8 files (50.0%)")
+    assert lines[-1].startswith("kiln build: 8/8 files (100.0%)")  # the last line at the end
+
+    quiet = io.StringIO()  # a build shorter than the interval prints nothing
+    with progress.display(path, 8, enabled=True, every=60, stream=quiet):
+        pass
+    assert quiet.getvalue() == ""
+
+
+def test_loop_progress_for_demo_data():
+    stream = io.StringIO()
+    ticks = iter([0.0, 1.0, 2.0, 3.0, 4.0, 5.0]).__next__
+    shown = progress.LoopProgress(
+        4, prefix="d: ", unit="images", every=2.0, stream=stream, clock=ticks
+    )
+    for done in range(1, 5):
+        shown.update(done)  # t = 1, 2, 3, 4: a line at t=2 and t=4
+    shown.close()  # t=5: the last line
+    assert stream.getvalue() == (
+        "d: 2/4 images (50.0%), 1.0 images/s, 0:02 left\n"
+        "d: 4/4 images (100.0%), 1.0 images/s\n"
+        "d: 4/4 images (100.0%), 1.0 images/s\n"
+    )
+
+
+def test_demo_data_prints_progress_off_a_terminal(tmp_path, capfd):
+    code = cli.main(
+        ["demo-data", str(tmp_path / "demo"), "--num-images", "30", "--progress-every", "0.001"]
+    )
+    assert code == 0
+    out, err = capfd.readouterr()
+    lines = err.splitlines()
+    assert lines and all(line.startswith("kiln demo-data: ") for line in lines), err
+    assert lines[-1].startswith("kiln demo-data: 30/30 images (100.0%)")
+    assert out.startswith("wrote 30 images")
 
 
 def test_build_shows_every_file_counted(demo_corpus, tmp_path, capsys):
     config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
-    result = build(config, show_progress=True)
-    err = capsys.readouterr().err
+    result = build(config, show_progress=True, progress_every=0.01)
+    err = capsys.readouterr().err  # not a terminal: plain lines
     total = NUM_DEMO_IMAGES + len(demo_corpus.broken)  # dropped files count as done too
-    final = err.rstrip("\n").split("\r")[-1]
+    final = err.splitlines()[-1]
     assert final.startswith(f"kiln build: {total}/{total} files (100.0%)"), err
-    assert err.endswith("\n")
+    assert err.endswith("\n") and "\r" not in err
     # The counting step changes no output: the same version as a build without it.
     quiet = build(make_config(demo_corpus.out_dir, output=str(tmp_path / "quiet")))
     assert quiet.version == result.version

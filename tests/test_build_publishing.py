@@ -167,7 +167,7 @@ def test_keep_on_an_object_store(demo_corpus):
             if kind == "delete" and path.startswith(first.dataset_dir + "/")
         ]
         assert deleted[0] == f"{first.dataset_dir}/kiln.json" and len(deleted) > 3
-        assert object_store.get(f"{second.dataset_root}/LATEST").decode() == second.version
+        assert object_store.get(f"{second.dataset_root}/LATEST").decode() == second.version + "\n"
         assert object_store.names(f"{second.dataset_dir}/kiln.json")
     finally:
         object_store.reset()
@@ -257,7 +257,7 @@ def assert_nothing_half_written(dataset_root, previous, verified):
     changes, so each is verified once (`verified` holds their names).
     """
     with open(os.path.join(dataset_root, "LATEST")) as f:
-        latest = f.read()
+        latest = f.read().rstrip("\n")
     visible = sorted(e for e in os.listdir(dataset_root) if not e.startswith("."))
     assert latest in visible, (latest, visible)
     for entry in visible:

@@ -134,3 +134,26 @@ def test_inconsistent_error_report_is_flagged(built, tmp_path, capsys):
 
     os.remove(os.path.join(copy, METADATA_FILENAME))
     assert cli.main(["inspect", copy]) == 2
+
+
+def test_splits_in_reading_order_with_the_shares_reached(built):
+    # BASE_CONFIG asks for train 0.7, validation 0.15, test 0.15.
+    from kiln.pipeline.command import summary as build_summary
+
+    summary = inspection.inspect_dataset(built.dataset_root)
+    total = sum(split["num_examples"] for split in summary["splits"].values())
+    requested = {"train": 0.7, "validation": 0.15, "test": 0.15}
+    for name, fraction in requested.items():
+        split = summary["splits"][name]
+        assert split["requested_share"] == fraction
+        assert split["share"] == split["num_examples"] / total
+    expected = {
+        name: f"{100 * summary['splits'][name]['share']:.1f}% (asked {100 * fraction:g}%)"
+        for name, fraction in requested.items()
+    }
+    for text in (inspection.render(summary), build_summary(built)):
+        rows = [line.split() for line in text.splitlines() if line.startswith("  ")]
+        named = [row for row in rows if row[0] in requested and row[1].isdigit()]
+        assert [row[0] for row in named] == ["train", "validation", "test"], text
+        for row in named:
+            assert expected[row[0]] in " ".join(row), text

@@ -166,8 +166,16 @@ def test_cli_other_splits_get_the_inference_form(built, tmp_path, capsys):
         == 0
     )
     captured = capsys.readouterr()
-    assert "augmentation deterministic (inference form)" in captured.out
+    # The inference form is the same every epoch: one row, and the ops it applies named.
+    assert "2 elements x 1 row as read" in captured.out
+    assert (
+        "augmentation deterministic (inference form): applied: random_resized_crop; "
+        "not applied outside training: random_flip_left_right, random_brightness"
+    ) in captured.out
     assert "no random augmentation" in captured.err
+    preview = contact_sheet.gather(built.dataset_dir, "validation", n=2, epochs=3)
+    assert not preview.random and len(preview.epochs) == 1
+    assert preview.applied == ["random_resized_crop"]
 
 
 def test_cli_batch_ops_are_shown_on_one_batch(built, tmp_path):

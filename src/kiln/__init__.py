@@ -7,6 +7,8 @@ tf.data reader (`kiln.reader`) made of TensorFlow ops with stateless seeds.
 `kiln.schemas` is the one declaration of the record format both halves share.
 """
 
+import os as _os
+
 __version__ = "0.1.0"
 
 # Bumped whenever the bytes a build writes for the same inputs and config
@@ -15,3 +17,11 @@ __version__ = "0.1.0"
 # format up to their own (2: kiln.json's checksum and the reports' sha256,
 # and duplicates.jsonl; see `kiln.schemas.DatasetInfo`).
 FORMAT_VERSION = 2
+
+# The kiln command line keeps TensorFlow's native start-up lines out of its
+# output, in its own process and in Beam's worker processes, which inherit
+# the variable and import kiln before TensorFlow (`kiln.native_logs`).
+if _os.environ.get("KILN_QUIET_NATIVE_LOGS") == "1":
+    from kiln import native_logs as _native_logs
+
+    _native_logs.install()

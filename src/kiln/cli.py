@@ -13,20 +13,31 @@ build` hands them to Beam's PipelineOptions).
 
 Exit codes (`kiln.errors`): 0 success; 1 the command ran and found a problem
 (failed build, lint findings, verification failure); 2 a usage or
-configuration error; 3 another build of the dataset is running. Errors are
-`kiln.errors.KilnError`s, mapped here once: one line, no traceback.
+configuration error; 3 another build of the dataset is running; 130
+interrupted (Ctrl-C). Errors are `kiln.errors.KilnError`s, mapped here once:
+one line, no traceback.
+
+Nothing heavy is imported before the command's own module asks for it:
+``--help`` of any command, a config error and `kiln inspect` answer without
+TensorFlow or Beam (tests/test_startup.py). TensorFlow's C++ logging is
+configured here, before anything can import it.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
+import gc
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 
-from kiln.errors import EXIT_USAGE, KilnError, UsageError
+from kiln import native_logs
+from kiln.errors import EXIT_INTERRUPTED, EXIT_USAGE, KilnError, UsageError
 
 __all__ = ["COMMANDS", "Command", "UsageError", "main"]
 
@@ -63,7 +74,8 @@ EPILOG = """examples:
 
 `kiln COMMAND --help` shows each command's options, examples and exit codes.
 
-exit codes: 0 ok, 1 the command found a problem, 2 usage or config error"""
+exit codes: 0 ok, 1 the command found a problem, 2 usage or config error,
+  3 another build of the dataset is running, 130 interrupted"""
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -76,21 +88,83 @@ def _top_parser() -> argparse.ArgumentParser:
     from kiln import __version__
 
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    _add_verbose(parser, default=False)
     return parser
 
 
+def _add_verbose(parser: argparse.ArgumentParser, default: object) -> None:
+    # On the top parser and on each command's (`kiln inspect -v PATH`); a
+    # command's own default must not reset a -v given before the command.
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=default, help="log at DEBUG level"
+    )
+
+
+# TensorFlow's C++ lines (oneDNN, CUDA, CPU features) bury the command's own
+# output, and a cron job mails them. Unless the user asked for verbose
+# output, TensorFlow's logging keeps only fatal errors (kiln reports errors
+# itself, as Python exceptions), and the lines its libraries write while
+# loading, before any log setting applies, are filtered out of stderr
+# (`native_logs`). Set before TensorFlow is imported, which is the only time
+# it reads them, and inherited by Beam's worker processes; a variable the
+# user set wins.
+_QUIET_TENSORFLOW = {
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+    "GRPC_VERBOSITY": "ERROR",
+    native_logs.ENV: "1",
+}
+
+
 def _quiet_tensorflow(argv: list[str]) -> None:
-    # TensorFlow's C++ start-up lines (oneDNN, CUDA, CPU features) bury the
-    # command's own output. Hide INFO and WARNING unless the user asked for
-    # verbose output or set the variable themselves; errors still show.
-    if "-v" not in argv and "--verbose" not in argv:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if "-v" in argv or "--verbose" in argv:
+        return
+    for name, value in _QUIET_TENSORFLOW.items():
+        os.environ.setdefault(name, value)
+    if os.environ[native_logs.ENV] == "1":
+        native_logs.install()
+
+
+def _exit_without_collecting() -> None:
+    # At exit the interpreter runs a last garbage collection over every
+    # object alive, millions after TensorFlow and Beam were imported: seconds
+    # between a build's summary and the process's end. Frozen objects are
+    # left out of it; nothing kiln needs happens in that collection (files
+    # are closed and output flushed by then).
+    gc.freeze()
+
+
+def _interrupt_quietly(signum, frame) -> None:
+    # Ctrl-C: the job's other threads fail as it is torn down under them;
+    # their logs and tracebacks would bury the one line that says what
+    # happened ("interrupted"). --verbose keeps them.
+    logging.disable(logging.CRITICAL)
+    threading.excepthook = lambda args: None
+    raise KeyboardInterrupt
+
+
+def _end_interrupted_process() -> None:
+    # After Ctrl-C, Beam's and TensorFlow's threads may still be inside
+    # native code; finalizing the interpreter under them aborts the process
+    # ("terminate called without an active exception", exit -6) after the
+    # one line was printed. Everything kiln cleans up (the staging folder,
+    # the lock) was cleaned while the interrupt unwound; end here.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(EXIT_INTERRUPTED)
+
+
+_EXIT_HOOK: list[bool] = []
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _quiet_tensorflow(argv)
+    if not _EXIT_HOOK:
+        atexit.register(_exit_without_collecting)
+        _EXIT_HOOK.append(True)
     parser = _top_parser()
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Find the command without importing every command's module.
@@ -102,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             description=command.help,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        _add_verbose(sub, default=argparse.SUPPRESS)
         if name == chosen:
             try:
                 module = importlib.import_module(command.module)
@@ -113,13 +188,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 return EXIT_USAGE
             module.configure_parser(sub)
-            sub.set_defaults(_module=module, _command=command)
+            sub.set_defaults(_module=module, _command=command, _parser=sub)
     if chosen is None:
-        parser.print_help()
+        parser.parse_args(argv)  # --help and --version exit 0 here; anything else is an error
+        parser.print_help(sys.stderr)  # `kiln` or `kiln -v` alone: which command?
         return EXIT_USAGE
     args, extra = parser.parse_known_args(argv)
     if extra and not args._command.passes_extra_args:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -128,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         # Beam logs a failing worker's traceback at ERROR before re-raising it;
         # kiln reports the failure itself, on one line (--verbose shows both).
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+    previous_handler = None
+    if not args.verbose and threading.current_thread() is threading.main_thread():
+        previous_handler = signal.signal(signal.SIGINT, _interrupt_quietly)
     try:
         return int(args._module.run(args, extra) or 0)
     except KilnError as e:
@@ -135,13 +214,17 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         print(f"kiln {args.command}: interrupted", file=sys.stderr)
-        return 130
+        atexit.register(_end_interrupted_process)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader of our output went away (`kiln inspect --json | head`):
         # not an error of ours. Point stdout at devnull so the interpreter's
         # final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
 
 
 if __name__ == "__main__":

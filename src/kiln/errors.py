@@ -12,6 +12,7 @@ Exit codes (the same for every command, documented in docs/cli.md):
       findings, a dataset that does not verify)
 2     usage or configuration error (`UsageError`, `ConfigError`): nothing was done
 3     another build of the same dataset holds its lock (`Busy`): nothing was done
+130   interrupted (Ctrl-C): one line, no traceback; a build publishes nothing
 ====  ==========================================================================
 """
 
@@ -24,6 +25,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_BUSY = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + the signal's number, as shells report it
 
 
 # How much of a user's value an error message quotes. A config value can be

@@ -21,6 +21,15 @@ Modules (each a noun for one job):
 """
 
 from kiln.errors import ConfigError
-from kiln.pipeline.launcher import BuildError, BuildResult, build
 
 __all__ = ["BuildError", "BuildResult", "ConfigError", "build"]
+
+
+def __getattr__(name: str):
+    # The launcher imports Beam: only when a build is asked for, so that
+    # `kiln build --help` and a config error answer without it.
+    if name in ("BuildError", "BuildResult", "build"):
+        from kiln.pipeline import launcher
+
+        return getattr(launcher, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,12 +18,14 @@ the dataset.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.errors import EXIT_BUSY, EXIT_FAILED, EXIT_USAGE
 from kiln.pipeline import storage
-from kiln.pipeline.launcher import BuildResult
 from kiln.schemas import ERRORS_FILENAME
+
+if TYPE_CHECKING:
+    from kiln.pipeline.launcher import BuildResult
 
 REPORT_FORMAT = 1
 

@@ -20,42 +20,60 @@ and a container image built from the Dockerfile, see its header)::
         --sdk_location=container
 
 kiln's own flags are below; every other flag goes to Beam's PipelineOptions
-unchanged. The command prints where the dataset is and a summary; on a
-terminal, a local build also shows its progress (files done of total, rate,
-time left) on stderr. Exit codes: 0 built or up to date; 1 the build failed
-(nothing published); 2 bad config or usage.
+unchanged (a flag neither knows is a usage error, with a did-you-mean). The
+whole config is validated before Beam or TensorFlow is imported, so a
+mistake costs well under a second. The command prints where the dataset is
+and a summary; a local build also shows its progress (files done of total,
+rate, time left) on stderr: one line redrawn on a terminal, a plain line
+every ``--progress-every`` seconds elsewhere. Exit codes: 0 built or up to
+date; 1 the build failed (nothing published); 2 bad config or usage; 3 busy;
+130 interrupted (nothing published).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import sys
+import logging
 import time
+from typing import TYPE_CHECKING
 
-from kiln.errors import KilnError, UsageError
-from kiln.pipeline import build_report
-from kiln.pipeline.launcher import BuildResult, build
-from kiln.schemas import ERRORS_FILENAME
+from kiln.errors import Failure, KilnError, UsageError
+
+if TYPE_CHECKING:
+    from kiln.pipeline.launcher import BuildResult
+
+# The modules that validate and build are imported by `run`: `kiln build
+# --help` needs none of them (nor NumPy, OpenCV and pydantic, which they import).
+
+logger = logging.getLogger(__name__)
+
+
+def _plain(text: str) -> str:
+    """The module docstring's examples as --help prints them: no reStructuredText markup."""
+    return text.replace("::\n", ":\n").replace("``", "`")
+
 
 EPILOG = (
     "examples:\n\n"
-    + __doc__[__doc__.index("Locally") : __doc__.index("kiln's own flags")].rstrip()
+    + _plain(__doc__[__doc__.index("Locally") : __doc__.index("kiln's own flags")].rstrip())
     + """
 
 exit codes:
   0  built, or already up to date
   1  the build failed (the Beam job failed, or more than errors.max_fraction of
      the files were dropped): nothing was published, LATEST is unchanged
-  2  bad config or usage (one line naming the field; nothing was done)
-  3  another build of the same dataset is running (nothing was done; --wait)"""
+  2  bad config or usage (one line naming the field or flag; nothing was done)
+  3  another build of the same dataset is running (nothing was done; --wait)
+  130  interrupted (Ctrl-C): nothing was published, LATEST is unchanged"""
 )
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
-        "kiln build --config FILE [--output ROOT] [--quiet] [--report FILE] "
-        "[--keep N] [--wait SECONDS] [Beam pipeline options...]"
+        "kiln build --config FILE [--output ROOT] [--image-threads N] [--quiet] "
+        "[--progress-every SECONDS] [--report FILE] [--keep N] [--wait SECONDS] "
+        "[Beam pipeline options...]"
     )
     parser.epilog = EPILOG
     parser.add_argument(
@@ -80,8 +98,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quiet",
         action="store_true",
-        help="print no progress and no summary (errors still go to stderr); "
-        "progress is only shown on a terminal anyway",
+        help="print nothing when the build succeeds: no progress and no summary "
+        "(errors still go to stderr)",
+    )
+    parser.add_argument(
+        "--progress-every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="off a terminal (logs, cron, CI), print a plain progress line every "
+        "SECONDS (default: 30; 0: none); on a terminal one line is redrawn in place",
     )
     parser.add_argument(
         "--report",
@@ -108,6 +134,37 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
+    from kiln.pipeline import build_report
+
+    started = time.monotonic()
+    try:
+        result = _build(args, extra_argv)
+    except KilnError as e:  # printed by kiln.cli, with its exit code
+        _report(args, build_report.failed(str(e), e.exit_code, time.monotonic() - started))
+        raise
+    if not args.quiet:
+        print(summary(result), flush=True)
+    _report(args, build_report.succeeded(result, time.monotonic() - started))
+    return 0
+
+
+def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
+    if args.image_threads is not None and args.image_threads < 1:
+        raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
+    if args.progress_every < 0:
+        raise UsageError(f"--progress-every must be 0 or more, got {args.progress_every}")
+    from kiln.pipeline import config as config_module
+
+    # The whole config first, before Beam and TensorFlow are imported: a
+    # mistake is reported in a fraction of a second.
+    spec = config_module.load(args.config, output=args.output)
+    # The build needs both (Beam runs the job, TensorFlow encodes the
+    # records); imported here, before gc.freeze, so that the freeze covers them.
+    import tensorflow  # noqa: F401
+
+    from kiln.pipeline import launcher
+
+    launcher.check_pipeline_args(extra_argv, own_flags=_own_flags())
     # Move everything alive so far (TensorFlow and Beam: millions of
     # objects) out of the garbage collector's reach while the build runs: a
     # full collection would otherwise walk them all, several times a build,
@@ -116,41 +173,46 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     # alive that it would otherwise collect.
     gc.freeze()
     try:
-        return _run(args, extra_argv)
-    finally:
-        gc.unfreeze()
-
-
-def _run(args: argparse.Namespace, extra_argv: list[str]) -> int:
-    started = time.monotonic()
-    try:
-        if args.image_threads is not None and args.image_threads < 1:
-            raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
-        result = build(
-            args.config,
+        result = launcher.build(
+            spec,
             extra_argv,
-            output=args.output,
             image_threads=args.image_threads,
-            show_progress=not args.quiet and sys.stderr.isatty(),
+            show_progress=not args.quiet,
+            progress_every=args.progress_every,
             keep=args.keep,
             wait=args.wait,
         )
-    except KilnError as e:  # printed by kiln.cli, with its exit code
-        _report(args, build_report.failed(str(e), e.exit_code, time.monotonic() - started))
-        raise
-    if not args.quiet:
-        print(summary(result))
-    _report(args, build_report.succeeded(result, time.monotonic() - started))
-    return 0
+    finally:
+        gc.unfreeze()
+    return result
+
+
+def _own_flags() -> list[str]:
+    """`kiln build`'s own option strings, for the did-you-mean of an unknown flag."""
+    parser = argparse.ArgumentParser(add_help=False)
+    configure_parser(parser)
+    return [option for action in parser._actions for option in action.option_strings]
 
 
 def _report(args: argparse.Namespace, report: dict) -> None:
-    if args.report:
+    from kiln.pipeline import build_report, storage
+
+    if not args.report:
+        return
+    try:
         build_report.write(args.report, report)
+    except OSError as e:
+        problem = f"--report: cannot write {storage.describe_os_error(e)}"
+        if report["exit_code"] == 0:  # published, but the scheduler would not hear of it
+            raise Failure(f"{problem}; the dataset was published") from None
+        # The build's own error (and exit code) is what the run reports.
+        logger.error("%s", problem)
 
 
 def summary(result: BuildResult) -> str:
     """The end-of-build summary the command prints."""
+    from kiln.schemas import ERRORS_FILENAME, share_text
+
     info = result.info
     if result.up_to_date:
         head = f"kiln build: {info.name} is up to date: version {result.version}"
@@ -158,10 +220,11 @@ def summary(result: BuildResult) -> str:
         head = f"kiln build: built {info.name} version {result.version}"
     lines = [head, f"  dataset: {result.dataset_dir}  (LATEST -> {result.version})"]
     width = max([len("split")] + [len(name) for name in info.splits])
-    lines.append(f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}")
-    for name in sorted(info.splits):
+    shares = {name: share_text(*share) for name, share in info.split_shares().items()}
+    lines.append(f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}  share")
+    for name, share in shares.items():
         split = info.splits[name]
-        lines.append(f"  {name:<{width}}  {split.num_examples:>8}  {len(split.shards):>6}")
+        lines.append(f"  {name:<{width}}  {split.num_examples:>8}  {len(split.shards):>6}  {share}")
     dropped = sum(info.dropped.values())
     if dropped:
         reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(info.dropped.items()))

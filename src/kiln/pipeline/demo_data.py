@@ -28,10 +28,12 @@ import os
 import re
 import shutil
 import struct
+from collections.abc import Callable
 
 import cv2
 import numpy as np
 
+from kiln.pipeline.progress import DEFAULT_EVERY_SECONDS, LoopProgress
 from kiln.transforms import encode_image
 from kiln.transforms.functional import to_grayscale
 
@@ -94,6 +96,7 @@ def generate(
     num_images: int = 300,
     seed: int = 0,
     include_broken: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> DemoSummary:
     """Writes the demo shapes folder; byte-identical for the same arguments.
 
@@ -107,6 +110,7 @@ def generate(
       num_images: Good images to write (the broken files come on top).
       seed: Picks every random choice.
       include_broken: Also write the files listed in `DemoSummary.broken`.
+      progress: Called with the number of images written after each one.
 
     Raises:
       FileExistsError: if `out_dir` holds anything this module did not write.
@@ -122,6 +126,8 @@ def generate(
         name, data = _shape_file(rng, class_name, index)
         _write(out_dir, f"{class_name}/{name}", data)
         counts[class_name] += 1
+        if progress is not None:
+            progress(index + 1)
     broken = {}
     if include_broken:
         truncated = encode_image(
@@ -148,6 +154,7 @@ def generate_photos(
     num_images: int,
     size: tuple[int, int] = (800, 600),
     seed: int = 0,
+    progress: Callable[[int], None] | None = None,
 ) -> DemoSummary:
     """Writes photo-like JPEGs in class subfolders, for benchmarks.
 
@@ -162,6 +169,7 @@ def generate_photos(
       num_images: Images to write, classes in turn.
       size: ``(width, height)`` in pixels, as photo sizes are usually given.
       seed: Picks every random choice.
+      progress: Called with the number of images written after each one.
     """
     _check_counts(num_images, seed)
     width, height = size
@@ -180,6 +188,8 @@ def generate_photos(
             encode_image(image, format="jpeg", quality=90),
         )
         counts[class_name] += 1
+        if progress is not None:
+            progress(index + 1)
     return DemoSummary(out_dir, counts, {})
 
 
@@ -428,6 +438,14 @@ exit codes:
         action="store_true",
         help="write 800x600 photo-like JPEGs (for benchmarks) instead of small shapes",
     )
+    parser.add_argument(
+        "--progress-every",
+        type=float,
+        default=DEFAULT_EVERY_SECONDS,
+        metavar="SECONDS",
+        help="off a terminal, print a progress line every SECONDS (default: 30; 0: "
+        "none); on a terminal one line is redrawn in place",
+    )
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
@@ -437,17 +455,25 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         raise UsageError(
             f"--num-images and --seed must be >= 0, got {args.num_images} and {args.seed}"
         )
+    shown = LoopProgress(
+        args.num_images, prefix="kiln demo-data: ", unit="images", every=args.progress_every
+    )
     try:
         if args.photos:
-            summary = generate_photos(args.out, num_images=args.num_images, seed=args.seed)
+            summary = generate_photos(
+                args.out, num_images=args.num_images, seed=args.seed, progress=shown.update
+            )
         else:
             summary = generate(
                 args.out,
                 num_images=args.num_images,
                 seed=args.seed,
                 include_broken=not args.no_broken,
+                progress=shown.update,
             )
     except FileExistsError as e:
         raise UsageError(str(e)) from None
+    finally:
+        shown.close()
     print(summary.describe())
     return 0

@@ -27,11 +27,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from apache_beam.io.filesystems import FileSystems
-
+from kiln.lazy_import import LazyModule
 from kiln.schemas import ERRORS_FILENAME
+
+if TYPE_CHECKING:
+    from apache_beam.io.filesystems import FileSystems
+else:  # Beam on first use: validating a config needs none of it
+    FileSystems = LazyModule("apache_beam.io.filesystems", "FileSystems")
 
 
 @dataclasses.dataclass(frozen=True, order=True)

@@ -29,9 +29,14 @@ passed through unchanged.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import difflib
+import importlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -97,10 +102,71 @@ class BuildResult:
         return self.dataset_dir.rstrip("/").rsplit("/", 1)[0]
 
 
+def check_pipeline_args(pipeline_args: Sequence[str], own_flags: Sequence[str] = ()) -> None:
+    """Refuses flags that no registered `PipelineOptions` knows, and unknown runners.
+
+    Beam itself only logs a warning for a flag it does not know and goes on
+    without it: a misspelled ``--ouput`` or ``--quite`` would build into the
+    config's output, or print, as if it had not been given.
+
+    Args:
+      pipeline_args: The flags handed to Beam.
+      own_flags: The calling command's own flags, offered as did-you-mean
+        (``--image_threads`` -> ``--image-threads``).
+
+    Raises:
+      UsageError: naming the first unknown flag (with the closest known
+        one) or the unknown runner; nothing was done.
+    """
+    parsers: list[argparse.ArgumentParser] = []
+    # Beam's own parser, with every registered options class added (the
+    # hook gets it just before Beam parses); kiln reads it, Beam's result
+    # is not used.
+    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
+    parser = parsers[0]
+    unknown = [
+        arg for arg in parser.parse_known_args(list(pipeline_args))[1] if arg.startswith("-")
+    ]
+    if unknown:
+        known = [option for action in parser._actions for option in action.option_strings]
+        name = unknown[0].split("=", 1)[0]
+        close = difflib.get_close_matches(name, [*own_flags, *known], n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise UsageError(
+            f"unknown flag {name}: neither kiln nor Beam's pipeline options know it{hint} "
+            f"(`kiln build --help` lists kiln's)"
+        )
+    _check_runner(PipelineOptions(list(pipeline_args)).view_as(StandardOptions).runner)
+
+
+def _check_runner(runner: str | None) -> None:
+    """Raises UsageError unless Beam can create a runner named `runner` (None: kiln's default)."""
+    if not runner:
+        return
+    if "." in runner:  # a runner class by its full name
+        module, _, name = runner.rpartition(".")
+        try:
+            found = hasattr(importlib.import_module(module), name)
+        except ImportError:
+            found = False
+        if not found:
+            raise UsageError(f"--runner: cannot import the runner class {runner!r}")
+        return
+    # Beam accepts a known runner's name in any case, with or without "Runner".
+    known = StandardOptions.KNOWN_RUNNER_NAMES
+    lowered = {name.lower() for name in known}
+    if runner.lower() in lowered or runner.lower() + "runner" in lowered:
+        return
+    close = difflib.get_close_matches(runner, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise UsageError(f"--runner: unknown runner {runner!r}; {hint}known: {', '.join(known)}")
+
+
 def pipeline_options(pipeline_args: Sequence[str] = ()) -> PipelineOptions:
     """Beam options from the command line, with kiln's local default runner."""
     options = PipelineOptions(list(pipeline_args))
     standard = options.view_as(StandardOptions)
+    _check_runner(standard.runner)
     if not standard.runner:
         standard.runner = LOCAL_RUNNER
     # The job's graph is kiln's own and fixed (user code runs inside its
@@ -192,6 +258,7 @@ def build(
     output: str | None = None,
     image_threads: int | None = None,
     show_progress: bool = False,
+    progress_every: float = progress.DEFAULT_EVERY_SECONDS,
     keep: int | None = None,
     wait: float = 0.0,
 ) -> BuildResult:
@@ -203,8 +270,10 @@ def build(
       output: Overrides the config's output root.
       image_threads: Threads per image-processing DoFn instance; None: every
         core on a local runner, 1 on a distributed one (`default_image_threads`).
-      show_progress: Redraw a progress line (files done of total, rate, time
-        left) on stderr while the job runs; local runners only (`progress`).
+      show_progress: Show the progress (files done of total, rate, time
+        left) on stderr while the job runs, local runners only (`progress`):
+        one line redrawn on a terminal, else a plain line every
+        `progress_every` seconds (0: none).
       keep: After publishing (or finding the dataset up to date), delete all
         but the `keep` most recently published versions; never the one
         LATEST names. None keeps every version. A failure to prune is
@@ -224,6 +293,8 @@ def build(
     """
     _check_keep(keep)
     spec = _spec(config, output)
+    check_pipeline_args(pipeline_args)
+    _check_output_folders(spec)
     options = pipeline_options(pipeline_args)
     try:
         # The listing's rows are on disk until the build ends, failed or not.
@@ -235,6 +306,7 @@ def build(
                 held,
                 image_threads=image_threads,
                 show_progress=show_progress,
+                progress_every=progress_every,
                 keep=keep,
             )
     except OSError as e:  # a full disk, a read-only or unwritable output...
@@ -249,6 +321,7 @@ def _build_locked(
     *,
     image_threads: int | None,
     show_progress: bool,
+    progress_every: float,
     keep: int | None,
 ) -> BuildResult:
     _warn_about_shard_counts(spec, listing)
@@ -273,7 +346,7 @@ def _build_locked(
         plan = make_plan(spec, listing, transaction.staging_dir, options, image_threads)
         if show_progress and is_local_runner(options):
             plan = dataclasses.replace(plan, progress_uri=progress.counting_path(plan.work_dir))
-        report, counters = _run_job(plan, listing, options, show_progress)
+        report, counters = _run_job(plan, listing, options, show_progress, progress_every)
         _check_accounted(listing, report)
         if report.dropped_total > spec.config.errors.max_fraction * listing.total:
             transaction.keep_staging()
@@ -305,6 +378,16 @@ def _build_locked(
     )
 
 
+def _check_output_folders(spec: BuildSpec) -> None:
+    """Refuses a local output root (or dataset folder) that is an existing file."""
+    for folder in (spec.output_root, spec.dataset_root):
+        if not storage.is_remote(folder) and os.path.lexists(folder) and not os.path.isdir(folder):
+            raise UsageError(
+                f"output {folder} is a file, not a folder: the dataset goes to "
+                f"<output>/{spec.name}/<version>/; choose another output (--output ROOT)"
+            )
+
+
 def _check_keep(keep: int | None) -> None:
     if keep is not None and keep < 1:
         raise UsageError(f"--keep must be at least 1 (LATEST's version), got {keep}")
@@ -324,17 +407,29 @@ def _spec(
 
 
 def _run_job(
-    plan: job.JobPlan, listing: sources.Listing, options: PipelineOptions, show_progress: bool
+    plan: job.JobPlan,
+    listing: sources.Listing,
+    options: PipelineOptions,
+    show_progress: bool,
+    progress_every: float,
 ) -> tuple[job.JobReport, dict[str, int]]:
     """Writes the listing, runs the job to completion and reads its report."""
     listing.write(plan.listing_uri)
     pipeline = construct_pipeline(plan, options)
     logger.info("running the build job for %d files", listing.num_files)
+    interruption = _Interruption()
     try:
-        with progress.display(plan.progress_uri, listing.num_files, enabled=show_progress):
+        with (
+            interruption,
+            progress.display(
+                plan.progress_uri, listing.num_files, enabled=show_progress, every=progress_every
+            ),
+        ):
             result = pipeline.run()
             state = result.wait_until_finish()
     except Exception as e:  # a worker's error, re-raised by the runner with its traceback
+        if interruption.seen:  # Ctrl-C, which Beam re-raises as a step's RuntimeError
+            raise KeyboardInterrupt from None
         raise BuildError(
             f"the Beam job failed writing under {plan.staging_dir}: "
             f"{_last_line(e)}; nothing was published"
@@ -342,6 +437,37 @@ def _run_job(
     if state not in (None, PipelineState.DONE):
         raise BuildError(f"the Beam job ended in state {state}")
     return job.read_report(plan.report_uri), _counters(result)
+
+
+class _Interruption:
+    """Notes a Ctrl-C (SIGINT) while the job runs, then interrupts as before.
+
+    The KeyboardInterrupt is raised wherever the main thread is; inside a
+    step, Beam re-raises it as a RuntimeError naming the step, which would
+    read as a failed job (exit 1) instead of an interrupted one (exit 130).
+    Only in the main thread (the only one Python delivers signals to), over
+    whatever handler was there (Python's default raises KeyboardInterrupt).
+    """
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _Interruption:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._interrupt)
+        return self
+
+    def _interrupt(self, signum, frame) -> None:
+        self.seen = True
+        if callable(self._previous):
+            self._previous(signum, frame)
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc_info) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 def _warn_about_shard_counts(spec: BuildSpec, listing: sources.Listing) -> None:

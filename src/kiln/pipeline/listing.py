@@ -31,11 +31,15 @@ import itertools
 import json
 import sqlite3
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from apache_beam.io.filesystems import FileSystems
-
+from kiln.lazy_import import LazyModule
 from kiln.pipeline.error_report import DroppedFile
+
+if TYPE_CHECKING:
+    from apache_beam.io.filesystems import FileSystems
+else:  # Beam on first use: validating a config needs none of it
+    FileSystems = LazyModule("apache_beam.io.filesystems", "FileSystems")
 
 
 @dataclasses.dataclass(frozen=True, order=True)

@@ -126,8 +126,9 @@ class DatasetRoot:
         return stale
 
     def point_latest(self, version: str) -> None:
-        """Makes LATEST name `version`, atomically."""
-        storage.write_text(storage.join(self.path, LATEST_FILENAME), version)
+        """Makes LATEST name `version`, atomically: one line, ending in a newline
+        (readers strip it, and accept LATEST files from before it had one)."""
+        storage.write_text(storage.join(self.path, LATEST_FILENAME), version + "\n")
 
     def record_stamp(self, stamp: str, version: str) -> None:
         storage.write_text(storage.join(self.path, STAMPS_FOLDER, stamp), version)

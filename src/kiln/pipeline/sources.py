@@ -41,18 +41,23 @@ import os
 import posixpath
 import re
 from collections.abc import Iterator
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from apache_beam.io.filesystem import FileMetadata
-from apache_beam.io.filesystems import FileSystems
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.errors import ConfigError
+from kiln.lazy_import import LazyModule
 from kiln.pipeline import storage
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
 from kiln.pipeline.storage import is_remote
 from kiln.schemas import SPLIT_NAME_PATTERN
+
+if TYPE_CHECKING:
+    from apache_beam.io.filesystem import FileMetadata
+    from apache_beam.io.filesystems import FileSystems
+else:  # Beam on first use: validating a config needs none of it
+    FileSystems = LazyModule("apache_beam.io.filesystems", "FileSystems")
 
 logger = logging.getLogger(__name__)
 

@@ -22,24 +22,40 @@ import abc
 import errno
 import logging
 import os
+import re
 import secrets
 import stat
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
-from apache_beam.io.filesystem import FileMetadata
-from apache_beam.io.filesystems import FileSystems
+from kiln.lazy_import import LazyModule
+
+if TYPE_CHECKING:
+    from apache_beam.io.filesystem import FileMetadata
+    from apache_beam.io.filesystems import FileSystems
+else:
+    # Beam is imported by the first operation on an object store (or the
+    # first local listing, which yields Beam's FileMetadata): validating a
+    # config, which only joins and checks local paths, does not need it.
+    FileSystems = LazyModule("apache_beam.io.filesystems", "FileSystems")
 
 logger = logging.getLogger(__name__)
 
 TEMP_MARK = ".tmp-"  # hidden temp names of small writes: ``.<name>.tmp-<random>``
 
+# What Beam's FileSystems.get_scheme recognizes as a URI's scheme.
+_SCHEME = re.compile(r"(?P<scheme>[a-zA-Z][-a-zA-Z0-9+.]*)://.*")
+
 
 def is_remote(path: str) -> bool:
     """True for URIs with a scheme (gs://...), False for local paths."""
-    return FileSystems.get_scheme(path) not in (None, "file")
+    match = _SCHEME.match(path.strip())
+    return match is not None and match.group("scheme") != "file"
 
 
 def join(base: str, *parts: str) -> str:
+    if not is_remote(base):
+        return os.path.join(base, *parts)  # what Beam's LocalFileSystem.join does
     return FileSystems.join(base, *parts)
 
 
@@ -156,6 +172,8 @@ class LocalStore(Store):
         return any(files for _, _, files in os.walk(folder))
 
     def walk_tree(self, folder: str, *, skip_hidden: bool = False) -> Iterator[FileMetadata]:
+        from apache_beam.io.filesystem import FileMetadata
+
         # Symbolic links to folders are followed (a linked class folder is
         # listed, not skipped without a word), except a link back to one of
         # its own ancestors, which would loop. Callers decide what a link
@@ -190,7 +208,8 @@ class LocalStore(Store):
 
     def write_atomic(self, path: str, data: bytes) -> None:
         folder, name = os.path.split(path)
-        os.makedirs(folder, exist_ok=True)
+        if folder:  # a bare file name is in the current folder
+            os.makedirs(folder, exist_ok=True)
         temp = os.path.join(folder, f".{name}{TEMP_MARK}{secrets.token_hex(4)}")  # hidden
         try:
             with open(temp, "wb") as f:
@@ -204,7 +223,8 @@ class LocalStore(Store):
             raise
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.dirname(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:

@@ -20,14 +20,16 @@ Public API:
 
 Modules: `ops` declares augmentation ops (and holds kiln's element ops),
 `mixing` the batch ops, `augmenter` applies a validated list, `dataset`
-reads, `layer` is the Keras layer, `seeds` derives per-element seeds.
-Importing the package registers kiln's own ops.
+reads, `location` finds a dataset and reads its kiln.json, `layer` is the
+Keras layer, `seeds` derives per-element seeds. Importing the package
+registers kiln's own ops without importing TensorFlow (`kiln.lazy_import`):
+validating an augmentation list, `info` and `locate` on local paths do not
+need it; `load` and the layer do, and import it when first asked for.
 """
 
 # mixing is imported for its registrations: mixup and cutmix.
 from kiln.reader import mixing  # noqa: F401
-from kiln.reader.augmenter import AugmentOpError
-from kiln.reader.dataset import DEFAULT_SHUFFLE_BUFFER, info, load, locate
+from kiln.reader.location import info, locate
 from kiln.reader.ops import (
     Augmentation,
     AugmentConfigError,
@@ -52,8 +54,16 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # Keras is imported only when the layer is asked for: it is slow to import
-    # and not needed by augment_on="data".
+    # The parts that need TensorFlow (and the layer, Keras) are imported when
+    # first asked for: `kiln.reader.load`, `from kiln.reader import load`.
+    if name in ("load", "DEFAULT_SHUFFLE_BUFFER"):
+        from kiln.reader import dataset
+
+        return getattr(dataset, name)
+    if name == "AugmentOpError":
+        from kiln.reader.augmenter import AugmentOpError
+
+        return AugmentOpError
     if name == "AugmentationLayer":
         from kiln.reader.layer import AugmentationLayer
 

@@ -31,13 +31,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
 
+from kiln.lazy_import import LazyModule
 from kiln.reader import seeds as seeding
 from kiln.reader.ops import Augmentation, slice_window, to_float
 from kiln.schemas import decode_image
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:  # imported when images are augmented, not to name the errors
+    tf = LazyModule("tensorflow")
 
 
 class AugmentOpError(ValueError):

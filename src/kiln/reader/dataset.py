@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import logging
 import os
-import posixpath
 from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
-import kiln
 from kiln.reader import seeds as seeding
 from kiln.reader.augmenter import Augmenter, decode, standardize
+from kiln.reader.location import info, join, locate
 from kiln.reader.ops import AugmentConfigError, to_float, validate
 from kiln.schemas import (
-    LATEST_FILENAME,
     METADATA_FILENAME,
     RECORD,
     DatasetInfo,
@@ -44,91 +42,6 @@ SHUFFLE_BUFFER_BYTES = 256 << 20
 # Files read at once per input pipeline.
 _CYCLE_LENGTH = 16
 _AUGMENT_ON = ("data", "model")
-
-
-def _join(directory: str, name: str) -> str:
-    # gs:// paths take forward slashes on every OS.
-    if "://" in directory:
-        return posixpath.join(directory, name)
-    return os.path.join(directory, name)
-
-
-def locate(path: str | os.PathLike) -> str:
-    """The dataset version folder for `path`.
-
-    Args:
-      path: A version folder written by `kiln build` (it contains
-        `kiln.json`), or the dataset's folder ``<output>/<name>`` whose
-        `LATEST` file names the newest version folder. Local or ``gs://``.
-
-    Raises:
-      MetadataError: naming the path, when neither holds.
-    """
-    path = os.fspath(path)
-    if not path.endswith("://"):
-        path = path.rstrip("/") or "/"
-    if tf.io.gfile.exists(_join(path, METADATA_FILENAME)):
-        return path
-    latest = _join(path, LATEST_FILENAME)
-    if tf.io.gfile.exists(latest):
-        with tf.io.gfile.GFile(latest, "r") as f:
-            version = f.read().strip()
-        if not version:
-            raise MetadataError(f"{latest} is empty; it should name a version folder")
-        absolute = "://" in version or os.path.isabs(version)
-        version_dir = version if absolute else _join(path, version)
-        if not tf.io.gfile.exists(_join(version_dir, METADATA_FILENAME)):
-            raise MetadataError(
-                f"{latest} names version {version!r}, but {version_dir} has no "
-                f"{METADATA_FILENAME} (the build did not finish, or the folder was removed)"
-            )
-        return version_dir
-    if not tf.io.gfile.exists(path):
-        raise MetadataError(f"{path}: no such dataset folder")
-    raise MetadataError(
-        f"{path} is not a kiln dataset: it has no {METADATA_FILENAME} and no {LATEST_FILENAME} "
-        f"naming a version folder. Pass the folder `kiln build` wrote "
-        f"(<output>/<name>/<version>) or its parent <output>/<name>."
-    )
-
-
-def info(path: str | os.PathLike) -> DatasetInfo:
-    """The metadata of the dataset at `path` (splits, counts, class names, statistics, schema).
-
-    Reads `kiln.json` only; builds no dataset. `path` is resolved as in `locate`.
-
-    The metadata is checked as far as kiln.json alone allows: from format
-    version 2 it records a checksum of its own content, and a file edited
-    after the build wrote it (a statistics mean, the augment list, a count,
-    a shard's sha256...) is refused. Older formats have no checksum and load
-    unchecked. The shards are not read: `kiln verify` checks them.
-
-    Raises:
-      MetadataError: naming the file, if it is missing, malformed, modified
-        after it was written (`kiln.schemas.MetadataChecksumError`), written
-        by a newer kiln, or declares a record schema this reader cannot parse.
-    """
-    dataset_dir = locate(path)
-    source = _join(dataset_dir, METADATA_FILENAME)
-    with tf.io.gfile.GFile(source, "r") as f:
-        metadata = DatasetInfo.loads(f.read(), source=source)
-    if metadata.format_version > kiln.FORMAT_VERSION:
-        raise MetadataError(
-            f"{source}: written with format version {metadata.format_version} by kiln "
-            f"{metadata.kiln_version}; this kiln ({kiln.__version__}) reads up to "
-            f"{kiln.FORMAT_VERSION}. Upgrade kiln."
-        )
-    stored = {f["name"]: (f["key"], f["dtype"]) for f in metadata.schema.get("features", [])}
-    expected = {f.name: (f.key, f.dtype) for f in RECORD.features}
-    if stored != expected:
-        differing = sorted(
-            name for name in set(stored) | set(expected) if stored.get(name) != expected.get(name)
-        )
-        raise MetadataError(
-            f"{source}: the stored record schema differs from this kiln's in feature(s) "
-            f"{differing}; read it with the kiln version that wrote it ({metadata.kiln_version})"
-        )
-    return metadata
 
 
 def load(
@@ -359,7 +272,7 @@ def _augmenter(metadata: DatasetInfo, split: str, augment, dataset_dir: str) -> 
             )
         try:
             stored = validate(
-                metadata.augment, field=f"{_join(dataset_dir, METADATA_FILENAME)}: augment"
+                metadata.augment, field=f"{join(dataset_dir, METADATA_FILENAME)}: augment"
             )
         except AugmentConfigError as e:
             plugins = metadata.config.get("plugins") or []
@@ -382,17 +295,17 @@ def _statistics(metadata: DatasetInfo, split: str, dataset_dir: str):
             stats = split_info.statistics
             if len(stats.mean) != metadata.channels or len(stats.std) != metadata.channels:
                 raise MetadataError(
-                    f"{_join(dataset_dir, METADATA_FILENAME)}: statistics of split {name!r} "
+                    f"{join(dataset_dir, METADATA_FILENAME)}: statistics of split {name!r} "
                     f"have {len(stats.mean)} channel(s), the images {metadata.channels}"
                 )
             if min(stats.std) <= 0:
                 raise MetadataError(
-                    f"{_join(dataset_dir, METADATA_FILENAME)}: statistics of split {name!r} "
+                    f"{join(dataset_dir, METADATA_FILENAME)}: statistics of split {name!r} "
                     f"have a zero standard deviation {stats.std}; cannot normalize"
                 )
             return list(stats.mean), list(stats.std)
     raise MetadataError(
-        f"{_join(dataset_dir, METADATA_FILENAME)}: normalize=True needs pixel statistics, "
+        f"{join(dataset_dir, METADATA_FILENAME)}: normalize=True needs pixel statistics, "
         f"but neither split 'train' nor {split!r} has any"
     )
 
@@ -493,7 +406,7 @@ class _Share:
 
     @classmethod
     def of(cls, dataset_dir, split_info, metadata, input_context) -> _Share:
-        files = [_join(dataset_dir, s.filename) for s in split_info.shards]
+        files = [join(dataset_dir, s.filename) for s in split_info.shards]
         counts = [s.num_records for s in split_info.shards]
         present = set(tf.io.gfile.listdir(dataset_dir))
         missing = [s.filename for s in split_info.shards if s.filename not in present]

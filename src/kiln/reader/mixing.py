@@ -10,13 +10,18 @@ two stateless Gamma samples.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import tensorflow as tf
 from pydantic import Field
 
+from kiln.lazy_import import LazyModule
 from kiln.reader.ops import builtin_op
 from kiln.registry import Probability
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:  # imported when an op runs: validating a list of ops needs only the declarations
+    tf = LazyModule("tensorflow")
 
 
 def _beta(seed: tf.Tensor, alpha: float) -> tf.Tensor:

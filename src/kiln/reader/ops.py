@@ -47,12 +47,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
-import tensorflow as tf
 from pydantic import Field
 
+from kiln.lazy_import import LazyModule
 from kiln.registry import (
     Choice,
     HeightWidth,
@@ -63,7 +63,12 @@ from kiln.registry import (
     Spec,
 )
 
-ElementFn = Callable[..., tf.Tensor]
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:  # imported when an op runs: validating a list of ops needs only the declarations
+    tf = LazyModule("tensorflow")
+
+ElementFn = Callable[..., "tf.Tensor"]
 
 _RESIZE_METHODS = ("bilinear", "bicubic", "area", "nearest", "lanczos3", "mitchellcubic")
 _FILL_MODES = ("constant", "reflect", "wrap", "nearest")

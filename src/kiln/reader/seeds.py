@@ -28,8 +28,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+from typing import TYPE_CHECKING
 
-import tensorflow as tf
+from kiln.lazy_import import LazyModule
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:  # imported when seeds are drawn as tensors
+    tf = LazyModule("tensorflow")
 
 logger = logging.getLogger(__name__)
 

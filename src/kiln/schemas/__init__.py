@@ -26,7 +26,9 @@ from kiln.schemas.metadata import (
     MetadataError,
     ShardInfo,
     SplitInfo,
+    ordered_splits,
     shard_filename,
+    share_text,
 )
 
 __all__ = [
@@ -48,5 +50,7 @@ __all__ = [
     "MetadataError",
     "ShardInfo",
     "SplitInfo",
+    "ordered_splits",
     "shard_filename",
+    "share_text",
 ]

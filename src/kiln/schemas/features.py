@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tensorflow as tf
 
-_DTYPES = {"bytes": tf.string, "int64": tf.int64, "float32": tf.float32}
+from kiln.lazy_import import LazyModule
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:  # imported when a record is encoded or parsed, not to name the features
+    tf = LazyModule("tensorflow")
+
+# Each dtype's name in TensorFlow (tf.string...).
+_DTYPES = {"bytes": "string", "int64": "int64", "float32": "float32"}
 
 
 class SchemaError(ValueError):
@@ -46,7 +53,7 @@ class Feature:
 
     @property
     def tf_dtype(self) -> tf.DType:
-        return _DTYPES[self.dtype]
+        return getattr(tf, _DTYPES[self.dtype])
 
     def fill(self, feature: tf.train.Feature, value: Any) -> None:
         """Sets one Python value into an empty `tf.train.Feature` in place,

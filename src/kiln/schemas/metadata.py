@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kiln
@@ -81,6 +81,25 @@ def content_checksum(data: Mapping[str, Any]) -> str:
 # A split name ends up in shard file names (`<name>-<split>.tfrecord-...`):
 # '-' would make them ambiguous, so splits may not contain it.
 SPLIT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_]*$"
+
+
+def ordered_splits(names: Iterable[str]) -> list[str]:
+    """Split names in the order people read them, everywhere kiln lists splits:
+    train, validation, test, then the others alphabetically."""
+    names = set(names)
+    usual = [name for name in _USUAL_SPLITS if name in names]
+    return usual + sorted(names - set(usual))
+
+
+_USUAL_SPLITS = ("train", "validation", "test")
+
+
+def share_text(reached: float, requested: float | None) -> str:
+    """``80.4% (asked 80%)``: a split's share of the examples, and the requested one."""
+    text = f"{100 * reached:.1f}%"
+    if requested is not None:
+        text += f" (asked {100 * requested:.4g}%)"
+    return text
 
 
 def shard_filename(
@@ -198,6 +217,20 @@ class DatasetInfo:
                 f"dataset {self.name!r} has no split {name!r}; it has {sorted(self.splits)}"
             )
         return self.splits[name]
+
+    def split_shares(self) -> dict[str, tuple[float, float | None]]:
+        """Per split, in `ordered_splits` order: the fraction of the examples it
+        holds, and the fraction the config's ``splits.fractions`` asked for
+        (None when the splits come from the source)."""
+        total = sum(split.num_examples for split in self.splits.values())
+        requested = (self.config.get("splits") or {}).get("fractions") or {}
+        return {
+            name: (
+                self.splits[name].num_examples / total if total else 0.0,
+                float(requested[name]) if name in requested else None,
+            )
+            for name in ordered_splits(self.splits)
+        }
 
     @property
     def has_checksum(self) -> bool:

@@ -9,10 +9,11 @@ elements in the same columns, so each column shows one element's
 augmentation epoch after epoch. (With shuffling, training applies the same
 ops with other seeds: positions, and so seeds, change with the order.)
 
-`compose` lays the rows out on one uint8 sheet with NumPy; `write_png`
-encodes it with TensorFlow. Label names and row titles are drawn with
-OpenCV's `putText` when OpenCV is installed; the reader-only install has no
-OpenCV, and then the sheet has no text (`kiln preview` prints the legend).
+`compose` lays the rows out on one uint8 sheet with NumPy; `write_image`
+encodes it with TensorFlow (PNG or JPEG, as the file name says). Label
+names and row titles are drawn with OpenCV's `putText` when OpenCV is
+installed; the reader-only install has no OpenCV, and then the sheet has
+no text (`kiln preview` prints the legend).
 
 `unchanged_columns` is the check the sheet exists for: an element that comes
 out identical in every epoch while augmentation is on means the randomness
@@ -24,13 +25,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tensorflow as tf
 
 import kiln.reader
+from kiln.lazy_import import LazyModule
 from kiln.schemas import METADATA_FILENAME
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:  # imported when images are read: `kiln preview --help` and its checks need none
+    tf = LazyModule("tensorflow")
 
 # Images smaller than this (longest side, pixels) are enlarged by a whole
 # factor, pixels kept square; larger than _LARGEST are shrunk.
@@ -57,9 +63,13 @@ class Preview:
       class_names: The dataset's class names.
       stored: One stored image per column, as the build wrote it.
       epochs: Per epoch, one augmented image per column.
-      augment: The augmentation list applied, in YAML form (resolved).
+      augment: The augmentation list, in YAML form (resolved).
       random: Whether the augmented rows are random (False: no augmentation,
-        or the deterministic inference form the reader uses outside train).
+        or the deterministic inference form the reader uses outside train;
+        then there is one such row, as every epoch would be the same).
+      applied: The names of the ops that change the rows: all of `augment`
+        when random; in the inference form only the ops that have one (a
+        crop's centre crop), the others leave the image as it is.
     """
 
     split: str
@@ -71,6 +81,7 @@ class Preview:
     epochs: list[list[np.ndarray]]
     augment: list[Any]
     random: bool
+    applied: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def label_names(self) -> list[str]:
@@ -111,6 +122,8 @@ def gather(
     metadata = kiln.reader.info(dataset_dir)
     count = min(n, metadata.split(split).num_examples)
     ops, random = _augmentation(metadata, split, augment, dataset_dir)
+    if not random:
+        epochs = 1  # deterministic: every epoch would draw the same row
 
     stored_dataset = kiln.reader.load(
         dataset_dir, split, batch_size=None, shuffle=False, augment=None, as_supervised=False
@@ -156,6 +169,11 @@ def gather(
         epochs=rows,
         augment=[op.to_json() for op in ops],
         random=random,
+        applied=[
+            op.name
+            for op in ops
+            if random or (op.definition.kind == "element" and op.definition.inference is not None)
+        ],
     )
 
 
@@ -295,7 +313,10 @@ def compose(
             box = layout.image_box(row_index, column, *image.shape[:2])
             sheet[box] = _zoomed(_as_rgb(image), layout.zoomed_size(*image.shape[:2]))
     if put_text:
-        titles = ["stored"] + [f"epoch {epoch}" for epoch in range(1, len(rows))]
+        if preview.random:
+            titles = ["stored"] + [f"epoch {epoch}" for epoch in range(1, len(rows))]
+        else:
+            titles = ["stored", "as read"]
         for row_index, title in enumerate(titles):
             y, _ = layout.cell_origin(row_index, 0)
             put_text(
@@ -346,8 +367,28 @@ def _text_renderer():
     return put_text
 
 
-def write_png(path: str, sheet: np.ndarray) -> None:
-    """Writes the sheet as a PNG (local path or gs://)."""
-    data = tf.io.encode_png(sheet).numpy()
+# What `write_image` writes, by the file name's extension.
+IMAGE_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg"}
+
+
+def image_format(path: str) -> str | None:
+    """``"png"`` or ``"jpeg"`` as the file name of `path` says, or None."""
+    name = path.rstrip("/").rsplit("/", 1)[-1].lower()
+    return next((fmt for ext, fmt in IMAGE_FORMATS.items() if name.endswith(ext)), None)
+
+
+def write_image(path: str, sheet: np.ndarray) -> None:
+    """Writes the sheet as a PNG or a JPEG, as `path`'s extension says (local path or gs://).
+
+    Raises:
+      ValueError: for another extension.
+    """
+    fmt = image_format(path)
+    if fmt is None:
+        raise ValueError(f"{path}: expected a file name ending in {', '.join(IMAGE_FORMATS)}")
+    if fmt == "png":
+        data = tf.io.encode_png(sheet).numpy()
+    else:
+        data = tf.io.encode_jpeg(sheet, quality=95).numpy()
     with tf.io.gfile.GFile(path, "wb") as f:
         f.write(data)

@@ -7,8 +7,6 @@ import json
 import sys
 
 from kiln.errors import UsageError
-from kiln.schemas import MetadataError
-from kiln.tools import inspection
 
 DESCRIPTION = """\
 Summarize a dataset written by `kiln build`: version, splits with example
@@ -46,6 +44,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
+    # Here, not at the top: `kiln inspect --help` needs none of it.
+    from kiln.schemas import MetadataError
+    from kiln.tools import inspection
+
     try:
         summary = inspection.inspect_dataset(args.path)
     except MetadataError as e:

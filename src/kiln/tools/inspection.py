@@ -12,11 +12,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import tensorflow as tf
-
 from kiln.reader import info as read_info
 from kiln.reader import locate
-from kiln.schemas import DUPLICATES_FILENAME, ERRORS_FILENAME, DatasetInfo, MetadataError
+from kiln.reader.location import exists, join, read_text
+from kiln.schemas import (
+    DUPLICATES_FILENAME,
+    ERRORS_FILENAME,
+    DatasetInfo,
+    MetadataError,
+    ordered_splits,
+    share_text,
+)
 from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME
 
 # Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the
@@ -52,13 +58,16 @@ def inspect_dataset(path: str) -> dict[str, Any]:
     """
     dataset_dir = locate(path)
     metadata = read_info(dataset_dir)
-    errors = read_jsonl(tf.io.gfile.join(dataset_dir, ERRORS_FILENAME))
-    duplicate_groups = read_jsonl(tf.io.gfile.join(dataset_dir, DUPLICATES_FILENAME))
+    errors = read_jsonl(join(dataset_dir, ERRORS_FILENAME))
+    duplicate_groups = read_jsonl(join(dataset_dir, DUPLICATES_FILENAME))
     splits = {}
+    shares = metadata.split_shares()
     for name in split_order(metadata):
         split = metadata.splits[name]
         splits[name] = {
             "num_examples": split.num_examples,
+            "share": shares[name][0],
+            "requested_share": shares[name][1],
             "num_shards": len(split.shards),
             "num_bytes": sum(shard.num_bytes for shard in split.shards),
             "shards": [
@@ -103,7 +112,7 @@ def inspect_dataset(path: str) -> dict[str, Any]:
         "errors": errors,
         "duplicates": metadata.duplicates,
         "duplicate_groups": duplicate_groups,
-        "tfds": tf.io.gfile.exists(tf.io.gfile.join(dataset_dir, TFDS_DATASET_INFO_FILENAME)),
+        "tfds": exists(join(dataset_dir, TFDS_DATASET_INFO_FILENAME)),
         "warnings": (
             consistency_warnings(metadata, errors) + duplicate_warnings(metadata, duplicate_groups)
         ),
@@ -112,8 +121,7 @@ def inspect_dataset(path: str) -> dict[str, Any]:
 
 def split_order(metadata: DatasetInfo) -> list[str]:
     """Split names in the order people read them: train, validation, test, then the rest."""
-    usual = [name for name in ("train", "validation", "test") if name in metadata.splits]
-    return usual + sorted(set(metadata.splits) - set(usual))
+    return ordered_splits(metadata.splits)
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]] | None:
@@ -122,20 +130,20 @@ def read_jsonl(path: str) -> list[dict[str, Any]] | None:
     Raises:
       MetadataError: naming the line that is not a JSON object.
     """
-    if not tf.io.gfile.exists(path):
+    if not exists(path):
         return None
     rows = []
-    with tf.io.gfile.GFile(path, "r") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise MetadataError(f"{path}:{number}: not valid JSON ({e})") from None
-            if not isinstance(row, dict):
-                raise MetadataError(f"{path}:{number}: expected a JSON object per line")
-            rows.append(row)
+    # split("\n"), not splitlines(): a JSON string may hold U+2028 and friends.
+    for number, line in enumerate(read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MetadataError(f"{path}:{number}: not valid JSON ({e})") from None
+        if not isinstance(row, dict):
+            raise MetadataError(f"{path}:{number}: expected a JSON object per line")
+        rows.append(row)
     return rows
 
 
@@ -242,7 +250,14 @@ def _source_text(source: dict[str, Any] | None) -> str:
 
 def _splits_table(splits: dict[str, Any]) -> list[str]:
     width = max([len("total")] + [len(name) for name in splits])
-    lines = [f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}  {'size':>10}  shard sizes"]
+    shares = {
+        name: share_text(split["share"], split["requested_share"]) for name, split in splits.items()
+    }
+    share_width = max([len("share")] + [len(text) for text in shares.values()])
+    lines = [
+        f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}  {'share':<{share_width}}  "
+        f"{'size':>10}  shard sizes"
+    ]
     for name, split in splits.items():
         sizes = [shard["num_bytes"] for shard in split["shards"]]
         spread = (
@@ -256,11 +271,11 @@ def _splits_table(splits: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"  {name:<{width}}  {split['num_examples']:>8}  {split['num_shards']:>6}  "
-            f"{_bytes_text(split['num_bytes']):>10}  {spread}"
+            f"{shares[name]:<{share_width}}  {_bytes_text(split['num_bytes']):>10}  {spread}"
         )
     lines.append(
         f"  {'total':<{width}}  {sum(s['num_examples'] for s in splits.values()):>8}  "
-        f"{sum(s['num_shards'] for s in splits.values()):>6}  "
+        f"{sum(s['num_shards'] for s in splits.values()):>6}  {'':<{share_width}}  "
         f"{_bytes_text(sum(s['num_bytes'] for s in splits.values())):>10}"
     )
     return lines

@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+from typing import TYPE_CHECKING
 
 from kiln.errors import UsageError
-from kiln.reader import AugmentConfigError, AugmentOpError
-from kiln.schemas import MetadataError
-from kiln.tools import contact_sheet
+
+if TYPE_CHECKING:
+    from kiln.tools import contact_sheet
+
+# The reader and the sheet are imported by `run` (TensorFlow on first use):
+# `kiln preview --help` needs none of them.
 
 DESCRIPTION = """\
 Draw a contact sheet that answers "is my augmentation doing what I think,
@@ -52,7 +57,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--output",
         required=True,
         metavar="FILE.png",
-        help="where to write the PNG (local path or gs://)",
+        help="where to write the sheet: FILE.png, or FILE.jpg for a JPEG (local path or gs://)",
     )
     parser.add_argument("--split", default="train", help="split to show (default: train)")
     parser.add_argument(
@@ -113,6 +118,10 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         except ImportError as e:
             raise UsageError(f"--plugin: cannot import module {module!r}: {e}") from None
     augment = _augment_argument(args.augment)
+    _check_output(args.output)
+    from kiln.reader import AugmentConfigError, AugmentOpError
+    from kiln.schemas import MetadataError
+    from kiln.tools import contact_sheet
 
     try:
         preview = contact_sheet.gather(
@@ -126,24 +135,48 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     except ValueError as e:  # e.g. mixup/cutmix on images of varying sizes
         raise UsageError(str(e)) from None
     sheet, layout = contact_sheet.compose(preview, zoom=args.zoom)
-    contact_sheet.write_png(args.output, sheet)
+    contact_sheet.write_image(args.output, sheet)
 
-    ops = ", ".join(_op_name(op) for op in preview.augment) or "none"
     if preview.random:
-        mode = "random"
+        rows = f"{len(preview.epochs)} epoch(s), seed {preview.seed}"
+        applied = ", ".join(preview.applied)
+        augmentation = f"augmentation random: {applied}"
     elif preview.augment:
-        mode = "deterministic (inference form)"
+        rows = "1 row as read"
+        skipped = [_op_name(op) for op in preview.augment if _op_name(op) not in preview.applied]
+        augmentation = "augmentation deterministic (inference form): applied: " + (
+            ", ".join(preview.applied) or "none"
+        )
+        if skipped:
+            augmentation += f"; not applied outside training: {', '.join(skipped)}"
     else:
-        mode = "off"
+        rows = "1 row as read"
+        augmentation = "augmentation off"
     print(
         f"kiln preview: wrote {args.output} ({layout.width}x{layout.height}): split "
-        f"{preview.split!r}, {len(preview.keys)} elements x {len(preview.epochs)} epoch(s), "
-        f"seed {preview.seed}; augmentation {mode}: {ops}"
+        f"{preview.split!r}, {len(preview.keys)} elements x {rows}; {augmentation}"
     )
     width = max(len(name) for name in preview.label_names)
     for column, (name, key) in enumerate(zip(preview.label_names, preview.keys, strict=True)):
         print(f"  column {column + 1}: {name:<{width}}  {key}")
     return _check_epochs(preview, strict=args.strict)
+
+
+def _check_output(path: str) -> None:
+    """Refuses an output that cannot be written before any work is done."""
+    from kiln.reader.location import is_remote
+    from kiln.tools import contact_sheet
+
+    if contact_sheet.image_format(path) is None:
+        extensions = ", ".join(contact_sheet.IMAGE_FORMATS)
+        raise UsageError(f"-o {path}: expected a file name ending in {extensions}")
+    if is_remote(path):
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"-o {path}: the folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"-o {path}: is a folder; give a file name")
 
 
 def _augment_argument(text: str):
@@ -184,6 +217,8 @@ def _check_epochs(preview: contact_sheet.Preview, *, strict: bool) -> int:
             file=sys.stderr,
         )
         return 0
+    from kiln.tools import contact_sheet
+
     unchanged = contact_sheet.unchanged_columns(preview.epochs)
     if not unchanged:
         return 0

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 
 from kiln.errors import UsageError
-from kiln.schemas import MetadataError
-from kiln.tools import verify
 
 DESCRIPTION = """\
 Check a dataset written by `kiln build` before trusting it: check kiln.json
@@ -42,6 +40,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
+    # Here, not at the top: `kiln verify --help` needs none of it (TensorFlow, NumPy).
+    from kiln.schemas import MetadataError
+    from kiln.tools import verify
+
     try:
         result = verify.verify(args.path)
     except MetadataError as e:

@@ -1,0 +1,238 @@
+"""What a user or a scheduler sees when a command goes wrong: one line, the documented
+exit code (docs/cli.md), and no half-made dataset folder.
+
+The matrix runs `kiln.cli.main` in this process (stderr captured at the file
+descriptor); the cases that are about the process itself (Ctrl-C, what a
+command imports before it refuses) run in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+import kiln
+from conftest import make_config
+from kiln import cli
+
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
+
+
+def write_config(tmp_path, config: dict, name: str = "config.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def run_cli(capfd, *args: str) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def assert_no_dataset(output) -> None:
+    """Nothing a reader could open, and no staging folder left behind."""
+    dataset = os.path.join(output, "shapes")
+    if os.path.exists(dataset):
+        entries = os.listdir(dataset)
+        assert [e for e in entries if not e.startswith(".")] == [], entries
+        assert [e for e in entries if e.startswith(".staging-")] == [], entries
+
+
+@pytest.fixture
+def config(tmp_path, demo_corpus):
+    return write_config(tmp_path, make_config(demo_corpus.out_dir, output=str(tmp_path / "out")))
+
+
+@pytest.mark.parametrize(
+    "flags, named, hint",
+    [
+        (["--ouput", "elsewhere"], "--ouput", "did you mean --output?"),
+        (["--quite"], "--quite", "did you mean --quiet?"),
+        (["--image_threads", "2"], "--image_threads", "did you mean --image-threads?"),
+        (["--direct_num_worker=2"], "--direct_num_worker", "did you mean --direct_num_workers?"),
+        (["--runner=DirectRuner"], "'DirectRuner'", "did you mean DirectRunner?"),
+    ],
+)
+def test_unknown_flags_are_usage_errors(tmp_path, config, capfd, flags, named, hint):
+    code, out, err = run_cli(capfd, "build", "--config", config, *flags)
+    assert code == 2
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith("kiln build: error: ") and named in err and hint in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_beam_flags_still_pass(tmp_path, config, capfd):
+    code, out, err = run_cli(
+        capfd,
+        "build",
+        "--config",
+        config,
+        "--quiet",
+        "--direct_num_workers=1",
+        "--runner",
+        "direct",
+    )
+    assert code == 0, err
+    assert (tmp_path / "out" / "shapes" / "LATEST").exists()
+
+
+def test_output_that_is_a_file(tmp_path, demo_corpus, capfd):
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    path = write_config(tmp_path, make_config(demo_corpus.out_dir, output=str(taken)))
+    code, out, err = run_cli(capfd, "build", "--config", path)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"output {taken} is a file, not a folder" in err
+    assert taken.read_text() == "not a folder"
+
+
+def test_report_with_a_bare_file_name(tmp_path, config, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capfd, "build", "--config", config, "--quiet", "--report", "r.json")
+    assert code == 0, err
+    assert json.loads((tmp_path / "r.json").read_text())["status"] == "built"
+
+    broken = write_config(tmp_path, {"name": "shapes"}, "broken.yaml")
+    code, out, err = run_cli(capfd, "build", "--config", broken, "--report", "failed.json")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    report = json.loads((tmp_path / "failed.json").read_text())
+    assert report["status"] == "usage_error" and report["exit_code"] == 2
+
+
+def test_help_and_version(capfd):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "build a dataset with the Beam job" in capfd.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capfd.readouterr().out == f"kiln {kiln.__version__}\n"
+    assert cli.main([]) == 2  # which command?
+    assert "usage: kiln" in capfd.readouterr().err
+
+
+def test_build_help_shows_every_flag_and_no_markup(capfd):
+    with pytest.raises(SystemExit):
+        cli.main(["build", "--help"])
+    text = capfd.readouterr().out
+    usage = text.split("\n\n", 1)[0]
+    for flag in ("--config", "--output", "--image-threads", "--quiet", "--progress-every"):
+        assert flag in usage, flag
+    assert "::" not in text and "``" not in text
+    assert "130" in text.split("exit codes:", 1)[1]
+
+
+def test_a_command_flag_after_the_command(capfd, build_dataset):
+    result = build_dataset()
+    code, out, err = run_cli(capfd, "inspect", "-v", result.dataset_root)
+    assert code == 0 and result.version in out, err
+    code, out, err = run_cli(capfd, "-v", "inspect", result.dataset_root)
+    assert code == 0 and result.version in out, err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["inspect", "--jsno", result.dataset_root])
+    assert exit_info.value.code == 2
+    err = capfd.readouterr().err
+    assert "usage: kiln inspect" in err and "unrecognized arguments: --jsno" in err
+
+
+def test_preview_output_is_checked_before_the_work(tmp_path, build_dataset):
+    result = build_dataset()
+    probe = (
+        "import sys\n"
+        "from kiln import cli\n"
+        "code = cli.main(sys.argv[1:])\n"
+        "sys.exit(100 + code if 'tensorflow' in sys.modules else code)\n"
+    )
+    for output, problem in (
+        (str(tmp_path / "missing_dir" / "x.png"), "does not exist"),
+        (str(tmp_path / "sheet.gif"), "expected a file name ending in .png, .jpg, .jpeg"),
+        (str(tmp_path), "expected a file name"),
+    ):
+        completed = subprocess.run(
+            [sys.executable, "-c", probe, "preview", result.dataset_root, "-o", output],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=SOURCE_ROOT),
+            timeout=300,
+        )
+        # 2, not 102: refused before TensorFlow was imported to read anything.
+        assert completed.returncode == 2, completed.stderr
+        assert completed.stderr.count("\n") == 1 and problem in completed.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_preview_writes_what_the_extension_says(tmp_path, build_dataset, capfd):
+    result = build_dataset()
+    jpeg, png = tmp_path / "sheet.jpg", tmp_path / "sheet.png"
+    for path in (jpeg, png):
+        code, out, err = run_cli(capfd, "preview", result.dataset_root, "--n", "2", "-o", str(path))
+        assert code == 0, err
+    assert jpeg.read_bytes()[:3] == b"\xff\xd8\xff"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_unreachable_object_store_is_one_line(command):
+    # No network here (and no credentials): the store cannot be reached. In a
+    # fresh process, as a user runs it: TensorFlow's own log settings are the
+    # command line's (its GCS client logs its failed attempts natively).
+    path = "gs://kiln-tests-no-such-bucket/datasets/shapes"
+    completed = subprocess.run(
+        [sys.executable, "-m", "kiln.cli", command, path],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=SOURCE_ROOT),
+        timeout=600,
+    )
+    err = completed.stderr
+    assert completed.returncode == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"kiln {command}: error: {path}")
+
+
+def test_ctrl_c_during_a_build(tmp_path):
+    """SIGINT while the job runs: exit 130, "interrupted", no traceback, nothing published."""
+    from kiln.pipeline import demo_data
+
+    images = tmp_path / "images"
+    demo_data.generate(images, num_images=400, include_broken=False)
+    output = tmp_path / "out"
+    path = write_config(tmp_path, make_config(images, output=str(output)))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kiln.cli", "build", "--config", path, "--image-threads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=SOURCE_ROOT),
+    )
+    dataset = output / "shapes"
+    deadline = time.monotonic() + 240
+    # Wait for the job to be under way: its staging folder holds the listing.
+    while time.monotonic() < deadline and process.poll() is None:
+        staging = (
+            [e for e in os.listdir(dataset) if e.startswith(".staging-")]
+            if dataset.exists()
+            else []
+        )
+        if staging and os.path.exists(dataset / staging[0] / ".work" / "listing.jsonl"):
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "kiln build: interrupted", err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert out == ""
+    assert_no_dataset(output)

@@ -1,0 +1,165 @@
+"""Start-up: which heavy libraries each command path imports (never how long it takes).
+
+`--help` of every command, a config error (a missing file, a typo, an
+unknown augmentation op) and `kiln inspect` must answer without importing
+TensorFlow or Beam: those imports take seconds, the answers should not
+(`make bench` measures the seconds: benchmarks/startup_bench.py). Each case
+runs `kiln.cli.main` in a fresh interpreter and reports the exit code and
+which of the heavy modules ended up in ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import kiln
+from conftest import make_config
+from kiln import cli
+
+HEAVY = ("tensorflow", "apache_beam", "keras")
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
+
+# Runs the command, then writes what it imported to the file named by argv[1].
+PROBE = f"""
+import json, sys
+from kiln import cli
+try:
+    code = cli.main(sys.argv[2:])
+except SystemExit as e:
+    code = e.code
+heavy = sorted(name for name in {HEAVY!r} if name in sys.modules)
+with open(sys.argv[1], "w") as f:
+    json.dump({{"code": code, "heavy": heavy}}, f)
+"""
+
+
+def probe(tmp_path, *args: str) -> dict:
+    out = tmp_path / "probe.json"
+    environment = dict(os.environ, PYTHONPATH=SOURCE_ROOT)
+    completed = subprocess.run(
+        [sys.executable, "-c", PROBE, str(out), *args],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
+    assert completed.returncode == 0 and out.exists(), completed.stderr[-3000:]
+    return json.loads(out.read_text()) | {"stdout": completed.stdout, "stderr": completed.stderr}
+
+
+def write_config(tmp_path, name: str, config: dict) -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "args", [["--help"], ["--version"]] + [[name, "--help"] for name in sorted(cli.COMMANDS)]
+)
+def test_help_imports_neither_tensorflow_nor_beam(tmp_path, args):
+    result = probe(tmp_path, *args)
+    assert result["code"] == 0, result["stderr"]
+    assert result["heavy"] == [], args
+
+
+def test_config_errors_are_found_before_beam_and_tensorflow(tmp_path, demo_corpus):
+    good = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    cases = {
+        "missing file": str(tmp_path / "nope.yaml"),
+        "typo": write_config(tmp_path, "typo.yaml", dict(good, trasforms=good["transforms"])),
+        # The augment list is checked last, against the reader's op declarations.
+        "unknown op": write_config(
+            tmp_path, "op.yaml", dict(good, augment=["random_flip_left_right", "random_flipp"])
+        ),
+        "bad op parameter": write_config(
+            tmp_path, "param.yaml", dict(good, augment=[{"mixup": {"alpha": "lots"}}])
+        ),
+        "no source": write_config(
+            tmp_path,
+            "source.yaml",
+            dict(good, source={"type": "image_folder", "root": str(tmp_path / "none")}),
+        ),
+    }
+    for case, path in cases.items():
+        result = probe(tmp_path, "build", "--config", path)
+        assert result["code"] == 2, (case, result["stderr"])
+        assert result["stderr"].count("\n") == 1, (case, result["stderr"])
+        assert result["heavy"] == [], case
+    assert not (tmp_path / "out").exists()
+
+
+def test_inspect_reads_metadata_without_tensorflow(tmp_path, build_dataset):
+    result = build_dataset()
+    for args in (
+        [result.dataset_root],
+        [result.dataset_dir, "--json"],
+        ["-v", result.dataset_root],
+    ):
+        probed = probe(tmp_path, "inspect", *args)
+        assert probed["code"] == 0, (args, probed["stderr"])
+        assert probed["heavy"] == [], args
+        assert result.version in probed["stdout"]
+
+
+def test_validating_an_augment_list_needs_no_tensorflow(tmp_path):
+    # The declarations are importable alone; the op bodies import TF when they run.
+    out = tmp_path / "validated.json"
+    code = (
+        "import json, sys\n"
+        "import kiln.reader\n"
+        "ops = kiln.reader.validate(['random_flip_left_right', {'random_resized_crop': "
+        "{'size': 56}}, {'mixup': {'alpha': 0.2}}])\n"
+        "info = kiln.reader.names()\n"
+        f"json.dump([[op.to_json() for op in ops], 'tensorflow' in sys.modules], "
+        f"open({str(out)!r}, 'w'))\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=SOURCE_ROOT)
+    )
+    ops, imported = json.loads(out.read_text())
+    assert ops[1] == {
+        "random_resized_crop": {
+            "antialias": False,
+            "method": "bilinear",
+            "ratio_range": [0.75, 4 / 3],
+            "scale_range": [0.08, 1.0],
+            "size": [56, 56],
+        }
+    }
+    assert imported is False
+
+
+def test_quiet_build_prints_nothing_and_imports_them_after_validating(tmp_path, demo_corpus):
+    # `kiln build --quiet` for cron: a successful build prints nothing at all,
+    # not even TensorFlow's C++ start-up lines (absl, CUDA, oneDNN) on stderr.
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    path = write_config(tmp_path, "good.yaml", config)
+    result = probe(tmp_path, "build", "--config", path, "--quiet")
+    assert result["code"] == 0, result["stderr"]
+    assert result["stdout"] == "" and result["stderr"] == ""
+    # The probe does see the heavy imports: a real build needs both.
+    assert {"apache_beam", "tensorflow"} <= set(result["heavy"])
+
+    # Without --quiet: kiln's own lines only (the summary on stdout, nothing on stderr).
+    again = probe(tmp_path, "build", "--config", path, "--output", str(tmp_path / "loud"))
+    assert again["code"] == 0, again["stderr"]
+    assert again["stderr"] == ""
+    assert again["stdout"].startswith("kiln build: built shapes version ")
+
+
+def test_reading_commands_print_only_their_own_lines(tmp_path, build_dataset):
+    # verify and preview run TensorFlow ops: no absl, oneDNN, CUDA or
+    # TFRecordDataset lines from it on stderr, only the command's output.
+    result = build_dataset()
+    verified = probe(tmp_path, "verify", result.dataset_root)
+    assert verified["code"] == 0 and verified["stderr"] == "", verified["stderr"]
+    assert verified["stdout"].startswith("kiln verify: OK: ")
+    sheet = str(tmp_path / "sheet.png")
+    previewed = probe(tmp_path, "preview", result.dataset_root, "--n", "2", "-o", sheet)
+    assert previewed["code"] == 0 and previewed["stderr"] == "", previewed["stderr"]
