@@ -9,6 +9,7 @@ Locally (Beam's local batch engine, every core; no download, no service)::
     python -m kiln.pipeline --config configs/demo.yaml
     kiln build --config configs/demo.yaml --quiet --report build/report.json   # for schedulers
     kiln build --config configs/demo.yaml --keep 3          # then delete all but 3 versions
+    kiln build --config configs/demo.yaml --full            # reuse nothing of LATEST
 
 On Dataflow (the source and output in gs://; needs ``pip install 'kiln[gcp]'``
 and a container image built from the Dockerfile, see its header)::
@@ -18,6 +19,11 @@ and a container image built from the Dockerfile, see its header)::
         --temp_location=gs://my-bucket/tmp \\
         --sdk_container_image=europe-west1-docker.pkg.dev/my-project/kiln/kiln:0.1.0 \\
         --sdk_location=container
+
+A build reuses the records of LATEST (or ``--base VERSION``) whose source
+files and processing are unchanged, without decoding them, and processes
+only new and changed files: the result is byte-identical to a build from
+scratch. The summary says how many records were reused, or why none was.
 
 kiln's own flags are below; every other flag goes to Beam's PipelineOptions
 unchanged. The command prints where the dataset is and a summary; on a
@@ -55,7 +61,7 @@ exit codes:
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
         "kiln build --config FILE [--output ROOT] [--quiet] [--report FILE] "
-        "[--keep N] [--wait SECONDS] [Beam pipeline options...]"
+        "[--keep N] [--wait SECONDS] [--base VERSION | --full] [Beam pipeline options...]"
     )
     parser.epilog = EPILOG
     parser.add_argument(
@@ -98,6 +104,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "SECONDS for it to finish (default: exit 3 at once)",
     )
     parser.add_argument(
+        "--base",
+        metavar="VERSION",
+        help="reuse the unchanged records of this published version (default: "
+        "the one LATEST names); only new and changed files are processed",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="build from scratch: reuse no record of a published version",
+    )
+    parser.add_argument(
         "--keep",
         type=int,
         metavar="N",
@@ -134,6 +151,8 @@ def _run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             show_progress=not args.quiet and sys.stderr.isatty(),
             keep=args.keep,
             wait=args.wait,
+            base=args.base,
+            full=args.full,
         )
     except KilnError as e:  # printed by kiln.cli, with its exit code
         _report(args, build_report.failed(str(e), e.exit_code, time.monotonic() - started))
@@ -178,6 +197,8 @@ def summary(result: BuildResult) -> str:
             f"their first copy: the source's splits leak)"
         )
     lines.append(duplicates)
+    if result.incremental is not None:
+        lines.append(result.incremental.summary_line())
     if result.pruned:
         lines.append(f"  pruned: {len(result.pruned)} old version(s): {', '.join(result.pruned)}")
     return "\n".join(lines)
