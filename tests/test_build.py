@@ -150,7 +150,9 @@ def test_metadata_describes_the_files(build_dataset, demo_corpus):
     listed = sorted(os.listdir(result.dataset_dir))
     shard_files = sorted(s.filename for split in info.splits.values() for s in split.shards)
     assert listed == sorted(
-        shard_files + ["duplicates.jsonl", "errors.jsonl", "kiln.json"] + list(tfds_files(info))
+        shard_files
+        + ["duplicates.jsonl", "errors.jsonl", "index.jsonl", "kiln.json"]
+        + list(tfds_files(info))
     )
     assert [s.filename for s in info.splits["train"].shards] == [
         f"shapes-train.tfrecord-{i:05d}-of-00003" for i in range(3)
@@ -182,6 +184,7 @@ def test_metadata_describes_the_files(build_dataset, demo_corpus):
     for name, field in [
         ("errors.jsonl", "errors_sha256"),
         ("duplicates.jsonl", "duplicates_sha256"),
+        ("index.jsonl", "index_sha256"),
     ]:
         assert data[field] == file_sha256(os.path.join(result.dataset_dir, name))
     assert data["checksum"] == schemas.metadata.content_checksum(data) == info.checksum

@@ -72,3 +72,29 @@ def test_build_publishes_on_an_object_store(store, build_dataset, demo_corpus):
     # The lock object is created and deleted around the check.
     assert [e for e in object_store.EVENTS if e[1] not in (f"{root}/LATEST", f"{root}/.lock")] == []
     assert f"{root}/.lock" not in object_store.names(root)
+
+
+def test_an_incremental_build_reads_its_base_from_the_object_store(store, demo_corpus):
+    config = make_config(f"{BUCKET}/images", output=f"{BUCKET}/datasets")
+    base = build(config)
+    good = sorted(
+        name[len(f"{BUCKET}/images/") :]
+        for name in object_store.names(f"{BUCKET}/images/")
+        if name[len(f"{BUCKET}/images/") :] not in demo_corpus.broken
+    )
+    # One image changes: its bytes become another image's.
+    object_store.put(f"{BUCKET}/images/{good[0]}", object_store.get(f"{BUCKET}/images/{good[1]}"))
+
+    result = build(config)
+    full = build(dict(config, output=f"{BUCKET}/full"))
+
+    stored = sum(split.num_examples for split in base.info.splits.values())
+    assert result.incremental.used and result.incremental.reused == stored - 1
+    assert result.version == full.version and result.info == full.info
+    for name in [s.filename for split in full.info.splits.values() for s in split.shards] + [
+        "kiln.json",
+        "index.jsonl",
+    ]:
+        assert object_store.get(f"{result.dataset_dir}/{name}") == object_store.get(
+            f"{full.dataset_dir}/{name}"
+        )

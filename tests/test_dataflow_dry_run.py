@@ -16,7 +16,7 @@ from apache_beam.internal import pickler
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from conftest import make_config
-from kiln.pipeline import config, launcher, publish
+from kiln.pipeline import config, incremental, launcher, publish
 from kiln.schemas import RECORD
 
 pytest.importorskip(
@@ -122,3 +122,37 @@ def test_dataflow_dry_run_translates_the_job(demo_corpus, no_network_no_credenti
     assert outcome.dropped is None
     decoded = RECORD.decode(outcome.image.record)
     assert decoded["key"].decode() == key.key and (decoded["height"], decoded["width"]) == (32, 32)
+
+
+def test_dataflow_dry_run_translates_an_incremental_job(demo_corpus, no_network_no_credentials):
+    # The base is read inside the job, through FileSystems on gs://: the
+    # launcher hands the job only the base's file names and sha256.
+    options = launcher.pipeline_options(DATAFLOW_ARGS)
+    resolved = config.load(make_config(demo_corpus.out_dir, output="gs://fake-bucket/datasets"))
+    listing = resolved.list_source()
+    staging = publish.DatasetRoot(resolved.dataset_root).new_staging_dir("0" * 64)
+    base = incremental.BaseFiles(
+        version="0123456789ab",
+        folder="gs://fake-bucket/datasets/shapes/0123456789ab",
+        files=(("shapes-train.tfrecord-00000-of-00001", "a" * 64), ("index.jsonl", "b" * 64)),
+        compression=None,
+    )
+    plan = launcher.make_plan(resolved, listing, staging, options, base=base)
+
+    proto = launcher.construct_pipeline(plan, options).run().job.proto_pipeline
+
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    for step in [
+        "VerifyBaseFiles/HashBaseFiles",
+        "JoinBase/ReadBaseIndex",
+        "JoinBase/GroupByBucket",
+        "ProcessImages/DecodeTransformEncode",
+        "ExtractReused/GroupByBaseShard",
+        "ExtractReused/CopyRecords",
+        "WriteShards/WriteShardFiles",
+        "WriteReports",
+    ]:
+        assert step in names, step
+    assert "SpreadFiles" not in names  # the join spreads the files
+    copier = pardo_fn(proto, "ExtractReused/CopyRecords")
+    assert copier._base.folder == base.folder and copier._runs._folder.startswith(staging)

@@ -172,6 +172,10 @@ def spill(records, folder, run_bytes):
     return runs + [windowed.value for windowed in writer.flush()]
 
 
+def all_shard_paths(folder):
+    return glob.glob(os.path.join(folder, "*.tfrecord-*"))
+
+
 def run_write_shards(tmp_path, records, config, name="ds", run_bytes=1 << 20):
     folder, temp = str(tmp_path / "out"), str(tmp_path / "out" / ".work" / "tmp")
     runs = spill(records, temp, run_bytes)
@@ -228,10 +232,13 @@ def test_write_shards_hash_ranges_give_a_global_order(tmp_path):
         wanted = sorted((r for r in records if r.split == split), key=lambda r: r.sort_key)
         # Reading the shards in order reads the split in hash order.
         assert read_back == [r.record for r in wanted]
-    # Temp shard files were renamed away; only the sorted runs are left, for
-    # the launcher to delete with the work folder.
+    # Temp shard files were renamed away; only the sorted runs and each
+    # shard's part of the record index are left, for the job's last step
+    # and then the launcher to delete with the work folder.
     left = os.listdir(os.path.join(folder, ".work", "tmp"))
-    assert left and all(name.startswith("run-") for name in left)
+    parts = sorted(name for name in left if name.startswith("index-"))
+    assert parts == sorted(f"index-{os.path.basename(path)}" for path in all_shard_paths(folder))
+    assert left and all(name.startswith(("run-", "index-")) for name in left)
 
 
 def test_write_shards_writes_empty_shards_and_sizes_by_target(tmp_path):
@@ -510,8 +517,14 @@ def test_process_images_outputs_runs_drops_and_a_summary(tmp_path):
         assert entry[:3] == (split, sharding.sort_key("a/good.png"), 0)
         assert content == (sha_of["a/good.png"], "a/good.png")
         with open(run.run, "rb") as f:
-            record = f.read()
-        assert len(record) == entry[3]
+            data = f.read()
+        # The record, then its line of the record index.
+        assert len(data) == entry[3] + entry[4]
+        record, index_entry = data[: entry[3]], data[entry[3] :]
+        row = json.loads(index_entry)
+        assert (row["key"], row["sha256"], row["label"]) == ("a/good.png", sha_of["a/good.png"], 0)
+        assert (row["height"], row["width"], row["pixels"]) == (8, 8, 64)
+        assert row["sums"] == [int(v) for v in good[6:14, 11:19].reshape(-1, 3).sum(axis=0)]
         decoded = RECORD.decode(record)
         assert (decoded["key"], decoded["label"]) == (b"a/good.png", 0)
         assert decoded["sha256"].decode() == sha_of["a/good.png"]
@@ -646,7 +659,7 @@ def test_find_duplicates_over_runs_matches_a_direct_grouping():
     runs = [
         sharding.SpilledRun(
             f"run-{i}",
-            tuple((split, "0" * 16, 0, 1) for _, split, _ in part),
+            tuple((split, "0" * 16, 0, 1, 0) for _, split, _ in part),
             tuple((content, key) for key, _, content in part),
         )
         for i, part in enumerate(records[k : k + 43] for k in range(0, 300, 43))

@@ -53,6 +53,9 @@ def succeeded(result: BuildResult, elapsed_seconds: float) -> dict[str, Any]:
         "duplicates_across_splits": result.duplicates_across_splits,
         "counters": dict(result.counters),
         "pruned": list(result.pruned),
+        # How the build used a base version (reused/processed counts, or why
+        # it built from scratch); null when up to date.
+        "incremental": result.incremental.to_json() if result.incremental else None,
         "elapsed_seconds": round(elapsed_seconds, 3),
     }
 

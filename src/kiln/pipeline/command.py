@@ -9,6 +9,7 @@ Locally (Beam's local batch engine, every core; no download, no service)::
     python -m kiln.pipeline --config configs/demo.yaml
     kiln build --config configs/demo.yaml --quiet --report build/report.json   # for schedulers
     kiln build --config configs/demo.yaml --keep 3          # then delete all but 3 versions
+    kiln build --config configs/demo.yaml --full            # reuse nothing of LATEST
 
 On Dataflow (the source and output in gs://; needs ``pip install 'kiln[gcp]'``
 and a container image built from the Dockerfile, see its header)::
@@ -18,6 +19,11 @@ and a container image built from the Dockerfile, see its header)::
         --temp_location=gs://my-bucket/tmp \\
         --sdk_container_image=europe-west1-docker.pkg.dev/my-project/kiln/kiln:0.1.0 \\
         --sdk_location=container
+
+A build reuses the records of LATEST (or ``--base VERSION``) whose source
+files and processing are unchanged, without decoding them, and processes
+only new and changed files: the result is byte-identical to a build from
+scratch. The summary says how many records were reused, or why none was.
 
 kiln's own flags are below; every other flag goes to Beam's PipelineOptions
 unchanged (a flag neither knows is a usage error, with a did-you-mean). The
@@ -73,7 +79,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
         "kiln build --config FILE [--output ROOT] [--image-threads N] [--quiet] "
         "[--progress-every SECONDS] [--report FILE] [--keep N] [--wait SECONDS] "
-        "[Beam pipeline options...]"
+        "[--base VERSION | --full] [Beam pipeline options...]"
     )
     parser.epilog = EPILOG
     parser.add_argument(
@@ -122,6 +128,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="if another build of the same dataset is running, wait up to "
         "SECONDS for it to finish (default: exit 3 at once)",
+    )
+    parser.add_argument(
+        "--base",
+        metavar="VERSION",
+        help="reuse the unchanged records of this published version (default: "
+        "the one LATEST names); only new and changed files are processed",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="build from scratch: reuse no record of a published version",
     )
     parser.add_argument(
         "--keep",
@@ -181,6 +198,8 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
             progress_every=args.progress_every,
             keep=args.keep,
             wait=args.wait,
+            base=args.base,
+            full=args.full,
         )
     finally:
         gc.unfreeze()
@@ -241,6 +260,8 @@ def summary(result: BuildResult) -> str:
             f"their first copy: the source's splits leak)"
         )
     lines.append(duplicates)
+    if result.incremental is not None:
+        lines.append(result.incremental.summary_line())
     if result.pruned:
         lines.append(f"  pruned: {len(result.pruned)} old version(s): {', '.join(result.pruned)}")
     return "\n".join(lines)

@@ -11,6 +11,12 @@ run; one on Dataflow, which already runs one SDK process per vCPU. The
 records go straight into sorted runs for the shard writer
 (`sharding.RunWriter`), not one by one through further Beam steps.
 
+With a base version (`incremental`), each listed file arrives with its row
+of the base's record index (``base``); a file whose sha256 and listing
+inputs match it is not decoded: its record is copied from the base's shard
+later (a `incremental.ReuseRequest` on the ``reused`` output, gathered per
+base shard per bundle), and its statistics come from the row.
+
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
 output, counted per reason. What the job counts about every file (its
 entry in the dataset version, and each stored image's split, class, size
@@ -38,14 +44,15 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from kiln import transforms
-from kiln.pipeline import versioning
+from kiln.pipeline import record_index, versioning
 from kiln.pipeline.error_report import DroppedFile
+from kiln.pipeline.incremental import ReuseRequest
 from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
 from kiln.pipeline.sharding import RunWriter, sort_key
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import PixelSums, Summary, pixel_sums
-from kiln.schemas import RECORD
+from kiln.schemas import INDEX_FILENAME, RECORD
 
 if TYPE_CHECKING:
     from kiln.pipeline.config import EncodingConfig, ImageConfig
@@ -54,6 +61,7 @@ logger = logging.getLogger(__name__)
 
 DROPPED = "dropped"
 SUMMARY = "summary"
+REUSED = "reused"
 
 
 class ProcessedImage(NamedTuple):
@@ -67,15 +75,25 @@ class ProcessedImage(NamedTuple):
     height: int
     width: int
     pixel_sums: PixelSums
+    index_entry: bytes = b""  # its `record_index.entry`
+
+
+class Reuse(NamedTuple):
+    """Where a reused record is in the base: its shard file and position."""
+
+    shard: str
+    position: int
 
 
 class Outcome(NamedTuple):
     """What processing one file produced: an image or a dropped row, and
-    the file's entry hash for the version."""
+    the file's entry hash for the version. A reused image (`reused` set)
+    has no record bytes: they are copied from the base."""
 
     image: ProcessedImage | None
     dropped: DroppedFile | None
     entry_hash: int
+    reused: Reuse | None = None
 
 
 class ImageProcessor:
@@ -126,6 +144,28 @@ class ImageProcessor:
         except Exception as e:  # permission denied, vanished, network: any I/O error
             return drop("read", "unreadable", _describe(e), None)
         sha256 = hashlib.sha256(data).hexdigest()
+        inputs = record_index.inputs_fingerprint(item)
+        entry = versioning.file_entry(key, self._class_names[label], split, sha256)
+        base: record_index.IndexRow | None = item.get("base")
+        if base is not None and base.sha256 == sha256 and base.inputs == inputs:
+            # Same bytes, same listing inputs, same processing (the launcher
+            # checked the base's fingerprint): the record is the base's.
+            return Outcome(
+                ProcessedImage(
+                    key,
+                    label,
+                    self._splits.assign(key, sha256, split),
+                    sha256,
+                    b"",
+                    base.height,
+                    base.width,
+                    PixelSums(base.pixels, base.sums, base.squares),
+                    base.entry(),
+                ),
+                None,
+                versioning.entry_hash(entry),
+                Reuse(base.shard, base.position),
+            )
 
         try:
             image = transforms.decode_image(
@@ -146,6 +186,7 @@ class ImageProcessor:
 
         encoded = transforms.encode_image(image, format=self._format, quality=self._quality)
         height, width, channels = image.shape
+        sums = pixel_sums(image)
         record = RECORD.encode(
             {
                 "image": encoded,
@@ -157,7 +198,6 @@ class ImageProcessor:
                 "sha256": sha256,
             }
         )
-        entry = versioning.file_entry(key, self._class_names[label], split, sha256)
         return Outcome(
             ProcessedImage(
                 key,
@@ -167,7 +207,18 @@ class ImageProcessor:
                 record,
                 height,
                 width,
-                pixel_sums(image),
+                sums,
+                record_index.entry(
+                    key=key,
+                    sha256=sha256,
+                    inputs=inputs,
+                    label=label,
+                    height=height,
+                    width=width,
+                    pixels=sums.pixels,
+                    sums=sums.sums,
+                    squares=sums.squares,
+                ),
             ),
             None,
             versioning.entry_hash(entry),
@@ -200,9 +251,15 @@ def _describe(error: Exception) -> str:
 
 class ProcessImagesFn(beam.DoFn):
     """Groups of listed files -> sorted runs of their records (`SpilledRun`);
-    tagged outputs ``dropped`` (DroppedFile) and ``summary`` (one `Summary`
-    per bundle, emitted when the bundle finishes; a retried bundle's outputs,
-    summary and runs included, are discarded with it).
+    tagged outputs ``dropped`` (DroppedFile), ``summary`` (one `Summary`
+    per bundle) and ``reused`` (``(base shard, (ReuseRequest, ...))`` per
+    base shard the bundle reuses records of), the last two emitted when the
+    bundle finishes (a retried bundle's outputs, summary and runs included,
+    are discarded with it).
+
+    With a base, the ``base_problems`` side input maps each base file to
+    the problem its check found ("" when none): the records of a shard that
+    failed are processed, and none is reused if the index failed.
 
     Each input element is a list of listed files (the listing has several
     per line), and each stored image goes straight into a `RunWriter`, so
@@ -243,9 +300,14 @@ class ProcessImagesFn(beam.DoFn):
         self._opencv_threads: int | None = None
         self._pending: collections.deque = collections.deque()
         self._summary = Summary()
+        self._reuse: dict[str, list[ReuseRequest]] = {}
         self._read = Metrics.counter("kiln", "files_read")
         self._decoded = Metrics.counter("kiln", "images_decoded")
         self._bytes = Metrics.counter("kiln", "bytes_read")
+        self._reused = Metrics.counter("kiln", "records_reused")
+        self._changed = Metrics.counter("kiln", "images_changed")
+        self._added = Metrics.counter("kiln", "images_added")
+        self._not_trusted = Metrics.counter("kiln", "records_not_trusted")
 
     def setup(self):
         # The parallelism is across images (this pool; on Dataflow, a worker
@@ -274,15 +336,19 @@ class ProcessImagesFn(beam.DoFn):
         self._pending = collections.deque()  # a failed bundle's leftovers are dropped
         self._runs.reset()
         self._summary = Summary()
+        self._reuse = {}
 
     def process(
         self,
         files: Sequence[Mapping[str, Any]],
         window=beam.DoFn.WindowParam,
         timestamp=beam.DoFn.TimestampParam,
+        base_problems: Mapping[str, str] | None = None,
     ):
         limit = self.IN_FLIGHT_PER_THREAD * self._threads
         for item in files:
+            if base_problems and item.get("base") is not None:
+                item = self._trusted_base(item, base_problems)
             if self._pool is None:
                 yield from self._take(item, self._processor(item), window, timestamp)
                 continue
@@ -302,6 +368,22 @@ class ProcessImagesFn(beam.DoFn):
         yield beam.pvalue.TaggedOutput(
             SUMMARY, WindowedValue(self._summary, MIN_TIMESTAMP, (GlobalWindow(),))
         )
+        for shard, requests in sorted(self._reuse.items()):
+            yield beam.pvalue.TaggedOutput(
+                REUSED,
+                WindowedValue((shard, tuple(requests)), MIN_TIMESTAMP, (GlobalWindow(),)),
+            )
+        self._reuse = {}
+
+    def _trusted_base(
+        self, item: Mapping[str, Any], problems: Mapping[str, str]
+    ) -> Mapping[str, Any]:
+        """The item, without its base row if the base's index or the row's
+        shard failed its check (then the image is processed)."""
+        if problems.get(INDEX_FILENAME) or problems.get(item["base"].shard):
+            self._not_trusted.inc()
+            return dict(item, base=None)
+        return item
 
     def _process_in_budget(self, item: Mapping[str, Any]) -> Outcome:
         # On a pool thread: the file's pixels count from its header check to
@@ -332,19 +414,40 @@ class ProcessImagesFn(beam.DoFn):
         image = outcome.image
         if image is None:
             raise ValueError("an Outcome holds an image or a dropped file, never neither")
+        if outcome.reused is not None:
+            self._reused.inc()
+            self._reuse.setdefault(outcome.reused.shard, []).append(
+                ReuseRequest(
+                    outcome.reused.position,
+                    image.split,
+                    sort_key(image.key),
+                    image.sha256,
+                    image.key,
+                    image.index_entry,
+                )
+            )
+            return
+        if "base" in item:  # an incremental build: say why this one was processed
+            (self._added if item["base"] is None else self._changed).inc()
         self._decoded.inc()
         if self._runs.add(
-            window, image.split, sort_key(image.key), image.record, image.sha256, image.key
+            window,
+            image.split,
+            sort_key(image.key),
+            image.record,
+            image.sha256,
+            image.key,
+            image.index_entry,
         ):
             yield from self._runs.flush()
 
 
 class ProcessImages(beam.PTransform):
     """Lists of listed files (dicts) -> sorted runs of their records
-    (`sharding.SpilledRun`, written to `runs_folder`), with ``dropped`` and
-    ``summary`` outputs (a DoOutputsTuple: ``result.runs``,
-    ``result.dropped``, ``result.summary``; merge the partial summaries with
-    `statistics.SummaryCombineFn`).
+    (`sharding.SpilledRun`, written to `runs_folder`), with ``dropped``,
+    ``summary`` and ``reused`` outputs (a DoOutputsTuple: ``result.runs``,
+    ``result.dropped``, ``result.summary``, ``result.reused``; merge the
+    partial summaries with `statistics.SummaryCombineFn`).
 
     Args:
       processor: The per-file work.
@@ -352,6 +455,8 @@ class ProcessImages(beam.PTransform):
       runs_folder: Where the runs go (the job's temp folder).
       run_bytes: Records per run at most, in bytes (`sharding.run_bytes`).
       progress_path: A local file to count finished files in (`progress`), or None.
+      base_problems: With a base version: PCollection[(base file, problem or
+        "")] (`incremental.VerifyBaseFiles`); None without a base.
     """
 
     def __init__(
@@ -361,16 +466,22 @@ class ProcessImages(beam.PTransform):
         runs_folder: str,
         run_bytes: int,
         progress_path: str | None = None,
+        base_problems: beam.PCollection | None = None,
     ):
         super().__init__()
         self._fn_args = (processor, max(1, int(threads)), runs_folder, run_bytes, progress_path)
+        self._base_problems = base_problems
 
     def expand(self, files):
+        side_inputs = {}
+        if self._base_problems is not None:
+            side_inputs["base_problems"] = beam.pvalue.AsDict(self._base_problems)
         return (
             files
             | "DecodeTransformEncode"
-            >> beam.ParDo(ProcessImagesFn(*self._fn_args)).with_outputs(
-                DROPPED, SUMMARY, main="runs"
+            >> beam.ParDo(ProcessImagesFn(*self._fn_args), **side_inputs).with_outputs(
+                DROPPED, SUMMARY, REUSED, main="runs"
             )
-            # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle
+            # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle;
+            # reused: (base shard, (ReuseRequest, ...)) per bundle
         )

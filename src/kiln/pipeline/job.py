@@ -20,6 +20,14 @@ aggregate the launcher needs for `kiln.json`). The steps::
     shards, summary, duplicates, all dropped -> WriteReports
                                 (errors.jsonl, duplicates.jsonl, and the report)
 
+With a base version to reuse records from (`incremental`), the files are
+joined with the base's record index instead of spread (``JoinBase``), the
+base's files are checked first (``VerifyBaseFiles``), and the records the
+image step reuses are copied from the base's shards into runs
+(``ExtractReused``) that join the image step's runs before ``WriteShards``.
+``WriteReports`` also joins the shards' parts of the record index into
+``index.jsonl``.
+
 Per image, all the work is in `ProcessImages` (on a thread pool): the
 listing holds several files per line, the records go straight into sorted
 run files (`sharding.RunWriter`) and the statistics are added up per bundle
@@ -33,14 +41,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from kiln.pipeline import sharding, versioning
+from kiln.pipeline import incremental, record_index, sharding, versioning
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.duplicates import DuplicateGroup, FindDuplicates, write_duplicate_report
 from kiln.pipeline.error_report import DroppedFile, write_error_report
@@ -67,6 +75,8 @@ class JobPlan:
       image_threads: Threads per image-processing DoFn instance.
       progress_uri: A local file the job appends one byte to per processed
         file, for the launcher's progress display (`progress`); None: no count.
+      base: The version to reuse records from (`incremental`), or None.
+      num_files: Files listed (sizes the join with the base).
     """
 
     spec: BuildSpec
@@ -76,6 +86,8 @@ class JobPlan:
     work_dir: str
     image_threads: int = 1
     progress_uri: str | None = None
+    base: incremental.BaseFiles | None = None
+    num_files: int = 0
 
     @property
     def temp_dir(self) -> str:
@@ -109,27 +121,38 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         | "ParseListing" >> beam.ParDo(_ParseListingFn()).with_outputs("dropped", main="files")
         # files: [{key, uri, label, split, size}] (`listing.FILES_PER_LINE`); dropped: DroppedFile
     )
-    processed = (
-        listing.files
+    base_problems = None
+    if plan.base is None:
         # The listing is one file, read as one bundle; spread it so several
         # workers (and Dataflow's autoscaling) share the images.
-        | "SpreadFiles" >> beam.Reshuffle()  # [{key, uri, label, split, size}]
-        | "ProcessImages"
-        >> ProcessImages(
-            ImageProcessor(
-                plan.spec.chain,
-                config.image,
-                config.encoding,
-                plan.class_names,
-                SplitPolicy.from_config(config.splits),
-            ),
-            threads=plan.image_threads,
-            runs_folder=plan.temp_dir,
-            run_bytes=sharding.run_bytes(config.sharding),
-            progress_path=plan.progress_uri,
-        )
+        files = listing.files | "SpreadFiles" >> beam.Reshuffle()
+        # [{key, uri, label, split, size}]
+    else:
+        base_problems = pipeline | "VerifyBaseFiles" >> incremental.VerifyBaseFiles(plan.base)
+        # (base file name, problem or "")
+        files = listing.files | "JoinBase" >> incremental.JoinBase(
+            plan.base, incremental.bucket_count(plan.num_files)
+        )  # [{key, uri, label, split, size, base: IndexRow or None}], spread by bucket
+    processed = files | "ProcessImages" >> ProcessImages(
+        ImageProcessor(
+            plan.spec.chain,
+            config.image,
+            config.encoding,
+            plan.class_names,
+            SplitPolicy.from_config(config.splits),
+        ),
+        threads=plan.image_threads,
+        runs_folder=plan.temp_dir,
+        run_bytes=sharding.run_bytes(config.sharding),
+        progress_path=plan.progress_uri,
+        base_problems=base_problems,
     )
     runs = processed.runs  # SpilledRun: sorted runs of records, with their contents
+    if plan.base is not None:
+        reused = processed.reused | "ExtractReused" >> incremental.ExtractReused(
+            plan.base, plan.temp_dir, sharding.run_bytes(config.sharding)
+        )  # SpilledRun of the records copied from the base
+        runs = (runs, reused) | "AllRuns" >> beam.Flatten()
     shards = runs | "WriteShards" >> sharding.ShardRuns(
         plan.staging_dir, plan.temp_dir, config.name, config.sharding
     )  # (split, index, ShardInfo)
@@ -142,6 +165,9 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     duplicates = runs | "FindDuplicates" >> FindDuplicates()  # DuplicateGroup
     dropped = (listing.dropped, processed.dropped) | "AllDropped" >> beam.Flatten()
     # DroppedFile
+    base_checks = {}
+    if base_problems is not None:
+        base_checks["base_problems"] = beam.pvalue.AsList(base_problems)
     # The last step: one element, everything else as side inputs. Small
     # aggregates are summed here rather than by their own combining steps:
     # every step costs the job time to build, translate and run.
@@ -153,11 +179,14 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
             _write_reports,
             staging_dir=plan.staging_dir,
             report_uri=plan.report_uri,
+            temp_dir=plan.temp_dir,
             shards=beam.pvalue.AsList(shards),
             summary=beam.pvalue.AsList(summary),
             duplicates=beam.pvalue.AsList(duplicates),
             dropped=beam.pvalue.AsList(dropped),
-        )  # nothing: the two reports in the staging folder, the job's in the work folder
+            **base_checks,
+        )  # nothing: the reports and the record index in the staging folder, the job's
+        # report in the work folder
     )
 
 
@@ -200,6 +229,9 @@ class JobReport:
       inputs_hash: Multiset hash of every file's version entry.
       errors_sha256: sha256 of the errors.jsonl written.
       duplicates_sha256: sha256 of the duplicates.jsonl written.
+      index_sha256: sha256 of the index.jsonl written (`record_index`).
+      base_problems: Base file -> why it was not trusted (an incremental
+        build; empty when every base file checked out, or without a base).
     """
 
     splits: Mapping[str, SplitReport]
@@ -211,6 +243,8 @@ class JobReport:
     inputs_hash: int
     errors_sha256: str
     duplicates_sha256: str
+    index_sha256: str = ""
+    base_problems: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def dropped_total(self) -> int:
@@ -242,6 +276,8 @@ class JobReport:
             "inputs_hash": format(self.inputs_hash, "064x"),
             "errors_sha256": self.errors_sha256,
             "duplicates_sha256": self.duplicates_sha256,
+            "index_sha256": self.index_sha256,
+            "base_problems": dict(sorted(self.base_problems.items())),
         }
 
     @classmethod
@@ -267,6 +303,8 @@ class JobReport:
             inputs_hash=int(data["inputs_hash"], 16),
             errors_sha256=data["errors_sha256"],
             duplicates_sha256=data["duplicates_sha256"],
+            index_sha256=data.get("index_sha256", ""),
+            base_problems=dict(data.get("base_problems", {})),
         )
 
 
@@ -275,12 +313,18 @@ def _write_reports(
     *,
     staging_dir: str,
     report_uri: str,
+    temp_dir: str,
     shards,
     summary,
     duplicates: list[DuplicateGroup],
     dropped: list[DroppedFile],
+    base_problems: Sequence[tuple[str, str]] = (),
 ) -> None:
     errors = write_error_report(staging_dir, dropped)
+    parts = [
+        sharding.index_part_path(temp_dir, info.filename)
+        for _, _, info in sorted(shards, key=lambda s: (s[0], s[1]))
+    ]
     report = _assemble_report(
         shards=shards,
         summary=summary,
@@ -288,6 +332,8 @@ def _write_reports(
         dropped=errors.counts,
         errors_sha256=errors.sha256,
         duplicates_sha256=write_duplicate_report(staging_dir, duplicates),
+        index_sha256=record_index.join_parts(staging_dir, parts),
+        base_problems=incremental.untrusted(base_problems),
     )
     with FileSystems.create(report_uri) as f:
         f.write(versioning.canonical_json(report.to_json()).encode("utf-8"))
@@ -301,6 +347,8 @@ def _assemble_report(
     dropped: dict[str, int],
     errors_sha256: str,
     duplicates_sha256: str,
+    index_sha256: str = "",
+    base_problems: Mapping[str, str] | None = None,
 ) -> JobReport:
     # One summary, or none when no file reached the image step.
     merged = summary[0] if summary else Summary()
@@ -329,6 +377,8 @@ def _assemble_report(
         inputs_hash=merged.inputs_hash,
         errors_sha256=errors_sha256,
         duplicates_sha256=duplicates_sha256,
+        index_sha256=index_sha256,
+        base_problems=dict(base_problems or {}),
     )
 
 

@@ -52,7 +52,7 @@ from apache_beam.runners.runner import PipelineState
 import kiln
 from kiln.errors import Failure, UsageError
 from kiln.pipeline import config as config_module
-from kiln.pipeline import job, progress, publish, sources, storage, versioning
+from kiln.pipeline import incremental, job, progress, publish, sources, storage, versioning
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.lock import DatasetLock
 from kiln.schemas import ERRORS_FILENAME, RECORD, DatasetInfo, SplitInfo
@@ -86,6 +86,9 @@ class BuildResult:
       counters: Beam counters of the run (files_read, images_decoded,
         records_written, dropped_<reason>...); empty when up to date.
       pruned: Versions deleted by ``keep``, newest first.
+      incremental: How the build used a base version (`incremental`): the
+        records reused and processed, or why it built from scratch; None
+        when up to date. Provenance of this run, never in kiln.json.
     """
 
     dataset_dir: str
@@ -95,6 +98,7 @@ class BuildResult:
     duplicates_across_splits: int = 0
     counters: Mapping[str, int] = dataclasses.field(default_factory=dict)
     pruned: tuple[str, ...] = ()
+    incremental: incremental.IncrementalReport | None = None
 
     @property
     def dataset_root(self) -> str:
@@ -227,11 +231,13 @@ def make_plan(
     staging_dir: str,
     options: PipelineOptions,
     image_threads: int | None = None,
+    base: incremental.BaseFiles | None = None,
 ) -> job.JobPlan:
     """The job plan for a listing, staged under `staging_dir`.
 
     Args:
       image_threads: Threads per image DoFn; None: `default_image_threads`.
+      base: The version to reuse records from, or None (`incremental`).
     """
     work_dir = storage.join(staging_dir, publish.WORK_FOLDER)
     return job.JobPlan(
@@ -241,6 +247,8 @@ def make_plan(
         staging_dir=staging_dir,
         work_dir=work_dir,
         image_threads=image_threads or default_image_threads(options),
+        base=base,
+        num_files=listing.num_files,
     )
 
 
@@ -261,6 +269,8 @@ def build(
     progress_every: float = progress.DEFAULT_EVERY_SECONDS,
     keep: int | None = None,
     wait: float = 0.0,
+    base: str | None = None,
+    full: bool = False,
 ) -> BuildResult:
     """Builds (or finds up to date) the dataset a config describes.
 
@@ -280,6 +290,9 @@ def build(
         logged, not raised: the dataset is published.
       wait: Seconds to wait while another build of the dataset holds its
         lock (`lock.DatasetLock`); 0 raises `Busy` at once.
+      base: The published version to reuse unchanged records from
+        (`incremental`); None: the one LATEST names, if any.
+      full: Build from scratch, reusing nothing.
 
     Returns:
       The `BuildResult`; LATEST names its version.
@@ -292,6 +305,8 @@ def build(
         written (nothing was published).
     """
     _check_keep(keep)
+    if base is not None and full:
+        raise UsageError("--base and --full exclude each other: --full reuses no version")
     spec = _spec(config, output)
     check_pipeline_args(pipeline_args)
     _check_output_folders(spec)
@@ -308,6 +323,8 @@ def build(
                 show_progress=show_progress,
                 progress_every=progress_every,
                 keep=keep,
+                base=base,
+                full=full,
             )
     except OSError as e:  # a full disk, a read-only or unwritable output...
         raise BuildError(f"{storage.describe_os_error(e)}; nothing was published") from e
@@ -323,6 +340,8 @@ def _build_locked(
     show_progress: bool,
     progress_every: float,
     keep: int | None,
+    base: str | None = None,
+    full: bool = False,
 ) -> BuildResult:
     _warn_about_shard_counts(spec, listing)
     stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
@@ -342,8 +361,19 @@ def _build_locked(
             pruned=_prune(dataset, keep),
         )
 
+    if base is not None and not dataset.is_complete(base):
+        raise UsageError(f"--base {base}: no complete version {base} in {dataset.path}")
+    choice = incremental.choose_base(
+        dataset.path, dataset.read_info, dataset.latest(), base, spec.to_json(), full
+    )
+    if choice.base is None:
+        logger.info("building from scratch: %s", choice.reason)
+    else:
+        logger.info("reusing unchanged records of version %s", choice.version)
     with publish.PublishTransaction(dataset, stamp) as transaction:
-        plan = make_plan(spec, listing, transaction.staging_dir, options, image_threads)
+        plan = make_plan(
+            spec, listing, transaction.staging_dir, options, image_threads, choice.base
+        )
         if show_progress and is_local_runner(options):
             plan = dataclasses.replace(plan, progress_uri=progress.counting_path(plan.work_dir))
         report, counters = _run_job(plan, listing, options, show_progress, progress_every)
@@ -375,6 +405,7 @@ def _build_locked(
         duplicates_across_splits=report.duplicates_across_splits,
         counters=counters,
         pruned=_prune(dataset, keep),
+        incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
     )
 
 
@@ -625,4 +656,6 @@ def dataset_info(
         dropped=dict(report.dropped),
         errors_sha256=report.errors_sha256,
         duplicates_sha256=report.duplicates_sha256,
+        index_sha256=report.index_sha256,
+        processing=incremental.processing(data),
     ).sealed()

@@ -18,8 +18,9 @@ temp file, which the launcher deletes.
 The records themselves do not go through Beam's shuffle: an external merge
 sort. A `RunWriter` (inside the job's image step, `images.ProcessImagesFn`)
 collects up to one shard's worth of records, sorts them by (split, hash)
-and writes them to a temp "run" file, passing on only the run's index
-(`SpilledRun`: each record's split, hash, offset and length).
+and writes them to a temp "run" file, each record followed by its line of
+the version's record index (`record_index`), passing on only the run's index
+(`SpilledRun`: each record's split, hash, offset and lengths).
 In a run, a shard's records are one contiguous byte range (a hash range of
 a split), so each run is cut into at most one `RunSlice` per shard, and
 shards are grouped from those slices; `WriteShardFn` reads each slice in
@@ -30,6 +31,11 @@ a few dozen bytes per image instead of the image, and after the spill no
 Beam step handles single records (each step an element passes through
 costs time on the bundle's thread). The run files stay in the job's work
 folder, which the launcher deletes once the job is done.
+
+Beside each shard `WriteShardFn` writes the shard's part of the record
+index (one line per record, in shard order) to the temp folder
+(`index_part_path`); the job's last step joins the parts into the
+version's ``index.jsonl`` (`record_index.join_parts`).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
-from kiln.pipeline import tfrecord
+from kiln.pipeline import record_index, tfrecord
 from kiln.schemas import ShardInfo, shard_filename
 
 if TYPE_CHECKING:
@@ -65,16 +71,19 @@ class RunSlice(NamedTuple):
 
     run: str
     start: int
-    entries: tuple[tuple[str, int], ...]  # (sort_key, length) of each record, in file order
+    # (sort_key, record length, index entry length) of each record, in file
+    # order; each record's bytes are followed by its index entry's.
+    entries: tuple[tuple[str, int, int], ...]
 
 
 class SpilledRun(NamedTuple):
-    """A run file, its records' ``(split, sort_key, offset, length)`` in file
-    order, and in the same order each record's ``(source file's sha256,
-    key)`` (for `duplicates.FindDuplicates`)."""
+    """A run file, its records' ``(split, sort_key, offset, length,
+    index_length)`` in file order (the record's bytes at ``offset``, its
+    `record_index` entry right after them), and in the same order each
+    record's ``(source file's sha256, key)`` (for `duplicates.FindDuplicates`)."""
 
     run: str
-    entries: tuple[tuple[str, str, int, int], ...]
+    entries: tuple[tuple[str, str, int, int, int], ...]
     contents: tuple[tuple[str, str], ...]
 
 
@@ -181,12 +190,22 @@ class RunWriter:
         self._buffered = 0
 
     def add(
-        self, window, split: str, key: str, record: bytes, content: str, source_key: str
+        self,
+        window,
+        split: str,
+        key: str,
+        record: bytes,
+        content: str,
+        source_key: str,
+        index_entry: bytes = b"",
     ) -> bool:
         """Buffers one record: `key` is its sort key, `content` its source
-        file's sha256, `source_key` its key."""
-        self._buffers.setdefault(window, []).append((split, key, record, content, source_key))
-        self._buffered += len(record)
+        file's sha256, `source_key` its key, `index_entry` what the record
+        index keeps of it (`record_index.entry`)."""
+        self._buffers.setdefault(window, []).append(
+            (split, key, record, content, source_key, index_entry)
+        )
+        self._buffered += len(record) + len(index_entry)
         return self._buffered >= self._run_bytes
 
     def flush(self):
@@ -198,11 +217,12 @@ class RunWriter:
             entries = []
             offset = 0
             with FileSystems.create(run, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                for split, key, data, *_ in records:
+                for split, key, data, _, _, index_entry in records:
                     f.write(data)
-                    entries.append((split, key, offset, len(data)))
-                    offset += len(data)
-            contents = tuple((content, source_key) for *_, content, source_key in records)
+                    f.write(index_entry)
+                    entries.append((split, key, offset, len(data), len(index_entry)))
+                    offset += len(data) + len(index_entry)
+            contents = tuple((content, source_key) for _, _, _, content, source_key, _ in records)
             yield WindowedValue(
                 SpilledRun(run, tuple(entries), contents), window.max_timestamp(), (window,)
             )
@@ -211,7 +231,7 @@ class RunWriter:
 def _split_totals(run: SpilledRun):
     """(split, (records, bytes in TFRecord framing)) for each split in a run."""
     totals: dict[str, list[int]] = {}
-    for split, _, _, length in run.entries:
+    for split, _, _, length, _ in run.entries:
         total = totals.setdefault(split, [0, 0])
         total[0] += 1
         total[1] += tfrecord.framed_size(length)
@@ -223,24 +243,25 @@ def _slices_by_shard(run: SpilledRun, num_shards: Mapping[str, int]):
     """((split, index, num_shards), RunSlice) for each shard with records in `run`."""
     shard: tuple[str, int, int] | None = None
     start = 0
-    entries: list[tuple[str, int]] = []
-    for split, key, offset, length in run.entries:  # sorted by (split, key)
+    entries: list[tuple[str, int, int]] = []
+    for split, key, offset, length, index_length in run.entries:  # sorted by (split, key)
         n = num_shards[split]
         this = (split, shard_index(key, n), n)
         if this != shard:
             if entries:
                 yield shard, RunSlice(run.run, start, tuple(entries))
             shard, start, entries = this, offset, []
-        entries.append((key, length))
+        entries.append((key, length, index_length))
     if entries:
         yield shard, RunSlice(run.run, start, tuple(entries))
 
 
-def read_records(slices: list[RunSlice]) -> list[tuple[str, bytes]]:
-    """``(sort_key, record)`` of every record in `slices`; one read per slice."""
+def read_records(slices: list[RunSlice]) -> list[tuple[str, bytes, bytes]]:
+    """``(sort_key, record, index entry)`` of every record in `slices`; one
+    read per slice."""
     out = []
     for piece in sorted(slices):
-        size = sum(length for _, length in piece.entries)
+        size = sum(length + index_length for _, length, index_length in piece.entries)
         with FileSystems.open(piece.run, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             f.seek(piece.start)
             span = f.read(size)
@@ -250,10 +271,16 @@ def read_records(slices: list[RunSlice]) -> list[tuple[str, bytes]]:
                 f"read {len(span)} (the run file was truncated or replaced)"
             )
         offset = 0
-        for key, length in piece.entries:
-            out.append((key, span[offset : offset + length]))
-            offset += length
+        for key, length, index_length in piece.entries:
+            end = offset + length
+            out.append((key, span[offset:end], span[end : end + index_length]))
+            offset = end + index_length
     return out
+
+
+def index_part_path(temp_folder: str, shard_file: str) -> str:
+    """Where `WriteShardFn` leaves a shard's part of the record index."""
+    return FileSystems.join(temp_folder, f"index-{shard_file}")
 
 
 class WriteShardFn(beam.DoFn):
@@ -261,7 +288,8 @@ class WriteShardFn(beam.DoFn):
 
     None values mark a shard that must exist even if its hash range holds no
     record, so a split always has all its ``-of-N`` files. Holds one shard's
-    records in memory, read from the runs and sorted.
+    records in memory, read from the runs and sorted. Also writes the
+    shard's part of the record index (`index_part_path`), via a temp name.
     """
 
     def __init__(self, folder: str, temp_folder: str, name: str, compression: str):
@@ -285,8 +313,16 @@ class WriteShardFn(beam.DoFn):
         info = write_shard(
             path=FileSystems.join(self._folder, filename),
             temp_path=FileSystems.join(self._temp_folder, f"{filename}.{uuid.uuid4().hex}"),
-            records=[record for _, record in ordered],
+            records=[record for _, record, _ in ordered],
             compression=self._compression,
+        )
+        part = index_part_path(self._temp_folder, filename)
+        record_index.write_part(
+            part,
+            f"{part}.{uuid.uuid4().hex}",
+            split,
+            filename,
+            [index_entry for _, _, index_entry in ordered],
         )
         self._shards.inc()
         self._records.inc(info.num_records)

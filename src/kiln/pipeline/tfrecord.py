@@ -26,6 +26,7 @@ _MASK_DELTA = 0xA282EAD8
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 
+LENGTH = _LENGTH  # the frame's length field, for readers of kiln's own shards
 HEADER_SIZE = _LENGTH.size + _CRC.size  # 12
 FOOTER_SIZE = _CRC.size  # 4
 

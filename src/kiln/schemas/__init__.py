@@ -16,6 +16,7 @@ from kiln.schemas.features import (
 from kiln.schemas.metadata import (
     DUPLICATES_FILENAME,
     ERRORS_FILENAME,
+    INDEX_FILENAME,
     LATEST_FILENAME,
     METADATA_FILENAME,
     SPLIT_NAME_PATTERN,
@@ -40,6 +41,7 @@ __all__ = [
     "decode_image",
     "DUPLICATES_FILENAME",
     "ERRORS_FILENAME",
+    "INDEX_FILENAME",
     "LATEST_FILENAME",
     "METADATA_FILENAME",
     "SPLIT_NAME_PATTERN",

@@ -22,6 +22,7 @@ import kiln
 METADATA_FILENAME = "kiln.json"
 ERRORS_FILENAME = "errors.jsonl"
 DUPLICATES_FILENAME = "duplicates.jsonl"
+INDEX_FILENAME = "index.jsonl"
 LATEST_FILENAME = "LATEST"
 STAGING_PREFIX = ".staging-"
 
@@ -172,6 +173,16 @@ class DatasetInfo:
       duplicates_sha256: sha256 (hex) of the bytes of ``duplicates.jsonl``,
         the duplicates report (one row per group of identical content).
         None in formats before 2.
+      index_sha256: sha256 (hex) of the bytes of ``index.jsonl``, the record
+        index (one line per record: where it is, its key and content hash,
+        its pixel sums; see `kiln.pipeline.record_index`). None in datasets
+        written before kiln wrote it.
+      processing: What decides a record's bytes given its source file:
+        ``{"version": int, "fingerprint": hex}``, the kiln processing
+        version and the processing fingerprint
+        (`kiln.pipeline.incremental`). An incremental build reuses records
+        of a version only if both equal its own. None in datasets written
+        before kiln recorded it.
       checksum: sha256 (hex) of kiln.json's own content, so an edit is
         noticed (format 2 and later; None before). Canonical content: the
         file's JSON object without its ``checksum`` member, serialized with
@@ -205,6 +216,8 @@ class DatasetInfo:
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
     errors_sha256: str | None = None
     duplicates_sha256: str | None = None
+    index_sha256: str | None = None
+    processing: dict[str, Any] | None = None
     checksum: str | None = None
 
     @property
@@ -243,6 +256,9 @@ class DatasetInfo:
             for name in ("errors_sha256", "duplicates_sha256", CHECKSUM_FIELD):
                 if data[name] is None:
                     del data[name]
+        for name in ("index_sha256", "processing"):  # absent before kiln wrote them
+            if data[name] is None:
+                del data[name]
         return data
 
     def sealed(self) -> DatasetInfo:

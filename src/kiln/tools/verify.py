@@ -51,6 +51,7 @@ from kiln.reader import locate
 from kiln.schemas import (
     DUPLICATES_FILENAME,
     ERRORS_FILENAME,
+    INDEX_FILENAME,
     METADATA_FILENAME,
     RECORD,
     DatasetInfo,
@@ -201,6 +202,7 @@ def verify(path: str) -> Verification:
             ]
     result.problems += _check_folder(dataset_dir, metadata)
     result.problems += _check_error_report(dataset_dir, metadata)
+    result.problems += _check_report_sha256(dataset_dir, INDEX_FILENAME, metadata.index_sha256)
     result.problems += _check_duplicate_report(
         dataset_dir, metadata, seen.copies if complete else None
     )
@@ -384,6 +386,7 @@ def _allowed_files(metadata: DatasetInfo) -> set[str]:
         METADATA_FILENAME,
         ERRORS_FILENAME,
         DUPLICATES_FILENAME,
+        INDEX_FILENAME,
         TFDS_DATASET_INFO_FILENAME,
         TFDS_FEATURES_FILENAME,
         labels_filename(RECORD.key("label")),

@@ -1,0 +1,471 @@
+"""Incremental builds: reuse a published version's records instead of decoding their images again.
+
+A nightly rebuild of a dataset where a few percent of the files changed
+should cost a few percent of a full build. When a published version (the
+*base*: LATEST, or ``kiln build --base VERSION``) was built with the same
+processing, a record whose source file has the same bytes (sha256) and the
+same listing inputs (key, class id: `record_index.inputs_fingerprint`) as
+in the base is copied from the base's shards without decoding; only new and
+changed files are decoded, transformed and encoded, and files gone from the
+source are gone from the new version. The result is byte-identical to a
+from-scratch build of the same inputs and config, kiln.json included: the
+records are the same bytes, the shards are cut and ordered by the same
+rules, and the statistics are merged from the exact per-record sums in the
+base's record index (`record_index`). Which base was used is provenance of
+the run, not of the dataset: it is in the build's summary and ``--report``
+(`BuildResult.incremental`), never in kiln.json.
+
+**Processing fingerprint** (`processing_fingerprint`): what decides a
+record's bytes given its source file: the ``image``, ``transforms``,
+``encoding`` (and ``targets``) sections of the resolved config, the plugins
+named, the record schema, `kiln.FORMAT_VERSION`, `PROCESSING_VERSION` and
+OpenCV's version (its codecs and resizers write the pixels). It leaves out
+where the files are (``source``), the splits (a reused record may move to
+another split: its bytes do not change), sharding, augmentation and error
+handling. kiln.json records it (``processing``).
+
+A base is not used, and the build says why in its summary, when
+(`choose_base`): ``--full`` asks for a from-scratch build; there is no
+published version; its kiln.json is missing or damaged; it records no
+record index or processing fingerprint (built by an older kiln); its
+processing version or fingerprint differs. Inside the job each base file is
+checked against the sha256 kiln.json records (`VerifyBaseFiles`): the
+records of a shard that differs are processed from their source files
+instead, and a damaged index means no record is reused. Plugin transforms
+are part of the fingerprint by name and parameters only: after changing a
+plugin's code, build with ``--full`` (or bump a parameter).
+
+In the job (`job.construct`), with a base::
+
+    listed files ─┐
+    base index ───┴─> JoinBase (by key) -> ProcessImages ─┬─> runs of new records
+                                                          └─> reuse requests per base shard
+    reuse requests -> GroupByKey (base shard) -> ExtractReused -> runs of reused records
+
+The reused records join the new ones as sorted runs (`sharding.SpilledRun`)
+before sharding, so sharding, duplicates and the index are written by the
+same steps as in a full build. Everything is read through Beam's
+FileSystems inside the job: the launcher reads only the base's kiln.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+import cv2
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+import kiln
+from kiln.pipeline import record_index, storage, tfrecord, versioning
+from kiln.pipeline.listing import FILES_PER_LINE
+from kiln.pipeline.sharding import RunWriter
+from kiln.schemas import INDEX_FILENAME, RECORD, DatasetInfo
+
+logger = logging.getLogger(__name__)
+
+# Bump whenever a kernel's output can change for the same input and config
+# (decoding, a transform, encoding, pixel statistics): records of versions
+# built before are then never reused.
+PROCESSING_VERSION = 1
+
+# Config sections that decide a record's bytes (see the module docstring).
+_PROCESSING_SECTIONS = ("image", "transforms", "encoding", "targets", "plugins")
+
+
+def processing_fingerprint(config: Mapping[str, Any]) -> str:
+    """The processing fingerprint of a resolved config (`BuildSpec.to_json`).
+
+    A function of how records are made, not of where the files are: the
+    source's location, the splits, sharding, augmentation and error
+    handling are left out (see the module docstring).
+    """
+    return versioning.fingerprint(
+        {
+            "processing_version": PROCESSING_VERSION,
+            "format_version": kiln.FORMAT_VERSION,
+            "opencv": cv2.__version__,
+            "schema": RECORD.to_json(),
+            "config": {name: config.get(name) for name in _PROCESSING_SECTIONS},
+        }
+    )
+
+
+def processing(config: Mapping[str, Any]) -> dict[str, Any]:
+    """kiln.json's ``processing`` block for a resolved config."""
+    return {"version": PROCESSING_VERSION, "fingerprint": processing_fingerprint(config)}
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseFiles:
+    """A trusted-looking base version, as the job needs it.
+
+    Attributes:
+      version: The base version's name.
+      folder: Its folder (``<output>/<name>/<version>``).
+      files: ``(file name, sha256)`` of its shards and its record index,
+        as its kiln.json records them: the job checks each before use.
+      compression: Its shards' compression (None or "gzip").
+    """
+
+    version: str
+    folder: str
+    files: tuple[tuple[str, str], ...]
+    compression: str | None
+
+    @property
+    def index_uri(self) -> str:
+        return storage.join(self.folder, INDEX_FILENAME)
+
+    @property
+    def shard_sha256(self) -> dict[str, str]:
+        return {name: sha256 for name, sha256 in self.files if name != INDEX_FILENAME}
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseChoice:
+    """The launcher's decision: the base to reuse records from, or why none.
+
+    Attributes:
+      base: The base, or None (a from-scratch build).
+      version: The version considered (None: there was none).
+      reason: Why it is not used ("" when it is).
+    """
+
+    base: BaseFiles | None
+    version: str | None = None
+    reason: str = ""
+
+
+def choose_base(
+    dataset_root: str,
+    read_info,
+    latest: str | None,
+    requested: str | None,
+    config: Mapping[str, Any],
+    full: bool,
+) -> BaseChoice:
+    """Which published version to reuse records from (see the module docstring).
+
+    Args:
+      dataset_root: ``<output>/<name>``.
+      read_info: Version name -> its checked `DatasetInfo`, or None when
+        missing or damaged (`publish.DatasetRoot.read_info`).
+      latest: The version LATEST names, or None.
+      requested: ``--base VERSION``, or None for LATEST.
+      config: The new build's resolved config (`BuildSpec.to_json`).
+      full: ``--full``: no base.
+    """
+    version = requested or latest
+    if full:
+        return BaseChoice(None, version, "--full asks for a from-scratch build")
+    if version is None:
+        return BaseChoice(None, None, "no published version to reuse")
+    info: DatasetInfo | None = read_info(version)
+    if info is None:
+        return BaseChoice(None, version, "its kiln.json is missing or damaged")
+    wanted = processing(config)
+    if info.processing is None or info.index_sha256 is None:
+        return BaseChoice(
+            None, version, "it records no record index (built by an older kiln): processed all"
+        )
+    if info.processing.get("version") != wanted["version"]:
+        return BaseChoice(
+            None,
+            version,
+            f"it was built with kiln processing version {info.processing.get('version')}, "
+            f"this kiln's is {wanted['version']}",
+        )
+    if info.processing.get("fingerprint") != wanted["fingerprint"]:
+        return BaseChoice(
+            None,
+            version,
+            "its processing differs (image, transforms, encoding, plugins or OpenCV version)",
+        )
+    files = tuple(
+        (shard.filename, shard.sha256) for split in info.splits.values() for shard in split.shards
+    ) + ((INDEX_FILENAME, info.index_sha256),)
+    folder = storage.join(dataset_root, version)
+    return BaseChoice(BaseFiles(version, folder, files, info.compression), version)
+
+
+# --- in the job --------------------------------------------------------------------
+
+
+def bucket_count(num_files: int) -> int:
+    """Buckets the listed files and the base's rows are joined in: about one
+    listing line's worth of files each."""
+    return max(1, math.ceil(num_files / FILES_PER_LINE))
+
+
+def _bucket(key: str, buckets: int) -> int:
+    return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:15], 16) % buckets
+
+
+def _check_file(name_and_sha256: tuple[str, str], folder: str) -> tuple[str, str]:
+    """(file name, expected sha256) -> (file name, problem or "")."""
+    name, expected = name_and_sha256
+    digest = hashlib.sha256()
+    try:
+        with FileSystems.open(
+            FileSystems.join(folder, name), compression_type=CompressionTypes.UNCOMPRESSED
+        ) as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except Exception as e:  # missing, unreadable: not trusted
+        return name, f"{name} cannot be read ({type(e).__name__})"
+    if digest.hexdigest() != expected:
+        return name, f"{name}: sha256 differs from the base's kiln.json"
+    return name, ""
+
+
+class VerifyBaseFiles(beam.PTransform):
+    """The base's shards and index checked against their recorded sha256:
+    PCollection[(file name, problem or "")], one per file."""
+
+    def __init__(self, base: BaseFiles):
+        super().__init__()
+        self._base = base
+
+    def expand(self, pipeline):
+        return (
+            pipeline
+            | "ListBaseFiles" >> beam.Create(list(self._base.files))  # (name, sha256)
+            | "SpreadBaseFiles" >> beam.Reshuffle()
+            | "HashBaseFiles" >> beam.Map(_check_file, folder=self._base.folder)
+            # (name, problem or "")
+        )
+
+
+def _files_by_bucket(files, buckets: int):
+    for item in files:
+        yield _bucket(item["key"], buckets), (0, item)
+
+
+def _rows_by_bucket(line: str, buckets: int):
+    try:
+        row = record_index.parse_line(line)
+    except ValueError:
+        # A damaged index fails its sha256 check: nothing is reused then.
+        Metrics.counter("kiln", "base_index_bad_lines").inc()
+        return
+    yield _bucket(row.key, buckets), (1, row)
+
+
+def _attach_base(bucket_and_values):
+    """One bucket's files, each with its base row (None if new) under ``base``."""
+    _, values = bucket_and_values
+    rows: dict[str, record_index.IndexRow] = {}
+    files = []
+    for kind, value in values:
+        if kind:
+            rows[value.key] = value
+        else:
+            files.append(value)
+    out = []
+    for item in files:
+        out.append(dict(item, base=rows.pop(item["key"], None)))
+    if rows:
+        Metrics.counter("kiln", "records_deleted").inc(len(rows))
+    if out:
+        yield out
+
+
+class JoinBase(beam.PTransform):
+    """Lists of listed files -> lists of the same files, each with its base
+    index row (or None) under ``base``: joined by key in `buckets` buckets,
+    which also spreads the files over the workers."""
+
+    def __init__(self, base: BaseFiles, buckets: int):
+        super().__init__()
+        self._base = base
+        self._buckets = buckets
+
+    def expand(self, files):
+        buckets = self._buckets
+        listed = files | "FilesByBucket" >> beam.FlatMap(_files_by_bucket, buckets=buckets)
+        rows = (
+            files.pipeline
+            | "ReadBaseIndex" >> beam.io.ReadFromText(self._base.index_uri, validate=False)
+            | "RowsByBucket" >> beam.FlatMap(_rows_by_bucket, buckets=buckets)
+        )
+        return (
+            (listed, rows)
+            | "MergeFilesAndRows" >> beam.Flatten()  # (bucket, (0, file) or (1, IndexRow))
+            | "GroupByBucket" >> beam.GroupByKey()
+            | "AttachBase" >> beam.FlatMap(_attach_base)  # [{key, uri, ..., base}]
+        )
+
+
+class ReuseRequest(NamedTuple):
+    """A base record the new version keeps: where it is and where it goes."""
+
+    position: int  # in the base shard
+    split: str  # in the new version
+    sort_key: str
+    sha256: str
+    key: str
+    index_entry: bytes
+
+
+def read_frames(data: bytes) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each record's data in uncompressed TFRecord bytes.
+
+    Raises:
+      ValueError: the framing is broken (the file's sha256 matched, so
+        only a bug or a race could get here).
+    """
+    frames = []
+    offset = 0
+    while offset < len(data):
+        if offset + tfrecord.HEADER_SIZE > len(data):
+            raise ValueError(f"truncated record header at byte {offset}")
+        (length,) = tfrecord.LENGTH.unpack_from(data, offset)
+        start = offset + tfrecord.HEADER_SIZE
+        if start + length + tfrecord.FOOTER_SIZE > len(data):
+            raise ValueError(f"truncated record at byte {offset}")
+        frames.append((start, length))
+        offset = start + length + tfrecord.FOOTER_SIZE
+    return frames
+
+
+class ExtractReusedFn(beam.DoFn):
+    """(base shard file name, [ReuseRequest, ...]) -> sorted runs of those
+    records (`sharding.SpilledRun`), as the image step writes them.
+
+    Reads the base shard once, whole, and checks its sha256 again (the
+    base was checked before the image step decided to reuse it).
+    """
+
+    def __init__(self, base: BaseFiles, runs_folder: str, run_bytes: int, compression: str | None):
+        self._base = base
+        self._shard_sha256 = base.shard_sha256
+        self._runs = RunWriter(runs_folder, run_bytes)
+        self._compression = compression
+        self._reused = Metrics.counter("kiln", "records_copied")
+
+    def start_bundle(self):
+        self._runs.reset()
+
+    def process(self, element, window=beam.DoFn.WindowParam):
+        shard, groups = element
+        requests = sorted(request for group in groups for request in group)
+        path = FileSystems.join(self._base.folder, shard)
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            raw = f.read()
+        if hashlib.sha256(raw).hexdigest() != self._shard_sha256.get(shard):
+            raise OSError(f"{path} changed during the build (its sha256 was checked before)")
+        data = gzip.decompress(raw) if self._compression == "gzip" else raw
+        del raw
+        frames = read_frames(data)
+        for request in requests:
+            start, length = frames[request.position]
+            record = data[start : start + length]
+            self._reused.inc()
+            if self._runs.add(
+                window,
+                request.split,
+                request.sort_key,
+                record,
+                request.sha256,
+                request.key,
+                request.index_entry,
+            ):
+                yield from self._runs.flush()
+        yield from self._runs.flush()
+
+
+class ExtractReused(beam.PTransform):
+    """Reuse requests grouped per bundle, ``(base shard, (ReuseRequest, ...))``
+    -> `sharding.SpilledRun` of the reused records."""
+
+    def __init__(self, base: BaseFiles, runs_folder: str, run_bytes: int):
+        super().__init__()
+        self._fn_args = (base, runs_folder, run_bytes, base.compression)
+
+    def expand(self, requests):
+        return (
+            requests
+            | "GroupByBaseShard" >> beam.GroupByKey()  # (shard, [(ReuseRequest, ...)])
+            | "CopyRecords" >> beam.ParDo(ExtractReusedFn(*self._fn_args))  # SpilledRun
+        )
+
+
+def untrusted(problems: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """File name -> problem, for the base files that failed their check."""
+    return {name: problem for name, problem in problems if problem}
+
+
+@dataclasses.dataclass(frozen=True)
+class IncrementalReport:
+    """How a build used its base: for the summary and ``--report``.
+
+    Attributes:
+      base: The version considered as base (None: there was none).
+      used: Whether records were reused from it (or could have been: every
+        file changed is still "used").
+      reason: Why the base was not used, or what of it was not trusted.
+      reused: Records copied from the base without decoding.
+      processed: Files read and processed (decoded, or dropped).
+      added: Of those, files stored that the base did not have.
+      changed: Of those, files stored whose bytes or listing inputs changed
+        (the rest of `processed` was dropped: unreadable, corrupt...).
+      deleted: Base records whose file is no longer listed.
+    """
+
+    base: str | None
+    used: bool
+    reason: str = ""
+    reused: int = 0
+    processed: int = 0
+    added: int = 0
+    changed: int = 0
+    deleted: int = 0
+
+    @classmethod
+    def from_run(
+        cls, choice: BaseChoice, counters: Mapping[str, int], problems: Mapping[str, str]
+    ) -> IncrementalReport:
+        reused = counters.get("records_reused", 0)
+        reason = choice.reason
+        if choice.base is not None and problems:
+            shown = "; ".join(problems[name] for name in sorted(problems)[:3])
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            reason = f"not trusted, its records processed instead: {shown}{more}"
+        return cls(
+            base=choice.version,
+            used=choice.base is not None,
+            reason=reason,
+            reused=reused,
+            processed=counters.get("files_read", 0) - reused,
+            added=counters.get("images_added", 0),
+            changed=counters.get("images_changed", 0),
+            deleted=counters.get("records_deleted", 0),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def summary_line(self) -> str:
+        """One line for the build's summary."""
+        if not self.used:
+            if self.base is None:
+                return f"  full build: {self.reason}"
+            return f"  full build: base {self.base} not used: {self.reason}"
+        dropped = self.processed - self.added - self.changed
+        line = (
+            f"  incremental from {self.base}: reused {self.reused}, processed "
+            f"{self.processed} ({self.added} new, {self.changed} changed, {dropped} dropped), "
+            f"{self.deleted} gone"
+        )
+        if self.reason:
+            line += f"\n  base {self.reason}"
+        return line

@@ -1,0 +1,182 @@
+"""The record index: one line per stored record, written beside the shards as ``index.jsonl``.
+
+What an incremental build (`incremental`) needs to reuse a record without
+decoding its image, and what `kiln diff` needs to compare two versions by
+key and content, without reading the shards: for every record, where it is
+(split, shard file, position in the shard) and what went into it and came
+out of it. One canonical JSON object per line (keys sorted, no spaces),
+lines in shard order (splits sorted by name, shards by index, records by
+their position), so the same records give the same bytes; kiln.json
+records the file's sha256 (``index_sha256``). The fields:
+
+=========== ==================================================================
+split       the record's split
+shard       the shard file's name
+position    the record's place in the shard (0-based)
+key         the record's key
+sha256      sha256 (hex) of the source file's bytes
+inputs      `inputs_fingerprint` of what the listing said about the file
+label       the class id
+height      stored image height, pixels
+width       stored image width, pixels
+pixels      height * width
+sums        per-channel sum of the stored pixel values (exact integers)
+squares     per-channel sum of their squares (exact integers)
+=========== ==================================================================
+
+The last four are the record's share of the split's statistics
+(`statistics.PixelSums`), so statistics merged from reused and new records
+equal a full build's exactly.
+
+Inside the job a record's entry (`entry`: the fields that do not depend on
+where the record lands) travels in the sorted runs right after the record;
+`sharding.WriteShardFn` writes each shard's lines (`write_part`), and the
+job's last step joins the parts in shard order (`join_parts`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from kiln.pipeline import versioning
+from kiln.schemas import INDEX_FILENAME
+from kiln.schemas.metadata import canonical_json
+
+# Listing fields that do not go into a record: where the file was read
+# (`uri`), its size (implied by its sha256), the split the source named (a
+# record's bytes do not depend on its split) and what the job attached.
+_NOT_RECORD_INPUTS = frozenset({"uri", "size", "split", "base"})
+_COPY_CHUNK = 1 << 20
+
+
+def inputs_fingerprint(item: Mapping[str, Any]) -> str:
+    """What the listing says about a file that goes into its record (its key,
+    class id, and whatever else a listing row carries, such as annotations),
+    as a short hash: a record is reused only if this is unchanged."""
+    return versioning.fingerprint(
+        {name: value for name, value in item.items() if name not in _NOT_RECORD_INPUTS}
+    )[:32]
+
+
+def entry(
+    *,
+    key: str,
+    sha256: str,
+    inputs: str,
+    label: int,
+    height: int,
+    width: int,
+    pixels: int,
+    sums: Sequence[int],
+    squares: Sequence[int],
+) -> bytes:
+    """The placement-free part of a record's index line, as canonical JSON bytes."""
+    return canonical_json(
+        {
+            "key": key,
+            "sha256": sha256,
+            "inputs": inputs,
+            "label": label,
+            "height": height,
+            "width": width,
+            "pixels": pixels,
+            "sums": list(sums),
+            "squares": list(squares),
+        }
+    ).encode("utf-8")
+
+
+class IndexRow(NamedTuple):
+    """One parsed line of ``index.jsonl``."""
+
+    split: str
+    shard: str
+    position: int
+    key: str
+    sha256: str
+    inputs: str
+    label: int
+    height: int
+    width: int
+    pixels: int
+    sums: tuple[int, ...]
+    squares: tuple[int, ...]
+
+    def entry(self) -> bytes:
+        """The row's `entry` (what a reused record carries into the new index)."""
+        return entry(
+            key=self.key,
+            sha256=self.sha256,
+            inputs=self.inputs,
+            label=self.label,
+            height=self.height,
+            width=self.width,
+            pixels=self.pixels,
+            sums=self.sums,
+            squares=self.squares,
+        )
+
+
+def parse_line(line: str) -> IndexRow:
+    """An ``index.jsonl`` line as an `IndexRow`.
+
+    Raises:
+      ValueError: the line is not an index row (bad JSON, a field missing or
+        of the wrong type).
+    """
+    try:
+        data = json.loads(line)
+        return IndexRow(
+            split=str(data["split"]),
+            shard=str(data["shard"]),
+            position=int(data["position"]),
+            key=str(data["key"]),
+            sha256=str(data["sha256"]),
+            inputs=str(data["inputs"]),
+            label=int(data["label"]),
+            height=int(data["height"]),
+            width=int(data["width"]),
+            pixels=int(data["pixels"]),
+            sums=tuple(int(v) for v in data["sums"]),
+            squares=tuple(int(v) for v in data["squares"]),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"not a record index line ({type(e).__name__}: {e})") from None
+
+
+def part_bytes(split: str, shard: str, entries: Iterable[bytes]) -> bytes:
+    """A shard's lines of the index, from its records' entries in shard order."""
+    lines = []
+    for position, raw in enumerate(entries):
+        data = json.loads(raw) if raw else {}
+        data.update(split=split, shard=shard, position=position)
+        lines.append(canonical_json(data) + "\n")
+    return "".join(lines).encode("utf-8")
+
+
+def write_part(path: str, temp_path: str, split: str, shard: str, entries: Sequence[bytes]) -> None:
+    """Writes a shard's lines of the index to `path`, via `temp_path` (a
+    retried shard leaves one complete part)."""
+    with FileSystems.create(temp_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        f.write(part_bytes(split, shard, entries))
+    FileSystems.rename([temp_path], [path])
+
+
+def join_parts(folder: str, parts: Sequence[str]) -> str:
+    """Writes ``<folder>/index.jsonl`` from the shards' parts, in the order
+    given (shard order), streaming; returns its sha256 (hex)."""
+    digest = hashlib.sha256()
+    target = FileSystems.join(folder, INDEX_FILENAME)
+    with FileSystems.create(target, compression_type=CompressionTypes.UNCOMPRESSED) as out:
+        for part in parts:
+            with FileSystems.open(part, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                while chunk := f.read(_COPY_CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,334 @@
+"""Incremental builds: a rebuild reuses the unchanged records of LATEST (or
+``--base``) without decoding them, and gives the bytes of a from-scratch
+build of the same inputs and config (kiln.json included), whatever the
+runner mode; a base that cannot be trusted is not used, and the summary
+says why."""
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import textwrap
+
+import cv2
+import numpy as np
+import pytest
+
+from conftest import make_config
+from kiln.pipeline import build, record_index
+from kiln.pipeline.command import summary
+from kiln.pipeline.statistics import PixelSums, channel_statistics, merge
+from kiln.schemas import INDEX_FILENAME
+from test_build_determinism import digests
+
+CALLS_MODULE = "kiln_test_incremental_calls"
+CALLS_SOURCE = """
+    import os
+    import numpy as np
+    from kiln.transforms import register
+
+    @register()
+    def note_each_call(image: np.ndarray) -> np.ndarray:
+        # One line per image the chain runs on: proof of which were decoded.
+        with open(os.environ["KILN_TEST_CALLS"], "a") as f:
+            f.write("x\\n")
+        return image
+"""
+
+
+@pytest.fixture(scope="module")
+def calls_plugin(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("incremental-plugin")
+    (folder / f"{CALLS_MODULE}.py").write_text(textwrap.dedent(CALLS_SOURCE))
+    sys.path.insert(0, str(folder))
+    yield CALLS_MODULE
+    sys.path.remove(str(folder))
+
+
+def copy_corpus(corpus, tmp_path):
+    images = tmp_path / "images"
+    shutil.copytree(corpus.out_dir, images)
+    return images
+
+
+def good_keys(corpus, images):
+    return sorted(
+        f"{c}/{n}"
+        for c in os.listdir(images)
+        for n in os.listdir(images / c)
+        if f"{c}/{n}" not in corpus.broken
+    )
+
+
+def new_png(seed):
+    rng = np.random.default_rng(seed)
+    ok, data = cv2.imencode(".png", rng.integers(0, 256, (48, 56, 3), dtype=np.uint8))
+    assert ok
+    return data.tobytes()
+
+
+def change_add_delete(corpus, images):
+    """One file changed, one added, one deleted; returns their keys."""
+    keys = good_keys(corpus, images)
+    changed, deleted = keys[5], keys[17]
+    (images / changed).write_bytes(new_png(1))
+    added = "star/zz_added.png"
+    (images / added).write_bytes(new_png(2))
+    os.remove(images / deleted)
+    return changed, added, deleted
+
+
+def full_build(config, tmp_path, name="full"):
+    """The same inputs and config built from scratch into another output root."""
+    return build(dict(config, output=str(tmp_path / name)))
+
+
+def assert_same_dataset(incremental, full):
+    assert incremental.version == full.version
+    assert digests(incremental) == digests(full)  # every file, kiln.json included
+    assert incremental.info == full.info
+
+
+def index_rows(result):
+    with open(os.path.join(result.dataset_dir, INDEX_FILENAME)) as f:
+        return [record_index.parse_line(line) for line in f]
+
+
+def test_changes_additions_and_deletions_give_a_full_builds_bytes(demo_corpus, tmp_path):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    base = build(config)
+    changed, added, deleted = change_add_delete(demo_corpus, images)
+
+    incremental = build(config)
+
+    assert incremental.version != base.version
+    report = incremental.incremental
+    assert report.used and report.base == base.version and report.reason == ""
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert report.reused == stored_before - 2  # all but the changed and the deleted
+    # Processed: the changed and the added file, and the three broken files
+    # (dropped, so the base has no record of them).
+    assert (report.added, report.changed, report.deleted) == (1, 1, 1)
+    assert report.processed == 5
+    assert incremental.counters["images_decoded"] == 2
+    assert f"reused {report.reused}, processed 5 (1 new, 1 changed, 3 dropped), 1 gone" in summary(
+        incremental
+    )
+    keys = {row.key for row in index_rows(incremental)}
+    assert added in keys and changed in keys and deleted not in keys
+
+    assert_same_dataset(incremental, full_build(config, tmp_path))
+
+
+def test_two_worker_processes_and_gzip_shards_give_the_same_bytes(demo_corpus, tmp_path):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(
+        images,
+        output=str(tmp_path / "out"),
+        sharding={"num_shards": {"train": 3, "validation": 2, "test": 1}, "compression": "gzip"},
+    )
+    build(config)
+    change_add_delete(demo_corpus, images)
+
+    incremental = build(
+        config, ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    )
+
+    assert incremental.incremental.used and incremental.incremental.reused > 50
+    assert_same_dataset(incremental, full_build(config, tmp_path))
+
+
+def test_reused_records_are_not_decoded(demo_corpus, tmp_path, calls_plugin, monkeypatch):
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("KILN_TEST_CALLS", str(calls))
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(
+        images,
+        output=str(tmp_path / "out"),
+        plugins=[calls_plugin],
+        transforms=[{"resize": {"shorter_side": 40}}, "note_each_call"],
+    )
+    base = build(config)
+    stored = sum(s.num_examples for s in base.info.splits.values())
+    assert len(calls.read_text().splitlines()) == stored
+
+    calls.unlink()
+    change_add_delete(demo_corpus, images)
+    incremental = build(config)
+
+    # The chain ran on the changed and the added image only.
+    assert len(calls.read_text().splitlines()) == 2
+    assert incremental.incremental.reused == stored - 2
+
+
+def test_statistics_and_counts_equal_a_full_build(demo_corpus, tmp_path):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    build(config)
+    change_add_delete(demo_corpus, images)
+    incremental = build(config)
+    full = full_build(config, tmp_path)
+
+    for name, split in incremental.info.splits.items():
+        assert split.statistics == full.info.splits[name].statistics
+        assert split.class_counts == full.info.splits[name].class_counts
+        # The index holds the exact sums the statistics are made of.
+        sums = PixelSums(0, (), ())
+        for row in index_rows(incremental):
+            if row.split == name:
+                sums = merge(sums, PixelSums(row.pixels, row.sums, row.squares))
+        assert channel_statistics(sums) == split.statistics
+    assert incremental.info.duplicates == full.info.duplicates
+    rows = index_rows(incremental)
+    assert len(rows) == sum(s.num_examples for s in incremental.info.splits.values())
+    for split in incremental.info.splits.values():
+        for shard in split.shards:
+            positions = [r.position for r in rows if r.shard == shard.filename]
+            assert positions == list(range(shard.num_records))
+
+
+def test_a_corrupt_base_shard_is_not_trusted_and_its_records_are_processed(demo_corpus, tmp_path):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    base = build(config)
+    damaged = base.info.splits["train"].shards[1]
+    path = os.path.join(base.dataset_dir, damaged.filename)
+    os.chmod(path, 0o644)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF  # a flipped byte inside a record
+    with open(path, "wb") as f:
+        f.write(data)
+    change_add_delete(demo_corpus, images)
+
+    incremental = build(config)
+
+    report = incremental.incremental
+    assert report.used
+    assert damaged.filename in report.reason and "sha256" in report.reason
+    assert damaged.filename in summary(incremental)
+    assert incremental.counters["records_not_trusted"] >= damaged.num_records - 2
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert report.reused <= stored_before - damaged.num_records
+    assert_same_dataset(incremental, full_build(config, tmp_path))
+
+
+def test_a_damaged_index_means_nothing_is_reused(demo_corpus, tmp_path):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    base = build(config)
+    path = os.path.join(base.dataset_dir, INDEX_FILENAME)
+    os.chmod(path, 0o644)
+    with open(path, "a") as f:
+        f.write("{}\n")
+    change_add_delete(demo_corpus, images)
+
+    incremental = build(config)
+
+    assert incremental.incremental.reused == 0
+    assert INDEX_FILENAME in incremental.incremental.reason
+    assert_same_dataset(incremental, full_build(config, tmp_path))
+
+
+def test_full_reuses_nothing(demo_corpus, tmp_path):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    build(config)
+    change_add_delete(demo_corpus, images)
+
+    result = build(config, full=True)
+
+    assert not result.incremental.used and "--full" in result.incremental.reason
+    assert result.counters.get("records_reused", 0) == 0
+    assert result.counters["images_decoded"] == sum(
+        s.num_examples for s in result.info.splits.values()
+    )
+    assert "full build" in summary(result)
+
+
+def test_a_different_processing_config_reuses_nothing(demo_corpus, tmp_path):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    base = build(config)
+    config["transforms"] = [{"resize": {"shorter_side": 36}}, {"center_crop": {"size": 32}}]
+
+    result = build(config)
+
+    assert not result.incremental.used and result.incremental.base == base.version
+    assert "processing differs" in result.incremental.reason
+    assert result.counters.get("records_reused", 0) == 0
+    assert base.info.processing["fingerprint"] != result.info.processing["fingerprint"]
+
+
+def test_a_new_split_salt_reuses_every_record_in_its_new_split(demo_corpus, tmp_path):
+    # Splits are not part of the processing: records move, bytes stay.
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    base = build(config)
+    config["splits"] = dict(config["splits"], salt="another draw")
+
+    result = build(config)
+
+    stored = sum(s.num_examples for s in base.info.splits.values())
+    assert result.incremental.reused == stored
+    assert result.counters.get("images_decoded", 0) == 0
+    assert_same_dataset(result, full_build(config, tmp_path))
+
+
+def test_base_names_an_older_version(demo_corpus, tmp_path):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    first = build(config)
+    changed, _, _ = change_add_delete(demo_corpus, images)
+    build(config)  # LATEST moves on
+    (images / changed).write_bytes(new_png(3))
+
+    result = build(config, base=first.version)
+
+    assert result.incremental.base == first.version
+    assert_same_dataset(result, full_build(config, tmp_path))
+
+
+def test_processing_fingerprint_ignores_where_the_files_are(demo_corpus, tmp_path):
+    from kiln.pipeline import config as config_module
+    from kiln.pipeline import incremental
+
+    here = config_module.load(make_config(demo_corpus.out_dir, output=str(tmp_path)))
+    moved = shutil.copytree(demo_corpus.out_dir, tmp_path / "moved")
+    there = config_module.load(make_config(moved, output=str(tmp_path / "elsewhere")))
+    assert here.fingerprint != there.fingerprint  # the version's config fingerprint differs
+    assert incremental.processing_fingerprint(here.to_json()) == (
+        incremental.processing_fingerprint(there.to_json())
+    )
+    other = config_module.load(
+        make_config(demo_corpus.out_dir, output=str(tmp_path), encoding={"format": "jpeg"})
+    )
+    assert incremental.processing_fingerprint(other.to_json()) != (
+        incremental.processing_fingerprint(here.to_json())
+    )
+
+
+def test_record_index_lines_round_trip():
+    entry = record_index.entry(
+        key="a/1.png",
+        sha256="ab" * 32,
+        inputs="cd" * 16,
+        label=2,
+        height=3,
+        width=4,
+        pixels=12,
+        sums=(1, 2, 3),
+        squares=(4, 5, 6),
+    )
+    text = record_index.part_bytes("train", "x-train.tfrecord-00000-of-00001", [entry, entry])
+    lines = text.decode().splitlines()
+    rows = [record_index.parse_line(line) for line in lines]
+    assert [r.position for r in rows] == [0, 1]
+    assert rows[0].entry() == entry
+    assert json.loads(lines[0]) == dict(
+        json.loads(entry), split="train", shard="x-train.tfrecord-00000-of-00001", position=0
+    )
+    with pytest.raises(ValueError, match="not a record index line"):
+        record_index.parse_line('{"key": "x"}')
+    assert hashlib.sha256(text).hexdigest()  # bytes, deterministic
