@@ -199,15 +199,22 @@ class ImageProcessor:
     ) -> tuple[np.ndarray, int]:
         """The upright image, and the EXIF orientation that made it upright
         (targets annotated on the stored pixels need it; 1 without targets)."""
-        options = {
-            "channels": self._channels,
-            "max_pixels": self._max_pixels,
-            "min_size": self._min_size,
-            "before_decoding": before_decoding,
-        }
         if self._codec is None:
-            return transforms.decode_image(data, **options), 1
-        decoded = transforms.decode_with_orientation(data, **options)
+            image = transforms.decode_image(
+                data,
+                channels=self._channels,
+                max_pixels=self._max_pixels,
+                min_size=self._min_size,
+                before_decoding=before_decoding,
+            )
+            return image, 1
+        decoded = transforms.decode_with_orientation(
+            data,
+            channels=self._channels,
+            max_pixels=self._max_pixels,
+            min_size=self._min_size,
+            before_decoding=before_decoding,
+        )
         return decoded.image, decoded.orientation
 
     def _apply(
