@@ -550,3 +550,17 @@ def test_a_transform_without_geometry_is_refused_for_geometric_targets(tmp_path)
         {**spec, "targets": {"labels": {}, "extra": {"a": "int"}}}, check_paths=False
     )
     assert loaded.targets.labels is not None
+
+
+def test_label_only_targets_are_the_classification_config(tmp_path):
+    from kiln.pipeline import config as config_module
+
+    spec = {"name": "x", "source": {"type": "manifest", "path": "m.csv"}, "output": str(tmp_path)}
+    plain = config_module.load(spec, check_paths=False)
+    spelled = config_module.load({**spec, "targets": {"label": {}}}, check_paths=False)
+    assert spelled.config.targets is None
+    assert "targets" not in spelled.to_json()
+    assert spelled.fingerprint == plain.fingerprint
+    boxes = config_module.load({**spec, "targets": {"label": {}, "labels": {}}}, check_paths=False)
+    assert boxes.to_json()["targets"]["labels"] == {"separator": "|"}
+    assert boxes.fingerprint != plain.fingerprint
