@@ -564,3 +564,22 @@ def test_label_only_targets_are_the_classification_config(tmp_path):
     boxes = config_module.load({**spec, "targets": {"label": {}, "labels": {}}}, check_paths=False)
     assert boxes.to_json()["targets"]["labels"] == {"separator": "|"}
     assert boxes.fingerprint != plain.fingerprint
+
+
+def test_rle_segmentation_is_decoded_in_the_job(tmp_path):
+    from pycocotools import mask as coco_mask  # the coco extra, in dev
+
+    row = data.manifest_row(2, tmp_path)  # two objects
+    x0, y0, x1, y1 = data.objects_of(2)[1]["box"]
+    instance = np.zeros((data.HEIGHT, data.WIDTH), np.uint8)
+    instance[y0:y1, x0:x1] = 1
+    rle = coco_mask.encode(np.asfortranarray(instance))
+    row["objects"][1].pop("segmentation", None)
+    row["objects"][1].pop("mask", None)
+    row["objects"][1]["segmentation"] = {
+        "size": list(rle["size"]),
+        "counts": rle["counts"].decode(),
+    }
+    manifest = data.write_manifest(tmp_path, [row])
+    record = next(iter(records(build(config(manifest, tmp_path / "out"))).values()))
+    np.testing.assert_array_equal(png_pixels(record["instance_masks"][1]), instance)
