@@ -43,6 +43,8 @@ The shape (every key but ``name``, ``source`` and ``output`` has a default)::
       num_shards: null              # or a fixed count: 8, or per split: {train: 8, test: 1}
       compression: none             # none | gzip
     augment: []                     # the reader's default augmentation for the train split
+    targets:                        # what records carry besides the image (README, "Detection
+      label: {}                     # and segmentation"); absent: label only
     errors:
       max_fraction: 0.05            # more dropped files than this fails the build
       allow_empty: false            # true: publish even when no example is stored
@@ -84,7 +86,7 @@ from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
 from kiln.pipeline.sources import Listing, Source
 from kiln.pipeline.versioning import fingerprint
 from kiln.registry import ListError, describe_error
-from kiln.schemas import SPLIT_NAME_PATTERN
+from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -227,6 +229,10 @@ class BuildConfig(_Model):
     """The reader's default augmentation for the train split (random TF ops, every epoch),
     stored in `kiln.json`; validated at build time. See
     [augmentations.md](augmentations.md)."""
+    targets: TargetsConfig | None = None
+    """What each record carries besides the image: `label` (one class), `labels` (several),
+    `boxes`, `mask`, `instance_masks`, `keypoints`, `extra` columns. Absent: `label` only,
+    the records of a classification dataset. See README, "Detection and segmentation"."""
     errors: ErrorsConfig = ErrorsConfig()
     """What to do about bad input files."""
     plugins: list[Annotated[str, Field(min_length=1)]] = []
@@ -264,6 +270,11 @@ class BuildSpec:
         return self.config.name
 
     @property
+    def targets(self) -> TargetsConfig:
+        """What the records carry (`CLASSIFICATION` without a ``targets:`` section)."""
+        return self.config.targets or CLASSIFICATION
+
+    @property
     def dataset_root(self) -> str:
         """``<output>/<name>``: holds the versions, LATEST and staging folders."""
         return storage.join(self.output_root, self.name)
@@ -272,6 +283,10 @@ class BuildSpec:
         """The resolved config as saved in `kiln.json` (without ``output``:
         where a dataset is written is not a property of the dataset)."""
         data = self.config.model_dump(mode="json", exclude={"output"})
+        if self.config.targets is None:
+            # A classification dataset's config (and so its fingerprint and
+            # version) is what it was before targets existed.
+            del data["targets"]
         data["transforms"] = self.chain.to_json()
         data["augment"] = list(self.augment)
         if self.config.encoding.format != "jpeg":
@@ -292,7 +307,9 @@ class BuildSpec:
             all or holds no usable image.
         """
         try:
-            return self.config.source.list_files(splits_from_source=self.config.splits.from_source)
+            return self.config.source.list_files(
+                splits_from_source=self.config.splits.from_source, targets=self.targets
+            )
         except ConfigError as e:
             raise self.error(str(e)) from None
 
@@ -354,6 +371,7 @@ def load(
     if isinstance(plugins, list) and all(isinstance(p, str) and p for p in plugins):
         problems.check("plugins", lambda: transforms.import_plugins(plugins))
     chain = transforms.Chain()
+    parsed = None
     if isinstance(raw.get("transforms", []), list):
         parsed = problems.check("transforms", lambda: transforms.parse(raw.get("transforms")))
         if parsed is not None:
@@ -362,6 +380,8 @@ def load(
     augment: list[Any] = []
     if isinstance(raw.get("augment", []), list):
         augment = problems.check("augment", lambda: _validate_augment(raw.get("augment"))) or []
+    if model is not None and parsed is not None:
+        problems.check("targets", lambda: _check_targets(model, chain))
 
     if model is None:
         raise ConfigError.of(origin, problems.sorted())
@@ -652,6 +672,31 @@ def _channels_problem(chain: transforms.Chain, channels: int | None) -> str | No
     return None
 
 
+def _check_targets(model: BuildConfig, chain: transforms.Chain) -> None:
+    """Refuses targets the source cannot supply (an image folder has a class
+    per image only, a CSV manifest scalar columns only: label, labels,
+    extras), and transforms that cannot move the geometric ones (a user
+    transform that declares no geometry)."""
+    targets = model.targets
+    if targets is None or targets.is_classification:
+        return
+    chain.check_geometry(targets.kinds)  # TransformConfigError: a ListError
+    source = model.source
+    if source.type == "image_folder":
+        kind = next(kind for kind in targets.kinds if kind != "label")
+        raise ListError(
+            f"targets.{kind}: an image_folder source gives one class per image only; "
+            f"list the images and their targets in a manifest (type: manifest, a .jsonl file)"
+        )
+    if source.type == "manifest" and not source.path.endswith((".jsonl", ".json")):
+        for kind in ("boxes", "mask"):
+            if getattr(targets, kind) is not None:
+                raise ListError(
+                    f"targets.{kind}: a CSV manifest holds label, labels and extra columns "
+                    f"only; objects and masks need a JSONL manifest (.jsonl)"
+                )
+
+
 def _validate_augment(specs: list[Any] | None) -> list[Any]:
     """The augment list validated with the reader's registry, in canonical JSON form.
 
@@ -673,4 +718,9 @@ def _resolved(model: BuildConfig) -> BuildConfig:
     splits = model.splits
     if not splits.from_source and splits.fractions is None:
         splits = splits.model_copy(update={"fractions": {"train": 1.0}})
-    return model.model_copy(update={"source": model.source.resolved(), "splits": splits})
+    targets = model.targets
+    if targets is not None and targets == CLASSIFICATION:
+        targets = None  # `targets: {label: {}}` is the default spelled out: the same dataset
+    return model.model_copy(
+        update={"source": model.source.resolved(), "splits": splits, "targets": targets}
+    )

@@ -169,6 +169,12 @@ def choose_base(
         return BaseChoice(None, version, "--full asks for a from-scratch build")
     if version is None:
         return BaseChoice(None, None, "no published version to reuse")
+    if config.get("targets") is not None:
+        # A record with targets has masks and annotations beyond its image
+        # file; its reuse (and its version entry) would need their contents.
+        return BaseChoice(
+            None, version, "datasets with targets (boxes, masks, ...) are always built in full"
+        )
     info: DatasetInfo | None = read_info(version)
     if info is None:
         return BaseChoice(None, version, "its kiln.json is missing or damaged")

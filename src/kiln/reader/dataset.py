@@ -29,6 +29,7 @@ from kiln.schemas import (
     RECORD,
     DatasetInfo,
     MetadataError,
+    schema_for,
 )
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import kiln
 from kiln.lazy_import import LazyModule
-from kiln.schemas import LATEST_FILENAME, METADATA_FILENAME, RECORD, DatasetInfo, MetadataError
+from kiln.schemas import LATEST_FILENAME, METADATA_FILENAME, DatasetInfo, MetadataError, schema_for
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -141,7 +141,7 @@ def info(path: str | os.PathLike) -> DatasetInfo:
             f"{kiln.FORMAT_VERSION}. Upgrade kiln."
         )
     stored = {f["name"]: (f["key"], f["dtype"]) for f in metadata.schema.get("features", [])}
-    expected = {f.name: (f.key, f.dtype) for f in RECORD.features}
+    expected = {f.name: (f.key, f.dtype) for f in schema_for(metadata.targets_config).features}
     if stored != expected:
         differing = sorted(
             name for name in set(stored) | set(expected) if stored.get(name) != expected.get(name)
