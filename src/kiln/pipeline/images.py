@@ -160,7 +160,8 @@ class ImageProcessor:
         base: record_index.IndexRow | None = item.get("base")
         # Records with targets are always processed: the launcher gives them no
         # base (their version entries need the masks' contents, see incremental).
-        if self._codec is None and base is not None and base.sha256 == sha256 and base.inputs == inputs:
+        reusable = base is not None and base.sha256 == sha256 and base.inputs == inputs
+        if self._codec is None and base is not None and reusable:
             # Same bytes, same listing inputs, same processing (the launcher
             # checked the base's fingerprint): the record is the base's.
             return Outcome(

@@ -29,7 +29,6 @@ from kiln.schemas import (
     RECORD,
     DatasetInfo,
     MetadataError,
-    schema_for,
 )
 
 logger = logging.getLogger(__name__)
