@@ -49,11 +49,13 @@ Makefile runs from the repository's top), except image paths inside a
 manifest, which resolve against the manifest's folder.
 
 The resolved config (`BuildSpec.to_json`) is that shape with every default
-filled in, transforms in their canonical form and paths made absolute. It is
-saved in `kiln.json`; its fingerprint is part of the dataset version. The
-output root is deliberately left out of both: where a dataset is written is
-not a property of the dataset, so moving it or building it elsewhere must not
-change its metadata.
+filled in and transforms in their canonical form. It is saved in `kiln.json`;
+its fingerprint is part of the dataset version. Locations are deliberately
+left out of both: the output root (where a dataset is written is not a
+property of the dataset) and the source's location (``root`` or ``path``,
+``allowed_roots``: the same files under another folder or bucket are the same
+inputs). kiln.json records the source location, made absolute, as
+``provenance`` (`BuildSpec.provenance`).
 """
 
 from __future__ import annotations
@@ -260,9 +262,16 @@ class BuildSpec:
         return storage.join(self.output_root, self.name)
 
     def to_json(self) -> dict[str, Any]:
-        """The resolved config as saved in `kiln.json` (without ``output``:
-        where a dataset is written is not a property of the dataset)."""
-        data = self.config.model_dump(mode="json", exclude={"output"})
+        """The resolved config as saved in `kiln.json` and hashed into the
+        fingerprint: what the dataset is made of and how, not where. Without
+        ``output`` (where a dataset is written) and without the source's
+        location (``source.root`` or ``source.path``, ``source.allowed_roots``:
+        see `provenance`), so the same files moved to another folder or bucket
+        give the same version."""
+        source = self.config.source
+        data = self.config.model_dump(
+            mode="json", exclude={"output": True, "source": set(source.LOCATION_FIELDS)}
+        )
         data["transforms"] = self.chain.to_json()
         data["augment"] = list(self.augment)
         if self.config.encoding.format != "jpeg":
@@ -274,6 +283,11 @@ class BuildSpec:
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of `to_json`: part of the version."""
         return fingerprint(self.to_json())
+
+    def provenance(self) -> dict[str, Any]:
+        """Where the build read from, for kiln.json's ``provenance``: the
+        source's location fields (absolute), outside the fingerprint."""
+        return {"source": self.config.source.location()}
 
     def list_source(self) -> Listing:
         """Lists the source (`sources`).

@@ -499,4 +499,5 @@ def dataset_info(
         dropped=dict(report.dropped),
         errors_sha256=report.errors_sha256,
         duplicates_sha256=report.duplicates_sha256,
+        provenance=spec.provenance(),
     ).sealed()

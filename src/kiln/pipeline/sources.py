@@ -41,7 +41,7 @@ import os
 import posixpath
 import re
 from collections.abc import Iterator
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
@@ -72,6 +72,14 @@ class _SourceModel(BaseModel):
     """More folders (or `gs://` prefixes) inputs may be read from. By default a source reads
     only below its own folder (the image folder, or the manifest's folder), after following
     symbolic links; anything else is dropped as `outside_source`, never read."""
+
+    # The fields that say where the files are, not what they are: provenance,
+    # kept out of the config's fingerprint (`BuildSpec.to_json`).
+    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("allowed_roots",)
+
+    def location(self) -> dict[str, Any]:
+        """The location fields (`LOCATION_FIELDS`) as JSON: where this build read from."""
+        return self.model_dump(mode="json", include=set(self.LOCATION_FIELDS))
 
     def list_files(self, *, splits_from_source: bool) -> Listing:
         """Lists the source's files; problems with single files become rows of
@@ -132,6 +140,8 @@ class ImageFolderSource(_SourceModel):
     root: str = Field(min_length=1)
     """The image folder: a local path or `gs://bucket/prefix`."""
 
+    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("root", "allowed_roots")
+
     def _list(self, splits_from_source: bool) -> Listing:
         return _list_image_folder(
             self.root,
@@ -173,6 +183,8 @@ class ManifestSource(_SourceModel):
     "split"]}`; `.jsonl`/`.json` means JSONL)."""
     path: str = Field(min_length=1)
     """The manifest file; relative image paths in it resolve against its folder."""
+
+    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("path", "allowed_roots")
 
     def _list(self, splits_from_source: bool) -> Listing:
         folder = self.path.rstrip("/").rsplit("/", 1)[0]

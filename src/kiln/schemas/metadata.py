@@ -134,7 +134,9 @@ class DatasetInfo:
       version: Version id (derived from the input and config fingerprints).
       kiln_version: Version of kiln that wrote the dataset.
       format_version: `kiln.FORMAT_VERSION` of the writer.
-      config: The resolved build config (all defaults filled in).
+      config: The resolved build config (all defaults filled in), without
+        locations: the output root and the source's location are not part of
+        it nor of the version (see `provenance`).
       config_fingerprint: sha256 of the canonical JSON of `config`.
       schema: `kiln.schemas.RECORD.to_json()` of the writer.
       class_names: Sorted class names; a label is an index into this list.
@@ -153,6 +155,13 @@ class DatasetInfo:
       duplicates_sha256: sha256 (hex) of the bytes of ``duplicates.jsonl``,
         the duplicates report (one row per group of identical content).
         None in formats before 2.
+      provenance: Where the build read from, outside `config`, its
+        fingerprint and the version: ``{"source": {"root"|"path": ...,
+        "allowed_roots": [...]}}`` (absolute). Builds of the same files from
+        two locations give the same version and shards; the published
+        version keeps the provenance of the build that first published it.
+        Empty in datasets written before kiln recorded it (their `config`
+        holds the location).
       checksum: sha256 (hex) of kiln.json's own content, so an edit is
         noticed (format 2 and later; None before). Canonical content: the
         file's JSON object without its ``checksum`` member, serialized with
@@ -186,6 +195,7 @@ class DatasetInfo:
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
     errors_sha256: str | None = None
     duplicates_sha256: str | None = None
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
     checksum: str | None = None
 
     @property
@@ -210,6 +220,8 @@ class DatasetInfo:
             for name in ("errors_sha256", "duplicates_sha256", CHECKSUM_FIELD):
                 if data[name] is None:
                     del data[name]
+        if not self.provenance:  # written before kiln recorded it
+            del data["provenance"]
         return data
 
     def sealed(self) -> DatasetInfo:

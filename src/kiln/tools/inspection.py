@@ -86,7 +86,11 @@ def inspect_dataset(path: str) -> dict[str, Any]:
         "kiln_version": metadata.kiln_version,
         "format_version": metadata.format_version,
         "config_fingerprint": metadata.config_fingerprint,
-        "source": metadata.config.get("source"),
+        # The location is provenance (older datasets kept it in the config).
+        "source": {
+            **(metadata.config.get("source") or {}),
+            **metadata.provenance.get("source", {}),
+        },
         "encoding": {
             "format": metadata.encoding.get("format"),
             "quality": metadata.encoding.get("quality"),
