@@ -178,6 +178,8 @@ def summary(result: BuildResult) -> str:
             f"their first copy: the source's splits leak)"
         )
     lines.append(duplicates)
+    if result.changes is not None:
+        lines.extend(f"  {line}" for line in result.changes.summary_lines())
     if result.pruned:
         lines.append(f"  pruned: {len(result.pruned)} old version(s): {', '.join(result.pruned)}")
     return "\n".join(lines)

@@ -50,7 +50,7 @@ from kiln.pipeline import config as config_module
 from kiln.pipeline import job, progress, publish, sources, storage, versioning
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.lock import DatasetLock
-from kiln.schemas import ERRORS_FILENAME, RECORD, DatasetInfo, SplitInfo
+from kiln.schemas import ERRORS_FILENAME, RECORD, DatasetInfo, SplitInfo, version_diff
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,10 @@ class BuildResult:
       counters: Beam counters of the run (files_read, images_decoded,
         records_written, dropped_<reason>...); empty when up to date.
       pruned: Versions deleted by ``keep``, newest first.
+      previous_version: The version LATEST named before this build, or None.
+      changes: What changed from `previous_version` to `version`
+        (`kiln.schemas.version_diff`); None if LATEST named no other version
+        before, or if the comparison failed (logged: the build stands).
     """
 
     dataset_dir: str
@@ -90,6 +94,8 @@ class BuildResult:
     duplicates_across_splits: int = 0
     counters: Mapping[str, int] = dataclasses.field(default_factory=dict)
     pruned: tuple[str, ...] = ()
+    previous_version: str | None = None
+    changes: version_diff.VersionDiff | None = None
 
     @property
     def dataset_root(self) -> str:
@@ -252,8 +258,9 @@ def _build_locked(
     keep: int | None,
 ) -> BuildResult:
     _warn_about_shard_counts(spec, listing)
-    stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
     dataset = publish.DatasetRoot(spec.dataset_root)
+    previous = dataset.latest()
+    stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
 
     existing = dataset.stamped_version(stamp)
     built = dataset.read_info(existing) if existing else None
@@ -266,6 +273,8 @@ def _build_locked(
             built.version,
             built,
             up_to_date=True,
+            previous_version=previous,
+            changes=_changes(dataset, previous, built.version),
             pruned=_prune(dataset, keep),
         )
 
@@ -301,8 +310,30 @@ def _build_locked(
         up_to_date=False,
         duplicates_across_splits=report.duplicates_across_splits,
         counters=counters,
+        previous_version=previous,
+        changes=_changes(dataset, previous, info.version),  # before pruning `previous`
         pruned=_prune(dataset, keep),
     )
+
+
+def _changes(
+    dataset: publish.DatasetRoot, previous: str | None, version: str
+) -> version_diff.VersionDiff | None:
+    """The diff from the version LATEST named before the build, or None.
+
+    A previous version that cannot be read (removed by hand, damaged) does
+    not fail a build that published: the summary just has no diff line.
+    """
+    if previous is None or previous == version:
+        return None
+    try:
+        return version_diff.compare(
+            version_diff.open_version(dataset.version_dir(previous)),
+            version_diff.open_version(dataset.version_dir(version)),
+        )
+    except Exception:
+        logger.warning("could not compare with the previous version %s", previous, exc_info=True)
+        return None
 
 
 def _check_keep(keep: int | None) -> None:

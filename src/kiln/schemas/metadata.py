@@ -22,6 +22,7 @@ import kiln
 METADATA_FILENAME = "kiln.json"
 ERRORS_FILENAME = "errors.jsonl"
 DUPLICATES_FILENAME = "duplicates.jsonl"
+INDEX_FILENAME = "index.jsonl"
 LATEST_FILENAME = "LATEST"
 STAGING_PREFIX = ".staging-"
 
