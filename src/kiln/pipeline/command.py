@@ -37,6 +37,7 @@ from kiln.errors import KilnError, UsageError
 from kiln.pipeline import build_report
 from kiln.pipeline.launcher import BuildResult, build
 from kiln.schemas import ERRORS_FILENAME
+from kiln.schemas.metadata import fraction_text
 
 EPILOG = (
     "examples:\n\n"
@@ -158,10 +159,19 @@ def summary(result: BuildResult) -> str:
         head = f"kiln build: built {info.name} version {result.version}"
     lines = [head, f"  dataset: {result.dataset_dir}  (LATEST -> {result.version})"]
     width = max([len("split")] + [len(name) for name in info.splits])
-    lines.append(f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}")
+    lines.append(f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}  fraction (requested)")
+    fractions = info.split_fractions()
     for name in sorted(info.splits):
         split = info.splits[name]
-        lines.append(f"  {name:<{width}}  {split.num_examples:>8}  {len(split.shards):>6}")
+        lines.append(
+            f"  {name:<{width}}  {split.num_examples:>8}  {len(split.shards):>6}  "
+            f"{fraction_text(*fractions[name])}"
+        )
+    if (info.config.get("splits") or {}).get("stratify"):
+        deviation = info.largest_class_deviation() or 0.0
+        lines.append(
+            f"  stratified: every class within {deviation:.2f} examples of its share per split"
+        )
     dropped = sum(info.dropped.values())
     if dropped:
         reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(info.dropped.items()))

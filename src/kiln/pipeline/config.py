@@ -131,6 +131,12 @@ class SplitsConfig(_Model):
     files are re-encoded)."""
     salt: str = ""
     """Mixed into the hash: change it to draw a different assignment."""
+    stratify: bool = False
+    """Assign per class, so every class gets each split's fraction: within one file of
+    `fraction x class size` in a fresh build (and as files are added, with up to three splits).
+    A file the previous version (LATEST) holds under the same key keeps its split; new files fill
+    the splits that are short. Needs `split_by: key`. The trade-off is in the README
+    ("Splits that stay put")."""
 
     @pydantic.field_validator("fractions")
     @classmethod
@@ -147,6 +153,13 @@ class SplitsConfig(_Model):
     def _one_way_to_split(self):
         if self.from_source and self.fractions is not None:
             raise ValueError("give either fractions or from_source: true, not both")
+        if self.stratify and self.from_source:
+            raise ValueError("stratify applies to fractions, not to from_source: true")
+        if self.stratify and self.split_by != "key":
+            raise ValueError(
+                "stratify: true needs split_by: key (files are assigned before the job, "
+                "which is where their contents are hashed)"
+            )
         return self
 
 
@@ -274,6 +287,9 @@ class BuildSpec:
         )
         data["transforms"] = self.chain.to_json()
         data["augment"] = list(self.augment)
+        if not self.config.splits.stratify:
+            # Written only when on: a config without it keeps its fingerprint.
+            del data["splits"]["stratify"]
         if self.config.encoding.format != "jpeg":
             # Only JPEG is lossy: keep unused knobs out of the fingerprint.
             data["encoding"]["quality"] = None

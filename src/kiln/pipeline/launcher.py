@@ -30,9 +30,10 @@ passed through unchanged.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -47,10 +48,18 @@ from apache_beam.runners.runner import PipelineState
 import kiln
 from kiln.errors import Failure, UsageError
 from kiln.pipeline import config as config_module
-from kiln.pipeline import job, progress, publish, sources, storage, versioning
+from kiln.pipeline import job, progress, publish, sources, splits, storage, versioning
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.lock import DatasetLock
-from kiln.schemas import ERRORS_FILENAME, RECORD, DatasetInfo, SplitInfo, version_diff
+from kiln.pipeline.splits import SplitPolicy
+from kiln.schemas import (
+    ERRORS_FILENAME,
+    RECORD,
+    DatasetInfo,
+    MetadataError,
+    SplitInfo,
+    version_diff,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +269,8 @@ def _build_locked(
     _warn_about_shard_counts(spec, listing)
     dataset = publish.DatasetRoot(spec.dataset_root)
     previous = dataset.latest()
+    if spec.config.splits.stratify:
+        _stratify(spec, listing, dataset, previous)
     stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
 
     existing = dataset.stamped_version(stamp)
@@ -334,6 +345,45 @@ def _changes(
     except Exception:
         logger.warning("could not compare with the previous version %s", previous, exc_info=True)
         return None
+
+
+def _stratify(
+    spec: BuildSpec, listing: sources.Listing, dataset: publish.DatasetRoot, latest: str | None
+) -> None:
+    """Assigns every listed file its split, class by class (``splits.stratify``):
+    the files LATEST holds keep theirs (`splits.stratify_class`).
+
+    Raises:
+      BuildError: LATEST's records cannot be read; assigning afresh would
+        move files between splits (test images into train).
+    """
+    policy = SplitPolicy.from_config(spec.config.splits)
+    assign_class = functools.partial(splits.stratify_class, dict(policy.fractions or ()))
+    try:
+        listing.assign_splits(
+            lambda key: policy.draw(key, ""), assign_class, _previous_splits(spec, dataset, latest)
+        )
+    except MetadataError as e:
+        raise BuildError(
+            f"splits.stratify keeps the splits of LATEST ({latest}), which cannot be read: "
+            f"{e}; repair it, or point LATEST at a readable version"
+        ) from e
+
+
+def _previous_splits(
+    spec: BuildSpec, dataset: publish.DatasetRoot, latest: str | None
+) -> Iterator[tuple[str, str]]:
+    """``(key, split)`` of every record of LATEST, if it was split with the
+    same ``splits`` config (another config draws afresh, as it does without
+    ``stratify``)."""
+    if latest is None:
+        return
+    base = version_diff.open_version(dataset.version_dir(latest))
+    if base.info.config.get("splits") != spec.to_json()["splits"]:
+        logger.info("LATEST (%s) was split with another splits config: assigning afresh", latest)
+        return
+    for record in version_diff.records(base):
+        yield record.key, record.split
 
 
 def _check_keep(keep: int | None) -> None:

@@ -92,6 +92,13 @@ def shard_filename(
     return f"{name}-{split}.tfrecord-{index:05d}-of-{num_shards:05d}{suffix}"
 
 
+def fraction_text(reached: float, requested: float | None) -> str:
+    """`` 65.1% (70%)``: the fraction of the examples a split holds, and the
+    fraction requested (`DatasetInfo.split_fractions`), for summaries."""
+    text = f"{reached:6.1%}"
+    return text if requested is None else f"{text} ({requested * 100:.4g}%)"
+
+
 @dataclasses.dataclass
 class ShardInfo:
     """One shard file of a split."""
@@ -209,6 +216,40 @@ class DatasetInfo:
                 f"dataset {self.name!r} has no split {name!r}; it has {sorted(self.splits)}"
             )
         return self.splits[name]
+
+    def requested_fractions(self) -> dict[str, float] | None:
+        """The config's ``splits.fractions`` (None: splits from the source)."""
+        splits = self.config.get("splits") or {}
+        if splits.get("from_source") or not splits.get("fractions"):
+            return None
+        return {name: float(value) for name, value in splits["fractions"].items()}
+
+    def split_fractions(self) -> dict[str, tuple[float, float | None]]:
+        """Split -> (the fraction of the examples it holds, the fraction the
+        config requested, or None when splits come from the source)."""
+        total = sum(split.num_examples for split in self.splits.values())
+        requested = self.requested_fractions() or {}
+        return {
+            name: (split.num_examples / total if total else 0.0, requested.get(name))
+            for name, split in self.splits.items()
+        }
+
+    def largest_class_deviation(self) -> float | None:
+        """The largest ``|examples of a class in a split - fraction x the
+        class's examples|`` over classes and splits, in examples: how far the
+        splits are from stratified (``splits.stratify`` keeps it below 1 in a
+        fresh build). None when splits come from the source."""
+        requested = self.requested_fractions()
+        if requested is None:
+            return None
+        worst = 0.0
+        for name in self.class_names:
+            size = sum(split.class_counts.get(name, 0) for split in self.splits.values())
+            for split_name, fraction in requested.items():
+                split = self.splits.get(split_name)
+                count = split.class_counts.get(name, 0) if split is not None else 0
+                worst = max(worst, abs(count - fraction * size))
+        return worst
 
     @property
     def has_checksum(self) -> bool:

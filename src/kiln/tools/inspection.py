@@ -17,6 +17,7 @@ import tensorflow as tf
 from kiln.reader import info as read_info
 from kiln.reader import locate
 from kiln.schemas import DUPLICATES_FILENAME, ERRORS_FILENAME, DatasetInfo, MetadataError
+from kiln.schemas.metadata import fraction_text
 from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME
 
 # Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the
@@ -55,10 +56,13 @@ def inspect_dataset(path: str) -> dict[str, Any]:
     errors = read_jsonl(tf.io.gfile.join(dataset_dir, ERRORS_FILENAME))
     duplicate_groups = read_jsonl(tf.io.gfile.join(dataset_dir, DUPLICATES_FILENAME))
     splits = {}
+    fractions = metadata.split_fractions()
     for name in split_order(metadata):
         split = metadata.splits[name]
         splits[name] = {
             "num_examples": split.num_examples,
+            "fraction": round(fractions[name][0], 6),
+            "requested_fraction": fractions[name][1],
             "num_shards": len(split.shards),
             "num_bytes": sum(shard.num_bytes for shard in split.shards),
             "shards": [
@@ -103,6 +107,8 @@ def inspect_dataset(path: str) -> dict[str, Any]:
         "class_counts": class_counts,
         "transforms": metadata.config.get("transforms", []),
         "augment": list(metadata.augment),
+        "stratified": bool((metadata.config.get("splits") or {}).get("stratify")),
+        "largest_class_deviation": metadata.largest_class_deviation(),
         "dropped": dict(sorted(metadata.dropped.items())),
         "errors": errors,
         "duplicates": metadata.duplicates,
@@ -212,6 +218,12 @@ def render(summary: dict[str, Any]) -> str:
         "",
     ]
     lines += _splits_table(summary["splits"])
+    if summary["largest_class_deviation"] is not None:
+        how = "stratified" if summary["stratified"] else "not stratified"
+        lines.append(
+            f"  {how}: every class within {summary['largest_class_deviation']:.2f} examples "
+            f"of its share per split"
+        )
     lines.append("")
     lines += _classes_table(summary)
     lines.append("")
@@ -246,7 +258,10 @@ def _source_text(source: dict[str, Any] | None) -> str:
 
 def _splits_table(splits: dict[str, Any]) -> list[str]:
     width = max([len("total")] + [len(name) for name in splits])
-    lines = [f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}  {'size':>10}  shard sizes"]
+    lines = [
+        f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}  {'fraction (requested)':>20}  "
+        f"{'size':>10}  shard sizes"
+    ]
     for name, split in splits.items():
         sizes = [shard["num_bytes"] for shard in split["shards"]]
         spread = (
@@ -258,13 +273,14 @@ def _splits_table(splits: dict[str, Any]) -> list[str]:
             if sizes
             else "-"
         )
+        fraction = fraction_text(split["fraction"], split["requested_fraction"])
         lines.append(
             f"  {name:<{width}}  {split['num_examples']:>8}  {split['num_shards']:>6}  "
-            f"{_bytes_text(split['num_bytes']):>10}  {spread}"
+            f"{fraction:>20}  {_bytes_text(split['num_bytes']):>10}  {spread}"
         )
     lines.append(
         f"  {'total':<{width}}  {sum(s['num_examples'] for s in splits.values()):>8}  "
-        f"{sum(s['num_shards'] for s in splits.values()):>6}  "
+        f"{sum(s['num_shards'] for s in splits.values()):>6}  {'':>20}  "
         f"{_bytes_text(sum(s['num_bytes'] for s in splits.values())):>10}"
     )
     return lines
