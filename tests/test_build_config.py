@@ -2,6 +2,7 @@
 line naming the file and the field, and `kiln build` exits 2 without a traceback."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -294,11 +295,22 @@ def test_resolved_config_fills_defaults_and_ignores_key_order(demo_corpus, tmp_p
     assert first.to_json()["image"] == {"channels": 3, "max_pixels": 89_478_485, "min_size": 1}
     assert first.to_json()["sharding"]["compression"] == "none"
     assert first.to_json()["encoding"] == {"format": "png", "quality": None}
-    assert first.to_json()["source"]["root"] == os.path.abspath(demo_corpus.out_dir)
+    # Locations are provenance, outside the resolved config and its fingerprint.
+    assert first.to_json()["source"] == {"type": "image_folder", "classes": None}
+    assert first.provenance() == {
+        "source": {"root": os.path.abspath(demo_corpus.out_dir), "allowed_roots": []}
+    }
     assert "output" not in first.to_json()
-    # The output root does not change the fingerprint; a transform does.
+    # Neither the output root nor the source's location changes the
+    # fingerprint; a transform does.
     moved = config.load({**data, "output": str(tmp_path / "elsewhere")})
     assert moved.fingerprint == first.fingerprint
+    elsewhere = tmp_path / "moved-images"
+    shutil.copytree(demo_corpus.out_dir, elsewhere)
+    source = {**data["source"], "root": str(elsewhere), "allowed_roots": [str(tmp_path)]}
+    relocated = config.load({**data, "source": source})
+    assert relocated.fingerprint == first.fingerprint
+    assert relocated.provenance()["source"]["root"] == str(elsewhere)
     data["transforms"] = [{"resize": {"shorter_side": 41}}]
     assert config.load(data).fingerprint != first.fingerprint
 

@@ -102,3 +102,44 @@ def _place_manifest(corpus, tmp_path, rows):
     manifest = folder / "manifest.csv"
     manifest.write_text("path,label\n" + "".join(f"images/{row}\n" for row in rows))
     return str(manifest)
+
+
+def test_moving_the_source_keeps_the_version(demo_corpus, tmp_path):
+    """Versions name content and processing, not locations: the same keys and
+    bytes under another folder give the same version and the same shards;
+    kiln.json records where each build read from as provenance."""
+    first_root = tmp_path / "here" / "images"
+    shutil.copytree(demo_corpus.out_dir, first_root)
+    config = make_config(str(first_root), output=str(tmp_path / "first"))
+    first = build(config)
+
+    # Moved (modification times kept): the stamp matches, nothing is built.
+    moved_root = tmp_path / "there" / "renamed"
+    moved_root.parent.mkdir()
+    os.rename(first_root, moved_root)
+    config["source"]["root"] = str(moved_root)
+    again = build(config)
+    assert again.up_to_date and again.version == first.version
+
+    # Copied with new modification times, into another output: built again,
+    # to the same version and byte-identical shards.
+    copied_root = tmp_path / "copied"
+    copy_files(str(moved_root), str(copied_root), corpus_listing(str(moved_root)))
+    config["source"]["root"] = str(copied_root)
+    config["output"] = str(tmp_path / "second")
+    second = build(config)
+    assert not second.up_to_date
+    assert second.version == first.version
+    assert second.info.config == first.info.config
+    assert second.info.config_fingerprint == first.info.config_fingerprint
+    shards = [n for n in digests(first) if ".tfrecord-" in n]
+    assert len(shards) == 5
+    assert {n: digests(second)[n] for n in shards} == {n: digests(first)[n] for n in shards}
+    assert first.info.provenance == {"source": {"root": str(first_root), "allowed_roots": []}}
+    assert second.info.provenance == {"source": {"root": str(copied_root), "allowed_roots": []}}
+
+    # Another file's bytes under the same key is another version.
+    changed = sorted(k for k in corpus_listing(str(copied_root)) if k not in demo_corpus.broken)[0]
+    other = sorted(k for k in corpus_listing(str(copied_root)) if k not in demo_corpus.broken)[-1]
+    shutil.copyfile(copied_root / other, copied_root / changed)
+    assert build(config).version != first.version

@@ -3,11 +3,11 @@ committed golden files, so a restructuring that changes one stored byte, one
 kiln.json field or one errors.jsonl row fails here.
 
 Shards, features.json, the labels file and duplicates.jsonl are pinned by
-sha256. kiln.json, dataset_info.json and errors.jsonl name the source folder
-(an absolute path) and hash it into the version and config fingerprint, so
-they are compared with that folder written as ``<demo-data>`` and those two
-hashes as ``<version>`` / ``<fingerprint>``; the version's own derivation is
-pinned by tests/test_build_determinism.py. For the same reason kiln.json's
+sha256. kiln.json (its ``provenance``) and errors.jsonl name the source
+folder (an absolute path), so they are compared with that folder written as
+``<demo-data>``, and the version and config fingerprint as ``<version>`` /
+``<fingerprint>``; the version's own derivation (which leaves the source's
+location out) is pinned by tests/test_build_determinism.py. For the same reason kiln.json's
 own checksum and errors.jsonl's sha256 are written as ``<checksum>`` and
 ``<errors-sha256>``, and checked against the files instead.
 

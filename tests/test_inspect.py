@@ -75,11 +75,16 @@ def test_text_summary(built, demo_corpus, capsys):
     out = capsys.readouterr().out
     info = built.info
     assert out.startswith(f"shapes  version {info.version}")
+    total = sum(split.num_examples for split in info.splits.values())
+    requested = info.config["splits"]["fractions"]
     for name, split in info.splits.items():
+        # The fraction reached, next to the one requested.
+        fraction = [f"{split.num_examples / total:.1%}", f"({requested[name] * 100:g}%)"]
         assert any(
-            line.split()[:3] == [name, str(split.num_examples), str(len(split.shards))]
+            line.split()[:5] == [name, str(split.num_examples), str(len(split.shards)), *fraction]
             for line in out.splitlines()
         ), name
+    assert "  not stratified: every class within " in out
     for label, class_name in enumerate(info.class_names):
         counts = [
             str(info.splits[s].class_counts[class_name]) for s in ("train", "validation", "test")

@@ -54,6 +54,7 @@ COMMANDS: dict[str, Command] = {
     "demo-data": Command("kiln.pipeline.demo_data", "generate the small demo image folder"),
     "lint": Command("kiln.tools.lint.command", "check training code for tf.data tracing pitfalls"),
     "inspect": Command("kiln.tools.inspect_command", "summarize a built dataset"),
+    "diff": Command("kiln.tools.diff_command", "compare two versions of a dataset, with limits"),
     "preview": Command(
         "kiln.tools.preview_command",
         "draw stored and augmented images of a dataset as a PNG contact sheet",

@@ -5,13 +5,17 @@ can read what happened without parsing the console::
 
     {"status": "built", "exit_code": 0, "name": "shapes", "version": "3f2a9c1b0d4e",
      "dataset_dir": ".../shapes/3f2a9c1b0d4e", "splits": {"train": {"num_examples": 229, ...}},
-     "dropped": {"corrupt": 1}, "dropped_total": 1, "duplicates": 0, ...}
+     "dropped": {"corrupt": 1}, "dropped_total": 1, "duplicates": 0,
+     "previous_version": "0a1b2c3d4e5f", "changes": {...}, ...}
     {"status": "failed", "exit_code": 1, "error": "dropped 40 of 300 input files ..."}
 
 ``status`` is ``built``, ``up_to_date`` (nothing to do: exit 0), ``failed``
 (exit 1, nothing published), ``usage_error`` (a bad config or flag: exit 2)
 or ``busy`` (another build of the dataset holds its lock: exit 3).
-Unlike `kiln.json` it holds the wall-clock duration: it describes a run, not
+``changes`` is what changed since the version LATEST named before the build
+(``previous_version``), as `kiln diff --json` prints it
+(`kiln.schemas.version_diff.VersionDiff.to_json`), or null when there was
+none. Unlike `kiln.json` it holds the wall-clock duration: it describes a run, not
 the dataset.
 """
 
@@ -56,6 +60,8 @@ def succeeded(result: BuildResult, elapsed_seconds: float) -> dict[str, Any]:
         # How the build used a base version (reused/processed counts, or why
         # it built from scratch); null when up to date.
         "incremental": result.incremental.to_json() if result.incremental else None,
+        "previous_version": result.previous_version,
+        "changes": None if result.changes is None else result.changes.to_json(),
         "elapsed_seconds": round(elapsed_seconds, 3),
     }
 

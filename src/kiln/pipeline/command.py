@@ -244,6 +244,11 @@ def summary(result: BuildResult) -> str:
     for name, share in shares.items():
         split = info.splits[name]
         lines.append(f"  {name:<{width}}  {split.num_examples:>8}  {len(split.shards):>6}  {share}")
+    if (info.config.get("splits") or {}).get("stratify"):
+        deviation = info.largest_class_deviation() or 0.0
+        lines.append(
+            f"  stratified: every class within {deviation:.2f} examples of its share per split"
+        )
     dropped = sum(info.dropped.values())
     if dropped:
         reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(info.dropped.items()))
@@ -262,6 +267,8 @@ def summary(result: BuildResult) -> str:
     lines.append(duplicates)
     if result.incremental is not None:
         lines.append(result.incremental.summary_line())
+    if result.changes is not None:
+        lines.extend(f"  {line}" for line in result.changes.summary_lines())
     if result.pruned:
         lines.append(f"  pruned: {len(result.pruned)} old version(s): {', '.join(result.pruned)}")
     return "\n".join(lines)

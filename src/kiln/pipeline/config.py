@@ -55,11 +55,13 @@ Relative paths in a config file resolve against the file's folder
 paths inside a manifest, which resolve against the manifest's folder.
 
 The resolved config (`BuildSpec.to_json`) is that shape with every default
-filled in, transforms in their canonical form and paths made absolute. It is
-saved in `kiln.json`; its fingerprint is part of the dataset version. The
-output root is deliberately left out of both: where a dataset is written is
-not a property of the dataset, so moving it or building it elsewhere must not
-change its metadata.
+filled in and transforms in their canonical form. It is saved in `kiln.json`;
+its fingerprint is part of the dataset version. Locations are deliberately
+left out of both: the output root (where a dataset is written is not a
+property of the dataset) and the source's location (``root`` or ``path``,
+``allowed_roots``: the same files under another folder or bucket are the same
+inputs). kiln.json records the source location, made absolute, as
+``provenance`` (`BuildSpec.provenance`).
 """
 
 from __future__ import annotations
@@ -139,6 +141,12 @@ class SplitsConfig(_Model):
     files are re-encoded)."""
     salt: str = ""
     """Mixed into the hash: change it to draw a different assignment."""
+    stratify: bool = False
+    """Assign per class, so every class gets each split's fraction: within one file of
+    `fraction x class size` in a fresh build (and as files are added, with up to three splits).
+    A file the previous version (LATEST) holds under the same key keeps its split; new files fill
+    the splits that are short. Needs `split_by: key`. The trade-off is in the README
+    ("Splits that stay put")."""
 
     @pydantic.field_validator("fractions")
     @classmethod
@@ -155,6 +163,13 @@ class SplitsConfig(_Model):
     def _one_way_to_split(self):
         if self.from_source and self.fractions is not None:
             raise ValueError("give either fractions or from_source: true, not both")
+        if self.stratify and self.from_source:
+            raise ValueError("stratify applies to fractions, not to from_source: true")
+        if self.stratify and self.split_by != "key":
+            raise ValueError(
+                "stratify: true needs split_by: key (files are assigned before the job, "
+                "which is where their contents are hashed)"
+            )
         return self
 
 
@@ -280,15 +295,25 @@ class BuildSpec:
         return storage.join(self.output_root, self.name)
 
     def to_json(self) -> dict[str, Any]:
-        """The resolved config as saved in `kiln.json` (without ``output``:
-        where a dataset is written is not a property of the dataset)."""
-        data = self.config.model_dump(mode="json", exclude={"output"})
+        """The resolved config as saved in `kiln.json` and hashed into the
+        fingerprint: what the dataset is made of and how, not where. Without
+        ``output`` (where a dataset is written) and without the source's
+        location (``source.root`` or ``source.path``, ``source.allowed_roots``:
+        see `provenance`), so the same files moved to another folder or bucket
+        give the same version."""
+        source = self.config.source
+        data = self.config.model_dump(
+            mode="json", exclude={"output": True, "source": set(source.LOCATION_FIELDS)}
+        )
         if self.config.targets is None:
             # A classification dataset's config (and so its fingerprint and
             # version) is what it was before targets existed.
             del data["targets"]
         data["transforms"] = self.chain.to_json()
         data["augment"] = list(self.augment)
+        if not self.config.splits.stratify:
+            # Written only when on: a config without it keeps its fingerprint.
+            del data["splits"]["stratify"]
         if self.config.encoding.format != "jpeg":
             # Only JPEG is lossy: keep unused knobs out of the fingerprint.
             data["encoding"]["quality"] = None
@@ -298,6 +323,11 @@ class BuildSpec:
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of `to_json`: part of the version."""
         return fingerprint(self.to_json())
+
+    def provenance(self) -> dict[str, Any]:
+        """Where the build read from, for kiln.json's ``provenance``: the
+        source's location fields (absolute), outside the fingerprint."""
+        return {"source": self.config.source.location()}
 
     def list_source(self) -> Listing:
         """Lists the source (`sources`).

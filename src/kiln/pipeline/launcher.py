@@ -32,12 +32,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import importlib
 import logging
 import os
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -52,16 +53,28 @@ from apache_beam.runners.runner import PipelineState
 import kiln
 from kiln.errors import Failure, UsageError
 from kiln.pipeline import config as config_module
-from kiln.pipeline import incremental, job, progress, publish, sources, storage, versioning
+from kiln.pipeline import (
+    incremental,
+    job,
+    progress,
+    publish,
+    sources,
+    splits,
+    storage,
+    versioning,
+)
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.lock import DatasetLock
+from kiln.pipeline.splits import SplitPolicy
 from kiln.schemas import (
     ERRORS_FILENAME,
     ClassObjects,
     DatasetInfo,
+    MetadataError,
     ObjectStatistics,
     SplitInfo,
     schema_for,
+    version_diff,
 )
 from kiln.schemas.metadata import OBJECT_SIZE_EDGES
 
@@ -97,6 +110,10 @@ class BuildResult:
       incremental: How the build used a base version (`incremental`): the
         records reused and processed, or why it built from scratch; None
         when up to date. Provenance of this run, never in kiln.json.
+      previous_version: The version LATEST named before this build, or None.
+      changes: What changed from `previous_version` to `version`
+        (`kiln.schemas.version_diff`); None if LATEST named no other version
+        before, or if the comparison failed (logged: the build stands).
     """
 
     dataset_dir: str
@@ -107,6 +124,8 @@ class BuildResult:
     counters: Mapping[str, int] = dataclasses.field(default_factory=dict)
     pruned: tuple[str, ...] = ()
     incremental: incremental.IncrementalReport | None = None
+    previous_version: str | None = None
+    changes: version_diff.VersionDiff | None = None
 
     @property
     def dataset_root(self) -> str:
@@ -352,8 +371,11 @@ def _build_locked(
     full: bool = False,
 ) -> BuildResult:
     _warn_about_shard_counts(spec, listing)
-    stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
     dataset = publish.DatasetRoot(spec.dataset_root)
+    previous = dataset.latest()
+    if spec.config.splits.stratify:
+        _stratify(spec, listing, dataset, previous)
+    stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
 
     existing = dataset.stamped_version(stamp)
     built = dataset.read_info(existing) if existing else None
@@ -366,13 +388,15 @@ def _build_locked(
             built.version,
             built,
             up_to_date=True,
+            previous_version=previous,
+            changes=_changes(dataset, previous, built.version),
             pruned=_prune(dataset, keep),
         )
 
     if base is not None and not dataset.is_complete(base):
         raise UsageError(f"--base {base}: no complete version {base} in {dataset.path}")
     choice = incremental.choose_base(
-        dataset.path, dataset.read_info, dataset.latest(), base, spec.to_json(), full
+        dataset.path, dataset.read_info, previous, base, spec.to_json(), full
     )
     if choice.base is None:
         logger.info("building from scratch: %s", choice.reason)
@@ -412,6 +436,8 @@ def _build_locked(
         up_to_date=False,
         duplicates_across_splits=report.duplicates_across_splits,
         counters=counters,
+        previous_version=previous,
+        changes=_changes(dataset, previous, info.version),  # before pruning `previous`
         pruned=_prune(dataset, keep),
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
     )
@@ -425,6 +451,65 @@ def _check_output_folders(spec: BuildSpec) -> None:
                 f"output {folder} is a file, not a folder: the dataset goes to "
                 f"<output>/{spec.name}/<version>/; choose another output (--output ROOT)"
             )
+
+
+def _changes(
+    dataset: publish.DatasetRoot, previous: str | None, version: str
+) -> version_diff.VersionDiff | None:
+    """The diff from the version LATEST named before the build, or None.
+
+    A previous version that cannot be read (removed by hand, damaged) does
+    not fail a build that published: the summary just has no diff line.
+    """
+    if previous is None or previous == version:
+        return None
+    try:
+        return version_diff.compare(
+            version_diff.open_version(dataset.version_dir(previous)),
+            version_diff.open_version(dataset.version_dir(version)),
+        )
+    except Exception:
+        logger.warning("could not compare with the previous version %s", previous, exc_info=True)
+        return None
+
+
+def _stratify(
+    spec: BuildSpec, listing: sources.Listing, dataset: publish.DatasetRoot, latest: str | None
+) -> None:
+    """Assigns every listed file its split, class by class (``splits.stratify``):
+    the files LATEST holds keep theirs (`splits.stratify_class`).
+
+    Raises:
+      BuildError: LATEST's records cannot be read; assigning afresh would
+        move files between splits (test images into train).
+    """
+    policy = SplitPolicy.from_config(spec.config.splits)
+    assign_class = functools.partial(splits.stratify_class, dict(policy.fractions or ()))
+    try:
+        listing.assign_splits(
+            lambda key: policy.draw(key, ""), assign_class, _previous_splits(spec, dataset, latest)
+        )
+    except MetadataError as e:
+        raise BuildError(
+            f"splits.stratify keeps the splits of LATEST ({latest}), which cannot be read: "
+            f"{e}; repair it, or point LATEST at a readable version"
+        ) from e
+
+
+def _previous_splits(
+    spec: BuildSpec, dataset: publish.DatasetRoot, latest: str | None
+) -> Iterator[tuple[str, str]]:
+    """``(key, split)`` of every record of LATEST, if it was split with the
+    same ``splits`` config (another config draws afresh, as it does without
+    ``stratify``)."""
+    if latest is None:
+        return
+    base = version_diff.open_version(dataset.version_dir(latest))
+    if base.info.config.get("splits") != spec.to_json()["splits"]:
+        logger.info("LATEST (%s) was split with another splits config: assigning afresh", latest)
+        return
+    for record in version_diff.records(base):
+        yield record.key, record.split
 
 
 def _check_keep(keep: int | None) -> None:
@@ -674,6 +759,7 @@ def dataset_info(
         processing=incremental.processing(data),
         targets=None if config.targets is None else config.targets.to_json(),
         objects=objects,
+        provenance=spec.provenance(),
     ).sealed()
 
 

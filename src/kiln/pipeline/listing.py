@@ -30,7 +30,7 @@ import dataclasses
 import itertools
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kiln.lazy_import import LazyModule
@@ -153,6 +153,13 @@ def _optional_text(data: bytes | None) -> str | None:
     return None if data is None else _text(data)
 
 
+def _chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
+    """`items` in lists of up to `_BATCH`."""
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, _BATCH)):
+        yield chunk
+
+
 def _connect() -> sqlite3.Connection:
     """A private temporary database (see the module docstring)."""
     # Autocommit mode: `ListingWriter` opens one transaction itself.
@@ -242,6 +249,67 @@ class Listing:
             entry = ["file", f.key, label, f.split, f.size, f.mtime]
             yield entry if f.targets is None else [*entry, f.targets, f.mask_stamp]
         yield from self.dropped_entries()
+
+    def assign_splits(
+        self,
+        draw: Callable[[str], float],
+        assign_class: Callable[
+            [Iterator[tuple[int, str | None]], dict[str, int], int], Iterator[tuple[int, str]]
+        ],
+        previous: Iterable[tuple[str, str]],
+    ) -> None:
+        """Sets every file's split, class by class (``splits.stratify``).
+
+        Args:
+          draw: A key's draw in [0, 1) (`splits.SplitPolicy.draw`).
+          assign_class: Called once per class with its files' ``(position,
+            previous split or None)`` in the order of their draws (then keys),
+            the number of its files keeping each previous split, and its
+            number of files; yields ``(position, split)``
+            (`splits.stratify_class`, its fractions bound).
+          previous: ``(key, split)`` of the files the previous version holds,
+            for the splits to keep; keys not listed now are ignored.
+
+        The rows stay on disk: the previous splits go into a table of the
+        listing's database, and the files are read back sorted by SQLite.
+        """
+        connection = self._connection
+        connection.create_function("draw", 1, lambda key: draw(_text(key)), deterministic=True)
+        connection.execute(
+            "CREATE TEMP TABLE previous (key BLOB PRIMARY KEY, split BLOB) WITHOUT ROWID"
+        )
+        connection.execute("CREATE TEMP TABLE assigned (position INTEGER PRIMARY KEY, split BLOB)")
+        connection.execute("BEGIN")
+        for chunk in _chunks(previous):
+            connection.executemany(
+                "INSERT OR REPLACE INTO previous VALUES (?, ?)",
+                [(_blob(key), _blob(split)) for key, split in chunk],
+            )
+        kept: dict[int, dict[str, int]] = {}
+        for label, split, count in connection.execute(
+            "SELECT f.label, p.split, COUNT(*) FROM files f JOIN previous p ON p.key = f.key "
+            "GROUP BY f.label, p.split"
+        ):
+            kept.setdefault(label, {})[_text(split)] = count
+        sizes = dict(connection.execute("SELECT label, COUNT(*) FROM files GROUP BY label"))
+        rows = connection.execute(
+            "SELECT f.label, f.position, p.split FROM files f LEFT JOIN previous p "
+            "ON p.key = f.key ORDER BY f.label, draw(f.key), f.key"
+        )
+        for label, group in itertools.groupby(rows, key=lambda row: row[0]):
+            files = ((position, _optional_text(split)) for _, position, split in group)
+            for chunk in _chunks(assign_class(files, kept.get(label, {}), sizes[label])):
+                connection.executemany(
+                    "INSERT INTO assigned VALUES (?, ?)",
+                    [(position, _blob(split)) for position, split in chunk],
+                )
+        connection.execute(
+            "UPDATE files SET split = "
+            "(SELECT a.split FROM assigned a WHERE a.position = files.position)"
+        )
+        connection.execute("COMMIT")
+        connection.execute("DROP TABLE previous")
+        connection.execute("DROP TABLE assigned")
 
     def write(self, path: str) -> None:
         """Writes the listing as JSONL for the job: lines of up to

@@ -44,7 +44,7 @@ import os
 import posixpath
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -83,6 +83,14 @@ class _SourceModel(BaseModel):
     only below its own folder (the image folder, or the manifest's folder), after following
     symbolic links; anything else is dropped as `outside_source`, never read. Relative paths
     are relative to the config file's folder."""
+
+    # The fields that say where the files are, not what they are: provenance,
+    # kept out of the config's fingerprint (`BuildSpec.to_json`).
+    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("allowed_roots",)
+
+    def location(self) -> dict[str, Any]:
+        """The location fields (`LOCATION_FIELDS`) as JSON: where this build read from."""
+        return self.model_dump(mode="json", include=set(self.LOCATION_FIELDS))
 
     def list_files(
         self, *, splits_from_source: bool, targets: TargetsConfig = CLASSIFICATION
@@ -148,6 +156,8 @@ class ImageFolderSource(_SourceModel):
     """The image folder: a local path (relative to the config file's folder) or
     `gs://bucket/prefix`."""
 
+    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("root", "allowed_roots")
+
     def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
         # The config allows an image folder `label` targets only.
         return _list_image_folder(
@@ -191,6 +201,8 @@ class ManifestSource(_SourceModel):
     path: ConfigPath
     """The manifest file (a local path relative to the config file's folder, or a `gs://`
     URI); relative image paths in it resolve against the manifest's own folder."""
+
+    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("path", "allowed_roots")
 
     def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
         folder = self.path.rstrip("/").rsplit("/", 1)[0]

@@ -9,12 +9,29 @@ land in the same split, so duplicates cannot leak from train into test) or
 the record's key (``split_by: key``). The assignment depends on nothing but
 the record, so it is the same on every runner and worker, and adding files
 does not move the others.
+
+A hash per record cannot balance small classes: each record lands in a split
+by its own coin, so 80/10/10 of 300 can give 229/44/27, and a class of 20
+anything from 0 to 6 test images. ``stratify: true`` assigns per class
+instead, on the launcher, before the job (`stratify_class`, driven by
+`listing.Listing.assign_splits`): a file that the previous version (LATEST)
+already holds under the same key keeps its split; the class's other files,
+in the order of their draws, each go to the split furthest below its share
+``fraction * class size``. A fresh build so gives every class and split a
+count within one file of its share; later builds keep every known file in
+place and steer the new ones to the splits that are short. The trade-off:
+the assignment depends on the previous version (it is part of the version:
+the assigned split enters each file's version entry), files removed from a
+class leave their splits short until new files refill them, and it needs
+``split_by: key`` (contents are only hashed inside the job). The job then
+takes each file's split from the listing, as with ``from_source``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,11 +47,15 @@ class SplitPolicy:
         when splits come from the source.
       split_by: ``"content"`` or ``"key"``.
       salt: Mixed into the hash; change it to draw a different assignment.
+      stratify: Splits are assigned per class on the launcher
+        (`stratify_class`) and come with each listed file, like splits from
+        the source.
     """
 
     fractions: tuple[tuple[str, float], ...] | None
     split_by: str = "content"
     salt: str = ""
+    stratify: bool = False
 
     @classmethod
     def from_config(cls, splits: SplitsConfig) -> SplitPolicy:
@@ -44,7 +65,7 @@ class SplitPolicy:
             if splits.fractions is None:
                 raise ValueError("splits.fractions is unresolved (use BuildSpec.config)")
             fractions = tuple(sorted(splits.fractions.items()))
-        return cls(fractions, splits.split_by, splits.salt)
+        return cls(fractions, splits.split_by, splits.salt, splits.stratify)
 
     @property
     def split_names(self) -> list[str] | None:
@@ -64,9 +85,10 @@ class SplitPolicy:
             (the listing drops such files before the job), or no fraction is
             above 0 (the config refuses that: they sum to 1).
         """
-        if self.fractions is None:
+        if self.fractions is None or self.stratify:
             if source_split is None:
-                raise ValueError(f"{key}: splits.from_source, but the source gives no split")
+                how = "stratify" if self.stratify else "from_source"
+                raise ValueError(f"{key}: splits.{how}, but the listing gives no split")
             return source_split
         u = self.draw(key, sha256)
         upper = 0.0
@@ -82,3 +104,37 @@ class SplitPolicy:
         if chosen is None:
             raise ValueError(f"{key}: no split has a fraction above 0")
         return chosen
+
+
+def stratify_class(
+    fractions: Mapping[str, float],
+    previous: Iterable[tuple[int, str | None]],
+    kept: Mapping[str, int],
+    size: int,
+) -> Iterator[tuple[int, str]]:
+    """The splits of one class's files, for ``splits.stratify``.
+
+    Args:
+      fractions: Split name -> fraction (summing to 1).
+      previous: ``(position, previous split)`` of each of the class's files in
+        the order of their draws (`SplitPolicy.draw`, then key), the previous
+        split None for a file the previous version does not hold (or holds
+        in a split that is no longer configured).
+      kept: How many of the class's files keep each split (their previous
+        split), as counted over `previous`.
+      size: The class's number of files.
+
+    Yields:
+      ``(position, split)`` for every file: a known file keeps its split; a
+      new one goes to the split with the largest shortfall ``fraction * size
+      - files so far`` (ties: the first in name order), so a class without
+      previous files ends within one file of every share.
+    """
+    names = sorted(fractions)
+    counts = {name: kept.get(name, 0) for name in names}
+    for position, split in previous:
+        if split is None or split not in counts:
+            # max() keeps the first of equal keys: ties go to the first name.
+            split = max(names, key=lambda name: fractions[name] * size - counts[name])
+            counts[split] += 1
+        yield position, split

@@ -8,9 +8,12 @@ Two fingerprints, for two jobs:
   the source and the sha256 of its bytes (plus what the listing dropped). The
   job hashes every file's bytes anyway, so the version costs nothing extra and
   identical inputs give the identical version (and identical `kiln.json`) on
-  any machine, whatever the files' modification times. (The source location
-  is part of the resolved config, so the same files under another root are
-  another version; the output root is not.)
+  any machine, whatever the files' modification times. Versions name content
+  and processing, not locations: keys are relative to the source's root (or
+  the manifest's folder), and the config fingerprint leaves out the source's
+  location and the output root (`config.BuildSpec.to_json`), so the same
+  files moved to another folder or bucket are the same version. kiln.json
+  records the location as ``provenance``, outside the fingerprint.
 - The **stamp** decides whether a rebuild can be skipped without running the
   job. It hashes what the launcher learns from listing alone: keys, label
   names, splits, byte sizes and modification times, plus the config

@@ -216,7 +216,9 @@ class DatasetInfo:
       version: Version id (derived from the input and config fingerprints).
       kiln_version: Version of kiln that wrote the dataset.
       format_version: `kiln.FORMAT_VERSION` of the writer.
-      config: The resolved build config (all defaults filled in).
+      config: The resolved build config (all defaults filled in), without
+        locations: the output root and the source's location are not part of
+        it nor of the version (see `provenance`).
       config_fingerprint: sha256 of the canonical JSON of `config`.
       schema: `kiln.schemas.RECORD.to_json()` of the writer.
       class_names: Sorted class names; a label is an index into this list.
@@ -252,6 +254,13 @@ class DatasetInfo:
         `schema` is the record schema these targets give.
       objects: Split name -> `ObjectStatistics`, for datasets with boxes;
         None (left out of the file) otherwise.
+      provenance: Where the build read from, outside `config`, its
+        fingerprint and the version: ``{"source": {"root"|"path": ...,
+        "allowed_roots": [...]}}`` (absolute). Builds of the same files from
+        two locations give the same version and shards; the published
+        version keeps the provenance of the build that first published it.
+        Empty in datasets written before kiln recorded it (their `config`
+        holds the location).
       checksum: sha256 (hex) of kiln.json's own content, so an edit is
         noticed (format 2 and later; None before). Canonical content: the
         file's JSON object without its ``checksum`` member, serialized with
@@ -289,6 +298,7 @@ class DatasetInfo:
     processing: dict[str, Any] | None = None
     targets: dict[str, Any] | None = None
     objects: dict[str, ObjectStatistics] | None = None
+    provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
     checksum: str | None = None
 
     @property
@@ -314,14 +324,38 @@ class DatasetInfo:
         holds, and the fraction the config's ``splits.fractions`` asked for
         (None when the splits come from the source)."""
         total = sum(split.num_examples for split in self.splits.values())
-        requested = (self.config.get("splits") or {}).get("fractions") or {}
+        requested = self.requested_fractions() or {}
         return {
             name: (
                 self.splits[name].num_examples / total if total else 0.0,
-                float(requested[name]) if name in requested else None,
+                requested.get(name),
             )
             for name in ordered_splits(self.splits)
         }
+
+    def requested_fractions(self) -> dict[str, float] | None:
+        """The config's ``splits.fractions`` (None: splits from the source)."""
+        splits = self.config.get("splits") or {}
+        if splits.get("from_source") or not splits.get("fractions"):
+            return None
+        return {name: float(value) for name, value in splits["fractions"].items()}
+
+    def largest_class_deviation(self) -> float | None:
+        """The largest ``|examples of a class in a split - fraction x the
+        class's examples|`` over classes and splits, in examples: how far the
+        splits are from stratified (``splits.stratify`` keeps it below 1 in a
+        fresh build). None when splits come from the source."""
+        requested = self.requested_fractions()
+        if requested is None:
+            return None
+        worst = 0.0
+        for name in self.class_names:
+            size = sum(split.class_counts.get(name, 0) for split in self.splits.values())
+            for split_name, fraction in requested.items():
+                split = self.splits.get(split_name)
+                count = split.class_counts.get(name, 0) if split is not None else 0
+                worst = max(worst, abs(count - fraction * size))
+        return worst
 
     @property
     def has_checksum(self) -> bool:
@@ -342,6 +376,8 @@ class DatasetInfo:
         for name in ("index_sha256", "processing"):  # absent before kiln wrote them
             if data[name] is None:
                 del data[name]
+        if not self.provenance:  # written before kiln recorded it
+            del data["provenance"]
         return data
 
     def sealed(self) -> DatasetInfo:

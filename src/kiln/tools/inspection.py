@@ -100,7 +100,11 @@ def inspect_dataset(path: str) -> dict[str, Any]:
         "kiln_version": metadata.kiln_version,
         "format_version": metadata.format_version,
         "config_fingerprint": metadata.config_fingerprint,
-        "source": metadata.config.get("source"),
+        # The location is provenance (older datasets kept it in the config).
+        "source": {
+            **(metadata.config.get("source") or {}),
+            **metadata.provenance.get("source", {}),
+        },
         "encoding": {
             "format": metadata.encoding.get("format"),
             "quality": metadata.encoding.get("quality"),
@@ -113,6 +117,8 @@ def inspect_dataset(path: str) -> dict[str, Any]:
         "class_counts": class_counts,
         "transforms": metadata.config.get("transforms", []),
         "augment": list(metadata.augment),
+        "stratified": bool((metadata.config.get("splits") or {}).get("stratify")),
+        "largest_class_deviation": metadata.largest_class_deviation(),
         "dropped": dict(sorted(metadata.dropped.items())),
         "errors": errors,
         "duplicates": metadata.duplicates,
@@ -229,6 +235,12 @@ def render(summary: dict[str, Any]) -> str:
         "",
     ]
     lines += _splits_table(summary["splits"])
+    if summary["largest_class_deviation"] is not None:
+        how = "stratified" if summary["stratified"] else "not stratified"
+        lines.append(
+            f"  {how}: every class within {summary['largest_class_deviation']:.2f} examples "
+            f"of its share per split"
+        )
     lines.append("")
     lines += _classes_table(summary)
     lines.append("")

@@ -1,0 +1,606 @@
+"""What changed between two versions of a dataset: the library behind `kiln diff`.
+
+`compare` reads two versions (`open_version`: a version folder, or
+``<output>/<name>`` for its LATEST) and says, per split and class, which
+records were added, removed, changed or moved, how each class's share of the
+dataset shifted, how the per-channel mean and std drifted, and the duplicate
+and dropped counts before and after. `Thresholds` turn the result into a
+verdict a scheduler can stop on (`VersionDiff.violations`).
+
+Records are compared by key and content (the sha256 of the source file). The
+counts, shares, statistics and drops come from the two kiln.json files; the
+records' keys and hashes, which kiln.json does not carry, from the cheapest
+exact place a version has:
+
+1. A shard whose file name and sha256 are the same in both versions, in the
+   same split, holds the same records: it is skipped on both sides (when
+   both have the same class list, so its label ids name the same classes). Shards
+   take fixed hash ranges of a split, so a nightly change of a few percent
+   leaves most shards identical and unread.
+2. The version's record index (``index.jsonl``, one line per record with its
+   split, shard, key, sha256 and class id; checked against kiln.json's
+   ``index_sha256``), read line by line without TensorFlow.
+3. Otherwise (datasets written before kiln wrote the index) the differing
+   shards themselves, through TensorFlow, parsing only the ``key``,
+   ``sha256`` and ``label`` features of `kiln.schemas.RECORD`.
+
+Local paths are read with the standard library, so the comparison of two
+indexed versions on disk starts without TensorFlow; ``gs://`` paths go
+through `tf.io.gfile`, imported only then. Memory: one entry per record of
+the old version's differing shards (key, hash, split, class).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
+from typing import IO, Any, NamedTuple
+
+from kiln.schemas.metadata import (
+    INDEX_FILENAME,
+    LATEST_FILENAME,
+    METADATA_FILENAME,
+    DatasetInfo,
+    MetadataError,
+    SplitInfo,
+)
+
+# A bare version id, as `kiln build` names version folders.
+_VERSION_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
+# -- reading a version's files: the standard library locally, tf.io.gfile for URIs --
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def _join(base: str, *parts: str) -> str:
+    if _is_uri(base):
+        return "/".join([base.rstrip("/"), *parts])
+    return os.path.join(base, *parts)
+
+
+def _exists(path: str) -> bool:
+    if _is_uri(path):
+        import tensorflow as tf
+
+        return bool(tf.io.gfile.exists(path))
+    return os.path.exists(path)
+
+
+def _open(path: str, mode: str = "r") -> IO[Any]:
+    if _is_uri(path):
+        import tensorflow as tf
+
+        return tf.io.gfile.GFile(path, mode)
+    return open(path, mode, encoding=None if "b" in mode else "utf-8")
+
+
+@dataclasses.dataclass(frozen=True)
+class Version:
+    """One opened version of a dataset.
+
+    Attributes:
+      path: The path as given.
+      dataset_dir: The version folder.
+      info: Its kiln.json (checksum checked).
+      index_sha256: kiln.json's ``index_sha256`` (the record index's
+        sha256), None if the version has no record index.
+    """
+
+    path: str
+    dataset_dir: str
+    info: DatasetInfo
+    index_sha256: str | None = None
+
+    @property
+    def version(self) -> str:
+        return self.info.version
+
+
+def locate(path: str, relative_to: str | None = None) -> str:
+    """The version folder `path` names.
+
+    Args:
+      path: A version folder (it holds kiln.json), a dataset folder
+        ``<output>/<name>`` (its LATEST names the version), or a bare version
+        id (``3f2a9c1b0d4e``) of the dataset `relative_to` belongs to.
+      relative_to: Another version folder or dataset folder, for bare ids.
+
+    Raises:
+      MetadataError: naming the path, when it is none of these.
+    """
+    path = path.rstrip("/") or "/"
+    if _exists(_join(path, METADATA_FILENAME)):
+        return path
+    latest = _join(path, LATEST_FILENAME)
+    if _exists(latest):
+        with _open(latest) as f:
+            version = f.read().strip()
+        if not version:
+            raise MetadataError(f"{latest} is empty; it should name a version folder")
+        absolute = _is_uri(version) or os.path.isabs(version)
+        version_dir = version if absolute else _join(path, version)
+        if not _exists(_join(version_dir, METADATA_FILENAME)):
+            raise MetadataError(
+                f"{latest} names version {version!r}, but {version_dir} has no "
+                f"{METADATA_FILENAME} (the build did not finish, or the folder was removed)"
+            )
+        return version_dir
+    if relative_to is not None and _VERSION_ID.match(path) and not _exists(path):
+        other = locate(relative_to)
+        candidate = _join(other.rstrip("/").rsplit("/", 1)[0], path)
+        if _exists(_join(candidate, METADATA_FILENAME)):
+            return candidate
+        raise MetadataError(f"{path}: no version {path} beside {other}")
+    if not _exists(path):
+        raise MetadataError(f"{path}: no such dataset folder")
+    raise MetadataError(
+        f"{path} is not a kiln dataset: it has no {METADATA_FILENAME} and no "
+        f"{LATEST_FILENAME} naming a version folder"
+    )
+
+
+def open_version(path: str, relative_to: str | None = None) -> Version:
+    """Opens the version `path` names (see `locate`) and reads its kiln.json.
+
+    Raises:
+      MetadataError: naming the file, if it is missing, malformed or edited.
+    """
+    dataset_dir = locate(path, relative_to)
+    source = _join(dataset_dir, METADATA_FILENAME)
+    with _open(source) as f:
+        text = f.read()
+    info = DatasetInfo.loads(text, source)  # checks the checksum
+    data = json.loads(text)
+    index_sha256 = data.get("index_sha256")
+    return Version(str(path), dataset_dir, info, index_sha256 if index_sha256 else None)
+
+
+# -- the records' identities --
+
+
+class RecordIdentity(NamedTuple):
+    """What a record is, for a comparison: its key and content, where it is stored."""
+
+    key: str
+    sha256: str
+    split: str
+    label: str  # the class name
+
+
+def _shard_ids(info: DatasetInfo) -> set[tuple[str, str, str]]:
+    return {
+        (split.name, shard.filename, shard.sha256)
+        for split in info.splits.values()
+        for shard in split.shards
+    }
+
+
+def records(
+    version: Version, skip_shards: AbstractSet[tuple[str, str]] = frozenset()
+) -> Iterator[RecordIdentity]:
+    """Every record of `version` outside `skip_shards` (``(split, filename)``
+    pairs), from its record index if it has one, else from its shards.
+
+    Raises:
+      MetadataError: the index does not match kiln.json's sha256, or a line
+        of it is malformed.
+    """
+    if version.index_sha256 is not None:
+        yield from _records_from_index(version, skip_shards)
+    else:
+        yield from _records_from_shards(version, skip_shards)
+
+
+def _records_from_index(
+    version: Version, skip_shards: AbstractSet[tuple[str, str]]
+) -> Iterator[RecordIdentity]:
+    path = _join(version.dataset_dir, INDEX_FILENAME)
+    if not _exists(path):
+        raise MetadataError(f"{path} is missing, but kiln.json records its sha256")
+    names = version.info.class_names
+    digest = hashlib.sha256()
+    with _open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            digest.update(raw)
+            try:
+                row = json.loads(raw)
+                split, shard = str(row["split"]), str(row["shard"])
+                if (split, shard) in skip_shards:
+                    continue
+                yield RecordIdentity(
+                    str(row["key"]), str(row["sha256"]), split, names[row["label"]]
+                )
+            except (KeyError, TypeError, ValueError, IndexError) as e:
+                raise MetadataError(
+                    f"{path}:{number}: not a record index line ({type(e).__name__}: {e})"
+                ) from None
+    if digest.hexdigest() != version.index_sha256:
+        raise MetadataError(
+            f"{path} does not match the sha256 kiln.json records for it "
+            f"({version.index_sha256}): it was changed after the build"
+        )
+
+
+def _records_from_shards(
+    version: Version, skip_shards: AbstractSet[tuple[str, str]]
+) -> Iterator[RecordIdentity]:
+    import tensorflow as tf
+
+    from kiln.schemas.features import RECORD
+
+    features = [RECORD.feature(name) for name in ("key", "sha256", "label")]
+    spec = {feature.key: feature.parse_spec() for feature in features}
+    names = version.info.class_names
+    compression = "GZIP" if version.info.compression == "gzip" else ""
+    for split in version.info.splits.values():
+        files = [
+            _join(version.dataset_dir, shard.filename)
+            for shard in split.shards
+            if (split.name, shard.filename) not in skip_shards
+        ]
+        if not files:
+            continue
+        batches = tf.data.TFRecordDataset(files, compression_type=compression).batch(1024)
+        for batch in batches.map(lambda serialized: tf.io.parse_example(serialized, spec)):
+            keys, hashes, labels = (batch[feature.key].numpy() for feature in features)
+            for key, content, label in zip(keys, hashes, labels, strict=True):
+                yield RecordIdentity(key.decode(), content.decode(), split.name, names[label])
+
+
+# -- the comparison --
+
+
+@dataclasses.dataclass
+class CellChange:
+    """How one split's records of one class (or all of them) changed.
+
+    ``new == unchanged + changed + added + moved_in`` and
+    ``old == unchanged + changed + removed + moved_out``.
+
+    Attributes:
+      old: Records in the old version.
+      new: Records in the new version.
+      added: Keys only the new version has.
+      removed: Keys only the old version has.
+      changed: Same key, same split and class, other content (sha256).
+      moved_in: Keys that were in another split or class in the old version.
+      moved_out: Keys that are in another split or class in the new version.
+    """
+
+    old: int = 0
+    new: int = 0
+    added: int = 0
+    removed: int = 0
+    changed: int = 0
+    moved_in: int = 0
+    moved_out: int = 0
+
+    @property
+    def unchanged(self) -> int:
+        return self.new - self.changed - self.added - self.moved_in
+
+    def to_json(self) -> dict[str, int]:
+        return {**dataclasses.asdict(self), "unchanged": self.unchanged}
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """When a diff should stop a scheduled job (`kiln diff` flags).
+
+    Attributes:
+      max_share_shift: Largest allowed move of a class's share of the
+        dataset, in percentage points (None: no limit).
+      max_changed_percent: Largest allowed share of the old version's records
+        that were added, removed, changed or moved, in percent (None: no
+        limit).
+      fail_on_vanished_class: A class that had examples and has none now is a
+        violation.
+    """
+
+    max_share_shift: float | None = None
+    max_changed_percent: float | None = None
+    fail_on_vanished_class: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class VersionDiff:
+    """The difference between two versions: see `to_json` for its fields."""
+
+    old: Version
+    new: Version
+    records_from: str  # "identical", "index", "shards", or "index+shards"
+    splits: dict[str, CellChange]
+    cells: dict[tuple[str, str], CellChange]  # (split, class) -> change
+
+    @property
+    def class_names(self) -> list[str]:
+        names = list(self.new.info.class_names)
+        return names + [name for name in self.old.info.class_names if name not in names]
+
+    @property
+    def split_names(self) -> list[str]:
+        usual = [name for name in ("train", "validation", "test") if name in self.splits]
+        return usual + sorted(set(self.splits) - set(usual))
+
+    def totals(self) -> CellChange:
+        total = CellChange()
+        for change in self.splits.values():
+            _add_to(total, change)
+        return total
+
+    @property
+    def moved(self) -> int:
+        """Records whose key is in both versions, in another split or class."""
+        return self.totals().moved_in
+
+    def changed_percent(self) -> float:
+        """Added, removed, changed and moved records, in percent of the old version's."""
+        totals = self.totals()
+        churn = totals.added + totals.removed + totals.changed + totals.moved_in
+        if totals.old == 0:
+            return 100.0 if churn else 0.0
+        return 100.0 * churn / totals.old
+
+    def class_shares(self) -> dict[str, dict[str, float | int]]:
+        """Per class: its example count and share of the dataset (percent) in
+        each version, and the shift in percentage points."""
+        old_counts = _class_totals(self.old.info)
+        new_counts = _class_totals(self.new.info)
+        old_total, new_total = sum(old_counts.values()), sum(new_counts.values())
+        shares: dict[str, dict[str, float | int]] = {}
+        for name in self.class_names:
+            old, new = old_counts.get(name, 0), new_counts.get(name, 0)
+            old_share = 100.0 * old / old_total if old_total else 0.0
+            new_share = 100.0 * new / new_total if new_total else 0.0
+            shares[name] = {
+                "old": old,
+                "new": new,
+                "old_share": round(old_share, 4),
+                "new_share": round(new_share, 4),
+                "shift_points": round(new_share - old_share, 4),
+            }
+        return shares
+
+    def vanished_classes(self) -> list[str]:
+        """Classes with examples in the old version and none in the new."""
+        return [
+            name for name, share in self.class_shares().items() if share["old"] and not share["new"]
+        ]
+
+    def label_ids_changed(self) -> list[str]:
+        """Classes in both versions whose label id (index in class_names) differs."""
+        old = {name: i for i, name in enumerate(self.old.info.class_names)}
+        return [
+            name
+            for i, name in enumerate(self.new.info.class_names)
+            if name in old and old[name] != i
+        ]
+
+    def statistics_drift(self) -> dict[str, dict[str, Any]]:
+        """Per split in both versions with statistics: old and new per-channel
+        mean and std (0..255) and their drift (new - old)."""
+        drift = {}
+        for name in self.split_names:
+            old = _split(self.old.info, name)
+            new = _split(self.new.info, name)
+            if old is None or new is None or old.statistics is None or new.statistics is None:
+                continue
+            if len(old.statistics.mean) != len(new.statistics.mean):
+                continue  # the channels changed: nothing to compare
+            drift[name] = {
+                "old": {"mean": old.statistics.mean, "std": old.statistics.std},
+                "new": {"mean": new.statistics.mean, "std": new.statistics.std},
+                "mean_drift": _minus(new.statistics.mean, old.statistics.mean),
+                "std_drift": _minus(new.statistics.std, old.statistics.std),
+            }
+        return drift
+
+    def violations(self, thresholds: Thresholds) -> list[str]:
+        """One line per threshold crossed (empty: the new version passes)."""
+        found = []
+        if thresholds.max_share_shift is not None:
+            for name, share in self.class_shares().items():
+                shift = float(share["shift_points"])
+                if abs(shift) > thresholds.max_share_shift:
+                    found.append(
+                        f"class {name!r} share moved {shift:+.2f} points "
+                        f"({share['old_share']:.2f}% -> {share['new_share']:.2f}%), "
+                        f"more than --max-share-shift {thresholds.max_share_shift:g}"
+                    )
+        if thresholds.max_changed_percent is not None:
+            percent = self.changed_percent()
+            if percent > thresholds.max_changed_percent:
+                found.append(
+                    f"{percent:.2f}% of the records changed (added, removed, changed or "
+                    f"moved), more than --max-changed-percent "
+                    f"{thresholds.max_changed_percent:g}"
+                )
+        if thresholds.fail_on_vanished_class:
+            for name in self.vanished_classes():
+                found.append(f"class {name!r} vanished: it has no example left")
+        return found
+
+    def to_json(self, thresholds: Thresholds | None = None) -> dict[str, Any]:
+        """The diff as JSON-ready data (`kiln diff --json`, `kiln build --report`).
+
+        Fields: ``old`` and ``new`` (path, dataset_dir, name, version,
+        num_examples), ``records_from`` (where the records' keys and hashes
+        were read: ``identical`` (same version, nothing read), ``index``,
+        ``shards``), ``totals`` and ``splits`` (each a `CellChange`; splits
+        also have ``classes``: class -> `CellChange`), ``changed_percent``,
+        ``classes`` (`class_shares`), ``vanished_classes``,
+        ``added_classes`` / ``removed_classes`` (in class_names),
+        ``label_ids_changed``, ``statistics`` (`statistics_drift`),
+        ``duplicates`` and ``dropped`` (old and new; dropped by reason and
+        total), and with `thresholds`: ``thresholds`` and ``violations``.
+        """
+        old_info, new_info = self.old.info, self.new.info
+        data: dict[str, Any] = {
+            "old": _version_json(self.old),
+            "new": _version_json(self.new),
+            "records_from": self.records_from,
+            "totals": self.totals().to_json(),
+            "changed_percent": round(self.changed_percent(), 4),
+            "splits": {
+                name: {
+                    **self.splits[name].to_json(),
+                    "classes": {
+                        label: self.cells[(name, label)].to_json()
+                        for label in self.class_names
+                        if (name, label) in self.cells
+                    },
+                }
+                for name in self.split_names
+            },
+            "classes": self.class_shares(),
+            "vanished_classes": self.vanished_classes(),
+            "added_classes": [n for n in new_info.class_names if n not in old_info.class_names],
+            "removed_classes": [n for n in old_info.class_names if n not in new_info.class_names],
+            "label_ids_changed": self.label_ids_changed(),
+            "statistics": self.statistics_drift(),
+            "duplicates": {"old": old_info.duplicates, "new": new_info.duplicates},
+            "dropped": {
+                "old": dict(sorted(old_info.dropped.items())),
+                "new": dict(sorted(new_info.dropped.items())),
+                "old_total": sum(old_info.dropped.values()),
+                "new_total": sum(new_info.dropped.values()),
+            },
+        }
+        if thresholds is not None:
+            data["thresholds"] = thresholds.to_json()
+            data["violations"] = self.violations(thresholds)
+        return data
+
+    def summary_lines(self) -> list[str]:
+        """One or two lines for a build's summary: the record changes and
+        the largest class-share shift; then drops, duplicates and the train
+        split's mean drift, when any of them moved."""
+        totals = self.totals()
+        shares = self.class_shares()
+        line = (
+            f"changes since {self.old.version}: +{totals.added} added, "
+            f"-{totals.removed} removed, {totals.changed} changed, "
+            f"{totals.moved_in} moved ({self.changed_percent():.1f}% of {totals.old})"
+        )
+        if shares:
+            name, share = max(
+                shares.items(), key=lambda item: (abs(float(item[1]["shift_points"])), item[0])
+            )
+            line += (
+                f"; largest class-share shift: {name} {share['old_share']:.1f}% -> "
+                f"{share['new_share']:.1f}% ({float(share['shift_points']):+.1f} points)"
+            )
+        lines = [line]
+        details = []
+        vanished = self.vanished_classes()
+        if vanished:
+            details.append(f"vanished classes: {', '.join(vanished)}")
+        old_dropped = sum(self.old.info.dropped.values())
+        new_dropped = sum(self.new.info.dropped.values())
+        if old_dropped != new_dropped:
+            details.append(f"dropped {old_dropped} -> {new_dropped}")
+        if self.old.info.duplicates != self.new.info.duplicates:
+            details.append(f"duplicates {self.old.info.duplicates} -> {self.new.info.duplicates}")
+        drift = self.statistics_drift()
+        if drift:
+            name = "train" if "train" in drift else next(iter(drift))
+            mean = drift[name]["mean_drift"]
+            if any(abs(value) >= 0.005 for value in mean):
+                details.append(f"{name} mean drift " + " ".join(f"{value:+.2f}" for value in mean))
+        if details:
+            lines.append("; ".join(details))
+        return lines
+
+
+def _split(info: DatasetInfo, name: str) -> SplitInfo | None:
+    return info.splits.get(name)
+
+
+def _minus(new: list[float], old: list[float]) -> list[float]:
+    return [round(a - b, 6) for a, b in zip(new, old, strict=True)]
+
+
+def _class_totals(info: DatasetInfo) -> dict[str, int]:
+    return {
+        name: sum(split.class_counts.get(name, 0) for split in info.splits.values())
+        for name in info.class_names
+    }
+
+
+def _version_json(version: Version) -> dict[str, Any]:
+    return {
+        "path": version.path,
+        "dataset_dir": version.dataset_dir,
+        "name": version.info.name,
+        "version": version.version,
+        "num_examples": sum(split.num_examples for split in version.info.splits.values()),
+    }
+
+
+def compare(old: Version, new: Version) -> VersionDiff:
+    """The `VersionDiff` from `old` to `new`.
+
+    Reads only the records of shards that differ between the versions (see
+    the module docstring for where from).
+
+    Raises:
+      MetadataError: a record index does not match its kiln.json.
+    """
+    cells: dict[tuple[str, str], CellChange] = {}
+
+    def cell(split: str, label: str) -> CellChange:
+        return cells.setdefault((split, label), CellChange())
+
+    for info, field in ((old.info, "old"), (new.info, "new")):
+        for split in info.splits.values():
+            for label, count in split.class_counts.items():
+                change = cell(split.name, label)
+                setattr(change, field, getattr(change, field) + count)
+
+    if old.version == new.version:
+        records_from = "identical"
+    else:
+        # Identical shards hold identical records, with the same label ids:
+        # the same classes only if the class lists are the same.
+        same_classes = old.info.class_names == new.info.class_names
+        shared = {
+            (split, filename)
+            for split, filename, _ in _shard_ids(old.info) & _shard_ids(new.info)
+            if same_classes
+        }
+        sources = {"index" if v.index_sha256 else "shards" for v in (old, new)}
+        records_from = "+".join(sorted(sources))
+        before = {r.key: r for r in records(old, shared)}
+        for record in records(new, shared):
+            previous = before.pop(record.key, None)
+            if previous is None:
+                cell(record.split, record.label).added += 1
+            elif (previous.split, previous.label) != (record.split, record.label):
+                cell(record.split, record.label).moved_in += 1
+                cell(previous.split, previous.label).moved_out += 1
+            elif previous.sha256 != record.sha256:
+                cell(record.split, record.label).changed += 1
+        for record in before.values():
+            cell(record.split, record.label).removed += 1
+
+    split_changes: dict[str, CellChange] = {}
+    for (split_name, _), change in sorted(cells.items()):
+        _add_to(split_changes.setdefault(split_name, CellChange()), change)
+    return VersionDiff(old, new, records_from, split_changes, cells)
+
+
+def _add_to(total: CellChange, change: CellChange) -> None:
+    for field in dataclasses.fields(CellChange):
+        setattr(total, field.name, getattr(total, field.name) + getattr(change, field.name))

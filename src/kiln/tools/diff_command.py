@@ -1,0 +1,187 @@
+"""`kiln diff`: what changed between two versions of a dataset; thresholds to stop on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kiln.errors import EXIT_FAILED, UsageError
+from kiln.schemas import MetadataError, version_diff
+from kiln.schemas.version_diff import Thresholds, VersionDiff
+
+DESCRIPTION = """\
+Compare two versions of a dataset written by `kiln build`: records added,
+removed, changed (same key, other content) and moved (same key, other
+split or class) per split and class; each class's share of the dataset
+before and after; per-channel mean/std drift per split; duplicate and
+dropped counts before and after. Records are compared by key and the
+sha256 of their source file: shards identical in both versions are not
+read, the others' records come from the versions' record index
+(index.jsonl), or from the shards themselves in datasets without one.
+With thresholds, crossing one exits 1, so a scheduled job can stop before
+training on a broken dataset."""
+
+EPILOG = """\
+OLD and NEW are version folders (<output>/<name>/<version>), dataset
+folders <output>/<name> (meaning the version LATEST names), or a bare
+version id of the same dataset as the other argument.
+
+examples:
+  kiln diff build/datasets/shapes/3f2a9c1b0d4e build/datasets/shapes
+  kiln diff 3f2a9c1b0d4e build/datasets/shapes --json
+  kiln diff gs://bucket/datasets/photos/0a1b2c3d4e5f gs://bucket/datasets/photos \\
+      --max-share-shift 2 --max-changed-percent 10 --fail-on-vanished-class
+
+exit codes:
+  0  compared; no threshold crossed
+  1  a threshold was crossed (each one is a line on stderr, and in --json's
+     "violations")
+  2  OLD or NEW is not a complete kiln dataset, or a bad flag"""
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = DESCRIPTION
+    parser.epilog = EPILOG
+    parser.add_argument("old", metavar="OLD", help="the earlier version")
+    parser.add_argument("new", metavar="NEW", help="the later version")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON document instead of the text"
+    )
+    parser.add_argument(
+        "--max-share-shift",
+        type=float,
+        metavar="POINTS",
+        help="exit 1 if a class's share of the dataset moved by more than POINTS percentage points",
+    )
+    parser.add_argument(
+        "--max-changed-percent",
+        type=float,
+        metavar="PERCENT",
+        help="exit 1 if more than PERCENT%% of the old version's records were added, "
+        "removed, changed or moved",
+    )
+    parser.add_argument(
+        "--fail-on-vanished-class",
+        action="store_true",
+        help="exit 1 if a class that had examples has none in NEW",
+    )
+
+
+def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
+    for flag in ("max_share_shift", "max_changed_percent"):
+        value = getattr(args, flag)
+        if value is not None and not value >= 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be 0 or more, got {value}")
+    thresholds = Thresholds(
+        max_share_shift=args.max_share_shift,
+        max_changed_percent=args.max_changed_percent,
+        fail_on_vanished_class=args.fail_on_vanished_class,
+    )
+    try:
+        old = version_diff.open_version(args.old, relative_to=args.new)
+        new = version_diff.open_version(args.new, relative_to=args.old)
+        diff = version_diff.compare(old, new)
+    except MetadataError as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        json.dump(diff.to_json(thresholds), sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        print(render(diff))
+    violations = diff.violations(thresholds)
+    for violation in violations:
+        print(f"kiln diff: threshold crossed: {violation}", file=sys.stderr)
+    return EXIT_FAILED if violations else 0
+
+
+def render(diff: VersionDiff) -> str:
+    """The text form of a diff."""
+    data = diff.to_json()
+    old, new = data["old"], data["new"]
+    lines = [
+        f"kiln diff: {old['name']} {old['version']} -> {new['name']} {new['version']}",
+        f"  old: {old['dataset_dir']}  ({old['num_examples']} examples)",
+        f"  new: {new['dataset_dir']}  ({new['num_examples']} examples)",
+    ]
+    if data["records_from"] == "identical":
+        lines.append("  the same version: nothing changed")
+        return "\n".join(lines)
+    totals = data["totals"]
+    lines.append(
+        f"records: +{totals['added']} added, -{totals['removed']} removed, "
+        f"{totals['changed']} changed, {totals['moved_in']} moved, "
+        f"{totals['unchanged']} unchanged ({data['changed_percent']:.2f}% of "
+        f"{totals['old']} changed; read from {data['records_from']})"
+    )
+    lines.extend(_changes_table(data))
+    lines.extend(_shares_table(data))
+    for key, title in (
+        ("vanished_classes", "vanished classes (examples before, none now)"),
+        ("added_classes", "new classes"),
+        ("removed_classes", "classes no longer listed"),
+        ("label_ids_changed", "classes whose label id changed"),
+    ):
+        if data[key]:
+            lines.append(f"{title}: {', '.join(data[key])}")
+    lines.extend(_statistics_lines(data["statistics"]))
+    dropped, duplicates = data["dropped"], data["duplicates"]
+    lines.append(
+        f"dropped: {dropped['old_total']} -> {dropped['new_total']}"
+        + _reasons(dropped["old"], dropped["new"])
+    )
+    lines.append(f"duplicates: {duplicates['old']} -> {duplicates['new']}")
+    return "\n".join(lines)
+
+
+_COLUMNS = ("old", "new", "added", "removed", "changed", "moved_in", "moved_out")
+
+
+def _changes_table(data: dict) -> list[str]:
+    rows = []
+    for split, change in data["splits"].items():
+        rows.append((split, change))
+        for label, cell in change["classes"].items():
+            if any(cell[column] for column in _COLUMNS):
+                rows.append((f"  {label}", cell))
+    width = max([len("split / class")] + [len(name) for name, _ in rows])
+    header = "  ".join(f"{column:>9}" for column in _COLUMNS)
+    lines = [f"  {'split / class':<{width}}  {header}"]
+    for name, cell in rows:
+        cells = "  ".join(f"{cell[column]:>9}" for column in _COLUMNS)
+        lines.append(f"  {name:<{width}}  {cells}")
+    return lines
+
+
+def _shares_table(data: dict) -> list[str]:
+    classes = data["classes"]
+    if not classes:
+        return []
+    width = max(len(name) for name in classes)
+    lines = ["class shares of the dataset (percent; shift in points):"]
+    for name, share in classes.items():
+        lines.append(
+            f"  {name:<{width}}  {share['old']:>7} -> {share['new']:<7}  "
+            f"{share['old_share']:6.2f}% -> {share['new_share']:6.2f}%  "
+            f"{share['shift_points']:+6.2f}"
+        )
+    return lines
+
+
+def _statistics_lines(statistics: dict) -> list[str]:
+    if not statistics:
+        return []
+    lines = ["pixel statistics drift per channel (0..255; new - old):"]
+    width = max(len(name) for name in statistics)
+    for name, drift in statistics.items():
+        mean = " ".join(f"{value:+6.2f}" for value in drift["mean_drift"])
+        std = " ".join(f"{value:+6.2f}" for value in drift["std_drift"])
+        lines.append(f"  {name:<{width}}  mean {mean}   std {std}")
+    return lines
+
+
+def _reasons(old: dict, new: dict) -> str:
+    reasons = sorted(set(old) | set(new))
+    if not reasons:
+        return ""
+    return " (" + ", ".join(f"{r}: {old.get(r, 0)} -> {new.get(r, 0)}" for r in reasons) + ")"
