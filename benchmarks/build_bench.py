@@ -72,6 +72,8 @@ class BuildRun:
       cpu_seconds: CPU time (user + system) of the whole process, start-up included.
       background_cores: Cores other processes kept busy on average meanwhile
         (None where /proc/stat is missing).
+      full_seconds: For an incremental measurement, the from-scratch build
+        of the same changed inputs (`seconds` is the incremental build's).
     """
 
     seconds: float
@@ -79,6 +81,7 @@ class BuildRun:
     peak_rss_mb: float
     cpu_seconds: float
     background_cores: float | None = None
+    full_seconds: float | None = None
 
     @property
     def images_per_second(self) -> float:
@@ -136,6 +139,7 @@ def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
         peak_rss_mb=usage.ru_maxrss / 1024.0,  # ru_maxrss is in KB on Linux
         cpu_seconds=cpu_seconds,
         background_cores=background,
+        full_seconds=result.get("full_seconds"),
     )
 
 
@@ -233,9 +237,105 @@ def _run_kiln(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _kiln_build(manifest: str, output: str, args: Sequence[str] = ()) -> tuple[float, dict]:
+    """One `kiln build` of `manifest` into `output`/datasets: (seconds, its --report)."""
+    import yaml
+
+    from kiln import cli
+
+    os.makedirs(output, exist_ok=True)
+    config_path = os.path.join(output, "bench.yaml")
+    with open(config_path, "w") as f:
+        yaml.safe_dump(build_config(manifest, os.path.join(output, "datasets")), f)
+    report = os.path.join(output, "report.json")
+    start = time.perf_counter()
+    code = cli.main(["build", "--config", config_path, "--quiet", "--report", report, *args])
+    seconds = time.perf_counter() - start
+    if code != 0:
+        raise SystemExit(f"kiln build exited {code}")
+    with open(report) as f:
+        return seconds, json.load(f)
+
+
+def _changed_copy(source: str, target: str, flip: int) -> None:
+    """`source` flipped and re-encoded at `target`: new content, same kind of image."""
+    import cv2
+
+    image = cv2.imread(source, cv2.IMREAD_COLOR)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.lexists(target):
+        os.remove(target)
+    cv2.imwrite(target, cv2.flip(image, flip), [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+
+
+def _run_incremental(spec: dict[str, Any]) -> dict[str, Any]:
+    """A base build of the manifest's images (not timed); then `changed`
+    of the images get new content, as many new ones are added and as many
+    are deleted; then the incremental build (timed) and a from-scratch
+    build of the same inputs (timed), whose datasets must be identical."""
+    import csv
+
+    import kiln.pipeline.command  # noqa: F401  (cli.main imports it; not on the clock)
+
+    _limit_opencv(spec)
+    corpus_root = os.path.dirname(spec["manifest"])
+    with open(spec["manifest"], newline="") as f:
+        rows = [(row["path"], row["label"]) for row in csv.DictReader(f)]
+    inputs = os.path.join(spec["output"], "inputs")
+    for path, _ in rows:  # a private copy (hard links) the changes can edit
+        target = os.path.join(inputs, path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.link(os.path.join(corpus_root, path), target)
+        except OSError:
+            shutil.copyfile(os.path.join(corpus_root, path), target)
+    manifest = os.path.join(inputs, "manifest.csv")
+
+    def write_manifest(listed):
+        with open(manifest, "w") as f:
+            f.write("path,label\n" + "".join(f"{p},{label}\n" for p, label in listed))
+
+    write_manifest(rows)
+    output = os.path.join(spec["output"], "incremental")
+    _kiln_build(manifest, output)
+
+    step = max(1, len(rows) // max(1, int(spec["changes"])))
+    deleted = set(range(0, len(rows), step))
+    changed = set(range(step // 3, len(rows), step)) - deleted
+    added = []
+    for index in range(2 * step // 3, len(rows), step):
+        path, label = rows[index]
+        new_path = f"added/{path}"
+        _changed_copy(os.path.join(inputs, path), os.path.join(inputs, new_path), 0)
+        added.append((new_path, label))
+    for index in changed:
+        path = rows[index][0]
+        _changed_copy(os.path.join(inputs, path), os.path.join(inputs, path), 1)
+    write_manifest([row for i, row in enumerate(rows) if i not in deleted] + added)
+
+    seconds, built = _kiln_build(manifest, output)
+    full_seconds, full = _kiln_build(manifest, os.path.join(spec["output"], "full"))
+    if built["version"] != full["version"] or not built["incremental"]["used"]:
+        raise SystemExit(f"the incremental build differs from the full one: {built} {full}")
+    with (
+        open(os.path.join(built["dataset_dir"], "kiln.json"), "rb") as a,
+        open(os.path.join(full["dataset_dir"], "kiln.json"), "rb") as b,
+    ):
+        if a.read() != b.read():
+            raise SystemExit("the incremental build's kiln.json differs from the full one's")
+    return {
+        "seconds": seconds,
+        "full_seconds": full_seconds,
+        "images": sum(split["num_examples"] for split in built["splits"].values()),
+        "incremental": built["incremental"],
+    }
+
+
 def main(argv: Sequence[str]) -> int:
     spec = json.loads(argv[0])
-    run = {"baseline": _run_baseline, "kiln": _run_kiln}[spec["kind"]]
+    run = {"baseline": _run_baseline, "kiln": _run_kiln, "incremental": _run_incremental}[
+        spec["kind"]
+    ]
     print(_RESULT_PREFIX + json.dumps(run(spec)), flush=True)
     return 0
 

@@ -7,7 +7,9 @@
 The full run generates (once; reused while the parameters hold) 4000
 photo-like 800x600 JPEGs in ``build/bench/corpus``; the main measurements
 use 2000 of them, the scaling builds 500 to 8000 (twice the corpus: see
-`benchmarks.corpus`). Each measurement is taken
+`benchmarks.corpus`), the incremental builds 4000 and 8000 (a base build,
+then 1% of the images changed, 1% added and 1% deleted: the incremental
+rebuild next to a from-scratch build of the same inputs). Each measurement is taken
 `repeats` times, round-robin (every variant once per round, so a burst of
 load from elsewhere hits all variants alike), and the median is reported.
 Builds run in their own processes (`benchmarks.build_bench`); the reader
@@ -65,6 +67,9 @@ class Settings:
       listing: Manifest sizes and rounds of the listing measurements
         (`benchmarks.listing_bench`).
       startup: Rounds of the start-up measurements (`benchmarks.startup_bench`).
+      incremental: Image counts of the incremental builds (1% changed, 1%
+        added, 1% deleted after a base build).
+      incremental_repeats: Rounds of incremental measurements.
     """
 
     corpus: corpus.CorpusSpec
@@ -77,6 +82,8 @@ class Settings:
     layer_batches: int = 20
     listing: listing_bench.Settings = listing_bench.FULL
     startup: startup_bench.Settings = startup_bench.FULL
+    incremental: tuple[int, ...] = (4000, 8000)
+    incremental_repeats: int = 3
 
 
 FULL = Settings(
@@ -97,7 +104,13 @@ QUICK = Settings(
     layer_batches=2,
     listing=listing_bench.QUICK,
     startup=startup_bench.QUICK,
+    incremental=(16, 32),
+    incremental_repeats=1,
 )
+
+# What an incremental measurement changes after its base build, each as a
+# fraction of the images: changed content, added, deleted.
+INCREMENTAL_CHANGES = 0.01
 
 # The build variants: (key, title, spec without the manifest).
 BUILD_VARIANTS = (
@@ -193,6 +206,55 @@ def measure_builds(settings: Settings, source: corpus.Corpus, scratch: str) -> d
         "rows": rows,
         "scaling": scaling,
         "scaling_fit": _linear_fit([(s["images"], s["median_seconds"]) for s in scaling]),
+    }
+
+
+def measure_incremental(settings: Settings, source: corpus.Corpus, scratch: str) -> dict[str, Any]:
+    """Incremental build time next to a from-scratch build of the same
+    changed inputs, per size, `incremental_repeats` rounds round-robin
+    (`build_bench._run_incremental`)."""
+    jobs = [
+        (
+            n,
+            {
+                "kind": "incremental",
+                "manifest": source.manifest(n),
+                "changes": max(1, round(n * INCREMENTAL_CHANGES)),
+            },
+        )
+        for n in settings.incremental
+    ]
+    runs: dict[int, list[build_bench.BuildRun]] = {n: [] for n, _ in jobs}
+    for round_index in range(settings.incremental_repeats):
+        for n, spec in jobs:
+            run = build_bench.measure(spec, scratch)
+            runs[n].append(run)
+            logger.info(
+                "incremental round %d, %d images: %.2f s incremental, %.2f s full",
+                round_index + 1,
+                n,
+                run.seconds,
+                run.full_seconds,
+            )
+    rows = []
+    for n, key_runs in runs.items():
+        incremental = _median([r.seconds for r in key_runs])
+        full = _median([r.full_seconds for r in key_runs])
+        rows.append(
+            {
+                "images": n,
+                "changes": max(1, round(n * INCREMENTAL_CHANGES)),
+                "incremental_seconds": incremental,
+                "full_seconds": full,
+                "ratio": incremental / full,
+                "ratios": [r.seconds / r.full_seconds for r in key_runs],
+                "runs": [dataclasses.asdict(r) for r in key_runs],
+            }
+        )
+    return {
+        "fraction": INCREMENTAL_CHANGES,
+        "repeats": settings.incremental_repeats,
+        "rows": rows,
     }
 
 
@@ -311,6 +373,7 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
     scratch = os.path.join(out_dir, "scratch")
     os.makedirs(scratch, exist_ok=True)
     builds = measure_builds(settings, source, scratch)
+    builds["incremental"] = measure_incremental(settings, source, scratch)
     datasets = reader_bench.build_datasets(
         source.manifest(settings.build_images), os.path.join(out_dir, "datasets")
     )

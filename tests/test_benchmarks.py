@@ -48,6 +48,11 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         assert row["images_per_second"] > 0 and row["peak_rss_mb"] > 0
     # 32 is twice the quick corpus: its second half are linked copies, all built.
     assert [s["images"] for s in build["scaling"]] == [8, 16, 32]
+    incremental = build["incremental"]["rows"]
+    assert [row["images"] for row in incremental] == [16, 32]
+    for row in incremental:
+        assert row["incremental_seconds"] > 0 and row["full_seconds"] > 0
+        assert row["runs"][0]["full_seconds"] == row["full_seconds"]
     reader = results["reader"]
     assert sorted(reader["rows"]) == ["jpeg", "raw"]
     for rows in reader["rows"].values():
@@ -62,7 +67,7 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         for name in ("python", "tensorflow", "apache-beam", "opencv", "numpy")
     )
     # Every target of the issue is judged, met or not.
-    assert len(results["targets"]) == 4 + 3 * 2
+    assert len(results["targets"]) == 4 + 2 + 3 * 2
     assert all(isinstance(t["met"], bool) for t in results["targets"])
 
     listing = results["listing"]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import make_config
+from kiln.errors import UsageError
 from kiln.pipeline import build, record_index
 from kiln.pipeline.command import summary
 from kiln.pipeline.statistics import PixelSums, channel_statistics, merge
@@ -332,3 +333,12 @@ def test_record_index_lines_round_trip():
     with pytest.raises(ValueError, match="not a record index line"):
         record_index.parse_line('{"key": "x"}')
     assert hashlib.sha256(text).hexdigest()  # bytes, deterministic
+
+
+def test_base_and_full_exclude_each_other_and_the_base_must_exist(demo_corpus, tmp_path):
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    with pytest.raises(UsageError, match="exclude each other"):
+        build(config, base="0123456789ab", full=True)
+    with pytest.raises(UsageError, match="no complete version 0123456789ab"):
+        build(config, base="0123456789ab")
+    assert not [n for n in os.listdir(tmp_path / "out" / "shapes") if not n.startswith(".")]
