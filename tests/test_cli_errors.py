@@ -210,7 +210,10 @@ def test_ctrl_c_during_a_build(tmp_path):
     output = tmp_path / "out"
     path = write_config(tmp_path, make_config(images, output=str(output)))
     process = subprocess.Popen(
-        [sys.executable, "-m", "kiln.cli", "build", "--config", path, "--image-threads", "1"],
+        [
+            *(sys.executable, "-m", "kiln.cli", "build", "--config", path),
+            *("--image-threads", "1", "--progress-every", "0"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

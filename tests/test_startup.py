@@ -146,10 +146,11 @@ def test_quiet_build_prints_nothing_and_imports_them_after_validating(tmp_path, 
     # The probe does see the heavy imports: a real build needs both.
     assert {"apache_beam", "tensorflow"} <= set(result["heavy"])
 
-    # Without --quiet: kiln's own lines only (the summary on stdout, nothing on stderr).
+    # Without --quiet: kiln's own lines only (the summary on stdout; on stderr
+    # at most progress lines, printed every 30 s off a terminal).
     again = probe(tmp_path, "build", "--config", path, "--output", str(tmp_path / "loud"))
     assert again["code"] == 0, again["stderr"]
-    assert again["stderr"] == ""
+    assert all(line.startswith("kiln build: ") for line in again["stderr"].splitlines())
     assert again["stdout"].startswith("kiln build: built shapes version ")
 
 

@@ -149,6 +149,9 @@ def check_pipeline_args(pipeline_args: Sequence[str], own_flags: Sequence[str] =
       UsageError: naming the first unknown flag (with the closest known
         one) or the unknown runner; nothing was done.
     """
+    # The runner first: importing its module registers its own options
+    # classes (FlinkRunnerOptions...), which Beam's parser then knows.
+    _check_runner(PipelineOptions(list(pipeline_args)).view_as(StandardOptions).runner)
     parsers: list[argparse.ArgumentParser] = []
     # Beam's own parser, with every registered options class added (the
     # hook gets it just before Beam parses); kiln reads it, Beam's result
@@ -167,30 +170,40 @@ def check_pipeline_args(pipeline_args: Sequence[str], own_flags: Sequence[str] =
             f"unknown flag {name}: neither kiln nor Beam's pipeline options know it{hint} "
             f"(`kiln build --help` lists kiln's)"
         )
-    _check_runner(PipelineOptions(list(pipeline_args)).view_as(StandardOptions).runner)
 
 
 def _check_runner(runner: str | None) -> None:
-    """Raises UsageError unless Beam can create a runner named `runner` (None: kiln's default)."""
+    """Imports the module of the runner named `runner` (None: kiln's default).
+
+    Raises:
+      UsageError: if Beam knows no such runner, or its module cannot be
+        imported (a missing extra); nothing was done.
+    """
     if not runner:
         return
     if "." in runner:  # a runner class by its full name
-        module, _, name = runner.rpartition(".")
-        try:
-            found = hasattr(importlib.import_module(module), name)
-        except ImportError:
-            found = False
-        if not found:
-            raise UsageError(f"--runner: cannot import the runner class {runner!r}")
-        return
-    # Beam accepts a known runner's name in any case, with or without "Runner".
-    known = StandardOptions.KNOWN_RUNNER_NAMES
-    lowered = {name.lower() for name in known}
-    if runner.lower() in lowered or runner.lower() + "runner" in lowered:
-        return
-    close = difflib.get_close_matches(runner, known, n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]}? " if close else ""
-    raise UsageError(f"--runner: unknown runner {runner!r}; {hint}known: {', '.join(known)}")
+        path = runner
+    else:
+        # Beam accepts a known runner's name in any case, with or without "Runner".
+        wanted = {runner.lower(), runner.lower() + "runner"}
+        paths = [
+            p for p in StandardOptions.ALL_KNOWN_RUNNERS if p.rsplit(".", 1)[1].lower() in wanted
+        ]
+        if not paths:
+            known = StandardOptions.KNOWN_RUNNER_NAMES
+            close = difflib.get_close_matches(runner, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise UsageError(
+                f"--runner: unknown runner {runner!r}; {hint}known: {', '.join(known)}"
+            )
+        path = paths[0]
+    module, _, name = path.rpartition(".")
+    try:
+        found = hasattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise UsageError(f"--runner {runner}: cannot import {module} ({e})") from None
+    if not found:
+        raise UsageError(f"--runner: {module} has no runner class {name!r}")
 
 
 def pipeline_options(pipeline_args: Sequence[str] = ()) -> PipelineOptions:
