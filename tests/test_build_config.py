@@ -45,18 +45,46 @@ CASES = [
     ),
     (
         {"transforms": [{"resize": {"shorter_side": 40}}, {"blur": {"sigma": 2}}]},
-        "transforms[1]: unknown offline transform 'blur'",
+        "transforms[1]: unknown offline transform 'blur' (known: center_crop,",
+    ),
+    (
+        {"transforms": [{"resise": {"shorter_side": 40}}]},
+        "transforms[0]: unknown offline transform 'resise'; did you mean 'resize'?",
     ),
     ({"transforms": [{"resize": {"shorter_side": "big"}}]}, "transforms[0].resize.shorter_side"),
-    ({"transforms": [{"center_crop": {"size": 32, "sise": 3}}]}, "transforms[0].center_crop.sise"),
-    ({"colour": "red"}, "colour: unknown field"),
+    (
+        {"transforms": [{"center_crop": {"sise": 32}}]},
+        "2 problems:\n  transforms[0].center_crop.sise: unknown parameter; did you mean 'size'?"
+        "\n  transforms[0].center_crop.size: required parameter is missing",
+    ),
+    ({"colour": "red"}, "colour: unknown field (known: name, source, output, image, transforms"),
+    ({"trasforms": []}, "trasforms: unknown field; did you mean 'transforms'?"),
+    (
+        {"splits": {"fraction": {"train": 1.0}}},
+        "splits.fraction: unknown field; did you mean 'fractions'?",
+    ),
+    (
+        {"source": {"type": "image_folder", "rot": "x"}},
+        "2 problems:\n  source.rot: unknown field; did you mean 'root'?\n"
+        "  source.root: required field is missing",
+    ),
+    (
+        {"sharding": {"target_shard_mb": "lots"}},
+        "sharding.target_shard_mb: expected a number, got 'lots'",
+    ),
+    ({"image": {"channels": "3"}}, "image.channels: expected 1 or 3, got '3'"),
+    ({"image": 3}, "image: expected a mapping, got 3"),
+    ({"output": ""}, "output: must not be empty"),
     ({"name": None}, "name: required field is missing"),
     ({"name": "my data"}, "name: 'my data' is not a valid name"),
-    ({"image": {"channels": 2}}, "image.channels: Input should be 1 or 3"),
-    ({"encoding": {"format": "gif"}}, "encoding.format: Input should be 'jpeg', 'png' or 'raw'"),
+    ({"image": {"channels": 2}}, "image.channels: expected 1 or 3, got 2"),
+    (
+        {"encoding": {"format": "gif"}},
+        "encoding.format: expected 'jpeg', 'png' or 'raw', got 'gif'",
+    ),
     (
         {"encoding": {"format": "jpeg", "quality": 101}},
-        "encoding.quality: Input should be less than or equal to 100",
+        "encoding.quality: must be <= 100, got 101",
     ),
     ({"sharding": {"num_shards": 0}}, "sharding.num_shards: must be a positive integer, got 0"),
     (
@@ -65,11 +93,11 @@ CASES = [
     ),
     (
         {"sharding": {"compression": "zstd"}},
-        "sharding.compression: Input should be 'none' or 'gzip'",
+        "sharding.compression: expected 'none' or 'gzip', got 'zstd'",
     ),
     (
         {"errors": {"max_fraction": 1.5}},
-        "errors.max_fraction: Input should be less than or equal to 1",
+        "errors.max_fraction: must be <= 1.0, got 1.5",
     ),
     (
         {"source": {"type": "folder", "root": "x"}},
@@ -82,9 +110,14 @@ CASES = [
     ),
     (
         {"plugins": ["no_such_module_for_kiln"]},
-        "plugins: cannot import module 'no_such_module_for_kiln'",
+        "plugins[0]: cannot import module 'no_such_module_for_kiln'",
     ),
     ({"augment": [{"random_wobble": {}}]}, "augment[0]: unknown augmentation op 'random_wobble'"),
+    (
+        {"augment": ["random_flip_left_rigth"]},
+        "augment[0]: unknown augmentation op 'random_flip_left_rigth'; "
+        "did you mean 'random_flip_left_right'?",
+    ),
     (
         {"augment": [{"random_crop": {"size": "big"}}]},
         "augment[0].random_crop.size: expected a positive integer or [height, width], got 'big'",
@@ -106,14 +139,94 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("changes, message", CASES, ids=[c[1].split(":")[0] for c in CASES])
+@pytest.mark.parametrize(
+    "changes, message", CASES, ids=[c[1].split(":")[0].split()[-1] for c in CASES]
+)
 def test_bad_config_names_the_field(demo_corpus, tmp_path, changes, message):
     path = write_config(tmp_path, with_changes(demo_corpus, tmp_path, **changes))
     with pytest.raises(ConfigError) as raised:
         config.load(path)
     text = str(raised.value)
     assert text.startswith(f"config error in {path}: {message}"), text
-    assert "\n" not in text
+    assert ("\n" in text) == ("problems:" in message), text  # one problem, one line
+    assert not any(words in text for words in PYDANTIC_WORDING), text
+
+
+# What pydantic says (its class names, "Input should be", ...): kiln says it in its own words.
+PYDANTIC_WORDING = ("Input should", "Extra inputs", "NoneType", "Field required", "Value error")
+
+
+def test_every_problem_is_reported_at_once_in_file_order(demo_corpus, tmp_path, capsys):
+    data = {
+        "name": "shapes",
+        "source": {"type": "image_folder", "root": str(demo_corpus.out_dir)},
+        "output": str(tmp_path / "out"),
+        "trasforms": [{"resize": {"shorter_side": 40}}],
+        "image": {"channels": "3"},
+        "splits": {"fraction": {"train": 1.0}},
+        "sharding": {"target_shard_mb": "lots", "num_shards": 0},
+        "augment": [{"random_crop": {"size": "big"}}, "random_wobble"],
+        "plugins": ["no_such_module_for_kiln"],
+    }
+    path = write_config(tmp_path, data)
+    with pytest.raises(ConfigError) as raised:
+        config.load(path)
+    problems = raised.value.problems
+    assert [problem.split(":")[0] for problem in problems] == [
+        "trasforms",
+        "image.channels",
+        "splits.fraction",
+        "sharding.target_shard_mb",
+        "sharding.num_shards",
+        "augment[0].random_crop.size",
+        "augment[1]",
+        "plugins[0]",
+    ], problems
+    assert "did you mean 'transforms'?" in problems[0]
+    assert problems[1] == "image.channels: expected 1 or 3, got '3'"
+    assert "did you mean 'fractions'?" in problems[2]
+    assert problems[3] == "sharding.target_shard_mb: expected a number, got 'lots'"
+    assert str(raised.value).splitlines() == [
+        f"config error in {path}: 8 problems:",
+        *(f"  {problem}" for problem in problems),
+    ]
+    assert not any(words in str(raised.value) for words in PYDANTIC_WORDING)
+
+    # The command line prints them as one block and exits 2.
+    assert cli.main(["build", "--config", path]) == 2
+    err = capsys.readouterr().err
+    assert err == f"kiln build: error: {raised.value}\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_long_list_of_problems_is_cut(demo_corpus, tmp_path):
+    data = with_changes(demo_corpus, tmp_path)
+    data["augment"] = [f"random_nothing_{index}" for index in range(30)]
+    with pytest.raises(ConfigError) as raised:
+        config.load(write_config(tmp_path, data))
+    lines = str(raised.value).splitlines()
+    assert len(raised.value.problems) == 30
+    assert lines[0].endswith("30 problems:") and lines[-1] == "  ... and 20 more"
+
+
+def test_transform_and_augment_lists_report_every_wrong_entry(demo_corpus, tmp_path):
+    from kiln import reader, transforms
+
+    with pytest.raises(transforms.TransformConfigError) as raised:
+        transforms.parse([{"resize": {"shorter_side": -1}}, "equalize", {"center_crop": {}}, 3])
+    assert [problem.split(":")[0] for problem in raised.value.problems] == [
+        "transforms[0].resize.shorter_side",
+        "transforms[2].center_crop.size",
+        "transforms[3]",
+    ]
+    with pytest.raises(reader.AugmentConfigError) as raised_augment:
+        reader.validate(["random_flip_up_dwn", {"random_brightness": {"max_delta": "a lot"}}])
+    assert str(raised_augment.value) == (
+        "2 problems:\n"
+        "  augment[0]: unknown augmentation op 'random_flip_up_dwn'; did you mean "
+        "'random_flip_up_down'?\n"
+        "  augment[1].random_brightness.max_delta: expected a number, got 'a lot'"
+    )
 
 
 def test_missing_source_and_output_inside_source(demo_corpus, tmp_path):
@@ -130,8 +243,18 @@ def test_missing_source_and_output_inside_source(demo_corpus, tmp_path):
 def test_yaml_problems(tmp_path):
     with pytest.raises(ConfigError, match=r"config error in .*: not valid YAML"):
         config.load(write_config(tmp_path, "name: [unclosed\n"))
-    with pytest.raises(ConfigError, match=r"expected a mapping of settings at the top level"):
+    with pytest.raises(ConfigError) as raised:
         config.load(write_config(tmp_path, "- just\n- a list\n"))
+    assert str(raised.value).endswith(
+        "expected a mapping of settings at the top level (key: value lines), got a list"
+    )
+    for empty in ("", "# only a comment\n", "---\n"):
+        with pytest.raises(ConfigError) as raised:
+            config.load(write_config(tmp_path, empty))
+        assert str(raised.value) == (
+            f"config error in {tmp_path / 'bad.yaml'}: the file is empty; a config needs at "
+            f"least name, source and output (see docs/configuration.md)"
+        )
     with pytest.raises(ConfigError, match=r"config file not found: .*missing.yaml"):
         config.load(str(tmp_path / "missing.yaml"))
     # safe_load: no Python objects from YAML tags
@@ -282,3 +405,88 @@ def test_quoted_user_values_are_cut(demo_corpus, tmp_path):
         config.load(with_changes(demo_corpus, tmp_path, name="x/" * 50_000))
     message = str(raised.value)
     assert "is not a valid name" in message and len(message) < 300
+
+
+# --- relative paths -------------------------------------------------------------------
+
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def project_with_a_config(tmp_path, source, **keys):
+    """tmp/project/{images/a/x.png, data/m.csv, configs/c.yaml} and a folder to run from."""
+    project = tmp_path / "project"
+    (project / "images" / "a").mkdir(parents=True)
+    (project / "images" / "a" / "x.png").write_bytes(b"not decoded here")
+    (project / "data").mkdir()
+    (project / "data" / "m.csv").write_text("path,label\nimages/a/x.png,a\n")
+    (project / "configs").mkdir()
+    data = {"name": "rel", "source": source, "output": "../out", **keys}
+    path = write_config(project / "configs", data, name="c.yaml")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    return project, path, elsewhere
+
+
+def test_relative_paths_resolve_against_the_config_files_folder(tmp_path, monkeypatch):
+    project, path, elsewhere = project_with_a_config(
+        tmp_path,
+        {"type": "image_folder", "root": "../images", "allowed_roots": ["../shared", "/abs"]},
+    )
+    monkeypatch.chdir(elsewhere)
+    spec = config.load(path)
+    assert spec.config.source.root == str(project / "images")
+    assert spec.config.source.allowed_roots == ["/abs", str(project / "shared")]
+    assert spec.output_root == str(project / "out")
+    assert spec.to_json()["source"]["root"] == str(project / "images")  # as kiln.json saves it
+    # A path on the command line is the user's: relative to where they are.
+    assert config.load(path, output="here").output_root == str(elsewhere / "here")
+    # A relative config path works the same.
+    monkeypatch.chdir(project)
+    assert config.load("configs/c.yaml").config.source.root == str(project / "images")
+
+    project, path, elsewhere = project_with_a_config(
+        tmp_path / "2", {"type": "manifest", "path": "../data/m.csv"}, output="gs://bucket/out"
+    )
+    monkeypatch.chdir(elsewhere)
+    spec = config.load(path)
+    assert spec.config.source.path == str(project / "data" / "m.csv")
+    assert spec.output_root == "gs://bucket/out"
+
+
+def test_a_mapping_has_no_folder_its_paths_are_relative_to_the_current_directory(
+    tmp_path, monkeypatch
+):
+    project, _, _ = project_with_a_config(tmp_path, {"type": "image_folder", "root": "../images"})
+    monkeypatch.chdir(project)
+    spec = config.load(
+        {"name": "rel", "source": {"type": "image_folder", "root": "images"}, "output": "out"}
+    )
+    assert spec.config.source.root == str(project / "images")
+    assert spec.output_root == str(project / "out")
+
+
+def test_a_missing_folder_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    project, path, elsewhere = project_with_a_config(
+        tmp_path, {"type": "image_folder", "root": "images"}
+    )
+    monkeypatch.chdir(project)  # where images/ is: not where the config points
+    with pytest.raises(ConfigError) as raised:
+        config.load(path)
+    assert str(raised.value) == (
+        f"config error in {path}: source.root: folder not found or empty: "
+        f"{project / 'configs' / 'images'} (source.root is 'images': relative paths in a "
+        f"config resolve against the config file's folder, {project / 'configs'})"
+    )
+    project, path, elsewhere = project_with_a_config(
+        tmp_path / "2", {"type": "manifest", "path": "m.csv"}
+    )
+    with pytest.raises(ConfigError, match=r"source.path: manifest not found: .*configs/m.csv "):
+        config.load(path)
+
+
+def test_the_demo_config_finds_the_repositorys_build_folder_from_anywhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = config.load(os.path.join(TOP, "configs", "demo.yaml"), check_paths=False)
+    assert spec.config.source.root == os.path.join(TOP, "build", "demo-data")
+    assert spec.output_root == os.path.join(TOP, "build", "datasets")

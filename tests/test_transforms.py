@@ -285,7 +285,11 @@ def test_parse_builds_a_chain_with_defaults_filled_in():
 @pytest.mark.parametrize(
     "specs, message",
     [
-        (["blur"], r"^transforms\[0\]: unknown offline transform 'blur'; known: center_crop, "),
+        (["blur"], r"^transforms\[0\]: unknown offline transform 'blur' \(known: center_crop, "),
+        (
+            ["resise"],
+            r"^transforms\[0\]: unknown offline transform 'resise'; did you mean 'resize'\?$",
+        ),
         (
             [{"resize": {"size": "64"}}],
             r"^transforms\[0\]\.resize\.size: expected a positive integer or \[height, width\]",
@@ -309,8 +313,7 @@ def test_parse_builds_a_chain_with_defaults_filled_in():
         ),
         (
             [{"resize": {"size": 8, "sise": 9}}],
-            r"^transforms\[0\]\.resize\.sise: unknown parameter; "
-            r"known: shorter_side, longer_side, size, ",
+            r"^transforms\[0\]\.resize\.sise: unknown parameter; did you mean 'size'\?$",
         ),
         (
             [{"pad": {"size": 8, "value": 256}}],
@@ -414,7 +417,7 @@ def test_user_plugin_is_imported_by_name_validated_and_applied(tmp_path, monkeyp
 
 def test_import_plugins_reports_a_missing_module():
     with pytest.raises(
-        TransformConfigError, match=r"plugins: cannot import module 'no_such_kiln_plugin'"
+        TransformConfigError, match=r"plugins\[0\]: cannot import module 'no_such_kiln_plugin'"
     ):
         transforms.import_plugins(["no_such_kiln_plugin"])
 

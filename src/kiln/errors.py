@@ -2,7 +2,10 @@
 
 The command line maps them once (`kiln.cli.main`): the message is printed as
 one line, ``kiln <command>: <label>: <message>``, without a traceback, and the
-process exits with `KilnError.exit_code`. Library callers catch the classes.
+process exits with `KilnError.exit_code`. A config with several problems is
+the exception: they are all reported at once, one line each under a first
+line that counts them (`ConfigError.of`). Library callers catch the
+classes.
 
 Exit codes (the same for every command, documented in docs/cli.md):
 
@@ -17,7 +20,9 @@ Exit codes (the same for every command, documented in docs/cli.md):
 
 from __future__ import annotations
 
+import difflib
 import reprlib
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 EXIT_OK = 0
@@ -35,6 +40,8 @@ _QUOTE.maxother = 80
 _QUOTE.maxlist = _QUOTE.maxtuple = _QUOTE.maxdict = _QUOTE.maxset = 6
 _QUOTE.maxlevel = 3
 MAX_MESSAGE_CHARS = 2000
+# How many problems of one config a message lists (then "... and N more").
+MAX_PROBLEMS_SHOWN = 10
 
 
 def quote(value: Any) -> str:
@@ -47,6 +54,16 @@ def quote_text(text: str, limit: int = 500) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """``"; did you mean 'transforms'?"`` for the known name closest to a
+    misspelled `word`, or ``""`` when none is close."""
+    known = list(known)
+    matches = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    if not matches and len(word) >= 3:  # an abbreviation: prob -> probability
+        matches = [name for name in known if name.startswith(word)]
+    return f"; did you mean {matches[0]!r}?" if len(matches) == 1 else ""
 
 
 class KilnError(Exception):
@@ -78,7 +95,31 @@ class ConfigError(UsageError, ValueError):
 
     The message names the file and the field. Also a `ValueError`, so code
     that only knows Python's conventions can catch it.
+
+    Attributes:
+      problems: Every problem found, one line each (``field: what is
+        wrong``); the message is the single problem, or all of them, one per
+        line, under a line that counts them.
     """
+
+    def __init__(self, message: str, problems: Sequence[str] = ()):
+        super().__init__(message)
+        self.problems = tuple(problems) or (message,)
+
+    @classmethod
+    def of(cls, where: str, problems: Sequence[str]) -> ConfigError:
+        """One error for all of `problems` in `where` (a file name): ``config
+        error in <where>: <problem>`` on one line for one problem, else that
+        first line counting them and one indented line per problem (at most
+        `MAX_PROBLEMS_SHOWN`)."""
+        if len(problems) == 1:
+            return cls(f"config error in {where}: {problems[0]}", problems)
+        shown = [f"  {problem}" for problem in problems[:MAX_PROBLEMS_SHOWN]]
+        if len(problems) > MAX_PROBLEMS_SHOWN:
+            shown.append(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN} more")
+        return cls(
+            "\n".join([f"config error in {where}: {len(problems)} problems:", *shown]), problems
+        )
 
 
 class Failure(KilnError):

@@ -39,7 +39,9 @@ from typing import Annotated, Any, Generic, TypeVar
 
 import pydantic
 from pydantic import Field, PlainValidator
-from pydantic_core import core_schema
+from pydantic_core import ErrorDetails, core_schema
+
+from kiln.errors import did_you_mean, quote
 
 # --- parameter types ---------------------------------------------------------------
 
@@ -143,6 +145,24 @@ class Choice(_Validator):
 
 
 # --- registered functions and configured entries -------------------------------------
+
+
+class ListError(ValueError):
+    """A list of transforms or ops is invalid.
+
+    Every problem of the list is found, not only the first: `problems` has
+    one line per wrong entry or parameter, each naming it
+    (``transforms[1].resize.size: ...``). The message is the single problem,
+    or all of them, one per line, under a line that counts them.
+    """
+
+    def __init__(self, *problems: str):
+        self.problems = problems
+        if len(problems) == 1:
+            super().__init__(problems[0])
+        else:
+            lines = [f"{len(problems)} problems:", *(f"  {problem}" for problem in problems)]
+            super().__init__("\n".join(lines))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,13 +280,13 @@ class Registry(Generic[R]):
     Args:
       kind: What the functions are, for messages (``"augmentation op"``).
       noun: Its short form (``"op"``), for messages about list entries.
-      error: The ValueError subclass raised for invalid lists.
+      error: The `ListError` subclass raised for invalid lists.
       entry: The `Registered` (sub)class every registration records, built
         with the name, the function, its parameter model and the details
         given to `register`.
     """
 
-    def __init__(self, kind: str, noun: str, error: type[ValueError], entry: Callable[..., R]):
+    def __init__(self, kind: str, noun: str, error: type[ListError], entry: Callable[..., R]):
         self.kind = kind
         self.noun = noun
         self.error = error
@@ -322,8 +342,12 @@ class Registry(Generic[R]):
 
     def get(self, name: str) -> R:
         if name not in self._entries:
-            raise self.error(f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}")
+            raise self.error(self._unknown(name))
         return self._entries[name]
+
+    def _unknown(self, name: Any) -> str:
+        hint = did_you_mean(name, self.names()) if isinstance(name, str) else ""
+        return f"unknown {self.kind} {quote(name)}{hint or _known(self.names())}"
 
     def parse(
         self,
@@ -340,15 +364,23 @@ class Registry(Generic[R]):
             validated parameters.
 
         Raises:
-          self.error: naming the entry and parameter (``augment[1].random_crop.size: ...``).
+          self.error: naming each entry and parameter that is wrong
+            (``augment[1].random_crop.size: ...``), all of them at once.
         """
         if specs is None:
             return []
         if isinstance(specs, (str, Mapping)) or not isinstance(specs, Iterable):
-            raise self.error(f"{field}: expected a list of {self.noun}s, got {specs!r}")
-        return [
-            make(*self._parse_entry(f"{field}[{index}]", spec)) for index, spec in enumerate(specs)
-        ]
+            raise self.error(f"{field}: expected a list of {self.noun}s, got {quote(specs)}")
+        entries: list[S] = []
+        problems: list[str] = []
+        for index, spec in enumerate(specs):
+            try:
+                entries.append(make(*self._parse_entry(f"{field}[{index}]", spec)))
+            except ListError as e:  # this entry's problems; the next entries are checked too
+                problems.extend(e.problems)
+        if problems:
+            raise self.error(*problems)
+        return entries
 
     def _parse_entry(self, where: str, spec: Any) -> tuple[str, tuple[tuple[str, Any], ...]]:
         raw: Any  # the parameters as written, checked to be a mapping below
@@ -360,26 +392,30 @@ class Registry(Generic[R]):
         else:
             raise self.error(
                 f"{where}: expected {_article(self.noun)} {self.noun} name or a one-key mapping "
-                f"{{name: {{params}}}}, got {spec!r}"
+                f"{{name: {{params}}}}, got {quote(spec)}"
             )
-        if name not in self._entries:
-            raise self.error(
-                f"{where}: unknown {self.kind} {name!r}; known: {', '.join(self.names())}"
-            )
+        if not isinstance(name, str) or name not in self._entries:
+            raise self.error(f"{where}: {self._unknown(name)}")
         if not isinstance(raw, Mapping):
-            raise self.error(f"{where}.{name}: parameters must be a mapping, got {raw!r}")
+            raise self.error(f"{where}.{name}: parameters must be a mapping, got {quote(raw)}")
         return name, self._validate(f"{where}.{name}", self._entries[name], raw)
 
     def _validate(self, where: str, entry: R, raw: Mapping) -> tuple[tuple[str, Any], ...]:
         try:
             model = entry.parameters.model_validate(dict(raw))
         except pydantic.ValidationError as e:
-            # An unknown parameter first: it is usually a typo of the one
-            # reported missing.
-            errors = e.errors(include_url=False)
-            first = next((err for err in errors if err["type"] == "extra_forbidden"), errors[0])
-            loc = ".".join(str(part) for part in first["loc"])
-            raise self.error(f"{where}.{loc}: {_describe(first, entry.parameters)}") from None
+            # Unknown parameters first: each is usually a typo of one reported missing.
+            errors = sorted(
+                e.errors(include_url=False), key=lambda err: err["type"] != "extra_forbidden"
+            )
+            known = list(entry.parameters.model_fields)
+            raise self.error(
+                *(
+                    f"{where}.{'.'.join(str(part) for part in error['loc'])}: "
+                    f"{describe_error(error, known=known, noun='parameter')}"
+                    for error in errors
+                )
+            ) from None
         params = {name: _frozen(getattr(model, name)) for name in type(model).model_fields}
         if entry.check is not None:
             try:
@@ -396,6 +432,10 @@ _BOUNDS = {
     "less_than_equal": ("le", "<="),
 }
 _EXPECTED = {
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "list_type": "a list",
     "int_type": "an integer",
     "int_parsing": "an integer",
     "int_from_float": "an integer",
@@ -408,23 +448,55 @@ _EXPECTED = {
 }
 
 
-def _describe(error: Mapping[str, Any], model: type[pydantic.BaseModel]) -> str:
-    """One pydantic error in kiln's words: what was expected, and what was given."""
-    kind, given, context = error["type"], error.get("input"), error.get("ctx") or {}
+def describe_error(error: ErrorDetails, *, known: Sequence[str] = (), noun: str = "field") -> str:
+    """One pydantic validation error in kiln's words: what was expected, and what was given.
+
+    kiln's config models and the parameters of transforms and ops share it,
+    so a mistake reads the same wherever it is made: ``expected a number,
+    got 'lots'``, ``must be <= 1, got 1.5``, ``unknown parameter; did you
+    mean 'size'?``.
+
+    Args:
+      error: One of `pydantic.ValidationError.errors()`.
+      known: The names valid where the error is, for an unknown name's
+        did-you-mean (and the list of them when none is close).
+      noun: What the names are (``"field"``, ``"parameter"``).
+    """
+    kind, context = error["type"], error.get("ctx") or {}
+    given = _as_written(error.get("input"))
     if kind == "missing":
-        return "required parameter is missing"
+        return f"required {noun} is missing"
     if kind == "extra_forbidden":
-        return f"unknown parameter; known: {', '.join(model.model_fields) or 'none'}"
+        name = str(error["loc"][-1]) if error["loc"] else ""
+        return f"unknown {noun}{did_you_mean(name, known) or _known(known)}"
     if kind == "value_error":
         return str(context["error"])
     if kind in _EXPECTED:
-        return f"expected {_EXPECTED[kind]}, got {given!r}"
+        return f"expected {_EXPECTED[kind]}, got {given}"
     if kind in _BOUNDS:
         key, sign = _BOUNDS[kind]
-        return f"must be {sign} {context[key]}, got {given!r}"
+        return f"must be {sign} {context[key]}, got {given}"
     if kind == "literal_error":
-        return f"expected {context['expected']}, got {given!r}"
-    return error["msg"]
+        return f"expected {context['expected']}, got {given}"
+    if kind == "string_too_short" and context.get("min_length") == 1:
+        return "must not be empty"
+    message = error["msg"]
+    if message.startswith("Input should be "):
+        return f"expected {message[len('Input should be ') :]}, got {given}"
+    return message
+
+
+def _known(names: Sequence[str]) -> str:
+    return f" (known: {', '.join(names) or 'none'})"
+
+
+def _as_written(value: Any) -> str:
+    """A value quoted as a config writes it: ``null``, ``true``, ``'lots'``, ``3``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return quote(value)
 
 
 def _article(noun: str) -> str:

@@ -94,7 +94,8 @@ def test_validate_fills_defaults_and_normalizes():
         ([{"random_crop": {}}], "augment[0].random_crop.size: required parameter is missing"),
         (
             ["random_flip_left_right", {"random_flip_left_right": {"prob": 0.5}}],
-            "augment[1].random_flip_left_right.prob: unknown parameter; known: probability",
+            "augment[1].random_flip_left_right.prob: unknown parameter; "
+            "did you mean 'probability'?",
         ),
         (
             [{"random_flip_left_right": {"probability": 1.5}}],
@@ -125,7 +126,7 @@ def test_validate_fills_defaults_and_normalizes():
         ),
         (
             [{"random_flip_left_right": {"probability": True}}],
-            "augment[0].random_flip_left_right.probability: expected a number, got True",
+            "augment[0].random_flip_left_right.probability: expected a number, got true",
         ),
         (
             [{"random_flip_left_right": 0.5}],

@@ -1,23 +1,27 @@
 """The build config: YAML in, a validated and resolved config out.
 
 A config file is data (read with `yaml.safe_load`); the pydantic models below
-are its schema. Everything is checked before any work starts, and the first
-problem is reported on one line naming the field, e.g.::
+are its schema. Everything is checked before any work starts, and every
+problem is reported at once, each on one line naming the field, e.g.::
 
     config error in configs/x.yaml: splits.fractions: must sum to 1, got 0.9
+
+    config error in configs/y.yaml: 2 problems:
+      trasforms: unknown field; did you mean 'transforms'?
+      sharding.target_shard_mb: expected a number, got 'lots'
 
 The shape (every key but ``name``, ``source`` and ``output`` has a default)::
 
     name: shapes                    # letters, digits, '_', '.', '-'
     source:
       type: image_folder            # root/<class>/<image> or root/<split>/<class>/<image>
-      root: build/demo-data         # local path or gs://bucket/prefix
+      root: ../build/demo-data      # local path (relative to this file) or gs://bucket/prefix
       classes: [circle, square]     # optional: the class list; other labels are dropped
     # or
     source:
       type: manifest                # CSV (header path,label[,split]) or JSONL rows
       path: data/manifest.csv       # relative image paths resolve against its folder
-    output: build/datasets          # the dataset lands in <output>/<name>/<version>/
+    output: ../build/datasets       # the dataset lands in <output>/<name>/<version>/
     image:
       channels: 3                   # 1 (grayscale) or 3 (RGB)
       max_pixels: 89478485          # larger images are dropped (decompression bombs)
@@ -44,9 +48,9 @@ The shape (every key but ``name``, ``source`` and ``output`` has a default)::
       allow_empty: false            # true: publish even when no example is stored
     plugins: []                     # modules that register your own transforms
 
-Relative paths in the config resolve against the current directory (the
-Makefile runs from the repository's top), except image paths inside a
-manifest, which resolve against the manifest's folder.
+Relative paths in a config file resolve against the file's folder
+(`config_paths`; configs/demo.yaml says ``../build/demo-data``), except image
+paths inside a manifest, which resolve against the manifest's folder.
 
 The resolved config (`BuildSpec.to_json`) is that shape with every default
 filled in, transforms in their canonical form and paths made absolute. It is
@@ -64,18 +68,22 @@ import logging
 import math
 import os
 import re
+import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import ErrorDetails
 
 from kiln import transforms
 from kiln.errors import ConfigError, quote, quote_text
 from kiln.pipeline import storage
+from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
 from kiln.pipeline.sources import Listing, Source
 from kiln.pipeline.versioning import fingerprint
+from kiln.registry import ListError, describe_error
 from kiln.schemas import SPLIT_NAME_PATTERN
 
 logger = logging.getLogger(__name__)
@@ -199,10 +207,11 @@ class BuildConfig(_Model):
     `<name>-<split>.tfrecord-...`."""
     source: Source
     """Where the images come from: an `image_folder` or a `manifest`."""
-    output: str = Field(min_length=1)
+    output: ConfigPath
     """Output root: the dataset lands in `<output>/<name>/<version>/` with
-    `<output>/<name>/LATEST` naming the newest version. Local or `gs://`. `kiln build
-    --output` overrides it. Not part of the dataset's fingerprint."""
+    `<output>/<name>/LATEST` naming the newest version. Local (relative to the config file's
+    folder) or `gs://`. `kiln build --output` overrides it (relative to the current
+    directory). Not part of the dataset's fingerprint."""
     image: ImageConfig = ImageConfig()
     """Decoding: what the images become before the transforms."""
     transforms: list[Any] = []
@@ -300,6 +309,10 @@ def load(
 ) -> BuildSpec:
     """Reads, validates and resolves a build config into a `BuildSpec`.
 
+    Relative paths in a config file resolve against the file's folder
+    (`config_paths`); in a mapping, and in `output`, against the current
+    directory.
+
     Args:
       config: A YAML file path, or the already-parsed mapping.
       output: Overrides the config's ``output`` (the ``--output`` flag).
@@ -308,39 +321,53 @@ def load(
         here (the Dataflow dry-run test).
 
     Raises:
-      ConfigError: naming the file and field, on the first problem found.
+      ConfigError: naming the file and, for each problem found (all of them,
+        not only the first), the field and what is wrong with it.
     """
     if isinstance(config, Mapping):
-        origin, raw = "config", dict(config)
+        origin, raw, folder = "config", dict(config), None
     else:
         origin = os.fspath(config)
         raw = _read_yaml(origin)
+        folder = os.path.dirname(os.path.abspath(origin))
     if output is not None:
-        raw["output"] = output
-
-    def fail(message: str) -> ConfigError:
-        return ConfigError(f"config error in {origin}: {message}")
+        raw["output"] = storage.absolute(output)  # a flag: relative to the current directory
 
     problem = _size_problem(raw)
     if problem:
-        raise fail(problem)
+        raise ConfigError.of(origin, [problem])
 
+    problems = _Problems(order=list(raw))
     try:
-        model = BuildConfig.model_validate(raw)
+        model: BuildConfig | None = BuildConfig.model_validate(raw)
     except pydantic.ValidationError as e:
-        raise fail(_describe(e)) from None
+        model = None
+        # Unknown keys first: each is usually a typo of one reported missing.
+        errors = e.errors(include_url=False)
+        for error in sorted(errors, key=lambda error: error["type"] != "extra_forbidden"):
+            problems.add(*_describe(error))
 
-    try:
-        # Plugins first: they may register transforms and augmentation ops.
-        transforms.import_plugins(model.plugins)
-        chain = dataclasses.replace(
-            transforms.parse(model.transforms), plugins=tuple(model.plugins)
-        )
-    except transforms.TransformConfigError as e:
-        raise fail(str(e)) from None
-    _check_channels(chain, model.image.channels, fail)
-    augment = _validate_augment(model.augment, fail)
+    # The lists are checked even when other keys are wrong, so that one run
+    # names every problem. Plugins first: they may register transforms and
+    # augmentation ops.
+    plugins = raw.get("plugins", [])
+    if isinstance(plugins, list) and all(isinstance(p, str) and p for p in plugins):
+        problems.check("plugins", lambda: transforms.import_plugins(plugins))
+    chain = transforms.Chain()
+    if isinstance(raw.get("transforms", []), list):
+        parsed = problems.check("transforms", lambda: transforms.parse(raw.get("transforms")))
+        if parsed is not None:
+            chain = dataclasses.replace(parsed, plugins=tuple(model.plugins if model else ()))
+            problems.add("transforms", _channels_problem(chain, _channels(raw)))
+    augment: list[Any] = []
+    if isinstance(raw.get("augment", []), list):
+        augment = problems.check("augment", lambda: _validate_augment(raw.get("augment"))) or []
 
+    if model is None:
+        raise ConfigError.of(origin, problems.sorted())
+    rebased: list[Rebased] = []
+    if folder is not None:
+        model, rebased = rebase(model, folder)
     spec = BuildSpec(
         config=_resolved(model),
         chain=chain,
@@ -351,8 +378,57 @@ def load(
     if check_paths:
         problem = spec.config.source.check(spec.output_root)
         if problem:
-            raise spec.error(problem)
+            key = problem.split(":", 1)[0].split(".", 1)[0]  # source.root: ... -> source
+            problems.add(key, problem + _where_relative(problem, rebased, folder))
+    if problems:
+        raise ConfigError.of(origin, problems.sorted())
     return spec
+
+
+class _Problems:
+    """The problems found in a config, each as (top-level key, ``key.path: what``).
+
+    Listed in the order of the file's keys (a missing key first), so the
+    message reads like the file.
+    """
+
+    def __init__(self, order: list[str]):
+        self._order = order
+        self._found: list[tuple[str, str]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._found)
+
+    def add(self, key: str, problem: str | None) -> None:
+        if problem:
+            self._found.append((key, problem))
+
+    def check(self, key: str, validate):
+        """``validate()``, or None after adding the problems of the `ListError` it raised."""
+        try:
+            return validate()
+        except ListError as e:
+            for problem in e.problems:
+                self.add(key, problem)
+            return None
+
+    def sorted(self) -> list[str]:
+        def rank(found: tuple[str, str]) -> int:
+            key = found[0]
+            return self._order.index(key) if key in self._order else -1
+
+        return [problem for _, problem in sorted(self._found, key=rank)]
+
+
+def _where_relative(problem: str, rebased: list[Rebased], folder: str | None) -> str:
+    """Where a relative path the `problem` names was looked for, or ""."""
+    for path in rebased:
+        if problem.startswith(f"{path.key}:"):
+            return (
+                f" ({path.key} is {path.written!r}: relative paths in a config resolve "
+                f"against the config file's folder, {folder})"
+            )
+    return ""
 
 
 # Bounds on what a config may be, so that a hostile or broken file fails in
@@ -402,12 +478,26 @@ def _read_yaml(path: str) -> dict[str, Any]:
             f"config error in {path}: nested more than Python can read; "
             f"a config is a few levels deep"
         ) from None
+    if raw is None:
+        raise ConfigError(
+            f"config error in {path}: the file is empty; a config needs at least name, source "
+            f"and output (see docs/configuration.md)"
+        )
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"config error in {path}: expected a mapping of settings at the top level, "
-            f"got {type(raw).__name__}"
+            f"config error in {path}: expected a mapping of settings at the top level "
+            f"(key: value lines), got {_kind(raw)}"
         )
     return raw
+
+
+def _kind(value: Any) -> str:
+    """What a YAML value is, in a user's words."""
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"the text {quote(value)}"
+    return quote(value)
 
 
 def _size_problem(raw: Any) -> str | None:
@@ -448,10 +538,9 @@ def _size_problem(raw: Any) -> str | None:
     return None
 
 
-def _describe(error: pydantic.ValidationError) -> str:
-    """The first validation error as ``field.path: what is wrong``."""
-    first = error.errors(include_url=False)[0]
-    loc = list(first["loc"])
+def _describe(error: ErrorDetails) -> tuple[str, str]:
+    """One validation error as (top-level key, ``field.path: what is wrong``)."""
+    loc = list(error["loc"])
     # A discriminated union puts the tag into the location
     # (source.image_folder.root); users wrote source.root.
     if len(loc) >= 2 and loc[0] == "source" and loc[1] in ("image_folder", "manifest"):
@@ -459,36 +548,68 @@ def _describe(error: pydantic.ValidationError) -> str:
     if loc and loc[-1] == "[key]":  # a mapping's key failed, e.g. a split name
         del loc[-1]
     where = ".".join(str(part) for part in loc) or "(top level)"
-    kind, message = first["type"], first["msg"]
-    if kind == "extra_forbidden":
-        message = "unknown field"
-    elif kind == "missing":
-        message = "required field is missing"
-    elif kind == "union_tag_invalid":
+    kind = error["type"]
+    if kind == "union_tag_invalid":
         message = (
-            f"type must be 'image_folder' or 'manifest', got {quote(first['input'].get('type'))}"
+            f"type must be 'image_folder' or 'manifest', got {quote(error['input'].get('type'))}"
         )
     elif kind == "union_tag_not_found":
         message = "needs a type: 'image_folder' or 'manifest'"
     elif kind == "string_pattern_mismatch":
         message = (
-            f"{quote(first['input'])} is not a valid name (letters, digits and '_'"
+            f"{quote(error['input'])} is not a valid name (letters, digits and '_'"
             + (", '.', '-'" if loc == ["name"] else "")
             + ")"
         )
-    elif message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
-    return f"{where}: {message}"
+    else:
+        message = describe_error(error, known=_known_keys(error["loc"][:-1]))
+    return (str(loc[0]) if loc else ""), f"{where}: {message}"
 
 
-def _check_channels(chain: transforms.Chain, channels: int, fail) -> None:
-    """Refuses a chain whose built-in transforms change the channel count away
-    from ``image.channels``: every image would be dropped at the first file.
+def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys of the section at `loc` (as pydantic locates it), for a did-you-mean.
+
+    Walks the models from `BuildConfig`: a field leads to the models its
+    annotation holds, a discriminated union's tag (``source.image_folder``)
+    to the member whose ``type`` it is. Any model added to the config works.
+    """
+    models: list[type[BaseModel]] = [BuildConfig]
+    for part in loc:
+        found: list[type[BaseModel]] = []
+        for model in models:
+            if part in model.model_fields:
+                found.extend(_models_in(model.model_fields[str(part)].annotation))
+            elif "type" in model.model_fields and part in typing.get_args(
+                model.model_fields["type"].annotation
+            ):
+                found.append(model)
+        models = found
+    return list(dict.fromkeys(name for model in models for name in model.model_fields))
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in typing.get_args(annotation) for model in _models_in(arg)]
+
+
+def _channels(raw: dict[str, Any]) -> int | None:
+    """``image.channels`` if it is valid (else validation reports it), the default if unset."""
+    image = raw.get("image", {})
+    channels = image.get("channels", 3) if isinstance(image, dict) else None
+    return channels if channels in (1, 3) and not isinstance(channels, bool) else None
+
+
+def _channels_problem(chain: transforms.Chain, channels: int | None) -> str | None:
+    """Why a chain's built-in transforms change the channel count away from
+    ``image.channels`` (every image would be dropped at the first file), or None.
 
     Images are decoded to ``image.channels``, and the stored images must
     have that many channels. `to_grayscale` makes one channel (three with
     ``keep_channels``). User transforms are checked per image instead.
     """
+    if channels is None:
+        return None
     current = channels
     for index, transform in enumerate(chain.transforms):
         if transform.name != "to_grayscale":
@@ -504,27 +625,27 @@ def _check_channels(chain: transforms.Chain, channels: int, fail) -> None:
                 if channels == 3
                 else "drop keep_channels: true (image.channels: 1 stores one channel)"
             )
-            raise fail(
+            return (
                 f"transforms[{index}].to_grayscale: gives {current}-channel images but "
                 f"image.channels is {channels}; {fix}"
             )
+    return None
 
 
-def _validate_augment(specs: list[Any], fail) -> list[Any]:
+def _validate_augment(specs: list[Any] | None) -> list[Any]:
     """The augment list validated with the reader's registry, in canonical JSON form.
 
     The augmentations run in the reader, not here; checking them now stops a
     typo before an hour-long build rather than at training time. The reader
     (TensorFlow) is imported here, when a config is checked, not when this
     module is.
+
+    Raises:
+      ListError: naming each wrong entry (``augment[0]...``).
     """
     from kiln import reader
 
-    try:
-        return [augmentation.to_json() for augmentation in reader.validate(specs)]
-    except ValueError as e:
-        message = str(e)
-        raise fail(message if message.startswith("augment") else f"augment: {message}") from None
+    return [augmentation.to_json() for augmentation in reader.validate(specs)]
 
 
 def _resolved(model: BuildConfig) -> BuildConfig:

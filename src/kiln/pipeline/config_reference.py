@@ -32,18 +32,35 @@ INTRODUCTION = """\
 
 A build config is a YAML file (read with a safe loader: data only) passed to
 `kiln build --config FILE`. Every key but `name`, `source` and `output` has a
-default. kiln checks the whole file before doing any work and reports the first
-problem on one line naming the key, with exit code 2:
+default. kiln checks the whole file before doing any work and reports every
+problem at once, each on one line naming the key (with a did-you-mean for a
+misspelled one), with exit code 2:
 
 ```
 kiln build: error: config error in configs/x.yaml: splits.fractions: must sum to 1, got 0.9
 ```
 
-Relative paths resolve against the current directory, except image paths inside a
-manifest, which resolve against the manifest's folder. The resolved config (every
-default filled in, paths absolute, transforms in canonical form) is saved in the
-dataset's `kiln.json`, and its fingerprint is part of the dataset version: changing
-any key but `output` makes a new version.
+```
+kiln build: error: config error in configs/y.yaml: 3 problems:
+  trasforms: unknown field; did you mean 'transforms'?
+  splits.fraction: unknown field; did you mean 'fractions'?
+  sharding.target_shard_mb: expected a number, got 'lots'
+```
+
+Relative paths in the file (`source.root`, `source.path`, `source.allowed_roots`,
+`output`) resolve against the folder that holds the config file, as in docker
+compose or GitHub Actions, so a build does not depend on the directory it is
+started from; a folder that is not found is reported with the path it resolved
+to. Image paths inside a manifest resolve against the manifest's folder; paths
+on the command line (`--output`) and in a config passed to
+`kiln.pipeline.build` as a mapping, against the current directory.
+**Upgrading:** earlier versions resolved a config's relative paths against the
+current directory: write them relative to the config's folder
+(configs/demo.yaml now says `../build/demo-data`), or make them absolute.
+
+The resolved config (every default filled in, paths absolute, transforms in
+canonical form) is saved in the dataset's `kiln.json`, and its fingerprint is
+part of the dataset version: changing any key but `output` makes a new version.
 
 A complete example is [configs/demo.yaml](../configs/demo.yaml). The keys:
 """

@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.errors import ConfigError
 from kiln.pipeline import storage
+from kiln.pipeline.config_paths import ConfigPath
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
 from kiln.pipeline.storage import is_remote
@@ -68,10 +69,11 @@ class _SourceModel(BaseModel):
     """The class list. Files with other labels are dropped (`unknown_label`). Default: every
     folder name (image_folder) or distinct label (manifest), sorted; a label is the index
     into the sorted list."""
-    allowed_roots: list[Annotated[str, Field(min_length=1)]] = []
+    allowed_roots: list[ConfigPath] = []
     """More folders (or `gs://` prefixes) inputs may be read from. By default a source reads
     only below its own folder (the image folder, or the manifest's folder), after following
-    symbolic links; anything else is dropped as `outside_source`, never read."""
+    symbolic links; anything else is dropped as `outside_source`, never read. Relative paths
+    are relative to the config file's folder."""
 
     def list_files(self, *, splits_from_source: bool) -> Listing:
         """Lists the source's files; problems with single files become rows of
@@ -129,8 +131,9 @@ class ImageFolderSource(_SourceModel):
     type: Literal["image_folder"]
     """`image_folder`: `root/<class>/<image>`, or `root/<split>/<class>/<image>` with
     `splits.from_source`; class names are the sorted folder names."""
-    root: str = Field(min_length=1)
-    """The image folder: a local path or `gs://bucket/prefix`."""
+    root: ConfigPath
+    """The image folder: a local path (relative to the config file's folder) or
+    `gs://bucket/prefix`."""
 
     def _list(self, splits_from_source: bool) -> Listing:
         return _list_image_folder(
@@ -171,8 +174,9 @@ class ManifestSource(_SourceModel):
     type: Literal["manifest"]
     """`manifest`: a CSV (header `path,label[,split]`) or JSONL file (`{"path", "label"[,
     "split"]}`; `.jsonl`/`.json` means JSONL)."""
-    path: str = Field(min_length=1)
-    """The manifest file; relative image paths in it resolve against its folder."""
+    path: ConfigPath
+    """The manifest file (a local path relative to the config file's folder, or a `gs://`
+    URI); relative image paths in it resolve against the manifest's own folder."""
 
     def _list(self, splits_from_source: bool) -> Listing:
         folder = self.path.rstrip("/").rsplit("/", 1)[0]

@@ -56,6 +56,7 @@ from pydantic import Field
 from kiln.registry import (
     Choice,
     HeightWidth,
+    ListError,
     Probability,
     Range,
     Registered,
@@ -69,8 +70,8 @@ _RESIZE_METHODS = ("bilinear", "bicubic", "area", "nearest", "lanczos3", "mitche
 _FILL_MODES = ("constant", "reflect", "wrap", "nearest")
 
 
-class AugmentConfigError(ValueError):
-    """An augmentation list is invalid; the message names the entry and parameter."""
+class AugmentConfigError(ListError):
+    """An augmentation list is invalid; `problems` names each wrong entry and parameter."""
 
 
 # --- declaring ops --------------------------------------------------------------------

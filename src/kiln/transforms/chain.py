@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from kiln.registry import Registered, Registry, Spec
+from kiln.registry import ListError, Registered, Registry, Spec
 from kiln.transforms.geometry import NO_GEOMETRY, CoordinateMap
 from kiln.transforms.targets import Targets
 
@@ -46,8 +46,8 @@ GeometryFn = Callable[..., CoordinateMap]
 Geometry = GeometryFn | Literal["none"] | None
 
 
-class TransformConfigError(ValueError):
-    """A transform spec is invalid; the message names the list entry and field."""
+class TransformConfigError(ListError):
+    """A transform list is invalid; `problems` names each wrong entry and field."""
 
 
 class TransformError(ValueError):
@@ -130,12 +130,19 @@ def get(name: str) -> TransformFn:
 
 
 def import_plugins(modules: Iterable[str]) -> None:
-    """Imports the user modules the config names, so their `@register` runs."""
-    for module in modules:
+    """Imports the user modules the config names, so their `@register` runs.
+
+    Raises:
+      TransformConfigError: naming every module that cannot be imported.
+    """
+    problems = []
+    for index, module in enumerate(modules):
         try:
             importlib.import_module(module)
         except ImportError as e:
-            raise TransformConfigError(f"plugins: cannot import module {module!r}: {e}") from e
+            problems.append(f"plugins[{index}]: cannot import module {module!r}: {e}")
+    if problems:
+        raise TransformConfigError(*problems)
 
 
 class Transform(Spec):
