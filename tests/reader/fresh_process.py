@@ -36,13 +36,19 @@ def reader_only_install(script: str) -> str:
     return _READER_ONLY_PRELUDE + script
 
 
-def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 300) -> str:
-    """Runs `script` in a fresh interpreter (kiln importable); returns stdout, fails on error."""
+def fresh_environment(env: dict | None = None) -> dict:
+    """The environment of a fresh interpreter: this checkout's kiln first, TF's C++ logs off."""
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONHASHSEED="0")
     full_env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(REPO, "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p]
     )
     full_env.update(env or {})
+    return full_env
+
+
+def run_python(script: str, *args: str, env: dict | None = None, timeout: int = 300) -> str:
+    """Runs `script` in a fresh interpreter (kiln importable); returns stdout, fails on error."""
+    full_env = fresh_environment(env)
     completed = subprocess.run(
         [sys.executable, "-c", script, *args],
         capture_output=True,

@@ -1,5 +1,6 @@
 """The seed contract: (a) same seed, same stream in another process; (b) every epoch differs;
-(c) every element differs; (d) seed=None is fresh per run and logged so it can be reproduced."""
+(c) every element differs; (d) seed=None is fresh per run and shown (a warning on stderr, once
+per call, without any logging set up) so it can be reproduced."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import hashlib
 import json
 import logging
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import kiln.reader
 from reader.builds import keys_of
-from reader.fresh_process import run_python
+from reader.fresh_process import fresh_environment, run_python
 
 pytestmark = pytest.mark.usefixtures("no_global_seed")
 
@@ -103,11 +106,12 @@ def test_d_seed_none_is_fresh_per_run_and_logged(png_dataset, caplog):
     def digest(dataset):
         return hashlib.sha256(b"".join(image.numpy().tobytes() for image, _ in dataset)).hexdigest()
 
-    with caplog.at_level(logging.INFO, logger="kiln.reader.seeds"):
+    with caplog.at_level(logging.WARNING, logger="kiln.reader.seeds"):
         first = kiln.reader.load(path, batch_size=8)
         second = kiln.reader.load(path, batch_size=8)
     drawn = [int(s) for s in re.findall(r"drew seed (\d+)", caplog.text)]
     assert len(drawn) == 2 and drawn[0] != drawn[1]
+    assert {record.levelno for record in caplog.records} == {logging.WARNING}
     first_digest = digest(first)
     assert first_digest != digest(second)
     # The logged seed reproduces the run.
@@ -115,3 +119,25 @@ def test_d_seed_none_is_fresh_per_run_and_logged(png_dataset, caplog):
     assert keys_of(
         kiln.reader.load(path, batch_size=8, seed=drawn[1], as_supervised=False)
     ) != keys_of(kiln.reader.load(path, batch_size=8, seed=drawn[0], as_supervised=False))
+
+
+def test_d_a_drawn_seed_is_shown_without_any_logging_set_up(png_dataset):
+    # A training script that never configures logging: the seed must still
+    # reach its stderr, once per load call, and only for seed=None.
+    script = (
+        "import sys, kiln.reader\n"
+        "path = sys.argv[1]\n"
+        "kiln.reader.load(path, batch_size=8)\n"
+        "kiln.reader.load(path, 'validation', batch_size=8)\n"
+        "kiln.reader.load(path, batch_size=8, seed=3)\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script, png_dataset.dataset_dir],
+        capture_output=True,
+        text=True,
+        env=fresh_environment(),
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    shown = re.findall(r"seed=None, drew seed (\d+) \(pass seed=(\d+) to", completed.stderr)
+    assert len(shown) == 2 and all(drawn == again for drawn, again in shown), completed.stderr

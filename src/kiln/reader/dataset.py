@@ -159,7 +159,8 @@ def load(
         ``"train"``, False otherwise.
       seed: Base seed of every random choice (orders, augmentation). The same
         seed gives the same stream in any process; None draws a fresh one per
-        call (it is logged). See `kiln.reader.seeds`.
+        call and logs it as a warning (on stderr by default), once per call,
+        so the run can be reproduced. See `kiln.reader.seeds`.
       augment: ``"default"``: the list stored in the dataset (its build
         config's ``augment:``) applied randomly for ``"train"``; for other
         splits only its deterministic inference form, so every split has the

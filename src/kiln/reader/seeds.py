@@ -4,8 +4,9 @@ The contract (tested):
   (a) the same seed gives the identical stream in another process;
   (b) every epoch differs, also when Keras re-iterates a one-epoch dataset;
   (c) different elements get different seeds;
-  (d) ``seed=None`` draws a fresh base seed per `load` call (logged, so a run
-      can be reproduced).
+  (d) ``seed=None`` draws a fresh base seed per `load` call and says which,
+      once per call, as a warning (visible without any logging set up), so a
+      run can be reproduced.
 Pass k of a seed is the same whether it comes from iterating the dataset k
 times (Keras epochs) or from ``repeat=k``.
 
@@ -37,10 +38,20 @@ _INT31 = 2**31
 
 
 def resolve(seed: int | None) -> int:
-    """The base seed: `seed` itself, or a fresh random one (logged) when None."""
+    """The base seed: `seed` itself, or a fresh random one when None.
+
+    A drawn seed is logged as a WARNING: Python prints warnings to stderr
+    even where logging was never configured, so whoever runs the training
+    sees the seed that reproduces the run. (Not `warnings.warn`: it shows a
+    message once per place in the code, not once per call.)
+    """
     if seed is None:
         seed = secrets.randbits(63)
-        logger.info("kiln.reader: seed=None, drew seed %d (pass seed=%d to reproduce)", seed, seed)
+        logger.warning(
+            "kiln.reader: seed=None, drew seed %d (pass seed=%d to reproduce this stream)",
+            seed,
+            seed,
+        )
         return seed
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
