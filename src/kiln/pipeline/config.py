@@ -69,7 +69,7 @@ import math
 import os
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -543,18 +543,15 @@ def _describe(error: ErrorDetails) -> tuple[str, str]:
     loc = list(error["loc"])
     # A discriminated union puts the tag into the location
     # (source.image_folder.root); users wrote source.root.
-    if len(loc) >= 2 and loc[0] == "source" and loc[1] in ("image_folder", "manifest"):
-        del loc[1]
+    loc = [part for index, part in enumerate(loc) if not (index and part in _tags(loc[:index]))]
     if loc and loc[-1] == "[key]":  # a mapping's key failed, e.g. a split name
         del loc[-1]
     where = ".".join(str(part) for part in loc) or "(top level)"
     kind = error["type"]
     if kind == "union_tag_invalid":
-        message = (
-            f"type must be 'image_folder' or 'manifest', got {quote(error['input'].get('type'))}"
-        )
+        message = f"type must be {_one_of(_tags(loc))}, got {quote(error['input'].get('type'))}"
     elif kind == "union_tag_not_found":
-        message = "needs a type: 'image_folder' or 'manifest'"
+        message = f"needs a type: {_one_of(_tags(loc))}"
     elif kind == "string_pattern_mismatch":
         message = (
             f"{quote(error['input'])} is not a valid name (letters, digits and '_'"
@@ -566,8 +563,31 @@ def _describe(error: ErrorDetails) -> tuple[str, str]:
     return (str(loc[0]) if loc else ""), f"{where}: {message}"
 
 
-def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
-    """The keys of the section at `loc` (as pydantic locates it), for a did-you-mean.
+def _known_keys(loc: Sequence[int | str]) -> list[str]:
+    """The keys of the section at `loc` (as pydantic locates it), for a did-you-mean."""
+    return list(dict.fromkeys(name for model in _models_at(loc) for name in model.model_fields))
+
+
+def _tags(loc: Sequence[int | str]) -> list[str]:
+    """The ``type`` values of the kinds a discriminated union at `loc` holds (the source kinds)."""
+    models = _models_at(loc)
+    if len(models) < 2:
+        return []
+    return [
+        tag
+        for model in models
+        if "type" in model.model_fields
+        for tag in typing.get_args(model.model_fields["type"].annotation)
+    ]
+
+
+def _one_of(tags: list[str]) -> str:
+    quoted = [repr(tag) for tag in tags]
+    return " or ".join(filter(None, [", ".join(quoted[:-1]), *quoted[-1:]]))
+
+
+def _models_at(loc: Sequence[int | str]) -> list[type[BaseModel]]:
+    """The models of the section at `loc` (as pydantic locates it).
 
     Walks the models from `BuildConfig`: a field leads to the models its
     annotation holds, a discriminated union's tag (``source.image_folder``)
@@ -584,7 +604,7 @@ def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
             ):
                 found.append(model)
         models = found
-    return list(dict.fromkeys(name for model in models for name in model.model_fields))
+    return models
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
