@@ -309,10 +309,12 @@ def _category(item: Any) -> tuple[Any, Category] | str:
 def _corners(bbox: Any) -> Any:
     """COCO's ``[x, y, width, height]`` as ``[x_min, y_min, x_max, y_max]``;
     anything but four numbers as written."""
-    if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
+    if type(bbox) is not list or len(bbox) != 4:
         return bbox
     x, y, width, height = bbox
-    return [x, y, x + width, y + height]
+    if _is_number(x) and _is_number(y) and _is_number(width) and _is_number(height):
+        return [x, y, x + width, y + height]
+    return bbox
 
 
 def _keypoints(found: Any, category_names: tuple[str, ...], wanted: tuple[str, ...]) -> Any:
@@ -337,7 +339,8 @@ def _is_id(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    # ijson gives int and float (use_float); bool is an int subclass, not a number here.
+    return type(value) is float or type(value) is int
 
 
 def _order(image_id: Any) -> tuple[int, Any]:
@@ -350,8 +353,12 @@ def _canonical(item: Any) -> str:
 
 
 def _compact(item: Any) -> str:
-    """JSON text for the spill: quicker than `_canonical` (no key sorting)."""
-    return json.dumps(item, separators=(",", ":"))
+    """JSON text for the spill: quicker than `_canonical` (no key sorting, one encoder)."""
+    return _COMPACT.encode(item)
+
+
+# json.dumps builds a new encoder per call when given any option.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def _json_default(value: Any) -> Any:
