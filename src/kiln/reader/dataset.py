@@ -31,6 +31,7 @@ from kiln.schemas import (
     RECORD,
     DatasetInfo,
     MetadataError,
+    schema_for,
 )
 
 logger = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def info(path: str | os.PathLike) -> DatasetInfo:
             f"{kiln.FORMAT_VERSION}. Upgrade kiln."
         )
     stored = {f["name"]: (f["key"], f["dtype"]) for f in metadata.schema.get("features", [])}
-    expected = {f.name: (f.key, f.dtype) for f in RECORD.features}
+    expected = {f.name: (f.key, f.dtype) for f in schema_for(metadata.targets_config).features}
     if stored != expected:
         differing = sorted(
             name for name in set(stored) | set(expected) if stored.get(name) != expected.get(name)
