@@ -1,4 +1,4 @@
-"""The COCO source: a COCO instances JSON read as manifest rows, streaming.
+"""The COCO source: a COCO instances JSON read as manifest rows, streaming, and listed.
 
 A small COCO file written here holds what real ones do (crowd objects with
 uncompressed RLE, polygons, compressed RLE, keypoints, an image without
@@ -11,11 +11,16 @@ annotations) is read with the memory of a small one, measured with tracemalloc.
 from __future__ import annotations
 
 import json
+import os
 import tracemalloc
 
 import pytest
 
+from kiln.errors import ConfigError
 from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem, CocoRow
+from kiln.pipeline.config import load as load_config
+from kiln.pipeline.sources import CocoSource
+from kiln.schemas import TargetsConfig
 
 CATEGORIES = [
     {"id": 1, "name": "person", "keypoints": ["nose", "left_eye", "right_eye"]},
@@ -275,3 +280,122 @@ def test_a_large_file_is_read_with_bounded_memory(tmp_path):
     assert size > 7_000_000
     assert large_peak < 8_000_000, f"peak {large_peak / 1e6:.1f} MB for a {size / 1e6:.0f} MB file"
     assert large_peak < small_peak + 1_000_000, (small_peak, large_peak)
+
+
+# --- the source: listing with targets ------------------------------------------------
+
+
+def listed(source, targets: TargetsConfig, *, splits_from_source: bool = False):
+    """(files by key with their targets, dropped rows by key, class names)."""
+    with source.list_files(splits_from_source=splits_from_source, targets=targets) as listing:
+        files = {f.key: f for f in listing.files()}
+        dropped = {d.key: d for d in listing.dropped()}
+        return files, dropped, listing.class_names
+
+
+def image_folder(tmp_path) -> str:
+    images = tmp_path / "images"
+    for image in IMAGES:
+        if "file_name" in image:
+            (images / image["file_name"]).parent.mkdir(parents=True, exist_ok=True)
+            (images / image["file_name"]).write_bytes(b"listing does not decode images")
+    return str(images)
+
+
+BOXES = TargetsConfig.model_validate({"boxes": {"fields": {"iscrowd": "int"}}})
+
+
+def test_the_source_lists_every_image_with_its_targets(tmp_path):
+    annotations = write_coco(tmp_path / "instances.json")
+    source = CocoSource(type="coco", annotations=annotations, images=image_folder(tmp_path))
+    files, dropped, class_names = listed(source, BOXES)
+
+    # The class list is the declared categories, not the classes the rows use.
+    assert class_names == ["bicycle", "cat", "person"]
+    assert sorted(files) == ["a/10.jpg", "empty.jpg"]
+    first = json.loads(files["a/10.jpg"].targets)
+    assert first["objects"] == [
+        {"bbox": [10.0, 10.0, 30.0, 25.5], "class": "person", "fields": {"iscrowd": 0}},
+        {"bbox": [40.0, 2.0, 48.0, 32.0], "class": "person", "fields": {"iscrowd": 1}},
+    ]
+    assert files["a/10.jpg"].uri == os.path.join(str(tmp_path), "images", "a", "10.jpg")
+    assert files["a/10.jpg"].label == -1
+    assert json.loads(files["empty.jpg"].targets) == {"objects": []}
+    assert {key: d.reason for key, d in dropped.items()} == {
+        "instances.json:annotations[3]": "dangling_annotation",
+        "instances.json:annotations[6]": "bad_row",
+        "instances.json:annotations[7]": "dangling_annotation",
+        "instances.json:images[3]": "bad_row",
+        "instances.json:images[4]": "bad_row",
+        # Image 7 has a box of three numbers: its row fails the row validation.
+        "instances.json:images[1]": "bad_row",
+    }
+    assert "objects[2].bbox: expected 4 numbers" in dropped["instances.json:images[1]"].message
+
+
+def test_the_source_asks_for_instance_masks_and_keypoints(tmp_path):
+    annotations = [a for a in ANNOTATIONS if a["id"] in (1, 3)]  # both with segmentation
+    path = write_coco(tmp_path / "instances.json", annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    targets = TargetsConfig.model_validate(
+        {
+            "boxes": {},
+            "instance_masks": {},
+            "keypoints": {"names": ["nose", "left_eye", "right_eye"]},
+        }
+    )
+    files, _, _ = listed(source, targets)
+    person, crowd = json.loads(files["a/10.jpg"].targets)["objects"]
+    assert person["segmentation"] == POLYGON and crowd["segmentation"] == CROWD_RLE
+    assert person["keypoints"] == [12, 14, 2, 11, 12, 1, 0, 0, 0]
+    assert crowd["keypoints"] == [0] * 9
+
+
+def test_the_split_of_the_file_with_splits_from_source(tmp_path):
+    path = write_coco(tmp_path / "instances.json")
+    images = image_folder(tmp_path)
+    source = CocoSource(type="coco", annotations=path, images=images, split="val")
+    with source.list_files(splits_from_source=True, targets=BOXES) as listing:
+        assert listing.split_names == ["val"]
+    with pytest.raises(ConfigError, match=r"source.split: splits.from_source"):
+        CocoSource(type="coco", annotations=path, images=images).list_files(
+            splits_from_source=True, targets=BOXES
+        )
+
+
+def test_the_source_reports_a_file_it_cannot_read_as_a_config_error(tmp_path):
+    (tmp_path / "instances.json").write_text('{"images": [')
+    source = CocoSource(
+        type="coco", annotations=str(tmp_path / "instances.json"), images=str(tmp_path)
+    )
+    with pytest.raises(ConfigError, match=r"source.annotations: .*not valid JSON"):
+        source.list_files(splits_from_source=False, targets=BOXES)
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        (None, "targets.boxes: a coco source lists objects"),
+        ({"label": {}}, "targets.boxes"),
+        ({"boxes": {}, "mask": {}}, "targets.mask: a coco source gives boxes, instance_masks"),
+        ({"boxes": {}, "extra": {"weather": "string"}}, "targets.extra"),
+        ({"boxes": {}, "keypoints": {"names": ["a"]}}, None),
+    ],
+)
+def test_the_config_accepts_only_targets_coco_can_give(tmp_path, targets, message):
+    config = {
+        "name": "coco",
+        "source": {
+            "type": "coco",
+            "annotations": write_coco(tmp_path / "instances.json"),
+            "images": image_folder(tmp_path),
+        },
+        "output": str(tmp_path / "out"),
+    }
+    if targets is not None:
+        config["targets"] = targets
+    if message is None:
+        assert load_config(config).targets.keypoints.names == ["a"]
+    else:
+        with pytest.raises(ConfigError, match=message):
+            load_config(config)

@@ -1,9 +1,17 @@
-"""The VOC source's reader: one XML file per image, read back as manifest rows."""
+"""The VOC source: one XML file per image, read back as manifest rows and listed."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from kiln.errors import ConfigError
 from kiln.pipeline import voc
+from kiln.pipeline.config import load as load_config
+from kiln.pipeline.sources import VocSource
 from kiln.pipeline.voc import VocProblem, VocRow
+from kiln.schemas import TargetsConfig
 
 GOOD = b"""<annotation>
   <folder>VOC2012</folder>
@@ -90,3 +98,37 @@ def test_an_oversized_file_is_refused_unread(tmp_path):
     (tmp_path / "big.xml").write_bytes(b" " * (voc.MAX_FILE_BYTES + 1))
     (found,) = voc.read_folder(str(tmp_path))
     assert isinstance(found, VocProblem) and "larger than" in found.message
+
+
+def test_the_source_lists_each_file_as_an_image_with_its_boxes(tmp_path):
+    annotations, images = tmp_path / "Annotations", tmp_path / "JPEGImages"
+    annotations.mkdir()
+    images.mkdir()
+    (annotations / "one.xml").write_bytes(GOOD)
+    (annotations / "two.xml").write_bytes(GOOD.replace(b"2007_000027", b"missing"))
+    (annotations / "bad.xml").write_bytes(b"<annotation>")
+    (images / "2007_000027.jpg").write_bytes(b"listing does not decode images")
+    source = VocSource(type="voc", annotations=str(annotations), images=str(images))
+    targets = TargetsConfig.model_validate({"boxes": {"fields": {"difficult": "int"}}})
+    with source.list_files(splits_from_source=False, targets=targets) as listing:
+        (file,) = listing.files()
+        dropped = {d.key: d.reason for d in listing.dropped()}
+        class_names = listing.class_names
+    assert class_names == ["dog", "person"]  # the names found
+    assert json.loads(file.targets)["objects"] == [
+        {"bbox": [173.0, 100.0, 349.0, 351.0], "class": "person", "fields": {"difficult": 0}},
+        {"bbox": [0.0, 0.5, 10.0, 20.0], "class": "dog", "fields": {"difficult": 0}},
+    ]
+    assert dropped == {"bad.xml": "bad_row", "missing.jpg": "missing"}
+
+
+def test_the_config_accepts_boxes_only_from_voc(tmp_path):
+    (tmp_path / "a.xml").write_bytes(GOOD)
+    config = {
+        "name": "voc",
+        "source": {"type": "voc", "annotations": str(tmp_path), "images": str(tmp_path)},
+        "output": str(tmp_path.parent / "out"),
+        "targets": {"boxes": {}, "instance_masks": {}},
+    }
+    with pytest.raises(ConfigError, match=r"targets.instance_masks: a voc source gives boxes only"):
+        load_config(config)

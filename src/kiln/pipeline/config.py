@@ -200,7 +200,8 @@ class BuildConfig(_Model):
     """Dataset name: the folder `<output>/<name>/` and the shard file prefix
     `<name>-<split>.tfrecord-...`."""
     source: Source
-    """Where the images come from: an `image_folder` or a `manifest`."""
+    """Where the images come from: an `image_folder`, a `manifest`, a `coco` instances file or
+    a `voc` annotation folder."""
     output: str = Field(min_length=1)
     """Output root: the dataset lands in `<output>/<name>/<version>/` with
     `<output>/<name>/LATEST` naming the newest version. Local or `gs://`. `kiln build
@@ -534,9 +535,11 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain, fail) -> None:
     extras), and transforms that cannot move the geometric ones (a user
     transform that declares no geometry)."""
     targets = model.targets
+    source = model.source
+    if source.type in _OBJECT_SOURCES:
+        _check_object_source(source.type, targets or CLASSIFICATION, fail)
     if targets is None or targets.is_classification:
         return
-    source = model.source
     if source.type == "image_folder":
         kind = next(kind for kind in targets.kinds if kind != "label")
         raise fail(
@@ -550,6 +553,26 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain, fail) -> None:
                     f"targets.{kind}: a CSV manifest holds label, labels and extra columns "
                     f"only; objects and masks need a JSONL manifest (.jsonl)"
                 )
+
+
+# Sources of objects (COCO, Pascal VOC): the target kinds each can give.
+_OBJECT_SOURCES = {
+    "coco": ("boxes", "instance_masks", "keypoints"),
+    "voc": ("boxes",),
+}
+
+
+def _check_object_source(kind: str, targets: TargetsConfig, fail) -> None:
+    """A COCO or VOC source gives objects, and only what its format holds."""
+    if targets.boxes is None:
+        raise fail(
+            f"targets.boxes: a {kind} source lists objects with boxes; declare them "
+            f"(targets: {{boxes: {{}}}}, see docs/detection-sources.md)"
+        )
+    for name in targets.kinds:
+        if name not in _OBJECT_SOURCES[kind]:
+            gives = ", ".join(_OBJECT_SOURCES[kind])
+            raise fail(f"targets.{name}: a {kind} source gives {gives} only")
 
 
 def _validate_augment(specs: list[Any], fail) -> list[Any]:
