@@ -540,6 +540,10 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain, fail) -> None:
         _check_object_source(source.type, targets or CLASSIFICATION, fail)
     if targets is None or targets.is_classification:
         return
+    try:
+        chain.check_geometry(targets.kinds)
+    except transforms.TransformConfigError as e:
+        raise fail(str(e)) from None
     if source.type == "image_folder":
         kind = next(kind for kind in targets.kinds if kind != "label")
         raise fail(
