@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 
 import cv2
 import numpy as np
 import pytest
+import yaml
 from pycocotools import mask as coco_mask
 
 from kiln import cli
-from kiln.pipeline import demo_targets
+from kiln.pipeline import build, demo_targets
 from kiln.pipeline.coco import CocoFile, CocoRow
 
 NUM_IMAGES = 40
@@ -191,3 +193,24 @@ def test_a_folder_with_other_files_is_never_touched(tmp_path):
     with pytest.raises(FileExistsError, match="not written by kiln demo-data --targets"):
         demo_targets.generate(tmp_path, num_images=2)
     assert read_tree(tmp_path) == {"images/holiday.jpg": b"precious"}
+
+
+def test_configs_demo_detection_builds_the_demo(tmp_path):
+    top = pathlib.Path(__file__).resolve().parent.parent
+    demo_targets.generate(tmp_path / "demo-detection", num_images=12, seed=1)
+    config = yaml.safe_load((top / "configs" / "demo-detection.yaml").read_text())
+    config["source"]["path"] = str(tmp_path / "demo-detection" / demo_targets.MANIFEST)
+    config["output"] = str(tmp_path / "datasets")
+    config["errors"] = {"max_fraction": 0.5}  # 5 broken scenes of 17
+    result = build(config)
+    info = result.info
+    assert sum(split.num_examples for split in info.splits.values()) == 12
+    assert info.class_names == list(demo_targets.CLASSES)
+    assert set(info.targets["keypoints"]["names"]) == set(demo_targets.KEYPOINTS)
+    assert sorted(info.dropped) == [
+        "bad_box",
+        "bad_polygon",
+        "mask_size_mismatch",
+        "missing_mask",
+        "unknown_class",
+    ]
