@@ -12,7 +12,8 @@ use 2000 of them, the scaling builds 500 to 8000 (twice the corpus: see
 load from elsewhere hits all variants alike), and the median is reported.
 Builds run in their own processes (`benchmarks.build_bench`); the reader
 variants run in this process, one fresh tf.data pipeline per measurement
-(`benchmarks.reader_bench`). Last, the launcher's listing of manifests of
+(`benchmarks.reader_bench`). Then builds of the detection demo with and
+without targets (`benchmarks.detection_bench`). Last, the launcher's listing of manifests of
 100,000 and 1,000,000 rows (`benchmarks.listing_bench`, which also runs
 alone). Nothing here is a test: no timing is asserted.
 """
@@ -31,7 +32,15 @@ import sys
 import time
 from typing import Any
 
-from benchmarks import build_bench, corpus, listing_bench, machine, reader_bench, report
+from benchmarks import (
+    build_bench,
+    corpus,
+    detection_bench,
+    listing_bench,
+    machine,
+    reader_bench,
+    report,
+)
 
 logger = logging.getLogger("benchmarks.run")  # not __main__ under python -m
 
@@ -54,6 +63,8 @@ class Settings:
       layer_batches: Batches timed for the model-side layer.
       listing: Manifest sizes and rounds of the listing measurements
         (`benchmarks.listing_bench`).
+      detection: Scenes and rounds of the detection demo builds
+        (`benchmarks.detection_bench`).
     """
 
     corpus: corpus.CorpusSpec
@@ -65,6 +76,7 @@ class Settings:
     reader_batches: int | None = None
     layer_batches: int = 20
     listing: listing_bench.Settings = listing_bench.FULL
+    detection: detection_bench.Settings = detection_bench.FULL
 
 
 FULL = Settings(
@@ -84,6 +96,7 @@ QUICK = Settings(
     reader_batches=2,
     layer_batches=2,
     listing=listing_bench.QUICK,
+    detection=detection_bench.QUICK,
 )
 
 # The build variants: (key, title, spec without the manifest).
@@ -302,6 +315,7 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
         source.manifest(settings.build_images), os.path.join(out_dir, "datasets")
     )
     readers = measure_readers(settings, datasets)
+    detection = detection_bench.measure(settings.detection, out_dir, log=logger.info)
     listing = listing_bench.measure(settings.listing, out_dir, log=logger.info)
     results = {
         "command": command,
@@ -320,6 +334,7 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
         "build": builds,
         "reader": readers,
         "listing": listing,
+        "detection": detection,
     }
     results["targets"] = report.targets(results)
     with open(os.path.join(out_dir, "results.json"), "w") as f:

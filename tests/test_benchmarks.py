@@ -55,6 +55,10 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         assert all(rows[key]["images_per_second"] > 0 for key in READER_ROWS)
         assert set(rows["ratios"]) == {"b_over_a", "b_over_c", "b_over_d"}
     assert reader["layer"]["images_per_second"] > 0
+    detection = results["detection"]
+    assert sorted(detection["rows"]) == ["classification", "coco", "manifest"]
+    for row in detection["rows"].values():
+        assert row["images"] == detection["images"] and row["images_per_second"] > 0
     machine = results["machine"]
     assert machine["cores"] >= 1 and machine["cpu"]
     assert all(
@@ -79,7 +83,9 @@ def test_quick_benchmark_writes_every_row(tmp_path):
 
     page = markdown.read_text()
     assert "## Listing: manifests of 1,000 and 4,000 rows" in page
-    for row in list(build["rows"].values()) + [reader["rows"]["jpeg"][k] for k in READER_ROWS]:
+    assert "## Build: the detection demo, 12 scenes" in page
+    shown = list(build["rows"].values()) + list(detection["rows"].values())
+    for row in shown + [reader["rows"]["jpeg"][k] for k in READER_ROWS]:
         assert f"| {row['title']} |" in page
     for target in results["targets"]:
         assert f"| {target['name']} |" in page
