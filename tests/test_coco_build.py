@@ -261,3 +261,28 @@ def test_the_detection_demo_builds_the_same_from_coco_and_from_the_manifest(dete
 
 def stem(key: str) -> str:
     return key.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+
+
+def test_a_voc_folder_builds_and_reads_back(tmp_path):
+    annotations, images = tmp_path / "Annotations", tmp_path / "JPEGImages"
+    annotations.mkdir()
+    write_png(images / "a.png", np.zeros((40, 50, 3), np.uint8))
+    (annotations / "a.xml").write_text(
+        "<annotation><filename>a.png</filename>"
+        "<object><name>dog</name><difficult>1</difficult>"
+        "<bndbox><xmin>11</xmin><ymin>1</ymin><xmax>30</xmax><ymax>40</ymax></bndbox></object>"
+        "</annotation>"
+    )
+    result = build(
+        {
+            "name": "voc",
+            "source": {"type": "voc", "annotations": str(annotations), "images": str(images)},
+            "output": str(tmp_path / "out"),
+            "encoding": {"format": "png"},
+            "targets": {"boxes": {"fields": {"difficult": "int"}}},
+        }
+    )
+    (record,) = records(result).values()
+    # Pixels 11..30 and 1..40 counted from 1: [10, 0, 30, 40] from 0, normalized.
+    np.testing.assert_allclose(record["boxes"], [[0, 10 / 50, 1, 30 / 50]])
+    assert record["difficult"].tolist() == [1] and result.info.class_names == ["dog"]
