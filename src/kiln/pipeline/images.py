@@ -45,7 +45,7 @@ from kiln.pipeline.progress import FileCounter
 from kiln.pipeline.sharding import RunWriter, sort_key
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import PixelSums, Summary, TargetCounts, pixel_sums
-from kiln.pipeline.targets import BadAnnotation, TargetCodec
+from kiln.pipeline.targets import BadAnnotation, TargetCodec, location_free
 from kiln.schemas import RECORD, schema_for
 
 if TYPE_CHECKING:
@@ -120,8 +120,10 @@ class ImageProcessor:
         key, uri, label = item["key"], item["uri"], int(item["label"])
         split = item.get("split")
         listed_targets: str | None = item.get("targets")
+        # A dropped file's targets as listed, without where its masks are.
+        dropped_targets = None if listed_targets is None else location_free(listed_targets)
 
-        def entry(sha256: str | None, targets: str | None = listed_targets) -> int:
+        def entry(sha256: str | None, targets: str | None = dropped_targets) -> int:
             name = self._class_names[label] if label >= 0 else None
             data = versioning.file_entry(key, name, split, sha256)
             return versioning.entry_hash(data if targets is None else [*data, targets])

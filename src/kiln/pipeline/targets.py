@@ -329,6 +329,24 @@ class TargetCodec:
         return fields
 
 
+def location_free(text: str) -> str:
+    """Listed targets with every mask file named by its base name only, for the
+    version entry of a file dropped before its masks were read (a stored
+    file's entry names them by content: `LoadedTargets.entry`), so the same
+    data under another root gives the same version."""
+    row = json.loads(text)
+    if "mask" in row:
+        row["mask"] = _base_name(row["mask"])
+    for item in row.get("objects", ()):
+        if "mask" in item:
+            item["mask"] = _base_name(item["mask"])
+    return json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _base_name(uri: str) -> str:
+    return uri.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+
+
 def _check_box(box: list[float], where: str, height: int, width: int) -> None:
     x_min, y_min, x_max, y_max = box
     if not all(math.isfinite(v) for v in box):
