@@ -45,7 +45,7 @@ class Settings:
 
 
 FULL = Settings(images=600, repeats=3, coco_sizes=(100_000, 1_000_000))
-QUICK = Settings(images=12, repeats=1, coco_sizes=(2_000, 10_000))
+QUICK = Settings(images=8, repeats=1, coco_sizes=(1_000, 4_000))
 
 
 def prepare(folder: str, images: int) -> dict[str, str]:
