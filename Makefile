@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DEMO_DATA ?= build/demo-data
 STAMP := $(VENV)/.kiln-installed
 
-.PHONY: venv demo test lint bench bench-listing clean
+.PHONY: venv demo demo-detection test lint bench bench-listing clean
 
 venv: $(STAMP)
 
@@ -21,6 +21,11 @@ $(STAMP): setup.py
 demo: venv
 	$(BIN)/kiln demo-data $(DEMO_DATA)
 	$(BIN)/kiln build --config configs/demo.yaml
+
+# The detection demo: boxes, masks and keypoints (docs/detection-sources.md).
+demo-detection: venv
+	$(BIN)/kiln demo-data build/demo-detection --targets
+	$(BIN)/kiln build --config configs/demo-detection.yaml
 
 # The whole suite, the checks below included (tests/test_code_quality.py,
 # test_security.py, test_architecture.py).

@@ -56,6 +56,9 @@ setuptools.setup(
             "imagesize>=2.0,<3",  # PNG and AVIF header sizes: refuse decompression bombs
             "pyyaml>=6.0,<7",
             "google-crc32c>=1.5,<2",
+            # COCO instances JSON read as a stream (its C parser, yajl2_c,
+            # ships in the wheels): no whole-file json.load of a 450 MB file.
+            "ijson>=3.3,<4",
         ],
         "gcp": [
             f"apache-beam[gcp]=={BEAM_VERSION}",

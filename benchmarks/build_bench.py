@@ -94,7 +94,8 @@ class BuildRun:
 def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
     """Runs one build described by `spec` in a fresh subprocess; deletes its output after.
 
-    `spec` keys: ``kind`` (``"baseline"`` or ``"kiln"``), ``manifest``,
+    `spec` keys: ``kind`` (``"baseline"`` or ``"kiln"``), ``manifest`` (or, for
+    kiln, ``config``: a whole build config whose ``output`` is filled in),
     ``opencv_threads`` (threads OpenCV may use inside one call; None leaves
     its default, one per core), for the baseline ``threads`` (images
     processed at once; default 1), and for kiln ``args`` (extra `kiln build`
@@ -219,8 +220,13 @@ def _run_kiln(spec: dict[str, Any]) -> dict[str, Any]:
 
     _limit_opencv(spec)
     config_path = os.path.join(spec["output"], "bench.yaml")
+    datasets = os.path.join(spec["output"], "datasets")
+    if "config" in spec:
+        config = dict(spec["config"], output=datasets)
+    else:
+        config = build_config(spec["manifest"], datasets)
     with open(config_path, "w") as f:
-        yaml.safe_dump(build_config(spec["manifest"], os.path.join(spec["output"], "datasets")), f)
+        yaml.safe_dump(config, f)
     report = os.path.join(spec["output"], "report.json")
     start = time.perf_counter()
     code = cli.main(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from benchmarks import listing_bench, startup_bench
+from benchmarks import detection_bench, listing_bench, startup_bench
 
 # Why a target can be missed on this kind of machine; shown under the table
 # only for targets a run did not meet. Each states the arithmetic, not hope.
@@ -478,6 +478,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"{reader['layer']['batch_size']}); on a GPU it moves that work off the host.",
         "",
     ]
+    if "detection" in results:
+        lines.append(detection_bench.markdown(results["detection"]))
     if "listing" in results:
         lines.append(listing_bench.markdown(results["listing"]))
     if "startup" in results:

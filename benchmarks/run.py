@@ -15,6 +15,8 @@ load from elsewhere hits all variants alike), and the median is reported.
 Builds run in their own processes (`benchmarks.build_bench`); the reader
 variants run in this process, one fresh tf.data pipeline per measurement
 (`benchmarks.reader_bench`). Then the launcher's listing of manifests of
+(`benchmarks.reader_bench`). Then builds of the detection demo with and
+without targets (`benchmarks.detection_bench`). Last, the launcher's listing of manifests of
 100,000 and 1,000,000 rows (`benchmarks.listing_bench`, which also runs
 alone), and last the start-up of every command (`benchmarks.startup_bench`:
 `--help`, config errors, `kiln inspect`, next to importing TensorFlow).
@@ -38,6 +40,7 @@ from typing import Any
 from benchmarks import (
     build_bench,
     corpus,
+    detection_bench,
     listing_bench,
     machine,
     reader_bench,
@@ -70,6 +73,8 @@ class Settings:
       incremental: Image counts of the incremental builds (1% changed, 1%
         added, 1% deleted after a base build).
       incremental_repeats: Rounds of incremental measurements.
+      detection: Scenes and rounds of the detection demo builds
+        (`benchmarks.detection_bench`).
     """
 
     corpus: corpus.CorpusSpec
@@ -84,6 +89,7 @@ class Settings:
     startup: startup_bench.Settings = startup_bench.FULL
     incremental: tuple[int, ...] = (4000, 8000)
     incremental_repeats: int = 3
+    detection: detection_bench.Settings = detection_bench.FULL
 
 
 FULL = Settings(
@@ -106,6 +112,7 @@ QUICK = Settings(
     startup=startup_bench.QUICK,
     incremental=(16, 32),
     incremental_repeats=1,
+    detection=detection_bench.QUICK,
 )
 
 # What an incremental measurement changes after its base build, each as a
@@ -378,6 +385,7 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
         source.manifest(settings.build_images), os.path.join(out_dir, "datasets")
     )
     readers = measure_readers(settings, datasets)
+    detection = detection_bench.measure(settings.detection, out_dir, log=logger.info)
     listing = listing_bench.measure(settings.listing, out_dir, log=logger.info)
     startup = startup_bench.measure(settings.startup, out_dir, log=logger.info)
     results = {
@@ -398,6 +406,7 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
         "reader": readers,
         "listing": listing,
         "startup": startup,
+        "detection": detection,
     }
     results["targets"] = report.targets(results)
     with open(os.path.join(out_dir, "results.json"), "w") as f:

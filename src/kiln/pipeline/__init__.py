@@ -9,15 +9,17 @@ Library entry point::
 Modules (each a noun for one job):
 
 - `config`: the YAML config's schema, validation and resolution.
-- `sources`: listing an image folder or a manifest. `listing`: the listed
-  inputs, on disk (a temporary SQLite file), and the job's listing file.
+- `sources`: listing an image folder, a manifest or a COCO file (`coco`:
+  its streaming reader). `listing`: the listed inputs, on disk (a
+  temporary SQLite file), and the job's listing file.
 - `images`: read, hash, decode, transform, encode (the heavy DoFn).
 - `splits`: split assignment. `sharding`: deterministic shards and their
   writer. `tfrecord`: the record framing. `statistics`: pixel statistics.
 - `error_report`: errors.jsonl. `versioning`: the version and up-to-date
   stamp. `publish`: staging, atomic publishing, LATEST.
 - `job`: the job graph. `launcher`: `build`. `command`: `kiln build`.
-- `demo_data`: `kiln demo-data`, the embedded demo input.
+- `demo_data`: `kiln demo-data`, the embedded demo input; `demo_targets`:
+  its detection variant (`--targets`); `demo_drawing`: what both draw.
 """
 
 from kiln.errors import ConfigError

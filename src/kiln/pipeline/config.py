@@ -223,7 +223,8 @@ class BuildConfig(_Model):
     """Dataset name: the folder `<output>/<name>/` and the shard file prefix
     `<name>-<split>.tfrecord-...`."""
     source: Source
-    """Where the images come from: an `image_folder` or a `manifest`."""
+    """Where the images come from: an `image_folder`, a `manifest`, a `coco` instances file or
+    a `voc` annotation folder."""
     output: ConfigPath
     """Output root: the dataset lands in `<output>/<name>/<version>/` with
     `<output>/<name>/LATEST` naming the newest version. Local (relative to the config file's
@@ -708,10 +709,12 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain) -> None:
     extras), and transforms that cannot move the geometric ones (a user
     transform that declares no geometry)."""
     targets = model.targets
+    source = model.source
+    if source.type in _OBJECT_SOURCES:
+        _check_object_source(source.type, targets or CLASSIFICATION)
     if targets is None or targets.is_classification:
         return
     chain.check_geometry(targets.kinds)  # TransformConfigError: a ListError
-    source = model.source
     if source.type == "image_folder":
         kind = next(kind for kind in targets.kinds if kind != "label")
         raise ListError(
@@ -725,6 +728,26 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain) -> None:
                     f"targets.{kind}: a CSV manifest holds label, labels and extra columns "
                     f"only; objects and masks need a JSONL manifest (.jsonl)"
                 )
+
+
+# Sources of objects (COCO, Pascal VOC): the target kinds each can give.
+_OBJECT_SOURCES = {
+    "coco": ("boxes", "instance_masks", "keypoints"),
+    "voc": ("boxes",),
+}
+
+
+def _check_object_source(kind: str, targets: TargetsConfig) -> None:
+    """A COCO or VOC source gives objects, and only what its format holds."""
+    if targets.boxes is None:
+        raise ListError(
+            f"targets.boxes: a {kind} source lists objects with boxes; declare them "
+            f"(targets: {{boxes: {{}}}}, see docs/detection-sources.md)"
+        )
+    for name in targets.kinds:
+        if name not in _OBJECT_SOURCES[kind]:
+            gives = ", ".join(_OBJECT_SOURCES[kind])
+            raise ListError(f"targets.{name}: a {kind} source gives {gives} only")
 
 
 def _validate_augment(specs: list[Any] | None) -> list[Any]:

@@ -6,6 +6,7 @@ Shapes drawn with OpenCV, one class per shape, laid out the way the
     kiln demo-data build/demo-data                 # 300 images + 3 broken files
     kiln demo-data build/demo-data --num-images 40 --seed 1 --no-broken
     kiln demo-data build/photos --photos --num-images 20   # 800x600 photo-like JPEGs
+    kiln demo-data build/demo-detection --targets  # boxes, masks, keypoints: see demo_targets
 
 The images vary the way real data does: sizes 48..160 px and rarely
 square, backgrounds of gradients, noise, stripes or flat colour, JPEG and
@@ -27,19 +28,24 @@ import math
 import os
 import re
 import shutil
-import struct
 from collections.abc import Callable
 
 import cv2
 import numpy as np
 
+from kiln.pipeline.demo_drawing import (
+    CLASSES,
+    as_stored_for,
+    contrasting_colour,
+    draw_background,
+    with_exif_orientation,
+)
 from kiln.pipeline.progress import DEFAULT_EVERY_SECONDS, LoopProgress
 from kiln.transforms import encode_image
 from kiln.transforms.functional import to_grayscale
 
 logger = logging.getLogger(__name__)
 
-CLASSES = ("circle", "square", "star", "triangle")  # sorted: label ids follow this order
 
 # Share of images that are grayscale / JPEGs stored sideways with an EXIF tag.
 GRAYSCALE_FRACTION = 0.08
@@ -216,17 +222,17 @@ def _shape_file(rng: np.random.Generator, class_name: str, index: int) -> tuple[
         # Store the pixels as a camera held sideways would, and say so in
         # EXIF; a correct decoder shows the upright image.
         orientation = int(rng.choice([3, 6, 8]))
-        image = _as_stored_for(image, orientation)
+        image = as_stored_for(image, orientation)
     data = encode_image(image, format="jpeg", quality=quality)
     if orientation != 1:
-        data = _with_exif_orientation(data, orientation)
+        data = with_exif_orientation(data, orientation)
     return f"{class_name}_{index:04d}.jpg", data
 
 
 def _draw_shape_image(rng: np.random.Generator, class_name: str) -> np.ndarray:
     height, width = (int(v) for v in rng.integers(48, 161, size=2))
-    image = _background(rng, height, width)
-    colour = _contrasting_colour(rng, image)
+    image = draw_background(rng, height, width)
+    colour = contrasting_colour(rng, image)
     radius = float(rng.uniform(0.28, 0.45)) * min(height, width)
     centre = (
         float(rng.uniform(radius, width - radius)),
@@ -234,37 +240,6 @@ def _draw_shape_image(rng: np.random.Generator, class_name: str) -> np.ndarray:
     )
     _draw_shape(image, class_name, centre, radius, float(rng.uniform(0, 2 * math.pi)), colour)
     return image
-
-
-def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
-    kind = rng.choice(["gradient", "noise", "stripes", "solid"])
-    first, second = rng.integers(0, 256, size=(2, 3)).astype(np.float32)
-    if kind == "gradient":
-        angle = float(rng.uniform(0, 2 * math.pi))
-        y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-        along = x * math.cos(angle) + y * math.sin(angle)
-        t = ((along - along.min()) / max(float(np.ptp(along)), 1.0))[:, :, np.newaxis]
-        image = first * (1 - t) + second * t
-    elif kind == "noise":
-        image = first + rng.normal(0.0, 28.0, size=(height, width, 3)).astype(np.float32)
-    elif kind == "stripes":
-        period = int(rng.integers(6, 24))
-        y, x = np.mgrid[0:height, 0:width]
-        band = ((x + y) // period) % 2 if rng.random() < 0.5 else (y // period) % 2
-        image = np.where(band[:, :, np.newaxis] == 0, first, second)
-    else:
-        image = np.broadcast_to(first, (height, width, 3))
-    return np.clip(np.rint(image), 0, 255).astype(np.uint8)
-
-
-def _contrasting_colour(rng: np.random.Generator, background: np.ndarray) -> tuple[int, int, int]:
-    """A colour whose luma differs from the background's mean by at least 80 levels."""
-    mean_luma = float(to_grayscale(background).mean())
-    while True:
-        colour = rng.integers(0, 256, size=3)
-        luma = 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2]
-        if abs(luma - mean_luma) >= 80:
-            return int(colour[0]), int(colour[1]), int(colour[2])
 
 
 _SUBPIXEL_BITS = 4  # OpenCV draws at 1/16 pixel: smooth, still integer coordinates
@@ -331,7 +306,7 @@ def _photo_image(rng: np.random.Generator, class_name: str, width: int, height: 
         centre,
         radius,
         float(rng.uniform(0, 2 * math.pi)),
-        _contrasting_colour(rng, image),
+        contrasting_colour(rng, image),
     )
     # Texture over everything (so shapes are not flat), lens blur, sensor noise.
     shaded: np.ndarray = image.astype(np.float32)
@@ -343,37 +318,6 @@ def _photo_image(rng: np.random.Generator, class_name: str, width: int, height: 
     shaded = cv2.GaussianBlur(shaded, (0, 0), 1.2)
     shaded += rng.normal(0.0, 3.0, size=shaded.shape).astype(np.float32)
     return np.clip(np.rint(shaded), 0, 255).astype(np.uint8)
-
-
-# --- EXIF orientation -------------------------------------------------------------
-
-
-def _as_stored_for(upright: np.ndarray, orientation: int) -> np.ndarray:
-    """The pixels a file tagged `orientation` stores so that it displays `upright`."""
-    stored = {
-        3: lambda a: a[::-1, ::-1],
-        6: lambda a: np.rot90(a, k=1),  # shown after turning 90 degrees clockwise
-        8: lambda a: np.rot90(a, k=-1),
-    }[orientation](upright)
-    return np.ascontiguousarray(stored)
-
-
-def _with_exif_orientation(jpeg: bytes, orientation: int) -> bytes:
-    """Inserts an APP1 EXIF segment holding only the orientation tag."""
-    tiff = (
-        b"MM\x00\x2a"
-        + struct.pack(">I", 8)  # big-endian TIFF, IFD0 at 8
-        + struct.pack(">H", 1)  # one entry:
-        + struct.pack(">HHIHH", 0x0112, 3, 1, orientation, 0)  # Orientation, SHORT, 1 value
-        + struct.pack(">I", 0)
-    )  # no next IFD
-    payload = b"Exif\x00\x00" + tiff
-    segment = b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload
-    # After SOI and the JFIF APP0 segment, where readers look for it.
-    insert_at = 2
-    if jpeg[2:4] == b"\xff\xe0":
-        insert_at = 4 + struct.unpack(">H", jpeg[4:6])[0]
-    return jpeg[:insert_at] + segment + jpeg[insert_at:]
 
 
 # --- files ------------------------------------------------------------------------
@@ -418,6 +362,8 @@ examples:
   kiln demo-data build/demo-data                 # what `make demo` builds from
   kiln demo-data /tmp/shapes --num-images 60 --no-broken
   kiln demo-data /tmp/photos --photos --num-images 2000   # benchmark input
+  kiln demo-data build/demo-detection --targets   # detection + segmentation + keypoints
+                                                  # (manifest.jsonl and instances.json)
 
 exit codes:
   0  written
@@ -427,7 +373,10 @@ exit codes:
         "out", metavar="OUT", help="folder to write (new, empty, or an earlier demo folder)"
     )
     parser.add_argument(
-        "--num-images", type=int, default=300, help="good images to write (default 300)"
+        "--num-images",
+        type=int,
+        default=None,
+        help="good images to write (default 300; 60 with --targets)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
@@ -446,11 +395,22 @@ exit codes:
         help="off a terminal, print a progress line every SECONDS (default: 30; 0: "
         "none); on a terminal one line is redrawn in place",
     )
+    parser.add_argument(
+        "--targets",
+        action="store_true",
+        help="write scenes of shapes with boxes, masks and keypoints, as a JSONL manifest "
+        "and a COCO instances file (what configs/demo-detection.yaml builds; default 60 "
+        "images when --num-images is not given)",
+    )
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     from kiln.errors import UsageError
 
+    if args.photos and args.targets:
+        raise UsageError("--photos and --targets write different datasets: choose one")
+    if args.num_images is None:
+        args.num_images = 60 if args.targets else 300
     if args.num_images < 0 or args.seed < 0:
         raise UsageError(
             f"--num-images and --seed must be >= 0, got {args.num_images} and {args.seed}"
@@ -459,6 +419,18 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         args.num_images, prefix="kiln demo-data: ", unit="images", every=args.progress_every
     )
     try:
+        if args.targets:
+            from kiln.pipeline import demo_targets
+
+            print(
+                demo_targets.generate(
+                    args.out,
+                    num_images=args.num_images,
+                    seed=args.seed,
+                    include_broken=not args.no_broken,
+                ).describe()
+            )
+            return 0
         if args.photos:
             summary = generate_photos(
                 args.out, num_images=args.num_images, seed=args.seed, progress=shown.update

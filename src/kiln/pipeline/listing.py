@@ -176,6 +176,13 @@ def _connect() -> sqlite3.Connection:
     return connection
 
 
+def scratch_database() -> sqlite3.Connection:
+    """A private temporary SQLite database set up as the listing's own (see
+    the module docstring), in autocommit mode: for a source that must spill
+    rows of its own before it can list them (a COCO file's annotations)."""
+    return _connect()
+
+
 class Listing:
     """Everything the launcher learned about the inputs before the job.
 

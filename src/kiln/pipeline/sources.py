@@ -50,7 +50,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.errors import ConfigError
 from kiln.lazy_import import LazyModule
-from kiln.pipeline import storage, target_rows
+from kiln.pipeline import storage, target_rows, voc
+from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem
 from kiln.pipeline.config_paths import ConfigPath
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
@@ -235,8 +236,194 @@ class ManifestSource(_SourceModel):
         return None
 
 
-Source = Annotated[ImageFolderSource | ManifestSource, Field(discriminator="type")]
+class CocoSource(_SourceModel):
+    """A COCO instances JSON file (`annotations`) and the folder of its images (`images`),
+    read as a stream; each image becomes a JSONL manifest row (`kiln.pipeline.coco`)."""
+
+    type: Literal["coco"]
+    """`coco`: a COCO instances JSON file and its image folder: boxes (`[x, y, width, height]`
+    becomes `[x_min, y_min, x_max, y_max]`), category names as classes, `iscrowd`, polygon and
+    RLE segmentation, keypoints. Needs `targets.boxes`. See
+    [detection-sources.md](detection-sources.md#coco)."""
+    annotations: ConfigPath
+    """coco: the instances JSON file (e.g. `annotations/instances_train2017.json`), read item
+    by item (three passes), never whole into memory; its declared category names, sorted, are
+    the class list unless `classes` is given. voc: the folder of XML files (e.g.
+    `VOCdevkit/VOC2012/Annotations`), each `.xml` file below it one image. A local path
+    (relative to the config file's folder) or `gs://...`."""
+    images: ConfigPath
+    """The folder the images' file names are relative to (coco: `file_name`, e.g. `train2017`;
+    voc: `<filename>`, e.g. `VOCdevkit/VOC2012/JPEGImages`); images are read only below it (and
+    `allowed_roots`)."""
+    split: Annotated[str, Field(pattern=SPLIT_NAME_PATTERN)] | None = None
+    """The split of every image (e.g. `train` for `instances_train2017.json`), for
+    `splits.from_source`."""
+
+    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("annotations", "images", "allowed_roots")
+
+    def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
+        _check_split(self.split, splits_from_source)
+        keypoint_names = targets.keypoints.names if targets.keypoints is not None else None
+        coco = CocoFile(self.annotations, keypoint_names=keypoint_names)
+        base = _folder(self.images)
+        try:
+            classes = self.classes or coco.class_names()
+            if not classes:
+                raise ConfigError(
+                    f"source.annotations: {self.annotations} declares no categories; "
+                    f"list the class names in source.classes"
+                )
+            rows = _coco_rows(coco, self.split, targets, lambda p: _resolve(p, base))
+            return _list_rows(
+                rows,
+                self.annotations,
+                base,
+                classes,
+                splits_from_source,
+                _Confinement.of(self.images, self.allowed_roots),
+                targets,
+            )
+        except CocoFileError as e:
+            raise ConfigError(f"source.annotations: {e}") from None
+
+    def describe(self) -> str:
+        return f"source.annotations: {self.annotations}"
+
+    def resolved(self) -> CocoSource:
+        return self.model_copy(
+            update={
+                "annotations": storage.absolute(self.annotations),
+                "images": storage.absolute(self.images),
+                "classes": _sorted(self.classes),
+                "allowed_roots": _absolute_all(self.allowed_roots),
+            }
+        )
+
+    def check(self, output_root: str) -> str | None:
+        if not storage.exists(self.annotations):
+            return f"source.annotations: file not found: {self.annotations}"
+        return _check_images_folder(self.images, output_root)
+
+
+class VocSource(_SourceModel):
+    """A folder of Pascal VOC XML files (`annotations`) and the folder of their images
+    (`images`); each file becomes a JSONL manifest row (`kiln.pipeline.voc`)."""
+
+    type: Literal["voc"]
+    """`voc`: a folder of Pascal VOC XML files, one per image: boxes (1-based inclusive pixel
+    indices become `[xmin - 1, ymin - 1, xmax, ymax]`), object names as classes, `difficult`,
+    `truncated`, `occluded`. Needs `targets.boxes`. See
+    [detection-sources.md](detection-sources.md#pascal-voc)."""
+    annotations: ConfigPath
+    """coco: the instances JSON file (e.g. `annotations/instances_train2017.json`), read item
+    by item (three passes), never whole into memory; its declared category names, sorted, are
+    the class list unless `classes` is given. voc: the folder of XML files (e.g.
+    `VOCdevkit/VOC2012/Annotations`), each `.xml` file below it one image. A local path
+    (relative to the config file's folder) or `gs://...`."""
+    images: ConfigPath
+    """The folder the images' file names are relative to (coco: `file_name`, e.g. `train2017`;
+    voc: `<filename>`, e.g. `VOCdevkit/VOC2012/JPEGImages`); images are read only below it (and
+    `allowed_roots`)."""
+    split: Annotated[str, Field(pattern=SPLIT_NAME_PATTERN)] | None = None
+    """The split of every image (e.g. `train` for `instances_train2017.json`), for
+    `splits.from_source`."""
+
+    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("annotations", "images", "allowed_roots")
+
+    def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
+        _check_split(self.split, splits_from_source)
+        base = _folder(self.images)
+        rows = _voc_rows(self.annotations, self.split, targets, lambda p: _resolve(p, base))
+        return _list_rows(
+            rows,
+            self.annotations,
+            base,
+            self.classes,
+            splits_from_source,
+            _Confinement.of(self.images, self.allowed_roots),
+            targets,
+        )
+
+    def describe(self) -> str:
+        return f"source.annotations: {self.annotations}"
+
+    def resolved(self) -> VocSource:
+        return self.model_copy(
+            update={
+                "annotations": storage.absolute(self.annotations),
+                "images": storage.absolute(self.images),
+                "classes": _sorted(self.classes),
+                "allowed_roots": _absolute_all(self.allowed_roots),
+            }
+        )
+
+    def check(self, output_root: str) -> str | None:
+        if not storage.store_for(self.annotations).has_files(self.annotations):
+            return f"source.annotations: folder not found or empty: {self.annotations}"
+        return _check_images_folder(self.images, output_root)
+
+
+Source = Annotated[
+    ImageFolderSource | ManifestSource | CocoSource | VocSource, Field(discriminator="type")
+]
 """The ``source:`` section: one of the source kinds, chosen by its ``type``."""
+
+
+def _check_split(split: str | None, splits_from_source: bool) -> None:
+    if splits_from_source and split is None:
+        raise ConfigError(
+            "source.split: splits.from_source takes every image's split from the source; "
+            "name the split of this file's images (e.g. split: train)"
+        )
+
+
+def _check_images_folder(images: str, output_root: str) -> str | None:
+    if not storage.store_for(images).has_files(images):
+        return f"source.images: folder not found or empty: {images}"
+    if storage.inside(output_root, images):
+        return (
+            f"output: {output_root} is inside the source folder {images}; "
+            f"the next build would read its own output"
+        )
+    return None
+
+
+def _folder(path: str) -> str:
+    return path.rstrip("/") if is_remote(path) else os.path.abspath(path)
+
+
+def _coco_rows(
+    coco: CocoFile, split: str | None, targets: TargetsConfig, resolve
+) -> Iterator[_Row | _BadRow]:
+    """A COCO file's images as manifest rows, its problems as bad rows."""
+    for position, found in enumerate(coco.rows()):
+        if isinstance(found, CocoProblem):
+            yield _BadRow(position, found.entry, found.message, found.reason, found.where)
+            continue
+        yield _annotated_row(position, found.where, found.row, split, targets, resolve)
+
+
+def _voc_rows(
+    folder: str, split: str | None, targets: TargetsConfig, resolve
+) -> Iterator[_Row | _BadRow]:
+    """A VOC folder's files as manifest rows, unreadable ones as bad rows."""
+    for position, found in enumerate(voc.read_folder(folder)):
+        if isinstance(found, voc.VocProblem):
+            yield _BadRow(position, found.where, found.message, where=found.where)
+            continue
+        yield _annotated_row(position, found.where, found.row, split, targets, resolve)
+
+
+def _annotated_row(
+    position: int, where: str, row: dict, split: str | None, targets: TargetsConfig, resolve
+) -> _Row | _BadRow:
+    """A COCO or VOC image's row, its targets checked as a JSONL line's are."""
+    text = json.dumps(row, sort_keys=True, separators=(",", ":"))
+    try:
+        row_targets = target_rows.row_targets(row, targets, resolve)
+    except AnnotationError as e:
+        return _BadRow(position, text, str(e), where=where)
+    return _Row(position, text, row["path"], "", split, row_targets, where)
 
 
 def _sorted(classes: list[str] | None) -> list[str] | None:
@@ -395,15 +582,18 @@ class _Row:
     label: str  # "" when the targets have no label
     split: str | None
     targets: dict | None = None  # `target_rows.row_targets`, None without targets:
+    where: str | None = None  # for messages; None: ``<manifest>:<line>``
 
 
 @dataclasses.dataclass(frozen=True)
 class _BadRow:
-    """A manifest row that does not parse: dropped as ``bad_row``."""
+    """A row that does not parse: dropped as `reason` (``bad_row`` unless said)."""
 
     line: int
     text: str
     problem: str
+    reason: str = "bad_row"
+    where: str | None = None  # for messages; None: ``<manifest>:<line>``
 
 
 def _list_manifest(
@@ -422,15 +612,37 @@ def _list_manifest(
         if path.endswith((".jsonl", ".json"))
         else _csv_rows(lines, name, targets if with_targets else None)
     )
+    return _list_rows(rows, path, base, classes, from_source, confinement, targets)
+
+
+def _list_rows(
+    rows: Iterator[_Row | _BadRow],
+    path: str,
+    base: str,
+    classes: list[str] | None,
+    from_source: bool,
+    confinement: _Confinement,
+    targets: TargetsConfig,
+) -> Listing:
+    """The listing of a source's rows (a manifest's, or a COCO or VOC file's).
+
+    Args:
+      rows: The rows, parsed, in the source's order.
+      path: The file the rows come from (named in dropped rows).
+      base: The folder the rows' image paths are relative to.
+      classes: The class list (``source.classes``, or a COCO file's
+        categories); None: every class the rows name.
+    """
+    name = posixpath.basename(path.rstrip("/"))
     with ListingWriter() as writer:
 
         def drop(key, uri, reason, message, entry):
             writer.drop(DroppedFile(key, "list", reason, uri, message), ["dropped", reason, entry])
 
         for row in rows:
-            where = f"{name}:{row.line}"
+            where = row.where or f"{name}:{row.line}"
             if isinstance(row, _BadRow):
-                drop(where, path, "bad_row", row.problem, row.text)
+                drop(where, path, row.reason, row.problem, row.text)
                 continue
             split = row.split if from_source else None
             if from_source and split is None:

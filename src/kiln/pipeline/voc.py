@@ -1,0 +1,156 @@
+"""Reading a Pascal VOC annotation folder (one XML file per image) as manifest rows.
+
+Each ``Annotations/<name>.xml`` names its image (``<filename>``) and lists
+its objects::
+
+    <annotation>
+      <filename>2007_000027.jpg</filename>
+      <object>
+        <name>person</name> <truncated>0</truncated> <difficult>0</difficult>
+        <bndbox><xmin>174</xmin><ymin>101</ymin><xmax>349</xmax><ymax>351</ymax></bndbox>
+      </object>
+    </annotation>
+
+and becomes the row of the JSONL manifest with targets::
+
+    {"path": "2007_000027.jpg",
+     "objects": [{"bbox": [173, 100, 349, 351], "class": "person",
+                  "difficult": 0, "truncated": 0}]}
+
+VOC counts pixels from 1 and its boxes include their last pixel: pixel
+column ``xmin`` is the box's first, ``xmax`` its last, so in kiln's
+continuous coordinates (column i covers [i, i + 1), from 0) the box is
+``[xmin - 1, ymin - 1, xmax, ymax]``. ``difficult``, ``truncated`` and
+``occluded`` are 0 when absent; declare the ones to keep as
+``targets.boxes.fields`` (e.g. ``{difficult: int}``).
+
+A file that is not well-formed XML, lacks ``<filename>``, or has a box
+coordinate that is not a number is a `VocProblem` (``bad_row``). Files are
+parsed with the standard library's expat parser, which (expat 2.4.1 and
+later) refuses entity expansion bombs and never fetches external entities;
+a file larger than `MAX_FILE_BYTES` is refused unread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import pyexpat
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Iterator
+from typing import Any
+
+from apache_beam.io.filesystems import FileSystems
+
+from kiln.pipeline import storage
+
+MAX_FILE_BYTES = 4 * 1024 * 1024  # VOC files are a few KB
+# The first expat that limits entity expansion (CVE-2013-0340, "billion laughs").
+SAFE_EXPAT = (2, 4, 1)
+FLAGS = ("difficult", "truncated", "occluded")
+
+
+@dataclasses.dataclass(frozen=True)
+class VocRow:
+    """One annotation file as a manifest row.
+
+    Attributes:
+      where: The file's path relative to the annotation folder.
+      row: The manifest row (``path``, ``objects``).
+    """
+
+    where: str
+    row: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class VocProblem:
+    """An annotation file that cannot become a row (``bad_row``)."""
+
+    where: str
+    message: str
+
+
+def read_folder(folder: str) -> Iterator[VocRow | VocProblem]:
+    """Every ``.xml`` file below `folder` (hidden ones skipped), as a row or a problem,
+    in path order."""
+    folder = folder.rstrip("/")
+    paths = sorted(
+        metadata.path
+        for metadata in storage.store_for(folder).walk_tree(folder, skip_hidden=True)
+        if metadata.path.lower().endswith(".xml")
+    )
+    for path in paths:
+        where = posixpath.relpath(path.replace("\\", "/"), folder.replace("\\", "/"))
+        try:
+            yield VocRow(where, parse(_read(path)))
+        except _VocError as e:
+            yield VocProblem(where, str(e))
+
+
+class _VocError(Exception):
+    pass
+
+
+def _read(path: str) -> bytes:
+    try:
+        with FileSystems.open(path) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except Exception as e:  # any filesystem's I/O error
+        raise _VocError(f"cannot read the file: {str(e).strip()[:200]}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise _VocError(f"larger than {MAX_FILE_BYTES} bytes: not a VOC annotation")
+    return data
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """One VOC annotation file's manifest row.
+
+    Raises:
+      _VocError: not well-formed XML, no ``<filename>``, a box coordinate
+        that is not a number.
+    """
+    if pyexpat.version_info < SAFE_EXPAT:
+        raise RuntimeError(
+            f"expat {pyexpat.EXPAT_VERSION} does not limit entity expansion; kiln reads VOC "
+            f"files with expat {'.'.join(map(str, SAFE_EXPAT))} or later (a newer Python)"
+        )
+    try:
+        root = ElementTree.fromstring(data)  # noqa: S314  (see the module docstring)
+    except ElementTree.ParseError as e:
+        raise _VocError(f"not well-formed XML: {e}") from None
+    filename = (root.findtext("filename") or "").strip()
+    if not filename:
+        raise _VocError("<filename> is missing or empty")
+    objects = []
+    for index, element in enumerate(root.iter("object")):
+        where = f"object {index + 1}"
+        found: dict[str, Any] = {"class": (element.findtext("name") or "").strip()}
+        box = element.find("bndbox")
+        if box is not None:
+            xmin, ymin, xmax, ymax = (
+                _number(box.findtext(name), f"{where}: <{name}>")
+                for name in ("xmin", "ymin", "xmax", "ymax")
+            )
+            found["bbox"] = [xmin - 1, ymin - 1, xmax, ymax]
+        for flag in FLAGS:
+            found[flag] = _flag(element.findtext(flag), f"{where}: <{flag}>")
+        objects.append(found)
+    return {"path": filename, "objects": objects}
+
+
+def _flag(text: str | None, where: str) -> int:
+    text = (text or "0").strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise _VocError(f"{where} must be an integer, got {text[:40]!r}") from None
+
+
+def _number(text: str | None, where: str) -> float | int:
+    text = (text or "").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise _VocError(f"{where} must be a number, got {text[:40]!r}") from None
+    return int(value) if value.is_integer() else value

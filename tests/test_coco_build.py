@@ -1,0 +1,288 @@
+"""Builds from COCO and VOC sources (real pipelines on the DirectRunner), read back.
+
+A small COCO file written here (crowd RLE, polygons, compressed RLE, an
+image without annotations, a dangling annotation, an undeclared category)
+and the detection demo (`kiln demo-data --targets`, built from its COCO
+file and from its JSONL manifest: the same boxes and keypoints either way)
+are built with `kiln.pipeline.build` and decoded with the dataset's schema.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import cv2
+import numpy as np
+import pytest
+import tensorflow as tf
+from pycocotools import mask as coco_mask
+
+from kiln.errors import ConfigError
+from kiln.pipeline import build, demo_targets
+from kiln.schemas import Schema
+
+KEYPOINTS = {"names": list(demo_targets.KEYPOINTS), "flip_pairs": [["left", "right"]]}
+
+
+def records(result) -> dict[str, dict]:
+    """key -> decoded record, every split."""
+    schema = Schema.from_json(result.info.schema)
+    out = {}
+    for split in result.info.splits.values():
+        paths = [os.path.join(result.dataset_dir, shard.filename) for shard in split.shards]
+        for serialized in tf.data.TFRecordDataset(paths):
+            record = schema.decode(serialized.numpy())
+            out[record["key"].decode()] = record
+    return out
+
+
+def error_rows(result) -> dict[str, dict]:
+    with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
+        return {row["key"]: row for row in map(json.loads, f)}
+
+
+def png_pixels(data: bytes) -> np.ndarray:
+    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+
+
+def write_png(path, pixels: np.ndarray) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    assert cv2.imwrite(str(path), pixels)
+
+
+def small_coco(folder) -> str:
+    """Three images, their annotations, and what is wrong with some of them."""
+    images = folder / "images"
+    write_png(images / "a" / "10.png", np.full((48, 64, 3), 90, np.uint8))
+    write_png(images / "7.png", np.full((32, 32, 3), 30, np.uint8))
+    write_png(images / "empty.png", np.full((20, 20, 3), 60, np.uint8))
+    write_png(images / "11.png", np.full((16, 16, 3), 10, np.uint8))
+    square = np.zeros((32, 32), np.uint8, order="F")
+    square[4:12, 8:24] = 1
+    compressed = coco_mask.encode(np.asfortranarray(square))
+    compressed["counts"] = compressed["counts"].decode()
+    document = {
+        "images": [
+            {"id": 10, "file_name": "a/10.png", "width": 64, "height": 48},
+            {"id": 7, "file_name": "7.png", "width": 32, "height": 32},
+            {"id": 12, "file_name": "empty.png", "width": 20, "height": 20},
+            {"id": 11, "file_name": "11.png", "width": 16, "height": 16},
+        ],
+        "annotations": [
+            {
+                "id": 1,
+                "image_id": 10,
+                "category_id": 1,
+                "bbox": [10, 10, 20, 16],
+                "iscrowd": 0,
+                "segmentation": [[10, 10, 30, 10, 30, 26, 10, 26]],
+            },
+            {
+                "id": 2,
+                "image_id": 10,
+                "category_id": 3,
+                # A crowd: uncompressed RLE, column-major, 0-runs first.
+                "bbox": [40, 0, 2, 48],
+                "iscrowd": 1,
+                "segmentation": {"size": [48, 64], "counts": [40 * 48, 2 * 48, 22 * 48]},
+            },
+            {
+                "id": 3,
+                "image_id": 7,
+                "category_id": 3,
+                "bbox": [8, 4, 16, 8],
+                "segmentation": compressed,
+            },
+            {"id": 4, "image_id": 99, "category_id": 1, "bbox": [0, 0, 1, 1]},  # no image 99
+            {
+                "id": 5,
+                "image_id": 11,
+                "category_id": 42,  # not declared
+                "bbox": [1, 1, 4, 4],
+                "segmentation": [[1, 1, 5, 1, 5, 5, 1, 5]],
+            },
+        ],
+        "categories": [
+            {"id": 1, "name": "person"},
+            {"id": 3, "name": "cat"},
+            {"id": 2, "name": "bicycle"},
+        ],
+    }
+    path = folder / "instances.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def coco_config(annotations, images, output, **overrides) -> dict:
+    config = {
+        "name": "coco",
+        "source": {"type": "coco", "annotations": str(annotations), "images": str(images)},
+        "output": str(output),
+        "encoding": {"format": "png"},
+        "targets": {"boxes": {"fields": {"iscrowd": "int"}}, "instance_masks": {}},
+        "errors": {"max_fraction": 0.6},
+    }
+    config.update(overrides)
+    return config
+
+
+def test_a_small_coco_file_builds_and_reads_back(tmp_path):
+    annotations = small_coco(tmp_path)
+    result = build(coco_config(annotations, tmp_path / "images", tmp_path / "out"))
+    info = result.info
+    assert info.class_names == ["bicycle", "cat", "person"]
+    got = records(result)
+    assert sorted(got) == ["7.png", "a/10.png", "empty.png"]
+
+    first = got["a/10.png"]
+    np.testing.assert_allclose(
+        first["boxes"], [[10 / 48, 10 / 64, 26 / 48, 30 / 64], [0, 40 / 64, 1, 42 / 64]]
+    )
+    assert first["classes"].tolist() == [2, 1] and first["iscrowd"].tolist() == [0, 1]
+    polygon, crowd = (png_pixels(m) for m in first["instance_masks"])
+    assert polygon.shape == crowd.shape == (48, 64)
+    crowd_expected = np.zeros((48, 64), np.uint8)
+    crowd_expected[:, 40:42] = 1
+    np.testing.assert_array_equal(crowd, crowd_expected)
+    # The polygon as pycocotools rasterizes it (kiln's own kernel, close to it).
+    expected = coco_mask.decode(
+        coco_mask.merge(coco_mask.frPyObjects([[10, 10, 30, 10, 30, 26, 10, 26]], 48, 64))
+    )
+    assert (polygon & expected).sum() / (polygon | expected).sum() > 0.9
+
+    square = png_pixels(got["7.png"]["instance_masks"][0])
+    assert square.sum() == 8 * 16 and square[4:12, 8:24].all()
+    assert got["empty.png"]["boxes"].shape == (0, 4)  # an image without annotations
+
+    errors = error_rows(result)
+    assert errors["instances.json:annotations[3]"]["reason"] == "dangling_annotation"
+    # The undeclared category drops its image (bad_objects: drop_image).
+    assert errors["11.png"]["reason"] == "unknown_class"
+    assert "undeclared category_id 42" in errors["11.png"]["message"]
+    assert info.dropped == {"dangling_annotation": 1, "unknown_class": 1}
+
+
+def test_a_coco_file_that_cannot_be_read_stops_the_build(tmp_path):
+    (tmp_path / "images").mkdir()
+    write_png(tmp_path / "images" / "1.png", np.zeros((8, 8, 3), np.uint8))
+    (tmp_path / "instances.json").write_text('{"images": [{"id": 1, "file_name": "1.png"}')
+    with pytest.raises(ConfigError, match=r"source.annotations: .*not valid JSON"):
+        build(coco_config(tmp_path / "instances.json", tmp_path / "images", tmp_path / "out"))
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        (None, "targets.boxes"),
+        ({"label": {}}, "targets.boxes"),
+        ({"boxes": {}, "mask": {}}, "targets.mask"),
+        ({"boxes": {}, "extra": {"weather": "string"}}, "targets.extra"),
+    ],
+)
+def test_the_config_refuses_targets_coco_cannot_give(tmp_path, targets, message):
+    annotations = small_coco(tmp_path)
+    config = coco_config(annotations, tmp_path / "images", tmp_path / "out")
+    if targets is None:
+        del config["targets"]
+    else:
+        config["targets"] = targets
+    with pytest.raises(ConfigError, match=message):
+        build(config)
+
+
+@pytest.fixture(scope="module")
+def detection_demo(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("detection-demo")
+    demo_targets.generate(folder / "data", num_images=10, seed=2)
+    return folder
+
+
+def test_the_detection_demo_builds_the_same_from_coco_and_from_the_manifest(detection_demo):
+    data = detection_demo / "data"
+    common = {
+        "output": str(detection_demo / "out"),
+        "encoding": {"format": "png"},
+        "errors": {"max_fraction": 0.5},
+    }
+    from_manifest = build(
+        {
+            "name": "from-manifest",
+            "source": {
+                "type": "manifest",
+                "path": str(data / demo_targets.MANIFEST),
+                "classes": list(demo_targets.CLASSES),
+            },
+            "targets": {"boxes": {}, "instance_masks": {}, "keypoints": KEYPOINTS},
+            **common,
+        }
+    )
+    from_coco = build(
+        {
+            "name": "from-coco",
+            "source": {
+                "type": "coco",
+                "annotations": str(data / demo_targets.COCO),
+                "images": str(data / "images"),
+            },
+            "targets": {"boxes": {}, "instance_masks": {}, "keypoints": KEYPOINTS},
+            **common,
+        }
+    )
+    manifest_records = records(from_manifest)
+    coco_records = {"images/" + key: record for key, record in records(from_coco).items()}
+    good = sorted(key for key in manifest_records if "/scene_" in key)
+    assert len(good) == 10 and good == sorted(k for k in coco_records if "/scene_" in k)
+    shift = len(demo_targets.CLASSES) - len(demo_targets.SHAPES)  # the manifest's background
+    for key in good:
+        ours, theirs = coco_records[key], manifest_records[key]
+        np.testing.assert_array_equal(ours["boxes"], theirs["boxes"])
+        np.testing.assert_array_equal(ours["keypoints"], theirs["keypoints"])
+        assert (ours["classes"] + shift).tolist() == theirs["classes"].tolist()
+        for coco_mask_png, manifest_mask_png in zip(
+            ours["instance_masks"], theirs["instance_masks"], strict=True
+        ):
+            rasterized, drawn = png_pixels(coco_mask_png), png_pixels(manifest_mask_png)
+            iou = (rasterized & drawn).sum() / (rasterized | drawn).sum()
+            assert iou > 0.8, (key, iou)
+
+    # The broken scenes, as each source reports them (by name without extension).
+    coco_errors = {stem(k): row["reason"] for k, row in error_rows(from_coco).items()}
+    assert coco_errors["broken_inverted_box"] == "bad_box"
+    assert coco_errors["broken_unknown_class"] == "unknown_class"
+    assert coco_errors["broken_short_polygon"] == "bad_polygon"
+    assert list(coco_errors.values()).count("dangling_annotation") == 1
+    manifest_errors = {stem(k): row["reason"] for k, row in error_rows(from_manifest).items()}
+    assert manifest_errors["broken_inverted_box"] == "bad_box"
+    assert manifest_errors["broken_unknown_class"] == "unknown_class"
+    assert manifest_errors["broken_missing_mask"] == "missing_mask"
+    assert manifest_errors["broken_short_polygon"] == "bad_polygon"
+
+
+def stem(key: str) -> str:
+    return key.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+
+
+def test_a_voc_folder_builds_and_reads_back(tmp_path):
+    annotations, images = tmp_path / "Annotations", tmp_path / "JPEGImages"
+    annotations.mkdir()
+    write_png(images / "a.png", np.zeros((40, 50, 3), np.uint8))
+    (annotations / "a.xml").write_text(
+        "<annotation><filename>a.png</filename>"
+        "<object><name>dog</name><difficult>1</difficult>"
+        "<bndbox><xmin>11</xmin><ymin>1</ymin><xmax>30</xmax><ymax>40</ymax></bndbox></object>"
+        "</annotation>"
+    )
+    result = build(
+        {
+            "name": "voc",
+            "source": {"type": "voc", "annotations": str(annotations), "images": str(images)},
+            "output": str(tmp_path / "out"),
+            "encoding": {"format": "png"},
+            "targets": {"boxes": {"fields": {"difficult": "int"}}},
+        }
+    )
+    (record,) = records(result).values()
+    # Pixels 11..30 and 1..40 counted from 1: [10, 0, 30, 40] from 0, normalized.
+    np.testing.assert_allclose(record["boxes"], [[0, 10 / 50, 1, 30 / 50]])
+    assert record["difficult"].tolist() == [1] and result.info.class_names == ["dog"]

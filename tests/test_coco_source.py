@@ -1,0 +1,401 @@
+"""The COCO source: a COCO instances JSON read as manifest rows, streaming, and listed.
+
+A small COCO file written here holds what real ones do (crowd objects with
+uncompressed RLE, polygons, compressed RLE, keypoints, an image without
+annotations) and what broken ones do (an annotation of an image that is not
+declared, a category that is not declared, a repeated image id); its rows
+and problems are read back exactly. A large generated file (100,000
+annotations) is read with the memory of a small one, measured with tracemalloc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tracemalloc
+
+import pytest
+
+from kiln.errors import ConfigError
+from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem, CocoRow
+from kiln.pipeline.config import load as load_config
+from kiln.pipeline.sources import CocoSource
+from kiln.schemas import TargetsConfig
+
+CATEGORIES = [
+    {"id": 1, "name": "person", "keypoints": ["nose", "left_eye", "right_eye"]},
+    {"id": 3, "name": "cat"},
+    {"id": 2, "name": "bicycle"},  # declared, never used: still a class
+]
+IMAGES = [
+    {"id": 10, "file_name": "a/10.jpg", "width": 64, "height": 48},
+    {"id": 7, "file_name": "7.jpg", "width": 32, "height": 32},
+    {"id": 12, "file_name": "empty.jpg", "width": 20, "height": 20},  # no annotations
+    {"id": 7, "file_name": "again.jpg", "width": 8, "height": 8},  # repeated id
+    {"file_name": "no_id.jpg"},
+]
+POLYGON = [[10.0, 10.0, 30.0, 10.0, 30.0, 25.5, 10.0, 25.5]]
+CROWD_RLE = {"size": [48, 64], "counts": [100, 20, 3052]}
+COMPRESSED_RLE = {"size": [32, 32], "counts": "PPYo0"}
+ANNOTATIONS = [
+    {
+        "id": 1,
+        "image_id": 10,
+        "category_id": 1,
+        "bbox": [10, 10, 20, 15.5],
+        "iscrowd": 0,
+        "segmentation": POLYGON,
+        "keypoints": [12, 14, 2, 11, 12, 1, 0, 0, 0],
+        "num_keypoints": 2,
+    },
+    {"id": 2, "image_id": 7, "category_id": 3, "bbox": [1.5, 2, 4, 4], "segmentation": []},
+    {
+        "id": 3,
+        "image_id": 10,
+        "category_id": 1,
+        "bbox": [40, 2, 8, 30],
+        "iscrowd": 1,
+        "segmentation": CROWD_RLE,
+    },
+    {"id": 4, "image_id": 99, "category_id": 3, "bbox": [0, 0, 1, 1]},  # no image 99
+    {"id": 5, "image_id": 7, "category_id": 42, "bbox": [3, 3, 2, 2]},  # no category 42
+    {
+        "id": 6,
+        "image_id": 7,
+        "category_id": 3,
+        "bbox": [0, 0, 5],  # not four numbers: passed on for the row validation
+        "segmentation": COMPRESSED_RLE,
+    },
+    {"id": 7, "category_id": 3, "bbox": [0, 0, 1, 1]},  # no image_id
+    {"id": 8, "image_id": 1, "category_id": 3, "bbox": [0, 0, 1, 1]},  # below every image id
+]
+
+
+def write_coco(path, *, categories_first: bool = False, **arrays) -> str:
+    """A COCO file with the arrays above (overridable), categories last as in
+    the official files unless `categories_first`."""
+    content = {
+        "images": arrays.get("images", IMAGES),
+        "annotations": arrays.get("annotations", ANNOTATIONS),
+        "categories": arrays.get("categories", CATEGORIES),
+    }
+    order = ["info", "images", "annotations", "categories"]
+    if categories_first:
+        order = ["categories", "info", "images", "annotations"]
+    document = {"info": {"description": "test"}} | content
+    path.write_text(json.dumps({key: document[key] for key in order}, indent=1))
+    return str(path)
+
+
+def read_all(coco: CocoFile) -> tuple[list[CocoRow], list[CocoProblem]]:
+    rows, problems = [], []
+    for found in coco.rows():
+        (rows if isinstance(found, CocoRow) else problems).append(found)
+    return rows, problems
+
+
+def test_rows_and_problems_read_back(tmp_path):
+    coco = CocoFile(write_coco(tmp_path / "instances.json"))
+    rows, problems = read_all(coco)
+
+    assert coco.class_names() == ["bicycle", "cat", "person"]
+    # Rows in image id order; the repeated id keeps its first entry.
+    assert [row.where for row in rows] == [
+        "instances.json:images[1]",
+        "instances.json:images[0]",
+        "instances.json:images[2]",
+    ]
+    assert rows[0].row == {
+        "path": "7.jpg",
+        "objects": [
+            # Objects in the order of the file; boxes from xywh to corners.
+            {"class": "cat", "bbox": [1.5, 2, 5.5, 6], "iscrowd": 0},
+            {"class": "undeclared category_id 42", "bbox": [3, 3, 5, 5], "iscrowd": 0},
+            {
+                "class": "cat",
+                "bbox": [0, 0, 5],
+                "iscrowd": 0,
+                "segmentation": COMPRESSED_RLE,
+            },
+        ],
+    }
+    assert rows[1].row == {
+        "path": "a/10.jpg",
+        "objects": [
+            {"class": "person", "bbox": [10, 10, 30, 25.5], "iscrowd": 0, "segmentation": POLYGON},
+            {"class": "person", "bbox": [40, 2, 48, 32], "iscrowd": 1, "segmentation": CROWD_RLE},
+        ],
+    }
+    assert rows[2].row == {"path": "empty.jpg", "objects": []}
+
+    reasons = sorted((p.where, p.reason) for p in problems)
+    assert reasons == [
+        ("instances.json:annotations[3]", "dangling_annotation"),
+        ("instances.json:annotations[6]", "bad_row"),
+        ("instances.json:annotations[7]", "dangling_annotation"),
+        ("instances.json:images[3]", "bad_row"),
+        ("instances.json:images[4]", "bad_row"),
+    ]
+    by_where = {p.where: p for p in problems}
+    assert (
+        "image_id 99 is not the id of any entry"
+        in by_where["instances.json:annotations[3]"].message
+    )
+    assert "also the id of images[1]" in by_where["instances.json:images[3]"].message
+    # A problem's entry is the entry itself, canonical: not its position.
+    assert json.loads(by_where["instances.json:annotations[3]"].entry) == ANNOTATIONS[3]
+
+
+def test_keypoints_follow_the_asked_names(tmp_path):
+    coco = CocoFile(
+        write_coco(tmp_path / "instances.json"),
+        keypoint_names=["right_eye", "nose", "left_ear"],
+    )
+    rows, _ = read_all(coco)
+    person = rows[1].row["objects"]
+    # Reordered by name; a name the category lacks is "not labelled".
+    assert person[0]["keypoints"] == [0, 0, 0, 12, 14, 2, 0, 0, 0]
+    # An annotation without keypoints has none labelled.
+    assert person[1]["keypoints"] == [0] * 9
+    # Without asked names, rows carry no keypoints.
+    rows, _ = read_all(CocoFile(write_coco(tmp_path / "plain.json")))
+    assert "keypoints" not in rows[1].row["objects"][0]
+
+
+def test_the_order_of_the_arrays_does_not_matter(tmp_path):
+    last = read_all(CocoFile(write_coco(tmp_path / "last.json")))
+    first = read_all(CocoFile(write_coco(tmp_path / "first.json", categories_first=True)))
+    assert [r.row for r in first[0]] == [r.row for r in last[0]]
+    assert [(p.reason, p.entry) for p in first[1]] == [(p.reason, p.entry) for p in last[1]]
+
+
+def test_string_ids_join_too(tmp_path):
+    images = [{"id": "b", "file_name": "b.png"}, {"id": 3, "file_name": "3.png"}]
+    annotations = [
+        {"id": 1, "image_id": "b", "category_id": 3, "bbox": [0, 0, 2, 2]},
+        {"id": 2, "image_id": 3, "category_id": 3, "bbox": [1, 1, 2, 2]},
+        {"id": 3, "image_id": "3", "category_id": 3, "bbox": [1, 1, 2, 2]},  # "3" is not 3
+    ]
+    rows, problems = read_all(
+        CocoFile(write_coco(tmp_path / "i.json", images=images, annotations=annotations))
+    )
+    assert [(r.row["path"], len(r.row["objects"])) for r in rows] == [("3.png", 1), ("b.png", 1)]
+    assert [(p.where, p.reason) for p in problems] == [
+        ("i.json:annotations[2]", "dangling_annotation")
+    ]
+
+
+def test_bad_categories_are_reported_and_their_annotations_undeclared(tmp_path):
+    categories = [{"id": 3, "name": "cat"}, {"id": 3, "name": "dog"}, {"id": 4}]
+    annotations = [{"id": 1, "image_id": 7, "category_id": 4, "bbox": [0, 0, 1, 1]}]
+    coco = CocoFile(write_coco(tmp_path / "i.json", categories=categories, annotations=annotations))
+    rows, problems = read_all(coco)
+    assert coco.class_names() == ["cat"]
+    assert sorted((p.where, p.reason) for p in problems) == [
+        ("i.json:categories[1]", "bad_row"),
+        ("i.json:categories[2]", "bad_row"),
+        ("i.json:images[3]", "bad_row"),
+        ("i.json:images[4]", "bad_row"),
+    ]
+    assert rows[0].row["objects"][0]["class"] == "undeclared category_id 4"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"images": [{"id": 1, "file_name": "a.jpg"}], "annotations": [{"id": 1,', "not valid"),
+        ('{"annotations": [], "categories": []}', "no 'images' array"),
+        ("[1, 2, 3]", "no 'images' array"),
+    ],
+)
+def test_a_file_that_cannot_be_used_is_an_error(tmp_path, text, message):
+    path = tmp_path / "broken.json"
+    path.write_text(text)
+    with pytest.raises(CocoFileError, match=message):
+        read_all(CocoFile(str(path)))
+
+
+def test_a_missing_file_is_an_error(tmp_path):
+    with pytest.raises(CocoFileError, match="cannot read"):
+        read_all(CocoFile(str(tmp_path / "nope.json")))
+
+
+def write_large_coco(path, *, images: int, annotations: int) -> None:
+    """A COCO file written piece by piece: annotations in shuffled image order."""
+    with open(path, "w") as f:
+        f.write('{"images": [')
+        f.write(
+            ",".join(
+                json.dumps({"id": i, "file_name": f"{i:08d}.jpg", "width": 640, "height": 480})
+                for i in range(images)
+            )
+        )
+        f.write('], "annotations": [')
+        for a in range(annotations):
+            image_id = (a * 7919) % (images + 5)  # a few dangling ids beyond the images
+            box = [a % 600, a % 400, 10.5, 20]
+            item = {"id": a, "image_id": image_id, "category_id": a % 3 + 1, "bbox": box}
+            f.write(("," if a else "") + json.dumps(item))
+        f.write('], "categories": ' + json.dumps(CATEGORIES) + "}")
+
+
+def read_with_tracemalloc(path, images: int, annotations: int) -> int:
+    """Reads a generated file, checks what it read; the peak of Python's allocations."""
+    tracemalloc.start()
+    try:
+        rows = objects = dangling = 0
+        boxes_of_7 = set()
+        for found in CocoFile(str(path)).rows():
+            if isinstance(found, CocoRow):
+                rows += 1
+                objects += len(found.row["objects"])
+                if found.row["path"] == "00000007.jpg":
+                    boxes_of_7 = {o["bbox"][0] for o in found.row["objects"]}
+            else:
+                assert found.reason == "dangling_annotation"
+                dangling += 1
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    image_ids = [(a * 7919) % (images + 5) for a in range(annotations)]
+    expected_dangling = sum(1 for image_id in image_ids if image_id >= images)
+    assert (rows, objects + dangling, dangling) == (images, annotations, expected_dangling)
+    assert boxes_of_7 == {a % 600 for a, image_id in enumerate(image_ids) if image_id == 7}
+    return peak
+
+
+def test_a_large_file_is_read_with_bounded_memory(tmp_path):
+    # Measured with tracemalloc (Python's allocations; SQLite's page cache is
+    # bounded by its own setting), which slows the reading down several
+    # times: 100,000 annotations keep the test under a minute.
+    small, large = tmp_path / "small.json", tmp_path / "large.json"
+    write_large_coco(small, images=1_000, annotations=10_000)
+    write_large_coco(large, images=10_000, annotations=100_000)
+    small_peak = read_with_tracemalloc(small, 1_000, 10_000)
+    large_peak = read_with_tracemalloc(large, 10_000, 100_000)
+    size = large.stat().st_size
+    # json.load of the large file alone takes several times its size in Python
+    # objects; the stream holds an insert batch and one image's rows, so ten
+    # times the annotations cost (almost) nothing more.
+    assert size > 7_000_000
+    assert large_peak < 8_000_000, f"peak {large_peak / 1e6:.1f} MB for a {size / 1e6:.0f} MB file"
+    assert large_peak < small_peak + 1_000_000, (small_peak, large_peak)
+
+
+# --- the source: listing with targets ------------------------------------------------
+
+
+def listed(source, targets: TargetsConfig, *, splits_from_source: bool = False):
+    """(files by key with their targets, dropped rows by key, class names)."""
+    with source.list_files(splits_from_source=splits_from_source, targets=targets) as listing:
+        files = {f.key: f for f in listing.files()}
+        dropped = {d.key: d for d in listing.dropped()}
+        return files, dropped, listing.class_names
+
+
+def image_folder(tmp_path) -> str:
+    images = tmp_path / "images"
+    for image in IMAGES:
+        if "file_name" in image:
+            (images / image["file_name"]).parent.mkdir(parents=True, exist_ok=True)
+            (images / image["file_name"]).write_bytes(b"listing does not decode images")
+    return str(images)
+
+
+BOXES = TargetsConfig.model_validate({"boxes": {"fields": {"iscrowd": "int"}}})
+
+
+def test_the_source_lists_every_image_with_its_targets(tmp_path):
+    annotations = write_coco(tmp_path / "instances.json")
+    source = CocoSource(type="coco", annotations=annotations, images=image_folder(tmp_path))
+    files, dropped, class_names = listed(source, BOXES)
+
+    # The class list is the declared categories, not the classes the rows use.
+    assert class_names == ["bicycle", "cat", "person"]
+    assert sorted(files) == ["a/10.jpg", "empty.jpg"]
+    first = json.loads(files["a/10.jpg"].targets)
+    assert first["objects"] == [
+        {"bbox": [10.0, 10.0, 30.0, 25.5], "class": "person", "fields": {"iscrowd": 0}},
+        {"bbox": [40.0, 2.0, 48.0, 32.0], "class": "person", "fields": {"iscrowd": 1}},
+    ]
+    assert files["a/10.jpg"].uri == os.path.join(str(tmp_path), "images", "a", "10.jpg")
+    assert files["a/10.jpg"].label == -1
+    assert json.loads(files["empty.jpg"].targets) == {"objects": []}
+    assert {key: d.reason for key, d in dropped.items()} == {
+        "instances.json:annotations[3]": "dangling_annotation",
+        "instances.json:annotations[6]": "bad_row",
+        "instances.json:annotations[7]": "dangling_annotation",
+        "instances.json:images[3]": "bad_row",
+        "instances.json:images[4]": "bad_row",
+        # Image 7 has a box of three numbers: its row fails the row validation.
+        "instances.json:images[1]": "bad_row",
+    }
+    assert "objects[2].bbox: expected 4 numbers" in dropped["instances.json:images[1]"].message
+
+
+def test_the_source_asks_for_instance_masks_and_keypoints(tmp_path):
+    annotations = [a for a in ANNOTATIONS if a["id"] in (1, 3)]  # both with segmentation
+    path = write_coco(tmp_path / "instances.json", annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    targets = TargetsConfig.model_validate(
+        {
+            "boxes": {},
+            "instance_masks": {},
+            "keypoints": {"names": ["nose", "left_eye", "right_eye"]},
+        }
+    )
+    files, _, _ = listed(source, targets)
+    person, crowd = json.loads(files["a/10.jpg"].targets)["objects"]
+    assert person["segmentation"] == POLYGON and crowd["segmentation"] == CROWD_RLE
+    assert person["keypoints"] == [12, 14, 2, 11, 12, 1, 0, 0, 0]
+    assert crowd["keypoints"] == [0] * 9
+
+
+def test_the_split_of_the_file_with_splits_from_source(tmp_path):
+    path = write_coco(tmp_path / "instances.json")
+    images = image_folder(tmp_path)
+    source = CocoSource(type="coco", annotations=path, images=images, split="val")
+    with source.list_files(splits_from_source=True, targets=BOXES) as listing:
+        assert listing.split_names == ["val"]
+    with pytest.raises(ConfigError, match=r"source.split: splits.from_source"):
+        CocoSource(type="coco", annotations=path, images=images).list_files(
+            splits_from_source=True, targets=BOXES
+        )
+
+
+def test_the_source_reports_a_file_it_cannot_read_as_a_config_error(tmp_path):
+    (tmp_path / "instances.json").write_text('{"images": [')
+    source = CocoSource(
+        type="coco", annotations=str(tmp_path / "instances.json"), images=str(tmp_path)
+    )
+    with pytest.raises(ConfigError, match=r"source.annotations: .*not valid JSON"):
+        source.list_files(splits_from_source=False, targets=BOXES)
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        (None, "targets.boxes: a coco source lists objects"),
+        ({"label": {}}, "targets.boxes"),
+        ({"boxes": {}, "mask": {}}, "targets.mask: a coco source gives boxes, instance_masks"),
+        ({"boxes": {}, "extra": {"weather": "string"}}, "targets.extra"),
+        ({"boxes": {}, "keypoints": {"names": ["a"]}}, None),
+    ],
+)
+def test_the_config_accepts_only_targets_coco_can_give(tmp_path, targets, message):
+    config = {
+        "name": "coco",
+        "source": {
+            "type": "coco",
+            "annotations": write_coco(tmp_path / "instances.json"),
+            "images": image_folder(tmp_path),
+        },
+        "output": str(tmp_path / "out"),
+    }
+    if targets is not None:
+        config["targets"] = targets
+    if message is None:
+        assert load_config(config).targets.keypoints.names == ["a"]
+    else:
+        with pytest.raises(ConfigError, match=message):
+            load_config(config)

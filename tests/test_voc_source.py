@@ -1,0 +1,134 @@
+"""The VOC source: one XML file per image, read back as manifest rows and listed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kiln.errors import ConfigError
+from kiln.pipeline import voc
+from kiln.pipeline.config import load as load_config
+from kiln.pipeline.sources import VocSource
+from kiln.pipeline.voc import VocProblem, VocRow
+from kiln.schemas import TargetsConfig
+
+GOOD = b"""<annotation>
+  <folder>VOC2012</folder>
+  <filename>2007_000027.jpg</filename>
+  <size><width>486</width><height>500</height><depth>3</depth></size>
+  <object>
+    <name>person</name><pose>Unspecified</pose>
+    <truncated>1</truncated><difficult>0</difficult>
+    <bndbox><xmin>174</xmin><ymin>101</ymin><xmax>349</xmax><ymax>351</ymax></bndbox>
+    <part><name>head</name><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>2</xmax><ymax>2</ymax>
+    </bndbox></part>
+  </object>
+  <object>
+    <name> dog </name>
+    <bndbox><xmin>1</xmin><ymin>1.5</ymin><xmax>10</xmax><ymax>20</ymax></bndbox>
+  </object>
+</annotation>
+"""
+
+BILLION_LAUGHS = b"""<?xml version="1.0"?>
+<!DOCTYPE lolz [
+ <!ENTITY lol "lollollollollollollollollollol">
+ <!ENTITY lol2 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">
+ <!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">
+ <!ENTITY lol4 "&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;&lol3;">
+ <!ENTITY lol5 "&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;&lol4;">
+ <!ENTITY lol6 "&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;&lol5;">
+ <!ENTITY lol7 "&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;&lol6;">
+ <!ENTITY lol8 "&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;&lol7;">
+ <!ENTITY lol9 "&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;&lol8;">
+]>
+<annotation><filename>&lol9;</filename></annotation>
+"""
+
+
+def test_a_voc_file_becomes_a_manifest_row():
+    row = voc.parse(GOOD)
+    assert row == {
+        "path": "2007_000027.jpg",
+        "objects": [
+            # 1-based inclusive pixel indices -> continuous corners; parts ignored.
+            {
+                "class": "person",
+                "bbox": [173, 100, 349, 351],
+                "difficult": 0,
+                "truncated": 1,
+                "occluded": 0,
+            },
+            {
+                "class": "dog",
+                "bbox": [0, 0.5, 10, 20],
+                "difficult": 0,
+                "truncated": 0,
+                "occluded": 0,
+            },
+        ],
+    }
+
+
+def test_a_folder_reads_every_xml_file_in_order_and_reports_bad_ones(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "b.xml").write_bytes(GOOD)
+    (tmp_path / "sub" / "a.xml").write_bytes(GOOD.replace(b"2007_000027", b"other"))
+    (tmp_path / "c.xml").write_bytes(b"<annotation><filename>x.jpg</filename>")  # cut short
+    (tmp_path / "d.xml").write_bytes(b"<annotation><object><name>a</name></object></annotation>")
+    (tmp_path / "e.xml").write_bytes(GOOD.replace(b"<xmin>174</xmin>", b"<xmin>wide</xmin>", 1))
+    (tmp_path / "f.xml").write_bytes(BILLION_LAUGHS)
+    (tmp_path / "notes.txt").write_text("not an annotation")
+    (tmp_path / ".hidden.xml").write_bytes(GOOD)
+
+    found = list(voc.read_folder(str(tmp_path)))
+    assert [f.where for f in found] == ["b.xml", "c.xml", "d.xml", "e.xml", "f.xml", "sub/a.xml"]
+    rows = [f for f in found if isinstance(f, VocRow)]
+    assert [r.row["path"] for r in rows] == ["2007_000027.jpg", "other.jpg"]
+    problems = {f.where: f.message for f in found if isinstance(f, VocProblem)}
+    assert problems["c.xml"].startswith("not well-formed XML")
+    assert problems["d.xml"] == "<filename> is missing or empty"
+    assert problems["e.xml"] == "object 1: <xmin> must be a number, got 'wide'"
+    # expat refuses the entity expansion bomb instead of building gigabytes.
+    assert problems["f.xml"].startswith("not well-formed XML")
+
+
+def test_an_oversized_file_is_refused_unread(tmp_path):
+    (tmp_path / "big.xml").write_bytes(b" " * (voc.MAX_FILE_BYTES + 1))
+    (found,) = voc.read_folder(str(tmp_path))
+    assert isinstance(found, VocProblem) and "larger than" in found.message
+
+
+def test_the_source_lists_each_file_as_an_image_with_its_boxes(tmp_path):
+    annotations, images = tmp_path / "Annotations", tmp_path / "JPEGImages"
+    annotations.mkdir()
+    images.mkdir()
+    (annotations / "one.xml").write_bytes(GOOD)
+    (annotations / "two.xml").write_bytes(GOOD.replace(b"2007_000027", b"missing"))
+    (annotations / "bad.xml").write_bytes(b"<annotation>")
+    (images / "2007_000027.jpg").write_bytes(b"listing does not decode images")
+    source = VocSource(type="voc", annotations=str(annotations), images=str(images))
+    targets = TargetsConfig.model_validate({"boxes": {"fields": {"difficult": "int"}}})
+    with source.list_files(splits_from_source=False, targets=targets) as listing:
+        (file,) = listing.files()
+        dropped = {d.key: d.reason for d in listing.dropped()}
+        class_names = listing.class_names
+    assert class_names == ["dog", "person"]  # the names found
+    assert json.loads(file.targets)["objects"] == [
+        {"bbox": [173.0, 100.0, 349.0, 351.0], "class": "person", "fields": {"difficult": 0}},
+        {"bbox": [0.0, 0.5, 10.0, 20.0], "class": "dog", "fields": {"difficult": 0}},
+    ]
+    assert dropped == {"bad.xml": "bad_row", "missing.jpg": "missing"}
+
+
+def test_the_config_accepts_boxes_only_from_voc(tmp_path):
+    (tmp_path / "a.xml").write_bytes(GOOD)
+    config = {
+        "name": "voc",
+        "source": {"type": "voc", "annotations": str(tmp_path), "images": str(tmp_path)},
+        "output": str(tmp_path.parent / "out"),
+        "targets": {"boxes": {}, "instance_masks": {}},
+    }
+    with pytest.raises(ConfigError, match=r"targets.instance_masks: a voc source gives boxes only"):
+        load_config(config)
