@@ -102,7 +102,7 @@ CASES = [
     ),
     (
         {"source": {"type": "folder", "root": "x"}},
-        "source: type must be 'image_folder' or 'manifest', got 'folder'",
+        "source: type must be 'image_folder', 'manifest', 'coco' or 'voc', got 'folder'",
     ),
     ({"source": {"type": "image_folder"}}, "source.root: required field is missing"),
     (
@@ -450,7 +450,9 @@ def test_relative_paths_resolve_against_the_config_files_folder(tmp_path, monkey
     assert spec.config.source.root == str(project / "images")
     assert spec.config.source.allowed_roots == ["/abs", str(project / "shared")]
     assert spec.output_root == str(project / "out")
-    assert spec.to_json()["source"]["root"] == str(project / "images")  # as kiln.json saves it
+    # kiln.json saves where the files were as provenance, outside the version.
+    assert spec.provenance()["source"]["root"] == str(project / "images")
+    assert "root" not in spec.to_json()["source"]
     # A path on the command line is the user's: relative to where they are.
     assert config.load(path, output="here").output_root == str(elsewhere / "here")
     # A relative config path works the same.

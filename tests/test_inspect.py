@@ -79,9 +79,9 @@ def test_text_summary(built, demo_corpus, capsys):
     requested = info.config["splits"]["fractions"]
     for name, split in info.splits.items():
         # The fraction reached, next to the one requested.
-        fraction = [f"{split.num_examples / total:.1%}", f"({requested[name] * 100:g}%)"]
+        fraction = [f"{split.num_examples / total:.1%}", "(asked", f"{requested[name] * 100:g}%)"]
         assert any(
-            line.split()[:5] == [name, str(split.num_examples), str(len(split.shards)), *fraction]
+            line.split()[:6] == [name, str(split.num_examples), str(len(split.shards)), *fraction]
             for line in out.splitlines()
         ), name
     assert "  not stratified: every class within " in out

@@ -58,12 +58,17 @@ import json
 import logging
 import posixpath
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ijson
-from apache_beam.io.filesystems import FileSystems
 
+from kiln.lazy_import import LazyModule
 from kiln.pipeline.listing import scratch_database
+
+if TYPE_CHECKING:
+    from apache_beam.io.filesystems import FileSystems
+else:  # Beam on first use: validating a config needs none of it
+    FileSystems = LazyModule("apache_beam.io.filesystems", "FileSystems")
 
 logger = logging.getLogger(__name__)
 

@@ -38,11 +38,15 @@ import posixpath
 import pyexpat
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from apache_beam.io.filesystems import FileSystems
-
+from kiln.lazy_import import LazyModule
 from kiln.pipeline import storage
+
+if TYPE_CHECKING:
+    from apache_beam.io.filesystems import FileSystems
+else:  # Beam on first use: validating a config needs none of it
+    FileSystems = LazyModule("apache_beam.io.filesystems", "FileSystems")
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # VOC files are a few KB
 # The first expat that limits entity expansion (CVE-2013-0340, "billion laughs").

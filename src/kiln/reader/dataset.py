@@ -142,7 +142,8 @@ def load(
             f"{[a.name for a in augmenter.batch_ops]} mix images of a batch: pass a batch_size"
         )
     shuffle = (split == "train") if shuffle is None else bool(shuffle)
-    base_seed = seeding.resolve(seed)
+    random_ops = augmenter.training and bool(augmenter.augmentations)
+    base_seed = seeding.resolve(seed, matters=shuffle or random_ops)
     share = _Share.of(dataset_dir, split_info, metadata, input_context)
     if share.by_element and not deterministic:
         logger.info(

@@ -43,8 +43,11 @@ logger = logging.getLogger(__name__)
 _INT31 = 2**31
 
 
-def resolve(seed: int | None) -> int:
+def resolve(seed: int | None, *, matters: bool = True) -> int:
     """The base seed: `seed` itself, or a fresh random one when None.
+
+    `matters`: whether the stream depends on the seed (a shuffle or random
+    augmentation); a drawn seed that changes nothing is not reported.
 
     A drawn seed is logged as a WARNING: Python prints warnings to stderr
     even where logging was never configured, so whoever runs the training
@@ -53,6 +56,8 @@ def resolve(seed: int | None) -> int:
     """
     if seed is None:
         seed = secrets.randbits(63)
+        if not matters:
+            return seed
         logger.warning(
             "kiln.reader: seed=None, drew seed %d (pass seed=%d to reproduce this stream)",
             seed,
