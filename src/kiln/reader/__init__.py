@@ -17,10 +17,13 @@ Public API:
   validate: checks an augmentation list in YAML form (names, parameters).
   names: registered augmentation op names.
   AugmentationLayer: the Keras layer for ``augment_on="model"``.
+  ElementTargets, TargetSpec, TargetError: targets (boxes, masks,
+    keypoints) and how augmentations move them (`kiln.reader.targets`).
 
 Modules: `ops` declares augmentation ops (and holds kiln's element ops),
 `mixing` the batch ops, `augmenter` applies a validated list, `dataset`
-reads, `layer` is the Keras layer, `seeds` derives per-element seeds.
+reads, `layer` is the Keras layer, `seeds` derives per-element seeds,
+`targets` moves boxes, masks and keypoints with the image.
 Importing the package registers kiln's own ops.
 """
 
@@ -35,6 +38,7 @@ from kiln.reader.ops import (
     register_augmentation,
     validate,
 )
+from kiln.reader.targets import ElementTargets, TargetError, TargetSpec
 
 __all__ = [
     "AugmentConfigError",
@@ -42,6 +46,9 @@ __all__ = [
     "AugmentOpError",
     "AugmentationLayer",
     "DEFAULT_SHUFFLE_BUFFER",
+    "ElementTargets",
+    "TargetError",
+    "TargetSpec",
     "info",
     "load",
     "locate",
