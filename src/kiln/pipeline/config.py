@@ -39,6 +39,8 @@ The shape (every key but ``name``, ``source`` and ``output`` has a default)::
       num_shards: null              # or a fixed count: 8, or per split: {train: 8, test: 1}
       compression: none             # none | gzip
     augment: []                     # the reader's default augmentation for the train split
+    targets:                        # what records carry besides the image (README, "Detection
+      label: {}                     # and segmentation"); absent: label only
     errors:
       max_fraction: 0.05            # more dropped files than this fails the build
       allow_empty: false            # true: publish even when no example is stored
@@ -76,7 +78,7 @@ from kiln.errors import ConfigError, quote, quote_text
 from kiln.pipeline import storage
 from kiln.pipeline.sources import Listing, Source
 from kiln.pipeline.versioning import fingerprint
-from kiln.schemas import SPLIT_NAME_PATTERN
+from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +220,10 @@ class BuildConfig(_Model):
     """The reader's default augmentation for the train split (random TF ops, every epoch),
     stored in `kiln.json`; validated at build time. See
     [augmentations.md](augmentations.md)."""
+    targets: TargetsConfig | None = None
+    """What each record carries besides the image: `label` (one class), `labels` (several),
+    `boxes`, `mask`, `instance_masks`, `keypoints`, `extra` columns. Absent: `label` only,
+    the records of a classification dataset. See README, "Detection and segmentation"."""
     errors: ErrorsConfig = ErrorsConfig()
     """What to do about bad input files."""
     plugins: list[Annotated[str, Field(min_length=1)]] = []
@@ -255,6 +261,11 @@ class BuildSpec:
         return self.config.name
 
     @property
+    def targets(self) -> TargetsConfig:
+        """What the records carry (`CLASSIFICATION` without a ``targets:`` section)."""
+        return self.config.targets or CLASSIFICATION
+
+    @property
     def dataset_root(self) -> str:
         """``<output>/<name>``: holds the versions, LATEST and staging folders."""
         return storage.join(self.output_root, self.name)
@@ -263,6 +274,10 @@ class BuildSpec:
         """The resolved config as saved in `kiln.json` (without ``output``:
         where a dataset is written is not a property of the dataset)."""
         data = self.config.model_dump(mode="json", exclude={"output"})
+        if self.config.targets is None:
+            # A classification dataset's config (and so its fingerprint and
+            # version) is what it was before targets existed.
+            del data["targets"]
         data["transforms"] = self.chain.to_json()
         data["augment"] = list(self.augment)
         if self.config.encoding.format != "jpeg":
@@ -283,7 +298,9 @@ class BuildSpec:
             all or holds no usable image.
         """
         try:
-            return self.config.source.list_files(splits_from_source=self.config.splits.from_source)
+            return self.config.source.list_files(
+                splits_from_source=self.config.splits.from_source, targets=self.targets
+            )
         except ConfigError as e:
             raise self.error(str(e)) from None
 
@@ -339,6 +356,7 @@ def load(
     except transforms.TransformConfigError as e:
         raise fail(str(e)) from None
     _check_channels(chain, model.image.channels, fail)
+    _check_targets(model, chain, fail)
     augment = _validate_augment(model.augment, fail)
 
     spec = BuildSpec(
@@ -510,6 +528,30 @@ def _check_channels(chain: transforms.Chain, channels: int, fail) -> None:
             )
 
 
+def _check_targets(model: BuildConfig, chain: transforms.Chain, fail) -> None:
+    """Refuses targets the source cannot supply (an image folder has a class
+    per image only, a CSV manifest scalar columns only: label, labels,
+    extras), and transforms that cannot move the geometric ones (a user
+    transform that declares no geometry)."""
+    targets = model.targets
+    if targets is None or targets.is_classification:
+        return
+    source = model.source
+    if source.type == "image_folder":
+        kind = next(kind for kind in targets.kinds if kind != "label")
+        raise fail(
+            f"targets.{kind}: an image_folder source gives one class per image only; "
+            f"list the images and their targets in a manifest (type: manifest, a .jsonl file)"
+        )
+    if source.type == "manifest" and not source.path.endswith((".jsonl", ".json")):
+        for kind in ("boxes", "mask"):
+            if getattr(targets, kind) is not None:
+                raise fail(
+                    f"targets.{kind}: a CSV manifest holds label, labels and extra columns "
+                    f"only; objects and masks need a JSONL manifest (.jsonl)"
+                )
+
+
 def _validate_augment(specs: list[Any], fail) -> list[Any]:
     """The augment list validated with the reader's registry, in canonical JSON form.
 
@@ -532,4 +574,9 @@ def _resolved(model: BuildConfig) -> BuildConfig:
     splits = model.splits
     if not splits.from_source and splits.fractions is None:
         splits = splits.model_copy(update={"fractions": {"train": 1.0}})
-    return model.model_copy(update={"source": model.source.resolved(), "splits": splits})
+    targets = model.targets
+    if targets is not None and targets == CLASSIFICATION:
+        targets = None  # `targets: {label: {}}` is the default spelled out: the same dataset
+    return model.model_copy(
+        update={"source": model.source.resolved(), "splits": splits, "targets": targets}
+    )

@@ -13,10 +13,12 @@ reference cannot drift from the code. Regenerate it with::
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 from kiln.pipeline.config import BuildConfig
+from kiln.schemas import SPLIT_NAME_PATTERN
 
 # Keys whose schema says nothing useful about their type (validated by hand).
 TYPE_OVERRIDES = {
@@ -89,6 +91,17 @@ def _rows(root: dict, schema: dict, prefix: str) -> Iterator[tuple[str, str, str
         if target.get("type") == "object" and "properties" in target:
             yield from _rows(root, target, prefix=f"{path}.")
             continue
+        section = _optional_section(root, prop)
+        if section is not None:  # an optional section, e.g. targets.boxes: its row, then its keys
+            yield (
+                path,
+                _section_type(section),
+                f"`{_json(prop.get('default'))}`",
+                _meaning(path, prop),
+            )
+            if section.get("properties"):
+                yield from _rows(root, section, prefix=f"{path}.")
+            continue
         default = "required" if name in required else f"`{_json(prop.get('default'))}`"
         yield path, _type_text(path, target), default, _meaning(path, prop)
 
@@ -123,6 +136,19 @@ def _variant_rows(root: dict, path: str, variants: list[dict]) -> Iterator[tuple
         yield key, _type_text(key, _resolve(root, prop)) + only, default, _meaning(key, prop)
 
 
+def _optional_section(root: dict, prop: dict) -> dict | None:
+    """The model of a ``Model | None`` key (the kinds of ``targets``), or None."""
+    options = prop.get("anyOf", [])
+    refs = [option for option in options if "$ref" in option]
+    if len(refs) == 1 and len(options) == 2 and {"type": "null"} in options:
+        return _resolve(root, refs[0])
+    return None
+
+
+def _section_type(section: dict) -> str:
+    return "mapping, or null" if section.get("properties") else "`{}`, or null"
+
+
 def _resolve(root: dict, prop: dict) -> dict:
     ref = prop.get("$ref")
     if ref is None:
@@ -155,11 +181,17 @@ def _type_text(path: str, prop: dict) -> str:
     kind = prop.get("type")
     if kind == "array":
         items = prop.get("items") or {}
+        if items.get("type") == "string" and items.get("pattern"):
+            return f"list of names matching `{items['pattern']}`"
         return f"list of {_type_text(path, items)}s" if items.get("type") else "list"
     if kind == "object":
-        values = list((prop.get("patternProperties") or {}).values())
-        if values:
-            return f"mapping split name → {_type_text(path, values[0])}"
+        patterns = prop.get("patternProperties") or {}
+        if patterns:
+            pattern, values = next(iter(patterns.items()))
+            keys = "split name" if pattern == SPLIT_NAME_PATTERN else "name"
+            return f"mapping {keys} → {_type_text(path, values)}"
+        if isinstance(prop.get("additionalProperties"), dict):
+            return f"mapping name → {_type_text(path, prop['additionalProperties'])}"
         return "mapping"
     if kind == "string" and prop.get("minLength"):
         return "non-empty string"
@@ -192,8 +224,9 @@ def _json(value: Any) -> str:
 
 
 def _cell(text: str) -> str:
-    # A raw '|' would end the table cell; escaped ones are already fine.
-    return text.replace("\n", " ").replace(" | ", " \\| ")
+    # A raw '|' would end the table cell (inside code spans too); escaped
+    # ones are already fine.
+    return re.sub(r"(?<!\\)\|", r"\\|", text.replace("\n", " "))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,13 @@ class SourceFile:
       split: Split named by the source (folder or manifest column), or None.
       size: Size in bytes when listed.
       mtime: Modification time when listed (seconds); only for the stamp.
+      targets: The row's targets as canonical JSON (`target_rows.canonical`),
+        or None for a dataset without ``targets:``.
+      mask_stamp: The sizes and modification times of the mask files the
+        targets name, as JSON, for the up-to-date stamp only (a mask edited
+        in place changes no row); None when there are none.
+
+    A file of a dataset whose targets have no ``label`` has label -1.
     """
 
     key: str
@@ -57,15 +64,20 @@ class SourceFile:
     split: str | None
     size: int
     mtime: float
+    targets: str | None = None
+    mask_stamp: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "key": self.key,
             "uri": self.uri,
             "label": self.label,
             "split": self.split,
             "size": self.size,
         }
+        if self.targets is not None:
+            data["targets"] = self.targets
+        return data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,10 +89,11 @@ class Candidate:
       position: Its place in the source (a manifest's line number), which
         orders the rows of one key.
       uri: Where to read it.
-      label: Class name.
+      label: Class name ("" when the dataset's targets have no ``label``).
       split: Split named by the source, or None.
       size, mtime: As a folder's walk found them; a manifest's rows are
         stat'ed after grouping (0 until then).
+      targets: The row's targets as canonical JSON, or None.
     """
 
     key: str
@@ -90,6 +103,7 @@ class Candidate:
     split: str | None
     size: int = 0
     mtime: float = 0.0
+    targets: str | None = None
 
 
 # Files per line of the job's listing, and so per element of its image step:
@@ -105,15 +119,17 @@ _CACHE_KIB = 16 * 1024
 
 _SCHEMA = """
 CREATE TABLE candidates (key BLOB, position INTEGER, uri BLOB, label BLOB, split BLOB,
-                         size INTEGER, mtime REAL);
+                         size INTEGER, mtime REAL, targets BLOB);
 CREATE TABLE files (position INTEGER PRIMARY KEY, key BLOB, uri BLOB, label INTEGER,
-                    split BLOB, size INTEGER, mtime REAL);
+                    split BLOB, size INTEGER, mtime REAL, targets BLOB, mask_stamp BLOB);
 CREATE TABLE dropped (key BLOB, stage BLOB, reason BLOB, uri BLOB, message BLOB, entry TEXT);
+CREATE TABLE class_names (name BLOB PRIMARY KEY);
 """
 _INSERT = {
-    "candidates": "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?)",
-    "files": "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "candidates": "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    "files": "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "dropped": "INSERT INTO dropped VALUES (?, ?, ?, ?, ?, ?)",
+    "class_names": "INSERT OR IGNORE INTO class_names VALUES (?)",
 }
 
 
@@ -185,10 +201,20 @@ class Listing:
 
     def files(self) -> Iterator[SourceFile]:
         """The images to process, sorted by key."""
-        for key, uri, label, split, size, mtime in self._query(
-            "SELECT key, uri, label, split, size, mtime FROM files ORDER BY position"
+        for key, uri, label, split, size, mtime, targets, mask_stamp in self._query(
+            "SELECT key, uri, label, split, size, mtime, targets, mask_stamp FROM files "
+            "ORDER BY position"
         ):
-            yield SourceFile(_text(key), _text(uri), label, _optional_text(split), size, mtime)
+            yield SourceFile(
+                _text(key),
+                _text(uri),
+                label,
+                _optional_text(split),
+                size,
+                mtime,
+                _optional_text(targets),
+                _optional_text(mask_stamp),
+            )
 
     def dropped(self) -> Iterator[DroppedFile]:
         """Files and rows dropped while listing, sorted (`DroppedFile`'s order)."""
@@ -208,7 +234,9 @@ class Listing:
     def stamp_entries(self) -> Iterator[list]:
         """Listing data for the up-to-date stamp (`versioning.stamp`)."""
         for f in self.files():
-            yield ["file", f.key, self.class_names[f.label], f.split, f.size, f.mtime]
+            label = self.class_names[f.label] if f.label >= 0 else None
+            entry = ["file", f.key, label, f.split, f.size, f.mtime]
+            yield entry if f.targets is None else [*entry, f.targets, f.mask_stamp]
         yield from self.dropped_entries()
 
     def write(self, path: str) -> None:
@@ -262,7 +290,12 @@ class ListingWriter:
         self._connection = _connect()
         self._connection.executescript(_SCHEMA)
         self._connection.execute("BEGIN")
-        self._pending: dict[str, list[tuple]] = {"candidates": [], "files": [], "dropped": []}
+        self._pending: dict[str, list[tuple]] = {
+            "candidates": [],
+            "files": [],
+            "dropped": [],
+            "class_names": [],
+        }
         self._num_files = 0
         self._num_dropped = 0
         self._splits: set[str] = set()
@@ -286,8 +319,15 @@ class ListingWriter:
                 _optional_blob(candidate.split),
                 candidate.size,
                 candidate.mtime,
+                _optional_blob(candidate.targets),
             ),
         )
+
+    def add_class_names(self, names) -> None:
+        """Records class names a row's targets use (labels, object classes):
+        `candidate_labels` returns them with the candidates' labels."""
+        for name in names:
+            self._add("class_names", (_blob(name),))
 
     def drop(self, dropped: DroppedFile, entry: Any) -> None:
         """Records a dropped row and its `Listing.dropped_entries` entry."""
@@ -304,16 +344,19 @@ class ListingWriter:
         )
 
     def candidate_labels(self) -> list[str]:
-        """Every label of a candidate, sorted."""
+        """Every label of a candidate and every name given to `add_class_names`, sorted."""
         self._flush("candidates")
-        rows = self._connection.execute("SELECT DISTINCT label FROM candidates")
+        self._flush("class_names")
+        rows = self._connection.execute(
+            "SELECT label FROM candidates WHERE label != x'' UNION SELECT name FROM class_names"
+        )
         return sorted(_text(label) for (label,) in rows)
 
     def candidates(self) -> Iterator[list[Candidate]]:
         """The candidates grouped by key, in key order; a group in position order."""
         self._flush("candidates")
         rows = self._connection.execute(
-            "SELECT key, position, uri, label, split, size, mtime FROM candidates "
+            "SELECT key, position, uri, label, split, size, mtime, targets FROM candidates "
             "ORDER BY key, position"
         )
         for _, group in itertools.groupby(rows, key=lambda row: row[0]):
@@ -326,8 +369,9 @@ class ListingWriter:
                     _optional_text(split),
                     size,
                     mtime,
+                    _optional_text(targets),
                 )
-                for key, position, uri, label, split, size, mtime in group
+                for key, position, uri, label, split, size, mtime, targets in group
             ]
 
     def add_file(self, file: SourceFile) -> None:
@@ -344,6 +388,8 @@ class ListingWriter:
                 _optional_blob(file.split),
                 file.size,
                 file.mtime,
+                _optional_blob(file.targets),
+                _optional_blob(file.mask_stamp),
             ),
         )
         self._num_files += 1
@@ -358,6 +404,7 @@ class ListingWriter:
         for table in self._pending:
             self._flush(table)
         self._connection.execute("DELETE FROM candidates")
+        self._connection.execute("DELETE FROM class_names")
         self._connection.execute("COMMIT")
         self._finished = True
         return Listing(

@@ -16,7 +16,10 @@ to disk as they come (`kiln.pipeline.listing`).
 - ``manifest``: CSV with a header ``path,label[,split]`` (other columns are
   ignored), or JSONL (``.jsonl``/``.json``) objects with those fields. A
   relative path resolves against the manifest's folder; the key is the path
-  as written (normalized), or the URI for an absolute one.
+  as written (normalized), or the URI for an absolute one. With declared
+  targets (``targets:``), a JSONL line also carries its objects, masks and
+  extra columns, a CSV row its ``labels`` and extra columns
+  (`kiln.pipeline.target_rows`); mask paths are confined like image paths.
 
 Class names are sorted, so label ids are stable: the config's
 ``source.classes`` if given, else every label found. Problems with single
@@ -48,11 +51,12 @@ from apache_beam.io.filesystems import FileSystems
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.errors import ConfigError
-from kiln.pipeline import storage
+from kiln.pipeline import storage, target_rows
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
 from kiln.pipeline.storage import is_remote
-from kiln.schemas import SPLIT_NAME_PATTERN
+from kiln.pipeline.target_rows import AnnotationError
+from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +77,17 @@ class _SourceModel(BaseModel):
     only below its own folder (the image folder, or the manifest's folder), after following
     symbolic links; anything else is dropped as `outside_source`, never read."""
 
-    def list_files(self, *, splits_from_source: bool) -> Listing:
+    def list_files(
+        self, *, splits_from_source: bool, targets: TargetsConfig = CLASSIFICATION
+    ) -> Listing:
         """Lists the source's files; problems with single files become rows of
         `Listing.dropped`.
 
         Args:
           splits_from_source: Take each file's split from the source
             (``splits.from_source``).
+          targets: What each file's row carries besides the image; a row
+            whose targets are malformed is dropped as ``bad_row``.
 
         Returns:
           The listing, on disk until it is closed (`Listing.close`).
@@ -89,7 +97,7 @@ class _SourceModel(BaseModel):
             unreadable, no file is usable), with the message naming the field,
             e.g. ``source.path: ...``; the caller adds the config's name.
         """
-        listing = self._list(splits_from_source)
+        listing = self._list(splits_from_source, targets)
         if not listing.num_files:
             with listing:
                 first = next(listing.dropped(), None)
@@ -106,7 +114,7 @@ class _SourceModel(BaseModel):
         )
         return listing
 
-    def _list(self, splits_from_source: bool) -> Listing:
+    def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -132,7 +140,8 @@ class ImageFolderSource(_SourceModel):
     root: str = Field(min_length=1)
     """The image folder: a local path or `gs://bucket/prefix`."""
 
-    def _list(self, splits_from_source: bool) -> Listing:
+    def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
+        # The config allows an image folder `label` targets only.
         return _list_image_folder(
             self.root,
             self.classes,
@@ -174,7 +183,7 @@ class ManifestSource(_SourceModel):
     path: str = Field(min_length=1)
     """The manifest file; relative image paths in it resolve against its folder."""
 
-    def _list(self, splits_from_source: bool) -> Listing:
+    def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
         folder = self.path.rstrip("/").rsplit("/", 1)[0]
         try:
             return _list_manifest(
@@ -182,6 +191,7 @@ class ManifestSource(_SourceModel):
                 self.classes,
                 splits_from_source,
                 _Confinement.of(folder, self.allowed_roots),
+                targets,
             )
         except _ManifestError as e:
             raise ConfigError(f"source.path: {e}") from None
@@ -361,8 +371,9 @@ class _Row:
     line: int
     text: str
     path: str
-    label: str
+    label: str  # "" when the targets have no label
     split: str | None
+    targets: dict | None = None  # `target_rows.row_targets`, None without targets:
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,12 +386,21 @@ class _BadRow:
 
 
 def _list_manifest(
-    path: str, classes: list[str] | None, from_source: bool, confinement: _Confinement
+    path: str,
+    classes: list[str] | None,
+    from_source: bool,
+    confinement: _Confinement,
+    targets: TargetsConfig = CLASSIFICATION,
 ) -> Listing:
     name = posixpath.basename(path)
     lines = _manifest_lines(path)
-    rows = _jsonl_rows(lines) if path.endswith((".jsonl", ".json")) else _csv_rows(lines, name)
     base = path.rsplit("/", 1)[0] if is_remote(path) else _local_dirname(path)
+    with_targets = not targets.is_classification
+    rows = (
+        _jsonl_rows(lines, targets if with_targets else None, lambda p: _resolve(p, base))
+        if path.endswith((".jsonl", ".json"))
+        else _csv_rows(lines, name, targets if with_targets else None)
+    )
     with ListingWriter() as writer:
 
         def drop(key, uri, reason, message, entry):
@@ -410,9 +430,18 @@ def _list_manifest(
                     row.text,
                 )
                 continue
+            text = None
+            if row.targets is not None:
+                writer.add_class_names(target_rows.class_names(row.targets))
+                text = target_rows.canonical(row.targets)
             writer.add_candidate(
                 Candidate(
-                    _manifest_key(row.path), row.line, _resolve(row.path, base), row.label, split
+                    _manifest_key(row.path),
+                    row.line,
+                    _resolve(row.path, base),
+                    row.label,
+                    split,
+                    targets=text,
                 )
             )
 
@@ -420,20 +449,22 @@ def _list_manifest(
         label_ids = {label: i for i, label in enumerate(class_names)}
         for group in writer.candidates():
             key, uri = group[0].key, group[0].uri
-            meanings = {(row.label, row.split) for row in group}
+            meanings = {(row.label, row.split, row.targets) for row in group}
             if len(meanings) > 1:
                 lines_listed = ", ".join(str(row.position) for row in group)
                 drop(
                     key,
                     uri,
                     "duplicate_key",
-                    f"listed {len(group)} times with different labels or splits "
+                    f"listed {len(group)} times with different labels, splits or targets "
                     f"(lines {lines_listed})",
                     key,
                 )
                 continue
-            label, split = meanings.pop()
-            if label not in label_ids:
+            label, split, row_targets = meanings.pop()
+            if targets.label is None:
+                label_id = -1
+            elif label not in label_ids:
                 drop(
                     key,
                     uri,
@@ -442,7 +473,13 @@ def _list_manifest(
                     [key, label],
                 )
                 continue
+            else:
+                label_id = label_ids[label]
             outside = confinement.problem(uri)
+            if outside:
+                drop(key, uri, "outside_source", outside, key)
+                continue
+            outside, mask_stamp = _mask_files(row_targets, confinement)
             if outside:
                 drop(key, uri, "outside_source", outside, key)
                 continue
@@ -456,10 +493,41 @@ def _list_manifest(
                 continue
             writer.add_file(
                 SourceFile(
-                    key=key, uri=uri, label=label_ids[label], split=split, size=size, mtime=mtime
+                    key=key,
+                    uri=uri,
+                    label=label_id,
+                    split=split,
+                    size=size,
+                    mtime=mtime,
+                    targets=row_targets,
+                    mask_stamp=mask_stamp,
                 )
             )
         return writer.finish(class_names, from_source)
+
+
+def _mask_files(
+    row_targets: str | None, confinement: _Confinement
+) -> tuple[str | None, str | None]:
+    """The mask files a row names: why one may not be read (or None), and
+    their sizes and modification times for the stamp (None: no mask file).
+
+    A mask file that is missing is not dropped here: the job reports it as
+    a bad annotation (``missing_mask``), under ``targets.bad_objects``.
+    """
+    if row_targets is None:
+        return None, None
+    stamps = []
+    for field, uri in target_rows.mask_uris(json.loads(row_targets)):
+        problem = confinement.problem(uri)
+        if problem:
+            return f"{field}: {problem}", None
+        try:
+            size, mtime, _ = _file_status(uri)
+        except Exception:  # missing: the job says so
+            size, mtime = -1, 0.0
+        stamps.append([size, mtime])
+    return None, (json.dumps(stamps) if stamps else None)
 
 
 def _manifest_lines(path: str) -> Iterator[str]:
@@ -489,13 +557,17 @@ def _manifest_lines(path: str) -> Iterator[str]:
                 return
 
 
-def _csv_rows(lines: Iterator[str], name: str) -> Iterator[_Row | _BadRow]:
+def _csv_rows(
+    lines: Iterator[str], name: str, targets: TargetsConfig | None = None
+) -> Iterator[_Row | _BadRow]:
     reader = csv.reader(lines)
     try:
         header = next(reader)
     except StopIteration:
         return
     columns = [c.strip().lower() for c in header]
+    if targets is not None:
+        return (yield from _csv_target_rows(reader, header, columns, name, targets))
     if "path" not in columns or "label" not in columns:
         raise _ManifestError(
             f"{name}: the first line must be a header naming the columns "
@@ -519,7 +591,49 @@ def _csv_rows(lines: Iterator[str], name: str) -> Iterator[_Row | _BadRow]:
         yield _Row(line, text_line, path, label, split or None)
 
 
-def _jsonl_rows(lines: Iterator[str]) -> Iterator[_Row | _BadRow]:
+def _csv_target_rows(
+    reader, header: list[str], columns: list[str], name: str, targets: TargetsConfig
+) -> Iterator[_Row | _BadRow]:
+    """CSV rows with targets: label(s) and extra columns by name (see `target_rows`)."""
+    # Extra columns keep the case of their declared names; the rest are lower case.
+    names = [c if c in targets.extra else c.lower() for c in (h.strip() for h in header)]
+    needed = ["path", *target_rows.csv_columns(targets)]
+    missing = [c for c in needed if c not in names]
+    if missing:
+        raise _ManifestError(
+            f"{name}: the header must name the columns {','.join(needed)}[,split] "
+            f"(targets:); missing {','.join(missing)}, got {','.join(header)!r}"
+        )
+    index = {c: names.index(c) for c in [*needed, "split"] if c in names}
+    for fields in reader:
+        line = reader.line_num
+        text_line = ",".join(fields)
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        if len(fields) != len(columns):
+            yield _BadRow(line, text_line, f"expected {len(columns)} fields, got {len(fields)}")
+            continue
+        cells = {c: fields[i] for c, i in index.items()}
+        path = cells["path"].strip()
+        label = cells["label"].strip() if targets.label is not None else ""
+        if not path or (targets.label is not None and not label):
+            yield _BadRow(line, text_line, "empty path or label")
+            continue
+        try:
+            row_targets = target_rows.csv_row_targets(cells, targets)
+        except AnnotationError as e:
+            yield _BadRow(line, text_line, str(e))
+            continue
+        yield _Row(
+            line, text_line, path, label, cells.get("split", "").strip() or None, row_targets
+        )
+
+
+def _jsonl_rows(
+    lines: Iterator[str],
+    targets: TargetsConfig | None = None,
+    resolve=lambda path: path,
+) -> Iterator[_Row | _BadRow]:
     # str.splitlines also ends a line at \r, \x0b, \x0c, \x1c-\x1e, \x85, \u2028
     # and \u2029; line numbers count those breaks too.
     logical_lines = (part for text in lines for part in text.splitlines())
@@ -538,13 +652,22 @@ def _jsonl_rows(lines: Iterator[str]) -> Iterator[_Row | _BadRow]:
         if not isinstance(path, str) or not path:
             yield _BadRow(line, raw, "'path' must be a non-empty string")
             continue
-        if isinstance(label, bool) or not isinstance(label, (str, int)) or label == "":
+        if targets is not None and targets.label is None:
+            label = ""  # the dataset has no image class
+        elif isinstance(label, bool) or not isinstance(label, (str, int)) or label == "":
             yield _BadRow(line, raw, "'label' must be a string (or integer)")
             continue
         if split is not None and not isinstance(split, str):
             yield _BadRow(line, raw, "'split' must be a string")
             continue
-        yield _Row(line, raw, path, str(label), split or None)
+        row_targets = None
+        if targets is not None:
+            try:
+                row_targets = target_rows.row_targets(row, targets, resolve)
+            except AnnotationError as e:
+                yield _BadRow(line, raw, str(e))
+                continue
+        yield _Row(line, raw, path, str(label), split or None, row_targets)
 
 
 def _manifest_key(path: str) -> str:

@@ -56,8 +56,10 @@ def combine_hashes(hashes: Iterable[int]) -> int:
     return total
 
 
-def file_entry(key: str, label: str, split: str | None, sha256: str | None) -> list:
-    """What one listed input contributes to the version."""
+def file_entry(key: str, label: str | None, split: str | None, sha256: str | None) -> list:
+    """What one listed input contributes to the version (label None: the
+    dataset's targets have no image class; a dataset with targets appends
+    the file's targets to this entry)."""
     return ["file", key, label, split, sha256]
 
 

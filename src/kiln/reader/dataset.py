@@ -33,7 +33,7 @@ from kiln.schemas import (
     DatasetInfo,
     MetadataError,
     Schema,
-    SchemaError,
+    schema_for,
 )
 
 logger = logging.getLogger(__name__)
@@ -122,16 +122,8 @@ def info(path: str | os.PathLike) -> DatasetInfo:
             f"{kiln.FORMAT_VERSION}. Upgrade kiln."
         )
     stored = {f["name"]: (f["key"], f["dtype"]) for f in metadata.schema.get("features", [])}
-    expected = {f.name: (f.key, f.dtype) for f in RECORD.features}
-    if not target_spec(metadata).classification_only:
-        # A dataset with targets: its own schema (kiln.json) says how to
-        # parse it; the image features must still be the ones this reader decodes.
-        try:
-            Schema.from_json(metadata.schema)
-        except SchemaError as e:
-            raise MetadataError(f"{source}: {e}") from None
-        expected = {name: spec for name, spec in expected.items() if name != "label"}
-        stored = {name: spec for name, spec in stored.items() if name in expected}
+    # The schema the dataset's declared targets give (RECORD for classification).
+    expected = {f.name: (f.key, f.dtype) for f in schema_for(metadata.targets_config).features}
     if stored != expected:
         differing = sorted(
             name for name in set(stored) | set(expected) if stored.get(name) != expected.get(name)
@@ -145,7 +137,7 @@ def info(path: str | os.PathLike) -> DatasetInfo:
 
 def target_spec(metadata: DatasetInfo) -> TargetSpec:
     """What the dataset's records carry beside the image (kiln.json ``targets``)."""
-    return TargetSpec.from_json(getattr(metadata, "targets", None))
+    return TargetSpec.from_json(metadata.targets)
 
 
 def load(
@@ -251,7 +243,7 @@ def load(
     augmenter = _augmenter(metadata, split, augment, dataset_dir)
     spec = target_spec(metadata)
     with_targets = not spec.classification_only
-    schema = Schema.from_json(metadata.schema) if with_targets else RECORD
+    schema = schema_for(metadata.targets_config) if with_targets else RECORD
     if with_targets:
         augmenter.check_targets(spec)
     _check_max_objects(max_objects, spec)
@@ -396,7 +388,7 @@ def load(
             random=augmenter.training,
             mean=None if mean_std is None else mean_std[0],
             std=None if mean_std is None else mean_std[1],
-            targets=getattr(metadata, "targets", None) if with_targets else None,
+            targets=metadata.targets if with_targets else None,
         )
         return dataset, layer
     return dataset

@@ -1,8 +1,9 @@
 """The record format shared by the build job and the reader.
 
-`RECORD` declares a record's features once; the Beam encoder, the reader's
-parse spec and decoder, and the metadata all derive from it. `DatasetInfo`
-is the `kiln.json` written beside the shards.
+`RECORD` declares a classification record's features once, and
+`schema_for` the record of any declared targets (`TargetsConfig`); the Beam
+encoder, the reader's parse spec and decoder, and the metadata all derive
+from the schema. `DatasetInfo` is the `kiln.json` written beside the shards.
 """
 
 from kiln.schemas.features import (
@@ -12,6 +13,9 @@ from kiln.schemas.features import (
     Schema,
     SchemaError,
     decode_image,
+    decode_mask,
+    decode_masks,
+    schema_for,
 )
 from kiln.schemas.metadata import (
     DUPLICATES_FILENAME,
@@ -21,13 +25,16 @@ from kiln.schemas.metadata import (
     SPLIT_NAME_PATTERN,
     STAGING_PREFIX,
     ChannelStatistics,
+    ClassObjects,
     DatasetInfo,
     MetadataChecksumError,
     MetadataError,
+    ObjectStatistics,
     ShardInfo,
     SplitInfo,
     shard_filename,
 )
+from kiln.schemas.targets import CLASSIFICATION, TargetsConfig
 
 __all__ = [
     "ENCODINGS",
@@ -36,6 +43,11 @@ __all__ = [
     "Schema",
     "SchemaError",
     "decode_image",
+    "decode_mask",
+    "decode_masks",
+    "schema_for",
+    "CLASSIFICATION",
+    "TargetsConfig",
     "DUPLICATES_FILENAME",
     "ERRORS_FILENAME",
     "LATEST_FILENAME",
@@ -43,9 +55,11 @@ __all__ = [
     "SPLIT_NAME_PATTERN",
     "STAGING_PREFIX",
     "ChannelStatistics",
+    "ClassObjects",
     "DatasetInfo",
     "MetadataChecksumError",
     "MetadataError",
+    "ObjectStatistics",
     "ShardInfo",
     "SplitInfo",
     "shard_filename",

@@ -1,9 +1,19 @@
 """The one declaration of a kiln record's features.
 
-Everything that touches a record derives from `RECORD`: the Beam encoder
+Everything that touches a record derives from its `Schema`: the Beam encoder
 (`Schema.encode`), the reader's parse spec (`Schema.parse_spec`), decoding
-(`Schema.parse`, `decode_image`) and the schema saved in `kiln.json`
-(`Schema.to_json`). No feature key string may appear outside this package.
+(`Schema.parse`, `decode_image`, `decode_mask`) and the schema saved in
+`kiln.json` (`Schema.to_json`, read back with `Schema.from_json`). `RECORD`
+is the schema of a classification dataset (a build without ``targets:``);
+`schema_for` assembles the schema of any declared targets
+(`kiln.schemas.targets`). No feature key string may appear outside this
+package.
+
+Shapes: a feature is a scalar (shape ``()``, one value) or variable-length
+(shape ``(None, ...)``: N items of the trailing shape, stored flat, N*4
+floats for ``(None, 4)``). `Schema.parse` of one record returns dense
+tensors of the declared shape with a dynamic N; of a batch, ragged tensors
+``[batch, (N), ...]``.
 
 Imports TensorFlow and NumPy only: the reader depends on it.
 """
@@ -17,6 +27,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from kiln.schemas.targets import TargetsConfig
+
 _DTYPES = {"bytes": tf.string, "int64": tf.int64, "float32": tf.float32}
 
 
@@ -26,33 +38,62 @@ class SchemaError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Feature:
-    """One scalar feature of a `tf.train.Example`.
+    """One feature of a `tf.train.Example`.
 
     Attributes:
       name: Python-side name (the key of decoded dicts), e.g. ``"label"``.
       key: Key inside the serialized `tf.train.Example`, e.g. ``"image/class/label"``.
       dtype: ``"bytes"``, ``"int64"`` or ``"float32"``.
       description: What the value means; saved in the metadata.
+      shape: ``()`` for one value, or ``(None, d1, ...)``: a variable number
+        of items of shape ``(d1, ...)``, stored flat.
     """
 
     name: str
     key: str
     dtype: str
     description: str
+    shape: tuple[int | None, ...] = ()
 
     def __post_init__(self):
         if self.dtype not in _DTYPES:
             raise ValueError(f"feature {self.name!r}: unknown dtype {self.dtype!r}")
+        shape = tuple(self.shape)
+        object.__setattr__(self, "shape", shape)
+        if shape and (
+            shape[0] is not None
+            or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape[1:])
+        ):
+            raise ValueError(
+                f"feature {self.name!r}: shape must be () or (None, positive ints...), got {shape}"
+            )
+        if shape and self.dtype == "bytes" and len(shape) > 1:
+            raise ValueError(f"feature {self.name!r}: a bytes feature is () or (None,)")
 
     @property
     def tf_dtype(self) -> tf.DType:
         return _DTYPES[self.dtype]
+
+    @property
+    def is_scalar(self) -> bool:
+        return not self.shape
+
+    @property
+    def item_size(self) -> int:
+        """Values per item of a variable-length feature (4 for ``(None, 4)``)."""
+        size = 1
+        for dimension in self.shape[1:]:
+            size *= int(dimension or 1)
+        return size
 
     def fill(self, feature: tf.train.Feature, value: Any) -> None:
         """Sets one Python value into an empty `tf.train.Feature` in place,
         checking its type (in place: building nested messages and copying
         them in would make every value twice, and the build encodes every
         record)."""
+        if self.shape:
+            self._fill_sequence(feature, value)
+            return
         if self.dtype == "bytes":
             if isinstance(value, str):
                 value = value.encode("utf-8")
@@ -77,16 +118,110 @@ class Feature:
                 )
             feature.float_list.value.append(float(value))
 
-    def parse_spec(self) -> tf.io.FixedLenFeature:
+    def _fill_sequence(self, feature: tf.train.Feature, value: Any) -> None:
+        where = f"field {self.name!r} ({self.key})"
+        if self.dtype == "bytes":
+            if isinstance(value, (bytes, str)) or not isinstance(value, (list, tuple)):
+                raise SchemaError(f"{where}: expected a list of bytes, got {type(value).__name__}")
+            items = []
+            for item in value:
+                if isinstance(item, str):
+                    item = item.encode("utf-8")
+                if not isinstance(item, (bytes, bytearray, memoryview)):
+                    raise SchemaError(
+                        f"{where}: expected a list of bytes, found {type(item).__name__}"
+                    )
+                items.append(bytes(item))
+            feature.bytes_list.SetInParent()  # present even when empty
+            feature.bytes_list.value.extend(items)
+            return
+        array = np.asarray(value)
+        if array.size == 0:
+            array = array.reshape((0, *self.shape[1:]))
+        if array.ndim != len(self.shape) or array.shape[1:] != self.shape[1:]:
+            raise SchemaError(
+                f"{where}: expected shape {_shape_text(self.shape)}, got {list(array.shape)}"
+            )
+        if self.dtype == "int64":
+            if array.size and array.dtype.kind not in "iu":
+                raise SchemaError(f"{where}: expected integers, got {array.dtype}")
+            feature.int64_list.SetInParent()
+            feature.int64_list.value.extend(array.astype(np.int64).ravel().tolist())
+        else:
+            if array.size and (array.dtype.kind not in "iuf"):
+                raise SchemaError(f"{where}: expected numbers, got {array.dtype}")
+            feature.float_list.SetInParent()
+            feature.float_list.value.extend(array.astype(np.float32).ravel().tolist())
+
+    def parse_spec(self) -> tf.io.FixedLenFeature | tf.io.RaggedFeature:
+        if self.shape:
+            return tf.io.RaggedFeature(self.tf_dtype, row_splits_dtype=tf.int64)
         return tf.io.FixedLenFeature([], self.tf_dtype)
 
+    def shaped(self, parsed: tf.Tensor | tf.RaggedTensor) -> tf.Tensor | tf.RaggedTensor:
+        """A parsed value in the feature's shape: the flat values of one record
+        reshaped to ``[N, d1, ...]``, or a batch's ragged rows to ``[B, (N), d1, ...]``."""
+        if len(self.shape) <= 1:
+            return parsed
+        trailing = list(self.shape[1:])
+        if isinstance(parsed, tf.RaggedTensor):
+            values = tf.reshape(parsed.values, [-1, *trailing])
+            return tf.RaggedTensor.from_row_splits(
+                values, parsed.row_splits // self.item_size, validate=False
+            )
+        return tf.reshape(parsed, [-1, *trailing])
+
+    def decode_values(self, proto: tf.train.Feature) -> Any:
+        """The Python value of one record's feature (see `Schema.decode`)."""
+        kind = proto.WhichOneof("kind")
+        expected = {"bytes": "bytes_list", "int64": "int64_list", "float32": "float_list"}
+        if self.shape and kind is None:  # an empty list written by another writer
+            kind = expected[self.dtype]
+        if kind != expected[self.dtype]:
+            raise SchemaError(
+                f"field {self.name!r} ({self.key}): expected {expected[self.dtype]}, found {kind}"
+            )
+        values = getattr(proto, kind).value
+        if not self.shape:
+            if len(values) != 1:
+                raise SchemaError(
+                    f"field {self.name!r} ({self.key}): expected one value, found {len(values)}"
+                )
+            return values[0]
+        if self.dtype == "bytes":
+            return list(values)
+        if len(values) % self.item_size:
+            raise SchemaError(
+                f"field {self.name!r} ({self.key}): {len(values)} values is not a "
+                f"multiple of {self.item_size} (shape {_shape_text(self.shape)})"
+            )
+        dtype = np.int64 if self.dtype == "int64" else np.float32
+        return np.asarray(values, dtype=dtype).reshape((-1, *self.shape[1:]))
+
     def to_json(self) -> dict:
-        return {
+        data: dict[str, Any] = {
             "name": self.name,
             "key": self.key,
             "dtype": self.dtype,
             "description": self.description,
         }
+        if self.shape:  # scalars keep the JSON they had before shapes existed
+            data["shape"] = list(self.shape)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Feature:
+        return cls(
+            name=data["name"],
+            key=data["key"],
+            dtype=data["dtype"],
+            description=data.get("description", ""),
+            shape=tuple(data.get("shape", ())),
+        )
+
+
+def _shape_text(shape: tuple[int | None, ...]) -> str:
+    return "[" + ", ".join("N" if d is None else str(d) for d in shape) + "]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,25 +274,30 @@ class Schema:
         """Serializes a record. Deterministic: same record, same bytes."""
         return self.to_example(record).SerializeToString(deterministic=True)
 
-    def parse_spec(self) -> dict[str, tf.io.FixedLenFeature]:
+    def parse_spec(self) -> dict[str, tf.io.FixedLenFeature | tf.io.RaggedFeature]:
         """The `tf.io.parse_example` spec, keyed by serialized key."""
         return {f.key: f.parse_spec() for f in self.features}
 
     def parse(self, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
         """Parses one serialized record (scalar) or a batch (vector) with TF ops.
 
-        Returns a dict keyed by feature name. Works in graph mode, so it can
-        be used inside `tf.data.Dataset.map`.
+        Returns a dict keyed by feature name: scalars, and variable-length
+        features in their shape (dense ``[N, ...]`` for one record, ragged
+        ``[B, (N), ...]`` for a batch). Works in graph mode, so it can be
+        used inside `tf.data.Dataset.map`.
         """
         serialized = tf.convert_to_tensor(serialized, tf.string)
         if serialized.shape.rank == 0:
             parsed = tf.io.parse_single_example(serialized, self.parse_spec())
         else:
             parsed = tf.io.parse_example(serialized, self.parse_spec())
-        return {f.name: parsed[f.key] for f in self.features}
+        return {f.name: f.shaped(parsed[f.key]) for f in self.features}
 
     def decode(self, serialized: bytes) -> dict[str, Any]:
         """Parses one serialized record in Python (no graph): for tools and tests.
+
+        Scalars come back as Python values; variable-length features as NumPy
+        arrays of their shape (``[N, 4]`` float32 boxes), or lists of bytes.
 
         Raises:
           SchemaError: naming the field, if a feature is missing or mistyped.
@@ -167,25 +307,26 @@ class Schema:
         for feature in self.features:
             if feature.key not in example.features.feature:
                 raise SchemaError(f"field {feature.name!r} ({feature.key}) is missing")
-            proto = example.features.feature[feature.key]
-            kind = proto.WhichOneof("kind")
-            expected = {"bytes": "bytes_list", "int64": "int64_list", "float32": "float_list"}
-            if kind != expected[feature.dtype]:
-                raise SchemaError(
-                    f"field {feature.name!r} ({feature.key}): expected "
-                    f"{expected[feature.dtype]}, found {kind}"
-                )
-            values = getattr(proto, kind).value
-            if len(values) != 1:
-                raise SchemaError(
-                    f"field {feature.name!r} ({feature.key}): expected one value, "
-                    f"found {len(values)}"
-                )
-            out[feature.name] = values[0]
+            out[feature.name] = feature.decode_values(example.features.feature[feature.key])
         return out
 
     def to_json(self) -> dict:
         return {"version": self.version, "features": [f.to_json() for f in self.features]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Schema:
+        """The schema a `kiln.json` records (`DatasetInfo.schema`).
+
+        Raises:
+          SchemaError: the JSON is not a schema.
+        """
+        try:
+            return cls(
+                features=tuple(Feature.from_json(f) for f in data["features"]),
+                version=int(data.get("version", 1)),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise SchemaError(f"not a record schema ({type(e).__name__}: {e})") from None
 
 
 RECORD = Schema(
@@ -217,6 +358,136 @@ RECORD = Schema(
 )
 
 ENCODINGS = ("jpeg", "png", "raw")
+
+_EXTRA_DTYPES = {"int": "int64", "float": "float32", "string": "bytes"}
+_FIELD_DTYPES = {"int": "int64", "float": "float32"}
+
+
+def schema_for(targets: TargetsConfig | None) -> Schema:
+    """The record schema of a dataset with these targets (None: `RECORD`).
+
+    The image features and ``key``/``sha256`` always; ``label`` when
+    declared; then one feature per declared target (see the table in the
+    README's "Detection and segmentation" section). A classification
+    dataset's schema is `RECORD` itself, so its records keep their bytes.
+    """
+    if targets is None or targets.is_classification:
+        return RECORD
+    features = [f for f in RECORD.features if f.name != "label" or targets.label is not None]
+    if targets.labels is not None:
+        features.append(
+            Feature(
+                "labels",
+                "image/class/labels",
+                "int64",
+                "Class ids of the image (multi-label), ascending: indices into the dataset's "
+                "class names.",
+                (None,),
+            )
+        )
+    if targets.boxes is not None:
+        features += [
+            Feature(
+                "boxes",
+                "objects/bbox",
+                "float32",
+                "One box per object: [y_min, x_min, y_max, x_max] normalized to [0, 1] of the "
+                "stored image (TFDS BBoxFeature order).",
+                (None, 4),
+            ),
+            Feature(
+                "classes",
+                "objects/label",
+                "int64",
+                "Class id per object: index into the dataset's class names.",
+                (None,),
+            ),
+        ]
+        for name, kind in sorted(targets.boxes.fields.items()):
+            features.append(
+                Feature(
+                    name,
+                    f"objects/{name}",
+                    _FIELD_DTYPES[kind],
+                    f"Per-object field {name!r} ({kind}), from the source.",
+                    (None,),
+                )
+            )
+    if targets.keypoints is not None:
+        count = len(targets.keypoints.names)
+        features += [
+            Feature(
+                "keypoints",
+                "objects/keypoints",
+                "float32",
+                f"Per object, {count} keypoints {targets.keypoints.names} as [y, x] "
+                f"normalized to [0, 1] of the stored image.",
+                (None, count, 2),
+            ),
+            Feature(
+                "keypoint_visibility",
+                "objects/keypoints/visibility",
+                "int64",
+                "Per object and keypoint, COCO visibility: 0 not labelled (or outside the "
+                "stored image), 1 labelled but hidden, 2 visible.",
+                (None, count),
+            ),
+        ]
+    if targets.mask is not None:
+        features.append(
+            Feature(
+                "mask",
+                "segmentation/mask",
+                "bytes",
+                "Semantic segmentation: a single-channel uint8 PNG of the stored image's size, "
+                "a class id per pixel"
+                + (
+                    f" ({targets.mask.ignore_value}: not labelled)."
+                    if targets.mask.ignore_value is not None
+                    else "."
+                ),
+            )
+        )
+    if targets.instance_masks is not None:
+        features.append(
+            Feature(
+                "instance_masks",
+                "objects/mask",
+                "bytes",
+                "One single-channel uint8 PNG per object, of the stored image's size: 1 on the "
+                "object, 0 elsewhere.",
+                (None,),
+            )
+        )
+    for name, column_type in sorted(targets.extra.items()):
+        features.append(
+            Feature(
+                name,
+                f"extra/{name}",
+                _EXTRA_DTYPES[column_type],
+                f"Per-image column {name!r} ({column_type}), from the manifest.",
+            )
+        )
+    return Schema(tuple(features))
+
+
+def decode_mask(encoded: tf.Tensor) -> tf.Tensor:
+    """Decodes a stored mask PNG to a uint8 ``[height, width]`` tensor (TF ops)."""
+    mask = tf.io.decode_png(encoded, channels=1, dtype=tf.uint8)
+    return mask[:, :, 0]
+
+
+def decode_masks(encoded: tf.Tensor) -> tf.Tensor:
+    """Decodes one record's instance masks (``[N]`` PNGs) to uint8 ``[N, height, width]``.
+
+    N may be 0; the height and width then come out 0 (the caller knows the
+    image's size and may reshape).
+    """
+    return tf.map_fn(
+        decode_mask,
+        encoded,
+        fn_output_signature=tf.TensorSpec([None, None], tf.uint8),
+    )
 
 
 def decode_image(

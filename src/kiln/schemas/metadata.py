@@ -6,7 +6,8 @@ with the same config gives the same bytes. Since format version 2 it
 carries a checksum of its own content (`DatasetInfo.checksum`), checked
 whenever it is loaded, and the sha256 of the two reports beside it.
 
-Standard library only (plus `tf.io.gfile` for reading local or gs:// paths).
+Standard library only (plus `tf.io.gfile` for reading local or gs:// paths),
+and the pydantic `targets` declaration.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kiln
+from kiln.schemas.targets import CLASSIFICATION, TargetsConfig
 
 METADATA_FILENAME = "kiln.json"
 ERRORS_FILENAME = "errors.jsonl"
@@ -110,6 +112,66 @@ class ChannelStatistics:
     std: list[float]
 
 
+# Bucket edges of the object size histograms: sqrt(box area) in stored
+# pixels. COCO's small/medium/large split at 32 and 96.
+OBJECT_SIZE_EDGES = [0.0, 8.0, 16.0, 32.0, 64.0, 96.0, 128.0, 256.0, 512.0]
+
+
+@dataclasses.dataclass
+class ClassObjects:
+    """The objects of one class in one split, and their sizes.
+
+    A box's size is the square root of its area in stored pixels; the
+    statistics are exact whatever order the job merges them in (integer
+    counts, a sum of floats in exact rational arithmetic, min and max).
+
+    Attributes:
+      count: Objects stored.
+      size_min, size_max, size_mean: Of sqrt(area), stored pixels.
+      size_histogram: Objects per size bucket: ``[edges[i], edges[i+1])``,
+        the last one open-ended (`ObjectStatistics.size_edges`).
+    """
+
+    count: int
+    size_min: float
+    size_max: float
+    size_mean: float
+    size_histogram: list[int]
+
+
+@dataclasses.dataclass
+class ObjectStatistics:
+    """The objects of one split (datasets with ``boxes``).
+
+    Attributes:
+      classes: Class name -> `ClassObjects` (every class, zeros included).
+      images_without_objects: Stored images with no object.
+      dropped: Reason -> objects removed while the image was kept:
+        ``min_visibility`` (an offline transform left too little of the box
+        in the image), and the bad-annotation reasons under
+        ``bad_objects: drop_object``.
+      size_edges: The histogram's bucket edges (`OBJECT_SIZE_EDGES`).
+    """
+
+    classes: dict[str, ClassObjects]
+    images_without_objects: int
+    dropped: dict[str, int]
+    size_edges: list[float] = dataclasses.field(default_factory=lambda: list(OBJECT_SIZE_EDGES))
+
+    @property
+    def num_objects(self) -> int:
+        return sum(c.count for c in self.classes.values())
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ObjectStatistics:
+        return cls(
+            classes={name: ClassObjects(**value) for name, value in data["classes"].items()},
+            images_without_objects=int(data["images_without_objects"]),
+            dropped={reason: int(count) for reason, count in data["dropped"].items()},
+            size_edges=[float(edge) for edge in data["size_edges"]],
+        )
+
+
 @dataclasses.dataclass
 class SplitInfo:
     """One split: its shards, counts and pixel statistics."""
@@ -153,6 +215,13 @@ class DatasetInfo:
       duplicates_sha256: sha256 (hex) of the bytes of ``duplicates.jsonl``,
         the duplicates report (one row per group of identical content).
         None in formats before 2.
+      targets: The resolved ``targets:`` declaration (`TargetsConfig` as
+        JSON: kinds, keypoint names, flip pairs, min_visibility,
+        ignore_value, field types); None (left out of the file) for a
+        classification dataset, whose records carry ``label`` only.
+        `schema` is the record schema these targets give.
+      objects: Split name -> `ObjectStatistics`, for datasets with boxes;
+        None (left out of the file) otherwise.
       checksum: sha256 (hex) of kiln.json's own content, so an edit is
         noticed (format 2 and later; None before). Canonical content: the
         file's JSON object without its ``checksum`` member, serialized with
@@ -186,11 +255,20 @@ class DatasetInfo:
     dropped: dict[str, int] = dataclasses.field(default_factory=dict)
     errors_sha256: str | None = None
     duplicates_sha256: str | None = None
+    targets: dict[str, Any] | None = None
+    objects: dict[str, ObjectStatistics] | None = None
     checksum: str | None = None
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    @property
+    def targets_config(self) -> TargetsConfig:
+        """The targets the records carry (`CLASSIFICATION` when `targets` is None)."""
+        if self.targets is None:
+            return CLASSIFICATION
+        return TargetsConfig.model_validate(self.targets)
 
     def split(self, name: str) -> SplitInfo:
         if name not in self.splits:
@@ -206,6 +284,11 @@ class DatasetInfo:
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        # Left out when absent, so a classification dataset's kiln.json
+        # keeps the bytes it had before targets existed.
+        for name in ("targets", "objects"):
+            if data[name] is None:
+                del data[name]
         if not self.has_checksum:  # older formats: their fields only
             for name in ("errors_sha256", "duplicates_sha256", CHECKSUM_FIELD):
                 if data[name] is None:
@@ -271,6 +354,11 @@ class DatasetInfo:
             kwargs = {k: v for k, v in data.items() if k in fields}
             kwargs["splits"] = splits
             kwargs["format_version"] = int(data["format_version"])
+            if data.get("objects") is not None:
+                kwargs["objects"] = {
+                    split: ObjectStatistics.from_json(value)
+                    for split, value in data["objects"].items()
+                }
             return cls(**kwargs)
         except MetadataError:
             raise

@@ -10,7 +10,13 @@ folder as it reads its own::
 The TFDS features are keyed by kiln's serialized keys (``RECORD.key(name)``),
 flat, so TFDS parses exactly the records kiln wrote: the image feature
 decodes the stored image, the label is a ``ClassLabel`` with the dataset's
-class names, the other features are scalars and text. Nothing here imports
+class names, the other features are scalars and text. Targets
+(`kiln.schemas.targets`) map onto TFDS's own features: multi-label
+``image/class/labels`` is a ``Sequence(ClassLabel)``, the semantic mask an
+``Image`` of one channel, extras scalars or text, and the per-object
+features one ``objects`` ``Sequence`` of a dict whose flattened keys are
+kiln's (``objects/bbox`` a ``BBoxFeature``, ``objects/label`` a
+``ClassLabel``, fields and keypoints tensors, ``objects/mask`` an ``Image``). Nothing here imports
 tensorflow_datasets: the JSON is written by hand in the layout TFDS's own
 ``FeatureConnector.to_json`` and ``DatasetInfo`` proto JSON use (the tests
 load it with TFDS and compare).
@@ -30,7 +36,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kiln.schemas.features import RECORD, Feature
+from kiln.schemas.features import RECORD, Feature, Schema
 from kiln.schemas.metadata import DatasetInfo
 
 TFDS_DATASET_INFO_FILENAME = "dataset_info.json"
@@ -51,6 +57,11 @@ _SCALAR_CLASS = _FEATURES + "scalar.Scalar"
 _TEXT_CLASS = _FEATURES + "text_feature.Text"
 _CLASS_LABEL_CLASS = _FEATURES + "class_label_feature.ClassLabel"
 _FEATURES_DICT_CLASS = _FEATURES + "features_dict.FeaturesDict"
+_SEQUENCE_CLASS = _FEATURES + "sequence_feature.Sequence"
+_BBOX_CLASS = _FEATURES + "bounding_boxes.BBoxFeature"
+
+# Per-object features share this key prefix: one TFDS Sequence of a dict.
+_OBJECTS = "objects"
 
 # The record features with a special TFDS meaning, by RECORD name.
 _IMAGE = "image"
@@ -62,11 +73,14 @@ class TfdsUnsupported(ValueError):
 
 
 def labels_filename(feature_key: str) -> str:
-    """Where TFDS reads a top-level ``ClassLabel``'s names from (its naming rule).
+    """Where TFDS reads a ``ClassLabel``'s names from (its naming rule).
 
-    TFDS replaces the ``/`` of a feature name by ``.`` and appends
-    ``.labels.txt``, one class name per line.
+    TFDS replaces the ``/`` of a top-level feature name by ``.`` and appends
+    ``.labels.txt``, one class name per line; a feature inside a dict (our
+    ``objects`` Sequence) is named ``<parent>-<name>``.
     """
+    if feature_key.startswith(_OBJECTS + "/"):
+        return _OBJECTS + "-" + feature_key[len(_OBJECTS) + 1 :].replace("/", ".") + ".labels.txt"
     return feature_key.replace("/", ".") + ".labels.txt"
 
 
@@ -81,18 +95,45 @@ def tfds_files(info: DatasetInfo) -> dict[str, str]:
       TfdsUnsupported: for datasets TFDS cannot read (see the module docstring).
     """
     _check_supported(info)
-    label_key = RECORD.key(_LABEL)
+    schema = Schema.from_json(info.schema)
+    names = "".join(f"{name}\n" for name in info.class_names)
     files = {
         TFDS_DATASET_INFO_FILENAME: _dumps(dataset_info_json(info)),
         TFDS_FEATURES_FILENAME: _dumps(features_json(info)),
-        labels_filename(label_key): "".join(f"{name}\n" for name in info.class_names),
     }
+    for feature in schema.features:
+        if feature.name in _CLASS_FEATURES:
+            files[labels_filename(feature.key)] = names
     return files
 
 
+# Features whose values are class ids (ClassLabel in TFDS).
+_CLASS_FEATURES = ("label", "labels", "classes")
+
+
 def features_json(info: DatasetInfo) -> dict[str, Any]:
-    """``features.json``: a flat ``FeaturesDict`` keyed by the records' serialized keys."""
-    features = {feature.key: _feature_json(feature, info) for feature in RECORD.features}
+    """``features.json``: a ``FeaturesDict`` keyed by the records' serialized keys
+    (per-object features nested in one ``objects`` Sequence)."""
+    schema = Schema.from_json(info.schema)
+    features: dict[str, Any] = {}
+    objects: dict[str, Any] = {}
+    for feature in schema.features:
+        if feature.key.startswith(_OBJECTS + "/"):
+            objects[feature.key[len(_OBJECTS) + 1 :]] = _object_feature_json(feature, info)
+        else:
+            features[feature.key] = _feature_json(feature, info)
+    if objects:
+        features[_OBJECTS] = {
+            "pythonClassName": _SEQUENCE_CLASS,
+            "sequence": {
+                "feature": {
+                    "pythonClassName": _FEATURES_DICT_CLASS,
+                    "featuresDict": {"features": objects},
+                },
+                "length": "-1",
+            },
+            "description": "The objects of the image, one entry per object.",
+        }
     return {
         "type": _FEATURES_DICT_CLASS,
         "content": {"features": features},
@@ -124,14 +165,20 @@ def dataset_info_json(info: DatasetInfo) -> dict[str, Any]:
         ),
         "fileFormat": TFDS_FILE_FORMAT,
         "splits": splits,
-        "supervisedKeys": {
-            "tuple": {
-                "items": [
-                    {"featureKey": RECORD.key(_IMAGE)},
-                    {"featureKey": RECORD.key(_LABEL)},
-                ]
+        **(
+            {
+                "supervisedKeys": {
+                    "tuple": {
+                        "items": [
+                            {"featureKey": RECORD.key(_IMAGE)},
+                            {"featureKey": RECORD.key(_LABEL)},
+                        ]
+                    }
+                }
             }
-        },
+            if _LABEL in Schema.from_json(info.schema).names
+            else {}
+        ),
     }
 
 
@@ -171,14 +218,63 @@ def _tfds_shard_name(dataset: str, split: str, index: int, num_shards: int) -> s
     )
 
 
+def _class_label_json(info: DatasetInfo) -> dict[str, Any]:
+    return {
+        "pythonClassName": _CLASS_LABEL_CLASS,
+        "classLabel": {"numClasses": str(info.num_classes)},
+    }
+
+
+def _mask_json(info: DatasetInfo) -> dict[str, Any]:
+    height, width = info.image_size if info.image_size is not None else (-1, -1)
+    return {
+        "pythonClassName": _IMAGE_CLASS,
+        "image": {
+            "shape": {"dimensions": [str(height), str(width), "1"]},
+            "dtype": "uint8",
+            "encodingFormat": "png",
+        },
+    }
+
+
+def _object_feature_json(feature: Feature, info: DatasetInfo) -> dict[str, Any]:
+    """One member of the ``objects`` Sequence: the feature of ONE object."""
+    if feature.name == "boxes":
+        content = {
+            "pythonClassName": _BBOX_CLASS,
+            "boundingBox": {"shape": {"dimensions": ["4"]}, "dtype": "float32"},
+        }
+    elif feature.name == "classes":
+        content = _class_label_json(info)
+    elif feature.name == "instance_masks":
+        content = _mask_json(info)
+    else:  # per-object fields and keypoints: tensors of the item shape
+        content = {
+            "pythonClassName": _TENSOR_CLASS if len(feature.shape) > 1 else _SCALAR_CLASS,
+            "tensor": {
+                "shape": {"dimensions": [str(d) for d in feature.shape[1:]]}
+                if len(feature.shape) > 1
+                else {},
+                "dtype": _tensor_dtype(feature),
+                "encoding": "none",
+            },
+        }
+    content["description"] = feature.description
+    return content
+
+
 def _feature_json(feature: Feature, info: DatasetInfo) -> dict[str, Any]:
     if feature.name == _IMAGE:
         content = _image_json(info)
     elif feature.name == _LABEL:
+        content = _class_label_json(info)
+    elif feature.name == "labels":
         content = {
-            "pythonClassName": _CLASS_LABEL_CLASS,
-            "classLabel": {"numClasses": str(info.num_classes)},
+            "pythonClassName": _SEQUENCE_CLASS,
+            "sequence": {"feature": _class_label_json(info), "length": "-1"},
         }
+    elif feature.name == "mask":
+        content = _mask_json(info)
     elif feature.dtype == "bytes":
         content = {"pythonClassName": _TEXT_CLASS, "text": {}}
     else:

@@ -1,0 +1,291 @@
+"""A manifest row's targets: checked for structure while listing, carried as canonical JSON.
+
+A source reads each image's annotations from its row (a JSONL manifest
+line, a CSV row, or a COCO image with its annotations, converted to the
+same row) and calls `row_targets`: it checks the structure of what the
+dataset declares (`kiln.schemas.TargetsConfig`), resolves mask paths and
+returns the targets as a plain dict, which travels through the listing and
+to the job as one canonical JSON text (`canonical`). What needs the image
+(sizes, boxes inside it, class ids) is checked by the job
+(`kiln.pipeline.targets`).
+
+A JSONL row with targets (the keys of undeclared kinds are ignored)::
+
+    {"path": "images/1.jpg", "split": "train", "label": "cat", "labels": ["cat", "dog"],
+     "objects": [{"bbox": [x_min, y_min, x_max, y_max], "class": "cat", "iscrowd": 0,
+                  "keypoints": [x1, y1, v1, x2, y2, v2, ...],
+                  "mask": "masks/1_0.png"}],          # or "segmentation": polygons or RLE
+     "mask": "masks/1.png", "weather": "sunny", "altitude": 12.5}
+
+The targets dict: ``labels`` (class names), ``objects`` (each with
+``bbox``, ``class``, ``fields``, and ``keypoints``, ``mask`` (a URI) or
+``segmentation`` when declared), ``mask`` (a URI) and ``extra`` (name ->
+value), each present only when declared.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from kiln.schemas import TargetsConfig
+
+_KIND_TEXT = {"int": "an integer", "float": "a number", "string": "a string"}
+
+
+class AnnotationError(ValueError):
+    """A row's annotations do not have the declared structure; the message names
+    the field, e.g. ``objects[2].bbox: expected 4 numbers, got 3``."""
+
+
+def row_targets(
+    row: Mapping[str, Any], targets: TargetsConfig, resolve: Callable[[str], str]
+) -> dict[str, Any]:
+    """The declared targets of one manifest row, structurally checked.
+
+    Args:
+      row: The row as parsed from JSON (a JSONL line, or a COCO image
+        converted to one).
+      targets: The dataset's declared targets.
+      resolve: Turns a path written in the row (relative to the manifest's
+        folder, or absolute) into the URI to read; the caller checks the
+        URIs are confined (`mask_uris`).
+
+    Raises:
+      AnnotationError: naming the field that is missing or malformed.
+    """
+    out: dict[str, Any] = {}
+    if targets.labels is not None:
+        labels = _required(row, "labels", "a list of class names ([] for none)")
+        if not isinstance(labels, list):
+            raise AnnotationError(f"'labels' must be a list of class names, got {_kind(labels)}")
+        out["labels"] = [_class_name(label, f"labels[{i}]") for i, label in enumerate(labels)]
+    if targets.boxes is not None:
+        objects = _required(row, "objects", 'a list of objects ("objects": [] for none)')
+        if not isinstance(objects, list):
+            raise AnnotationError(f"'objects' must be a list, got {_kind(objects)}")
+        out["objects"] = [
+            _object(item, f"objects[{i}]", targets, resolve) for i, item in enumerate(objects)
+        ]
+    if targets.mask is not None:
+        mask = _required(row, "mask", "the path of the image's mask PNG")
+        out["mask"] = resolve(_path(mask, "mask"))
+    if targets.extra:
+        out["extra"] = {
+            name: _extra(_required(row, name, f"{_KIND_TEXT[kind]} (targets.extra)"), name, kind)
+            for name, kind in sorted(targets.extra.items())
+        }
+    return out
+
+
+def csv_row_targets(fields: Mapping[str, str], targets: TargetsConfig) -> dict[str, Any]:
+    """The declared targets of one CSV row (label(s) and extra columns only).
+
+    Args:
+      fields: Column name -> cell text.
+
+    Raises:
+      AnnotationError: naming the column.
+    """
+    out: dict[str, Any] = {}
+    if targets.labels is not None:
+        text = fields["labels"].strip()
+        parts = [part.strip() for part in text.split(targets.labels.separator)] if text else []
+        if any(not part for part in parts):
+            raise AnnotationError(
+                f"labels: empty class name in {text!r} "
+                f"(names joined by {targets.labels.separator!r})"
+            )
+        out["labels"] = parts
+    if targets.extra:
+        out["extra"] = {
+            name: _extra_text(fields[name], name, kind)
+            for name, kind in sorted(targets.extra.items())
+        }
+    return out
+
+
+def csv_columns(targets: TargetsConfig) -> list[str]:
+    """The CSV columns the targets need besides ``path`` (and ``split``)."""
+    columns = ["label"] if targets.label is not None else []
+    if targets.labels is not None:
+        columns.append("labels")
+    return columns + sorted(targets.extra)
+
+
+def canonical(row_targets: Mapping[str, Any]) -> str:
+    """The targets as the listing stores them: canonical JSON (sorted keys, no
+    spaces, non-finite numbers as Python's ``NaN``/``Infinity``, which the job
+    reports as bad boxes)."""
+    return json.dumps(row_targets, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def class_names(row_targets: Mapping[str, Any]) -> Iterator[str]:
+    """Every class name the targets use (labels and objects' classes)."""
+    yield from row_targets.get("labels", ())
+    for item in row_targets.get("objects", ()):
+        yield item["class"]
+
+
+def mask_uris(row_targets: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """``(field, uri)`` of every mask file the targets name."""
+    if "mask" in row_targets:
+        yield "mask", row_targets["mask"]
+    for i, item in enumerate(row_targets.get("objects", ())):
+        if "mask" in item:
+            yield f"objects[{i}].mask", item["mask"]
+
+
+def _object(
+    item: Any, where: str, targets: TargetsConfig, resolve: Callable[[str], str]
+) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise AnnotationError(f"{where}: expected an object ({{...}}), got {_kind(item)}")
+    bbox = item.get("bbox")
+    if not isinstance(bbox, list) or len(bbox) != 4 or not all(map(_is_number, bbox)):
+        raise AnnotationError(
+            f"{where}.bbox: expected 4 numbers [x_min, y_min, x_max, y_max], got {_short(bbox)}"
+        )
+    out: dict[str, Any] = {
+        "bbox": [float(v) for v in bbox],
+        "class": _class_name(item.get("class"), f"{where}.class"),
+    }
+    fields = {}
+    declared = targets.boxes.fields if targets.boxes is not None else {}
+    for name, kind in sorted(declared.items()):
+        if name not in item:
+            raise AnnotationError(f"{where}.{name}: missing (targets.boxes.fields)")
+        value = item[name]
+        if kind == "int" and not _is_integer(value):
+            raise AnnotationError(f"{where}.{name}: expected an integer, got {_short(value)}")
+        if kind == "float" and not _is_number(value):
+            raise AnnotationError(f"{where}.{name}: expected a number, got {_short(value)}")
+        fields[name] = int(value) if kind == "int" else float(value)
+    out["fields"] = fields
+    if targets.keypoints is not None:
+        count = len(targets.keypoints.names)
+        points = item.get("keypoints")
+        if (
+            not isinstance(points, list)
+            or len(points) != 3 * count
+            or not all(map(_is_number, points))
+        ):
+            raise AnnotationError(
+                f"{where}.keypoints: expected {3 * count} numbers (x, y, visibility for each of "
+                f"{count} keypoints), got {_short(points)}"
+            )
+        for k in range(count):
+            if points[3 * k + 2] not in (0, 1, 2):
+                raise AnnotationError(
+                    f"{where}.keypoints: visibility of {targets.keypoints.names[k]!r} must be "
+                    f"0, 1 or 2, got {_short(points[3 * k + 2])}"
+                )
+        out["keypoints"] = [float(v) for v in points]
+    if targets.instance_masks is not None:
+        has_mask, has_segmentation = "mask" in item, "segmentation" in item
+        if has_mask == has_segmentation:
+            raise AnnotationError(
+                f"{where}: give either 'mask' (a PNG path) or 'segmentation' (polygons or RLE)"
+            )
+        if has_mask:
+            out["mask"] = resolve(_path(item["mask"], f"{where}.mask"))
+        else:
+            out["segmentation"] = _segmentation(item["segmentation"], f"{where}.segmentation")
+    return out
+
+
+def _segmentation(value: Any, where: str) -> Any:
+    if isinstance(value, list):
+        for i, polygon in enumerate(value):
+            if not isinstance(polygon, list) or not all(map(_is_number, polygon)):
+                raise AnnotationError(f"{where}[{i}]: expected a list of numbers x1, y1, x2, ...")
+        return value
+    if isinstance(value, dict):
+        size, counts = value.get("size"), value.get("counts")
+        if (
+            not isinstance(size, list)
+            or len(size) != 2
+            or not all(_is_integer(v) and v > 0 for v in size)
+        ):
+            raise AnnotationError(f"{where}.size: expected [height, width], got {_short(size)}")
+        if not (
+            isinstance(counts, str)
+            or (isinstance(counts, list) and all(_is_integer(v) and v >= 0 for v in counts))
+        ):
+            raise AnnotationError(
+                f"{where}.counts: expected a compressed RLE string or a list of run lengths"
+            )
+        return {"size": [int(v) for v in size], "counts": counts}
+    raise AnnotationError(
+        f"{where}: expected polygons [[x1, y1, ...], ...] or RLE {{size, counts}}, "
+        f"got {_kind(value)}"
+    )
+
+
+def _extra(value: Any, name: str, kind: str) -> Any:
+    if kind == "int":
+        if not _is_integer(value):
+            raise AnnotationError(f"{name}: expected an integer, got {_short(value)}")
+        return int(value)
+    if kind == "float":
+        if not _is_number(value) or not math.isfinite(value):
+            raise AnnotationError(f"{name}: expected a finite number, got {_short(value)}")
+        return float(value)
+    if not isinstance(value, str):
+        raise AnnotationError(f"{name}: expected a string, got {_short(value)}")
+    return value
+
+
+def _extra_text(text: str, name: str, kind: str) -> Any:
+    text = text.strip() if kind != "string" else text
+    try:
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+    except ValueError:
+        raise AnnotationError(f"{name}: expected {_KIND_TEXT[kind]}, got {text!r}") from None
+    return text
+
+
+def _required(row: Mapping[str, Any], name: str, what: str) -> Any:
+    if name not in row:
+        raise AnnotationError(f"'{name}' is missing: expected {what}")
+    return row[name]
+
+
+def _class_name(value: Any, where: str) -> str:
+    if _is_integer(value):
+        return str(value)
+    if not isinstance(value, str) or not value:
+        raise AnnotationError(f"{where}: expected a class name, got {_short(value)}")
+    return value
+
+
+def _path(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise AnnotationError(f"{where}: expected a path, got {_short(value)}")
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__ if value is not None else "null"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

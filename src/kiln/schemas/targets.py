@@ -1,0 +1,209 @@
+"""What a dataset's records carry besides the image: the ``targets:`` declaration.
+
+One model serves three readers: the build config validates the YAML
+``targets:`` section with it, `kiln.schemas.schema_for` assembles the record
+features from it, and ``kiln.json`` stores it resolved (`DatasetInfo.targets`)
+so the reader knows the kinds, keypoint names, flip pairs, minimum
+visibility, ignore value and field types without the config::
+
+    targets:
+      label: {}                     # one class per image (today's classification)
+      labels: {}                    # several class names per image
+      boxes:
+        min_visibility: 0.25        # a box keeping less of its area after a crop is dropped
+        fields: {iscrowd: int}      # per-object columns: int | float
+      mask: {ignore_value: 255}     # semantic segmentation: class id per pixel
+      instance_masks: {}            # one 0/1 mask per object (needs boxes)
+      keypoints:                    # named points per object (needs boxes)
+        names: [nose, left_eye, right_eye]
+        flip_pairs: [[left_eye, right_eye]]
+      extra: {weather: string, altitude: float}   # per-image columns
+      bad_objects: drop_image       # or drop_object
+
+Without ``targets:`` a dataset carries ``label`` only, as before the section
+existed, and its records keep the same bytes.
+
+Plain Python and pydantic: the reader imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+# A per-object field or an extra column becomes part of a feature key and a
+# Python name (`objects/<field>`, `extra/<name>`).
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+# Python names of record features (`kiln.schemas.features`), the keys the
+# reader's targets dict uses, and the manifest's own keys: an extra column or
+# an object field named like one of them would be ambiguous.
+RESERVED_NAMES = frozenset(
+    {
+        "image",
+        "height",
+        "width",
+        "channels",
+        "key",
+        "sha256",
+        "label",
+        "labels",
+        "boxes",
+        "classes",
+        "keypoints",
+        "keypoint_visibility",
+        "mask",
+        "instance_masks",
+        "num_objects",
+        "objects",
+        "path",
+        "split",
+    }
+)
+# Keys of one object in a JSONL manifest line.
+OBJECT_KEYS = frozenset({"bbox", "class", "keypoints", "mask", "segmentation"})
+
+FieldName = Annotated[str, Field(pattern=NAME_PATTERN)]
+# Geometric kinds: they move with every geometric transform.
+GEOMETRIC_KINDS = ("boxes", "mask", "instance_masks", "keypoints")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class LabelTarget(_Model):
+    """One class per image: the image folder's class folder, or the manifest's `label`."""
+
+
+class LabelsTarget(_Model):
+    """Several classes per image (multi-label)."""
+
+    separator: str = Field("|", min_length=1, max_length=1)
+    """In a CSV manifest, the `labels` column holds the class names joined by this character,
+    e.g. `cat|dog` (an empty cell: no class). JSONL manifests give a list: `["cat", "dog"]`."""
+
+
+class BoxesTarget(_Model):
+    """Objects with a box and a class each."""
+
+    min_visibility: Annotated[float, Field(ge=0, le=1)] = 0.25
+    """After a geometric transform (offline crop or pad, online crop), a box keeping less than
+    this fraction of its area inside the image is dropped, with everything else of its object,
+    and counted in kiln.json; 0 keeps every box that keeps any area."""
+    fields: dict[FieldName, Literal["int", "float"]] = {}
+    """Per-object columns read from each object of a JSONL line, e.g. `{iscrowd: int}`:
+    stored as `objects/<name>`, one value per box."""
+
+    @pydantic.field_validator("fields")
+    @classmethod
+    def _field_names(cls, fields):
+        for name in fields:
+            if name in RESERVED_NAMES or name in OBJECT_KEYS:
+                raise ValueError(f"{name!r} is a reserved name; choose another field name")
+        return fields
+
+
+class MaskTarget(_Model):
+    """Semantic segmentation: a single-channel PNG per image with a class id per pixel."""
+
+    ignore_value: Annotated[int, Field(ge=0, le=255)] | None = 255
+    """The pixel value that means "not labelled" (losses skip it); other values are class
+    ids. Also what pixels added by padding get. null: none."""
+
+
+class InstanceMasksTarget(_Model):
+    """A 0/1 mask per object (a PNG path, a polygon or COCO RLE per object); needs `boxes`."""
+
+
+class KeypointsTarget(_Model):
+    """Named points per object with COCO visibility (0 unlabelled, 1 hidden, 2 visible);
+    needs `boxes`."""
+
+    names: list[FieldName] = Field(min_length=1)
+    """The keypoint names in the order each object lists its points, e.g.
+    `[nose, left_eye, right_eye]`."""
+    flip_pairs: list[tuple[FieldName, FieldName]] = []
+    """Pairs of names that swap under a horizontal flip, e.g. `[[left_eye, right_eye]]`."""
+
+    @pydantic.model_validator(mode="after")
+    def _names_known(self):
+        if len(set(self.names)) != len(self.names):
+            raise ValueError("names: each keypoint name may appear once")
+        seen: set[str] = set()
+        for left, right in self.flip_pairs:
+            for name in (left, right):
+                if name not in self.names:
+                    raise ValueError(f"flip_pairs: {name!r} is not one of names {self.names}")
+                if name in seen:
+                    raise ValueError(f"flip_pairs: {name!r} is in more than one pair")
+                seen.add(name)
+            if left == right:
+                raise ValueError(f"flip_pairs: {left!r} is paired with itself")
+        return self
+
+
+class TargetsConfig(_Model):
+    """What each record carries besides the image. Absent: `label` only."""
+
+    label: LabelTarget | None = None
+    """One class per image: `{}`."""
+    labels: LabelsTarget | None = None
+    """Several classes per image (multi-label): `{}`."""
+    boxes: BoxesTarget | None = None
+    """Objects: a box `[x_min, y_min, x_max, y_max]` (pixels of the source file) and a class
+    each."""
+    mask: MaskTarget | None = None
+    """Semantic segmentation mask per image: `{}` or `{ignore_value: 255}`."""
+    instance_masks: InstanceMasksTarget | None = None
+    """A mask per object: `{}`. Needs `boxes`."""
+    keypoints: KeypointsTarget | None = None
+    """Named keypoints per object. Needs `boxes`."""
+    extra: dict[FieldName, Literal["int", "float", "string"]] = {}
+    """Per-image columns taken from the manifest by name with their type, e.g.
+    `{weather: string, altitude: float}`: stored as `extra/<name>`."""
+    bad_objects: Literal["drop_image", "drop_object"] = "drop_image"
+    """What one bad object annotation (a reversed or non-finite box, a class not in the class
+    list, a polygon with fewer than 3 points, ...) drops: the whole image (`drop_image`, the
+    default: an object removed from the annotations stays in the pixels and teaches the model
+    it is background) or only that object (`drop_object`)."""
+
+    @pydantic.model_validator(mode="after")
+    def _relations(self):
+        if not (self.label or self.labels or self.boxes or self.mask):
+            raise ValueError("declare at least one of label, labels, boxes, mask")
+        for kind in ("instance_masks", "keypoints"):
+            if getattr(self, kind) is not None and self.boxes is None:
+                raise ValueError(f"{kind} needs boxes (one box and class per object)")
+        for name in self.extra:
+            if name in RESERVED_NAMES:
+                raise ValueError(f"extra: {name!r} is a reserved name; choose another column")
+        return self
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The declared kinds, in a fixed order."""
+        order = ("label", "labels", "boxes", "mask", "instance_masks", "keypoints")
+        return tuple(kind for kind in order if getattr(self, kind) is not None) + (
+            ("extra",) if self.extra else ()
+        )
+
+    @property
+    def geometric(self) -> tuple[str, ...]:
+        """The declared kinds that move with geometric transforms."""
+        return tuple(kind for kind in GEOMETRIC_KINDS if getattr(self, kind) is not None)
+
+    @property
+    def is_classification(self) -> bool:
+        """Only `label`: the records of a build without ``targets:``."""
+        return self.kinds == ("label",)
+
+    def to_json(self) -> dict:
+        """The resolved declaration, as ``kiln.json`` stores it."""
+        return self.model_dump(mode="json")
+
+
+CLASSIFICATION = TargetsConfig(label=LabelTarget())
+"""The targets of a build without a ``targets:`` section."""
