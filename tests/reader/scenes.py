@@ -17,8 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 SIZE = 64
-# Objects at least this many pixels on each side must reach IoU 0.9 with their pixels.
-IOU_SIDE = 12
+# Objects at least this many pixels on each side must reach IoU 0.9 with their
+# pixels. A nearest-neighbour resampling puts each pixel edge within half a
+# pixel of the exact edge (a pixel centred on it goes either way): on both
+# axes that costs up to ((s - 0.5) / (s + 0.5))^2 of IoU, above 0.9 from 20
+# pixels a side.
+IOU_SIDE = 20
 # How far (pixels) a box edge may be from its shape's pixels: a resampled
 # straight edge is within half a pixel, the tip of a rotated corner (a
 # wedge thinner than a pixel near its end) within about one and a half.
@@ -158,10 +162,9 @@ def check_element(
       targets: The augmented targets (NumPy), unbatched, unpadded.
       min_area_px: Objects whose box is smaller (pixels) are only checked
         for presence: a sliver is a few pixels of rounding.
-      iou_side: Overrides `IOU_SIDE`, e.g. for lists that resample twice
-        (each nearest-neighbour resampling moves a pixel edge by up to half
-        a pixel, so two move it by up to one: IoU 0.9 then needs about 20
-        pixels a side).
+      iou_side: Overrides `IOU_SIDE`, for lists that resample twice (two
+        resamplings move a pixel edge by up to one pixel: IoU 0.9 then
+        needs about 40 pixels a side).
     """
     iou_side = iou_side or IOU_SIDE
     problems = []
