@@ -150,7 +150,8 @@ class OpDefinition(Registered):
         `kiln.reader.targets.ElementTargets`, drawing the same random
         parameters from `seed` as `fn` (so the image equals ``fn``'s).
         Cropping ops with a `window` need none: the reader crops the targets
-        with the window.
+        with the window. A batch op's form is ``with_targets(images,
+        targets, seed, **params)`` on `kiln.reader.targets.BatchTargets`.
       supports: The target kinds `with_targets` moves (``boxes``, ``mask``,
         ``instance_masks``, ``keypoints``); a dataset with a geometric kind
         outside it is refused.
@@ -164,7 +165,8 @@ class OpDefinition(Registered):
     mirror: bool = False
     pixelwise: bool = False
     geometric: bool = True
-    with_targets: Callable[..., tuple[tf.Tensor, ElementTargets]] | None = None
+    # Element ops move ElementTargets; batch ops, BatchTargets.
+    with_targets: Callable[..., tuple[tf.Tensor, Any]] | None = None
     supports: tuple[str, ...] | None = None
 
 
