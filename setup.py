@@ -60,6 +60,9 @@ setuptools.setup(
         "gcp": [
             f"apache-beam[gcp]=={BEAM_VERSION}",
         ],
+        # COCO RLE segmentations (polygons need only OpenCV): the reference
+        # decoder, imported only when a build meets an RLE.
+        "coco": ["pycocotools>=2.0.8,<3"],
         "dev": [
             "pytest>=8,<10",
             "pytest-timeout>=2.2,<3",
@@ -67,6 +70,8 @@ setuptools.setup(
             "import-linter>=2.1,<3",  # the layering contracts in .importlinter
             "dockerfile-parse>=2.0,<3",  # tests read the Dockerfile as Docker does
             "tensorflow-datasets>=4.9,<5",
+            "pycocotools>=2.0.8,<3",  # kiln[coco], and the reference for polygon rasterization
+            "hypothesis>=6.100,<7",  # property tests of target geometry
             # The type checker and the linter, configured in pyproject.toml, and
             # the stubs of the libraries that ship no types of their own.
             "mypy>=1.20,<2",

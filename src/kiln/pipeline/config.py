@@ -536,6 +536,10 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain, fail) -> None:
     targets = model.targets
     if targets is None or targets.is_classification:
         return
+    try:
+        chain.check_geometry(targets.kinds)
+    except transforms.TransformConfigError as e:
+        raise fail(str(e)) from None
     source = model.source
     if source.type == "image_folder":
         kind = next(kind for kind in targets.kinds if kind != "label")

@@ -20,6 +20,10 @@ Stages and reasons (part of kiln's output format):
   ``too_small``).
 - ``transform``: ``transform_failed`` (a transform cannot apply to this
   image, e.g. smaller than a crop).
+- ``targets``: a bad annotation (`kiln.pipeline.targets.REASONS`:
+  ``bad_box``, ``unknown_class``, ``bad_keypoints``, ``missing_mask``,
+  ``corrupt_mask``, ``mask_size_mismatch``, ``bad_polygon``,
+  ``bad_segmentation``).
 """
 
 from __future__ import annotations

@@ -44,8 +44,9 @@ from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
 from kiln.pipeline.sharding import RunWriter, sort_key
 from kiln.pipeline.splits import SplitPolicy
-from kiln.pipeline.statistics import PixelSums, Summary, pixel_sums
-from kiln.schemas import RECORD
+from kiln.pipeline.statistics import PixelSums, Summary, TargetCounts, pixel_sums
+from kiln.pipeline.targets import BadAnnotation, TargetCodec, location_free
+from kiln.schemas import RECORD, schema_for
 
 if TYPE_CHECKING:
     from kiln.pipeline.config import EncodingConfig, ImageConfig
@@ -63,10 +64,11 @@ class ProcessedImage(NamedTuple):
     label: int
     split: str  # from the source, or drawn by the `SplitPolicy`
     sha256: str  # hex sha256 of the source file's bytes
-    record: bytes  # serialized tf.train.Example (`kiln.schemas.RECORD`)
+    record: bytes  # serialized tf.train.Example (the dataset's `kiln.schemas.Schema`)
     height: int
     width: int
     pixel_sums: PixelSums
+    targets: TargetCounts | None = None  # datasets with targets: what `Summary` counts
 
 
 class Outcome(NamedTuple):
@@ -87,6 +89,8 @@ class ImageProcessor:
       encoding: The ``encoding`` config (format, quality).
       class_names: Sorted class names (label id -> name, for the version).
       splits: Assigns each stored image its split.
+      targets: Loads and encodes the targets of a dataset with ``targets:``;
+        None for classification (the records of `kiln.schemas.RECORD`).
     """
 
     def __init__(
@@ -96,8 +100,11 @@ class ImageProcessor:
         encoding: EncodingConfig,
         class_names: Sequence[str],
         splits: SplitPolicy,
+        targets: TargetCodec | None = None,
     ):
         self._chain = chain
+        self._codec = targets
+        self._schema = RECORD if targets is None else schema_for(targets.config)
         self._splits = splits
         self._channels = image.channels
         self._max_pixels = image.max_pixels
@@ -112,12 +119,17 @@ class ImageProcessor:
         """`before_decoding`: see `transforms.decode_image`."""
         key, uri, label = item["key"], item["uri"], int(item["label"])
         split = item.get("split")
+        listed_targets: str | None = item.get("targets")
+        # A dropped file's targets as listed, without where its masks are.
+        dropped_targets = None if listed_targets is None else location_free(listed_targets)
+
+        def entry(sha256: str | None, targets: str | None = dropped_targets) -> int:
+            name = self._class_names[label] if label >= 0 else None
+            data = versioning.file_entry(key, name, split, sha256)
+            return versioning.entry_hash(data if targets is None else [*data, targets])
 
         def drop(stage: str, reason: str, message: str, sha256: str | None) -> Outcome:
-            entry = versioning.file_entry(key, self._class_names[label], split, sha256)
-            return Outcome(
-                None, DroppedFile(key, stage, reason, uri, message), versioning.entry_hash(entry)
-            )
+            return Outcome(None, DroppedFile(key, stage, reason, uri, message), entry(sha256))
 
         try:
             # UNCOMPRESSED: a file named x.gz is an image file, not gzip.
@@ -128,36 +140,46 @@ class ImageProcessor:
         sha256 = hashlib.sha256(data).hexdigest()
 
         try:
-            image = transforms.decode_image(
-                data,
-                channels=self._channels,
-                max_pixels=self._max_pixels,
-                min_size=self._min_size,
-                before_decoding=before_decoding,
-            )
+            image, orientation = self._decode(data, before_decoding)
         except transforms.DecodeError as e:
             return drop("decode", e.reason, str(e), sha256)
 
+        loaded = None
+        if self._codec is not None:
+            try:
+                loaded = self._codec.load(listed_targets or "{}", *_stored_size(image, orientation))
+            except BadAnnotation as e:
+                return drop("targets", e.reason, str(e), sha256)
+
+        moved = None
         try:
-            image = self._chain(image)
+            if loaded is None or loaded.geometry is None:
+                image = self._chain(image)
+            else:
+                image, moved = self._apply(image, orientation, loaded.geometry)
             _check_output(image, self._channels)
         except Exception as e:  # TransformError, or a plugin's own failure
             return drop("transform", "transform_failed", _describe(e), sha256)
 
         encoded = transforms.encode_image(image, format=self._format, quality=self._quality)
         height, width, channels = image.shape
-        record = RECORD.encode(
-            {
-                "image": encoded,
-                "height": height,
-                "width": width,
-                "channels": channels,
-                "label": label,
-                "key": key,
-                "sha256": sha256,
-            }
-        )
-        entry = versioning.file_entry(key, self._class_names[label], split, sha256)
+        fields: dict[str, Any] = {
+            "image": encoded,
+            "height": height,
+            "width": width,
+            "channels": channels,
+            "key": key,
+            "sha256": sha256,
+        }
+        if label >= 0:
+            fields["label"] = label
+        counts = None
+        if self._codec is not None and loaded is not None:
+            target_fields, counts = self._codec.features(
+                loaded, moved, label if label >= 0 else None, height, width
+            )
+            fields.update(target_fields)
+        record = self._schema.encode(fields)
         return Outcome(
             ProcessedImage(
                 key,
@@ -168,10 +190,57 @@ class ImageProcessor:
                 height,
                 width,
                 pixel_sums(image),
+                counts,
             ),
             None,
-            versioning.entry_hash(entry),
+            entry(sha256, None if loaded is None else loaded.entry),
         )
+
+    def _decode(
+        self, data: bytes, before_decoding: Callable[[int], None] | None
+    ) -> tuple[np.ndarray, int]:
+        """The upright image, and the EXIF orientation that made it upright
+        (targets annotated on the stored pixels need it; 1 without targets)."""
+        if self._codec is None:
+            image = transforms.decode_image(
+                data,
+                channels=self._channels,
+                max_pixels=self._max_pixels,
+                min_size=self._min_size,
+                before_decoding=before_decoding,
+            )
+            return image, 1
+        decoded = transforms.decode_with_orientation(
+            data,
+            channels=self._channels,
+            max_pixels=self._max_pixels,
+            min_size=self._min_size,
+            before_decoding=before_decoding,
+        )
+        return decoded.image, decoded.orientation
+
+    def _apply(
+        self, image: np.ndarray, orientation: int, geometry: transforms.Targets
+    ) -> tuple[np.ndarray, transforms.Targets]:
+        """Moves targets annotated on the stored pixels with the EXIF
+        orientation (already applied to `image`) and the transforms."""
+        if self._codec is None:
+            raise ValueError("a dataset without targets has no geometry to move")
+        targets = self._codec.config
+        source_height, source_width = _stored_size(image, orientation)
+        geometry = transforms.orient_targets(geometry, orientation, source_height, source_width)
+        min_visibility = targets.boxes.min_visibility if targets.boxes is not None else 0.0
+        fill = 0
+        if targets.mask is not None and targets.mask.ignore_value is not None:
+            fill = targets.mask.ignore_value
+        return self._chain.apply(image, geometry, min_visibility=min_visibility, mask_fill=fill)
+
+
+def _stored_size(image: np.ndarray, orientation: int) -> tuple[int, int]:
+    """``(height, width)`` of the file's pixels as stored, before `image` was
+    turned upright: orientations 5 to 8 transpose."""
+    height, width = image.shape[:2]
+    return (width, height) if orientation in (5, 6, 7, 8) else (height, width)
 
 
 def _check_output(image: Any, channels: int) -> None:

@@ -47,7 +47,8 @@ from kiln.pipeline.error_report import DroppedFile, write_error_report
 from kiln.pipeline.images import ImageProcessor, ProcessImages
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import Summary, SummaryCombineFn
-from kiln.schemas import ChannelStatistics, ShardInfo
+from kiln.pipeline.targets import TargetCodec
+from kiln.schemas import ChannelStatistics, ObjectStatistics, ShardInfo
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,9 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
                 config.encoding,
                 plan.class_names,
                 SplitPolicy.from_config(config.splits),
+                None
+                if config.targets is None
+                else TargetCodec(config.targets, plan.class_names, config.image.max_pixels),
             ),
             threads=plan.image_threads,
             runs_folder=plan.temp_dir,
@@ -167,13 +171,19 @@ class SplitReport:
 
     Attributes:
       shards: The shard files, in index order.
-      class_counts: Label id -> stored images of that class.
+      class_counts: Label id -> stored images of that class (with targets:
+        images carrying the class, so an image may count for several).
       statistics: Per-channel pixel statistics of the stored images.
+      images: Images stored in this split.
+      objects: The split's objects (datasets with boxes), classes keyed by
+        id as text.
     """
 
     shards: tuple[ShardInfo, ...] = ()
     class_counts: Mapping[int, int] = dataclasses.field(default_factory=dict)
     statistics: ChannelStatistics | None = None
+    images: int = 0
+    objects: ObjectStatistics | None = None
 
     @property
     def num_records(self) -> int:
@@ -182,7 +192,7 @@ class SplitReport:
     @property
     def num_images(self) -> int:
         """Images the image step stored in this split (must equal `num_records`)."""
-        return sum(self.class_counts.values())
+        return self.images
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +241,8 @@ class JobReport:
                     "statistics": dataclasses.asdict(split.statistics)
                     if split.statistics
                     else None,
+                    "images": split.images,
+                    "objects": dataclasses.asdict(split.objects) if split.objects else None,
                 }
                 for name, split in sorted(self.splits.items())
             },
@@ -255,6 +267,10 @@ class JobReport:
                     },
                     statistics=(
                         ChannelStatistics(**split["statistics"]) if split["statistics"] else None
+                    ),
+                    images=int(split["images"]),
+                    objects=(
+                        ObjectStatistics.from_json(split["objects"]) if split["objects"] else None
                     ),
                 )
                 for name, split in data["splits"].items()
@@ -315,7 +331,11 @@ def _assemble_report(
     return JobReport(
         splits={
             name: SplitReport(
-                tuple(shards_by_split.get(name, ())), counts.get(name, {}), statistics.get(name)
+                tuple(shards_by_split.get(name, ())),
+                counts.get(name, {}),
+                statistics.get(name),
+                merged.images.get(name, 0),
+                merged.objects[name].statistics() if name in merged.objects else None,
             )
             for name in names
         },

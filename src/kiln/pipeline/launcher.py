@@ -50,7 +50,15 @@ from kiln.pipeline import config as config_module
 from kiln.pipeline import job, progress, publish, sources, storage, versioning
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.lock import DatasetLock
-from kiln.schemas import ERRORS_FILENAME, RECORD, DatasetInfo, SplitInfo
+from kiln.schemas import (
+    ERRORS_FILENAME,
+    ClassObjects,
+    DatasetInfo,
+    ObjectStatistics,
+    SplitInfo,
+    schema_for,
+)
+from kiln.schemas.metadata import OBJECT_SIZE_EDGES
 
 logger = logging.getLogger(__name__)
 
@@ -480,6 +488,12 @@ def dataset_info(
             statistics=split.statistics,
         )
     data = spec.to_json()
+    objects = None
+    if spec.targets.boxes is not None:
+        objects = {
+            name: _named_objects(report.splits.get(name, job.SplitReport()), listing.class_names)
+            for name in splits
+        }
     return DatasetInfo(
         name=config.name,
         version=version,
@@ -487,7 +501,7 @@ def dataset_info(
         format_version=kiln.FORMAT_VERSION,
         config=data,
         config_fingerprint=spec.fingerprint,
-        schema=RECORD.to_json(),
+        schema=schema_for(config.targets).to_json(),
         class_names=list(listing.class_names),
         encoding=dict(data["encoding"]),
         channels=config.image.channels,
@@ -499,4 +513,21 @@ def dataset_info(
         dropped=dict(report.dropped),
         errors_sha256=report.errors_sha256,
         duplicates_sha256=report.duplicates_sha256,
+        targets=None if config.targets is None else config.targets.to_json(),
+        objects=objects,
     ).sealed()
+
+
+def _named_objects(split: job.SplitReport, class_names: list[str]) -> ObjectStatistics:
+    """A split's object statistics keyed by class name, every class listed."""
+    found = split.objects or ObjectStatistics(classes={}, images_without_objects=0, dropped={})
+    empty = ClassObjects(0, 0.0, 0.0, 0.0, [0] * len(OBJECT_SIZE_EDGES))
+    return ObjectStatistics(
+        classes={
+            name: found.classes.get(str(class_id), empty)
+            for class_id, name in enumerate(class_names)
+        },
+        images_without_objects=found.images_without_objects,
+        dropped=found.dropped,
+        size_edges=found.size_edges,
+    )

@@ -32,7 +32,8 @@ import cv2
 import numpy as np
 
 from kiln.pipeline import versioning
-from kiln.schemas import ChannelStatistics
+from kiln.schemas import ChannelStatistics, ClassObjects, ObjectStatistics
+from kiln.schemas.metadata import OBJECT_SIZE_EDGES
 
 
 class PixelSums(NamedTuple):
@@ -111,6 +112,117 @@ def channel_statistics(sums: PixelSums) -> ChannelStatistics | None:
     )
 
 
+class TargetCounts(NamedTuple):
+    """What the job counts about one stored image's targets.
+
+    Attributes:
+      image_classes: The distinct class ids the image carries (its label,
+        labels and objects' classes), ascending: `Summary.class_counts`
+        counts the image once for each.
+      has_objects: The dataset has boxes (count `objects` and `dropped`).
+      objects: ``(class id, size)`` per stored object; size = sqrt(box area)
+        in stored pixels.
+      dropped: ``(reason, count)``: objects removed while the image was kept.
+    """
+
+    image_classes: tuple[int, ...]
+    has_objects: bool
+    objects: tuple[tuple[int, float], ...]
+    dropped: tuple[tuple[str, int], ...]
+
+
+class ObjectSums:
+    """Exact, mergeable statistics of the objects of one split.
+
+    Per class id: the object count, the smallest and largest size, the sum
+    of sizes as an exact `Fraction` (every float is a dyadic rational, so
+    the sum does not depend on the order of additions) and a histogram over
+    `OBJECT_SIZE_EDGES`. A size is sqrt(box area) in stored pixels.
+    """
+
+    __slots__ = ("classes", "images_without_objects", "dropped")
+
+    def __init__(self, classes=None, images_without_objects=0, dropped=None):
+        # class id -> [count, min, max, Fraction sum, [bucket counts]]
+        self.classes: dict[int, list] = {
+            int(c): [v[0], v[1], v[2], Fraction(v[3]), list(v[4])]
+            for c, v in (classes or {}).items()
+        }
+        self.images_without_objects = int(images_without_objects)
+        self.dropped: dict[str, int] = dict(dropped or {})
+
+    def __reduce__(self):
+        return ObjectSums, (self.classes, self.images_without_objects, self.dropped)
+
+    def __eq__(self, other):
+        return isinstance(other, ObjectSums) and self.__reduce__() == other.__reduce__()
+
+    def add(self, objects, dropped) -> None:
+        """One stored image: ``objects`` ``[(class id, size), ...]``, ``dropped``
+        ``[(reason, count), ...]`` (objects removed, the image kept)."""
+        if not objects:
+            self.images_without_objects += 1
+        for class_id, size in objects:
+            size = float(size)
+            bucket = _size_bucket(size)
+            entry = self.classes.get(class_id)
+            if entry is None:
+                histogram = [0] * len(OBJECT_SIZE_EDGES)
+                histogram[bucket] = 1
+                self.classes[class_id] = [1, size, size, Fraction(size), histogram]
+                continue
+            entry[0] += 1
+            entry[1] = min(entry[1], size)
+            entry[2] = max(entry[2], size)
+            entry[3] += Fraction(size)
+            entry[4][bucket] += 1
+        for reason, count in dropped:
+            self.dropped[reason] = self.dropped.get(reason, 0) + int(count)
+
+    def merged(self, other: ObjectSums) -> ObjectSums:
+        result = ObjectSums(self.classes, self.images_without_objects, self.dropped)
+        for class_id, (count, low, high, total, histogram) in other.classes.items():
+            entry = result.classes.get(class_id)
+            if entry is None:
+                result.classes[class_id] = [count, low, high, Fraction(total), list(histogram)]
+                continue
+            entry[0] += count
+            entry[1] = min(entry[1], low)
+            entry[2] = max(entry[2], high)
+            entry[3] += total
+            entry[4] = [a + b for a, b in zip(entry[4], histogram, strict=True)]
+        result.images_without_objects += other.images_without_objects
+        for reason, count in other.dropped.items():
+            result.dropped[reason] = result.dropped.get(reason, 0) + count
+        return result
+
+    def statistics(self) -> ObjectStatistics:
+        """The split's `ObjectStatistics`, classes keyed by their id as text
+        (the launcher names them)."""
+        return ObjectStatistics(
+            classes={
+                str(class_id): ClassObjects(
+                    count=count,
+                    size_min=low,
+                    size_max=high,
+                    size_mean=float(total / count),
+                    size_histogram=list(histogram),
+                )
+                for class_id, (count, low, high, total, histogram) in sorted(self.classes.items())
+            },
+            images_without_objects=self.images_without_objects,
+            dropped=dict(sorted(self.dropped.items())),
+        )
+
+
+def _size_bucket(size: float) -> int:
+    bucket = 0
+    for index, edge in enumerate(OBJECT_SIZE_EDGES):
+        if size >= edge:
+            bucket = index
+    return bucket
+
+
 class Summary:
     """Everything the job counts about the files it read, mergeable in any order.
 
@@ -130,19 +242,40 @@ class Summary:
         or dropped (`versioning.combine_hashes`).
       files: How many files were read, stored or dropped: with the rows
         dropped while listing, this must add up to the listing.
+      objects: ``{split: ObjectSums}`` of datasets with boxes.
+      images: ``{split: stored images}``.
     """
 
-    __slots__ = ("pixels", "class_counts", "sizes", "inputs_hash", "files")
+    __slots__ = ("pixels", "class_counts", "sizes", "inputs_hash", "files", "objects", "images")
 
-    def __init__(self, pixels=None, class_counts=None, sizes=frozenset(), inputs_hash=0, files=0):
+    def __init__(
+        self,
+        pixels=None,
+        class_counts=None,
+        sizes=frozenset(),
+        inputs_hash=0,
+        files=0,
+        objects=None,
+        images=None,
+    ):
         self.pixels: dict[str, PixelSums] = dict(pixels or {})
         self.class_counts: dict[tuple[str, int], int] = dict(class_counts or {})
         self.sizes: frozenset = frozenset(sizes)
         self.inputs_hash: int = int(inputs_hash)
         self.files: int = int(files)
+        self.objects: dict[str, ObjectSums] = dict(objects or {})
+        self.images: dict[str, int] = dict(images or {})
 
     def __reduce__(self):  # plain data when Beam pickles accumulators
-        return Summary, (self.pixels, self.class_counts, self.sizes, self.inputs_hash, self.files)
+        return Summary, (
+            self.pixels,
+            self.class_counts,
+            self.sizes,
+            self.inputs_hash,
+            self.files,
+            self.objects,
+            self.images,
+        )
 
     def __eq__(self, other):
         return isinstance(other, Summary) and self.__reduce__() == other.__reduce__()
@@ -160,9 +293,17 @@ class Summary:
         if image is None:
             return
         split = image.split
+        self.images[split] = self.images.get(split, 0) + 1
         self.pixels[split] = merge(self.pixels.get(split, EMPTY), image.pixel_sums)
-        key = (split, image.label)
-        self.class_counts[key] = self.class_counts.get(key, 0) + 1
+        # A classification image counts for its label; an image with targets
+        # for each class it carries (label, labels, objects).
+        counted = (image.label,) if image.targets is None else image.targets.image_classes
+        for label in counted:
+            key = (split, label)
+            self.class_counts[key] = self.class_counts.get(key, 0) + 1
+        if image.targets is not None and image.targets.has_objects:
+            sums = self.objects.setdefault(split, ObjectSums())
+            sums.add(image.targets.objects, image.targets.dropped)
         size = (image.height, image.width)
         if size not in self.sizes:
             self.sizes = _two_smallest(self.sizes | {size})
@@ -174,12 +315,20 @@ class Summary:
         class_counts = dict(self.class_counts)
         for key, count in other.class_counts.items():
             class_counts[key] = class_counts.get(key, 0) + count
+        objects = dict(self.objects)
+        for split, found in other.objects.items():
+            objects[split] = (objects[split] if split in objects else ObjectSums()).merged(found)
+        images = dict(self.images)
+        for split, count in other.images.items():
+            images[split] = images.get(split, 0) + count
         return Summary(
             pixels,
             class_counts,
             _two_smallest(self.sizes | other.sizes),
             versioning.combine_hashes((self.inputs_hash, other.inputs_hash)),
             self.files + other.files,
+            objects,
+            images,
         )
 
     def channel_statistics(self) -> dict[str, ChannelStatistics | None]:

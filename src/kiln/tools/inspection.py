@@ -9,6 +9,7 @@ shard is opened: `kiln verify` checks the shards against the metadata.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -45,7 +46,11 @@ def inspect_dataset(path: str) -> dict[str, Any]:
       ``duplicate_groups`` (every duplicates.jsonl row: ``sha256``, ``keys``
       sorted, ``splits`` (the split of each key); None if the file is
       missing, as in datasets of format 1), ``tfds`` (whether TFDS metadata
-      is present) and ``warnings`` (inconsistencies found between the files).
+      is present), ``targets`` (the declared targets from kiln.json, None for
+      a classification dataset), ``objects`` (per split: per class object
+      count and size statistics, images without objects, objects dropped
+      by reason; None without boxes) and ``warnings`` (inconsistencies
+      found between the files).
 
     Raises:
       MetadataError: naming the path, if it is not a complete kiln dataset.
@@ -104,6 +109,14 @@ def inspect_dataset(path: str) -> dict[str, Any]:
         "duplicates": metadata.duplicates,
         "duplicate_groups": duplicate_groups,
         "tfds": tf.io.gfile.exists(tf.io.gfile.join(dataset_dir, TFDS_DATASET_INFO_FILENAME)),
+        "targets": metadata.targets,
+        "objects": None
+        if metadata.objects is None
+        else {
+            name: dataclasses.asdict(metadata.objects[name])
+            for name in split_order(metadata)
+            if name in metadata.objects
+        },
         "warnings": (
             consistency_warnings(metadata, errors) + duplicate_warnings(metadata, duplicate_groups)
         ),
@@ -211,6 +224,7 @@ def render(summary: dict[str, Any]) -> str:
     lines.append("")
     lines += _classes_table(summary)
     lines.append("")
+    lines += _target_lines(summary)
     lines += _statistics_lines(summary["splits"])
     lines.append("")
     lines.append("offline transforms (applied once, at build time):")
@@ -231,6 +245,51 @@ def render(summary: dict[str, Any]) -> str:
     for warning in summary["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
+
+
+def _target_lines(summary: dict[str, Any]) -> list[str]:
+    """The declared targets and, with boxes, objects per class and their sizes."""
+    targets = summary.get("targets")
+    if not targets:
+        return []
+    kinds = [
+        kind
+        for kind in ("label", "labels", "boxes", "mask", "instance_masks", "keypoints")
+        if targets.get(kind) is not None
+    ]
+    if targets.get("extra"):
+        kinds.append("extra (" + ", ".join(sorted(targets["extra"])) + ")")
+    lines = [f"targets: {', '.join(kinds)}; bad objects: {targets.get('bad_objects')}"]
+    objects = summary.get("objects")
+    if not objects:
+        return [*lines, ""]
+    edges = next(iter(objects.values()))["size_edges"]
+    width = max([len("class")] + [len(name) for name in summary["class_names"]])
+    lines.append(
+        f"  {'class':<{width}}  {'objects':>8}  {'size mean':>9}  {'min':>6}  {'max':>6}  "
+        f"sizes (sqrt(area), stored pixels) from {', '.join(f'{e:g}' for e in edges)}"
+    )
+    for name in summary["class_names"]:
+        entries = [split["classes"].get(name) for split in objects.values()]
+        entries = [e for e in entries if e and e["count"]]
+        count = sum(e["count"] for e in entries)
+        if not count:
+            lines.append(f"  {name:<{width}}  {0:>8}")
+            continue
+        mean = sum(e["size_mean"] * e["count"] for e in entries) / count
+        histogram = [sum(e["size_histogram"][i] for e in entries) for i in range(len(edges))]
+        lines.append(
+            f"  {name:<{width}}  {count:>8}  {mean:>9.1f}  "
+            f"{min(e['size_min'] for e in entries):>6.1f}  "
+            f"{max(e['size_max'] for e in entries):>6.1f}  {histogram}"
+        )
+    for split_name, split in objects.items():
+        dropped = ", ".join(f"{reason} {n}" for reason, n in split["dropped"].items())
+        lines.append(
+            f"  {split_name}: {split['images_without_objects']} image(s) without objects"
+            + (f"; objects dropped: {dropped}" if dropped else "")
+        )
+    return [*lines, ""]
 
 
 def _source_text(source: dict[str, Any] | None) -> str:

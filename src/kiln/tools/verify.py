@@ -10,12 +10,17 @@ with `kiln.json`:
 - Per shard, in split order: the file exists; its size and sha256 are the
   ones recorded; every record's TFRecord CRCs (of the length and of the
   data) are valid and no record is cut short; the number of records is the
-  one recorded; every record parses with `kiln.schemas.RECORD`, its label is
-  a class id, its channel count is the dataset's, its image decodes to the
-  stored height x width x channels (and to ``image_size`` when kiln.json has
-  one), and its key is unique in the dataset.
+  one recorded; every record parses with the dataset's schema (kiln.json's
+  ``schema``), its label is a class id, its channel count is the dataset's,
+  its image decodes to the stored height x width x channels (and to
+  ``image_size`` when kiln.json has one), and its key is unique in the
+  dataset. With targets: boxes lie in [0, 1] with min <= max, every
+  per-object feature (classes, fields, keypoints, instance masks) has one
+  entry per box, class ids and labels are class ids, keypoint visibilities
+  are 0, 1 or 2, and every mask PNG decodes to the image's height x width.
 - Per split, when all its shards read cleanly: ``num_examples``, the class
-  counts and the statistics' pixel count equal what the records hold.
+  counts, the per-class object counts and the statistics' pixel count
+  equal what the records hold.
 - The folder holds only what a build writes: the listed shards, kiln.json,
   errors.jsonl, duplicates.jsonl and the TFDS metadata files. Anything else
   (a leftover temp file, a shard from another build) is reported.
@@ -52,12 +57,13 @@ from kiln.schemas import (
     DUPLICATES_FILENAME,
     ERRORS_FILENAME,
     METADATA_FILENAME,
-    RECORD,
     DatasetInfo,
     MetadataChecksumError,
     MetadataError,
+    Schema,
     SplitInfo,
     decode_image,
+    decode_mask,
     shard_filename,
 )
 from kiln.schemas.tfds_metadata import (
@@ -128,6 +134,7 @@ class _SplitTally:
     records: int = 0
     pixels: int = 0
     labels: dict[int, int] = dataclasses.field(default_factory=dict)
+    objects: dict[int, int] = dataclasses.field(default_factory=dict)  # class id -> objects
     complete: bool = True  # every shard read without a problem
 
 
@@ -264,12 +271,19 @@ def _check_shard(
 
 def _record_facts(metadata: DatasetInfo):
     encoding, channels = metadata.encoding["format"], metadata.channels
+    schema = Schema.from_json(metadata.schema)
+    names = set(schema.names)
+    targets = metadata.targets_config
+    fields = sorted(targets.boxes.fields) if targets.boxes is not None else []
+
+    def mask_shape(encoded):
+        return tf.shape(decode_mask(encoded), out_type=tf.int64)
 
     def facts(serialized):
-        parsed = RECORD.parse(serialized)
+        parsed = schema.parse(serialized)
         image = decode_image(parsed["image"], parsed["height"], parsed["width"], channels, encoding)
-        return {
-            "label": parsed["label"],
+        out = {
+            "label": parsed["label"] if "label" in names else tf.constant(-1, tf.int64),
             "height": parsed["height"],
             "width": parsed["width"],
             "channels": parsed["channels"],
@@ -277,6 +291,20 @@ def _record_facts(metadata: DatasetInfo):
             "sha256": parsed["sha256"],
             "shape": tf.shape(image, out_type=tf.int64),
         }
+        for name in ("labels", "boxes", "classes", "keypoints", "keypoint_visibility"):
+            if name in names:
+                out[name] = parsed[name]
+        for name in fields:
+            out[f"field/{name}"] = tf.shape(parsed[name], out_type=tf.int64)[0]
+        if "mask" in names:
+            out["mask_shape"] = mask_shape(parsed["mask"])
+        if "instance_masks" in names:
+            out["instance_mask_shapes"] = tf.map_fn(
+                mask_shape,
+                parsed["instance_masks"],
+                fn_output_signature=tf.TensorSpec([2], tf.int64),
+            )
+        return out
 
     return tf.autograph.experimental.do_not_convert(facts)
 
@@ -311,8 +339,71 @@ def _check_records(
         count += 1
         tally.records += 1
         tally.pixels += int(facts["height"]) * int(facts["width"])
-        label = int(facts["label"])
-        tally.labels[label] = tally.labels.get(label, 0) + 1
+        for label in _image_classes(facts):
+            tally.labels[label] = tally.labels.get(label, 0) + 1
+        for class_id in facts.get("classes", ()):
+            tally.objects[int(class_id)] = tally.objects.get(int(class_id), 0) + 1
+
+
+def _image_classes(facts: dict[str, Any]) -> list[int]:
+    """The classes a record counts for in class_counts: its label, or with
+    targets every class it carries (label, labels, objects)."""
+    if "labels" not in facts and "classes" not in facts:
+        return [int(facts["label"])]
+    classes = {int(c) for c in facts.get("labels", ())} | {int(c) for c in facts.get("classes", ())}
+    if int(facts["label"]) >= 0:
+        classes.add(int(facts["label"]))
+    return sorted(classes)
+
+
+def _target_problem(facts: dict[str, Any], metadata: DatasetInfo) -> str | None:
+    """What is wrong with a record's targets, or None."""
+    height, width = int(facts["height"]), int(facts["width"])
+    classes = metadata.num_classes
+    for label in facts.get("labels", ()):
+        if not 0 <= int(label) < classes:
+            return f"labels holds {int(label)}, not a class id ({classes} classes)"
+    if "boxes" in facts:
+        boxes = facts["boxes"]
+        count = len(boxes)
+        if len(boxes) and not (((boxes >= 0) & (boxes <= 1)).all()):
+            return f"a box is outside [0, 1]: {boxes.tolist()}"
+        if len(boxes) and not (
+            (boxes[:, 0] <= boxes[:, 2]).all() and (boxes[:, 1] <= boxes[:, 3]).all()
+        ):
+            return f"a box has min > max ([y_min, x_min, y_max, x_max]): {boxes.tolist()}"
+        lengths = {"classes": len(facts["classes"])}
+        for name, value in facts.items():
+            if name.startswith("field/"):
+                lengths[name[len("field/") :]] = int(value)
+        if "keypoints" in facts:
+            lengths["keypoints"] = len(facts["keypoints"])
+            lengths["keypoint_visibility"] = len(facts["keypoint_visibility"])
+        if "instance_mask_shapes" in facts:
+            lengths["instance_masks"] = len(facts["instance_mask_shapes"])
+        for name, length in lengths.items():
+            if length != count:
+                return f"{count} boxes but {length} {name}"
+        for class_id in facts["classes"]:
+            if not 0 <= int(class_id) < classes:
+                return f"an object's class {int(class_id)} is not a class id ({classes} classes)"
+        if "keypoint_visibility" in facts:
+            visibility = facts["keypoint_visibility"]
+            if visibility.size and not ((visibility >= 0) & (visibility <= 2)).all():
+                return "a keypoint visibility is not 0, 1 or 2"
+            points = facts["keypoints"]
+            if points.size and not ((points >= 0) & (points <= 1)).all():
+                return "a keypoint is outside [0, 1]"
+    if "mask_shape" in facts and tuple(facts["mask_shape"]) != (height, width):
+        shape = tuple(int(v) for v in facts["mask_shape"])
+        return f"the mask decodes to {shape[0]}x{shape[1]}, the image is {height}x{width}"
+    for shape in facts.get("instance_mask_shapes", ()):
+        if tuple(int(v) for v in shape) != (height, width):
+            return (
+                f"an instance mask decodes to {int(shape[0])}x{int(shape[1])}, "
+                f"the image is {height}x{width}"
+            )
+    return None
 
 
 def _record_problem(
@@ -323,7 +414,8 @@ def _record_problem(
 ) -> str | None:
     label, channels = int(facts["label"]), int(facts["channels"])
     height, width = int(facts["height"]), int(facts["width"])
-    if not 0 <= label < metadata.num_classes:
+    has_label = metadata.targets_config.label is not None
+    if has_label and not 0 <= label < metadata.num_classes:
         return f"label {label} is not a class id (the dataset has {metadata.num_classes} classes)"
     if channels != metadata.channels:
         return f"{channels} channels, the dataset stores {metadata.channels}"
@@ -342,6 +434,9 @@ def _record_problem(
         return "empty key"
     if key in keys:
         return "the key appears more than once in the dataset"
+    problem = _target_problem(facts, metadata)
+    if problem is not None:
+        return problem
     keys.add(key)
     return None
 
@@ -354,6 +449,12 @@ def _check_split(split: SplitInfo, metadata: DatasetInfo, tally: _SplitTally) ->
     stated = {name: int(n) for name, n in split.class_counts.items() if n}
     if counted != stated:
         found.append(f"class_counts are {stated}, the records hold {counted}")
+    objects = (metadata.objects or {}).get(split.name)
+    if objects is not None:
+        counted = {metadata.class_names[c]: n for c, n in sorted(tally.objects.items())}
+        stated = {name: c.count for name, c in objects.classes.items() if c.count}
+        if counted != stated:
+            found.append(f"object counts are {stated}, the records hold {counted}")
     stats = split.statistics
     if stats is None:
         if tally.records:
@@ -386,7 +487,11 @@ def _allowed_files(metadata: DatasetInfo) -> set[str]:
         DUPLICATES_FILENAME,
         TFDS_DATASET_INFO_FILENAME,
         TFDS_FEATURES_FILENAME,
-        labels_filename(RECORD.key("label")),
+        *(
+            labels_filename(feature.key)
+            for feature in Schema.from_json(metadata.schema).features
+            if feature.name in ("label", "labels", "classes")
+        ),
     }
 
 

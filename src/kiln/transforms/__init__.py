@@ -9,10 +9,14 @@ Images are uint8 ``HxWxC`` NumPy arrays in RGB order (C is 1 or 3).
 - `chain`: transforms by name, validated from the YAML `transforms:` list
   (with `kiln.registry`, which the reader's augmentations share).
 - `encode`: array -> stored bytes (jpeg, png or raw).
+- `targets`: boxes, keypoints and masks of an image (`Targets`), moved with
+  it by `Chain.apply` along each transform's `geometry.CoordinateMap`.
+- `masks`: COCO polygons and RLE to masks.
 - `threads`: how many threads OpenCV may use inside one call.
 """
 
 from kiln.transforms.chain import (
+    GEOMETRIC_TARGETS,
     Chain,
     Transform,
     TransformConfigError,
@@ -23,8 +27,22 @@ from kiln.transforms.chain import (
     parse,
     register,
 )
-from kiln.transforms.decode import DecodeError, decode_image
+from kiln.transforms.decode import (
+    DecodedImage,
+    DecodeError,
+    decode_image,
+    decode_with_orientation,
+    orient,
+)
 from kiln.transforms.encode import encode_image
+from kiln.transforms.geometry import NO_GEOMETRY, CoordinateMap
+from kiln.transforms.masks import (
+    SegmentationError,
+    polygons_to_mask,
+    rle_to_mask,
+    segmentation_to_mask,
+)
+from kiln.transforms.targets import Targets, TargetsError, orient_targets
 from kiln.transforms.threads import set_opencv_threads
 
 # Importing the package registers the built-in kernels, so `parse` and
@@ -32,17 +50,30 @@ from kiln.transforms.threads import set_opencv_threads
 from kiln.transforms import functional  # noqa: F401  isort: skip
 
 __all__ = [
+    "GEOMETRIC_TARGETS",
+    "NO_GEOMETRY",
     "Chain",
+    "CoordinateMap",
     "DecodeError",
+    "DecodedImage",
+    "SegmentationError",
+    "Targets",
+    "TargetsError",
     "Transform",
     "TransformConfigError",
     "TransformError",
     "decode_image",
+    "decode_with_orientation",
     "encode_image",
     "get",
     "import_plugins",
     "names",
+    "orient",
+    "orient_targets",
     "parse",
+    "polygons_to_mask",
     "register",
+    "rle_to_mask",
+    "segmentation_to_mask",
     "set_opencv_threads",
 ]

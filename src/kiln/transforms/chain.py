@@ -19,6 +19,13 @@ Register your own::
 
 and name the module in the config (``plugins: [my_project.kiln_transforms]``).
 Only modules the config names are ever imported.
+
+Datasets with boxes, masks or keypoints need every transform to say how it
+moves coordinates, so the targets follow the image (`Chain.apply`):
+``@register("sepia", geometry="none")`` for a transform that moves no pixel,
+or ``geometry=fn`` with ``fn(image, **params) -> CoordinateMap`` for one that
+does (see `kiln.transforms.geometry`). A transform without a declaration
+still works for label-only datasets.
 """
 
 from __future__ import annotations
@@ -26,13 +33,17 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from kiln.registry import Registered, Registry, Spec
+from kiln.transforms.geometry import NO_GEOMETRY, CoordinateMap
+from kiln.transforms.targets import Targets
 
 TransformFn = Callable[..., np.ndarray]
+GeometryFn = Callable[..., CoordinateMap]
+Geometry = GeometryFn | Literal["none"] | None
 
 
 class TransformConfigError(ValueError):
@@ -47,13 +58,34 @@ class TransformError(ValueError):
     """
 
 
-TRANSFORMS: Registry[Registered] = Registry(
-    "offline transform", "transform", TransformConfigError, entry=Registered
+@dataclasses.dataclass(frozen=True)
+class RegisteredTransform(Registered):
+    """A registered offline transform and how it moves coordinates.
+
+    Attributes:
+      geometry: ``"none"`` (`NO_GEOMETRY`: no pixel moves, the size is
+        kept), a function ``geometry(image, **params) -> CoordinateMap``
+        (the map for this input image), or None: not declared, so the
+        transform cannot be used on datasets with geometric targets.
+    """
+
+    geometry: Geometry = None
+
+
+TRANSFORMS: Registry[RegisteredTransform] = Registry(
+    "offline transform", "transform", TransformConfigError, entry=RegisteredTransform
 )
+
+GEOMETRIC_TARGETS = ("boxes", "mask", "instance_masks", "keypoints")
+"""The target kinds that must follow the image: a dataset with any of them
+refuses a transform that does not declare its geometry."""
 
 
 def register(
-    name: str | None = None, *, check: Callable[..., None] | None = None
+    name: str | None = None,
+    *,
+    check: Callable[..., None] | None = None,
+    geometry: Geometry = None,
 ) -> Callable[[TransformFn], TransformFn]:
     """Decorator: registers `fn` as the offline transform `name`.
 
@@ -65,12 +97,26 @@ def register(
         keyword arguments (defaults filled in); raises ValueError with a
         message naming the parameters. The kernel should call it too, so a
         direct call fails the same way.
+      geometry: How the transform moves coordinates, so boxes, masks and
+        keypoints follow the image (`Chain.apply`). ``"none"`` for a
+        transform that moves no pixel and keeps the size (colour, tone,
+        filters); otherwise a function with the transform's own signature,
+        ``geometry(image, **params) -> CoordinateMap``, returning the map for
+        that input image (a pure function of it and the parameters; raise
+        `TransformError` where the transform would). Without it the
+        transform is refused for datasets with boxes, masks or keypoints.
 
     Raises:
-      ValueError: if the name is taken or the signature is not
-        ``fn(image, *, param: type = default, ...)``.
+      ValueError: if the name is taken, the signature is not
+        ``fn(image, *, param: type = default, ...)``, or `geometry` is
+        neither None, ``"none"`` nor a callable.
     """
-    return TRANSFORMS.register(name, leading=("image",), check=check)
+    if not (geometry is None or geometry == NO_GEOMETRY or callable(geometry)):
+        raise ValueError(
+            f"geometry must be None, {NO_GEOMETRY!r} or a function returning a "
+            f"CoordinateMap, got {geometry!r}"
+        )
+    return TRANSFORMS.register(name, leading=("image",), check=check, geometry=geometry)
 
 
 def names() -> list[str]:
@@ -102,6 +148,62 @@ class Transform(Spec):
     def __call__(self, image: np.ndarray) -> np.ndarray:
         return get(self.name)(image, **self.kwargs)
 
+    @property
+    def geometry(self) -> Geometry:
+        """The registered declaration (see `register`)."""
+        return TRANSFORMS.get(self.name).geometry
+
+    def apply(
+        self, image: np.ndarray, targets: Targets, *, min_visibility: float, mask_fill: int = 0
+    ) -> tuple[np.ndarray, Targets]:
+        """The transformed image, and the targets moved with it (see `Chain.apply`).
+
+        Raises:
+          TransformConfigError: if the transform declares no geometry.
+          TransformError: if the image cannot be transformed, or the output's
+            size contradicts the declaration.
+        """
+        geometry = self.geometry
+        if geometry is None:
+            raise TransformConfigError(_undeclared_message(self.name))
+        if geometry == NO_GEOMETRY:
+            output = self(image)
+            if output.shape[:2] != image.shape[:2]:
+                raise TransformError(
+                    f"{self.name}: declares geometry 'none' but changed the image size from "
+                    f"{_hxw(image.shape)} to {_hxw(output.shape)}"
+                )
+            return output, targets
+        if not callable(geometry):  # register accepts nothing else; for the type checker
+            raise TransformConfigError(f"{self.name}: invalid geometry {geometry!r}")
+        coordinate_map = geometry(image, **self.kwargs)
+        if not isinstance(coordinate_map, CoordinateMap):
+            raise TransformError(
+                f"{self.name}: its geometry returned a {type(coordinate_map).__name__}, "
+                f"not a CoordinateMap"
+            )
+        output = self(image)
+        if output.shape[:2] != coordinate_map.size:
+            raise TransformError(
+                f"{self.name}: its geometry maps into {_hxw(coordinate_map.size)} but the "
+                f"transform returned {_hxw(output.shape)}"
+            )
+        return output, targets.mapped(
+            coordinate_map, min_visibility=min_visibility, mask_fill=mask_fill
+        )
+
+
+def _hxw(shape: tuple[int, ...]) -> str:
+    return f"{shape[0]}x{shape[1]} (HxW)"
+
+
+def _undeclared_message(name: str) -> str:
+    return (
+        f"offline transform {name!r} does not declare how it moves coordinates, so boxes, "
+        f"masks and keypoints could not follow the image; register it with "
+        f"@register(..., geometry=...) (geometry='none' if it moves no pixel), or remove it"
+    )
+
 
 @dataclasses.dataclass(frozen=True)
 class Chain:
@@ -125,6 +227,80 @@ class Chain:
         for transform in self.transforms:
             image = transform(image)
         return image
+
+    def apply(
+        self,
+        image: np.ndarray,
+        targets: Targets,
+        *,
+        min_visibility: float,
+        mask_fill: int = 0,
+    ) -> tuple[np.ndarray, Targets]:
+        """Transforms the image and moves its targets with it, transform by transform.
+
+        The image is the same array `__call__` returns. The targets, in the
+        input image's pixel coordinates, are first clipped to the input
+        image (an object mostly outside it is dropped by the same rule),
+        then mapped by each transform's declared geometry (`register`); see
+        `kiln.transforms.targets` for the rules (enclosing boxes, clipping,
+        visible fraction, keypoints leaving the image, nearest-neighbour
+        masks).
+
+        Args:
+          image: uint8 HxWxC.
+          targets: Its targets; masks must be ``H x W``.
+          min_visibility: Objects keeping less than this fraction of their
+            box after a step are dropped and counted
+            (`Targets.dropped_objects`).
+          mask_fill: Semantic-mask value for pixels a transform adds (pad,
+            letterbox): the dataset's ignore value.
+
+        Raises:
+          TargetsError: if the masks are not the image's size.
+          TransformConfigError: if a transform declares no geometry (the
+            config refuses such chains first: `check_geometry`).
+          TransformError: if the image cannot be transformed.
+        """
+        if self.plugins:
+            import_plugins(self.plugins)
+        targets.check_size(image.shape[0], image.shape[1])
+        targets = targets.clipped(image.shape[0], image.shape[1], min_visibility=min_visibility)
+        for transform in self.transforms:
+            image, targets = transform.apply(
+                image, targets, min_visibility=min_visibility, mask_fill=mask_fill
+            )
+        return image, targets
+
+    def undeclared_geometry(self) -> list[tuple[int, str]]:
+        """``(index, name)`` of the transforms that declare no geometry."""
+        return [
+            (index, transform.name)
+            for index, transform in enumerate(self.transforms)
+            if transform.geometry is None
+        ]
+
+    def check_geometry(self, targets: Iterable[str], field: str = "transforms") -> None:
+        """Refuses the chain for a dataset with geometric targets if a transform
+        declares no geometry.
+
+        Args:
+          targets: The dataset's declared target kinds (``"label"``,
+            ``"boxes"``, ...); only `GEOMETRIC_TARGETS` need declarations.
+          field: Where the list is in the config, for the message.
+
+        Raises:
+          TransformConfigError: naming the first such transform and why
+            (``transforms[1].sepia: offline transform 'sepia' does not
+            declare ... (the dataset has boxes, mask)``).
+        """
+        geometric = [kind for kind in targets if kind in GEOMETRIC_TARGETS]
+        undeclared = self.undeclared_geometry()
+        if geometric and undeclared:
+            index, name = undeclared[0]
+            raise TransformConfigError(
+                f"{field}[{index}].{name}: {_undeclared_message(name)} "
+                f"(the dataset has {', '.join(geometric)})"
+            )
 
     def to_json(self) -> list[dict[str, Any]]:
         return [t.to_json() for t in self.transforms]

@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable
+from typing import NamedTuple
 
 import cv2
 import numpy as np
@@ -89,6 +90,20 @@ class DecodeError(ValueError):
         return type(self), (self.reason, str(self))
 
 
+class DecodedImage(NamedTuple):
+    """A decoded image and the EXIF orientation applied to it.
+
+    Attributes:
+      image: Upright uint8 ``HxWxC`` (see `decode_image`).
+      orientation: The EXIF orientation (1..8) turned upright; 1 when the
+        file has none. Annotations made on the stored pixels follow with
+        `kiln.transforms.orient_targets`.
+    """
+
+    image: np.ndarray
+    orientation: int
+
+
 def decode_image(
     data: bytes,
     *,
@@ -98,6 +113,28 @@ def decode_image(
     before_decoding: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """Decodes an image file's bytes to a uint8 ``HxWxchannels`` array.
+
+    `decode_with_orientation` without the orientation; see it for the
+    arguments and errors.
+    """
+    return decode_with_orientation(
+        data,
+        channels=channels,
+        max_pixels=max_pixels,
+        min_size=min_size,
+        before_decoding=before_decoding,
+    ).image
+
+
+def decode_with_orientation(
+    data: bytes,
+    *,
+    channels: int = 3,
+    max_pixels: int | None = None,
+    min_size: int = 1,
+    before_decoding: Callable[[int], None] | None = None,
+) -> DecodedImage:
+    """Decodes an image file's bytes to a uint8 ``HxWxchannels`` array and its orientation.
 
     Args:
       data: The whole file.
@@ -113,7 +150,7 @@ def decode_image(
 
     Returns:
       A C-contiguous uint8 array, RGB order, upright (EXIF orientation
-      applied), alpha composited over white.
+      applied), alpha composited over white; and the orientation applied.
 
     Raises:
       DecodeError: with `.reason` one of `REASONS` and a message saying what
@@ -151,7 +188,7 @@ def decode_image(
     image = _to_uint8(pixels)
     image = _to_rgb_or_gray(image, channels)
     orientation = _exif_orientation(exif) if exif is not None else 1
-    return np.ascontiguousarray(_orient(image, orientation))
+    return DecodedImage(np.ascontiguousarray(orient(image, orientation)), orientation)
 
 
 def _read_header(data: bytes) -> image_header.ImageHeader:
@@ -286,13 +323,15 @@ def _exif_orientation(exif: bytes) -> int:
     return 1
 
 
-def _orient(image: np.ndarray, orientation: int) -> np.ndarray:
+def orient(image: np.ndarray, orientation: int) -> np.ndarray:
     """Turns stored pixels upright for an EXIF orientation (1..8).
 
     The tag says where the stored rows and columns belong: 2 mirrored,
     3 rotated 180 degrees, 4 flipped vertically, 5 transposed, 6 needs 90
     degrees clockwise, 7 transposed the other way, 8 needs 90 degrees
-    counter-clockwise.
+    counter-clockwise. Returns a view (not necessarily contiguous).
+    Targets follow with `kiln.transforms.orient_targets`, whose map is
+    `CoordinateMap.for_orientation`.
     """
     if orientation == 2:
         return image[:, ::-1]

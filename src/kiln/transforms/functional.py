@@ -10,6 +10,12 @@ validates a YAML ``transforms:`` list against these signatures.
 
 Sizes are ``[height, width]`` (or one int for a square), like everywhere
 in kiln.
+
+Each kernel declares how it moves coordinates (``geometry=`` of
+`register`), so boxes, masks and keypoints follow the image: a function
+returning its `CoordinateMap`, built from the same size and offset helpers
+the kernel itself calls (so the two cannot drift), or ``"none"`` for the
+colour kernels.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pydantic import Field, PlainValidator, StrictInt
 
 from kiln.registry import Choice, Size
 from kiln.transforms.chain import TransformError, register
+from kiln.transforms.geometry import NO_GEOMETRY, CoordinateMap
 
 
 def _validate_fill(value: Any) -> int | tuple[int, int, int]:
@@ -134,7 +141,44 @@ def resize_to(
     return _with_channel_axis(result)
 
 
-@register(check=_check_resize)
+def _resize_size(
+    image: np.ndarray,
+    shorter_side: int | None,
+    longer_side: int | None,
+    size: int | tuple[int, int] | None,
+) -> tuple[int, int]:
+    """The (height, width) `resize` produces."""
+    _only_one_size(shorter_side=shorter_side, longer_side=longer_side, size=size)
+    in_height, in_width = image.shape[:2]
+    if size is not None:
+        return _hw(size)
+    if shorter_side is not None:
+        return _fit_side(in_height, in_width, shorter_side, min(in_height, in_width))
+    if longer_side is not None:
+        return _fit_side(in_height, in_width, longer_side, max(in_height, in_width))
+    raise AssertionError("unreachable: _only_one_size checked that one size is given")
+
+
+def _scaled_to(image: np.ndarray, height: int, width: int) -> CoordinateMap:
+    """The map of `resize_to`: each axis scaled by output / input length.
+
+    ``cv2.resize`` samples output pixel ``i`` at input index
+    ``(i + 0.5) * in / out - 0.5``, which in continuous coordinates is
+    exactly ``x_out = x_in * out / in``.
+    """
+    in_height, in_width = image.shape[:2]
+    return CoordinateMap.scale_translate(
+        height=height, width=width, scale_x=width / in_width, scale_y=height / in_height
+    )
+
+
+def _resize_geometry(
+    image: np.ndarray, *, shorter_side=None, longer_side=None, size=None, interpolation="auto"
+) -> CoordinateMap:
+    return _scaled_to(image, *_resize_size(image, shorter_side, longer_side, size))
+
+
+@register(check=_check_resize, geometry=_resize_geometry)
 def resize(
     image: np.ndarray,
     *,
@@ -164,18 +208,28 @@ def resize(
       ValueError: if not exactly one of the three sizes is given.
     """
     _check_image(image, "resize")
-    _only_one_size(shorter_side=shorter_side, longer_side=longer_side, size=size)
-    in_height, in_width = image.shape[:2]
-    if size is not None:
-        height, width = _hw(size)
-    elif shorter_side is not None:
-        height, width = _fit_side(in_height, in_width, shorter_side, min(in_height, in_width))
-    elif longer_side is not None:
-        height, width = _fit_side(in_height, in_width, longer_side, max(in_height, in_width))
+    height, width = _resize_size(image, shorter_side, longer_side, size)
     return resize_to(image, height, width, interpolation)
 
 
-@register()
+def _crop_window(image: np.ndarray, size: int | tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of `center_crop`'s window."""
+    height, width = _hw(size)
+    in_height, in_width = image.shape[:2]
+    if height > in_height or width > in_width:
+        raise TransformError(
+            f"center_crop: image is {in_height}x{in_width} (HxW), smaller than "
+            f"the crop {height}x{width}"
+        )
+    return (in_height - height) // 2, (in_width - width) // 2, height, width
+
+
+def _center_crop_geometry(image: np.ndarray, *, size) -> CoordinateMap:
+    top, left, height, width = _crop_window(image, size)
+    return CoordinateMap.scale_translate(height=height, width=width, shift_x=-left, shift_y=-top)
+
+
+@register(geometry=_center_crop_geometry)
 def center_crop(image: np.ndarray, *, size: Size) -> np.ndarray:
     """Cuts the central ``[height, width]`` window (one int: a square).
 
@@ -186,15 +240,7 @@ def center_crop(image: np.ndarray, *, size: Size) -> np.ndarray:
       TransformError: if the image is smaller than the crop in either side.
     """
     _check_image(image, "center_crop")
-    height, width = _hw(size)
-    in_height, in_width = image.shape[:2]
-    if height > in_height or width > in_width:
-        raise TransformError(
-            f"center_crop: image is {in_height}x{in_width} (HxW), smaller than "
-            f"the crop {height}x{width}"
-        )
-    top = (in_height - height) // 2
-    left = (in_width - width) // 2
+    top, left, height, width = _crop_window(image, size)
     return np.ascontiguousarray(image[top : top + height, left : left + width])
 
 
@@ -210,16 +256,22 @@ def _fill_for(image: np.ndarray, value: int | tuple[int, int, int] | list[int]) 
     return colour.reshape(3)
 
 
-def _pad_centred(image: np.ndarray, height: int, width: int, value, kernel: str) -> np.ndarray:
-    in_height, in_width, channels = image.shape
+def _pad_offsets(
+    in_height: int, in_width: int, height: int, width: int, kernel: str
+) -> tuple[int, int]:
+    """(top, left): where `_pad_centred` puts the image in the ``height x width`` canvas."""
     if height < in_height or width < in_width:
         raise TransformError(
             f"{kernel}: image is {in_height}x{in_width} (HxW), larger than the "
             f"padded size {height}x{width}; resize or crop it first"
         )
     # Odd margins put the extra row/column at the bottom/right, as center_crop does.
-    top = (height - in_height) // 2
-    left = (width - in_width) // 2
+    return (height - in_height) // 2, (width - in_width) // 2
+
+
+def _pad_centred(image: np.ndarray, height: int, width: int, value, kernel: str) -> np.ndarray:
+    in_height, in_width, channels = image.shape
+    top, left = _pad_offsets(in_height, in_width, height, width, kernel)
     result = np.empty((height, width, channels), np.uint8)
     result[...] = _fill_for(image, value)
     result[top : top + in_height, left : left + in_width] = image
@@ -234,7 +286,22 @@ def _check_pad(*, size=None, to_square=False, value=0) -> None:
         )
 
 
-@register(check=_check_pad)
+def _pad_size(image: np.ndarray, size, to_square: bool) -> tuple[int, int]:
+    """The (height, width) `pad` produces."""
+    if size is not None:
+        return _hw(size)
+    side = max(image.shape[:2])  # to_square, as _check_pad made sure
+    return side, side
+
+
+def _pad_geometry(image: np.ndarray, *, size=None, to_square=False, value=0) -> CoordinateMap:
+    _check_pad(size=size, to_square=to_square, value=value)
+    height, width = _pad_size(image, size, to_square)
+    top, left = _pad_offsets(image.shape[0], image.shape[1], height, width, "pad")
+    return CoordinateMap.scale_translate(height=height, width=width, shift_x=left, shift_y=top)
+
+
+@register(check=_check_pad, geometry=_pad_geometry)
 def pad(
     image: np.ndarray,
     *,
@@ -261,15 +328,29 @@ def pad(
     """
     _check_image(image, "pad")
     _check_pad(size=size, to_square=to_square, value=value)
-    if size is not None:
-        height, width = _hw(size)
-    else:  # to_square, as _check_pad made sure
-        side = max(image.shape[:2])
-        height, width = side, side
+    height, width = _pad_size(image, size, to_square)
     return _pad_centred(image, height, width, value, "pad")
 
 
-@register()
+def _letterbox_fit(image: np.ndarray, height: int, width: int) -> tuple[int, int]:
+    """The (height, width) `letterbox` resizes the image to before padding."""
+    in_height, in_width = image.shape[:2]
+    # Compare height/in_height with width/in_width without floats.
+    if height * in_width <= width * in_height:
+        return height, min(width, _scale_length(in_width, height, in_height))
+    return min(height, _scale_length(in_height, width, in_width)), width
+
+
+def _letterbox_geometry(image: np.ndarray, *, size, value=0, interpolation="auto") -> CoordinateMap:
+    height, width = _hw(size)
+    fit_height, fit_width = _letterbox_fit(image, height, width)
+    top, left = _pad_offsets(fit_height, fit_width, height, width, "letterbox")
+    return _scaled_to(image, fit_height, fit_width).then(
+        CoordinateMap.scale_translate(height=height, width=width, shift_x=left, shift_y=top)
+    )
+
+
+@register(geometry=_letterbox_geometry)
 def letterbox(
     image: np.ndarray,
     *,
@@ -291,17 +372,12 @@ def letterbox(
     """
     _check_image(image, "letterbox")
     height, width = _hw(size)
-    in_height, in_width = image.shape[:2]
-    # Compare height/in_height with width/in_width without floats.
-    if height * in_width <= width * in_height:
-        fit_height, fit_width = height, min(width, _scale_length(in_width, height, in_height))
-    else:
-        fit_height, fit_width = min(height, _scale_length(in_height, width, in_width)), width
+    fit_height, fit_width = _letterbox_fit(image, height, width)
     fitted = resize_to(image, fit_height, fit_width, interpolation)
     return _pad_centred(fitted, height, width, value, "letterbox")
 
 
-@register()
+@register(geometry=NO_GEOMETRY)
 def to_grayscale(image: np.ndarray, *, keep_channels: bool = False) -> np.ndarray:
     """Converts RGB to ITU-R BT.601 luma: ``0.299 R + 0.587 G + 0.114 B``.
 
@@ -324,7 +400,7 @@ def to_grayscale(image: np.ndarray, *, keep_channels: bool = False) -> np.ndarra
     return gray
 
 
-@register()
+@register(geometry=NO_GEOMETRY)
 def equalize(image: np.ndarray) -> np.ndarray:
     """Spreads the brightness histogram over 0..255 (histogram equalisation).
 

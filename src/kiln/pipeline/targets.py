@@ -1,0 +1,441 @@
+"""The job's side of targets: one image's annotations in, record features out.
+
+`TargetCodec` turns the targets a source listed for an image (canonical
+JSON, `kiln.pipeline.target_rows`) into `kiln.transforms.Targets` in the
+pixels of the source file as stored (`load`): it reads and decodes mask
+files, rasterizes polygons and RLE (`kiln.transforms.segmentation_to_mask`),
+maps class names to ids, and checks what needs the image. After EXIF
+orientation and the offline transforms have moved them with the image
+(`kiln.transforms.orient_targets`, `Chain.apply`), `features` normalizes
+them to the stored image and returns the record's target features and what
+the job counts about them.
+
+Bad annotations raise `BadAnnotation` with a reason (errors.jsonl's
+``targets`` stage), or, under ``bad_objects: drop_object``, drop the object
+and are counted in kiln.json:
+
+==================== =====================================================
+reason               what
+==================== =====================================================
+bad_box              a coordinate is NaN or infinite, x_max < x_min or
+                     y_max < y_min, the box lies outside the image or
+                     reaches more than `FAR_OUTSIDE` of its size beyond it
+unknown_class        a class (object, label or labels) not in the class list
+bad_keypoints        a labelled keypoint with a NaN or infinite coordinate
+missing_mask         a mask file that cannot be read
+corrupt_mask         a mask file that is not a single-channel 8-bit image
+mask_size_mismatch   a mask (file or RLE) whose size differs from its image
+bad_polygon          a polygon with fewer than 3 points or odd coordinates
+bad_segmentation     an RLE that does not decode
+==================== =====================================================
+
+The semantic mask and image-level labels always drop the image: there is
+no object to drop instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import cv2
+import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from kiln import transforms
+from kiln.pipeline.statistics import TargetCounts
+from kiln.schemas import TargetsConfig
+from kiln.transforms import image_header
+
+# A box may reach beyond the image by this fraction of the image's width
+# (x) or height (y) and is clipped; farther out, it is a bad annotation
+# (coordinates of another image, or another convention), not sloppiness.
+FAR_OUTSIDE = 0.1
+
+REASONS = (
+    "bad_box",
+    "unknown_class",
+    "bad_keypoints",
+    "missing_mask",
+    "corrupt_mask",
+    "mask_size_mismatch",
+    "bad_polygon",
+    "bad_segmentation",
+)
+# kiln.json's count of objects the transforms left too little of.
+MIN_VISIBILITY = "min_visibility"
+
+
+class BadAnnotation(Exception):
+    """An annotation the job cannot use; `reason` is one of `REASONS`."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self):
+        return BadAnnotation, (self.reason, str(self))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedTargets:
+    """One image's targets as loaded, in the source file's stored pixels.
+
+    Attributes:
+      geometry: Boxes, per-object columns (``classes``, fields),
+        keypoints, masks; None for a dataset without geometric targets.
+      labels: Class ids of ``labels`` (ascending, distinct), or None.
+      extra: The extra columns, or None.
+      dropped: ``(reason, count)`` of the bad objects dropped
+        (``bad_objects: drop_object``).
+      entry: What the targets add to the file's version entry: the listed
+        targets with mask file paths replaced by the files' sha256, so the
+        version follows the masks' content, not where they are.
+    """
+
+    geometry: transforms.Targets | None
+    labels: np.ndarray | None
+    extra: Mapping[str, Any] | None
+    dropped: tuple[tuple[str, int], ...]
+    entry: str
+
+
+class TargetCodec:
+    """Loads, checks and encodes an image's targets. Pure and thread-safe.
+
+    Args:
+      targets: The dataset's declared targets.
+      class_names: The class list (a class id indexes it).
+      max_pixels: Mask files with more pixels are refused before decoding
+        (``image.max_pixels``).
+    """
+
+    def __init__(self, targets: TargetsConfig, class_names: Sequence[str], max_pixels: int):
+        self._targets = targets
+        self._class_ids = {name: i for i, name in enumerate(class_names)}
+        self._max_pixels = max_pixels
+        self._drop_object = targets.bad_objects == "drop_object"
+
+    @property
+    def config(self) -> TargetsConfig:
+        return self._targets
+
+    def load(self, text: str, height: int, width: int) -> LoadedTargets:
+        """The targets of an image whose stored pixels are ``height x width``.
+
+        Raises:
+          BadAnnotation: the image must be dropped (see the module docstring).
+        """
+        row = json.loads(text)
+        entry = json.loads(text)
+        dropped: dict[str, int] = {}
+        labels = None
+        if self._targets.labels is not None:
+            ids = {self._class_id(name, "labels") for name in row["labels"]}
+            labels = np.array(sorted(ids), dtype=np.int64)
+        geometry = None
+        if self._targets.geometric:
+            mask = None
+            if self._targets.mask is not None:
+                mask, entry["mask"] = self._read_mask(row["mask"], "mask", height, width)
+            objects = row.get("objects", [])
+            kept = []
+            for index, item in enumerate(objects):
+                try:
+                    kept.append(self._object(item, index, height, width, entry["objects"][index]))
+                except BadAnnotation as e:
+                    if not self._drop_object:
+                        raise
+                    dropped[e.reason] = dropped.get(e.reason, 0) + 1
+            geometry = self._geometry(kept, mask, height, width)
+        return LoadedTargets(
+            geometry=geometry,
+            labels=labels,
+            extra=row.get("extra"),
+            dropped=tuple(sorted(dropped.items())),
+            entry=json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False),
+        )
+
+    def features(
+        self,
+        loaded: LoadedTargets,
+        moved: transforms.Targets | None,
+        label: int | None,
+        height: int,
+        width: int,
+    ) -> tuple[dict[str, Any], TargetCounts]:
+        """The record's target features and what the job counts about them.
+
+        Args:
+          loaded: From `load`.
+          moved: ``loaded.geometry`` after orientation and the transforms, in
+            the stored image's pixels (None without geometric targets).
+          label: The image's class id, if the dataset has ``label``.
+          height, width: The stored image's size.
+        """
+        targets = self._targets
+        fields: dict[str, Any] = {}
+        classes: set[int] = set() if label is None else {label}
+        if loaded.labels is not None:
+            fields["labels"] = loaded.labels
+            classes.update(int(c) for c in loaded.labels)
+        objects: tuple[tuple[int, float], ...] = ()
+        dropped = dict(loaded.dropped)
+        if moved is not None:
+            fields.update(self._geometry_features(moved, height, width))
+            if targets.boxes is not None:
+                object_classes = moved.objects["classes"].astype(np.int64)
+                classes.update(int(c) for c in object_classes)
+                sizes = np.sqrt(
+                    (moved.boxes[:, 2] - moved.boxes[:, 0])
+                    * (moved.boxes[:, 3] - moved.boxes[:, 1])
+                )
+                objects = tuple(
+                    (int(c), float(s)) for c, s in zip(object_classes, sizes, strict=True)
+                )
+                if moved.dropped_objects:
+                    dropped[MIN_VISIBILITY] = moved.dropped_objects
+        if loaded.extra is not None:
+            fields.update(loaded.extra)
+        return fields, TargetCounts(
+            image_classes=tuple(sorted(classes)),
+            has_objects=targets.boxes is not None,
+            objects=objects,
+            dropped=tuple(sorted(dropped.items())),
+        )
+
+    # --- loading -----------------------------------------------------------------------
+
+    def _class_id(self, name: str, where: str) -> int:
+        class_id = self._class_ids.get(name)
+        if class_id is None:
+            raise BadAnnotation(
+                "unknown_class", f"{where}: class {name!r} is not in the class list"
+            )
+        return class_id
+
+    def _object(
+        self, item: Mapping[str, Any], index: int, height: int, width: int, entry: dict
+    ) -> dict[str, Any]:
+        where = f"objects[{index}]"
+        box = [float(v) for v in item["bbox"]]
+        _check_box(box, where, height, width)
+        out: dict[str, Any] = {
+            "box": box,
+            "class": self._class_id(item["class"], f"{where}.class"),
+            "fields": item.get("fields", {}),
+        }
+        if "keypoints" in item:
+            points = np.asarray(item["keypoints"], dtype=np.float64).reshape(-1, 3)
+            labelled = points[:, 2] > 0
+            if not np.isfinite(points[labelled, :2]).all():
+                raise BadAnnotation(
+                    "bad_keypoints", f"{where}.keypoints: a labelled keypoint is not finite"
+                )
+            points[~labelled, :2] = 0.0
+            out["keypoints"] = points
+        if self._targets.instance_masks is not None:
+            if "mask" in item:
+                out["mask"], entry["mask"] = self._read_mask(
+                    item["mask"], f"{where}.mask", height, width
+                )
+                out["mask"] = (out["mask"] > 0).astype(np.uint8)
+            else:
+                out["mask"] = _rasterize(
+                    item["segmentation"], f"{where}.segmentation", height, width
+                )
+        return out
+
+    def _geometry(
+        self, kept: list[dict[str, Any]], mask: np.ndarray | None, height: int, width: int
+    ) -> transforms.Targets:
+        targets = self._targets
+        count = len(kept)
+        objects: dict[str, np.ndarray] = {}
+        if targets.boxes is not None:
+            objects["classes"] = np.array([o["class"] for o in kept], dtype=np.int64)
+            for name, kind in sorted(targets.boxes.fields.items()):
+                dtype = np.int64 if kind == "int" else np.float64
+                objects[name] = np.array([o["fields"][name] for o in kept], dtype=dtype)
+        keypoints = None
+        if targets.keypoints is not None:
+            k = len(targets.keypoints.names)
+            keypoints = np.stack([o["keypoints"] for o in kept]) if kept else np.zeros((0, k, 3))
+        instance_masks = None
+        if targets.instance_masks is not None:
+            instance_masks = (
+                np.stack([o["mask"] for o in kept])
+                if kept
+                else np.zeros((0, height, width), np.uint8)
+            )
+        return transforms.Targets(
+            boxes=np.array([o["box"] for o in kept], dtype=np.float64).reshape(count, 4),
+            objects=objects,
+            keypoints=keypoints,
+            mask=mask,
+            instance_masks=instance_masks,
+        )
+
+    def _read_mask(self, uri: str, where: str, height: int, width: int) -> tuple[np.ndarray, str]:
+        """A mask file's pixels (``height x width`` uint8) and its bytes' sha256."""
+        try:
+            with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                data = f.read()
+        except Exception as e:  # any I/O error: missing, permission, network
+            raise BadAnnotation(
+                "missing_mask", f"{where}: cannot read {uri}: {_first_line(e)}"
+            ) from None
+        sha256 = hashlib.sha256(data).hexdigest()
+        mask = _decode_mask(data, where, self._max_pixels)
+        if mask.shape != (height, width):
+            raise BadAnnotation(
+                "mask_size_mismatch",
+                f"{where}: the mask is {mask.shape[0]}x{mask.shape[1]} (HxW) but its image "
+                f"is {height}x{width}",
+            )
+        return mask, sha256
+
+    # --- encoding ----------------------------------------------------------------------
+
+    def _geometry_features(
+        self, moved: transforms.Targets, height: int, width: int
+    ) -> dict[str, Any]:
+        targets = self._targets
+        fields: dict[str, Any] = {}
+        if targets.boxes is not None:
+            boxes = moved.boxes
+            # [x_min, y_min, x_max, y_max] pixels -> [y_min, x_min, y_max, x_max] in [0, 1].
+            scale = np.array([height, width, height, width], dtype=np.float64)
+            normalized = boxes[:, [1, 0, 3, 2]] / scale
+            fields["boxes"] = np.clip(normalized, 0.0, 1.0).astype(np.float32)
+            fields["classes"] = moved.objects["classes"].astype(np.int64)
+            for name, kind in sorted(targets.boxes.fields.items()):
+                column = moved.objects[name]
+                fields[name] = column.astype(np.int64 if kind == "int" else np.float32)
+        if targets.keypoints is not None and moved.keypoints is not None:
+            points = moved.keypoints
+            yx = np.stack([points[:, :, 1] / height, points[:, :, 0] / width], axis=-1)
+            fields["keypoints"] = np.clip(yx, 0.0, 1.0).astype(np.float32)
+            fields["keypoint_visibility"] = points[:, :, 2].astype(np.int64)
+        if targets.mask is not None and moved.mask is not None:
+            fields["mask"] = _encode_png(moved.mask)
+        if targets.instance_masks is not None and moved.instance_masks is not None:
+            fields["instance_masks"] = [_encode_png(m) for m in moved.instance_masks]
+        return fields
+
+
+def location_free(text: str) -> str:
+    """Listed targets with every mask file named by its base name only, for the
+    version entry of a file dropped before its masks were read (a stored
+    file's entry names them by content: `LoadedTargets.entry`), so the same
+    data under another root gives the same version."""
+    row = json.loads(text)
+    if "mask" in row:
+        row["mask"] = _base_name(row["mask"])
+    for item in row.get("objects", ()):
+        if "mask" in item:
+            item["mask"] = _base_name(item["mask"])
+    return json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _base_name(uri: str) -> str:
+    return uri.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+
+
+def _check_box(box: list[float], where: str, height: int, width: int) -> None:
+    x_min, y_min, x_max, y_max = box
+    if not all(math.isfinite(v) for v in box):
+        raise BadAnnotation("bad_box", f"{where}.bbox: {box} has a NaN or infinite coordinate")
+    if x_max < x_min or y_max < y_min:
+        raise BadAnnotation(
+            "bad_box",
+            f"{where}.bbox: {box} has x_max < x_min or y_max < y_min "
+            f"(expected [x_min, y_min, x_max, y_max])",
+        )
+    slack_x, slack_y = FAR_OUTSIDE * width, FAR_OUTSIDE * height
+    if (
+        x_min < -slack_x
+        or y_min < -slack_y
+        or x_max > width + slack_x
+        or y_max > height + slack_y
+        or x_min >= width
+        or y_min >= height
+        or x_max <= 0
+        or y_max <= 0
+    ):
+        raise BadAnnotation(
+            "bad_box",
+            f"{where}.bbox: {box} lies outside the {width}x{height} (WxH) image "
+            f"(more than {FAR_OUTSIDE:.0%} of its size beyond it, or not inside at all)",
+        )
+
+
+def _rasterize(segmentation: Any, where: str, height: int, width: int) -> np.ndarray:
+    if isinstance(segmentation, dict) and list(segmentation.get("size", [])) != [height, width]:
+        h, w = segmentation.get("size", [0, 0])
+        raise BadAnnotation(
+            "mask_size_mismatch",
+            f"{where}: the RLE is {h}x{w} (HxW) but its image is {height}x{width}",
+        )
+    try:
+        return transforms.segmentation_to_mask(segmentation, height, width)
+    except transforms.SegmentationError as e:
+        reason = "bad_polygon" if isinstance(segmentation, list) else "bad_segmentation"
+        raise BadAnnotation(reason, f"{where}: {e}") from None
+
+
+def _decode_mask(data: bytes, where: str, max_pixels: int) -> np.ndarray:
+    """A mask file's bytes as ``H x W`` uint8 class ids (no colour conversion:
+    class ids are not luma)."""
+    buffer = np.frombuffer(data, np.uint8)
+    try:
+        header_ok = bool(data) and _header_pixels(data) <= max_pixels
+    except ValueError:
+        header_ok = False
+    if not header_ok:
+        raise BadAnnotation(
+            "corrupt_mask", f"{where}: not a PNG (or image) file of at most {max_pixels} pixels"
+        )
+    mask = cv2.imdecode(buffer, cv2.IMREAD_UNCHANGED)
+    if mask is None:
+        raise BadAnnotation("corrupt_mask", f"{where}: the mask file does not decode")
+    if mask.ndim == 3 and mask.shape[2] == 1:
+        mask = mask[:, :, 0]
+    if mask.ndim != 2 or mask.dtype != np.uint8:
+        channels = 1 if mask.ndim == 2 else mask.shape[2]
+        raise BadAnnotation(
+            "corrupt_mask",
+            f"{where}: expected a single-channel 8-bit image (class ids), got {channels} "
+            f"channel(s) of {mask.dtype}",
+        )
+    return np.ascontiguousarray(mask)
+
+
+def _header_pixels(data: bytes) -> int:
+    """Pixels decoding a mask file allocates, read from its header (a mask
+    can be a decompression bomb too).
+
+    Raises:
+      ValueError: not an image file OpenCV reads, or a damaged header.
+    """
+    kind, name = image_header.identify(data)
+    if kind != "opencv" or name is None:
+        raise ValueError("not an image file")
+    return image_header.read(data, name).decode_pixels
+
+
+def _encode_png(mask: np.ndarray) -> bytes:
+    ok, encoded = cv2.imencode(".png", np.ascontiguousarray(mask, dtype=np.uint8))
+    if not ok:
+        raise ValueError("OpenCV could not encode a mask as PNG")
+    return encoded.tobytes()
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:200]

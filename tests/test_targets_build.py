@@ -1,0 +1,552 @@
+"""Builds with targets (real pipelines on the DirectRunner), read back with the dataset's schema.
+
+The corpus (tests/targets_data.py) knows every box, mask, keypoint and
+extra column exactly; each test builds it through `kiln.pipeline.build` and
+decodes the records with `Schema.from_json(info.schema).decode`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import re
+
+import cv2
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import targets_data as data
+from kiln.errors import ConfigError
+from kiln.pipeline import build
+from kiln.schemas import Schema
+
+
+def records(result) -> dict[str, dict]:
+    """key -> decoded record, every split."""
+    schema = Schema.from_json(result.info.schema)
+    out = {}
+    for split in result.info.splits.values():
+        paths = [os.path.join(result.dataset_dir, shard.filename) for shard in split.shards]
+        for serialized in tf.data.TFRecordDataset(paths):
+            record = schema.decode(serialized.numpy())
+            out[record["key"].decode()] = record
+    return out
+
+
+def png_pixels(data_bytes: bytes) -> np.ndarray:
+    return cv2.imdecode(np.frombuffer(data_bytes, np.uint8), cv2.IMREAD_UNCHANGED)
+
+
+def image_pixels(record) -> np.ndarray:
+    return cv2.cvtColor(png_pixels(record["image"]), cv2.COLOR_BGR2RGB)
+
+
+def config(manifest: str, output: pathlib.Path, **overrides) -> dict:
+    base = {
+        "name": "objects",
+        "source": {"type": "manifest", "path": manifest},
+        "output": str(output),
+        "encoding": {"format": "png"},
+        "targets": data.TARGETS,
+        "sharding": {"num_shards": 2},
+    }
+    base.update(overrides)
+    return base
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("targets-corpus")
+    manifest, rows = data.corpus(folder, 12)
+    return folder, manifest, rows
+
+
+@pytest.fixture(scope="module")
+def plain_build(corpus, tmp_path_factory):
+    _, manifest, _ = corpus
+    return build(config(manifest, tmp_path_factory.mktemp("out")))
+
+
+def test_every_target_round_trips_exactly_without_transforms(corpus, plain_build):
+    _, _, rows = corpus
+    info = plain_build.info
+    assert info.class_names == data.CLASSES
+    assert info.targets["boxes"]["fields"] == {"iscrowd": "int"}
+    got = records(plain_build)
+    assert sorted(got) == sorted(row["path"] for row in rows)
+    for index, row in enumerate(rows):
+        record = got[row["path"]]
+        objects = data.objects_of(index)
+        assert record["label"] == data.CLASSES.index(row["label"])
+        assert record["labels"].tolist() == sorted(data.CLASSES.index(n) for n in row["labels"])
+        expected_boxes = np.array(
+            [
+                [y0 / 48, x0 / 64, y1 / 48, x1 / 64]
+                for x0, y0, x1, y1 in (o["box"] for o in objects)
+            ],
+            np.float32,
+        ).reshape(-1, 4)
+        np.testing.assert_array_equal(record["boxes"], expected_boxes)
+        assert record["classes"].tolist() == [data.CLASSES.index(o["class"]) for o in objects]
+        assert record["iscrowd"].tolist() == [o["iscrowd"] for o in objects]
+        keypoints = record["keypoints"]
+        assert keypoints.shape == (len(objects), 2, 2)
+        for k, obj in enumerate(objects):
+            x0, y0, x1, y1 = obj["box"]
+            np.testing.assert_allclose(
+                keypoints[k],
+                [[(y0 + 0.5) / 48, (x0 + 0.5) / 64], [(y1 - 0.5) / 48, (x1 - 0.5) / 64]],
+                rtol=1e-6,
+            )
+        assert record["keypoint_visibility"].tolist() == [[2, 2]] * len(objects)
+        np.testing.assert_array_equal(png_pixels(record["mask"]), data.semantic_mask_of(objects))
+        assert len(record["instance_masks"]) == len(objects)
+        for k, obj in enumerate(objects):
+            expected = np.zeros((48, 64), np.uint8)
+            x0, y0, x1, y1 = obj["box"]
+            expected[y0:y1, x0:x1] = 1
+            np.testing.assert_array_equal(png_pixels(record["instance_masks"][k]), expected)
+        assert record["weather"] == row["weather"].encode()
+        assert record["altitude"] == pytest.approx(row["altitude"])
+        assert record["year"] == row["year"]
+        np.testing.assert_array_equal(image_pixels(record), data.image_of(objects))
+
+
+def test_kiln_json_counts_objects_per_class_with_exact_size_statistics(corpus, plain_build):
+    info = plain_build.info
+    stats = info.objects["train"]
+    all_objects = [o for index in range(12) for o in data.objects_of(index)]
+    for name in data.CLASSES:
+        sizes = [
+            np.sqrt((o["box"][2] - o["box"][0]) * (o["box"][3] - o["box"][1]))
+            for o in all_objects
+            if o["class"] == name
+        ]
+        entry = stats.classes[name]
+        assert entry.count == len(sizes)
+        assert entry.size_min == pytest.approx(min(sizes))
+        assert entry.size_max == pytest.approx(max(sizes))
+        assert entry.size_mean == pytest.approx(np.mean(sizes))
+        assert sum(entry.size_histogram) == len(sizes)
+    assert stats.images_without_objects == 3  # images 0, 4 and 8
+    assert stats.dropped == {}
+    # Images per class: an image counts once for each class it carries.
+    counts = info.splits["train"].class_counts
+    for name in data.CLASSES:
+        carrying = sum(
+            1
+            for index in range(12)
+            if name in {o["class"] for o in data.objects_of(index)}
+            or (not data.objects_of(index) and name == "red")
+        )
+        assert counts[name] == carrying
+
+
+def test_targets_follow_a_resize_and_a_pad(corpus, tmp_path):
+    _, manifest, rows = corpus
+    result = build(
+        config(
+            manifest,
+            tmp_path,
+            transforms=[{"resize": {"size": [96, 128]}}, {"pad": {"size": [104, 136]}}],
+        )
+    )
+    got = records(result)
+    for index, row in enumerate(rows):
+        record = got[row["path"]]
+        image = image_pixels(record)
+        assert image.shape == (104, 136, 3)
+        mask = png_pixels(record["mask"])
+        assert mask.shape == (104, 136)
+        objects = data.objects_of(index)
+        assert len(record["boxes"]) == len(objects)
+        for k, obj in enumerate(objects):
+            instance = png_pixels(record["instance_masks"][k]).astype(bool)
+            assert instance.shape == (104, 136)
+            ys, xs = np.nonzero(instance)
+            # The stored box encloses the stored instance mask, to a pixel.
+            box = record["boxes"][k] * [104, 136, 104, 136]
+            from_mask = [ys.min(), xs.min(), ys.max() + 1, xs.max() + 1]
+            np.testing.assert_allclose(box, from_mask, atol=1.0)
+            # ... and where the original box went: scaled by 2, moved by the padding.
+            x0, y0, x1, y1 = obj["box"]
+            np.testing.assert_allclose(
+                box, [2 * y0 + 4, 2 * x0 + 4, 2 * y1 + 4, 2 * x1 + 4], atol=1e-4
+            )
+            # The mask agrees with the image: its pixels have the object's colour.
+            colour = np.array(data.COLOURS[obj["class"]], float)
+            pixels = image[instance].astype(float)
+            nearer = np.linalg.norm(pixels - colour, axis=1) < np.linalg.norm(
+                pixels - data.BACKGROUND, axis=1
+            )
+            assert nearer.mean() >= 0.75
+            assert set(np.unique(mask[instance])) <= {data.CLASSES.index(obj["class"])}
+            # Keypoints land on the corner pixels' centres.
+            np.testing.assert_allclose(
+                record["keypoints"][k] * [104, 136],
+                [[2 * y0 + 5, 2 * x0 + 5], [2 * y1 + 3, 2 * x1 + 3]],
+                atol=1e-4,
+            )
+        # Padding got the ignore value in the semantic mask.
+        assert (mask[:4] == data.IGNORE).all() and (mask[:, -4:] == data.IGNORE).all()
+
+
+def test_min_visibility_drops_and_counts_objects_a_crop_cuts_off(tmp_path):
+    rows = [data.manifest_row(index, tmp_path) for index in (3, 7)]
+    manifest = data.write_manifest(tmp_path, rows)
+    # A 24x24 centre crop of 48x64 keeps columns 20..43: the middle column's
+    # objects mostly, the outer columns' objects hardly or not at all.
+    result = build(config(manifest, tmp_path / "out", transforms=[{"center_crop": {"size": 24}}]))
+    got = records(result)
+    kept = sum(len(r["classes"]) for r in got.values())
+    dropped = result.info.objects["train"].dropped.get("min_visibility", 0)
+    assert kept + dropped == 6  # 3 objects in each image
+    assert dropped >= 2
+    for record in got.values():
+        boxes = record["boxes"]
+        assert ((boxes >= 0) & (boxes <= 1)).all()
+        assert len(record["instance_masks"]) == len(boxes) == len(record["keypoints"])
+
+
+BAD_OBJECTS = {
+    # key suffix -> (object changes, expected reason)
+    "reversed": ({"bbox": [30, 10, 20, 20]}, "bad_box"),
+    "nan": ({"bbox": [float("nan"), 10, 20, 20]}, "bad_box"),
+    "far_outside": ({"bbox": [200, 10, 220, 20]}, "bad_box"),
+    "unknown_class": ({"class": "purple"}, "unknown_class"),
+    "mask_size": ({"mask": "masks/small.png"}, "mask_size_mismatch"),
+    "missing_mask": ({"mask": "masks/none.png"}, "missing_mask"),
+    "corrupt_mask": ({"mask": "masks/corrupt.png"}, "corrupt_mask"),
+    "polygon": ({"segmentation": [[1, 1, 5, 1]]}, "bad_polygon"),
+    "rle_size": ({"segmentation": {"size": [10, 10], "counts": [100]}}, "mask_size_mismatch"),
+}
+
+
+def bad_corpus(folder: pathlib.Path) -> tuple[str, dict[str, str]]:
+    """Good images plus one image per bad case: its second object is bad."""
+    data.write_png(folder / "masks" / "small.png", np.zeros((10, 10), np.uint8))
+    (folder / "masks" / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    rows, expected = [], {}
+    for index in range(6):
+        rows.append(data.manifest_row(index, folder))
+    for number, (case, (changes, reason)) in enumerate(sorted(BAD_OBJECTS.items())):
+        row = data.manifest_row(2 + 4 * number, folder)  # images with 2 objects
+        assert len(row["objects"]) == 2
+        bad = dict(row["objects"][1])
+        if "mask" in changes or "segmentation" in changes:
+            bad.pop("mask", None)
+            bad.pop("segmentation", None)
+        bad.update(changes)
+        row["objects"][1] = bad
+        row["path"] = f"images/bad_{case}.png"
+        os.link(folder / "images" / f"{2 + 4 * number:03d}.png", folder / row["path"])
+        rows.append(row)
+        expected[row["path"]] = reason
+    # A structural problem is a bad row, found while listing.
+    structural = data.manifest_row(1, folder)
+    structural["objects"][0]["bbox"] = [1, 2, 3]
+    structural["path"] = "images/001.png"
+    rows[1] = structural
+    return data.write_manifest(folder, rows), expected
+
+
+def error_rows(result_or_dir) -> list[dict]:
+    folder = result_or_dir if isinstance(result_or_dir, str) else result_or_dir.dataset_dir
+    with open(os.path.join(folder, "errors.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_every_bad_annotation_drops_its_image_with_a_reason(tmp_path):
+    manifest, expected = bad_corpus(tmp_path)
+    result = build(
+        config(
+            manifest,
+            tmp_path / "out",
+            source={"type": "manifest", "path": manifest, "classes": data.CLASSES},
+            errors={"max_fraction": 0.8},
+        )
+    )
+    rows = {row["key"]: row for row in error_rows(result)}
+    for key, reason in expected.items():
+        assert rows[key]["reason"] == reason, rows[key]
+        assert rows[key]["stage"] == "targets"
+        assert "objects[1]" in rows[key]["message"]
+    assert rows["manifest.jsonl:2"]["reason"] == "bad_row"
+    assert "objects[0].bbox: expected 4 numbers" in rows["manifest.jsonl:2"]["message"]
+    assert set(records(result)) == {f"images/{i:03d}.png" for i in (0, 2, 3, 4, 5)}
+    assert result.info.dropped["bad_box"] == 3
+
+
+def test_bad_annotations_count_against_max_fraction(tmp_path):
+    from kiln.pipeline import BuildError
+
+    manifest, _ = bad_corpus(tmp_path)
+    with pytest.raises(BuildError, match=r"more than errors.max_fraction.*bad_box: 3"):
+        build(
+            config(
+                manifest,
+                tmp_path / "out",
+                source={"type": "manifest", "path": manifest, "classes": data.CLASSES},
+            )
+        )
+
+
+def test_drop_object_keeps_the_image_and_counts_the_object(tmp_path):
+    manifest, expected = bad_corpus(tmp_path)
+    targets = {**data.TARGETS, "bad_objects": "drop_object"}
+    result = build(
+        config(
+            manifest,
+            tmp_path / "out",
+            source={"type": "manifest", "path": manifest, "classes": data.CLASSES},
+            targets=targets,
+            errors={"max_fraction": 0.2},  # the bad row
+        )
+    )
+    got = records(result)
+    for key in expected:
+        assert len(got[key]["classes"]) == 1  # the good object stays
+    assert [row["reason"] for row in error_rows(result)] == ["bad_row"]
+    dropped = result.info.objects["train"].dropped
+    by_reason: dict[str, int] = {}
+    for reason in expected.values():
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+    assert dropped == dict(sorted(by_reason.items()))
+
+
+def digests(result) -> dict[str, str]:
+    out = {}
+    for name in sorted(os.listdir(result.dataset_dir)):
+        with open(os.path.join(result.dataset_dir, name), "rb") as f:
+            out[name] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def test_same_bytes_across_worker_settings(corpus, plain_build, tmp_path):
+    _, manifest, _ = corpus
+    second = build(
+        config(manifest, tmp_path / "second"),
+        ["--direct_num_workers=2", "--direct_running_mode=multi_processing"],
+    )
+    third = build(config(manifest, tmp_path / "third"), image_threads=1)
+    assert second.version == third.version == plain_build.version
+    assert digests(second) == digests(plain_build) == digests(third)
+
+
+def test_a_mask_file_edited_in_place_is_rebuilt_into_a_new_version(tmp_path):
+    rows = [data.manifest_row(index, tmp_path) for index in (1, 2)]
+    manifest = data.write_manifest(tmp_path, rows)
+    first = build(config(manifest, tmp_path / "out"))
+    assert build(config(manifest, tmp_path / "out")).up_to_date
+    mask = tmp_path / "masks" / "001.png"
+    pixels = png_pixels(mask.read_bytes())
+    pixels[0, :] = 2
+    data.write_png(mask, pixels)
+    second = build(config(manifest, tmp_path / "out"))
+    assert not second.up_to_date  # the stamp sees mask files too
+    assert second.version != first.version  # the version hashes their content
+
+
+@pytest.mark.parametrize(
+    "source, targets, message",
+    [
+        (
+            {"type": "image_folder", "root": "."},
+            {"boxes": {}},
+            "targets.boxes: an image_folder source gives one class per image only",
+        ),
+        (
+            {"type": "manifest", "path": "m.csv"},
+            {"mask": {}},
+            "targets.mask: a CSV manifest holds label, labels and extra columns only",
+        ),
+        (
+            {"type": "manifest", "path": "m.jsonl"},
+            {"mask": {}, "keypoints": {"names": ["a"]}},
+            "targets: keypoints needs boxes",
+        ),
+    ],
+)
+def test_config_refuses_targets_the_source_cannot_give(tmp_path, source, targets, message):
+    from kiln.pipeline import config as config_module
+
+    with pytest.raises(ConfigError, match=message):
+        config_module.load(
+            {"name": "x", "source": source, "output": str(tmp_path), "targets": targets},
+            check_paths=False,
+        )
+
+
+def test_csv_manifest_carries_labels_and_extras(tmp_path):
+    data.write_png(tmp_path / "a.png", data.image_of([]))
+    data.write_png(tmp_path / "b.png", data.image_of(data.objects_of(1)))
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path,labels,weather\na.png,,sunny\nb.png,red|blue,rain\nc.png,x,y\n")
+    result = build(
+        {
+            "name": "multi",
+            "source": {"type": "manifest", "path": str(manifest)},
+            "output": str(tmp_path / "out"),
+            "encoding": {"format": "png"},
+            "targets": {"labels": {}, "extra": {"weather": "string"}},
+            "errors": {"max_fraction": 0.5},
+        }
+    )
+    assert result.info.class_names == ["blue", "red", "x"]
+    got = records(result)
+    assert got["a.png"]["labels"].tolist() == []
+    assert got["b.png"]["labels"].tolist() == [0, 1]
+    assert got["b.png"]["weather"] == b"rain"
+    assert "label" not in got["a.png"]
+    assert [row["reason"] for row in error_rows(result)] == ["missing"]
+
+
+def test_tfds_reads_a_detection_build(corpus, plain_build):
+    import tensorflow_datasets as tfds  # test-only dependency (the dev extra)
+
+    from kiln.schemas.tfds_metadata import TFDS_FEATURES_FILENAME
+
+    with open(os.path.join(plain_build.dataset_dir, TFDS_FEATURES_FILENAME)) as f:
+        written = json.load(f)
+    assert tfds.features.FeatureConnector.from_json(written).to_json() == written
+    builder = tfds.builder_from_directory(plain_build.dataset_dir)
+    objects = builder.info.features["objects"]
+    assert isinstance(objects["bbox"], tfds.features.BBoxFeature)
+    assert objects["label"].names == data.CLASSES
+    assert builder.info.features["image/class/labels"].feature.names == data.CLASSES
+    assert isinstance(builder.info.features["segmentation/mask"], tfds.features.Image)
+    expected = records(plain_build)
+    seen = 0
+    for example in tfds.as_numpy(builder.as_dataset(split="train")):
+        record = expected[example["image/key"].decode()]
+        np.testing.assert_array_equal(example["objects"]["bbox"], record["boxes"])
+        np.testing.assert_array_equal(example["objects"]["label"], record["classes"])
+        np.testing.assert_array_equal(example["objects"]["iscrowd"], record["iscrowd"])
+        np.testing.assert_array_equal(example["objects"]["keypoints"], record["keypoints"])
+        np.testing.assert_array_equal(
+            example["objects"]["keypoints/visibility"], record["keypoint_visibility"]
+        )
+        np.testing.assert_array_equal(example["image/class/labels"], record["labels"])
+        np.testing.assert_array_equal(
+            example["segmentation/mask"][:, :, 0], png_pixels(record["mask"])
+        )
+        masks = example["objects"]["mask"]
+        assert masks.shape[0] == len(record["classes"])
+        for k, encoded in enumerate(record["instance_masks"]):
+            np.testing.assert_array_equal(masks[k][:, :, 0], png_pixels(encoded))
+        assert example["extra/weather"] == record["weather"]
+        seen += 1
+    assert seen == len(expected)
+
+
+def test_verify_and_inspect_a_detection_build(plain_build):
+    from kiln.tools.inspection import inspect_dataset, render
+    from kiln.tools.verify import verify
+
+    result = verify(plain_build.dataset_dir)
+    assert result.ok, [str(p) for p in result.problems]
+    assert result.num_records == 12
+    summary = inspect_dataset(plain_build.dataset_dir)
+    assert summary["targets"]["boxes"]["min_visibility"] == 0.25
+    text = render(summary)
+    assert "targets: label, labels, boxes, mask, instance_masks, keypoints" in text
+    counts = {name: c.count for name, c in plain_build.info.objects["train"].classes.items()}
+    for name, count in counts.items():
+        assert any(line.split()[:2] == [name, str(count)] for line in text.splitlines())
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda r: {**r, "boxes": r["boxes"] + 0.9}, r"a box is outside \[0, 1\]"),
+        (lambda r: {**r, "boxes": r["boxes"][:, [2, 1, 0, 3]]}, "a box has min > max"),
+        (
+            lambda r: {**r, "instance_masks": r["instance_masks"][:-1]},
+            "boxes but .* instance_masks",
+        ),
+        (lambda r: {**r, "classes": r["classes"] + 7}, "is not a class id"),
+        (lambda r: {**r, "mask": r["instance_masks"][0][:60]}, "record 0"),
+    ],
+)
+def test_verify_finds_broken_targets(plain_build, tmp_path, change, message):
+    import shutil
+
+    from kiln.tools.verify import verify
+
+    folder = tmp_path / "copy"
+    shutil.copytree(plain_build.dataset_dir, folder)
+    schema = Schema.from_json(plain_build.info.schema)
+    shard = plain_build.info.splits["train"].shards[0]
+    path = str(folder / shard.filename)
+    serialized = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+    decoded = [schema.decode(s) for s in serialized]
+    first = next(i for i, r in enumerate(decoded) if len(r["classes"]) >= 2)
+    decoded[first], decoded[0] = decoded[0], change(decoded[first])
+    serialized[first], serialized[0] = serialized[0], schema.encode(decoded[0])
+    with tf.io.TFRecordWriter(path) as writer:
+        for record in serialized:
+            writer.write(record)
+    problems = [str(p) for p in verify(str(folder)).problems]
+    assert any(shard.filename in p and re.search(message, p) for p in problems), problems
+
+
+def test_exif_orientation_moves_the_targets_with_the_pixels(tmp_path):
+    import io
+
+    from PIL import Image
+
+    row = data.manifest_row(3, tmp_path)
+    objects = data.objects_of(3)
+    # The same stored pixels, tagged "rotate 90 degrees clockwise to view" (6):
+    # the annotations are of the stored pixels, as the contract says.
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buffer = io.BytesIO()
+    Image.fromarray(data.image_of(objects)).save(buffer, "PNG", exif=exif.tobytes())
+    (tmp_path / row["path"]).write_bytes(buffer.getvalue())
+    manifest = data.write_manifest(tmp_path, [row])
+    record = next(iter(records(build(config(manifest, tmp_path / "out"))).values()))
+    assert (record["height"], record["width"]) == (64, 48)  # upright
+    # Clockwise: upright x = 48 - stored y, upright y = stored x.
+    expected = [
+        [x0 / 64, (48 - y1) / 48, x1 / 64, (48 - y0) / 48]
+        for x0, y0, x1, y1 in (o["box"] for o in objects)
+    ]
+    np.testing.assert_allclose(record["boxes"], expected, atol=1e-6)
+    upright_mask = np.rot90(data.semantic_mask_of(objects), k=-1)
+    np.testing.assert_array_equal(png_pixels(record["mask"]), upright_mask)
+    np.testing.assert_array_equal(image_pixels(record), np.rot90(data.image_of(objects), k=-1))
+    for k, obj in enumerate(objects):
+        x0, y0, x1, y1 = obj["box"]
+        # tl (x0 + 0.5, y0 + 0.5) -> upright (x, y) = (48 - y0 - 0.5, x0 + 0.5)
+        np.testing.assert_allclose(
+            record["keypoints"][k][0], [(x0 + 0.5) / 64, (48 - y0 - 0.5) / 48], atol=1e-6
+        )
+
+
+def test_a_transform_without_geometry_is_refused_for_geometric_targets(tmp_path):
+    from kiln import transforms
+    from kiln.pipeline import config as config_module
+
+    if "tgt_data_recolour" not in transforms.names():
+
+        @transforms.register("tgt_data_recolour")
+        def recolour(image):  # declares no geometry
+            return image
+
+    spec = {
+        "name": "x",
+        "source": {"type": "manifest", "path": "m.jsonl"},
+        "output": str(tmp_path),
+        "transforms": ["tgt_data_recolour"],
+    }
+    with pytest.raises(ConfigError, match=r"transforms\[0\]\.tgt_data_recolour: .*boxes"):
+        config_module.load({**spec, "targets": {"boxes": {}}}, check_paths=False)
+    # Targets that do not move with the pixels allow it.
+    loaded = config_module.load(
+        {**spec, "targets": {"labels": {}, "extra": {"a": "int"}}}, check_paths=False
+    )
+    assert loaded.targets.labels is not None
