@@ -22,9 +22,9 @@ FLIP = [{"random_flip_left_right": {"probability": 1.0}}]
 
 @pytest.fixture(scope="module")
 def dataset_dir(tmp_path_factory):
-    return scene_records.write_dataset(
-        str(tmp_path_factory.mktemp("preview-scenes")), TARGETS, FLIP, count=4
-    )
+    """Four scenes built by `kiln build` with boxes, a class mask and keypoints."""
+    root = str(tmp_path_factory.mktemp("preview-scenes"))
+    return scene_records.build_scenes(root, TARGETS, FLIP, count=4).dataset_dir
 
 
 @pytest.fixture(scope="module")
