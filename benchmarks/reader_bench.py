@@ -21,6 +21,12 @@ happens to each image differs:
   side, i.e. 8% of the area: Keras 3 has no random resized crop),
   RandomFlip, RandomColorJitter.
 
+Beside them, the cost of targets: ``b_targets`` is (b) on the same images
+built with boxes (three per image) and a class mask (`build_target_dataset`),
+yielding ``(images, {"boxes", "classes", "mask"})`` with the same
+augmentation moving the targets too; its per-image cost against (b) on the
+JPEG dataset is the number to watch (goal: at most 15% more).
+
 Throughput is measured after a warm-up (graph building, the first shuffle
 buffer fill), over enough batches to cross a pass boundary, so each number
 includes refilling the shuffle buffer as a real epoch does.
@@ -29,6 +35,7 @@ includes refilling the shuffle buffer as a real epoch does.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -239,6 +246,13 @@ def _keras_layers(dataset_dir: str, encoding: str, batch_size: int):
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
+# Measured on the dataset with boxes and a class mask (`build_target_dataset`).
+TARGET_VARIANTS = (
+    Variant("b_targets", "(b) kiln.reader, default augmentation, boxes + class mask", _kiln, 16),
+)
+# Objects per image in the targets dataset.
+OBJECTS_PER_IMAGE = 3
+
 VARIANTS = (
     Variant("a", "(a) limit: parse + decode only", _limit, 16),
     Variant("kiln_plain", "kiln.reader, augment=None", _kiln_plain, 16),
@@ -341,3 +355,69 @@ def build_datasets(manifest: str, output: str) -> dict[str, str]:
         )
         datasets[encoding] = build(config).dataset_dir
     return datasets
+
+
+def write_target_manifest(csv_manifest: str, folder: str) -> str:
+    """A JSONL manifest of the CSV manifest's images with boxes and a class mask each.
+
+    Each image gets `OBJECTS_PER_IMAGE` boxes at positions derived from its
+    row number (in 2 classes) and a class-mask PNG of its size with those
+    boxes filled. Written once; reused while the CSV manifest is unchanged.
+    """
+    import csv
+
+    import numpy as np
+    import tensorflow as tf
+
+    root = os.path.dirname(os.path.abspath(csv_manifest))
+    os.makedirs(folder, exist_ok=True)
+    out = os.path.join(folder, os.path.basename(csv_manifest).replace(".csv", "-targets.jsonl"))
+    if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(csv_manifest):
+        return out
+    with open(csv_manifest, newline="") as f:
+        rows = list(csv.DictReader(f))
+    lines = []
+    for index, row in enumerate(rows):
+        path = os.path.join(root, row["path"])
+        height, width = (int(d) for d in tf.io.extract_jpeg_shape(tf.io.read_file(path))[:2])
+        mask = np.zeros((height, width, 1), np.uint8)
+        objects = []
+        for j in range(OBJECTS_PER_IMAGE):
+            # Boxes of 15..45% of each side, spread over the image by row and object.
+            size_y = height * (0.15 + 0.1 * ((index + j) % 4))
+            size_x = width * (0.15 + 0.1 * ((index + 2 * j) % 4))
+            top = (height - size_y) * (((index * 7 + j * 3) % 10) / 10)
+            left = (width - size_x) * (((index * 3 + j * 5) % 10) / 10)
+            box = [round(left), round(top), round(left + size_x), round(top + size_y)]
+            class_id = 1 + (index + j) % 2
+            mask[box[1] : box[3], box[0] : box[2]] = class_id
+            objects.append({"bbox": box, "class": ("background", "cat", "dog")[class_id]})
+        mask_path = os.path.join(folder, f"mask-{index:06d}.png")
+        with open(mask_path, "wb") as f:
+            f.write(tf.io.encode_png(mask).numpy())
+        lines.append(json.dumps({"path": path, "objects": objects, "mask": mask_path}))
+    with open(out + ".tmp", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(out + ".tmp", out)
+    return out
+
+
+def build_target_dataset(manifest: str, output: str) -> str:
+    """The reader benchmark's JPEG dataset again, with boxes and a class mask per image."""
+    from benchmarks.build_bench import build_config
+    from kiln.pipeline import build
+
+    folder = os.path.join(os.path.dirname(os.path.abspath(output)), "target-annotations")
+    targets_manifest = write_target_manifest(manifest, folder)
+    config = build_config(
+        targets_manifest,
+        output,
+        name="reader-targets",
+        encoding="jpeg",
+        augment=AUGMENT,
+        target_shard_mb=8,
+    )
+    config["source"]["classes"] = ["background", "cat", "dog"]
+    config["source"]["allowed_roots"] = [os.path.dirname(os.path.abspath(manifest))]
+    config["targets"] = {"boxes": {"min_visibility": 0.25}, "mask": {"ignore_value": 255}}
+    return build(config).dataset_dir

@@ -185,6 +185,16 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 ratios["b_over_d"] >= 2.0,
             ),
         ]
+    for key, row in (results["reader"].get("targets") or {}).items():
+        out.append(
+            _target(
+                f"reader_{key}_cost",
+                "reader: per-image cost with boxes + class mask vs (b)",
+                row["cost_vs_b"],
+                "<= 1.15x",
+                row["cost_vs_b"] <= 1.15,
+            )
+        )
     return out
 
 
@@ -451,6 +461,11 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {jpeg['title']} | {jpeg['images_per_second']:.0f} | "
             f"{jpeg['ratio_vs_a']:.2f}x | {raw['images_per_second']:.0f} | "
             f"{raw['ratio_vs_a']:.2f}x |"
+        )
+    for row in (reader.get("targets") or {}).values():
+        lines.append(
+            f"| {row['title']} | {row['images_per_second']:.0f} | "
+            f"{row['cost_vs_b']:.2f}x cost of (b) | - | - |"
         )
     lines += [
         "",

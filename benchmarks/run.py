@@ -310,7 +310,24 @@ def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, A
     }
     layer_runs: list[float] = []
     background: list[float] = []
+    target_dir = datasets.get("targets")
+    target_runs: dict[str, list[float]] = {v.key: [] for v in reader_bench.TARGET_VARIANTS}
+    datasets = {e: d for e, d in datasets.items() if e != "targets"}
     for round_index in range(settings.reader_repeats):
+        if target_dir is not None:
+            for variant in reader_bench.TARGET_VARIANTS:
+                with _Background(background):
+                    value = reader_bench.measure_variant(
+                        variant,
+                        target_dir,
+                        "jpeg",
+                        batch_size=settings.batch_size,
+                        batches=settings.reader_batches,
+                    )
+                target_runs[variant.key].append(value)
+                logger.info(
+                    "reader round %d targets %s: %.0f images/s", round_index + 1, variant.key, value
+                )
         for encoding, directory in datasets.items():
             for variant in reader_bench.VARIANTS:
                 with _Background(background):
@@ -351,9 +368,23 @@ def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, A
             "b_over_c": medians["b"] / medians["c"],
             "b_over_d": medians["b"] / medians["d"],
         }
+    with_targets = None
+    if target_dir is not None:
+        plain = rows["jpeg"]["b"]["images_per_second"]
+        with_targets = {
+            v.key: {
+                "title": v.title,
+                "images_per_second": _median(target_runs[v.key]),
+                # Per-image cost relative to (b) on the same JPEG images without targets.
+                "cost_vs_b": plain / _median(target_runs[v.key]),
+                "runs": target_runs[v.key],
+            }
+            for v in reader_bench.TARGET_VARIANTS
+        }
     return {
         "batch_size": settings.batch_size,
         "background_cores": _median(background),
+        "targets": with_targets,
         "image_size": reader_bench.IMAGE_SIZE,
         "repeats": settings.reader_repeats,
         "augment": reader_bench.AUGMENT,
@@ -382,6 +413,9 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
     builds = measure_builds(settings, source, scratch)
     builds["incremental"] = measure_incremental(settings, source, scratch)
     datasets = reader_bench.build_datasets(
+        source.manifest(settings.build_images), os.path.join(out_dir, "datasets")
+    )
+    datasets["targets"] = reader_bench.build_target_dataset(
         source.manifest(settings.build_images), os.path.join(out_dir, "datasets")
     )
     readers = measure_readers(settings, datasets)

@@ -17,14 +17,17 @@ Public API:
   validate: checks an augmentation list in YAML form (names, parameters).
   names: registered augmentation op names.
   AugmentationLayer: the Keras layer for ``augment_on="model"``.
+  ElementTargets, TargetSpec, TargetError: targets (boxes, masks,
+    keypoints) and how augmentations move them (`kiln.reader.targets`).
 
 Modules: `ops` declares augmentation ops (and holds kiln's element ops),
 `mixing` the batch ops, `augmenter` applies a validated list, `dataset`
 reads, `location` finds a dataset and reads its kiln.json, `layer` is the
-Keras layer, `seeds` derives per-element seeds. Importing the package
-registers kiln's own ops without importing TensorFlow (`kiln.lazy_import`):
-validating an augmentation list, `info` and `locate` on local paths do not
-need it; `load` and the layer do, and import it when first asked for.
+Keras layer, `seeds` derives per-element seeds, `targets` moves boxes, masks
+and keypoints with the image. Importing the package registers kiln's own ops
+without importing TensorFlow (`kiln.lazy_import`): validating an
+augmentation list, `info` and `locate` on local paths do not need it; `load`
+and the layer do, and import it when first asked for.
 """
 
 # mixing is imported for its registrations: mixup and cutmix.
@@ -37,6 +40,7 @@ from kiln.reader.ops import (
     register_augmentation,
     validate,
 )
+from kiln.reader.targets import ElementTargets, TargetError, TargetSpec
 
 __all__ = [
     "AugmentConfigError",
@@ -44,6 +48,9 @@ __all__ = [
     "AugmentOpError",
     "AugmentationLayer",
     "DEFAULT_SHUFFLE_BUFFER",
+    "ElementTargets",
+    "TargetError",
+    "TargetSpec",
     "info",
     "load",
     "locate",

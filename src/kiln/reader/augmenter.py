@@ -25,6 +25,15 @@ resized copy's). The order of the list is otherwise kept: an op is moved
 only past the crop's resize, never past another op. Every op after a crop
 is a full pass over its image, so passes over the smaller uint8 window
 instead of the float output are most of what the reader can save.
+
+Targets (boxes, masks, keypoints: `kiln.reader.targets`) take the same path
+(`apply_with_targets`): the leading crop's window crops them, the mirror
+ops flip them in the window's frame (a flip commutes with the resize for
+normalized coordinates too), colour ops pass them through, the crop's
+finish resizes the masks to its output size, and every later op moves them
+with its `OpDefinition.with_targets` form, drawing the same random values
+from the same seed as the image. A dataset without targets never enters
+that path: its ops and their graph are the same as before targets existed.
 """
 
 from __future__ import annotations
@@ -38,12 +47,22 @@ import numpy as np
 from kiln.lazy_import import LazyModule
 from kiln.reader import seeds as seeding
 from kiln.reader.ops import Augmentation, slice_window, to_float
+from kiln.reader.targets import (
+    BatchTargets,
+    ElementTargets,
+    TargetError,
+    TargetSpec,
+    refuse_unsupported,
+)
 from kiln.schemas import decode_image
 
 if TYPE_CHECKING:
     import tensorflow as tf
 else:  # imported when images are augmented, not to name the errors
     tf = LazyModule("tensorflow")
+
+# An element's image and its targets (None for datasets without targets).
+_Element = tuple["tf.Tensor", "ElementTargets | None"]
 
 
 class AugmentOpError(ValueError):
@@ -94,12 +113,28 @@ class Augmenter:
             to [0, 1] (after a leading crop, so only the window is converted).
           seed: shape-[2] int32 element seed (unused when not training).
         """
+        return self._apply(image, seed, None)[0]
+
+    def apply_with_targets(
+        self, image: tf.Tensor, targets: ElementTargets, seed: tf.Tensor | None
+    ) -> tuple[tf.Tensor, ElementTargets]:
+        """`apply` moving the image's targets with it: every op draws its random
+        parameters once, from its seed, for both. The image equals `apply`'s."""
+        image, moved = self._apply(image, seed, targets)
+        if moved is None:  # cannot happen: given targets, every step returns them
+            raise RuntimeError("the augmenter lost the targets")
+        return image, moved
+
+    def _apply(self, image, seed, targets: ElementTargets | None) -> _Element:
         window = self._leading_window()
         if window is None:
-            return self._after_window(image, seed, first=0)
+            return self._after_window(image, seed, targets, first=0)
         first = self.element_ops[0]
-        offset, size = window.sample(tf.shape(image)[:2], self._first_seed(seed), **first.kwargs)
-        return self._after_window(slice_window(image, offset, size), seed, first=1)
+        shape = tf.shape(image)[:2]
+        offset, size = window.sample(shape, self._first_seed(seed), **first.kwargs)
+        if targets is not None:
+            targets = targets.crop(offset, size, shape)
+        return self._after_window(slice_window(image, offset, size), seed, targets, first=1)
 
     def _leading_window(self):
         ops = self.element_ops
@@ -125,12 +160,44 @@ class Augmenter:
         Equal to ``apply(decode_image(...), seed)``; faster for JPEG when the
         first op is a crop, because only its window is decoded.
         """
+        return self._decode_and_apply(
+            features, seed, None, encoding=encoding, channels=channels, image_size=image_size
+        )[0]
+
+    def decode_and_apply_with_targets(
+        self,
+        features: dict,
+        targets: ElementTargets,
+        seed: tf.Tensor | None,
+        *,
+        encoding: str,
+        channels: int,
+        image_size: Sequence[int] | None,
+    ) -> tuple[tf.Tensor, ElementTargets]:
+        """`decode_and_apply` moving the record's targets with the image
+        (equal to `apply_with_targets` on the decoded image)."""
+        image, moved = self._decode_and_apply(
+            features, seed, targets, encoding=encoding, channels=channels, image_size=image_size
+        )
+        if moved is None:  # cannot happen: given targets, every step returns them
+            raise RuntimeError("the augmenter lost the targets")
+        return image, moved
+
+    def _decode_and_apply(
+        self,
+        features: dict,
+        seed: tf.Tensor | None,
+        targets: ElementTargets | None,
+        *,
+        encoding: str,
+        channels: int,
+        image_size: Sequence[int] | None,
+    ) -> _Element:
         ops = self.element_ops
         window = self._leading_window() if encoding == "jpeg" else None
         if window is None:
-            return self.apply(
-                decode(features, encoding=encoding, channels=channels, image_size=image_size), seed
-            )
+            image = decode(features, encoding=encoding, channels=channels, image_size=image_size)
+            return self._apply(image, seed, targets)
         encoded = features["image"]
         # The stored size, known without reading the JPEG header when the
         # dataset has one size.
@@ -146,31 +213,37 @@ class Augmenter:
             encoded, tf.concat([start, end - start], 0), channels=channels
         )
         cropped = slice_window(wide, offset - start, size)
-        return self._after_window(cropped, seed, first=1)
+        if targets is not None:
+            targets = targets.crop(offset, size, shape)
+        return self._after_window(cropped, seed, targets, first=1)
 
-    def _after_window(self, image: tf.Tensor, seed: tf.Tensor | None, first: int) -> tf.Tensor:
+    def _after_window(
+        self, image: tf.Tensor, seed: tf.Tensor | None, targets: ElementTargets | None, first: int
+    ) -> _Element:
         """The ops from index `first` on, given the (uint8) crop window or whole image.
 
         With a leading crop (``first == 1``) its finishing step (e.g. the
         resize) runs after the mirror and pixelwise ops that follow it (see
-        the module docstring).
+        the module docstring); the targets were cropped with the window.
         """
         ops = self.element_ops
         index = first
         if first == 1:
             while index < len(ops) and ops[index].definition.mirror:
-                image = self._run_one(image, seed, index)
+                image, targets = self._run_one(image, seed, targets, index)
                 index += 1
             # The first colour op scales the uint8 window inside its own pass.
             while index < len(ops) and ops[index].definition.pixelwise:
-                image = self._run_one(image, seed, index)
+                image, targets = self._run_one(image, seed, targets, index)
                 index += 1
             window = self._leading_window()
             crop = ops[0]
             image = to_float(image)
             image = self._call(crop, lambda: window.finish(image, **crop.kwargs))
-            return self._run(image, seed, first=index)
-        return self._run(to_float(image), seed, first=index)
+            if targets is not None:
+                targets = _finish_targets(targets, image)
+            return self._run(image, seed, targets, first=index)
+        return self._run(to_float(image), seed, targets, first=index)
 
     def apply_batch(
         self, images: tf.Tensor, labels: tf.Tensor, element_seeds: tf.Tensor
@@ -187,14 +260,75 @@ class Augmenter:
             )
         return images, labels
 
-    def _run(self, image: tf.Tensor, seed: tf.Tensor | None, first: int) -> tf.Tensor:
-        for index in range(first, len(self.element_ops)):
-            image = self._run_one(image, seed, index)
-        return image
+    def apply_batch_with_targets(
+        self, images: tf.Tensor, targets: BatchTargets, element_seeds: tf.Tensor
+    ) -> tuple[tf.Tensor, BatchTargets]:
+        """Batch ops on a float batch and its targets (see `kiln.reader.mixing`)."""
+        ops = self.batch_ops
+        if not ops:
+            return images, targets
+        seed = seeding.batch_seed(element_seeds)
+        for index, augmentation in enumerate(ops):
+            op_seed = tf.random.fold_in(seed, tf.constant(index, tf.int32))
+            with_targets = augmentation.definition.with_targets
+            if with_targets is None:  # refused by `check_targets` before any data
+                raise TargetError(f"{augmentation.name} cannot mix targets")
+            images, targets = with_targets(images, targets, op_seed, **augmentation.kwargs)
+        return images, targets
 
-    def _run_one(self, image: tf.Tensor, seed: tf.Tensor | None, index: int) -> tf.Tensor:
+    def check_targets(self, spec: TargetSpec) -> None:
+        """Refuses, before any data is read, ops that cannot move this dataset's targets.
+
+        Raises:
+          TargetError: naming the op and why.
+        """
+        for augmentation in self.element_ops:
+            definition = augmentation.definition
+            if definition.window is not None:
+                continue  # the reader crops targets with the window
+            refuse_unsupported(
+                augmentation.name,
+                definition.supports if definition.with_targets is not None else None,
+                definition.geometric,
+                spec,
+            )
+            if (
+                not self.training
+                and spec.geometric
+                and definition.geometric
+                and not definition.builtin
+                and definition.inference is not None
+            ):
+                raise TargetError(
+                    f"augmentation op {augmentation.name!r}: its inference form may move "
+                    f"pixels and cannot move this dataset's {list(spec.geometric)}; register "
+                    f"it with geometric=False if it does not, or apply it to the training "
+                    f"split only"
+                )
+        for augmentation in self.batch_ops:
+            supported = augmentation.definition.supports or ()
+            kinds = [k for k in spec.kinds if k != "label" and k not in supported]
+            if kinds:
+                raise TargetError(
+                    f"batch op {augmentation.name!r} cannot mix this dataset's targets "
+                    f"{kinds}: it handles {['label', *supported]} only. Mixing two images' "
+                    f"{kinds[0]} has no single right answer; drop {augmentation.name} from the "
+                    f"augmentation list for this dataset"
+                )
+
+    def _run(
+        self, image: tf.Tensor, seed: tf.Tensor | None, targets: ElementTargets | None, first: int
+    ) -> _Element:
+        for index in range(first, len(self.element_ops)):
+            image, targets = self._run_one(image, seed, targets, index)
+        return image, targets
+
+    def _run_one(
+        self, image: tf.Tensor, seed: tf.Tensor | None, targets: ElementTargets | None, index: int
+    ) -> _Element:
         augmentation = self.element_ops[index]
         definition = augmentation.definition
+        kwargs = augmentation.kwargs
         if self.training:
             if not definition.builtin:
                 # First use: check the user op on an image of the shape it
@@ -202,14 +336,41 @@ class Augmenter:
                 with tf.init_scope():
                     check_op(augmentation, _shape_for_check(image.shape))
             op_seed = self._op_seed(seed, index)
-            return self._call(
-                augmentation, lambda: definition.fn(image, op_seed, **augmentation.kwargs)
+            if targets is None:
+                return self._call(
+                    augmentation, lambda: definition.fn(image, op_seed, **kwargs)
+                ), None
+            if definition.window is not None:
+                return self._window_with_targets(
+                    augmentation, definition.window, image, targets, op_seed
+                )
+            with_targets = definition.with_targets
+            if with_targets is not None:
+                return self._call(
+                    augmentation, lambda: with_targets(image, targets, op_seed, **kwargs)
+                )
+            # Checked by `check_targets`: the op moves no pixels, or the
+            # dataset has no geometric targets.
+            return self._call(augmentation, lambda: definition.fn(image, op_seed, **kwargs)), (
+                targets
+            )
+        if targets is not None and definition.inference_window is not None:
+            return self._window_with_targets(
+                augmentation, definition.inference_window, image, targets, None
             )
         if definition.inference is not None:
-            return self._call(
-                augmentation, lambda: definition.inference(image, **augmentation.kwargs)
-            )
-        return image
+            return self._call(augmentation, lambda: definition.inference(image, **kwargs)), targets
+        return image, targets
+
+    def _window_with_targets(
+        self, augmentation, window, image, targets: ElementTargets, seed
+    ) -> tuple[tf.Tensor, ElementTargets]:
+        """A cropping op anywhere in the list: the window crops image and targets."""
+        shape = tf.shape(image)[:2]
+        offset, size = window.sample(shape, seed, **augmentation.kwargs)
+        cropped = slice_window(image, offset, size)
+        out = self._call(augmentation, lambda: window.finish(cropped, **augmentation.kwargs))
+        return out, _finish_targets(targets.crop(offset, size, shape), out)
 
     @staticmethod
     def _op_seed(seed: tf.Tensor, index: int) -> tf.Tensor:
@@ -228,6 +389,15 @@ class Augmenter:
             tf.errors.OperatorNotAllowedInGraphError,
         ) as e:
             raise trace_error(augmentation.name, e) from e
+
+
+def _finish_targets(targets: ElementTargets, image: tf.Tensor) -> ElementTargets:
+    """Masks brought to the size of the finished (e.g. resized) crop."""
+    if "mask" not in targets.tensors and "instance_masks" not in targets.tensors:
+        return targets
+    static = image.shape[:2]
+    size = static.as_list() if static.is_fully_defined() else tf.shape(image)[:2]
+    return targets.resize_masks(size)
 
 
 def decode(

@@ -24,11 +24,14 @@ from kiln.reader import seeds as seeding
 from kiln.reader.augmenter import Augmenter, decode, standardize
 from kiln.reader.location import info, join, locate
 from kiln.reader.ops import AugmentConfigError, to_float, validate
+from kiln.reader.targets import BatchTargets, ElementTargets, TargetError, TargetSpec
 from kiln.schemas import (
     METADATA_FILENAME,
     RECORD,
     DatasetInfo,
     MetadataError,
+    Schema,
+    schema_for,
 )
 
 logger = logging.getLogger(__name__)
@@ -42,6 +45,11 @@ SHUFFLE_BUFFER_BYTES = 256 << 20
 # Files read at once per input pipeline.
 _CYCLE_LENGTH = 16
 _AUGMENT_ON = ("data", "model")
+
+
+def target_spec(metadata: DatasetInfo) -> TargetSpec:
+    """What the dataset's records carry beside the image (kiln.json ``targets``)."""
+    return TargetSpec.from_json(metadata.targets)
 
 
 def load(
@@ -60,6 +68,7 @@ def load(
     deterministic: bool = True,
     augment_on: str = "data",
     shuffle_buffer: int | None = None,
+    max_objects: int | None = None,
 ):
     """A `tf.data.Dataset` of a split of the kiln dataset at `path`.
 
@@ -95,10 +104,17 @@ def load(
         disjoint share, whole files when there are at least as many files as
         pipelines, else every n-th record. Give each pipeline its per-replica
         batch size.
-      as_supervised: Yield ``(image, label)``; else a dict of all record
-        features (``image`` replaced by the decoded, augmented image;
-        ``height``/``width`` stay the stored size; plus ``augment_seed`` with
-        ``augment_on="model"``).
+      as_supervised: Yield ``(image, label)``; for a dataset with targets
+        (boxes, masks, keypoints, multi-label, extras) ``(image, targets)``
+        with `targets` a dict: ``label``, ``labels``, ``boxes``, ``classes``,
+        per-object fields, ``keypoints``, ``keypoint_visibility``, ``mask``,
+        ``instance_masks`` and extras, as the dataset declares them, moved by
+        every augmentation (see `kiln.reader.targets`). Per-object values are
+        ragged ``[batch, (objects), ...]`` when batched, unless
+        `max_objects` is given. Else a dict of all record features
+        (``image`` replaced by the decoded, augmented image, targets by the
+        augmented targets; ``height``/``width`` stay the stored size; plus
+        ``augment_seed`` with ``augment_on="model"``).
       deterministic: Keep the element order fixed (the seeded streams depend
         on it). False lets parallel reads and maps deliver out of order:
         faster when some files or images are slow, but not reproducible.
@@ -113,6 +129,12 @@ def load(
         records as fit in 256 MB (by the shards' average record size), at
         least 1000 and at most 10000, and at most this pipeline's share
         (which is then shuffled completely).
+      max_objects: For datasets with boxes: pad (or cut) every element's
+        objects to this many, so every tensor has a static shape (TPU, with
+        ``drop_remainder=True``), and add ``num_objects`` (int32, the count
+        before padding, at most `max_objects`). Padded ``classes`` are -1,
+        everything else padded is 0. Objects beyond it are cut, the first
+        ones kept: choose it from kiln.json's object statistics.
 
     Returns:
       The dataset; with ``augment_on="model"`` a ``(dataset, layer)`` tuple.
@@ -132,6 +154,12 @@ def load(
     split_info = metadata.split(split)
     _check_arguments(batch_size, repeat, augment_on, shuffle_buffer, drop_remainder)
     augmenter = _augmenter(metadata, split, augment, dataset_dir)
+    spec = target_spec(metadata)
+    with_targets = not spec.classification_only
+    schema = schema_for(metadata.targets_config) if with_targets else RECORD
+    if with_targets:
+        augmenter.check_targets(spec)
+    _check_max_objects(max_objects, spec)
     if augmenter.batch_ops and augment_on == "model":
         raise ValueError(
             f"augment_on='model': {[a.name for a in augmenter.batch_ops]} mix labels, which a "
@@ -172,6 +200,8 @@ def load(
         image_size=metadata.image_size,
         keep_seeds=model_side or bool(augmenter.batch_ops),
         as_float=not model_side,
+        schema=schema,
+        targets=spec,
     )
     # The map functions are not AutoGraph-converted: they are TF ops already,
     # and an AugmentOpError from a user op then reaches the caller as itself,
@@ -198,7 +228,10 @@ def load(
                 f"(or a resize/crop to the build's transforms), or pass batch_size=None for "
                 f"unbatched elements."
             )
-        if batch_size is not None:
+        if batch_size is not None and with_targets:
+            # Objects per image vary: per-object columns batch as ragged tensors.
+            dataset = dataset.ragged_batch(batch_size, drop_remainder=drop_remainder)
+        elif batch_size is not None:
             dataset = dataset.batch(
                 batch_size,
                 drop_remainder=drop_remainder,
@@ -209,7 +242,33 @@ def load(
     mean_std = _statistics(metadata, split, dataset_dir) if normalize else None
     num_classes = metadata.num_classes
 
+    def finish_with_targets(batch):
+        image = batch["image"]
+        batch = dict(batch)
+        if augmenter.batch_ops:
+            tensors = {name: batch[name] for name in spec.names}
+            if "label" in tensors:
+                tensors["label"] = tf.one_hot(tensors["label"], num_classes, dtype=tf.float32)
+            image, mixed = augmenter.apply_batch_with_targets(
+                image, BatchTargets(tensors, spec), batch.pop("augment_seed")
+            )
+            batch.update(mixed.tensors)
+        if max_objects is not None:
+            batch = pad_objects(batch, spec, max_objects, batched=batch_size is not None)
+        if mean_std is not None and not model_side:
+            image = standardize(image, *mean_std)
+        batch["image"] = image
+        if as_supervised:
+            names = [*spec.names, *(["num_objects"] if "num_objects" in batch else [])]
+            targets = {name: batch[name] for name in names}
+            if model_side:
+                return {"image": image, "augment_seed": batch["augment_seed"]}, targets
+            return image, targets
+        return batch
+
     def finish(batch):
+        if with_targets:
+            return finish_with_targets(batch)
         image = batch["image"]
         if augmenter.batch_ops:
             labels = tf.one_hot(batch["label"], num_classes, dtype=tf.float32)
@@ -243,6 +302,7 @@ def load(
             random=augmenter.training,
             mean=None if mean_std is None else mean_std[0],
             std=None if mean_std is None else mean_std[1],
+            targets=metadata.targets if with_targets else None,
         )
         return dataset, layer
     return dataset
@@ -264,6 +324,17 @@ def _check_arguments(batch_size, repeat, augment_on, shuffle_buffer, drop_remain
         raise ValueError(f"shuffle_buffer must be a positive int, got {shuffle_buffer!r}")
     if drop_remainder and batch_size is None:
         raise ValueError("drop_remainder=True needs a batch_size")
+
+
+def _check_max_objects(max_objects: int | None, spec: TargetSpec) -> None:
+    if max_objects is None:
+        return
+    if isinstance(max_objects, bool) or not isinstance(max_objects, int) or max_objects < 1:
+        raise ValueError(f"max_objects must be a positive int or None, got {max_objects!r}")
+    if "boxes" not in spec.kinds:
+        raise TargetError(
+            f"max_objects={max_objects}: this dataset has no objects (targets {list(spec.kinds)})"
+        )
 
 
 def _augmenter(metadata: DatasetInfo, split: str, augment, dataset_dir: str) -> Augmenter:
@@ -329,6 +400,8 @@ class _Decoding:
         image_size: Sequence[int] | None,
         keep_seeds: bool,
         as_float: bool,
+        schema: Schema = RECORD,
+        targets: TargetSpec | None = None,
     ):
         self.augmenter = augmenter
         self.encoding = encoding
@@ -336,6 +409,8 @@ class _Decoding:
         self.image_size = image_size
         self.keep_seeds = keep_seeds
         self.as_float = as_float
+        self.schema = schema
+        self.targets = targets or TargetSpec()
 
     @property
     def vectorizable(self) -> bool:
@@ -343,10 +418,13 @@ class _Decoding:
             self.encoding == "raw"
             and self.image_size is not None
             and not self.augmenter.has_element_work
+            and self.targets.classification_only
         )
 
     def element(self, numbered, word):
         position, serialized = numbered
+        if not self.targets.classification_only:
+            return self._element_with_targets(position, serialized, word)
         features = RECORD.parse(serialized)
         seed = seeding.element_seed(word, position)
         if self.as_float:
@@ -362,6 +440,28 @@ class _Decoding:
                 features, encoding=self.encoding, channels=self.channels, image_size=self.image_size
             )
         out = dict(features, image=image)
+        if self.keep_seeds:
+            out["augment_seed"] = seed
+        return out
+
+    def _element_with_targets(self, position, serialized, word):
+        features = self.schema.parse(serialized)
+        seed = seeding.element_seed(word, position)
+        targets = stored_targets(features, self.targets, self.image_size)
+        if self.as_float:
+            image, targets = self.augmenter.decode_and_apply_with_targets(
+                features,
+                targets,
+                seed,
+                encoding=self.encoding,
+                channels=self.channels,
+                image_size=self.image_size,
+            )
+        else:
+            image = decode(
+                features, encoding=self.encoding, channels=self.channels, image_size=self.image_size
+            )
+        out = dict(features, image=image, **_shaped_like(targets, image).tensors)
         if self.keep_seeds:
             out["augment_seed"] = seed
         return out
@@ -393,6 +493,84 @@ class _Decoding:
         if self.keep_seeds:
             out["augment_seed"] = seeding.element_seed(words, positions)
         return out
+
+
+def stored_targets(
+    features: dict, spec: TargetSpec, image_size: Sequence[int] | None
+) -> ElementTargets:
+    """One parsed record's targets as the augmenter takes them: masks decoded
+    to uint8 ``[H, W, 1]`` (instance masks ``[N, H, W, 1]``)."""
+    tensors = {name: features[name] for name in spec.names if name in features}
+    height, width = features["height"], features["width"]
+    if "mask" in tensors:
+        mask = tf.io.decode_png(tensors["mask"], channels=1, dtype=tf.uint8)
+        if image_size is not None:
+            mask = tf.ensure_shape(mask, [image_size[0], image_size[1], 1])
+        tensors["mask"] = mask
+    if "instance_masks" in tensors:
+        masks = tf.map_fn(
+            lambda encoded: tf.io.decode_png(encoded, channels=1, dtype=tf.uint8),
+            tensors["instance_masks"],
+            fn_output_signature=tf.TensorSpec([None, None, 1], tf.uint8),
+        )
+        # N may be 0: the size comes from the record, not from a mask.
+        masks = tf.reshape(masks, tf.stack([-1, height, width, 1]))
+        if image_size is not None:
+            masks = tf.ensure_shape(masks, [None, image_size[0], image_size[1], 1])
+        tensors["instance_masks"] = masks
+    return ElementTargets(tensors, spec)
+
+
+def _shaped_like(targets: ElementTargets, image: tf.Tensor) -> ElementTargets:
+    """Masks with the image's static height and width (so batches of them are dense)."""
+    static = image.shape[:2]
+    out = {}
+    if "mask" in targets.tensors:
+        out["mask"] = tf.ensure_shape(targets.tensors["mask"], static.concatenate([1]))
+    if "instance_masks" in targets.tensors:
+        out["instance_masks"] = tf.ensure_shape(
+            targets.tensors["instance_masks"],
+            tf.TensorShape([None]).concatenate(static).concatenate([1]),
+        )
+    return targets.replace(**out) if out else targets
+
+
+def pad_objects(targets: dict, spec: TargetSpec, max_objects: int, batched: bool) -> dict:
+    """Per-object columns padded (or cut) to `max_objects`, plus ``num_objects``.
+
+    Batched columns are ragged ``[B, (N), ...]`` and become dense ``[B, M,
+    ...]``; unbatched ones are dense ``[N, ...]`` and become ``[M, ...]``.
+    Padding is 0, except ``classes`` (-1, so a padded object cannot pass for
+    class 0). Objects beyond `max_objects` are cut (the first ones are kept).
+    """
+    out = dict(targets)
+    columns = [name for name in spec.object_columns if name in targets]
+    if not columns:
+        return out
+    first = targets[columns[0]]
+    if batched:
+        count = tf.cast(first.row_lengths(), tf.int32)
+    else:
+        count = tf.shape(first)[0]
+    out["num_objects"] = tf.minimum(count, max_objects)
+    for name in columns:
+        value = targets[name]
+        pad = -1 if name == "classes" else 0
+        if batched:
+            trailing = value.shape[2:].as_list()
+            out[name] = value.to_tensor(
+                default_value=tf.constant(pad, value.dtype), shape=[None, max_objects, *trailing]
+            )
+        else:
+            kept = value[:max_objects]
+            trailing = value.shape[1:].as_list()
+            amount = max_objects - tf.shape(kept)[0]
+            paddings = [[0, amount]] + [[0, 0]] * len(trailing)
+            out[name] = tf.ensure_shape(
+                tf.pad(kept, paddings, constant_values=tf.constant(pad, value.dtype)),
+                [max_objects, *trailing],
+            )
+    return out
 
 
 class _Share:

@@ -8,13 +8,14 @@ so the results are identical. TensorFlow backend only (it calls TF ops).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from kiln.reader.augmenter import Augmenter, standardize
 from kiln.reader.ops import validate
+from kiln.reader.targets import ElementTargets, TargetSpec
 
 # As in the tf.data path: the same unconverted code, so both trace alike.
 _unconverted = tf.autograph.experimental.do_not_convert
@@ -30,11 +31,18 @@ class AugmentationLayer(tf.keras.layers.Layer):
     out: pass just the image batch. The output is float32 in [0, 1], or
     standardized when `mean`/`std` are given.
 
+    With targets (``{"image", "augment_seed", "targets": {...}}``, the
+    targets dict that ``load(..., augment_on="model")`` yields beside the
+    batch), it returns ``(images, targets)``: boxes, masks and keypoints
+    moved with their images exactly as in the tf.data path.
+
     Args:
       augment: Augmentation list in YAML form (element ops only).
       random: False applies only the inference form, even in training.
       mean: Per-channel mean on the 0..255 scale, to standardize the output.
       std: Per-channel standard deviation on the 0..255 scale.
+      targets: The dataset's resolved targets (kiln.json ``targets``, which
+        `load` passes), needed to move targets.
     """
 
     def __init__(
@@ -44,6 +52,7 @@ class AugmentationLayer(tf.keras.layers.Layer):
         random: bool = True,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
+        targets: Mapping[str, Any] | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -61,10 +70,17 @@ class AugmentationLayer(tf.keras.layers.Layer):
         self.std = None if std is None else [float(s) for s in std]
         self._random = Augmenter(augmentations, training=True)
         self._inference = Augmenter(augmentations, training=False)
+        self.targets = None if targets is None else dict(targets)
+        self._spec = TargetSpec.from_json(self.targets)
+        if not self._spec.classification_only:
+            self._random.check_targets(self._spec)
+            self._inference.check_targets(self._spec)
 
     def call(self, inputs, training=None):
         if isinstance(inputs, dict):
             images, seeds = inputs["image"], inputs.get("augment_seed")
+            if inputs.get("targets") is not None:
+                return self._call_with_targets(images, seeds, inputs["targets"], training)
         else:
             images, seeds = inputs, None
         if training and self.random:
@@ -89,7 +105,58 @@ class AugmentationLayer(tf.keras.layers.Layer):
             out = standardize(out, self.mean, self.std)
         return out
 
+    def _call_with_targets(self, images, seeds, targets: Mapping[str, Any], training):
+        """``(images, targets)``: each element's targets moved with its image, as
+        in the tf.data path (ragged per-object columns in, ragged out)."""
+        spec = self._spec
+        names = [name for name in spec.names if name in targets]
+        randomly = bool(training and self.random)
+        if randomly and seeds is None:
+            raise ValueError(
+                "AugmentationLayer(training=True) needs the batch's "
+                "'augment_seed' (load(..., augment_on='model') yields it)"
+            )
+        augmenter = self._random if randomly else self._inference
+        if seeds is None:
+            seeds = tf.zeros([tf.shape(images)[0], 2], tf.int32)
+        seeds = tf.cast(seeds, tf.int32)
+        columns = set(spec.object_columns)
+
+        def one(element):
+            image, seed, tensors = element
+            moved_image, moved = augmenter.apply_with_targets(
+                image, ElementTargets(dict(tensors), spec), seed if randomly else None
+            )
+            return moved_image, {name: moved.tensors[name] for name in names}
+
+        def signature(name):
+            value = targets[name]
+            if name in columns:
+                # Per element [N, ...]; masks change size with crops, so no static dims.
+                return tf.RaggedTensorSpec(
+                    [None] * (value.shape.rank - 1), value.dtype, ragged_rank=0
+                )
+            return tf.TensorSpec(None, value.dtype)
+
+        out, moved = tf.map_fn(
+            _unconverted(one),
+            (images, seeds, {name: targets[name] for name in names}),
+            fn_output_signature=(
+                tf.TensorSpec(None, tf.float32),
+                {name: signature(name) for name in names},
+            ),
+        )
+        if self.mean is not None and self.std is not None:  # both or neither
+            out = standardize(out, self.mean, self.std)
+        return out, dict(targets, **moved)
+
     def get_config(self) -> dict:
         config = super().get_config()
-        config.update(augment=self.augment, random=self.random, mean=self.mean, std=self.std)
+        config.update(
+            augment=self.augment,
+            random=self.random,
+            mean=self.mean,
+            std=self.std,
+            targets=self.targets,
+        )
         return config

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from kiln.lazy_import import LazyModule
 from kiln.reader.ops import builtin_op
+from kiln.reader.targets import BatchTargets, zero_unlabelled
 from kiln.registry import Probability
 
 if TYPE_CHECKING:
@@ -39,7 +40,15 @@ def _applies(seed: tf.Tensor, probability: float) -> tf.Tensor:
     return tf.random.stateless_uniform([], seed=seed) < probability
 
 
-@builtin_op("mixup", kind="batch")
+def _mixup_targets(images, targets: BatchTargets, seed, *, alpha, probability):
+    """mixup of a batch whose only target is its one-hot label."""
+    images, labels = mixup(
+        images, targets.tensors["label"], seed, alpha=alpha, probability=probability
+    )
+    return images, targets.replace(label=labels)
+
+
+@builtin_op("mixup", kind="batch", with_targets=_mixup_targets, supports=())
 def mixup(
     images,
     labels,
@@ -50,7 +59,9 @@ def mixup(
 ):
     """Blends each image with a partner: ``lam * x + (1 - lam) * x[partner]``,
     labels alike, one ``lam ~ Beta(alpha, alpha)`` per batch (Zhang et al. 2018).
-    With `probability` per batch; otherwise the batch is unchanged."""
+    With `probability` per batch; otherwise the batch is unchanged. Refused
+    for boxes, masks and keypoints: a blend of two images' objects has no
+    single right target."""
     seeds = tf.random.split(seed, 3)
     lam = tf.where(_applies(seeds[2], probability), _beta(seeds[0], alpha), 1.0)
     partners = _partners(seeds[1], tf.shape(images)[0])
@@ -59,22 +70,10 @@ def mixup(
     return images, labels
 
 
-@builtin_op("cutmix", kind="batch")
-def cutmix(
-    images,
-    labels,
-    seed,
-    *,
-    alpha: Annotated[float, Field(ge=1e-6)] = 1.0,
-    probability: Probability = 1.0,
-):
-    """Pastes a rectangle of each image's partner into it (Yun et al. 2019).
-
-    The rectangle has area ``1 - lam`` of the image (``lam ~ Beta(alpha,
-    alpha)``, one per batch), a uniform centre, and is clipped to the image;
-    labels are mixed by the area actually pasted. With `probability` per
-    batch; otherwise the batch is unchanged.
-    """
+def _cutmix_region(images, seed, *, alpha, probability):
+    """cutmix's draws: the pasted region (bool ``[H, W]``), the partners, the
+    pasted fraction, and the region as a normalized box (empty when the
+    batch is left alone)."""
     seeds = tf.random.split(seed, 5)
     shape = tf.shape(images)
     height, width = tf.cast(shape[1], tf.float32), tf.cast(shape[2], tf.float32)
@@ -89,9 +88,150 @@ def cutmix(
     rows = tf.range(height)[:, None]
     cols = tf.range(width)[None, :]
     inside = (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right)
-    inside &= _applies(seeds[4], probability)
+    applies = _applies(seeds[4], probability)
+    inside &= applies
     partners = _partners(seeds[3], shape[0])
-    images = tf.where(inside[None, :, :, None], tf.gather(images, partners), images)
     pasted = tf.reduce_sum(tf.cast(inside, tf.float32)) / (height * width)
+    region = tf.stack([top / height, left / width, bottom / height, right / width])
+    region = tf.where(applies, region, tf.zeros([4]))
+    return inside, partners, pasted, region
+
+
+def _cutmix_targets(images, targets: BatchTargets, seed, *, alpha, probability):
+    """cutmix on images and their targets, with cutmix's own draws.
+
+    The class mask is pasted like the pixels. Boxes: the element's own
+    objects stay unless the pasted rectangle hides more than ``1 -
+    min_visibility`` of their box (or all of it); the partner's objects are
+    clipped to the rectangle and kept when at least ``min_visibility`` of
+    their box shows. Per-object columns follow their boxes; instance masks
+    keep only the pixels that show (own: outside the rectangle, partner's:
+    inside), and keypoints that do not show get visibility 0.
+    """
+    inside, partners, pasted, region = _cutmix_region(
+        images, seed, alpha=alpha, probability=probability
+    )
+    images = tf.where(inside[None, :, :, None], tf.gather(images, partners), images)
+    tensors = dict(targets.tensors)
+    if "label" in tensors:
+        labels = tensors["label"]
+        tensors["label"] = (1.0 - pasted) * labels + pasted * tf.gather(labels, partners)
+    if "mask" in tensors:
+        mask = tensors["mask"]
+        tensors["mask"] = tf.where(inside[None, :, :, None], tf.gather(mask, partners), mask)
+    if "boxes" in tensors:
+        tensors.update(_paste_objects(tensors, partners, region, inside, targets.spec))
+    return images, targets.replace(**tensors)
+
+
+def _hide_keypoints(points, visibility, inside, height_width, pasted: bool):
+    pixel = tf.cast(tf.floor(points * tf.cast(height_width, tf.float32)), tf.int32)
+    pixel = tf.clip_by_value(pixel, 0, height_width - 1)
+    under = tf.gather_nd(inside, pixel)
+    hidden = tf.logical_not(under) if pasted else under
+    return tf.where(hidden, tf.zeros_like(visibility), visibility)
+
+
+def _zero_hidden(points, visibility):
+    return zero_unlabelled(points, visibility)[0]
+
+
+def _paste_objects(tensors, partners, region, inside, spec) -> dict:
+    columns = [name for name in spec.object_columns if name in tensors]
+    boxes = tensors["boxes"]  # RaggedTensor [batch, (objects), 4]
+    min_visibility = spec.min_visibility
+
+    def own_kept(flat):
+        area = _area(flat)
+        hidden = tf.math.divide_no_nan(_intersection(flat, region[None]), area)
+        return (hidden < 1.0) & (1.0 - hidden >= min_visibility)
+
+    def partner_kept(flat):
+        area = _area(flat)
+        clipped = _clip_to(flat, region)
+        shown = tf.math.divide_no_nan(_area(clipped), area)
+        return (_area(clipped) > 0.0) & (shown >= min_visibility)
+
+    keep_own = tf.ragged.map_flat_values(own_kept, boxes)
+    own = {name: tensors[name] for name in columns}
+    partner = {name: tf.gather(tensors[name], partners) for name in columns}
+    keep_partner = tf.ragged.map_flat_values(partner_kept, partner["boxes"])
+    partner["boxes"] = tf.ragged.map_flat_values(lambda b: _clip_to(b, region), partner["boxes"])
+    height_width = tf.shape(inside)
+    if "keypoints" in columns:
+        # Own keypoints under the pasted rectangle and the partner's outside it are hidden.
+        for group, pasted in ((own, False), (partner, True)):
+            group["keypoint_visibility"] = tf.ragged.map_flat_values(
+                lambda points, visibility, pasted=pasted: _hide_keypoints(
+                    points, visibility, inside, height_width, pasted
+                ),
+                group["keypoints"],
+                group["keypoint_visibility"],
+            )
+        for group in (own, partner):
+            group["keypoints"] = tf.ragged.map_flat_values(
+                _zero_hidden, group["keypoints"], group["keypoint_visibility"]
+            )
+    if "instance_masks" in columns:
+        own["instance_masks"] = tf.ragged.map_flat_values(
+            lambda masks: tf.where(inside[None, :, :, None], tf.zeros_like(masks), masks),
+            own["instance_masks"],
+        )
+        partner["instance_masks"] = tf.ragged.map_flat_values(
+            lambda masks: tf.where(inside[None, :, :, None], masks, tf.zeros_like(masks)),
+            partner["instance_masks"],
+        )
+    return {
+        name: tf.concat(
+            [
+                tf.ragged.boolean_mask(own[name], keep_own),
+                tf.ragged.boolean_mask(partner[name], keep_partner),
+            ],
+            axis=1,
+        )
+        for name in columns
+    }
+
+
+def _area(boxes):
+    return tf.maximum(boxes[:, 2] - boxes[:, 0], 0.0) * tf.maximum(boxes[:, 3] - boxes[:, 1], 0.0)
+
+
+def _clip_to(boxes, region):
+    return tf.concat(
+        [tf.maximum(boxes[:, :2], region[None, :2]), tf.minimum(boxes[:, 2:], region[None, 2:])],
+        axis=1,
+    )
+
+
+def _intersection(boxes, other):
+    return _area(_clip_to(boxes, other[0]))
+
+
+@builtin_op(
+    "cutmix",
+    kind="batch",
+    with_targets=_cutmix_targets,
+    supports=("boxes", "mask", "instance_masks", "keypoints"),
+)
+def cutmix(
+    images,
+    labels,
+    seed,
+    *,
+    alpha: Annotated[float, Field(ge=1e-6)] = 1.0,
+    probability: Probability = 1.0,
+):
+    """Pastes a rectangle of each image's partner into it (Yun et al. 2019).
+
+    The rectangle has area ``1 - lam`` of the image (``lam ~ Beta(alpha,
+    alpha)``, one per batch), a uniform centre, and is clipped to the image;
+    labels are mixed by the area actually pasted. With `probability` per
+    batch; otherwise the batch is unchanged. On detection and segmentation
+    datasets the class mask is pasted with the pixels, and objects follow
+    (see `_cutmix_targets`); multi-label ``labels`` are refused.
+    """
+    inside, partners, pasted, _ = _cutmix_region(images, seed, alpha=alpha, probability=probability)
+    images = tf.where(inside[None, :, :, None], tf.gather(images, partners), images)
     labels = (1.0 - pasted) * labels + pasted * tf.gather(labels, partners)
     return images, labels

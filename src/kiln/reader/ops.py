@@ -40,6 +40,14 @@ image (`Window.crop`). Colour ops are one affine map per pixel
 colour ops (`OpDefinition.pixelwise`) the uint8 crop window too, so they
 accept uint8 images as well; colour ops return float32 in [0, 1]. The batch
 ops (mixup, cutmix) are in `kiln.reader.mixing`.
+
+Targets: an op that may move pixels (``geometric``, the default for user
+ops) must move a dataset's boxes, masks and keypoints too, through a
+``with_targets(image, targets, seed, **params) -> (image, targets)`` form
+that draws the same values from the same seed (kiln's flips, rotation,
+zoom and erasing have one; crops move targets through their `Window`).
+`supports` says which target kinds it moves; the reader refuses an op that
+cannot move a dataset's targets before reading any data.
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ import numpy as np
 from pydantic import Field
 
 from kiln.lazy_import import LazyModule
+from kiln.reader.targets import GEOMETRIC_KINDS, ElementTargets
+from kiln.reader.targets import cond as targets_cond
 from kiln.registry import (
     Choice,
     HeightWidth,
@@ -138,6 +148,19 @@ class OpDefinition(Registered):
         image-wide statistic (brightness, contrast, saturation, hue): the
         reader may apply it to the crop window before resizing it, where
         there are fewer pixels (kiln's own colour ops).
+      geometric: The op may move pixels, so boxes, masks and keypoints must
+        move with them. False: it only changes pixel values (colour ops), and
+        targets pass through it untouched.
+      with_targets: ``with_targets(image, targets, seed, **params) ->
+        (image, targets)``: the op on an image and its
+        `kiln.reader.targets.ElementTargets`, drawing the same random
+        parameters from `seed` as `fn` (so the image equals ``fn``'s).
+        Cropping ops with a `window` need none: the reader crops the targets
+        with the window. A batch op's form is ``with_targets(images,
+        targets, seed, **params)`` on `kiln.reader.targets.BatchTargets`.
+      supports: The target kinds `with_targets` moves (``boxes``, ``mask``,
+        ``instance_masks``, ``keypoints``); a dataset with a geometric kind
+        outside it is refused.
     """
 
     kind: str = "element"
@@ -147,6 +170,10 @@ class OpDefinition(Registered):
     builtin: bool = False
     mirror: bool = False
     pixelwise: bool = False
+    geometric: bool = True
+    # Element ops move ElementTargets; batch ops, BatchTargets.
+    with_targets: Callable[..., tuple[tf.Tensor, Any]] | None = None
+    supports: tuple[str, ...] | None = None
 
 
 AUGMENTATIONS: Registry[OpDefinition] = Registry(
@@ -162,6 +189,9 @@ def register_augmentation(
     *,
     inference: Callable[..., tf.Tensor] | None = None,
     check: Callable[..., None] | None = None,
+    geometric: bool = True,
+    with_targets: Callable[..., tuple[tf.Tensor, ElementTargets]] | None = None,
+    supports: Iterable[str] | None = None,
 ) -> Callable[[ElementFn], ElementFn]:
     """Decorator: registers ``fn(image, seed, *, param=default, ...)`` as an element op.
 
@@ -172,20 +202,53 @@ def register_augmentation(
         the output size the op produces, if it changes it).
       check: Optional ``check(**params)`` for constraints between parameters;
         raise ValueError with the reason (reported with the list entry).
+      geometric: Whether the op may move pixels (the default, the safe
+        assumption). A geometric op without `with_targets` is refused for
+        datasets with boxes, masks or keypoints: they would no longer match
+        the image. Say False for an op that only changes pixel values.
+      with_targets: ``with_targets(image, targets, seed, *, params) ->
+        (image, targets)``: the op moving the image and its
+        `kiln.reader.targets.ElementTargets` with the same random draw
+        (``targets.crop``, ``flip_left_right``, ``warp``... do the moves).
+      supports: The target kinds `with_targets` handles, e.g.
+        ``["boxes", "keypoints"]``; required with `with_targets`.
 
     Raises:
-      ValueError: if the name is taken by another function or the signature is
-        not ``fn(image, seed, *, keyword_only_params)``.
+      ValueError: if the name is taken by another function, the signature is
+        not ``fn(image, seed, *, keyword_only_params)``, or `with_targets` is
+        given without `supports` (or names an unknown kind).
     """
+    if with_targets is not None and supports is None:
+        raise ValueError(
+            "register_augmentation: with_targets needs supports=[...], the target kinds it "
+            f"moves (of {list(GEOMETRIC_KINDS)})"
+        )
+    kinds = None if supports is None else tuple(supports)
+    unknown = sorted(set(kinds or ()) - set(GEOMETRIC_KINDS))
+    if unknown:
+        raise ValueError(
+            f"register_augmentation: supports names unknown target kind(s) {unknown}; "
+            f"expected some of {list(GEOMETRIC_KINDS)}"
+        )
     return AUGMENTATIONS.register(
-        name, leading=_LEADING["element"], inference=inference, check=check
+        name,
+        leading=_LEADING["element"],
+        inference=inference,
+        check=check,
+        geometric=geometric,
+        with_targets=with_targets,
+        supports=kinds,
     )
 
 
 def builtin_op(name: str, *, kind: str = "element", **details: Any) -> Callable:
     """Decorator for kiln's own ops: trusted (no first-use check), and free to
     declare what the reader may do with them (`OpDefinition`'s window,
-    inference_window, mirror, pixelwise)."""
+    inference_window, mirror, pixelwise, with_targets). Colour ops
+    (pixelwise) are not geometric; element ops move every target kind."""
+    details.setdefault("geometric", not details.get("pixelwise", False))
+    if kind == "element":
+        details.setdefault("supports", GEOMETRIC_KINDS)
     return AUGMENTATIONS.register(name, leading=_LEADING[kind], kind=kind, builtin=True, **details)
 
 
@@ -265,6 +328,19 @@ def _with_probability(
     if probability >= 1.0:
         return apply()
     return tf.cond(_uniform(seed) < probability, apply, otherwise or (lambda: image))
+
+
+def _targets_with_probability(
+    probability: float,
+    seed: tf.Tensor,
+    apply: Callable[[], tuple[tf.Tensor, ElementTargets]],
+    image: tf.Tensor,
+    targets: ElementTargets,
+) -> tuple[tf.Tensor, ElementTargets]:
+    """`_with_probability` for an image and its targets: the same draw decides both."""
+    if probability >= 1.0:
+        return apply()
+    return targets_cond(_uniform(seed) < probability, apply, lambda: (image, targets), targets)
 
 
 def _require_rgb(name: str, image: tf.Tensor) -> None:
@@ -426,15 +502,31 @@ def random_resized_crop(
 # --- flips ----------------------------------------------------------------------------
 
 
-@builtin_op("random_flip_left_right", mirror=True)
+def _flip_left_right_targets(image, targets, seed, *, probability):
+    def apply():
+        return tf.reverse(image, axis=[1]), targets.flip_left_right()
+
+    return _targets_with_probability(probability, seed, apply, image, targets)
+
+
+def _flip_up_down_targets(image, targets, seed, *, probability):
+    def apply():
+        return tf.reverse(image, axis=[0]), targets.flip_up_down()
+
+    return _targets_with_probability(probability, seed, apply, image, targets)
+
+
+@builtin_op("random_flip_left_right", mirror=True, with_targets=_flip_left_right_targets)
 def random_flip_left_right(image, seed, *, probability: Probability = 0.5):
-    """Mirrors the image horizontally with `probability`."""
+    """Mirrors the image horizontally with `probability`. Keypoints of each
+    `flip_pairs` pair swap (left eye becomes right eye)."""
     return _with_probability(probability, seed, lambda: tf.reverse(image, axis=[1]), image)
 
 
-@builtin_op("random_flip_up_down", mirror=True)
+@builtin_op("random_flip_up_down", mirror=True, with_targets=_flip_up_down_targets)
 def random_flip_up_down(image, seed, *, probability: Probability = 0.5):
-    """Mirrors the image vertically with `probability`."""
+    """Mirrors the image vertically with `probability`. Keypoints of each
+    `flip_pairs` pair swap too: any mirror image swaps the subject's left and right."""
     return _with_probability(probability, seed, lambda: tf.reverse(image, axis=[0]), image)
 
 
@@ -647,11 +739,9 @@ def random_grayscale(image, seed, *, probability: Probability = 0.1):
 # --- geometry -------------------------------------------------------------------------
 
 
-def rotate(
-    image: tf.Tensor, angle: tf.Tensor, *, fill_mode: str, fill_value: float, interpolation: str
-) -> tf.Tensor:
-    """Rotates `image` by `angle` radians (counter-clockwise) about its centre."""
-    shape = tf.shape(image)
+def rotation_transform(shape: tf.Tensor, angle: tf.Tensor) -> tf.Tensor:
+    """The float32 ``[8]`` `ImageProjectiveTransformV3` transform rotating an
+    image of int32 ``shape`` (height, width, ...) by `angle` radians about its centre."""
     cos, sin = tf.cos(angle), tf.sin(angle)
     # The transform maps output pixel (x, y) to input R (x, y) + offset, and
     # keeps the centre c in place: offset = c - R c. A matvec, not a chain
@@ -660,19 +750,49 @@ def rotate(
     center = (tf.cast(tf.reverse(shape[:2], [0]), tf.float32) - 1.0) * 0.5
     rotation = tf.stack([tf.stack([cos, -sin]), tf.stack([sin, cos])])
     offset = center - tf.linalg.matvec(rotation, center)
-    transform = tf.stack([cos, -sin, offset[0], sin, cos, offset[1], 0.0, 0.0])[None]
-    rotated = tf.raw_ops.ImageProjectiveTransformV3(
+    return tf.stack([cos, -sin, offset[0], sin, cos, offset[1], 0.0, 0.0])
+
+
+def project(
+    image: tf.Tensor, transform: tf.Tensor, *, fill_mode: str, fill_value: float, interpolation: str
+) -> tf.Tensor:
+    """`image` through an ``[8]`` transform that maps output pixels to input points."""
+    projected = tf.raw_ops.ImageProjectiveTransformV3(
         images=image[None],
-        transforms=transform,
-        output_shape=shape[:2],
+        transforms=transform[None],
+        output_shape=tf.shape(image)[:2],
         fill_value=tf.constant(fill_value, tf.float32),
         interpolation=interpolation.upper(),
         fill_mode=fill_mode.upper(),
     )[0]
-    return tf.ensure_shape(rotated, image.shape)
+    return tf.ensure_shape(projected, image.shape)
 
 
-@builtin_op("random_rotation")
+def rotate(
+    image: tf.Tensor, angle: tf.Tensor, *, fill_mode: str, fill_value: float, interpolation: str
+) -> tf.Tensor:
+    """Rotates `image` by `angle` radians (counter-clockwise) about its centre."""
+    transform = rotation_transform(tf.shape(image), angle)
+    return project(
+        image, transform, fill_mode=fill_mode, fill_value=fill_value, interpolation=interpolation
+    )
+
+
+def _warp_targets(image, targets, transform, *, fill_mode, fill_value, interpolation):
+    shape = tf.shape(image)
+    warped = project(
+        image, transform, fill_mode=fill_mode, fill_value=fill_value, interpolation=interpolation
+    )
+    return warped, targets.warp(transform, shape[:2], fill_mode=fill_mode)
+
+
+def _rotation_targets(image, targets, seed, *, angle_range, **params):
+    low, high = (a * math.pi / 180.0 for a in angle_range)
+    transform = rotation_transform(tf.shape(image), _uniform(seed, low, high))
+    return _warp_targets(image, targets, transform, **params)
+
+
+@builtin_op("random_rotation", with_targets=_rotation_targets)
 def random_rotation(
     image,
     seed,
@@ -683,7 +803,9 @@ def random_rotation(
     interpolation: Annotated[str, Choice(("bilinear", "nearest"))] = "bilinear",
 ):
     """Rotates by an angle (degrees, counter-clockwise) from `angle_range`,
-    keeping the size; uncovered pixels follow `fill_mode`."""
+    keeping the size; uncovered pixels follow `fill_mode`. Boxes become the
+    enclosing box of their rotated corners, or, when the dataset has instance
+    masks, the tight box of the rotated mask."""
     low, high = (a * math.pi / 180.0 for a in angle_range)
     return rotate(
         image,
@@ -694,22 +816,9 @@ def random_rotation(
     )
 
 
-@builtin_op("random_erasing")
-def random_erasing(
-    image,
-    seed,
-    *,
-    probability: Probability = 0.5,
-    scale_range: AreaRange = (0.02, 0.33),
-    ratio_range: RatioRange = (0.3, 3.3),
-    value: Fraction = 0.0,
-):
-    """With `probability`, sets one rectangle to `value` (Zhong et al. 2017).
-
-    The rectangle covers a `scale_range` fraction of the area with a
-    height/width ratio from `ratio_range` (drawn log-uniformly), clipped to
-    the image, at a uniform position.
-    """
+def _erased_region(image, seed, *, scale_range, ratio_range):
+    """The bool ``[height, width]`` rectangle random_erasing erases, and the
+    seed of its probability draw."""
     seeds = tf.random.split(seed, 5)
     shape = tf.shape(image)
     height, width = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
@@ -722,8 +831,83 @@ def random_erasing(
     rows = tf.range(height)[:, None]
     cols = tf.range(width)[None, :]
     inside = (rows >= top) & (rows < top + box_h) & (cols >= left) & (cols < left + box_w)
+    return inside, seeds[4]
+
+
+def _erasing_targets(
+    image, targets, seed, *, probability, scale_range, ratio_range, value, erase_targets
+):
+    inside, draw = _erased_region(image, seed, scale_range=scale_range, ratio_range=ratio_range)
+
+    def erase():
+        erased = tf.where(inside[:, :, None], tf.constant(value, image.dtype), image)
+        return erased, (targets.erase(inside) if erase_targets else targets)
+
+    return _targets_with_probability(probability, draw, erase, image, targets)
+
+
+@builtin_op("random_erasing", geometric=False, with_targets=_erasing_targets)
+def random_erasing(
+    image,
+    seed,
+    *,
+    probability: Probability = 0.5,
+    scale_range: AreaRange = (0.02, 0.33),
+    ratio_range: RatioRange = (0.3, 3.3),
+    value: Fraction = 0.0,
+    erase_targets: bool = False,
+):
+    """With `probability`, sets one rectangle to `value` (Zhong et al. 2017).
+
+    The rectangle covers a `scale_range` fraction of the area with a
+    height/width ratio from `ratio_range` (drawn log-uniformly), clipped to
+    the image, at a uniform position. Targets are left alone (the object is
+    still there, only hidden), unless `erase_targets`: then the mask gets
+    its ignore value under the rectangle, instance masks 0, keypoints under
+    it visibility 0, and objects keeping less than ``min_visibility`` of
+    their instance mask (or box) are dropped.
+    """
+    del erase_targets  # targets only
+    inside, draw = _erased_region(image, seed, scale_range=scale_range, ratio_range=ratio_range)
 
     def erase():
         return tf.where(inside[:, :, None], tf.constant(value, image.dtype), image)
 
-    return _with_probability(probability, seeds[4], erase, image)
+    return _with_probability(probability, draw, erase, image)
+
+
+# --- zoom -----------------------------------------------------------------------------
+
+
+def zoom_transform(shape: tf.Tensor, factor: tf.Tensor) -> tf.Tensor:
+    """The ``[8]`` transform scaling an image of int32 `shape` by `factor` about its centre."""
+    inverse = 1.0 / factor
+    center = (tf.cast(tf.reverse(shape[:2], [0]), tf.float32) - 1.0) * 0.5
+    offset = center * (1.0 - inverse)
+    zero = tf.constant(0.0)
+    return tf.stack([inverse, zero, offset[0], zero, inverse, offset[1], zero, zero])
+
+
+def _zoom_targets(image, targets, seed, *, factor_range, **params):
+    transform = zoom_transform(tf.shape(image), _uniform(seed, *factor_range))
+    return _warp_targets(image, targets, transform, **params)
+
+
+@builtin_op("random_zoom", with_targets=_zoom_targets)
+def random_zoom(
+    image,
+    seed,
+    *,
+    factor_range: Annotated[tuple[float, float], Range(positive=True)] = (0.8, 1.25),
+    fill_mode: Annotated[str, Choice(_FILL_MODES)] = "constant",
+    fill_value: Fraction = 0.0,
+    interpolation: Annotated[str, Choice(("bilinear", "nearest"))] = "bilinear",
+):
+    """Scales the image about its centre by a factor from `factor_range`,
+    keeping the size: above 1 zooms in (the border leaves the image), below
+    1 zooms out (uncovered pixels follow `fill_mode`). Objects that leave
+    the image are filtered by ``min_visibility``."""
+    transform = zoom_transform(tf.shape(image), _uniform(seed, *factor_range))
+    return project(
+        image, transform, fill_mode=fill_mode, fill_value=fill_value, interpolation=interpolation
+    )

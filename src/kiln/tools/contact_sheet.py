@@ -9,6 +9,11 @@ elements in the same columns, so each column shows one element's
 augmentation epoch after epoch. (With shuffling, training applies the same
 ops with other seeds: positions, and so seeds, change with the order.)
 
+For datasets with targets every cell also shows them (`draw_targets`): the
+class mask as a coloured overlay, boxes with their class names, keypoints as
+dots, as the reader yields them for that element and epoch: a box that does
+not follow its object is visible at a glance.
+
 `compose` lays the rows out on one uint8 sheet with NumPy; `write_image`
 encodes it with TensorFlow (PNG or JPEG, as the file name says). Label
 names and row titles are drawn with OpenCV's `putText` when OpenCV is
@@ -31,6 +36,7 @@ import numpy as np
 
 import kiln.reader
 from kiln.lazy_import import LazyModule
+from kiln.reader.dataset import target_spec
 from kiln.schemas import METADATA_FILENAME
 
 if TYPE_CHECKING:
@@ -70,6 +76,10 @@ class Preview:
       applied: The names of the ops that change the rows: all of `augment`
         when random; in the inference form only the ops that have one (a
         crop's centre crop), the others leave the image as it is.
+      stored_targets: For datasets with targets, per column the stored
+        row's targets (NumPy, keyed as the reader yields them: boxes,
+        classes, mask, keypoints...); None for classification.
+      epoch_targets: Per epoch, per column, the augmented targets.
     """
 
     split: str
@@ -82,9 +92,13 @@ class Preview:
     augment: list[Any]
     random: bool
     applied: list[str] = dataclasses.field(default_factory=list)
+    stored_targets: list[dict[str, np.ndarray]] | None = None
+    epoch_targets: list[list[dict[str, np.ndarray]]] | None = None
 
     @property
     def label_names(self) -> list[str]:
+        if not self.labels:
+            return ["" for _ in self.keys]
         return [self.class_names[label] for label in self.labels]
 
 
@@ -130,6 +144,8 @@ def gather(
     )
     stored = list(stored_dataset.take(count).as_numpy_iterator())
     keys = [element["key"].decode("utf-8") for element in stored]
+    spec = target_spec(metadata)
+    names = [] if spec.classification_only else [n for n in spec.names if n not in spec.extras]
 
     # mixup/cutmix mix the elements of a batch: read the columns as one batch.
     batched = random and any(op.definition.kind == "batch" for op in ops)
@@ -143,16 +159,22 @@ def gather(
         as_supervised=False,
     )
     rows = []
+    row_targets = []
     for _ in range(epochs):
         iterator = iter(augmented_dataset)  # a new iterator is a new pass: new seeds
         if batched:
             batch = next(iterator)
             row_keys = [key.decode("utf-8") for key in batch["key"].numpy()]
             images = [_to_uint8(image) for image in batch["image"].numpy()]
+            targets = [
+                {name: _numpy(batch[name][index]) for name in names} for index in range(count)
+            ]
         else:
             elements = [next(iterator) for _ in range(count)]
             row_keys = [element["key"].numpy().decode("utf-8") for element in elements]
             images = [_to_uint8(element["image"].numpy()) for element in elements]
+            targets = [{name: _numpy(element[name]) for name in names} for element in elements]
+        row_targets.append(targets)
         if row_keys != keys:
             raise RuntimeError(
                 f"the unshuffled passes over {split!r} disagree on the element "
@@ -163,7 +185,7 @@ def gather(
         split=split,
         seed=seed,
         keys=keys,
-        labels=[int(element["label"]) for element in stored],
+        labels=[int(element["label"]) for element in stored if "label" in element],
         class_names=list(metadata.class_names),
         stored=[_to_uint8(element["image"]) for element in stored],
         epochs=rows,
@@ -174,7 +196,17 @@ def gather(
             for op in ops
             if random or (op.definition.kind == "element" and op.definition.inference is not None)
         ],
+        stored_targets=(
+            [{name: np.asarray(element[name]) for name in names} for element in stored]
+            if names
+            else None
+        ),
+        epoch_targets=row_targets if names else None,
     )
+
+
+def _numpy(value) -> np.ndarray:
+    return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
 def _augmentation(metadata, split: str, augment, dataset_dir: str):
@@ -308,10 +340,20 @@ def compose(
         caption_height=_CAPTION_HEIGHT if put_text else 0,
     )
     sheet = np.full((layout.height, layout.width, 3), _BACKGROUND, np.uint8)
+    target_rows = (
+        [preview.stored_targets, *preview.epoch_targets]
+        if preview.stored_targets is not None and preview.epoch_targets is not None
+        else None
+    )
     for row_index, row in enumerate(rows):
         for column, image in enumerate(row):
             box = layout.image_box(row_index, column, *image.shape[:2])
-            sheet[box] = _zoomed(_as_rgb(image), layout.zoomed_size(*image.shape[:2]))
+            cell = _zoomed(_as_rgb(image), layout.zoomed_size(*image.shape[:2]))
+            if target_rows is not None:
+                cell = draw_targets(
+                    cell, target_rows[row_index][column], preview.class_names, put_text
+                )
+            sheet[box] = cell
     if put_text:
         if preview.random:
             titles = ["stored"] + [f"epoch {epoch}" for epoch in range(1, len(rows))]
@@ -329,6 +371,88 @@ def compose(
             _, x = layout.cell_origin(0, column)
             put_text(sheet, name, (x, layout.caption_height), layout.cell_width)
     return sheet, layout
+
+
+# Overlay colours by class id (cycled), and for keypoints by index.
+_PALETTE = np.array(
+    [
+        (230, 25, 75),
+        (60, 180, 75),
+        (255, 225, 25),
+        (0, 130, 200),
+        (245, 130, 48),
+        (145, 30, 180),
+        (70, 240, 240),
+        (240, 50, 230),
+        (210, 245, 60),
+        (250, 190, 212),
+    ],
+    np.uint8,
+)
+_MASK_ALPHA = 0.45
+
+
+def draw_targets(image: np.ndarray, targets: dict, class_names: Sequence[str], put_text=None):
+    """Draws one element's targets onto its (zoomed) uint8 RGB image; returns a new array.
+
+    The class mask is a coloured overlay (class 0, the background, and the
+    ignore value are left clear), each box a one-pixel frame in its class's
+    colour with the class name above it (when text can be drawn), each
+    labelled keypoint a 3x3 dot (visible: filled; hidden: hollow).
+    """
+    out = image.copy()
+    height, width = out.shape[:2]
+    if "mask" in targets:
+        mask = _nearest(np.asarray(targets["mask"])[..., 0], height, width).astype(np.int64)
+        labelled = (mask > 0) & (mask < len(class_names) if class_names else mask > 0)
+        colours = _PALETTE[mask % len(_PALETTE)]
+        blended = (1 - _MASK_ALPHA) * out + _MASK_ALPHA * colours
+        out = np.where(labelled[..., None], np.round(blended), out).astype(np.uint8)
+    if "boxes" in targets:
+        classes = np.asarray(targets.get("classes", np.zeros(len(targets["boxes"]), np.int64)))
+        count = int(targets.get("num_objects", len(targets["boxes"])))
+        for box, class_id in zip(
+            np.asarray(targets["boxes"])[:count], classes[:count], strict=True
+        ):
+            colour = _PALETTE[int(class_id) % len(_PALETTE)]
+            top, left = int(box[0] * height), int(box[1] * width)
+            bottom = min(height - 1, max(top, int(np.ceil(box[2] * height)) - 1))
+            right = min(width - 1, max(left, int(np.ceil(box[3] * width)) - 1))
+            top, left = min(max(top, 0), height - 1), min(max(left, 0), width - 1)
+            out[top, left : right + 1] = colour
+            out[bottom, left : right + 1] = colour
+            out[top : bottom + 1, left] = colour
+            out[top : bottom + 1, right] = colour
+            if put_text is not None and 0 <= class_id < len(class_names):
+                put_text(out, class_names[int(class_id)], (left + 1, max(top - 2, 8)), width - left)
+    if "keypoints" in targets:
+        points = np.asarray(targets["keypoints"])
+        visibility = np.asarray(targets.get("keypoint_visibility", np.full(points.shape[:2], 2)))
+        count = int(targets.get("num_objects", len(points)))
+        for object_points, object_visibility in zip(
+            points[:count], visibility[:count], strict=True
+        ):
+            for index, ((y, x), visible) in enumerate(
+                zip(object_points, object_visibility, strict=True)
+            ):
+                if visible <= 0:
+                    continue
+                row, col = int(y * height), int(x * width)
+                if not (0 <= row < height and 0 <= col < width):
+                    continue
+                colour = _PALETTE[(index + 3) % len(_PALETTE)]
+                top, left = max(row - 1, 0), max(col - 1, 0)
+                ring = out[top : row + 2, left : col + 2]
+                ring[...] = colour
+                if visible == 1 and ring.shape[0] == 3 and ring.shape[1] == 3:
+                    ring[1, 1] = image[row, col]  # hidden: hollow
+    return out
+
+
+def _nearest(mask: np.ndarray, height: int, width: int) -> np.ndarray:
+    rows = (np.arange(height) * mask.shape[0]) // height
+    cols = (np.arange(width) * mask.shape[1]) // width
+    return mask[rows][:, cols]
 
 
 def _as_rgb(image: np.ndarray) -> np.ndarray:

@@ -24,6 +24,11 @@ as the build stored them (label names on top). Rows 2..: the same elements
 as kiln.reader augments them in epochs 1, 2, ... (the reader's own code,
 seeded, reading the split unshuffled so each column is one element).
 
+On a detection or segmentation dataset every cell also shows its targets
+as the reader yields them: boxes with class names, the class mask as a
+coloured overlay, keypoints as dots. A box that does not follow its object
+is visible at a glance.
+
 If augmentation is on and an element comes out identical in every epoch,
 the command says so on stderr: that is what randomness baked in at trace
 time looks like. Label names are drawn when OpenCV is installed; the
@@ -132,7 +137,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     except AugmentOpError as e:
         print(f"kiln preview: error: {e}", file=sys.stderr)
         return 1
-    except ValueError as e:  # e.g. mixup/cutmix on images of varying sizes
+    except ValueError as e:  # e.g. mixup/cutmix on images of varying sizes, or on boxes
         raise UsageError(str(e)) from None
     sheet, layout = contact_sheet.compose(preview, zoom=args.zoom)
     contact_sheet.write_image(args.output, sheet)
@@ -156,8 +161,15 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         f"kiln preview: wrote {args.output} ({layout.width}x{layout.height}): split "
         f"{preview.split!r}, {len(preview.keys)} elements x {rows}; {augmentation}"
     )
-    width = max(len(name) for name in preview.label_names)
-    for column, (name, key) in enumerate(zip(preview.label_names, preview.keys, strict=True)):
+    names = preview.label_names
+    if preview.stored_targets is not None:
+        # Targets are drawn on the sheet; the legend says what each column stores.
+        names = [
+            " ".join(filter(None, [name, _targets_summary(targets)]))
+            for name, targets in zip(names, preview.stored_targets, strict=True)
+        ]
+    width = max(len(name) for name in names)
+    for column, (name, key) in enumerate(zip(names, preview.keys, strict=True)):
         print(f"  column {column + 1}: {name:<{width}}  {key}")
     return _check_epochs(preview, strict=args.strict)
 
@@ -177,6 +189,15 @@ def _check_output(path: str) -> None:
         raise UsageError(f"-o {path}: the folder {folder} does not exist")
     if os.path.isdir(path):
         raise UsageError(f"-o {path}: is a folder; give a file name")
+
+
+def _targets_summary(targets: dict) -> str:
+    parts = []
+    if "boxes" in targets:
+        parts.append(f"{len(targets['boxes'])} object(s)")
+    if "mask" in targets:
+        parts.append("mask")
+    return "(" + ", ".join(parts) + ")" if parts else ""
 
 
 def _augment_argument(text: str):

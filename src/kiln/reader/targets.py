@@ -1,0 +1,624 @@
+"""Targets in the reader: what a record carries beside its image, and how geometry moves it.
+
+A detection, segmentation or keypoint dataset stores, per image (see
+`kiln.schemas.schema_for` and the "Detection and segmentation" section of
+the README), normalized coordinates of the stored image:
+
+=====================  =========================  ===========================================
+name                   per element                meaning
+=====================  =========================  ===========================================
+``boxes``              float32 ``[N, 4]``         ``[y_min, x_min, y_max, x_max]`` in [0, 1]
+``classes``            int64 ``[N]``              class id per box
+fields (``iscrowd``)   int64/float32 ``[N]``      declared per-object columns
+``keypoints``          float32 ``[N, K, 2]``      ``[y, x]`` in [0, 1]
+``keypoint_visibility`` int64 ``[N, K]``          COCO: 0 not labelled, 1 hidden, 2 visible
+``mask``               uint8 ``[H, W, 1]``        class id per pixel (semantic segmentation)
+``instance_masks``     uint8 ``[N, H, W, 1]``     one 0/1 mask per object
+=====================  =========================  ===========================================
+
+Coordinates are continuous: pixel column ``i`` of a ``W`` wide image covers
+``[i / W, (i + 1) / W)``. `ElementTargets` holds one element's tensors and
+the dataset's `TargetSpec`, and has one method per geometric move (crop,
+flip, affine warp, resize of the masks). Every move is a pure function of
+the parameters the op drew from its seed, so an op moves the image and its
+targets with the same draw. Masks are only ever moved with nearest-neighbour
+sampling: class ids are never blended.
+
+Objects that a move pushes (partly) out of the image: boxes are clipped to
+the image, and an object whose box keeps less than ``min_visibility`` of
+its area (from kiln.json's ``targets.boxes.min_visibility``, the same
+threshold as offline) is dropped with all its per-object columns, keypoints
+and instance mask. A box that keeps no area at all is always dropped.
+Keypoints that leave the image become visibility 0, and a keypoint of
+visibility 0 carries no position: its coordinates are (0, 0), as in COCO and
+in the build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kiln.lazy_import import LazyModule
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:  # imported when targets are moved, not to declare the ops
+    tf = LazyModule("tensorflow")
+
+
+# Target kinds whose values are tied to pixel positions: an op that moves
+# pixels must move them too.
+GEOMETRIC_KINDS = ("boxes", "mask", "instance_masks", "keypoints")
+# Every kind a dataset can declare (kiln.json `targets`).
+KINDS = ("label", "labels", "boxes", "mask", "instance_masks", "keypoints", "extra")
+
+
+class TargetError(ValueError):
+    """Targets and an augmentation (or a reader option) cannot go together; says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetSpec:
+    """What a dataset's records carry beside the image, from kiln.json's ``targets``.
+
+    Attributes:
+      kinds: Declared target kinds (`KINDS`), e.g. ``("boxes", "mask")``.
+      fields: Per-object columns besides ``classes`` (e.g. ``("iscrowd",)``).
+      extras: Per-image extra columns, passed through untouched.
+      keypoint_names: Names of the K keypoints of every object.
+      flip_pairs: Index pairs of keypoints that swap under a mirror flip
+        (e.g. left and right eye).
+      min_visibility: Objects keeping less than this fraction of their box
+        area after a crop, rotation or zoom are dropped.
+      ignore_value: Mask value for pixels with no known class (what a
+        rotation or zoom-out fills the mask with where the image gets
+        `fill_value`).
+    """
+
+    kinds: tuple[str, ...] = ("label",)
+    fields: tuple[str, ...] = ()
+    extras: tuple[str, ...] = ()
+    keypoint_names: tuple[str, ...] = ()
+    flip_pairs: tuple[tuple[int, int], ...] = ()
+    min_visibility: float = 0.0
+    ignore_value: int = 0
+
+    @property
+    def geometric(self) -> tuple[str, ...]:
+        """The declared kinds an op that moves pixels must move too."""
+        return tuple(kind for kind in GEOMETRIC_KINDS if kind in self.kinds)
+
+    @property
+    def classification_only(self) -> bool:
+        """True for today's datasets: one class id per image, nothing else."""
+        return set(self.kinds) <= {"label"} and not self.extras
+
+    @property
+    def object_columns(self) -> tuple[str, ...]:
+        """Names of the per-object tensors (first dimension N), in a fixed order."""
+        columns: list[str] = []
+        if "boxes" in self.kinds:
+            columns += ["boxes", "classes", *self.fields]
+        if "keypoints" in self.kinds:
+            columns += ["keypoints", "keypoint_visibility"]
+        if "instance_masks" in self.kinds:
+            columns.append("instance_masks")
+        return tuple(columns)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every target tensor's name, in the order the reader yields them."""
+        names: list[str] = [kind for kind in ("label", "labels") if kind in self.kinds]
+        names += [c for c in self.object_columns if c != "instance_masks"]
+        if "mask" in self.kinds:
+            names.append("mask")
+        if "instance_masks" in self.kinds:
+            names.append("instance_masks")
+        return (*names, *self.extras)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> TargetSpec:
+        """Reads kiln.json's resolved ``targets`` block (None: classification).
+
+        The block maps each declared kind to its resolved settings, e.g.
+        ``{"boxes": {"min_visibility": 0.25, "fields": {"iscrowd": "int"}},
+        "keypoints": {"names": [...], "flip_pairs": [[a, b]]}, "mask":
+        {"ignore_value": 255}}``.
+        """
+        if not data:
+            return cls()
+        kinds = tuple(kind for kind in KINDS if data.get(kind) is not None)
+        boxes = data.get("boxes") or {}
+        keypoints = data.get("keypoints") or {}
+        mask = data.get("mask") or {}
+        names = tuple(keypoints.get("names") or ())
+        index = {name: i for i, name in enumerate(names)}
+        pairs = []
+        for pair in keypoints.get("flip_pairs") or ():
+            a, b = (index[p] if isinstance(p, str) else int(p) for p in pair)
+            pairs.append((a, b))
+        extra = data.get("extra") or {}
+        return cls(
+            kinds=tuple(kind for kind in kinds if kind != "extra"),
+            fields=tuple(boxes.get("fields") or {}),
+            extras=tuple(extra),
+            keypoint_names=names,
+            flip_pairs=tuple(pairs),
+            min_visibility=float(boxes.get("min_visibility") or 0.0),
+            ignore_value=int(mask.get("ignore_value", 0) or 0),
+        )
+
+    def keypoint_permutation(self) -> list[int]:
+        """Keypoint order after a mirror flip: every flip pair swapped."""
+        order = list(range(len(self.keypoint_names)))
+        for a, b in self.flip_pairs:
+            order[a], order[b] = order[b], order[a]
+        return order
+
+
+# --- one element's targets ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ElementTargets:
+    """One element's target tensors (keyed by the names in the module docstring) and its spec.
+
+    Immutable: every move returns a new `ElementTargets`. Tensors that a move
+    does not concern (label, labels, extras) pass through.
+    """
+
+    tensors: Mapping[str, tf.Tensor]
+    spec: TargetSpec
+
+    def replace(self, **tensors: tf.Tensor) -> ElementTargets:
+        return ElementTargets({**self.tensors, **tensors}, self.spec)
+
+    def with_tensors(self, tensors: Mapping[str, tf.Tensor]) -> ElementTargets:
+        """The same spec with these tensors (e.g. the outputs of a `tf.cond`)."""
+        return ElementTargets(dict(tensors), self.spec)
+
+    def get(self, name: str) -> tf.Tensor | None:
+        return self.tensors.get(name)
+
+    # -- selecting objects ------------------------------------------------------------
+
+    def keep_objects(self, keep: tf.Tensor) -> ElementTargets:
+        """Only the objects where the bool ``[N]`` `keep` is True, in every per-object column."""
+        columns = {
+            name: tf.boolean_mask(self.tensors[name], keep)
+            for name in self.spec.object_columns
+            if name in self.tensors
+        }
+        return self.replace(**columns)
+
+    # -- moves --------------------------------------------------------------------------
+
+    def crop(self, offset: tf.Tensor, size: tf.Tensor, shape: tf.Tensor) -> ElementTargets:
+        """The targets of the ``size`` window at ``offset`` of an image of ``shape``.
+
+        All three are int32 ``[2]`` (height, width) pixel vectors, as a
+        cropping op's `Window.sample` returns them.
+        """
+        shape_f = tf.cast(shape, tf.float32)
+        offset_f = tf.cast(offset, tf.float32) / shape_f
+        scale = shape_f / tf.cast(size, tf.float32)
+        out = dict(self.tensors)
+        keep = None
+        if "boxes" in out:
+            boxes = (out["boxes"] - tf.tile(offset_f, [2])) * tf.tile(scale, [2])
+            out["boxes"], keep = _clip_boxes(boxes, self.spec.min_visibility)
+        if "keypoints" in out:
+            out["keypoints"], out["keypoint_visibility"] = _hide_outside(
+                (out["keypoints"] - offset_f) * scale, out["keypoint_visibility"]
+            )
+        if "mask" in out:
+            out["mask"] = _slice_window(out["mask"], offset, size)
+        if "instance_masks" in out:
+            out["instance_masks"] = _slice_window(out["instance_masks"], offset, size, batched=True)
+        result = self.with_tensors(out)
+        return result.keep_objects(keep) if keep is not None else result
+
+    def resize_masks(self, size: Sequence[int] | tf.Tensor) -> ElementTargets:
+        """Masks resized to ``size`` (nearest neighbour); coordinates, being
+        normalized, are unchanged by a resize."""
+        out = {}
+        if "mask" in self.tensors:
+            out["mask"] = _resize_nearest(self.tensors["mask"], size)
+        if "instance_masks" in self.tensors:
+            out["instance_masks"] = _resize_nearest(self.tensors["instance_masks"], size)
+        return self.replace(**out) if out else self
+
+    def flip_left_right(self) -> ElementTargets:
+        """Mirrored horizontally; keypoints of each flip pair swap names."""
+        return self._mirror(axis=1)
+
+    def flip_up_down(self) -> ElementTargets:
+        """Mirrored vertically. A mirror image swaps left and right of the
+        subject whichever axis it mirrors about (a vertical flip is a
+        half-turn and a horizontal flip), so flip pairs swap here too."""
+        return self._mirror(axis=0)
+
+    def _mirror(self, axis: int) -> ElementTargets:
+        out = dict(self.tensors)
+        if "boxes" in out:
+            y0, x0, y1, x1 = tf.unstack(out["boxes"], axis=-1)
+            if axis == 1:
+                out["boxes"] = tf.stack([y0, 1.0 - x1, y1, 1.0 - x0], axis=-1)
+            else:
+                out["boxes"] = tf.stack([1.0 - y1, x0, 1.0 - y0, x1], axis=-1)
+        if "keypoints" in out:
+            flip = tf.constant([1.0, -1.0] if axis == 1 else [-1.0, 1.0], tf.float32)
+            shift = tf.constant([0.0, 1.0] if axis == 1 else [1.0, 0.0], tf.float32)
+            points = out["keypoints"] * flip + shift
+            order = self.spec.keypoint_permutation()
+            if order != sorted(order):
+                points = tf.gather(points, order, axis=1)
+                out["keypoint_visibility"] = tf.gather(out["keypoint_visibility"], order, axis=1)
+            out["keypoints"], _ = zero_unlabelled(points, out["keypoint_visibility"])
+        if "mask" in out:
+            out["mask"] = tf.reverse(out["mask"], axis=[axis])
+        if "instance_masks" in out:
+            out["instance_masks"] = tf.reverse(out["instance_masks"], axis=[axis + 1])
+        return self.with_tensors(out)
+
+    def warp(self, transform: tf.Tensor, shape: tf.Tensor, *, fill_mode: str) -> ElementTargets:
+        """The targets of an image warped by an affine `ImageProjectiveTransformV3` transform.
+
+        Args:
+          transform: float32 ``[8]``: ``[a0, a1, a2, b0, b1, b2, 0, 0]``,
+            mapping each OUTPUT pixel (x, y) to the input point it samples,
+            ``(a0 x + a1 y + a2, b0 x + b1 y + b2)`` in pixel indices (the
+            form TF's image transforms take; the image op used the same).
+          shape: int32 ``[2]``: height and width of the image (kept).
+          fill_mode: The image's fill mode. The semantic mask follows it
+            (``constant`` fills `ignore_value`: those pixels have no class);
+            instance masks always fill 0 (a reflected copy of an object
+            is not that object).
+
+        Boxes become the enclosing box of their four transformed corners
+        (of the part of the transformed box inside the image, when it
+        leaves the image), or, with instance masks, the box of the
+        transformed mask's pixels (tight for any shape, where the corners'
+        box of a rotated ellipse is not). Objects are filtered by
+        ``min_visibility``: the fraction of the transformed corners' box
+        that stays inside the image, as offline.
+        """
+        height_width = tf.cast(shape, tf.float32)
+        forward = _forward_affine(transform, height_width)  # normalized (y, x) in -> out
+        out = dict(self.tensors)
+        keep = None
+        if "boxes" in out:
+            corners = _apply_affine(_corners(out["boxes"]), forward)
+            _, keep = _clip_boxes(_extent(corners), self.spec.min_visibility)
+            out["boxes"] = _visible_extent(corners)
+        if "keypoints" in out:
+            out["keypoints"], out["keypoint_visibility"] = _hide_outside(
+                _apply_affine(out["keypoints"], forward), out["keypoint_visibility"]
+            )
+        if "mask" in out:
+            out["mask"] = _warp_masks(
+                out["mask"][None], transform, shape, fill_mode, self.spec.ignore_value
+            )[0]
+        if "instance_masks" in out:
+            masks = _warp_masks(out["instance_masks"], transform, shape, "constant", 0)
+            out["instance_masks"] = masks
+            if "boxes" in out:
+                from_masks, filled = mask_boxes(masks)
+                out["boxes"] = tf.where(filled[:, None], from_masks, out["boxes"])
+                keep = keep & filled if keep is not None else filled
+        result = self.with_tensors(out)
+        return result.keep_objects(keep) if keep is not None else result
+
+    def erase(self, inside: tf.Tensor) -> ElementTargets:
+        """Targets of an image whose bool ``[H, W]`` region `inside` was erased.
+
+        The semantic mask gets `ignore_value` there, instance masks 0;
+        keypoints under it become visibility 0; objects whose instance mask
+        (or, without masks, whose box) keeps less than ``min_visibility``
+        are dropped. Boxes are left as they are (the object's extent did not
+        change, only what shows of it).
+        """
+        out = dict(self.tensors)
+        keep = None
+        if "mask" in out:
+            out["mask"] = tf.where(
+                inside[:, :, None], tf.constant(self.spec.ignore_value, tf.uint8), out["mask"]
+            )
+        if "keypoints" in out:
+            shape = tf.shape(inside)
+            pixel = tf.cast(
+                tf.floor(out["keypoints"] * tf.cast(shape, tf.float32)), tf.int32
+            )  # [N, K, 2]
+            pixel = tf.clip_by_value(pixel, 0, shape - 1)
+            covered = tf.gather_nd(inside, pixel)
+            out["keypoints"], out["keypoint_visibility"] = zero_unlabelled(
+                out["keypoints"],
+                tf.where(
+                    covered, tf.zeros_like(out["keypoint_visibility"]), out["keypoint_visibility"]
+                ),
+            )
+        if "instance_masks" in out:
+            before = tf.reduce_sum(tf.cast(out["instance_masks"], tf.float32), [1, 2, 3])
+            masks = tf.where(
+                inside[None, :, :, None], tf.constant(0, tf.uint8), out["instance_masks"]
+            )
+            after = tf.reduce_sum(tf.cast(masks, tf.float32), [1, 2, 3])
+            out["instance_masks"] = masks
+            keep = (after > 0) & (after >= self.spec.min_visibility * before)
+        elif "boxes" in out:
+            shape = tf.cast(tf.shape(inside), tf.float32)
+            rows = tf.reduce_any(inside, axis=1)
+            cols = tf.reduce_any(inside, axis=0)
+            box = _mask_extent(rows, cols) / tf.tile(shape, [2])  # the erased rectangle
+            covered = _intersection_area(out["boxes"], box[None]) / tf.maximum(
+                _area(out["boxes"]), 1e-12
+            )
+            keep = (1.0 - covered) >= self.spec.min_visibility
+            keep &= covered < 1.0
+        result = self.with_tensors(out)
+        return result.keep_objects(keep) if keep is not None else result
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchTargets:
+    """A batch's targets, for batch ops: per-object columns are `tf.RaggedTensor`
+    ``[batch, (objects), ...]``, the mask a dense ``[batch, H, W, 1]``, and
+    ``label`` a float32 one-hot ``[batch, num_classes]`` (mixed by the ops)."""
+
+    tensors: Mapping[str, Any]
+    spec: TargetSpec
+
+    def replace(self, **tensors: Any) -> BatchTargets:
+        return BatchTargets({**self.tensors, **tensors}, self.spec)
+
+
+# --- kernels ---------------------------------------------------------------------------
+
+
+def _area(boxes: tf.Tensor) -> tf.Tensor:
+    return tf.maximum(boxes[..., 2] - boxes[..., 0], 0.0) * tf.maximum(
+        boxes[..., 3] - boxes[..., 1], 0.0
+    )
+
+
+def _intersection_area(boxes: tf.Tensor, other: tf.Tensor) -> tf.Tensor:
+    top_left = tf.maximum(boxes[..., :2], other[..., :2])
+    bottom_right = tf.minimum(boxes[..., 2:], other[..., 2:])
+    extent = tf.maximum(bottom_right - top_left, 0.0)
+    return extent[..., 0] * extent[..., 1]
+
+
+def _clip_boxes(boxes: tf.Tensor, min_visibility: float) -> tuple[tf.Tensor, tf.Tensor]:
+    """Boxes clipped to [0, 1] and which to keep: some area left, and at
+    least `min_visibility` of it (a box with no area: kept while inside)."""
+    clipped = tf.clip_by_value(boxes, 0.0, 1.0)
+    area = _area(boxes)
+    kept_area = _area(clipped)
+    inside = tf.reduce_all(tf.equal(clipped, boxes), axis=-1)
+    fraction = tf.math.divide_no_nan(kept_area, area)
+    keep = tf.where(area > 0.0, (kept_area > 0.0) & (fraction >= min_visibility), inside)
+    return clipped, keep
+
+
+def _hide_outside(points: tf.Tensor, visibility: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Visibility 0 for keypoints outside the image ([0, 1] in both coordinates)."""
+    inside = tf.reduce_all((points >= 0.0) & (points <= 1.0), axis=-1)
+    return zero_unlabelled(points, tf.where(inside, visibility, tf.zeros_like(visibility)))
+
+
+def zero_unlabelled(points: tf.Tensor, visibility: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Keypoints of visibility 0 carry no position: coordinates (0, 0), as in
+    COCO and in the build (`kiln.transforms.targets`)."""
+    labelled = (visibility > 0)[..., None]
+    return tf.where(labelled, points, tf.zeros_like(points)), visibility
+
+
+def _slice_window(mask: tf.Tensor, offset, size, *, batched: bool = False) -> tf.Tensor:
+    offset, size = tf.cast(offset, tf.int32), tf.cast(size, tf.int32)
+    if batched:
+        begin = tf.concat([[0], offset, [0]], 0)
+        extent = tf.concat([[-1], size, [-1]], 0)
+    else:
+        begin = tf.concat([offset, [0]], 0)
+        extent = tf.concat([size, [-1]], 0)
+    out = tf.slice(mask, begin, extent)
+    out.set_shape(mask.shape[:1].concatenate([None, None, 1]) if batched else [None, None, 1])
+    return out
+
+
+def _resize_nearest(mask: tf.Tensor, size) -> tf.Tensor:
+    """uint8 masks resized by nearest neighbour (TF keeps the dtype for that method)."""
+    resized = tf.image.resize(mask, size, method="nearest")
+    if isinstance(size, (list, tuple)):
+        static = [size[0], size[1], 1]
+        resized = tf.ensure_shape(resized, mask.shape[:-3].concatenate(static))
+    return resized
+
+
+def _forward_affine(transform: tf.Tensor, height_width: tf.Tensor) -> tf.Tensor:
+    """The 2x3 map of normalized ``(y, x)`` input points to output points.
+
+    `transform` maps output pixel indices to input ones (TF's convention,
+    pixel centres at whole numbers); kiln's coordinates are continuous
+    (centres at ``i + 0.5``) and normalized.
+    """
+    a0, a1, a2, b0, b1, b2 = (transform[i] for i in range(6))
+    # Output -> input in continuous pixel (x, y): p = A q + t - A h + h, h = 0.5.
+    linear = tf.stack([tf.stack([a0, a1]), tf.stack([b0, b1])])  # on (x, y)
+    half = tf.constant([0.5, 0.5], tf.float32)
+    shift = tf.stack([a2, b2]) + half - tf.linalg.matvec(linear, half)
+    inverse = tf.linalg.inv(linear)
+    inverse_shift = -tf.linalg.matvec(inverse, shift)  # input (x, y) -> output (x, y)
+    # In normalized (y, x): swap the axes and scale by the size.
+    height, width = height_width[0], height_width[1]
+    i00, i01, i10, i11 = inverse[1, 1], inverse[1, 0], inverse[0, 1], inverse[0, 0]
+    rows = tf.stack(
+        [
+            tf.stack([i00, i01 * width / height, inverse_shift[1] / height]),
+            tf.stack([i10 * height / width, i11, inverse_shift[0] / width]),
+        ]
+    )
+    return rows  # [2, 3] on (y, x, 1)
+
+
+def _apply_affine(points: tf.Tensor, forward: tf.Tensor) -> tf.Tensor:
+    """``[..., 2]`` normalized (y, x) points through a 2x3 `forward` map."""
+    return tf.linalg.matvec(forward[:, :2], points) + forward[:, 2]
+
+
+def _corners(boxes: tf.Tensor) -> tf.Tensor:
+    """``[N, 4, 2]`` (y, x) corners of ``[N, 4]`` boxes, in order around the box."""
+    y0, x0, y1, x1 = tf.unstack(boxes, axis=-1)
+    return tf.stack(
+        [
+            tf.stack([y0, x0], -1),
+            tf.stack([y0, x1], -1),
+            tf.stack([y1, x1], -1),
+            tf.stack([y1, x0], -1),
+        ],
+        axis=-2,
+    )
+
+
+def _extent(points: tf.Tensor) -> tf.Tensor:
+    """The box ``[y_min, x_min, y_max, x_max]`` of ``[N, P, 2]`` points."""
+    return tf.concat([tf.reduce_min(points, axis=-2), tf.reduce_max(points, axis=-2)], axis=-1)
+
+
+def _visible_extent(corners: tf.Tensor) -> tf.Tensor:
+    """The box of the part of each convex quadrilateral (``[N, 4, 2]``) inside [0, 1]^2.
+
+    The box of an intersection of convex shapes is spanned by the
+    quadrilateral's corners inside the image, the points where its sides
+    cross the image's borders, and the image's corners inside it. Tighter
+    than clipping the corners' box when a rotated box leaves the image
+    across a corner. Empty (all zeros) where nothing is inside.
+    """
+    start, end = corners, tf.roll(corners, shift=-1, axis=-2)  # the 4 sides
+    candidates = [corners]
+    valid = [_inside_unit(corners)]
+    for axis in (0, 1):
+        for border in (0.0, 1.0):
+            delta = end[..., axis] - start[..., axis]
+            t = tf.math.divide_no_nan(border - start[..., axis], delta)
+            point = start + t[..., None] * (end - start)
+            crossing = (tf.abs(delta) > 0.0) & (t >= 0.0) & (t <= 1.0)
+            other = point[..., 1 - axis]
+            candidates.append(point)
+            valid.append(crossing & (other >= 0.0) & (other <= 1.0))
+    unit = tf.constant([[0.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 0.0]], tf.float32)
+    # An image corner is inside a convex quadrilateral when it is on the same
+    # side of all four sides.
+    side = end - start  # [N, 4, 2]
+    to_corner = unit[None, :, None, :] - start[:, None, :, :]  # [N, corner, side, 2]
+    cross = side[:, None, :, 0] * to_corner[..., 1] - side[:, None, :, 1] * to_corner[..., 0]
+    inside = tf.reduce_all(cross >= 0.0, axis=-1) | tf.reduce_all(cross <= 0.0, axis=-1)
+    candidates.append(tf.broadcast_to(unit[None], tf.shape(corners)))
+    valid.append(inside)
+    points = tf.concat(candidates, axis=-2)  # [N, 24, 2]
+    flags = tf.concat(valid, axis=-1)[..., None]  # [N, 24, 1]
+    low = tf.reduce_min(tf.where(flags, points, 2.0), axis=-2)
+    high = tf.reduce_max(tf.where(flags, points, -1.0), axis=-2)
+    box = tf.concat([low, high], axis=-1)
+    any_inside = tf.reduce_any(flags[..., 0], axis=-1, keepdims=True)
+    return tf.where(any_inside, tf.clip_by_value(box, 0.0, 1.0), tf.zeros_like(box))
+
+
+def _inside_unit(points: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_all((points >= 0.0) & (points <= 1.0), axis=-1)
+
+
+def _warp_masks(masks, transform, shape, fill_mode: str, fill_value: int) -> tf.Tensor:
+    """uint8 ``[B, H, W, 1]`` masks through the image's transform, nearest neighbour."""
+    warped = tf.raw_ops.ImageProjectiveTransformV3(
+        images=masks,
+        transforms=transform[None],
+        output_shape=shape,
+        fill_value=tf.constant(fill_value, tf.float32),
+        interpolation="NEAREST",
+        fill_mode=fill_mode.upper(),
+    )
+    return tf.ensure_shape(warped, masks.shape)
+
+
+def _mask_extent(rows: tf.Tensor, cols: tf.Tensor) -> tf.Tensor:
+    """Pixel box ``[y_min, x_min, y_max, x_max]`` (continuous) of the set rows and columns."""
+    height, width = tf.shape(rows)[-1], tf.shape(cols)[-1]
+
+    def extent(flags, length):
+        index = tf.range(length, dtype=tf.int32)
+        first = tf.reduce_min(tf.where(flags, index, length), axis=-1)
+        last = tf.reduce_max(tf.where(flags, index, -1), axis=-1) + 1
+        return tf.cast(first, tf.float32), tf.cast(last, tf.float32)
+
+    y0, y1 = extent(rows, height)
+    x0, x1 = extent(cols, width)
+    return tf.stack([y0, x0, y1, x1], axis=-1)
+
+
+def mask_boxes(masks: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The normalized tight box of each ``[N, H, W, 1]`` mask, and whether it has any pixel."""
+    filled = masks[..., 0] > 0
+    rows = tf.reduce_any(filled, axis=2)  # [N, H]
+    cols = tf.reduce_any(filled, axis=1)  # [N, W]
+    shape = tf.cast(tf.shape(masks)[1:3], tf.float32)
+    boxes = _mask_extent(rows, cols) / tf.tile(shape, [2])
+    return boxes, tf.reduce_any(rows, axis=1)
+
+
+# --- declaring what an op does to targets ---------------------------------------------
+
+
+TargetsFn = Callable[..., "tuple[tf.Tensor, ElementTargets]"]
+
+
+def refuse_unsupported(
+    op_name: str, supported: tuple[str, ...] | None, geometric: bool, spec: TargetSpec
+) -> None:
+    """Raises TargetError when op `op_name` cannot move this dataset's targets.
+
+    Args:
+      supported: Target kinds the op's target form handles (None: it has none).
+      geometric: Whether the op may move pixels (a user op not declared
+        ``geometric=False`` is assumed to).
+    """
+    needed = spec.geometric
+    if not needed or not geometric:
+        return
+    if supported is None:
+        raise TargetError(
+            f"augmentation op {op_name!r} may move pixels (a user op is geometric unless "
+            f"registered with geometric=False) and has no target handling, so this dataset's "
+            f"{list(needed)} would no longer match the image after it. Register it with "
+            f"geometric=False if it only changes pixel values, or give it "
+            f"with_targets=fn(image, targets, seed, **params) -> (image, targets) and "
+            f"supports={list(needed)} (see kiln.reader.targets.ElementTargets for the moves)."
+        )
+    missing = [kind for kind in needed if kind not in supported]
+    if missing:
+        raise TargetError(
+            f"augmentation op {op_name!r} moves pixels and handles targets {list(supported)} "
+            f"only; this dataset also has {missing}, which would no longer match the image "
+            f"after it"
+        )
+
+
+def cond(
+    predicate: tf.Tensor,
+    apply: Callable[[], tuple[tf.Tensor, ElementTargets]],
+    otherwise: Callable[[], tuple[tf.Tensor, ElementTargets]],
+    targets: ElementTargets,
+) -> tuple[tf.Tensor, ElementTargets]:
+    """`tf.cond` over ``(image, targets)`` pairs (the tensors, not the spec, go through it)."""
+
+    def unpack(branch):
+        def run():
+            image, result = branch()
+            return image, dict(result.tensors)
+
+        return run
+
+    image, tensors = tf.cond(predicate, unpack(apply), unpack(otherwise))
+    return image, targets.with_tensors(tensors)

@@ -1,0 +1,311 @@
+"""Targets follow every augmentation: the kernels and the ops on exactly known scenes.
+
+Kernel tier: tensors made here (`scenes`), not read from a build; the same
+checks run on a real `kiln build` in test_reader_targets.py.
+
+The geometric ops resample with nearest-neighbour here: every output pixel
+is then one input pixel, so the shapes read back from the pixels are exact
+(bilinear blends edge pixels, which would make the "truth" itself uncertain
+by a pixel). The target geometry does not depend on the interpolation: the
+ops move targets with the same transform whichever they use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kiln.reader import register_augmentation
+from kiln.reader.augmenter import Augmenter
+from kiln.reader.dataset import pad_objects
+from kiln.reader.ops import AUGMENTATIONS, validate
+from kiln.reader.targets import BatchTargets, ElementTargets, TargetError, TargetSpec
+from reader import scenes
+
+SPEC = TargetSpec(
+    kinds=("boxes", "mask", "instance_masks", "keypoints"),
+    keypoint_names=scenes.KEYPOINT_NAMES,
+    flip_pairs=((0, 1),),
+    min_visibility=0.25,
+    ignore_value=255,
+)
+BOXES_ONLY = TargetSpec(
+    kinds=("boxes", "keypoints"),
+    keypoint_names=scenes.KEYPOINT_NAMES,
+    flip_pairs=((0, 1),),
+    min_visibility=0.25,
+)
+NAMES = ("boxes", "classes", "keypoints", "keypoint_visibility", "mask", "instance_masks")
+
+GEOMETRIC_LISTS = {
+    "resized_crop": [
+        {"random_resized_crop": {"size": 48, "scale_range": [0.3, 1.0], "method": "nearest"}}
+    ],
+    "crop": [{"random_crop": {"size": 40}}],
+    "flip_lr": [{"random_flip_left_right": {"probability": 1.0}}],
+    "flip_ud": [{"random_flip_up_down": {"probability": 1.0}}],
+    "rotation": [{"random_rotation": {"angle_range": [-30, 30], "interpolation": "nearest"}}],
+    "zoom": [{"random_zoom": {"factor_range": [0.7, 1.4], "interpolation": "nearest"}}],
+    "erasing": [{"random_erasing": {"probability": 1.0, "erase_targets": True}}],
+    "chain": [
+        {"random_resized_crop": {"size": 56, "scale_range": [0.5, 1.0], "method": "nearest"}},
+        "random_flip_left_right",
+        {"random_rotation": {"angle_range": [-20, 20], "interpolation": "nearest"}},
+        "random_flip_up_down",
+    ],
+}
+SEEDS = 24
+
+
+def element(spec: TargetSpec = SPEC, variant: int = 0) -> tuple[tf.Tensor, ElementTargets]:
+    data = scenes.scene(variant)
+    names = [n for n in NAMES if n in spec.names or n in spec.object_columns]
+    return tf.constant(data["image"]), ElementTargets(
+        {name: tf.constant(data[name]) for name in names}, spec
+    )
+
+
+def numpy_targets(targets: ElementTargets) -> dict:
+    return {name: value.numpy() for name, value in targets.tensors.items()}
+
+
+def run(ops, seed, spec=SPEC, variant=0):
+    augmenter = Augmenter(tuple(validate(ops)), training=True)
+    image, targets = element(spec, variant)
+
+    @tf.function
+    def apply(image, seed):
+        out, moved = augmenter.apply_with_targets(image, targets, seed)
+        return out, dict(moved.tensors)
+
+    out, moved = apply(image, tf.constant(seed, tf.int32))
+    return out.numpy(), {name: value.numpy() for name, value in moved.items()}
+
+
+@pytest.mark.parametrize("name", sorted(GEOMETRIC_LISTS))
+@pytest.mark.parametrize("spec", [SPEC, BOXES_ONLY], ids=["masks", "boxes"])
+def test_targets_follow_the_pixels(name, spec):
+    ops = GEOMETRIC_LISTS[name]
+    augmenter = Augmenter(tuple(validate(ops)), training=True)
+    image, targets = element(spec)
+    apply = tf.function(
+        lambda image, seed: (lambda out: (out[0], dict(out[1].tensors)))(
+            augmenter.apply_with_targets(image, targets, seed)
+        )
+    )
+    plain = tf.function(augmenter.apply)
+    for index in range(SEEDS):
+        seed = tf.constant([7, index], tf.int32)
+        out, moved = apply(image, seed)
+        checked = {k: v.numpy() for k, v in moved.items()}
+        if name == "erasing":  # boxes keep the object's extent by design: check the rest
+            checked.update(boxes=np.zeros((0, 4)), classes=np.zeros((0,), np.int64))
+        # "chain" resamples twice (crop, then rotation): see check_element.
+        problems = scenes.check_element(out.numpy(), checked, iou_side=40 if name == "chain" else 0)
+        assert not problems, f"{name}, seed {index}: {problems}"
+        # The image is the one the op makes without targets.
+        np.testing.assert_array_equal(out.numpy(), plain(image, seed).numpy())
+
+
+def test_colour_ops_leave_targets_alone():
+    ops = ["color_jitter", "random_grayscale", {"random_brightness": {"max_delta": 0.3}}]
+    _, moved = run(ops, [1, 1])
+    data = scenes.scene()
+    for name in NAMES:
+        np.testing.assert_array_equal(moved[name], data[name])
+
+
+def test_same_seed_same_targets_and_seeds_differ():
+    ops = GEOMETRIC_LISTS["chain"]
+    first = run(ops, [3, 4])
+    again = run(ops, [3, 4])
+    other = run(ops, [3, 5])
+    for name in first[1]:
+        np.testing.assert_array_equal(first[1][name], again[1][name])
+    assert not np.array_equal(first[1]["boxes"], other[1]["boxes"])
+
+
+def test_crop_moves_clips_and_drops_by_min_visibility():
+    spec = TargetSpec(
+        kinds=("boxes", "keypoints"),
+        fields=("iscrowd",),
+        keypoint_names=("a",),
+        min_visibility=0.25,
+    )
+    targets = ElementTargets(
+        {
+            # pixels of a 100x100 image: [10, 50) x [10, 50), and one mostly left of the window
+            "boxes": tf.constant([[0.1, 0.1, 0.5, 0.5], [0.6, 0.0, 0.7, 0.35]], tf.float32),
+            "classes": tf.constant([1, 2], tf.int64),
+            "iscrowd": tf.constant([0, 1], tf.int64),
+            "keypoints": tf.constant([[[0.3, 0.4]], [[0.65, 0.1]]], tf.float32),
+            "keypoint_visibility": tf.constant([[2], [2]], tf.int64),
+        },
+        spec,
+    )
+    cropped = numpy_targets(
+        targets.crop(tf.constant([20, 30]), tf.constant([50, 50]), tf.constant([100, 100]))
+    )
+    # Box 0 keeps 30x20 of 40x40 pixels (0.375): kept, clipped. Box 1 keeps
+    # 10x5 of 10x35 (0.14): dropped with its class, field and keypoints.
+    np.testing.assert_allclose(cropped["boxes"], [[0.0, 0.0, 0.6, 0.4]], atol=1e-6)
+    np.testing.assert_array_equal(cropped["classes"], [1])
+    np.testing.assert_array_equal(cropped["iscrowd"], [0])
+    np.testing.assert_allclose(cropped["keypoints"], [[[0.2, 0.2]]], atol=1e-6)
+    # A keypoint left outside the window: visibility 0, no position (0, 0), as offline.
+    keep_all = ElementTargets(targets.tensors, dataclasses.replace(spec, min_visibility=0.0))
+    outside = numpy_targets(
+        keep_all.crop(tf.constant([0, 45]), tf.constant([100, 55]), tf.constant([100, 100]))
+    )
+    np.testing.assert_array_equal(outside["classes"], [1])  # box 1 has nothing left
+    assert outside["keypoint_visibility"][0, 0] == 0
+    np.testing.assert_array_equal(outside["keypoints"][0, 0], [0.0, 0.0])
+
+
+def test_flip_swaps_keypoint_pairs_onto_the_mirrored_markers():
+    image, moved = run([{"random_flip_left_right": {"probability": 1.0}}], [1, 2])
+    data = scenes.scene()
+    # Index 0 ("left") now sits where the right marker's mirror is: yellow.
+    for index in range(len(data["boxes"])):
+        y, x = moved["keypoints"][index, 0]
+        pixel = image[int(y * scenes.SIZE), int(x * scenes.SIZE)]
+        np.testing.assert_allclose(pixel * 255, scenes.MARKER_COLOURS[1], atol=1)
+    np.testing.assert_allclose(moved["boxes"][:, [1, 3]], 1.0 - data["boxes"][:, [3, 1]], atol=1e-6)
+
+
+def test_rotation_boxes_enclose_rotated_corners_without_masks():
+    # A 45 degree turn: without instance masks the box is the rotated
+    # corners' box; for a rectangle that is the rotated shape's tight box.
+    ops = [{"random_rotation": {"angle_range": [45, 45], "interpolation": "nearest"}}]
+    image, moved = run(ops, [0, 0], spec=BOXES_ONLY)
+    assert not scenes.check_element(image, moved)
+
+
+def test_erasing_leaves_targets_alone_unless_asked():
+    ops = [{"random_erasing": {"probability": 1.0, "scale_range": [0.3, 0.3]}}]
+    _, kept = run(ops, [5, 5])
+    data = scenes.scene()
+    np.testing.assert_array_equal(kept["boxes"], data["boxes"])
+    np.testing.assert_array_equal(kept["mask"], data["mask"])
+    asked = [
+        {"random_erasing": {"probability": 1.0, "scale_range": [0.3, 0.3], "erase_targets": True}}
+    ]
+    image, erased = run(asked, [5, 5])
+    black = np.all(image == 0.0, axis=-1) & (data["mask"][..., 0] > 0)
+    assert black.any()
+    assert np.all(erased["mask"][..., 0][black] == 255)
+
+
+def test_mask_is_never_blended():
+    image, moved = run(GEOMETRIC_LISTS["chain"], [9, 9])
+    assert set(np.unique(moved["mask"])) <= {0, 1, 2, 3, 255}
+    assert set(np.unique(moved["instance_masks"])) <= {0, 1}
+
+
+@pytest.fixture
+def user_ops():
+    """Registers test ops; removes them afterwards so tests stay independent."""
+    before = set(AUGMENTATIONS.names())
+    yield
+    for name in set(AUGMENTATIONS.names()) - before:
+        AUGMENTATIONS.remove(name)
+
+
+def _register(name, **declaration):
+    def shift(image, seed, *, pixels: int = 3):
+        draw = tf.random.stateless_uniform([], seed, 0, 2, tf.int32)
+        return tf.roll(image, shift=pixels + draw, axis=1)
+
+    register_augmentation(name, **declaration)(shift)
+
+
+@pytest.mark.usefixtures("user_ops")
+def test_user_op_without_target_handling_is_refused_for_geometric_targets():
+    _register("test_shift_refused")
+    augmenter = Augmenter(tuple(validate(["test_shift_refused"])))
+    with pytest.raises(TargetError, match=r"test_shift_refused.*may move pixels.*no longer match"):
+        augmenter.check_targets(SPEC)
+    # Datasets without geometric targets take it.
+    augmenter.check_targets(TargetSpec(kinds=("labels",)))
+
+
+@pytest.mark.usefixtures("user_ops")
+def test_user_op_declaring_no_geometry_or_its_targets_is_accepted():
+    _register("test_shift_colour", geometric=False)
+    Augmenter(tuple(validate(["test_shift_colour"]))).check_targets(SPEC)
+    _register(
+        "test_shift_boxes",
+        with_targets=lambda image, targets, seed, *, pixels: (image, targets),
+        supports=["boxes"],
+    )
+    with pytest.raises(TargetError, match=r"handles targets \['boxes'\] only.*'mask'"):
+        Augmenter(tuple(validate(["test_shift_boxes"]))).check_targets(SPEC)
+    with pytest.raises(ValueError, match="with_targets needs supports"):
+        register_augmentation("test_no_supports", with_targets=lambda *a, **k: a)
+
+
+def test_mixup_is_refused_naming_the_target_and_cutmix_is_not():
+    with pytest.raises(TargetError, match=r"mixup.*'boxes'"):
+        Augmenter(tuple(validate(["mixup"]))).check_targets(BOXES_ONLY)
+    with pytest.raises(TargetError, match=r"cutmix.*'labels'"):
+        Augmenter(tuple(validate(["cutmix"]))).check_targets(TargetSpec(kinds=("labels",)))
+    Augmenter(tuple(validate(["cutmix"]))).check_targets(SPEC)
+
+
+def test_cutmix_pastes_masks_boxes_and_keypoints_with_the_pixels():
+    batch = [scenes.scene(v) for v in range(4)]
+    images = tf.constant(np.stack([b["image"] for b in batch]).astype(np.float32) / 255.0)
+
+    def ragged(name, dtype):
+        return tf.RaggedTensor.from_tensor(tf.constant(np.stack([b[name] for b in batch]), dtype))
+
+    tensors = {
+        "boxes": ragged("boxes", tf.float32),
+        "classes": ragged("classes", tf.int64),
+        "keypoints": ragged("keypoints", tf.float32),
+        "keypoint_visibility": ragged("keypoint_visibility", tf.int64),
+        "instance_masks": ragged("instance_masks", tf.uint8),
+        "mask": tf.constant(np.stack([b["mask"] for b in batch])),
+    }
+    augmenter = Augmenter(tuple(validate([{"cutmix": {"alpha": 1.0}}])))
+    pasted_somewhere = False
+    for index in range(6):
+        seeds = tf.constant([[1, index]] * 4, tf.int32)
+        mixed_images, mixed = augmenter.apply_batch_with_targets(
+            images, BatchTargets(tensors, SPEC), seeds
+        )
+        plain, _ = augmenter.apply_batch(images, tf.zeros([4, 4]), seeds)
+        np.testing.assert_array_equal(mixed_images.numpy(), plain.numpy())
+        for element in range(4):
+            one = {name: value[element].numpy() for name, value in mixed.tensors.items()}
+            pasted_somewhere |= len(one["boxes"]) != 3
+            # Own boxes keep their extent while the paste hides part of the
+            # object: the boxes are checked against the instance masks only.
+            for box, instance in zip(one["boxes"], one["instance_masks"], strict=True):
+                from_mask = scenes.pixel_box(instance[..., 0] > 0)
+                assert from_mask is not None
+                assert np.all(from_mask[:2] >= box[:2] - 1e-6)
+                assert np.all(from_mask[2:] <= box[2:] + 1e-6)
+            checked = dict(one, boxes=np.zeros((0, 4)), classes=np.zeros((0,), np.int64))
+            del checked["instance_masks"]
+            problems = scenes.check_element(mixed_images[element].numpy(), checked)
+            assert not problems, (index, element, problems)
+    assert pasted_somewhere
+
+
+def test_pad_objects_to_static_shapes():
+    spec = TargetSpec(kinds=("boxes",))
+    boxes = tf.ragged.constant([[[0.1, 0.1, 0.2, 0.2]], []], ragged_rank=1, dtype=tf.float32)
+    classes = tf.ragged.constant([[3], []], dtype=tf.int64)
+    padded = pad_objects({"boxes": boxes, "classes": classes}, spec, 3, batched=True)
+    assert padded["boxes"].shape.as_list() == [2, 3, 4]
+    np.testing.assert_array_equal(padded["classes"].numpy(), [[3, -1, -1], [-1, -1, -1]])
+    np.testing.assert_array_equal(padded["num_objects"].numpy(), [1, 0])
+    one = pad_objects(
+        {"boxes": tf.zeros([5, 4]), "classes": tf.range(5, dtype=tf.int64)}, spec, 3, batched=False
+    )
+    np.testing.assert_array_equal(one["classes"].numpy(), [0, 1, 2])
+    assert int(one["num_objects"]) == 3

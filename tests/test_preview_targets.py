@@ -1,0 +1,84 @@
+"""`kiln preview` on a dataset with targets: boxes, masks and keypoints drawn on every cell."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kiln import cli
+from kiln.tools import contact_sheet
+from reader import scene_records, scenes
+
+TARGETS = {
+    "boxes": {"min_visibility": 0.25},
+    "mask": {"ignore_value": 255},
+    "keypoints": {"names": list(scenes.KEYPOINT_NAMES), "flip_pairs": [["left", "right"]]},
+}
+FLIP = [{"random_flip_left_right": {"probability": 1.0}}]
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory):
+    """Four scenes built by `kiln build` with boxes, a class mask and keypoints."""
+    root = str(tmp_path_factory.mktemp("preview-scenes"))
+    return scene_records.build_scenes(root, TARGETS, FLIP, count=4).dataset_dir
+
+
+@pytest.fixture(scope="module")
+def preview(dataset_dir):
+    return contact_sheet.gather(dataset_dir, "train", n=3, epochs=2, seed=0)
+
+
+def test_gather_reads_the_targets_of_every_cell(preview):
+    assert preview.stored_targets is not None and preview.epoch_targets is not None
+    assert len(preview.stored_targets) == 3 and len(preview.epoch_targets) == 2
+    for stored, flipped in zip(preview.stored_targets, preview.epoch_targets[0], strict=True):
+        np.testing.assert_allclose(flipped["boxes"][:, 1], 1.0 - stored["boxes"][:, 3], atol=1e-6)
+        np.testing.assert_array_equal(flipped["mask"], stored["mask"][:, ::-1])
+
+
+def test_cells_show_boxes_masks_and_keypoints_where_the_objects_are(preview):
+    sheet, layout = contact_sheet.compose(preview, zoom=2, text=False)
+    rows = [preview.stored_targets, *preview.epoch_targets]
+    images = [preview.stored, *preview.epochs]
+    for row_index, (row, row_images) in enumerate(zip(rows, images, strict=True)):
+        for column, (targets, image) in enumerate(zip(row, row_images, strict=True)):
+            cell = sheet[layout.image_box(row_index, column, *image.shape[:2])]
+            height, width = cell.shape[:2]
+            for box, class_id in zip(targets["boxes"], targets["classes"], strict=True):
+                colour = contact_sheet._PALETTE[class_id % len(contact_sheet._PALETTE)]
+                top, left = int(box[0] * height), int(box[1] * width)
+                bottom = int(np.ceil(box[2] * height)) - 1
+                np.testing.assert_array_equal(cell[top, left], colour)  # the frame
+                np.testing.assert_array_equal(cell[bottom, left], colour)
+                # Inside: the object's colour blended with its class colour (the mask).
+                middle = cell[(top + bottom) // 2 + 4, left + 3]
+                plain = image[((top + bottom) // 2 + 4) // 2, (left + 3) // 2]
+                assert not np.array_equal(middle, plain)
+            # Each visible keypoint is a dot on its marker.
+            for points, visible in zip(
+                targets["keypoints"], targets["keypoint_visibility"], strict=True
+            ):
+                for (y, x), v in zip(points, visible, strict=True):
+                    if v > 0:
+                        dot = cell[int(y * height), int(x * width)]
+                        assert any(np.array_equal(dot, c) for c in contact_sheet._PALETTE), dot
+    background = sheet[layout.image_box(0, 0, *preview.stored[0].shape[:2])][0, 0]
+    np.testing.assert_array_equal(background, [0, 0, 0])  # no overlay where there is no class
+
+
+def test_cli_draws_targets_and_lists_objects(dataset_dir, tmp_path, capsys):
+    out = str(tmp_path / "sheet.png")
+    rotation = [{"random_rotation": {"angle_range": [-20, 20]}}]
+    arguments = ["--n", "3", "--epochs", "2", "--augment", json.dumps(rotation), "-o", out]
+    assert cli.main(["preview", dataset_dir, *arguments]) == 0
+    with open(out, "rb") as f:
+        written = tf.io.decode_png(f.read()).numpy()
+    preview = contact_sheet.gather(dataset_dir, "train", n=3, epochs=2, seed=0, augment=rotation)
+    expected, _ = contact_sheet.compose(preview)
+    np.testing.assert_array_equal(written, expected)
+    stdout = capsys.readouterr().out
+    assert "column 1: (3 object(s), mask)" in stdout
