@@ -104,7 +104,9 @@ def test_report_with_a_bare_file_name(tmp_path, config, capfd, monkeypatch):
 
     broken = write_config(tmp_path, {"name": "shapes"}, "broken.yaml")
     code, out, err = run_cli(capfd, "build", "--config", broken, "--report", "failed.json")
-    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    # Two problems (no source, no output): a line counting them, then one each.
+    assert code == 2 and err.count("\n") == 3 and "Traceback" not in err, err
+    assert err.startswith("kiln build: error: config error in ") and "2 problems" in err, err
     report = json.loads((tmp_path / "failed.json").read_text())
     assert report["status"] == "usage_error" and report["exit_code"] == 2
 

@@ -123,12 +123,15 @@ def test_d_seed_none_is_fresh_per_run_and_logged(png_dataset, caplog):
 
 def test_d_a_drawn_seed_is_shown_without_any_logging_set_up(png_dataset):
     # A training script that never configures logging: the seed must still
-    # reach its stderr, once per load call, and only for seed=None.
+    # reach its stderr, once per load call, and only for seed=None and a
+    # stream the seed changes (validation reads in order, in the inference
+    # form: no seed to report).
     script = (
         "import sys, kiln.reader\n"
         "path = sys.argv[1]\n"
         "kiln.reader.load(path, batch_size=8)\n"
         "kiln.reader.load(path, 'validation', batch_size=8)\n"
+        "kiln.reader.load(path, batch_size=8)\n"
         "kiln.reader.load(path, batch_size=8, seed=3)\n"
     )
     completed = subprocess.run(

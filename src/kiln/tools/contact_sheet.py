@@ -36,7 +36,7 @@ import numpy as np
 
 import kiln.reader
 from kiln.lazy_import import LazyModule
-from kiln.reader.dataset import target_spec
+from kiln.reader.targets import TargetSpec
 from kiln.schemas import METADATA_FILENAME
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def gather(
     )
     stored = list(stored_dataset.take(count).as_numpy_iterator())
     keys = [element["key"].decode("utf-8") for element in stored]
-    spec = target_spec(metadata)
+    spec = TargetSpec.from_json(metadata.targets)
     names = [] if spec.classification_only else [n for n in spec.names if n not in spec.extras]
 
     # mixup/cutmix mix the elements of a batch: read the columns as one batch.
