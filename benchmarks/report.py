@@ -84,6 +84,15 @@ WHY_NOT_MET = {
         "gap is smallest where (b) itself is slowest (the same passes as above)."
     ),
     "reader_b_over_d": "The Keras layers run per batch; see the reader table.",
+    "reader_b_targets_cost": (
+        "Not profiled yet. Per element, targets add a PNG decode of the class mask, its "
+        "crop, nearest-neighbour resize and flip (a second image's worth of passes, in "
+        "uint8), and a dozen small ops on the boxes (clip, visibility, filter, gather of "
+        "every per-object column), each a tf.data op with its own dispatch cost; unbatched "
+        "reads show the same ratio, so it is per element, not the ragged batching. Levers "
+        "to measure next: decode the mask only inside the crop window, resize image and "
+        "mask with one op on a stacked tensor, and move the box ops to the batch."
+    ),
 }
 
 

@@ -305,14 +305,14 @@ def _own_cpu_seconds() -> float:
 
 def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, Any]:
     """Every reader variant on both encodings, and the layer, `reader_repeats` rounds."""
+    target_dir = datasets.get("targets")
+    target_runs: dict[str, list[float]] = {v.key: [] for v in reader_bench.TARGET_VARIANTS}
+    datasets = {e: d for e, d in datasets.items() if e != "targets"}
     runs: dict[str, dict[str, list[float]]] = {
         encoding: {v.key: [] for v in reader_bench.VARIANTS} for encoding in datasets
     }
     layer_runs: list[float] = []
     background: list[float] = []
-    target_dir = datasets.get("targets")
-    target_runs: dict[str, list[float]] = {v.key: [] for v in reader_bench.TARGET_VARIANTS}
-    datasets = {e: d for e, d in datasets.items() if e != "targets"}
     for round_index in range(settings.reader_repeats):
         if target_dir is not None:
             for variant in reader_bench.TARGET_VARIANTS:

@@ -48,7 +48,7 @@ DOCUMENTS = ["README.md"] + [
     if name.endswith(".md")
 ]
 LANGUAGES = {"sh": "shell", "bash": "shell", "shell": "shell", "python": "python"}
-MAX_NOT_RUN = 10
+MAX_NOT_RUN = 15
 
 _FENCE = re.compile(r"^```(?P<language>\S*)\s*$")
 _SKIP = re.compile(r"^<!-- docs-test: skip \((?P<reason>[^)]+)\) -->$")

@@ -109,7 +109,7 @@ def test_assign_splits_from_source_keeps_the_source_split():
     ]
     policy = SplitPolicy.from_config(SplitsConfig(**{"from_source": True}))
     assert [policy.assign(r.key, r.sha256, r.split) for r in records] == [r.split for r in records]
-    with pytest.raises(ValueError, match=r"k9: splits\.from_source, but the source gives no split"):
+    with pytest.raises(ValueError, match=r"k9: splits\.from_source, but the listing gives no"):
         policy.assign("k9", "0" * 64, None)
 
 

@@ -51,6 +51,8 @@ DYNAMIC_IMPORTS = {
     ("transforms/chain.py", "import_plugins"),  # the config's plugins:
     ("tools/preview_command.py", "run"),  # kiln preview --plugin MODULE
     ("cli.py", "main"),  # cli.COMMANDS, kiln's own modules
+    ("pipeline/launcher.py", "_check_runner"),  # --runner: Beam's runners or a dotted path
+    ("lazy_import.py", "_resolve"),  # LazyModule("tensorflow"): names written in kiln's code
 }
 
 
