@@ -113,6 +113,22 @@ def test_changes_to_images_boxes_masks_additions_and_deletions_give_a_full_build
     assert incremental.info.objects == full.info.objects
 
 
+def test_two_worker_processes_give_the_same_bytes(corpus, tmp_path):
+    manifest = str(corpus / "manifest.jsonl")
+    spec = config(manifest, tmp_path / "out")
+    build(spec)
+    rows = read_rows(corpus)
+    box = rows[6]["objects"][0]["bbox"]
+    rows[6]["objects"][0]["bbox"] = [box[0], box[1] + 1, box[2], box[3] + 1]
+    write_rows(corpus, rows)
+
+    incremental = build(spec, ["--direct_num_workers=2", "--direct_running_mode=multi_processing"])
+
+    assert incremental.incremental.reused == COUNT - 1
+    assert incremental.incremental.changed == 1
+    assert_same_dataset(incremental, build(dict(spec, output=str(tmp_path / "full"))))
+
+
 def test_the_index_holds_what_the_object_statistics_are_merged_from(corpus, tmp_path):
     result = build(config(str(corpus / "manifest.jsonl"), tmp_path / "out"))
     rows = index_rows(result)
