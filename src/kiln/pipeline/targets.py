@@ -232,7 +232,7 @@ class TargetCodec:
         if self._targets.geometric:
             mask = None
             if self._targets.mask is not None:
-                mask = self._read_mask(listed.masks, row["mask"], "mask", height, width)
+                mask = self._mask_pixels(listed.masks, row["mask"], "mask", height, width)
             objects = row.get("objects", [])
             kept = []
             for index, item in enumerate(objects):
@@ -331,7 +331,7 @@ class TargetCodec:
         if self._targets.instance_masks is not None:
             if "mask" in item:
                 out["mask"] = (
-                    self._read_mask(masks, item["mask"], f"{where}.mask", height, width) > 0
+                    self._mask_pixels(masks, item["mask"], f"{where}.mask", height, width) > 0
                 ).astype(np.uint8)
             else:
                 out["mask"] = _rasterize(
@@ -369,7 +369,7 @@ class TargetCodec:
             instance_masks=instance_masks,
         )
 
-    def _read_mask(
+    def _mask_pixels(
         self, masks: MaskFiles, uri: str, where: str, height: int, width: int
     ) -> np.ndarray:
         """A mask file's pixels (``height x width`` uint8)."""
