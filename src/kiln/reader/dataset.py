@@ -165,17 +165,20 @@ def load(
 
     Returns:
       The dataset; with ``augment_on="model"`` a ``(dataset, layer)`` tuple.
-      Images are float32 ``[batch, height, width, channels]`` (uint8 in model
-      mode). Labels are int64 class ids (indices into ``info(path).class_names``),
-      or float32 one-hot ``[batch, num_classes]`` when the list has mixup or
-      cutmix (or `one_hot`); with `class_weight` each element has a third
-      member, its weight.
+      Images are float32 ``[batch, height, width, channels]`` unless `dtype`
+      or `data_format` say otherwise (uint8 in model mode). Labels are int64
+      class ids (indices into ``info(path).class_names``), or float32 one-hot
+      ``[batch, num_classes]`` when the list has mixup or cutmix (or
+      `one_hot`); with `class_weight` each element has a third member, its
+      weight.
 
     Raises:
       MetadataError: for a path that is not a kiln dataset, or a missing split.
       AugmentConfigError: naming the list entry and parameter that is wrong.
       AugmentOpError: for a user op that ignores its seed or cannot be traced.
       ValueError: for argument combinations that cannot work, with the reason.
+      TargetError: for an option the dataset's targets do not allow (e.g.
+        `one_hot` without per-image labels, `class_weight` without ``label``).
     """
     dataset_dir = locate(path)
     metadata = info(dataset_dir)
