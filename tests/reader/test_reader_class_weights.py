@@ -178,3 +178,18 @@ def test_weights_from_load_train_under_a_strategy_where_class_weight_is_refused(
     # Keras applies class_weight with Dataset.map, which a distributed dataset has not.
     assert out["refused"] is not None and "has no attribute 'map'" in out["refused"], out
     assert len(out["loss"]) == 2 and np.isfinite(out["loss"]).all()
+
+
+def test_model_side_batches_carry_labels_and_weights_too(png_dataset):
+    path = png_dataset.dataset_dir
+    weights = kiln.reader.class_weights(path)
+    dataset, _ = kiln.reader.load(
+        path, batch_size=8, seed=2, augment_on="model", one_hot=True, class_weight="balanced"
+    )
+    inputs_spec, label_spec, weight_spec = dataset.element_spec
+    assert inputs_spec["image"].dtype == tf.uint8
+    assert label_spec == tf.TensorSpec([None, 4], tf.float32)
+    assert weight_spec == tf.TensorSpec([None], tf.float32)
+    for _, label, weight in dataset:
+        ids = np.argmax(label.numpy(), axis=1)
+        np.testing.assert_allclose(weight.numpy(), [weights[int(c)] for c in ids], rtol=1e-6)
