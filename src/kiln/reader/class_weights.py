@@ -2,10 +2,12 @@
 
 `class_counts` gives a split's counts keyed by class id (kiln.json keys them
 by class name), `class_weights` the per-class weight dict that Keras's
-``fit(class_weight=...)`` takes. Under a `tf.distribute` strategy Keras
-refuses ``class_weight`` for distributed datasets; ``kiln.reader.load(...,
-class_weight=...)`` instead yields ``(image, label, sample_weight)``, which
-Keras weighs the loss with everywhere (`ExampleWeights`).
+``fit(class_weight=...)`` takes. With a dataset from a `tf.distribute`
+strategy's ``distribute_datasets_from_function`` that call fails (Keras
+applies ``class_weight`` with ``Dataset.map``, which a distributed dataset
+has not); ``kiln.reader.load(..., class_weight=...)`` instead yields
+``(image, label, sample_weight)``, which Keras weighs the loss with
+everywhere (`ExampleWeights`).
 
 "balanced" is scikit-learn's rule, ``n_examples / (n_classes * count)``: every
 class then weighs as much in the loss as the others, and the weights average

@@ -155,7 +155,7 @@ def load(
         from each example's label (for labels mixed by mixup/cutmix, the
         mix of their weights), taken before smoothing. Keras weighs the loss
         with it, also under a `tf.distribute` strategy, where
-        ``fit(class_weight=...)`` is refused. Needs ``as_supervised``.
+        ``fit(class_weight=...)`` fails. Needs ``as_supervised``.
       dtype: The image's dtype: ``"float32"``, ``"bfloat16"``, or
         ``"uint8"`` (the 0..255 scale rounded; refused with `normalize`).
         Masks stay uint8. See `kiln.reader.output.ImageFormat`.
