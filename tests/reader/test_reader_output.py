@@ -17,13 +17,15 @@ def features(dataset) -> list[dict]:
     return list(dataset.as_numpy_iterator())
 
 
-def test_uint8_is_the_stored_pixels_and_bfloat16_the_float_values(png_dataset):
-    path = png_dataset.dataset_dir
+@pytest.mark.parametrize("fixture", ["png_dataset", "jpeg_dataset", "raw_dataset"])
+def test_uint8_is_the_stored_pixels_and_bfloat16_the_float_values(fixture, request):
+    result = request.getfixturevalue(fixture)
+    path = result.dataset_dir
     read = {"batch_size": 8, "shuffle": False, "augment": None, "as_supervised": False}
     floats = features(kiln.reader.load(path, **read))
     pixels = kiln.reader.load(path, dtype="uint8", **read)
     assert pixels.element_spec["image"] == tf.TensorSpec([None, 32, 32, 3], tf.uint8)
-    stored = stored_images(png_dataset, "train")
+    stored = stored_images(result, "train")
     for batch in pixels.as_numpy_iterator():
         for key, image in zip(batch["key"], batch["image"], strict=True):
             np.testing.assert_array_equal(image, stored[key])

@@ -241,7 +241,8 @@ def load(
         channels=metadata.channels,
         image_size=metadata.image_size,
         keep_seeds=model_side or bool(augmenter.batch_ops),
-        as_float=not model_side,
+        # uint8 output of unaugmented images skips the float round trip.
+        as_float=not model_side and not output.image_format.keeps_stored_pixels(augmenter),
         schema=schema,
         targets=spec,
     )

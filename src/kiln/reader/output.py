@@ -25,6 +25,8 @@ from kiln.reader.labels import LabelEncoding
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+    from kiln.reader.augmenter import Augmenter
 else:  # imported when an element is shaped, not to check the options
     tf = LazyModule("tensorflow")
 
@@ -85,6 +87,11 @@ class ImageFormat:
                 f"layer's output inside the model"
             )
         return chosen
+
+    def keeps_stored_pixels(self, augmenter: Augmenter) -> bool:
+        """Whether the decoded uint8 pixels are already the output's values:
+        uint8 output and nothing that computes in float (element or batch ops)."""
+        return self.dtype == "uint8" and not augmenter.has_element_work and not augmenter.batch_ops
 
     def image(self, image: tf.Tensor) -> tf.Tensor:
         if self.dtype == "uint8" and image.dtype != tf.uint8:
