@@ -12,6 +12,8 @@ Beam, OpenCV or yaml, so training jobs install just ``pip install kiln``.
 Public API:
   load: the `tf.data.Dataset` of a split (see `kiln.reader.dataset.load`).
   info: the dataset's `kiln.schemas.DatasetInfo` without building a dataset.
+  class_counts, class_weights: a split's images per class id, and
+    per-class weights ("balanced") for `load(class_weight=...)` or Keras.
   locate: the version folder a path resolves to (follows `LATEST`).
   register_augmentation: decorator for your own augmentation ops.
   validate: checks an augmentation list in YAML form (names, parameters).
@@ -24,7 +26,9 @@ Modules: `ops` declares augmentation ops (and holds kiln's element ops),
 `mixing` the batch ops, `augmenter` applies a validated list, `dataset`
 reads, `location` finds a dataset and reads its kiln.json, `layer` is the
 Keras layer, `seeds` derives per-element seeds, `targets` moves boxes, masks
-and keypoints with the image. Importing the package registers kiln's own ops
+and keypoints with the image; `labels` (one-hot, multi-hot, smoothing),
+`class_weights` and `output` (image dtype and layout) give the last step
+the form a trainer asked for. Importing the package registers kiln's own ops
 without importing TensorFlow (`kiln.lazy_import`): validating an
 augmentation list, `info` and `locate` on local paths do not need it; `load`
 and the layer do, and import it when first asked for.
@@ -32,6 +36,7 @@ and the layer do, and import it when first asked for.
 
 # mixing is imported for its registrations: mixup and cutmix.
 from kiln.reader import mixing  # noqa: F401
+from kiln.reader.class_weights import class_counts, class_weights
 from kiln.reader.location import info, locate
 from kiln.reader.ops import (
     Augmentation,
@@ -51,6 +56,8 @@ __all__ = [
     "ElementTargets",
     "TargetError",
     "TargetSpec",
+    "class_counts",
+    "class_weights",
     "info",
     "load",
     "locate",

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from kiln.reader import seeds as seeding
 from kiln.reader.augmenter import Augmenter, decode, standardize
+from kiln.reader.class_weights import ExampleWeights
+from kiln.reader.labels import LabelEncoding
 from kiln.reader.location import info, join, locate
 from kiln.reader.ops import AugmentConfigError, to_float, validate
+from kiln.reader.output import ImageFormat, Output
 from kiln.reader.targets import BatchTargets, ElementTargets, TargetError, TargetSpec
 from kiln.schemas import (
     METADATA_FILENAME,
@@ -69,6 +72,11 @@ def load(
     augment_on: str = "data",
     shuffle_buffer: int | None = None,
     max_objects: int | None = None,
+    one_hot: bool = False,
+    label_smoothing: float = 0.0,
+    class_weight: str | Mapping[int, float] | None = None,
+    dtype: str = "float32",
+    data_format: str = "channels_last",
 ):
     """A `tf.data.Dataset` of a split of the kiln dataset at `path`.
 
@@ -135,19 +143,42 @@ def load(
         before padding, at most `max_objects`). Padded ``classes`` are -1,
         everything else padded is 0. Objects beyond it are cut, the first
         ones kept: choose it from kiln.json's object statistics.
+      one_hot: Class vectors instead of ids: ``label`` one-hot, multi-label
+        ``labels`` multi-hot, float32 ``[batch, num_classes]`` (see
+        `kiln.reader.labels`). Per-object ``classes`` stay ids.
+      label_smoothing: In [0, 1), as Keras's losses smooth: one-hot
+        ``y * (1 - s) + s / num_classes``, multi-hot ``y * (1 - s) + s / 2``.
+        Needs `one_hot` (or mixup/cutmix, whose labels are one-hot).
+      class_weight: ``"balanced"`` (`kiln.reader.class_weights` of this
+        split) or ``{class id: weight}`` (ids left out weigh 1): yield
+        ``(image, label, sample_weight)``, the weight float32 ``[batch]``
+        from each example's label (for labels mixed by mixup/cutmix, the
+        mix of their weights), taken before smoothing. Keras weighs the loss
+        with it, also under a `tf.distribute` strategy, where
+        ``fit(class_weight=...)`` fails. Needs ``as_supervised``.
+      dtype: The image's dtype: ``"float32"``, ``"bfloat16"``, or
+        ``"uint8"`` (the 0..255 scale rounded; refused with `normalize`).
+        Masks stay uint8. See `kiln.reader.output.ImageFormat`.
+      data_format: ``"channels_last"`` ``[batch, height, width, channels]``
+        or ``"channels_first"`` ``[batch, channels, height, width]``; masks
+        (``mask``, ``instance_masks``) move their channel axis likewise.
 
     Returns:
       The dataset; with ``augment_on="model"`` a ``(dataset, layer)`` tuple.
-      Images are float32 ``[batch, height, width, channels]`` (uint8 in model
-      mode). Labels are int64 class ids (indices into ``info(path).class_names``),
-      or float32 one-hot ``[batch, num_classes]`` when the list has mixup or
-      cutmix.
+      Images are float32 ``[batch, height, width, channels]`` unless `dtype`
+      or `data_format` say otherwise (uint8 in model mode). Labels are int64
+      class ids (indices into ``info(path).class_names``), or float32 one-hot
+      ``[batch, num_classes]`` when the list has mixup or cutmix (or
+      `one_hot`); with `class_weight` each element has a third member, its
+      weight.
 
     Raises:
       MetadataError: for a path that is not a kiln dataset, or a missing split.
       AugmentConfigError: naming the list entry and parameter that is wrong.
       AugmentOpError: for a user op that ignores its seed or cannot be traced.
       ValueError: for argument combinations that cannot work, with the reason.
+      TargetError: for an option the dataset's targets do not allow (e.g.
+        `one_hot` without per-image labels, `class_weight` without ``label``).
     """
     dataset_dir = locate(path)
     metadata = info(dataset_dir)
@@ -165,6 +196,18 @@ def load(
             f"augment_on='model': {[a.name for a in augmenter.batch_ops]} mix labels, which a "
             f"layer inside the model cannot change; use augment_on='data' for them"
         )
+    model_side = augment_on == "model"
+    output = Output(
+        ImageFormat.checked(dtype, data_format, normalize=normalize, model_side=model_side),
+        LabelEncoding.checked(
+            metadata.num_classes,
+            spec,
+            one_hot=one_hot,
+            label_smoothing=label_smoothing,
+            mixes_labels=bool(augmenter.batch_ops),
+        ),
+        _example_weights(class_weight, metadata, split, spec, as_supervised),
+    )
     if augmenter.batch_ops and batch_size is None:
         raise ValueError(
             f"{[a.name for a in augmenter.batch_ops]} mix images of a batch: pass a batch_size"
@@ -192,14 +235,14 @@ def load(
     elif repeat is not False and repeat != 1:
         passes = passes.repeat(repeat)
 
-    model_side = augment_on == "model"
     decoding = _Decoding(
         augmenter=Augmenter(()) if model_side else augmenter,
         encoding=metadata.encoding["format"],
         channels=metadata.channels,
         image_size=metadata.image_size,
         keep_seeds=model_side or bool(augmenter.batch_ops),
-        as_float=not model_side,
+        # uint8 output of unaugmented images skips the float round trip.
+        as_float=not model_side and not output.image_format.keeps_stored_pixels(augmenter),
         schema=schema,
         targets=spec,
     )
@@ -284,8 +327,11 @@ def load(
             return image, batch["label"]
         return batch
 
+    def finished(batch):
+        return output.apply(finish(batch))
+
     dataset = dataset.map(
-        _unconverted(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+        _unconverted(finished), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
     )
     cardinality = share.cardinality(repeat, batch_size, drop_remainder)
     if cardinality is not None:
@@ -335,6 +381,18 @@ def _check_max_objects(max_objects: int | None, spec: TargetSpec) -> None:
         raise TargetError(
             f"max_objects={max_objects}: this dataset has no objects (targets {list(spec.kinds)})"
         )
+
+
+def _example_weights(class_weight, metadata, split, spec, as_supervised):
+    if class_weight is None:
+        return None
+    if not as_supervised:
+        raise ValueError(
+            "class_weight yields (image, label, sample_weight) for Keras; with "
+            "as_supervised=False, weigh the dict's label yourself "
+            "(kiln.reader.class_weights gives the dict)"
+        )
+    return ExampleWeights.checked(class_weight, metadata, split, spec)
 
 
 def _augmenter(metadata: DatasetInfo, split: str, augment, dataset_dir: str) -> Augmenter:
