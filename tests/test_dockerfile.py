@@ -53,9 +53,7 @@ def test_keeps_the_sdk_entrypoint_installs_the_worker_extras_and_ends_with_pip_c
     kinds = [kind for kind, _ in instructions()]
     assert "ENTRYPOINT" not in kinds and "CMD" not in kinds  # the runner starts the SDK's boot
     runs = [value for kind, value in instructions() if kind == "RUN"]
-    installs = [
-        re.fullmatch(r'pip install --no-cache-dir "\.\[([a-z,]+)\]"', run) for run in runs
-    ]
+    installs = [re.fullmatch(r'pip install --no-cache-dir "\.\[([a-z,]+)\]"', run) for run in runs]
     (extras,) = [set(match.group(1).split(",")) for match in installs if match]
     assert extras == WORKER_EXTRAS
     assert instructions()[-1] == ("RUN", "pip check")
