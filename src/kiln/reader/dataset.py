@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from kiln.reader import seeds as seeding
 from kiln.reader.augmenter import Augmenter, decode, standardize
-from kiln.reader.location import info, join, locate
+from kiln.reader.location import info
 from kiln.reader.ops import AugmentConfigError, to_float, validate
 from kiln.reader.targets import BatchTargets, ElementTargets, TargetError, TargetSpec
 from kiln.schemas import (
@@ -33,6 +33,7 @@ from kiln.schemas import (
     Schema,
     schema_for,
 )
+from kiln.schemas.location import join, locate
 
 logger = logging.getLogger(__name__)
 
