@@ -33,7 +33,7 @@ from kiln.schemas import (
     Schema,
     schema_for,
 )
-from kiln.schemas.location import join, locate
+from kiln.schemas.location import join, locate, read_buffer_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -654,9 +654,12 @@ def _one_pass(
             len(share.files), seed=seeding.derive(base_seed, "files"), reshuffle_each_iteration=True
         )
     compression_type = {None: "", "gzip": "GZIP"}[compression]
+    buffer_size = read_buffer_bytes(share.files[0])
     ordered = deterministic or share.by_element
     records = files.interleave(
-        lambda filename: tf.data.TFRecordDataset(filename, compression_type=compression_type),
+        lambda filename: tf.data.TFRecordDataset(
+            filename, compression_type=compression_type, buffer_size=buffer_size
+        ),
         cycle_length=min(len(share.files), _CYCLE_LENGTH),
         block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE,

@@ -41,7 +41,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
 from kiln.schemas import location
-from kiln.schemas.location import exists, join, open_file, read_text
+from kiln.schemas.location import exists, join, open_file, read_buffer_bytes, read_text
 from kiln.schemas.metadata import (
     INDEX_FILENAME,
     METADATA_FILENAME,
@@ -198,7 +198,9 @@ def _records_from_shards(
         ]
         if not files:
             continue
-        batches = tf.data.TFRecordDataset(files, compression_type=compression).batch(1024)
+        batches = tf.data.TFRecordDataset(
+            files, compression_type=compression, buffer_size=read_buffer_bytes(files[0])
+        ).batch(1024)
         for batch in batches.map(lambda serialized: tf.io.parse_example(serialized, spec)):
             keys, hashes, labels = (batch[feature.key].numpy() for feature in features)
             for key, content, label in zip(keys, hashes, labels, strict=True):
