@@ -24,7 +24,7 @@ from kiln.reader import seeds as seeding
 from kiln.reader.augmenter import Augmenter, decode, standardize
 from kiln.reader.class_weights import ExampleWeights
 from kiln.reader.labels import LabelEncoding
-from kiln.reader.location import info, join, locate
+from kiln.reader.location import info
 from kiln.reader.ops import AugmentConfigError, to_float, validate
 from kiln.reader.output import ImageFormat, Output
 from kiln.reader.targets import BatchTargets, ElementTargets, TargetError, TargetSpec
@@ -36,6 +36,7 @@ from kiln.schemas import (
     Schema,
     schema_for,
 )
+from kiln.schemas.location import join, locate, read_buffer_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -711,9 +712,12 @@ def _one_pass(
             len(share.files), seed=seeding.derive(base_seed, "files"), reshuffle_each_iteration=True
         )
     compression_type = {None: "", "gzip": "GZIP"}[compression]
+    buffer_size = read_buffer_bytes(share.files[0])
     ordered = deterministic or share.by_element
     records = files.interleave(
-        lambda filename: tf.data.TFRecordDataset(filename, compression_type=compression_type),
+        lambda filename: tf.data.TFRecordDataset(
+            filename, compression_type=compression_type, buffer_size=buffer_size
+        ),
         cycle_length=min(len(share.files), _CYCLE_LENGTH),
         block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE,
