@@ -21,7 +21,7 @@ import targets_data as data
 from kiln.pipeline import build, record_index
 from kiln.pipeline.command import summary
 from kiln.pipeline.statistics import ObjectSums
-from kiln.schemas import INDEX_FILENAME
+from kiln.schemas import INDEX_FILENAME, version_diff
 from test_targets_build import config, digests
 
 COUNT = 12
@@ -214,3 +214,41 @@ def test_moving_the_data_reuses_every_record_and_keeps_the_version(corpus, tmp_p
     assert result.incremental.reused == COUNT
     assert result.counters.get("images_decoded", 0) == 0
     assert result.version == base.version
+
+
+def test_kiln_diff_counts_an_annotation_only_edit_as_changed(corpus, tmp_path):
+    manifest = str(corpus / "manifest.jsonl")
+    spec = config(manifest, tmp_path / "out")
+    base = build(spec)
+    rows = read_rows(corpus)
+    box = rows[2]["objects"][1]["bbox"]  # the image's bytes stay the same
+    rows[2]["objects"][1]["bbox"] = [box[0] + 1, box[1], box[2] + 1, box[3]]
+    write_rows(corpus, rows)
+    new = build(spec)
+
+    diff = version_diff.compare(
+        version_diff.open_version(base.dataset_dir), version_diff.open_version(new.dataset_dir)
+    )
+    assert diff.records_from == "index"
+    totals = diff.totals()
+    assert (totals.changed, totals.added, totals.removed) == (1, 0, 0)
+
+
+def test_kiln_diff_of_records_without_an_image_label_names_no_class(corpus, tmp_path):
+    targets = {name: value for name, value in data.TARGETS.items() if name != "label"}
+    rows = read_rows(corpus)
+    for row in rows:
+        row.pop("label", None)
+    write_rows(corpus, rows[:-1])
+    spec = config(str(corpus / "manifest.jsonl"), tmp_path / "out", targets=targets)
+    base = build(spec)
+    write_rows(corpus, rows)  # one image more
+    new = build(spec)
+
+    diff = version_diff.compare(
+        version_diff.open_version(base.dataset_dir), version_diff.open_version(new.dataset_dir)
+    )
+    assert diff.totals().added == 1
+    # The added record has label id -1: no class of the list gets it.
+    for (_, name), change in diff.cells.items():
+        assert change.added == (1 if name == version_diff.NO_CLASS else 0), name

@@ -36,7 +36,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
@@ -116,13 +116,27 @@ def open_version(path: str, relative_to: str | None = None) -> Version:
 # -- the records' identities --
 
 
+# The class of records that carry no image label (label id -1: a detection
+# or segmentation dataset without `label`). Not in any class list, so it
+# counts in the split totals but has no row of its own.
+NO_CLASS = ""
+
+
+def _class_name(names: Sequence[str], label: int) -> str:
+    return NO_CLASS if label < 0 else names[label]
+
+
 class RecordIdentity(NamedTuple):
     """What a record is, for a comparison: its key and content, where it is stored."""
 
     key: str
     sha256: str
     split: str
-    label: str  # the class name
+    label: str  # the class name; NO_CLASS for a record without an image label
+    # A dataset with targets: the record index's ``inputs`` (its annotations
+    # and the mask files' content), so an annotation-only edit is a change.
+    # None where unknown (classification, or read from the shards).
+    annotations: str | None = None
 
 
 def _shard_ids(info: DatasetInfo) -> set[tuple[str, str, str]]:
@@ -156,6 +170,7 @@ def _records_from_index(
     if not exists(path):
         raise MetadataError(f"{path} is missing, but kiln.json records its sha256")
     names = version.info.class_names
+    with_targets = version.info.targets is not None
     digest = hashlib.sha256()
     with open_file(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
@@ -166,7 +181,11 @@ def _records_from_index(
                 if (split, shard) in skip_shards:
                     continue
                 yield RecordIdentity(
-                    str(row["key"]), str(row["sha256"]), split, names[row["label"]]
+                    str(row["key"]),
+                    str(row["sha256"]),
+                    split,
+                    _class_name(names, int(row["label"])),
+                    str(row["inputs"]) if with_targets else None,
                 )
             except (KeyError, TypeError, ValueError, IndexError) as e:
                 raise MetadataError(
@@ -204,7 +223,9 @@ def _records_from_shards(
         for batch in batches.map(lambda serialized: tf.io.parse_example(serialized, spec)):
             keys, hashes, labels = (batch[feature.key].numpy() for feature in features)
             for key, content, label in zip(keys, hashes, labels, strict=True):
-                yield RecordIdentity(key.decode(), content.decode(), split.name, names[label])
+                yield RecordIdentity(
+                    key.decode(), content.decode(), split.name, _class_name(names, int(label))
+                )
 
 
 # -- the comparison --
@@ -541,7 +562,7 @@ def compare(old: Version, new: Version) -> VersionDiff:
             elif (previous.split, previous.label) != (record.split, record.label):
                 cell(record.split, record.label).moved_in += 1
                 cell(previous.split, previous.label).moved_out += 1
-            elif previous.sha256 != record.sha256:
+            elif previous.sha256 != record.sha256 or _annotations_differ(previous, record):
                 cell(record.split, record.label).changed += 1
         for record in before.values():
             cell(record.split, record.label).removed += 1
@@ -550,6 +571,12 @@ def compare(old: Version, new: Version) -> VersionDiff:
     for (split_name, _), change in sorted(cells.items()):
         _add_to(split_changes.setdefault(split_name, CellChange()), change)
     return VersionDiff(old, new, records_from, split_changes, cells)
+
+
+def _annotations_differ(old: RecordIdentity, new: RecordIdentity) -> bool:
+    """Known on both sides and different (a class whose id moved counts too:
+    the annotations name classes by id)."""
+    return None not in (old.annotations, new.annotations) and old.annotations != new.annotations
 
 
 def _add_to(total: CellChange, change: CellChange) -> None:
