@@ -3,41 +3,89 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
+
+import pytest
 
 import kiln.reader
 from reader.builds import split_keys
 from reader.fresh_process import run_python
 
 
-def test_tf_data_service_delivers_every_record(png_dataset):
+@pytest.fixture(scope="module")
+def tf_data_service():
+    """A tf.data service on localhost: a dispatcher and two workers, stopped afterwards."""
     import tensorflow as tf
 
     service = tf.data.experimental.service
     dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
-    worker = service.WorkerServer(
-        service.WorkerConfig(dispatcher_address=dispatcher.target.split("://")[1], port=0)
-    )
+    address = dispatcher.target.split("://")[1]
+    workers = []
     try:
-        dataset = kiln.reader.load(
-            png_dataset.dataset_dir, batch_size=8, seed=4, as_supervised=False
-        )
-        distributed = dataset.apply(
-            service.distribute(
-                processing_mode=service.ShardingPolicy.OFF,
-                service=dispatcher.target,
-                job_name="kiln-reader-test",
+        for _ in range(2):
+            workers.append(
+                service.WorkerServer(service.WorkerConfig(dispatcher_address=address, port=0))
             )
-        )
-        keys, shapes = [], set()
-        for batch in distributed:
-            keys += batch["key"].numpy().tolist()
-            shapes.add(tuple(batch["image"].shape[1:]))
-        assert collections.Counter(keys) == collections.Counter(split_keys(png_dataset, "train"))
-        assert shapes == {(24, 24, 3)}
+        yield dispatcher.target
     finally:
-        worker._stop()
+        for worker in workers:
+            worker._stop()
         dispatcher._stop()
+
+
+def elements(dataset) -> collections.Counter:
+    """Each element as (key, sha256 of its augmented pixels), counted."""
+    return collections.Counter(
+        (key, hashlib.sha256(image.tobytes()).hexdigest())
+        for batch in dataset
+        for key, image in zip(batch["key"].numpy(), batch["image"].numpy(), strict=True)
+    )
+
+
+def through_service(dataset, target: str, mode: str):
+    import tensorflow as tf
+
+    return dataset.apply(
+        tf.data.experimental.service.distribute(processing_mode=mode, service=target)
+    )
+
+
+def test_distributed_epoch_delivers_every_record_once_per_pass_augmented_as_locally(
+    png_dataset, tf_data_service
+):
+    def make(**kwargs):
+        return kiln.reader.load(
+            png_dataset.dataset_dir, batch_size=8, seed=4, repeat=2, as_supervised=False, **kwargs
+        )
+
+    local = elements(make())
+    # Two workers, each handed shard files by the dispatcher as it asks.
+    distributed = elements(
+        through_service(make(dynamic_sharding=True), tf_data_service, "distributed_epoch")
+    )
+    every = split_keys(png_dataset, "train")
+    assert collections.Counter(key for key, _ in distributed) == collections.Counter(every * 2)
+    # Each record's augmentation in each pass is the local stream's.
+    assert distributed == local
+    assert len(local) == 2 * len(every)  # two passes, every image augmented anew
+
+
+def test_parallel_epochs_every_worker_delivers_the_seeded_stream(png_dataset, tf_data_service):
+    dataset = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=4, as_supervised=False)
+    local = elements(dataset)
+    distributed = elements(through_service(dataset, tf_data_service, "parallel_epochs"))
+    assert distributed == local + local  # two workers, each the whole stream
+
+
+def test_dynamic_sharding_excludes_an_input_context(png_dataset):
+    import tensorflow as tf
+
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
+    with pytest.raises(ValueError, match=r"dynamic_sharding=True: tf\.data service hands out"):
+        kiln.reader.load(
+            png_dataset.dataset_dir, batch_size=8, dynamic_sharding=True, input_context=context
+        )
 
 
 # Two logical CPUs must be configured before TensorFlow initializes its
