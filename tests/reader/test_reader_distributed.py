@@ -125,3 +125,75 @@ def test_mirrored_strategy_replicas_see_disjoint_data(png_dataset):
     assert first and second and not set(first) & set(second)
     every = [key.decode() for key in split_keys(png_dataset, "train")]
     assert collections.Counter(first + second) == collections.Counter(every)
+
+
+# Trains some steps on two replicas, saves (model variable and input
+# position), then either continues (save) or restores and continues (restore).
+REPLICA_CHECKPOINT = """
+import itertools, json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import kiln.reader
+
+path, directory, mode = sys.argv[1:4]
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+def dataset_fn(context):
+    return kiln.reader.load(path, batch_size=context.get_per_replica_batch_size(8), seed=3,
+                            repeat=2, input_context=context, as_supervised=False)
+
+with strategy.scope():
+    weight = tf.Variable(0.0)
+inputs = kiln.reader.ReplicaIterator(strategy, dataset_fn)
+checkpoint = tf.train.Checkpoint(weight=weight, data=inputs)
+
+@tf.function
+def train_step(batch):
+    def replica_step(b):
+        mean = tf.reduce_mean(b["image"])
+        tf.distribute.get_replica_context().merge_call(
+            lambda strategy, value: weight.assign_add(
+                strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)), args=(mean,))
+        return b["key"], tf.reduce_sum(b["image"], axis=[1, 2, 3])
+    return strategy.run(replica_step, args=(batch,))
+
+def run(steps=None):
+    out = []
+    for batch in itertools.islice(inputs, steps):
+        keys, sums = train_step(batch)
+        out.append([[[k.decode() for k in k_.numpy().tolist()], [round(float(s), 3) for s in s_]]
+                    for k_, s_ in zip(strategy.experimental_local_results(keys),
+                                      strategy.experimental_local_results(sums))])
+    return out
+
+if mode == "save":
+    first = run(5)
+    checkpoint.write(directory)
+    print(json.dumps({"first": first, "rest": run(), "weight": float(weight.numpy())}))
+else:
+    checkpoint.read(directory).assert_consumed()
+    print(json.dumps({"rest": run(), "weight": float(weight.numpy())}))
+"""
+
+
+def test_replica_iterator_checkpoint_resumes_in_a_fresh_process(png_dataset, tmp_path):
+    path, directory = png_dataset.dataset_dir, str(tmp_path / "ckpt")
+    saved = json.loads(run_python(REPLICA_CHECKPOINT, path, directory, "save").splitlines()[-1])
+    restored = json.loads(
+        run_python(REPLICA_CHECKPOINT, path, directory, "restore").splitlines()[-1]
+    )
+    # The restored run continues with exactly the uninterrupted run's batches
+    # (keys and augmented pixels), into the second pass, and the same weight.
+    assert restored["rest"] == saved["rest"] and len(saved["rest"]) > 5
+    assert restored["weight"] == pytest.approx(saved["weight"], rel=1e-6)
+    steps = saved["first"] + saved["rest"]
+    # Both replicas take every step, on disjoint records of equal shares.
+    assert all(len(step) == 2 and step[0][0] and step[1][0] for step in steps)
+    first = [key for step in steps for key in step[0][0]]
+    second = [key for step in steps for key in step[1][0]]
+    assert not set(first) & set(second)
+    # 47 records: two shares of 23 per pass (the larger share skips one).
+    total = png_dataset.info.splits["train"].num_examples
+    assert len(first) == len(second) == 2 * (total // 2)
+    assert max(collections.Counter(first + second).values()) == 2  # at most once per pass
