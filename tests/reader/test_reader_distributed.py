@@ -197,3 +197,55 @@ def test_replica_iterator_checkpoint_resumes_in_a_fresh_process(png_dataset, tmp
     total = png_dataset.info.splits["train"].num_examples
     assert len(first) == len(second) == 2 * (total // 2)
     assert max(collections.Counter(first + second).values()) == 2  # at most once per pass
+
+
+# Keras fit under MirroredStrategy with kiln's per-replica pipelines: steps
+# announced (from the dataset's cardinality) and steps run, per epoch.
+KERAS_FIT_PER_REPLICA = """import json, sys, warnings
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import kiln.reader
+keras = tf.keras
+path = sys.argv[1]
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+def dataset_fn(context):
+    return kiln.reader.load(path, batch_size=context.get_per_replica_batch_size(8), seed=3,
+                            input_context=context, normalize=True)
+
+class Steps(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.announced, self.ran = self.params["steps"], []
+    def on_epoch_begin(self, epoch, logs=None):
+        self.ran.append(0)
+    def on_train_batch_end(self, batch, logs=None):
+        self.ran[-1] += 1
+
+with strategy.scope():
+    model = keras.Sequential([keras.Input((24, 24, 3)),
+                              keras.layers.Conv2D(8, 3, activation="relu"),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+# One kiln pipeline per replica: the dataset's cardinality is then the
+# replica's step count, which Keras announces.
+options = tf.distribute.InputOptions(
+    experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+    experimental_fetch_to_device=False)
+train = strategy.distribute_datasets_from_function(dataset_fn, options)
+steps = Steps()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    model.fit(train, epochs=2, verbose=0, callbacks=[steps])
+ran_out = [str(w.message)[:80] for w in caught if "ran out" in str(w.message)]
+print(json.dumps({"announced": steps.announced, "ran": steps.ran, "warnings": ran_out}))
+"""
+
+
+def test_keras_fit_under_mirrored_strategy_runs_the_steps_it_announces(png_dataset):
+    out = json.loads(run_python(KERAS_FIT_PER_REPLICA, png_dataset.dataset_dir).splitlines()[-1])
+    total = png_dataset.info.splits["train"].num_examples
+    # Two replicas, 23 records each (47 // 2), batches of 4: 6 steps an epoch.
+    assert out["announced"] == -(-(total // 2) // 4)
+    assert out["ran"] == [out["announced"]] * 2
+    assert out["warnings"] == []
