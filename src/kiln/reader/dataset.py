@@ -8,7 +8,8 @@ batch, apply batch ops (mixup, cutmix), normalize, prefetch.
 
 Nothing in the graph calls back into Python (no `py_function`), so the
 dataset serializes: it runs on TPU hosts, in tf.data service workers, and
-its iterators can be checkpointed.
+its iterators can be checkpointed (under a `tf.distribute` strategy, one per
+replica: `kiln.reader.ReplicaIterator`).
 """
 
 from __future__ import annotations
@@ -106,7 +107,10 @@ def load(
         of the files left over. Every pipeline reads as many records per pass
         as the smallest share holds (a few records of the larger shares are
         skipped, different ones each shuffled pass), so all take the same
-        number of steps. Give each pipeline its per-replica batch size.
+        number of steps. Give each pipeline its per-replica batch size. Keras
+        takes its steps per epoch from the cardinality of one pipeline: exact
+        with one pipeline per replica (``InputReplicationMode.PER_REPLICA``),
+        too many when one pipeline feeds several replicas.
       as_supervised: Yield ``(image, label)``; for a dataset with targets
         (boxes, masks, keypoints, multi-label, extras) ``(image, targets)``
         with `targets` a dict: ``label``, ``labels``, ``boxes``, ``classes``,
