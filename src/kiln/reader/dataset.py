@@ -709,8 +709,9 @@ def _one_pass(
         # Striding within each file keeps the shares disjoint in any file order.
         return records.shard(stride, offset) if strided else records
 
-    # Parallel (also when deterministic): under tf.data service dynamic
-    # sharding the sequential interleave reads files twice.
+    # Parallel also when deterministic: under tf.data service dynamic
+    # sharding with two workers, the sequential interleave after a file
+    # shuffle delivered every record twice (TF 2.21).
     records = files.interleave(
         read,
         cycle_length=min(len(share.files), _CYCLE_LENGTH),
