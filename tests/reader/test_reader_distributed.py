@@ -3,41 +3,89 @@
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
+
+import pytest
 
 import kiln.reader
 from reader.builds import split_keys
 from reader.fresh_process import run_python
 
 
-def test_tf_data_service_delivers_every_record(png_dataset):
+@pytest.fixture(scope="module")
+def tf_data_service():
+    """A tf.data service on localhost: a dispatcher and two workers, stopped afterwards."""
     import tensorflow as tf
 
     service = tf.data.experimental.service
     dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
-    worker = service.WorkerServer(
-        service.WorkerConfig(dispatcher_address=dispatcher.target.split("://")[1], port=0)
-    )
+    address = dispatcher.target.split("://")[1]
+    workers = []
     try:
-        dataset = kiln.reader.load(
-            png_dataset.dataset_dir, batch_size=8, seed=4, as_supervised=False
-        )
-        distributed = dataset.apply(
-            service.distribute(
-                processing_mode=service.ShardingPolicy.OFF,
-                service=dispatcher.target,
-                job_name="kiln-reader-test",
+        for _ in range(2):
+            workers.append(
+                service.WorkerServer(service.WorkerConfig(dispatcher_address=address, port=0))
             )
-        )
-        keys, shapes = [], set()
-        for batch in distributed:
-            keys += batch["key"].numpy().tolist()
-            shapes.add(tuple(batch["image"].shape[1:]))
-        assert collections.Counter(keys) == collections.Counter(split_keys(png_dataset, "train"))
-        assert shapes == {(24, 24, 3)}
+        yield dispatcher.target
     finally:
-        worker._stop()
+        for worker in workers:
+            worker._stop()
         dispatcher._stop()
+
+
+def elements(dataset) -> collections.Counter:
+    """Each element as (key, sha256 of its augmented pixels), counted."""
+    return collections.Counter(
+        (key, hashlib.sha256(image.tobytes()).hexdigest())
+        for batch in dataset
+        for key, image in zip(batch["key"].numpy(), batch["image"].numpy(), strict=True)
+    )
+
+
+def through_service(dataset, target: str, mode: str):
+    import tensorflow as tf
+
+    return dataset.apply(
+        tf.data.experimental.service.distribute(processing_mode=mode, service=target)
+    )
+
+
+def test_distributed_epoch_delivers_every_record_once_per_pass_augmented_as_locally(
+    png_dataset, tf_data_service
+):
+    def make(**kwargs):
+        return kiln.reader.load(
+            png_dataset.dataset_dir, batch_size=8, seed=4, repeat=2, as_supervised=False, **kwargs
+        )
+
+    local = elements(make())
+    # Two workers, each handed shard files by the dispatcher as it asks.
+    distributed = elements(
+        through_service(make(dynamic_sharding=True), tf_data_service, "distributed_epoch")
+    )
+    every = split_keys(png_dataset, "train")
+    assert collections.Counter(key for key, _ in distributed) == collections.Counter(every * 2)
+    # Each record's augmentation in each pass is the local stream's.
+    assert distributed == local
+    assert len(local) == 2 * len(every)  # two passes, every image augmented anew
+
+
+def test_parallel_epochs_every_worker_delivers_the_seeded_stream(png_dataset, tf_data_service):
+    dataset = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=4, as_supervised=False)
+    local = elements(dataset)
+    distributed = elements(through_service(dataset, tf_data_service, "parallel_epochs"))
+    assert distributed == local + local  # two workers, each the whole stream
+
+
+def test_dynamic_sharding_excludes_an_input_context(png_dataset):
+    import tensorflow as tf
+
+    context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
+    with pytest.raises(ValueError, match=r"dynamic_sharding=True: tf\.data service hands out"):
+        kiln.reader.load(
+            png_dataset.dataset_dir, batch_size=8, dynamic_sharding=True, input_context=context
+        )
 
 
 # Two logical CPUs must be configured before TensorFlow initializes its
@@ -77,3 +125,127 @@ def test_mirrored_strategy_replicas_see_disjoint_data(png_dataset):
     assert first and second and not set(first) & set(second)
     every = [key.decode() for key in split_keys(png_dataset, "train")]
     assert collections.Counter(first + second) == collections.Counter(every)
+
+
+# Trains some steps on two replicas, saves (model variable and input
+# position), then either continues (save) or restores and continues (restore).
+REPLICA_CHECKPOINT = """
+import itertools, json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import kiln.reader
+
+path, directory, mode = sys.argv[1:4]
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+def dataset_fn(context):
+    return kiln.reader.load(path, batch_size=context.get_per_replica_batch_size(8), seed=3,
+                            repeat=2, input_context=context, as_supervised=False)
+
+with strategy.scope():
+    weight = tf.Variable(0.0)
+inputs = kiln.reader.ReplicaIterator(strategy, dataset_fn)
+checkpoint = tf.train.Checkpoint(weight=weight, data=inputs)
+
+@tf.function
+def train_step(batch):
+    def replica_step(b):
+        mean = tf.reduce_mean(b["image"])
+        tf.distribute.get_replica_context().merge_call(
+            lambda strategy, value: weight.assign_add(
+                strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)), args=(mean,))
+        return b["key"], tf.reduce_sum(b["image"], axis=[1, 2, 3])
+    return strategy.run(replica_step, args=(batch,))
+
+def run(steps=None):
+    out = []
+    for batch in itertools.islice(inputs, steps):
+        keys, sums = train_step(batch)
+        out.append([[[k.decode() for k in k_.numpy().tolist()], [round(float(s), 3) for s in s_]]
+                    for k_, s_ in zip(strategy.experimental_local_results(keys),
+                                      strategy.experimental_local_results(sums))])
+    return out
+
+if mode == "save":
+    first = run(5)
+    checkpoint.write(directory)
+    print(json.dumps({"first": first, "rest": run(), "weight": float(weight.numpy())}))
+else:
+    checkpoint.read(directory).assert_consumed()
+    print(json.dumps({"rest": run(), "weight": float(weight.numpy())}))
+"""
+
+
+def test_replica_iterator_checkpoint_resumes_in_a_fresh_process(png_dataset, tmp_path):
+    path, directory = png_dataset.dataset_dir, str(tmp_path / "ckpt")
+    saved = json.loads(run_python(REPLICA_CHECKPOINT, path, directory, "save").splitlines()[-1])
+    restored = json.loads(
+        run_python(REPLICA_CHECKPOINT, path, directory, "restore").splitlines()[-1]
+    )
+    # The restored run continues with exactly the uninterrupted run's batches
+    # (keys and augmented pixels), into the second pass, and the same weight.
+    assert restored["rest"] == saved["rest"] and len(saved["rest"]) > 5
+    assert restored["weight"] == pytest.approx(saved["weight"], rel=1e-6)
+    steps = saved["first"] + saved["rest"]
+    # Both replicas take every step, on disjoint records of equal shares.
+    assert all(len(step) == 2 and step[0][0] and step[1][0] for step in steps)
+    first = [key for step in steps for key in step[0][0]]
+    second = [key for step in steps for key in step[1][0]]
+    assert not set(first) & set(second)
+    # 47 records: two shares of 23 per pass (the larger share skips one).
+    total = png_dataset.info.splits["train"].num_examples
+    assert len(first) == len(second) == 2 * (total // 2)
+    assert max(collections.Counter(first + second).values()) == 2  # at most once per pass
+
+
+# Keras fit under MirroredStrategy with kiln's per-replica pipelines: steps
+# announced (from the dataset's cardinality) and steps run, per epoch.
+KERAS_FIT_PER_REPLICA = """import json, sys, warnings
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import kiln.reader
+keras = tf.keras
+path = sys.argv[1]
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+def dataset_fn(context):
+    return kiln.reader.load(path, batch_size=context.get_per_replica_batch_size(8), seed=3,
+                            input_context=context, normalize=True)
+
+class Steps(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.announced, self.ran = self.params["steps"], []
+    def on_epoch_begin(self, epoch, logs=None):
+        self.ran.append(0)
+    def on_train_batch_end(self, batch, logs=None):
+        self.ran[-1] += 1
+
+with strategy.scope():
+    model = keras.Sequential([keras.Input((24, 24, 3)),
+                              keras.layers.Conv2D(8, 3, activation="relu"),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+# One kiln pipeline per replica: the dataset's cardinality is then the
+# replica's step count, which Keras announces.
+options = tf.distribute.InputOptions(
+    experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+    experimental_fetch_to_device=False)
+train = strategy.distribute_datasets_from_function(dataset_fn, options)
+steps = Steps()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    model.fit(train, epochs=2, verbose=0, callbacks=[steps])
+ran_out = [str(w.message)[:80] for w in caught if "ran out" in str(w.message)]
+print(json.dumps({"announced": steps.announced, "ran": steps.ran, "warnings": ran_out}))
+"""
+
+
+def test_keras_fit_under_mirrored_strategy_runs_the_steps_it_announces(png_dataset):
+    out = json.loads(run_python(KERAS_FIT_PER_REPLICA, png_dataset.dataset_dir).splitlines()[-1])
+    total = png_dataset.info.splits["train"].num_examples
+    # Two replicas, 23 records each (47 // 2), batches of 4: 6 steps an epoch.
+    assert out["announced"] == -(-(total // 2) // 4)
+    assert out["ran"] == [out["announced"]] * 2
+    assert out["warnings"] == []

@@ -19,16 +19,19 @@ Public API:
   validate: checks an augmentation list in YAML form (names, parameters).
   names: registered augmentation op names.
   AugmentationLayer: the Keras layer for ``augment_on="model"``.
+  ReplicaIterator: per-replica input under a `tf.distribute` strategy that
+    `tf.train.Checkpoint` can save (`kiln.reader.replicas`).
   ElementTargets, TargetSpec, TargetError: targets (boxes, masks,
     keypoints) and how augmentations move them (`kiln.reader.targets`).
 
 Modules: `ops` declares augmentation ops (and holds kiln's element ops),
 `mixing` the batch ops, `augmenter` applies a validated list, `dataset`
 reads, `location` finds a dataset and reads its kiln.json, `layer` is the
-Keras layer, `seeds` derives per-element seeds, `targets` moves boxes, masks
-and keypoints with the image; `labels` (one-hot, multi-hot, smoothing),
-`class_weights` and `output` (image dtype and layout) give the last step
-the form a trainer asked for. Importing the package registers kiln's own ops
+Keras layer, `replicas` feeds a strategy's replicas, `seeds` derives
+per-element seeds, `targets` moves boxes, masks and keypoints with the
+image; `labels` (one-hot, multi-hot, smoothing), `class_weights` and
+`output` (image dtype and layout) give the last step the form a trainer
+asked for. Importing the package registers kiln's own ops
 without importing TensorFlow (`kiln.lazy_import`): validating an
 augmentation list, `info` and `locate` on local paths do not need it; `load`
 and the layer do, and import it when first asked for.
@@ -54,6 +57,7 @@ __all__ = [
     "AugmentationLayer",
     "DEFAULT_SHUFFLE_BUFFER",
     "ElementTargets",
+    "ReplicaIterator",
     "TargetError",
     "TargetSpec",
     "class_counts",
@@ -82,4 +86,8 @@ def __getattr__(name: str):
         from kiln.reader.layer import AugmentationLayer
 
         return AugmentationLayer
+    if name == "ReplicaIterator":
+        from kiln.reader.replicas import ReplicaIterator
+
+        return ReplicaIterator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,13 +2,14 @@
 
 Per pass over the data: list the split's shards from `kiln.json`, keep this
 input pipeline's share, shuffle the file order (seeded), read with a parallel
-interleave, shuffle records in a bounded buffer (seeded), number them, then
-per element: parse, derive the element's seed, decode and augment; then
+interleave, shuffle records in a bounded buffer (seeded), then per element:
+parse, derive the element's seed from its key, decode and augment; then
 batch, apply batch ops (mixup, cutmix), normalize, prefetch.
 
 Nothing in the graph calls back into Python (no `py_function`), so the
 dataset serializes: it runs on TPU hosts, in tf.data service workers, and
-its iterators can be checkpointed.
+its iterators can be checkpointed (under a `tf.distribute` strategy, one per
+replica: `kiln.reader.ReplicaIterator`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def load(
     class_weight: str | Mapping[int, float] | None = None,
     dtype: str = "float32",
     data_format: str = "channels_last",
+    dynamic_sharding: bool = False,
 ):
     """A `tf.data.Dataset` of a split of the kiln dataset at `path`.
 
@@ -110,9 +112,14 @@ def load(
         output size: a dataset stored at one size, or a crop op with a size.
       input_context: From `tf.distribute` (e.g. in
         `distribute_datasets_from_function`): this input pipeline reads a
-        disjoint share, whole files when there are at least as many files as
-        pipelines, else every n-th record. Give each pipeline its per-replica
-        batch size.
+        disjoint share: whole files dealt round-robin, and every n-th record
+        of the files left over. Every pipeline reads as many records per pass
+        as the smallest share holds (a few records of the larger shares are
+        skipped, different ones each shuffled pass), so all take the same
+        number of steps. Give each pipeline its per-replica batch size. Keras
+        takes its steps per epoch from the cardinality of one pipeline: exact
+        with one pipeline per replica (``InputReplicationMode.PER_REPLICA``),
+        too many when one pipeline feeds several replicas.
       as_supervised: Yield ``(image, label)``; for a dataset with targets
         (boxes, masks, keypoints, multi-label, extras) ``(image, targets)``
         with `targets` a dict: ``label``, ``labels``, ``boxes``, ``classes``,
@@ -163,6 +170,14 @@ def load(
       data_format: ``"channels_last"`` ``[batch, height, width, channels]``
         or ``"channels_first"`` ``[batch, channels, height, width]``; masks
         (``mask``, ``instance_masks``) move their channel axis likewise.
+      dynamic_sharding: For ``tf.data.experimental.service.distribute(
+        processing_mode="distributed_epoch")`` (``ShardingPolicy.DYNAMIC``):
+        the dispatcher hands each worker shard files as it asks for them,
+        so no worker knows its pass length and the dataset asserts no
+        cardinality (without this flag the workers fail with "Input dataset
+        was expected to contain N elements"). Each element's augmentation
+        depends on the seed, the pass and its record's key only, so it is
+        the same whichever worker reads it.
 
     Returns:
       The dataset; with ``augment_on="model"`` a ``(dataset, layer)`` tuple.
@@ -216,12 +231,12 @@ def load(
     shuffle = (split == "train") if shuffle is None else bool(shuffle)
     random_ops = augmenter.training and bool(augmenter.augmentations)
     base_seed = seeding.resolve(seed, matters=shuffle or random_ops)
-    share = _Share.of(dataset_dir, split_info, metadata, input_context)
-    if share.by_element and not deterministic:
-        logger.info(
-            "kiln.reader: sharding by element needs a fixed record order; "
-            "reading files deterministically"
+    if dynamic_sharding and input_context is not None:
+        raise ValueError(
+            "dynamic_sharding=True: tf.data service hands out the files, so there is no "
+            "input_context share to read; pass one or the other"
         )
+    share = _Share.of(dataset_dir, split_info, metadata, input_context)
 
     passes = _one_pass(
         share,
@@ -334,8 +349,8 @@ def load(
     dataset = dataset.map(
         _unconverted(finished), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
     )
-    cardinality = share.cardinality(repeat, batch_size, drop_remainder)
-    if cardinality is not None:
+    if not dynamic_sharding:
+        cardinality = share.cardinality(repeat, batch_size, drop_remainder)
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
@@ -443,7 +458,7 @@ def _statistics(metadata: DatasetInfo, split: str, dataset_dir: str):
 
 
 class _Decoding:
-    """Turns ``((position, serialized), pass_word)`` into decoded, augmented features.
+    """Turns ``(serialized, pass_word)`` into decoded, augmented features.
 
     Per element (parse, decode or fuse the first crop into JPEG decoding,
     augment), or, for raw pixels of one size with nothing to augment per
@@ -480,12 +495,11 @@ class _Decoding:
             and self.targets.classification_only
         )
 
-    def element(self, numbered, word):
-        position, serialized = numbered
+    def element(self, serialized, word):
         if not self.targets.classification_only:
-            return self._element_with_targets(position, serialized, word)
+            return self._element_with_targets(serialized, word)
         features = RECORD.parse(serialized)
-        seed = seeding.element_seed(word, position)
+        seed = seeding.element_seed(word, features["key"])
         if self.as_float:
             image = self.augmenter.decode_and_apply(
                 features,
@@ -503,9 +517,9 @@ class _Decoding:
             out["augment_seed"] = seed
         return out
 
-    def _element_with_targets(self, position, serialized, word):
+    def _element_with_targets(self, serialized, word):
         features = self.schema.parse(serialized)
-        seed = seeding.element_seed(word, position)
+        seed = seeding.element_seed(word, features["key"])
         targets = stored_targets(features, self.targets, self.image_size)
         if self.as_float:
             image, targets = self.augmenter.decode_and_apply_with_targets(
@@ -525,10 +539,9 @@ class _Decoding:
             out["augment_seed"] = seed
         return out
 
-    def raw_batch(self, numbered, words):
+    def raw_batch(self, serialized, words):
         if self.image_size is None:  # see `vectorizable`
             raise ValueError("decoding a batch at once needs the dataset's one image size")
-        positions, serialized = numbered
         features = RECORD.parse(serialized)
         height, width = self.image_size
         checks = [
@@ -550,7 +563,7 @@ class _Decoding:
         image.set_shape([serialized.shape[0], height, width, self.channels])
         out = dict(features, image=to_float(image) if self.as_float else image)
         if self.keep_seeds:
-            out["augment_seed"] = seeding.element_seed(words, positions)
+            out["augment_seed"] = seeding.element_seed(words, features["key"])
         return out
 
 
@@ -633,15 +646,25 @@ def pad_objects(targets: dict, spec: TargetSpec, max_objects: int, batched: bool
 
 
 class _Share:
-    """The files (and, when files are too few, the record stride) one input pipeline reads."""
+    """What one input pipeline reads per pass: its files, and how many records.
 
-    def __init__(self, files, counts, record_bytes, by_element, num_pipelines, pipeline):
+    With several pipelines (an `input_context`), each reads whole files
+    dealt round-robin plus every n-th record of the files left over (all of
+    them when there are fewer files than pipelines), and every pipeline
+    reads as many records per pass as the smallest share holds, so replicas
+    fed by different pipelines take the same number of steps.
+    """
+
+    def __init__(
+        self, files, num_records, record_bytes, strides=None, offsets=None, available=None
+    ):
         self.files = files
-        self.counts = counts
+        # Per file: stride 1 reads it whole, n every n-th record from its offset.
+        self.strides = strides or [1] * len(files)
+        self.offsets = offsets or [0] * len(files)
+        self.num_records = num_records  # records per pass
+        self.available = num_records if available is None else available
         self.record_bytes = record_bytes  # average encoded record size in the split
-        self.by_element = by_element
-        self.num_pipelines = num_pipelines
-        self.pipeline = pipeline
 
     @classmethod
     def of(cls, dataset_dir, split_info, metadata, input_context) -> _Share:
@@ -658,26 +681,52 @@ class _Share:
             raise MetadataError(f"{dataset_dir}: split {split_info.name!r} has no shards")
         record_bytes = sum(s.num_bytes for s in split_info.shards) / max(1, sum(counts))
         if input_context is None or input_context.num_input_pipelines == 1:
-            return cls(files, counts, record_bytes, False, 1, 0)
+            return cls(files, sum(counts), record_bytes)
         num, index = input_context.num_input_pipelines, input_context.input_pipeline_id
-        if len(files) >= num:
-            return cls(files[index::num], counts[index::num], record_bytes, False, num, index)
-        logger.info(
-            "kiln.reader: %d file(s) for %d input pipelines: sharding by record", len(files), num
+        whole = len(files) - len(files) % num
+        shared = range(whole, len(files))
+        # The files left over are strided as if they were one file, so their
+        # records divide among the pipelines as evenly as possible.
+        starts = [sum(counts[whole:i]) for i in shared]
+        shared_records = sum(counts[whole:])
+
+        def share_of(pipeline):
+            mine = [i for i in range(whole) if i % num == pipeline]
+            by_record = len(range(pipeline, shared_records, num))
+            return mine, sum(counts[i] for i in mine) + by_record
+
+        mine, available = share_of(index)
+        equal = min(share_of(pipeline)[1] for pipeline in range(num))
+        if whole < len(files):
+            logger.info(
+                "kiln.reader: %d file(s) for %d input pipelines: %d read whole, %d by record",
+                len(files),
+                num,
+                whole,
+                len(files) - whole,
+            )
+        if available > equal:
+            logger.info(
+                "kiln.reader: input pipeline %d of %d reads %d of its %d records per pass, "
+                "as many as the smallest share, so that replicas step together",
+                index,
+                num,
+                equal,
+                available,
+            )
+        return cls(
+            [files[i] for i in mine] + [files[i] for i in shared],
+            equal,
+            record_bytes,
+            strides=[1] * len(mine) + [num] * len(shared),
+            offsets=[0] * len(mine) + [(index - start) % num for start in starts],
+            available=available,
         )
-        return cls(files, counts, record_bytes, True, num, index)
 
     @property
     def default_shuffle_buffer(self) -> int:
         fits = int(SHUFFLE_BUFFER_BYTES // max(self.record_bytes, 1.0))
         return max(1, min(self.num_records, DEFAULT_SHUFFLE_BUFFER, max(_MIN_SHUFFLE_BUFFER, fits)))
-
-    @property
-    def num_records(self) -> int:
-        total = sum(self.counts)
-        if self.by_element:
-            return len(range(self.pipeline, total, self.num_pipelines))
-        return total
 
     def cardinality(self, repeat, batch_size, drop_remainder) -> int | None:
         if repeat is True:
@@ -697,40 +746,48 @@ def _one_pass(
     shuffle_buffer: int | None,
     compression: str | None,
 ) -> tf.data.Dataset:
-    """One pass over this pipeline's records: ``((position, serialized), pass_word)``.
+    """One pass over this pipeline's records: ``(serialized, pass_word)``.
 
     Shuffles use ``reshuffle_each_iteration=True`` with fixed seeds, so each
     pass (each `repeat` round, each new iterator) gets a new order that the
-    seed determines.
+    seed determines. The file list is the pipeline's first source, the one
+    tf.data service splits among its workers in ``distributed_epoch`` mode.
     """
-    files = tf.data.Dataset.from_tensor_slices(share.files)
-    # Sharding by record strides one file order shared by all pipelines; a
-    # per-pipeline seed (seed=None draws one per call) would break that, so
-    # the file order stays fixed there and only records are shuffled.
-    if shuffle and not share.by_element:
+    files = tf.data.Dataset.from_tensor_slices(
+        (share.files, tf.constant(share.strides, tf.int64), tf.constant(share.offsets, tf.int64))
+    )
+    if shuffle:
         files = files.shuffle(
             len(share.files), seed=seeding.derive(base_seed, "files"), reshuffle_each_iteration=True
         )
     compression_type = {None: "", "gzip": "GZIP"}[compression]
     buffer_size = read_buffer_bytes(share.files[0])
-    ordered = deterministic or share.by_element
-    records = files.interleave(
-        lambda filename: tf.data.TFRecordDataset(
+    strided = any(stride > 1 for stride in share.strides)
+
+    def read(filename, stride, offset):
+        records = tf.data.TFRecordDataset(
             filename, compression_type=compression_type, buffer_size=buffer_size
-        ),
+        )
+        # Striding within each file keeps the shares disjoint in any file order.
+        return records.shard(stride, offset) if strided else records
+
+    # Parallel also when deterministic: under tf.data service dynamic
+    # sharding with two workers, the sequential interleave after a file
+    # shuffle delivered every record twice (TF 2.21).
+    records = files.interleave(
+        read,
         cycle_length=min(len(share.files), _CYCLE_LENGTH),
         block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=ordered,
+        deterministic=deterministic,
     )
-    if share.by_element:
-        records = records.shard(share.num_pipelines, share.pipeline)
     if shuffle:
         buffer = shuffle_buffer or share.default_shuffle_buffer
         records = records.shuffle(
             buffer, seed=seeding.derive(base_seed, "records"), reshuffle_each_iteration=True
         )
-    words = seeding.pass_words(base_seed, share.pipeline)
+    if share.available > share.num_records:
+        records = records.take(share.num_records)
     # Nested as zip makes it: an extra map only to flatten the tuple would
     # cost a function call per element.
-    return tf.data.Dataset.zip(records.enumerate(), words)
+    return tf.data.Dataset.zip(records, seeding.pass_words(base_seed))

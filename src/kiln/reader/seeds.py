@@ -10,14 +10,23 @@ The contract (tested):
 Pass k of a seed is the same whether it comes from iterating the dataset k
 times (Keras epochs) or from ``repeat=k``.
 
-An element's seed is ``fold_in(fold_in(fold_in(base, epoch_key), pipeline),
-position)`` with `tf.random.fold_in` (stateless, so it is the same on any
-tf.data thread); `position` counts the elements of this pass in shuffled
-order. ``epoch_key`` is drawn once per pass over the data by
+An element's seed is a function of (seed, pass, the record's key) only: the
+pass word ``fold_in(fold_in(base, epoch_key), 0)[0]`` (`tf.random.fold_in`
+is stateless, so it is the same on any tf.data thread) mixed with a 62-bit
+fingerprint of the key. Not of the element's position in the stream nor of
+the input pipeline reading it: a record gets the same augmentation in pass
+k however the files are shared out (input pipelines, tf.data service
+workers handed files at run time), so any worker can augment any record.
+``epoch_key`` is drawn once per pass over the data by
 ``tf.data.Dataset.random(seed, rerandomize_each_iteration=True)``: its
 sequence of per-pass values is fixed by the seed, and iterator checkpoints
-save its position. Shuffle orders use `Dataset.shuffle` with integer seeds
-derived here and ``reshuffle_each_iteration=True`` (also a seeded sequence).
+save its position.
+
+Shuffle orders use `Dataset.shuffle` with integer seeds derived here and
+``reshuffle_each_iteration=True`` (also a seeded sequence).
+
+`STREAM_VERSION` names this derivation (and the reader's record order): it
+changes whenever the stream that a seed gives changes.
 
 TensorFlow mixes the global seed (`tf.random.set_seed`), when one is set,
 into `Dataset.shuffle` and `Dataset.random`: streams are equal across
@@ -41,6 +50,10 @@ else:  # imported when seeds are drawn as tensors
 logger = logging.getLogger(__name__)
 
 _INT31 = 2**31
+
+# Version of the seeded stream (order and augmentation) a seed gives: see the
+# module docstring; the golden stream test pins the current one.
+STREAM_VERSION = 2
 
 
 def resolve(seed: int | None, *, matters: bool = True) -> int:
@@ -84,33 +97,37 @@ def base_pair(seed: int) -> tf.Tensor:
     return tf.constant([value % _INT31, (value >> 31) % _INT31], tf.int32)
 
 
-def pass_words(seed: int, pipeline: int) -> tf.data.Dataset:
+def pass_words(seed: int) -> tf.data.Dataset:
     """An endless dataset repeating one int32 word, drawn anew on each pass.
 
-    The word is the first half of ``fold_in(pass_seed, anything)``, where
-    ``pass_seed = fold_in(fold_in(base_pair(seed), epoch_key), pipeline)``:
-    computed once per pass instead of once per element.
+    The word is the first half of ``fold_in(pass_seed, 0)``, where
+    ``pass_seed = fold_in(base_pair(seed), epoch_key)``: computed once per
+    pass instead of once per element.
     """
     base = base_pair(seed)
 
     def word_of(key):
-        pass_seed = tf.random.fold_in(
-            tf.random.fold_in(base, tf.cast(key % _INT31, tf.int32)),
-            tf.constant(pipeline, tf.int32),
-        )
+        pass_seed = tf.random.fold_in(base, tf.cast(key % _INT31, tf.int32))
         return tf.random.fold_in(pass_seed, tf.constant(0, tf.int32))[0]
 
     keys = tf.data.Dataset.random(seed=derive(seed, "epochs"), rerandomize_each_iteration=True)
     return keys.take(1).flat_map(lambda key: tf.data.Dataset.from_tensors(word_of(key)).repeat())
 
 
-def element_seed(word: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
-    """Seed(s) of the element(s) at `position` of a pass: ``fold_in(pass_seed, position)``.
+def element_seed(word: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
+    """Seed(s) of the record(s) with `key` in the pass of `word`.
 
-    Works on scalars (one ``[2]`` seed) and on vectors (``[n, 2]`` seeds),
-    because `tf.random.fold_in` puts the folded-in value in the second half.
+    ``[word ^ high, low]`` with `high` and `low` the two 31-bit halves of
+    the key's 62-bit FarmHash fingerprint (`tf.strings.to_hash_bucket_fast`:
+    the same on every platform and TF version): distinct keys get distinct
+    seeds (a collision is as likely as in a 62-bit hash), and every pass
+    another set. Works on scalars (one ``[2]`` seed) and on vectors
+    (``[n, 2]`` seeds), as a batch of raw records is seeded at once.
     """
-    return tf.stack([word, tf.cast(position, tf.int32)], axis=-1)
+    fingerprint = tf.strings.to_hash_bucket_fast(key, 2**62)
+    low = tf.cast(fingerprint % _INT31, tf.int32)
+    high = tf.cast(fingerprint // _INT31, tf.int32)
+    return tf.stack([tf.bitwise.bitwise_xor(word, high), low], axis=-1)
 
 
 def batch_seed(element_seeds: tf.Tensor) -> tf.Tensor:

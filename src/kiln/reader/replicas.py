@@ -1,0 +1,79 @@
+"""Per-replica input under a `tf.distribute` strategy whose position a checkpoint can save.
+
+`strategy.distribute_datasets_from_function` yields a `DistributedIterator`,
+which `tf.train.Checkpoint` refuses ("Checkpoint was expecting data to be a
+trackable object"): a TensorFlow limit. `ReplicaIterator` gives each replica
+its own input pipeline instead, each an ordinary `tf.data` iterator (which a
+checkpoint saves), and hands their batches to `strategy.run` as per-replica
+values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+
+class ReplicaIterator(tf.Module):
+    """One input pipeline per replica, its position saved by `tf.train.Checkpoint`.
+
+    `dataset_fn` is called once per replica with a `tf.distribute.InputContext`
+    whose input pipelines are the replicas (pipeline i feeds replica i), as
+    `distribute_datasets_from_function` with
+    ``InputReplicationMode.PER_REPLICA`` calls it. Passed on to
+    ``kiln.reader.load(input_context=...)``, every replica reads a disjoint
+    share of the same number of records, so all replicas run out together
+    and take the same number of steps.
+
+        def dataset_fn(context):
+            return kiln.reader.load(path, batch_size=context.get_per_replica_batch_size(64),
+                                    seed=1, repeat=True, input_context=context)
+
+        inputs = kiln.reader.ReplicaIterator(strategy, dataset_fn)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, data=inputs)
+        checkpoint.restore(manager.latest_checkpoint)
+        strategy.run(train_step, args=(next(inputs),))
+
+    `next` returns per-replica values (what `strategy.run` distributes) and
+    raises `StopIteration` when the replicas' datasets end. For strategies
+    on one machine (`MirroredStrategy`, `OneDeviceStrategy`, the default
+    strategy); with several workers each would need its own share of the
+    replicas, which this does not assign.
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
+    ):
+        super().__init__()
+        replicas = strategy.num_replicas_in_sync
+        local = len(strategy.extended.worker_devices)
+        if local != replicas:
+            raise ValueError(
+                f"ReplicaIterator: this machine holds {local} of the strategy's {replicas} "
+                f"replicas; it serves strategies on one machine (MirroredStrategy)"
+            )
+        self._strategy = strategy
+        self.iterators = [
+            iter(
+                dataset_fn(
+                    tf.distribute.InputContext(
+                        num_input_pipelines=replicas,
+                        input_pipeline_id=replica,
+                        num_replicas_in_sync=replicas,
+                    )
+                )
+            )
+            for replica in range(replicas)
+        ]
+
+    def __iter__(self) -> ReplicaIterator:
+        return self
+
+    def __next__(self):
+        batches = [next(iterator) for iterator in self.iterators]
+        return self._strategy.experimental_distribute_values_from_function(
+            lambda context: batches[context.replica_id_in_sync_group]
+        )
