@@ -11,27 +11,33 @@ Beam, OpenCV or yaml, so training jobs install just ``pip install kiln``.
 
 Public API:
   load: the `tf.data.Dataset` of a split (see `kiln.reader.dataset.load`).
+  load_for_model: ``(dataset, layer)``: unaugmented uint8 batches with
+    their seeds, and the Keras layer that augments them inside the model.
+  ReadOptions: the rarely changed options of `load` (shuffle buffer, order).
   info: the dataset's `kiln.schemas.DatasetInfo` without building a dataset.
   locate: the version folder a path resolves to (follows `LATEST`).
   register_augmentation: decorator for your own augmentation ops.
   validate: checks an augmentation list in YAML form (names, parameters).
   names: registered augmentation op names.
-  AugmentationLayer: the Keras layer for ``augment_on="model"``.
+  AugmentationLayer: the Keras layer of `load_for_model`; a model saved
+    with it loads with `keras.models.load_model` after ``import kiln.reader``.
   ElementTargets, TargetSpec, TargetError: targets (boxes, masks,
     keypoints) and how augmentations move them (`kiln.reader.targets`).
 
 Modules: `ops` declares augmentation ops (and holds kiln's element ops),
 `mixing` the batch ops, `augmenter` applies a validated list, `dataset`
 reads, `location` finds a dataset and reads its kiln.json, `layer` is the
-Keras layer, `seeds` derives per-element seeds, `targets` moves boxes, masks
-and keypoints with the image. Importing the package registers kiln's own ops
-without importing TensorFlow (`kiln.lazy_import`): validating an
-augmentation list, `info` and `locate` on local paths do not need it; `load`
-and the layer do, and import it when first asked for.
+Keras layer, `saving` makes it loadable, `options` holds `ReadOptions`,
+`seeds` derives per-element seeds, `targets` moves boxes, masks and
+keypoints with the image. Importing the package registers kiln's own ops and
+the layer's Keras name without importing TensorFlow (`kiln.lazy_import`,
+`kiln.reader.saving`): validating an augmentation list, `info` and `locate`
+on local paths do not need it; `load` and the layer do, and import it when
+first asked for.
 """
 
-# mixing is imported for its registrations: mixup and cutmix.
-from kiln.reader import mixing  # noqa: F401
+# Imported for their registrations: mixup and cutmix; the layer's name with Keras.
+from kiln.reader import mixing, saving  # noqa: F401
 from kiln.reader.location import info, locate
 from kiln.reader.ops import (
     Augmentation,
@@ -40,6 +46,7 @@ from kiln.reader.ops import (
     register_augmentation,
     validate,
 )
+from kiln.reader.options import ReadOptions
 from kiln.reader.targets import ElementTargets, TargetError, TargetSpec
 
 __all__ = [
@@ -49,10 +56,12 @@ __all__ = [
     "AugmentationLayer",
     "DEFAULT_SHUFFLE_BUFFER",
     "ElementTargets",
+    "ReadOptions",
     "TargetError",
     "TargetSpec",
     "info",
     "load",
+    "load_for_model",
     "locate",
     "names",
     "register_augmentation",
@@ -63,7 +72,7 @@ __all__ = [
 def __getattr__(name: str):
     # The parts that need TensorFlow (and the layer, Keras) are imported when
     # first asked for: `kiln.reader.load`, `from kiln.reader import load`.
-    if name in ("load", "DEFAULT_SHUFFLE_BUFFER"):
+    if name in ("load", "load_for_model", "DEFAULT_SHUFFLE_BUFFER"):
         from kiln.reader import dataset
 
         return getattr(dataset, name)
