@@ -145,17 +145,20 @@ def test_default_augmentation_train_random_other_splits_inference_form(png_datas
             # The largest centred square of the 32x32 image is all of it: a resize.
             expected = tf.image.resize(stored[key], [24, 24]).numpy() / 255.0
             np.testing.assert_allclose(image, expected, atol=1e-5)
-    # An explicit list augments any split.
-    flipped = kiln.reader.load(
-        png_dataset.dataset_dir,
-        "validation",
-        batch_size=64,
-        augment=[{"random_flip_left_right": {"probability": 1.0}}],
-        as_supervised=False,
-    )
-    for batch in flipped:
-        for key, image in zip(batch["key"].numpy(), batch["image"].numpy(), strict=True):
-            np.testing.assert_allclose(image, stored[key][:, ::-1] / 255.0, atol=1e-6)
+    # An explicit list follows the same rule (a flip's inference form does
+    # nothing); training=True augments any split.
+    for training, flip in ((None, slice(None)), (True, slice(None, None, -1))):
+        flipped = kiln.reader.load(
+            png_dataset.dataset_dir,
+            "validation",
+            batch_size=64,
+            augment=[{"random_flip_left_right": {"probability": 1.0}}],
+            training=training,
+            as_supervised=False,
+        )
+        for batch in flipped:
+            for key, image in zip(batch["key"].numpy(), batch["image"].numpy(), strict=True):
+                np.testing.assert_allclose(image, stored[key][:, flip] / 255.0, atol=1e-6)
 
 
 def test_shuffle_defaults(png_dataset):
