@@ -21,13 +21,16 @@ WORKDIR /opt/kiln
 COPY setup.py README.md ./
 COPY src ./src
 
-# kiln with the pipeline extra: OpenCV (headless: no GUI libraries), PyYAML,
-# google-crc32c, imagesize, and the base install's TensorFlow (kiln.schemas
-# encodes records with it) and pydantic (the config and parameter models).
+# kiln with the extras the workers import: pipeline (OpenCV headless: no GUI
+# libraries, PyYAML, google-crc32c, imagesize, ijson) and coco (pycocotools,
+# for COCO RLE segmentations: a worker that meets one without it fails the
+# image), plus the base install's TensorFlow (kiln.schemas encodes records
+# with it) and pydantic (the config and parameter models). Not gcp: the SDK
+# image already has apache-beam[gcp]. Not dev: test tools.
 # apache-beam==2.77.0 is already in the image, so pip keeps the SDK's copy.
 # A regular (not editable) install: the workers import it from site-packages.
 # No pip cache: it would only make the image larger.
-RUN pip install --no-cache-dir ".[pipeline]"
+RUN pip install --no-cache-dir ".[pipeline,coco]"
 
 # Fail the image build if the installed packages conflict with each other
 # (e.g. a dependency that wants another protobuf than the SDK's).

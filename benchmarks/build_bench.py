@@ -70,6 +70,9 @@ class BuildRun:
       images: Images written.
       peak_rss_mb: Peak resident memory of the build's process, MB.
       cpu_seconds: CPU time (user + system) of the whole process, start-up included.
+      work_cpu_seconds: CPU time of the work alone, all threads (the same
+        span as `seconds`): less sensitive than wall time to what else the
+        machine runs, though a busy host still inflates it somewhat.
       background_cores: Cores other processes kept busy on average meanwhile
         (None where /proc/stat is missing).
       full_seconds: For an incremental measurement, the from-scratch build
@@ -80,6 +83,8 @@ class BuildRun:
     images: int
     peak_rss_mb: float
     cpu_seconds: float
+    work_cpu_seconds: float | None = None
+    kiln_module: str | None = None
     background_cores: float | None = None
     full_seconds: float | None = None
 
@@ -91,8 +96,12 @@ class BuildRun:
 # --- the parent side --------------------------------------------------------------
 
 
-def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
+def measure(spec: dict[str, Any], scratch: str, *, kiln_src: str | None = None) -> BuildRun:
     """Runs one build described by `spec` in a fresh subprocess; deletes its output after.
+
+    `kiln_src`: a folder to import `kiln` from instead of this checkout's
+    (another revision's ``src``, for `benchmarks.revision_ab`); the harness
+    stays this checkout's, so both sides do the same measured work.
 
     `spec` keys: ``kind`` (``"baseline"`` or ``"kiln"``), ``manifest`` (or, for
     kiln, ``config``: a whole build config whose ``output`` is filled in),
@@ -106,6 +115,9 @@ def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
     os.makedirs(output)
     spec = dict(spec, output=output)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if kiln_src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([kiln_src, root])
     log_path = os.path.join(scratch, "build-child.log")
     busy_before, started = machine.busy_cpu_seconds(), time.perf_counter()
     with open(log_path, "w+b") as log:
@@ -114,7 +126,7 @@ def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            cwd=root,
         )
         # wait4, not wait(): it returns this child's own resource usage.
         _, status, usage = os.wait4(process.pid, 0)
@@ -139,6 +151,8 @@ def measure(spec: dict[str, Any], scratch: str) -> BuildRun:
         images=result["images"],
         peak_rss_mb=usage.ru_maxrss / 1024.0,  # ru_maxrss is in KB on Linux
         cpu_seconds=cpu_seconds,
+        work_cpu_seconds=result.get("cpu_seconds"),
+        kiln_module=result.get("kiln_module"),
         background_cores=background,
         full_seconds=result.get("full_seconds"),
     )
@@ -188,7 +202,7 @@ def _run_baseline(spec: dict[str, Any]) -> dict[str, Any]:
         )
 
     threads = int(spec.get("threads") or 1)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     with tf.io.TFRecordWriter(out_path) as writer:
         if threads == 1:
             for row in rows:
@@ -197,7 +211,11 @@ def _run_baseline(spec: dict[str, Any]) -> dict[str, Any]:
             with concurrent.futures.ThreadPoolExecutor(threads) as pool:
                 for serialized in pool.map(record, rows):
                     writer.write(serialized)
-    return {"seconds": time.perf_counter() - start, "images": len(rows)}
+    return {
+        "seconds": time.perf_counter() - start,
+        "cpu_seconds": time.process_time() - cpu_start,
+        "images": len(rows),
+    }
 
 
 def _limit_opencv(spec: dict[str, Any]) -> None:
@@ -214,8 +232,9 @@ def _run_kiln(spec: dict[str, Any]) -> dict[str, Any]:
     import tensorflow  # noqa: F401
     import yaml
 
+    import kiln
     import kiln.pipeline.command
-    import kiln.pipeline.launcher  # noqa: F401
+    import kiln.pipeline.launcher
     from kiln import cli
 
     _limit_opencv(spec)
@@ -228,18 +247,20 @@ def _run_kiln(spec: dict[str, Any]) -> dict[str, Any]:
     with open(config_path, "w") as f:
         yaml.safe_dump(config, f)
     report = os.path.join(spec["output"], "report.json")
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     code = cli.main(
         ["build", "--config", config_path, "--quiet", "--report", report, *spec.get("args", [])]
     )
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     if code != 0:
         raise SystemExit(f"kiln build exited {code}")
     with open(report) as f:
         built = json.load(f)
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "images": sum(split["num_examples"] for split in built["splits"].values()),
+        "kiln_module": kiln.__file__,
     }
 
 

@@ -312,7 +312,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     with source.list_files(splits_from_source=False) as listing:
         listed = time.perf_counter()
-        versioning.stamp("benchmark", listing.stamp_entries())
+        versioning.stamp("benchmark", listing.stamp_entries(), processing="benchmark")
         stamped = time.perf_counter()
         listing.write(spec["output"])
         written = time.perf_counter()

@@ -104,3 +104,38 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     for target in results["targets"]:
         assert f"| {target['name']} |" in page
     assert "python -m benchmarks.run --quick" in page and machine["cpu"] in page
+
+
+def test_revision_ab_measures_both_checkouts(tmp_path):
+    """`benchmarks.revision_ab` builds with the other revision's kiln (its
+    own guard raises when a build imported the wrong checkout) and reports
+    wall and CPU medians for A, that revision and this checkout."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.revision_ab",
+            "HEAD",
+            "--quick",
+            "--out",
+            str(tmp_path / "ab"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    lines = completed.stdout.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:5]}
+    assert set(rows) == {"A", "HEAD", "this"}
+    for wall, cpu, *_ in rows.values():
+        assert float(wall) > 0 and float(cpu) > 0
+    assert lines[5].startswith("this / HEAD: wall ")
+    # The checkout of the other revision is removed with its worktree entry.
+    worktrees = subprocess.run(
+        ["git", "-C", ROOT, "worktree", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    assert str(tmp_path) not in worktrees
+    assert not [p for p in (tmp_path / "ab").iterdir() if p.name.startswith("revision-")]

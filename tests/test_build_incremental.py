@@ -262,6 +262,29 @@ def test_a_different_processing_config_reuses_nothing(demo_corpus, tmp_path):
     assert base.info.processing["fingerprint"] != result.info.processing["fingerprint"]
 
 
+def test_another_processing_version_is_another_version_name(demo_corpus, tmp_path, monkeypatch):
+    # A kiln whose kernels write other bytes bumps PROCESSING_VERSION: the
+    # same inputs and config must then not be "up to date" with, nor named
+    # like, the version the old kernels wrote.
+    from kiln.pipeline import incremental
+
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    before = build(config)
+    monkeypatch.setattr(incremental, "PROCESSING_VERSION", incremental.PROCESSING_VERSION + 1)
+
+    after = build(config)
+
+    assert not after.up_to_date
+    assert after.version != before.version
+    assert after.info.config_fingerprint == before.info.config_fingerprint
+    assert "processing version" in after.incremental.reason
+    assert after.counters.get("records_reused", 0) == 0
+    # (These kernels did not change: the shards are the same bytes.)
+    shards = [n for n in digests(before) if ".tfrecord-" in n]
+    assert {n: digests(after)[n] for n in shards} == {n: digests(before)[n] for n in shards}
+
+
 def test_a_new_split_salt_reuses_every_record_in_its_new_split(demo_corpus, tmp_path):
     # Splits are not part of the processing: records move, bytes stay.
     images = copy_corpus(demo_corpus, tmp_path)

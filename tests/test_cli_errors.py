@@ -184,14 +184,14 @@ def test_preview_writes_what_the_extension_says(tmp_path, build_dataset, capfd):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("command", ["inspect", "verify"])
+@pytest.mark.parametrize("command", ["inspect", "verify", "diff"])
 def test_unreachable_object_store_is_one_line(command):
     # No network here (and no credentials): the store cannot be reached. In a
     # fresh process, as a user runs it: TensorFlow's own log settings are the
     # command line's (its GCS client logs its failed attempts natively).
     path = "gs://kiln-tests-no-such-bucket/datasets/shapes"
     completed = subprocess.run(
-        [sys.executable, "-m", "kiln.cli", command, path],
+        [sys.executable, "-m", "kiln.cli", command, path, *([path] if command == "diff" else [])],
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=SOURCE_ROOT),

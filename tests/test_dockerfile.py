@@ -44,12 +44,30 @@ def test_base_image_is_the_pinned_beam_sdk_for_this_python():
     assert (int(match.group(1)), int(match.group(2))) == sys.version_info[:2]
 
 
-def test_keeps_the_sdk_entrypoint_installs_the_pipeline_extra_and_ends_with_pip_check():
+# The extras whose modules worker code imports (pycocotools: RLE masks in
+# kiln.transforms.masks). gcp is in the SDK image; dev holds test tools.
+WORKER_EXTRAS = {"pipeline", "coco"}
+
+
+def test_keeps_the_sdk_entrypoint_installs_the_worker_extras_and_ends_with_pip_check():
     kinds = [kind for kind, _ in instructions()]
     assert "ENTRYPOINT" not in kinds and "CMD" not in kinds  # the runner starts the SDK's boot
     runs = [value for kind, value in instructions() if kind == "RUN"]
-    assert any(re.fullmatch(r'pip install --no-cache-dir "\.\[pipeline\]"', run) for run in runs)
+    installs = [re.fullmatch(r'pip install --no-cache-dir "\.\[([a-z,]+)\]"', run) for run in runs]
+    (extras,) = [set(match.group(1).split(",")) for match in installs if match]
+    assert extras == WORKER_EXTRAS
     assert instructions()[-1] == ("RUN", "pip check")
+
+
+def test_worker_extras_exist_and_cover_the_optional_imports_of_worker_code():
+    source = (TOP / "setup.py").read_text()
+    for extra in WORKER_EXTRAS:
+        assert re.search(rf'^\s+"{extra}": \[', source, re.M), extra
+    # Every optional import in the offline code is in a worker extra's requirements.
+    masks = (TOP / "src" / "kiln" / "transforms" / "masks.py").read_text()
+    assert "from pycocotools import" in masks
+    coco = re.search(r'^\s+"coco": \[([^\]]*)\]', source, re.M)
+    assert coco and "pycocotools" in coco.group(1)
 
 
 def test_the_copied_files_are_enough_to_build_kiln(tmp_path):

@@ -46,7 +46,7 @@ manifest, output = sys.argv[1:]
 source = sources.ManifestSource(type="manifest", path=manifest)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 with source.list_files(splits_from_source=False) as listing:
-    stamp = versioning.stamp("config", listing.stamp_entries())
+    stamp = versioning.stamp("config", listing.stamp_entries(), processing="p")
     listing.write(output)
     counts = [listing.num_files, listing.num_dropped, listing.total]
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -117,7 +117,7 @@ def expected_listing(root: str, real: list[str], missing: list[str]) -> tuple[li
     entries = [["file", key, label(key), None, SIZE, MTIME] for key in real] + [
         ["dropped", "missing", key] for key in missing
     ]
-    return lines, versioning.stamp("config", entries)
+    return lines, versioning.stamp("config", entries, processing="p")
 
 
 def list_in_child(folder, rows: int) -> dict:

@@ -20,9 +20,10 @@ import yaml
 
 import kiln
 from conftest import make_config
-from kiln import cli
+from kiln import cli, native_logs
 
 HEAVY = ("tensorflow", "apache_beam", "keras")
+QUIETING_VARIABLES = ("TF_CPP_MIN_LOG_LEVEL", "GRPC_VERBOSITY", native_logs.ENV)
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
 
 # Runs the command, then writes what it imported to the file named by argv[1].
@@ -41,7 +42,12 @@ with open(sys.argv[1], "w") as f:
 
 def probe(tmp_path, *args: str) -> dict:
     out = tmp_path / "probe.json"
-    environment = dict(os.environ, PYTHONPATH=SOURCE_ROOT)
+    # The command sets these itself (an in-process `kiln` run of another test
+    # may have left them in this process's environment).
+    environment = {
+        name: value for name, value in os.environ.items() if name not in QUIETING_VARIABLES
+    }
+    environment["PYTHONPATH"] = SOURCE_ROOT
     completed = subprocess.run(
         [sys.executable, "-c", PROBE, str(out), *args],
         capture_output=True,
@@ -152,6 +158,36 @@ def test_quiet_build_prints_nothing_and_imports_them_after_validating(tmp_path, 
     assert again["code"] == 0, again["stderr"]
     assert all(line.startswith("kiln build: ") for line in again["stderr"].splitlines())
     assert again["stdout"].startswith("kiln build: built shapes version ")
+
+
+MULTI_PROCESSING = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
+
+
+def test_multi_processing_build_prints_only_kilns_lines(tmp_path, demo_corpus):
+    # Beam's workers are other interpreters: their stderr is the command's,
+    # and their log records come back through the job service's logger as
+    # protobuf text ("Worker: severity: WARN timestamp { ... }").
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    path = write_config(tmp_path, "good.yaml", config)
+    quiet = probe(tmp_path, "build", "--config", path, "--quiet", *MULTI_PROCESSING)
+    assert quiet["code"] == 0, quiet["stderr"]
+    assert quiet["stdout"] == "" and quiet["stderr"] == ""
+
+    loud_output = str(tmp_path / "loud")
+    loud = probe(tmp_path, "build", "--config", path, "--output", loud_output, *MULTI_PROCESSING)
+    assert loud["code"] == 0, loud["stderr"]
+    assert all(line.startswith("kiln build: ") for line in loud["stderr"].splitlines())
+    lines = loud["stdout"].splitlines()
+    assert lines[0].startswith("kiln build: built shapes version ")
+    assert all(line.startswith("  ") for line in lines[1:]), lines  # the summary's body
+
+    # What the two runs kept out: with --verbose the workers' warnings show.
+    verbose_output = str(tmp_path / "verbose")
+    verbose = probe(
+        tmp_path, "-v", "build", "--config", path, "--output", verbose_output, *MULTI_PROCESSING
+    )
+    assert verbose["code"] == 0, verbose["stderr"]
+    assert "Worker: severity: WARN" in verbose["stderr"]
 
 
 def test_reading_commands_print_only_their_own_lines(tmp_path, build_dataset):

@@ -154,3 +154,41 @@ def test_unsupported_layouts_are_refused_with_the_reason(build_dataset, tmp_path
     )
     with pytest.raises(TfdsUnsupported, match="TFDS's file template"):
         tfds_files(dataclasses.replace(info, splits={**info.splits, "test": renamed}))
+
+
+def test_tfds_entry_points_on_a_kiln_output_folder(build_dataset):
+    """What docs/reader.md says: builder_from_directory reads the version LATEST names
+    (via `kiln.reader.locate`); tfds.load by name cannot, as kiln's version folders are
+    content ids where TFDS wants ``<name>/<X.Y.Z>/``."""
+    result = build_dataset()
+    output = os.path.dirname(result.dataset_root)
+    builder = tfds.builder_from_directory(kiln.reader.locate(result.dataset_root))
+    assert builder.info.splits["train"].num_examples == result.info.splits["train"].num_examples
+    assert not tfds.core.Version.is_valid(result.version)
+    with pytest.raises(tfds.core.registered.DatasetNotFoundError):
+        tfds.load(result.info.name, data_dir=output, split="train")
+
+
+def test_tfds_reads_kilns_unshuffled_order_with_block_length_one(build_dataset):
+    result = build_dataset()
+    assert len(result.info.splits["train"].shards) > 1
+    kiln_order = [
+        key
+        for key in kiln.reader.load(
+            result.dataset_dir, batch_size=None, shuffle=False, augment=None, as_supervised=False
+        )
+        .map(lambda features: features["key"])
+        .as_numpy_iterator()
+    ]
+    builder = tfds.builder_from_directory(result.dataset_dir)
+
+    def tfds_order(**options):
+        dataset = builder.as_dataset(split="train", shuffle_files=False, **options)
+        return [example[KEY_KEY] for example in tfds.as_numpy(dataset)]
+
+    # kiln reads its shards round-robin, one record at a time (16 files at once);
+    # TFDS by default takes 16 records from each file in turn.
+    same = tfds.ReadConfig(interleave_cycle_length=16, interleave_block_length=1)
+    assert tfds_order(read_config=same) == kiln_order
+    default = tfds_order()
+    assert default != kiln_order and sorted(default) == sorted(kiln_order)

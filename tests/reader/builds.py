@@ -94,3 +94,37 @@ def stored_images(result, split: str) -> dict[bytes, np.ndarray]:
 def keys_of(dataset) -> list[bytes]:
     """Keys in stream order from a dict-valued (as_supervised=False) dataset."""
     return [key for batch in dataset for key in np.atleast_1d(batch["key"].numpy()).tolist()]
+
+
+DEMO_CLASSES = ["circle", "square", "star", "triangle"]
+
+
+def label_manifests(root: str, broken: dict) -> dict[str, str]:
+    """JSONL manifests of the demo images under `root` (the broken files left out).
+
+    ``classification``: each image's class folder as its label. ``multilabel``:
+    the same label, and ``labels`` holding it plus, for every other image in
+    listing order, the next class.
+    """
+    import json
+
+    paths = sorted(
+        f"{name}/{file}"
+        for name in DEMO_CLASSES
+        for file in os.listdir(os.path.join(root, name))
+        if f"{name}/{file}" not in broken
+    )
+    plain, multi = [], []
+    for index, path in enumerate(paths):
+        label = path.split("/")[0]
+        labels = {label}
+        if index % 2:
+            labels.add(DEMO_CLASSES[(DEMO_CLASSES.index(label) + 1) % len(DEMO_CLASSES)])
+        plain.append({"path": path, "label": label})
+        multi.append({"path": path, "label": label, "labels": sorted(labels)})
+    out = {}
+    for name, rows in (("classification", plain), ("multilabel", multi)):
+        out[name] = os.path.join(root, f"{name}.jsonl")
+        with open(out[name], "w") as f:
+            f.write("".join(json.dumps(row) + "\n" for row in rows))
+    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from reader.builds import TRAIN_AUGMENT, golden_config, write_golden_corpus
+from reader.builds import DEMO_CLASSES, TRAIN_AUGMENT, golden_config, write_golden_corpus
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +57,38 @@ def no_global_seed():
     import tensorflow as tf
 
     tf.random.set_seed(None)
+
+
+@pytest.fixture(scope="session")
+def manifest_corpus(demo_corpus, tmp_path_factory):
+    """A copy of the demo corpus with two JSONL manifests (`builds.label_manifests`)."""
+    import shutil
+
+    from reader.builds import label_manifests
+
+    root = tmp_path_factory.mktemp("manifest-corpus") / "images"
+    shutil.copytree(demo_corpus.out_dir, root)
+    return label_manifests(str(root), demo_corpus.broken)
+
+
+@pytest.fixture(scope="session")
+def multilabel_dataset(build_dataset, manifest_corpus):
+    """The demo images with targets ``label`` and multi-label ``labels`` (its class and,
+    for every other image, the next class): PNG 32x32, 3/1/1 shards."""
+    return build_dataset(
+        source={"type": "manifest", "path": manifest_corpus["multilabel"]},
+        targets={"label": {}, "labels": {}},
+    )
+
+
+@pytest.fixture(scope="session")
+def empty_class_dataset(build_dataset, manifest_corpus):
+    """The demo images as a classification manifest whose class list adds ``unicorn``,
+    which no image has (class id 4, count 0 in every split)."""
+    return build_dataset(
+        source={
+            "type": "manifest",
+            "path": manifest_corpus["classification"],
+            "classes": [*DEMO_CLASSES, "unicorn"],
+        }
+    )

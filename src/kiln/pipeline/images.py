@@ -13,9 +13,11 @@ records go straight into sorted runs for the shard writer
 
 With a base version (`incremental`), each listed file arrives with its row
 of the base's record index (``base``); a file whose sha256 and listing
-inputs match it is not decoded: its record is copied from the base's shard
-later (a `incremental.ReuseRequest` on the ``reused`` output, gathered per
-base shard per bundle), and its statistics come from the row.
+inputs match it (with targets: the annotations, the sha256 of every mask
+file they name and the class ids they use, `targets.TargetCodec.reuse_key`)
+is not decoded: its record is copied from the base's shard later (a
+`incremental.ReuseRequest` on the ``reused`` output, gathered per base
+shard per bundle), and its statistics come from the row.
 
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
 output, counted per reason. What the job counts about every file (its
@@ -137,33 +139,50 @@ class ImageProcessor:
         """`before_decoding`: see `transforms.decode_image`."""
         key, uri, label = item["key"], item["uri"], int(item["label"])
         split = item.get("split")
-        listed_targets: str | None = item.get("targets")
-        # A dropped file's targets as listed, without where its masks are.
-        dropped_targets = None if listed_targets is None else location_free(listed_targets)
+        listed_text: str | None = item.get("targets")
 
-        def entry(sha256: str | None, targets: str | None = dropped_targets) -> int:
+        def entry(sha256: str | None, targets: str | None) -> int:
             name = self._class_names[label] if label >= 0 else None
             data = versioning.file_entry(key, name, split, sha256)
             return versioning.entry_hash(data if targets is None else [*data, targets])
-
-        def drop(stage: str, reason: str, message: str, sha256: str | None) -> Outcome:
-            return Outcome(None, DroppedFile(key, stage, reason, uri, message), entry(sha256))
 
         try:
             # UNCOMPRESSED: a file named x.gz is an image file, not gzip.
             with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 data = f.read()
         except Exception as e:  # permission denied, vanished, network: any I/O error
-            return drop("read", "unreadable", _describe(e), None)
+            # Its targets as listed, without where its masks are (not read).
+            unread = None if listed_text is None else location_free(listed_text)
+            return Outcome(
+                None, DroppedFile(key, "read", "unreadable", uri, _describe(e)), entry(None, unread)
+            )
         sha256 = hashlib.sha256(data).hexdigest()
+        listed = None
         inputs = record_index.inputs_fingerprint(item)
+        if self._codec is not None and listed_text is not None:
+            # Masks are read before the image is decoded: their sha256 is part
+            # of the version entry and of the reuse key.
+            listed = self._codec.read(listed_text)
+            inputs = record_index.inputs_fingerprint(
+                dict(item, targets=self._codec.reuse_key(listed))
+            )
+        content = None if listed is None else listed.content
+
+        def drop(stage: str, reason: str, message: str) -> Outcome:
+            return Outcome(
+                None, DroppedFile(key, stage, reason, uri, message), entry(sha256, content)
+            )
+
         base: record_index.IndexRow | None = item.get("base")
-        # Records with targets are always processed: the launcher gives them no
-        # base (their version entries need the masks' contents, see incremental).
-        reusable = base is not None and base.sha256 == sha256 and base.inputs == inputs
-        if self._codec is None and base is not None and reusable:
-            # Same bytes, same listing inputs, same processing (the launcher
-            # checked the base's fingerprint): the record is the base's.
+        if (
+            base is not None
+            and base.sha256 == sha256
+            and base.inputs == inputs
+            and (base.targets is None) == (self._codec is None)
+        ):
+            # Same bytes, same listing inputs (with targets: same annotations,
+            # mask files and class ids), same processing (the launcher checked
+            # the base's fingerprint): the record is the base's.
             return Outcome(
                 ProcessedImage(
                     key,
@@ -175,23 +194,26 @@ class ImageProcessor:
                     base.width,
                     PixelSums(base.pixels, base.sums, base.squares),
                     base.entry(),
+                    base.targets,
                 ),
                 None,
-                entry(sha256),
+                entry(sha256, content),
                 Reuse(base.shard, base.position),
             )
 
         try:
             image, orientation = self._decode(data, before_decoding)
         except transforms.DecodeError as e:
-            return drop("decode", e.reason, str(e), sha256)
+            return drop("decode", e.reason, str(e))
 
         loaded = None
         if self._codec is not None:
+            if listed is None:
+                listed = self._codec.read("{}")
             try:
-                loaded = self._codec.load(listed_targets or "{}", *_stored_size(image, orientation))
+                loaded = self._codec.load(listed, *_stored_size(image, orientation))
             except BadAnnotation as e:
-                return drop("targets", e.reason, str(e), sha256)
+                return drop("targets", e.reason, str(e))
 
         moved = None
         try:
@@ -201,7 +223,7 @@ class ImageProcessor:
                 image, moved = self._apply(image, orientation, loaded.geometry)
             _check_output(image, self._channels)
         except Exception as e:  # TransformError, or a plugin's own failure
-            return drop("transform", "transform_failed", _describe(e), sha256)
+            return drop("transform", "transform_failed", _describe(e))
 
         encoded = transforms.encode_image(image, format=self._format, quality=self._quality)
         height, width, channels = image.shape
@@ -243,11 +265,12 @@ class ImageProcessor:
                     pixels=sums.pixels,
                     sums=sums.sums,
                     squares=sums.squares,
+                    targets=counts,
                 ),
                 counts,
             ),
             None,
-            entry(sha256, None if loaded is None else loaded.entry),
+            entry(sha256, content),
         )
 
     def _decode(

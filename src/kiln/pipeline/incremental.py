@@ -11,7 +11,18 @@ source are gone from the new version. The result is byte-identical to a
 from-scratch build of the same inputs and config, kiln.json included: the
 records are the same bytes, the shards are cut and ordered by the same
 rules, and the statistics are merged from the exact per-record sums in the
-base's record index (`record_index`). Which base was used is provenance of
+base's record index (`record_index`).
+
+**The reuse key** of a record is (sha256 of the image file, listing
+inputs); with ``targets:`` the listing inputs also hold the image's
+annotations as listed (canonical JSON: boxes, classes, fields, keypoints,
+polygons/RLE, labels, extras), every mask file they name by the sha256 of
+its bytes (read, not decoded, for every image: a mask edited in place is
+noticed, a mask moved with its image is not a change), and the class id of
+every class name they use (`targets.TargetCodec.reuse_key`); the base's
+index row carries what the object statistics count of the record (classes,
+object sizes, dropped objects), so per-class object counts and size
+histograms merge exactly too. Which base was used is provenance of
 the run, not of the dataset: it is in the build's summary and ``--report``
 (`BuildResult.incremental`), never in kiln.json.
 
@@ -73,8 +84,9 @@ from kiln.schemas import INDEX_FILENAME, RECORD, DatasetInfo
 logger = logging.getLogger(__name__)
 
 # Bump whenever a kernel's output can change for the same input and config
-# (decoding, a transform, encoding, pixel statistics): records of versions
-# built before are then never reused.
+# (decoding, a transform, encoding, pixel statistics, targets): records of
+# versions built before are then never reused, and the same inputs get
+# another version name (it hashes the processing fingerprint).
 PROCESSING_VERSION = 1
 
 # Config sections that decide a record's bytes (see the module docstring).
@@ -169,12 +181,6 @@ def choose_base(
         return BaseChoice(None, version, "--full asks for a from-scratch build")
     if version is None:
         return BaseChoice(None, None, "no published version to reuse")
-    if config.get("targets") is not None:
-        # A record with targets has masks and annotations beyond its image
-        # file; its reuse (and its version entry) would need their contents.
-        return BaseChoice(
-            None, version, "datasets with targets (boxes, masks, ...) are always built in full"
-        )
     info: DatasetInfo | None = read_info(version)
     if info is None:
         return BaseChoice(None, version, "its kiln.json is missing or damaged")
@@ -194,7 +200,8 @@ def choose_base(
         return BaseChoice(
             None,
             version,
-            "its processing differs (image, transforms, encoding, plugins or OpenCV version)",
+            "its processing differs (image, transforms, encoding, targets, plugins or OpenCV "
+            "version)",
         )
     files = tuple(
         (shard.filename, shard.sha256) for split in info.splits.values() for shard in split.shards

@@ -388,7 +388,8 @@ def _build_locked(
     previous = dataset.latest()
     if spec.config.splits.stratify:
         _stratify(spec, listing, dataset, previous)
-    stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries())
+    processing = incremental.processing_fingerprint(spec.to_json())
+    stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries(), processing=processing)
 
     existing = dataset.stamped_version(stamp)
     built = dataset.read_info(existing) if existing else None
@@ -438,7 +439,7 @@ def _build_locked(
                 f"errors.allow_empty: true. The rows are in "
                 f"{transaction.staging_dir.rstrip('/')}/{ERRORS_FILENAME}"
             )
-        info = dataset_info(spec, listing, report, _version(spec, listing, report))
+        info = dataset_info(spec, listing, report, _version(spec, processing, listing, report))
         _warn_about_empty_classes(info)
         held.check()
         target = transaction.commit(info)
@@ -679,13 +680,16 @@ def _check_accounted(listing: sources.Listing, report: job.JobReport) -> None:
         )
 
 
-def _version(spec: BuildSpec, listing: sources.Listing, report: job.JobReport) -> str:
-    """The content-addressed version: the config and every input's entry."""
+def _version(
+    spec: BuildSpec, processing: str, listing: sources.Listing, report: job.JobReport
+) -> str:
+    """The content-addressed version: the config, the processing fingerprint
+    and every input's entry."""
     dropped = versioning.combine_hashes(
         versioning.entry_hash(entry) for entry in listing.dropped_entries()
     )
     inputs_hash = versioning.combine_hashes([report.inputs_hash, dropped])
-    return versioning.version_name(spec.fingerprint, inputs_hash)
+    return versioning.version_name(spec.fingerprint, inputs_hash, processing=processing)
 
 
 def _prune(dataset: publish.DatasetRoot, keep: int | None) -> tuple[str, ...]:

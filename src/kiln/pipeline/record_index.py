@@ -22,11 +22,23 @@ width       stored image width, pixels
 pixels      height * width
 sums        per-channel sum of the stored pixel values (exact integers)
 squares     per-channel sum of their squares (exact integers)
+targets     datasets with ``targets:`` only: what the split's statistics
+            count of the record's targets (`statistics.TargetCounts`):
+            ``classes`` (the class ids the image carries), ``objects``
+            (``[class id, size]`` per stored object, size = sqrt(box area)
+            in stored pixels; null without boxes) and ``dropped`` (reason ->
+            objects removed while the image was kept)
 =========== ==================================================================
 
-The last four are the record's share of the split's statistics
-(`statistics.PixelSums`), so statistics merged from reused and new records
-equal a full build's exactly.
+``pixels``, ``sums``, ``squares`` and ``targets`` are the record's share of
+the split's statistics (`statistics.PixelSums`, `statistics.ObjectSums`),
+so statistics merged from reused and new records equal a full build's
+exactly (a size is a float written as its shortest round-tripping decimal,
+so it reads back as the same float).
+
+For a dataset with targets, ``inputs`` covers the targets' content (mask
+files by the sha256 of their bytes) and the class ids they use
+(`kiln.pipeline.targets.TargetCodec.reuse_key`).
 
 Inside the job a record's entry (`entry`: the fields that do not depend on
 where the record lands) travels in the sorted runs right after the record;
@@ -45,6 +57,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from kiln.pipeline import versioning
+from kiln.pipeline.statistics import TargetCounts
 from kiln.schemas import INDEX_FILENAME
 from kiln.schemas.metadata import canonical_json
 
@@ -75,21 +88,42 @@ def entry(
     pixels: int,
     sums: Sequence[int],
     squares: Sequence[int],
+    targets: TargetCounts | None = None,
 ) -> bytes:
-    """The placement-free part of a record's index line, as canonical JSON bytes."""
-    return canonical_json(
-        {
-            "key": key,
-            "sha256": sha256,
-            "inputs": inputs,
-            "label": label,
-            "height": height,
-            "width": width,
-            "pixels": pixels,
-            "sums": list(sums),
-            "squares": list(squares),
-        }
-    ).encode("utf-8")
+    """The placement-free part of a record's index line, as canonical JSON bytes
+    (`targets`: a dataset with targets, what its statistics count)."""
+    data: dict[str, Any] = {
+        "key": key,
+        "sha256": sha256,
+        "inputs": inputs,
+        "label": label,
+        "height": height,
+        "width": width,
+        "pixels": pixels,
+        "sums": list(sums),
+        "squares": list(squares),
+    }
+    if targets is not None:
+        data["targets"] = _targets_json(targets)
+    return canonical_json(data).encode("utf-8")
+
+
+def _targets_json(counts: TargetCounts) -> dict[str, Any]:
+    return {
+        "classes": list(counts.image_classes),
+        "objects": [[c, s] for c, s in counts.objects] if counts.has_objects else None,
+        "dropped": dict(counts.dropped),
+    }
+
+
+def _targets_from_json(data: Mapping[str, Any]) -> TargetCounts:
+    objects = data["objects"]
+    return TargetCounts(
+        image_classes=tuple(int(c) for c in data["classes"]),
+        has_objects=objects is not None,
+        objects=tuple((int(c), float(s)) for c, s in objects or ()),
+        dropped=tuple(sorted((str(r), int(n)) for r, n in data["dropped"].items())),
+    )
 
 
 class IndexRow(NamedTuple):
@@ -107,6 +141,7 @@ class IndexRow(NamedTuple):
     pixels: int
     sums: tuple[int, ...]
     squares: tuple[int, ...]
+    targets: TargetCounts | None = None
 
     def entry(self) -> bytes:
         """The row's `entry` (what a reused record carries into the new index)."""
@@ -120,6 +155,7 @@ class IndexRow(NamedTuple):
             pixels=self.pixels,
             sums=self.sums,
             squares=self.squares,
+            targets=self.targets,
         )
 
 
@@ -145,6 +181,7 @@ def parse_line(line: str) -> IndexRow:
             pixels=int(data["pixels"]),
             sums=tuple(int(v) for v in data["sums"]),
             squares=tuple(int(v) for v in data["squares"]),
+            targets=_targets_from_json(data["targets"]) if "targets" in data else None,
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ValueError(f"not a record index line ({type(e).__name__}: {e})") from None

@@ -43,7 +43,7 @@ import logging
 import os
 import posixpath
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -236,7 +236,71 @@ class ManifestSource(_SourceModel):
         return None
 
 
-class CocoSource(_SourceModel):
+class _ObjectSource(_SourceModel):
+    """Objects annotated in their own files (`annotations`), beside the folder of the images
+    (`images`): each image becomes a JSONL manifest row, its targets checked as a manifest
+    line's are. A kind says how its annotations are read (`_rows`) and what makes them
+    unreadable (`_annotations_problem`)."""
+
+    annotations: ConfigPath
+    """coco: the instances JSON file (e.g. `annotations/instances_train2017.json`), read item
+    by item (three passes), never whole into memory; its declared category names, sorted, are
+    the class list unless `classes` is given. voc: the folder of XML files (e.g.
+    `VOCdevkit/VOC2012/Annotations`), each `.xml` file below it one image. A local path
+    (relative to the config file's folder) or `gs://...`."""
+    images: ConfigPath
+    """The folder the images' file names are relative to (coco: `file_name`, e.g. `train2017`;
+    voc: `<filename>`, e.g. `VOCdevkit/VOC2012/JPEGImages`); images are read only below it (and
+    `allowed_roots`)."""
+    split: Annotated[str, Field(pattern=SPLIT_NAME_PATTERN)] | None = None
+    """The split of every image (e.g. `train` for `instances_train2017.json`), for
+    `splits.from_source`."""
+
+    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("annotations", "images", "allowed_roots")
+
+    def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
+        _check_split(self.split, splits_from_source)
+        base = _folder(self.images)
+        classes, rows = self._rows(targets, lambda p: _resolve(p, base))
+        return _list_rows(
+            rows,
+            self.annotations,
+            base,
+            classes,
+            splits_from_source,
+            _Confinement.of(self.images, self.allowed_roots),
+            targets,
+        )
+
+    def _rows(
+        self, targets: TargetsConfig, resolve: Callable[[str], str]
+    ) -> tuple[list[str] | None, Iterator[_Row | _BadRow]]:
+        """The class list (None: every class the rows name) and the images' rows, read as
+        they are used; `resolve` makes an image or mask path absolute."""
+        raise NotImplementedError
+
+    def _annotations_problem(self) -> str | None:
+        """Why `annotations` cannot be read (not found, empty), or None."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"source.annotations: {self.annotations}"
+
+    def resolved(self) -> _ObjectSource:
+        return self.model_copy(
+            update={
+                "annotations": storage.absolute(self.annotations),
+                "images": storage.absolute(self.images),
+                "classes": _sorted(self.classes),
+                "allowed_roots": _absolute_all(self.allowed_roots),
+            }
+        )
+
+    def check(self, output_root: str) -> str | None:
+        return self._annotations_problem() or _check_images_folder(self.images, output_root)
+
+
+class CocoSource(_ObjectSource):
     """A COCO instances JSON file (`annotations`) and the folder of its images (`images`),
     read as a stream; each image becomes a JSONL manifest row (`kiln.pipeline.coco`)."""
 
@@ -245,67 +309,34 @@ class CocoSource(_SourceModel):
     becomes `[x_min, y_min, x_max, y_max]`), category names as classes, `iscrowd`, polygon and
     RLE segmentation, keypoints. Needs `targets.boxes`. See
     [detection-sources.md](detection-sources.md#coco)."""
-    annotations: ConfigPath
-    """coco: the instances JSON file (e.g. `annotations/instances_train2017.json`), read item
-    by item (three passes), never whole into memory; its declared category names, sorted, are
-    the class list unless `classes` is given. voc: the folder of XML files (e.g.
-    `VOCdevkit/VOC2012/Annotations`), each `.xml` file below it one image. A local path
-    (relative to the config file's folder) or `gs://...`."""
-    images: ConfigPath
-    """The folder the images' file names are relative to (coco: `file_name`, e.g. `train2017`;
-    voc: `<filename>`, e.g. `VOCdevkit/VOC2012/JPEGImages`); images are read only below it (and
-    `allowed_roots`)."""
-    split: Annotated[str, Field(pattern=SPLIT_NAME_PATTERN)] | None = None
-    """The split of every image (e.g. `train` for `instances_train2017.json`), for
-    `splits.from_source`."""
-
-    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("annotations", "images", "allowed_roots")
 
     def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
-        _check_split(self.split, splits_from_source)
-        keypoint_names = targets.keypoints.names if targets.keypoints is not None else None
-        coco = CocoFile(self.annotations, keypoint_names=keypoint_names)
-        base = _folder(self.images)
+        # The file is read while the rows are listed: its problems surface there.
         try:
-            classes = self.classes or coco.class_names()
-            if not classes:
-                raise ConfigError(
-                    f"source.annotations: {self.annotations} declares no categories; "
-                    f"list the class names in source.classes"
-                )
-            rows = _coco_rows(coco, self.split, targets, lambda p: _resolve(p, base))
-            return _list_rows(
-                rows,
-                self.annotations,
-                base,
-                classes,
-                splits_from_source,
-                _Confinement.of(self.images, self.allowed_roots),
-                targets,
-            )
+            return super()._list(splits_from_source, targets)
         except CocoFileError as e:
             raise ConfigError(f"source.annotations: {e}") from None
 
-    def describe(self) -> str:
-        return f"source.annotations: {self.annotations}"
+    def _rows(
+        self, targets: TargetsConfig, resolve: Callable[[str], str]
+    ) -> tuple[list[str] | None, Iterator[_Row | _BadRow]]:
+        keypoint_names = targets.keypoints.names if targets.keypoints is not None else None
+        coco = CocoFile(self.annotations, keypoint_names=keypoint_names)
+        classes = self.classes or coco.class_names()
+        if not classes:
+            raise ConfigError(
+                f"source.annotations: {self.annotations} declares no categories; "
+                f"list the class names in source.classes"
+            )
+        return classes, _coco_rows(coco, self.split, targets, resolve)
 
-    def resolved(self) -> CocoSource:
-        return self.model_copy(
-            update={
-                "annotations": storage.absolute(self.annotations),
-                "images": storage.absolute(self.images),
-                "classes": _sorted(self.classes),
-                "allowed_roots": _absolute_all(self.allowed_roots),
-            }
-        )
-
-    def check(self, output_root: str) -> str | None:
+    def _annotations_problem(self) -> str | None:
         if not storage.exists(self.annotations):
             return f"source.annotations: file not found: {self.annotations}"
-        return _check_images_folder(self.images, output_root)
+        return None
 
 
-class VocSource(_SourceModel):
+class VocSource(_ObjectSource):
     """A folder of Pascal VOC XML files (`annotations`) and the folder of their images
     (`images`); each file becomes a JSONL manifest row (`kiln.pipeline.voc`)."""
 
@@ -314,53 +345,16 @@ class VocSource(_SourceModel):
     indices become `[xmin - 1, ymin - 1, xmax, ymax]`), object names as classes, `difficult`,
     `truncated`, `occluded`. Needs `targets.boxes`. See
     [detection-sources.md](detection-sources.md#pascal-voc)."""
-    annotations: ConfigPath
-    """coco: the instances JSON file (e.g. `annotations/instances_train2017.json`), read item
-    by item (three passes), never whole into memory; its declared category names, sorted, are
-    the class list unless `classes` is given. voc: the folder of XML files (e.g.
-    `VOCdevkit/VOC2012/Annotations`), each `.xml` file below it one image. A local path
-    (relative to the config file's folder) or `gs://...`."""
-    images: ConfigPath
-    """The folder the images' file names are relative to (coco: `file_name`, e.g. `train2017`;
-    voc: `<filename>`, e.g. `VOCdevkit/VOC2012/JPEGImages`); images are read only below it (and
-    `allowed_roots`)."""
-    split: Annotated[str, Field(pattern=SPLIT_NAME_PATTERN)] | None = None
-    """The split of every image (e.g. `train` for `instances_train2017.json`), for
-    `splits.from_source`."""
 
-    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("annotations", "images", "allowed_roots")
+    def _rows(
+        self, targets: TargetsConfig, resolve: Callable[[str], str]
+    ) -> tuple[list[str] | None, Iterator[_Row | _BadRow]]:
+        return self.classes, _voc_rows(self.annotations, self.split, targets, resolve)
 
-    def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
-        _check_split(self.split, splits_from_source)
-        base = _folder(self.images)
-        rows = _voc_rows(self.annotations, self.split, targets, lambda p: _resolve(p, base))
-        return _list_rows(
-            rows,
-            self.annotations,
-            base,
-            self.classes,
-            splits_from_source,
-            _Confinement.of(self.images, self.allowed_roots),
-            targets,
-        )
-
-    def describe(self) -> str:
-        return f"source.annotations: {self.annotations}"
-
-    def resolved(self) -> VocSource:
-        return self.model_copy(
-            update={
-                "annotations": storage.absolute(self.annotations),
-                "images": storage.absolute(self.images),
-                "classes": _sorted(self.classes),
-                "allowed_roots": _absolute_all(self.allowed_roots),
-            }
-        )
-
-    def check(self, output_root: str) -> str | None:
+    def _annotations_problem(self) -> str | None:
         if not storage.store_for(self.annotations).has_files(self.annotations):
             return f"source.annotations: folder not found or empty: {self.annotations}"
-        return _check_images_folder(self.images, output_root)
+        return None
 
 
 Source = Annotated[

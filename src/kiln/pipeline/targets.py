@@ -31,10 +31,18 @@ bad_segmentation     an RLE that does not decode
 
 The semantic mask and image-level labels always drop the image: there is
 no object to drop instead.
+
+Mask files are read once per image, before its pixels are decoded
+(`TargetCodec.read`): their sha256 names them in the targets' *content*
+(`ListedTargets.content`, the listed targets with every mask path replaced
+by its file's sha256), which is both the file's version entry and part of
+the key an incremental build reuses a record by (`TargetCodec.reuse_key`),
+and their bytes are what `TargetCodec.load` decodes.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -48,6 +56,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from kiln import transforms
+from kiln.pipeline import target_rows
 from kiln.pipeline.statistics import TargetCounts
 from kiln.schemas import TargetsConfig
 from kiln.transforms import image_header
@@ -82,6 +91,71 @@ class BadAnnotation(Exception):
         return BadAnnotation, (self.reason, str(self))
 
 
+class MaskFiles:
+    """The bytes of the mask files an image's targets name, read once.
+
+    Args:
+      contents: URI -> the file's bytes, or why it could not be read
+        (text: a missing mask is a bad annotation only where it is used,
+        see `data`).
+    """
+
+    def __init__(self, contents: Mapping[str, bytes | str]):
+        self._contents = dict(contents)
+        self._sha256 = {
+            uri: hashlib.sha256(data).hexdigest()
+            for uri, data in self._contents.items()
+            if isinstance(data, bytes)
+        }
+
+    @classmethod
+    def read(cls, row: Mapping[str, Any]) -> MaskFiles:
+        """Reads every mask file the targets `row` names (each once)."""
+        contents: dict[str, bytes | str] = {}
+        for _, uri in target_rows.mask_uris(row):
+            if uri in contents:
+                continue
+            try:
+                with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                    contents[uri] = f.read()
+            except Exception as e:  # any I/O error: missing, permission, network
+                contents[uri] = _first_line(e)
+        return cls(contents)
+
+    def data(self, uri: str, where: str) -> bytes:
+        """The bytes of the mask file at `uri`.
+
+        Raises:
+          BadAnnotation: ``missing_mask``, it could not be read.
+        """
+        found = self._contents.get(uri, "not read")
+        if isinstance(found, str):
+            raise BadAnnotation("missing_mask", f"{where}: cannot read {uri}: {found}")
+        return found
+
+    def content_name(self, uri: str) -> str:
+        """How the targets' content names a mask file: its bytes' sha256, or
+        its base name if it could not be read (never where it is)."""
+        return self._sha256.get(uri) or _base_name(uri)
+
+
+@dataclasses.dataclass(frozen=True)
+class ListedTargets:
+    """An image's targets as the listing gave them, with their mask files read.
+
+    Attributes:
+      row: The targets (`target_rows.row_targets`), mask files by URI.
+      masks: The mask files they name.
+      content: Canonical JSON of `row` with every mask file named by its
+        `MaskFiles.content_name`: what the targets add to the file's version
+        entry, so the version follows the masks' content, not where they are.
+    """
+
+    row: Mapping[str, Any]
+    masks: MaskFiles
+    content: str
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadedTargets:
     """One image's targets as loaded, in the source file's stored pixels.
@@ -93,16 +167,12 @@ class LoadedTargets:
       extra: The extra columns, or None.
       dropped: ``(reason, count)`` of the bad objects dropped
         (``bad_objects: drop_object``).
-      entry: What the targets add to the file's version entry: the listed
-        targets with mask file paths replaced by the files' sha256, so the
-        version follows the masks' content, not where they are.
     """
 
     geometry: transforms.Targets | None
     labels: np.ndarray | None
     extra: Mapping[str, Any] | None
     dropped: tuple[tuple[str, int], ...]
-    entry: str
 
 
 class TargetCodec:
@@ -125,14 +195,34 @@ class TargetCodec:
     def config(self) -> TargetsConfig:
         return self._targets
 
-    def load(self, text: str, height: int, width: int) -> LoadedTargets:
+    def read(self, text: str) -> ListedTargets:
+        """The listed targets (canonical JSON, `target_rows.canonical`) with
+        the mask files they name read."""
+        row = json.loads(text)
+        masks = MaskFiles.read(row)
+        return ListedTargets(row, masks, _content(row, masks))
+
+    def reuse_key(self, listed: ListedTargets) -> str:
+        """What of the targets decides the record's target features besides
+        the image and the processing config: their content (masks by
+        sha256) and the class id of every class name they use (ids follow
+        the class list, which a new class elsewhere can shift)."""
+        names = target_rows.class_names(listed.row)
+        class_ids = {name: self._class_ids.get(name) for name in names}
+        return json.dumps(
+            {"targets": listed.content, "class_ids": class_ids},
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+
+    def load(self, listed: ListedTargets, height: int, width: int) -> LoadedTargets:
         """The targets of an image whose stored pixels are ``height x width``.
 
         Raises:
           BadAnnotation: the image must be dropped (see the module docstring).
         """
-        row = json.loads(text)
-        entry = json.loads(text)
+        row = listed.row
         dropped: dict[str, int] = {}
         labels = None
         if self._targets.labels is not None:
@@ -142,12 +232,12 @@ class TargetCodec:
         if self._targets.geometric:
             mask = None
             if self._targets.mask is not None:
-                mask, entry["mask"] = self._read_mask(row["mask"], "mask", height, width)
+                mask = self._mask_pixels(listed.masks, row["mask"], "mask", height, width)
             objects = row.get("objects", [])
             kept = []
             for index, item in enumerate(objects):
                 try:
-                    kept.append(self._object(item, index, height, width, entry["objects"][index]))
+                    kept.append(self._object(item, index, height, width, listed.masks))
                 except BadAnnotation as e:
                     if not self._drop_object:
                         raise
@@ -158,7 +248,6 @@ class TargetCodec:
             labels=labels,
             extra=row.get("extra"),
             dropped=tuple(sorted(dropped.items())),
-            entry=json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False),
         )
 
     def features(
@@ -220,7 +309,7 @@ class TargetCodec:
         return class_id
 
     def _object(
-        self, item: Mapping[str, Any], index: int, height: int, width: int, entry: dict
+        self, item: Mapping[str, Any], index: int, height: int, width: int, masks: MaskFiles
     ) -> dict[str, Any]:
         where = f"objects[{index}]"
         box = [float(v) for v in item["bbox"]]
@@ -241,10 +330,9 @@ class TargetCodec:
             out["keypoints"] = points
         if self._targets.instance_masks is not None:
             if "mask" in item:
-                out["mask"], entry["mask"] = self._read_mask(
-                    item["mask"], f"{where}.mask", height, width
-                )
-                out["mask"] = (out["mask"] > 0).astype(np.uint8)
+                out["mask"] = (
+                    self._mask_pixels(masks, item["mask"], f"{where}.mask", height, width) > 0
+                ).astype(np.uint8)
             else:
                 out["mask"] = _rasterize(
                     item["segmentation"], f"{where}.segmentation", height, width
@@ -281,24 +369,18 @@ class TargetCodec:
             instance_masks=instance_masks,
         )
 
-    def _read_mask(self, uri: str, where: str, height: int, width: int) -> tuple[np.ndarray, str]:
-        """A mask file's pixels (``height x width`` uint8) and its bytes' sha256."""
-        try:
-            with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                data = f.read()
-        except Exception as e:  # any I/O error: missing, permission, network
-            raise BadAnnotation(
-                "missing_mask", f"{where}: cannot read {uri}: {_first_line(e)}"
-            ) from None
-        sha256 = hashlib.sha256(data).hexdigest()
-        mask = _decode_mask(data, where, self._max_pixels)
+    def _mask_pixels(
+        self, masks: MaskFiles, uri: str, where: str, height: int, width: int
+    ) -> np.ndarray:
+        """A mask file's pixels (``height x width`` uint8)."""
+        mask = _decode_mask(masks.data(uri, where), where, self._max_pixels)
         if mask.shape != (height, width):
             raise BadAnnotation(
                 "mask_size_mismatch",
                 f"{where}: the mask is {mask.shape[0]}x{mask.shape[1]} (HxW) but its image "
                 f"is {height}x{width}",
             )
-        return mask, sha256
+        return mask
 
     # --- encoding ----------------------------------------------------------------------
 
@@ -331,16 +413,20 @@ class TargetCodec:
 
 def location_free(text: str) -> str:
     """Listed targets with every mask file named by its base name only, for the
-    version entry of a file dropped before its masks were read (a stored
-    file's entry names them by content: `LoadedTargets.entry`), so the same
-    data under another root gives the same version."""
-    row = json.loads(text)
-    if "mask" in row:
-        row["mask"] = _base_name(row["mask"])
-    for item in row.get("objects", ()):
+    version entry of a file dropped before its masks were read (the others'
+    entry names them by content: `ListedTargets.content`), so the same data
+    under another root gives the same version."""
+    return _content(json.loads(text), MaskFiles({}))
+
+
+def _content(row: Mapping[str, Any], masks: MaskFiles) -> str:
+    content = copy.deepcopy(dict(row))
+    if "mask" in content:
+        content["mask"] = masks.content_name(content["mask"])
+    for item in content.get("objects", ()):
         if "mask" in item:
-            item["mask"] = _base_name(item["mask"])
-    return json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            item["mask"] = masks.content_name(item["mask"])
+    return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _base_name(uri: str) -> str:

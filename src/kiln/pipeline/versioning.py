@@ -3,7 +3,11 @@
 Two fingerprints, for two jobs:
 
 - The **version** names a built dataset (``<output>/<name>/<version>/``). It is
-  content-addressed: a hash of the resolved config's fingerprint,
+  content-addressed: a hash of the resolved config's fingerprint, the
+  processing fingerprint (`incremental.processing_fingerprint`: kiln's
+  processing version, the record schema and OpenCV's version beside the
+  processing config, so a kiln upgrade that changes what the kernels write
+  gives another version, never other bytes under the same name),
   `kiln.FORMAT_VERSION` and, for every input, its key, label name, split from
   the source and the sha256 of its bytes (plus what the listing dropped). The
   job hashes every file's bytes anyway, so the version costs nothing extra and
@@ -16,9 +20,11 @@ Two fingerprints, for two jobs:
   records the location as ``provenance``, outside the fingerprint.
 - The **stamp** decides whether a rebuild can be skipped without running the
   job. It hashes what the launcher learns from listing alone: keys, label
-  names, splits, byte sizes and modification times, plus the config
-  fingerprint and format version. A build records ``.stamps/<stamp>`` ->
-  version. Listing a million objects on gs:// is quick; reading them is not.
+  names, splits, byte sizes and modification times, plus the config and
+  processing fingerprints and the format version (after a kiln upgrade that
+  changes the processing, an unchanged source is built again). A build
+  records ``.stamps/<stamp>`` -> version. Listing a million objects on
+  gs:// is quick; reading them is not.
   Like make or rsync, a file rewritten with the same size and modification
   time is not noticed by the stamp; touching it forces a rebuild (which then
   finds the same version).
@@ -66,24 +72,33 @@ def file_entry(key: str, label: str | None, split: str | None, sha256: str | Non
     return ["file", key, label, split, sha256]
 
 
-def version_name(config_fingerprint: str, inputs_hash: int) -> str:
-    """The content-addressed version: a short hex id, stable across machines."""
+def version_name(config_fingerprint: str, inputs_hash: int, *, processing: str) -> str:
+    """The content-addressed version: a short hex id, stable across machines.
+
+    Args:
+      config_fingerprint: `config.BuildSpec.fingerprint`.
+      inputs_hash: The multiset hash of every input's entry.
+      processing: The processing fingerprint (`incremental.processing_fingerprint`).
+    """
     return fingerprint(
         {
             "format_version": kiln.FORMAT_VERSION,
             "config": config_fingerprint,
+            "processing": processing,
             "inputs": format(inputs_hash, "064x"),
         }
     )[:VERSION_LENGTH]
 
 
-def stamp(config_fingerprint: str, listing_entries: Iterable[Any]) -> str:
-    """The up-to-date stamp from listing data (see the module docstring)."""
+def stamp(config_fingerprint: str, listing_entries: Iterable[Any], *, processing: str) -> str:
+    """The up-to-date stamp from listing data (see the module docstring);
+    `processing` as for `version_name`."""
     inputs = combine_hashes(entry_hash(entry) for entry in listing_entries)
     return fingerprint(
         {
             "format_version": kiln.FORMAT_VERSION,
             "config": config_fingerprint,
+            "processing": processing,
             "listing": format(inputs, "064x"),
         }
     )

@@ -15,6 +15,8 @@ Public API:
     their seeds, and the Keras layer that augments them inside the model.
   ReadOptions: the rarely changed options of `load` (shuffle buffer, order).
   info: the dataset's `kiln.schemas.DatasetInfo` without building a dataset.
+  class_counts, class_weights: a split's images per class id, and
+    per-class weights ("balanced") for `load(class_weight=...)` or Keras.
   locate: the version folder a path resolves to (follows `LATEST`).
   register_augmentation: decorator for your own augmentation ops.
   validate: checks an augmentation list in YAML form (names, parameters).
@@ -29,8 +31,10 @@ Modules: `ops` declares augmentation ops (and holds kiln's element ops),
 reads, `location` finds a dataset and reads its kiln.json, `layer` is the
 Keras layer, `saving` makes it loadable, `options` holds `ReadOptions`,
 `seeds` derives per-element seeds, `targets` moves boxes, masks and
-keypoints with the image. Importing the package registers kiln's own ops and
-the layer's Keras name without importing TensorFlow (`kiln.lazy_import`,
+keypoints with the image; `labels` (one-hot, multi-hot, smoothing),
+`class_weights` and `output` (image dtype and layout) give the last step
+the form a trainer asked for. Importing the package registers kiln's own ops
+and the layer's Keras name without importing TensorFlow (`kiln.lazy_import`,
 `kiln.reader.saving`): validating an augmentation list, `info` and `locate`
 on local paths do not need it; `load` and the layer do, and import it when
 first asked for.
@@ -38,6 +42,7 @@ first asked for.
 
 # Imported for their registrations: mixup and cutmix; the layer's name with Keras.
 from kiln.reader import mixing, saving  # noqa: F401
+from kiln.reader.class_weights import class_counts, class_weights
 from kiln.reader.location import info, locate
 from kiln.reader.ops import (
     Augmentation,
@@ -59,6 +64,8 @@ __all__ = [
     "ReadOptions",
     "TargetError",
     "TargetSpec",
+    "class_counts",
+    "class_weights",
     "info",
     "load",
     "load_for_model",

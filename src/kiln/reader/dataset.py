@@ -17,16 +17,19 @@ import dataclasses
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
 from kiln.reader import seeds as seeding
 from kiln.reader.augmenter import Augmenter, decode, standardize
-from kiln.reader.location import info, join, locate
+from kiln.reader.class_weights import ExampleWeights
+from kiln.reader.labels import LabelEncoding
+from kiln.reader.location import info
 from kiln.reader.ops import AugmentConfigError, to_float, validate
 from kiln.reader.options import ReadOptions
+from kiln.reader.output import ImageFormat, Output
 from kiln.reader.targets import BatchTargets, ElementTargets, TargetError, TargetSpec
 from kiln.schemas import (
     METADATA_FILENAME,
@@ -36,6 +39,7 @@ from kiln.schemas import (
     Schema,
     schema_for,
 )
+from kiln.schemas.location import join, locate, read_buffer_bytes
 
 if TYPE_CHECKING:
     from kiln.reader.layer import AugmentationLayer
@@ -73,6 +77,11 @@ def load(
     input_context: tf.distribute.InputContext | None = None,
     as_supervised: bool = True,
     max_objects: int | None = None,
+    one_hot: bool = False,
+    label_smoothing: float = 0.0,
+    class_weight: str | Mapping[int, float] | None = None,
+    dtype: str = "float32",
+    data_format: str = "channels_last",
     options: ReadOptions | None = None,
     augment_on: str = "data",
     shuffle_buffer: int | None = None,
@@ -135,6 +144,26 @@ def load(
         before padding, at most `max_objects`). Padded ``classes`` are -1,
         everything else padded is 0. Objects beyond it are cut, the first
         ones kept: choose it from kiln.json's object statistics.
+      one_hot: Class vectors instead of ids: ``label`` one-hot, multi-label
+        ``labels`` multi-hot, float32 ``[batch, num_classes]`` (see
+        `kiln.reader.labels`). Per-object ``classes`` stay ids.
+      label_smoothing: In [0, 1), as Keras's losses smooth: one-hot
+        ``y * (1 - s) + s / num_classes``, multi-hot ``y * (1 - s) + s / 2``.
+        Needs `one_hot` (or mixup/cutmix, whose labels are one-hot).
+      class_weight: ``"balanced"`` (`kiln.reader.class_weights` of this
+        split) or ``{class id: weight}`` (ids left out weigh 1): yield
+        ``(image, label, sample_weight)``, the weight float32 ``[batch]``
+        from each example's label (for labels mixed by mixup/cutmix, the
+        mix of their weights), taken before smoothing. Keras weighs the loss
+        with it, also under a `tf.distribute` strategy, where
+        ``fit(class_weight=...)`` fails. Needs ``as_supervised``.
+      dtype: The image's dtype: ``"float32"``, ``"bfloat16"``, or
+        ``"uint8"`` (the 0..255 scale rounded; refused with `normalize`).
+        Masks stay uint8. See `kiln.reader.output.ImageFormat`.
+      data_format: ``"channels_last"`` ``[batch, height, width, channels]``
+        or ``"channels_first"`` ``[batch, channels, height, width]``; masks
+        (``mask``, ``instance_masks``) move their channel axis likewise.
+
       options: `ReadOptions`: the shuffle buffer's size and whether the
         element order is fixed; the defaults suit almost every job.
       augment_on: Deprecated: ``"model"`` returns what `load_for_model`
@@ -143,10 +172,12 @@ def load(
       deterministic: Deprecated: ``options=ReadOptions(deterministic=...)``.
 
     Returns:
-      The dataset. Images are float32 ``[batch, height, width, channels]``.
-      Labels are int64 class ids (indices into ``info(path).class_names``),
-      or float32 one-hot ``[batch, num_classes]`` when the list has mixup or
-      cutmix (and `training` is on).
+      The dataset. Images are float32 ``[batch, height, width, channels]``
+      unless `dtype` or `data_format` say otherwise. Labels are int64 class
+      ids (indices into ``info(path).class_names``), or float32 one-hot
+      ``[batch, num_classes]`` when the list has mixup or cutmix (and
+      `training` is on) or with `one_hot`; with `class_weight` each element
+      has a third member, its weight.
 
     Raises:
       MetadataError: for a path that is not a kiln dataset, or a missing split.
@@ -154,6 +185,8 @@ def load(
         or a crop that does not fit in the stored images.
       AugmentOpError: for a user op that ignores its seed or cannot be traced.
       ValueError: for argument combinations that cannot work, with the reason.
+      TargetError: for an option the dataset's targets do not allow (e.g.
+        `one_hot` without per-image labels, `class_weight` without ``label``).
     """
     if augment_on not in _AUGMENT_ON:
         raise ValueError(f"augment_on must be one of {_AUGMENT_ON}, got {augment_on!r}")
@@ -179,6 +212,11 @@ def load(
         input_context=input_context,
         as_supervised=as_supervised,
         max_objects=max_objects,
+        one_hot=one_hot,
+        label_smoothing=label_smoothing,
+        class_weight=class_weight,
+        dtype=dtype,
+        data_format=data_format,
         options=_with_deprecated(options, shuffle_buffer, deterministic),
     )
     return (dataset, layer) if augment_on == "model" else dataset
@@ -199,6 +237,11 @@ def load_for_model(
     input_context: tf.distribute.InputContext | None = None,
     as_supervised: bool = True,
     max_objects: int | None = None,
+    one_hot: bool = False,
+    label_smoothing: float = 0.0,
+    class_weight: str | Mapping[int, float] | None = None,
+    dtype: str = "float32",
+    data_format: str = "channels_last",
     options: ReadOptions | None = None,
 ) -> tuple[tf.data.Dataset, AugmentationLayer]:
     """`load` with the element augmentation moved into the model: ``(dataset, layer)``.
@@ -215,7 +258,10 @@ def load_for_model(
     cutmix) change labels and need `load`.
 
     The arguments are `load`'s; `training` (None: True for ``"train"``)
-    decides whether the layer may augment randomly at all.
+    decides whether the layer may augment randomly at all. `one_hot`,
+    `label_smoothing` and `class_weight` shape the labels as in `load`;
+    `dtype` and `data_format` must stay at their defaults (the layer takes
+    uint8 channels-last images: cast or transpose its output in the model).
 
     Returns:
       ``(dataset, layer)``.
@@ -238,6 +284,11 @@ def load_for_model(
         input_context=input_context,
         as_supervised=as_supervised,
         max_objects=max_objects,
+        one_hot=one_hot,
+        label_smoothing=label_smoothing,
+        class_weight=class_weight,
+        dtype=dtype,
+        data_format=data_format,
         options=options or ReadOptions(),
     )
 
@@ -282,6 +333,11 @@ def _read(
     input_context: tf.distribute.InputContext | None,
     as_supervised: bool,
     max_objects: int | None,
+    one_hot: bool,
+    label_smoothing: float,
+    class_weight: str | Mapping[int, float] | None,
+    dtype: str,
+    data_format: str,
     options: ReadOptions,
 ):
     """`load`'s work: ``(dataset, layer)``, the layer None unless `model_side`."""
@@ -303,6 +359,17 @@ def _read(
             f"load_for_model: {[a.name for a in augmenter.batch_ops]} mix labels, which a "
             f"layer inside the model cannot change; use kiln.reader.load for them"
         )
+    output = Output(
+        ImageFormat.checked(dtype, data_format, normalize=normalize, model_side=model_side),
+        LabelEncoding.checked(
+            metadata.num_classes,
+            spec,
+            one_hot=one_hot,
+            label_smoothing=label_smoothing,
+            mixes_labels=bool(augmenter.batch_ops),
+        ),
+        _example_weights(class_weight, metadata, split, spec, as_supervised),
+    )
     if augmenter.batch_ops and batch_size is None:
         raise ValueError(
             f"{[a.name for a in augmenter.batch_ops]} mix images of a batch: pass a batch_size"
@@ -336,7 +403,8 @@ def _read(
         channels=metadata.channels,
         image_size=metadata.image_size,
         keep_seeds=model_side or bool(augmenter.batch_ops),
-        as_float=not model_side,
+        # uint8 output of unaugmented images skips the float round trip.
+        as_float=not model_side and not output.image_format.keeps_stored_pixels(augmenter),
         schema=schema,
         targets=spec,
     )
@@ -421,8 +489,11 @@ def _read(
             return image, batch["label"]
         return batch
 
+    def finished(batch):
+        return output.apply(finish(batch))
+
     dataset = dataset.map(
-        _unconverted(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
+        _unconverted(finished), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
     )
     cardinality = share.cardinality(repeat, batch_size, drop_remainder)
     if cardinality is not None:
@@ -468,6 +539,18 @@ def _check_max_objects(max_objects: int | None, spec: TargetSpec) -> None:
         raise TargetError(
             f"max_objects={max_objects}: this dataset has no objects (targets {list(spec.kinds)})"
         )
+
+
+def _example_weights(class_weight, metadata, split, spec, as_supervised):
+    if class_weight is None:
+        return None
+    if not as_supervised:
+        raise ValueError(
+            "class_weight yields (image, label, sample_weight) for Keras; with "
+            "as_supervised=False, weigh the dict's label yourself "
+            "(kiln.reader.class_weights gives the dict)"
+        )
+    return ExampleWeights.checked(class_weight, metadata, split, spec)
 
 
 def _augmenter(
@@ -794,9 +877,12 @@ def _one_pass(
             len(share.files), seed=seeding.derive(base_seed, "files"), reshuffle_each_iteration=True
         )
     compression_type = {None: "", "gzip": "GZIP"}[compression]
+    buffer_size = read_buffer_bytes(share.files[0])
     ordered = deterministic or share.by_element
     records = files.interleave(
-        lambda filename: tf.data.TFRecordDataset(filename, compression_type=compression_type),
+        lambda filename: tf.data.TFRecordDataset(
+            filename, compression_type=compression_type, buffer_size=buffer_size
+        ),
         cycle_length=min(len(share.files), _CYCLE_LENGTH),
         block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE,

@@ -213,7 +213,8 @@ class DatasetInfo:
 
     Attributes:
       name: Dataset name from the config.
-      version: Version id (derived from the input and config fingerprints).
+      version: Version id (derived from the input, config and processing
+        fingerprints, `kiln.pipeline.versioning`).
       kiln_version: Version of kiln that wrote the dataset.
       format_version: `kiln.FORMAT_VERSION` of the writer.
       config: The resolved build config (all defaults filled in), without
@@ -244,9 +245,9 @@ class DatasetInfo:
       processing: What decides a record's bytes given its source file:
         ``{"version": int, "fingerprint": hex}``, the kiln processing
         version and the processing fingerprint
-        (`kiln.pipeline.incremental`). An incremental build reuses records
-        of a version only if both equal its own. None in datasets written
-        before kiln recorded it.
+        (`kiln.pipeline.incremental`), which the version name hashes too. An
+        incremental build reuses records of a version only if both equal
+        its own. None in datasets written before kiln recorded it.
       targets: The resolved ``targets:`` declaration (`TargetsConfig` as
         JSON: kinds, keypoint names, flip pairs, min_visibility,
         ignore_value, field types); None (left out of the file) for a

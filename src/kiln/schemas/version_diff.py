@@ -35,15 +35,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
 
+from kiln.schemas import location
+from kiln.schemas.location import exists, join, open_file, read_buffer_bytes, read_text
 from kiln.schemas.metadata import (
     INDEX_FILENAME,
-    LATEST_FILENAME,
     METADATA_FILENAME,
     DatasetInfo,
     MetadataError,
@@ -52,35 +52,6 @@ from kiln.schemas.metadata import (
 
 # A bare version id, as `kiln build` names version folders.
 _VERSION_ID = re.compile(r"^[0-9a-f]{12}$")
-
-
-# -- reading a version's files: the standard library locally, tf.io.gfile for URIs --
-
-
-def _is_uri(path: str) -> bool:
-    return "://" in path
-
-
-def _join(base: str, *parts: str) -> str:
-    if _is_uri(base):
-        return "/".join([base.rstrip("/"), *parts])
-    return os.path.join(base, *parts)
-
-
-def _exists(path: str) -> bool:
-    if _is_uri(path):
-        import tensorflow as tf
-
-        return bool(tf.io.gfile.exists(path))
-    return os.path.exists(path)
-
-
-def _open(path: str, mode: str = "r") -> IO[Any]:
-    if _is_uri(path):
-        import tensorflow as tf
-
-        return tf.io.gfile.GFile(path, mode)
-    return open(path, mode, encoding=None if "b" in mode else "utf-8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,42 +81,21 @@ def locate(path: str, relative_to: str | None = None) -> str:
 
     Args:
       path: A version folder (it holds kiln.json), a dataset folder
-        ``<output>/<name>`` (its LATEST names the version), or a bare version
-        id (``3f2a9c1b0d4e``) of the dataset `relative_to` belongs to.
+        ``<output>/<name>`` (its LATEST names the version), as
+        `kiln.schemas.location.locate` finds them, or a bare version id
+        (``3f2a9c1b0d4e``) of the dataset `relative_to` belongs to.
       relative_to: Another version folder or dataset folder, for bare ids.
 
     Raises:
       MetadataError: naming the path, when it is none of these.
     """
-    path = path.rstrip("/") or "/"
-    if _exists(_join(path, METADATA_FILENAME)):
-        return path
-    latest = _join(path, LATEST_FILENAME)
-    if _exists(latest):
-        with _open(latest) as f:
-            version = f.read().strip()
-        if not version:
-            raise MetadataError(f"{latest} is empty; it should name a version folder")
-        absolute = _is_uri(version) or os.path.isabs(version)
-        version_dir = version if absolute else _join(path, version)
-        if not _exists(_join(version_dir, METADATA_FILENAME)):
-            raise MetadataError(
-                f"{latest} names version {version!r}, but {version_dir} has no "
-                f"{METADATA_FILENAME} (the build did not finish, or the folder was removed)"
-            )
-        return version_dir
-    if relative_to is not None and _VERSION_ID.match(path) and not _exists(path):
-        other = locate(relative_to)
-        candidate = _join(other.rstrip("/").rsplit("/", 1)[0], path)
-        if _exists(_join(candidate, METADATA_FILENAME)):
+    if relative_to is not None and _VERSION_ID.match(path) and not exists(path):
+        other = location.locate(relative_to)
+        candidate = join(other.rstrip("/").rsplit("/", 1)[0], path)
+        if exists(join(candidate, METADATA_FILENAME)):
             return candidate
         raise MetadataError(f"{path}: no version {path} beside {other}")
-    if not _exists(path):
-        raise MetadataError(f"{path}: no such dataset folder")
-    raise MetadataError(
-        f"{path} is not a kiln dataset: it has no {METADATA_FILENAME} and no "
-        f"{LATEST_FILENAME} naming a version folder"
-    )
+    return location.locate(path)
 
 
 def open_version(path: str, relative_to: str | None = None) -> Version:
@@ -155,9 +105,8 @@ def open_version(path: str, relative_to: str | None = None) -> Version:
       MetadataError: naming the file, if it is missing, malformed or edited.
     """
     dataset_dir = locate(path, relative_to)
-    source = _join(dataset_dir, METADATA_FILENAME)
-    with _open(source) as f:
-        text = f.read()
+    source = join(dataset_dir, METADATA_FILENAME)
+    text = read_text(source)
     info = DatasetInfo.loads(text, source)  # checks the checksum
     data = json.loads(text)
     index_sha256 = data.get("index_sha256")
@@ -203,12 +152,12 @@ def records(
 def _records_from_index(
     version: Version, skip_shards: AbstractSet[tuple[str, str]]
 ) -> Iterator[RecordIdentity]:
-    path = _join(version.dataset_dir, INDEX_FILENAME)
-    if not _exists(path):
+    path = join(version.dataset_dir, INDEX_FILENAME)
+    if not exists(path):
         raise MetadataError(f"{path} is missing, but kiln.json records its sha256")
     names = version.info.class_names
     digest = hashlib.sha256()
-    with _open(path, "rb") as f:
+    with open_file(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             digest.update(raw)
             try:
@@ -243,13 +192,15 @@ def _records_from_shards(
     compression = "GZIP" if version.info.compression == "gzip" else ""
     for split in version.info.splits.values():
         files = [
-            _join(version.dataset_dir, shard.filename)
+            join(version.dataset_dir, shard.filename)
             for shard in split.shards
             if (split.name, shard.filename) not in skip_shards
         ]
         if not files:
             continue
-        batches = tf.data.TFRecordDataset(files, compression_type=compression).batch(1024)
+        batches = tf.data.TFRecordDataset(
+            files, compression_type=compression, buffer_size=read_buffer_bytes(files[0])
+        ).batch(1024)
         for batch in batches.map(lambda serialized: tf.io.parse_example(serialized, spec)):
             keys, hashes, labels = (batch[feature.key].numpy() for feature in features)
             for key, content, label in zip(keys, hashes, labels, strict=True):

@@ -15,7 +15,6 @@ from typing import Any
 
 from kiln.reader import info as read_info
 from kiln.reader import locate
-from kiln.reader.location import exists, join, read_text
 from kiln.schemas import (
     DUPLICATES_FILENAME,
     ERRORS_FILENAME,
@@ -24,6 +23,7 @@ from kiln.schemas import (
     ordered_splits,
     share_text,
 )
+from kiln.schemas.location import exists, join, read_text
 from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME
 
 # Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the

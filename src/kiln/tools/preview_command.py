@@ -176,7 +176,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
 
 def _check_output(path: str) -> None:
     """Refuses an output that cannot be written before any work is done."""
-    from kiln.reader.location import is_remote
+    from kiln.schemas.location import is_remote
     from kiln.tools import contact_sheet
 
     if contact_sheet.image_format(path) is None:

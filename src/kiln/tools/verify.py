@@ -67,6 +67,7 @@ from kiln.schemas import (
     decode_mask,
     shard_filename,
 )
+from kiln.schemas.location import read_buffer_bytes
 from kiln.schemas.tfds_metadata import (
     TFDS_DATASET_INFO_FILENAME,
     TFDS_FEATURES_FILENAME,
@@ -316,9 +317,9 @@ def _check_records(
 ) -> tuple[int, str | None]:
     """Reads every record of a shard: (records read, the first problem or None)."""
     compression = "GZIP" if metadata.compression == "gzip" else ""
-    records = tf.data.TFRecordDataset(path, compression_type=compression).map(
-        _record_facts(metadata), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-    )
+    records = tf.data.TFRecordDataset(
+        path, compression_type=compression, buffer_size=read_buffer_bytes(path)
+    ).map(_record_facts(metadata), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     image_size = tuple(metadata.image_size) if metadata.image_size else None
     count = 0
     iterator = iter(records.as_numpy_iterator())

@@ -1,0 +1,138 @@
+"""Labels in the form a loss wants: one-hot, multi-hot and label smoothing, as TF ops.
+
+Keras 3's sparse losses take class ids and have no ``label_smoothing``; its
+dense losses take one-hot vectors and do. `LabelEncoding` turns the class ids
+the reader yields into those vectors:
+
+- ``label`` (one class per image), int64 ``[batch]``: one-hot float32
+  ``[batch, num_classes]``; smoothing as Keras's `CategoricalCrossentropy`
+  does it, ``y * (1 - s) + s / num_classes``.
+- ``labels`` (multi-label), int64 ``[batch, (n)]`` (ragged when batched):
+  multi-hot float32 ``[batch, num_classes]``, 1 for each class the image
+  carries; smoothing as Keras's `BinaryCrossentropy` does it,
+  ``y * (1 - s) + s / 2``.
+
+A ``label`` that mixup or cutmix already mixed is float32 one-hot: it is only
+smoothed. Per-object ``classes`` of detection datasets stay class ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from kiln.lazy_import import LazyModule
+from kiln.reader.targets import TargetError, TargetSpec
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:  # imported when labels are encoded, not to validate the options
+    tf = LazyModule("tensorflow")
+
+# The target kinds that hold class ids per image.
+LABEL_KINDS = ("label", "labels")
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelEncoding:
+    """How the reader hands out a dataset's per-image class ids.
+
+    Attributes:
+      num_classes: The dataset's class count (kiln.json ``class_names``).
+      one_hot: Vectors instead of ids: one-hot ``label``, multi-hot ``labels``.
+      label_smoothing: In [0, 1): the share of each vector spread evenly
+        (see the module docstring). Needs vectors: `one_hot`, or a batch op
+        that mixes labels (mixup, cutmix), which one-hots ``label`` itself.
+    """
+
+    num_classes: int
+    one_hot: bool = False
+    label_smoothing: float = 0.0
+
+    @classmethod
+    def checked(
+        cls,
+        num_classes: int,
+        spec: TargetSpec,
+        *,
+        one_hot: Any,
+        label_smoothing: Any,
+        mixes_labels: bool,
+    ) -> LabelEncoding:
+        """The encoding, after checking the options against the dataset.
+
+        Args:
+          spec: The dataset's targets.
+          mixes_labels: The augmentation list has a batch op (mixup,
+            cutmix): ``label`` is one-hot already.
+
+        Raises:
+          ValueError: for an option of the wrong type or range, or label
+            smoothing on class ids.
+          TargetError: for `one_hot` on a dataset without per-image labels.
+        """
+        if not isinstance(one_hot, bool):
+            raise ValueError(f"one_hot must be True or False, got {one_hot!r}")
+        if (
+            isinstance(label_smoothing, bool)
+            or not isinstance(label_smoothing, numbers.Real)
+            or not 0.0 <= float(label_smoothing) < 1.0
+        ):
+            raise ValueError(f"label_smoothing must be a number in [0, 1), got {label_smoothing!r}")
+        present = [kind for kind in LABEL_KINDS if kind in spec.kinds]
+        if one_hot and not present:
+            raise TargetError(
+                f"one_hot=True: this dataset has no per-image class ids to encode (targets "
+                f"{list(spec.kinds)}); per-object classes stay ids"
+            )
+        if label_smoothing and not one_hot and not (mixes_labels and "label" in present):
+            raise ValueError(
+                f"label_smoothing={label_smoothing} smooths one-hot labels; pass one_hot=True "
+                f"(and a loss that takes them, e.g. CategoricalCrossentropy) or use mixup/cutmix, "
+                f"which one-hot the label"
+            )
+        return cls(num_classes, one_hot, float(label_smoothing))
+
+    @property
+    def changes_labels(self) -> bool:
+        return self.one_hot or self.label_smoothing > 0.0
+
+    def label(self, label: tf.Tensor) -> tf.Tensor:
+        """One-hot (smoothed) ``label``: int ids ``[...]`` -> float32 ``[..., num_classes]``;
+        an already mixed float32 one-hot label is only smoothed."""
+        if label.dtype.is_integer:
+            if not self.one_hot:
+                return label
+            label = tf.one_hot(label, self.num_classes, dtype=tf.float32)
+        if self.label_smoothing:
+            label = label * (1.0 - self.label_smoothing) + self.label_smoothing / self.num_classes
+        return label
+
+    def labels(self, labels: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
+        """Multi-hot (smoothed) ``labels``: ids ``[n]`` or ragged ``[batch, (n)]`` ->
+        float32 ``[num_classes]`` or ``[batch, num_classes]``."""
+        if not self.one_hot:
+            return labels
+        hot = tf.math.bincount(
+            tf.cast(labels, tf.int32),
+            minlength=self.num_classes,
+            maxlength=self.num_classes,
+            binary_output=True,
+            axis=-1,
+        )
+        # bincount of a ragged batch loses the static shape; the batch size is the rows'.
+        hot = tf.ensure_shape(tf.cast(hot, tf.float32), labels.shape[:-1] + [self.num_classes])
+        if self.label_smoothing:
+            hot = hot * (1.0 - self.label_smoothing) + self.label_smoothing / 2.0
+        return hot
+
+    def targets(self, targets: Mapping[str, Any]) -> dict[str, Any]:
+        """A targets (or record features) dict with ``label`` and ``labels`` encoded."""
+        out = dict(targets)
+        if "label" in out:
+            out["label"] = self.label(out["label"])
+        if "labels" in out:
+            out["labels"] = self.labels(out["labels"])
+        return out

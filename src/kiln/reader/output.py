@@ -1,0 +1,151 @@
+"""What `load` hands a trainer, last step: image dtype and layout, label form, example weights.
+
+`Output.apply` takes the finished element (``(image, label)``,
+``(image, targets)``, the model-side ``({"image", "augment_seed"}, label)``,
+or a features dict) and
+
+1. computes each example's weight from its label (`ExampleWeights`), when
+   asked, before smoothing (a smoothed label would spread the weight);
+2. encodes labels (`LabelEncoding`: one-hot, multi-hot, smoothing);
+3. casts the image (`ImageFormat`: float32, bfloat16, uint8) and moves its
+   channels first (``channels_first``), masks alike.
+
+With the defaults it returns its input unchanged, adding no op to the graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from kiln.lazy_import import LazyModule
+from kiln.reader.class_weights import ExampleWeights
+from kiln.reader.labels import LabelEncoding
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from kiln.reader.augmenter import Augmenter
+else:  # imported when an element is shaped, not to check the options
+    tf = LazyModule("tensorflow")
+
+DTYPES = ("float32", "bfloat16", "uint8")
+DATA_FORMATS = ("channels_last", "channels_first")
+# Targets laid out like the image: [..., H, W, 1] class ids or 0/1 masks.
+_MASKS = ("mask", "instance_masks")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFormat:
+    """The image's dtype and channel layout.
+
+    Attributes:
+      dtype: ``float32`` (the reader's own: [0, 1], or standardized with
+        ``normalize``), ``bfloat16`` (the same values rounded to bfloat16:
+        half the bytes to the accelerator), or ``uint8`` (the 0..255 scale
+        rounded to integers: a quarter of the bytes; exact for unaugmented
+        images and those only cropped or flipped, rounded where an op
+        interpolates or changes colours).
+      data_format: ``channels_last`` (``[..., height, width, channels]``) or
+        ``channels_first`` (``[..., channels, height, width]``). Masks
+        (``mask``, ``instance_masks``) follow the image: their channel axis
+        of 1 moves first too, so a mask lines up with its image; they stay
+        uint8 whatever `dtype`.
+    """
+
+    dtype: str = "float32"
+    data_format: str = "channels_last"
+
+    @classmethod
+    def checked(cls, dtype: Any, data_format: Any, *, normalize: bool, model_side: bool):
+        """The format, after checking the options (`dtype` a name or a TF/NumPy dtype).
+
+        Raises:
+          ValueError: for an unknown dtype or layout, uint8 with
+            ``normalize`` (standardized pixels are not 0..255 integers), and
+            anything but the defaults with `load_for_model` (the layer
+            takes uint8 channels-last images).
+        """
+        name = getattr(dtype, "name", dtype)
+        if name not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if data_format not in DATA_FORMATS:
+            raise ValueError(f"data_format must be one of {DATA_FORMATS}, got {data_format!r}")
+        if name == "uint8" and normalize:
+            raise ValueError(
+                "dtype='uint8' holds pixels on the 0..255 scale; normalize=True standardizes "
+                "them to signed floats. Pass normalize=False and standardize on the accelerator "
+                "(mean and std: kiln.reader.info(path).splits['train'].statistics), or use "
+                "dtype='float32' or 'bfloat16'"
+            )
+        chosen = cls(name, data_format)
+        if model_side and chosen != cls():
+            raise ValueError(
+                f"load_for_model yields uint8 channels-last images for its layer, whatever "
+                f"dtype={name!r} and data_format={data_format!r} ask; cast or transpose the "
+                f"layer's output inside the model"
+            )
+        return chosen
+
+    def keeps_stored_pixels(self, augmenter: Augmenter) -> bool:
+        """Whether the decoded uint8 pixels are already the output's values:
+        uint8 output and nothing that computes in float (element or batch ops)."""
+        return self.dtype == "uint8" and not augmenter.has_element_work and not augmenter.batch_ops
+
+    def image(self, image: tf.Tensor) -> tf.Tensor:
+        if self.dtype == "uint8" and image.dtype != tf.uint8:
+            image = tf.cast(tf.round(tf.clip_by_value(image * 255.0, 0.0, 255.0)), tf.uint8)
+        elif self.dtype == "bfloat16":
+            image = tf.cast(image, tf.bfloat16)
+        return self._laid_out(image)
+
+    def masks(self, targets: Mapping[str, Any]) -> dict[str, Any]:
+        """`targets` with its masks in the image's layout."""
+        out = dict(targets)
+        for name in _MASKS:
+            if name in out:
+                out[name] = self._laid_out(out[name])
+        return out
+
+    def _laid_out(self, tensor):
+        if self.data_format == "channels_last":
+            return tensor
+        if isinstance(tensor, tf.RaggedTensor):  # [batch, (objects), H, W, 1]
+            return tf.ragged.map_flat_values(_channels_first, tensor)
+        return _channels_first(tensor)
+
+
+def _channels_first(tensor: tf.Tensor) -> tf.Tensor:
+    """``[..., H, W, C]`` -> ``[..., C, H, W]``."""
+    rank = tensor.shape.rank
+    return tf.transpose(tensor, [*range(rank - 3), rank - 1, rank - 3, rank - 2])
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """The last step of `load` (see the module docstring)."""
+
+    image_format: ImageFormat
+    labels: LabelEncoding
+    weights: ExampleWeights | None = None
+
+    def apply(self, element):
+        """``(inputs, label or targets)`` -> the same, or with a third member,
+        the float32 example weights; a features dict -> the same dict."""
+        if isinstance(element, Mapping):
+            out = self.labels.targets(element) if self.labels.changes_labels else dict(element)
+            out["image"] = self.image_format.image(out["image"])
+            return self.image_format.masks(out)
+        inputs, targets = element
+        is_dict = isinstance(targets, Mapping)
+        weights = None
+        if self.weights is not None:
+            weights = self.weights.of(targets["label"] if is_dict else targets)
+        if self.labels.changes_labels:
+            targets = self.labels.targets(targets) if is_dict else self.labels.label(targets)
+        if is_dict:
+            targets = self.image_format.masks(targets)
+        if not isinstance(inputs, Mapping):  # the model-side inputs keep their form
+            inputs = self.image_format.image(inputs)
+        return (inputs, targets) if weights is None else (inputs, targets, weights)

@@ -1,0 +1,137 @@
+"""Where a dataset version is: `locate` follows LATEST to the version folder.
+
+The reader (`kiln.reader.locate`, `kiln.reader.info`), `kiln inspect` and
+`kiln diff` (`kiln.schemas.version_diff`) all accept a version folder or the
+dataset's folder ``<output>/<name>``, and find the version the same way.
+Their few small files (LATEST, kiln.json, the reports) are read with plain
+Python locally and through `tf.io.gfile` for URIs (``gs://...``), which
+imports TensorFlow only on that first remote read: so `kiln inspect DATASET`
+answers without paying for TensorFlow's import.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+from kiln.lazy_import import LazyModule
+from kiln.schemas.metadata import LATEST_FILENAME, METADATA_FILENAME, MetadataError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:  # only for URIs: local files are read with plain Python
+    tf = LazyModule("tensorflow")
+
+T = TypeVar("T")
+
+# Bytes `tf.data.TFRecordDataset` buffers per open shard (its ``buffer_size``,
+# given by every kiln reader of shards: `read_buffer_bytes`). On local disk
+# TF's own default, 256 KiB: a refill is a cheap system call. On an object
+# store each refill is a ranged request that waits tens of milliseconds
+# before its first byte, so small refills spend most of their time waiting;
+# 16 MiB keeps that wait a small share of each transfer, and the reader,
+# which opens at most 16 shards at a time per input pipeline, holds at most
+# 256 MiB of them. (TF itself raises an unspecified buffer to 127 MiB per
+# file for S3, and for GCS on Cloud TPU hosts.)
+LOCAL_READ_BUFFER_BYTES = 256 * 1024
+REMOTE_READ_BUFFER_BYTES = 16 * 1024 * 1024
+
+
+def is_remote(path: str) -> bool:
+    """True for URIs (``gs://bucket/...``), False for local paths."""
+    return "://" in path
+
+
+def read_buffer_bytes(path: str) -> int:
+    """The ``buffer_size`` for `tf.data.TFRecordDataset` reading the shard at `path`."""
+    return REMOTE_READ_BUFFER_BYTES if is_remote(path) else LOCAL_READ_BUFFER_BYTES
+
+
+def join(directory: str, name: str) -> str:
+    # gs:// paths take forward slashes on every OS.
+    if is_remote(directory):
+        return posixpath.join(directory, name)
+    return os.path.join(directory, name)
+
+
+def exists(path: str) -> bool:
+    """Whether a file or folder exists at `path`.
+
+    Raises:
+      MetadataError: naming `path`, when its object store cannot be reached
+        (no network, no credentials, no such bucket).
+    """
+    if is_remote(path):
+        return bool(_remote(path, lambda: tf.io.gfile.exists(path)))
+    return os.path.exists(path)
+
+
+def read_text(path: str) -> str:
+    """The text of the file at `path` (UTF-8).
+
+    Raises:
+      OSError: locally. MetadataError: for a URI that cannot be read.
+    """
+    with open_file(path) as f:
+        return _remote(path, f.read) if is_remote(path) else f.read()
+
+
+def open_file(path: str, mode: str = "r") -> IO[Any]:
+    """The file at `path`, open for reading (``"r"``: UTF-8 text, ``"rb"``: bytes).
+
+    Raises:
+      OSError: locally. MetadataError: for a URI that cannot be opened.
+    """
+    if is_remote(path):
+        return _remote(path, lambda: tf.io.gfile.GFile(path, mode))
+    return open(path, mode, encoding=None if "b" in mode else "utf-8")
+
+
+def _remote(path: str, operation: Callable[[], T]) -> T:
+    """`operation()` on an object store, its failure as one line naming `path`."""
+    try:
+        return operation()
+    except tf.errors.OpError as e:
+        reason = next((line.strip() for line in str(e.message).splitlines() if line.strip()), "")
+        raise MetadataError(f"{path}: cannot read it: {reason or type(e).__name__}") from None
+
+
+def locate(path: str | os.PathLike) -> str:
+    """The dataset version folder for `path`.
+
+    Args:
+      path: A version folder written by `kiln build` (it contains
+        `kiln.json`), or the dataset's folder ``<output>/<name>`` whose
+        `LATEST` file names the newest version folder. Local or ``gs://``.
+        LATEST is read with or without a trailing newline.
+
+    Raises:
+      MetadataError: naming the path, when neither holds.
+    """
+    path = os.fspath(path)
+    if not path.endswith("://"):
+        path = path.rstrip("/") or "/"
+    if exists(join(path, METADATA_FILENAME)):
+        return path
+    latest = join(path, LATEST_FILENAME)
+    if exists(latest):
+        version = read_text(latest).strip()
+        if not version:
+            raise MetadataError(f"{latest} is empty; it should name a version folder")
+        absolute = is_remote(version) or os.path.isabs(version)
+        version_dir = version if absolute else join(path, version)
+        if not exists(join(version_dir, METADATA_FILENAME)):
+            raise MetadataError(
+                f"{latest} names version {version!r}, but {version_dir} has no "
+                f"{METADATA_FILENAME} (the build did not finish, or the folder was removed)"
+            )
+        return version_dir
+    if not exists(path):
+        raise MetadataError(f"{path}: no such dataset folder")
+    raise MetadataError(
+        f"{path} is not a kiln dataset: it has no {METADATA_FILENAME} and no {LATEST_FILENAME} "
+        f"naming a version folder. Pass the folder `kiln build` wrote "
+        f"(<output>/<name>/<version>) or its parent <output>/<name>."
+    )

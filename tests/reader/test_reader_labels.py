@@ -1,0 +1,136 @@
+"""Labels as losses want them: one-hot, multi-hot and label smoothing, on real builds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kiln.reader
+from kiln.reader.targets import TargetError
+from kiln.schemas import Schema
+
+pytestmark = pytest.mark.usefixtures("no_global_seed")
+
+keras = tf.keras
+
+
+def labels_of(dataset) -> np.ndarray:
+    return np.concatenate([label.numpy() for _, label in dataset])
+
+
+def stored_labels(result, split: str) -> dict[bytes, dict]:
+    """key -> the record's decoded targets, read from the shards without the reader."""
+    import os
+
+    schema = Schema.from_json(result.info.schema)
+    out = {}
+    for shard in result.info.splits[split].shards:
+        path = os.path.join(result.dataset_dir, shard.filename)
+        for serialized in tf.data.TFRecordDataset(path).as_numpy_iterator():
+            record = schema.decode(serialized)
+            out[record["key"]] = record
+    return out
+
+
+def test_one_hot_and_smoothing_follow_the_class_ids(png_dataset):
+    path, classes = png_dataset.dataset_dir, png_dataset.info.num_classes
+    plain = {"batch_size": 8, "shuffle": False, "augment": None}
+    ids = labels_of(kiln.reader.load(path, **plain))
+    assert ids.dtype == np.int64 and len(set(ids.tolist())) == classes
+
+    hot = kiln.reader.load(path, one_hot=True, **plain)
+    assert hot.element_spec[1] == tf.TensorSpec([None, classes], tf.float32)
+    np.testing.assert_array_equal(labels_of(hot), np.eye(classes, dtype=np.float32)[ids])
+
+    smoothed = labels_of(kiln.reader.load(path, one_hot=True, label_smoothing=0.2, **plain))
+    np.testing.assert_allclose(smoothed, np.eye(classes)[ids] * 0.8 + 0.2 / classes, atol=1e-7)
+    # The same as Keras's own smoothing in CategoricalCrossentropy.
+    logits = tf.random.stateless_normal([len(ids), classes], seed=[1, 2])
+    ours = keras.losses.CategoricalCrossentropy(from_logits=True)(smoothed, logits)
+    theirs = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.2)(
+        np.eye(classes)[ids], logits
+    )
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6)
+
+
+def test_mixed_labels_are_smoothed_not_one_hot_again(png_dataset):
+    path, classes = png_dataset.dataset_dir, png_dataset.info.num_classes
+    augment = ["random_flip_left_right", {"mixup": {"alpha": 0.4}}]
+
+    def read(**knobs):
+        dataset = kiln.reader.load(path, batch_size=8, seed=5, augment=augment, **knobs)
+        batches = list(dataset)
+        return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+
+    images, mixed = read()
+    assert not np.isin(mixed, [0.0, 1.0]).all(), "mixup mixed nothing"
+    same_images, one_hot = read(one_hot=True)
+    np.testing.assert_array_equal(one_hot, mixed)
+    np.testing.assert_array_equal(same_images, images)
+    _, smoothed = read(label_smoothing=0.1)
+    np.testing.assert_allclose(smoothed, mixed * 0.9 + 0.1 / classes, atol=1e-7)
+
+
+def test_multi_label_datasets_get_multi_hot_labels(multilabel_dataset):
+    path, info = multilabel_dataset.dataset_dir, multilabel_dataset.info
+    classes = info.num_classes
+    stored = stored_labels(multilabel_dataset, "train")
+    assert any(len(record["labels"]) > 1 for record in stored.values())
+
+    features = kiln.reader.load(
+        path, batch_size=8, seed=1, one_hot=True, label_smoothing=0.1, as_supervised=False
+    )
+    assert features.element_spec["labels"] == tf.TensorSpec([None, classes], tf.float32)
+    assert features.element_spec["label"] == tf.TensorSpec([None, classes], tf.float32)
+    seen = 0
+    for batch in features.as_numpy_iterator():
+        for key, labels, label in zip(batch["key"], batch["labels"], batch["label"], strict=True):
+            record = stored[key]
+            hot = np.zeros(classes)
+            hot[record["labels"]] = 1.0
+            np.testing.assert_allclose(labels, hot * 0.9 + 0.05, atol=1e-7)
+            np.testing.assert_allclose(
+                label, np.eye(classes)[record["label"]] * 0.9 + 0.1 / classes, atol=1e-7
+            )
+            seen += 1
+    assert seen == info.splits["train"].num_examples
+
+    # Unbatched, and as (image, targets): the same vectors per element.
+    single = kiln.reader.load(path, "test", batch_size=None, one_hot=True)
+    image, targets = next(iter(single))
+    assert targets["labels"].shape == (classes,) and targets["labels"].dtype == tf.float32
+    assert targets["label"].shape == (classes,)
+    assert set(np.unique(targets["labels"].numpy())) <= {0.0, 1.0}
+    # Keras's BinaryCrossentropy smooths multi-hot labels the same way.
+    logits = tf.random.stateless_normal([4, classes], seed=[3, 4])
+    hot = np.eye(classes, dtype=np.float32)[[0, 1, 2, 3]] + np.eye(classes)[[1, 2, 3, 0]]
+    ours = keras.losses.BinaryCrossentropy(from_logits=True)(hot * 0.9 + 0.05, logits)
+    theirs = keras.losses.BinaryCrossentropy(from_logits=True, label_smoothing=0.1)(hot, logits)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "error", "message"),
+    [
+        ({"label_smoothing": 0.1}, ValueError, "pass one_hot=True"),
+        ({"one_hot": True, "label_smoothing": 1.0}, ValueError, r"in \[0, 1\)"),
+        ({"one_hot": True, "label_smoothing": -0.1}, ValueError, r"in \[0, 1\)"),
+        ({"one_hot": True, "label_smoothing": True}, ValueError, r"in \[0, 1\)"),
+        ({"one_hot": True, "label_smoothing": "0.1"}, ValueError, r"in \[0, 1\)"),
+        ({"one_hot": 1}, ValueError, "one_hot must be True or False"),
+    ],
+)
+def test_label_options_are_checked_before_reading(png_dataset, knobs, error, message):
+    with pytest.raises(error, match=message):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1, **knobs)
+
+
+def test_one_hot_needs_per_image_labels(tmp_path_factory):
+    from reader import scene_records
+
+    boxes_only = scene_records.build_scenes(
+        str(tmp_path_factory.mktemp("boxes-only")), {"boxes": {}}, [], count=2, num_shards=1
+    )
+    with pytest.raises(TargetError, match="no per-image class ids"):
+        kiln.reader.load(boxes_only.dataset_dir, batch_size=2, seed=1, one_hot=True)

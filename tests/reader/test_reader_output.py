@@ -1,0 +1,117 @@
+"""The image a trainer asks for: float32, bfloat16 or uint8, channels last or first (masks too)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kiln.reader
+from reader import scene_records
+from reader.builds import stored_images
+
+pytestmark = pytest.mark.usefixtures("no_global_seed")
+
+
+def features(dataset) -> list[dict]:
+    return list(dataset.as_numpy_iterator())
+
+
+@pytest.mark.parametrize("fixture", ["png_dataset", "jpeg_dataset", "raw_dataset"])
+def test_uint8_is_the_stored_pixels_and_bfloat16_the_float_values(fixture, request):
+    result = request.getfixturevalue(fixture)
+    path = result.dataset_dir
+    read = {"batch_size": 8, "shuffle": False, "augment": None, "as_supervised": False}
+    floats = features(kiln.reader.load(path, **read))
+    pixels = kiln.reader.load(path, dtype="uint8", **read)
+    assert pixels.element_spec["image"] == tf.TensorSpec([None, 32, 32, 3], tf.uint8)
+    stored = stored_images(result, "train")
+    for batch in pixels.as_numpy_iterator():
+        for key, image in zip(batch["key"], batch["image"], strict=True):
+            np.testing.assert_array_equal(image, stored[key])
+    halves = kiln.reader.load(path, dtype=tf.bfloat16, **read)
+    assert halves.element_spec["image"].dtype == tf.bfloat16
+    for half, full in zip(halves, floats, strict=True):
+        np.testing.assert_array_equal(
+            half["image"].numpy(), tf.cast(full["image"], tf.bfloat16).numpy()
+        )
+
+
+def test_augmented_uint8_rounds_the_float_stream(png_dataset):
+    path = png_dataset.dataset_dir
+    floats = [image for image, _ in kiln.reader.load(path, batch_size=8, seed=4)]
+    pixels = [image for image, _ in kiln.reader.load(path, batch_size=8, seed=4, dtype="uint8")]
+    for small, full in zip(pixels, floats, strict=True):
+        assert small.dtype == tf.uint8
+        np.testing.assert_array_equal(
+            small.numpy(), np.round(np.clip(full.numpy() * 255.0, 0, 255)).astype(np.uint8)
+        )
+
+
+def test_channels_first_is_the_transposed_image(png_dataset):
+    path = png_dataset.dataset_dir
+    read = {"batch_size": 8, "seed": 4, "normalize": True, "drop_remainder": True}
+    last = kiln.reader.load(path, **read)
+    first = kiln.reader.load(path, data_format="channels_first", **read)
+    assert first.element_spec[0] == tf.TensorSpec([8, 3, 24, 24], tf.float32)
+    for (a, label_a), (b, label_b) in zip(last, first, strict=True):
+        np.testing.assert_array_equal(b.numpy(), np.transpose(a.numpy(), [0, 3, 1, 2]))
+        np.testing.assert_array_equal(label_a.numpy(), label_b.numpy())
+    single = kiln.reader.load(path, "test", batch_size=None, data_format="channels_first")
+    assert single.element_spec[0].shape == (3, 24, 24)
+
+
+@pytest.fixture(scope="module")
+def masks_dataset(tmp_path_factory):
+    """Scenes with boxes, a class mask and instance masks: PNG, 64x64, 1 shard."""
+    targets = {"boxes": {}, "mask": {"ignore_value": 255}, "instance_masks": {}}
+    return scene_records.build_scenes(
+        str(tmp_path_factory.mktemp("mask-scenes")), targets, [], count=4, num_shards=1
+    )
+
+
+@pytest.mark.parametrize("max_objects", [None, 3])
+def test_masks_follow_the_image_layout(masks_dataset, max_objects):
+    path = masks_dataset.dataset_dir
+    augment = [{"random_crop": {"size": 48}}, "random_flip_left_right"]
+    read = {"batch_size": 2, "seed": 7, "augment": augment, "max_objects": max_objects}
+    last = kiln.reader.load(path, **read)
+    first = kiln.reader.load(path, data_format="channels_first", dtype="bfloat16", **read)
+    image_spec, target_spec = first.element_spec
+    assert image_spec == tf.TensorSpec([None, 3, 48, 48], tf.bfloat16)
+    assert target_spec["mask"] == tf.TensorSpec([None, 1, 48, 48], tf.uint8)
+    assert target_spec["instance_masks"].shape[-3:] == (1, 48, 48)
+    assert target_spec["instance_masks"].dtype == tf.uint8
+    for (image, targets), (image_first, targets_first) in zip(last, first, strict=True):
+        np.testing.assert_array_equal(
+            image_first.numpy(), tf.cast(tf.transpose(image, [0, 3, 1, 2]), tf.bfloat16).numpy()
+        )
+        np.testing.assert_array_equal(
+            targets_first["mask"].numpy(), np.transpose(targets["mask"].numpy(), [0, 3, 1, 2])
+        )
+        for index in range(2):
+            masks = np.asarray(targets["instance_masks"][index])
+            np.testing.assert_array_equal(
+                np.asarray(targets_first["instance_masks"][index]),
+                np.transpose(masks, [0, 3, 1, 2]),
+            )
+        np.testing.assert_array_equal(
+            np.asarray(targets_first["boxes"].numpy()), np.asarray(targets["boxes"].numpy())
+        )
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"dtype": "float16"}, "dtype must be one of"),
+        ({"dtype": "uint8", "normalize": True}, "normalize=False"),
+        ({"data_format": "NCHW"}, "data_format must be one of"),
+        ({"dtype": "bfloat16", "for_model": True}, "load_for_model yields uint8"),
+        ({"data_format": "channels_first", "for_model": True}, "load_for_model yields"),
+    ],
+)
+def test_output_options_are_checked_before_reading(png_dataset, knobs, message):
+    knobs = dict(knobs)
+    read = kiln.reader.load_for_model if knobs.pop("for_model", False) else kiln.reader.load
+    with pytest.raises(ValueError, match=message):
+        read(png_dataset.dataset_dir, batch_size=8, seed=1, **knobs)

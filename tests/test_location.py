@@ -1,0 +1,60 @@
+"""Finding the version a path names: one `locate` for the reader and `kiln diff`."""
+
+import pytest
+
+import kiln.reader
+from kiln.schemas import LATEST_FILENAME, METADATA_FILENAME, MetadataError, version_diff
+from kiln.schemas.location import locate
+
+
+def version_folder(root, name):
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / METADATA_FILENAME).write_text("{}")  # locate looks for it, reads nothing
+    return folder
+
+
+def outcome(find, path):
+    try:
+        return "found", find(str(path))
+    except MetadataError as e:
+        return "refused", str(e)
+
+
+@pytest.mark.parametrize(
+    "latest, found",
+    [
+        ("0a1b2c3d4e5f", "0a1b2c3d4e5f"),
+        ("0a1b2c3d4e5f\n", "0a1b2c3d4e5f"),  # written with or without a newline
+        ("", None),
+        ("ffffffffffff\n", None),  # names a version that is not there
+    ],
+)
+def test_latest_is_followed_alike_by_the_reader_and_diff(tmp_path, latest, found):
+    version_folder(tmp_path, "0a1b2c3d4e5f")
+    (tmp_path / LATEST_FILENAME).write_text(latest)
+    finders = (locate, kiln.reader.locate, version_diff.locate)
+    results = {outcome(find, tmp_path) for find in finders}
+    assert len(results) == 1, results
+    ((kind, value),) = results
+    if found is None:
+        assert kind == "refused" and str(tmp_path / LATEST_FILENAME) in value
+    else:
+        assert (kind, value) == ("found", str(tmp_path / found))
+
+
+def test_what_is_not_a_dataset_is_refused_alike(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for path in (tmp_path / "empty", tmp_path / "missing"):
+        results = {outcome(find, path) for find in (kiln.reader.locate, version_diff.locate)}
+        assert len(results) == 1, results
+        ((kind, message),) = results
+        assert kind == "refused" and message.startswith(str(path))
+
+
+def test_diff_also_finds_a_bare_version_id_beside_the_other_version(tmp_path):
+    first = version_folder(tmp_path, "0a1b2c3d4e5f")
+    second = version_folder(tmp_path, "5f4e3d2c1b0a")
+    assert version_diff.locate("0a1b2c3d4e5f", relative_to=str(second)) == str(first)
+    with pytest.raises(MetadataError, match="no version ffffffffffff beside"):
+        version_diff.locate("ffffffffffff", relative_to=str(second))

@@ -1,0 +1,216 @@
+"""Incremental builds of datasets with targets (real pipelines on the DirectRunner).
+
+A record is reused only when its image bytes, its annotations as listed,
+the bytes of every mask file they name and the class ids they use are all
+unchanged; the result (shards, index, kiln.json with its per-class object
+statistics) is byte-identical to a from-scratch build of the same inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+
+import cv2
+import numpy as np
+import pytest
+
+import targets_data as data
+from kiln.pipeline import build, record_index
+from kiln.pipeline.command import summary
+from kiln.pipeline.statistics import ObjectSums
+from kiln.schemas import INDEX_FILENAME
+from test_targets_build import config, digests
+
+COUNT = 12
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """The corpus, written once: each test works on its own copy."""
+    folder = tmp_path_factory.mktemp("targets-incremental")
+    data.corpus(folder, COUNT)
+    return folder
+
+
+@pytest.fixture
+def corpus(pristine, tmp_path):
+    folder = tmp_path / "data"
+    shutil.copytree(pristine, folder)
+    return folder
+
+
+def read_rows(folder: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "manifest.jsonl").read_text().splitlines()]
+
+
+def write_rows(folder: pathlib.Path, rows: list[dict]) -> str:
+    return data.write_manifest(folder, rows)
+
+
+def png(pixels: np.ndarray) -> bytes:
+    ok, encoded = cv2.imencode(".png", pixels)
+    assert ok
+    return encoded.tobytes()
+
+
+def index_rows(result) -> list[record_index.IndexRow]:
+    with open(os.path.join(result.dataset_dir, INDEX_FILENAME)) as f:
+        return [record_index.parse_line(line) for line in f]
+
+
+def assert_same_dataset(incremental, full):
+    assert incremental.version == full.version
+    assert digests(incremental) == digests(full)  # shards, index, kiln.json, reports
+    assert incremental.info == full.info
+
+
+def test_changes_to_images_boxes_masks_additions_and_deletions_give_a_full_builds_bytes(
+    corpus, tmp_path
+):
+    manifest = str(corpus / "manifest.jsonl")
+    spec = config(manifest, tmp_path / "out")
+    base = build(spec)
+    assert base.incremental is not None and not base.incremental.used
+
+    rows = read_rows(corpus)
+    # 1: another image under the same name (its annotations unchanged).
+    pixels = cv2.imread(str(corpus / rows[1]["path"]))
+    pixels[0, 0] = (7, 7, 7)
+    (corpus / rows[1]["path"]).write_bytes(png(pixels))
+    # 2: only an annotation: a box moved one pixel to the right.
+    box = rows[2]["objects"][1]["bbox"]
+    rows[2]["objects"][1]["bbox"] = [box[0] + 1, box[1], box[2] + 1, box[3]]
+    # 3: only a mask file, edited in place (same path, same size).
+    mask_path = corpus / rows[3]["mask"]
+    mask = cv2.imread(str(mask_path), cv2.IMREAD_UNCHANGED)
+    mask[0, :] = 1
+    mask_path.write_bytes(png(mask))
+    # 5: deleted (it has objects, so the object statistics change).
+    deleted = rows.pop(5)
+    os.remove(corpus / deleted["path"])
+    # 12: added.
+    rows.append(data.manifest_row(COUNT, corpus))
+    write_rows(corpus, rows)
+
+    incremental = build(spec)
+
+    report = incremental.incremental
+    assert report.used and report.base == base.version and report.reason == ""
+    assert (report.added, report.changed, report.deleted) == (1, 3, 1)
+    assert report.reused == COUNT - 4  # all but the three changed and the deleted
+    assert report.processed == 4
+    assert incremental.counters["images_decoded"] == 4
+    assert f"reused {COUNT - 4}, processed 4 (1 new, 3 changed, 0 dropped), 1 gone" in (
+        summary(incremental)
+    )
+    full = build(dict(spec, output=str(tmp_path / "full")))
+    assert_same_dataset(incremental, full)
+    # The merged object statistics moved with the changes (not the base's).
+    assert incremental.info.objects != base.info.objects
+    assert incremental.info.objects == full.info.objects
+
+
+def test_two_worker_processes_give_the_same_bytes(corpus, tmp_path):
+    manifest = str(corpus / "manifest.jsonl")
+    spec = config(manifest, tmp_path / "out")
+    build(spec)
+    rows = read_rows(corpus)
+    box = rows[6]["objects"][0]["bbox"]
+    rows[6]["objects"][0]["bbox"] = [box[0], box[1] + 1, box[2], box[3] + 1]
+    write_rows(corpus, rows)
+
+    incremental = build(spec, ["--direct_num_workers=2", "--direct_running_mode=multi_processing"])
+
+    assert incremental.incremental.reused == COUNT - 1
+    assert incremental.incremental.changed == 1
+    assert_same_dataset(incremental, build(dict(spec, output=str(tmp_path / "full"))))
+
+
+def test_the_index_holds_what_the_object_statistics_are_merged_from(corpus, tmp_path):
+    result = build(config(str(corpus / "manifest.jsonl"), tmp_path / "out"))
+    rows = index_rows(result)
+    assert len(rows) == COUNT
+    sums: dict[str, ObjectSums] = {}
+    counts: dict[str, dict[int, int]] = {}
+    for row in rows:
+        assert row.targets is not None and row.targets.has_objects
+        sums.setdefault(row.split, ObjectSums()).add(row.targets.objects, row.targets.dropped)
+        for class_id in row.targets.image_classes:
+            split_counts = counts.setdefault(row.split, {})
+            split_counts[class_id] = split_counts.get(class_id, 0) + 1
+    for split, found in sums.items():
+        statistics = found.statistics()
+        named = result.info.objects[split]
+        for class_id, name in enumerate(result.info.class_names):
+            entry = statistics.classes.get(str(class_id))
+            if entry is not None:
+                assert named.classes[name] == entry
+        assert named.images_without_objects == statistics.images_without_objects
+        class_counts = result.info.splits[split].class_counts
+        assert {result.info.class_names[c]: n for c, n in counts[split].items()} == {
+            name: n for name, n in class_counts.items() if n
+        }
+
+
+def test_a_changed_targets_config_reuses_nothing(corpus, tmp_path):
+    manifest = str(corpus / "manifest.jsonl")
+    base = build(config(manifest, tmp_path / "out"))
+    targets = {**data.TARGETS, "boxes": {**data.TARGETS["boxes"], "min_visibility": 0.5}}
+
+    result = build(config(manifest, tmp_path / "out", targets=targets))
+
+    assert not result.incremental.used and result.incremental.base == base.version
+    assert "processing differs" in result.incremental.reason
+    assert result.counters.get("records_reused", 0) == 0
+    assert result.counters["images_decoded"] == COUNT
+
+
+def test_a_new_class_that_shifts_the_class_ids_reprocesses_the_records_it_shifts(corpus, tmp_path):
+    manifest = str(corpus / "manifest.jsonl")
+    # Without an image label: class ids come only from labels and objects.
+    targets = {kind: value for kind, value in data.TARGETS.items() if kind != "label"}
+    spec = config(manifest, tmp_path / "out", targets=targets)
+    build(spec)
+    rows = read_rows(corpus)
+    # "amber" sorts first: every class id of the corpus moves up by one.
+    data.write_png(corpus / "images" / "amber.png", np.full((48, 64, 3), 90, np.uint8))
+    data.write_png(corpus / "masks" / "amber.png", np.full((48, 64), data.IGNORE, np.uint8))
+    rows.append(
+        {
+            "path": "images/amber.png",
+            "label": "amber",
+            "labels": ["amber"],
+            "objects": [],
+            "mask": "masks/amber.png",
+            "weather": "fog",
+            "altitude": 1.0,
+            "year": 1999,
+        }
+    )
+    write_rows(corpus, rows)
+
+    incremental = build(spec)
+
+    assert incremental.info.class_names[0] == "amber"
+    # Only the images that name no class (0, 4 and 8) keep their records.
+    assert incremental.incremental.used and incremental.incremental.reused == 3
+    assert incremental.incremental.changed == COUNT - 3
+    assert_same_dataset(incremental, build(dict(spec, output=str(tmp_path / "full"))))
+
+
+def test_moving_the_data_reuses_every_record_and_keeps_the_version(corpus, tmp_path):
+    base = build(config(str(corpus / "manifest.jsonl"), tmp_path / "out"))
+    moved = tmp_path / "elsewhere" / "data"
+    shutil.copytree(corpus, moved)  # new paths, new modification times
+    shutil.rmtree(corpus)
+
+    result = build(config(str(moved / "manifest.jsonl"), tmp_path / "out"))
+
+    # Masks are named by content in the reuse key and the version, not by path.
+    assert not result.up_to_date
+    assert result.incremental.reused == COUNT
+    assert result.counters.get("images_decoded", 0) == 0
+    assert result.version == base.version
