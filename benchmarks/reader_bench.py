@@ -299,15 +299,15 @@ def layer_throughput(dataset_dir: str, batches: int, batch_size: int = BATCH_SIZ
     """Images per second of `AugmentationLayer` on 128-image uint8 batches, CPU.
 
     The layer runs inside a `tf.function`, as in a model's compiled train
-    step; its input comes from ``load(augment_on="model")`` and is held in
+    step; its input comes from `kiln.reader.load_for_model` and is held in
     memory, so only the layer is timed.
     """
     import tensorflow as tf
 
     import kiln.reader
 
-    dataset, layer = kiln.reader.load(
-        dataset_dir, "train", batch_size=batch_size, seed=1, repeat=True, augment_on="model"
+    dataset, layer = kiln.reader.load_for_model(
+        dataset_dir, "train", batch_size=batch_size, seed=1, repeat=True
     )
     inputs, _ = next(iter(dataset))
     step = tf.function(lambda batch: layer(batch, training=True))

@@ -495,7 +495,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "### Augmentation on the accelerator",
         "",
-        f'`load(..., augment_on="model")` returns unaugmented uint8 batches and an '
+        f"`load_for_model(...)` returns unaugmented uint8 batches and an "
         f"`AugmentationLayer` with the same augmentation (same seeds, same results). On this "
         f"CPU, inside a `tf.function`, the layer augments "
         f"{reader['layer']['images_per_second']:.0f} images/s (batches of "

@@ -183,8 +183,8 @@ def test_weights_from_load_train_under_a_strategy_where_class_weight_is_refused(
 def test_model_side_batches_carry_labels_and_weights_too(png_dataset):
     path = png_dataset.dataset_dir
     weights = kiln.reader.class_weights(path)
-    dataset, _ = kiln.reader.load(
-        path, batch_size=8, seed=2, augment_on="model", one_hot=True, class_weight="balanced"
+    dataset, _ = kiln.reader.load_for_model(
+        path, batch_size=8, seed=2, one_hot=True, class_weight="balanced"
     )
     inputs_spec, label_spec, weight_spec = dataset.element_spec
     assert inputs_spec["image"].dtype == tf.uint8

@@ -145,17 +145,20 @@ def test_default_augmentation_train_random_other_splits_inference_form(png_datas
             # The largest centred square of the 32x32 image is all of it: a resize.
             expected = tf.image.resize(stored[key], [24, 24]).numpy() / 255.0
             np.testing.assert_allclose(image, expected, atol=1e-5)
-    # An explicit list augments any split.
-    flipped = kiln.reader.load(
-        png_dataset.dataset_dir,
-        "validation",
-        batch_size=64,
-        augment=[{"random_flip_left_right": {"probability": 1.0}}],
-        as_supervised=False,
-    )
-    for batch in flipped:
-        for key, image in zip(batch["key"].numpy(), batch["image"].numpy(), strict=True):
-            np.testing.assert_allclose(image, stored[key][:, ::-1] / 255.0, atol=1e-6)
+    # An explicit list follows the same rule (a flip's inference form does
+    # nothing); training=True augments any split.
+    for training, flip in ((None, slice(None)), (True, slice(None, None, -1))):
+        flipped = kiln.reader.load(
+            png_dataset.dataset_dir,
+            "validation",
+            batch_size=64,
+            augment=[{"random_flip_left_right": {"probability": 1.0}}],
+            training=training,
+            as_supervised=False,
+        )
+        for batch in flipped:
+            for key, image in zip(batch["key"].numpy(), batch["image"].numpy(), strict=True):
+                np.testing.assert_allclose(image, stored[key][:, flip] / 255.0, atol=1e-6)
 
 
 def test_shuffle_defaults(png_dataset):
@@ -177,15 +180,15 @@ def test_shuffle_defaults(png_dataset):
 def test_drop_remainder_gives_fully_static_shapes(fixture, augment_on, request):
     result = request.getfixturevalue(fixture)
     for as_supervised in (True, False):
-        loaded = kiln.reader.load(
+        read = kiln.reader.load if augment_on == "data" else kiln.reader.load_for_model
+        loaded = read(
             result.dataset_dir,
             batch_size=8,
             drop_remainder=True,
             seed=0,
-            augment_on=augment_on,
             as_supervised=as_supervised,
         )
-        dataset = loaded[0] if augment_on == "model" else loaded
+        dataset = loaded if augment_on == "data" else loaded[0]
         specs = tf.nest.flatten(dataset.element_spec)
         assert all(spec.shape.is_fully_defined() for spec in specs), dataset.element_spec
         assert all(spec.shape[0] == 8 for spec in specs)
@@ -307,9 +310,7 @@ def test_mixup_makes_one_hot_labels(png_dataset):
         np.testing.assert_allclose(tf.reduce_sum(labels, axis=1), 1.0, atol=1e-6)
         assert images.shape[1:] == (24, 24, 3)
     with pytest.raises(ValueError, match="mix labels, which a layer inside the model cannot"):
-        kiln.reader.load(
-            png_dataset.dataset_dir, batch_size=8, augment=["mixup"], augment_on="model"
-        )
+        kiln.reader.load_for_model(png_dataset.dataset_dir, batch_size=8, augment=["mixup"])
 
 
 @pytest.mark.parametrize("fixture", ["png_dataset", "jpeg_dataset", "raw_dataset"])
@@ -317,12 +318,14 @@ def test_serialized_graph_has_no_python_callbacks(fixture, request):
     result = request.getfixturevalue(fixture)
     for kwargs in (
         {},
-        {"augment_on": "model"},
+        {"for_model": True},
         {"augment": TRAIN_AUGMENT + ["cutmix"]},
         {"augment": None, "normalize": True},
     ):
-        loaded = kiln.reader.load(result.dataset_dir, batch_size=8, seed=1, **kwargs)
-        dataset = loaded[0] if kwargs.get("augment_on") == "model" else loaded
+        if kwargs.get("for_model"):
+            dataset, _ = kiln.reader.load_for_model(result.dataset_dir, batch_size=8, seed=1)
+        else:
+            dataset = kiln.reader.load(result.dataset_dir, batch_size=8, seed=1, **kwargs)
         graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
         ops = {node.op for node in graph.node}
         ops |= {node.op for function in graph.library.function for node in function.node_def}
@@ -337,7 +340,6 @@ def test_serialized_graph_has_no_python_callbacks(fixture, request):
         ({"batch_size": 4, "repeat": 0}, "repeat must be False, True or a number of passes"),
         ({"batch_size": 4, "augment_on": "gpu"}, "augment_on must be one of"),
         ({"batch_size": None, "drop_remainder": True}, "drop_remainder=True needs a batch_size"),
-        ({"batch_size": 4, "shuffle_buffer": 0}, "shuffle_buffer must be a positive int"),
         ({"batch_size": None, "augment": ["cutmix"]}, r"\['cutmix'\] mix images of a batch"),
     ],
 )

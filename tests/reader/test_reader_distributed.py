@@ -62,7 +62,11 @@ def test_distributed_epoch_delivers_every_record_once_per_pass_augmented_as_loca
     local = elements(make())
     # Two workers, each handed shard files by the dispatcher as it asks.
     distributed = elements(
-        through_service(make(dynamic_sharding=True), tf_data_service, "distributed_epoch")
+        through_service(
+            make(options=kiln.reader.ReadOptions(dynamic_sharding=True)),
+            tf_data_service,
+            "distributed_epoch",
+        )
     )
     every = split_keys(png_dataset, "train")
     assert collections.Counter(key for key, _ in distributed) == collections.Counter(every * 2)
@@ -82,9 +86,12 @@ def test_dynamic_sharding_excludes_an_input_context(png_dataset):
     import tensorflow as tf
 
     context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
-    with pytest.raises(ValueError, match=r"dynamic_sharding=True: tf\.data service hands out"):
+    with pytest.raises(ValueError, match=r"dynamic_sharding=True\): tf\.data service hands out"):
         kiln.reader.load(
-            png_dataset.dataset_dir, batch_size=8, dynamic_sharding=True, input_context=context
+            png_dataset.dataset_dir,
+            batch_size=8,
+            options=kiln.reader.ReadOptions(dynamic_sharding=True),
+            input_context=context,
         )
 
 

@@ -80,13 +80,9 @@ def test_golden_stream_is_the_current_stream_version():
 
 @pytest.mark.parametrize("augment_on", ["data", "model"])
 def test_golden_stream(golden_dataset, augment_on):
-    loaded = kiln.reader.load(
-        golden_dataset.dataset_dir,
-        batch_size=4,
-        seed=2024,
-        repeat=2,
-        as_supervised=False,
-        augment_on=augment_on,
+    read = kiln.reader.load if augment_on == "data" else kiln.reader.load_for_model
+    loaded = read(
+        golden_dataset.dataset_dir, batch_size=4, seed=2024, repeat=2, as_supervised=False
     )
     if augment_on == "model":
         dataset, layer = loaded

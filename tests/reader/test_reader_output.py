@@ -106,10 +106,12 @@ def test_masks_follow_the_image_layout(masks_dataset, max_objects):
         ({"dtype": "float16"}, "dtype must be one of"),
         ({"dtype": "uint8", "normalize": True}, "normalize=False"),
         ({"data_format": "NCHW"}, "data_format must be one of"),
-        ({"dtype": "bfloat16", "augment_on": "model"}, "augment_on='model' yields uint8"),
-        ({"data_format": "channels_first", "augment_on": "model"}, "augment_on='model'"),
+        ({"dtype": "bfloat16", "for_model": True}, "load_for_model yields uint8"),
+        ({"data_format": "channels_first", "for_model": True}, "load_for_model yields"),
     ],
 )
 def test_output_options_are_checked_before_reading(png_dataset, knobs, message):
+    knobs = dict(knobs)
+    read = kiln.reader.load_for_model if knobs.pop("for_model", False) else kiln.reader.load
     with pytest.raises(ValueError, match=message):
-        kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1, **knobs)
+        read(png_dataset.dataset_dir, batch_size=8, seed=1, **knobs)

@@ -70,13 +70,8 @@ def test_b_every_epoch_differs(jpeg_dataset):
 
 
 def test_c_every_element_gets_its_own_seed_and_its_own_augmentation(png_dataset):
-    dataset, _ = kiln.reader.load(
-        png_dataset.dataset_dir,
-        batch_size=8,
-        seed=6,
-        repeat=3,
-        augment_on="model",
-        as_supervised=False,
+    dataset, _ = kiln.reader.load_for_model(
+        png_dataset.dataset_dir, batch_size=8, seed=6, repeat=3, as_supervised=False
     )
     seeds = np.concatenate([batch["augment_seed"].numpy() for batch in dataset])
     assert len(seeds) == 3 * png_dataset.info.splits["train"].num_examples

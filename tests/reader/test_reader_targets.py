@@ -101,8 +101,8 @@ def test_targets_follow_the_pixels_for_many_seeds(scenes_dataset, name):
 def test_model_layer_moves_targets_exactly_as_the_data_path(scenes_dataset):
     augment = LISTS["geometry"]
     data = kiln.reader.load(scenes_dataset.dataset_dir, batch_size=4, seed=5, augment=augment)
-    model_dataset, layer = kiln.reader.load(
-        scenes_dataset.dataset_dir, batch_size=4, seed=5, augment=augment, augment_on="model"
+    model_dataset, layer = kiln.reader.load_for_model(
+        scenes_dataset.dataset_dir, batch_size=4, seed=5, augment=augment
     )
     step = tf.function(lambda inputs, targets: layer(dict(inputs, targets=targets), training=True))
     compared = 0

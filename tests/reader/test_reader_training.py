@@ -57,8 +57,8 @@ def test_keras_fit_on_demo_data_loss_goes_down(png_dataset):
 
 
 def test_keras_fit_with_augmentation_in_the_model(png_dataset):
-    train, augment = kiln.reader.load(
-        png_dataset.dataset_dir, batch_size=8, seed=0, normalize=True, augment_on="model"
+    train, augment = kiln.reader.load_for_model(
+        png_dataset.dataset_dir, batch_size=8, seed=0, normalize=True
     )
     inputs = {
         "image": keras.Input((32, 32, 3), dtype="uint8", name="image"),
@@ -102,14 +102,8 @@ def test_augmentation_in_the_model_equals_the_data_path(fixture, request):
         data = kiln.reader.load(
             path, batch_size=8, seed=21, repeat=2, augment=augment, normalize=normalize
         )
-        model_side, layer = kiln.reader.load(
-            path,
-            batch_size=8,
-            seed=21,
-            repeat=2,
-            augment=augment,
-            normalize=normalize,
-            augment_on="model",
+        model_side, layer = kiln.reader.load_for_model(
+            path, batch_size=8, seed=21, repeat=2, augment=augment, normalize=normalize
         )
         assert model_side.element_spec[0]["image"].dtype == tf.uint8
         # Called in this iteration only, with this iteration's layer.
@@ -124,9 +118,7 @@ def test_augmentation_in_the_model_equals_the_data_path(fixture, request):
 
 
 def test_layer_round_trips_through_keras_config(png_dataset):
-    _, layer = kiln.reader.load(
-        png_dataset.dataset_dir, batch_size=4, normalize=True, augment_on="model"
-    )
+    _, layer = kiln.reader.load_for_model(png_dataset.dataset_dir, batch_size=4, normalize=True)
     clone = kiln.reader.AugmentationLayer.from_config(layer.get_config())
     batch = tf.cast(tf.random.stateless_uniform([2, 32, 32, 3], [1, 2], maxval=255), tf.uint8)
     seeds = tf.constant([[1, 2], [3, 4]], tf.int32)

@@ -11,6 +11,9 @@ Beam, OpenCV or yaml, so training jobs install just ``pip install kiln``.
 
 Public API:
   load: the `tf.data.Dataset` of a split (see `kiln.reader.dataset.load`).
+  load_for_model: ``(dataset, layer)``: unaugmented uint8 batches with
+    their seeds, and the Keras layer that augments them inside the model.
+  ReadOptions: the rarely changed options of `load` (shuffle buffer, order).
   info: the dataset's `kiln.schemas.DatasetInfo` without building a dataset.
   class_counts, class_weights: a split's images per class id, and
     per-class weights ("balanced") for `load(class_weight=...)` or Keras.
@@ -18,7 +21,8 @@ Public API:
   register_augmentation: decorator for your own augmentation ops.
   validate: checks an augmentation list in YAML form (names, parameters).
   names: registered augmentation op names.
-  AugmentationLayer: the Keras layer for ``augment_on="model"``.
+  AugmentationLayer: the Keras layer of `load_for_model`; a model saved
+    with it loads with `keras.models.load_model` after ``import kiln.reader``.
   ReplicaIterator: per-replica input under a `tf.distribute` strategy that
     `tf.train.Checkpoint` can save (`kiln.reader.replicas`).
   ElementTargets, TargetSpec, TargetError: targets (boxes, masks,
@@ -27,18 +31,19 @@ Public API:
 Modules: `ops` declares augmentation ops (and holds kiln's element ops),
 `mixing` the batch ops, `augmenter` applies a validated list, `dataset`
 reads, `location` finds a dataset and reads its kiln.json, `layer` is the
-Keras layer, `replicas` feeds a strategy's replicas, `seeds` derives
-per-element seeds, `targets` moves boxes, masks and keypoints with the
-image; `labels` (one-hot, multi-hot, smoothing), `class_weights` and
-`output` (image dtype and layout) give the last step the form a trainer
-asked for. Importing the package registers kiln's own ops
-without importing TensorFlow (`kiln.lazy_import`): validating an
-augmentation list, `info` and `locate` on local paths do not need it; `load`
-and the layer do, and import it when first asked for.
+Keras layer, `saving` makes it loadable, `options` holds `ReadOptions`,
+`replicas` feeds a strategy's replicas, `seeds` derives per-element seeds,
+`targets` moves boxes, masks and keypoints with the image; `labels`
+(one-hot, multi-hot, smoothing), `class_weights` and `output` (image dtype
+and layout) give the last step the form a trainer asked for. Importing the
+package registers kiln's own ops and the layer's Keras name without
+importing TensorFlow (`kiln.lazy_import`, `kiln.reader.saving`): validating
+an augmentation list, `info` and `locate` on local paths do not need it;
+`load` and the layer do, and import it when first asked for.
 """
 
-# mixing is imported for its registrations: mixup and cutmix.
-from kiln.reader import mixing  # noqa: F401
+# Imported for their registrations: mixup and cutmix; the layer's name with Keras.
+from kiln.reader import mixing, saving  # noqa: F401
 from kiln.reader.class_weights import class_counts, class_weights
 from kiln.reader.location import info, locate
 from kiln.reader.ops import (
@@ -48,6 +53,7 @@ from kiln.reader.ops import (
     register_augmentation,
     validate,
 )
+from kiln.reader.options import ReadOptions
 from kiln.reader.targets import ElementTargets, TargetError, TargetSpec
 
 __all__ = [
@@ -57,6 +63,7 @@ __all__ = [
     "AugmentationLayer",
     "DEFAULT_SHUFFLE_BUFFER",
     "ElementTargets",
+    "ReadOptions",
     "ReplicaIterator",
     "TargetError",
     "TargetSpec",
@@ -64,6 +71,7 @@ __all__ = [
     "class_weights",
     "info",
     "load",
+    "load_for_model",
     "locate",
     "names",
     "register_augmentation",
@@ -74,7 +82,7 @@ __all__ = [
 def __getattr__(name: str):
     # The parts that need TensorFlow (and the layer, Keras) are imported when
     # first asked for: `kiln.reader.load`, `from kiln.reader import load`.
-    if name in ("load", "DEFAULT_SHUFFLE_BUFFER"):
+    if name in ("load", "load_for_model", "DEFAULT_SHUFFLE_BUFFER"):
         from kiln.reader import dataset
 
         return getattr(dataset, name)

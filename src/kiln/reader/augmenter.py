@@ -46,7 +46,7 @@ import numpy as np
 
 from kiln.lazy_import import LazyModule
 from kiln.reader import seeds as seeding
-from kiln.reader.ops import Augmentation, slice_window, to_float
+from kiln.reader.ops import Augmentation, AugmentConfigError, slice_window, to_float
 from kiln.reader.targets import (
     BatchTargets,
     ElementTargets,
@@ -275,6 +275,38 @@ class Augmenter:
                 raise TargetError(f"{augmentation.name} cannot mix targets")
             images, targets = with_targets(images, targets, op_seed, **augmentation.kwargs)
         return images, targets
+
+    def check_sizes(self, image_size: Sequence[int] | None, field: str = "augment") -> None:
+        """Refuses, before any data is read, an op given images smaller than it needs.
+
+        Follows the size through the element ops (a crop sets it, kiln's other
+        ops keep it) from the stored `image_size`; stops where it becomes
+        unknown (images of varying size, or after a user's op). The check is
+        the same in training and inference: a crop's inference form keeps its
+        size.
+
+        Raises:
+          AugmentConfigError: naming the op, its size and the size it gets.
+        """
+        size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
+        source = "the dataset's stored images (kiln.json image_size)"
+        for index, augmentation in enumerate(self.element_ops):
+            if size is None:
+                return
+            definition = augmentation.definition
+            if definition.smallest_input is not None:
+                needed = definition.smallest_input(**augmentation.kwargs)
+                if needed[0] > size[0] or needed[1] > size[1]:
+                    raise AugmentConfigError(
+                        f"{field}[{index}].{augmentation.name}: size {list(needed)} "
+                        f"(height, width) does not fit in {list(size)}, the size of {source}"
+                    )
+            if definition.output_size is not None:
+                height, width = definition.output_size(**augmentation.kwargs)
+                size = (int(height), int(width))
+                source = f"the output of {field}[{index}].{augmentation.name}"
+            elif not definition.builtin:
+                size = None
 
     def check_targets(self, spec: TargetSpec) -> None:
         """Refuses, before any data is read, ops that cannot move this dataset's targets.

@@ -14,10 +14,12 @@ replica: `kiln.reader.ReplicaIterator`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
@@ -27,6 +29,7 @@ from kiln.reader.class_weights import ExampleWeights
 from kiln.reader.labels import LabelEncoding
 from kiln.reader.location import info
 from kiln.reader.ops import AugmentConfigError, to_float, validate
+from kiln.reader.options import ReadOptions
 from kiln.reader.output import ImageFormat, Output
 from kiln.reader.targets import BatchTargets, ElementTargets, TargetError, TargetSpec
 from kiln.schemas import (
@@ -38,6 +41,9 @@ from kiln.schemas import (
     schema_for,
 )
 from kiln.schemas.location import join, locate, read_buffer_bytes
+
+if TYPE_CHECKING:
+    from kiln.reader.layer import AugmentationLayer
 
 logger = logging.getLogger(__name__)
 
@@ -61,25 +67,26 @@ def load(
     path: str | os.PathLike,
     split: str = "train",
     *,
-    batch_size: int | None,
+    batch_size: int | None = None,
     shuffle: bool | None = None,
     seed: int | None = None,
     augment: str | Sequence[Any] | None = "default",
+    training: bool | None = None,
     normalize: bool = False,
     repeat: bool | int = False,
     drop_remainder: bool = False,
     input_context: tf.distribute.InputContext | None = None,
     as_supervised: bool = True,
-    deterministic: bool = True,
-    augment_on: str = "data",
-    shuffle_buffer: int | None = None,
     max_objects: int | None = None,
     one_hot: bool = False,
     label_smoothing: float = 0.0,
     class_weight: str | Mapping[int, float] | None = None,
     dtype: str = "float32",
     data_format: str = "channels_last",
-    dynamic_sharding: bool = False,
+    options: ReadOptions | None = None,
+    augment_on: str = "data",
+    shuffle_buffer: int | None = None,
+    deterministic: bool | None = None,
 ):
     """A `tf.data.Dataset` of a split of the kiln dataset at `path`.
 
@@ -87,7 +94,9 @@ def load(
       path: A dataset version folder, or ``<output>/<name>`` with a `LATEST`
         file (see `locate`). Local or ``gs://``.
       split: Split name, e.g. ``"train"``, ``"validation"``.
-      batch_size: Elements per batch; None yields single elements.
+      batch_size: Elements per batch. None (the default, as in `tfds.load`
+        and `tf.data`) yields single elements: pass the batch size you train
+        with (Keras' `fit` needs batches).
       shuffle: Shuffle file and record order each pass. Default: True for
         ``"train"``, False otherwise.
       seed: Base seed of every random choice (orders, augmentation). The same
@@ -95,12 +104,17 @@ def load(
         call and logs it as a warning (on stderr by default), once per call,
         so the run can be reproduced. See `kiln.reader.seeds`.
       augment: ``"default"``: the list stored in the dataset (its build
-        config's ``augment:``) applied randomly for ``"train"``; for other
-        splits only its deterministic inference form, so every split has the
-        same output size (e.g. a centre crop instead of a random crop). A list
-        in the YAML form (``["random_flip_left_right", {"random_crop":
-        {"size": 56}}]``) is applied randomly to any split. None or ``[]``:
-        no augmentation.
+        config's ``augment:``). A list in the YAML form
+        (``["random_flip_left_right", {"random_crop": {"size": 56}}]``): your
+        own. None or ``[]``: no augmentation. Either runs randomly or in its
+        deterministic inference form, as `training` says. A crop larger than
+        the stored images (kiln.json ``image_size``) is refused here.
+      training: True applies the list randomly; False applies only each op's
+        deterministic inference form (e.g. a centre crop instead of a random
+        crop, no flips, no mixup), so every pass over the split is the same
+        and every split has the same output size. None (the default): True
+        for ``"train"``, False for every other split, for ``"default"`` and
+        explicit lists alike.
       normalize: Standardize pixels with the per-channel mean/std stored for
         the train split (``(pixel - mean) / std`` on the 0..255 scale).
         Otherwise images are float32 in [0, 1].
@@ -129,22 +143,7 @@ def load(
         ragged ``[batch, (objects), ...]`` when batched, unless
         `max_objects` is given. Else a dict of all record features
         (``image`` replaced by the decoded, augmented image, targets by the
-        augmented targets; ``height``/``width`` stay the stored size; plus
-        ``augment_seed`` with ``augment_on="model"``).
-      deterministic: Keep the element order fixed (the seeded streams depend
-        on it). False lets parallel reads and maps deliver out of order:
-        faster when some files or images are slow, but not reproducible.
-      augment_on: ``"data"`` augments in the tf.data pipeline. ``"model"``
-        returns ``(dataset, layer)``: unaugmented uint8 batches with each
-        element's seed, ``({"image": uint8, "augment_seed": int32[2]},
-        label)``, and a Keras `AugmentationLayer` that applies the same
-        augmentation (and normalization) inside the model, e.g. on a GPU.
-        Same seed, same results as ``"data"``. Batch ops (mixup, cutmix) need
-        ``"data"``.
-      shuffle_buffer: Records in the shuffle buffer. Default: as many
-        records as fit in 256 MB (by the shards' average record size), at
-        least 1000 and at most 10000, and at most this pipeline's share
-        (which is then shuffled completely).
+        augmented targets; ``height``/``width`` stay the stored size).
       max_objects: For datasets with boxes: pad (or cut) every element's
         objects to this many, so every tensor has a static shape (TPU, with
         ``drop_remainder=True``), and add ``num_objects`` (int32, the count
@@ -170,49 +169,203 @@ def load(
       data_format: ``"channels_last"`` ``[batch, height, width, channels]``
         or ``"channels_first"`` ``[batch, channels, height, width]``; masks
         (``mask``, ``instance_masks``) move their channel axis likewise.
-      dynamic_sharding: For ``tf.data.experimental.service.distribute(
-        processing_mode="distributed_epoch")`` (``ShardingPolicy.DYNAMIC``):
-        the dispatcher hands each worker shard files as it asks for them,
-        so no worker knows its pass length and the dataset asserts no
-        cardinality (without this flag the workers fail with "Input dataset
-        was expected to contain N elements"). Each element's augmentation
-        depends on the seed, the pass and its record's key only, so it is
-        the same whichever worker reads it.
+      options: `ReadOptions`: the shuffle buffer's size, whether the
+        element order is fixed, and tf.data service's dynamic sharding;
+        the defaults suit almost every job.
+      augment_on: Deprecated: ``"model"`` returns what `load_for_model`
+        returns (with a DeprecationWarning); call that instead.
+      shuffle_buffer: Deprecated: ``options=ReadOptions(shuffle_buffer=...)``.
+      deterministic: Deprecated: ``options=ReadOptions(deterministic=...)``.
 
     Returns:
-      The dataset; with ``augment_on="model"`` a ``(dataset, layer)`` tuple.
-      Images are float32 ``[batch, height, width, channels]`` unless `dtype`
-      or `data_format` say otherwise (uint8 in model mode). Labels are int64
-      class ids (indices into ``info(path).class_names``), or float32 one-hot
-      ``[batch, num_classes]`` when the list has mixup or cutmix (or
-      `one_hot`); with `class_weight` each element has a third member, its
-      weight.
+      The dataset. Images are float32 ``[batch, height, width, channels]``
+      unless `dtype` or `data_format` say otherwise. Labels are int64 class
+      ids (indices into ``info(path).class_names``), or float32 one-hot
+      ``[batch, num_classes]`` when the list has mixup or cutmix (and
+      `training` is on) or with `one_hot`; with `class_weight` each element
+      has a third member, its weight.
 
     Raises:
       MetadataError: for a path that is not a kiln dataset, or a missing split.
-      AugmentConfigError: naming the list entry and parameter that is wrong.
+      AugmentConfigError: naming the list entry and parameter that is wrong,
+        or a crop that does not fit in the stored images.
       AugmentOpError: for a user op that ignores its seed or cannot be traced.
       ValueError: for argument combinations that cannot work, with the reason.
       TargetError: for an option the dataset's targets do not allow (e.g.
         `one_hot` without per-image labels, `class_weight` without ``label``).
     """
+    if augment_on not in _AUGMENT_ON:
+        raise ValueError(f"augment_on must be one of {_AUGMENT_ON}, got {augment_on!r}")
+    if augment_on == "model":
+        warnings.warn(
+            "kiln.reader.load(augment_on='model') is deprecated: call "
+            "kiln.reader.load_for_model(...), which returns the same (dataset, layer)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    dataset, layer = _read(
+        path,
+        split,
+        model_side=augment_on == "model",
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        augment=augment,
+        training=training,
+        normalize=normalize,
+        repeat=repeat,
+        drop_remainder=drop_remainder,
+        input_context=input_context,
+        as_supervised=as_supervised,
+        max_objects=max_objects,
+        one_hot=one_hot,
+        label_smoothing=label_smoothing,
+        class_weight=class_weight,
+        dtype=dtype,
+        data_format=data_format,
+        options=_with_deprecated(options, shuffle_buffer, deterministic),
+    )
+    return (dataset, layer) if augment_on == "model" else dataset
+
+
+def load_for_model(
+    path: str | os.PathLike,
+    split: str = "train",
+    *,
+    batch_size: int | None = None,
+    shuffle: bool | None = None,
+    seed: int | None = None,
+    augment: str | Sequence[Any] | None = "default",
+    training: bool | None = None,
+    normalize: bool = False,
+    repeat: bool | int = False,
+    drop_remainder: bool = False,
+    input_context: tf.distribute.InputContext | None = None,
+    as_supervised: bool = True,
+    max_objects: int | None = None,
+    one_hot: bool = False,
+    label_smoothing: float = 0.0,
+    class_weight: str | Mapping[int, float] | None = None,
+    dtype: str = "float32",
+    data_format: str = "channels_last",
+    options: ReadOptions | None = None,
+) -> tuple[tf.data.Dataset, AugmentationLayer]:
+    """`load` with the element augmentation moved into the model: ``(dataset, layer)``.
+
+    For GPU or TPU machines whose host CPU is the bottleneck. The dataset
+    yields unaugmented uint8 images with each element's seed,
+    ``({"image": uint8, "augment_seed": int32 [2]}, label)`` (as a dict with
+    ``as_supervised=False``: every feature plus ``augment_seed``), and
+    `layer` is a Keras `AugmentationLayer` that applies the same element ops
+    (and normalization) inside the model: with ``training=True`` and the
+    seeds, the results equal `load`'s for the same arguments. Without seeds
+    (``training=False``: evaluation, `predict`, a saved or exported model)
+    the layer applies the inference form to images alone. Batch ops (mixup,
+    cutmix) change labels and need `load`.
+
+    The arguments are `load`'s; `training` (None: True for ``"train"``)
+    decides whether the layer may augment randomly at all. `one_hot`,
+    `label_smoothing` and `class_weight` shape the labels as in `load`;
+    `dtype` and `data_format` must stay at their defaults (the layer takes
+    uint8 channels-last images: cast or transpose its output in the model).
+
+    Returns:
+      ``(dataset, layer)``.
+
+    Raises:
+      As `load`; ValueError for batch ops in the list.
+    """
+    return _read(
+        path,
+        split,
+        model_side=True,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        augment=augment,
+        training=training,
+        normalize=normalize,
+        repeat=repeat,
+        drop_remainder=drop_remainder,
+        input_context=input_context,
+        as_supervised=as_supervised,
+        max_objects=max_objects,
+        one_hot=one_hot,
+        label_smoothing=label_smoothing,
+        class_weight=class_weight,
+        dtype=dtype,
+        data_format=data_format,
+        options=options or ReadOptions(),
+    )
+
+
+def _with_deprecated(
+    options: ReadOptions | None, shuffle_buffer: int | None, deterministic: bool | None
+) -> ReadOptions:
+    options = options or ReadOptions()
+    given = [
+        name
+        for name, value in (("shuffle_buffer", shuffle_buffer), ("deterministic", deterministic))
+        if value is not None
+    ]
+    if not given:
+        return options
+    warnings.warn(
+        f"kiln.reader.load({', '.join(f'{name}=...' for name in given)}) is deprecated: "
+        f"pass options=kiln.reader.ReadOptions({', '.join(f'{name}=...' for name in given)})",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return dataclasses.replace(
+        options,
+        shuffle_buffer=options.shuffle_buffer if shuffle_buffer is None else shuffle_buffer,
+        deterministic=options.deterministic if deterministic is None else deterministic,
+    )
+
+
+def _read(
+    path: str | os.PathLike,
+    split: str,
+    *,
+    model_side: bool,
+    batch_size: int | None,
+    shuffle: bool | None,
+    seed: int | None,
+    augment: str | Sequence[Any] | None,
+    training: bool | None,
+    normalize: bool,
+    repeat: bool | int,
+    drop_remainder: bool,
+    input_context: tf.distribute.InputContext | None,
+    as_supervised: bool,
+    max_objects: int | None,
+    one_hot: bool,
+    label_smoothing: float,
+    class_weight: str | Mapping[int, float] | None,
+    dtype: str,
+    data_format: str,
+    options: ReadOptions,
+):
+    """`load`'s work: ``(dataset, layer)``, the layer None unless `model_side`."""
+    deterministic = options.deterministic
+    shuffle_buffer = options.shuffle_buffer
+    dynamic_sharding = options.dynamic_sharding
     dataset_dir = locate(path)
     metadata = info(dataset_dir)
     split_info = metadata.split(split)
-    _check_arguments(batch_size, repeat, augment_on, shuffle_buffer, drop_remainder)
-    augmenter = _augmenter(metadata, split, augment, dataset_dir)
+    _check_arguments(batch_size, repeat, drop_remainder)
+    augmenter = _augmenter(metadata, split, augment, dataset_dir, training)
     spec = target_spec(metadata)
     with_targets = not spec.classification_only
     schema = schema_for(metadata.targets_config) if with_targets else RECORD
     if with_targets:
         augmenter.check_targets(spec)
     _check_max_objects(max_objects, spec)
-    if augmenter.batch_ops and augment_on == "model":
+    if augmenter.batch_ops and model_side:
         raise ValueError(
-            f"augment_on='model': {[a.name for a in augmenter.batch_ops]} mix labels, which a "
-            f"layer inside the model cannot change; use augment_on='data' for them"
+            f"load_for_model: {[a.name for a in augmenter.batch_ops]} mix labels, which a "
+            f"layer inside the model cannot change; use kiln.reader.load for them"
         )
-    model_side = augment_on == "model"
     output = Output(
         ImageFormat.checked(dtype, data_format, normalize=normalize, model_side=model_side),
         LabelEncoding.checked(
@@ -233,8 +386,8 @@ def load(
     base_seed = seeding.resolve(seed, matters=shuffle or random_ops)
     if dynamic_sharding and input_context is not None:
         raise ValueError(
-            "dynamic_sharding=True: tf.data service hands out the files, so there is no "
-            "input_context share to read; pass one or the other"
+            "ReadOptions(dynamic_sharding=True): tf.data service hands out the files, "
+            "so there is no input_context share to read; pass one or the other"
         )
     share = _Share.of(dataset_dir, split_info, metadata, input_context)
 
@@ -353,9 +506,9 @@ def load(
         cardinality = share.cardinality(repeat, batch_size, drop_remainder)
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
-    options = tf.data.Options()
-    options.deterministic = deterministic
-    dataset = dataset.with_options(options)
+    data_options = tf.data.Options()
+    data_options.deterministic = deterministic
+    dataset = dataset.with_options(data_options)
     if model_side:
         from kiln.reader.layer import AugmentationLayer
 
@@ -367,23 +520,19 @@ def load(
             targets=metadata.targets if with_targets else None,
         )
         return dataset, layer
-    return dataset
+    return dataset, None
 
 
 _unconverted = tf.autograph.experimental.do_not_convert
 
 
-def _check_arguments(batch_size, repeat, augment_on, shuffle_buffer, drop_remainder) -> None:
+def _check_arguments(batch_size, repeat, drop_remainder) -> None:
     if batch_size is not None and (
         isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
     ):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
     if not isinstance(repeat, bool) and (not isinstance(repeat, int) or repeat < 1):
         raise ValueError(f"repeat must be False, True or a number of passes >= 1, got {repeat!r}")
-    if augment_on not in _AUGMENT_ON:
-        raise ValueError(f"augment_on must be one of {_AUGMENT_ON}, got {augment_on!r}")
-    if shuffle_buffer is not None and (not isinstance(shuffle_buffer, int) or shuffle_buffer < 1):
-        raise ValueError(f"shuffle_buffer must be a positive int, got {shuffle_buffer!r}")
     if drop_remainder and batch_size is None:
         raise ValueError("drop_remainder=True needs a batch_size")
 
@@ -411,16 +560,21 @@ def _example_weights(class_weight, metadata, split, spec, as_supervised):
     return ExampleWeights.checked(class_weight, metadata, split, spec)
 
 
-def _augmenter(metadata: DatasetInfo, split: str, augment, dataset_dir: str) -> Augmenter:
+def _augmenter(
+    metadata: DatasetInfo, split: str, augment, dataset_dir: str, training: bool | None
+) -> Augmenter:
+    if training is not None and not isinstance(training, bool):
+        raise ValueError(f"training must be True, False or None, got {training!r}")
+    randomly = (split == "train") if training is None else training
+    field = "augment"
     if isinstance(augment, str):
         if augment != "default":
             raise AugmentConfigError(
                 f"augment must be 'default', a list of ops, or None; got {augment!r}"
             )
+        field = f"{join(dataset_dir, METADATA_FILENAME)}: augment"
         try:
-            stored = validate(
-                metadata.augment, field=f"{join(dataset_dir, METADATA_FILENAME)}: augment"
-            )
+            stored = validate(metadata.augment, field=field)
         except AugmentConfigError as e:
             plugins = metadata.config.get("plugins") or []
             if plugins and "unknown augmentation op" in str(e):
@@ -431,8 +585,11 @@ def _augmenter(metadata: DatasetInfo, split: str, augment, dataset_dir: str) -> 
                     f"that registers the op before kiln.reader.load"
                 ) from None
             raise
-        return Augmenter(tuple(stored), training=(split == "train"))
-    return Augmenter(tuple(validate(augment)), training=True)
+        augmenter = Augmenter(tuple(stored), training=randomly)
+    else:
+        augmenter = Augmenter(tuple(validate(augment)), training=randomly)
+    augmenter.check_sizes(metadata.image_size, field)
+    return augmenter
 
 
 def _statistics(metadata: DatasetInfo, split: str, dataset_dir: str):

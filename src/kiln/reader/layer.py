@@ -1,9 +1,12 @@
 """A Keras layer that applies a kiln augmentation list to a batch inside the model.
 
-For ``load(..., augment_on="model")``: the dataset yields unaugmented uint8
+For `kiln.reader.load_for_model`: the dataset yields unaugmented uint8
 batches plus each element's seed, and this layer augments them where the
 model runs (e.g. on a GPU), with the same ops and seeds as the tf.data path,
-so the results are identical. TensorFlow backend only (it calls TF ops).
+so the results are identical. Outside training it needs images only, so a
+model that contains it predicts, saves (``.keras``, loadable after
+``import kiln.reader``: `kiln.reader.saving`) and exports a serving
+signature on images alone. TensorFlow backend only (it calls TF ops).
 """
 
 from __future__ import annotations
@@ -20,19 +23,33 @@ from kiln.reader.targets import ElementTargets, TargetSpec
 # As in the tf.data path: the same unconverted code, so both trace alike.
 _unconverted = tf.autograph.experimental.do_not_convert
 
+_NEEDS_SEEDS = (
+    "AugmentationLayer(training=True) needs the batch's 'augment_seed' "
+    "(kiln.reader.load_for_model yields it): train a model whose inputs are "
+    "{'image', 'augment_seed'}, and predict or serve one on images only that "
+    "shares the layers"
+)
 
-@tf.keras.utils.register_keras_serializable(package="kiln")
+
+# The name `kiln.reader.saving` registers a stand-in under, for loading before this import.
+@tf.keras.utils.register_keras_serializable(package="kiln", name="AugmentationLayer")
 class AugmentationLayer(tf.keras.layers.Layer):
     """Augments ``{"image": uint8 [B, H, W, C], "augment_seed": int32 [B, 2]}``.
 
     With ``training=True`` (Keras passes it during `fit`) each image gets the
     element ops with its own seed; otherwise (evaluation, prediction, serving)
-    each op's deterministic inference form runs and the seeds may be left
-    out: pass just the image batch. The output is float32 in [0, 1], or
+    each op's deterministic inference form runs and the seeds are not used:
+    pass just the image batch. The output is float32 in [0, 1], or
     standardized when `mean`/`std` are given.
 
+    A Keras model needs every one of its inputs, so train and serve two
+    models that share this layer and the network after it: one on
+    ``{"image", "augment_seed"}`` for `fit`, one on the image alone for
+    `predict`, ``model.save`` and ``model.export`` (README: "Augmenting
+    inside the model").
+
     With targets (``{"image", "augment_seed", "targets": {...}}``, the
-    targets dict that ``load(..., augment_on="model")`` yields beside the
+    targets dict that `load_for_model` yields beside the
     batch), it returns ``(images, targets)``: boxes, masks and keypoints
     moved with their images exactly as in the tf.data path.
 
@@ -85,10 +102,7 @@ class AugmentationLayer(tf.keras.layers.Layer):
             images, seeds = inputs, None
         if training and self.random:
             if seeds is None:
-                raise ValueError(
-                    "AugmentationLayer(training=True) needs the batch's "
-                    "'augment_seed' (load(..., augment_on='model') yields it)"
-                )
+                raise ValueError(_NEEDS_SEEDS)
             seeds = tf.cast(seeds, tf.int32)
             out = tf.map_fn(
                 _unconverted(lambda pair: self._random.apply(pair[0], pair[1])),
@@ -112,10 +126,7 @@ class AugmentationLayer(tf.keras.layers.Layer):
         names = [name for name in spec.names if name in targets]
         randomly = bool(training and self.random)
         if randomly and seeds is None:
-            raise ValueError(
-                "AugmentationLayer(training=True) needs the batch's "
-                "'augment_seed' (load(..., augment_on='model') yields it)"
-            )
+            raise ValueError(_NEEDS_SEEDS)
         augmenter = self._random if randomly else self._inference
         if seeds is None:
             seeds = tf.zeros([tf.shape(images)[0], 2], tf.int32)

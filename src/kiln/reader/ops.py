@@ -161,6 +161,12 @@ class OpDefinition(Registered):
       supports: The target kinds `with_targets` moves (``boxes``, ``mask``,
         ``instance_masks``, ``keypoints``); a dataset with a geometric kind
         outside it is refused.
+      smallest_input: ``smallest_input(**params) -> (height, width)``: the
+        smallest image the op (and its inference form) accepts, e.g. a
+        crop's size; `load` checks it against the stored size up front.
+      output_size: ``output_size(**params) -> (height, width)`` for ops that
+        set their output's size (crops). None: kiln's own ops keep the size;
+        a user's op leaves it unknown (so later ops are not checked).
     """
 
     kind: str = "element"
@@ -174,6 +180,8 @@ class OpDefinition(Registered):
     # Element ops move ElementTargets; batch ops, BatchTargets.
     with_targets: Callable[..., tuple[tf.Tensor, Any]] | None = None
     supports: tuple[str, ...] | None = None
+    smallest_input: Callable[..., tuple[int, int]] | None = None
+    output_size: Callable[..., tuple[int, int]] | None = None
 
 
 AUGMENTATIONS: Registry[OpDefinition] = Registry(
@@ -244,7 +252,8 @@ def register_augmentation(
 def builtin_op(name: str, *, kind: str = "element", **details: Any) -> Callable:
     """Decorator for kiln's own ops: trusted (no first-use check), and free to
     declare what the reader may do with them (`OpDefinition`'s window,
-    inference_window, mirror, pixelwise, with_targets). Colour ops
+    inference_window, mirror, pixelwise, with_targets, smallest_input,
+    output_size). Colour ops
     (pixelwise) are not geometric; element ops move every target kind."""
     details.setdefault("geometric", not details.get("pixelwise", False))
     if kind == "element":
@@ -398,8 +407,17 @@ def _center_crop(image, *, size):
     return _CENTER_CROP.crop(image, None, size=size)
 
 
+def _crop_size(*, size, **_):
+    return tuple(size)
+
+
 @builtin_op(
-    "random_crop", inference=_center_crop, window=_RANDOM_CROP, inference_window=_CENTER_CROP
+    "random_crop",
+    inference=_center_crop,
+    window=_RANDOM_CROP,
+    inference_window=_CENTER_CROP,
+    smallest_input=_crop_size,
+    output_size=_crop_size,
 )
 def random_crop(image, seed, *, size: HeightWidth):
     """A uniformly placed ``size`` window (``[height, width]``); where no
@@ -472,6 +490,7 @@ def _check_resized_crop(*, size, scale_range, ratio_range, method, antialias):
     window=_RESIZED_CROP,
     inference_window=_CENTRAL_RESIZED_CROP,
     check=_check_resized_crop,
+    output_size=_crop_size,
 )
 def random_resized_crop(
     image,

@@ -64,7 +64,7 @@ class ImageFormat:
         Raises:
           ValueError: for an unknown dtype or layout, uint8 with
             ``normalize`` (standardized pixels are not 0..255 integers), and
-            anything but the defaults with ``augment_on="model"`` (the layer
+            anything but the defaults with `load_for_model` (the layer
             takes uint8 channels-last images).
         """
         name = getattr(dtype, "name", dtype)
@@ -82,7 +82,7 @@ class ImageFormat:
         chosen = cls(name, data_format)
         if model_side and chosen != cls():
             raise ValueError(
-                f"augment_on='model' yields uint8 channels-last images for its layer, whatever "
+                f"load_for_model yields uint8 channels-last images for its layer, whatever "
                 f"dtype={name!r} and data_format={data_format!r} ask; cast or transpose the "
                 f"layer's output inside the model"
             )

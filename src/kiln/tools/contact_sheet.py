@@ -121,8 +121,8 @@ def gather(
       epochs: Augmented rows.
       seed: The reader's seed; the same seed gives the same sheet.
       augment: As `kiln.reader.load` takes it: ``"default"`` (the list stored
-        in the dataset, random for ``"train"`` only), a list in YAML form
-        (random for any split), or None.
+        in the dataset) or a list in YAML form, random for ``"train"`` only
+        (other splits show the inference form), or None.
 
     Raises:
       MetadataError: for a path that is not a dataset or a missing split.
@@ -212,8 +212,9 @@ def _numpy(value) -> np.ndarray:
 def _augmentation(metadata, split: str, augment, dataset_dir: str):
     """The validated ops and whether they run randomly, by `kiln.reader.load`'s rules.
 
-    ``"default"``: the stored list, random for ``"train"`` only (other splits
-    get the deterministic inference form); a list: random for any split.
+    ``"default"`` (the stored list) or a list: random for ``"train"`` only;
+    other splits get the deterministic inference form (`load`'s ``training``
+    default).
     """
     if augment is None:
         return [], False
@@ -227,7 +228,7 @@ def _augmentation(metadata, split: str, augment, dataset_dir: str):
         )
         return ops, split == "train" and bool(ops)
     ops = kiln.reader.validate(augment)
-    return ops, bool(ops)
+    return ops, split == "train" and bool(ops)
 
 
 def _to_uint8(image: np.ndarray) -> np.ndarray:

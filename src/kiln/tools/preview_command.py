@@ -85,9 +85,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--augment",
         default="default",
         metavar="LIST",
-        help="'default' (the list stored in the dataset: random for train, the "
-        "deterministic inference form for other splits), 'none', or a "
-        "JSON list in the config's form, applied randomly to any split",
+        help="'default' (the list stored in the dataset), 'none', or a JSON "
+        "list in the config's form; random for train, the deterministic "
+        "inference form for other splits (as kiln.reader.load)",
     )
     parser.add_argument(
         "--plugin",

@@ -1,0 +1,148 @@
+"""`load`'s arguments as a trainer uses them: evaluation mode, sizes checked up front,
+unbatched by default, `ReadOptions`, and the deprecated spellings that still work."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import kiln.reader
+from kiln.reader import AugmentConfigError, ReadOptions
+
+# Random in every op: two random passes cannot agree.
+RANDOM_LIST = [
+    {"random_crop": {"size": 20}},
+    "random_flip_left_right",
+    {"random_brightness": {"max_delta": 0.3}},
+]
+
+
+def images_of(dataset) -> np.ndarray:
+    return np.concatenate([images.numpy() for images, _ in dataset])
+
+
+def test_an_explicit_list_on_validation_is_its_inference_form_by_default(png_dataset):
+    path = png_dataset.dataset_dir
+    validation = kiln.reader.load(path, "validation", batch_size=8, seed=4, augment=RANDOM_LIST)
+    first, second = images_of(validation), images_of(validation)
+    np.testing.assert_array_equal(first, second)
+    assert first.shape[1:] == (20, 20, 3)  # the crop's centre form keeps its size
+    # The centre crop of the stored images, no flip, no brightness change.
+    stored = images_of(kiln.reader.load(path, "validation", batch_size=8, augment=None))
+    np.testing.assert_array_equal(first, stored[:, 6:26, 6:26])
+
+    randomly = kiln.reader.load(
+        path, "validation", batch_size=8, seed=4, augment=RANDOM_LIST, training=True
+    )
+    assert not np.array_equal(images_of(randomly), images_of(randomly))
+
+
+def test_training_false_makes_the_train_split_deterministic(png_dataset):
+    train = kiln.reader.load(
+        png_dataset.dataset_dir, batch_size=8, shuffle=False, augment=RANDOM_LIST, training=False
+    )
+    np.testing.assert_array_equal(images_of(train), images_of(train))
+    with pytest.raises(ValueError, match="training must be True, False or None"):
+        kiln.reader.load(png_dataset.dataset_dir, training="eval")
+
+
+def test_load_for_model_on_validation_gives_a_layer_that_never_augments_randomly(png_dataset):
+    path = png_dataset.dataset_dir
+    dataset, layer = kiln.reader.load_for_model(
+        path, "validation", batch_size=8, seed=4, augment=RANDOM_LIST
+    )
+    inputs, _ = next(iter(dataset))
+    expected = next(iter(kiln.reader.load(path, "validation", batch_size=8, augment=RANDOM_LIST)))
+    # Even under training=True (e.g. validation run inside fit) the layer is its inference form.
+    np.testing.assert_array_equal(layer(inputs, training=True), expected[0])
+
+
+def test_a_crop_larger_than_the_stored_images_is_refused_by_load(png_dataset):
+    path = png_dataset.dataset_dir
+    assert png_dataset.info.image_size == [32, 32]
+    with pytest.raises(
+        AugmentConfigError,
+        match=r"augment\[1\]\.random_crop: size \[40, 40\] \(height, width\) does not fit in "
+        r"\[32, 32\], the size of the dataset's stored images \(kiln.json image_size\)",
+    ):
+        kiln.reader.load(
+            path, batch_size=8, augment=["random_flip_left_right", {"random_crop": {"size": 40}}]
+        )
+    # After a crop, the size it produces is what the next crop gets; the
+    # inference form (validation) crops alike and is refused alike.
+    with pytest.raises(
+        AugmentConfigError,
+        match=r"augment\[1\]\.random_crop: size \[28, 28\] .* does not fit in \[24, 24\], "
+        r"the size of the output of augment\[0\]\.random_resized_crop",
+    ):
+        kiln.reader.load(
+            path,
+            "validation",
+            augment=[{"random_resized_crop": {"size": 24}}, {"random_crop": {"size": 28}}],
+        )
+    # A crop that fits the stored size passes, up to the full size.
+    full = kiln.reader.load(path, batch_size=8, augment=[{"random_crop": {"size": 32}}])
+    assert full.element_spec[0].shape.as_list() == [None, 32, 32, 3]
+
+
+def test_images_of_varying_size_are_checked_while_reading_only(varying_dataset):
+    # kiln.json has no one size to check against: load cannot refuse it.
+    assert varying_dataset.info.image_size is None
+    dataset = kiln.reader.load(
+        varying_dataset.dataset_dir, batch_size=None, augment=[{"random_crop": {"size": 40}}]
+    )
+    assert dataset.element_spec[0].shape.as_list() == [40, 40, 3]
+
+
+def test_batch_size_defaults_to_single_elements(png_dataset):
+    dataset = kiln.reader.load(png_dataset.dataset_dir, seed=0)
+    assert dataset.element_spec[0].shape.as_list() == [24, 24, 3]
+    assert dataset.cardinality() == png_dataset.info.splits["train"].num_examples
+
+
+def test_read_options_check_themselves_when_made():
+    with pytest.raises(ValueError, match=r"ReadOptions\.shuffle_buffer must be a positive int"):
+        ReadOptions(shuffle_buffer=0)
+    with pytest.raises(ValueError, match=r"ReadOptions\.shuffle_buffer must be an int or None"):
+        ReadOptions(shuffle_buffer=True)
+    with pytest.raises(ValueError, match=r"ReadOptions\.deterministic must be True or False"):
+        ReadOptions(deterministic="yes")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ReadOptions().deterministic = False  # type: ignore[misc]
+
+
+def test_read_options_reach_the_pipeline_and_the_old_keywords_still_work(png_dataset):
+    path = png_dataset.dataset_dir
+
+    def keys(dataset):
+        return [key for batch in dataset for key in batch["key"].numpy().tolist()]
+
+    def read(**kwargs):
+        return kiln.reader.load(path, batch_size=8, seed=2, as_supervised=False, **kwargs)
+
+    unordered = read(options=ReadOptions(deterministic=False))
+    assert unordered.options().deterministic is False
+    assert read().options().deterministic is True
+    # A one-record buffer does not shuffle records: the order differs from the default's.
+    tiny = keys(read(options=ReadOptions(shuffle_buffer=1)))
+    assert tiny != keys(read())
+    with pytest.warns(DeprecationWarning, match=r"ReadOptions\(shuffle_buffer=\.\.\.\)"):
+        deprecated = read(shuffle_buffer=1)
+    assert keys(deprecated) == tiny
+    with pytest.warns(DeprecationWarning, match=r"ReadOptions\(deterministic=\.\.\.\)"):
+        assert read(deterministic=False).options().deterministic is False
+
+
+def test_augment_on_model_still_returns_the_pair_with_a_deprecation_warning(png_dataset):
+    path = png_dataset.dataset_dir
+    with pytest.warns(DeprecationWarning, match="load_for_model"):
+        dataset, layer = kiln.reader.load(path, batch_size=8, seed=1, augment_on="model")
+    expected, _ = kiln.reader.load_for_model(path, batch_size=8, seed=1)
+    first, second = next(iter(dataset))[0], next(iter(expected))[0]
+    np.testing.assert_array_equal(first["augment_seed"], second["augment_seed"])
+    np.testing.assert_array_equal(first["image"], second["image"])
+    assert isinstance(layer, kiln.reader.AugmentationLayer)
+    with pytest.raises(ValueError, match="augment_on must be one of"):
+        kiln.reader.load(path, augment_on="gpu")
