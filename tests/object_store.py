@@ -9,7 +9,8 @@ kiln.json last, LATEST as one object write) without a network.
 Objects live in a class-level dict, shared by every instance Beam creates,
 within one process: use it with the in-memory local runner only. Every
 completed write and delete is appended to `EVENTS` so tests can check the
-order in which a build made things visible.
+order in which a build made things visible, and every request about one
+object (metadata, exists) to `OBJECT_REQUESTS`, so they can count them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from apache_beam.io.filesystem import (
 SCHEME = "memgs"
 OBJECTS: dict[str, tuple[bytes, float]] = {}
 EVENTS: list[tuple[str, str]] = []  # ("write" | "delete", path)
+OBJECT_REQUESTS: list[tuple[str, str]] = []  # ("metadata" | "exists", path)
 _LOCK = threading.Lock()
 
 
@@ -36,6 +38,7 @@ def reset() -> None:
     with _LOCK:
         OBJECTS.clear()
         EVENTS.clear()
+        OBJECT_REQUESTS.clear()
 
 
 def put(path: str, data: bytes) -> None:
@@ -122,6 +125,7 @@ class InMemoryObjectStore(FileSystem):
         self.delete(source_file_names)
 
     def exists(self, path):
+        OBJECT_REQUESTS.append(("exists", path))
         return path in OBJECTS
 
     def size(self, path):
@@ -134,6 +138,7 @@ class InMemoryObjectStore(FileSystem):
         return str(len(OBJECTS[path][0]))
 
     def metadata(self, path):
+        OBJECT_REQUESTS.append(("metadata", path))
         if path not in OBJECTS:
             raise BeamIOError("Metadata failed", {path: FileNotFoundError(path)})
         data, mtime = OBJECTS[path]

@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BUILD_ROWS = ["baseline", "kiln", "kiln_one_thread", "baseline_opencv_threads", "baseline_threads"]
@@ -104,6 +106,44 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     for target in results["targets"]:
         assert f"| {target['name']} |" in page
     assert "python -m benchmarks.run --quick" in page and machine["cpu"] in page
+
+
+@pytest.mark.slow  # starts fake-gcs-server
+def test_quick_folder_listing_benchmark_writes_every_row(tmp_path):
+    from benchmarks import folder_listing_bench
+
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# page\n\n## Listing: manifests of 1 rows\n\ntext\n\n## Later\n")
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.folder_listing_bench",
+            "--quick",
+            "--out",
+            str(tmp_path / "bench"),
+            "--markdown",
+            str(markdown),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((tmp_path / "bench" / "folder_listing.json").read_text())
+    quick = folder_listing_bench.QUICK
+    expected = {"local": quick.files, "emulator": quick.objects}
+    assert sorted((row["store"], row["phase"]) for row in results["rows"]) == sorted(
+        (store, phase) for store in expected for phase in ("walk", "list")
+    )
+    for row in results["rows"]:
+        assert row["files"] == expected[row["store"]] and row["files_per_second"] > 0
+    page = markdown.read_text()
+    # Its own section, right after the manifests' listing section.
+    assert page.index("## Listing: manifests") < page.index(folder_listing_bench.SECTION_TITLE)
+    assert page.index(folder_listing_bench.SECTION_TITLE) < page.index("## Later")
 
 
 def test_revision_ab_measures_both_checkouts(tmp_path):

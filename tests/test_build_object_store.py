@@ -9,7 +9,7 @@ import pytest
 
 import object_store
 from conftest import make_config
-from kiln.pipeline import build
+from kiln.pipeline import build, sources
 from kiln.schemas import RECORD
 
 BUCKET = f"{object_store.SCHEME}://bucket"
@@ -98,3 +98,17 @@ def test_an_incremental_build_reads_its_base_from_the_object_store(store, demo_c
         assert object_store.get(f"{result.dataset_dir}/{name}") == object_store.get(
             f"{full.dataset_dir}/{name}"
         )
+
+
+def test_an_image_folder_on_an_object_store_lists_without_a_request_per_object(store, demo_corpus):
+    # One listing holds every object's size and time, and an object store has
+    # no special files to refuse: a request per object would make 10M images
+    # 10M sequential round trips on the launcher (BENCHMARKS.md, Listing).
+    object_store.OBJECT_REQUESTS.clear()
+    source = sources.ImageFolderSource(type="image_folder", root=f"{BUCKET}/images")
+    with source.list_files(splits_from_source=False) as listing:
+        assert listing.num_files + listing.num_dropped == len(object_store.names(BUCKET))
+        rows = {row.key: row for row in listing.files()}
+    assert object_store.OBJECT_REQUESTS == []
+    some_key = sorted(rows)[0]
+    assert rows[some_key].size == len(object_store.get(f"{BUCKET}/images/{some_key}"))

@@ -469,6 +469,7 @@ def _list_image_folder(
     root = root.rstrip("/")
     depth = 3 if from_source else 2
     layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
+    has_special_files = storage.store_for(root).has_special_files
     with ListingWriter() as writer:
 
         def drop(key, uri, reason, message):
@@ -513,13 +514,16 @@ def _list_image_folder(
             if outside:
                 drop(key, uri, "outside_source", outside)
                 continue
-            try:
-                problem = _file_status(uri)[2]
-            except OSError as e:  # vanished since listing, or a dangling symbolic link
-                problem = f"cannot stat the file: {e.strerror}"
-            if problem:
-                drop(key, uri, "unreadable", problem)
-                continue
+            # On an object store the listing holds every object's size and
+            # time, and an object is always readable: no request per file.
+            if has_special_files:
+                try:
+                    problem = _file_status(uri)[2]
+                except OSError as e:  # vanished since listing, or a dangling symbolic link
+                    problem = f"cannot stat the file: {e.strerror}"
+                if problem:
+                    drop(key, uri, "unreadable", problem)
+                    continue
             writer.add_file(
                 SourceFile(
                     key=key,

@@ -26,7 +26,7 @@ import re
 import secrets
 import stat
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from kiln.lazy_import import LazyModule
 
@@ -78,6 +78,10 @@ def basename(path: str) -> str:
 
 class Store(abc.ABC):
     """The operations kiln needs from a store. Paths are full paths or URIs."""
+
+    has_special_files: ClassVar[bool] = True
+    """Whether a listed path can be other than a plain file (a folder, a named
+    pipe, a device, a dangling link), so that `file_status` can refuse it."""
 
     @abc.abstractmethod
     def exists(self, path: str) -> bool:
@@ -258,6 +262,8 @@ class LocalStore(Store):
 
 class ObjectStore(Store):
     """An object store behind Beam's `FileSystems` (gs://, s3://, ...)."""
+
+    has_special_files: ClassVar[bool] = False  # objects only: a listed one is readable
 
     def exists(self, path: str) -> bool:
         return FileSystems.exists(path)

@@ -1,0 +1,267 @@
+"""The whole gs:// cycle against a Cloud Storage emulator on 127.0.0.1.
+
+Build, publish, LATEST, the up-to-date rebuild and ``--keep`` run in this
+process through Beam's real GCS filesystem (`apache_beam.io.gcp.gcsio`,
+google-cloud-storage, HTTP to the emulator); ``kiln verify``, ``kiln
+inspect`` and `kiln.reader.load` run in a child process through
+TensorFlow's own GCS filesystem, whose fixed ``https://*.googleapis.com``
+URLs reach the same emulator through `gcs_emulator.GoogleApiTunnel`. The
+lock's exclusive create (``ifGenerationMatch=0``) is tested on
+fake-gcs-server, the emulator that implements preconditions (see
+`gcs_emulator`). Every emulator and the tunnel are started here and stopped
+when the module ends, pass or fail.
+
+Marked slow: a child process imports TensorFlow, and the builds go through
+HTTP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import gcs_emulator
+import kiln
+from conftest import make_config
+from kiln.errors import Busy
+from kiln.pipeline import build, storage
+from kiln.pipeline.lock import DatasetLock, Holder
+from kiln.pipeline.publish import PUBLISHED_FOLDER, STAMPS_FOLDER
+
+pytestmark = pytest.mark.slow
+
+BUCKET = "kiln-test"
+
+# Reads every split of each dataset given with TensorFlow's GCS filesystem
+# and runs `kiln verify` and `kiln inspect --json` on it (mode "read"), or
+# only `kiln verify` (mode "verify"): one child process,
+# so TensorFlow is imported once, with the tunnel's settings from the start.
+TENSORFLOW_CHILD = """
+    import contextlib, hashlib, io, json, sys
+    import kiln.reader
+    from kiln.cli import main
+
+    def run(argv):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(argv)
+        return {"code": code, "stdout": out.getvalue()}
+
+    results = {}
+    mode, *paths = sys.argv[1:]
+    for path in paths:
+        if mode == "verify":
+            results[path] = {"verify": run(["verify", path])}
+            continue
+        info = kiln.reader.info(path)
+        splits = {}
+        for split in info.splits:
+            dataset = kiln.reader.load(path, split, batch_size=None, shuffle=False, augment=None)
+            splits[split] = [
+                hashlib.sha256(image.numpy().tobytes()).hexdigest() + f":{int(label)}"
+                for image, label in dataset
+            ]
+        results[path] = {
+            "version": info.version,
+            "splits": splits,
+            "verify": run(["verify", path]),
+            "inspect": run(["inspect", path, "--json"]),
+        }
+    print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    """The batch-capable emulator, a bucket on it, and the tunnel for TensorFlow."""
+    folder = tmp_path_factory.mktemp("gcs-emulator")
+    server = gcs_emulator.StorageEmulator(folder / "emulator.log")
+    tunnel = None
+    try:
+        server.create_bucket(BUCKET)
+        certificate, key = gcs_emulator.google_api_certificate(folder)
+        tunnel = gcs_emulator.GoogleApiTunnel(server.port, certificate, key)
+        credentials = gcs_emulator.authorized_user_credentials(folder / "adc.json")
+        yield server, server.client_env(credentials), tunnel.env(certificate), tunnel
+    finally:
+        if tunnel is not None:
+            tunnel.close()
+        server.stop()
+
+
+@pytest.fixture
+def on_emulator(emulator, monkeypatch):
+    """This process's clients on the emulator: Beam's, and TensorFlow's (the
+    launcher compares a new version with the previous one through it)."""
+    server, client_env, tensorflow_env, _ = emulator
+    for name, value in {**client_env, **tensorflow_env}.items():
+        monkeypatch.setenv(name, value)
+    return server
+
+
+def _client():
+    from google.cloud import storage as gcs
+
+    return gcs.Client()
+
+
+def _names(prefix: str) -> list[str]:
+    return sorted(blob.name for blob in _client().list_blobs(BUCKET, prefix=prefix))
+
+
+def _get(name: str) -> bytes:
+    return _client().bucket(BUCKET).blob(name).download_as_bytes()
+
+
+def _without_location(info: dict) -> dict:
+    return {k: v for k, v in info.items() if k not in ("provenance", "errors_sha256", "checksum")}
+
+
+def _upload_corpus(corpus_dir: str, prefix: str) -> None:
+    bucket = _client().bucket(BUCKET)
+    for directory, _, files in os.walk(corpus_dir):
+        for name in sorted(files):
+            path = os.path.join(directory, name)
+            key = os.path.relpath(path, corpus_dir).replace(os.sep, "/")
+            bucket.blob(f"{prefix}/{key}").upload_from_filename(path)
+
+
+def _read_with_tensorflow(emulator, mode: str, *paths: str) -> dict:
+    _, client_env, tensorflow_env, _ = emulator
+    kiln_root = str(Path(kiln.__file__).resolve().parent.parent)
+    env = dict(os.environ, **client_env, **tensorflow_env, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [kiln_root, *[p for p in [os.environ.get("PYTHONPATH")] if p]]
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(TENSORFLOW_CHILD), mode, *paths],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+        check=False,
+    )
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert completed.returncode == 0 and lines, completed.stdout + completed.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULTS ") :])
+
+
+def test_the_whole_cycle_on_the_emulator(emulator, on_emulator, build_dataset, demo_corpus):
+    _upload_corpus(demo_corpus.out_dir, "images")
+    root = f"gs://{BUCKET}/datasets/shapes"
+    stale = "datasets/shapes/.staging-0123456789ab-dead/shapes-train.tfrecord-x"
+    _client().bucket(BUCKET).blob(stale).upload_from_string(b"left by a killed build")
+    config = make_config(f"gs://{BUCKET}/images", output=f"gs://{BUCKET}/datasets")
+
+    first = build(config)  # the local runner, Beam's GCS filesystem
+
+    local = build_dataset()
+    assert first.version == local.version
+    # The same dataset as the local build of the same files: every file of
+    # the version byte for byte, except where the source's location is
+    # written (errors.jsonl names each dropped file, kiln.json the source
+    # and the checksums of both).
+    assert _without_location(first.info.to_json()) == _without_location(local.info.to_json())
+    published = _names(f"datasets/shapes/{first.version}/")
+    assert [name.rsplit("/", 1)[1] for name in published] == sorted(os.listdir(local.dataset_dir))
+    for name in os.listdir(local.dataset_dir):
+        with open(os.path.join(local.dataset_dir, name), "rb") as f:
+            expected = f.read()
+        stored = _get(f"datasets/shapes/{first.version}/{name}")
+        if name == "errors.jsonl":
+            expected = expected.replace(
+                demo_corpus.out_dir.encode(), f"gs://{BUCKET}/images".encode()
+            )
+        if name != "kiln.json":
+            assert stored == expected, name
+    assert _get("datasets/shapes/LATEST").decode() == first.version + "\n"
+    # No staging folder (the stale one included), no work files, no lock:
+    # beside the version only LATEST and the publisher's records.
+    stamps = _names(f"datasets/shapes/{STAMPS_FOLDER}/")
+    assert len(stamps) == 1 and _get(stamps[0]).decode().strip() == first.version
+    everything = sorted(
+        [
+            "datasets/shapes/LATEST",
+            f"datasets/shapes/{PUBLISHED_FOLDER}/{first.version}",
+            *stamps,
+            *published,
+        ]
+    )
+    assert _names("datasets/") == everything
+
+    again = build(config)
+    assert again.up_to_date and again.version == first.version
+    assert _names("datasets/") == everything
+
+    # TensorFlow's GCS filesystem reads what Beam's wrote: the reader's
+    # stream equals the local dataset's, and verify and inspect pass.
+    read = _read_with_tensorflow(emulator, "read", root, local.dataset_root)
+    on_gcs, on_disk = read[root], read[local.dataset_root]
+    assert on_gcs["version"] == first.version
+    assert on_gcs["splits"] == on_disk["splits"]
+    for name, split in first.info.splits.items():
+        assert len(on_gcs["splits"][name]) == split.num_examples > 0
+    assert on_gcs["verify"]["code"] == 0, on_gcs["verify"]
+    assert f"kiln verify: OK: {root}/{first.version}" in on_gcs["verify"]["stdout"]
+    inspected = json.loads(on_gcs["inspect"]["stdout"])
+    assert inspected["splits"]["train"]["num_examples"] == first.info.splits["train"].num_examples
+    assert emulator[3].refused == []  # every request went to the emulator
+
+    # A second version with --keep 1: the first is pruned, LATEST moves on.
+    changed = dict(
+        config, transforms=[{"resize": {"shorter_side": 40}}, {"center_crop": {"size": 24}}]
+    )
+    second = build(changed, keep=1)
+    assert second.version != first.version and second.pruned == (first.version,)
+    assert second.previous_version == first.version and second.changes is not None
+    assert _get("datasets/shapes/LATEST").decode() == second.version + "\n"
+    assert not _names(f"datasets/shapes/{first.version}/")
+    assert _names(f"datasets/shapes/{second.version}/kiln.json")
+
+    # kiln verify notices a shard changed on the store.
+    shard = second.info.splits["train"].shards[0].filename
+    blob = _client().bucket(BUCKET).blob(f"datasets/shapes/{second.version}/{shard}")
+    data = bytearray(blob.download_as_bytes())
+    data[-5] ^= 0xFF
+    blob.upload_from_string(bytes(data))
+    corrupted = _read_with_tensorflow(emulator, "verify", root)[root]["verify"]
+    assert corrupted["code"] == 1 and shard in corrupted["stdout"], corrupted
+
+
+@pytest.fixture
+def fake_gcs_server(tmp_path, monkeypatch):
+    server = gcs_emulator.FakeGcsServer(tmp_path / "fake-gcs-server.log")
+    try:
+        server.create_bucket(BUCKET)
+        credentials = gcs_emulator.authorized_user_credentials(tmp_path / "adc.json")
+        for name, value in server.client_env(credentials).items():
+            monkeypatch.setenv(name, value)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_lock_is_an_exclusive_create_on_gcs(fake_gcs_server):
+    store = storage.store_for(f"gs://{BUCKET}/x")
+    root = f"gs://{BUCKET}/datasets/shapes"
+    path = f"{root}/.lock"
+    other = Holder(pid=4321, host="elsewhere", started="2026-01-01T00:00:00+00:00", token="other")
+    other = dataclasses.replace(other, heartbeat=time.time())
+    assert store.create_exclusive(path, other.to_bytes())
+    # ifGenerationMatch=0 refuses a second create: the store keeps the first.
+    assert not store.create_exclusive(path, b"second")
+    assert store.read_bytes(path) == other.to_bytes()
+
+    with pytest.raises(Busy, match="pid 4321 on elsewhere"):
+        with DatasetLock(root):
+            pass
+    assert store.read_bytes(path) == other.to_bytes()
