@@ -364,14 +364,35 @@ class ElementTargets:
 @dataclasses.dataclass(frozen=True)
 class BatchTargets:
     """A batch's targets, for batch ops: per-object columns are `tf.RaggedTensor`
-    ``[batch, (objects), ...]``, the mask a dense ``[batch, H, W, 1]``, and
-    ``label`` a float32 one-hot ``[batch, num_classes]`` (mixed by the ops)."""
+    ``[batch, (objects), ...]``, the mask a dense ``[batch, H, W, 1]``,
+    ``label`` a float32 one-hot and ``labels`` a float32 multi-hot ``[batch,
+    num_classes]`` (mixed by the ops: a weight per class), extras as read."""
 
     tensors: Mapping[str, Any]
     spec: TargetSpec
 
     def replace(self, **tensors: Any) -> BatchTargets:
         return BatchTargets({**self.tensors, **tensors}, self.spec)
+
+    @classmethod
+    def for_mixing(
+        cls, batch: Mapping[str, Any], spec: TargetSpec, num_classes: int
+    ) -> BatchTargets:
+        """The targets of a batch of reader features, with the class ids of
+        ``label`` and ``labels`` turned into the class vectors batch ops mix."""
+        tensors = {name: batch[name] for name in spec.names}
+        if "label" in tensors:
+            tensors["label"] = tf.one_hot(tensors["label"], num_classes, dtype=tf.float32)
+        if "labels" in tensors:
+            tensors["labels"] = multi_hot(tensors["labels"], num_classes)
+        return cls(tensors, spec)
+
+
+def multi_hot(labels: Any, num_classes: int) -> tf.Tensor:
+    """float32 ``[batch, num_classes]``: 1 for each class id in a row of the
+    ragged int ``[batch, (labels)]`` `labels` (an empty row: all 0)."""
+    counts = tf.reduce_sum(tf.one_hot(labels, num_classes, dtype=tf.float32), axis=1)
+    return tf.minimum(counts, 1.0)
 
 
 # --- kernels ---------------------------------------------------------------------------
