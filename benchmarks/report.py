@@ -85,13 +85,15 @@ WHY_NOT_MET = {
     ),
     "reader_b_over_d": "The Keras layers run per batch; see the reader table.",
     "reader_b_targets_cost": (
-        "Not profiled yet. Per element, targets add a PNG decode of the class mask, its "
-        "crop, nearest-neighbour resize and flip (a second image's worth of passes, in "
-        "uint8), and a dozen small ops on the boxes (clip, visibility, filter, gather of "
-        "every per-object column), each a tf.data op with its own dispatch cost; unbatched "
-        "reads show the same ratio, so it is per element, not the ragged batching. Levers "
-        "to measure next: decode the mask only inside the crop window, resize image and "
-        "mask with one op on a stacked tensor, and move the box ops to the batch."
+        "Per element, the class mask is a PNG to decode in full (TensorFlow has no "
+        "windowed PNG decode): for a 224x224 mask that alone takes about half the CPU "
+        "time of decoding, cropping, resizing and jittering the JPEG window of (b). The "
+        "mask's crop, flips and resize are one gather (`MaskGrid`) and the boxes' moves a "
+        "few small ops, together about a quarter of the extra cost; parsing the object "
+        "columns and the ragged batch are the rest. 15% cannot be met while masks are "
+        "PNG. The next lever is a cheaper mask encoding in the records, a schema change: "
+        "raw bytes compressed with zlib (`tf.io.decode_compressed` + `decode_raw`) decode "
+        "in about a third of PNG's time, which still leaves the mask above 15% on its own."
     ),
 }
 

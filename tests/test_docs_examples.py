@@ -4,7 +4,8 @@ A user pastes these blocks into a terminal or a Python file; here each one
 runs as pasted, in a workspace laid out like a checkout after `make demo`:
 ``configs/demo.yaml``, ``build/demo-data`` and the dataset it builds in
 ``build/datasets/shapes`` (built once per session, by the same two commands
-`make demo` runs), a ``.venv/bin/activate`` that puts this checkout's `kiln`
+`make demo` runs), the detection demo ``build/datasets/shapes-detection``
+(`make demo-detection`'s two commands), a ``.venv/bin/activate`` that puts this checkout's `kiln`
 and `python` first on the PATH, and a small training project (``train.py``,
 ``src/``, ``scripts/train.py``: docs/lint.md's clean examples) for the
 `kiln lint` commands. A shell block runs under ``bash -e`` (every command
@@ -153,6 +154,9 @@ def workspace(tmp_path_factory):
     try:
         assert cli.main(["demo-data", "build/demo-data"]) == 0
         assert cli.main(["build", "--config", "configs/demo.yaml", "--quiet"]) == 0
+        # `make demo-detection`, for the "Detection and segmentation" blocks (a few seconds).
+        assert cli.main(["demo-data", "build/demo-detection", "--targets"]) == 0
+        assert cli.main(["build", "--config", "configs/demo-detection.yaml", "--quiet"]) == 0
     finally:
         os.chdir(previous)
     return root

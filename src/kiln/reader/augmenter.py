@@ -123,7 +123,7 @@ class Augmenter:
         image, moved = self._apply(image, seed, targets)
         if moved is None:  # cannot happen: given targets, every step returns them
             raise RuntimeError("the augmenter lost the targets")
-        return image, moved
+        return image, moved.materialized()
 
     def _apply(self, image, seed, targets: ElementTargets | None) -> _Element:
         window = self._leading_window()
@@ -133,7 +133,7 @@ class Augmenter:
         shape = tf.shape(image)[:2]
         offset, size = window.sample(shape, self._first_seed(seed), **first.kwargs)
         if targets is not None:
-            targets = targets.crop(offset, size, shape)
+            targets = targets.deferring_masks().crop(offset, size, shape)
         return self._after_window(slice_window(image, offset, size), seed, targets, first=1)
 
     def _leading_window(self):
@@ -181,7 +181,7 @@ class Augmenter:
         )
         if moved is None:  # cannot happen: given targets, every step returns them
             raise RuntimeError("the augmenter lost the targets")
-        return image, moved
+        return image, moved.materialized()
 
     def _decode_and_apply(
         self,
@@ -214,7 +214,7 @@ class Augmenter:
         )
         cropped = slice_window(wide, offset - start, size)
         if targets is not None:
-            targets = targets.crop(offset, size, shape)
+            targets = targets.deferring_masks().crop(offset, size, shape)
         return self._after_window(cropped, seed, targets, first=1)
 
     def _after_window(
@@ -361,6 +361,12 @@ class Augmenter:
         augmentation = self.element_ops[index]
         definition = augmentation.definition
         kwargs = augmentation.kwargs
+        if targets is not None and not (
+            definition.builtin and (definition.mirror or definition.pixelwise)
+        ):
+            # Deferred mask moves (`MaskGrid`) are for kiln's flips (colour
+            # ops leave targets alone): any other op gets moved masks.
+            targets = targets.materialized()
         if self.training:
             if not definition.builtin:
                 # First use: check the user op on an image of the shape it
@@ -402,7 +408,7 @@ class Augmenter:
         offset, size = window.sample(shape, seed, **augmentation.kwargs)
         cropped = slice_window(image, offset, size)
         out = self._call(augmentation, lambda: window.finish(cropped, **augmentation.kwargs))
-        return out, _finish_targets(targets.crop(offset, size, shape), out)
+        return out, _finish_targets(targets.deferring_masks().crop(offset, size, shape), out)
 
     @staticmethod
     def _op_seed(seed: tf.Tensor, index: int) -> tf.Tensor:
@@ -424,12 +430,13 @@ class Augmenter:
 
 
 def _finish_targets(targets: ElementTargets, image: tf.Tensor) -> ElementTargets:
-    """Masks brought to the size of the finished (e.g. resized) crop."""
-    if "mask" not in targets.tensors and "instance_masks" not in targets.tensors:
+    """Masks brought to the size of the finished (e.g. resized) crop, and
+    moved: the crop, the flips after it and this resize in one gather."""
+    if not targets.has_masks:
         return targets
     static = image.shape[:2]
     size = static.as_list() if static.is_fully_defined() else tf.shape(image)[:2]
-    return targets.resize_masks(size)
+    return targets.resize_masks(size).materialized()
 
 
 def decode(

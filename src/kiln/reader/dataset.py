@@ -182,8 +182,11 @@ def load(
       unless `dtype` or `data_format` say otherwise. Labels are int64 class
       ids (indices into ``info(path).class_names``), or float32 one-hot
       ``[batch, num_classes]`` when the list has mixup or cutmix (and
-      `training` is on) or with `one_hot`; with `class_weight` each element
-      has a third member, its weight.
+      `training` is on) or with `one_hot`. Multi-label ``labels`` are the
+      int64 ids of the image's classes, ascending (ragged ``[batch,
+      (labels)]`` when batched), or float32 multi-hot ``[batch,
+      num_classes]`` (mixed) with mixup or cutmix or `one_hot`. With
+      `class_weight` each element has a third member, its weight.
 
     Raises:
       MetadataError: for a path that is not a kiln dataset, or a missing split.
@@ -458,11 +461,8 @@ def _read(
         image = batch["image"]
         batch = dict(batch)
         if augmenter.batch_ops:
-            tensors = {name: batch[name] for name in spec.names}
-            if "label" in tensors:
-                tensors["label"] = tf.one_hot(tensors["label"], num_classes, dtype=tf.float32)
             image, mixed = augmenter.apply_batch_with_targets(
-                image, BatchTargets(tensors, spec), batch.pop("augment_seed")
+                image, BatchTargets.for_mixing(batch, spec, num_classes), batch.pop("augment_seed")
             )
             batch.update(mixed.tensors)
         if max_objects is not None:

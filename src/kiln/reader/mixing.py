@@ -6,6 +6,12 @@ already mixed) ``[batch, num_classes]`` labels, with one shape-[2] int32 seed
 per batch. Each image is mixed with the image at a seeded permutation of the
 batch; the mixing weight comes from Beta(alpha, alpha), drawn as a ratio of
 two stateless Gamma samples.
+
+On a dataset with targets an op mixes `BatchTargets` instead of labels
+(``with_targets``). Class vectors mix like labels: ``label`` (one-hot) and
+multi-label ``labels`` (multi-hot, `BatchTargets.for_mixing`) get the same
+weights as the pixels, so a class both images carry keeps weight 1. Per-image
+extra columns stay the element's own.
 """
 
 from __future__ import annotations
@@ -40,15 +46,38 @@ def _applies(seed: tf.Tensor, probability: float) -> tf.Tensor:
     return tf.random.stateless_uniform([], seed=seed) < probability
 
 
+# The targets that are one weight per class: mixed like the pixels.
+_CLASS_VECTORS = ("label", "labels")
+
+
+def _mix_class_vectors(tensors: dict, partners, own_weight, partner_weight) -> dict:
+    """``label`` and ``labels`` of each element: ``own_weight`` of its own plus
+    ``partner_weight`` of its partner's (the same expressions as the labels
+    of the op without targets, so both round alike)."""
+    return {
+        name: own_weight * tensors[name] + partner_weight * tf.gather(tensors[name], partners)
+        for name in _CLASS_VECTORS
+        if name in tensors
+    }
+
+
+def _mixup_weights(images, seed, *, alpha, probability):
+    """mixup's draws: the weight of each image's own pixels and its partners."""
+    seeds = tf.random.split(seed, 3)
+    lam = tf.where(_applies(seeds[2], probability), _beta(seeds[0], alpha), 1.0)
+    return lam, _partners(seeds[1], tf.shape(images)[0])
+
+
 def _mixup_targets(images, targets: BatchTargets, seed, *, alpha, probability):
-    """mixup of a batch whose only target is its one-hot label."""
-    images, labels = mixup(
-        images, targets.tensors["label"], seed, alpha=alpha, probability=probability
+    """mixup of a batch whose targets are class vectors (``label``, ``labels``)."""
+    lam, partners = _mixup_weights(images, seed, alpha=alpha, probability=probability)
+    images = lam * images + (1.0 - lam) * tf.gather(images, partners)
+    return images, targets.replace(
+        **_mix_class_vectors(dict(targets.tensors), partners, lam, 1.0 - lam)
     )
-    return images, targets.replace(label=labels)
 
 
-@builtin_op("mixup", kind="batch", with_targets=_mixup_targets, supports=())
+@builtin_op("mixup", kind="batch", with_targets=_mixup_targets, supports=("labels",))
 def mixup(
     images,
     labels,
@@ -59,12 +88,11 @@ def mixup(
 ):
     """Blends each image with a partner: ``lam * x + (1 - lam) * x[partner]``,
     labels alike, one ``lam ~ Beta(alpha, alpha)`` per batch (Zhang et al. 2018).
-    With `probability` per batch; otherwise the batch is unchanged. Refused
-    for boxes, masks and keypoints: a blend of two images' objects has no
-    single right target."""
-    seeds = tf.random.split(seed, 3)
-    lam = tf.where(_applies(seeds[2], probability), _beta(seeds[0], alpha), 1.0)
-    partners = _partners(seeds[1], tf.shape(images)[0])
+    With `probability` per batch; otherwise the batch is unchanged.
+    Multi-label ``labels`` (multi-hot) mix alike. Refused for boxes, masks
+    and keypoints: a blend of two images' objects has no single right
+    target."""
+    lam, partners = _mixup_weights(images, seed, alpha=alpha, probability=probability)
     images = lam * images + (1.0 - lam) * tf.gather(images, partners)
     labels = lam * labels + (1.0 - lam) * tf.gather(labels, partners)
     return images, labels
@@ -100,7 +128,8 @@ def _cutmix_region(images, seed, *, alpha, probability):
 def _cutmix_targets(images, targets: BatchTargets, seed, *, alpha, probability):
     """cutmix on images and their targets, with cutmix's own draws.
 
-    The class mask is pasted like the pixels. Boxes: the element's own
+    ``label`` and ``labels`` are mixed by the area pasted, as `cutmix`
+    mixes labels. The class mask is pasted like the pixels. Boxes: the element's own
     objects stay unless the pasted rectangle hides more than ``1 -
     min_visibility`` of their box (or all of it); the partner's objects are
     clipped to the rectangle and kept when at least ``min_visibility`` of
@@ -113,9 +142,7 @@ def _cutmix_targets(images, targets: BatchTargets, seed, *, alpha, probability):
     )
     images = tf.where(inside[None, :, :, None], tf.gather(images, partners), images)
     tensors = dict(targets.tensors)
-    if "label" in tensors:
-        labels = tensors["label"]
-        tensors["label"] = (1.0 - pasted) * labels + pasted * tf.gather(labels, partners)
+    tensors.update(_mix_class_vectors(tensors, partners, 1.0 - pasted, pasted))
     if "mask" in tensors:
         mask = tensors["mask"]
         tensors["mask"] = tf.where(inside[None, :, :, None], tf.gather(mask, partners), mask)
@@ -212,7 +239,7 @@ def _intersection(boxes, other):
     "cutmix",
     kind="batch",
     with_targets=_cutmix_targets,
-    supports=("boxes", "mask", "instance_masks", "keypoints"),
+    supports=("labels", "boxes", "mask", "instance_masks", "keypoints"),
 )
 def cutmix(
     images,
@@ -229,7 +256,8 @@ def cutmix(
     labels are mixed by the area actually pasted. With `probability` per
     batch; otherwise the batch is unchanged. On detection and segmentation
     datasets the class mask is pasted with the pixels, and objects follow
-    (see `_cutmix_targets`); multi-label ``labels`` are refused.
+    (see `_cutmix_targets`); multi-label ``labels`` (multi-hot) are mixed by
+    the pasted area like labels.
     """
     inside, partners, pasted, _ = _cutmix_region(images, seed, alpha=alpha, probability=probability)
     images = tf.where(inside[None, :, :, None], tf.gather(images, partners), images)

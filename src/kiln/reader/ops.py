@@ -521,18 +521,25 @@ def random_resized_crop(
 # --- flips ----------------------------------------------------------------------------
 
 
-def _flip_left_right_targets(image, targets, seed, *, probability):
-    def apply():
-        return tf.reverse(image, axis=[1]), targets.flip_left_right()
+def _mirror_with_targets(image, targets, seed, probability, axis):
+    """A random flip of the image (as the op without targets: a `tf.cond`) and
+    of its targets, selected by the same draw: the targets' flip is a few
+    small ops (or a change of the deferred mask grid), cheaper than passing
+    every target tensor through the `tf.cond`."""
+    mirror = targets.flip_left_right if axis == 1 else targets.flip_up_down
+    if probability >= 1.0:
+        return tf.reverse(image, axis=[axis]), mirror()
+    flips = _uniform(seed) < probability
+    image = tf.cond(flips, lambda: tf.reverse(image, axis=[axis]), lambda: image)
+    return image, mirror(when=flips)
 
-    return _targets_with_probability(probability, seed, apply, image, targets)
+
+def _flip_left_right_targets(image, targets, seed, *, probability):
+    return _mirror_with_targets(image, targets, seed, probability, axis=1)
 
 
 def _flip_up_down_targets(image, targets, seed, *, probability):
-    def apply():
-        return tf.reverse(image, axis=[0]), targets.flip_up_down()
-
-    return _targets_with_probability(probability, seed, apply, image, targets)
+    return _mirror_with_targets(image, targets, seed, probability, axis=0)
 
 
 @builtin_op("random_flip_left_right", mirror=True, with_targets=_flip_left_right_targets)

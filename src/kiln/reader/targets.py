@@ -162,36 +162,138 @@ class TargetSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class MaskGrid:
+    """Where each pixel of a moved mask comes from: ``mask[rows][:, cols]`` of the mask it moves.
+
+    Crops, mirror flips and nearest-neighbour resizes only choose rows and
+    columns of a mask, so a chain of them composes into two index vectors,
+    and the mask is read once, by `sample` (two gathers of whole rows),
+    instead of once per move: a uint8 one-channel mask has one byte per
+    pixel, and the kernels that move images pay per pixel for it.
+
+    Attributes:
+      rows: int32 ``[height]``: the source row of each output row.
+      cols: int32 ``[width]``: the source column of each output column.
+    """
+
+    rows: tf.Tensor
+    cols: tf.Tensor
+
+    @classmethod
+    def identity(cls, shape: tf.Tensor) -> MaskGrid:
+        """Every pixel of a mask of int32 ``shape`` (height, width) where it is."""
+        return cls(tf.range(shape[0]), tf.range(shape[1]))
+
+    def crop(self, offset: tf.Tensor, size: tf.Tensor) -> MaskGrid:
+        return MaskGrid(
+            tf.slice(self.rows, offset[:1], size[:1]), tf.slice(self.cols, offset[1:], size[1:])
+        )
+
+    def mirror(self, axis: int, when: tf.Tensor | None = None) -> MaskGrid:
+        """Mirrored about `axis` (0: rows, 1: columns); only where `when`, if given."""
+        index = self.rows if axis == 0 else self.cols
+        mirrored = tf.reverse(index, [0])
+        if when is not None:
+            mirrored = tf.where(when, mirrored, index)
+        return MaskGrid(mirrored, self.cols) if axis == 0 else MaskGrid(self.rows, mirrored)
+
+    def resize(self, size: Sequence[int] | tf.Tensor) -> MaskGrid:
+        """Resized to ``size`` by nearest neighbour, as ``tf.image.resize(method="nearest")``."""
+        return MaskGrid(
+            tf.gather(self.rows, _nearest_index(tf.size(self.rows), size[0])),
+            tf.gather(self.cols, _nearest_index(tf.size(self.cols), size[1])),
+        )
+
+    def sample(self, masks: tf.Tensor, *, batched: bool = False) -> tf.Tensor:
+        """uint8 ``[H, W, 1]`` (or ``[N, H, W, 1]``) masks on this grid.
+
+        Columns are gathered as rows of the transposed mask: a gather along
+        the last axis of a one-channel mask copies one byte at a time.
+        """
+        first = 1 if batched else 0
+        order = [0, 2, 1] if batched else [1, 0]
+        rows = tf.gather(masks[..., 0], self.rows, axis=first)
+        cols = tf.gather(tf.transpose(rows, order), self.cols, axis=first)
+        return tf.transpose(cols, order)[..., None]
+
+
+def _nearest_index(in_size: tf.Tensor, out_size) -> tf.Tensor:
+    """For each of `out_size` output positions the input index TF's
+    ``ResizeNearestNeighbor`` (half-pixel centres, no corner alignment)
+    samples: ``min(floor((i + 0.5) * in / out), in - 1)``, in float32 as its
+    kernel computes it."""
+    scale = tf.cast(in_size, tf.float32) / tf.cast(out_size, tf.float32)
+    positions = tf.cast(tf.range(out_size), tf.float32) + 0.5
+    index = tf.cast(tf.floor(positions * scale), tf.int32)
+    return tf.minimum(index, tf.cast(in_size, tf.int32) - 1)
+
+
+@dataclasses.dataclass(frozen=True)
 class ElementTargets:
     """One element's target tensors (keyed by the names in the module docstring) and its spec.
 
     Immutable: every move returns a new `ElementTargets`. Tensors that a move
     does not concern (label, labels, extras) pass through.
+
+    With a `grid` (see `deferring_masks`), ``mask`` and ``instance_masks``
+    in `tensors` are the masks before the moves the grid holds: crops,
+    mirror flips and mask resizes then only update the grid, and
+    `materialized` moves the masks once. Every other move materializes
+    first; the augmenter hands ops other than kiln's own flips materialized
+    targets only.
     """
 
     tensors: Mapping[str, tf.Tensor]
     spec: TargetSpec
+    grid: MaskGrid | None = None
 
     def replace(self, **tensors: tf.Tensor) -> ElementTargets:
-        return ElementTargets({**self.tensors, **tensors}, self.spec)
+        return ElementTargets({**self.tensors, **tensors}, self.spec, self.grid)
 
     def with_tensors(self, tensors: Mapping[str, tf.Tensor]) -> ElementTargets:
         """The same spec with these tensors (e.g. the outputs of a `tf.cond`)."""
-        return ElementTargets(dict(tensors), self.spec)
+        return ElementTargets(dict(tensors), self.spec, self.grid)
 
     def get(self, name: str) -> tf.Tensor | None:
-        return self.tensors.get(name)
+        return self.materialized().tensors.get(name)
+
+    @property
+    def has_masks(self) -> bool:
+        return "mask" in self.tensors or "instance_masks" in self.tensors
+
+    def deferring_masks(self) -> ElementTargets:
+        """The same targets, with crops, flips and resizes of the masks
+        deferred until `materialized` (see `MaskGrid`)."""
+        if self.grid is not None or not self.has_masks:
+            return self
+        if "mask" in self.tensors:
+            shape = tf.shape(self.tensors["mask"])[:2]
+        else:
+            shape = tf.shape(self.tensors["instance_masks"])[1:3]
+        return ElementTargets(self.tensors, self.spec, MaskGrid.identity(shape))
+
+    def materialized(self) -> ElementTargets:
+        """The masks moved by the deferred moves; the targets themselves if none are."""
+        if self.grid is None:
+            return self
+        out = dict(self.tensors)
+        if "mask" in out:
+            out["mask"] = self.grid.sample(out["mask"])
+        if "instance_masks" in out:
+            out["instance_masks"] = self.grid.sample(out["instance_masks"], batched=True)
+        return ElementTargets(out, self.spec)
 
     # -- selecting objects ------------------------------------------------------------
 
     def keep_objects(self, keep: tf.Tensor) -> ElementTargets:
         """Only the objects where the bool ``[N]`` `keep` is True, in every per-object column."""
-        columns = {
-            name: tf.boolean_mask(self.tensors[name], keep)
-            for name in self.spec.object_columns
-            if name in self.tensors
-        }
-        return self.replace(**columns)
+        columns = [name for name in self.spec.object_columns if name in self.tensors]
+        if not columns:
+            return self
+        # One index for every column, where a boolean_mask per column would
+        # find the kept objects again for each.
+        kept = tf.reshape(tf.where(keep), [-1])
+        return self.replace(**{name: tf.gather(self.tensors[name], kept) for name in columns})
 
     # -- moves --------------------------------------------------------------------------
 
@@ -213,16 +315,24 @@ class ElementTargets:
             out["keypoints"], out["keypoint_visibility"] = _hide_outside(
                 (out["keypoints"] - offset_f) * scale, out["keypoint_visibility"]
             )
-        if "mask" in out:
-            out["mask"] = _slice_window(out["mask"], offset, size)
-        if "instance_masks" in out:
-            out["instance_masks"] = _slice_window(out["instance_masks"], offset, size, batched=True)
-        result = self.with_tensors(out)
+        grid = self.grid
+        if grid is not None:
+            grid = grid.crop(offset, size)
+        else:
+            if "mask" in out:
+                out["mask"] = _slice_window(out["mask"], offset, size)
+            if "instance_masks" in out:
+                out["instance_masks"] = _slice_window(
+                    out["instance_masks"], offset, size, batched=True
+                )
+        result = ElementTargets(out, self.spec, grid)
         return result.keep_objects(keep) if keep is not None else result
 
     def resize_masks(self, size: Sequence[int] | tf.Tensor) -> ElementTargets:
         """Masks resized to ``size`` (nearest neighbour); coordinates, being
         normalized, are unchanged by a resize."""
+        if self.grid is not None:
+            return ElementTargets(self.tensors, self.spec, self.grid.resize(size))
         out = {}
         if "mask" in self.tensors:
             out["mask"] = _resize_nearest(self.tensors["mask"], size)
@@ -230,38 +340,62 @@ class ElementTargets:
             out["instance_masks"] = _resize_nearest(self.tensors["instance_masks"], size)
         return self.replace(**out) if out else self
 
-    def flip_left_right(self) -> ElementTargets:
-        """Mirrored horizontally; keypoints of each flip pair swap names."""
-        return self._mirror(axis=1)
+    def flip_left_right(self, when: tf.Tensor | None = None) -> ElementTargets:
+        """Mirrored horizontally; keypoints of each flip pair swap names.
 
-    def flip_up_down(self) -> ElementTargets:
-        """Mirrored vertically. A mirror image swaps left and right of the
-        subject whichever axis it mirrors about (a vertical flip is a
-        half-turn and a horizontal flip), so flip pairs swap here too."""
-        return self._mirror(axis=0)
+        Args:
+          when: A bool scalar: mirrored only where it is True (the targets of
+            a random flip, without a `tf.cond` around them). None: always.
+        """
+        return self._mirror(axis=1, when=when)
 
-    def _mirror(self, axis: int) -> ElementTargets:
+    def flip_up_down(self, when: tf.Tensor | None = None) -> ElementTargets:
+        """Mirrored vertically (where `when`, as `flip_left_right`). A mirror
+        image swaps left and right of the subject whichever axis it mirrors
+        about (a vertical flip is a half-turn and a horizontal flip), so flip
+        pairs swap here too."""
+        return self._mirror(axis=0, when=when)
+
+    def _mirror(self, axis: int, when: tf.Tensor | None) -> ElementTargets:
         out = dict(self.tensors)
+        flipped = {}
         if "boxes" in out:
             y0, x0, y1, x1 = tf.unstack(out["boxes"], axis=-1)
             if axis == 1:
-                out["boxes"] = tf.stack([y0, 1.0 - x1, y1, 1.0 - x0], axis=-1)
+                flipped["boxes"] = tf.stack([y0, 1.0 - x1, y1, 1.0 - x0], axis=-1)
             else:
-                out["boxes"] = tf.stack([1.0 - y1, x0, 1.0 - y0, x1], axis=-1)
+                flipped["boxes"] = tf.stack([1.0 - y1, x0, 1.0 - y0, x1], axis=-1)
         if "keypoints" in out:
             flip = tf.constant([1.0, -1.0] if axis == 1 else [-1.0, 1.0], tf.float32)
             shift = tf.constant([0.0, 1.0] if axis == 1 else [1.0, 0.0], tf.float32)
             points = out["keypoints"] * flip + shift
+            visibility = out["keypoint_visibility"]
             order = self.spec.keypoint_permutation()
             if order != sorted(order):
                 points = tf.gather(points, order, axis=1)
-                out["keypoint_visibility"] = tf.gather(out["keypoint_visibility"], order, axis=1)
-            out["keypoints"], _ = zero_unlabelled(points, out["keypoint_visibility"])
-        if "mask" in out:
-            out["mask"] = tf.reverse(out["mask"], axis=[axis])
-        if "instance_masks" in out:
-            out["instance_masks"] = tf.reverse(out["instance_masks"], axis=[axis + 1])
-        return self.with_tensors(out)
+                visibility = tf.gather(visibility, order, axis=1)
+                flipped["keypoint_visibility"] = visibility
+            flipped["keypoints"], _ = zero_unlabelled(points, visibility)
+        grid = self.grid
+        if grid is not None:
+            grid = grid.mirror(axis, when)
+        else:
+            reversing = {"mask": axis, "instance_masks": axis + 1}
+            for name, mask_axis in reversing.items():
+                if name not in out:
+                    continue
+                mask = out[name]
+                if when is None:
+                    out[name] = tf.reverse(mask, axis=[mask_axis])
+                else:  # a pass over the mask only where it flips
+                    out[name] = tf.cond(
+                        when,
+                        lambda mask=mask, mask_axis=mask_axis: tf.reverse(mask, axis=[mask_axis]),
+                        lambda mask=mask: mask,
+                    )
+        for name, value in flipped.items():
+            out[name] = value if when is None else tf.where(when, value, out[name])
+        return ElementTargets(out, self.spec, grid)
 
     def warp(self, transform: tf.Tensor, shape: tf.Tensor, *, fill_mode: str) -> ElementTargets:
         """The targets of an image warped by an affine `ImageProjectiveTransformV3` transform.
@@ -287,7 +421,7 @@ class ElementTargets:
         """
         height_width = tf.cast(shape, tf.float32)
         forward = _forward_affine(transform, height_width)  # normalized (y, x) in -> out
-        out = dict(self.tensors)
+        out = dict(self.materialized().tensors)
         keep = None
         if "boxes" in out:
             corners = _apply_affine(_corners(out["boxes"]), forward)
@@ -308,7 +442,7 @@ class ElementTargets:
                 from_masks, filled = mask_boxes(masks)
                 out["boxes"] = tf.where(filled[:, None], from_masks, out["boxes"])
                 keep = keep & filled if keep is not None else filled
-        result = self.with_tensors(out)
+        result = ElementTargets(out, self.spec)  # masks materialized above
         return result.keep_objects(keep) if keep is not None else result
 
     def erase(self, inside: tf.Tensor) -> ElementTargets:
@@ -320,7 +454,7 @@ class ElementTargets:
         are dropped. Boxes are left as they are (the object's extent did not
         change, only what shows of it).
         """
-        out = dict(self.tensors)
+        out = dict(self.materialized().tensors)
         keep = None
         if "mask" in out:
             out["mask"] = tf.where(
@@ -357,21 +491,42 @@ class ElementTargets:
             )
             keep = (1.0 - covered) >= self.spec.min_visibility
             keep &= covered < 1.0
-        result = self.with_tensors(out)
+        result = ElementTargets(out, self.spec)  # masks materialized above
         return result.keep_objects(keep) if keep is not None else result
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchTargets:
     """A batch's targets, for batch ops: per-object columns are `tf.RaggedTensor`
-    ``[batch, (objects), ...]``, the mask a dense ``[batch, H, W, 1]``, and
-    ``label`` a float32 one-hot ``[batch, num_classes]`` (mixed by the ops)."""
+    ``[batch, (objects), ...]``, the mask a dense ``[batch, H, W, 1]``,
+    ``label`` a float32 one-hot and ``labels`` a float32 multi-hot ``[batch,
+    num_classes]`` (mixed by the ops: a weight per class), extras as read."""
 
     tensors: Mapping[str, Any]
     spec: TargetSpec
 
     def replace(self, **tensors: Any) -> BatchTargets:
         return BatchTargets({**self.tensors, **tensors}, self.spec)
+
+    @classmethod
+    def for_mixing(
+        cls, batch: Mapping[str, Any], spec: TargetSpec, num_classes: int
+    ) -> BatchTargets:
+        """The targets of a batch of reader features, with the class ids of
+        ``label`` and ``labels`` turned into the class vectors batch ops mix."""
+        tensors = {name: batch[name] for name in spec.names}
+        if "label" in tensors:
+            tensors["label"] = tf.one_hot(tensors["label"], num_classes, dtype=tf.float32)
+        if "labels" in tensors:
+            tensors["labels"] = multi_hot(tensors["labels"], num_classes)
+        return cls(tensors, spec)
+
+
+def multi_hot(labels: Any, num_classes: int) -> tf.Tensor:
+    """float32 ``[batch, num_classes]``: 1 for each class id in a row of the
+    ragged int ``[batch, (labels)]`` `labels` (an empty row: all 0)."""
+    counts = tf.reduce_sum(tf.one_hot(labels, num_classes, dtype=tf.float32), axis=1)
+    return tf.minimum(counts, 1.0)
 
 
 # --- kernels ---------------------------------------------------------------------------
@@ -616,9 +771,10 @@ def cond(
     def unpack(branch):
         def run():
             image, result = branch()
-            return image, dict(result.tensors)
+            # Both branches give moved masks, so their outputs match.
+            return image, dict(result.materialized().tensors)
 
         return run
 
     image, tensors = tf.cond(predicate, unpack(apply), unpack(otherwise))
-    return image, targets.with_tensors(tensors)
+    return image, ElementTargets(tensors, targets.spec)

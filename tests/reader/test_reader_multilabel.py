@@ -1,0 +1,197 @@
+"""The reader on a real multi-label build: stored ``labels`` read back, mixed by mixup and cutmix.
+
+The dataset is written by `kiln build` from a CSV manifest whose ``labels``
+column names several classes per image (``cat|dog``, or none). Each image is
+one solid colour of its own, so after a batch op the pixels alone say whose
+image each pixel came from and how much of it: the mixed labels are checked
+against that.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kiln.reader
+from kiln.reader.augmenter import Augmenter
+from kiln.reader.ops import validate
+from kiln.reader.targets import TargetError, TargetSpec
+
+pytestmark = pytest.mark.usefixtures("no_global_seed")
+
+CLASSES = ["cat", "dog", "person", "tree"]
+# The labels column of each image: none, one, several, all.
+LABELS = [
+    [],
+    ["cat"],
+    ["cat", "dog"],
+    ["dog", "person", "tree"],
+    ["tree"],
+    ["cat", "dog", "person", "tree"],
+    ["person"],
+    ["cat", "tree"],
+    ["dog"],
+    [],
+    ["person", "cat"],
+    ["tree", "dog"],
+]
+SIZE = 16
+
+
+# One colour per image, no three on a line: a blend of two of them is of
+# those two only.
+COLOURS = np.random.default_rng(12).integers(0, 256, (len(LABELS), 3)).astype(np.uint8)
+
+
+def colour(index: int) -> np.ndarray:
+    return COLOURS[index]
+
+
+def key_of(index: int) -> str:
+    return f"img_{index:02d}.png"
+
+
+def expected_ids(index: int) -> list[int]:
+    return sorted(CLASSES.index(name) for name in LABELS[index])
+
+
+def multi_hot(index: int) -> np.ndarray:
+    vector = np.zeros(len(CLASSES), np.float32)
+    vector[expected_ids(index)] = 1.0
+    return vector
+
+
+@pytest.fixture(scope="module")
+def tagged_dataset(tmp_path_factory):
+    """12 solid-colour 16x16 PNGs and a CSV manifest of their labels, built by `kiln build`."""
+    from kiln.pipeline import build
+
+    root = tmp_path_factory.mktemp("multilabel")
+    rows = ["path,labels"]
+    for index, names in enumerate(LABELS):
+        pixels = np.broadcast_to(colour(index), (SIZE, SIZE, 3)).copy()
+        (root / key_of(index)).write_bytes(tf.io.encode_png(pixels).numpy())
+        rows.append(f"{key_of(index)},{'|'.join(names)}")
+    (root / "tags.csv").write_text("\n".join(rows) + "\n")
+    return build(
+        {
+            "name": "tags",
+            "source": {"type": "manifest", "path": str(root / "tags.csv"), "classes": CLASSES},
+            "output": str(root / "datasets"),
+            "encoding": {"format": "png"},
+            "splits": {"fractions": {"train": 1.0}},
+            "sharding": {"num_shards": 2},
+            "targets": {"labels": {}},
+        },
+        [],
+    )
+
+
+def index_of_key(key: bytes) -> int:
+    return int(os.path.basename(key.decode())[len("img_") : -len(".png")])
+
+
+def test_stored_labels_round_trip_as_ascending_ids(tagged_dataset):
+    assert kiln.reader.info(tagged_dataset.dataset_dir).class_names == CLASSES
+    features = kiln.reader.load(
+        tagged_dataset.dataset_dir, batch_size=None, augment=None, as_supervised=False
+    )
+    seen = {}
+    for element in features:
+        index = index_of_key(element["key"].numpy())
+        seen[index] = element["labels"].numpy().tolist()
+        assert element["labels"].dtype == tf.int64
+    assert seen == {index: expected_ids(index) for index in range(len(LABELS))}
+
+
+def test_as_supervised_yields_ragged_ids_batched_and_dense_ids_per_element(tagged_dataset):
+    batched = kiln.reader.load(tagged_dataset.dataset_dir, batch_size=5, augment=None, seed=0)
+    images_spec, targets_spec = batched.element_spec
+    assert sorted(targets_spec) == ["labels"]
+    assert isinstance(targets_spec["labels"], tf.RaggedTensorSpec)
+    assert targets_spec["labels"].dtype == tf.int64
+    palette = colours()
+    rows = 0
+    for images, targets in batched:
+        for image, ids in zip(images.numpy(), targets["labels"].to_list(), strict=True):
+            index = int(np.argmin(np.abs(image[0, 0] - palette).sum(-1)))
+            assert ids == expected_ids(index)
+            rows += 1
+    assert rows == len(LABELS)
+    one = kiln.reader.load(tagged_dataset.dataset_dir, batch_size=None, augment=None, seed=0)
+    assert one.element_spec[1]["labels"].shape.as_list() == [None]
+
+
+def colours() -> np.ndarray:
+    return np.stack([colour(index) for index in range(len(LABELS))]).astype(np.float64) / 255.0
+
+
+def mixed_batches(dataset_dir: str, augment: list, seed: int):
+    """(own index, image, mixed labels) of every element of 3 passes."""
+    dataset = kiln.reader.load(
+        dataset_dir, batch_size=6, seed=seed, repeat=3, augment=augment, as_supervised=False
+    )
+    assert dataset.element_spec["labels"].shape.as_list() == [None, len(CLASSES)]
+    assert dataset.element_spec["labels"].dtype == tf.float32
+    for batch in dataset:
+        for key, image, labels in zip(
+            batch["key"].numpy(), batch["image"].numpy(), batch["labels"].numpy(), strict=True
+        ):
+            yield index_of_key(key), image, labels
+
+
+def test_cutmix_mixes_multi_hot_labels_by_the_pasted_area(tagged_dataset):
+    palette = colours()
+    mixed = 0
+    for own, image, labels in mixed_batches(tagged_dataset.dataset_dir, ["cutmix"], seed=3):
+        # Whose image each pixel is: the nearest colour (they are exact here).
+        source = np.argmin(np.abs(image[:, :, None, :] - palette).sum(-1), axis=-1)
+        others = set(np.unique(source).tolist()) - {own}
+        assert len(others) <= 1
+        partner = others.pop() if others else own
+        pasted = float((source == partner).mean()) if partner != own else 0.0
+        expected = (1.0 - pasted) * multi_hot(own) + pasted * multi_hot(partner)
+        np.testing.assert_allclose(labels, expected, atol=1e-6, err_msg=f"image {own}")
+        # A class both images carry keeps its full weight.
+        both = (multi_hot(own) > 0) & (multi_hot(partner) > 0)
+        np.testing.assert_allclose(labels[both], 1.0, atol=1e-6)
+        mixed += 0.0 < pasted < 1.0
+    assert mixed >= 6
+
+
+def test_mixup_mixes_multi_hot_labels_by_the_pixels_weight(tagged_dataset):
+    palette = colours()
+    mixed = 0
+    augment = [{"mixup": {"alpha": 0.4}}]
+    for own, image, labels in mixed_batches(tagged_dataset.dataset_dir, augment, seed=5):
+        pixel = image[0, 0].astype(np.float64)
+        assert np.allclose(image, pixel, atol=1e-6)  # a blend of two solid colours is solid
+        # pixel = lam * own + (1 - lam) * partner: the partner and lam that fit.
+        fits = []
+        for partner in range(len(LABELS)):
+            delta = palette[own] - palette[partner]
+            if partner == own:
+                continue
+            lam = float(np.dot(pixel - palette[partner], delta) / np.dot(delta, delta))
+            if np.allclose(lam * palette[own] + (1 - lam) * palette[partner], pixel, atol=1e-5):
+                fits.append((partner, lam))
+        if np.allclose(pixel, palette[own], atol=1e-6):
+            expected = multi_hot(own)  # mixed with itself, or lam 1
+        else:
+            assert len(fits) == 1, (own, fits)
+            partner, lam = fits[0]
+            expected = lam * multi_hot(own) + (1 - lam) * multi_hot(partner)
+            mixed += 1
+        np.testing.assert_allclose(labels, expected, atol=1e-5, err_msg=f"image {own}")
+    assert mixed >= 6
+
+
+def test_batch_ops_take_multi_label_and_refuse_what_they_cannot_mix():
+    labels_only = TargetSpec(kinds=("labels",))
+    for augment in (["cutmix"], ["mixup"], ["mixup", "cutmix"]):
+        Augmenter(tuple(validate(augment))).check_targets(labels_only)
+    with pytest.raises(TargetError, match=r"'mixup' cannot mix this dataset's targets \['mask'\]"):
+        Augmenter(tuple(validate(["mixup"]))).check_targets(TargetSpec(kinds=("labels", "mask")))
