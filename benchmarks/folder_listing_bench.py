@@ -34,7 +34,6 @@ import dataclasses
 import http.client
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -43,6 +42,8 @@ import subprocess
 import sys
 import time
 from typing import Any
+
+from benchmarks import listing_bench, page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = "listing-bench"
@@ -256,18 +257,6 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def replace_section(page: str, section: str) -> str:
-    """`page` with this section replaced, else put after the manifests' listing section."""
-    own = re.compile(rf"^{re.escape(SECTION_TITLE)}.*?(?=^## |\Z)", re.S | re.M)
-    if own.search(page):
-        return own.sub(lambda _: section, page, count=1)
-    manifests = re.compile(r"^## Listing: manifests of.*?(?=^## |\Z)", re.S | re.M)
-    match = manifests.search(page)
-    if match:
-        return page[: match.end()].rstrip("\n") + "\n\n" + section + "\n" + page[match.end() :]
-    return page.rstrip("\n") + "\n\n" + section
-
-
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     import apache_beam.io.filesystem  # noqa: F401  (imported by the first walk: untimed)
 
@@ -311,14 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = os.path.abspath(args.out)
     results = measure(QUICK if args.quick else FULL, out)
-    with open(os.path.join(out, "folder_listing.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    markdown_path = args.markdown or (
-        os.path.join(out, "BENCHMARKS.md") if args.quick else os.path.join(ROOT, "BENCHMARKS.md")
+    markdown_path = page.markdown_path(args.markdown, out, args.quick)
+    page.write_section(
+        results,
+        os.path.join(out, "folder_listing.json"),
+        markdown_path,
+        SECTION_TITLE,
+        markdown(results),
+        after=listing_bench.SECTION_TITLE,
     )
-    page = open(markdown_path).read() if os.path.exists(markdown_path) else ""
-    with open(markdown_path, "w") as f:
-        f.write(replace_section(page, markdown(results)))
     print(f"wrote the folder listing section of {markdown_path}")
     return 0
 

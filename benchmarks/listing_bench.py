@@ -35,13 +35,14 @@ import dataclasses
 import json
 import os
 import random
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any
+
+from benchmarks import page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = ("real", "missing")
@@ -288,14 +289,6 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def replace_section(page: str, section: str) -> str:
-    """`page` with its listing section replaced by `section` (appended if absent)."""
-    pattern = re.compile(rf"^{re.escape(SECTION_TITLE)}.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(page):
-        return pattern.sub(lambda _: section, page, count=1)
-    return page.rstrip("\n") + "\n\n" + section
-
-
 # --- the child side ---------------------------------------------------------------
 
 
@@ -353,16 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = os.path.abspath(args.out)
     results = measure(QUICK if args.quick else FULL, out, log=print)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "listing.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    markdown_path = args.markdown or (
-        os.path.join(out, "BENCHMARKS.md") if args.quick else os.path.join(ROOT, "BENCHMARKS.md")
-    )
-    page = open(markdown_path).read() if os.path.exists(markdown_path) else ""
-    with open(markdown_path, "w") as f:
-        f.write(replace_section(page, markdown(results)))
-    print(f"wrote the listing section of {markdown_path} and {os.path.join(out, 'listing.json')}")
+    json_path = os.path.join(out, "listing.json")
+    markdown_path = page.markdown_path(args.markdown, out, args.quick)
+    page.write_section(results, json_path, markdown_path, SECTION_TITLE, markdown(results))
+    print(f"wrote the listing section of {markdown_path} and {json_path}")
     return 0
 
 

@@ -179,3 +179,17 @@ def test_revision_ab_measures_both_checkouts(tmp_path):
     ).stdout
     assert str(tmp_path) not in worktrees
     assert not [p for p in (tmp_path / "ab").iterdir() if p.name.startswith("revision-")]
+
+
+def test_a_benchmark_run_alone_rewrites_only_its_own_section():
+    from benchmarks import page
+
+    text = "# kiln\n\n## A\n\na\n\n## B: old\n\nold b\n\n## C\n\nc\n"
+    replaced = page.replace_section(text, "## B", "## B: new\n\nnew b\n\n")
+    assert replaced == "# kiln\n\n## A\n\na\n\n## B: new\n\nnew b\n\n## C\n\nc\n"
+    assert page.find_section(replaced, "## B") == "## B: new\n\nnew b\n\n"
+    assert page.find_section(replaced, "## D") is None
+    # Absent: right after the section named, else at the end.
+    inserted = page.replace_section(text, "## D", "## D\n\nd\n", after="## A")
+    assert inserted.index("## A") < inserted.index("## D") < inserted.index("## B")
+    assert page.replace_section(text, "## D", "## D\n\nd\n").endswith("## C\n\nc\n\n## D\n\nd\n")
