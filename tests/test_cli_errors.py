@@ -210,7 +210,21 @@ def test_ctrl_c_during_a_build(tmp_path):
     images = tmp_path / "images"
     demo_data.generate(images, num_images=400, include_broken=False)
     output = tmp_path / "out"
-    path = write_config(tmp_path, make_config(images, output=str(output)))
+    # A transform that takes its time, so the job is still running when the
+    # signal comes on any machine (400 demo images alone can take under 0.5 s).
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "kiln_test_slow_images.py").write_text(
+        "import time\n"
+        "from kiln.transforms import register\n\n"
+        "@register()\n"
+        "def take_your_time(image):\n"
+        "    time.sleep(0.02)\n"
+        "    return image\n"
+    )
+    config = make_config(images, output=str(output), plugins=["kiln_test_slow_images"])
+    config["transforms"] = [*config["transforms"], "take_your_time"]
+    path = write_config(tmp_path, config)
     process = subprocess.Popen(
         [
             *(sys.executable, "-m", "kiln.cli", "build", "--config", path),
@@ -219,7 +233,7 @@ def test_ctrl_c_during_a_build(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=dict(os.environ, PYTHONPATH=SOURCE_ROOT),
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([SOURCE_ROOT, str(plugins)])),
     )
     dataset = output / "shapes"
     deadline = time.monotonic() + 240
