@@ -195,3 +195,32 @@ def test_batch_ops_take_multi_label_and_refuse_what_they_cannot_mix():
         Augmenter(tuple(validate(augment))).check_targets(labels_only)
     with pytest.raises(TargetError, match=r"'mixup' cannot mix this dataset's targets \['mask'\]"):
         Augmenter(tuple(validate(["mixup"]))).check_targets(TargetSpec(kinds=("labels", "mask")))
+
+
+def test_positive_weights_are_each_class_negatives_over_positives(tagged_dataset):
+    path = tagged_dataset.dataset_dir
+    weights = kiln.reader.positive_weights(path)
+    # Counted from the manifest's labels column, not from kiln.json.
+    positives = [sum(name in names for names in LABELS) for name in CLASSES]
+    expected = {c: (len(LABELS) - p) / p for c, p in enumerate(positives)}
+    assert weights == pytest.approx(expected)
+    # As a weighted cross-entropy's pos_weight on the reader's multi-hot labels:
+    # with all-zero logits, each class's positives then weigh what its negatives do.
+    _, targets = next(iter(kiln.reader.load(path, batch_size=len(LABELS), one_hot=True)))
+    labels = targets["labels"]
+    pos_weight = tf.constant([weights[c] for c in range(len(CLASSES))])
+    loss = tf.nn.weighted_cross_entropy_with_logits(labels, tf.zeros_like(labels), pos_weight)
+    positive_part = tf.reduce_sum(loss * labels, axis=0)
+    negative_part = tf.reduce_sum(loss * (1 - labels), axis=0)
+    np.testing.assert_allclose(positive_part.numpy(), negative_part.numpy(), rtol=1e-5)
+
+
+def test_positive_weights_need_the_labels_counts_alone(multilabel_dataset):
+    # label and labels both carry classes: kiln.json's counts are their union.
+    with pytest.raises(TargetError, match=r"over labels and \['label'\]"):
+        kiln.reader.positive_weights(multilabel_dataset.dataset_dir)
+
+
+def test_positive_weights_need_labels(png_dataset):
+    with pytest.raises(TargetError, match="has no labels"):
+        kiln.reader.positive_weights(png_dataset.dataset_dir)

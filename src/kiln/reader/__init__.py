@@ -17,6 +17,8 @@ Public API:
   info: the dataset's `kiln.schemas.DatasetInfo` without building a dataset.
   class_counts, class_weights: a split's images per class id, and
     per-class weights ("balanced") for `load(class_weight=...)` or Keras.
+  positive_weights: a multi-label dataset's per-class ``pos_weight`` for
+    `tf.nn.weighted_cross_entropy_with_logits`.
   locate: the version folder a path resolves to (follows `LATEST`).
   register_augmentation: decorator for your own augmentation ops.
   validate: checks an augmentation list in YAML form (names, parameters).
@@ -44,7 +46,7 @@ an augmentation list, `info` and `locate` on local paths do not need it;
 
 # Imported for their registrations: mixup and cutmix; the layer's name with Keras.
 from kiln.reader import mixing, saving  # noqa: F401
-from kiln.reader.class_weights import class_counts, class_weights
+from kiln.reader.class_weights import class_counts, class_weights, positive_weights
 from kiln.reader.location import info, locate
 from kiln.reader.ops import (
     Augmentation,
@@ -69,6 +71,7 @@ __all__ = [
     "TargetSpec",
     "class_counts",
     "class_weights",
+    "positive_weights",
     "info",
     "load",
     "load_for_model",

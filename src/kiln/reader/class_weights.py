@@ -1,7 +1,9 @@
 """Class weights from kiln.json's per-class counts, and per-example weights that follow the labels.
 
 `class_counts` gives a split's counts keyed by class id (kiln.json keys them
-by class name), `class_weights` the per-class weight dict that Keras's
+by class name), `positive_weights` a multi-label dataset's per-class
+``pos_weight`` for a weighted binary cross-entropy, `class_weights` the
+per-class weight dict that Keras's
 ``fit(class_weight=...)`` takes. With a dataset from a `tf.distribute`
 strategy's ``distribute_datasets_from_function`` that call fails (Keras
 applies ``class_weight`` with ``Dataset.map``, which a distributed dataset
@@ -110,6 +112,46 @@ def class_weights(
         logger.info("kiln.reader: class(es) %s have no example in split %r: weight 0", empty, split)
     return {
         index: total / (len(present) * count) if count else 0.0 for index, count in counts.items()
+    }
+
+
+def positive_weights(
+    dataset: str | os.PathLike | DatasetInfo, split: str = "train"
+) -> dict[int, float]:
+    """Per-class positive weights for multi-label training: ``{class id: negatives / positives}``.
+
+    For a dataset whose only classes are its multi-label ``labels``: each
+    class's images without it over the images with it, in `split`. The
+    ``pos_weight`` of `tf.nn.weighted_cross_entropy_with_logits` (PyTorch's
+    ``BCEWithLogitsLoss(pos_weight=...)``), which weighs each class's
+    positives as much as its negatives in the loss; take the labels
+    multi-hot (``load(..., one_hot=True)``). A class no image of the split
+    carries gets 1 (it has no positive to weigh).
+
+    Raises:
+      ValueError: for a split without examples.
+      TargetError: without ``labels``, or when ``label`` or objects carry
+        classes too (kiln.json's counts are then not the labels' positives).
+    """
+    metadata = dataset if isinstance(dataset, DatasetInfo) else info(dataset)
+    spec = TargetSpec.from_json(metadata.targets)
+    if "labels" not in spec.kinds:
+        raise TargetError(
+            f"positive weights weigh multi-label labels; this dataset has no labels "
+            f"(targets {list(spec.kinds)}): use class_weights for one label per image"
+        )
+    others = [kind for kind in ("label", "boxes") if kind in spec.kinds]
+    if others:
+        raise TargetError(
+            f"positive weights need the labels' counts, but kiln.json's class_counts count "
+            f"images per class over labels and {others}; compute them from your own counts"
+        )
+    examples = metadata.split(split).num_examples
+    if not examples:
+        raise ValueError(f"split {split!r} has no examples: no positive weights")
+    return {
+        index: (examples - count) / count if count else 1.0
+        for index, count in class_counts(metadata, split).items()
     }
 
 
