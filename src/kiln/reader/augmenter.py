@@ -154,14 +154,24 @@ class Augmenter:
         encoding: str,
         channels: int,
         image_size: Sequence[int] | None,
+        uint8: bool = False,
     ) -> tf.Tensor:
         """Decodes a parsed record's image and applies the element ops.
 
         Equal to ``apply(decode_image(...), seed)``; faster for JPEG when the
-        first op is a crop, because only its window is decoded.
+        first op is a crop, because only its window is decoded. With `uint8`,
+        the image may come back as uint8 (the float result on the 0..255
+        scale, rounded) where the last op can finish that way more cheaply;
+        else it is float32 in [0, 1].
         """
         return self._decode_and_apply(
-            features, seed, None, encoding=encoding, channels=channels, image_size=image_size
+            features,
+            seed,
+            None,
+            encoding=encoding,
+            channels=channels,
+            image_size=image_size,
+            uint8=uint8,
         )[0]
 
     def decode_and_apply_with_targets(
@@ -173,11 +183,18 @@ class Augmenter:
         encoding: str,
         channels: int,
         image_size: Sequence[int] | None,
+        uint8: bool = False,
     ) -> tuple[tf.Tensor, ElementTargets]:
         """`decode_and_apply` moving the record's targets with the image
         (equal to `apply_with_targets` on the decoded image)."""
         image, moved = self._decode_and_apply(
-            features, seed, targets, encoding=encoding, channels=channels, image_size=image_size
+            features,
+            seed,
+            targets,
+            encoding=encoding,
+            channels=channels,
+            image_size=image_size,
+            uint8=uint8,
         )
         if moved is None:  # cannot happen: given targets, every step returns them
             raise RuntimeError("the augmenter lost the targets")
@@ -192,6 +209,7 @@ class Augmenter:
         encoding: str,
         channels: int,
         image_size: Sequence[int] | None,
+        uint8: bool = False,
     ) -> _Element:
         ops = self.element_ops
         window = self._leading_window() if encoding == "jpeg" else None
@@ -215,10 +233,15 @@ class Augmenter:
         cropped = slice_window(wide, offset - start, size)
         if targets is not None:
             targets = targets.deferring_masks().crop(offset, size, shape)
-        return self._after_window(cropped, seed, targets, first=1)
+        return self._after_window(cropped, seed, targets, first=1, uint8=uint8)
 
     def _after_window(
-        self, image: tf.Tensor, seed: tf.Tensor | None, targets: ElementTargets | None, first: int
+        self,
+        image: tf.Tensor,
+        seed: tf.Tensor | None,
+        targets: ElementTargets | None,
+        first: int,
+        uint8: bool = False,
     ) -> _Element:
         """The ops from index `first` on, given the (uint8) crop window or whole image.
 
@@ -238,6 +261,17 @@ class Augmenter:
                 index += 1
             window = self._leading_window()
             crop = ops[0]
+            finished = None
+            if uint8 and index == len(ops) and window.finish_uint8 is not None:
+                # The crop's finish is the last step: straight to uint8.
+                window_image = image
+                finished = self._call(
+                    crop, lambda: window.finish_uint8(window_image, **crop.kwargs)
+                )
+            if finished is not None:
+                if targets is not None:
+                    targets = _finish_targets(targets, finished)
+                return finished, targets
             image = to_float(image)
             image = self._call(crop, lambda: window.finish(image, **crop.kwargs))
             if targets is not None:

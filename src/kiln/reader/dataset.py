@@ -417,6 +417,11 @@ def _read(
         as_float=not model_side and not output.image_format.keeps_stored_pixels(augmenter),
         schema=schema,
         targets=spec,
+        # Cast per element unless later steps compute on the float image
+        # (mixing ops, standardization, the model-side layer).
+        image_format=(
+            output.image_format if not (model_side or augmenter.batch_ops or normalize) else None
+        ),
     )
     # The map functions are not AutoGraph-converted: they are TF ops already,
     # and an AugmentOpError from a user op then reaches the caller as itself,
@@ -633,8 +638,10 @@ class _Decoding:
         as_float: bool,
         schema: Schema = RECORD,
         targets: TargetSpec | None = None,
+        image_format: ImageFormat | None = None,
     ):
         self.augmenter = augmenter
+        self.image_format = image_format
         self.encoding = encoding
         self.channels = channels
         self.image_size = image_size
@@ -664,12 +671,13 @@ class _Decoding:
                 encoding=self.encoding,
                 channels=self.channels,
                 image_size=self.image_size,
+                uint8=self._uint8,
             )
         else:
             image = decode(
                 features, encoding=self.encoding, channels=self.channels, image_size=self.image_size
             )
-        out = dict(features, image=image)
+        out = dict(features, image=self._cast(image))
         if self.keep_seeds:
             out["augment_seed"] = seed
         return out
@@ -686,15 +694,31 @@ class _Decoding:
                 encoding=self.encoding,
                 channels=self.channels,
                 image_size=self.image_size,
+                uint8=self._uint8,
             )
         else:
             image = decode(
                 features, encoding=self.encoding, channels=self.channels, image_size=self.image_size
             )
-        out = dict(features, image=image, **_shaped_like(targets, image).tensors)
+        out = dict(features, image=self._cast(image), **_shaped_like(targets, image).tensors)
         if self.keep_seeds:
             out["augment_seed"] = seed
         return out
+
+    @property
+    def _uint8(self) -> bool:
+        """Whether the augmenter may hand back uint8 images (see `_cast`)."""
+        return self.image_format is not None and self.image_format.dtype == "uint8"
+
+    def _cast(self, image: tf.Tensor) -> tf.Tensor:
+        """The element's image in the output dtype, when it can be cast here:
+        casting each element while it is in cache, before the batch is
+        copied (a quarter of the bytes for uint8), is cheaper than casting
+        the batch (measured: uint8 output went from 0.78x of float32's
+        throughput to faster). The values are the batch cast's."""
+        if self.image_format is None or image.dtype == tf.uint8:
+            return image
+        return self.image_format.image_dtype(image)
 
     def raw_batch(self, serialized, words):
         if self.image_size is None:  # see `vectorizable`

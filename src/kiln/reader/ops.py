@@ -109,6 +109,10 @@ class Window:
 
     sample: Callable[..., tuple[tf.Tensor, tf.Tensor]]
     finish: Callable[..., tf.Tensor]
+    finish_uint8: Callable[..., tf.Tensor | None] | None = None
+    """Optional: `finish` with uint8 output, ``round(255 * finish(window))``
+    computed on the 0..255 scale (cheaper than converting the float
+    result); returns None for parameters it does not cover."""
 
     def crop(self, image: tf.Tensor, seed: tf.Tensor | None, **params: Any) -> tf.Tensor:
         """The cropping op on a decoded image: sample the window, slice, finish.
@@ -399,8 +403,14 @@ def _finish_crop(image, *, size):
     return tf.ensure_shape(to_float(image), [size[0], size[1], image.shape[-1]])
 
 
-_RANDOM_CROP = Window(_random_crop_window, _finish_crop)
-_CENTER_CROP = Window(_center_crop_window, _finish_crop)
+def _finish_crop_uint8(image, *, size):
+    if image.dtype != tf.uint8:
+        image = tf.cast(tf.round(image * 255.0), tf.uint8)
+    return tf.ensure_shape(image, [size[0], size[1], image.shape[-1]])
+
+
+_RANDOM_CROP = Window(_random_crop_window, _finish_crop, _finish_crop_uint8)
+_CENTER_CROP = Window(_center_crop_window, _finish_crop, _finish_crop_uint8)
 
 
 def _center_crop(image, *, size):
@@ -468,8 +478,23 @@ def _finish_resized_crop(image, *, size, scale_range, ratio_range, method, antia
     return tf.ensure_shape(resized, [size[0], size[1], image.shape[-1]])
 
 
-_RESIZED_CROP = Window(_resized_crop_window, _finish_resized_crop)
-_CENTRAL_RESIZED_CROP = Window(_central_aspect_window, _finish_resized_crop)
+def _finish_resized_crop_uint8(image, *, size, scale_range, ratio_range, method, antialias):
+    del scale_range, ratio_range
+    if method in _OVERSHOOTING_METHODS:
+        return None  # would need a clip: the float path's cast does it
+    # The window on the 0..255 scale (one pass over the window, usually
+    # smaller than the output), then only a rounding pass over the output:
+    # the resize is linear and keeps [0, 255] (see _finish_resized_crop).
+    scaled = tf.cast(image, tf.float32) if image.dtype == tf.uint8 else image * 255.0
+    resized = tf.image.resize(scaled, size, method=method, antialias=antialias)
+    out = tf.cast(tf.round(resized), tf.uint8)
+    return tf.ensure_shape(out, [size[0], size[1], image.shape[-1]])
+
+
+_RESIZED_CROP = Window(_resized_crop_window, _finish_resized_crop, _finish_resized_crop_uint8)
+_CENTRAL_RESIZED_CROP = Window(
+    _central_aspect_window, _finish_resized_crop, _finish_resized_crop_uint8
+)
 
 
 def _central_resized_crop(image, **params):

@@ -94,11 +94,15 @@ class ImageFormat:
         return self.dtype == "uint8" and not augmenter.has_element_work and not augmenter.batch_ops
 
     def image(self, image: tf.Tensor) -> tf.Tensor:
+        return self._laid_out(self.image_dtype(image))
+
+    def image_dtype(self, image: tf.Tensor) -> tf.Tensor:
+        """`image` (float32 in [0, 1], or already cast) in this dtype."""
         if self.dtype == "uint8" and image.dtype != tf.uint8:
-            image = tf.cast(tf.round(tf.clip_by_value(image * 255.0, 0.0, 255.0)), tf.uint8)
-        elif self.dtype == "bfloat16":
-            image = tf.cast(image, tf.bfloat16)
-        return self._laid_out(image)
+            return tf.cast(tf.round(tf.clip_by_value(image * 255.0, 0.0, 255.0)), tf.uint8)
+        if self.dtype == "bfloat16" and image.dtype != tf.bfloat16:
+            return tf.cast(image, tf.bfloat16)
+        return image
 
     def masks(self, targets: Mapping[str, Any]) -> dict[str, Any]:
         """`targets` with its masks in the image's layout."""
