@@ -7,7 +7,9 @@ BIN := $(VENV)/bin
 DEMO_DATA ?= build/demo-data
 STAMP := $(VENV)/.kiln-installed
 
-.PHONY: venv demo demo-detection test lint bench bench-listing clean
+PEERS_STAMP := $(VENV)/.kiln-peers-installed
+
+.PHONY: venv demo demo-detection test lint bench bench-listing bench-peers clean
 
 venv: $(STAMP)
 
@@ -40,8 +42,17 @@ lint: venv
 	$(BIN)/python -m mypy
 	$(BIN)/lint-imports --no-cache .importlinter
 
-bench: venv
+# The loaders the reader is measured against, for the benchmarks only.
+$(PEERS_STAMP): $(STAMP) benchmarks/requirements-peers.txt
+	$(BIN)/python -m pip install --quiet -r benchmarks/requirements-peers.txt
+	touch $(PEERS_STAMP)
+
+bench: venv $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.run
+
+# Only the section of BENCHMARKS.md with the reader against Grain and DALI.
+bench-peers: venv $(PEERS_STAMP)
+	$(BIN)/python -m benchmarks.peers_bench
 
 # Only the listing sections of BENCHMARKS.md (bench measures the manifests' too;
 # the image folder's, local and on a GCS emulator, only this target).

@@ -95,6 +95,21 @@ WHY_NOT_MET = {
         "raw bytes compressed with zlib (`tf.io.decode_compressed` + `decode_raw`) decode "
         "in about a third of PNG's time, which still leaves the mask above 15% on its own."
     ),
+    "reader_kiln_vs_best_peer": (
+        "See the peers' table: each loader gets the same cores; which one is limited by "
+        "what is in the notes under it."
+    ),
+    "reader_kiln_uint8_vs_best_peer": (
+        "kiln computes the augmentation in float and rounds to uint8 per element at the "
+        "end (four elementwise passes); Grain's OpenCV chain stays in uint8 throughout. "
+        "The next lever: fold the 0..255 scale into the colour matrix and the resize, "
+        "leaving one rounding pass."
+    ),
+    "reader_kiln_vs_limit": (
+        "As for (b) against (a) above: the augmentation adds a resize and a colour pass "
+        "over every image to the decode; on the larger stored images the window decode "
+        "saves more of the decode, so the ratio is higher there."
+    ),
 }
 
 
@@ -206,6 +221,26 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 row["cost_vs_b"] <= 1.15,
             )
         )
+    peers = results.get("peers")
+    for label, loaders in (peers or {}).get("datasets", {}).items():
+        from benchmarks import peers_bench
+
+        found = peers_bench.ratios(loaders)
+        for key, name, goal in (
+            ("kiln_vs_best_peer", "kiln vs the best peer (Grain, DALI CPU), float32", 1.0),
+            ("kiln_uint8_vs_best_peer", "kiln vs Grain, uint8 batches", 1.0),
+            ("kiln_vs_limit", "kiln vs the decode-only limit (peers' table)", 0.85),
+        ):
+            if found[key] is not None:
+                out.append(
+                    _target(
+                        f"reader_{key}",
+                        f"reader {label}: {name}",
+                        found[key],
+                        f">= {goal:.2f}x",
+                        found[key] >= goal,
+                    )
+                )
     return out
 
 

@@ -45,6 +45,7 @@ from benchmarks import (
     listing_bench,
     machine,
     page,
+    peers_bench,
     reader_bench,
     report,
     startup_bench,
@@ -400,6 +401,16 @@ def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, A
     }
 
 
+def reader_manifest(settings: Settings, out_dir: str) -> str:
+    """The manifest of the reader measurements' images (the corpus reused when current)."""
+    source = corpus.ensure(
+        os.path.join(out_dir, "corpus"),
+        settings.corpus,
+        workers=machine.usable_cores() if settings is FULL else 1,
+    )
+    return source.manifest(settings.build_images)
+
+
 def run(settings: Settings, out_dir: str, markdown: str | None, command: str) -> dict[str, Any]:
     """Generates or reuses the corpus, measures everything, writes JSON and Markdown."""
     started = time.time()
@@ -421,6 +432,14 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
         source.manifest(settings.build_images), os.path.join(out_dir, "datasets")
     )
     readers = measure_readers(settings, datasets)
+    peers = peers_bench.measure(
+        peers_bench.QUICK if settings is QUICK else peers_bench.FULL,
+        peers_bench.build_datasets(
+            source.manifest(settings.build_images), os.path.join(out_dir, "datasets")
+        ),
+        os.path.join(out_dir, "peers"),
+        log=logger.info,
+    )
     detection = detection_bench.measure(settings.detection, out_dir, log=logger.info)
     listing = listing_bench.measure(settings.listing, out_dir, log=logger.info)
     startup = startup_bench.measure(settings.startup, out_dir, log=logger.info)
@@ -440,6 +459,7 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
         },
         "build": builds,
         "reader": readers,
+        "peers": peers,
         "listing": listing,
         "startup": startup,
         "detection": detection,
@@ -449,6 +469,12 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
         json.dump(results, f, indent=2)
     if markdown:
         new_page = report.markdown(results)
+        new_page = page.replace_section(
+            new_page,
+            peers_bench.SECTION_TITLE,
+            peers_bench.markdown(peers),
+            after=peers_bench.AFTER,
+        )
         # The image folder's listing is measured by `make bench-listing`
         # only (it starts an emulator): keep the section it last wrote.
         kept = None

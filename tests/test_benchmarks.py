@@ -73,8 +73,14 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         for name in ("python", "tensorflow", "apache-beam", "opencv", "numpy")
     )
     # Every target is judged, met or not: build (4), incremental (2), reader per
-    # encoding (3 x 2), the reader's cost with targets (1).
-    assert len(results["targets"]) == 4 + 2 + 3 * 2 + 1
+    # encoding (3 x 2), the reader's cost with targets (1), and per peers'
+    # dataset kiln vs the limit and vs each kind of peer that ran (the peers
+    # are installed by `make bench`, not `make test`).
+    peers = results["peers"]["datasets"]
+    assert sorted(peers) == ["224x224", "341x256"]
+    ran = {key for key, row in peers["224x224"].items() if row["not_run"] is None}
+    per_dataset = 1 + bool(ran & {"grain", "dali"}) + ("grain_uint8" in ran)
+    assert len(results["targets"]) == 4 + 2 + 3 * 2 + 1 + 2 * per_dataset
     assert all(isinstance(t["met"], bool) for t in results["targets"])
 
     listing = results["listing"]
@@ -105,6 +111,7 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         assert f"| {row['title']} |" in page
     for target in results["targets"]:
         assert f"| {target['name']} |" in page
+    assert "## Reader against its peers" in page
     assert "python -m benchmarks.run --quick" in page and machine["cpu"] in page
 
 
@@ -193,3 +200,73 @@ def test_a_benchmark_run_alone_rewrites_only_its_own_section():
     inserted = page.replace_section(text, "## D", "## D\n\nd\n", after="## A")
     assert inserted.index("## A") < inserted.index("## D") < inserted.index("## B")
     assert page.replace_section(text, "## D", "## D\n\nd\n").endswith("## C\n\nc\n\n## D\n\nd\n")
+
+
+def test_the_opencv_peer_jitters_colour_as_kiln_does():
+    """The Grain peer's colour matrix is kiln's `color_twist` (same work, same result)."""
+    import cv2
+    import numpy as np
+    import tensorflow as tf
+    from benchmarks import peers_bench
+
+    from kiln.reader.ops import color_twist
+
+    rng = np.random.default_rng(3)
+    image = rng.uniform(0.1, 0.9, (17, 23, 3)).astype(np.float32)
+    brightness, contrast, saturation, hue = 0.1, 1.3, 0.7, 0.08
+    mean_luma = float(np.dot(image.reshape(-1, 3).mean(axis=0), (0.299, 0.587, 0.114))) * 255
+    matrix = peers_bench.color_matrix(brightness, contrast, saturation, hue, mean_luma)
+    theirs = np.clip(cv2.transform(image * 255.0, matrix) / 255.0, 0.0, 1.0)
+    ours = color_twist(
+        tf.constant(image),
+        brightness=tf.constant(brightness),
+        contrast=tf.constant(contrast),
+        saturation=tf.constant(saturation),
+        hue=tf.constant(hue),
+    ).numpy()
+    np.testing.assert_allclose(theirs, ours, atol=2e-4)
+    assert np.abs(ours - image).max() > 0.05  # the jitter did change the image
+
+
+def test_quick_peers_benchmark_reports_every_loader(tmp_path):
+    """Every loader is measured, or reported not run with the reason (the
+    peers are installed for `make bench` only, from requirements-peers.txt)."""
+    from benchmarks import peers_bench
+
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# page\n\n## Reader: batches of 128\n\ntext\n\n## Later\n")
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.peers_bench",
+            "--quick",
+            "--out",
+            str(tmp_path / "bench"),
+            "--markdown",
+            str(markdown),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((tmp_path / "bench" / "peers.json").read_text())
+    # Both stored sizes, every loader on each.
+    assert sorted(results["datasets"]) == ["224x224", "341x256"]
+    page = markdown.read_text()
+    for loaders in results["datasets"].values():
+        assert list(loaders) == [p.key for p in peers_bench.PEERS]
+        for key, row in loaders.items():
+            if row["not_run"] is None:
+                assert row["images_per_second"] > 0 and len(row["runs"]) == 1
+            else:
+                assert key not in ("limit", "kiln", "kiln_uint8")
+                assert row["images_per_second"] is None
+            assert f"| {row['title']} |" in page
+    assert "kiln float32 vs the best float32 peer " in page
+    # Its own section, right after the reader's.
+    assert page.index("## Reader: batches") < page.index(peers_bench.SECTION_TITLE)
+    assert page.index(peers_bench.SECTION_TITLE) < page.index("## Later")

@@ -1,0 +1,575 @@
+"""kiln.reader side by side with the loaders a user would pick instead: Grain, DALI on CPU.
+
+All read the same JPEGs, built by `kiln build` from the benchmark corpus,
+in two datasets: the reader benchmark's 224x224 one
+(`reader_bench.build_datasets`) and a 341x256 one (resized to a shorter
+side of 256 only, as ImageNet-style pipelines store images). All apply the
+same augmentation: a random resized crop to 224 (scale 0.08-1, ratio
+3/4-4/3), a horizontal flip half the time, and a colour jitter
+(brightness, contrast and saturation 0.4, hue 0.1); each yields batches of
+128 images with their labels. Each variant gets the machine's cores as its
+threads.
+
+- ``limit``: parse and decode only, in tf.data (as `reader_bench`'s (a)).
+- ``kiln``: `kiln.reader.load` with the dataset's stored augmentation list,
+  float32 in [0, 1].
+- ``kiln_uint8``: the same with ``dtype="uint8"`` (the float conversion left
+  to the accelerator, as a trainer would put it in the model).
+- ``grain``: Grain: a `MapDataset` over the records' JPEG bytes (read from
+  kiln's shards into memory before timing, so Grain pays no file reads or
+  parsing), shuffled, `random_map` with OpenCV in uint8 throughout, in
+  kiln's order (`cv2.imdecode`, the crop window, `cv2.flip`, the colour
+  jitter on the window as one `cv2.transform` with kiln's 3x4 matrix,
+  `cv2.resize`), then float32 in [0, 1], on Grain's thread pool
+  (`ReadOptions(num_threads=cores)`), batched by Grain.
+- ``grain_uint8``: the same handing out uint8 batches.
+- ``dali``: NVIDIA DALI's CPU pipeline (``device_id=None``): its TFRecord
+  reader on kiln's shards (random shuffle), `decoders.image_random_crop`
+  (decodes only the crop window), `resize`, `color_twist`,
+  `crop_mirror_normalize` (flip, float32 in [0, 1], HWC).
+
+The peers are installed for the benchmark only
+(``benchmarks/requirements-peers.txt``, which `make bench` installs); one
+that cannot be imported is reported as not run, with the reason.
+
+Rounds run the variants one after the other, each in a fresh pipeline,
+warmed up, over enough batches to cross a pass boundary; the table gives
+each variant's median over the rounds.
+
+``python -m benchmarks.peers_bench [--quick]`` measures and rewrites this
+section of BENCHMARKS.md alone; `make bench` (benchmarks.run) does too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from benchmarks import machine, page, reader_bench
+from benchmarks.reader_bench import (
+    BATCH_SIZE,
+    BRIGHTNESS,
+    CONTRAST,
+    HUE,
+    IMAGE_SIZE,
+    RATIO_RANGE,
+    SATURATION,
+    SCALE_RANGE,
+)
+
+logger = logging.getLogger("benchmarks.peers_bench")  # not __main__ under python -m
+
+ROOT = page.ROOT
+SECTION_TITLE = "## Reader against its peers"
+# Where the section goes when the page has none yet.
+AFTER = "## Reader: batches of"
+WARMUP_BATCHES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How much to measure.
+
+    Attributes:
+      rounds: Rounds of every variant (the table gives medians).
+      batches: Batches timed per measurement.
+    """
+
+    rounds: int
+    batches: int
+
+
+FULL = Settings(rounds=5, batches=24)
+QUICK = Settings(rounds=1, batches=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """One loader.
+
+    Attributes:
+      key: Short name, the JSON key.
+      title: What it is, for the table.
+      make: ``make(dataset_dir, batch_size, threads, scratch) -> iterator`` of endless
+        ``(images, labels)`` batches (anything with ``.shape[0]``).
+      needs: The module it needs, reported when missing.
+    """
+
+    key: str
+    title: str
+    make: Callable[[str, int, int, str], Iterator]
+    needs: str | None = None
+
+
+# --- kiln and the limit ---------------------------------------------------------------
+
+
+def _limit(dataset_dir: str, batch_size: int, threads: int, scratch: str) -> Iterator:
+    """Parse and decode each record, as float32 in [0, 1], in tf.data."""
+    import tensorflow as tf
+
+    import kiln.reader
+    from kiln.schemas import RECORD
+
+    del threads, scratch  # tf.data's own threads
+    height, width = kiln.reader.info(dataset_dir).image_size
+
+    def decode(serialized):
+        features = RECORD.parse(serialized)
+        image = tf.io.decode_jpeg(features["image"], channels=3)
+        image.set_shape([height, width, 3])
+        return tf.cast(image, tf.float32) * (1.0 / 255.0), features["label"]
+
+    records = reader_bench._records(dataset_dir)
+    dataset = records.map(decode, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size)
+    return iter(dataset.prefetch(tf.data.AUTOTUNE))
+
+
+def _kiln(
+    dataset_dir: str, batch_size: int, threads: int, scratch: str, dtype: str = "float32"
+) -> Iterator:
+    import kiln.reader
+
+    del threads, scratch
+    dataset = kiln.reader.load(
+        dataset_dir, "train", batch_size=batch_size, seed=1, repeat=True, dtype=dtype
+    )
+    return iter(dataset)
+
+
+def _kiln_uint8(dataset_dir: str, batch_size: int, threads: int, scratch: str) -> Iterator:
+    return _kiln(dataset_dir, batch_size, threads, scratch, dtype="uint8")
+
+
+# --- Grain with OpenCV ------------------------------------------------------------------
+
+_LUMA = (0.299, 0.587, 0.114)
+# RGB <-> YIQ (the hue rotation's colour space, as kiln's and DALI's colour twist).
+_TO_YIQ = (
+    (0.299, 0.587, 0.114),
+    (0.595716, -0.274453, -0.321263),
+    (0.211456, -0.522591, 0.311135),
+)
+
+
+def _records_in_memory(dataset_dir: str) -> list[tuple[bytes, int]]:
+    """Every train record's (JPEG bytes, label), read from kiln's shards."""
+    import tensorflow as tf
+
+    from kiln.schemas import RECORD
+
+    files, _ = reader_bench._files_and_buffer(dataset_dir)
+    records = tf.data.TFRecordDataset(files).map(RECORD.parse)
+    return [(r["image"].numpy(), int(r["label"].numpy())) for r in records]
+
+
+def _crop_window(rng, height: int, width: int) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop.get_params (10 tries, then the whole image)."""
+    for _ in range(10):
+        area = height * width * rng.uniform(*SCALE_RANGE)
+        ratio = math.exp(rng.uniform(math.log(RATIO_RANGE[0]), math.log(RATIO_RANGE[1])))
+        w = int(round(math.sqrt(area * ratio)))
+        h = int(round(math.sqrt(area / ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    return 0, 0, height, width
+
+
+def color_matrix(
+    brightness: float, contrast: float, saturation: float, hue: float, mean_luma: float
+):
+    """The colour jitter as one 3x4 matrix on [0, 255] pixels, as kiln's
+    `color_twist`: add `brightness` (a fraction of 255), scale by `contrast`
+    about `mean_luma` (0-255), blend with the pixel's luma by `saturation`,
+    rotate the YIQ chroma plane by `hue` turns."""
+    import numpy as np
+
+    to_yiq = np.asarray(_TO_YIQ, np.float64)
+    cos, sin = math.cos(hue * 2.0 * math.pi), math.sin(hue * 2.0 * math.pi)
+    chroma = np.asarray([[1.0, 0.0, 0.0], [0.0, cos, -sin], [0.0, sin, cos]]) @ np.diag(
+        [1.0, saturation, saturation]
+    )
+    matrix = contrast * (np.linalg.inv(to_yiq) @ chroma @ to_yiq)
+    offset = brightness * 255.0 + (1.0 - contrast) * mean_luma
+    return np.concatenate([matrix, np.full((3, 1), offset)], axis=1).astype(np.float32)
+
+
+def opencv_augment(record: tuple[bytes, int], rng) -> tuple[Any, int]:
+    """One record decoded and augmented with OpenCV, uint8 out.
+
+    kiln's order, in uint8 throughout: the crop window, the flip, the colour
+    jitter on the window (smaller than the output on average), the resize.
+    """
+    import cv2
+    import numpy as np
+
+    encoded, label = record
+    image = cv2.imdecode(np.frombuffer(encoded, np.uint8), cv2.IMREAD_COLOR_RGB)
+    top, left, h, w = _crop_window(rng, *image.shape[:2])
+    window = image[top : top + h, left : left + w]
+    if rng.random() < 0.5:
+        window = cv2.flip(window, 1)
+    mean_luma = float(np.dot(cv2.mean(window)[:3], _LUMA))
+    matrix = color_matrix(
+        rng.uniform(-BRIGHTNESS, BRIGHTNESS),
+        rng.uniform(1 - CONTRAST, 1 + CONTRAST),
+        rng.uniform(1 - SATURATION, 1 + SATURATION),
+        rng.uniform(-HUE, HUE),
+        mean_luma,
+    )
+    coloured = cv2.transform(window, matrix)  # saturates to [0, 255]
+    out = cv2.resize(coloured, (IMAGE_SIZE, IMAGE_SIZE), interpolation=cv2.INTER_LINEAR)
+    return out, label
+
+
+def _to_float(record: tuple[Any, int]) -> tuple[Any, int]:
+    import numpy as np
+
+    image, label = record
+    return image.astype(np.float32) * np.float32(1.0 / 255.0), label
+
+
+def _grain(
+    dataset_dir: str, batch_size: int, threads: int, scratch: str, as_float: bool = True
+) -> Iterator:
+    import cv2
+    import grain
+
+    del scratch
+    cv2.setNumThreads(1)  # the pool's threads are the parallelism
+    records = _records_in_memory(dataset_dir)
+    dataset = (
+        grain.MapDataset.source(records).shuffle(seed=1).repeat().random_map(opencv_augment, seed=1)
+    )
+    if as_float:
+        dataset = dataset.map(_to_float)
+    iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=threads)).batch(batch_size)
+    return iter(iterable)
+
+
+def _grain_uint8(dataset_dir: str, batch_size: int, threads: int, scratch: str) -> Iterator:
+    return _grain(dataset_dir, batch_size, threads, scratch, as_float=False)
+
+
+# --- DALI on CPU ------------------------------------------------------------------------
+
+
+def _dali_indexes(dataset_dir: str, scratch: str) -> tuple[list[str], list[str]]:
+    """kiln's train shards and DALI index files for them (made once)."""
+    files, _ = reader_bench._files_and_buffer(dataset_dir)
+    os.makedirs(scratch, exist_ok=True)
+    indexes = []
+    tool = os.path.join(os.path.dirname(sys.executable), "tfrecord2idx")
+    for path in files:
+        index = os.path.join(scratch, os.path.basename(path) + ".idx")
+        if not os.path.exists(index) or os.path.getmtime(index) < os.path.getmtime(path):
+            subprocess.run([tool, path, index], check=True, capture_output=True)
+        indexes.append(index)
+    return list(files), indexes
+
+
+def _dali(dataset_dir: str, batch_size: int, threads: int, scratch: str) -> Iterator:
+    import numpy as np
+    import nvidia.dali.fn as fn
+    import nvidia.dali.tfrecord as tfrec
+    import nvidia.dali.types as types
+    from nvidia.dali import pipeline_def
+
+    version = os.path.basename(os.path.normpath(dataset_dir))
+    files, indexes = _dali_indexes(dataset_dir, os.path.join(scratch, "dali-index", version))
+    _, shuffle_buffer = reader_bench._files_and_buffer(dataset_dir)
+
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None, seed=1)
+    def pipeline():
+        inputs = fn.readers.tfrecord(
+            path=files,
+            index_path=indexes,
+            features={
+                "image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
+                "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
+            },
+            random_shuffle=True,
+            initial_fill=shuffle_buffer,
+            name="reader",
+        )
+        images = fn.decoders.image_random_crop(
+            inputs["image/encoded"],
+            device="cpu",
+            output_type=types.RGB,
+            random_area=list(SCALE_RANGE),
+            random_aspect_ratio=list(RATIO_RANGE),
+            num_attempts=10,
+        )
+        images = fn.resize(images, resize_x=IMAGE_SIZE, resize_y=IMAGE_SIZE)
+        images = fn.color_twist(
+            images,
+            brightness=fn.random.uniform(range=[1 - BRIGHTNESS, 1 + BRIGHTNESS]),
+            contrast=fn.random.uniform(range=[1 - CONTRAST, 1 + CONTRAST]),
+            saturation=fn.random.uniform(range=[1 - SATURATION, 1 + SATURATION]),
+            hue=fn.random.uniform(range=[-360 * HUE, 360 * HUE]),
+        )
+        images = fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="HWC",
+            mean=[0.0],
+            std=[255.0],
+            mirror=fn.random.coin_flip(probability=0.5),
+        )
+        return images, inputs["image/class/label"]
+
+    pipe = pipeline()
+    pipe.build()
+
+    def batches():
+        while True:
+            images, labels = pipe.run()
+            # As NumPy arrays (the buffer, not a copy), what a consumer takes.
+            yield np.asarray(images.as_tensor()), np.asarray(labels.as_tensor())
+
+    return batches()
+
+
+PEERS = (
+    Peer("limit", "limit: parse + decode only (tf.data)", _limit),
+    Peer("kiln", "kiln.reader, float32", _kiln),
+    Peer("kiln_uint8", 'kiln.reader, dtype="uint8"', _kiln_uint8),
+    Peer("grain", "Grain + OpenCV threads, float32", _grain, "grain"),
+    Peer("grain_uint8", "Grain + OpenCV threads, uint8", _grain_uint8, "grain"),
+    Peer("dali", "DALI on CPU, float32", _dali, "nvidia.dali"),
+)
+
+
+def _missing(module: str | None) -> str | None:
+    """Why `module` cannot be used here (None if it can)."""
+    if module is None:
+        return None
+    try:
+        __import__(module)
+    except Exception as e:  # an ImportError, or a library failing to load
+        return f"{type(e).__name__}: {e}".splitlines()[0]
+    return None
+
+
+def _version(module: str) -> str | None:
+    import importlib
+    import importlib.metadata
+
+    try:
+        return importlib.import_module(module).__version__
+    except AttributeError:
+        return importlib.metadata.version(module)
+
+
+def throughput(iterator: Iterator, batches: int, warmup: int = WARMUP_BATCHES) -> float:
+    """Images per second over `batches` batches of `iterator` after `warmup`."""
+    for _ in range(warmup):
+        next(iterator)
+    start = time.perf_counter()
+    images = 0
+    for _ in range(batches):
+        batch, _ = next(iterator)
+        images += int(batch.shape[0])
+    return images / (time.perf_counter() - start)
+
+
+def measure(
+    settings: Settings, datasets: dict[str, str], scratch: str, log=logger.info
+) -> dict[str, Any]:
+    """Every peer that can run on each dataset (``{label: dataset_dir}``),
+    `settings.rounds` rounds side by side (`scratch`: DALI's index files)."""
+    import gc
+
+    threads = machine.usable_cores()
+    missing = {p.key: _missing(p.needs) for p in PEERS}
+    runs = {label: {p.key: [] for p in PEERS if missing[p.key] is None} for label in datasets}
+    for round_index in range(settings.rounds):
+        for label, dataset_dir in datasets.items():
+            for peer in PEERS:
+                if missing[peer.key] is not None:
+                    continue
+                iterator = peer.make(dataset_dir, BATCH_SIZE, threads, scratch)
+                try:
+                    value = throughput(iterator, settings.batches)
+                finally:
+                    del iterator
+                    gc.collect()
+                runs[label][peer.key].append(value)
+                log(f"peers round {round_index + 1} {label} {peer.key}: {value:.0f} images/s")
+    described = machine.describe()
+    for module, name in (("grain", "grain"), ("nvidia.dali", "dali")):
+        if missing[name] is None:
+            described["versions"][name] = _version(module)
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": described,
+        "load_average": machine.load_average(),
+        "threads": threads,
+        "batch_size": BATCH_SIZE,
+        "rounds": settings.rounds,
+        "batches": settings.batches,
+        "datasets": {
+            label: {
+                p.key: {
+                    "title": p.title,
+                    "images_per_second": (
+                        statistics.median(runs[label][p.key]) if missing[p.key] is None else None
+                    ),
+                    "runs": runs[label].get(p.key, []),
+                    "not_run": missing[p.key],
+                }
+                for p in PEERS
+            }
+            for label in datasets
+        },
+    }
+
+
+def best_peer(peers: dict[str, Any], *, uint8: bool) -> tuple[str, float] | None:
+    """The fastest peer that ran on one dataset, of kiln's row's output type."""
+    keys = ("grain_uint8",) if uint8 else ("grain", "dali")
+    ran = [
+        (key, peers[key]["images_per_second"])
+        for key in keys
+        if peers[key]["images_per_second"] is not None
+    ]
+    return max(ran, key=lambda item: item[1]) if ran else None
+
+
+def ratios(peers: dict[str, Any]) -> dict[str, float | None]:
+    """On one dataset: kiln against the best peer (same output type) and the limit."""
+    out: dict[str, float | None] = {}
+    for key, uint8 in (("kiln", False), ("kiln_uint8", True)):
+        best = best_peer(peers, uint8=uint8)
+        mine = peers[key]["images_per_second"]
+        out[f"{key}_vs_best_peer"] = mine / best[1] if best and mine else None
+    out["kiln_vs_limit"] = peers["kiln"]["images_per_second"] / peers["limit"]["images_per_second"]
+    return out
+
+
+def _machine(results: dict[str, Any]) -> str:
+    described = results["machine"]
+    versions = ", ".join(
+        f"{name} {version}" for name, version in described["versions"].items() if version
+    )
+    load = results["load_average"]
+    return (
+        f"{described['cores']} cores of {described['cpu']} ({versions}; load average "
+        f"{load[0] if load else '?'} at the end)"
+    )
+
+
+def markdown(results: dict[str, Any]) -> str:
+    datasets = results["datasets"]
+    labels = list(datasets)
+    lines = [
+        f"{SECTION_TITLE}: Grain with OpenCV, DALI on CPU",
+        "",
+        f"Measured {results['date']} on {_machine(results)}, `benchmarks/peers_bench.py` "
+        f"(`python -m benchmarks.peers_bench` re-measures this section alone). Two datasets "
+        f"of the same {STORED_NOTE}; the same augmentation (random resized crop to 224, flip, "
+        f"colour jitter), batches of {results['batch_size']}, {results['threads']} threads "
+        f"each; medians of {results['rounds']} rounds of {results['batches']} batches. What "
+        f"each loader does is in the module's docstring.",
+        "",
+        "| Loader | " + " | ".join(f"{label}: images/s | vs kiln" for label in labels) + " |",
+        "|---|" + "---:|---:|" * len(labels),
+    ]
+    for key in datasets[labels[0]]:
+        row = datasets[labels[0]][key]
+        cells = []
+        for label in labels:
+            value = datasets[label][key]["images_per_second"]
+            kiln = datasets[label]["kiln"]["images_per_second"]
+            if value is None:
+                cells += [f"not run: {row['not_run']}", ""]
+            else:
+                cells += [f"{value:.0f}", f"{value / kiln:.2f}x"]
+        lines.append(f"| {row['title']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for label in labels:
+        found = ratios(datasets[label])
+        parts = []
+        for text, key in (
+            ("kiln float32 vs the best float32 peer", "kiln_vs_best_peer"),
+            ("kiln uint8 vs Grain uint8", "kiln_uint8_vs_best_peer"),
+        ):
+            value = found[key]
+            parts.append(f"{text} " + (f"{value:.2f}x" if value is not None else "(no peer ran)"))
+        parts.append(f"kiln float32 vs the decode-only limit {found['kiln_vs_limit']:.2f}x")
+        lines.append(f"- {label}: " + "; ".join(parts))
+    return "\n".join(lines) + "\n"
+
+
+# The stored images, for the page.
+STORED_NOTE = (
+    "corpus built by `kiln build` as JPEGs: 224x224 (resized to 256 and center-cropped, "
+    "the reader benchmark's) and 341x256 (resized to a shorter side of 256 only, as "
+    "ImageNet-style pipelines store them)"
+)
+LARGE_TRANSFORMS = [{"resize": {"shorter_side": 256}}]
+
+
+def build_datasets(manifest: str, output: str) -> dict[str, str]:
+    """The peers' datasets: the reader benchmark's 224x224 one and a 341x256 one."""
+    from benchmarks.build_bench import build_config
+    from kiln.pipeline import build
+
+    datasets = {"224x224": reader_bench.build_datasets(manifest, output)["jpeg"]}
+    config = build_config(
+        manifest, output, name="peers-jpeg-256", augment=reader_bench.AUGMENT, target_shard_mb=8
+    )
+    config["transforms"] = LARGE_TRANSFORMS
+    dataset_dir = build(config).dataset_dir
+    import kiln.reader
+
+    height, width = kiln.reader.info(dataset_dir).image_size
+    datasets[f"{width}x{height}"] = dataset_dir
+    return datasets
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.peers_bench", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="one round of 2 batches")
+    parser.add_argument(
+        "--out",
+        default=os.path.join(ROOT, "build", "bench"),
+        help="scratch folder holding the corpus and datasets (default build/bench)",
+    )
+    parser.add_argument("--markdown", default=None, help="the page whose section to replace")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("benchmarks").setLevel(logging.INFO)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from benchmarks import run
+
+    out = os.path.abspath(args.out)
+    settings = run.QUICK if args.quick else run.FULL
+    datasets = build_datasets(run.reader_manifest(settings, out), os.path.join(out, "datasets"))
+    results = measure(QUICK if args.quick else FULL, datasets, os.path.join(out, "peers"))
+    markdown_path = page.markdown_path(args.markdown, out, args.quick)
+    page.write_section(
+        results,
+        os.path.join(out, "peers.json"),
+        markdown_path,
+        SECTION_TITLE,
+        markdown(results),
+        after=AFTER,
+    )
+    print(f"wrote the peers section of {markdown_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
