@@ -12,6 +12,8 @@ import json
 import os
 import pathlib
 import re
+import struct
+import zlib
 
 import cv2
 import numpy as np
@@ -113,6 +115,43 @@ def test_every_target_round_trips_exactly_without_transforms(corpus, plain_build
         assert record["altitude"] == pytest.approx(row["altitude"])
         assert record["year"] == row["year"]
         np.testing.assert_array_equal(image_pixels(record), data.image_of(objects))
+
+
+def png_rows(data_bytes: bytes) -> tuple[dict, list[bytes]]:
+    """A PNG's header fields and its raw rows (each led by its filter byte)."""
+    assert data_bytes[:8] == b"\x89PNG\r\n\x1a\n"
+    offset, header, compressed = 8, {}, b""
+    while offset < len(data_bytes):
+        length, kind = struct.unpack(">I4s", data_bytes[offset : offset + 8])
+        body = data_bytes[offset + 8 : offset + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            header = {
+                "size": (height, width),
+                "depth": depth,
+                "colour": colour,
+                "interlace": interlace,
+            }
+        elif kind == b"IDAT":
+            compressed += body
+        offset += 12 + length
+    raw = zlib.decompress(compressed)
+    stride = header["size"][1] + 1
+    return header, [raw[i : i + stride] for i in range(0, len(raw), stride)]
+
+
+def test_masks_are_stored_as_unfiltered_single_channel_pngs(plain_build):
+    # The reader decodes a mask per element: kiln writes them without a row
+    # filter (filter byte 0 on every row), which tf.io.decode_png reads ~3x
+    # faster than OpenCV's default Sub filter with run-length deflate.
+    for record in records(plain_build).values():
+        for encoded in [record["mask"], *record["instance_masks"]]:
+            header, rows = png_rows(encoded)
+            assert header == {"size": (48, 64), "depth": 8, "colour": 0, "interlace": 0}
+            assert len(rows) == 48
+            assert {row[0] for row in rows} == {0}
+            decoded = tf.io.decode_png(encoded, channels=1).numpy()[..., 0]
+            np.testing.assert_array_equal(decoded, png_pixels(encoded))
 
 
 def test_kiln_json_counts_objects_per_class_with_exact_size_statistics(corpus, plain_build):

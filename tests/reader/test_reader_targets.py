@@ -198,10 +198,10 @@ def test_training_smoke_segmentation_and_box_regression(scenes_dataset):
 # the records changed, not the reader.
 GOLDEN_SHARDS = {
     "scenes-train.tfrecord-00000-of-00002": (
-        "e5a24a5bfabaf24b86c33e1cc49851b86ddc85284f98474ec885c3c16417eb5d"
+        "8c9175a43390e743484f8a3d0ec33ada06aea717f28f3ff4193cf3b47cf53222"
     ),
     "scenes-train.tfrecord-00001-of-00002": (
-        "feeb1c631f17cda2a63a3db995d668bf2d4a8d8123ae9f84ed9ad1497fde5381"
+        "bfb14269d1b5715a8ea4455aeb4dfd71e54be2b158b8c396bae3f09cff966ada"
     ),
 }
 # load(seed=2024, batch_size=4, repeat=2, augment=LISTS["geometry"]): per

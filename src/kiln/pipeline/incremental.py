@@ -87,7 +87,8 @@ logger = logging.getLogger(__name__)
 # (decoding, a transform, encoding, pixel statistics, targets): records of
 # versions built before are then never reused, and the same inputs get
 # another version name (it hashes the processing fingerprint).
-PROCESSING_VERSION = 1
+# 2: masks are written as PNG without a row filter (decoding speed).
+PROCESSING_VERSION = 2
 
 # Config sections that decide a record's bytes (see the module docstring).
 _PROCESSING_SECTIONS = ("image", "transforms", "encoding", "targets", "plugins")

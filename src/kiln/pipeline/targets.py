@@ -515,8 +515,25 @@ def _header_pixels(data: bytes) -> int:
     return image_header.read(data, name).decode_pixels
 
 
+# How masks are written as PNG. The reader decodes one per element, so these
+# settings are for decoding speed: no row filter and deflate's default
+# strategy. OpenCV's defaults (the Sub filter and run-length-only deflate:
+# every match a copy of the previous byte) made `tf.io.decode_png` of a
+# 224x224 box mask cost ~220 us, about as much as the JPEG's crop decode;
+# these take it to ~80 us, and the files to about a third of the size.
+_PNG_PARAMS = (
+    cv2.IMWRITE_PNG_COMPRESSION,
+    6,
+    cv2.IMWRITE_PNG_FILTER,
+    cv2.IMWRITE_PNG_FILTER_NONE,
+    cv2.IMWRITE_PNG_STRATEGY,
+    cv2.IMWRITE_PNG_STRATEGY_DEFAULT,
+)
+
+
 def _encode_png(mask: np.ndarray) -> bytes:
-    ok, encoded = cv2.imencode(".png", np.ascontiguousarray(mask, dtype=np.uint8))
+    """A uint8 mask as a single-channel PNG, written for fast decoding (`_PNG_PARAMS`)."""
+    ok, encoded = cv2.imencode(".png", np.ascontiguousarray(mask, dtype=np.uint8), _PNG_PARAMS)
     if not ok:
         raise ValueError("OpenCV could not encode a mask as PNG")
     return encoded.tobytes()
