@@ -30,41 +30,41 @@ GOLDEN_SHARDS = {
 }
 
 # The stream version these values pin.
-GOLDEN_STREAM_VERSION = 2
+GOLDEN_STREAM_VERSION = 3
 
 # load(seed=2024, batch_size=4, repeat=2), augment = builds.GOLDEN_AUGMENT
 # (random_resized_crop 12, flip, color_jitter, random_erasing): per batch the
 # keys, the sum of all pixels, and pixel (5, 7) of channel 1 of each image.
 GOLDEN_STREAM = [
     (
-        ["b/img_03.png", "b/img_05.png", "a/img_04.png", "a/img_02.png"],
-        1042.9922624076717,
-        [0.985897, 1.0, 1.0, 0.0],
+        ["a/img_06.png", "b/img_03.png", "a/img_08.png", "a/img_00.png"],
+        909.1139829616227,
+        [0.12763, 0.985897, 0.186087, 0.237279],
     ),
     (
-        ["b/img_01.png", "b/img_09.png", "a/img_08.png", "a/img_10.png"],
-        572.7815945692564,
-        [0.0, 0.057603, 0.186087, 0.254076],
+        ["a/img_02.png", "b/img_07.png", "b/img_05.png", "b/img_01.png"],
+        858.8596515448298,
+        [0.0, 0.358812, 1.0, 0.0],
     ),
     (
-        ["a/img_00.png", "b/img_11.png", "a/img_06.png", "b/img_07.png"],
-        973.5703055440613,
-        [0.237279, 0.685685, 0.12763, 0.358812],
+        ["b/img_11.png", "b/img_09.png", "a/img_10.png", "a/img_04.png"],
+        821.3705280145368,
+        [0.685685, 0.057603, 0.254076, 1.0],
     ),
     (
-        ["b/img_07.png", "b/img_11.png", "a/img_06.png", "b/img_09.png"],
-        782.0737423718092,
-        [0.263727, 0.880638, 0.0, 0.0],
+        ["b/img_05.png", "b/img_11.png", "a/img_08.png", "a/img_02.png"],
+        776.712342068975,
+        [0.0, 0.880638, 0.10881, 0.580484],
     ),
     (
-        ["a/img_08.png", "a/img_02.png", "b/img_05.png", "a/img_00.png"],
-        693.6518469010043,
-        [0.10881, 0.580484, 0.0, 0.585952],
+        ["a/img_10.png", "a/img_06.png", "a/img_04.png", "b/img_01.png"],
+        816.3296591714025,
+        [0.362518, 0.0, 0.0, 0.562695],
     ),
     (
-        ["b/img_01.png", "a/img_04.png", "a/img_10.png", "b/img_03.png"],
-        756.0802353405597,
-        [0.562695, 0.0, 0.362518, 0.814777],
+        ["b/img_09.png", "b/img_03.png", "a/img_00.png", "b/img_07.png"],
+        638.7638233729958,
+        [0.0, 0.814777, 0.585952, 0.263727],
     ),
 ]
 

@@ -394,18 +394,16 @@ def _read(
         )
     share = _Share.of(dataset_dir, split_info, metadata, input_context)
 
-    passes = _one_pass(
+    passes = _passes(
         share,
         base_seed,
+        repeat=repeat,
         shuffle=shuffle,
         deterministic=deterministic,
         shuffle_buffer=shuffle_buffer,
         compression=metadata.compression,
+        dynamic_sharding=dynamic_sharding,
     )
-    if repeat is True:
-        passes = passes.repeat()
-    elif repeat is not False and repeat != 1:
-        passes = passes.repeat(repeat)
 
     decoding = _Decoding(
         augmenter=Augmenter(()) if model_side else augmenter,
@@ -918,57 +916,141 @@ class _Share:
         return elements // batch_size if drop_remainder else -(-elements // batch_size)
 
 
-def _one_pass(
+def _passes(
     share: _Share,
     base_seed: int,
     *,
+    repeat: bool | int,
     shuffle: bool,
     deterministic: bool,
     shuffle_buffer: int | None,
     compression: str | None,
+    dynamic_sharding: bool,
 ) -> tf.data.Dataset:
-    """One pass over this pipeline's records: ``(serialized, pass_word)``.
+    """`repeat`'s passes over this pipeline's records: ``(serialized, pass_word)``.
 
-    Shuffles use ``reshuffle_each_iteration=True`` with fixed seeds, so each
-    pass (each `repeat` round, each new iterator) gets a new order that the
-    seed determines. The file list is the pipeline's first source, the one
-    tf.data service splits among its workers in ``distributed_epoch`` mode.
+    Each pass is built from its epoch key (`seeding.epoch_keys`, a new one
+    per iteration and per `repeat` round): its file order, record order and
+    word are pure functions of (seed, key), its shuffles made anew and never
+    reshuffled (`_fixed_shuffle`). No shuffle state crosses a pass boundary,
+    so an iterator checkpoint restores every later pass exactly, however far
+    tf.data's buffers had read ahead when it was saved. (With
+    ``reshuffle_each_iteration=True`` under a `repeat`, TF 2.21 restored the
+    pass after the one being read in another order.)
+
+    Under tf.data service dynamic sharding the file list must stay the
+    pipeline's first source, the one the service splits among its workers
+    (inside `flat_map` it would not be split): there the pass is repeated
+    with reshuffling shuffles, as before; the order is the dispatcher's
+    anyway. Each record's word, hence its augmentation, is the same in both.
     """
-    files = tf.data.Dataset.from_tensor_slices(
-        (share.files, tf.constant(share.strides, tf.int64), tf.constant(share.offsets, tf.int64))
-    )
-    if shuffle:
-        files = files.shuffle(
-            len(share.files), seed=seeding.derive(base_seed, "files"), reshuffle_each_iteration=True
-        )
-    compression_type = {None: "", "gzip": "GZIP"}[compression]
-    buffer_size = read_buffer_bytes(share.files[0])
-    strided = any(stride > 1 for stride in share.strides)
+    reading = _Reading(share, shuffle, deterministic, shuffle_buffer, compression)
+    if dynamic_sharding:
+        return _repeated(reading.reshuffled_pass(base_seed), repeat)
+    keys = _repeated(seeding.epoch_keys(base_seed), repeat)
+    return keys.flat_map(lambda key: reading.seeded_pass(base_seed, key))
 
-    def read(filename, stride, offset):
-        records = tf.data.TFRecordDataset(
-            filename, compression_type=compression_type, buffer_size=buffer_size
-        )
-        # Striding within each file keeps the shares disjoint in any file order.
-        return records.shard(stride, offset) if strided else records
 
-    # Parallel also when deterministic: under tf.data service dynamic
-    # sharding with two workers, the sequential interleave after a file
-    # shuffle delivered every record twice (TF 2.21).
-    records = files.interleave(
-        read,
-        cycle_length=min(len(share.files), _CYCLE_LENGTH),
-        block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=deterministic,
-    )
-    if shuffle:
-        buffer = shuffle_buffer or share.default_shuffle_buffer
-        records = records.shuffle(
-            buffer, seed=seeding.derive(base_seed, "records"), reshuffle_each_iteration=True
+def _repeated(dataset: tf.data.Dataset, repeat: bool | int) -> tf.data.Dataset:
+    if repeat is True:
+        return dataset.repeat()
+    if repeat is not False and repeat != 1:
+        return dataset.repeat(repeat)
+    return dataset
+
+
+class _Reading:
+    """One pass over a share: file shuffle, parallel interleave, record shuffle."""
+
+    def __init__(self, share, shuffle, deterministic, shuffle_buffer, compression):
+        self.share = share
+        self.shuffle = shuffle
+        self.deterministic = deterministic
+        self.buffer = shuffle_buffer or share.default_shuffle_buffer
+        self.compression_type = {None: "", "gzip": "GZIP"}[compression]
+        self.buffer_size = read_buffer_bytes(share.files[0])
+
+    def seeded_pass(self, base_seed: int, key: tf.Tensor) -> tf.data.Dataset:
+        """The pass of epoch `key`: orders and word derived from (seed, key)."""
+
+        def order(dataset, size, purpose):
+            return _fixed_shuffle(dataset, size, seeding.pass_shuffle_seed(base_seed, key, purpose))
+
+        records = self._records(order)
+        word = tf.data.Dataset.from_tensors(seeding.pass_word(base_seed, key)).repeat()
+        # Nested as zip makes it: a map only to add the word would cost a
+        # function call per element.
+        return tf.data.Dataset.zip(records, word)
+
+    def reshuffled_pass(self, base_seed: int) -> tf.data.Dataset:
+        """A pass whose shuffles draw new orders on each iteration (tf.data service)."""
+
+        def order(dataset, size, purpose):
+            return dataset.shuffle(
+                size, seed=seeding.derive(base_seed, purpose), reshuffle_each_iteration=True
+            )
+
+        return tf.data.Dataset.zip(self._records(order), seeding.pass_words(base_seed))
+
+    def _records(self, order) -> tf.data.Dataset:
+        share = self.share
+        files = tf.data.Dataset.from_tensor_slices(
+            (
+                share.files,
+                tf.constant(share.strides, tf.int64),
+                tf.constant(share.offsets, tf.int64),
+            )
         )
-    if share.available > share.num_records:
-        records = records.take(share.num_records)
-    # Nested as zip makes it: an extra map only to flatten the tuple would
-    # cost a function call per element.
-    return tf.data.Dataset.zip(records, seeding.pass_words(base_seed))
+        if self.shuffle:
+            files = order(files, len(share.files), "files")
+        strided = any(stride > 1 for stride in share.strides)
+
+        def read(filename, stride, offset):
+            records = tf.data.TFRecordDataset(
+                filename, compression_type=self.compression_type, buffer_size=self.buffer_size
+            )
+            # Striding within each file keeps the shares disjoint in any file order.
+            return records.shard(stride, offset) if strided else records
+
+        # Parallel also when deterministic: under tf.data service dynamic
+        # sharding with two workers, the sequential interleave after a file
+        # shuffle delivered every record twice (TF 2.21).
+        records = files.interleave(
+            read,
+            cycle_length=min(len(share.files), _CYCLE_LENGTH),
+            block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=self.deterministic,
+        )
+        if self.shuffle:
+            records = order(records, self.buffer, "records")
+        if share.available > share.num_records:
+            records = records.take(share.num_records)
+        return records
+
+
+# The second seed of every per-pass shuffle: a constant, so that the pair is
+# never (0, 0), which the op would replace with fresh random seeds.
+_SHUFFLE_SEED2 = 0x6B696C6E
+
+
+def _fixed_shuffle(dataset: tf.data.Dataset, size: int, seed: tf.Tensor) -> tf.data.Dataset:
+    """``dataset.shuffle(size, seed, reshuffle_each_iteration=False)`` without its
+    seed-generator resource.
+
+    Inside a `flat_map` function, `Dataset.shuffle` adds a DummySeedGenerator
+    op, which is stateful: iterator checkpoints refuse the function
+    ("DummySeedGenerator is stateful"). The plain ShuffleDataset op takes the
+    seeds as tensors and holds no state beyond its iterator's.
+    """
+    spec = tf.nest.flatten(dataset.element_spec)
+    variant = tf.raw_ops.ShuffleDataset(
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        buffer_size=tf.constant(size, tf.int64),
+        seed=seed,
+        seed2=tf.constant(_SHUFFLE_SEED2, tf.int64),
+        output_types=[s.dtype for s in spec],
+        output_shapes=[s.shape for s in spec],
+        reshuffle_each_iteration=False,
+    )
+    return tf.data.experimental.from_variant(variant, dataset.element_spec)

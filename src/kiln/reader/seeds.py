@@ -22,15 +22,26 @@ workers handed files at run time), so any worker can augment any record.
 sequence of per-pass values is fixed by the seed, and iterator checkpoints
 save its position.
 
-Shuffle orders use `Dataset.shuffle` with integer seeds derived here and
-``reshuffle_each_iteration=True`` (also a seeded sequence).
+The pass's file and record orders are functions of (seed, epoch_key) too
+(`pass_shuffle_seed`): each pass is built anew from its key, with shuffles
+that never reshuffle, so no shuffle state crosses a pass boundary and an
+iterator checkpoint restores every later pass exactly. (Until version 2 the
+orders came from `Dataset.shuffle(reshuffle_each_iteration=True)` under a
+`repeat`; TF 2.21 restored a later pass than the one being read at a
+checkpoint in another order, depending on how far tf.data's buffers had
+read ahead.) Under tf.data service dynamic sharding, whose pass must
+start at the file list, the passes are `repeat` rounds with reshuffling
+shuffles: the order there is the dispatcher's anyway, and each record's
+augmentation is the same as in the local stream.
 
 `STREAM_VERSION` names this derivation (and the reader's record order): it
-changes whenever the stream that a seed gives changes.
+changes whenever the stream that a seed gives changes. Version 3: orders
+from (seed, pass).
 
 TensorFlow mixes the global seed (`tf.random.set_seed`), when one is set,
-into `Dataset.shuffle` and `Dataset.random`: streams are equal across
-processes that set the same global seed or none.
+into `Dataset.random` (so into every pass's key and orders) and
+`Dataset.shuffle`: streams are equal across processes that set the same
+global seed or none.
 """
 
 from __future__ import annotations
@@ -53,7 +64,7 @@ _INT31 = 2**31
 
 # Version of the seeded stream (order and augmentation) a seed gives: see the
 # module docstring; the golden stream test pins the current one.
-STREAM_VERSION = 2
+STREAM_VERSION = 3
 
 
 def resolve(seed: int | None, *, matters: bool = True) -> int:
@@ -91,27 +102,59 @@ def derive(seed: int, purpose: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def base_pair(seed: int) -> tf.Tensor:
-    """The shape-[2] int32 root of all element seeds."""
-    value = derive(seed, "elements")
+def epoch_keys(seed: int) -> tf.data.Dataset:
+    """One int64 key per iteration: the pass's identity, a new one each time.
+
+    ``Dataset.random(rerandomize_each_iteration=True).take(1)``: iterating
+    it again (the next Keras epoch, or the next round of a `repeat` around
+    it) draws the next key of a sequence the seed fixes, and iterator
+    checkpoints save its position.
+    """
+    random = tf.data.Dataset.random(seed=derive(seed, "epochs"), rerandomize_each_iteration=True)
+    return random.take(1)
+
+
+def _pair(value: int) -> tf.Tensor:
     return tf.constant([value % _INT31, (value >> 31) % _INT31], tf.int32)
 
 
-def pass_words(seed: int) -> tf.data.Dataset:
-    """An endless dataset repeating one int32 word, drawn anew on each pass.
+def _key31(key: tf.Tensor) -> tf.Tensor:
+    return tf.cast(key % _INT31, tf.int32)
 
-    The word is the first half of ``fold_in(pass_seed, 0)``, where
-    ``pass_seed = fold_in(base_pair(seed), epoch_key)``: computed once per
-    pass instead of once per element.
+
+def base_pair(seed: int) -> tf.Tensor:
+    """The shape-[2] int32 root of all element seeds."""
+    return _pair(derive(seed, "elements"))
+
+
+def pass_word(seed: int, key: tf.Tensor) -> tf.Tensor:
+    """The int32 word of the pass with epoch `key`: the first half of
+    ``fold_in(fold_in(base_pair(seed), key), 0)``."""
+    pass_seed = tf.random.fold_in(base_pair(seed), _key31(key))
+    return tf.random.fold_in(pass_seed, tf.constant(0, tf.int32))[0]
+
+
+def pass_shuffle_seed(seed: int, key: tf.Tensor, purpose: str) -> tf.Tensor:
+    """The int64 seed of one shuffle (``"files"``, ``"records"``) in the pass of `key`.
+
+    ``fold_in(pair(derive(seed, purpose)), key)`` as a non-negative 62-bit
+    integer: a pure function of (seed, pass), for a ``Dataset.shuffle`` with
+    ``reshuffle_each_iteration=False`` made anew for each pass.
     """
-    base = base_pair(seed)
+    folded = tf.cast(tf.random.fold_in(_pair(derive(seed, purpose)), _key31(key)), tf.int64)
+    low = tf.bitwise.bitwise_and(folded, _INT31 - 1)
+    return tf.bitwise.bitwise_or(tf.bitwise.left_shift(low[0], 31), low[1])
 
-    def word_of(key):
-        pass_seed = tf.random.fold_in(base, tf.cast(key % _INT31, tf.int32))
-        return tf.random.fold_in(pass_seed, tf.constant(0, tf.int32))[0]
 
-    keys = tf.data.Dataset.random(seed=derive(seed, "epochs"), rerandomize_each_iteration=True)
-    return keys.take(1).flat_map(lambda key: tf.data.Dataset.from_tensors(word_of(key)).repeat())
+def pass_words(seed: int) -> tf.data.Dataset:
+    """An endless dataset repeating the pass's word, drawn anew on each iteration.
+
+    For the tf.data service (dynamic sharding) read, whose passes are
+    `repeat` rounds; the other reads take `pass_word` of each epoch key.
+    """
+    return epoch_keys(seed).flat_map(
+        lambda key: tf.data.Dataset.from_tensors(pass_word(seed, key)).repeat()
+    )
 
 
 def element_seed(word: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
