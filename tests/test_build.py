@@ -474,3 +474,21 @@ def test_size_limits_drop_files_with_a_reason(build_dataset, demo_corpus):
     kept = sum(s.num_examples for s in result.info.splits.values())
     assert kept == NUM_GOOD - len(expected)
     assert sum(result.info.dropped.values()) == len(rows) == len(expected) + len(demo_corpus.broken)
+
+
+def test_local_jobs_sample_beam_state_every_few_ms_and_restore_the_default():
+    """Ending a bundle joins Beam's state-sampler thread, which sleeps up to
+    its sampling period: with Beam's 200 ms every bundle of a local job
+    waited for nothing. While a local job runs the period is short; after
+    it, and for other runners, Beam's own default holds."""
+    from apache_beam.runners.worker import statesampler
+
+    default = statesampler.StateSampler("before", None).sampling_period_ms
+    assert default > launcher.LOCAL_SAMPLING_PERIOD_MS
+    with launcher._short_state_sampling(launcher.pipeline_options()):
+        sampler = statesampler.StateSampler("during", None)
+        assert sampler.sampling_period_ms == launcher.LOCAL_SAMPLING_PERIOD_MS
+    assert statesampler.StateSampler("after", None).sampling_period_ms == default
+    remote = launcher.pipeline_options(["--runner=DataflowRunner"])
+    with launcher._short_state_sampling(remote):
+        assert statesampler.StateSampler("remote", None).sampling_period_ms == default

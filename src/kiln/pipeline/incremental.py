@@ -252,8 +252,8 @@ class VerifyBaseFiles(beam.PTransform):
     def expand(self, pipeline):
         return (
             pipeline
+            # Create reshuffles its elements (spread over the workers).
             | "ListBaseFiles" >> beam.Create(list(self._base.files))  # (name, sha256)
-            | "SpreadBaseFiles" >> beam.Reshuffle()
             | "HashBaseFiles" >> beam.Map(_check_file, folder=self._base.folder)
             # (name, problem or "")
         )
