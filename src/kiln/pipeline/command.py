@@ -171,7 +171,12 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
     if args.progress_every < 0:
         raise UsageError(f"--progress-every must be 0 or more, got {args.progress_every}")
     from kiln.pipeline import config as config_module
+    from kiln.pipeline import storage
 
+    # The pipeline flags configure this process's access to object stores
+    # too (s3:// takes its endpoint and credentials only from them), from
+    # the config check's look at the source on.
+    storage.use_pipeline_options(extra_argv)
     # The whole config first, before Beam and TensorFlow are imported: a
     # mistake is reported in a fraction of a second.
     spec = config_module.load(args.config, output=args.output)

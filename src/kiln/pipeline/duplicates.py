@@ -26,6 +26,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from kiln.pipeline import storage
 from kiln.schemas import DUPLICATES_FILENAME
 
 DUPLICATE_BUCKETS = 64
@@ -121,6 +122,6 @@ def write_duplicate_report(folder: str, groups: Iterable[DuplicateGroup]) -> str
     there: one row per duplicated content, not per image.
     """
     data = render(groups)
-    with FileSystems.create(FileSystems.join(folder, DUPLICATES_FILENAME)) as f:
+    with storage.create(FileSystems.join(folder, DUPLICATES_FILENAME)) as f:
         f.write(data)
     return hashlib.sha256(data).hexdigest()

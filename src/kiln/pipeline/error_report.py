@@ -36,6 +36,7 @@ import json
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kiln.lazy_import import LazyModule
+from kiln.pipeline import storage
 from kiln.schemas import ERRORS_FILENAME
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ def write_error_report(folder: str, rows: list[DroppedFile]) -> WrittenErrorRepo
     rewrites the same bytes.
     """
     data = render(rows)
-    with FileSystems.create(FileSystems.join(folder, ERRORS_FILENAME)) as f:
+    with storage.create(FileSystems.join(folder, ERRORS_FILENAME)) as f:
         f.write(data)
     counts: dict[str, int] = {}
     for row in rows:

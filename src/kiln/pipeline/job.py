@@ -48,7 +48,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from kiln.pipeline import incremental, record_index, sharding, versioning
+from kiln.pipeline import incremental, record_index, sharding, storage, versioning
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.duplicates import DuplicateGroup, FindDuplicates, write_duplicate_report
 from kiln.pipeline.error_report import DroppedFile, write_error_report
@@ -351,7 +351,7 @@ def _write_reports(
         index_sha256=record_index.join_parts(staging_dir, parts),
         base_problems=incremental.untrusted(base_problems),
     )
-    with FileSystems.create(report_uri) as f:
+    with storage.create(report_uri) as f:
         f.write(versioning.canonical_json(report.to_json()).encode("utf-8"))
 
 

@@ -375,6 +375,9 @@ def build(
     _check_keep(keep)
     if base is not None and full:
         raise UsageError("--base and --full exclude each other: --full reuses no version")
+    # The launcher's own file access (the config check, listing, lock,
+    # publishing) with the same filesystem options as the job's workers.
+    storage.use_pipeline_options(pipeline_args)
     spec = _spec(config, output)
     check_pipeline_args(pipeline_args)
     _check_output_folders(spec)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kiln.lazy_import import LazyModule
+from kiln.pipeline import storage
 from kiln.pipeline.error_report import DroppedFile
 
 if TYPE_CHECKING:
@@ -323,7 +324,7 @@ class Listing:
         `FILES_PER_LINE` files (``{"files": [...]}``), then one line per
         dropped row (``{"dropped": ...}``)."""
         files = self.files()
-        with FileSystems.create(path) as out:
+        with storage.create(path) as out:
             while chunk := list(itertools.islice(files, FILES_PER_LINE)):
                 line = {"files": [f.to_json() for f in chunk]}
                 out.write((json.dumps(line, sort_keys=True) + "\n").encode("utf-8"))

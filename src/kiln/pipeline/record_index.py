@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from kiln.pipeline import versioning
+from kiln.pipeline import storage, versioning
 from kiln.pipeline.statistics import TargetCounts
 from kiln.schemas import INDEX_FILENAME
 from kiln.schemas.metadata import canonical_json
@@ -200,7 +200,7 @@ def part_bytes(split: str, shard: str, entries: Iterable[bytes]) -> bytes:
 def write_part(path: str, temp_path: str, split: str, shard: str, entries: Sequence[bytes]) -> None:
     """Writes a shard's lines of the index to `path`, via `temp_path` (a
     retried shard leaves one complete part)."""
-    with FileSystems.create(temp_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with storage.create(temp_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         f.write(part_bytes(split, shard, entries))
     FileSystems.rename([temp_path], [path])
 
@@ -210,7 +210,7 @@ def join_parts(folder: str, parts: Sequence[str]) -> str:
     given (shard order), streaming; returns its sha256 (hex)."""
     digest = hashlib.sha256()
     target = FileSystems.join(folder, INDEX_FILENAME)
-    with FileSystems.create(target, compression_type=CompressionTypes.UNCOMPRESSED) as out:
+    with storage.create(target, compression_type=CompressionTypes.UNCOMPRESSED) as out:
         for part in parts:
             with FileSystems.open(part, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 while chunk := f.read(_COPY_CHUNK):

@@ -54,7 +54,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
-from kiln.pipeline import record_index, tfrecord
+from kiln.pipeline import record_index, storage, tfrecord
 from kiln.schemas import ShardInfo, shard_filename
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def write_shard(path: str, temp_path: str, records: list[bytes], compression: st
     Gzip output has a fixed header (no file name, mtime 0), so the bytes are
     deterministic for a given zlib.
     """
-    with FileSystems.create(temp_path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+    with storage.create(temp_path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
         counted = _HashingWriter(raw)
         if compression == "gzip":
             with gzip.GzipFile(filename="", mode="wb", fileobj=counted, mtime=0) as sink:
@@ -226,7 +226,7 @@ class RunWriter:
             run = FileSystems.join(self._folder, f"run-{uuid.uuid4().hex}")
             entries = []
             offset = 0
-            with FileSystems.create(run, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            with storage.create(run, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 # About a MB per write, not two writes per record.
                 batch: list[bytes] = []
                 batched = 0

@@ -13,20 +13,24 @@ deleting trees. Each operation is written once per kind of store, behind
   are no folders (a folder is a name prefix), an object appears whole when
   its writer closes, and rename is copy-then-delete, so a folder is moved file
   by file with a chosen file last. Exclusive creation uses the store's
-  precondition (GCS ``ifGenerationMatch=0``) where the store has one.
+  precondition (GCS ``ifGenerationMatch=0``, S3 ``If-None-Match: *``) where
+  the store has one. Files are written through `create`, which also writes
+  an empty object on S3.
 """
 
 from __future__ import annotations
 
 import abc
 import errno
+import io
 import logging
 import os
 import re
 import secrets
 import stat
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, ClassVar
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, cast
 
 from kiln.lazy_import import LazyModule
 
@@ -47,10 +51,141 @@ TEMP_MARK = ".tmp-"  # hidden temp names of small writes: ``.<name>.tmp-<random>
 _SCHEME = re.compile(r"(?P<scheme>[a-zA-Z][-a-zA-Z0-9+.]*)://.*")
 
 
+# The build's pipeline flags, until they are handed to Beam's FileSystems (`use_pipeline_options`).
+_pending_options: list[str] | None = None
+
+
+def use_pipeline_options(pipeline_args: Sequence[str]) -> None:
+    """Configures Beam's filesystems in this process with the build's pipeline flags.
+
+    Beam's S3 filesystem takes its endpoint, region and credentials only
+    from pipeline options (``--s3_endpoint_url``, ``--s3_access_key_id``,
+    ...): its workers get them with the job, and a process outside a job only
+    through ``FileSystems.set_options``. The launcher's own file access (the
+    config check, the listing, the lock, publishing, LATEST) thus uses the
+    same flags as the workers. If Beam is not imported yet, the flags are
+    handed over at the first access to an object store: a local config is
+    still checked without importing Beam.
+    """
+    global _pending_options
+    _pending_options = list(pipeline_args)
+    if "apache_beam.io.filesystems" in sys.modules:
+        _apply_pipeline_options()
+
+
+def _apply_pipeline_options() -> None:
+    global _pending_options
+    if _pending_options is None:
+        return
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    FileSystems.set_options(PipelineOptions(_pending_options))
+    _pending_options = None
+
+
 def is_remote(path: str) -> bool:
     """True for URIs with a scheme (gs://...), False for local paths."""
     match = _SCHEME.match(path.strip())
     return match is not None and match.group("scheme") != "file"
+
+
+def create(path: str, **kwargs: Any) -> BinaryIO:
+    """A file open for writing at `path`: Beam's ``FileSystems.create(path, **kwargs)``,
+    which every file kiln writes goes through, except that an empty object
+    is written whole in one request.
+
+    Beam's S3 filesystem writes every object as a multipart upload, and an
+    empty one as an upload of no parts, which S3 refuses ("You must specify
+    at least one part"; moto: MalformedXML). kiln writes empty files (an
+    errors.jsonl or duplicates.jsonl with no rows). So on s3:// the upload
+    starts at the first byte written, and a file closed with none is one
+    plain PUT instead.
+    """
+    if not path.startswith("s3://") or _compressed(path, kwargs):
+        return FileSystems.create(path, **kwargs)
+    return cast("BinaryIO", _S3Writer(path, kwargs))
+
+
+def _compressed(path: str, kwargs: dict[str, Any]) -> bool:
+    """Whether Beam would compress what is written to `path` (an empty
+    compressed file is not empty)."""
+    from apache_beam.io.filesystem import CompressionTypes
+
+    kind = kwargs.get("compression_type", CompressionTypes.AUTO)
+    if kind == CompressionTypes.AUTO:
+        kind = CompressionTypes.detect_compression_type(path)
+    return kind != CompressionTypes.UNCOMPRESSED
+
+
+class _S3Writer(io.RawIOBase):
+    """Beam's S3 writer, opened at the first byte written (`create`)."""
+
+    def __init__(self, path: str, kwargs: dict[str, Any]):
+        super().__init__()
+        self._path = path
+        self._kwargs = kwargs
+        self._file: BinaryIO | None = None
+        self._written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:  # bytes-like, as BufferedWriter's
+        size = memoryview(data).nbytes
+        if size:
+            if self._file is None:
+                self._file = FileSystems.create(self._path, **self._kwargs)
+            self._file.write(data)
+            self._written += size
+        return size
+
+    def tell(self) -> int:
+        return self._written
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if self._file is not None:
+                self._file.close()
+            else:
+                _s3_put(self._path, b"")
+        finally:
+            super().close()
+
+
+def _s3_client(path: str):
+    """The boto3 client Beam's S3 filesystem uses for `path`: configured by
+    the same pipeline options (``--s3_endpoint_url``, credentials...)."""
+    from apache_beam.io.aws import s3io
+    from apache_beam.options.value_provider import RuntimeValueProvider
+
+    # The options FileSystems.get_filesystem gives the S3 filesystem it makes
+    # (set by the launcher or Beam's worker); S3IO's client wraps boto3's.
+    options = FileSystems._pipeline_options or RuntimeValueProvider.runtime_options
+    return s3io.S3IO(options=options).client.client
+
+
+def _s3_put(path: str, data: bytes, **conditions: str) -> None:
+    """One PUT of a whole object (boto3 ``put_object``), with `conditions`
+    such as ``IfNoneMatch="*"``."""
+    from apache_beam.io.aws import s3io
+
+    bucket, key = s3io.parse_s3_path(path)
+    _s3_client(path).put_object(Bucket=bucket, Key=key, Body=data, **conditions)
+
+
+def _s3_create_exclusive(path: str, data: bytes) -> bool:
+    """Creates an S3 object only if none exists (``If-None-Match: *``)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        _s3_put(path, data, IfNoneMatch="*")
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") == "PreconditionFailed":
+            return False
+        raise
+    return True
 
 
 def join(base: str, *parts: str) -> str:
@@ -291,12 +426,14 @@ class ObjectStore(Store):
         return sorted({m.path[len(root) + 1 :].split("/", 1)[0] for m in self.list_tree(root)})
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        with FileSystems.create(path) as f:  # one object write: visible whole, on close
+        with create(path) as f:  # one object write: visible whole, on close
             f.write(data)
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         if path.startswith("gs://"):
             return _gcs_create_exclusive(path, data)
+        if path.startswith("s3://"):
+            return _s3_create_exclusive(path, data)
         # A store without preconditions: check, then write. Two builders can
         # both pass the check in the same instant; the lock's read-back
         # (`lock.DatasetLock`) notices when the other one won.
@@ -374,7 +511,10 @@ _OBJECT = ObjectStore()
 
 def store_for(path: str) -> Store:
     """The store that holds `path`."""
-    return _OBJECT if is_remote(path) else _LOCAL
+    if not is_remote(path):
+        return _LOCAL
+    _apply_pipeline_options()
+    return _OBJECT
 
 
 def read_text(path: str) -> str | None:
