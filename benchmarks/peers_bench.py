@@ -72,7 +72,6 @@ ROOT = page.ROOT
 SECTION_TITLE = "## Reader against its peers"
 # Where the section goes when the page has none yet.
 AFTER = "## Reader: batches of"
-WARMUP_BATCHES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,18 +369,6 @@ def _version(module: str) -> str | None:
         return importlib.metadata.version(module)
 
 
-def throughput(iterator: Iterator, batches: int, warmup: int = WARMUP_BATCHES) -> float:
-    """Images per second over `batches` batches of `iterator` after `warmup`."""
-    for _ in range(warmup):
-        next(iterator)
-    start = time.perf_counter()
-    images = 0
-    for _ in range(batches):
-        batch, _ = next(iterator)
-        images += int(batch.shape[0])
-    return images / (time.perf_counter() - start)
-
-
 def measure(
     settings: Settings, datasets: dict[str, str], scratch: str, log=logger.info
 ) -> dict[str, Any]:
@@ -399,7 +386,8 @@ def measure(
                     continue
                 iterator = peer.make(dataset_dir, BATCH_SIZE, threads, scratch)
                 try:
-                    value = throughput(iterator, settings.batches)
+                    # reader_bench's timing: iter() of an iterator is itself.
+                    value = reader_bench.throughput(iterator, settings.batches)
                 finally:
                     del iterator
                     gc.collect()

@@ -21,13 +21,13 @@ BUILD_ROWS = ["baseline", "kiln", "kiln_one_thread", "baseline_opencv_threads", 
 READER_ROWS = ["a", "kiln_plain", "b", "c", "d"]
 
 
-def test_quick_benchmark_writes_every_row(tmp_path):
-    markdown = tmp_path / "BENCHMARKS.md"
-    completed = subprocess.run(
+def run_quick(module: str, tmp_path, markdown) -> subprocess.CompletedProcess:
+    """``python -m MODULE --quick``, scratch and page in `tmp_path`, as `make bench` runs it."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
-            "benchmarks.run",
+            module,
             "--quick",
             "--out",
             str(tmp_path / "bench"),
@@ -40,6 +40,11 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         timeout=840,  # the pytest.ini limit is 900
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
     )
+
+
+def test_quick_benchmark_writes_every_row(tmp_path):
+    markdown = tmp_path / "BENCHMARKS.md"
+    completed = run_quick("benchmarks.run", tmp_path, markdown)
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((tmp_path / "bench" / "results.json").read_text())
 
@@ -121,23 +126,7 @@ def test_quick_folder_listing_benchmark_writes_every_row(tmp_path):
 
     markdown = tmp_path / "BENCHMARKS.md"
     markdown.write_text("# page\n\n## Listing: manifests of 1 rows\n\ntext\n\n## Later\n")
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.folder_listing_bench",
-            "--quick",
-            "--out",
-            str(tmp_path / "bench"),
-            "--markdown",
-            str(markdown),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-    )
+    completed = run_quick("benchmarks.folder_listing_bench", tmp_path, markdown)
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((tmp_path / "bench" / "folder_listing.json").read_text())
     quick = folder_listing_bench.QUICK
@@ -235,23 +224,7 @@ def test_quick_peers_benchmark_reports_every_loader(tmp_path):
 
     markdown = tmp_path / "BENCHMARKS.md"
     markdown.write_text("# page\n\n## Reader: batches of 128\n\ntext\n\n## Later\n")
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.peers_bench",
-            "--quick",
-            "--out",
-            str(tmp_path / "bench"),
-            "--markdown",
-            str(markdown),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-    )
+    completed = run_quick("benchmarks.peers_bench", tmp_path, markdown)
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((tmp_path / "bench" / "peers.json").read_text())
     # Both stored sizes, every loader on each.
