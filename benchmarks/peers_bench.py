@@ -505,7 +505,7 @@ Levers measured (kiln against itself, side by side; a busy shared machine, so pa
   the 341x256 images): the whole float batch was converted at the end, four passes over
   128x224x224x3 floats. Now each element is cast before batching, and a leading crop's resize
   finishes straight to uint8 on the 0..255 scale (one rounding pass): 1.05x to 1.17x of float32.
-- On a busy machine (load ~4, other tests running) Grain's uint8 batches were ahead: kiln 0.83-0.88x.
+- On a busy machine (load ~4, tests running) Grain's uint8 batches were ahead: kiln 0.83-0.88x.
   Grain's uint8 chain stays in uint8 throughout (OpenCV's fixed-point resize and a saturating
   `cv2.transform`), where kiln's colour matrix and resize compute in float; and kiln's element
   function runs about 105 TensorFlow ops per image (window sampling, seed derivations, the
