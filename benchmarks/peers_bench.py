@@ -511,8 +511,9 @@ Levers measured (kiln against itself, side by side; a busy shared machine, so pa
   function runs about 105 TensorFlow ops per image (window sampling, seed derivations, the
   colour matrix), each with its own dispatch cost, where Grain runs a handful of OpenCV calls.
 - The element map followed by a plain batch, which tf.data fuses with the map (the map's
-  threads write each element into its slot of the batch), instead of a parallel batch (a stage
-  of its own that copies every element again): float32 needs 1.04x-1.13x less CPU per image
+  threads copy each element into its slot of the batch as soon as it is made), instead of a
+  parallel batch (a stage of its own, copying the elements later from another thread): float32
+  needs 1.04x-1.13x less CPU per image
   (three runs of 5-7 rounds, 16 batches each), wall-clock medians 1.17x (224x224) and 1.11x
   (341x256) at load ~3. The same plain batch with the fusion switched off gained nothing (CPU
   0.99x and 1.07x, wall 0.90x and 0.83x). uint8 output: neutral (CPU 0.98x and 1.04x), its

@@ -451,9 +451,10 @@ def _read(
             dataset = dataset.ragged_batch(batch_size, drop_remainder=drop_remainder)
         elif batch_size is not None:
             # A plain batch right after the element map, so that tf.data fuses
-            # the two (its map_and_batch_fusion): the map's threads write each
-            # element into its slot of the batch. A parallel batch is a stage of
-            # its own that copies every element once more (see BENCHMARKS.md).
+            # the two (its map_and_batch_fusion): the map's threads copy each
+            # element into its slot of the batch as soon as it is made. A
+            # parallel batch is a stage of its own, copying the elements later,
+            # from another thread (slower: see BENCHMARKS.md).
             dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
 
     mean_std = _statistics(metadata, split, dataset_dir) if normalize else None
