@@ -544,7 +544,8 @@ Levers measured (kiln against itself, side by side; a busy shared machine, so pa
   rounds): TF's bilinear resize is faster on float input.
 - tf.data threading (`max_intra_op_parallelism=1`, a private pool of one thread per core):
   neutral, CPU 0.99x-1.03x. `dct_method="INTEGER_FAST"` for the JPEG decode: the same pixels
-  and no speed-up with TensorFlow's libjpeg-turbo.
+  and no speed-up with TensorFlow's libjpeg-turbo; `fancy_upscaling=False` (other pixels, by
+  up to 80 of 255): no gain either (CPU 0.98x and 0.97x, 5 rounds at load 7-9).
 - What is left over the decode-only limit is the resize and the colour passes (cast, channel
   means, matrix, offset, clip), one pass each with stock ops, which nothing at hand fuses
   without losing more than it saves. The next levers: decoding at a reduced DCT scale
