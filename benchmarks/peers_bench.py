@@ -510,9 +510,49 @@ Levers measured (kiln against itself, side by side; a busy shared machine, so pa
   `cv2.transform`), where kiln's colour matrix and resize compute in float; and kiln's element
   function runs about 105 TensorFlow ops per image (window sampling, seed derivations, the
   colour matrix), each with its own dispatch cost, where Grain runs a handful of OpenCV calls.
-  The next levers: fewer ops per element (the window sampled with fewer, larger ops; one seed
-  draw split into all op seeds) and the colour matrix producing the 0..255 scale for uint8
-  output."""
+- The element map followed by a plain batch, which tf.data fuses with the map (the map's
+  threads copy each element into its slot of the batch as soon as it is made), instead of a
+  parallel batch (a stage of its own, copying the elements later from another thread): float32
+  needs 1.04x-1.13x less CPU per image
+  (three runs of 5-7 rounds, 16 batches each), wall-clock medians 1.17x (224x224) and 1.11x
+  (341x256) at load ~3. The same plain batch with the fusion switched off gained nothing (CPU
+  0.99x and 1.07x, wall 0.90x and 0.83x). uint8 output: neutral (CPU 0.98x and 1.04x), its
+  elements are a quarter of the bytes. In place.
+- XLA (`tf.function(jit_compile=True)`) does not pay on CPU. In a tf.data map on a fixed
+  165x165 uint8 window (flip, colour twist, resize to 224x224), the compiled kernels ran at 0.31x
+  of stock ops (5 rounds), 0.28x with the random draws inside the compiled function (where XLA's
+  stateless random ops draw other numbers than TF's kernels, so a stream would depend on XLA
+  being there). XLA's colour twist alone on 224x224 ran 4.5x faster than stock ops (3 rounds):
+  its bilinear resize is what loses. The crop window's size changes with every element and XLA
+  compiles per shape, so the fused colour can only run on the fixed-size output: the window
+  resized first, then flip and colour in XLA, gave 0.86x (224x224) and 0.89x (341x256) of
+  kiln's order (3 rounds, load ~4; CPU per image 1.35x and 1.23x).
+- Fewer ops per element: the element function on a 16x16 image (pixel work negligible) takes
+  122-129 us of CPU per element, 64 us with constant parameters: all the sampling (element
+  seed, op seeds, crop window, flip draw and `tf.cond`, colour matrix) costs ~60 us of the
+  800-1200 us an image costs here, 5-7% at most. Two cuts that keep the stream, one draw for
+  all op seeds (`fold_in(seed, i)` is `[draw(seed), i]`) and the flip as a `tf.reverse` over
+  zero or one axes instead of a `tf.cond`, saved 5 us per element, below what the pipeline
+  resolves; a one-draw scheme for all parameters would change the stream for at most those
+  5-7%. Neither adopted.
+- The colour matrix producing the 0..255 scale for uint8 output (one multiply pass over the
+  window fewer before the resize): 0.99x CPU per element on the colour + resize chain alone
+  (7 rounds), end to end within the noise (0.92x and 1.08x). Outputs would differ by float
+  rounding only (7e-6 of the values by 1). Not adopted.
+- The crop window resized in uint8 (lists without a colour op before the resize): slower,
+  0.80x CPU per element for float32 output and 0.68x for uint8 output (the chain alone, 7
+  rounds): TF's bilinear resize is faster on float input.
+- tf.data threading (`max_intra_op_parallelism=1`, a private pool of one thread per core):
+  neutral, CPU 0.99x-1.03x. `dct_method="INTEGER_FAST"` for the JPEG decode: the same pixels
+  and no speed-up with TensorFlow's libjpeg-turbo; `fancy_upscaling=False` (other pixels, by
+  up to 80 of 255): no gain either (CPU 0.98x and 0.97x, 5 rounds at load 7-9).
+- What is left over the decode-only limit is the resize and the colour passes (cast, channel
+  means, matrix, offset, clip), one pass each with stock ops, which nothing at hand fuses
+  without losing more than it saves. The next levers: decoding at a reduced DCT scale
+  (`ratio` 2, 4 or 8) when the crop window is at least twice the output (not measured: these
+  windows are at most 341x256, under twice 224x224, so only larger stored images gain); and
+  the colour ops on the accelerator (`load_for_model` moves every element op there; moving
+  the colour ops alone is not an option yet)."""
 
 
 # The stored images, for the page.
