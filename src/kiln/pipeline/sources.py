@@ -44,6 +44,7 @@ import logging
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -429,6 +430,37 @@ def _absolute_all(paths: list[str]) -> list[str]:
     return sorted({storage.absolute(path) for path in paths})
 
 
+class _RealPaths:
+    """Local paths with their symbolic links followed, as `os.path.realpath`
+    gives them, at one ``lstat`` per file rather than one per component of
+    its path.
+
+    A file that is not a link resolves to its folder's real path joined with
+    its name, and the folder's real path is kept for the next file: a
+    listing in key order goes folder by folder. A link (or a path that
+    cannot be ``lstat``'ed, or ends in ``.`` or ``..``) is resolved whole.
+    Not thread-safe: one per listing.
+    """
+
+    def __init__(self):
+        self._folder: str | None = None
+        self._real_folder = ""
+
+    def resolve(self, path: str) -> str:
+        folder, name = os.path.split(path)
+        if name in ("", ".", ".."):
+            return os.path.realpath(path)
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            return os.path.realpath(path)
+        if stat.S_ISLNK(mode):
+            return os.path.realpath(path)
+        if folder != self._folder:
+            self._folder, self._real_folder = folder, os.path.realpath(folder)
+        return os.path.join(self._real_folder, name)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Confinement:
     """Where a source's inputs may be read from: its own folder (an image
@@ -442,6 +474,7 @@ class _Confinement:
 
     source_root: str
     roots: tuple[str, ...]
+    real_paths: _RealPaths = dataclasses.field(default_factory=_RealPaths, compare=False)
 
     @classmethod
     def of(cls, source_root: str, allowed_roots: list[str]) -> _Confinement:
@@ -450,7 +483,7 @@ class _Confinement:
 
     def problem(self, uri: str) -> str | None:
         """Why `uri` may not be read, or None if it may."""
-        resolved = _real(uri)
+        resolved = uri.rstrip("/") if is_remote(uri) else self.real_paths.resolve(uri)
         if any(storage.inside(resolved, root) for root in self.roots):
             return None
         shown = f" (it resolves to {resolved})" if resolved != uri else ""
