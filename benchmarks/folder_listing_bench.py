@@ -5,16 +5,24 @@
                                                         # its section of BENCHMARKS.md
     python -m benchmarks.folder_listing_bench --quick   # 2,000 files, 1,000 objects, one round
 
-The launcher lists an ``image_folder`` source before the job starts. Two
-measurements per store, each in its own process (``--child SPEC_JSON``):
+The launcher lists an ``image_folder`` source before the job starts.
+Measurements per store, each in its own process (``--child SPEC_JSON``):
 
 - ``walk``: the store's listing primitive alone (`storage.Store.walk_tree`:
-  ``os.walk`` and one ``os.stat`` per file locally; on gs:// one
-  `FileSystems.match`, i.e. Beam's `gcsio.list_files`, pages of 1,000
-  objects through google-cloud-storage).
+  ``os.walk`` and one ``os.stat`` per file locally; on gs:// a delimiter
+  listing of the root, then each class folder listed on its own thread,
+  pages of 1,000 objects through Beam's `gcsio` and google-cloud-storage).
+- ``match`` (gs:// only): Beam's one listing of the whole prefix
+  (`FileSystems.match` of ``root/**``), what ``walk`` did before the class
+  folders were listed concurrently: its pages one after another.
 - ``list``: kiln's whole listing (`ImageFolderSource.list_files`: the walk,
   the confinement and label of every file, its row spilled to the listing's
   SQLite file).
+
+The emulator is measured twice: as it answers, and with `LATENCY_MS` added
+before every HTTP request the client sends (a sleep in the child's
+``requests.Session.send``, which google-cloud-storage uses), as a stand-in
+for Cloud Storage's round trip, which no emulator on 127.0.0.1 has.
 
 The files are ``<class>/<index>.png`` of 64 bytes in 10 class folders,
 made once under ``build/bench/folder-listing/{local,emulator}/data/<bucket>/images``. The
@@ -51,6 +59,8 @@ SECTION_TITLE = "## Listing: an image folder of"
 _CLASSES = 10
 _RESULT_PREFIX = "FOLDER_LISTING_RESULT "
 _PAGE_SIZE = 1000  # objects per list request (google-cloud-storage's default page)
+LATENCY_MS = 50  # added to each request of the "emulator +latency" store
+_LATENCY_STORE = f"emulator +{LATENCY_MS} ms"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,12 +181,19 @@ def measure(settings: Settings, out_dir: str, log=print) -> dict[str, Any]:
             GOOGLE_CLOUD_PROJECT="bench",
             NO_GCE_CHECK="True",
         )
-        roots = {"local": folder, "emulator": f"gs://{BUCKET}/images"}
+        remote = f"gs://{BUCKET}/images"
+        stores = {
+            "local": (folder, 0, ("walk", "list")),
+            "emulator": (remote, 0, ("match", "walk", "list")),
+            _LATENCY_STORE: (remote, LATENCY_MS, ("match", "walk", "list")),
+        }
         sizes = {"local": settings.files, "emulator": settings.objects}
+        sizes[_LATENCY_STORE] = settings.objects
         for round_index in range(settings.repeats):
-            for store, root in roots.items():
-                for phase in ("walk", "list"):
-                    run = measure_one({"root": root, "phase": phase}, env)
+            for store, (root, latency_ms, phases) in stores.items():
+                for phase in phases:
+                    spec = {"root": root, "phase": phase, "latency_ms": latency_ms}
+                    run = measure_one(spec, env)
                     if run["files"] != sizes[store]:
                         raise RuntimeError(f"{store} {phase}: {run['files']} files listed")
                     runs.setdefault((store, phase), []).append(run)
@@ -205,6 +222,7 @@ def measure(settings: Settings, out_dir: str, log=print) -> dict[str, Any]:
 
 def markdown(results: dict[str, Any]) -> str:
     files, objects = results["files"], results["objects"]
+    seconds = {(r["store"], r["phase"]): r["seconds"] for r in results["rows"]}
     rate = {(r["store"], r["phase"]): r["files_per_second"] for r in results["rows"]}
     lines = [
         f"{SECTION_TITLE} {files:,} local files, and {objects:,} objects on a GCS emulator",
@@ -212,13 +230,18 @@ def markdown(results: dict[str, Any]) -> str:
         "An `image_folder` source of 10 class folders (`benchmarks/folder_listing_bench.py`; "
         "`python -m benchmarks.folder_listing_bench` re-measures this section alone). "
         "`walk`: the store's listing alone (`Store.walk_tree`: `os.walk` and an `os.stat` per "
-        "file locally; on gs:// Beam's `FileSystems.match`, list requests of 1,000 objects "
-        "through google-cloud-storage). `list`: kiln's whole listing (`ImageFolderSource."
-        "list_files`: the walk, every file's confinement check and label, its row spilled to "
-        "SQLite). The emulator is fake-gcs-server on 127.0.0.1 (memory backend), on the same "
-        "two shared cores as the client, so its rows are the client's cost plus the "
-        "emulator's, without Cloud Storage's latency. Each run is its own process; medians "
-        f"of {results['repeats']} runs. The machine is shared with other work: noisy.",
+        "file locally; on gs:// a delimiter listing of the root, then the class folders "
+        "listed concurrently, 8 at a time, in list requests of 1,000 objects through Beam's "
+        "gcsio and google-cloud-storage). `match`: Beam's one listing of the whole prefix "
+        "(`FileSystems.match`), its pages one after another, as `walk` listed before. "
+        "`list`: kiln's whole listing (`ImageFolderSource.list_files`: the walk, every "
+        "file's confinement check and label, its row spilled to SQLite). The emulator is "
+        "fake-gcs-server on 127.0.0.1 (memory backend), on the same two shared cores as "
+        "the client, so its rows are the client's cost plus the emulator's, without Cloud "
+        f"Storage's latency; `{_LATENCY_STORE}` is the same emulator with {LATENCY_MS} ms "
+        "slept before every HTTP request the client sends, a stand-in for that latency. "
+        f"Each run is its own process; medians of {results['repeats']} runs. The machine "
+        "is shared with other work: noisy.",
         "",
         "| Store | Phase | Files | Seconds | Files/s |",
         "|---|---|---:|---:|---:|",
@@ -230,17 +253,33 @@ def markdown(results: dict[str, Any]) -> str:
         )
     emulator = rate.get(("emulator", "list"))
     local = rate.get(("local", "list"))
+    target = 10_000_000
+    pages = target // _PAGE_SIZE
     if emulator and local:
-        target = 10_000_000
         lines += [
             "",
             f"A straight line to {target:,} files (kiln's `list`): about "
             f"{target / local / 60:.0f} min from a local disk and {target / emulator / 60:.0f} "
-            f"min from the emulator, before any network latency. On Cloud Storage the "
-            f"{target // _PAGE_SIZE:,} list requests run one after another (each page's "
-            "token names the next), so every 100 ms of a request's latency adds "
-            f"{target // _PAGE_SIZE * 0.1 / 60:.0f} min. What this means for a Dataflow job: "
-            'docs/dataflow.md, "Listing at scale".',
+            f"min from the emulator, before any network latency.",
+        ]
+    latency = {
+        phase: seconds[(_LATENCY_STORE, phase)] - seconds[("emulator", phase)]
+        for phase in ("match", "walk")
+        if (_LATENCY_STORE, phase) in seconds and ("emulator", phase) in seconds
+    }
+    if len(latency) == 2:
+        lines += [
+            "",
+            f"What {LATENCY_MS} ms per request adds: {latency['match']:.2f} s to Beam's one "
+            f"listing of {objects:,} objects (its {objects // _PAGE_SIZE} pages one after "
+            f"another) and {latency['walk']:.2f} s to the concurrent walk (one delimiter "
+            "request, then the 10 class folders 8 at a time). On Cloud Storage the "
+            f"{pages:,} pages of {target:,} objects cost, at 100 ms each, "
+            f"{pages * 0.1 / 60:.0f} min one after another; spread over 8 threads, "
+            f"{pages * 0.1 / 8 / 60:.0f} min, provided the objects are in 8 or more class "
+            "folders (a single folder's pages still come one after another: each page's "
+            "token names the next). What this means for a Dataflow job: docs/dataflow.md, "
+            '"Listing at scale".',
         ]
     lines += [
         "",
@@ -265,14 +304,36 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     root = spec["root"]
     store = storage.store_for(root)
     store.exists(storage.join(root, "class0"))  # on gs://, the client made and connected
+    if spec["latency_ms"]:
+        _add_latency(spec["latency_ms"] / 1000)
     start = time.perf_counter()
     if spec["phase"] == "walk":
         files = sum(1 for _ in store.walk_tree(root))
+    elif spec["phase"] == "match":
+        from apache_beam.io.filesystems import FileSystems
+
+        files = len(FileSystems.match([root + "/**"])[0].metadata_list)
     else:
         source = sources.ImageFolderSource(type="image_folder", root=root)
         with source.list_files(splits_from_source=False) as listing:
             files = listing.num_files
     return {"seconds": time.perf_counter() - start, "files": files}
+
+
+def _add_latency(seconds: float) -> None:
+    """Sleeps `seconds` before every HTTP request this process sends through
+    `requests` (google-cloud-storage's transport): a network round trip the
+    emulator on 127.0.0.1 does not have. The sleep releases the GIL, as
+    waiting for a socket does."""
+    import requests
+
+    send = requests.Session.send
+
+    def delayed(self, request, **kwargs):
+        time.sleep(seconds)
+        return send(self, request, **kwargs)
+
+    requests.Session.send = delayed  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:

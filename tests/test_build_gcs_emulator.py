@@ -259,6 +259,28 @@ def test_a_manifest_on_the_emulator_lists_its_folders(on_emulator, demo_corpus):
     assert dropped == [("circle/missing.png", "missing")]
 
 
+def test_an_image_folder_on_the_emulator_lists_its_class_folders_concurrently(on_emulator):
+    # The first level by a delimiter listing, then each class folder on its own thread:
+    # the same objects, sizes and times as Beam's one listing of the whole prefix.
+    bucket = _client().bucket(BUCKET)
+    names = ["top.png", "a/1.png", "a/deeper/2.png", "b/3.png", ".hidden/4.png", "b/.5.png"]
+    for index, name in enumerate(names):
+        bucket.blob(f"fan-out/{name}").upload_from_string(b"x" * index)
+    root = f"gs://{BUCKET}/fan-out"
+    store = storage.store_for(root)
+
+    def listed(metadata_list):
+        return sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds) for m in metadata_list)
+
+    from apache_beam.io.filesystems import FileSystems
+
+    whole = listed(FileSystems.match([root + "/**"])[0].metadata_list)
+    assert listed(store.walk_tree(root)) == whole
+    assert [path for path, _, _ in listed(store.walk_tree(root, skip_hidden=True))] == [
+        f"{root}/{name}" for name in ["a/1.png", "a/deeper/2.png", "b/3.png", "top.png"]
+    ]
+
+
 @pytest.fixture
 def fake_gcs_server(tmp_path, monkeypatch):
     server = gcs_emulator.FakeGcsServer(tmp_path / "fake-gcs-server.log")

@@ -4,12 +4,13 @@ code paths as gs://, minus the network."""
 
 import hashlib
 import os
+import threading
 
 import pytest
 
 import object_store
 from conftest import make_config
-from kiln.pipeline import build, sources
+from kiln.pipeline import build, sources, storage
 from kiln.pipeline.error_report import DroppedFile
 from kiln.schemas import RECORD
 
@@ -182,3 +183,10 @@ def test_a_manifest_on_an_object_store_lists_its_folders_not_each_row(store, dem
     assert [(d.key, d.reason) for d in dropped if d.reason == "outside_source"] == [
         ("memgs://other/x.png", "outside_source")
     ]
+
+
+def test_a_failed_prefix_listing_stops_the_concurrent_walk_with_its_error(store):
+    prefixes = [f"{BUCKET}/images/{name}/" for name in ("a", "b", "c")] + ["nosuchscheme://x/"]
+    with pytest.raises(ValueError, match="nosuchscheme://x/"):
+        list(storage.walk_prefixes(prefixes))
+    assert not [t for t in threading.enumerate() if t.name.startswith("kiln-list-")]
