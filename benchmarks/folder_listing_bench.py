@@ -19,10 +19,13 @@ Measurements per store, each in its own process (``--child SPEC_JSON``):
   the confinement and label of every file, its row spilled to the listing's
   SQLite file).
 
-The emulator is measured twice: as it answers, and with `LATENCY_MS` added
-before every HTTP request the client sends (a sleep in the child's
-``requests.Session.send``, which google-cloud-storage uses), as a stand-in
-for Cloud Storage's round trip, which no emulator on 127.0.0.1 has.
+Cloud Storage returns at most 1,000 objects per list request, fake-gcs-server
+all of them unless asked for pages: the child asks google-cloud-storage for
+pages of 1,000 (`_pages_of_cloud_storage`). The emulator is measured twice:
+as it answers, and with `LATENCY_MS` added before every HTTP request the
+client sends (a sleep in the child's ``requests.Session.send``, which
+google-cloud-storage uses), as a stand-in for Cloud Storage's round trip,
+which no emulator on 127.0.0.1 has.
 
 The files are ``<class>/<index>.png`` of 64 bytes in 10 class folders,
 made once under ``build/bench/folder-listing/{local,emulator}/data/<bucket>/images``. The
@@ -189,11 +192,13 @@ def measure(settings: Settings, out_dir: str, log=print) -> dict[str, Any]:
         }
         sizes = {"local": settings.files, "emulator": settings.objects}
         sizes[_LATENCY_STORE] = settings.objects
+        loads = [os.getloadavg()[0]]
         for round_index in range(settings.repeats):
             for store, (root, latency_ms, phases) in stores.items():
                 for phase in phases:
                     spec = {"root": root, "phase": phase, "latency_ms": latency_ms}
                     run = measure_one(spec, env)
+                    loads.append(os.getloadavg()[0])
                     if run["files"] != sizes[store]:
                         raise RuntimeError(f"{store} {phase}: {run['files']} files listed")
                     runs.setdefault((store, phase), []).append(run)
@@ -216,6 +221,8 @@ def measure(settings: Settings, out_dir: str, log=print) -> dict[str, Any]:
         "files": settings.files,
         "objects": settings.objects,
         "repeats": settings.repeats,
+        "load_average": [min(loads), max(loads)],
+        "cores": os.cpu_count(),
         "rows": rows,
     }
 
@@ -236,12 +243,12 @@ def markdown(results: dict[str, Any]) -> str:
         "(`FileSystems.match`), its pages one after another, as `walk` listed before. "
         "`list`: kiln's whole listing (`ImageFolderSource.list_files`: the walk, every "
         "file's confinement check and label, its row spilled to SQLite). The emulator is "
-        "fake-gcs-server on 127.0.0.1 (memory backend), on the same two shared cores as "
+        "fake-gcs-server on 127.0.0.1 (memory backend; asked for pages of 1,000 objects, as "
+        "Cloud Storage returns them), on the same two shared cores as "
         "the client, so its rows are the client's cost plus the emulator's, without Cloud "
         f"Storage's latency; `{_LATENCY_STORE}` is the same emulator with {LATENCY_MS} ms "
         "slept before every HTTP request the client sends, a stand-in for that latency. "
-        f"Each run is its own process; medians of {results['repeats']} runs. The machine "
-        "is shared with other work: noisy.",
+        f"Each run is its own process; medians of {results['repeats']} runs{_load(results)}.",
         "",
         "| Store | Phase | Files | Seconds | Files/s |",
         "|---|---|---:|---:|---:|",
@@ -262,18 +269,19 @@ def markdown(results: dict[str, Any]) -> str:
             f"{target / local / 60:.0f} min from a local disk and {target / emulator / 60:.0f} "
             f"min from the emulator, before any network latency.",
         ]
-    latency = {
-        phase: seconds[(_LATENCY_STORE, phase)] - seconds[("emulator", phase)]
-        for phase in ("match", "walk")
-        if (_LATENCY_STORE, phase) in seconds and ("emulator", phase) in seconds
-    }
-    if len(latency) == 2:
+    timed = [
+        (store, phase) for store in ("emulator", _LATENCY_STORE) for phase in ("match", "walk")
+    ]
+    if all(key in seconds for key in timed):
+        match, walk, slow_match, slow_walk = (seconds[key] for key in timed)
         lines += [
             "",
-            f"What {LATENCY_MS} ms per request adds: {latency['match']:.2f} s to Beam's one "
-            f"listing of {objects:,} objects (its {objects // _PAGE_SIZE} pages one after "
-            f"another) and {latency['walk']:.2f} s to the concurrent walk (one delimiter "
-            "request, then the 10 class folders 8 at a time). On Cloud Storage the "
+            f"With {LATENCY_MS} ms per request, Beam's one listing of {objects:,} objects (its "
+            f"{objects // _PAGE_SIZE} pages one after another) took {slow_match:.2f} s "
+            f"({match:.2f} s without), the concurrent walk (one delimiter request, then the 10 "
+            f"class folders 8 at a time) {slow_walk:.2f} s ({walk:.2f} s without); two runs "
+            "on a loaded machine are too few to read the difference between the two "
+            "differences. On Cloud Storage the "
             f"{pages:,} pages of {target:,} objects cost, at 100 ms each, "
             f"{pages * 0.1 / 60:.0f} min one after another; spread over 8 threads, "
             f"{pages * 0.1 / 8 / 60:.0f} min, provided the objects are in 8 or more class "
@@ -293,7 +301,18 @@ def markdown(results: dict[str, Any]) -> str:
         "18.7 s, about 9 ms per object, one request after another.",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"  # a blank line before the next section's heading
+
+
+def _load(results: dict[str, Any]) -> str:
+    """The 1-minute load average seen during the runs, as text ("" if not recorded)."""
+    if "load_average" not in results:
+        return ""
+    low, high = results["load_average"]
+    return (
+        f", on a machine shared with other work: noisy (1-minute load average {low:.1f} to "
+        f"{high:.1f} on {results['cores']} cores)"
+    )
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -302,6 +321,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     from kiln.pipeline import sources, storage
 
     root = spec["root"]
+    if storage.is_remote(root):
+        _pages_of_cloud_storage()
     store = storage.store_for(root)
     store.exists(storage.join(root, "class0"))  # on gs://, the client made and connected
     if spec["latency_ms"]:
@@ -318,6 +339,24 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         with source.list_files(splits_from_source=False) as listing:
             files = listing.num_files
     return {"seconds": time.perf_counter() - start, "files": files}
+
+
+def _pages_of_cloud_storage() -> None:
+    """Makes google-cloud-storage ask for pages of `_PAGE_SIZE` objects.
+
+    Cloud Storage returns at most 1,000 objects per list request; asked for
+    no page size, fake-gcs-server returns a whole listing in one response,
+    so that a listing of 10,000 objects would be one request instead of 10.
+    """
+    from google.cloud import storage as gcs
+
+    list_blobs = gcs.Client.list_blobs
+
+    def paged(self, *args, **kwargs):
+        kwargs.setdefault("page_size", _PAGE_SIZE)
+        return list_blobs(self, *args, **kwargs)
+
+    gcs.Client.list_blobs = paged  # type: ignore[method-assign]
 
 
 def _add_latency(seconds: float) -> None:
