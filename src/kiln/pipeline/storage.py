@@ -471,7 +471,7 @@ class ObjectStore(Store):
         return []  # object writes leave no temp names
 
 
-# Prefixes listed at once (`ObjectStore.walk_prefixes`): the launcher's
+# Prefixes listed at once (`walk_prefixes`): the launcher's
 # listing waits on the network, not on its CPU, while pages are in flight.
 _PREFIX_THREADS = 8
 # Objects per item handed from a listing thread to the caller.
