@@ -5,16 +5,27 @@
                                                         # its section of BENCHMARKS.md
     python -m benchmarks.folder_listing_bench --quick   # 2,000 files, 1,000 objects, one round
 
-The launcher lists an ``image_folder`` source before the job starts. Two
-measurements per store, each in its own process (``--child SPEC_JSON``):
+The launcher lists an ``image_folder`` source before the job starts.
+Measurements per store, each in its own process (``--child SPEC_JSON``):
 
 - ``walk``: the store's listing primitive alone (`storage.Store.walk_tree`:
-  ``os.walk`` and one ``os.stat`` per file locally; on gs:// one
-  `FileSystems.match`, i.e. Beam's `gcsio.list_files`, pages of 1,000
-  objects through google-cloud-storage).
+  ``os.walk`` and one ``os.stat`` per file locally; on gs:// a delimiter
+  listing of the root, then each class folder listed on its own thread,
+  pages of 1,000 objects through Beam's `gcsio` and google-cloud-storage).
+- ``match`` (gs:// only): Beam's one listing of the whole prefix
+  (`FileSystems.match` of ``root/**``), what ``walk`` did before the class
+  folders were listed concurrently: its pages one after another.
 - ``list``: kiln's whole listing (`ImageFolderSource.list_files`: the walk,
   the confinement and label of every file, its row spilled to the listing's
   SQLite file).
+
+Cloud Storage returns at most 1,000 objects per list request, fake-gcs-server
+all of them unless asked for pages: the child asks google-cloud-storage for
+pages of 1,000 (`_pages_of_cloud_storage`). The emulator is measured twice:
+as it answers, and with `LATENCY_MS` added before every HTTP request the
+client sends (a sleep in the child's ``requests.Session.send``, which
+google-cloud-storage uses), as a stand-in for Cloud Storage's round trip,
+which no emulator on 127.0.0.1 has.
 
 The files are ``<class>/<index>.png`` of 64 bytes in 10 class folders,
 made once under ``build/bench/folder-listing/{local,emulator}/data/<bucket>/images``. The
@@ -51,6 +62,8 @@ SECTION_TITLE = "## Listing: an image folder of"
 _CLASSES = 10
 _RESULT_PREFIX = "FOLDER_LISTING_RESULT "
 _PAGE_SIZE = 1000  # objects per list request (google-cloud-storage's default page)
+LATENCY_MS = 50  # added to each request of the "emulator +latency" store
+_LATENCY_STORE = f"emulator +{LATENCY_MS} ms"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,12 +184,21 @@ def measure(settings: Settings, out_dir: str, log=print) -> dict[str, Any]:
             GOOGLE_CLOUD_PROJECT="bench",
             NO_GCE_CHECK="True",
         )
-        roots = {"local": folder, "emulator": f"gs://{BUCKET}/images"}
+        remote = f"gs://{BUCKET}/images"
+        stores = {
+            "local": (folder, 0, ("walk", "list")),
+            "emulator": (remote, 0, ("match", "walk", "list")),
+            _LATENCY_STORE: (remote, LATENCY_MS, ("match", "walk", "list")),
+        }
         sizes = {"local": settings.files, "emulator": settings.objects}
+        sizes[_LATENCY_STORE] = settings.objects
+        loads = [os.getloadavg()[0]]
         for round_index in range(settings.repeats):
-            for store, root in roots.items():
-                for phase in ("walk", "list"):
-                    run = measure_one({"root": root, "phase": phase}, env)
+            for store, (root, latency_ms, phases) in stores.items():
+                for phase in phases:
+                    spec = {"root": root, "phase": phase, "latency_ms": latency_ms}
+                    run = measure_one(spec, env)
+                    loads.append(os.getloadavg()[0])
                     if run["files"] != sizes[store]:
                         raise RuntimeError(f"{store} {phase}: {run['files']} files listed")
                     runs.setdefault((store, phase), []).append(run)
@@ -199,12 +221,15 @@ def measure(settings: Settings, out_dir: str, log=print) -> dict[str, Any]:
         "files": settings.files,
         "objects": settings.objects,
         "repeats": settings.repeats,
+        "load_average": [min(loads), max(loads)],
+        "cores": os.cpu_count(),
         "rows": rows,
     }
 
 
 def markdown(results: dict[str, Any]) -> str:
     files, objects = results["files"], results["objects"]
+    seconds = {(r["store"], r["phase"]): r["seconds"] for r in results["rows"]}
     rate = {(r["store"], r["phase"]): r["files_per_second"] for r in results["rows"]}
     lines = [
         f"{SECTION_TITLE} {files:,} local files, and {objects:,} objects on a GCS emulator",
@@ -212,13 +237,18 @@ def markdown(results: dict[str, Any]) -> str:
         "An `image_folder` source of 10 class folders (`benchmarks/folder_listing_bench.py`; "
         "`python -m benchmarks.folder_listing_bench` re-measures this section alone). "
         "`walk`: the store's listing alone (`Store.walk_tree`: `os.walk` and an `os.stat` per "
-        "file locally; on gs:// Beam's `FileSystems.match`, list requests of 1,000 objects "
-        "through google-cloud-storage). `list`: kiln's whole listing (`ImageFolderSource."
-        "list_files`: the walk, every file's confinement check and label, its row spilled to "
-        "SQLite). The emulator is fake-gcs-server on 127.0.0.1 (memory backend), on the same "
-        "two shared cores as the client, so its rows are the client's cost plus the "
-        "emulator's, without Cloud Storage's latency. Each run is its own process; medians "
-        f"of {results['repeats']} runs. The machine is shared with other work: noisy.",
+        "file locally; on gs:// a delimiter listing of the root, then the class folders "
+        "listed concurrently, 8 at a time, in list requests of 1,000 objects through Beam's "
+        "gcsio and google-cloud-storage). `match`: Beam's one listing of the whole prefix "
+        "(`FileSystems.match`), its pages one after another, as `walk` listed before. "
+        "`list`: kiln's whole listing (`ImageFolderSource.list_files`: the walk, every "
+        "file's confinement check and label, its row spilled to SQLite). The emulator is "
+        "fake-gcs-server on 127.0.0.1 (memory backend; asked for pages of 1,000 objects, as "
+        "Cloud Storage returns them), on the same two shared cores as "
+        "the client, so its rows are the client's cost plus the emulator's, without Cloud "
+        f"Storage's latency; `{_LATENCY_STORE}` is the same emulator with {LATENCY_MS} ms "
+        "slept before every HTTP request the client sends, a stand-in for that latency. "
+        f"Each run is its own process; medians of {results['repeats']} runs{_load(results)}.",
         "",
         "| Store | Phase | Files | Seconds | Files/s |",
         "|---|---|---:|---:|---:|",
@@ -230,17 +260,34 @@ def markdown(results: dict[str, Any]) -> str:
         )
     emulator = rate.get(("emulator", "list"))
     local = rate.get(("local", "list"))
+    target = 10_000_000
+    pages = target // _PAGE_SIZE
     if emulator and local:
-        target = 10_000_000
         lines += [
             "",
             f"A straight line to {target:,} files (kiln's `list`): about "
             f"{target / local / 60:.0f} min from a local disk and {target / emulator / 60:.0f} "
-            f"min from the emulator, before any network latency. On Cloud Storage the "
-            f"{target // _PAGE_SIZE:,} list requests run one after another (each page's "
-            "token names the next), so every 100 ms of a request's latency adds "
-            f"{target // _PAGE_SIZE * 0.1 / 60:.0f} min. What this means for a Dataflow job: "
-            'docs/dataflow.md, "Listing at scale".',
+            f"min from the emulator, before any network latency.",
+        ]
+    timed = [
+        (store, phase) for store in ("emulator", _LATENCY_STORE) for phase in ("match", "walk")
+    ]
+    if all(key in seconds for key in timed):
+        match, walk, slow_match, slow_walk = (seconds[key] for key in timed)
+        lines += [
+            "",
+            f"With {LATENCY_MS} ms per request, Beam's one listing of {objects:,} objects (its "
+            f"{objects // _PAGE_SIZE} pages one after another) took {slow_match:.2f} s "
+            f"({match:.2f} s without), the concurrent walk (one delimiter request, then the 10 "
+            f"class folders 8 at a time) {slow_walk:.2f} s ({walk:.2f} s without); two runs "
+            "on a loaded machine are too few to read the difference between the two "
+            "differences. On Cloud Storage the "
+            f"{pages:,} pages of {target:,} objects cost, at 100 ms each, "
+            f"{pages * 0.1 / 60:.0f} min one after another; spread over 8 threads, "
+            f"{pages * 0.1 / 8 / 60:.0f} min, provided the objects are in 8 or more class "
+            "folders (a single folder's pages still come one after another: each page's "
+            "token names the next). What this means for a Dataflow job: docs/dataflow.md, "
+            '"Listing at scale".',
         ]
     lines += [
         "",
@@ -254,7 +301,18 @@ def markdown(results: dict[str, Any]) -> str:
         "18.7 s, about 9 ms per object, one request after another.",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"  # a blank line before the next section's heading
+
+
+def _load(results: dict[str, Any]) -> str:
+    """The 1-minute load average seen during the runs, as text ("" if not recorded)."""
+    if "load_average" not in results:
+        return ""
+    low, high = results["load_average"]
+    return (
+        f", on a machine shared with other work: noisy (1-minute load average {low:.1f} to "
+        f"{high:.1f} on {results['cores']} cores)"
+    )
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -263,16 +321,58 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     from kiln.pipeline import sources, storage
 
     root = spec["root"]
+    if storage.is_remote(root):
+        _pages_of_cloud_storage()
     store = storage.store_for(root)
     store.exists(storage.join(root, "class0"))  # on gs://, the client made and connected
+    if spec["latency_ms"]:
+        _add_latency(spec["latency_ms"] / 1000)
     start = time.perf_counter()
     if spec["phase"] == "walk":
         files = sum(1 for _ in store.walk_tree(root))
+    elif spec["phase"] == "match":
+        from apache_beam.io.filesystems import FileSystems
+
+        files = len(FileSystems.match([root + "/**"])[0].metadata_list)
     else:
         source = sources.ImageFolderSource(type="image_folder", root=root)
         with source.list_files(splits_from_source=False) as listing:
             files = listing.num_files
     return {"seconds": time.perf_counter() - start, "files": files}
+
+
+def _pages_of_cloud_storage() -> None:
+    """Makes google-cloud-storage ask for pages of `_PAGE_SIZE` objects.
+
+    Cloud Storage returns at most 1,000 objects per list request; asked for
+    no page size, fake-gcs-server returns a whole listing in one response,
+    so that a listing of 10,000 objects would be one request instead of 10.
+    """
+    from google.cloud import storage as gcs
+
+    list_blobs = gcs.Client.list_blobs
+
+    def paged(self, *args, **kwargs):
+        kwargs.setdefault("page_size", _PAGE_SIZE)
+        return list_blobs(self, *args, **kwargs)
+
+    gcs.Client.list_blobs = paged  # type: ignore[method-assign]
+
+
+def _add_latency(seconds: float) -> None:
+    """Sleeps `seconds` before every HTTP request this process sends through
+    `requests` (google-cloud-storage's transport): a network round trip the
+    emulator on 127.0.0.1 does not have. The sleep releases the GIL, as
+    waiting for a socket does."""
+    import requests
+
+    send = requests.Session.send
+
+    def delayed(self, request, **kwargs):
+        time.sleep(seconds)
+        return send(self, request, **kwargs)
+
+    requests.Session.send = delayed  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -155,10 +155,12 @@ def measure(settings: Settings, out_dir: str, log=None) -> dict[str, Any]:
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {
         (kind, rows): [] for kind in KINDS for rows in settings.sizes
     }
+    loads = [os.getloadavg()[0]]
     for round_index in range(settings.repeats):
         for (kind, rows), kind_runs in runs.items():
             run = measure_one(manifests[kind][rows], scratch)
             kind_runs.append(run)
+            loads.append(os.getloadavg()[0])
             if log:
                 log(
                     f"listing round {round_index + 1} {kind} {rows}: "
@@ -195,6 +197,8 @@ def measure(settings: Settings, out_dir: str, log=None) -> dict[str, Any]:
         )
     return {
         "repeats": settings.repeats,
+        "load_average": [min(loads), max(loads)],
+        "cores": os.cpu_count(),
         "sizes": list(settings.sizes),
         "rows": rows_out,
         "extrapolation": _extrapolate(rows_out, 10_000_000),
@@ -235,9 +239,10 @@ def markdown(results: dict[str, Any]) -> str:
         "and write the job's JSONL. `real`: every row names an existing file; `missing`: "
         "every row but two names a file that does not exist (issue 13's manifest; each row "
         "becomes a dropped row, which costs more than a file). Each run is its own process; "
-        "memory is the growth of its peak resident set over the imports (which alone take "
-        "the rest of the peak column), temp disk the listing's SQLite file at its largest. "
-        f"Medians of {results['repeats']} runs.",
+        "memory is the growth of its peak resident set over the imports, Beam's included "
+        "(which alone take the rest of the peak column), temp disk the listing's SQLite file "
+        "at its largest. "
+        f"Medians of {results['repeats']} runs{_load(results)}.",
         "",
         "| Manifest | Rows | List s | Stamp s | Write s | Rows/s (all three) | "
         "Memory growth (MB) | Peak RSS (MB) | Temp disk (bytes/row) |",
@@ -276,17 +281,30 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "What stays in memory is the class and split names, a few counters, the insert "
         "batches and SQLite's page cache (its sorts spill to temporary files beyond it): a "
-        "constant, whatever the rows. Time is linear in the rows. Profiled, about 40% of "
-        "listing a local manifest is the confinement check (`os.path.realpath` of every "
-        "row: one `lstat` per path component), most of the rest Python per row (parsing, one "
-        "`os.stat`, the row's insert). Before the listing went to disk (issue 13), "
+        "constant, whatever the rows. Time is linear in the rows. Profiled (cProfile, 100,000 "
+        "`real` rows), about a quarter of listing a local manifest is the confinement check "
+        "(an `lstat` per row, and its folder's `os.path.realpath` once per folder; it was 40% "
+        "with a `realpath` of every row, one `lstat` per path component), a tenth the row's "
+        "`os.stat`, a fifth SQLite's inserts and sorted reads, the rest Python per row "
+        "(parsing, resolving, building the rows). Before the listing went to disk (issue 13), "
         "1,000,000 missing files took 128 s and 2.3 GB in the launcher, about 1.4 KB per "
-        "row (10M rows: some 14 GB more). Measured on a local disk: on an object store each "
-        "row's `os.stat` becomes a metadata request, one at a time, which is not measured "
-        "here and would dominate.",
+        "row (10M rows: some 14 GB more). Measured on a local disk; on an object store the "
+        "rows' folders are listed instead of each row's `os.stat` (docs/dataflow.md, "
+        '"Listing at scale").',
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"  # a blank line before the next section's heading
+
+
+def _load(results: dict[str, Any]) -> str:
+    """The 1-minute load average seen during the runs, as text ("" if not recorded)."""
+    if "load_average" not in results:
+        return ""
+    low, high = results["load_average"]
+    return (
+        f", on a machine shared with other work (1-minute load average {low:.1f} to "
+        f"{high:.1f} on {results['cores']} cores)"
+    )
 
 
 # --- the child side ---------------------------------------------------------------
@@ -294,6 +312,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     import resource
+
+    import apache_beam.io.filesystems  # noqa: F401  (imported by the first file access: untimed)
 
     from kiln.pipeline import sources, versioning
 

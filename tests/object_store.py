@@ -10,7 +10,8 @@ Objects live in a class-level dict, shared by every instance Beam creates,
 within one process: use it with the in-memory local runner only. Every
 completed write and delete is appended to `EVENTS` so tests can check the
 order in which a build made things visible, and every request about one
-object (metadata, exists) to `OBJECT_REQUESTS`, so they can count them.
+object (metadata, exists) to `OBJECT_REQUESTS` and every listing of a
+prefix to `LIST_REQUESTS`, so they can count them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ SCHEME = "memgs"
 OBJECTS: dict[str, tuple[bytes, float]] = {}
 EVENTS: list[tuple[str, str]] = []  # ("write" | "delete", path)
 OBJECT_REQUESTS: list[tuple[str, str]] = []  # ("metadata" | "exists", path)
+LIST_REQUESTS: list[str] = []  # the prefix listed
 _LOCK = threading.Lock()
 
 
@@ -39,6 +41,7 @@ def reset() -> None:
         OBJECTS.clear()
         EVENTS.clear()
         OBJECT_REQUESTS.clear()
+        LIST_REQUESTS.clear()
 
 
 def put(path: str, data: bytes) -> None:
@@ -88,6 +91,8 @@ class InMemoryObjectStore(FileSystem):
         return False
 
     def _list(self, dir_or_prefix):
+        with _LOCK:
+            LIST_REQUESTS.append(dir_or_prefix)
         for path in names(dir_or_prefix):
             data, mtime = OBJECTS[path]
             yield FileMetadata(path, len(data), mtime)

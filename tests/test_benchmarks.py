@@ -130,9 +130,11 @@ def test_quick_folder_listing_benchmark_writes_every_row(tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((tmp_path / "bench" / "folder_listing.json").read_text())
     quick = folder_listing_bench.QUICK
-    expected = {"local": quick.files, "emulator": quick.objects}
+    latency = f"emulator +{folder_listing_bench.LATENCY_MS} ms"
+    expected = {"local": quick.files, "emulator": quick.objects, latency: quick.objects}
     assert sorted((row["store"], row["phase"]) for row in results["rows"]) == sorted(
-        (store, phase) for store in expected for phase in ("walk", "list")
+        [("local", "walk"), ("local", "list")]
+        + [(store, phase) for store in ("emulator", latency) for phase in ("match", "walk", "list")]
     )
     for row in results["rows"]:
         assert row["files"] == expected[row["store"]] and row["files_per_second"] > 0

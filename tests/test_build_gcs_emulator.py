@@ -32,7 +32,7 @@ import gcs_emulator
 import kiln
 from conftest import make_config
 from kiln.errors import Busy
-from kiln.pipeline import build, storage
+from kiln.pipeline import build, sources, storage
 from kiln.pipeline.lock import DatasetLock, Holder
 from kiln.pipeline.publish import PUBLISHED_FOLDER, STAMPS_FOLDER
 
@@ -235,6 +235,50 @@ def test_the_whole_cycle_on_the_emulator(emulator, on_emulator, build_dataset, d
     blob.upload_from_string(bytes(data))
     corrupted = _read_with_tensorflow(emulator, "verify", root)[root]["verify"]
     assert corrupted["code"] == 1 and shard in corrupted["stdout"], corrupted
+
+
+def test_a_manifest_on_the_emulator_lists_its_folders(on_emulator, demo_corpus):
+    # The rows' folders are listed through Beam's GCS filesystem (google-cloud-storage's
+    # paged listing), not asked for object by object; what the listing says of each
+    # object is what its metadata request says.
+    _upload_corpus(demo_corpus.out_dir, "manifest-images")
+    images = f"gs://{BUCKET}/manifest-images"
+    keys = [name[len("manifest-images/") :] for name in _names("manifest-images/")]
+    rows = [f"{key},{key.split('/')[0]}" for key in keys] + ["circle/missing.png,circle"]
+    manifest = "manifest-images/manifest.csv"
+    _client().bucket(BUCKET).blob(manifest).upload_from_string("path,label\n" + "\n".join(rows))
+
+    source = sources.ManifestSource(type="manifest", path=f"gs://{BUCKET}/{manifest}")
+    with source.list_files(splits_from_source=False) as listing:
+        files = [(f.uri, f.size, f.mtime) for f in listing.files()]
+        dropped = [(d.key, d.reason) for d in listing.dropped()]
+    store = storage.store_for(images)
+    assert files == sorted(
+        (uri, *store.file_status(uri)[:2]) for uri in (f"{images}/{key}" for key in keys)
+    )
+    assert dropped == [("circle/missing.png", "missing")]
+
+
+def test_an_image_folder_on_the_emulator_lists_its_class_folders_concurrently(on_emulator):
+    # The first level by a delimiter listing, then each class folder on its own thread:
+    # the same objects, sizes and times as Beam's one listing of the whole prefix.
+    bucket = _client().bucket(BUCKET)
+    names = ["top.png", "a/1.png", "a/deeper/2.png", "b/3.png", ".hidden/4.png", "b/.5.png"]
+    for index, name in enumerate(names):
+        bucket.blob(f"fan-out/{name}").upload_from_string(b"x" * index)
+    root = f"gs://{BUCKET}/fan-out"
+    store = storage.store_for(root)
+
+    def listed(metadata_list):
+        return sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds) for m in metadata_list)
+
+    from apache_beam.io.filesystems import FileSystems
+
+    whole = listed(FileSystems.match([root + "/**"])[0].metadata_list)
+    assert listed(store.walk_tree(root)) == whole
+    assert [path for path, _, _ in listed(store.walk_tree(root, skip_hidden=True))] == [
+        f"{root}/{name}" for name in ["a/1.png", "a/deeper/2.png", "b/3.png", "top.png"]
+    ]
 
 
 @pytest.fixture

@@ -4,12 +4,14 @@ code paths as gs://, minus the network."""
 
 import hashlib
 import os
+import threading
 
 import pytest
 
 import object_store
 from conftest import make_config
-from kiln.pipeline import build, sources
+from kiln.pipeline import build, sources, storage
+from kiln.pipeline.error_report import DroppedFile
 from kiln.schemas import RECORD
 
 BUCKET = f"{object_store.SCHEME}://bucket"
@@ -112,3 +114,79 @@ def test_an_image_folder_on_an_object_store_lists_without_a_request_per_object(s
     assert object_store.OBJECT_REQUESTS == []
     some_key = sorted(rows)[0]
     assert rows[some_key].size == len(object_store.get(f"{BUCKET}/images/{some_key}"))
+
+
+def _list_manifest(rows: list[tuple[str, str]]):
+    """Lists a manifest of ``(path, label)`` rows put beside the images; returns its
+    files, its dropped rows and the requests the listing made."""
+    manifest = f"{BUCKET}/images/manifest.csv"
+    text = "path,label\n" + "".join(f"{path},{label}\n" for path, label in rows)
+    object_store.put(manifest, text.encode())
+    object_store.OBJECT_REQUESTS.clear()
+    object_store.LIST_REQUESTS.clear()
+    source = sources.ManifestSource(type="manifest", path=manifest)
+    with source.list_files(splits_from_source=False) as listing:
+        files = [(f.key, f.uri, f.size, f.mtime) for f in listing.files()]
+        dropped = list(listing.dropped())
+    return files, dropped, list(object_store.OBJECT_REQUESTS), object_store.LIST_REQUESTS[:]
+
+
+def test_a_manifest_on_an_object_store_lists_its_folders_not_each_row(store, demo_corpus):
+    # A metadata request per row would make 10M rows 10M round trips one after another
+    # (docs/dataflow.md, "Listing at scale"): the rows' folders are listed once each.
+    images = f"{BUCKET}/images"
+    keys = [name[len(images) + 1 :] for name in object_store.names(images + "/")]
+    classes = sorted({key.split("/")[0] for key in keys})
+    object_store.put(f"{images}/{classes[0]}/deeper/extra.png", b"not an image, but an object")
+    keys.append(f"{classes[0]}/deeper/extra.png")
+
+    def rows(count: int) -> list[tuple[str, str]]:
+        """`count` rows of existing objects, then a missing one in each class folder,
+        one in a folder with no objects, and one outside the source."""
+        chosen = sorted(keys)[:count]
+        return (
+            [(key, key.split("/")[0]) for key in chosen]
+            + [(f"{name}/missing.png", name) for name in classes]
+            + [("nowhere/missing.png", classes[0]), ("memgs://other/x.png", classes[0])]
+        )
+
+    small = _list_manifest(rows(len(classes)))
+    large = _list_manifest(rows(len(keys)))
+
+    # No request per row, and the same listings whatever the number of rows: one per
+    # folder the rows name (the nested one comes with its class folder's), none
+    # outside the source.
+    expected_listings = sorted([f"{images}/{name}/" for name in classes] + [f"{images}/nowhere/"])
+    for _, _, per_object, listings in (small, large):
+        assert per_object == []
+        assert sorted(listings) == expected_listings
+
+    # Every existing object with its size and time, as a metadata request would give.
+    files, dropped, _, _ = large
+    assert files == sorted(
+        (key, f"{images}/{key}", len(object_store.get(f"{images}/{key}")), mtime)
+        for key in keys
+        for _, mtime in [object_store.OBJECTS[f"{images}/{key}"]]
+    )
+    # A row naming a missing object is dropped as before: `missing`.
+    missing = sorted([f"{name}/missing.png" for name in classes] + ["nowhere/missing.png"])
+    assert [d for d in dropped if d.reason != "outside_source"] == [
+        DroppedFile(
+            key,
+            "list",
+            "missing",
+            f"{images}/{key}",
+            f"listed in manifest.csv but not found ([Errno 2] No such object: '{images}/{key}')",
+        )
+        for key in missing
+    ]
+    assert [(d.key, d.reason) for d in dropped if d.reason == "outside_source"] == [
+        ("memgs://other/x.png", "outside_source")
+    ]
+
+
+def test_a_failed_prefix_listing_stops_the_concurrent_walk_with_its_error(store):
+    prefixes = [f"{BUCKET}/images/{name}/" for name in ("a", "b", "c")] + ["nosuchscheme://x/"]
+    with pytest.raises(ValueError, match="nosuchscheme://x/"):
+        list(storage.walk_prefixes(prefixes))
+    assert not [t for t in threading.enumerate() if t.name.startswith("kiln-list-")]

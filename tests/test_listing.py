@@ -32,7 +32,7 @@ import pytest
 
 from conftest import make_config
 from kiln.errors import ConfigError
-from kiln.pipeline import BuildError, build, listing, versioning
+from kiln.pipeline import BuildError, build, listing, sources, versioning
 from kiln.pipeline.listing import Listing, ListingWriter
 
 CLASSES = ["class0", "class1", "class2"]
@@ -214,3 +214,32 @@ def test_the_listing_is_deleted_when_the_build_ends_built_failed_or_killed(
     folder, *held = completed.stdout.splitlines()
     assert any(path.startswith(folder + "/etilqs_") for path in held), held
     assert os.listdir(temp) == []
+
+
+def test_links_out_of_an_image_folder_are_refused_file_by_file_and_folder_by_folder(tmp_path):
+    # The confinement resolves a folder's links once for all its files and each file
+    # that is a link itself: both kinds of escape must still be caught.
+    outside = tmp_path / "outside"
+    (outside / "folder").mkdir(parents=True)
+    (outside / "secret.png").write_bytes(b"s")
+    (outside / "folder" / "x.png").write_bytes(b"x")
+    root = tmp_path / "images"
+    for name in ("a", "c"):
+        (root / name).mkdir(parents=True)
+    (root / "a" / "1.png").write_bytes(b"1")
+    (root / "a" / "2.png").symlink_to(outside / "secret.png")  # a file link out
+    (root / "a" / "3.png").symlink_to(root / "a" / "1.png")  # a file link within
+    (root / "a" / "4.png").write_bytes(b"4")  # after a link, in the same folder
+    (root / "b").symlink_to(outside / "folder", target_is_directory=True)  # a folder out
+    (root / "c" / "5.png").write_bytes(b"5")
+    (root / "d").symlink_to(root / "c", target_is_directory=True)  # a folder within
+
+    source = sources.ImageFolderSource(type="image_folder", root=str(root))
+    with source.list_files(splits_from_source=False) as result:
+        files = [f.key for f in result.files()]
+        dropped = {d.key: (d.reason, d.message) for d in result.dropped()}
+    assert files == ["a/1.png", "a/3.png", "a/4.png", "c/5.png", "d/5.png"]
+    assert sorted(dropped) == ["a/2.png", "b/x.png"]
+    assert dropped["a/2.png"][0] == dropped["b/x.png"][0] == "outside_source"
+    assert f"it resolves to {outside / 'secret.png'}" in dropped["a/2.png"][1]
+    assert f"it resolves to {outside / 'folder' / 'x.png'}" in dropped["b/x.png"][1]

@@ -129,12 +129,16 @@ CREATE TABLE files (position INTEGER PRIMARY KEY, key BLOB, uri BLOB, label INTE
                     split BLOB, size INTEGER, mtime REAL, targets BLOB, mask_stamp BLOB);
 CREATE TABLE dropped (key BLOB, stage BLOB, reason BLOB, uri BLOB, message BLOB, entry TEXT);
 CREATE TABLE class_names (name BLOB PRIMARY KEY);
+CREATE TABLE object_folders (folder BLOB PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE objects (uri BLOB PRIMARY KEY, size INTEGER, mtime REAL) WITHOUT ROWID;
 """
 _INSERT = {
     "candidates": "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     "files": "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "dropped": "INSERT INTO dropped VALUES (?, ?, ?, ?, ?, ?)",
     "class_names": "INSERT OR IGNORE INTO class_names VALUES (?)",
+    "object_folders": "INSERT OR IGNORE INTO object_folders VALUES (?)",
+    "objects": "INSERT OR IGNORE INTO objects VALUES (?, ?, ?)",
 }
 
 
@@ -375,6 +379,8 @@ class ListingWriter:
             "files": [],
             "dropped": [],
             "class_names": [],
+            "object_folders": [],
+            "objects": [],
         }
         self._num_files = 0
         self._num_dropped = 0
@@ -454,6 +460,43 @@ class ListingWriter:
                 for key, position, uri, label, split, size, mtime, targets in group
             ]
 
+    def add_object_folder(self, folder: str) -> None:
+        """Records the folder (name prefix, without its '/') of an object
+        store URI that a row names: `object_folders` lists them."""
+        self._add("object_folders", (_blob(folder),))
+
+    def object_folders(self) -> list[str]:
+        """The recorded folders, sorted, without those inside another one: a
+        listing of each prefix ``<folder>/`` then names every object below
+        any recorded folder once (a prefix's listing is recursive).
+
+        Sorted, the folders below a folder come right after it, so one pass
+        keeping the last folder kept finds them. What stays in memory is
+        this list: one string per folder, not per row.
+        """
+        self._flush("object_folders")
+        kept: list[str] = []
+        for (data,) in self._connection.execute(
+            "SELECT folder FROM object_folders ORDER BY folder"
+        ):
+            folder = _text(data)
+            if not (kept and folder.startswith(kept[-1] + "/")):
+                kept.append(folder)
+        return kept
+
+    def add_object(self, uri: str, size: int, mtime: float) -> None:
+        """Records an object a listing found, for `object_status`."""
+        self._add("objects", (_blob(uri), size, mtime))
+
+    def object_status(self, uri: str) -> tuple[int, float] | None:
+        """The size and modification time of a listed object, or None if no
+        listing found it (one lookup in the listing's database)."""
+        self._flush("objects")
+        found = self._connection.execute(
+            "SELECT size, mtime FROM objects WHERE uri = ?", (_blob(uri),)
+        ).fetchone()
+        return None if found is None else (found[0], found[1])
+
     def add_file(self, file: SourceFile) -> None:
         """Adds a file to process; files must come in key order."""
         if file.split is not None:
@@ -485,6 +528,8 @@ class ListingWriter:
             self._flush(table)
         self._connection.execute("DELETE FROM candidates")
         self._connection.execute("DELETE FROM class_names")
+        self._connection.execute("DELETE FROM object_folders")
+        self._connection.execute("DELETE FROM objects")
         self._connection.execute("COMMIT")
         self._finished = True
         return Listing(

@@ -23,13 +23,16 @@ from __future__ import annotations
 import abc
 import errno
 import io
+import itertools
 import logging
 import os
+import queue
 import re
 import secrets
 import stat
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, cast
 
 from kiln.lazy_import import LazyModule
@@ -408,8 +411,17 @@ class ObjectStore(Store):
 
     def walk_tree(self, folder: str, *, skip_hidden: bool = False) -> Iterator[FileMetadata]:
         root = folder.rstrip("/")
-        # Beam's match returns the whole listing at once (one metadata object per file).
-        for metadata in FileSystems.match([root + "/**"])[0].metadata_list:
+        if root.startswith("gs://"):
+            # The first level by one delimiter listing, then every folder
+            # there listed concurrently (`walk_prefixes`).
+            top, folders = _gcs_first_level(root + "/")
+            if skip_hidden:
+                folders = [f for f in folders if not basename(f).startswith(".")]
+            listed: Iterable[FileMetadata] = itertools.chain(top, walk_prefixes(folders))
+        else:
+            # Beam's match returns the whole listing at once (one metadata object per file).
+            listed = FileSystems.match([root + "/**"])[0].metadata_list
+        for metadata in listed:
             if not (
                 skip_hidden
                 and any(part.startswith(".") for part in metadata.path[len(root) + 1 :].split("/"))
@@ -457,6 +469,127 @@ class ObjectStore(Store):
 
     def clean_temp_files(self, folder: str) -> list[str]:
         return []  # object writes leave no temp names
+
+
+# Prefixes listed at once (`walk_prefixes`): the launcher's
+# listing waits on the network, not on its CPU, while pages are in flight.
+_PREFIX_THREADS = 8
+# Objects per item handed from a listing thread to the caller.
+_CHUNK = 1000
+
+
+def walk_prefixes(prefixes: Iterable[str]) -> Iterator[FileMetadata]:
+    """Every object whose name starts with one of `prefixes` (object store
+    URIs), in no particular order.
+
+    The prefixes are listed concurrently (`_PREFIX_THREADS` at a time:
+    each prefix's pages come one after another, since each page's token
+    names the next, but different prefixes need not wait for each other;
+    the clients release the GIL while they wait) and streamed: a few pages
+    are held in memory, whatever the listing's size. A prefix is listed as
+    is, not as a glob pattern (Beam's `FileSystems.match` reads ``*``, ``?``
+    and ``[`` in it as wildcards). An object under two of the prefixes
+    comes twice.
+
+    Raises:
+      BeamIOError: a listing failed (the other listings are stopped).
+    """
+    _apply_pipeline_options()
+    return _walk_concurrently(prefixes, _list_prefix)
+
+
+def _list_prefix(prefix: str) -> Iterator[FileMetadata]:
+    """The objects under `prefix`, page by page as the store returns them.
+
+    Beam's filesystems list a prefix with ``_list``, a generator over the
+    store's pages (what `FileSystems.match` collects into one list before
+    it filters it with the glob's pattern).
+    """
+    return FileSystems.get_filesystem(prefix)._list(prefix)
+
+
+def _walk_concurrently(
+    prefixes: Iterable[str], walk: Callable[[str], Iterator[Any]]
+) -> Iterator[Any]:
+    """What `walk` yields for each of `prefixes`, walked on `_PREFIX_THREADS`
+    threads through a bounded queue, in no particular order."""
+    pending = iter(prefixes)
+    take = threading.Lock()
+    stop = threading.Event()
+    chunks: queue.Queue[list[Any] | BaseException | None] = queue.Queue(2 * _PREFIX_THREADS)
+
+    def hand_over(item: list[Any] | BaseException | None) -> bool:
+        while not stop.is_set():
+            try:
+                chunks.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            while not stop.is_set():
+                with take:
+                    prefix = next(pending, None)
+                if prefix is None:
+                    break
+                chunk: list[Any] = []
+                for item in walk(prefix):
+                    chunk.append(item)
+                    if len(chunk) == _CHUNK:
+                        if not hand_over(chunk):
+                            return
+                        chunk = []
+                if chunk and not hand_over(chunk):
+                    return
+        except BaseException as e:  # handed to the caller, which raises it
+            hand_over(e)
+            return
+        hand_over(None)
+
+    threads = [
+        threading.Thread(target=work, name=f"kiln-list-{i}", daemon=True)
+        for i in range(_PREFIX_THREADS)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        running = len(threads)
+        while running:
+            item = chunks.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield from item
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
+def _gcs_first_level(prefix: str) -> tuple[list[FileMetadata], list[str]]:
+    """The objects directly under a gs:// `prefix` (ending in '/'), and the
+    prefixes of its folders (ending in '/'), sorted: one listing with the
+    delimiter '/', a request per 1,000 entries."""
+    from apache_beam.io.filesystem import FileMetadata
+    from apache_beam.io.gcp import gcsio
+    from google.cloud import storage as gcs
+
+    bucket_name, _, name = prefix[len("gs://") :].partition("/")
+    pages = gcs.Client().list_blobs(bucket_name, prefix=name, delimiter="/")
+    top = [
+        # The time as Beam's listing gives it (`gcsio.GcsIO.list_files`).
+        FileMetadata(
+            f"gs://{bucket_name}/{blob.name}",
+            blob.size,
+            gcsio.GcsIO._updated_to_seconds(blob.updated),
+        )
+        for blob in pages
+    ]
+    return top, sorted(f"gs://{bucket_name}/{folder}" for folder in pages.prefixes)
 
 
 def _gcs_create_exclusive(path: str, data: bytes) -> bool:
