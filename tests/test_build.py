@@ -476,6 +476,44 @@ def test_size_limits_drop_files_with_a_reason(build_dataset, demo_corpus):
     assert sum(result.info.dropped.values()) == len(rows) == len(expected) + len(demo_corpus.broken)
 
 
+def test_beam_works_out_each_dofns_state_specs_once_while_a_job_is_built_and_run(monkeypatch):
+    """Beam inspects every method of a DoFn for state and timer specs each
+    time it builds, validates or translates its step; while kiln builds and
+    runs a job, that happens once per DoFn object, and Beam's own function
+    is back after."""
+    import apache_beam as beam
+    from apache_beam.transforms import userstate
+
+    calls = []
+    original = userstate.get_dofn_specs
+
+    def counting(dofn):
+        calls.append(dofn)
+        return original(dofn)
+
+    monkeypatch.setattr(userstate, "get_dofn_specs", counting)
+    count = userstate.ReadModifyWriteStateSpec("count", beam.coders.VarIntCoder())
+    state_param = beam.DoFn.StateParam(count)
+
+    class CountFn(beam.DoFn):
+        def process(self, element, state=state_param):
+            yield element
+
+    fn, other = CountFn(), CountFn()
+    with launcher._dofn_specs_once():
+        first = userstate.get_dofn_specs(fn)
+        assert userstate.is_stateful_dofn(fn)
+        userstate.validate_stateful_dofn(fn)
+        second = userstate.get_dofn_specs(fn)
+        userstate.get_dofn_specs(other)
+        assert calls == [fn, other]
+        assert first == second == ({count}, set())
+        assert first[0] is not second[0]  # each caller gets sets of its own
+    assert userstate.get_dofn_specs is counting
+    userstate.get_dofn_specs(fn)
+    assert calls == [fn, other, fn]
+
+
 def test_local_jobs_sample_beam_state_every_few_ms_and_restore_the_default():
     """Ending a bundle joins Beam's state-sampler thread, which sleeps up to
     its sampling period: with Beam's 200 ms every bundle of a local job

@@ -293,6 +293,36 @@ def _short_state_sampling(options: PipelineOptions) -> Iterator[None]:
         init.__defaults__ = defaults
 
 
+# Beam works out a DoFn's state and timer specs (`userstate.get_dofn_specs`:
+# an inspect.signature of every method of the DoFn) each time it builds,
+# validates or translates the DoFn's ParDo, several times per step: about
+# a tenth of a second of every build's start. A DoFn's specs do not change
+# while it lives, so while kiln builds and runs a job they are worked out
+# once per DoFn object.
+@contextlib.contextmanager
+def _dofn_specs_once() -> Iterator[None]:
+    """While the job is built and run: `userstate.get_dofn_specs` answers
+    from a cache per DoFn object; Beam's own function is restored after."""
+    from apache_beam.transforms import userstate
+
+    original = userstate.get_dofn_specs
+    # id -> (the DoFn, its specs): the DoFn is held so its id is not reused.
+    specs: dict[int, tuple[Any, tuple[Any, Any]]] = {}
+
+    def get_dofn_specs(dofn):
+        known = specs.get(id(dofn))
+        if known is None or known[0] is not dofn:
+            known = specs[id(dofn)] = (dofn, original(dofn))
+        state_specs, timer_specs = known[1]
+        return set(state_specs), set(timer_specs)  # the caller's own sets, as before
+
+    userstate.get_dofn_specs = get_dofn_specs
+    try:
+        yield
+    finally:
+        userstate.get_dofn_specs = original
+
+
 def make_plan(
     spec: BuildSpec,
     listing: sources.Listing,
@@ -584,26 +614,30 @@ def _run_job(
 ) -> tuple[job.JobReport, dict[str, int]]:
     """Writes the listing, runs the job to completion and reads its report."""
     listing.write(plan.listing_uri)
-    pipeline = construct_pipeline(plan, options)
-    logger.info("running the build job for %d files", listing.num_files)
     interruption = _Interruption()
-    try:
-        with (
-            interruption,
-            _short_state_sampling(options),
-            progress.display(
-                plan.progress_uri, listing.num_files, enabled=show_progress, every=progress_every
-            ),
-        ):
-            result = pipeline.run()
-            state = result.wait_until_finish()
-    except Exception as e:  # a worker's error, re-raised by the runner with its traceback
-        if interruption.seen:  # Ctrl-C, which Beam re-raises as a step's RuntimeError
-            raise KeyboardInterrupt from None
-        raise BuildError(
-            f"the Beam job failed writing under {plan.staging_dir}: "
-            f"{_last_line(e)}; nothing was published"
-        ) from e
+    with _dofn_specs_once():
+        pipeline = construct_pipeline(plan, options)
+        logger.info("running the build job for %d files", listing.num_files)
+        try:
+            with (
+                interruption,
+                _short_state_sampling(options),
+                progress.display(
+                    plan.progress_uri,
+                    listing.num_files,
+                    enabled=show_progress,
+                    every=progress_every,
+                ),
+            ):
+                result = pipeline.run()
+                state = result.wait_until_finish()
+        except Exception as e:  # a worker's error, re-raised by the runner with its traceback
+            if interruption.seen:  # Ctrl-C, which Beam re-raises as a step's RuntimeError
+                raise KeyboardInterrupt from None
+            raise BuildError(
+                f"the Beam job failed writing under {plan.staging_dir}: "
+                f"{_last_line(e)}; nothing was published"
+            ) from e
     if state not in (None, PipelineState.DONE):
         raise BuildError(f"the Beam job ended in state {state}")
     return job.read_report(plan.report_uri), _counters(result)
