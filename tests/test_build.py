@@ -500,7 +500,7 @@ def test_beam_works_out_each_dofns_state_specs_once_while_a_job_is_built_and_run
             yield element
 
     fn, other = CountFn(), CountFn()
-    with launcher._dofn_specs_once():
+    with launcher._beam_lookups_once():
         first = userstate.get_dofn_specs(fn)
         assert userstate.is_stateful_dofn(fn)
         userstate.validate_stateful_dofn(fn)
@@ -512,6 +512,29 @@ def test_beam_works_out_each_dofns_state_specs_once_while_a_job_is_built_and_run
     assert userstate.get_dofn_specs is counting
     userstate.get_dofn_specs(fn)
     assert calls == [fn, other, fn]
+
+
+def test_pipeline_option_views_are_made_once_per_class_while_a_job_is_built_and_run():
+    """A view of the pipeline options costs an argparse parser of every
+    registered option, and Beam asks for one per step it applies; while kiln
+    builds and runs a job each options object makes one view per class,
+    which sees and makes the same changes as any other view."""
+    from apache_beam.options.pipeline_options import (
+        DirectOptions,
+        PipelineOptions,
+        StandardOptions,
+    )
+
+    options = launcher.pipeline_options(["--direct_num_workers=2"])
+    with launcher._beam_lookups_once():
+        view = options.view_as(StandardOptions)
+        assert options.view_as(StandardOptions) is view
+        assert options.view_as(DirectOptions).direct_num_workers == 2
+        view.streaming = True
+        assert options.view_as(StandardOptions).streaming is True
+    assert options.view_as(StandardOptions) is not view
+    assert options.view_as(StandardOptions).streaming is True
+    assert PipelineOptions.view_as.__module__ == "apache_beam.options.pipeline_options"
 
 
 def test_local_jobs_sample_beam_state_every_few_ms_and_restore_the_default():
