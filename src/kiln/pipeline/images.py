@@ -192,7 +192,7 @@ class ImageProcessor:
                     base.height,
                     base.width,
                     PixelSums(base.pixels, base.sums, base.squares),
-                    base.entry(),
+                    base.reused_entry(),
                     base.targets,
                 ),
                 None,
@@ -346,7 +346,7 @@ def _describe(error: Exception) -> str:
 class ProcessImagesFn(beam.DoFn):
     """Groups of listed files -> sorted runs of their records (`SpilledRun`);
     tagged outputs ``dropped`` (DroppedFile), ``summary`` (one `Summary`
-    per bundle) and ``reused`` (``(base shard, (ReuseRequest, ...))`` per
+    per bundle) and ``reused`` (``(base shard, (ReuseRequest fields, ...))`` per
     base shard the bundle reuses records of), the last two emitted when the
     bundle finishes (a retried bundle's outputs, summary and runs included,
     are discarded with it).
@@ -485,9 +485,10 @@ class ProcessImagesFn(beam.DoFn):
             SUMMARY, WindowedValue(self._summary, MIN_TIMESTAMP, (GlobalWindow(),))
         )
         for shard, requests in sorted(self._reuse.items()):
+            # Plain tuples: Beam's coder writes them without pickling.
+            plain = tuple(tuple(request) for request in requests)
             yield beam.pvalue.TaggedOutput(
-                REUSED,
-                WindowedValue((shard, tuple(requests)), MIN_TIMESTAMP, (GlobalWindow(),)),
+                REUSED, WindowedValue((shard, plain), MIN_TIMESTAMP, (GlobalWindow(),))
             )
         self._reuse = {}
 
@@ -607,5 +608,5 @@ class ProcessImages(beam.PTransform):
                 DROPPED, SUMMARY, REUSED, main="runs"
             )
             # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle;
-            # reused: (base shard, (ReuseRequest, ...)) per bundle
+            # reused: (base shard, (ReuseRequest fields, ...)) per bundle
         )
