@@ -141,12 +141,13 @@ average 2-7, so CPU time is the steadier figure):
 - Base index rows and reuse requests through Beam's shuffles as plain tuples (a NamedTuple is
   pickled), and a reused record's base line carried into the new index instead of
   re-serialized: 2.66 -> 2.50 s wall, 2.59 -> 2.44 s CPU.
-- All three together against 4ca8346 (before them), 3 rounds with the full build in each: CPU of
-  the incremental build 2.92 -> 2.45 s; in the quietest round (load average 2) incremental /
-  full 0.220 -> 0.176 (under more load the full builds stretched most and both ratios fell to
-  0.13-0.17: only a quiet `make bench` gives the table's figure). At 8000 images (2 rounds,
-  load average 5.3) the incremental build's CPU went 5.94 -> 4.80 s, twice the saving at 4000:
-  the part that shrank is per record, so the ratio does not grow.
+- All three together against 4ca8346 (before them), twice 3 rounds with the full build in each:
+  the incremental build 2.86 -> 2.41 s wall, 2.92-2.95 -> 2.35-2.45 s CPU; in the two quietest
+  rounds (load average 2-2.5, full builds of 12-13 s against the table's 10.5) incremental /
+  full 0.220 -> 0.176 and 0.229 -> 0.166 (under more load the full builds stretched most and
+  both ratios fell to 0.10-0.15: only a quiet `make bench` gives the table's figure). At 8000
+  images (2 rounds, load average 5.3) the incremental build's CPU went 5.94 -> 4.80 s, twice the
+  saving at 4000: the part that shrank is per record, so the ratio does not grow.
 - Not a lever: the launcher's comparison with the previous version (the summary's diff line)
   costs 60 ms of CPU at 4000 images.
 
