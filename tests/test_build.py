@@ -476,6 +476,67 @@ def test_size_limits_drop_files_with_a_reason(build_dataset, demo_corpus):
     assert sum(result.info.dropped.values()) == len(rows) == len(expected) + len(demo_corpus.broken)
 
 
+def test_beam_works_out_each_dofns_state_specs_once_while_a_job_is_built_and_run(monkeypatch):
+    """Beam inspects every method of a DoFn for state and timer specs each
+    time it builds, validates or translates its step; while kiln builds and
+    runs a job, that happens once per DoFn object, and Beam's own function
+    is back after."""
+    import apache_beam as beam
+    from apache_beam.transforms import userstate
+
+    calls = []
+    original = userstate.get_dofn_specs
+
+    def counting(dofn):
+        calls.append(dofn)
+        return original(dofn)
+
+    monkeypatch.setattr(userstate, "get_dofn_specs", counting)
+    count = userstate.ReadModifyWriteStateSpec("count", beam.coders.VarIntCoder())
+    state_param = beam.DoFn.StateParam(count)
+
+    class CountFn(beam.DoFn):
+        def process(self, element, state=state_param):
+            yield element
+
+    fn, other = CountFn(), CountFn()
+    with launcher._beam_lookups_once():
+        first = userstate.get_dofn_specs(fn)
+        assert userstate.is_stateful_dofn(fn)
+        userstate.validate_stateful_dofn(fn)
+        second = userstate.get_dofn_specs(fn)
+        userstate.get_dofn_specs(other)
+        assert calls == [fn, other]
+        assert first == second == ({count}, set())
+        assert first[0] is not second[0]  # each caller gets sets of its own
+    assert userstate.get_dofn_specs is counting
+    userstate.get_dofn_specs(fn)
+    assert calls == [fn, other, fn]
+
+
+def test_pipeline_option_views_are_made_once_per_class_while_a_job_is_built_and_run():
+    """A view of the pipeline options costs an argparse parser of every
+    registered option, and Beam asks for one per step it applies; while kiln
+    builds and runs a job each options object makes one view per class,
+    which sees and makes the same changes as any other view."""
+    from apache_beam.options.pipeline_options import (
+        DirectOptions,
+        PipelineOptions,
+        StandardOptions,
+    )
+
+    options = launcher.pipeline_options(["--direct_num_workers=2"])
+    with launcher._beam_lookups_once():
+        view = options.view_as(StandardOptions)
+        assert options.view_as(StandardOptions) is view
+        assert options.view_as(DirectOptions).direct_num_workers == 2
+        view.streaming = True
+        assert options.view_as(StandardOptions).streaming is True
+    assert options.view_as(StandardOptions) is not view
+    assert options.view_as(StandardOptions).streaming is True
+    assert PipelineOptions.view_as.__module__ == "apache_beam.options.pipeline_options"
+
+
 def test_local_jobs_sample_beam_state_every_few_ms_and_restore_the_default():
     """Ending a bundle joins Beam's state-sampler thread, which sleeps up to
     its sampling period: with Beam's 200 ms every bundle of a local job

@@ -351,6 +351,16 @@ def test_record_index_lines_round_trip():
     rows = [record_index.parse_line(line) for line in lines]
     assert [r.position for r in rows] == [0, 1]
     assert rows[0].entry() == entry
+    # A reused record carries its base line, placement and all, and gets the
+    # same line in its new place as its entry would give.
+    assert rows[0].reused_entry() == lines[0].encode()
+    moved = record_index.part_bytes("val", "x-val.tfrecord-00000-of-00001", [entry, entry])
+    assert (
+        record_index.part_bytes(
+            "val", "x-val.tfrecord-00000-of-00001", [r.reused_entry() for r in rows]
+        )
+        == moved
+    )
     assert json.loads(lines[0]) == dict(
         json.loads(entry), split="train", shard="x-train.tfrecord-00000-of-00001", position=0
     )

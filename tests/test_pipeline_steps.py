@@ -728,3 +728,78 @@ def test_channel_statistics_dataclass_is_what_kiln_json_gets():
     assert isinstance(out, ChannelStatistics)
     assert dataclasses.asdict(out)["count"] == 4
     assert statistics.channel_statistics(statistics.EMPTY) is None
+
+
+class _StubProcessor:
+    """Stands in for `ImageProcessor`: records which thread ran which file;
+    the file keyed "slow" waits until `release` is set."""
+
+    def __init__(self):
+        import threading
+
+        self.release = threading.Event()
+        self.threads: dict[str, int] = {}
+
+    def __call__(self, item, before_decoding=None):
+        import threading
+
+        from kiln.pipeline.images import Outcome
+
+        self.threads[item["key"]] = threading.get_ident()
+        if item["key"] == "slow":
+            self.release.wait(timeout=10)
+        return Outcome(None, DroppedFile(item["key"], "decode", "corrupt", item["uri"], ""), 1)
+
+
+def _run_bundle(fn, files, taken, after_take=lambda: None):
+    fn.setup()
+    real_take = fn._take
+
+    def take(item, outcome, window, timestamp):
+        taken.append(item["key"])
+        after_take()
+        yield from real_take(item, outcome, window, timestamp)
+
+    fn._take = take
+    try:
+        fn.start_bundle()
+        list(fn.process(files, window=GlobalWindow(), timestamp=0))
+        list(fn.finish_bundle())
+    finally:
+        fn.teardown()
+
+
+def test_a_slow_file_does_not_hold_back_the_files_after_it(tmp_path):
+    """Results are taken as they complete: while one image takes long, the
+    files after it are taken (in input order they would wait behind it)."""
+    from kiln.pipeline.images import ProcessImagesFn
+
+    stub = _StubProcessor()
+    fn = ProcessImagesFn(stub, threads=2, runs_folder=str(tmp_path), run_bytes=1 << 20)
+    files = [{"key": key, "uri": key, "label": 0} for key in ["slow", *"abcdefgh"]]
+    taken: list[str] = []
+
+    def after_take():
+        if len(taken) == 8:  # every fast file is out: let the slow one finish
+            stub.release.set()
+
+    _run_bundle(fn, files, taken, after_take)
+    assert taken[-1] == "slow" and sorted(taken[:-1]) == list("abcdefgh")
+
+
+def test_files_with_a_base_row_go_to_the_pool_as_one_task(tmp_path):
+    """An element's files that have a base row (most likely reused: hashed,
+    not decoded) run as one task on one thread; the others one task each."""
+    from kiln.pipeline.images import ProcessImagesFn
+
+    stub = _StubProcessor()
+    stub.release.set()
+    fn = ProcessImagesFn(stub, threads=2, runs_folder=str(tmp_path), run_bytes=1 << 20)
+    with_base = [{"key": f"r{i}", "uri": "r", "label": 0, "base": object()} for i in range(20)]
+    new = [{"key": f"n{i}", "uri": "n", "label": 0, "base": None} for i in range(4)]
+    taken: list[str] = []
+    _run_bundle(fn, with_base[:10] + new + with_base[10:], taken)
+    assert sorted(taken) == sorted(item["key"] for item in with_base + new)
+    assert len({stub.threads[item["key"]] for item in with_base}) == 1
+    reused_at = [taken.index(item["key"]) for item in with_base]
+    assert reused_at == sorted(reused_at)  # one task: taken together, in order

@@ -29,7 +29,6 @@ statistic.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import hashlib
 import logging
@@ -193,7 +192,7 @@ class ImageProcessor:
                     base.height,
                     base.width,
                     PixelSums(base.pixels, base.sums, base.squares),
-                    base.entry(),
+                    base.reused_entry(),
                     base.targets,
                 ),
                 None,
@@ -347,7 +346,7 @@ def _describe(error: Exception) -> str:
 class ProcessImagesFn(beam.DoFn):
     """Groups of listed files -> sorted runs of their records (`SpilledRun`);
     tagged outputs ``dropped`` (DroppedFile), ``summary`` (one `Summary`
-    per bundle) and ``reused`` (``(base shard, (ReuseRequest, ...))`` per
+    per bundle) and ``reused`` (``(base shard, (ReuseRequest fields, ...))`` per
     base shard the bundle reuses records of), the last two emitted when the
     bundle finishes (a retried bundle's outputs, summary and runs included,
     are discarded with it).
@@ -363,11 +362,18 @@ class ProcessImagesFn(beam.DoFn):
     threads need too.
 
     With one thread, each file is processed in `process`. With more, files
-    are handed to a thread pool as they arrive, at most `IN_FLIGHT_PER_THREAD`
-    per thread, and their results are taken in input order as they complete
-    (the rest at the end of the bundle). Every thread stays busy across
-    elements, unlike processing a batch at a time, where threads idle at the
-    end of every batch.
+    are handed to a thread pool as they arrive (an element's files with a
+    base row as one task, every other file as a task of its own), at most
+    `IN_FLIGHT_PER_THREAD` tasks per thread, and their results are taken as
+    they complete, in whatever order (the rest at the end of the bundle).
+    Every thread stays busy across elements, unlike processing a batch at a
+    time, where threads idle at the end of every batch; a file that takes
+    long (an image decoded among records reused from a base) does not hold
+    back the files after it, as it would if results were taken in input
+    order; and files that are only hashed pay the hand-over to the pool
+    once per element. The order results are taken in changes nothing
+    written: runs are sorted, the summary merges in any order, and the
+    reports are sorted.
 
     The pool is created in `setup`, once per DoFn instance (Beam reuses
     instances across bundles). Counters are incremented on the bundle's
@@ -393,7 +399,8 @@ class ProcessImagesFn(beam.DoFn):
         self._counter = FileCounter(progress_path) if progress_path else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._opencv_threads: int | None = None
-        self._pending: collections.deque = collections.deque()
+        # Tasks on the pool: future -> (files, window, timestamp), in submission order.
+        self._pending: dict[concurrent.futures.Future, tuple] = {}
         self._summary = Summary()
         self._reuse: dict[str, list[ReuseRequest]] = {}
         self._read = Metrics.counter("kiln", "files_read")
@@ -428,7 +435,7 @@ class ProcessImagesFn(beam.DoFn):
             self._opencv_threads = None
 
     def start_bundle(self):
-        self._pending = collections.deque()  # a failed bundle's leftovers are dropped
+        self._pending = {}  # a failed bundle's leftovers are dropped
         self._runs.reset()
         self._summary = Summary()
         self._reuse = {}
@@ -440,22 +447,36 @@ class ProcessImagesFn(beam.DoFn):
         timestamp=beam.DoFn.TimestampParam,
         base_problems: Mapping[str, str] | None = None,
     ):
-        limit = self.IN_FLIGHT_PER_THREAD * self._threads
-        for item in files:
-            if base_problems and item.get("base") is not None:
-                item = self._trusted_base(item, base_problems)
-            if self._pool is None:
+        if base_problems:
+            files = [
+                item if item.get("base") is None else self._trusted_base(item, base_problems)
+                for item in files
+            ]
+        if self._pool is None:
+            for item in files:
                 yield from self._take(item, self._processor(item), window, timestamp)
-                continue
-            self._pending.append(
-                (item, self._pool.submit(self._process_in_budget, item), window, timestamp)
+            return
+        # A file with a base row is most likely reused: hashed, not decoded,
+        # a fraction of a millisecond. The element's such files go to the
+        # pool as one task, so the hand-over (a queue, a future, waking this
+        # thread) is paid once for them, not per file; every other file is a
+        # task of its own (decoded: milliseconds each, spread over the threads).
+        likely_reused = [item for item in files if item.get("base") is not None]
+        tasks = [[item] for item in files if item.get("base") is None]
+        if likely_reused:
+            tasks.append(likely_reused)
+        limit = self.IN_FLIGHT_PER_THREAD * self._threads
+        for task in tasks:
+            self._pending[self._pool.submit(self._process_in_budget, task)] = (
+                task,
+                window,
+                timestamp,
             )
-            while self._pending and (len(self._pending) > limit or self._pending[0][1].done()):
-                yield from self._take(*self._oldest())
+            yield from self._take_done(wait=len(self._pending) > limit)
 
     def finish_bundle(self):
         while self._pending:
-            yield from self._take(*self._oldest())
+            yield from self._take_done(wait=True)
         yield from self._runs.flush()
         if self._counter is not None:
             self._counter.flush()
@@ -464,9 +485,10 @@ class ProcessImagesFn(beam.DoFn):
             SUMMARY, WindowedValue(self._summary, MIN_TIMESTAMP, (GlobalWindow(),))
         )
         for shard, requests in sorted(self._reuse.items()):
+            # Plain tuples: Beam's coder writes them without pickling.
+            plain = tuple(tuple(request) for request in requests)
             yield beam.pvalue.TaggedOutput(
-                REUSED,
-                WindowedValue((shard, tuple(requests)), MIN_TIMESTAMP, (GlobalWindow(),)),
+                REUSED, WindowedValue((shard, plain), MIN_TIMESTAMP, (GlobalWindow(),))
             )
         self._reuse = {}
 
@@ -480,15 +502,23 @@ class ProcessImagesFn(beam.DoFn):
             return dict(item, base=None)
         return item
 
-    def _process_in_budget(self, item: Mapping[str, Any]) -> Outcome:
-        # On a pool thread: the file's pixels count from its header check to
+    def _process_in_budget(self, task: Sequence[Mapping[str, Any]]) -> list[Outcome]:
+        # On a pool thread: a file's pixels count from its header check to
         # the end of its encoding.
-        with self._budget.reservation() as reservation:
-            return self._processor(item, before_decoding=reservation.acquire)
+        outcomes = []
+        for item in task:
+            with self._budget.reservation() as reservation:
+                outcomes.append(self._processor(item, before_decoding=reservation.acquire))
+        return outcomes
 
-    def _oldest(self):
-        item, future, window, timestamp = self._pending.popleft()
-        return item, future.result(), window, timestamp
+    def _take_done(self, wait: bool):
+        """Takes every finished file; with `wait`, waits for at least one first."""
+        if wait:
+            concurrent.futures.wait(self._pending, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in [future for future in self._pending if future.done()]:
+            task, window, timestamp = self._pending.pop(future)
+            for item, outcome in zip(task, future.result(), strict=True):
+                yield from self._take(item, outcome, window, timestamp)
 
     def _take(self, item: Mapping[str, Any], outcome: Outcome, window, timestamp):
         """Counts one finished file and stores or drops it. Outputs carry the
@@ -578,5 +608,5 @@ class ProcessImages(beam.PTransform):
                 DROPPED, SUMMARY, REUSED, main="runs"
             )
             # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle;
-            # reused: (base shard, (ReuseRequest, ...)) per bundle
+            # reused: (base shard, (ReuseRequest fields, ...)) per bundle
         )

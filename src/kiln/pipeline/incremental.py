@@ -271,7 +271,9 @@ def _rows_by_bucket(line: str, buckets: int):
         # A damaged index fails its sha256 check: nothing is reused then.
         Metrics.counter("kiln", "base_index_bad_lines").inc()
         return
-    yield _bucket(row.key, buckets), (1, row)
+    # As a plain tuple: Beam's coder writes that without pickling (an
+    # IndexRow it would pickle, class and all, several times slower).
+    yield _bucket(row.key, buckets), (1, tuple(row))
 
 
 def _attach_base(bucket_and_values):
@@ -281,7 +283,8 @@ def _attach_base(bucket_and_values):
     files = []
     for kind, value in values:
         if kind:
-            rows[value.key] = value
+            row = record_index.IndexRow(*value)
+            rows[row.key] = row
         else:
             files.append(value)
     out = []
@@ -313,7 +316,7 @@ class JoinBase(beam.PTransform):
         )
         return (
             (listed, rows)
-            | "MergeFilesAndRows" >> beam.Flatten()  # (bucket, (0, file) or (1, IndexRow))
+            | "MergeFilesAndRows" >> beam.Flatten()  # (bucket, (0, file) or (1, IndexRow fields))
             | "GroupByBucket" >> beam.GroupByKey()
             | "AttachBase" >> beam.FlatMap(_attach_base)  # [{key, uri, ..., base}]
         )
@@ -352,7 +355,7 @@ def read_frames(data: bytes) -> list[tuple[int, int]]:
 
 
 class ExtractReusedFn(beam.DoFn):
-    """(base shard file name, [ReuseRequest, ...]) -> sorted runs of those
+    """(base shard file name, [(ReuseRequest fields, ...), ...]) -> sorted runs of those
     records (`sharding.SpilledRun`), as the image step writes them.
 
     Reads the base shard once, whole, and checks its sha256 again (the
@@ -371,7 +374,7 @@ class ExtractReusedFn(beam.DoFn):
 
     def process(self, element, window=beam.DoFn.WindowParam):
         shard, groups = element
-        requests = sorted(request for group in groups for request in group)
+        requests = sorted(ReuseRequest(*request) for group in groups for request in group)
         path = FileSystems.join(self._base.folder, shard)
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             raw = f.read()
@@ -398,7 +401,7 @@ class ExtractReusedFn(beam.DoFn):
 
 
 class ExtractReused(beam.PTransform):
-    """Reuse requests grouped per bundle, ``(base shard, (ReuseRequest, ...))``
+    """Reuse requests grouped per bundle, ``(base shard, (ReuseRequest fields, ...))``
     -> `sharding.SpilledRun` of the reused records."""
 
     def __init__(self, base: BaseFiles, runs_folder: str, run_bytes: int):
@@ -408,7 +411,7 @@ class ExtractReused(beam.PTransform):
     def expand(self, requests):
         return (
             requests
-            | "GroupByBaseShard" >> beam.GroupByKey()  # (shard, [(ReuseRequest, ...)])
+            | "GroupByBaseShard" >> beam.GroupByKey()  # (shard, [(ReuseRequest fields, ...)])
             | "CopyRecords" >> beam.ParDo(ExtractReusedFn(*self._fn_args))  # SpilledRun
         )
 

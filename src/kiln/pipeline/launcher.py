@@ -293,6 +293,54 @@ def _short_state_sampling(options: PipelineOptions) -> Iterator[None]:
         init.__defaults__ = defaults
 
 
+# Beam asks the same questions many times while it builds, translates and
+# starts a job, each answer costly and fixed for the object asked about:
+# a DoFn's state and timer specs (`userstate.get_dofn_specs`: an
+# inspect.signature of every method of the DoFn, each time Beam builds,
+# validates or translates its step) and a view of the pipeline options
+# (`PipelineOptions.view_as`: a fresh argparse parser of every registered
+# option, for every step applied). Together about a tenth of a second of
+# every build's start. While kiln builds and runs a job, each is worked out
+# once per object.
+@contextlib.contextmanager
+def _beam_lookups_once() -> Iterator[None]:
+    """While the job is built and run: `userstate.get_dofn_specs` answers
+    from a cache per DoFn object, `PipelineOptions.view_as` from one per
+    options object and view class; Beam's own functions are restored after.
+
+    A view shares its options' values (Beam's views all do), so handing
+    out the same view twice changes nothing a caller sees.
+    """
+    from apache_beam.transforms import userstate
+
+    get_specs = userstate.get_dofn_specs
+    view_as = PipelineOptions.view_as
+    # id -> (the object, its answer): the object is held so its id is not reused.
+    specs: dict[int, tuple[Any, tuple[Any, Any]]] = {}
+    views: dict[tuple[int, type], tuple[Any, Any]] = {}
+
+    def get_dofn_specs(dofn):
+        known = specs.get(id(dofn))
+        if known is None or known[0] is not dofn:
+            known = specs[id(dofn)] = (dofn, get_specs(dofn))
+        state_specs, timer_specs = known[1]
+        return set(state_specs), set(timer_specs)  # the caller's own sets, as before
+
+    def cached_view_as(options, cls):
+        known = views.get((id(options), cls))
+        if known is None or known[0] is not options:
+            known = views[(id(options), cls)] = (options, view_as(options, cls))
+        return known[1]
+
+    userstate.get_dofn_specs = get_dofn_specs
+    PipelineOptions.view_as = cached_view_as  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        userstate.get_dofn_specs = get_specs
+        PipelineOptions.view_as = view_as  # type: ignore[method-assign]
+
+
 def make_plan(
     spec: BuildSpec,
     listing: sources.Listing,
@@ -584,26 +632,30 @@ def _run_job(
 ) -> tuple[job.JobReport, dict[str, int]]:
     """Writes the listing, runs the job to completion and reads its report."""
     listing.write(plan.listing_uri)
-    pipeline = construct_pipeline(plan, options)
-    logger.info("running the build job for %d files", listing.num_files)
     interruption = _Interruption()
-    try:
-        with (
-            interruption,
-            _short_state_sampling(options),
-            progress.display(
-                plan.progress_uri, listing.num_files, enabled=show_progress, every=progress_every
-            ),
-        ):
-            result = pipeline.run()
-            state = result.wait_until_finish()
-    except Exception as e:  # a worker's error, re-raised by the runner with its traceback
-        if interruption.seen:  # Ctrl-C, which Beam re-raises as a step's RuntimeError
-            raise KeyboardInterrupt from None
-        raise BuildError(
-            f"the Beam job failed writing under {plan.staging_dir}: "
-            f"{_last_line(e)}; nothing was published"
-        ) from e
+    with _beam_lookups_once():
+        pipeline = construct_pipeline(plan, options)
+        logger.info("running the build job for %d files", listing.num_files)
+        try:
+            with (
+                interruption,
+                _short_state_sampling(options),
+                progress.display(
+                    plan.progress_uri,
+                    listing.num_files,
+                    enabled=show_progress,
+                    every=progress_every,
+                ),
+            ):
+                result = pipeline.run()
+                state = result.wait_until_finish()
+        except Exception as e:  # a worker's error, re-raised by the runner with its traceback
+            if interruption.seen:  # Ctrl-C, which Beam re-raises as a step's RuntimeError
+                raise KeyboardInterrupt from None
+            raise BuildError(
+                f"the Beam job failed writing under {plan.staging_dir}: "
+                f"{_last_line(e)}; nothing was published"
+            ) from e
     if state not in (None, PipelineState.DONE):
         raise BuildError(f"the Beam job ended in state {state}")
     return job.read_report(plan.report_uri), _counters(result)

@@ -142,9 +142,17 @@ class IndexRow(NamedTuple):
     sums: tuple[int, ...]
     squares: tuple[int, ...]
     targets: TargetCounts | None = None
+    line: str = ""  # the line as read (`parse_line`)
+
+    def reused_entry(self) -> bytes:
+        """What the row's record, reused, carries into the new index: the
+        line as read, where there is one (`part_bytes` replaces its placement,
+        split, shard and position, and keeps the rest: the `entry` fields
+        with the same values, and no re-serializing per record), else `entry`."""
+        return self.line.encode("utf-8") if self.line else self.entry()
 
     def entry(self) -> bytes:
-        """The row's `entry` (what a reused record carries into the new index)."""
+        """The row's `entry`: the placement-free part of its line."""
         return entry(
             key=self.key,
             sha256=self.sha256,
@@ -182,6 +190,7 @@ def parse_line(line: str) -> IndexRow:
             sums=tuple(int(v) for v in data["sums"]),
             squares=tuple(int(v) for v in data["squares"]),
             targets=_targets_from_json(data["targets"]) if "targets" in data else None,
+            line=line.rstrip("\n"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ValueError(f"not a record index line ({type(e).__name__}: {e})") from None
