@@ -121,6 +121,42 @@ def test_model_layer_moves_targets_exactly_as_the_data_path(scenes_dataset):
     assert compared == 2
 
 
+@pytest.fixture(scope="session")
+def objects_dataset(tmp_path_factory):
+    """The scenes with boxes, keypoints and the class mask, no instance masks:
+    a batched read moves their boxes and keypoints once per batch."""
+    root = str(tmp_path_factory.mktemp("objects"))
+    targets = {name: value for name, value in TARGETS.items() if name != "instance_masks"}
+    return scene_records.build_scenes(root, targets, STORED_AUGMENT, count=NUM_SCENES)
+
+
+@pytest.mark.parametrize("name", ["stored", "crop", "geometry"])
+def test_batches_move_objects_exactly_as_single_elements(objects_dataset, name):
+    def read(batch_size):
+        return kiln.reader.load(
+            objects_dataset.dataset_dir,
+            batch_size=batch_size,
+            seed=13,
+            repeat=3,
+            augment=LISTS[name],
+        )
+
+    singles = elements(read(None))
+    batched = [pair for images, targets in read(4) for pair in unbatch(images, targets)]
+    assert len(batched) == len(singles) == 3 * NUM_SCENES
+    dropped = 0
+    for (image, targets), (single_image, single) in zip(batched, singles, strict=True):
+        np.testing.assert_array_equal(image, single_image)
+        assert sorted(targets) == sorted(single)
+        for key, value in targets.items():
+            np.testing.assert_array_equal(value, single[key], err_msg=f"{name}: {key}")
+        if name != "geometry":  # rotated boxes are tight only with instance masks
+            assert not scenes.check_element(image, targets), name
+        dropped += 3 - len(targets["boxes"])
+    if name == "stored":
+        assert dropped > 0  # crops dropped objects: the batch filtered them too
+
+
 def test_same_seed_same_targets_other_seed_other_targets(scenes_dataset):
     def boxes(seed):
         dataset = kiln.reader.load(scenes_dataset.dataset_dir, batch_size=4, seed=seed)

@@ -22,7 +22,13 @@ from kiln.reader import register_augmentation
 from kiln.reader.augmenter import Augmenter
 from kiln.reader.dataset import pad_objects
 from kiln.reader.ops import AUGMENTATIONS, validate
-from kiln.reader.targets import BatchTargets, ElementTargets, TargetError, TargetSpec
+from kiln.reader.targets import (
+    BatchTargets,
+    ElementTargets,
+    TargetError,
+    TargetSpec,
+    move_batch_objects,
+)
 from reader import scenes
 
 SPEC = TargetSpec(
@@ -323,7 +329,7 @@ def test_deferred_mask_moves_equal_moving_the_masks_one_by_one():
             "instance_masks": tf.constant(rng.integers(0, 2, (2, height, width, 1)), tf.uint8),
         }
         eager = ElementTargets(tensors, spec)
-        deferred = eager.deferring_masks()
+        deferred = eager.deferring_moves()
         size = tf.constant([int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))])
         offset = tf.constant(
             [int(rng.integers(0, height - size[0] + 1)), int(rng.integers(0, width - size[1] + 1))]
@@ -341,3 +347,58 @@ def test_deferred_mask_moves_equal_moving_the_masks_one_by_one():
             np.testing.assert_array_equal(
                 moved[1].tensors[name].numpy(), moved[0].tensors[name].numpy(), err_msg=name
             )
+
+
+def test_deferred_object_moves_equal_moving_each_element_and_each_batch():
+    # The leading crop's and its flips' moves of boxes and keypoints, applied
+    # at once (no deferral), deferred per element, and deferred to a batch
+    # (`move_batch_objects`, as the reader does) give the same objects and values.
+    rng = np.random.default_rng(5)
+    spec = dataclasses.replace(BOXES_ONLY, fields=("iscrowd",))
+    shape = tf.constant([60, 80])
+    at_once, per_element, deferred = [], [], []
+    for case in range(6):
+        count = int(rng.integers(0, 5))
+        low = rng.uniform(0.0, 0.8, (count, 2))
+        boxes = np.concatenate([low, low + rng.uniform(0.01, 0.5, (count, 2))], 1)
+        stored = ElementTargets(
+            {
+                "boxes": tf.constant(boxes, tf.float32),
+                "classes": tf.constant(rng.integers(0, 9, count), tf.int64),
+                "iscrowd": tf.constant(rng.integers(0, 2, count), tf.int64),
+                "keypoints": tf.constant(rng.uniform(0, 1, (count, 2, 2)), tf.float32),
+                "keypoint_visibility": tf.constant(rng.integers(0, 3, (count, 2)), tf.int64),
+            },
+            spec,
+        )
+        size = tf.constant([int(rng.integers(10, 61)), int(rng.integers(10, 81))])
+        offset = tf.constant(
+            [int(rng.integers(0, 61 - int(size[0]))), int(rng.integers(0, 81 - int(size[1])))]
+        )
+        flips = tf.constant(bool(case % 2))
+        moved = []
+        for targets in (stored, stored.deferring_moves()):
+            targets = targets.crop(offset, size, shape).flip_left_right(when=flips)
+            moved.append(targets.flip_up_down())
+        at_once.append(moved[0].tensors)
+        per_element.append(moved[1].materialized().tensors)
+        deferred.append(moved[1])
+    window = tf.stack([t.moves.as_tensors()[0] for t in deferred])
+    whens = tf.stack([t.moves.as_tensors()[1] for t in deferred])
+    columns = {  # as ragged_batch makes them: [B, (N), ...], ragged in N only
+        name: tf.RaggedTensor.from_row_lengths(
+            tf.concat([t.tensors[name] for t in deferred], 0),
+            [len(t.tensors[name]) for t in deferred],
+        )
+        for name in spec.object_columns
+    }
+    batch = move_batch_objects(columns, spec, window, whens, deferred[0].moves.flip_axes)
+    for name in spec.object_columns:
+        for index, expected in enumerate(at_once):
+            np.testing.assert_array_equal(
+                per_element[index][name].numpy(), expected[name].numpy(), err_msg=name
+            )
+            np.testing.assert_array_equal(
+                batch[name][index].numpy(), expected[name].numpy(), err_msg=name
+            )
+    assert sum(len(t["boxes"]) for t in at_once) < sum(len(t.tensors["boxes"]) for t in deferred)

@@ -133,7 +133,7 @@ class Augmenter:
         shape = tf.shape(image)[:2]
         offset, size = window.sample(shape, self._first_seed(seed), **first.kwargs)
         if targets is not None:
-            targets = targets.deferring_masks().crop(offset, size, shape)
+            targets = targets.deferring_moves().crop(offset, size, shape)
         return self._after_window(slice_window(image, offset, size), seed, targets, first=1)
 
     def _leading_window(self):
@@ -184,9 +184,14 @@ class Augmenter:
         channels: int,
         image_size: Sequence[int] | None,
         uint8: bool = False,
+        defer_objects: bool = False,
     ) -> tuple[tf.Tensor, ElementTargets]:
         """`decode_and_apply` moving the record's targets with the image
-        (equal to `apply_with_targets` on the decoded image)."""
+        (equal to `apply_with_targets` on the decoded image).
+
+        With `defer_objects`, a crop's and its flips' moves of boxes and
+        keypoints that are still deferred at the end are left to the caller,
+        in the targets' `moves` (see `kiln.reader.targets.move_batch_objects`)."""
         image, moved = self._decode_and_apply(
             features,
             seed,
@@ -198,7 +203,8 @@ class Augmenter:
         )
         if moved is None:  # cannot happen: given targets, every step returns them
             raise RuntimeError("the augmenter lost the targets")
-        return image, moved.materialized()
+        cropped = moved.moves is not None and moved.moves.window is not None
+        return image, moved.materialized(objects=not (defer_objects and cropped))
 
     def _decode_and_apply(
         self,
@@ -232,7 +238,7 @@ class Augmenter:
         )
         cropped = slice_window(wide, offset - start, size)
         if targets is not None:
-            targets = targets.deferring_masks().crop(offset, size, shape)
+            targets = targets.deferring_moves().crop(offset, size, shape)
         return self._after_window(cropped, seed, targets, first=1, uint8=uint8)
 
     def _after_window(
@@ -442,7 +448,7 @@ class Augmenter:
         offset, size = window.sample(shape, seed, **augmentation.kwargs)
         cropped = slice_window(image, offset, size)
         out = self._call(augmentation, lambda: window.finish(cropped, **augmentation.kwargs))
-        return out, _finish_targets(targets.deferring_masks().crop(offset, size, shape), out)
+        return out, _finish_targets(targets.deferring_moves().crop(offset, size, shape), out)
 
     @staticmethod
     def _op_seed(seed: tf.Tensor, index: int) -> tf.Tensor:
@@ -465,12 +471,14 @@ class Augmenter:
 
 def _finish_targets(targets: ElementTargets, image: tf.Tensor) -> ElementTargets:
     """Masks brought to the size of the finished (e.g. resized) crop, and
-    moved: the crop, the flips after it and this resize in one gather."""
+    moved: the crop, the flips after it and this resize in one gather. The
+    objects' moves stay deferred (a resize does not move normalized
+    coordinates): later ops other than flips materialize them."""
     if not targets.has_masks:
         return targets
     static = image.shape[:2]
     size = static.as_list() if static.is_fully_defined() else tf.shape(image)[:2]
-    return targets.resize_masks(size).materialized()
+    return targets.resize_masks(size).materialized(objects=False)
 
 
 def decode(

@@ -31,7 +31,13 @@ from kiln.reader.location import info
 from kiln.reader.ops import AugmentConfigError, to_float, validate
 from kiln.reader.options import ReadOptions
 from kiln.reader.output import ImageFormat, Output
-from kiln.reader.targets import BatchTargets, ElementTargets, TargetError, TargetSpec
+from kiln.reader.targets import (
+    BatchTargets,
+    ElementTargets,
+    TargetError,
+    TargetSpec,
+    move_batch_objects,
+)
 from kiln.schemas import (
     METADATA_FILENAME,
     RECORD,
@@ -415,6 +421,9 @@ def _read(
         as_float=not model_side and not output.image_format.keeps_stored_pixels(augmenter),
         schema=schema,
         targets=spec,
+        # Boxes and keypoints move once per batch (instance masks, one per
+        # object, are moved with their objects per element).
+        defer_objects=batch_size is not None and "instance_masks" not in spec.kinds,
         # Cast per element unless later steps compute on the float image
         # (mixing ops, standardization, the model-side layer).
         image_format=(
@@ -437,7 +446,7 @@ def _read(
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=deterministic,
         )
-        image_shape = dataset.element_spec["image"].shape
+        image_shape = decoding.features_spec(dataset.element_spec)["image"].shape
         if batch_size is not None and not image_shape.is_fully_defined():
             raise ValueError(
                 f"{dataset_dir}: images in split {split!r} vary in size (kiln.json image_size "
@@ -460,9 +469,11 @@ def _read(
     mean_std = _statistics(metadata, split, dataset_dir) if normalize else None
     num_classes = metadata.num_classes
 
-    def finish_with_targets(batch):
-        image = batch["image"]
+    def finish_with_targets(batch, deferred=None):
         batch = dict(batch)
+        if deferred is not None:
+            batch.update(decoding.move_objects(batch, *deferred))
+        image = batch["image"]
         if augmenter.batch_ops:
             image, mixed = augmenter.apply_batch_with_targets(
                 image, BatchTargets.for_mixing(batch, spec, num_classes), batch.pop("augment_seed")
@@ -499,8 +510,10 @@ def _read(
             return image, batch["label"]
         return batch
 
-    def finished(batch):
-        return output.apply(finish(batch))
+    def finished(*parts):
+        if len(parts) == 2:  # the features and the objects' deferred moves
+            return output.apply(finish_with_targets(*parts))
+        return output.apply(finish(parts[0]))
 
     dataset = dataset.map(
         _unconverted(finished), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
@@ -637,8 +650,13 @@ class _Decoding:
         schema: Schema = RECORD,
         targets: TargetSpec | None = None,
         image_format: ImageFormat | None = None,
+        defer_objects: bool = False,
     ):
         self.augmenter = augmenter
+        self.defer_objects = defer_objects
+        # Set when `element` is traced with deferred object moves: the axes
+        # of their flips, the same for every element (see `move_objects`).
+        self.flip_axes: tuple[int, ...] | None = None
         self.image_format = image_format
         self.encoding = encoding
         self.channels = channels
@@ -693,6 +711,7 @@ class _Decoding:
                 channels=self.channels,
                 image_size=self.image_size,
                 uint8=self._uint8,
+                defer_objects=self.defer_objects,
             )
         else:
             image = decode(
@@ -701,7 +720,23 @@ class _Decoding:
         out = dict(features, image=self._cast(image), **_shaped_like(targets, image).tensors)
         if self.keep_seeds:
             out["augment_seed"] = seed
-        return out
+        moves = targets.moves
+        if moves is None:
+            return out
+        self.flip_axes = moves.flip_axes
+        return out, moves.as_tensors()
+
+    @staticmethod
+    def features_spec(element_spec):
+        """The features' part of an element's spec (see `element`)."""
+        return element_spec[0] if isinstance(element_spec, tuple) else element_spec
+
+    def move_objects(self, batch: dict, window: tf.Tensor, whens: tf.Tensor) -> dict:
+        """A batch's per-object columns moved by their elements' deferred moves."""
+        if self.flip_axes is None:
+            raise RuntimeError("deferred object moves without a traced element")
+        columns = {name: batch[name] for name in self.targets.object_columns if name in batch}
+        return move_batch_objects(columns, self.targets, window, whens, self.flip_axes)
 
     @property
     def _uint8(self) -> bool:

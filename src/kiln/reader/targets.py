@@ -229,30 +229,70 @@ def _nearest_index(in_size: tf.Tensor, out_size) -> tf.Tensor:
 
 
 @dataclasses.dataclass(frozen=True)
+class ObjectMoves:
+    """A crop and the mirror flips after it, not yet applied to the per-object
+    coordinates (boxes, keypoints): the moves of the leading crop's path.
+
+    Every step of applying them (`move_objects`) works per object, so the
+    reader applies them once per batch, to the objects of all its elements
+    at once, instead of a dozen small ops per element and move; applied to
+    one element or to a batch, they give the same values.
+
+    Attributes:
+      window: float32 ``[4]``: the crop's offset (y, x) as a fraction of
+        the image and its scale (y, x), image size over window size; None
+        until a crop is deferred.
+      flips: ``(axis, when)`` of each mirror flip after the crop, in order:
+        axis 0 mirrors rows, 1 columns; `when` a bool scalar (None: always).
+    """
+
+    window: tf.Tensor | None = None
+    flips: tuple[tuple[int, tf.Tensor | None], ...] = ()
+
+    @property
+    def pending(self) -> bool:
+        return self.window is not None or bool(self.flips)
+
+    def as_tensors(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(window [4], whens [F])``: the moves after a crop as tensors that
+        batch (the flips' axes, the same for every element, are `flip_axes`)."""
+        if self.window is None:
+            raise ValueError("only the moves after a crop are deferred to the batch")
+        whens = [tf.constant(True) if when is None else when for _, when in self.flips]
+        return self.window, tf.stack(whens) if whens else tf.zeros([0], tf.bool)
+
+    @property
+    def flip_axes(self) -> tuple[int, ...]:
+        return tuple(axis for axis, _ in self.flips)
+
+
+@dataclasses.dataclass(frozen=True)
 class ElementTargets:
     """One element's target tensors (keyed by the names in the module docstring) and its spec.
 
     Immutable: every move returns a new `ElementTargets`. Tensors that a move
     does not concern (label, labels, extras) pass through.
 
-    With a `grid` (see `deferring_masks`), ``mask`` and ``instance_masks``
-    in `tensors` are the masks before the moves the grid holds: crops,
-    mirror flips and mask resizes then only update the grid, and
-    `materialized` moves the masks once. Every other move materializes
-    first; the augmenter hands ops other than kiln's own flips materialized
-    targets only.
+    While deferring (see `deferring_moves`), ``mask`` and ``instance_masks``
+    in `tensors` are the masks before the moves the `grid` holds, and the
+    per-object columns the objects before the crop and flips `moves`
+    holds: crops, mirror flips and mask resizes then only update the two,
+    and `materialized` moves the masks and objects once. Every other move
+    materializes first; the augmenter hands ops other than kiln's own flips
+    materialized targets only.
     """
 
     tensors: Mapping[str, tf.Tensor]
     spec: TargetSpec
     grid: MaskGrid | None = None
+    moves: ObjectMoves | None = None
 
     def replace(self, **tensors: tf.Tensor) -> ElementTargets:
-        return ElementTargets({**self.tensors, **tensors}, self.spec, self.grid)
+        return ElementTargets({**self.tensors, **tensors}, self.spec, self.grid, self.moves)
 
     def with_tensors(self, tensors: Mapping[str, tf.Tensor]) -> ElementTargets:
         """The same spec with these tensors (e.g. the outputs of a `tf.cond`)."""
-        return ElementTargets(dict(tensors), self.spec, self.grid)
+        return ElementTargets(dict(tensors), self.spec, self.grid, self.moves)
 
     def get(self, name: str) -> tf.Tensor | None:
         return self.materialized().tensors.get(name)
@@ -261,27 +301,46 @@ class ElementTargets:
     def has_masks(self) -> bool:
         return "mask" in self.tensors or "instance_masks" in self.tensors
 
-    def deferring_masks(self) -> ElementTargets:
-        """The same targets, with crops, flips and resizes of the masks
-        deferred until `materialized` (see `MaskGrid`)."""
-        if self.grid is not None or not self.has_masks:
-            return self
-        if "mask" in self.tensors:
-            shape = tf.shape(self.tensors["mask"])[:2]
-        else:
-            shape = tf.shape(self.tensors["instance_masks"])[1:3]
-        return ElementTargets(self.tensors, self.spec, MaskGrid.identity(shape))
+    @property
+    def has_objects(self) -> bool:
+        return "boxes" in self.tensors or "keypoints" in self.tensors
 
-    def materialized(self) -> ElementTargets:
-        """The masks moved by the deferred moves; the targets themselves if none are."""
-        if self.grid is None:
+    def deferring_moves(self) -> ElementTargets:
+        """The same targets, with crops, flips and resizes of the masks
+        (`MaskGrid`) and crops and flips of the objects (`ObjectMoves`)
+        deferred until `materialized`."""
+        grid, moves = self.grid, self.moves
+        if grid is None and self.has_masks:
+            if "mask" in self.tensors:
+                shape = tf.shape(self.tensors["mask"])[:2]
+            else:
+                shape = tf.shape(self.tensors["instance_masks"])[1:3]
+            grid = MaskGrid.identity(shape)
+        if moves is None and self.has_objects:
+            moves = ObjectMoves()
+        return ElementTargets(self.tensors, self.spec, grid, moves)
+
+    def materialized(self, *, objects: bool = True) -> ElementTargets:
+        """The masks moved by the deferred moves, and (with `objects`) the
+        objects; the targets themselves if none are deferred.
+
+        Without `objects`, the objects' moves stay deferred (`moves`): the
+        reader applies them to a whole batch (`move_batch_objects`).
+        """
+        if self.grid is None and (self.moves is None or not objects):
             return self
         out = dict(self.tensors)
-        if "mask" in out:
-            out["mask"] = self.grid.sample(out["mask"])
-        if "instance_masks" in out:
-            out["instance_masks"] = self.grid.sample(out["instance_masks"], batched=True)
-        return ElementTargets(out, self.spec)
+        if self.grid is not None:
+            if "mask" in out:
+                out["mask"] = self.grid.sample(out["mask"])
+            if "instance_masks" in out:
+                out["instance_masks"] = self.grid.sample(out["instance_masks"], batched=True)
+        moves = self.moves
+        if moves is None or not objects:
+            return ElementTargets(out, self.spec, None, moves)
+        moved, keep = move_objects(out, self.spec, moves)
+        result = ElementTargets(moved, self.spec)
+        return result.keep_objects(keep) if keep is not None else result
 
     # -- selecting objects ------------------------------------------------------------
 
@@ -303,18 +362,19 @@ class ElementTargets:
         All three are int32 ``[2]`` (height, width) pixel vectors, as a
         cropping op's `Window.sample` returns them.
         """
+        moves = self.moves
+        if moves is not None and moves.pending:  # not a leading crop: move the objects now
+            return self.materialized().deferring_moves().crop(offset, size, shape)
         shape_f = tf.cast(shape, tf.float32)
         offset_f = tf.cast(offset, tf.float32) / shape_f
         scale = shape_f / tf.cast(size, tf.float32)
+        window = tf.concat([offset_f, scale], 0)
         out = dict(self.tensors)
         keep = None
-        if "boxes" in out:
-            boxes = (out["boxes"] - tf.tile(offset_f, [2])) * tf.tile(scale, [2])
-            out["boxes"], keep = _clip_boxes(boxes, self.spec.min_visibility)
-        if "keypoints" in out:
-            out["keypoints"], out["keypoint_visibility"] = _hide_outside(
-                (out["keypoints"] - offset_f) * scale, out["keypoint_visibility"]
-            )
+        if moves is not None:
+            moves = ObjectMoves(window)
+        else:
+            out, keep = move_objects(out, self.spec, ObjectMoves(window))
         grid = self.grid
         if grid is not None:
             grid = grid.crop(offset, size)
@@ -325,14 +385,14 @@ class ElementTargets:
                 out["instance_masks"] = _slice_window(
                     out["instance_masks"], offset, size, batched=True
                 )
-        result = ElementTargets(out, self.spec, grid)
+        result = ElementTargets(out, self.spec, grid, moves)
         return result.keep_objects(keep) if keep is not None else result
 
     def resize_masks(self, size: Sequence[int] | tf.Tensor) -> ElementTargets:
         """Masks resized to ``size`` (nearest neighbour); coordinates, being
         normalized, are unchanged by a resize."""
         if self.grid is not None:
-            return ElementTargets(self.tensors, self.spec, self.grid.resize(size))
+            return ElementTargets(self.tensors, self.spec, self.grid.resize(size), self.moves)
         out = {}
         if "mask" in self.tensors:
             out["mask"] = _resize_nearest(self.tensors["mask"], size)
@@ -357,25 +417,12 @@ class ElementTargets:
         return self._mirror(axis=0, when=when)
 
     def _mirror(self, axis: int, when: tf.Tensor | None) -> ElementTargets:
-        out = dict(self.tensors)
-        flipped = {}
-        if "boxes" in out:
-            y0, x0, y1, x1 = tf.unstack(out["boxes"], axis=-1)
-            if axis == 1:
-                flipped["boxes"] = tf.stack([y0, 1.0 - x1, y1, 1.0 - x0], axis=-1)
-            else:
-                flipped["boxes"] = tf.stack([1.0 - y1, x0, 1.0 - y0, x1], axis=-1)
-        if "keypoints" in out:
-            flip = tf.constant([1.0, -1.0] if axis == 1 else [-1.0, 1.0], tf.float32)
-            shift = tf.constant([0.0, 1.0] if axis == 1 else [1.0, 0.0], tf.float32)
-            points = out["keypoints"] * flip + shift
-            visibility = out["keypoint_visibility"]
-            order = self.spec.keypoint_permutation()
-            if order != sorted(order):
-                points = tf.gather(points, order, axis=1)
-                visibility = tf.gather(visibility, order, axis=1)
-                flipped["keypoint_visibility"] = visibility
-            flipped["keypoints"], _ = zero_unlabelled(points, visibility)
+        moves = self.moves
+        if moves is not None:
+            moves = ObjectMoves(moves.window, (*moves.flips, (axis, when)))
+            out = dict(self.tensors)
+        else:
+            out = _mirror_objects(self.tensors, self.spec, axis, when)
         grid = self.grid
         if grid is not None:
             grid = grid.mirror(axis, when)
@@ -393,9 +440,7 @@ class ElementTargets:
                         lambda mask=mask, mask_axis=mask_axis: tf.reverse(mask, axis=[mask_axis]),
                         lambda mask=mask: mask,
                     )
-        for name, value in flipped.items():
-            out[name] = value if when is None else tf.where(when, value, out[name])
-        return ElementTargets(out, self.spec, grid)
+        return ElementTargets(out, self.spec, grid, moves)
 
     def warp(self, transform: tf.Tensor, shape: tf.Tensor, *, fill_mode: str) -> ElementTargets:
         """The targets of an image warped by an affine `ImageProjectiveTransformV3` transform.
@@ -527,6 +572,119 @@ def multi_hot(labels: Any, num_classes: int) -> tf.Tensor:
     ragged int ``[batch, (labels)]`` `labels` (an empty row: all 0)."""
     counts = tf.reduce_sum(tf.one_hot(labels, num_classes, dtype=tf.float32), axis=1)
     return tf.minimum(counts, 1.0)
+
+
+# --- moving objects ----------------------------------------------------------------
+
+
+def move_objects(
+    tensors: Mapping[str, tf.Tensor], spec: TargetSpec, moves: ObjectMoves, *, batched: bool = False
+) -> tuple[dict[str, tf.Tensor], tf.Tensor | None]:
+    """Boxes and keypoints through `moves`, and which objects to keep (None: all).
+
+    The per-object columns are those of one element (``[N, ...]``, the
+    moves' tensors scalars and ``[4]``), or the flat values of a batch's
+    (``[T, ...]``, the moves' tensors with a leading ``[T]``: each object's
+    element's, with `batched`): every step is per object, so both give the
+    same values.
+    Objects are not dropped here; the caller keeps those where the result
+    is True (`ElementTargets.keep_objects`, `move_batch_objects`).
+    """
+    out = dict(tensors)
+    keep = None
+    if moves.window is not None:
+        window = moves.window
+        if "boxes" in out:
+            offset, scale = window[..., :2], window[..., 2:]
+            boxes = (out["boxes"] - tf.concat([offset, offset], -1)) * tf.concat([scale, scale], -1)
+            out["boxes"], keep = _clip_boxes(boxes, spec.min_visibility)
+        if "keypoints" in out:
+            window = _per_object(window, out["keypoints"], batched)
+            out["keypoints"], out["keypoint_visibility"] = _hide_outside(
+                (out["keypoints"] - window[..., :2]) * window[..., 2:], out["keypoint_visibility"]
+            )
+    for axis, when in moves.flips:
+        out = _mirror_objects(out, spec, axis, when, batched)
+    return out, keep
+
+
+def _per_object(value: tf.Tensor, like: tf.Tensor, batched: bool) -> tf.Tensor:
+    """A batch's ``[T, ...]`` per-object move parameter with axes added after
+    T to broadcast against `like`; one element's (no T axis) as it is."""
+    if not batched:
+        return value
+    missing = like.shape.rank - value.shape.rank
+    return value[(slice(None),) + (None,) * missing] if missing > 0 else value
+
+
+def _mirror_objects(
+    tensors: Mapping[str, tf.Tensor],
+    spec: TargetSpec,
+    axis: int,
+    when: tf.Tensor | None,
+    batched: bool = False,
+) -> dict[str, tf.Tensor]:
+    """Boxes and keypoints mirrored about `axis` (0: rows, 1: columns), where
+    `when` (None: always); flip pairs of keypoints swap."""
+    out = dict(tensors)
+    flipped = {}
+    if "boxes" in out:
+        y0, x0, y1, x1 = tf.unstack(out["boxes"], axis=-1)
+        if axis == 1:
+            flipped["boxes"] = tf.stack([y0, 1.0 - x1, y1, 1.0 - x0], axis=-1)
+        else:
+            flipped["boxes"] = tf.stack([1.0 - y1, x0, 1.0 - y0, x1], axis=-1)
+    if "keypoints" in out:
+        flip = tf.constant([1.0, -1.0] if axis == 1 else [-1.0, 1.0], tf.float32)
+        shift = tf.constant([0.0, 1.0] if axis == 1 else [1.0, 0.0], tf.float32)
+        points = out["keypoints"] * flip + shift
+        visibility = out["keypoint_visibility"]
+        order = spec.keypoint_permutation()
+        if order != sorted(order):
+            points = tf.gather(points, order, axis=1)
+            visibility = tf.gather(visibility, order, axis=1)
+            flipped["keypoint_visibility"] = visibility
+        flipped["keypoints"], _ = zero_unlabelled(points, visibility)
+    for name, value in flipped.items():
+        out[name] = (
+            value if when is None else tf.where(_per_object(when, value, batched), value, out[name])
+        )
+    return out
+
+
+def move_batch_objects(
+    columns: Mapping[str, tf.RaggedTensor],
+    spec: TargetSpec,
+    window: tf.Tensor,
+    whens: tf.Tensor,
+    flip_axes: Sequence[int],
+) -> dict[str, tf.RaggedTensor]:
+    """A batch's per-object columns (ragged ``[B, (N), ...]``) moved by each
+    element's deferred `ObjectMoves` (`ObjectMoves.as_tensors`, batched:
+    `window` ``[B, 4]``, `whens` ``[B, F]``), with the objects that leave
+    the image dropped: the values `ElementTargets.materialized` gives each
+    element, in one set of ops for the batch."""
+    names = [name for name in spec.object_columns if name in columns]
+    if not names:
+        return dict(columns)
+    first = columns[names[0]]
+    element = first.value_rowids()
+    flips = tuple(
+        (axis, tf.gather(whens[:, index], element)) for index, axis in enumerate(flip_axes)
+    )
+    moves = ObjectMoves(tf.gather(window, element), flips)
+    values, keep = move_objects(
+        {name: columns[name].values for name in names}, spec, moves, batched=True
+    )
+    if keep is None:
+        return {name: first.with_values(values[name]) for name in names}
+    kept = tf.reshape(tf.where(keep), [-1])
+    counts = tf.reduce_sum(tf.cast(first.with_values(keep), tf.int64), axis=1)
+    splits = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(counts)], 0)
+    return {
+        name: tf.RaggedTensor.from_row_splits(tf.gather(values[name], kept), splits, validate=False)
+        for name in names
+    }
 
 
 # --- kernels ---------------------------------------------------------------------------
