@@ -248,7 +248,8 @@ def markdown(results: dict[str, Any]) -> str:
         "the client, so its rows are the client's cost plus the emulator's, without Cloud "
         f"Storage's latency; `{_LATENCY_STORE}` is the same emulator with {LATENCY_MS} ms "
         "slept before every HTTP request the client sends, a stand-in for that latency. "
-        f"Each run is its own process; medians of {results['repeats']} runs{_load(results)}.",
+        f"Each run is its own process; medians of {results['repeats']} runs"
+        f"{listing_bench.load_note(results)}.",
         "",
         "| Store | Phase | Files | Seconds | Files/s |",
         "|---|---|---:|---:|---:|",
@@ -303,16 +304,6 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     return "\n".join(lines) + "\n"  # a blank line before the next section's heading
 
-
-def _load(results: dict[str, Any]) -> str:
-    """The 1-minute load average seen during the runs, as text ("" if not recorded)."""
-    if "load_average" not in results:
-        return ""
-    low, high = results["load_average"]
-    return (
-        f", on a machine shared with other work: noisy (1-minute load average {low:.1f} to "
-        f"{high:.1f} on {results['cores']} cores)"
-    )
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:

@@ -242,7 +242,7 @@ def markdown(results: dict[str, Any]) -> str:
         "memory is the growth of its peak resident set over the imports, Beam's included "
         "(which alone take the rest of the peak column), temp disk the listing's SQLite file "
         "at its largest. "
-        f"Medians of {results['repeats']} runs{_load(results)}.",
+        f"Medians of {results['repeats']} runs{load_note(results)}.",
         "",
         "| Manifest | Rows | List s | Stamp s | Write s | Rows/s (all three) | "
         "Memory growth (MB) | Peak RSS (MB) | Temp disk (bytes/row) |",
@@ -296,7 +296,7 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"  # a blank line before the next section's heading
 
 
-def _load(results: dict[str, Any]) -> str:
+def load_note(results: dict[str, Any]) -> str:
     """The 1-minute load average seen during the runs, as text ("" if not recorded)."""
     if "load_average" not in results:
         return ""
