@@ -305,7 +305,6 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"  # a blank line before the next section's heading
 
 
-
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     import apache_beam.io.filesystem  # noqa: F401  (imported by the first walk: untimed)
 
