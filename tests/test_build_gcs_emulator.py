@@ -237,15 +237,21 @@ def test_the_whole_cycle_on_the_emulator(emulator, on_emulator, build_dataset, d
     assert corrupted["code"] == 1 and shard in corrupted["stdout"], corrupted
 
 
-def test_a_manifest_on_the_emulator_lists_its_folders(on_emulator, demo_corpus):
+@pytest.mark.parametrize("per_row_max", [0, 1_000_000], ids=["listed", "asked_for"])
+def test_a_manifest_on_the_emulator_lists_its_folders(
+    on_emulator, demo_corpus, monkeypatch, per_row_max
+):
     # The rows' folders are listed through Beam's GCS filesystem (google-cloud-storage's
-    # paged listing), not asked for object by object; what the listing says of each
-    # object is what its metadata request says.
-    _upload_corpus(demo_corpus.out_dir, "manifest-images")
-    images = f"gs://{BUCKET}/manifest-images"
-    keys = [name[len("manifest-images/") :] for name in _names("manifest-images/")]
+    # paged listing), or their objects asked for one by one (few rows in a folder); what
+    # either says of each object is what its metadata request says, so a row's stamp
+    # does not depend on the way it was found.
+    monkeypatch.setattr(sources, "_PER_ROW_MAX_OBJECTS", per_row_max)
+    folder = f"manifest-images-{per_row_max}"  # one folder per case: no manifest left over
+    _upload_corpus(demo_corpus.out_dir, folder)
+    images = f"gs://{BUCKET}/{folder}"
+    keys = [name[len(folder) + 1 :] for name in _names(folder + "/")]
     rows = [f"{key},{key.split('/')[0]}" for key in keys] + ["circle/missing.png,circle"]
-    manifest = "manifest-images/manifest.csv"
+    manifest = f"{folder}/manifest.csv"
     _client().bucket(BUCKET).blob(manifest).upload_from_string("path,label\n" + "\n".join(rows))
 
     source = sources.ManifestSource(type="manifest", path=f"gs://{BUCKET}/{manifest}")

@@ -7,6 +7,7 @@ import os
 import threading
 
 import pytest
+from apache_beam.io.filesystem import BeamIOError
 
 import object_store
 from conftest import make_config
@@ -131,9 +132,13 @@ def _list_manifest(rows: list[tuple[str, str]]):
     return files, dropped, list(object_store.OBJECT_REQUESTS), object_store.LIST_REQUESTS[:]
 
 
-def test_a_manifest_on_an_object_store_lists_its_folders_not_each_row(store, demo_corpus):
+def test_a_manifest_on_an_object_store_lists_its_folders_not_each_row(
+    store, demo_corpus, monkeypatch
+):
     # A metadata request per row would make 10M rows 10M round trips one after another
     # (docs/dataflow.md, "Listing at scale"): the rows' folders are listed once each.
+    # Every folder here is listed, however few its rows (the per-row rule is tested below).
+    monkeypatch.setattr(sources, "_PER_ROW_MAX_OBJECTS", 0)
     images = f"{BUCKET}/images"
     keys = [name[len(images) + 1 :] for name in object_store.names(images + "/")]
     classes = sorted({key.split("/")[0] for key in keys})
@@ -185,8 +190,128 @@ def test_a_manifest_on_an_object_store_lists_its_folders_not_each_row(store, dem
     ]
 
 
+def _put_folder(folder: str, count: int) -> list[str]:
+    """Puts `count` small objects in `folder`; returns their URIs, sorted."""
+    uris = [f"{folder}/{i:05d}.png" for i in range(count)]
+    for i, uri in enumerate(uris):
+        object_store.put(uri, b"x" * (1 + i % 7))
+    return uris
+
+
+def _expected_files(uris: list[str]) -> list[tuple[str, str, int, float]]:
+    """What a metadata request says of each of `uris`, as `_list_manifest` returns files."""
+    prefix = f"{BUCKET}/images/"
+    return sorted(
+        (uri[len(prefix) :], uri, len(data), mtime)
+        for uri in uris
+        for data, mtime in [object_store.OBJECTS[uri]]
+    )
+
+
+def _missing(keys: list[str]) -> list[DroppedFile]:
+    images = f"{BUCKET}/images"
+    return [
+        DroppedFile(
+            key,
+            "list",
+            "missing",
+            f"{images}/{key}",
+            f"listed in manifest.csv but not found ([Errno 2] No such object: '{images}/{key}')",
+        )
+        for key in sorted(keys)
+    ]
+
+
+def test_a_few_rows_of_a_large_folder_are_asked_for_one_by_one(store, monkeypatch):
+    # A listing is of the whole folder: 5 rows out of a folder of 40 objects (millions,
+    # scaled down with the limit) are 5 metadata requests, with no listing of the folder.
+    monkeypatch.setattr(sources, "_PER_ROW_MAX_OBJECTS", 8)
+    big = _put_folder(f"{BUCKET}/images/big", 40)
+    chosen = big[::10] + [big[-1]]
+    rows = [(uri.split("/images/")[1], "big") for uri in chosen] + [("big/missing.png", "big")]
+
+    files, dropped, per_object, listings = _list_manifest(rows)
+
+    assert listings == []
+    assert sorted(per_object) == sorted(
+        [("metadata", uri) for uri in chosen] + [("metadata", f"{BUCKET}/images/big/missing.png")]
+    )
+    assert files == _expected_files(chosen)
+    assert dropped == _missing(["big/missing.png"])
+
+
+def test_many_rows_of_a_folder_list_it(store, monkeypatch):
+    monkeypatch.setattr(sources, "_PER_ROW_MAX_OBJECTS", 8)
+    big = _put_folder(f"{BUCKET}/images/big", 40)
+    chosen = big[:20]
+    rows = [(uri.split("/images/")[1], "big") for uri in chosen] + [("big/missing.png", "big")]
+
+    files, dropped, per_object, listings = _list_manifest(rows)
+
+    assert listings == [f"{BUCKET}/images/big/"]
+    assert per_object == []
+    assert files == _expected_files(chosen)
+    assert dropped == _missing(["big/missing.png"])
+
+
+def test_a_manifest_mixes_listed_folders_and_rows_asked_for(store, monkeypatch):
+    # Decided per folder: a listed folder brings the folders below it, whatever their
+    # counts; a folder whose rows are asked for leaves a crowded folder below it to its
+    # own listing; each object is found once either way. A folder outside the source
+    # (the bucket's top, here) is neither, and hides no folder below it.
+    monkeypatch.setattr(sources, "_PER_ROW_MAX_OBJECTS", 8)
+    images = f"{BUCKET}/images"
+    few = _put_folder(f"{images}/few", 30)  # 2 rows: asked for
+    crowded_below_few = _put_folder(f"{images}/few/crowded", 30)  # 12 rows: listed
+    sparse_below_few = _put_folder(f"{images}/few/sparse", 30)  # 1 row: asked for
+    many = _put_folder(f"{images}/many", 30)  # 10 rows: listed
+    few_below_many = _put_folder(f"{images}/many/few", 30)  # 2 rows: with many's listing
+    sibling = _put_folder(f"{images}/many-sibling", 30)  # sorts between many/ and its folders
+    chosen = (
+        few[:2] + crowded_below_few[:12] + sparse_below_few[:1] + many[:10] + few_below_many[:2]
+    ) + sibling[:3]
+    missing = ["few/missing.png", "many/few/missing.png", "few/crowded/missing.png"]
+    outside = f"{BUCKET}/outside.png"
+    object_store.put(outside, b"outside the source")
+    rows = (
+        [(outside, "x")]
+        + [(uri[len(images) + 1 :], "x") for uri in chosen]
+        + [(key, "x") for key in missing]
+    )
+
+    files, dropped, per_object, listings = _list_manifest(rows)
+
+    assert sorted(listings) == [f"{images}/few/crowded/", f"{images}/many/"]
+    asked = few[:2] + sparse_below_few[:1] + sibling[:3] + [f"{images}/few/missing.png"]
+    assert sorted(per_object) == sorted(("metadata", uri) for uri in asked)
+    assert files == _expected_files(chosen)
+    assert [d for d in dropped if d.reason == "missing"] == _missing(missing)
+    assert [(d.key, d.reason) for d in dropped if d.reason != "missing"] == [
+        (outside, "outside_source")
+    ]
+
+
 def test_a_failed_prefix_listing_stops_the_concurrent_walk_with_its_error(store):
     prefixes = [f"{BUCKET}/images/{name}/" for name in ("a", "b", "c")] + ["nosuchscheme://x/"]
     with pytest.raises(ValueError, match="nosuchscheme://x/"):
         list(storage.walk_prefixes(prefixes))
+    assert not [t for t in threading.enumerate() if t.name.startswith("kiln-list-")]
+
+
+def test_an_object_asked_for_is_left_out_if_missing_and_any_other_error_stops_the_walk(
+    store, monkeypatch
+):
+    objects = _put_folder(f"{BUCKET}/images/some", 3)
+    missing = f"{BUCKET}/images/some/missing.png"
+    found = list(storage.walk_prefixes([], objects + [missing]))
+    assert sorted((m.path, m.size_in_bytes) for m in found) == [
+        (uri, len(object_store.get(uri))) for uri in objects
+    ]
+
+    def refuse(self, path):
+        raise BeamIOError("Metadata operation failed", {path: PermissionError(path)})
+
+    monkeypatch.setattr(object_store.InMemoryObjectStore, "metadata", refuse)
+    with pytest.raises(BeamIOError, match="Metadata operation failed"):
+        list(storage.walk_prefixes([], objects))
     assert not [t for t in threading.enumerate() if t.name.startswith("kiln-list-")]

@@ -129,7 +129,7 @@ CREATE TABLE files (position INTEGER PRIMARY KEY, key BLOB, uri BLOB, label INTE
                     split BLOB, size INTEGER, mtime REAL, targets BLOB, mask_stamp BLOB);
 CREATE TABLE dropped (key BLOB, stage BLOB, reason BLOB, uri BLOB, message BLOB, entry TEXT);
 CREATE TABLE class_names (name BLOB PRIMARY KEY);
-CREATE TABLE object_folders (folder BLOB PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE named_objects (folder BLOB, name BLOB, PRIMARY KEY (folder, name)) WITHOUT ROWID;
 CREATE TABLE objects (uri BLOB PRIMARY KEY, size INTEGER, mtime REAL) WITHOUT ROWID;
 """
 _INSERT = {
@@ -137,7 +137,7 @@ _INSERT = {
     "files": "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "dropped": "INSERT INTO dropped VALUES (?, ?, ?, ?, ?, ?)",
     "class_names": "INSERT OR IGNORE INTO class_names VALUES (?)",
-    "object_folders": "INSERT OR IGNORE INTO object_folders VALUES (?)",
+    "named_objects": "INSERT OR IGNORE INTO named_objects VALUES (?, ?)",
     "objects": "INSERT OR IGNORE INTO objects VALUES (?, ?, ?)",
 }
 
@@ -156,6 +156,11 @@ def _optional_blob(text: str | None) -> bytes | None:
 
 def _optional_text(data: bytes | None) -> str | None:
     return None if data is None else _text(data)
+
+
+def _folder_order(folder_count: tuple[str, int]) -> str:
+    """Sort key that keeps the folders below a folder right after it."""
+    return folder_count[0] + "/"
 
 
 def _chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
@@ -379,7 +384,7 @@ class ListingWriter:
             "files": [],
             "dropped": [],
             "class_names": [],
-            "object_folders": [],
+            "named_objects": [],
             "objects": [],
         }
         self._num_files = 0
@@ -460,32 +465,38 @@ class ListingWriter:
                 for key, position, uri, label, split, size, mtime, targets in group
             ]
 
-    def add_object_folder(self, folder: str) -> None:
-        """Records the folder (name prefix, without its '/') of an object
-        store URI that a row names: `object_folders` lists them."""
-        self._add("object_folders", (_blob(folder),))
+    def add_named_object(self, uri: str) -> None:
+        """Records an object store URI that a row names (its image, a mask),
+        under its folder (name prefix, without its '/'): `named_objects`."""
+        folder, name = uri.rsplit("/", 1)
+        self._add("named_objects", (_blob(folder), _blob(name)))
 
-    def object_folders(self) -> list[str]:
-        """The recorded folders, sorted, without those inside another one: a
-        listing of each prefix ``<folder>/`` then names every object below
-        any recorded folder once (a prefix's listing is recursive).
+    def named_object_folders(self) -> list[tuple[str, int]]:
+        """The recorded folders, each with the number of distinct objects
+        recorded directly in it, sorted so that the folders below a folder
+        come right after it (by the name followed by '/': ``a-b`` sorts
+        before ``a/``, which sorts before ``a/c/``).
 
-        Sorted, the folders below a folder come right after it, so one pass
-        keeping the last folder kept finds them. What stays in memory is
-        this list: one string per folder, not per row.
+        What stays in memory is this list: one string per folder, not per row.
         """
-        self._flush("object_folders")
-        kept: list[str] = []
-        for (data,) in self._connection.execute(
-            "SELECT folder FROM object_folders ORDER BY folder"
-        ):
-            folder = _text(data)
-            if not (kept and folder.startswith(kept[-1] + "/")):
-                kept.append(folder)
-        return kept
+        self._flush("named_objects")
+        counted = self._connection.execute(
+            "SELECT folder, COUNT(*) FROM named_objects GROUP BY folder"
+        )
+        return sorted(((_text(data), count) for data, count in counted), key=_folder_order)
+
+    def named_objects_in(self, folder: str) -> list[str]:
+        """The URIs recorded directly in `folder` (see `add_named_object`), sorted."""
+        self._flush("named_objects")
+        return [
+            f"{folder}/{_text(name)}"
+            for (name,) in self._connection.execute(
+                "SELECT name FROM named_objects WHERE folder = ? ORDER BY name", (_blob(folder),)
+            )
+        ]
 
     def add_object(self, uri: str, size: int, mtime: float) -> None:
-        """Records an object a listing found, for `object_status`."""
+        """Records an object a listing or a metadata request found, for `object_status`."""
         self._add("objects", (_blob(uri), size, mtime))
 
     def object_status(self, uri: str) -> tuple[int, float] | None:
@@ -528,7 +539,7 @@ class ListingWriter:
             self._flush(table)
         self._connection.execute("DELETE FROM candidates")
         self._connection.execute("DELETE FROM class_names")
-        self._connection.execute("DELETE FROM object_folders")
+        self._connection.execute("DELETE FROM named_objects")
         self._connection.execute("DELETE FROM objects")
         self._connection.execute("COMMIT")
         self._finished = True

@@ -710,7 +710,7 @@ def _list_rows(
 
         class_names = sorted(set(classes)) if classes else writer.candidate_labels()
         label_ids = {label: i for i, label in enumerate(class_names)}
-        statuses.list_folders()
+        statuses.resolve_objects()
         for group in writer.candidates():
             key, uri = group[0].key, group[0].uri
             meanings = {(row.label, row.split, row.targets) for row in group}
@@ -770,18 +770,32 @@ def _list_rows(
         return writer.finish(class_names, from_source)
 
 
+# A folder whose rows name at most this many objects directly has them asked
+# for one by one (a metadata request each); one naming more is listed. A
+# listing page holds 1,000 objects and costs about one metadata request, but a
+# folder's pages come one after another while requests run 8 at a time. At
+# 1,000 the worst case of each choice is about 100 times the other's cost:
+# 1,000 objects that fill their folder take 125 request times asked for, 1
+# page listed; 1,001 objects in a folder of 10M take 10,000 pages listed, 125
+# request times asked for.
+_PER_ROW_MAX_OBJECTS = 1000
+
+
 class _RowStatuses:
     """The size, time and problem of each file a source's rows name: a local
-    path by one ``os.stat``, an object by a listing of its folder.
+    path by one ``os.stat``, an object by a listing of its folder or by its
+    own metadata request.
 
     An object store answers a listing of 1,000 objects in about the time of
-    one object's metadata request, so the rows' objects are not asked for
-    one by one (10M rows: 10M requests, a day one after another). The rows'
-    folders are recorded as the rows are read (`note`), each listed once
-    (`list_folders`: those inside another recorded folder come with its
-    listing; folders outside the source's confinement, whose rows are
-    dropped unread, are not listed), and the objects found go to the
-    listing's database, where `status` looks each row up.
+    one object's metadata request, so a folder whose rows name many objects
+    is listed once rather than asked for object by object (10M rows: 10M
+    requests, a day one after another). But a listing is of the whole folder:
+    a few rows out of a folder of millions are asked for one by one instead
+    (`_PER_ROW_MAX_OBJECTS`). The objects the rows name are recorded under
+    their folders as the rows are read (`note`); `resolve_objects` decides per
+    folder, lists or asks (all on `storage.walk_prefixes`' threads), and puts
+    the objects found into the listing's database, where `status` looks each
+    row up.
     """
 
     def __init__(self, writer: ListingWriter, confinement: _Confinement):
@@ -789,28 +803,56 @@ class _RowStatuses:
         self._confinement = confinement
 
     def note(self, uri: str) -> None:
-        """Records the folder of a URI a row names (a local path needs none)."""
+        """Records a URI a row names under its folder (a local path needs none)."""
         if is_remote(uri) and not uri.endswith("/"):
-            self._writer.add_object_folder(uri.rsplit("/", 1)[0])
+            self._writer.add_named_object(uri)
 
-    def list_folders(self) -> None:
-        """Lists every recorded folder (see the class docstring)."""
-        folders = [
-            folder
-            for folder in self._writer.object_folders()
-            if self._confinement.problem(folder) is None
-        ]
-        if not folders:
+    def resolve_objects(self) -> None:
+        """Lists or asks for every recorded object (see the class docstring)."""
+        listed, asked = self._plan()
+        if not (listed or asked):
             return
         count = 0
-        for metadata in storage.walk_prefixes(folder + "/" for folder in folders):
+        for metadata in storage.walk_prefixes((folder + "/" for folder in listed), asked):
             self._writer.add_object(
                 metadata.path,
                 int(metadata.size_in_bytes),
                 float(metadata.last_updated_in_seconds),
             )
             count += 1
-        logger.info("listed %d objects in %d folders the rows name", count, len(folders))
+        logger.info(
+            "found %d objects the rows name: %d folders listed, %d objects asked for one by one",
+            count,
+            len(listed),
+            len(asked),
+        )
+
+    def _plan(self) -> tuple[list[str], list[str]]:
+        """The folders to list and the objects to ask for one by one.
+
+        A folder naming more than `_PER_ROW_MAX_OBJECTS` objects is listed,
+        and its listing names every object below it (a prefix's listing is
+        recursive), so the folders below it are neither listed nor asked for,
+        whatever their counts. A folder naming fewer has its own objects
+        asked for; a folder below it is decided on its own count. Folders
+        outside the source's confinement, whose rows are dropped unread, are
+        neither (and do not hide a folder below them that is inside).
+
+        The objects to ask for are held in memory: at most
+        `_PER_ROW_MAX_OBJECTS` per folder.
+        """
+        listed: list[str] = []
+        asked: list[str] = []
+        for folder, count in self._writer.named_object_folders():
+            if self._confinement.problem(folder) is not None:
+                continue
+            if listed and folder.startswith(listed[-1] + "/"):
+                continue  # the folders below a folder come right after it
+            if count > _PER_ROW_MAX_OBJECTS:
+                listed.append(folder)
+            else:
+                asked.extend(self._writer.named_objects_in(folder))
+        return listed, asked
 
     def status(self, uri: str) -> tuple[int, float, str | None]:
         """Size, modification time, and why the path cannot be read as an

@@ -478,9 +478,9 @@ _PREFIX_THREADS = 8
 _CHUNK = 1000
 
 
-def walk_prefixes(prefixes: Iterable[str]) -> Iterator[FileMetadata]:
-    """Every object whose name starts with one of `prefixes` (object store
-    URIs), in no particular order.
+def walk_prefixes(prefixes: Iterable[str], objects: Iterable[str] = ()) -> Iterator[FileMetadata]:
+    """Every object whose name starts with one of `prefixes`, and each of
+    `objects` that exists (object store URIs), in no particular order.
 
     The prefixes are listed concurrently (`_PREFIX_THREADS` at a time:
     each prefix's pages come one after another, since each page's token
@@ -489,13 +489,39 @@ def walk_prefixes(prefixes: Iterable[str]) -> Iterator[FileMetadata]:
     are held in memory, whatever the listing's size. A prefix is listed as
     is, not as a glob pattern (Beam's `FileSystems.match` reads ``*``, ``?``
     and ``[`` in it as wildcards). An object under two of the prefixes
-    comes twice.
+    comes twice. Each of `objects` is then one metadata request on the same
+    threads (after the prefixes: a listing of many pages is the longest
+    task, so it starts first); one that does not exist is left out.
 
     Raises:
-      BeamIOError: a listing failed (the other listings are stopped).
+      BeamIOError: a listing or a metadata request failed, other than for a
+        missing object (the other requests are stopped).
     """
     _apply_pipeline_options()
-    return _walk_concurrently(prefixes, _list_prefix)
+    tasks = itertools.chain(
+        ((_list_prefix, prefix) for prefix in prefixes),
+        ((_object_metadata, uri) for uri in objects),
+    )
+    return _walk_concurrently(tasks, lambda task: task[0](task[1]))
+
+
+def _object_metadata(uri: str) -> Iterator[FileMetadata]:
+    """The object `uri` by one metadata request: one item, or none if it does not exist."""
+    try:
+        metadata = FileSystems.get_filesystem(uri).metadata(uri)
+    except Exception as e:  # Beam's BeamIOError, naming each path's error
+        details = getattr(e, "exception_details", None) or {}
+        if not (details and all(_is_not_found(problem) for problem in details.values())):
+            raise
+        return
+    yield metadata
+
+
+def _is_not_found(problem: object) -> bool:
+    """Whether a store's error says the object does not exist: Python's
+    FileNotFoundError, or HTTP 404 (google-cloud-storage's NotFound, Beam's
+    S3 client errors carry a ``code``)."""
+    return isinstance(problem, FileNotFoundError) or getattr(problem, "code", None) == 404
 
 
 def _list_prefix(prefix: str) -> Iterator[FileMetadata]:
@@ -508,12 +534,10 @@ def _list_prefix(prefix: str) -> Iterator[FileMetadata]:
     return FileSystems.get_filesystem(prefix)._list(prefix)
 
 
-def _walk_concurrently(
-    prefixes: Iterable[str], walk: Callable[[str], Iterator[Any]]
-) -> Iterator[Any]:
-    """What `walk` yields for each of `prefixes`, walked on `_PREFIX_THREADS`
+def _walk_concurrently(tasks: Iterable[Any], walk: Callable[[Any], Iterator[Any]]) -> Iterator[Any]:
+    """What `walk` yields for each of `tasks`, walked on `_PREFIX_THREADS`
     threads through a bounded queue, in no particular order."""
-    pending = iter(prefixes)
+    pending = iter(tasks)
     take = threading.Lock()
     stop = threading.Event()
     chunks: queue.Queue[list[Any] | BaseException | None] = queue.Queue(2 * _PREFIX_THREADS)
@@ -531,11 +555,11 @@ def _walk_concurrently(
         try:
             while not stop.is_set():
                 with take:
-                    prefix = next(pending, None)
-                if prefix is None:
+                    task = next(pending, None)
+                if task is None:
                     break
                 chunk: list[Any] = []
-                for item in walk(prefix):
+                for item in walk(task):
                     chunk.append(item)
                     if len(chunk) == _CHUNK:
                         if not hand_over(chunk):
