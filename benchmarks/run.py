@@ -14,11 +14,10 @@ rebuild next to a from-scratch build of the same inputs). Each measurement is ta
 load from elsewhere hits all variants alike), and the median is reported.
 Builds run in their own processes (`benchmarks.build_bench`); the reader
 variants run in this process, one fresh tf.data pipeline per measurement
-(`benchmarks.reader_bench`). Then the launcher's listing of manifests of
 (`benchmarks.reader_bench`). Then builds of the detection demo with and
-without targets (`benchmarks.detection_bench`). Last, the launcher's listing of manifests of
-100,000 and 1,000,000 rows (`benchmarks.listing_bench`, which also runs
-alone), and last the start-up of every command (`benchmarks.startup_bench`:
+without targets (`benchmarks.detection_bench`), the launcher's listing of
+manifests of 100,000 and 1,000,000 rows (`benchmarks.listing_bench`, which
+also runs alone), and last the start-up of every command (`benchmarks.startup_bench`:
 `--help`, config errors, `kiln inspect`, next to importing TensorFlow).
 Nothing here is a test: no timing is asserted.
 """
