@@ -106,7 +106,10 @@ WHY_NOT_MET = {
         "(paired rounds of the full reader, CPU per image; wall time swung too much to "
         "read), the cost went from 1.30-1.36x to 1.14-1.22x of (b) (medians of four runs: "
         "1.34x to 1.17x), and on one tf.data thread over cached records from 1.31-1.40x to "
-        "1.13-1.23x; a full run on a quiet machine decides the target. What is "
+        "1.13-1.23x. In make bench's own measure (wall throughput, alternating in one "
+        "process) on a quiet machine the ratio did not fall (1.20x before, 1.22-1.25x "
+        "after on a 1,000-image set): (b) itself got ~10% faster from the batch fused "
+        "with its map, which the targets path's ragged_batch does not get. What is "
         "left, 200-250 us of CPU per image on one thread, is mostly the mask: its decode, and "
         "its crop, flips and resize as one gather (in isolation ~60 us for the gathers and "
         "transposes of its bytes, 20-35 us for the index arithmetic). Computing the indices "
@@ -115,7 +118,9 @@ WHY_NOT_MET = {
         "padded_batch instead of ragged_batch measured no cheaper; raw bytes with zlib decode "
         "no faster (73-91 us), and run-length decoding in TF ops is slower. The next levers: "
         "fewer bytes to inflate (a 4-bit PNG holds up to 16 classes in half the bytes) and "
-        "one pass instead of a gather and two transposes for the mask's columns."
+        "one pass instead of a gather and two transposes for the mask's columns; "
+        "and the targets path fused with its batch (a dense batch with padded object "
+        "columns, made ragged after)."
     ),
     "reader_kiln_vs_best_peer": (
         "See the peers' table: each loader gets the same cores; which one is limited by "
