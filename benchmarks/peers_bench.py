@@ -564,11 +564,13 @@ Levers measured (kiln against itself, side by side; a busy shared machine, so pa
   where uint8 batches (19 MB) are reused from the heap: per image, 147 minor page faults and
   315 us of system CPU for float32 batches against 14 and 49 us for uint8 (the limit; kiln's
   float32 output pays alike: 146 and 311 us). With TensorFlow's pooling allocator
-  (`TF_CPU_ALLOCATOR_USE_BFC=true`, set before TensorFlow starts), CPU per image: limit 813 ->
-  400 us, kiln float32 1107 -> 702 us, kiln uint8 752 -> 712 us (a run each, load ~7; wall not
-  resolved at that load). A process-wide choice for the trainer, not kiln's; `dtype="uint8"`
-  avoids the cost. It also means kiln's float32 ratio to the limit falls as the batch memory
-  gets cheaper: the remaining gap is kiln's own pixel work.
+  (`TF_CPU_ALLOCATOR_USE_BFC=true`, set before TensorFlow starts; 4 paired rounds of a process
+  each way, load 4-7): the limit needs 0.50x the CPU per image (~810 -> ~410 us) and runs 2.6x
+  faster, kiln float32 0.64x the CPU (~1150 -> ~740 us), 1.45x faster (0.69x-2.1x between
+  rounds), kiln uint8 0.96x the CPU, 1.02x as fast. A process-wide choice for the trainer,
+  not kiln's; `dtype="uint8"` avoids the cost. Kiln's float32 ratio to the limit falls as the
+  batch memory gets cheaper (CPU 0.67x-0.80x without, 0.52x-0.56x with the pooling allocator):
+  the remaining gap is kiln's own pixel work.
 - `tf.image.crop_and_resize` (crop and bilinear resize in one op, a flip folded in by swapping
   the box's x1 and x2), measured again on the op alone (the reader's goal notes give the
   pipeline at 0.3x): 3.2x slower than `tf.image.resize` on that window (543 us float input,
