@@ -739,9 +739,17 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain) -> None:
 
 
 def _check_listing(model: BuildConfig) -> None:
-    """Refuses a listing in the job where the launcher must see every file."""
+    """Refuses a listing in the job where it cannot work: a local folder (the
+    workers may not see it), or where the launcher must see every file."""
     source = model.source
-    if isinstance(source, ImageFolderSource) and source.listing == "job" and model.splits.stratify:
+    if not (isinstance(source, ImageFolderSource) and source.listing == "job"):
+        return
+    if not storage.is_remote(source.root):
+        raise ListError(
+            f"source.listing: job lists an object store's folders in the Beam job; "
+            f"source.root {source.root} is a local folder: use listing: launcher"
+        )
+    if model.splits.stratify:
         raise ListError(
             "source.listing: job keeps the files' names out of the launcher, and "
             "splits.stratify assigns them there (class by class, before the job): "

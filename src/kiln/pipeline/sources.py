@@ -48,7 +48,6 @@ import stat
 from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
-import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.errors import ConfigError
@@ -179,15 +178,6 @@ class ImageFolderSource(_SourceModel):
 
     LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("root", "allowed_roots")
     LISTING_FIELDS: ClassVar[tuple[str, ...]] = ("listing",)
-
-    @pydantic.model_validator(mode="after")
-    def _listing_in_the_job_needs_an_object_store(self):
-        if self.listing == "job" and not is_remote(self.root):
-            raise ValueError(
-                f"listing: job lists an object store's folders in the Beam job; the root "
-                f"{self.root} is a local folder: use listing: launcher"
-            )
-        return self
 
     def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
         # The config allows an image folder `label` targets only.
