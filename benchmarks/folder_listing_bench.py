@@ -1,7 +1,7 @@
 """Listing an image folder: 100,000 local files, and 10,000 objects on a GCS emulator.
 
     python -m benchmarks.folder_listing_bench           # 100,000 files, 10,000 objects,
-                                                        # 2 rounds; updates
+                                                        # 3 rounds; updates
                                                         # its section of BENCHMARKS.md
     python -m benchmarks.folder_listing_bench --quick   # 2,000 files, 1,000 objects, one round
 
@@ -18,6 +18,14 @@ Measurements per store, each in its own process (``--child SPEC_JSON``):
 - ``list``: kiln's whole listing (`ImageFolderSource.list_files`: the walk,
   the confinement and label of every file, its row spilled to the listing's
   SQLite file).
+- ``folders`` (gs:// only): the launcher's share of ``source.listing: job``
+  (`listing_job.plan`: one delimiter listing of the root).
+- ``job`` (gs:// only): the whole of ``source.listing: job`` up to the
+  stamp (`launcher.list_in_job`: the folders, then the listing job on the
+  local runner in this process, writing the build's listing and its
+  summary into a local folder), Beam's start-up included. In this process,
+  so that the page size and latency set here apply to the job's listing too
+  (worker processes would not have them).
 
 Cloud Storage returns at most 1,000 objects per list request, fake-gcs-server
 all of them unless asked for pages: the child asks google-cloud-storage for
@@ -51,6 +59,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -78,7 +87,7 @@ class Settings:
 # The emulator's memory store takes time linear in its size per object
 # written (10,000 objects load in about 30 s here, 20,000 in about two
 # minutes), so it holds fewer objects than the local folder holds files.
-FULL = Settings(files=100_000, objects=10_000, repeats=2)
+FULL = Settings(files=100_000, objects=10_000, repeats=3)
 QUICK = Settings(files=2000, objects=1000, repeats=1)
 
 
@@ -185,10 +194,11 @@ def measure(settings: Settings, out_dir: str, log=print) -> dict[str, Any]:
             NO_GCE_CHECK="True",
         )
         remote = f"gs://{BUCKET}/images"
+        in_job = ("folders", "job")
         stores = {
             "local": (folder, 0, ("walk", "list")),
-            "emulator": (remote, 0, ("match", "walk", "list")),
-            _LATENCY_STORE: (remote, LATENCY_MS, ("match", "walk", "list")),
+            "emulator": (remote, 0, ("match", "walk", "list", *in_job)),
+            _LATENCY_STORE: (remote, LATENCY_MS, ("match", "walk", "list", *in_job)),
         }
         sizes = {"local": settings.files, "emulator": settings.objects}
         sizes[_LATENCY_STORE] = settings.objects
@@ -196,9 +206,18 @@ def measure(settings: Settings, out_dir: str, log=print) -> dict[str, Any]:
         for round_index in range(settings.repeats):
             for store, (root, latency_ms, phases) in stores.items():
                 for phase in phases:
-                    spec = {"root": root, "phase": phase, "latency_ms": latency_ms}
+                    spec = {
+                        "root": root,
+                        "phase": phase,
+                        "latency_ms": latency_ms,
+                        "scratch": scratch,
+                    }
                     run = measure_one(spec, env)
                     loads.append(os.getloadavg()[0])
+                    if phase == "folders":  # the job lists the objects: count the folders
+                        if run.pop("folders") != _CLASSES:
+                            raise RuntimeError(f"{store} folders: not the {_CLASSES} classes")
+                        run["files"] = sizes[store]
                     if run["files"] != sizes[store]:
                         raise RuntimeError(f"{store} {phase}: {run['files']} files listed")
                     runs.setdefault((store, phase), []).append(run)
@@ -308,7 +327,7 @@ def markdown(results: dict[str, Any]) -> str:
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     import apache_beam.io.filesystem  # noqa: F401  (imported by the first walk: untimed)
 
-    from kiln.pipeline import sources, storage
+    from kiln.pipeline import listing_job, sources, storage
 
     root = spec["root"]
     if storage.is_remote(root):
@@ -324,11 +343,36 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         from apache_beam.io.filesystems import FileSystems
 
         files = len(FileSystems.match([root + "/**"])[0].metadata_list)
+    elif spec["phase"] == "folders":
+        listing_plan = listing_job.plan(root, False, None, spec["scratch"])
+        return {"seconds": time.perf_counter() - start, "folders": len(listing_plan.prefixes)}
+    elif spec["phase"] == "job":
+        files = _list_in_job(spec)
     else:
         source = sources.ImageFolderSource(type="image_folder", root=root)
         with source.list_files(splits_from_source=False) as listing:
             files = listing.num_files
     return {"seconds": time.perf_counter() - start, "files": files}
+
+
+def _list_in_job(spec: dict[str, Any]) -> int:
+    """``source.listing: job`` up to the stamp (`launcher.list_in_job`): files listed."""
+    from kiln.pipeline import config, launcher
+
+    build_spec = config.load(
+        {
+            "name": "bench",
+            "source": {"type": "image_folder", "root": spec["root"], "listing": "job"},
+            "output": spec["scratch"],
+        },
+        check_paths=False,
+    )
+    listing_dir = tempfile.mkdtemp(dir=spec["scratch"])
+    try:
+        listed = launcher.list_in_job(build_spec, launcher.pipeline_options(), listing_dir)
+    finally:
+        shutil.rmtree(listing_dir)
+    return listed.num_files
 
 
 def _pages_of_cloud_storage() -> None:

@@ -475,7 +475,7 @@ def _listed(spec: BuildSpec, options: PipelineOptions) -> Iterator[SourceListing
         return
     listing_dir = publish.DatasetRoot(spec.dataset_root).new_listing_dir()
     try:
-        yield _list_in_job(spec, source, options, listing_dir)
+        yield list_in_job(spec, options, listing_dir)
     finally:
         try:
             storage.delete_tree(listing_dir)
@@ -483,13 +483,21 @@ def _listed(spec: BuildSpec, options: PipelineOptions) -> Iterator[SourceListing
             logger.warning("could not delete the listing folder %s", listing_dir, exc_info=True)
 
 
-def _list_in_job(
-    spec: BuildSpec,
-    source: sources.ImageFolderSource,
-    options: PipelineOptions,
-    listing_dir: str,
+def list_in_job(
+    spec: BuildSpec, options: PipelineOptions, listing_dir: str
 ) -> listing_job.ListedInJob:
-    """Lists the image folder's folders here and their objects in a listing job."""
+    """Lists the image folder's folders here and their objects in a listing
+    job (`listing_job`) on the runner `options` name, which writes its files
+    into `listing_dir` (the caller deletes them).
+
+    Raises:
+      ConfigError: the source is not an image folder, cannot be listed, or
+        holds no usable image.
+      BuildError: the listing job failed otherwise.
+    """
+    source = spec.config.source
+    if not isinstance(source, sources.ImageFolderSource):
+        raise spec.error(f"{source.describe()}: only an image_folder is listed in a job")
     listing_plan = listing_job.plan(
         source.root, spec.config.splits.from_source, source.classes, listing_dir
     )
