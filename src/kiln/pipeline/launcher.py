@@ -750,7 +750,7 @@ def _run_pipeline(
     pipeline: beam.Pipeline,
     options: PipelineOptions,
     display: contextlib.AbstractContextManager | None = None,
-) -> tuple[Any, PipelineState | None]:
+) -> tuple[Any, str | None]:
     """Runs `pipeline` to completion, within `display`: its result and end state.
 
     Raises:

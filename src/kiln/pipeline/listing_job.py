@@ -1,7 +1,7 @@
 """An image folder on an object store listed by a Beam job (``source.listing: job``).
 
 The launcher's listing (`sources`) costs one core of Python per object
-(some 10 to 20 minutes for 10M objects, docs/dataflow.md "Listing at
+(some 10 to 30 minutes for 10M objects, docs/dataflow.md "Listing at
 scale"), before any worker starts. Here the launcher lists only the folder
 structure (`plan`: one delimiter listing of the root, and of each split
 folder with ``splits.from_source``), and a short job lists the objects of

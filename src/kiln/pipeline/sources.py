@@ -1,7 +1,9 @@
 """Listing a build's input files: an image folder or a manifest.
 
 Listing runs in the launcher, before the job, through Beam's `FileSystems`
-(so local paths and gs:// work alike). Listing first lets the launcher
+(so local paths and gs:// work alike); an image folder on an object store
+with ``listing: job`` is listed by a Beam job instead (`listing_job`), with
+the rules of `folder_place` and `place_problem`. Listing first lets the launcher
 compute the up-to-date stamp without starting Beam, know the class and split
 names when it constructs the job, and refuse an empty source early. The job
 reads the listing from a JSONL file (`Listing.write`), not from a list baked
