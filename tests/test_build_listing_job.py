@@ -234,3 +234,25 @@ def test_a_listing_by_the_job_is_refused_where_it_cannot_work(store, change, pro
         build(config)
     assert problem in str(raised.value)
     assert object_store.names(f"{BUCKET}/datasets/") == []
+
+
+def test_an_incremental_build_from_the_jobs_listing(store, demo_corpus):
+    # The build job joins the listing job's files with the base version's
+    # records (JoinBase sized by the summary's count) as it does the launcher's.
+    base = build(_config("datasets", "job"))
+    images = [
+        name
+        for name in object_store.names(ROOT + "/")
+        if name[len(ROOT) + 1 :] not in demo_corpus.broken
+        and name.count("/") == 5
+        and "/." not in name
+    ]
+    object_store.put(images[0], object_store.get(images[1]))  # one image changes
+
+    result = build(_config("datasets", "job"))
+    full = build(_config("full", "launcher"))
+
+    stored = sum(split.num_examples for split in base.info.splits.values())
+    assert result.incremental.used and result.incremental.reused == stored - 1
+    assert result.version == full.version
+    assert _published(result) == _published(full)

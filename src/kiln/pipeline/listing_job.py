@@ -263,10 +263,12 @@ class _CheckFileFn(beam.DoFn):
     (``entries``: ``(split, hash)``)."""
 
     def __init__(self) -> None:
+        self._class_names: list[str] | None = None
         self._label_ids: dict[str, int] = {}
 
     def process(self, candidate: tuple, class_names: list[str]):
-        if len(self._label_ids) != len(class_names):  # the side input, once per worker
+        if class_names is not self._class_names:  # the side input: once per bundle at most
+            self._class_names = class_names
             self._label_ids = {name: i for i, name in enumerate(class_names)}
         key, uri, label, split, size, mtime = candidate
         problem = place_problem(label, split, self._label_ids)
