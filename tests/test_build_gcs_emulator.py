@@ -290,7 +290,9 @@ def test_an_image_folder_on_the_emulator_lists_its_class_folders_concurrently(on
 def test_an_image_folder_listed_by_the_job_on_the_emulator(on_emulator, demo_corpus):
     # source.listing: job through the real clients: Cloud Storage's delimiter
     # listing gives the class folders, the listing job lists each through
-    # Beam's GCS filesystem, and the build reads the job's listing files.
+    # Beam's GCS filesystem in worker processes (the local runner's
+    # multi-processing mode: the workers have the launcher's environment,
+    # not its objects), and the build reads the job's listing files.
     _upload_corpus(demo_corpus.out_dir, "listed-in-job")
     config = make_config(f"gs://{BUCKET}/listed-in-job", output=f"gs://{BUCKET}/by-launcher")
     by_launcher = build(config)
@@ -299,7 +301,8 @@ def test_an_image_folder_listed_by_the_job_on_the_emulator(on_emulator, demo_cor
         output=f"gs://{BUCKET}/by-job",
         source=dict(config["source"], listing="job"),
     )
-    by_job = build(in_job)
+    workers = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    by_job = build(in_job, workers)
 
     assert by_job.version == by_launcher.version
     launcher_files = _names(f"by-launcher/shapes/{by_launcher.version}/")
@@ -307,7 +310,7 @@ def test_an_image_folder_listed_by_the_job_on_the_emulator(on_emulator, demo_cor
     assert [n.split("/", 1)[1] for n in job_files] == [n.split("/", 1)[1] for n in launcher_files]
     for ours, theirs in zip(job_files, launcher_files, strict=True):
         assert _get(ours) == _get(theirs), ours
-    again = build(in_job)
+    again = build(in_job, workers)
     assert again.up_to_date and again.version == by_job.version
     assert not [name for name in _names("by-job/") if "/.listings/" in name]
 
