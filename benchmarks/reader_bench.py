@@ -333,8 +333,11 @@ def dataset_size_mb(dataset_dir: str) -> float:
     )
 
 
-def build_datasets(manifest: str, output: str) -> dict[str, str]:
-    """The JPEG and raw datasets the reader is measured on, built by `kiln build`.
+def build_datasets(
+    manifest: str, output: str, encodings: tuple[str, ...] = ("jpeg", "raw")
+) -> dict[str, str]:
+    """The JPEG and raw datasets (or those of `encodings`) the reader is measured on,
+    built by `kiln build`.
 
     Same transforms as the build measurements (224x224), the default
     augmentation list stored, 8 MB shards (several files to interleave). A
@@ -344,7 +347,7 @@ def build_datasets(manifest: str, output: str) -> dict[str, str]:
     from kiln.pipeline import build
 
     datasets = {}
-    for encoding in ("jpeg", "raw"):
+    for encoding in encodings:
         config = build_config(
             manifest,
             output,

@@ -184,6 +184,40 @@ def test_revision_ab_measures_both_checkouts(tmp_path):
     assert not [p for p in (tmp_path / "ab").iterdir() if p.name.startswith("revision-")]
 
 
+def test_reader_ab_measures_both_checkouts(tmp_path):
+    """`benchmarks.reader_ab` reads with the other revision's kiln.reader (its
+    own guard raises when a worker imported the wrong checkout) and reports
+    the targets' cost in wall and CPU time for that revision and this checkout."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.reader_ab",
+            "HEAD",
+            "--quick",
+            "--out",
+            str(tmp_path / "ab"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    lines = completed.stdout.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[-2:]}
+    assert set(rows) == {"HEAD", "this"}
+    for pairs, plain, targets, wall_cost, *_, cpu_cost in rows.values():
+        assert int(pairs) == 1 and float(plain) > 0 and float(targets) > 0
+        assert float(wall_cost.rstrip("x")) > 0 and float(cpu_cost.rstrip("x")) > 0
+    worktrees = subprocess.run(
+        ["git", "-C", ROOT, "worktree", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    assert str(tmp_path) not in worktrees
+    assert not [p for p in (tmp_path / "ab").iterdir() if p.name.startswith("revision-")]
+
+
 def test_a_benchmark_run_alone_rewrites_only_its_own_section():
     from benchmarks import page
 

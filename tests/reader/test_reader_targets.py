@@ -187,6 +187,47 @@ def test_batches_are_ragged_and_max_objects_makes_them_static(scenes_dataset):
             assert np.all(dense["classes"][index, count:].numpy() == -1)
 
 
+def _batch_input(dataset) -> tuple[str, set[str]]:
+    """The op that feeds the dataset's batch, and the ops of its function."""
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
+    nodes = {node.name: node for node in graph.node}
+    functions = {function.signature.name: function for function in graph.library.function}
+    (batch,) = [node for node in graph.node if node.op == "BatchDatasetV2"]
+    source = nodes[batch.input[0]]
+    function = functions.get(source.attr["f"].func.name) if "f" in source.attr else None
+    return source.op, {node.op for node in function.node_def} if function else set()
+
+
+@pytest.mark.parametrize("fixture", ["scenes_dataset", "objects_dataset"])
+def test_the_batch_follows_the_element_map_so_tf_data_fuses_them(fixture, request):
+    """tf.data fuses a batch with the map right before it (map_and_batch_fusion):
+    the map's threads copy each element into the batch as they make it. The
+    element map itself must feed the batch, not a map of ragged_batch's own."""
+    dataset_dir = request.getfixturevalue(fixture).dataset_dir
+    for kwargs in ({}, {"max_objects": 5, "drop_remainder": True}, {"as_supervised": False}):
+        dataset = kiln.reader.load(dataset_dir, batch_size=4, seed=1, **kwargs)
+        op, function_ops = _batch_input(dataset)
+        assert op == "ParallelMapDatasetV2", kwargs
+        assert "DecodePng" in function_ops, kwargs  # the element map: it decodes
+        assert "RaggedTensorToVariant" in function_ops, kwargs  # objects vary in number
+
+
+def test_static_batches_keep_ragged_objects_with_a_static_batch_size(scenes_dataset):
+    dataset = kiln.reader.load(
+        scenes_dataset.dataset_dir, batch_size=4, seed=1, drop_remainder=True
+    )
+    images_spec, targets_spec = dataset.element_spec
+    assert images_spec.shape.as_list() == [4, 48, 48, 3]
+    assert targets_spec["boxes"].shape.as_list() == [4, None, 4]
+    assert targets_spec["instance_masks"].shape.as_list() == [4, None, 48, 48, 1]
+    for _, targets in dataset:
+        assert targets["boxes"].row_splits.shape == (5,)
+        assert targets["boxes"].row_splits.dtype == tf.int64
+        np.testing.assert_array_equal(
+            targets["boxes"].row_lengths(), targets["classes"].row_lengths()
+        )
+
+
 def test_cutmix_mixes_targets_with_the_pixels_and_mixup_is_refused(scenes_dataset):
     dataset = kiln.reader.load(
         scenes_dataset.dataset_dir,

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from kiln.reader import seeds as seeding
 from kiln.reader.augmenter import Augmenter, decode, standardize
+from kiln.reader.batching import RaggedEncoding
 from kiln.reader.class_weights import ExampleWeights
 from kiln.reader.labels import LabelEncoding
 from kiln.reader.location import info
@@ -430,6 +431,7 @@ def _read(
             output.image_format if not (model_side or augmenter.batch_ops or normalize) else None
         ),
     )
+    ragged: RaggedEncoding | None = None
     # The map functions are not AutoGraph-converted: they are TF ops already,
     # and an AugmentOpError from a user op then reaches the caller as itself,
     # not rewrapped in a StagingError. User ops must use tf.cond, not `if`.
@@ -441,12 +443,23 @@ def _read(
             deterministic=deterministic,
         )
     else:
+        element = decoding.element
+        if batch_size is not None and with_targets:
+            # Objects per image vary: per-object columns are encoded as
+            # ragged_batch encodes them, inside the element map, so that the
+            # plain batch below fuses with it (see `kiln.reader.batching`).
+            ragged = RaggedEncoding()
+
+            def element(serialized, word):
+                return ragged.encode(decoding.element(serialized, word))
+
         dataset = passes.map(
-            _unconverted(decoding.element),
+            _unconverted(element),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=deterministic,
         )
-        image_shape = decoding.features_spec(dataset.element_spec)["image"].shape
+        element_spec = dataset.element_spec if ragged is None else ragged.element_spec
+        image_shape = decoding.features_spec(element_spec)["image"].shape
         if batch_size is not None and not image_shape.is_fully_defined():
             raise ValueError(
                 f"{dataset_dir}: images in split {split!r} vary in size (kiln.json image_size "
@@ -455,10 +468,7 @@ def _read(
                 f"(or a resize/crop to the build's transforms), or pass batch_size=None for "
                 f"unbatched elements."
             )
-        if batch_size is not None and with_targets:
-            # Objects per image vary: per-object columns batch as ragged tensors.
-            dataset = dataset.ragged_batch(batch_size, drop_remainder=drop_remainder)
-        elif batch_size is not None:
+        if batch_size is not None:
             # A plain batch right after the element map, so that tf.data fuses
             # the two (its map_and_batch_fusion): the map's threads copy each
             # element into its slot of the batch as soon as it is made. A
@@ -511,6 +521,10 @@ def _read(
         return batch
 
     def finished(*parts):
+        if ragged is not None:  # a batch of elements `ragged.encode` made
+            encoded = parts[0] if len(parts) == 1 else parts
+            decoded = ragged.decode(encoded, batch_size if drop_remainder else None)
+            parts = decoded if isinstance(decoded, tuple) else (decoded,)
         if len(parts) == 2:  # the features and the objects' deferred moves
             return output.apply(finish_with_targets(*parts))
         return output.apply(finish(parts[0]))
