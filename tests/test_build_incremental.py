@@ -17,7 +17,8 @@ import pytest
 
 from conftest import make_config
 from kiln.errors import UsageError
-from kiln.pipeline import build, record_index
+from kiln.pipeline import BuildError, build, publish, record_index, sharding
+from kiln.pipeline import incremental as incremental_module
 from kiln.pipeline.command import summary
 from kiln.pipeline.statistics import PixelSums, channel_statistics, merge
 from kiln.schemas import INDEX_FILENAME
@@ -162,6 +163,60 @@ def test_reused_records_are_not_decoded(demo_corpus, tmp_path, calls_plugin, mon
     # The chain ran on the changed and the added image only.
     assert len(calls.read_text().splitlines()) == 2
     assert incremental.incremental.reused == stored - 2
+
+
+def test_reused_records_are_copied_from_the_base_shards_not_spilled_to_runs(
+    demo_corpus, tmp_path, monkeypatch
+):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    base = build(config)
+    change_add_delete(demo_corpus, images)
+    spilled: list[str] = []
+    add = sharding.RunWriter.add
+
+    def counting_add(self, window, split, key, record, *rest):
+        spilled.append(key)
+        return add(self, window, split, key, record, *rest)
+
+    monkeypatch.setattr(sharding.RunWriter, "add", counting_add)
+
+    incremental = build(config)
+
+    # Only the decoded images went through run files; the rest were copied
+    # from the base's shards by the shard writer.
+    assert len(spilled) == incremental.counters["images_decoded"] == 2
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert incremental.counters["records_copied"] == stored_before - 2
+    assert_same_dataset(incremental, full_build(config, tmp_path))
+
+
+def test_a_base_shard_changed_after_its_check_fails_the_build(demo_corpus, tmp_path, monkeypatch):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    base = build(config)
+    change_add_delete(demo_corpus, images)
+    check = incremental_module._check_file
+
+    def check_then_damage(name_and_sha256, folder, compression):
+        result = check(name_and_sha256, folder, compression)
+        name = name_and_sha256[0]
+        if name != INDEX_FILENAME:  # every record's data: one byte flipped
+            _, (_, frames) = result
+            starts = incremental_module.frame_starts(frames)
+            path = os.path.join(folder, name)
+            data = bytearray(open(path, "rb").read())
+            for start in starts[:-1]:
+                data[start + 12] ^= 0xFF
+            with open(path, "wb") as f:
+                f.write(data)
+        return result
+
+    monkeypatch.setattr(incremental_module, "_check_file", check_then_damage)
+
+    with pytest.raises(BuildError, match="changed after its check"):
+        build(config)
+    assert publish.DatasetRoot(str(tmp_path / "out" / "shapes")).latest() == base.version
 
 
 def test_statistics_and_counts_equal_a_full_build(demo_corpus, tmp_path):
