@@ -158,7 +158,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         # ReusedRun: the records kept from the base, where they are in its shards
         runs = (runs, processed.reused) | "AllRuns" >> beam.Flatten()
     shards = runs | "WriteShards" >> sharding.ShardRuns(
-        plan.staging_dir, plan.temp_dir, config.name, config.sharding
+        plan.staging_dir, plan.temp_dir, config.name, config.sharding, plan.image_threads
     )  # (split, index, ShardInfo)
     # Without a default for empty input: no separate stage to make one; an
     # empty list stands for "no bundles" below.

@@ -48,6 +48,7 @@ version's ``index.jsonl`` (`record_index.join_parts`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import gzip
 import hashlib
 import logging
@@ -428,18 +429,73 @@ class WriteShardFn(beam.DoFn):
     records in memory, read from the runs (and, in an incremental build,
     copied framed from the base's shards) and sorted. Also writes the
     shard's part of the record index (`index_part_path`), via a temp name.
+
+    With `threads` > 1, up to that many shards are written at once on a
+    thread pool (reading, hashing, checking CRCs and writing release the
+    GIL), their results emitted as they finish or when the bundle ends;
+    memory then holds up to `threads` shards. Counters are incremented on
+    the bundle's thread, where Beam's metrics live.
     """
 
-    def __init__(self, folder: str, temp_folder: str, name: str, compression: str):
+    def __init__(
+        self, folder: str, temp_folder: str, name: str, compression: str, threads: int = 1
+    ):
         self._folder = folder
         self._temp_folder = temp_folder
         self._name = name
         self._compression = compression
+        self._threads = max(1, int(threads))
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: dict[concurrent.futures.Future, tuple] = {}
         self._shards = Metrics.counter("kiln", "shards_written")
         self._records = Metrics.counter("kiln", "records_written")
         self._copied = Metrics.counter("kiln", "records_copied")
 
-    def process(self, element):
+    def setup(self):
+        if self._threads > 1:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self._threads, thread_name_prefix="kiln-shard"
+            )
+
+    def teardown(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def start_bundle(self):
+        self._pending = {}
+
+    def process(self, element, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
+        if self._pool is None:
+            result = self._write(element)
+            self._count(result)
+            yield result[0]
+            return
+        self._pending[self._pool.submit(self._write, element)] = (window, timestamp)
+        yield from self._take_done(wait=len(self._pending) >= self._threads)
+
+    def finish_bundle(self):
+        while self._pending:
+            yield from self._take_done(wait=True)
+
+    def _take_done(self, wait: bool):
+        if wait:
+            concurrent.futures.wait(self._pending, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in [future for future in self._pending if future.done()]:
+            window, timestamp = self._pending.pop(future)
+            result = future.result()
+            self._count(result)
+            yield WindowedValue(result[0], timestamp, (window,))
+
+    def _count(self, result) -> None:
+        (_, _, info), copied = result
+        self._shards.inc()
+        self._records.inc(info.num_records)
+        if copied:
+            self._copied.inc(copied)
+
+    def _write(self, element) -> tuple[tuple[str, int, ShardInfo], int]:
+        """Writes one shard: ((split, index, ShardInfo), records copied from a base)."""
         (split, index, num_shards), values = element
         runs = [v for v in values if isinstance(v, RunSlice)]
         reused = [v for v in values if isinstance(v, ReusedSlice)]
@@ -468,11 +524,7 @@ class WriteShardFn(beam.DoFn):
             filename,
             [index_entry for _, _, index_entry in ordered],
         )
-        self._shards.inc()
-        self._records.inc(info.num_records)
-        if reused:
-            self._copied.inc(sum(len(piece.entries) for piece in reused))
-        yield split, index, info
+        return (split, index, info), sum(len(piece.entries) for piece in reused)
 
 
 def _merge(*parts: list[tuple[str, bytes, bytes]]) -> list[tuple[str, bytes, bytes]]:
@@ -503,24 +555,34 @@ def _all_shards(split_and_count):
 class ShardRuns(beam.PTransform):
     """Shards, orders and writes the records of sorted runs, every split.
 
-    Input: PCollection[SpilledRun] (from `RunWriter`). Output:
-    PCollection[(split, index, ShardInfo)], one per shard file written to
-    `folder`. The run files are left in place: they live in the job's work
-    folder, which the launcher deletes after the job.
+    Input: PCollection[SpilledRun or ReusedRun] (from `RunWriter`, and the
+    image step of an incremental build). Output: PCollection[(split, index,
+    ShardInfo)], one per shard file written to `folder`. The run files are
+    left in place: they live in the job's work folder, which the launcher
+    deletes after the job.
 
     Args:
       folder: Where the shard files go.
       temp_folder: Where they are written first (same filesystem).
       name: Dataset name, the first part of the file names.
       sharding: The ``sharding`` config.
+      threads: Shards written at once per DoFn instance (`WriteShardFn`).
     """
 
-    def __init__(self, folder: str, temp_folder: str, name: str, sharding: ShardingConfig):
+    def __init__(
+        self,
+        folder: str,
+        temp_folder: str,
+        name: str,
+        sharding: ShardingConfig,
+        threads: int = 1,
+    ):
         super().__init__()
         self._folder = folder
         self._temp_folder = temp_folder
         self._name = name
         self._sharding = sharding
+        self._threads = threads
 
     def expand(self, runs):
         sharding = self._sharding
@@ -548,7 +610,13 @@ class ShardRuns(beam.PTransform):
             # ((split, index, num_shards), [RunSlice or None])
             | "WriteShardFiles"
             >> beam.ParDo(
-                WriteShardFn(self._folder, self._temp_folder, self._name, sharding.compression)
+                WriteShardFn(
+                    self._folder,
+                    self._temp_folder,
+                    self._name,
+                    sharding.compression,
+                    self._threads,
+                )
             )
             # (split, index, ShardInfo)
         )
