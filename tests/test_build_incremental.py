@@ -20,7 +20,7 @@ from kiln.errors import UsageError
 from kiln.pipeline import BuildError, build, publish, record_index, sharding
 from kiln.pipeline import incremental as incremental_module
 from kiln.pipeline.command import summary
-from kiln.pipeline.statistics import PixelSums, channel_statistics, merge
+from kiln.pipeline.statistics import PixelSums, TargetCounts, channel_statistics, merge
 from kiln.schemas import INDEX_FILENAME
 from test_build_determinism import digests
 
@@ -422,6 +422,48 @@ def test_record_index_lines_round_trip():
     with pytest.raises(ValueError, match="not a record index line"):
         record_index.parse_line('{"key": "x"}')
     assert hashlib.sha256(text).hexdigest()  # bytes, deterministic
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["a/1.png", 'quote"d,"position":1,"sha256":"x", and \\', "ünï/cödé ✓.jpg", 'k,"squares":'],
+)
+@pytest.mark.parametrize("with_targets", [False, True])
+def test_index_lines_spliced_are_the_lines_parsing_gives(key, with_targets):
+    entry = record_index.entry(
+        key=key,
+        sha256="ab" * 32,
+        inputs="cd" * 16,
+        label=-1 if with_targets else 7,
+        height=3,
+        width=4,
+        pixels=12,
+        sums=(1, 2, 3),
+        squares=(4, 5, 6),
+        targets=TargetCounts((1, 3), True, ((1, 2.5), (3, 0.1)), (("tiny", 2),))
+        if with_targets
+        else None,
+    )
+    line = record_index.part_bytes("old", "a-old.tfrecord-00003-of-00009", [entry]).rstrip()
+
+    def parsed(split, shard, entries):  # what part_bytes gave before splicing
+        lines = []
+        for position, raw in enumerate(entries):
+            data = dict(json.loads(raw), split=split, shard=shard, position=position)
+            text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            lines.append(f"{text}\n")
+        return "".join(lines).encode("utf-8")
+
+    for split, shard in (("train", "x-train.tfrecord-00000-of-00001"), ("vål", "ds-vål-1")):
+        entries = [entry, line, entry, line]
+        assert record_index.part_bytes(split, shard, entries) == parsed(split, shard, entries)
+    placement = b',"shard":"s","split":"t"'
+    assert record_index._placed(entry, 5, placement) is not None  # spliced, not parsed
+    assert record_index._placed(line, 5, placement) is not None
+    # Not laid out as an entry or a line: parsed.
+    odd = json.dumps({"key": "k", "sha256": "s", "extra": 1}).encode()
+    assert record_index.part_bytes("t", "s", [odd]) == parsed("t", "s", [odd])
+    assert record_index._placed(odd, 0, b"") is None
 
 
 def test_base_and_full_exclude_each_other_and_the_base_must_exist(demo_corpus, tmp_path):
