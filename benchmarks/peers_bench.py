@@ -546,13 +546,47 @@ Levers measured (kiln against itself, side by side; a busy shared machine, so pa
   neutral, CPU 0.99x-1.03x. `dct_method="INTEGER_FAST"` for the JPEG decode: the same pixels
   and no speed-up with TensorFlow's libjpeg-turbo; `fancy_upscaling=False` (other pixels, by
   up to 80 of 255): no gain either (CPU 0.98x and 0.97x, 5 rounds at load 7-9).
-- What is left over the decode-only limit is the resize and the colour passes (cast, channel
-  means, matrix, offset, clip), one pass each with stock ops, which nothing at hand fuses
-  without losing more than it saves. The next levers: decoding at a reduced DCT scale
-  (`ratio` 2, 4 or 8) when the crop window is at least twice the output (not measured: these
-  windows are at most 341x256, under twice 224x224, so only larger stored images gain); and
-  the colour ops on the accelerator (`load_for_model` moves every element op there; moving
-  the colour ops alone is not an option yet)."""
+- Where the time goes (224x224, the element function over in-memory records, each variant
+  removing one op, CPU per image, 5 paired rounds at load ~3-4): the decode-only limit 747 us,
+  kiln 1073 us; without `color_jitter` 869 us (the colour: ~200 us, ~160 of them the
+  saturation and hue matrix), without the flip 1042 us (~30 us), the crop alone 845 us (its
+  window decode and resize ~100 us over the limit's full decode and float conversion). On one
+  thread, on a 160x150 window: the `[pixels, 3] x [3, 3]` colour matmul 155 us, the bilinear
+  resize to 224x224 172 us, a cast, add or clip pass 21-28 us.
+- The colour matrix as a matmul of rows of 8 pixels against a `[24, 24]` block diagonal of 8
+  copies of it (TF's contraction is slow for an inner dimension of 3): 79 us instead of 155 us
+  on that window; end to end CPU per image 1.03x (224x224) and 1.05x (341x256) for float32,
+  1.02x and 1.08x for uint8 (5 paired rounds, load 4-6). Outputs equal up to float rounding
+  (1 ulp on 12-14% of the values; the golden streams hold). In place.
+- float32 batches: the limit costs 727 us of CPU per image for float32 batches and 353 us for
+  uint8 (4 paired rounds). 128x224x224x3 floats (77 MB) are above glibc malloc's largest mmap
+  threshold (32 MB), so every batch is fresh memory from the kernel, a page fault per 4 KB,
+  where uint8 batches (19 MB) are reused from the heap: per image, 147 minor page faults and
+  315 us of system CPU for float32 batches against 14 and 49 us for uint8 (the limit; kiln's
+  float32 output pays alike: 146 and 311 us). With TensorFlow's pooling allocator
+  (`TF_CPU_ALLOCATOR_USE_BFC=true`, set before TensorFlow starts; 4 paired rounds of a process
+  each way, load 4-7): the limit needs 0.50x the CPU per image (~810 -> ~410 us) and runs 2.6x
+  faster, kiln float32 0.64x the CPU (~1150 -> ~740 us), 1.45x faster (0.69x-2.1x between
+  rounds), kiln uint8 0.96x the CPU, 1.02x as fast. A process-wide choice for the trainer,
+  not kiln's; `dtype="uint8"` avoids the cost. Kiln's float32 ratio to the limit falls as the
+  batch memory gets cheaper (CPU 0.67x-0.80x without, 0.52x-0.56x with the pooling allocator):
+  the remaining gap is kiln's own pixel work.
+- `tf.image.crop_and_resize` (crop and bilinear resize in one op, a flip folded in by swapping
+  the box's x1 and x2), measured again on the op alone (the reader's goal notes give the
+  pipeline at 0.3x): 3.2x slower than `tf.image.resize` on that window (543 us float input,
+  732 us uint8 input with the flip folded in, against 172 us); `ScaleAndTranslate` 610 us. Not
+  adopted.
+- The colour on whichever of window and output has fewer pixels (resize first when the window
+  is larger; the clip then last, which would change seeded streams): 341x256, where half the
+  windows are larger than 224x224, CPU 0.98x (5 paired rounds, load ~5). Not adopted.
+- Not measured again: one seed draw for all op seeds (5 us per element, above); decoding at a
+  reduced DCT scale, since these windows are under twice the output in both dimensions.
+- 0.85x of the decode-only limit is not reached with stock TensorFlow ops: what is left is
+  the resize (~150 us) and the colour (~170 us: cast, channel means, matrix, offset, clip, one
+  pass each). The next levers: the colour ops on the accelerator (`load_for_model` moves every
+  element op there; moving the colour ops alone would take ~170 us per image off the host),
+  and a fused kernel doing crop, flip, colour and resize in one uint8 pass as OpenCV does
+  (a custom op, outside what `kiln.reader` may import today)."""
 
 
 # The stored images, for the page.

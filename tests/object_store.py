@@ -97,6 +97,20 @@ class InMemoryObjectStore(FileSystem):
             data, mtime = OBJECTS[path]
             yield FileMetadata(path, len(data), mtime)
 
+    def list_folder_level(self, prefix):
+        """`storage.folder_level`: the objects directly under `prefix` and its
+        folders, as a delimiter listing gives them (GCS, S3)."""
+        with _LOCK:
+            LIST_REQUESTS.append(f"{prefix} (folders)")
+        objects, folders = [], set()
+        for path in names(prefix):
+            rest = path[len(prefix) :]
+            if "/" in rest:
+                folders.add(prefix + rest.split("/", 1)[0] + "/")
+            else:
+                objects.append(path)
+        return objects, sorted(folders)
+
     def create(
         self, path, mime_type="application/octet-stream", compression_type=CompressionTypes.AUTO
     ):

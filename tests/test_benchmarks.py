@@ -134,11 +134,16 @@ def test_quick_folder_listing_benchmark_writes_every_row(tmp_path):
     expected = {"local": quick.files, "emulator": quick.objects, latency: quick.objects}
     assert sorted((row["store"], row["phase"]) for row in results["rows"]) == sorted(
         [("local", "walk"), ("local", "list")]
-        + [(store, phase) for store in ("emulator", latency) for phase in ("match", "walk", "list")]
+        + [
+            (store, phase)
+            for store in ("emulator", latency)
+            for phase in ("match", "walk", "list", "folders", "job")
+        ]
     )
     for row in results["rows"]:
         assert row["files"] == expected[row["store"]] and row["files_per_second"] > 0
     page = markdown.read_text()
+    assert "With `source.listing: job` (issue 15), the launcher's share is `folders`" in page
     # Its own section, right after the manifests' listing section.
     assert page.index("## Listing: manifests") < page.index(folder_listing_bench.SECTION_TITLE)
     assert page.index(folder_listing_bench.SECTION_TITLE) < page.index("## Later")

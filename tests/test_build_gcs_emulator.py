@@ -287,6 +287,34 @@ def test_an_image_folder_on_the_emulator_lists_its_class_folders_concurrently(on
     ]
 
 
+def test_an_image_folder_listed_by_the_job_on_the_emulator(on_emulator, demo_corpus):
+    # source.listing: job through the real clients: Cloud Storage's delimiter
+    # listing gives the class folders, the listing job lists each through
+    # Beam's GCS filesystem in worker processes (the local runner's
+    # multi-processing mode: the workers have the launcher's environment,
+    # not its objects), and the build reads the job's listing files.
+    _upload_corpus(demo_corpus.out_dir, "listed-in-job")
+    config = make_config(f"gs://{BUCKET}/listed-in-job", output=f"gs://{BUCKET}/by-launcher")
+    by_launcher = build(config)
+    in_job = dict(
+        config,
+        output=f"gs://{BUCKET}/by-job",
+        source=dict(config["source"], listing="job"),
+    )
+    workers = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    by_job = build(in_job, workers)
+
+    assert by_job.version == by_launcher.version
+    launcher_files = _names(f"by-launcher/shapes/{by_launcher.version}/")
+    job_files = _names(f"by-job/shapes/{by_job.version}/")
+    assert [n.split("/", 1)[1] for n in job_files] == [n.split("/", 1)[1] for n in launcher_files]
+    for ours, theirs in zip(job_files, launcher_files, strict=True):
+        assert _get(ours) == _get(theirs), ours
+    again = build(in_job, workers)
+    assert again.up_to_date and again.version == by_job.version
+    assert not [name for name in _names("by-job/") if "/.listings/" in name]
+
+
 @pytest.fixture
 def fake_gcs_server(tmp_path, monkeypatch):
     server = gcs_emulator.FakeGcsServer(tmp_path / "fake-gcs-server.log")

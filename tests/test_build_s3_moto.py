@@ -186,6 +186,31 @@ def test_the_whole_cycle_on_moto(s3, endpoint, build_dataset, demo_corpus, tmp_p
     assert _names(s3, f"datasets/shapes/{second.version}/kiln.json")
 
 
+def test_an_image_folder_listed_by_the_job_on_moto(s3, endpoint, demo_corpus):
+    # source.listing: job: S3's delimiter listing (ListObjectsV2, Delimiter
+    # '/') gives the class folders, the listing job lists each through Beam's
+    # S3 filesystem; the same bytes as the launcher's listing.
+    _upload_corpus(s3, demo_corpus.out_dir, "images")
+    s3.put_object(Bucket=BUCKET, Key="images/stray.txt", Body=b"above the class folders")
+    config = make_config(f"s3://{BUCKET}/images", output=f"s3://{BUCKET}/by-launcher")
+    config["errors"] = {"max_fraction": 0.5}
+    by_launcher = build(config, _flags(endpoint))
+    in_job = dict(
+        config, output=f"s3://{BUCKET}/by-job", source=dict(config["source"], listing="job")
+    )
+    by_job = build(in_job, _flags(endpoint))
+
+    assert by_job.version == by_launcher.version
+    assert by_job.info.dropped == by_launcher.info.dropped
+    launcher_files = _names(s3, f"by-launcher/shapes/{by_launcher.version}/")
+    job_files = _names(s3, f"by-job/shapes/{by_job.version}/")
+    assert [n.split("/", 1)[1] for n in job_files] == [n.split("/", 1)[1] for n in launcher_files]
+    for ours, theirs in zip(job_files, launcher_files, strict=True):
+        assert _get(s3, ours) == _get(s3, theirs), ours
+    assert build(in_job, _flags(endpoint)).up_to_date
+    assert not [name for name in _names(s3, "by-job/") if "/.listings/" in name]
+
+
 def test_the_lock_is_an_exclusive_create_on_s3(s3, endpoint):
     storage.use_pipeline_options(_flags(endpoint))
     store = storage.store_for(f"s3://{BUCKET}/x")

@@ -156,3 +156,47 @@ def test_dataflow_dry_run_translates_an_incremental_job(demo_corpus, no_network_
     assert not any(name.startswith("ExtractReused") for name in names)
     images = pardo_fn(proto, "ProcessImages/DecodeTransformEncode")
     assert images._base.folder == base.folder and images._runs._folder.startswith(staging)
+
+
+def test_dataflow_dry_run_translates_the_listing_job(no_network_no_credentials):
+    # source.listing: job: the listing job's graph for Dataflow (the folder
+    # plan is given: making it would ask Cloud Storage for the folders).
+    import apache_beam as beam
+
+    from kiln.pipeline import listing_job
+
+    options = launcher.pipeline_options(DATAFLOW_ARGS)
+    root = "gs://fake-bucket/images"
+    plan = listing_job.ListingJobPlan(
+        root=root,
+        from_source=False,
+        classes=None,
+        prefixes=(f"{root}/circle/", f"{root}/star/"),
+        strays=(f"{root}/stray.txt",),
+        listing_dir="gs://fake-bucket/datasets/shapes/.listings/0123abcd",
+    )
+    pipeline = beam.Pipeline(options=options)
+    listing_job.construct(pipeline, plan)
+    proto = pipeline.run().job.proto_pipeline
+
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    for step in [
+        "FolderPrefixes",
+        "SpreadPrefixes",
+        "ListPrefixes",
+        "PlaceFiles",
+        "DistinctClasses",
+        "CheckFiles",
+        "GroupFiles",
+        "WriteListing/Write/WriteImpl/WriteBundles",
+        "Summarize",
+        "WriteSummary",
+    ]:
+        assert step in names, step
+    # The placement DoFn as a worker would get it: the launcher's rules.
+    place = pardo_fn(proto, "PlaceFiles")
+    assert list(place.process((f"{root}/star/1.png", 10, 5.0))) == [
+        ("star/1.png", f"{root}/star/1.png", "star", None, 10, 5.0)
+    ]
+    (misplaced,) = place.process((f"{root}/stray.txt", 0, 0.0))
+    assert misplaced.value.reason == "unexpected_location"

@@ -445,6 +445,52 @@ def test_inference_forms_are_deterministic_and_keep_the_output_size():
     np.testing.assert_array_equal(crop.apply(img, None), img[5:15, 10:20])
 
 
+# RGB -> YIQ (the colour space of `color_twist`'s hue rotation, as documented).
+_TO_YIQ = np.array(
+    [[0.299, 0.587, 0.114], [0.595716, -0.274453, -0.321263], [0.211456, -0.522591, 0.311135]]
+)
+
+
+def _twisted(pixels, *, brightness, contrast, saturation, hue):
+    """`color_twist`'s documented map in float64: clip(c H S p + b + (1 - c) mean luma)."""
+    rgb = pixels.astype(np.float64) / 255.0
+    luma = rgb @ _TO_YIQ[0]
+    saturated = luma[..., None] + saturation * (rgb - luma[..., None])
+    yiq = saturated @ _TO_YIQ.T
+    cos, sin = np.cos(2 * np.pi * hue), np.sin(2 * np.pi * hue)
+    turned = np.stack(
+        [yiq[..., 0], cos * yiq[..., 1] - sin * yiq[..., 2], sin * yiq[..., 1] + cos * yiq[..., 2]],
+        -1,
+    )
+    back = turned @ np.linalg.inv(_TO_YIQ).T
+    return np.clip(contrast * back + brightness + (1 - contrast) * luma.mean(), 0.0, 1.0)
+
+
+@pytest.mark.parametrize("height, width", [(1, 1), (5, 7), (8, 3), (13, 16)])
+def test_color_twist_mixes_every_pixel_as_rows_of_eight(height, width):
+    # The colour matrix runs as one matmul of rows of 8 pixels against a
+    # [24, 24] block diagonal: a [pixels, 3] x [3, 3] matmul cost as much as
+    # the crop's resize (BENCHMARKS.md). Pixel counts that are not a multiple
+    # of 8 are padded; every pixel still gets its own colour.
+    pixels = tf.cast(
+        tf.random.stateless_uniform([height, width, 3], [3, height], maxval=256), tf.uint8
+    )
+    params = {"brightness": 0.05, "contrast": 1.3, "saturation": 0.6, "hue": 0.07}
+    out = color_twist(pixels, **{k: tf.constant(v) for k, v in params.items()})
+    assert out.shape == (height, width, 3)
+    np.testing.assert_allclose(out, _twisted(pixels.numpy(), **params), atol=2e-6)
+
+    traced = tf.function(
+        lambda image: color_twist(image, **{k: tf.constant(v) for k, v in params.items()})
+    ).get_concrete_function(tf.TensorSpec([None, None, 3], tf.uint8))
+    pixel_operands = [
+        op.inputs[0].shape[-1]
+        for op in traced.graph.get_operations()
+        if op.type == "MatMul" and op.inputs[0].shape[0] != 1  # not the [1, 4] weights
+    ]
+    assert pixel_operands == [24]
+
+
 def test_color_twist_parts():
     img = image()
     grey = np.full((4, 4, 3), 0.3, np.float32)

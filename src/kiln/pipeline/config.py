@@ -85,7 +85,7 @@ from kiln import transforms
 from kiln.errors import ConfigError, quote, quote_text
 from kiln.pipeline import storage
 from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
-from kiln.pipeline.sources import Listing, Source
+from kiln.pipeline.sources import ImageFolderSource, Listing, Source
 from kiln.pipeline.versioning import fingerprint
 from kiln.registry import ListError, describe_error
 from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
@@ -301,10 +301,16 @@ class BuildSpec:
         ``output`` (where a dataset is written) and without the source's
         location (``source.root`` or ``source.path``, ``source.allowed_roots``:
         see `provenance`), so the same files moved to another folder or bucket
-        give the same version."""
+        give the same version; nor where they are listed (``source.listing``):
+        listed by the launcher or by a job, the same files are the same
+        dataset."""
         source = self.config.source
         data = self.config.model_dump(
-            mode="json", exclude={"output": True, "source": set(source.LOCATION_FIELDS)}
+            mode="json",
+            exclude={
+                "output": True,
+                "source": {*source.LOCATION_FIELDS, *source.LISTING_FIELDS},
+            },
         )
         if self.config.targets is None:
             # A classification dataset's config (and so its fingerprint and
@@ -413,6 +419,8 @@ def load(
         augment = problems.check("augment", lambda: _validate_augment(raw.get("augment"))) or []
     if model is not None and parsed is not None:
         problems.check("targets", lambda: _check_targets(model, chain))
+    if model is not None:
+        problems.check("source", lambda: _check_listing(model))
 
     if model is None:
         raise ConfigError.of(origin, problems.sorted())
@@ -728,6 +736,25 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain) -> None:
                     f"targets.{kind}: a CSV manifest holds label, labels and extra columns "
                     f"only; objects and masks need a JSONL manifest (.jsonl)"
                 )
+
+
+def _check_listing(model: BuildConfig) -> None:
+    """Refuses a listing in the job where it cannot work: a local folder (the
+    workers may not see it), or where the launcher must see every file."""
+    source = model.source
+    if not (isinstance(source, ImageFolderSource) and source.listing == "job"):
+        return
+    if not storage.is_remote(source.root):
+        raise ListError(
+            f"source.listing: job lists an object store's folders in the Beam job; "
+            f"source.root {source.root} is a local folder: use listing: launcher"
+        )
+    if model.splits.stratify:
+        raise ListError(
+            "source.listing: job keeps the files' names out of the launcher, and "
+            "splits.stratify assigns them there (class by class, before the job): "
+            "use listing: launcher with stratify"
+        )
 
 
 # Sources of objects (COCO, Pascal VOC): the target kinds each can give.

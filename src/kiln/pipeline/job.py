@@ -5,7 +5,8 @@
 apart makes the graph testable on its own (the Dataflow dry-run test
 translates it without running anything).
 
-The job reads the listing the launcher wrote, and writes into the staging
+The job reads the listing the launcher wrote (or the listing job, with
+``source.listing: job``: `listing_job`), and writes into the staging
 folder: the shard files, ``errors.jsonl``, and ``.work/report.json`` (every
 aggregate the launcher needs for `kiln.json`). The steps::
 
@@ -71,7 +72,8 @@ class JobPlan:
     Attributes:
       spec: The build spec (the validated, resolved config).
       class_names: Sorted class names.
-      listing_uri: The listing JSONL file (`kiln.pipeline.listing.Listing.write`).
+      listing_uri: The listing JSONL file (`kiln.pipeline.listing.Listing.write`),
+        or a pattern of the listing job's files (`listing_job`).
       staging_dir: Where shards and errors.jsonl go.
       work_dir: Where temp shards and the report go; deleted before publishing.
       image_threads: Threads per image-processing DoFn instance.

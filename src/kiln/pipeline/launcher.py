@@ -57,6 +57,7 @@ from kiln.pipeline import config as config_module
 from kiln.pipeline import (
     incremental,
     job,
+    listing_job,
     progress,
     publish,
     sources,
@@ -80,6 +81,10 @@ from kiln.schemas import (
 from kiln.schemas.metadata import OBJECT_SIZE_EDGES
 
 logger = logging.getLogger(__name__)
+
+# What the launcher holds of the source's listing: every row on disk (its own
+# listing), or the summary of a listing job's (``source.listing: job``).
+SourceListing = sources.Listing | listing_job.ListedInJob
 
 LOCAL_RUNNER = "FnApiRunner"
 _FN_API_RUNNER_NAMES = ("fnapirunner", "apache_beam.runners.portability.fn_api_runner.fnapirunner")
@@ -343,7 +348,7 @@ def _beam_lookups_once() -> Iterator[None]:
 
 def make_plan(
     spec: BuildSpec,
-    listing: sources.Listing,
+    listing: SourceListing,
     staging_dir: str,
     options: PipelineOptions,
     image_threads: int | None = None,
@@ -356,10 +361,14 @@ def make_plan(
       base: The version to reuse records from, or None (`incremental`).
     """
     work_dir = storage.join(staging_dir, publish.WORK_FOLDER)
+    if isinstance(listing, listing_job.ListedInJob):
+        listing_uri = listing.listing_uri  # written by the listing job
+    else:
+        listing_uri = storage.join(work_dir, "listing.jsonl")  # written by `_run_job`
     return job.JobPlan(
         spec=spec,
         class_names=tuple(listing.class_names),
-        listing_uri=storage.join(work_dir, "listing.jsonl"),
+        listing_uri=listing_uri,
         staging_dir=staging_dir,
         work_dir=work_dir,
         image_threads=image_threads or default_image_threads(options),
@@ -432,7 +441,7 @@ def build(
     options = pipeline_options(pipeline_args)
     try:
         # The listing's rows are on disk until the build ends, failed or not.
-        with DatasetLock(spec.dataset_root, wait=wait) as held, spec.list_source() as listing:
+        with DatasetLock(spec.dataset_root, wait=wait) as held, _listed(spec, options) as listing:
             return _build_locked(
                 spec,
                 listing,
@@ -449,9 +458,93 @@ def build(
         raise BuildError(f"{storage.describe_os_error(e)}; nothing was published") from e
 
 
+@contextlib.contextmanager
+def _listed(spec: BuildSpec, options: PipelineOptions) -> Iterator[SourceListing]:
+    """The source's listing until the build ends: by the launcher, or by a
+    listing job (``source.listing: job``, `listing_job`) whose files are
+    deleted at the end. Call it holding the dataset's lock.
+
+    Raises:
+      ConfigError: the source cannot be listed, or holds no usable image.
+      BuildError: the listing job failed otherwise.
+    """
+    source = spec.config.source
+    if not (isinstance(source, sources.ImageFolderSource) and source.listing == "job"):
+        with spec.list_source() as listing:
+            yield listing
+        return
+    listing_dir = publish.DatasetRoot(spec.dataset_root).new_listing_dir()
+    try:
+        yield list_in_job(spec, options, listing_dir)
+    finally:
+        try:
+            storage.delete_tree(listing_dir)
+        except Exception:  # keep the build's own outcome; the next build deletes it
+            logger.warning("could not delete the listing folder %s", listing_dir, exc_info=True)
+
+
+def list_in_job(
+    spec: BuildSpec, options: PipelineOptions, listing_dir: str
+) -> listing_job.ListedInJob:
+    """Lists the image folder's folders here and their objects in a listing
+    job (`listing_job`) on the runner `options` name, which writes its files
+    into `listing_dir` (the caller deletes them).
+
+    Raises:
+      ConfigError: the source is not an image folder, cannot be listed, or
+        holds no usable image.
+      BuildError: the listing job failed otherwise.
+    """
+    source = spec.config.source
+    if not isinstance(source, sources.ImageFolderSource):
+        raise spec.error(f"{source.describe()}: only an image_folder is listed in a job")
+    listing_plan = listing_job.plan(
+        source.root, spec.config.splits.from_source, source.classes, listing_dir
+    )
+    with _beam_lookups_once():
+        pipeline = beam.Pipeline(runner=_runner_for(options), options=options)
+        listing_job.construct(pipeline, listing_plan)
+        logger.info("running the listing job over %d folders", len(listing_plan.prefixes))
+        try:
+            state = _run_pipeline(pipeline, options)[1]
+        except Exception as e:  # a worker's error, re-raised by the runner
+            problem = _listing_problem(e)
+            if problem:
+                raise spec.error(f"{source.describe()}: {problem}") from e
+            raise BuildError(
+                f"the listing job failed writing under {listing_dir}: {_last_line(e)}; "
+                f"nothing was published"
+            ) from e
+    if state not in (None, PipelineState.DONE):
+        raise BuildError(f"the listing job ended in state {state}")
+    listing = listing_job.read_summary(listing_plan)
+    if not listing.num_files:
+        raise spec.error(source.no_usable_image(listing.num_dropped, listing.first_dropped))
+    logger.info(
+        "listed %d files (%d dropped) in %d classes in the job",
+        listing.num_files,
+        listing.num_dropped,
+        len(listing.class_names),
+    )
+    return listing
+
+
+def _listing_problem(error: BaseException) -> str | None:
+    """``cannot list <prefix>: <why>`` if `error` (or its cause) is a
+    `listing_job.SourceListingError`, however the runner wrapped it."""
+    cause: BaseException | None = error
+    while cause is not None:
+        for line in str(cause).splitlines():
+            start = line.find(listing_job.CANNOT_LIST)
+            if start >= 0:
+                return line[start:].split(" [while running", 1)[0].strip()
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def _build_locked(
     spec: BuildSpec,
-    listing: sources.Listing,
+    listing: SourceListing,
     options: PipelineOptions,
     held: DatasetLock,
     *,
@@ -465,10 +558,11 @@ def _build_locked(
     _warn_about_shard_counts(spec, listing)
     dataset = publish.DatasetRoot(spec.dataset_root)
     previous = dataset.latest()
-    if spec.config.splits.stratify:
+    # The config refuses stratify with a listing by the job (`ListedInJob`).
+    if spec.config.splits.stratify and isinstance(listing, sources.Listing):
         _stratify(spec, listing, dataset, previous)
     processing = incremental.processing_fingerprint(spec.to_json())
-    stamp = versioning.stamp(spec.fingerprint, listing.stamp_entries(), processing=processing)
+    stamp = versioning.stamp_of(spec.fingerprint, listing.listing_hash(), processing=processing)
 
     existing = dataset.stamped_version(stamp)
     built = dataset.read_info(existing) if existing else None
@@ -625,33 +719,24 @@ def _spec(
 
 def _run_job(
     plan: job.JobPlan,
-    listing: sources.Listing,
+    listing: SourceListing,
     options: PipelineOptions,
     show_progress: bool,
     progress_every: float,
 ) -> tuple[job.JobReport, dict[str, int]]:
-    """Writes the listing, runs the job to completion and reads its report."""
-    listing.write(plan.listing_uri)
-    interruption = _Interruption()
+    """Writes the listing (unless a listing job did), runs the job to
+    completion and reads its report."""
+    if isinstance(listing, sources.Listing):
+        listing.write(plan.listing_uri)
     with _beam_lookups_once():
         pipeline = construct_pipeline(plan, options)
         logger.info("running the build job for %d files", listing.num_files)
+        display = progress.display(
+            plan.progress_uri, listing.num_files, enabled=show_progress, every=progress_every
+        )
         try:
-            with (
-                interruption,
-                _short_state_sampling(options),
-                progress.display(
-                    plan.progress_uri,
-                    listing.num_files,
-                    enabled=show_progress,
-                    every=progress_every,
-                ),
-            ):
-                result = pipeline.run()
-                state = result.wait_until_finish()
+            result, state = _run_pipeline(pipeline, options, display)
         except Exception as e:  # a worker's error, re-raised by the runner with its traceback
-            if interruption.seen:  # Ctrl-C, which Beam re-raises as a step's RuntimeError
-                raise KeyboardInterrupt from None
             raise BuildError(
                 f"the Beam job failed writing under {plan.staging_dir}: "
                 f"{_last_line(e)}; nothing was published"
@@ -659,6 +744,28 @@ def _run_job(
     if state not in (None, PipelineState.DONE):
         raise BuildError(f"the Beam job ended in state {state}")
     return job.read_report(plan.report_uri), _counters(result)
+
+
+def _run_pipeline(
+    pipeline: beam.Pipeline,
+    options: PipelineOptions,
+    display: contextlib.AbstractContextManager | None = None,
+) -> tuple[Any, str | None]:
+    """Runs `pipeline` to completion, within `display`: its result and end state.
+
+    Raises:
+      KeyboardInterrupt: on Ctrl-C, which Beam re-raises as a step's RuntimeError.
+      Exception: a worker's error, as the runner re-raises it.
+    """
+    interruption = _Interruption()
+    try:
+        with interruption, _short_state_sampling(options), display or contextlib.nullcontext():
+            result = pipeline.run()
+            return result, result.wait_until_finish()
+    except Exception:
+        if interruption.seen:
+            raise KeyboardInterrupt from None
+        raise
 
 
 class _Interruption:
@@ -692,7 +799,7 @@ class _Interruption:
             self._previous = None
 
 
-def _warn_about_shard_counts(spec: BuildSpec, listing: sources.Listing) -> None:
+def _warn_about_shard_counts(spec: BuildSpec, listing: SourceListing) -> None:
     fixed = spec.config.sharding.num_shards
     counts = fixed.values() if isinstance(fixed, Mapping) else [fixed] if fixed else []
     if any(count > listing.num_files for count in counts):
@@ -730,7 +837,7 @@ def _last_line(error: BaseException) -> str:
     return (lines[-1] if lines else type(error).__name__)[:500]
 
 
-def _check_accounted(listing: sources.Listing, report: job.JobReport) -> None:
+def _check_accounted(listing: SourceListing, report: job.JobReport) -> None:
     """Every listed file was stored or dropped, and every stored image is in a shard.
 
     Anything else means the job lost or invented inputs (its listing was
@@ -765,14 +872,11 @@ def _check_accounted(listing: sources.Listing, report: job.JobReport) -> None:
 
 
 def _version(
-    spec: BuildSpec, processing: str, listing: sources.Listing, report: job.JobReport
+    spec: BuildSpec, processing: str, listing: SourceListing, report: job.JobReport
 ) -> str:
     """The content-addressed version: the config, the processing fingerprint
     and every input's entry."""
-    dropped = versioning.combine_hashes(
-        versioning.entry_hash(entry) for entry in listing.dropped_entries()
-    )
-    inputs_hash = versioning.combine_hashes([report.inputs_hash, dropped])
+    inputs_hash = versioning.combine_hashes([report.inputs_hash, listing.dropped_entries_hash()])
     return versioning.version_name(spec.fingerprint, inputs_hash, processing=processing)
 
 
@@ -812,7 +916,7 @@ def _counters(result) -> dict[str, int]:
 
 
 def dataset_info(
-    spec: BuildSpec, listing: sources.Listing, report: job.JobReport, version: str
+    spec: BuildSpec, listing: SourceListing, report: job.JobReport, version: str
 ) -> DatasetInfo:
     """The `kiln.json` contents for a finished job's report."""
     config = spec.config

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from kiln.lazy_import import LazyModule
-from kiln.pipeline import storage
+from kiln.pipeline import storage, versioning
 from kiln.pipeline.error_report import DroppedFile
 
 if TYPE_CHECKING:
@@ -266,6 +266,14 @@ class Listing:
             entry = ["file", f.key, label, f.split, f.size, f.mtime]
             yield entry if f.targets is None else [*entry, f.targets, f.mask_stamp]
         yield from self.dropped_entries()
+
+    def listing_hash(self) -> int:
+        """The multiset hash of `stamp_entries`, for `versioning.stamp_of`."""
+        return versioning.combine_hashes(map(versioning.entry_hash, self.stamp_entries()))
+
+    def dropped_entries_hash(self) -> int:
+        """The multiset hash of `dropped_entries`, for the version."""
+        return versioning.combine_hashes(map(versioning.entry_hash, self.dropped_entries()))
 
     def assign_splits(
         self,

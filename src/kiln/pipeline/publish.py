@@ -7,6 +7,7 @@ A dataset root ``<output>/<name>/`` holds::
     LATEST                  the name of the version readers should use
     .staging-<stamp>-<rnd>/ a build in progress (never read)
     .stamps/<stamp>         the version an input listing was built into
+    .listings/<rnd>/        a listing job's files, while its build runs (``source.listing: job``)
     .published/<version>    when LATEST last named the version (a sequence
                             number), so `DatasetRoot.prune` keeps the newest
 
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 STAMPS_FOLDER = ".stamps"
 PUBLISHED_FOLDER = ".published"
 WORK_FOLDER = ".work"  # inside staging: listing, temp shards, job report
+LISTINGS_FOLDER = ".listings"  # a listing job's files (`listing_job`), until its build ends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +103,17 @@ class DatasetRoot:
             for name in self.store.children(self.path)
             if name.startswith(STAGING_PREFIX)
         ]
+
+    def new_listing_dir(self) -> str:
+        """A fresh folder for a listing job's files (``source.listing: job``),
+        after deleting what killed builds left in ``.listings/``.
+
+        Call it only while holding the dataset's lock: the folder of a
+        running build looks the same as a dead one's.
+        """
+        listings = storage.join(self.path, LISTINGS_FOLDER)
+        self.store.delete_tree(listings)
+        return storage.join(listings, secrets.token_hex(4))
 
     def new_staging_dir(self, stamp: str) -> str:
         """A fresh, unique staging folder name next to the versions."""

@@ -1,7 +1,9 @@
 """Listing a build's input files: an image folder or a manifest.
 
 Listing runs in the launcher, before the job, through Beam's `FileSystems`
-(so local paths and gs:// work alike). Listing first lets the launcher
+(so local paths and gs:// work alike); an image folder on an object store
+with ``listing: job`` is listed by a Beam job instead (`listing_job`), with
+the rules of `folder_place` and `place_problem`. Listing first lets the launcher
 compute the up-to-date stamp without starting Beam, know the class and split
 names when it constructs the job, and refuse an empty source early. The job
 reads the listing from a JSONL file (`Listing.write`), not from a list baked
@@ -45,8 +47,8 @@ import os
 import posixpath
 import re
 import stat
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from collections.abc import Callable, Collection, Iterator
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -90,6 +92,10 @@ class _SourceModel(BaseModel):
     # The fields that say where the files are, not what they are: provenance,
     # kept out of the config's fingerprint (`BuildSpec.to_json`).
     LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("allowed_roots",)
+    # The fields that say how the files are listed, not what they are nor
+    # where: the same files give the same dataset either way, so they are
+    # neither fingerprinted nor recorded (`BuildSpec.to_json`).
+    LISTING_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     def location(self) -> dict[str, Any]:
         """The location fields (`LOCATION_FIELDS`) as JSON: where this build read from."""
@@ -119,11 +125,7 @@ class _SourceModel(BaseModel):
         if not listing.num_files:
             with listing:
                 first = next(listing.dropped(), None)
-            example = f", e.g. {first.key}: {first.message}" if first else ""
-            raise ConfigError(
-                f"{self.describe()}: no usable input image "
-                f"({listing.num_dropped} dropped while listing{example})"
-            )
+            raise ConfigError(self.no_usable_image(listing.num_dropped, first))
         logger.info(
             "listed %d files (%d dropped) in %d classes",
             listing.num_files,
@@ -131,6 +133,14 @@ class _SourceModel(BaseModel):
             len(listing.class_names),
         )
         return listing
+
+    def no_usable_image(self, num_dropped: int, first: DroppedFile | None) -> str:
+        """The message for a listing without a file to process."""
+        example = f", e.g. {first.key}: {first.message}" if first else ""
+        return (
+            f"{self.describe()}: no usable input image "
+            f"({num_dropped} dropped while listing{example})"
+        )
 
     def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
         raise NotImplementedError
@@ -159,7 +169,17 @@ class ImageFolderSource(_SourceModel):
     """The image folder: a local path (relative to the config file's folder) or
     `gs://bucket/prefix`."""
 
+    listing: Literal["launcher", "job"] = "launcher"
+    """Where the objects are listed. `launcher`: by `kiln build` itself, before the job.
+    `job` (a root on an object store only, e.g. `gs://`, `s3://`; not with `splits.stratify`):
+    `kiln build` lists only the folders (class folders, and split folders with
+    `splits.from_source`), and a short Beam job on the build's runner lists each folder's objects
+    on the workers, stamps them and writes the build's listing; the same records, version and
+    kiln.json. Worth it from some millions of objects on a wide fleet (docs/dataflow.md,
+    "Listing at scale")."""
+
     LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("root", "allowed_roots")
+    LISTING_FIELDS: ClassVar[tuple[str, ...]] = ("listing",)
 
     def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
         # The config allows an image folder `label` targets only.
@@ -497,12 +517,48 @@ def _real(path: str) -> str:
     return path.rstrip("/") if is_remote(path) else os.path.realpath(path)
 
 
+class Misplaced(NamedTuple):
+    """Why a file of an image folder is dropped: a `DroppedFile`'s reason and message."""
+
+    reason: str
+    message: str
+
+
+def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Misplaced | None:
+    """Where the file `key` (relative to an image folder's root) sits:
+    ``(class folder, split folder or None)``, `Misplaced` outside the layout,
+    or None for a hidden path (a name starting with '.'), which is skipped.
+
+    The first of an image folder's two checks, before the class names are
+    known; the launcher's listing and the listing job (`listing_job`) apply
+    the same rules.
+    """
+    parts = key.split("/")
+    if any(part.startswith(".") for part in parts):
+        return None
+    if len(parts) != (3 if from_source else 2):
+        layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
+        return Misplaced("unexpected_location", f"not in the layout root/{layout}")
+    return parts[-2], parts[0] if from_source else None
+
+
+def place_problem(label: str, split: str | None, class_names: Collection[str]) -> Misplaced | None:
+    """The second check of a file `folder_place` placed, once the class names
+    are known: its split folder must be a split name, its class a class."""
+    if split is not None and not _SPLIT_NAME.match(split):
+        return Misplaced(
+            "unexpected_location",
+            f"split folder {split!r} is not a valid split name (letters, digits, '_')",
+        )
+    if label not in class_names:
+        return Misplaced("unknown_label", f"class {label!r} is not in source.classes")
+    return None
+
+
 def _list_image_folder(
     root: str, classes: list[str] | None, from_source: bool, confinement: _Confinement
 ) -> Listing:
     root = root.rstrip("/")
-    depth = 3 if from_source else 2
-    layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
     has_special_files = storage.store_for(root).has_special_files
     with ListingWriter() as writer:
 
@@ -511,19 +567,19 @@ def _list_image_folder(
 
         for position, metadata in enumerate(_walk_files(root)):
             key = _relative(metadata.path, root)
-            parts = key.split("/")
-            if any(part.startswith(".") for part in parts):
+            place = folder_place(key, from_source)
+            if place is None:
                 continue
-            if len(parts) != depth:
-                drop(key, metadata.path, "unexpected_location", f"not in the layout root/{layout}")
+            if isinstance(place, Misplaced):
+                drop(key, metadata.path, place.reason, place.message)
                 continue
             writer.add_candidate(
                 Candidate(
                     key,
                     position,
                     metadata.path,
-                    label=parts[-2],
-                    split=parts[0] if from_source else None,
+                    label=place[0],
+                    split=place[1],
                     size=int(metadata.size_in_bytes),
                     mtime=float(metadata.last_updated_in_seconds),
                 )
@@ -533,16 +589,9 @@ def _list_image_folder(
         label_ids = {name: i for i, name in enumerate(class_names)}
         for (found,) in writer.candidates():  # a folder lists each path once
             key, uri, split = found.key, found.uri, found.split
-            if split is not None and not _SPLIT_NAME.match(split):
-                drop(
-                    key,
-                    uri,
-                    "unexpected_location",
-                    f"split folder {split!r} is not a valid split name (letters, digits, '_')",
-                )
-                continue
-            if found.label not in label_ids:
-                drop(key, uri, "unknown_label", f"class {found.label!r} is not in source.classes")
+            misplaced = place_problem(found.label, split, label_ids)
+            if misplaced:
+                drop(key, uri, misplaced.reason, misplaced.message)
                 continue
             outside = confinement.problem(uri)
             if outside:

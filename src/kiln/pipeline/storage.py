@@ -499,7 +499,7 @@ def walk_prefixes(prefixes: Iterable[str], objects: Iterable[str] = ()) -> Itera
     """
     _apply_pipeline_options()
     tasks = itertools.chain(
-        ((_list_prefix, prefix) for prefix in prefixes),
+        ((list_prefix, prefix) for prefix in prefixes),
         ((_object_metadata, uri) for uri in objects),
     )
     return _walk_concurrently(tasks, lambda task: task[0](task[1]))
@@ -524,7 +524,7 @@ def _is_not_found(problem: object) -> bool:
     return isinstance(problem, FileNotFoundError) or getattr(problem, "code", None) == 404
 
 
-def _list_prefix(prefix: str) -> Iterator[FileMetadata]:
+def list_prefix(prefix: str) -> Iterator[FileMetadata]:
     """The objects under `prefix`, page by page as the store returns them.
 
     Beam's filesystems list a prefix with ``_list``, a generator over the
@@ -592,6 +592,48 @@ def _walk_concurrently(tasks: Iterable[Any], walk: Callable[[Any], Iterator[Any]
         stop.set()
         for thread in threads:
             thread.join()
+
+
+def folder_level(prefix: str) -> tuple[list[str], list[str]] | None:
+    """The objects directly under an object store `prefix` (ending in '/')
+    and the prefixes of the folders there (ending in '/'), both sorted: one
+    delimiter listing, a request per 1,000 entries, whatever lies deeper.
+    None for a store that has no such listing.
+
+    Beam's filesystems have none: kiln asks Cloud Storage (gs://) and S3
+    (s3://) through their clients, and any other Beam filesystem that
+    defines ``list_folder_level(prefix)`` with this contract (the tests'
+    in-memory store does).
+    """
+    _apply_pipeline_options()
+    if prefix.startswith("gs://"):
+        objects, folders = _gcs_first_level(prefix)
+        return [metadata.path for metadata in objects], folders
+    if prefix.startswith("s3://"):
+        return _s3_first_level(prefix)
+    lister = getattr(FileSystems.get_filesystem(prefix), "list_folder_level", None)
+    if lister is None:
+        return None
+    objects, folders = lister(prefix)
+    return sorted(objects), sorted(folders)
+
+
+def _s3_first_level(prefix: str) -> tuple[list[str], list[str]]:
+    """`folder_level` on S3: ``ListObjectsV2`` with the delimiter '/'."""
+    from apache_beam.io.aws import s3io
+
+    bucket, name = s3io.parse_s3_path(prefix, object_optional=True)
+    pages = (
+        _s3_client(prefix)
+        .get_paginator("list_objects_v2")
+        .paginate(Bucket=bucket, Prefix=name, Delimiter="/")
+    )
+    objects: list[str] = []
+    folders: list[str] = []
+    for page in pages:
+        objects += [f"s3://{bucket}/{item['Key']}" for item in page.get("Contents", ())]
+        folders += [f"s3://{bucket}/{item['Prefix']}" for item in page.get("CommonPrefixes", ())]
+    return sorted(objects), sorted(folders)
 
 
 def _gcs_first_level(prefix: str) -> tuple[list[FileMetadata], list[str]]:

@@ -94,11 +94,17 @@ def stamp(config_fingerprint: str, listing_entries: Iterable[Any], *, processing
     """The up-to-date stamp from listing data (see the module docstring);
     `processing` as for `version_name`."""
     inputs = combine_hashes(entry_hash(entry) for entry in listing_entries)
+    return stamp_of(config_fingerprint, inputs, processing=processing)
+
+
+def stamp_of(config_fingerprint: str, listing_hash: int, *, processing: str) -> str:
+    """`stamp` from the multiset hash of the listing's entries, wherever they
+    were combined (the launcher's listing, or the listing job's)."""
     return fingerprint(
         {
             "format_version": kiln.FORMAT_VERSION,
             "config": config_fingerprint,
             "processing": processing,
-            "listing": format(inputs, "064x"),
+            "listing": format(listing_hash, "064x"),
         }
     )
