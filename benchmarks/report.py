@@ -196,7 +196,11 @@ average 2-7, so CPU time is the steadier figure):
   25-48 s against a quiet machine's 10.5, the incremental build far less. In the rounds above
   (load average 2-7) the incremental build's wall time tracked its CPU time (2.41 s wall at
   2.35-2.45 s of CPU), which puts this one near 2.2 s against a quiet full build's 10.5 s:
-  about 0.2, not the goal's 0.15 (1.6 s). Only a quiet `make bench` gives the table's figure.
+  about 0.2, not the goal's 0.15 (1.6 s). The bench's own incremental row (a fresh base
+  build each round), 2 rounds alternating at load average 3.3-3.9: the incremental build
+  2.45 and 3.83 s -> 2.13 and 3.65 s, next to full builds of 20-26 s, so its ratios (0.10-0.15
+  on both sides) show the load, not the goal. Only a quiet `make bench` gives the table's
+  figure.
 
 The next levers, by weight: the image step's per-file work is half the CPU, and only part of
 it is the floor the reuse key sets (reading and sha256 of every source file, ~320 MB at 4000):
