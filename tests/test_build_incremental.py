@@ -17,9 +17,10 @@ import pytest
 
 from conftest import make_config
 from kiln.errors import UsageError
-from kiln.pipeline import build, record_index
+from kiln.pipeline import BuildError, build, publish, record_index, sharding
+from kiln.pipeline import incremental as incremental_module
 from kiln.pipeline.command import summary
-from kiln.pipeline.statistics import PixelSums, channel_statistics, merge
+from kiln.pipeline.statistics import PixelSums, TargetCounts, channel_statistics, merge
 from kiln.schemas import INDEX_FILENAME
 from test_build_determinism import digests
 
@@ -162,6 +163,60 @@ def test_reused_records_are_not_decoded(demo_corpus, tmp_path, calls_plugin, mon
     # The chain ran on the changed and the added image only.
     assert len(calls.read_text().splitlines()) == 2
     assert incremental.incremental.reused == stored - 2
+
+
+def test_reused_records_are_copied_from_the_base_shards_not_spilled_to_runs(
+    demo_corpus, tmp_path, monkeypatch
+):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    base = build(config)
+    change_add_delete(demo_corpus, images)
+    spilled: list[str] = []
+    add = sharding.RunWriter.add
+
+    def counting_add(self, window, split, key, record, *rest):
+        spilled.append(key)
+        return add(self, window, split, key, record, *rest)
+
+    monkeypatch.setattr(sharding.RunWriter, "add", counting_add)
+
+    incremental = build(config)
+
+    # Only the decoded images went through run files; the rest were copied
+    # from the base's shards by the shard writer.
+    assert len(spilled) == incremental.counters["images_decoded"] == 2
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert incremental.counters["records_copied"] == stored_before - 2
+    assert_same_dataset(incremental, full_build(config, tmp_path))
+
+
+def test_a_base_shard_changed_after_its_check_fails_the_build(demo_corpus, tmp_path, monkeypatch):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    base = build(config)
+    change_add_delete(demo_corpus, images)
+    check = incremental_module._check_file
+
+    def check_then_damage(name_and_sha256, folder, compression):
+        result = check(name_and_sha256, folder, compression)
+        name = name_and_sha256[0]
+        if name != INDEX_FILENAME:  # every record's data: one byte flipped
+            _, (_, frames) = result
+            starts = incremental_module.frame_starts(frames)
+            path = os.path.join(folder, name)
+            data = bytearray(open(path, "rb").read())
+            for start in starts[:-1]:
+                data[start + 12] ^= 0xFF
+            with open(path, "wb") as f:
+                f.write(data)
+        return result
+
+    monkeypatch.setattr(incremental_module, "_check_file", check_then_damage)
+
+    with pytest.raises(BuildError, match="changed after its check"):
+        build(config)
+    assert publish.DatasetRoot(str(tmp_path / "out" / "shapes")).latest() == base.version
 
 
 def test_statistics_and_counts_equal_a_full_build(demo_corpus, tmp_path):
@@ -367,6 +422,48 @@ def test_record_index_lines_round_trip():
     with pytest.raises(ValueError, match="not a record index line"):
         record_index.parse_line('{"key": "x"}')
     assert hashlib.sha256(text).hexdigest()  # bytes, deterministic
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["a/1.png", 'quote"d,"position":1,"sha256":"x", and \\', "ünï/cödé ✓.jpg", 'k,"squares":'],
+)
+@pytest.mark.parametrize("with_targets", [False, True])
+def test_index_lines_spliced_are_the_lines_parsing_gives(key, with_targets):
+    entry = record_index.entry(
+        key=key,
+        sha256="ab" * 32,
+        inputs="cd" * 16,
+        label=-1 if with_targets else 7,
+        height=3,
+        width=4,
+        pixels=12,
+        sums=(1, 2, 3),
+        squares=(4, 5, 6),
+        targets=TargetCounts((1, 3), True, ((1, 2.5), (3, 0.1)), (("tiny", 2),))
+        if with_targets
+        else None,
+    )
+    line = record_index.part_bytes("old", "a-old.tfrecord-00003-of-00009", [entry]).rstrip()
+
+    def parsed(split, shard, entries):  # what part_bytes gave before splicing
+        lines = []
+        for position, raw in enumerate(entries):
+            data = dict(json.loads(raw), split=split, shard=shard, position=position)
+            text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            lines.append(f"{text}\n")
+        return "".join(lines).encode("utf-8")
+
+    for split, shard in (("train", "x-train.tfrecord-00000-of-00001"), ("vål", "ds-vål-1")):
+        entries = [entry, line, entry, line]
+        assert record_index.part_bytes(split, shard, entries) == parsed(split, shard, entries)
+    placement = b',"shard":"s","split":"t"'
+    assert record_index._placed(entry, 5, placement) is not None  # spliced, not parsed
+    assert record_index._placed(line, 5, placement) is not None
+    # Not laid out as an entry or a line: parsed.
+    odd = json.dumps({"key": "k", "sha256": "s", "extra": 1}).encode()
+    assert record_index.part_bytes("t", "s", [odd]) == parsed("t", "s", [odd])
+    assert record_index._placed(odd, 0, b"") is None
 
 
 def test_base_and_full_exclude_each_other_and_the_base_must_exist(demo_corpus, tmp_path):

@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import random
+import threading
 from typing import NamedTuple
 
 import apache_beam as beam
@@ -176,14 +177,14 @@ def all_shard_paths(folder):
     return glob.glob(os.path.join(folder, "*.tfrecord-*"))
 
 
-def run_write_shards(tmp_path, records, config, name="ds", run_bytes=1 << 20):
+def run_write_shards(tmp_path, records, config, name="ds", run_bytes=1 << 20, threads=1):
     folder, temp = str(tmp_path / "out"), str(tmp_path / "out" / ".work" / "tmp")
     runs = spill(records, temp, run_bytes)
     with local_pipeline() as p:
         infos = (
             p
             | beam.Create(runs)
-            | sharding.ShardRuns(folder, temp, name, ShardingConfig(**config))
+            | sharding.ShardRuns(folder, temp, name, ShardingConfig(**config), threads)
             | beam.MapTuple(
                 lambda split, index, info: (split, index, info.filename, info.num_records)
             )
@@ -286,6 +287,28 @@ def test_records_spill_to_sorted_runs_that_are_merged(tmp_path):
     paths = sorted(glob.glob(os.path.join(folder, "ds-train.tfrecord-*-of-00003")))
     wanted = sorted(records, key=lambda r: r.sort_key)
     assert [r for path in paths for r in read_tfrecords(path)] == [r.record for r in wanted]
+
+
+def test_shards_written_on_several_threads_are_the_same_files(tmp_path, monkeypatch):
+    records = sharded_records(120, "train", seed=5) + sharded_records(40, "test", seed=6)
+    config = {"num_shards": {"train": 5, "test": 2}, "target_shard_mb": 1, "compression": "none"}
+    one = run_write_shards(tmp_path / "one", records, config)
+    threads: set[str] = set()
+    write = sharding.write_frames
+
+    def noting_thread(*args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(sharding, "write_frames", noting_thread)
+    two = run_write_shards(tmp_path / "two", records, config, threads=2)
+
+    assert threads and all(name.startswith("kiln-shard") for name in threads)
+    names = sorted(os.path.basename(path) for path in all_shard_paths(one))
+    assert names == sorted(os.path.basename(path) for path in all_shard_paths(two))
+    for name in names:
+        with open(os.path.join(one, name), "rb") as a, open(os.path.join(two, name), "rb") as b:
+            assert a.read() == b.read()
 
 
 def test_gzip_shards_are_readable_and_deterministic(tmp_path):

@@ -15,9 +15,10 @@ With a base version (`incremental`), each listed file arrives with its row
 of the base's record index (``base``); a file whose sha256 and listing
 inputs match it (with targets: the annotations, the sha256 of every mask
 file they name and the class ids they use, `targets.TargetCodec.reuse_key`)
-is not decoded: its record is copied from the base's shard later (a
-`incremental.ReuseRequest` on the ``reused`` output, gathered per base
-shard per bundle), and its statistics come from the row.
+is not decoded: its record is copied from the base's shard by the shard
+writer (a `sharding.ReusedRun` on the ``reused`` output, per base shard per
+bundle: where its frame is in the base shard, found by the base's check),
+and its statistics come from the row.
 
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
 output, counted per reason. What the job counts about every file (its
@@ -47,10 +48,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 from kiln import transforms
 from kiln.pipeline import record_index, versioning
 from kiln.pipeline.error_report import DroppedFile
-from kiln.pipeline.incremental import ReuseRequest
+from kiln.pipeline.incremental import BaseFiles, frame_starts
 from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
-from kiln.pipeline.sharding import RunWriter, sort_key
+from kiln.pipeline.sharding import ReusedRun, RunWriter, sort_key
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import PixelSums, Summary, TargetCounts, pixel_sums
 from kiln.pipeline.targets import BadAnnotation, TargetCodec, location_free
@@ -346,14 +347,16 @@ def _describe(error: Exception) -> str:
 class ProcessImagesFn(beam.DoFn):
     """Groups of listed files -> sorted runs of their records (`SpilledRun`);
     tagged outputs ``dropped`` (DroppedFile), ``summary`` (one `Summary`
-    per bundle) and ``reused`` (``(base shard, (ReuseRequest fields, ...))`` per
-    base shard the bundle reuses records of), the last two emitted when the
-    bundle finishes (a retried bundle's outputs, summary and runs included,
-    are discarded with it).
+    per bundle) and ``reused`` (a `sharding.ReusedRun` per base shard the
+    bundle reuses records of), the last two emitted when the bundle
+    finishes (a retried bundle's outputs, summary and runs included, are
+    discarded with it).
 
-    With a base, the ``base_problems`` side input maps each base file to
-    the problem its check found ("" when none): the records of a shard that
-    failed are processed, and none is reused if the index failed.
+    With a base, the ``base_checks`` side input maps each base file to the
+    problem its check found ("" when none) and, for a shard, where its
+    records' frames are (`incremental.VerifyBaseFiles`): the records of a
+    shard that failed are processed, and none is reused if the index
+    failed.
 
     Each input element is a list of listed files (the listing has several
     per line), and each stored image goes straight into a `RunWriter`, so
@@ -392,8 +395,10 @@ class ProcessImagesFn(beam.DoFn):
         runs_folder: str,
         run_bytes: int,
         progress_path: str | None = None,
+        base: BaseFiles | None = None,
     ):
         self._processor = processor
+        self._base = base
         self._threads = max(1, int(threads))
         self._runs = RunWriter(runs_folder, run_bytes)
         self._counter = FileCounter(progress_path) if progress_path else None
@@ -402,7 +407,10 @@ class ProcessImagesFn(beam.DoFn):
         # Tasks on the pool: future -> (files, window, timestamp), in submission order.
         self._pending: dict[concurrent.futures.Future, tuple] = {}
         self._summary = Summary()
-        self._reuse: dict[str, list[ReuseRequest]] = {}
+        # Per base shard: the reused records' ReusedRun entries and contents.
+        self._reuse: dict[str, tuple[list, list]] = {}
+        self._base_checks: Mapping[str, tuple[str, bytes]] = {}
+        self._frames: dict[str, Any] = {}  # base shard -> `incremental.frame_starts`
         self._read = Metrics.counter("kiln", "files_read")
         self._decoded = Metrics.counter("kiln", "images_decoded")
         self._bytes = Metrics.counter("kiln", "bytes_read")
@@ -439,17 +447,21 @@ class ProcessImagesFn(beam.DoFn):
         self._runs.reset()
         self._summary = Summary()
         self._reuse = {}
+        self._frames = {}
 
     def process(
         self,
         files: Sequence[Mapping[str, Any]],
         window=beam.DoFn.WindowParam,
         timestamp=beam.DoFn.TimestampParam,
-        base_problems: Mapping[str, str] | None = None,
+        base_checks: Mapping[str, tuple[str, bytes]] | None = None,
     ):
-        if base_problems:
+        if base_checks is not None:
+            # Kept for results taken later in the bundle (finish_bundle has
+            # no side inputs); the same for every element of the job.
+            self._base_checks = base_checks
             files = [
-                item if item.get("base") is None else self._trusted_base(item, base_problems)
+                item if item.get("base") is None else self._trusted_base(item, base_checks)
                 for item in files
             ]
         if self._pool is None:
@@ -484,23 +496,47 @@ class ProcessImagesFn(beam.DoFn):
         yield beam.pvalue.TaggedOutput(
             SUMMARY, WindowedValue(self._summary, MIN_TIMESTAMP, (GlobalWindow(),))
         )
-        for shard, requests in sorted(self._reuse.items()):
-            # Plain tuples: Beam's coder writes them without pickling.
-            plain = tuple(tuple(request) for request in requests)
+        base = self._base
+        for shard, (entries, contents) in sorted(self._reuse.items()):
+            if base is None:
+                raise ValueError("records reused without a base")
+            order = sorted(range(len(entries)), key=lambda i: entries[i][:2])
+            run = ReusedRun(
+                FileSystems.join(base.folder, shard),
+                base.compression,
+                tuple(entries[i] for i in order),
+                tuple(contents[i] for i in order),
+            )
             yield beam.pvalue.TaggedOutput(
-                REUSED, WindowedValue((shard, plain), MIN_TIMESTAMP, (GlobalWindow(),))
+                REUSED, WindowedValue(run, MIN_TIMESTAMP, (GlobalWindow(),))
             )
         self._reuse = {}
 
     def _trusted_base(
-        self, item: Mapping[str, Any], problems: Mapping[str, str]
+        self, item: Mapping[str, Any], checks: Mapping[str, tuple[str, bytes]]
     ) -> Mapping[str, Any]:
         """The item, without its base row if the base's index or the row's
-        shard failed its check (then the image is processed)."""
-        if problems.get(INDEX_FILENAME) or problems.get(item["base"].shard):
+        shard failed its check, or the shard has no record at the row's
+        position (then the image is processed)."""
+        row = item["base"]
+        index_problem, _ = checks.get(INDEX_FILENAME, ("", b""))
+        shard_problem, _ = checks.get(row.shard, ("missing from the base's kiln.json", b""))
+        if (
+            index_problem
+            or shard_problem
+            or not 0 <= row.position < len(self._starts(row.shard)) - 1
+        ):
             self._not_trusted.inc()
             return dict(item, base=None)
         return item
+
+    def _starts(self, shard: str):
+        """Where the base shard's frames start (`incremental.frame_starts`)."""
+        starts = self._frames.get(shard)
+        if starts is None:
+            _, frames = self._base_checks.get(shard, ("", b""))
+            starts = self._frames[shard] = frame_starts(frames)
+        return starts
 
     def _process_in_budget(self, task: Sequence[Mapping[str, Any]]) -> list[Outcome]:
         # On a pool thread: a file's pixels count from its header check to
@@ -541,16 +577,21 @@ class ProcessImagesFn(beam.DoFn):
             raise ValueError("an Outcome holds an image or a dropped file, never neither")
         if outcome.reused is not None:
             self._reused.inc()
-            self._reuse.setdefault(outcome.reused.shard, []).append(
-                ReuseRequest(
-                    outcome.reused.position,
+            shard, position = outcome.reused
+            starts = self._starts(shard)
+            start = starts[position]
+            entries, contents = self._reuse.setdefault(shard, ([], []))
+            # Plain tuples: Beam's coder writes them without pickling.
+            entries.append(
+                (
                     image.split,
                     sort_key(image.key),
-                    image.sha256,
-                    image.key,
+                    start,
+                    starts[position + 1] - start,
                     image.index_entry,
                 )
             )
+            contents.append((image.sha256, image.key))
             return
         if "base" in item:  # an incremental build: say why this one was processed
             (self._added if item["base"] is None else self._changed).inc()
@@ -580,8 +621,9 @@ class ProcessImages(beam.PTransform):
       runs_folder: Where the runs go (the job's temp folder).
       run_bytes: Records per run at most, in bytes (`sharding.run_bytes`).
       progress_path: A local file to count finished files in (`progress`), or None.
-      base_problems: With a base version: PCollection[(base file, problem or
-        "")] (`incremental.VerifyBaseFiles`); None without a base.
+      base: The base version to reuse records from (`incremental`), or None.
+      base_checks: With a base: PCollection[(base file, (problem or "",
+        frames))] (`incremental.VerifyBaseFiles`); None without a base.
     """
 
     def __init__(
@@ -591,16 +633,24 @@ class ProcessImages(beam.PTransform):
         runs_folder: str,
         run_bytes: int,
         progress_path: str | None = None,
-        base_problems: beam.PCollection | None = None,
+        base: BaseFiles | None = None,
+        base_checks: beam.PCollection | None = None,
     ):
         super().__init__()
-        self._fn_args = (processor, max(1, int(threads)), runs_folder, run_bytes, progress_path)
-        self._base_problems = base_problems
+        self._fn_args = (
+            processor,
+            max(1, int(threads)),
+            runs_folder,
+            run_bytes,
+            progress_path,
+            base,
+        )
+        self._base_checks = base_checks
 
     def expand(self, files):
         side_inputs = {}
-        if self._base_problems is not None:
-            side_inputs["base_problems"] = beam.pvalue.AsDict(self._base_problems)
+        if self._base_checks is not None:
+            side_inputs["base_checks"] = beam.pvalue.AsDict(self._base_checks)
         return (
             files
             | "DecodeTransformEncode"
@@ -608,5 +658,5 @@ class ProcessImages(beam.PTransform):
                 DROPPED, SUMMARY, REUSED, main="runs"
             )
             # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle;
-            # reused: (base shard, (ReuseRequest fields, ...)) per bundle
+            # reused: ReusedRun per base shard per bundle
         )

@@ -48,26 +48,34 @@ plugin's code, build with ``--full`` (or bump a parameter).
 
 In the job (`job.construct`), with a base::
 
-    listed files ─┐
+    base files -> VerifyBaseFiles ─────────────────────┐ (side input: problems, frames)
+    listed files ─┐                                    v
     base index ───┴─> JoinBase (by key) -> ProcessImages ─┬─> runs of new records
-                                                          └─> reuse requests per base shard
-    reuse requests -> GroupByKey (base shard) -> ExtractReused -> runs of reused records
+                                                          └─> reused records (ReusedRun)
+    both -> WriteShards (copies the reused records' frames from the base shards)
 
-The reused records join the new ones as sorted runs (`sharding.SpilledRun`)
-before sharding, so sharding, duplicates and the index are written by the
-same steps as in a full build. Everything is read through Beam's
-FileSystems inside the job: the launcher reads only the base's kiln.json.
+The check that hashes each base shard also finds where each of its records'
+TFRecord frames starts (`_FrameScanner`), so the image step hands a reused
+record on as a byte range of a base shard (`sharding.ReusedRun`), and the
+shard writer copies those bytes straight into the new shard (checking each
+frame's length and CRCs) next to the new records from the sorted runs: a
+reused record is read once, never decoded, re-framed or written to a run.
+Sharding, duplicates and the index are decided by the same steps as in a
+full build. Everything is read through Beam's FileSystems inside the job:
+the launcher reads only the base's kiln.json. The frames reach every
+image-step worker as a side input, 8 bytes per base record.
 """
 
 from __future__ import annotations
 
+import array
 import dataclasses
-import gzip
 import hashlib
 import logging
 import math
+import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import apache_beam as beam
 import cv2
@@ -78,7 +86,6 @@ from apache_beam.metrics import Metrics
 import kiln
 from kiln.pipeline import record_index, storage, tfrecord, versioning
 from kiln.pipeline.listing import FILES_PER_LINE
-from kiln.pipeline.sharding import RunWriter
 from kiln.schemas import INDEX_FILENAME, RECORD, DatasetInfo
 
 logger = logging.getLogger(__name__)
@@ -92,6 +99,8 @@ PROCESSING_VERSION = 2
 
 # Config sections that decide a record's bytes (see the module docstring).
 _PROCESSING_SECTIONS = ("image", "transforms", "encoding", "targets", "plugins")
+
+_CHUNK_BYTES = 1 << 20
 
 
 def processing_fingerprint(config: Mapping[str, Any]) -> str:
@@ -224,26 +233,86 @@ def _bucket(key: str, buckets: int) -> int:
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:15], 16) % buckets
 
 
-def _check_file(name_and_sha256: tuple[str, str], folder: str) -> tuple[str, str]:
-    """(file name, expected sha256) -> (file name, problem or "")."""
+class _FrameScanner:
+    """Finds where each TFRecord frame starts in bytes fed in pieces."""
+
+    def __init__(self) -> None:
+        self.starts = array.array("Q")
+        self._next = 0  # where the next frame starts
+        self._seen = 0  # bytes fed so far
+        self._tail = b""  # fed bytes from the last unread header on, when it was cut
+
+    def feed(self, data: bytes) -> None:
+        if self._tail:
+            data = self._tail + data
+            offset = self._seen - len(self._tail)
+        else:
+            offset = self._seen
+        self._seen = offset + len(data)
+        while self._next + tfrecord.HEADER_SIZE <= self._seen:
+            self.starts.append(self._next)
+            (length,) = tfrecord.LENGTH.unpack_from(data, self._next - offset)
+            self._next += tfrecord.HEADER_SIZE + length + tfrecord.FOOTER_SIZE
+        self._tail = data[self._next - offset :] if self._next < self._seen else b""
+
+    def frames(self) -> bytes:
+        """Each frame's start and, last, the end, as `array.array("Q")` bytes.
+
+        Raises:
+          ValueError: the bytes do not end where a frame ends.
+        """
+        if self._next != self._seen:
+            raise ValueError(f"a truncated record at byte {self.starts[-1] if self.starts else 0}")
+        return (self.starts + array.array("Q", [self._next])).tobytes()
+
+
+def frame_starts(frames: bytes) -> array.array:
+    """`BaseFileCheck` frames bytes as an array: record ``i``'s frame is
+    ``[starts[i], starts[i + 1])``."""
+    starts = array.array("Q")
+    starts.frombytes(frames)
+    return starts
+
+
+def _check_file(
+    name_and_sha256: tuple[str, str], folder: str, compression: str | None
+) -> tuple[str, tuple[str, bytes]]:
+    """(file name, expected sha256) -> (file name, (problem or "", frames)):
+    a shard's frames are where each of its records starts and where the
+    last ends, in its uncompressed bytes (`frame_starts`), found while it
+    is hashed; the index's are empty."""
     name, expected = name_and_sha256
     digest = hashlib.sha256()
+    scanner = None if name == INDEX_FILENAME else _FrameScanner()
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if compression == "gzip" else None
     try:
         with FileSystems.open(
             FileSystems.join(folder, name), compression_type=CompressionTypes.UNCOMPRESSED
         ) as f:
-            while chunk := f.read(1 << 20):
+            while chunk := f.read(_CHUNK_BYTES):
                 digest.update(chunk)
+                if scanner is not None:
+                    scanner.feed(inflate.decompress(chunk) if inflate is not None else chunk)
     except Exception as e:  # missing, unreadable: not trusted
-        return name, f"{name} cannot be read ({type(e).__name__})"
+        return name, (f"{name} cannot be read ({type(e).__name__})", b"")
     if digest.hexdigest() != expected:
-        return name, f"{name}: sha256 differs from the base's kiln.json"
-    return name, ""
+        return name, (f"{name}: sha256 differs from the base's kiln.json", b"")
+    if scanner is None:
+        return name, ("", b"")
+    try:
+        if inflate is not None:
+            scanner.feed(inflate.flush())
+        return name, ("", scanner.frames())
+    except (ValueError, zlib.error) as e:  # as recorded, yet not kiln's framing
+        return name, (f"{name}: not a TFRecord file ({e})", b"")
 
 
 class VerifyBaseFiles(beam.PTransform):
     """The base's shards and index checked against their recorded sha256:
-    PCollection[(file name, problem or "")], one per file."""
+    PCollection[(file name, (problem or "", frames))], one per file (a
+    `BaseFileCheck`: the frames say where each record of a shard is, so
+    the image step can hand reused records to the shard writer as byte
+    ranges of the base's shards)."""
 
     def __init__(self, base: BaseFiles):
         super().__init__()
@@ -254,8 +323,9 @@ class VerifyBaseFiles(beam.PTransform):
             pipeline
             # Create reshuffles its elements (spread over the workers).
             | "ListBaseFiles" >> beam.Create(list(self._base.files))  # (name, sha256)
-            | "HashBaseFiles" >> beam.Map(_check_file, folder=self._base.folder)
-            # (name, problem or "")
+            | "HashBaseFiles"
+            >> beam.Map(_check_file, folder=self._base.folder, compression=self._base.compression)
+            # (name, (problem or "", frames))
         )
 
 
@@ -322,103 +392,10 @@ class JoinBase(beam.PTransform):
         )
 
 
-class ReuseRequest(NamedTuple):
-    """A base record the new version keeps: where it is and where it goes."""
-
-    position: int  # in the base shard
-    split: str  # in the new version
-    sort_key: str
-    sha256: str
-    key: str
-    index_entry: bytes
-
-
-def read_frames(data: bytes) -> list[tuple[int, int]]:
-    """``(offset, length)`` of each record's data in uncompressed TFRecord bytes.
-
-    Raises:
-      ValueError: the framing is broken (the file's sha256 matched, so
-        only a bug or a race could get here).
-    """
-    frames = []
-    offset = 0
-    while offset < len(data):
-        if offset + tfrecord.HEADER_SIZE > len(data):
-            raise ValueError(f"truncated record header at byte {offset}")
-        (length,) = tfrecord.LENGTH.unpack_from(data, offset)
-        start = offset + tfrecord.HEADER_SIZE
-        if start + length + tfrecord.FOOTER_SIZE > len(data):
-            raise ValueError(f"truncated record at byte {offset}")
-        frames.append((start, length))
-        offset = start + length + tfrecord.FOOTER_SIZE
-    return frames
-
-
-class ExtractReusedFn(beam.DoFn):
-    """(base shard file name, [(ReuseRequest fields, ...), ...]) -> sorted runs of those
-    records (`sharding.SpilledRun`), as the image step writes them.
-
-    Reads the base shard once, whole, and checks its sha256 again (the
-    base was checked before the image step decided to reuse it).
-    """
-
-    def __init__(self, base: BaseFiles, runs_folder: str, run_bytes: int, compression: str | None):
-        self._base = base
-        self._shard_sha256 = base.shard_sha256
-        self._runs = RunWriter(runs_folder, run_bytes)
-        self._compression = compression
-        self._reused = Metrics.counter("kiln", "records_copied")
-
-    def start_bundle(self):
-        self._runs.reset()
-
-    def process(self, element, window=beam.DoFn.WindowParam):
-        shard, groups = element
-        requests = sorted(ReuseRequest(*request) for group in groups for request in group)
-        path = FileSystems.join(self._base.folder, shard)
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            raw = f.read()
-        if hashlib.sha256(raw).hexdigest() != self._shard_sha256.get(shard):
-            raise OSError(f"{path} changed during the build (its sha256 was checked before)")
-        data = gzip.decompress(raw) if self._compression == "gzip" else raw
-        del raw
-        frames = read_frames(data)
-        for request in requests:
-            start, length = frames[request.position]
-            record = data[start : start + length]
-            self._reused.inc()
-            if self._runs.add(
-                window,
-                request.split,
-                request.sort_key,
-                record,
-                request.sha256,
-                request.key,
-                request.index_entry,
-            ):
-                yield from self._runs.flush()
-        yield from self._runs.flush()
-
-
-class ExtractReused(beam.PTransform):
-    """Reuse requests grouped per bundle, ``(base shard, (ReuseRequest fields, ...))``
-    -> `sharding.SpilledRun` of the reused records."""
-
-    def __init__(self, base: BaseFiles, runs_folder: str, run_bytes: int):
-        super().__init__()
-        self._fn_args = (base, runs_folder, run_bytes, base.compression)
-
-    def expand(self, requests):
-        return (
-            requests
-            | "GroupByBaseShard" >> beam.GroupByKey()  # (shard, [(ReuseRequest fields, ...)])
-            | "CopyRecords" >> beam.ParDo(ExtractReusedFn(*self._fn_args))  # SpilledRun
-        )
-
-
-def untrusted(problems: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """File name -> problem, for the base files that failed their check."""
-    return {name: problem for name, problem in problems if problem}
+def untrusted(checks: Sequence[tuple[str, tuple[str, bytes]]]) -> dict[str, str]:
+    """File name -> problem, for the base files that failed their check
+    (`VerifyBaseFiles`'s output)."""
+    return {name: problem for name, (problem, _) in checks if problem}
 
 
 @dataclasses.dataclass(frozen=True)

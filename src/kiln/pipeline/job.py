@@ -23,9 +23,10 @@ aggregate the launcher needs for `kiln.json`). The steps::
 
 With a base version to reuse records from (`incremental`), the files are
 joined with the base's record index instead of spread (``JoinBase``), the
-base's files are checked first (``VerifyBaseFiles``), and the records the
-image step reuses are copied from the base's shards into runs
-(``ExtractReused``) that join the image step's runs before ``WriteShards``.
+base's files are checked first (``VerifyBaseFiles``, which also finds where
+each record of a base shard is), and the image step hands on the records it
+reuses as byte ranges of the base's shards (`sharding.ReusedRun`), which
+``WriteShards`` copies from there into the new shards.
 ``WriteReports`` also joins the shards' parts of the record index into
 ``index.jsonl``.
 
@@ -124,15 +125,15 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         | "ParseListing" >> beam.ParDo(_ParseListingFn()).with_outputs("dropped", main="files")
         # files: [{key, uri, label, split, size}] (`listing.FILES_PER_LINE`); dropped: DroppedFile
     )
-    base_problems = None
+    base_checks = None
     if plan.base is None:
         # The listing is one file, read as one bundle; spread it so several
         # workers (and Dataflow's autoscaling) share the images.
         files = listing.files | "SpreadFiles" >> beam.Reshuffle()
         # [{key, uri, label, split, size}]
     else:
-        base_problems = pipeline | "VerifyBaseFiles" >> incremental.VerifyBaseFiles(plan.base)
-        # (base file name, problem or "")
+        base_checks = pipeline | "VerifyBaseFiles" >> incremental.VerifyBaseFiles(plan.base)
+        # (base file name, (problem or "", frames))
         files = listing.files | "JoinBase" >> incremental.JoinBase(
             plan.base, incremental.bucket_count(plan.num_files)
         )  # [{key, uri, label, split, size, base: IndexRow or None}], spread by bucket
@@ -151,16 +152,15 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         runs_folder=plan.temp_dir,
         run_bytes=sharding.run_bytes(config.sharding),
         progress_path=plan.progress_uri,
-        base_problems=base_problems,
+        base=plan.base,
+        base_checks=base_checks,
     )
     runs = processed.runs  # SpilledRun: sorted runs of records, with their contents
     if plan.base is not None:
-        reused = processed.reused | "ExtractReused" >> incremental.ExtractReused(
-            plan.base, plan.temp_dir, sharding.run_bytes(config.sharding)
-        )  # SpilledRun of the records copied from the base
-        runs = (runs, reused) | "AllRuns" >> beam.Flatten()
+        # ReusedRun: the records kept from the base, where they are in its shards
+        runs = (runs, processed.reused) | "AllRuns" >> beam.Flatten()
     shards = runs | "WriteShards" >> sharding.ShardRuns(
-        plan.staging_dir, plan.temp_dir, config.name, config.sharding
+        plan.staging_dir, plan.temp_dir, config.name, config.sharding, plan.image_threads
     )  # (split, index, ShardInfo)
     # Without a default for empty input: no separate stage to make one; an
     # empty list stands for "no bundles" below.
@@ -171,9 +171,9 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     duplicates = runs | "FindDuplicates" >> FindDuplicates()  # DuplicateGroup
     dropped = (listing.dropped, processed.dropped) | "AllDropped" >> beam.Flatten()
     # DroppedFile
-    base_checks = {}
-    if base_problems is not None:
-        base_checks["base_problems"] = beam.pvalue.AsList(base_problems)
+    base_side_inputs = {}
+    if base_checks is not None:
+        base_side_inputs["base_checks"] = beam.pvalue.AsList(base_checks)
     # The last step: one element, everything else as side inputs. Small
     # aggregates are summed here rather than by their own combining steps:
     # every step costs the job time to build, translate and run.
@@ -190,7 +190,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
             summary=beam.pvalue.AsList(summary),
             duplicates=beam.pvalue.AsList(duplicates),
             dropped=beam.pvalue.AsList(dropped),
-            **base_checks,
+            **base_side_inputs,
         )  # nothing: the reports and the record index in the staging folder, the job's
         # report in the work folder
     )
@@ -336,7 +336,7 @@ def _write_reports(
     summary,
     duplicates: list[DuplicateGroup],
     dropped: list[DroppedFile],
-    base_problems: Sequence[tuple[str, str]] = (),
+    base_checks: Sequence[tuple[str, tuple[str, bytes]]] = (),
 ) -> None:
     errors = write_error_report(staging_dir, dropped)
     parts = [
@@ -351,7 +351,7 @@ def _write_reports(
         errors_sha256=errors.sha256,
         duplicates_sha256=write_duplicate_report(staging_dir, duplicates),
         index_sha256=record_index.join_parts(staging_dir, parts),
-        base_problems=incremental.untrusted(base_problems),
+        base_problems=incremental.untrusted(base_checks),
     )
     with storage.create(report_uri) as f:
         f.write(versioning.canonical_json(report.to_json()).encode("utf-8"))

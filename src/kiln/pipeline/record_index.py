@@ -196,14 +196,70 @@ def parse_line(line: str) -> IndexRow:
         raise ValueError(f"not a record index line ({type(e).__name__}: {e})") from None
 
 
+# Where the placement goes in an entry's canonical JSON (keys sorted):
+# "position" between "pixels" and "sha256", "shard" and "split" between
+# "sha256" and "squares". A comma followed by a quote only occurs between
+# members (inside a string a quote is escaped), and every member before
+# "squares" is a number or a string, so the first match is the top level's.
+_SHA256 = b',"sha256":'
+_SQUARES = b',"squares":'
+_POSITION = b',"position":'
+_SHARD = b',"shard":'
+_SPLIT = b',"split":'
+_MEMBER = b',"'
+
+
+def _placed(raw: bytes, position: int, shard_and_split: bytes) -> bytes | None:
+    """`raw` (an `entry`, or a line as read: `IndexRow.reused_entry`) with the
+    placement set, spliced into its canonical JSON; None when `raw` is not
+    laid out as either (then `part_bytes` parses it)."""
+    sha256 = raw.find(_SHA256)
+    squares = raw.find(_SQUARES, sha256 + 1)
+    if sha256 <= 0 or squares < 0:
+        return None
+    old_position = raw.find(_POSITION, 0, sha256)
+    if old_position < 0:  # an entry: no placement yet
+        if raw.count(_MEMBER, sha256 + 1, squares):
+            return None
+        head, middle = raw[:sha256], raw[sha256:squares]
+    else:  # a line: position alone before sha256, shard and split alone before squares
+        shard = raw.find(_SHARD, sha256, squares)
+        if (
+            shard < 0
+            or raw.find(_SPLIT, shard, squares) < 0
+            or raw.count(_MEMBER, old_position + 1, sha256)
+            or raw.count(_MEMBER, sha256 + 1, squares) != 2
+        ):
+            return None
+        head, middle = raw[:old_position], raw[sha256:shard]
+    return b"".join(
+        (head, _POSITION, str(position).encode(), middle, shard_and_split, raw[squares:], b"\n")
+    )
+
+
 def part_bytes(split: str, shard: str, entries: Iterable[bytes]) -> bytes:
-    """A shard's lines of the index, from its records' entries in shard order."""
+    """A shard's lines of the index, from its records' entries in shard order.
+
+    Each line is the entry's canonical JSON with the placement (split,
+    shard, position) set: spliced into the entry's bytes (`_placed`), which
+    gives the bytes parsing and serializing again gives, without the cost
+    per record; an entry laid out otherwise is parsed.
+    """
+    shard_and_split = (
+        _SHARD
+        + json.dumps(shard, ensure_ascii=False).encode("utf-8")
+        + _SPLIT
+        + json.dumps(split, ensure_ascii=False).encode("utf-8")
+    )
     lines = []
     for position, raw in enumerate(entries):
-        data = json.loads(raw) if raw else {}
-        data.update(split=split, shard=shard, position=position)
-        lines.append(canonical_json(data) + "\n")
-    return "".join(lines).encode("utf-8")
+        line = _placed(raw, position, shard_and_split) if raw else None
+        if line is None:
+            data = json.loads(raw) if raw else {}
+            data.update(split=split, shard=shard, position=position)
+            line = (canonical_json(data) + "\n").encode("utf-8")
+        lines.append(line)
+    return b"".join(lines)
 
 
 def write_part(path: str, temp_path: str, split: str, shard: str, entries: Sequence[bytes]) -> None:

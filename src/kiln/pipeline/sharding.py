@@ -32,6 +32,14 @@ Beam step handles single records (each step an element passes through
 costs time on the bundle's thread). The run files stay in the job's work
 folder, which the launcher deletes once the job is done.
 
+An incremental build's reused records (`kiln.pipeline.incremental`) skip
+the runs: they are already framed in the base version's shards, so the
+image step passes on where they are (`ReusedRun`: split, hash, offset and
+frame length per record), they are sliced per shard like runs
+(`ReusedSlice`), and `WriteShardFn` copies their frames from the base shard,
+a read per range of neighbouring frames, checking each frame's length and
+CRCs, and merges them with the new records by hash.
+
 Beside each shard `WriteShardFn` writes the shard's part of the record
 index (one line per record, in shard order) to the temp folder
 (`index_part_path`); the job's last step joins the parts into the
@@ -40,6 +48,7 @@ version's ``index.jsonl`` (`record_index.join_parts`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import gzip
 import hashlib
 import logging
@@ -76,6 +85,15 @@ class RunSlice(NamedTuple):
     entries: tuple[tuple[str, int, int], ...]
 
 
+class ReusedSlice(NamedTuple):
+    """One shard's records kept from one base shard (`ReusedRun`), framed there."""
+
+    source: str  # the base shard file
+    compression: str | None  # its compression (offsets are in its uncompressed bytes)
+    # (sort_key, offset, framed length, index entry) of each record, sorted.
+    entries: tuple[tuple[str, int, int, bytes], ...]
+
+
 class SpilledRun(NamedTuple):
     """A run file, its records' ``(split, sort_key, offset, length,
     index_length)`` in file order (the record's bytes at ``offset``, its
@@ -84,6 +102,22 @@ class SpilledRun(NamedTuple):
 
     run: str
     entries: tuple[tuple[str, str, int, int, int], ...]
+    contents: tuple[tuple[str, str], ...]
+
+
+class ReusedRun(NamedTuple):
+    """Records an incremental build keeps from one shard of its base version
+    (`kiln.pipeline.incremental`): not written to a run file, since they are
+    already framed in the base shard (``source``); `WriteShardFn` copies
+    their bytes from there. ``entries`` are ``(split, sort_key, offset,
+    framed length, index entry)``, sorted, the offset and length those of
+    the record's TFRecord frame in the base shard's uncompressed bytes;
+    ``contents`` are ``(source file's sha256, key)`` in the same order, as in
+    a `SpilledRun`."""
+
+    source: str
+    compression: str | None
+    entries: tuple[tuple[str, str, int, int, bytes], ...]
     contents: tuple[tuple[str, str], ...]
 
 
@@ -136,7 +170,14 @@ class _HashingWriter:
 
 
 def write_shard(path: str, temp_path: str, records: list[bytes], compression: str) -> ShardInfo:
-    """Writes `records` in order as a TFRecord file at `path`, via `temp_path`.
+    """Writes `records` in order as a TFRecord file at `path`, via `temp_path`."""
+    frames = [tfrecord.frame(record) for record in records]
+    return write_frames(path, temp_path, frames, compression)
+
+
+def write_frames(path: str, temp_path: str, frames: list[bytes], compression: str) -> ShardInfo:
+    """Writes TFRecord `frames` (`tfrecord.frame`) in order as a file at
+    `path`, via `temp_path`.
 
     Gzip output has a fixed header (no file name, mtime 0), so the bytes are
     deterministic for a given zlib.
@@ -145,16 +186,16 @@ def write_shard(path: str, temp_path: str, records: list[bytes], compression: st
         counted = _HashingWriter(raw)
         if compression == "gzip":
             with gzip.GzipFile(filename="", mode="wb", fileobj=counted, mtime=0) as sink:
-                for record in records:
-                    sink.write(tfrecord.frame(record))
+                for framed in frames:
+                    sink.write(framed)
         else:
-            # Frames written about a MB at a time: a write and a hash update
-            # per MB instead of per record, with little more memory.
+            # About a MB at a time: a write and a hash update per MB instead
+            # of per record, with little more memory.
             batch: list[bytes] = []
             batched = 0
-            for record in records:
-                batch.append(tfrecord.frame(record))
-                batched += len(record)
+            for framed in frames:
+                batch.append(framed)
+                batched += len(framed)
                 if batched >= _MB:
                     counted.write(b"".join(batch))
                     batch, batched = [], 0
@@ -164,7 +205,7 @@ def write_shard(path: str, temp_path: str, records: list[bytes], compression: st
     FileSystems.rename([temp_path], [path])
     return ShardInfo(
         filename=path.rsplit("/", 1)[-1],
-        num_records=len(records),
+        num_records=len(frames),
         num_bytes=counted.num_bytes,
         sha256=counted.sha256.hexdigest(),
     )
@@ -247,19 +288,24 @@ class RunWriter:
             )
 
 
-def _split_totals(run: SpilledRun):
+def _split_totals(run: SpilledRun | ReusedRun):
     """(split, (records, bytes in TFRecord framing)) for each split in a run."""
     totals: dict[str, list[int]] = {}
+    framed = isinstance(run, ReusedRun)
     for split, _, _, length, _ in run.entries:
         total = totals.setdefault(split, [0, 0])
         total[0] += 1
-        total[1] += tfrecord.framed_size(length)
+        total[1] += length if framed else tfrecord.framed_size(length)
     for split, (records, num_bytes) in totals.items():
         yield split, (records, num_bytes)
 
 
-def _slices_by_shard(run: SpilledRun, num_shards: Mapping[str, int]):
-    """((split, index, num_shards), RunSlice) for each shard with records in `run`."""
+def _slices_by_shard(run: SpilledRun | ReusedRun, num_shards: Mapping[str, int]):
+    """((split, index, num_shards), RunSlice or ReusedSlice) for each shard
+    with records in `run`."""
+    if isinstance(run, ReusedRun):
+        yield from _reused_slices(run, num_shards)
+        return
     shard: tuple[str, int, int] | None = None
     start = 0
     entries: list[tuple[str, int, int]] = []
@@ -273,6 +319,79 @@ def _slices_by_shard(run: SpilledRun, num_shards: Mapping[str, int]):
         entries.append((key, length, index_length))
     if entries:
         yield shard, RunSlice(run.run, start, tuple(entries))
+
+
+def _reused_slices(run: ReusedRun, num_shards: Mapping[str, int]):
+    shard: tuple[str, int, int] | None = None
+    entries: list[tuple[str, int, int, bytes]] = []
+    for split, key, offset, length, index_entry in run.entries:  # sorted by (split, key)
+        n = num_shards[split]
+        this = (split, shard_index(key, n), n)
+        if this != shard:
+            if entries:
+                yield shard, ReusedSlice(run.source, run.compression, tuple(entries))
+            shard, entries = this, []
+        entries.append((key, offset, length, index_entry))
+    if entries:
+        yield shard, ReusedSlice(run.source, run.compression, tuple(entries))
+
+
+# Reading a base shard, a gap of less than this between two wanted frames
+# is read through rather than seeked over.
+_READ_THROUGH_BYTES = 1 << 20
+
+
+def _spans(entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(start, end)`` byte ranges that cover the ``(offset, length)``
+    frames, sorted by offset: neighbours and small gaps in one range."""
+    spans: list[list[int]] = []
+    for offset, length in sorted(entries):
+        if spans and offset - spans[-1][1] < _READ_THROUGH_BYTES:
+            spans[-1][1] = max(spans[-1][1], offset + length)
+        else:
+            spans.append([offset, offset + length])
+    return [(start, end) for start, end in spans]
+
+
+def read_reused(slices: list[ReusedSlice]) -> list[tuple[str, bytes, bytes]]:
+    """``(sort_key, framed record, index entry)`` of every record in `slices`,
+    copied from their base shards: one read per range of neighbouring
+    frames (a gzip shard is read whole and decompressed). Each frame's
+    length and data CRC are checked (the base was checked before the image
+    step decided to reuse it; a file changed since fails here).
+
+    Raises:
+      OSError: a frame is not where the base's check found it.
+    """
+    by_source: dict[tuple[str, str | None], list[tuple[str, int, int, bytes]]] = {}
+    for piece in slices:
+        by_source.setdefault((piece.source, piece.compression), []).extend(piece.entries)
+    out = []
+    for (source, compression), entries in sorted(by_source.items()):
+        with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            if compression == "gzip":
+                whole = gzip.decompress(f.read())
+                spans = {(0, len(whole)): whole}
+            else:
+                spans = {}
+                for start, end in _spans([(offset, length) for _, offset, length, _ in entries]):
+                    f.seek(start)
+                    spans[(start, end)] = f.read(end - start)
+        ordered = sorted(spans)
+        span_index = 0
+        for key, offset, length, index_entry in sorted(entries, key=lambda e: e[1]):
+            while ordered[span_index][1] < offset + length:
+                span_index += 1
+            start = ordered[span_index][0]
+            data = spans[ordered[span_index]]
+            framed = data[offset - start : offset - start + length]
+            if not tfrecord.is_frame(framed):
+                raise OSError(
+                    f"{source}: no intact record of {length} bytes at offset {offset} "
+                    "(the file changed after its check)"
+                )
+            out.append((key, framed, index_entry))
+    return out
 
 
 def read_records(slices: list[RunSlice]) -> list[tuple[str, bytes, bytes]]:
@@ -303,25 +422,87 @@ def index_part_path(temp_folder: str, shard_file: str) -> str:
 
 
 class WriteShardFn(beam.DoFn):
-    """((split, index, num_shards), [RunSlice or None]) -> (split, index, ShardInfo).
+    """((split, index, num_shards), [RunSlice, ReusedSlice or None]) -> (split, index, ShardInfo).
 
     None values mark a shard that must exist even if its hash range holds no
     record, so a split always has all its ``-of-N`` files. Holds one shard's
-    records in memory, read from the runs and sorted. Also writes the
+    records in memory, read from the runs (and, in an incremental build,
+    copied framed from the base's shards) and sorted. Also writes the
     shard's part of the record index (`index_part_path`), via a temp name.
+
+    With `threads` > 1, up to that many shards are written at once on a
+    thread pool (reading, hashing, checking CRCs and writing release the
+    GIL), their results emitted as they finish or when the bundle ends;
+    memory then holds up to `threads` shards. Counters are incremented on
+    the bundle's thread, where Beam's metrics live.
     """
 
-    def __init__(self, folder: str, temp_folder: str, name: str, compression: str):
+    def __init__(
+        self, folder: str, temp_folder: str, name: str, compression: str, threads: int = 1
+    ):
         self._folder = folder
         self._temp_folder = temp_folder
         self._name = name
         self._compression = compression
+        self._threads = max(1, int(threads))
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pending: dict[concurrent.futures.Future, tuple] = {}
         self._shards = Metrics.counter("kiln", "shards_written")
         self._records = Metrics.counter("kiln", "records_written")
+        self._copied = Metrics.counter("kiln", "records_copied")
 
-    def process(self, element):
+    def setup(self):
+        if self._threads > 1:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self._threads, thread_name_prefix="kiln-shard"
+            )
+
+    def teardown(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def start_bundle(self):
+        self._pending = {}
+
+    def process(self, element, window=beam.DoFn.WindowParam, timestamp=beam.DoFn.TimestampParam):
+        if self._pool is None:
+            result = self._write(element)
+            self._count(result)
+            yield result[0]
+            return
+        self._pending[self._pool.submit(self._write, element)] = (window, timestamp)
+        yield from self._take_done(wait=len(self._pending) >= self._threads)
+
+    def finish_bundle(self):
+        while self._pending:
+            yield from self._take_done(wait=True)
+
+    def _take_done(self, wait: bool):
+        if wait:
+            concurrent.futures.wait(self._pending, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in [future for future in self._pending if future.done()]:
+            window, timestamp = self._pending.pop(future)
+            result = future.result()
+            self._count(result)
+            yield WindowedValue(result[0], timestamp, (window,))
+
+    def _count(self, result) -> None:
+        (_, _, info), copied = result
+        self._shards.inc()
+        self._records.inc(info.num_records)
+        if copied:
+            self._copied.inc(copied)
+
+    def _write(self, element) -> tuple[tuple[str, int, ShardInfo], int]:
+        """Writes one shard: ((split, index, ShardInfo), records copied from a base)."""
         (split, index, num_shards), values = element
-        ordered = sorted(read_records([v for v in values if v is not None]))
+        runs = [v for v in values if isinstance(v, RunSlice)]
+        reused = [v for v in values if isinstance(v, ReusedSlice)]
+        ordered = _merge(
+            [(key, tfrecord.frame(record), entry) for key, record, entry in read_records(runs)],
+            read_reused(reused),
+        )
         filename = shard_filename(
             self._name,
             split,
@@ -329,10 +510,10 @@ class WriteShardFn(beam.DoFn):
             num_shards,
             self._compression if self._compression != "none" else None,
         )
-        info = write_shard(
+        info = write_frames(
             path=FileSystems.join(self._folder, filename),
             temp_path=FileSystems.join(self._temp_folder, f"{filename}.{uuid.uuid4().hex}"),
-            records=[record for _, record, _ in ordered],
+            frames=[framed for _, framed, _ in ordered],
             compression=self._compression,
         )
         part = index_part_path(self._temp_folder, filename)
@@ -343,9 +524,26 @@ class WriteShardFn(beam.DoFn):
             filename,
             [index_entry for _, _, index_entry in ordered],
         )
-        self._shards.inc()
-        self._records.inc(info.num_records)
-        yield split, index, info
+        return (split, index, info), sum(len(piece.entries) for piece in reused)
+
+
+def _merge(*parts: list[tuple[str, bytes, bytes]]) -> list[tuple[str, bytes, bytes]]:
+    """``(sort_key, framed record, index entry)`` in shard order: by sort
+    key, then record bytes, then index entry (what sorting the
+    ``(sort_key, record, index entry)`` tuples gives; equal sort keys are
+    rare, so the frames are only cut open for those)."""
+    merged = sorted((item for part in parts for item in part), key=lambda item: item[0])
+    start = 0
+    while start < len(merged):
+        end = start + 1
+        while end < len(merged) and merged[end][0] == merged[start][0]:
+            end += 1
+        if end - start > 1:
+            merged[start:end] = sorted(
+                merged[start:end], key=lambda item: (tfrecord.unframe(item[1]), item[2])
+            )
+        start = end
+    return merged
 
 
 def _all_shards(split_and_count):
@@ -357,24 +555,34 @@ def _all_shards(split_and_count):
 class ShardRuns(beam.PTransform):
     """Shards, orders and writes the records of sorted runs, every split.
 
-    Input: PCollection[SpilledRun] (from `RunWriter`). Output:
-    PCollection[(split, index, ShardInfo)], one per shard file written to
-    `folder`. The run files are left in place: they live in the job's work
-    folder, which the launcher deletes after the job.
+    Input: PCollection[SpilledRun or ReusedRun] (from `RunWriter`, and the
+    image step of an incremental build). Output: PCollection[(split, index,
+    ShardInfo)], one per shard file written to `folder`. The run files are
+    left in place: they live in the job's work folder, which the launcher
+    deletes after the job.
 
     Args:
       folder: Where the shard files go.
       temp_folder: Where they are written first (same filesystem).
       name: Dataset name, the first part of the file names.
       sharding: The ``sharding`` config.
+      threads: Shards written at once per DoFn instance (`WriteShardFn`).
     """
 
-    def __init__(self, folder: str, temp_folder: str, name: str, sharding: ShardingConfig):
+    def __init__(
+        self,
+        folder: str,
+        temp_folder: str,
+        name: str,
+        sharding: ShardingConfig,
+        threads: int = 1,
+    ):
         super().__init__()
         self._folder = folder
         self._temp_folder = temp_folder
         self._name = name
         self._sharding = sharding
+        self._threads = threads
 
     def expand(self, runs):
         sharding = self._sharding
@@ -402,7 +610,13 @@ class ShardRuns(beam.PTransform):
             # ((split, index, num_shards), [RunSlice or None])
             | "WriteShardFiles"
             >> beam.ParDo(
-                WriteShardFn(self._folder, self._temp_folder, self._name, sharding.compression)
+                WriteShardFn(
+                    self._folder,
+                    self._temp_folder,
+                    self._name,
+                    sharding.compression,
+                    self._threads,
+                )
             )
             # (split, index, ShardInfo)
         )

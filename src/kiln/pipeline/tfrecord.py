@@ -56,3 +56,23 @@ def frame(record: bytes) -> bytes:
 def framed_size(record_size: int) -> int:
     """Bytes a record of `record_size` bytes takes in an uncompressed shard."""
     return HEADER_SIZE + record_size + FOOTER_SIZE
+
+
+def unframe(framed: bytes) -> bytes:
+    """The record inside one frame (no check: see `is_frame`)."""
+    return framed[HEADER_SIZE : len(framed) - FOOTER_SIZE]
+
+
+def is_frame(framed: bytes) -> bool:
+    """Whether `framed` is exactly one intact frame: its length field says
+    its size, and both CRCs match."""
+    if len(framed) < HEADER_SIZE + FOOTER_SIZE:
+        return False
+    (length,) = _LENGTH.unpack_from(framed)
+    if length != len(framed) - HEADER_SIZE - FOOTER_SIZE:
+        return False
+    (length_crc,) = _CRC.unpack_from(framed, _LENGTH.size)
+    if length_crc != masked_crc32c(framed[: _LENGTH.size]):
+        return False
+    (crc,) = _CRC.unpack_from(framed, len(framed) - FOOTER_SIZE)
+    return crc == masked_crc32c(unframe(framed))

@@ -1,0 +1,132 @@
+"""Reused records as byte ranges of a base shard: the base check finds each
+record's frame, and the shard writer copies the frames straight into the new
+shard, checking each, in the order a full build sorts records in."""
+
+import hashlib
+import itertools
+import os
+
+import pytest
+
+from kiln.pipeline import incremental, sharding, tfrecord
+
+
+def records(n, size=50):
+    return [f"record-{i:04d}:".encode() + bytes([i % 251]) * (size + i % 7) for i in range(n)]
+
+
+def write_base_shard(tmp_path, name, data, compression="none"):
+    path = str(tmp_path / name)
+    info = sharding.write_shard(path, str(tmp_path / f"{name}.tmp"), data, compression)
+    return path, info
+
+
+def check(tmp_path, name, sha256, compression=None):
+    return incremental._check_file((name, sha256), str(tmp_path), compression)
+
+
+def test_a_frame_is_intact_only_with_its_length_and_both_crcs():
+    framed = tfrecord.frame(b"some record bytes")
+    assert tfrecord.is_frame(framed) and tfrecord.unframe(framed) == b"some record bytes"
+    assert tfrecord.is_frame(tfrecord.frame(b""))
+    data_flipped = framed[:14] + bytes([framed[14] ^ 1]) + framed[15:]
+    crc_flipped = framed[:9] + bytes([framed[9] ^ 1]) + framed[10:]
+    assert not tfrecord.is_frame(data_flipped)
+    assert not tfrecord.is_frame(crc_flipped)
+    assert not tfrecord.is_frame(framed[:-1])  # the length says more
+    assert not tfrecord.is_frame(framed + tfrecord.frame(b"x"))  # two frames
+    assert not tfrecord.is_frame(framed[:10])
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 12, 13, 100, 1 << 20])
+def test_the_frame_scanner_finds_every_frame_however_the_bytes_arrive(chunk):
+    data = records(40)
+    raw = b"".join(tfrecord.frame(r) for r in data)
+    scanner = incremental._FrameScanner()
+    for start in range(0, len(raw), chunk):
+        scanner.feed(raw[start : start + chunk])
+    starts = incremental.frame_starts(scanner.frames())
+    assert len(starts) == len(data) + 1 and starts[-1] == len(raw)
+    assert [tfrecord.unframe(raw[a:b]) for a, b in itertools.pairwise(starts)] == data
+
+
+def test_the_base_check_finds_the_frames_of_plain_and_gzip_shards(tmp_path):
+    data = records(30)
+    for compression, name in (("none", "plain"), ("gzip", "zipped")):
+        _, info = write_base_shard(tmp_path, name, data, compression)
+        got_name, (problem, frames) = check(
+            tmp_path, name, info.sha256, None if compression == "none" else "gzip"
+        )
+        assert (got_name, problem) == (name, "")
+        raw = b"".join(tfrecord.frame(r) for r in data)
+        starts = incremental.frame_starts(frames)
+        assert [tfrecord.unframe(raw[a:b]) for a, b in itertools.pairwise(starts)] == data
+
+
+def test_the_base_check_does_not_trust_a_shard_that_is_not_kilns_framing(tmp_path):
+    # Its sha256 matches kiln.json, yet it ends inside a record.
+    raw = b"".join(tfrecord.frame(r) for r in records(3))[:-3]
+    (tmp_path / "cut").write_bytes(raw)
+    _, (problem, frames) = check(tmp_path, "cut", hashlib.sha256(raw).hexdigest())
+    assert "not a TFRecord file" in problem and frames == b""
+    _, (problem, _) = check(tmp_path, "cut", "0" * 64)
+    assert "sha256 differs" in problem
+    _, (problem, _) = check(tmp_path, "missing", "0" * 64)
+    assert "cannot be read" in problem
+
+
+def reused_slice(path, starts, positions, compression=None):
+    entries = tuple(
+        (f"{position:016x}", starts[position], starts[position + 1] - starts[position], b"{}")
+        for position in positions
+    )
+    return sharding.ReusedSlice(path, compression, entries)
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_reused_frames_are_copied_exactly_across_gaps(tmp_path, monkeypatch, compression):
+    # Small read-through limit: the gaps below make separate reads.
+    monkeypatch.setattr(sharding, "_READ_THROUGH_BYTES", 200)
+    data = records(60, size=40)
+    path, info = write_base_shard(tmp_path, "base", data, compression)
+    _, (_, frames) = check(tmp_path, "base", info.sha256, None if compression == "none" else "gzip")
+    starts = incremental.frame_starts(frames)
+    positions = [0, 1, 2, 9, 30, 31, 59]  # neighbours, small and large gaps, the last
+    copied = sharding.read_reused(
+        [reused_slice(path, starts, positions, None if compression == "none" else "gzip")]
+    )
+    assert [tfrecord.unframe(framed) for _, framed, _ in copied] == [data[p] for p in positions]
+    assert [framed for _, framed, _ in copied] == [tfrecord.frame(data[p]) for p in positions]
+
+
+def test_a_base_shard_changed_after_its_check_is_refused(tmp_path):
+    data = records(10)
+    path, info = write_base_shard(tmp_path, "base", data)
+    _, (_, frames) = check(tmp_path, "base", info.sha256)
+    starts = incremental.frame_starts(frames)
+    raw = bytearray(open(path, "rb").read())
+    raw[starts[4] + 20] ^= 0xFF  # inside record 4's data
+    with open(path, "wb") as f:
+        f.write(raw)
+    assert sharding.read_reused([reused_slice(path, starts, [3])])  # record 3 is intact
+    with pytest.raises(OSError, match="changed after its check"):
+        sharding.read_reused([reused_slice(path, starts, [3, 4])])
+    os.remove(path)
+    with pytest.raises(OSError):
+        sharding.read_reused([reused_slice(path, starts, [3])])
+
+
+def test_merging_sorts_as_a_full_build_sorts_records_even_on_equal_sort_keys():
+    # What a full build does: sort (sort_key, record, index entry) tuples.
+    items = [
+        ("00aa", b"zeta", b"1"),
+        ("00aa", b"alpha", b"2"),
+        ("0001", b"x", b"3"),
+        ("00aa", b"alpha", b"0"),
+        ("ffff", b"y", b"4"),
+        ("00ab", b"a", b"5"),
+    ]
+    new = [(k, tfrecord.frame(r), e) for k, r, e in items[:3]]
+    copied = [(k, tfrecord.frame(r), e) for k, r, e in items[3:]]
+    merged = sharding._merge(new, copied)
+    assert [(k, tfrecord.unframe(f), e) for k, f, e in merged] == sorted(items)
