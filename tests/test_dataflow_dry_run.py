@@ -199,4 +199,51 @@ def test_dataflow_dry_run_translates_the_listing_job(no_network_no_credentials):
         ("star/1.png", f"{root}/star/1.png", "star", None, 10, 5.0)
     ]
     (misplaced,) = place.process((f"{root}/stray.txt", 0, 0.0))
-    assert misplaced.value.reason == "unexpected_location"
+    assert misplaced.value[0].reason == "unexpected_location"  # (DroppedFile, entry)
+
+
+def test_dataflow_dry_run_translates_a_manifests_listing_job(no_network_no_credentials):
+    # source.listing: job for a manifest: the graph for Dataflow, and the
+    # row checks as a worker would get them (unpickled from the proto).
+    import apache_beam as beam
+
+    from kiln.pipeline import listing_job
+    from kiln.pipeline.listing import Candidate
+
+    options = launcher.pipeline_options(DATAFLOW_ARGS)
+    plan = listing_job.manifest_plan(
+        "gs://fake-bucket/images/manifest.csv",
+        False,
+        ["circle", "star"],
+        [],
+        "gs://fake-bucket/datasets/shapes/.listings/0123abcd",
+    )
+    pipeline = beam.Pipeline(options=options)
+    listing_job.construct_manifest(pipeline, plan)
+    proto = pipeline.run().job.proto_pipeline
+
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    for step in [
+        "ReadRows",
+        "CountFolders",
+        "Lookups",
+        "GroupRows",
+        "CheckRows",
+        "ListFolders",
+        "AskObjects",
+        "JoinRows",
+        "LookUpRows",
+        "WriteListing/Write/WriteImpl/WriteBundles",
+        "Summarize",
+        "WriteSummary",
+    ]:
+        assert step in names, step
+    check = pardo_fn(proto, "CheckRows")
+    uri = "gs://fake-bucket/images/star/1.png"
+    row = Candidate("star/1.png", 2, uri, "star", None)
+    assert list(check.process(("star/1.png", [row]), ["circle", "star"])) == [
+        (uri, ("star/1.png", "star", 1, None))
+    ]
+    outside = Candidate("x.png", 3, "gs://elsewhere/x.png", "star", None)
+    (dropped,) = check.process(("x.png", [outside]), ["circle", "star"])
+    assert dropped.value[0].reason == "outside_source"
