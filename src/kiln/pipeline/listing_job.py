@@ -1,4 +1,5 @@
-"""An image folder on an object store listed by a Beam job (``source.listing: job``).
+"""An image folder or a manifest on an object store listed by a Beam job
+(``source.listing: job``).
 
 The launcher's listing (`sources`) costs one core of Python per object
 (some 10 to 30 minutes for 10M objects, docs/dataflow.md "Listing at
@@ -24,8 +25,14 @@ job (`versioning.combine_hashes` is a sum, so the order in which workers
 list does not matter). The same files give the same stamp, version and
 records as a listing by the launcher.
 
-What stays on the launcher is the folder structure and the summary: no row
-per object, in memory or on disk. The launcher checks the stamp against the
+A manifest (`construct_manifest`) is read in the job instead: its rows
+checked by the launcher's rules (`sources.row_problem`, `group_problem`),
+their objects listed by folder or asked for one by one
+(`sources.lookup_plan`) and joined to the rows; the same writing steps
+(`_write`) give the same files, summary and stamp.
+
+What stays on the launcher is the folder structure (none for a manifest)
+and the summary: no row per object, in memory or on disk. The launcher checks the stamp against the
 published versions before it starts the build job, which reads the listing
 files (`launcher.build`).
 """
