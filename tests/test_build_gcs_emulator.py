@@ -315,6 +315,52 @@ def test_an_image_folder_listed_by_the_job_on_the_emulator(on_emulator, demo_cor
     assert not [name for name in _names("by-job/") if "/.listings/" in name]
 
 
+@pytest.mark.parametrize("per_row_max", [0, None], ids=["listed", "asked_for"])
+def test_a_manifest_listed_by_the_job_on_the_emulator(
+    on_emulator, demo_corpus, monkeypatch, per_row_max
+):
+    # source.listing: job for a manifest through the real clients: the job
+    # reads the manifest through Beam's GCS filesystem and lists the rows'
+    # folders (google-cloud-storage's paged listing) or, by the default rule
+    # (a few rows a folder), asks for their objects one by one in 2 worker
+    # processes (the local runner's multi-processing mode: the workers
+    # unpickle the steps); the launcher's bytes, and up to date either way.
+    workers: list[str] = []
+    if per_row_max is None:
+        workers = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    else:  # the rule patched in this process: the job runs in it
+        monkeypatch.setattr(sources, "_PER_ROW_MAX_OBJECTS", per_row_max)
+    folder = f"job-manifest-{per_row_max}"
+    _upload_corpus(demo_corpus.out_dir, folder)
+    keys = [name[len(folder) + 1 :] for name in _names(folder + "/")]
+    rows = [f"{key},{key.split('/')[0]}" for key in keys] + ["circle/missing.png,circle"]
+    manifest = f"{folder}/manifest.csv"
+    _client().bucket(BUCKET).blob(manifest).upload_from_string("path,label\n" + "\n".join(rows))
+    config = make_config(
+        f"gs://{BUCKET}/{folder}",
+        output=f"gs://{BUCKET}/{folder}-by-launcher",
+        source={"type": "manifest", "path": f"gs://{BUCKET}/{manifest}"},
+    )
+    by_launcher = build(config)
+    in_job = dict(
+        config,
+        output=f"gs://{BUCKET}/{folder}-by-job",
+        source=dict(config["source"], listing="job"),
+    )
+    by_job = build(in_job, workers)
+
+    assert by_job.version == by_launcher.version
+    assert by_job.info.dropped == by_launcher.info.dropped
+    assert by_job.info.dropped["missing"] == 1
+    launcher_files = _names(f"{folder}-by-launcher/shapes/{by_launcher.version}/")
+    job_files = _names(f"{folder}-by-job/shapes/{by_job.version}/")
+    assert [n.split("/", 1)[1] for n in job_files] == [n.split("/", 1)[1] for n in launcher_files]
+    for ours, theirs in zip(job_files, launcher_files, strict=True):
+        assert _get(ours) == _get(theirs), ours
+    again = build(dict(in_job, output=config["output"]), workers)
+    assert again.up_to_date and again.version == by_launcher.version
+
+
 @pytest.fixture
 def fake_gcs_server(tmp_path, monkeypatch):
     server = gcs_emulator.FakeGcsServer(tmp_path / "fake-gcs-server.log")

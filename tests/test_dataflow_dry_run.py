@@ -158,14 +158,25 @@ def test_dataflow_dry_run_translates_an_incremental_job(demo_corpus, no_network_
     assert images._base.folder == base.folder and images._runs._folder.startswith(staging)
 
 
+def _translated(construct, plan):
+    """The Dataflow proto of a listing job that `construct` adds for `plan`."""
+    import apache_beam as beam
+
+    pipeline = beam.Pipeline(options=launcher.pipeline_options(DATAFLOW_ARGS))
+    construct(pipeline, plan)
+    return pipeline.run().job.proto_pipeline
+
+
+def _assert_steps(proto, *steps: str) -> None:
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    assert [step for step in steps if step not in names] == []
+
+
 def test_dataflow_dry_run_translates_the_listing_job(no_network_no_credentials):
     # source.listing: job: the listing job's graph for Dataflow (the folder
     # plan is given: making it would ask Cloud Storage for the folders).
-    import apache_beam as beam
-
     from kiln.pipeline import listing_job
 
-    options = launcher.pipeline_options(DATAFLOW_ARGS)
     root = "gs://fake-bucket/images"
     plan = listing_job.ListingJobPlan(
         root=root,
@@ -175,12 +186,9 @@ def test_dataflow_dry_run_translates_the_listing_job(no_network_no_credentials):
         strays=(f"{root}/stray.txt",),
         listing_dir="gs://fake-bucket/datasets/shapes/.listings/0123abcd",
     )
-    pipeline = beam.Pipeline(options=options)
-    listing_job.construct(pipeline, plan)
-    proto = pipeline.run().job.proto_pipeline
-
-    names = {t.unique_name for t in proto.components.transforms.values()}
-    for step in [
+    proto = _translated(listing_job.construct, plan)
+    _assert_steps(
+        proto,
         "FolderPrefixes",
         "SpreadPrefixes",
         "ListPrefixes",
@@ -191,12 +199,51 @@ def test_dataflow_dry_run_translates_the_listing_job(no_network_no_credentials):
         "WriteListing/Write/WriteImpl/WriteBundles",
         "Summarize",
         "WriteSummary",
-    ]:
-        assert step in names, step
+    )
     # The placement DoFn as a worker would get it: the launcher's rules.
     place = pardo_fn(proto, "PlaceFiles")
     assert list(place.process((f"{root}/star/1.png", 10, 5.0))) == [
         ("star/1.png", f"{root}/star/1.png", "star", None, 10, 5.0)
     ]
     (misplaced,) = place.process((f"{root}/stray.txt", 0, 0.0))
-    assert misplaced.value.reason == "unexpected_location"
+    assert misplaced.value[0].reason == "unexpected_location"  # (DroppedFile, entry)
+
+
+def test_dataflow_dry_run_translates_a_manifests_listing_job(no_network_no_credentials):
+    # source.listing: job for a manifest: the graph for Dataflow, and the
+    # row checks as a worker would get them (unpickled from the proto).
+    from kiln.pipeline import listing_job
+    from kiln.pipeline.listing import Candidate
+
+    plan = listing_job.manifest_plan(
+        "gs://fake-bucket/images/manifest.csv",
+        False,
+        ["circle", "star"],
+        [],
+        "gs://fake-bucket/datasets/shapes/.listings/0123abcd",
+    )
+    proto = _translated(listing_job.construct_manifest, plan)
+    _assert_steps(
+        proto,
+        "ReadRows",
+        "CountFolders",
+        "Lookups",
+        "GroupRows",
+        "CheckRows",
+        "ListFolders",
+        "AskObjects",
+        "JoinRows",
+        "LookUpRows",
+        "WriteListing/Write/WriteImpl/WriteBundles",
+        "Summarize",
+        "WriteSummary",
+    )
+    check = pardo_fn(proto, "CheckRows")
+    uri = "gs://fake-bucket/images/star/1.png"
+    row = Candidate("star/1.png", 2, uri, "star", None)
+    assert list(check.process(("star/1.png", [row]), ["circle", "star"])) == [
+        (uri, ("star/1.png", "star", 1, None))
+    ]
+    outside = Candidate("x.png", 3, "gs://elsewhere/x.png", "star", None)
+    (dropped,) = check.process(("x.png", [outside]), ["circle", "star"])
+    assert dropped.value[0].reason == "outside_source"

@@ -85,7 +85,7 @@ from kiln import transforms
 from kiln.errors import ConfigError, quote, quote_text
 from kiln.pipeline import storage
 from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
-from kiln.pipeline.sources import ImageFolderSource, Listing, Source
+from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, Source
 from kiln.pipeline.versioning import fingerprint
 from kiln.registry import ListError, describe_error
 from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
@@ -742,9 +742,11 @@ def _check_listing(model: BuildConfig) -> None:
     """Refuses a listing in the job where it cannot work: a local folder (the
     workers may not see it), or where the launcher must see every file."""
     source = model.source
-    if not (isinstance(source, ImageFolderSource) and source.listing == "job"):
+    if not (isinstance(source, (ImageFolderSource, ManifestSource)) and source.listing == "job"):
         return
-    if not storage.is_remote(source.root):
+    if isinstance(source, ManifestSource):
+        _check_manifest_listing(model, source)
+    elif not storage.is_remote(source.root):
         raise ListError(
             f"source.listing: job lists an object store's folders in the Beam job; "
             f"source.root {source.root} is a local folder: use listing: launcher"
@@ -804,3 +806,25 @@ def _resolved(model: BuildConfig) -> BuildConfig:
     return model.model_copy(
         update={"source": model.source.resolved(), "splits": splits, "targets": targets}
     )
+
+
+def _check_manifest_listing(model: BuildConfig, source: ManifestSource) -> None:
+    """Refuses a manifest's listing in the job where it is not built: a local
+    manifest or allowed root (the workers may not see them), targets."""
+    if not storage.is_remote(source.path):
+        raise ListError(
+            f"source.listing: job reads the manifest in the Beam job; source.path "
+            f"{source.path} is a local file: use listing: launcher"
+        )
+    local = [root for root in source.allowed_roots if not storage.is_remote(root)]
+    if local:
+        raise ListError(
+            f"source.listing: job looks the rows' objects up in the Beam job; "
+            f"source.allowed_roots {local[0]} is a local folder: use listing: launcher"
+        )
+    if model.targets is not None and not model.targets.is_classification:
+        raise ListError(
+            "source.listing: job is built for a manifest of path, label[, split] rows; "
+            "a manifest with targets (boxes, masks, extra columns) is listed by the "
+            "launcher: use listing: launcher"
+        )

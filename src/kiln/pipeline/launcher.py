@@ -469,7 +469,10 @@ def _listed(spec: BuildSpec, options: PipelineOptions) -> Iterator[SourceListing
       BuildError: the listing job failed otherwise.
     """
     source = spec.config.source
-    if not (isinstance(source, sources.ImageFolderSource) and source.listing == "job"):
+    if not (
+        isinstance(source, (sources.ImageFolderSource, sources.ManifestSource))
+        and source.listing == "job"
+    ):
         with spec.list_source() as listing:
             yield listing
         return
@@ -486,29 +489,45 @@ def _listed(spec: BuildSpec, options: PipelineOptions) -> Iterator[SourceListing
 def list_in_job(
     spec: BuildSpec, options: PipelineOptions, listing_dir: str
 ) -> listing_job.ListedInJob:
-    """Lists the image folder's folders here and their objects in a listing
-    job (`listing_job`) on the runner `options` name, which writes its files
-    into `listing_dir` (the caller deletes them).
+    """Lists the source in a listing job (`listing_job`) on the runner
+    `options` name, which writes its files into `listing_dir` (the caller
+    deletes them): an image folder's folders are listed here and their
+    objects in the job; a manifest's rows are read and their objects looked
+    up in the job.
 
     Raises:
-      ConfigError: the source is not an image folder, cannot be listed, or
-        holds no usable image.
+      ConfigError: the source is neither an image folder nor a manifest,
+        cannot be listed or read, or holds no usable image.
       BuildError: the listing job failed otherwise.
     """
     source = spec.config.source
-    if not isinstance(source, sources.ImageFolderSource):
-        raise spec.error(f"{source.describe()}: only an image_folder is listed in a job")
-    listing_plan = listing_job.plan(
-        source.root, spec.config.splits.from_source, source.classes, listing_dir
-    )
+    from_source = spec.config.splits.from_source
+    listing_plan: listing_job.ListingJobPlan | listing_job.ManifestListingPlan
     with _beam_lookups_once():
         pipeline = beam.Pipeline(runner=_runner_for(options), options=options)
-        listing_job.construct(pipeline, listing_plan)
-        logger.info("running the listing job over %d folders", len(listing_plan.prefixes))
+        if isinstance(source, sources.ImageFolderSource):
+            listing_plan = listing_job.plan(source.root, from_source, source.classes, listing_dir)
+            listing_job.construct(pipeline, listing_plan)
+            logger.info("running the listing job over %d folders", len(listing_plan.prefixes))
+        elif isinstance(source, sources.ManifestSource):
+            listing_plan = listing_job.manifest_plan(
+                source.path, from_source, source.classes, source.allowed_roots, listing_dir
+            )
+            listing_job.construct_manifest(pipeline, listing_plan)
+            logger.info("running the listing job over the rows of %s", source.path)
+        else:
+            raise spec.error(
+                f"{source.describe()}: only an image_folder or a manifest is listed in a job"
+            )
         try:
             state = _run_pipeline(pipeline, options)[1]
         except Exception as e:  # a worker's error, re-raised by the runner
             problem = _listing_problem(e)
+            if problem and problem.startswith(listing_job.MANIFEST_PROBLEM):
+                # The launcher's words for a manifest it cannot use.
+                raise spec.error(
+                    f"source.path: {problem[len(listing_job.MANIFEST_PROBLEM) :]}"
+                ) from e
             if problem:
                 raise spec.error(f"{source.describe()}: {problem}") from e
             raise BuildError(
@@ -530,14 +549,16 @@ def list_in_job(
 
 
 def _listing_problem(error: BaseException) -> str | None:
-    """``cannot list <prefix>: <why>`` if `error` (or its cause) is a
-    `listing_job.SourceListingError`, however the runner wrapped it."""
+    """``cannot list <prefix>: <why>`` (or ``manifest problem: <why>``) if
+    `error` (or its cause) is a `listing_job.SourceListingError`, however
+    the runner wrapped it."""
     cause: BaseException | None = error
     while cause is not None:
         for line in str(cause).splitlines():
-            start = line.find(listing_job.CANNOT_LIST)
-            if start >= 0:
-                return line[start:].split(" [while running", 1)[0].strip()
+            for marker in (listing_job.CANNOT_LIST, listing_job.MANIFEST_PROBLEM):
+                start = line.find(marker)
+                if start >= 0:
+                    return line[start:].split(" [while running", 1)[0].strip()
         cause = cause.__cause__ or cause.__context__
     return None
 

@@ -158,7 +158,7 @@ def _optional_text(data: bytes | None) -> str | None:
     return None if data is None else _text(data)
 
 
-def _folder_order(folder_count: tuple[str, int]) -> str:
+def folder_order(folder_count: tuple[str, int]) -> str:
     """Sort key that keeps the folders below a folder right after it."""
     return folder_count[0] + "/"
 
@@ -491,7 +491,7 @@ class ListingWriter:
         counted = self._connection.execute(
             "SELECT folder, COUNT(*) FROM named_objects GROUP BY folder"
         )
-        return sorted(((_text(data), count) for data, count in counted), key=_folder_order)
+        return sorted(((_text(data), count) for data, count in counted), key=folder_order)
 
     def named_objects_in(self, folder: str) -> list[str]:
         """The URIs recorded directly in `folder` (see `add_named_object`), sorted."""

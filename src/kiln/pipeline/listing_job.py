@@ -1,4 +1,5 @@
-"""An image folder on an object store listed by a Beam job (``source.listing: job``).
+"""An image folder or a manifest on an object store listed by a Beam job
+(``source.listing: job``).
 
 The launcher's listing (`sources`) costs one core of Python per object
 (some 10 to 30 minutes for 10M objects, docs/dataflow.md "Listing at
@@ -24,8 +25,14 @@ job (`versioning.combine_hashes` is a sum, so the order in which workers
 list does not matter). The same files give the same stamp, version and
 records as a listing by the launcher.
 
-What stays on the launcher is the folder structure and the summary: no row
-per object, in memory or on disk. The launcher checks the stamp against the
+A manifest (`construct_manifest`) is read in the job instead: its rows
+checked by the launcher's rules (`sources.row_problem`, `group_problem`),
+their objects listed by folder or asked for one by one
+(`sources.lookup_plan`) and joined to the rows; the same writing steps
+(`_write`) give the same files, summary and stamp.
+
+What stays on the launcher is the folder structure (none for a manifest)
+and the summary: no row per object, in memory or on disk. The launcher checks the stamp against the
 published versions before it starts the build job, which reads the listing
 files (`launcher.build`).
 """
@@ -35,15 +42,33 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 
 from kiln.pipeline import storage, versioning
 from kiln.pipeline.error_report import DroppedFile
-from kiln.pipeline.listing import FILES_PER_LINE, SourceFile
-from kiln.pipeline.sources import Misplaced, folder_place, place_problem
+from kiln.pipeline.listing import FILES_PER_LINE, Candidate, SourceFile, folder_order
+from kiln.pipeline.sources import (
+    DroppedRow,
+    ManifestError,
+    Misplaced,
+    Row,
+    folder_place,
+    group_problem,
+    lookup_plan,
+    manifest_confinement,
+    manifest_rows,
+    missing_row,
+    object_not_found,
+    place_problem,
+    row_candidate,
+    row_problem,
+)
+
+if TYPE_CHECKING:
+    from apache_beam.io.filesystem import FileMetadata
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +84,24 @@ class SourceListingError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class ListingJobPlan:
+class _Written:
+    """Where a listing job writes: the build's listing and its summary."""
+
+    listing_dir: str
+    from_source: bool
+
+    @property
+    def listing_pattern(self) -> str:
+        """The build job's input: every file the listing job wrote."""
+        return storage.join(self.listing_dir, f"{LISTING_PREFIX}-*.jsonl")
+
+    @property
+    def summary_uri(self) -> str:
+        return storage.join(self.listing_dir, SUMMARY_FILENAME)
+
+
+@dataclasses.dataclass(frozen=True)
+class ListingJobPlan(_Written):
     """What the listing job lists and where it writes, decided by the launcher.
 
     Attributes:
@@ -72,21 +114,10 @@ class ListingJobPlan:
       listing_dir: Where the job writes the listing and its summary.
     """
 
-    root: str
-    from_source: bool
-    classes: tuple[str, ...] | None
-    prefixes: tuple[str, ...]
-    strays: tuple[str, ...]
-    listing_dir: str
-
-    @property
-    def listing_pattern(self) -> str:
-        """The build job's input: every file the listing job wrote."""
-        return storage.join(self.listing_dir, f"{LISTING_PREFIX}-*.jsonl")
-
-    @property
-    def summary_uri(self) -> str:
-        return storage.join(self.listing_dir, SUMMARY_FILENAME)
+    root: str = ""
+    classes: tuple[str, ...] | None = None
+    prefixes: tuple[str, ...] = ()
+    strays: tuple[str, ...] = ()
 
 
 def plan(
@@ -104,7 +135,7 @@ def plan(
     top = storage.folder_level(root + "/")
     if top is None:
         logger.info("listing %s in the job as one prefix (the store lists no folders)", root)
-        return ListingJobPlan(root, from_source, _sorted(classes), (root + "/",), (), listing_dir)
+        return ListingJobPlan(listing_dir, from_source, root, _sorted(classes), (root + "/",), ())
     strays, folders = top
     if from_source:
         split_folders, folders = _visible(folders), []
@@ -115,7 +146,7 @@ def plan(
     prefixes = _visible(folders)
     logger.info("the listing job lists %d folders of %s", len(prefixes), root)
     return ListingJobPlan(
-        root, from_source, _sorted(classes), tuple(prefixes), tuple(strays), listing_dir
+        listing_dir, from_source, root, _sorted(classes), tuple(prefixes), tuple(strays)
     )
 
 
@@ -192,7 +223,7 @@ class ListedInJob:
         )
 
 
-def read_summary(listing_plan: ListingJobPlan) -> ListedInJob:
+def read_summary(listing_plan: _Written) -> ListedInJob:
     """The summary a finished listing job wrote."""
     text = storage.read_text(listing_plan.summary_uri)
     if text is None:
@@ -205,16 +236,23 @@ class _ListPrefixFn(beam.DoFn):
     page by page as the store returns them."""
 
     def process(self, prefix: str) -> Iterator[tuple[str, int, float]]:
-        try:
-            for metadata in storage.list_prefix(prefix):
-                yield (
-                    metadata.path,
-                    int(metadata.size_in_bytes),
-                    float(metadata.last_updated_in_seconds),
-                )
-        except Exception as e:  # Beam's BeamIOError, the client's HTTP error...
-            problem = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise SourceListingError(f"{CANNOT_LIST}{prefix}: {problem[:300]}") from e
+        yield from _found(prefix, lambda: storage.list_prefix(prefix))
+
+
+def _found(
+    what: str, listing: Callable[[], Iterable[FileMetadata]]
+) -> Iterator[tuple[str, int, float]]:
+    """``(uri, size, mtime)`` of each object `listing` finds (a listing of `what`)."""
+    try:
+        for metadata in listing():
+            yield (
+                metadata.path,
+                int(metadata.size_in_bytes),
+                float(metadata.last_updated_in_seconds),
+            )
+    except Exception as e:  # Beam's BeamIOError, the client's HTTP error...
+        problem = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SourceListingError(f"{CANNOT_LIST}{what}: {problem[:300]}") from e
 
 
 class _PlaceFileFn(beam.DoFn):
@@ -233,9 +271,7 @@ class _PlaceFileFn(beam.DoFn):
         if place is None:
             return
         if isinstance(place, Misplaced):
-            yield beam.pvalue.TaggedOutput(
-                "misplaced", DroppedFile(key, "list", place.reason, uri, place.message)
-            )
+            yield beam.pvalue.TaggedOutput("misplaced", _folder_dropped(key, uri, place))
             return
         yield key, uri, place[0], place[1], size, mtime
 
@@ -273,15 +309,30 @@ class _CheckFileFn(beam.DoFn):
         key, uri, label, split, size, mtime = candidate
         problem = place_problem(label, split, self._label_ids)
         if problem:
-            yield beam.pvalue.TaggedOutput(
-                "dropped", DroppedFile(key, "list", problem.reason, uri, problem.message)
-            )
+            yield beam.pvalue.TaggedOutput("dropped", _folder_dropped(key, uri, problem))
             return
-        # `listing.Listing.stamp_entries` of an image folder's file.
-        entry = ["file", key, label, split, size, mtime]
-        yield beam.pvalue.TaggedOutput("entries", (split, versioning.entry_hash(entry)))
-        file = SourceFile(key, uri, self._label_ids[label], split, size, mtime)
-        yield file.to_json()
+        yield from _file_outputs(
+            SourceFile(key, uri, self._label_ids[label], split, size, mtime), label
+        )
+
+
+def _folder_dropped(key: str, uri: str, problem: Misplaced) -> DroppedRow:
+    """An image folder's file dropped while listing, with its
+    `listing.Listing.dropped_entries` entry."""
+    return DroppedFile(key, "list", problem.reason, uri, problem.message), [
+        "dropped",
+        problem.reason,
+        key,
+    ]
+
+
+def _file_outputs(file: SourceFile, label: str) -> Iterator[Any]:
+    """A file to process: its row of the build job's listing, and its stamp
+    entry's hash with its split (``entries``: ``(split, hash)``)."""
+    # `listing.Listing.stamp_entries` of a file without targets.
+    entry = ["file", file.key, label, file.split, file.size, file.mtime]
+    yield beam.pvalue.TaggedOutput("entries", (file.split, versioning.entry_hash(entry)))
+    yield file.to_json()
 
 
 @dataclasses.dataclass
@@ -298,19 +349,20 @@ class _Tally:
 
 class _SummaryFn(beam.CombineFn):
     """Stamp entries of files ``(split, hash)`` and dropped files
-    (`DroppedFile`) -> their `_Tally`: counts, splits, multiset hashes."""
+    (`DroppedRow`: the file and its entry) -> their `_Tally`: counts,
+    splits, multiset hashes."""
 
     def create_accumulator(self) -> _Tally:
         return _Tally()
 
     def add_input(self, tally: _Tally, item) -> _Tally:
-        if isinstance(item, DroppedFile):
-            # `listing.Listing.dropped_entries` of an image folder's file.
-            value = versioning.entry_hash(["dropped", item.reason, item.key])
+        if isinstance(item[0], DroppedFile):
+            dropped, entry = item
+            value = versioning.entry_hash(entry)  # `listing.Listing.dropped_entries`
             tally.dropped += 1
             tally.dropped_hash = versioning.combine_hashes([tally.dropped_hash, value])
-            if tally.first_dropped is None or item < tally.first_dropped:
-                tally.first_dropped = item
+            if tally.first_dropped is None or dropped < tally.first_dropped:
+                tally.first_dropped = dropped
         else:
             split, value = item
             tally.files += 1
@@ -341,11 +393,11 @@ def _files_line(files: list[dict[str, Any]]) -> str:
     return json.dumps({"files": sorted(files, key=lambda f: f["key"])}, sort_keys=True)
 
 
-def _dropped_line(dropped: DroppedFile) -> str:
-    return json.dumps({"dropped": dropped.to_json()}, sort_keys=True)
+def _dropped_line(dropped: DroppedRow) -> str:
+    return json.dumps({"dropped": dropped[0].to_json()}, sort_keys=True)
 
 
-def _write_summary(tally: _Tally, class_names: list[str], *, listing_plan: ListingJobPlan) -> None:
+def _write_summary(tally: _Tally, class_names: list[str], *, listing_plan: _Written) -> None:
     summary = ListedInJob(
         class_names=class_names,
         split_names=sorted(tally.splits) if listing_plan.from_source else None,
@@ -391,10 +443,24 @@ def construct(pipeline: beam.Pipeline, listing_plan: ListingJobPlan) -> None:
     checked = placed.candidates | "CheckFiles" >> beam.ParDo(
         _CheckFileFn(), class_names=beam.pvalue.AsSingleton(class_names)
     ).with_outputs("dropped", "entries", main="files")
-    # files: {key, uri, label, split, size}; dropped: DroppedFile; entries: (split, hash)
-    dropped = (placed.misplaced, checked.dropped) | "AllDropped" >> beam.Flatten()  # DroppedFile
+    # files: {key, uri, label, split, size}; dropped: DroppedRow; entries: (split, hash)
+    dropped = (placed.misplaced, checked.dropped) | "AllDropped" >> beam.Flatten()  # DroppedRow
+    _write(listing_plan, checked.files, checked.entries, dropped, class_names)
+
+
+def _write(
+    listing_plan: _Written,
+    files: beam.PCollection,
+    entries: beam.PCollection,
+    dropped: beam.PCollection,
+    class_names: beam.PCollection,
+) -> None:
+    """The listing job's last steps: the build's listing from the files'
+    rows (`SourceFile.to_json`) and the dropped rows (`DroppedRow`), and
+    the summary from them, the stamp entries ``(split, hash)`` and the class
+    names (one list)."""
     file_lines = (
-        checked.files
+        files
         | "GroupFiles"
         >> beam.BatchElements(min_batch_size=FILES_PER_LINE, max_batch_size=FILES_PER_LINE)
         | "FileLines" >> beam.Map(_files_line)
@@ -409,7 +475,7 @@ def construct(pipeline: beam.Pipeline, listing_plan: ListingJobPlan) -> None:
         )
     )
     _ = (
-        (checked.entries, dropped)
+        (entries, dropped)
         | "AllEntries" >> beam.Flatten()
         | "Summarize" >> beam.CombineGlobally(_SummaryFn())  # _Tally
         | "WriteSummary"
@@ -419,3 +485,213 @@ def construct(pipeline: beam.Pipeline, listing_plan: ListingJobPlan) -> None:
             listing_plan=listing_plan,
         )
     )
+
+
+# Marks a manifest that cannot be used in the job's error (the launcher's
+# ``source.path: <problem>``).
+MANIFEST_PROBLEM = "manifest problem: "
+# Objects asked for per element of ``AskObjects`` (on `storage.walk_prefixes`' threads).
+_ASKED_PER_BATCH = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class ManifestListingPlan(_Written):
+    """A manifest (``source.type: manifest``) whose rows a listing job reads
+    and whose objects it looks up (`construct_manifest`).
+
+    Attributes:
+      path: The manifest (an object store URI).
+      classes: ``source.classes``, sorted; None: every label the rows name.
+      allowed_roots: ``source.allowed_roots``.
+    """
+
+    path: str = ""
+    classes: tuple[str, ...] | None = None
+    allowed_roots: tuple[str, ...] = ()
+
+
+def manifest_plan(
+    path: str,
+    from_source: bool,
+    classes: Sequence[str] | None,
+    allowed_roots: Sequence[str],
+    listing_dir: str,
+) -> ManifestListingPlan:
+    return ManifestListingPlan(
+        listing_dir, from_source, path, _sorted(classes), tuple(allowed_roots)
+    )
+
+
+class _ReadRowsFn(beam.DoFn):
+    """The manifest's URI -> its rows as candidates (`listing.Candidate`),
+    or a `DroppedRow` (``dropped``) for a row `sources.row_problem` drops.
+
+    The manifest is read and parsed as one stream (CSV fields may span
+    lines; JSONL line numbers count every line break), on one worker."""
+
+    def __init__(self, from_source: bool):
+        self._from_source = from_source
+
+    def process(self, path: str):
+        try:
+            rows, base = manifest_rows(path)
+            for row in rows:
+                problem = row_problem(row, path, self._from_source)
+                if problem:
+                    yield beam.pvalue.TaggedOutput("dropped", problem)
+                elif isinstance(row, Row):
+                    yield row_candidate(row, base, self._from_source)
+        except ManifestError as e:
+            raise SourceListingError(f"{MANIFEST_PROBLEM}{e}") from None
+
+
+def _named_folder(candidate: Candidate) -> Iterator[str]:
+    """The folder of the object a row names (`ListingWriter.add_named_object`)."""
+    uri = candidate.uri
+    if storage.is_remote(uri) and not uri.endswith("/"):
+        yield uri.rsplit("/", 1)[0]
+
+
+def _lookups(
+    folder_counts: list[tuple[str, int]], confinement: Any
+) -> tuple[list[str], frozenset[str]]:
+    """The folders to list and those whose objects are asked for
+    (`sources.lookup_plan`, the launcher's rule)."""
+    listed, asked = lookup_plan(sorted(folder_counts, key=folder_order), confinement)
+    return listed, frozenset(asked)
+
+
+class _CheckRowsFn(beam.DoFn):
+    """``(key, candidates)`` -> ``(uri, (key, label, label id, split))`` to
+    look up, or a `DroppedRow` (``dropped``: `sources.group_problem`)."""
+
+    def __init__(self, confinement: Any):
+        self._confinement = confinement
+        self._class_names: list[str] | None = None
+        self._label_ids: dict[str, int] = {}
+
+    def process(self, keyed: tuple[str, list[Candidate]], class_names: list[str]):
+        if class_names is not self._class_names:  # the side input: once per bundle at most
+            self._class_names = class_names
+            self._label_ids = {name: i for i, name in enumerate(class_names)}
+        label_ids = self._label_ids
+        group = sorted(keyed[1], key=lambda candidate: candidate.position)
+        problem = group_problem(group, label_ids, self._confinement)
+        if problem:
+            yield beam.pvalue.TaggedOutput("dropped", problem)
+            return
+        first = group[0]
+        yield first.uri, (first.key, first.label, label_ids[first.label], first.split)
+
+
+def _asked(uri: str, lookups: tuple[list[str], frozenset[str]]) -> bool:
+    """Whether the object `uri` is asked for (its folder is not listed)."""
+    return storage.is_remote(uri) and not uri.endswith("/") and uri.rsplit("/", 1)[0] in lookups[1]
+
+
+class _AskObjectsFn(beam.DoFn):
+    """A batch of object URIs -> ``(uri, size, mtime)`` of each that exists."""
+
+    def process(self, uris: list[str]) -> Iterator[tuple[str, int, float]]:
+        yield from _found(
+            f"{uris[0]} (and {len(uris) - 1} more)", lambda: storage.walk_prefixes((), uris)
+        )
+
+
+class _JoinFn(beam.DoFn):
+    """``(uri, {"rows": [...], "found": [(size, mtime)]})`` -> each row's
+    file (`_file_outputs`), or a `DroppedRow` (``dropped``) for a missing object."""
+
+    def __init__(self, path: str):
+        self._path = path
+
+    def process(self, joined: tuple[str, dict[str, list]]):
+        uri, sides = joined
+        found = sides["found"]
+        for key, label, label_id, split in sides["rows"]:
+            if not found:
+                problem = missing_row(key, uri, self._path, object_not_found(uri))
+                yield beam.pvalue.TaggedOutput("dropped", problem)
+                continue
+            size, mtime = found[0]
+            yield from _file_outputs(SourceFile(key, uri, label_id, split, size, mtime), label)
+
+
+def construct_manifest(pipeline: beam.Pipeline, listing_plan: ManifestListingPlan) -> None:
+    """Adds the steps of a manifest's listing job to `pipeline`::
+
+        Manifest -> ReadRows ─┬─> (candidates) ─┬─> NamedFolders -> CountFolders -> Lookups
+                              │                 ├─> ClassNames (unless source.classes)
+                              │                 └─> KeyRows -> GroupRows -> CheckRows ─┐
+                              └─> (dropped)                                           │
+        Lookups -> ListedFolders -> SpreadFolders -> ListFolders ─┐                     │
+        (checked) -> AskedObjects -> BatchAsked -> AskObjects ────┴─> JoinRows <─ (checked)
+        JoinRows ─> (files, entries, dropped) -> WriteListing, Summarize -> WriteSummary
+
+    The launcher's rules throughout (`sources.row_problem`, `group_problem`,
+    `lookup_plan`, `missing_row`): the same listing, stamp and version.
+    """
+    confinement = manifest_confinement(listing_plan.path, list(listing_plan.allowed_roots))
+    read = (
+        pipeline
+        | "Manifest" >> beam.Create([listing_plan.path])
+        | "ReadRows"
+        >> beam.ParDo(_ReadRowsFn(listing_plan.from_source)).with_outputs(
+            "dropped", main="candidates"
+        )
+    )
+    candidates = read.candidates | "SpreadRows" >> beam.Reshuffle()  # Candidate
+    if listing_plan.classes is None:
+        class_names = (
+            candidates
+            | "ClassNames" >> beam.Map(lambda candidate: candidate.label)
+            | "DistinctClasses" >> beam.CombineGlobally(_ClassNamesFn())
+        )  # [class name]
+    else:
+        class_names = pipeline | "ClassNames" >> beam.Create([list(listing_plan.classes)])
+    lookups = (
+        candidates
+        | "NamedFolders" >> beam.FlatMap(_named_folder)
+        | "CountFolders" >> beam.combiners.Count.PerElement()
+        | "AllFolders" >> beam.combiners.ToList()
+        | "Lookups" >> beam.Map(_lookups, confinement)
+    )  # ([folder listed], [folder whose objects are asked for])
+    checked = (
+        candidates
+        | "KeyRows" >> beam.Map(lambda candidate: (candidate.key, candidate))
+        | "GroupRows" >> beam.GroupByKey()
+        | "CheckRows"
+        >> beam.ParDo(
+            _CheckRowsFn(confinement), class_names=beam.pvalue.AsSingleton(class_names)
+        ).with_outputs("dropped", main="rows")
+    )  # rows: (uri, (key, label, label id, split)); dropped: DroppedRow
+    listed = (
+        lookups
+        | "ListedFolders" >> beam.FlatMap(lambda plan: [folder + "/" for folder in plan[0]])
+        | "SpreadFolders" >> beam.Reshuffle()
+        | "ListFolders" >> beam.ParDo(_ListPrefixFn())
+    )  # (uri, size, mtime)
+    asked = (
+        checked.rows
+        | "AskedObjects"
+        >> beam.FlatMap(
+            lambda row, plan: [row[0]] if _asked(row[0], plan) else [],
+            beam.pvalue.AsSingleton(lookups),
+        )
+        | "DistinctAsked" >> beam.Distinct()
+        | "BatchAsked" >> beam.BatchElements(max_batch_size=_ASKED_PER_BATCH)
+        | "AskObjects" >> beam.ParDo(_AskObjectsFn())
+    )  # (uri, size, mtime)
+    found = (
+        (listed, asked)
+        | "AllFound" >> beam.Flatten()
+        | "KeyFound" >> beam.Map(lambda item: (item[0], (item[1], item[2])))
+    )
+    joined = (
+        {"rows": checked.rows, "found": found}
+        | "JoinRows" >> beam.CoGroupByKey()
+        | "LookUpRows"
+        >> beam.ParDo(_JoinFn(listing_plan.path)).with_outputs("dropped", "entries", main="files")
+    )
+    dropped = (read.dropped, checked.dropped, joined.dropped) | "AllDropped" >> beam.Flatten()
+    _write(listing_plan, joined.files, joined.entries, dropped, class_names)

@@ -176,7 +176,9 @@ class ImageFolderSource(_SourceModel):
     `splits.from_source`), and a short Beam job on the build's runner lists each folder's objects
     on the workers, stamps them and writes the build's listing; the same records, version and
     kiln.json. Worth it from some millions of objects on a wide fleet (docs/dataflow.md,
-    "Listing at scale")."""
+    "Listing at scale"). A manifest with `job` (on an object store; not with `targets:`,
+    `splits.stratify` or a local `allowed_roots`): the job reads its rows and lists or asks
+    for their objects on the workers (the launcher's rule per folder)."""
 
     LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("root", "allowed_roots")
     LISTING_FIELDS: ClassVar[tuple[str, ...]] = ("listing",)
@@ -225,19 +227,26 @@ class ManifestSource(_SourceModel):
     """The manifest file (a local path relative to the config file's folder, or a `gs://`
     URI); relative image paths in it resolve against the manifest's own folder."""
 
+    listing: Literal["launcher", "job"] = "launcher"
+    """Where the rows' objects are looked up. `launcher`: by `kiln build` itself, before the
+    job. `job` (a manifest on an object store, e.g. `gs://`, `s3://`; not with `targets:` nor
+    `splits.stratify`): a short Beam job on the build's runner reads the manifest's rows, lists
+    or asks for their objects on the workers, stamps them and writes the build's listing; the
+    same records, version and kiln.json (docs/dataflow.md, "Listing at scale")."""
+
     LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("path", "allowed_roots")
+    LISTING_FIELDS: ClassVar[tuple[str, ...]] = ("listing",)
 
     def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
-        folder = self.path.rstrip("/").rsplit("/", 1)[0]
         try:
             return _list_manifest(
                 self.path,
                 self.classes,
                 splits_from_source,
-                _Confinement.of(folder, self.allowed_roots),
+                manifest_confinement(self.path, self.allowed_roots),
                 targets,
             )
-        except _ManifestError as e:
+        except ManifestError as e:
             raise ConfigError(f"source.path: {e}") from None
 
     def describe(self) -> str:
@@ -296,7 +305,7 @@ class _ObjectSource(_SourceModel):
 
     def _rows(
         self, targets: TargetsConfig, resolve: Callable[[str], str]
-    ) -> tuple[list[str] | None, Iterator[_Row | _BadRow]]:
+    ) -> tuple[list[str] | None, Iterator[Row | _BadRow]]:
         """The class list (None: every class the rows name) and the images' rows, read as
         they are used; `resolve` makes an image or mask path absolute."""
         raise NotImplementedError
@@ -341,7 +350,7 @@ class CocoSource(_ObjectSource):
 
     def _rows(
         self, targets: TargetsConfig, resolve: Callable[[str], str]
-    ) -> tuple[list[str] | None, Iterator[_Row | _BadRow]]:
+    ) -> tuple[list[str] | None, Iterator[Row | _BadRow]]:
         keypoint_names = targets.keypoints.names if targets.keypoints is not None else None
         coco = CocoFile(self.annotations, keypoint_names=keypoint_names)
         classes = self.classes or coco.class_names()
@@ -370,7 +379,7 @@ class VocSource(_ObjectSource):
 
     def _rows(
         self, targets: TargetsConfig, resolve: Callable[[str], str]
-    ) -> tuple[list[str] | None, Iterator[_Row | _BadRow]]:
+    ) -> tuple[list[str] | None, Iterator[Row | _BadRow]]:
         return self.classes, _voc_rows(self.annotations, self.split, targets, resolve)
 
     def _annotations_problem(self) -> str | None:
@@ -410,7 +419,7 @@ def _folder(path: str) -> str:
 
 def _coco_rows(
     coco: CocoFile, split: str | None, targets: TargetsConfig, resolve
-) -> Iterator[_Row | _BadRow]:
+) -> Iterator[Row | _BadRow]:
     """A COCO file's images as manifest rows, its problems as bad rows."""
     for position, found in enumerate(coco.rows()):
         if isinstance(found, CocoProblem):
@@ -421,7 +430,7 @@ def _coco_rows(
 
 def _voc_rows(
     folder: str, split: str | None, targets: TargetsConfig, resolve
-) -> Iterator[_Row | _BadRow]:
+) -> Iterator[Row | _BadRow]:
     """A VOC folder's files as manifest rows, unreadable ones as bad rows."""
     for position, found in enumerate(voc.read_folder(folder)):
         if isinstance(found, voc.VocProblem):
@@ -432,14 +441,14 @@ def _voc_rows(
 
 def _annotated_row(
     position: int, where: str, row: dict, split: str | None, targets: TargetsConfig, resolve
-) -> _Row | _BadRow:
+) -> Row | _BadRow:
     """A COCO or VOC image's row, its targets checked as a JSONL line's are."""
     text = json.dumps(row, sort_keys=True, separators=(",", ":"))
     try:
         row_targets = target_rows.row_targets(row, targets, resolve)
     except AnnotationError as e:
         return _BadRow(position, text, str(e), where=where)
-    return _Row(position, text, row["path"], "", split, row_targets, where)
+    return Row(position, text, row["path"], "", split, row_targets, where)
 
 
 def _sorted(classes: list[str] | None) -> list[str] | None:
@@ -511,6 +520,11 @@ class _Confinement:
             f"outside the source folder {self.source_root}{shown}; "
             f"list its folder in source.allowed_roots to read it"
         )
+
+
+def manifest_confinement(path: str, allowed_roots: list[str]) -> _Confinement:
+    """Where a manifest's rows may point: its own folder and `allowed_roots`."""
+    return _Confinement.of(path.rstrip("/").rsplit("/", 1)[0], allowed_roots)
 
 
 def _real(path: str) -> str:
@@ -649,12 +663,12 @@ def _relative(path: str, root: str) -> str:
     return relative.lstrip("/")
 
 
-class _ManifestError(Exception):
+class ManifestError(Exception):
     """The manifest as a whole cannot be used (unreadable, no header)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class _Row:
+class Row:
     """A manifest row that parses (its checks come later)."""
 
     line: int
@@ -684,6 +698,19 @@ def _list_manifest(
     confinement: _Confinement,
     targets: TargetsConfig = CLASSIFICATION,
 ) -> Listing:
+    rows, base = manifest_rows(path, targets)
+    return _list_rows(rows, path, base, classes, from_source, confinement, targets)
+
+
+def manifest_rows(
+    path: str, targets: TargetsConfig = CLASSIFICATION
+) -> tuple[Iterator[Row | _BadRow], str]:
+    """The manifest's rows, parsed as they are read, and the folder their
+    paths are relative to.
+
+    Raises (while iterating):
+      ManifestError: the manifest as a whole cannot be used.
+    """
     name = posixpath.basename(path)
     lines = _manifest_lines(path)
     base = path.rsplit("/", 1)[0] if is_remote(path) else _local_dirname(path)
@@ -693,11 +720,99 @@ def _list_manifest(
         if path.endswith((".jsonl", ".json"))
         else _csv_rows(lines, name, targets if with_targets else None)
     )
-    return _list_rows(rows, path, base, classes, from_source, confinement, targets)
+    return rows, base
+
+
+# A row dropped while listing: what the errors file says of it, and its
+# `Listing.dropped_entries` entry (for the version and the stamp).
+DroppedRow = tuple[DroppedFile, Any]
+
+
+def row_problem(row: Row | _BadRow, path: str, from_source: bool) -> DroppedRow | None:
+    """Why a parsed row of the file `path` is dropped before its object is
+    looked up (it does not parse, its split is missing or invalid), or None."""
+    where = row.where or f"{posixpath.basename(path.rstrip('/'))}:{row.line}"
+
+    def drop(reason: str, message: str) -> DroppedRow:
+        return DroppedFile(where, "list", reason, path, message), ["dropped", reason, row.text]
+
+    if isinstance(row, _BadRow):
+        return drop(row.reason, row.problem)
+    split = row.split if from_source else None
+    if from_source and split is None:
+        return drop("missing_split", "splits.from_source needs a split for every row")
+    if split is not None and not _SPLIT_NAME.match(split):
+        return drop("bad_row", f"split {split!r} is not a valid split name (letters, digits, '_')")
+    return None
+
+
+def row_candidate(row: Row, base: str, from_source: bool) -> Candidate:
+    """The candidate of a row `row_problem` keeps (without its targets)."""
+    return Candidate(
+        _manifest_key(row.path),
+        row.line,
+        _resolve(row.path, base),
+        row.label,
+        row.split if from_source else None,
+    )
+
+
+def group_problem(
+    group: list[Candidate], label_ids: dict[str, int] | None, confinement: _Confinement
+) -> DroppedRow | None:
+    """Why the candidates of one key (in position order) are dropped before
+    their object is looked up: listed with different meanings, an unknown
+    label (`label_ids` None: targets without a label), outside the source.
+    None if kept."""
+    key, uri = group[0].key, group[0].uri
+    meanings = {(row.label, row.split, row.targets) for row in group}
+    if len(meanings) > 1:
+        lines_listed = ", ".join(str(row.position) for row in group)
+        message = (
+            f"listed {len(group)} times with different labels, splits or targets "
+            f"(lines {lines_listed})"
+        )
+        return DroppedFile(key, "list", "duplicate_key", uri, message), [
+            "dropped",
+            "duplicate_key",
+            key,
+        ]
+    label = group[0].label
+    if label_ids is not None and label not in label_ids:
+        message = f"label {label!r} is not in source.classes"
+        return DroppedFile(key, "list", "unknown_label", uri, message), [
+            "dropped",
+            "unknown_label",
+            [key, label],
+        ]
+    outside = confinement.problem(uri)
+    if outside:
+        return outside_row(key, uri, outside)
+    return None
+
+
+def outside_row(key: str, uri: str, problem: str) -> DroppedRow:
+    return DroppedFile(key, "list", "outside_source", uri, problem), [
+        "dropped",
+        "outside_source",
+        key,
+    ]
+
+
+def missing_row(key: str, uri: str, path: str, error: Exception) -> DroppedRow:
+    """A row whose file `error` says is not found."""
+    name = posixpath.basename(path.rstrip("/"))
+    message = f"listed in {name} but not found ({_short(error)})"
+    return DroppedFile(key, "list", "missing", uri, message), ["dropped", "missing", key]
+
+
+def object_not_found(uri: str) -> FileNotFoundError:
+    """The error of an object no listing or metadata request found."""
+    return FileNotFoundError(errno.ENOENT, "No such object", uri)
 
 
 def _list_rows(
-    rows: Iterator[_Row | _BadRow],
+    rows: Iterator[Row | _BadRow],
     path: str,
     base: str,
     classes: list[str] | None,
@@ -714,95 +829,57 @@ def _list_rows(
       classes: The class list (``source.classes``, or a COCO file's
         categories); None: every class the rows name.
     """
-    name = posixpath.basename(path.rstrip("/"))
     with ListingWriter() as writer:
         statuses = _RowStatuses(writer, confinement)
 
-        def drop(key, uri, reason, message, entry):
-            writer.drop(DroppedFile(key, "list", reason, uri, message), ["dropped", reason, entry])
+        def drop(dropped: DroppedRow) -> None:
+            writer.drop(*dropped)
 
         for row in rows:
-            where = row.where or f"{name}:{row.line}"
-            if isinstance(row, _BadRow):
-                drop(where, path, row.reason, row.problem, row.text)
+            problem = row_problem(row, path, from_source)
+            if problem:
+                drop(problem)
                 continue
-            split = row.split if from_source else None
-            if from_source and split is None:
-                drop(
-                    where,
-                    path,
-                    "missing_split",
-                    "splits.from_source needs a split for every row",
-                    row.text,
-                )
-                continue
-            if split is not None and not _SPLIT_NAME.match(split):
-                drop(
-                    where,
-                    path,
-                    "bad_row",
-                    f"split {split!r} is not a valid split name (letters, digits, '_')",
-                    row.text,
-                )
-                continue
-            text = None
-            uri = _resolve(row.path, base)
-            statuses.note(uri)
+            if not isinstance(row, Row):
+                continue  # `row_problem` drops every bad row
+            candidate = row_candidate(row, base, from_source)
+            statuses.note(candidate.uri)
             if row.targets is not None:
                 writer.add_class_names(target_rows.class_names(row.targets))
-                text = target_rows.canonical(row.targets)
+                candidate = dataclasses.replace(
+                    candidate, targets=target_rows.canonical(row.targets)
+                )
                 for _, mask in target_rows.mask_uris(row.targets):
                     statuses.note(mask)
-            writer.add_candidate(
-                Candidate(_manifest_key(row.path), row.line, uri, row.label, split, targets=text)
-            )
+            writer.add_candidate(candidate)
 
         class_names = sorted(set(classes)) if classes else writer.candidate_labels()
         label_ids = {label: i for i, label in enumerate(class_names)}
         statuses.resolve_objects()
         for group in writer.candidates():
             key, uri = group[0].key, group[0].uri
-            meanings = {(row.label, row.split, row.targets) for row in group}
-            if len(meanings) > 1:
-                lines_listed = ", ".join(str(row.position) for row in group)
-                drop(
-                    key,
-                    uri,
-                    "duplicate_key",
-                    f"listed {len(group)} times with different labels, splits or targets "
-                    f"(lines {lines_listed})",
-                    key,
-                )
+            problem = group_problem(
+                group, None if targets.label is None else label_ids, confinement
+            )
+            if problem:
+                drop(problem)
                 continue
-            label, split, row_targets = meanings.pop()
-            if targets.label is None:
-                label_id = -1
-            elif label not in label_ids:
-                drop(
-                    key,
-                    uri,
-                    "unknown_label",
-                    f"label {label!r} is not in source.classes",
-                    [key, label],
-                )
-                continue
-            else:
-                label_id = label_ids[label]
-            outside = confinement.problem(uri)
-            if outside:
-                drop(key, uri, "outside_source", outside, key)
-                continue
+            label, split, row_targets = group[0].label, group[0].split, group[0].targets
+            label_id = -1 if targets.label is None else label_ids[label]
             outside, mask_stamp = _mask_files(row_targets, confinement, statuses)
             if outside:
-                drop(key, uri, "outside_source", outside, key)
+                drop(outside_row(key, uri, outside))
                 continue
             try:
-                size, mtime, problem = statuses.status(uri)
+                size, mtime, problem_text = statuses.status(uri)
             except Exception as e:  # OSError locally, FileNotFoundError or BeamIOError remotely
-                drop(key, uri, "missing", f"listed in {name} but not found ({_short(e)})", key)
+                drop(missing_row(key, uri, path, e))
                 continue
-            if problem:
-                drop(key, uri, "unreadable", problem, key)
+            if problem_text:
+                writer.drop(
+                    DroppedFile(key, "list", "unreadable", uri, problem_text),
+                    ["dropped", "unreadable", key],
+                )
                 continue
             writer.add_file(
                 SourceFile(
@@ -890,17 +967,8 @@ class _RowStatuses:
         The objects to ask for are held in memory: at most
         `_PER_ROW_MAX_OBJECTS` per folder.
         """
-        listed: list[str] = []
-        asked: list[str] = []
-        for folder, count in self._writer.named_object_folders():
-            if self._confinement.problem(folder) is not None:
-                continue
-            if listed and folder.startswith(listed[-1] + "/"):
-                continue  # the folders below a folder come right after it
-            if count > _PER_ROW_MAX_OBJECTS:
-                listed.append(folder)
-            else:
-                asked.extend(self._writer.named_objects_in(folder))
+        listed, asked_folders = lookup_plan(self._writer.named_object_folders(), self._confinement)
+        asked = [uri for folder in asked_folders for uri in self._writer.named_objects_in(folder)]
         return listed, asked
 
     def status(self, uri: str) -> tuple[int, float, str | None]:
@@ -914,8 +982,29 @@ class _RowStatuses:
             return _file_status(uri)
         found = self._writer.object_status(uri)
         if found is None:
-            raise FileNotFoundError(errno.ENOENT, "No such object", uri)
+            raise object_not_found(uri)
         return found[0], found[1], None  # an object store holds plain objects only
+
+
+def lookup_plan(
+    folder_counts: list[tuple[str, int]], confinement: _Confinement
+) -> tuple[list[str], list[str]]:
+    """The folders to list and the folders whose objects are asked for one by
+    one, from the number of objects the rows name directly in each folder,
+    sorted so that the folders below a folder come right after it
+    (`ListingWriter.named_object_folders`); see `_RowStatuses._plan`."""
+    listed: list[str] = []
+    asked: list[str] = []
+    for folder, count in folder_counts:
+        if confinement.problem(folder) is not None:
+            continue
+        if listed and folder.startswith(listed[-1] + "/"):
+            continue  # the folders below a folder come right after it
+        if count > _PER_ROW_MAX_OBJECTS:
+            listed.append(folder)
+        else:
+            asked.append(folder)
+    return listed, asked
 
 
 def _mask_files(
@@ -947,12 +1036,12 @@ def _manifest_lines(path: str) -> Iterator[str]:
     dropped), lines ending at '\n' only (as `io.StringIO` splits them).
 
     Raises:
-      _ManifestError: the file cannot be read or is not UTF-8.
+      ManifestError: the file cannot be read or is not UTF-8.
     """
     try:
         f = FileSystems.open(path)
     except Exception as e:  # any filesystem's I/O error
-        raise _ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
+        raise ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
     decoder = codecs.getincrementaldecoder("utf-8-sig")()
     with f:
         while True:
@@ -960,9 +1049,9 @@ def _manifest_lines(path: str) -> Iterator[str]:
                 raw = f.readline()
                 text = decoder.decode(raw, final=not raw)
             except UnicodeDecodeError as e:
-                raise _ManifestError(f"{path}: not UTF-8 text ({e.reason})") from None
+                raise ManifestError(f"{path}: not UTF-8 text ({e.reason})") from None
             except Exception as e:  # any filesystem's I/O error
-                raise _ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
+                raise ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
             if text:
                 yield text
             if not raw:
@@ -971,7 +1060,7 @@ def _manifest_lines(path: str) -> Iterator[str]:
 
 def _csv_rows(
     lines: Iterator[str], name: str, targets: TargetsConfig | None = None
-) -> Iterator[_Row | _BadRow]:
+) -> Iterator[Row | _BadRow]:
     reader = csv.reader(lines)
     try:
         header = next(reader)
@@ -981,7 +1070,7 @@ def _csv_rows(
     if targets is not None:
         return (yield from _csv_target_rows(reader, header, columns, name, targets))
     if "path" not in columns or "label" not in columns:
-        raise _ManifestError(
+        raise ManifestError(
             f"{name}: the first line must be a header naming the columns "
             f"path,label[,split]; got {','.join(header)!r}"
         )
@@ -1000,19 +1089,19 @@ def _csv_rows(
         if not path or not label:
             yield _BadRow(line, text_line, "empty path or label")
             continue
-        yield _Row(line, text_line, path, label, split or None)
+        yield Row(line, text_line, path, label, split or None)
 
 
 def _csv_target_rows(
     reader, header: list[str], columns: list[str], name: str, targets: TargetsConfig
-) -> Iterator[_Row | _BadRow]:
+) -> Iterator[Row | _BadRow]:
     """CSV rows with targets: label(s) and extra columns by name (see `target_rows`)."""
     # Extra columns keep the case of their declared names; the rest are lower case.
     names = [c if c in targets.extra else c.lower() for c in (h.strip() for h in header)]
     needed = ["path", *target_rows.csv_columns(targets)]
     missing = [c for c in needed if c not in names]
     if missing:
-        raise _ManifestError(
+        raise ManifestError(
             f"{name}: the header must name the columns {','.join(needed)}[,split] "
             f"(targets:); missing {','.join(missing)}, got {','.join(header)!r}"
         )
@@ -1036,16 +1125,14 @@ def _csv_target_rows(
         except AnnotationError as e:
             yield _BadRow(line, text_line, str(e))
             continue
-        yield _Row(
-            line, text_line, path, label, cells.get("split", "").strip() or None, row_targets
-        )
+        yield Row(line, text_line, path, label, cells.get("split", "").strip() or None, row_targets)
 
 
 def _jsonl_rows(
     lines: Iterator[str],
     targets: TargetsConfig | None = None,
     resolve=lambda path: path,
-) -> Iterator[_Row | _BadRow]:
+) -> Iterator[Row | _BadRow]:
     # str.splitlines also ends a line at \r, \x0b, \x0c, \x1c-\x1e, \x85, \u2028
     # and \u2029; line numbers count those breaks too.
     logical_lines = (part for text in lines for part in text.splitlines())
@@ -1079,7 +1166,7 @@ def _jsonl_rows(
             except AnnotationError as e:
                 yield _BadRow(line, raw, str(e))
                 continue
-        yield _Row(line, raw, path, str(label), split or None, row_targets)
+        yield Row(line, raw, path, str(label), split or None, row_targets)
 
 
 def _manifest_key(path: str) -> str:
