@@ -207,17 +207,36 @@ average 2-7, so CPU time is the steadier figure):
   2.45 and 3.83 s -> 2.13 and 3.65 s, next to full builds of 20-26 s, so its ratios (0.10-0.15
   on both sides) show the load, not the goal. Only a quiet `make bench` gives the table's
   figure.
+- Where the image step's time goes, profiled (cProfile, the incremental build in one process
+  with one image thread, 4000 images, 80 decoded): of its 1.34 s, reading the source files 0.60
+  s and their sha256 0.23 s (the floor the reuse key sets, both outside the GIL), decoding the
+  80 new images 0.18 s; the per-file Python is most of the rest, ~0.3 s under the profiler
+  (which about doubles Python's cost), so the ~30 us per file estimated before is about right,
+  and it is spread thin (three canonical-JSON hashes per file 0.12 s, the summary 0.07 s,
+  handing results on 0.13 s, the rest the call itself). Half of each canonical-JSON call was
+  `json.dumps` building a new encoder for its options: `canonical_json` now keeps one (the same
+  text; every caller gains, full builds too). And a base of up to 16 files (a few shards and
+  the index) is checked where it is listed, without the reshuffle of its own (a `Create`
+  without reshuffle: the files are hashed in the stage that lists them, one shuffle and one
+  stage fewer; more files are still spread over the workers). Both against 245f28f, the
+  incremental build alone in a fresh process after a warm-up build of the same inputs, 12
+  rounds alternating: at load average 2.7-3.2 (6 rounds) 2.21 -> 2.18 s wall, 2.11 -> 2.09 s
+  CPU; at load average 4-10 (6 rounds) no direction (2.26 -> 2.36 s wall, 2.18 -> 2.22 s CPU;
+  this side's two rounds at load 9-10.5 the slowest of all, 2.7 s CPU, the other rounds within
+  0.1 s of each other). Within the noise: ~2 us of Python saved per hash is ~25 ms at 4000
+  files, and the stage ~tens of ms; the build stays near 2.1-2.2 s (ratio ~0.2 against a quiet
+  full build's 10.5 s), not the goal's 0.15 (1.6 s).
 
-The next levers, by weight: the image step's per-file work is half the CPU, and only part of
-it is the floor the reuse key sets (reading and sha256 of every source file, ~320 MB at 4000):
-~30 us of Python under the GIL per reused file (the listing inputs' fingerprint, the version
-entry's hash, the split draw, the summary) serializes the two threads; the fingerprint
-depends on the listing row alone and could be computed where the listing is written, off the
-image step's threads. The launcher's own work (listing, building and translating the job, the
-comparison with the previous version, publishing) is a fifth, the same in a full build. Then
-stages: the base files' check runs its few files through a reshuffle of their own (a Create
-without reshuffle for a handful of files would fuse it), and the base index is read and
-shuffled apart from the listing."""
+The next levers, by weight: the floor the reuse key sets (reading and hashing every source
+file, 0.8 s of one thread's time at 4000, shared by two threads) stays unless the key
+changes: a file whose size and modification time (or object-store generation) match the
+base's could skip reading it, a trust decision, not a speed-up of the same work. The per-file
+Python under the GIL (~30 us per reused file) has no single large part left: computing
+the listing inputs' fingerprint where the listing is written takes one hash of three off the
+image threads (~10 ms at 4000); folding the version entry's hash, the split draw and the
+summary into fewer calls would take a few more. The launcher's own work (listing, building
+and translating the job, the comparison with the previous version, publishing) is a fifth,
+the same in a full build. Then the base index, read and shuffled apart from the listing."""
 
 
 def _target(key: str, name: str, value: float | None, goal: str, met: bool | None) -> dict:

@@ -130,3 +130,48 @@ def test_merging_sorts_as_a_full_build_sorts_records_even_on_equal_sort_keys():
     copied = [(k, tfrecord.frame(r), e) for k, r, e in items[3:]]
     merged = sharding._merge(new, copied)
     assert [(k, tfrecord.unframe(f), e) for k, f, e in merged] == sorted(items)
+
+
+def _transform_labels(pipeline) -> list[str]:
+    import apache_beam as beam
+
+    labels: list[str] = []
+
+    class Visitor(beam.pipeline.PipelineVisitor):
+        def enter_composite_transform(self, node):
+            labels.append(node.full_label)
+
+        def visit_transform(self, node):
+            labels.append(node.full_label)
+
+    pipeline.visit(Visitor())
+    return labels
+
+
+@pytest.mark.parametrize("shards, reshuffled", [(5, False), (40, True)])
+def test_a_few_base_files_are_checked_without_a_shuffle_of_their_own(tmp_path, shards, reshuffled):
+    # A reshuffle is a stage of its own (a shuffle, a bundle on the local
+    # runner): a base of a few shards is hashed where it is listed, a base
+    # of many is spread over the workers.
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that, equal_to
+
+    names = [f"d-train.tfrecord-{i:05d}-of-{shards:05d}" for i in range(shards)]
+    for name in names:
+        (tmp_path / name).write_bytes(tfrecord.frame(name.encode()))
+    base = incremental.BaseFiles(
+        "v",
+        str(tmp_path),
+        tuple((name, hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()) for name in names),
+        None,
+    )
+    with beam.Pipeline("DirectRunner") as pipeline:
+        checks = pipeline | "Verify" >> incremental.VerifyBaseFiles(base)
+        problems = checks | beam.Map(lambda kv: (kv[0], kv[1][0]))
+        assert_that(problems, equal_to([(name, "") for name in names]))
+    shuffles = [
+        label
+        for label in _transform_labels(pipeline)
+        if label.startswith("Verify/") and label.endswith("/GroupByKey")
+    ]
+    assert bool(shuffles) == reshuffled

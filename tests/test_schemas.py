@@ -258,3 +258,39 @@ def test_unknown_split_lists_the_known_ones():
         MetadataError, match=r"has no split 'validation'; it has \['test', 'train'\]"
     ):
         make_info().split("validation")
+
+
+CANONICAL_SAMPLES = [
+    {"key": "part0/img_000123.jpg", "label": 3},
+    ["file", "a/b.jpg", "cat", None, "a" * 64],
+    {"z": [1, 2.5, -0.0, True, False, None], "a": {"é": 'naïve "quoted"\n', "b": (1, 2)}},
+    "just a string with \u2028 and \x00",
+    12345678901234567890,
+    {"nested": [{"y": 1, "x": [{}, []]}], "float": 1e-300, "big": 1.5e300},
+]
+
+
+@pytest.mark.parametrize("data", CANONICAL_SAMPLES)
+def test_canonical_json_is_the_text_json_dumps_gives(data):
+    from kiln.schemas.metadata import canonical_json
+
+    expected = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical_json(data) == expected
+
+
+def test_canonical_json_builds_no_encoder_per_call(monkeypatch):
+    # The build hashes a few small entries per file: constructing an encoder
+    # per call (what json.dumps does with these options) was half the cost.
+    from kiln.schemas.metadata import canonical_json
+
+    built = []
+    original = json.JSONEncoder.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(kwargs)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(json.JSONEncoder, "__init__", counting)
+    for data in CANONICAL_SAMPLES:
+        canonical_json(data)
+    assert built == []

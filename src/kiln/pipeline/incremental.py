@@ -318,11 +318,19 @@ class VerifyBaseFiles(beam.PTransform):
         super().__init__()
         self._base = base
 
+    # Up to this many files (a base of a few shards) are checked in the
+    # step that lists them: a reshuffle to spread them over workers is a
+    # stage of its own (a shuffle the local runner runs as a separate
+    # bundle) and buys no parallelism for a handful of files. More are
+    # spread, so a base of many shards is hashed on several workers.
+    FUSED_FILES = 16
+
     def expand(self, pipeline):
+        files = list(self._base.files)
         return (
             pipeline
-            # Create reshuffles its elements (spread over the workers).
-            | "ListBaseFiles" >> beam.Create(list(self._base.files))  # (name, sha256)
+            | "ListBaseFiles"
+            >> beam.Create(files, reshuffle=len(files) > self.FUSED_FILES)  # (name, sha256)
             | "HashBaseFiles"
             >> beam.Map(_check_file, folder=self._base.folder, compression=self._base.compression)
             # (name, (problem or "", frames))

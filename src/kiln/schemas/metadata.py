@@ -65,9 +65,16 @@ class MetadataChecksumError(MetadataError):
         super().__init__(message)
 
 
+# What `json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`
+# builds on every call, built once: the same text, without constructing an
+# encoder per call (about half of its cost for the small entries the build
+# hashes per file). `encode` keeps no state between calls, so threads share it.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(data: Any) -> str:
     """JSON with sorted keys and no whitespace: equal data, equal text."""
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(data)
 
 
 def content_checksum(data: Mapping[str, Any]) -> str:
