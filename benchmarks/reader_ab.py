@@ -27,14 +27,12 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-from benchmarks import corpus, machine, reader_bench
+from benchmarks import corpus, machine, reader_bench, revision_ab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -122,18 +120,9 @@ def compare(
     """Medians per side: ``{revision: {...}, "this": {...}}`` (see `summary`)."""
     os.makedirs(scratch, exist_ok=True)
     plain, targets = _datasets(scratch, images, quick)
-    git = shutil.which("git")
-    if git is None:
-        raise SystemExit("reader_ab needs git on PATH")
-    checkout = tempfile.mkdtemp(prefix="revision-", dir=scratch)
-    subprocess.run(
-        [git, "-C", ROOT, "worktree", "add", "--detach", "--force", checkout, revision],
-        check=True,
-        capture_output=True,
-    )
-    sides = {revision: os.path.join(checkout, "src"), "this": os.path.join(ROOT, "src")}
-    runs: dict[str, list[dict]] = {side: [] for side in sides}
-    try:
+    runs: dict[str, list[dict]] = {revision: [], "this": []}
+    with revision_ab.revision_src(revision, scratch) as other_src:
+        sides = {revision: other_src, "this": os.path.join(ROOT, "src")}
         for index in range(processes):
             order = list(sides) if index % 2 == 0 else list(reversed(sides))
             for side in order:
@@ -156,11 +145,6 @@ def compare(
                     f"process {index + 1} {side}: wall cost {', '.join(f'{c:.3f}' for c in costs)}"
                     f"; load average {machine.load_average()}"
                 )
-    finally:
-        subprocess.run(
-            [git, "-C", ROOT, "worktree", "remove", "--force", checkout], capture_output=True
-        )
-        shutil.rmtree(checkout, ignore_errors=True)
     return {side: summary(measured) for side, measured in runs.items()}
 
 

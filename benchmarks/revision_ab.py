@@ -22,12 +22,14 @@ a test; `make bench` keeps the absolute numbers (BENCHMARKS.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 
 from benchmarks import build_bench, corpus, machine
 
@@ -35,6 +37,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FULL_CORPUS = corpus.CorpusSpec(parts=2, per_part=1000)
 QUICK_CORPUS = corpus.CorpusSpec(parts=2, per_part=4, width=160, height=120)
+
+
+@contextlib.contextmanager
+def revision_src(revision: str, scratch: str) -> Iterator[str]:
+    """`revision`'s ``src`` folder, checked out with ``git worktree add
+    --detach`` into a folder of `scratch` for the ``with`` block, then
+    removed with its worktree entry (also used by `benchmarks.reader_ab`)."""
+    git = shutil.which("git")
+    if git is None:
+        raise SystemExit("comparing with another revision needs git on PATH")
+    checkout = tempfile.mkdtemp(prefix="revision-", dir=scratch)
+    subprocess.run(
+        [git, "-C", ROOT, "worktree", "add", "--detach", "--force", checkout, revision],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield os.path.join(checkout, "src")
+    finally:
+        subprocess.run(
+            [git, "-C", ROOT, "worktree", "remove", "--force", checkout], capture_output=True
+        )
+        shutil.rmtree(checkout, ignore_errors=True)
 
 
 def _variants(other_src: str, image_threads: int) -> dict[str, tuple[str | None, dict]]:
@@ -60,17 +85,8 @@ def compare(
         workers=1 if quick else machine.usable_cores(),
     )
     manifest = source.manifest(images)
-    git = shutil.which("git")
-    if git is None:
-        raise SystemExit("revision_ab needs git on PATH")
-    checkout = tempfile.mkdtemp(prefix="revision-", dir=scratch)
-    subprocess.run(
-        [git, "-C", ROOT, "worktree", "add", "--detach", "--force", checkout, revision],
-        check=True,
-        capture_output=True,
-    )
-    try:
-        variants = _variants(os.path.join(checkout, "src"), image_threads)
+    with revision_src(revision, scratch) as other_src:
+        variants = _variants(other_src, image_threads)
         runs: dict[str, list[build_bench.BuildRun]] = {name: [] for name in variants}
         for round_number in range(rounds):
             order = list(variants) if round_number % 2 == 0 else list(reversed(variants))
@@ -81,11 +97,6 @@ def compare(
                 if run.kiln_module is not None and not run.kiln_module.startswith(expected):
                     raise RuntimeError(f"{name}: measured {run.kiln_module}, not {expected}")
                 runs[name].append(run)
-    finally:
-        subprocess.run(
-            [git, "-C", ROOT, "worktree", "remove", "--force", checkout], capture_output=True
-        )
-        shutil.rmtree(checkout, ignore_errors=True)
     return {
         name: {
             "wall": statistics.median(run.seconds for run in measured),

@@ -153,24 +153,7 @@ def test_revision_ab_measures_both_checkouts(tmp_path):
     """`benchmarks.revision_ab` builds with the other revision's kiln (its
     own guard raises when a build imported the wrong checkout) and reports
     wall and CPU medians for A, that revision and this checkout."""
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.revision_ab",
-            "HEAD",
-            "--quick",
-            "--out",
-            str(tmp_path / "ab"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    lines = completed.stdout.splitlines()
+    lines = _compare_with_head("revision_ab", tmp_path)
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:5]}
     assert set(rows) == {"A", "HEAD", "this"}
     for wall, cpu, *_ in rows.values():
@@ -188,24 +171,7 @@ def test_reader_ab_measures_both_checkouts(tmp_path):
     """`benchmarks.reader_ab` reads with the other revision's kiln.reader (its
     own guard raises when a worker imported the wrong checkout) and reports
     the targets' cost in wall and CPU time for that revision and this checkout."""
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.reader_ab",
-            "HEAD",
-            "--quick",
-            "--out",
-            str(tmp_path / "ab"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    lines = completed.stdout.splitlines()
+    lines = _compare_with_head("reader_ab", tmp_path)
     rows = {line.split()[0]: line.split()[1:] for line in lines[-2:]}
     assert set(rows) == {"HEAD", "this"}
     for pairs, plain, targets, wall_cost, *_, cpu_cost in rows.values():
@@ -284,3 +250,18 @@ def test_quick_peers_benchmark_reports_every_loader(tmp_path):
     # Its own section, right after the reader's.
     assert page.index("## Reader: batches") < page.index(peers_bench.SECTION_TITLE)
     assert page.index(peers_bench.SECTION_TITLE) < page.index("## Later")
+
+
+def _compare_with_head(module: str, tmp_path) -> list[str]:
+    """The stdout lines of ``python -m benchmarks.<module> HEAD --quick``."""
+    completed = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", "HEAD", "--quick"]
+        + ["--out", str(tmp_path / "ab")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed.stdout.splitlines()
