@@ -66,7 +66,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
-from kiln.pipeline import record_index, storage, tfrecord
+from kiln.pipeline import memory, record_index, storage, tfrecord
 from kiln.schemas import ShardInfo, shard_filename
 
 if TYPE_CHECKING:
@@ -443,8 +443,10 @@ class WriteShardFn(beam.DoFn):
     None values mark a shard that must exist even if its hash range holds no
     record, so a split always has all its ``-of-N`` files. Holds one shard's
     records in memory, read from the runs (and, in an incremental build,
-    copied framed from the base's shards) and sorted. Also writes the
-    shard's part of the record index (`index_part_path`), via a temp name.
+    copied framed from the base's shards) and sorted, after handing what
+    the process freed so far back to the system
+    (`memory.release_free_memory`). Also writes the shard's part of the
+    record index (`index_part_path`), via a temp name.
 
     With `threads` > 1, up to that many shards are written at once on a
     thread pool (reading, hashing, checking CRCs and writing release the
@@ -513,6 +515,9 @@ class WriteShardFn(beam.DoFn):
     def _write(self, element) -> tuple[tuple[str, int, ShardInfo], int]:
         """Writes one shard: ((split, index, ShardInfo), records copied from a base)."""
         (split, index, num_shards), values = element
+        # What the image step's threads (and the shard before) freed goes
+        # back to the system before this shard is read (`memory`).
+        memory.release_free_memory()
         runs = [v for v in values if isinstance(v, RunSlice)]
         reused = [v for v in values if isinstance(v, ReusedSlice)]
         ordered = _merge(read_run_frames(runs), read_reused(reused))
