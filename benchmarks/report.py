@@ -574,16 +574,31 @@ def markdown(results: dict[str, Any]) -> str:
     lines += [
         "",
         f"Memory: the records never pass through Beam's shuffle. The image step writes "
-        f"them to sorted run files of at most one shard, and shards are grouped from one "
-        f"slice (an index of ~30 bytes per record) per run and shard (before this, the local "
-        f"runner held every record in memory, and the peak grew by about 100 KB per image). From "
-        f"{previous['images']} to {last['images']} images the peak grew by {growth:.0f} MB "
-        f"({per_image_kb:.1f} KB per image; {_rss_spread(build['scaling'])}): the local "
-        f"runner keeps every collection that "
-        f"crosses a stage boundary in memory, and a few per-image entries remain in such "
-        f"collections (the listing's lines, the runs' indexes and content hashes for the "
-        f"duplicate count, ~150 bytes per image). Below one shard's "
-        f"worth of records the spill buffer is not full yet, so smaller builds peak lower.",
+        f"them, framed as in a shard, to sorted run files of at most one shard, and shards "
+        f"are grouped from one slice (an index of ~30 bytes per record) per run and shard "
+        f"(before this, the local runner held every record in memory, and the peak grew by "
+        f"about 100 KB per image). From {previous['images']} to {last['images']} images the "
+        f"peak grew by {growth:.0f} MB ({per_image_kb:.1f} KB per image; "
+        f"{_rss_spread(build['scaling'])}). Little of that is per image: at the first shard "
+        f"write Python's heap (tracemalloc) held 2.1 MB more at 8000 images than at 4000 "
+        f"(~270 bytes per image: the listing's lines, the runs' indexes and content hashes "
+        f"in the collections the local runner keeps between stages). The peak is the shard "
+        f"writer's, two shards at once with the local default of two threads, on top of what "
+        f"the image step left: so it follows the shard size, the split's bytes over the "
+        f"target rounded up to whole shards (5 shards of ~13 MB at 4000 images, 9 of ~14.5 "
+        f"MB at 8000), and the holes the image threads leave in glibc's per-thread arenas, "
+        f"which grow with the step's length (with MALLOC_ARENA_MAX=2, on the views alone, "
+        f"the growth was 9 MB instead of 13-15). "
+        f"Against d1002b7 the shard writer holds a shard's records once (the run files hold "
+        f"them framed and it writes views into its reads; it used to copy each record out of "
+        f"the read, then again into a frame) and hands the allocator's free pages back "
+        f"(malloc_trim) before each shard. Paired runs of both, alternating, each build in "
+        f"its own process, medians of 3 rounds (2026-12-03, load average 4-8 from other "
+        f"jobs on the 2 cores): 4000 images 772 -> 745 MB, 8000 images 789 -> 757 MB, growth "
+        f"17 -> 11 MB (over 9 rounds in three sessions the old revision grew by 22 MB, 772 -> "
+        f"795; 6 rounds of the new one, 743 -> 754). The views alone took 19-26 MB off, the "
+        f"trim a further 16 MB at both sizes (so not the growth). Below one shard's worth of "
+        f"records the spill buffer is not full yet, so smaller builds peak lower.",
     ]
 
     incremental = build.get("incremental")

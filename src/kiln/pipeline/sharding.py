@@ -18,16 +18,19 @@ temp file, which the launcher deletes.
 The records themselves do not go through Beam's shuffle: an external merge
 sort. A `RunWriter` (inside the job's image step, `images.ProcessImagesFn`)
 collects up to one shard's worth of records, sorts them by (split, hash)
-and writes them to a temp "run" file, each record followed by its line of
-the version's record index (`record_index`), passing on only the run's index
+and writes them to a temp "run" file already framed as in a shard (TFRecord
+length, CRCs), each frame followed by its line of the version's record index
+(`record_index`), passing on only the run's index
 (`SpilledRun`: each record's split, hash, offset and lengths).
 In a run, a shard's records are one contiguous byte range (a hash range of
 a split), so each run is cut into at most one `RunSlice` per shard, and
 shards are grouped from those slices; `WriteShardFn` reads each slice in
-one go and merges them. So the build's memory stays near one shard however
-large the dataset (Beam's local runner holds a shuffled collection in
-memory, and records are images), Dataflow shuffles
-a few dozen bytes per image instead of the image, and after the spill no
+one go and writes the frames from those reads as they are (views into
+them, not copies: a shard's records are held once). So the build's memory
+stays near one shard per shard-writing thread however large the dataset
+(Beam's local runner holds a shuffled collection in memory, and records
+are images), Dataflow shuffles a few dozen bytes per image instead of the
+image, and after the spill no
 Beam step handles single records (each step an element passes through
 costs time on the bundle's thread). The run files stay in the job's work
 folder, which the launcher deletes once the job is done.
@@ -54,7 +57,7 @@ import hashlib
 import logging
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import apache_beam as beam
@@ -63,7 +66,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
-from kiln.pipeline import record_index, storage, tfrecord
+from kiln.pipeline import memory, record_index, storage, tfrecord
 from kiln.schemas import ShardInfo, shard_filename
 
 if TYPE_CHECKING:
@@ -81,7 +84,8 @@ class RunSlice(NamedTuple):
     run: str
     start: int
     # (sort_key, record length, index entry length) of each record, in file
-    # order; each record's bytes are followed by its index entry's.
+    # order; each record's frame (`tfrecord.framed_size` of its length) is
+    # followed by its index entry's bytes.
     entries: tuple[tuple[str, int, int], ...]
 
 
@@ -96,8 +100,9 @@ class ReusedSlice(NamedTuple):
 
 class SpilledRun(NamedTuple):
     """A run file, its records' ``(split, sort_key, offset, length,
-    index_length)`` in file order (the record's bytes at ``offset``, its
-    `record_index` entry right after them), and in the same order each
+    index_length)`` in file order (the record's TFRecord frame at
+    ``offset``, ``length`` the record's own size, its `record_index` entry
+    right after the frame), and in the same order each
     record's ``(source file's sha256, key)`` (for `duplicates.FindDuplicates`)."""
 
     run: str
@@ -175,7 +180,9 @@ def write_shard(path: str, temp_path: str, records: list[bytes], compression: st
     return write_frames(path, temp_path, frames, compression)
 
 
-def write_frames(path: str, temp_path: str, frames: list[bytes], compression: str) -> ShardInfo:
+def write_frames(
+    path: str, temp_path: str, frames: Sequence[bytes | memoryview], compression: str
+) -> ShardInfo:
     """Writes TFRecord `frames` (`tfrecord.frame`) in order as a file at
     `path`, via `temp_path`.
 
@@ -191,7 +198,7 @@ def write_frames(path: str, temp_path: str, frames: list[bytes], compression: st
         else:
             # About a MB at a time: a write and a hash update per MB instead
             # of per record, with little more memory.
-            batch: list[bytes] = []
+            batch: list[bytes | memoryview] = []
             batched = 0
             for framed in frames:
                 batch.append(framed)
@@ -223,8 +230,10 @@ class RunWriter:
 
     `add` returns True once the buffered records reach `run_bytes`; `flush`
     then sorts each window's records by (split, sort_key, record), writes
-    them to a new file in `folder` under a unique name (a retried bundle
-    writes new files; the failed attempt's are never referenced) and yields
+    them framed (`tfrecord.header_and_footer`: the shard writer copies the
+    frames as they are), each followed by its index entry, to a new file in
+    `folder` under a unique name (a retried bundle writes new files; the
+    failed attempt's are never referenced) and yields
     one `SpilledRun` per file, as a WindowedValue in its window (so it can
     be emitted from ``finish_bundle`` too).
     """
@@ -272,11 +281,12 @@ class RunWriter:
                 batch: list[bytes] = []
                 batched = 0
                 for split, key, data, _, _, index_entry in records:
-                    batch.append(data)
-                    batch.append(index_entry)
+                    header, footer = tfrecord.header_and_footer(data)
+                    batch += (header, data, footer, index_entry)
                     entries.append((split, key, offset, len(data), len(index_entry)))
-                    offset += len(data) + len(index_entry)
-                    batched += len(data) + len(index_entry)
+                    size = tfrecord.framed_size(len(data)) + len(index_entry)
+                    offset += size
+                    batched += size
                     if batched >= _MB:
                         f.write(b"".join(batch))
                         batch, batched = [], 0
@@ -353,12 +363,13 @@ def _spans(entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(start, end) for start, end in spans]
 
 
-def read_reused(slices: list[ReusedSlice]) -> list[tuple[str, bytes, bytes]]:
+def read_reused(slices: list[ReusedSlice]) -> list[tuple[str, memoryview, bytes]]:
     """``(sort_key, framed record, index entry)`` of every record in `slices`,
     copied from their base shards: one read per range of neighbouring
-    frames (a gzip shard is read whole and decompressed). Each frame's
-    length and data CRC are checked (the base was checked before the image
-    step decided to reuse it; a file changed since fails here).
+    frames (a gzip shard is read whole and decompressed), each frame a view
+    into its read. Each frame's length and data CRC are checked (the base
+    was checked before the image step decided to reuse it; a file changed
+    since fails here).
 
     Raises:
       OSError: a frame is not where the base's check found it.
@@ -383,8 +394,9 @@ def read_reused(slices: list[ReusedSlice]) -> list[tuple[str, bytes, bytes]]:
             while ordered[span_index][1] < offset + length:
                 span_index += 1
             start = ordered[span_index][0]
-            data = spans[ordered[span_index]]
-            framed = data[offset - start : offset - start + length]
+            framed = memoryview(spans[ordered[span_index]])[
+                offset - start : offset - start + length
+            ]
             if not tfrecord.is_frame(framed):
                 raise OSError(
                     f"{source}: no intact record of {length} bytes at offset {offset} "
@@ -394,12 +406,15 @@ def read_reused(slices: list[ReusedSlice]) -> list[tuple[str, bytes, bytes]]:
     return out
 
 
-def read_records(slices: list[RunSlice]) -> list[tuple[str, bytes, bytes]]:
-    """``(sort_key, record, index entry)`` of every record in `slices`; one
-    read per slice."""
+def read_run_frames(slices: list[RunSlice]) -> list[tuple[str, memoryview, bytes]]:
+    """``(sort_key, framed record, index entry)`` of every record in `slices`;
+    one read per slice, each frame a view into it (the records are held
+    once, not copied out of the read and again into frames)."""
     out = []
     for piece in sorted(slices):
-        size = sum(length + index_length for _, length, index_length in piece.entries)
+        size = sum(
+            tfrecord.framed_size(length) + index_length for _, length, index_length in piece.entries
+        )
         with FileSystems.open(piece.run, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             f.seek(piece.start)
             span = f.read(size)
@@ -408,10 +423,11 @@ def read_records(slices: list[RunSlice]) -> list[tuple[str, bytes, bytes]]:
                 f"{piece.run}: expected {size} bytes at offset {piece.start}, "
                 f"read {len(span)} (the run file was truncated or replaced)"
             )
+        view = memoryview(span)
         offset = 0
         for key, length, index_length in piece.entries:
-            end = offset + length
-            out.append((key, span[offset:end], span[end : end + index_length]))
+            end = offset + tfrecord.framed_size(length)
+            out.append((key, view[offset:end], span[end : end + index_length]))
             offset = end + index_length
     return out
 
@@ -427,8 +443,10 @@ class WriteShardFn(beam.DoFn):
     None values mark a shard that must exist even if its hash range holds no
     record, so a split always has all its ``-of-N`` files. Holds one shard's
     records in memory, read from the runs (and, in an incremental build,
-    copied framed from the base's shards) and sorted. Also writes the
-    shard's part of the record index (`index_part_path`), via a temp name.
+    copied framed from the base's shards) and sorted, after handing what
+    the process freed so far back to the system
+    (`memory.release_free_memory`). Also writes the shard's part of the
+    record index (`index_part_path`), via a temp name.
 
     With `threads` > 1, up to that many shards are written at once on a
     thread pool (reading, hashing, checking CRCs and writing release the
@@ -497,12 +515,12 @@ class WriteShardFn(beam.DoFn):
     def _write(self, element) -> tuple[tuple[str, int, ShardInfo], int]:
         """Writes one shard: ((split, index, ShardInfo), records copied from a base)."""
         (split, index, num_shards), values = element
+        # What the image step's threads (and the shard before) freed goes
+        # back to the system before this shard is read (`memory`).
+        memory.release_free_memory()
         runs = [v for v in values if isinstance(v, RunSlice)]
         reused = [v for v in values if isinstance(v, ReusedSlice)]
-        ordered = _merge(
-            [(key, tfrecord.frame(record), entry) for key, record, entry in read_records(runs)],
-            read_reused(reused),
-        )
+        ordered = _merge(read_run_frames(runs), read_reused(reused))
         filename = shard_filename(
             self._name,
             split,
@@ -527,7 +545,9 @@ class WriteShardFn(beam.DoFn):
         return (split, index, info), sum(len(piece.entries) for piece in reused)
 
 
-def _merge(*parts: list[tuple[str, bytes, bytes]]) -> list[tuple[str, bytes, bytes]]:
+def _merge(
+    *parts: Sequence[tuple[str, bytes | memoryview, bytes]],
+) -> list[tuple[str, bytes | memoryview, bytes]]:
     """``(sort_key, framed record, index entry)`` in shard order: by sort
     key, then record bytes, then index entry (what sorting the
     ``(sort_key, record, index entry)`` tuples gives; equal sort keys are
@@ -540,7 +560,7 @@ def _merge(*parts: list[tuple[str, bytes, bytes]]) -> list[tuple[str, bytes, byt
             end += 1
         if end - start > 1:
             merged[start:end] = sorted(
-                merged[start:end], key=lambda item: (tfrecord.unframe(item[1]), item[2])
+                merged[start:end], key=lambda item: (bytes(tfrecord.unframe(item[1])), item[2])
             )
         start = end
     return merged

@@ -31,26 +31,27 @@ HEADER_SIZE = _LENGTH.size + _CRC.size  # 12
 FOOTER_SIZE = _CRC.size  # 4
 
 
-def masked_crc32c(data: bytes) -> int:
+def masked_crc32c(data: bytes | memoryview) -> int:
     """CRC32C of `data`, rotated and offset as TFRecord stores it.
 
     The mask keeps a CRC over data that itself contains CRCs well distributed.
+    (google_crc32c takes bytes only: a memoryview is copied first.)
     """
-    crc = google_crc32c.value(data)
+    crc = google_crc32c.value(data if isinstance(data, bytes) else bytes(data))
     return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 def frame(record: bytes) -> bytes:
     """One record as TFRecord bytes (header, data, footer)."""
+    header, footer = header_and_footer(record)
+    return b"".join((header, record, footer))
+
+
+def header_and_footer(record: bytes) -> tuple[bytes, bytes]:
+    """The bytes around `record` in its frame: `frame` is ``header + record +
+    footer`` (for writing a frame without copying the record into one)."""
     length = _LENGTH.pack(len(record))
-    return b"".join(
-        (
-            length,
-            _CRC.pack(masked_crc32c(length)),
-            record,
-            _CRC.pack(masked_crc32c(record)),
-        )
-    )
+    return length + _CRC.pack(masked_crc32c(length)), _CRC.pack(masked_crc32c(record))
 
 
 def framed_size(record_size: int) -> int:
@@ -58,12 +59,12 @@ def framed_size(record_size: int) -> int:
     return HEADER_SIZE + record_size + FOOTER_SIZE
 
 
-def unframe(framed: bytes) -> bytes:
+def unframe(framed: bytes | memoryview) -> bytes | memoryview:
     """The record inside one frame (no check: see `is_frame`)."""
     return framed[HEADER_SIZE : len(framed) - FOOTER_SIZE]
 
 
-def is_frame(framed: bytes) -> bool:
+def is_frame(framed: bytes | memoryview) -> bool:
     """Whether `framed` is exactly one intact frame: its length field says
     its size, and both CRCs match."""
     if len(framed) < HEADER_SIZE + FOOTER_SIZE:
