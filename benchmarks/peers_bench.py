@@ -607,6 +607,12 @@ Levers measured (kiln against itself, side by side; a busy shared machine, so pa
   and the image format"); `kiln.reader` cannot set either once Python runs (glibc reads its
   tunables at start, its mmap threshold stops at 32 MB, and TensorFlow picks its allocator on
   first use).
+- uint8 batches (19 MB) are not always reused from the heap either, under glibc's moving
+  thresholds: kiln uint8 took 29.5 minor faults and 120 us of system CPU per image (224x224);
+  with them fixed (`GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:`
+  `glibc.malloc.trim_threshold=268435456`) 9 faults and 49 us, CPU per image 0.90x
+  (0.83-0.91), float32 unchanged (1.03x: 77 MB is above any threshold); 3 paired rounds at
+  load 6-8. Process-wide too.
 - One `ClipByValue` op for the colour's clip instead of `clip_by_value`'s Minimum and Maximum
   (equal outputs): slower, 25 us against 12 us per clip of a 160x150 float window (7 rounds,
   one thread). Not adopted.
