@@ -581,6 +581,47 @@ Levers measured (kiln against itself, side by side; a busy shared machine, so pa
   windows are larger than 224x224, CPU 0.98x (5 paired rounds, load ~5). Not adopted.
 - Not measured again: one seed draw for all op seeds (5 us per element, above); decoding at a
   reduced DCT scale, since these windows are under twice the output in both dimensions.
+- What kiln float32 does that uint8 does not (the element function's graph, 235 nodes, 106 of
+  them constants): nothing over the pixels. The 1/255 scale is in the colour matrix, a bilinear
+  resize is not clipped, `tf.image.resize` adds only ExpandDims and Squeeze (no copies) around
+  ResizeBilinear, and a float32 element is not cast. What float32 adds is the batch: four
+  times the bytes copied into it, and its memory. Per image (CPU per image from the process's
+  rusage, 5 rounds of a process per variant alternating, 16 batches each, load 5-8): kiln
+  float32 709 us user and 373 us system CPU with 150 minor page faults, Grain float32 851 and
+  206 us with 28 faults (224x224); 956 + 390 us and 160 faults against 975 + 149 us and 25
+  faults (341x256). Kiln's own work is the cheaper; the gap is the kernel's.
+- Why Grain's float32 batches are cheaper: NumPy advises transparent huge pages
+  (`madvise(MADV_HUGEPAGE)`, this machine's THP mode is `madvise`) for arrays of 4 MB and more,
+  so its 77 MB batches fault in 2 MB pages. With that advice switched off
+  (`numpy._core.multiarray._set_madvise_hugepage(False)`, 2 paired rounds) Grain float32 took
+  164-180 faults and 350-410 us of system CPU per image, and ran at 0.68x-0.75x of itself.
+- The same for kiln's batches, without changing a value (the golden streams pass under it):
+  glibc's `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (malloc advises huge pages for its
+  blocks), set before Python starts: float32 CPU per image 0.78x (0.70-0.80; 1100 -> 837 us,
+  below Grain's 1057) at 224x224 and 0.87x (0.81-0.89) at 341x256, uint8 unchanged (1.01x,
+  0.94x), 5 paired rounds at load 5-8 (wall-clock 1.28x median at 224x224, too noisy at that
+  load to say more). Against TensorFlow's pooling allocator in the same rounds (5, load 7-9):
+  hugetlb 0.83x CPU (0.77-0.91), `TF_CPU_ALLOCATOR_USE_BFC=true` 0.71x (0.67-0.74: no zeroing
+  of fresh pages at all; 52 us of system CPU per image, 152 with hugetlb, 366 without), wall
+  1.27x and 1.42x. Both are process-wide settings for the trainer's launcher (README, "Labels
+  and the image format"); `kiln.reader` cannot set either once Python runs (glibc reads its
+  tunables at start, its mmap threshold stops at 32 MB, and TensorFlow picks its allocator on
+  first use).
+- uint8 batches (19 MB) are not always reused from the heap either, under glibc's moving
+  thresholds: kiln uint8 took 29.5 minor faults and 120 us of system CPU per image (224x224);
+  with them fixed (`GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:`
+  `glibc.malloc.trim_threshold=268435456`) 9 faults and 49 us, CPU per image 0.90x
+  (0.83-0.91), float32 unchanged (1.03x: 77 MB is above any threshold); 3 paired rounds at
+  load 6-8. Process-wide too.
+- One `ClipByValue` op for the colour's clip instead of `clip_by_value`'s Minimum and Maximum
+  (equal outputs): slower, 25 us against 12 us per clip of a 160x150 float window (7 rounds,
+  one thread). Not adopted.
+- The colour's offset folded into its matmul (`bias_add` on the `[rows, 24]` product, which
+  Grappler may fuse into the matmul; with a Relu for the lower clip too): equal outputs and
+  signs, CPU per element 1.01x and 1.03x of the current colour on a 160x150 window; the
+  offset and clip on the padded product before its slice (their buffers then forwarded):
+  0.95x on a 160x150 window, 1.04x on 256x300 (7 rounds each, load 6-9: within the noise).
+  Not adopted.
 - 0.85x of the decode-only limit is not reached with stock TensorFlow ops: what is left is
   the resize (~150 us) and the colour (~170 us: cast, channel means, matrix, offset, clip, one
   pass each). The next levers: the colour ops on the accelerator (`load_for_model` moves every
