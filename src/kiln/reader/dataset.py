@@ -45,6 +45,7 @@ from kiln.schemas import (
     DatasetInfo,
     MetadataError,
     Schema,
+    decode_mask,
     schema_for,
 )
 from kiln.schemas.location import join, locate, read_buffer_bytes
@@ -803,7 +804,11 @@ def stored_targets(
     tensors = {name: features[name] for name in spec.names if name in features}
     height, width = features["height"], features["width"]
     if "mask" in tensors:
-        mask = tf.io.decode_png(tensors["mask"], channels=1, dtype=tf.uint8)
+        # A raw mask is reshaped to the stored size: kiln.json's one size (a
+        # constant shape) or the record's.
+        size = (height, width) if image_size is None else tuple(image_size)
+        mask = decode_mask(tensors["mask"], spec.mask_encoding, *size)
+        mask = tf.expand_dims(mask, 2)  # a reshape: no copy
         if image_size is not None:
             mask = tf.ensure_shape(mask, [image_size[0], image_size[1], 1])
         tensors["mask"] = mask
