@@ -289,3 +289,14 @@ def test_an_unknown_mask_encoding_is_a_config_error_naming_the_key(tmp_path):
             },
             check_paths=False,
         )
+
+
+def test_a_kiln_json_from_before_the_choice_reads_as_png():
+    from kiln.reader.targets import TargetSpec
+    from kiln.schemas import TargetsConfig
+
+    old = {"boxes": {"min_visibility": 0.25, "fields": {}}, "mask": {"ignore_value": 255}}
+    assert TargetSpec.from_json(old).mask_encoding == "png"
+    assert TargetsConfig.model_validate(old).mask.encoding == "png"
+    raw = {**old, "mask": {"ignore_value": 255, "encoding": "raw"}}
+    assert TargetSpec.from_json(raw).mask_encoding == "raw"
