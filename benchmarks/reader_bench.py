@@ -26,6 +26,10 @@ built with boxes (three per image) and a class mask (`build_target_dataset`),
 yielding ``(images, {"boxes", "classes", "mask"})`` with the same
 augmentation moving the targets too; its per-image cost against (b) on the
 JPEG dataset is the number to watch (goal: at most 15% more).
+``b_targets_raw`` is the same on the same annotations built with
+``mask: {encoding: raw}`` (the class mask stored as one byte per pixel,
+decoded with `tf.io.decode_raw` instead of inflating a PNG), against the
+same goal.
 
 Throughput is measured after a warm-up (graph building, the first shuffle
 buffer fill), over enough batches to cross a pass boundary, so each number
@@ -246,10 +250,18 @@ def _keras_layers(dataset_dir: str, encoding: str, batch_size: int):
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-# Measured on the dataset with boxes and a class mask (`build_target_dataset`).
+# Measured on the datasets with boxes and a class mask (`build_target_dataset`).
 TARGET_VARIANTS = (
     Variant("b_targets", "(b) kiln.reader, default augmentation, boxes + class mask", _kiln, 16),
+    Variant(
+        "b_targets_raw",
+        "(b) kiln.reader, default augmentation, boxes + class mask stored raw",
+        _kiln,
+        16,
+    ),
 )
+# How each targets variant's dataset stores its class mask (`targets.mask.encoding`).
+TARGET_MASK_ENCODINGS = {"b_targets": "png", "b_targets_raw": "raw"}
 # Objects per image in the targets dataset.
 OBJECTS_PER_IMAGE = 3
 
@@ -405,8 +417,9 @@ def write_target_manifest(csv_manifest: str, folder: str) -> str:
     return out
 
 
-def build_target_dataset(manifest: str, output: str) -> str:
-    """The reader benchmark's JPEG dataset again, with boxes and a class mask per image."""
+def build_target_dataset(manifest: str, output: str, mask_encoding: str = "png") -> str:
+    """The reader benchmark's JPEG dataset again, with boxes and a class mask per
+    image, the mask stored as `mask_encoding` (``png`` or ``raw``)."""
     from benchmarks.build_bench import build_config
     from kiln.pipeline import build
 
@@ -415,12 +428,23 @@ def build_target_dataset(manifest: str, output: str) -> str:
     config = build_config(
         targets_manifest,
         output,
-        name="reader-targets",
+        name="reader-targets" if mask_encoding == "png" else f"reader-targets-{mask_encoding}",
         encoding="jpeg",
         augment=AUGMENT,
         target_shard_mb=8,
     )
     config["source"]["classes"] = ["background", "cat", "dog"]
     config["source"]["allowed_roots"] = [os.path.dirname(os.path.abspath(manifest))]
-    config["targets"] = {"boxes": {"min_visibility": 0.25}, "mask": {"ignore_value": 255}}
+    mask: dict = {"ignore_value": 255}
+    if mask_encoding != "png":  # the png dataset's config as before the choice
+        mask["encoding"] = mask_encoding
+    config["targets"] = {"boxes": {"min_visibility": 0.25}, "mask": mask}
     return build(config).dataset_dir
+
+
+def build_target_datasets(manifest: str, output: str) -> dict[str, str]:
+    """`build_target_dataset` of each targets variant: variant key -> dataset folder."""
+    return {
+        key: build_target_dataset(manifest, output, encoding)
+        for key, encoding in TARGET_MASK_ENCODINGS.items()
+    }

@@ -305,31 +305,33 @@ def _own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, Any]:
-    """Every reader variant on both encodings, and the layer, `reader_repeats` rounds."""
-    target_dir = datasets.get("targets")
-    target_runs: dict[str, list[float]] = {v.key: [] for v in reader_bench.TARGET_VARIANTS}
-    datasets = {e: d for e, d in datasets.items() if e != "targets"}
+def measure_readers(
+    settings: Settings, datasets: dict[str, str], target_dirs: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Every reader variant on both encodings, each targets variant on its dataset
+    (`target_dirs`: variant key -> folder), and the layer, `reader_repeats` rounds."""
+    target_dirs = target_dirs or {}
+    target_variants = [v for v in reader_bench.TARGET_VARIANTS if v.key in target_dirs]
+    target_runs: dict[str, list[float]] = {v.key: [] for v in target_variants}
     runs: dict[str, dict[str, list[float]]] = {
         encoding: {v.key: [] for v in reader_bench.VARIANTS} for encoding in datasets
     }
     layer_runs: list[float] = []
     background: list[float] = []
     for round_index in range(settings.reader_repeats):
-        if target_dir is not None:
-            for variant in reader_bench.TARGET_VARIANTS:
-                with _Background(background):
-                    value = reader_bench.measure_variant(
-                        variant,
-                        target_dir,
-                        "jpeg",
-                        batch_size=settings.batch_size,
-                        batches=settings.reader_batches,
-                    )
-                target_runs[variant.key].append(value)
-                logger.info(
-                    "reader round %d targets %s: %.0f images/s", round_index + 1, variant.key, value
+        for variant in target_variants:
+            with _Background(background):
+                value = reader_bench.measure_variant(
+                    variant,
+                    target_dirs[variant.key],
+                    "jpeg",
+                    batch_size=settings.batch_size,
+                    batches=settings.reader_batches,
                 )
+            target_runs[variant.key].append(value)
+            logger.info(
+                "reader round %d targets %s: %.0f images/s", round_index + 1, variant.key, value
+            )
         for encoding, directory in datasets.items():
             for variant in reader_bench.VARIANTS:
                 with _Background(background):
@@ -371,7 +373,7 @@ def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, A
             "b_over_d": medians["b"] / medians["d"],
         }
     with_targets = None
-    if target_dir is not None:
+    if target_variants:
         plain = rows["jpeg"]["b"]["images_per_second"]
         with_targets = {
             v.key: {
@@ -381,7 +383,7 @@ def measure_readers(settings: Settings, datasets: dict[str, str]) -> dict[str, A
                 "cost_vs_b": plain / _median(target_runs[v.key]),
                 "runs": target_runs[v.key],
             }
-            for v in reader_bench.TARGET_VARIANTS
+            for v in target_variants
         }
     return {
         "batch_size": settings.batch_size,
@@ -427,10 +429,10 @@ def run(settings: Settings, out_dir: str, markdown: str | None, command: str) ->
     datasets = reader_bench.build_datasets(
         source.manifest(settings.build_images), os.path.join(out_dir, "datasets")
     )
-    datasets["targets"] = reader_bench.build_target_dataset(
+    target_dirs = reader_bench.build_target_datasets(
         source.manifest(settings.build_images), os.path.join(out_dir, "datasets")
     )
-    readers = measure_readers(settings, datasets)
+    readers = measure_readers(settings, datasets, target_dirs)
     peers = peers_bench.measure(
         peers_bench.QUICK if settings is QUICK else peers_bench.FULL,
         peers_bench.build_datasets(

@@ -77,15 +77,18 @@ def test_quick_benchmark_writes_every_row(tmp_path):
         machine["versions"][name]
         for name in ("python", "tensorflow", "apache-beam", "opencv", "numpy")
     )
+    # The cost of targets, with the class mask stored as PNG and raw.
+    assert sorted(reader["targets"]) == ["b_targets", "b_targets_raw"]
+    assert all(row["cost_vs_b"] > 0 for row in reader["targets"].values())
     # Every target is judged, met or not: build (4), incremental (2), reader per
-    # encoding (3 x 2), the reader's cost with targets (1), and per peers'
-    # dataset kiln vs the limit and vs each kind of peer that ran (the peers
-    # are installed by `make bench`, not `make test`).
+    # encoding (3 x 2), the reader's cost with targets (2: PNG and raw class
+    # mask), and per peers' dataset kiln vs the limit and vs each kind of peer
+    # that ran (the peers are installed by `make bench`, not `make test`).
     peers = results["peers"]["datasets"]
     assert sorted(peers) == ["224x224", "341x256"]
     ran = {key for key, row in peers["224x224"].items() if row["not_run"] is None}
     per_dataset = 1 + bool(ran & {"grain", "dali"}) + ("grain_uint8" in ran)
-    assert len(results["targets"]) == 4 + 2 + 3 * 2 + 1 + 2 * per_dataset
+    assert len(results["targets"]) == 4 + 2 + 3 * 2 + 2 + 2 * per_dataset
     assert all(isinstance(t["met"], bool) for t in results["targets"])
 
     listing = results["listing"]
@@ -112,7 +115,8 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     assert "## Listing: manifests of 1,000 and 4,000 rows" in page
     assert "## Build: the detection demo, 8 scenes" in page
     shown = list(build["rows"].values()) + list(detection["rows"].values())
-    for row in shown + [reader["rows"]["jpeg"][k] for k in READER_ROWS]:
+    targets_rows = list(reader["targets"].values())
+    for row in shown + [reader["rows"]["jpeg"][k] for k in READER_ROWS] + targets_rows:
         assert f"| {row['title']} |" in page
     for target in results["targets"]:
         assert f"| {target['name']} |" in page

@@ -481,6 +481,32 @@ def test_tfds_reads_a_detection_build(corpus, plain_build):
     assert seen == len(expected)
 
 
+def test_the_reader_reads_images_without_objects(corpus, plain_build):
+    """Image 0, 4 and 8 of the corpus have no object: no instance mask to decode."""
+    import kiln.reader
+
+    _, _, rows = corpus
+    empty = {row["path"].split("/")[-1] for row in rows if not row["objects"]}
+    assert empty
+    seen = set()
+    for split in plain_build.info.splits:
+        dataset = kiln.reader.load(
+            plain_build.dataset_dir,
+            split,
+            batch_size=None,
+            augment=None,
+            shuffle=False,
+            as_supervised=False,
+        )
+        for features in dataset.as_numpy_iterator():
+            key = features["key"].decode().split("/")[-1]
+            masks = features["instance_masks"]
+            assert masks.shape == (len(features["classes"]), data.HEIGHT, data.WIDTH, 1)
+            if key in empty:
+                seen.add(key)
+    assert seen == empty
+
+
 def test_verify_and_inspect_a_detection_build(plain_build):
     from kiln.tools.inspection import inspect_dataset, render
     from kiln.tools.verify import verify

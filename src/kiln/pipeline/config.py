@@ -316,6 +316,10 @@ class BuildSpec:
             # A classification dataset's config (and so its fingerprint and
             # version) is what it was before targets existed.
             del data["targets"]
+        elif data["targets"].get("mask") and data["targets"]["mask"]["encoding"] == "png":
+            # Written only when raw: a mask config from before the choice
+            # keeps its fingerprint (and its version).
+            del data["targets"]["mask"]["encoding"]
         data["transforms"] = self.chain.to_json()
         data["augment"] = list(self.augment)
         if not self.config.splits.stratify:

@@ -405,7 +405,7 @@ class TargetCodec:
             fields["keypoints"] = np.clip(yx, 0.0, 1.0).astype(np.float32)
             fields["keypoint_visibility"] = points[:, :, 2].astype(np.int64)
         if targets.mask is not None and moved.mask is not None:
-            fields["mask"] = _encode_png(moved.mask)
+            fields["mask"] = _encode_mask(moved.mask, targets.mask.encoding)
         if targets.instance_masks is not None and moved.instance_masks is not None:
             fields["instance_masks"] = [_encode_png(m) for m in moved.instance_masks]
         return fields
@@ -537,6 +537,14 @@ def _encode_png(mask: np.ndarray) -> bytes:
     if not ok:
         raise ValueError("OpenCV could not encode a mask as PNG")
     return encoded.tobytes()
+
+
+def _encode_mask(mask: np.ndarray, encoding: str) -> bytes:
+    """The semantic mask as its dataset stores it (`MaskTarget.encoding`): a PNG
+    (`_encode_png`), or raw: its bytes, one per pixel in row-major order."""
+    if encoding == "raw":
+        return np.ascontiguousarray(mask, dtype=np.uint8).tobytes()
+    return _encode_png(mask)
 
 
 def _first_line(error: Exception) -> str:

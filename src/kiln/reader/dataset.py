@@ -45,6 +45,7 @@ from kiln.schemas import (
     DatasetInfo,
     MetadataError,
     Schema,
+    decode_mask,
     schema_for,
 )
 from kiln.schemas.location import join, locate, read_buffer_bytes
@@ -803,17 +804,28 @@ def stored_targets(
     tensors = {name: features[name] for name in spec.names if name in features}
     height, width = features["height"], features["width"]
     if "mask" in tensors:
-        mask = tf.io.decode_png(tensors["mask"], channels=1, dtype=tf.uint8)
+        # A raw mask is reshaped to the stored size: kiln.json's one size (a
+        # constant shape) or the record's.
+        size = (height, width) if image_size is None else tuple(image_size)
+        mask = decode_mask(tensors["mask"], spec.mask_encoding, *size)
+        mask = tf.expand_dims(mask, 2)  # a reshape: no copy
         if image_size is not None:
             mask = tf.ensure_shape(mask, [image_size[0], image_size[1], 1])
         tensors["mask"] = mask
     if "instance_masks" in tensors:
-        masks = tf.map_fn(
-            lambda encoded: tf.io.decode_png(encoded, channels=1, dtype=tf.uint8),
-            tensors["instance_masks"],
-            fn_output_signature=tf.TensorSpec([None, None, 1], tf.uint8),
+        encoded = tensors["instance_masks"]
+        # N may be 0: `tf.map_fn` of no element cannot stack masks of unknown
+        # size, so that case is an empty tensor; the size comes from the
+        # record, not from a mask.
+        masks = tf.cond(
+            tf.size(encoded) > 0,
+            lambda: tf.map_fn(
+                lambda one: tf.io.decode_png(one, channels=1, dtype=tf.uint8),
+                encoded,
+                fn_output_signature=tf.TensorSpec([None, None, 1], tf.uint8),
+            ),
+            lambda: tf.zeros([0, 0, 0, 1], tf.uint8),
         )
-        # N may be 0: the size comes from the record, not from a mask.
         masks = tf.reshape(masks, tf.stack([-1, height, width, 1]))
         if image_size is not None:
             masks = tf.ensure_shape(masks, [None, image_size[0], image_size[1], 1])

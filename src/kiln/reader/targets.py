@@ -75,6 +75,9 @@ class TargetSpec:
       ignore_value: Mask value for pixels with no known class (what a
         rotation or zoom-out fills the mask with where the image gets
         `fill_value`).
+      mask_encoding: How the records store the semantic mask: ``"png"`` or
+        ``"raw"`` (one byte per pixel); png for a kiln.json from before the
+        choice.
     """
 
     kinds: tuple[str, ...] = ("label",)
@@ -84,6 +87,7 @@ class TargetSpec:
     flip_pairs: tuple[tuple[int, int], ...] = ()
     min_visibility: float = 0.0
     ignore_value: int = 0
+    mask_encoding: str = "png"
 
     @property
     def geometric(self) -> tuple[str, ...]:
@@ -125,7 +129,7 @@ class TargetSpec:
         The block maps each declared kind to its resolved settings, e.g.
         ``{"boxes": {"min_visibility": 0.25, "fields": {"iscrowd": "int"}},
         "keypoints": {"names": [...], "flip_pairs": [[a, b]]}, "mask":
-        {"ignore_value": 255}}``.
+        {"ignore_value": 255, "encoding": "png"}}``.
         """
         if not data:
             return cls()
@@ -148,6 +152,7 @@ class TargetSpec:
             flip_pairs=tuple(pairs),
             min_visibility=float(boxes.get("min_visibility") or 0.0),
             ignore_value=int(mask.get("ignore_value", 0) or 0),
+            mask_encoding=str(mask.get("encoding") or "png"),
         )
 
     def keypoint_permutation(self) -> list[int]:

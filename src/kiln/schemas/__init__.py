@@ -8,6 +8,7 @@ from the schema. `DatasetInfo` is the `kiln.json` written beside the shards.
 
 from kiln.schemas.features import (
     ENCODINGS,
+    MASK_ENCODINGS,
     RECORD,
     Feature,
     Schema,
@@ -41,6 +42,7 @@ from kiln.schemas.targets import CLASSIFICATION, TargetsConfig
 
 __all__ = [
     "ENCODINGS",
+    "MASK_ENCODINGS",
     "RECORD",
     "Feature",
     "Schema",

@@ -365,6 +365,21 @@ RECORD = Schema(
 
 ENCODINGS = ("jpeg", "png", "raw")
 
+# How the semantic mask is stored (`kiln.schemas.targets.MaskTarget.encoding`),
+# and what the mask feature's description says for each. The png text is the
+# one from before the choice existed, so a png dataset's schema is unchanged.
+MASK_ENCODINGS = ("png", "raw")
+_MASK_STORED = {
+    "png": (
+        "Semantic segmentation: a single-channel uint8 PNG of the stored image's size, "
+        "a class id per pixel"
+    ),
+    "raw": (
+        "Semantic segmentation: raw uint8 bytes, one per pixel of the stored image in "
+        "row-major order (height*width bytes; reshape to [height, width]), a class id per pixel"
+    ),
+}
+
 _EXTRA_DTYPES = {"int": "int64", "float": "float32", "string": "bytes"}
 _FIELD_DTYPES = {"int": "int64", "float": "float32"}
 
@@ -440,20 +455,13 @@ def schema_for(targets: TargetsConfig | None) -> Schema:
             ),
         ]
     if targets.mask is not None:
-        features.append(
-            Feature(
-                "mask",
-                "segmentation/mask",
-                "bytes",
-                "Semantic segmentation: a single-channel uint8 PNG of the stored image's size, "
-                "a class id per pixel"
-                + (
-                    f" ({targets.mask.ignore_value}: not labelled)."
-                    if targets.mask.ignore_value is not None
-                    else "."
-                ),
-            )
+        ignore = (
+            f" ({targets.mask.ignore_value}: not labelled)."
+            if targets.mask.ignore_value is not None
+            else "."
         )
+        stored = _MASK_STORED[targets.mask.encoding]
+        features.append(Feature("mask", "segmentation/mask", "bytes", stored + ignore))
     if targets.instance_masks is not None:
         features.append(
             Feature(
@@ -477,14 +485,39 @@ def schema_for(targets: TargetsConfig | None) -> Schema:
     return Schema(tuple(features))
 
 
-def decode_mask(encoded: tf.Tensor) -> tf.Tensor:
-    """Decodes a stored mask PNG to a uint8 ``[height, width]`` tensor (TF ops)."""
-    mask = tf.io.decode_png(encoded, channels=1, dtype=tf.uint8)
-    return mask[:, :, 0]
+def decode_mask(
+    encoded: tf.Tensor,
+    encoding: str = "png",
+    height: tf.Tensor | int | None = None,
+    width: tf.Tensor | int | None = None,
+) -> tf.Tensor:
+    """Decodes a stored semantic mask to a uint8 ``[height, width]`` tensor (TF ops).
+
+    Args:
+      encoded: The ``mask`` feature of one record (a scalar string).
+      encoding: ``"png"`` or ``"raw"`` (`MASK_ENCODINGS`): kiln.json's
+        ``targets.mask.encoding``, png when absent (a dataset from before the
+        choice).
+      height, width: The stored image's size (the record's ``height`` and
+        ``width``); needed for ``raw``, whose bytes are the pixels only. A raw
+        mask of any other length than height*width fails (InvalidArgumentError,
+        naming Reshape).
+    """
+    if encoding == "png":
+        mask = tf.io.decode_png(encoded, channels=1, dtype=tf.uint8)
+        return tf.squeeze(mask, axis=2)  # a reshape: no copy
+    if encoding == "raw":
+        if height is None or width is None:
+            raise ValueError("decoding a raw mask needs the record's height and width")
+        pixels = tf.io.decode_raw(encoded, tf.uint8)
+        shape = tf.stack([tf.cast(height, tf.int32), tf.cast(width, tf.int32)])
+        return tf.reshape(pixels, shape)
+    raise ValueError(f"unknown mask encoding {encoding!r}; expected one of {MASK_ENCODINGS}")
 
 
 def decode_masks(encoded: tf.Tensor) -> tf.Tensor:
-    """Decodes one record's instance masks (``[N]`` PNGs) to uint8 ``[N, height, width]``.
+    """Decodes one record's instance masks (``[N]`` PNGs: instance masks are
+    PNG in every dataset) to uint8 ``[N, height, width]``.
 
     N may be 0; the height and width then come out 0 (the caller knows the
     image's size and may reshape).

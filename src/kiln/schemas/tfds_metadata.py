@@ -13,7 +13,8 @@ decodes the stored image, the label is a ``ClassLabel`` with the dataset's
 class names, the other features are scalars and text. Targets
 (`kiln.schemas.targets`) map onto TFDS's own features: multi-label
 ``image/class/labels`` is a ``Sequence(ClassLabel)``, the semantic mask an
-``Image`` of one channel, extras scalars or text, and the per-object
+``Image`` of one channel (stored raw: a uint8 ``Tensor`` of bytes, ``(H, W, 1)``
+for one image size, else flat ``(None,)``), extras scalars or text, and the per-object
 features one ``objects`` ``Sequence`` of a dict whose flattened keys are
 kiln's (``objects/bbox`` a ``BBoxFeature``, ``objects/label`` a
 ``ClassLabel``, fields and keypoints tensors, ``objects/mask`` an ``Image``). Nothing here imports
@@ -226,6 +227,7 @@ def _class_label_json(info: DatasetInfo) -> dict[str, Any]:
 
 
 def _mask_json(info: DatasetInfo) -> dict[str, Any]:
+    """An instance mask, or the semantic mask stored as PNG: an ``Image`` of one channel."""
     height, width = info.image_size if info.image_size is not None else (-1, -1)
     return {
         "pythonClassName": _IMAGE_CLASS,
@@ -234,6 +236,25 @@ def _mask_json(info: DatasetInfo) -> dict[str, Any]:
             "dtype": "uint8",
             "encodingFormat": "png",
         },
+    }
+
+
+def _semantic_mask_json(info: DatasetInfo) -> dict[str, Any]:
+    """The semantic mask: an ``Image`` for PNG; raw bytes a ``Tensor(dtype=uint8,
+    encoding="bytes")``, of shape ``(height, width, 1)`` when every stored image has
+    kiln.json's one size, else ``(None,)``: the flat pixels, which the user
+    reshapes to the record's ``image/height`` and ``image/width``."""
+    mask = info.targets_config.mask
+    if mask is None or mask.encoding == "png":
+        return _mask_json(info)
+    if info.image_size is not None:
+        height, width = info.image_size
+        dimensions = [str(height), str(width), "1"]
+    else:
+        dimensions = ["-1"]
+    return {
+        "pythonClassName": _TENSOR_CLASS,
+        "tensor": {"shape": {"dimensions": dimensions}, "dtype": "uint8", "encoding": "bytes"},
     }
 
 
@@ -274,7 +295,7 @@ def _feature_json(feature: Feature, info: DatasetInfo) -> dict[str, Any]:
             "sequence": {"feature": _class_label_json(info), "length": "-1"},
         }
     elif feature.name == "mask":
-        content = _mask_json(info)
+        content = _semantic_mask_json(info)
     elif feature.dtype == "bytes":
         content = {"pythonClassName": _TEXT_CLASS, "text": {}}
     else:

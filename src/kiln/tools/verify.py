@@ -279,8 +279,26 @@ def _record_facts(metadata: DatasetInfo):
     targets = metadata.targets_config
     fields = sorted(targets.boxes.fields) if targets.boxes is not None else []
 
-    def mask_shape(encoded):
+    mask_encoding = targets.mask.encoding if targets.mask is not None else "png"
+
+    def mask_shape(encoded):  # an instance mask: PNG in every dataset
         return tf.shape(decode_mask(encoded), out_type=tf.int64)
+
+    def semantic_mask_shape(encoded, height, width):
+        # A raw mask that is not height*width bytes fails to decode: a bad
+        # record, as a PNG that does not decode (the check names the sizes).
+        checks = []
+        if mask_encoding == "raw":
+            checks.append(
+                tf.debugging.assert_equal(
+                    tf.cast(tf.strings.length(encoded), tf.int64),
+                    height * width,
+                    message="raw mask: its byte length is not height*width",
+                )
+            )
+        with tf.control_dependencies(checks):
+            mask = decode_mask(encoded, mask_encoding, height, width)
+        return tf.shape(mask, out_type=tf.int64)
 
     def facts(serialized):
         parsed = schema.parse(serialized)
@@ -300,7 +318,9 @@ def _record_facts(metadata: DatasetInfo):
         for name in fields:
             out[f"field/{name}"] = tf.shape(parsed[name], out_type=tf.int64)[0]
         if "mask" in names:
-            out["mask_shape"] = mask_shape(parsed["mask"])
+            out["mask_shape"] = semantic_mask_shape(
+                parsed["mask"], parsed["height"], parsed["width"]
+            )
         if "instance_masks" in names:
             out["instance_mask_shapes"] = tf.map_fn(
                 mask_shape,
