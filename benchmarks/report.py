@@ -143,7 +143,16 @@ WHY_NOT_MET = {
         "8.4-9.0, 1.260x and 1.254x at load 3.9-6.0; the same pipelines on one tf.data thread "
         "1.245x and 1.184x at load 5.9-6.4. The wall ratios (1.12x-1.45x PNG, 1.16x-1.20x "
         "raw) cannot be read at that load. Not met: what is left is the mask's crop, flips "
-        "and resize as one gather (~110 us) and the larger records' read."
+        "and resize (~70 us net per element, on one thread in a tf.function loop over a "
+        "224x224 mask and a 165x160 window) and the larger records' read. Of the gather, "
+        "the row gathers cost ~5 us; the two uint8 transposes that let the columns be "
+        "gathered as rows ~35 us each. Measured against it (same loop, 3 rounds): slicing "
+        "the window first so both transposes are smaller, 8 us less (not adopted, within "
+        "what the pipeline resolves); `ResizeNearestNeighbor` on the sliced, flipped "
+        "window 527 us; the column gather along axis 1 290 us; one flat gather 300 us; "
+        "the transposes in int32 90 us against 80. The next lever is a fused uint8 "
+        "crop-flip-resize kernel (a custom op, outside what `kiln.reader` may import), or "
+        "the mask's moves on the accelerator with the image's (`load_for_model`)."
     ),
     "reader_kiln_vs_best_peer": (
         "See the peers' table: each loader gets the same cores; which one is limited by "
