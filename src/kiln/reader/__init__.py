@@ -20,6 +20,9 @@ Public API:
   positive_weights: a multi-label dataset's per-class ``pos_weight`` for
     `tf.nn.weighted_cross_entropy_with_logits`.
   locate: the version folder a path resolves to (follows `LATEST`).
+  pool_host_memory: has TensorFlow pool the host memory it frees (its BFC
+    allocator), so float32 batches above 32 MB are not fresh pages from the
+    kernel every batch; process-wide, before TensorFlow's first op.
   register_augmentation: decorator for your own augmentation ops.
   validate: checks an augmentation list in YAML form (names, parameters).
   names: registered augmentation op names.
@@ -34,19 +37,21 @@ Modules: `ops` declares augmentation ops (and holds kiln's element ops),
 `mixing` the batch ops, `augmenter` applies a validated list, `dataset`
 reads, `location` finds a dataset and reads its kiln.json, `layer` is the
 Keras layer, `saving` makes it loadable, `options` holds `ReadOptions`,
-`replicas` feeds a strategy's replicas, `seeds` derives per-element seeds,
-`targets` moves boxes, masks and keypoints with the image; `labels`
-(one-hot, multi-hot, smoothing), `class_weights` and `output` (image dtype
-and layout) give the last step the form a trainer asked for. Importing the
-package registers kiln's own ops and the layer's Keras name without
-importing TensorFlow (`kiln.lazy_import`, `kiln.reader.saving`): validating
-an augmentation list, `info` and `locate` on local paths do not need it;
-`load` and the layer do, and import it when first asked for.
+`replicas` feeds a strategy's replicas, `host_memory` pools host memory,
+`seeds` derives per-element seeds, `targets` moves boxes, masks and
+keypoints with the image; `labels` (one-hot, multi-hot, smoothing),
+`class_weights` and `output` (image dtype and layout) give the last step the
+form a trainer asked for. Importing the package registers kiln's own ops and
+the layer's Keras name without importing TensorFlow (`kiln.lazy_import`,
+`kiln.reader.saving`): validating an augmentation list, `info` and `locate`
+on local paths do not need it; `load` and the layer do, and import it when
+first asked for.
 """
 
 # Imported for their registrations: mixup and cutmix; the layer's name with Keras.
 from kiln.reader import mixing, saving  # noqa: F401
 from kiln.reader.class_weights import class_counts, class_weights, positive_weights
+from kiln.reader.host_memory import pool_host_memory
 from kiln.reader.location import info, locate
 from kiln.reader.ops import (
     Augmentation,
@@ -73,6 +78,7 @@ __all__ = [
     "class_weights",
     "positive_weights",
     "info",
+    "pool_host_memory",
     "load",
     "load_for_model",
     "locate",

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
+from kiln.reader import host_memory
 from kiln.reader import seeds as seeding
 from kiln.reader.augmenter import Augmenter, decode, standardize
 from kiln.reader.batching import RaggedEncoding
@@ -358,6 +359,7 @@ def _read(
     options: ReadOptions,
 ):
     """`load`'s work: ``(dataset, layer)``, the layer None unless `model_side`."""
+    host_memory.warn_if_too_late()
     deterministic = options.deterministic
     shuffle_buffer = options.shuffle_buffer
     dynamic_sharding = options.dynamic_sharding
