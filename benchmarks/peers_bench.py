@@ -23,6 +23,12 @@ threads.
   `cv2.resize`), then float32 in [0, 1], on Grain's thread pool
   (`ReadOptions(num_threads=cores)`), batched by Grain.
 - ``grain_uint8``: the same handing out uint8 batches.
+- ``limit_pooled``, ``kiln_pooled``, ``kiln_uint8_pooled``: ``limit``,
+  ``kiln`` and ``kiln_uint8`` in a trainer's process that called
+  `kiln.reader.pool_host_memory()` (TensorFlow's pooling host allocator):
+  one child process per round measures them, since the allocator is
+  chosen once per process. Grain and DALI do not allocate through
+  TensorFlow, so their rows hold for that process too.
 - ``dali``: NVIDIA DALI's CPU pipeline (``device_id=None``): its TFRecord
   reader on kiln's shards (random shuffle), `decoders.image_random_crop`
   (decodes only the crop window), `resize`, `color_twist`,
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -101,12 +108,16 @@ class Peer:
       make: ``make(dataset_dir, batch_size, threads, scratch) -> iterator`` of endless
         ``(images, labels)`` batches (anything with ``.shape[0]``).
       needs: The module it needs, reported when missing.
+      pooled: Measured in a child process that calls
+        `kiln.reader.pool_host_memory()` before TensorFlow's first op (the
+        allocator is chosen once per process), one child per round.
     """
 
     key: str
     title: str
     make: Callable[[str, int, int, str], Iterator]
     needs: str | None = None
+    pooled: bool = False
 
 
 # --- kiln and the limit ---------------------------------------------------------------
@@ -345,6 +356,14 @@ PEERS = (
     Peer("grain", "Grain + OpenCV threads, float32", _grain, "grain"),
     Peer("grain_uint8", "Grain + OpenCV threads, uint8", _grain_uint8, "grain"),
     Peer("dali", "DALI on CPU, float32", _dali, "nvidia.dali"),
+    Peer("limit_pooled", "limit, pool_host_memory()", _limit, pooled=True),
+    Peer("kiln_pooled", "kiln.reader, float32, pool_host_memory()", _kiln, pooled=True),
+    Peer(
+        "kiln_uint8_pooled",
+        'kiln.reader, dtype="uint8", pool_host_memory()',
+        _kiln_uint8,
+        pooled=True,
+    ),
 )
 
 
@@ -382,7 +401,7 @@ def measure(
     for round_index in range(settings.rounds):
         for label, dataset_dir in datasets.items():
             for peer in PEERS:
-                if missing[peer.key] is not None:
+                if missing[peer.key] is not None or peer.pooled:
                     continue
                 iterator = peer.make(dataset_dir, BATCH_SIZE, threads, scratch)
                 try:
@@ -393,6 +412,10 @@ def measure(
                     gc.collect()
                 runs[label][peer.key].append(value)
                 log(f"peers round {round_index + 1} {label} {peer.key}: {value:.0f} images/s")
+        for label, values in _pooled_round(datasets, settings.batches, scratch).items():
+            for key, value in values.items():
+                runs[label][key].append(value)
+                log(f"peers round {round_index + 1} {label} {key}: {value:.0f} images/s")
     described = machine.describe()
     for module, name in (("grain", "grain"), ("nvidia.dali", "dali")):
         if missing[name] is None:
@@ -422,6 +445,43 @@ def measure(
     }
 
 
+def _pooled_round(datasets: dict[str, str], batches: int, scratch: str) -> dict[str, Any]:
+    """One round of the pooled peers on every dataset, in a child process
+    (`pooled_main`): ``{label: {key: images per second}}``."""
+    request = {"datasets": datasets, "batches": batches, "scratch": scratch}
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.peers_bench", "--pooled-round", json.dumps(request)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        check=False,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"the pooled round failed: {completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def pooled_main(request: dict[str, Any]) -> dict[str, Any]:
+    """The child of `_pooled_round`: pools host memory first, then measures."""
+    import kiln.reader
+    from kiln.reader import host_memory
+
+    kiln.reader.pool_host_memory()  # before TensorFlow's first op
+    threads = machine.usable_cores()
+    out: dict[str, Any] = {}
+    for label, dataset_dir in request["datasets"].items():
+        out[label] = {}
+        for peer in PEERS:
+            if peer.pooled:
+                iterator = peer.make(dataset_dir, BATCH_SIZE, threads, request["scratch"])
+                out[label][peer.key] = reader_bench.throughput(iterator, request["batches"])
+                del iterator
+    if not host_memory.pools():
+        raise RuntimeError("TensorFlow's host allocator does not pool: the rows would be wrong")
+    return out
+
+
 def best_peer(peers: dict[str, Any], *, uint8: bool) -> tuple[str, float] | None:
     """The fastest peer that ran on one dataset, of kiln's row's output type."""
     keys = ("grain_uint8",) if uint8 else ("grain", "dali")
@@ -441,6 +501,12 @@ def ratios(peers: dict[str, Any]) -> dict[str, float | None]:
         mine = peers[key]["images_per_second"]
         out[f"{key}_vs_best_peer"] = mine / best[1] if best and mine else None
     out["kiln_vs_limit"] = peers["kiln"]["images_per_second"] / peers["limit"]["images_per_second"]
+    # The trainer's process with `kiln.reader.pool_host_memory()`: the peers
+    # do not allocate through TensorFlow, so their rows are the same.
+    best = best_peer(peers, uint8=False)
+    pooled = peers["kiln_pooled"]["images_per_second"]
+    out["kiln_pooled_vs_best_peer"] = pooled / best[1] if best else None
+    out["kiln_pooled_vs_limit"] = pooled / peers["limit_pooled"]["images_per_second"]
     return out
 
 
@@ -494,6 +560,12 @@ def markdown(results: dict[str, Any]) -> str:
             value = found[key]
             parts.append(f"{text} " + (f"{value:.2f}x" if value is not None else "(no peer ran)"))
         parts.append(f"kiln float32 vs the decode-only limit {found['kiln_vs_limit']:.2f}x")
+        pooled = found["kiln_pooled_vs_best_peer"]
+        parts.append(
+            "with `pool_host_memory()`: kiln float32 vs the best float32 peer "
+            + (f"{pooled:.2f}x" if pooled is not None else "(no peer ran)")
+            + f", vs the limit (pooled too) {found['kiln_pooled_vs_limit']:.2f}x"
+        )
         lines.append(f"- {label}: " + "; ".join(parts))
     return "\n".join(lines) + "\n\n" + NOTES + "\n"
 
@@ -668,7 +740,11 @@ def main(argv: list[str] | None = None) -> int:
         help="scratch folder holding the corpus and datasets (default build/bench)",
     )
     parser.add_argument("--markdown", default=None, help="the page whose section to replace")
+    parser.add_argument("--pooled-round", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.pooled_round:
+        print(json.dumps(pooled_main(json.loads(args.pooled_round))))
+        return 0
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("benchmarks").setLevel(logging.INFO)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

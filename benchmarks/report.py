@@ -386,6 +386,16 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             ("kiln_vs_best_peer", "kiln vs the best peer (Grain, DALI CPU), float32", 1.0),
             ("kiln_uint8_vs_best_peer", "kiln vs Grain, uint8 batches", 1.0),
             ("kiln_vs_limit", "kiln vs the decode-only limit (peers' table)", 0.85),
+            (
+                "kiln_pooled_vs_best_peer",
+                "kiln with pool_host_memory() vs the best peer, float32",
+                1.0,
+            ),
+            (
+                "kiln_pooled_vs_limit",
+                "kiln vs the decode-only limit, both with pool_host_memory()",
+                0.85,
+            ),
         ):
             if found[key] is not None:
                 out.append(
