@@ -679,6 +679,18 @@ Levers measured (kiln against itself, side by side; a busy shared machine, so pa
   and the image format"); `kiln.reader` cannot set either once Python runs (glibc reads its
   tunables at start, its mmap threshold stops at 32 MB, and TensorFlow picks its allocator on
   first use).
+- `kiln.reader.pool_host_memory()` makes the pooling allocator a call in the training script
+  (before TensorFlow's first op; `load` warns when it came too late). One quiet round (load
+  0.3, a fresh process per loader, 16 batches after 4 of warm-up), CPU per image user +
+  system: 224x224 kiln float32 761 + 373 us (151 faults) -> 834 + 79 us (12), the limit
+  489 + 441 -> 497 + 83 us, Grain float32 1001 + 335 us; 341x256 kiln 1063 + 452 -> 915 +
+  86 us, the limit 570 + 711 -> 619 + 155 us, Grain 948 + 215 us. The pooled rows of the
+  table above are that process (a child per round).
+- glibc's mmap for large blocks cannot be switched off from Python for TensorFlow's threads:
+  `mallopt(M_MMAP_MAX, 0)` (and a high trim threshold, or the same as `GLIBC_TUNABLES`) left
+  kiln float32 at 149-151 faults per image, since a thread's arena falls back to mmap for a
+  block larger than its 64 MB heap whatever the setting. Grain float32 did drop to 9-10
+  faults per image under it, 1.14x its speed (2 rounds, load ~1).
 - uint8 batches (19 MB) are not always reused from the heap either, under glibc's moving
   thresholds: kiln uint8 took 29.5 minor faults and 120 us of system CPU per image (224x224);
   with them fixed (`GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:`

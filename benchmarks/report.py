@@ -164,6 +164,20 @@ WHY_NOT_MET = {
         "Folding the 0..255 scale into the colour matrix (one multiply pass fewer) was "
         "measured and gained nothing; see the peers' levers."
     ),
+    "reader_kiln_pooled_vs_best_peer": (
+        "The trainer's process after `kiln.reader.pool_host_memory()` (TensorFlow's pooling "
+        "host allocator, measured in a child process per round): kiln's float32 batches reuse "
+        "their memory instead of faulting in 77 MB of fresh pages each. Grain and DALI do "
+        "not allocate through TensorFlow, so the best peer is the same row as above. Without "
+        "the call, the row above."
+    ),
+    "reader_kiln_pooled_vs_limit": (
+        "With the batch memory reused by both, what is left is kiln's own pixel work over the "
+        "limit's decode: the crop's bilinear resize and the colour jitter (see the peers' "
+        "levers). The next levers: the colour ops on the accelerator (`load_for_model` "
+        "moves every element op there), or a fused uint8 crop/flip/colour/resize kernel (a "
+        "custom op, outside what `kiln.reader` may import today)."
+    ),
     "reader_kiln_vs_limit": (
         "As for (b) against (a) above: the augmentation adds a resize and a colour pass "
         "over every image to the decode; on the larger stored images the window decode "
