@@ -170,8 +170,8 @@ WHY_NOT_MET = {
         "1.177x against 1.164x, PNG 1.211x against 1.216x). "
         "Sampling the masks once per batch instead (the stored masks and their "
         "index vectors batched, then one `batch_dims` gather, transpose, gather, transpose "
-        "for the batch) measured slower again: 154 us per element against 63 us in the "
-        "same tf.data loop (the batch's 6.4 MB transposes leave the cache)."
+        "for the batch) measured slower again: 154 us per element against 63 us in a "
+        "tf.data loop of its own (the batch's 6.4 MB transposes leave the cache)."
     ),
     "reader_kiln_vs_best_peer": (
         "See the peers' table: each loader gets the same cores; which one is limited by "
