@@ -300,3 +300,31 @@ def test_a_kiln_json_from_before_the_choice_reads_as_png():
     assert TargetsConfig.model_validate(old).mask.encoding == "png"
     raw = {**old, "mask": {"ignore_value": 255, "encoding": "raw"}}
     assert TargetSpec.from_json(raw).mask_encoding == "raw"
+
+
+def classes_of(image: np.ndarray) -> np.ndarray:
+    """The class mask the corpus's colours say: each pixel's class id, IGNORE elsewhere."""
+    pixels = np.round(image * 255.0).astype(np.int64)
+    mask = np.full(image.shape[:2], data.IGNORE, np.int64)
+    for class_id, name in enumerate(data.CLASSES):
+        mask[np.all(pixels == data.COLOURS[name], axis=-1)] = class_id
+    return mask[..., None]
+
+
+@pytest.mark.parametrize("size", [[40, 48], [56, 56], [72, 60]])
+def test_the_moved_mask_is_the_moved_images_classes(png_build, raw_build, size):
+    """Crop, flips and a nearest resize move the mask with the image pixel for
+    pixel, whether the output is shorter than the stored mask (rows moved
+    first) or at least as tall ([56, 56], [72, 60]: the window's columns
+    moved first), and square (both axes' indices at once) or not."""
+    augment = [
+        {"random_resized_crop": {"size": size, "scale_range": [0.2, 1.0], "method": "nearest"}},
+        "random_flip_left_right",
+        "random_flip_up_down",
+    ]
+    for build_result in (png_build, raw_build):
+        elements = read(build_result.dataset_dir, "train", augment)
+        assert elements
+        for image, targets in elements:
+            assert targets["mask"].shape == (*size, 1)
+            np.testing.assert_array_equal(targets["mask"], classes_of(image))

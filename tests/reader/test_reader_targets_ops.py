@@ -349,6 +349,65 @@ def test_deferred_mask_moves_equal_moving_the_masks_one_by_one():
             )
 
 
+def _traced_crop_flip_resize(mask_shape, output):
+    """The ops of a leading crop, a random horizontal flip and a resize of a
+    class mask of static `mask_shape`, deferred, and the function itself."""
+    spec = TargetSpec(kinds=("mask",))
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([*mask_shape, 1], tf.uint8),
+            tf.TensorSpec([2], tf.int32),
+            tf.TensorSpec([2], tf.int32),
+            tf.TensorSpec([], tf.bool),
+        ]
+    )
+    def moved(mask, offset, size, when):
+        targets = ElementTargets({"mask": mask}, spec).deferring_moves()
+        targets = targets.crop(offset, size, tf.shape(mask)[:2]).flip_left_right(when=when)
+        return targets.resize_masks(output).materialized().tensors["mask"]
+
+    graph = moved.get_concrete_function().graph
+    return graph.get_operations(), moved
+
+
+@pytest.mark.parametrize(("mask_shape", "output"), [((24, 30), [24, 24]), ((24, 30), [32, 40])])
+def test_a_leading_crop_enlarged_moves_the_windows_columns_first(mask_shape, output):
+    # The augmenter's crop, flip and resize of a mask no taller than the
+    # output: the window is cut out and its columns gathered first (the
+    # transposes then move the window's bytes, not output rows x mask
+    # width), and the indices need no gathers of their own (two in all: the
+    # sample's).
+    ops, moved = _traced_crop_flip_resize(mask_shape, output)
+    types = [op.type for op in ops]
+    assert types.count("GatherV2") == 2
+    window = next(op for op in ops if op.type == "Slice" and op.inputs[0].dtype == tf.uint8)
+    first_transpose = next(op for op in ops if op.type == "Transpose")
+    assert first_transpose.inputs[0].op is window
+    rng = np.random.default_rng(4)
+    mask = tf.constant(rng.integers(0, 256, (*mask_shape, 1)), tf.uint8)
+    spec = TargetSpec(kinds=("mask",))
+    for case in range(8):
+        size = [int(rng.integers(1, mask_shape[0] + 1)), int(rng.integers(1, mask_shape[1] + 1))]
+        offset = [int(rng.integers(0, mask_shape[i] - size[i] + 1)) for i in (0, 1)]
+        when = tf.constant(bool(case % 2))
+        eager = ElementTargets({"mask": mask}, spec).crop(
+            tf.constant(offset), tf.constant(size), tf.constant(list(mask_shape))
+        )
+        expected = eager.flip_left_right(when=when).resize_masks(output).tensors["mask"]
+        got = moved(mask, tf.constant(offset), tf.constant(size), when)
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())
+
+
+def test_a_leading_crop_made_smaller_moves_the_rows_first():
+    # An output shorter than the mask: rows first, as before (the window's
+    # columns first would transpose more bytes).
+    ops, _ = _traced_crop_flip_resize((40, 30), [24, 24])
+    gather = next(op for op in ops if op.type == "GatherV2")
+    assert gather.inputs[0].op.type != "Transpose"
+    assert [op.type for op in ops].count("Transpose") == 2
+
+
 def test_deferred_object_moves_equal_moving_each_element_and_each_batch():
     # The leading crop's and its flips' moves of boxes and keypoints, applied
     # at once (no deferral), deferred per element, and deferred to a batch

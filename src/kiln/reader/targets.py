@@ -176,50 +176,170 @@ class MaskGrid:
     instead of once per move: a uint8 one-channel mask has one byte per
     pixel, and the kernels that move images pay per pixel for it.
 
+    A crop of the untouched mask (the augmenter's leading crop) is kept as
+    a `window`, and the indices count from its corner: `sample` then cuts
+    the window out first, and can move its columns before its rows (see
+    `sample`). Until another move needs them, the window's index vectors
+    are not made: `rows` and `cols` are None (every row and column of the
+    window, in order), and `mirrored` says per axis whether (or where) the
+    order is reversed, so that the usual crop, flip and resize compute
+    both vectors in one set of ops (`resize`).
+
     Attributes:
-      rows: int32 ``[height]``: the source row of each output row.
+      rows: int32 ``[height]``: the source row of each output row (in the
+        window, if any); None: see above.
       cols: int32 ``[width]``: the source column of each output column.
+      window: int32 ``(offset [2], size [2])`` of the part of the mask the
+        indices count in; None: the whole mask.
+      untouched: Whether the grid is still the identity (no move yet).
+      mirrored: Per axis (rows, columns), while the vectors are not made:
+        False, True, or a bool scalar tensor (mirrored where True).
     """
 
-    rows: tf.Tensor
-    cols: tf.Tensor
+    rows: tf.Tensor | None
+    cols: tf.Tensor | None
+    window: tuple[tf.Tensor, tf.Tensor] | None = None
+    untouched: bool = False
+    mirrored: tuple[Any, Any] = (False, False)
 
     @classmethod
     def identity(cls, shape: tf.Tensor) -> MaskGrid:
         """Every pixel of a mask of int32 ``shape`` (height, width) where it is."""
-        return cls(tf.range(shape[0]), tf.range(shape[1]))
+        return cls(tf.range(shape[0]), tf.range(shape[1]), untouched=True)
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the index vectors are not made yet (see the class docstring)."""
+        return self.rows is None
+
+    def vectors(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(rows, cols)``, made if the grid is lazy."""
+        if self.rows is not None and self.cols is not None:
+            return self.rows, self.cols
+        if self.window is None:  # cannot happen: only a window is lazy
+            raise RuntimeError("a lazy mask grid without a window")
+        size = self.window[1]
+        rows, cols = (
+            _mirror_index(tf.range(size[axis]), size[axis] - 1, self.mirrored[axis])
+            for axis in (0, 1)
+        )
+        return rows, cols
+
+    def made(self) -> MaskGrid:
+        """The same grid with its index vectors made."""
+        if not self.lazy:
+            return self
+        return MaskGrid(*self.vectors(), self.window)
 
     def crop(self, offset: tf.Tensor, size: tf.Tensor) -> MaskGrid:
+        if self.untouched:
+            return MaskGrid(None, None, (offset, size))
+        grid = self.made()
         return MaskGrid(
-            tf.slice(self.rows, offset[:1], size[:1]), tf.slice(self.cols, offset[1:], size[1:])
+            tf.slice(grid.rows, offset[:1], size[:1]),
+            tf.slice(grid.cols, offset[1:], size[1:]),
+            grid.window,
         )
 
     def mirror(self, axis: int, when: tf.Tensor | None = None) -> MaskGrid:
         """Mirrored about `axis` (0: rows, 1: columns); only where `when`, if given."""
-        index = self.rows if axis == 0 else self.cols
-        mirrored = tf.reverse(index, [0])
+        if self.lazy and self.mirrored[axis] is False:
+            mirrored = list(self.mirrored)
+            mirrored[axis] = True if when is None else when
+            return MaskGrid(None, None, self.window, mirrored=(mirrored[0], mirrored[1]))
+        grid = self.made()
+        index = grid.rows if axis == 0 else grid.cols
+        mirrored_index = tf.reverse(index, [0])
         if when is not None:
-            mirrored = tf.where(when, mirrored, index)
-        return MaskGrid(mirrored, self.cols) if axis == 0 else MaskGrid(self.rows, mirrored)
+            mirrored_index = tf.where(when, mirrored_index, index)
+        if axis == 0:
+            return MaskGrid(mirrored_index, grid.cols, grid.window)
+        return MaskGrid(grid.rows, mirrored_index, grid.window)
 
     def resize(self, size: Sequence[int] | tf.Tensor) -> MaskGrid:
         """Resized to ``size`` by nearest neighbour, as ``tf.image.resize(method="nearest")``."""
+        if self.lazy and self.window is not None:
+            return self._resize_window(self.window[1], size)
+        grid = self.made()
         return MaskGrid(
-            tf.gather(self.rows, _nearest_index(tf.size(self.rows), size[0])),
-            tf.gather(self.cols, _nearest_index(tf.size(self.cols), size[1])),
+            tf.gather(grid.rows, _nearest_index(tf.size(grid.rows), size[0])),
+            tf.gather(grid.cols, _nearest_index(tf.size(grid.cols), size[1])),
+            grid.window,
+        )
+
+    def _resize_window(self, extent: tf.Tensor, size: Sequence[int] | tf.Tensor) -> MaskGrid:
+        """`resize` of a lazy grid: the nearest index into the window's rows
+        and columns is the index itself (mirrored: ``last - index``), so the
+        gathers of `resize` are not needed, and an output of one static
+        height and width computes both axes' indices at once. `extent`:
+        the window's size."""
+        last = extent - 1
+        if isinstance(size, (list, tuple)) and int(size[0]) == int(size[1]):
+            count = int(size[0])
+            # The float32 steps of `_nearest_index`, both axes at once.
+            scale = tf.cast(extent, tf.float32) / float(count)
+            positions = tf.constant([[i + 0.5 for i in range(count)]], tf.float32)
+            index = tf.cast(tf.floor(positions * scale[:, None]), tf.int32)
+            rows, cols = tf.unstack(tf.minimum(index, last[:, None]))
+        else:
+            rows = _nearest_index(extent[0], size[0])
+            cols = _nearest_index(extent[1], size[1])
+        return MaskGrid(
+            _mirror_index(rows, last[0], self.mirrored[0]),
+            _mirror_index(cols, last[1], self.mirrored[1]),
+            self.window,
         )
 
     def sample(self, masks: tf.Tensor, *, batched: bool = False) -> tf.Tensor:
         """uint8 ``[H, W, 1]`` (or ``[N, H, W, 1]``) masks on this grid.
 
         Columns are gathered as rows of the transposed mask: a gather along
-        the last axis of a one-channel mask copies one byte at a time.
+        the last axis of a one-channel mask copies one byte at a time, and
+        the transposes, a byte at a time too, are most of the cost. Rows
+        first transposes ``len(rows) x width`` bytes and then ``len(rows) x
+        len(cols)``; columns first (of the window: of the whole mask it
+        would transpose every byte) transposes ``height x width`` and then
+        ``height x len(cols)``, fewer when the window has fewer rows than
+        the output, i.e. when the resize enlarges it. The window has at most
+        the mask's rows, so columns go first when the mask's static height
+        is at most the output's (e.g. a random resized crop to the stored
+        size); else rows first, as without a window.
         """
+        index_rows, index_cols = self.vectors()
         first = 1 if batched else 0
         order = [0, 2, 1] if batched else [1, 0]
-        rows = tf.gather(masks[..., 0], self.rows, axis=first)
-        cols = tf.gather(tf.transpose(rows, order), self.cols, axis=first)
+        masks = masks[..., 0]
+        height = masks.shape[first]  # the window's rows are at most the mask's
+        if self.window is not None:
+            masks = _slice_window_2d(masks, *self.window, batched=batched)
+        if self.window is not None and _at_most(height, index_rows.shape[0]):
+            cols = tf.gather(tf.transpose(masks, order), index_cols, axis=first)
+            rows = tf.gather(tf.transpose(cols, order), index_rows, axis=first)
+            return rows[..., None]
+        rows = tf.gather(masks, index_rows, axis=first)
+        cols = tf.gather(tf.transpose(rows, order), index_cols, axis=first)
         return tf.transpose(cols, order)[..., None]
+
+
+def _mirror_index(index: tf.Tensor, last: tf.Tensor, mirrored: Any) -> tf.Tensor:
+    """Indices into ``last + 1`` positions, mirrored (``last - index``) where
+    `mirrored` (False, True or a bool scalar tensor)."""
+    if mirrored is False:
+        return index
+    flipped = last - index
+    return flipped if mirrored is True else tf.where(mirrored, flipped, index)
+
+
+def _at_most(size: int | None, other: int | None) -> bool:
+    """Whether static `size` is known to be at most static `other`."""
+    return size is not None and other is not None and size <= other
+
+
+def _slice_window_2d(masks: tf.Tensor, offset, size, *, batched: bool) -> tf.Tensor:
+    """The ``size`` window at ``offset`` of ``[H, W]`` (or ``[N, H, W]``) masks."""
+    if batched:
+        return tf.slice(masks, tf.concat([[0], offset], 0), tf.concat([[-1], size], 0))
+    return tf.slice(masks, offset, size)
 
 
 def _nearest_index(in_size: tf.Tensor, out_size) -> tf.Tensor:
