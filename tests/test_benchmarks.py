@@ -91,6 +91,10 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     per_dataset = 2 + 2 * bool(ran & {"grain", "dali"}) + ("grain_uint8" in ran)
     assert len(results["targets"]) == 4 + 2 + 3 * 2 + 2 + 2 * per_dataset
     assert all(isinstance(t["met"], bool) for t in results["targets"])
+    # Any of them may be missed on some machine: each has its "why not met" note.
+    from benchmarks import report
+
+    assert {t["key"] for t in results["targets"]} <= set(report.WHY_NOT_MET)
 
     listing = results["listing"]
     assert sorted((row["kind"], row["rows"]) for row in listing["rows"]) == [
