@@ -35,8 +35,8 @@ def pool_host_memory() -> None:
     (the process's memory stays at its peak, as on a GPU) instead of
     handing large blocks back to the kernel and faulting them in again.
     Values do not change; float32 batches get cheaper (on the benchmark
-    machine, kiln's float32 batches of 224x224 images took a third less
-    CPU per image; BENCHMARKS.md, "Reader against its peers").
+    machine, kiln's float32 batches came 1.49x as fast for 224x224 images
+    and 1.39x for 341x256; BENCHMARKS.md, "Reader against its peers").
 
     Call it before TensorFlow runs its first op (importing TensorFlow is
     fine): TensorFlow picks its allocator then, once. Called later, it has
