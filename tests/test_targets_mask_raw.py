@@ -169,6 +169,17 @@ def test_verify_reports_a_raw_mask_of_the_wrong_length(raw_build, tmp_path, cut)
     assert any(shard in p and re.search(message, p) for p in problems), problems
 
 
+@pytest.mark.parametrize("augment", [None, AUGMENT])
+def test_the_reader_names_a_raw_mask_of_the_wrong_length(raw_build, tmp_path, augment):
+    folder = tmp_path / "copy"
+    shutil.copytree(raw_build.dataset_dir, folder)
+    rewrite_first_record(str(folder), raw_build.info, lambda r: {**r, "mask": r["mask"][:-5]})
+    size = data.HEIGHT * data.WIDTH
+    message = rf"raw mask: its byte length is not height\*width.*\b{size - 5}\b.*\b{size}\b"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"(?s){message}"):
+        read(str(folder), "train", augment)
+
+
 def test_preview_draws_the_raw_mask_as_the_png_one(png_build, raw_build):
     from kiln.tools import contact_sheet
 

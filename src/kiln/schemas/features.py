@@ -500,8 +500,9 @@ def decode_mask(
         choice).
       height, width: The stored image's size (the record's ``height`` and
         ``width``); needed for ``raw``, whose bytes are the pixels only. A raw
-        mask of any other length than height*width fails (InvalidArgumentError,
-        naming Reshape).
+        mask of any other length than height*width fails: InvalidArgumentError
+        "raw mask: its byte length is not height*width", with both numbers (a
+        damaged record, or bytes not written by kiln).
     """
     if encoding == "png":
         mask = tf.io.decode_png(encoded, channels=1, dtype=tf.uint8)
@@ -509,9 +510,15 @@ def decode_mask(
     if encoding == "raw":
         if height is None or width is None:
             raise ValueError("decoding a raw mask needs the record's height and width")
-        pixels = tf.io.decode_raw(encoded, tf.uint8)
-        shape = tf.stack([tf.cast(height, tf.int32), tf.cast(width, tf.int32)])
-        return tf.reshape(pixels, shape)
+        height, width = tf.cast(height, tf.int32), tf.cast(width, tf.int32)
+        check = tf.debugging.assert_equal(
+            tf.strings.length(encoded),
+            height * width,
+            message="raw mask: its byte length is not height*width",
+        )
+        with tf.control_dependencies([check]):
+            pixels = tf.io.decode_raw(encoded, tf.uint8)
+        return tf.reshape(pixels, tf.stack([height, width]))
     raise ValueError(f"unknown mask encoding {encoding!r}; expected one of {MASK_ENCODINGS}")
 
 

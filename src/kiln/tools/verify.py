@@ -285,19 +285,9 @@ def _record_facts(metadata: DatasetInfo):
         return tf.shape(decode_mask(encoded), out_type=tf.int64)
 
     def semantic_mask_shape(encoded, height, width):
-        # A raw mask that is not height*width bytes fails to decode: a bad
-        # record, as a PNG that does not decode (the check names the sizes).
-        checks = []
-        if mask_encoding == "raw":
-            checks.append(
-                tf.debugging.assert_equal(
-                    tf.cast(tf.strings.length(encoded), tf.int64),
-                    height * width,
-                    message="raw mask: its byte length is not height*width",
-                )
-            )
-        with tf.control_dependencies(checks):
-            mask = decode_mask(encoded, mask_encoding, height, width)
+        # A raw mask that is not height*width bytes fails to decode (naming
+        # both sizes): a bad record, as a PNG that does not decode.
+        mask = decode_mask(encoded, mask_encoding, height, width)
         return tf.shape(mask, out_type=tf.int64)
 
     def facts(serialized):
