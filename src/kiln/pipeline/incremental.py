@@ -97,6 +97,12 @@ logger = logging.getLogger(__name__)
 # 2: masks are written as PNG without a row filter (decoding speed).
 PROCESSING_VERSION = 2
 
+# Bump when what the job counts about a semantic mask changes (the record
+# index keeps each record's counted classes): only datasets with a `mask`
+# target then get another fingerprint, and rebuild once from scratch.
+# 1: an image counts in class_counts for the classes its mask shows.
+MASK_COUNTS_VERSION = 1
+
 # Config sections that decide a record's bytes (see the module docstring).
 _PROCESSING_SECTIONS = ("image", "transforms", "encoding", "targets", "plugins")
 
@@ -110,15 +116,16 @@ def processing_fingerprint(config: Mapping[str, Any]) -> str:
     source's location, the splits, sharding, augmentation and error
     handling are left out (see the module docstring).
     """
-    return versioning.fingerprint(
-        {
-            "processing_version": PROCESSING_VERSION,
-            "format_version": kiln.FORMAT_VERSION,
-            "opencv": cv2.__version__,
-            "schema": RECORD.to_json(),
-            "config": {name: config.get(name) for name in _PROCESSING_SECTIONS},
-        }
-    )
+    data = {
+        "processing_version": PROCESSING_VERSION,
+        "format_version": kiln.FORMAT_VERSION,
+        "opencv": cv2.__version__,
+        "schema": RECORD.to_json(),
+        "config": {name: config.get(name) for name in _PROCESSING_SECTIONS},
+    }
+    if (config.get("targets") or {}).get("mask") is not None:
+        data["mask_counts_version"] = MASK_COUNTS_VERSION
+    return versioning.fingerprint(data)
 
 
 def processing(config: Mapping[str, Any]) -> dict[str, Any]:

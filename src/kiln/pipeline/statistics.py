@@ -117,8 +117,8 @@ class TargetCounts(NamedTuple):
 
     Attributes:
       image_classes: The distinct class ids the image carries (its label,
-        labels and objects' classes), ascending: `Summary.class_counts`
-        counts the image once for each.
+        labels, objects' classes and the classes its semantic mask shows),
+        ascending: `Summary.class_counts` counts the image once for each.
       has_objects: The dataset has boxes (count `objects` and `dropped`).
       objects: ``(class id, size)`` per stored object; size = sqrt(box area)
         in stored pixels.

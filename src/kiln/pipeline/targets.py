@@ -277,6 +277,9 @@ class TargetCodec:
         dropped = dict(loaded.dropped)
         if moved is not None:
             fields.update(self._geometry_features(moved, height, width))
+            if targets.mask is not None and moved.mask is not None:
+                histogram = np.bincount(moved.mask.ravel(), minlength=256).tolist()
+                classes.update(targets.mask.classes_shown(histogram, len(self._class_ids)))
             if targets.boxes is not None:
                 object_classes = moved.objects["classes"].astype(np.int64)
                 classes.update(int(c) for c in object_classes)

@@ -29,6 +29,7 @@ Plain Python and pydantic: the reader imports it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import pydantic
@@ -119,6 +120,18 @@ class MaskTarget(_Model):
     224x224, but the reader decodes it about 10x cheaper per image, ~10 us instead of ~120
     us of PNG inflate; records are larger, so a shuffle buffer of the same memory holds fewer
     of them). Instance masks are PNG either way."""
+
+    def classes_shown(self, histogram: Sequence[int], num_classes: int) -> list[int]:
+        """The class ids a mask shows, ascending, from its pixel values'
+        histogram (``histogram[v]``: how many pixels have value v). An image
+        with a mask counts in ``class_counts`` for each, so a class seen only
+        in masks (the background, say) has examples. The ignore value and
+        values at or above `num_classes` are not class ids."""
+        return [
+            value
+            for value in range(min(num_classes, len(histogram)))
+            if histogram[value] and value != self.ignore_value
+        ]
 
 
 class InstanceMasksTarget(_Model):

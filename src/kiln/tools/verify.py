@@ -284,11 +284,15 @@ def _record_facts(metadata: DatasetInfo):
     def mask_shape(encoded):  # an instance mask: PNG in every dataset
         return tf.shape(decode_mask(encoded), out_type=tf.int64)
 
-    def semantic_mask_shape(encoded, height, width):
+    def semantic_mask_facts(encoded, height, width):
         # A raw mask that is not height*width bytes fails to decode (naming
-        # both sizes): a bad record, as a PNG that does not decode.
+        # both sizes): a bad record, as a PNG that does not decode. The
+        # histogram of its values gives the classes it counts for.
         mask = decode_mask(encoded, mask_encoding, height, width)
-        return tf.shape(mask, out_type=tf.int64)
+        histogram = tf.math.bincount(
+            tf.cast(tf.reshape(mask, [-1]), tf.int32), minlength=256, maxlength=256
+        )
+        return tf.shape(mask, out_type=tf.int64), histogram
 
     def facts(serialized):
         parsed = schema.parse(serialized)
@@ -308,7 +312,7 @@ def _record_facts(metadata: DatasetInfo):
         for name in fields:
             out[f"field/{name}"] = tf.shape(parsed[name], out_type=tf.int64)[0]
         if "mask" in names:
-            out["mask_shape"] = semantic_mask_shape(
+            out["mask_shape"], out["mask_histogram"] = semantic_mask_facts(
                 parsed["mask"], parsed["height"], parsed["width"]
             )
         if "instance_masks" in names:
@@ -352,20 +356,24 @@ def _check_records(
         count += 1
         tally.records += 1
         tally.pixels += int(facts["height"]) * int(facts["width"])
-        for label in _image_classes(facts):
+        for label in _image_classes(facts, metadata):
             tally.labels[label] = tally.labels.get(label, 0) + 1
         for class_id in facts.get("classes", ()):
             tally.objects[int(class_id)] = tally.objects.get(int(class_id), 0) + 1
 
 
-def _image_classes(facts: dict[str, Any]) -> list[int]:
+def _image_classes(facts: dict[str, Any], metadata: DatasetInfo) -> list[int]:
     """The classes a record counts for in class_counts: its label, or with
-    targets every class it carries (label, labels, objects)."""
-    if "labels" not in facts and "classes" not in facts:
+    targets every class it carries (label, labels, objects, and the classes
+    its semantic mask shows), as the job counts them."""
+    targets = metadata.targets_config
+    if targets.is_classification:
         return [int(facts["label"])]
     classes = {int(c) for c in facts.get("labels", ())} | {int(c) for c in facts.get("classes", ())}
     if int(facts["label"]) >= 0:
         classes.add(int(facts["label"]))
+    if targets.mask is not None:
+        classes.update(targets.mask.classes_shown(facts["mask_histogram"], metadata.num_classes))
     return sorted(classes)
 
 
