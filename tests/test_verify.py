@@ -64,8 +64,8 @@ def only_problem(folder):
     return result.problems[0], result
 
 
-def run_cli(folder, capsys):
-    code = cli.main(["verify", folder])
+def run_cli(folder, capsys, *flags):
+    code = cli.main(["verify", *flags, folder])
     return code, capsys.readouterr().out
 
 
@@ -83,6 +83,7 @@ def test_an_intact_build_passes(build_dataset, capsys, overrides):
         f"kiln verify: OK: {result.dataset_dir}: {checked.num_shards} shards, "
         f"{checked.num_records} records match kiln.json\n"
     )
+    assert run_cli(result.dataset_dir, capsys, "--quiet") == (0, "")  # for cron
 
 
 def test_a_flipped_byte_is_a_crc_error_in_that_shard(version_copy, capsys):
@@ -98,6 +99,7 @@ def test_a_flipped_byte_is_a_crc_error_in_that_shard(version_copy, capsys):
     code, out = run_cli(folder, capsys)
     assert code == 1
     assert out.startswith(f"kiln verify: FAILED: {folder}: {problem.where}: ")
+    assert run_cli(folder, capsys, "--quiet") == (code, out)  # problems are never quiet
 
 
 def test_a_flipped_byte_in_a_gzip_shard(build_dataset, tmp_path):

@@ -23,7 +23,7 @@ PATH is a version folder (<output>/<name>/<version>) or the dataset folder
 examples:
   kiln verify build/datasets/shapes
   kiln verify gs://my-bucket/datasets/photos/3f2a9c1b0d4e
-  kiln build --config configs/demo.yaml --quiet && kiln verify build/datasets/shapes
+  kiln build --config configs/demo.yaml --quiet && kiln verify --quiet build/datasets/shapes
 
 exit codes:
   0  every shard and count matches kiln.json
@@ -37,6 +37,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.epilog = EPILOG
     parser.add_argument("path", metavar="PATH", help="dataset version folder, or <output>/<name>")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print nothing when the dataset is intact (for cron, which mails any output); "
+        "problems are still printed",
+    )
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
@@ -49,6 +55,8 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     except MetadataError as e:
         raise UsageError(str(e)) from None
     if result.ok:
+        if args.quiet:
+            return 0
         print(
             f"kiln verify: OK: {result.dataset_dir}: {result.num_shards} shards, "
             f"{result.num_records} records match kiln.json"
