@@ -107,6 +107,9 @@ def test_a_base_counted_before_mask_classes_is_not_reused(scenes, tmp_path, monk
         before.setattr(incremental, "MASK_COUNTS_VERSION", 0)
         old = build(config(scenes, out))
     assert not any(s.class_counts.get("background") for s in old.info.splits.values())
+    # kiln verify counts a version as it was counted: no mask classes here.
+    assert old.info.processing["mask_counts"] == 0
+    assert verify(old.dataset_dir).ok
     # A new scene, so that the build has work and could reuse the rest.
     extra = scenes / "images" / "extra.png"
     cv2.imwrite(str(extra), np.full((64, 80, 3), 200, np.uint8))

@@ -123,14 +123,23 @@ def processing_fingerprint(config: Mapping[str, Any]) -> str:
         "schema": RECORD.to_json(),
         "config": {name: config.get(name) for name in _PROCESSING_SECTIONS},
     }
-    if (config.get("targets") or {}).get("mask") is not None:
+    if _has_mask(config):
         data["mask_counts_version"] = MASK_COUNTS_VERSION
     return versioning.fingerprint(data)
 
 
+def _has_mask(config: Mapping[str, Any]) -> bool:
+    return (config.get("targets") or {}).get("mask") is not None
+
+
 def processing(config: Mapping[str, Any]) -> dict[str, Any]:
-    """kiln.json's ``processing`` block for a resolved config."""
-    return {"version": PROCESSING_VERSION, "fingerprint": processing_fingerprint(config)}
+    """kiln.json's ``processing`` block for a resolved config: with a semantic
+    mask also ``mask_counts`` (`MASK_COUNTS_VERSION`), which tells `kiln
+    verify` how the dataset's class_counts were counted."""
+    out = {"version": PROCESSING_VERSION, "fingerprint": processing_fingerprint(config)}
+    if _has_mask(config):
+        out["mask_counts"] = MASK_COUNTS_VERSION
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

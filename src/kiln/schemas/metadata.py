@@ -252,7 +252,9 @@ class DatasetInfo:
       processing: What decides a record's bytes given its source file:
         ``{"version": int, "fingerprint": hex}``, the kiln processing
         version and the processing fingerprint
-        (`kiln.pipeline.incremental`), which the version name hashes too. An
+        (`kiln.pipeline.incremental`), which the version name hashes too;
+        with a semantic mask also ``"mask_counts": 1``: its class_counts
+        count the classes each mask shows (absent before kiln did). An
         incremental build reuses records of a version only if both equal
         its own. None in datasets written before kiln recorded it.
       targets: The resolved ``targets:`` declaration (`TargetsConfig` as
