@@ -234,7 +234,21 @@ def test_kiln_diff_counts_an_annotation_only_edit_as_changed(corpus, tmp_path):
     assert (totals.changed, totals.added, totals.removed) == (1, 0, 0)
 
 
-def test_kiln_diff_of_records_without_an_image_label_names_no_class(corpus, tmp_path):
+def assert_cells_add_up(diff: version_diff.VersionDiff) -> None:
+    """Every row's counts are records: none negative, old and new as kiln.json says."""
+    for name, change in [*diff.splits.items(), *diff.cells.items()]:
+        assert change.unchanged >= 0, (name, change)
+        assert change.old == change.unchanged + change.changed + change.removed + (
+            change.moved_out
+        ), (name, change)
+    for version, field in ((diff.old, "old"), (diff.new, "new")):
+        for split in version.info.splits.values():
+            assert getattr(diff.splits[split.name], field) == split.num_examples
+            for label, count in split.class_counts.items():
+                assert getattr(diff.cells[(split.name, label)], field) == count
+
+
+def test_kiln_diff_of_records_without_an_image_label_counts_the_classes_they_show(corpus, tmp_path):
     targets = {name: value for name, value in data.TARGETS.items() if name != "label"}
     rows = read_rows(corpus)
     for row in rows:
@@ -248,7 +262,56 @@ def test_kiln_diff_of_records_without_an_image_label_names_no_class(corpus, tmp_
     diff = version_diff.compare(
         version_diff.open_version(base.dataset_dir), version_diff.open_version(new.dataset_dir)
     )
-    assert diff.totals().added == 1
-    # The added record has label id -1: no class of the list gets it.
-    for (_, name), change in diff.cells.items():
-        assert change.added == (1 if name == version_diff.NO_CLASS else 0), name
+    totals = diff.totals()
+    assert (totals.added, totals.old, totals.new) == (1, COUNT - 1, COUNT)
+    # The added record has label id -1: it counts in the rows of the classes
+    # its image shows (its labels, objects and mask), as kiln.json counts it.
+    (added,) = [row for row in index_rows(new) if row.key == rows[-1]["path"]]
+    shown = {new.info.class_names[c] for c in added.targets.image_classes}
+    assert len(shown) > 1
+    for (split, name), change in diff.cells.items():
+        expected = 1 if (split, name) in {(added.split, c) for c in shown} else 0
+        assert change.added == expected, (split, name)
+    assert_cells_add_up(diff)
+
+
+def test_kiln_diff_counts_records_not_class_incidences(corpus, tmp_path, capsys):
+    """An image shows several classes: an edit of one image is one record of
+    the dataset's changed, and --max-changed-percent gates on records."""
+    from kiln import cli
+
+    spec = config(str(corpus / "manifest.jsonl"), tmp_path / "out")
+    base = build(spec)
+    rows = read_rows(corpus)
+    box = rows[2]["objects"][1]["bbox"]
+    rows[2]["objects"][1]["bbox"] = [box[0] + 1, box[1], box[2] + 1, box[3]]
+    write_rows(corpus, rows)
+    new = build(spec)
+    class_incidences = sum(sum(split.class_counts.values()) for split in base.info.splits.values())
+    assert class_incidences > COUNT  # the fixture's images show several classes
+
+    diff = version_diff.compare(
+        version_diff.open_version(base.dataset_dir), version_diff.open_version(new.dataset_dir)
+    )
+    totals = diff.totals()
+    assert (totals.old, totals.new, totals.changed, totals.unchanged) == (
+        COUNT,
+        COUNT,
+        1,
+        COUNT - 1,
+    )
+    assert diff.changed_percent() == pytest.approx(100.0 / COUNT)
+    assert_cells_add_up(diff)
+    # Shares are of the examples (they add up to more than 100% here).
+    shares = diff.class_shares()
+    for name in new.info.class_names:
+        count = sum(split.class_counts.get(name, 0) for split in new.info.splits.values())
+        assert shares[name]["new_share"] == pytest.approx(100.0 * count / COUNT, abs=1e-4)
+    assert sum(share["new_share"] for share in shares.values()) > 100.0
+
+    threshold = 100.0 / COUNT - 1  # one record in COUNT crosses it
+    code = cli.main(
+        ["diff", base.dataset_dir, new.dataset_dir, "--max-changed-percent", f"{threshold:g}"]
+    )
+    assert code == 1
+    assert f"{100.0 / COUNT:.2f}% of the records changed" in capsys.readouterr().err

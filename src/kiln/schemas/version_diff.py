@@ -36,7 +36,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
@@ -117,8 +117,9 @@ def open_version(path: str, relative_to: str | None = None) -> Version:
 
 
 # The class of records that carry no image label (label id -1: a detection
-# or segmentation dataset without `label`). Not in any class list, so it
-# counts in the split totals but has no row of its own.
+# or segmentation dataset without `label`). Not in any class list: such a
+# record counts in its split's totals and in the rows of the classes its
+# targets show (`RecordIdentity.counted_in`).
 NO_CLASS = ""
 
 
@@ -137,6 +138,17 @@ class RecordIdentity(NamedTuple):
     # and the mask files' content), so an annotation-only edit is a change.
     # None where unknown (classification, or read from the shards).
     annotations: str | None = None
+    # A dataset with targets: the names of the classes the image shows (its
+    # label, labels, objects' classes and mask classes), the classes whose
+    # kiln.json class_counts count it. None: its label only.
+    classes: tuple[str, ...] | None = None
+
+    @property
+    def counted_in(self) -> tuple[str, ...]:
+        """The classes whose rows count this record (as kiln.json's class_counts do)."""
+        if self.classes is not None:
+            return self.classes
+        return () if self.label == NO_CLASS else (self.label,)
 
 
 def _shard_ids(info: DatasetInfo) -> set[tuple[str, str, str]]:
@@ -186,6 +198,9 @@ def _records_from_index(
                     split,
                     _class_name(names, int(row["label"])),
                     str(row["inputs"]) if with_targets else None,
+                    tuple(names[int(c)] for c in row["targets"]["classes"])
+                    if with_targets
+                    else None,
                 )
             except (KeyError, TypeError, ValueError, IndexError) as e:
                 raise MetadataError(
@@ -326,11 +341,13 @@ class VersionDiff:
         return 100.0 * churn / totals.old
 
     def class_shares(self) -> dict[str, dict[str, float | int]]:
-        """Per class: its example count and share of the dataset (percent) in
-        each version, and the shift in percentage points."""
+        """Per class: its example count and share of the dataset (percent of
+        the examples, which show it) in each version, and the shift in
+        percentage points. One image may show several classes (targets), so
+        a dataset's shares may add up to more than 100%."""
         old_counts = _class_totals(self.old.info)
         new_counts = _class_totals(self.new.info)
-        old_total, new_total = sum(old_counts.values()), sum(new_counts.values())
+        old_total, new_total = _examples(self.old.info), _examples(self.new.info)
         shares: dict[str, dict[str, float | int]] = {}
         for name in self.class_names:
             old, new = old_counts.get(name, 0), new_counts.get(name, 0)
@@ -511,13 +528,17 @@ def _class_totals(info: DatasetInfo) -> dict[str, int]:
     }
 
 
+def _examples(info: DatasetInfo) -> int:
+    return sum(split.num_examples for split in info.splits.values())
+
+
 def _version_json(version: Version) -> dict[str, Any]:
     return {
         "path": version.path,
         "dataset_dir": version.dataset_dir,
         "name": version.info.name,
         "version": version.version,
-        "num_examples": sum(split.num_examples for split in version.info.splits.values()),
+        "num_examples": _examples(version.info),
     }
 
 
@@ -530,13 +551,21 @@ def compare(old: Version, new: Version) -> VersionDiff:
     Raises:
       MetadataError: a record index does not match its kiln.json.
     """
+    splits: dict[str, CellChange] = {}
     cells: dict[tuple[str, str], CellChange] = {}
+
+    def split_cell(split: str) -> CellChange:
+        return splits.setdefault(split, CellChange())
 
     def cell(split: str, label: str) -> CellChange:
         return cells.setdefault((split, label), CellChange())
 
+    # A split counts its records; a class, the records that show it (one
+    # image may show several classes, or none).
     for info, field in ((old.info, "old"), (new.info, "new")):
         for split in info.splits.values():
+            change = split_cell(split.name)
+            setattr(change, field, getattr(change, field) + split.num_examples)
             for label, count in split.class_counts.items():
                 change = cell(split.name, label)
                 setattr(change, field, getattr(change, field) + count)
@@ -556,21 +585,56 @@ def compare(old: Version, new: Version) -> VersionDiff:
         records_from = "+".join(sorted(sources))
         before = {r.key: r for r in records(old, shared)}
         for record in records(new, shared):
-            previous = before.pop(record.key, None)
-            if previous is None:
-                cell(record.split, record.label).added += 1
-            elif (previous.split, previous.label) != (record.split, record.label):
-                cell(record.split, record.label).moved_in += 1
-                cell(previous.split, previous.label).moved_out += 1
-            elif previous.sha256 != record.sha256 or _annotations_differ(previous, record):
-                cell(record.split, record.label).changed += 1
+            _count(split_cell, cell, before.pop(record.key, None), record)
         for record in before.values():
-            cell(record.split, record.label).removed += 1
+            _count(split_cell, cell, record, None)
 
-    split_changes: dict[str, CellChange] = {}
-    for (split_name, _), change in sorted(cells.items()):
-        _add_to(split_changes.setdefault(split_name, CellChange()), change)
-    return VersionDiff(old, new, records_from, split_changes, cells)
+    return VersionDiff(old, new, records_from, dict(sorted(splits.items())), cells)
+
+
+def _count(
+    split_cell: Callable[[str], CellChange],
+    cell: Callable[[str, str], CellChange],
+    old: RecordIdentity | None,
+    new: RecordIdentity | None,
+) -> None:
+    """Counts one key's change (`old` or `new` None: added or removed) in its
+    split's totals and in the rows of the classes its image shows.
+
+    A record is moved when its split or image label changed (out of the old
+    split and class, into the new), else changed when its content or
+    annotations did. In a class's row, a record that shows the class on
+    one side only (in that split) moved in or out of it; one that shows
+    it on both sides counts as changed there when the record changed or
+    moved.
+    """
+    if old is None or new is None:
+        kind, record = ("added", new) if old is None else ("removed", old)
+        if record is not None:
+            _bump(split_cell(record.split), kind)
+            for name in record.counted_in:
+                _bump(cell(record.split, name), kind)
+        return
+    moved = (old.split, old.label) != (new.split, new.label)
+    changed = old.sha256 != new.sha256 or _annotations_differ(old, new)
+    if moved:
+        split_cell(new.split).moved_in += 1
+        split_cell(old.split).moved_out += 1
+    elif changed:
+        split_cell(new.split).changed += 1
+    before = {(old.split, name) for name in old.counted_in}
+    after = {(new.split, name) for name in new.counted_in}
+    for place in sorted(after - before):
+        cell(*place).moved_in += 1
+    for place in sorted(before - after):
+        cell(*place).moved_out += 1
+    if moved or changed:
+        for place in sorted(after & before):
+            cell(*place).changed += 1
+
+
+def _bump(change: CellChange, field: str) -> None:
+    setattr(change, field, getattr(change, field) + 1)
 
 
 def _annotations_differ(old: RecordIdentity, new: RecordIdentity) -> bool:

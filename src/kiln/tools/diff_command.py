@@ -14,7 +14,8 @@ DESCRIPTION = """\
 Compare two versions of a dataset written by `kiln build`: records added,
 removed, changed (same key, other content) and moved (same key, other
 split or class) per split and class; each class's share of the dataset
-before and after; per-channel mean/std drift per split; duplicate and
+(of its examples: an image with boxes or a mask counts in every class it
+shows) before and after; per-channel mean/std drift per split; duplicate and
 dropped counts before and after. Records are compared by key and the
 sha256 of their source file: shards identical in both versions are not
 read, the others' records come from the versions' record index
@@ -158,7 +159,7 @@ def _shares_table(data: dict) -> list[str]:
     if not classes:
         return []
     width = max(len(name) for name in classes)
-    lines = ["class shares of the dataset (percent; shift in points):"]
+    lines = ["class shares of the dataset (percent of the examples; shift in points):"]
     for name, share in classes.items():
         lines.append(
             f"  {name:<{width}}  {share['old']:>7} -> {share['new']:<7}  "
