@@ -129,3 +129,51 @@ def test_a_base_counted_before_mask_classes_is_not_reused(scenes, tmp_path, monk
     background = sum(s.class_counts.get("background", 0) for s in new.info.splits.values())
     assert background == sum(s.num_examples for s in new.info.splits.values())
     assert verify(new.dataset_dir).ok
+
+
+def labelled_manifest(scenes: pathlib.Path) -> str:
+    """The scenes' manifest with an image ``label`` (its first object's class,
+    else background) and ``labels`` (its objects' classes) on every line."""
+    import json
+
+    lines = []
+    for line in (scenes / demo_targets.MANIFEST).read_text().splitlines():
+        row = json.loads(line)
+        names = sorted({obj["class"] for obj in row.get("objects", [])})
+        row["label"] = row["objects"][0]["class"] if row.get("objects") else "background"
+        row["labels"] = names
+        lines.append(json.dumps(row))
+    path = scenes / "labelled.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_weights_from_counts_refuse_counts_a_mask_added_to(scenes, tmp_path):
+    """class_counts with a mask count the classes it shows: they are no longer
+    a label's (or labels') counts, so balanced weights from them would be
+    wrong; a dataset counted before mask classes still gets its weights."""
+    import dataclasses
+
+    import kiln.reader
+    from kiln.reader.targets import TargetError
+
+    spec = config(scenes, tmp_path / "out")
+    spec["source"]["path"] = labelled_manifest(scenes)
+    spec["targets"] = {"label": {}, "mask": {"ignore_value": 255}}
+    info = build(spec).info
+    assert info.class_count_kinds == ("label", "mask")
+    with pytest.raises(TargetError, match=r"over label and \['mask'\]"):
+        kiln.reader.class_weights(info)
+    # Counted as before mask classes (no mask_counts): the counts are the label's.
+    before = dataclasses.replace(info, processing={**info.processing, "mask_counts": 0})
+    assert before.class_count_kinds == ("label",)
+    assert kiln.reader.class_weights(before)
+
+    spec["name"] = "tags"
+    spec["targets"] = {"labels": {}, "mask": {"ignore_value": 255}}
+    info = build(spec).info
+    with pytest.raises(TargetError, match=r"over labels and \['mask'\]"):
+        kiln.reader.positive_weights(info)
+    assert kiln.reader.positive_weights(
+        dataclasses.replace(info, processing={**info.processing, "mask_counts": 0})
+    )

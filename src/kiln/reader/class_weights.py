@@ -42,10 +42,6 @@ else:  # imported when weights are applied: the dict needs only kiln.json
 logger = logging.getLogger(__name__)
 
 METHODS = ("balanced",)
-# kiln.json's class_counts count an image once per class it carries (its
-# label, labels and objects' classes): they are label counts only when
-# nothing else carries classes.
-_OTHER_CLASS_KINDS = ("labels", "boxes")
 
 
 def class_counts(dataset: str | os.PathLike | DatasetInfo, split: str = "train") -> dict[int, int]:
@@ -56,8 +52,9 @@ def class_counts(dataset: str | os.PathLike | DatasetInfo, split: str = "train")
 
     For a classification dataset that is the number of examples labelled
     with each class. For a dataset with targets it is the number of images
-    that carry the class in their label, labels or objects (an image with
-    three cats counts once for cat).
+    that show the class in their label, labels, objects or semantic mask
+    (an image with three cats counts once for cat; `DatasetInfo.class_count_kinds`
+    names the targets counted).
 
     Raises:
       MetadataError: for a missing split or a path that is not a dataset.
@@ -84,8 +81,9 @@ def class_weights(
     Raises:
       ValueError: for an unknown method, or a split without examples.
       TargetError: when the dataset has no ``label``, or its counts are not
-        label counts (multi-label or detection datasets: kiln.json counts
-        images per class over every target that carries classes).
+        label counts (multi-label, detection or segmentation datasets:
+        kiln.json counts images per class over every target that carries
+        classes).
     """
     metadata = dataset if isinstance(dataset, DatasetInfo) else info(dataset)
     if method not in METHODS:
@@ -96,7 +94,7 @@ def class_weights(
             f"class weights weigh one label per image; this dataset has no label "
             f"(targets {list(spec.kinds)})"
         )
-    others = [kind for kind in _OTHER_CLASS_KINDS if kind in spec.kinds]
+    others = [kind for kind in metadata.class_count_kinds if kind != "label"]
     if others:
         raise TargetError(
             f"balanced class weights need label counts, but kiln.json's class_counts count "
@@ -130,8 +128,9 @@ def positive_weights(
 
     Raises:
       ValueError: for a split without examples.
-      TargetError: without ``labels``, or when ``label`` or objects carry
-        classes too (kiln.json's counts are then not the labels' positives).
+      TargetError: without ``labels``, or when ``label``, objects or the
+        semantic mask carry classes too (kiln.json's counts are then not the
+        labels' positives).
     """
     metadata = dataset if isinstance(dataset, DatasetInfo) else info(dataset)
     spec = TargetSpec.from_json(metadata.targets)
@@ -140,7 +139,7 @@ def positive_weights(
             f"positive weights weigh multi-label labels; this dataset has no labels "
             f"(targets {list(spec.kinds)}): use class_weights for one label per image"
         )
-    others = [kind for kind in ("label", "boxes") if kind in spec.kinds]
+    others = [kind for kind in metadata.class_count_kinds if kind != "labels"]
     if others:
         raise TargetError(
             f"positive weights need the labels' counts, but kiln.json's class_counts count "

@@ -322,6 +322,19 @@ class DatasetInfo:
             return CLASSIFICATION
         return TargetsConfig.model_validate(self.targets)
 
+    @property
+    def class_count_kinds(self) -> tuple[str, ...]:
+        """The targets whose classes ``class_counts`` counts: an image counts
+        once for each class it shows over these. Its label; its labels; its
+        objects' classes (boxes); the classes its semantic mask shows
+        (``mask``, only where `processing` says ``mask_counts``: datasets
+        built before kiln counted them do not)."""
+        targets = self.targets_config
+        kinds = [kind for kind in ("label", "labels", "boxes") if getattr(targets, kind)]
+        if targets.mask is not None and (self.processing or {}).get("mask_counts"):
+            kinds.append("mask")
+        return tuple(kinds)
+
     def split(self, name: str) -> SplitInfo:
         if name not in self.splits:
             raise MetadataError(

@@ -372,9 +372,7 @@ def _image_classes(facts: dict[str, Any], metadata: DatasetInfo) -> list[int]:
     classes = {int(c) for c in facts.get("labels", ())} | {int(c) for c in facts.get("classes", ())}
     if int(facts["label"]) >= 0:
         classes.add(int(facts["label"]))
-    # Datasets built before kiln counted the mask's classes say so by having
-    # no ``mask_counts`` in their processing block.
-    if targets.mask is not None and (metadata.processing or {}).get("mask_counts"):
+    if targets.mask is not None and "mask" in metadata.class_count_kinds:
         classes.update(targets.mask.classes_shown(facts["mask_histogram"], metadata.num_classes))
     return sorted(classes)
 
