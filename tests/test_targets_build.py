@@ -419,6 +419,34 @@ def test_config_refuses_targets_the_source_cannot_give(tmp_path, source, targets
         )
 
 
+def test_stratify_needs_an_image_label_to_stratify_by(tmp_path):
+    """The listing stratifies by image label: without one every file was in
+    one group, and the build claimed "stratified" for classes it never balanced."""
+    from kiln.pipeline import config as config_module
+
+    def load(targets):
+        return config_module.load(
+            {
+                "name": "x",
+                "source": {"type": "manifest", "path": "m.jsonl"},
+                "output": str(tmp_path),
+                "splits": {
+                    "fractions": {"train": 0.5, "test": 0.5},
+                    "stratify": True,
+                    "split_by": "key",
+                },
+                "targets": targets,
+            },
+            check_paths=False,
+        )
+
+    with pytest.raises(ConfigError, match=r"splits.stratify: .* no image label; declare targets"):
+        load({"boxes": {}, "mask": {}})
+    with pytest.raises(ConfigError, match=r"splits.stratify: .*\(labels\) have no image label"):
+        load({"labels": {}})
+    assert load({"label": {}, "boxes": {}}).config.splits.stratify
+
+
 def test_csv_manifest_carries_labels_and_extras(tmp_path):
     data.write_png(tmp_path / "a.png", data.image_of([]))
     data.write_png(tmp_path / "b.png", data.image_of(data.objects_of(1)))
