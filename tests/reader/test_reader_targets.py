@@ -98,17 +98,22 @@ def test_targets_follow_the_pixels_for_many_seeds(scenes_dataset, name):
     assert seen == 4 * NUM_SCENES
 
 
-def test_model_layer_moves_targets_exactly_as_the_data_path(scenes_dataset):
+# None: ragged objects. 5: padded to static shapes (more than any scene has,
+# so none is cut before the augmentation: see load_for_model).
+@pytest.mark.parametrize("max_objects", [None, 5])
+def test_model_layer_moves_targets_exactly_as_the_data_path(scenes_dataset, max_objects):
     augment = LISTS["geometry"]
-    data = kiln.reader.load(scenes_dataset.dataset_dir, batch_size=4, seed=5, augment=augment)
-    model_dataset, layer = kiln.reader.load_for_model(
-        scenes_dataset.dataset_dir, batch_size=4, seed=5, augment=augment
-    )
+    kwargs = {"batch_size": 4, "seed": 5, "augment": augment, "max_objects": max_objects}
+    data = kiln.reader.load(scenes_dataset.dataset_dir, **kwargs)
+    model_dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **kwargs)
     step = tf.function(lambda inputs, targets: layer(dict(inputs, targets=targets), training=True))
     compared = 0
     for (images, targets), (inputs, raw) in zip(data, model_dataset, strict=True):
         layer_images, layer_targets = step(inputs, raw)
         np.testing.assert_allclose(layer_images.numpy(), images.numpy(), atol=1e-6)
+        assert sorted(layer_targets) == sorted(targets)
+        if max_objects is not None:  # some objects left the crops: the count moved
+            assert (targets["num_objects"].numpy() < raw["num_objects"].numpy()).any()
         for name in sorted(targets):
             expected, actual = targets[name], layer_targets[name]
             if isinstance(expected, tf.RaggedTensor):

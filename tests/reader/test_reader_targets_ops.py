@@ -20,7 +20,6 @@ import tensorflow as tf
 
 from kiln.reader import register_augmentation
 from kiln.reader.augmenter import Augmenter
-from kiln.reader.dataset import pad_objects
 from kiln.reader.ops import AUGMENTATIONS, validate
 from kiln.reader.targets import (
     BatchTargets,
@@ -28,6 +27,7 @@ from kiln.reader.targets import (
     TargetError,
     TargetSpec,
     move_batch_objects,
+    pad_objects,
 )
 from reader import scenes
 

@@ -39,6 +39,7 @@ from kiln.reader.targets import (
     TargetError,
     TargetSpec,
     move_batch_objects,
+    pad_objects,
 )
 from kiln.schemas import (
     METADATA_FILENAME,
@@ -280,6 +281,15 @@ def load_for_model(
     `label_smoothing` and `class_weight` shape the labels as in `load`;
     `dtype` and `data_format` must stay at their defaults (the layer takes
     uint8 channels-last images: cast or transpose its output in the model).
+
+    With targets, the dataset yields them unmoved beside the inputs and the
+    layer moves them: ``images, targets = layer({**inputs, "targets":
+    targets}, training=True)``. With `max_objects` the dataset pads the
+    objects (static shapes) and the layer keeps them padded to the same
+    size, with ``num_objects`` counting those left after its crops. The
+    dataset cuts objects beyond `max_objects` before the augmentation
+    (`load` after it), so the two agree when no image has more objects
+    than `max_objects`.
 
     Returns:
       ``(dataset, layer)``.
@@ -847,44 +857,6 @@ def _shaped_like(targets: ElementTargets, image: tf.Tensor) -> ElementTargets:
             tf.TensorShape([None]).concatenate(static).concatenate([1]),
         )
     return targets.replace(**out) if out else targets
-
-
-def pad_objects(targets: dict, spec: TargetSpec, max_objects: int, batched: bool) -> dict:
-    """Per-object columns padded (or cut) to `max_objects`, plus ``num_objects``.
-
-    Batched columns are ragged ``[B, (N), ...]`` and become dense ``[B, M,
-    ...]``; unbatched ones are dense ``[N, ...]`` and become ``[M, ...]``.
-    Padding is 0, except ``classes`` (-1, so a padded object cannot pass for
-    class 0). Objects beyond `max_objects` are cut (the first ones are kept).
-    """
-    out = dict(targets)
-    columns = [name for name in spec.object_columns if name in targets]
-    if not columns:
-        return out
-    first = targets[columns[0]]
-    if batched:
-        count = tf.cast(first.row_lengths(), tf.int32)
-    else:
-        count = tf.shape(first)[0]
-    out["num_objects"] = tf.minimum(count, max_objects)
-    for name in columns:
-        value = targets[name]
-        pad = -1 if name == "classes" else 0
-        if batched:
-            trailing = value.shape[2:].as_list()
-            out[name] = value.to_tensor(
-                default_value=tf.constant(pad, value.dtype), shape=[None, max_objects, *trailing]
-            )
-        else:
-            kept = value[:max_objects]
-            trailing = value.shape[1:].as_list()
-            amount = max_objects - tf.shape(kept)[0]
-            paddings = [[0, amount]] + [[0, 0]] * len(trailing)
-            out[name] = tf.ensure_shape(
-                tf.pad(kept, paddings, constant_values=tf.constant(pad, value.dtype)),
-                [max_objects, *trailing],
-            )
-    return out
 
 
 class _Share:

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from kiln.reader.augmenter import Augmenter, standardize
 from kiln.reader.ops import validate
-from kiln.reader.targets import ElementTargets, TargetSpec
+from kiln.reader.targets import ElementTargets, TargetSpec, pad_objects, unpad_objects
 
 # As in the tf.data path: the same unconverted code, so both trace alike.
 _unconverted = tf.autograph.experimental.do_not_convert
@@ -121,8 +121,13 @@ class AugmentationLayer(tf.keras.layers.Layer):
 
     def _call_with_targets(self, images, seeds, targets: Mapping[str, Any], training):
         """``(images, targets)``: each element's targets moved with its image, as
-        in the tf.data path (ragged per-object columns in, ragged out)."""
+        in the tf.data path: ragged per-object columns in, ragged out; padded
+        ones (``load_for_model(max_objects=M)``: with ``num_objects``) in,
+        padded to the same M out, ``num_objects`` counting what is left."""
         spec = self._spec
+        max_objects = _padded_objects(targets, spec)
+        if max_objects is not None:
+            targets = unpad_objects(targets, spec)
         names = [name for name in spec.names if name in targets]
         randomly = bool(training and self.random)
         if randomly and seeds is None:
@@ -159,7 +164,10 @@ class AugmentationLayer(tf.keras.layers.Layer):
         )
         if self.mean is not None and self.std is not None:  # both or neither
             out = standardize(out, self.mean, self.std)
-        return out, dict(targets, **moved)
+        result = dict(targets, **moved)
+        if max_objects is not None:
+            result = pad_objects(result, spec, max_objects, batched=True)
+        return out, result
 
     def get_config(self) -> dict:
         config = super().get_config()
@@ -171,3 +179,18 @@ class AugmentationLayer(tf.keras.layers.Layer):
             targets=self.targets,
         )
         return config
+
+
+def _padded_objects(targets: Mapping[str, Any], spec: TargetSpec) -> int | None:
+    """The static ``max_objects`` of targets padded by `pad_objects`
+    (``num_objects`` beside ``[B, M, ...]`` columns), None for ragged ones."""
+    columns = [name for name in spec.object_columns if name in targets]
+    if "num_objects" not in targets or not columns:
+        return None
+    size = targets[columns[0]].shape[1]
+    if size is None:
+        raise ValueError(
+            f"AugmentationLayer: padded targets (with num_objects) need a static object "
+            f"dimension, got {columns[0]} of shape {targets[columns[0]].shape}"
+        )
+    return int(size)

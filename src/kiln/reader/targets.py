@@ -1061,3 +1061,53 @@ def cond(
 
     image, tensors = tf.cond(predicate, unpack(apply), unpack(otherwise))
     return image, ElementTargets(tensors, targets.spec)
+
+
+def pad_objects(targets: dict, spec: TargetSpec, max_objects: int, batched: bool) -> dict:
+    """Per-object columns padded (or cut) to `max_objects`, plus ``num_objects``.
+
+    Batched columns are ragged ``[B, (N), ...]`` and become dense ``[B, M,
+    ...]``; unbatched ones are dense ``[N, ...]`` and become ``[M, ...]``.
+    Padding is 0, except ``classes`` (-1, so a padded object cannot pass for
+    class 0). Objects beyond `max_objects` are cut (the first ones are kept).
+    """
+    out = dict(targets)
+    columns = [name for name in spec.object_columns if name in targets]
+    if not columns:
+        return out
+    first = targets[columns[0]]
+    if batched:
+        count = tf.cast(first.row_lengths(), tf.int32)
+    else:
+        count = tf.shape(first)[0]
+    out["num_objects"] = tf.minimum(count, max_objects)
+    for name in columns:
+        value = targets[name]
+        pad = -1 if name == "classes" else 0
+        if batched:
+            trailing = value.shape[2:].as_list()
+            out[name] = value.to_tensor(
+                default_value=tf.constant(pad, value.dtype), shape=[None, max_objects, *trailing]
+            )
+        else:
+            kept = value[:max_objects]
+            trailing = value.shape[1:].as_list()
+            amount = max_objects - tf.shape(kept)[0]
+            paddings = [[0, amount]] + [[0, 0]] * len(trailing)
+            out[name] = tf.ensure_shape(
+                tf.pad(kept, paddings, constant_values=tf.constant(pad, value.dtype)),
+                [max_objects, *trailing],
+            )
+    return out
+
+
+def unpad_objects(targets: Mapping[str, Any], spec: TargetSpec) -> dict:
+    """The inverse of `pad_objects` for a batch: each per-object column ragged
+    ``[B, (N), ...]``, its first ``num_objects`` rows per element; without
+    ``num_objects``."""
+    count = targets["num_objects"]
+    out = {name: value for name, value in targets.items() if name != "num_objects"}
+    for name in spec.object_columns:
+        if name in targets:
+            out[name] = tf.RaggedTensor.from_tensor(targets[name], lengths=count)
+    return out
