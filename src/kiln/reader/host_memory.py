@@ -10,6 +10,11 @@ GPUs) keeps the memory it frees for the next batch. It is a process-wide
 choice, read from ``TF_CPU_ALLOCATOR_USE_BFC`` when TensorFlow creates
 its host allocator, i.e. at its first op: `pool_host_memory` makes that
 choice from Python, and `load` says when it came too late.
+
+Where TensorFlow turns oneDNN on (``TF_ENABLE_ONEDNN_OPTS``: by default on
+Linux on Intel CPUs with AVX512_VNNI, AVX512_BF16 or AMX), its host
+allocator is oneDNN's, which pools large blocks already: there the default
+is as cheap as `pool_host_memory`, and calling it changes nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ logger = logging.getLogger(__name__)
 # TensorFlow's switch for its CPU allocator (tensorflow/core/common_runtime/
 # process_state.cc), read once, when the allocator is created.
 ENVIRONMENT_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
+# TensorFlow's oneDNN switch: on, its host allocator is oneDNN's (pooling).
+ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
 
 _requested = False
 _checked = False
@@ -42,7 +49,8 @@ def pool_host_memory() -> None:
     fine): TensorFlow picks its allocator then, once. Called later, it has
     no effect, and the next `load` logs a warning saying so. Setting
     ``TF_CPU_ALLOCATOR_USE_BFC=true`` in the environment before Python
-    starts does the same.
+    starts does the same. Where TensorFlow runs oneDNN (see the module
+    docstring) its host allocator pools already, and this changes nothing.
 
         import kiln.reader
 
