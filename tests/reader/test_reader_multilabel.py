@@ -189,6 +189,24 @@ def test_mixup_mixes_multi_hot_labels_by_the_pixels_weight(tagged_dataset):
     assert mixed >= 6
 
 
+@pytest.mark.parametrize("augment", [["cutmix"], [{"mixup": {"alpha": 0.4}}]])
+def test_one_hot_keeps_mixed_multi_hot_labels_and_smooths_them(tagged_dataset, augment):
+    """Mixed labels are multi-hot already: one_hot=True must not encode them
+    again (it took the mixed vectors for class ids), label_smoothing smooths them."""
+
+    def labels(**kwargs):
+        dataset = kiln.reader.load(
+            tagged_dataset.dataset_dir, batch_size=6, seed=5, augment=augment, **kwargs
+        )
+        return np.concatenate([targets["labels"].numpy() for _, targets in dataset])
+
+    mixed = labels()
+    assert ((mixed > 0) & (mixed < 1)).any()  # some were mixed
+    np.testing.assert_array_equal(labels(one_hot=True), mixed)
+    smoothed = labels(one_hot=True, label_smoothing=0.2)
+    np.testing.assert_allclose(smoothed, mixed * 0.8 + 0.1, atol=1e-6)
+
+
 def test_batch_ops_take_multi_label_and_refuse_what_they_cannot_mix():
     labels_only = TargetSpec(kinds=("labels",))
     for augment in (["cutmix"], ["mixup"], ["mixup", "cutmix"]):

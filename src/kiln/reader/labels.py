@@ -12,8 +12,8 @@ the reader yields into those vectors:
   carries; smoothing as Keras's `BinaryCrossentropy` does it,
   ``y * (1 - s) + s / 2``.
 
-A ``label`` that mixup or cutmix already mixed is float32 one-hot: it is only
-smoothed. Per-object ``classes`` of detection datasets stay class ids.
+A ``label`` or ``labels`` that mixup or cutmix already mixed is a float32
+one-hot or multi-hot vector: it is only smoothed. Per-object ``classes`` of detection datasets stay class ids.
 """
 
 from __future__ import annotations
@@ -112,18 +112,22 @@ class LabelEncoding:
 
     def labels(self, labels: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
         """Multi-hot (smoothed) ``labels``: ids ``[n]`` or ragged ``[batch, (n)]`` ->
-        float32 ``[num_classes]`` or ``[batch, num_classes]``."""
-        if not self.one_hot:
+        float32 ``[num_classes]`` or ``[batch, num_classes]``; already mixed
+        float32 multi-hot labels (mixup, cutmix) are only smoothed."""
+        if labels.dtype.is_floating:
+            hot = labels
+        elif not self.one_hot:
             return labels
-        hot = tf.math.bincount(
-            tf.cast(labels, tf.int32),
-            minlength=self.num_classes,
-            maxlength=self.num_classes,
-            binary_output=True,
-            axis=-1,
-        )
-        # bincount of a ragged batch loses the static shape; the batch size is the rows'.
-        hot = tf.ensure_shape(tf.cast(hot, tf.float32), labels.shape[:-1] + [self.num_classes])
+        else:
+            hot = tf.math.bincount(
+                tf.cast(labels, tf.int32),
+                minlength=self.num_classes,
+                maxlength=self.num_classes,
+                binary_output=True,
+                axis=-1,
+            )
+            # bincount of a ragged batch loses the static shape; the batch size is the rows'.
+            hot = tf.ensure_shape(tf.cast(hot, tf.float32), labels.shape[:-1] + [self.num_classes])
         if self.label_smoothing:
             hot = hot * (1.0 - self.label_smoothing) + self.label_smoothing / 2.0
         return hot
