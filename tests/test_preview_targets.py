@@ -82,3 +82,34 @@ def test_cli_draws_targets_and_lists_objects(dataset_dir, tmp_path, capsys):
     np.testing.assert_array_equal(written, expected)
     stdout = capsys.readouterr().out
     assert "column 1: (3 object(s), mask)" in stdout
+
+
+def test_multi_label_columns_are_captioned_with_their_labels(tmp_path, capsys):
+    """A multi-label dataset's stored row shows each image's labels (it had no caption)."""
+    from kiln.pipeline import build
+
+    rows = {"a.png": "cat|dog", "b.png": "", "c.png": "dog"}
+    for index, name in enumerate(rows):
+        pixels = np.full((8, 8, 3), 40 * index, np.uint8)
+        (tmp_path / name).write_bytes(tf.io.encode_png(pixels).numpy())
+    lines = ["path,labels", *(f"{name},{labels}" for name, labels in rows.items())]
+    (tmp_path / "tags.csv").write_text("\n".join(lines) + "\n")
+    result = build(
+        {
+            "name": "tags",
+            "source": {"type": "manifest", "path": str(tmp_path / "tags.csv")},
+            "output": str(tmp_path / "out"),
+            "encoding": {"format": "png"},
+            "splits": {"fractions": {"train": 1.0}},
+            "targets": {"labels": {}},
+        },
+        [],
+    )
+    preview = contact_sheet.gather(result.dataset_dir, "train", n=3, epochs=1, seed=0)
+    expected = {"a.png": "cat+dog", "b.png": "", "c.png": "dog"}
+    assert dict(zip(preview.keys, preview.label_names, strict=True)) == expected
+    out = str(tmp_path / "sheet.png")
+    assert cli.main(["preview", result.dataset_dir, "--n", "3", "--epochs", "1", "-o", out]) == 0
+    stdout = capsys.readouterr().out
+    for column, key in enumerate(preview.keys):
+        assert f"column {column + 1}: {expected[key]}" in stdout

@@ -97,9 +97,17 @@ class Preview:
 
     @property
     def label_names(self) -> list[str]:
-        if not self.labels:
-            return ["" for _ in self.keys]
-        return [self.class_names[label] for label in self.labels]
+        """Per column the stored element's classes: its label, then its
+        multi-label ``labels`` joined by ``+`` (empty if it has neither)."""
+        names = [self.class_names[label] for label in self.labels] or ["" for _ in self.keys]
+        if self.stored_targets is None:
+            return names
+        return [
+            " ".join(filter(None, [name, "+".join(self.class_names[int(c)] for c in ids)]))
+            for name, ids in zip(
+                names, (t.get("labels", ()) for t in self.stored_targets), strict=True
+            )
+        ]
 
 
 def gather(
