@@ -13,7 +13,8 @@ the reader yields into those vectors:
   ``y * (1 - s) + s / 2``.
 
 A ``label`` or ``labels`` that mixup or cutmix already mixed is a float32
-one-hot or multi-hot vector: it is only smoothed. Per-object ``classes`` of detection datasets stay class ids.
+one-hot or multi-hot vector: it is only smoothed. Per-object ``classes`` of
+detection datasets stay class ids.
 """
 
 from __future__ import annotations
