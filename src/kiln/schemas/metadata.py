@@ -330,7 +330,7 @@ class DatasetInfo:
         (``mask``, only where `processing` says ``mask_counts``: datasets
         built before kiln counted them do not)."""
         targets = self.targets_config
-        kinds = [kind for kind in ("label", "labels", "boxes") if getattr(targets, kind)]
+        kinds = [k for k in ("label", "labels", "boxes") if getattr(targets, k) is not None]
         if targets.mask is not None and (self.processing or {}).get("mask_counts"):
             kinds.append("mask")
         return tuple(kinds)

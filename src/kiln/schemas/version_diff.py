@@ -624,12 +624,12 @@ def _count(
         split_cell(new.split).changed += 1
     before = {(old.split, name) for name in old.counted_in}
     after = {(new.split, name) for name in new.counted_in}
-    for place in sorted(after - before):
+    for place in after - before:
         cell(*place).moved_in += 1
-    for place in sorted(before - after):
+    for place in before - after:
         cell(*place).moved_out += 1
     if moved or changed:
-        for place in sorted(after & before):
+        for place in after & before:
             cell(*place).changed += 1
 
 
