@@ -205,6 +205,8 @@ def test_every_kind_of_bad_input_is_dropped_with_a_reason(demo_corpus, tmp_path,
     with open(os.path.join(dataset_dir, "kiln.json")) as f:
         assert json.load(f)["dropped"] == by_reason
     assert report["dropped"] == by_reason and report["dropped_total"] == len(expected)
+    assert report["objects_dropped"] is None is report["objects_dropped_file"]  # no boxes
+    assert not os.path.exists(os.path.join(dataset_dir, "dropped_objects.jsonl"))
     assert {
         k[len("dropped_") :]: v for k, v in report["counters"].items() if k.startswith("dropped_")
     } == by_reason

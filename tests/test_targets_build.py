@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import targets_data as data
 from kiln.errors import ConfigError
-from kiln.pipeline import build
+from kiln.pipeline import build, build_report, command
 from kiln.schemas import Schema
 
 
@@ -244,6 +244,16 @@ def test_min_visibility_drops_and_counts_objects_a_crop_cuts_off(tmp_path):
     dropped = result.info.objects["train"].dropped.get("min_visibility", 0)
     assert kept + dropped == 6  # 3 objects in each image
     assert dropped >= 2
+    # The report names exactly the objects the crop cut off: the listed
+    # objects without them are the stored ones, in order.
+    report = dropped_object_rows(result)
+    assert len(report) == dropped
+    assert {row["reason"] for row in report} == {"min_visibility"}
+    for row in rows:
+        named = {r["object"] for r in report if r["key"] == row["path"]}
+        left = [o["class"] for i, o in enumerate(row["objects"]) if i not in named]
+        stored = [data.CLASSES[c] for c in got[row["path"]]["classes"]]
+        assert left == stored, (row["path"], named)
     for record in got.values():
         boxes = record["boxes"]
         assert ((boxes >= 0) & (boxes <= 1)).all()
@@ -290,6 +300,16 @@ def bad_corpus(folder: pathlib.Path) -> tuple[str, dict[str, str]]:
     structural["path"] = "images/001.png"
     rows[1] = structural
     return data.write_manifest(folder, rows), expected
+
+
+def dropped_object_rows(result) -> list[dict]:
+    with open(os.path.join(result.dataset_dir, "dropped_objects.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def sha256_of(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def error_rows(result_or_dir) -> list[dict]:
@@ -354,6 +374,31 @@ def test_drop_object_keeps_the_image_and_counts_the_object(tmp_path):
     for reason in expected.values():
         by_reason[reason] = by_reason.get(reason, 0) + 1
     assert dropped == dict(sorted(by_reason.items()))
+
+    # Each dropped object is named, with its image, its index and why.
+    report = dropped_object_rows(result)
+    assert {row["key"]: (row["object"], row["reason"]) for row in report} == {
+        key: (1, reason) for key, reason in expected.items()
+    }
+    assert len(report) == len(expected)
+    assert all(row["split"] == "train" and "objects[1]" in row["message"] for row in report)
+    assert result.info.dropped_objects_sha256 == sha256_of(
+        os.path.join(result.dataset_dir, "dropped_objects.jsonl")
+    )
+    assert (
+        "  objects dropped from stored images: 9 (bad_box: 3, bad_polygon: 1, corrupt_mask: 1, "
+        "mask_size_mismatch: 2, missing_mask: 1, unknown_class: 1); see "
+        f"{result.dataset_dir}/dropped_objects.jsonl"
+    ) in command.summary(result).splitlines()
+    scheduler = build_report.succeeded(result, 1.0)  # kiln build --report
+    assert scheduler["objects_dropped"] == dropped
+    assert scheduler["objects_dropped_file"] == f"{result.dataset_dir}/dropped_objects.jsonl"
+    # Named without the data's folder: the index's bytes do not depend on it.
+    missing = next(row for row in report if row["reason"] == "missing_mask")
+    assert missing["message"].startswith("objects[1].mask: cannot read none.png: ")
+    for name in ("dropped_objects.jsonl", "index.jsonl"):
+        with open(os.path.join(result.dataset_dir, name)) as f:
+            assert str(tmp_path) not in f.read()
 
 
 def digests(result) -> dict[str, str]:
@@ -549,6 +594,43 @@ def test_verify_and_inspect_a_detection_build(plain_build):
     counts = {name: c.count for name, c in plain_build.info.objects["train"].classes.items()}
     for name, count in counts.items():
         assert any(line.split()[:2] == [name, str(count)] for line in text.splitlines())
+
+
+def test_inspect_names_dropped_objects_and_verify_checks_their_report(tmp_path):
+    import shutil
+
+    from kiln.tools.inspection import inspect_dataset, render
+    from kiln.tools.verify import verify
+
+    manifest, expected = bad_corpus(tmp_path)
+    result = build(
+        config(
+            manifest,
+            tmp_path / "out",
+            source={"type": "manifest", "path": manifest, "classes": data.CLASSES},
+            targets={**data.TARGETS, "bad_objects": "drop_object"},
+            errors={"max_fraction": 0.2},
+        )
+    )
+    assert verify(result.dataset_dir).ok
+    summary = inspect_dataset(result.dataset_dir)
+    assert len(summary["dropped_objects"]) == len(expected) and not summary["warnings"]
+    text = render(summary)
+    assert "objects dropped from stored images (rows in dropped_objects.jsonl):" in text
+    assert "    bad_box  3" in text
+    # An example per reason: the image, its split and what was wrong with the object.
+    assert re.search(r"images/bad_polygon\.png \(train\): objects\[1\]\.segmentation", text)
+
+    folder = tmp_path / "copy"
+    shutil.copytree(result.dataset_dir, folder)
+    report = folder / "dropped_objects.jsonl"
+    report.write_text("".join(report.read_text().splitlines(keepends=True)[1:]))
+    problems = [str(p) for p in verify(str(folder)).problems]
+    assert any("dropped_objects.jsonl: modified after it was written" in p for p in problems)
+    assert any("kiln.json says {'train': {" in p for p in problems), problems
+    report.unlink()
+    problems = [str(p) for p in verify(str(folder)).problems]
+    assert any("dropped_objects.jsonl: missing" in p for p in problems), problems
 
 
 @pytest.mark.parametrize(

@@ -315,3 +315,60 @@ def test_kiln_diff_counts_records_not_class_incidences(corpus, tmp_path, capsys)
     )
     assert code == 1
     assert f"{100.0 / COUNT:.2f}% of the records changed" in capsys.readouterr().err
+
+
+def test_reused_records_keep_naming_the_objects_they_dropped(corpus, tmp_path):
+    rows = read_rows(corpus)
+    rows[3]["objects"][1]["bbox"] = [30, 10, 20, 20]  # x_max < x_min
+    write_rows(corpus, rows)
+    spec = config(
+        str(corpus / "manifest.jsonl"),
+        tmp_path / "out",
+        targets={**data.TARGETS, "bad_objects": "drop_object"},
+        transforms=[{"center_crop": {"size": 24}}],  # cuts off objects: min_visibility
+    )
+    base = build(spec)
+    named = [(row["key"], row["object"], row["reason"]) for row in dropped_objects(base)]
+    assert ("images/003.png", 1, "bad_box") in named
+    assert {reason for _, _, reason in named} == {"bad_box", "min_visibility"}
+
+    box = rows[6]["objects"][0]["bbox"]
+    rows[6]["objects"][0]["bbox"] = [box[0], box[1] + 1, box[2], box[3] + 1]
+    write_rows(corpus, rows)
+    incremental = build(spec)
+
+    assert incremental.incremental.reused == COUNT - 1
+    full = build(dict(spec, output=str(tmp_path / "full")))
+    assert_same_dataset(incremental, full)  # dropped_objects.jsonl included
+    assert ("images/003.png", 1, "bad_box") in [
+        (row["key"], row["object"], row["reason"]) for row in dropped_objects(incremental)
+    ]
+
+
+def test_a_reused_line_of_an_earlier_kiln_gives_unnamed_rows_for_its_counts():
+    line = json.dumps(
+        {
+            "split": "train",
+            "shard": "s",
+            "position": 0,
+            "key": "images/003.png",
+            "sha256": "0" * 64,
+            "inputs": "0" * 32,
+            "label": 0,
+            "height": 1,
+            "width": 1,
+            "pixels": 1,
+            "sums": [0],
+            "squares": [0],
+            "targets": {"classes": [0], "objects": [], "dropped": {"bad_box": 2}},
+        }
+    )
+    rows = record_index.dropped_object_rows(record_index.parse_line(line))
+    assert [(row["key"], row["object"], row["reason"]) for row in rows] == [
+        ("images/003.png", None, "bad_box")
+    ] * 2
+
+
+def dropped_objects(result) -> list[dict]:
+    with open(os.path.join(result.dataset_dir, "dropped_objects.jsonl")) as f:
+        return [json.loads(line) for line in f]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.errors import EXIT_BUSY, EXIT_FAILED, EXIT_USAGE
 from kiln.pipeline import storage
-from kiln.schemas import ERRORS_FILENAME
+from kiln.schemas import DROPPED_OBJECTS_FILENAME, ERRORS_FILENAME
 
 if TYPE_CHECKING:
     from kiln.pipeline.launcher import BuildResult
@@ -53,6 +53,14 @@ def succeeded(result: BuildResult, elapsed_seconds: float) -> dict[str, Any]:
         "dropped": dict(sorted(info.dropped.items())),
         "dropped_total": sum(info.dropped.values()),
         "errors_file": f"{result.dataset_dir.rstrip('/')}/{ERRORS_FILENAME}",
+        # Objects removed from stored images (datasets with boxes), named in
+        # objects_dropped_file; null without boxes.
+        "objects_dropped": info.objects_dropped if info.objects is not None else None,
+        "objects_dropped_file": (
+            f"{result.dataset_dir.rstrip('/')}/{DROPPED_OBJECTS_FILENAME}"
+            if info.dropped_objects_sha256 is not None
+            else None
+        ),
         "duplicates": info.duplicates,
         "duplicates_across_splits": result.duplicates_across_splits,
         "counters": dict(result.counters),

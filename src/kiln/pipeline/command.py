@@ -235,7 +235,7 @@ def _report(args: argparse.Namespace, report: dict) -> None:
 
 def summary(result: BuildResult) -> str:
     """The end-of-build summary the command prints."""
-    from kiln.schemas import ERRORS_FILENAME, share_text
+    from kiln.schemas import DROPPED_OBJECTS_FILENAME, ERRORS_FILENAME, share_text
 
     info = result.info
     if result.up_to_date:
@@ -263,6 +263,13 @@ def summary(result: BuildResult) -> str:
         )
     else:
         lines.append("  dropped: 0")
+    objects = info.objects_dropped
+    if objects:
+        reasons = ", ".join(f"{reason}: {count}" for reason, count in objects.items())
+        lines.append(
+            f"  objects dropped from stored images: {sum(objects.values())} ({reasons}); "
+            f"see {result.dataset_dir.rstrip('/')}/{DROPPED_OBJECTS_FILENAME}"
+        )
     duplicates = f"  duplicates: {info.duplicates}"
     if result.duplicates_across_splits:
         duplicates += (

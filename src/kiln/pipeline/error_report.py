@@ -1,4 +1,5 @@
-"""The error report: one row per dropped input file, written as errors.jsonl.
+"""The error reports: one row per dropped input file, written as errors.jsonl,
+and one per object dropped from a stored image, written as dropped_objects.jsonl.
 
 A bad input file never fails the job. It becomes a `DroppedFile` row, is
 counted per reason, and lands in ``errors.jsonl`` beside the shards, sorted so
@@ -26,6 +27,19 @@ Stages and reasons (part of kiln's output format):
   ``bad_box``, ``unknown_class``, ``bad_keypoints``, ``missing_mask``,
   ``corrupt_mask``, ``mask_size_mismatch``, ``bad_polygon``,
   ``bad_segmentation``).
+
+``dropped_objects.jsonl`` (datasets with ``targets.boxes``): an object
+removed while its image was stored is not a dropped file, so it is not in
+errors.jsonl and not counted against ``errors.max_fraction``; kiln.json
+counts it per split and reason (``objects.<split>.dropped``), and this file
+names it: one row per object, in the record index's order (splits by name,
+shards, records), then by object, one canonical JSON object per line with
+``split``, ``key`` (as in errors.jsonl), ``object`` (its index in the
+objects the source listed for the image), ``reason`` and ``message``. The
+reasons: ``min_visibility`` (orientation and the offline transforms left
+less of its box in the image than ``targets.boxes.min_visibility``, or
+none), and under ``targets.bad_objects: drop_object`` the bad-annotation
+reasons above.
 """
 
 from __future__ import annotations
@@ -37,7 +51,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kiln.lazy_import import LazyModule
 from kiln.pipeline import storage
-from kiln.schemas import ERRORS_FILENAME
+from kiln.schemas import DROPPED_OBJECTS_FILENAME, ERRORS_FILENAME
 
 if TYPE_CHECKING:
     from apache_beam.io.filesystems import FileSystems
@@ -101,3 +115,14 @@ def write_error_report(folder: str, rows: list[DroppedFile]) -> WrittenErrorRepo
     for row in rows:
         counts[row.reason] = counts.get(row.reason, 0) + 1
     return WrittenErrorReport(dict(sorted(counts.items())), hashlib.sha256(data).hexdigest())
+
+
+def write_dropped_objects(folder: str, rows: list[dict[str, Any]]) -> str:
+    """Writes `rows` (`kiln.pipeline.record_index.dropped_object_rows`, in
+    index order) to ``<folder>/dropped_objects.jsonl`` as they come (an empty
+    file for none); returns the file's sha256 (hex)."""
+    data = "".join(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n" for row in rows)
+    encoded = data.encode("utf-8")
+    with storage.create(FileSystems.join(folder, DROPPED_OBJECTS_FILENAME)) as f:
+        f.write(encoded)
+    return hashlib.sha256(encoded).hexdigest()

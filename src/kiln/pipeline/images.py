@@ -213,7 +213,7 @@ class ImageProcessor:
             try:
                 loaded = self._codec.load(listed, *_stored_size(image, orientation))
             except BadAnnotation as e:
-                return drop("targets", e.reason, str(e))
+                return drop("targets", e.reason, e.located)
 
         moved = None
         try:

@@ -19,7 +19,8 @@ aggregate the launcher needs for `kiln.json`). The steps::
            └-> FindDuplicates
     (summary) -> Summarize
     shards, summary, duplicates, all dropped -> WriteReports
-                                (errors.jsonl, duplicates.jsonl, and the report)
+                                (errors.jsonl, duplicates.jsonl, index.jsonl,
+                                dropped_objects.jsonl with boxes, and the report)
 
 With a base version to reuse records from (`incremental`), the files are
 joined with the base's record index instead of spread (``JoinBase``), the
@@ -53,7 +54,7 @@ from apache_beam.metrics import Metrics
 from kiln.pipeline import incremental, record_index, sharding, storage, versioning
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.duplicates import DuplicateGroup, FindDuplicates, write_duplicate_report
-from kiln.pipeline.error_report import DroppedFile, write_error_report
+from kiln.pipeline.error_report import DroppedFile, write_dropped_objects, write_error_report
 from kiln.pipeline.images import ImageProcessor, ProcessImages
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import Summary, SummaryCombineFn
@@ -186,6 +187,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
             staging_dir=plan.staging_dir,
             report_uri=plan.report_uri,
             temp_dir=plan.temp_dir,
+            objects=config.targets is not None and config.targets.boxes is not None,
             shards=beam.pvalue.AsList(shards),
             summary=beam.pvalue.AsList(summary),
             duplicates=beam.pvalue.AsList(duplicates),
@@ -242,6 +244,8 @@ class JobReport:
       errors_sha256: sha256 of the errors.jsonl written.
       duplicates_sha256: sha256 of the duplicates.jsonl written.
       index_sha256: sha256 of the index.jsonl written (`record_index`).
+      dropped_objects_sha256: sha256 of the dropped_objects.jsonl written
+        (datasets with boxes; empty otherwise).
       base_problems: Base file -> why it was not trusted (an incremental
         build; empty when every base file checked out, or without a base).
     """
@@ -256,6 +260,7 @@ class JobReport:
     errors_sha256: str
     duplicates_sha256: str
     index_sha256: str = ""
+    dropped_objects_sha256: str = ""
     base_problems: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
@@ -291,6 +296,7 @@ class JobReport:
             "errors_sha256": self.errors_sha256,
             "duplicates_sha256": self.duplicates_sha256,
             "index_sha256": self.index_sha256,
+            "dropped_objects_sha256": self.dropped_objects_sha256,
             "base_problems": dict(sorted(self.base_problems.items())),
         }
 
@@ -322,6 +328,7 @@ class JobReport:
             errors_sha256=data["errors_sha256"],
             duplicates_sha256=data["duplicates_sha256"],
             index_sha256=data.get("index_sha256", ""),
+            dropped_objects_sha256=data.get("dropped_objects_sha256", ""),
             base_problems=dict(data.get("base_problems", {})),
         )
 
@@ -336,6 +343,7 @@ def _write_reports(
     summary,
     duplicates: list[DuplicateGroup],
     dropped: list[DroppedFile],
+    objects: bool = False,
     base_checks: Sequence[tuple[str, tuple[str, bytes]]] = (),
 ) -> None:
     errors = write_error_report(staging_dir, dropped)
@@ -343,6 +351,7 @@ def _write_reports(
         sharding.index_part_path(temp_dir, info.filename)
         for _, _, info in sorted(shards, key=lambda s: (s[0], s[1]))
     ]
+    index = record_index.join_parts(staging_dir, parts)
     report = _assemble_report(
         shards=shards,
         summary=summary,
@@ -350,7 +359,10 @@ def _write_reports(
         dropped=errors.counts,
         errors_sha256=errors.sha256,
         duplicates_sha256=write_duplicate_report(staging_dir, duplicates),
-        index_sha256=record_index.join_parts(staging_dir, parts),
+        index_sha256=index.sha256,
+        dropped_objects_sha256=(
+            write_dropped_objects(staging_dir, index.dropped_objects) if objects else ""
+        ),
         base_problems=incremental.untrusted(base_checks),
     )
     with storage.create(report_uri) as f:
@@ -366,6 +378,7 @@ def _assemble_report(
     errors_sha256: str,
     duplicates_sha256: str,
     index_sha256: str = "",
+    dropped_objects_sha256: str = "",
     base_problems: Mapping[str, str] | None = None,
 ) -> JobReport:
     # One summary, or none when no file reached the image step.
@@ -400,6 +413,7 @@ def _assemble_report(
         errors_sha256=errors_sha256,
         duplicates_sha256=duplicates_sha256,
         index_sha256=index_sha256,
+        dropped_objects_sha256=dropped_objects_sha256,
         base_problems=dict(base_problems or {}),
     )
 

@@ -982,6 +982,7 @@ def dataset_info(
         errors_sha256=report.errors_sha256,
         duplicates_sha256=report.duplicates_sha256,
         index_sha256=report.index_sha256,
+        dropped_objects_sha256=report.dropped_objects_sha256 or None,
         processing=incremental.processing(data),
         targets=None if config.targets is None else config.targets.to_json(),
         objects=objects,

@@ -3,7 +3,7 @@
 A dataset root ``<output>/<name>/`` holds::
 
     <version>/              a complete dataset: shards, errors.jsonl, duplicates.jsonl,
-                            kiln.json
+                            index.jsonl, dropped_objects.jsonl (with boxes), kiln.json
     LATEST                  the name of the version readers should use
     .staging-<stamp>-<rnd>/ a build in progress (never read)
     .stamps/<stamp>         the version an input listing was built into

@@ -26,8 +26,10 @@ targets     datasets with ``targets:`` only: what the split's statistics
             count of the record's targets (`statistics.TargetCounts`):
             ``classes`` (the class ids the image carries), ``objects``
             (``[class id, size]`` per stored object, size = sqrt(box area)
-            in stored pixels; null without boxes) and ``dropped`` (reason ->
-            objects removed while the image was kept)
+            in stored pixels; null without boxes), ``dropped`` (reason ->
+            objects removed while the image was kept) and, when some
+            were, ``dropped_objects`` (per object removed: ``object``, its
+            index in the listed objects, ``reason`` and ``message``)
 =========== ==================================================================
 
 ``pixels``, ``sums``, ``squares`` and ``targets`` are the record's share of
@@ -109,11 +111,17 @@ def entry(
 
 
 def _targets_json(counts: TargetCounts) -> dict[str, Any]:
-    return {
+    data: dict[str, Any] = {
         "classes": list(counts.image_classes),
         "objects": [[c, s] for c, s in counts.objects] if counts.has_objects else None,
         "dropped": dict(counts.dropped),
     }
+    if counts.dropped_objects:  # absent otherwise: the lines of earlier builds
+        data["dropped_objects"] = [
+            {"object": index, "reason": reason, "message": message}
+            for index, reason, message in counts.dropped_objects
+        ]
+    return data
 
 
 def _targets_from_json(data: Mapping[str, Any]) -> TargetCounts:
@@ -123,6 +131,10 @@ def _targets_from_json(data: Mapping[str, Any]) -> TargetCounts:
         has_objects=objects is not None,
         objects=tuple((int(c), float(s)) for c, s in objects or ()),
         dropped=tuple(sorted((str(r), int(n)) for r, n in data["dropped"].items())),
+        dropped_objects=tuple(
+            (int(d["object"]), str(d["reason"]), str(d["message"]))
+            for d in data.get("dropped_objects", ())
+        ),
     )
 
 
@@ -270,15 +282,67 @@ def write_part(path: str, temp_path: str, split: str, shard: str, entries: Seque
     FileSystems.rename([temp_path], [path])
 
 
-def join_parts(folder: str, parts: Sequence[str]) -> str:
+class JoinedIndex(NamedTuple):
+    """What `join_parts` wrote: index.jsonl's sha256 (hex), and a row per
+    object dropped from a stored image (`dropped_object_rows`), in index
+    order."""
+
+    sha256: str
+    dropped_objects: list[dict[str, Any]]
+
+
+# In a line whose record had objects dropped, and only there.
+_DROPPED_SOME = b'"dropped":{"'
+
+
+def join_parts(folder: str, parts: Sequence[str]) -> JoinedIndex:
     """Writes ``<folder>/index.jsonl`` from the shards' parts, in the order
-    given (shard order), streaming; returns its sha256 (hex)."""
+    given (shard order), streaming, and gathers the dropped objects its
+    lines name."""
     digest = hashlib.sha256()
+    dropped: list[dict[str, Any]] = []
     target = FileSystems.join(folder, INDEX_FILENAME)
     with storage.create(target, compression_type=CompressionTypes.UNCOMPRESSED) as out:
         for part in parts:
+            tail = b""
             with FileSystems.open(part, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 while chunk := f.read(_COPY_CHUNK):
                     digest.update(chunk)
                     out.write(chunk)
-    return digest.hexdigest()
+                    # Most chunks name no dropped object: one search each.
+                    data = tail + chunk
+                    end = data.rfind(b"\n") + 1
+                    if _DROPPED_SOME in data[:end]:
+                        for line in data[:end].split(b"\n"):
+                            if _DROPPED_SOME in line:
+                                dropped += dropped_object_rows(parse_line(line.decode("utf-8")))
+                    tail = data[end:]
+    return JoinedIndex(digest.hexdigest(), dropped)
+
+
+def dropped_object_rows(row: IndexRow) -> list[dict[str, Any]]:
+    """The rows of ``dropped_objects.jsonl`` a record's index line gives: per
+    object dropped from its image, ``split``, ``key``, ``object`` (its index
+    in the listed objects), ``reason`` and ``message``, by index. A line of
+    a build before kiln named them (a record reused from it) gives rows with
+    ``object`` null, one per object its counts say was dropped."""
+    if row.targets is None:
+        return []
+    rows = [
+        {"split": row.split, "key": row.key, "object": index, "reason": reason, "message": message}
+        for index, reason, message in row.targets.dropped_objects
+    ]
+    named: dict[str, int] = {}
+    for _, reason, _ in row.targets.dropped_objects:
+        named[reason] = named.get(reason, 0) + 1
+    for reason, count in row.targets.dropped:
+        rows += [
+            {
+                "split": row.split,
+                "key": row.key,
+                "object": None,
+                "reason": reason,
+                "message": "dropped by a kiln build that did not record which object",
+            }
+        ] * max(0, count - named.get(reason, 0))
+    return rows

@@ -123,12 +123,15 @@ class TargetCounts(NamedTuple):
       objects: ``(class id, size)`` per stored object; size = sqrt(box area)
         in stored pixels.
       dropped: ``(reason, count)``: objects removed while the image was kept.
+      dropped_objects: Those objects, ``(index in the listed objects,
+        reason, message)`` by index: what ``dropped_objects.jsonl`` reports.
     """
 
     image_classes: tuple[int, ...]
     has_objects: bool
     objects: tuple[tuple[int, float], ...]
     dropped: tuple[tuple[str, int], ...]
+    dropped_objects: tuple[tuple[int, str, str], ...] = ()
 
 
 class ObjectSums:

@@ -78,17 +78,27 @@ REASONS = (
 )
 # kiln.json's count of objects the transforms left too little of.
 MIN_VISIBILITY = "min_visibility"
+# A per-object column of the job's own: the object's index in the listed
+# objects, so a dropped object is named by it (never stored in a record).
+SOURCE_INDEX = "_listed_index"
 
 
 class BadAnnotation(Exception):
-    """An annotation the job cannot use; `reason` is one of `REASONS`."""
+    """An annotation the job cannot use; `reason` is one of `REASONS`.
 
-    def __init__(self, reason: str, message: str):
+    `located` is the message naming where the files are (errors.jsonl's,
+    beside the image's URI), `str(e)` the same without their folders: what
+    a dropped object's record keeps, since a record's bytes and index line
+    do not depend on where the data is.
+    """
+
+    def __init__(self, reason: str, message: str, located: str | None = None):
         super().__init__(message)
         self.reason = reason
+        self.located = message if located is None else located
 
     def __reduce__(self):
-        return BadAnnotation, (self.reason, str(self))
+        return BadAnnotation, (self.reason, str(self), self.located)
 
 
 class MaskFiles:
@@ -130,7 +140,12 @@ class MaskFiles:
         """
         found = self._contents.get(uri, "not read")
         if isinstance(found, str):
-            raise BadAnnotation("missing_mask", f"{where}: cannot read {uri}: {found}")
+            name = _base_name(uri)
+            raise BadAnnotation(
+                "missing_mask",
+                f"{where}: cannot read {name}: {found.replace(uri, name)}",
+                located=f"{where}: cannot read {uri}: {found}",
+            )
         return found
 
     def content_name(self, uri: str) -> str:
@@ -165,14 +180,14 @@ class LoadedTargets:
         keypoints, masks; None for a dataset without geometric targets.
       labels: Class ids of ``labels`` (ascending, distinct), or None.
       extra: The extra columns, or None.
-      dropped: ``(reason, count)`` of the bad objects dropped
-        (``bad_objects: drop_object``).
+      dropped: The bad objects dropped (``bad_objects: drop_object``):
+        ``(index in the listed objects, reason, message)``, by index.
     """
 
     geometry: transforms.Targets | None
     labels: np.ndarray | None
     extra: Mapping[str, Any] | None
-    dropped: tuple[tuple[str, int], ...]
+    dropped: tuple[tuple[int, str, str], ...]
 
 
 class TargetCodec:
@@ -223,7 +238,7 @@ class TargetCodec:
           BadAnnotation: the image must be dropped (see the module docstring).
         """
         row = listed.row
-        dropped: dict[str, int] = {}
+        dropped: list[tuple[int, str, str]] = []
         labels = None
         if self._targets.labels is not None:
             ids = {self._class_id(name, "labels") for name in row["labels"]}
@@ -238,16 +253,17 @@ class TargetCodec:
             for index, item in enumerate(objects):
                 try:
                     kept.append(self._object(item, index, height, width, listed.masks))
+                    kept[-1]["index"] = index
                 except BadAnnotation as e:
                     if not self._drop_object:
                         raise
-                    dropped[e.reason] = dropped.get(e.reason, 0) + 1
+                    dropped.append((index, e.reason, str(e)))
             geometry = self._geometry(kept, mask, height, width)
         return LoadedTargets(
             geometry=geometry,
             labels=labels,
             extra=row.get("extra"),
-            dropped=tuple(sorted(dropped.items())),
+            dropped=tuple(dropped),
         )
 
     def features(
@@ -274,7 +290,7 @@ class TargetCodec:
             fields["labels"] = loaded.labels
             classes.update(int(c) for c in loaded.labels)
         objects: tuple[tuple[int, float], ...] = ()
-        dropped = dict(loaded.dropped)
+        dropped = list(loaded.dropped)
         if moved is not None:
             fields.update(self._geometry_features(moved, height, width))
             if targets.mask is not None and moved.mask is not None:
@@ -291,15 +307,40 @@ class TargetCodec:
                     (int(c), float(s)) for c, s in zip(object_classes, sizes, strict=True)
                 )
                 if moved.dropped_objects:
-                    dropped[MIN_VISIBILITY] = moved.dropped_objects
+                    dropped += self._left_too_little(loaded.geometry, moved)
         if loaded.extra is not None:
             fields.update(loaded.extra)
+        counts: dict[str, int] = {}
+        for _, reason, _ in dropped:
+            counts[reason] = counts.get(reason, 0) + 1
         return fields, TargetCounts(
             image_classes=tuple(sorted(classes)),
             has_objects=targets.boxes is not None,
             objects=objects,
-            dropped=tuple(sorted(dropped.items())),
+            dropped=tuple(sorted(counts.items())),
+            dropped_objects=tuple(sorted(dropped)),
         )
+
+    def _left_too_little(
+        self, loaded: transforms.Targets | None, moved: transforms.Targets
+    ) -> list[tuple[int, str, str]]:
+        """The objects orientation and the transforms dropped (`MIN_VISIBILITY`),
+        by their index in the listed objects (`SOURCE_INDEX`)."""
+        if loaded is None or self._targets.boxes is None:
+            return []
+        left = set(moved.objects[SOURCE_INDEX].tolist())
+        threshold = self._targets.boxes.min_visibility
+        return [
+            (
+                index,
+                MIN_VISIBILITY,
+                f"objects[{index}]: too little of its box is left in the stored image after "
+                f"orientation and the transforms (less than boxes.min_visibility "
+                f"{threshold:g} of its area, or none)",
+            )
+            for index in loaded.objects[SOURCE_INDEX].tolist()
+            if index not in left
+        ]
 
     # --- loading -----------------------------------------------------------------------
 
@@ -350,6 +391,7 @@ class TargetCodec:
         objects: dict[str, np.ndarray] = {}
         if targets.boxes is not None:
             objects["classes"] = np.array([o["class"] for o in kept], dtype=np.int64)
+            objects[SOURCE_INDEX] = np.array([o["index"] for o in kept], dtype=np.int64)
             for name, kind in sorted(targets.boxes.fields.items()):
                 dtype = np.int64 if kind == "int" else np.float64
                 objects[name] = np.array([o["fields"][name] for o in kept], dtype=dtype)

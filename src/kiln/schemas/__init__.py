@@ -19,6 +19,7 @@ from kiln.schemas.features import (
     schema_for,
 )
 from kiln.schemas.metadata import (
+    DROPPED_OBJECTS_FILENAME,
     DUPLICATES_FILENAME,
     ERRORS_FILENAME,
     INDEX_FILENAME,
@@ -54,6 +55,7 @@ __all__ = [
     "CLASSIFICATION",
     "TargetsConfig",
     "DUPLICATES_FILENAME",
+    "DROPPED_OBJECTS_FILENAME",
     "ERRORS_FILENAME",
     "INDEX_FILENAME",
     "LATEST_FILENAME",

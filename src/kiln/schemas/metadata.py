@@ -25,6 +25,7 @@ METADATA_FILENAME = "kiln.json"
 ERRORS_FILENAME = "errors.jsonl"
 DUPLICATES_FILENAME = "duplicates.jsonl"
 INDEX_FILENAME = "index.jsonl"
+DROPPED_OBJECTS_FILENAME = "dropped_objects.jsonl"
 LATEST_FILENAME = "LATEST"
 STAGING_PREFIX = ".staging-"
 
@@ -249,6 +250,11 @@ class DatasetInfo:
         index (one line per record: where it is, its key and content hash,
         its pixel sums; see `kiln.pipeline.record_index`). None in datasets
         written before kiln wrote it.
+      dropped_objects_sha256: sha256 (hex) of the bytes of
+        ``dropped_objects.jsonl``, which names every object removed from a
+        stored image (`objects`' ``dropped`` counts them; see
+        `kiln.pipeline.error_report`). Datasets with boxes only; None (left
+        out of the file) otherwise and before kiln wrote it.
       processing: What decides a record's bytes given its source file:
         ``{"version": int, "fingerprint": hex}``, the kiln processing
         version and the processing fingerprint
@@ -305,6 +311,7 @@ class DatasetInfo:
     errors_sha256: str | None = None
     duplicates_sha256: str | None = None
     index_sha256: str | None = None
+    dropped_objects_sha256: str | None = None
     processing: dict[str, Any] | None = None
     targets: dict[str, Any] | None = None
     objects: dict[str, ObjectStatistics] | None = None
@@ -314,6 +321,16 @@ class DatasetInfo:
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    @property
+    def objects_dropped(self) -> dict[str, int]:
+        """Reason -> objects removed from stored images, over every split
+        (`ObjectStatistics.dropped`; ``dropped_objects.jsonl`` names them)."""
+        counts: dict[str, int] = {}
+        for split in (self.objects or {}).values():
+            for reason, count in split.dropped.items():
+                counts[reason] = counts.get(reason, 0) + count
+        return dict(sorted(counts.items()))
 
     @property
     def targets_config(self) -> TargetsConfig:
@@ -396,7 +413,8 @@ class DatasetInfo:
             for name in ("errors_sha256", "duplicates_sha256", CHECKSUM_FIELD):
                 if data[name] is None:
                     del data[name]
-        for name in ("index_sha256", "processing"):  # absent before kiln wrote them
+        # Absent before kiln wrote them (and the dropped objects without boxes).
+        for name in ("index_sha256", "dropped_objects_sha256", "processing"):
             if data[name] is None:
                 del data[name]
         if not self.provenance:  # written before kiln recorded it

@@ -1,7 +1,7 @@
 """What a built dataset holds, as a readable summary or JSON: the library behind `kiln inspect`.
 
 Reads only the metadata a build wrote (`kiln.json`, `errors.jsonl`,
-`duplicates.jsonl`) through
+`duplicates.jsonl`, `dropped_objects.jsonl`) through
 `kiln.reader`'s path resolution, so it works on local and gs:// paths and
 in a reader-only install (TensorFlow and NumPy; no Beam, no OpenCV). No
 shard is opened: `kiln verify` checks the shards against the metadata.
@@ -16,6 +16,7 @@ from typing import Any
 from kiln.reader import info as read_info
 from kiln.reader import locate
 from kiln.schemas import (
+    DROPPED_OBJECTS_FILENAME,
     DUPLICATES_FILENAME,
     ERRORS_FILENAME,
     DatasetInfo,
@@ -65,6 +66,7 @@ def inspect_dataset(path: str) -> dict[str, Any]:
     metadata = read_info(dataset_dir)
     errors = read_jsonl(join(dataset_dir, ERRORS_FILENAME))
     duplicate_groups = read_jsonl(join(dataset_dir, DUPLICATES_FILENAME))
+    dropped_objects = read_jsonl(join(dataset_dir, DROPPED_OBJECTS_FILENAME))
     splits = {}
     shares = metadata.split_shares()
     for name in split_order(metadata):
@@ -132,8 +134,11 @@ def inspect_dataset(path: str) -> dict[str, Any]:
             for name in split_order(metadata)
             if name in metadata.objects
         },
+        "dropped_objects": dropped_objects,
         "warnings": (
-            consistency_warnings(metadata, errors) + duplicate_warnings(metadata, duplicate_groups)
+            consistency_warnings(metadata, errors)
+            + duplicate_warnings(metadata, duplicate_groups)
+            + dropped_object_warnings(metadata, dropped_objects)
         ),
     }
 
@@ -206,6 +211,35 @@ def duplicate_warnings(metadata: DatasetInfo, groups: list[dict] | None) -> list
             f"kiln.json counts {metadata.duplicates}"
         ]
     return []
+
+
+def dropped_object_warnings(metadata: DatasetInfo, rows: list[dict] | None) -> list[str]:
+    """Where dropped_objects.jsonl (rows from `read_jsonl`) and kiln.json's
+    per-split counts of dropped objects (``objects.<split>.dropped``) disagree."""
+    if rows is None:
+        if metadata.dropped_objects_sha256 is not None:
+            return [f"{DROPPED_OBJECTS_FILENAME} is missing, but kiln.json records its sha256"]
+        return []  # no boxes, or built before kiln wrote it
+    from_rows: dict[str, dict[str, int]] = {}
+    for row in rows:
+        counts = from_rows.setdefault(str(row.get("split")), {})
+        reason = str(row.get("reason"))
+        counts[reason] = counts.get(reason, 0) + 1
+    stated = {
+        split: dict(objects.dropped)
+        for split, objects in (metadata.objects or {}).items()
+        if objects.dropped
+    }
+    if from_rows == stated:
+        return []
+    return [
+        f"{DROPPED_OBJECTS_FILENAME} has {_sorted_counts(from_rows)} dropped objects by split "
+        f"and reason, kiln.json says {_sorted_counts(stated)}"
+    ]
+
+
+def _sorted_counts(counts: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    return {split: dict(sorted(c.items())) for split, c in sorted(counts.items())}
 
 
 # --- text -----------------------------------------------------------------------------
@@ -309,7 +343,25 @@ def _target_lines(summary: dict[str, Any]) -> list[str]:
             f"  {split_name}: {split['images_without_objects']} image(s) without objects"
             + (f"; objects dropped: {dropped}" if dropped else "")
         )
-    return [*lines, ""]
+    return [*lines, *_dropped_object_lines(summary), ""]
+
+
+def _dropped_object_lines(summary: dict[str, Any]) -> list[str]:
+    """Examples of the objects removed from stored images, per reason."""
+    rows = summary.get("dropped_objects") or []
+    if not rows:
+        return []
+    by_reason: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_reason.setdefault(str(row.get("reason")), []).append(row)
+    lines = [f"  objects dropped from stored images (rows in {DROPPED_OBJECTS_FILENAME}):"]
+    for reason, found in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        lines.append(f"    {reason}  {len(found)}")
+        for row in found[:EXAMPLES_PER_REASON]:
+            lines.append(f"      {row.get('key')} ({row.get('split')}): {row.get('message')}")
+        if len(found) > EXAMPLES_PER_REASON:
+            lines.append(f"      ... {len(found) - EXAMPLES_PER_REASON} more")
+    return lines
 
 
 def _source_text(source: dict[str, Any] | None) -> str:

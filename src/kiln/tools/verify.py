@@ -22,7 +22,8 @@ with `kiln.json`:
   counts, the per-class object counts and the statistics' pixel count
   equal what the records hold.
 - The folder holds only what a build writes: the listed shards, kiln.json,
-  errors.jsonl, duplicates.jsonl and the TFDS metadata files. Anything else
+  errors.jsonl, duplicates.jsonl, index.jsonl, dropped_objects.jsonl and
+  the TFDS metadata files. Anything else
   (a leftover temp file, a shard from another build) is reported.
 - errors.jsonl has the sha256 kiln.json records (format 2 and later), the
   report's fields on every row, and agrees with kiln.json's drop counts.
@@ -30,6 +31,9 @@ with `kiln.json`:
   agrees with kiln.json's ``duplicates`` count and, when every shard read
   cleanly, lists exactly the groups of records with the same content
   sha256 (keys and splits).
+- dropped_objects.jsonl (datasets with boxes, since kiln wrote it) has the
+  sha256 kiln.json records and names as many dropped objects per split and
+  reason as kiln.json's object statistics count.
 - TFDS metadata files, when present, are the ones kiln.json implies.
 
 CRCs are checked by TensorFlow's record reader, which verifies both CRCs of
@@ -54,6 +58,7 @@ import tensorflow as tf
 from kiln.reader import info as read_info
 from kiln.reader import locate
 from kiln.schemas import (
+    DROPPED_OBJECTS_FILENAME,
     DUPLICATES_FILENAME,
     ERRORS_FILENAME,
     INDEX_FILENAME,
@@ -77,6 +82,7 @@ from kiln.schemas.tfds_metadata import (
 )
 from kiln.tools.inspection import (
     consistency_warnings,
+    dropped_object_warnings,
     duplicate_warnings,
     read_jsonl,
     split_order,
@@ -211,6 +217,7 @@ def verify(path: str) -> Verification:
     result.problems += _check_folder(dataset_dir, metadata)
     result.problems += _check_error_report(dataset_dir, metadata)
     result.problems += _check_report_sha256(dataset_dir, INDEX_FILENAME, metadata.index_sha256)
+    result.problems += _check_dropped_objects(dataset_dir, metadata)
     result.problems += _check_duplicate_report(
         dataset_dir, metadata, seen.copies if complete else None
     )
@@ -507,6 +514,7 @@ def _allowed_files(metadata: DatasetInfo) -> set[str]:
         ERRORS_FILENAME,
         DUPLICATES_FILENAME,
         INDEX_FILENAME,
+        DROPPED_OBJECTS_FILENAME,
         TFDS_DATASET_INFO_FILENAME,
         TFDS_FEATURES_FILENAME,
         *(
@@ -560,6 +568,26 @@ def _check_error_report(dataset_dir: str, metadata: DatasetInfo) -> list[Problem
             break
     found += [Problem(ERRORS_FILENAME, warning) for warning in consistency_warnings(metadata, rows)]
     return found
+
+
+def _check_dropped_objects(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
+    """dropped_objects.jsonl against its sha256 and kiln.json's counts of
+    dropped objects (datasets that record it)."""
+    if metadata.dropped_objects_sha256 is None:
+        return []
+    found = _check_report_sha256(
+        dataset_dir, DROPPED_OBJECTS_FILENAME, metadata.dropped_objects_sha256
+    )
+    try:
+        rows = read_jsonl(_join(dataset_dir, DROPPED_OBJECTS_FILENAME))
+    except MetadataError as e:
+        return found + [Problem(DROPPED_OBJECTS_FILENAME, str(e))]
+    if rows is None:  # missing: the sha256 check said so
+        return found
+    return found + [
+        Problem(DROPPED_OBJECTS_FILENAME, warning)
+        for warning in dropped_object_warnings(metadata, rows)
+    ]
 
 
 def _check_duplicate_report(
