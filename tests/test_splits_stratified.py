@@ -17,8 +17,9 @@ import tensorflow as tf
 
 from conftest import make_config
 from kiln.pipeline import ConfigError, build, config, demo_data
+from kiln.pipeline import splits as splits_module
 from kiln.pipeline.splits import stratify_class
-from kiln.schemas import RECORD
+from kiln.schemas import Schema
 
 FRACTIONS = {"train": 0.7, "validation": 0.15, "test": 0.15}
 SHARDS = {"num_shards": {"train": 2, "validation": 1, "test": 1}}
@@ -27,11 +28,12 @@ SHARDS = {"num_shards": {"train": 2, "validation": 1, "test": 1}}
 def splits_of(result):
     """key -> split of every record, read from the shards."""
     found = {}
+    schema = Schema.from_json(result.info.schema)
     for split in result.info.splits.values():
         for shard in split.shards:
             path = os.path.join(result.dataset_dir, shard.filename)
             for serialized in tf.data.TFRecordDataset(path).as_numpy_iterator():
-                found[RECORD.decode(serialized)["key"].decode()] = split.name
+                found[schema.decode(serialized)["key"].decode()] = split.name
     return found
 
 
@@ -80,6 +82,104 @@ def test_stratified_assignment_is_within_one_file_and_keeps_assigned_files(fract
 def test_zero_fraction_splits_get_nothing():
     chosen = assign({"train": 0.9, "test": 0.1, "unused": 0.0}, [str(i) for i in range(57)], {})
     assert "unused" not in chosen.values()
+
+
+def assign_class_sets(fractions, files, previous):
+    """`stratify_class_sets` over ``key -> classes`` as the listing calls it:
+    in stratum order, then draw, then key."""
+    no_class = (splits_module.NO_CLASS,)
+    sizes, kept, kept_files = {}, {}, {}
+    for key, classes in files.items():
+        for c in classes or no_class:
+            sizes[c] = sizes.get(c, 0) + 1
+            if key in previous:
+                kept.setdefault(c, {})[previous[key]] = kept.get(c, {}).get(previous[key], 0) + 1
+        if key in previous:
+            kept_files[previous[key]] = kept_files.get(previous[key], 0) + 1
+    order = splits_module.class_set_order(sizes)
+    keys = sorted(
+        files,
+        key=lambda key: (
+            order[splits_module.key_class(files[key] or no_class, order)],
+            hashlib.sha256(key.encode()).digest(),
+            key,
+        ),
+    )
+    rows = [(i, files[key] or no_class, previous.get(key)) for i, key in enumerate(keys)]
+    chosen = dict(
+        splits_module.stratify_class_sets(fractions, rows, sizes, kept, kept_files, len(keys))
+    )
+    return {key: chosen[i] for i, key in enumerate(keys)}
+
+
+def hashed(fractions, keys):
+    """What ``split_by: key`` without stratify draws (the baseline)."""
+    policy = splits_module.SplitPolicy(tuple(sorted(fractions.items())), "key")
+    return {key: policy.assign(key, "", None) for key in keys}
+
+
+def class_deviations(fractions, files, assigned):
+    """class -> the largest |files of the class in a split - fraction * class size|."""
+    worst = {}
+    for c in {c for classes in files.values() for c in classes}:
+        members = [key for key, classes in files.items() if c in classes]
+        worst[c] = max(
+            abs(sum(1 for key in members if assigned[key] == split) - fraction * len(members))
+            for split, fraction in fractions.items()
+        )
+    return worst
+
+
+def random_class_sets(rng, trial, count):
+    """``key -> classes``: 0 to 4 objects per image over 2 to 12 classes of
+    very unequal frequency (some classes in a handful of images)."""
+    num_classes = rng.randint(2, 12)
+    weights = [rng.random() ** 3 for _ in range(num_classes)]
+    return {
+        f"{trial}/{i}": tuple(
+            sorted(set(rng.choices(range(num_classes), weights, k=rng.randint(0, 4))))
+        )
+        for i in range(count)
+    }
+
+
+def test_class_set_stratification_balances_every_class_far_better_than_a_hash():
+    fractions = {"train": 0.8, "validation": 0.1, "test": 0.1}
+    rng = random.Random(1)
+    stratified, baseline = [], []
+    for trial in range(200):
+        files = random_class_sets(rng, trial, rng.randint(20, 300))
+        assigned = assign_class_sets(fractions, files, {})
+        worst = class_deviations(fractions, files, assigned)
+        sizes = {c: sum(c in classes for classes in files.values()) for c in worst}
+        rarest = min(sizes, key=lambda c: (sizes[c], c))
+        assert worst[rarest] < 1, trial  # the first stratum is exact
+        # Files without a class are spread by their own shares too.
+        empty = [key for key, classes in files.items() if not classes]
+        for split, fraction in fractions.items():
+            count = sum(1 for key in empty if assigned[key] == split)
+            assert abs(count - fraction * len(empty)) < 1, trial
+        stratified.append(max(worst.values()))
+        baseline.append(max(class_deviations(fractions, files, hashed(fractions, files)).values()))
+    # Every class, not only the rarest: the median corpus's worst class is
+    # within one file of its shares (a hash's is four files off).
+    assert sorted(stratified)[100] < 1 and sorted(baseline)[100] >= 3
+    assert sum(s <= b for s, b in zip(stratified, baseline, strict=True)) >= 190
+
+
+def test_class_set_stratification_keeps_assigned_files_and_skips_empty_splits():
+    fractions = {"a": 0.6, "b": 0.4, "unused": 0.0}
+    rng = random.Random(3)
+    for trial in range(50):
+        files = random_class_sets(rng, trial, rng.randint(5, 60))
+        assigned = {}
+        for step in range(5):
+            chosen = assign_class_sets(fractions, files, assigned)
+            assert all(chosen[key] == split for key, split in assigned.items())
+            assert "unused" not in chosen.values()
+            assigned = chosen
+            more = random_class_sets(rng, f"{trial}/{step}", rng.choice([0, 1, 5, 20]))
+            files = {**files, **more}
 
 
 def test_stratify_needs_split_by_key(base_config, tmp_path):
@@ -142,3 +242,61 @@ def test_files_keep_their_split_when_files_are_added(corpora, tmp_path, stratify
         fresh = build({**settings, "output": str(tmp_path / "fresh")})
         assert largest_deviation(fresh) < 1
         assert (fresh.version == second.version) == (splits_of(fresh) == after)
+
+
+def write_detection_corpus(folder, count, start=0):
+    """Images with 0 to 3 boxes of unequal classes ("rare" in one image of
+    ten, "common" in most), listed in ``folder/manifest.jsonl`` (appended)."""
+    import json
+
+    import cv2
+    import numpy as np
+
+    rng = random.Random(11)
+    folder.mkdir(exist_ok=True)
+    lines = []
+    for index in range(start + count):
+        objects = [{"bbox": [1, 1, 9, 9], "class": "common"}] if index % 5 else []
+        if index % 3 == 0:
+            objects.append({"bbox": [2, 2, 12, 12], "class": "middling"})
+        if index % 10 == 7:
+            objects.append({"bbox": [4, 4, 14, 14], "class": "rare"})
+        shade = rng.randint(0, 255)
+        if index >= start:
+            path = folder / f"{index:03d}.png"
+            assert cv2.imwrite(str(path), np.full((16, 16, 3), shade, np.uint8))
+            lines.append(json.dumps({"path": path.name, "objects": objects}))
+    with open(folder / "manifest.jsonl", "a") as f:
+        f.write("".join(line + "\n" for line in lines))
+    return str(folder / "manifest.jsonl")
+
+
+def test_a_detection_dataset_stratifies_by_the_classes_of_its_objects(tmp_path):
+    data = tmp_path / "data"
+    manifest = write_detection_corpus(data, 60)
+    fractions = {"train": 0.6, "validation": 0.2, "test": 0.2}
+
+    def settings(stratify, output):
+        return {
+            "name": "boxes",
+            "source": {"type": "manifest", "path": manifest},
+            "output": str(tmp_path / output),
+            "encoding": {"format": "png"},
+            "targets": {"boxes": {}},
+            "splits": {"fractions": fractions, "split_by": "key", "stratify": stratify},
+        }
+
+    first = build(settings(True, "out"))
+    hashed_build = build(settings(False, "hashed"))
+    # kiln.json counts, per split, the images carrying each class.
+    assert first.info.largest_class_deviation() < 1
+    assert hashed_build.info.largest_class_deviation() >= 2
+    counts = {name: first.info.splits[name].class_counts["rare"] for name in fractions}
+    assert counts == {"train": 4, "validation": 1, "test": 1}
+
+    before = splits_of(first)
+    write_detection_corpus(data, 30, start=60)
+    second = build(settings(True, "out"))
+    after = splits_of(second)
+    assert len(after) == 90 and {key: after[key] for key in before} == before
+    assert second.info.largest_class_deviation() < 1.5

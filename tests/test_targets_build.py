@@ -464,9 +464,10 @@ def test_config_refuses_targets_the_source_cannot_give(tmp_path, source, targets
         )
 
 
-def test_stratify_needs_an_image_label_to_stratify_by(tmp_path):
-    """The listing stratifies by image label: without one every file was in
-    one group, and the build claimed "stratified" for classes it never balanced."""
+def test_stratify_needs_classes_the_listing_knows(tmp_path):
+    """The listing stratifies by the classes an image's label, labels or
+    objects name: a mask's are known only once the job decodes it. Without
+    any, every file was in one group, and the build claimed "stratified"."""
     from kiln.pipeline import config as config_module
 
     def load(targets):
@@ -485,11 +486,10 @@ def test_stratify_needs_an_image_label_to_stratify_by(tmp_path):
             check_paths=False,
         )
 
-    with pytest.raises(ConfigError, match=r"splits.stratify: .* no image label; declare targets"):
-        load({"boxes": {}, "mask": {}})
-    with pytest.raises(ConfigError, match=r"splits.stratify: .*\(labels\) have no image label"):
-        load({"labels": {}})
-    assert load({"label": {}, "boxes": {}}).config.splits.stratify
+    with pytest.raises(ConfigError, match=r"splits.stratify: .*\(mask\) name none before"):
+        load({"mask": {}})
+    for targets in ({"label": {}, "boxes": {}}, {"labels": {}}, {"boxes": {}, "mask": {}}):
+        assert load(targets).config.splits.stratify
 
 
 def test_csv_manifest_carries_labels_and_extras(tmp_path):

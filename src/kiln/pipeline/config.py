@@ -145,9 +145,11 @@ class SplitsConfig(_Model):
     """Assign per class, so every class gets each split's fraction: within one file of
     `fraction x class size` in a fresh build (and as files are added, with up to three splits).
     A file the previous version (LATEST) holds under the same key keeps its split; new files fill
-    the splits that are short. Needs `split_by: key`. The classes are the images' labels: with
-    `targets:`, it needs `targets.label` (objects', labels' and mask classes are not balanced).
-    The trade-off is in the README ("Splits that stay put")."""
+    the splits that are short. Needs `split_by: key`. The classes are the images' labels; with
+    `targets:` and no `label`, the classes of each image's `labels` and objects, balanced by
+    iterative stratification (the rarest class within one file of its shares, the others close;
+    mask classes are not balanced, and a mask-only dataset cannot stratify). The trade-off is in
+    the README ("Splits that stay put")."""
 
     @pydantic.field_validator("fractions")
     @classmethod
@@ -727,13 +729,14 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain) -> None:
         _check_object_source(source.type, targets or CLASSIFICATION)
     if targets is None or targets.is_classification:
         return
-    if model.splits.stratify and targets.label is None:
-        # The listing groups files by their image label: without one, every
-        # file would be in one group, split by size only, not by class.
+    if model.splits.stratify and not (targets.label or targets.labels or targets.boxes):
+        # The listing stratifies by the classes an image's annotations name:
+        # a semantic mask's are only known once it is decoded, in the job.
         raise ListError(
-            f"splits.stratify: assigns the files of each image label to the splits, and "
-            f"these targets ({', '.join(targets.kinds)}) have no image label; declare "
-            f"targets.label (one class per image to stratify by) or drop stratify"
+            f"splits.stratify: balances the classes of the images' label, labels or "
+            f"objects, and these targets ({', '.join(targets.kinds)}) name none before "
+            f"the job decodes the masks; declare targets.label, labels or boxes, or drop "
+            f"stratify"
         )
     chain.check_geometry(targets.kinds)  # TransformConfigError: a ListError
     if source.type == "image_folder":

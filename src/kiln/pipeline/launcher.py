@@ -35,6 +35,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import json
 import logging
 import os
 import signal
@@ -63,6 +64,7 @@ from kiln.pipeline import (
     sources,
     splits,
     storage,
+    target_rows,
     versioning,
 )
 from kiln.pipeline.config import BuildSpec
@@ -685,18 +687,32 @@ def _stratify(
     spec: BuildSpec, listing: sources.Listing, dataset: publish.DatasetRoot, latest: str | None
 ) -> None:
     """Assigns every listed file its split, class by class (``splits.stratify``):
-    the files LATEST holds keep theirs (`splits.stratify_class`).
+    the files LATEST holds keep theirs. By image label (`splits.stratify_class`),
+    or, for targets without one, by the classes of an image's ``labels`` and
+    objects (`splits.stratify_class_sets`).
 
     Raises:
       BuildError: LATEST's records cannot be read; assigning afresh would
         move files between splits (test images into train).
     """
     policy = SplitPolicy.from_config(spec.config.splits)
-    assign_class = functools.partial(splits.stratify_class, dict(policy.fractions or ()))
+    fractions = dict(policy.fractions or ())
+    previous = _previous_splits(spec, dataset, latest)
+    targets = spec.config.targets
     try:
-        listing.assign_splits(
-            lambda key: policy.draw(key, ""), assign_class, _previous_splits(spec, dataset, latest)
-        )
+        if targets is not None and targets.label is None:
+            class_ids = {name: i for i, name in enumerate(listing.class_names)}
+
+            def classes_of(text: str | None) -> tuple[int, ...]:
+                names = target_rows.class_names(json.loads(text)) if text else ()
+                return tuple(sorted({class_ids[n] for n in names if n in class_ids}))
+
+            listing.assign_splits_by_class_sets(
+                lambda key: policy.draw(key, ""), classes_of, fractions, previous
+            )
+        else:
+            assign_class = functools.partial(splits.stratify_class, fractions)
+            listing.assign_splits(lambda key: policy.draw(key, ""), assign_class, previous)
     except MetadataError as e:
         raise BuildError(
             f"splits.stratify keeps the splits of LATEST ({latest}), which cannot be read: "

@@ -26,15 +26,16 @@ exactly the order `sorted` would give.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kiln.lazy_import import LazyModule
-from kiln.pipeline import storage, versioning
+from kiln.pipeline import splits, storage, versioning
 from kiln.pipeline.error_report import DroppedFile
 
 if TYPE_CHECKING:
@@ -161,6 +162,11 @@ def _optional_text(data: bytes | None) -> str | None:
 def folder_order(folder_count: tuple[str, int]) -> str:
     """Sort key that keeps the folders below a folder right after it."""
     return folder_count[0] + "/"
+
+
+def _class_ids(text: str) -> tuple[int, ...]:
+    """Class ids stored as ``"3,5"`` (`Listing.assign_splits_by_class_sets`)."""
+    return tuple(int(c) for c in text.split(","))
 
 
 def _chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
@@ -299,6 +305,100 @@ class Listing:
         listing's database, and the files are read back sorted by SQLite.
         """
         connection = self._connection
+        with self._assigning(draw, previous) as assigned:
+            kept: dict[int, dict[str, int]] = {}
+            for label, split, count in connection.execute(
+                "SELECT f.label, p.split, COUNT(*) FROM files f JOIN previous p ON p.key = f.key "
+                "GROUP BY f.label, p.split"
+            ):
+                kept.setdefault(label, {})[_text(split)] = count
+            sizes = dict(connection.execute("SELECT label, COUNT(*) FROM files GROUP BY label"))
+            rows = connection.execute(
+                "SELECT f.label, f.position, p.split FROM files f LEFT JOIN previous p "
+                "ON p.key = f.key ORDER BY f.label, draw(f.key), f.key"
+            )
+            for label, group in itertools.groupby(rows, key=lambda row: row[0]):
+                files = ((position, _optional_text(split)) for _, position, split in group)
+                assigned(assign_class(files, kept.get(label, {}), sizes[label]))
+
+    def assign_splits_by_class_sets(
+        self,
+        draw: Callable[[str], float],
+        classes_of: Callable[[str | None], tuple[int, ...]],
+        fractions: Mapping[str, float],
+        previous: Iterable[tuple[str, str]],
+    ) -> None:
+        """Sets every file's split by the set of classes it carries
+        (``splits.stratify`` without an image label:
+        `splits.stratify_class_sets`).
+
+        Args:
+          draw: A key's draw in [0, 1) (`splits.SplitPolicy.draw`).
+          classes_of: A file's class ids from its listed targets (canonical
+            JSON, or None), distinct; empty for a file that carries none.
+          fractions: Split name -> fraction.
+          previous: As for `assign_splits`.
+
+        Three passes over the files, none of them held in memory: one counts
+        the files per class (and those keeping their split) and stores each
+        file's classes, one reads them back in stratum order, sorted by
+        SQLite, as the splits are assigned.
+        """
+        connection = self._connection
+        with self._assigning(draw, previous) as assigned:
+            connection.execute(
+                "CREATE TEMP TABLE strata (position INTEGER PRIMARY KEY, classes TEXT)"
+            )
+            sizes: dict[int, int] = {}
+            kept: dict[int, dict[str, int]] = {}
+            kept_files: dict[str, int] = {}
+            total = 0
+            rows = connection.execute(
+                "SELECT f.position, f.targets, p.split FROM files f LEFT JOIN previous p "
+                "ON p.key = f.key"
+            )
+            for chunk in _chunks(rows):
+                strata = []
+                for position, targets, split in chunk:
+                    classes = classes_of(_optional_text(targets)) or (splits.NO_CLASS,)
+                    for c in classes:
+                        sizes[c] = sizes.get(c, 0) + 1
+                    if split is not None:
+                        name = _text(split)
+                        kept_files[name] = kept_files.get(name, 0) + 1
+                        for c in classes:
+                            kept.setdefault(c, {})[name] = kept.get(c, {}).get(name, 0) + 1
+                    strata.append((position, ",".join(map(str, classes))))
+                    total += 1
+                connection.executemany("INSERT INTO strata VALUES (?, ?)", strata)
+            order = splits.class_set_order(sizes)
+            connection.create_function(
+                "stratum",
+                1,
+                lambda text: order[splits.key_class(_class_ids(text), order)],
+                deterministic=True,
+            )
+            ordered = connection.execute(
+                "SELECT s.position, s.classes, p.split FROM strata s "
+                "JOIN files f ON f.position = s.position LEFT JOIN previous p ON p.key = f.key "
+                "ORDER BY stratum(s.classes), draw(f.key), f.key"
+            )
+            files = (
+                (position, _class_ids(classes), _optional_text(split))
+                for position, classes, split in ordered
+            )
+            assigned(splits.stratify_class_sets(fractions, files, sizes, kept, kept_files, total))
+            connection.execute("DROP TABLE strata")
+
+    @contextlib.contextmanager
+    def _assigning(
+        self, draw: Callable[[str], float], previous: Iterable[tuple[str, str]]
+    ) -> Iterator[Callable[[Iterable[tuple[int, str]]], None]]:
+        """The scaffolding of an assignment of splits: the ``draw`` SQL
+        function, the ``previous`` table of `previous`, and a function taking
+        ``(position, split)`` pairs; on leaving, every file gets its split, in
+        one transaction."""
+        connection = self._connection
         connection.create_function("draw", 1, lambda key: draw(_text(key)), deterministic=True)
         connection.execute(
             "CREATE TEMP TABLE previous (key BLOB PRIMARY KEY, split BLOB) WITHOUT ROWID"
@@ -310,24 +410,15 @@ class Listing:
                 "INSERT OR REPLACE INTO previous VALUES (?, ?)",
                 [(_blob(key), _blob(split)) for key, split in chunk],
             )
-        kept: dict[int, dict[str, int]] = {}
-        for label, split, count in connection.execute(
-            "SELECT f.label, p.split, COUNT(*) FROM files f JOIN previous p ON p.key = f.key "
-            "GROUP BY f.label, p.split"
-        ):
-            kept.setdefault(label, {})[_text(split)] = count
-        sizes = dict(connection.execute("SELECT label, COUNT(*) FROM files GROUP BY label"))
-        rows = connection.execute(
-            "SELECT f.label, f.position, p.split FROM files f LEFT JOIN previous p "
-            "ON p.key = f.key ORDER BY f.label, draw(f.key), f.key"
-        )
-        for label, group in itertools.groupby(rows, key=lambda row: row[0]):
-            files = ((position, _optional_text(split)) for _, position, split in group)
-            for chunk in _chunks(assign_class(files, kept.get(label, {}), sizes[label])):
+
+        def assigned(pairs: Iterable[tuple[int, str]]) -> None:
+            for chunk in _chunks(pairs):
                 connection.executemany(
                     "INSERT INTO assigned VALUES (?, ?)",
                     [(position, _blob(split)) for position, split in chunk],
                 )
+
+        yield assigned
         connection.execute(
             "UPDATE files SET split = "
             "(SELECT a.split FROM assigned a WHERE a.position = files.position)"

@@ -25,6 +25,11 @@ the assigned split enters each file's version entry), files removed from a
 class leave their splits short until new files refill them, and it needs
 ``split_by: key`` (contents are only hashed inside the job). The job then
 takes each file's split from the listing, as with ``from_source``.
+
+Datasets whose images carry sets of classes (``targets`` with ``labels`` or
+``boxes`` and no ``label``) are stratified by those sets instead
+(`stratify_class_sets`, driven by `listing.Listing.assign_splits_by_class_sets`):
+iterative stratification, each image in the stratum of its rarest class.
 """
 
 from __future__ import annotations
@@ -137,4 +142,84 @@ def stratify_class(
             # max() keeps the first of equal keys: ties go to the first name.
             split = max(names, key=lambda name: fractions[name] * size - counts[name])
             counts[split] += 1
+        yield position, split
+
+
+# The stratum of files that carry no class (`stratify_class_sets`).
+NO_CLASS = -1
+
+
+def class_set_order(sizes: Mapping[int, int]) -> dict[int, int]:
+    """Class id -> its rank in `stratify_class_sets`' order: the rarest first
+    (ties: the lower id), `NO_CLASS` last."""
+    ranked = sorted((c for c in sizes if c != NO_CLASS), key=lambda c: (sizes[c], c))
+    order = {class_id: rank for rank, class_id in enumerate(ranked)}
+    if NO_CLASS in sizes:
+        order[NO_CLASS] = len(ranked)
+    return order
+
+
+def key_class(classes: Iterable[int], order: Mapping[int, int]) -> int:
+    """The class a file is stratified by: its rarest (`class_set_order`), or
+    `NO_CLASS` for a file that carries none."""
+    return min(classes, key=order.__getitem__, default=NO_CLASS)
+
+
+def stratify_class_sets(
+    fractions: Mapping[str, float],
+    files: Iterable[tuple[int, tuple[int, ...], str | None]],
+    sizes: Mapping[int, int],
+    kept: Mapping[int, Mapping[str, int]],
+    kept_files: Mapping[str, int],
+    total: int,
+) -> Iterator[tuple[int, str]]:
+    """The splits of files that each carry a set of classes (multi-label
+    ``labels``, or the classes of an image's objects), for ``splits.stratify``.
+
+    Iterative stratification (Sechidis, Tsoumakas and Vlahavas, 2011) in one
+    pass: each file is stratified by its rarest class, the rarest classes'
+    files are assigned first, and a new file goes to the split furthest
+    below its share ``fraction * class size`` of that class; ties go to the
+    split furthest below its shares of all the file's classes, then of all
+    files, then to the first in name order. So the rarest class ends within
+    one file of every share in a fresh build, and the others close to
+    theirs (a file counts for every class it carries, so they cannot all be
+    exact).
+
+    Args:
+      fractions: Split name -> fraction (summing to 1).
+      files: ``(position, classes, previous split)`` of every file, in the
+        order: by `key_class` rank (`class_set_order`), then draw, then key;
+        classes ``(NO_CLASS,)`` for a file without any; the previous split
+        None for a file the previous version does not hold (or holds in a
+        split that is no longer configured).
+      sizes: Class id -> files carrying it (`NO_CLASS`: files without any).
+      kept: Class id -> split -> files carrying it that keep that split.
+      kept_files: Split -> files that keep it.
+      total: The number of files.
+
+    Yields:
+      ``(position, split)`` for every file: a known file keeps its split.
+    """
+    names = sorted(fractions)
+    counts = {c: {name: kept.get(c, {}).get(name, 0) for name in names} for c in sizes}
+    totals = {name: kept_files.get(name, 0) for name in names}
+    order = class_set_order(sizes)
+    for position, classes, split in files:
+        if split is None or split not in totals:
+            stratum = key_class(classes, order)
+            chosen, best = names[0], None
+            for name in names:  # a strictly larger shortfall wins: ties go to the first name
+                fraction = fractions[name]
+                shortfall = (
+                    fraction * sizes[stratum] - counts[stratum][name],
+                    sum(fraction * sizes[c] - counts[c][name] for c in classes),
+                    fraction * total - totals[name],
+                )
+                if best is None or shortfall > best:
+                    chosen, best = name, shortfall
+            split = chosen
+            for c in classes:
+                counts[c][split] += 1
+            totals[split] += 1
         yield position, split
