@@ -318,16 +318,15 @@ def error_rows(result_or_dir) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+def build_bad_corpus(folder: pathlib.Path, **overrides):
+    """A build of `bad_corpus` (the build and what it expects, key -> reason)."""
+    manifest, expected = bad_corpus(folder)
+    source = {"type": "manifest", "path": manifest, "classes": data.CLASSES}
+    return build(config(manifest, folder / "out", source=source, **overrides)), expected
+
+
 def test_every_bad_annotation_drops_its_image_with_a_reason(tmp_path):
-    manifest, expected = bad_corpus(tmp_path)
-    result = build(
-        config(
-            manifest,
-            tmp_path / "out",
-            source={"type": "manifest", "path": manifest, "classes": data.CLASSES},
-            errors={"max_fraction": 0.8},
-        )
-    )
+    result, expected = build_bad_corpus(tmp_path, errors={"max_fraction": 0.8})
     rows = {row["key"]: row for row in error_rows(result)}
     for key, reason in expected.items():
         assert rows[key]["reason"] == reason, rows[key]
@@ -354,16 +353,11 @@ def test_bad_annotations_count_against_max_fraction(tmp_path):
 
 
 def test_drop_object_keeps_the_image_and_counts_the_object(tmp_path):
-    manifest, expected = bad_corpus(tmp_path)
     targets = {**data.TARGETS, "bad_objects": "drop_object"}
-    result = build(
-        config(
-            manifest,
-            tmp_path / "out",
-            source={"type": "manifest", "path": manifest, "classes": data.CLASSES},
-            targets=targets,
-            errors={"max_fraction": 0.2},  # the bad row
-        )
+    result, expected = build_bad_corpus(
+        tmp_path,
+        targets=targets,
+        errors={"max_fraction": 0.2},  # the bad row
     )
     got = records(result)
     for key in expected:
@@ -602,15 +596,10 @@ def test_inspect_names_dropped_objects_and_verify_checks_their_report(tmp_path):
     from kiln.tools.inspection import inspect_dataset, render
     from kiln.tools.verify import verify
 
-    manifest, expected = bad_corpus(tmp_path)
-    result = build(
-        config(
-            manifest,
-            tmp_path / "out",
-            source={"type": "manifest", "path": manifest, "classes": data.CLASSES},
-            targets={**data.TARGETS, "bad_objects": "drop_object"},
-            errors={"max_fraction": 0.2},
-        )
+    result, expected = build_bad_corpus(
+        tmp_path,
+        targets={**data.TARGETS, "bad_objects": "drop_object"},
+        errors={"max_fraction": 0.2},
     )
     assert verify(result.dataset_dir).ok
     summary = inspect_dataset(result.dataset_dir)

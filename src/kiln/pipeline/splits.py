@@ -37,10 +37,23 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from kiln.pipeline.config import SplitsConfig
+
+class SplitsSettings(Protocol):
+    """What a policy reads of the ``splits`` config (`kiln.pipeline.config.SplitsConfig`,
+    not imported: the listing, which the config's sources use, stratifies with this module)."""
+
+    @property
+    def from_source(self) -> bool: ...
+    @property
+    def fractions(self) -> Mapping[str, float] | None: ...
+    @property
+    def split_by(self) -> str: ...
+    @property
+    def salt(self) -> str: ...
+    @property
+    def stratify(self) -> bool: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +76,7 @@ class SplitPolicy:
     stratify: bool = False
 
     @classmethod
-    def from_config(cls, splits: SplitsConfig) -> SplitPolicy:
+    def from_config(cls, splits: SplitsSettings) -> SplitPolicy:
         """The policy of a resolved ``splits`` config (`BuildSpec.config.splits`)."""
         fractions = None
         if not splits.from_source:
