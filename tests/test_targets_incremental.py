@@ -317,7 +317,9 @@ def test_kiln_diff_counts_records_not_class_incidences(corpus, tmp_path, capsys)
     assert f"{100.0 / COUNT:.2f}% of the records changed" in capsys.readouterr().err
 
 
-def test_reused_records_keep_naming_the_objects_they_dropped(corpus, tmp_path):
+def test_reused_records_keep_naming_the_objects_they_dropped(corpus, tmp_path, capsys):
+    from kiln import cli
+
     rows = read_rows(corpus)
     rows[3]["objects"][1]["bbox"] = [30, 10, 20, 20]  # x_max < x_min
     write_rows(corpus, rows)
@@ -332,17 +334,28 @@ def test_reused_records_keep_naming_the_objects_they_dropped(corpus, tmp_path):
     assert ("images/003.png", 1, "bad_box") in named
     assert {reason for _, _, reason in named} == {"bad_box", "min_visibility"}
 
-    box = rows[6]["objects"][0]["bbox"]
-    rows[6]["objects"][0]["bbox"] = [box[0], box[1] + 1, box[2], box[3] + 1]
+    # One more bad object, in the middle column (the crop keeps it otherwise).
+    x_min, y_min, x_max, y_max = rows[6]["objects"][1]["bbox"]
+    rows[6]["objects"][1]["bbox"] = [x_max, y_min, x_min, y_max]
     write_rows(corpus, rows)
     incremental = build(spec)
 
     assert incremental.incremental.reused == COUNT - 1
     full = build(dict(spec, output=str(tmp_path / "full")))
     assert_same_dataset(incremental, full)  # dropped_objects.jsonl included
-    assert ("images/003.png", 1, "bad_box") in [
-        (row["key"], row["object"], row["reason"]) for row in dropped_objects(incremental)
-    ]
+    named = [(row["key"], row["object"], row["reason"]) for row in dropped_objects(incremental)]
+    assert ("images/003.png", 1, "bad_box") in named and ("images/006.png", 1, "bad_box") in named
+
+    # kiln build's summary and kiln diff say how many more objects were dropped.
+    before = sum(base.info.objects_dropped.values())
+    assert sum(incremental.info.objects_dropped.values()) == before + 1
+    assert f"objects dropped {before} -> {before + 1}" in summary(incremental)
+    assert cli.main(["diff", base.dataset_dir, incremental.dataset_dir]) == 0
+    bad_boxes = base.info.objects_dropped["bad_box"]
+    assert (
+        f"objects dropped from stored images: {before} -> {before + 1} "
+        f"(bad_box: {bad_boxes} -> {bad_boxes + 1}, min_visibility: "
+    ) in capsys.readouterr().out
 
 
 def test_a_reused_line_of_an_earlier_kiln_gives_unnamed_rows_for_its_counts():

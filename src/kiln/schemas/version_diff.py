@@ -466,6 +466,15 @@ class VersionDiff:
                 "old_total": sum(old_info.dropped.values()),
                 "new_total": sum(new_info.dropped.values()),
             },
+            # Objects removed from stored images (datasets with boxes).
+            "objects_dropped": None
+            if old_info.objects is None and new_info.objects is None
+            else {
+                "old": old_info.objects_dropped,
+                "new": new_info.objects_dropped,
+                "old_total": sum(old_info.objects_dropped.values()),
+                "new_total": sum(new_info.objects_dropped.values()),
+            },
         }
         if thresholds is not None:
             data["thresholds"] = thresholds.to_json()
@@ -500,6 +509,10 @@ class VersionDiff:
         new_dropped = sum(self.new.info.dropped.values())
         if old_dropped != new_dropped:
             details.append(f"dropped {old_dropped} -> {new_dropped}")
+        old_objects = sum(self.old.info.objects_dropped.values())
+        new_objects = sum(self.new.info.objects_dropped.values())
+        if old_objects != new_objects:
+            details.append(f"objects dropped {old_objects} -> {new_objects}")
         if self.old.info.duplicates != self.new.info.duplicates:
             details.append(f"duplicates {self.old.info.duplicates} -> {self.new.info.duplicates}")
         drift = self.statistics_drift()

@@ -131,6 +131,12 @@ def render(diff: VersionDiff) -> str:
         f"dropped: {dropped['old_total']} -> {dropped['new_total']}"
         + _reasons(dropped["old"], dropped["new"])
     )
+    objects = data["objects_dropped"]
+    if objects is not None:
+        lines.append(
+            f"objects dropped from stored images: {objects['old_total']} -> "
+            f"{objects['new_total']}" + _reasons(objects["old"], objects["new"])
+        )
     lines.append(f"duplicates: {duplicates['old']} -> {duplicates['new']}")
     return "\n".join(lines)
 
