@@ -125,6 +125,15 @@ def test_demo_data_prints_progress_off_a_terminal(tmp_path, capfd):
     assert out.startswith("wrote 30 images")
 
 
+@pytest.mark.parametrize("targets", [[], ["--targets"]])
+def test_demo_data_quiet_prints_nothing(tmp_path, capfd, targets):
+    out = tmp_path / "demo"
+    argv = ["demo-data", str(out), "--num-images", "30", "--progress-every", "0.001", "--quiet"]
+    assert cli.main(argv + targets) == 0
+    assert capfd.readouterr() == ("", "")
+    assert any(out.rglob("*.png"))  # written all the same
+
+
 def test_build_shows_every_file_counted(demo_corpus, tmp_path, capsys):
     config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
     result = build(config, show_progress=True, progress_every=0.01)

@@ -396,6 +396,11 @@ exit codes:
         "none); on a terminal one line is redrawn in place",
     )
     parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print nothing on success (no progress, no summary); errors are still printed",
+    )
+    parser.add_argument(
         "--targets",
         action="store_true",
         help="write scenes of shapes with boxes, masks and keypoints, as a JSONL manifest "
@@ -418,22 +423,23 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     shown = LoopProgress(
         args.num_images, prefix="kiln demo-data: ", unit="images", every=args.progress_every
     )
+    progress = None if args.quiet else shown.update
     try:
         if args.targets:
             from kiln.pipeline import demo_targets
 
-            print(
-                demo_targets.generate(
-                    args.out,
-                    num_images=args.num_images,
-                    seed=args.seed,
-                    include_broken=not args.no_broken,
-                ).describe()
+            written = demo_targets.generate(
+                args.out,
+                num_images=args.num_images,
+                seed=args.seed,
+                include_broken=not args.no_broken,
             )
+            if not args.quiet:
+                print(written.describe())
             return 0
         if args.photos:
             summary = generate_photos(
-                args.out, num_images=args.num_images, seed=args.seed, progress=shown.update
+                args.out, num_images=args.num_images, seed=args.seed, progress=progress
             )
         else:
             summary = generate(
@@ -441,11 +447,12 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
                 num_images=args.num_images,
                 seed=args.seed,
                 include_broken=not args.no_broken,
-                progress=shown.update,
+                progress=progress,
             )
     except FileExistsError as e:
         raise UsageError(str(e)) from None
     finally:
         shown.close()
-    print(summary.describe())
+    if not args.quiet:
+        print(summary.describe())
     return 0
