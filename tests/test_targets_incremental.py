@@ -385,3 +385,43 @@ def test_a_reused_line_of_an_earlier_kiln_gives_unnamed_rows_for_its_counts():
 def dropped_objects(result) -> list[dict]:
     with open(os.path.join(result.dataset_dir, "dropped_objects.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+def test_kiln_diff_compares_object_counts_and_gates_on_their_change(corpus, tmp_path, capsys):
+    """An annotation export that lost boxes: the images and their classes may
+    stay, their objects do not."""
+    from kiln import cli
+
+    spec = config(str(corpus / "manifest.jsonl"), tmp_path / "out")
+    base = build(spec)
+    rows = read_rows(corpus)
+    lost = 0
+    for row in rows:  # every image keeps its first object only
+        lost += len([o for o in row["objects"][1:] if o["class"] == "green"])
+        row["objects"] = row["objects"][:1]
+    assert lost
+    write_rows(corpus, rows)
+    new = build(spec)
+
+    diff = version_diff.compare(
+        version_diff.open_version(base.dataset_dir), version_diff.open_version(new.dataset_dir)
+    )
+    counts = diff.object_counts()
+    for name in data.CLASSES:
+        old = sum(split.classes[name].count for split in base.info.objects.values())
+        assert counts[name]["old"] == old
+        assert counts[name]["new"] == sum(
+            split.classes[name].count for split in new.info.objects.values()
+        )
+    green = counts["green"]
+    assert green["change"] == -lost
+    assert green["change_percent"] == pytest.approx(-100.0 * lost / green["old"], abs=1e-4)
+
+    limit = abs(green["change_percent"]) - 1
+    code = cli.main(["diff", base.dataset_dir, new.dataset_dir, "--max-object-change", f"{limit}"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    row = f"  green  {green['old']:>7} -> {green['new']:<7}  {green['change_percent']:+7.2f}%"
+    assert row in out.splitlines()
+    assert f"class 'green' has {green['new']} objects, {green['old']} before" in err
+    assert cli.main(["diff", base.dataset_dir, new.dataset_dir, "--max-object-change", "100"]) == 0

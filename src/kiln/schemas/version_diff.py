@@ -291,11 +291,15 @@ class Thresholds:
         limit).
       fail_on_vanished_class: A class that had examples and has none now is a
         violation.
+      max_object_change: Largest allowed change of a class's object count
+        (datasets with boxes), in percent of its old count (None: no limit;
+        a class without objects before is not checked).
     """
 
     max_share_shift: float | None = None
     max_changed_percent: float | None = None
     fail_on_vanished_class: bool = False
+    max_object_change: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -362,6 +366,25 @@ class VersionDiff:
             }
         return shares
 
+    def object_counts(self) -> dict[str, dict[str, Any]] | None:
+        """Per class, its objects over every split (datasets with boxes) in
+        each version, the change, and the change in percent of the old count
+        (None when it had none): what a lost or doubled annotation export
+        shows. None when neither version has boxes."""
+        if self.old.info.objects is None and self.new.info.objects is None:
+            return None
+        old_counts, new_counts = _object_totals(self.old.info), _object_totals(self.new.info)
+        counts: dict[str, dict[str, Any]] = {}
+        for name in self.class_names:
+            old, new = old_counts.get(name, 0), new_counts.get(name, 0)
+            counts[name] = {
+                "old": old,
+                "new": new,
+                "change": new - old,
+                "change_percent": round(100.0 * (new - old) / old, 4) if old else None,
+            }
+        return counts
+
     def vanished_classes(self) -> list[str]:
         """Classes with examples in the old version and none in the new."""
         return [
@@ -419,6 +442,15 @@ class VersionDiff:
         if thresholds.fail_on_vanished_class:
             for name in self.vanished_classes():
                 found.append(f"class {name!r} vanished: it has no example left")
+        if thresholds.max_object_change is not None:
+            for name, count in (self.object_counts() or {}).items():
+                percent = count["change_percent"]
+                if percent is not None and abs(percent) > thresholds.max_object_change:
+                    found.append(
+                        f"class {name!r} has {count['new']} objects, {count['old']} before "
+                        f"({percent:+.2f}%), a change of more than --max-object-change "
+                        f"{thresholds.max_object_change:g}%"
+                    )
         return found
 
     def to_json(self, thresholds: Thresholds | None = None) -> dict[str, Any]:
@@ -433,7 +465,9 @@ class VersionDiff:
         ``added_classes`` / ``removed_classes`` (in class_names),
         ``label_ids_changed``, ``statistics`` (`statistics_drift`),
         ``duplicates`` and ``dropped`` (old and new; dropped by reason and
-        total), and with `thresholds`: ``thresholds`` and ``violations``.
+        total), ``objects_dropped`` (the same for objects dropped from stored
+        images) and ``objects`` (`object_counts`), both null without boxes,
+        and with `thresholds`: ``thresholds`` and ``violations``.
         """
         old_info, new_info = self.old.info, self.new.info
         data: dict[str, Any] = {
@@ -466,6 +500,7 @@ class VersionDiff:
                 "old_total": sum(old_info.dropped.values()),
                 "new_total": sum(new_info.dropped.values()),
             },
+            "objects": self.object_counts(),
             # Objects removed from stored images (datasets with boxes).
             "objects_dropped": None
             if old_info.objects is None and new_info.objects is None
@@ -537,6 +572,13 @@ def _minus(new: list[float], old: list[float]) -> list[float]:
 def _class_totals(info: DatasetInfo) -> dict[str, int]:
     return {
         name: sum(split.class_counts.get(name, 0) for split in info.splits.values())
+        for name in info.class_names
+    }
+
+
+def _object_totals(info: DatasetInfo) -> dict[str, int]:
+    return {
+        name: sum(split.classes[name].count for split in (info.objects or {}).values())
         for name in info.class_names
     }
 

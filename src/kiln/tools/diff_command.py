@@ -15,11 +15,13 @@ Compare two versions of a dataset written by `kiln build`: records added,
 removed, changed (same key, other content) and moved (same key, other
 split or class) per split and class; each class's share of the dataset
 (of its examples: an image with boxes or a mask counts in every class it
-shows) before and after; per-channel mean/std drift per split; duplicate and
-dropped counts before and after. Records are compared by key and the
-sha256 of their source file: shards identical in both versions are not
-read, the others' records come from the versions' record index
-(index.jsonl), or from the shards themselves in datasets without one.
+shows) before and after; with boxes, each class's object count before and
+after; per-channel mean/std drift per split; duplicate and dropped counts
+(files, and objects dropped from stored images) before and after. Records
+are compared by key and the sha256 of their source file: shards identical
+in both versions are not read, the others' records come from the versions'
+record index (index.jsonl), or from the shards themselves in datasets
+without one.
 With thresholds, crossing one exits 1, so a scheduled job can stop before
 training on a broken dataset."""
 
@@ -33,6 +35,8 @@ examples:
   kiln diff 3f2a9c1b0d4e build/datasets/shapes --json
   kiln diff gs://bucket/datasets/photos/0a1b2c3d4e5f gs://bucket/datasets/photos \\
       --max-share-shift 2 --max-changed-percent 10 --fail-on-vanished-class
+  kiln diff build/datasets/shapes-detection/<old> build/datasets/shapes-detection \\
+      --max-object-change 5
 
 exit codes:
   0  compared; no threshold crossed
@@ -67,10 +71,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="exit 1 if a class that had examples has none in NEW",
     )
+    parser.add_argument(
+        "--max-object-change",
+        type=float,
+        metavar="PERCENT",
+        help="datasets with boxes: exit 1 if a class's object count changed by more than "
+        "PERCENT%% of its count in OLD",
+    )
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
-    for flag in ("max_share_shift", "max_changed_percent"):
+    for flag in ("max_share_shift", "max_changed_percent", "max_object_change"):
         value = getattr(args, flag)
         if value is not None and not value >= 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be 0 or more, got {value}")
@@ -78,6 +89,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         max_share_shift=args.max_share_shift,
         max_changed_percent=args.max_changed_percent,
         fail_on_vanished_class=args.fail_on_vanished_class,
+        max_object_change=args.max_object_change,
     )
     try:
         old = version_diff.open_version(args.old, relative_to=args.new)
@@ -117,6 +129,7 @@ def render(diff: VersionDiff) -> str:
     )
     lines.extend(_changes_table(data))
     lines.extend(_shares_table(data))
+    lines.extend(_objects_table(data))
     for key, title in (
         ("vanished_classes", "vanished classes (examples before, none now)"),
         ("added_classes", "new classes"),
@@ -171,6 +184,21 @@ def _shares_table(data: dict) -> list[str]:
             f"  {name:<{width}}  {share['old']:>7} -> {share['new']:<7}  "
             f"{share['old_share']:6.2f}% -> {share['new_share']:6.2f}%  "
             f"{share['shift_points']:+6.2f}"
+        )
+    return lines
+
+
+def _objects_table(data: dict) -> list[str]:
+    objects = data["objects"]
+    if not objects:
+        return []
+    width = max(len(name) for name in objects)
+    lines = ["objects per class (all splits; change in percent of the old count):"]
+    for name, count in objects.items():
+        percent = count["change_percent"]
+        lines.append(
+            f"  {name:<{width}}  {count['old']:>7} -> {count['new']:<7}  "
+            + ("" if percent is None else f"{percent:+7.2f}%")
         )
     return lines
 
