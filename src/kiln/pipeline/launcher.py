@@ -698,6 +698,10 @@ def _stratify(
     policy = SplitPolicy.from_config(spec.config.splits)
     fractions = dict(policy.fractions or ())
     previous = _previous_splits(spec, dataset, latest)
+
+    def draw(key: str) -> float:
+        return policy.draw(key, "")
+
     targets = spec.config.targets
     try:
         if targets is not None and targets.label is None:
@@ -707,12 +711,10 @@ def _stratify(
                 names = target_rows.class_names(json.loads(text)) if text else ()
                 return tuple(sorted({class_ids[n] for n in names if n in class_ids}))
 
-            listing.assign_splits_by_class_sets(
-                lambda key: policy.draw(key, ""), classes_of, fractions, previous
-            )
+            listing.assign_splits_by_class_sets(draw, classes_of, fractions, previous)
         else:
             assign_class = functools.partial(splits.stratify_class, fractions)
-            listing.assign_splits(lambda key: policy.draw(key, ""), assign_class, previous)
+            listing.assign_splits(draw, assign_class, previous)
     except MetadataError as e:
         raise BuildError(
             f"splits.stratify keeps the splits of LATEST ({latest}), which cannot be read: "

@@ -335,6 +335,7 @@ def dropped_object_rows(row: IndexRow) -> list[dict[str, Any]]:
     named: dict[str, int] = {}
     for _, reason, _ in row.targets.dropped_objects:
         named[reason] = named.get(reason, 0) + 1
+    unnamed = "dropped by a kiln build that did not record which object"
     for reason, count in row.targets.dropped:
         rows += [
             {
@@ -342,7 +343,8 @@ def dropped_object_rows(row: IndexRow) -> list[dict[str, Any]]:
                 "key": row.key,
                 "object": None,
                 "reason": reason,
-                "message": "dropped by a kiln build that did not record which object",
+                "message": unnamed,
             }
-        ] * max(0, count - named.get(reason, 0))
+            for _ in range(count - named.get(reason, 0))
+        ]
     return rows

@@ -36,7 +36,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
@@ -494,22 +494,12 @@ class VersionDiff:
             "label_ids_changed": self.label_ids_changed(),
             "statistics": self.statistics_drift(),
             "duplicates": {"old": old_info.duplicates, "new": new_info.duplicates},
-            "dropped": {
-                "old": dict(sorted(old_info.dropped.items())),
-                "new": dict(sorted(new_info.dropped.items())),
-                "old_total": sum(old_info.dropped.values()),
-                "new_total": sum(new_info.dropped.values()),
-            },
+            "dropped": _counts_before_after(old_info.dropped, new_info.dropped),
             "objects": self.object_counts(),
             # Objects removed from stored images (datasets with boxes).
             "objects_dropped": None
             if old_info.objects is None and new_info.objects is None
-            else {
-                "old": old_info.objects_dropped,
-                "new": new_info.objects_dropped,
-                "old_total": sum(old_info.objects_dropped.values()),
-                "new_total": sum(new_info.objects_dropped.values()),
-            },
+            else _counts_before_after(old_info.objects_dropped, new_info.objects_dropped),
         }
         if thresholds is not None:
             data["thresholds"] = thresholds.to_json()
@@ -573,6 +563,16 @@ def _class_totals(info: DatasetInfo) -> dict[str, int]:
     return {
         name: sum(split.class_counts.get(name, 0) for split in info.splits.values())
         for name in info.class_names
+    }
+
+
+def _counts_before_after(old: Mapping[str, int], new: Mapping[str, int]) -> dict[str, Any]:
+    """Counts by reason in both versions, and their totals."""
+    return {
+        "old": dict(sorted(old.items())),
+        "new": dict(sorted(new.items())),
+        "old_total": sum(old.values()),
+        "new_total": sum(new.values()),
     }
 
 
