@@ -94,7 +94,11 @@ def small_coco(folder) -> str:
                 "bbox": [8, 4, 16, 8],
                 "segmentation": compressed,
             },
-            {"id": 4, "image_id": 99, "category_id": 1, "bbox": [0, 0, 1, 1]},  # no image 99
+            # No image 99: five annotations of one missing image.
+            *(
+                {"id": i, "image_id": 99, "category_id": 1, "bbox": [0, 0, 1, 1]}
+                for i in (4, 6, 7, 8, 9)
+            ),
             {
                 "id": 5,
                 "image_id": 11,
@@ -129,7 +133,12 @@ def coco_config(annotations, images, output, **overrides) -> dict:
 
 def test_a_small_coco_file_builds_and_reads_back(tmp_path):
     annotations = small_coco(tmp_path)
-    result = build(coco_config(annotations, tmp_path / "images", tmp_path / "out"))
+    # 2 of 5 inputs dropped: the missing image 99 counts once, not once per annotation.
+    result = build(
+        coco_config(
+            annotations, tmp_path / "images", tmp_path / "out", errors={"max_fraction": 0.4}
+        )
+    )
     info = result.info
     assert info.class_names == ["bicycle", "cat", "person"]
     got = records(result)
@@ -156,7 +165,12 @@ def test_a_small_coco_file_builds_and_reads_back(tmp_path):
     assert got["empty.png"]["boxes"].shape == (0, 4)  # an image without annotations
 
     errors = error_rows(result)
-    assert errors["instances.json:annotations[3]"]["reason"] == "dangling_annotation"
+    dangling = errors["instances.json:annotations[3]"]
+    assert dangling["reason"] == "dangling_annotation"
+    assert dangling["message"] == (
+        "image_id 99 is not the id of any entry of 'images'; named by 5 annotations: "
+        "annotations[3], annotations[4], annotations[5], annotations[6], annotations[7]"
+    )
     # The undeclared category drops its image (bad_objects: drop_image).
     assert errors["11.png"]["reason"] == "unknown_class"
     assert "undeclared category_id 42" in errors["11.png"]["message"]

@@ -137,13 +137,50 @@ def test_rows_and_problems_read_back(tmp_path):
         ("instances.json:images[4]", "bad_row"),
     ]
     by_where = {p.where: p for p in problems}
-    assert (
-        "image_id 99 is not the id of any entry"
-        in by_where["instances.json:annotations[3]"].message
+    assert by_where["instances.json:annotations[3]"].message == (
+        "image_id 99 is not the id of any entry of 'images'; named by 1 annotation: annotations[3]"
     )
     assert "also the id of images[1]" in by_where["instances.json:images[3]"].message
     # A problem's entry is the entry itself, canonical: not its position.
-    assert json.loads(by_where["instances.json:annotations[3]"].entry) == ANNOTATIONS[3]
+    assert json.loads(by_where["instances.json:annotations[3]"].entry) == {
+        "annotations": [ANNOTATIONS[3]]
+    }
+
+
+def test_the_annotations_of_one_missing_image_are_one_problem(tmp_path):
+    images = [{"id": 1, "file_name": "1.png"}]
+    annotations = [
+        {"id": 10 + i, "image_id": image_id, "category_id": 3, "bbox": [0, 0, 1, 1]}
+        for i, image_id in enumerate([5, 1, 5, "x", 5, 0, *[8] * 12])
+    ]
+    path = write_coco(tmp_path / "i.json", images=images, annotations=annotations)
+    rows, problems = read_all(CocoFile(path))
+    assert [len(r.row["objects"]) for r in rows] == [1]
+    # One problem per missing image id (0, 5, 8, "x"), in image id order.
+    assert [(p.where, p.reason) for p in problems] == [
+        ("i.json:annotations[5]", "dangling_annotation"),
+        ("i.json:annotations[0]", "dangling_annotation"),
+        ("i.json:annotations[6]", "dangling_annotation"),
+        ("i.json:annotations[3]", "dangling_annotation"),
+    ]
+    zero, five, eight, x = problems
+    assert five.message == (
+        "image_id 5 is not the id of any entry of 'images'; named by 3 annotations: "
+        "annotations[0], annotations[2], annotations[4]"
+    )
+    assert x.message.startswith('image_id "x" is not the id')
+    # A large group names its first annotations only.
+    assert eight.message.endswith(
+        "named by 12 annotations: "
+        + ", ".join(f"annotations[{i}]" for i in range(6, 16))
+        + ", ... (the first 10)"
+    )
+    # The entry holds every annotation of the group, sorted: the same whatever their order.
+    assert json.loads(five.entry) == {"annotations": [annotations[i] for i in (0, 2, 4)]}
+    assert len(json.loads(eight.entry)["annotations"]) == 12
+    shuffled = [annotations[i] for i in (4, 1, 3, 2, 0, 5, *range(17, 5, -1))]
+    path = write_coco(tmp_path / "shuffled.json", images=images, annotations=shuffled)
+    assert sorted(p.entry for p in read_all(CocoFile(path))[1]) == sorted(p.entry for p in problems)
 
 
 def test_keypoints_follow_the_asked_names(tmp_path):
@@ -243,7 +280,7 @@ def read_with_tracemalloc(path, images: int, annotations: int) -> int:
     """Reads a generated file, checks what it read; the peak of Python's allocations."""
     tracemalloc.start()
     try:
-        rows = objects = dangling = 0
+        rows = objects = dangling = missing_images = 0
         boxes_of_7 = set()
         for found in CocoFile(str(path)).rows():
             if isinstance(found, CocoRow):
@@ -253,13 +290,15 @@ def read_with_tracemalloc(path, images: int, annotations: int) -> int:
                     boxes_of_7 = {o["bbox"][0] for o in found.row["objects"]}
             else:
                 assert found.reason == "dangling_annotation"
-                dangling += 1
+                missing_images += 1
+                dangling += len(json.loads(found.entry)["annotations"])
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     image_ids = [(a * 7919) % (images + 5) for a in range(annotations)]
     expected_dangling = sum(1 for image_id in image_ids if image_id >= images)
     assert (rows, objects + dangling, dangling) == (images, annotations, expected_dangling)
+    assert missing_images == 5  # one problem per missing image, whatever its annotations
     assert boxes_of_7 == {a % 600 for a, image_id in enumerate(image_ids) if image_id == 7}
     return peak
 

@@ -46,9 +46,11 @@ Each image becomes one row in the format of the JSONL manifest with targets
   takes the annotation's triplets in order.
 
 Images without annotations are rows with no objects. What cannot become a
-row is a `CocoProblem`: an annotation whose image id is not in ``images``
-(``dangling_annotation``), an image or annotation entry that lacks its ids
-or file name, a repeated image id (``bad_row``).
+row is a `CocoProblem`: an image id that annotations name but ``images``
+does not declare (``dangling_annotation``: one problem per missing image,
+naming its annotations, as it stands for one missing input image), an image
+or annotation entry that lacks its ids or file name, a repeated image id
+(``bad_row``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ logger = logging.getLogger(__name__)
 
 # Rows buffered in memory between inserts into the scratch database.
 _BATCH = 10_000
+# Annotations a message names one by one, at most.
+_NAMED = 10
 # SQLite's integers are signed 64-bit.
 _MAX_ID = 2**63 - 1
 
@@ -103,11 +107,14 @@ class CocoProblem:
     """An entry of the file that cannot become (part of) a row.
 
     Attributes:
-      where: ``<file>:annotations[<index>]`` or ``<file>:images[<index>]``.
+      where: ``<file>:annotations[<index>]`` or ``<file>:images[<index>]``
+        (for a missing image, its first annotation's).
       reason: ``dangling_annotation`` or ``bad_row``.
       message: What is wrong, for errors.jsonl.
       entry: The entry as written (canonical JSON text): what it contributes
-        to the build's version, whatever its position in the file.
+        to the build's version, whatever its position in the file. For a
+        missing image, ``{"annotations": [...]}``: its annotations' entries,
+        sorted.
     """
 
     where: str
@@ -254,25 +261,43 @@ class CocoFile:
             previous_id, first_index = image_id, index
             # Annotations of ids below this image's have no image.
             while pending is not None and _order(pending[0]) < _order(image_id):
-                yield self._dangling(pending)
-                pending = next(annotations, None)
+                problem, pending = self._dangling(pending, annotations)
+                yield problem
             objects = []
             while pending is not None and _order(pending[0]) == _order(image_id):
                 objects.append(self._object(json.loads(pending[2]), categories))
                 pending = next(annotations, None)
             yield CocoRow(where, {"path": file_name, "objects": objects})
         while pending is not None:
-            yield self._dangling(pending)
-            pending = next(annotations, None)
+            problem, pending = self._dangling(pending, annotations)
+            yield problem
 
-    def _dangling(self, annotation: tuple[Any, int, str]) -> CocoProblem:
-        image_id, index, entry = annotation
-        return CocoProblem(
-            f"{self.name}:annotations[{index}]",
+    def _dangling(
+        self, first: tuple[Any, int, str], annotations: Iterator[tuple[Any, int, str]]
+    ) -> tuple[CocoProblem, tuple[Any, int, str] | None]:
+        """The one problem of a missing image: `first` and the annotations after it
+        that name the same image id (consecutive, in image id order); and the
+        annotation after them."""
+        image_id = first[0]
+        indexes, entries = [], []
+        pending: tuple[Any, int, str] | None = first
+        while pending is not None and _order(pending[0]) == _order(image_id):
+            indexes.append(pending[1])
+            entries.append(_canonical(json.loads(pending[2])))
+            pending = next(annotations, None)
+        shown = ", ".join(f"annotations[{index}]" for index in indexes[:_NAMED])
+        if len(indexes) > _NAMED:
+            shown += f", ... (the first {_NAMED})"
+        count = "1 annotation" if len(indexes) == 1 else f"{len(indexes)} annotations"
+        problem = CocoProblem(
+            f"{self.name}:annotations[{indexes[0]}]",
             "dangling_annotation",
-            f"image_id {image_id!r} is not the id of any entry of 'images'",
-            _canonical(json.loads(entry)),
+            f"image_id {json.dumps(image_id)} is not the id of any entry of 'images'; "
+            f"named by {count}: {shown}",
+            # The entries, not their positions: sorted, as a reordered file is the same.
+            '{"annotations":[' + ",".join(sorted(entries)) + "]}",
         )
+        return problem, pending
 
     def _object(self, annotation: dict[str, Any], categories: dict[Any, Category]) -> dict:
         category_id = annotation.get("category_id")

@@ -9,8 +9,8 @@ by the launcher (``errors.max_fraction``), after the job.
 Stages and reasons (part of kiln's output format):
 
 - ``list``: ``bad_row`` (a manifest row that does not parse, or a COCO or
-  VOC entry), ``dangling_annotation`` (a COCO annotation of an image id not
-  in the file's images), ``missing`` (a
+  VOC entry), ``dangling_annotation`` (an image id that COCO annotations
+  name but the file's images lack: one row per missing image), ``missing`` (a
   manifest names a file that does not exist), ``unknown_label`` (not in the
   class list), ``unexpected_location`` (a file outside the folder layout),
   ``duplicate_key`` (a manifest lists one path with different labels or
