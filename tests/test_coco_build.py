@@ -185,6 +185,19 @@ def test_a_coco_file_that_cannot_be_read_stops_the_build(tmp_path):
         build(coco_config(tmp_path / "instances.json", tmp_path / "images", tmp_path / "out"))
 
 
+def test_an_ambiguous_category_stops_the_build_before_any_work(tmp_path):
+    annotations = small_coco(tmp_path)
+    document = json.loads((tmp_path / "instances.json").read_text())
+    document["categories"].append({"id": 1, "name": "human"})
+    (tmp_path / "instances.json").write_text(json.dumps(document))
+    with pytest.raises(ConfigError) as raised:
+        build(coco_config(annotations, tmp_path / "images", tmp_path / "out"))
+    assert str(raised.value).endswith(
+        ": source.annotations: instances.json:categories[3]: category id 1 is declared twice "
+        "(also categories[0])"
+    )
+
+
 @pytest.mark.parametrize(
     ("targets", "message"),
     [

@@ -222,19 +222,38 @@ def test_string_ids_join_too(tmp_path):
     ]
 
 
-def test_bad_categories_are_reported_and_their_annotations_undeclared(tmp_path):
-    categories = [{"id": 3, "name": "cat"}, {"id": 3, "name": "dog"}, {"id": 4}]
-    annotations = [{"id": 1, "image_id": 7, "category_id": 4, "bbox": [0, 0, 1, 1]}]
-    coco = CocoFile(write_coco(tmp_path / "i.json", categories=categories, annotations=annotations))
-    rows, problems = read_all(coco)
-    assert coco.class_names() == ["cat"]
-    assert sorted((p.where, p.reason) for p in problems) == [
-        ("i.json:categories[1]", "bad_row"),
-        ("i.json:categories[2]", "bad_row"),
-        ("i.json:images[3]", "bad_row"),
-        ("i.json:images[4]", "bad_row"),
+@pytest.mark.parametrize(
+    ("categories", "message"),
+    [
+        (
+            [{"id": 3, "name": "cat"}, {"id": 4, "name": "dog"}, {"id": 3, "name": "lynx"}],
+            r"^i\.json:categories\[2\]: category id 3 is declared twice \(also categories\[0\]\)$",
+        ),
+        (
+            [{"id": 1, "name": "person", "keypoints": ["nose"]}, {"id": 1, "name": "person"}],
+            r"^i\.json:categories\[1\]: category id 1 is declared twice \(also categories\[0\]\)$",
+        ),
+        ([{"id": 3, "name": "cat"}, {"id": 4}], r"^i\.json:categories\[1\]: 'name' must be"),
+        ([{"name": "cat"}], r"^i\.json:categories\[0\]: 'id' must be"),
+        ([{"id": 1, "name": "a", "keypoints": "nose"}], r"categories\[0\]: 'keypoints' must be"),
+        (["cat"], r"^i\.json:categories\[0\]: expected a JSON object$"),
+    ],
+)
+def test_a_broken_or_ambiguous_category_stops_the_reading(tmp_path, categories, message):
+    coco = CocoFile(write_coco(tmp_path / "i.json", categories=categories))
+    with pytest.raises(CocoFileError, match=message):
+        coco.class_names()
+    with pytest.raises(CocoFileError, match=message):
+        read_all(CocoFile(write_coco(tmp_path / "i.json", categories=categories)))
+
+
+def test_an_exact_repeat_of_a_category_is_ignored(tmp_path):
+    categories = [*CATEGORIES, dict(CATEGORIES[0]), {"id": 3, "name": "cat"}]
+    coco = CocoFile(write_coco(tmp_path / "i.json", categories=categories))
+    assert coco.class_names() == ["bicycle", "cat", "person"]
+    assert [r.row for r in read_all(coco)[0]] == [
+        r.row for r in read_all(CocoFile(write_coco(tmp_path / "plain.json")))[0]
     ]
-    assert rows[0].row["objects"][0]["class"] == "undeclared category_id 4"
 
 
 @pytest.mark.parametrize(
@@ -400,6 +419,18 @@ def test_the_split_of_the_file_with_splits_from_source(tmp_path):
         CocoSource(type="coco", annotations=path, images=images).list_files(
             splits_from_source=True, targets=BOXES
         )
+
+
+def test_the_source_reports_an_ambiguous_category_as_a_config_error(tmp_path):
+    categories = [*CATEGORIES, {"id": 3, "name": "dog"}]
+    path = write_coco(tmp_path / "instances.json", categories=categories)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    with pytest.raises(ConfigError) as raised:
+        source.list_files(splits_from_source=False, targets=BOXES)
+    assert str(raised.value) == (
+        "source.annotations: instances.json:categories[3]: category id 3 is declared twice "
+        "(also categories[1])"
+    )
 
 
 def test_the_source_reports_a_file_it_cannot_read_as_a_config_error(tmp_path):

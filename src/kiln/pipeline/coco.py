@@ -45,6 +45,11 @@ Each image becomes one row in the format of the JSONL manifest with targets
   category lacks is ``[0, 0, 0]`` (not labelled). A category without names
   takes the annotation's triplets in order.
 
+A broken ``categories`` entry (no id, no name, keypoints that are not a list
+of names) or an id declared twice with another name or keypoints is a
+`CocoFileError`: the categories are the class list, and the build stops
+before any work. An exact repeat of an entry is ignored.
+
 Images without annotations are rows with no objects. What cannot become a
 row is a `CocoProblem`: an image id that annotations name but ``images``
 does not declare (``dangling_annotation``: one problem per missing image,
@@ -86,7 +91,8 @@ UNDECLARED_CATEGORY = "undeclared category_id {}"
 
 
 class CocoFileError(Exception):
-    """The file as a whole cannot be used: unreadable, not JSON, no ``images`` array."""
+    """The file as a whole cannot be used: unreadable, not JSON, no ``images`` array,
+    a broken or ambiguous ``categories`` entry (the class list)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,29 +151,36 @@ class CocoFile:
         self.name = posixpath.basename(path.rstrip("/"))
         self.keypoint_names = None if keypoint_names is None else tuple(keypoint_names)
         self._categories: dict[Any, Category] | None = None
-        self._category_problems: list[CocoProblem] = []
 
     def categories(self) -> dict[Any, Category]:
         """The declared categories by id (read once, on first use).
 
         Raises:
-          CocoFileError: the file cannot be read or parsed.
+          CocoFileError: the file cannot be read or parsed, or an entry of
+            ``categories`` is broken (no id or name, keypoints that are not a
+            list of names) or declares an id again with another name or
+            keypoints: the class list would be ambiguous. An exact repeat is
+            ignored.
         """
         if self._categories is None:
             categories: dict[Any, Category] = {}
+            first_index: dict[Any, int] = {}
             for index, item in enumerate(self._items("categories")):
                 where = f"{self.name}:categories[{index}]"
                 category = _category(item)
                 if isinstance(category, str):
-                    problem = category
-                elif category[0] in categories:
-                    problem = f"category id {category[0]!r} is declared twice"
-                else:
-                    categories[category[0]] = category[1]
+                    raise CocoFileError(f"{where}: {category}")
+                category_id, found = category
+                if category_id not in categories:
+                    categories[category_id], first_index[category_id] = found, index
                     continue
-                self._category_problems.append(
-                    CocoProblem(where, "bad_row", problem, _canonical(item))
-                )
+                first = first_index[category_id]
+                if found != categories[category_id]:
+                    raise CocoFileError(
+                        f"{where}: category id {json.dumps(category_id)} is declared twice "
+                        f"(also categories[{first}])"
+                    )
+                logger.info("%s: the same category as categories[%d], ignored", where, first)
             self._categories = categories
         return self._categories
 
@@ -180,10 +193,10 @@ class CocoFile:
 
         Raises:
           CocoFileError: the file cannot be read or parsed (also midway:
-            a file cut short is not half read).
+            a file cut short is not half read), or its categories are
+            broken (`categories`).
         """
         categories = self.categories()
-        yield from self._category_problems
         with _Spill() as spill:
             yield from self._spill_images(spill)
             yield from self._spill_annotations(spill)
