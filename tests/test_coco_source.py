@@ -391,6 +391,31 @@ def test_the_source_lists_every_image_with_its_targets(tmp_path):
     assert "objects[2].bbox: expected 4 numbers" in dropped["instances.json:images[1]"].message
 
 
+def test_the_source_passes_every_declared_field_on(tmp_path):
+    annotations = [
+        {"id": 1, "image_id": 10, "category_id": 1, "bbox": [0, 0, 2, 2], "area": 4.0},
+        {"id": 2, "image_id": 10, "category_id": 1, "bbox": [0, 0, 1, 1], "area": 1, "iscrowd": 1},
+        {"id": 3, "image_id": 7, "category_id": 3, "bbox": [0, 0, 1, 1]},  # no area
+    ]
+    path = write_coco(tmp_path / "instances.json", annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    targets = TargetsConfig.model_validate(
+        {"boxes": {"fields": {"iscrowd": "int", "area": "float"}}}
+    )
+    files, dropped, _ = listed(source, targets)
+    assert [o["fields"] for o in json.loads(files["a/10.jpg"].targets)["objects"]] == [
+        {"area": 4.0, "iscrowd": 0},  # iscrowd 0 when absent
+        {"area": 1.0, "iscrowd": 1},
+    ]
+    # A declared field an annotation lacks is a bad row, as in a JSONL manifest.
+    assert dropped["instances.json:images[1]"].message == (
+        "objects[0].area: missing (targets.boxes.fields)"
+    )
+    # Undeclared keys stay out of the rows.
+    rows, _ = read_all(CocoFile(path))
+    assert "area" not in rows[1].row["objects"][0]
+
+
 def test_the_source_asks_for_instance_masks_and_keypoints(tmp_path):
     annotations = [a for a in ANNOTATIONS if a["id"] in (1, 3)]  # both with segmentation
     path = write_coco(tmp_path / "instances.json", annotations=annotations)

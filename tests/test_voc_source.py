@@ -132,3 +132,22 @@ def test_the_config_accepts_boxes_only_from_voc(tmp_path):
     }
     with pytest.raises(ConfigError, match=r"targets.instance_masks: a voc source gives boxes only"):
         load_config(config)
+
+
+@pytest.mark.parametrize("field", ["area", "pose"])
+def test_the_config_refuses_fields_a_voc_object_cannot_give(tmp_path, field):
+    (tmp_path / "a.xml").write_bytes(GOOD)
+    config = {
+        "name": "voc",
+        "source": {"type": "voc", "annotations": str(tmp_path), "images": str(tmp_path)},
+        "output": str(tmp_path.parent / "out"),
+        "targets": {"boxes": {"fields": {"difficult": "int", field: "float"}}},
+    }
+    with pytest.raises(ConfigError) as raised:
+        load_config(config)
+    assert str(raised.value).endswith(
+        f"targets.boxes.fields.{field}: a voc object has no {field!r}; it gives difficult, "
+        f"truncated, occluded only"
+    )
+    config["targets"] = {"boxes": {"fields": {"difficult": "int", "occluded": "float"}}}
+    assert load_config(config).targets.boxes.fields == {"difficult": "int", "occluded": "float"}

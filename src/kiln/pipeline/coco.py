@@ -38,6 +38,9 @@ Each image becomes one row in the format of the JSONL manifest with targets
   class, and ``targets.bad_objects`` decides whether it drops the object or
   the image, as for any bad object.
 - ``iscrowd``: as written, 0 when absent.
+- the other declared per-object fields (``targets.boxes.fields``, e.g.
+  ``area``): as written; absent from an annotation, the row validation
+  reports them missing.
 - ``segmentation``: polygons and RLE (compressed or not) as written; the job
   rasterizes them. An empty list means no segmentation and is left out.
 - ``keypoints`` (only when keypoint names are asked for): reordered by name
@@ -144,12 +147,21 @@ class CocoFile:
       path: Local path or URI of the JSON file.
       keypoint_names: The keypoints to put in each object, in this order;
         None leaves keypoints out of the rows.
+      fields: Per-object fields (``targets.boxes.fields``) to pass on from
+        each annotation that has them (``iscrowd`` always is, 0 when absent).
     """
 
-    def __init__(self, path: str, *, keypoint_names: Sequence[str] | None = None):
+    def __init__(
+        self,
+        path: str,
+        *,
+        keypoint_names: Sequence[str] | None = None,
+        fields: Sequence[str] = (),
+    ):
         self.path = path
         self.name = posixpath.basename(path.rstrip("/"))
         self.keypoint_names = None if keypoint_names is None else tuple(keypoint_names)
+        self.fields = tuple(name for name in fields if name != "iscrowd")
         self._categories: dict[Any, Category] | None = None
 
     def categories(self) -> dict[Any, Category]:
@@ -323,6 +335,9 @@ class CocoFile:
         if "bbox" in annotation:
             found["bbox"] = _corners(annotation["bbox"])
         found["iscrowd"] = annotation.get("iscrowd", 0)
+        for name in self.fields:
+            if name in annotation:
+                found[name] = annotation[name]
         segmentation = annotation.get("segmentation")
         if segmentation is not None and segmentation != []:
             found["segmentation"] = segmentation

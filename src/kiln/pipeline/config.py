@@ -83,7 +83,7 @@ from pydantic_core import ErrorDetails
 
 from kiln import transforms
 from kiln.errors import ConfigError, quote, quote_text
-from kiln.pipeline import storage
+from kiln.pipeline import storage, voc
 from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
 from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, Source
 from kiln.pipeline.versioning import fingerprint
@@ -793,6 +793,14 @@ def _check_object_source(kind: str, targets: TargetsConfig) -> None:
         if name not in _OBJECT_SOURCES[kind]:
             gives = ", ".join(_OBJECT_SOURCES[kind])
             raise ListError(f"targets.{name}: a {kind} source gives {gives} only")
+    if kind == "voc":
+        # A COCO annotation may hold any key; a VOC object its flags only.
+        for name in sorted(targets.boxes.fields):
+            if name not in voc.FLAGS:
+                raise ListError(
+                    f"targets.boxes.fields.{name}: a voc object has no {name!r}; it gives "
+                    f"{', '.join(voc.FLAGS)} only"
+                )
 
 
 def _validate_augment(specs: list[Any] | None) -> list[Any]:

@@ -352,7 +352,8 @@ class CocoSource(_ObjectSource):
         self, targets: TargetsConfig, resolve: Callable[[str], str]
     ) -> tuple[list[str] | None, Iterator[Row | _BadRow]]:
         keypoint_names = targets.keypoints.names if targets.keypoints is not None else None
-        coco = CocoFile(self.annotations, keypoint_names=keypoint_names)
+        fields = sorted(targets.boxes.fields) if targets.boxes is not None else []
+        coco = CocoFile(self.annotations, keypoint_names=keypoint_names, fields=fields)
         classes = self.classes or coco.class_names()
         if not classes:
             raise ConfigError(

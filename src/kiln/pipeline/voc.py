@@ -22,7 +22,8 @@ column ``xmin`` is the box's first, ``xmax`` its last, so in kiln's
 continuous coordinates (column i covers [i, i + 1), from 0) the box is
 ``[xmin - 1, ymin - 1, xmax, ymax]``. ``difficult``, ``truncated`` and
 ``occluded`` are 0 when absent; declare the ones to keep as
-``targets.boxes.fields`` (e.g. ``{difficult: int}``).
+``targets.boxes.fields`` (e.g. ``{difficult: int}``). They are all a VOC
+object gives: the config refuses any other field (`FLAGS`).
 
 A file that is not well-formed XML, lacks ``<filename>``, or has a box
 coordinate that is not a number is a `VocProblem` (``bad_row``). Files are
@@ -51,6 +52,7 @@ else:  # Beam on first use: validating a config needs none of it
 MAX_FILE_BYTES = 4 * 1024 * 1024  # VOC files are a few KB
 # The first expat that limits entity expansion (CVE-2013-0340, "billion laughs").
 SAFE_EXPAT = (2, 4, 1)
+# The per-object fields a VOC object gives (`targets.boxes.fields`).
 FLAGS = ("difficult", "truncated", "occluded")
 
 

@@ -97,7 +97,9 @@ class BoxesTarget(_Model):
     and counted in kiln.json; 0 keeps every box that keeps any area."""
     fields: dict[FieldName, Literal["int", "float"]] = {}
     """Per-object columns read from each object of a JSONL line, e.g. `{iscrowd: int}`:
-    stored as `objects/<name>`, one value per box."""
+    stored as `objects/<name>`, one value per box. A coco source reads them from each
+    annotation (any key, e.g. `area`; `iscrowd` is 0 when absent); a voc source gives
+    `difficult`, `truncated` and `occluded` only (0 when absent)."""
 
     @pydantic.field_validator("fields")
     @classmethod
