@@ -199,6 +199,39 @@ def test_keypoints_follow_the_asked_names(tmp_path):
     assert "keypoints" not in rows[1].row["objects"][0]
 
 
+def test_keypoint_names_no_category_has_stop_the_reading(tmp_path):
+    categories = [
+        {"id": 1, "name": "person", "keypoints": ["head", "left_hand", "right_hand"]},
+        {"id": 3, "name": "cat", "keypoints": ["head", "tail"]},
+        {"id": 2, "name": "bicycle"},
+    ]
+    path = write_coco(tmp_path / "instances.json", categories=categories)
+    coco = CocoFile(path, keypoint_names=["nose", "left_eye", "right_eye"])
+    with pytest.raises(CocoFileError) as raised:
+        read_all(coco)
+    assert str(raised.value) == (
+        "instances.json: no category has any of the keypoints targets.keypoints.names asks "
+        "for (nose, left_eye, right_eye); its categories' keypoints are head, left_hand, "
+        "right_hand, tail"
+    )
+    # One name found is enough: the others are "not labelled".
+    rows, _ = read_all(CocoFile(path, keypoint_names=["left_hand", "nose"]))
+    assert rows[1].row["objects"][0]["keypoints"] == [11, 12, 1, 0, 0, 0]
+    # Categories without keypoint names take the annotations' triplets in order.
+    plain = [{"id": 1, "name": "person"}, {"id": 3, "name": "cat"}]
+    path = write_coco(tmp_path / "plain.json", categories=plain)
+    rows, _ = read_all(CocoFile(path, keypoint_names=["a", "b", "c"]))
+    assert rows[1].row["objects"][0]["keypoints"] == ANNOTATIONS[0]["keypoints"]
+
+
+def test_the_source_reports_keypoint_names_no_category_has_as_a_config_error(tmp_path):
+    path = write_coco(tmp_path / "instances.json")
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    targets = TargetsConfig.model_validate({"boxes": {}, "keypoints": {"names": ["ear"]}})
+    with pytest.raises(ConfigError, match=r"^source.annotations: instances.json: no category"):
+        source.list_files(splits_from_source=False, targets=targets)
+
+
 def test_the_order_of_the_arrays_does_not_matter(tmp_path):
     last = read_all(CocoFile(write_coco(tmp_path / "last.json")))
     first = read_all(CocoFile(write_coco(tmp_path / "first.json", categories_first=True)))

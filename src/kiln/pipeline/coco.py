@@ -46,7 +46,9 @@ Each image becomes one row in the format of the JSONL manifest with targets
 - ``keypoints`` (only when keypoint names are asked for): reordered by name
   from the category's ``keypoints`` list into the asked order; a name the
   category lacks is ``[0, 0, 0]`` (not labelled). A category without names
-  takes the annotation's triplets in order.
+  takes the annotation's triplets in order. If categories name their
+  keypoints and none of the asked names is among them, the file is refused
+  (`CocoFileError`): every keypoint would be "not labelled".
 
 A broken ``categories`` entry (no id, no name, keypoints that are not a list
 of names) or an id declared twice with another name or keypoints is a
@@ -86,6 +88,8 @@ logger = logging.getLogger(__name__)
 _BATCH = 10_000
 # Annotations a message names one by one, at most.
 _NAMED = 10
+# Keypoint names a message lists, at most.
+_NAMED_KEYPOINTS = 40
 # SQLite's integers are signed 64-bit.
 _MAX_ID = 2**63 - 1
 
@@ -205,15 +209,32 @@ class CocoFile:
 
         Raises:
           CocoFileError: the file cannot be read or parsed (also midway:
-            a file cut short is not half read), or its categories are
-            broken (`categories`).
+            a file cut short is not half read), its categories are broken
+            (`categories`), or they name keypoints and none of those asked.
         """
         categories = self.categories()
+        self._check_keypoint_names(categories)
         with _Spill() as spill:
             yield from self._spill_images(spill)
             yield from self._spill_annotations(spill)
             spill.flush()
             yield from self._join(spill, categories)
+
+    def _check_keypoint_names(self, categories: dict[Any, Category]) -> None:
+        """Refuses asked keypoint names that no category has, where categories name
+        their keypoints: every keypoint of every object would be "not labelled"."""
+        if self.keypoint_names is None:
+            return
+        names = list(dict.fromkeys(k for c in categories.values() for k in c.keypoints))
+        if not names or set(self.keypoint_names) & set(names):
+            return
+        shown = ", ".join(names[:_NAMED_KEYPOINTS])
+        if len(names) > _NAMED_KEYPOINTS:
+            shown += f", ... ({len(names)} in all)"
+        raise CocoFileError(
+            f"{self.name}: no category has any of the keypoints targets.keypoints.names asks "
+            f"for ({', '.join(self.keypoint_names)}); its categories' keypoints are {shown}"
+        )
 
     # --- reading ------------------------------------------------------------------
 
