@@ -449,6 +449,24 @@ def test_the_source_passes_every_declared_field_on(tmp_path):
     assert "area" not in rows[1].row["objects"][0]
 
 
+def test_an_image_listed_twice_is_named_by_its_entries(tmp_path):
+    images = [
+        {"id": 1, "file_name": "7.jpg"},
+        {"id": 2, "file_name": "empty.jpg"},
+        {"id": 3, "file_name": "7.jpg"},  # the same file, other objects
+    ]
+    annotations = [{"id": 1, "image_id": 3, "category_id": 3, "bbox": [0, 0, 1, 1]}]
+    path = write_coco(tmp_path / "instances.json", images=images, annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    files, dropped, _ = listed(source, BOXES)
+    assert sorted(files) == ["empty.jpg"]
+    assert dropped["7.jpg"].reason == "duplicate_key"
+    assert dropped["7.jpg"].message == (
+        "listed 2 times with different labels, splits or targets "
+        "(instances.json:images[0], instances.json:images[2])"
+    )
+
+
 def test_the_source_asks_for_instance_masks_and_keypoints(tmp_path):
     annotations = [a for a in ANNOTATIONS if a["id"] in (1, 3)]  # both with segmentation
     path = write_coco(tmp_path / "instances.json", annotations=annotations)

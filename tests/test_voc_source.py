@@ -151,3 +151,23 @@ def test_the_config_refuses_fields_a_voc_object_cannot_give(tmp_path, field):
     )
     config["targets"] = {"boxes": {"fields": {"difficult": "int", "occluded": "float"}}}
     assert load_config(config).targets.boxes.fields == {"difficult": "int", "occluded": "float"}
+
+
+def test_an_image_two_files_name_is_named_by_its_files(tmp_path):
+    annotations, images = tmp_path / "Annotations", tmp_path / "JPEGImages"
+    (annotations / "sub").mkdir(parents=True)
+    images.mkdir()
+    (annotations / "one.xml").write_bytes(GOOD)
+    (annotations / "sub" / "two.xml").write_bytes(GOOD.replace(b"person", b"horse"))
+    (annotations / "three.xml").write_bytes(GOOD.replace(b"2007_000027", b"other"))
+    for name in ("2007_000027.jpg", "other.jpg"):
+        (images / name).write_bytes(b"listing does not decode images")
+    source = VocSource(type="voc", annotations=str(annotations), images=str(images))
+    targets = TargetsConfig.model_validate({"boxes": {}})
+    with source.list_files(splits_from_source=False, targets=targets) as listing:
+        assert [f.key for f in listing.files()] == ["other.jpg"]
+        (dropped,) = listing.dropped()
+    assert (dropped.key, dropped.reason) == ("2007_000027.jpg", "duplicate_key")
+    assert dropped.message == (
+        "listed 2 times with different labels, splits or targets (one.xml, sub/two.xml)"
+    )

@@ -100,6 +100,9 @@ class Candidate:
       size, mtime: As a folder's walk found them; a manifest's rows are
         stat'ed after grouping (0 until then).
       targets: The row's targets as canonical JSON, or None.
+      where: Where the source names it, for messages (a COCO file's
+        ``<file>:images[<i>]``, a VOC file's path); None: a manifest's
+        line, `position`.
     """
 
     key: str
@@ -110,6 +113,7 @@ class Candidate:
     size: int = 0
     mtime: float = 0.0
     targets: str | None = None
+    where: str | None = None
 
 
 # Files per line of the job's listing, and so per element of its image step:
@@ -125,7 +129,7 @@ _CACHE_KIB = 16 * 1024
 
 _SCHEMA = """
 CREATE TABLE candidates (key BLOB, position INTEGER, uri BLOB, label BLOB, split BLOB,
-                         size INTEGER, mtime REAL, targets BLOB);
+                         size INTEGER, mtime REAL, targets BLOB, "where" BLOB);
 CREATE TABLE files (position INTEGER PRIMARY KEY, key BLOB, uri BLOB, label INTEGER,
                     split BLOB, size INTEGER, mtime REAL, targets BLOB, mask_stamp BLOB);
 CREATE TABLE dropped (key BLOB, stage BLOB, reason BLOB, uri BLOB, message BLOB, entry TEXT);
@@ -134,7 +138,7 @@ CREATE TABLE named_objects (folder BLOB, name BLOB, PRIMARY KEY (folder, name)) 
 CREATE TABLE objects (uri BLOB PRIMARY KEY, size INTEGER, mtime REAL) WITHOUT ROWID;
 """
 _INSERT = {
-    "candidates": "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    "candidates": "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "files": "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "dropped": "INSERT INTO dropped VALUES (?, ?, ?, ?, ?, ?)",
     "class_names": "INSERT OR IGNORE INTO class_names VALUES (?)",
@@ -510,6 +514,7 @@ class ListingWriter:
                 candidate.size,
                 candidate.mtime,
                 _optional_blob(candidate.targets),
+                _optional_blob(candidate.where),
             ),
         )
 
@@ -546,8 +551,8 @@ class ListingWriter:
         """The candidates grouped by key, in key order; a group in position order."""
         self._flush("candidates")
         rows = self._connection.execute(
-            "SELECT key, position, uri, label, split, size, mtime, targets FROM candidates "
-            "ORDER BY key, position"
+            'SELECT key, position, uri, label, split, size, mtime, targets, "where" '
+            "FROM candidates ORDER BY key, position"
         )
         for _, group in itertools.groupby(rows, key=lambda row: row[0]):
             yield [
@@ -560,8 +565,9 @@ class ListingWriter:
                     size,
                     mtime,
                     _optional_text(targets),
+                    _optional_text(where),
                 )
-                for key, position, uri, label, split, size, mtime, targets in group
+                for key, position, uri, label, split, size, mtime, targets, where in group
             ]
 
     def add_named_object(self, uri: str) -> None:

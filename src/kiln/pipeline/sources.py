@@ -755,6 +755,7 @@ def row_candidate(row: Row, base: str, from_source: bool) -> Candidate:
         _resolve(row.path, base),
         row.label,
         row.split if from_source else None,
+        where=row.where,
     )
 
 
@@ -768,10 +769,12 @@ def group_problem(
     key, uri = group[0].key, group[0].uri
     meanings = {(row.label, row.split, row.targets) for row in group}
     if len(meanings) > 1:
-        lines_listed = ", ".join(str(row.position) for row in group)
+        if all(row.where is not None for row in group):  # a COCO or VOC file's entries
+            listed_at = ", ".join(str(row.where) for row in group)
+        else:
+            listed_at = "lines " + ", ".join(str(row.position) for row in group)
         message = (
-            f"listed {len(group)} times with different labels, splits or targets "
-            f"(lines {lines_listed})"
+            f"listed {len(group)} times with different labels, splits or targets ({listed_at})"
         )
         return DroppedFile(key, "list", "duplicate_key", uri, message), [
             "dropped",
