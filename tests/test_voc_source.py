@@ -89,7 +89,7 @@ def test_a_folder_reads_every_xml_file_in_order_and_reports_bad_ones(tmp_path):
     problems = {f.where: f.message for f in found if isinstance(f, VocProblem)}
     assert problems["c.xml"].startswith("not well-formed XML")
     assert problems["d.xml"] == "<filename> is missing or empty"
-    assert problems["e.xml"] == "object 1: <xmin> must be a number, got 'wide'"
+    assert problems["e.xml"] == "objects[0]: <xmin> must be a number, got 'wide'"
     # expat refuses the entity expansion bomb instead of building gigabytes.
     assert problems["f.xml"].startswith("not well-formed XML")
 
@@ -107,19 +107,27 @@ def test_the_source_lists_each_file_as_an_image_with_its_boxes(tmp_path):
     (annotations / "one.xml").write_bytes(GOOD)
     (annotations / "two.xml").write_bytes(GOOD.replace(b"2007_000027", b"missing"))
     (annotations / "bad.xml").write_bytes(b"<annotation>")
+    # A second object without a name: its row fails the row validation.
+    unnamed = GOOD.replace(b"2007_000027", b"unnamed").replace(b"<name> dog </name>", b"")
+    (annotations / "unnamed.xml").write_bytes(unnamed)
     (images / "2007_000027.jpg").write_bytes(b"listing does not decode images")
     source = VocSource(type="voc", annotations=str(annotations), images=str(images))
     targets = TargetsConfig.model_validate({"boxes": {"fields": {"difficult": "int"}}})
     with source.list_files(splits_from_source=False, targets=targets) as listing:
         (file,) = listing.files()
-        dropped = {d.key: d.reason for d in listing.dropped()}
+        rows = {d.key: d for d in listing.dropped()}
+        dropped = {key: d.reason for key, d in rows.items()}
         class_names = listing.class_names
     assert class_names == ["dog", "person"]  # the names found
     assert json.loads(file.targets)["objects"] == [
         {"bbox": [173.0, 100.0, 349.0, 351.0], "class": "person", "fields": {"difficult": 0}},
         {"bbox": [0.0, 0.5, 10.0, 20.0], "class": "dog", "fields": {"difficult": 0}},
     ]
-    assert dropped == {"bad.xml": "bad_row", "missing.jpg": "missing"}
+    assert dropped == {"bad.xml": "bad_row", "unnamed.xml": "bad_row", "missing.jpg": "missing"}
+    # A bad file's row names the file itself, not the folder; objects count from 0.
+    assert rows["bad.xml"].uri == str(annotations / "bad.xml")
+    assert rows["unnamed.xml"].uri == str(annotations / "unnamed.xml")
+    assert rows["unnamed.xml"].message.startswith("objects[1].class: expected a class name")
 
 
 def test_the_config_accepts_boxes_only_from_voc(tmp_path):

@@ -435,20 +435,29 @@ def _voc_rows(
     """A VOC folder's files as manifest rows, unreadable ones as bad rows."""
     for position, found in enumerate(voc.read_folder(folder)):
         if isinstance(found, voc.VocProblem):
-            yield _BadRow(position, found.where, found.message, where=found.where)
+            yield _BadRow(position, found.where, found.message, where=found.where, uri=found.uri)
             continue
-        yield _annotated_row(position, found.where, found.row, split, targets, resolve)
+        yield _annotated_row(
+            position, found.where, found.row, split, targets, resolve, uri=found.uri
+        )
 
 
 def _annotated_row(
-    position: int, where: str, row: dict, split: str | None, targets: TargetsConfig, resolve
+    position: int,
+    where: str,
+    row: dict,
+    split: str | None,
+    targets: TargetsConfig,
+    resolve,
+    uri: str | None = None,
 ) -> Row | _BadRow:
-    """A COCO or VOC image's row, its targets checked as a JSONL line's are."""
+    """A COCO or VOC image's row, its targets checked as a JSONL line's are; `uri`:
+    the file a bad row names (None: the source's file)."""
     text = json.dumps(row, sort_keys=True, separators=(",", ":"))
     try:
         row_targets = target_rows.row_targets(row, targets, resolve)
     except AnnotationError as e:
-        return _BadRow(position, text, str(e), where=where)
+        return _BadRow(position, text, str(e), where=where, uri=uri)
     return Row(position, text, row["path"], "", split, row_targets, where)
 
 
@@ -690,6 +699,7 @@ class _BadRow:
     problem: str
     reason: str = "bad_row"
     where: str | None = None  # for messages; None: ``<manifest>:<line>``
+    uri: str | None = None  # the file it comes from; None: the source's (a manifest's)
 
 
 def _list_manifest(
@@ -733,9 +743,10 @@ def row_problem(row: Row | _BadRow, path: str, from_source: bool) -> DroppedRow 
     """Why a parsed row of the file `path` is dropped before its object is
     looked up (it does not parse, its split is missing or invalid), or None."""
     where = row.where or f"{posixpath.basename(path.rstrip('/'))}:{row.line}"
+    uri = row.uri if isinstance(row, _BadRow) and row.uri is not None else path
 
     def drop(reason: str, message: str) -> DroppedRow:
-        return DroppedFile(where, "list", reason, path, message), ["dropped", reason, row.text]
+        return DroppedFile(where, "list", reason, uri, message), ["dropped", reason, row.text]
 
     if isinstance(row, _BadRow):
         return drop(row.reason, row.problem)

@@ -26,7 +26,9 @@ continuous coordinates (column i covers [i, i + 1), from 0) the box is
 object gives: the config refuses any other field (`FLAGS`).
 
 A file that is not well-formed XML, lacks ``<filename>``, or has a box
-coordinate that is not a number is a `VocProblem` (``bad_row``). Files are
+coordinate that is not a number is a `VocProblem` (``bad_row``); messages
+name objects as a manifest's do, from 0 (``objects[0]: <xmin> must be a
+number``). Files are
 parsed with the standard library's expat parser, which (expat 2.4.1 and
 later) refuses entity expansion bombs and never fetches external entities;
 a file larger than `MAX_FILE_BYTES` is refused unread.
@@ -62,18 +64,22 @@ class VocRow:
 
     Attributes:
       where: The file's path relative to the annotation folder.
+      uri: The file's path or URI (named in errors.jsonl if the row is dropped).
       row: The manifest row (``path``, ``objects``).
     """
 
     where: str
+    uri: str
     row: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
 class VocProblem:
-    """An annotation file that cannot become a row (``bad_row``)."""
+    """An annotation file that cannot become a row (``bad_row``): `where` and
+    `uri` as a `VocRow`'s."""
 
     where: str
+    uri: str
     message: str
 
 
@@ -89,9 +95,9 @@ def read_folder(folder: str) -> Iterator[VocRow | VocProblem]:
     for path in paths:
         where = posixpath.relpath(path.replace("\\", "/"), folder.replace("\\", "/"))
         try:
-            yield VocRow(where, parse(_read(path)))
+            yield VocRow(where, path, parse(_read(path)))
         except _VocError as e:
-            yield VocProblem(where, str(e))
+            yield VocProblem(where, path, str(e))
 
 
 class _VocError(Exception):
@@ -130,7 +136,7 @@ def parse(data: bytes) -> dict[str, Any]:
         raise _VocError("<filename> is missing or empty")
     objects = []
     for index, element in enumerate(root.iter("object")):
-        where = f"object {index + 1}"
+        where = f"objects[{index}]"
         found: dict[str, Any] = {"class": (element.findtext("name") or "").strip()}
         box = element.find("bndbox")
         if box is not None:
