@@ -100,43 +100,43 @@ def test_rows_and_problems_read_back(tmp_path):
 
     assert coco.class_names() == ["bicycle", "cat", "person"]
     # Rows in image id order; the repeated id keeps its first entry.
-    assert [row.where for row in rows] == [
-        "instances.json:images[1]",
-        "instances.json:images[0]",
-        "instances.json:images[2]",
-    ]
+    assert [row.where for row in rows] == ["instances.json:images[0]", "instances.json:images[2]"]
     assert rows[0].row == {
-        "path": "7.jpg",
-        "objects": [
-            # Objects in the order of the file; boxes from xywh to corners.
-            {"class": "cat", "bbox": [1.5, 2, 5.5, 6], "iscrowd": 0},
-            {"class": "undeclared category_id 42", "bbox": [3, 3, 5, 5], "iscrowd": 0},
-            {
-                "class": "cat",
-                "bbox": [0, 0, 5],
-                "iscrowd": 0,
-                "segmentation": COMPRESSED_RLE,
-            },
-        ],
-    }
-    assert rows[1].row == {
         "path": "a/10.jpg",
         "objects": [
+            # Objects in the order of the file; boxes from xywh to corners.
             {"class": "person", "bbox": [10, 10, 30, 25.5], "iscrowd": 0, "segmentation": POLYGON},
             {"class": "person", "bbox": [40, 2, 48, 32], "iscrowd": 1, "segmentation": CROWD_RLE},
         ],
     }
-    assert rows[2].row == {"path": "empty.jpg", "objects": []}
+    assert rows[1].row == {"path": "empty.jpg", "objects": []}
 
     reasons = sorted((p.where, p.reason) for p in problems)
     assert reasons == [
         ("instances.json:annotations[3]", "dangling_annotation"),
         ("instances.json:annotations[6]", "bad_row"),
         ("instances.json:annotations[7]", "dangling_annotation"),
+        # Image 7 has a box of three numbers.
+        ("instances.json:images[1]", "bad_row"),
         ("instances.json:images[3]", "bad_row"),
         ("instances.json:images[4]", "bad_row"),
     ]
     by_where = {p.where: p for p in problems}
+    # The box as written, the object, the annotation and its id.
+    seven = by_where["instances.json:images[1]"]
+    assert seven.message == (
+        "objects[2] (annotations[5], id 6).bbox: expected 4 numbers [x, y, width, height], "
+        "got [0, 0, 5]"
+    )
+    # Its entry is the image's row, as a row the validation drops.
+    assert json.loads(seven.entry) == {
+        "path": "7.jpg",
+        "objects": [
+            {"class": "cat", "bbox": [1.5, 2, 5.5, 6], "iscrowd": 0},
+            {"class": "undeclared category_id 42", "bbox": [3, 3, 5, 5], "iscrowd": 0},
+            {"class": "cat", "bbox": [0, 0, 5], "iscrowd": 0, "segmentation": COMPRESSED_RLE},
+        ],
+    }
     assert by_where["instances.json:annotations[3]"].message == (
         "image_id 99 is not the id of any entry of 'images'; named by 1 annotation: annotations[3]"
     )
@@ -189,14 +189,14 @@ def test_keypoints_follow_the_asked_names(tmp_path):
         keypoint_names=["right_eye", "nose", "left_ear"],
     )
     rows, _ = read_all(coco)
-    person = rows[1].row["objects"]
+    person = rows[0].row["objects"]
     # Reordered by name; a name the category lacks is "not labelled".
     assert person[0]["keypoints"] == [0, 0, 0, 12, 14, 2, 0, 0, 0]
     # An annotation without keypoints has none labelled.
     assert person[1]["keypoints"] == [0] * 9
     # Without asked names, rows carry no keypoints.
     rows, _ = read_all(CocoFile(write_coco(tmp_path / "plain.json")))
-    assert "keypoints" not in rows[1].row["objects"][0]
+    assert "keypoints" not in rows[0].row["objects"][0]
 
 
 def test_keypoint_names_no_category_has_stop_the_reading(tmp_path):
@@ -216,12 +216,12 @@ def test_keypoint_names_no_category_has_stop_the_reading(tmp_path):
     )
     # One name found is enough: the others are "not labelled".
     rows, _ = read_all(CocoFile(path, keypoint_names=["left_hand", "nose"]))
-    assert rows[1].row["objects"][0]["keypoints"] == [11, 12, 1, 0, 0, 0]
+    assert rows[0].row["objects"][0]["keypoints"] == [11, 12, 1, 0, 0, 0]
     # Categories without keypoint names take the annotations' triplets in order.
     plain = [{"id": 1, "name": "person"}, {"id": 3, "name": "cat"}]
     path = write_coco(tmp_path / "plain.json", categories=plain)
     rows, _ = read_all(CocoFile(path, keypoint_names=["a", "b", "c"]))
-    assert rows[1].row["objects"][0]["keypoints"] == ANNOTATIONS[0]["keypoints"]
+    assert rows[0].row["objects"][0]["keypoints"] == ANNOTATIONS[0]["keypoints"]
 
 
 def test_the_source_reports_keypoint_names_no_category_has_as_a_config_error(tmp_path):
@@ -421,7 +421,28 @@ def test_the_source_lists_every_image_with_its_targets(tmp_path):
         # Image 7 has a box of three numbers: its row fails the row validation.
         "instances.json:images[1]": "bad_row",
     }
-    assert "objects[2].bbox: expected 4 numbers" in dropped["instances.json:images[1]"].message
+    assert dropped["instances.json:images[1]"].message.startswith(
+        "objects[2] (annotations[5], id 6).bbox: expected 4 numbers [x, y, width, height]"
+    )
+
+
+def test_a_missing_box_names_its_annotation(tmp_path):
+    annotations = [
+        {"id": 1, "image_id": 10, "category_id": 1, "bbox": [0, 0, 2, 2]},
+        {"image_id": 10, "category_id": 1, "bbox": None},
+        {"id": "b", "image_id": 7, "category_id": 3},
+    ]
+    path = write_coco(tmp_path / "instances.json", annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    files, dropped, _ = listed(source, BOXES)
+    assert sorted(files) == ["empty.jpg"]
+    assert dropped["instances.json:images[0]"].message == (
+        "objects[1] (annotations[1]).bbox: expected 4 numbers [x, y, width, height], got null"
+    )
+    assert dropped["instances.json:images[1]"].message == (
+        'objects[0] (annotations[2], id "b").bbox: expected 4 numbers [x, y, width, height], '
+        "got no 'bbox'"
+    )
 
 
 def test_the_source_passes_every_declared_field_on(tmp_path):

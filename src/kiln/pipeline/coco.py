@@ -30,8 +30,11 @@ Each image becomes one row in the format of the JSONL manifest with targets
                   "keypoints": [x, y, v, ...]}]}
 
 - ``bbox``: COCO's ``[x, y, width, height]`` becomes ``[x, y, x + width, y +
-  height]`` (pixels of the file as stored); a box that is not four numbers is
-  passed on as written, for the row validation to report.
+  height]`` (pixels of the file as stored). An annotation without a box of
+  four numbers makes its image a `CocoProblem` (``bad_row``, as the row
+  validation would), whose message gives the box as written and names the
+  annotation (``objects[2] (annotations[5], id 6).bbox: expected 4 numbers
+  [x, y, width, height], got [0, 0, 5]``).
 - ``class``: the category's name. An annotation whose ``category_id`` is not
   declared in ``categories`` gets the class ``undeclared category_id <id>``,
   which is in no class list: the row validation reports it as an unknown
@@ -59,8 +62,8 @@ Images without annotations are rows with no objects. What cannot become a
 row is a `CocoProblem`: an image id that annotations name but ``images``
 does not declare (``dangling_annotation``: one problem per missing image,
 naming its annotations, as it stands for one missing input image), an image
-or annotation entry that lacks its ids or file name, a repeated image id
-(``bad_row``).
+or annotation entry that lacks its ids or file name, a repeated image id,
+an image with an annotation whose box is not four numbers (``bad_row``).
 """
 
 from __future__ import annotations
@@ -309,11 +312,19 @@ class CocoFile:
             while pending is not None and _order(pending[0]) < _order(image_id):
                 problem, pending = self._dangling(pending, annotations)
                 yield problem
-            objects = []
+            objects: list[dict] = []
+            bad_box: str | None = None
             while pending is not None and _order(pending[0]) == _order(image_id):
-                objects.append(self._object(json.loads(pending[2]), categories))
+                annotation = json.loads(pending[2])
+                if bad_box is None:
+                    bad_box = _bbox_problem(annotation, len(objects), pending[1])
+                objects.append(self._object(annotation, categories))
                 pending = next(annotations, None)
-            yield CocoRow(where, {"path": file_name, "objects": objects})
+            row = {"path": file_name, "objects": objects}
+            if bad_box is not None:
+                yield CocoProblem(where, "bad_row", bad_box, _canonical(row))
+            else:
+                yield CocoRow(where, row)
         while pending is not None:
             problem, pending = self._dangling(pending, annotations)
             yield problem
@@ -383,6 +394,24 @@ def _category(item: Any) -> tuple[Any, Category] | str:
     if not isinstance(keypoints, list) or not all(isinstance(k, str) for k in keypoints):
         return "'keypoints' must be a list of names"
     return category_id, Category(name, tuple(keypoints))
+
+
+def _bbox_problem(annotation: dict[str, Any], number: int, index: int) -> str | None:
+    """What is wrong with an annotation's box as written (not four numbers), naming
+    the object, the annotation and its id; None if nothing."""
+    bbox = annotation.get("bbox")
+    if type(bbox) is list and len(bbox) == 4 and all(map(_is_number, bbox)):
+        return None
+    named = f"annotations[{index}]"
+    if _is_id(annotation.get("id")):
+        named += f", id {json.dumps(annotation['id'])}"
+    got = _shown(bbox) if "bbox" in annotation else "no 'bbox'"
+    return f"objects[{number}] ({named}).bbox: expected 4 numbers [x, y, width, height], got {got}"
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _corners(bbox: Any) -> Any:
