@@ -75,6 +75,20 @@ def test_distributed_epoch_delivers_every_record_once_per_pass_augmented_as_loca
     assert len(local) == 2 * len(every)  # two passes, every image augmented anew
 
 
+def test_distributed_epoch_without_dynamic_sharding_fails_instead_of_repeating_records(
+    png_dataset, tf_data_service
+):
+    """Without the flag the service cannot split the pipeline's files: one
+    worker is given the pass and the other, given nothing, fails the pass's
+    cardinality. It must not deliver every record once per worker."""
+    import tensorflow as tf
+
+    dataset = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=4, as_supervised=False)
+    distributed = through_service(dataset, tf_data_service, "distributed_epoch")
+    with pytest.raises(tf.errors.OpError, match=r"expected to contain \d+ elements but contained"):
+        elements(distributed)
+
+
 def test_parallel_epochs_every_worker_delivers_the_seeded_stream(png_dataset, tf_data_service):
     dataset = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=4, as_supervised=False)
     local = elements(dataset)

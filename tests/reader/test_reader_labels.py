@@ -72,6 +72,29 @@ def test_mixed_labels_are_smoothed_not_one_hot_again(png_dataset):
     np.testing.assert_allclose(smoothed, mixed * 0.9 + 0.1 / classes, atol=1e-7)
 
 
+def test_a_mixing_list_gives_validation_the_training_label_format(png_dataset):
+    """The inference form of a list with mixup mixes nothing but keeps its
+    vectors: one list, one loss and the same knobs serve fit's train and
+    validation data."""
+    path, classes = png_dataset.dataset_dir, png_dataset.info.num_classes
+    augment = [{"random_resized_crop": {"size": 32}}, {"mixup": {"alpha": 0.2}}]
+    knobs = {"batch_size": 8, "seed": 3, "augment": augment, "label_smoothing": 0.1}
+    train = kiln.reader.load(path, "train", **knobs)
+    validation = kiln.reader.load(path, "validation", **knobs)
+    assert validation.element_spec[1] == train.element_spec[1]
+    assert validation.element_spec[1] == tf.TensorSpec([None, classes], tf.float32)
+    ids = labels_of(kiln.reader.load(path, "validation", batch_size=8, augment=None))
+    smoothed = labels_of(validation)
+    np.testing.assert_allclose(smoothed, np.eye(classes)[ids] * 0.9 + 0.1 / classes, atol=1e-7)
+
+    model = keras.Sequential(
+        [keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(classes)]
+    )
+    model.compile("sgd", keras.losses.CategoricalCrossentropy(from_logits=True))
+    history = model.fit(train, validation_data=validation, epochs=1, verbose=0)
+    assert np.isfinite(history.history["val_loss"][0])
+
+
 def test_multi_label_datasets_get_multi_hot_labels(multilabel_dataset):
     path, info = multilabel_dataset.dataset_dir, multilabel_dataset.info
     classes = info.num_classes

@@ -99,6 +99,13 @@ class Augmenter:
         return [a for a in self.augmentations if a.definition.kind == "batch"]
 
     @property
+    def mixes_labels(self) -> bool:
+        """Whether the list has a batch op (mixup, cutmix), whose labels are
+        class vectors: in its inference form too, which applies none, so that
+        training and evaluation get labels of one format."""
+        return any(a.definition.kind == "batch" for a in self.augmentations)
+
+    @property
     def has_element_work(self) -> bool:
         """Whether any element op does something (inference forms may do nothing)."""
         if self.training:

@@ -191,8 +191,9 @@ def load(
       The dataset. Images are float32 ``[batch, height, width, channels]``
       unless `dtype` or `data_format` say otherwise. Labels are int64 class
       ids (indices into ``info(path).class_names``), or float32 one-hot
-      ``[batch, num_classes]`` when the list has mixup or cutmix (and
-      `training` is on) or with `one_hot`. Multi-label ``labels`` are the
+      ``[batch, num_classes]`` when the list has mixup or cutmix (in its
+      inference form too, which mixes nothing: validation batches get the
+      training batches' label format) or with `one_hot`. Multi-label ``labels`` are the
       int64 ids of the image's classes, ascending (ragged ``[batch,
       (labels)]`` when batched), or float32 multi-hot ``[batch,
       num_classes]`` (mixed) with mixup or cutmix or `one_hot`. With
@@ -396,7 +397,7 @@ def _read(
             spec,
             one_hot=one_hot,
             label_smoothing=label_smoothing,
-            mixes_labels=bool(augmenter.batch_ops),
+            mixes_labels=augmenter.mixes_labels,
         ),
         _example_weights(class_weight, metadata, split, spec, as_supervised),
     )

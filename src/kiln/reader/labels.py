@@ -67,7 +67,10 @@ class LabelEncoding:
         Args:
           spec: The dataset's targets.
           mixes_labels: The augmentation list has a batch op (mixup,
-            cutmix): ``label`` is one-hot already.
+            cutmix), whose labels are class vectors: ``label`` and
+            ``labels`` are vectors then, in the list's inference form too
+            (which mixes nothing), so that train and validation batches
+            have one label format.
 
         Raises:
           ValueError: for an option of the wrong type or range, or label
@@ -88,7 +91,9 @@ class LabelEncoding:
                 f"one_hot=True: this dataset has no per-image class ids to encode (targets "
                 f"{list(spec.kinds)}); per-object classes stay ids"
             )
-        if label_smoothing and not one_hot and not (mixes_labels and "label" in present):
+        if mixes_labels and present:
+            one_hot = True
+        if label_smoothing and not one_hot:
             raise ValueError(
                 f"label_smoothing={label_smoothing} smooths one-hot labels; pass one_hot=True "
                 f"(and a loss that takes them, e.g. CategoricalCrossentropy) or use mixup/cutmix, "

@@ -105,13 +105,26 @@ def derive(seed: int, purpose: str) -> int:
 def epoch_keys(seed: int) -> tf.data.Dataset:
     """One int64 key per iteration: the pass's identity, a new one each time.
 
-    ``Dataset.random(rerandomize_each_iteration=True).take(1)``: iterating
-    it again (the next Keras epoch, or the next round of a `repeat` around
-    it) draws the next key of a sequence the seed fixes, and iterator
-    checkpoints save its position.
+    The first element of ``Dataset.random(rerandomize_each_iteration=True)``:
+    iterating it again (the next Keras epoch, or the next round of a
+    `repeat` around it) draws the next key of a sequence the seed fixes, and
+    iterator checkpoints save its position.
+
+    It is taken by a zip with ``Dataset.range(1)``, the same key as
+    ``take(1)``, because tf.data service's ``distributed_epoch`` splits a
+    pipeline by its first sources and cannot split ``Dataset.random``: it
+    gave every worker the whole pass (each record once per worker, silently).
+    ``range(1)`` is one split: one worker reads the pass, and the others,
+    given none, fail the pass's cardinality assertion (docs/reader.md).
     """
-    random = tf.data.Dataset.random(seed=derive(seed, "epochs"), rerandomize_each_iteration=True)
-    return random.take(1)
+    return tf.data.Dataset.zip(tf.data.Dataset.range(1), _keys(seed)).map(lambda _, key: key)
+
+
+def _keys(seed: int) -> tf.data.Dataset:
+    """The endless random sequence whose first element is each iteration's
+    epoch key. No split provider: under tf.data service every worker reads
+    it whole."""
+    return tf.data.Dataset.random(seed=derive(seed, "epochs"), rerandomize_each_iteration=True)
 
 
 def _pair(value: int) -> tf.Tensor:
@@ -152,8 +165,12 @@ def pass_words(seed: int) -> tf.data.Dataset:
     For the tf.data service (dynamic sharding) read, whose passes are
     `repeat` rounds; the other reads take `pass_word` of each epoch key.
     """
-    return epoch_keys(seed).flat_map(
-        lambda key: tf.data.Dataset.from_tensors(pass_word(seed, key)).repeat()
+    # Not `epoch_keys`: with dynamic sharding the file list is split among
+    # the workers, and every worker needs the word (range(1) would be split too).
+    return (
+        _keys(seed)
+        .take(1)
+        .flat_map(lambda key: tf.data.Dataset.from_tensors(pass_word(seed, key)).repeat())
     )
 
 
