@@ -178,6 +178,23 @@ def test_cli_other_splits_get_the_inference_form(built, tmp_path, capsys):
     assert preview.applied == ["random_resized_crop"]
 
 
+def test_cli_training_draws_the_random_ops_on_another_split(built, tmp_path, capsys):
+    out = str(tmp_path / "sheet.png")
+    args = ["preview", built.dataset_dir, "--split", "validation", "--n", "2", "--epochs", "2"]
+    assert cli.main([*args, "--training", "-o", out]) == 0
+    captured = capsys.readouterr()
+    assert "2 elements x 2 epoch(s), seed 0; augmentation random" in captured.out
+    assert "no random augmentation" not in captured.err
+    preview = contact_sheet.gather(built.dataset_dir, "validation", n=2, epochs=2, training=True)
+    assert preview.random and len(preview.epochs) == 2
+    assert preview.epochs[0][0].tobytes() != preview.epochs[1][0].tobytes()
+    # And --no-training shows train in the inference form, without the note.
+    assert cli.main([*args[:3], "train", *args[4:], "--no-training", "-o", out]) == 0
+    captured = capsys.readouterr()
+    assert "1 row as read; augmentation deterministic" in captured.out
+    assert "no random augmentation" not in captured.err
+
+
 def test_cli_batch_ops_are_shown_on_one_batch(built, tmp_path):
     out = str(tmp_path / "sheet.png")
     mixing = '[{"random_crop": {"size": 24}}, {"mixup": {"alpha": 0.4}}]'

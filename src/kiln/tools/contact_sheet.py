@@ -118,6 +118,7 @@ def gather(
     epochs: int = 3,
     seed: int = 0,
     augment: str | Sequence[Any] | None = "default",
+    training: bool | None = None,
 ) -> Preview:
     """Reads the first `n` elements of `split`, stored and as augmented in `epochs` epochs.
 
@@ -131,6 +132,9 @@ def gather(
       augment: As `kiln.reader.load` takes it: ``"default"`` (the list stored
         in the dataset) or a list in YAML form, random for ``"train"`` only
         (other splits show the inference form), or None.
+      training: As `kiln.reader.load` takes it: True draws the random ops on
+        any split, False shows the inference form on train too; None: train
+        only.
 
     Raises:
       MetadataError: for a path that is not a dataset or a missing split.
@@ -143,7 +147,7 @@ def gather(
     dataset_dir = kiln.reader.locate(path)
     metadata = kiln.reader.info(dataset_dir)
     count = min(n, metadata.split(split).num_examples)
-    ops, random = _augmentation(metadata, split, augment, dataset_dir)
+    ops, random = _augmentation(metadata, split, augment, dataset_dir, training)
     if not random:
         epochs = 1  # deterministic: every epoch would draw the same row
 
@@ -164,6 +168,7 @@ def gather(
         shuffle=False,
         seed=seed,
         augment=augment,
+        training=random,
         as_supervised=False,
     )
     rows = []
@@ -217,13 +222,14 @@ def _numpy(value) -> np.ndarray:
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
 
-def _augmentation(metadata, split: str, augment, dataset_dir: str):
+def _augmentation(metadata, split: str, augment, dataset_dir: str, training: bool | None):
     """The validated ops and whether they run randomly, by `kiln.reader.load`'s rules.
 
-    ``"default"`` (the stored list) or a list: random for ``"train"`` only;
-    other splits get the deterministic inference form (`load`'s ``training``
-    default).
+    ``"default"`` (the stored list) or a list: random where `training` says,
+    by default for ``"train"`` only; other splits get the deterministic
+    inference form (`load`'s ``training`` default).
     """
+    random = split == "train" if training is None else training
     if augment is None:
         return [], False
     if isinstance(augment, str):
@@ -234,9 +240,9 @@ def _augmentation(metadata, split: str, augment, dataset_dir: str):
         ops = kiln.reader.validate(
             metadata.augment, field=tf.io.gfile.join(dataset_dir, METADATA_FILENAME) + ": augment"
         )
-        return ops, split == "train" and bool(ops)
+        return ops, random and bool(ops)
     ops = kiln.reader.validate(augment)
-    return ops, split == "train" and bool(ops)
+    return ops, random and bool(ops)
 
 
 def _to_uint8(image: np.ndarray) -> np.ndarray:

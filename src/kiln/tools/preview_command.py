@@ -90,6 +90,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "inference form for other splits (as kiln.reader.load)",
     )
     parser.add_argument(
+        "--training",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--training draws the random ops on any split (e.g. to see validation "
+        "augmented), --no-training shows the inference form on train too "
+        "(default: random on train only, as kiln.reader.load)",
+    )
+    parser.add_argument(
         "--plugin",
         action="append",
         default=[],
@@ -130,7 +138,13 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
 
     try:
         preview = contact_sheet.gather(
-            args.path, args.split, n=args.n, epochs=args.epochs, seed=args.seed, augment=augment
+            args.path,
+            args.split,
+            n=args.n,
+            epochs=args.epochs,
+            seed=args.seed,
+            augment=augment,
+            training=args.training,
         )
     except (MetadataError, AugmentConfigError) as e:
         raise UsageError(str(e)) from None
@@ -171,7 +185,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     width = max(len(name) for name in names)
     for column, (name, key) in enumerate(zip(names, preview.keys, strict=True)):
         print(f"  column {column + 1}: {name:<{width}}  {key}")
-    return _check_epochs(preview, strict=args.strict)
+    return _check_epochs(preview, strict=args.strict, training=args.training)
 
 
 def _check_output(path: str) -> None:
@@ -220,14 +234,14 @@ def _op_name(op) -> str:
     return op if isinstance(op, str) else next(iter(op))
 
 
-def _check_epochs(preview: contact_sheet.Preview, *, strict: bool) -> int:
+def _check_epochs(preview: contact_sheet.Preview, *, strict: bool, training: bool | None) -> int:
     """Says, on stderr, when augmentation is on but elements do not change between epochs."""
     if not preview.random:
-        if preview.augment:
+        if preview.augment and training is None:
             print(
                 f"kiln preview: note: split {preview.split!r} gets no random augmentation "
                 f"by default (the reader applies the deterministic inference form of the "
-                f"stored list); pass --augment to try random ops on it",
+                f"list); pass --training to draw the random ops on it",
                 file=sys.stderr,
             )
         return 0
