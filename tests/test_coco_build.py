@@ -176,6 +176,11 @@ def test_a_small_coco_file_builds_and_reads_back(tmp_path):
     assert "undeclared category_id 42" in errors["11.png"]["message"]
     assert info.dropped == {"dangling_annotation": 1, "unknown_class": 1}
 
+    from kiln.tools.inspection import inspect_dataset, render
+
+    text = render(inspect_dataset(result.dataset_dir))
+    assert f"source:    coco {annotations} (images in {tmp_path / 'images'})" in text
+
 
 def test_a_coco_file_that_cannot_be_read_stops_the_build(tmp_path):
     (tmp_path / "images").mkdir()

@@ -367,8 +367,10 @@ def _dropped_object_lines(summary: dict[str, Any]) -> list[str]:
 def _source_text(source: dict[str, Any] | None) -> str:
     if not source:
         return "(unknown)"
-    location = source.get("root") or source.get("path") or ""
-    return f"{source.get('type')} {location}"
+    location = source.get("root") or source.get("path")
+    if location is None and source.get("annotations"):  # coco, voc: where each part is
+        location = f"{source['annotations']} (images in {source.get('images')})"
+    return f"{source.get('type')} {location or ''}".rstrip()
 
 
 def _splits_table(splits: dict[str, Any]) -> list[str]:
