@@ -332,6 +332,15 @@ def test_every_bad_annotation_drops_its_image_with_a_reason(tmp_path):
         assert rows[key]["reason"] == reason, rows[key]
         assert rows[key]["stage"] == "targets"
         assert "objects[1]" in rows[key]["message"]
+    # A mask file that cannot be used is named: where it is in errors.jsonl.
+    masks = tmp_path / "masks"
+    assert rows["images/bad_mask_size.png"]["message"] == (
+        f"objects[1].mask ({masks / 'small.png'}): the mask is 10x10 (HxW) but its image is "
+        f"{result.info.image_size[0]}x{result.info.image_size[1]}"
+    )
+    assert rows["images/bad_corrupt_mask.png"]["message"].startswith(
+        f"objects[1].mask ({masks / 'corrupt.png'}): not a PNG"
+    )
     assert rows["manifest.jsonl:2"]["reason"] == "bad_row"
     assert "objects[0].bbox: expected 4 numbers" in rows["manifest.jsonl:2"]["message"]
     assert set(records(result)) == {f"images/{i:03d}.png" for i in (0, 2, 3, 4, 5)}

@@ -417,14 +417,25 @@ class TargetCodec:
     def _mask_pixels(
         self, masks: MaskFiles, uri: str, where: str, height: int, width: int
     ) -> np.ndarray:
-        """A mask file's pixels (``height x width`` uint8)."""
-        mask = _decode_mask(masks.data(uri, where), where, self._max_pixels)
-        if mask.shape != (height, width):
-            raise BadAnnotation(
-                "mask_size_mismatch",
-                f"{where}: the mask is {mask.shape[0]}x{mask.shape[1]} (HxW) but its image "
-                f"is {height}x{width}",
-            )
+        """A mask file's pixels (``height x width`` uint8).
+
+        Raises:
+          BadAnnotation: naming the mask file by its base name (its full
+            path in ``located``, for errors.jsonl).
+        """
+        data = masks.data(uri, where)
+        named = f"{where} ({_base_name(uri)})"
+        try:
+            mask = _decode_mask(data, named, self._max_pixels)
+            if mask.shape != (height, width):
+                raise BadAnnotation(
+                    "mask_size_mismatch",
+                    f"{named}: the mask is {mask.shape[0]}x{mask.shape[1]} (HxW) but its "
+                    f"image is {height}x{width}",
+                )
+        except BadAnnotation as e:
+            located = f"{where} ({uri})" + str(e)[len(named) :]
+            raise BadAnnotation(e.reason, str(e), located=located) from None
         return mask
 
     # --- encoding ----------------------------------------------------------------------
