@@ -31,7 +31,7 @@ from kiln.reader.class_weights import ExampleWeights
 from kiln.reader.labels import LabelEncoding
 from kiln.reader.location import info
 from kiln.reader.ops import AugmentConfigError, to_float, validate
-from kiln.reader.options import ReadOptions
+from kiln.reader.options import ReadOptions, as_read_options
 from kiln.reader.output import ImageFormat, Output
 from kiln.reader.targets import (
     BatchTargets,
@@ -181,7 +181,8 @@ def load(
         (``mask``, ``instance_masks``) move their channel axis likewise.
       options: `ReadOptions`: the shuffle buffer's size, whether the
         element order is fixed, and tf.data service's dynamic sharding;
-        the defaults suit almost every job.
+        the defaults suit almost every job. A dict is refused with a
+        TypeError spelling the `ReadOptions` to pass (see `ReadOptions`).
       augment_on: Deprecated: ``"model"`` returns what `load_for_model`
         returns (with a DeprecationWarning); call that instead.
       shuffle_buffer: Deprecated: ``options=ReadOptions(shuffle_buffer=...)``.
@@ -204,6 +205,7 @@ def load(
         or a crop that does not fit in the stored images.
       AugmentOpError: for a user op that ignores its seed or cannot be traced.
       ValueError: for argument combinations that cannot work, with the reason.
+      TypeError: for `options` that is not a `ReadOptions` (e.g. a dict).
       TargetError: for an option the dataset's targets do not allow (e.g.
         `one_hot` without per-image labels, `class_weight` without ``label``).
     """
@@ -317,14 +319,14 @@ def load_for_model(
         class_weight=class_weight,
         dtype=dtype,
         data_format=data_format,
-        options=options or ReadOptions(),
+        options=as_read_options(options),
     )
 
 
 def _with_deprecated(
     options: ReadOptions | None, shuffle_buffer: int | None, deterministic: bool | None
 ) -> ReadOptions:
-    options = options or ReadOptions()
+    options = as_read_options(options)
     given = [
         name
         for name, value in (("shuffle_buffer", shuffle_buffer), ("deterministic", deterministic))
