@@ -158,6 +158,29 @@ def test_read_options_reach_the_pipeline_and_the_old_keywords_still_work(png_dat
         assert read(deterministic=False).options().deterministic is False
 
 
+def test_a_deprecated_keyword_disagreeing_with_options_is_refused(png_dataset):
+    path = png_dataset.dataset_dir
+    with pytest.raises(
+        ValueError,
+        match=r"got shuffle_buffer=100 and options=ReadOptions\(shuffle_buffer=50\), which "
+        r"disagree: pass only options=kiln\.reader\.ReadOptions\(shuffle_buffer=\.\.\.\)",
+    ):
+        kiln.reader.load(path, shuffle_buffer=100, options=ReadOptions(shuffle_buffer=50))
+    with pytest.raises(
+        ValueError, match=r"got deterministic=True and options=ReadOptions\(deterministic=False\)"
+    ):
+        kiln.reader.load(path, deterministic=True, options=ReadOptions(deterministic=False))
+    # Agreeing values, or options leaving the field at its default, still read (with a warning).
+    with pytest.warns(DeprecationWarning):
+        same = kiln.reader.load(path, shuffle_buffer=50, options=ReadOptions(shuffle_buffer=50))
+    with pytest.warns(DeprecationWarning):
+        other_field = kiln.reader.load(
+            path, deterministic=False, options=ReadOptions(shuffle_buffer=50)
+        )
+    assert same.options().deterministic is True
+    assert other_field.options().deterministic is False
+
+
 def test_augment_on_model_still_returns_the_pair_with_a_deprecation_warning(png_dataset):
     path = png_dataset.dataset_dir
     with pytest.warns(DeprecationWarning, match="load_for_model"):

@@ -187,6 +187,8 @@ def load(
         returns (with a DeprecationWarning); call that instead.
       shuffle_buffer: Deprecated: ``options=ReadOptions(shuffle_buffer=...)``.
       deterministic: Deprecated: ``options=ReadOptions(deterministic=...)``.
+        Either keyword given with `options` that sets the same field to
+        another value (one away from its default) raises ValueError.
 
     Returns:
       The dataset. Images are float32 ``[batch, height, width, channels]``
@@ -326,14 +328,25 @@ def load_for_model(
 def _with_deprecated(
     options: ReadOptions | None, shuffle_buffer: int | None, deterministic: bool | None
 ) -> ReadOptions:
+    """`options` with the deprecated keywords `load` was given applied.
+
+    A keyword and `options` that both set one option (the field away from its
+    default) to different values are refused: neither silently wins.
+    """
     options = as_read_options(options)
-    given = [
-        name
-        for name, value in (("shuffle_buffer", shuffle_buffer), ("deterministic", deterministic))
-        if value is not None
-    ]
+    keywords = {"shuffle_buffer": shuffle_buffer, "deterministic": deterministic}
+    given = [name for name, value in keywords.items() if value is not None]
     if not given:
         return options
+    defaults = ReadOptions()
+    for name in given:
+        value, in_options = keywords[name], getattr(options, name)
+        if in_options != getattr(defaults, name) and in_options != value:
+            raise ValueError(
+                f"kiln.reader.load got {name}={value!r} and options=ReadOptions({name}="
+                f"{in_options!r}), which disagree: pass only options=kiln.reader.ReadOptions("
+                f"{name}=...) ({name}= is deprecated)"
+            )
     warnings.warn(
         f"kiln.reader.load({', '.join(f'{name}=...' for name in given)}) is deprecated: "
         f"pass options=kiln.reader.ReadOptions({', '.join(f'{name}=...' for name in given)})",
