@@ -91,7 +91,7 @@ def load(
     one_hot: bool = False,
     label_smoothing: float = 0.0,
     class_weight: str | Mapping[int, float] | None = None,
-    dtype: str = "float32",
+    dtype: Any = "float32",
     data_format: str = "channels_last",
     options: ReadOptions | None = None,
     augment_on: str = "data",
@@ -174,8 +174,11 @@ def load(
         with it, also under a `tf.distribute` strategy, where
         ``fit(class_weight=...)`` fails. Needs ``as_supervised``.
       dtype: The image's dtype: ``"float32"``, ``"bfloat16"``, or
-        ``"uint8"`` (the 0..255 scale rounded; refused with `normalize`).
-        Masks stay uint8. See `kiln.reader.output.ImageFormat`.
+        ``"uint8"`` (the 0..255 scale rounded; refused with `normalize`),
+        by name or as anything `tf.as_dtype` takes for them (``tf.float32``,
+        ``np.float32``, ``np.dtype("uint8")``); other dtypes (``np.float64``)
+        raise ValueError. Masks stay uint8. See
+        `kiln.reader.output.ImageFormat`.
       data_format: ``"channels_last"`` ``[batch, height, width, channels]``
         or ``"channels_first"`` ``[batch, channels, height, width]``; masks
         (``mask``, ``instance_masks``) move their channel axis likewise.
@@ -263,7 +266,7 @@ def load_for_model(
     one_hot: bool = False,
     label_smoothing: float = 0.0,
     class_weight: str | Mapping[int, float] | None = None,
-    dtype: str = "float32",
+    dtype: Any = "float32",
     data_format: str = "channels_last",
     options: ReadOptions | None = None,
 ) -> tuple[tf.data.Dataset, AugmentationLayer]:
@@ -379,7 +382,7 @@ def _read(
     one_hot: bool,
     label_smoothing: float,
     class_weight: str | Mapping[int, float] | None,
-    dtype: str,
+    dtype: Any,
     data_format: str,
     options: ReadOptions,
 ):
