@@ -120,6 +120,17 @@ CASES = [
         "did you mean 'random_flip_left_right'?",
     ),
     (
+        # Every name as close as the closest is offered, not only the first.
+        {"augment": ["random_flip"]},
+        "augment[0]: unknown augmentation op 'random_flip'; "
+        "did you mean 'random_flip_left_right' or 'random_flip_up_down'?",
+    ),
+    (
+        {"augment": ["random_grey"]},
+        "augment[0]: unknown augmentation op 'random_grey'; "
+        "did you mean 'random_hue', 'random_grayscale' or 'random_crop'?",
+    ),
+    (
         {"augment": [{"random_crop": {"size": "big"}}]},
         "augment[0].random_crop.size: expected a positive integer or [height, width], got 'big'",
     ),

@@ -58,14 +58,46 @@ def quote_text(text: str, limit: int = 500) -> str:
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
+# How many names a did-you-mean offers at most, and how far below the closest
+# one (difflib's similarity ratio, 0..1) a name may be and still be offered.
+MAX_SUGGESTIONS = 3
+SUGGESTION_MARGIN = 0.1
+
+
 def did_you_mean(word: str, known: Iterable[str]) -> str:
-    """``"; did you mean 'transforms'?"`` for the known name closest to a
-    misspelled `word`, or ``""`` when none is close."""
-    known = list(known)
-    matches = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
-    if not matches and len(word) >= 3:  # an abbreviation: prob -> probability
-        matches = [name for name in known if name.startswith(word)]
-    return f"; did you mean {matches[0]!r}?" if len(matches) == 1 else ""
+    """``"; did you mean 'transforms'?"`` for the known names closest to a
+    misspelled `word`, or ``""`` when none is close.
+
+    Every name about as close as the closest is offered (up to
+    `MAX_SUGGESTIONS`, closest first): ``"; did you mean
+    'random_flip_left_right' or 'random_flip_up_down'?"`` for
+    ``random_flip``. A `word` of 3 or more characters that begins up to
+    `MAX_SUGGESTIONS` names (an abbreviation: prob -> probability) offers
+    those names; one that begins more offers none (the caller lists all).
+    """
+    known = sorted(set(known))
+    matches = [name for name in known if name.startswith(word)] if len(word) >= 3 else []
+    if len(matches) > MAX_SUGGESTIONS:
+        return ""
+    if not matches:
+        matcher = difflib.SequenceMatcher()
+        matcher.set_seq2(word)
+        scored = []
+        for name in known:
+            matcher.set_seq1(name)
+            scored.append((matcher.ratio(), name))
+        scored.sort(key=lambda pair: -pair[0])  # stable: ties stay in name order
+        best = scored[0][0] if scored else 0.0
+        matches = [
+            name
+            for ratio, name in scored[:MAX_SUGGESTIONS]
+            if ratio >= 0.6 and ratio >= best - SUGGESTION_MARGIN
+        ]
+    if not matches:
+        return ""
+    names = [repr(name) for name in matches]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return f"; did you mean {listed}?"
 
 
 class KilnError(Exception):

@@ -113,6 +113,29 @@ def test_read_options_check_themselves_when_made():
         ReadOptions().deterministic = False  # type: ignore[misc]
 
 
+def test_a_dict_of_options_is_refused_with_the_read_options_call_to_write(png_dataset):
+    path = png_dataset.dataset_dir
+    spelled = r"options must be a kiln\.reader\.ReadOptions, not a dict: pass "
+    for read in (kiln.reader.load, kiln.reader.load_for_model):
+        with pytest.raises(
+            TypeError, match=spelled + r"options=kiln\.reader\.ReadOptions\(shuffle_buffer=10\)$"
+        ):
+            read(path, batch_size=8, options={"shuffle_buffer": 10})
+        # An empty dict is refused too, not read as "no options".
+        with pytest.raises(TypeError, match=spelled):
+            read(path, batch_size=8, options={})
+    with pytest.raises(TypeError, match=r"ReadOptions\(deterministic=False, dynamic_sharding"):
+        kiln.reader.load(path, options={"deterministic": False, "dynamic_sharding": True})
+    with pytest.raises(TypeError, match=r"ReadOptions or None, got int 10"):
+        kiln.reader.load(path, options=10)
+    # The spelled call works, and a mapping's unknown key is named by ReadOptions itself.
+    config = {"shuffle_buffer": 10}
+    spelled_out = kiln.reader.load(path, batch_size=8, options=ReadOptions(**config))
+    assert spelled_out.cardinality() > 0
+    with pytest.raises(TypeError, match="shufle_buffer"):
+        ReadOptions(**{"shufle_buffer": 10})
+
+
 def test_read_options_reach_the_pipeline_and_the_old_keywords_still_work(png_dataset):
     path = png_dataset.dataset_dir
 
@@ -133,6 +156,29 @@ def test_read_options_reach_the_pipeline_and_the_old_keywords_still_work(png_dat
     assert keys(deprecated) == tiny
     with pytest.warns(DeprecationWarning, match=r"ReadOptions\(deterministic=\.\.\.\)"):
         assert read(deterministic=False).options().deterministic is False
+
+
+def test_a_deprecated_keyword_disagreeing_with_options_is_refused(png_dataset):
+    path = png_dataset.dataset_dir
+    with pytest.raises(
+        ValueError,
+        match=r"got shuffle_buffer=100 and options=ReadOptions\(shuffle_buffer=50\), which "
+        r"disagree: pass only options=kiln\.reader\.ReadOptions\(shuffle_buffer=\.\.\.\)",
+    ):
+        kiln.reader.load(path, shuffle_buffer=100, options=ReadOptions(shuffle_buffer=50))
+    with pytest.raises(
+        ValueError, match=r"got deterministic=True and options=ReadOptions\(deterministic=False\)"
+    ):
+        kiln.reader.load(path, deterministic=True, options=ReadOptions(deterministic=False))
+    # Agreeing values, or options leaving the field at its default, still read (with a warning).
+    with pytest.warns(DeprecationWarning):
+        same = kiln.reader.load(path, shuffle_buffer=50, options=ReadOptions(shuffle_buffer=50))
+    with pytest.warns(DeprecationWarning):
+        other_field = kiln.reader.load(
+            path, deterministic=False, options=ReadOptions(shuffle_buffer=50)
+        )
+    assert same.options().deterministic is True
+    assert other_field.options().deterministic is False
 
 
 def test_augment_on_model_still_returns_the_pair_with_a_deprecation_warning(png_dataset):

@@ -147,6 +147,23 @@ def test_validate_names_entry_and_parameter(specs, message):
     assert isinstance(error.value, ValueError)  # what the build config checker catches
 
 
+def test_an_unknown_op_is_offered_every_close_name(png_dataset):
+    """``random_flip`` begins both flips: `load` offers both, not only the first."""
+    with pytest.raises(AugmentConfigError) as error:
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=8, augment=["random_flip"])
+    assert str(error.value) == (
+        "augment[0]: unknown augmentation op 'random_flip'; "
+        "did you mean 'random_flip_left_right' or 'random_flip_up_down'?"
+    )
+    # A plain typo keeps its one suggestion: the other flip is much less close.
+    with pytest.raises(AugmentConfigError) as error:
+        validate(["random_flip_left_rigth"])
+    assert str(error.value).endswith("; did you mean 'random_flip_left_right'?")
+    # An abbreviation of more names than are offered lists every op instead.
+    with pytest.raises(AugmentConfigError, match=r"'random' \(known: color_jitter, cutmix"):
+        validate(["random"])
+
+
 # --- registration and first-use checks ---------------------------------------------------
 
 

@@ -67,6 +67,36 @@ def test_folder_without_metadata_is_named_in_the_error(tmp_path):
         kiln.reader.info(tmp_path / "missing")
 
 
+def test_a_file_passed_as_the_dataset_names_the_folder_to_pass(png_dataset, tmp_path):
+    """kiln.json itself or a shard is a file: the message says so and names the folder
+    holding kiln.json, instead of claiming the file "has no kiln.json"."""
+    version_dir = png_dataset.dataset_dir
+    metadata = os.path.join(version_dir, METADATA_FILENAME)
+    shard = os.path.join(version_dir, png_dataset.info.splits["train"].shards[0].filename)
+    for path in (metadata, shard):
+        for read in (
+            kiln.reader.locate,
+            kiln.reader.info,
+            lambda p: kiln.reader.load(p, batch_size=4),
+        ):
+            with pytest.raises(MetadataError) as raised:
+                read(path)
+            message = str(raised.value)
+            assert message.startswith(f"{path} is ")
+            assert "not a dataset folder" in message
+            assert f"(here: {version_dir})" in message
+            assert "<output>/<name> whose LATEST" in message
+            assert "has no kiln.json" not in message
+    with pytest.raises(MetadataError, match=r"is the dataset's kiln\.json file, not a dataset"):
+        kiln.reader.locate(metadata)
+    stray = tmp_path / "notes.txt"
+    stray.write_text("not a dataset")
+    with pytest.raises(MetadataError) as raised:
+        kiln.reader.info(stray)
+    assert str(raised.value).startswith(f"{stray} is a file, not a dataset folder. Pass the")
+    assert "(here:" not in str(raised.value)
+
+
 def test_latest_naming_a_missing_version(tmp_path):
     (tmp_path / LATEST_FILENAME).write_text("v123\n")
     with pytest.raises(

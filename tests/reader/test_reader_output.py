@@ -115,8 +115,8 @@ def test_masks_follow_the_image_layout(masks_dataset, max_objects):
         ({"dtype": "float16"}, "dtype must be one of"),
         ({"dtype": "uint8", "normalize": True}, "normalize=False"),
         ({"data_format": "NCHW"}, "data_format must be one of"),
-        ({"dtype": "bfloat16", "for_model": True}, "load_for_model yields uint8"),
-        ({"data_format": "channels_first", "for_model": True}, "load_for_model yields"),
+        ({"dtype": "bfloat16", "for_model": True}, "load_for_model takes no dtype="),
+        ({"data_format": "channels_first", "for_model": True}, "takes no data_format="),
     ],
 )
 def test_output_options_are_checked_before_reading(png_dataset, knobs, message):
@@ -124,3 +124,70 @@ def test_output_options_are_checked_before_reading(png_dataset, knobs, message):
     read = kiln.reader.load_for_model if knobs.pop("for_model", False) else kiln.reader.load
     with pytest.raises(ValueError, match=message):
         read(png_dataset.dataset_dir, batch_size=8, seed=1, **knobs)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [
+        ("float32", tf.float32),
+        (tf.float32, tf.float32),
+        (np.float32, tf.float32),
+        (np.dtype("float32"), tf.float32),
+        ("bfloat16", tf.bfloat16),
+        (tf.bfloat16, tf.bfloat16),
+        (np.uint8, tf.uint8),
+        (np.dtype("uint8"), tf.uint8),
+    ],
+)
+def test_dtype_is_a_name_or_a_tensorflow_or_numpy_dtype(png_dataset, dtype, expected):
+    dataset = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1, dtype=dtype)
+    assert dataset.element_spec[0].dtype == expected
+    image, _ = next(iter(dataset))
+    assert image.dtype == expected
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shown"),
+    [
+        (np.float64, r"<class 'numpy\.float64'> \(float64\)"),
+        (tf.float16, r"tf\.float16$"),
+        ("float16", r"'float16'$"),
+        ("floats", r"'floats'$"),
+        (True, r"True$"),  # tf.as_dtype reads it as an enum value: float32
+        (1, r"1$"),
+        (None, r"None$"),
+    ],
+)
+def test_other_dtypes_are_refused_naming_what_was_passed(png_dataset, dtype, shown):
+    with pytest.raises(
+        ValueError,
+        match=r"dtype must be one of \('float32', 'bfloat16', 'uint8'\), as a name or a "
+        r"TensorFlow or NumPy dtype \(tf\.float32, np\.float32\), got " + shown,
+    ):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "named"),
+    [
+        ({"dtype": "bfloat16"}, "dtype='bfloat16'"),
+        ({"dtype": tf.uint8}, "dtype='uint8'"),
+        ({"data_format": "channels_first"}, "data_format='channels_first'"),
+        (
+            {"dtype": np.uint8, "data_format": "channels_first"},
+            "dtype='uint8' or data_format='channels_first'",
+        ),
+    ],
+)
+def test_load_for_model_names_only_the_output_options_passed(png_dataset, knobs, named):
+    with pytest.raises(ValueError) as raised:
+        kiln.reader.load_for_model(png_dataset.dataset_dir, batch_size=8, seed=1, **knobs)
+    message = str(raised.value)
+    assert message.startswith(f"load_for_model takes no {named}: its dataset yields uint8 ")
+    for option in ("dtype", "data_format"):
+        assert (f"{option}=" in message) == (option in knobs), message
+    # The defaults, however spelled, are accepted.
+    dataset, _ = kiln.reader.load_for_model(
+        png_dataset.dataset_dir, batch_size=8, seed=1, dtype=np.float32
+    )
+    assert dataset.element_spec[0]["image"].dtype == tf.uint8

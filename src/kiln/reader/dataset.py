@@ -31,7 +31,7 @@ from kiln.reader.class_weights import ExampleWeights
 from kiln.reader.labels import LabelEncoding
 from kiln.reader.location import info
 from kiln.reader.ops import AugmentConfigError, to_float, validate
-from kiln.reader.options import ReadOptions
+from kiln.reader.options import ReadOptions, as_read_options
 from kiln.reader.output import ImageFormat, Output
 from kiln.reader.targets import (
     BatchTargets,
@@ -91,7 +91,7 @@ def load(
     one_hot: bool = False,
     label_smoothing: float = 0.0,
     class_weight: str | Mapping[int, float] | None = None,
-    dtype: str = "float32",
+    dtype: Any = "float32",
     data_format: str = "channels_last",
     options: ReadOptions | None = None,
     augment_on: str = "data",
@@ -174,18 +174,24 @@ def load(
         with it, also under a `tf.distribute` strategy, where
         ``fit(class_weight=...)`` fails. Needs ``as_supervised``.
       dtype: The image's dtype: ``"float32"``, ``"bfloat16"``, or
-        ``"uint8"`` (the 0..255 scale rounded; refused with `normalize`).
-        Masks stay uint8. See `kiln.reader.output.ImageFormat`.
+        ``"uint8"`` (the 0..255 scale rounded; refused with `normalize`),
+        by name or as anything `tf.as_dtype` takes for them (``tf.float32``,
+        ``np.float32``, ``np.dtype("uint8")``); other dtypes (``np.float64``)
+        raise ValueError. Masks stay uint8. See
+        `kiln.reader.output.ImageFormat`.
       data_format: ``"channels_last"`` ``[batch, height, width, channels]``
         or ``"channels_first"`` ``[batch, channels, height, width]``; masks
         (``mask``, ``instance_masks``) move their channel axis likewise.
       options: `ReadOptions`: the shuffle buffer's size, whether the
         element order is fixed, and tf.data service's dynamic sharding;
-        the defaults suit almost every job.
+        the defaults suit almost every job. A dict is refused with a
+        TypeError spelling the `ReadOptions` to pass (see `ReadOptions`).
       augment_on: Deprecated: ``"model"`` returns what `load_for_model`
         returns (with a DeprecationWarning); call that instead.
       shuffle_buffer: Deprecated: ``options=ReadOptions(shuffle_buffer=...)``.
       deterministic: Deprecated: ``options=ReadOptions(deterministic=...)``.
+        Either keyword given with `options` that sets the same field to
+        another value (one away from its default) raises ValueError.
 
     Returns:
       The dataset. Images are float32 ``[batch, height, width, channels]``
@@ -205,6 +211,7 @@ def load(
         or a crop that does not fit in the stored images.
       AugmentOpError: for a user op that ignores its seed or cannot be traced.
       ValueError: for argument combinations that cannot work, with the reason.
+      TypeError: for `options` that is not a `ReadOptions` (e.g. a dict).
       TargetError: for an option the dataset's targets do not allow (e.g.
         `one_hot` without per-image labels, `class_weight` without ``label``).
     """
@@ -260,7 +267,7 @@ def load_for_model(
     one_hot: bool = False,
     label_smoothing: float = 0.0,
     class_weight: str | Mapping[int, float] | None = None,
-    dtype: str = "float32",
+    dtype: Any = "float32",
     data_format: str = "channels_last",
     options: ReadOptions | None = None,
 ) -> tuple[tf.data.Dataset, AugmentationLayer]:
@@ -318,21 +325,32 @@ def load_for_model(
         class_weight=class_weight,
         dtype=dtype,
         data_format=data_format,
-        options=options or ReadOptions(),
+        options=as_read_options(options),
     )
 
 
 def _with_deprecated(
     options: ReadOptions | None, shuffle_buffer: int | None, deterministic: bool | None
 ) -> ReadOptions:
-    options = options or ReadOptions()
-    given = [
-        name
-        for name, value in (("shuffle_buffer", shuffle_buffer), ("deterministic", deterministic))
-        if value is not None
-    ]
+    """`options` with the deprecated keywords `load` was given applied.
+
+    A keyword and `options` that both set one option (the field away from its
+    default) to different values are refused: neither silently wins.
+    """
+    options = as_read_options(options)
+    keywords = {"shuffle_buffer": shuffle_buffer, "deterministic": deterministic}
+    given = [name for name, value in keywords.items() if value is not None]
     if not given:
         return options
+    defaults = ReadOptions()
+    for name in given:
+        value, in_options = keywords[name], getattr(options, name)
+        if in_options != getattr(defaults, name) and in_options != value:
+            raise ValueError(
+                f"kiln.reader.load got {name}={value!r} and options=ReadOptions({name}="
+                f"{in_options!r}), which disagree: pass only options=kiln.reader.ReadOptions("
+                f"{name}=...) ({name}= is deprecated)"
+            )
     warnings.warn(
         f"kiln.reader.load({', '.join(f'{name}=...' for name in given)}) is deprecated: "
         f"pass options=kiln.reader.ReadOptions({', '.join(f'{name}=...' for name in given)})",
@@ -365,7 +383,7 @@ def _read(
     one_hot: bool,
     label_smoothing: float,
     class_weight: str | Mapping[int, float] | None,
-    dtype: str,
+    dtype: Any,
     data_format: str,
     options: ReadOptions,
 ):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -11,6 +12,15 @@ class ReadOptions:
 
     Frozen and checked when made: ``ReadOptions(shuffle_buffer=0)`` raises
     at once, naming the field, not when the dataset is first iterated.
+
+    `load` and `load_for_model` take only a `ReadOptions`, not a dict of
+    its fields: a dict is refused with a TypeError that spells the call to
+    make instead (``options=kiln.reader.ReadOptions(shuffle_buffer=10)``).
+    The class is the one typed spelling of these options, checked by type
+    checkers and by itself when made, where the mistake is written; a dict
+    would take a second, untyped path that is checked only inside `load`.
+    From a config file: ``ReadOptions(**config["read_options"])`` (an
+    unknown key is named by the TypeError of ``__init__``).
 
     Attributes:
       shuffle_buffer: Records in the shuffle buffer. None: as many records
@@ -49,3 +59,29 @@ class ReadOptions:
             raise ValueError(
                 f"ReadOptions.dynamic_sharding must be True or False, got {self.dynamic_sharding!r}"
             )
+
+
+def as_read_options(options: object) -> ReadOptions:
+    """`options` as given to `load` (None: the defaults).
+
+    Raises:
+      TypeError: for anything but a `ReadOptions` or None, naming `options`
+        and `ReadOptions`; for a mapping, with the call to write instead.
+    """
+    if options is None:
+        return ReadOptions()
+    if isinstance(options, ReadOptions):
+        return options
+    if isinstance(options, Mapping):
+        if all(isinstance(key, str) and key.isidentifier() for key in options):
+            fields = ", ".join(f"{key}={value!r}" for key, value in options.items())
+        else:
+            fields = f"**{dict(options)!r}"
+        raise TypeError(
+            f"options must be a kiln.reader.ReadOptions, not a {type(options).__name__}: "
+            f"pass options=kiln.reader.ReadOptions({fields})"
+        )
+    raise TypeError(
+        f"options must be a kiln.reader.ReadOptions or None, got {type(options).__name__} "
+        f"{options!r}"
+    )

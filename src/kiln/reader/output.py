@@ -27,13 +27,36 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
     from kiln.reader.augmenter import Augmenter
-else:  # imported when an element is shaped, not to check the options
+else:  # imported when a dtype is checked or an element shaped (`load` has imported it)
     tf = LazyModule("tensorflow")
 
 DTYPES = ("float32", "bfloat16", "uint8")
 DATA_FORMATS = ("channels_last", "channels_first")
 # Targets laid out like the image: [..., H, W, 1] class ids or 0/1 masks.
 _MASKS = ("mask", "instance_masks")
+
+
+def dtype_name(dtype: Any) -> str:
+    """The name in `DTYPES` of `dtype`: a name, a TensorFlow or a NumPy dtype.
+
+    Raises:
+      ValueError: naming `dtype`, for one `tf.as_dtype` does not take, one it
+        takes that is not in `DTYPES` (``np.float64``), and for ints and bools
+        (which `tf.as_dtype` reads as enum values: ``True`` is float32).
+    """
+    name = ""
+    if not isinstance(dtype, int):
+        try:
+            name = tf.as_dtype(dtype).name
+        except TypeError:
+            pass
+    if name not in DTYPES:
+        shown = f"{dtype!r} ({name})" if name and name != dtype else repr(dtype)
+        raise ValueError(
+            f"dtype must be one of {DTYPES}, as a name or a TensorFlow or NumPy dtype "
+            f"(tf.float32, np.float32), got {shown}"
+        )
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,17 +82,19 @@ class ImageFormat:
 
     @classmethod
     def checked(cls, dtype: Any, data_format: Any, *, normalize: bool, model_side: bool):
-        """The format, after checking the options (`dtype` a name or a TF/NumPy dtype).
+        """The format, after checking the options.
+
+        `dtype` is anything `tf.as_dtype` takes that names one of `DTYPES`:
+        a name (``"float32"``), a TensorFlow dtype (``tf.float32``) or a
+        NumPy one (``np.float32``, ``np.dtype("float32")``).
 
         Raises:
           ValueError: for an unknown dtype or layout, uint8 with
             ``normalize`` (standardized pixels are not 0..255 integers), and
             anything but the defaults with `load_for_model` (the layer
-            takes uint8 channels-last images).
+            takes uint8 channels-last images), naming what was passed.
         """
-        name = getattr(dtype, "name", dtype)
-        if name not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        name = dtype_name(dtype)
         if data_format not in DATA_FORMATS:
             raise ValueError(f"data_format must be one of {DATA_FORMATS}, got {data_format!r}")
         if name == "uint8" and normalize:
@@ -81,10 +106,20 @@ class ImageFormat:
             )
         chosen = cls(name, data_format)
         if model_side and chosen != cls():
+            default = cls()
+            passed = [
+                f"{field}={value!r}"
+                for field, value, kept in (
+                    ("dtype", dtype if isinstance(dtype, str) else name, default.dtype),
+                    ("data_format", data_format, default.data_format),
+                )
+                if getattr(chosen, field) != kept
+            ]
             raise ValueError(
-                f"load_for_model yields uint8 channels-last images for its layer, whatever "
-                f"dtype={name!r} and data_format={data_format!r} ask; cast or transpose the "
-                f"layer's output inside the model"
+                f"load_for_model takes no {' or '.join(passed)}: its dataset yields uint8 "
+                f"channels-last images for its layer, which outputs float32 channels-last; "
+                f"leave out {' and '.join(p.split('=')[0] for p in passed)} and cast or "
+                f"transpose the layer's output inside the model"
             )
         return chosen
 

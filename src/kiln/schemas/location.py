@@ -130,8 +130,34 @@ def locate(path: str | os.PathLike) -> str:
         return version_dir
     if not exists(path):
         raise MetadataError(f"{path}: no such dataset folder")
+    if not _is_dir(path):
+        raise MetadataError(_file_passed_message(path))
     raise MetadataError(
         f"{path} is not a kiln dataset: it has no {METADATA_FILENAME} and no {LATEST_FILENAME} "
         f"naming a version folder. Pass the folder `kiln build` wrote "
         f"(<output>/<name>/<version>) or its parent <output>/<name>."
+    )
+
+
+def _is_dir(path: str) -> bool:
+    """Whether the existing `path` is a folder (object stores: a prefix with objects under it)."""
+    if is_remote(path):
+        return bool(_remote(path, lambda: tf.io.gfile.isdir(path)))
+    return os.path.isdir(path)
+
+
+def _file_passed_message(path: str) -> str:
+    """What `locate` says when given a file (kiln.json itself, a shard) instead of a folder."""
+    parent = posixpath.dirname(path) if is_remote(path) else os.path.dirname(path)
+    holding = parent if parent and exists(join(parent, METADATA_FILENAME)) else None
+    what = (
+        f"the dataset's {METADATA_FILENAME} file"
+        if os.path.basename(path) == METADATA_FILENAME
+        else "a file"
+    )
+    instead = f" (here: {holding})" if holding else ""
+    return (
+        f"{path} is {what}, not a dataset folder. Pass the folder that holds "
+        f"{METADATA_FILENAME}{instead}, or the dataset's folder <output>/<name> whose "
+        f"{LATEST_FILENAME} names its newest version."
     )
