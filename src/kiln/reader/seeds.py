@@ -110,14 +110,17 @@ def epoch_keys(seed: int) -> tf.data.Dataset:
     `repeat` around it) draws the next key of a sequence the seed fixes, and
     iterator checkpoints save its position.
 
-    It is taken by a zip with ``Dataset.range(1)``, the same key as
-    ``take(1)``, because tf.data service's ``distributed_epoch`` splits a
-    pipeline by its first sources and cannot split ``Dataset.random``: it
-    gave every worker the whole pass (each record once per worker, silently).
-    ``range(1)`` is one split: one worker reads the pass, and the others,
-    given none, fail the pass's cardinality assertion (docs/reader.md).
+    It is read through ``Dataset.range(1).flat_map`` (the same key as
+    ``take(1)`` alone), because tf.data service's ``distributed_epoch``
+    splits a pipeline by its first source and cannot split
+    ``Dataset.random``: it gave every worker the whole pass (each record
+    once per worker, silently). ``range(1)`` is one split: one worker reads
+    the pass, and the others, given none, fail the pass's cardinality
+    assertion (docs/reader.md). Not a zip with ``range(1)``: an iterator
+    checkpoint of a zip restores another key (TF 2.21).
     """
-    return tf.data.Dataset.zip(tf.data.Dataset.range(1), _keys(seed)).map(lambda _, key: key)
+    first = _keys(seed).take(1)
+    return tf.data.Dataset.range(1).flat_map(lambda _: first)
 
 
 def _keys(seed: int) -> tf.data.Dataset:
