@@ -148,6 +148,51 @@ def test_mirrored_strategy_replicas_see_disjoint_data(png_dataset):
     assert collections.Counter(first + second) == collections.Counter(every)
 
 
+# Keras's evaluate under a two-replica strategy that also distributes the
+# training data per replica (the README's pattern), on a split of one shard
+# file, against the same model outside it.
+KERAS_EVALUATE_MIRRORED = """
+import json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import kiln.reader
+
+path = sys.argv[1]
+info = kiln.reader.info(path)
+assert len(info.splits["validation"].shards) == 1
+validation = kiln.reader.load(path, "validation", batch_size=4)
+
+def model():
+    layers = [tf.keras.Input(validation.element_spec[0].shape[1:]),
+              tf.keras.layers.GlobalAveragePooling2D(), tf.keras.layers.Dense(info.num_classes)]
+    built = tf.keras.Sequential(layers)
+    built.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return built
+
+plain = model()
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    mirrored = model()
+mirrored.set_weights(plain.get_weights())
+train = strategy.distribute_datasets_from_function(
+    lambda context: kiln.reader.load(path, batch_size=4, seed=1, input_context=context),
+    tf.distribute.InputOptions(
+        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA))
+mirrored.fit(train, epochs=1, verbose=0)
+mirrored.set_weights(plain.get_weights())
+print(json.dumps({"plain": plain.evaluate(validation, verbose=0),
+                  "mirrored": mirrored.evaluate(validation, verbose=0)}))
+"""
+
+
+def test_keras_evaluates_a_one_file_split_under_mirrored_strategy(png_dataset):
+    out = json.loads(run_python(KERAS_EVALUATE_MIRRORED, png_dataset.dataset_dir).splitlines()[-1])
+    # Every element once: the same loss and accuracy as outside the strategy.
+    assert out["mirrored"] == pytest.approx(out["plain"], rel=1e-5)
+
+
 # Trains some steps on two replicas, saves (model variable and input
 # position), then either continues (save) or restores and continues (restore).
 REPLICA_CHECKPOINT = """

@@ -570,6 +570,15 @@ def _read(
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
     data_options = tf.data.Options()
     data_options.deterministic = deterministic
+    # A strategy that shards this dataset itself (Keras's fit/evaluate under
+    # MirroredStrategy, `experimental_distribute_dataset`) shards its
+    # elements: its default, FILE, fails on a split of fewer shard files than
+    # replicas ("Could not apply FILE based sharding"), and the files are read
+    # inside each pass's flat_map anyway. With `input_context` kiln has taken
+    # its share already and no strategy shards again.
+    data_options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.DATA
+    )
     dataset = dataset.with_options(data_options)
     if model_side:
         from kiln.reader.layer import AugmentationLayer
