@@ -9,6 +9,7 @@ Locally (Beam's local batch engine, every core; no download, no service)::
     python -m kiln.pipeline --config configs/demo.yaml
     kiln build --config configs/demo.yaml --quiet --report build/report.json   # for schedulers
     kiln build --config configs/demo.yaml --keep 3          # then delete all but 3 versions
+    kiln build --config configs/demo.yaml --max-changed-percent 10   # a publish gate
     kiln build --config configs/demo.yaml --full            # reuse nothing of LATEST
 
 On Dataflow (the source and output in gs://; needs ``pip install 'kiln[gcp]'``
@@ -32,8 +33,9 @@ mistake costs well under a second. The command prints where the dataset is
 and a summary; a local build also shows its progress (files done of total,
 rate, time left) on stderr: one line redrawn on a terminal, a plain line
 every ``--progress-every`` seconds elsewhere. Exit codes: 0 built or up to
-date; 1 the build failed (nothing published); 2 bad config or usage; 3 busy;
-130 interrupted (nothing published).
+date; 1 the build failed (nothing published) or the new version crossed the
+publish gate (kept in its folder, LATEST unchanged); 2 bad config or usage;
+3 busy; 130 interrupted (nothing published).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from kiln import gate_flags
 from kiln.errors import Failure, KilnError, UsageError
 
 if TYPE_CHECKING:
@@ -68,7 +71,9 @@ EPILOG = (
 exit codes:
   0  built, or already up to date
   1  the build failed (the Beam job failed, or more than errors.max_fraction of
-     the files were dropped): nothing was published, LATEST is unchanged
+     the files were dropped): nothing was published, LATEST is unchanged; or
+     the new version crossed a publish-gate threshold: it is kept in its
+     folder, LATEST is unchanged
   2  bad config or usage (one line naming the field or flag; nothing was done)
   3  another build of the same dataset is running (nothing was done; --wait)
   130  interrupted (Ctrl-C): nothing was published, LATEST is unchanged"""
@@ -79,7 +84,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
         "kiln build --config FILE [--output ROOT] [--image-threads N] [--quiet] "
         "[--progress-every SECONDS] [--report FILE] [--keep N] [--wait SECONDS] "
-        "[--base VERSION | --full] [Beam pipeline options...]"
+        "[--base VERSION | --full] [publish gate flags] [Beam pipeline options...]"
     )
     parser.epilog = EPILOG
     parser.add_argument(
@@ -148,6 +153,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "but the N most recently published versions; never the one LATEST "
         "names (default: keep all)",
     )
+    gate = parser.add_argument_group(
+        "publish gate",
+        "kiln diff's thresholds, checked against the version LATEST names before "
+        "LATEST may name the new one. A version that crosses one is kept in its "
+        "folder, unpublished, and the build exits 1 (LATEST unchanged).",
+    )
+    gate_flags.add_arguments(gate, crossing="do not publish")
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
@@ -170,6 +182,10 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
         raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
     if args.progress_every < 0:
         raise UsageError(f"--progress-every must be 0 or more, got {args.progress_every}")
+    try:
+        gate = gate_flags.values(args)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     from kiln.pipeline import config as config_module
     from kiln.pipeline import storage
 
@@ -185,6 +201,7 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
     import tensorflow  # noqa: F401
 
     from kiln.pipeline import launcher
+    from kiln.schemas.version_diff import Thresholds
 
     launcher.check_pipeline_args(extra_argv, own_flags=_own_flags())
     # Move everything alive so far (TensorFlow and Beam: millions of
@@ -205,6 +222,7 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
             wait=args.wait,
             base=args.base,
             full=args.full,
+            gate=Thresholds(**gate),
         )
     finally:
         gc.unfreeze()

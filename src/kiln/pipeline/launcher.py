@@ -40,7 +40,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -97,6 +97,22 @@ class BuildError(Failure):
 
     Nothing was published. The CLI prints the message and exits 1.
     """
+
+
+class GateError(BuildError):
+    """The new version crossed the publish gate (`build`'s ``gate``): it is
+    complete in its folder, but LATEST still names the version it was
+    compared with.
+
+    Attributes:
+      version: The new version, kept in its folder.
+      violations: One line per threshold crossed.
+    """
+
+    def __init__(self, message: str, version: str, violations: Sequence[str] = ()):
+        super().__init__(message)
+        self.version = version
+        self.violations = list(violations)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,6 +414,7 @@ def build(
     wait: float = 0.0,
     base: str | None = None,
     full: bool = False,
+    gate: version_diff.Thresholds | None = None,
 ) -> BuildResult:
     """Builds (or finds up to date) the dataset a config describes.
 
@@ -420,6 +437,11 @@ def build(
       base: The published version to reuse unchanged records from
         (`incremental`); None: the one LATEST names, if any.
       full: Build from scratch, reusing nothing.
+      gate: Thresholds (as `kiln diff` takes them) the new version must pass
+        against the version LATEST names before LATEST may name it; None,
+        or none set, publishes whatever the build made. A version that
+        crosses one stays in its folder, unnamed (`GateError`). Without a
+        LATEST there is nothing to compare with: the first build publishes.
 
     Returns:
       The `BuildResult`; LATEST names its version.
@@ -430,6 +452,7 @@ def build(
       BuildError: the job failed, dropped too many inputs, did not account
         for every listed file, stored nothing, or a file could not be
         written (nothing was published).
+      GateError: the new version crossed the `gate` (LATEST is unchanged).
     """
     _check_keep(keep)
     if base is not None and full:
@@ -455,6 +478,7 @@ def build(
                 keep=keep,
                 base=base,
                 full=full,
+                gate=gate,
             )
     except OSError as e:  # a full disk, a read-only or unwritable output...
         raise BuildError(f"{storage.describe_os_error(e)}; nothing was published") from e
@@ -577,10 +601,12 @@ def _build_locked(
     keep: int | None,
     base: str | None = None,
     full: bool = False,
+    gate: version_diff.Thresholds | None = None,
 ) -> BuildResult:
     _warn_about_shard_counts(spec, listing)
     dataset = publish.DatasetRoot(spec.dataset_root)
     previous = dataset.latest()
+    check_gate = _publish_gate(dataset, previous, gate)
     # The config refuses stratify with a listing by the job (`ListedInJob`).
     if spec.config.splits.stratify and isinstance(listing, sources.Listing):
         _stratify(spec, listing, dataset, previous)
@@ -591,6 +617,8 @@ def _build_locked(
     built = dataset.read_info(existing) if existing else None
     if built is not None:
         dataset.clean_stale_staging()
+        if check_gate is not None and built.version != previous:
+            check_gate(dataset.version_dir(built.version))
         dataset.name_latest(built.version)
         logger.info("up to date: %s", built.version)
         return BuildResult(
@@ -638,7 +666,7 @@ def _build_locked(
         info = dataset_info(spec, listing, report, _version(spec, processing, listing, report))
         _warn_about_empty_classes(info)
         held.check()
-        target = transaction.commit(info)
+        target = transaction.commit(info, gate=check_gate)
     return BuildResult(
         dataset_dir=target,
         version=info.version,
@@ -651,6 +679,45 @@ def _build_locked(
         pruned=_prune(dataset, keep),
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
     )
+
+
+def _publish_gate(
+    dataset: publish.DatasetRoot, previous: str | None, thresholds: version_diff.Thresholds | None
+) -> Callable[[str], None] | None:
+    """The check a new version's folder must pass before LATEST names it
+    (`build`'s ``gate``), or None where there is nothing to check."""
+    if thresholds is None or not thresholds.any or previous is None:
+        return None
+
+    def check(version_dir: str) -> None:
+        version = version_dir.rstrip("/").rsplit("/", 1)[-1]
+        if version == previous:
+            return
+        try:
+            diff = version_diff.compare(
+                version_diff.open_version(dataset.version_dir(previous)),
+                version_diff.open_version(version_dir),
+            )
+        except MetadataError as e:
+            raise GateError(
+                f"the publish gate cannot compare with LATEST's version {previous} ({e}); "
+                f"version {version} is in {version_dir} but was not published: repair "
+                f"LATEST, or build without the gate flags",
+                version,
+            ) from None
+        violations = diff.violations(thresholds)
+        if violations:
+            raise GateError(
+                f"version {version} crossed the publish gate against LATEST ({previous}): "
+                + "; ".join(violations)
+                + f". It is in {version_dir} but was not published (LATEST still names "
+                f"{previous}); compare with `kiln diff {previous} {version_dir}`, and build "
+                f"without the gate flags to publish it",
+                version,
+                violations,
+            )
+
+    return check
 
 
 def _check_output_folders(spec: BuildSpec) -> None:

@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import secrets
 import types
+from collections.abc import Callable
 
 from kiln.pipeline import storage
 from kiln.pipeline.tfds_export import write_tfds_metadata
@@ -261,8 +262,15 @@ class PublishTransaction:
         """Keep the staging folder when the transaction fails (see the class docstring)."""
         self._keep = True
 
-    def commit(self, info: DatasetInfo) -> str:
-        """Publishes the staged folder as `info.version`; returns its folder."""
+    def commit(self, info: DatasetInfo, gate: Callable[[str], None] | None = None) -> str:
+        """Publishes the staged folder as `info.version`; returns its folder.
+
+        Args:
+          gate: Called with the version's folder once it is complete, before
+            LATEST names it; an exception it raises leaves LATEST (and the
+            stamp that would make the next build find it up to date) as it
+            was, and the complete version folder in place, to compare.
+        """
         store = self.dataset.store
         store.delete_tree(self.work_dir)
         write_tfds_metadata(self.staging_dir, info)  # TFDS-readable too
@@ -280,6 +288,8 @@ class PublishTransaction:
             store.delete_tree(target)
             store.move_tree(self.staging_dir, target, last=METADATA_FILENAME)
             store.delete_tree(self.staging_dir)
+        if gate is not None:
+            gate(target)
         self.dataset.record_stamp(self.stamp, info.version)
         self.dataset.name_latest(info.version)  # last of all
         return target

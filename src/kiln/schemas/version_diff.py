@@ -294,15 +294,28 @@ class Thresholds:
       max_object_change: Largest allowed change of a class's object count
         (datasets with boxes), in percent of its old count (None: no limit;
         a class without objects before is not checked).
+      fail_on_label_change: A class in both versions whose label id differs
+        is a violation (a model trained on the old version would read the
+        new one's labels wrongly).
+      fail_on_config_change: Build config sections that differ (the
+        transforms, the image size, the encoding...: records whose source
+        did not change are then stored otherwise) are a violation.
     """
 
     max_share_shift: float | None = None
     max_changed_percent: float | None = None
     fail_on_vanished_class: bool = False
     max_object_change: float | None = None
+    fail_on_label_change: bool = False
+    fail_on_config_change: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def any(self) -> bool:
+        """Whether any threshold is set."""
+        return self != Thresholds()
 
 
 @dataclasses.dataclass
@@ -400,6 +413,21 @@ class VersionDiff:
             if name in old and old[name] != i
         ]
 
+    def config_changes(self) -> list[str]:
+        """The build config's sections that differ between the versions
+        (``transforms``, ``image``, ``encoding``...), and ``image_size`` when
+        the stored size differs; the source's location is provenance, not
+        config, so moving the data changes nothing here."""
+        old, new = self.old.info, self.new.info
+        sections = sorted(
+            key
+            for key in set(old.config) | set(new.config)
+            if old.config.get(key) != new.config.get(key)
+        )
+        if old.image_size != new.image_size:
+            sections.append("image_size")
+        return sections
+
     def statistics_drift(self) -> dict[str, dict[str, Any]]:
         """Per split in both versions with statistics: old and new per-channel
         mean and std (0..255) and their drift (new - old)."""
@@ -451,7 +479,24 @@ class VersionDiff:
                         f"({percent:+.2f}%), a change of more than --max-object-change "
                         f"{thresholds.max_object_change:g}%"
                     )
+        if thresholds.fail_on_label_change:
+            old_ids = {name: i for i, name in enumerate(self.old.info.class_names)}
+            for name in self.label_ids_changed():
+                found.append(
+                    f"class {name!r} changed label id, {old_ids[name]} -> "
+                    f"{self.new.info.class_names.index(name)}"
+                )
+        if thresholds.fail_on_config_change:
+            changes = self.config_changes()
+            if changes:
+                found.append(f"the build config changed: {', '.join(changes)}{self._sizes()}")
         return found
+
+    def _sizes(self) -> str:
+        old, new = self.old.info.image_size, self.new.info.image_size
+        if old == new:
+            return ""
+        return f" (stored size {_size_text(old)} -> {_size_text(new)})"
 
     def to_json(self, thresholds: Thresholds | None = None) -> dict[str, Any]:
         """The diff as JSON-ready data (`kiln diff --json`, `kiln build --report`).
@@ -463,7 +508,8 @@ class VersionDiff:
         also have ``classes``: class -> `CellChange`), ``changed_percent``,
         ``classes`` (`class_shares`), ``vanished_classes``,
         ``added_classes`` / ``removed_classes`` (in class_names),
-        ``label_ids_changed``, ``statistics`` (`statistics_drift`),
+        ``label_ids_changed``, ``config_changes`` (`config_changes`),
+        ``image_size`` (old and new), ``statistics`` (`statistics_drift`),
         ``duplicates`` and ``dropped`` (old and new; dropped by reason and
         total), ``objects_dropped`` (the same for objects dropped from stored
         images) and ``objects`` (`object_counts`), both null without boxes,
@@ -492,6 +538,8 @@ class VersionDiff:
             "added_classes": [n for n in new_info.class_names if n not in old_info.class_names],
             "removed_classes": [n for n in old_info.class_names if n not in new_info.class_names],
             "label_ids_changed": self.label_ids_changed(),
+            "config_changes": self.config_changes(),
+            "image_size": {"old": old_info.image_size, "new": new_info.image_size},
             "statistics": self.statistics_drift(),
             "duplicates": {"old": old_info.duplicates, "new": new_info.duplicates},
             "dropped": _counts_before_after(old_info.dropped, new_info.dropped),
@@ -530,6 +578,9 @@ class VersionDiff:
         vanished = self.vanished_classes()
         if vanished:
             details.append(f"vanished classes: {', '.join(vanished)}")
+        changes = self.config_changes()
+        if changes:
+            details.append(f"config changed: {', '.join(changes)}{self._sizes()}")
         old_dropped = sum(self.old.info.dropped.values())
         new_dropped = sum(self.new.info.dropped.values())
         if old_dropped != new_dropped:
@@ -549,6 +600,10 @@ class VersionDiff:
         if details:
             lines.append("; ".join(details))
         return lines
+
+
+def _size_text(size: Any) -> str:
+    return "varying" if size is None else "x".join(str(v) for v in size)
 
 
 def _split(info: DatasetInfo, name: str) -> SplitInfo | None:

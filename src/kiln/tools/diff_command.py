@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from kiln import gate_flags
 from kiln.errors import EXIT_FAILED, UsageError
 from kiln.schemas import MetadataError, version_diff
 from kiln.schemas.version_diff import Thresholds, VersionDiff
@@ -53,44 +54,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON document instead of the text"
     )
-    parser.add_argument(
-        "--max-share-shift",
-        type=float,
-        metavar="POINTS",
-        help="exit 1 if a class's share of the dataset moved by more than POINTS percentage points",
-    )
-    parser.add_argument(
-        "--max-changed-percent",
-        type=float,
-        metavar="PERCENT",
-        help="exit 1 if more than PERCENT%% of the old version's records were added, "
-        "removed, changed or moved",
-    )
-    parser.add_argument(
-        "--fail-on-vanished-class",
-        action="store_true",
-        help="exit 1 if a class that had examples has none in NEW",
-    )
-    parser.add_argument(
-        "--max-object-change",
-        type=float,
-        metavar="PERCENT",
-        help="datasets with boxes: exit 1 if a class's object count changed by more than "
-        "PERCENT%% of its count in OLD",
-    )
+    gate_flags.add_arguments(parser, crossing="exit 1")
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
-    for flag in ("max_share_shift", "max_changed_percent", "max_object_change"):
-        value = getattr(args, flag)
-        if value is not None and not value >= 0:
-            raise UsageError(f"--{flag.replace('_', '-')} must be 0 or more, got {value}")
-    thresholds = Thresholds(
-        max_share_shift=args.max_share_shift,
-        max_changed_percent=args.max_changed_percent,
-        fail_on_vanished_class=args.fail_on_vanished_class,
-        max_object_change=args.max_object_change,
-    )
+    try:
+        thresholds = Thresholds(**gate_flags.values(args))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     try:
         old = version_diff.open_version(args.old, relative_to=args.new)
         new = version_diff.open_version(args.new, relative_to=args.old)
@@ -135,9 +106,13 @@ def render(diff: VersionDiff) -> str:
         ("added_classes", "new classes"),
         ("removed_classes", "classes no longer listed"),
         ("label_ids_changed", "classes whose label id changed"),
+        ("config_changes", "build config changed"),
     ):
         if data[key]:
             lines.append(f"{title}: {', '.join(data[key])}")
+    size = data["image_size"]
+    if size["old"] != size["new"]:
+        lines.append(f"stored image size: {_size(size['old'])} -> {_size(size['new'])}")
     lines.extend(_statistics_lines(data["statistics"]))
     dropped, duplicates = data["dropped"], data["duplicates"]
     lines.append(
@@ -220,3 +195,7 @@ def _reasons(old: dict, new: dict) -> str:
     if not reasons:
         return ""
     return " (" + ", ".join(f"{r}: {old.get(r, 0)} -> {new.get(r, 0)}" for r in reasons) + ")"
+
+
+def _size(size) -> str:
+    return "varying" if size is None else "x".join(str(v) for v in size)

@@ -1,0 +1,119 @@
+"""`kiln build`'s publish gate, and the diff thresholds it shares with `kiln diff`, on real builds.
+
+The gate compares the new version with the one LATEST names before LATEST may
+name it: a nightly rebuild whose source lost a class must leave readers of
+LATEST on the last good version.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import yaml
+
+from conftest import make_config
+from kiln import cli
+from kiln.pipeline import demo_data
+from kiln.schemas import LATEST_FILENAME
+
+
+@pytest.fixture
+def nightly(tmp_path):
+    """A demo source, its config file, and the first build's version."""
+    images = tmp_path / "images"
+    demo_data.generate(images, num_images=40, include_broken=False)
+    config = make_config(str(images), output=str(tmp_path / "datasets"))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert cli.main(["build", "--config", str(path), "--quiet"]) == 0
+    dataset = tmp_path / "datasets" / "shapes"
+    return images, path, dataset
+
+
+def latest(dataset) -> str:
+    return (dataset / LATEST_FILENAME).read_text().strip()
+
+
+def test_a_version_that_crosses_the_gate_is_kept_but_not_published(nightly, capsys):
+    images, config, dataset = nightly
+    first = latest(dataset)
+    shutil.rmtree(images / "star")  # an export that lost a class
+    gated = ["build", "--config", str(config), "--quiet", "--fail-on-vanished-class"]
+
+    assert cli.main(gated) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith("kiln build: ")
+    assert f"crossed the publish gate against LATEST ({first})" in line
+    assert "class 'star' vanished" in line
+    assert latest(dataset) == first  # readers of LATEST still get the good version
+    versions = {p for p in os.listdir(dataset) if len(p) == len(first) and p != first}
+    (kept,) = versions
+    assert (dataset / kept / "kiln.json").exists() and f"kiln diff {first} " in line
+
+    # The next night: not "up to date", the same verdict.
+    assert cli.main(gated) == 1
+    assert "crossed the publish gate" in capsys.readouterr().err
+    assert latest(dataset) == first
+
+    # Without the flag the operator publishes it: the same version, reused.
+    assert cli.main(["build", "--config", str(config), "--quiet"]) == 0
+    assert latest(dataset) == kept
+
+
+def test_a_version_within_the_gate_is_published(nightly, capsys):
+    images, config, dataset = nightly
+    first = latest(dataset)
+    (one,) = sorted(os.listdir(images / "circle"))[:1]
+    os.remove(images / "circle" / one)
+    argv = ["build", "--config", str(config), "--quiet", "--max-changed-percent", "10"]
+    assert cli.main([*argv, "--fail-on-vanished-class", "--fail-on-label-change"]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert latest(dataset) != first
+
+
+def test_the_gate_sees_label_ids_and_config_changes(nightly, capsys, tmp_path):
+    images, config, dataset = nightly
+    first = latest(dataset)
+    # A class sorted before the others: every label id moves by one.
+    shutil.copytree(images / "circle", images / "arc")
+    argv = ["build", "--config", str(config), "--quiet", "--fail-on-label-change"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "class 'circle' changed label id, 0 -> 1" in err
+    assert latest(dataset) == first
+    shutil.rmtree(images / "arc")
+
+    # Another crop: no source file changed, every stored image did.
+    changed = yaml.safe_load(config.read_text())
+    changed["transforms"][1] = {"center_crop": {"size": 24}}
+    config.write_text(yaml.safe_dump(changed))
+    argv = ["build", "--config", str(config), "--quiet", "--max-changed-percent", "0"]
+    assert cli.main(argv) == 0  # no record changed: the size change passes this one
+    second = latest(dataset)
+    assert second != first
+    code = cli.main(["diff", first, str(dataset), "--fail-on-config-change"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "build config changed: transforms, image_size" in out
+    assert "stored image size: 32x32 -> 24x24" in out
+    assert (
+        "threshold crossed: the build config changed: transforms, image_size "
+        "(stored size 32x32 -> 24x24)"
+    ) in err
+    # Moving the source is not a config change.
+    moved = tmp_path / "moved"
+    shutil.copytree(images, moved)
+    changed["source"]["root"] = str(moved)
+    config.write_text(yaml.safe_dump(changed))
+    assert cli.main([*argv[:4], "--fail-on-config-change"]) == 0
+    assert capsys.readouterr() == ("", "")
+
+
+def test_gate_flags_are_checked_before_any_work(nightly, capsys):
+    _, config, _ = nightly
+    assert cli.main(["build", "--config", str(config), "--max-share-shift", "-1"]) == 2
+    assert "--max-share-shift must be 0 or more, got -1.0" in capsys.readouterr().err
