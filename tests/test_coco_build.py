@@ -223,6 +223,23 @@ def test_the_config_refuses_targets_coco_cannot_give(tmp_path, targets, message)
         build(config)
 
 
+def test_the_config_names_every_path_that_is_the_wrong_kind(tmp_path):
+    annotations = small_coco(tmp_path)
+    config = coco_config(tmp_path / "images", annotations, tmp_path / "out")  # swapped
+    with pytest.raises(ConfigError) as raised:
+        build(config)
+    assert str(raised.value) == (
+        f"config error in config: source.annotations: {tmp_path / 'images'} is a folder; "
+        f"a coco source reads one instances JSON file (e.g. annotations/instances_train2017"
+        f".json); source.images: "
+        f"{annotations} is a file, not the folder of the images"
+    )
+    config = coco_config(annotations, tmp_path / "images", tmp_path / "out")
+    config["source"] = {**config["source"], "type": "voc"}
+    with pytest.raises(ConfigError, match=r"source.annotations: .* is a file; a voc source"):
+        build(config)
+
+
 @pytest.fixture(scope="module")
 def detection_demo(tmp_path_factory):
     folder = tmp_path_factory.mktemp("detection-demo")

@@ -328,7 +328,9 @@ class _ObjectSource(_SourceModel):
         )
 
     def check(self, output_root: str) -> str | None:
-        return self._annotations_problem() or _check_images_folder(self.images, output_root)
+        # Both parts at once: one run shows every path to fix.
+        problems = [self._annotations_problem(), _check_images_folder(self.images, output_root)]
+        return "; ".join(p for p in problems if p) or None
 
 
 class CocoSource(_ObjectSource):
@@ -363,6 +365,11 @@ class CocoSource(_ObjectSource):
         return classes, _coco_rows(coco, self.split, targets, resolve)
 
     def _annotations_problem(self) -> str | None:
+        if _local_folder(self.annotations):
+            return (
+                f"source.annotations: {self.annotations} is a folder; a coco source reads one "
+                f"instances JSON file (e.g. annotations/instances_train2017.json)"
+            )
         if not storage.exists(self.annotations):
             return f"source.annotations: file not found: {self.annotations}"
         return None
@@ -384,6 +391,11 @@ class VocSource(_ObjectSource):
         return self.classes, _voc_rows(self.annotations, self.split, targets, resolve)
 
     def _annotations_problem(self) -> str | None:
+        if _local_file(self.annotations):
+            return (
+                f"source.annotations: {self.annotations} is a file; a voc source reads a "
+                f"folder of XML files, one per image"
+            )
         if not storage.store_for(self.annotations).has_files(self.annotations):
             return f"source.annotations: folder not found or empty: {self.annotations}"
         return None
@@ -403,7 +415,17 @@ def _check_split(split: str | None, splits_from_source: bool) -> None:
         )
 
 
+def _local_folder(path: str) -> bool:
+    return not is_remote(path) and os.path.isdir(path)
+
+
+def _local_file(path: str) -> bool:
+    return not is_remote(path) and os.path.isfile(path)
+
+
 def _check_images_folder(images: str, output_root: str) -> str | None:
+    if _local_file(images):
+        return f"source.images: {images} is a file, not the folder of the images"
     if not storage.store_for(images).has_files(images):
         return f"source.images: folder not found or empty: {images}"
     if storage.inside(output_root, images):
