@@ -597,6 +597,9 @@ def test_verify_and_inspect_a_detection_build(plain_build):
     counts = {name: c.count for name, c in plain_build.info.objects["train"].classes.items()}
     for name, count in counts.items():
         assert any(line.split()[:2] == [name, str(count)] for line in text.splitlines())
+    most = max(len(record["classes"]) for record in records(plain_build).values())
+    assert plain_build.info.objects["train"].most_objects == most
+    assert f"at most {most} in one image" in text
 
 
 def test_inspect_names_dropped_objects_and_verify_checks_their_report(tmp_path):

@@ -192,6 +192,27 @@ def test_batches_are_ragged_and_max_objects_makes_them_static(scenes_dataset):
             assert np.all(dense["classes"][index, count:].numpy() == -1)
 
 
+def test_kiln_json_counts_the_most_objects_and_load_warns_when_max_objects_cuts(
+    scenes_dataset, caplog
+):
+    path = scenes_dataset.dataset_dir
+    ragged = kiln.reader.load(path, batch_size=8, shuffle=False, augment=None)
+    most = max(int(max(rows["boxes"].row_lengths().numpy(), default=0)) for _, rows in ragged)
+    assert most > 1
+    assert kiln.reader.info(path).objects["train"].most_objects == most
+
+    with caplog.at_level("WARNING", logger="kiln.reader"):
+        kiln.reader.load(path, batch_size=4, seed=0, max_objects=most)
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="kiln.reader"):
+        kiln.reader.load(path, batch_size=4, seed=0, max_objects=most - 1)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        f"max_objects={most - 1} cuts objects: images of split 'train' have up to {most} "
+        f"(the first {most - 1} are kept); pass max_objects={most} to keep every object"
+    )
+
+
 def _batch_input(dataset) -> tuple[str, set[str]]:
     """The op that feeds the dataset's batch, and the ops of its function."""
     graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())

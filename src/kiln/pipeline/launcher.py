@@ -1087,4 +1087,5 @@ def _named_objects(split: job.SplitReport, class_names: list[str]) -> ObjectStat
         images_without_objects=found.images_without_objects,
         dropped=found.dropped,
         size_edges=found.size_edges,
+        most_objects=found.most_objects or 0,
     )

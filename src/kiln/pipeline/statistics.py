@@ -143,9 +143,9 @@ class ObjectSums:
     `OBJECT_SIZE_EDGES`. A size is sqrt(box area) in stored pixels.
     """
 
-    __slots__ = ("classes", "images_without_objects", "dropped")
+    __slots__ = ("classes", "images_without_objects", "dropped", "most_objects")
 
-    def __init__(self, classes=None, images_without_objects=0, dropped=None):
+    def __init__(self, classes=None, images_without_objects=0, dropped=None, most_objects=0):
         # class id -> [count, min, max, Fraction sum, [bucket counts]]
         self.classes: dict[int, list] = {
             int(c): [v[0], v[1], v[2], Fraction(v[3]), list(v[4])]
@@ -153,9 +153,16 @@ class ObjectSums:
         }
         self.images_without_objects = int(images_without_objects)
         self.dropped: dict[str, int] = dict(dropped or {})
+        # The most objects one stored image has.
+        self.most_objects = int(most_objects)
 
     def __reduce__(self):
-        return ObjectSums, (self.classes, self.images_without_objects, self.dropped)
+        return ObjectSums, (
+            self.classes,
+            self.images_without_objects,
+            self.dropped,
+            self.most_objects,
+        )
 
     def __eq__(self, other):
         return isinstance(other, ObjectSums) and self.__reduce__() == other.__reduce__()
@@ -165,6 +172,7 @@ class ObjectSums:
         ``[(reason, count), ...]`` (objects removed, the image kept)."""
         if not objects:
             self.images_without_objects += 1
+        self.most_objects = max(self.most_objects, len(objects))
         for class_id, size in objects:
             size = float(size)
             bucket = _size_bucket(size)
@@ -183,7 +191,10 @@ class ObjectSums:
             self.dropped[reason] = self.dropped.get(reason, 0) + int(count)
 
     def merged(self, other: ObjectSums) -> ObjectSums:
-        result = ObjectSums(self.classes, self.images_without_objects, self.dropped)
+        result = ObjectSums(
+            self.classes, self.images_without_objects, self.dropped, self.most_objects
+        )
+        result.most_objects = max(result.most_objects, other.most_objects)
         for class_id, (count, low, high, total, histogram) in other.classes.items():
             entry = result.classes.get(class_id)
             if entry is None:
@@ -215,6 +226,7 @@ class ObjectSums:
             },
             images_without_objects=self.images_without_objects,
             dropped=dict(sorted(self.dropped.items())),
+            most_objects=self.most_objects,
         )
 
 

@@ -403,6 +403,7 @@ def _read(
     if with_targets:
         augmenter.check_targets(spec)
     _check_max_objects(max_objects, spec)
+    _warn_about_cut_objects(max_objects, metadata, split)
     if augmenter.batch_ops and model_side:
         raise ValueError(
             f"load_for_model: {[a.name for a in augmenter.batch_ops]} mix labels, which a "
@@ -616,6 +617,23 @@ def _check_max_objects(max_objects: int | None, spec: TargetSpec) -> None:
     if "boxes" not in spec.kinds:
         raise TargetError(
             f"max_objects={max_objects}: this dataset has no objects (targets {list(spec.kinds)})"
+        )
+
+
+def _warn_about_cut_objects(max_objects: int | None, metadata: DatasetInfo, split: str) -> None:
+    """Logs when `max_objects` is below the most objects an image of the split
+    has (kiln.json's ``objects.<split>.most_objects``): padding cuts the rest."""
+    objects = (metadata.objects or {}).get(split)
+    most = None if objects is None else objects.most_objects
+    if max_objects is not None and most is not None and most > max_objects:
+        logger.warning(
+            "max_objects=%d cuts objects: images of split %r have up to %d (the first %d "
+            "are kept); pass max_objects=%d to keep every object",
+            max_objects,
+            split,
+            most,
+            max_objects,
+            most,
         )
 
 

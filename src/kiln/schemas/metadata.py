@@ -179,12 +179,16 @@ class ObjectStatistics:
         in the image), and the bad-annotation reasons under
         ``bad_objects: drop_object``.
       size_edges: The histogram's bucket edges (`OBJECT_SIZE_EDGES`).
+      most_objects: The most objects one stored image has (what
+        ``max_objects`` must be for the reader to cut none); None in
+        datasets written before kiln counted it.
     """
 
     classes: dict[str, ClassObjects]
     images_without_objects: int
     dropped: dict[str, int]
     size_edges: list[float] = dataclasses.field(default_factory=lambda: list(OBJECT_SIZE_EDGES))
+    most_objects: int | None = None
 
     @property
     def num_objects(self) -> int:
@@ -197,6 +201,7 @@ class ObjectStatistics:
             images_without_objects=int(data["images_without_objects"]),
             dropped={reason: int(count) for reason, count in data["dropped"].items()},
             size_edges=[float(edge) for edge in data["size_edges"]],
+            most_objects=None if data.get("most_objects") is None else int(data["most_objects"]),
         )
 
 
@@ -409,6 +414,9 @@ class DatasetInfo:
         for name in ("targets", "objects"):
             if data[name] is None:
                 del data[name]
+        for objects in (data.get("objects") or {}).values():
+            if objects["most_objects"] is None:  # written before kiln counted it
+                del objects["most_objects"]
         if not self.has_checksum:  # older formats: their fields only
             for name in ("errors_sha256", "duplicates_sha256", CHECKSUM_FIELD):
                 if data[name] is None:

@@ -339,8 +339,10 @@ def _target_lines(summary: dict[str, Any]) -> list[str]:
         )
     for split_name, split in objects.items():
         dropped = ", ".join(f"{reason} {n}" for reason, n in split["dropped"].items())
+        most = split.get("most_objects")
         lines.append(
             f"  {split_name}: {split['images_without_objects']} image(s) without objects"
+            + ("" if most is None else f", at most {most} in one image")
             + (f"; objects dropped: {dropped}" if dropped else "")
         )
     return [*lines, *_dropped_object_lines(summary), ""]
