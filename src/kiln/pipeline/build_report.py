@@ -15,8 +15,11 @@ or ``busy`` (another build of the dataset holds its lock: exit 3).
 ``changes`` is what changed since the version LATEST named before the build
 (``previous_version``), as `kiln diff --json` prints it
 (`kiln.schemas.version_diff.VersionDiff.to_json`), or null when there was
-none. Unlike `kiln.json` it holds the wall-clock duration: it describes a run, not
-the dataset.
+none. ``warnings`` lists the warnings the build logged (one line each: a
+previous version that could not be compared, a class left without examples),
+in every report: ``kiln build --quiet`` prints none of them. Unlike
+`kiln.json` it holds the wall-clock duration: it describes a run, not the
+dataset.
 """
 
 from __future__ import annotations

@@ -104,8 +104,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quiet",
         action="store_true",
-        help="print nothing when the build succeeds: no progress and no summary "
-        "(errors still go to stderr)",
+        help="print nothing when the build succeeds: no progress, no summary and "
+        "no warnings (--report lists them); errors still go to stderr, one line",
     )
     parser.add_argument(
         "--progress-every",
@@ -154,15 +154,61 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     from kiln.pipeline import build_report
 
     started = time.monotonic()
-    try:
-        result = _build(args, extra_argv)
-    except KilnError as e:  # printed by kiln.cli, with its exit code
-        _report(args, build_report.failed(str(e), e.exit_code, time.monotonic() - started))
-        raise
-    if not args.quiet:
-        print(summary(result), flush=True)
-    _report(args, build_report.succeeded(result, time.monotonic() - started))
+    with _Warnings(silence=args.quiet and not getattr(args, "verbose", False)) as warnings:
+        try:
+            result = _build(args, extra_argv)
+        except KilnError as e:  # printed by kiln.cli, with its exit code
+            report = build_report.failed(str(e), e.exit_code, time.monotonic() - started)
+            _report(args, report, warnings.messages)
+            raise
+        if not args.quiet:
+            print(summary(result), flush=True)
+        report = build_report.succeeded(result, time.monotonic() - started)
+        _report(args, report, warnings.messages)
     return 0
+
+
+class _Warnings(logging.Handler):
+    """The warnings logged while a build runs (by kiln or a library), for
+    the report's ``warnings``.
+
+    With `silence` (``--quiet``), the console's log handlers print none of
+    them: a quiet build that succeeds prints nothing at all (cron mails any
+    output), and one that fails prints only its one line. The report keeps
+    them either way.
+    """
+
+    def __init__(self, silence: bool) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+        self._silence = silence
+        self._silenced: list[logging.Handler] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.messages.append(record.getMessage())
+        except Exception:  # a malformed log call must not fail the build
+            self.handleError(record)
+
+    @staticmethod
+    def _drop(record: logging.LogRecord) -> bool:
+        return False
+
+    def __enter__(self) -> _Warnings:
+        root = logging.getLogger()
+        if self._silence:
+            self._silenced = list(root.handlers)
+            for handler in self._silenced:
+                handler.addFilter(self._drop)
+        root.addHandler(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        root = logging.getLogger()
+        root.removeHandler(self)
+        for handler in self._silenced:
+            handler.removeFilter(self._drop)
+        self._silenced = []
 
 
 def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
@@ -218,11 +264,12 @@ def _own_flags() -> list[str]:
     return [option for action in parser._actions for option in action.option_strings]
 
 
-def _report(args: argparse.Namespace, report: dict) -> None:
+def _report(args: argparse.Namespace, report: dict, warnings: list[str]) -> None:
     from kiln.pipeline import build_report, storage
 
     if not args.report:
         return
+    report = {**report, "warnings": list(warnings)}
     try:
         build_report.write(args.report, report)
     except OSError as e:

@@ -669,7 +669,9 @@ def _changes(
     """The diff from the version LATEST named before the build, or None.
 
     A previous version that cannot be read (removed by hand, damaged) does
-    not fail a build that published: the summary just has no diff line.
+    not fail a build that published: the summary just has no diff line, and
+    one warning line names the problem (the traceback is logged at DEBUG,
+    for ``--verbose``).
     """
     if previous is None or previous == version:
         return None
@@ -678,8 +680,11 @@ def _changes(
             version_diff.open_version(dataset.version_dir(previous)),
             version_diff.open_version(dataset.version_dir(version)),
         )
-    except Exception:
-        logger.warning("could not compare with the previous version %s", previous, exc_info=True)
+    except Exception as e:
+        logger.warning(
+            "could not compare with the previous version %s: %s", previous, _last_line(e)
+        )
+        logger.debug("comparing with %s failed", previous, exc_info=True)
         return None
 
 
@@ -924,8 +929,9 @@ def _prune(dataset: publish.DatasetRoot, keep: int | None) -> tuple[str, ...]:
         return ()
     try:
         return tuple(dataset.prune(keep))
-    except Exception:  # e.g. permission denied on one file: the build itself succeeded
-        logger.warning("could not prune old versions of %s", dataset.path, exc_info=True)
+    except Exception as e:  # e.g. permission denied on one file: the build itself succeeded
+        logger.warning("could not prune old versions of %s: %s", dataset.path, _last_line(e))
+        logger.debug("pruning %s failed", dataset.path, exc_info=True)
         return ()
 
 
