@@ -203,6 +203,46 @@ def test_unreachable_object_store_is_one_line(command):
     assert err.startswith(f"kiln {command}: error: {path}")
 
 
+def test_build_into_an_unreachable_object_store_is_one_line(tmp_path, config):
+    # Credentials that cannot be loaded fail offline, before any request;
+    # the metadata server and any proxied HTTPS traffic point at a closed
+    # local port, so nothing can leave the machine either way.
+    report = tmp_path / "report.json"
+    output = "gs://kiln-tests-no-such-bucket/datasets"
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "kiln.cli", "build", "--config", config),
+            *("--output", output, "--quiet", "--report", str(report)),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(
+            os.environ,
+            PYTHONPATH=SOURCE_ROOT,
+            GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "no-such-credentials.json"),
+            NO_GCE_CHECK="true",
+            GCE_METADATA_HOST="127.0.0.1:9",
+            GCE_METADATA_IP="127.0.0.1:9",
+            HTTPS_PROXY="http://127.0.0.1:9",
+            https_proxy="http://127.0.0.1:9",
+            NO_PROXY="",
+            no_proxy="",
+        ),
+        timeout=600,
+    )
+    err = completed.stderr
+    assert completed.returncode == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    expected = (
+        f"kiln build: error: {output}/shapes: cannot reach it: "
+        f"File {tmp_path / 'no-such-credentials.json'} was not found; nothing was done\n"
+    )
+    assert err == expected
+    written = json.loads(report.read_text())
+    assert written["status"] == "usage_error" and written["exit_code"] == 2
+    assert written["error"] == expected[len("kiln build: error: ") :].strip()
+
+
 def test_ctrl_c_during_a_build(tmp_path):
     """SIGINT while the job runs: exit 130, "interrupted", no traceback, nothing published."""
     from kiln.pipeline import demo_data
