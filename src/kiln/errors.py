@@ -130,6 +130,19 @@ class Failure(KilnError):
     label = "failed"
 
 
+class DryRun(KilnError):
+    """Not an error: the pipeline options asked for a dry run (Beam's
+    ``--dry_run=True``), so the job was translated for its runner and not
+    submitted, and nothing was published: exit 0.
+
+    `kiln build` prints its one line (none under ``--quiet``) and reports
+    the status ``dry_run``.
+    """
+
+    exit_code = EXIT_OK
+    label = "dry run"
+
+
 class Busy(KilnError):
     """Another build of the same dataset is running: exit 3, nothing was done."""
 

@@ -9,9 +9,11 @@ can read what happened without parsing the console::
      "previous_version": "0a1b2c3d4e5f", "changes": {...}, ...}
     {"status": "failed", "exit_code": 1, "error": "dropped 40 of 300 input files ..."}
 
-``status`` is ``built``, ``up_to_date`` (nothing to do: exit 0), ``failed``
-(exit 1, nothing published), ``usage_error`` (a bad config or flag: exit 2)
-or ``busy`` (another build of the dataset holds its lock: exit 3).
+``status`` is ``built``, ``up_to_date`` (nothing to do: exit 0),
+``dry_run`` (``--dry_run=True``: the job was translated, not submitted, and
+nothing was published: exit 0), ``failed`` (exit 1, nothing published),
+``usage_error`` (a bad config or flag: exit 2) or ``busy`` (another build of
+the dataset holds its lock: exit 3).
 ``changes`` is what changed since the version LATEST named before the build
 (``previous_version``), as `kiln diff --json` prints it
 (`kiln.schemas.version_diff.VersionDiff.to_json`), or null when there was
@@ -88,6 +90,18 @@ def failed(error: str, exit_code: int, elapsed_seconds: float) -> dict[str, Any]
         "status": _STATUS.get(exit_code, "failed"),
         "exit_code": exit_code,
         "error": error,
+        "elapsed_seconds": round(elapsed_seconds, 3),
+    }
+
+
+def dry_run(message: str, elapsed_seconds: float) -> dict[str, Any]:
+    """The report of a dry run (Beam's ``--dry_run=True``): translated, not
+    submitted, nothing published."""
+    return {
+        "report_format": REPORT_FORMAT,
+        "status": "dry_run",
+        "exit_code": 0,
+        "message": message,
         "elapsed_seconds": round(elapsed_seconds, 3),
     }
 

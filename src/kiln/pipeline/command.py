@@ -44,7 +44,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kiln.errors import Failure, KilnError, UsageError
+from kiln.errors import DryRun, Failure, KilnError, UsageError
 
 if TYPE_CHECKING:
     from kiln.pipeline.launcher import BuildResult
@@ -66,7 +66,7 @@ EPILOG = (
     + """
 
 exit codes:
-  0  built, or already up to date
+  0  built, or already up to date (or a dry run: --dry_run=True on Dataflow)
   1  the build failed (the Beam job failed, or more than errors.max_fraction of
      the files were dropped): nothing was published, LATEST is unchanged
   2  bad config or usage (one line naming the field or flag; nothing was done)
@@ -157,6 +157,13 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     with _Warnings(silence=args.quiet and not getattr(args, "verbose", False)) as warnings:
         try:
             result = _build(args, extra_argv)
+        except DryRun as e:  # --dry_run=True: translated, not submitted, nothing published
+            _report(
+                args, build_report.dry_run(str(e), time.monotonic() - started), warnings.messages
+            )
+            if not args.quiet:
+                print(f"kiln build: {e.label}: {e}", flush=True)
+            return 0
         except KilnError as e:  # printed by kiln.cli, with its exit code
             report = build_report.failed(str(e), e.exit_code, time.monotonic() - started)
             _report(args, report, warnings.messages)

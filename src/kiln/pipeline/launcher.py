@@ -48,12 +48,13 @@ from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
     StandardOptions,
+    TestOptions,
     TypeOptions,
 )
 from apache_beam.runners.runner import PipelineState
 
 import kiln
-from kiln.errors import Failure, UsageError
+from kiln.errors import DryRun, Failure, UsageError
 from kiln.pipeline import config as config_module
 from kiln.pipeline import (
     incremental,
@@ -226,6 +227,17 @@ def pipeline_options(pipeline_args: Sequence[str] = ()) -> PipelineOptions:
     # catches nothing and costs start-up time on every build.
     options.view_as(TypeOptions).pipeline_type_check = False
     return options
+
+
+def check_dry_run(options: PipelineOptions, what: str) -> None:
+    """Raises `DryRun` if `options` ask for a dry run (Beam's
+    ``--dry_run=True``, which a runner such as Dataflow's honours by
+    translating the job without submitting it): call it once the job was
+    run, before reading anything the job would have written. As Beam reads
+    the flag: any value given counts."""
+    if options.view_as(TestOptions).dry_run and not is_local_runner(options):
+        runner = (options.view_as(StandardOptions).runner or "").rsplit(".", 1)[-1]
+        raise DryRun(f"{what} was translated for {runner} and not submitted; nothing was published")
 
 
 def is_local_runner(options: PipelineOptions) -> bool:
@@ -427,6 +439,9 @@ def build(
     Raises:
       ConfigError: the config or an argument is invalid (nothing was done).
       Busy: another build of the dataset is running (nothing was done).
+      DryRun: the pipeline options ask for a dry run (``--dry_run=True``
+        on Dataflow): the job was translated, not submitted; nothing was
+        published and the staging folder is deleted.
       BuildError: the job failed, dropped too many inputs, did not account
         for every listed file, stored nothing, or a file could not be
         written (nothing was published).
@@ -536,6 +551,7 @@ def list_in_job(
                 f"the listing job failed writing under {listing_dir}: {_last_line(e)}; "
                 f"nothing was published"
             ) from e
+    check_dry_run(options, "the listing job")
     if state not in (None, PipelineState.DONE):
         raise BuildError(f"the listing job ended in state {state}")
     listing = listing_job.read_summary(listing_plan)
@@ -785,6 +801,7 @@ def _run_job(
                 f"the Beam job failed writing under {plan.staging_dir}: "
                 f"{_last_line(e)}; nothing was published"
             ) from e
+    check_dry_run(options, "the job")
     if state not in (None, PipelineState.DONE):
         raise BuildError(f"the Beam job ended in state {state}")
     return job.read_report(plan.report_uri), _counters(result)
