@@ -243,8 +243,17 @@ def test_build_into_an_unreachable_object_store_is_one_line(tmp_path, config):
     assert written["error"] == expected[len("kiln build: error: ") :].strip()
 
 
-def test_ctrl_c_during_a_build(tmp_path):
-    """SIGINT while the job runs: exit 130, "interrupted", no traceback, nothing published."""
+@pytest.mark.parametrize(
+    "signum, code, line",
+    [
+        (signal.SIGINT, 130, "kiln build: interrupted"),
+        # From a scheduler (Airflow, Kubernetes, `timeout`): handled as Ctrl-C.
+        (signal.SIGTERM, 143, "kiln build: terminated (SIGTERM)"),
+    ],
+)
+def test_ctrl_c_during_a_build(tmp_path, signum, code, line):
+    """SIGINT (or SIGTERM) while the job runs: its exit code, one line, no
+    traceback, nothing published, no staging folder, and the report."""
     from kiln.pipeline import demo_data
 
     images = tmp_path / "images"
@@ -269,6 +278,7 @@ def test_ctrl_c_during_a_build(tmp_path):
         [
             *(sys.executable, "-m", "kiln.cli", "build", "--config", path),
             *("--image-threads", "1", "--progress-every", "0"),
+            *("--report", str(tmp_path / "report.json")),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -288,10 +298,12 @@ def test_ctrl_c_during_a_build(tmp_path):
             break
         time.sleep(0.05)
     time.sleep(0.5)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     out, err = process.communicate(timeout=120)
-    assert process.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "kiln build: interrupted", err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert process.returncode == code, err
+    assert err == f"{line}\n"  # one line, no traceback
     assert out == ""
     assert_no_dataset(output)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "interrupted" and report["exit_code"] == code
+    assert report["error"] == line[len("kiln build: ") :]

@@ -12,8 +12,9 @@ can read what happened without parsing the console::
 ``status`` is ``built``, ``up_to_date`` (nothing to do: exit 0),
 ``dry_run`` (``--dry_run=True``: the job was translated, not submitted, and
 nothing was published: exit 0), ``failed`` (exit 1, nothing published),
-``usage_error`` (a bad config or flag: exit 2) or ``busy`` (another build of
-the dataset holds its lock: exit 3).
+``usage_error`` (a bad config or flag: exit 2), ``busy`` (another build of
+the dataset holds its lock: exit 3) or ``interrupted`` (Ctrl-C: exit 130;
+SIGTERM: exit 143).
 ``changes`` is what changed since the version LATEST named before the build
 (``previous_version``), as `kiln diff --json` prints it
 (`kiln.schemas.version_diff.VersionDiff.to_json`), or null when there was
@@ -90,6 +91,17 @@ def failed(error: str, exit_code: int, elapsed_seconds: float) -> dict[str, Any]
         "status": _STATUS.get(exit_code, "failed"),
         "exit_code": exit_code,
         "error": error,
+        "elapsed_seconds": round(elapsed_seconds, 3),
+    }
+
+
+def interrupted(message: str, exit_code: int, elapsed_seconds: float) -> dict[str, Any]:
+    """The report of a build stopped by Ctrl-C (exit 130) or SIGTERM (exit 143)."""
+    return {
+        "report_format": REPORT_FORMAT,
+        "status": "interrupted",
+        "exit_code": exit_code,
+        "error": message,
         "elapsed_seconds": round(elapsed_seconds, 3),
     }
 

@@ -33,7 +33,7 @@ and a summary; a local build also shows its progress (files done of total,
 rate, time left) on stderr: one line redrawn on a terminal, a plain line
 every ``--progress-every`` seconds elsewhere. Exit codes: 0 built or up to
 date; 1 the build failed (nothing published); 2 bad config or usage; 3 busy;
-130 interrupted (nothing published).
+130 interrupted, 143 terminated by SIGTERM (nothing published).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kiln.errors import DryRun, Failure, KilnError, UsageError
+from kiln.errors import DryRun, Failure, KilnError, UsageError, interruption
 
 if TYPE_CHECKING:
     from kiln.pipeline.launcher import BuildResult
@@ -71,7 +71,8 @@ exit codes:
      the files were dropped): nothing was published, LATEST is unchanged
   2  bad config or usage (one line naming the field or flag; nothing was done)
   3  another build of the same dataset is running (nothing was done; --wait)
-  130  interrupted (Ctrl-C): nothing was published, LATEST is unchanged"""
+  130  interrupted (Ctrl-C): nothing was published, LATEST is unchanged
+  143  terminated (SIGTERM, from a scheduler): handled as Ctrl-C"""
 )
 
 
@@ -166,6 +167,11 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             return 0
         except KilnError as e:  # printed by kiln.cli, with its exit code
             report = build_report.failed(str(e), e.exit_code, time.monotonic() - started)
+            _report(args, report, warnings.messages)
+            raise
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: printed by kiln.cli
+            what, code = interruption(e)
+            report = build_report.interrupted(what, code, time.monotonic() - started)
             _report(args, report, warnings.messages)
             raise
         if not args.quiet:

@@ -815,7 +815,8 @@ def _run_pipeline(
     """Runs `pipeline` to completion, within `display`: its result and end state.
 
     Raises:
-      KeyboardInterrupt: on Ctrl-C, which Beam re-raises as a step's RuntimeError.
+      KeyboardInterrupt: on Ctrl-C (or `kiln.errors.Terminated` on SIGTERM,
+        under the command line), which Beam re-raises as a step's RuntimeError.
       Exception: a worker's error, as the runner re-raises it.
     """
     interruption = _Interruption()
@@ -824,40 +825,50 @@ def _run_pipeline(
             result = pipeline.run()
             return result, result.wait_until_finish()
     except Exception:
-        if interruption.seen:
-            raise KeyboardInterrupt from None
+        if interruption.seen is not None:
+            # A fresh one: Beam appends the step's name to the one it re-raised.
+            raise type(interruption.seen)() from None
         raise
 
 
 class _Interruption:
-    """Notes a Ctrl-C (SIGINT) while the job runs, then interrupts as before.
+    """Notes a Ctrl-C (SIGINT) or, where the command line handles it, a
+    SIGTERM while the job runs, then interrupts as before.
 
-    The KeyboardInterrupt is raised wherever the main thread is; inside a
-    step, Beam re-raises it as a RuntimeError naming the step, which would
-    read as a failed job (exit 1) instead of an interrupted one (exit 130).
-    Only in the main thread (the only one Python delivers signals to), over
-    whatever handler was there (Python's default raises KeyboardInterrupt).
+    The KeyboardInterrupt (or `kiln.errors.Terminated`) is raised wherever
+    the main thread is; inside a step, Beam re-raises it as a RuntimeError
+    naming the step, which would read as a failed job (exit 1) instead of an
+    interrupted one (exit 130, 143). Only in the main thread (the only one
+    Python delivers signals to), over whatever handler was there (Python's
+    default raises KeyboardInterrupt on SIGINT); a SIGTERM without a Python
+    handler (Python's default: the process ends) is left alone.
     """
 
     def __init__(self) -> None:
-        self.seen = False
-        self._previous: Any = None
+        self.seen: KeyboardInterrupt | None = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Interruption:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._interrupt)
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
+            if callable(signal.getsignal(signal.SIGTERM)):
+                self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._interrupt)
         return self
 
     def _interrupt(self, signum, frame) -> None:
-        self.seen = True
-        if callable(self._previous):
-            self._previous(signum, frame)
-        raise KeyboardInterrupt
+        previous = self._previous.get(signum)
+        try:
+            if callable(previous):
+                previous(signum, frame)
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            self.seen = e
+            raise
 
     def __exit__(self, *exc_info) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
 
 def _warn_about_shard_counts(spec: BuildSpec, listing: SourceListing) -> None:
