@@ -14,8 +14,8 @@ source and stamp the listing; if a complete version was already built from
 this stamp, point LATEST at it and stop (``up_to_date``, without starting
 Beam). Otherwise, inside a `publish.PublishTransaction`: run the job
 (`job.construct`) into the staging folder, read its typed `job.JobReport`,
-refuse too many dropped files (`BuildError`; the staging folder is kept for
-its errors.jsonl until the next build), derive the content-addressed version
+refuse too many dropped files (`BuildError`; the staging folder is kept
+with its errors.jsonl only, until the next build), derive the content-addressed version
 (`versioning`) and the `DatasetInfo`, and commit (kiln.json last, LATEST
 last of all). With ``keep``, prune all but the newest versions.
 
@@ -637,14 +637,14 @@ def _build_locked(
         report, counters = _run_job(plan, listing, options, show_progress, progress_every)
         _check_accounted(listing, report)
         if report.dropped_total > spec.config.errors.max_fraction * listing.total:
-            transaction.keep_staging()
+            transaction.keep_staging(only=[ERRORS_FILENAME])
             raise BuildError(
                 _too_many_dropped(
                     report, listing.total, spec.config.errors.max_fraction, transaction.staging_dir
                 )
             )
         if report.num_records == 0 and not spec.config.errors.allow_empty:
-            transaction.keep_staging()
+            transaction.keep_staging(only=[ERRORS_FILENAME])
             raise BuildError(
                 f"no example was stored (all {listing.total} input files were "
                 f"dropped); an empty dataset is published only with "
