@@ -111,6 +111,19 @@ def test_report_with_a_bare_file_name(tmp_path, config, capfd, monkeypatch):
     assert report["status"] == "usage_error" and report["exit_code"] == 2
 
 
+def test_an_unwritable_report_names_its_path(tmp_path, config, capfd):
+    # A report path that is a folder: the build publishes, the write fails.
+    taken = tmp_path / "reports"
+    taken.mkdir()
+    code, out, err = run_cli(capfd, "build", "--config", config, "--quiet", "--report", str(taken))
+    assert code == 1 and out == ""
+    assert err == (
+        f"kiln build: failed: --report: cannot write {taken}: Is a directory; "
+        f"the dataset was published\n"
+    )
+    assert os.listdir(taken) == [] and os.listdir(tmp_path / "out" / "shapes").count("LATEST") == 1
+
+
 def test_help_and_version(capfd):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--help"])

@@ -286,7 +286,11 @@ def _report(args: argparse.Namespace, report: dict, warnings: list[str]) -> None
     try:
         build_report.write(args.report, report)
     except OSError as e:
-        problem = f"--report: cannot write {storage.describe_os_error(e)}"
+        # The report's own path: the OS error may name the temp file it was written to.
+        reason = storage.describe_os_error(e)
+        if e.filename is not None:
+            reason = e.strerror or reason
+        problem = f"--report: cannot write {args.report}: {reason}"
         if report["exit_code"] == 0:  # published, but the scheduler would not hear of it
             raise Failure(f"{problem}; the dataset was published") from None
         # The build's own error (and exit code) is what the run reports.
