@@ -158,7 +158,39 @@ def test_a_command_flag_after_the_command(capfd, build_dataset):
         cli.main(["inspect", "--jsno", result.dataset_root])
     assert exit_info.value.code == 2
     err = capfd.readouterr().err
-    assert "usage: kiln inspect" in err and "unrecognized arguments: --jsno" in err
+    assert err == "kiln inspect: error: unrecognized arguments: --jsno; see kiln inspect --help\n"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--keep", "two"], "argument --keep: invalid int value: 'two'"),
+        (["--progress-every", "often"], "argument --progress-every: invalid float value: 'often'"),
+        (["--config"], "argument --config: expected one argument"),
+    ],
+)
+def test_usage_errors_are_one_line(config, capfd, flags, message):
+    # One line with a pointer to --help, not the usage block first.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build", "--config", config, *flags])
+    assert exit_info.value.code == 2
+    assert capfd.readouterr().err == f"kiln build: error: {message}; see kiln build --help\n"
+
+
+def test_diff_usage_error_is_one_line(capfd):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["diff", "a", "b", "--max-changed-percent", "abc"])
+    assert exit_info.value.code == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kiln diff: error: argument --max-changed")
+    assert err.endswith("; see kiln diff --help\n")
+
+
+def test_a_negative_wait_is_refused(tmp_path, config, capfd):
+    code, out, err = run_cli(capfd, "build", "--config", config, "--wait", "-5")
+    assert code == 2
+    assert err == "kiln build: error: --wait must be 0 or more, got -5\n"
+    assert_no_dataset(tmp_path / "out")
 
 
 def test_preview_output_is_checked_before_the_work(tmp_path, build_dataset):

@@ -35,6 +35,7 @@ import os
 import signal
 import sys
 import threading
+from typing import NoReturn
 
 from kiln import native_logs
 from kiln.errors import (
@@ -86,8 +87,19 @@ exit codes: 0 ok, 1 the command found a problem, 2 usage or config error,
   3 another build of the dataset is running, 130 interrupted, 143 terminated (SIGTERM)"""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line (not the usage
+    block first: a cron mail or CI log should say what was wrong at once),
+    with a pointer to --help, and exit `EXIT_USAGE`. Each command's parser
+    is one too (argparse makes subparsers of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}; see {self.prog} --help", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
 def _top_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kiln",
         description="Prepare image datasets for TensorFlow training.",
         epilog=EPILOG,

@@ -229,6 +229,8 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
         raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
     if args.progress_every < 0:
         raise UsageError(f"--progress-every must be 0 or more, got {args.progress_every}")
+    if args.wait < 0:
+        raise UsageError(f"--wait must be 0 or more, got {args.wait:g}")
     from kiln.pipeline import config as config_module
     from kiln.pipeline import storage
 
