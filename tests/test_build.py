@@ -286,10 +286,12 @@ def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, 
     dataset_root = tmp_path / "out" / "shapes"
     entries = os.listdir(dataset_root)
     assert "LATEST" not in entries
-    # The staging folder keeps its error report for the user; the next build
+    # The staging folder keeps its error report for the user, and nothing
+    # else (no shard, index or work file: GBs at scale); the next build
     # removes it. The lock file stays (unlocked): see kiln.pipeline.lock.
     (staging,) = [e for e in entries if e != ".lock"]
     assert sorted(entries) == [".lock", staging] and staging.startswith(".staging-")
+    assert os.listdir(dataset_root / staging) == ["errors.jsonl"]
     assert len((dataset_root / staging / "errors.jsonl").read_text().splitlines()) == 3
 
     # The command: exit code 1 and one line saying why.

@@ -285,6 +285,70 @@ def test_yaml_problems(tmp_path):
     assert not (tmp_path / "pwned").exists() and not os.path.exists("pwned")
 
 
+def test_duplicate_keys_are_refused_at_any_depth(demo_corpus, tmp_path, capsys):
+    root = demo_corpus.out_dir
+    bad = tmp_path / "bad.yaml"
+    for text, line, key, first in [
+        (
+            f"name: shapes\nsource: {{type: image_folder, root: {root}}}\nname: other\n",
+            3,
+            "name",
+            1,
+        ),
+        (
+            f"name: shapes\nsource:\n  type: image_folder\n  root: {root}\n  root: /elsewhere\n",
+            5,
+            "root",
+            4,
+        ),
+        (
+            "name: s\ntransforms:\n  - resize: {shorter_side: 4, shorter_side: 8}\n",
+            3,
+            "shorter_side",
+            3,
+        ),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(ConfigError) as raised:
+            config.load(str(bad))
+        assert str(raised.value) == (
+            f"config error in {bad}: line {line}: duplicate key {key!r} (first on line {first})"
+        )
+    # Through the command line: one line, exit 2.
+    assert cli.main(["build", "--config", str(bad)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    # The same key in two mappings is no duplicate, and merged keys may be overridden.
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(
+        f"name: shapes\noutput: {tmp_path / 'out'}\n"
+        f"source: &src {{type: image_folder, root: {tmp_path / 'nowhere'}}}\n"
+        f"x-other: {{<<: *src, root: {root}}}\n"
+    )
+    with pytest.raises(ConfigError) as raised:
+        config.load(str(merged))
+    assert "duplicate key" not in str(raised.value) and "x-other: unknown field" in str(
+        raised.value
+    )
+
+
+def test_yaml_syntax_errors_name_the_file_on_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: shapes\nsource: {type: image_folder, root: ../data\noutput: x\n")
+    with pytest.raises(ConfigError) as raised:
+        config.load(str(bad))
+    assert str(raised.value) == (
+        f"config error in {bad}: not valid YAML: line 3, column 7: expected ',' or '}}', but "
+        f"got ':' (while parsing a flow mapping at line 2, column 9)"
+    )
+    bad.write_text("name: shapes\n  source:\n\toutput: x\n")
+    with pytest.raises(ConfigError) as raised:
+        config.load(str(bad))
+    assert str(raised.value) == (
+        f"config error in {bad}: not valid YAML: line 2, column 9: mapping values are not "
+        f"allowed here"
+    )
+
+
 def test_gray_images_from_to_grayscale_are_a_valid_config(demo_corpus, tmp_path):
     for image, options in (({"channels": 1}, {}), ({"channels": 3}, {"keep_channels": True})):
         resolved = config.load(

@@ -108,3 +108,23 @@ def test_describe_os_error_names_the_path():
     assert storage.describe_os_error(error) == "/data/x: No space left on device"
     with pytest.raises(OSError):
         raise error
+
+
+def test_unreachable_reason_names_store_errors_only():
+    from apache_beam.io.filesystem import BeamIOError
+    from google.auth.exceptions import DefaultCredentialsError
+
+    missing = DefaultCredentialsError("File /x.json was not found.")
+    assert storage.unreachable_reason(missing) == "File /x.json was not found"
+    wrapped = BeamIOError("Delete operation failed", {"gs://b/x": missing})
+    assert storage.unreachable_reason(wrapped) == "File /x.json was not found"
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except OSError as e:
+            raise RuntimeError("upload failed") from e
+    except RuntimeError as e:
+        assert storage.unreachable_reason(e) == "[Errno 111] Connection refused"
+    # Anything else is not reported as an unreachable store (a bug stays a bug).
+    assert storage.unreachable_reason(KeyError("version")) is None
+    assert storage.unreachable_reason(OSError(errno.ENOSPC, "No space left on device")) is None

@@ -13,6 +13,7 @@ import object_store
 from conftest import make_config
 from kiln.pipeline import build, sources, storage
 from kiln.pipeline.error_report import DroppedFile
+from kiln.pipeline.launcher import BuildError
 from kiln.schemas import RECORD
 
 BUCKET = f"{object_store.SCHEME}://bucket"
@@ -75,6 +76,18 @@ def test_build_publishes_on_an_object_store(store, build_dataset, demo_corpus):
     # The lock object is created and deleted around the check.
     assert [e for e in object_store.EVENTS if e[1] not in (f"{root}/LATEST", f"{root}/.lock")] == []
     assert f"{root}/.lock" not in object_store.names(root)
+
+
+def test_a_failed_build_keeps_only_its_error_report_on_an_object_store(store):
+    config = make_config(
+        f"{BUCKET}/images", output=f"{BUCKET}/datasets", errors={"max_fraction": 0.02}
+    )
+    with pytest.raises(BuildError, match=r"The rows are in .*/\.staging-.*/errors\.jsonl"):
+        build(config)
+    staged = [
+        name for name in object_store.names(f"{BUCKET}/datasets/shapes/") if "/.staging-" in name
+    ]
+    assert [name.rsplit("/", 1)[1] for name in staged] == ["errors.jsonl"], staged
 
 
 def test_an_incremental_build_reads_its_base_from_the_object_store(store, demo_corpus):

@@ -5,14 +5,18 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 import yaml
 
+import kiln
 from conftest import NUM_DEMO_IMAGES, make_config
 from kiln import cli
 from kiln.pipeline import build, progress
+from test_build_publishing import small_corpus
 
 
 def test_status_line():
@@ -194,3 +198,51 @@ def test_quiet_and_report(demo_corpus, tmp_path, capsys):
     assert usage["status"] == "usage_error" and usage["exit_code"] == 2
     assert "encoding.format" in usage["error"]
     assert capsys.readouterr().err.count("\n") == 1  # one line
+
+
+def _cli_process(*args: str) -> subprocess.CompletedProcess:
+    """`kiln ARGS` in a fresh process, as cron runs it (its stderr is what cron mails)."""
+    source_root = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
+    return subprocess.run(
+        [sys.executable, "-m", "kiln.cli", *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=source_root),
+        timeout=600,
+    )
+
+
+def test_quiet_success_with_warnings_prints_nothing(demo_corpus, tmp_path):
+    """Warnings of a build that succeeded (LATEST naming a version that is
+    gone, a class whose only file is corrupt) go to the report's
+    ``warnings``; under --quiet nothing is printed, and without it each is
+    one line, never a traceback."""
+    root = tmp_path / "images"
+    small_corpus(demo_corpus, root)
+    output = tmp_path / "out"
+    config = make_config(root, output=str(output), errors={"max_fraction": 0.2})
+    config_path = write_config(tmp_path / "config.yaml", config)
+    build(config_path)
+    (output / "shapes" / "LATEST").write_text("deadbeef0000\n")  # removed by hand
+    (root / "hexagon").mkdir()
+    (root / "hexagon" / "only.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)  # corrupt
+    report_path = tmp_path / "report.json"
+
+    quiet = _cli_process("build", "--config", config_path, "--quiet", "--report", str(report_path))
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
+    report = json.loads(report_path.read_text())
+    assert report["status"] == "built" and report["previous_version"] == "deadbeef0000"
+    (empty, compare) = report["warnings"]
+    assert compare.startswith("could not compare with the previous version deadbeef0000: ")
+    assert "no such dataset folder" in compare and "Traceback" not in compare
+    assert empty.startswith("class(es) with no example (every file dropped): hexagon")
+
+    (output / "shapes" / "LATEST").write_text("deadbeef0000\n")
+    loud = _cli_process("build", "--config", config_path, "--report", str(report_path))
+    assert loud.returncode == 0, loud.stderr
+    assert "Traceback" not in loud.stderr
+    warned = [line for line in loud.stderr.splitlines() if line.startswith("WARNING")]
+    assert warned == [
+        f"WARNING kiln.pipeline.launcher: {compare}",
+    ], loud.stderr  # up to date: the empty class was warned about when it was built
+    assert json.loads(report_path.read_text())["warnings"] == [compare]

@@ -111,6 +111,19 @@ def test_report_with_a_bare_file_name(tmp_path, config, capfd, monkeypatch):
     assert report["status"] == "usage_error" and report["exit_code"] == 2
 
 
+def test_an_unwritable_report_names_its_path(tmp_path, config, capfd):
+    # A report path that is a folder: the build publishes, the write fails.
+    taken = tmp_path / "reports"
+    taken.mkdir()
+    code, out, err = run_cli(capfd, "build", "--config", config, "--quiet", "--report", str(taken))
+    assert code == 1 and out == ""
+    assert err == (
+        f"kiln build: failed: --report: cannot write {taken}: Is a directory; "
+        f"the dataset was published\n"
+    )
+    assert os.listdir(taken) == [] and os.listdir(tmp_path / "out" / "shapes").count("LATEST") == 1
+
+
 def test_help_and_version(capfd):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--help"])
@@ -145,7 +158,39 @@ def test_a_command_flag_after_the_command(capfd, build_dataset):
         cli.main(["inspect", "--jsno", result.dataset_root])
     assert exit_info.value.code == 2
     err = capfd.readouterr().err
-    assert "usage: kiln inspect" in err and "unrecognized arguments: --jsno" in err
+    assert err == "kiln inspect: error: unrecognized arguments: --jsno; see kiln inspect --help\n"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--keep", "two"], "argument --keep: invalid int value: 'two'"),
+        (["--progress-every", "often"], "argument --progress-every: invalid float value: 'often'"),
+        (["--config"], "argument --config: expected one argument"),
+    ],
+)
+def test_usage_errors_are_one_line(config, capfd, flags, message):
+    # One line with a pointer to --help, not the usage block first.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build", "--config", config, *flags])
+    assert exit_info.value.code == 2
+    assert capfd.readouterr().err == f"kiln build: error: {message}; see kiln build --help\n"
+
+
+def test_diff_usage_error_is_one_line(capfd):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["diff", "a", "b", "--max-changed-percent", "abc"])
+    assert exit_info.value.code == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kiln diff: error: argument --max-changed")
+    assert err.endswith("; see kiln diff --help\n")
+
+
+def test_a_negative_wait_is_refused(tmp_path, config, capfd):
+    code, out, err = run_cli(capfd, "build", "--config", config, "--wait", "-5")
+    assert code == 2
+    assert err == "kiln build: error: --wait must be 0 or more, got -5\n"
+    assert_no_dataset(tmp_path / "out")
 
 
 def test_preview_output_is_checked_before_the_work(tmp_path, build_dataset):
@@ -203,8 +248,57 @@ def test_unreachable_object_store_is_one_line(command):
     assert err.startswith(f"kiln {command}: error: {path}")
 
 
-def test_ctrl_c_during_a_build(tmp_path):
-    """SIGINT while the job runs: exit 130, "interrupted", no traceback, nothing published."""
+def test_build_into_an_unreachable_object_store_is_one_line(tmp_path, config):
+    # Credentials that cannot be loaded fail offline, before any request;
+    # the metadata server and any proxied HTTPS traffic point at a closed
+    # local port, so nothing can leave the machine either way.
+    report = tmp_path / "report.json"
+    output = "gs://kiln-tests-no-such-bucket/datasets"
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "kiln.cli", "build", "--config", config),
+            *("--output", output, "--quiet", "--report", str(report)),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(
+            os.environ,
+            PYTHONPATH=SOURCE_ROOT,
+            GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "no-such-credentials.json"),
+            NO_GCE_CHECK="true",
+            GCE_METADATA_HOST="127.0.0.1:9",
+            GCE_METADATA_IP="127.0.0.1:9",
+            HTTPS_PROXY="http://127.0.0.1:9",
+            https_proxy="http://127.0.0.1:9",
+            NO_PROXY="",
+            no_proxy="",
+        ),
+        timeout=600,
+    )
+    err = completed.stderr
+    assert completed.returncode == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    expected = (
+        f"kiln build: error: {output}/shapes: cannot reach it: "
+        f"File {tmp_path / 'no-such-credentials.json'} was not found; nothing was done\n"
+    )
+    assert err == expected
+    written = json.loads(report.read_text())
+    assert written["status"] == "usage_error" and written["exit_code"] == 2
+    assert written["error"] == expected[len("kiln build: error: ") :].strip()
+
+
+@pytest.mark.parametrize(
+    "signum, code, line",
+    [
+        (signal.SIGINT, 130, "kiln build: interrupted"),
+        # From a scheduler (Airflow, Kubernetes, `timeout`): handled as Ctrl-C.
+        (signal.SIGTERM, 143, "kiln build: terminated (SIGTERM)"),
+    ],
+)
+def test_ctrl_c_during_a_build(tmp_path, signum, code, line):
+    """SIGINT (or SIGTERM) while the job runs: its exit code, one line, no
+    traceback, nothing published, no staging folder, and the report."""
     from kiln.pipeline import demo_data
 
     images = tmp_path / "images"
@@ -229,6 +323,7 @@ def test_ctrl_c_during_a_build(tmp_path):
         [
             *(sys.executable, "-m", "kiln.cli", "build", "--config", path),
             *("--image-threads", "1", "--progress-every", "0"),
+            *("--report", str(tmp_path / "report.json")),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -248,10 +343,12 @@ def test_ctrl_c_during_a_build(tmp_path):
             break
         time.sleep(0.05)
     time.sleep(0.5)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     out, err = process.communicate(timeout=120)
-    assert process.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "kiln build: interrupted", err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert process.returncode == code, err
+    assert err == f"{line}\n"  # one line, no traceback
     assert out == ""
     assert_no_dataset(output)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "interrupted" and report["exit_code"] == code
+    assert report["error"] == line[len("kiln build: ") :]

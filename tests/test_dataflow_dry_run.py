@@ -9,13 +9,17 @@ What it cannot prove: anything that needs Google Cloud (staging, GCS I/O,
 running on workers, that the container image exists and has kiln in it).
 """
 
+import json
+import os
 import socket
 
 import pytest
+import yaml
 from apache_beam.internal import pickler
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from conftest import make_config
+from kiln import cli
 from kiln.pipeline import config, incremental, launcher, publish
 from kiln.schemas import RECORD
 
@@ -247,3 +251,24 @@ def test_dataflow_dry_run_translates_a_manifests_listing_job(no_network_no_crede
     outside = Candidate("x.png", 3, "gs://elsewhere/x.png", "star", None)
     (dropped,) = check.process(("x.png", [outside]), ["circle", "star"])
     assert dropped.value[0].reason == "outside_source"
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_kiln_build_dry_run(demo_corpus, tmp_path, capfd, no_network_no_credentials, quiet):
+    # Through the command line, as a user checks a Dataflow job: translated,
+    # not submitted; exit 0, one line (none with --quiet), nothing published,
+    # no staging folder left, the report says so.
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(make_config(demo_corpus.out_dir)))
+    output, report = tmp_path / "out", tmp_path / "report.json"
+    argv = ["build", "--config", str(config_path), "--output", str(output)]
+    argv += [*DATAFLOW_ARGS, "--report", str(report), *(["--quiet"] if quiet else [])]
+
+    assert cli.main(argv) == 0
+    out, err = capfd.readouterr()
+    message = "the job was translated for DataflowRunner and not submitted; nothing was published"
+    assert (out, err) == ("" if quiet else f"kiln build: dry run: {message}\n", "")
+    assert os.listdir(output / "shapes") == [".lock"]  # no version, LATEST or staging folder
+    written = json.loads(report.read_text())
+    assert written["status"] == "dry_run" and written["exit_code"] == 0
+    assert written["message"] == message

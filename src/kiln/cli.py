@@ -14,8 +14,8 @@ build` hands them to Beam's PipelineOptions).
 Exit codes (`kiln.errors`): 0 success; 1 the command ran and found a problem
 (failed build, lint findings, verification failure); 2 a usage or
 configuration error; 3 another build of the dataset is running; 130
-interrupted (Ctrl-C). Errors are `kiln.errors.KilnError`s, mapped here once:
-one line, no traceback.
+interrupted (Ctrl-C); 143 terminated (SIGTERM, handled as Ctrl-C). Errors
+are `kiln.errors.KilnError`s, mapped here once: one line, no traceback.
 
 Nothing heavy is imported before the command's own module asks for it:
 ``--help`` of any command, a config error and `kiln inspect` answer without
@@ -35,9 +35,17 @@ import os
 import signal
 import sys
 import threading
+from typing import NoReturn
 
 from kiln import native_logs
-from kiln.errors import EXIT_INTERRUPTED, EXIT_USAGE, KilnError, UsageError
+from kiln.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    KilnError,
+    Terminated,
+    UsageError,
+    interruption,
+)
 
 __all__ = ["COMMANDS", "Command", "UsageError", "main"]
 
@@ -76,11 +84,22 @@ EPILOG = """examples:
 `kiln COMMAND --help` shows each command's options, examples and exit codes.
 
 exit codes: 0 ok, 1 the command found a problem, 2 usage or config error,
-  3 another build of the dataset is running, 130 interrupted"""
+  3 another build of the dataset is running, 130 interrupted, 143 terminated (SIGTERM)"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line (not the usage
+    block first: a cron mail or CI log should say what was wrong at once),
+    with a pointer to --help, and exit `EXIT_USAGE`. Each command's parser
+    is one too (argparse makes subparsers of the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}; see {self.prog} --help", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kiln",
         description="Prepare image datasets for TensorFlow training.",
         epilog=EPILOG,
@@ -138,12 +157,27 @@ def _interrupt_quietly(signum, frame) -> None:
     # Ctrl-C: the job's other threads fail as it is torn down under them;
     # their logs and tracebacks would bury the one line that says what
     # happened ("interrupted"). --verbose keeps them.
-    logging.disable(logging.CRITICAL)
-    threading.excepthook = lambda args: None
+    _quiet_teardown()
     raise KeyboardInterrupt
 
 
-def _end_interrupted_process() -> None:
+def _quiet_teardown() -> None:
+    logging.disable(logging.CRITICAL)
+    threading.excepthook = lambda args: None
+
+
+def _terminate(verbose: bool):
+    """The SIGTERM handler: a scheduler's stop, handled as Ctrl-C (`Terminated`)."""
+
+    def terminate(signum, frame) -> None:
+        if not verbose:
+            _quiet_teardown()
+        raise Terminated
+
+    return terminate
+
+
+def _end_interrupted_process(code: int = EXIT_INTERRUPTED) -> None:
     # After Ctrl-C, Beam's and TensorFlow's threads may still be inside
     # native code; finalizing the interpreter under them aborts the process
     # ("terminate called without an active exception", exit -6) after the
@@ -154,7 +188,7 @@ def _end_interrupted_process() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(EXIT_INTERRUPTED)
+    os._exit(code)
 
 
 _EXIT_HOOK: list[bool] = []
@@ -205,18 +239,21 @@ def main(argv: list[str] | None = None) -> int:
         # Beam logs a failing worker's traceback at ERROR before re-raising it;
         # kiln reports the failure itself, on one line (--verbose shows both).
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
-    previous_handler = None
-    if not args.verbose and threading.current_thread() is threading.main_thread():
-        previous_handler = signal.signal(signal.SIGINT, _interrupt_quietly)
+    previous_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate(args.verbose))
+        if not args.verbose:
+            previous_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_quietly)
     try:
         return int(args._module.run(args, extra) or 0)
     except KilnError as e:
         print(f"kiln {args.command}: {e.label}: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print(f"kiln {args.command}: interrupted", file=sys.stderr)
-        atexit.register(_end_interrupted_process)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        what, code = interruption(e)
+        print(f"kiln {args.command}: {what}", file=sys.stderr)
+        atexit.register(_end_interrupted_process, code)
+        return code
     except BrokenPipeError:
         # The reader of our output went away (`kiln inspect --json | head`):
         # not an error of ours. Point stdout at devnull so the interpreter's
@@ -224,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGINT, previous_handler)
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Exit codes (the same for every command, documented in docs/cli.md):
 2     usage or configuration error (`UsageError`, `ConfigError`): nothing was done
 3     another build of the same dataset holds its lock (`Busy`): nothing was done
 130   interrupted (Ctrl-C): one line, no traceback; a build publishes nothing
+143   terminated (SIGTERM): handled as Ctrl-C, one line (`Terminated`)
 ====  ==========================================================================
 """
 
@@ -31,6 +32,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_BUSY = 3
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + the signal's number, as shells report it
+EXIT_TERMINATED = 143  # SIGTERM (a scheduler, Kubernetes, `timeout`): 128 + 15
 
 
 # How much of a user's value an error message quotes. A config value can be
@@ -100,6 +102,23 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
     return f"; did you mean {listed}?"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (sent by Airflow, Kubernetes, `timeout`), handled as Ctrl-C:
+    the command line raises it in the main thread, so everything that cleans
+    up after a Ctrl-C (a build's staging folder, its lock) does after it too,
+    and exits `EXIT_TERMINATED` after one line."""
+
+
+def interruption(error: KeyboardInterrupt) -> tuple[str, int]:
+    """What the command line says of an interrupt, and its exit code:
+    ``("interrupted", 130)`` for Ctrl-C, ``("terminated (SIGTERM)", 143)``
+    for `Terminated`. Not the exception's text: a runner may have appended
+    the step it interrupted."""
+    if isinstance(error, Terminated):
+        return "terminated (SIGTERM)", EXIT_TERMINATED
+    return "interrupted", EXIT_INTERRUPTED
+
+
 class KilnError(Exception):
     """Base of kiln's user-facing errors.
 
@@ -160,6 +179,19 @@ class Failure(KilnError):
     """The command ran and failed (a build, a verification): exit 1."""
 
     label = "failed"
+
+
+class DryRun(KilnError):
+    """Not an error: the pipeline options asked for a dry run (Beam's
+    ``--dry_run=True``), so the job was translated for its runner and not
+    submitted, and nothing was published: exit 0.
+
+    `kiln build` prints its one line (none under ``--quiet``) and reports
+    the status ``dry_run``.
+    """
+
+    exit_code = EXIT_OK
+    label = "dry run"
 
 
 class Busy(KilnError):

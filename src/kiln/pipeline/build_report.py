@@ -9,14 +9,20 @@ can read what happened without parsing the console::
      "previous_version": "0a1b2c3d4e5f", "changes": {...}, ...}
     {"status": "failed", "exit_code": 1, "error": "dropped 40 of 300 input files ..."}
 
-``status`` is ``built``, ``up_to_date`` (nothing to do: exit 0), ``failed``
-(exit 1, nothing published), ``usage_error`` (a bad config or flag: exit 2)
-or ``busy`` (another build of the dataset holds its lock: exit 3).
+``status`` is ``built``, ``up_to_date`` (nothing to do: exit 0),
+``dry_run`` (``--dry_run=True``: the job was translated, not submitted, and
+nothing was published: exit 0), ``failed`` (exit 1, nothing published),
+``usage_error`` (a bad config or flag: exit 2), ``busy`` (another build of
+the dataset holds its lock: exit 3) or ``interrupted`` (Ctrl-C: exit 130;
+SIGTERM: exit 143).
 ``changes`` is what changed since the version LATEST named before the build
 (``previous_version``), as `kiln diff --json` prints it
 (`kiln.schemas.version_diff.VersionDiff.to_json`), or null when there was
-none. Unlike `kiln.json` it holds the wall-clock duration: it describes a run, not
-the dataset.
+none. ``warnings`` lists the warnings the build logged (one line each: a
+previous version that could not be compared, a class left without examples),
+in every report: ``kiln build --quiet`` prints none of them. Unlike
+`kiln.json` it holds the wall-clock duration: it describes a run, not the
+dataset.
 """
 
 from __future__ import annotations
@@ -85,6 +91,29 @@ def failed(error: str, exit_code: int, elapsed_seconds: float) -> dict[str, Any]
         "status": _STATUS.get(exit_code, "failed"),
         "exit_code": exit_code,
         "error": error,
+        "elapsed_seconds": round(elapsed_seconds, 3),
+    }
+
+
+def interrupted(message: str, exit_code: int, elapsed_seconds: float) -> dict[str, Any]:
+    """The report of a build stopped by Ctrl-C (exit 130) or SIGTERM (exit 143)."""
+    return {
+        "report_format": REPORT_FORMAT,
+        "status": "interrupted",
+        "exit_code": exit_code,
+        "error": message,
+        "elapsed_seconds": round(elapsed_seconds, 3),
+    }
+
+
+def dry_run(message: str, elapsed_seconds: float) -> dict[str, Any]:
+    """The report of a dry run (Beam's ``--dry_run=True``): translated, not
+    submitted, nothing published."""
+    return {
+        "report_format": REPORT_FORMAT,
+        "status": "dry_run",
+        "exit_code": 0,
+        "message": message,
         "elapsed_seconds": round(elapsed_seconds, 3),
     }
 

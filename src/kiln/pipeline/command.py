@@ -35,7 +35,7 @@ rate, time left) on stderr: one line redrawn on a terminal, a plain line
 every ``--progress-every`` seconds elsewhere. Exit codes: 0 built or up to
 date; 1 the build failed (nothing published) or the new version crossed the
 publish gate (kept in its folder, LATEST unchanged); 2 bad config or usage;
-3 busy; 130 interrupted (nothing published).
+3 busy; 130 interrupted, 143 terminated by SIGTERM (nothing published).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kiln import gate_flags
-from kiln.errors import Failure, KilnError, UsageError
+from kiln.errors import DryRun, Failure, KilnError, UsageError, interruption
 
 if TYPE_CHECKING:
     from kiln.pipeline.launcher import BuildResult
@@ -69,14 +69,15 @@ EPILOG = (
     + """
 
 exit codes:
-  0  built, or already up to date
+  0  built, or already up to date (or a dry run: --dry_run=True on Dataflow)
   1  the build failed (the Beam job failed, or more than errors.max_fraction of
      the files were dropped): nothing was published, LATEST is unchanged; or
      the new version crossed a publish-gate threshold: it is kept in its
      folder, LATEST is unchanged
   2  bad config or usage (one line naming the field or flag; nothing was done)
   3  another build of the same dataset is running (nothing was done; --wait)
-  130  interrupted (Ctrl-C): nothing was published, LATEST is unchanged"""
+  130  interrupted (Ctrl-C): nothing was published, LATEST is unchanged
+  143  terminated (SIGTERM, from a scheduler): handled as Ctrl-C"""
 )
 
 
@@ -109,8 +110,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quiet",
         action="store_true",
-        help="print nothing when the build succeeds: no progress and no summary "
-        "(errors still go to stderr)",
+        help="print nothing when the build succeeds: no progress, no summary and "
+        "no warnings (--report lists them); errors still go to stderr, one line",
     )
     parser.add_argument(
         "--progress-every",
@@ -166,15 +167,73 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     from kiln.pipeline import build_report
 
     started = time.monotonic()
-    try:
-        result = _build(args, extra_argv)
-    except KilnError as e:  # printed by kiln.cli, with its exit code
-        _report(args, build_report.failed(str(e), e.exit_code, time.monotonic() - started))
-        raise
-    if not args.quiet:
-        print(summary(result), flush=True)
-    _report(args, build_report.succeeded(result, time.monotonic() - started))
+    with _Warnings(silence=args.quiet and not getattr(args, "verbose", False)) as warnings:
+        try:
+            result = _build(args, extra_argv)
+        except DryRun as e:  # --dry_run=True: translated, not submitted, nothing published
+            _report(
+                args, build_report.dry_run(str(e), time.monotonic() - started), warnings.messages
+            )
+            if not args.quiet:
+                print(f"kiln build: {e.label}: {e}", flush=True)
+            return 0
+        except KilnError as e:  # printed by kiln.cli, with its exit code
+            report = build_report.failed(str(e), e.exit_code, time.monotonic() - started)
+            _report(args, report, warnings.messages)
+            raise
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: printed by kiln.cli
+            what, code = interruption(e)
+            report = build_report.interrupted(what, code, time.monotonic() - started)
+            _report(args, report, warnings.messages)
+            raise
+        if not args.quiet:
+            print(summary(result), flush=True)
+        report = build_report.succeeded(result, time.monotonic() - started)
+        _report(args, report, warnings.messages)
     return 0
+
+
+class _Warnings(logging.Handler):
+    """The warnings logged while a build runs (by kiln or a library), for
+    the report's ``warnings``.
+
+    With `silence` (``--quiet``), the console's log handlers print none of
+    them: a quiet build that succeeds prints nothing at all (cron mails any
+    output), and one that fails prints only its one line. The report keeps
+    them either way.
+    """
+
+    def __init__(self, silence: bool) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+        self._silence = silence
+        self._silenced: list[logging.Handler] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.messages.append(record.getMessage())
+        except Exception:  # a malformed log call must not fail the build
+            self.handleError(record)
+
+    @staticmethod
+    def _drop(record: logging.LogRecord) -> bool:
+        return False
+
+    def __enter__(self) -> _Warnings:
+        root = logging.getLogger()
+        if self._silence:
+            self._silenced = list(root.handlers)
+            for handler in self._silenced:
+                handler.addFilter(self._drop)
+        root.addHandler(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        root = logging.getLogger()
+        root.removeHandler(self)
+        for handler in self._silenced:
+            handler.removeFilter(self._drop)
+        self._silenced = []
 
 
 def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
@@ -182,6 +241,8 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
         raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
     if args.progress_every < 0:
         raise UsageError(f"--progress-every must be 0 or more, got {args.progress_every}")
+    if args.wait < 0:
+        raise UsageError(f"--wait must be 0 or more, got {args.wait:g}")
     try:
         gate = gate_flags.values(args)
     except ValueError as e:
@@ -236,15 +297,20 @@ def _own_flags() -> list[str]:
     return [option for action in parser._actions for option in action.option_strings]
 
 
-def _report(args: argparse.Namespace, report: dict) -> None:
+def _report(args: argparse.Namespace, report: dict, warnings: list[str]) -> None:
     from kiln.pipeline import build_report, storage
 
     if not args.report:
         return
+    report = {**report, "warnings": list(warnings)}
     try:
         build_report.write(args.report, report)
     except OSError as e:
-        problem = f"--report: cannot write {storage.describe_os_error(e)}"
+        # The report's own path: the OS error may name the temp file it was written to.
+        reason = storage.describe_os_error(e)
+        if e.filename is not None:
+            reason = e.strerror or reason
+        problem = f"--report: cannot write {args.report}: {reason}"
         if report["exit_code"] == 0:  # published, but the scheduler would not hear of it
             raise Failure(f"{problem}; the dataset was published") from None
         # The build's own error (and exit code) is what the run reports.

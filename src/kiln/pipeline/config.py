@@ -507,6 +507,52 @@ MAX_CONFIG_VALUES = 100_000
 MAX_CONFIG_DEPTH = 32
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, line: int, first_line: int):
+        super().__init__(key, line, first_line)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` (plain data only) that refuses a key given twice in
+    one mapping, at any depth: YAML's loaders keep the last one silently, so
+    a second ``name:`` or ``source:`` further down a long file would win
+    unnoticed. Keys merged in with ``<<:`` may be overridden, as YAML says."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in first:
+                        raise _DuplicateKey(key, line, first[key])
+                    first[key] = line
+                except TypeError:  # an unhashable key: the base class says so
+                    continue
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML parser's error on one line: where, what, and while doing what
+    (its own text spans several lines, and names no file but "<unicode string>")."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return quote_text(" ".join(str(error).split()))
+
+    def at(mark: Any) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    problem = error.problem or "not readable"
+    text = f"{at(error.problem_mark)}: {problem}" if error.problem_mark else problem
+    if error.context:
+        started = f" at {at(error.context_mark)}" if error.context_mark else ""
+        text += f" ({error.context}{started})"
+    return quote_text(text)
+
+
 def _read_yaml(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
@@ -528,7 +574,12 @@ def _read_yaml(path: str) -> dict[str, Any]:
             f"config error in {path}: not UTF-8 text (byte {e.start}, line {line}: {e.reason})"
         ) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_ConfigLoader)  # noqa: S506  # a SafeLoader
+    except _DuplicateKey as e:
+        raise ConfigError(
+            f"config error in {path}: line {e.line}: duplicate key {quote(e.key)} (first on "
+            f"line {e.first_line})"
+        ) from None
     except yaml.constructor.ConstructorError as e:
         # safe_load builds plain data only: a tag such as !!python/object
         # (which would run code with an unsafe loader) is refused.
@@ -538,7 +589,7 @@ def _read_yaml(path: str) -> dict[str, Any]:
             f"data (mappings, lists, strings, numbers), read with a safe loader"
         ) from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config error in {path}: not valid YAML: {quote_text(str(e))}") from None
+        raise ConfigError(f"config error in {path}: not valid YAML: {_yaml_problem(e)}") from None
     except RecursionError:
         raise ConfigError(
             f"config error in {path}: nested more than Python can read; "

@@ -49,6 +49,14 @@ kiln build: error: config error in configs/y.yaml: 3 problems:
   sharding.target_shard_mb: expected a number, got 'lots'
 ```
 
+A key given twice in one mapping, at any depth, is refused (YAML would keep the
+last one silently), and a YAML syntax error names the file, line and column, on
+one line:
+
+```
+kiln build: error: config error in configs/x.yaml: line 12: duplicate key 'name' (first on line 1)
+```
+
 Relative paths in the file (`source.root`, `source.path`, `source.allowed_roots`,
 `output`) resolve against the folder that holds the config file, as in docker
 compose or GitHub Actions, so a build does not depend on the directory it is

@@ -14,8 +14,8 @@ source and stamp the listing; if a complete version was already built from
 this stamp, point LATEST at it and stop (``up_to_date``, without starting
 Beam). Otherwise, inside a `publish.PublishTransaction`: run the job
 (`job.construct`) into the staging folder, read its typed `job.JobReport`,
-refuse too many dropped files (`BuildError`; the staging folder is kept for
-its errors.jsonl until the next build), derive the content-addressed version
+refuse too many dropped files (`BuildError`; the staging folder is kept
+with its errors.jsonl only, until the next build), derive the content-addressed version
 (`versioning`) and the `DatasetInfo`, and commit (kiln.json last, LATEST
 last of all). With ``keep``, prune all but the newest versions.
 
@@ -48,12 +48,13 @@ from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
     StandardOptions,
+    TestOptions,
     TypeOptions,
 )
 from apache_beam.runners.runner import PipelineState
 
 import kiln
-from kiln.errors import Failure, UsageError
+from kiln.errors import DryRun, Failure, UsageError
 from kiln.pipeline import config as config_module
 from kiln.pipeline import (
     incremental,
@@ -242,6 +243,17 @@ def pipeline_options(pipeline_args: Sequence[str] = ()) -> PipelineOptions:
     # catches nothing and costs start-up time on every build.
     options.view_as(TypeOptions).pipeline_type_check = False
     return options
+
+
+def check_dry_run(options: PipelineOptions, what: str) -> None:
+    """Raises `DryRun` if `options` ask for a dry run (Beam's
+    ``--dry_run=True``, which a runner such as Dataflow's honours by
+    translating the job without submitting it): call it once the job was
+    run, before reading anything the job would have written. As Beam reads
+    the flag: any value given counts."""
+    if options.view_as(TestOptions).dry_run and not is_local_runner(options):
+        runner = (options.view_as(StandardOptions).runner or "").rsplit(".", 1)[-1]
+        raise DryRun(f"{what} was translated for {runner} and not submitted; nothing was published")
 
 
 def is_local_runner(options: PipelineOptions) -> bool:
@@ -449,6 +461,9 @@ def build(
     Raises:
       ConfigError: the config or an argument is invalid (nothing was done).
       Busy: another build of the dataset is running (nothing was done).
+      DryRun: the pipeline options ask for a dry run (``--dry_run=True``
+        on Dataflow): the job was translated, not submitted; nothing was
+        published and the staging folder is deleted.
       BuildError: the job failed, dropped too many inputs, did not account
         for every listed file, stored nothing, or a file could not be
         written (nothing was published).
@@ -560,6 +575,7 @@ def list_in_job(
                 f"the listing job failed writing under {listing_dir}: {_last_line(e)}; "
                 f"nothing was published"
             ) from e
+    check_dry_run(options, "the listing job")
     if state not in (None, PipelineState.DONE):
         raise BuildError(f"the listing job ended in state {state}")
     listing = listing_job.read_summary(listing_plan)
@@ -649,14 +665,14 @@ def _build_locked(
         report, counters = _run_job(plan, listing, options, show_progress, progress_every)
         _check_accounted(listing, report)
         if report.dropped_total > spec.config.errors.max_fraction * listing.total:
-            transaction.keep_staging()
+            transaction.keep_staging(only=[ERRORS_FILENAME])
             raise BuildError(
                 _too_many_dropped(
                     report, listing.total, spec.config.errors.max_fraction, transaction.staging_dir
                 )
             )
         if report.num_records == 0 and not spec.config.errors.allow_empty:
-            transaction.keep_staging()
+            transaction.keep_staging(only=[ERRORS_FILENAME])
             raise BuildError(
                 f"no example was stored (all {listing.total} input files were "
                 f"dropped); an empty dataset is published only with "
@@ -736,7 +752,9 @@ def _changes(
     """The diff from the version LATEST named before the build, or None.
 
     A previous version that cannot be read (removed by hand, damaged) does
-    not fail a build that published: the summary just has no diff line.
+    not fail a build that published: the summary just has no diff line, and
+    one warning line names the problem (the traceback is logged at DEBUG,
+    for ``--verbose``).
     """
     if previous is None or previous == version:
         return None
@@ -745,8 +763,11 @@ def _changes(
             version_diff.open_version(dataset.version_dir(previous)),
             version_diff.open_version(dataset.version_dir(version)),
         )
-    except Exception:
-        logger.warning("could not compare with the previous version %s", previous, exc_info=True)
+    except Exception as e:
+        logger.warning(
+            "could not compare with the previous version %s: %s", previous, _last_line(e)
+        )
+        logger.debug("comparing with %s failed", previous, exc_info=True)
         return None
 
 
@@ -847,6 +868,7 @@ def _run_job(
                 f"the Beam job failed writing under {plan.staging_dir}: "
                 f"{_last_line(e)}; nothing was published"
             ) from e
+    check_dry_run(options, "the job")
     if state not in (None, PipelineState.DONE):
         raise BuildError(f"the Beam job ended in state {state}")
     return job.read_report(plan.report_uri), _counters(result)
@@ -860,7 +882,8 @@ def _run_pipeline(
     """Runs `pipeline` to completion, within `display`: its result and end state.
 
     Raises:
-      KeyboardInterrupt: on Ctrl-C, which Beam re-raises as a step's RuntimeError.
+      KeyboardInterrupt: on Ctrl-C (or `kiln.errors.Terminated` on SIGTERM,
+        under the command line), which Beam re-raises as a step's RuntimeError.
       Exception: a worker's error, as the runner re-raises it.
     """
     interruption = _Interruption()
@@ -869,40 +892,50 @@ def _run_pipeline(
             result = pipeline.run()
             return result, result.wait_until_finish()
     except Exception:
-        if interruption.seen:
-            raise KeyboardInterrupt from None
+        if interruption.seen is not None:
+            # A fresh one: Beam appends the step's name to the one it re-raised.
+            raise type(interruption.seen)() from None
         raise
 
 
 class _Interruption:
-    """Notes a Ctrl-C (SIGINT) while the job runs, then interrupts as before.
+    """Notes a Ctrl-C (SIGINT) or, where the command line handles it, a
+    SIGTERM while the job runs, then interrupts as before.
 
-    The KeyboardInterrupt is raised wherever the main thread is; inside a
-    step, Beam re-raises it as a RuntimeError naming the step, which would
-    read as a failed job (exit 1) instead of an interrupted one (exit 130).
-    Only in the main thread (the only one Python delivers signals to), over
-    whatever handler was there (Python's default raises KeyboardInterrupt).
+    The KeyboardInterrupt (or `kiln.errors.Terminated`) is raised wherever
+    the main thread is; inside a step, Beam re-raises it as a RuntimeError
+    naming the step, which would read as a failed job (exit 1) instead of an
+    interrupted one (exit 130, 143). Only in the main thread (the only one
+    Python delivers signals to), over whatever handler was there (Python's
+    default raises KeyboardInterrupt on SIGINT); a SIGTERM without a Python
+    handler (Python's default: the process ends) is left alone.
     """
 
     def __init__(self) -> None:
-        self.seen = False
-        self._previous: Any = None
+        self.seen: KeyboardInterrupt | None = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Interruption:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._interrupt)
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
+            if callable(signal.getsignal(signal.SIGTERM)):
+                self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._interrupt)
         return self
 
     def _interrupt(self, signum, frame) -> None:
-        self.seen = True
-        if callable(self._previous):
-            self._previous(signum, frame)
-        raise KeyboardInterrupt
+        previous = self._previous.get(signum)
+        try:
+            if callable(previous):
+                previous(signum, frame)
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            self.seen = e
+            raise
 
     def __exit__(self, *exc_info) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
 
 def _warn_about_shard_counts(spec: BuildSpec, listing: SourceListing) -> None:
@@ -991,8 +1024,9 @@ def _prune(dataset: publish.DatasetRoot, keep: int | None) -> tuple[str, ...]:
         return ()
     try:
         return tuple(dataset.prune(keep))
-    except Exception:  # e.g. permission denied on one file: the build itself succeeded
-        logger.warning("could not prune old versions of %s", dataset.path, exc_info=True)
+    except Exception as e:  # e.g. permission denied on one file: the build itself succeeded
+        logger.warning("could not prune old versions of %s: %s", dataset.path, _last_line(e))
+        logger.debug("pruning %s failed", dataset.path, exc_info=True)
         return ()
 
 

@@ -36,7 +36,7 @@ import threading
 import time
 import types
 
-from kiln.errors import Busy, Failure
+from kiln.errors import Busy, Failure, UsageError
 from kiln.pipeline import storage
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,8 @@ class DatasetLock:
 
     Raises (on entering):
       Busy: another build holds the lock (after waiting `wait` seconds).
+      UsageError: the object store holding the dataset cannot be reached
+        (no credentials, no network, access denied, no such bucket).
     """
 
     def __init__(self, dataset_root: str, *, wait: float = 0.0):
@@ -143,7 +145,20 @@ class DatasetLock:
             )
 
     def _try_acquire(self) -> bool:
-        return self._try_object_lock() if self._remote else self._try_flock()
+        if not self._remote:
+            return self._try_flock()
+        try:
+            return self._try_object_lock()
+        except Exception as e:
+            # The build's first access to its output: a store it cannot
+            # reach (no credentials, no network, no such bucket) is a usage
+            # error, as for `kiln inspect`, not a crash.
+            reason = storage.unreachable_reason(e)
+            if reason is None:
+                raise
+            raise UsageError(
+                f"{os.path.dirname(self.path)}: cannot reach it: {reason}; nothing was done"
+            ) from e
 
     def _try_flock(self) -> bool:
         import fcntl  # POSIX only; imported here so the module loads everywhere

@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import secrets
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kiln.pipeline import storage
 from kiln.pipeline.tfds_export import write_tfds_metadata
@@ -237,15 +237,16 @@ class PublishTransaction:
     moves the folder into place (or keeps an identical published copy),
     records the stamp and replaces LATEST, last of all. Leaving with an
     exception deletes the staging folder, unless `keep_staging` asked to
-    keep it (a build that dropped too much keeps its errors.jsonl for the
-    user to read, until the next build).
+    keep some of its files (a build that dropped too much keeps its
+    errors.jsonl for the user to read, until the next build): everything
+    else in it (shards, indexes, the job's work files) is deleted then.
     """
 
     def __init__(self, dataset: DatasetRoot, stamp: str):
         self.dataset = dataset
         self.stamp = stamp
         self.staging_dir = ""
-        self._keep = False
+        self._keep: tuple[str, ...] | None = None
 
     @property
     def work_dir(self) -> str:
@@ -258,9 +259,10 @@ class PublishTransaction:
         self.staging_dir = self.dataset.new_staging_dir(self.stamp)
         return self
 
-    def keep_staging(self) -> None:
-        """Keep the staging folder when the transaction fails (see the class docstring)."""
-        self._keep = True
+    def keep_staging(self, only: Sequence[str]) -> None:
+        """When the transaction fails, keep the staging folder with only the
+        files named `only` (directly in it; see the class docstring)."""
+        self._keep = tuple(only)
 
     def commit(self, info: DatasetInfo, gate: Callable[[str], None] | None = None) -> str:
         """Publishes the staged folder as `info.version`; returns its folder.
@@ -294,16 +296,28 @@ class PublishTransaction:
         self.dataset.name_latest(info.version)  # last of all
         return target
 
+    def _delete_all_but(self, names: Sequence[str]) -> None:
+        """Deletes everything in the staging folder but the files `names`."""
+        store = self.dataset.store
+        for name in store.children(self.staging_dir):
+            if name not in names:
+                path = storage.join(self.staging_dir, name)
+                store.delete_tree(path)  # a folder (locally, a file too)
+                store.delete([path])  # a file on an object store
+
     def __exit__(
         self,
         kind: type[BaseException] | None,
         error: BaseException | None,
         traceback: types.TracebackType | None,
     ) -> None:
-        if kind is None or self._keep:
+        if kind is None:
             return
         try:
-            self.dataset.store.delete_tree(self.staging_dir)
+            if self._keep is None:
+                self.dataset.store.delete_tree(self.staging_dir)
+            else:
+                self._delete_all_but(self._keep)
         except Exception:  # keep the original error; the next build cleans up
             logger.warning(
                 "could not delete the staging folder %s", self.staging_dir, exc_info=True

@@ -733,6 +733,46 @@ def delete_tree(folder: str) -> None:
     store_for(folder).delete_tree(folder)
 
 
+# The modules whose errors mean that an object store could not be reached or
+# refused access: its clients' (credentials, HTTP, API errors), by name, so
+# that none of them is imported to recognize them.
+_STORE_CLIENT_MODULES = (
+    "google.auth.",
+    "google.api_core.",
+    "google.cloud.",
+    "botocore.",
+    "boto3.",
+    "requests.",
+    "urllib3.",
+)
+
+
+def unreachable_reason(error: BaseException) -> str | None:
+    """Why an object store could not be reached, in one line, if `error`
+    (or its cause, or a path's error inside Beam's ``BeamIOError``) was
+    raised by a store's client: no credentials, no network, access denied,
+    no such bucket. None for an error of any other kind (a bug is not
+    reported as an unreachable store).
+    """
+    seen: set[int] = set()
+    pending: list[BaseException] = [error]
+    while pending:
+        problem = pending.pop(0)
+        if id(problem) in seen:
+            continue
+        seen.add(id(problem))
+        if isinstance(problem, ConnectionError) or any(
+            cls.__module__.startswith(_STORE_CLIENT_MODULES) for cls in type(problem).__mro__
+        ):
+            lines = [line.strip() for line in str(problem).splitlines() if line.strip()]
+            return (lines[0].rstrip(".") if lines else type(problem).__name__)[:500]
+        details = getattr(problem, "exception_details", None)  # Beam's BeamIOError
+        if isinstance(details, dict):
+            pending += [p for p in details.values() if isinstance(p, BaseException)]
+        pending += [p for p in (problem.__cause__, problem.__context__) if p is not None]
+    return None
+
+
 def describe_os_error(error: OSError) -> str:
     """``<path>: <strerror>`` for an OS error, e.g. ``/data/x: No space left on device``."""
     reason = error.strerror or errno.errorcode.get(error.errno or 0, "") or str(error)
