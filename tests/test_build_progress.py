@@ -235,7 +235,9 @@ def test_quiet_success_with_warnings_prints_nothing(demo_corpus, tmp_path):
     (empty, compare) = report["warnings"]
     assert compare.startswith("could not compare with the previous version deadbeef0000: ")
     assert "no such dataset folder" in compare and "Traceback" not in compare
-    assert empty.startswith("class(es) with no example (every file dropped): hexagon")
+    assert empty.startswith(
+        "class(es) with no example (no file listed, or every one dropped): hexagon"
+    )
 
     (output / "shapes" / "LATEST").write_text("deadbeef0000\n")
     loud = _cli_process("build", "--config", config_path, "--report", str(report_path))

@@ -959,7 +959,8 @@ def _warn_about_empty_classes(info: DatasetInfo) -> None:
     ]
     if empty:
         logger.warning(
-            "class(es) with no example (every file dropped): %s; they keep their label ids",
+            "class(es) with no example (no file listed, or every one dropped): %s; they keep "
+            "their label ids",
             ", ".join(empty),
         )
 
