@@ -331,22 +331,26 @@ def test_duplicate_keys_are_refused_at_any_depth(demo_corpus, tmp_path, capsys):
     )
 
 
-def test_yaml_syntax_errors_name_the_file_on_one_line(tmp_path):
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "name: shapes\nsource: {type: image_folder, root: ../data\noutput: x\n",
+            "line 3, column 7: expected ',' or '}', but got ':' (while parsing a flow mapping "
+            "at line 2, column 9)",
+        ),
+        (
+            "name: shapes\n  source:\n\toutput: x\n",
+            "line 2, column 9: mapping values are not allowed here",
+        ),
+    ],
+)
+def test_yaml_syntax_errors_name_the_file_on_one_line(tmp_path, text, problem):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: shapes\nsource: {type: image_folder, root: ../data\noutput: x\n")
+    bad.write_text(text)
     with pytest.raises(ConfigError) as raised:
         config.load(str(bad))
-    assert str(raised.value) == (
-        f"config error in {bad}: not valid YAML: line 3, column 7: expected ',' or '}}', but "
-        f"got ':' (while parsing a flow mapping at line 2, column 9)"
-    )
-    bad.write_text("name: shapes\n  source:\n\toutput: x\n")
-    with pytest.raises(ConfigError) as raised:
-        config.load(str(bad))
-    assert str(raised.value) == (
-        f"config error in {bad}: not valid YAML: line 2, column 9: mapping values are not "
-        f"allowed here"
-    )
+    assert str(raised.value) == f"config error in {bad}: not valid YAML: {problem}"
 
 
 def test_gray_images_from_to_grayscale_are_a_valid_config(demo_corpus, tmp_path):
