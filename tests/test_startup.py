@@ -151,6 +151,11 @@ def test_quiet_build_prints_nothing_and_imports_them_after_validating(tmp_path, 
     assert result["stdout"] == "" and result["stderr"] == ""
     # The probe does see the heavy imports: a real build needs both.
     assert {"apache_beam", "tensorflow"} <= set(result["heavy"])
+    # Found up to date, the build lists the source (Beam) and runs no job:
+    # TensorFlow's ~2 s of imports are not paid every night nothing changed.
+    unchanged = probe(tmp_path, "build", "--config", path, "--quiet")
+    assert unchanged["code"] == 0 and unchanged["stdout"] == unchanged["stderr"] == ""
+    assert "tensorflow" not in unchanged["heavy"]
 
     # Without --quiet: kiln's own lines only (the summary on stdout; on stderr
     # at most progress lines, printed every 30 s off a terminal).

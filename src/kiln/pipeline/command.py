@@ -41,7 +41,6 @@ publish gate (kept in its folder, LATEST unchanged); 2 bad config or usage;
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -257,37 +256,24 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
     # The whole config first, before Beam and TensorFlow are imported: a
     # mistake is reported in a fraction of a second.
     spec = config_module.load(args.config, output=args.output)
-    # The build needs both (Beam runs the job, TensorFlow encodes the
-    # records); imported here, before gc.freeze, so that the freeze covers them.
-    import tensorflow  # noqa: F401
-
+    # Beam lists the source; TensorFlow is imported only if the job runs
+    # (`launcher`), so a source found up to date costs a listing.
     from kiln.pipeline import launcher
     from kiln.schemas.version_diff import Thresholds
 
     launcher.check_pipeline_args(extra_argv, own_flags=_own_flags())
-    # Move everything alive so far (TensorFlow and Beam: millions of
-    # objects) out of the garbage collector's reach while the build runs: a
-    # full collection would otherwise walk them all, several times a build,
-    # on the job's thread. Unfrozen after, so a process
-    # that runs several builds (kiln.cli.main in a scheduler) keeps nothing
-    # alive that it would otherwise collect.
-    gc.freeze()
-    try:
-        result = launcher.build(
-            spec,
-            extra_argv,
-            image_threads=args.image_threads,
-            show_progress=not args.quiet,
-            progress_every=args.progress_every,
-            keep=args.keep,
-            wait=args.wait,
-            base=args.base,
-            full=args.full,
-            gate=Thresholds(**gate),
-        )
-    finally:
-        gc.unfreeze()
-    return result
+    return launcher.build(
+        spec,
+        extra_argv,
+        image_threads=args.image_threads,
+        show_progress=not args.quiet,
+        progress_every=args.progress_every,
+        keep=args.keep,
+        wait=args.wait,
+        base=args.base,
+        full=args.full,
+        gate=Thresholds(**gate),
+    )
 
 
 def _own_flags() -> list[str]:
