@@ -148,6 +148,33 @@ CASES = [
         {"image": {"channels": 1}, "transforms": [{"to_grayscale": {"keep_channels": True}}]},
         "transforms[0].to_grayscale: gives 3-channel images but image.channels is 1",
     ),
+    # A crop that fits no image the resize before it makes: every file would be dropped.
+    (
+        {
+            "transforms": [
+                {"resize": {"shorter_side": 72}},
+                "equalize",
+                {"center_crop": {"size": 96}},
+            ]
+        },
+        "transforms[2].center_crop: a 96x96 (HxW) crop fits none of the images whose shorter "
+        "side is 72 that transforms[0].resize makes (every file would be dropped); crop "
+        "smaller or resize larger",
+    ),
+    (
+        {"transforms": [{"resize": {"longer_side": 64}}, {"center_crop": {"size": [48, 80]}}]},
+        "transforms[1].center_crop: a 48x80 (HxW) crop fits none of the images whose longer "
+        "side is 64",
+    ),
+    (
+        {"transforms": [{"resize": {"size": [32, 40]}}, {"center_crop": {"size": [32, 48]}}]},
+        "transforms[1].center_crop: a 32x48 (HxW) crop fits none of the 32x40 (HxW) images",
+    ),
+    (
+        {"transforms": [{"letterbox": {"size": 32}}, {"center_crop": {"size": 40}}]},
+        "transforms[1].center_crop: a 40x40 (HxW) crop fits none of the 32x32 (HxW) images "
+        "that transforms[0].letterbox makes",
+    ),
 ]
 
 

@@ -421,6 +421,7 @@ def load(
         if parsed is not None:
             chain = dataclasses.replace(parsed, plugins=tuple(model.plugins if model else ()))
             problems.add("transforms", _channels_problem(chain, _channels(raw)))
+            problems.add("transforms", _crop_problem(chain))
     augment: list[Any] = []
     if isinstance(raw.get("augment", []), list):
         augment = problems.check("augment", lambda: _validate_augment(raw.get("augment"))) or []
@@ -735,6 +736,68 @@ def _channels(raw: dict[str, Any]) -> int | None:
     image = raw.get("image", {})
     channels = image.get("channels", 3) if isinstance(image, dict) else None
     return channels if channels in (1, 3) and not isinstance(channels, bool) else None
+
+
+def _crop_problem(chain: transforms.Chain) -> str | None:
+    """Why a `center_crop` fits no image the transforms before it make (the
+    job would drop every file as ``transform_failed``, after reading them
+    all), or None.
+
+    The sizes come from the built-ins that set one: `resize` (``size``
+    exactly, or the shorter or longer side), `center_crop` and `letterbox`
+    (exactly). A crop is refused only where no image can hold it: larger
+    than an exact size, or than the longer side, or smaller shorter side
+    than the crop's smaller side. `to_grayscale` and `equalize` keep the
+    size; after `pad` or a user transform the size is not known.
+    """
+    made: tuple[str, str, Any] | None = None  # (where, kind, value)
+    for index, transform in enumerate(chain.transforms):
+        params, where = transform.kwargs, f"transforms[{index}].{transform.name}"
+        if transform.name == "resize":
+            if params.get("size") is not None:
+                made = (where, "exact", _height_width(params["size"]))
+            elif params.get("shorter_side") is not None:
+                made = (where, "shorter", params["shorter_side"])
+            else:
+                made = (where, "longer", params["longer_side"])
+        elif transform.name == "center_crop":
+            height, width = _height_width(params["size"])
+            if made is not None:
+                source, kind, value = made
+                if kind == "exact":
+                    fits, images = (
+                        value[0] >= height and value[1] >= width,
+                        (f"{value[0]}x{value[1]} (HxW) images"),
+                    )
+                elif kind == "shorter":
+                    fits, images = (
+                        value >= min(height, width),
+                        (f"images whose shorter side is {value}"),
+                    )
+                else:
+                    fits, images = (
+                        value >= max(height, width),
+                        (f"images whose longer side is {value}"),
+                    )
+                if not fits:
+                    return (
+                        f"{where}: a {height}x{width} (HxW) crop fits none of the {images} "
+                        f"that {source} makes (every file would be dropped); crop smaller "
+                        f"or resize larger"
+                    )
+            made = (where, "exact", (height, width))
+        elif transform.name == "letterbox":
+            made = (where, "exact", _height_width(params["size"]))
+        elif transform.name not in ("to_grayscale", "equalize"):
+            made = None
+    return None
+
+
+def _height_width(size: Any) -> tuple[int, int]:
+    """A transform's ``size`` (one int, or ``[height, width]``) as a pair."""
+    if isinstance(size, int):
+        return size, size
+    return int(size[0]), int(size[1])
 
 
 def _channels_problem(chain: transforms.Chain, channels: int | None) -> str | None:
