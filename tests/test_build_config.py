@@ -148,6 +148,15 @@ CASES = [
         {"image": {"channels": 1}, "transforms": [{"to_grayscale": {"keep_channels": True}}]},
         "transforms[0].to_grayscale: gives 3-channel images but image.channels is 1",
     ),
+    # Strict types: a quoted number or a yes/no string is a mistake, not a value.
+    (
+        {"errors": {"max_fraction": "0.1"}},
+        "errors.max_fraction: expected a number, got '0.1'",
+    ),
+    (
+        {"splits": {"fractions": {"train": 1.0}, "split_by": "key", "stratify": "yes"}},
+        "splits.stratify: expected true or false, got 'yes'",
+    ),
     # A crop that fits no image the resize before it makes: every file would be dropped.
     (
         {

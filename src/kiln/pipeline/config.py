@@ -105,7 +105,9 @@ SplitName = Annotated[str, Field(pattern=SPLIT_NAME_PATTERN)]
 class _Model(BaseModel):
     # Each field's docstring is its meaning in docs/configuration.md
     # (`config_reference`): adding a key is one place plus its consumer.
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_attribute_docstrings=True, strict=True
+    )
 
 
 class ImageConfig(_Model):
