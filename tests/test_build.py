@@ -14,6 +14,7 @@ import tensorflow as tf
 from conftest import NUM_DEMO_IMAGES as NUM_GOOD
 from conftest import make_config
 from kiln import cli, schemas
+from kiln.errors import ConfigError
 from kiln.pipeline import BuildError, build, launcher, publish
 from kiln.schemas import RECORD
 from kiln.schemas.tfds_metadata import tfds_files
@@ -347,6 +348,28 @@ def test_cli_builds_and_prints_a_summary(demo_corpus, tmp_path, capsys):
 def write_manifest(path, rows, header="path,label,split"):
     path.write_text(header + "\n" + "".join(row + "\n" for row in rows))
     return str(path)
+
+
+def test_split_names_that_differ_only_in_case_are_refused(demo_corpus, tmp_path):
+    images = copy_corpus(demo_corpus, tmp_path / "data" / "images")
+    good = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken][:6]
+    splits = ["train", "Train", "test", "train", "TEST", "test"]
+    rows = [f"images/{k},{k.split('/')[0]},{split}" for k, split in zip(good, splits, strict=True)]
+    manifest = write_manifest(tmp_path / "data" / "manifest.csv", rows)
+    config = make_config(
+        images,
+        output=str(tmp_path / "out"),
+        source={"type": "manifest", "path": manifest},
+        splits={"from_source": True},
+    )
+    with pytest.raises(ConfigError) as raised:
+        build(config)
+    assert str(raised.value) == (
+        f"config error in config: source.path: {manifest}: the source names splits that "
+        f"differ only in case ('TEST' and 'test'; 'Train' and 'train'): each would be a split "
+        f"of its own; name them alike"
+    )
+    assert not (tmp_path / "out" / "shapes" / "LATEST").exists()  # nothing was built
 
 
 def test_manifest_source_with_splits_and_bad_rows(demo_corpus, tmp_path):

@@ -516,16 +516,39 @@ def _listed(spec: BuildSpec, options: PipelineOptions) -> Iterator[SourceListing
         and source.listing == "job"
     ):
         with spec.list_source() as listing:
+            _check_split_names(spec, listing.split_names)
             yield listing
         return
     listing_dir = publish.DatasetRoot(spec.dataset_root).new_listing_dir()
     try:
-        yield list_in_job(spec, options, listing_dir)
+        listed = list_in_job(spec, options, listing_dir)
+        _check_split_names(spec, listed.split_names)
+        yield listed
     finally:
         try:
             storage.delete_tree(listing_dir)
         except Exception:  # keep the build's own outcome; the next build deletes it
             logger.warning("could not delete the listing folder %s", listing_dir, exc_info=True)
+
+
+def _check_split_names(spec: BuildSpec, names: Sequence[str] | None) -> None:
+    """Refuses split names from the source (``splits.from_source``) that
+    differ only in case: ``Train`` beside ``train`` is a typo that would
+    make a split of its own.
+
+    Raises:
+      ConfigError: naming the config and the names.
+    """
+    by_folded: dict[str, list[str]] = {}
+    for name in names or ():
+        by_folded.setdefault(name.casefold(), []).append(name)
+    clashes = [sorted(group) for group in by_folded.values() if len(group) > 1]
+    if clashes:
+        listed = "; ".join(" and ".join(repr(name) for name in group) for group in clashes)
+        raise spec.error(
+            f"{spec.config.source.describe()}: the source names splits that differ only in "
+            f"case ({listed}): each would be a split of its own; name them alike"
+        )
 
 
 def list_in_job(
