@@ -177,6 +177,27 @@ def test_diff_thresholds_set_the_exit_code(versions, capsys):
     assert same[0] == 0 and "the same version: nothing changed" in same[1]
 
 
+def test_diff_notes_two_different_datasets(versions, capsys, tmp_path):
+    (first, *_), _, _ = versions
+    other = build(
+        make_config(
+            first.info.provenance["source"]["root"],
+            name="other",
+            output=str(tmp_path),
+            splits=SPLITS,
+            sharding=SHARDS,
+        )
+    )
+    assert first.info.name == "shapes" and other.info.name == "other"
+    code, _, err = run_cli(capsys, "diff", first.dataset_dir, other.dataset_dir)
+    assert code == 0
+    assert err == (
+        "kiln diff: note: OLD is dataset 'shapes' and NEW is 'other': records match by key "
+        "across two datasets\n"
+    )
+    assert run_cli(capsys, "diff", first.dataset_dir, first.dataset_dir)[2] == ""
+
+
 def test_diff_refuses_what_is_not_a_dataset(versions, capsys, tmp_path):
     (first, *_), _, _ = versions
     code, _, err = run_cli(capsys, "diff", first.dataset_dir, str(tmp_path))

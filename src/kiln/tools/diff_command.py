@@ -68,6 +68,12 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         diff = version_diff.compare(old, new)
     except MetadataError as e:
         raise UsageError(str(e)) from None
+    if old.info.name != new.info.name:
+        print(
+            f"kiln diff: note: OLD is dataset {old.info.name!r} and NEW is {new.info.name!r}: "
+            f"records match by key across two datasets",
+            file=sys.stderr,
+        )
     if args.json:
         json.dump(diff.to_json(thresholds), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
