@@ -136,7 +136,8 @@ class SplitsConfig(_Model):
     assigned by a salted hash. Default (with `from_source: false`): everything in `train`."""
     from_source: bool = False
     """Take splits from the source: `root/<split>/<class>/<image>` folders or the manifest's
-    `split` column. Excludes `fractions`."""
+    `split` column. Excludes `fractions`. Names that differ only in case (`Train`, `train`)
+    are a config error."""
     split_by: Literal["content", "key"] = "content"
     """What the fractions hash: `content` (the file's sha256: identical files always share a
     split, so duplicates cannot leak between train and test) or `key` (the path: stable when
