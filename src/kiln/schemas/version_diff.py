@@ -496,7 +496,7 @@ class VersionDiff:
         old, new = self.old.info.image_size, self.new.info.image_size
         if old == new:
             return ""
-        return f" (stored size {_size_text(old)} -> {_size_text(new)})"
+        return f" (stored size {size_text(old)} -> {size_text(new)})"
 
     def to_json(self, thresholds: Thresholds | None = None) -> dict[str, Any]:
         """The diff as JSON-ready data (`kiln diff --json`, `kiln build --report`).
@@ -602,7 +602,8 @@ class VersionDiff:
         return lines
 
 
-def _size_text(size: Any) -> str:
+def size_text(size: Any) -> str:
+    """A stored image size, ``[height, width]`` or None, as ``32x32`` or ``varying``."""
     return "varying" if size is None else "x".join(str(v) for v in size)
 
 

@@ -9,7 +9,7 @@ import sys
 from kiln import gate_flags
 from kiln.errors import EXIT_FAILED, UsageError
 from kiln.schemas import MetadataError, version_diff
-from kiln.schemas.version_diff import Thresholds, VersionDiff
+from kiln.schemas.version_diff import Thresholds, VersionDiff, size_text
 
 DESCRIPTION = """\
 Compare two versions of a dataset written by `kiln build`: records added,
@@ -118,7 +118,7 @@ def render(diff: VersionDiff) -> str:
             lines.append(f"{title}: {', '.join(data[key])}")
     size = data["image_size"]
     if size["old"] != size["new"]:
-        lines.append(f"stored image size: {_size(size['old'])} -> {_size(size['new'])}")
+        lines.append(f"stored image size: {size_text(size['old'])} -> {size_text(size['new'])}")
     lines.extend(_statistics_lines(data["statistics"]))
     dropped, duplicates = data["dropped"], data["duplicates"]
     lines.append(
@@ -201,7 +201,3 @@ def _reasons(old: dict, new: dict) -> str:
     if not reasons:
         return ""
     return " (" + ", ".join(f"{r}: {old.get(r, 0)} -> {new.get(r, 0)}" for r in reasons) + ")"
-
-
-def _size(size) -> str:
-    return "varying" if size is None else "x".join(str(v) for v in size)
