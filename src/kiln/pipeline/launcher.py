@@ -876,51 +876,45 @@ def _run_job(
     progress_every: float,
 ) -> tuple[job.JobReport, dict[str, int]]:
     """Writes the listing (unless a listing job did), runs the job to
-    completion and reads its report.
+    completion (`_job_heap`) and reads its report."""
+    with _job_heap():
+        if isinstance(listing, sources.Listing):
+            listing.write(plan.listing_uri)
+        with _beam_lookups_once():
+            pipeline = construct_pipeline(plan, options)
+            logger.info("running the build job for %d files", listing.num_files)
+            display = progress.display(
+                plan.progress_uri, listing.num_files, enabled=show_progress, every=progress_every
+            )
+            try:
+                result, state = _run_pipeline(pipeline, options, display)
+            except Exception as e:  # a worker's error, re-raised by the runner with its traceback
+                raise BuildError(
+                    f"the Beam job failed writing under {plan.staging_dir}: "
+                    f"{_last_line(e)}; nothing was published"
+                ) from e
+        check_dry_run(options, "the job")
+        if state not in (None, PipelineState.DONE):
+            raise BuildError(f"the Beam job ended in state {state}")
+        return job.read_report(plan.report_uri), _counters(result)
 
-    TensorFlow (the job encodes records with it) is imported here, not
+
+@contextlib.contextmanager
+def _job_heap() -> Iterator[None]:
+    """TensorFlow imported (the job encodes records with it), here and not
     before: a build that finds its source up to date never needs it. Then
-    everything alive (TensorFlow and Beam: millions of objects) is moved out
+    everything alive (TensorFlow and Beam: millions of objects) is kept out
     of the garbage collector's reach while the job runs, so that a full
     collection does not walk them all, several times a build, on the job's
     thread; unfrozen after, so a process that runs several builds keeps
-    nothing alive that it would otherwise collect.
-    """
+    nothing alive that it would otherwise collect."""
     import tensorflow  # noqa: F401
 
     gc.freeze()
     try:
-        return _run_frozen(plan, listing, options, show_progress, progress_every)
+        yield
     finally:
         gc.unfreeze()
-
-
-def _run_frozen(
-    plan: job.JobPlan,
-    listing: SourceListing,
-    options: PipelineOptions,
-    show_progress: bool,
-    progress_every: float,
-) -> tuple[job.JobReport, dict[str, int]]:
-    if isinstance(listing, sources.Listing):
-        listing.write(plan.listing_uri)
-    with _beam_lookups_once():
-        pipeline = construct_pipeline(plan, options)
-        logger.info("running the build job for %d files", listing.num_files)
-        display = progress.display(
-            plan.progress_uri, listing.num_files, enabled=show_progress, every=progress_every
-        )
-        try:
-            result, state = _run_pipeline(pipeline, options, display)
-        except Exception as e:  # a worker's error, re-raised by the runner with its traceback
-            raise BuildError(
-                f"the Beam job failed writing under {plan.staging_dir}: "
-                f"{_last_line(e)}; nothing was published"
-            ) from e
-    check_dry_run(options, "the job")
-    if state not in (None, PipelineState.DONE):
-        raise BuildError(f"the Beam job ended in state {state}")
-    return job.read_report(plan.report_uri), _counters(result)
 
 
 def _run_pipeline(
