@@ -599,9 +599,7 @@ def list_in_job(
                 f"the listing job failed writing under {listing_dir}: {_last_line(e)}; "
                 f"nothing was published"
             ) from e
-    check_dry_run(options, "the listing job")
-    if state not in (None, PipelineState.DONE):
-        raise BuildError(f"the listing job ended in state {state}")
+    _check_finished(options, state, "the listing job")
     listing = listing_job.read_summary(listing_plan)
     if not listing.num_files:
         raise spec.error(source.no_usable_image(listing.num_dropped, listing.first_dropped))
@@ -893,10 +891,20 @@ def _run_job(
                     f"the Beam job failed writing under {plan.staging_dir}: "
                     f"{_last_line(e)}; nothing was published"
                 ) from e
-        check_dry_run(options, "the job")
-        if state not in (None, PipelineState.DONE):
-            raise BuildError(f"the Beam job ended in state {state}")
+        _check_finished(options, state, "the job")
         return job.read_report(plan.report_uri), _counters(result)
+
+
+def _check_finished(options: PipelineOptions, state: str | None, what: str) -> None:
+    """Raises unless the job `what` ran to completion.
+
+    Raises:
+      DryRun: the options asked for a dry run (`check_dry_run`).
+      BuildError: the runner reports another end state than done.
+    """
+    check_dry_run(options, what)
+    if state not in (None, PipelineState.DONE):
+        raise BuildError(f"{what} ended in state {state}")
 
 
 @contextlib.contextmanager
