@@ -48,6 +48,8 @@ The shape (every key but ``name``, ``source`` and ``output`` has a default)::
     errors:
       max_fraction: 0.05            # more dropped files than this fails the build
       allow_empty: false            # true: publish even when no example is stored
+      check_box_convention: true    # false: boxes that look normalized, [x, y, w, h] or
+                                    # [y_min, x_min, ...] only warn, instead of failing
     plugins: []                     # modules that register your own transforms
 
 Relative paths in a config file resolve against the file's folder
@@ -220,6 +222,13 @@ class ErrorsConfig(_Model):
     allow_empty: bool = False
     """Publish a dataset with no example at all (every input dropped). Off: such a build fails
     (exit 1), so a broken source never replaces a good dataset with an empty one."""
+    check_box_convention: bool = True
+    """With `targets.boxes`: fail the build (exit 1, nothing published) when the boxes as a
+    whole look written in another convention than `[x_min, y_min, x_max, y_max]` pixels:
+    normalized to [0, 1], `[x, y, width, height]` or `[y_min, x_min, y_max, x_max]` (at least
+    10 boxes, and a large share of them, fit that convention and not kiln's; README,
+    "Detection and segmentation"). `false`: build anyway, with a warning, when the boxes are
+    right (a dataset of sub-pixel boxes in the top-left pixel, say)."""
 
 
 class BuildConfig(_Model):
@@ -328,6 +337,9 @@ class BuildSpec:
             del data["targets"]["mask"]["encoding"]
         data["transforms"] = self.chain.to_json()
         data["augment"] = list(self.augment)
+        if self.config.errors.check_box_convention:
+            # Written only when off: a config without it keeps its fingerprint.
+            del data["errors"]["check_box_convention"]
         if not self.config.splits.stratify:
             # Written only when on: a config without it keeps its fingerprint.
             del data["splits"]["stratify"]

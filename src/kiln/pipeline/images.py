@@ -47,6 +47,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from kiln import transforms
 from kiln.pipeline import record_index, versioning
+from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.incremental import BaseFiles, frame_starts
 from kiln.pipeline.pixel_budget import PixelBudget
@@ -98,6 +99,9 @@ class Outcome(NamedTuple):
     dropped: DroppedFile | None
     entry_hash: int
     reused: Reuse | None = None
+    # Datasets with boxes: what the listed boxes say about their convention
+    # (None for a file not decoded: unread, undecodable or reused).
+    boxes: BoxEvidence | None = None
 
 
 class ImageProcessor:
@@ -168,9 +172,14 @@ class ImageProcessor:
             )
         content = None if listed is None else listed.content
 
+        evidence: BoxEvidence | None = None
+
         def drop(stage: str, reason: str, message: str) -> Outcome:
             return Outcome(
-                None, DroppedFile(key, stage, reason, uri, message), entry(sha256, content)
+                None,
+                DroppedFile(key, stage, reason, uri, message),
+                entry(sha256, content),
+                boxes=evidence,
             )
 
         base: record_index.IndexRow | None = item.get("base")
@@ -210,8 +219,11 @@ class ImageProcessor:
         if self._codec is not None:
             if listed is None:
                 listed = self._codec.read("{}")
+            stored_size = _stored_size(image, orientation)
+            # Before the per-object checks: a box they refuse is evidence too.
+            evidence = self._codec.box_evidence(listed, *stored_size)
             try:
-                loaded = self._codec.load(listed, *_stored_size(image, orientation))
+                loaded = self._codec.load(listed, *stored_size)
             except BadAnnotation as e:
                 return drop("targets", e.reason, e.located)
 
@@ -271,6 +283,7 @@ class ImageProcessor:
             ),
             None,
             entry(sha256, content),
+            boxes=evidence,
         )
 
     def _decode(
@@ -560,7 +573,7 @@ class ProcessImagesFn(beam.DoFn):
         """Counts one finished file and stores or drops it. Outputs carry the
         input's window and timestamp themselves (they may leave in a later
         `process` call or in `finish_bundle`)."""
-        self._summary.add(outcome.entry_hash, outcome.image)
+        self._summary.add(outcome.entry_hash, outcome.image, outcome.boxes)
         if self._counter is not None:
             self._counter.add()
         if outcome.dropped is None or outcome.dropped.stage != "read":

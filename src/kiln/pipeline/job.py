@@ -52,6 +52,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from kiln.pipeline import incremental, record_index, sharding, storage, versioning
+from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.duplicates import DuplicateGroup, FindDuplicates, write_duplicate_report
 from kiln.pipeline.error_report import DroppedFile, write_dropped_objects, write_error_report
@@ -248,6 +249,8 @@ class JobReport:
         (datasets with boxes; empty otherwise).
       base_problems: Base file -> why it was not trusted (an incremental
         build; empty when every base file checked out, or without a base).
+      boxes: What the boxes of the files decoded say about their convention
+        (`box_convention.verdict`; zeros without boxes).
     """
 
     splits: Mapping[str, SplitReport]
@@ -262,6 +265,7 @@ class JobReport:
     index_sha256: str = ""
     dropped_objects_sha256: str = ""
     base_problems: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    boxes: BoxEvidence = BoxEvidence()
 
     @property
     def dropped_total(self) -> int:
@@ -298,6 +302,7 @@ class JobReport:
             "index_sha256": self.index_sha256,
             "dropped_objects_sha256": self.dropped_objects_sha256,
             "base_problems": dict(sorted(self.base_problems.items())),
+            "boxes": self.boxes._asdict(),
         }
 
     @classmethod
@@ -330,6 +335,7 @@ class JobReport:
             index_sha256=data.get("index_sha256", ""),
             dropped_objects_sha256=data.get("dropped_objects_sha256", ""),
             base_problems=dict(data.get("base_problems", {})),
+            boxes=BoxEvidence(**data.get("boxes", {})),
         )
 
 
@@ -415,6 +421,7 @@ def _assemble_report(
         index_sha256=index_sha256,
         dropped_objects_sha256=dropped_objects_sha256,
         base_problems=dict(base_problems or {}),
+        boxes=merged.boxes,
     )
 
 

@@ -56,8 +56,8 @@ from apache_beam.runners.runner import PipelineState
 
 import kiln
 from kiln.errors import DryRun, Failure, UsageError
-from kiln.pipeline import config as config_module
 from kiln.pipeline import (
+    box_convention,
     incremental,
     job,
     listing_job,
@@ -69,6 +69,7 @@ from kiln.pipeline import (
     target_rows,
     versioning,
 )
+from kiln.pipeline import config as config_module
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.lock import DatasetLock
 from kiln.pipeline.splits import SplitPolicy
@@ -686,6 +687,9 @@ def _build_locked(
             plan = dataclasses.replace(plan, progress_uri=progress.counting_path(plan.work_dir))
         report, counters = _run_job(plan, listing, options, show_progress, progress_every)
         _check_accounted(listing, report)
+        # Before the dropped files: boxes in another convention are the
+        # reason many of them were dropped, and say what to change.
+        _check_box_convention(spec, report, transaction)
         if report.dropped_total > spec.config.errors.max_fraction * listing.total:
             transaction.keep_staging(only=[ERRORS_FILENAME])
             raise BuildError(
@@ -1080,6 +1084,33 @@ def _prune(dataset: publish.DatasetRoot, keep: int | None) -> tuple[str, ...]:
         logger.warning("could not prune old versions of %s: %s", dataset.path, _last_line(e))
         logger.debug("pruning %s failed", dataset.path, exc_info=True)
         return ()
+
+
+def _check_box_convention(
+    spec: BuildSpec, report: job.JobReport, transaction: publish.PublishTransaction
+) -> None:
+    """Stops the build when its boxes as a whole look written in another
+    convention (`box_convention.verdict`), unless
+    ``errors.check_box_convention`` is off; short of proof, a warning.
+
+    Raises:
+      BuildError: naming the convention and what to change.
+    """
+    finding = box_convention.verdict(report.boxes)
+    if finding is None:
+        return
+    if not finding.certain:
+        logger.warning("%s", finding.message)
+        return
+    if not spec.config.errors.check_box_convention:
+        logger.warning("%s (errors.check_box_convention is off: built anyway)", finding.message)
+        return
+    transaction.keep_staging(only=[ERRORS_FILENAME])
+    raise BuildError(
+        f"{finding.message}; nothing was published (errors.check_box_convention: false builds "
+        f"them as they are). The dropped files are in "
+        f"{transaction.staging_dir.rstrip('/')}/{ERRORS_FILENAME}"
+    )
 
 
 def _too_many_dropped(report: job.JobReport, total: int, max_fraction: float, staging: str) -> str:

@@ -32,6 +32,7 @@ import cv2
 import numpy as np
 
 from kiln.pipeline import versioning
+from kiln.pipeline.box_convention import BoxEvidence
 from kiln.schemas import ChannelStatistics, ClassObjects, ObjectStatistics
 from kiln.schemas.metadata import OBJECT_SIZE_EDGES
 
@@ -259,9 +260,20 @@ class Summary:
         dropped while listing, this must add up to the listing.
       objects: ``{split: ObjectSums}`` of datasets with boxes.
       images: ``{split: stored images}``.
+      boxes: What the boxes of the files decoded say about their
+        convention (`kiln.pipeline.box_convention`), datasets with boxes.
     """
 
-    __slots__ = ("pixels", "class_counts", "sizes", "inputs_hash", "files", "objects", "images")
+    __slots__ = (
+        "pixels",
+        "class_counts",
+        "sizes",
+        "inputs_hash",
+        "files",
+        "objects",
+        "images",
+        "boxes",
+    )
 
     def __init__(
         self,
@@ -272,6 +284,7 @@ class Summary:
         files=0,
         objects=None,
         images=None,
+        boxes=(),
     ):
         self.pixels: dict[str, PixelSums] = dict(pixels or {})
         self.class_counts: dict[tuple[str, int], int] = dict(class_counts or {})
@@ -280,6 +293,7 @@ class Summary:
         self.files: int = int(files)
         self.objects: dict[str, ObjectSums] = dict(objects or {})
         self.images: dict[str, int] = dict(images or {})
+        self.boxes = BoxEvidence(*boxes)
 
     def __reduce__(self):  # plain data when Beam pickles accumulators
         return Summary, (
@@ -290,21 +304,26 @@ class Summary:
             self.files,
             self.objects,
             self.images,
+            tuple(self.boxes),
         )
 
     def __eq__(self, other):
         return isinstance(other, Summary) and self.__reduce__() == other.__reduce__()
 
-    def add(self, entry_hash: int, image=None) -> None:
+    def add(self, entry_hash: int, image=None, boxes: BoxEvidence | None = None) -> None:
         """Counts one file read: its version entry, and the stored image if any.
 
         Args:
           entry_hash: `versioning.entry_hash` of the file's entry.
           image: An `images.ProcessedImage` with its split set, or None
             (the file was dropped).
+          boxes: What its listed boxes say about their convention, if it
+            was decoded (stored or dropped after decoding).
         """
         self.inputs_hash = versioning.combine_hashes((self.inputs_hash, entry_hash))
         self.files += 1
+        if boxes is not None:
+            self.boxes = self.boxes.merged(boxes)
         if image is None:
             return
         split = image.split
@@ -344,6 +363,7 @@ class Summary:
             self.files + other.files,
             objects,
             images,
+            self.boxes.merged(other.boxes),
         )
 
     def channel_statistics(self) -> dict[str, ChannelStatistics | None]:

@@ -56,15 +56,11 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from kiln import transforms
-from kiln.pipeline import target_rows
+from kiln.pipeline import box_convention, target_rows
+from kiln.pipeline.box_convention import FAR_OUTSIDE
 from kiln.pipeline.statistics import TargetCounts
 from kiln.schemas import TargetsConfig
 from kiln.transforms import image_header
-
-# A box may reach beyond the image by this fraction of the image's width
-# (x) or height (y) and is clipped; farther out, it is a bad annotation
-# (coordinates of another image, or another convention), not sloppiness.
-FAR_OUTSIDE = 0.1
 
 REASONS = (
     "bad_box",
@@ -209,6 +205,16 @@ class TargetCodec:
     @property
     def config(self) -> TargetsConfig:
         return self._targets
+
+    def box_evidence(
+        self, listed: ListedTargets, height: int, width: int
+    ) -> box_convention.BoxEvidence | None:
+        """What the listed boxes of an image whose stored pixels are
+        ``height x width`` say about their convention (None without boxes)."""
+        if self._targets.boxes is None:
+            return None
+        boxes = (item["bbox"] for item in listed.row.get("objects", ()))
+        return box_convention.count(boxes, height, width)
 
     def read(self, text: str) -> ListedTargets:
         """The listed targets (canonical JSON, `target_rows.canonical`) with
@@ -499,17 +505,7 @@ def _check_box(box: list[float], where: str, height: int, width: int) -> None:
             f"{where}.bbox: {box} has x_max < x_min or y_max < y_min "
             f"(expected [x_min, y_min, x_max, y_max])",
         )
-    slack_x, slack_y = FAR_OUTSIDE * width, FAR_OUTSIDE * height
-    if (
-        x_min < -slack_x
-        or y_min < -slack_y
-        or x_max > width + slack_x
-        or y_max > height + slack_y
-        or x_min >= width
-        or y_min >= height
-        or x_max <= 0
-        or y_max <= 0
-    ):
+    if not box_convention.lies_inside(box, height, width):
         raise BadAnnotation(
             "bad_box",
             f"{where}.bbox: {box} lies outside the {width}x{height} (WxH) image "

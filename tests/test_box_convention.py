@@ -1,0 +1,167 @@
+"""Boxes written in another convention (normalized, [x, y, w, h], [y_min, x_min, ...]) stop a build.
+
+The kernels (`box_convention.count`, `verdict`) on boxes made up here, then
+real builds on the DirectRunner of small manifests whose boxes are known
+exactly and then written in each convention.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import cv2
+import numpy as np
+import pytest
+
+from kiln.pipeline import BuildError, build
+from kiln.pipeline.box_convention import MIN_EVIDENCE, BoxEvidence, count, verdict
+
+HEIGHT, WIDTH = 48, 96  # not square: [y_min, x_min, ...] boxes spill out of the height
+
+
+def true_boxes(images: int, per_image: int, seed: int = 0) -> list[list[list[int]]]:
+    """Boxes ``[x_min, y_min, x_max, y_max]`` in pixels of a ``HEIGHT x WIDTH``
+    image, anywhere in it, 8 to 20 pixels a side."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(images):
+        boxes = []
+        for _ in range(per_image):
+            w, h = int(rng.integers(8, 21)), int(rng.integers(8, 21))
+            x, y = int(rng.integers(0, WIDTH - w + 1)), int(rng.integers(0, HEIGHT - h + 1))
+            boxes.append([x, y, x + w, y + h])
+        out.append(boxes)
+    return out
+
+
+def written(box: list[int], convention: str) -> list[float]:
+    x0, y0, x1, y1 = box
+    return {
+        "xyxy": [x0, y0, x1, y1],
+        "normalized": [x0 / WIDTH, y0 / HEIGHT, x1 / WIDTH, y1 / HEIGHT],
+        "xywh": [x0, y0, x1 - x0, y1 - y0],
+        "yxyx": [y0, x0, y1, x1],
+    }[convention]
+
+
+def evidence_of(convention: str, images: int = 20, per_image: int = 2) -> BoxEvidence:
+    total = BoxEvidence()
+    for boxes in true_boxes(images, per_image):
+        total = total.merged(count([written(b, convention) for b in boxes], HEIGHT, WIDTH))
+    return total
+
+
+def test_boxes_in_kiln_convention_look_like_nothing_else():
+    assert verdict(evidence_of("xyxy")) is None
+    # Square images: no box spills out when read transposed, no evidence either way.
+    square = count([[10, 20, 30, 90], [60, 5, 99, 40]], 100, 100)
+    assert square.transposed == square.not_transposed == 0
+
+
+@pytest.mark.parametrize("convention", ["normalized", "xywh", "yxyx"])
+def test_each_other_convention_is_recognised_with_enough_boxes(convention):
+    finding = verdict(evidence_of(convention))
+    assert finding is not None and finding.certain
+    assert finding.convention == convention
+
+
+def test_a_few_boxes_are_a_warning_and_a_correct_handful_nothing():
+    few = evidence_of("normalized", images=5, per_image=1)
+    assert few.normalized == 5 < MIN_EVIDENCE
+    finding = verdict(few)
+    assert finding is not None and not finding.certain
+    assert verdict(evidence_of("xyxy", images=5, per_image=1)) is None
+
+
+def test_the_odd_bad_box_is_not_evidence():
+    # 40 good boxes, two reversed and one in the top-left pixel.
+    evidence = evidence_of("xyxy").merged(
+        count([[30, 10, 20, 20], [40, 30, 10, 20], [0.1, 0.1, 0.9, 0.9]], HEIGHT, WIDTH)
+    )
+    assert evidence.xywh == 2 and evidence.normalized == 1
+    assert verdict(evidence) is None
+
+
+def test_boxes_in_the_top_left_pixel_of_tiny_images_are_not_normalized_evidence():
+    assert count([[0.1, 0.1, 0.9, 0.9]], 8, 8).normalized == 0
+
+
+# --- builds ---------------------------------------------------------------------------
+
+
+def write_dataset(folder, convention: str, images: int = 20, per_image: int = 2) -> str:
+    """Plain images and a JSONL manifest of their boxes written in `convention`."""
+    (folder / "images").mkdir(parents=True)
+    lines = []
+    for index, boxes in enumerate(true_boxes(images, per_image)):
+        path = f"images/{index:03d}.png"
+        assert cv2.imwrite(str(folder / path), np.full((HEIGHT, WIDTH, 3), 90, np.uint8))
+        objects = [{"bbox": written(box, convention), "class": "part"} for box in boxes]
+        lines.append(json.dumps({"path": path, "objects": objects}))
+    (folder / "manifest.jsonl").write_text("\n".join(lines) + "\n")
+    return str(folder / "manifest.jsonl")
+
+
+def config(folder, manifest: str, **overrides) -> dict:
+    return {
+        "name": "parts",
+        "source": {"type": "manifest", "path": manifest},
+        "output": str(folder / "out"),
+        "encoding": {"format": "png"},
+        "targets": {"boxes": {}},
+        "errors": {"max_fraction": 1.0},
+        **overrides,
+    }
+
+
+@pytest.mark.parametrize(
+    ("convention", "named"),
+    [
+        ("normalized", "the boxes look normalized to [0, 1]: 40 of 40 boxes"),
+        ("xywh", "the boxes look like [x, y, width, height] (COCO's order)"),
+        ("yxyx", "the boxes look like [y_min, x_min, y_max, x_max] (TensorFlow's order)"),
+    ],
+)
+def test_a_build_of_boxes_in_another_convention_fails_and_publishes_nothing(
+    tmp_path, convention, named
+):
+    manifest = write_dataset(tmp_path, convention)
+    with pytest.raises(BuildError) as raised:
+        build(config(tmp_path, manifest))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(named), message
+    assert "nothing was published (errors.check_box_convention: false" in message
+    assert not os.path.exists(tmp_path / "out" / "parts" / "LATEST")
+    assert raised.value.exit_code == 1
+
+
+def test_the_check_turned_off_builds_with_a_warning(tmp_path, caplog):
+    manifest = write_dataset(tmp_path, "normalized")
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.launcher"):
+        result = build(config(tmp_path, manifest, errors={"check_box_convention": False}))
+    assert result.info.splits["train"].num_examples == 20
+    assert "the boxes look normalized to [0, 1]" in caplog.text
+    assert "errors.check_box_convention is off: built anyway" in caplog.text
+    assert result.info.config["errors"]["check_box_convention"] is False
+
+
+def test_a_handful_of_normalized_boxes_builds_with_a_warning(tmp_path, caplog):
+    manifest = write_dataset(tmp_path, "normalized", images=5, per_image=1)
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.launcher"):
+        result = build(config(tmp_path, manifest))
+    assert result.info.splits["train"].num_examples == 5
+    assert "5 of 5 boxes lie within [0, 1] x [0, 1]" in caplog.text
+    assert "too few boxes to be sure" in caplog.text
+
+
+def test_a_correct_handful_of_boxes_builds_without_a_word(tmp_path, caplog):
+    manifest = write_dataset(tmp_path, "xyxy", images=5, per_image=1)
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.launcher"):
+        result = build(config(tmp_path, manifest))
+    assert result.info.splits["train"].num_examples == 5
+    assert "boxes look" not in caplog.text
+    # The knob at its default stays out of the resolved config (and the fingerprint).
+    assert "check_box_convention" not in result.info.config["errors"]
