@@ -1,8 +1,9 @@
-"""Boxes written in another convention (normalized, [x, y, w, h], [y_min, x_min, ...]) stop a build.
+"""Boxes in another convention (normalized, [x, y, w, h], [y_min, x_min, ...]) are caught.
 
-The kernels (`box_convention.count`, `verdict`) on boxes made up here, then
-real builds on the DirectRunner of small manifests whose boxes are known
-exactly and then written in each convention.
+For the dataset: the kernels (`box_convention.count`, `verdict`) on boxes
+made up here, then real builds on the DirectRunner of small manifests whose
+boxes are known exactly and then written in each convention. For one
+object: a box that does not enclose its instance mask (`TargetCodec.load`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pytest
 
 from kiln.pipeline import BuildError, build
 from kiln.pipeline.box_convention import MIN_EVIDENCE, BoxEvidence, count, verdict
+from kiln.pipeline.targets import BadAnnotation, TargetCodec
+from kiln.schemas import TargetsConfig
 
 HEIGHT, WIDTH = 48, 96  # not square: [y_min, x_min, ...] boxes spill out of the height
 
@@ -165,3 +168,46 @@ def test_a_correct_handful_of_boxes_builds_without_a_word(tmp_path, caplog):
     assert "boxes look" not in caplog.text
     # The knob at its default stays out of the resolved config (and the fingerprint).
     assert "check_box_convention" not in result.info.config["errors"]
+
+
+# --- a box and its instance mask -------------------------------------------------------
+
+
+def load_object(box, segmentation, height=40, width=60):
+    """One object's box and polygon through the job's target codec."""
+    codec = TargetCodec(
+        TargetsConfig.model_validate({"boxes": {}, "instance_masks": {}}),
+        ["part"],
+        max_pixels=10**6,
+    )
+    row = {"objects": [{"bbox": box, "class": "part", "fields": {}, "segmentation": segmentation}]}
+    return codec.load(codec.read(json.dumps(row)), height, width)
+
+
+def rectangle(x0, y0, x1, y1):
+    return [[x0, y0, x1, y0, x1, y1, x0, y1]]
+
+
+def test_a_box_around_its_mask_is_good_down_to_a_pixel_or_two():
+    assert load_object([10, 5, 30, 25], rectangle(10, 5, 30, 25)).geometry.num_objects == 1
+    # A box drawn a little loose around a tiny object, a mask of no pixel at all.
+    assert load_object([10, 5, 13.5, 8], rectangle(11, 6, 12, 7)).geometry.num_objects == 1
+    assert load_object([10, 5, 30, 25], rectangle(20.1, 9.1, 20.2, 9.2)).geometry.num_objects == 1
+
+
+@pytest.mark.parametrize(
+    "box",
+    [
+        [40, 5, 58, 25],  # another object's box
+        [5, 10, 25, 30],  # [y_min, x_min, y_max, x_max] of the mask's box
+        [10, 5, 20, 20],  # [x, y, width, height] of the mask's box
+    ],
+)
+def test_a_box_that_does_not_enclose_its_mask_is_a_bad_annotation(box):
+    with pytest.raises(BadAnnotation) as raised:
+        load_object(box, rectangle(10, 5, 30, 25))
+    assert raised.value.reason == "box_mask_mismatch"
+    assert str(raised.value).startswith(
+        f"objects[0]: its box [{', '.join(map(str, box))}] and the box of its instance mask's "
+        "pixels [10, 5, 30, 25] overlap by an IoU of "
+    )

@@ -271,6 +271,8 @@ BAD_OBJECTS = {
     "corrupt_mask": ({"mask": "masks/corrupt.png"}, "corrupt_mask"),
     "polygon": ({"segmentation": [[1, 1, 5, 1]]}, "bad_polygon"),
     "rle_size": ({"segmentation": {"size": [10, 10], "counts": [100]}}, "mask_size_mismatch"),
+    # The mask of something at the left edge, the box of the object in the middle.
+    "box_mask": ({"segmentation": [[0, 30, 8, 30, 8, 40, 0, 40]]}, "box_mask_mismatch"),
 }
 
 
@@ -341,6 +343,12 @@ def test_every_bad_annotation_drops_its_image_with_a_reason(tmp_path):
     assert rows["images/bad_corrupt_mask.png"]["message"].startswith(
         f"objects[1].mask ({masks / 'corrupt.png'}): not a PNG"
     )
+    assert re.fullmatch(
+        r"objects\[1\]: its box \[\d+, \d+, \d+, \d+\] and the box of its instance mask's "
+        r"pixels \[0, 30, 8, 40\] overlap by an IoU of 0\.00, less than 0\.5 \(a box or mask "
+        r"of another object, or a box in another convention\)",
+        rows["images/bad_box_mask.png"]["message"],
+    ), rows["images/bad_box_mask.png"]["message"]
     assert rows["manifest.jsonl:2"]["reason"] == "bad_row"
     assert "objects[0].bbox: expected 4 numbers" in rows["manifest.jsonl:2"]["message"]
     assert set(records(result)) == {f"images/{i:03d}.png" for i in (0, 2, 3, 4, 5)}
@@ -389,8 +397,9 @@ def test_drop_object_keeps_the_image_and_counts_the_object(tmp_path):
         os.path.join(result.dataset_dir, "dropped_objects.jsonl")
     )
     assert (
-        "  objects dropped from stored images: 9 (bad_box: 3, bad_polygon: 1, corrupt_mask: 1, "
-        "mask_size_mismatch: 2, missing_mask: 1, unknown_class: 1); see "
+        "  objects dropped from stored images: 10 (bad_box: 3, bad_polygon: 1, "
+        "box_mask_mismatch: 1, corrupt_mask: 1, mask_size_mismatch: 2, missing_mask: 1, "
+        "unknown_class: 1); see "
         f"{result.dataset_dir}/dropped_objects.jsonl"
     ) in command.summary(result).splitlines()
     scheduler = build_report.succeeded(result, 1.0)  # kiln build --report

@@ -27,6 +27,8 @@ corrupt_mask         a mask file that is not a single-channel 8-bit image
 mask_size_mismatch   a mask (file or RLE) whose size differs from its image
 bad_polygon          a polygon with fewer than 3 points or odd coordinates
 bad_segmentation     an RLE that does not decode
+box_mask_mismatch    an instance mask whose pixels' box overlaps its
+                     object's box by an IoU below `MIN_BOX_MASK_IOU`
 ==================== =====================================================
 
 The semantic mask and image-level labels always drop the image: there is
@@ -71,7 +73,14 @@ REASONS = (
     "mask_size_mismatch",
     "bad_polygon",
     "bad_segmentation",
+    "box_mask_mismatch",
 )
+# An instance mask and its object's box disagree when the box around the
+# mask's pixels overlaps the object's box by less than this IoU and one of
+# their sides differs by more than BOX_MASK_TOLERANCE pixels (rasterizing a
+# tiny object's polygon moves its sides by up to a pixel each).
+MIN_BOX_MASK_IOU = 0.5
+BOX_MASK_TOLERANCE = 2.0
 # kiln.json's count of objects the transforms left too little of.
 MIN_VISIBILITY = "min_visibility"
 # A per-object column of the job's own: the object's index in the listed
@@ -387,6 +396,7 @@ class TargetCodec:
                 out["mask"] = _rasterize(
                     item["segmentation"], f"{where}.segmentation", height, width
                 )
+            _check_box_mask(box, out["mask"], where)
         return out
 
     def _geometry(
@@ -511,6 +521,36 @@ def _check_box(box: list[float], where: str, height: int, width: int) -> None:
             f"{where}.bbox: {box} lies outside the {width}x{height} (WxH) image "
             f"(more than {FAR_OUTSIDE:.0%} of its size beyond it, or not inside at all)",
         )
+
+
+def _check_box_mask(box: list[float], mask: np.ndarray, where: str) -> None:
+    """Refuses a box that does not enclose its instance mask's pixels (an empty
+    mask has nothing to compare with: a polygon too small to cover a pixel
+    centre is one)."""
+    rows = np.flatnonzero(mask.any(axis=1))
+    if rows.size == 0:
+        return
+    columns = np.flatnonzero(mask.any(axis=0))
+    tight = [int(columns[0]), int(rows[0]), int(columns[-1]) + 1, int(rows[-1]) + 1]
+    if max(abs(a - b) for a, b in zip(box, tight, strict=True)) <= BOX_MASK_TOLERANCE:
+        return
+    iou = _iou(box, tight)
+    if iou < MIN_BOX_MASK_IOU:
+        shown = "[" + ", ".join(f"{v:g}" for v in box) + "]"
+        raise BadAnnotation(
+            "box_mask_mismatch",
+            f"{where}: its box {shown} and the box of its instance mask's pixels {tight} "
+            f"overlap by an IoU of {iou:.2f}, less than {MIN_BOX_MASK_IOU:g} (a box or mask "
+            f"of another object, or a box in another convention)",
+        )
+
+
+def _iou(a: list[float], b: list[int]) -> float:
+    width = min(a[2], b[2]) - max(a[0], b[0])
+    height = min(a[3], b[3]) - max(a[1], b[1])
+    overlap = max(width, 0.0) * max(height, 0.0)
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - overlap
+    return overlap / union if union > 0 else 0.0
 
 
 def _rasterize(segmentation: Any, where: str, height: int, width: int) -> np.ndarray:
