@@ -298,6 +298,18 @@ def test_the_detection_demo_builds_the_same_from_coco_and_from_the_manifest(dete
     # The broken scenes, as each source reports them (by name without extension).
     coco_errors = {stem(k): row["reason"] for k, row in error_rows(from_coco).items()}
     assert coco_errors["broken_inverted_box"] == "bad_box"
+    # COCO's negative width, shown as the file writes it, naming the annotation.
+    document = json.loads((data / demo_targets.COCO).read_text())
+    (image,) = (i for i in document["images"] if stem(i["file_name"]) == "broken_inverted_box")
+    index, annotation = next(
+        (n, a) for n, a in enumerate(document["annotations"]) if a["image_id"] == image["id"]
+    )
+    assert annotation["bbox"][2] < 0
+    (inverted,) = (r for k, r in error_rows(from_coco).items() if "broken_inverted_box" in k)
+    assert inverted["message"] == (
+        f"objects[0] (annotations[{index}], id {annotation['id']}).bbox: "
+        f"{json.dumps(annotation['bbox'])} has a negative width or height ([x, y, width, height])"
+    )
     assert coco_errors["broken_unknown_class"] == "unknown_class"
     assert coco_errors["broken_short_polygon"] == "bad_polygon"
     assert list(coco_errors.values()).count("dangling_annotation") == 1

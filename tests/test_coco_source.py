@@ -445,6 +445,26 @@ def test_a_missing_box_names_its_annotation(tmp_path):
     )
 
 
+def test_a_box_of_negative_size_keeps_its_annotation_as_written(tmp_path):
+    annotations = [
+        {"id": 1, "image_id": 10, "category_id": 1, "bbox": [30, 10, -20, 15.5]},
+        {"id": 2, "image_id": 10, "category_id": 1, "bbox": [1, 2, 3, 4]},
+    ]
+    path = write_coco(tmp_path / "instances.json", annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    files, _, _ = listed(source, BOXES)
+    # Converted like any box (the job refuses it, per object), and named as the file writes it.
+    assert json.loads(files["a/10.jpg"].targets)["objects"] == [
+        {
+            "bbox": [30.0, 10.0, 10.0, 25.5],
+            "class": "person",
+            "fields": {"iscrowd": 0},
+            "bbox as written": {"annotation": "annotations[0], id 1", "bbox": [30, 10, -20, 15.5]},
+        },
+        {"bbox": [1.0, 2.0, 4.0, 6.0], "class": "person", "fields": {"iscrowd": 0}},
+    ]
+
+
 def test_the_source_passes_every_declared_field_on(tmp_path):
     annotations = [
         {"id": 1, "image_id": 10, "category_id": 1, "bbox": [0, 0, 2, 2], "area": 4.0},

@@ -30,7 +30,12 @@ Each image becomes one row in the format of the JSONL manifest with targets
                   "keypoints": [x, y, v, ...]}]}
 
 - ``bbox``: COCO's ``[x, y, width, height]`` becomes ``[x, y, x + width, y +
-  height]`` (pixels of the file as stored). An annotation without a box of
+  height]`` (pixels of the file as stored). A negative width or height makes
+  a reversed box, which the job refuses (``bad_box``, per object as any bad
+  box); the object also carries the box as written and its annotation
+  (`target_rows.AS_WRITTEN`), so the message shows what the file says:
+  ``objects[1] (annotations[5], id 6).bbox: [120, 10, -40, 30] has a negative
+  width or height ([x, y, width, height])``. An annotation without a box of
   four numbers makes its image a `CocoProblem` (``bad_row``, as the row
   validation would), whose message gives the box as written and names the
   annotation (``objects[2] (annotations[5], id 6).bbox: expected 4 numbers
@@ -78,6 +83,7 @@ from typing import TYPE_CHECKING, Any
 import ijson
 
 from kiln.lazy_import import LazyModule
+from kiln.pipeline import target_rows
 from kiln.pipeline.listing import scratch_database
 
 if TYPE_CHECKING:
@@ -318,7 +324,7 @@ class CocoFile:
                 annotation = json.loads(pending[2])
                 if bad_box is None:
                     bad_box = _bbox_problem(annotation, len(objects), pending[1])
-                objects.append(self._object(annotation, categories))
+                objects.append(self._object(annotation, pending[1], categories))
                 pending = next(annotations, None)
             row = {"path": file_name, "objects": objects}
             if bad_box is not None:
@@ -356,7 +362,9 @@ class CocoFile:
         )
         return problem, pending
 
-    def _object(self, annotation: dict[str, Any], categories: dict[Any, Category]) -> dict:
+    def _object(
+        self, annotation: dict[str, Any], index: int, categories: dict[Any, Category]
+    ) -> dict:
         category_id = annotation.get("category_id")
         category = categories.get(category_id) if _is_id(category_id) else None
         found: dict[str, Any] = {
@@ -366,6 +374,12 @@ class CocoFile:
         }
         if "bbox" in annotation:
             found["bbox"] = _corners(annotation["bbox"])
+            if _negative_size(annotation["bbox"]):
+                # The job refuses the box (bad_box); its message shows it as written.
+                found[target_rows.AS_WRITTEN] = {
+                    "annotation": _named(annotation, index),
+                    "bbox": annotation["bbox"],
+                }
         found["iscrowd"] = annotation.get("iscrowd", 0)
         for name in self.fields:
             if name in annotation:
@@ -402,11 +416,29 @@ def _bbox_problem(annotation: dict[str, Any], number: int, index: int) -> str | 
     bbox = annotation.get("bbox")
     if type(bbox) is list and len(bbox) == 4 and all(map(_is_number, bbox)):
         return None
+    got = _shown(bbox) if "bbox" in annotation else "no 'bbox'"
+    return (
+        f"objects[{number}] ({_named(annotation, index)}).bbox: expected 4 numbers "
+        f"[x, y, width, height], got {got}"
+    )
+
+
+def _named(annotation: dict[str, Any], index: int) -> str:
+    """``annotations[5], id 6``: an annotation as messages name it."""
     named = f"annotations[{index}]"
     if _is_id(annotation.get("id")):
         named += f", id {json.dumps(annotation['id'])}"
-    got = _shown(bbox) if "bbox" in annotation else "no 'bbox'"
-    return f"objects[{number}] ({named}).bbox: expected 4 numbers [x, y, width, height], got {got}"
+    return named
+
+
+def _negative_size(bbox: Any) -> bool:
+    """Whether a box of four numbers has a negative width or height."""
+    return (
+        type(bbox) is list
+        and len(bbox) == 4
+        and all(map(_is_number, bbox))
+        and (bbox[2] < 0 or bbox[3] < 0)
+    )
 
 
 def _shown(value: Any) -> str:

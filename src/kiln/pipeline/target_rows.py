@@ -36,6 +36,13 @@ from kiln.schemas import TargetsConfig
 _KIND_TEXT = {"int": "an integer", "float": "a number", "string": "a string"}
 
 
+AS_WRITTEN = "bbox as written"
+"""An object's key (never a field name: it has spaces) for a box the source
+converted, as its file writes it: ``{"annotation": "annotations[5], id 6",
+"bbox": [x, y, width, height]}``, so that the job's message about a bad box
+shows what the file says (a coco source's box of negative width or height)."""
+
+
 class AnnotationError(ValueError):
     """A row's annotations do not have the declared structure; the message names
     the field, e.g. ``objects[2].bbox: expected 4 numbers, got 3``."""
@@ -165,6 +172,15 @@ def _object(
             raise AnnotationError(f"{where}.{name}: expected a number, got {_short(value)}")
         fields[name] = int(value) if kind == "int" else float(value)
     out["fields"] = fields
+    written = item.get(AS_WRITTEN)
+    if (
+        isinstance(written, dict)
+        and isinstance(written.get("annotation"), str)
+        and isinstance(written.get("bbox"), list)
+        and len(written["bbox"]) == 4
+        and all(map(_is_number, written["bbox"]))
+    ):
+        out[AS_WRITTEN] = {"annotation": written["annotation"], "bbox": written["bbox"]}
     if targets.keypoints is not None:
         count = len(targets.keypoints.names)
         points = item.get("keypoints")

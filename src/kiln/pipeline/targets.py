@@ -372,7 +372,7 @@ class TargetCodec:
     ) -> dict[str, Any]:
         where = f"objects[{index}]"
         box = [float(v) for v in item["bbox"]]
-        _check_box(box, where, height, width)
+        _check_box(box, where, height, width, item.get(target_rows.AS_WRITTEN))
         out: dict[str, Any] = {
             "box": box,
             "class": self._class_id(item["class"], f"{where}.class"),
@@ -505,10 +505,25 @@ def _base_name(uri: str) -> str:
     return uri.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
 
 
-def _check_box(box: list[float], where: str, height: int, width: int) -> None:
+def _check_box(
+    box: list[float],
+    where: str,
+    height: int,
+    width: int,
+    written: Mapping[str, Any] | None = None,
+) -> None:
+    """Refuses a box that is not a box of the image (`written`: the box as its
+    source file writes it, `target_rows.AS_WRITTEN`)."""
     x_min, y_min, x_max, y_max = box
     if not all(math.isfinite(v) for v in box):
         raise BadAnnotation("bad_box", f"{where}.bbox: {box} has a NaN or infinite coordinate")
+    if (x_max < x_min or y_max < y_min) and written is not None:
+        shown = json.dumps(written["bbox"])
+        raise BadAnnotation(
+            "bad_box",
+            f"{where} ({written['annotation']}).bbox: {shown} has a negative width or height "
+            f"([x, y, width, height])",
+        )
     if x_max < x_min or y_max < y_min:
         raise BadAnnotation(
             "bad_box",
