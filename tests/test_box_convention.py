@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from kiln.pipeline import BuildError, build
-from kiln.pipeline.box_convention import MIN_EVIDENCE, BoxEvidence, count, verdict
+from kiln.pipeline.box_convention import MIN_EVIDENCE, BoxEvidence, count, count_listed, verdict
+from kiln.pipeline.target_rows import AS_WRITTEN, convention_boxes
 from kiln.pipeline.targets import BadAnnotation, TargetCodec
 from kiln.schemas import TargetsConfig
 
@@ -120,15 +121,15 @@ def config(folder, manifest: str, **overrides) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("convention", "named"),
+    ("convention", "named", "listed"),
     [
-        ("normalized", "the boxes look normalized to [0, 1]: 40 of 40 boxes"),
-        ("xywh", "the boxes look like [x, y, width, height] (COCO's order)"),
-        ("yxyx", "the boxes look like [y_min, x_min, y_max, x_max] (TensorFlow's order)"),
+        ("normalized", "the boxes look normalized to [0, 1]: 40 of 40 boxes", True),
+        ("xywh", "the boxes look like [x, y, width, height] (COCO's order)", True),
+        ("yxyx", "the boxes look like [y_min, x_min, y_max, x_max] (TensorFlow's order)", False),
     ],
 )
 def test_a_build_of_boxes_in_another_convention_fails_and_publishes_nothing(
-    tmp_path, convention, named
+    tmp_path, convention, named, listed
 ):
     manifest = write_dataset(tmp_path, convention)
     with pytest.raises(BuildError) as raised:
@@ -139,6 +140,37 @@ def test_a_build_of_boxes_in_another_convention_fails_and_publishes_nothing(
     assert "nothing was published (errors.check_box_convention: false" in message
     assert not os.path.exists(tmp_path / "out" / "parts" / "LATEST")
     assert raised.value.exit_code == 1
+    # Normalized and [x, y, w, h] boxes show in the listing, before the job
+    # reads an image (no staging folder then); [y_min, x_min, ...] needs the
+    # images' sizes, so the job finds it, and keeps its dropped files.
+    assert ("; found listing the source, before any image was read; " in message) == listed
+    kept = list((tmp_path / "out" / "parts").glob(".staging-*/errors.jsonl"))
+    assert bool(kept) != listed, kept
+
+
+@pytest.mark.parametrize("convention", ["normalized", "xywh"])
+def test_the_listed_boxes_alone_show_normalized_and_xywh_boxes(convention):
+    listed = BoxEvidence()
+    for boxes in true_boxes(20, 2):
+        listed = listed.merged(count_listed([written(b, convention) for b in boxes]))
+    finding = verdict(listed, listed=True)
+    assert finding is not None and finding.certain and finding.convention == convention
+    assert "in the listed rows" in finding.message or "a positive third" in finding.message
+    correct = BoxEvidence()
+    for boxes in true_boxes(20, 2):
+        correct = correct.merged(count_listed(boxes))
+    assert correct == BoxEvidence(boxes=40) and verdict(correct, listed=True) is None
+
+
+def test_a_coco_box_of_negative_width_is_not_evidence_of_another_convention():
+    # The COCO source has made it corners already; it is a bad box, not an [x, y, w, h] box.
+    row = {
+        "objects": [
+            {"bbox": [71.0, 9.0, 35.0, 42.0], "class": "a", AS_WRITTEN: {"bbox": [71, 9, -36, 33]}},
+            {"bbox": [1.0, 2.0, 3.0, 4.0], "class": "a"},
+        ]
+    }
+    assert list(convention_boxes(row)) == [[1.0, 2.0, 3.0, 4.0]]
 
 
 def test_the_check_turned_off_builds_with_a_warning(tmp_path, caplog):

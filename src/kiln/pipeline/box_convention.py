@@ -23,6 +23,13 @@ single box proves nothing (a tiny box can legitimately sit in the top-left
 pixel, a box can be reversed by mistake), so a finding needs at least
 `MIN_EVIDENCE` boxes that fit the other convention and no explanation as
 kiln's (`Finding.certain`); fewer, and it is a warning.
+
+Two of the conventions show without any image's size: normalized boxes
+(inside [0, 1] x [0, 1]) and ``[x, y, width, height]`` (reversed, with a
+positive width and height). The launcher counts those as it lists the
+source (`count_listed`), before the job reads an image, so a dataset in
+either stops before it costs a build (and an unchanged one is not called
+up to date); the job's count, with sizes, also finds the third.
 """
 
 from __future__ import annotations
@@ -118,6 +125,22 @@ def count(boxes: Iterable[Sequence[float]], height: int, width: int) -> BoxEvide
     return BoxEvidence(*found)
 
 
+def count_listed(boxes: Iterable[Sequence[float]]) -> BoxEvidence:
+    """The evidence of one row's boxes as listed, before its image's size is
+    known: `count`'s normalized and ``[x, y, width, height]`` boxes, without
+    the image's size to check them against (so a verdict on it needs no
+    more evidence: see `verdict`'s `listed`)."""
+    found = [0, 0, 0]
+    for box in boxes:
+        a, b, c, d = (float(v) for v in box)
+        if not all(math.isfinite(v) for v in (a, b, c, d)):
+            continue
+        found[0] += 1
+        found[1] += 0 <= a < c <= 1 and 0 <= b < d <= 1
+        found[2] += (c < a or d < b) and c > 0 and d > 0
+    return BoxEvidence(*found)
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
     """Boxes that look like another convention.
@@ -139,25 +162,36 @@ _EXPECTED = (
 )
 
 
-def verdict(evidence: BoxEvidence) -> Finding | None:
-    """What the boxes of a dataset look like, if not kiln's convention (None)."""
+def verdict(evidence: BoxEvidence, *, listed: bool = False) -> Finding | None:
+    """What the boxes of a dataset look like, if not kiln's convention (None).
+
+    Args:
+      listed: `evidence` is `count_listed`'s, of boxes as listed (no image
+        sizes): the messages say so.
+    """
     total = evidence.boxes
     if evidence.normalized >= NORMALIZED_SHARE * total:
+        where = "in the listed rows" if listed else f"on images of {MIN_SIDE} pixels or more a side"
         return _finding(
             "normalized",
             evidence.normalized,
             f"the boxes look normalized to [0, 1]: {evidence.normalized} of {total} boxes lie "
-            f"within [0, 1] x [0, 1] on images of {MIN_SIDE} pixels or more a side; {_EXPECTED}: "
+            f"within [0, 1] x [0, 1] {where}; {_EXPECTED}: "
             f"multiply x by the image's width and y by its height (normalized boxes from "
             f"TensorFlow are [y_min, x_min, y_max, x_max]: swap x and y too)",
         )
     if evidence.xywh >= XYWH_SHARE * total:
+        fit = (
+            "a positive third and fourth number (a width and a height)"
+            if listed
+            else "fit their image read as [x, y, width, height]"
+        )
         return _finding(
             "xywh",
             evidence.xywh,
             f"the boxes look like [x, y, width, height] (COCO's order): {evidence.xywh} of "
-            f"{total} boxes have x_max < x_min or y_max < y_min and fit their image read as "
-            f"[x, y, width, height]; {_EXPECTED}: write [x, y, x + width, y + height], or give "
+            f"{total} boxes have x_max < x_min or y_max < y_min and {fit}; "
+            f"{_EXPECTED}: write [x, y, x + width, y + height], or give "
             f"a COCO instances file as source.type: coco, which converts them",
         )
     decided = evidence.transposed + evidence.not_transposed

@@ -643,6 +643,7 @@ def _build_locked(
     gate: version_diff.Thresholds | None = None,
 ) -> BuildResult:
     _warn_about_shard_counts(spec, listing)
+    _check_listed_box_convention(spec, listing)
     dataset = publish.DatasetRoot(spec.dataset_root)
     previous = dataset.latest()
     check_gate = _publish_gate(dataset, previous, gate)
@@ -1086,6 +1087,29 @@ def _prune(dataset: publish.DatasetRoot, keep: int | None) -> tuple[str, ...]:
         return ()
 
 
+def _check_listed_box_convention(spec: BuildSpec, listing: SourceListing) -> None:
+    """`_check_box_convention` on the boxes as listed, before the job reads
+    an image (`box_convention.count_listed`): a dataset whose boxes are
+    normalized or ``[x, y, width, height]`` stops before it costs a build,
+    and one already built is not called up to date. Only a finding that
+    stops the build: warnings come from the job's count, which has the
+    images' sizes.
+
+    Raises:
+      BuildError: naming the convention and what to change.
+    """
+    # A listing by the job has no targets (`ListedInJob`).
+    if not isinstance(listing, sources.Listing) or listing.box_evidence is None:
+        return
+    if not spec.config.errors.check_box_convention:
+        return
+    finding = box_convention.verdict(listing.box_evidence, listed=True)
+    if finding is not None and finding.certain:
+        raise BuildError(
+            _box_convention_problem(finding, "found listing the source, before any image was read")
+        )
+
+
 def _check_box_convention(
     spec: BuildSpec, report: job.JobReport, transaction: publish.PublishTransaction
 ) -> None:
@@ -1107,9 +1131,15 @@ def _check_box_convention(
         return
     transaction.keep_staging(only=[ERRORS_FILENAME])
     raise BuildError(
-        f"{finding.message}; nothing was published (errors.check_box_convention: false builds "
-        f"them as they are). The dropped files are in "
+        f"{_box_convention_problem(finding)}. The dropped files are in "
         f"{transaction.staging_dir.rstrip('/')}/{ERRORS_FILENAME}"
+    )
+
+
+def _box_convention_problem(finding: box_convention.Finding, when: str = "") -> str:
+    return (
+        f"{finding.message}; {when + '; ' if when else ''}nothing was published "
+        f"(errors.check_box_convention: false builds them as they are)"
     )
 
 

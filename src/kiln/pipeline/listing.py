@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.lazy_import import LazyModule
 from kiln.pipeline import splits, storage, versioning
+from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
 
 if TYPE_CHECKING:
@@ -216,6 +217,8 @@ class Listing:
         ``splits.from_source``), else None.
       num_files: The images to process.
       num_dropped: Files and rows dropped while listing.
+      box_evidence: What the listed files' boxes say about their convention
+        (`box_convention.count_listed`), or None: the source lists no boxes.
     """
 
     def __init__(
@@ -225,12 +228,14 @@ class Listing:
         split_names: list[str] | None,
         num_files: int,
         num_dropped: int,
+        box_evidence: BoxEvidence | None = None,
     ):
         self._connection = connection
         self.class_names = class_names
         self.split_names = split_names
         self.num_files = num_files
         self.num_dropped = num_dropped
+        self.box_evidence = box_evidence
 
     @property
     def total(self) -> int:
@@ -633,12 +638,18 @@ class ListingWriter:
         )
         self._num_files += 1
 
-    def finish(self, class_names: list[str], splits_from_source: bool) -> Listing:
+    def finish(
+        self,
+        class_names: list[str],
+        splits_from_source: bool,
+        box_evidence: BoxEvidence | None = None,
+    ) -> Listing:
         """The listing; the writer is done with.
 
         Args:
           splits_from_source: The files' splits come from the source, so the
             listing names them (`Listing.split_names`).
+          box_evidence: `Listing.box_evidence`.
         """
         for table in self._pending:
             self._flush(table)
@@ -654,6 +665,7 @@ class ListingWriter:
             sorted(self._splits) if splits_from_source else None,
             self._num_files,
             self._num_dropped,
+            box_evidence,
         )
 
     def _add(self, table: str, row: tuple) -> None:

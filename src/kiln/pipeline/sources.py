@@ -54,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kiln.errors import ConfigError
 from kiln.lazy_import import LazyModule
-from kiln.pipeline import storage, target_rows, voc
+from kiln.pipeline import box_convention, storage, target_rows, voc
 from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem
 from kiln.pipeline.config_paths import ConfigPath
 from kiln.pipeline.error_report import DroppedFile
@@ -866,6 +866,7 @@ def _list_rows(
       classes: The class list (``source.classes``, or a COCO file's
         categories); None: every class the rows name.
     """
+    boxes = box_convention.BoxEvidence() if targets.boxes is not None else None
     with ListingWriter() as writer:
         statuses = _RowStatuses(writer, confinement)
 
@@ -882,6 +883,9 @@ def _list_rows(
             candidate = row_candidate(row, base, from_source)
             statuses.note(candidate.uri)
             if row.targets is not None:
+                if boxes is not None:  # every listed row's, whether its image is there or not
+                    listed = target_rows.convention_boxes(row.targets)
+                    boxes = boxes.merged(box_convention.count_listed(listed))
                 writer.add_class_names(target_rows.class_names(row.targets))
                 candidate = dataclasses.replace(
                     candidate, targets=target_rows.canonical(row.targets)
@@ -930,7 +934,7 @@ def _list_rows(
                     mask_stamp=mask_stamp,
                 )
             )
-        return writer.finish(class_names, from_source)
+        return writer.finish(class_names, from_source, boxes)
 
 
 # A folder whose rows name at most this many objects directly has them asked

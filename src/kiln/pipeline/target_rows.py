@@ -137,6 +137,16 @@ def class_names(row_targets: Mapping[str, Any]) -> Iterator[str]:
         yield item["class"]
 
 
+def convention_boxes(row_targets: Mapping[str, Any]) -> Iterator[list[float]]:
+    """The boxes of the objects, as listed, that say in which convention the
+    source writes boxes (`kiln.pipeline.box_convention`): all but those a
+    source has already turned into kiln's corners from its own convention
+    (a COCO box of negative width: `AS_WRITTEN`)."""
+    for item in row_targets.get("objects", ()):
+        if AS_WRITTEN not in item:
+            yield item["bbox"]
+
+
 def mask_uris(row_targets: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     """``(field, uri)`` of every mask file the targets name."""
     if "mask" in row_targets:

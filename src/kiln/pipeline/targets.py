@@ -222,8 +222,7 @@ class TargetCodec:
         ``height x width`` say about their convention (None without boxes)."""
         if self._targets.boxes is None:
             return None
-        boxes = (item["bbox"] for item in listed.row.get("objects", ()))
-        return box_convention.count(boxes, height, width)
+        return box_convention.count(target_rows.convention_boxes(listed.row), height, width)
 
     def read(self, text: str) -> ListedTargets:
         """The listed targets (canonical JSON, `target_rows.canonical`) with
