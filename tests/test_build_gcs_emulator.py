@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -31,7 +32,7 @@ import pytest
 import gcs_emulator
 import kiln
 from conftest import make_config
-from kiln.errors import Busy
+from kiln.errors import Busy, DryRun
 from kiln.pipeline import build, sources, storage
 from kiln.pipeline.lock import DatasetLock, Holder
 from kiln.pipeline.publish import PUBLISHED_FOLDER, STAMPS_FOLDER
@@ -389,3 +390,34 @@ def test_the_lock_is_an_exclusive_create_on_gcs(fake_gcs_server):
         with DatasetLock(root):
             pass
     assert store.read_bytes(path) == other.to_bytes()
+
+
+def test_a_dataflow_dry_run_reads_the_base_and_writes_nothing(
+    on_emulator, demo_corpus, tmp_path_factory, caplog
+):
+    # A dry run translates the job that would reuse LATEST's records, so it
+    # reads LATEST and that version's kiln.json; it takes no lock and
+    # writes, renames and deletes nothing (a stale staging folder stays for
+    # the next real build, which holds the lock, to delete).
+    config = make_config(demo_corpus.out_dir, output=f"gs://{BUCKET}/dry-run")
+    published = build(config)
+    stale = "dry-run/shapes/.staging-0123456789ab-dead/x"
+    _client().bucket(BUCKET).blob(stale).upload_from_string(b"left by a killed build")
+    before = {name: _get(name) for name in _names("dry-run/")}
+    temp = f"gs://{BUCKET}/dataflow-temp"
+    dataflow = [
+        *("--runner=DataflowRunner", "--dry_run=True", "--project=fake-project"),
+        *("--region=europe-west1", f"--temp_location={temp}", "--sdk_location=container"),
+        "--sdk_container_image=europe-west1-docker.pkg.dev/fake-project/kiln/kiln:0.1.0",
+    ]
+    changed = dict(config, transforms=[{"resize": {"shorter_side": 40}}])
+    with caplog.at_level(logging.INFO, logger="kiln.pipeline.launcher"):
+        with pytest.raises(DryRun, match="translated for DataflowRunner"):
+            build(config, dataflow)
+        with pytest.raises(DryRun):
+            build(changed, dataflow)
+    chosen = [r.getMessage() for r in caplog.records if r.name == "kiln.pipeline.launcher"]
+    assert f"reusing unchanged records of version {published.version}" in chosen
+    assert any(m.startswith("building from scratch: its processing differs") for m in chosen)
+    assert {name: _get(name) for name in _names("dry-run/")} == before
+    assert _names("dataflow-temp/") == []

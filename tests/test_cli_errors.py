@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -352,3 +354,137 @@ def test_ctrl_c_during_a_build(tmp_path, signum, code, line):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "interrupted" and report["exit_code"] == code
     assert report["error"] == line[len("kiln build: ") :]
+
+
+# An internal error: an exception that is not a KilnError. Not kiln's code
+# mocked, but what happens on real machines: a TensorFlow install that fails
+# to import (a CUDA library of the wrong version), which a build meets only
+# when its job starts (inside the lock, with a staging folder), and a user
+# plugin that fails at import (while the config is checked).
+BROKEN_TENSORFLOW = 'raise RuntimeError("CUDA driver version is insufficient\\nfor CUDA runtime")\n'
+INTERNAL_ERROR_LINE = re.compile(
+    r"kiln build: internal error: (?P<what>.+) \(unexpected; the traceback is in "
+    r"(?P<file>\S+\.traceback\.txt); --verbose prints it\)\n"
+)
+
+
+def test_an_internal_error_in_a_build_is_one_line_with_its_traceback_kept(tmp_path, config):
+    broken = tmp_path / "broken-install" / "tensorflow"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(BROKEN_TENSORFLOW)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    report = tmp_path / "report.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "kiln.cli", "build", "--config", config, "--quiet"]
+        + ["--report", str(report)],
+        capture_output=True,
+        text=True,
+        env=dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([SOURCE_ROOT, str(broken.parent)]),
+            TMPDIR=str(temp),
+        ),
+        timeout=600,
+    )
+    err = completed.stderr
+    assert completed.returncode == 70, err
+    assert completed.stdout == ""
+    line = INTERNAL_ERROR_LINE.fullmatch(err)
+    assert line, err  # one line, no traceback
+    what = "RuntimeError: CUDA driver version is insufficient for CUDA runtime"
+    assert line["what"] == what
+    # The traceback, where the line says, and in the report.
+    saved = line["file"]
+    assert os.path.dirname(saved) == str(temp)
+    assert os.stat(saved).st_mode & 0o077 == 0  # the owner's only
+    text = open(saved, encoding="utf-8").read()
+    assert text.startswith(f"kiln {kiln.__version__} (build), Python ")
+    assert "Traceback (most recent call last):" in text and "_job_heap" in text
+    assert text.rstrip().endswith(
+        "RuntimeError: CUDA driver version is insufficient\nfor CUDA runtime"
+    )
+    written = json.loads(report.read_text())
+    assert written["status"] == "internal_error" and written["exit_code"] == 70
+    assert written["error"] == what
+    # The same traceback, but for the command line's own frame.
+    assert written["traceback"].startswith("Traceback (most recent call last):")
+    assert "_job_heap" in written["traceback"]
+    assert text.endswith(written["traceback"].split("\n", 1)[1])
+    # Nothing published, no staging folder left.
+    assert_no_dataset(tmp_path / "out")
+
+
+def test_an_internal_error_releases_the_lock_and_cleans_staging(
+    tmp_path, config, capfd, monkeypatch
+):
+    # In this process, to see the lock free after the build (a process that
+    # ends frees it whatever it did): TensorFlow cannot be imported.
+    import fcntl
+
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code, out, err = run_cli(
+        capfd, "build", "--config", config, "--report", str(tmp_path / "r.json")
+    )
+    assert code == 70 and out == ""
+    line = INTERNAL_ERROR_LINE.fullmatch(err)
+    assert line and line["what"] == (
+        "ModuleNotFoundError: import of tensorflow halted; None in sys.modules"
+    )
+    assert_no_dataset(tmp_path / "out")
+    with open(tmp_path / "out" / "shapes" / ".lock", "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if still held
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["status"] == "internal_error" and "_job_heap" in report["traceback"]
+
+
+def test_verbose_prints_an_internal_errors_traceback(tmp_path, demo_corpus, capfd, monkeypatch):
+    # A user plugin that fails at import: reading a setting that is not there.
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "kiln_test_needs_a_setting.py").write_text(
+        "import os\nMODEL_DIR = os.environ['KILN_TEST_MODEL_DIR']\n"
+    )
+    monkeypatch.syspath_prepend(str(plugins))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    data = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    path = write_config(tmp_path, {**data, "plugins": ["kiln_test_needs_a_setting"]})
+
+    code, out, err = run_cli(capfd, "build", "--config", path)
+    assert code == 70
+    line = INTERNAL_ERROR_LINE.fullmatch(err)
+    assert line and line["what"] == "KeyError: 'KILN_TEST_MODEL_DIR'", err
+
+    code, out, err = run_cli(capfd, "build", "--config", path, "--verbose")
+    assert code == 70
+    traceback_text, last = err.rstrip("\n").rsplit("\n", 1)
+    assert INTERNAL_ERROR_LINE.fullmatch(last + "\n"), err
+    assert traceback_text.startswith("Traceback (most recent call last):")
+    assert 'kiln_test_needs_a_setting.py", line 2, in <module>' in traceback_text
+    assert traceback_text.endswith("KeyError: 'KILN_TEST_MODEL_DIR'")
+
+
+def test_an_internal_error_in_another_command_is_one_line(tmp_path, capfd, monkeypatch):
+    # Every command, not only `kiln build`: `kiln preview --plugin` imports a
+    # module that fails at import before it reads anything.
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "kiln_test_broken_ops.py").write_text("raise ValueError('bad\\n  setting')\n")
+    monkeypatch.syspath_prepend(str(plugins))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code, out, err = run_cli(
+        capfd,
+        "preview",
+        str(tmp_path / "x"),
+        "-o",
+        str(tmp_path / "p.png"),
+        "--plugin",
+        "kiln_test_broken_ops",
+    )
+    assert code == 70 and out == "", err
+    assert err.startswith("kiln preview: internal error: ValueError: bad setting (unexpected; ")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    saved = err.split("the traceback is in ", 1)[1].split(";", 1)[0]
+    assert os.path.basename(saved).startswith("kiln-preview-")
+    assert "kiln_test_broken_ops.py" in open(saved, encoding="utf-8").read()

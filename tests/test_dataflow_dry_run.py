@@ -12,12 +12,15 @@ running on workers, that the container image exists and has kiln in it).
 import json
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import yaml
 from apache_beam.internal import pickler
 from apache_beam.portability.api import beam_runner_api_pb2
 
+import kiln
 from conftest import make_config
 from kiln import cli
 from kiln.pipeline import config, incremental, launcher, publish
@@ -27,6 +30,7 @@ pytest.importorskip(
     "apache_beam.runners.dataflow.dataflow_runner", reason="needs kiln[gcp] (apache-beam[gcp])"
 )
 
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
 CONTAINER = "europe-west1-docker.pkg.dev/fake-project/kiln/kiln:0.1.0"
 DATAFLOW_ARGS = [
     "--runner=DataflowRunner",
@@ -253,22 +257,69 @@ def test_dataflow_dry_run_translates_a_manifests_listing_job(no_network_no_crede
     assert dropped.value[0].reason == "outside_source"
 
 
-@pytest.mark.parametrize("quiet", [False, True])
-def test_kiln_build_dry_run(demo_corpus, tmp_path, capfd, no_network_no_credentials, quiet):
+@pytest.mark.parametrize(
+    "quiet, output",
+    [
+        (False, None),
+        (True, None),
+        # No credentials and no network: with --full a dry run reads
+        # nothing of the output, and writes nothing (no lock either).
+        (False, "gs://fake-bucket/datasets"),
+    ],
+)
+def test_kiln_build_dry_run(demo_corpus, tmp_path, capfd, no_network_no_credentials, quiet, output):
     # Through the command line, as a user checks a Dataflow job: translated,
     # not submitted; exit 0, one line (none with --quiet), nothing published,
-    # no staging folder left, the report says so.
+    # nothing written into the output at all (no lock, no staging folder),
+    # the report says so.
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(make_config(demo_corpus.out_dir)))
-    output, report = tmp_path / "out", tmp_path / "report.json"
-    argv = ["build", "--config", str(config_path), "--output", str(output)]
+    local, report = tmp_path / "out", tmp_path / "report.json"
+    argv = ["build", "--config", str(config_path), "--output", output or str(local)]
     argv += [*DATAFLOW_ARGS, "--report", str(report), *(["--quiet"] if quiet else [])]
+    argv += ["--full"] if output else []
 
     assert cli.main(argv) == 0
     out, err = capfd.readouterr()
     message = "the job was translated for DataflowRunner and not submitted; nothing was published"
     assert (out, err) == ("" if quiet else f"kiln build: dry run: {message}\n", "")
-    assert os.listdir(output / "shapes") == [".lock"]  # no version, LATEST or staging folder
+    assert not local.exists()
     written = json.loads(report.read_text())
     assert written["status"] == "dry_run" and written["exit_code"] == 0
     assert written["message"] == message
+
+
+def test_a_dry_run_that_must_read_the_output_says_so(demo_corpus, tmp_path):
+    # Without --full, a dry run reads LATEST (the job reuses its records):
+    # with no credentials, one line at once naming the output and --full.
+    # In a fresh process, credentials pointed at a missing file, and the
+    # metadata server and any proxied HTTPS at a closed local port.
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(make_config(demo_corpus.out_dir)))
+    credentials = tmp_path / "no-such-credentials.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "kiln.cli", "build", "--config", str(config_path)]
+        + ["--output", "gs://fake-bucket/datasets", *DATAFLOW_ARGS],
+        capture_output=True,
+        text=True,
+        env=dict(
+            os.environ,
+            PYTHONPATH=SOURCE_ROOT,
+            GOOGLE_APPLICATION_CREDENTIALS=str(credentials),
+            NO_GCE_CHECK="true",
+            GCE_METADATA_HOST="127.0.0.1:9",
+            GCE_METADATA_IP="127.0.0.1:9",
+            HTTPS_PROXY="http://127.0.0.1:9",
+            https_proxy="http://127.0.0.1:9",
+            NO_PROXY="",
+            no_proxy="",
+        ),
+        timeout=600,
+    )
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr == (
+        f"kiln build: error: gs://fake-bucket/datasets/shapes: cannot reach it: File "
+        f"{credentials} was not found; a dry run reads LATEST and that version's kiln.json to "
+        f"translate the job that reuses its records (--full translates a build from scratch "
+        f"without reading the output); nothing was done\n"
+    )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import sys
+import tracemalloc
 
 import pytest
 
@@ -162,3 +165,61 @@ def test_splits_in_reading_order_with_the_shares_reached(built):
         assert [row[0] for row in named] == ["train", "validation", "test"], text
         for row in named:
             assert expected[row[0]] in " ".join(row), text
+
+
+@pytest.mark.parametrize("dataset", ["built", "duplicates_build"])
+def test_json_output_is_what_json_dump_writes(dataset, request, capsys):
+    # --json streams the rows, character for character as json.dump of the
+    # whole summary would write them.
+    result = request.getfixturevalue(dataset)
+    path = (result[0] if isinstance(result, tuple) else result).dataset_dir
+    assert cli.main(["inspect", path, "--json"]) == 0
+    expected = json.dumps(inspection.inspect_dataset(path), indent=2, sort_keys=True) + "\n"
+    assert capsys.readouterr().out == expected
+
+
+def test_streamed_rows_are_written_as_json_dump_writes_them(tmp_path):
+    rows = [
+        {"key": "a/1.jpg", "message": "line one\nline two \u2028 caf\u00e9", "nested": {"b": [1]}},
+        {"key": "a/2.jpg", "empty": {}, "list": [], "none": None},
+    ]
+    full, empty = tmp_path / "full.jsonl", tmp_path / "empty.jsonl"
+    full.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    empty.write_text("")
+    summary = {"z": 1, "rows": rows, "none": None, "empty": [], "map": {"x": [1, {"y": "\u00e9"}]}}
+    streamed = dict(
+        summary,
+        rows=inspection.ReportRows(str(full)),
+        empty=inspection.ReportRows(str(empty)),
+    )
+    out = io.StringIO()
+    inspection.write_json(streamed, out)
+    assert out.getvalue() == json.dumps(summary, indent=2, sort_keys=True)
+
+
+def test_json_output_streams_the_rows(built, tmp_path, monkeypatch):
+    # Memory does not grow with the rows: the peak of Python allocations while
+    # `kiln inspect --json` writes 40000 errors.jsonl rows (about 10 MB) to a
+    # file is that of writing 1000, give or take far less than their size
+    # (holding them as dicts would take over 40 MB more).
+    def peak_while_inspecting(rows: int) -> int:
+        copy = tmp_path / f"copy-{rows}"
+        shutil.copytree(built.dataset_dir, copy)
+        with open(copy / ERRORS_FILENAME, "w") as f:
+            for i in range(rows):
+                row = {"key": f"k/{i:06d}.jpg", "reason": "corrupt", "stage": "decode"}
+                f.write(json.dumps({**row, "message": "x" * 200}) + "\n")
+        with open(tmp_path / f"out-{rows}.json", "w") as out:
+            monkeypatch.setattr(sys, "stdout", out)
+            tracemalloc.start()
+            try:
+                assert cli.main(["inspect", str(copy), "--json"]) == 0
+                return tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+                monkeypatch.undo()
+
+    small, large = peak_while_inspecting(1000), peak_while_inspecting(40000)
+    assert large - small < 2_000_000, (small, large)
+    written = json.loads((tmp_path / "out-40000.json").read_text())
+    assert len(written["errors"]) == 40000 and written["errors"][-1]["key"] == "k/039999.jpg"

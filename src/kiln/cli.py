@@ -13,9 +13,11 @@ build` hands them to Beam's PipelineOptions).
 
 Exit codes (`kiln.errors`): 0 success; 1 the command ran and found a problem
 (failed build, lint findings, verification failure); 2 a usage or
-configuration error; 3 another build of the dataset is running; 130
-interrupted (Ctrl-C); 143 terminated (SIGTERM, handled as Ctrl-C). Errors
-are `kiln.errors.KilnError`s, mapped here once: one line, no traceback.
+configuration error; 3 another build of the dataset is running; 70 an
+internal error; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM, handled
+as Ctrl-C). Errors are `kiln.errors.KilnError`s, mapped here once: one line,
+no traceback. Any other exception is an internal error: one line too,
+naming it and the file its traceback was saved to (``--verbose`` prints it).
 
 Nothing heavy is imported before the command's own module asks for it:
 ``--help`` of any command, a config error and `kiln inspect` answer without
@@ -34,17 +36,22 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
+import time
+import traceback
 from typing import NoReturn
 
 from kiln import native_logs
 from kiln.errors import (
+    EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     KilnError,
     Terminated,
     UsageError,
     interruption,
+    unexpected,
 )
 
 __all__ = ["COMMANDS", "Command", "UsageError", "main"]
@@ -84,7 +91,8 @@ EPILOG = """examples:
 `kiln COMMAND --help` shows each command's options, examples and exit codes.
 
 exit codes: 0 ok, 1 the command found a problem, 2 usage or config error,
-  3 another build of the dataset is running, 130 interrupted, 143 terminated (SIGTERM)"""
+  3 another build of the dataset is running, 70 internal error (a bug: one line
+  naming the file that holds the traceback), 130 interrupted, 143 terminated (SIGTERM)"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -191,6 +199,44 @@ def _end_interrupted_process(code: int = EXIT_INTERRUPTED) -> None:
     os._exit(code)
 
 
+def _internal_error(command: str, error: Exception, verbose: bool) -> int:
+    """Reports an exception that is not a `KilnError` as cron and CI logs
+    want it, one line on stderr, and saves its traceback to a file that line
+    names (`save_traceback`); ``--verbose`` prints the traceback first."""
+    if verbose:
+        traceback.print_exception(error, file=sys.stderr)
+    saved = save_traceback(command, error)
+    where = f"the traceback is in {saved}" if saved else "the traceback could not be saved"
+    print(
+        f"kiln {command}: internal error: {unexpected(error)} "
+        f"(unexpected; {where}; --verbose prints it)",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
+
+
+def save_traceback(command: str, error: BaseException) -> str | None:
+    """Writes `error`'s traceback to a new file in the temp folder
+    (``$TMPDIR/kiln-<command>-<UTC time>-<random>.traceback.txt``, readable
+    by its owner only), with kiln's and Python's versions; its path, or None
+    if it cannot be written. Not the command line's arguments: pipeline
+    flags may hold credentials (s3's)."""
+    from kiln import __version__
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    header = (
+        f"kiln {__version__} ({command}), Python {sys.version.split()[0]}, "
+        f"pid {os.getpid()}, {stamp}\n"
+    )
+    try:
+        fd, path = tempfile.mkstemp(prefix=f"kiln-{command}-{stamp}-", suffix=".traceback.txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(header + "".join(traceback.format_exception(error)))
+    except OSError:
+        return None
+    return path
+
+
 _EXIT_HOOK: list[bool] = []
 
 
@@ -260,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         # final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except Exception as e:  # not a KilnError: unexpected (a bug, here or in a plugin or library)
+        return _internal_error(args.command, e, verbose=args.verbose)
     finally:
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)

@@ -15,6 +15,9 @@ Exit codes (the same for every command, documented in docs/cli.md):
       findings, a dataset that does not verify)
 2     usage or configuration error (`UsageError`, `ConfigError`): nothing was done
 3     another build of the same dataset holds its lock (`Busy`): nothing was done
+70    internal error: an exception that is not a `KilnError` (a bug in kiln, or
+      in a plugin it ran): one line naming it and where its traceback was
+      saved (`unexpected`); sysexits.h's EX_SOFTWARE
 130   interrupted (Ctrl-C): one line, no traceback; a build publishes nothing
 143   terminated (SIGTERM): handled as Ctrl-C, one line (`Terminated`)
 ====  ==========================================================================
@@ -31,6 +34,9 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_BUSY = 3
+# An exception kiln did not expect (not a KilnError): sysexits.h's EX_SOFTWARE,
+# apart from 1 so that a scheduler can tell a bug from a failed build.
+EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + the signal's number, as shells report it
 EXIT_TERMINATED = 143  # SIGTERM (a scheduler, Kubernetes, `timeout`): 128 + 15
 
@@ -117,6 +123,19 @@ def interruption(error: KeyboardInterrupt) -> tuple[str, int]:
     if isinstance(error, Terminated):
         return "terminated (SIGTERM)", EXIT_TERMINATED
     return "interrupted", EXIT_INTERRUPTED
+
+
+def unexpected(error: BaseException) -> str:
+    """What the command line says of an exception that is not a `KilnError`,
+    on one line: its type (with its module, unless built in) and its message
+    with every run of whitespace made one space, cut to `quote_text`'s
+    length: ``ValueError: bad value``, ``yaml.scanner.ScannerError: ...``."""
+    kind = type(error)
+    name = kind.__qualname__
+    if kind.__module__ != "builtins":
+        name = f"{kind.__module__}.{name}"
+    message = " ".join(str(error).split())
+    return quote_text(f"{name}: {message}" if message else name)
 
 
 class KilnError(Exception):

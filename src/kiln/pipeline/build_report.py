@@ -13,8 +13,9 @@ can read what happened without parsing the console::
 ``dry_run`` (``--dry_run=True``: the job was translated, not submitted, and
 nothing was published: exit 0), ``failed`` (exit 1, nothing published),
 ``usage_error`` (a bad config or flag: exit 2), ``busy`` (another build of
-the dataset holds its lock: exit 3) or ``interrupted`` (Ctrl-C: exit 130;
-SIGTERM: exit 143).
+the dataset holds its lock: exit 3), ``internal_error`` (an exception kiln
+does not expect, a bug: exit 70, nothing published; ``traceback`` holds its
+traceback) or ``interrupted`` (Ctrl-C: exit 130; SIGTERM: exit 143).
 ``changes`` is what changed since the version LATEST named before the build
 (``previous_version``), as `kiln diff --json` prints it
 (`kiln.schemas.version_diff.VersionDiff.to_json`), or null when there was
@@ -28,9 +29,10 @@ dataset.
 from __future__ import annotations
 
 import json
+import traceback
 from typing import TYPE_CHECKING, Any
 
-from kiln.errors import EXIT_BUSY, EXIT_FAILED, EXIT_USAGE
+from kiln.errors import EXIT_BUSY, EXIT_FAILED, EXIT_INTERNAL, EXIT_USAGE, unexpected
 from kiln.pipeline import storage
 from kiln.schemas import DROPPED_OBJECTS_FILENAME, ERRORS_FILENAME
 
@@ -91,6 +93,21 @@ def failed(error: str, exit_code: int, elapsed_seconds: float) -> dict[str, Any]
         "status": _STATUS.get(exit_code, "failed"),
         "exit_code": exit_code,
         "error": error,
+        "elapsed_seconds": round(elapsed_seconds, 3),
+    }
+
+
+def internal_error(error: BaseException, elapsed_seconds: float) -> dict[str, Any]:
+    """The report of a build stopped by an exception kiln does not expect (a
+    bug, exit 70): ``error`` is the line the command line prints of it
+    (`kiln.errors.unexpected`), ``traceback`` its whole traceback, so that a
+    scheduler that keeps only the report keeps what a bug report needs."""
+    return {
+        "report_format": REPORT_FORMAT,
+        "status": "internal_error",
+        "exit_code": EXIT_INTERNAL,
+        "error": unexpected(error),
+        "traceback": "".join(traceback.format_exception(error)),
         "elapsed_seconds": round(elapsed_seconds, 3),
     }
 

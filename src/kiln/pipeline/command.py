@@ -35,7 +35,9 @@ rate, time left) on stderr: one line redrawn on a terminal, a plain line
 every ``--progress-every`` seconds elsewhere. Exit codes: 0 built or up to
 date; 1 the build failed (nothing published) or the new version crossed the
 publish gate (kept in its folder, LATEST unchanged); 2 bad config or usage;
-3 busy; 130 interrupted, 143 terminated by SIGTERM (nothing published).
+3 busy; 70 an internal error (a bug: one line naming the file that holds
+the traceback; nothing published); 130 interrupted, 143 terminated by
+SIGTERM (nothing published).
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ exit codes:
      folder, LATEST is unchanged
   2  bad config or usage (one line naming the field or flag; nothing was done)
   3  another build of the same dataset is running (nothing was done; --wait)
+  70  internal error: an exception kiln does not expect (a bug, in kiln or a
+      plugin): one line naming it and the file that holds its traceback
+      (--report has it too; --verbose prints it); nothing was published
   130  interrupted (Ctrl-C): nothing was published, LATEST is unchanged
   143  terminated (SIGTERM, from a scheduler): handled as Ctrl-C"""
 )
@@ -184,6 +189,12 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: printed by kiln.cli
             what, code = interruption(e)
             report = build_report.interrupted(what, code, time.monotonic() - started)
+            _report(args, report, warnings.messages)
+            raise
+        except BrokenPipeError:  # stdout's reader went away: not the build's outcome
+            raise
+        except Exception as e:  # a bug: printed by kiln.cli, with the traceback saved
+            report = build_report.internal_error(e, time.monotonic() - started)
             _report(args, report, warnings.messages)
             raise
         if not args.quiet:

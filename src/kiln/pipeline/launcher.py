@@ -42,7 +42,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import (
@@ -247,13 +247,19 @@ def pipeline_options(pipeline_args: Sequence[str] = ()) -> PipelineOptions:
     return options
 
 
+def is_dry_run(options: PipelineOptions) -> bool:
+    """Whether `options` ask for a dry run (Beam's ``--dry_run=True``, which
+    a runner such as Dataflow's honours by translating the job without
+    submitting it; local runners ignore it). As Beam reads the flag: any
+    value given counts."""
+    return bool(options.view_as(TestOptions).dry_run) and not is_local_runner(options)
+
+
 def check_dry_run(options: PipelineOptions, what: str) -> None:
-    """Raises `DryRun` if `options` ask for a dry run (Beam's
-    ``--dry_run=True``, which a runner such as Dataflow's honours by
-    translating the job without submitting it): call it once the job was
-    run, before reading anything the job would have written. As Beam reads
-    the flag: any value given counts."""
-    if options.view_as(TestOptions).dry_run and not is_local_runner(options):
+    """Raises `DryRun` if `options` ask for a dry run (`is_dry_run`): call
+    it once the job was run, before reading anything the job would have
+    written."""
+    if is_dry_run(options):
         runner = (options.view_as(StandardOptions).runner or "").rsplit(".", 1)[-1]
         raise DryRun(f"{what} was translated for {runner} and not submitted; nothing was published")
 
@@ -464,8 +470,8 @@ def build(
       ConfigError: the config or an argument is invalid (nothing was done).
       Busy: another build of the dataset is running (nothing was done).
       DryRun: the pipeline options ask for a dry run (``--dry_run=True``
-        on Dataflow): the job was translated, not submitted; nothing was
-        published and the staging folder is deleted.
+        on Dataflow): the job was translated, not submitted, without a lock
+        and without writing anything to the output (`_translate_only`).
       BuildError: the job failed, dropped too many inputs, did not account
         for every listed file, stored nothing, or a file could not be
         written (nothing was published).
@@ -481,6 +487,8 @@ def build(
     check_pipeline_args(pipeline_args)
     _check_output_folders(spec)
     options = pipeline_options(pipeline_args)
+    if is_dry_run(options):
+        _translate_only(spec, options, image_threads=image_threads, base=base, full=full)
     try:
         # The listing's rows are on disk until the build ends, failed or not.
         with DatasetLock(spec.dataset_root, wait=wait) as held, _listed(spec, options) as listing:
@@ -501,11 +509,71 @@ def build(
         raise BuildError(f"{storage.describe_os_error(e)}; nothing was published") from e
 
 
+def _translate_only(
+    spec: BuildSpec,
+    options: PipelineOptions,
+    *,
+    image_threads: int | None,
+    base: str | None,
+    full: bool,
+) -> NoReturn:
+    """A dry run (`is_dry_run`): the job the build would run, translated
+    for its runner and not submitted, touching nothing of the output.
+
+    It takes no lock and writes nothing (no staging folder, no listing
+    file, no LATEST), so it needs no write access, cannot be busy and
+    cannot disturb a build that is running; nor does it delete what failed
+    builds left (that is for the lock's holder). It reads the output only
+    for the version whose records the job would reuse (LATEST's, or
+    ``--base``'s, and its kiln.json: their files are steps of the job);
+    with ``full`` it reads nothing of the output. It does not check whether
+    the dataset is up to date: it translates the job either way.
+
+    Raises:
+      DryRun: always, once the job (or, with ``source.listing: job``, the
+        listing job, whose summary the build job is made from) was translated.
+      UsageError: the output cannot be reached to read the version to reuse
+        (naming ``--full``, which does without it), or no ``--base`` version.
+      ConfigError: the source cannot be listed.
+    """
+    dataset = publish.DatasetRoot(spec.dataset_root)
+    # The output first: the source's listing may take a while.
+    try:
+        if not full:
+            storage.check_credentials(dataset.path)
+        previous = None if full else dataset.latest()
+        _check_base(dataset, base)
+        choice = incremental.choose_base(
+            dataset.path, dataset.read_info, previous, base, spec.to_json(), full
+        )
+    except Exception as e:  # the first access to the output
+        reason = storage.unreachable_reason(e)
+        if reason is None:
+            raise
+        raise UsageError(
+            f"{dataset.path}: cannot reach it: {reason}; a dry run reads LATEST and that "
+            f"version's kiln.json to translate the job that reuses its records (--full "
+            f"translates a build from scratch without reading the output); nothing was done"
+        ) from e
+    _log_base(choice)
+    with _listed(spec, options) as listing:
+        _warn_about_shard_counts(spec, listing)
+        processing = incremental.processing_fingerprint(spec.to_json())
+        stamp = versioning.stamp_of(spec.fingerprint, listing.listing_hash(), processing=processing)
+        plan = make_plan(
+            spec, listing, dataset.new_staging_dir(stamp), options, image_threads, choice.base
+        )
+        _run_job(plan, listing, options, show_progress=False, progress_every=0)
+    raise AssertionError("a dry run's job ends in DryRun (_check_finished)")
+
+
 @contextlib.contextmanager
 def _listed(spec: BuildSpec, options: PipelineOptions) -> Iterator[SourceListing]:
     """The source's listing until the build ends: by the launcher, or by a
     listing job (``source.listing: job``, `listing_job`) whose files are
-    deleted at the end. Call it holding the dataset's lock.
+    deleted at the end. Call it holding the dataset's lock, or for a dry
+    run (`is_dry_run`: its listing job writes nothing, so nothing is
+    cleaned or deleted).
 
     Raises:
       ConfigError: the source cannot be listed, or holds no usable image.
@@ -520,16 +588,22 @@ def _listed(spec: BuildSpec, options: PipelineOptions) -> Iterator[SourceListing
             _check_split_names(spec, listing.split_names)
             yield listing
         return
-    listing_dir = publish.DatasetRoot(spec.dataset_root).new_listing_dir()
+    dry_run = is_dry_run(options)
+    listing_dir = publish.DatasetRoot(spec.dataset_root).new_listing_dir(clean=not dry_run)
     try:
         listed = list_in_job(spec, options, listing_dir)
         _check_split_names(spec, listed.split_names)
         yield listed
     finally:
-        try:
-            storage.delete_tree(listing_dir)
-        except Exception:  # keep the build's own outcome; the next build deletes it
-            logger.warning("could not delete the listing folder %s", listing_dir, exc_info=True)
+        if not dry_run:  # a dry run's listing job wrote nothing there
+            _delete_listing_dir(listing_dir)
+
+
+def _delete_listing_dir(listing_dir: str) -> None:
+    try:
+        storage.delete_tree(listing_dir)
+    except Exception:  # keep the build's own outcome; the next build deletes it
+        logger.warning("could not delete the listing folder %s", listing_dir, exc_info=True)
 
 
 def _check_split_names(spec: BuildSpec, names: Sequence[str] | None) -> None:
@@ -671,15 +745,11 @@ def _build_locked(
             pruned=_prune(dataset, keep),
         )
 
-    if base is not None and not dataset.is_complete(base):
-        raise UsageError(f"--base {base}: no complete version {base} in {dataset.path}")
+    _check_base(dataset, base)
     choice = incremental.choose_base(
         dataset.path, dataset.read_info, previous, base, spec.to_json(), full
     )
-    if choice.base is None:
-        logger.info("building from scratch: %s", choice.reason)
-    else:
-        logger.info("reusing unchanged records of version %s", choice.version)
+    _log_base(choice)
     with publish.PublishTransaction(dataset, stamp) as transaction:
         plan = make_plan(
             spec, listing, transaction.staging_dir, options, image_threads, choice.base
@@ -722,6 +792,18 @@ def _build_locked(
         pruned=_prune(dataset, keep),
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
     )
+
+
+def _check_base(dataset: publish.DatasetRoot, base: str | None) -> None:
+    if base is not None and not dataset.is_complete(base):
+        raise UsageError(f"--base {base}: no complete version {base} in {dataset.path}")
+
+
+def _log_base(choice: incremental.BaseChoice) -> None:
+    if choice.base is None:
+        logger.info("building from scratch: %s", choice.reason)
+    else:
+        logger.info("reusing unchanged records of version %s", choice.version)
 
 
 def _publish_gate(
@@ -878,10 +960,11 @@ def _run_job(
     show_progress: bool,
     progress_every: float,
 ) -> tuple[job.JobReport, dict[str, int]]:
-    """Writes the listing (unless a listing job did), runs the job to
-    completion (`_job_heap`) and reads its report."""
+    """Writes the listing (unless a listing job did, or the job is only
+    translated: `is_dry_run`), runs the job to completion (`_job_heap`) and
+    reads its report."""
     with _job_heap():
-        if isinstance(listing, sources.Listing):
+        if isinstance(listing, sources.Listing) and not is_dry_run(options):
             listing.write(plan.listing_uri)
         with _beam_lookups_once():
             pipeline = construct_pipeline(plan, options)

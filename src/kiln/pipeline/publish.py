@@ -105,15 +105,17 @@ class DatasetRoot:
             if name.startswith(STAGING_PREFIX)
         ]
 
-    def new_listing_dir(self) -> str:
+    def new_listing_dir(self, clean: bool = True) -> str:
         """A fresh folder for a listing job's files (``source.listing: job``),
         after deleting what killed builds left in ``.listings/``.
 
-        Call it only while holding the dataset's lock: the folder of a
-        running build looks the same as a dead one's.
+        With `clean`, call it only while holding the dataset's lock: the
+        folder of a running build looks the same as a dead one's. Without
+        (a dry run, which holds no lock), it only names a folder.
         """
         listings = storage.join(self.path, LISTINGS_FOLDER)
-        self.store.delete_tree(listings)
+        if clean:
+            self.store.delete_tree(listings)
         return storage.join(listings, secrets.token_hex(4))
 
     def new_staging_dir(self, stamp: str) -> str:

@@ -733,6 +733,22 @@ def delete_tree(folder: str) -> None:
     store_for(folder).delete_tree(folder)
 
 
+def check_credentials(path: str) -> None:
+    """Raises the store client's own error at once if `path` is on Cloud
+    Storage and no Google credentials can be found.
+
+    Beam's GCS filesystem, which reads and writes for kiln, would instead
+    retry loading them for a minute, then go on anonymously and time out
+    after two more (offline): call this before a first read that is not
+    preceded by a write through Google's own client (the lock's).
+    Other stores and local paths: nothing to check.
+    """
+    if path.startswith("gs://"):
+        import google.auth
+
+        google.auth.default()
+
+
 # The modules whose errors mean that an object store could not be reached or
 # refused access: its clients' (credentials, HTTP, API errors), by name, so
 # that none of them is imported to recognize them.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from kiln.errors import UsageError
@@ -49,12 +48,12 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     from kiln.tools import inspection
 
     try:
-        summary = inspection.inspect_dataset(args.path)
+        summary = inspection.inspect_dataset(args.path, stream=args.json)
+        if args.json:  # the report files' rows streamed (`inspection.write_json`)
+            inspection.write_json(summary, sys.stdout)
+            sys.stdout.write("\n")
+        else:
+            print(inspection.render(summary))
     except MetadataError as e:
         raise UsageError(str(e)) from None
-    if args.json:
-        json.dump(summary, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
-    else:
-        print(inspection.render(summary))
     return 0

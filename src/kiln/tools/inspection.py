@@ -1,7 +1,8 @@
 """What a built dataset holds, as a readable summary or JSON: the library behind `kiln inspect`.
 
 Reads only the metadata a build wrote (`kiln.json`, `errors.jsonl`,
-`duplicates.jsonl`, `dropped_objects.jsonl`) through
+`duplicates.jsonl`, `dropped_objects.jsonl`; the JSON form streams the rows
+of the last three, `write_json`) through
 `kiln.reader`'s path resolution, so it works on local and gs:// paths and
 in a reader-only install (TensorFlow and NumPy; no Beam, no OpenCV). No
 shard is opened: `kiln verify` checks the shards against the metadata.
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
 
 from kiln.reader import info as read_info
 from kiln.reader import locate
@@ -24,7 +26,7 @@ from kiln.schemas import (
     ordered_splits,
     share_text,
 )
-from kiln.schemas.location import exists, join, read_text
+from kiln.schemas.location import exists, join, open_file
 from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME
 
 # Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the
@@ -33,12 +35,34 @@ EXAMPLES_PER_REASON = 3
 DUPLICATE_EXAMPLES = 3
 
 
-def inspect_dataset(path: str) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class ReportRows:
+    """The rows of a report file of a version (errors.jsonl,
+    duplicates.jsonl, dropped_object.jsonl), read from the file a row at a
+    time each time it is iterated: memory does not grow with the rows.
+
+    Raises (when iterated):
+      MetadataError: naming the line that is not a JSON object.
+    """
+
+    path: str
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter_jsonl(self.path)
+
+
+def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
     """The summary of the dataset at `path`, as JSON-ready data.
 
     Args:
       path: A version folder, or ``<output>/<name>`` (follows LATEST), as
         `kiln.reader.locate` accepts.
+      stream: Give ``errors``, ``duplicate_groups`` and ``dropped_objects``
+        as `ReportRows`, which read their file again each time they are
+        iterated, instead of lists: for `write_json`, whose memory then does
+        not grow with the rows. Every row is read once here all the same
+        (for the ``warnings``), so a bad line raises before anything is
+        written.
 
     Returns:
       A dict with: ``path`` (as given), ``dataset_dir`` (the version folder),
@@ -64,9 +88,10 @@ def inspect_dataset(path: str) -> dict[str, Any]:
     """
     dataset_dir = locate(path)
     metadata = read_info(dataset_dir)
-    errors = read_jsonl(join(dataset_dir, ERRORS_FILENAME))
-    duplicate_groups = read_jsonl(join(dataset_dir, DUPLICATES_FILENAME))
-    dropped_objects = read_jsonl(join(dataset_dir, DROPPED_OBJECTS_FILENAME))
+    rows = report_rows if stream else read_jsonl
+    errors = rows(join(dataset_dir, ERRORS_FILENAME))
+    duplicate_groups = rows(join(dataset_dir, DUPLICATES_FILENAME))
+    dropped_objects = rows(join(dataset_dir, DROPPED_OBJECTS_FILENAME))
     splits = {}
     shares = metadata.split_shares()
     for name in split_order(metadata):
@@ -154,24 +179,68 @@ def read_jsonl(path: str) -> list[dict[str, Any]] | None:
     Raises:
       MetadataError: naming the line that is not a JSON object.
     """
-    if not exists(path):
-        return None
-    rows = []
-    # split("\n"), not splitlines(): a JSON string may hold U+2028 and friends.
-    for number, line in enumerate(read_text(path).split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise MetadataError(f"{path}:{number}: not valid JSON ({e})") from None
-        if not isinstance(row, dict):
-            raise MetadataError(f"{path}:{number}: expected a JSON object per line")
-        rows.append(row)
-    return rows
+    return list(iter_jsonl(path)) if exists(path) else None
 
 
-def consistency_warnings(metadata: DatasetInfo, errors: list[dict] | None) -> list[str]:
+def report_rows(path: str) -> ReportRows | None:
+    """`read_jsonl`'s rows as `ReportRows` (read as they are iterated), or
+    None if the file does not exist."""
+    return ReportRows(path) if exists(path) else None
+
+
+def iter_jsonl(path: str) -> Iterator[dict[str, Any]]:
+    """The rows of an existing report file, read one line at a time.
+
+    Raises:
+      MetadataError: naming the line that is not a JSON object.
+    """
+    with open_file(path, "rb") as f:
+        # Lines end at b"\n" only (not at U+2028 and friends, which a JSON
+        # string may hold, as str.splitlines would).
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise MetadataError(f"{path}:{number}: not valid JSON ({e})") from None
+            if not isinstance(row, dict):
+                raise MetadataError(f"{path}:{number}: expected a JSON object per line")
+            yield row
+
+
+def write_json(summary: dict[str, Any], out: IO[str]) -> None:
+    """Writes `summary` to `out` as ``json.dump(summary, out, indent=2,
+    sort_keys=True)`` does, character for character, with the rows of its
+    `ReportRows` values (`inspect_dataset` with ``stream=True``) written
+    as they are read: one row in memory at a time."""
+    out.write("{")
+    for index, key in enumerate(sorted(summary)):
+        out.write(("," if index else "") + "\n  " + json.dumps(key) + ": ")
+        value = summary[key]
+        if isinstance(value, ReportRows):
+            _write_rows(value, out)
+        else:
+            out.write(_nested(json.dumps(value, indent=2, sort_keys=True), "  "))
+    out.write("\n}" if summary else "}")
+
+
+def _write_rows(rows: Iterable[dict[str, Any]], out: IO[str]) -> None:
+    """A list of rows at the summary's second level, as `json.dump` indents it."""
+    empty = True
+    for row in rows:
+        out.write(("[" if empty else ",") + "\n    ")
+        out.write(_nested(json.dumps(row, indent=2, sort_keys=True), "    "))
+        empty = False
+    out.write("[]" if empty else "\n  ]")
+
+
+def _nested(text: str, indent: str) -> str:
+    """`json.dumps` output moved in by `indent` (a JSON string holds no raw newline)."""
+    return text.replace("\n", "\n" + indent)
+
+
+def consistency_warnings(metadata: DatasetInfo, errors: Iterable[dict] | None) -> list[str]:
     """Where errors.jsonl (rows from `read_jsonl`) and kiln.json's drop counts disagree."""
     warnings = []
     if errors is None:
@@ -193,27 +262,27 @@ def consistency_warnings(metadata: DatasetInfo, errors: list[dict] | None) -> li
     return warnings
 
 
-def duplicate_warnings(metadata: DatasetInfo, groups: list[dict] | None) -> list[str]:
+def duplicate_warnings(metadata: DatasetInfo, groups: Iterable[dict] | None) -> list[str]:
     """Where duplicates.jsonl (rows from `read_jsonl`) and kiln.json's
     ``duplicates`` count disagree."""
     if groups is None:
         if metadata.duplicates_sha256 is not None:
             return [f"{DUPLICATES_FILENAME} is missing, but kiln.json records its sha256"]
         return []  # format 1 wrote no duplicates report
-    extra = sum(
-        len(group["keys"]) - 1
-        for group in groups
-        if isinstance(group.get("keys"), list) and group["keys"]
-    )
+    extra = count = 0
+    for group in groups:
+        count += 1
+        if isinstance(group.get("keys"), list) and group["keys"]:
+            extra += len(group["keys"]) - 1
     if extra != metadata.duplicates:
         return [
-            f"{DUPLICATES_FILENAME} lists {extra} extra copies in {len(groups)} group(s), "
+            f"{DUPLICATES_FILENAME} lists {extra} extra copies in {count} group(s), "
             f"kiln.json counts {metadata.duplicates}"
         ]
     return []
 
 
-def dropped_object_warnings(metadata: DatasetInfo, rows: list[dict] | None) -> list[str]:
+def dropped_object_warnings(metadata: DatasetInfo, rows: Iterable[dict] | None) -> list[str]:
     """Where dropped_objects.jsonl (rows from `read_jsonl`) and kiln.json's
     per-split counts of dropped objects (``objects.<split>.dropped``) disagree."""
     if rows is None:
