@@ -48,8 +48,7 @@ ALLOWED = ["yaml.safe_load(text)", "yaml.load(text, Loader=yaml.SafeLoader)", "j
 
 # Where a module name that is not a literal may be imported, and why.
 DYNAMIC_IMPORTS = {
-    ("transforms/chain.py", "import_plugins"),  # the config's plugins:
-    ("tools/preview_command.py", "run"),  # kiln preview --plugin MODULE
+    ("registry.py", "import_plugin"),  # a config's plugins, kiln preview --plugin MODULE
     ("cli.py", "main"),  # cli.COMMANDS, kiln's own modules
     ("pipeline/launcher.py", "_check_runner"),  # --runner: Beam's runners or a dotted path
     ("lazy_import.py", "_resolve"),  # LazyModule("tensorflow"): names written in kiln's code

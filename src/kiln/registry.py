@@ -31,8 +31,13 @@ this module, and it imports neither's libraries (TensorFlow, Beam, OpenCV).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
+import logging
 import numbers
+import os
+import sysconfig
+import traceback
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any, Generic, TypeVar
@@ -41,7 +46,9 @@ import pydantic
 from pydantic import Field, PlainValidator
 from pydantic_core import ErrorDetails, core_schema
 
-from kiln.errors import did_you_mean, quote
+from kiln.errors import did_you_mean, quote, unexpected
+
+logger = logging.getLogger(__name__)
 
 # --- parameter types ---------------------------------------------------------------
 
@@ -446,6 +453,50 @@ _EXPECTED = {
     "bool_parsing": "true or false",
     "string_type": "a string",
 }
+
+
+def import_plugin(module: str) -> str | None:
+    """Imports a user's module so that its ``@register`` calls run (a
+    config's ``plugins``, ``kiln preview --plugin``): None, or what went
+    wrong, on one line.
+
+    A module that is not found, or fails to import one of its own, is
+    ``cannot import module 'm': <why>``. A module whose own code raises while
+    it is imported (a setting it reads, a file it opens) is the user's code to
+    fix, not a bug of kiln's, so it is a config problem too, naming the
+    exception and the file and line it was raised at; the traceback is
+    logged at DEBUG (``--verbose``).
+    """
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        return f"cannot import module {module!r}: {e}"
+    except Exception as e:
+        logger.debug("importing module %r raised", module, exc_info=True)
+        return (
+            f"importing module {module!r} raised {unexpected(e)} "
+            f"({_raised_at(e)}--verbose prints the traceback)"
+        )
+    return None
+
+
+def _raised_at(error: BaseException) -> str:
+    """``file.py, line 7; ``: the last frame of `error`'s traceback in the
+    user's code, i.e. outside Python's library, installed packages and kiln (a
+    KeyError of ``os.environ[...]`` is raised in os.py, but the user's line
+    is what to fix), else the last one of a file (a plugin installed as a
+    package); '' if there is none."""
+    paths = sysconfig.get_paths()
+    folders = [paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")]
+    folders.append(os.path.dirname(__file__))  # kiln's own frames, wherever it is installed
+    library = tuple(os.path.join(os.path.realpath(folder), "") for folder in folders)
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<")
+    ]
+    users = [f for f in frames if not os.path.realpath(f.filename).startswith(library)]
+    for frame in (users or frames)[-1:]:
+        return f"{os.path.basename(frame.filename)}, line {frame.lineno}; "
+    return ""
 
 
 def describe_error(error: ErrorDetails, *, known: Sequence[str] = (), noun: str = "field") -> str:

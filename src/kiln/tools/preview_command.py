@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -125,11 +124,12 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         raise UsageError(f"--epochs must be at least 1, got {args.epochs}")
     if args.zoom is not None and args.zoom <= 0:
         raise UsageError(f"--zoom must be positive, got {args.zoom}")
+    from kiln.registry import import_plugin
+
     for module in args.plugin:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise UsageError(f"--plugin: cannot import module {module!r}: {e}") from None
+        problem = import_plugin(module)
+        if problem:
+            raise UsageError(f"--plugin: {problem}")
     augment = _augment_argument(args.augment)
     _check_output(args.output)
     from kiln.reader import AugmentConfigError, AugmentOpError

@@ -31,13 +31,12 @@ still works for label-only datasets.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import numpy as np
 
-from kiln.registry import ListError, Registered, Registry, Spec
+from kiln.registry import ListError, Registered, Registry, Spec, import_plugin
 from kiln.transforms.geometry import NO_GEOMETRY, CoordinateMap
 from kiln.transforms.targets import Targets
 
@@ -137,10 +136,9 @@ def import_plugins(modules: Iterable[str]) -> None:
     """
     problems = []
     for index, module in enumerate(modules):
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            problems.append(f"plugins[{index}]: cannot import module {module!r}: {e}")
+        problem = import_plugin(module)
+        if problem:
+            problems.append(f"plugins[{index}]: {problem}")
     if problems:
         raise TransformConfigError(*problems)
 
