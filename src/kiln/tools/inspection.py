@@ -1,8 +1,8 @@
 """What a built dataset holds, as a readable summary or JSON: the library behind `kiln inspect`.
 
 Reads only the metadata a build wrote (`kiln.json`, `errors.jsonl`,
-`duplicates.jsonl`, `dropped_objects.jsonl`; the JSON form streams the rows
-of the last three, `write_json`) through
+`duplicates.jsonl`, `dropped_objects.jsonl`; the rows of the last three
+are streamed, by `write_json` and `render` alike) through
 `kiln.reader`'s path resolution, so it works on local and gs:// paths and
 in a reader-only install (TensorFlow and NumPy; no Beam, no OpenCV). No
 shard is opened: `kiln verify` checks the shards against the metadata.
@@ -59,8 +59,8 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
         `kiln.reader.locate` accepts.
       stream: Give ``errors``, ``duplicate_groups`` and ``dropped_objects``
         as `ReportRows`, which read their file again each time they are
-        iterated, instead of lists: for `write_json`, whose memory then does
-        not grow with the rows. Every row is read once here all the same
+        iterated, instead of lists: for `write_json` and `render`, whose
+        memory then does not grow with the rows. Every row is read once here all the same
         (for the ``warnings``), so a bad line raises before anything is
         written.
 
@@ -419,20 +419,34 @@ def _target_lines(summary: dict[str, Any]) -> list[str]:
 
 def _dropped_object_lines(summary: dict[str, Any]) -> list[str]:
     """Examples of the objects removed from stored images, per reason."""
-    rows = summary.get("dropped_objects") or []
-    if not rows:
+    counts, examples = _examples_by_reason(summary.get("dropped_objects") or ())
+    if not counts:
         return []
-    by_reason: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_reason.setdefault(str(row.get("reason")), []).append(row)
     lines = [f"  objects dropped from stored images (rows in {DROPPED_OBJECTS_FILENAME}):"]
-    for reason, found in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        lines.append(f"    {reason}  {len(found)}")
-        for row in found[:EXAMPLES_PER_REASON]:
+    for reason, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"    {reason}  {count}")
+        for row in examples[reason]:
             lines.append(f"      {row.get('key')} ({row.get('split')}): {row.get('message')}")
-        if len(found) > EXAMPLES_PER_REASON:
-            lines.append(f"      ... {len(found) - EXAMPLES_PER_REASON} more")
+        if count > EXAMPLES_PER_REASON:
+            lines.append(f"      ... {count - EXAMPLES_PER_REASON} more")
     return lines
+
+
+def _examples_by_reason(
+    rows: Iterable[dict[str, Any]],
+) -> tuple[dict[str, int], dict[str, list[dict[str, Any]]]]:
+    """The rows counted by ``reason``, and the first `EXAMPLES_PER_REASON`
+    of each: one pass, holding no more rows than that (the rows may be
+    `ReportRows`, read from their file as they are iterated)."""
+    counts: dict[str, int] = {}
+    examples: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        reason = str(row.get("reason"))
+        counts[reason] = counts.get(reason, 0) + 1
+        kept = examples.setdefault(reason, [])
+        if len(kept) < EXAMPLES_PER_REASON:
+            kept.append(row)
+    return counts, examples
 
 
 def _source_text(source: dict[str, Any] | None) -> str:
@@ -514,32 +528,36 @@ def _dropped_lines(summary: dict[str, Any]) -> list[str]:
     if not total:
         return ["dropped: 0"]
     lines = [f"dropped: {total} file(s), by reason (rows in {ERRORS_FILENAME}):"]
-    rows = summary["errors"] or []
+    examples = _examples_by_reason(summary["errors"] or ())[1]
     width = max(len(reason) for reason in dropped)
     for reason, count in sorted(dropped.items(), key=lambda kv: (-kv[1], kv[0])):
         lines.append(f"  {reason:<{width}}  {count:>5}")
-        examples = [row for row in rows if row.get("reason") == reason][:EXAMPLES_PER_REASON]
-        for row in examples:
+        shown = examples.get(reason, [])
+        for row in shown:
             lines.append(f"      {row.get('key')}: {row.get('message')}")
-        if count > len(examples) and examples:
-            lines.append(f"      ... {count - len(examples)} more")
+        if count > len(shown) and shown:
+            lines.append(f"      ... {count - len(shown)} more")
     return lines
 
 
 def _duplicate_lines(summary: dict[str, Any]) -> list[str]:
-    groups = summary["duplicate_groups"] or []
+    groups, shown = 0, list[dict[str, Any]]()
+    for group in summary["duplicate_groups"] or ():
+        groups += 1
+        if len(shown) < DUPLICATE_EXAMPLES:
+            shown.append(group)
     rows = f" (rows in {DUPLICATES_FILENAME}):" if groups else ""
     lines = [
         f"duplicates: {summary['duplicates']} source file(s) with the same content as another{rows}"
     ]
-    for group in groups[:DUPLICATE_EXAMPLES]:
+    for group in shown:
         copies = [
             f"{key} ({split})"
             for key, split in zip(group.get("keys") or [], group.get("splits") or [], strict=False)
         ]
         lines.append(f"      {' = '.join(copies)}")
-    if len(groups) > DUPLICATE_EXAMPLES:
-        lines.append(f"      ... {len(groups) - DUPLICATE_EXAMPLES} more group(s)")
+    if groups > DUPLICATE_EXAMPLES:
+        lines.append(f"      ... {groups - DUPLICATE_EXAMPLES} more group(s)")
     return lines
 
 
