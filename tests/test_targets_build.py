@@ -437,6 +437,41 @@ def test_a_mask_file_edited_in_place_is_rebuilt_into_a_new_version(tmp_path):
     assert second.version != first.version  # the version hashes their content
 
 
+def test_a_mask_value_outside_the_class_list_drops_its_image(tmp_path):
+    """A mask pixel that is neither a class id nor the ignore value (a class
+    missing from source.classes) was stored as is: a loss with a logit per
+    class fails or turns NaN on it, and kiln.json counted nothing for it."""
+    rows = [data.manifest_row(index, tmp_path) for index in range(4)]
+    mask = tmp_path / "masks" / "002.png"
+    pixels = png_pixels(mask.read_bytes())
+    pixels[0, :3] = [3, 7, 3]  # CLASSES has 3 entries: ids 0..2; 255 is ignored
+    data.write_png(mask, pixels)
+    manifest = data.write_manifest(tmp_path, rows)
+    result = build(
+        config(
+            manifest,
+            tmp_path / "out",
+            source={"type": "manifest", "path": manifest, "classes": data.CLASSES},
+            targets={"mask": {"ignore_value": data.IGNORE}},
+            errors={"max_fraction": 0.5},
+        )
+    )
+    assert error_rows(result) == [
+        {
+            "key": "images/002.png",
+            "message": (
+                f"mask ({mask}): pixel value(s) 3, 7 are not class ids (the class list has 3 "
+                f"classes: 0..2) nor the ignore value 255; list every class the masks use in "
+                f"source.classes"
+            ),
+            "reason": "unknown_class",
+            "stage": "targets",
+            "uri": str(tmp_path / "images" / "002.png"),
+        }
+    ]
+    assert set(records(result)) == {f"images/{i:03d}.png" for i in (0, 1, 3)}
+
+
 @pytest.mark.parametrize(
     "source, targets, message",
     [
@@ -757,5 +792,6 @@ def test_rle_segmentation_is_decoded_in_the_job(tmp_path):
         "counts": rle["counts"].decode(),
     }
     manifest = data.write_manifest(tmp_path, [row])
-    record = next(iter(records(build(config(manifest, tmp_path / "out"))).values()))
+    source = {"type": "manifest", "path": manifest, "classes": data.CLASSES}  # the mask's ids
+    record = next(iter(records(build(config(manifest, tmp_path / "out", source=source))).values()))
     np.testing.assert_array_equal(png_pixels(record["instance_masks"][1]), instance)
