@@ -223,11 +223,18 @@ class TargetCodec:
         """What of the targets decides the record's target features besides
         the image and the processing config: their content (masks by
         sha256) and the class id of every class name they use (ids follow
-        the class list, which a new class elsewhere can shift)."""
+        the class list, which a new class elsewhere can shift); with a
+        semantic mask also the class list's length, which decides which of
+        its pixel values are class ids (counted, kept) and which drop it."""
         names = target_rows.class_names(listed.row)
-        class_ids = {name: self._class_ids.get(name) for name in names}
+        key: dict[str, Any] = {
+            "targets": listed.content,
+            "class_ids": {name: self._class_ids.get(name) for name in names},
+        }
+        if self._targets.mask is not None:
+            key["num_classes"] = len(self._class_ids)
         return json.dumps(
-            {"targets": listed.content, "class_ids": class_ids},
+            key,
             sort_keys=True,
             separators=(",", ":"),
             ensure_ascii=False,
