@@ -530,6 +530,33 @@ def test_stratify_needs_classes_the_listing_knows(tmp_path):
         assert load(targets).config.splits.stratify
 
 
+def test_a_mask_only_dataset_needs_its_class_list(tmp_path):
+    """The class list defaults to the class names the rows use, and a mask's
+    pixel values index it: with masks only, the list was empty, and the
+    build stored every mask with 0 classes in kiln.json."""
+    from kiln.pipeline import config as config_module
+
+    def load(targets, classes=None):
+        source = {"type": "manifest", "path": "m.jsonl", "classes": classes}
+        return config_module.load(
+            {"name": "x", "source": source, "output": str(tmp_path), "targets": targets},
+            check_paths=False,
+        )
+
+    message = r"targets.mask: .* declare source.classes, in the masks' id order"
+    with pytest.raises(ConfigError, match=message):
+        load({"mask": {}})
+    with pytest.raises(ConfigError, match=message):
+        load({"mask": {"ignore_value": None}, "extra": {"weather": "string"}})
+    assert load({"mask": {}}, classes=["background", "road"]).config.targets.mask
+    for targets in (
+        {"label": {}, "mask": {}},
+        {"labels": {}, "mask": {}},
+        {"boxes": {}, "mask": {}},
+    ):
+        assert load(targets).config.targets.mask
+
+
 def test_csv_manifest_carries_labels_and_extras(tmp_path):
     data.write_png(tmp_path / "a.png", data.image_of([]))
     data.write_png(tmp_path / "b.png", data.image_of(data.objects_of(1)))
