@@ -446,6 +446,41 @@ def test_a_mask_file_edited_in_place_is_rebuilt_into_a_new_version(tmp_path):
     assert second.version != first.version  # the version hashes their content
 
 
+def test_a_mask_value_outside_the_class_list_drops_its_image(tmp_path):
+    """A mask pixel that is neither a class id nor the ignore value (a class
+    missing from source.classes) was stored as is: a loss with a logit per
+    class fails or turns NaN on it, and kiln.json counted nothing for it."""
+    rows = [data.manifest_row(index, tmp_path) for index in range(4)]
+    mask = tmp_path / "masks" / "002.png"
+    pixels = png_pixels(mask.read_bytes())
+    pixels[0, :3] = [3, 7, 3]  # CLASSES has 3 entries: ids 0..2; 255 is ignored
+    data.write_png(mask, pixels)
+    manifest = data.write_manifest(tmp_path, rows)
+    result = build(
+        config(
+            manifest,
+            tmp_path / "out",
+            source={"type": "manifest", "path": manifest, "classes": data.CLASSES},
+            targets={"mask": {"ignore_value": data.IGNORE}},
+            errors={"max_fraction": 0.5},
+        )
+    )
+    assert error_rows(result) == [
+        {
+            "key": "images/002.png",
+            "message": (
+                f"mask ({mask}): pixel value(s) 3, 7 are not class ids (the class list has 3 "
+                f"classes: 0..2) nor the ignore value 255; list every class the masks use in "
+                f"source.classes"
+            ),
+            "reason": "unknown_class",
+            "stage": "targets",
+            "uri": str(tmp_path / "images" / "002.png"),
+        }
+    ]
+    assert set(records(result)) == {f"images/{i:03d}.png" for i in (0, 1, 3)}
+
+
 @pytest.mark.parametrize(
     "source, targets, message",
     [
@@ -502,6 +537,33 @@ def test_stratify_needs_classes_the_listing_knows(tmp_path):
         load({"mask": {}})
     for targets in ({"label": {}, "boxes": {}}, {"labels": {}}, {"boxes": {}, "mask": {}}):
         assert load(targets).config.splits.stratify
+
+
+def test_a_mask_only_dataset_needs_its_class_list(tmp_path):
+    """The class list defaults to the class names the rows use, and a mask's
+    pixel values index it: with masks only, the list was empty, and the
+    build stored every mask with 0 classes in kiln.json."""
+    from kiln.pipeline import config as config_module
+
+    def load(targets, classes=None):
+        source = {"type": "manifest", "path": "m.jsonl", "classes": classes}
+        return config_module.load(
+            {"name": "x", "source": source, "output": str(tmp_path), "targets": targets},
+            check_paths=False,
+        )
+
+    message = r"targets.mask: .* declare source.classes, in the masks' id order"
+    with pytest.raises(ConfigError, match=message):
+        load({"mask": {}})
+    with pytest.raises(ConfigError, match=message):
+        load({"mask": {"ignore_value": None}, "extra": {"weather": "string"}})
+    assert load({"mask": {}}, classes=["background", "road"]).config.targets.mask
+    for targets in (
+        {"label": {}, "mask": {}},
+        {"labels": {}, "mask": {}},
+        {"boxes": {}, "mask": {}},
+    ):
+        assert load(targets).config.targets.mask
 
 
 def test_csv_manifest_carries_labels_and_extras(tmp_path):
@@ -766,5 +828,6 @@ def test_rle_segmentation_is_decoded_in_the_job(tmp_path):
         "counts": rle["counts"].decode(),
     }
     manifest = data.write_manifest(tmp_path, [row])
-    record = next(iter(records(build(config(manifest, tmp_path / "out"))).values()))
+    source = {"type": "manifest", "path": manifest, "classes": data.CLASSES}  # the mask's ids
+    record = next(iter(records(build(config(manifest, tmp_path / "out", source=source))).values()))
     np.testing.assert_array_equal(png_pixels(record["instance_masks"][1]), instance)

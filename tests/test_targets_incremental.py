@@ -170,8 +170,10 @@ def test_a_changed_targets_config_reuses_nothing(corpus, tmp_path):
 
 def test_a_new_class_that_shifts_the_class_ids_reprocesses_the_records_it_shifts(corpus, tmp_path):
     manifest = str(corpus / "manifest.jsonl")
-    # Without an image label: class ids come only from labels and objects.
-    targets = {kind: value for kind, value in data.TARGETS.items() if kind != "label"}
+    # Without an image label: class ids come only from labels and objects (and
+    # without the mask, whose records a longer class list reprocesses: see
+    # test_a_shorter_class_list_reprocesses_the_masks_it_leaves_values_outside).
+    targets = {kind: value for kind, value in data.TARGETS.items() if kind not in ("label", "mask")}
     spec = config(manifest, tmp_path / "out", targets=targets)
     build(spec)
     rows = read_rows(corpus)
@@ -425,3 +427,29 @@ def test_kiln_diff_compares_object_counts_and_gates_on_their_change(corpus, tmp_
     assert row in out.splitlines()
     assert f"class 'green' has {green['new']} objects, {green['old']} before" in err
     assert cli.main(["diff", base.dataset_dir, new.dataset_dir, "--max-object-change", "100"]) == 0
+
+
+def test_a_shorter_class_list_reprocesses_the_masks_it_leaves_values_outside(corpus, tmp_path):
+    """A semantic mask's pixel values are class ids whatever names the row
+    gives: a record whose mask shows red (id 2) was reused from a base built
+    with three classes into a build with two, stored with a value no class
+    has, where a full build drops its image (unknown_class)."""
+    manifest = str(corpus / "manifest.jsonl")
+
+    def spec(classes, output):
+        source = {"type": "manifest", "path": manifest, "classes": classes}
+        return config(
+            manifest,
+            output,
+            source=source,
+            targets={"mask": {"ignore_value": data.IGNORE}},
+            errors={"max_fraction": 0.9},
+        )
+
+    build(spec(data.CLASSES, tmp_path / "out"))
+    incremental = build(spec(["blue", "green"], tmp_path / "out"))
+
+    full = build(spec(["blue", "green"], tmp_path / "full"))
+    assert full.info.dropped == {"unknown_class": 6}  # the images showing red
+    assert incremental.incremental.used
+    assert_same_dataset(incremental, full)

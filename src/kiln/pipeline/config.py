@@ -881,6 +881,15 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain) -> None:
                     f"targets.{kind}: a CSV manifest holds label, labels and extra columns "
                     f"only; objects and masks need a JSONL manifest (.jsonl)"
                 )
+    names_classes = targets.label or targets.labels or targets.boxes
+    if targets.mask is not None and source.classes is None and not names_classes:
+        # The class list defaults to the names the rows use, and a mask's
+        # pixel values are ids into it: without names it would be empty.
+        raise ListError(
+            "targets.mask: a mask's pixel values are class ids, indexes into the class list, "
+            "and these targets name no class to make the list from; declare "
+            "source.classes, in the masks' id order (e.g. [background, road, car])"
+        )
 
 
 def _check_listing(model: BuildConfig) -> None:

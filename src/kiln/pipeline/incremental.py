@@ -18,8 +18,9 @@ inputs); with ``targets:`` the listing inputs also hold the image's
 annotations as listed (canonical JSON: boxes, classes, fields, keypoints,
 polygons/RLE, labels, extras), every mask file they name by the sha256 of
 its bytes (read, not decoded, for every image: a mask edited in place is
-noticed, a mask moved with its image is not a change), and the class id of
-every class name they use (`targets.TargetCodec.reuse_key`); the base's
+noticed, a mask moved with its image is not a change), the class id of
+every class name they use, and with a semantic mask the class list's length
+(`targets.TargetCodec.reuse_key`); the base's
 index row carries what the object statistics count of the record (classes,
 object sizes, dropped objects), so per-class object counts and size
 histograms merge exactly too. Which base was used is provenance of

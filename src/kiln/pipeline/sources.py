@@ -82,7 +82,8 @@ class _SourceModel(BaseModel):
     classes: list[str] | None = None
     """The class list. Files with other labels are dropped (`unknown_label`). Default: every
     folder name (image_folder) or distinct label (manifest), sorted; a label is the index
-    into the sorted list."""
+    into the sorted list. A semantic mask's pixel values index it too: a dataset whose only
+    targets are masks must declare it."""
     allowed_roots: list[ConfigPath] = []
     """More folders (or `gs://` prefixes) inputs may be read from. By default a source reads
     only below its own folder (the image folder, or the manifest's folder), after following

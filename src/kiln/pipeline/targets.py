@@ -20,7 +20,9 @@ reason               what
 bad_box              a coordinate is NaN or infinite, x_max < x_min or
                      y_max < y_min, the box lies outside the image or
                      reaches more than `FAR_OUTSIDE` of its size beyond it
-unknown_class        a class (object, label or labels) not in the class list
+unknown_class        a class (object, label or labels) not in the class list,
+                     or a semantic mask pixel that is neither a class id nor
+                     the ignore value
 bad_keypoints        a labelled keypoint with a NaN or infinite coordinate
 missing_mask         a mask file that cannot be read
 corrupt_mask         a mask file that is not a single-channel 8-bit image
@@ -235,11 +237,18 @@ class TargetCodec:
         """What of the targets decides the record's target features besides
         the image and the processing config: their content (masks by
         sha256) and the class id of every class name they use (ids follow
-        the class list, which a new class elsewhere can shift)."""
+        the class list, which a new class elsewhere can shift); with a
+        semantic mask also the class list's length, which decides which of
+        its pixel values are class ids (counted, kept) and which drop it."""
         names = target_rows.class_names(listed.row)
-        class_ids = {name: self._class_ids.get(name) for name in names}
+        key: dict[str, Any] = {
+            "targets": listed.content,
+            "class_ids": {name: self._class_ids.get(name) for name in names},
+        }
+        if self._targets.mask is not None:
+            key["num_classes"] = len(self._class_ids)
         return json.dumps(
-            {"targets": listed.content, "class_ids": class_ids},
+            key,
             sort_keys=True,
             separators=(",", ":"),
             ensure_ascii=False,
@@ -262,6 +271,7 @@ class TargetCodec:
             mask = None
             if self._targets.mask is not None:
                 mask = self._mask_pixels(listed.masks, row["mask"], "mask", height, width)
+                self._check_mask_classes(mask, row["mask"], self._targets.mask.ignore_value)
             objects = row.get("objects", [])
             kept = []
             for index, item in enumerate(objects):
@@ -452,6 +462,35 @@ class TargetCodec:
             located = f"{where} ({uri})" + str(e)[len(named) :]
             raise BadAnnotation(e.reason, str(e), located=located) from None
         return mask
+
+    def _check_mask_classes(self, mask: np.ndarray, uri: str, ignore: int | None) -> None:
+        """Refuses a semantic mask with a pixel value that is neither a class id
+        (an index into the class list) nor the ignore value: a model with a
+        logit per class cannot learn it, and a loss fails or turns NaN on it.
+
+        Raises:
+          BadAnnotation: ``unknown_class``, naming the values and the class
+            list's length.
+        """
+        num_classes = len(self._class_ids)
+        if int(mask.max(initial=0)) < num_classes:
+            return
+        counts = np.bincount(mask.ravel(), minlength=256)
+        unknown = [v for v in range(num_classes, 256) if counts[v] and v != ignore]
+        if not unknown:
+            return
+        shown = ", ".join(str(v) for v in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
+        ids = f"0..{num_classes - 1}" if num_classes else "none"
+        ignored = "" if ignore is None else f" nor the ignore value {ignore}"
+        problem = (
+            f"pixel value(s) {shown} are not class ids (the class list has {num_classes} "
+            f"classes: {ids}){ignored}; list every class the masks use in source.classes"
+        )
+        raise BadAnnotation(
+            "unknown_class",
+            f"mask ({_base_name(uri)}): {problem}",
+            located=f"mask ({uri}): {problem}",
+        )
 
     # --- encoding ----------------------------------------------------------------------
 

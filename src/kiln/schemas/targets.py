@@ -115,7 +115,8 @@ class MaskTarget(_Model):
 
     ignore_value: Annotated[int, Field(ge=0, le=255)] | None = 255
     """The pixel value that means "not labelled" (losses skip it); other values are class
-    ids. Also what pixels added by padding get. null: none."""
+    ids. Also what pixels added by padding get. null: none; pixels added by padding (and by
+    the reader's rotation, zoom and erasing) then get 0, the first class."""
     encoding: Literal["png", "raw"] = "png"
     """How each record stores the mask: `png` (single-channel PNG: compact, a few KB for a
     224x224 mask) or `raw` (one byte per pixel, row-major, height*width bytes: 49 KB for
