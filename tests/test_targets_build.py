@@ -23,7 +23,9 @@ import tensorflow as tf
 import targets_data as data
 from kiln.errors import ConfigError
 from kiln.pipeline import build, build_report, command
+from kiln.pipeline.statistics import ObjectSums
 from kiln.schemas import Schema
+from kiln.schemas.metadata import OBJECT_SIZE_EDGES
 
 
 def records(result) -> dict[str, dict]:
@@ -154,6 +156,18 @@ def test_masks_are_stored_as_unfiltered_single_channel_pngs(plain_build):
             np.testing.assert_array_equal(decoded, png_pixels(encoded))
 
 
+def test_a_size_a_float_scale_leaves_just_under_a_bucket_edge_counts_at_the_edge():
+    # A 40-pixel box from x = 41, letterboxed by 0.8: 31.999999999999993 wide
+    # in float, shown as 32.0; it belongs in the 32-64 bucket.
+    width = (41 + 40) * 0.8 - 41 * 0.8
+    assert width < 32
+    sums = ObjectSums()
+    sums.add([(0, np.sqrt(width * width))], [])
+    entry = sums.statistics().classes["0"]
+    assert entry.size_min == entry.size_max == 32.0
+    assert entry.size_histogram[OBJECT_SIZE_EDGES.index(32.0)] == 1
+
+
 def test_kiln_json_counts_objects_per_class_with_exact_size_statistics(corpus, plain_build):
     info = plain_build.info
     stats = info.objects["train"]
@@ -266,6 +280,7 @@ BAD_OBJECTS = {
     "nan": ({"bbox": [float("nan"), 10, 20, 20]}, "bad_box"),
     "far_outside": ({"bbox": [200, 10, 220, 20]}, "bad_box"),
     "unknown_class": ({"class": "purple"}, "unknown_class"),
+    "keypoint_nan": ({"keypoints": [float("nan"), 12.5, 2, 20.5, 20.5, 1]}, "bad_keypoints"),
     "mask_size": ({"mask": "masks/small.png"}, "mask_size_mismatch"),
     "missing_mask": ({"mask": "masks/none.png"}, "missing_mask"),
     "corrupt_mask": ({"mask": "masks/corrupt.png"}, "corrupt_mask"),
@@ -349,6 +364,10 @@ def test_every_bad_annotation_drops_its_image_with_a_reason(tmp_path):
         r"of another object, or a box in another convention\)",
         rows["images/bad_box_mask.png"]["message"],
     ), rows["images/bad_box_mask.png"]["message"]
+    # A keypoint is named by the name the config gives it.
+    assert rows["images/bad_keypoint_nan.png"]["message"] == (
+        "objects[1].keypoints: tl (index 0) is labelled (visibility 2) but at [nan, 12.5]"
+    )
     assert rows["manifest.jsonl:2"]["reason"] == "bad_row"
     assert "objects[0].bbox: expected 4 numbers" in rows["manifest.jsonl:2"]["message"]
     assert set(records(result)) == {f"images/{i:03d}.png" for i in (0, 2, 3, 4, 5)}
@@ -397,7 +416,7 @@ def test_drop_object_keeps_the_image_and_counts_the_object(tmp_path):
         os.path.join(result.dataset_dir, "dropped_objects.jsonl")
     )
     assert (
-        "  objects dropped from stored images: 10 (bad_box: 3, bad_polygon: 1, "
+        "  objects dropped from stored images: 11 (bad_box: 3, bad_keypoints: 1, bad_polygon: 1, "
         "box_mask_mismatch: 1, corrupt_mask: 1, mask_size_mismatch: 2, missing_mask: 1, "
         "unknown_class: 1); see "
         f"{result.dataset_dir}/dropped_objects.jsonl"

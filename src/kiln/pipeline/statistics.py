@@ -141,7 +141,8 @@ class ObjectSums:
     Per class id: the object count, the smallest and largest size, the sum
     of sizes as an exact `Fraction` (every float is a dyadic rational, so
     the sum does not depend on the order of additions) and a histogram over
-    `OBJECT_SIZE_EDGES`. A size is sqrt(box area) in stored pixels.
+    `OBJECT_SIZE_EDGES`. A size is sqrt(box area) in stored pixels, rounded
+    to a millionth of a pixel.
     """
 
     __slots__ = ("classes", "images_without_objects", "dropped", "most_objects")
@@ -175,7 +176,10 @@ class ObjectSums:
             self.images_without_objects += 1
         self.most_objects = max(self.most_objects, len(objects))
         for class_id, size in objects:
-            size = float(size)
+            # To a millionth of a pixel: a transform's float scale leaves a
+            # 32-pixel box 31.999999999999996 wide, which would count in the
+            # 16-32 bucket while its size shows as 32.0.
+            size = round(float(size), 6)
             bucket = _size_bucket(size)
             entry = self.classes.get(class_id)
             if entry is None:

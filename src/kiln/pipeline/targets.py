@@ -390,10 +390,9 @@ class TargetCodec:
         if "keypoints" in item:
             points = np.asarray(item["keypoints"], dtype=np.float64).reshape(-1, 3)
             labelled = points[:, 2] > 0
-            if not np.isfinite(points[labelled, :2]).all():
-                raise BadAnnotation(
-                    "bad_keypoints", f"{where}.keypoints: a labelled keypoint is not finite"
-                )
+            broken = labelled & ~np.isfinite(points[:, :2]).all(axis=1)
+            if broken.any():
+                raise BadAnnotation("bad_keypoints", self._keypoints_problem(where, points, broken))
             points[~labelled, :2] = 0.0
             out["keypoints"] = points
         if self._targets.instance_masks is not None:
@@ -438,6 +437,17 @@ class TargetCodec:
             mask=mask,
             instance_masks=instance_masks,
         )
+
+    def _keypoints_problem(self, where: str, points: np.ndarray, broken: np.ndarray) -> str:
+        """``objects[0].keypoints: nose (index 0) is labelled (visibility 2) but at
+        [nan, 12.0]``, naming every such keypoint."""
+        names = self._targets.keypoints.names if self._targets.keypoints is not None else []
+        found = []
+        for index in np.flatnonzero(broken):
+            name = f"{names[index]} (index {index})" if index < len(names) else f"index {index}"
+            x, y, visibility = points[index].tolist()
+            found.append(f"{name} is labelled (visibility {visibility:g}) but at [{x}, {y}]")
+        return f"{where}.keypoints: {'; '.join(found)}"
 
     def _mask_pixels(
         self, masks: MaskFiles, uri: str, where: str, height: int, width: int
