@@ -229,3 +229,12 @@ def test_the_output_streams_the_rows(built, tmp_path, monkeypatch, form):
     else:  # the first rows as examples, and a warning that counted them all
         assert "      k/000000.jpg: " + "x" * 200 + "\n" in written
         assert "'corrupt': 40000" in written
+
+
+def test_inspect_says_why_tfds_cannot_read_a_dataset(build_dataset, capsys):
+    gzip = build_dataset(sharding={"compression": "gzip"})
+    assert cli.main(["inspect", gzip.dataset_dir]) == 0
+    why = "shards are gzip-compressed; TFDS reads uncompressed TFRecords only"
+    assert f"TFDS: not readable: {why}\n" in capsys.readouterr().out
+    summary = inspection.inspect_dataset(gzip.dataset_dir)
+    assert summary["tfds"] is False and summary["tfds_unsupported"] == why

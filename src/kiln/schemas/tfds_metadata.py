@@ -183,6 +183,15 @@ def dataset_info_json(info: DatasetInfo) -> dict[str, Any]:
     }
 
 
+def unsupported_reason(info: DatasetInfo) -> str | None:
+    """Why TFDS cannot read the dataset (`TfdsUnsupported`'s message), or None if it can."""
+    try:
+        _check_supported(info)
+    except TfdsUnsupported as e:
+        return str(e)
+    return None
+
+
 def _check_supported(info: DatasetInfo) -> None:
     if info.compression is not None:
         raise TfdsUnsupported(

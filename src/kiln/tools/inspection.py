@@ -27,7 +27,7 @@ from kiln.schemas import (
     share_text,
 )
 from kiln.schemas.location import exists, join, open_file
-from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME
+from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME, unsupported_reason
 
 # Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the
 # text summary (JSON has all).
@@ -77,8 +77,10 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
       ``duplicate_groups`` (every duplicates.jsonl row: ``sha256``, ``keys``
       sorted, ``splits`` (the split of each key); None if the file is
       missing, as in datasets of format 1), ``tfds`` (whether TFDS metadata
-      is present), ``targets`` (the declared targets from kiln.json, None for
-      a classification dataset), ``objects`` (per split: per class object
+      is present), ``tfds_unsupported`` (without it: why TFDS cannot read
+      the dataset, or None: a build older than kiln's TFDS metadata),
+      ``targets`` (the declared targets from kiln.json, None for a
+      classification dataset), ``objects`` (per split: per class object
       count and size statistics, images without objects, objects dropped
       by reason; None without boxes) and ``warnings`` (inconsistencies
       found between the files).
@@ -88,6 +90,7 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
     """
     dataset_dir = locate(path)
     metadata = read_info(dataset_dir)
+    tfds = exists(join(dataset_dir, TFDS_DATASET_INFO_FILENAME))
     rows = report_rows if stream else read_jsonl
     errors = rows(join(dataset_dir, ERRORS_FILENAME))
     duplicate_groups = rows(join(dataset_dir, DUPLICATES_FILENAME))
@@ -150,7 +153,8 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
         "errors": errors,
         "duplicates": metadata.duplicates,
         "duplicate_groups": duplicate_groups,
-        "tfds": exists(join(dataset_dir, TFDS_DATASET_INFO_FILENAME)),
+        "tfds": tfds,
+        "tfds_unsupported": None if tfds else unsupported_reason(metadata),
         "targets": metadata.targets,
         "objects": None
         if metadata.objects is None
@@ -362,7 +366,9 @@ def render(summary: dict[str, Any]) -> str:
         + (
             "readable with tfds.builder_from_directory(folder)"
             if summary["tfds"]
-            else "no TFDS metadata"
+            else f"not readable: {summary['tfds_unsupported']}"
+            if summary.get("tfds_unsupported")
+            else "no TFDS metadata (built by a kiln older than its TFDS support)"
         )
     )
     for warning in summary["warnings"]:
