@@ -76,6 +76,23 @@ def demo_corpus(tmp_path_factory):
     )
 
 
+def offline_google(credentials) -> dict[str, str]:
+    """Environment variables for a `kiln` subprocess that must find no Google
+    Cloud credentials and reach no Google host: the credentials file
+    `credentials` (missing, or fake), and the metadata server and any proxy
+    on a closed port of localhost."""
+    return {
+        "GOOGLE_APPLICATION_CREDENTIALS": str(credentials),
+        "NO_GCE_CHECK": "true",
+        "GCE_METADATA_HOST": "127.0.0.1:9",
+        "GCE_METADATA_IP": "127.0.0.1:9",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "https_proxy": "http://127.0.0.1:9",
+        "NO_PROXY": "",
+        "no_proxy": "",
+    }
+
+
 def make_config(corpus_dir, **overrides) -> dict:
     """`BASE_CONFIG` for `corpus_dir`, top-level keys replaced by `overrides`."""
     config = copy.deepcopy(BASE_CONFIG)

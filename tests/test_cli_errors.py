@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 import kiln
-from conftest import make_config
+from conftest import make_config, offline_google
 from kiln import cli
 
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
@@ -266,14 +266,7 @@ def test_build_into_an_unreachable_object_store_is_one_line(tmp_path, config):
         env=dict(
             os.environ,
             PYTHONPATH=SOURCE_ROOT,
-            GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "no-such-credentials.json"),
-            NO_GCE_CHECK="true",
-            GCE_METADATA_HOST="127.0.0.1:9",
-            GCE_METADATA_IP="127.0.0.1:9",
-            HTTPS_PROXY="http://127.0.0.1:9",
-            https_proxy="http://127.0.0.1:9",
-            NO_PROXY="",
-            no_proxy="",
+            **offline_google(tmp_path / "no-such-credentials.json"),
         ),
         timeout=600,
     )

@@ -21,7 +21,7 @@ from apache_beam.internal import pickler
 from apache_beam.portability.api import beam_runner_api_pb2
 
 import kiln
-from conftest import make_config
+from conftest import make_config, offline_google
 from kiln import cli
 from kiln.pipeline import config, incremental, launcher, publish
 from kiln.schemas import RECORD
@@ -305,14 +305,7 @@ def test_a_dry_run_that_must_read_the_output_says_so(demo_corpus, tmp_path):
         env=dict(
             os.environ,
             PYTHONPATH=SOURCE_ROOT,
-            GOOGLE_APPLICATION_CREDENTIALS=str(credentials),
-            NO_GCE_CHECK="true",
-            GCE_METADATA_HOST="127.0.0.1:9",
-            GCE_METADATA_IP="127.0.0.1:9",
-            HTTPS_PROXY="http://127.0.0.1:9",
-            https_proxy="http://127.0.0.1:9",
-            NO_PROXY="",
-            no_proxy="",
+            **offline_google(credentials),
         ),
         timeout=600,
     )
