@@ -1,0 +1,88 @@
+"""Multi-label manifests with extra columns, as a nightly export writes them (real
+pipelines on the DirectRunner, records read back with the dataset's schema).
+
+An export is data kiln does not control: a value too large for the record's
+type is one bad row, not a failed build or a silently different value.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+import targets_data as data
+from kiln.pipeline import build
+from test_targets_build import error_rows, records
+
+TARGETS = {"labels": {}, "extra": {"camera": "int", "exposure": "float"}}
+CLASSES = ["bird", "cat", "dog"]
+
+
+def images(folder: pathlib.Path, count: int) -> list[str]:
+    paths = []
+    for index in range(count):
+        path = f"images/{index:03d}.png"
+        pixels = np.full((data.HEIGHT, data.WIDTH, 3), 10 * index, np.uint8)
+        data.write_png(folder / path, pixels)
+        paths.append(path)
+    return paths
+
+
+def config(manifest: pathlib.Path, output: pathlib.Path, **overrides) -> dict:
+    spec = {
+        "name": "tags",
+        "source": {"type": "manifest", "path": str(manifest), "classes": CLASSES},
+        "output": str(output),
+        "encoding": {"format": "png"},
+        "targets": TARGETS,
+        "errors": {"max_fraction": 0.8},
+    }
+    spec.update(overrides)
+    return spec
+
+
+def test_extra_values_the_record_cannot_hold_are_bad_rows(tmp_path):
+    paths = images(tmp_path, 6)
+    too_large = 2**70
+    csv_rows = [
+        f"{paths[0]},bird|cat,1,0.5",
+        f"{paths[1]},,2,1.5",
+        f"{paths[2]},dog,{too_large},0.5",  # beyond int64
+        f"{paths[3]},dog,-{too_large},0.5",
+        f"{paths[4]},dog,3,1e300",  # finite, beyond float32
+        f"{paths[5]},cat,4,-1e39",
+    ]
+    csv = tmp_path / "tags.csv"
+    csv.write_text("path,labels,camera,exposure\n" + "\n".join(csv_rows) + "\n")
+    jsonl = tmp_path / "tags.jsonl"
+    json_rows = [
+        {"path": paths[0], "labels": ["bird", "cat"], "camera": 1, "exposure": 0.5},
+        {"path": paths[1], "labels": [], "camera": 2, "exposure": 1.5},
+        {"path": paths[2], "labels": ["dog"], "camera": too_large, "exposure": 0.5},
+        {"path": paths[3], "labels": ["dog"], "camera": -too_large, "exposure": 0.5},
+        {"path": paths[4], "labels": ["dog"], "camera": 3, "exposure": 1e300},
+        {"path": paths[5], "labels": ["cat"], "camera": 4, "exposure": -1e39},
+    ]
+    jsonl.write_text("".join(json.dumps(row) + "\n" for row in json_rows))
+    for manifest in (csv, jsonl):
+        result = build(config(manifest, tmp_path / manifest.suffix[1:]))
+
+        errors = {row["key"]: row for row in error_rows(result)}
+        first = 2 if manifest is csv else 1  # the line of the first row
+        assert sorted(errors) == [f"{manifest.name}:{first + i}" for i in range(2, 6)]
+        assert {row["reason"] for row in errors.values()} == {"bad_row"}
+        assert errors[f"{manifest.name}:{first + 2}"]["message"] == (
+            f"camera: {too_large} does not fit the record's 64-bit integer "
+            f"({-(2**63)} to {2**63 - 1})"
+        )
+        assert errors[f"{manifest.name}:{first + 4}"]["message"] == (
+            "exposure: 1e+300 does not fit the record's float32 (at most 3.402823e+38 in magnitude)"
+        )
+        got = records(result)
+        assert sorted(got) == paths[:2]
+        assert got[paths[0]]["labels"].tolist() == [0, 1]
+        assert got[paths[0]]["camera"] == 1
+        assert got[paths[1]]["exposure"] == np.float32(1.5)
+        assert result.info.dropped == {"bad_row": 4}
