@@ -86,3 +86,43 @@ def test_extra_values_the_record_cannot_hold_are_bad_rows(tmp_path):
         assert got[paths[0]]["camera"] == 1
         assert got[paths[1]]["exposure"] == np.float32(1.5)
         assert result.info.dropped == {"bad_row": 4}
+
+
+def test_the_order_of_an_images_labels_is_not_a_change(tmp_path):
+    """A nightly export that lists an image's labels in another order (or one
+    twice) keeps the version: the records hold the sorted ids either way."""
+    paths = images(tmp_path, 4)
+    manifest = tmp_path / "tags.csv"
+
+    def export(labels: list[str]) -> None:
+        rows = [
+            f"{path},{cell},{i},0.5"
+            for i, (path, cell) in enumerate(zip(paths, labels, strict=True))
+        ]
+        manifest.write_text("path,labels,camera,exposure\n" + "\n".join(rows) + "\n")
+
+    export(["bird|cat|dog", "cat|dog", "", "bird"])
+    first = build(config(manifest, tmp_path / "out"))
+    export(["dog|bird|cat", "dog|cat|dog", "", "bird|bird"])
+    again = build(config(manifest, tmp_path / "out"))
+
+    assert again.up_to_date
+    assert again.version == first.version
+    assert records(again)[paths[0]]["labels"].tolist() == [0, 1, 2]
+
+
+def test_rows_of_one_image_whose_labels_differ_only_in_order_agree(tmp_path):
+    paths = images(tmp_path, 3)
+    rows = [
+        {"path": paths[0], "labels": ["cat", "bird"], "camera": 1, "exposure": 0.5},
+        {"path": paths[1], "labels": [], "camera": 2, "exposure": 0.5},
+        {"path": paths[2], "labels": ["dog"], "camera": 3, "exposure": 0.5},
+        {"path": paths[0], "labels": ["bird", "cat", "cat"], "camera": 1, "exposure": 0.5},
+    ]
+    manifest = tmp_path / "tags.jsonl"
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = build(config(manifest, tmp_path / "out"))
+
+    assert error_rows(result) == []
+    assert records(result)[paths[0]]["labels"].tolist() == [0, 1]
+    assert result.info.splits["train"].class_counts == {"bird": 1, "cat": 1, "dog": 1}

@@ -17,7 +17,7 @@ A JSONL row with targets (the keys of undeclared kinds are ignored)::
                   "mask": "masks/1_0.png"}],          # or "segmentation": polygons or RLE
      "mask": "masks/1.png", "weather": "sunny", "altitude": 12.5}
 
-The targets dict: ``labels`` (class names), ``objects`` (each with
+The targets dict: ``labels`` (class names, sorted, each once), ``objects`` (each with
 ``bbox``, ``class``, ``fields``, and ``keypoints``, ``mask`` (a URI) or
 ``segmentation`` when declared), ``mask`` (a URI) and ``extra`` (name ->
 value), each present only when declared.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from kiln.schemas import TargetsConfig
@@ -75,7 +75,9 @@ def row_targets(
         labels = _required(row, "labels", "a list of class names ([] for none)")
         if not isinstance(labels, list):
             raise AnnotationError(f"'labels' must be a list of class names, got {_kind(labels)}")
-        out["labels"] = [_class_name(label, f"labels[{i}]") for i, label in enumerate(labels)]
+        out["labels"] = _label_set(
+            _class_name(label, f"labels[{i}]") for i, label in enumerate(labels)
+        )
     if targets.boxes is not None:
         objects = _required(row, "objects", 'a list of objects ("objects": [] for none)')
         if not isinstance(objects, list):
@@ -112,7 +114,7 @@ def csv_row_targets(fields: Mapping[str, str], targets: TargetsConfig) -> dict[s
                 f"labels: empty class name in {text!r} "
                 f"(names joined by {targets.labels.separator!r})"
             )
-        out["labels"] = parts
+        out["labels"] = _label_set(parts)
     if targets.extra:
         out["extra"] = {
             name: _extra_text(fields[name], name, kind)
@@ -301,6 +303,14 @@ def _float32(value: float, where: str) -> float:
             f"(at most {_FLOAT32_MAX:.7g} in magnitude)"
         )
     return value
+
+
+def _label_set(names: Iterable[str]) -> list[str]:
+    """An image's labels as the set they are: sorted, each once. The record
+    stores the sorted class ids, so an export that lists them in another order
+    (or one twice) must not make a new version, re-process the image, or make
+    two rows of one image disagree (`duplicate_key`)."""
+    return sorted(set(names))
 
 
 def _required(row: Mapping[str, Any], name: str, what: str) -> Any:
