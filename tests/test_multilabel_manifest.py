@@ -14,6 +14,7 @@ import numpy as np
 
 import targets_data as data
 from kiln.pipeline import build
+from kiln.pipeline.command import summary
 from test_targets_build import error_rows, records
 
 TARGETS = {"labels": {}, "extra": {"camera": "int", "exposure": "float"}}
@@ -126,3 +127,27 @@ def test_rows_of_one_image_whose_labels_differ_only_in_order_agree(tmp_path):
     assert error_rows(result) == []
     assert records(result)[paths[0]]["labels"].tolist() == [0, 1]
     assert result.info.splits["train"].class_counts == {"bird": 1, "cat": 1, "dog": 1}
+
+
+def test_the_build_summary_names_label_ids_a_new_class_moved(tmp_path):
+    """A class that sorts first moves every other class's id: the nightly
+    summary says so, and a rebuild where no class's share moved says that
+    rather than naming a class with "+0.0 points"."""
+    paths = images(tmp_path, 4)
+    manifest = tmp_path / "tags.csv"
+    rows = [f"{paths[0]},bird|cat,1,0.5", f"{paths[1]},dog,2,0.5", f"{paths[2]},,3,0.5"]
+    manifest.write_text("path,labels,camera,exposure\n" + "\n".join(rows) + "\n")
+    build(config(manifest, tmp_path / "out"))
+    rows[1] = f"{paths[1]},dog,2,0.75"  # an extra column's value only
+    manifest.write_text("path,labels,camera,exposure\n" + "\n".join(rows) + "\n")
+    same_shares = build(config(manifest, tmp_path / "out"))
+    rows.append(f"{paths[3]},ant|dog,4,0.5")
+    manifest.write_text("path,labels,camera,exposure\n" + "\n".join(rows) + "\n")
+    source = {"type": "manifest", "path": str(manifest), "classes": ["ant", *CLASSES]}
+    new_class = build(config(manifest, tmp_path / "out", source=source))
+
+    line = summary(same_shares).splitlines()[-1]
+    assert line.endswith("1 changed, 0 moved (33.3% of 3); class shares unchanged"), line
+    assert "label ids changed" not in summary(same_shares)
+    details = summary(new_class).splitlines()[-1]
+    assert details.startswith("  label ids changed: 3 class(es) (bird, cat, dog)"), details
