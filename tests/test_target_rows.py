@@ -131,6 +131,10 @@ def without(row: dict, *names: str, index: int | None = None) -> dict:
         (without(good_row(), "iscrowd", index=0), r"objects\[0\].iscrowd: missing"),
         (object_change(0, iscrowd=0.5), r"objects\[0\].iscrowd: expected an integer"),
         (object_change(0, score="high"), r"objects\[0\].score: expected a number"),
+        (
+            object_change(0, iscrowd=2**63),
+            r"objects\[0\].iscrowd: 9223372036854775808 does not fit the record's 64-bit integer",
+        ),
         (object_change(0, keypoints=[1, 2, 2]), r"objects\[0\].keypoints: expected 6 numbers"),
         (object_change(0, keypoints=[1, 2, 3, 1, 1, 1]), "visibility of 'a' must be 0, 1 or 2"),
         (object_change(0, segmentation=[[1, 2, 3, 4, 5, 6]]), r"objects\[0\]: give either"),
@@ -145,6 +149,8 @@ def without(row: dict, *names: str, index: int | None = None) -> dict:
         (without(good_row(), "year"), "'year' is missing: expected an integer"),
         (good_row(year="2024"), "year: expected an integer"),
         (good_row(altitude=float("inf")), "altitude: expected a finite number"),
+        (good_row(altitude=10**400), "altitude: expected a finite number"),
+        (good_row(altitude=-1e39), "altitude: -1e[+]39 does not fit the record's float32"),
         (good_row(weather=1), "weather: expected a string"),
     ],
 )

@@ -242,3 +242,14 @@ def test_positive_weights_need_the_labels_counts_alone(multilabel_dataset):
 def test_positive_weights_need_labels(png_dataset):
     with pytest.raises(TargetError, match="has no labels"):
         kiln.reader.positive_weights(png_dataset.dataset_dir)
+
+
+def test_class_weights_on_multi_label_point_to_positive_weights(tagged_dataset):
+    """The README's way for multi-label data is positive_weights: both class
+    weight entry points refuse the labels-only dataset and say so."""
+    path = tagged_dataset.dataset_dir
+    hint = r"multi-label labels weigh each class in the loss instead: .*positive_weights"
+    with pytest.raises(TargetError, match=hint):
+        kiln.reader.class_weights(path, "train")
+    with pytest.raises(TargetError, match=hint):
+        kiln.reader.load(path, "train", batch_size=4, seed=1, class_weight={0: 2.0})

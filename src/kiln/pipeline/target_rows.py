@@ -17,7 +17,7 @@ A JSONL row with targets (the keys of undeclared kinds are ignored)::
                   "mask": "masks/1_0.png"}],          # or "segmentation": polygons or RLE
      "mask": "masks/1.png", "weather": "sunny", "altitude": 12.5}
 
-The targets dict: ``labels`` (class names), ``objects`` (each with
+The targets dict: ``labels`` (class names, sorted, each once), ``objects`` (each with
 ``bbox``, ``class``, ``fields``, and ``keypoints``, ``mask`` (a URI) or
 ``segmentation`` when declared), ``mask`` (a URI) and ``extra`` (name ->
 value), each present only when declared.
@@ -28,12 +28,18 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from kiln.schemas import TargetsConfig
 
 _KIND_TEXT = {"int": "an integer", "float": "a number", "string": "a string"}
+
+# What the records store (`kiln.schemas`): int64 for int columns, float32 for
+# float ones. A value outside them is a bad row while listing; let through, an
+# integer stops the whole job (Int64List refuses it) and a float becomes inf.
+_INT64_RANGE = (-(2**63), 2**63 - 1)
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 AS_WRITTEN = "bbox as written"
@@ -69,7 +75,9 @@ def row_targets(
         labels = _required(row, "labels", "a list of class names ([] for none)")
         if not isinstance(labels, list):
             raise AnnotationError(f"'labels' must be a list of class names, got {_kind(labels)}")
-        out["labels"] = [_class_name(label, f"labels[{i}]") for i, label in enumerate(labels)]
+        out["labels"] = _label_set(
+            _class_name(label, f"labels[{i}]") for i, label in enumerate(labels)
+        )
     if targets.boxes is not None:
         objects = _required(row, "objects", 'a list of objects ("objects": [] for none)')
         if not isinstance(objects, list):
@@ -106,7 +114,7 @@ def csv_row_targets(fields: Mapping[str, str], targets: TargetsConfig) -> dict[s
                 f"labels: empty class name in {text!r} "
                 f"(names joined by {targets.labels.separator!r})"
             )
-        out["labels"] = parts
+        out["labels"] = _label_set(parts)
     if targets.extra:
         out["extra"] = {
             name: _extra_text(fields[name], name, kind)
@@ -180,7 +188,7 @@ def _object(
             raise AnnotationError(f"{where}.{name}: expected an integer, got {_short(value)}")
         if kind == "float" and not _is_number(value):
             raise AnnotationError(f"{where}.{name}: expected a number, got {_short(value)}")
-        fields[name] = int(value) if kind == "int" else float(value)
+        fields[name] = _int64(int(value), f"{where}.{name}") if kind == "int" else float(value)
     out["fields"] = fields
     written = item.get(AS_WRITTEN)
     if (
@@ -255,29 +263,54 @@ def _extra(value: Any, name: str, kind: str) -> Any:
     if kind == "int":
         if not _is_integer(value):
             raise AnnotationError(f"{name}: expected an integer, got {_short(value)}")
-        return int(value)
+        return _int64(int(value), name)
     if kind == "float":
-        if not _is_number(value) or not math.isfinite(value):
+        if not _is_number(value) or not math.isfinite(_as_float(value)):
             raise AnnotationError(f"{name}: expected a finite number, got {_short(value)}")
-        return float(value)
+        return _float32(float(value), name)
     if not isinstance(value, str):
         raise AnnotationError(f"{name}: expected a string, got {_short(value)}")
     return value
 
 
 def _extra_text(text: str, name: str, kind: str) -> Any:
-    text = text.strip() if kind != "string" else text
+    if kind == "string":
+        return text
+    text = text.strip()
+    value: int | float | None
     try:
-        if kind == "int":
-            return int(text)
-        if kind == "float":
-            value = float(text)
-            if not math.isfinite(value):
-                raise ValueError
-            return value
+        value = int(text) if kind == "int" else float(text)
     except ValueError:
-        raise AnnotationError(f"{name}: expected {_KIND_TEXT[kind]}, got {text!r}") from None
-    return text
+        value = None
+    if value is None or (kind == "float" and not math.isfinite(value)):
+        raise AnnotationError(f"{name}: expected {_KIND_TEXT[kind]}, got {text!r}")
+    return _int64(value, name) if isinstance(value, int) else _float32(value, name)
+
+
+def _int64(value: int, where: str) -> int:
+    low, high = _INT64_RANGE
+    if not low <= value <= high:
+        raise AnnotationError(
+            f"{where}: {_short(value)} does not fit the record's 64-bit integer ({low} to {high})"
+        )
+    return value
+
+
+def _float32(value: float, where: str) -> float:
+    if abs(value) > _FLOAT32_MAX:
+        raise AnnotationError(
+            f"{where}: {value!r} does not fit the record's float32 "
+            f"(at most {_FLOAT32_MAX:.7g} in magnitude)"
+        )
+    return value
+
+
+def _label_set(names: Iterable[str]) -> list[str]:
+    """An image's labels as the set they are: sorted, each once. The record
+    stores the sorted class ids, so an export that lists them in another order
+    (or one twice) must not make a new version, re-process the image, or make
+    two rows of one image disagree (`duplicate_key`)."""
+    return sorted(set(names))
 
 
 def _required(row: Mapping[str, Any], name: str, what: str) -> Any:
@@ -302,6 +335,14 @@ def _path(value: Any, where: str) -> str:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _as_float(value: Any) -> float:
+    """A JSON number as a float; an integer beyond float's range is infinite."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def _is_integer(value: Any) -> bool:

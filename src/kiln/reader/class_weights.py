@@ -43,6 +43,13 @@ logger = logging.getLogger(__name__)
 
 METHODS = ("balanced",)
 
+# Where a multi-label dataset's class balance goes instead: into the loss.
+_MULTI_LABEL_HINT = (
+    "; multi-label labels weigh each class in the loss instead: "
+    "kiln.reader.positive_weights(path, split) gives its pos_weight "
+    "(tf.nn.weighted_cross_entropy_with_logits, on one_hot=True labels)"
+)
+
 
 def class_counts(dataset: str | os.PathLike | DatasetInfo, split: str = "train") -> dict[int, int]:
     """Images per class id in `split`, from kiln.json (every class, zeros included).
@@ -92,7 +99,7 @@ def class_weights(
     if "label" not in spec.kinds:
         raise TargetError(
             f"class weights weigh one label per image; this dataset has no label "
-            f"(targets {list(spec.kinds)})"
+            f"(targets {list(spec.kinds)}){_MULTI_LABEL_HINT if 'labels' in spec.kinds else ''}"
         )
     others = [kind for kind in metadata.class_count_kinds if kind != "label"]
     if others:
@@ -188,6 +195,7 @@ class ExampleWeights:
             raise TargetError(
                 f"class_weight weighs examples by their label; this dataset has no label "
                 f"(targets {list(spec.kinds)})"
+                f"{_MULTI_LABEL_HINT if 'labels' in spec.kinds else ''}"
             )
         num_classes = metadata.num_classes
         weights = [1.0] * num_classes

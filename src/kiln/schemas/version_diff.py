@@ -52,6 +52,8 @@ from kiln.schemas.metadata import (
 
 # A bare version id, as `kiln build` names version folders.
 _VERSION_ID = re.compile(r"^[0-9a-f]{12}$")
+# Classes a build summary names when label ids changed (the count is always given).
+_LABEL_IDS_SHOWN = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -556,8 +558,9 @@ class VersionDiff:
 
     def summary_lines(self) -> list[str]:
         """One or two lines for a build's summary: the record changes and
-        the largest class-share shift; then drops, duplicates and the train
-        split's mean drift, when any of them moved."""
+        the largest class-share shift (or that no share moved); then vanished
+        classes, label ids changed, config changes, drops, duplicates and the
+        train split's mean drift, when any of them moved."""
         totals = self.totals()
         shares = self.class_shares()
         line = (
@@ -569,15 +572,26 @@ class VersionDiff:
             name, share = max(
                 shares.items(), key=lambda item: (abs(float(item[1]["shift_points"])), item[0])
             )
-            line += (
-                f"; largest class-share shift: {name} {share['old_share']:.1f}% -> "
-                f"{share['new_share']:.1f}% ({float(share['shift_points']):+.1f} points)"
-            )
+            if float(share["shift_points"]) == 0:
+                # Naming the last class by name, "+0.0 points", reads as if it moved.
+                line += "; class shares unchanged"
+            else:
+                line += (
+                    f"; largest class-share shift: {name} {share['old_share']:.1f}% -> "
+                    f"{share['new_share']:.1f}% ({float(share['shift_points']):+.1f} points)"
+                )
         lines = [line]
         details = []
         vanished = self.vanished_classes()
         if vanished:
             details.append(f"vanished classes: {', '.join(vanished)}")
+        moved_ids = self.label_ids_changed()
+        if moved_ids:
+            # What a model trained on the old version reads wrongly; a class
+            # added first in the sorted list moves every id (name a few).
+            shown = ", ".join(moved_ids[:_LABEL_IDS_SHOWN])
+            more = ", ..." if len(moved_ids) > _LABEL_IDS_SHOWN else ""
+            details.append(f"label ids changed: {len(moved_ids)} class(es) ({shown}{more})")
         changes = self.config_changes()
         if changes:
             details.append(f"config changed: {', '.join(changes)}{self._sizes()}")
