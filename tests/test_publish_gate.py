@@ -7,6 +7,7 @@ LATEST on the last good version.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -54,14 +55,20 @@ def test_a_version_that_crosses_the_gate_is_kept_but_not_published(nightly, caps
     (kept,) = versions
     assert (dataset / kept / "kiln.json").exists() and f"kiln diff {first} " in line
 
-    # The next night: not "up to date", the same verdict.
-    assert cli.main(gated) == 1
+    # The next night: the same verdict, from the version already built (no job).
+    report = config.parent / "report.json"
+    assert cli.main([*gated, "--report", str(report)]) == 1
     assert "crossed the publish gate" in capsys.readouterr().err
     assert latest(dataset) == first
+    assert json.loads(report.read_text())["status"] == "failed"
 
-    # Without the flag the operator publishes it: the same version, reused.
-    assert cli.main(["build", "--config", str(config), "--quiet"]) == 0
+    # Without the flag the operator publishes it: the same version, found
+    # by its stamp, without reading an image again.
+    ungated = ["build", "--config", str(config), "--quiet", "--report", str(report)]
+    assert cli.main(ungated) == 0
     assert latest(dataset) == kept
+    published = json.loads(report.read_text())
+    assert published["status"] == "up_to_date" and published["version"] == kept
 
 
 def test_a_version_within_the_gate_is_published(nightly, capsys):

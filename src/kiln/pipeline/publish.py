@@ -270,10 +270,13 @@ class PublishTransaction:
         """Publishes the staged folder as `info.version`; returns its folder.
 
         Args:
-          gate: Called with the version's folder once it is complete, before
-            LATEST names it; an exception it raises leaves LATEST (and the
-            stamp that would make the next build find it up to date) as it
-            was, and the complete version folder in place, to compare.
+          gate: Called with the version's folder once it is complete and
+            its stamp recorded, before LATEST names it; an exception it
+            raises leaves LATEST as it was and the complete version folder
+            in place, to compare. The next build of the same inputs finds
+            that version by its stamp without running a job: with the same
+            gate it checks it again (the same verdict), without it publishes
+            it (the launcher's up-to-date path).
         """
         store = self.dataset.store
         store.delete_tree(self.work_dir)
@@ -292,9 +295,9 @@ class PublishTransaction:
             store.delete_tree(target)
             store.move_tree(self.staging_dir, target, last=METADATA_FILENAME)
             store.delete_tree(self.staging_dir)
+        self.dataset.record_stamp(self.stamp, info.version)
         if gate is not None:
             gate(target)
-        self.dataset.record_stamp(self.stamp, info.version)
         self.dataset.name_latest(info.version)  # last of all
         return target
 
