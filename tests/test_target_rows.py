@@ -130,7 +130,9 @@ def without(row: dict, *names: str, index: int | None = None) -> dict:
         (object_change(0, **{"class": ""}), r"objects\[0\].class: expected a class name"),
         (without(good_row(), "iscrowd", index=0), r"objects\[0\].iscrowd: missing"),
         (object_change(0, iscrowd=0.5), r"objects\[0\].iscrowd: expected an integer"),
-        (object_change(0, score="high"), r"objects\[0\].score: expected a number"),
+        (object_change(0, score="high"), r"objects\[0\].score: expected a finite number"),
+        (object_change(0, score=float("nan")), r"objects\[0\].score: expected a finite number"),
+        (object_change(0, score=1e39), r"objects\[0\].score: 1e\+39 does not fit the record's"),
         (
             object_change(0, iscrowd=2**63),
             r"objects\[0\].iscrowd: 9223372036854775808 does not fit the record's 64-bit integer",
@@ -174,3 +176,24 @@ def test_csv_rows_carry_labels_and_typed_extras():
         target_rows.csv_row_targets({**cells, "year": "soon"}, targets)
     with pytest.raises(AnnotationError, match="labels: empty class name"):
         target_rows.csv_row_targets({**cells, "labels": "cat;;dog"}, targets)
+    # Numbers as JSON writes them: not Python's "1_000", "0x10" or " 1 2".
+    for cell in ("1_000", "0x10", "1 2", "2024.0"):
+        with pytest.raises(AnnotationError, match=f"year: expected an integer, got '{cell}'"):
+            target_rows.csv_row_targets({**cells, "year": cell}, targets)
+
+
+@pytest.mark.parametrize("cell", ["inf", "-Infinity", "nan", "1_000.5", "1e", "."])
+def test_a_csv_float_cell_is_a_finite_number_as_json_writes_it(cell):
+    targets = TargetsConfig.model_validate({"label": {}, "extra": {"altitude": "float"}})
+    with pytest.raises(AnnotationError, match=f"altitude: expected a finite number, got '{cell}'"):
+        target_rows.csv_row_targets({"label": "cat", "altitude": cell}, targets)
+
+
+@pytest.mark.parametrize(
+    ("cell", "value"), [("1.5", 1.5), (" -2e3 ", -2000.0), (".5", 0.5), ("7", 7.0)]
+)
+def test_a_csv_float_cell_reads_as_json_writes_it(cell, value):
+    targets = TargetsConfig.model_validate({"label": {}, "extra": {"altitude": "float"}})
+    assert target_rows.csv_row_targets({"altitude": cell}, targets) == {
+        "extra": {"altitude": value}
+    }

@@ -28,12 +28,21 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from kiln.schemas import TargetsConfig
 
 _KIND_TEXT = {"int": "an integer", "float": "a number", "string": "a string"}
+# What a value must be, in messages: a float column takes finite numbers only.
+_EXPECTED = {**_KIND_TEXT, "float": "a finite number"}
+# A CSV cell of an int or float column: a number as JSON writes it (no "_"
+# separators, no "0x"), the float's "inf" and "nan" refused as not finite.
+_CSV_INT = re.compile(r"[+-]?[0-9]+")
+_CSV_FLOAT = re.compile(
+    r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|infinity|nan)", re.I
+)
 
 # What the records store (`kiln.schemas`): int64 for int columns, float32 for
 # float ones. A value outside them is a bad row while listing; let through, an
@@ -183,12 +192,9 @@ def _object(
     for name, kind in sorted(declared.items()):
         if name not in item:
             raise AnnotationError(f"{where}.{name}: missing (targets.boxes.fields)")
-        value = item[name]
-        if kind == "int" and not _is_integer(value):
-            raise AnnotationError(f"{where}.{name}: expected an integer, got {_short(value)}")
-        if kind == "float" and not _is_number(value):
-            raise AnnotationError(f"{where}.{name}: expected a number, got {_short(value)}")
-        fields[name] = _int64(int(value), f"{where}.{name}") if kind == "int" else float(value)
+        # As an extra column: a value the record cannot hold (NaN, beyond
+        # float32 or int64) is a bad row, not a stored NaN or inf.
+        fields[name] = _extra(item[name], f"{where}.{name}", kind)
     out["fields"] = fields
     written = item.get(AS_WRITTEN)
     if (
@@ -266,7 +272,7 @@ def _extra(value: Any, name: str, kind: str) -> Any:
         return _int64(int(value), name)
     if kind == "float":
         if not _is_number(value) or not math.isfinite(_as_float(value)):
-            raise AnnotationError(f"{name}: expected a finite number, got {_short(value)}")
+            raise AnnotationError(f"{name}: expected {_EXPECTED[kind]}, got {_short(value)}")
         return _float32(float(value), name)
     if not isinstance(value, str):
         raise AnnotationError(f"{name}: expected a string, got {_short(value)}")
@@ -277,13 +283,14 @@ def _extra_text(text: str, name: str, kind: str) -> Any:
     if kind == "string":
         return text
     text = text.strip()
-    value: int | float | None
-    try:
-        value = int(text) if kind == "int" else float(text)
-    except ValueError:
-        value = None
+    value: int | float | None = None
+    # As JSON writes numbers: Python's int() and float() also take "1_000".
+    if kind == "int" and _CSV_INT.fullmatch(text):
+        value = int(text)
+    elif kind == "float" and _CSV_FLOAT.fullmatch(text):
+        value = float(text)
     if value is None or (kind == "float" and not math.isfinite(value)):
-        raise AnnotationError(f"{name}: expected {_KIND_TEXT[kind]}, got {text!r}")
+        raise AnnotationError(f"{name}: expected {_EXPECTED[kind]}, got {text!r}")
     return _int64(value, name) if isinstance(value, int) else _float32(value, name)
 
 
