@@ -3,7 +3,8 @@
 OpenCV expands a palette PNG (Pascal VOC's ``SegmentationClass``) into
 colours, which kiln refused as "3 channel(s)"; it widens 1-, 2- and 4-bit
 grayscale to 8 bits (a 1-bit 1 became 255: with ``ignore_value: 255`` the
-foreground was silently ignored). Unit tests of
+foreground was silently ignored); and lossy files (JPEG, AVIF) were decoded
+with the values their compression invents at class edges. Unit tests of
 `kiln.transforms.decode_mask_file` on hand-written PNGs of each layout, and
 a real build on the DirectRunner read back with `kiln.reader`.
 """
@@ -25,6 +26,8 @@ import targets_data as data
 from kiln.pipeline import build
 from kiln.transforms import MaskFileError, decode_mask_file
 from test_targets_build import error_rows, png_pixels, records
+
+LOSSY = "lossy compression changes class ids at the edges between classes; save masks as PNG"
 
 
 def chunk(kind: bytes, body: bytes) -> bytes:
@@ -110,6 +113,39 @@ def test_an_eight_bit_gray_png_is_read_as_is():
     np.testing.assert_array_equal(decode_mask_file(png(values, 8, 0), 256), values)
 
 
+def a_mask_with_edges() -> np.ndarray:
+    return np.kron(np.array([[0, 1, 2, 255], [2, 0, 255, 1]], np.uint8), np.ones((8, 8), np.uint8))
+
+
+def pillow_file(pixels: np.ndarray, fmt: str, **options) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, fmt, **options)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "encode, named",
+    [
+        (
+            lambda m: cv2.imencode(".jpg", m, [cv2.IMWRITE_JPEG_QUALITY, 100])[1].tobytes(),
+            "a JPEG mask",
+        ),
+        (lambda m: cv2.imencode(".avif", m)[1].tobytes(), "an AVIF mask"),
+        (lambda m: pillow_file(m, "WEBP", quality=90), "a lossy WebP mask"),
+        (
+            lambda m: pillow_file(m, "JPEG2000", irreversible=True),
+            "a JPEG 2000 mask (lossless only if encoded reversibly and kept whole, which the "
+            "file does not say)",
+        ),
+    ],
+    ids=["jpeg", "avif", "lossy-webp", "jpeg-2000"],
+)
+def test_a_lossy_mask_file_is_refused_saying_why(encode, named):
+    with pytest.raises(MaskFileError) as caught:
+        decode_mask_file(encode(a_mask_with_edges()), 10**4)
+    assert str(caught.value) == f"{named}: {LOSSY}"
+
+
 @pytest.mark.parametrize(
     "pixels, message",
     [
@@ -161,10 +197,10 @@ def write(path, data_bytes: bytes) -> None:
 
 
 def segmentation_corpus(folder) -> str:
-    """Four images, each of one grey level (10 * index + 5, which names it) with
+    """Six images, each of one grey level (10 * index + 5, which names it) with
     one object (the plane); the masks' formats are the test."""
     rows = []
-    for index in range(4):
+    for index in range(6):
         data.write_png(
             folder / "images" / f"{index}.png",
             np.full((HEIGHT, WIDTH, 3), 10 * index + 5, np.uint8),
@@ -192,6 +228,12 @@ def segmentation_corpus(folder) -> str:
         write(folder / rows[-1]["mask"], voc_png(semantic(index)))
     # Image 1: a 1-bit grayscale mask of the plane alone (its 1 is not the ignore value).
     write(folder / "masks" / "1.png", png((semantic(1) == 1).astype(np.uint8), 1, 0))
+    # Image 4: a JPEG semantic mask, image 5: a JPEG instance mask (with a .png name).
+    write(folder / "masks" / "4.png", cv2.imencode(".jpg", semantic(4))[1].tobytes())
+    write(
+        folder / "masks" / "5_0.png",
+        cv2.imencode(".jpg", (semantic(5) == 1).astype(np.uint8))[1].tobytes(),
+    )
     return data.write_manifest(folder, rows)
 
 
@@ -205,9 +247,26 @@ def test_voc_palette_masks_build_and_read_back_as_their_indices(tmp_path):
             "encoding": {"format": "png"},
             "targets": {"mask": {"ignore_value": 255}, "boxes": {}, "instance_masks": {}},
             "splits": {"fractions": {"train": 1.0}},
+            "errors": {"max_fraction": 0.5},
         }
     )
-    assert error_rows(result) == []
+    masks = tmp_path / "masks"
+    assert sorted(error_rows(result), key=lambda row: row["key"]) == [
+        {
+            "key": "images/4.png",
+            "message": f"mask ({masks / '4.png'}): a JPEG mask: {LOSSY}",
+            "reason": "corrupt_mask",
+            "stage": "targets",
+            "uri": str(tmp_path / "images" / "4.png"),
+        },
+        {
+            "key": "images/5.png",
+            "message": f"objects[0].mask ({masks / '5_0.png'}): a JPEG mask: {LOSSY}",
+            "reason": "corrupt_mask",
+            "stage": "targets",
+            "uri": str(tmp_path / "images" / "5.png"),
+        },
+    ]
     expected = {index: semantic(index) for index in (0, 2, 3)}
     expected[1] = (semantic(1) == 1).astype(np.uint8)
     dataset = kiln.reader.load(

@@ -25,8 +25,9 @@ unknown_class        a class (object, label or labels) not in the class list,
                      the ignore value
 bad_keypoints        a labelled keypoint with a NaN or infinite coordinate
 missing_mask         a mask file that cannot be read
-corrupt_mask         a mask file that does not decode or is not one channel
-                     of at most 8 bits (`transforms.decode_mask_file`)
+corrupt_mask         a mask file that does not decode, is lossy (JPEG, lossy
+                     WebP, AVIF, JPEG 2000) or is not one channel of at most
+                     8 bits (`transforms.decode_mask_file`)
 mask_size_mismatch   a mask (file or RLE) whose size differs from its image
 bad_polygon          a polygon with fewer than 3 points or odd coordinates
 bad_segmentation     an RLE that does not decode
@@ -623,7 +624,7 @@ def _rasterize(segmentation: Any, where: str, height: int, width: int) -> np.nda
 def _decode_mask(data: bytes, where: str, max_pixels: int) -> np.ndarray:
     """A mask file's bytes as ``H x W`` uint8 class ids, as written
     (`transforms.decode_mask_file`: no colour conversion, palette indices,
-    low bit depths unscaled)."""
+    low bit depths unscaled, lossy formats refused)."""
     try:
         return transforms.decode_mask_file(data, max_pixels)
     except transforms.MaskFileError as e:

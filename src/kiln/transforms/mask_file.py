@@ -13,6 +13,10 @@ written or the file is refused (`MaskFileError`):
   exactly as a grayscale PNG's of the same bit depth: its header is
   rewritten to say grayscale, and the palette and other ancillary chunks are
   left out, before OpenCV decodes it. No pixel is decoded here.
+- Lossy formats are refused, whatever they decode to: JPEG, lossy WebP
+  (VP8), AVIF and JPEG 2000 (lossy unless encoded reversibly and kept whole,
+  which the file does not say). Lossy compression invents values at the
+  edges between classes: some are not class ids, others are the wrong ones.
 - Other formats OpenCV reads (BMP, TIFF, PNM...) are decoded by OpenCV as
   they are and must give one channel of 8 bits. Their palettes and bit
   depths below 8 are not read here (OpenCV maps a BMP's gray palette and
@@ -44,6 +48,14 @@ _PNG_GRAY, _PNG_PALETTE = 0, 3
 # the samples OpenCV returns.
 _PNG_IMAGE_CHUNKS = (b"IHDR", b"IDAT", b"IEND")
 
+# Formats whose compression changes pixel values (or may: the file does not
+# say whether a JPEG 2000 codestream is lossless), by `image_header` name.
+_LOSSY_FORMATS = {
+    "JPEG": "a JPEG mask",
+    "AVIF": "an AVIF mask",
+    "JPEG 2000": "a JPEG 2000 mask (lossless only if encoded reversibly and kept whole, "
+    "which the file does not say)",
+}
 _CHANNELS = {2: "gray with alpha", 3: "colour", 4: "colour with alpha"}
 
 
@@ -60,8 +72,8 @@ def decode_mask_file(data: bytes, max_pixels: int) -> np.ndarray:
         before decoding.
 
     Raises:
-      MaskFileError: not an image of at most `max_pixels` pixels, not one
-        channel of at most 8 bits, or does not decode.
+      MaskFileError: not an image of at most `max_pixels` pixels, lossy,
+        not one channel of at most 8 bits, or does not decode.
     """
     kind, name = image_header.identify(data)
     try:
@@ -70,6 +82,14 @@ def decode_mask_file(data: bytes, max_pixels: int) -> np.ndarray:
         header_ok = False
     if kind != "opencv" or name is None or not header_ok:
         raise MaskFileError(f"not a PNG (or image) file of at most {max_pixels} pixels")
+    lossy = _LOSSY_FORMATS.get(name)
+    if name == "WebP" and _is_lossy_webp(data):
+        lossy = "a lossy WebP mask"
+    if lossy:
+        raise MaskFileError(
+            f"{lossy}: lossy compression changes class ids at the edges between classes; "
+            f"save masks as PNG"
+        )
     if name == "PNG":
         return _png_class_ids(data)
     return _single_channel(_imdecode(data), name)
@@ -139,3 +159,22 @@ def _palette_as_gray(data: bytes) -> bytes:
             break
         offset = end
     return b"".join(parts)
+
+
+def _is_lossy_webp(data: bytes) -> bool:
+    """Whether a WebP file's image is a VP8 (lossy) bitstream rather than VP8L
+    (lossless): the first of them among the RIFF container's chunks (a bare
+    bitstream, without the container, is VP8L only if it starts 0x2F)."""
+    if data[:4] != b"RIFF":
+        return data[:1] != b"\x2f"
+    offset = 12
+    while offset + 8 <= len(data):
+        kind = data[offset : offset + 4]
+        if kind in (b"VP8 ", b"VP8L"):
+            return kind == b"VP8 "
+        if kind == b"ANMF":  # an animation frame: its image chunk follows a 16-byte header
+            offset += 8 + 16
+            continue
+        (length,) = struct.unpack_from("<I", data, offset + 4)
+        offset += 8 + length + (length & 1)
+    return False
