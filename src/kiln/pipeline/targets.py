@@ -25,7 +25,9 @@ unknown_class        a class (object, label or labels) not in the class list,
                      the ignore value
 bad_keypoints        a labelled keypoint with a NaN or infinite coordinate
 missing_mask         a mask file that cannot be read
-corrupt_mask         a mask file that is not a single-channel 8-bit image
+corrupt_mask         a mask file that does not decode, is lossy (JPEG, lossy
+                     WebP, AVIF, JPEG 2000) or is not one channel of at most
+                     8 bits (`transforms.decode_mask_file`)
 mask_size_mismatch   a mask (file or RLE) whose size differs from its image
 bad_polygon          a polygon with fewer than 3 points or odd coordinates
 bad_segmentation     an RLE that does not decode
@@ -64,7 +66,6 @@ from kiln.pipeline import box_convention, target_rows
 from kiln.pipeline.box_convention import FAR_OUTSIDE
 from kiln.pipeline.statistics import TargetCounts
 from kiln.schemas import TargetsConfig
-from kiln.transforms import image_header
 
 REASONS = (
     "bad_box",
@@ -631,43 +632,13 @@ def _rasterize(segmentation: Any, where: str, height: int, width: int) -> np.nda
 
 
 def _decode_mask(data: bytes, where: str, max_pixels: int) -> np.ndarray:
-    """A mask file's bytes as ``H x W`` uint8 class ids (no colour conversion:
-    class ids are not luma)."""
-    buffer = np.frombuffer(data, np.uint8)
+    """A mask file's bytes as ``H x W`` uint8 class ids, as written
+    (`transforms.decode_mask_file`: no colour conversion, palette indices,
+    low bit depths unscaled, lossy formats refused)."""
     try:
-        header_ok = bool(data) and _header_pixels(data) <= max_pixels
-    except ValueError:
-        header_ok = False
-    if not header_ok:
-        raise BadAnnotation(
-            "corrupt_mask", f"{where}: not a PNG (or image) file of at most {max_pixels} pixels"
-        )
-    mask = cv2.imdecode(buffer, cv2.IMREAD_UNCHANGED)
-    if mask is None:
-        raise BadAnnotation("corrupt_mask", f"{where}: the mask file does not decode")
-    if mask.ndim == 3 and mask.shape[2] == 1:
-        mask = mask[:, :, 0]
-    if mask.ndim != 2 or mask.dtype != np.uint8:
-        channels = 1 if mask.ndim == 2 else mask.shape[2]
-        raise BadAnnotation(
-            "corrupt_mask",
-            f"{where}: expected a single-channel 8-bit image (class ids), got {channels} "
-            f"channel(s) of {mask.dtype}",
-        )
-    return np.ascontiguousarray(mask)
-
-
-def _header_pixels(data: bytes) -> int:
-    """Pixels decoding a mask file allocates, read from its header (a mask
-    can be a decompression bomb too).
-
-    Raises:
-      ValueError: not an image file OpenCV reads, or a damaged header.
-    """
-    kind, name = image_header.identify(data)
-    if kind != "opencv" or name is None:
-        raise ValueError("not an image file")
-    return image_header.read(data, name).decode_pixels
+        return transforms.decode_mask_file(data, max_pixels)
+    except transforms.MaskFileError as e:
+        raise BadAnnotation("corrupt_mask", f"{where}: {e}") from None
 
 
 # How masks are written as PNG. The reader decodes one per element, so these

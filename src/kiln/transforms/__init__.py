@@ -12,6 +12,7 @@ Images are uint8 ``HxWxC`` NumPy arrays in RGB order (C is 1 or 3).
 - `targets`: boxes, keypoints and masks of an image (`Targets`), moved with
   it by `Chain.apply` along each transform's `geometry.CoordinateMap`.
 - `masks`: COCO polygons and RLE to masks.
+- `mask_file`: a mask file's bytes to the class ids written in it.
 - `threads`: how many threads OpenCV may use inside one call.
 """
 
@@ -36,6 +37,7 @@ from kiln.transforms.decode import (
 )
 from kiln.transforms.encode import encode_image
 from kiln.transforms.geometry import NO_GEOMETRY, CoordinateMap
+from kiln.transforms.mask_file import MaskFileError, decode_mask_file
 from kiln.transforms.masks import (
     SegmentationError,
     polygons_to_mask,
@@ -56,6 +58,7 @@ __all__ = [
     "CoordinateMap",
     "DecodeError",
     "DecodedImage",
+    "MaskFileError",
     "SegmentationError",
     "Targets",
     "TargetsError",
@@ -63,6 +66,7 @@ __all__ = [
     "TransformConfigError",
     "TransformError",
     "decode_image",
+    "decode_mask_file",
     "decode_with_orientation",
     "encode_image",
     "get",
