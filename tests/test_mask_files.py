@@ -168,6 +168,24 @@ def test_a_mask_of_more_bits_or_channels_is_refused_saying_what_it_is(pixels, me
         decode_mask_file(encoded.tobytes(), 100)
 
 
+@pytest.mark.parametrize(
+    "extension, name",
+    [(".tiff", "TIFF"), (".bmp", "BMP"), (".pgm", "PNM")],
+)
+def test_a_mask_in_another_format_is_refused_saying_why(extension, name):
+    # Even an 8-bit gray one, which OpenCV would read as written: its format
+    # has variants (a 1-bit TIFF, a BMP palette, a PGM of maximum 1) that it
+    # would not, and only PNG's are told apart here.
+    ok, encoded = cv2.imencode(extension, a_mask_with_edges())
+    assert ok
+    with pytest.raises(MaskFileError) as caught:
+        decode_mask_file(encoded.tobytes(), 10**4)
+    assert str(caught.value).startswith(
+        f"a {name} mask: masks are read from PNG files only, whose every layout"
+    )
+    assert str(caught.value).endswith("save the mask as PNG")
+
+
 def test_a_palette_png_with_a_damaged_header_is_not_repaired():
     encoded = bytearray(png(every_value(8), 8, 3, chunk(b"PLTE", bytes(768))))
     encoded[29] ^= 0xFF  # IHDR's CRC: rewriting the header must not make it valid

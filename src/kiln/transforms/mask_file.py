@@ -17,12 +17,14 @@ written or the file is refused (`MaskFileError`):
   (VP8), AVIF and JPEG 2000 (lossy unless encoded reversibly and kept whole,
   which the file does not say). Lossy compression invents values at the
   edges between classes: some are not class ids, others are the wrong ones.
-- Other formats OpenCV reads (BMP, TIFF, PNM...) are decoded by OpenCV as
-  they are and must give one channel of 8 bits. Their palettes and bit
-  depths below 8 are not read here (OpenCV maps a BMP's gray palette and
-  widens 1-bit BMP, TIFF and PBM images): masks of those kinds must be PNGs.
-- More than 8 bits (16-bit PNG or TIFF), more than one channel (colour,
-  gray with alpha) and floating point are refused, saying what the file is.
+- Other formats OpenCV reads (BMP, TIFF, PNM...) are refused too: each has
+  variants OpenCV decodes to other values than the ones written (it maps a
+  BMP's palette to its gray levels, widens 1-bit BMP, TIFF and PBM images,
+  scales a PGM of a maximum below 255, and a TIFF may hold JPEG data), and
+  telling them apart would take a reader of every format's header. Masks
+  are PNGs, as the build's masks are written; any image converts to one.
+- More than 8 bits (16-bit PNG), more than one channel (colour, gray with
+  alpha) and floating point are refused, saying what the file is.
 
 The header, and so the pixel count, is read (`image_header`) before
 anything is decoded: a mask can be a decompression bomb too.
@@ -90,9 +92,14 @@ def decode_mask_file(data: bytes, max_pixels: int) -> np.ndarray:
             f"{lossy}: lossy compression changes class ids at the edges between classes; "
             f"save masks as PNG"
         )
-    if name == "PNG":
-        return _png_class_ids(data)
-    return _single_channel(_imdecode(data), name)
+    if name != "PNG":
+        raise MaskFileError(
+            f"a {name} mask: masks are read from PNG files only, whose every layout (8-bit, "
+            f"1, 2 or 4 bits, palette) gives the class ids as written; {name} files have "
+            f"variants that decode to other values (palettes, fewer bits, scaled samples): "
+            f"save the mask as PNG"
+        )
+    return _png_class_ids(data)
 
 
 def _imdecode(data: bytes) -> np.ndarray:
