@@ -129,16 +129,18 @@ def count_listed(boxes: Iterable[Sequence[float]]) -> BoxEvidence:
     """The evidence of one row's boxes as listed, before its image's size is
     known: `count`'s normalized and ``[x, y, width, height]`` boxes, without
     the image's size to check them against (so a verdict on it needs no
-    more evidence: see `verdict`'s `listed`)."""
-    found = [0, 0, 0]
-    for box in boxes:
-        a, b, c, d = (float(v) for v in box)
-        if not all(math.isfinite(v) for v in (a, b, c, d)):
+    more evidence: see `verdict`'s `listed`). Run on every listed row, so
+    kept to plain arithmetic."""
+    total = normalized = xywh = 0
+    for a, b, c, d in boxes:
+        if not math.isfinite(a + b + c + d):  # NaN or infinite (or beyond 1e308)
             continue
-        found[0] += 1
-        found[1] += 0 <= a < c <= 1 and 0 <= b < d <= 1
-        found[2] += (c < a or d < b) and c > 0 and d > 0
-    return BoxEvidence(*found)
+        total += 1
+        if 0 <= a < c <= 1 and 0 <= b < d <= 1:
+            normalized += 1
+        elif (c < a or d < b) and c > 0 and d > 0:
+            xywh += 1
+    return BoxEvidence(total, normalized, xywh)
 
 
 @dataclasses.dataclass(frozen=True)
