@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import kiln.reader
+import targets_data
 from kiln.reader.targets import TargetError
 from reader import scene_records, scenes
 
@@ -124,6 +125,50 @@ def test_model_layer_moves_targets_exactly_as_the_data_path(scenes_dataset, max_
             assert not scenes.check_element(image, moved, iou_side=40)
         compared += 1
     assert compared == 2
+
+
+@pytest.fixture(scope="session")
+def every_target_dataset(tmp_path_factory):
+    """tests/targets_data.py's corpus built with every kind of target: label,
+    multi-label ``labels`` (0 to 3 per image), boxes with a field, both masks,
+    keypoints and extra columns."""
+    from kiln.pipeline import build
+
+    folder = tmp_path_factory.mktemp("every-target")
+    manifest, _ = targets_data.corpus(folder, 12)
+    config = {
+        "name": "every-target",
+        "source": {"type": "manifest", "path": manifest},
+        "output": str(folder / "datasets"),
+        "encoding": {"format": "png"},
+        "splits": {"fractions": {"train": 1.0}},
+        "targets": targets_data.TARGETS,
+    }
+    return build(config, [])
+
+
+@pytest.mark.parametrize("max_objects", [None, 4])
+def test_model_layer_passes_per_image_targets_through(every_target_dataset, max_objects):
+    """Element ops leave label, labels and extras as read: the layer passes them
+    through (a ragged row of labels per image) and moves the rest as `load` does."""
+    augment = [{"random_crop": {"size": 40}}, "random_flip_left_right"]
+    kwargs = {"batch_size": 4, "seed": 3, "augment": augment, "max_objects": max_objects}
+    data = kiln.reader.load(every_target_dataset.dataset_dir, **kwargs)
+    model_dataset, layer = kiln.reader.load_for_model(every_target_dataset.dataset_dir, **kwargs)
+    compared = 0
+    for (images, targets), (inputs, raw) in zip(data, model_dataset, strict=True):
+        assert {"label", "labels", "weather"} <= set(raw)
+        layer_images, layer_targets = layer(dict(inputs, targets=raw), training=True)
+        np.testing.assert_allclose(layer_images.numpy(), images.numpy(), atol=1e-6)
+        assert sorted(layer_targets) == sorted(targets)
+        for name in sorted(targets):
+            expected, actual = targets[name], layer_targets[name]
+            if isinstance(expected, tf.RaggedTensor):
+                assert actual.to_list() == expected.to_list(), name
+            else:
+                np.testing.assert_array_equal(actual.numpy(), expected.numpy(), err_msg=name)
+        compared += 1
+    assert compared == 3
 
 
 @pytest.fixture(scope="session")

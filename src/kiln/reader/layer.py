@@ -128,7 +128,11 @@ class AugmentationLayer(tf.keras.layers.Layer):
         max_objects = _padded_objects(targets, spec)
         if max_objects is not None:
             targets = unpad_objects(targets, spec)
-        names = [name for name in spec.names if name in targets]
+        # Element ops move the per-object columns and the masks only; the
+        # per-image label, labels (a ragged row per image) and extras pass
+        # through, as in the tf.data path.
+        moving = {*spec.object_columns, "mask"}
+        names = [name for name in spec.names if name in targets and name in moving]
         randomly = bool(training and self.random)
         if randomly and seeds is None:
             raise ValueError(_NEEDS_SEEDS)
@@ -152,7 +156,7 @@ class AugmentationLayer(tf.keras.layers.Layer):
                 return tf.RaggedTensorSpec(
                     [None] * (value.shape.rank - 1), value.dtype, ragged_rank=0
                 )
-            return tf.TensorSpec(None, value.dtype)
+            return tf.TensorSpec(None, value.dtype)  # the class mask: [H, W, 1]
 
         out, moved = tf.map_fn(
             _unconverted(one),
