@@ -172,6 +172,70 @@ def test_model_layer_passes_per_image_targets_through(every_target_dataset, max_
 
 
 @pytest.fixture(scope="session")
+def empty_mask_dataset(tmp_path_factory):
+    """64x64 images with a 20x20 square and a 2x2 object whose polygon covers
+    no pixel's centre: the build keeps it, with an empty instance mask (as
+    COCO's tiniest objects get)."""
+    import json
+
+    from kiln.pipeline import build
+
+    folder = tmp_path_factory.mktemp("empty-mask")
+    (folder / "images").mkdir()
+    image = np.full((64, 64, 3), 40, np.uint8)
+    image[30:50, 30:50] = (255, 0, 0)
+    image[10:12, 10:12] = (0, 255, 0)
+    rows = []
+    for index in range(6):
+        image[0, 0] = index  # distinct content: not duplicates
+        (folder / "images" / f"{index}.png").write_bytes(tf.io.encode_png(image).numpy())
+        square = [30, 30, 50, 30, 50, 50, 30, 50]
+        speck = [10.1, 10.1, 10.4, 10.1, 10.1, 10.4]
+        objects = [
+            {"bbox": [30, 30, 50, 50], "class": "square", "segmentation": [square]},
+            {"bbox": [10, 10, 12, 12], "class": "speck", "segmentation": [speck]},
+        ]
+        rows.append(json.dumps({"path": f"images/{index}.png", "objects": objects}) + "\n")
+    (folder / "manifest.jsonl").write_text("".join(rows))
+    config = {
+        "name": "empty-mask",
+        "source": {"type": "manifest", "path": str(folder / "manifest.jsonl")},
+        "output": str(folder / "datasets"),
+        "encoding": {"format": "png"},
+        "splits": {"fractions": {"train": 1.0}},
+        "targets": {"boxes": {"min_visibility": 0.25}, "instance_masks": {}},
+    }
+    return build(config, [])
+
+
+@pytest.mark.parametrize(
+    "augment",
+    [
+        {"random_rotation": {"angle_range": [-2, 2]}},
+        {"random_zoom": {"factor_range": [1.0, 1.02]}},
+        {"random_erasing": {"probability": 1.0, "erase_targets": True, "scale_range": [0.02, 0.1]}},
+    ],
+    ids=["rotation", "zoom", "erasing"],
+)
+def test_an_object_with_an_empty_stored_mask_is_kept_while_its_box_shows(
+    empty_mask_dataset, augment
+):
+    path = empty_mask_dataset.dataset_dir
+    stored = elements(kiln.reader.load(path, batch_size=None, augment=None, shuffle=False))
+    assert [int(t["instance_masks"][1].sum()) for _, t in stored] == [0] * 6
+    dataset = kiln.reader.load(path, batch_size=None, seed=4, repeat=4, augment=[augment])
+    speck_shown = 0
+    for image, targets in elements(dataset):
+        # Not erased: erasing sets all channels to 0, which no other pixel is.
+        if (image[9:13, 9:13].max(axis=-1) > 0).all():
+            speck_shown += 1
+            assert targets["classes"].tolist() == [1, 0], augment
+            box = targets["boxes"][1] * 64
+            assert np.abs(box - [10, 10, 12, 12]).max() < 1.5, box
+    assert speck_shown >= 12
+
+
+@pytest.fixture(scope="session")
 def objects_dataset(tmp_path_factory):
     """The scenes with boxes, keypoints and the class mask, no instance masks:
     a batched read moves their boxes and keypoints once per batch."""
