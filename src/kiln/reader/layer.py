@@ -94,6 +94,8 @@ class AugmentationLayer(tf.keras.layers.Layer):
             self._inference.check_targets(self._spec)
 
     def call(self, inputs, training=None):
+        images = inputs["image"] if isinstance(inputs, dict) else inputs
+        _check_batch(images)
         if isinstance(inputs, dict):
             images, seeds = inputs["image"], inputs.get("augment_seed")
             if inputs.get("targets") is not None:
@@ -183,6 +185,19 @@ class AugmentationLayer(tf.keras.layers.Layer):
             targets=self.targets,
         )
         return config
+
+
+def _check_batch(images: Any) -> None:
+    """Refuses images that are not a batch: the layer maps over the first
+    dimension, which of a single image is its rows."""
+    rank = tf.TensorShape(images.shape).rank
+    if rank is not None and rank != 4:
+        raise ValueError(
+            f"AugmentationLayer augments a batch of images [batch, height, width, channels], "
+            f"got shape {tf.TensorShape(images.shape)}: load_for_model without batch_size "
+            f"yields single elements; pass batch_size (or batch the dataset), or add a batch "
+            f"dimension to a single image"
+        )
 
 
 def _padded_objects(targets: Mapping[str, Any], spec: TargetSpec) -> int | None:
