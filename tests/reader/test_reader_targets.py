@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import kiln.reader
+import targets_data
 from kiln.reader.targets import TargetError
 from reader import scene_records, scenes
 
@@ -124,6 +125,114 @@ def test_model_layer_moves_targets_exactly_as_the_data_path(scenes_dataset, max_
             assert not scenes.check_element(image, moved, iou_side=40)
         compared += 1
     assert compared == 2
+
+
+@pytest.fixture(scope="session")
+def every_target_dataset(tmp_path_factory):
+    """tests/targets_data.py's corpus built with every kind of target: label,
+    multi-label ``labels`` (0 to 3 per image), boxes with a field, both masks,
+    keypoints and extra columns."""
+    from kiln.pipeline import build
+
+    folder = tmp_path_factory.mktemp("every-target")
+    manifest, _ = targets_data.corpus(folder, 12)
+    config = {
+        "name": "every-target",
+        "source": {"type": "manifest", "path": manifest},
+        "output": str(folder / "datasets"),
+        "encoding": {"format": "png"},
+        "splits": {"fractions": {"train": 1.0}},
+        "targets": targets_data.TARGETS,
+    }
+    return build(config, [])
+
+
+@pytest.mark.parametrize("max_objects", [None, 4])
+def test_model_layer_passes_per_image_targets_through(every_target_dataset, max_objects):
+    """Element ops leave label, labels and extras as read: the layer passes them
+    through (a ragged row of labels per image) and moves the rest as `load` does."""
+    augment = [{"random_crop": {"size": 40}}, "random_flip_left_right"]
+    kwargs = {"batch_size": 4, "seed": 3, "augment": augment, "max_objects": max_objects}
+    data = kiln.reader.load(every_target_dataset.dataset_dir, **kwargs)
+    model_dataset, layer = kiln.reader.load_for_model(every_target_dataset.dataset_dir, **kwargs)
+    compared = 0
+    for (images, targets), (inputs, raw) in zip(data, model_dataset, strict=True):
+        assert {"label", "labels", "weather"} <= set(raw)
+        layer_images, layer_targets = layer(dict(inputs, targets=raw), training=True)
+        np.testing.assert_allclose(layer_images.numpy(), images.numpy(), atol=1e-6)
+        assert sorted(layer_targets) == sorted(targets)
+        for name in sorted(targets):
+            expected, actual = targets[name], layer_targets[name]
+            if isinstance(expected, tf.RaggedTensor):
+                assert actual.to_list() == expected.to_list(), name
+            else:
+                np.testing.assert_array_equal(actual.numpy(), expected.numpy(), err_msg=name)
+        compared += 1
+    assert compared == 3
+
+
+@pytest.fixture(scope="session")
+def empty_mask_dataset(tmp_path_factory):
+    """64x64 images with a 20x20 square and a 2x2 object whose polygon covers
+    no pixel's centre: the build keeps it, with an empty instance mask (as
+    COCO's tiniest objects get)."""
+    import json
+
+    from kiln.pipeline import build
+
+    folder = tmp_path_factory.mktemp("empty-mask")
+    (folder / "images").mkdir()
+    image = np.full((64, 64, 3), 40, np.uint8)
+    image[30:50, 30:50] = (255, 0, 0)
+    image[10:12, 10:12] = (0, 255, 0)
+    rows = []
+    for index in range(6):
+        image[0, 0] = index  # distinct content: not duplicates
+        (folder / "images" / f"{index}.png").write_bytes(tf.io.encode_png(image).numpy())
+        square = [30, 30, 50, 30, 50, 50, 30, 50]
+        speck = [10.1, 10.1, 10.4, 10.1, 10.1, 10.4]
+        objects = [
+            {"bbox": [30, 30, 50, 50], "class": "square", "segmentation": [square]},
+            {"bbox": [10, 10, 12, 12], "class": "speck", "segmentation": [speck]},
+        ]
+        rows.append(json.dumps({"path": f"images/{index}.png", "objects": objects}) + "\n")
+    (folder / "manifest.jsonl").write_text("".join(rows))
+    config = {
+        "name": "empty-mask",
+        "source": {"type": "manifest", "path": str(folder / "manifest.jsonl")},
+        "output": str(folder / "datasets"),
+        "encoding": {"format": "png"},
+        "splits": {"fractions": {"train": 1.0}},
+        "targets": {"boxes": {"min_visibility": 0.25}, "instance_masks": {}},
+    }
+    return build(config, [])
+
+
+@pytest.mark.parametrize(
+    "augment",
+    [
+        {"random_rotation": {"angle_range": [-2, 2]}},
+        {"random_zoom": {"factor_range": [1.0, 1.02]}},
+        {"random_erasing": {"probability": 1.0, "erase_targets": True, "scale_range": [0.02, 0.1]}},
+    ],
+    ids=["rotation", "zoom", "erasing"],
+)
+def test_an_object_with_an_empty_stored_mask_is_kept_while_its_box_shows(
+    empty_mask_dataset, augment
+):
+    path = empty_mask_dataset.dataset_dir
+    stored = elements(kiln.reader.load(path, batch_size=None, augment=None, shuffle=False))
+    assert [int(t["instance_masks"][1].sum()) for _, t in stored] == [0] * 6
+    dataset = kiln.reader.load(path, batch_size=None, seed=4, repeat=4, augment=[augment])
+    speck_shown = 0
+    for image, targets in elements(dataset):
+        # Not erased: erasing sets all channels to 0, which no other pixel is.
+        if (image[9:13, 9:13].max(axis=-1) > 0).all():
+            speck_shown += 1
+            assert targets["classes"].tolist() == [1, 0], augment
+            box = targets["boxes"][1] * 64
+            assert np.abs(box - [10, 10, 12, 12]).max() < 1.5, box
+    assert speck_shown >= 12
 
 
 @pytest.fixture(scope="session")

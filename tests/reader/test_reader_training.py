@@ -157,3 +157,18 @@ def test_layer_round_trips_through_keras_config(png_dataset):
     np.testing.assert_array_equal(clone(inputs, training=True), layer(inputs, training=True))
     with pytest.raises(ValueError, match="needs the batch's 'augment_seed'"):
         layer(batch, training=True)
+
+
+def test_layer_refuses_a_single_image_saying_it_needs_a_batch(png_dataset):
+    # Without batch_size load_for_model yields single elements; the layer maps
+    # over the first dimension, which of one image is its rows.
+    crop = [{"random_crop": {"size": 24}}]
+    dataset, layer = kiln.reader.load_for_model(png_dataset.dataset_dir, seed=1, augment=crop)
+    features, _ = next(iter(dataset))
+    assert features["image"].shape == (32, 32, 3)
+    with pytest.raises(ValueError, match=r"a batch of images .* got shape \(32, 32, 3\)"):
+        layer(features, training=True)
+    with pytest.raises(ValueError, match=r"pass batch_size"):
+        layer(features["image"], training=False)
+    batched = {name: value[None] for name, value in features.items()}
+    assert layer(batched, training=True).shape == (1, 24, 24, 3)

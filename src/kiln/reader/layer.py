@@ -94,6 +94,8 @@ class AugmentationLayer(tf.keras.layers.Layer):
             self._inference.check_targets(self._spec)
 
     def call(self, inputs, training=None):
+        images = inputs["image"] if isinstance(inputs, dict) else inputs
+        _check_batch(images)
         if isinstance(inputs, dict):
             images, seeds = inputs["image"], inputs.get("augment_seed")
             if inputs.get("targets") is not None:
@@ -128,7 +130,11 @@ class AugmentationLayer(tf.keras.layers.Layer):
         max_objects = _padded_objects(targets, spec)
         if max_objects is not None:
             targets = unpad_objects(targets, spec)
-        names = [name for name in spec.names if name in targets]
+        # Element ops move the per-object columns and the masks only; the
+        # per-image label, labels (a ragged row per image) and extras pass
+        # through, as in the tf.data path.
+        moving = {*spec.object_columns, "mask"}
+        names = [name for name in spec.names if name in targets and name in moving]
         randomly = bool(training and self.random)
         if randomly and seeds is None:
             raise ValueError(_NEEDS_SEEDS)
@@ -152,7 +158,7 @@ class AugmentationLayer(tf.keras.layers.Layer):
                 return tf.RaggedTensorSpec(
                     [None] * (value.shape.rank - 1), value.dtype, ragged_rank=0
                 )
-            return tf.TensorSpec(None, value.dtype)
+            return tf.TensorSpec(None, value.dtype)  # the class mask: [H, W, 1]
 
         out, moved = tf.map_fn(
             _unconverted(one),
@@ -179,6 +185,19 @@ class AugmentationLayer(tf.keras.layers.Layer):
             targets=self.targets,
         )
         return config
+
+
+def _check_batch(images: Any) -> None:
+    """Refuses images that are not a batch: the layer maps over the first
+    dimension, which of a single image is its rows."""
+    rank = tf.TensorShape(images.shape).rank
+    if rank is not None and rank != 4:
+        raise ValueError(
+            f"AugmentationLayer augments a batch of images [batch, height, width, channels], "
+            f"got shape {tf.TensorShape(images.shape)}: load_for_model without batch_size "
+            f"yields single elements; pass batch_size (or batch the dataset), or add a batch "
+            f"dimension to a single image"
+        )
 
 
 def _padded_objects(targets: Mapping[str, Any], spec: TargetSpec) -> int | None:

@@ -606,12 +606,17 @@ class ElementTargets:
                 out["mask"][None], transform, shape, fill_mode, self.spec.ignore_value
             )[0]
         if "instance_masks" in out:
+            had_pixels = _has_pixels(out["instance_masks"])
             masks = _warp_masks(out["instance_masks"], transform, shape, "constant", 0)
             out["instance_masks"] = masks
             if "boxes" in out:
                 from_masks, filled = mask_boxes(masks)
                 out["boxes"] = tf.where(filled[:, None], from_masks, out["boxes"])
-                keep = keep & filled if keep is not None else filled
+                # A mask that had pixels and lost them all left the image. A
+                # stored empty mask (a polygon too small to cover a pixel's
+                # centre: the build keeps it) tells nothing: its box decides.
+                kept = filled | tf.logical_not(had_pixels)
+                keep = keep & kept if keep is not None else kept
         result = ElementTargets(out, self.spec)  # masks materialized above
         return result.keep_objects(keep) if keep is not None else result
 
@@ -621,7 +626,8 @@ class ElementTargets:
         The semantic mask gets `ignore_value` there, instance masks 0;
         keypoints under it become visibility 0; objects whose instance mask
         (or, without masks, whose box) keeps less than ``min_visibility``
-        are dropped. Boxes are left as they are (the object's extent did not
+        are dropped (an object whose stored instance mask is empty, by its
+        box). Boxes are left as they are (the object's extent did not
         change, only what shows of it).
         """
         out = dict(self.materialized().tensors)
@@ -643,15 +649,7 @@ class ElementTargets:
                     covered, tf.zeros_like(out["keypoint_visibility"]), out["keypoint_visibility"]
                 ),
             )
-        if "instance_masks" in out:
-            before = tf.reduce_sum(tf.cast(out["instance_masks"], tf.float32), [1, 2, 3])
-            masks = tf.where(
-                inside[None, :, :, None], tf.constant(0, tf.uint8), out["instance_masks"]
-            )
-            after = tf.reduce_sum(tf.cast(masks, tf.float32), [1, 2, 3])
-            out["instance_masks"] = masks
-            keep = (after > 0) & (after >= self.spec.min_visibility * before)
-        elif "boxes" in out:
+        if "boxes" in out:
             shape = tf.cast(tf.shape(inside), tf.float32)
             rows = tf.reduce_any(inside, axis=1)
             cols = tf.reduce_any(inside, axis=0)
@@ -659,8 +657,17 @@ class ElementTargets:
             covered = _intersection_area(out["boxes"], box[None]) / tf.maximum(
                 _area(out["boxes"]), 1e-12
             )
-            keep = (1.0 - covered) >= self.spec.min_visibility
-            keep &= covered < 1.0
+            keep = ((1.0 - covered) >= self.spec.min_visibility) & (covered < 1.0)
+        if "instance_masks" in out:
+            before = tf.reduce_sum(tf.cast(out["instance_masks"], tf.float32), [1, 2, 3])
+            masks = tf.where(
+                inside[None, :, :, None], tf.constant(0, tf.uint8), out["instance_masks"]
+            )
+            after = tf.reduce_sum(tf.cast(masks, tf.float32), [1, 2, 3])
+            out["instance_masks"] = masks
+            by_mask = (after > 0) & (after >= self.spec.min_visibility * before)
+            # A stored empty mask (see `warp`) is judged by its box.
+            keep = by_mask if keep is None else tf.where(before > 0, by_mask, keep)
         result = ElementTargets(out, self.spec)  # masks materialized above
         return result.keep_objects(keep) if keep is not None else result
 
@@ -994,6 +1001,11 @@ def _mask_extent(rows: tf.Tensor, cols: tf.Tensor) -> tf.Tensor:
     y0, y1 = extent(rows, height)
     x0, x1 = extent(cols, width)
     return tf.stack([y0, x0, y1, x1], axis=-1)
+
+
+def _has_pixels(masks: tf.Tensor) -> tf.Tensor:
+    """bool ``[N]``: whether each ``[N, H, W, 1]`` mask has a pixel set."""
+    return tf.reduce_any(masks > 0, axis=[1, 2, 3])
 
 
 def mask_boxes(masks: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
