@@ -8,13 +8,18 @@ type is one bad row, not a failed build or a silently different value.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import numpy as np
+import tensorflow as tf
 
 import targets_data as data
+from kiln import cli
 from kiln.pipeline import build
 from kiln.pipeline.command import summary
+from kiln.schemas import METADATA_FILENAME, Schema
+from kiln.tools import inspection
 from test_targets_build import error_rows, records
 
 TARGETS = {"labels": {}, "extra": {"camera": "int", "exposure": "float"}}
@@ -151,3 +156,57 @@ def test_the_build_summary_names_label_ids_a_new_class_moved(tmp_path):
     assert "label ids changed" not in summary(same_shares)
     details = summary(new_class).splitlines()[-1]
     assert details.startswith("  label ids changed: 3 class(es) (bird, cat, dog)"), details
+
+
+def negatives_per_split(result) -> dict[str, int]:
+    """Records with no label at all, per split, read from the shards."""
+    schema = Schema.from_json(result.info.schema)
+    counts = {}
+    for name, split in result.info.splits.items():
+        paths = [os.path.join(result.dataset_dir, shard.filename) for shard in split.shards]
+        decoded = (schema.decode(r.numpy()) for r in tf.data.TFRecordDataset(paths))
+        counts[name] = sum(1 for record in decoded if not len(record["labels"]))
+    return counts
+
+
+def test_images_with_no_class_are_counted_per_split_and_shown(tmp_path, capsys):
+    """A multi-label dataset's negatives (no label at all) are in no
+    class_counts row: kiln.json counts them per split, inspect shows them and
+    verify checks them against the records, incremental builds included."""
+    paths = images(tmp_path, 8)
+    manifest = tmp_path / "tags.csv"
+
+    def export(cells: list[str]) -> None:
+        rows = [f"{path},{cell},1,0.5" for path, cell in zip(paths, cells, strict=True)]
+        manifest.write_text("path,labels,camera,exposure\n" + "\n".join(rows) + "\n")
+
+    splits = {"fractions": {"train": 0.5, "test": 0.5}, "split_by": "key"}
+    export(["bird", "", "cat|dog", "", "", "dog", "", "bird"])
+    result = build(config(manifest, tmp_path / "out", splits=splits))
+    expected = negatives_per_split(result)
+    assert sum(expected.values()) == 4
+    assert {n: s.images_without_classes for n, s in result.info.splits.items()} == expected
+
+    assert cli.main(["inspect", result.dataset_dir]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "(no class)" in line]
+    order = list(inspection.inspect_dataset(result.dataset_dir)["splits"])
+    counts = [str(expected[name]) for name in order] + ["4"]
+    assert row.split() == ["(no", "class)", *counts, "(images", "with", "no", "class)"]
+    assert cli.main(["verify", result.dataset_dir, "--quiet"]) == 0
+
+    # An incremental build reuses most records: their classes come from the index.
+    export(["bird", "", "cat|dog", "", "cat", "dog", "", "bird"])
+    again = build(config(manifest, tmp_path / "out", splits=splits))
+    assert again.incremental is not None and again.incremental.reused > 0
+    expected = negatives_per_split(again)
+    assert sum(expected.values()) == 3
+    assert {n: s.images_without_classes for n, s in again.info.splits.items()} == expected
+    assert cli.main(["verify", again.dataset_dir, "--quiet"]) == 0
+
+
+def test_a_classification_kiln_json_has_no_count_of_images_without_classes(build_dataset):
+    # Every image has its label; the field stays out, so the file keeps its bytes.
+    result = build_dataset()
+    with open(os.path.join(result.dataset_dir, METADATA_FILENAME)) as f:
+        assert "images_without_classes" not in f.read()
+    assert all(s.images_without_classes is None for s in result.info.splits.values())

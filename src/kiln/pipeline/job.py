@@ -211,6 +211,8 @@ class SplitReport:
       images: Images stored in this split.
       objects: The split's objects (datasets with boxes), classes keyed by
         id as text.
+      without_classes: Images stored in this split that carry no class
+        (with targets and no label).
     """
 
     shards: tuple[ShardInfo, ...] = ()
@@ -218,6 +220,7 @@ class SplitReport:
     statistics: ChannelStatistics | None = None
     images: int = 0
     objects: ObjectStatistics | None = None
+    without_classes: int = 0
 
     @property
     def num_records(self) -> int:
@@ -288,6 +291,7 @@ class JobReport:
                     else None,
                     "images": split.images,
                     "objects": dataclasses.asdict(split.objects) if split.objects else None,
+                    "without_classes": split.without_classes,
                 }
                 for name, split in sorted(self.splits.items())
             },
@@ -321,6 +325,7 @@ class JobReport:
                     objects=(
                         ObjectStatistics.from_json(split["objects"]) if split["objects"] else None
                     ),
+                    without_classes=int(split["without_classes"]),
                 )
                 for name, split in data["splits"].items()
             },
@@ -405,6 +410,7 @@ def _assemble_report(
                 statistics.get(name),
                 merged.images.get(name, 0),
                 merged.objects[name].statistics() if name in merged.objects else None,
+                merged.unclassed.get(name, 0),
             )
             for name in names
         },

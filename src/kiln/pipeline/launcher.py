@@ -1269,6 +1269,8 @@ def dataset_info(
             shards=list(split.shards),
             class_counts=counts,
             statistics=split.statistics,
+            # Every image of a classification dataset has its label.
+            images_without_classes=split.without_classes if spec.targets.label is None else None,
         )
     data = spec.to_json()
     objects = None

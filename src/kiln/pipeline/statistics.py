@@ -264,6 +264,8 @@ class Summary:
         dropped while listing, this must add up to the listing.
       objects: ``{split: ObjectSums}`` of datasets with boxes.
       images: ``{split: stored images}``.
+      unclassed: ``{split: stored images that carry no class}`` (with
+        targets and no ``label``: no labels, objects or mask classes).
       boxes: What the boxes of the files decoded say about their
         convention (`kiln.pipeline.box_convention`), datasets with boxes.
     """
@@ -277,6 +279,7 @@ class Summary:
         "objects",
         "images",
         "boxes",
+        "unclassed",
     )
 
     def __init__(
@@ -289,6 +292,7 @@ class Summary:
         objects=None,
         images=None,
         boxes=(),
+        unclassed=None,
     ):
         self.pixels: dict[str, PixelSums] = dict(pixels or {})
         self.class_counts: dict[tuple[str, int], int] = dict(class_counts or {})
@@ -298,6 +302,7 @@ class Summary:
         self.objects: dict[str, ObjectSums] = dict(objects or {})
         self.images: dict[str, int] = dict(images or {})
         self.boxes = BoxEvidence(*boxes)
+        self.unclassed: dict[str, int] = dict(unclassed or {})
 
     def __reduce__(self):  # plain data when Beam pickles accumulators
         return Summary, (
@@ -309,6 +314,7 @@ class Summary:
             self.objects,
             self.images,
             tuple(self.boxes),
+            self.unclassed,
         )
 
     def __eq__(self, other):
@@ -339,6 +345,8 @@ class Summary:
         for label in counted:
             key = (split, label)
             self.class_counts[key] = self.class_counts.get(key, 0) + 1
+        if not counted:
+            self.unclassed[split] = self.unclassed.get(split, 0) + 1
         if image.targets is not None and image.targets.has_objects:
             sums = self.objects.setdefault(split, ObjectSums())
             sums.add(image.targets.objects, image.targets.dropped)
@@ -359,6 +367,9 @@ class Summary:
         images = dict(self.images)
         for split, count in other.images.items():
             images[split] = images.get(split, 0) + count
+        unclassed = dict(self.unclassed)
+        for split, count in other.unclassed.items():
+            unclassed[split] = unclassed.get(split, 0) + count
         return Summary(
             pixels,
             class_counts,
@@ -368,6 +379,7 @@ class Summary:
             objects,
             images,
             self.boxes.merged(other.boxes),
+            unclassed,
         )
 
     def channel_statistics(self) -> dict[str, ChannelStatistics | None]:

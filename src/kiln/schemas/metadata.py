@@ -207,13 +207,21 @@ class ObjectStatistics:
 
 @dataclasses.dataclass
 class SplitInfo:
-    """One split: its shards, counts and pixel statistics."""
+    """One split: its shards, counts and pixel statistics.
+
+    ``images_without_classes``: with targets and no ``label``, the images
+    that carry no class at all (no labels, no objects, no mask class): the
+    negatives of a multi-label or detection dataset, which `class_counts`
+    does not show. None for classification datasets (every image has its
+    label) and datasets written before kiln counted them.
+    """
 
     name: str
     num_examples: int
     shards: list[ShardInfo]
     class_counts: dict[str, int]
     statistics: ChannelStatistics | None = None
+    images_without_classes: int | None = None
 
     @property
     def filenames(self) -> list[str]:
@@ -417,6 +425,9 @@ class DatasetInfo:
         for objects in (data.get("objects") or {}).values():
             if objects["most_objects"] is None:  # written before kiln counted it
                 del objects["most_objects"]
+        for split in data["splits"].values():
+            if split["images_without_classes"] is None:  # classification, or older
+                del split["images_without_classes"]
         if not self.has_checksum:  # older formats: their fields only
             for name in ("errors_sha256", "duplicates_sha256", CHECKSUM_FIELD):
                 if data[name] is None:
@@ -476,6 +487,11 @@ class DatasetInfo:
                     shards=[ShardInfo(**shard) for shard in split["shards"]],
                     class_counts=dict(split["class_counts"]),
                     statistics=ChannelStatistics(**stats) if stats else None,
+                    images_without_classes=(
+                        None
+                        if split.get("images_without_classes") is None
+                        else int(split["images_without_classes"])
+                    ),
                 )
             fields = {f.name for f in dataclasses.fields(cls)}
             missing = {

@@ -110,6 +110,7 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
                 for s in split.shards
             ],
             "class_counts": dict(split.class_counts),
+            "images_without_classes": split.images_without_classes,
             "statistics": None
             if split.statistics is None
             else {
@@ -511,6 +512,13 @@ def _classes_table(summary: dict[str, Any]) -> list[str]:
         counts.append(summary["class_counts"][name])
         cells = "  ".join(f"{count:>{w}}" for count, w in zip(counts, widths, strict=True))
         lines.append(f"  {name:<{width}}  {cells}  (label {label})")
+    without = [splits[split]["images_without_classes"] for split in splits]
+    if any(count is not None for count in without):
+        # The images no row above counts: a multi-label or detection dataset's negatives.
+        counts = [count or 0 for count in without]
+        counts.append(sum(counts))
+        cells = "  ".join(f"{count:>{w}}" for count, w in zip(counts, widths, strict=True))
+        lines.append(f"  {'(no class)':<{width}}  {cells}  (images with no class)")
     return lines
 
 

@@ -143,6 +143,7 @@ class _SplitTally:
     pixels: int = 0
     labels: dict[int, int] = dataclasses.field(default_factory=dict)
     objects: dict[int, int] = dataclasses.field(default_factory=dict)  # class id -> objects
+    without_classes: int = 0  # records that carry no class (targets without a label)
     complete: bool = True  # every shard read without a problem
 
 
@@ -363,8 +364,10 @@ def _check_records(
         count += 1
         tally.records += 1
         tally.pixels += int(facts["height"]) * int(facts["width"])
-        for label in _image_classes(facts, metadata):
+        classes = _image_classes(facts, metadata)
+        for label in classes:
             tally.labels[label] = tally.labels.get(label, 0) + 1
+        tally.without_classes += not classes
         for class_id in facts.get("classes", ()):
             tally.objects[int(class_id)] = tally.objects.get(int(class_id), 0) + 1
 
@@ -477,6 +480,11 @@ def _check_split(split: SplitInfo, metadata: DatasetInfo, tally: _SplitTally) ->
     stated = {name: int(n) for name, n in split.class_counts.items() if n}
     if counted != stated:
         found.append(f"class_counts are {stated}, the records hold {counted}")
+    if split.images_without_classes not in (None, tally.without_classes):
+        found.append(
+            f"images_without_classes is {split.images_without_classes}, the records hold "
+            f"{tally.without_classes} images with no class"
+        )
     objects = (metadata.objects or {}).get(split.name)
     if objects is not None:
         counted = {metadata.class_names[c]: n for c, n in sorted(tally.objects.items())}
