@@ -45,7 +45,8 @@ checked against the sha256 kiln.json records (`VerifyBaseFiles`): the
 records of a shard that differs are processed from their source files
 instead, and a damaged index means no record is reused. Plugin transforms
 are part of the fingerprint by name and parameters only: after changing a
-plugin's code, build with ``--full`` (or bump a parameter).
+plugin's code, change a parameter (or its default): ``--full`` does not
+help, the unchanged stamp finds the published version up to date.
 
 In the job (`job.construct`), with a base::
 

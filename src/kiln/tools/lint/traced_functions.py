@@ -2,9 +2,11 @@
 
 `Dataset.map` (and `filter`, `flat_map`, `interleave`) and `tf.function` do not
 call a Python function once per element: they *trace* it once into a graph.
-Traced here are the functions decorated with or wrapped in `tf.function`, and
-those passed to `.map` / `.filter` / `.flat_map` / `.interleave` of something
-that looks like a tf.data Dataset rather than another library's object with a
+Traced here are the functions decorated with or wrapped in `tf.function`,
+kiln augmentation ops (decorated with `kiln.reader.register_augmentation`, and
+the `inference=` function given to it: the reader maps them), and those
+passed to `.map` / `.filter` / `.flat_map` / `.interleave` of something that
+looks like a tf.data Dataset rather than another library's object with a
 `.map` (see `DatasetEvidence`). `taint` starts from these and follows the
 same-module functions they call. Names imported from other modules are not
 followed: lint those modules too (their own `map` calls and `tf.function`s are
@@ -26,6 +28,10 @@ from kiln.tools.lint.resolution import (
     keyword_argument,
 )
 
+# `kiln.reader`'s augmentation registry: the reader's Dataset.map traces every op.
+_REGISTER_AUGMENTATION = frozenset(
+    {"kiln.reader.register_augmentation", "kiln.reader.ops.register_augmentation"}
+)
 _DATASET_FUNCTION_METHODS = {
     # method: (position of the function argument, its keyword name)
     "map": (0, "map_func"),
@@ -135,12 +141,19 @@ _OTHER_CONSTRUCTOR = re.compile(
 
 def traced_functions(index: ModuleIndex) -> Iterator[ResolvedFunction]:
     """The functions TensorFlow traces: tf.function-decorated or -wrapped ones,
-    and those passed to a tf.data Dataset's map/filter/flat_map/interleave."""
+    kiln augmentation ops, and those passed to a tf.data Dataset's
+    map/filter/flat_map/interleave."""
     evidence = DatasetEvidence(index)
     for node in ast.walk(index.tree):
         if isinstance(node, FUNCTION_NODES):
-            if TF_FUNCTION in index.decorator_names(node):
+            decorators = index.decorator_names(node)
+            if TF_FUNCTION in decorators:
                 yield ResolvedFunction(node, skip=1 if index.is_method(node) else 0)
+            elif decorators & _REGISTER_AUGMENTATION:
+                # fn(image, seed, *, params): the image and seed are tensors,
+                # the keyword-only parameters configuration.
+                yield ResolvedFunction(node)
+                yield from _inference_forms(index, node)
         elif isinstance(node, ast.Call):
             scope = index.scope_of(node)
             if _is_tf_function_wrapper(index, node.func) and node.args:
@@ -160,6 +173,17 @@ def traced_functions(index: ModuleIndex) -> Iterator[ResolvedFunction]:
                 callables = index.resolve_callables(function, scope)
                 if callables and evidence.is_dataset_call(node):
                     yield from callables
+
+
+def _inference_forms(index: ModuleIndex, op: ast.AST) -> Iterator[ResolvedFunction]:
+    """The ``inference=`` functions given to the op's `register_augmentation`."""
+    for decorator in getattr(op, "decorator_list", []):
+        if isinstance(decorator, ast.Call) and index.qualify(decorator.func) in (
+            _REGISTER_AUGMENTATION
+        ):
+            inference = keyword_argument(decorator, "inference")
+            if inference is not None:
+                yield from index.resolve_callables(inference, index.scope_of(op))
 
 
 def _is_tf_function_wrapper(index: ModuleIndex, func: ast.AST) -> bool:
