@@ -2,13 +2,16 @@
 config's ``plugins:`` names, validated before the build, usable on fresh Beam
 worker processes; the reader never imports a module a dataset's files name."""
 
+import json
 import os
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+import yaml
 
+import kiln
 from conftest import make_config
 from kiln.pipeline import ConfigError, build, config
 from reader.fresh_process import run_python
@@ -152,3 +155,61 @@ def test_plugin_transforms_run_on_fresh_worker_processes(
     assert "unknown augmentation op 'random_invert_colours'" in lines[0]
     assert f"built with plugins: ['{TRANSFORMS_MODULE}', '{AUGMENT_MODULE}']" in lines[0]
     assert lines[1:] == ["imported: False", "batch: (4, 32, 32, 3)"]
+
+
+EDITED_MODULE = "kiln_test_edited_plugin"
+EDITED_SOURCE = """
+    import numpy as np
+    from kiln.transforms import register
+
+    @register()
+    def brighten(image: np.ndarray) -> np.ndarray:
+        return np.minimum(image.astype(np.int16) + {offset}, 255).astype(np.uint8)
+"""
+BUILD_SCRIPT = """
+import json, sys
+from kiln import cli
+code = cli.main(["build", "--config", sys.argv[1], "--quiet", "--report", sys.argv[2]])
+print(json.dumps(json.load(open(sys.argv[2]))))
+sys.exit(code)
+"""
+
+
+def test_an_edit_to_a_plugin_module_makes_a_new_version(demo_corpus, tmp_path):
+    # Each nightly build is a new process, which imports the plugin as its
+    # file is now: an edit to it is a new version, built without reuse; an
+    # unchanged file is up to date.
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    data = make_config(
+        demo_corpus.out_dir,
+        output=str(tmp_path / "out"),
+        transforms=[{"resize": {"shorter_side": 40}}, {"center_crop": {"size": 32}}, "brighten"],
+        plugins=[EDITED_MODULE],
+    )
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    source_root = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
+    env = {"PYTHONPATH": os.pathsep.join([source_root, str(folder)])}
+
+    def nightly(offset: int) -> dict:
+        (folder / f"{EDITED_MODULE}.py").write_text(
+            textwrap.dedent(EDITED_SOURCE.format(offset=offset))
+        )
+        report = tmp_path / "report.json"
+        return json.loads(run_python(BUILD_SCRIPT, str(config_path), str(report), env=env))
+
+    first = nightly(10)
+    assert first["status"] == "built"
+    assert nightly(10)["status"] == "up_to_date"
+    edited = nightly(20)
+    assert edited["status"] == "built" and edited["version"] != first["version"]
+    assert edited["incremental"]["reused"] == 0, edited["incremental"]
+    dataset = tmp_path / "out" / data["name"]
+    before, after = (
+        json.loads((dataset / report["version"] / "kiln.json").read_text())
+        for report in (first, edited)
+    )
+    assert before["processing"]["fingerprint"] != after["processing"]["fingerprint"]
+    shards = [[s["sha256"] for s in info["splits"]["train"]["shards"]] for info in (before, after)]
+    assert shards[0] != shards[1]

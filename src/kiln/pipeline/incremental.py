@@ -30,7 +30,7 @@ the run, not of the dataset: it is in the build's summary and ``--report``
 **Processing fingerprint** (`processing_fingerprint`): what decides a
 record's bytes given its source file: the ``image``, ``transforms``,
 ``encoding`` (and ``targets``) sections of the resolved config, the plugins
-named, the record schema, `kiln.FORMAT_VERSION`, `PROCESSING_VERSION` and
+named and their modules' files, the record schema, `kiln.FORMAT_VERSION`, `PROCESSING_VERSION` and
 OpenCV's version (its codecs and resizers write the pixels). It leaves out
 where the files are (``source``), the splits (a reused record may move to
 another split: its bytes do not change), sharding, augmentation and error
@@ -44,9 +44,11 @@ processing version or fingerprint differs. Inside the job each base file is
 checked against the sha256 kiln.json records (`VerifyBaseFiles`): the
 records of a shard that differs are processed from their source files
 instead, and a damaged index means no record is reused. Plugin transforms
-are part of the fingerprint by name and parameters only: after changing a
-plugin's code, change a parameter (or its default): ``--full`` does not
-help, the unchanged stamp finds the published version up to date.
+are part of the fingerprint by name, parameters and the sha256 of the
+named modules' files (`plugin_sources`): an edit there makes a new version
+built from scratch. Code they import from elsewhere is not: after changing
+it, change a parameter (or its default); ``--full`` does not help, the
+unchanged stamp finds the published version up to date.
 
 In the job (`job.construct`), with a base::
 
@@ -73,6 +75,7 @@ from __future__ import annotations
 import array
 import dataclasses
 import hashlib
+import importlib
 import logging
 import math
 import zlib
@@ -127,7 +130,30 @@ def processing_fingerprint(config: Mapping[str, Any]) -> str:
     }
     if _has_mask(config):
         data["mask_counts_version"] = MASK_COUNTS_VERSION
+    if config.get("plugins"):
+        data["plugin_sources"] = plugin_sources(config["plugins"])
     return versioning.fingerprint(data)
+
+
+def plugin_sources(modules: Sequence[str]) -> dict[str, str]:
+    """The sha256 of each plugin module's file (its source), by module name.
+
+    A plugin's transforms write the pixels as kiln's own code does, so its
+    code is part of the processing fingerprint: an edit to a module the
+    config's ``plugins:`` names makes a new version, built without reusing
+    records. Only the named modules' own files are read (not what they
+    import): for code elsewhere, change a parameter (see the module
+    docstring). The modules are imported already (the config checked them).
+    """
+    out = {}
+    for module in modules:
+        path = getattr(importlib.import_module(module), "__file__", None)
+        if not path:  # a namespace package: no file of its own
+            out[module] = ""
+            continue
+        with open(path, "rb") as f:
+            out[module] = hashlib.sha256(f.read()).hexdigest()
+    return out
 
 
 def _has_mask(config: Mapping[str, Any]) -> bool:
