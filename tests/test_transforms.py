@@ -11,6 +11,8 @@ import pytest
 from kiln import transforms
 from kiln.transforms import TransformConfigError, TransformError
 from kiln.transforms import functional as F
+from kiln.transforms.chain import TRANSFORMS
+from kiln.transforms.targets import Targets
 
 
 def gray(rows):
@@ -427,3 +429,25 @@ def test_register_refuses_bad_signatures_and_taken_names():
         transforms.register("kiln_test_positional")(lambda image, size: image)
     with pytest.raises(ValueError, match="already registered"):
         transforms.register("resize")(lambda image: image)
+
+
+def test_a_transform_that_returns_no_uint8_image_is_named():
+    # A user's transform that forgets to convert back: the file is dropped
+    # (TransformError) naming the transform, not "the transforms returned".
+    def to_float(image):
+        return image.astype(np.float32) / 255
+
+    transforms.register("kiln_test_to_float", geometry="none")(to_float)
+    try:
+        chain = transforms.parse([{"resize": {"shorter_side": 8}}, "kiln_test_to_float"])
+        image = np.full((16, 12, 3), 100, np.uint8)
+        message = (
+            r"^transforms\[1\]\.kiln_test_to_float returned a float32 array of shape "
+            r"\(11, 8, 3\); a transform returns a uint8 HxWxC array$"
+        )
+        with pytest.raises(transforms.TransformError, match=message):
+            chain(image)
+        with pytest.raises(transforms.TransformError, match=message):
+            chain.apply(image, Targets(boxes=np.zeros((0, 4))), min_visibility=0.0)
+    finally:
+        TRANSFORMS.remove("kiln_test_to_float")

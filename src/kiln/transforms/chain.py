@@ -229,8 +229,8 @@ class Chain:
     def __call__(self, image: np.ndarray) -> np.ndarray:
         if self.plugins:
             import_plugins(self.plugins)  # after the first call, a sys.modules look-up each
-        for transform in self.transforms:
-            image = transform(image)
+        for index, transform in enumerate(self.transforms):
+            image = _checked(transform(image), index, transform.name)
         return image
 
     def apply(
@@ -270,10 +270,11 @@ class Chain:
             import_plugins(self.plugins)
         targets.check_size(image.shape[0], image.shape[1])
         targets = targets.clipped(image.shape[0], image.shape[1], min_visibility=min_visibility)
-        for transform in self.transforms:
+        for index, transform in enumerate(self.transforms):
             image, targets = transform.apply(
                 image, targets, min_visibility=min_visibility, mask_fill=mask_fill
             )
+            image = _checked(image, index, transform.name)
         return image, targets
 
     def undeclared_geometry(self) -> list[tuple[int, str]]:
@@ -309,6 +310,22 @@ class Chain:
 
     def to_json(self) -> list[dict[str, Any]]:
         return [t.to_json() for t in self.transforms]
+
+
+def _checked(image: Any, index: int, name: str) -> np.ndarray:
+    """`image` if it is what a transform must return (uint8 ``H x W x C``);
+    else the file's `TransformError`, naming the transform, so a user's
+    transform that returns floats is found where it is, not at the end."""
+    if isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 3:
+        return image
+    described = (
+        f"a {image.dtype} array of shape {image.shape}"
+        if isinstance(image, np.ndarray)
+        else f"a {type(image).__name__}"
+    )
+    raise TransformError(
+        f"transforms[{index}].{name} returned {described}; a transform returns a uint8 HxWxC array"
+    )
 
 
 def parse(specs: Iterable[Any] | None, field: str = "transforms") -> Chain:
