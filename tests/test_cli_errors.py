@@ -355,22 +355,16 @@ def test_ctrl_c_during_a_build(tmp_path, signum, code, line):
 # when its job starts (inside the lock, with a staging folder), and a user
 # plugin that fails at import (while the config is checked).
 BROKEN_TENSORFLOW = 'raise RuntimeError("CUDA driver version is insufficient\\nfor CUDA runtime")\n'
-INTERNAL_ERROR_LINE = re.compile(
-    r"kiln build: internal error: (?P<what>.+) \(unexpected; the traceback is in "
-    r"(?P<file>\S+\.traceback\.txt); --verbose prints it\)\n"
-)
 
 
-def test_an_internal_error_in_a_build_is_one_line_with_its_traceback_kept(tmp_path, config):
+def with_broken_tensorflow(tmp_path, temp, *argv: str) -> subprocess.CompletedProcess:
+    """`kiln ARGV` in a process whose TensorFlow raises on import
+    (`BROKEN_TENSORFLOW`), with its temp folder at `temp`."""
     broken = tmp_path / "broken-install" / "tensorflow"
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text(BROKEN_TENSORFLOW)
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    report = tmp_path / "report.json"
-    completed = subprocess.run(
-        [sys.executable, "-m", "kiln.cli", "build", "--config", config, "--quiet"]
-        + ["--report", str(report)],
+    return subprocess.run(
+        [sys.executable, "-m", "kiln.cli", *argv],
         capture_output=True,
         text=True,
         env=dict(
@@ -379,6 +373,21 @@ def test_an_internal_error_in_a_build_is_one_line_with_its_traceback_kept(tmp_pa
             TMPDIR=str(temp),
         ),
         timeout=600,
+    )
+
+
+INTERNAL_ERROR_LINE = re.compile(
+    r"kiln build: internal error: (?P<what>.+) \(unexpected; the traceback is in "
+    r"(?P<file>\S+\.traceback\.txt); --verbose prints it\)\n"
+)
+
+
+def test_an_internal_error_in_a_build_is_one_line_with_its_traceback_kept(tmp_path, config):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    report = tmp_path / "report.json"
+    completed = with_broken_tensorflow(
+        tmp_path, temp, "build", "--config", config, "--quiet", "--report", str(report)
     )
     err = completed.stderr
     assert completed.returncode == 70, err
@@ -450,19 +459,8 @@ def test_an_internal_error_in_another_command_is_one_line(tmp_path, build_datase
     # Every command, not only `kiln build`: `kiln preview` meets the broken
     # TensorFlow install when it starts reading.
     dataset = build_dataset().dataset_dir
-    broken = tmp_path / "broken-install" / "tensorflow"
-    broken.mkdir(parents=True)
-    (broken / "__init__.py").write_text(BROKEN_TENSORFLOW)
-    completed = subprocess.run(
-        [sys.executable, "-m", "kiln.cli", "preview", dataset, "-o", str(tmp_path / "p.png")],
-        capture_output=True,
-        text=True,
-        env=dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join([SOURCE_ROOT, str(broken.parent)]),
-            TMPDIR=str(tmp_path),
-        ),
-        timeout=600,
+    completed = with_broken_tensorflow(
+        tmp_path, tmp_path, "preview", dataset, "-o", str(tmp_path / "p.png")
     )
     err = completed.stderr
     assert completed.returncode == 70 and completed.stdout == "", err
