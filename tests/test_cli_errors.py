@@ -352,8 +352,8 @@ def test_ctrl_c_during_a_build(tmp_path, signum, code, line):
 # An internal error: an exception that is not a KilnError. Not kiln's code
 # mocked, but what happens on real machines: a TensorFlow install that fails
 # to import (a CUDA library of the wrong version), which a build meets only
-# when its job starts (inside the lock, with a staging folder), and a user
-# plugin that fails at import (while the config is checked).
+# when its job starts (inside the lock, with a staging folder). A user plugin
+# that fails at import is the user's code: a config error (below).
 BROKEN_TENSORFLOW = 'raise RuntimeError("CUDA driver version is insufficient\\nfor CUDA runtime")\n'
 
 
