@@ -13,6 +13,9 @@ ops move targets with the same transform whichever they use.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
+import re
+import runpy
 
 import numpy as np
 import pytest
@@ -461,3 +464,43 @@ def test_deferred_object_moves_equal_moving_each_element_and_each_batch():
                 batch[name][index].numpy(), expected[name].numpy(), err_msg=name
             )
     assert sum(len(t["boxes"]) for t in at_once) < sum(len(t.tensors["boxes"]) for t in deferred)
+
+
+def _documented_user_ops() -> str:
+    """docs/augmentations.md's example of user ops moving targets (the `random_shift` block)."""
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "augmentations.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    [block] = [b for b in blocks if '"random_shift"' in b]
+    return block
+
+
+@pytest.mark.usefixtures("user_ops")
+def test_documented_random_shift_moves_targets_with_the_pixels(tmp_path):
+    # A real file, as a plugin module is: AutoGraph reads the functions' source.
+    module = tmp_path / "documented_ops.py"
+    module.write_text(_documented_user_ops())
+    runpy.run_path(str(module))
+    ops = [{"random_shift": {"max_pixels": 12}}]
+    augmenter = Augmenter(tuple(validate(ops)), training=True)
+    image, targets = element()
+    apply = tf.function(
+        lambda image, seed: (lambda out: (out[0], dict(out[1].tensors)))(
+            augmenter.apply_with_targets(image, targets, seed)
+        )
+    )
+    plain = tf.function(augmenter.apply)
+    boxes = []
+    for index in range(SEEDS):
+        seed = tf.constant([5, index], tf.int32)
+        out, moved = apply(image, seed)
+        checked = {name: value.numpy() for name, value in moved.items()}
+        problems = scenes.check_element(out.numpy(), checked)
+        assert not problems, f"seed {index}: {problems}"
+        np.testing.assert_array_equal(out.numpy(), plain(image, seed).numpy())
+        again_image, again = apply(image, seed)
+        np.testing.assert_array_equal(again_image.numpy(), out.numpy())
+        for name, value in again.items():
+            np.testing.assert_array_equal(value.numpy(), checked[name])
+        boxes.append(checked["boxes"])
+    # The shift is drawn per seed: the boxes do move.
+    assert len({box.round(4).tobytes() for box in boxes}) > SEEDS // 2

@@ -17,7 +17,8 @@ function once into a graph, so plain Python in it runs once, at trace time.
 This command reads the source (Python's ast; it imports neither your code nor
 TensorFlow) and reports, inside every traced function and the same-module
 functions it calls: Python/NumPy randomness, .numpy(), print(), Python
-if/while/assert on tensors, tf.py_function, and NumPy/OpenCV on tensors."""
+if/while/assert on tensors, tf.py_function, NumPy/OpenCV on tensors, and
+Python state (globals, module-level lists and dicts, self.*) changed."""
 
 
 def _epilog() -> str:

@@ -132,6 +132,7 @@ class ModuleIndex:
         self._bindings_cache: dict[ast.AST, dict[str, list[Binding]]] = {}
         self._callables_cache: dict[tuple[int, int], list[ResolvedFunction]] = {}
         self._instances_cache: dict[tuple[int, int], list[ast.ClassDef]] = {}
+        self._locals_cache: dict[ast.AST, frozenset[str]] = {}
         self.module_bindings = self.bindings(tree)
 
     @staticmethod
@@ -214,6 +215,46 @@ class ModuleIndex:
                             bound.setdefault(item.optional_vars.id, []).append(item.context_expr)
         self._bindings_cache[scope] = bound
         return bound
+
+    def local_names(self, function: ast.AST) -> frozenset[str]:
+        """Names Python makes local to a function or lambda (or global to the module):
+        its parameters and every
+        name its own body binds (assignment, loop or `with` target, import, def,
+        `except ... as`, `del`), less those it declares `global` or `nonlocal`."""
+        cached = self._locals_cache.get(function)
+        if cached is not None:
+            return cached
+        names: set[str] = set()
+        declared: set[str] = set()
+        if isinstance(function, (*FUNCTION_NODES, ast.Lambda, ast.Module)):
+            names.update(self.bindings(function))  # parameters, defs, simple assignments
+            pending: list[ast.AST] = (
+                [function.body] if isinstance(function, ast.Lambda) else list(function.body)
+            )
+            while pending:
+                node = pending.pop()
+                if isinstance(node, (ast.Global, ast.Nonlocal)):
+                    declared.update(node.names)
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                    names.add(node.id)
+                elif isinstance(node, (*FUNCTION_NODES, ast.ClassDef)):
+                    names.add(node.name)
+                    pending.extend(getattr(node, "decorator_list", []))
+                    continue  # its body is its own scope
+                elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                    names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+                elif isinstance(node, ast.ExceptHandler) and node.name:
+                    names.add(node.name)
+                elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+                    names.add(node.name)
+                elif isinstance(node, ast.MatchMapping) and node.rest:
+                    names.add(node.rest)
+                if isinstance(node, ast.Lambda):
+                    continue  # its own scope
+                pending.extend(ast.iter_child_nodes(node))
+        result = frozenset(names - declared)
+        self._locals_cache[function] = result
+        return result
 
     def lookup(self, name: str, scope: ast.AST) -> list[Binding]:
         """What `name` may refer to from `scope`, by Python's rules (classes are

@@ -71,6 +71,13 @@ RULES: dict[str, Rule] = {
             "NumPy/OpenCV call on a tensor",
             "do it offline in kiln build, or use the TF equivalent (tf.image.*, tf.math.*)",
         ),
+        Rule(
+            "K109",
+            "Python state mutated in traced code",
+            "keep per-element state in a tf.Variable created outside the traced function and "
+            "updated with assign_add / assign, or carry it in the dataset (Dataset.scan, "
+            "Dataset.enumerate)",
+        ),
     )
 }
 
@@ -316,3 +323,50 @@ def _shown_name(func: ast.AST) -> str:
     except Exception:  # unparse of odd trees is best-effort only
         return "call"
     return text if len(text) <= 40 else "..." + text[-37:]
+
+
+# --- Python state mutated at trace time (K109) ---------------------------------------
+
+# Methods that change a list, dict, set or deque in place.
+MUTATING_METHODS = frozenset(
+    {
+        "append",
+        "extend",
+        "insert",
+        "add",
+        "update",
+        "pop",
+        "popitem",
+        "setdefault",
+        "clear",
+        "remove",
+        "discard",
+        "appendleft",
+        "extendleft",
+    }
+)
+
+
+def rebinding_violation(name: str, declaration: str, augmented: bool) -> Violation:
+    """An assignment, augmented assignment or `del` of a name declared `global`/`nonlocal`."""
+    if augmented:
+        return Violation(
+            "K109",
+            f"`{name}` ({declaration}) is updated once, at trace time, not for every element: "
+            f"after any number of elements it has changed once",
+        )
+    return Violation(
+        "K109",
+        f"`{name}` ({declaration}) is assigned once, at trace time: it holds what tracing "
+        f"saw (a symbolic tensor or a trace-time value), never an element's",
+    )
+
+
+def mutation_violation(target: ast.AST, how: str) -> Violation:
+    """A mutating method call, subscript assignment/`del` or augmented assignment on
+    an object that outlives the traced function (module-level, enclosing scope, self)."""
+    return Violation(
+        "K109",
+        f"{how} `{_shown_name(target)}` changes an object outside the traced function "
+        f"once, at trace time: it gets one symbolic value from tracing, not one per element",
+    )

@@ -143,6 +143,8 @@ class _ModuleChecker:
         # Analysis key -> the shallowest call depth it was analysed at.
         self._done: dict[_AnalysisKey, int] = {}
         self._returns: dict[_AnalysisKey, bool] = {}
+        # Functions run while tracing: their locals are rebuilt on every trace.
+        self.traced_nodes: set[ast.AST] = set()
 
     def findings(self) -> list[Finding]:
         return list(self._findings.values())
@@ -185,6 +187,7 @@ class _ModuleChecker:
             return  # done already, with at least as much call depth left
         self._done[key] = depth
         node = function.node
+        self.traced_nodes.add(node)
         all_params = {
             p.arg
             for p in [
@@ -214,6 +217,7 @@ class _FunctionBodyChecker:
         self.function = function
         self.depth = depth
         self.returns_tensor = False
+        self.declared = _declarations(function)
 
     # statements
 
@@ -234,17 +238,20 @@ class _FunctionBodyChecker:
             is_tensor = self.is_tensor(node.value, tainted)
             tainted = set(tainted)
             for target in node.targets:
+                self._check_store(target, "assigning to")
                 self._bind(target, is_tensor, tainted)
             return tainted
         if isinstance(node, ast.AnnAssign):
             if node.value is None:
                 return tainted
             check(node.value, tainted)
+            self._check_store(node.target, "assigning to")
             tainted = set(tainted)
             self._bind(node.target, self.is_tensor(node.value, tainted), tainted)
             return tainted
         if isinstance(node, ast.AugAssign):
             check(node.value, tainted)
+            self._check_store(node.target, "updating")
             tainted = set(tainted)
             if self.is_tensor(node.value, tainted):
                 self._bind(node.target, True, tainted, strong=False)
@@ -287,6 +294,9 @@ class _FunctionBodyChecker:
                 check(node.msg, tainted)
             self.module.report(node, rules.statement_violation(node, self._tensor_test(tainted)))
             return tainted
+        if isinstance(node, ast.Delete):
+            for target in node.targets:
+                self._check_store(target, "deleting from")
         if isinstance(node, ast.Match):
             check(node.subject, tainted)
             after = set(tainted)
@@ -301,6 +311,84 @@ class _FunctionBodyChecker:
         if isinstance(node, ast.Return) and node.value is not None:
             self.returns_tensor |= self.is_tensor(node.value, tainted)
         return tainted
+
+    # Python state mutated at trace time (K109)
+
+    def _check_store(self, target: ast.AST, how: str) -> None:
+        """Reports an assignment target that changes state outliving this trace: a
+        name declared global/nonlocal, or an item (or, when updated, an attribute)
+        of an object from outside the traced function."""
+        if isinstance(target, ast.Name):
+            declaration = self.declared.get(target.id)
+            if declaration and not (
+                declaration == "nonlocal" and self._bound_in_traced_function(target.id)
+            ):
+                self.module.report(
+                    target, rules.rebinding_violation(target.id, declaration, how == "updating")
+                )
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                self._check_store(element, how)
+        elif isinstance(target, ast.Starred):
+            self._check_store(target.value, how)
+        elif isinstance(target, ast.Subscript) and self.is_outer_state(target.value):
+            self.module.report(target, rules.mutation_violation(target, how))
+        elif (
+            isinstance(target, ast.Attribute) and how == "updating" and self.is_outer_state(target)
+        ):
+            # `self.count += 1`; a plain `self.v = ...` is not reported: creating
+            # tf.Variables on the first call is tf.function's documented pattern.
+            self.module.report(target, rules.mutation_violation(target, how))
+
+    def is_outer_state(self, node: ast.AST) -> bool:
+        """Whether an object outlives this trace: rooted in a module-level or enclosing
+        name (not one bound by a function being traced), or an attribute of `self`.
+        Objects made by TensorFlow (a lookup table's insert is an op) are not."""
+        path: list[ast.AST] = []
+        root = node
+        while isinstance(root, (ast.Attribute, ast.Subscript)):
+            path.append(root)
+            root = root.value
+        if not isinstance(root, ast.Name) or self.index.qualify(root) is not None:
+            return False  # a call's result, or a module such as np / tf
+        index = self.index
+        receiver = index.method_receiver(self.function, root.id)
+        if receiver is not None:
+            # `self.cache`, `self.stats["n"]`: state of the instance; `self` alone is not.
+            first = path[-1] if path else None
+            if not isinstance(first, ast.Attribute):
+                return False
+            values = [value for value, _ in index.class_member(receiver, first.attr)]
+            return not any(self._made_by_tensorflow(value) for value in values)
+        if root.id in index.local_names(self.function):
+            return False
+        scope = self._binding_scope(root.id)
+        if scope is None or scope in self.module.traced_nodes:
+            return False  # unknown (a builtin, a star import), or built while tracing
+        bound_values = index.bindings(scope).get(root.id, [])
+        return not any(self._made_by_tensorflow(value) for value in bound_values)
+
+    def _made_by_tensorflow(self, value: object) -> bool:
+        return isinstance(value, ast.Call) and (self.index.qualify(value.func) or "").startswith(
+            ("tensorflow.", "keras.", "tf_keras.")
+        )
+
+    def _binding_scope(self, name: str) -> ast.AST | None:
+        """The enclosing function or the module that binds `name`, seen from here."""
+        index = self.index
+        if self.declared.get(name) == "global":
+            return index.tree if name in index.local_names(index.tree) else None
+        current = index.scope_of(self.function)
+        while True:
+            if not isinstance(current, ast.ClassDef) and name in index.local_names(current):
+                return current
+            if current is index.tree:
+                return None
+            current = index.scope_of(current)
+
+    def _bound_in_traced_function(self, name: str) -> bool:
+        scope = self._binding_scope(name)
+        return scope is not None and scope in self.module.traced_nodes
 
     def _loop(self, body: Sequence[ast.stmt], tainted: set[str]) -> set[str]:
         # Twice, so names that become tensors late in the body are tensors at its top.
@@ -377,6 +465,12 @@ class _FunctionBodyChecker:
         )
         qualified = index.qualify(node.func)
         func = node.func
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in rules.MUTATING_METHODS
+            and self.is_outer_state(func.value)
+        ):
+            self.module.report(node, rules.mutation_violation(func.value, f"`.{func.attr}()` on"))
         skipped: set[ast.AST] = set()
         last = (qualified or "").rsplit(".", 1)[-1]
         if qualified and qualified.startswith("tensorflow.") and last in _PYTHON_CALLBACK_KEYWORDS:
@@ -545,6 +639,22 @@ class _FunctionBodyChecker:
                 )
             )
         return any(self.is_tensor(child, tainted) for child in ast.iter_child_nodes(node))
+
+
+def _declarations(function: ast.AST) -> dict[str, str]:
+    """Names the function's own body declares ``global`` or ``nonlocal`` -> which."""
+    declared: dict[str, str] = {}
+    body = getattr(function, "body", [])
+    pending: list[ast.AST] = list(body) if isinstance(body, list) else []
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Global):
+            declared.update(dict.fromkeys(node.names, "global"))
+        elif isinstance(node, ast.Nonlocal):
+            declared.update(dict.fromkeys(node.names, "nonlocal"))
+        elif not isinstance(node, (*FUNCTION_NODES, ast.ClassDef, ast.expr)):
+            pending.extend(ast.iter_child_nodes(node))  # nested blocks, handlers, cases
+    return declared
 
 
 def _is_generator(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
