@@ -75,9 +75,9 @@ from __future__ import annotations
 import array
 import dataclasses
 import hashlib
-import importlib
 import logging
 import math
+import sys
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -91,6 +91,7 @@ from apache_beam.metrics import Metrics
 import kiln
 from kiln.pipeline import record_index, storage, tfrecord, versioning
 from kiln.pipeline.listing import FILES_PER_LINE
+from kiln.registry import import_plugin
 from kiln.schemas import INDEX_FILENAME, RECORD, DatasetInfo
 
 logger = logging.getLogger(__name__)
@@ -147,7 +148,11 @@ def plugin_sources(modules: Sequence[str]) -> dict[str, str]:
     """
     out = {}
     for module in modules:
-        path = getattr(importlib.import_module(module), "__file__", None)
+        if module not in sys.modules:  # the config imports them; a caller that did not
+            problem = import_plugin(module)
+            if problem:
+                raise ValueError(f"plugins: {problem}")
+        path = getattr(sys.modules[module], "__file__", None)
         if not path:  # a namespace package: no file of its own
             out[module] = ""
             continue
