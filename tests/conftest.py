@@ -45,8 +45,12 @@ import copy
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
+
+import kiln
 
 # 60 images over 4 classes; with a 0.7/0.15/0.15 split each split holds
 # several of every class. The 3 broken files are 4.8% of 63 inputs, so the
@@ -76,21 +80,36 @@ def demo_corpus(tmp_path_factory):
     )
 
 
-def offline_google(credentials) -> dict[str, str]:
-    """Environment variables for a `kiln` subprocess that must find no Google
-    Cloud credentials and reach no Google host: the credentials file
-    `credentials` (missing, or fake), and the metadata server and any proxy
-    on a closed port of localhost."""
-    return {
-        "GOOGLE_APPLICATION_CREDENTIALS": str(credentials),
-        "NO_GCE_CHECK": "true",
-        "GCE_METADATA_HOST": "127.0.0.1:9",
-        "GCE_METADATA_IP": "127.0.0.1:9",
-        "HTTPS_PROXY": "http://127.0.0.1:9",
-        "https_proxy": "http://127.0.0.1:9",
-        "NO_PROXY": "",
-        "no_proxy": "",
-    }
+def run_kiln(*argv: str, pythonpath=(), **env: str) -> subprocess.CompletedProcess:
+    """`kiln ARGV` in a subprocess: this checkout's kiln, then the folders
+    `pythonpath`, with the environment variables `env` set."""
+    source_root = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
+    return subprocess.run(
+        [sys.executable, "-m", "kiln.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=dict(
+            os.environ, PYTHONPATH=os.pathsep.join([source_root, *map(str, pythonpath)]), **env
+        ),
+        timeout=600,
+    )
+
+
+def kiln_offline(credentials, *argv: str) -> subprocess.CompletedProcess:
+    """`run_kiln` where kiln must find no Google Cloud credentials and reach
+    no Google host: the credentials file `credentials` (missing, or fake),
+    and the metadata server and any proxy on a closed port of localhost."""
+    return run_kiln(
+        *argv,
+        GOOGLE_APPLICATION_CREDENTIALS=str(credentials),
+        NO_GCE_CHECK="true",
+        GCE_METADATA_HOST="127.0.0.1:9",
+        GCE_METADATA_IP="127.0.0.1:9",
+        HTTPS_PROXY="http://127.0.0.1:9",
+        https_proxy="http://127.0.0.1:9",
+        NO_PROXY="",
+        no_proxy="",
+    )
 
 
 def make_config(corpus_dir, **overrides) -> dict:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 import kiln
-from conftest import make_config, offline_google
+from conftest import kiln_offline, make_config, run_kiln
 from kiln import cli
 
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
@@ -256,19 +256,9 @@ def test_build_into_an_unreachable_object_store_is_one_line(tmp_path, config):
     # local port, so nothing can leave the machine either way.
     report = tmp_path / "report.json"
     output = "gs://kiln-tests-no-such-bucket/datasets"
-    completed = subprocess.run(
-        [
-            *(sys.executable, "-m", "kiln.cli", "build", "--config", config),
-            *("--output", output, "--quiet", "--report", str(report)),
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(
-            os.environ,
-            PYTHONPATH=SOURCE_ROOT,
-            **offline_google(tmp_path / "no-such-credentials.json"),
-        ),
-        timeout=600,
+    completed = kiln_offline(
+        tmp_path / "no-such-credentials.json",
+        *("build", "--config", config, "--output", output, "--quiet", "--report", str(report)),
     )
     err = completed.stderr
     assert completed.returncode == 2, err
@@ -363,17 +353,7 @@ def with_broken_tensorflow(tmp_path, temp, *argv: str) -> subprocess.CompletedPr
     broken = tmp_path / "broken-install" / "tensorflow"
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text(BROKEN_TENSORFLOW)
-    return subprocess.run(
-        [sys.executable, "-m", "kiln.cli", *argv],
-        capture_output=True,
-        text=True,
-        env=dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join([SOURCE_ROOT, str(broken.parent)]),
-            TMPDIR=str(temp),
-        ),
-        timeout=600,
-    )
+    return run_kiln(*argv, pythonpath=[broken.parent], TMPDIR=str(temp))
 
 
 INTERNAL_ERROR_LINE = re.compile(

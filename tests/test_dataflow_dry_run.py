@@ -10,18 +10,14 @@ running on workers, that the container image exists and has kiln in it).
 """
 
 import json
-import os
 import socket
-import subprocess
-import sys
 
 import pytest
 import yaml
 from apache_beam.internal import pickler
 from apache_beam.portability.api import beam_runner_api_pb2
 
-import kiln
-from conftest import make_config, offline_google
+from conftest import kiln_offline, make_config
 from kiln import cli
 from kiln.pipeline import config, incremental, launcher, publish
 from kiln.schemas import RECORD
@@ -30,7 +26,6 @@ pytest.importorskip(
     "apache_beam.runners.dataflow.dataflow_runner", reason="needs kiln[gcp] (apache-beam[gcp])"
 )
 
-SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
 CONTAINER = "europe-west1-docker.pkg.dev/fake-project/kiln/kiln:0.1.0"
 DATAFLOW_ARGS = [
     "--runner=DataflowRunner",
@@ -297,17 +292,10 @@ def test_a_dry_run_that_must_read_the_output_says_so(demo_corpus, tmp_path):
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(make_config(demo_corpus.out_dir)))
     credentials = tmp_path / "no-such-credentials.json"
-    completed = subprocess.run(
-        [sys.executable, "-m", "kiln.cli", "build", "--config", str(config_path)]
-        + ["--output", "gs://fake-bucket/datasets", *DATAFLOW_ARGS],
-        capture_output=True,
-        text=True,
-        env=dict(
-            os.environ,
-            PYTHONPATH=SOURCE_ROOT,
-            **offline_google(credentials),
-        ),
-        timeout=600,
+    completed = kiln_offline(
+        credentials,
+        *("build", "--config", str(config_path), "--output", "gs://fake-bucket/datasets"),
+        *DATAFLOW_ARGS,
     )
     assert completed.returncode == 2, completed.stderr
     assert completed.stderr == (
