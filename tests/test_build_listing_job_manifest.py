@@ -10,7 +10,7 @@ import pytest
 import object_store
 from conftest import make_config
 from kiln.errors import ConfigError
-from kiln.pipeline import build, job, sources
+from kiln.pipeline import BuildError, build, job, sources
 from test_build_listing_job import _no_listing_on_the_launcher, _published, _put_corpus
 
 BUCKET = f"{object_store.SCHEME}://bucket"
@@ -164,6 +164,38 @@ def test_an_unusable_manifest_is_the_launchers_one_line(store, text, problem):
     assert "\n" not in message and problem in message
     assert message.startswith("config error in config: source.path: ")
     assert not [name for name in object_store.names(BUCKET) if "/.listings/" in name]
+
+
+@pytest.mark.parametrize("listed_by", ["launcher", "job"])
+def test_a_manifest_whose_every_row_was_dropped_is_bad_input_not_a_config_error(store, listed_by):
+    """The nightly job whose images vanished: every row names a missing
+    object. That is dropped input (exit 1 with the error report, or an empty
+    dataset under errors.allow_empty), as when every image fails to decode;
+    only a manifest naming nothing at all is a configuration error."""
+    manifest = f"{ROOT}/gone.csv"
+    object_store.put(manifest, b"path,label\ncircle/gone-1.png,circle\nstar/gone-2.png,star\n")
+    with pytest.raises(BuildError, match=r"dropped 2 of 2 input files") as failed:
+        build(_config(manifest, "datasets", listed_by))
+    report = str(failed.value).rsplit(" ", 1)[-1].rstrip(")")
+    assert report.endswith("/errors.jsonl")
+    rows = [json.loads(line) for line in object_store.get(report).decode().splitlines()]
+    assert [(row["key"], row["reason"]) for row in rows] == [
+        ("circle/gone-1.png", "missing"),
+        ("star/gone-2.png", "missing"),
+    ]
+    assert not object_store.names(f"{BUCKET}/datasets/shapes/LATEST")
+
+    allowed = _config(
+        manifest, "datasets", listed_by, errors={"max_fraction": 1.0, "allow_empty": True}
+    )
+    result = build(allowed)
+    assert result.info.class_names == ["circle", "star"]
+    assert sum(split.num_examples for split in result.info.splits.values()) == 0
+    assert result.info.dropped == {"missing": 2}
+
+    object_store.put(manifest, b"path,label\n")
+    with pytest.raises(ConfigError, match="no usable input image"):
+        build(dict(allowed, name="empty"))
 
 
 @pytest.mark.parametrize(

@@ -220,8 +220,11 @@ class ErrorsConfig(_Model):
     """If more than this fraction of the input files is dropped, the build fails (exit 1) and
     publishes nothing. Every dropped file is a row in `errors.jsonl`."""
     allow_empty: bool = False
-    """Publish a dataset with no example at all (every input dropped). Off: such a build fails
-    (exit 1), so a broken source never replaces a good dataset with an empty one."""
+    """Publish a dataset with no example at all (every input dropped, while listing or in the
+    job; the rows are in `errors.jsonl`). Off: such a build fails (exit 1), so a broken source
+    never replaces a good dataset with an empty one. A source that names nothing to build (an
+    empty manifest, a folder without class folders) is a configuration error (exit 2) either
+    way."""
     check_box_convention: bool = True
     """With `targets.boxes`: fail the build (exit 1, nothing published) when the boxes as a
     whole look written in another convention than `[x_min, y_min, x_max, y_max]` pixels:

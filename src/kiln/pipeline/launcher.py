@@ -637,7 +637,7 @@ def list_in_job(
 
     Raises:
       ConfigError: the source is neither an image folder nor a manifest,
-        cannot be listed or read, or holds no usable image.
+        cannot be listed or read, or names nothing to build (`sources.names_nothing`).
       BuildError: the listing job failed otherwise.
     """
     source = spec.config.source
@@ -676,7 +676,7 @@ def list_in_job(
             ) from e
     _check_finished(options, state, "the listing job")
     listing = listing_job.read_summary(listing_plan)
-    if not listing.num_files:
+    if sources.names_nothing(listing.num_files, listing.num_dropped, listing.class_names):
         raise spec.error(source.no_usable_image(listing.num_dropped, listing.first_dropped))
     logger.info(
         "listed %d files (%d dropped) in %d classes in the job",

@@ -47,7 +47,7 @@ import os
 import posixpath
 import re
 import stat
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -72,6 +72,20 @@ else:  # Beam on first use: validating a config needs none of it
 logger = logging.getLogger(__name__)
 
 _SPLIT_NAME = re.compile(SPLIT_NAME_PATTERN)
+
+
+def names_nothing(num_files: int, num_dropped: int, class_names: Sequence[str]) -> bool:
+    """Whether a listing names nothing to build: a configuration error, not
+    a build that stores no example.
+
+    A source with no row or file at all (an empty manifest, a folder without
+    class folders), or whose dropped files name no class, points at the wrong
+    place. A source whose files were all dropped while listing (every row
+    names a missing file) is bad input like any other: the job writes the
+    error report, and ``errors.max_fraction`` and ``errors.allow_empty``
+    decide, as for files dropped while decoding.
+    """
+    return not num_files and not (num_dropped and class_names)
 
 
 class _SourceModel(BaseModel):
@@ -119,11 +133,12 @@ class _SourceModel(BaseModel):
 
         Raises:
           ConfigError: the source cannot be read at all (the manifest is
-            unreadable, no file is usable), with the message naming the field,
-            e.g. ``source.path: ...``; the caller adds the config's name.
+            unreadable) or names nothing to build (`names_nothing`), with the
+            message naming the field, e.g. ``source.path: ...``; the caller
+            adds the config's name.
         """
         listing = self._list(splits_from_source, targets)
-        if not listing.num_files:
+        if names_nothing(listing.num_files, listing.num_dropped, listing.class_names):
             with listing:
                 first = next(listing.dropped(), None)
             raise ConfigError(self.no_usable_image(listing.num_dropped, first))
