@@ -20,7 +20,7 @@ import yaml
 
 import bombs
 import kiln.reader
-from conftest import make_config
+from conftest import make_config, run_kiln
 from kiln import cli
 from kiln.tools import verify
 from kiln.transforms import encode_image
@@ -264,6 +264,44 @@ def test_image_folder_special_files_and_misplaced_files(demo_corpus, tmp_path):
     }
     assert result.info.dropped == {"unreadable": 2, "unknown_label": 1, "unexpected_location": 1}
     assert sum(s.num_examples for s in result.info.splits.values()) == len(good)
+
+
+@pytest.mark.timeout(300)
+def test_an_image_its_encoding_cannot_hold_is_dropped(demo_corpus, tmp_path):
+    """A 70000x20 panorama (1.4 MP, under image.max_pixels) with the default
+    jpeg encoding, whose limit is 65500 pixels per side: one encode_failed
+    row, not a failed build."""
+    root = tmp_path / "images"
+    good = copy_good_images(demo_corpus, root)
+    (root / "circle" / "panorama.png").write_bytes(
+        encode_image(np.full((20, 70_000, 3), 90, np.uint8), format="png")
+    )
+    config = make_config(
+        str(root),
+        output=str(tmp_path / "out"),
+        source={"type": "image_folder", "root": str(root), "classes": CLASSES},
+        transforms=[],  # stored as decoded
+        encoding={"format": "jpeg"},
+        errors={"max_fraction": 0.5},
+        sharding={"num_shards": 1},
+    )
+    config_path = tmp_path / "wide.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    report_path = tmp_path / "report.json"
+
+    built = run_kiln("build", "--config", str(config_path), "--report", str(report_path))
+    assert built.returncode == 0, built.stderr
+    assert "imencode" not in built.stderr  # refused before OpenCV's encoder ran
+
+    report = json.loads(report_path.read_text())
+    with open(os.path.join(report["dataset_dir"], "errors.jsonl")) as f:
+        rows = {row["key"]: row for row in map(json.loads, f)}
+    assert sorted(rows) == ["circle/panorama.png"]
+    panorama = rows["circle/panorama.png"]
+    assert (panorama["stage"], panorama["reason"]) == ("encode", "encode_failed")
+    assert "70000x20 (WxH), more than the 65500 pixels per side that jpeg" in panorama["message"]
+    assert report["dropped"] == {"encode_failed": 1}
+    assert sum(s["num_examples"] for s in report["splits"].values()) == len(good)
 
 
 # A build in a fresh process, which reports its peak RSS and what OpenCV was

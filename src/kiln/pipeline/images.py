@@ -228,6 +228,7 @@ class ImageProcessor:
                 return drop("targets", e.reason, e.located)
 
         moved = None
+        decoded_size = image.shape[:2]
         try:
             if loaded is None or loaded.geometry is None:
                 image = self._chain(image)
@@ -237,11 +238,8 @@ class ImageProcessor:
         except Exception as e:  # TransformError, or a plugin's own failure
             return drop("transform", "transform_failed", _describe(e))
 
-        encoded = transforms.encode_image(image, format=self._format, quality=self._quality)
         height, width, channels = image.shape
-        sums = pixel_sums(image)
         fields: dict[str, Any] = {
-            "image": encoded,
             "height": height,
             "width": width,
             "channels": channels,
@@ -251,11 +249,21 @@ class ImageProcessor:
         if label >= 0:
             fields["label"] = label
         counts = None
-        if self._codec is not None and loaded is not None:
-            target_fields, counts = self._codec.features(
-                loaded, moved, label if label >= 0 else None, height, width
+        try:
+            fields["image"] = transforms.encode_image(
+                image, format=self._format, quality=self._quality
             )
-            fields.update(target_fields)
+            if self._codec is not None and loaded is not None:
+                target_fields, counts = self._codec.features(
+                    loaded, moved, label if label >= 0 else None, height, width
+                )
+                fields.update(target_fields)
+        except transforms.EncodeError as e:  # too large for the format (a mask's too)
+            resized = ""
+            if (height, width) != decoded_size:
+                resized = f"; the transforms made it from {decoded_size[1]}x{decoded_size[0]}"
+            return drop("encode", "encode_failed", f"{e}{resized}")
+        sums = pixel_sums(image)
         record = self._schema.encode(fields)
         return Outcome(
             ProcessedImage(

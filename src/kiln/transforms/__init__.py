@@ -35,7 +35,7 @@ from kiln.transforms.decode import (
     decode_with_orientation,
     orient,
 )
-from kiln.transforms.encode import encode_image
+from kiln.transforms.encode import EncodeError, encode_image
 from kiln.transforms.geometry import NO_GEOMETRY, CoordinateMap
 from kiln.transforms.mask_file import MaskFileError, decode_mask_file
 from kiln.transforms.masks import (
@@ -58,6 +58,7 @@ __all__ = [
     "CoordinateMap",
     "DecodeError",
     "DecodedImage",
+    "EncodeError",
     "MaskFileError",
     "SegmentationError",
     "Targets",
