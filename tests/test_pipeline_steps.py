@@ -649,6 +649,41 @@ def test_the_image_step_holds_opencv_to_one_thread_per_call_and_restores_it(tmp_
         cv2.setNumThreads(before)
 
 
+def test_the_image_step_keeps_opencvs_log_lines_off_stderr_unless_the_user_set_a_level(
+    tmp_path, monkeypatch
+):
+    """OpenCV's lines about a file it fails on name no file; errors.jsonl has
+    the file. A level the user set (OPENCV_LOG_LEVEL) is left alone."""
+    import cv2
+
+    from kiln.pipeline.images import ProcessImagesFn
+
+    processor = ImageProcessor(
+        transforms.parse([]),
+        ImageConfig(channels=3, max_pixels=10_000, min_size=1),
+        EncodingConfig(format="png"),
+        ["a"],
+        SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})),
+    )
+    fn = ProcessImagesFn(processor, threads=1, runs_folder=str(tmp_path), run_bytes=1 << 20)
+    levels = cv2.utils.logging
+    before = levels.getLogLevel()
+    levels.setLogLevel(levels.LOG_LEVEL_WARNING)
+    try:
+        monkeypatch.delenv("OPENCV_LOG_LEVEL", raising=False)
+        fn.setup()
+        assert levels.getLogLevel() == levels.LOG_LEVEL_FATAL
+        fn.teardown()
+        assert levels.getLogLevel() == levels.LOG_LEVEL_WARNING
+
+        monkeypatch.setenv("OPENCV_LOG_LEVEL", "WARNING")
+        fn.setup()
+        assert levels.getLogLevel() == levels.LOG_LEVEL_WARNING
+        fn.teardown()
+    finally:
+        levels.setLogLevel(before)
+
+
 def test_an_image_too_long_for_its_encoding_is_dropped_with_its_size(tmp_path):
     """JPEG stores at most 65500 pixels per side: a 70000x20 panorama, and a
     4200x2 strip the transforms make 67200x32, are dropped as encode_failed

@@ -33,6 +33,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -57,6 +58,7 @@ from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import PixelSums, Summary, TargetCounts, pixel_sums
 from kiln.pipeline.targets import BadAnnotation, TargetCodec, location_free
 from kiln.schemas import INDEX_FILENAME, RECORD, schema_for
+from kiln.transforms import opencv_log
 
 if TYPE_CHECKING:
     from kiln.pipeline.config import EncodingConfig, ImageConfig
@@ -425,6 +427,7 @@ class ProcessImagesFn(beam.DoFn):
         self._counter = FileCounter(progress_path) if progress_path else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._opencv_threads: int | None = None
+        self._opencv_log_level: int | None = None
         # Tasks on the pool: future -> (files, window, timestamp), in submission order.
         self._pending: dict[concurrent.futures.Future, tuple] = {}
         self._summary = Summary()
@@ -445,6 +448,13 @@ class ProcessImagesFn(beam.DoFn):
         # process per vCPU): OpenCV splitting single calls over every core
         # as well would oversubscribe them. Restored in teardown.
         self._opencv_threads = transforms.set_opencv_threads(1)
+        if opencv_log.ENV not in os.environ:  # the user's level wins
+            # OpenCV logs a line, naming no file, about some files it fails
+            # on or warns about (TIFF errors, an encoder's refusal). Every
+            # file it fails on is in errors.jsonl with its key and the
+            # reason; the lines would only bury a build's own output. Only
+            # the lines before an abort are kept. Restored in teardown.
+            self._opencv_log_level = transforms.set_opencv_log_level(opencv_log.FATAL)
         if self._threads > 1:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self._threads, thread_name_prefix="kiln-image"
@@ -462,6 +472,9 @@ class ProcessImagesFn(beam.DoFn):
         if self._opencv_threads is not None:
             transforms.set_opencv_threads(self._opencv_threads)
             self._opencv_threads = None
+        if self._opencv_log_level is not None:
+            transforms.set_opencv_log_level(self._opencv_log_level)
+            self._opencv_log_level = None
 
     def start_bundle(self):
         self._pending = {}  # a failed bundle's leftovers are dropped

@@ -12,7 +12,8 @@ the limit in the message: JPEG stores at most 65500 pixels per side, and
 OpenCV's PNG encoder 1000000 (`MAX_SIDE`). Such an image, or any other the
 encoder fails on, raises `EncodeError`, which the build turns into a
 dropped file (stage ``encode``, reason ``encode_failed``), never a failed
-job.
+job. Each failure is in the exception; OpenCV's own log line about it names
+no file (the build silences OpenCV's logger, `set_opencv_log_level`).
 """
 
 from __future__ import annotations
