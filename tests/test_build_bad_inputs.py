@@ -14,13 +14,14 @@ import textwrap
 import types
 import zlib
 
+import cv2
 import numpy as np
 import pytest
 import yaml
 
 import bombs
 import kiln.reader
-from conftest import make_config
+from conftest import make_config, run_kiln
 from kiln import cli
 from kiln.tools import verify
 from kiln.transforms import encode_image
@@ -264,6 +265,69 @@ def test_image_folder_special_files_and_misplaced_files(demo_corpus, tmp_path):
     }
     assert result.info.dropped == {"unreadable": 2, "unknown_label": 1, "unexpected_location": 1}
     assert sum(s.num_examples for s in result.info.splits.values()) == len(good)
+
+
+def tiff_with_strip_past_the_end():
+    """An uncompressed TIFF whose header reads fine but whose one strip of
+    pixels is said to lie past the end of the file: OpenCV fails to decode
+    it, and logs three lines about it (naming no file)."""
+    image = np.full((30, 30, 3), 120, np.uint8)
+    data = bytearray(cv2.imencode(".tif", image, [cv2.IMWRITE_TIFF_COMPRESSION, 1])[1])
+    (directory,) = struct.unpack_from("<I", data, 4)
+    (entries,) = struct.unpack_from("<H", data, directory)
+    for entry in range(directory + 2, directory + 2 + 12 * entries, 12):
+        tag, kind, count = struct.unpack_from("<HHI", data, entry)
+        if tag == 273:  # StripOffsets, one LONG
+            assert (kind, count) == (4, 1)
+            struct.pack_into("<I", data, entry + 8, 10_000_000)
+            return bytes(data)
+    raise AssertionError("OpenCV wrote a TIFF without StripOffsets")
+
+
+@pytest.mark.timeout(300)
+def test_an_image_its_encoding_cannot_hold_is_dropped_and_opencv_prints_nothing(
+    demo_corpus, tmp_path
+):
+    """A 70000x20 panorama (1.4 MP, under image.max_pixels) with the default
+    jpeg encoding, whose limit is 65500 pixels per side: one encode_failed
+    row, not a failed build. OpenCV's own lines about files it fails on
+    (here a TIFF it cannot read) do not reach stderr: errors.jsonl names the file."""
+    root = tmp_path / "images"
+    good = copy_good_images(demo_corpus, root)
+    (root / "circle" / "panorama.png").write_bytes(
+        encode_image(np.full((20, 70_000, 3), 90, np.uint8), format="png")
+    )
+    (root / "square" / "damaged.tif").write_bytes(tiff_with_strip_past_the_end())
+    config = make_config(
+        str(root),
+        output=str(tmp_path / "out"),
+        source={"type": "image_folder", "root": str(root), "classes": CLASSES},
+        transforms=[],  # stored as decoded
+        encoding={"format": "jpeg"},
+        errors={"max_fraction": 0.5},
+        sharding={"num_shards": 1},
+    )
+    config_path = tmp_path / "wide.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    report_path = tmp_path / "report.json"
+
+    built = run_kiln("build", "--config", str(config_path), "--report", str(report_path))
+    assert built.returncode == 0, built.stderr
+    for line in built.stderr.splitlines():  # no OpenCV line: "[ERROR:0@1.2] global ..."
+        assert not line.startswith(("[ERROR", "[ WARN", "[ INFO")), built.stderr
+    assert "imencode" not in built.stderr and "TIFF" not in built.stderr
+
+    report = json.loads(report_path.read_text())
+    with open(os.path.join(report["dataset_dir"], "errors.jsonl")) as f:
+        rows = {row["key"]: row for row in map(json.loads, f)}
+    assert sorted(rows) == ["circle/panorama.png", "square/damaged.tif"]
+    panorama = rows["circle/panorama.png"]
+    assert (panorama["stage"], panorama["reason"]) == ("encode", "encode_failed")
+    assert "70000x20 (WxH), more than the 65500 pixels per side that jpeg" in panorama["message"]
+    damaged = rows["square/damaged.tif"]
+    assert (damaged["stage"], damaged["reason"]) == ("decode", "corrupt")
+    assert report["dropped"] == {"corrupt": 1, "encode_failed": 1}
+    assert sum(s["num_examples"] for s in report["splits"].values()) == len(good)
 
 
 # A build in a fresh process, which reports its peak RSS and what OpenCV was

@@ -5,17 +5,22 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import struct
 import subprocess
 import sys
 import time
+import zlib
 
+import numpy as np
 import pytest
 import yaml
 
 import kiln
-from conftest import NUM_DEMO_IMAGES, make_config
+from conftest import NUM_DEMO_IMAGES, make_config, run_kiln
 from kiln import cli
 from kiln.pipeline import build, progress
+from kiln.transforms import encode_image
 from test_build_publishing import small_corpus
 
 
@@ -210,6 +215,84 @@ def _cli_process(*args: str) -> subprocess.CompletedProcess:
         env=dict(os.environ, PYTHONPATH=source_root),
         timeout=600,
     )
+
+
+def png_chunk(kind: bytes, data: bytes, crc: int | None = None) -> bytes:
+    if crc is None:
+        crc = zlib.crc32(kind + data)
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+
+def with_chunk_after_header(png: bytes, chunk: bytes) -> bytes:
+    """`png` with `chunk` inserted after its IHDR chunk (8 + 25 bytes in)."""
+    return png[:33] + chunk + png[33:]
+
+
+def write_files_image_libraries_warn_about(root, source_png: bytes, source_jpeg: bytes) -> None:
+    """Three images OpenCV decodes, while libpng and libjpeg print a warning
+    about each on stderr: the most common such files in real photo sets."""
+    (root / "circle" / "text_crc.png").write_bytes(
+        with_chunk_after_header(source_png, png_chunk(b"tEXt", b"Comment\0hello", crc=0))
+    )  # libpng warning: tEXt: CRC error
+    (root / "square" / "short_profile.png").write_bytes(
+        with_chunk_after_header(
+            source_png, png_chunk(b"iCCP", b"ICC\0\0" + zlib.compress(b"\0" * 16))
+        )
+    )  # libpng warning: iCCP: too short
+    # Junk before the end marker, past what the entropy decoder reads ahead:
+    # Corrupt JPEG data: 14 extraneous bytes before marker 0xd9
+    end = source_jpeg.rindex(b"\xff\xd9")
+    (root / "star" / "extra_bytes.jpg").write_bytes(source_jpeg[:end] + b"\0" * 16 + b"\xff\xd9")
+
+
+@pytest.mark.timeout(600)
+def test_quiet_hides_what_image_libraries_print_about_files(demo_corpus, tmp_path):
+    """libpng and libjpeg print warnings on stderr for images a build
+    accepts; --quiet prints nothing at all when the build succeeds (the
+    report says how many lines it hid), a failure is still its one line,
+    and without --quiet the warnings show as they always did."""
+    root = tmp_path / "images"
+    small_corpus(demo_corpus, root)
+    pixels = np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)
+    write_files_image_libraries_warn_about(
+        root, encode_image(pixels, format="png"), encode_image(pixels, format="jpeg")
+    )
+    config = make_config(root, output=str(tmp_path / "quiet"), errors={"max_fraction": 0.2})
+    report_path = tmp_path / "report.json"
+
+    quiet = run_kiln(
+        "build",
+        *("--config", write_config(tmp_path / "config.yaml", config)),
+        *("--quiet", "--report", str(report_path)),
+    )
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
+    report = json.loads(report_path.read_text())
+    assert report["status"] == "built" and report["dropped_total"] == 0
+    (hidden,) = report["warnings"]
+    assert hidden.startswith("--quiet hid 3 line(s) that image libraries wrote to stderr")
+
+    # A failure under --quiet: its one line, and only that.
+    (root / "circle" / "notes.png").write_text("not a picture\n")
+    strict = dict(config, output=str(tmp_path / "strict"), errors={"max_fraction": 0.0})
+    failed = run_kiln(
+        "build", "--config", write_config(tmp_path / "strict.yaml", strict), "--quiet"
+    )
+    assert failed.returncode == 1, failed.stderr
+    assert failed.stdout == ""
+    assert failed.stderr.startswith("kiln build: failed: dropped 1 of ")
+    assert failed.stderr.count("\n") == 1, failed.stderr
+
+    # Without --quiet, the libraries' lines show as they come.
+    loud_config = dict(strict, output=str(tmp_path / "loud"), errors={"max_fraction": 0.2})
+    loud = run_kiln("build", "--config", write_config(tmp_path / "loud.yaml", loud_config))
+    assert loud.returncode == 0, loud.stderr
+    lines = loud.stderr.splitlines()
+    assert "libpng warning: tEXt: CRC error" in lines, loud.stderr
+    assert "libpng warning: iCCP: too short" in lines, loud.stderr
+    assert any(
+        re.fullmatch(r"Corrupt JPEG data: \d+ extraneous bytes before marker 0xd9", line)
+        for line in lines
+    ), loud.stderr
 
 
 def test_quiet_success_with_warnings_prints_nothing(demo_corpus, tmp_path):

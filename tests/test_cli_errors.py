@@ -274,14 +274,16 @@ def test_build_into_an_unreachable_object_store_is_one_line(tmp_path, config):
 
 
 @pytest.mark.parametrize(
-    "signum, code, line",
+    "signum, code, line, flags",
     [
-        (signal.SIGINT, 130, "kiln build: interrupted"),
+        (signal.SIGINT, 130, "kiln build: interrupted", ()),
         # From a scheduler (Airflow, Kubernetes, `timeout`): handled as Ctrl-C.
-        (signal.SIGTERM, 143, "kiln build: terminated (SIGTERM)"),
+        (signal.SIGTERM, 143, "kiln build: terminated (SIGTERM)", ()),
+        # --quiet builds with stderr captured (native_logs): the line still shows.
+        (signal.SIGTERM, 143, "kiln build: terminated (SIGTERM)", ("--quiet",)),
     ],
 )
-def test_ctrl_c_during_a_build(tmp_path, signum, code, line):
+def test_ctrl_c_during_a_build(tmp_path, signum, code, line, flags):
     """SIGINT (or SIGTERM) while the job runs: its exit code, one line, no
     traceback, nothing published, no staging folder, and the report."""
     from kiln.pipeline import demo_data
@@ -309,6 +311,7 @@ def test_ctrl_c_during_a_build(tmp_path, signum, code, line):
             *(sys.executable, "-m", "kiln.cli", "build", "--config", path),
             *("--image-threads", "1", "--progress-every", "0"),
             *("--report", str(tmp_path / "report.json")),
+            *flags,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,12 +1,13 @@
 """encode_image: round trips, deterministic bytes, and argument errors."""
 
 import io
+import re
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from kiln.transforms import decode_image, encode_image
+from kiln.transforms import EncodeError, decode_image, encode_image
 
 RNG = np.random.default_rng(7)
 NOISE = RNG.integers(0, 256, (13, 21, 3), dtype=np.uint8)
@@ -79,3 +80,31 @@ def test_same_image_gives_the_same_bytes(format):
 def test_invalid_arguments(image, kwargs, message):
     with pytest.raises(ValueError, match=message):
         encode_image(image, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "shape, format, message",
+    [
+        ((20, 70_000, 3), "jpeg", "70000x20 (WxH), more than the 65500 pixels per side"),
+        ((65_501, 1, 1), "jpeg", "1x65501 (WxH), more than the 65500"),
+        ((1, 1_000_001, 1), "png", "more than the 1000000 pixels per side that png can hold"),
+    ],
+)
+def test_an_image_longer_than_the_format_allows_is_refused_with_its_limit(shape, format, message):
+    image = np.zeros(shape, np.uint8)
+    with pytest.raises(EncodeError, match=re.escape(message)) as raised:
+        encode_image(image, format=format)
+    assert "(encoding.format)" in str(raised.value)  # and what can store it instead
+    assert "raw" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "shape, format",
+    [((1, 65_500, 1), "jpeg"), ((65_500, 1, 1), "jpeg"), ((20, 70_000, 3), "png")],
+)
+def test_an_image_at_the_formats_limit_is_stored(shape, format):
+    image = np.full(shape, 200, np.uint8)
+    data = encode_image(image, format=format)
+    decoded = decode_image(data, channels=shape[2], max_pixels=None)
+    assert decoded.shape == shape
+    assert encode_image(image, format="raw") == image.tobytes()  # raw has no limit

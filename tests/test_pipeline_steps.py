@@ -649,6 +649,83 @@ def test_the_image_step_holds_opencv_to_one_thread_per_call_and_restores_it(tmp_
         cv2.setNumThreads(before)
 
 
+def test_the_image_step_keeps_opencvs_log_lines_off_stderr_unless_the_user_set_a_level(
+    tmp_path, monkeypatch
+):
+    """OpenCV's lines about a file it fails on name no file; errors.jsonl has
+    the file. A level the user set (OPENCV_LOG_LEVEL) is left alone."""
+    import cv2
+
+    from kiln.pipeline.images import ProcessImagesFn
+
+    processor = ImageProcessor(
+        transforms.parse([]),
+        ImageConfig(channels=3, max_pixels=10_000, min_size=1),
+        EncodingConfig(format="png"),
+        ["a"],
+        SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})),
+    )
+    fn = ProcessImagesFn(processor, threads=1, runs_folder=str(tmp_path), run_bytes=1 << 20)
+    levels = cv2.utils.logging
+    before = levels.getLogLevel()
+    levels.setLogLevel(levels.LOG_LEVEL_WARNING)
+    try:
+        monkeypatch.delenv("OPENCV_LOG_LEVEL", raising=False)
+        fn.setup()
+        assert levels.getLogLevel() == levels.LOG_LEVEL_FATAL
+        fn.teardown()
+        assert levels.getLogLevel() == levels.LOG_LEVEL_WARNING
+
+        monkeypatch.setenv("OPENCV_LOG_LEVEL", "WARNING")
+        fn.setup()
+        assert levels.getLogLevel() == levels.LOG_LEVEL_WARNING
+        fn.teardown()
+    finally:
+        levels.setLogLevel(before)
+
+
+def test_an_image_too_long_for_its_encoding_is_dropped_with_its_size(tmp_path):
+    """JPEG stores at most 65500 pixels per side: a 70000x20 panorama, and a
+    4200x2 strip the transforms make 67200x32, are dropped as encode_failed
+    (not a failed job); the others are stored."""
+    files = {
+        "a/panorama.png": np.full((20, 70_000, 3), 90, np.uint8),
+        "a/strip.png": np.full((2, 4_200, 3), 90, np.uint8),
+        "a/photo.png": np.full((40, 60, 3), 90, np.uint8),
+    }
+    items = {}
+    for key, image in files.items():
+        path = tmp_path / key
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(transforms.encode_image(image, format="png"))
+        items[key] = {"key": key, "uri": str(path), "label": 0, "split": None, "size": 1}
+
+    def processor(chain):
+        return ImageProcessor(
+            transforms.parse(chain),
+            ImageConfig(channels=3, max_pixels=10_000_000, min_size=1),
+            EncodingConfig(format="jpeg"),
+            ["a"],
+            SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})),
+        )
+
+    as_is, resized = processor([]), processor([{"resize": {"shorter_side": 32}}])
+    panorama = as_is(items["a/panorama.png"]).dropped
+    assert (panorama.key, panorama.stage) == ("a/panorama.png", "encode")
+    assert panorama.reason == "encode_failed"
+    assert panorama.message.startswith(
+        "the image to store is 70000x20 (WxH), more than the 65500 pixels per side that jpeg "
+        "can hold; store it as png (up to 1000000) or raw (encoding.format)"
+    )
+    strip = resized(items["a/strip.png"]).dropped
+    assert (strip.stage, strip.reason) == ("encode", "encode_failed")
+    assert "67200x32 (WxH)" in strip.message
+    assert strip.message.endswith("; the transforms made it from 4200x2")
+    assert as_is(items["a/strip.png"]).image is not None
+    photo = resized(items["a/photo.png"]).image
+    assert (photo.height, photo.width) == (32, 48)
+
+
 @pytest.mark.parametrize("budget, most_at_once", [(1_000, 1), (1_300, 2), (10, 1)])
 def test_the_image_threads_decode_within_a_budget_of_pixels(
     tmp_path, monkeypatch, budget, most_at_once

@@ -47,7 +47,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kiln import gate_flags
+from kiln import gate_flags, native_logs
 from kiln.errors import DryRun, Failure, KilnError, UsageError, interruption
 
 if TYPE_CHECKING:
@@ -172,9 +172,10 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     from kiln.pipeline import build_report
 
     started = time.monotonic()
-    with _Warnings(silence=args.quiet and not getattr(args, "verbose", False)) as warnings:
+    quiet = args.quiet and not getattr(args, "verbose", False)
+    with _Warnings(silence=quiet) as warnings:
         try:
-            result = _build(args, extra_argv)
+            result = _build_quietly(args, extra_argv) if quiet else _build(args, extra_argv)
         except DryRun as e:  # --dry_run=True: translated, not submitted, nothing published
             _report(
                 args, build_report.dry_run(str(e), time.monotonic() - started), warnings.messages
@@ -245,6 +246,27 @@ class _Warnings(logging.Handler):
         for handler in self._silenced:
             handler.removeFilter(self._drop)
         self._silenced = []
+
+
+def _build_quietly(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
+    """`_build` for ``--quiet``, with what image libraries write to stderr
+    kept off it (`native_logs.IMAGE_LIBRARY_LINES`): libpng and libjpeg print
+    warnings about the files they read, and Beam's worker processes inherit
+    the capture. Every other line is written back when the build ends, before
+    `kiln.cli` prints the failure line, if any. How many lines were dropped
+    is logged as a warning, which the report keeps and the console does not."""
+    dropped = native_logs.DroppedLines()
+    try:
+        with native_logs.filtered_stderr(native_logs.IMAGE_LIBRARY_LINES) as dropped:
+            return _build(args, extra_argv)
+    finally:
+        if dropped.count:
+            logger.warning(
+                "--quiet hid %d line(s) that image libraries wrote to stderr (they name no "
+                "file; a file they could not read is in errors.jsonl), the first: %s",
+                dropped.count,
+                dropped.first,
+            )
 
 
 def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:

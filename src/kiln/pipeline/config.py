@@ -127,7 +127,8 @@ class ImageConfig(_Model):
 class EncodingConfig(_Model):
     format: Literal["jpeg", "png", "raw"] = "jpeg"
     """`jpeg` (small, lossy), `png` (lossless) or `raw` (uint8 pixels with their shape:
-    largest, fastest to read)."""
+    largest, fastest to read). JPEG stores at most 65500 pixels per side, PNG 1000000: a
+    longer image (after the transforms) is dropped as `encode_failed`."""
     quality: Annotated[int, Field(ge=1, le=100)] = 95
     """JPEG quality. Ignored (and left out of the fingerprint) for png and raw."""
 

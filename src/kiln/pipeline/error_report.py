@@ -23,6 +23,10 @@ Stages and reasons (part of kiln's output format):
   ``too_small``).
 - ``transform``: ``transform_failed`` (a transform cannot apply to this
   image, e.g. smaller than a crop).
+- ``encode``: ``encode_failed`` (``encoding.format`` cannot store the image
+  the transforms produced: a side beyond JPEG's 65500 pixels or PNG's
+  1000000, `kiln.transforms.encode.MAX_SIDE`, or the encoder failed; a
+  dataset's mask too).
 - ``targets``: a bad annotation (`kiln.pipeline.targets.REASONS`:
   ``bad_box``, ``unknown_class``, ``bad_keypoints``, ``missing_mask``,
   ``corrupt_mask``, ``mask_size_mismatch``, ``bad_polygon``,

@@ -33,6 +33,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -57,6 +58,7 @@ from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import PixelSums, Summary, TargetCounts, pixel_sums
 from kiln.pipeline.targets import BadAnnotation, TargetCodec, location_free
 from kiln.schemas import INDEX_FILENAME, RECORD, schema_for
+from kiln.transforms import opencv_log
 
 if TYPE_CHECKING:
     from kiln.pipeline.config import EncodingConfig, ImageConfig
@@ -228,6 +230,7 @@ class ImageProcessor:
                 return drop("targets", e.reason, e.located)
 
         moved = None
+        decoded_size = image.shape[:2]
         try:
             if loaded is None or loaded.geometry is None:
                 image = self._chain(image)
@@ -237,11 +240,8 @@ class ImageProcessor:
         except Exception as e:  # TransformError, or a plugin's own failure
             return drop("transform", "transform_failed", _describe(e))
 
-        encoded = transforms.encode_image(image, format=self._format, quality=self._quality)
         height, width, channels = image.shape
-        sums = pixel_sums(image)
         fields: dict[str, Any] = {
-            "image": encoded,
             "height": height,
             "width": width,
             "channels": channels,
@@ -251,11 +251,21 @@ class ImageProcessor:
         if label >= 0:
             fields["label"] = label
         counts = None
-        if self._codec is not None and loaded is not None:
-            target_fields, counts = self._codec.features(
-                loaded, moved, label if label >= 0 else None, height, width
+        try:
+            fields["image"] = transforms.encode_image(
+                image, format=self._format, quality=self._quality
             )
-            fields.update(target_fields)
+            if self._codec is not None and loaded is not None:
+                target_fields, counts = self._codec.features(
+                    loaded, moved, label if label >= 0 else None, height, width
+                )
+                fields.update(target_fields)
+        except transforms.EncodeError as e:  # too large for the format (a mask's too)
+            resized = ""
+            if (height, width) != decoded_size:
+                resized = f"; the transforms made it from {decoded_size[1]}x{decoded_size[0]}"
+            return drop("encode", "encode_failed", f"{e}{resized}")
+        sums = pixel_sums(image)
         record = self._schema.encode(fields)
         return Outcome(
             ProcessedImage(
@@ -417,6 +427,7 @@ class ProcessImagesFn(beam.DoFn):
         self._counter = FileCounter(progress_path) if progress_path else None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._opencv_threads: int | None = None
+        self._opencv_log_level: int | None = None
         # Tasks on the pool: future -> (files, window, timestamp), in submission order.
         self._pending: dict[concurrent.futures.Future, tuple] = {}
         self._summary = Summary()
@@ -437,6 +448,13 @@ class ProcessImagesFn(beam.DoFn):
         # process per vCPU): OpenCV splitting single calls over every core
         # as well would oversubscribe them. Restored in teardown.
         self._opencv_threads = transforms.set_opencv_threads(1)
+        if opencv_log.ENV not in os.environ:  # the user's level wins
+            # OpenCV logs a line, naming no file, about some files it fails
+            # on or warns about (TIFF errors, an encoder's refusal). Every
+            # file it fails on is in errors.jsonl with its key and the
+            # reason; the lines would only bury a build's own output. Only
+            # the lines before an abort are kept. Restored in teardown.
+            self._opencv_log_level = transforms.set_opencv_log_level(opencv_log.FATAL)
         if self._threads > 1:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self._threads, thread_name_prefix="kiln-image"
@@ -454,6 +472,9 @@ class ProcessImagesFn(beam.DoFn):
         if self._opencv_threads is not None:
             transforms.set_opencv_threads(self._opencv_threads)
             self._opencv_threads = None
+        if self._opencv_log_level is not None:
+            transforms.set_opencv_log_level(self._opencv_log_level)
+            self._opencv_log_level = None
 
     def start_bundle(self):
         self._pending = {}  # a failed bundle's leftovers are dropped

@@ -66,6 +66,7 @@ from kiln.pipeline import box_convention, target_rows
 from kiln.pipeline.box_convention import FAR_OUTSIDE
 from kiln.pipeline.statistics import TargetCounts
 from kiln.schemas import TargetsConfig
+from kiln.transforms.encode import MAX_SIDE
 
 REASONS = (
     "bad_box",
@@ -658,10 +659,19 @@ _PNG_PARAMS = (
 
 
 def _encode_png(mask: np.ndarray) -> bytes:
-    """A uint8 mask as a single-channel PNG, written for fast decoding (`_PNG_PARAMS`)."""
+    """A uint8 mask as a single-channel PNG, written for fast decoding (`_PNG_PARAMS`).
+
+    Raises `transforms.EncodeError` for a mask PNG cannot hold (beside a raw
+    image wider or taller than PNG's limit): the build drops the file."""
+    height, width = mask.shape[:2]
+    if max(height, width) > MAX_SIDE["png"]:
+        raise transforms.EncodeError(
+            f"the mask to store is {width}x{height} (WxH), more than the {MAX_SIDE['png']} "
+            f"pixels per side that png can hold; make the image smaller with the transforms"
+        )
     ok, encoded = cv2.imencode(".png", np.ascontiguousarray(mask, dtype=np.uint8), _PNG_PARAMS)
     if not ok:
-        raise ValueError("OpenCV could not encode a mask as PNG")
+        raise transforms.EncodeError("OpenCV could not encode a mask as PNG")
     return encoded.tobytes()
 
 

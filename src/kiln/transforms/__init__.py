@@ -14,6 +14,7 @@ Images are uint8 ``HxWxC`` NumPy arrays in RGB order (C is 1 or 3).
 - `masks`: COCO polygons and RLE to masks.
 - `mask_file`: a mask file's bytes to the class ids written in it.
 - `threads`: how many threads OpenCV may use inside one call.
+- `opencv_log`: how much OpenCV logs to stderr.
 """
 
 from kiln.transforms.chain import (
@@ -35,7 +36,7 @@ from kiln.transforms.decode import (
     decode_with_orientation,
     orient,
 )
-from kiln.transforms.encode import encode_image
+from kiln.transforms.encode import EncodeError, encode_image
 from kiln.transforms.geometry import NO_GEOMETRY, CoordinateMap
 from kiln.transforms.mask_file import MaskFileError, decode_mask_file
 from kiln.transforms.masks import (
@@ -44,6 +45,7 @@ from kiln.transforms.masks import (
     rle_to_mask,
     segmentation_to_mask,
 )
+from kiln.transforms.opencv_log import set_opencv_log_level
 from kiln.transforms.targets import Targets, TargetsError, orient_targets
 from kiln.transforms.threads import set_opencv_threads
 
@@ -58,6 +60,7 @@ __all__ = [
     "CoordinateMap",
     "DecodeError",
     "DecodedImage",
+    "EncodeError",
     "MaskFileError",
     "SegmentationError",
     "Targets",
@@ -79,5 +82,6 @@ __all__ = [
     "register",
     "rle_to_mask",
     "segmentation_to_mask",
+    "set_opencv_log_level",
     "set_opencv_threads",
 ]
