@@ -70,7 +70,10 @@ current directory: write them relative to the config's folder
 
 The resolved config (every default filled in, paths absolute, transforms in
 canonical form) is saved in the dataset's `kiln.json`, and its fingerprint is
-part of the dataset version: changing any key but `output` makes a new version.
+part of the dataset version: changing any key makes a new version, except where files are
+(`output`, and the source's location: `source.root`, `source.path`, `source.allowed_roots`,
+`source.listing`; the same files moved give the same version, see the README's "What a
+rebuild does").
 
 A complete example is [configs/demo.yaml](../configs/demo.yaml). The keys:
 """
