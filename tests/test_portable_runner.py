@@ -42,6 +42,13 @@ PLUGIN_SOURCE = """
     @register()
     def portable_invert(image: np.ndarray) -> np.ndarray:
         return 255 - image
+
+    @register()
+    def portable_slow(image: np.ndarray) -> np.ndarray:
+        import time
+
+        time.sleep(2.0)  # a job long enough to be interrupted while it runs
+        return image
 """
 START_SECONDS = 120.0
 
@@ -211,3 +218,70 @@ def test_portable_runner_with_external_workers_writes_the_same_bytes(
         np.testing.assert_array_equal(
             record["image"], 255 - expected_pixels(demo_corpus, record["key"])
         )
+
+
+def _job_states(job_endpoint: str) -> list[str]:
+    """The state of every job the job service knows, by name (STOPPED, RUNNING, ...)."""
+    import grpc
+    from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
+
+    with grpc.insecure_channel(job_endpoint) as channel:
+        stub = beam_job_api_pb2_grpc.JobServiceStub(channel)
+        jobs = stub.GetJobs(beam_job_api_pb2.GetJobsRequest(), timeout=30).job_info
+        return [beam_job_api_pb2.JobState.Enum.Name(job.state) for job in jobs]
+
+
+def test_a_terminated_launcher_cancels_the_job_it_submitted(
+    portable_services, plugin_dir, demo_corpus, tmp_path
+):
+    """An Airflow timeout (SIGTERM) during a job that runs apart from the
+    launcher: kiln exits 143 with nothing published, and the job is
+    cancelled, not left running (billing, racing the retry)."""
+    job_endpoint, pool, _, _ = portable_services
+    before = _job_states(job_endpoint)
+    config_path = tmp_path / "config.yaml"
+    config = make_config(demo_corpus.out_dir, transforms=["portable_slow"])
+    config["plugins"] = [PLUGIN_MODULE]
+    config_path.write_text(json.dumps(config))
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kiln.cli",
+            "build",
+            "--config",
+            str(config_path),
+            "--output",
+            str(tmp_path / "out"),
+            "--quiet",
+            "--runner=PortableRunner",
+            f"--job_endpoint={job_endpoint}",
+            "--environment_type=EXTERNAL",
+            f"--environment_config={pool}",
+        ],
+        env=_child_env(plugin_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        while _job_states(job_endpoint)[len(before) :] != ["RUNNING"]:
+            assert launcher.poll() is None, launcher.communicate()
+            assert time.monotonic() < deadline, _job_states(job_endpoint)
+            time.sleep(0.5)
+        time.sleep(3.0)  # the workers are inside the images' transforms
+        launcher.send_signal(signal.SIGTERM)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 143, (out, err)
+    assert out == "" and err.startswith("kiln build: terminated"), (out, err)
+    deadline = time.monotonic() + 60
+    while _job_states(job_endpoint)[len(before) :] == ["CANCELLING"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert _job_states(job_endpoint)[len(before) :] == ["CANCELLED"]
+    assert not (tmp_path / "out" / "shapes" / "LATEST").exists()

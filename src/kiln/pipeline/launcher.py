@@ -1026,15 +1026,36 @@ def _run_pipeline(
       Exception: a worker's error, as the runner re-raises it.
     """
     interruption = _Interruption()
+    result = None
     try:
         with interruption, _short_state_sampling(options), display or contextlib.nullcontext():
             result = pipeline.run()
             return result, result.wait_until_finish()
+    except KeyboardInterrupt:
+        _cancel(result)
+        raise
     except Exception:
         if interruption.seen is not None:
+            _cancel(result)
             # A fresh one: Beam appends the step's name to the one it re-raised.
             raise type(interruption.seen)() from None
         raise
+
+
+def _cancel(result: Any) -> None:
+    """Cancels a job that runs apart from this process (Dataflow, a portable
+    runner's job service), after a Ctrl-C or SIGTERM: the staging folder it
+    writes into is deleted on the way out, and a job left running would bill
+    on, and race the retry a scheduler starts. The local runner's job (no
+    result yet while it runs) ends with this process."""
+    if result is None:
+        return
+    try:
+        result.cancel()
+    except Exception as e:  # a runner without cancel, or the service gone
+        logger.warning("could not cancel the job (%s): it may still be running", _last_line(e))
+    else:
+        logger.info("cancelled the job")
 
 
 class _Interruption:
