@@ -57,7 +57,7 @@ from kiln.lazy_import import LazyModule
 from kiln.pipeline import box_convention, storage, target_rows, voc
 from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem
 from kiln.pipeline.config_paths import ConfigPath
-from kiln.pipeline.error_report import DroppedFile
+from kiln.pipeline.error_report import DroppedFile, as_text
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
 from kiln.pipeline.storage import is_remote
 from kiln.pipeline.target_rows import AnnotationError
@@ -573,8 +573,9 @@ class Misplaced(NamedTuple):
 
 def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Misplaced | None:
     """Where the file `key` (relative to an image folder's root) sits:
-    ``(class folder, split folder or None)``, `Misplaced` outside the layout,
-    or None for a hidden path (a name starting with '.'), which is skipped.
+    ``(class folder, split folder or None)``, `Misplaced` outside the layout
+    or with a name that is not UTF-8 (`bad_name`), or None for a hidden path
+    (a name starting with '.'), which is skipped.
 
     The first of an image folder's two checks, before the class names are
     known; the launcher's listing and the listing job (`listing_job`) apply
@@ -583,10 +584,35 @@ def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Mispla
     parts = key.split("/")
     if any(part.startswith(".") for part in parts):
         return None
+    bad_name = _name_problem(parts, from_source)
+    if bad_name is not None:
+        return bad_name
     if len(parts) != (3 if from_source else 2):
         layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
         return Misplaced("unexpected_location", f"not in the layout root/{layout}")
     return parts[-2], parts[0] if from_source else None
+
+
+def _name_problem(parts: list[str], from_source: bool) -> Misplaced | None:
+    """`bad_name` for a path whose file or folder names are not all UTF-8
+    (a local name's undecodable bytes arrive as surrogate escapes, which no
+    key, report or record can hold), else None."""
+    try:
+        "/".join(parts).encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        pass
+    index = next(i for i, part in enumerate(parts) if as_text(part) != part)
+    in_layout = len(parts) == (3 if from_source else 2)
+    if index == len(parts) - 1:
+        what = "file name"
+    elif in_layout and index == len(parts) - 2:
+        what = "class folder name"
+    elif in_layout and from_source and index == 0:
+        what = "split folder name"
+    else:
+        what = "folder name"
+    return Misplaced("bad_name", f"{what} is not valid UTF-8: {as_text(parts[index])}")
 
 
 def place_problem(label: str, split: str | None, class_names: Collection[str]) -> Misplaced | None:
@@ -764,7 +790,8 @@ DroppedRow = tuple[DroppedFile, Any]
 
 def row_problem(row: Row | _BadRow, path: str, from_source: bool) -> DroppedRow | None:
     """Why a parsed row of the file `path` is dropped before its object is
-    looked up (it does not parse, its split is missing or invalid), or None."""
+    looked up (it does not parse, its path is not text, its split is missing
+    or invalid), or None."""
     where = row.where or f"{posixpath.basename(path.rstrip('/'))}:{row.line}"
     uri = row.uri if isinstance(row, _BadRow) and row.uri is not None else path
 
@@ -773,6 +800,10 @@ def row_problem(row: Row | _BadRow, path: str, from_source: bool) -> DroppedRow 
 
     if isinstance(row, _BadRow):
         return drop(row.reason, row.problem)
+    if as_text(row.path) != row.path:  # a JSON "\udce9": no key, record or report can hold it
+        return drop(
+            "bad_row", f"path: {_json_text(row.path)} is not valid Unicode text (a lone surrogate)"
+        )
     split = row.split if from_source else None
     if from_source and split is None:
         return drop("missing_split", "splits.from_source needs a split for every row")
@@ -1198,6 +1229,13 @@ def _jsonl_rows(
         elif isinstance(label, bool) or not isinstance(label, (str, int)) or label == "":
             yield _BadRow(line, raw, "'label' must be a string (or integer)")
             continue
+        elif isinstance(label, str) and as_text(label) != label:
+            yield _BadRow(
+                line,
+                raw,
+                f"'label': {_json_text(label)} is not valid Unicode text (a lone surrogate)",
+            )
+            continue
         if split is not None and not isinstance(split, str):
             yield _BadRow(line, raw, "'split' must be a string")
             continue
@@ -1209,6 +1247,11 @@ def _jsonl_rows(
                 yield _BadRow(line, raw, str(e))
                 continue
         yield Row(line, raw, path, str(label), split or None, row_targets)
+
+
+def _json_text(value: str) -> str:
+    """A string as JSON writes it, for messages: a lone surrogate as ``\\ud800``."""
+    return json.dumps(value)
 
 
 def _manifest_key(path: str) -> str:

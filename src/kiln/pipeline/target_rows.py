@@ -258,6 +258,8 @@ def _segmentation(value: Any, where: str) -> Any:
             raise AnnotationError(
                 f"{where}.counts: expected a compressed RLE string or a list of run lengths"
             )
+        if isinstance(counts, str):
+            _unicode(counts, f"{where}.counts")
         return {"size": [int(v) for v in size], "counts": counts}
     raise AnnotationError(
         f"{where}: expected polygons [[x1, y1, ...], ...] or RLE {{size, counts}}, "
@@ -276,7 +278,7 @@ def _extra(value: Any, name: str, kind: str) -> Any:
         return _float32(float(value), name)
     if not isinstance(value, str):
         raise AnnotationError(f"{name}: expected a string, got {_short(value)}")
-    return value
+    return _unicode(value, name)
 
 
 def _extra_text(text: str, name: str, kind: str) -> Any:
@@ -331,13 +333,25 @@ def _class_name(value: Any, where: str) -> str:
         return str(value)
     if not isinstance(value, str) or not value:
         raise AnnotationError(f"{where}: expected a class name, got {_short(value)}")
-    return value
+    return _unicode(value, where)
 
 
 def _path(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise AnnotationError(f"{where}: expected a path, got {_short(value)}")
-    return value
+    return _unicode(value, where)
+
+
+def _unicode(text: str, where: str) -> str:
+    """`text`, if it is Unicode text: a JSON string can hold a lone surrogate
+    (``"\\ud800"``), which no record, listing hash or report can."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise AnnotationError(
+            f"{where}: {_short(text)} is not valid Unicode text (a lone surrogate)"
+        ) from None
+    return text
 
 
 def _is_number(value: Any) -> bool:

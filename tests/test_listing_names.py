@@ -1,0 +1,199 @@
+"""Names a source lists that kiln cannot use: one input dropped with its reason, never
+the whole build.
+
+A local file name need not be UTF-8 (Linux allows any bytes but '/' and NUL; Python
+gives the undecodable ones as surrogate escapes), and a JSON string can hold a lone
+surrogate (``"\\udce9"``). Neither can be a key, a record, a line of errors.jsonl or a
+part of the version's hash: such an input is dropped while listing (``bad_name`` for a
+folder's file, ``bad_row`` for a row), shown with what is not text escaped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from conftest import make_config
+from kiln.pipeline import build, error_report
+from kiln.pipeline.sources import ImageFolderSource, ManifestSource, VocSource
+from kiln.schemas import TargetsConfig
+from kiln.transforms import encode_image
+
+
+def png(value: int) -> bytes:
+    return encode_image(np.full((16, 16, 3), value, np.uint8), format="png")
+
+
+def write(root: str | bytes, relative: bytes, data: bytes) -> None:
+    """Writes `data` at `root`/`relative`, a path given as bytes (any name Linux allows)."""
+    path = os.path.join(os.fsencode(root), relative)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def listed(source, **kwargs) -> tuple[list[str], dict[str, tuple[str, str, str]], list[str]]:
+    """(keys of the files, dropped rows by key as (reason, uri, message), class names);
+    the listing's hash and its error report are made, as the build makes them."""
+    with source.list_files(splits_from_source=kwargs.pop("splits", False), **kwargs) as listing:
+        files = [f.key for f in listing.files()]
+        dropped = list(listing.dropped())
+        listing.listing_hash()
+        listing.dropped_entries_hash()
+        error_report.render(dropped)
+        return files, {d.key: (d.reason, d.uri, d.message) for d in dropped}, listing.class_names
+
+
+def test_a_name_that_is_not_utf8_drops_its_file_with_the_bytes_escaped(tmp_path):
+    root = tmp_path / "images"
+    write(root, b"cat/ok.png", png(1))
+    write(root, b"cat/caf\xe9.png", png(2))  # Latin-1, not UTF-8
+    write(root, b"d\xf6g/x.png", png(3))  # a class folder
+    write(root, b"cat/sub\xff/y.png", png(4))  # a folder below a class folder
+    write(root, b"loose\xe9.png", png(5))  # at the root
+
+    files, dropped, class_names = listed(ImageFolderSource(type="image_folder", root=str(root)))
+
+    assert files == ["cat/ok.png"] and class_names == ["cat"]
+    assert dropped == {
+        "cat/caf\\xe9.png": (
+            "bad_name",
+            f"{root}/cat/caf\\xe9.png",
+            "file name is not valid UTF-8: caf\\xe9.png",
+        ),
+        "d\\xf6g/x.png": (
+            "bad_name",
+            f"{root}/d\\xf6g/x.png",
+            "class folder name is not valid UTF-8: d\\xf6g",
+        ),
+        "cat/sub\\xff/y.png": (
+            "bad_name",
+            f"{root}/cat/sub\\xff/y.png",
+            "folder name is not valid UTF-8: sub\\xff",
+        ),
+        "loose\\xe9.png": (
+            "bad_name",
+            f"{root}/loose\\xe9.png",
+            "file name is not valid UTF-8: loose\\xe9.png",
+        ),
+    }
+
+
+def test_a_split_folder_that_is_not_utf8_is_named(tmp_path):
+    root = tmp_path / "images"
+    write(root, b"train/cat/ok.png", png(1))
+    write(root, b"tr\xe4in/cat/x.png", png(2))
+
+    files, dropped, _ = listed(ImageFolderSource(type="image_folder", root=str(root)), splits=True)
+
+    assert files == ["train/cat/ok.png"]
+    assert dropped["tr\\xe4in/cat/x.png"][::2] == (
+        "bad_name",
+        "split folder name is not valid UTF-8: tr\\xe4in",
+    )
+
+
+def test_a_build_drops_a_name_that_is_not_utf8_and_writes_its_report(tmp_path):
+    root = tmp_path / "images"
+    for i in range(9):
+        write(root, f"cat/{i}.png".encode(), png(10 * i))
+    write(root, b"cat/caf\xe9.png", png(99))
+
+    result = build(
+        make_config(
+            str(root),
+            output=str(tmp_path / "out"),
+            transforms=[],
+            splits={"fractions": {"train": 1.0}},
+            sharding={"num_shards": 1},
+            errors={"max_fraction": 0.2},
+        )
+    )
+
+    assert result.info.dropped == {"bad_name": 1}
+    assert result.info.splits["train"].num_examples == 9
+    with open(os.path.join(result.dataset_dir, "errors.jsonl"), encoding="utf-8") as f:
+        assert [json.loads(line) for line in f] == [
+            {
+                "key": "cat/caf\\xe9.png",
+                "uri": f"{root}/cat/caf\\xe9.png",
+                "stage": "list",
+                "reason": "bad_name",
+                "message": "file name is not valid UTF-8: caf\\xe9.png",
+            }
+        ]
+
+
+def test_a_json_row_with_a_lone_surrogate_is_a_bad_row(tmp_path):
+    images = tmp_path / "images"
+    for name in ("a.png", "b.png", "c.png"):
+        write(images, name.encode(), png(1))
+    manifest = tmp_path / "m.jsonl"
+    # json.dumps writes a lone surrogate as the escape "\udce9", which is valid JSON.
+    rows = [
+        {"path": "images/a.png", "label": "cat"},
+        {"path": "images/\udce9.png", "label": "cat"},
+        {"path": "images/b.png", "label": "bad\ud800"},
+        {"path": "images/c.png", "label": "dog"},
+    ]
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+    files, dropped, class_names = listed(ManifestSource(type="manifest", path=str(manifest)))
+
+    assert files == ["images/a.png", "images/c.png"] and class_names == ["cat", "dog"]
+    assert dropped == {
+        "m.jsonl:2": (
+            "bad_row",
+            str(manifest),
+            'path: "images/\\udce9.png" is not valid Unicode text (a lone surrogate)',
+        ),
+        "m.jsonl:3": (
+            "bad_row",
+            str(manifest),
+            "'label': \"bad\\ud800\" is not valid Unicode text (a lone surrogate)",
+        ),
+    }
+
+
+def test_targets_with_a_lone_surrogate_are_a_bad_row(tmp_path):
+    images = tmp_path / "images"
+    for name in ("a.png", "b.png", "c.png", "d.png"):
+        write(images, name.encode(), png(1))
+    targets = TargetsConfig.model_validate({"labels": {}, "boxes": {}, "extra": {"note": "string"}})
+    good = {"labels": ["cat"], "objects": [], "note": "fine"}
+    rows = [
+        {"path": "images/a.png", **good},
+        {"path": "images/b.png", **good, "labels": ["\udce9"]},
+        {"path": "images/c.png", **good, "objects": [{"bbox": [0, 0, 1, 1], "class": "\ud800"}]},
+        {"path": "images/d.png", **good, "note": "caf\udce9"},
+    ]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+    files, dropped, class_names = listed(
+        ManifestSource(type="manifest", path=str(manifest)), targets=targets
+    )
+
+    assert files == ["images/a.png"] and class_names == ["cat"]
+    assert {key: message for key, (_, _, message) in dropped.items()} == {
+        "m.jsonl:2": 'labels[0]: "\\udce9" is not valid Unicode text (a lone surrogate)',
+        "m.jsonl:3": 'objects[0].class: "\\ud800" is not valid Unicode text (a lone surrogate)',
+        "m.jsonl:4": 'note: "caf\\udce9" is not valid Unicode text (a lone surrogate)',
+    }
+
+
+def test_a_voc_file_whose_name_is_not_utf8_is_reported_escaped(tmp_path):
+    annotations, images = tmp_path / "Annotations", tmp_path / "JPEGImages"
+    write(images, b"1.jpg", png(1))
+    write(annotations, b"good.xml", b"<annotation><filename>1.jpg</filename></annotation>")
+    write(annotations, b"caf\xe9.xml", b"<annotation>")  # cut short, and not a UTF-8 name
+
+    source = VocSource(type="voc", annotations=str(annotations), images=str(images))
+    targets = TargetsConfig.model_validate({"boxes": {}})
+    files, dropped, _ = listed(source, targets=targets)
+
+    assert files == ["1.jpg"]
+    ((key, (reason, uri, _)),) = dropped.items()
+    assert (key, reason, uri) == ("caf\\xe9.xml", "bad_row", f"{annotations}/caf\\xe9.xml")
