@@ -14,6 +14,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from conftest import make_config
 from kiln.pipeline import build, error_report
@@ -197,3 +198,215 @@ def test_a_voc_file_whose_name_is_not_utf8_is_reported_escaped(tmp_path):
     assert files == ["1.jpg"]
     ((key, (reason, uri, _)),) = dropped.items()
     assert (key, reason, uri) == ("caf\\xe9.xml", "bad_row", f"{annotations}/caf\\xe9.xml")
+
+
+# --- class names: one rule for every source ------------------------------------------
+
+# A label as written -> the class it is, or the start of the bad row's message.
+LABELS = {
+    "cat": "cat",
+    " cat ": "cat",  # stripped, as a CSV cell always was
+    "dog\t": "dog",
+    7: "7",  # an integer is its text
+    "": "'label' is empty",
+    "  ": "'label' is only whitespace",
+    "multi\nline": "'label' holds a control character (U+000A)",
+    "tab\there": "'label' holds a control character (U+0009)",
+    "nul\x00": "'label' holds a control character (U+0000)",
+    "c1\x85c1": "'label' holds a control character (U+0085)",
+    True: "'label': expected a class name, got true",
+    None: "'label': expected a class name, got null",
+}
+
+
+def test_a_jsonl_label_is_read_by_the_class_name_rule(tmp_path):
+    rows = [{"path": f"images/{i}.png", "label": label} for i, label in enumerate(LABELS)]
+    rows.append({"path": "images/no_label.png"})
+    for row in rows:
+        write(tmp_path, row["path"].encode(), png(1))
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    source = ManifestSource(type="manifest", path=str(tmp_path / "m.jsonl"))
+    with source.list_files(splits_from_source=False) as listing:
+        classes = {f.key: listing.class_names[f.label] for f in listing.files()}
+        messages = {d.key: d.message for d in listing.dropped()}
+
+    expected_classes, expected_messages = {}, {}
+    for i, read in enumerate(LABELS.values()):
+        if read.startswith("'label'"):
+            expected_messages[f"m.jsonl:{i + 1}"] = read
+        else:
+            expected_classes[f"images/{i}.png"] = read
+    assert classes == expected_classes
+    assert sorted(messages) == sorted([*expected_messages, f"m.jsonl:{len(rows)}"])
+    for key, start in expected_messages.items():
+        assert messages[key].startswith(start), (key, messages[key])
+    assert messages[f"m.jsonl:{len(rows)}"] == "'label' is missing: expected a class name"
+
+
+def test_csv_and_jsonl_read_the_same_class_names(tmp_path):
+    for i in range(4):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    labels = [" cat", "cat ", "dog", "tab\there"]
+    (tmp_path / "m.jsonl").write_text(
+        "".join(
+            json.dumps({"path": f"images/{i}.png", "label": label}) + "\n"
+            for i, label in enumerate(labels)
+        )
+    )
+    (tmp_path / "m.csv").write_text(
+        "path,label\n" + "".join(f'images/{i}.png,"{label}"\n' for i, label in enumerate(labels))
+    )
+
+    results = []
+    for name in ("m.jsonl", "m.csv"):
+        source = ManifestSource(type="manifest", path=str(tmp_path / name))
+        with source.list_files(splits_from_source=False) as listing:
+            files = [(f.key, listing.class_names[f.label]) for f in listing.files()]
+            dropped = [(d.reason, d.message) for d in listing.dropped()]
+            results.append((files, dropped))
+
+    jsonl, csv = results
+    assert (
+        jsonl[0]
+        == csv[0]
+        == [("images/0.png", "cat"), ("images/1.png", "cat"), ("images/2.png", "dog")]
+    )
+    assert jsonl[1] == [("bad_row", "'label' holds a control character (U+0009): \"tab\\there\"")]
+    assert csv[1] == [("bad_row", 'label holds a control character (U+0009): "tab\\there"')]
+
+
+def test_target_class_names_follow_the_rule(tmp_path):
+    for i in range(4):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    targets = TargetsConfig.model_validate({"labels": {}, "boxes": {}})
+    rows = [
+        {"labels": [" cat", "dog "], "objects": [{"bbox": [0, 0, 1, 1], "class": " cat "}]},
+        {"labels": ["a\nb"], "objects": []},
+        {"labels": [], "objects": [{"bbox": [0, 0, 1, 1], "class": " "}]},
+        {"labels": [], "objects": [{"bbox": [0, 0, 1, 1], "class": ""}]},
+    ]
+    (tmp_path / "m.jsonl").write_text(
+        "".join(json.dumps({"path": f"images/{i}.png", **row}) + "\n" for i, row in enumerate(rows))
+    )
+    (tmp_path / "m.csv").write_text("path,labels\nimages/0.png, cat | dog \nimages/1.png,a\x1fb\n")
+
+    files, dropped, class_names = listed(
+        ManifestSource(type="manifest", path=str(tmp_path / "m.jsonl")), targets=targets
+    )
+    assert files == ["images/0.png"] and class_names == ["cat", "dog"]
+    assert {key: message for key, (_, _, message) in dropped.items()} == {
+        "m.jsonl:2": 'labels[0] holds a control character (U+000A): "a\\nb"',
+        "m.jsonl:3": 'objects[0].class is only whitespace: " "',
+        "m.jsonl:4": "objects[0].class is empty",
+    }
+
+    only_labels = TargetsConfig.model_validate({"labels": {}})
+    files, dropped, class_names = listed(
+        ManifestSource(type="manifest", path=str(tmp_path / "m.csv")), targets=only_labels
+    )
+    assert files == ["images/0.png"] and class_names == ["cat", "dog"]
+    assert dropped["m.csv:3"][2] == 'labels holds a control character (U+001F): "a\\u001fb"'
+
+
+def test_class_folders_follow_the_rule_without_losing_their_files(tmp_path):
+    root = tmp_path / "images"
+    write(root, b"cat/1.png", png(1))
+    write(root, b"cat /2.png", png(2))  # one class with cat/
+    write(root, b"tab\there/3.png", png(3))
+    write(root, b" /4.png", png(4))
+
+    files, dropped, class_names = listed(ImageFolderSource(type="image_folder", root=str(root)))
+
+    assert class_names == ["cat"]
+    assert files == ["cat /2.png", "cat/1.png"]  # each its own key
+    assert {key: message for key, (_, _, message) in dropped.items()} == {
+        "tab\there/3.png": 'class folder name holds a control character (U+0009): "tab\\there"',
+        " /4.png": 'class folder name is only whitespace: " "',
+    }
+    assert {reason for reason, _, _ in dropped.values()} == {"bad_name"}
+
+
+def test_coco_category_names_follow_the_rule(tmp_path):
+    from kiln.errors import ConfigError
+    from kiln.pipeline.sources import CocoSource
+
+    write(tmp_path, b"images/1.png", png(1))
+    boxes = TargetsConfig.model_validate({"boxes": {}})
+
+    def coco(categories) -> CocoSource:
+        (tmp_path / "i.json").write_text(
+            json.dumps(
+                {
+                    "images": [{"id": 1, "file_name": "1.png"}],
+                    "annotations": [
+                        {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1]}
+                    ],
+                    "categories": categories,
+                }
+            )
+        )
+        return CocoSource(
+            type="coco", annotations=str(tmp_path / "i.json"), images=str(tmp_path / "images")
+        )
+
+    source = coco([{"id": 1, "name": " cat "}, {"id": 2, "name": "dog"}])
+    with source.list_files(splits_from_source=False, targets=boxes) as listing:
+        (file,) = listing.files()
+        assert listing.class_names == ["cat", "dog"]
+        assert json.loads(file.targets)["objects"][0]["class"] == "cat"
+
+    source = coco([{"id": 1, "name": "cat"}, {"id": 2, "name": "a\nb"}])
+    with pytest.raises(ConfigError, match=r"categories\[1\]: 'name' holds a control character"):
+        source.list_files(splits_from_source=False, targets=boxes)
+
+
+@pytest.mark.parametrize(
+    ("classes", "message"),
+    [
+        (["cat", "dog "], r"source.classes: item 1: 'dog ' has surrounding whitespace"),
+        (["cat", " "], r"source.classes: item 1 is only whitespace"),
+        (["a\nb"], r"source.classes: item 0 holds a control character \(U\+000A\)"),
+    ],
+)
+def test_the_config_refuses_a_class_no_input_could_carry(tmp_path, classes, message):
+    from kiln.errors import ConfigError
+    from kiln.pipeline.config import load as load_config
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "name": "x",
+                "source": {"type": "manifest", "path": "m.jsonl", "classes": classes},
+                "output": "out",
+            }
+        )
+    )
+    with pytest.raises(ConfigError, match=message):
+        load_config(str(config))
+
+
+def test_a_build_of_untrimmed_jsonl_labels_writes_its_tfds_labels_file(tmp_path):
+    for i in range(6):
+        write(tmp_path, f"images/{i}.png".encode(), png(20 * i))
+    labels = ["cat ", " cat", "dog", "dog\n", "cat", "dog"]
+    (tmp_path / "m.jsonl").write_text(
+        "".join(
+            json.dumps({"path": f"images/{i}.png", "label": label}) + "\n"
+            for i, label in enumerate(labels)
+        )
+    )
+    result = build(
+        make_config(
+            str(tmp_path),
+            source={"type": "manifest", "path": str(tmp_path / "m.jsonl")},
+            output=str(tmp_path / "out"),
+            transforms=[],
+            splits={"fractions": {"train": 1.0}},
+            sharding={"num_shards": 1},
+        )
+    )
+    assert result.info.class_names == ["cat", "dog"]
+    with open(os.path.join(result.dataset_dir, "image.class.label.labels.txt")) as f:
+        assert f.read() == "cat\ndog\n"

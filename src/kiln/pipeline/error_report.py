@@ -17,7 +17,9 @@ Stages and reasons (part of kiln's output format):
   splits), ``missing_split`` (``splits.from_source`` but the row has none),
   ``unreadable`` (a local path that is not a regular file: a folder, a
   named pipe, a socket or a device), ``bad_name`` (an image folder's file
-  whose name, or a folder's on its path, is not valid UTF-8).
+  whose name, or a folder's on its path, is not valid UTF-8, or whose class
+  folder's name is not a class name: only whitespace, or with a control
+  character).
 - ``read``: ``unreadable`` (permission denied, I/O error, vanished since listing).
 - ``decode``: the reasons of `kiln.transforms.decode.DecodeError` (``empty``,
   ``not_an_image``, ``unsupported_format``, ``corrupt``, ``too_many_pixels``,

@@ -24,7 +24,9 @@ to disk as they come (`kiln.pipeline.listing`).
   (`kiln.pipeline.target_rows`); mask paths are confined like image paths.
 
 Class names are sorted, so label ids are stable: the config's
-``source.classes`` if given, else every label found. Problems with single
+``source.classes`` if given, else every label found. Every source reads a
+class name by one rule (`target_rows.class_name`: stripped, refused when
+empty or with a control character). Problems with single
 files (a row that does not parse, a missing file, an unknown label, a file
 outside the layout, a local path that is not a regular file) become
 `DroppedFile` rows, never exceptions.
@@ -50,7 +52,7 @@ import stat
 from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kiln.errors import ConfigError
 from kiln.lazy_import import LazyModule
@@ -83,7 +85,13 @@ class _SourceModel(BaseModel):
     """The class list. Files with other labels are dropped (`unknown_label`). Default: every
     folder name (image_folder) or distinct label (manifest), sorted; a label is the index
     into the sorted list. A semantic mask's pixel values index it too: a dataset whose only
-    targets are masks must declare it."""
+    targets are masks must declare it. Every class name read from a source (a class folder's
+    name; a manifest's `label`, `labels` and objects' `class`, CSV and JSONL alike; a COCO
+    category's or VOC object's name) follows one rule: an integer is its decimal text, a
+    string is stripped of surrounding whitespace (`" cat "` is `cat`), and a name that is
+    empty, only whitespace, or holds a control character (newline, tab, NUL: Unicode
+    category Cc) drops its input (`bad_row`; `bad_name` for a class folder; a COCO category
+    stops the build). The names listed here must already be in that form."""
     allowed_roots: list[ConfigPath] = []
     """More folders (or `gs://` prefixes) inputs may be read from. By default a source reads
     only below its own folder (the image folder, or the manifest's folder), after following
@@ -97,6 +105,23 @@ class _SourceModel(BaseModel):
     # where: the same files give the same dataset either way, so they are
     # neither fingerprinted nor recorded (`BuildSpec.to_json`).
     LISTING_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    @field_validator("classes")
+    @classmethod
+    def _class_names_as_data_names_them(cls, classes: list[str] | None) -> list[str] | None:
+        """Refuses a name no input could carry: the rule of the names read from
+        data (`target_rows.class_name`), which are stripped of whitespace."""
+        for i, name in enumerate(classes or ()):
+            try:
+                read = target_rows.class_name(name, f"item {i}")
+            except AnnotationError as e:
+                raise ValueError(str(e)) from None
+            if read != name:
+                raise ValueError(
+                    f"item {i}: {name!r} has surrounding whitespace; class names read "
+                    f"from the source are stripped, so no input would be {name!r}"
+                )
+        return classes
 
     def location(self) -> dict[str, Any]:
         """The location fields (`LOCATION_FIELDS`) as JSON: where this build read from."""
@@ -573,9 +598,12 @@ class Misplaced(NamedTuple):
 
 def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Misplaced | None:
     """Where the file `key` (relative to an image folder's root) sits:
-    ``(class folder, split folder or None)``, `Misplaced` outside the layout
-    or with a name that is not UTF-8 (`bad_name`), or None for a hidden path
-    (a name starting with '.'), which is skipped.
+    ``(class name, split folder or None)``, `Misplaced` outside the layout
+    or with a name that is not UTF-8 or a class folder name that
+    `target_rows.class_name` refuses (`bad_name`), or None for a hidden path
+    (a name starting with '.'), which is skipped. The class name is the
+    class folder's name read as every class name is (`target_rows.class_name`:
+    stripped of surrounding whitespace).
 
     The first of an image folder's two checks, before the class names are
     known; the launcher's listing and the listing job (`listing_job`) apply
@@ -590,7 +618,11 @@ def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Mispla
     if len(parts) != (3 if from_source else 2):
         layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
         return Misplaced("unexpected_location", f"not in the layout root/{layout}")
-    return parts[-2], parts[0] if from_source else None
+    try:
+        label = target_rows.class_name(parts[-2], "class folder name")
+    except AnnotationError as e:
+        return Misplaced("bad_name", str(e))
+    return label, parts[0] if from_source else None
 
 
 def _name_problem(parts: list[str], from_source: bool) -> Misplaced | None:
@@ -1162,6 +1194,11 @@ def _csv_rows(
         if not path or not label:
             yield _BadRow(line, text_line, "empty path or label")
             continue
+        try:
+            label = target_rows.class_name(label, "label")
+        except AnnotationError as e:
+            yield _BadRow(line, text_line, str(e))
+            continue
         yield Row(line, text_line, path, label, split or None)
 
 
@@ -1194,6 +1231,8 @@ def _csv_target_rows(
             yield _BadRow(line, text_line, "empty path or label")
             continue
         try:
+            if targets.label is not None:
+                label = target_rows.class_name(label, "label")
             row_targets = target_rows.csv_row_targets(cells, targets)
         except AnnotationError as e:
             yield _BadRow(line, text_line, str(e))
@@ -1220,22 +1259,21 @@ def _jsonl_rows(
         if not isinstance(row, dict):
             yield _BadRow(line, raw, "expected a JSON object")
             continue
-        path, label, split = row.get("path"), row.get("label"), row.get("split")
+        path, split = row.get("path"), row.get("split")
         if not isinstance(path, str) or not path:
             yield _BadRow(line, raw, "'path' must be a non-empty string")
             continue
         if targets is not None and targets.label is None:
             label = ""  # the dataset has no image class
-        elif isinstance(label, bool) or not isinstance(label, (str, int)) or label == "":
-            yield _BadRow(line, raw, "'label' must be a string (or integer)")
+        elif "label" not in row:
+            yield _BadRow(line, raw, "'label' is missing: expected a class name")
             continue
-        elif isinstance(label, str) and as_text(label) != label:
-            yield _BadRow(
-                line,
-                raw,
-                f"'label': {_json_text(label)} is not valid Unicode text (a lone surrogate)",
-            )
-            continue
+        else:
+            try:
+                label = target_rows.class_name(row["label"], "'label'")
+            except AnnotationError as e:
+                yield _BadRow(line, raw, str(e))
+                continue
         if split is not None and not isinstance(split, str):
             yield _BadRow(line, raw, "'split' must be a string")
             continue
@@ -1246,7 +1284,7 @@ def _jsonl_rows(
             except AnnotationError as e:
                 yield _BadRow(line, raw, str(e))
                 continue
-        yield Row(line, raw, path, str(label), split or None, row_targets)
+        yield Row(line, raw, path, label, split or None, row_targets)
 
 
 def _json_text(value: str) -> str:
