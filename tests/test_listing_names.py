@@ -410,3 +410,25 @@ def test_a_build_of_untrimmed_jsonl_labels_writes_its_tfds_labels_file(tmp_path)
     assert result.info.class_names == ["cat", "dog"]
     with open(os.path.join(result.dataset_dir, "image.class.label.labels.txt")) as f:
         assert f.read() == "cat\ndog\n"
+
+
+def test_a_jsonl_object_with_a_key_given_twice_is_a_bad_row(tmp_path):
+    for name in ("a.png", "b.png", "c.png"):
+        write(tmp_path, f"images/{name}".encode(), png(1))
+    targets = TargetsConfig.model_validate({"label": {}, "boxes": {}})
+    (tmp_path / "m.jsonl").write_text(
+        '{"path": "images/a.png", "label": "dog", "objects": []}\n'
+        '{"path": "images/b.png", "label": "dog", "label": "cat", "objects": []}\n'
+        '{"path": "images/c.png", "label": "dog", "objects": [{"bbox": [0, 0, 1, 1], '
+        '"class": "dog", "class": "cat"}]}\n'
+    )
+
+    files, dropped, _ = listed(
+        ManifestSource(type="manifest", path=str(tmp_path / "m.jsonl")), targets=targets
+    )
+
+    assert files == ["images/a.png"]
+    assert {key: (reason, message) for key, (reason, _, message) in dropped.items()} == {
+        "m.jsonl:2": ("bad_row", 'duplicate key "label" in a JSON object'),
+        "m.jsonl:3": ("bad_row", 'duplicate key "class" in a JSON object'),
+    }

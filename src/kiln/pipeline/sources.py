@@ -16,7 +16,8 @@ to disk as they come (`kiln.pipeline.listing`).
   with '.') are skipped. The key of a file is its path relative to the
   root, with '/' separators.
 - ``manifest``: CSV with a header ``path,label[,split]`` (other columns are
-  ignored), or JSONL (``.jsonl``/``.json``) objects with those fields. A
+  ignored), or JSONL (``.jsonl``/``.json``) objects with those fields (an
+  object that gives a key twice is a bad row). A
   relative path resolves against the manifest's folder; the key is the path
   as written (normalized), or the URI for an absolute one. With declared
   targets (``targets:``), a JSONL line also carries its objects, masks and
@@ -1252,9 +1253,12 @@ def _jsonl_rows(
         if not raw.strip():
             continue
         try:
-            row = json.loads(raw)
+            row = json.loads(raw, object_pairs_hook=_object_of_distinct_keys)
         except json.JSONDecodeError as e:
             yield _BadRow(line, raw, f"not valid JSON: {e.msg}")
+            continue
+        except _DuplicateKey as e:
+            yield _BadRow(line, raw, f"duplicate key {_json_text(e.key)} in a JSON object")
             continue
         if not isinstance(row, dict):
             yield _BadRow(line, raw, "expected a JSON object")
@@ -1285,6 +1289,30 @@ def _jsonl_rows(
                 yield _BadRow(line, raw, str(e))
                 continue
         yield Row(line, raw, path, label, split or None, row_targets)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _object_of_distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are distinct: `json` would keep the last of
+    two values silently (``{"label": "dog", "label": "cat"}`` is a cat), as
+    YAML would, and the config loader refuses that too.
+
+    Raises:
+      _DuplicateKey: naming the first key given twice.
+    """
+    row = dict(pairs)
+    if len(row) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return row
 
 
 def _json_text(value: str) -> str:
