@@ -432,3 +432,91 @@ def test_a_jsonl_object_with_a_key_given_twice_is_a_bad_row(tmp_path):
         "m.jsonl:2": ("bad_row", 'duplicate key "label" in a JSON object'),
         "m.jsonl:3": ("bad_row", 'duplicate key "class" in a JSON object'),
     }
+
+
+# --- CSV records the csv module refuses, and quoted fields that run on ---------------
+
+
+def csv_listing(tmp_path, text: str, targets: TargetsConfig | None = None):
+    for i in range(5):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    (tmp_path / "m.csv").write_text(text)
+    kwargs = {} if targets is None else {"targets": targets}
+    return listed(ManifestSource(type="manifest", path=str(tmp_path / "m.csv")), **kwargs)
+
+
+def test_a_csv_field_beyond_the_csv_limit_is_a_bad_row_and_the_rest_is_read(tmp_path):
+    huge = "x" * 200_000  # the csv module's field size limit is 131,072 characters
+    files, dropped, _ = csv_listing(
+        tmp_path,
+        "path,label\n"
+        "images/0.png,cat\n"
+        f"images/1.png,{huge}\n"
+        "images/2.png,cat\n"
+        f'images/3.png,"{huge}\nstill,in,the,field"\n'
+        "images/4.png,dog\n",
+    )
+    assert files == ["images/0.png", "images/2.png", "images/4.png"]
+    messages = {key: message for key, (_, _, message) in dropped.items()}
+    assert messages["m.csv:3"] == "not valid CSV: field larger than field limit (131072)"
+    # Refused while still in its first line: the next line is read as a record of its own.
+    assert messages["m.csv:5"] == "not valid CSV: field larger than field limit (131072)"
+    assert messages["m.csv:6"] == "expected 2 fields, got 4"
+    assert set(messages) == {"m.csv:3", "m.csv:5", "m.csv:6"}
+
+
+def test_any_csv_error_is_a_bad_row(tmp_path):
+    # A carriage return inside an unquoted field: the csv module refuses the record.
+    files, dropped, _ = csv_listing(
+        tmp_path, "path,label\nimages/0.png,cat\nimages/1.png,c\rat\nimages/2.png,dog\n"
+    )
+    assert files == ["images/0.png", "images/2.png"]
+    assert list(dropped) == ["m.csv:3"]
+    assert dropped["m.csv:3"][2].startswith("not valid CSV: new-line character seen in unquoted")
+
+
+def test_a_csv_with_targets_reads_past_a_refused_record(tmp_path):
+    targets = TargetsConfig.model_validate({"label": {}, "extra": {"note": "string"}})
+    files, dropped, _ = csv_listing(
+        tmp_path,
+        f"path,label,note\nimages/0.png,cat,{'n' * 140_000}\nimages/1.png,cat,short\n",
+        targets,
+    )
+    assert files == ["images/1.png"]
+    assert dropped["m.csv:2"][2] == "not valid CSV: field larger than field limit (131072)"
+
+
+def test_a_header_the_csv_module_refuses_is_a_config_error(tmp_path):
+    from kiln.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"m.csv: line 1: not valid CSV: field larger"):
+        csv_listing(tmp_path, f"path,label{'x' * 140_000}\nimages/0.png,cat\n")
+
+
+def test_an_unterminated_quote_is_reported_where_its_row_starts(tmp_path):
+    files, dropped, _ = csv_listing(
+        tmp_path,
+        'path,label\nimages/0.png,cat\n"images/1.png,cat\nimages/2.png,cat\nimages/3.png,dog\n',
+    )
+    assert files == ["images/0.png"]
+    assert dropped == {
+        "m.csv:3": (
+            "bad_row",
+            str(tmp_path / "m.csv"),
+            "expected 2 fields, got 1 (a quoted field runs on over 3 lines, to line 5: "
+            "an unterminated quote?)",
+        )
+    }
+
+
+def test_a_quoted_field_over_lines_is_one_row_at_its_first_line(tmp_path):
+    # A quoted line break is CSV: the row is good, unless its label is not a class name.
+    files, dropped, _ = csv_listing(
+        tmp_path,
+        'path,label\n"images/0.png",cat\nimages/1.png,"cat\nimages/2.png,dog"\nimages/3.png,dog\n',
+    )
+    assert files == ["images/0.png", "images/3.png"]
+    assert dropped["m.csv:3"][2] == (
+        'label holds a control character (U+000A): "cat\\nimages/2.png,dog" '
+        "(a quoted field runs on over 2 lines, to line 4: an unterminated quote?)"
+    )

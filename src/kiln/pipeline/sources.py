@@ -1164,47 +1164,123 @@ def _manifest_lines(path: str) -> Iterator[str]:
                 return
 
 
+@dataclasses.dataclass(frozen=True)
+class _CsvRecord:
+    """One record of a CSV file as `csv.reader` reads it (a quoted field may
+    span lines), or what kept it from being read."""
+
+    first_line: int
+    last_line: int
+    fields: list[str]
+    error: str | None = None  # the csv module's message; `fields` is then []
+    text: str = ""  # with `error`: the record's lines as written, for its row text
+
+    def bad_row(self, text: str, problem: str) -> _BadRow:
+        """The record as a bad row at its first line. A record over several
+        lines says so: a quoted field that runs on, mostly an unterminated
+        quote, swallows the lines after it, and its problem shows where
+        the swallowed text ends."""
+        if self.last_line > self.first_line:
+            lines = self.last_line - self.first_line + 1
+            problem += (
+                f" (a quoted field runs on over {lines} lines, to line {self.last_line}: "
+                f"an unterminated quote?)"
+            )
+        return _BadRow(self.first_line, text, problem)
+
+
+def _csv_records(lines: Iterator[str]) -> Iterator[_CsvRecord]:
+    """The CSV records of `lines`, with their line numbers.
+
+    A record the csv module refuses (a field beyond its field size limit of
+    128 KiB, a stray line break inside an unquoted field) comes back with its
+    error, and reading goes on at the next line: the reader starts each
+    record afresh, after the lines it has already taken.
+    """
+    taken: list[str] = []
+
+    def taking() -> Iterator[str]:
+        for line in lines:
+            taken.append(line)
+            yield line
+
+    reader = csv.reader(taking())
+    last_line = 0
+    while True:
+        taken.clear()
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            text = "".join(taken).rstrip("\r\n")
+            yield _CsvRecord(last_line + 1, reader.line_num, [], str(e), text)
+        else:
+            yield _CsvRecord(last_line + 1, reader.line_num, fields)
+        last_line = reader.line_num
+
+
+def _csv_header(records: Iterator[_CsvRecord], name: str) -> list[str] | None:
+    """The header's fields, or None for an empty file.
+
+    Raises:
+      ManifestError: the header is not valid CSV.
+    """
+    header = next(records, None)
+    if header is None:
+        return None
+    if header.error is not None:
+        raise ManifestError(f"{name}: line {header.first_line}: not valid CSV: {header.error}")
+    return header.fields
+
+
 def _csv_rows(
     lines: Iterator[str], name: str, targets: TargetsConfig | None = None
 ) -> Iterator[Row | _BadRow]:
-    reader = csv.reader(lines)
-    try:
-        header = next(reader)
-    except StopIteration:
+    records = _csv_records(lines)
+    header = _csv_header(records, name)
+    if header is None:
         return
     columns = [c.strip().lower() for c in header]
     if targets is not None:
-        return (yield from _csv_target_rows(reader, header, columns, name, targets))
+        return (yield from _csv_target_rows(records, header, columns, name, targets))
     if "path" not in columns or "label" not in columns:
         raise ManifestError(
             f"{name}: the first line must be a header naming the columns "
             f"path,label[,split]; got {','.join(header)!r}"
         )
     index = {c: columns.index(c) for c in ("path", "label", "split") if c in columns}
-    for fields in reader:
-        line = reader.line_num
+    for record in records:
+        if record.error is not None:
+            yield record.bad_row(record.text, f"not valid CSV: {record.error}")
+            continue
+        fields, line = record.fields, record.first_line
         text_line = ",".join(fields)
         if not fields or all(not f.strip() for f in fields):
             continue
         if len(fields) != len(columns):
-            yield _BadRow(line, text_line, f"expected {len(columns)} fields, got {len(fields)}")
+            yield record.bad_row(text_line, f"expected {len(columns)} fields, got {len(fields)}")
             continue
         path = fields[index["path"]].strip()
         label = fields[index["label"]].strip()
         split = fields[index["split"]].strip() if "split" in index else None
         if not path or not label:
-            yield _BadRow(line, text_line, "empty path or label")
+            yield record.bad_row(text_line, "empty path or label")
             continue
         try:
             label = target_rows.class_name(label, "label")
         except AnnotationError as e:
-            yield _BadRow(line, text_line, str(e))
+            yield record.bad_row(text_line, str(e))
             continue
         yield Row(line, text_line, path, label, split or None)
 
 
 def _csv_target_rows(
-    reader, header: list[str], columns: list[str], name: str, targets: TargetsConfig
+    records: Iterator[_CsvRecord],
+    header: list[str],
+    columns: list[str],
+    name: str,
+    targets: TargetsConfig,
 ) -> Iterator[Row | _BadRow]:
     """CSV rows with targets: label(s) and extra columns by name (see `target_rows`)."""
     # Extra columns keep the case of their declared names; the rest are lower case.
@@ -1217,26 +1293,29 @@ def _csv_target_rows(
             f"(targets:); missing {','.join(missing)}, got {','.join(header)!r}"
         )
     index = {c: names.index(c) for c in [*needed, "split"] if c in names}
-    for fields in reader:
-        line = reader.line_num
+    for record in records:
+        if record.error is not None:
+            yield record.bad_row(record.text, f"not valid CSV: {record.error}")
+            continue
+        fields, line = record.fields, record.first_line
         text_line = ",".join(fields)
         if not fields or all(not f.strip() for f in fields):
             continue
         if len(fields) != len(columns):
-            yield _BadRow(line, text_line, f"expected {len(columns)} fields, got {len(fields)}")
+            yield record.bad_row(text_line, f"expected {len(columns)} fields, got {len(fields)}")
             continue
         cells = {c: fields[i] for c, i in index.items()}
         path = cells["path"].strip()
         label = cells["label"].strip() if targets.label is not None else ""
         if not path or (targets.label is not None and not label):
-            yield _BadRow(line, text_line, "empty path or label")
+            yield record.bad_row(text_line, "empty path or label")
             continue
         try:
             if targets.label is not None:
                 label = target_rows.class_name(label, "label")
             row_targets = target_rows.csv_row_targets(cells, targets)
         except AnnotationError as e:
-            yield _BadRow(line, text_line, str(e))
+            yield record.bad_row(text_line, str(e))
             continue
         yield Row(line, text_line, path, label, cells.get("split", "").strip() or None, row_targets)
 
