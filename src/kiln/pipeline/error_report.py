@@ -16,7 +16,8 @@ Stages and reasons (part of kiln's output format):
   ``duplicate_key`` (a manifest lists one path with different labels or
   splits), ``missing_split`` (``splits.from_source`` but the row has none),
   ``unreadable`` (a local path that is not a regular file: a folder, a
-  named pipe, a socket or a device), ``bad_name`` (an image folder's file
+  named pipe, a socket or a device; a broken symbolic link, or one to a
+  folder that holds it, which is not followed), ``bad_name`` (an image folder's file
   whose name, or a folder's on its path, is not valid UTF-8, or whose class
   folder's name is not a class name: only whitespace, or with a control
   character).

@@ -13,8 +13,9 @@ to disk as they come (`kiln.pipeline.listing`).
 
 - ``image_folder``: ``root/<class>/<image>``, or ``root/<split>/<class>/<image>``
   with ``splits.from_source``. Hidden files and folders (a name starting
-  with '.') are skipped. The key of a file is its path relative to the
-  root, with '/' separators.
+  with '.') are skipped; every other file is an input (see
+  `ImageFolderSource.root` for what is dropped, and why). The key of a file
+  is its path relative to the root, with '/' separators.
 - ``manifest``: CSV with a header ``path,label[,split]`` (other columns are
   ignored), or JSONL (``.jsonl``/``.json``) objects with those fields (an
   object that gives a key twice is a bad row). A
@@ -194,7 +195,17 @@ class ImageFolderSource(_SourceModel):
     `splits.from_source`; class names are the sorted folder names."""
     root: ConfigPath
     """The image folder: a local path (relative to the config file's folder) or
-    `gs://bucket/prefix`."""
+    `gs://bucket/prefix`. What is listed: a file or folder whose name starts with `.`
+    (`.DS_Store`, `._IMG_1.jpg`, `.git/`) is skipped without a word and not counted. Every
+    other file is an input, and one that is dropped counts against `errors.max_fraction`
+    (5% by default): a file directly in `root` or in a subfolder of a class folder is
+    `unexpected_location`; a file in a class folder is decoded whatever its name, so
+    `Thumbs.db`, `desktop.ini` or `notes.txt` there is `not_an_image` (stage `decode`); a name
+    that is not UTF-8, or a class folder name that is not a class name (see `classes`), is
+    `bad_name`. Symbolic links to files and folders are followed, within `root` and
+    `allowed_roots` (else `outside_source`); a broken link, a named pipe or device, and a
+    link to a folder that holds it (a loop: not entered) are `unreadable`. Without `classes`,
+    a class folder with no file listed in it (empty, or only subfolders) is no class."""
 
     listing: Literal["launcher", "job"] = "launcher"
     """Where the objects are listed. `launcher`: by `kiln build` itself, before the job.
