@@ -45,6 +45,7 @@ import codecs
 import csv
 import dataclasses
 import errno
+import functools
 import json
 import logging
 import os
@@ -624,28 +625,30 @@ def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Mispla
     parts = key.split("/")
     if any(part.startswith(".") for part in parts):
         return None
-    bad_name = _name_problem(parts, from_source)
-    if bad_name is not None:
-        return bad_name
+    if as_text(key) != key:
+        return _not_utf8(parts, from_source)
     if len(parts) != (3 if from_source else 2):
         layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
         return Misplaced("unexpected_location", f"not in the layout root/{layout}")
-    try:
-        label = target_rows.class_name(parts[-2], "class folder name")
-    except AnnotationError as e:
-        return Misplaced("bad_name", str(e))
+    label = _class_folder(parts[-2])
+    if isinstance(label, Misplaced):
+        return label
     return label, parts[0] if from_source else None
 
 
-def _name_problem(parts: list[str], from_source: bool) -> Misplaced | None:
+@functools.lru_cache(maxsize=4096)  # per file, but a folder holds many
+def _class_folder(name: str) -> str | Misplaced:
+    """A class folder's class name, or why it is none (`bad_name`)."""
+    try:
+        return target_rows.class_name(name, "class folder name")
+    except AnnotationError as e:
+        return Misplaced("bad_name", str(e))
+
+
+def _not_utf8(parts: list[str], from_source: bool) -> Misplaced:
     """`bad_name` for a path whose file or folder names are not all UTF-8
     (a local name's undecodable bytes arrive as surrogate escapes, which no
-    key, report or record can hold), else None."""
-    try:
-        "/".join(parts).encode("utf-8")
-        return None
-    except UnicodeEncodeError:
-        pass
+    key, report or record can hold), naming the first such name."""
     index = next(i for i, part in enumerate(parts) if as_text(part) != part)
     in_layout = len(parts) == (3 if from_source else 2)
     if index == len(parts) - 1:
