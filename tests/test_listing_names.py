@@ -1,11 +1,15 @@
-"""Names a source lists that kiln cannot use: one input dropped with its reason, never
-the whole build.
+"""What the listing makes of the names and rows it reads: what it cannot use drops one
+input with its reason, never the whole build.
 
-A local file name need not be UTF-8 (Linux allows any bytes but '/' and NUL; Python
-gives the undecodable ones as surrogate escapes), and a JSON string can hold a lone
-surrogate (``"\\udce9"``). Neither can be a key, a record, a line of errors.jsonl or a
-part of the version's hash: such an input is dropped while listing (``bad_name`` for a
-folder's file, ``bad_row`` for a row), shown with what is not text escaped.
+- Names that are not text. A local file name need not be UTF-8 (Linux allows any bytes
+  but '/' and NUL; Python gives the undecodable ones as surrogate escapes), and a JSON
+  string can hold a lone surrogate (``"\\udce9"``). Neither can be a key, a record, a line
+  of errors.jsonl or a part of the version's hash: such an input is dropped while listing
+  (``bad_name`` for a folder's file, ``bad_row`` for a row), shown with what is not text
+  escaped.
+- Class names: one rule for every source (`target_rows.class_name`).
+- Rows: a JSONL object that gives a key twice; a CSV record the csv module refuses, and a
+  quoted field that runs on over lines.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import numpy as np
 import pytest
 
 from conftest import make_config
+from kiln.errors import ConfigError
 from kiln.pipeline import build, error_report
-from kiln.pipeline.sources import ImageFolderSource, ManifestSource, VocSource
+from kiln.pipeline.config import load as load_config
+from kiln.pipeline.sources import CocoSource, ImageFolderSource, ManifestSource, VocSource
 from kiln.schemas import TargetsConfig
 from kiln.transforms import encode_image
 
@@ -328,8 +334,6 @@ def test_class_folders_follow_the_rule_without_losing_their_files(tmp_path):
 
 
 def test_coco_category_names_follow_the_rule(tmp_path):
-    from kiln.errors import ConfigError
-    from kiln.pipeline.sources import CocoSource
 
     write(tmp_path, b"images/1.png", png(1))
     boxes = TargetsConfig.model_validate({"boxes": {}})
@@ -370,8 +374,6 @@ def test_coco_category_names_follow_the_rule(tmp_path):
     ],
 )
 def test_the_config_refuses_a_class_no_input_could_carry(tmp_path, classes, message):
-    from kiln.errors import ConfigError
-    from kiln.pipeline.config import load as load_config
 
     config = tmp_path / "c.yaml"
     config.write_text(
@@ -487,7 +489,6 @@ def test_a_csv_with_targets_reads_past_a_refused_record(tmp_path):
 
 
 def test_a_header_the_csv_module_refuses_is_a_config_error(tmp_path):
-    from kiln.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"m.csv: line 1: not valid CSV: field larger"):
         csv_listing(tmp_path, f"path,label{'x' * 140_000}\nimages/0.png,cat\n")
