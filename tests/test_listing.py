@@ -243,3 +243,31 @@ def test_links_out_of_an_image_folder_are_refused_file_by_file_and_folder_by_fol
     assert dropped["a/2.png"][0] == dropped["b/x.png"][0] == "outside_source"
     assert f"it resolves to {outside / 'secret.png'}" in dropped["a/2.png"][1]
     assert f"it resolves to {outside / 'folder' / 'x.png'}" in dropped["b/x.png"][1]
+
+
+def test_a_link_to_a_folder_above_it_is_reported_as_a_real_subfolder_is(tmp_path):
+    # Followed, a link back to its own folder or one above it would list the
+    # same files forever: it is not entered, but it is reported, not skipped
+    # without a word (a real subfolder's files are reported too).
+    root = tmp_path / "images"
+    (root / "a" / "sub").mkdir(parents=True)
+    (root / "b").mkdir()
+    (root / "a" / "1.png").write_bytes(b"1")
+    (root / "a" / "sub" / "2.png").write_bytes(b"2")  # a real subfolder
+    (root / "b" / "3.png").write_bytes(b"3")
+    (root / "a" / "again").symlink_to(root / "a", target_is_directory=True)  # itself
+    (root / "b" / "up").symlink_to("..", target_is_directory=True)  # the root
+    (root / "top").symlink_to(".", target_is_directory=True)  # the root, from the root
+
+    source = sources.ImageFolderSource(type="image_folder", root=str(root))
+    with source.list_files(splits_from_source=False) as result:
+        files = [f.key for f in result.files()]
+        dropped = {d.key: (d.reason, d.message) for d in result.dropped()}
+    loop = "a symbolic link to a folder that holds it (not followed: it would loop)"
+    assert files == ["a/1.png", "b/3.png"]
+    assert dropped == {
+        "a/sub/2.png": ("unexpected_location", "not in the layout root/<class>/<image>"),
+        "a/again": ("unreadable", loop),
+        "b/up": ("unreadable", loop),
+        "top": ("unexpected_location", "not in the layout root/<class>/<image>"),
+    }

@@ -127,7 +127,7 @@ def test_the_source_lists_each_file_as_an_image_with_its_boxes(tmp_path):
     # A bad file's row names the file itself, not the folder; objects count from 0.
     assert rows["bad.xml"].uri == str(annotations / "bad.xml")
     assert rows["unnamed.xml"].uri == str(annotations / "unnamed.xml")
-    assert rows["unnamed.xml"].message.startswith("objects[1].class: expected a class name")
+    assert rows["unnamed.xml"].message == "objects[1].class is empty"
 
 
 def test_the_config_accepts_boxes_only_from_voc(tmp_path):

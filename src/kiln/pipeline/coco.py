@@ -58,7 +58,9 @@ Each image becomes one row in the format of the JSONL manifest with targets
   keypoints and none of the asked names is among them, the file is refused
   (`CocoFileError`): every keypoint would be "not labelled".
 
-A broken ``categories`` entry (no id, no name, keypoints that are not a list
+A category's name is a class name as `target_rows.class_name` reads it
+(stripped; refused if empty or with a control character). A broken
+``categories`` entry (no id, no usable name, keypoints that are not a list
 of names) or an id declared twice with another name or keypoints is a
 `CocoFileError`: the categories are the class list, and the build stops
 before any work. An exact repeat of an entry is ignored.
@@ -405,6 +407,10 @@ def _category(item: Any) -> tuple[Any, Category] | str:
         return "'id' must be an integer or a string"
     if not isinstance(name, str) or not name:
         return "'name' must be a non-empty string"
+    try:  # the class list: the rule of every class name read from data
+        name = target_rows.class_name(name, "'name'")
+    except target_rows.AnnotationError as e:
+        return str(e)
     if not isinstance(keypoints, list) or not all(isinstance(k, str) for k in keypoints):
         return "'keypoints' must be a list of names"
     return category_id, Category(name, tuple(keypoints))

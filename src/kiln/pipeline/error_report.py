@@ -16,7 +16,11 @@ Stages and reasons (part of kiln's output format):
   ``duplicate_key`` (a manifest lists one path with different labels or
   splits), ``missing_split`` (``splits.from_source`` but the row has none),
   ``unreadable`` (a local path that is not a regular file: a folder, a
-  named pipe, a socket or a device).
+  named pipe, a socket or a device; a broken symbolic link, or one to a
+  folder that holds it, which is not followed), ``bad_name`` (an image folder's file
+  whose name, or a folder's on its path, is not valid UTF-8, or whose class
+  folder's name is not a class name: only whitespace, or with a control
+  character).
 - ``read``: ``unreadable`` (permission denied, I/O error, vanished since listing).
 - ``decode``: the reasons of `kiln.transforms.decode.DecodeError` (``empty``,
   ``not_an_image``, ``unsupported_format``, ``corrupt``, ``too_many_pixels``,
@@ -61,6 +65,26 @@ if TYPE_CHECKING:
     from apache_beam.io.filesystems import FileSystems
 else:  # Beam on first use: validating a config needs none of it
     FileSystems = LazyModule("apache_beam.io.filesystems", "FileSystems")
+
+
+def as_text(value: str) -> str:
+    """`value` as text UTF-8 can hold: a lone surrogate shown as a backslash escape.
+
+    A local file name that is not UTF-8 arrives from the OS with its
+    undecodable bytes as surrogate escapes (``b"caf\\xe9.jpg"`` as
+    ``"caf\\udce9.jpg"``), shown as the bytes, ``caf\\xe9.jpg``; any other
+    lone surrogate (a JSON manifest's ``"\\ud800"``) as ``\\ud800``. Any
+    other text comes back unchanged.
+    """
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        pass
+    try:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate that is no byte's escape
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclasses.dataclass(frozen=True, order=True)

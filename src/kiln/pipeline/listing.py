@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from kiln.lazy_import import LazyModule
 from kiln.pipeline import splits, storage, versioning
 from kiln.pipeline.box_convention import BoxEvidence
-from kiln.pipeline.error_report import DroppedFile
+from kiln.pipeline.error_report import DroppedFile, as_text
 
 if TYPE_CHECKING:
     from apache_beam.io.filesystems import FileSystems
@@ -162,6 +162,15 @@ def _optional_blob(text: str | None) -> bytes | None:
 
 def _optional_text(data: bytes | None) -> str | None:
     return None if data is None else _text(data)
+
+
+def _entry_as_text(entry: Any) -> Any:
+    """A dropped row's entry with its strings as `as_text` shows them."""
+    if isinstance(entry, str):
+        return as_text(entry)
+    if isinstance(entry, list):
+        return [_entry_as_text(item) for item in entry]
+    return entry
 
 
 def folder_order(folder_count: tuple[str, int]) -> str:
@@ -530,16 +539,28 @@ class ListingWriter:
             self._add("class_names", (_blob(name),))
 
     def drop(self, dropped: DroppedFile, entry: Any) -> None:
-        """Records a dropped row and its `Listing.dropped_entries` entry."""
+        """Records a dropped row and its `Listing.dropped_entries` entry.
+
+        What a source drops may not be text (a file name that is not UTF-8,
+        a manifest's lone surrogate): its strings are stored as
+        `error_report.as_text` shows them, so that errors.jsonl and the
+        version's hash can hold them.
+        """
         self._num_dropped += 1
         self._add(
             "dropped",
             (
-                *map(
-                    _blob,
-                    (dropped.key, dropped.stage, dropped.reason, dropped.uri, dropped.message),
+                *(
+                    _blob(as_text(text))
+                    for text in (
+                        dropped.key,
+                        dropped.stage,
+                        dropped.reason,
+                        dropped.uri,
+                        dropped.message,
+                    )
                 ),
-                json.dumps(entry, sort_keys=True),
+                json.dumps(_entry_as_text(entry), sort_keys=True),
             ),
         )
 

@@ -13,10 +13,12 @@ to disk as they come (`kiln.pipeline.listing`).
 
 - ``image_folder``: ``root/<class>/<image>``, or ``root/<split>/<class>/<image>``
   with ``splits.from_source``. Hidden files and folders (a name starting
-  with '.') are skipped. The key of a file is its path relative to the
-  root, with '/' separators.
+  with '.') are skipped; every other file is an input (see
+  `ImageFolderSource.root` for what is dropped, and why). The key of a file
+  is its path relative to the root, with '/' separators.
 - ``manifest``: CSV with a header ``path,label[,split]`` (other columns are
-  ignored), or JSONL (``.jsonl``/``.json``) objects with those fields. A
+  ignored), or JSONL (``.jsonl``/``.json``) objects with those fields (an
+  object that gives a key twice is a bad row). A
   relative path resolves against the manifest's folder; the key is the path
   as written (normalized), or the URI for an absolute one. With declared
   targets (``targets:``), a JSONL line also carries its objects, masks and
@@ -24,7 +26,9 @@ to disk as they come (`kiln.pipeline.listing`).
   (`kiln.pipeline.target_rows`); mask paths are confined like image paths.
 
 Class names are sorted, so label ids are stable: the config's
-``source.classes`` if given, else every label found. Problems with single
+``source.classes`` if given, else every label found. Every source reads a
+class name by one rule (`target_rows.class_name`: stripped, refused when
+empty or with a control character). Problems with single
 files (a row that does not parse, a missing file, an unknown label, a file
 outside the layout, a local path that is not a regular file) become
 `DroppedFile` rows, never exceptions.
@@ -41,6 +45,7 @@ import codecs
 import csv
 import dataclasses
 import errno
+import functools
 import json
 import logging
 import os
@@ -50,14 +55,14 @@ import stat
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kiln.errors import ConfigError
 from kiln.lazy_import import LazyModule
 from kiln.pipeline import box_convention, storage, target_rows, voc
 from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem
 from kiln.pipeline.config_paths import ConfigPath
-from kiln.pipeline.error_report import DroppedFile
+from kiln.pipeline.error_report import DroppedFile, as_text
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
 from kiln.pipeline.storage import is_remote
 from kiln.pipeline.target_rows import AnnotationError
@@ -97,7 +102,13 @@ class _SourceModel(BaseModel):
     """The class list. Files with other labels are dropped (`unknown_label`). Default: every
     folder name (image_folder) or distinct label (manifest), sorted; a label is the index
     into the sorted list. A semantic mask's pixel values index it too: a dataset whose only
-    targets are masks must declare it."""
+    targets are masks must declare it. Every class name read from a source (a class folder's
+    name; a manifest's `label`, `labels` and objects' `class`, CSV and JSONL alike; a COCO
+    category's or VOC object's name) follows one rule: an integer is its decimal text, a
+    string is stripped of surrounding whitespace (`" cat "` is `cat`), and a name that is
+    empty, only whitespace, or holds a control character (newline, tab, NUL: Unicode
+    category Cc) drops its input (`bad_row`; `bad_name` for a class folder; a COCO category
+    stops the build). The names listed here must already be in that form."""
     allowed_roots: list[ConfigPath] = []
     """More folders (or `gs://` prefixes) inputs may be read from. By default a source reads
     only below its own folder (the image folder, or the manifest's folder), after following
@@ -111,6 +122,23 @@ class _SourceModel(BaseModel):
     # where: the same files give the same dataset either way, so they are
     # neither fingerprinted nor recorded (`BuildSpec.to_json`).
     LISTING_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    @field_validator("classes")
+    @classmethod
+    def _class_names_as_data_names_them(cls, classes: list[str] | None) -> list[str] | None:
+        """Refuses a name no input could carry: the rule of the names read from
+        data (`target_rows.class_name`), which are stripped of whitespace."""
+        for i, name in enumerate(classes or ()):
+            try:
+                read = target_rows.class_name(name, f"item {i}")
+            except AnnotationError as e:
+                raise ValueError(str(e)) from None
+            if read != name:
+                raise ValueError(
+                    f"item {i}: {name!r} has surrounding whitespace; class names read "
+                    f"from the source are stripped, so no input would be {name!r}"
+                )
+        return classes
 
     def location(self) -> dict[str, Any]:
         """The location fields (`LOCATION_FIELDS`) as JSON: where this build read from."""
@@ -183,7 +211,17 @@ class ImageFolderSource(_SourceModel):
     `splits.from_source`; class names are the sorted folder names."""
     root: ConfigPath
     """The image folder: a local path (relative to the config file's folder) or
-    `gs://bucket/prefix`."""
+    `gs://bucket/prefix`. What is listed: a file or folder whose name starts with `.`
+    (`.DS_Store`, `._IMG_1.jpg`, `.git/`) is skipped without a word and not counted. Every
+    other file is an input, and one that is dropped counts against `errors.max_fraction`
+    (5% by default): a file directly in `root` or in a subfolder of a class folder is
+    `unexpected_location`; a file in a class folder is decoded whatever its name, so
+    `Thumbs.db`, `desktop.ini` or `notes.txt` there is `not_an_image` (stage `decode`); a name
+    that is not UTF-8, or a class folder name that is not a class name (see `classes`), is
+    `bad_name`. Symbolic links to files and folders are followed, within `root` and
+    `allowed_roots` (else `outside_source`); a broken link, a named pipe or device, and a
+    link to a folder that holds it (a loop: not entered) are `unreadable`. Without `classes`,
+    a class folder with no file listed in it (empty, or only subfolders) is no class."""
 
     listing: Literal["launcher", "job"] = "launcher"
     """Where the objects are listed. `launcher`: by `kiln build` itself, before the job.
@@ -588,8 +626,12 @@ class Misplaced(NamedTuple):
 
 def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Misplaced | None:
     """Where the file `key` (relative to an image folder's root) sits:
-    ``(class folder, split folder or None)``, `Misplaced` outside the layout,
-    or None for a hidden path (a name starting with '.'), which is skipped.
+    ``(class name, split folder or None)``, `Misplaced` outside the layout
+    or with a name that is not UTF-8 or a class folder name that
+    `target_rows.class_name` refuses (`bad_name`), or None for a hidden path
+    (a name starting with '.'), which is skipped. The class name is the
+    class folder's name read as every class name is (`target_rows.class_name`:
+    stripped of surrounding whitespace).
 
     The first of an image folder's two checks, before the class names are
     known; the launcher's listing and the listing job (`listing_job`) apply
@@ -598,10 +640,41 @@ def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Mispla
     parts = key.split("/")
     if any(part.startswith(".") for part in parts):
         return None
+    if as_text(key) != key:
+        return _not_utf8(parts, from_source)
     if len(parts) != (3 if from_source else 2):
         layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
         return Misplaced("unexpected_location", f"not in the layout root/{layout}")
-    return parts[-2], parts[0] if from_source else None
+    label = _class_folder(parts[-2])
+    if isinstance(label, Misplaced):
+        return label
+    return label, parts[0] if from_source else None
+
+
+@functools.lru_cache(maxsize=4096)  # per file, but a folder holds many
+def _class_folder(name: str) -> str | Misplaced:
+    """A class folder's class name, or why it is none (`bad_name`)."""
+    try:
+        return target_rows.class_name(name, "class folder name")
+    except AnnotationError as e:
+        return Misplaced("bad_name", str(e))
+
+
+def _not_utf8(parts: list[str], from_source: bool) -> Misplaced:
+    """`bad_name` for a path whose file or folder names are not all UTF-8
+    (a local name's undecodable bytes arrive as surrogate escapes, which no
+    key, report or record can hold), naming the first such name."""
+    index = next(i for i, part in enumerate(parts) if as_text(part) != part)
+    in_layout = len(parts) == (3 if from_source else 2)
+    if index == len(parts) - 1:
+        what = "file name"
+    elif in_layout and index == len(parts) - 2:
+        what = "class folder name"
+    elif in_layout and from_source and index == 0:
+        what = "split folder name"
+    else:
+        what = "folder name"
+    return Misplaced("bad_name", f"{what} is not valid UTF-8: {as_text(parts[index])}")
 
 
 def place_problem(label: str, split: str | None, class_names: Collection[str]) -> Misplaced | None:
@@ -779,7 +852,8 @@ DroppedRow = tuple[DroppedFile, Any]
 
 def row_problem(row: Row | _BadRow, path: str, from_source: bool) -> DroppedRow | None:
     """Why a parsed row of the file `path` is dropped before its object is
-    looked up (it does not parse, its split is missing or invalid), or None."""
+    looked up (it does not parse, its path is not text, its split is missing
+    or invalid), or None."""
     where = row.where or f"{posixpath.basename(path.rstrip('/'))}:{row.line}"
     uri = row.uri if isinstance(row, _BadRow) and row.uri is not None else path
 
@@ -788,6 +862,10 @@ def row_problem(row: Row | _BadRow, path: str, from_source: bool) -> DroppedRow 
 
     if isinstance(row, _BadRow):
         return drop(row.reason, row.problem)
+    if as_text(row.path) != row.path:  # a JSON "\udce9": no key, record or report can hold it
+        return drop(
+            "bad_row", f"path: {_json_text(row.path)} is not valid Unicode text (a lone surrogate)"
+        )
     split = row.split if from_source else None
     if from_source and split is None:
         return drop("missing_split", "splits.from_source needs a split for every row")
@@ -1115,42 +1193,123 @@ def _manifest_lines(path: str) -> Iterator[str]:
                 return
 
 
+@dataclasses.dataclass(frozen=True)
+class _CsvRecord:
+    """One record of a CSV file as `csv.reader` reads it (a quoted field may
+    span lines), or what kept it from being read."""
+
+    first_line: int
+    last_line: int
+    fields: list[str]
+    error: str | None = None  # the csv module's message; `fields` is then []
+    text: str = ""  # with `error`: the record's lines as written, for its row text
+
+    def bad_row(self, text: str, problem: str) -> _BadRow:
+        """The record as a bad row at its first line. A record over several
+        lines says so: a quoted field that runs on, mostly an unterminated
+        quote, swallows the lines after it, and its problem shows where
+        the swallowed text ends."""
+        if self.last_line > self.first_line:
+            lines = self.last_line - self.first_line + 1
+            problem += (
+                f" (a quoted field runs on over {lines} lines, to line {self.last_line}: "
+                f"an unterminated quote?)"
+            )
+        return _BadRow(self.first_line, text, problem)
+
+
+def _csv_records(lines: Iterator[str]) -> Iterator[_CsvRecord]:
+    """The CSV records of `lines`, with their line numbers.
+
+    A record the csv module refuses (a field beyond its field size limit of
+    128 KiB, a stray line break inside an unquoted field) comes back with its
+    error, and reading goes on at the next line: the reader starts each
+    record afresh, after the lines it has already taken.
+    """
+    taken: list[str] = []
+
+    def taking() -> Iterator[str]:
+        for line in lines:
+            taken.append(line)
+            yield line
+
+    reader = csv.reader(taking())
+    last_line = 0
+    while True:
+        taken.clear()
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            text = "".join(taken).rstrip("\r\n")
+            yield _CsvRecord(last_line + 1, reader.line_num, [], str(e), text)
+        else:
+            yield _CsvRecord(last_line + 1, reader.line_num, fields)
+        last_line = reader.line_num
+
+
+def _csv_header(records: Iterator[_CsvRecord], name: str) -> list[str] | None:
+    """The header's fields, or None for an empty file.
+
+    Raises:
+      ManifestError: the header is not valid CSV.
+    """
+    header = next(records, None)
+    if header is None:
+        return None
+    if header.error is not None:
+        raise ManifestError(f"{name}: line {header.first_line}: not valid CSV: {header.error}")
+    return header.fields
+
+
 def _csv_rows(
     lines: Iterator[str], name: str, targets: TargetsConfig | None = None
 ) -> Iterator[Row | _BadRow]:
-    reader = csv.reader(lines)
-    try:
-        header = next(reader)
-    except StopIteration:
+    records = _csv_records(lines)
+    header = _csv_header(records, name)
+    if header is None:
         return
     columns = [c.strip().lower() for c in header]
     if targets is not None:
-        return (yield from _csv_target_rows(reader, header, columns, name, targets))
+        return (yield from _csv_target_rows(records, header, columns, name, targets))
     if "path" not in columns or "label" not in columns:
         raise ManifestError(
             f"{name}: the first line must be a header naming the columns "
             f"path,label[,split]; got {','.join(header)!r}"
         )
     index = {c: columns.index(c) for c in ("path", "label", "split") if c in columns}
-    for fields in reader:
-        line = reader.line_num
+    for record in records:
+        if record.error is not None:
+            yield record.bad_row(record.text, f"not valid CSV: {record.error}")
+            continue
+        fields, line = record.fields, record.first_line
         text_line = ",".join(fields)
         if not fields or all(not f.strip() for f in fields):
             continue
         if len(fields) != len(columns):
-            yield _BadRow(line, text_line, f"expected {len(columns)} fields, got {len(fields)}")
+            yield record.bad_row(text_line, f"expected {len(columns)} fields, got {len(fields)}")
             continue
         path = fields[index["path"]].strip()
         label = fields[index["label"]].strip()
         split = fields[index["split"]].strip() if "split" in index else None
         if not path or not label:
-            yield _BadRow(line, text_line, "empty path or label")
+            yield record.bad_row(text_line, "empty path or label")
+            continue
+        try:
+            label = target_rows.class_name(label, "label")
+        except AnnotationError as e:
+            yield record.bad_row(text_line, str(e))
             continue
         yield Row(line, text_line, path, label, split or None)
 
 
 def _csv_target_rows(
-    reader, header: list[str], columns: list[str], name: str, targets: TargetsConfig
+    records: Iterator[_CsvRecord],
+    header: list[str],
+    columns: list[str],
+    name: str,
+    targets: TargetsConfig,
 ) -> Iterator[Row | _BadRow]:
     """CSV rows with targets: label(s) and extra columns by name (see `target_rows`)."""
     # Extra columns keep the case of their declared names; the rest are lower case.
@@ -1163,24 +1322,29 @@ def _csv_target_rows(
             f"(targets:); missing {','.join(missing)}, got {','.join(header)!r}"
         )
     index = {c: names.index(c) for c in [*needed, "split"] if c in names}
-    for fields in reader:
-        line = reader.line_num
+    for record in records:
+        if record.error is not None:
+            yield record.bad_row(record.text, f"not valid CSV: {record.error}")
+            continue
+        fields, line = record.fields, record.first_line
         text_line = ",".join(fields)
         if not fields or all(not f.strip() for f in fields):
             continue
         if len(fields) != len(columns):
-            yield _BadRow(line, text_line, f"expected {len(columns)} fields, got {len(fields)}")
+            yield record.bad_row(text_line, f"expected {len(columns)} fields, got {len(fields)}")
             continue
         cells = {c: fields[i] for c, i in index.items()}
         path = cells["path"].strip()
         label = cells["label"].strip() if targets.label is not None else ""
         if not path or (targets.label is not None and not label):
-            yield _BadRow(line, text_line, "empty path or label")
+            yield record.bad_row(text_line, "empty path or label")
             continue
         try:
+            if targets.label is not None:
+                label = target_rows.class_name(label, "label")
             row_targets = target_rows.csv_row_targets(cells, targets)
         except AnnotationError as e:
-            yield _BadRow(line, text_line, str(e))
+            yield record.bad_row(text_line, str(e))
             continue
         yield Row(line, text_line, path, label, cells.get("split", "").strip() or None, row_targets)
 
@@ -1197,22 +1361,31 @@ def _jsonl_rows(
         if not raw.strip():
             continue
         try:
-            row = json.loads(raw)
+            row = json.loads(raw, object_pairs_hook=_object_of_distinct_keys)
         except json.JSONDecodeError as e:
             yield _BadRow(line, raw, f"not valid JSON: {e.msg}")
+            continue
+        except _DuplicateKey as e:
+            yield _BadRow(line, raw, f"duplicate key {_json_text(e.key)} in a JSON object")
             continue
         if not isinstance(row, dict):
             yield _BadRow(line, raw, "expected a JSON object")
             continue
-        path, label, split = row.get("path"), row.get("label"), row.get("split")
+        path, split = row.get("path"), row.get("split")
         if not isinstance(path, str) or not path:
             yield _BadRow(line, raw, "'path' must be a non-empty string")
             continue
         if targets is not None and targets.label is None:
             label = ""  # the dataset has no image class
-        elif isinstance(label, bool) or not isinstance(label, (str, int)) or label == "":
-            yield _BadRow(line, raw, "'label' must be a string (or integer)")
+        elif "label" not in row:
+            yield _BadRow(line, raw, "'label' is missing: expected a class name")
             continue
+        else:
+            try:
+                label = target_rows.class_name(row["label"], "'label'")
+            except AnnotationError as e:
+                yield _BadRow(line, raw, str(e))
+                continue
         if split is not None and not isinstance(split, str):
             yield _BadRow(line, raw, "'split' must be a string")
             continue
@@ -1223,7 +1396,36 @@ def _jsonl_rows(
             except AnnotationError as e:
                 yield _BadRow(line, raw, str(e))
                 continue
-        yield Row(line, raw, path, str(label), split or None, row_targets)
+        yield Row(line, raw, path, label, split or None, row_targets)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _object_of_distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are distinct: `json` would keep the last of
+    two values silently (``{"label": "dog", "label": "cat"}`` is a cat), as
+    YAML would, and the config loader refuses that too.
+
+    Raises:
+      _DuplicateKey: naming the first key given twice.
+    """
+    row = dict(pairs)
+    if len(row) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return row
+
+
+def _json_text(value: str) -> str:
+    """A string as JSON writes it, for messages: a lone surrogate as ``\\ud800``."""
+    return json.dumps(value)
 
 
 def _manifest_key(path: str) -> str:

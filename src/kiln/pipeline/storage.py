@@ -239,7 +239,8 @@ class Store(abc.ABC):
 
         With `skip_hidden`, files and folders whose name starts with '.' are
         left out (and, where the store has folders, not entered). A file that
-        cannot be stat'ed (a dangling link) is listed with size 0.
+        cannot be stat'ed (a dangling link), or a link to a folder above it,
+        which is not entered, is listed with size 0.
         """
 
     @abc.abstractmethod
@@ -318,12 +319,15 @@ class LocalStore(Store):
 
         # Symbolic links to folders are followed (a linked class folder is
         # listed, not skipped without a word), except a link back to one of
-        # its own ancestors, which would loop. Callers decide what a link
-        # that leads elsewhere may read (`sources` confines inputs).
+        # its own ancestors, which would loop: it is listed itself, with
+        # size 0 as a dangling link is, for the caller to report (as a
+        # folder, `file_status`), rather than vanish. Callers decide what a
+        # link that leads elsewhere may read (`sources` confines inputs).
         top = os.path.abspath(folder)
         for directory, folders, names in os.walk(top, followlinks=True):
             if _loops(directory, top):
                 folders[:] = []
+                yield FileMetadata(directory, 0, 0.0)
                 continue
             folders[:] = sorted(f for f in folders if not (skip_hidden and f.startswith(".")))
             for name in sorted(names):
@@ -340,7 +344,10 @@ class LocalStore(Store):
     def file_status(self, path: str) -> tuple[int, float, str | None]:
         # One os.stat: a manifest of a million local files lists in seconds.
         status = os.stat(path)
-        return status.st_size, status.st_mtime, _special_file_problem(status.st_mode)
+        problem = _special_file_problem(status.st_mode)
+        if stat.S_ISDIR(status.st_mode) and _links_to_ancestor(path):
+            problem = "a symbolic link to a folder that holds it (not followed: it would loop)"
+        return status.st_size, status.st_mtime, problem
 
     def children(self, folder: str) -> list[str]:
         try:
@@ -681,6 +688,15 @@ def _loops(directory: str, top: str) -> bool:
             return True
         parent = os.path.dirname(parent)
     return False
+
+
+def _links_to_ancestor(path: str) -> bool:
+    """Whether `path` is a symbolic link to its own folder or one above it."""
+    if not os.path.islink(path):
+        return False
+    target = os.path.realpath(path)
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    return folder == target or folder.startswith(target.rstrip(os.sep) + os.sep)
 
 
 def _special_file_problem(mode: int) -> str | None:

@@ -85,7 +85,7 @@ def row_targets(
         if not isinstance(labels, list):
             raise AnnotationError(f"'labels' must be a list of class names, got {_kind(labels)}")
         out["labels"] = _label_set(
-            _class_name(label, f"labels[{i}]") for i, label in enumerate(labels)
+            class_name(label, f"labels[{i}]") for i, label in enumerate(labels)
         )
     if targets.boxes is not None:
         objects = _required(row, "objects", 'a list of objects ("objects": [] for none)')
@@ -123,7 +123,7 @@ def csv_row_targets(fields: Mapping[str, str], targets: TargetsConfig) -> dict[s
                 f"labels: empty class name in {text!r} "
                 f"(names joined by {targets.labels.separator!r})"
             )
-        out["labels"] = _label_set(parts)
+        out["labels"] = _label_set(class_name(part, "labels") for part in parts)
     if targets.extra:
         out["extra"] = {
             name: _extra_text(fields[name], name, kind)
@@ -185,7 +185,7 @@ def _object(
         )
     out: dict[str, Any] = {
         "bbox": [float(v) for v in bbox],
-        "class": _class_name(item.get("class"), f"{where}.class"),
+        "class": class_name(item.get("class"), f"{where}.class"),
     }
     fields = {}
     declared = targets.boxes.fields if targets.boxes is not None else {}
@@ -258,6 +258,8 @@ def _segmentation(value: Any, where: str) -> Any:
             raise AnnotationError(
                 f"{where}.counts: expected a compressed RLE string or a list of run lengths"
             )
+        if isinstance(counts, str):
+            _unicode(counts, f"{where}.counts")
         return {"size": [int(v) for v in size], "counts": counts}
     raise AnnotationError(
         f"{where}: expected polygons [[x1, y1, ...], ...] or RLE {{size, counts}}, "
@@ -276,7 +278,7 @@ def _extra(value: Any, name: str, kind: str) -> Any:
         return _float32(float(value), name)
     if not isinstance(value, str):
         raise AnnotationError(f"{name}: expected a string, got {_short(value)}")
-    return value
+    return _unicode(value, name)
 
 
 def _extra_text(text: str, name: str, kind: str) -> Any:
@@ -326,18 +328,65 @@ def _required(row: Mapping[str, Any], name: str, what: str) -> Any:
     return row[name]
 
 
-def _class_name(value: Any, where: str) -> str:
+def class_name(value: Any, where: str) -> str:
+    """A class name as read from data: every source's one rule, for a
+    manifest's ``label``, ``labels`` and objects' ``class`` (JSONL and CSV
+    alike), COCO category names and VOC object names.
+
+    An integer is its decimal text (``3`` is the class ``"3"``). A string
+    is stripped of surrounding whitespace (`str.strip`, as a CSV cell is),
+    and refused when that leaves it empty, or when it holds a control
+    character (Unicode category Cc: newline, tab, NUL...) or a lone
+    surrogate: a class name is a line of the labels files and a cell of
+    ``kiln inspect``'s table.
+
+    Raises:
+      AnnotationError: naming `where`, e.g. ``objects[2].class is empty``.
+    """
     if _is_integer(value):
         return str(value)
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str):
         raise AnnotationError(f"{where}: expected a class name, got {_short(value)}")
-    return value
+    name = value.strip()
+    if not value:
+        raise AnnotationError(f"{where} is empty")
+    if not name:
+        raise AnnotationError(f"{where} is only whitespace: {_short(value)}")
+    _unicode(name, where)
+    control = control_character(name)
+    if control is not None:
+        raise AnnotationError(
+            f"{where} holds a control character (U+{ord(control):04X}): {_short(value)}"
+        )
+    return name
+
+
+# Unicode's category Cc, exactly: C0 controls, DEL and C1 controls.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def control_character(text: str) -> str | None:
+    """The first control character (Unicode category Cc) in `text`, or None."""
+    found = _CONTROL.search(text)
+    return found.group() if found else None
 
 
 def _path(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise AnnotationError(f"{where}: expected a path, got {_short(value)}")
-    return value
+    return _unicode(value, where)
+
+
+def _unicode(text: str, where: str) -> str:
+    """`text`, if it is Unicode text: a JSON string can hold a lone surrogate
+    (``"\\ud800"``), which no record, listing hash or report can."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise AnnotationError(
+            f"{where}: {_short(text)} is not valid Unicode text (a lone surrogate)"
+        ) from None
+    return text
 
 
 def _is_number(value: Any) -> bool:

@@ -1,0 +1,523 @@
+"""What the listing makes of the names and rows it reads: what it cannot use drops one
+input with its reason, never the whole build.
+
+- Names that are not text. A local file name need not be UTF-8 (Linux allows any bytes
+  but '/' and NUL; Python gives the undecodable ones as surrogate escapes), and a JSON
+  string can hold a lone surrogate (``"\\udce9"``). Neither can be a key, a record, a line
+  of errors.jsonl or a part of the version's hash: such an input is dropped while listing
+  (``bad_name`` for a folder's file, ``bad_row`` for a row), shown with what is not text
+  escaped.
+- Class names: one rule for every source (`target_rows.class_name`).
+- Rows: a JSONL object that gives a key twice; a CSV record the csv module refuses, and a
+  quoted field that runs on over lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import make_config
+from kiln.errors import ConfigError
+from kiln.pipeline import build, error_report
+from kiln.pipeline.config import load as load_config
+from kiln.pipeline.sources import CocoSource, ImageFolderSource, ManifestSource, VocSource
+from kiln.schemas import TargetsConfig
+from kiln.transforms import encode_image
+
+
+def png(value: int) -> bytes:
+    return encode_image(np.full((16, 16, 3), value, np.uint8), format="png")
+
+
+def write(root: str | bytes, relative: bytes, data: bytes) -> None:
+    """Writes `data` at `root`/`relative`, a path given as bytes (any name Linux allows)."""
+    path = os.path.join(os.fsencode(root), relative)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def listed(source, **kwargs) -> tuple[list[str], dict[str, tuple[str, str, str]], list[str]]:
+    """(keys of the files, dropped rows by key as (reason, uri, message), class names);
+    the listing's hash and its error report are made, as the build makes them."""
+    with source.list_files(splits_from_source=kwargs.pop("splits", False), **kwargs) as listing:
+        files = [f.key for f in listing.files()]
+        dropped = list(listing.dropped())
+        listing.listing_hash()
+        listing.dropped_entries_hash()
+        error_report.render(dropped)
+        return files, {d.key: (d.reason, d.uri, d.message) for d in dropped}, listing.class_names
+
+
+def test_a_name_that_is_not_utf8_drops_its_file_with_the_bytes_escaped(tmp_path):
+    root = tmp_path / "images"
+    write(root, b"cat/ok.png", png(1))
+    write(root, b"cat/caf\xe9.png", png(2))  # Latin-1, not UTF-8
+    write(root, b"d\xf6g/x.png", png(3))  # a class folder
+    write(root, b"cat/sub\xff/y.png", png(4))  # a folder below a class folder
+    write(root, b"loose\xe9.png", png(5))  # at the root
+
+    files, dropped, class_names = listed(ImageFolderSource(type="image_folder", root=str(root)))
+
+    assert files == ["cat/ok.png"] and class_names == ["cat"]
+    assert dropped == {
+        "cat/caf\\xe9.png": (
+            "bad_name",
+            f"{root}/cat/caf\\xe9.png",
+            "file name is not valid UTF-8: caf\\xe9.png",
+        ),
+        "d\\xf6g/x.png": (
+            "bad_name",
+            f"{root}/d\\xf6g/x.png",
+            "class folder name is not valid UTF-8: d\\xf6g",
+        ),
+        "cat/sub\\xff/y.png": (
+            "bad_name",
+            f"{root}/cat/sub\\xff/y.png",
+            "folder name is not valid UTF-8: sub\\xff",
+        ),
+        "loose\\xe9.png": (
+            "bad_name",
+            f"{root}/loose\\xe9.png",
+            "file name is not valid UTF-8: loose\\xe9.png",
+        ),
+    }
+
+
+def test_a_split_folder_that_is_not_utf8_is_named(tmp_path):
+    root = tmp_path / "images"
+    write(root, b"train/cat/ok.png", png(1))
+    write(root, b"tr\xe4in/cat/x.png", png(2))
+
+    files, dropped, _ = listed(ImageFolderSource(type="image_folder", root=str(root)), splits=True)
+
+    assert files == ["train/cat/ok.png"]
+    assert dropped["tr\\xe4in/cat/x.png"][::2] == (
+        "bad_name",
+        "split folder name is not valid UTF-8: tr\\xe4in",
+    )
+
+
+def test_a_build_drops_a_name_that_is_not_utf8_and_writes_its_report(tmp_path):
+    root = tmp_path / "images"
+    for i in range(9):
+        write(root, f"cat/{i}.png".encode(), png(10 * i))
+    write(root, b"cat/caf\xe9.png", png(99))
+
+    result = build(
+        make_config(
+            str(root),
+            output=str(tmp_path / "out"),
+            transforms=[],
+            splits={"fractions": {"train": 1.0}},
+            sharding={"num_shards": 1},
+            errors={"max_fraction": 0.2},
+        )
+    )
+
+    assert result.info.dropped == {"bad_name": 1}
+    assert result.info.splits["train"].num_examples == 9
+    with open(os.path.join(result.dataset_dir, "errors.jsonl"), encoding="utf-8") as f:
+        assert [json.loads(line) for line in f] == [
+            {
+                "key": "cat/caf\\xe9.png",
+                "uri": f"{root}/cat/caf\\xe9.png",
+                "stage": "list",
+                "reason": "bad_name",
+                "message": "file name is not valid UTF-8: caf\\xe9.png",
+            }
+        ]
+
+
+def test_a_json_row_with_a_lone_surrogate_is_a_bad_row(tmp_path):
+    images = tmp_path / "images"
+    for name in ("a.png", "b.png", "c.png"):
+        write(images, name.encode(), png(1))
+    manifest = tmp_path / "m.jsonl"
+    # json.dumps writes a lone surrogate as the escape "\udce9", which is valid JSON.
+    rows = [
+        {"path": "images/a.png", "label": "cat"},
+        {"path": "images/\udce9.png", "label": "cat"},
+        {"path": "images/b.png", "label": "bad\ud800"},
+        {"path": "images/c.png", "label": "dog"},
+    ]
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+    files, dropped, class_names = listed(ManifestSource(type="manifest", path=str(manifest)))
+
+    assert files == ["images/a.png", "images/c.png"] and class_names == ["cat", "dog"]
+    assert dropped == {
+        "m.jsonl:2": (
+            "bad_row",
+            str(manifest),
+            'path: "images/\\udce9.png" is not valid Unicode text (a lone surrogate)',
+        ),
+        "m.jsonl:3": (
+            "bad_row",
+            str(manifest),
+            "'label': \"bad\\ud800\" is not valid Unicode text (a lone surrogate)",
+        ),
+    }
+
+
+def test_targets_with_a_lone_surrogate_are_a_bad_row(tmp_path):
+    images = tmp_path / "images"
+    for name in ("a.png", "b.png", "c.png", "d.png"):
+        write(images, name.encode(), png(1))
+    targets = TargetsConfig.model_validate({"labels": {}, "boxes": {}, "extra": {"note": "string"}})
+    good = {"labels": ["cat"], "objects": [], "note": "fine"}
+    rows = [
+        {"path": "images/a.png", **good},
+        {"path": "images/b.png", **good, "labels": ["\udce9"]},
+        {"path": "images/c.png", **good, "objects": [{"bbox": [0, 0, 1, 1], "class": "\ud800"}]},
+        {"path": "images/d.png", **good, "note": "caf\udce9"},
+    ]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+    files, dropped, class_names = listed(
+        ManifestSource(type="manifest", path=str(manifest)), targets=targets
+    )
+
+    assert files == ["images/a.png"] and class_names == ["cat"]
+    assert {key: message for key, (_, _, message) in dropped.items()} == {
+        "m.jsonl:2": 'labels[0]: "\\udce9" is not valid Unicode text (a lone surrogate)',
+        "m.jsonl:3": 'objects[0].class: "\\ud800" is not valid Unicode text (a lone surrogate)',
+        "m.jsonl:4": 'note: "caf\\udce9" is not valid Unicode text (a lone surrogate)',
+    }
+
+
+def test_a_voc_file_whose_name_is_not_utf8_is_reported_escaped(tmp_path):
+    annotations, images = tmp_path / "Annotations", tmp_path / "JPEGImages"
+    write(images, b"1.jpg", png(1))
+    write(annotations, b"good.xml", b"<annotation><filename>1.jpg</filename></annotation>")
+    write(annotations, b"caf\xe9.xml", b"<annotation>")  # cut short, and not a UTF-8 name
+
+    source = VocSource(type="voc", annotations=str(annotations), images=str(images))
+    targets = TargetsConfig.model_validate({"boxes": {}})
+    files, dropped, _ = listed(source, targets=targets)
+
+    assert files == ["1.jpg"]
+    ((key, (reason, uri, _)),) = dropped.items()
+    assert (key, reason, uri) == ("caf\\xe9.xml", "bad_row", f"{annotations}/caf\\xe9.xml")
+
+
+# --- class names: one rule for every source ------------------------------------------
+
+# A label as written -> the class it is, or the start of the bad row's message.
+LABELS = {
+    "cat": "cat",
+    " cat ": "cat",  # stripped, as a CSV cell always was
+    "dog\t": "dog",
+    7: "7",  # an integer is its text
+    "": "'label' is empty",
+    "  ": "'label' is only whitespace",
+    "multi\nline": "'label' holds a control character (U+000A)",
+    "tab\there": "'label' holds a control character (U+0009)",
+    "nul\x00": "'label' holds a control character (U+0000)",
+    "c1\x85c1": "'label' holds a control character (U+0085)",
+    True: "'label': expected a class name, got true",
+    None: "'label': expected a class name, got null",
+}
+
+
+def test_a_jsonl_label_is_read_by_the_class_name_rule(tmp_path):
+    rows = [{"path": f"images/{i}.png", "label": label} for i, label in enumerate(LABELS)]
+    rows.append({"path": "images/no_label.png"})
+    for row in rows:
+        write(tmp_path, row["path"].encode(), png(1))
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    source = ManifestSource(type="manifest", path=str(tmp_path / "m.jsonl"))
+    with source.list_files(splits_from_source=False) as listing:
+        classes = {f.key: listing.class_names[f.label] for f in listing.files()}
+        messages = {d.key: d.message for d in listing.dropped()}
+
+    expected_classes, expected_messages = {}, {}
+    for i, read in enumerate(LABELS.values()):
+        if read.startswith("'label'"):
+            expected_messages[f"m.jsonl:{i + 1}"] = read
+        else:
+            expected_classes[f"images/{i}.png"] = read
+    assert classes == expected_classes
+    assert sorted(messages) == sorted([*expected_messages, f"m.jsonl:{len(rows)}"])
+    for key, start in expected_messages.items():
+        assert messages[key].startswith(start), (key, messages[key])
+    assert messages[f"m.jsonl:{len(rows)}"] == "'label' is missing: expected a class name"
+
+
+def test_csv_and_jsonl_read_the_same_class_names(tmp_path):
+    for i in range(4):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    labels = [" cat", "cat ", "dog", "tab\there"]
+    (tmp_path / "m.jsonl").write_text(
+        "".join(
+            json.dumps({"path": f"images/{i}.png", "label": label}) + "\n"
+            for i, label in enumerate(labels)
+        )
+    )
+    (tmp_path / "m.csv").write_text(
+        "path,label\n" + "".join(f'images/{i}.png,"{label}"\n' for i, label in enumerate(labels))
+    )
+
+    results = []
+    for name in ("m.jsonl", "m.csv"):
+        source = ManifestSource(type="manifest", path=str(tmp_path / name))
+        with source.list_files(splits_from_source=False) as listing:
+            files = [(f.key, listing.class_names[f.label]) for f in listing.files()]
+            dropped = [(d.reason, d.message) for d in listing.dropped()]
+            results.append((files, dropped))
+
+    jsonl, csv = results
+    assert (
+        jsonl[0]
+        == csv[0]
+        == [("images/0.png", "cat"), ("images/1.png", "cat"), ("images/2.png", "dog")]
+    )
+    assert jsonl[1] == [("bad_row", "'label' holds a control character (U+0009): \"tab\\there\"")]
+    assert csv[1] == [("bad_row", 'label holds a control character (U+0009): "tab\\there"')]
+
+
+def test_target_class_names_follow_the_rule(tmp_path):
+    for i in range(4):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    targets = TargetsConfig.model_validate({"labels": {}, "boxes": {}})
+    rows = [
+        {"labels": [" cat", "dog "], "objects": [{"bbox": [0, 0, 1, 1], "class": " cat "}]},
+        {"labels": ["a\nb"], "objects": []},
+        {"labels": [], "objects": [{"bbox": [0, 0, 1, 1], "class": " "}]},
+        {"labels": [], "objects": [{"bbox": [0, 0, 1, 1], "class": ""}]},
+    ]
+    (tmp_path / "m.jsonl").write_text(
+        "".join(json.dumps({"path": f"images/{i}.png", **row}) + "\n" for i, row in enumerate(rows))
+    )
+    (tmp_path / "m.csv").write_text("path,labels\nimages/0.png, cat | dog \nimages/1.png,a\x1fb\n")
+
+    files, dropped, class_names = listed(
+        ManifestSource(type="manifest", path=str(tmp_path / "m.jsonl")), targets=targets
+    )
+    assert files == ["images/0.png"] and class_names == ["cat", "dog"]
+    assert {key: message for key, (_, _, message) in dropped.items()} == {
+        "m.jsonl:2": 'labels[0] holds a control character (U+000A): "a\\nb"',
+        "m.jsonl:3": 'objects[0].class is only whitespace: " "',
+        "m.jsonl:4": "objects[0].class is empty",
+    }
+
+    only_labels = TargetsConfig.model_validate({"labels": {}})
+    files, dropped, class_names = listed(
+        ManifestSource(type="manifest", path=str(tmp_path / "m.csv")), targets=only_labels
+    )
+    assert files == ["images/0.png"] and class_names == ["cat", "dog"]
+    assert dropped["m.csv:3"][2] == 'labels holds a control character (U+001F): "a\\u001fb"'
+
+
+def test_class_folders_follow_the_rule_without_losing_their_files(tmp_path):
+    root = tmp_path / "images"
+    write(root, b"cat/1.png", png(1))
+    write(root, b"cat /2.png", png(2))  # one class with cat/
+    write(root, b"tab\there/3.png", png(3))
+    write(root, b" /4.png", png(4))
+
+    files, dropped, class_names = listed(ImageFolderSource(type="image_folder", root=str(root)))
+
+    assert class_names == ["cat"]
+    assert files == ["cat /2.png", "cat/1.png"]  # each its own key
+    assert {key: message for key, (_, _, message) in dropped.items()} == {
+        "tab\there/3.png": 'class folder name holds a control character (U+0009): "tab\\there"',
+        " /4.png": 'class folder name is only whitespace: " "',
+    }
+    assert {reason for reason, _, _ in dropped.values()} == {"bad_name"}
+
+
+def test_coco_category_names_follow_the_rule(tmp_path):
+
+    write(tmp_path, b"images/1.png", png(1))
+    boxes = TargetsConfig.model_validate({"boxes": {}})
+
+    def coco(categories) -> CocoSource:
+        (tmp_path / "i.json").write_text(
+            json.dumps(
+                {
+                    "images": [{"id": 1, "file_name": "1.png"}],
+                    "annotations": [
+                        {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 1]}
+                    ],
+                    "categories": categories,
+                }
+            )
+        )
+        return CocoSource(
+            type="coco", annotations=str(tmp_path / "i.json"), images=str(tmp_path / "images")
+        )
+
+    source = coco([{"id": 1, "name": " cat "}, {"id": 2, "name": "dog"}])
+    with source.list_files(splits_from_source=False, targets=boxes) as listing:
+        (file,) = listing.files()
+        assert listing.class_names == ["cat", "dog"]
+        assert json.loads(file.targets)["objects"][0]["class"] == "cat"
+
+    source = coco([{"id": 1, "name": "cat"}, {"id": 2, "name": "a\nb"}])
+    with pytest.raises(ConfigError, match=r"categories\[1\]: 'name' holds a control character"):
+        source.list_files(splits_from_source=False, targets=boxes)
+
+
+@pytest.mark.parametrize(
+    ("classes", "message"),
+    [
+        (["cat", "dog "], r"source.classes: item 1: 'dog ' has surrounding whitespace"),
+        (["cat", " "], r"source.classes: item 1 is only whitespace"),
+        (["a\nb"], r"source.classes: item 0 holds a control character \(U\+000A\)"),
+    ],
+)
+def test_the_config_refuses_a_class_no_input_could_carry(tmp_path, classes, message):
+
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "name": "x",
+                "source": {"type": "manifest", "path": "m.jsonl", "classes": classes},
+                "output": "out",
+            }
+        )
+    )
+    with pytest.raises(ConfigError, match=message):
+        load_config(str(config))
+
+
+def test_a_build_of_untrimmed_jsonl_labels_writes_its_tfds_labels_file(tmp_path):
+    for i in range(6):
+        write(tmp_path, f"images/{i}.png".encode(), png(20 * i))
+    labels = ["cat ", " cat", "dog", "dog\n", "cat", "dog"]
+    (tmp_path / "m.jsonl").write_text(
+        "".join(
+            json.dumps({"path": f"images/{i}.png", "label": label}) + "\n"
+            for i, label in enumerate(labels)
+        )
+    )
+    result = build(
+        make_config(
+            str(tmp_path),
+            source={"type": "manifest", "path": str(tmp_path / "m.jsonl")},
+            output=str(tmp_path / "out"),
+            transforms=[],
+            splits={"fractions": {"train": 1.0}},
+            sharding={"num_shards": 1},
+        )
+    )
+    assert result.info.class_names == ["cat", "dog"]
+    with open(os.path.join(result.dataset_dir, "image.class.label.labels.txt")) as f:
+        assert f.read() == "cat\ndog\n"
+
+
+def test_a_jsonl_object_with_a_key_given_twice_is_a_bad_row(tmp_path):
+    for name in ("a.png", "b.png", "c.png"):
+        write(tmp_path, f"images/{name}".encode(), png(1))
+    targets = TargetsConfig.model_validate({"label": {}, "boxes": {}})
+    (tmp_path / "m.jsonl").write_text(
+        '{"path": "images/a.png", "label": "dog", "objects": []}\n'
+        '{"path": "images/b.png", "label": "dog", "label": "cat", "objects": []}\n'
+        '{"path": "images/c.png", "label": "dog", "objects": [{"bbox": [0, 0, 1, 1], '
+        '"class": "dog", "class": "cat"}]}\n'
+    )
+
+    files, dropped, _ = listed(
+        ManifestSource(type="manifest", path=str(tmp_path / "m.jsonl")), targets=targets
+    )
+
+    assert files == ["images/a.png"]
+    assert {key: (reason, message) for key, (reason, _, message) in dropped.items()} == {
+        "m.jsonl:2": ("bad_row", 'duplicate key "label" in a JSON object'),
+        "m.jsonl:3": ("bad_row", 'duplicate key "class" in a JSON object'),
+    }
+
+
+# --- CSV records the csv module refuses, and quoted fields that run on ---------------
+
+
+def csv_listing(tmp_path, text: str, targets: TargetsConfig | None = None):
+    for i in range(5):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    (tmp_path / "m.csv").write_text(text)
+    kwargs = {} if targets is None else {"targets": targets}
+    return listed(ManifestSource(type="manifest", path=str(tmp_path / "m.csv")), **kwargs)
+
+
+def test_a_csv_field_beyond_the_csv_limit_is_a_bad_row_and_the_rest_is_read(tmp_path):
+    huge = "x" * 200_000  # the csv module's field size limit is 131,072 characters
+    files, dropped, _ = csv_listing(
+        tmp_path,
+        "path,label\n"
+        "images/0.png,cat\n"
+        f"images/1.png,{huge}\n"
+        "images/2.png,cat\n"
+        f'images/3.png,"{huge}\nstill,in,the,field"\n'
+        "images/4.png,dog\n",
+    )
+    assert files == ["images/0.png", "images/2.png", "images/4.png"]
+    messages = {key: message for key, (_, _, message) in dropped.items()}
+    assert messages["m.csv:3"] == "not valid CSV: field larger than field limit (131072)"
+    # Refused while still in its first line: the next line is read as a record of its own.
+    assert messages["m.csv:5"] == "not valid CSV: field larger than field limit (131072)"
+    assert messages["m.csv:6"] == "expected 2 fields, got 4"
+    assert set(messages) == {"m.csv:3", "m.csv:5", "m.csv:6"}
+
+
+def test_any_csv_error_is_a_bad_row(tmp_path):
+    # A carriage return inside an unquoted field: the csv module refuses the record.
+    files, dropped, _ = csv_listing(
+        tmp_path, "path,label\nimages/0.png,cat\nimages/1.png,c\rat\nimages/2.png,dog\n"
+    )
+    assert files == ["images/0.png", "images/2.png"]
+    assert list(dropped) == ["m.csv:3"]
+    assert dropped["m.csv:3"][2].startswith("not valid CSV: new-line character seen in unquoted")
+
+
+def test_a_csv_with_targets_reads_past_a_refused_record(tmp_path):
+    targets = TargetsConfig.model_validate({"label": {}, "extra": {"note": "string"}})
+    files, dropped, _ = csv_listing(
+        tmp_path,
+        f"path,label,note\nimages/0.png,cat,{'n' * 140_000}\nimages/1.png,cat,short\n",
+        targets,
+    )
+    assert files == ["images/1.png"]
+    assert dropped["m.csv:2"][2] == "not valid CSV: field larger than field limit (131072)"
+
+
+def test_a_header_the_csv_module_refuses_is_a_config_error(tmp_path):
+
+    with pytest.raises(ConfigError, match=r"m.csv: line 1: not valid CSV: field larger"):
+        csv_listing(tmp_path, f"path,label{'x' * 140_000}\nimages/0.png,cat\n")
+
+
+def test_an_unterminated_quote_is_reported_where_its_row_starts(tmp_path):
+    files, dropped, _ = csv_listing(
+        tmp_path,
+        'path,label\nimages/0.png,cat\n"images/1.png,cat\nimages/2.png,cat\nimages/3.png,dog\n',
+    )
+    assert files == ["images/0.png"]
+    assert dropped == {
+        "m.csv:3": (
+            "bad_row",
+            str(tmp_path / "m.csv"),
+            "expected 2 fields, got 1 (a quoted field runs on over 3 lines, to line 5: "
+            "an unterminated quote?)",
+        )
+    }
+
+
+def test_a_quoted_field_over_lines_is_one_row_at_its_first_line(tmp_path):
+    # A quoted line break is CSV: the row is good, unless its label is not a class name.
+    files, dropped, _ = csv_listing(
+        tmp_path,
+        'path,label\n"images/0.png",cat\nimages/1.png,"cat\nimages/2.png,dog"\nimages/3.png,dog\n',
+    )
+    assert files == ["images/0.png", "images/3.png"]
+    assert dropped["m.csv:3"][2] == (
+        'label holds a control character (U+000A): "cat\\nimages/2.png,dog" '
+        "(a quoted field runs on over 2 lines, to line 4: an unterminated quote?)"
+    )
