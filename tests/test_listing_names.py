@@ -521,3 +521,26 @@ def test_a_quoted_field_over_lines_is_one_row_at_its_first_line(tmp_path):
         'label holds a control character (U+000A): "cat\\nimages/2.png,dog" '
         "(a quoted field runs on over 2 lines, to line 4: an unterminated quote?)"
     )
+
+
+def test_a_split_column_the_build_does_not_use_is_named_once(tmp_path, caplog):
+    """A manifest with a split column and splits.from_source off: the splits
+    come from the fractions, and the listing says the column is ignored."""
+    write(tmp_path, b"a/x.png", png(1))
+    write(tmp_path, b"a/y.png", png(2))
+    manifest = tmp_path / "manifest.csv"
+    manifest.write_text("path,label,split\na/x.png,a,\na/y.png,a,test\n")
+    source = ManifestSource(type="manifest", path=str(manifest))
+    with caplog.at_level("WARNING", logger="kiln.pipeline.sources"):
+        with source.list_files(splits_from_source=False) as listing:
+            assert listing.num_files == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"{manifest}: rows name a split (manifest.csv:3: 'test') that the build does not use: "
+        "the splits come from splits.fractions; splits.from_source: true takes the source's"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kiln.pipeline.sources"):
+        with source.list_files(splits_from_source=True) as listing:
+            assert listing.num_dropped == 1  # the row without a split: missing_split
+    assert not [r for r in caplog.records if "does not use" in r.getMessage()]

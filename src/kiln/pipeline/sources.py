@@ -967,6 +967,7 @@ def _list_rows(
         def drop(dropped: DroppedRow) -> None:
             writer.drop(*dropped)
 
+        ignored_split = None  # a row's split, not asked for
         for row in rows:
             problem = row_problem(row, path, from_source)
             if problem:
@@ -974,6 +975,8 @@ def _list_rows(
                 continue
             if not isinstance(row, Row):
                 continue  # `row_problem` drops every bad row
+            if ignored_split is None and row.split and not from_source:
+                ignored_split = row
             candidate = row_candidate(row, base, from_source)
             statuses.note(candidate.uri)
             if row.targets is not None:
@@ -987,6 +990,15 @@ def _list_rows(
                 for _, mask in target_rows.mask_uris(row.targets):
                     statuses.note(mask)
             writer.add_candidate(candidate)
+        if ignored_split is not None:
+            where = ignored_split.where or f"{posixpath.basename(path)}:{ignored_split.line}"
+            logger.warning(
+                "%s: rows name a split (%s: %r) that the build does not use: the splits come "
+                "from splits.fractions; splits.from_source: true takes the source's",
+                path,
+                where,
+                ignored_split.split,
+            )
 
         class_names = sorted(set(classes)) if classes else writer.candidate_labels()
         label_ids = {label: i for i, label in enumerate(class_names)}
