@@ -69,6 +69,9 @@ class AugmentOpError(ValueError):
     """A registered op misbehaves (ignores its seed, uses Python values of tensors)."""
 
 
+# What `Augmenter.check_sizes` compares with, in its messages, unless told.
+STORED_SIZE = "the dataset's stored images (kiln.json image_size)"
+
 # Pixels of context around a fused JPEG crop window; a full decode's chroma
 # upsampling looks one pixel beyond the window, 4 leaves room to spare.
 _JPEG_WINDOW_MARGIN = 4
@@ -323,7 +326,62 @@ class Augmenter:
             images, targets = with_targets(images, targets, op_seed, **augmentation.kwargs)
         return images, targets
 
-    def check_sizes(self, image_size: Sequence[int] | None, field: str = "augment") -> None:
+    def check_dataset(
+        self,
+        spec: TargetSpec,
+        *,
+        channels: int,
+        image_size: Sequence[int] | None,
+        field: str = "augment",
+        stored: str = STORED_SIZE,
+    ) -> None:
+        """Refuses, before any data is read, a list this dataset cannot take.
+
+        The checks that need only what is known of the dataset: its target
+        kinds (`check_targets`), its channels (`check_channels`) and its
+        stored size, when it has one (`check_sizes`). `load`,
+        `load_for_model` and `kiln build` (`check_stored_list`) all run
+        this, so a list the build stores is one `load` accepts.
+
+        Raises:
+          TargetError: for an op that cannot move or mix the targets.
+          AugmentConfigError: for an op that needs RGB or a larger image.
+          Either names the op (``augment[2].random_hue``).
+        """
+        self.check_targets(spec, field)
+        self.check_channels(channels, field)
+        self.check_sizes(image_size, field, stored=stored)
+
+    def check_channels(self, channels: int, field: str = "augment") -> None:
+        """Refuses, before any data is read, an op that needs RGB images the
+        dataset does not have (the op would fail when first traced).
+
+        Only the ops that run are checked: all of them in training, those
+        with an inference form otherwise.
+
+        Raises:
+          AugmentConfigError: naming the op and the channels.
+        """
+        if channels == 3:
+            return
+        for index, augmentation in enumerate(self.element_ops):
+            definition = augmentation.definition
+            if definition.needs_rgb is None or not self._runs(definition):
+                continue
+            if definition.needs_rgb(**augmentation.kwargs):
+                raise AugmentConfigError(
+                    f"{field}[{index}].{augmentation.name}: needs 3-channel (RGB) images; "
+                    f"this dataset's images have {channels} channel(s) (image.channels in "
+                    f"its build config)"
+                )
+
+    def check_sizes(
+        self,
+        image_size: Sequence[int] | None,
+        field: str = "augment",
+        *,
+        stored: str = STORED_SIZE,
+    ) -> None:
         """Refuses, before any data is read, an op given images smaller than it needs.
 
         Follows the size through the element ops (a crop sets it, kiln's other
@@ -332,11 +390,16 @@ class Augmenter:
         the same in training and inference: a crop's inference form keeps its
         size.
 
+        Args:
+          image_size: ``[height, width]`` of every stored image, or None.
+          field: The list's name in messages.
+          stored: What `image_size` is the size of, for messages.
+
         Raises:
           AugmentConfigError: naming the op, its size and the size it gets.
         """
         size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
-        source = "the dataset's stored images (kiln.json image_size)"
+        source = stored
         for index, augmentation in enumerate(self.element_ops):
             if size is None:
                 return
@@ -355,14 +418,15 @@ class Augmenter:
             elif not definition.builtin:
                 size = None
 
-    def check_targets(self, spec: TargetSpec) -> None:
+    def check_targets(self, spec: TargetSpec, field: str = "augment") -> None:
         """Refuses, before any data is read, ops that cannot move this dataset's targets.
 
         Raises:
-          TargetError: naming the op and why.
+          TargetError: naming the op (``augment[1].random_zoom``) and why.
         """
-        for augmentation in self.element_ops:
+        for index, augmentation in enumerate(self.element_ops):
             definition = augmentation.definition
+            where = f"{field}[{index}].{augmentation.name}"
             if definition.window is not None:
                 continue  # the reader crops targets with the window
             refuse_unsupported(
@@ -370,6 +434,7 @@ class Augmenter:
                 definition.supports if definition.with_targets is not None else None,
                 definition.geometric,
                 spec,
+                where=where,
             )
             if (
                 not self.training
@@ -379,21 +444,28 @@ class Augmenter:
                 and definition.inference is not None
             ):
                 raise TargetError(
-                    f"augmentation op {augmentation.name!r}: its inference form may move "
-                    f"pixels and cannot move this dataset's {list(spec.geometric)}; register "
-                    f"it with geometric=False if it does not, or apply it to the training "
-                    f"split only"
+                    f"{where}: augmentation op {augmentation.name!r}: its inference form may "
+                    f"move pixels and cannot move this dataset's {list(spec.geometric)}; "
+                    f"register it with geometric=False if it does not, or apply it to the "
+                    f"training split only"
                 )
-        for augmentation in self.batch_ops:
+        first_batch_op = len(self.element_ops)
+        for offset, augmentation in enumerate(self.batch_ops):
             supported = augmentation.definition.supports or ()
             kinds = [k for k in spec.kinds if k != "label" and k not in supported]
             if kinds:
                 raise TargetError(
-                    f"batch op {augmentation.name!r} cannot mix this dataset's targets "
+                    f"{field}[{first_batch_op + offset}].{augmentation.name}: batch op "
+                    f"{augmentation.name!r} cannot mix this dataset's targets "
                     f"{kinds}: it handles {['label', *supported]} only. Mixing two images' "
                     f"{kinds[0]} has no single right answer; drop {augmentation.name} from the "
                     f"augmentation list for this dataset"
                 )
+
+    def _runs(self, definition) -> bool:
+        """Whether the op runs in this augmenter: its random form in
+        training, else its inference form, if it has one."""
+        return self.training or definition.inference is not None
 
     def _run(
         self, image: tf.Tensor, seed: tf.Tensor | None, targets: ElementTargets | None, first: int
@@ -474,6 +546,29 @@ class Augmenter:
             tf.errors.OperatorNotAllowedInGraphError,
         ) as e:
             raise trace_error(augmentation.name, e) from e
+
+
+def check_stored_list(
+    augmentations: Sequence[Augmentation],
+    spec: TargetSpec,
+    *,
+    channels: int,
+    image_size: Sequence[int] | None,
+    field: str = "augment",
+    stored: str = STORED_SIZE,
+) -> None:
+    """`Augmenter.check_dataset` for a dataset's stored list, in both forms
+    `load` runs it in: random (the train split's default) and the inference
+    form (every other split). What `kiln build` checks before it stores a
+    list, so that `load` accepts what the build publishes.
+
+    Raises:
+      TargetError, AugmentConfigError: as `Augmenter.check_dataset`.
+    """
+    for training in (True, False):
+        Augmenter(tuple(augmentations), training=training).check_dataset(
+            spec, channels=channels, image_size=image_size, field=field, stored=stored
+        )
 
 
 def _finish_targets(targets: ElementTargets, image: tf.Tensor) -> ElementTargets:

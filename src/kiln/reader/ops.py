@@ -171,6 +171,9 @@ class OpDefinition(Registered):
       output_size: ``output_size(**params) -> (height, width)`` for ops that
         set their output's size (crops). None: kiln's own ops keep the size;
         a user's op leaves it unknown (so later ops are not checked).
+      needs_rgb: ``needs_rgb(**params) -> bool``: whether the op, with these
+        parameters, needs 3-channel (RGB) images (saturation, hue);
+        checked against the dataset's channels before any data is read.
     """
 
     kind: str = "element"
@@ -186,6 +189,7 @@ class OpDefinition(Registered):
     supports: tuple[str, ...] | None = None
     smallest_input: Callable[..., tuple[int, int]] | None = None
     output_size: Callable[..., tuple[int, int]] | None = None
+    needs_rgb: Callable[..., bool] | None = None
 
 
 AUGMENTATIONS: Registry[OpDefinition] = Registry(
@@ -257,7 +261,7 @@ def builtin_op(name: str, *, kind: str = "element", **details: Any) -> Callable:
     """Decorator for kiln's own ops: trusted (no first-use check), and free to
     declare what the reader may do with them (`OpDefinition`'s window,
     inference_window, mirror, pixelwise, with_targets, smallest_input,
-    output_size). Colour ops
+    output_size, needs_rgb). Colour ops
     (pixelwise) are not geometric; element ops move every target kind."""
     details.setdefault("geometric", not details.get("pixelwise", False))
     if kind == "element":
@@ -354,6 +358,14 @@ def _targets_with_probability(
     if probability >= 1.0:
         return apply()
     return targets_cond(_uniform(seed) < probability, apply, lambda: (image, targets), targets)
+
+
+def _always(**_: Any) -> bool:
+    return True
+
+
+def _jitters_colour(*, saturation: float, hue: float, **_: Any) -> bool:
+    return bool(saturation or hue)
 
 
 def _require_rgb(name: str, image: tf.Tensor) -> None:
@@ -746,14 +758,14 @@ def random_contrast(image, seed, *, factor_range: FactorRange = (0.8, 1.2)):
     return color_twist(image, contrast=_uniform(seed, *factor_range))
 
 
-@builtin_op("random_saturation", pixelwise=True)
+@builtin_op("random_saturation", pixelwise=True, needs_rgb=_always)
 def random_saturation(image, seed, *, factor_range: FactorRange = (0.8, 1.2)):
     """Scales each pixel's distance from its luma by a factor from `factor_range`. RGB only."""
     _require_rgb("random_saturation", image)
     return color_twist(image, saturation=_uniform(seed, *factor_range))
 
 
-@builtin_op("random_hue", pixelwise=True)
+@builtin_op("random_hue", pixelwise=True, needs_rgb=_always)
 def random_hue(image, seed, *, max_delta: HueTurns = 0.05):
     """Rotates hue (the YIQ chroma plane) by a delta from ``[-max_delta, max_delta]``
     turns. RGB only."""
@@ -761,7 +773,7 @@ def random_hue(image, seed, *, max_delta: HueTurns = 0.05):
     return color_twist(image, hue=_uniform(seed, -max_delta, max_delta))
 
 
-@builtin_op("color_jitter", pixelwise=True)
+@builtin_op("color_jitter", pixelwise=True, needs_rgb=_jitters_colour)
 def color_jitter(
     image,
     seed,
@@ -805,7 +817,7 @@ def color_jitter(
     return tf.cond(draws[4] < probability, jitter, lambda: to_float(image))
 
 
-@builtin_op("random_grayscale", pixelwise=True)
+@builtin_op("random_grayscale", pixelwise=True, needs_rgb=_always)
 def random_grayscale(image, seed, *, probability: Probability = 0.1):
     """Replaces the image by its luma (kept as 3 channels) with `probability`. RGB only."""
     _require_rgb("random_grayscale", image)
