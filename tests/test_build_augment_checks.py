@@ -88,8 +88,13 @@ def test_config_refuses_a_list_load_would_refuse(demo_corpus, tmp_path, changes,
             "augment[2].mixup: batch op 'mixup' cannot mix this dataset's targets "
             "['boxes', 'mask']",
         ),
+        (
+            [{"random_zoom": {"factor_range": [0.5, 1.0], "fill_mode": "reflect"}}],
+            "augment[0].random_zoom: fill_mode 'reflect' fills the uncovered border with "
+            "copies of the image",
+        ),
     ],
-    ids=["mixup"],
+    ids=["mixup", "reflect"],
 )
 def test_config_refuses_ops_the_targets_cannot_take(objects_manifest, tmp_path, augment, problem):
     path = write(tmp_path, detection_config(objects_manifest, tmp_path / "out", augment=augment))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 import kiln.reader
-from kiln.reader import AugmentConfigError
+from kiln.reader import AugmentConfigError, TargetSpec, validate
+from kiln.reader.augmenter import Augmenter
 from kiln.reader.targets import TargetError
 from reader import scene_records
 
@@ -55,3 +56,40 @@ def test_target_refusals_name_the_list_entry(objects_dataset):
     path = objects_dataset.dataset_dir
     with pytest.raises(TargetError, match=r"^augment\[1\]\.mixup: batch op 'mixup' cannot mix"):
         kiln.reader.load(path, batch_size=4, seed=1, augment=["random_flip_left_right", "mixup"])
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        {"random_rotation": {"fill_mode": "wrap"}},
+        {"random_rotation": {"angle_range": [-10, 0], "fill_mode": "reflect"}},
+        {"random_zoom": {"factor_range": [0.5, 1.2], "fill_mode": "wrap"}},
+        {"random_zoom": {"factor_range": [0.5, 0.9], "fill_mode": "reflect"}},
+    ],
+)
+def test_fill_modes_that_copy_objects_are_refused_with_boxes(objects_dataset, op):
+    name = next(iter(op))
+    message = rf"^augment\[1\]\.{name}: fill_mode '\w+' fills the uncovered border with copies"
+    augment = ["random_flip_left_right", op]
+    with pytest.raises(TargetError, match=message):
+        kiln.reader.load(objects_dataset.dataset_dir, batch_size=4, seed=1, augment=augment)
+    with pytest.raises(TargetError, match=message):
+        kiln.reader.load_for_model(
+            objects_dataset.dataset_dir, batch_size=4, seed=1, augment=augment
+        )
+
+
+def test_fill_modes_are_free_where_nothing_is_copied_or_nothing_has_a_box(
+    objects_dataset, png_dataset
+):
+    # Zooming in fills nothing; constant and nearest copy no object.
+    for op in (
+        {"random_zoom": {"factor_range": [1.0, 1.5], "fill_mode": "wrap"}},
+        {"random_rotation": {"fill_mode": "nearest"}},
+        {"random_rotation": {"angle_range": [0, 0], "fill_mode": "reflect"}},
+    ):
+        kiln.reader.load(objects_dataset.dataset_dir, batch_size=4, seed=1, augment=[op])
+    # Without boxes, a copy has nothing to miss: the class mask is filled as the image is.
+    wrap = [{"random_rotation": {"fill_mode": "wrap"}}]
+    Augmenter(tuple(validate(wrap))).check_targets(TargetSpec(kinds=("mask",)))
+    kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=1, augment=wrap)

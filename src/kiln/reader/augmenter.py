@@ -427,6 +427,10 @@ class Augmenter:
         for index, augmentation in enumerate(self.element_ops):
             definition = augmentation.definition
             where = f"{field}[{index}].{augmentation.name}"
+            if definition.targets_problem is not None and self._runs(definition):
+                problem = definition.targets_problem(spec.kinds, **augmentation.kwargs)
+                if problem:
+                    raise TargetError(f"{where}: {problem}")
             if definition.window is not None:
                 continue  # the reader crops targets with the window
             refuse_unsupported(
