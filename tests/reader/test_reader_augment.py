@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pathlib
 import random
+import re
+import runpy
 
 import numpy as np
 import pytest
@@ -204,6 +207,26 @@ def test_op_ignoring_its_seed_is_rejected_with_the_tracing_pitfall(user_ops):
     assert "'python_random_flip' ignores its seed" in message
     assert "traces an op once" in message and "baked into the graph as a constant" in message
     assert "tf.random.stateless_uniform" in message
+
+
+def _documented_ops(folder) -> None:
+    """Registers the ops of every example of docs/augmentations.md, in one process, as a
+    project importing both example modules would."""
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "augmentations.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "@register" in b]
+    assert len(blocks) == 2
+    for index, block in enumerate(blocks):
+        # Real files, as plugin modules are: AutoGraph reads the functions' source.
+        module = folder / f"documented_ops_{index}.py"
+        module.write_text(block)
+        runpy.run_path(str(module))
+
+
+def test_the_documented_examples_register_together(user_ops, tmp_path):
+    # A project may import both example modules of docs/augmentations.md: no name is taken twice.
+    _documented_ops(tmp_path)
+    documented = {"random_negative", "random_shift", "random_invert", "random_gamma"}
+    assert documented <= set(kiln.reader.names())
 
 
 def test_op_with_stateful_randomness_is_rejected(user_ops):
