@@ -1,9 +1,11 @@
 """Applies a configured augmentation list to one element or one batch, in the data path or a model.
 
 A user's op is checked the first time it runs (`check_op`): traced as
-tf.data traces it and run with many seeds, it is refused if the seed
-changes nothing, if the same seed gives different outputs, or if it cannot
-be traced. kiln's own ops are trusted.
+tf.data traces it and run with many seeds, it is refused if its randomness
+is drawn while tracing (the seed changes nothing, a fresh trace does), if
+the same seed gives different outputs, or if it cannot be traced; an op
+that no seed and no trace changes is deterministic with its parameters,
+and accepted. kiln's own ops are trusted.
 
 `Augmenter` is shared by the tf.data pipeline (per element, after decoding)
 and `AugmentationLayer` (per element of a batch inside a model), so both give
@@ -39,6 +41,8 @@ that path: its ops and their graph are the same as before targets existed.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -60,6 +64,8 @@ if TYPE_CHECKING:
     import tensorflow as tf
 else:  # imported when images are augmented, not to name the errors
     tf = LazyModule("tensorflow")
+
+logger = logging.getLogger(__name__)
 
 # An element's image and its targets (None for datasets without targets).
 _Element = tuple["tf.Tensor", "ElementTargets | None"]
@@ -624,6 +630,8 @@ def _shape_for_check(shape: tf.TensorShape) -> tuple[int, int, int]:
 
 _CHECKED: set = set()
 _CHECK_SEEDS = 64
+# Fresh traces compared when every seed gives one output (see `check_op`).
+_CHECK_TRACES = 8
 
 _TRACE_PITFALL = (
     "Dataset.map traces an op once into a graph; Python and NumPy code in it "
@@ -633,11 +641,20 @@ _TRACE_PITFALL = (
 
 
 def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
-    """Rejects a user op that ignores its seed or needs Python values of tensors.
+    """Rejects a user op whose randomness is not its seed's, or that needs Python values of tensors.
 
     Traces the op once, like `tf.data` does, and runs the trace on one input
-    image with `_CHECK_SEEDS` different seeds. kiln's own ops are trusted and
-    skipped; results are cached per (name, params).
+    image with `_CHECK_SEEDS` different seeds. When every seed gives the
+    same output, the op either draws its random values while being traced
+    (Python's `random`, NumPy: baked into the graph, the same for every
+    element and epoch) or is deterministic with these parameters (a
+    probability of 1, a range ``[1, 1]``, a shift of at most 0 pixels). The
+    two are told apart by tracing it again, `_CHECK_TRACES` times, afresh:
+    randomness drawn while tracing gives another graph, hence another output,
+    on some trace (or moves Python's or NumPy's global random state while
+    tracing); a deterministic op gives the same output on every trace, and is
+    accepted (logged at INFO). kiln's own ops are trusted and skipped;
+    results are cached per (function, params, shape).
 
     Args:
       augmentation: The configured op.
@@ -645,10 +662,10 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
         image size when known).
 
     Raises:
-      AugmentOpError: if every seed gives the same output (the randomness is
-        not coming from the seed), if the same seed gives different outputs
-        (stateful randomness), or if tracing fails because the op converts a
-        tensor to a Python/NumPy value.
+      AugmentOpError: if the op's output changes from trace to trace but
+        not with the seed (randomness baked in while tracing), if the same
+        seed gives different outputs (stateful randomness), or if tracing
+        fails because the op converts a tensor to a Python/NumPy value.
     """
     definition = augmentation.definition
     if definition.builtin or definition.kind != "element":
@@ -658,28 +675,15 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
     if cache_key in _CHECKED:
         return
     name = augmentation.name
-    kwargs = augmentation.kwargs
     # A fixed, asymmetric image, so flips and crops visibly change it.
     image = tf.constant(np.random.default_rng(0).random(tuple(shape), dtype=np.float32))
-    # autograph=False: the reader does not convert ops either (see dataset.py).
-    traced = tf.function(lambda img, seed: definition.fn(img, seed, **kwargs), autograph=False)
-    try:
-        concrete = traced.get_concrete_function(
-            tf.TensorSpec(image.shape, tf.float32), tf.TensorSpec([2], tf.int32)
-        )
-    except Exception as e:  # the message depends on what the op did; explain all alike
-        raise trace_error(name, e) from e
     seeds = tf.random.experimental.stateless_split(tf.constant([20240, 7], tf.int32), _CHECK_SEEDS)
+    before = _global_random_state()
+    concrete = _trace(augmentation, image)
+    drew = _global_random_state() != before
     outputs = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
     if all(np.array_equal(outputs[0], out) for out in outputs[1:]):
-        raise AugmentOpError(
-            f"augmentation op {name!r} ignores its seed: {_CHECK_SEEDS} different seeds gave "
-            f"identical outputs. {_TRACE_PITFALL} Draw random values from the `seed` argument "
-            f"with tf.random.stateless_uniform / tf.random.stateless_* or "
-            f"tf.image.stateless_random_* (split it with tf.random.split for several "
-            f"draws). If the op is deterministic with these parameters {kwargs}, it is not an "
-            f"augmentation: do it once, offline, as a kiln.transforms transform."
-        )
+        _check_deterministic(augmentation, image, seeds[0], outputs[0], drew)
     again = concrete(image, seeds[1]).numpy()
     if not np.array_equal(outputs[1], again):
         raise AugmentOpError(
@@ -690,6 +694,68 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
             f"tf.image.stateless_random_* instead."
         )
     _CHECKED.add(cache_key)
+
+
+def _trace(augmentation: Augmentation, image: tf.Tensor):
+    """A fresh trace of the op (a new `tf.function`), as `tf.data` traces it."""
+    definition, kwargs = augmentation.definition, augmentation.kwargs
+    # autograph=False: the reader does not convert ops either (see dataset.py).
+    traced = tf.function(lambda img, seed: definition.fn(img, seed, **kwargs), autograph=False)
+    try:
+        return traced.get_concrete_function(
+            tf.TensorSpec(image.shape, tf.float32), tf.TensorSpec([2], tf.int32)
+        )
+    except Exception as e:  # the message depends on what the op did; explain all alike
+        raise trace_error(augmentation.name, e) from e
+
+
+def _check_deterministic(
+    augmentation: Augmentation, image: tf.Tensor, seed: tf.Tensor, output: np.ndarray, drew: bool
+) -> None:
+    """For an op whose every seed gave `output`: refuses it if its randomness
+    was drawn while tracing (`drew`: Python's or NumPy's global random state
+    moved; or a fresh trace gives another output), else accepts it as
+    deterministic with these parameters."""
+    name, kwargs = augmentation.name, augmentation.kwargs
+    drawing = "tracing it drew from Python's or NumPy's global random generator"
+    observed = drawing if drew else None
+    for _ in range(_CHECK_TRACES):
+        if observed is not None:
+            break
+        before = _global_random_state()
+        concrete = _trace(augmentation, image)
+        if _global_random_state() != before:
+            observed = drawing
+        elif not np.array_equal(concrete(image, seed).numpy(), output):
+            observed = "a fresh trace gave another"
+    if observed is None:
+        logger.info(
+            "augmentation op %r gives the same output for every seed and on every trace: "
+            "deterministic with the parameters %s (accepted)",
+            name,
+            kwargs,
+        )
+        return
+    raise AugmentOpError(
+        f"augmentation op {name!r} ignores its seed: {_CHECK_SEEDS} seeds gave one output, "
+        f"but {observed}, so its random values come from Python or NumPy at trace time. "
+        f"{_TRACE_PITFALL} Draw random values from the `seed` argument with "
+        f"tf.random.stateless_uniform / tf.random.stateless_* or tf.image.stateless_random_* "
+        f"(split it with tf.random.split for several draws)."
+    )
+
+
+def _global_random_state() -> tuple:
+    """Python's and NumPy's global random states, to tell whether tracing drew from them."""
+    numpy_state: dict = dict(np.random.get_state(legacy=False))
+    position = numpy_state["state"]
+    return (
+        random.getstate(),
+        position["key"].tobytes(),
+        position["pos"],
+        numpy_state["has_gauss"],
+        numpy_state["gauss"],
+    )
 
 
 def trace_error(name: str, error: Exception) -> AugmentOpError:
