@@ -229,6 +229,12 @@ def test_cli_batch_ops_are_shown_on_one_batch(built, tmp_path):
         (["--split", "nope"], "has no split 'nope'"),
         (["--n", "0"], "--n must be at least 1"),
         (["--plugin", "no.such.module"], "--plugin: cannot import module 'no.such.module'"),
+        # One image can only mix with itself: not "randomness baked in at trace time".
+        (
+            ["--n", "1", "--augment", '["cutmix"]'],
+            "batch ops need at least 2 images in a preview, got 1: cutmix mixes each image "
+            "with another of its batch",
+        ),
     ],
 )
 def test_cli_usage_errors_are_one_line(built, tmp_path, capsys, arguments, message):

@@ -86,6 +86,13 @@ def test_config_errors_are_found_before_beam_and_tensorflow(tmp_path, demo_corpu
         "bad op parameter": write_config(
             tmp_path, "param.yaml", dict(good, augment=[{"mixup": {"alpha": "lots"}}])
         ),
+        # The reader's checks of the list against the dataset (no data needed).
+        "rgb op on grey images": write_config(
+            tmp_path, "grey.yaml", dict(good, image={"channels": 1}, augment=["random_hue"])
+        ),
+        "crop larger than the stored images": write_config(
+            tmp_path, "crop.yaml", dict(good, augment=[{"random_crop": {"size": 400}}])
+        ),
         "no source": write_config(
             tmp_path,
             "source.yaml",

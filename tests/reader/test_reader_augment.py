@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import pathlib
 import random
+import re
+import runpy
 
 import numpy as np
 import pytest
@@ -201,9 +205,76 @@ def test_op_ignoring_its_seed_is_rejected_with_the_tracing_pitfall(user_ops):
     with pytest.raises(AugmentOpError) as error:
         run("python_random_flip", image(), seeds(1)[0])
     message = str(error.value)
-    assert "'python_random_flip' ignores its seed" in message
+    # What was seen and its likely cause first, in one sentence; then the pitfall and the fix.
+    assert message.split(". ")[0] == (
+        "augmentation op 'python_random_flip' ignores its seed: 64 seeds gave one output, but "
+        "tracing it drew from Python's or NumPy's global random generator, so its random "
+        "values come from Python or NumPy at trace time"
+    )
     assert "traces an op once" in message and "baked into the graph as a constant" in message
     assert "tf.random.stateless_uniform" in message
+
+
+def test_op_drawing_at_trace_time_is_refused_however_rarely_its_draw_shows(user_ops):
+    @register_augmentation("rare_python_flip")
+    def rare_python_flip(image, seed):
+        # Flips on one trace in fifty: fresh traces alone would rarely see it.
+        return tf.reverse(image, [1]) if random.random() < 0.02 else image
+
+    @register_augmentation("fresh_generator_noise")
+    def fresh_generator_noise(image, seed):
+        # A new NumPy generator per trace: no global state moves, the output does.
+        return image + float(np.random.default_rng().uniform(0.0, 0.1))
+
+    with pytest.raises(AugmentOpError, match="drew from Python's or NumPy's global random"):
+        run("rare_python_flip", image(), seeds(1)[0])
+    with pytest.raises(AugmentOpError, match="one output, but a fresh trace gave another"):
+        run("fresh_generator_noise", image(), seeds(1)[0])
+
+
+def _documented_ops(folder) -> None:
+    """Registers the ops of every example of docs/augmentations.md, in one process, as a
+    project importing both example modules would."""
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "augmentations.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "@register" in b]
+    assert len(blocks) == 2
+    for index, block in enumerate(blocks):
+        # Real files, as plugin modules are: AutoGraph reads the functions' source.
+        module = folder / f"documented_ops_{index}.py"
+        module.write_text(block)
+        runpy.run_path(str(module))
+
+
+def test_the_documented_examples_register_together(user_ops, tmp_path):
+    # A project may import both example modules of docs/augmentations.md: no name is taken twice.
+    _documented_ops(tmp_path)
+    documented = {"random_negative", "random_shift", "random_invert", "random_gamma"}
+    assert documented <= set(kiln.reader.names())
+
+
+def test_documented_ops_with_deterministic_parameters_are_accepted(
+    user_ops, png_dataset, tmp_path, caplog
+):
+    _documented_ops(tmp_path)
+    plain = next(
+        iter(kiln.reader.load(png_dataset.dataset_dir, batch_size=8, shuffle=False, augment=None))
+    )
+    stored = plain[0].numpy()
+    cases = [
+        ({"random_invert": {"probability": 1.0}}, 1.0 - stored),
+        ({"random_negative": {"probability": 1.0}}, 1.0 - stored),
+        ({"random_gamma": {"gamma_range": [1, 1]}}, stored),
+        ({"random_shift": {"max_pixels": 0}}, stored),
+    ]
+    caplog.set_level(logging.INFO, logger="kiln.reader.augmenter")
+    for op, expected in cases:
+        dataset = kiln.reader.load(
+            png_dataset.dataset_dir, batch_size=8, seed=1, shuffle=False, augment=[op]
+        )
+        images = next(iter(dataset))[0].numpy()
+        np.testing.assert_allclose(images, expected, atol=1e-6, err_msg=str(op))
+    accepted = [r for r in caplog.records if "deterministic with the parameters" in r.message]
+    assert len(accepted) == len(cases) and {r.levelno for r in accepted} == {logging.INFO}
 
 
 def test_op_with_stateful_randomness_is_rejected(user_ops):

@@ -76,7 +76,7 @@ import os
 import re
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
 import yaml
@@ -91,6 +91,9 @@ from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, So
 from kiln.pipeline.versioning import fingerprint
 from kiln.registry import ListError, describe_error
 from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
+
+if TYPE_CHECKING:
+    from kiln.reader.ops import Augmentation
 
 logger = logging.getLogger(__name__)
 
@@ -262,8 +265,9 @@ class BuildConfig(_Model):
     """How each split is cut into TFRecord shards."""
     augment: list[Any] = []
     """The reader's default augmentation for the train split (random TF ops, every epoch),
-    stored in `kiln.json`; validated at build time. See
-    [augmentations.md](augmentations.md)."""
+    stored in `kiln.json`; validated at build time, and checked against the dataset as
+    `kiln.reader.load` checks it (targets, channels, crop sizes), so the build never publishes
+    a list `load` refuses. See [augmentations.md](augmentations.md)."""
     targets: TargetsConfig | None = None
     """What each record carries besides the image: `label` (one class), `labels` (several),
     `boxes`, `mask`, `instance_masks`, `keypoints`, `extra` columns. Absent: `label` only,
@@ -441,9 +445,13 @@ def load(
             chain = dataclasses.replace(parsed, plugins=tuple(model.plugins if model else ()))
             problems.add("transforms", _channels_problem(chain, _channels(raw)))
             problems.add("transforms", _crop_problem(chain))
-    augment: list[Any] = []
+    augmentations = None
     if isinstance(raw.get("augment", []), list):
-        augment = problems.check("augment", lambda: _validate_augment(raw.get("augment"))) or []
+        augmentations = problems.check("augment", lambda: _validate_augment(raw.get("augment")))
+    if model is not None and augmentations:
+        checked = model
+        problems.check("augment", lambda: _check_augment_at_config(checked, augmentations, parsed))
+    augment = [augmentation.to_json() for augmentation in augmentations or ()]
     if model is not None and parsed is not None:
         problems.check("targets", lambda: _check_targets(model, chain))
     if model is not None:
@@ -757,58 +765,81 @@ def _channels(raw: dict[str, Any]) -> int | None:
     return channels if channels in (1, 3) and not isinstance(channels, bool) else None
 
 
+# What the transforms so far make of every image's size: (where, kind, value),
+# kind "exact" (value (height, width)), "shorter" or "longer" (value a side).
+_Made = tuple[str, str, Any]
+
+
+def _size_after(made: _Made | None, transform: Any, where: str) -> _Made | None:
+    """What is known of every image's size after `transform`, given `made` before it.
+
+    The sizes come from the built-ins that set one: `resize` (``size``
+    exactly, or the shorter or longer side), `center_crop` and `letterbox`
+    (exactly). `to_grayscale` and `equalize` keep the size; after `pad` or
+    a user transform it is not known.
+    """
+    params = transform.kwargs
+    if transform.name == "resize":
+        if params.get("size") is not None:
+            return (where, "exact", _height_width(params["size"]))
+        if params.get("shorter_side") is not None:
+            return (where, "shorter", params["shorter_side"])
+        return (where, "longer", params["longer_side"])
+    if transform.name in ("center_crop", "letterbox"):
+        return (where, "exact", _height_width(params["size"]))
+    if transform.name in ("to_grayscale", "equalize"):
+        return made
+    return None
+
+
+def _stored_size(chain: transforms.Chain) -> tuple[str, tuple[int, int]] | None:
+    """``(where, (height, width))`` when the transforms give every stored
+    image one size (`_size_after`), `where` the transform that sets it."""
+    made = None
+    for index, transform in enumerate(chain.transforms):
+        made = _size_after(made, transform, f"transforms[{index}].{transform.name}")
+    if made is None or made[1] != "exact":
+        return None
+    return made[0], made[2]
+
+
 def _crop_problem(chain: transforms.Chain) -> str | None:
     """Why a `center_crop` fits no image the transforms before it make (the
     job would drop every file as ``transform_failed``, after reading them
     all), or None.
 
-    The sizes come from the built-ins that set one: `resize` (``size``
-    exactly, or the shorter or longer side), `center_crop` and `letterbox`
-    (exactly). A crop is refused only where no image can hold it: larger
-    than an exact size, or than the longer side, or smaller shorter side
-    than the crop's smaller side. `to_grayscale` and `equalize` keep the
-    size; after `pad` or a user transform the size is not known.
+    What the transforms before it make is `_size_after`'s. A crop is refused
+    only where no image can hold it: larger than an exact size, or than the
+    longer side, or smaller shorter side than the crop's smaller side.
     """
-    made: tuple[str, str, Any] | None = None  # (where, kind, value)
+    made: _Made | None = None
     for index, transform in enumerate(chain.transforms):
-        params, where = transform.kwargs, f"transforms[{index}].{transform.name}"
-        if transform.name == "resize":
-            if params.get("size") is not None:
-                made = (where, "exact", _height_width(params["size"]))
-            elif params.get("shorter_side") is not None:
-                made = (where, "shorter", params["shorter_side"])
+        where = f"transforms[{index}].{transform.name}"
+        if transform.name == "center_crop" and made is not None:
+            height, width = _height_width(transform.kwargs["size"])
+            source, kind, value = made
+            if kind == "exact":
+                fits, images = (
+                    value[0] >= height and value[1] >= width,
+                    (f"{value[0]}x{value[1]} (HxW) images"),
+                )
+            elif kind == "shorter":
+                fits, images = (
+                    value >= min(height, width),
+                    (f"images whose shorter side is {value}"),
+                )
             else:
-                made = (where, "longer", params["longer_side"])
-        elif transform.name == "center_crop":
-            height, width = _height_width(params["size"])
-            if made is not None:
-                source, kind, value = made
-                if kind == "exact":
-                    fits, images = (
-                        value[0] >= height and value[1] >= width,
-                        (f"{value[0]}x{value[1]} (HxW) images"),
-                    )
-                elif kind == "shorter":
-                    fits, images = (
-                        value >= min(height, width),
-                        (f"images whose shorter side is {value}"),
-                    )
-                else:
-                    fits, images = (
-                        value >= max(height, width),
-                        (f"images whose longer side is {value}"),
-                    )
-                if not fits:
-                    return (
-                        f"{where}: a {height}x{width} (HxW) crop fits none of the {images} "
-                        f"that {source} makes (every file would be dropped); crop smaller "
-                        f"or resize larger"
-                    )
-            made = (where, "exact", (height, width))
-        elif transform.name == "letterbox":
-            made = (where, "exact", _height_width(params["size"]))
-        elif transform.name not in ("to_grayscale", "equalize"):
-            made = None
+                fits, images = (
+                    value >= max(height, width),
+                    (f"images whose longer side is {value}"),
+                )
+            if not fits:
+                return (
+                    f"{where}: a {height}x{width} (HxW) crop fits none of the {images} "
+                    f"that {source} makes (every file would be dropped); crop smaller "
+                    f"or resize larger"
+                )
+        made = _size_after(made, transform, where)
     return None
 
 
@@ -945,20 +976,71 @@ def _check_object_source(kind: str, targets: TargetsConfig) -> None:
                 )
 
 
-def _validate_augment(specs: list[Any] | None) -> list[Any]:
-    """The augment list validated with the reader's registry, in canonical JSON form.
+def _validate_augment(specs: list[Any] | None) -> list[Augmentation]:
+    """The augment list validated with the reader's registry.
 
     The augmentations run in the reader, not here; checking them now stops a
     typo before an hour-long build rather than at training time. The reader
-    (TensorFlow) is imported here, when a config is checked, not when this
-    module is.
+    is imported here, when a config is checked, not when this module is
+    (validating imports no TensorFlow: the op bodies do, when they run).
 
     Raises:
       ListError: naming each wrong entry (``augment[0]...``).
     """
     from kiln import reader
 
-    return [augmentation.to_json() for augmentation in reader.validate(specs)]
+    return reader.validate(specs)
+
+
+def _check_augment_at_config(
+    model: BuildConfig, augmentations: Sequence[Augmentation], chain: transforms.Chain | None
+) -> None:
+    """Refuses an augment list that `kiln.reader.load` would refuse on the
+    dataset this config builds, before any work: the reader's own checks
+    (`kiln.reader.augmenter.check_stored_list`) with what the config says:
+    the targets, ``image.channels``, and the stored size when the transforms
+    fix it (`_stored_size`). Otherwise the size is known after the job, and
+    the launcher checks it before publishing (`check_augment`)."""
+    made = None if chain is None else _stored_size(chain)
+    if made is None:
+        check_augment(model, augmentations, None)
+        return
+    where, (height, width) = made
+    check_augment(
+        model,
+        augmentations,
+        (height, width),
+        stored=f"the stored images ({where} makes every image {height}x{width})",
+    )
+
+
+def check_augment(
+    model: BuildConfig,
+    augmentations: Sequence[Augmentation],
+    image_size: Sequence[int] | None,
+    stored: str = "the stored images",
+) -> None:
+    """`kiln.reader.augmenter.check_stored_list` for the dataset `model` builds,
+    whose images are `image_size` (None: not known, or not all one size).
+
+    Raises:
+      ListError: naming the op (``augment[2].mixup: ...``) and why the
+        reader would refuse the list.
+    """
+    from kiln.reader.augmenter import check_stored_list
+    from kiln.reader.targets import TargetError, TargetSpec
+
+    targets = None if model.targets is None else model.targets.to_json()
+    try:
+        check_stored_list(
+            augmentations,
+            TargetSpec.from_json(targets),
+            channels=model.image.channels,
+            image_size=image_size,
+            stored=stored,
+        )
+    except TargetError as e:
+        raise ListError(str(e)) from None
 
 
 def _resolved(model: BuildConfig) -> BuildConfig:

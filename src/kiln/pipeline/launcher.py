@@ -15,7 +15,9 @@ this stamp, point LATEST at it and stop (``up_to_date``, without starting
 Beam). Otherwise, inside a `publish.PublishTransaction`: run the job
 (`job.construct`) into the staging folder, read its typed `job.JobReport`,
 refuse too many dropped files (`BuildError`; the staging folder is kept
-with its errors.jsonl only, until the next build), derive the content-addressed version
+with its errors.jsonl only, until the next build), refuse an augment list
+the reader would refuse on the stored images' size when only the job could
+know it (`BuildError`), derive the content-addressed version
 (`versioning`) and the `DatasetInfo`, and commit (kiln.json last, LATEST
 last of all). With ``keep``, prune all but the newest versions.
 
@@ -73,6 +75,7 @@ from kiln.pipeline import config as config_module
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.lock import DatasetLock
 from kiln.pipeline.splits import SplitPolicy
+from kiln.registry import ListError
 from kiln.schemas import (
     ERRORS_FILENAME,
     ClassObjects,
@@ -776,6 +779,7 @@ def _build_locked(
                 f"errors.allow_empty: true. The rows are in "
                 f"{transaction.staging_dir.rstrip('/')}/{ERRORS_FILENAME}"
             )
+        _check_augment_fits(spec, report)
         info = dataset_info(spec, listing, report, _version(spec, processing, listing, report))
         _warn_about_empty_classes(info)
         held.check()
@@ -1238,6 +1242,42 @@ def _check_box_convention(
         f"{_box_convention_problem(finding)}. The dropped files are in "
         f"{transaction.staging_dir.rstrip('/')}/{ERRORS_FILENAME}"
     )
+
+
+def _check_augment_fits(spec: BuildSpec, report: job.JobReport) -> None:
+    """Stops the build when the reader would refuse its stored augment list
+    on the images the job stored: a crop larger than their one size.
+
+    The config checks the list before the job (`config.check_augment`) with
+    the stored size when the transforms fix it; when they do not (no resize
+    to an exact size, crop or letterbox at the end) but every stored image
+    has one size all the same, only the job's report knows that size, and
+    the reader (`load`) would check it against ``image_size``. Publishing a
+    dataset whose own default list `load` refuses would waste more than
+    the job: every training run on it.
+
+    Raises:
+      BuildError: naming the op and the size.
+    """
+    if not spec.augment or report.image_size is None:
+        return
+    from kiln import reader
+
+    height, width = report.image_size
+    try:
+        config_module.check_augment(
+            spec.config,
+            reader.validate(spec.augment),
+            report.image_size,
+            stored=f"the images the job stored (all {height}x{width})",
+        )
+    except ListError as e:
+        raise BuildError(
+            f"{e}; kiln.reader.load would refuse this augment list on the dataset, so "
+            f"nothing was published. Make the crop smaller, or end the transforms with a "
+            f"fixed size (resize: {{size: ...}}, center_crop, letterbox) so that the config "
+            f"check finds this before the job"
+        ) from None
 
 
 def _box_convention_problem(finding: box_convention.Finding, when: str = "") -> str:

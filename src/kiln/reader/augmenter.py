@@ -1,9 +1,11 @@
 """Applies a configured augmentation list to one element or one batch, in the data path or a model.
 
 A user's op is checked the first time it runs (`check_op`): traced as
-tf.data traces it and run with many seeds, it is refused if the seed
-changes nothing, if the same seed gives different outputs, or if it cannot
-be traced. kiln's own ops are trusted.
+tf.data traces it and run with many seeds, it is refused if its randomness
+is drawn while tracing (the seed changes nothing, a fresh trace does), if
+the same seed gives different outputs, or if it cannot be traced; an op
+that no seed and no trace changes is deterministic with its parameters,
+and accepted. kiln's own ops are trusted.
 
 `Augmenter` is shared by the tf.data pipeline (per element, after decoding)
 and `AugmentationLayer` (per element of a batch inside a model), so both give
@@ -39,6 +41,8 @@ that path: its ops and their graph are the same as before targets existed.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -61,6 +65,8 @@ if TYPE_CHECKING:
 else:  # imported when images are augmented, not to name the errors
     tf = LazyModule("tensorflow")
 
+logger = logging.getLogger(__name__)
+
 # An element's image and its targets (None for datasets without targets).
 _Element = tuple["tf.Tensor", "ElementTargets | None"]
 
@@ -68,6 +74,9 @@ _Element = tuple["tf.Tensor", "ElementTargets | None"]
 class AugmentOpError(ValueError):
     """A registered op misbehaves (ignores its seed, uses Python values of tensors)."""
 
+
+# What `Augmenter.check_sizes` compares with, in its messages, unless told.
+STORED_SIZE = "the dataset's stored images (kiln.json image_size)"
 
 # Pixels of context around a fused JPEG crop window; a full decode's chroma
 # upsampling looks one pixel beyond the window, 4 leaves room to spare.
@@ -323,7 +332,62 @@ class Augmenter:
             images, targets = with_targets(images, targets, op_seed, **augmentation.kwargs)
         return images, targets
 
-    def check_sizes(self, image_size: Sequence[int] | None, field: str = "augment") -> None:
+    def check_dataset(
+        self,
+        spec: TargetSpec,
+        *,
+        channels: int,
+        image_size: Sequence[int] | None,
+        field: str = "augment",
+        stored: str = STORED_SIZE,
+    ) -> None:
+        """Refuses, before any data is read, a list this dataset cannot take.
+
+        The checks that need only what is known of the dataset: its target
+        kinds (`check_targets`), its channels (`check_channels`) and its
+        stored size, when it has one (`check_sizes`). `load`,
+        `load_for_model` and `kiln build` (`check_stored_list`) all run
+        this, so a list the build stores is one `load` accepts.
+
+        Raises:
+          TargetError: for an op that cannot move or mix the targets.
+          AugmentConfigError: for an op that needs RGB or a larger image.
+          Either names the op (``augment[2].random_hue``).
+        """
+        self.check_targets(spec, field)
+        self.check_channels(channels, field)
+        self.check_sizes(image_size, field, stored=stored)
+
+    def check_channels(self, channels: int, field: str = "augment") -> None:
+        """Refuses, before any data is read, an op that needs RGB images the
+        dataset does not have (the op would fail when first traced).
+
+        Only the ops that run are checked: all of them in training, those
+        with an inference form otherwise.
+
+        Raises:
+          AugmentConfigError: naming the op and the channels.
+        """
+        if channels == 3:
+            return
+        for index, augmentation in enumerate(self.element_ops):
+            definition = augmentation.definition
+            if definition.needs_rgb is None or not self._runs(definition):
+                continue
+            if definition.needs_rgb(**augmentation.kwargs):
+                raise AugmentConfigError(
+                    f"{field}[{index}].{augmentation.name}: needs 3-channel (RGB) images; "
+                    f"this dataset's images have {channels} channel(s) (image.channels in "
+                    f"its build config)"
+                )
+
+    def check_sizes(
+        self,
+        image_size: Sequence[int] | None,
+        field: str = "augment",
+        *,
+        stored: str = STORED_SIZE,
+    ) -> None:
         """Refuses, before any data is read, an op given images smaller than it needs.
 
         Follows the size through the element ops (a crop sets it, kiln's other
@@ -332,11 +396,16 @@ class Augmenter:
         the same in training and inference: a crop's inference form keeps its
         size.
 
+        Args:
+          image_size: ``[height, width]`` of every stored image, or None.
+          field: The list's name in messages.
+          stored: What `image_size` is the size of, for messages.
+
         Raises:
           AugmentConfigError: naming the op, its size and the size it gets.
         """
         size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
-        source = "the dataset's stored images (kiln.json image_size)"
+        source = stored
         for index, augmentation in enumerate(self.element_ops):
             if size is None:
                 return
@@ -355,14 +424,19 @@ class Augmenter:
             elif not definition.builtin:
                 size = None
 
-    def check_targets(self, spec: TargetSpec) -> None:
+    def check_targets(self, spec: TargetSpec, field: str = "augment") -> None:
         """Refuses, before any data is read, ops that cannot move this dataset's targets.
 
         Raises:
-          TargetError: naming the op and why.
+          TargetError: naming the op (``augment[1].random_zoom``) and why.
         """
-        for augmentation in self.element_ops:
+        for index, augmentation in enumerate(self.element_ops):
             definition = augmentation.definition
+            where = f"{field}[{index}].{augmentation.name}"
+            if definition.targets_problem is not None and self._runs(definition):
+                problem = definition.targets_problem(spec.kinds, **augmentation.kwargs)
+                if problem:
+                    raise TargetError(f"{where}: {problem}")
             if definition.window is not None:
                 continue  # the reader crops targets with the window
             refuse_unsupported(
@@ -370,6 +444,7 @@ class Augmenter:
                 definition.supports if definition.with_targets is not None else None,
                 definition.geometric,
                 spec,
+                where=where,
             )
             if (
                 not self.training
@@ -379,21 +454,28 @@ class Augmenter:
                 and definition.inference is not None
             ):
                 raise TargetError(
-                    f"augmentation op {augmentation.name!r}: its inference form may move "
-                    f"pixels and cannot move this dataset's {list(spec.geometric)}; register "
-                    f"it with geometric=False if it does not, or apply it to the training "
-                    f"split only"
+                    f"{where}: augmentation op {augmentation.name!r}: its inference form may "
+                    f"move pixels and cannot move this dataset's {list(spec.geometric)}; "
+                    f"register it with geometric=False if it does not, or apply it to the "
+                    f"training split only"
                 )
-        for augmentation in self.batch_ops:
+        first_batch_op = len(self.element_ops)
+        for offset, augmentation in enumerate(self.batch_ops):
             supported = augmentation.definition.supports or ()
             kinds = [k for k in spec.kinds if k != "label" and k not in supported]
             if kinds:
                 raise TargetError(
-                    f"batch op {augmentation.name!r} cannot mix this dataset's targets "
+                    f"{field}[{first_batch_op + offset}].{augmentation.name}: batch op "
+                    f"{augmentation.name!r} cannot mix this dataset's targets "
                     f"{kinds}: it handles {['label', *supported]} only. Mixing two images' "
                     f"{kinds[0]} has no single right answer; drop {augmentation.name} from the "
                     f"augmentation list for this dataset"
                 )
+
+    def _runs(self, definition) -> bool:
+        """Whether the op runs in this augmenter: its random form in
+        training, else its inference form, if it has one."""
+        return self.training or definition.inference is not None
 
     def _run(
         self, image: tf.Tensor, seed: tf.Tensor | None, targets: ElementTargets | None, first: int
@@ -476,6 +558,29 @@ class Augmenter:
             raise trace_error(augmentation.name, e) from e
 
 
+def check_stored_list(
+    augmentations: Sequence[Augmentation],
+    spec: TargetSpec,
+    *,
+    channels: int,
+    image_size: Sequence[int] | None,
+    field: str = "augment",
+    stored: str = STORED_SIZE,
+) -> None:
+    """`Augmenter.check_dataset` for a dataset's stored list, in both forms
+    `load` runs it in: random (the train split's default) and the inference
+    form (every other split). What `kiln build` checks before it stores a
+    list, so that `load` accepts what the build publishes.
+
+    Raises:
+      TargetError, AugmentConfigError: as `Augmenter.check_dataset`.
+    """
+    for training in (True, False):
+        Augmenter(tuple(augmentations), training=training).check_dataset(
+            spec, channels=channels, image_size=image_size, field=field, stored=stored
+        )
+
+
 def _finish_targets(targets: ElementTargets, image: tf.Tensor) -> ElementTargets:
     """Masks brought to the size of the finished (e.g. resized) crop, and
     moved: the crop, the flips after it and this resize in one gather. The
@@ -525,6 +630,8 @@ def _shape_for_check(shape: tf.TensorShape) -> tuple[int, int, int]:
 
 _CHECKED: set = set()
 _CHECK_SEEDS = 64
+# Fresh traces compared when every seed gives one output (see `check_op`).
+_CHECK_TRACES = 8
 
 _TRACE_PITFALL = (
     "Dataset.map traces an op once into a graph; Python and NumPy code in it "
@@ -534,11 +641,20 @@ _TRACE_PITFALL = (
 
 
 def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
-    """Rejects a user op that ignores its seed or needs Python values of tensors.
+    """Rejects a user op whose randomness is not its seed's, or that needs Python values of tensors.
 
     Traces the op once, like `tf.data` does, and runs the trace on one input
-    image with `_CHECK_SEEDS` different seeds. kiln's own ops are trusted and
-    skipped; results are cached per (name, params).
+    image with `_CHECK_SEEDS` different seeds. When every seed gives the
+    same output, the op either draws its random values while being traced
+    (Python's `random`, NumPy: baked into the graph, the same for every
+    element and epoch) or is deterministic with these parameters (a
+    probability of 1, a range ``[1, 1]``, a shift of at most 0 pixels). The
+    two are told apart by tracing it again, `_CHECK_TRACES` times, afresh:
+    randomness drawn while tracing gives another graph, hence another output,
+    on some trace (or moves Python's or NumPy's global random state while
+    tracing); a deterministic op gives the same output on every trace, and is
+    accepted (logged at INFO). kiln's own ops are trusted and skipped;
+    results are cached per (function, params, shape).
 
     Args:
       augmentation: The configured op.
@@ -546,10 +662,10 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
         image size when known).
 
     Raises:
-      AugmentOpError: if every seed gives the same output (the randomness is
-        not coming from the seed), if the same seed gives different outputs
-        (stateful randomness), or if tracing fails because the op converts a
-        tensor to a Python/NumPy value.
+      AugmentOpError: if the op's output changes from trace to trace but
+        not with the seed (randomness baked in while tracing), if the same
+        seed gives different outputs (stateful randomness), or if tracing
+        fails because the op converts a tensor to a Python/NumPy value.
     """
     definition = augmentation.definition
     if definition.builtin or definition.kind != "element":
@@ -559,28 +675,15 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
     if cache_key in _CHECKED:
         return
     name = augmentation.name
-    kwargs = augmentation.kwargs
     # A fixed, asymmetric image, so flips and crops visibly change it.
     image = tf.constant(np.random.default_rng(0).random(tuple(shape), dtype=np.float32))
-    # autograph=False: the reader does not convert ops either (see dataset.py).
-    traced = tf.function(lambda img, seed: definition.fn(img, seed, **kwargs), autograph=False)
-    try:
-        concrete = traced.get_concrete_function(
-            tf.TensorSpec(image.shape, tf.float32), tf.TensorSpec([2], tf.int32)
-        )
-    except Exception as e:  # the message depends on what the op did; explain all alike
-        raise trace_error(name, e) from e
     seeds = tf.random.experimental.stateless_split(tf.constant([20240, 7], tf.int32), _CHECK_SEEDS)
+    before = _global_random_state()
+    concrete = _trace(augmentation, image)
+    drew = _global_random_state() != before
     outputs = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
     if all(np.array_equal(outputs[0], out) for out in outputs[1:]):
-        raise AugmentOpError(
-            f"augmentation op {name!r} ignores its seed: {_CHECK_SEEDS} different seeds gave "
-            f"identical outputs. {_TRACE_PITFALL} Draw random values from the `seed` argument "
-            f"with tf.random.stateless_uniform / tf.random.stateless_* or "
-            f"tf.image.stateless_random_* (split it with tf.random.split for several "
-            f"draws). If the op is deterministic with these parameters {kwargs}, it is not an "
-            f"augmentation: do it once, offline, as a kiln.transforms transform."
-        )
+        _check_deterministic(augmentation, image, seeds[0], outputs[0], drew)
     again = concrete(image, seeds[1]).numpy()
     if not np.array_equal(outputs[1], again):
         raise AugmentOpError(
@@ -591,6 +694,68 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
             f"tf.image.stateless_random_* instead."
         )
     _CHECKED.add(cache_key)
+
+
+def _trace(augmentation: Augmentation, image: tf.Tensor):
+    """A fresh trace of the op (a new `tf.function`), as `tf.data` traces it."""
+    definition, kwargs = augmentation.definition, augmentation.kwargs
+    # autograph=False: the reader does not convert ops either (see dataset.py).
+    traced = tf.function(lambda img, seed: definition.fn(img, seed, **kwargs), autograph=False)
+    try:
+        return traced.get_concrete_function(
+            tf.TensorSpec(image.shape, tf.float32), tf.TensorSpec([2], tf.int32)
+        )
+    except Exception as e:  # the message depends on what the op did; explain all alike
+        raise trace_error(augmentation.name, e) from e
+
+
+def _check_deterministic(
+    augmentation: Augmentation, image: tf.Tensor, seed: tf.Tensor, output: np.ndarray, drew: bool
+) -> None:
+    """For an op whose every seed gave `output`: refuses it if its randomness
+    was drawn while tracing (`drew`: Python's or NumPy's global random state
+    moved; or a fresh trace gives another output), else accepts it as
+    deterministic with these parameters."""
+    name, kwargs = augmentation.name, augmentation.kwargs
+    drawing = "tracing it drew from Python's or NumPy's global random generator"
+    observed = drawing if drew else None
+    for _ in range(_CHECK_TRACES):
+        if observed is not None:
+            break
+        before = _global_random_state()
+        concrete = _trace(augmentation, image)
+        if _global_random_state() != before:
+            observed = drawing
+        elif not np.array_equal(concrete(image, seed).numpy(), output):
+            observed = "a fresh trace gave another"
+    if observed is None:
+        logger.info(
+            "augmentation op %r gives the same output for every seed and on every trace: "
+            "deterministic with the parameters %s (accepted)",
+            name,
+            kwargs,
+        )
+        return
+    raise AugmentOpError(
+        f"augmentation op {name!r} ignores its seed: {_CHECK_SEEDS} seeds gave one output, "
+        f"but {observed}, so its random values come from Python or NumPy at trace time. "
+        f"{_TRACE_PITFALL} Draw random values from the `seed` argument with "
+        f"tf.random.stateless_uniform / tf.random.stateless_* or tf.image.stateless_random_* "
+        f"(split it with tf.random.split for several draws)."
+    )
+
+
+def _global_random_state() -> tuple:
+    """Python's and NumPy's global random states, to tell whether tracing drew from them."""
+    numpy_state: dict = dict(np.random.get_state(legacy=False))
+    position = numpy_state["state"]
+    return (
+        random.getstate(),
+        position["key"].tobytes(),
+        position["pos"],
+        numpy_state["has_gauss"],
+        numpy_state["gauss"],
+    )
 
 
 def trace_error(name: str, error: Exception) -> AugmentOpError:

@@ -117,8 +117,11 @@ def load(
         config's ``augment:``). A list in the YAML form
         (``["random_flip_left_right", {"random_crop": {"size": 56}}]``): your
         own. None or ``[]``: no augmentation. Either runs randomly or in its
-        deterministic inference form, as `training` says. A crop larger than
-        the stored images (kiln.json ``image_size``) is refused here.
+        deterministic inference form, as `training` says. A list the dataset
+        cannot take is refused here, before any data is read: a crop larger
+        than the stored images (kiln.json ``image_size``), an RGB-only op on
+        grey images, an op that cannot move or mix the dataset's targets
+        (the checks `kiln build` runs on the list it stores).
       training: True applies the list randomly; False applies only each op's
         deterministic inference form (e.g. a centre crop instead of a random
         crop, no flips, no mixup), so every pass over the split is the same
@@ -208,12 +211,14 @@ def load(
     Raises:
       MetadataError: for a path that is not a kiln dataset, or a missing split.
       AugmentConfigError: naming the list entry and parameter that is wrong,
-        or a crop that does not fit in the stored images.
+        a crop that does not fit in the stored images, or an RGB-only op on
+        grey images.
       AugmentOpError: for a user op that ignores its seed or cannot be traced.
       ValueError: for argument combinations that cannot work, with the reason.
       TypeError: for `options` that is not a `ReadOptions` (e.g. a dict).
       TargetError: for an option the dataset's targets do not allow (e.g.
-        `one_hot` without per-image labels, `class_weight` without ``label``).
+        `one_hot` without per-image labels, `class_weight` without ``label``),
+        or an op that cannot move or mix them.
     """
     if augment_on not in _AUGMENT_ON:
         raise ValueError(f"augment_on must be one of {_AUGMENT_ON}, got {augment_on!r}")
@@ -303,7 +308,10 @@ def load_for_model(
       ``(dataset, layer)``.
 
     Raises:
-      As `load`; ValueError for batch ops in the list.
+      As `load`, from the same checks of the list against the dataset (an
+      RGB-only op on grey images, a crop that does not fit, targets it
+      cannot move), raised here rather than at the layer's first call;
+      ValueError for batch ops in the list.
     """
     return _read(
         path,
@@ -396,12 +404,10 @@ def _read(
     metadata = info(dataset_dir)
     split_info = metadata.split(split)
     _check_arguments(batch_size, repeat, drop_remainder)
-    augmenter = _augmenter(metadata, split, augment, dataset_dir, training)
     spec = target_spec(metadata)
+    augmenter = _augmenter(metadata, split, augment, dataset_dir, training, spec)
     with_targets = not spec.classification_only
     schema = schema_for(metadata.targets_config) if with_targets else RECORD
-    if with_targets:
-        augmenter.check_targets(spec)
     _check_max_objects(max_objects, spec)
     _warn_about_cut_objects(max_objects, metadata, split)
     if augmenter.batch_ops and model_side:
@@ -650,8 +656,15 @@ def _example_weights(class_weight, metadata, split, spec, as_supervised):
 
 
 def _augmenter(
-    metadata: DatasetInfo, split: str, augment, dataset_dir: str, training: bool | None
+    metadata: DatasetInfo,
+    split: str,
+    augment,
+    dataset_dir: str,
+    training: bool | None,
+    spec: TargetSpec,
 ) -> Augmenter:
+    """The validated list, checked against the dataset (`Augmenter.check_dataset`:
+    the same checks as `kiln build`'s), for `load` and `load_for_model` alike."""
     if training is not None and not isinstance(training, bool):
         raise ValueError(f"training must be True, False or None, got {training!r}")
     randomly = (split == "train") if training is None else training
@@ -677,7 +690,9 @@ def _augmenter(
         augmenter = Augmenter(tuple(stored), training=randomly)
     else:
         augmenter = Augmenter(tuple(validate(augment)), training=randomly)
-    augmenter.check_sizes(metadata.image_size, field)
+    augmenter.check_dataset(
+        spec, channels=metadata.channels, image_size=metadata.image_size, field=field
+    )
     return augmenter
 
 

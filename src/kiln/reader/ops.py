@@ -171,6 +171,13 @@ class OpDefinition(Registered):
       output_size: ``output_size(**params) -> (height, width)`` for ops that
         set their output's size (crops). None: kiln's own ops keep the size;
         a user's op leaves it unknown (so later ops are not checked).
+      needs_rgb: ``needs_rgb(**params) -> bool``: whether the op, with these
+        parameters, needs 3-channel (RGB) images (saturation, hue);
+        checked against the dataset's channels before any data is read.
+      targets_problem: ``targets_problem(kinds, **params) -> str | None``:
+        why the op, with these parameters, cannot keep a dataset's targets
+        of `kinds` consistent with its pixels (None: it can), for limits
+        that `supports` cannot say (a fill mode that copies objects).
     """
 
     kind: str = "element"
@@ -186,6 +193,8 @@ class OpDefinition(Registered):
     supports: tuple[str, ...] | None = None
     smallest_input: Callable[..., tuple[int, int]] | None = None
     output_size: Callable[..., tuple[int, int]] | None = None
+    needs_rgb: Callable[..., bool] | None = None
+    targets_problem: Callable[..., str | None] | None = None
 
 
 AUGMENTATIONS: Registry[OpDefinition] = Registry(
@@ -257,7 +266,7 @@ def builtin_op(name: str, *, kind: str = "element", **details: Any) -> Callable:
     """Decorator for kiln's own ops: trusted (no first-use check), and free to
     declare what the reader may do with them (`OpDefinition`'s window,
     inference_window, mirror, pixelwise, with_targets, smallest_input,
-    output_size). Colour ops
+    output_size, needs_rgb, targets_problem). Colour ops
     (pixelwise) are not geometric; element ops move every target kind."""
     details.setdefault("geometric", not details.get("pixelwise", False))
     if kind == "element":
@@ -354,6 +363,14 @@ def _targets_with_probability(
     if probability >= 1.0:
         return apply()
     return targets_cond(_uniform(seed) < probability, apply, lambda: (image, targets), targets)
+
+
+def _always(**_: Any) -> bool:
+    return True
+
+
+def _jitters_colour(*, saturation: float, hue: float, **_: Any) -> bool:
+    return bool(saturation or hue)
 
 
 def _require_rgb(name: str, image: tf.Tensor) -> None:
@@ -746,14 +763,14 @@ def random_contrast(image, seed, *, factor_range: FactorRange = (0.8, 1.2)):
     return color_twist(image, contrast=_uniform(seed, *factor_range))
 
 
-@builtin_op("random_saturation", pixelwise=True)
+@builtin_op("random_saturation", pixelwise=True, needs_rgb=_always)
 def random_saturation(image, seed, *, factor_range: FactorRange = (0.8, 1.2)):
     """Scales each pixel's distance from its luma by a factor from `factor_range`. RGB only."""
     _require_rgb("random_saturation", image)
     return color_twist(image, saturation=_uniform(seed, *factor_range))
 
 
-@builtin_op("random_hue", pixelwise=True)
+@builtin_op("random_hue", pixelwise=True, needs_rgb=_always)
 def random_hue(image, seed, *, max_delta: HueTurns = 0.05):
     """Rotates hue (the YIQ chroma plane) by a delta from ``[-max_delta, max_delta]``
     turns. RGB only."""
@@ -761,7 +778,7 @@ def random_hue(image, seed, *, max_delta: HueTurns = 0.05):
     return color_twist(image, hue=_uniform(seed, -max_delta, max_delta))
 
 
-@builtin_op("color_jitter", pixelwise=True)
+@builtin_op("color_jitter", pixelwise=True, needs_rgb=_jitters_colour)
 def color_jitter(
     image,
     seed,
@@ -805,7 +822,7 @@ def color_jitter(
     return tf.cond(draws[4] < probability, jitter, lambda: to_float(image))
 
 
-@builtin_op("random_grayscale", pixelwise=True)
+@builtin_op("random_grayscale", pixelwise=True, needs_rgb=_always)
 def random_grayscale(image, seed, *, probability: Probability = 0.1):
     """Replaces the image by its luma (kept as 3 channels) with `probability`. RGB only."""
     _require_rgb("random_grayscale", image)
@@ -868,13 +885,38 @@ def _warp_targets(image, targets, transform, *, fill_mode, fill_value, interpola
     return warped, targets.warp(transform, shape[:2], fill_mode=fill_mode)
 
 
+def _fill_mode_problem(kinds: Iterable[str], fill_mode: str) -> str | None:
+    """Refuses fill modes that copy image content on a dataset with objects:
+    ``wrap`` and ``reflect`` fill the uncovered border with copies of the
+    image, objects included, and a copy gets no box, instance mask or
+    keypoints (the semantic mask, warped with the same fill, shows it)."""
+    if fill_mode in ("wrap", "reflect") and "boxes" in kinds:
+        return (
+            f"fill_mode {fill_mode!r} fills the uncovered border with copies of the image, "
+            f"and a copied object gets no box (nor instance mask, nor keypoints): use "
+            f"fill_mode 'constant' on a dataset with boxes"
+        )
+    return None
+
+
+def _rotation_targets_problem(kinds, *, angle_range, fill_mode, **_: Any) -> str | None:
+    return None if tuple(angle_range) == (0.0, 0.0) else _fill_mode_problem(kinds, fill_mode)
+
+
+def _zoom_targets_problem(kinds, *, factor_range, fill_mode, **_: Any) -> str | None:
+    # Zooming in covers the whole image: nothing is filled.
+    return _fill_mode_problem(kinds, fill_mode) if factor_range[0] < 1.0 else None
+
+
 def _rotation_targets(image, targets, seed, *, angle_range, **params):
     low, high = (a * math.pi / 180.0 for a in angle_range)
     transform = rotation_transform(tf.shape(image), _uniform(seed, low, high))
     return _warp_targets(image, targets, transform, **params)
 
 
-@builtin_op("random_rotation", with_targets=_rotation_targets)
+@builtin_op(
+    "random_rotation", with_targets=_rotation_targets, targets_problem=_rotation_targets_problem
+)
 def random_rotation(
     image,
     seed,
@@ -887,7 +929,10 @@ def random_rotation(
     """Rotates by an angle (degrees, counter-clockwise) from `angle_range`,
     keeping the size; uncovered pixels follow `fill_mode`. Boxes become the
     enclosing box of their rotated corners, or, when the dataset has instance
-    masks, the tight box of the rotated mask."""
+    masks, the tight box of the rotated mask. On a dataset with boxes only
+    ``constant`` keeps boxes and pixels consistent: ``wrap`` and ``reflect``
+    (copies of objects that get no box) are refused, ``nearest`` smears an
+    object at the border beyond its box."""
     low, high = (a * math.pi / 180.0 for a in angle_range)
     return rotate(
         image,
@@ -975,7 +1020,7 @@ def _zoom_targets(image, targets, seed, *, factor_range, **params):
     return _warp_targets(image, targets, transform, **params)
 
 
-@builtin_op("random_zoom", with_targets=_zoom_targets)
+@builtin_op("random_zoom", with_targets=_zoom_targets, targets_problem=_zoom_targets_problem)
 def random_zoom(
     image,
     seed,
@@ -988,7 +1033,9 @@ def random_zoom(
     """Scales the image about its centre by a factor from `factor_range`,
     keeping the size: above 1 zooms in (the border leaves the image), below
     1 zooms out (uncovered pixels follow `fill_mode`). Objects that leave
-    the image are filtered by ``min_visibility``."""
+    the image are filtered by ``min_visibility``. On a dataset with boxes,
+    ``wrap`` and ``reflect`` are refused when the factor can be below 1, as
+    for `random_rotation`."""
     transform = zoom_transform(tf.shape(image), _uniform(seed, *factor_range))
     return project(
         image, transform, fill_mode=fill_mode, fill_value=fill_value, interpolation=interpolation

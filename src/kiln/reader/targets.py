@@ -1025,7 +1025,11 @@ TargetsFn = Callable[..., "tuple[tf.Tensor, ElementTargets]"]
 
 
 def refuse_unsupported(
-    op_name: str, supported: tuple[str, ...] | None, geometric: bool, spec: TargetSpec
+    op_name: str,
+    supported: tuple[str, ...] | None,
+    geometric: bool,
+    spec: TargetSpec,
+    where: str | None = None,
 ) -> None:
     """Raises TargetError when op `op_name` cannot move this dataset's targets.
 
@@ -1033,13 +1037,16 @@ def refuse_unsupported(
       supported: Target kinds the op's target form handles (None: it has none).
       geometric: Whether the op may move pixels (a user op not declared
         ``geometric=False`` is assumed to).
+      where: The op's place in its list (``augment[2].random_shift``), to
+        start the message with.
     """
     needed = spec.geometric
     if not needed or not geometric:
         return
+    subject = f"{where}: augmentation op {op_name!r}" if where else f"augmentation op {op_name!r}"
     if supported is None:
         raise TargetError(
-            f"augmentation op {op_name!r} may move pixels (a user op is geometric unless "
+            f"{subject} may move pixels (a user op is geometric unless "
             f"registered with geometric=False) and has no target handling, so this dataset's "
             f"{list(needed)} would no longer match the image after it. Register it with "
             f"geometric=False if it only changes pixel values, or give it "
@@ -1049,7 +1056,7 @@ def refuse_unsupported(
     missing = [kind for kind in needed if kind not in supported]
     if missing:
         raise TargetError(
-            f"augmentation op {op_name!r} moves pixels and handles targets {list(supported)} "
+            f"{subject} moves pixels and handles targets {list(supported)} "
             f"only; this dataset also has {missing}, which would no longer match the image "
             f"after it"
         )

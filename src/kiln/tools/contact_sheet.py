@@ -140,7 +140,8 @@ def gather(
       MetadataError: for a path that is not a dataset or a missing split.
       AugmentConfigError, AugmentOpError, ValueError: from the reader, for a
         bad list, a user op that ignores its seed, or sizes that cannot be
-        batched for mixup/cutmix.
+        batched for mixup/cutmix; ValueError for random batch ops on fewer
+        than 2 images.
     """
     if n < 1 or epochs < 1:
         raise ValueError(f"n and epochs must be at least 1, got n={n}, epochs={epochs}")
@@ -150,6 +151,7 @@ def gather(
     ops, random = _augmentation(metadata, split, augment, dataset_dir, training)
     if not random:
         epochs = 1  # deterministic: every epoch would draw the same row
+    _check_batch_ops(ops, random, count, n, split)
 
     stored_dataset = kiln.reader.load(
         dataset_dir, split, batch_size=None, shuffle=False, augment=None, as_supervised=False
@@ -215,6 +217,26 @@ def gather(
             else None
         ),
         epoch_targets=row_targets if names else None,
+    )
+
+
+def _check_batch_ops(ops, random: bool, count: int, n: int, split: str) -> None:
+    """Refuses random batch ops on one column: they mix each image with
+    another of its batch, and a batch of one can only pair with itself, so
+    the sheet would show them doing nothing (and every epoch alike)."""
+    names = [op.name for op in ops if op.definition.kind == "batch"]
+    if not random or not names or count >= 2:
+        return
+    fix = (
+        "preview 2 or more (kiln preview --n 2)"
+        if n < 2
+        else f"split {split!r} holds only {count}; preview the list without them"
+    )
+    raise ValueError(
+        f"batch ops need at least 2 images in a preview, got {count}: {', '.join(names)} "
+        f"{'mixes' if len(names) == 1 else 'mix'} each image with another of its batch, "
+        f"and one image can only pair with "
+        f"itself, which shows no change; {fix}"
     )
 
 

@@ -49,7 +49,8 @@ exit codes:
   1  sheet written, but augmentation is on and no element changed between
      epochs (with --strict: any element); or a registered augmentation op
      ignores its seed (the reader refuses it)
-  2  usage error: PATH is not a dataset, unknown split, bad --augment"""
+  2  usage error: PATH is not a dataset, unknown split, bad --augment,
+     batch ops (mixup, cutmix) with --n 1"""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,95 @@
+"""An augmentation list checked against the dataset before any data is read.
+
+`load`, `load_for_model` and `kiln build` share one check
+(`Augmenter.check_dataset`): targets the ops cannot move or mix, RGB-only
+ops on grey images, crops larger than the stored images. Each refusal names
+the list entry (``augment[1].mixup``). Real builds, read by the real reader.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import kiln.reader
+from kiln.reader import AugmentConfigError, TargetSpec, validate
+from kiln.reader.augmenter import Augmenter
+from kiln.reader.targets import TargetError
+from reader import scene_records
+
+OBJECTS = {"boxes": {"min_visibility": 0.25}, "mask": {"ignore_value": 255}}
+
+
+@pytest.fixture(scope="module")
+def objects_dataset(tmp_path_factory):
+    """Four scenes with boxes and a class mask (64x64 PNG, train only)."""
+    root = str(tmp_path_factory.mktemp("objects"))
+    return scene_records.build_scenes(root, OBJECTS, [], count=4, num_shards=1)
+
+
+@pytest.fixture(scope="module")
+def grey_dataset(build_dataset):
+    """The demo images stored with one channel (as tests/test_build.py builds them)."""
+    return build_dataset(image={"channels": 1}, encoding={"format": "raw"})
+
+
+def test_load_for_model_refuses_an_rgb_op_on_grey_images_before_making_the_layer(grey_dataset):
+    path = grey_dataset.dataset_dir
+    message = r"^augment\[1\]\.random_hue: needs 3-channel \(RGB\) images; this dataset's images "
+    message += r"have 1 channel\(s\)"
+    ops = ["random_flip_left_right", "random_hue"]
+    with pytest.raises(AugmentConfigError, match=message):
+        kiln.reader.load_for_model(path, batch_size=4, seed=1, augment=ops)
+    # load refuses it alike (before, the first trace of the map did, with another message).
+    with pytest.raises(AugmentConfigError, match=message):
+        kiln.reader.load(path, batch_size=4, seed=1, augment=ops)
+    # The parameters decide: color_jitter without saturation and hue takes one channel.
+    jitter = [{"color_jitter": {"saturation": 0.0, "hue": 0.0}}]
+    kiln.reader.load_for_model(path, batch_size=4, seed=1, augment=jitter)
+    with pytest.raises(AugmentConfigError, match=r"augment\[0\]\.color_jitter: needs 3-channel"):
+        kiln.reader.load_for_model(path, batch_size=4, seed=1, augment=["color_jitter"])
+    # Outside training the op does not run (it has no inference form): nothing to refuse.
+    _, layer = kiln.reader.load_for_model(path, "validation", batch_size=4, augment=ops)
+    assert layer.random is False
+
+
+def test_target_refusals_name_the_list_entry(objects_dataset):
+    path = objects_dataset.dataset_dir
+    with pytest.raises(TargetError, match=r"^augment\[1\]\.mixup: batch op 'mixup' cannot mix"):
+        kiln.reader.load(path, batch_size=4, seed=1, augment=["random_flip_left_right", "mixup"])
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        {"random_rotation": {"fill_mode": "wrap"}},
+        {"random_rotation": {"angle_range": [-10, 0], "fill_mode": "reflect"}},
+        {"random_zoom": {"factor_range": [0.5, 1.2], "fill_mode": "wrap"}},
+        {"random_zoom": {"factor_range": [0.5, 0.9], "fill_mode": "reflect"}},
+    ],
+)
+def test_fill_modes_that_copy_objects_are_refused_with_boxes(objects_dataset, op):
+    name = next(iter(op))
+    message = rf"^augment\[1\]\.{name}: fill_mode '\w+' fills the uncovered border with copies"
+    augment = ["random_flip_left_right", op]
+    with pytest.raises(TargetError, match=message):
+        kiln.reader.load(objects_dataset.dataset_dir, batch_size=4, seed=1, augment=augment)
+    with pytest.raises(TargetError, match=message):
+        kiln.reader.load_for_model(
+            objects_dataset.dataset_dir, batch_size=4, seed=1, augment=augment
+        )
+
+
+def test_fill_modes_are_free_where_nothing_is_copied_or_nothing_has_a_box(
+    objects_dataset, png_dataset
+):
+    # Zooming in fills nothing; constant and nearest copy no object.
+    for op in (
+        {"random_zoom": {"factor_range": [1.0, 1.5], "fill_mode": "wrap"}},
+        {"random_rotation": {"fill_mode": "nearest"}},
+        {"random_rotation": {"angle_range": [0, 0], "fill_mode": "reflect"}},
+    ):
+        kiln.reader.load(objects_dataset.dataset_dir, batch_size=4, seed=1, augment=[op])
+    # Without boxes, a copy has nothing to miss: the class mask is filled as the image is.
+    wrap = [{"random_rotation": {"fill_mode": "wrap"}}]
+    Augmenter(tuple(validate(wrap))).check_targets(TargetSpec(kinds=("mask",)))
+    kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=1, augment=wrap)
