@@ -127,6 +127,43 @@ def test_model_layer_moves_targets_exactly_as_the_data_path(scenes_dataset, max_
     assert compared == 2
 
 
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("max_objects", [None, 5])
+def test_model_layer_gives_targets_the_static_shapes_of_load(scenes_dataset, max_objects, training):
+    """Inside a traced step the layer's targets have the shapes `load` gives:
+    the inner dims of boxes and keypoints, and the output size of instance
+    masks, are known, so code written against `load` (``tf.unstack(boxes,
+    axis=-1)``) runs on the layer's output too."""
+    kwargs = {
+        "batch_size": 4,
+        "seed": 5,
+        "augment": LISTS["geometry"],
+        "max_objects": max_objects,
+        "drop_remainder": True,
+    }
+    data = kiln.reader.load(scenes_dataset.dataset_dir, **kwargs)
+    model_dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **kwargs)
+
+    @tf.function
+    def step(inputs, targets):
+        images, moved = layer(dict(inputs, targets=targets), training=training)
+        boxes = moved["boxes"]
+        flat = boxes.flat_values if isinstance(boxes, tf.RaggedTensor) else boxes
+        top, left, bottom, right = tf.unstack(flat, axis=-1)
+        return images, moved, bottom - top
+
+    images, moved, _ = step.get_concrete_function(*model_dataset.element_spec).structured_outputs
+    image_spec, target_specs = data.element_spec
+    assert images.shape.as_list() == image_spec.shape.as_list() == [4, 56, 56, 3]
+    assert sorted(moved) == sorted(target_specs)
+    shapes = {name: value.shape.as_list() for name, value in moved.items()}
+    assert shapes == {name: spec.shape.as_list() for name, spec in target_specs.items()}
+    objects = max_objects  # None: ragged
+    assert shapes["boxes"] == [4, objects, 4]
+    assert shapes["instance_masks"] == [4, objects, 56, 56, 1]
+    assert shapes["keypoints"] == [4, objects, len(scenes.KEYPOINT_NAMES), 2]
+
+
 @pytest.fixture(scope="session")
 def every_target_dataset(tmp_path_factory):
     """tests/targets_data.py's corpus built with every kind of target: label,

@@ -154,9 +154,12 @@ class AugmentationLayer(tf.keras.layers.Layer):
         def signature(name):
             value = targets[name]
             if name in columns:
-                # Per element [N, ...]; masks change size with crops, so no static dims.
+                # Per element [N, ...]: the inner dims of boxes, classes and
+                # keypoints do not change; instance masks take the size of
+                # the output image, set below.
+                inner = [None, None, 1] if name == "instance_masks" else value.shape[2:]
                 return tf.RaggedTensorSpec(
-                    [None] * (value.shape.rank - 1), value.dtype, ragged_rank=0
+                    tf.TensorShape([None]).concatenate(inner), value.dtype, ragged_rank=0
                 )
             return tf.TensorSpec(None, value.dtype)  # the class mask: [H, W, 1]
 
@@ -168,6 +171,12 @@ class AugmentationLayer(tf.keras.layers.Layer):
                 {name: signature(name) for name in names},
             ),
         )
+        if "instance_masks" in moved:
+            # The image's static height and width, as in the tf.data path.
+            masks = moved["instance_masks"]
+            moved["instance_masks"] = masks.with_flat_values(
+                tf.ensure_shape(masks.flat_values, [None, *out.shape[1:3], 1])
+            )
         if self.mean is not None and self.std is not None:  # both or neither
             out = standardize(out, self.mean, self.std)
         result = dict(targets, **moved)
