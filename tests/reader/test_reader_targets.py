@@ -164,6 +164,36 @@ def test_model_layer_gives_targets_the_static_shapes_of_load(scenes_dataset, max
     assert shapes["keypoints"] == [4, objects, len(scenes.KEYPOINT_NAMES), 2]
 
 
+def test_model_layer_refuses_targets_beside_the_image(scenes_dataset):
+    """The flat dict of ``as_supervised=False`` carries the targets beside the
+    image: the layer, which would return only the image moved, refuses it and
+    says how to pass them; passed that way they move as `load` moves them."""
+    kwargs = {"batch_size": 4, "seed": 5, "augment": LISTS["geometry"], "as_supervised": False}
+    model_dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **kwargs)
+    flat = next(iter(model_dataset))
+    for training in (True, False):
+        with pytest.raises(ValueError, match=r"carry the targets \['boxes', 'classes'") as error:
+            layer(flat, training=training)
+        assert "'targets': {name: d[name] for name in ['boxes'" in str(error.value)
+        assert "as_supervised=True" in str(error.value)
+    names = ["boxes", "classes", "keypoints", "keypoint_visibility", "mask", "instance_masks"]
+    images, moved = layer(
+        {
+            "image": flat["image"],
+            "augment_seed": flat["augment_seed"],
+            "targets": {name: flat[name] for name in names},
+        },
+        training=True,
+    )
+    expected = next(iter(kiln.reader.load(scenes_dataset.dataset_dir, **kwargs)))
+    np.testing.assert_allclose(images.numpy(), expected["image"].numpy(), atol=1e-6)
+    for name in names:
+        actual, wanted = moved[name], expected[name]
+        if isinstance(wanted, tf.RaggedTensor):
+            actual, wanted = actual.flat_values, wanted.flat_values
+        np.testing.assert_allclose(actual.numpy(), wanted.numpy(), atol=1e-6, err_msg=name)
+
+
 @pytest.fixture(scope="session")
 def every_target_dataset(tmp_path_factory):
     """tests/targets_data.py's corpus built with every kind of target: label,
