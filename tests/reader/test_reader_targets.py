@@ -389,6 +389,33 @@ def test_kiln_json_counts_the_most_objects_and_load_warns_when_max_objects_cuts(
     )
 
 
+def test_load_warns_when_max_objects_cuts_what_cutmix_pastes(scenes_dataset, caplog):
+    """cutmix pastes a partner's objects into each element: up to twice the
+    stored most, which `max_objects` must count (load pads after it)."""
+    path = scenes_dataset.dataset_dir
+    most = kiln.reader.info(path).objects["train"].most_objects
+    kwargs = {"batch_size": 4, "seed": 0, "repeat": 2, "augment": ["cutmix"]}
+    pasted = [n for _, t in kiln.reader.load(path, **kwargs) for n in t["boxes"].row_lengths()]
+    assert most < max(pasted) <= 2 * most  # what the warning is about
+
+    with caplog.at_level("WARNING", logger="kiln.reader"):
+        kiln.reader.load(path, max_objects=most, **kwargs)
+    (record,) = caplog.records
+    assert record.name == "kiln.reader.dataset"
+    assert record.getMessage() == (
+        f"max_objects={most} cuts objects: images of split 'train' have up to {most}, and up "
+        f"to {2 * most} after cutmix, which pastes objects of another image into each (the "
+        f"first {most} are kept); pass max_objects={2 * most} to keep every object"
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kiln.reader"):
+        kiln.reader.load(path, max_objects=2 * most, **kwargs)
+        # Without cutmix, or where it does not run (training=False), the stored most is all.
+        kiln.reader.load(path, max_objects=most, **dict(kwargs, augment=LISTS["geometry"]))
+        kiln.reader.load(path, max_objects=most, training=False, **kwargs)
+    assert not caplog.records
+
+
 def _batch_input(dataset) -> tuple[str, set[str]]:
     """The op that feeds the dataset's batch, and the ops of its function."""
     graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())

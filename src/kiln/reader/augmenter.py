@@ -105,6 +105,20 @@ class Augmenter:
         training and evaluation get labels of one format."""
         return any(a.definition.kind == "batch" for a in self.augmentations)
 
+    def most_objects(self, stored: int) -> int:
+        """The most objects an element can have after the batch ops, given
+        the most it has as stored.
+
+        Element ops only drop objects (crops, rotations). A batch op that
+        mixes boxes (cutmix) adds the objects it pastes from a partner, each
+        of which has at most as many: it can double the count.
+        """
+        most = stored
+        for augmentation in self.batch_ops:
+            if "boxes" in (augmentation.definition.supports or ()):
+                most *= 2
+        return most
+
     @property
     def has_element_work(self) -> bool:
         """Whether any element op does something (inference forms may do nothing)."""

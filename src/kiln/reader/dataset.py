@@ -159,7 +159,10 @@ def load(
         ``drop_remainder=True``), and add ``num_objects`` (int32, the count
         before padding, at most `max_objects`). Padded ``classes`` are -1,
         everything else padded is 0. Objects beyond it are cut, the first
-        ones kept: choose it from kiln.json's object statistics.
+        ones kept: choose it from kiln.json's object statistics. cutmix
+        pastes a partner's objects into each element, so it can double the
+        count: with cutmix choose twice the most objects an image has. A
+        warning says when `max_objects` can cut objects.
       one_hot: Class vectors instead of ids: ``label`` one-hot, multi-label
         ``labels`` multi-hot, float32 ``[batch, num_classes]`` (see
         `kiln.reader.labels`). Per-object ``classes`` stay ids.
@@ -403,7 +406,7 @@ def _read(
     if with_targets:
         augmenter.check_targets(spec)
     _check_max_objects(max_objects, spec)
-    _warn_about_cut_objects(max_objects, metadata, split)
+    _warn_about_cut_objects(max_objects, metadata, split, augmenter)
     if augmenter.batch_ops and model_side:
         raise ValueError(
             f"load_for_model: {[a.name for a in augmenter.batch_ops]} mix labels, which a "
@@ -620,12 +623,20 @@ def _check_max_objects(max_objects: int | None, spec: TargetSpec) -> None:
         )
 
 
-def _warn_about_cut_objects(max_objects: int | None, metadata: DatasetInfo, split: str) -> None:
-    """Logs when `max_objects` is below the most objects an image of the split
-    has (kiln.json's ``objects.<split>.most_objects``): padding cuts the rest."""
+def _warn_about_cut_objects(
+    max_objects: int | None, metadata: DatasetInfo, split: str, augmenter: Augmenter
+) -> None:
+    """Logs when `max_objects` is below the most objects an element of the split
+    can have (kiln.json's ``objects.<split>.most_objects``, doubled by each
+    batch op that pastes a partner's objects: cutmix): padding cuts the rest."""
     objects = (metadata.objects or {}).get(split)
-    most = None if objects is None else objects.most_objects
-    if max_objects is not None and most is not None and most > max_objects:
+    stored = None if objects is None else objects.most_objects
+    if max_objects is None or stored is None:
+        return
+    most = augmenter.most_objects(stored)
+    if most <= max_objects:
+        return
+    if most == stored:
         logger.warning(
             "max_objects=%d cuts objects: images of split %r have up to %d (the first %d "
             "are kept); pass max_objects=%d to keep every object",
@@ -635,6 +646,20 @@ def _warn_about_cut_objects(max_objects: int | None, metadata: DatasetInfo, spli
             max_objects,
             most,
         )
+        return
+    adding = [a.name for a in augmenter.batch_ops if "boxes" in (a.definition.supports or ())]
+    logger.warning(
+        "max_objects=%d cuts objects: images of split %r have up to %d, and up to %d after "
+        "%s, which pastes objects of another image into each (the first %d are kept); pass "
+        "max_objects=%d to keep every object",
+        max_objects,
+        split,
+        stored,
+        most,
+        " and ".join(adding),
+        max_objects,
+        most,
+    )
 
 
 def _example_weights(class_weight, metadata, split, spec, as_supervised):
