@@ -109,7 +109,8 @@ def load(
         with (Keras' `fit` needs batches).
       shuffle: Shuffle file and record order each pass. Default: True for
         ``"train"``, False otherwise.
-      seed: Base seed of every random choice (orders, augmentation). The same
+      seed: Base seed of every random choice (orders, augmentation): an int
+        or a NumPy integer (``np.int64(3)`` is seed 3). The same
         seed gives the same stream in any process; None draws a fresh one per
         call and logs it as a warning (on stderr by default), once per call,
         so the run can be reproduced. See `kiln.reader.seeds`.

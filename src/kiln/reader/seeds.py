@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import numbers
 import secrets
 from typing import TYPE_CHECKING
 
@@ -70,8 +71,11 @@ _INT31 = 2**31
 STREAM_VERSION = 4
 
 
-def resolve(seed: int | None, *, matters: bool = True) -> int:
-    """The base seed: `seed` itself, or a fresh random one when None.
+def resolve(seed: int | numbers.Integral | None, *, matters: bool = True) -> int:
+    """The base seed: `seed` as a Python int, or a fresh random one when None.
+
+    Any integer is a seed: an int or a NumPy integer (``np.int64(3)`` is
+    seed 3), not a bool.
 
     `matters`: whether the stream depends on the seed (a shuffle or random
     augmentation); a drawn seed that changes nothing is not reported.
@@ -91,9 +95,12 @@ def resolve(seed: int | None, *, matters: bool = True) -> int:
             seed,
         )
         return seed
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
-    return seed
+    # numbers.Integral: int and NumPy's integers (which are not ints).
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(
+            f"seed must be an int (or NumPy integer) or None, got {type(seed).__name__} {seed!r}"
+        )
+    return int(seed)
 
 
 def derive(seed: int, purpose: str) -> int:
