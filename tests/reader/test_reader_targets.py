@@ -475,6 +475,16 @@ def test_cutmix_mixes_targets_with_the_pixels_and_mixup_is_refused(scenes_datase
         kiln.reader.load(scenes_dataset.dataset_dir, batch_size=4, augment=["mixup"])
 
 
+def test_batch_ops_are_checked_against_the_targets_also_where_they_do_not_run(scenes_dataset):
+    """Outside training (an evaluation script, a validation split) batch ops do
+    not run, but a list that cannot train on the dataset is refused there too."""
+    path = scenes_dataset.dataset_dir
+    for read in (kiln.reader.load, kiln.reader.load_for_model):
+        with pytest.raises(TargetError, match=r"mixup.*'boxes'"):
+            read(path, batch_size=4, augment=["mixup"], training=False)
+    kiln.reader.load(path, batch_size=4, augment=["cutmix"], training=False)
+
+
 def test_training_smoke_segmentation_and_box_regression(scenes_dataset):
     train = kiln.reader.load(
         scenes_dataset.dataset_dir, batch_size=4, seed=0, max_objects=4, drop_remainder=True

@@ -372,6 +372,9 @@ class Augmenter:
     def check_targets(self, spec: TargetSpec) -> None:
         """Refuses, before any data is read, ops that cannot move this dataset's targets.
 
+        Batch ops are checked also where they do not run (``training=False``,
+        evaluation): a list that cannot train on the dataset is wrong there too.
+
         Raises:
           TargetError: naming the op and why.
         """
@@ -398,7 +401,9 @@ class Augmenter:
                     f"it with geometric=False if it does not, or apply it to the training "
                     f"split only"
                 )
-        for augmentation in self.batch_ops:
+        for augmentation in self.augmentations:
+            if augmentation.definition.kind != "batch":
+                continue
             supported = augmentation.definition.supports or ()
             kinds = [k for k in spec.kinds if k != "label" and k not in supported]
             if kinds:
