@@ -570,6 +570,17 @@ def test_random_erasing_erases_one_rectangle_within_scale():
         assert 0.05 * 400 <= erased.sum() <= 0.3 * 400
 
 
+def test_random_erasing_of_zero_area_erases_nothing():
+    img = image()
+    spec = {"random_erasing": {"probability": 1.0, "scale_range": [0.0, 0.0], "value": 0.5}}
+    for s in seeds(6):
+        np.testing.assert_array_equal(run(spec, img, s).numpy(), img.numpy())
+    # The smallest area that is not 0 still erases a pixel.
+    tiny = {"random_erasing": {"probability": 1.0, "scale_range": [1e-6, 1e-6], "value": 0.5}}
+    for s in seeds(6):
+        assert (run(tiny, img, s).numpy() != img.numpy()).any(axis=-1).sum() == 1
+
+
 def beta_middle(alpha: float, eps: float) -> float:
     """P(eps < X < 1 - eps) for X ~ Beta(alpha, alpha), exactly (no scipy here).
 

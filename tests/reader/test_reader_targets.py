@@ -485,6 +485,21 @@ def test_batch_ops_are_checked_against_the_targets_also_where_they_do_not_run(sc
     kiln.reader.load(path, batch_size=4, augment=["cutmix"], training=False)
 
 
+def test_random_erasing_of_zero_area_leaves_image_and_targets_alone(scenes_dataset):
+    erase = {"probability": 1.0, "scale_range": [0.0, 0.0], "value": 0.5, "erase_targets": True}
+    kwargs = {"batch_size": 4, "seed": 1, "as_supervised": False}
+    plain = kiln.reader.load(scenes_dataset.dataset_dir, augment=None, **kwargs)
+    erased = kiln.reader.load(
+        scenes_dataset.dataset_dir, augment=[{"random_erasing": erase}], **kwargs
+    )
+    for expected, actual in zip(plain, erased, strict=True):
+        for name in ("image", "mask", "instance_masks", "keypoint_visibility", "boxes"):
+            wanted, got = expected[name], actual[name]
+            if isinstance(wanted, tf.RaggedTensor):
+                wanted, got = wanted.flat_values, got.flat_values
+            np.testing.assert_array_equal(got.numpy(), wanted.numpy(), err_msg=name)
+
+
 def test_training_smoke_segmentation_and_box_regression(scenes_dataset):
     train = kiln.reader.load(
         scenes_dataset.dataset_dir, batch_size=4, seed=0, max_objects=4, drop_remainder=True
