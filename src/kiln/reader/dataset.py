@@ -178,7 +178,8 @@ def load(
         with it, also under a `tf.distribute` strategy, where
         ``fit(class_weight=...)`` fails. Needs ``as_supervised``.
       dtype: The image's dtype: ``"float32"``, ``"bfloat16"``, or
-        ``"uint8"`` (the 0..255 scale rounded; refused with `normalize`),
+        ``"uint8"`` (the 0..255 scale rounded, see docs/reader.md for
+        the one case that can differ by a level; refused with `normalize`),
         by name or as anything `tf.as_dtype` takes for them (``tf.float32``,
         ``np.float32``, ``np.dtype("uint8")``); other dtypes (``np.float64``)
         raise ValueError. Masks stay uint8. See

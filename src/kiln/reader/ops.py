@@ -112,7 +112,10 @@ class Window:
     finish_uint8: Callable[..., tf.Tensor | None] | None = None
     """Optional: `finish` with uint8 output, ``round(255 * finish(window))``
     computed on the 0..255 scale (cheaper than converting the float
-    result); returns None for parameters it does not cover."""
+    result); returns None for parameters it does not cover. A resize there
+    rounds other float values than the float path's: where the exact value
+    is a half level the two can round apart, by one level
+    (docs/reader.md)."""
 
     def crop(self, image: tf.Tensor, seed: tf.Tensor | None, **params: Any) -> tf.Tensor:
         """The cropping op on a decoded image: sample the window, slice, finish.
