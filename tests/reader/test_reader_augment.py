@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import pathlib
 import random
 import re
@@ -638,6 +639,82 @@ def test_random_erasing_erases_one_rectangle_within_scale():
         rows, cols = np.nonzero(erased)
         assert erased.sum() == (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)
         assert 0.05 * 400 <= erased.sum() <= 0.3 * 400
+
+
+def test_random_erasing_of_zero_area_erases_nothing():
+    img = image()
+    spec = {"random_erasing": {"probability": 1.0, "scale_range": [0.0, 0.0], "value": 0.5}}
+    for s in seeds(6):
+        np.testing.assert_array_equal(run(spec, img, s).numpy(), img.numpy())
+    # The smallest area that is not 0 still erases a pixel.
+    tiny = {"random_erasing": {"probability": 1.0, "scale_range": [1e-6, 1e-6], "value": 0.5}}
+    for s in seeds(6):
+        assert (run(tiny, img, s).numpy() != img.numpy()).any(axis=-1).sum() == 1
+
+
+def beta_middle(alpha: float, eps: float) -> float:
+    """P(eps < X < 1 - eps) for X ~ Beta(alpha, alpha), exactly (no scipy here).
+
+    ``1 - 2 I_eps(alpha, alpha)``, the regularized incomplete beta function from
+    its series ``B(x; a, b) = x^a sum_n (1 - b)_n x^n / (n! (a + n))``.
+    """
+    total, term, n = 0.0, 1.0, 0
+    while True:
+        added = term * eps**n / (alpha + n)
+        total += added
+        if abs(added) < 1e-17 * abs(total):
+            break
+        n += 1
+        term *= (n - alpha) / n
+    beta = math.exp(2 * math.lgamma(alpha) - math.lgamma(2 * alpha))
+    return 1.0 - 2.0 * eps**alpha * total / beta
+
+
+def own_weights(spec, count: int = 4000) -> np.ndarray:
+    """The weight each element keeps of its own label, one batch of 8 per seed.
+
+    The smallest diagonal entry of the mixed one-hot labels: an element
+    whose partner is itself keeps weight 1, the others ``lam`` (mixup) or
+    ``1 - pasted`` (cutmix).
+    """
+    augmenter = Augmenter(tuple(validate([spec])))
+    images = tf.stack([tf.fill([8, 8, 3], i / 8) for i in range(8)])
+    labels = tf.one_hot(tf.range(8), 8)
+
+    def own(seed):
+        _, mixed = augmenter.apply_batch(images, labels, tf.tile(seed[None], [8, 1]))
+        return tf.reduce_min(tf.linalg.diag_part(mixed))
+
+    batch_seeds = tf.random.split(tf.constant([7, 9]), count)
+    return next(iter(tf.data.Dataset.from_tensor_slices(batch_seeds).map(own).batch(count))).numpy()
+
+
+@pytest.mark.parametrize("alpha", [1e-6, 0.001, 0.01, 0.2])
+def test_mixup_weight_is_beta_distributed(alpha):
+    lam = own_weights({"mixup": {"alpha": alpha}})
+    # Two Gamma(alpha) draws underflowed to the same FLT_MIN: lam was exactly 0.5.
+    assert (lam == 0.5).sum() == 0
+    middle = beta_middle(alpha, 0.01)
+    tolerance = 4 * math.sqrt(middle * (1 - middle) / lam.size) + 2 / lam.size
+    assert ((lam > 0.01) & (lam < 0.99)).mean() == pytest.approx(middle, abs=tolerance)
+    # Symmetric: as many near 0 as near 1.
+    assert (lam <= 0.5).mean() == pytest.approx(0.5, abs=4 * math.sqrt(0.25 / lam.size))
+
+
+def test_mixup_weight_with_alpha_one_is_uniform():
+    lam = np.sort(own_weights({"mixup": {"alpha": 1.0}}))
+    # Kolmogorov-Smirnov distance to U(0, 1), against its 1% critical value.
+    cdf = np.arange(1, lam.size + 1) / lam.size
+    distance = max(np.max(cdf - lam), np.max(lam - (cdf - 1 / lam.size)))
+    assert distance < 1.63 / math.sqrt(lam.size)
+
+
+def test_cutmix_with_small_alpha_pastes_nothing_or_most():
+    kept = own_weights({"cutmix": {"alpha": 1e-6}})
+    # lam ~ Beta(1e-6, 1e-6) is 0 or 1 (each half the time): nothing is
+    # pasted, or a rectangle the size of the image, clipped (at least a quarter).
+    assert (kept == 1.0).mean() == pytest.approx(0.5, abs=4 * math.sqrt(0.25 / kept.size))
+    assert np.all((kept == 1.0) | (kept <= 0.75))
 
 
 def test_mixup_and_cutmix_mix_labels_by_the_pixels_they_mix():

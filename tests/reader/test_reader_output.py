@@ -49,12 +49,36 @@ def test_augmented_uint8_rounds_the_float_stream(fixture, request):
         if fixture == "png_dataset":  # rounded from the float stream itself
             np.testing.assert_array_equal(small.numpy(), rounded)
         # For JPEG the crop's resize computes on the 0..255 scale: the same
-        # values, rounded, but for float error at a half.
+        # values, rounded, but for float error at a half (docs/reader.md).
         difference = np.abs(small.numpy().astype(np.int16) - rounded)
         assert difference.max() <= 1
+        scaled = full.numpy() * 255.0
+        assert np.all(np.abs(scaled - np.floor(scaled) - 0.5)[difference > 0] < 1e-4)
         exact += int((difference == 0).sum())
         total += difference.size
     assert exact / total > 0.999
+
+
+@pytest.mark.parametrize(
+    "augment",
+    [
+        [{"random_crop": {"size": 24}}, "random_flip_left_right", "color_jitter"],
+        [{"random_resized_crop": {"size": 24}}, {"random_rotation": {"angle_range": [-9, 9]}}],
+    ],
+)
+def test_uint8_is_the_float_stream_rounded_outside_the_resize_on_the_0_255_scale(
+    jpeg_dataset, augment
+):
+    """What docs/reader.md says holds exactly: uint8 is ``round(255 * x)``
+    unless a JPEG's leading resizing crop is the list's last step but for
+    flips and colour (a crop without resize, or an op after the resize)."""
+    read = {"batch_size": 8, "seed": 4, "augment": augment}
+    floats = [image for image, _ in kiln.reader.load(jpeg_dataset.dataset_dir, **read)]
+    pixels = kiln.reader.load(jpeg_dataset.dataset_dir, dtype="uint8", **read)
+    for full, (small, _) in zip(floats, pixels, strict=True):
+        np.testing.assert_array_equal(
+            small.numpy(), np.round(np.clip(full.numpy() * 255.0, 0, 255)).astype(np.uint8)
+        )
 
 
 def test_channels_first_is_the_transposed_image(png_dataset):

@@ -139,3 +139,21 @@ def test_d_a_drawn_seed_is_shown_without_any_logging_set_up(png_dataset):
     assert completed.returncode == 0, completed.stderr[-2000:]
     shown = re.findall(r"seed=None, drew seed (\d+) \(pass seed=(\d+) to", completed.stderr)
     assert len(shown) == 2 and all(drawn == again for drawn, again in shown), completed.stderr
+
+
+def test_a_numpy_integer_seed_is_that_seed(png_dataset):
+    path = png_dataset.dataset_dir
+
+    def stream(seed):
+        dataset = kiln.reader.load(path, batch_size=8, seed=seed, as_supervised=False)
+        return [(batch["key"].numpy().tolist(), batch["image"].numpy()) for batch in dataset]
+
+    expected = stream(3)
+    for seed in (np.int64(3), np.int32(3), np.uint8(3)):
+        got = stream(seed)
+        assert [keys for keys, _ in got] == [keys for keys, _ in expected]
+        for (_, image), (_, wanted) in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(image, wanted)
+    for seed in (True, np.bool_(True), 3.0, "3"):
+        with pytest.raises(TypeError, match="seed must be an int"):
+            kiln.reader.load(path, batch_size=8, seed=seed)

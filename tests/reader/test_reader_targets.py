@@ -127,6 +127,73 @@ def test_model_layer_moves_targets_exactly_as_the_data_path(scenes_dataset, max_
     assert compared == 2
 
 
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("max_objects", [None, 5])
+def test_model_layer_gives_targets_the_static_shapes_of_load(scenes_dataset, max_objects, training):
+    """Inside a traced step the layer's targets have the shapes `load` gives:
+    the inner dims of boxes and keypoints, and the output size of instance
+    masks, are known, so code written against `load` (``tf.unstack(boxes,
+    axis=-1)``) runs on the layer's output too."""
+    kwargs = {
+        "batch_size": 4,
+        "seed": 5,
+        "augment": LISTS["geometry"],
+        "max_objects": max_objects,
+        "drop_remainder": True,
+    }
+    data = kiln.reader.load(scenes_dataset.dataset_dir, **kwargs)
+    model_dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **kwargs)
+
+    @tf.function
+    def step(inputs, targets):
+        images, moved = layer(dict(inputs, targets=targets), training=training)
+        boxes = moved["boxes"]
+        flat = boxes.flat_values if isinstance(boxes, tf.RaggedTensor) else boxes
+        top, left, bottom, right = tf.unstack(flat, axis=-1)
+        return images, moved, bottom - top
+
+    images, moved, _ = step.get_concrete_function(*model_dataset.element_spec).structured_outputs
+    image_spec, target_specs = data.element_spec
+    assert images.shape.as_list() == image_spec.shape.as_list() == [4, 56, 56, 3]
+    assert sorted(moved) == sorted(target_specs)
+    shapes = {name: value.shape.as_list() for name, value in moved.items()}
+    assert shapes == {name: spec.shape.as_list() for name, spec in target_specs.items()}
+    objects = max_objects  # None: ragged
+    assert shapes["boxes"] == [4, objects, 4]
+    assert shapes["instance_masks"] == [4, objects, 56, 56, 1]
+    assert shapes["keypoints"] == [4, objects, len(scenes.KEYPOINT_NAMES), 2]
+
+
+def test_model_layer_refuses_targets_beside_the_image(scenes_dataset):
+    """The flat dict of ``as_supervised=False`` carries the targets beside the
+    image: the layer, which would return only the image moved, refuses it and
+    says how to pass them; passed that way they move as `load` moves them."""
+    kwargs = {"batch_size": 4, "seed": 5, "augment": LISTS["geometry"], "as_supervised": False}
+    model_dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **kwargs)
+    flat = next(iter(model_dataset))
+    for training in (True, False):
+        with pytest.raises(ValueError, match=r"carry the targets \['boxes', 'classes'") as error:
+            layer(flat, training=training)
+        assert "'targets': {name: d[name] for name in ['boxes'" in str(error.value)
+        assert "as_supervised=True" in str(error.value)
+    names = ["boxes", "classes", "keypoints", "keypoint_visibility", "mask", "instance_masks"]
+    images, moved = layer(
+        {
+            "image": flat["image"],
+            "augment_seed": flat["augment_seed"],
+            "targets": {name: flat[name] for name in names},
+        },
+        training=True,
+    )
+    expected = next(iter(kiln.reader.load(scenes_dataset.dataset_dir, **kwargs)))
+    np.testing.assert_allclose(images.numpy(), expected["image"].numpy(), atol=1e-6)
+    for name in names:
+        actual, wanted = moved[name], expected[name]
+        if isinstance(wanted, tf.RaggedTensor):
+            actual, wanted = actual.flat_values, wanted.flat_values
+        np.testing.assert_allclose(actual.numpy(), wanted.numpy(), atol=1e-6, err_msg=name)
+
+
 @pytest.fixture(scope="session")
 def every_target_dataset(tmp_path_factory):
     """tests/targets_data.py's corpus built with every kind of target: label,
@@ -322,6 +389,33 @@ def test_kiln_json_counts_the_most_objects_and_load_warns_when_max_objects_cuts(
     )
 
 
+def test_load_warns_when_max_objects_cuts_what_cutmix_pastes(scenes_dataset, caplog):
+    """cutmix pastes a partner's objects into each element: up to twice the
+    stored most, which `max_objects` must count (load pads after it)."""
+    path = scenes_dataset.dataset_dir
+    most = kiln.reader.info(path).objects["train"].most_objects
+    kwargs = {"batch_size": 4, "seed": 0, "repeat": 2, "augment": ["cutmix"]}
+    pasted = [n for _, t in kiln.reader.load(path, **kwargs) for n in t["boxes"].row_lengths()]
+    assert most < max(pasted) <= 2 * most  # what the warning is about
+
+    with caplog.at_level("WARNING", logger="kiln.reader"):
+        kiln.reader.load(path, max_objects=most, **kwargs)
+    (record,) = caplog.records
+    assert record.name == "kiln.reader.dataset"
+    assert record.getMessage() == (
+        f"max_objects={most} cuts objects: images of split 'train' have up to {most}, and up "
+        f"to {2 * most} after cutmix, which pastes objects of another image into each (the "
+        f"first {most} are kept); pass max_objects={2 * most} to keep every object"
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kiln.reader"):
+        kiln.reader.load(path, max_objects=2 * most, **kwargs)
+        # Without cutmix, or where it does not run (training=False), the stored most is all.
+        kiln.reader.load(path, max_objects=most, **dict(kwargs, augment=LISTS["geometry"]))
+        kiln.reader.load(path, max_objects=most, training=False, **kwargs)
+    assert not caplog.records
+
+
 def _batch_input(dataset) -> tuple[str, set[str]]:
     """The op that feeds the dataset's batch, and the ops of its function."""
     graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
@@ -381,6 +475,31 @@ def test_cutmix_mixes_targets_with_the_pixels_and_mixup_is_refused(scenes_datase
         kiln.reader.load(scenes_dataset.dataset_dir, batch_size=4, augment=["mixup"])
 
 
+def test_batch_ops_are_checked_against_the_targets_also_where_they_do_not_run(scenes_dataset):
+    """Outside training (an evaluation script, a validation split) batch ops do
+    not run, but a list that cannot train on the dataset is refused there too."""
+    path = scenes_dataset.dataset_dir
+    for read in (kiln.reader.load, kiln.reader.load_for_model):
+        with pytest.raises(TargetError, match=r"mixup.*'boxes'"):
+            read(path, batch_size=4, augment=["mixup"], training=False)
+    kiln.reader.load(path, batch_size=4, augment=["cutmix"], training=False)
+
+
+def test_random_erasing_of_zero_area_leaves_image_and_targets_alone(scenes_dataset):
+    erase = {"probability": 1.0, "scale_range": [0.0, 0.0], "value": 0.5, "erase_targets": True}
+    kwargs = {"batch_size": 4, "seed": 1, "as_supervised": False}
+    plain = kiln.reader.load(scenes_dataset.dataset_dir, augment=None, **kwargs)
+    erased = kiln.reader.load(
+        scenes_dataset.dataset_dir, augment=[{"random_erasing": erase}], **kwargs
+    )
+    for expected, actual in zip(plain, erased, strict=True):
+        for name in ("image", "mask", "instance_masks", "keypoint_visibility", "boxes"):
+            wanted, got = expected[name], actual[name]
+            if isinstance(wanted, tf.RaggedTensor):
+                wanted, got = wanted.flat_values, got.flat_values
+            np.testing.assert_array_equal(got.numpy(), wanted.numpy(), err_msg=name)
+
+
 def test_training_smoke_segmentation_and_box_regression(scenes_dataset):
     train = kiln.reader.load(
         scenes_dataset.dataset_dir, batch_size=4, seed=0, max_objects=4, drop_remainder=True
@@ -420,7 +539,7 @@ GOLDEN_SHARDS = {
 # batch the keys, the sum of the boxes, the sum of the class masks, the sum
 # of the keypoints and of their visibilities. If this fails the seeded
 # stream of targets changed (see test_reader_golden.py); these values are of
-# stream version 3.
+# stream version 4 (as of version 3: version 4 changed only mixup and cutmix).
 GOLDEN_STREAM = [
     (["02", "06", "05", "04"], 26.55357150360942, 404556, 23.995054323226213, 42),
     (["03", "01", "00", "07"], 21.160714201629162, 542747, 15.988365918397903, 34),

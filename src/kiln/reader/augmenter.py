@@ -114,6 +114,20 @@ class Augmenter:
         training and evaluation get labels of one format."""
         return any(a.definition.kind == "batch" for a in self.augmentations)
 
+    def most_objects(self, stored: int) -> int:
+        """The most objects an element can have after the batch ops, given
+        the most it has as stored.
+
+        Element ops only drop objects (crops, rotations). A batch op that
+        mixes boxes (cutmix) adds the objects it pastes from a partner, each
+        of which has at most as many: it can double the count.
+        """
+        most = stored
+        for augmentation in self.batch_ops:
+            if "boxes" in (augmentation.definition.supports or ()):
+                most *= 2
+        return most
+
     @property
     def has_element_work(self) -> bool:
         """Whether any element op does something (inference forms may do nothing)."""
@@ -427,6 +441,9 @@ class Augmenter:
     def check_targets(self, spec: TargetSpec, field: str = "augment") -> None:
         """Refuses, before any data is read, ops that cannot move this dataset's targets.
 
+        Batch ops are checked also where they do not run (``training=False``,
+        evaluation): a list that cannot train on the dataset is wrong there too.
+
         Raises:
           TargetError: naming the op (``augment[1].random_zoom``) and why.
         """
@@ -459,13 +476,14 @@ class Augmenter:
                     f"register it with geometric=False if it does not, or apply it to the "
                     f"training split only"
                 )
-        first_batch_op = len(self.element_ops)
-        for offset, augmentation in enumerate(self.batch_ops):
+        for index, augmentation in enumerate(self.augmentations):
+            if augmentation.definition.kind != "batch":
+                continue
             supported = augmentation.definition.supports or ()
             kinds = [k for k in spec.kinds if k != "label" and k not in supported]
             if kinds:
                 raise TargetError(
-                    f"{field}[{first_batch_op + offset}].{augmentation.name}: batch op "
+                    f"{field}[{index}].{augmentation.name}: batch op "
                     f"{augmentation.name!r} cannot mix this dataset's targets "
                     f"{kinds}: it handles {['label', *supported]} only. Mixing two images' "
                     f"{kinds[0]} has no single right answer; drop {augmentation.name} from the "

@@ -109,7 +109,8 @@ def load(
         with (Keras' `fit` needs batches).
       shuffle: Shuffle file and record order each pass. Default: True for
         ``"train"``, False otherwise.
-      seed: Base seed of every random choice (orders, augmentation). The same
+      seed: Base seed of every random choice (orders, augmentation): an int
+        or a NumPy integer (``np.int64(3)`` is seed 3). The same
         seed gives the same stream in any process; None draws a fresh one per
         call and logs it as a warning (on stderr by default), once per call,
         so the run can be reproduced. See `kiln.reader.seeds`.
@@ -162,7 +163,10 @@ def load(
         ``drop_remainder=True``), and add ``num_objects`` (int32, the count
         before padding, at most `max_objects`). Padded ``classes`` are -1,
         everything else padded is 0. Objects beyond it are cut, the first
-        ones kept: choose it from kiln.json's object statistics.
+        ones kept: choose it from kiln.json's object statistics. cutmix
+        pastes a partner's objects into each element, so it can double the
+        count: with cutmix choose twice the most objects an image has. A
+        warning says when `max_objects` can cut objects.
       one_hot: Class vectors instead of ids: ``label`` one-hot, multi-label
         ``labels`` multi-hot, float32 ``[batch, num_classes]`` (see
         `kiln.reader.labels`). Per-object ``classes`` stay ids.
@@ -177,7 +181,8 @@ def load(
         with it, also under a `tf.distribute` strategy, where
         ``fit(class_weight=...)`` fails. Needs ``as_supervised``.
       dtype: The image's dtype: ``"float32"``, ``"bfloat16"``, or
-        ``"uint8"`` (the 0..255 scale rounded; refused with `normalize`),
+        ``"uint8"`` (the 0..255 scale rounded, see docs/reader.md for
+        the one case that can differ by a level; refused with `normalize`),
         by name or as anything `tf.as_dtype` takes for them (``tf.float32``,
         ``np.float32``, ``np.dtype("uint8")``); other dtypes (``np.float64``)
         raise ValueError. Masks stay uint8. See
@@ -409,7 +414,7 @@ def _read(
     with_targets = not spec.classification_only
     schema = schema_for(metadata.targets_config) if with_targets else RECORD
     _check_max_objects(max_objects, spec)
-    _warn_about_cut_objects(max_objects, metadata, split)
+    _warn_about_cut_objects(max_objects, metadata, split, augmenter)
     if augmenter.batch_ops and model_side:
         raise ValueError(
             f"load_for_model: {[a.name for a in augmenter.batch_ops]} mix labels, which a "
@@ -626,12 +631,20 @@ def _check_max_objects(max_objects: int | None, spec: TargetSpec) -> None:
         )
 
 
-def _warn_about_cut_objects(max_objects: int | None, metadata: DatasetInfo, split: str) -> None:
-    """Logs when `max_objects` is below the most objects an image of the split
-    has (kiln.json's ``objects.<split>.most_objects``): padding cuts the rest."""
+def _warn_about_cut_objects(
+    max_objects: int | None, metadata: DatasetInfo, split: str, augmenter: Augmenter
+) -> None:
+    """Logs when `max_objects` is below the most objects an element of the split
+    can have (kiln.json's ``objects.<split>.most_objects``, doubled by each
+    batch op that pastes a partner's objects: cutmix): padding cuts the rest."""
     objects = (metadata.objects or {}).get(split)
-    most = None if objects is None else objects.most_objects
-    if max_objects is not None and most is not None and most > max_objects:
+    stored = None if objects is None else objects.most_objects
+    if max_objects is None or stored is None:
+        return
+    most = augmenter.most_objects(stored)
+    if most <= max_objects:
+        return
+    if most == stored:
         logger.warning(
             "max_objects=%d cuts objects: images of split %r have up to %d (the first %d "
             "are kept); pass max_objects=%d to keep every object",
@@ -641,6 +654,20 @@ def _warn_about_cut_objects(max_objects: int | None, metadata: DatasetInfo, spli
             max_objects,
             most,
         )
+        return
+    adding = [a.name for a in augmenter.batch_ops if "boxes" in (a.definition.supports or ())]
+    logger.warning(
+        "max_objects=%d cuts objects: images of split %r have up to %d, and up to %d after "
+        "%s, which pastes objects of another image into each (the first %d are kept); pass "
+        "max_objects=%d to keep every object",
+        max_objects,
+        split,
+        stored,
+        most,
+        " and ".join(adding),
+        max_objects,
+        most,
+    )
 
 
 def _example_weights(class_weight, metadata, split, spec, as_supervised):

@@ -51,7 +51,11 @@ class AugmentationLayer(tf.keras.layers.Layer):
     With targets (``{"image", "augment_seed", "targets": {...}}``, the
     targets dict that `load_for_model` yields beside the
     batch), it returns ``(images, targets)``: boxes, masks and keypoints
-    moved with their images exactly as in the tf.data path.
+    moved with their images exactly as in the tf.data path. Targets it
+    would move (boxes and the other per-object columns, masks) anywhere
+    else in the dict, as in the flat dict of ``load_for_model(...,
+    as_supervised=False)``, are refused: the layer returns images only,
+    and those targets would no longer match them.
 
     Args:
       augment: Augmentation list in YAML form (element ops only).
@@ -100,6 +104,7 @@ class AugmentationLayer(tf.keras.layers.Layer):
             images, seeds = inputs["image"], inputs.get("augment_seed")
             if inputs.get("targets") is not None:
                 return self._call_with_targets(images, seeds, inputs["targets"], training)
+            _check_no_loose_targets(inputs, self._spec)
         else:
             images, seeds = inputs, None
         if training and self.random:
@@ -154,9 +159,12 @@ class AugmentationLayer(tf.keras.layers.Layer):
         def signature(name):
             value = targets[name]
             if name in columns:
-                # Per element [N, ...]; masks change size with crops, so no static dims.
+                # Per element [N, ...]: the inner dims of boxes, classes and
+                # keypoints do not change; instance masks take the size of
+                # the output image, set below.
+                inner = [None, None, 1] if name == "instance_masks" else value.shape[2:]
                 return tf.RaggedTensorSpec(
-                    [None] * (value.shape.rank - 1), value.dtype, ragged_rank=0
+                    tf.TensorShape([None]).concatenate(inner), value.dtype, ragged_rank=0
                 )
             return tf.TensorSpec(None, value.dtype)  # the class mask: [H, W, 1]
 
@@ -168,6 +176,12 @@ class AugmentationLayer(tf.keras.layers.Layer):
                 {name: signature(name) for name in names},
             ),
         )
+        if "instance_masks" in moved:
+            # The image's static height and width, as in the tf.data path.
+            masks = moved["instance_masks"]
+            moved["instance_masks"] = masks.with_flat_values(
+                tf.ensure_shape(masks.flat_values, [None, *out.shape[1:3], 1])
+            )
         if self.mean is not None and self.std is not None:  # both or neither
             out = standardize(out, self.mean, self.std)
         result = dict(targets, **moved)
@@ -198,6 +212,24 @@ def _check_batch(images: Any) -> None:
             f"yields single elements; pass batch_size (or batch the dataset), or add a batch "
             f"dimension to a single image"
         )
+
+
+def _check_no_loose_targets(inputs: Mapping[str, Any], spec: TargetSpec) -> None:
+    """Refuses targets the layer would move beside ``image`` instead of under
+    ``targets`` (the flat dict of ``load_for_model(as_supervised=False)``):
+    it would return the images moved and those targets as they were."""
+    loose = [name for name in (*spec.object_columns, "mask") if name in inputs]
+    if not loose:
+        return
+    carried = [name for name in (*spec.names, "num_objects") if name in inputs]
+    raise ValueError(
+        f"AugmentationLayer: the inputs carry the targets {loose} beside 'image'; the "
+        f"layer moves targets only under the key 'targets' and would return the images "
+        f"augmented and these as they were. Pass {{'image': d['image'], 'augment_seed': "
+        f"d['augment_seed'], 'targets': {{name: d[name] for name in {carried}}}}} and take "
+        f"(images, targets) back, or use load_for_model(..., as_supervised=True), whose "
+        f"dataset yields (inputs, targets) for layer({{**inputs, 'targets': targets}})"
+    )
 
 
 def _padded_objects(targets: Mapping[str, Any], spec: TargetSpec) -> int | None:

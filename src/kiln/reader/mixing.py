@@ -5,7 +5,7 @@ float32 ``[batch, height, width, channels]`` batch and float32 one-hot (or
 already mixed) ``[batch, num_classes]`` labels, with one shape-[2] int32 seed
 per batch. Each image is mixed with the image at a seeded permutation of the
 batch; the mixing weight comes from Beta(alpha, alpha), drawn as a ratio of
-two stateless Gamma samples.
+two stateless Gamma samples taken in log space (exact for small alpha).
 
 On a dataset with targets an op mixes `BatchTargets` instead of labels
 (``with_targets``). Class vectors mix like labels: ``label`` (one-hot) and
@@ -31,11 +31,32 @@ else:  # imported when an op runs: validating a list of ops needs only the decla
     tf = LazyModule("tensorflow")
 
 
-def _beta(seed: tf.Tensor, alpha: float) -> tf.Tensor:
+# The smallest normal float32: a Gamma(alpha + 1) draw this small (for
+# alpha + 1 >= 1, as likely as never) is taken as it, not as log(0).
+_FLOAT32_TINY = 2.0**-126
+
+
+def _log_gamma(seed: tf.Tensor, alpha: float) -> tf.Tensor:
+    """The log of one Gamma(alpha, 1) draw, exact for every ``alpha > 0``.
+
+    ``Gamma(alpha) = Gamma(alpha + 1) * U ** (1 / alpha)`` (Marsaglia and
+    Tsang 2000), taken in log space. A Gamma(alpha) draw itself underflows
+    float32 for small alpha: `tf.random.stateless_gamma` returns FLT_MIN for
+    most draws at alpha 0.01 and for all at 1e-6, and a ratio of two such
+    draws is exactly 0.5.
+    """
     seeds = tf.random.split(seed, 2)
-    first = tf.random.stateless_gamma([], seed=seeds[0], alpha=alpha)
-    second = tf.random.stateless_gamma([], seed=seeds[1], alpha=alpha)
-    return first / (first + second)
+    boosted = tf.random.stateless_gamma([], seed=seeds[0], alpha=alpha + 1.0)
+    # 1 - U lies in (0, 1]: its log is finite.
+    uniform = tf.random.stateless_uniform([], seed=seeds[1])
+    return tf.math.log(tf.maximum(boosted, _FLOAT32_TINY)) + tf.math.log1p(-uniform) / alpha
+
+
+def _beta(seed: tf.Tensor, alpha: float) -> tf.Tensor:
+    """One Beta(alpha, alpha) draw: ``Ga / (Ga + Gb)`` of two Gamma(alpha)
+    draws, as ``sigmoid(log Ga - log Gb)`` so that it holds for small alpha."""
+    seeds = tf.random.split(seed, 2)
+    return tf.sigmoid(_log_gamma(seeds[0], alpha) - _log_gamma(seeds[1], alpha))
 
 
 def _partners(seed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:

@@ -112,7 +112,10 @@ class Window:
     finish_uint8: Callable[..., tf.Tensor | None] | None = None
     """Optional: `finish` with uint8 output, ``round(255 * finish(window))``
     computed on the 0..255 scale (cheaper than converting the float
-    result); returns None for parameters it does not cover."""
+    result); returns None for parameters it does not cover. A resize there
+    rounds other float values than the float path's: where the exact value
+    is a half level the two can round apart, by one level
+    (docs/reader.md)."""
 
     def crop(self, image: tf.Tensor, seed: tf.Tensor | None, **params: Any) -> tf.Tensor:
         """The cropping op on a decoded image: sample the window, slice, finish.
@@ -945,7 +948,11 @@ def random_rotation(
 
 def _erased_region(image, seed, *, scale_range, ratio_range):
     """The bool ``[height, width]`` rectangle random_erasing erases, and the
-    seed of its probability draw."""
+    seed of its probability draw.
+
+    Its sides are rounded and at least one pixel, except for a drawn area of
+    0 (``scale_range: [0, 0]``), which erases nothing.
+    """
     seeds = tf.random.split(seed, 5)
     shape = tf.shape(image)
     height, width = tf.cast(shape[0], tf.float32), tf.cast(shape[1], tf.float32)
@@ -958,6 +965,8 @@ def _erased_region(image, seed, *, scale_range, ratio_range):
     rows = tf.range(height)[:, None]
     cols = tf.range(width)[None, :]
     inside = (rows >= top) & (rows < top + box_h) & (cols >= left) & (cols < left + box_w)
+    # After the draws, not in them: every other area keeps its rectangle.
+    inside &= area > 0.0
     return inside, seeds[4]
 
 
@@ -988,11 +997,13 @@ def random_erasing(
 
     The rectangle covers a `scale_range` fraction of the area with a
     height/width ratio from `ratio_range` (drawn log-uniformly), clipped to
-    the image, at a uniform position. Targets are left alone (the object is
-    still there, only hidden), unless `erase_targets`: then the mask gets
-    its ignore value under the rectangle, instance masks 0, keypoints under
-    it visibility 0, and objects keeping less than ``min_visibility`` of
-    their instance mask (or box) are dropped.
+    the image, at a uniform position; it has at least one pixel, unless the
+    fraction drawn is 0 (``scale_range: [0, 0]`` erases nothing). Targets
+    are left alone (the object is still there, only hidden), unless
+    `erase_targets`: then the mask gets its ignore value under the
+    rectangle, instance masks 0, keypoints under it visibility 0, and
+    objects keeping less than ``min_visibility`` of their instance mask (or
+    box) are dropped.
     """
     del erase_targets  # targets only
     inside, draw = _erased_region(image, seed, scale_range=scale_range, ratio_range=ratio_range)

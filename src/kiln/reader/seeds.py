@@ -35,8 +35,11 @@ shuffles: the order there is the dispatcher's anyway, and each record's
 augmentation is the same as in the local stream.
 
 `STREAM_VERSION` names this derivation (and the reader's record order): it
-changes whenever the stream that a seed gives changes. Version 3: orders
-from (seed, pass).
+changes whenever the stream that a seed gives changes. Version 2: element
+seeds from the record's key. Version 3: orders from (seed, pass). Version 4:
+mixup and cutmix draw their ``lam ~ Beta(alpha, alpha)`` in log space (two
+Gamma(alpha) draws underflowed float32 for small alpha, giving exactly 0.5):
+every stream with mixup or cutmix changes, the others stay as in version 3.
 
 TensorFlow mixes the global seed (`tf.random.set_seed`), when one is set,
 into `Dataset.random` (so into every pass's key and orders) and
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import numbers
 import secrets
 from typing import TYPE_CHECKING
 
@@ -64,11 +68,14 @@ _INT31 = 2**31
 
 # Version of the seeded stream (order and augmentation) a seed gives: see the
 # module docstring; the golden stream test pins the current one.
-STREAM_VERSION = 3
+STREAM_VERSION = 4
 
 
-def resolve(seed: int | None, *, matters: bool = True) -> int:
-    """The base seed: `seed` itself, or a fresh random one when None.
+def resolve(seed: int | numbers.Integral | None, *, matters: bool = True) -> int:
+    """The base seed: `seed` as a Python int, or a fresh random one when None.
+
+    Any integer is a seed: an int or a NumPy integer (``np.int64(3)`` is
+    seed 3), not a bool.
 
     `matters`: whether the stream depends on the seed (a shuffle or random
     augmentation); a drawn seed that changes nothing is not reported.
@@ -88,9 +95,12 @@ def resolve(seed: int | None, *, matters: bool = True) -> int:
             seed,
         )
         return seed
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
-    return seed
+    # numbers.Integral: int and NumPy's integers (which are not ints).
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(
+            f"seed must be an int (or NumPy integer) or None, got {type(seed).__name__} {seed!r}"
+        )
+    return int(seed)
 
 
 def derive(seed: int, purpose: str) -> int:
