@@ -730,7 +730,7 @@ def _build_locked(
     existing = dataset.stamped_version(stamp)
     built = dataset.read_info(existing) if existing else None
     if built is not None:
-        dataset.clean_stale_staging()
+        dataset.clean_leftovers()
         if check_gate is not None and built.version != previous:
             check_gate(dataset.version_dir(built.version))
         dataset.name_latest(built.version)

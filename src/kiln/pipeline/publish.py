@@ -17,8 +17,13 @@ A build writes everything into its staging folder inside a
 therefore never sees a half-written version, and a build killed at any moment
 leaves the previous LATEST intact. How the folder moves depends on the store
 (`storage`): one atomic rename locally; file by file with `kiln.json` last on
-an object store, where a version folder without `kiln.json` is incomplete and
-replaced by the next build.
+an object store, where a version folder without `kiln.json` is incomplete.
+
+What an interrupted build or prune leaves behind (a staging folder, a version
+folder without `kiln.json`: half copied on an object store, or half pruned,
+with the records that name it) is deleted by the next build, which holds the
+dataset's lock (`DatasetRoot.clean_leftovers`). A build stopped by Ctrl-C or
+SIGTERM while it copies its version deletes the partial copy itself.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import secrets
 import types
 from collections.abc import Callable, Sequence
 
-from kiln.pipeline import storage
+from kiln.pipeline import storage, versioning
 from kiln.pipeline.tfds_export import write_tfds_metadata
 from kiln.schemas import (
     LATEST_FILENAME,
@@ -141,6 +146,65 @@ class DatasetRoot:
             stale += self.store.clean_temp_files(folder)
         return stale
 
+    def clean_leftovers(self) -> list[str]:
+        """Deletes what interrupted builds and prunes left behind: stale
+        staging folders (`clean_stale_staging`) and incomplete version
+        folders (`clean_incomplete_versions`). Returns what it deleted.
+
+        Call it only while holding the dataset's lock (`lock.DatasetLock`).
+        """
+        return self.clean_stale_staging() + self.clean_incomplete_versions()
+
+    def clean_incomplete_versions(self) -> list[str]:
+        """Deletes the version folders without kiln.json, and the stamps and
+        publication records of versions that are not complete. Returns the
+        folders and records deleted; logs a warning per folder.
+
+        Under the dataset's lock only this build writes version folders, and
+        it has not begun to, so such a folder is what an interrupted build
+        left (killed while it copied its version, file by file, to an object
+        store) or an interrupted prune (which deletes kiln.json first). No
+        reader uses it: readers refuse a folder without kiln.json. Left
+        alone: the version LATEST names, whatever its state (a reader
+        following LATEST would fail either way; a rebuild of it replaces
+        it), complete versions, and anything not named like a version
+        (`versioning.is_version_name`).
+
+        Call it only while holding the dataset's lock (`lock.DatasetLock`).
+        """
+        latest = self.latest()
+        complete = set()
+        deleted = []
+        for version in self.versions():
+            if self.is_complete(version):
+                complete.add(version)
+            elif version != latest and versioning.is_version_name(version):
+                directory = self.version_dir(version)
+                logger.warning(
+                    "deleting the incomplete version folder %s (no %s: left by a build or "
+                    "prune that was interrupted)",
+                    directory,
+                    METADATA_FILENAME,
+                )
+                self.store.delete_tree(directory)
+                deleted.append(directory)
+        # Their records: a stamp or publication mark of a version that is not
+        # complete (deleted just now, or its folder deleted by a prune that
+        # was interrupted before its records) sends nobody anywhere.
+        stale = [
+            path
+            for path, version in self._small_files(storage.join(self.path, STAMPS_FOLDER)).items()
+            if version not in complete and version != latest
+        ] + [
+            storage.join(self.path, PUBLISHED_FOLDER, version)
+            for version in self._published_marks()
+            if version not in complete and version != latest
+        ]
+        if stale:
+            logger.info("deleting %d stamp(s) and record(s) of gone versions", len(stale))
+            self.store.delete(stale)
+        return deleted + stale
+
     def point_latest(self, version: str) -> None:
         """Makes LATEST name `version`, atomically: one line, ending in a newline
         (readers strip it, and accept LATEST files from before it had one)."""
@@ -194,8 +258,9 @@ class DatasetRoot:
         has a record, among themselves ordered by their kiln.json's time. Each
         version loses its kiln.json first, so a reader resolving it during the
         deletion gets "incomplete" rather than a missing shard. Folders without
-        kiln.json are left alone: invisible to readers, and replaced by the next
-        build of that version.
+        kiln.json are not counted: invisible to readers, they are deleted by
+        the next build (`clean_incomplete_versions`), as is what a prune
+        interrupted half-way leaves.
         """
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
@@ -234,11 +299,14 @@ class PublishTransaction:
             ...  # the job writes shards and errors.jsonl into transaction.staging_dir
             target = transaction.commit(info)
 
-    Entering deletes what earlier builds left behind and creates a unique
-    staging folder name. `commit` writes the TFDS files, `kiln.json` last,
-    moves the folder into place (or keeps an identical published copy),
-    records the stamp and replaces LATEST, last of all. Leaving with an
-    exception deletes the staging folder, unless `keep_staging` asked to
+    Entering deletes what earlier builds left behind
+    (`DatasetRoot.clean_leftovers`) and creates a unique staging folder
+    name. `commit` writes the TFDS files, `kiln.json` last, moves the folder
+    into place (or keeps an identical published copy), records the stamp and
+    replaces LATEST, last of all. Leaving with an exception (Ctrl-C and
+    SIGTERM included) deletes the staging folder, and the part of the version
+    folder moved so far if the exception came while it was moved file by
+    file (an object store), unless `keep_staging` asked to
     keep some of its files (a build that dropped too much keeps its
     errors.jsonl for the user to read, until the next build): everything
     else in it (shards, indexes, the job's work files) is deleted then.
@@ -249,6 +317,7 @@ class PublishTransaction:
         self.stamp = stamp
         self.staging_dir = ""
         self._keep: tuple[str, ...] | None = None
+        self._moving_to: str | None = None  # the version being moved into place
 
     @property
     def work_dir(self) -> str:
@@ -257,7 +326,7 @@ class PublishTransaction:
         return storage.join(self.staging_dir, WORK_FOLDER)
 
     def __enter__(self) -> PublishTransaction:
-        self.dataset.clean_stale_staging()
+        self.dataset.clean_leftovers()
         self.staging_dir = self.dataset.new_staging_dir(self.stamp)
         return self
 
@@ -293,7 +362,9 @@ class PublishTransaction:
             # An incomplete folder of this version (a copy interrupted on an
             # object store) is replaced.
             store.delete_tree(target)
+            self._moving_to = info.version
             store.move_tree(self.staging_dir, target, last=METADATA_FILENAME)
+            self._moving_to = None
             store.delete_tree(self.staging_dir)
         self.dataset.record_stamp(self.stamp, info.version)
         if gate is not None:
@@ -319,11 +390,20 @@ class PublishTransaction:
         if kind is None:
             return
         try:
+            # Stopped while its folder was moved file by file (an object
+            # store): the part already moved is not a version, and would
+            # stay until the next build.
+            version = self._moving_to
+            if version is not None and not self.dataset.is_complete(version):
+                logger.info("deleting the partial copy %s", self.dataset.version_dir(version))
+                self.dataset.store.delete_tree(self.dataset.version_dir(version))
             if self._keep is None:
                 self.dataset.store.delete_tree(self.staging_dir)
             else:
                 self._delete_all_but(self._keep)
         except Exception:  # keep the original error; the next build cleans up
             logger.warning(
-                "could not delete the staging folder %s", self.staging_dir, exc_info=True
+                "could not delete the staging folder %s (or the partial copy of its version)",
+                self.staging_dir,
+                exc_info=True,
             )
