@@ -489,3 +489,23 @@ def test_a_version_half_copied_by_a_killed_build_is_deleted_by_the_next(
         for r in caplog.records
     )
     assert not [n for n in _names(f"{folder}/shapes/") if "/.staging-" in n]
+
+
+def test_a_report_in_a_missing_bucket_stops_the_build_before_it_starts(
+    on_emulator, demo_corpus, tmp_path, capfd
+):
+    # It was found at the end: a published dataset and an internal error (exit 70).
+    from kiln import cli
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))))
+    report = "gs://kiln-test-no-such-bucket/reports/r.json"
+    code = cli.main(["build", "--config", str(config), "--quiet", "--report", report])
+    out, err = capfd.readouterr()
+    assert (code, out) == (2, ""), err
+    assert err.startswith(
+        f"kiln build: error: --report {report}: cannot write it: "
+        f"cannot reach gs://kiln-test-no-such-bucket/reports: "
+    )
+    assert err.endswith("; nothing was done\n") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()

@@ -29,6 +29,7 @@ dataset.
 from __future__ import annotations
 
 import json
+import os
 import traceback
 from typing import TYPE_CHECKING, Any
 
@@ -136,5 +137,45 @@ def dry_run(message: str, elapsed_seconds: float) -> dict[str, Any]:
 
 
 def write(path: str, report: dict[str, Any]) -> None:
-    """Writes the report atomically (local path or gs://)."""
+    """Writes the report atomically (local path or gs://); a missing local
+    folder is created."""
     storage.write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def destination_problem(path: str) -> str | None:
+    """Why the report could not be written to `path`, or None: what a build
+    checks before it starts, so that a report it cannot write stops it
+    before anything is done rather than after it published.
+
+    Locally: `path` must not be a folder, and the nearest folder of its
+    path that exists must be one this process can write in (`write`
+    creates the rest). On an object store: its folder must be reachable
+    (credentials, network, bucket), by one listing; whether the store
+    allows this writer to create the object is known only by writing it.
+
+    Raises:
+      Exception: an error of the store that does not say it is unreachable
+        (`storage.unreachable_reason`).
+    """
+    if storage.is_remote(path):
+        folder = path.rstrip("/").rsplit("/", 1)[0]
+        try:
+            storage.check_credentials(path)
+            storage.store_for(folder).has_files(folder)
+        except Exception as e:
+            reason = storage.unreachable_reason(e)
+            if reason is None:
+                raise
+            return f"cannot reach {folder}: {reason}"
+        return None
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return "it is a folder; name a file in it"
+    folder = os.path.dirname(path)
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create files in {folder}"
+    return None
