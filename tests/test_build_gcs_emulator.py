@@ -509,3 +509,20 @@ def test_a_report_in_a_missing_bucket_stops_the_build_before_it_starts(
     )
     assert err.endswith("; nothing was done\n") and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_source_in_a_missing_bucket_is_a_config_error(on_emulator, tmp_path, capfd):
+    # It was an internal error (exit 70): BeamIOError, Match operation failed, NotFound.
+    from kiln import cli
+
+    source = "gs://kiln-test-no-such-bucket/images"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(make_config(source, output=str(tmp_path / "out"))))
+    code = cli.main(["build", "--config", str(config), "--quiet"])
+    out, err = capfd.readouterr()
+    assert (code, out) == (2, ""), err
+    assert err.startswith(
+        f"kiln build: error: config error in {config}: source.root: {source}: cannot reach it: 404 "
+    )
+    assert err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()

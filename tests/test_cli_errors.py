@@ -336,6 +336,27 @@ def test_build_into_an_unreachable_object_store_is_one_line(tmp_path, config):
     assert written["error"] == expected[len("kiln build: error: ") :].strip()
 
 
+def test_a_source_on_an_unreachable_object_store_is_one_line_at_once(tmp_path, demo_corpus):
+    # It was an internal error (exit 70) after Beam's client had retried for minutes.
+    source = "gs://kiln-tests-no-such-bucket/images"
+    path = write_config(tmp_path, make_config(source, output=str(tmp_path / "out")))
+    report = tmp_path / "report.json"
+    started = time.monotonic()
+    completed = kiln_offline(
+        tmp_path / "no-such-credentials.json",
+        *("build", "--config", path, "--quiet", "--report", str(report)),
+    )
+    assert time.monotonic() - started < 60
+    assert completed.returncode == 2, completed.stderr
+    expected = (
+        f"kiln build: error: config error in {path}: source.root: {source}: cannot reach it: "
+        f"File {tmp_path / 'no-such-credentials.json'} was not found\n"
+    )
+    assert completed.stderr == expected
+    assert json.loads(report.read_text())["status"] == "usage_error"
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_report_on_an_unreachable_object_store_stops_the_build_before_it_starts(tmp_path, config):
     # It was found at the end: a published dataset and an internal error (exit 70).
     report = "gs://kiln-tests-no-such-bucket/reports/report.json"
