@@ -220,7 +220,7 @@ class DryRun(KilnError):
 
 
 class Busy(KilnError):
-    """Another build of the same dataset is running: exit 3, nothing was done."""
+    """Another build of the same dataset holds its lock: exit 3, nothing was done."""
 
     exit_code = EXIT_BUSY
     label = "busy"

@@ -85,7 +85,7 @@ exit codes:
      the new version crossed a publish-gate threshold: it is kept in its
      folder, LATEST is unchanged
   2  bad config or usage (one line naming the field or flag; nothing was done)
-  3  another build of the same dataset is running (nothing was done; --wait)
+  3  another build of the same dataset holds its lock (nothing was done; --wait)
   70  internal error: an exception kiln does not expect (a bug, in kiln or a
       plugin): one line naming it and the file that holds its traceback
       (--report has it too; --verbose prints it); nothing was published
@@ -149,8 +149,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="if another build of the same dataset is running, wait up to "
-        "SECONDS for it to finish (default: exit 3 at once)",
+        help="if another build of the same dataset holds its lock, wait up to "
+        "SECONDS for it to release it (default: exit 3 at once)",
     )
     parser.add_argument(
         "--base",
