@@ -375,6 +375,16 @@ def test_a_report_on_an_unreachable_object_store_stops_the_build_before_it_start
     assert not (tmp_path / "out").exists()
 
 
+SLOW_IMAGES = (
+    "import time\n"
+    "from kiln.transforms import register\n\n"
+    "@register()\n"
+    "def take_your_time(image):\n"
+    "    time.sleep(0.02)\n"
+    "    return image\n"
+)
+
+
 @pytest.mark.parametrize(
     "signum, code, line, flags",
     [
@@ -397,14 +407,7 @@ def test_ctrl_c_during_a_build(tmp_path, signum, code, line, flags):
     # signal comes on any machine (400 demo images alone can take under 0.5 s).
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    (plugins / "kiln_test_slow_images.py").write_text(
-        "import time\n"
-        "from kiln.transforms import register\n\n"
-        "@register()\n"
-        "def take_your_time(image):\n"
-        "    time.sleep(0.02)\n"
-        "    return image\n"
-    )
+    (plugins / "kiln_test_slow_images.py").write_text(SLOW_IMAGES)
     config = make_config(images, output=str(output), plugins=["kiln_test_slow_images"])
     config["transforms"] = [*config["transforms"], "take_your_time"]
     path = write_config(tmp_path, config)
@@ -442,6 +445,44 @@ def test_ctrl_c_during_a_build(tmp_path, signum, code, line, flags):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "interrupted" and report["exit_code"] == code
     assert report["error"] == line[len("kiln build: ") :]
+
+
+@pytest.mark.parametrize("lines_read", [3, 0])
+def test_a_reader_that_goes_away_stops_neither_the_build_nor_its_report(
+    tmp_path, demo_corpus, lines_read
+):
+    """`kiln build ... 2>&1 | head -3`: the progress lines (3) or the summary (0:
+    the reader is gone before the first line) meet a closed pipe. The build
+    publishes, writes its report and exits 0, quietly. It used to fail
+    ("Broken pipe; nothing was published") or exit 1 with no report."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "kiln_test_slow_images.py").write_text(SLOW_IMAGES)
+    config = make_config(
+        demo_corpus.out_dir, output=str(tmp_path / "out"), plugins=["kiln_test_slow_images"]
+    )
+    config["transforms"] = [*config["transforms"], "take_your_time"]
+    path = write_config(tmp_path, config)
+    report = tmp_path / "report.json"
+    every = "0.05" if lines_read else "0"
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "kiln.cli", "build", "--config", path),
+            *("--report", str(report), "--image-threads", "1", "--progress-every", every),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([SOURCE_ROOT, str(plugins)])),
+    )
+    read = [process.stdout.readline() for _ in range(lines_read)]
+    assert all(line.startswith("kiln build: ") for line in read), read
+    process.stdout.close()  # as `head` exits
+    assert process.wait(timeout=300) == 0
+    written = json.loads(report.read_text())
+    assert written["status"] == "built" and written["exit_code"] == 0, written
+    latest = (tmp_path / "out" / "shapes" / "LATEST").read_text().strip()
+    assert latest == written["version"]
 
 
 # An internal error: an exception that is not a KilnError. Not kiln's code

@@ -45,10 +45,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from typing import TYPE_CHECKING
 
-from kiln import gate_flags, native_logs
+from kiln import console, gate_flags, native_logs
 from kiln.errors import (
     DryRun,
     KilnError,
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
                 args, build_report.dry_run(str(e), time.monotonic() - started), warnings.messages
             )
             if not args.quiet:
-                print(f"kiln build: {e.label}: {e}", flush=True)
+                console.write(f"kiln build: {e.label}: {e}\n", sys.stdout)
             return 0
         except _UnwritableReport:  # nowhere to write that: printed by kiln.cli
             raise
@@ -213,7 +214,9 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             _report(args, report, warnings.messages)
             raise
         if not args.quiet:
-            print(summary(result), flush=True)
+            # A reader that went away (`| head`) does not keep the report
+            # from being written, nor change the build's exit code.
+            console.write(summary(result) + "\n", sys.stdout)
         report = build_report.succeeded(result, time.monotonic() - started)
         _report(args, report, warnings.messages, result)
     return 0
