@@ -138,6 +138,71 @@ def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys
     assert publish.DatasetRoot(dataset_root).versions() == [fifth["version"]]
 
 
+def roll_back(dataset_root, version):
+    """What a user does to roll back: write the old version into LATEST, atomically."""
+    time.sleep(0.05)  # later than the publication: file times tick in milliseconds
+    temp = os.path.join(dataset_root, ".LATEST.by-hand")
+    with open(temp, "w") as f:
+        f.write(version + "\n")
+    os.replace(temp, os.path.join(dataset_root, "LATEST"))
+
+
+def test_a_rollback_by_hand_stands_until_the_inputs_change(demo_corpus, tmp_path, capsys):
+    """`echo OLD > LATEST`: the next nightly build of the same inputs finds
+    its version up to date, and used to point LATEST back at it."""
+    root = tmp_path / "images"
+    keys = small_corpus(demo_corpus, root)
+    config = make_config(
+        str(root),
+        output=str(tmp_path / "out"),
+        sharding={"num_shards": 1},
+        splits={"fractions": {"train": 1.0}},
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    first = build(config)
+    add_image(demo_corpus, root, keys, "added.png")
+    second = build(config)
+    dataset = publish.DatasetRoot(second.dataset_root)
+    assert dataset.latest() == second.version
+    roll_back(second.dataset_root, first.version)
+
+    # The nightly run: up to date as `second`, LATEST left as set, both kept.
+    report = tmp_path / "report.json"
+    argv = ["build", "--config", str(path), "--report", str(report), "--keep", "1"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"kiln build: shapes is up to date: version {second.version}\n")
+    assert (
+        f"  LATEST -> {first.version}, set by hand after {second.version} was published: "
+        f"left as is (write {second.version} into LATEST to publish it again)\n"
+    ) in out
+    written = json.loads(report.read_text())
+    assert written["status"] == "up_to_date" and written["version"] == second.version
+    assert written["latest"] == first.version and written["latest_set_by_hand"] is True
+    assert written["changes"] is None and written["pruned"] == []
+    assert dataset.latest() == first.version
+    assert dataset.versions() == sorted([first.version, second.version])
+
+    # A touched file: a new stamp, the same content, so the same version: still left.
+    os.utime(root / keys[1], (1, 1))
+    again = build(config)
+    assert not again.up_to_date and again.version == second.version
+    assert again.latest_set_by_hand == first.version and dataset.latest() == first.version
+
+    # Changed inputs make a new version, which is published: the rollback is over.
+    add_image(demo_corpus, root, keys, "another.png")
+    third = build(config)
+    assert third.latest_set_by_hand is None and dataset.latest() == third.version
+    assert third.previous_version == first.version and third.changes is not None
+    # Publishing by hand what was rolled back from: a later build leaves it.
+    roll_back(second.dataset_root, second.version)
+    os.remove(root / keys[0].split("/")[0] / "another.png")
+    fourth = build(config)
+    assert fourth.version == second.version and fourth.latest_set_by_hand is None
+    assert dataset.latest() == second.version
+
+
 def test_keep_on_an_object_store(demo_corpus):
     """No directories, no atomic rename: each pruned version loses its kiln.json
     first, then every other object under its prefix."""

@@ -4,6 +4,7 @@ One JSON object, written whether the build succeeded or not, so a scheduler
 can read what happened without parsing the console::
 
     {"status": "built", "exit_code": 0, "name": "shapes", "version": "3f2a9c1b0d4e",
+     "latest": "3f2a9c1b0d4e", "latest_set_by_hand": false,
      "dataset_dir": ".../shapes/3f2a9c1b0d4e", "splits": {"train": {"num_examples": 229, ...}},
      "dropped": {"corrupt": 1}, "dropped_total": 1, "duplicates": 0,
      "previous_version": "0a1b2c3d4e5f", "changes": {...}, ...}
@@ -16,6 +17,10 @@ nothing was published: exit 0), ``failed`` (exit 1, nothing published),
 the dataset holds its lock: exit 3), ``internal_error`` (an exception kiln
 does not expect, a bug: exit 70, nothing published; ``traceback`` holds its
 traceback) or ``interrupted`` (Ctrl-C: exit 130; SIGTERM: exit 143).
+``latest`` is the version LATEST names after the build: ``version``, unless
+someone pointed LATEST at another version by hand after ``version`` was
+published (a rollback), which the build leaves as is
+(``latest_set_by_hand``: true; ``changes``: null).
 ``changes`` is what changed since the version LATEST named before the build
 (``previous_version``), as `kiln diff --json` prints it
 (`kiln.schemas.version_diff.VersionDiff.to_json`), or null when there was
@@ -52,6 +57,9 @@ def succeeded(result: BuildResult, elapsed_seconds: float) -> dict[str, Any]:
         "exit_code": 0,
         "name": info.name,
         "version": result.version,
+        # What LATEST names: `version`, unless it was set by hand (a rollback) and left so.
+        "latest": result.latest_set_by_hand or result.version,
+        "latest_set_by_hand": result.latest_set_by_hand is not None,
         "dataset_dir": result.dataset_dir,
         "dataset_root": result.dataset_root,
         "splits": {

@@ -383,9 +383,14 @@ def _report(
 def _succeeded(result: BuildResult) -> str:
     """What a build that succeeded did, for a line that must say it."""
     what = "was up to date" if result.up_to_date else "was published"
+    latest = (
+        "LATEST names it"
+        if result.latest_set_by_hand is None
+        else f"LATEST names {result.latest_set_by_hand}, set by hand"
+    )
     return (
         f"the build succeeded: {result.info.name} version {result.version} {what} "
-        f"({result.dataset_dir}; LATEST names it)"
+        f"({result.dataset_dir}; {latest})"
     )
 
 
@@ -398,7 +403,15 @@ def summary(result: BuildResult) -> str:
         head = f"kiln build: {info.name} is up to date: version {result.version}"
     else:
         head = f"kiln build: built {info.name} version {result.version}"
-    lines = [head, f"  dataset: {result.dataset_dir}  (LATEST -> {result.version})"]
+    if result.latest_set_by_hand is None:
+        lines = [head, f"  dataset: {result.dataset_dir}  (LATEST -> {result.version})"]
+    else:
+        lines = [
+            head,
+            f"  dataset: {result.dataset_dir}",
+            f"  LATEST -> {result.latest_set_by_hand}, set by hand after {result.version} was "
+            f"published: left as is (write {result.version} into LATEST to publish it again)",
+        ]
     width = max([len("split")] + [len(name) for name in info.splits])
     shares = {name: share_text(*share) for name, share in info.split_shares().items()}
     lines.append(f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}  share")

@@ -225,6 +225,29 @@ class DatasetRoot:
             f"{max(marks.values(), default=0) + 1}\n",
         )
 
+    def latest_set_by_hand(self, version: str) -> str | None:
+        """The version LATEST names, if someone pointed it there by hand
+        after kiln had published `version` (a rollback), else None.
+
+        That is: LATEST names another complete version; `version` is the
+        one kiln published last (`record_published`); and LATEST was
+        written after that record. A build of `version` leaves such a
+        LATEST as it is: publishing `version` again would undo the
+        rollback. Kiln's own states do not match: a version the publish
+        gate held back was never published, and a build killed between
+        recording a publication and writing LATEST left a LATEST older
+        than the record.
+        """
+        latest = self.latest()
+        if latest is None or latest == version or not self.is_complete(latest):
+            return None
+        marks = self._published_marks()
+        if version not in marks or marks[version] != max(marks.values()):
+            return None
+        record = storage.join(self.path, PUBLISHED_FOLDER, version)
+        written = self.store.modified_time(storage.join(self.path, LATEST_FILENAME))
+        return latest if written > self.store.modified_time(record) else None
+
     def name_latest(self, version: str) -> None:
         """Points LATEST at `version` (if it names another), noting the publication first."""
         if self.latest() != version:
@@ -338,6 +361,10 @@ class PublishTransaction:
     def commit(self, info: DatasetInfo, gate: Callable[[str], None] | None = None) -> str:
         """Publishes the staged folder as `info.version`; returns its folder.
 
+        LATEST is left as it is if it was pointed by hand at another
+        version after `info.version` was last published
+        (`DatasetRoot.latest_set_by_hand`: a rollback).
+
         Args:
           gate: Called with the version's folder once it is complete and
             its stamp recorded, before LATEST names it; an exception it
@@ -367,6 +394,11 @@ class PublishTransaction:
             self._moving_to = None
             store.delete_tree(self.staging_dir)
         self.dataset.record_stamp(self.stamp, info.version)
+        if self.dataset.latest_set_by_hand(info.version) is not None:
+            # The same version as one LATEST was rolled back from (a file
+            # touched, the same bytes): the rollback stands.
+            logger.info("LATEST was set by hand: left as is")
+            return target
         if gate is not None:
             gate(target)
         self.dataset.name_latest(info.version)  # last of all
