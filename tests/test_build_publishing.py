@@ -237,6 +237,15 @@ def test_keep_on_an_object_store(demo_corpus):
         assert deleted[0] == f"{first.dataset_dir}/kiln.json" and len(deleted) > 3
         assert object_store.get(f"{second.dataset_root}/LATEST").decode() == second.version + "\n"
         assert object_store.names(f"{second.dataset_dir}/kiln.json")
+
+        # A rollback by hand stands on an object store too (one object write).
+        third = build(dict(config, transforms=[{"resize": {"shorter_side": 40}}]))
+        time.sleep(0.05)
+        object_store.put(f"{second.dataset_root}/LATEST", second.version.encode() + b"\n")
+        again = build(dict(config, transforms=[{"resize": {"shorter_side": 40}}]), keep=1)
+        assert again.up_to_date and again.version == third.version
+        assert again.latest_set_by_hand == second.version and again.pruned == ()
+        assert object_store.get(f"{second.dataset_root}/LATEST").decode() == second.version + "\n"
     finally:
         object_store.reset()
 
