@@ -102,6 +102,12 @@ class DatasetRoot:
             if not name.startswith(".") and name != LATEST_FILENAME
         ]
 
+    def complete_versions(self, versions: Sequence[str]) -> set[str]:
+        """Those of `versions` whose folder holds a kiln.json (`is_complete`
+        of each; on an object store, the requests run concurrently)."""
+        metadata = {storage.join(self.version_dir(v), METADATA_FILENAME): v for v in versions}
+        return {metadata[path] for path in self.store.existing(list(metadata))}
+
     def staging_dirs(self) -> list[str]:
         """Staging folders of builds that did not finish (or are running)."""
         return [
@@ -156,9 +162,10 @@ class DatasetRoot:
         return self.clean_stale_staging() + self.clean_incomplete_versions()
 
     def clean_incomplete_versions(self) -> list[str]:
-        """Deletes the version folders without kiln.json, and the stamps and
-        publication records of versions that are not complete. Returns the
-        folders and records deleted; logs a warning per folder.
+        """Deletes the version folders without kiln.json, the publication
+        records of versions that are not complete and the stamps of those
+        versions. Returns the folders and records deleted; logs a warning
+        per folder.
 
         Under the dataset's lock only this build writes version folders, and
         it has not begun to, so such a folder is what an interrupted build
@@ -173,37 +180,40 @@ class DatasetRoot:
         Call it only while holding the dataset's lock (`lock.DatasetLock`).
         """
         latest = self.latest()
-        complete = set()
+        versions = self.versions()
+        complete = self.complete_versions(versions)
         deleted = []
-        for version in self.versions():
-            if self.is_complete(version):
-                complete.add(version)
-            elif version != latest and versioning.is_version_name(version):
-                directory = self.version_dir(version)
-                logger.warning(
-                    "deleting the incomplete version folder %s (no %s: left by a build or "
-                    "prune that was interrupted)",
-                    directory,
-                    METADATA_FILENAME,
-                )
-                self.store.delete_tree(directory)
-                deleted.append(directory)
-        # Their records: a stamp or publication mark of a version that is not
-        # complete (deleted just now, or its folder deleted by a prune that
-        # was interrupted before its records) sends nobody anywhere.
-        stale = [
-            path
-            for path, version in self._small_files(storage.join(self.path, STAMPS_FOLDER)).items()
-            if version not in complete and version != latest
-        ] + [
-            storage.join(self.path, PUBLISHED_FOLDER, version)
-            for version in self._published_marks()
-            if version not in complete and version != latest
-        ]
+        for version in versions:
+            if version in complete or version == latest or not versioning.is_version_name(version):
+                continue
+            directory = self.version_dir(version)
+            logger.warning(
+                "deleting the incomplete version folder %s (no %s: left by a build or prune "
+                "that was interrupted)",
+                directory,
+                METADATA_FILENAME,
+            )
+            self.store.delete_tree(directory)
+            deleted.append(version)
+        # Their records, which send nobody anywhere: the publication marks
+        # (named by version) and stamps (which hold it) of versions deleted
+        # now, or whose folders a prune deleted before it was interrupted.
+        # The stamps are read only then: they add up over the builds.
+        published = storage.join(self.path, PUBLISHED_FOLDER)
+        gone = {
+            version
+            for version in self.store.children(published)
+            if not version.startswith(".") and version not in complete and version != latest
+        }
+        stale = [storage.join(published, version) for version in sorted(gone)]
+        gone.update(deleted)
+        if gone:
+            stamps = self._small_files(storage.join(self.path, STAMPS_FOLDER))
+            stale += [path for path, version in stamps.items() if version in gone]
         if stale:
             logger.info("deleting %d stamp(s) and record(s) of gone versions", len(stale))
             self.store.delete(stale)
-        return deleted + stale
+        return [self.version_dir(version) for version in deleted] + stale
 
     def point_latest(self, version: str) -> None:
         """Makes LATEST name `version`, atomically: one line, ending in a newline
@@ -289,7 +299,8 @@ class DatasetRoot:
             raise ValueError(f"keep must be at least 1, got {keep}")
         latest = self.latest()
         marks = self._published_marks()
-        complete = [v for v in self.versions() if self.is_complete(v)]
+        versions = self.versions()
+        complete = sorted(self.complete_versions(versions))
 
         def recency(version: str):
             if version in marks:
