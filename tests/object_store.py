@@ -11,7 +11,10 @@ within one process: use it with the in-memory local runner only. Every
 completed write and delete is appended to `EVENTS` so tests can check the
 order in which a build made things visible, and every request about one
 object (metadata, exists) to `OBJECT_REQUESTS` and every listing of a
-prefix to `LIST_REQUESTS`, so they can count them.
+prefix to `LIST_REQUESTS`, so they can count them. Each function in
+`WATCHERS` is called with every event as it happens, outside the store's
+lock: a test can interrupt a build at a chosen write or delete (e.g. send
+the process SIGTERM while it copies its version into place).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections.abc import Callable
 
 from apache_beam.io.filesystem import (
     BeamIOError,
@@ -33,6 +37,7 @@ OBJECTS: dict[str, tuple[bytes, float]] = {}
 EVENTS: list[tuple[str, str]] = []  # ("write" | "delete", path)
 OBJECT_REQUESTS: list[tuple[str, str]] = []  # ("metadata" | "exists", path)
 LIST_REQUESTS: list[str] = []  # the prefix listed
+WATCHERS: list[Callable[[str, str], None]] = []  # called with each event: (kind, path)
 _LOCK = threading.Lock()
 
 
@@ -40,6 +45,7 @@ def reset() -> None:
     with _LOCK:
         OBJECTS.clear()
         EVENTS.clear()
+        WATCHERS.clear()
         OBJECT_REQUESTS.clear()
         LIST_REQUESTS.clear()
 
@@ -57,6 +63,11 @@ def names(prefix: str = "") -> list[str]:
     return sorted(p for p in OBJECTS if p.startswith(prefix))
 
 
+def _notify(kind: str, path: str) -> None:
+    for watch in list(WATCHERS):
+        watch(kind, path)
+
+
 class _Writer(io.BytesIO):
     """Buffers an object; it becomes visible, whole, on close."""
 
@@ -65,11 +76,13 @@ class _Writer(io.BytesIO):
         self._path = path
 
     def close(self):
-        if not self.closed:
-            with _LOCK:
-                OBJECTS[self._path] = (self.getvalue(), time.time())
-                EVENTS.append(("write", self._path))
+        if self.closed:
+            return
+        with _LOCK:
+            OBJECTS[self._path] = (self.getvalue(), time.time())
+            EVENTS.append(("write", self._path))
         super().close()
+        _notify("write", self._path)
 
 
 class InMemoryObjectStore(FileSystem):
@@ -138,6 +151,7 @@ class InMemoryObjectStore(FileSystem):
                     raise BeamIOError("Copy failed", {(source, destination): FileNotFoundError()})
                 OBJECTS[destination] = (OBJECTS[source][0], time.time())
                 EVENTS.append(("write", destination))
+            _notify("write", destination)
 
     def rename(self, source_file_names, destination_file_names):
         self.copy(source_file_names, destination_file_names)
@@ -164,13 +178,17 @@ class InMemoryObjectStore(FileSystem):
         return FileMetadata(path, len(data), mtime)
 
     def delete(self, paths):
-        with _LOCK:
-            for path in paths:
+        for path in paths:
+            with _LOCK:
                 doomed = (
                     [path]
                     if path in OBJECTS
                     else [p for p in OBJECTS if p.startswith(path.rstrip("/") + "/")]
                 )
-                for p in doomed:
+            for p in doomed:
+                with _LOCK:
+                    if p not in OBJECTS:
+                        continue
                     del OBJECTS[p]
                     EVENTS.append(("delete", p))
+                _notify("delete", p)

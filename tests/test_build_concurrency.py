@@ -5,8 +5,11 @@ unless the config allows it.
 The double-fire test starts ten real `kiln build` processes at the same moment,
 round after round, as a scheduler firing twice (or ten times) would."""
 
+import dataclasses
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -180,6 +183,65 @@ def test_object_store_lock_excludes_and_a_stale_one_is_broken(monkeypatch):
     )
     with pytest.raises(Busy, match="pid 1 on elsewhere"):
         lock.DatasetLock(dataset_root, wait=1).__enter__()
+    object_store.reset()
+
+
+def a_dead_pid() -> int:
+    """The pid of a process of this machine that has ended."""
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(ended.stdout)
+
+
+def test_an_object_store_lock_of_a_dead_process_of_this_machine_is_broken_at_once(caplog):
+    """A build killed on this machine leaves its lock object with a fresh
+    heartbeat: the next build there breaks it at once, not 10 minutes later.
+    Elsewhere nothing is known of the process but its last heartbeat."""
+    object_store.reset()
+    dataset_root = "memgs://bucket/datasets/shapes"
+    path = dataset_root + "/.lock"
+    me = lock.Holder.me()
+    dead = dataclasses.replace(me, pid=a_dead_pid(), token="dead", heartbeat=time.time())
+    object_store.put(path, dead.to_bytes())
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.lock"):
+        with lock.DatasetLock(dataset_root) as held:  # no --wait: at once
+            assert held.holder().token == held._me.token
+    assert caplog.messages == [
+        f"breaking the stale lock {path} of {dead.describe()}: its process {dead.pid} on this "
+        f"machine is not running"
+    ]
+
+    # Not known to be dead: on another machine, in a container of this one
+    # (its own pids), written by a kiln that did not record its pid namespace,
+    # or alive (this process). The line says what is known.
+    old_kiln = {k: v for k, v in dataclasses.asdict(dead).items() if k != "namespace"}
+    for holder in (
+        dataclasses.replace(dead, host="elsewhere"),
+        dataclasses.replace(dead, namespace=me.namespace + "-container"),
+        lock.Holder(**old_kiln),
+        dataclasses.replace(me, token="alive"),
+    ):
+        holder = dataclasses.replace(holder, heartbeat=time.time() - 42)
+        object_store.put(path, holder.to_bytes())
+        with pytest.raises(Busy) as busy:
+            lock.DatasetLock(dataset_root).__enter__()
+        assert re.fullmatch(
+            rf"another build holds the lock of {dataset_root} \({re.escape(holder.describe())}, "
+            rf"last heartbeat 4[23] s ago; broken after 600 s without one\); nothing was done "
+            rf"\(kiln build --wait SECONDS waits for it\)",
+            str(busy.value),
+        ), str(busy.value)
+        assert object_store.get(path) == holder.to_bytes()
+
+    # A stale heartbeat is broken at once too (it took a second try, or --wait).
+    silent = dataclasses.replace(dead, host="elsewhere", heartbeat=time.time() - 601)
+    object_store.put(path, silent.to_bytes())
+    with lock.DatasetLock(dataset_root) as held:
+        assert held.holder().token == held._me.token
     object_store.reset()
 
 

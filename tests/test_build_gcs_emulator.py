@@ -421,3 +421,108 @@ def test_a_dataflow_dry_run_reads_the_base_and_writes_nothing(
     assert any(m.startswith("building from scratch: its processing differs") for m in chosen)
     assert {name: _get(name) for name in _names("dry-run/")} == before
     assert _names("dataflow-temp/") == []
+
+
+# `kiln build` that SIGKILLs itself right after its first rename into a
+# version folder (argv[1], a pattern): on Cloud Storage the version is
+# copied file by file, kiln.json last, so it dies with the shards copied
+# and no kiln.json, as a build killed by the OOM killer or a preempted VM.
+KILLED_WHILE_COPYING = """
+    import os, re, signal, sys
+    from apache_beam.io.filesystems import FileSystems
+    from kiln import cli
+
+    rename = FileSystems.rename
+
+    def rename_then_die(sources, destinations):
+        rename(sources, destinations)
+        if any(re.fullmatch(sys.argv[1], d) for d in destinations):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    FileSystems.rename = rename_then_die
+    sys.exit(cli.main(["build", *sys.argv[2:]]))
+"""
+
+
+def test_a_version_half_copied_by_a_killed_build_is_deleted_by_the_next(
+    on_emulator, emulator, demo_corpus, tmp_path, caplog
+):
+    folder = "half-copied"
+    _upload_corpus(demo_corpus.out_dir, f"{folder}/images")
+    root = f"gs://{BUCKET}/{folder}/shapes"
+    config = make_config(f"gs://{BUCKET}/{folder}/images", output=f"gs://{BUCKET}/{folder}")
+    first = build(config)
+    changed = dict(config, transforms=[{"resize": {"shorter_side": 40}}])
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(json.dumps(changed))  # JSON is YAML
+    kiln_root = str(Path(kiln.__file__).resolve().parent.parent)
+    _, client_env, _, _ = emulator
+    killed = subprocess.run(
+        [
+            *(sys.executable, "-c", textwrap.dedent(KILLED_WHILE_COPYING)),
+            rf"{root}/[0-9a-f]{{12}}/[^/]+",
+            *("--config", str(config_path), "--quiet"),
+        ],
+        env=dict(os.environ, **client_env, PYTHONPATH=kiln_root, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    versions = {n.split("/")[2] for n in _names(f"{folder}/shapes/") if n.count("/") == 3}
+    (partial,) = versions - {first.version, "LATEST"} - {v for v in versions if v[0] == "."}
+    left = _names(f"{folder}/shapes/{partial}/")
+    assert left and f"{folder}/shapes/{partial}/kiln.json" not in left  # the ops finding
+    assert _get(f"{folder}/shapes/LATEST").decode() == first.version + "\n"
+
+    # Later builds make other versions (here: other transforms again); the
+    # first of them deletes the half-copied folder, which no prune counts.
+    other = dict(config, transforms=[{"resize": {"shorter_side": 36}}])
+    kept = {name: _get(name) for name in _names(f"{folder}/shapes/{first.version}/")}
+    with caplog.at_level(logging.WARNING):
+        third = build(other, keep=2)
+    assert third.version not in (first.version, partial)
+    assert _names(f"{folder}/shapes/{partial}/") == []
+    assert {name: _get(name) for name in _names(f"{folder}/shapes/{first.version}/")} == kept
+    assert any(
+        f"deleting the incomplete version folder {root}/{partial}" in r.getMessage()
+        for r in caplog.records
+    )
+    assert not [n for n in _names(f"{folder}/shapes/") if "/.staging-" in n]
+
+
+def test_a_report_in_a_missing_bucket_stops_the_build_before_it_starts(
+    on_emulator, demo_corpus, tmp_path, capfd
+):
+    # It was found at the end: a published dataset and an internal error (exit 70).
+    from kiln import cli
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))))
+    report = "gs://kiln-test-no-such-bucket/reports/r.json"
+    code = cli.main(["build", "--config", str(config), "--quiet", "--report", report])
+    out, err = capfd.readouterr()
+    assert (code, out) == (2, ""), err
+    assert err.startswith(
+        f"kiln build: error: --report {report}: cannot write it: "
+        f"cannot reach gs://kiln-test-no-such-bucket/reports: "
+    )
+    assert err.endswith("; nothing was done\n") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_source_in_a_missing_bucket_is_a_config_error(on_emulator, tmp_path, capfd):
+    # It was an internal error (exit 70): BeamIOError, Match operation failed, NotFound.
+    from kiln import cli
+
+    source = "gs://kiln-test-no-such-bucket/images"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(make_config(source, output=str(tmp_path / "out"))))
+    code = cli.main(["build", "--config", str(config), "--quiet"])
+    out, err = capfd.readouterr()
+    assert (code, out) == (2, ""), err
+    assert err.startswith(
+        f"kiln build: error: config error in {config}: source.root: {source}: cannot reach it: 404 "
+    )
+    assert err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()

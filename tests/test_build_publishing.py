@@ -5,6 +5,7 @@ file, and --keep prunes old versions but never LATEST's."""
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -25,7 +26,9 @@ from kiln.tools import verify
 from test_build import corpus_files
 from test_pipeline_steps import read_tfrecords, run_write_shards, sharded_records
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+# The kiln under test (this checkout's src, or what PYTHONPATH names first).
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
 
 
 def small_corpus(corpus, root, every=5):
@@ -135,6 +138,71 @@ def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys
     assert publish.DatasetRoot(dataset_root).versions() == [fifth["version"]]
 
 
+def roll_back(dataset_root, version):
+    """What a user does to roll back: write the old version into LATEST, atomically."""
+    time.sleep(0.05)  # later than the publication: file times tick in milliseconds
+    temp = os.path.join(dataset_root, ".LATEST.by-hand")
+    with open(temp, "w") as f:
+        f.write(version + "\n")
+    os.replace(temp, os.path.join(dataset_root, "LATEST"))
+
+
+def test_a_rollback_by_hand_stands_until_the_inputs_change(demo_corpus, tmp_path, capsys):
+    """`echo OLD > LATEST`: the next nightly build of the same inputs finds
+    its version up to date, and used to point LATEST back at it."""
+    root = tmp_path / "images"
+    keys = small_corpus(demo_corpus, root)
+    config = make_config(
+        str(root),
+        output=str(tmp_path / "out"),
+        sharding={"num_shards": 1},
+        splits={"fractions": {"train": 1.0}},
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    first = build(config)
+    add_image(demo_corpus, root, keys, "added.png")
+    second = build(config)
+    dataset = publish.DatasetRoot(second.dataset_root)
+    assert dataset.latest() == second.version
+    roll_back(second.dataset_root, first.version)
+
+    # The nightly run: up to date as `second`, LATEST left as set, both kept.
+    report = tmp_path / "report.json"
+    argv = ["build", "--config", str(path), "--report", str(report), "--keep", "1"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"kiln build: shapes is up to date: version {second.version}\n")
+    assert (
+        f"  LATEST -> {first.version}, set by hand after {second.version} was published: "
+        f"left as is (write {second.version} into LATEST to publish it again)\n"
+    ) in out
+    written = json.loads(report.read_text())
+    assert written["status"] == "up_to_date" and written["version"] == second.version
+    assert written["latest"] == first.version and written["latest_set_by_hand"] is True
+    assert written["changes"] is None and written["pruned"] == []
+    assert dataset.latest() == first.version
+    assert dataset.versions() == sorted([first.version, second.version])
+
+    # A touched file: a new stamp, the same content, so the same version: still left.
+    os.utime(root / keys[1], (1, 1))
+    again = build(config)
+    assert not again.up_to_date and again.version == second.version
+    assert again.latest_set_by_hand == first.version and dataset.latest() == first.version
+
+    # Changed inputs make a new version, which is published: the rollback is over.
+    add_image(demo_corpus, root, keys, "another.png")
+    third = build(config)
+    assert third.latest_set_by_hand is None and dataset.latest() == third.version
+    assert third.previous_version == first.version and third.changes is not None
+    # Publishing by hand what was rolled back from: a later build leaves it.
+    roll_back(second.dataset_root, second.version)
+    os.remove(root / keys[0].split("/")[0] / "another.png")
+    fourth = build(config)
+    assert fourth.version == second.version and fourth.latest_set_by_hand is None
+    assert dataset.latest() == second.version
+
+
 def test_keep_on_an_object_store(demo_corpus):
     """No directories, no atomic rename: each pruned version loses its kiln.json
     first, then every other object under its prefix."""
@@ -169,6 +237,15 @@ def test_keep_on_an_object_store(demo_corpus):
         assert deleted[0] == f"{first.dataset_dir}/kiln.json" and len(deleted) > 3
         assert object_store.get(f"{second.dataset_root}/LATEST").decode() == second.version + "\n"
         assert object_store.names(f"{second.dataset_dir}/kiln.json")
+
+        # A rollback by hand stands on an object store too (one object write).
+        third = build(dict(config, transforms=[{"resize": {"shorter_side": 40}}]))
+        time.sleep(0.05)
+        object_store.put(f"{second.dataset_root}/LATEST", second.version.encode() + b"\n")
+        again = build(dict(config, transforms=[{"resize": {"shorter_side": 40}}]), keep=1)
+        assert again.up_to_date and again.version == third.version
+        assert again.latest_set_by_hand == second.version and again.pruned == ()
+        assert object_store.get(f"{second.dataset_root}/LATEST").decode() == second.version + "\n"
     finally:
         object_store.reset()
 
@@ -201,18 +278,18 @@ PRECISE_KILLS = [
 ]
 
 
-def start_build(config_path, *kill_after):
-    """`kiln build --config config_path --quiet` in a new process group (a
+def start_build(config_path, *kill_after, flags=()):
+    """`kiln build --config config_path --quiet [flags]` in a new process group (a
     session, so killing it kills any worker it started); output goes to a
     log file beside the config, read back by `log`."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(REPO, "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+        [SOURCE_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]
     )
     command = ["-c", KILL_AFTER, *kill_after] if kill_after else ["-m", "kiln.pipeline"]
     with open(os.path.join(os.path.dirname(config_path), "build.log"), "w") as out:
         return subprocess.Popen(
-            [sys.executable, *command, "--config", str(config_path), "--quiet"],
+            [sys.executable, *command, "--config", str(config_path), "--quiet", *flags],
             env=env,
             start_new_session=True,
             stdout=out,
@@ -340,6 +417,207 @@ def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path
     again = build(str(config_path))
     assert again.up_to_date and publish.DatasetRoot(dataset_root).latest() == again.version
     assert again.info.splits["train"].num_examples == len(keys) + trials + 1
+
+
+def _tree(folder):
+    """Every file below `folder` -> its bytes."""
+    found = {}
+    for directory, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, folder)] = f.read()
+    return found
+
+
+def test_what_a_prune_killed_half_way_leaves_is_deleted_by_the_next_build(
+    demo_corpus, tmp_path, caplog
+):
+    """SIGKILL while --keep prunes: the pruned version has lost its kiln.json
+    (deleted first) but keeps its shards and its records. Pruning counts
+    complete versions only, so no later build would delete it."""
+    root = tmp_path / "images"
+    keys = small_corpus(demo_corpus, root)
+    config = make_config(
+        str(root),
+        output=str(tmp_path / "out"),
+        sharding={"num_shards": 2},
+        splits={"fractions": {"train": 1.0}},
+    )
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    first = build(config)
+    add_image(demo_corpus, root, keys, "second.png")
+    # The first delete of a local build is the pruned version's kiln.json.
+    process = start_build(
+        config_path, "publish", "storage.LocalStore.delete", flags=["--keep", "1"]
+    )
+    assert process.wait(timeout=300) == -signal.SIGKILL, log(config_path)
+    dataset = publish.DatasetRoot(first.dataset_root)
+    second = dataset.latest()
+    assert second != first.version
+    assert sorted(os.listdir(first.dataset_dir)) == [
+        n for n in sorted(os.listdir(dataset.version_dir(second))) if n != "kiln.json"
+    ]
+    stamps = tmp_path / "out" / "shapes" / ".stamps"
+    assert first.version in {p.read_text() for p in stamps.iterdir()}
+    published = tmp_path / "out" / "shapes" / ".published"
+    assert sorted(os.listdir(published)) == sorted([first.version, second])
+    kept = _tree(dataset.version_dir(second))
+
+    again = build(config)  # up to date: no new version, and the leftover goes
+    assert again.up_to_date and again.version == second
+    assert not os.path.exists(first.dataset_dir)
+    assert {p.read_text() for p in stamps.iterdir()} == {second}
+    assert os.listdir(published) == [second]
+    assert dataset.versions() == [second] and dataset.latest() == second
+    assert _tree(dataset.version_dir(second)) == kept  # what readers use is untouched
+    assert verify.verify(again.dataset_dir).ok
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(
+        f"deleting the incomplete version folder {first.dataset_dir}" in m for m in warned
+    ), warned
+    # A folder kiln did not make is not kiln's to delete.
+    (tmp_path / "out" / "shapes" / "notes").mkdir()
+    (tmp_path / "out" / "shapes" / "notes" / "README").write_text("mine")
+    build(config)
+    assert (tmp_path / "out" / "shapes" / "notes" / "README").read_text() == "mine"
+
+
+# Runs `kiln build` commands one after another in one process on the
+# in-memory object store (which lives in that process), and sends the
+# process a real SIGTERM at the first write or delete of the store that
+# matches a step's pattern, as a scheduler stopping the task would. Prints
+# each step's exit code and the store's object names.
+ON_MEMGS = textwrap.dedent("""
+    import json, logging, os, re, signal, sys
+    tests, steps = sys.argv[1], json.loads(sys.argv[2])
+    sys.path.insert(0, tests)
+    import object_store
+    from kiln import cli
+
+    results = []
+    for step in steps:
+        # Each step as a process of its own: an interrupted one turned logging off.
+        logging.disable(logging.NOTSET)
+        for uri, path in step.get("put", {}).items():
+            with open(path, "rb") as f:
+                object_store.put(uri, f.read())
+        at = step.get("sigterm_at")
+        fired = []
+
+        def watch(kind, path, at=at, fired=fired):
+            if at and not fired and kind == at[0] and re.fullmatch(at[1], path):
+                fired.append(path)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        object_store.WATCHERS[:] = [watch]
+        code = cli.main(step["argv"]) if "argv" in step else None
+        object_store.WATCHERS[:] = []
+        names = object_store.names()
+        latest = [n for n in names if n.endswith("/LATEST")]
+        results.append({
+            "code": code,
+            "fired": fired,
+            "names": names,
+            "latest": object_store.get(latest[0]).decode() if latest else None,
+        })
+    print("RESULTS " + json.dumps(results), flush=True)
+    os._exit(0)  # not the exit code an interrupted build registered
+""")
+
+
+def run_on_memgs(steps, tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=SOURCE_ROOT)
+    completed = subprocess.run(
+        [sys.executable, "-c", ON_MEMGS, TESTS, json.dumps(steps)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert lines, completed.stdout + completed.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULTS ") :]), completed.stderr
+
+
+def test_a_publish_or_prune_stopped_by_sigterm_on_an_object_store(demo_corpus, tmp_path):
+    """A version is copied into place file by file on an object store. SIGTERM
+    during the copy: the build deletes the part it copied on its way out
+    (exit 143). SIGTERM during --keep's pruning: the half-pruned version is
+    deleted by the next build, with its records."""
+    bucket = f"{object_store.SCHEME}://bucket"
+    root = f"{bucket}/datasets/shapes"
+    keys = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken][::6]
+    images = {f"{bucket}/images/{key}": os.path.join(demo_corpus.out_dir, key) for key in keys}
+    config = make_config(
+        f"{bucket}/images",
+        output=f"{bucket}/datasets",
+        sharding={"num_shards": 2},
+        splits={"fractions": {"train": 1.0}},
+    )
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+
+    def argv(report, *flags):
+        return ["build", "--config", str(config_path), "--quiet", "--report", report, *flags]
+
+    version_file = rf"{re.escape(root)}/[0-9a-f]{{12}}/[^/]+"
+    added = {
+        f"{bucket}/images/{keys[0].split('/')[0]}/added.png": images[f"{bucket}/images/{keys[1]}"]
+    }
+    results, err = run_on_memgs(
+        [
+            {"put": images, "argv": argv("first.json")},
+            {"put": added, "argv": argv("copy.json"), "sigterm_at": ["write", version_file]},
+            {
+                "argv": argv("prune.json", "--keep", "1"),
+                "sigterm_at": ["delete", rf"{re.escape(root)}/[0-9a-f]{{12}}/kiln\.json"],
+            },
+            {"argv": argv("after.json")},
+        ],
+        tmp_path,
+    )
+    first, copy, prune, after = results
+    reports = {
+        name: json.loads((tmp_path / f"{name}.json").read_text())
+        for name in ("first", "copy", "prune", "after")
+    }
+    v1 = reports["first"]["version"]
+    assert first["code"] == 0 and v1, err
+
+    def under(names, prefix):
+        return [n for n in names if n.startswith(prefix)]
+
+    # Stopped while copying its version: nothing of it is left, nor of its staging.
+    assert copy["code"] == 143 and copy["fired"], (copy, err)
+    v2 = copy["fired"][0][len(root) + 1 :].split("/")[0]
+    assert v2 != v1 and reports["copy"]["status"] == "interrupted"
+    assert under(copy["names"], f"{root}/{v2}/") == []
+    assert not [n for n in copy["names"] if "/.staging-" in n]
+    assert copy["latest"] == v1 + "\n"
+
+    # Stopped while pruning v1 after publishing v2: v1 lost its kiln.json only.
+    assert prune["code"] == 143 and prune["fired"] == [f"{root}/{v1}/kiln.json"], (prune, err)
+    v1_left = under(prune["names"], f"{root}/{v1}/")
+    assert v1_left and f"{root}/{v1}/kiln.json" not in v1_left
+    assert f"{root}/.published/{v1}" in prune["names"]
+    assert f"{root}/{v2}/kiln.json" in prune["names"] and prune["latest"] == v2 + "\n"
+    v2_files = under(prune["names"], f"{root}/{v2}/")
+
+    # The next build (up to date) deletes the leftover and its records; v2 stays whole.
+    assert after["code"] == 0 and reports["after"]["status"] == "up_to_date", err
+    assert reports["after"]["version"] == v2
+    assert under(after["names"], f"{root}/{v1}/") == []
+    assert f"{root}/.published/{v1}" not in after["names"]
+    assert under(after["names"], f"{root}/.published/") == [f"{root}/.published/{v2}"]
+    assert len(under(after["names"], f"{root}/.stamps/")) == 1
+    assert under(after["names"], f"{root}/{v2}/") == v2_files
+    assert any(
+        m.startswith(f"deleting the incomplete version folder {root}/{v1}")
+        for m in reports["after"]["warnings"]
+    ), reports["after"]["warnings"]
 
 
 def test_a_published_version_whose_kiln_json_was_edited_is_rebuilt_not_reused(

@@ -21,7 +21,10 @@ import contextlib
 import dataclasses
 import io
 import json
+import logging
 import os
+import subprocess
+import sys
 import time
 
 import boto3
@@ -29,6 +32,7 @@ import pytest
 import yaml
 from moto import server as moto_server
 
+import kiln
 from conftest import make_config
 from kiln import cli
 from kiln.errors import Busy
@@ -227,3 +231,41 @@ def test_the_lock_is_an_exclusive_create_on_s3(s3, endpoint):
         with DatasetLock(root):
             pass
     assert store.read_bytes(path) == other.to_bytes()
+
+
+def test_the_lock_of_a_build_killed_on_this_machine_is_broken_at_once(s3, endpoint, caplog):
+    # It blocked every retry for 10 minutes (busy, exit 3), until its heartbeat went stale.
+    root = f"s3://{BUCKET}/datasets/killed"
+    kiln_root = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys, time\n"
+            "from kiln.pipeline import lock, storage\n"
+            "storage.use_pipeline_options(json.loads(sys.argv[2]))\n"
+            "with lock.DatasetLock(sys.argv[1]):\n"
+            "    print('held', flush=True); time.sleep(600)\n",
+            root,
+            json.dumps(_flags(endpoint)),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=kiln_root),
+    )
+    storage.use_pipeline_options(_flags(endpoint))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(
+            Busy, match=f"holds the lock .* \\(pid {holder.pid} on .*last heartbeat"
+        ):
+            DatasetLock(root).__enter__()
+    finally:
+        holder.kill()  # SIGKILL: it cannot delete its lock
+        holder.wait()
+    assert _names(s3, "datasets/killed/") == ["datasets/killed/.lock"]
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.lock"):
+        with DatasetLock(root) as held:  # no --wait: at once
+            assert held.holder().pid == os.getpid()
+    assert f"its process {holder.pid} on this machine is not running" in caplog.text
+    assert _names(s3, "datasets/killed/") == []  # released

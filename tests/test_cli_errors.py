@@ -113,17 +113,80 @@ def test_report_with_a_bare_file_name(tmp_path, config, capfd, monkeypatch):
     assert report["status"] == "usage_error" and report["exit_code"] == 2
 
 
-def test_an_unwritable_report_names_its_path(tmp_path, config, capfd):
-    # A report path that is a folder: the build publishes, the write fails.
-    taken = tmp_path / "reports"
-    taken.mkdir()
-    code, out, err = run_cli(capfd, "build", "--config", config, "--quiet", "--report", str(taken))
-    assert code == 1 and out == ""
+@pytest.mark.parametrize(
+    "where, problem",
+    [
+        ("reports", "it is a folder; name a file in it"),  # an existing folder
+        ("taken/r.json", "{tmp}/taken is not a folder"),  # below a file
+        ("taken/sub/r.json", "{tmp}/taken is not a folder"),
+    ],
+)
+def test_a_report_that_cannot_be_written_stops_the_build_before_it_starts(
+    tmp_path, config, capfd, where, problem
+):
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "taken").write_text("a file")
+    report = tmp_path / where
+    code, out, err = run_cli(capfd, "build", "--config", config, "--quiet", "--report", str(report))
+    assert (code, out) == (2, "")
     assert err == (
-        f"kiln build: failed: --report: cannot write {taken}: Is a directory; "
-        f"the dataset was published\n"
+        f"kiln build: error: --report {report}: cannot write it: "
+        f"{problem.format(tmp=tmp_path)}; nothing was done\n"
     )
-    assert os.listdir(taken) == [] and os.listdir(tmp_path / "out" / "shapes").count("LATEST") == 1
+    assert os.listdir(tmp_path / "reports") == [] and not (tmp_path / "out").exists()
+    assert (tmp_path / "taken").read_text() == "a file"
+    # A folder of the path that does not exist yet is created, as before.
+    report = tmp_path / "new" / "folder" / "r.json"
+    code, out, err = run_cli(capfd, "build", "--config", config, "--quiet", "--report", str(report))
+    assert code == 0, err
+    assert json.loads(report.read_text())["status"] == "built"
+
+
+# A plugin transform that, while the job runs, puts a file where the
+# report's folder is: the report cannot be written after the build
+# published (as when a disk fills up meanwhile).
+TAKES_THE_REPORT_FOLDER = """\
+import os
+import shutil
+
+from kiln.transforms import register
+
+
+@register()
+def take_the_report_folder(image):
+    folder = os.environ["KILN_TEST_REPORT_FOLDER"]
+    if os.path.isdir(folder):
+        shutil.rmtree(folder, ignore_errors=True)
+        with open(folder, "w") as f:
+            f.write("not a folder any more")
+    return image
+"""
+
+
+def test_a_report_that_fails_after_publishing_is_exit_73_saying_so(
+    tmp_path, demo_corpus, capfd, monkeypatch
+):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "kiln_test_takes_the_report_folder.py").write_text(TAKES_THE_REPORT_FOLDER)
+    monkeypatch.syspath_prepend(str(plugins))
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    monkeypatch.setenv("KILN_TEST_REPORT_FOLDER", str(reports))
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    config["plugins"] = ["kiln_test_takes_the_report_folder"]
+    config["transforms"] = [*config["transforms"], "take_the_report_folder"]
+    path = write_config(tmp_path, config)
+    report = reports / "r.json"
+    code, out, err = run_cli(capfd, "build", "--config", path, "--quiet", "--report", str(report))
+    latest = (tmp_path / "out" / "shapes" / "LATEST").read_text().strip()
+    assert (code, out) == (73, "")
+    assert err == (
+        f"kiln build: report not written: --report {report}: cannot write it: File exists; "
+        f"the build succeeded: shapes version {latest} was published "
+        f"({tmp_path / 'out' / 'shapes' / latest}; LATEST names it)\n"
+    )
+    assert (tmp_path / "out" / "shapes" / latest / "kiln.json").exists()
 
 
 def test_help_and_version(capfd):
@@ -273,6 +336,55 @@ def test_build_into_an_unreachable_object_store_is_one_line(tmp_path, config):
     assert written["error"] == expected[len("kiln build: error: ") :].strip()
 
 
+def test_a_source_on_an_unreachable_object_store_is_one_line_at_once(tmp_path, demo_corpus):
+    # It was an internal error (exit 70) after Beam's client had retried for minutes.
+    source = "gs://kiln-tests-no-such-bucket/images"
+    path = write_config(tmp_path, make_config(source, output=str(tmp_path / "out")))
+    report = tmp_path / "report.json"
+    started = time.monotonic()
+    completed = kiln_offline(
+        tmp_path / "no-such-credentials.json",
+        *("build", "--config", path, "--quiet", "--report", str(report)),
+    )
+    assert time.monotonic() - started < 60
+    assert completed.returncode == 2, completed.stderr
+    expected = (
+        f"kiln build: error: config error in {path}: source.root: {source}: cannot reach it: "
+        f"File {tmp_path / 'no-such-credentials.json'} was not found\n"
+    )
+    assert completed.stderr == expected
+    assert json.loads(report.read_text())["status"] == "usage_error"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_report_on_an_unreachable_object_store_stops_the_build_before_it_starts(tmp_path, config):
+    # It was found at the end: a published dataset and an internal error (exit 70).
+    report = "gs://kiln-tests-no-such-bucket/reports/report.json"
+    started = time.monotonic()
+    completed = kiln_offline(
+        tmp_path / "no-such-credentials.json",
+        *("build", "--config", config, "--quiet", "--report", report),
+    )
+    assert time.monotonic() - started < 60
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr == (
+        f"kiln build: error: --report {report}: cannot write it: cannot reach "
+        f"gs://kiln-tests-no-such-bucket/reports: File {tmp_path / 'no-such-credentials.json'} "
+        f"was not found; nothing was done\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+SLOW_IMAGES = (
+    "import time\n"
+    "from kiln.transforms import register\n\n"
+    "@register()\n"
+    "def take_your_time(image):\n"
+    "    time.sleep(0.02)\n"
+    "    return image\n"
+)
+
+
 @pytest.mark.parametrize(
     "signum, code, line, flags",
     [
@@ -295,14 +407,7 @@ def test_ctrl_c_during_a_build(tmp_path, signum, code, line, flags):
     # signal comes on any machine (400 demo images alone can take under 0.5 s).
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    (plugins / "kiln_test_slow_images.py").write_text(
-        "import time\n"
-        "from kiln.transforms import register\n\n"
-        "@register()\n"
-        "def take_your_time(image):\n"
-        "    time.sleep(0.02)\n"
-        "    return image\n"
-    )
+    (plugins / "kiln_test_slow_images.py").write_text(SLOW_IMAGES)
     config = make_config(images, output=str(output), plugins=["kiln_test_slow_images"])
     config["transforms"] = [*config["transforms"], "take_your_time"]
     path = write_config(tmp_path, config)
@@ -340,6 +445,44 @@ def test_ctrl_c_during_a_build(tmp_path, signum, code, line, flags):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "interrupted" and report["exit_code"] == code
     assert report["error"] == line[len("kiln build: ") :]
+
+
+@pytest.mark.parametrize("lines_read", [3, 0])
+def test_a_reader_that_goes_away_stops_neither_the_build_nor_its_report(
+    tmp_path, demo_corpus, lines_read
+):
+    """`kiln build ... 2>&1 | head -3`: the progress lines (3) or the summary (0:
+    the reader is gone before the first line) meet a closed pipe. The build
+    publishes, writes its report and exits 0, quietly. It used to fail
+    ("Broken pipe; nothing was published") or exit 1 with no report."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "kiln_test_slow_images.py").write_text(SLOW_IMAGES)
+    config = make_config(
+        demo_corpus.out_dir, output=str(tmp_path / "out"), plugins=["kiln_test_slow_images"]
+    )
+    config["transforms"] = [*config["transforms"], "take_your_time"]
+    path = write_config(tmp_path, config)
+    report = tmp_path / "report.json"
+    every = "0.05" if lines_read else "0"
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "kiln.cli", "build", "--config", path),
+            *("--report", str(report), "--image-threads", "1", "--progress-every", every),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([SOURCE_ROOT, str(plugins)])),
+    )
+    read = [process.stdout.readline() for _ in range(lines_read)]
+    assert all(line.startswith("kiln build: ") for line in read), read
+    process.stdout.close()  # as `head` exits
+    assert process.wait(timeout=300) == 0
+    written = json.loads(report.read_text())
+    assert written["status"] == "built" and written["exit_code"] == 0, written
+    latest = (tmp_path / "out" / "shapes" / "LATEST").read_text().strip()
+    assert latest == written["version"]
 
 
 # An internal error: an exception that is not a KilnError. Not kiln's code

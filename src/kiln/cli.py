@@ -42,7 +42,7 @@ import time
 import traceback
 from typing import NoReturn
 
-from kiln import native_logs
+from kiln import console, native_logs
 from kiln.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -207,10 +207,10 @@ def _internal_error(command: str, error: Exception, verbose: bool) -> int:
         traceback.print_exception(error, file=sys.stderr)
     saved = save_traceback(command, error)
     where = f"the traceback is in {saved}" if saved else "the traceback could not be saved"
-    print(
+    console.write(
         f"kiln {command}: internal error: {unexpected(error)} "
-        f"(unexpected; {where}; --verbose prints it)",
-        file=sys.stderr,
+        f"(unexpected; {where}; --verbose prints it)\n",
+        sys.stderr,
     )
     return EXIT_INTERNAL
 
@@ -293,18 +293,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._module.run(args, extra) or 0)
     except KilnError as e:
-        print(f"kiln {args.command}: {e.label}: {e}", file=sys.stderr)
+        console.write(f"kiln {args.command}: {e.label}: {e}\n", sys.stderr)
         return e.exit_code
     except KeyboardInterrupt as e:
         what, code = interruption(e)
-        print(f"kiln {args.command}: {what}", file=sys.stderr)
+        console.write(f"kiln {args.command}: {what}\n", sys.stderr)
         atexit.register(_end_interrupted_process, code)
         return code
     except BrokenPipeError:
         # The reader of our output went away (`kiln inspect --json | head`):
         # not an error of ours. Point stdout at devnull so the interpreter's
-        # final flush does not raise again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # final flush does not raise again. (`kiln build` writes through
+        # `console`: its reader going away neither stops the build nor
+        # changes its exit code.)
+        console.discard(sys.stdout.fileno())
         return 1
     except Exception as e:  # not a KilnError: unexpected (a bug, here or in a plugin or library)
         return _internal_error(args.command, e, verbose=args.verbose)

@@ -18,6 +18,9 @@ Exit codes (the same for every command, documented in docs/cli.md):
 70    internal error: an exception that is not a `KilnError` (a bug in kiln, or
       in a plugin it ran): one line naming it and where its traceback was
       saved (`unexpected`); sysexits.h's EX_SOFTWARE
+73    `kiln build` succeeded (published, or found up to date), but the file
+      ``--report`` names could not be written (`ReportNotWritten`);
+      sysexits.h's EX_CANTCREAT
 130   interrupted (Ctrl-C): one line, no traceback; a build publishes nothing
 143   terminated (SIGTERM): handled as Ctrl-C, one line (`Terminated`)
 ====  ==========================================================================
@@ -37,6 +40,9 @@ EXIT_BUSY = 3
 # An exception kiln did not expect (not a KilnError): sysexits.h's EX_SOFTWARE,
 # apart from 1 so that a scheduler can tell a bug from a failed build.
 EXIT_INTERNAL = 70
+# The build succeeded but its --report file could not be written: sysexits.h's
+# EX_CANTCREAT, apart from 1 and 70, which mean that nothing was published.
+EXIT_NOT_REPORTED = 73
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + the signal's number, as shells report it
 EXIT_TERMINATED = 143  # SIGTERM (a scheduler, Kubernetes, `timeout`): 128 + 15
 
@@ -214,7 +220,17 @@ class DryRun(KilnError):
 
 
 class Busy(KilnError):
-    """Another build of the same dataset is running: exit 3, nothing was done."""
+    """Another build of the same dataset holds its lock: exit 3, nothing was done."""
 
     exit_code = EXIT_BUSY
     label = "busy"
+
+
+class ReportNotWritten(KilnError):
+    """`kiln build` published its dataset (or found it up to date), but the
+    file ``--report`` names could not be written: exit 73, one line saying
+    both. Not 1 or 70, which mean that nothing was published; not 0, since
+    a scheduler that reads the report would read an old one, or none."""
+
+    exit_code = EXIT_NOT_REPORTED
+    label = "report not written"

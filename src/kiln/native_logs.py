@@ -60,6 +60,8 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import IO, Any
 
+from kiln import console
+
 ENV = "KILN_QUIET_NATIVE_LOGS"
 
 # absl's pre-initialization notice, and its INFO/WARNING lines:
@@ -168,7 +170,11 @@ def _write_back(captured: IO[bytes], drop: re.Pattern[bytes], dropped: DroppedLi
 def _write_all(data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(2, view) :]
+        try:
+            view = view[os.write(2, view) :]
+        except BrokenPipeError:  # stderr's reader went away (`2>&1 | head`): drop the rest
+            console.discard(2)
+            return
 
 
 class _FilteredLoader(importlib.abc.Loader):

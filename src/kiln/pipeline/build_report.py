@@ -4,6 +4,7 @@ One JSON object, written whether the build succeeded or not, so a scheduler
 can read what happened without parsing the console::
 
     {"status": "built", "exit_code": 0, "name": "shapes", "version": "3f2a9c1b0d4e",
+     "latest": "3f2a9c1b0d4e", "latest_set_by_hand": false,
      "dataset_dir": ".../shapes/3f2a9c1b0d4e", "splits": {"train": {"num_examples": 229, ...}},
      "dropped": {"corrupt": 1}, "dropped_total": 1, "duplicates": 0,
      "previous_version": "0a1b2c3d4e5f", "changes": {...}, ...}
@@ -16,6 +17,10 @@ nothing was published: exit 0), ``failed`` (exit 1, nothing published),
 the dataset holds its lock: exit 3), ``internal_error`` (an exception kiln
 does not expect, a bug: exit 70, nothing published; ``traceback`` holds its
 traceback) or ``interrupted`` (Ctrl-C: exit 130; SIGTERM: exit 143).
+``latest`` is the version LATEST names after the build: ``version``, unless
+someone pointed LATEST at another version by hand after ``version`` was
+published (a rollback), which the build leaves as is
+(``latest_set_by_hand``: true; ``changes``: null).
 ``changes`` is what changed since the version LATEST named before the build
 (``previous_version``), as `kiln diff --json` prints it
 (`kiln.schemas.version_diff.VersionDiff.to_json`), or null when there was
@@ -29,6 +34,7 @@ dataset.
 from __future__ import annotations
 
 import json
+import os
 import traceback
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +57,9 @@ def succeeded(result: BuildResult, elapsed_seconds: float) -> dict[str, Any]:
         "exit_code": 0,
         "name": info.name,
         "version": result.version,
+        # What LATEST names: `version`, unless it was set by hand (a rollback) and left so.
+        "latest": result.latest_set_by_hand or result.version,
+        "latest_set_by_hand": result.latest_set_by_hand is not None,
         "dataset_dir": result.dataset_dir,
         "dataset_root": result.dataset_root,
         "splits": {
@@ -136,5 +145,45 @@ def dry_run(message: str, elapsed_seconds: float) -> dict[str, Any]:
 
 
 def write(path: str, report: dict[str, Any]) -> None:
-    """Writes the report atomically (local path or gs://)."""
+    """Writes the report atomically (local path or gs://); a missing local
+    folder is created."""
     storage.write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def destination_problem(path: str) -> str | None:
+    """Why the report could not be written to `path`, or None: what a build
+    checks before it starts, so that a report it cannot write stops it
+    before anything is done rather than after it published.
+
+    Locally: `path` must not be a folder, and the nearest folder of its
+    path that exists must be one this process can write in (`write`
+    creates the rest). On an object store: its folder must be reachable
+    (credentials, network, bucket), by one listing; whether the store
+    allows this writer to create the object is known only by writing it.
+
+    Raises:
+      Exception: an error of the store that does not say it is unreachable
+        (`storage.unreachable_reason`).
+    """
+    if storage.is_remote(path):
+        folder = path.rstrip("/").rsplit("/", 1)[0]
+        try:
+            storage.check_credentials(path)
+            storage.store_for(folder).has_files(folder)
+        except Exception as e:
+            reason = storage.unreachable_reason(e)
+            if reason is None:
+                raise
+            return f"cannot reach {folder}: {reason}"
+        return None
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return "it is a folder; name a file in it"
+    folder = os.path.dirname(path)
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create files in {folder}"
+    return None

@@ -36,7 +36,8 @@ every ``--progress-every`` seconds elsewhere. Exit codes: 0 built or up to
 date; 1 the build failed (nothing published) or the new version crossed the
 publish gate (kept in its folder, LATEST unchanged); 2 bad config or usage;
 3 busy; 70 an internal error (a bug: one line naming the file that holds
-the traceback; nothing published); 130 interrupted, 143 terminated by
+the traceback; nothing published); 73 built or up to date, but the
+``--report`` file could not be written; 130 interrupted, 143 terminated by
 SIGTERM (nothing published).
 """
 
@@ -44,11 +45,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from typing import TYPE_CHECKING
 
-from kiln import gate_flags, native_logs
-from kiln.errors import DryRun, Failure, KilnError, UsageError, interruption
+from kiln import console, gate_flags, native_logs
+from kiln.errors import (
+    DryRun,
+    KilnError,
+    ReportNotWritten,
+    UsageError,
+    interruption,
+    unexpected,
+)
 
 if TYPE_CHECKING:
     from kiln.pipeline.launcher import BuildResult
@@ -77,10 +86,13 @@ exit codes:
      the new version crossed a publish-gate threshold: it is kept in its
      folder, LATEST is unchanged
   2  bad config or usage (one line naming the field or flag; nothing was done)
-  3  another build of the same dataset is running (nothing was done; --wait)
+  3  another build of the same dataset holds its lock (nothing was done; --wait)
   70  internal error: an exception kiln does not expect (a bug, in kiln or a
       plugin): one line naming it and the file that holds its traceback
       (--report has it too; --verbose prints it); nothing was published
+  73  the build succeeded (published, or up to date), but the --report file
+      could not be written: one line saying both (a report path found
+      unwritable before the build is exit 2, nothing done)
   130  interrupted (Ctrl-C): nothing was published, LATEST is unchanged
   143  terminated (SIGTERM, from a scheduler): handled as Ctrl-C"""
 )
@@ -130,15 +142,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--report",
         metavar="FILE",
         help="write the end-of-build summary as JSON to FILE (also when the "
-        "build fails), for schedulers; local path or gs://",
+        "build fails), for schedulers; local path or gs://. Checked before the "
+        "build: a folder, or a place that cannot be written, is exit 2",
     )
     parser.add_argument(
         "--wait",
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="if another build of the same dataset is running, wait up to "
-        "SECONDS for it to finish (default: exit 3 at once)",
+        help="if another build of the same dataset holds its lock, wait up to "
+        "SECONDS for it to release it (default: exit 3 at once)",
     )
     parser.add_argument(
         "--base",
@@ -181,8 +194,10 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
                 args, build_report.dry_run(str(e), time.monotonic() - started), warnings.messages
             )
             if not args.quiet:
-                print(f"kiln build: {e.label}: {e}", flush=True)
+                console.write(f"kiln build: {e.label}: {e}\n", sys.stdout)
             return 0
+        except _UnwritableReport:  # nowhere to write that: printed by kiln.cli
+            raise
         except KilnError as e:  # printed by kiln.cli, with its exit code
             report = build_report.failed(str(e), e.exit_code, time.monotonic() - started)
             _report(args, report, warnings.messages)
@@ -199,10 +214,16 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             _report(args, report, warnings.messages)
             raise
         if not args.quiet:
-            print(summary(result), flush=True)
+            # A reader that went away (`| head`) does not keep the report
+            # from being written, nor change the build's exit code.
+            console.write(summary(result) + "\n", sys.stdout)
         report = build_report.succeeded(result, time.monotonic() - started)
-        _report(args, report, warnings.messages)
+        _report(args, report, warnings.messages, result)
     return 0
+
+
+class _UnwritableReport(UsageError):
+    """``--report`` names a file that cannot be written (found before the build)."""
 
 
 class _Warnings(logging.Handler):
@@ -280,13 +301,21 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
         gate = gate_flags.values(args)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    from kiln.pipeline import build_report, storage
     from kiln.pipeline import config as config_module
-    from kiln.pipeline import storage
 
     # The pipeline flags configure this process's access to object stores
     # too (s3:// takes its endpoint and credentials only from them), from
     # the config check's look at the source on.
     storage.use_pipeline_options(extra_argv)
+    if args.report:
+        # Before anything is done: a report that cannot be written would
+        # otherwise turn a published build into a failed run at its end.
+        problem = build_report.destination_problem(args.report)
+        if problem:
+            raise _UnwritableReport(
+                f"--report {args.report}: cannot write it: {problem}; nothing was done"
+            )
     # The whole config first, before Beam and TensorFlow are imported: a
     # mistake is reported in a fraction of a second.
     spec = config_module.load(args.config, output=args.output)
@@ -317,7 +346,19 @@ def _own_flags() -> list[str]:
     return [option for action in parser._actions for option in action.option_strings]
 
 
-def _report(args: argparse.Namespace, report: dict, warnings: list[str]) -> None:
+def _report(
+    args: argparse.Namespace,
+    report: dict,
+    warnings: list[str],
+    result: BuildResult | None = None,
+) -> None:
+    """Writes the report ``--report`` names, if any.
+
+    Raises:
+      ReportNotWritten: it could not be written after the build `result`
+        succeeded (which the message says). After a failed build it is
+        logged: the build's own error is what the run reports.
+    """
     from kiln.pipeline import build_report, storage
 
     if not args.report:
@@ -325,16 +366,32 @@ def _report(args: argparse.Namespace, report: dict, warnings: list[str]) -> None
     report = {**report, "warnings": list(warnings)}
     try:
         build_report.write(args.report, report)
-    except OSError as e:
-        # The report's own path: the OS error may name the temp file it was written to.
-        reason = storage.describe_os_error(e)
-        if e.filename is not None:
-            reason = e.strerror or reason
-        problem = f"--report: cannot write {args.report}: {reason}"
-        if report["exit_code"] == 0:  # published, but the scheduler would not hear of it
-            raise Failure(f"{problem}; the dataset was published") from None
-        # The build's own error (and exit code) is what the run reports.
+    except Exception as e:
+        if isinstance(e, OSError):
+            # The report's own path: the OS error may name the temp file it was written to.
+            reason = storage.describe_os_error(e)
+            if e.filename is not None:
+                reason = e.strerror or reason
+        else:  # an object store's error
+            reason = storage.unreachable_reason(e) or unexpected(e)
+        problem = f"--report {args.report}: cannot write it: {reason}"
+        if result is not None:  # published, but the scheduler would not hear of it
+            raise ReportNotWritten(f"{problem}; {_succeeded(result)}") from None
         logger.error("%s", problem)
+
+
+def _succeeded(result: BuildResult) -> str:
+    """What a build that succeeded did, for a line that must say it."""
+    what = "was up to date" if result.up_to_date else "was published"
+    latest = (
+        "LATEST names it"
+        if result.latest_set_by_hand is None
+        else f"LATEST names {result.latest_set_by_hand}, set by hand"
+    )
+    return (
+        f"the build succeeded: {result.info.name} version {result.version} {what} "
+        f"({result.dataset_dir}; {latest})"
+    )
 
 
 def summary(result: BuildResult) -> str:
@@ -346,7 +403,15 @@ def summary(result: BuildResult) -> str:
         head = f"kiln build: {info.name} is up to date: version {result.version}"
     else:
         head = f"kiln build: built {info.name} version {result.version}"
-    lines = [head, f"  dataset: {result.dataset_dir}  (LATEST -> {result.version})"]
+    if result.latest_set_by_hand is None:
+        lines = [head, f"  dataset: {result.dataset_dir}  (LATEST -> {result.version})"]
+    else:
+        lines = [
+            head,
+            f"  dataset: {result.dataset_dir}",
+            f"  LATEST -> {result.latest_set_by_hand}, set by hand after {result.version} was "
+            f"published: left as is (write {result.version} into LATEST to publish it again)",
+        ]
     width = max([len("split")] + [len(name) for name in info.splits])
     shares = {name: share_text(*share) for name, share in info.split_shares().items()}
     lines.append(f"  {'split':<{width}}  {'examples':>8}  {'shards':>6}  share")

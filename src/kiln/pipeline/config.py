@@ -470,7 +470,7 @@ def load(
         origin=origin,
     )
     if check_paths:
-        problem = spec.config.source.check(spec.output_root)
+        problem = spec.config.source.location_problem(spec.output_root)
         if problem:
             key = problem.split(":", 1)[0].split(".", 1)[0]  # source.root: ... -> source
             problems.add(key, problem + _where_relative(problem, rebased, folder))

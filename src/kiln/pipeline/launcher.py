@@ -12,7 +12,9 @@ A build, as `build` tells it: validate the config into a `BuildSpec` (a
 bad config raises `ConfigError` before anything else happens); list the
 source and stamp the listing; if a complete version was already built from
 this stamp, point LATEST at it and stop (``up_to_date``, without starting
-Beam). Otherwise, inside a `publish.PublishTransaction`: run the job
+Beam), unless someone pointed LATEST at another version by hand after that
+version was published: a rollback stands until the inputs or config change.
+Otherwise, inside a `publish.PublishTransaction`: run the job
 (`job.construct`) into the staging folder, read its typed `job.JobReport`,
 refuse too many dropped files (`BuildError`; the staging folder is kept
 with its errors.jsonl only, until the next build), refuse an augment list
@@ -127,7 +129,7 @@ class BuildResult:
 
     Attributes:
       dataset_dir: The version folder (``<output>/<name>/<version>``).
-      version: The version id, which LATEST now names.
+      version: The version id, which LATEST now names (unless `latest_set_by_hand`).
       info: The dataset's metadata (its `kiln.json`).
       up_to_date: True if nothing was built: the inputs and config had
         already been built into `version`.
@@ -143,7 +145,12 @@ class BuildResult:
       previous_version: The version LATEST named before this build, or None.
       changes: What changed from `previous_version` to `version`
         (`kiln.schemas.version_diff`); None if LATEST named no other version
-        before, or if the comparison failed (logged: the build stands).
+        before, or if the comparison failed (logged: the build stands), or
+        if LATEST was left as set by hand.
+      latest_set_by_hand: The version LATEST names, left as it was because
+        someone pointed LATEST at it by hand after `version` had been
+        published (a rollback: `publish.DatasetRoot.latest_set_by_hand`);
+        None when LATEST names `version`.
     """
 
     dataset_dir: str
@@ -156,6 +163,7 @@ class BuildResult:
     incremental: incremental.IncrementalReport | None = None
     previous_version: str | None = None
     changes: version_diff.VersionDiff | None = None
+    latest_set_by_hand: str | None = None
 
     @property
     def dataset_root(self) -> str:
@@ -733,10 +741,12 @@ def _build_locked(
     existing = dataset.stamped_version(stamp)
     built = dataset.read_info(existing) if existing else None
     if built is not None:
-        dataset.clean_stale_staging()
-        if check_gate is not None and built.version != previous:
-            check_gate(dataset.version_dir(built.version))
-        dataset.name_latest(built.version)
+        dataset.clean_leftovers()
+        by_hand = dataset.latest_set_by_hand(built.version)  # a rollback stands
+        if by_hand is None:
+            if check_gate is not None and built.version != previous:
+                check_gate(dataset.version_dir(built.version))
+            dataset.name_latest(built.version)
         logger.info("up to date: %s", built.version)
         return BuildResult(
             dataset.version_dir(built.version),
@@ -744,8 +754,9 @@ def _build_locked(
             built,
             up_to_date=True,
             previous_version=previous,
-            changes=_changes(dataset, previous, built.version),
+            changes=None if by_hand else _changes(dataset, previous, built.version),
             pruned=_prune(dataset, keep),
+            latest_set_by_hand=by_hand,
         )
 
     _check_base(dataset, base)
@@ -784,6 +795,7 @@ def _build_locked(
         _warn_about_empty_classes(info)
         held.check()
         target = transaction.commit(info, gate=check_gate)
+    by_hand = dataset.latest_set_by_hand(info.version)  # a rollback stands
     return BuildResult(
         dataset_dir=target,
         version=info.version,
@@ -792,9 +804,11 @@ def _build_locked(
         duplicates_across_splits=report.duplicates_across_splits,
         counters=counters,
         previous_version=previous,
-        changes=_changes(dataset, previous, info.version),  # before pruning `previous`
+        # Before pruning `previous`.
+        changes=None if by_hand else _changes(dataset, previous, info.version),
         pruned=_prune(dataset, keep),
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
+        latest_set_by_hand=by_hand,
     )
 
 

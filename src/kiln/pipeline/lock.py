@@ -17,8 +17,12 @@ holds `DatasetLock` from before it lists the source until it has published
   and deleted on release. A builder that dies cannot delete it, so the holder
   rewrites its ``heartbeat`` every `HEARTBEAT_SECONDS`; a lock whose heartbeat
   is older than `STALE_AFTER_SECONDS` belonged to a dead builder and is
-  broken by the next one (logged). Before publishing, the holder checks that
-  the lock is still its own (`DatasetLock.check`).
+  broken by the next one (logged). A builder on the same machine need not
+  wait that long: the lock names the holder's pid, host and pid namespace
+  (`Holder.namespace`), and where all three are this process's, a pid that
+  is not alive is a dead holder, whose lock is broken at once (logged).
+  Before publishing, the holder checks that the lock is still its own
+  (`DatasetLock.check`).
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class Holder:
     started: str  # ISO 8601, UTC
     token: str = ""
     heartbeat: float = 0.0  # time.time() of the holder's last sign of life (object stores)
+    # Where `pid` names the holder (`process_namespace`); "" if unknown.
+    namespace: str = ""
 
     @classmethod
     def me(cls) -> Holder:
@@ -65,6 +71,7 @@ class Holder:
             started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             token=secrets.token_hex(8),
             heartbeat=time.time(),
+            namespace=process_namespace(),
         )
 
     def to_bytes(self) -> bytes:
@@ -74,12 +81,57 @@ class Holder:
     def from_bytes(cls, data: bytes | None) -> Holder | None:
         try:
             fields = json.loads((data or b"").decode("utf-8"))
-            return cls(**fields)
-        except (ValueError, TypeError):  # empty (being written) or not ours
+            known = {field.name for field in dataclasses.fields(cls)}
+            # Fields a later kiln added are ignored, so that it and this one
+            # can take turns at a dataset.
+            return cls(**{name: value for name, value in fields.items() if name in known})
+        except (ValueError, TypeError, AttributeError):  # empty (being written) or not ours
             return None
 
     def describe(self) -> str:
         return f"pid {self.pid} on {self.host}, started {self.started}"
+
+    def dead_here(self) -> bool:
+        """Whether this holder is a process of this machine (same host name)
+        and pid namespace (`process_namespace`) that is no longer alive.
+        False whenever that cannot be known: another machine or container,
+        a lock written by a kiln that did not record its namespace."""
+        here = self.host == socket.gethostname() and self.namespace == process_namespace()
+        if not here or self.pid <= 0:
+            return False
+        try:
+            os.kill(self.pid, 0)  # signal 0: only asks whether the process exists
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        return False
+
+
+def process_namespace() -> str:
+    """Where a pid names one process: this boot of this machine and this
+    process's pid namespace (a container has its own, and may share the
+    host's name: ``docker run --network host``). On Linux
+    ``<boot id>/pid:[<inode>]``; elsewhere "", where a host name without
+    containers of its own is enough."""
+    if not os.path.exists("/proc/self/ns/pid"):
+        return ""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:  # unknown: equal to no other process's
+        return f"unknown {secrets.token_hex(8)}"
+
+
+def _stale(holder: Holder) -> str | None:
+    """Why an object store lock's `holder` is dead, or None if it may be alive."""
+    silent = time.time() - holder.heartbeat
+    if silent > STALE_AFTER_SECONDS:
+        return f"no heartbeat for {silent:.0f} s"
+    if holder.dead_here():
+        return f"its process {holder.pid} on this machine is not running"
+    return None
 
 
 class DatasetLock:
@@ -108,16 +160,28 @@ class DatasetLock:
         deadline = time.monotonic() + self._wait
         while not self._try_acquire():
             if time.monotonic() >= deadline:
-                holder = self._current_holder()
-                who = f" ({holder.describe()})" if holder else ""
-                waited = f" after waiting {self._wait:g} s" if self._wait else ""
-                raise Busy(
-                    f"another build of {os.path.dirname(self.path)} is running{who}; "
-                    f"nothing was done{waited} (kiln build --wait SECONDS waits for it)"
-                )
+                raise Busy(self._busy_message(self._current_holder()))
             time.sleep(_POLL_SECONDS)
         logger.info("locked %s", self.path)
         return self
+
+    def _busy_message(self, holder: Holder | None) -> str:
+        dataset = os.path.dirname(self.path)
+        waited = f" after waiting {self._wait:g} s" if self._wait else ""
+        then = f"; nothing was done{waited} (kiln build --wait SECONDS waits for it)"
+        if not self._remote:  # flock: its holder is alive
+            who = f" ({holder.describe()})" if holder else ""
+            return f"another build of {dataset} is running{who}{then}"
+        # An object: whether its holder is alive is not known, only when it
+        # last said so.
+        if holder is None:
+            return f"another build holds the lock of {dataset}{then}"
+        silent = max(0.0, time.time() - holder.heartbeat)
+        return (
+            f"another build holds the lock of {dataset} ({holder.describe()}, last "
+            f"heartbeat {silent:.0f} s ago; broken after {STALE_AFTER_SECONDS:.0f} s "
+            f"without one){then}"
+        )
 
     def holder(self) -> Holder | None:
         """Who holds the lock now (or held it last, on a local disk)."""
@@ -182,22 +246,22 @@ class DatasetLock:
 
     def _try_object_lock(self) -> bool:
         store = storage.store_for(self.path)
-        if store.create_exclusive(self.path, self._me.to_bytes()):
-            holder = self.holder()  # read back: a store without preconditions may race
-            if holder is None or holder.token != self._me.token:
+        if not store.create_exclusive(self.path, self._me.to_bytes()):
+            holder = self.holder()
+            why = None if holder is None else _stale(holder)
+            if holder is None or why is None:
                 return False
-            self._start_heartbeat()
-            return True
-        holder = self.holder()
-        if holder is not None and time.time() - holder.heartbeat > STALE_AFTER_SECONDS:
             logger.warning(
-                "breaking the stale lock %s of %s: no heartbeat for %.0f s",
-                self.path,
-                holder.describe(),
-                time.time() - holder.heartbeat,
+                "breaking the stale lock %s of %s: %s", self.path, holder.describe(), why
             )
             store.delete([self.path])
-        return False
+            if not store.create_exclusive(self.path, self._me.to_bytes()):
+                return False  # another build broke it too, and was first
+        holder = self.holder()  # read back: a store without preconditions may race
+        if holder is None or holder.token != self._me.token:
+            return False
+        self._start_heartbeat()
+        return True
 
     def _start_heartbeat(self) -> None:
         def beat() -> None:

@@ -16,7 +16,8 @@ for worker threads and worker processes
 local work folder: Dataflow's console shows the progress of remote jobs.
 
 A retried bundle counts its files again, so the count can overshoot; the
-display never shows more than the total.
+display never shows more than the total. A stream whose reader went away
+(``kiln build 2>&1 | head``) gets no more lines and stops nothing (`console`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from kiln import console
 from kiln.pipeline.storage import is_remote
 
 PROGRESS_FILENAME = "progress"
@@ -190,8 +192,7 @@ class ProgressDisplay:
         if self._thread is not None:
             self._thread.join()
         self.draw()
-        self._stream.write("\n")
-        self._stream.flush()
+        console.write("\n", self._stream)
 
     @property
     def _stream(self) -> TextIO:
@@ -215,8 +216,8 @@ class ProgressDisplay:
     def draw(self) -> None:
         line = self.line()
         # Pad over the previous, possibly longer, line; \r returns to its start.
-        self._stream.write("\r" + line.ljust(self._width))
-        self._stream.flush()
+        # A reader that went away (`| head`) does not stop the build.
+        console.write("\r" + line.ljust(self._width), self._stream)
         self._width = len(line)
 
 
@@ -239,8 +240,7 @@ class ProgressLog(ProgressDisplay):
             self.draw()
 
     def draw(self) -> None:
-        self._stream.write(self.line() + "\n")
-        self._stream.flush()
+        console.write(self.line() + "\n", self._stream)
         self._printed = True
 
     def __exit__(self, *exc_info) -> None:
@@ -327,8 +327,7 @@ class LoopProgress:
         if self._printed:
             self._show(self.clock())
             if self._terminal:
-                self.stream.write("\n")
-                self.stream.flush()
+                console.write("\n", self.stream)
 
     def _show(self, now: float) -> None:
         line = self.prefix + status_line(
@@ -340,9 +339,8 @@ class LoopProgress:
             after_last="",
         )
         if self._terminal:
-            self.stream.write("\r" + line.ljust(self._width))
+            console.write("\r" + line.ljust(self._width), self.stream)
             self._width = len(line)
         else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+            console.write(line + "\n", self.stream)
         self._printed = True

@@ -17,8 +17,13 @@ A build writes everything into its staging folder inside a
 therefore never sees a half-written version, and a build killed at any moment
 leaves the previous LATEST intact. How the folder moves depends on the store
 (`storage`): one atomic rename locally; file by file with `kiln.json` last on
-an object store, where a version folder without `kiln.json` is incomplete and
-replaced by the next build.
+an object store, where a version folder without `kiln.json` is incomplete.
+
+What an interrupted build or prune leaves behind (a staging folder, a version
+folder without `kiln.json`: half copied on an object store, or half pruned,
+with the records that name it) is deleted by the next build, which holds the
+dataset's lock (`DatasetRoot.clean_leftovers`). A build stopped by Ctrl-C or
+SIGTERM while it copies its version deletes the partial copy itself.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import secrets
 import types
 from collections.abc import Callable, Sequence
 
-from kiln.pipeline import storage
+from kiln.pipeline import storage, versioning
 from kiln.pipeline.tfds_export import write_tfds_metadata
 from kiln.schemas import (
     LATEST_FILENAME,
@@ -97,6 +102,12 @@ class DatasetRoot:
             if not name.startswith(".") and name != LATEST_FILENAME
         ]
 
+    def complete_versions(self, versions: Sequence[str]) -> set[str]:
+        """Those of `versions` whose folder holds a kiln.json (`is_complete`
+        of each; on an object store, the requests run concurrently)."""
+        metadata = {storage.join(self.version_dir(v), METADATA_FILENAME): v for v in versions}
+        return {metadata[path] for path in self.store.existing(list(metadata))}
+
     def staging_dirs(self) -> list[str]:
         """Staging folders of builds that did not finish (or are running)."""
         return [
@@ -141,6 +152,69 @@ class DatasetRoot:
             stale += self.store.clean_temp_files(folder)
         return stale
 
+    def clean_leftovers(self) -> list[str]:
+        """Deletes what interrupted builds and prunes left behind: stale
+        staging folders (`clean_stale_staging`) and incomplete version
+        folders (`clean_incomplete_versions`). Returns what it deleted.
+
+        Call it only while holding the dataset's lock (`lock.DatasetLock`).
+        """
+        return self.clean_stale_staging() + self.clean_incomplete_versions()
+
+    def clean_incomplete_versions(self) -> list[str]:
+        """Deletes the version folders without kiln.json, the publication
+        records of versions that are not complete and the stamps of those
+        versions. Returns the folders and records deleted; logs a warning
+        per folder.
+
+        Under the dataset's lock only this build writes version folders, and
+        it has not begun to, so such a folder is what an interrupted build
+        left (killed while it copied its version, file by file, to an object
+        store) or an interrupted prune (which deletes kiln.json first). No
+        reader uses it: readers refuse a folder without kiln.json. Left
+        alone: the version LATEST names, whatever its state (a reader
+        following LATEST would fail either way; a rebuild of it replaces
+        it), complete versions, and anything not named like a version
+        (`versioning.is_version_name`).
+
+        Call it only while holding the dataset's lock (`lock.DatasetLock`).
+        """
+        latest = self.latest()
+        versions = self.versions()
+        complete = self.complete_versions(versions)
+        deleted = []
+        for version in versions:
+            if version in complete or version == latest or not versioning.is_version_name(version):
+                continue
+            directory = self.version_dir(version)
+            logger.warning(
+                "deleting the incomplete version folder %s (no %s: left by a build or prune "
+                "that was interrupted)",
+                directory,
+                METADATA_FILENAME,
+            )
+            self.store.delete_tree(directory)
+            deleted.append(version)
+        # Their records, which send nobody anywhere: the publication marks
+        # (named by version) and stamps (which hold it) of versions deleted
+        # now, or whose folders a prune deleted before it was interrupted.
+        # The stamps are read only then: they add up over the builds.
+        published = storage.join(self.path, PUBLISHED_FOLDER)
+        gone = {
+            version
+            for version in self.store.children(published)
+            if not version.startswith(".") and version not in complete and version != latest
+        }
+        stale = [storage.join(published, version) for version in sorted(gone)]
+        gone.update(deleted)
+        if gone:
+            stamps = self._small_files(storage.join(self.path, STAMPS_FOLDER))
+            stale += [path for path, version in stamps.items() if version in gone]
+        if stale:
+            logger.info("deleting %d stamp(s) and record(s) of gone versions", len(stale))
+            self.store.delete(stale)
+        return [self.version_dir(version) for version in deleted] + stale
+
     def point_latest(self, version: str) -> None:
         """Makes LATEST name `version`, atomically: one line, ending in a newline
         (readers strip it, and accept LATEST files from before it had one)."""
@@ -160,6 +234,29 @@ class DatasetRoot:
             storage.join(self.path, PUBLISHED_FOLDER, version),
             f"{max(marks.values(), default=0) + 1}\n",
         )
+
+    def latest_set_by_hand(self, version: str) -> str | None:
+        """The version LATEST names, if someone pointed it there by hand
+        after kiln had published `version` (a rollback), else None.
+
+        That is: LATEST names another complete version; `version` is the
+        one kiln published last (`record_published`); and LATEST was
+        written after that record. A build of `version` leaves such a
+        LATEST as it is: publishing `version` again would undo the
+        rollback. Kiln's own states do not match: a version the publish
+        gate held back was never published, and a build killed between
+        recording a publication and writing LATEST left a LATEST older
+        than the record.
+        """
+        latest = self.latest()
+        if latest is None or latest == version or not self.is_complete(latest):
+            return None
+        marks = self._published_marks()
+        if version not in marks or marks[version] != max(marks.values()):
+            return None
+        record = storage.join(self.path, PUBLISHED_FOLDER, version)
+        written = self.store.modified_time(storage.join(self.path, LATEST_FILENAME))
+        return latest if written > self.store.modified_time(record) else None
 
     def name_latest(self, version: str) -> None:
         """Points LATEST at `version` (if it names another), noting the publication first."""
@@ -194,14 +291,16 @@ class DatasetRoot:
         has a record, among themselves ordered by their kiln.json's time. Each
         version loses its kiln.json first, so a reader resolving it during the
         deletion gets "incomplete" rather than a missing shard. Folders without
-        kiln.json are left alone: invisible to readers, and replaced by the next
-        build of that version.
+        kiln.json are not counted: invisible to readers, they are deleted by
+        the next build (`clean_incomplete_versions`), as is what a prune
+        interrupted half-way leaves.
         """
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         latest = self.latest()
         marks = self._published_marks()
-        complete = [v for v in self.versions() if self.is_complete(v)]
+        versions = self.versions()
+        complete = sorted(self.complete_versions(versions))
 
         def recency(version: str):
             if version in marks:
@@ -234,11 +333,14 @@ class PublishTransaction:
             ...  # the job writes shards and errors.jsonl into transaction.staging_dir
             target = transaction.commit(info)
 
-    Entering deletes what earlier builds left behind and creates a unique
-    staging folder name. `commit` writes the TFDS files, `kiln.json` last,
-    moves the folder into place (or keeps an identical published copy),
-    records the stamp and replaces LATEST, last of all. Leaving with an
-    exception deletes the staging folder, unless `keep_staging` asked to
+    Entering deletes what earlier builds left behind
+    (`DatasetRoot.clean_leftovers`) and creates a unique staging folder
+    name. `commit` writes the TFDS files, `kiln.json` last, moves the folder
+    into place (or keeps an identical published copy), records the stamp and
+    replaces LATEST, last of all. Leaving with an exception (Ctrl-C and
+    SIGTERM included) deletes the staging folder, and the part of the version
+    folder moved so far if the exception came while it was moved file by
+    file (an object store), unless `keep_staging` asked to
     keep some of its files (a build that dropped too much keeps its
     errors.jsonl for the user to read, until the next build): everything
     else in it (shards, indexes, the job's work files) is deleted then.
@@ -249,6 +351,7 @@ class PublishTransaction:
         self.stamp = stamp
         self.staging_dir = ""
         self._keep: tuple[str, ...] | None = None
+        self._moving_to: str | None = None  # the version being moved into place
 
     @property
     def work_dir(self) -> str:
@@ -257,7 +360,7 @@ class PublishTransaction:
         return storage.join(self.staging_dir, WORK_FOLDER)
 
     def __enter__(self) -> PublishTransaction:
-        self.dataset.clean_stale_staging()
+        self.dataset.clean_leftovers()
         self.staging_dir = self.dataset.new_staging_dir(self.stamp)
         return self
 
@@ -268,6 +371,10 @@ class PublishTransaction:
 
     def commit(self, info: DatasetInfo, gate: Callable[[str], None] | None = None) -> str:
         """Publishes the staged folder as `info.version`; returns its folder.
+
+        LATEST is left as it is if it was pointed by hand at another
+        version after `info.version` was last published
+        (`DatasetRoot.latest_set_by_hand`: a rollback).
 
         Args:
           gate: Called with the version's folder once it is complete and
@@ -293,9 +400,16 @@ class PublishTransaction:
             # An incomplete folder of this version (a copy interrupted on an
             # object store) is replaced.
             store.delete_tree(target)
+            self._moving_to = info.version
             store.move_tree(self.staging_dir, target, last=METADATA_FILENAME)
+            self._moving_to = None
             store.delete_tree(self.staging_dir)
         self.dataset.record_stamp(self.stamp, info.version)
+        if self.dataset.latest_set_by_hand(info.version) is not None:
+            # The same version as one LATEST was rolled back from (a file
+            # touched, the same bytes): the rollback stands.
+            logger.info("LATEST was set by hand: left as is")
+            return target
         if gate is not None:
             gate(target)
         self.dataset.name_latest(info.version)  # last of all
@@ -319,11 +433,20 @@ class PublishTransaction:
         if kind is None:
             return
         try:
+            # Stopped while its folder was moved file by file (an object
+            # store): the part already moved is not a version, and would
+            # stay until the next build.
+            version = self._moving_to
+            if version is not None and not self.dataset.is_complete(version):
+                logger.info("deleting the partial copy %s", self.dataset.version_dir(version))
+                self.dataset.store.delete_tree(self.dataset.version_dir(version))
             if self._keep is None:
                 self.dataset.store.delete_tree(self.staging_dir)
             else:
                 self._delete_all_but(self._keep)
         except Exception:  # keep the original error; the next build cleans up
             logger.warning(
-                "could not delete the staging folder %s", self.staging_dir, exc_info=True
+                "could not delete the staging folder %s (or the partial copy of its version)",
+                self.staging_dir,
+                exc_info=True,
             )

@@ -201,6 +201,30 @@ class _SourceModel(BaseModel):
         """What is wrong with the source's location for this output, or None."""
         raise NotImplementedError
 
+    def location_problem(self, output_root: str) -> str | None:
+        """`check`, with an object store that cannot be reached (no
+        credentials, no network, no such bucket, access denied) as a problem
+        of its own, ``source.root: gs://...: cannot reach it: <reason>``,
+        found at once: Google credentials are looked up before the first
+        request (`storage.check_credentials`), where Beam's client would
+        retry for minutes.
+
+        Raises:
+          Exception: an error that does not say a store is unreachable
+            (`storage.unreachable_reason`): a bug stays a bug.
+        """
+        try:
+            for value in self.location().values():
+                for path in value if isinstance(value, list) else [value]:
+                    if isinstance(path, str):
+                        storage.check_credentials(path)
+            return self.check(output_root)
+        except Exception as e:
+            reason = storage.unreachable_reason(e)
+            if reason is None:
+                raise
+            return f"{self.describe()}: cannot reach it: {reason}"
+
 
 class ImageFolderSource(_SourceModel):
     """``root/<class>/<image>``, or ``root/<split>/<class>/<image>`` with

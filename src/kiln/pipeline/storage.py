@@ -225,6 +225,10 @@ class Store(abc.ABC):
     def exists(self, path: str) -> bool:
         """Whether a file (or, locally, a folder) exists at `path`."""
 
+    def existing(self, paths: Sequence[str]) -> set[str]:
+        """Those of `paths` that exist (`exists` of each)."""
+        return {path for path in paths if self.exists(path)}
+
     @abc.abstractmethod
     def has_files(self, folder: str) -> bool:
         """Whether anything is stored below `folder`."""
@@ -440,9 +444,21 @@ class ObjectStore(Store):
         metadata = FileSystems.get_filesystem(path).metadata(path)
         return int(metadata.size_in_bytes), float(metadata.last_updated_in_seconds), None
 
+    def existing(self, paths: Sequence[str]) -> set[str]:
+        # One metadata request per object, concurrently (`walk_prefixes`).
+        wanted = set(paths)
+        return {m.path for m in walk_prefixes((), objects=sorted(wanted)) if m.path in wanted}
+
     def children(self, folder: str) -> list[str]:
         root = folder.rstrip("/")
-        return sorted({m.path[len(root) + 1 :].split("/", 1)[0] for m in self.list_tree(root)})
+        # One delimiter listing where the store has one, whatever lies deeper.
+        level = folder_level(root + "/")
+        if level is None:
+            paths = [m.path for m in self.list_tree(root)]
+        else:
+            objects, folders = level
+            paths = objects + folders
+        return sorted({name for path in paths if (name := path[len(root) + 1 :].split("/", 1)[0])})
 
     def write_atomic(self, path: str, data: bytes) -> None:
         with create(path) as f:  # one object write: visible whole, on close
