@@ -149,6 +149,24 @@ def portable_services(request, tmp_path_factory, plugin_dir):
     return f"localhost:{job_port}", f"localhost:{pool_port}", started, logs
 
 
+def _portable_build(config_path: Path, output: Path, job_endpoint: str, pool: str) -> list[str]:
+    """The command line of a build on the job service, its work on the worker pool."""
+    return [
+        sys.executable,
+        "-m",
+        "kiln.cli",
+        "build",
+        "--config",
+        str(config_path),
+        "--output",
+        str(output),
+        "--runner=PortableRunner",
+        f"--job_endpoint={job_endpoint}",
+        "--environment_type=EXTERNAL",
+        f"--environment_config={pool}",
+    ]
+
+
 def _version_files(result) -> dict[str, bytes]:
     folder = Path(result.dataset_dir)
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
@@ -172,20 +190,7 @@ def test_portable_runner_with_external_workers_writes_the_same_bytes(
     config_path.write_text(json.dumps(make_config(demo_corpus.out_dir, **overrides)))
     output = tmp_path / "portable-out"
     completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kiln.cli",
-            "build",
-            "--config",
-            str(config_path),
-            "--output",
-            str(output),
-            "--runner=PortableRunner",
-            f"--job_endpoint={job_endpoint}",
-            "--environment_type=EXTERNAL",
-            f"--environment_config={pool}",
-        ],
+        _portable_build(config_path, output, job_endpoint, pool),
         env=_child_env(plugin_dir),  # the launcher validates the config: it imports plugins too
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -244,21 +249,7 @@ def test_a_terminated_launcher_cancels_the_job_it_submitted(
     config["plugins"] = [PLUGIN_MODULE]
     config_path.write_text(json.dumps(config))
     launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kiln.cli",
-            "build",
-            "--config",
-            str(config_path),
-            "--output",
-            str(tmp_path / "out"),
-            "--quiet",
-            "--runner=PortableRunner",
-            f"--job_endpoint={job_endpoint}",
-            "--environment_type=EXTERNAL",
-            f"--environment_config={pool}",
-        ],
+        [*_portable_build(config_path, tmp_path / "out", job_endpoint, pool), "--quiet"],
         env=_child_env(plugin_dir),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
