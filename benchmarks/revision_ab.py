@@ -111,7 +111,7 @@ def summary(revision: str, medians: dict[str, dict[str, float]]) -> str:
     for name, label in (("A", "A"), ("other", revision[:8]), ("this", "this")):
         wall, cpu = medians[name]["wall"], medians[name]["cpu"]
         lines.append(
-            f"{label:8} {wall:8.2f} {cpu:8.2f} "
+            f"{label:8} {wall:8.4f} {cpu:8.4f} "
             f"{medians['A']['wall'] / wall:8.3f}x {medians['A']['cpu'] / cpu:7.3f}x"
         )
     other, this = medians["other"], medians["this"]
