@@ -398,8 +398,10 @@ def test_a_dataflow_dry_run_reads_the_base_and_writes_nothing(
     # A dry run translates the job that would reuse LATEST's records, so it
     # reads LATEST and that version's kiln.json; it takes no lock and
     # writes, renames and deletes nothing (a stale staging folder stays for
-    # the next real build, which holds the lock, to delete).
-    config = make_config(demo_corpus.out_dir, output=f"gs://{BUCKET}/dry-run")
+    # the next real build, which holds the lock, to delete). The source is
+    # on the store too: Dataflow's workers could not read a local one.
+    _upload_corpus(demo_corpus.out_dir, "dry-run-images")
+    config = make_config(f"gs://{BUCKET}/dry-run-images", output=f"gs://{BUCKET}/dry-run")
     published = build(config)
     stale = "dry-run/shapes/.staging-0123456789ab-dead/x"
     _client().bucket(BUCKET).blob(stale).upload_from_string(b"left by a killed build")
