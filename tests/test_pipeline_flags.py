@@ -281,3 +281,36 @@ def test_dataflow_needs_a_way_to_install_kiln_on_the_workers(
         "--extra_package (docs/dataflow.md)\n"
     )
     assert_nothing_done()
+
+
+def test_a_quiet_dry_run_with_a_setup_file_prints_nothing(
+    on_store, tmp_path, capfd, no_network_no_credentials
+):
+    # Beam's stager builds the --setup_file package with `python -m build`,
+    # and without the build module (Python says so on stderr) with
+    # `setup.py sdist`: --quiet keeps that line off the console, the
+    # report says it was hidden.
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='workers', version='0.1', py_modules=[])\n"
+    )
+    (package / "README.md").write_text("workers\n")  # else sdist warns (written back)
+    report = tmp_path / "report.json"
+    flags = [
+        *without(DATAFLOW, IMAGE, "--sdk_location=container"),
+        f"--setup_file={package / 'setup.py'}",
+        "--dry_run=True",
+        "--full",
+        "--quiet",
+        *("--report", str(report)),
+    ]
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags)
+    assert (code, out, err) == (0, "", "")
+    written = json.loads(report.read_text())
+    assert written["status"] == "dry_run"
+    try:
+        import build  # noqa: F401
+    except ImportError:
+        (warning,) = [w for w in written["warnings"] if "python -m build" in w]
+        assert "No module named build" in warning
