@@ -414,12 +414,15 @@ def test_a_dataflow_dry_run_reads_the_base_and_writes_nothing(
     ]
     changed = dict(config, transforms=[{"resize": {"shorter_side": 40}}])
     with caplog.at_level(logging.INFO, logger="kiln.pipeline.launcher"):
-        with pytest.raises(DryRun, match="translated for DataflowRunner"):
+        with pytest.raises(DryRun, match="translated for DataflowRunner") as dry_run:
             build(config, dataflow)
         with pytest.raises(DryRun):
             build(changed, dataflow)
     chosen = [r.getMessage() for r in caplog.records if r.name == "kiln.pipeline.launcher"]
     assert f"reusing unchanged records of version {published.version}" in chosen
     assert any(m.startswith("building from scratch: its processing differs") for m in chosen)
+    assert str(dry_run.value).endswith(
+        f"(up to date: a build would run no job and point LATEST at version {published.version})"
+    )
     assert {name: _get(name) for name in _names("dry-run/")} == before
     assert _names("dataflow-temp/") == []

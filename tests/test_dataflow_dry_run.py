@@ -255,12 +255,45 @@ def test_kiln_build_dry_run(
 
     assert cli.main(argv) == 0
     out, err = capfd.readouterr()
-    message = "the job was translated for DataflowRunner and not submitted; nothing was published"
+    outlook = (
+        "a build would process all 63 listed files from scratch, unless the dataset is up "
+        "to date: with --full the dry run reads nothing of the output"
+        if output.startswith("gs://")
+        else "a build would process all 63 listed files, from scratch: no published version "
+        "to reuse"
+    )
+    message = (
+        f"the job was translated for DataflowRunner and not submitted; nothing was published "
+        f"({outlook})"
+    )
     assert (out, err) == ("" if quiet else f"kiln build: dry run: {message}\n", "")
     assert object_store.EVENTS == [] and object_store.names(output) == []
     written = json.loads(report.read_text())
     assert written["status"] == "dry_run" and written["exit_code"] == 0
     assert written["message"] == message
+
+
+def test_a_dry_run_says_what_a_build_would_do(corpus_on_memgs, tmp_path, capfd):
+    # Up to date, reusing a version's records, or from scratch (and why):
+    # the dry run's one line says which, as a real build would find it.
+    output = f"{corpus_on_memgs}/datasets"
+    first = make_config(f"{corpus_on_memgs}/images", output=output)
+    published = launcher.build(first)  # on the local runner
+    resharded = dict(first, sharding={"num_shards": {"train": 2, "validation": 1, "test": 1}})
+    resized = dict(first, transforms=[{"resize": {"shorter_side": 36}}])
+    lines = []
+    for number, variant in enumerate([first, resharded, resized]):
+        config_path = tmp_path / f"config{number}.yaml"
+        config_path.write_text(yaml.safe_dump(variant))
+        assert cli.main(["build", "--config", str(config_path), *DATAFLOW_ARGS]) == 0
+        lines.append(capfd.readouterr().out.split(" (", 1)[1])
+    assert lines == [
+        f"up to date: a build would run no job and point LATEST at version {published.version})\n",
+        f"a build would run the job over 63 listed files, reusing the unchanged records of "
+        f"version {published.version})\n",
+        "a build would process all 63 listed files, from scratch: its processing differs "
+        "(image, transforms, encoding, targets, plugins or OpenCV version))\n",
+    ]
 
 
 def test_a_dry_run_that_must_read_the_output_says_so(

@@ -471,8 +471,10 @@ def _translate_only(
     builds left (that is for the lock's holder). It reads the output only
     for the version whose records the job would reuse (LATEST's, or
     ``--base``'s, and its kiln.json: their files are steps of the job);
-    with ``full`` it reads nothing of the output. It does not check whether
-    the dataset is up to date: it translates the job either way.
+    with ``full`` it reads nothing of the output. It translates the job
+    whether or not the dataset is up to date; its message says which, and
+    what a build would do (`_outlook`; with ``full``, without reading the
+    output: a build from scratch).
 
     Raises:
       DryRun: always, once the job (or, with ``source.listing: job``, the
@@ -508,8 +510,39 @@ def _translate_only(
         plan = make_plan(
             spec, listing, dataset.new_staging_dir(stamp), options, image_threads, choice.base
         )
-        _run_job(plan, listing, options, show_progress=False, progress_every=0)
+        built = None if full else _built_from(dataset, stamp)
+        try:
+            _run_job(plan, listing, options, show_progress=False, progress_every=0)
+        except DryRun as e:
+            raise DryRun(f"{e} ({_outlook(listing, choice, built, full)})") from None
     raise AssertionError("a dry run's job ends in DryRun (_check_finished)")
+
+
+def _built_from(dataset: publish.DatasetRoot, stamp: str) -> str | None:
+    """The complete version already built from the input stamp `stamp`, or None."""
+    existing = dataset.stamped_version(stamp)
+    info = dataset.read_info(existing) if existing else None
+    return info.version if info is not None else None
+
+
+def _outlook(
+    listing: SourceListing, choice: incremental.BaseChoice, built: str | None, full: bool
+) -> str:
+    """What a real build would do, as a dry run finds it (for its one line)."""
+    if built is not None:
+        return f"up to date: a build would run no job and point LATEST at version {built}"
+    files = f"{listing.num_files} listed file{'' if listing.num_files == 1 else 's'}"
+    if full:
+        return (
+            f"a build would process all {files} from scratch, unless the dataset is up to "
+            f"date: with --full the dry run reads nothing of the output"
+        )
+    if choice.base is None:
+        return f"a build would process all {files}, from scratch: {choice.reason}"
+    return (
+        f"a build would run the job over {files}, reusing the unchanged records of "
+        f"version {choice.version}"
+    )
 
 
 @contextlib.contextmanager
