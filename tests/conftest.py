@@ -32,6 +32,15 @@ a few seconds each), however many tests use them.
     `kiln.schemas.DatasetInfo`.
     The shards are read-only for tests (copy them before corrupting one).
 
+``no_network_no_credentials`` -> list of connections attempted
+    Every connection off the machine is refused (and the test fails if one
+    was attempted), and Google Cloud credentials and gcloud's config (its
+    default region too) are out of reach.
+
+``corpus_on_memgs`` -> ``"memgs://bucket"``
+    The demo corpus under ``memgs://bucket/images`` in the in-memory object
+    store (`object_store`): a source on an object store without a network.
+
 ``duplicates_build`` -> (`kiln.pipeline.BuildResult`, expected groups)
     The demo corpus plus three byte-for-byte copies, built with
     `BASE_CONFIG`: a circle copied once into its own class and once into
@@ -45,6 +54,7 @@ import copy
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -110,6 +120,52 @@ def kiln_offline(credentials, *argv: str) -> subprocess.CompletedProcess:
         NO_PROXY="",
         no_proxy="",
     )
+
+
+@pytest.fixture
+def no_network_no_credentials(monkeypatch, tmp_path):
+    """Refuses (and records) every connection that leaves the machine."""
+    real_connect = socket.socket.connect
+    attempts = []
+
+    def local_only(sock, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if (
+            isinstance(host, str)
+            and host not in ("localhost", "127.0.0.1", "::1")
+            and not host.startswith("/")
+        ):
+            attempts.append(address)
+            raise OSError(f"network disabled by the test: {address}")
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", local_only)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.delenv("CLOUDSDK_COMPUTE_REGION", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud-config"))
+    yield attempts
+    # Checked after the test, in case library code swallowed the error.
+    assert attempts == [], f"connections attempted: {attempts}"
+
+
+@pytest.fixture
+def corpus_on_memgs(demo_corpus):
+    """The demo corpus in the in-memory object store (`object_store`), under
+    ``memgs://bucket/images``: a source on an object store that this process
+    reads without a network. Returns ``memgs://bucket``; the store is emptied
+    after the test."""
+    import object_store
+
+    bucket = f"{object_store.SCHEME}://bucket"
+    object_store.reset()
+    for directory, _, files in os.walk(demo_corpus.out_dir):
+        for name in files:
+            path = os.path.join(directory, name)
+            key = os.path.relpath(path, demo_corpus.out_dir)
+            with open(path, "rb") as f:
+                object_store.put(f"{bucket}/images/{key}", f.read())
+    yield bucket
+    object_store.reset()
 
 
 def make_config(corpus_dir, **overrides) -> dict:

@@ -398,8 +398,10 @@ def test_a_dataflow_dry_run_reads_the_base_and_writes_nothing(
     # A dry run translates the job that would reuse LATEST's records, so it
     # reads LATEST and that version's kiln.json; it takes no lock and
     # writes, renames and deletes nothing (a stale staging folder stays for
-    # the next real build, which holds the lock, to delete).
-    config = make_config(demo_corpus.out_dir, output=f"gs://{BUCKET}/dry-run")
+    # the next real build, which holds the lock, to delete). The source is
+    # on the store too: Dataflow's workers could not read a local one.
+    _upload_corpus(demo_corpus.out_dir, "dry-run-images")
+    config = make_config(f"gs://{BUCKET}/dry-run-images", output=f"gs://{BUCKET}/dry-run")
     published = build(config)
     stale = "dry-run/shapes/.staging-0123456789ab-dead/x"
     _client().bucket(BUCKET).blob(stale).upload_from_string(b"left by a killed build")
@@ -412,13 +414,16 @@ def test_a_dataflow_dry_run_reads_the_base_and_writes_nothing(
     ]
     changed = dict(config, transforms=[{"resize": {"shorter_side": 40}}])
     with caplog.at_level(logging.INFO, logger="kiln.pipeline.launcher"):
-        with pytest.raises(DryRun, match="translated for DataflowRunner"):
+        with pytest.raises(DryRun, match="translated for DataflowRunner") as dry_run:
             build(config, dataflow)
         with pytest.raises(DryRun):
             build(changed, dataflow)
     chosen = [r.getMessage() for r in caplog.records if r.name == "kiln.pipeline.launcher"]
     assert f"reusing unchanged records of version {published.version}" in chosen
     assert any(m.startswith("building from scratch: its processing differs") for m in chosen)
+    assert str(dry_run.value).endswith(
+        f"(up to date: a build would run no job and point LATEST at version {published.version})"
+    )
     assert {name: _get(name) for name in _names("dry-run/")} == before
     assert _names("dataflow-temp/") == []
 

@@ -10,14 +10,14 @@ running on workers, that the container image exists and has kiln in it).
 """
 
 import json
-import socket
 
 import pytest
 import yaml
 from apache_beam.internal import pickler
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from conftest import kiln_offline, make_config
+import object_store
+from conftest import make_config
 from kiln import cli
 from kiln.pipeline import config, incremental, launcher, publish
 from kiln.schemas import RECORD
@@ -36,31 +36,6 @@ DATAFLOW_ARGS = [
     f"--sdk_container_image={CONTAINER}",
     "--sdk_location=container",
 ]
-
-
-@pytest.fixture
-def no_network_no_credentials(monkeypatch, tmp_path):
-    """Refuses (and records) every connection that leaves the machine."""
-    real_connect = socket.socket.connect
-    attempts = []
-
-    def local_only(sock, address):
-        host = address[0] if isinstance(address, tuple) else address
-        if (
-            isinstance(host, str)
-            and host not in ("localhost", "127.0.0.1", "::1")
-            and not host.startswith("/")
-        ):
-            attempts.append(address)
-            raise OSError(f"network disabled by the test: {address}")
-        return real_connect(sock, address)
-
-    monkeypatch.setattr(socket.socket, "connect", local_only)
-    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud-config"))
-    yield attempts
-    # Checked after the test, in case library code swallowed the error.
-    assert attempts == [], f"connections attempted: {attempts}"
 
 
 def pardo_fn(proto, prefix):
@@ -255,50 +230,86 @@ def test_dataflow_dry_run_translates_a_manifests_listing_job(no_network_no_crede
 @pytest.mark.parametrize(
     "quiet, output",
     [
-        (False, None),
-        (True, None),
+        (False, "memgs://bucket/datasets"),
+        (True, "memgs://bucket/datasets"),
         # No credentials and no network: with --full a dry run reads
         # nothing of the output, and writes nothing (no lock either).
         (False, "gs://fake-bucket/datasets"),
     ],
 )
-def test_kiln_build_dry_run(demo_corpus, tmp_path, capfd, no_network_no_credentials, quiet, output):
+def test_kiln_build_dry_run(
+    corpus_on_memgs, tmp_path, capfd, no_network_no_credentials, quiet, output
+):
     # Through the command line, as a user checks a Dataflow job: translated,
     # not submitted; exit 0, one line (none with --quiet), nothing published,
     # nothing written into the output at all (no lock, no staging folder),
-    # the report says so.
+    # the report says so. The source is on an object store, as on Dataflow
+    # (the in-memory one: no network).
     config_path = tmp_path / "config.yaml"
-    config_path.write_text(yaml.safe_dump(make_config(demo_corpus.out_dir)))
-    local, report = tmp_path / "out", tmp_path / "report.json"
-    argv = ["build", "--config", str(config_path), "--output", output or str(local)]
+    config_path.write_text(yaml.safe_dump(make_config(f"{corpus_on_memgs}/images")))
+    report = tmp_path / "report.json"
+    argv = ["build", "--config", str(config_path), "--output", output]
     argv += [*DATAFLOW_ARGS, "--report", str(report), *(["--quiet"] if quiet else [])]
-    argv += ["--full"] if output else []
+    argv += ["--full"] if output.startswith("gs://") else []
+    object_store.EVENTS.clear()
 
     assert cli.main(argv) == 0
     out, err = capfd.readouterr()
-    message = "the job was translated for DataflowRunner and not submitted; nothing was published"
+    outlook = (
+        "a build would process all 63 listed files from scratch, unless the dataset is up "
+        "to date: with --full the dry run reads nothing of the output"
+        if output.startswith("gs://")
+        else "a build would process all 63 listed files, from scratch: no published version "
+        "to reuse"
+    )
+    message = (
+        f"the job was translated for DataflowRunner and not submitted; nothing was published "
+        f"({outlook})"
+    )
     assert (out, err) == ("" if quiet else f"kiln build: dry run: {message}\n", "")
-    assert not local.exists()
+    assert object_store.EVENTS == [] and object_store.names(output) == []
     written = json.loads(report.read_text())
     assert written["status"] == "dry_run" and written["exit_code"] == 0
     assert written["message"] == message
 
 
-def test_a_dry_run_that_must_read_the_output_says_so(demo_corpus, tmp_path):
+def test_a_dry_run_says_what_a_build_would_do(corpus_on_memgs, tmp_path, capfd):
+    # Up to date, reusing a version's records, or from scratch (and why):
+    # the dry run's one line says which, as a real build would find it.
+    output = f"{corpus_on_memgs}/datasets"
+    first = make_config(f"{corpus_on_memgs}/images", output=output)
+    published = launcher.build(first)  # on the local runner
+    resharded = dict(first, sharding={"num_shards": {"train": 2, "validation": 1, "test": 1}})
+    resized = dict(first, transforms=[{"resize": {"shorter_side": 36}}])
+    lines = []
+    for number, variant in enumerate([first, resharded, resized]):
+        config_path = tmp_path / f"config{number}.yaml"
+        config_path.write_text(yaml.safe_dump(variant))
+        assert cli.main(["build", "--config", str(config_path), *DATAFLOW_ARGS]) == 0
+        lines.append(capfd.readouterr().out.split(" (", 1)[1])
+    assert lines == [
+        f"up to date: a build would run no job and point LATEST at version {published.version})\n",
+        f"a build would run the job over 63 listed files, reusing the unchanged records of "
+        f"version {published.version})\n",
+        "a build would process all 63 listed files, from scratch: its processing differs "
+        "(image, transforms, encoding, targets, plugins or OpenCV version))\n",
+    ]
+
+
+def test_a_dry_run_that_must_read_the_output_says_so(
+    corpus_on_memgs, tmp_path, capfd, no_network_no_credentials, monkeypatch
+):
     # Without --full, a dry run reads LATEST (the job reuses its records):
     # with no credentials, one line at once naming the output and --full.
-    # In a fresh process, credentials pointed at a missing file, and the
-    # metadata server and any proxied HTTPS at a closed local port.
+    # Credentials pointed at a missing file; no network.
     config_path = tmp_path / "config.yaml"
-    config_path.write_text(yaml.safe_dump(make_config(demo_corpus.out_dir)))
+    config_path.write_text(yaml.safe_dump(make_config(f"{corpus_on_memgs}/images")))
     credentials = tmp_path / "no-such-credentials.json"
-    completed = kiln_offline(
-        credentials,
-        *("build", "--config", str(config_path), "--output", "gs://fake-bucket/datasets"),
-        *DATAFLOW_ARGS,
-    )
-    assert completed.returncode == 2, completed.stderr
-    assert completed.stderr == (
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(credentials))
+    argv = ["build", "--config", str(config_path), "--output", "gs://fake-bucket/datasets"]
+
+    assert cli.main([*argv, *DATAFLOW_ARGS]) == 2
+    assert capfd.readouterr().err == (
         f"kiln build: error: gs://fake-bucket/datasets/shapes: cannot reach it: File "
         f"{credentials} was not found; a dry run reads LATEST and that version's kiln.json to "
         f"translate the job that reuses its records (--full translates a build from scratch "

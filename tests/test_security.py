@@ -50,7 +50,7 @@ ALLOWED = ["yaml.safe_load(text)", "yaml.load(text, Loader=yaml.SafeLoader)", "j
 DYNAMIC_IMPORTS = {
     ("registry.py", "import_plugin"),  # a config's plugins, kiln preview --plugin MODULE
     ("cli.py", "main"),  # cli.COMMANDS, kiln's own modules
-    ("pipeline/launcher.py", "_check_runner"),  # --runner: Beam's runners or a dotted path
+    ("pipeline/pipeline_flags.py", "runner_class"),  # --runner: Beam's runners or a dotted path
     ("lazy_import.py", "_resolve"),  # LazyModule("tensorflow"): names written in kiln's code
 }
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -269,17 +270,29 @@ class _Warnings(logging.Handler):
         self._silenced = []
 
 
+# What Python prints when Beam's stager builds the --setup_file package with
+# `python -m build` and the `build` module is not installed
+# (``/usr/bin/python3: No module named build``): the stager then builds it
+# with ``setup.py sdist``. Were that to fail too, the build fails with its
+# own line.
+_STAGER_WITHOUT_BUILD = re.compile(rb"\S*: No module named build$")
+
+
 def _build_quietly(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
     """`_build` for ``--quiet``, with what image libraries write to stderr
     kept off it (`native_logs.IMAGE_LIBRARY_LINES`): libpng and libjpeg print
     warnings about the files they read, and Beam's worker processes inherit
-    the capture. Every other line is written back when the build ends, before
-    `kiln.cli` prints the failure line, if any. How many lines were dropped
-    is logged as a warning, which the report keeps and the console does not."""
+    the capture. So is the line of Beam's stager trying ``python -m build``
+    (`_STAGER_WITHOUT_BUILD`). Every other line is written back when the
+    build ends, before `kiln.cli` prints the failure line, if any. What was
+    dropped is logged as a warning, which the report keeps and the console
+    does not."""
     dropped = native_logs.DroppedLines()
+    staged = native_logs.DroppedLines()
     try:
         with native_logs.filtered_stderr(native_logs.IMAGE_LIBRARY_LINES) as dropped:
-            return _build(args, extra_argv)
+            with native_logs.filtered_stderr(_STAGER_WITHOUT_BUILD) as staged:
+                return _build(args, extra_argv)
     finally:
         if dropped.count:
             logger.warning(
@@ -287,6 +300,13 @@ def _build_quietly(args: argparse.Namespace, extra_argv: list[str]) -> BuildResu
                 "file; a file they could not read is in errors.jsonl), the first: %s",
                 dropped.count,
                 dropped.first,
+            )
+        if staged.count:
+            logger.warning(
+                "--quiet hid the line Python wrote as Beam's stager tried `python -m build` "
+                "for --setup_file (%s); the stager then builds the package with `setup.py "
+                "sdist`",
+                staged.first,
             )
 
 

@@ -33,13 +33,10 @@ passed through unchanged.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import difflib
 import functools
 import gc
-import importlib
 import json
 import logging
 import os
@@ -65,6 +62,7 @@ from kiln.pipeline import (
     incremental,
     job,
     listing_job,
+    pipeline_flags,
     progress,
     publish,
     sources,
@@ -96,7 +94,7 @@ logger = logging.getLogger(__name__)
 # listing), or the summary of a listing job's (``source.listing: job``).
 SourceListing = sources.Listing | listing_job.ListedInJob
 
-LOCAL_RUNNER = "FnApiRunner"
+LOCAL_RUNNER = pipeline_flags.LOCAL_RUNNER
 _FN_API_RUNNER_NAMES = ("fnapirunner", "apache_beam.runners.portability.fn_api_runner.fnapirunner")
 
 
@@ -172,85 +170,26 @@ class BuildResult:
 
 
 def check_pipeline_args(pipeline_args: Sequence[str], own_flags: Sequence[str] = ()) -> None:
-    """Refuses flags that no registered `PipelineOptions` knows, and unknown runners.
-
-    Beam itself only logs a warning for a flag it does not know and goes on
-    without it: a misspelled ``--ouput`` or ``--quite`` would build into the
-    config's output, or print, as if it had not been given.
-
-    Args:
-      pipeline_args: The flags handed to Beam.
-      own_flags: The calling command's own flags, offered as did-you-mean
-        (``--image_threads`` -> ``--image-threads``).
+    """Refuses unknown flags, values Beam cannot parse and unknown runners
+    (`pipeline_flags.check_flags`).
 
     Raises:
-      UsageError: naming the first unknown flag (with the closest known
-        one) or the unknown runner; nothing was done.
+      UsageError: one line naming the flag; nothing was done.
     """
-    # The runner first: importing its module registers its own options
-    # classes (FlinkRunnerOptions...), which Beam's parser then knows.
-    _check_runner(PipelineOptions(list(pipeline_args)).view_as(StandardOptions).runner)
-    parsers: list[argparse.ArgumentParser] = []
-    # Beam's own parser, with every registered options class added (the
-    # hook gets it just before Beam parses); kiln reads it, Beam's result
-    # is not used.
-    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
-    parser = parsers[0]
-    unknown = [
-        arg for arg in parser.parse_known_args(list(pipeline_args))[1] if arg.startswith("-")
-    ]
-    if unknown:
-        known = [option for action in parser._actions for option in action.option_strings]
-        name = unknown[0].split("=", 1)[0]
-        close = difflib.get_close_matches(name, [*own_flags, *known], n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        raise UsageError(
-            f"unknown flag {name}: neither kiln nor Beam's pipeline options know it{hint} "
-            f"(`kiln build --help` lists kiln's)"
-        )
-
-
-def _check_runner(runner: str | None) -> None:
-    """Imports the module of the runner named `runner` (None: kiln's default).
-
-    Raises:
-      UsageError: if Beam knows no such runner, or its module cannot be
-        imported (a missing extra); nothing was done.
-    """
-    if not runner:
-        return
-    if "." in runner:  # a runner class by its full name
-        path = runner
-    else:
-        # Beam accepts a known runner's name in any case, with or without "Runner".
-        wanted = {runner.lower(), runner.lower() + "runner"}
-        paths = [
-            p for p in StandardOptions.ALL_KNOWN_RUNNERS if p.rsplit(".", 1)[1].lower() in wanted
-        ]
-        if not paths:
-            known = StandardOptions.KNOWN_RUNNER_NAMES
-            close = difflib.get_close_matches(runner, known, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]}? " if close else ""
-            raise UsageError(
-                f"--runner: unknown runner {runner!r}; {hint}known: {', '.join(known)}"
-            )
-        path = paths[0]
-    module, _, name = path.rpartition(".")
-    try:
-        found = hasattr(importlib.import_module(module), name)
-    except ImportError as e:
-        raise UsageError(f"--runner {runner}: cannot import {module} ({e})") from None
-    if not found:
-        raise UsageError(f"--runner: {module} has no runner class {name!r}")
+    pipeline_flags.check_flags(pipeline_args, own_flags)
 
 
 def pipeline_options(pipeline_args: Sequence[str] = ()) -> PipelineOptions:
     """Beam options from the command line, with kiln's local default runner."""
     options = PipelineOptions(list(pipeline_args))
     standard = options.view_as(StandardOptions)
-    _check_runner(standard.runner)
+    pipeline_flags.runner_class(standard.runner)
     if not standard.runner:
         standard.runner = LOCAL_RUNNER
+    # As Beam's runners read it: True or False, not the flag's text (to
+    # Beam, "False" would ask for a dry run).
+    test = options.view_as(TestOptions)
+    test.dry_run = pipeline_flags.dry_run_value(test.dry_run)
     # The job's graph is kiln's own and fixed (user code runs inside its
     # steps, not as steps); Beam's construction-time type inference over it
     # catches nothing and costs start-up time on every build.
@@ -260,10 +199,11 @@ def pipeline_options(pipeline_args: Sequence[str] = ()) -> PipelineOptions:
 
 def is_dry_run(options: PipelineOptions) -> bool:
     """Whether `options` ask for a dry run (Beam's ``--dry_run=True``, which
-    a runner such as Dataflow's honours by translating the job without
-    submitting it; local runners ignore it). As Beam reads the flag: any
-    value given counts."""
-    return bool(options.view_as(TestOptions).dry_run) and not is_local_runner(options)
+    Dataflow's runner honours by translating the job without submitting it;
+    `build` refuses it on any other runner, `pipeline_flags.check`)."""
+    dry_run = pipeline_flags.dry_run_value(options.view_as(TestOptions).dry_run)
+    runner = options.view_as(StandardOptions).runner
+    return dry_run and pipeline_flags.is_dataflow(pipeline_flags.runner_class(runner))
 
 
 def check_dry_run(options: PipelineOptions, what: str) -> None:
@@ -271,7 +211,7 @@ def check_dry_run(options: PipelineOptions, what: str) -> None:
     it once the job was run, before reading anything the job would have
     written."""
     if is_dry_run(options):
-        runner = (options.view_as(StandardOptions).runner or "").rsplit(".", 1)[-1]
+        runner = pipeline_flags.runner_name(options.view_as(StandardOptions).runner)
         raise DryRun(f"{what} was translated for {runner} and not submitted; nothing was published")
 
 
@@ -479,6 +419,9 @@ def build(
 
     Raises:
       ConfigError: the config or an argument is invalid (nothing was done).
+      UsageError: a pipeline flag is unknown or cannot work with this
+        runner and config (`pipeline_flags.FlagsError`, one line per
+        problem): checked before the lock and the listing, nothing was done.
       Busy: another build of the dataset is running (nothing was done).
       DryRun: the pipeline options ask for a dry run (``--dry_run=True``
         on Dataflow): the job was translated, not submitted, without a lock
@@ -498,6 +441,8 @@ def build(
     check_pipeline_args(pipeline_args)
     _check_output_folders(spec)
     options = pipeline_options(pipeline_args)
+    # Before anything is done: Beam checks most flags only as the job starts.
+    pipeline_flags.check(options, spec)
     if is_dry_run(options):
         _translate_only(spec, options, image_threads=image_threads, base=base, full=full)
     try:
@@ -537,8 +482,10 @@ def _translate_only(
     builds left (that is for the lock's holder). It reads the output only
     for the version whose records the job would reuse (LATEST's, or
     ``--base``'s, and its kiln.json: their files are steps of the job);
-    with ``full`` it reads nothing of the output. It does not check whether
-    the dataset is up to date: it translates the job either way.
+    with ``full`` it reads nothing of the output. It translates the job
+    whether or not the dataset is up to date; its message says which, and
+    what a build would do (`_outlook`; with ``full``, without reading the
+    output: a build from scratch).
 
     Raises:
       DryRun: always, once the job (or, with ``source.listing: job``, the
@@ -574,8 +521,39 @@ def _translate_only(
         plan = make_plan(
             spec, listing, dataset.new_staging_dir(stamp), options, image_threads, choice.base
         )
-        _run_job(plan, listing, options, show_progress=False, progress_every=0)
+        built = None if full else _built_from(dataset, stamp)
+        try:
+            _run_job(plan, listing, options, show_progress=False, progress_every=0)
+        except DryRun as e:
+            raise DryRun(f"{e} ({_outlook(listing, choice, built, full)})") from None
     raise AssertionError("a dry run's job ends in DryRun (_check_finished)")
+
+
+def _built_from(dataset: publish.DatasetRoot, stamp: str) -> str | None:
+    """The complete version already built from the input stamp `stamp`, or None."""
+    existing = dataset.stamped_version(stamp)
+    info = dataset.read_info(existing) if existing else None
+    return info.version if info is not None else None
+
+
+def _outlook(
+    listing: SourceListing, choice: incremental.BaseChoice, built: str | None, full: bool
+) -> str:
+    """What a real build would do, as a dry run finds it (for its one line)."""
+    if built is not None:
+        return f"up to date: a build would run no job and point LATEST at version {built}"
+    files = f"{listing.num_files} listed file{'' if listing.num_files == 1 else 's'}"
+    if full:
+        return (
+            f"a build would process all {files} from scratch, unless the dataset is up to "
+            f"date: with --full the dry run reads nothing of the output"
+        )
+    if choice.base is None:
+        return f"a build would process all {files}, from scratch: {choice.reason}"
+    return (
+        f"a build would run the job over {files}, reusing the unchanged records of "
+        f"version {choice.version}"
+    )
 
 
 @contextlib.contextmanager

@@ -122,6 +122,9 @@ class _SourceModel(BaseModel):
     # where: the same files give the same dataset either way, so they are
     # neither fingerprinted nor recorded (`BuildSpec.to_json`).
     LISTING_FIELDS: ClassVar[tuple[str, ...]] = ()
+    # The location fields below which the job's workers read files (images,
+    # mask files): on a distributed runner they must be reachable from them.
+    WORKER_FIELDS: ClassVar[tuple[str, ...]] = ("allowed_roots",)
 
     @field_validator("classes")
     @classmethod
@@ -259,6 +262,7 @@ class ImageFolderSource(_SourceModel):
     for their objects on the workers (the launcher's rule per folder)."""
 
     LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("root", "allowed_roots")
+    WORKER_FIELDS: ClassVar[tuple[str, ...]] = ("root", "allowed_roots")
     LISTING_FIELDS: ClassVar[tuple[str, ...]] = ("listing",)
 
     def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
@@ -313,6 +317,8 @@ class ManifestSource(_SourceModel):
     same records, version and kiln.json (docs/dataflow.md, "Listing at scale")."""
 
     LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("path", "allowed_roots")
+    # Relative image paths resolve against the manifest's folder.
+    WORKER_FIELDS: ClassVar[tuple[str, ...]] = ("path", "allowed_roots")
     LISTING_FIELDS: ClassVar[tuple[str, ...]] = ("listing",)
 
     def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
@@ -366,6 +372,8 @@ class _ObjectSource(_SourceModel):
     `splits.from_source`."""
 
     LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("annotations", "images", "allowed_roots")
+    # The annotations are read by the launcher, as it lists the source.
+    WORKER_FIELDS: ClassVar[tuple[str, ...]] = ("images", "allowed_roots")
 
     def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
         _check_split(self.split, splits_from_source)

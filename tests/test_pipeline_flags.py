@@ -1,0 +1,316 @@
+"""Beam's pipeline flags are checked before a build does anything: one line per
+problem naming the flag (or the config's field), exit 2, nothing listed,
+locked or written (`kiln.pipeline.pipeline_flags`).
+
+Through the command line in this process, with the source and output on the
+in-memory object store (`object_store`: reachable without a network, as a
+Dataflow job's must be on Cloud Storage) and every connection off the machine
+refused (`no_network_no_credentials`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from apache_beam.options import pipeline_options as beam_options
+
+import object_store
+from conftest import make_config
+from kiln import cli
+from kiln.pipeline import launcher
+
+pytest.importorskip(
+    "apache_beam.runners.dataflow.dataflow_runner", reason="needs kiln[gcp] (apache-beam[gcp])"
+)
+
+CONTAINER = "europe-west1-docker.pkg.dev/fake-project/kiln/kiln:0.1.0"
+PROJECT = "--project=fake-project"
+REGION = "--region=europe-west1"
+TEMP = "--temp_location=gs://fake-bucket/tmp"
+IMAGE = f"--sdk_container_image={CONTAINER}"
+DATAFLOW = ["--runner=DataflowRunner", PROJECT, REGION, TEMP, IMAGE, "--sdk_location=container"]
+
+
+def without(flags: list[str], *dropped: str) -> list[str]:
+    return [flag for flag in flags if flag not in dropped]
+
+
+@pytest.fixture
+def on_store(corpus_on_memgs, tmp_path):
+    """A config whose source and output are on the in-memory object store."""
+    path = tmp_path / "config.yaml"
+    config = make_config(f"{corpus_on_memgs}/images", output=f"{corpus_on_memgs}/datasets")
+    path.write_text(yaml.safe_dump(config))
+    object_store.EVENTS.clear()
+    object_store.LIST_REQUESTS.clear()
+    return str(path)
+
+
+def run_cli(capfd, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def assert_nothing_done() -> None:
+    """Nothing listed, locked or written on the store: the one listing
+    request is the config check's look at the source (that it holds files);
+    the build's listing would be a second."""
+    assert object_store.LIST_REQUESTS == ["memgs://bucket/images/"]
+    assert object_store.EVENTS == []
+    assert object_store.names("memgs://bucket/datasets") == []
+
+
+@pytest.mark.parametrize(
+    "value, dry_run", [("True", True), ("true", True), ("1", True), ("False", False), ("0", False)]
+)
+def test_dry_run_takes_true_or_false(value, dry_run):
+    # Beam's --dry_run is a string flag, and its Dataflow runner takes any
+    # value as a dry run: "False" too. kiln reads it, and hands Beam a bool.
+    options = launcher.pipeline_options(["--runner=DataflowRunner", f"--dry_run={value}"])
+    assert launcher.is_dry_run(options) is dry_run
+    assert options.view_as(beam_options.TestOptions).dry_run is dry_run
+
+
+def test_a_dry_run_value_that_is_neither_is_refused(on_store, capfd, no_network_no_credentials):
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *DATAFLOW, "--dry_run=maybe")
+    assert (code, out) == (2, "")
+    assert err == (
+        "kiln build: error: --dry_run=maybe: expected True (translate the job, run nothing) "
+        "or False\n"
+    )
+    assert_nothing_done()
+
+
+@pytest.mark.parametrize(
+    "flags, runner, publish",
+    [
+        ([], "FnApiRunner", " and publish the dataset"),
+        (["--runner=DirectRunner"], "DirectRunner", " and publish the dataset"),
+        # Beam's portable runner would submit the job to the job service.
+        (["--runner=PortableRunner", "--job_endpoint=localhost:9"], "PortableRunner", ""),
+    ],
+)
+def test_a_dry_run_on_another_runner_than_dataflow_is_refused(
+    on_store, capfd, flags, runner, publish
+):
+    # Only Dataflow's runner translates a job without running it: the local
+    # runner would build and publish, the portable one run the job.
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags, "--dry_run=True")
+    assert (code, out) == (2, "")
+    assert err == (
+        f"kiln build: error: --dry_run=True: only DataflowRunner translates a job without "
+        f"running it; {runner} would run the job{publish} (drop --dry_run, or check the job "
+        f"with --runner=DataflowRunner --dry_run=True)\n"
+    )
+    assert_nothing_done()
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--max_num_workers=abc", "argument --max_num_workers: invalid int value: 'abc'"),
+        ("--direct_num_workers=x", "argument --direct_num_workers: invalid int value: 'x'"),
+        (
+            "--dry_run",
+            "argument --dry_run: expected one argument (a Beam pipeline option: "
+            "--dry_run=True or --dry_run=False)",
+        ),
+        ("--runner", "argument --runner: expected one argument"),
+    ],
+)
+def test_a_value_beam_cannot_parse_is_one_line(on_store, capfd, flag, message):
+    # Beam's argparse would print its usage block (every option of every
+    # runner, over a hundred lines) before the error.
+    code, out, err = run_cli(capfd, "build", "--config", on_store, flag)
+    assert (code, out) == (2, "")
+    if "(a Beam" not in message:
+        message += " (a Beam pipeline option)"
+    assert err == f"kiln build: error: {message}\n"
+    assert_nothing_done()
+
+
+@pytest.mark.parametrize(
+    "flags, line",
+    [
+        (without(DATAFLOW, PROJECT), "--project: Missing required option: project."),
+        # No region from gcloud's config either (the fixture points it at an empty folder).
+        (without(DATAFLOW, REGION), "--region: Missing required option: region."),
+        (
+            [*DATAFLOW, "--job_name=Bad_Name"],
+            "--job_name: Invalid job_name (Bad_Name); the name must consist of only the "
+            "characters [-a-z0-9], starting with a letter and ending with a letter or number",
+        ),
+        (
+            [*without(DATAFLOW, PROJECT), "--project=123456"],
+            "--project: Invalid Project ID (123456). Please make sure you specified the "
+            "Project ID, not project number.",
+        ),
+        (
+            [*DATAFLOW, "--max_num_workers=0"],
+            "--max_num_workers: Invalid value (0) for option: max_num_workers. Value needs to "
+            "be positive.",
+        ),
+    ],
+)
+def test_dataflow_options_are_checked_before_anything_is_done(
+    on_store, capfd, no_network_no_credentials, flags, line
+):
+    # What Beam's validator says when the job starts, said first: before the
+    # lock and the listing (not a dry run: a build that would take the lock).
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags)
+    assert (code, out, err) == (2, "", f"kiln build: error: {line}\n")
+    assert_nothing_done()
+
+
+def test_every_problem_is_a_line_of_its_own(on_store, tmp_path, capfd, no_network_no_credentials):
+    report = tmp_path / "report.json"
+    flags = [*without(DATAFLOW, PROJECT), "--job_name=Bad_Name", "--setup_file=nowhere/setup.py"]
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags, "--report", str(report))
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert lines[0] == "kiln build: error: 3 problems with the pipeline flags for DataflowRunner:"
+    assert [line.split(":", 1)[0] for line in lines[1:]] == [
+        "  --setup_file",
+        "  --job_name",
+        "  --project",
+    ]
+    written = json.loads(report.read_text())
+    assert written["status"] == "usage_error" and written["exit_code"] == 2
+    assert_nothing_done()
+
+
+@pytest.mark.parametrize(
+    "flags, line",
+    [
+        (
+            [*DATAFLOW, "--dry_run=True", "--setup_file=./nowhere/setup.py"],
+            "--setup_file: no such file: ./nowhere/setup.py (in the current folder, {cwd})",
+        ),
+        (
+            [*DATAFLOW, "--dry_run=True", "--requirements_file={tmp}/requirements.txt"],
+            "--requirements_file: no such file: {tmp}/requirements.txt",
+        ),
+        # The local runner would not use it, but it names a file that is not there.
+        (["--setup_file={tmp}/setup.py"], "--setup_file: no such file: {tmp}/setup.py"),
+    ],
+)
+def test_files_the_flags_name_must_exist(
+    on_store, tmp_path, capfd, monkeypatch, no_network_no_credentials, flags, line
+):
+    # Beam looks for them as it stages the job, after the listing, even for a
+    # dry run, and that failed as a failed job (exit 1).
+    monkeypatch.chdir(tmp_path)
+    flags = [flag.format(tmp=tmp_path) for flag in flags]
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags)
+    assert (code, out) == (2, "")
+    assert err == f"kiln build: error: {line.format(tmp=tmp_path, cwd=tmp_path)}\n"
+    assert_nothing_done()
+
+
+@pytest.mark.parametrize(
+    "flags, why",
+    [
+        (without(DATAFLOW, TEMP), "neither is given"),
+        (
+            [*without(DATAFLOW, TEMP), "--temp_location=/tmp/dataflow"],
+            "Invalid GCS path (/tmp/dataflow), given for the option: temp_location.",
+        ),
+        (
+            [*without(DATAFLOW, TEMP), "--temp_location=gs://Not_A_Bucket/tmp"],
+            "Invalid GCS bucket (gs://Not_A_Bucket/tmp), given for the option: temp_location. "
+            "See https://developers.google.com/storage/docs/bucketnaming for more details.",
+        ),
+    ],
+)
+def test_dataflow_needs_a_staging_location_on_cloud_storage(
+    on_store, capfd, no_network_no_credentials, flags, why
+):
+    # Beam would look for, or create, a default bucket (two minutes offline).
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags, "--dry_run=True")
+    assert (code, out) == (2, "")
+    assert err == (
+        f"kiln build: error: --temp_location: Dataflow needs --temp_location (or "
+        f"--staging_location) on gs://, e.g. --temp_location=gs://my-bucket/tmp: {why}\n"
+    )
+    assert_nothing_done()
+
+
+def test_a_staging_location_alone_will_do(on_store, capfd, no_network_no_credentials):
+    flags = [*without(DATAFLOW, TEMP), "--staging_location=gs://fake-bucket/staging"]
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags, "--dry_run=True")
+    assert (code, err) == (0, "") and out.startswith("kiln build: dry run: ")
+
+
+@pytest.mark.parametrize("local", ["source", "output"])
+def test_dataflow_refuses_a_local_source_or_output(
+    corpus_on_memgs, demo_corpus, tmp_path, capfd, no_network_no_credentials, local
+):
+    # Dataflow's workers read the images and write the shards: a folder of
+    # the launcher's machine is not theirs to reach.
+    source = str(demo_corpus.out_dir) if local == "source" else f"{corpus_on_memgs}/images"
+    output = str(tmp_path / "out") if local == "output" else f"{corpus_on_memgs}/datasets"
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(make_config(source, output=output)))
+    code, out, err = run_cli(capfd, "build", "--config", str(config_path), *DATAFLOW)
+    key, path, what = (
+        ("source.root", source, "read the images")
+        if local == "source"
+        else ("output", output, "write the dataset")
+    )
+    assert (code, out) == (2, "")
+    assert err == (
+        f"kiln build: error: {key}: {path} is a local path: on Dataflow the workers {what} "
+        f"there, so it must be on Cloud Storage (gs://...)\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_dataflow_needs_a_way_to_install_kiln_on_the_workers(
+    on_store, capfd, no_network_no_credentials
+):
+    flags = [*without(DATAFLOW, IMAGE, "--sdk_location=container"), "--dry_run=True"]
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags)
+    assert (code, out) == (2, "")
+    assert err == (
+        "kiln build: error: --sdk_container_image: Dataflow's workers need kiln: give the "
+        "image built from kiln's Dockerfile (--sdk_container_image=IMAGE "
+        "--sdk_location=container), or --setup_file=./setup.py with --requirements_file, or "
+        "--extra_package (docs/dataflow.md)\n"
+    )
+    assert_nothing_done()
+
+
+def test_a_quiet_dry_run_with_a_setup_file_prints_nothing(
+    on_store, tmp_path, capfd, no_network_no_credentials
+):
+    # Beam's stager builds the --setup_file package with `python -m build`,
+    # and without the build module (Python says so on stderr) with
+    # `setup.py sdist`: --quiet keeps that line off the console, the
+    # report says it was hidden.
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='workers', version='0.1', py_modules=[])\n"
+    )
+    (package / "README.md").write_text("workers\n")  # else sdist warns (written back)
+    report = tmp_path / "report.json"
+    flags = [
+        *without(DATAFLOW, IMAGE, "--sdk_location=container"),
+        f"--setup_file={package / 'setup.py'}",
+        "--dry_run=True",
+        "--full",
+        "--quiet",
+        *("--report", str(report)),
+    ]
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags)
+    assert (code, out, err) == (0, "", "")
+    written = json.loads(report.read_text())
+    assert written["status"] == "dry_run"
+    try:
+        import build  # noqa: F401
+    except ImportError:
+        (warning,) = [w for w in written["warnings"] if "python -m build" in w]
+        assert "No module named build" in warning
