@@ -158,14 +158,21 @@ def corpus_on_memgs(demo_corpus):
 
     bucket = f"{object_store.SCHEME}://bucket"
     object_store.reset()
-    for directory, _, files in os.walk(demo_corpus.out_dir):
-        for name in files:
-            path = os.path.join(directory, name)
-            key = os.path.relpath(path, demo_corpus.out_dir)
-            with open(path, "rb") as f:
-                object_store.put(f"{bucket}/images/{key}", f.read())
+    put_folder(demo_corpus.out_dir, f"{bucket}/images")
     yield bucket
     object_store.reset()
+
+
+def put_folder(folder, prefix: str) -> None:
+    """Copies every file below the local `folder` into the in-memory object
+    store (`object_store`) under `prefix`, keeping their relative paths."""
+    import object_store
+
+    for directory, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                object_store.put(f"{prefix}/{os.path.relpath(path, folder)}", f.read())
 
 
 def make_config(corpus_dir, **overrides) -> dict:

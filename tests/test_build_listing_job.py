@@ -4,13 +4,11 @@ in-memory ``memgs://`` store and the local runner: the same bytes, stamp
 and version as the launcher's listing, with no row per object on the
 launcher."""
 
-import os
-
 import pytest
 from apache_beam.io.filesystem import BeamIOError
 
 import object_store
-from conftest import make_config
+from conftest import make_config, put_folder
 from kiln.errors import ConfigError
 from kiln.pipeline import build, job, listing
 
@@ -22,18 +20,10 @@ ROOT = f"{BUCKET}/images"
 STRAYS = ["stray.txt", ".hidden", ".cache/circle/x.png", "circle/deeper/x.png"]
 
 
-def _put_corpus(corpus_dir, prefix: str) -> None:
-    for directory, _, files in os.walk(corpus_dir):
-        for name in files:
-            path = os.path.join(directory, name)
-            with open(path, "rb") as f:
-                object_store.put(f"{prefix}/{os.path.relpath(path, corpus_dir)}", f.read())
-
-
 @pytest.fixture
 def store(demo_corpus):
     object_store.reset()
-    _put_corpus(demo_corpus.out_dir, ROOT)
+    put_folder(demo_corpus.out_dir, ROOT)
     for name in STRAYS:
         object_store.put(f"{ROOT}/{name}", b"not in the layout")
     yield

@@ -8,10 +8,10 @@ import json
 import pytest
 
 import object_store
-from conftest import make_config
+from conftest import make_config, put_folder
 from kiln.errors import ConfigError
 from kiln.pipeline import BuildError, build, job, sources
-from test_build_listing_job import _no_listing_on_the_launcher, _published, _put_corpus
+from test_build_listing_job import _no_listing_on_the_launcher, _published
 
 BUCKET = f"{object_store.SCHEME}://bucket"
 ROOT = f"{BUCKET}/images"
@@ -20,7 +20,7 @@ ROOT = f"{BUCKET}/images"
 @pytest.fixture
 def store(demo_corpus):
     object_store.reset()
-    _put_corpus(demo_corpus.out_dir, ROOT)
+    put_folder(demo_corpus.out_dir, ROOT)
     yield
     object_store.reset()
 

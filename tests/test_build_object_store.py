@@ -3,7 +3,6 @@ rename = copy + delete), through the in-memory `memgs://` store: the same
 code paths as gs://, minus the network."""
 
 import hashlib
-import os
 import threading
 
 import pytest
@@ -20,16 +19,9 @@ BUCKET = f"{object_store.SCHEME}://bucket"
 
 
 @pytest.fixture
-def store(demo_corpus):
-    object_store.reset()
-    for directory, _, files in os.walk(demo_corpus.out_dir):
-        for name in files:
-            path = os.path.join(directory, name)
-            key = os.path.relpath(path, demo_corpus.out_dir)
-            with open(path, "rb") as f:
-                object_store.put(f"{BUCKET}/images/{key}", f.read())
-    yield
-    object_store.reset()
+def store(corpus_on_memgs):
+    """The demo corpus under ``memgs://bucket/images`` (`BUCKET`)."""
+    assert corpus_on_memgs == BUCKET
 
 
 def test_build_publishes_on_an_object_store(store, build_dataset, demo_corpus):
