@@ -78,18 +78,30 @@ def test_shards_written_again_leave_one_correct_file_each(tmp_path):
         assert read == [r.record for r in expected]
 
 
-# --- pruning --------------------------------------------------------------------------
+def one_split_corpus(demo_corpus, tmp_path, *, num_shards: int):
+    """A small image folder (`small_corpus`) under ``tmp_path/images``, and a
+    config building it into ``tmp_path/out`` as one train split of
+    `num_shards` shards, also written as ``tmp_path/config.yaml``.
 
-
-def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys):
+    Returns (root, keys, config, config path)."""
     root = tmp_path / "images"
     keys = small_corpus(demo_corpus, root)
     config = make_config(
         str(root),
         output=str(tmp_path / "out"),
-        sharding={"num_shards": 1},
+        sharding={"num_shards": num_shards},
         splits={"fractions": {"train": 1.0}},
     )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return root, keys, config, path
+
+
+# --- pruning --------------------------------------------------------------------------
+
+
+def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys):
+    root, keys, config, _ = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
     first = build(config)
     add_image(demo_corpus, root, keys, "added.png")  # an added file: a new version
     second = build(config)
@@ -150,16 +162,7 @@ def roll_back(dataset_root, version):
 def test_a_rollback_by_hand_stands_until_the_inputs_change(demo_corpus, tmp_path, capsys):
     """`echo OLD > LATEST`: the next nightly build of the same inputs finds
     its version up to date, and used to point LATEST back at it."""
-    root = tmp_path / "images"
-    keys = small_corpus(demo_corpus, root)
-    config = make_config(
-        str(root),
-        output=str(tmp_path / "out"),
-        sharding={"num_shards": 1},
-        splits={"fractions": {"train": 1.0}},
-    )
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    root, keys, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
     first = build(config)
     add_image(demo_corpus, root, keys, "added.png")
     second = build(config)
@@ -350,16 +353,7 @@ def assert_nothing_half_written(dataset_root, previous, verified):
 
 
 def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path):
-    root = tmp_path / "images"
-    keys = small_corpus(demo_corpus, root)
-    config = make_config(
-        str(root),
-        output=str(tmp_path / "out"),
-        sharding={"num_shards": 2},
-        splits={"fractions": {"train": 1.0}},
-    )
-    config_path = tmp_path / "config.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+    root, keys, config, config_path = one_split_corpus(demo_corpus, tmp_path, num_shards=2)
     dataset_root = str(tmp_path / "out" / "shapes")
     verified = set()
 
@@ -436,16 +430,7 @@ def test_what_a_prune_killed_half_way_leaves_is_deleted_by_the_next_build(
     """SIGKILL while --keep prunes: the pruned version has lost its kiln.json
     (deleted first) but keeps its shards and its records. Pruning counts
     complete versions only, so no later build would delete it."""
-    root = tmp_path / "images"
-    keys = small_corpus(demo_corpus, root)
-    config = make_config(
-        str(root),
-        output=str(tmp_path / "out"),
-        sharding={"num_shards": 2},
-        splits={"fractions": {"train": 1.0}},
-    )
-    config_path = tmp_path / "config.yaml"
-    config_path.write_text(yaml.safe_dump(config))
+    root, keys, config, config_path = one_split_corpus(demo_corpus, tmp_path, num_shards=2)
     first = build(config)
     add_image(demo_corpus, root, keys, "second.png")
     # The first delete of a local build is the pruned version's kiln.json.
