@@ -77,6 +77,8 @@ class BuildRun:
         (None where /proc/stat is missing).
       full_seconds: For an incremental measurement, the from-scratch build
         of the same changed inputs (`seconds` is the incremental build's).
+      incremental: For an incremental measurement, the build's report of
+        its base (`IncrementalReport`: reused, relabelled, processed...).
     """
 
     seconds: float
@@ -87,6 +89,7 @@ class BuildRun:
     kiln_module: str | None = None
     background_cores: float | None = None
     full_seconds: float | None = None
+    incremental: dict[str, Any] | None = None
 
     @property
     def images_per_second(self) -> float:
@@ -155,6 +158,7 @@ def measure(spec: dict[str, Any], scratch: str, *, kiln_src: str | None = None) 
         kiln_module=result.get("kiln_module"),
         background_cores=background,
         full_seconds=result.get("full_seconds"),
+        incremental=result.get("incremental"),
     )
 
 
@@ -295,11 +299,18 @@ def _changed_copy(source: str, target: str, flip: int) -> None:
     cv2.imwrite(target, cv2.flip(image, flip), [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
 
 
+# The class of the added images of a ``new_class`` incremental measurement:
+# before every class of the corpus in sorted order.
+NEW_CLASS = "0-added-class"
+
+
 def _run_incremental(spec: dict[str, Any]) -> dict[str, Any]:
     """A base build of the manifest's images (not timed); then `changed`
     of the images get new content, as many new ones are added and as many
     are deleted; then the incremental build (timed) and a from-scratch
-    build of the same inputs (timed), whose datasets must be identical."""
+    build of the same inputs (timed), whose datasets must be identical.
+    With ``new_class``, the added images are of a class that sorts before
+    every other: each record's class id moves up one (`kiln.pipeline.relabel`)."""
     import csv
 
     import kiln.pipeline.command  # noqa: F401  (cli.main imports it; not on the clock)
@@ -334,7 +345,7 @@ def _run_incremental(spec: dict[str, Any]) -> dict[str, Any]:
         path, label = rows[index]
         new_path = f"added/{path}"
         _changed_copy(os.path.join(inputs, path), os.path.join(inputs, new_path), 0)
-        added.append((new_path, label))
+        added.append((new_path, NEW_CLASS if spec.get("new_class") else label))
     for index in changed:
         path = rows[index][0]
         _changed_copy(os.path.join(inputs, path), os.path.join(inputs, path), 1)

@@ -63,6 +63,12 @@ WHY_NOT_MET = {
         "Per record, an incremental build reads and hashes the file and copies its record; "
         "the ratio grows if those grow faster than decoding it: see the incremental table."
     ),
+    "build_incremental_new_class": (
+        "Each record whose class id moved is read from the base's shard on its own, parsed "
+        "and serialized again (`kiln.pipeline.relabel`) and goes through a sorted run like a "
+        "new record, instead of having its frame copied: the next lever is rewriting the id "
+        "in the frame copy itself (the shard writer), without a run."
+    ),
     "reader_b_over_a": (
         "(a) decodes and converts to float: one pass over the output. (b) decodes a crop "
         "window (libjpeg still entropy-decodes the rows above it, so a window costs ~80% of "
@@ -319,6 +325,13 @@ TARGETS_COST_NAMES = {
 }
 
 
+# A class added shifts every later class's id: those records are rewritten
+# from the base's (read, parsed, serialized, spilled to a run), not decoded,
+# which costs more than copying a frame; the night must still cost a
+# fraction of a full build.
+INCREMENTAL_NEW_CLASS_GOAL = 0.2
+
+
 def _target(key: str, name: str, value: float | None, goal: str, met: bool | None) -> dict:
     return {"key": key, "name": name, "value": value, "goal": goal, "met": met}
 
@@ -369,7 +382,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             memory < build["target_shard_mb"],
         )
     )
-    incremental = build.get("incremental", {}).get("rows", [])
+    rows_incremental = build.get("incremental", {}).get("rows", [])
+    incremental = [row for row in rows_incremental if not row.get("new_class")]
+    new_class = [row for row in rows_incremental if row.get("new_class")]
     if incremental:
         first, last = incremental[0], incremental[-1]
         out.append(
@@ -392,6 +407,17 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                     last["ratio"] <= first["ratio"] * 1.10,
                 )
             )
+    for row in new_class:
+        out.append(
+            _target(
+                "build_incremental_new_class",
+                f"incremental / full build time, {row['images']} images, 1% changed and "
+                f"deleted, 1% added of a new class (every class id shifts)",
+                row["ratio"],
+                f"<= {INCREMENTAL_NEW_CLASS_GOAL}",
+                row["ratio"] <= INCREMENTAL_NEW_CLASS_GOAL,
+            )
+        )
     for encoding, reader in results["reader"]["rows"].items():
         ratios = reader["ratios"]
         out += [
@@ -707,8 +733,9 @@ def markdown(results: dict[str, Any]) -> str:
             "|---:|---:|---:|---:|---:|",
         ]
         for row in incremental["rows"]:
+            each = "each, the added of a new class" if row.get("new_class") else "each"
             lines.append(
-                f"| {row['images']} | {row['changes']} each | "
+                f"| {row['images']} | {row['changes']} {each} | "
                 f"{row['incremental_seconds']:.2f} | {row['full_seconds']:.2f} | "
                 f"{row['ratio']:.3f} |"
             )

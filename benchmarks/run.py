@@ -222,36 +222,43 @@ def measure_incremental(settings: Settings, source: corpus.Corpus, scratch: str)
     """Incremental build time next to a from-scratch build of the same
     changed inputs, per size, `incremental_repeats` rounds round-robin
     (`build_bench._run_incremental`)."""
+    sizes = [(n, False) for n in settings.incremental]
+    # The smallest size again with the added images of a new class that
+    # shifts every class id: the records are relabelled, not decoded.
+    sizes.append((settings.incremental[0], True))
     jobs = [
         (
-            n,
+            (n, new_class),
             {
                 "kind": "incremental",
                 "manifest": source.manifest(n),
                 "changes": max(1, round(n * INCREMENTAL_CHANGES)),
+                "new_class": new_class,
             },
         )
-        for n in settings.incremental
+        for n, new_class in sizes
     ]
-    runs: dict[int, list[build_bench.BuildRun]] = {n: [] for n, _ in jobs}
+    runs: dict[tuple[int, bool], list[build_bench.BuildRun]] = {key: [] for key, _ in jobs}
     for round_index in range(settings.incremental_repeats):
-        for n, spec in jobs:
+        for (n, new_class), spec in jobs:
             run = build_bench.measure(spec, scratch)
-            runs[n].append(run)
+            runs[n, new_class].append(run)
             logger.info(
-                "incremental round %d, %d images: %.2f s incremental, %.2f s full",
+                "incremental round %d, %d images%s: %.2f s incremental, %.2f s full",
                 round_index + 1,
                 n,
+                ", added of a new class" if new_class else "",
                 run.seconds,
                 run.full_seconds,
             )
     rows = []
-    for n, key_runs in runs.items():
+    for (n, new_class), key_runs in runs.items():
         incremental = _median([r.seconds for r in key_runs])
         full = _median([r.full_seconds for r in key_runs])
         rows.append(
             {
                 "images": n,
+                "new_class": new_class,
                 "changes": max(1, round(n * INCREMENTAL_CHANGES)),
                 "incremental_seconds": incremental,
                 "full_seconds": full,

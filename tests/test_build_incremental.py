@@ -473,3 +473,60 @@ def test_base_and_full_exclude_each_other_and_the_base_must_exist(demo_corpus, t
     with pytest.raises(UsageError, match="no complete version 0123456789ab"):
         build(config, base="0123456789ab")
     assert not [n for n in os.listdir(tmp_path / "out" / "shapes") if not n.startswith(".")]
+
+
+def stored_per_class(result) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for split in result.info.splits.values():
+        for name, count in split.class_counts.items():
+            counts[name] = counts.get(name, 0) + count
+    return counts
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_a_new_class_relabels_the_records_whose_ids_it_shifts(demo_corpus, tmp_path, compression):
+    """ "oval" sorts between circle and square: square, star and triangle
+    move up one id. Their records are rewritten from the base's with the new
+    id, not decoded; from a gzip base, where one record cannot be read alone,
+    they are processed from their files. Both give a full build's bytes."""
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(
+        images, output=str(tmp_path / "out"), sharding={"num_shards": 2, "compression": compression}
+    )
+    base = build(config)
+    before = stored_per_class(base)
+    (images / "oval").mkdir()
+    (images / "oval" / "oval_0000.png").write_bytes(new_png(3))
+
+    incremental = build(config)
+
+    assert incremental.info.class_names == ["circle", "oval", "square", "star", "triangle"]
+    report = incremental.incremental
+    shifted = before["square"] + before["star"] + before["triangle"]
+    assert report.used and report.reused == before["circle"]
+    if compression == "none":
+        assert (report.relabelled, report.changed, report.added) == (shifted, 0, 1)
+        assert incremental.counters["images_decoded"] == 1
+        assert f"relabelled {shifted}, processed" in summary(incremental)
+    else:
+        assert (report.relabelled, report.changed, report.added) == (0, shifted, 1)
+        assert incremental.counters["images_decoded"] == shifted + 1
+    assert_same_dataset(incremental, full_build(config, tmp_path))
+
+
+def test_a_class_gone_relabels_the_classes_after_it(demo_corpus, tmp_path):
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    base = build(config)
+    before = stored_per_class(base)
+    shutil.rmtree(images / "square")
+
+    incremental = build(config)
+
+    assert incremental.info.class_names == ["circle", "star", "triangle"]
+    report = incremental.incremental
+    assert report.reused == before["circle"]
+    assert report.relabelled == before["star"] + before["triangle"]
+    assert report.deleted == before["square"]
+    assert incremental.counters.get("images_decoded", 0) == 0
+    assert_same_dataset(incremental, full_build(config, tmp_path))

@@ -874,7 +874,7 @@ class _StubProcessor:
         self.release = threading.Event()
         self.threads: dict[str, int] = {}
 
-    def __call__(self, item, before_decoding=None):
+    def __call__(self, item, before_decoding=None, read_base=None):
         import threading
 
         from kiln.pipeline.images import Outcome

@@ -168,12 +168,16 @@ def test_a_changed_targets_config_reuses_nothing(corpus, tmp_path):
     assert result.counters["images_decoded"] == COUNT
 
 
-def test_a_new_class_that_shifts_the_class_ids_reprocesses_the_records_it_shifts(corpus, tmp_path):
+@pytest.mark.parametrize("label", [False, True], ids=["objects-and-labels", "with-image-label"])
+def test_a_new_class_that_shifts_the_class_ids_relabels_the_records_it_shifts(
+    corpus, tmp_path, label
+):
     manifest = str(corpus / "manifest.jsonl")
-    # Without an image label: class ids come only from labels and objects (and
-    # without the mask, whose records a longer class list reprocesses: see
+    # Without the mask, whose records a longer class list reprocesses (its
+    # pixel values are class ids: see
     # test_a_shorter_class_list_reprocesses_the_masks_it_leaves_values_outside).
-    targets = {kind: value for kind, value in data.TARGETS.items() if kind not in ("label", "mask")}
+    dropped = ("mask",) if label else ("label", "mask")
+    targets = {kind: value for kind, value in data.TARGETS.items() if kind not in dropped}
     spec = config(manifest, tmp_path / "out", targets=targets)
     build(spec)
     rows = read_rows(corpus)
@@ -197,10 +201,18 @@ def test_a_new_class_that_shifts_the_class_ids_reprocesses_the_records_it_shifts
     incremental = build(spec)
 
     assert incremental.info.class_names[0] == "amber"
-    # Only the images that name no class (0, 4 and 8) keep their records.
-    assert incremental.incremental.used and incremental.incremental.reused == 3
-    assert incremental.incremental.changed == COUNT - 3
-    assert_same_dataset(incremental, build(dict(spec, output=str(tmp_path / "full"))))
+    report = incremental.incremental
+    # Without an image label, the images that name no class (0, 4 and 8)
+    # keep their records as they are; every other record's class ids moved
+    # up by one: rewritten from the base's, not decoded. Only amber is.
+    kept = 0 if label else 3
+    assert report.used and (report.reused, report.relabelled) == (kept, COUNT - kept)
+    assert (report.processed, report.added, report.changed) == (1, 1, 0)
+    assert incremental.counters["images_decoded"] == 1
+    assert f"reused {kept}, relabelled {COUNT - kept}, processed 1 (1 new" in summary(incremental)
+    full = build(dict(spec, output=str(tmp_path / "full")))
+    assert full.counters["images_decoded"] == COUNT + 1
+    assert_same_dataset(incremental, full)  # per-class object counts and sizes included
 
 
 def test_moving_the_data_reuses_every_record_and_keeps_the_version(corpus, tmp_path):
@@ -453,3 +465,47 @@ def test_a_shorter_class_list_reprocesses_the_masks_it_leaves_values_outside(cor
     assert full.info.dropped == {"unknown_class": 6}  # the images showing red
     assert incremental.incremental.used
     assert_same_dataset(incremental, full)
+
+
+def test_objects_of_a_class_the_base_did_not_know_are_processed_not_relabelled(corpus, tmp_path):
+    """The base's class list leaves red out: its red objects were dropped.
+    Declaring red (and amber, which shifts every id) keeps them now: those
+    images are processed again; the others are relabelled."""
+    manifest = str(corpus / "manifest.jsonl")
+    targets = {
+        **{
+            kind: value
+            for kind, value in data.TARGETS.items()
+            if kind not in ("label", "labels", "mask")
+        },
+        "bad_objects": "drop_object",
+    }
+    source = {"type": "manifest", "path": manifest}
+    base = build(
+        config(
+            manifest,
+            tmp_path / "out",
+            targets=targets,
+            source={**source, "classes": ["blue", "green"]},
+        )
+    )
+    assert "red" not in base.info.class_names
+    with_red = {
+        row["path"]
+        for row in read_rows(corpus)
+        if any(o["class"] == "red" for o in row.get("objects", ()))
+    }
+    assert with_red
+    spec = config(
+        manifest,
+        tmp_path / "out",
+        targets=targets,
+        source={**source, "classes": ["amber", "blue", "green", "red"]},
+    )
+
+    incremental = build(spec)
+
+    report = incremental.incremental
+    assert report.used and report.changed == len(with_red)
+    assert report.relabelled > 0 and report.reused + report.relabelled + len(with_red) == COUNT
+    assert_same_dataset(incremental, build(dict(spec, output=str(tmp_path / "full"))))

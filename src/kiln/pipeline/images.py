@@ -18,7 +18,11 @@ file they name and the class ids they use, `targets.TargetCodec.reuse_key`)
 is not decoded: its record is copied from the base's shard by the shard
 writer (a `sharding.ReusedRun` on the ``reused`` output, per base shard per
 bundle: where its frame is in the base shard, found by the base's check),
-and its statistics come from the row.
+and its statistics come from the row. A file whose sha256 matches and whose
+listing inputs match with the base's class ids (a class added or removed
+shifted them) is not decoded either: its base record is read (`_base_record`)
+and rewritten with this build's class ids (`relabel`), into the runs like a
+new record.
 
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
 output, counted per reason. What the job counts about every file (its
@@ -47,16 +51,17 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from kiln import transforms
-from kiln.pipeline import record_index, versioning
+from kiln.pipeline import record_index, target_rows, tfrecord, versioning
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.incremental import BaseFiles, frame_starts
 from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
+from kiln.pipeline.relabel import Relabel
 from kiln.pipeline.sharding import ReusedRun, RunWriter, sort_key
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import PixelSums, Summary, TargetCounts, pixel_sums
-from kiln.pipeline.targets import BadAnnotation, TargetCodec, location_free
+from kiln.pipeline.targets import BadAnnotation, ListedTargets, TargetCodec, location_free
 from kiln.schemas import INDEX_FILENAME, RECORD, schema_for
 from kiln.transforms import opencv_log
 
@@ -102,8 +107,10 @@ class Outcome(NamedTuple):
     entry_hash: int
     reused: Reuse | None = None
     # Datasets with boxes: what the listed boxes say about their convention
-    # (None for a file not decoded: unread, undecodable or reused).
+    # (None for a file not decoded: unread, undecodable, reused or relabelled).
     boxes: BoxEvidence | None = None
+    # The record is the base's with this build's class ids (`relabel`): not decoded.
+    relabelled: bool = False
 
 
 class ImageProcessor:
@@ -117,6 +124,9 @@ class ImageProcessor:
       splits: Assigns each stored image its split.
       targets: Loads and encodes the targets of a dataset with ``targets:``;
         None for classification (the records of `kiln.schemas.RECORD`).
+      base_class_names: An incremental build's base version's class names:
+        when they differ from `class_names`, records whose class ids alone
+        changed are rewritten from the base's (`relabel`), not decoded.
     """
 
     def __init__(
@@ -127,6 +137,7 @@ class ImageProcessor:
         class_names: Sequence[str],
         splits: SplitPolicy,
         targets: TargetCodec | None = None,
+        base_class_names: Sequence[str] | None = None,
     ):
         self._chain = chain
         self._codec = targets
@@ -138,11 +149,23 @@ class ImageProcessor:
         self._format = encoding.format
         self._quality = encoding.quality
         self._class_names = list(class_names)
+        self._relabel = None
+        if (
+            base_class_names is not None
+            and list(base_class_names) != self._class_names
+            and (targets is None or targets.config.mask is None)
+        ):
+            self._relabel = Relabel(base_class_names, self._class_names, self._schema)
 
     def __call__(
-        self, item: Mapping[str, Any], before_decoding: Callable[[int], None] | None = None
+        self,
+        item: Mapping[str, Any],
+        before_decoding: Callable[[int], None] | None = None,
+        read_base: Callable[[str, int], bytes | None] | None = None,
     ) -> Outcome:
-        """`before_decoding`: see `transforms.decode_image`."""
+        """`before_decoding`: see `transforms.decode_image`. `read_base`: a
+        base record's bytes by shard and position, or None when it cannot
+        be read (then the file is processed): for relabelling (`relabel`)."""
         key, uri, label = item["key"], item["uri"], int(item["label"])
         split = item.get("split")
         listed_text: str | None = item.get("targets")
@@ -211,6 +234,38 @@ class ImageProcessor:
                 entry(sha256, content),
                 Reuse(base.shard, base.position),
             )
+        if base is not None and base.sha256 == sha256 and read_base is not None:
+            relabelled = self._relabelled(item, listed, label, base, read_base)
+            if relabelled is not None:
+                record, counts = relabelled
+                return Outcome(
+                    ProcessedImage(
+                        key,
+                        label,
+                        self._splits.assign(key, sha256, split),
+                        sha256,
+                        record,
+                        base.height,
+                        base.width,
+                        PixelSums(base.pixels, base.sums, base.squares),
+                        record_index.entry(
+                            key=key,
+                            sha256=sha256,
+                            inputs=inputs,
+                            label=label,
+                            height=base.height,
+                            width=base.width,
+                            pixels=base.pixels,
+                            sums=base.sums,
+                            squares=base.squares,
+                            targets=counts,
+                        ),
+                        counts,
+                    ),
+                    None,
+                    entry(sha256, content),
+                    relabelled=True,
+                )
 
         try:
             image, orientation = self._decode(data, before_decoding)
@@ -295,6 +350,41 @@ class ImageProcessor:
             entry(sha256, content),
             boxes=evidence,
         )
+
+    def _relabelled(
+        self,
+        item: Mapping[str, Any],
+        listed: ListedTargets | None,
+        label: int,
+        base: record_index.IndexRow,
+        read_base: Callable[[str, int], bytes | None],
+    ) -> tuple[bytes, TargetCounts | None] | None:
+        """The base's record of a file with the same bytes, rewritten with
+        this build's class ids, and its statistics counts; None when its
+        listing inputs differ by more than class ids, or it cannot be
+        relabelled (`relabel`: then the file is processed)."""
+        relabel = self._relabel
+        if relabel is None or (base.targets is None) != (self._codec is None):
+            return None
+        names = [] if label < 0 else [self._class_names[label]]
+        if listed is not None:
+            names += target_rows.class_names(listed.row)
+        if not relabel.covers(names):
+            return None
+        # The listing inputs as the base computed them: with its class ids.
+        as_base = dict(item, label=relabel.base_label(label))
+        if listed is not None and self._codec is not None:
+            as_base["targets"] = self._codec.reuse_key(listed, relabel.base_ids)
+        if record_index.inputs_fingerprint(as_base) != base.inputs:
+            return None
+        serialized = read_base(base.shard, base.position)
+        if serialized is None:
+            return None
+        try:
+            record = relabel.record(serialized, label, item["key"])
+        except (KeyError, ValueError):  # not the record the index says (SchemaError is one)
+            return None
+        return record, relabel.counts(base.targets)
 
     def _decode(
         self, data: bytes, before_decoding: Callable[[int], None] | None
@@ -439,6 +529,7 @@ class ProcessImagesFn(beam.DoFn):
         self._decoded = Metrics.counter("kiln", "images_decoded")
         self._bytes = Metrics.counter("kiln", "bytes_read")
         self._reused = Metrics.counter("kiln", "records_reused")
+        self._relabelled = Metrics.counter("kiln", "records_relabelled")
         self._changed = Metrics.counter("kiln", "images_changed")
         self._added = Metrics.counter("kiln", "images_added")
         self._not_trusted = Metrics.counter("kiln", "records_not_trusted")
@@ -500,7 +591,8 @@ class ProcessImagesFn(beam.DoFn):
             ]
         if self._pool is None:
             for item in files:
-                yield from self._take(item, self._processor(item), window, timestamp)
+                outcome = self._processor(item, read_base=self._base_reader())
+                yield from self._take(item, outcome, window, timestamp)
             return
         # A file with a base row is most likely reused: hashed, not decoded,
         # a fraction of a millisecond. The element's such files go to the
@@ -576,10 +668,45 @@ class ProcessImagesFn(beam.DoFn):
         # On a pool thread: a file's pixels count from its header check to
         # the end of its encoding.
         outcomes = []
+        read_base = self._base_reader()
         for item in task:
             with self._budget.reservation() as reservation:
-                outcomes.append(self._processor(item, before_decoding=reservation.acquire))
+                outcomes.append(
+                    self._processor(item, before_decoding=reservation.acquire, read_base=read_base)
+                )
         return outcomes
+
+    def _base_reader(self) -> Callable[[str, int], bytes | None] | None:
+        """`ImageProcessor`'s ``read_base``: None without a base, or with a
+        compressed one (reading a record would inflate its shard from the
+        start: such records are processed instead, `relabel`)."""
+        if self._base is None or self._base.compression is not None:
+            return None
+        return self._base_record
+
+    def _base_record(self, shard: str, position: int) -> bytes | None:
+        """The record at `position` of the base's `shard` (uncompressed),
+        read from the frame the base's check found, or None when it cannot
+        be read or its frame is not intact. Only rows `_trusted_base`
+        passed get here: their shard's frames are known."""
+        base = self._base
+        starts = self._frames.get(shard)
+        if base is None or starts is None:
+            return None
+        start, end = starts[position], starts[position + 1]
+        try:
+            with FileSystems.open(
+                FileSystems.join(base.folder, shard),
+                compression_type=CompressionTypes.UNCOMPRESSED,
+            ) as f:
+                f.seek(start)
+                framed = f.read(end - start)
+        except Exception as e:  # vanished, unreadable: processed from its file instead
+            logger.warning("cannot read a record of base shard %s: %s", shard, _describe(e))
+            return None
+        if not tfrecord.is_frame(framed):
+            return None
+        return bytes(tfrecord.unframe(framed))
 
     def _take_done(self, wait: bool):
         """Takes every finished file; with `wait`, waits for at least one first."""
@@ -627,9 +754,12 @@ class ProcessImagesFn(beam.DoFn):
             )
             contents.append((image.sha256, image.key))
             return
-        if "base" in item:  # an incremental build: say why this one was processed
-            (self._added if item["base"] is None else self._changed).inc()
-        self._decoded.inc()
+        if outcome.relabelled:
+            self._relabelled.inc()
+        else:
+            if "base" in item:  # an incremental build: say why this one was processed
+                (self._added if item["base"] is None else self._changed).inc()
+            self._decoded.inc()
         if self._runs.add(
             window,
             image.split,

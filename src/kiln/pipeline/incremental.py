@@ -7,11 +7,13 @@ processing, a record whose source file has the same bytes (sha256) and the
 same listing inputs (key, class id: `record_index.inputs_fingerprint`) as
 in the base is copied from the base's shards without decoding; only new and
 changed files are decoded, transformed and encoded, and files gone from the
-source are gone from the new version. The result is byte-identical to a
-from-scratch build of the same inputs and config, kiln.json included: the
-records are the same bytes, the shards are cut and ordered by the same
-rules, and the statistics are merged from the exact per-record sums in the
-base's record index (`record_index`).
+source are gone from the new version. A record whose listing inputs differ
+only by class ids (a class added or removed shifted them) is read from the
+base's shard and rewritten with the new ids, not decoded (`relabel`).
+The result is byte-identical to a from-scratch build of the same inputs
+and config, kiln.json included: the records are the same bytes, the shards
+are cut and ordered by the same rules, and the statistics are merged from
+the exact per-record sums in the base's record index (`record_index`).
 
 **The reuse key** of a record is (sha256 of the image file, listing
 inputs); with ``targets:`` the listing inputs also hold the image's
@@ -185,12 +187,15 @@ class BaseFiles:
       files: ``(file name, sha256)`` of its shards and its record index,
         as its kiln.json records them: the job checks each before use.
       compression: Its shards' compression (None or "gzip").
+      class_names: Its sorted class names: a record whose class ids alone
+        changed is relabelled (`kiln.pipeline.relabel`).
     """
 
     version: str
     folder: str
     files: tuple[tuple[str, str], ...]
     compression: str | None
+    class_names: tuple[str, ...] = ()
 
     @property
     def index_uri(self) -> str:
@@ -266,7 +271,9 @@ def choose_base(
         (shard.filename, shard.sha256) for split in info.splits.values() for shard in split.shards
     ) + ((INDEX_FILENAME, info.index_sha256),)
     folder = storage.join(dataset_root, version)
-    return BaseChoice(BaseFiles(version, folder, files, info.compression), version)
+    return BaseChoice(
+        BaseFiles(version, folder, files, info.compression, tuple(info.class_names)), version
+    )
 
 
 # --- in the job --------------------------------------------------------------------
@@ -465,6 +472,9 @@ class IncrementalReport:
         file changed is still "used").
       reason: Why the base was not used, or what of it was not trusted.
       reused: Records copied from the base without decoding.
+      relabelled: Records rewritten from the base's with new class ids (a
+        class added or removed shifted them), without decoding
+        (`kiln.pipeline.relabel`).
       processed: Files read and processed (decoded, or dropped).
       added: Of those, files stored that the base did not have.
       changed: Of those, files stored whose bytes or listing inputs changed
@@ -476,6 +486,7 @@ class IncrementalReport:
     used: bool
     reason: str = ""
     reused: int = 0
+    relabelled: int = 0
     processed: int = 0
     added: int = 0
     changed: int = 0
@@ -486,6 +497,7 @@ class IncrementalReport:
         cls, choice: BaseChoice, counters: Mapping[str, int], problems: Mapping[str, str]
     ) -> IncrementalReport:
         reused = counters.get("records_reused", 0)
+        relabelled = counters.get("records_relabelled", 0)
         reason = choice.reason
         if choice.base is not None and problems:
             shown = "; ".join(problems[name] for name in sorted(problems)[:3])
@@ -496,7 +508,8 @@ class IncrementalReport:
             used=choice.base is not None,
             reason=reason,
             reused=reused,
-            processed=counters.get("files_read", 0) - reused,
+            relabelled=relabelled,
+            processed=counters.get("files_read", 0) - reused - relabelled,
             added=counters.get("images_added", 0),
             changed=counters.get("images_changed", 0),
             deleted=counters.get("records_deleted", 0),
@@ -512,8 +525,9 @@ class IncrementalReport:
                 return f"  full build: {self.reason}"
             return f"  full build: base {self.base} not used: {self.reason}"
         dropped = self.processed - self.added - self.changed
+        relabelled = f"relabelled {self.relabelled}, " if self.relabelled else ""
         line = (
-            f"  incremental from {self.base}: reused {self.reused}, processed "
+            f"  incremental from {self.base}: reused {self.reused}, {relabelled}processed "
             f"{self.processed} ({self.added} new, {self.changed} changed, {dropped} dropped), "
             f"{self.deleted} gone"
         )

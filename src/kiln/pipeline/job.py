@@ -149,6 +149,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
             None
             if config.targets is None
             else TargetCodec(config.targets, plan.class_names, config.image.max_pixels),
+            base_class_names=None if plan.base is None else plan.base.class_names,
         ),
         threads=plan.image_threads,
         runs_folder=plan.temp_dir,

@@ -235,20 +235,24 @@ class TargetCodec:
         masks = MaskFiles.read(row)
         return ListedTargets(row, masks, _content(row, masks))
 
-    def reuse_key(self, listed: ListedTargets) -> str:
+    def reuse_key(self, listed: ListedTargets, class_ids: Mapping[str, int] | None = None) -> str:
         """What of the targets decides the record's target features besides
         the image and the processing config: their content (masks by
         sha256) and the class id of every class name they use (ids follow
         the class list, which a new class elsewhere can shift); with a
         semantic mask also the class list's length, which decides which of
-        its pixel values are class ids (counted, kept) and which drop it."""
+        its pixel values are class ids (counted, kept) and which drop it.
+
+        `class_ids`: another class list's ids (name -> id) to compute the
+        key with: a base version's (`kiln.pipeline.relabel`)."""
+        ids = self._class_ids if class_ids is None else class_ids
         names = target_rows.class_names(listed.row)
         key: dict[str, Any] = {
             "targets": listed.content,
-            "class_ids": {name: self._class_ids.get(name) for name in names},
+            "class_ids": {name: ids.get(name) for name in names},
         }
         if self._targets.mask is not None:
-            key["num_classes"] = len(self._class_ids)
+            key["num_classes"] = len(ids)
         return json.dumps(
             key,
             sort_keys=True,
