@@ -60,6 +60,8 @@ setuptools.setup(
             # COCO instances JSON read as a stream (its C parser, yajl2_c,
             # ships in the wheels): no whole-file json.load of a 450 MB file.
             "ijson>=3.3,<4",
+            # Reads a --requirements_file's lines (does it name kiln?).
+            "packaging>=22",
         ],
         "gcp": [
             f"apache-beam[gcp]=={BEAM_VERSION}",

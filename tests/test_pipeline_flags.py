@@ -314,3 +314,101 @@ def test_a_quiet_dry_run_with_a_setup_file_prints_nothing(
     except ImportError:
         (warning,) = [w for w in written["warnings"] if "python -m build" in w]
         assert "No module named build" in warning
+
+
+def test_a_dry_run_with_a_requirements_file_downloads_nothing(
+    on_store, tmp_path, capfd, no_network_no_credentials, monkeypatch
+):
+    # Beam's stager would `pip download` every requirement into its cache
+    # before the dry run translates the job; pip (a subprocess) is pointed
+    # at a closed port on this machine, so a download fails at once (the
+    # requirement is one no cache of an earlier run can hold either).
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "1")
+    requirements = tmp_path / "worker-requirements.txt"
+    requirements.write_text(f"kiln-test-unpublished-{tmp_path.name}==0.0.1\n")
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='workers', version='0.1', py_modules=[])\n"
+    )
+    (package / "README.md").write_text("workers\n")
+    flags = [
+        *without(DATAFLOW, IMAGE, "--sdk_location=container"),
+        f"--setup_file={package / 'setup.py'}",
+        f"--requirements_file={requirements}",
+        "--dry_run=True",
+        "--full",
+        "--quiet",
+    ]
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags)
+    assert (code, out, err) == (0, "", "")
+
+
+@pytest.mark.parametrize(
+    "lines, warned",
+    [
+        (["opencv-python-headless>=5.0,<6", "numpy"], True),
+        (
+            ["--extra-index-url https://example.invalid/simple", "# kiln is not here", "pyyaml"],
+            True,
+        ),
+        (["kiln[pipeline] @ file:///opt/kiln-0.1.0.tar.gz"], False),
+        (["./dist/kiln-0.1.0-py3-none-any.whl"], False),
+        (["git+https://example.invalid/team/kiln.git#egg=kiln"], False),
+        (["-r base-requirements.txt"], False),  # which names kiln==0.1.0
+        (["-e ./kiln-checkout"], False),  # kiln cannot tell: not warned
+    ],
+)
+def test_a_requirements_file_alone_that_names_no_kiln_is_warned_of(
+    on_store, tmp_path, capfd, no_network_no_credentials, monkeypatch, lines, warned
+):
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # a dry run downloads nothing
+    (tmp_path / "base-requirements.txt").write_text("kiln==0.1.0\n")
+    requirements = tmp_path / "worker-requirements.txt"
+    requirements.write_text("\n".join(lines) + "\n")
+    report = tmp_path / "report.json"
+    flags = [
+        *without(DATAFLOW, IMAGE, "--sdk_location=container"),
+        f"--requirements_file={requirements}",
+        "--dry_run=True",
+        "--full",
+        *("--report", str(report)),
+    ]
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags)
+    assert code == 0 and out.startswith("kiln build: dry run:")
+    warning = (
+        f"--requirements_file: {requirements} names no kiln package, and no --setup_file, "
+        f"--extra_package or --sdk_container_image installs kiln: unless one of its packages "
+        f"depends on kiln, every image step will fail on the workers (No module named 'kiln'; "
+        f"docs/dataflow.md)"
+    )
+    assert (warning in json.loads(report.read_text())["warnings"]) == warned
+
+
+def test_the_docs_worker_requirements_with_a_setup_file_are_not_warned_of(
+    on_store, tmp_path, capfd, no_network_no_credentials, monkeypatch
+):
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    requirements = tmp_path / "worker-requirements.txt"
+    requirements.write_text("opencv-python-headless>=5.0,<6\npyyaml>=6.0,<7\n")
+    report = tmp_path / "report.json"
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='workers', version='0.1', py_modules=[])\n"
+    )
+    (package / "README.md").write_text("workers\n")
+    flags = [
+        *without(DATAFLOW, IMAGE, "--sdk_location=container"),
+        f"--setup_file={package / 'setup.py'}",
+        f"--requirements_file={requirements}",
+        "--dry_run=True",
+        "--full",
+        *("--report", str(report)),
+    ]
+    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags)
+    assert code == 0 and out.startswith("kiln build: dry run:")
+    warnings = json.loads(report.read_text())["warnings"]
+    assert not [w for w in warnings if "names no kiln package" in w]

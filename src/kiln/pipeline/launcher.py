@@ -49,6 +49,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
+    SetupOptions,
     StandardOptions,
     TestOptions,
     TypeOptions,
@@ -190,6 +191,12 @@ def pipeline_options(pipeline_args: Sequence[str] = ()) -> PipelineOptions:
     # Beam, "False" would ask for a dry run).
     test = options.view_as(TestOptions)
     test.dry_run = pipeline_flags.dry_run_value(test.dry_run)
+    setup = options.view_as(SetupOptions)
+    if setup.requirements_file and setup.requirements_cache is None and is_dry_run(options):
+        # A dry run submits nothing, yet Beam's stager would first `pip
+        # download` every requirement into its cache (minutes, or a failed
+        # dry run without the package index): the file alone is staged.
+        setup.requirements_cache = "skip"  # Beam's stager.SKIP_REQUIREMENTS_CACHE
     # The job's graph is kiln's own and fixed (user code runs inside its
     # steps, not as steps); Beam's construction-time type inference over it
     # catches nothing and costs start-up time on every build.

@@ -25,6 +25,7 @@ import argparse
 import copy
 import difflib
 import importlib
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -39,10 +40,14 @@ from apache_beam.options.pipeline_options import (
     WorkerOptions,
 )
 from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from kiln.errors import MAX_PROBLEMS_SHOWN, UsageError
 from kiln.pipeline import storage
 from kiln.pipeline.config import BuildSpec
+
+logger = logging.getLogger(__name__)
 
 # kiln's local default runner (`kiln.pipeline.launcher`).
 LOCAL_RUNNER = "FnApiRunner"
@@ -245,6 +250,8 @@ def check(options: PipelineOptions, spec: BuildSpec) -> None:
         problems += _dataflow_locations(spec)
     if problems:
         raise FlagsError(problems, name)
+    if dataflow:
+        _warn_requirements_without_kiln(options)
 
 
 def _missing_files(options: PipelineOptions) -> list[str]:
@@ -385,6 +392,87 @@ def _dataflow_packaging(options: PipelineOptions) -> list[str]:
         "--setup_file=./setup.py with --requirements_file, or --extra_package "
         "(docs/dataflow.md)"
     ]
+
+
+def _warn_requirements_without_kiln(options: PipelineOptions) -> None:
+    """Logs a warning when a ``--requirements_file`` is the only way the
+    job names to install kiln on Dataflow's workers and no line of it names
+    kiln (a ``kiln`` requirement, or a file or URL of a kiln package). It
+    may still install kiln as another package's dependency, so this is not
+    refused; the usual mistake is the worker requirements of
+    docs/dataflow.md without the ``--setup_file`` they go with."""
+    worker = options.view_as(WorkerOptions)
+    setup = options.view_as(SetupOptions)
+    path = setup.requirements_file
+    if (
+        path is None
+        or storage.is_remote(path)
+        or worker.sdk_container_image
+        or worker.worker_harness_container_image
+        or setup.setup_file
+        or setup.extra_packages
+    ):
+        return
+    if _may_install_kiln(path, set()):
+        return
+    logger.warning(
+        "--requirements_file: %s names no kiln package, and no --setup_file, --extra_package "
+        "or --sdk_container_image installs kiln: unless one of its packages depends on kiln, "
+        "every image step will fail on the workers (No module named 'kiln'; docs/dataflow.md)",
+        path,
+    )
+
+
+# Options of a requirements file that take a value and install nothing.
+_VALUE_OPTIONS = (
+    "-c",
+    "--constraint",
+    "-i",
+    "--index-url",
+    "--extra-index-url",
+    "-f",
+    "--find-links",
+    "--trusted-host",
+    "--no-binary",
+    "--only-binary",
+)
+
+
+def _may_install_kiln(path: str, seen: set[str]) -> bool:
+    """Whether a requirements file names kiln: a requirement named kiln,
+    a package file or URL whose name starts with kiln, an editable or
+    unreadable entry (kiln cannot tell: taken as yes), following ``-r``."""
+    real = os.path.realpath(path)
+    if real in seen:
+        return False
+    seen.add(real)
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return True
+    for raw in lines:
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        option, _, value = line.replace("=", " ", 1).partition(" ")
+        if option in ("-r", "--requirement"):
+            included = os.path.join(os.path.dirname(path), value.strip())
+            if _may_install_kiln(included, seen):
+                return True
+            continue
+        if option in ("-e", "--editable"):
+            return True
+        if option in _VALUE_OPTIONS or line.startswith("-"):
+            continue
+        try:
+            name = Requirement(line).name
+        except InvalidRequirement:  # a file, folder or URL of a package
+            file_name = os.path.basename(line.rstrip("/")).split("#")[0]
+            name = re.split(r"[-_.]", file_name, maxsplit=1)[0]
+        if canonicalize_name(name) == "kiln":
+            return True
+    return False
 
 
 def _dataflow_locations(spec: BuildSpec) -> list[str]:
