@@ -23,7 +23,7 @@ import object_store
 from conftest import make_config
 from kiln import cli
 from kiln.errors import Busy
-from kiln.pipeline import build, lock, publish, sources
+from kiln.pipeline import build, lock, publish, sources, storage
 from kiln.pipeline.launcher import BuildError
 from kiln.tools import verify
 from test_build_publishing import add_image, small_corpus
@@ -303,3 +303,49 @@ def test_a_class_whose_every_file_was_dropped_stays_with_zero_examples(
     assert result.info.class_names == ["circle", "square", "star", "triangle"]
     assert all(split.class_counts["star"] == 0 for split in result.info.splits.values())
     assert "class(es) with no example (no file listed, or every one dropped): star" in caplog.text
+
+
+def test_a_stalled_holder_whose_lock_was_broken_does_not_write_it_back(monkeypatch, caplog):
+    """A build stalled past the stale limit loses its lock to the next one.
+    When it wakes, its heartbeat must not overwrite the new holder's lock
+    (before, it wrote its own back: the new holder then failed its check
+    before publishing, and the stalled one went on to publish)."""
+    object_store.reset()
+    dataset_root = "memgs://bucket/datasets/shapes"
+    path = dataset_root + "/.lock"
+    monkeypatch.setattr(lock, "HEARTBEAT_SECONDS", 0.05)
+    stalled = lock.DatasetLock(dataset_root)
+    stalled.__enter__()
+    try:
+        # Its heartbeat looks old (the build stalled): the next build breaks it.
+        monkeypatch.setattr(lock, "STALE_AFTER_SECONDS", 0.0)
+        with caplog.at_level(logging.WARNING, logger="kiln.pipeline.lock"):
+            with lock.DatasetLock(dataset_root) as taker:
+                monkeypatch.setattr(lock, "STALE_AFTER_SECONDS", 600.0)
+                time.sleep(0.5)  # ten heartbeats of the stalled build
+                assert lock.Holder.from_bytes(object_store.get(path)).token == taker._me.token
+                taker.check()  # still its own: it may publish
+                with pytest.raises(Exception, match="lost the lock"):
+                    stalled.check()
+        assert f"lost the lock {path} to {taker._me.describe()}" in caplog.messages
+    finally:
+        stalled.__exit__(None, None, None)
+    object_store.reset()
+
+
+def test_two_builds_breaking_one_stale_lock_take_it_once():
+    """Both read the same stale lock; the first replaces it; the second's
+    replacement (of the stale bytes it read) fails instead of deleting the
+    lock just taken."""
+    object_store.reset()
+    dataset_root = "memgs://bucket/datasets/shapes"
+    path = dataset_root + "/.lock"
+    dead = lock.Holder(pid=1, host="elsewhere", started="then", token="dead", heartbeat=1.0)
+    object_store.put(path, dead.to_bytes())
+    store = storage.store_for(path)
+    stale = store.read_bytes(path)  # what the second build read
+    with lock.DatasetLock(dataset_root) as first:
+        assert not store.replace_if_unchanged(path, stale, b"second")
+        assert lock.Holder.from_bytes(object_store.get(path)).token == first._me.token
+        first.check()
+    object_store.reset()

@@ -392,6 +392,35 @@ def test_the_lock_is_an_exclusive_create_on_gcs(fake_gcs_server):
     assert store.read_bytes(path) == other.to_bytes()
 
 
+def test_the_lock_is_replaced_only_if_unchanged_on_gcs(fake_gcs_server, monkeypatch):
+    # Breaking a stale lock and the heartbeat replace the lock object only
+    # if it is still what was read (ifGenerationMatch of that generation).
+    from google.cloud import storage as gcs
+
+    store = storage.store_for(f"gs://{BUCKET}/x")
+    path = f"gs://{BUCKET}/datasets/shapes/.lock"
+    assert not store.replace_if_unchanged(path, b"old", b"new")  # gone: nothing written
+    assert not _client().bucket(BUCKET).blob("datasets/shapes/.lock").exists()
+    assert store.create_exclusive(path, b"old")
+    assert not store.replace_if_unchanged(path, b"other", b"new")
+    assert store.replace_if_unchanged(path, b"old", b"new")
+    assert store.read_bytes(path) == b"new"
+
+    # Another writer in between the read and the write, with the same bytes
+    # (a new generation): the replacement is refused, the other's kept.
+    read = gcs.Blob.download_as_bytes
+
+    def read_then_another_writes(blob, *args, **kwargs):
+        data = read(blob, *args, **kwargs)
+        _client().bucket(BUCKET).blob(blob.name).upload_from_string(data)
+        return data
+
+    with monkeypatch.context() as patched:
+        patched.setattr(gcs.Blob, "download_as_bytes", read_then_another_writes)
+        assert not store.replace_if_unchanged(path, b"new", b"mine")
+    assert store.read_bytes(path) == b"new"
+
+
 def test_a_dataflow_dry_run_reads_the_base_and_writes_nothing(
     on_emulator, demo_corpus, tmp_path_factory, caplog
 ):

@@ -233,6 +233,20 @@ def test_the_lock_is_an_exclusive_create_on_s3(s3, endpoint):
     assert store.read_bytes(path) == other.to_bytes()
 
 
+def test_the_lock_is_replaced_only_if_unchanged_on_s3(s3, endpoint):
+    # Breaking a stale lock and the heartbeat replace the lock object only
+    # if it is still what was read (If-Match of its ETag).
+    storage.use_pipeline_options(_flags(endpoint))
+    store = storage.store_for(f"s3://{BUCKET}/x")
+    path = f"s3://{BUCKET}/datasets/shapes/.lock"
+    assert not store.replace_if_unchanged(path, b"old", b"new")  # gone: nothing written
+    assert store.read_bytes(path) is None
+    assert store.create_exclusive(path, b"old")
+    assert not store.replace_if_unchanged(path, b"other", b"new")
+    assert store.replace_if_unchanged(path, b"old", b"new")
+    assert store.read_bytes(path) == b"new"
+
+
 def test_the_lock_of_a_build_killed_on_this_machine_is_broken_at_once(s3, endpoint, caplog):
     # It blocked every retry for 10 minutes (busy, exit 3), until its heartbeat went stale.
     root = f"s3://{BUCKET}/datasets/killed"

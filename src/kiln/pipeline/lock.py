@@ -17,7 +17,11 @@ holds `DatasetLock` from before it lists the source until it has published
   and deleted on release. A builder that dies cannot delete it, so the holder
   rewrites its ``heartbeat`` every `HEARTBEAT_SECONDS`; a lock whose heartbeat
   is older than `STALE_AFTER_SECONDS` belonged to a dead builder and is
-  broken by the next one (logged). A builder on the same machine need not
+  broken by the next one (logged). Breaking it and every heartbeat replace
+  the object only if it still holds what was read
+  (`storage.Store.replace_if_unchanged`): two builds breaking one stale lock
+  take it once, and a holder that stalled past the limit stops beating
+  instead of writing its lock back over the new holder's. A builder on the same machine need not
   wait that long: the lock names the holder's pid, host and pid namespace
   (`Holder.namespace`), and where all three are this process's, a pid that
   is not alive is a dead holder, whose lock is broken at once (logged).
@@ -106,6 +110,10 @@ class Holder:
         except PermissionError:  # alive, another user's
             return False
         return False
+
+
+def _describe(holder: Holder | None) -> str:
+    return "nobody" if holder is None else holder.describe()
 
 
 def process_namespace() -> str:
@@ -247,16 +255,19 @@ class DatasetLock:
     def _try_object_lock(self) -> bool:
         store = storage.store_for(self.path)
         if not store.create_exclusive(self.path, self._me.to_bytes()):
-            holder = self.holder()
+            stale = store.read_bytes(self.path)
+            holder = Holder.from_bytes(stale)
             why = None if holder is None else _stale(holder)
-            if holder is None or why is None:
+            if stale is None or holder is None or why is None:
                 return False
             logger.warning(
                 "breaking the stale lock %s of %s: %s", self.path, holder.describe(), why
             )
-            store.delete([self.path])
-            if not store.create_exclusive(self.path, self._me.to_bytes()):
-                return False  # another build broke it too, and was first
+            # Replaced only if it is still the stale lock read: another build
+            # breaking it at the same time (or the holder's late heartbeat)
+            # wins or loses as a whole, never deletes a lock just taken.
+            if not store.replace_if_unchanged(self.path, stale, self._me.to_bytes()):
+                return False
         holder = self.holder()  # read back: a store without preconditions may race
         if holder is None or holder.token != self._me.token:
             return False
@@ -265,10 +276,26 @@ class DatasetLock:
 
     def _start_heartbeat(self) -> None:
         def beat() -> None:
+            store = storage.store_for(self.path)
             while not self._stop.wait(HEARTBEAT_SECONDS):
-                with contextlib.suppress(Exception):  # a missed beat is retried next time
-                    self._me = dataclasses.replace(self._me, heartbeat=time.time())
-                    storage.store_for(self.path).write_atomic(self.path, self._me.to_bytes())
+                beating = dataclasses.replace(self._me, heartbeat=time.time())
+                try:
+                    # Only over this build's own lock: a build stalled past
+                    # STALE_AFTER_SECONDS whose lock was broken must not
+                    # write it back over the new holder's (`check` fails it).
+                    kept = store.replace_if_unchanged(
+                        self.path, self._me.to_bytes(), beating.to_bytes()
+                    )
+                except Exception as e:  # a missed beat is retried next time
+                    logger.debug("missed a heartbeat of the lock %s: %s", self.path, e)
+                    continue
+                if not kept:
+                    with contextlib.suppress(Exception):
+                        logger.warning(
+                            "lost the lock %s to %s", self.path, _describe(self.holder())
+                        )
+                    return
+                self._me = beating
 
         self._heartbeat = threading.Thread(target=beat, name="kiln-lock-heartbeat", daemon=True)
         self._heartbeat.start()

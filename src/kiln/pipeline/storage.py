@@ -191,6 +191,26 @@ def _s3_create_exclusive(path: str, data: bytes) -> bool:
     return True
 
 
+def _s3_replace_if_unchanged(path: str, expected: bytes, data: bytes) -> bool:
+    """`Store.replace_if_unchanged` on S3: the object read with its ETag,
+    written with ``If-Match`` of that ETag."""
+    from apache_beam.io.aws import s3io
+    from botocore.exceptions import ClientError
+
+    bucket, key = s3io.parse_s3_path(path)
+    try:
+        current = _s3_client(path).get_object(Bucket=bucket, Key=key)
+        if current["Body"].read() != expected:
+            return False
+        _s3_put(path, data, IfMatch=current["ETag"])
+    except ClientError as e:
+        code = e.response.get("Error", {}).get("Code")
+        if code in ("PreconditionFailed", "NoSuchKey", "ConditionalRequestConflict"):
+            return False
+        raise
+    return True
+
+
 def join(base: str, *parts: str) -> str:
     if not is_remote(base):
         return os.path.join(base, *parts)  # what Beam's LocalFileSystem.join does
@@ -267,6 +287,20 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Creates `path` with `data` only if it does not exist; False if it did."""
+
+    def replace_if_unchanged(self, path: str, expected: bytes, data: bytes) -> bool:
+        """Replaces `path` with `data` only if it still holds `expected`
+        (compare and swap); False if it changed or is gone.
+
+        Atomic on Cloud Storage (``ifGenerationMatch`` of the generation
+        read) and S3 (``If-Match`` of the ETag read). Elsewhere a check,
+        then a write: two writers can both pass the check in the same
+        instant, and the lock's read-back (`lock.DatasetLock`) notices.
+        """
+        if self.read_bytes(path) != expected:
+            return False
+        self.write_atomic(path, data)
+        return True
 
     @abc.abstractmethod
     def delete_tree(self, folder: str) -> None:
@@ -476,6 +510,13 @@ class ObjectStore(Store):
             return False
         self.write_atomic(path, data)
         return True
+
+    def replace_if_unchanged(self, path: str, expected: bytes, data: bytes) -> bool:
+        if path.startswith("gs://"):
+            return _gcs_replace_if_unchanged(path, expected, data)
+        if path.startswith("s3://"):
+            return _s3_replace_if_unchanged(path, expected, data)
+        return super().replace_if_unchanged(path, expected, data)
 
     def delete_tree(self, folder: str) -> None:
         files = [m.path for m in self.list_tree(folder)]
@@ -691,6 +732,26 @@ def _gcs_create_exclusive(path: str, data: bytes) -> bool:
     try:
         blob.upload_from_string(data, if_generation_match=0)
     except exceptions.PreconditionFailed:
+        return False
+    return True
+
+
+def _gcs_replace_if_unchanged(path: str, expected: bytes, data: bytes) -> bool:
+    """`Store.replace_if_unchanged` on Cloud Storage: the object read with
+    its generation, written with ``ifGenerationMatch`` of that generation."""
+    from google.api_core import exceptions
+    from google.cloud import storage as gcs
+
+    bucket_name, _, name = path[len("gs://") :].partition("/")
+    bucket = gcs.Client().bucket(bucket_name)
+    try:
+        blob = bucket.get_blob(name)
+        if blob is None:
+            return False
+        if blob.download_as_bytes(if_generation_match=blob.generation) != expected:
+            return False
+        bucket.blob(name).upload_from_string(data, if_generation_match=blob.generation)
+    except (exceptions.PreconditionFailed, exceptions.NotFound):
         return False
     return True
 
