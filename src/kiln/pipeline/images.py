@@ -51,6 +51,7 @@ from kiln.pipeline import record_index, versioning
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.incremental import BaseFiles, frame_starts
+from kiln.pipeline.listing import read_uri
 from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
 from kiln.pipeline.sharding import ReusedRun, RunWriter, sort_key
@@ -143,7 +144,7 @@ class ImageProcessor:
         self, item: Mapping[str, Any], before_decoding: Callable[[int], None] | None = None
     ) -> Outcome:
         """`before_decoding`: see `transforms.decode_image`."""
-        key, uri, label = item["key"], item["uri"], int(item["label"])
+        key, uri, label = item["key"], read_uri(item["uri"]), int(item["label"])
         split = item.get("split")
         listed_text: str | None = item.get("targets")
 

@@ -362,12 +362,12 @@ def class_name(value: Any, where: str) -> str:
 
 
 # Unicode's category Cc, exactly: C0 controls, DEL and C1 controls.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def control_character(text: str) -> str | None:
     """The first control character (Unicode category Cc) in `text`, or None."""
-    found = _CONTROL.search(text)
+    found = CONTROL_CHARACTERS.search(text)
     return found.group() if found else None
 
 
