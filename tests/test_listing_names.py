@@ -265,6 +265,43 @@ def test_a_build_below_a_folder_whose_path_is_not_text_reports_it_escaped(tmp_pa
         ]
 
 
+def test_a_build_of_masks_below_a_folder_whose_path_is_not_text(tmp_path):
+    # The rows' targets name their mask files by path: below such a folder,
+    # the listing's targets, its stamp and the job's elements hold the path.
+    folder = os.path.join(os.fsencode(tmp_path), b"m\xe9")
+    mask = np.zeros((16, 16, 1), np.uint8)
+    mask[4:8, 4:8] = 1
+    rows = []
+    for i in range(6):
+        write(folder, f"images/{i}.png".encode(), png(10 * i))
+        write(folder, f"masks/{i}.png".encode(), encode_image(mask, format="png"))
+        rows.append({"path": f"images/{i}.png", "label": "cat", "mask": f"masks/{i}.png"})
+    write(folder, b"images/bad.png", b"not an image")
+    rows.append({"path": "images/bad.png", "label": "cat", "mask": "masks/0.png"})
+    write(folder, b"m.jsonl", "".join(json.dumps(row) + "\n" for row in rows).encode())
+    config = make_config(
+        "unused",
+        output=str(tmp_path / "out"),
+        source={"type": "manifest", "path": "m.jsonl", "classes": ["background", "cat"]},
+        targets={"label": {}, "mask": {}},
+        transforms=[],
+        splits={"fractions": {"train": 1.0}},
+        sharding={"num_shards": 1},
+        errors={"max_fraction": 0.2},
+    )
+    config_path = os.path.join(folder, b"config.yaml")
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+
+    result = build(os.fsdecode(config_path))
+
+    assert result.info.dropped == {"not_an_image": 1}
+    assert result.info.splits["train"].num_examples == 6
+    with open(os.path.join(result.dataset_dir, "errors.jsonl"), encoding="utf-8") as f:
+        ((key, uri),) = [(row["key"], row["uri"]) for row in map(json.loads, f)]
+    assert (key, uri) == ("images/bad.png", f"{tmp_path}/m\\xe9/images/bad.png")
+
+
 def test_every_field_of_a_dropped_row_is_escaped_wherever_it_is_made():
     row = error_report.DroppedFile(
         "a\nb.png", "decode", "corrupt", "/data/caf\udce9/a\nb.png", "line 1\nline 2\x1b\x85"
