@@ -22,7 +22,7 @@ COPY setup.py README.md ./
 COPY src ./src
 
 # kiln with the extras the workers import: pipeline (OpenCV headless: no GUI
-# libraries, PyYAML, google-crc32c, imagesize, ijson) and coco (pycocotools,
+# libraries, PyYAML, google-crc32c, imagesize, Pillow, ijson) and coco (pycocotools,
 # for COCO RLE segmentations: a worker that meets one without it fails the
 # image), plus the base install's TensorFlow (kiln.schemas encodes records
 # with it) and pydantic (the config and parameter models). Not gcp: the SDK

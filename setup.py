@@ -55,6 +55,10 @@ setuptools.setup(
             # relies on imdecodeWithMetadata and EXIF from PNG and WebP.
             "opencv-python-headless>=5.0,<6",
             "imagesize>=2.0,<3",  # PNG and AVIF header sizes: refuse decompression bombs
+            # A TIFF's strips are decoded by Pillow's libtiff first, which
+            # reports damaged data that OpenCV's TIFF reader only logs
+            # (kiln.transforms.decode). apache-beam already requires it.
+            "pillow>=12.1.1,<13",
             "pyyaml>=6.0,<7",
             "google-crc32c>=1.5,<2",
             # COCO instances JSON read as a stream (its C parser, yajl2_c,

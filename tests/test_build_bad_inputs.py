@@ -404,3 +404,59 @@ def test_a_build_over_decompression_bombs_in_every_format_stays_small(demo_corpu
         if reasons[name] == "too_many_pixels":
             assert "declares" in row["message"]
             assert "more than max_pixels 89478485" in row["message"]
+
+
+def lzw_tiff(pixels: np.ndarray, damaged: bool) -> bytes:
+    """An LZW TIFF OpenCV writes (one strip at this size), its strip's codes
+    overwritten with 0xff when `damaged`: OpenCV still decodes it, logging a
+    TIFF error, with garbage where the codes were."""
+    ok, encoded = cv2.imencode(
+        ".tif", pixels, [cv2.IMWRITE_TIFF_COMPRESSION, cv2.IMWRITE_TIFF_COMPRESSION_LZW]
+    )
+    assert ok
+    data = bytearray(encoded.tobytes())
+    (directory,) = struct.unpack_from("<I", data, 4)
+    (entries,) = struct.unpack_from("<H", data, directory)
+    for entry in range(directory + 2, directory + 2 + 12 * entries, 12):
+        tag, kind, count, offset = struct.unpack_from("<HHII", data, entry)
+        if tag == 273:  # StripOffsets, one LONG
+            assert (kind, count) == (4, 1)
+            if damaged:
+                data[offset + 20 : offset + 120] = b"\xff" * 100
+            return bytes(data)
+    raise AssertionError("OpenCV wrote a TIFF without StripOffsets")
+
+
+def test_a_tiff_with_damaged_strip_data_is_dropped_and_a_valid_one_stored_as_before(tmp_path):
+    from kiln.pipeline import build
+
+    rng = np.random.default_rng(5)
+    root = tmp_path / "images"
+    (root / "cat").mkdir(parents=True)
+    for i in range(8):
+        (root / "cat" / f"{i}.png").write_bytes(
+            encode_image(np.full((16, 16, 3), 10 * i, np.uint8), format="png")
+        )
+    pixels = rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)  # BGR, as OpenCV writes it
+    (root / "cat" / "valid.tif").write_bytes(lzw_tiff(pixels, damaged=False))
+    (root / "cat" / "damaged.tif").write_bytes(lzw_tiff(pixels, damaged=True))
+
+    result = build(
+        make_config(
+            str(root),
+            output=str(tmp_path / "out"),
+            transforms=[],
+            encoding={"format": "png"},
+            splits={"fractions": {"train": 1.0}},
+            sharding={"num_shards": 1},
+            errors={"max_fraction": 0.2},
+        )
+    )
+
+    with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
+        (row,) = map(json.loads, f)
+    assert (row["key"], row["stage"], row["reason"]) == ("cat/damaged.tif", "decode", "corrupt")
+    assert row["message"].startswith("TIFF image data is damaged: a strip or tile does not decode")
+    (stored,) = [r for r in read_all(result)["train"] if r["key"] == "cat/valid.tif"]
+    # The bytes a build stored before the check: OpenCV's pixels, as PNG.
+    assert stored["encoded"] == encode_image(np.ascontiguousarray(pixels[:, :, ::-1]), format="png")

@@ -586,3 +586,117 @@ def test_the_config_accepts_only_targets_coco_can_give(tmp_path, targets, messag
     else:
         with pytest.raises(ConfigError, match=message):
             load_config(config)
+
+
+# --- keys given twice in a JSON object ---------------------------------------------------
+
+
+def twice(entry: dict, key: str, value) -> str:
+    """`entry` as JSON text that gives `key` again, `value` last (json would keep it)."""
+    return json.dumps(entry)[:-1] + f", {json.dumps(key)}: {json.dumps(value)}}}"
+
+
+def test_an_entry_that_gives_a_key_twice_is_a_bad_row_naming_it(tmp_path):
+    images = [
+        {"id": 10, "file_name": "a/10.jpg"},
+        {"id": 7, "file_name": "7.jpg"},
+        {"id": 12, "file_name": "empty.jpg"},
+    ]
+    annotations = [
+        {"id": 1, "image_id": 10, "category_id": 1, "bbox": [0, 0, 2, 2]},
+        {"id": 2, "image_id": 7, "category_id": 3, "bbox": [0, 0, 2, 2]},
+        {"id": 3, "image_id": 7, "category_id": 3, "bbox": [1, 1, 2, 2], "segmentation": {}},
+    ]
+    text = (
+        '{"images": ['
+        + ", ".join([json.dumps(images[0]), json.dumps(images[1]), twice(images[2], "id", 10)])
+        + '], "annotations": ['
+        + ", ".join(
+            [
+                json.dumps(annotations[0]),
+                twice(annotations[1], "bbox", [0, 0, 9, 9]),
+                # In an object inside the annotation: an RLE's counts.
+                json.dumps(annotations[2]).replace(
+                    '"segmentation": {}',
+                    '"segmentation": {"size": [8, 8], "counts": [64], "counts": [60, 4]}',
+                ),
+            ]
+        )
+        + '], "categories": '
+        + json.dumps(CATEGORIES)
+        + "}"
+    )
+    (tmp_path / "instances.json").write_text(text)
+    source = CocoSource(
+        type="coco", annotations=str(tmp_path / "instances.json"), images=image_folder(tmp_path)
+    )
+
+    files, dropped, _ = listed(source, BOXES)
+
+    assert sorted(files) == ["a/10.jpg"]
+    assert {key: (d.reason, d.message) for key, d in dropped.items()} == {
+        # The first annotation of image 7 that gives a key twice names it.
+        "instances.json:images[1]": (
+            "bad_row",
+            'objects[0] (annotations[1], id 2): duplicate key "bbox" in a JSON object',
+        ),
+        "instances.json:images[2]": ("bad_row", 'duplicate key "id" in a JSON object'),
+    }
+
+
+def test_a_nested_key_given_twice_names_its_annotation(tmp_path):
+    annotation = {"id": 3, "image_id": 7, "category_id": 3, "bbox": [1, 1, 2, 2]}
+    text = (
+        '{"images": [{"id": 7, "file_name": "7.jpg"}], "annotations": ['
+        + json.dumps(annotation)[:-1]
+        + ', "segmentation": {"size": [8, 8], "counts": [64], "counts": [60, 4]}}'
+        + '], "categories": '
+        + json.dumps(CATEGORIES)
+        + "}"
+    )
+    (tmp_path / "instances.json").write_text(text)
+
+    rows, problems = read_all(CocoFile(str(tmp_path / "instances.json")))
+
+    assert rows == []
+    assert [(p.where, p.reason, p.message) for p in problems] == [
+        (
+            "instances.json:images[0]",
+            "bad_row",
+            'objects[0] (annotations[0], id 3): duplicate key "counts" in a JSON object',
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '{"images": [{"id": 1, "file_name": "1.jpg"}], "categories": [], '
+            '"images": [{"id": 2, "file_name": "2.jpg"}]}',
+            'the top-level key "images" is given twice',
+        ),
+        (
+            '{"categories": [{"id": 1, "name": "a"}], "images": [], '
+            '"categories": [{"id": 2, "name": "b"}]}',
+            'the top-level key "categories" is given twice',
+        ),
+        (
+            '{"images": [{"id": 1, "file_name": "1.jpg"}], '
+            '"categories": [{"id": 1, "name": "cat", "name": "dog"}]}',
+            'instances.json:categories[0]: duplicate key "name" in a JSON object',
+        ),
+    ],
+)
+def test_a_key_given_twice_at_the_top_or_in_a_category_is_a_config_error(tmp_path, text, message):
+    (tmp_path / "instances.json").write_text(text)
+    source = CocoSource(
+        type="coco", annotations=str(tmp_path / "instances.json"), images=str(tmp_path)
+    )
+
+    with pytest.raises(ConfigError) as raised:
+        source.list_files(splits_from_source=False, targets=BOXES)
+
+    assert str(raised.value).startswith("source.annotations: ")
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)

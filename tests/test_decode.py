@@ -274,6 +274,69 @@ def test_damaged_png_data_is_corrupt():
     assert caught.value.reason == "corrupt"
 
 
+def opencv_tiff(image: np.ndarray, compression: int) -> tuple[bytearray, list[tuple[int, int]]]:
+    """A TIFF OpenCV writes, and each strip's (offset, byte count)."""
+    ok, encoded = cv2.imencode(".tif", image, [cv2.IMWRITE_TIFF_COMPRESSION, compression])
+    assert ok
+    data = bytearray(encoded.tobytes())
+    assert data[:4] == b"II*\x00"
+    (directory,) = struct.unpack_from("<I", data, 4)
+    (entries,) = struct.unpack_from("<H", data, directory)
+    fields = {}
+    for entry in range(directory + 2, directory + 2 + 12 * entries, 12):
+        tag, kind, count, value = struct.unpack_from("<HHII", data, entry)
+        if tag in (273, 279):  # StripOffsets, StripByteCounts: LONGs
+            assert kind == 4
+            values = struct.unpack_from(f"<{count}I", data, value) if count > 1 else (value,)
+            fields[tag] = list(values)
+    return data, list(zip(fields[273], fields[279], strict=True))
+
+
+# Noise: LZW finds little to repeat, so most of a strip's bytes are codes.
+TIFF_PIXELS = RNG.integers(0, 256, (64, 48, 3), dtype=np.uint8)
+
+
+def test_a_valid_lzw_or_deflate_tiff_decodes_exactly():
+    for compression in (cv2.IMWRITE_TIFF_COMPRESSION_LZW, cv2.IMWRITE_TIFF_COMPRESSION_DEFLATE):
+        data, _ = opencv_tiff(TIFF_PIXELS, compression)
+        # The same pixels as before the TIFF check: OpenCV's decode, BGR to RGB.
+        np.testing.assert_array_equal(decode_image(bytes(data)), TIFF_PIXELS[:, :, ::-1])
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["lzw-garbage", "lzw-last-strip", "deflate-garbage", "strip-cut-short"],
+)
+def test_a_tiff_whose_strip_data_is_damaged_is_corrupt(damage):
+    """OpenCV decodes these with a TIFF error in its log and returns an image
+    with garbage or black where the strip was; kiln drops them. (Damage that
+    is itself valid compressed data, such as LZW codes overwritten with
+    other codes, decodes to other pixels in any decoder: no check sees it.)"""
+    compression = (
+        cv2.IMWRITE_TIFF_COMPRESSION_DEFLATE
+        if damage.startswith("deflate")
+        else cv2.IMWRITE_TIFF_COMPRESSION_LZW
+    )
+    data, strips = opencv_tiff(TIFF_PIXELS, compression)
+    offset, count = strips[-1] if damage == "lzw-last-strip" else strips[0]
+    if damage == "strip-cut-short":
+        data[offset + count // 2 : offset + count] = bytes(count - count // 2)
+    else:
+        data[offset + 20 : offset + 120] = b"\xff" * 100
+    # What OpenCV alone makes of it: an image, and no error.
+    pixels = cv2.imdecode(np.frombuffer(bytes(data), np.uint8), cv2.IMREAD_UNCHANGED)
+    assert pixels is not None and pixels.shape == TIFF_PIXELS.shape
+
+    with pytest.raises(DecodeError) as caught:
+        decode_image(bytes(data))
+
+    assert caught.value.reason == "corrupt"
+    assert str(caught.value).startswith(
+        "TIFF image data is damaged: a strip or tile does not decode ("
+    )
+    assert "\n" not in str(caught.value)
+
+
 @pytest.fixture
 def opencv_must_not_decode(monkeypatch):
     def must_not_decode(*args, **kwargs):

@@ -6,7 +6,10 @@ input with its reason, never the whole build.
   string can hold a lone surrogate (``"\\udce9"``). Neither can be a key, a record, a line
   of errors.jsonl or a part of the version's hash: such an input is dropped while listing
   (``bad_name`` for a folder's file, ``bad_row`` for a row), shown with what is not text
-  escaped.
+  escaped. So is a name with a control character (a newline, an escape), which would
+  break a report's line or act on a terminal.
+- A source folder whose own path is not UTF-8 (or holds a control character): its
+  files build, and every row of errors.jsonl shows the path escaped.
 - Class names: one rule for every source (`target_rows.class_name`).
 - Rows: a JSONL object that gives a key twice; a CSV record the csv module refuses, and a
   quoted field that runs on over lines.
@@ -131,6 +134,184 @@ def test_a_build_drops_a_name_that_is_not_utf8_and_writes_its_report(tmp_path):
                 "message": "file name is not valid UTF-8: caf\\xe9.png",
             }
         ]
+
+
+def test_a_name_with_a_control_character_drops_its_file_shown_escaped(tmp_path):
+    root = tmp_path / "images"
+    write(root, b"cat/ok.png", png(1))
+    write(root, b"cat/two\nlines.png", png(2))
+    write(root, b"cat/\x1b[31mred.png", png(3))  # a terminal's colour escape
+    write(root, b"cat/sub\rfolder/y.png", png(4))  # a folder below a class folder
+    write(root, b"dog\t/x.png", png(5))  # a class folder: the class name rule would strip it
+    write(root, b"loose\x7f.png", png(6))  # at the root: bad_name before the layout
+
+    files, dropped, class_names = listed(ImageFolderSource(type="image_folder", root=str(root)))
+
+    assert files == ["cat/ok.png"] and class_names == ["cat"]
+    assert dropped == {
+        "cat/two\\nlines.png": (
+            "bad_name",
+            f"{root}/cat/two\\nlines.png",
+            "file name holds a control character (U+000A): two\\nlines.png",
+        ),
+        "cat/\\x1b[31mred.png": (
+            "bad_name",
+            f"{root}/cat/\\x1b[31mred.png",
+            "file name holds a control character (U+001B): \\x1b[31mred.png",
+        ),
+        "cat/sub\\rfolder/y.png": (
+            "bad_name",
+            f"{root}/cat/sub\\rfolder/y.png",
+            "folder name holds a control character (U+000D): sub\\rfolder",
+        ),
+        "dog\\t/x.png": (
+            "bad_name",
+            f"{root}/dog\\t/x.png",
+            "class folder name holds a control character (U+0009): dog\\t",
+        ),
+        "loose\\x7f.png": (
+            "bad_name",
+            f"{root}/loose\\x7f.png",
+            "file name holds a control character (U+007F): loose\\x7f.png",
+        ),
+    }
+
+
+def test_a_split_folder_with_a_control_character_is_named(tmp_path):
+    root = tmp_path / "images"
+    write(root, b"train/cat/ok.png", png(1))
+    write(root, b"tr\x1bain/cat/x.png", png(2))
+
+    files, dropped, _ = listed(ImageFolderSource(type="image_folder", root=str(root)), splits=True)
+
+    assert files == ["train/cat/ok.png"]
+    assert dropped["tr\\x1bain/cat/x.png"][::2] == (
+        "bad_name",
+        "split folder name holds a control character (U+001B): tr\\x1bain",
+    )
+
+
+def test_a_manifest_path_with_a_control_character_is_a_bad_row(tmp_path):
+    images = tmp_path / "images"
+    write(images, b"a.png", png(1))
+    write(images, b"b\nc.png", png(2))
+    write(images, b"\x1bd.png", png(3))
+    rows = [
+        {"path": "images/a.png", "label": "cat"},
+        {"path": "images/b\nc.png", "label": "cat"},
+        {"path": "images/\x1bd.png", "label": "cat"},
+    ]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    # A quoted CSV field may hold a line break.
+    (tmp_path / "m.csv").write_text(
+        'path,label\nimages/a.png,cat\n"images/b\nc.png",cat\n"images/\x1bd.png",cat\n'
+    )
+
+    for name, lines in (("m.jsonl", (2, 3)), ("m.csv", (3, 5))):
+        manifest = tmp_path / name
+        files, dropped, _ = listed(ManifestSource(type="manifest", path=str(manifest)))
+
+        assert files == ["images/a.png"], name
+        assert dropped == {
+            f"{name}:{lines[0]}": (
+                "bad_row",
+                str(manifest),
+                'path: "images/b\\nc.png" holds a control character (U+000A)',
+            ),
+            f"{name}:{lines[1]}": (
+                "bad_row",
+                str(manifest),
+                'path: "images/\\u001bd.png" holds a control character (U+001B)',
+            ),
+        }, name
+
+
+def test_a_build_below_a_folder_whose_path_is_not_text_reports_it_escaped(tmp_path):
+    # The config sits in the folder, so its relative root is below it: the
+    # only way a source's own path can be any bytes.
+    folder = os.path.join(os.fsencode(tmp_path), b"caf\xe9 \x1b[1m")
+    root = os.path.join(folder, b"images")
+    for i in range(9):
+        write(root, f"cat/{i}.png".encode(), png(10 * i))
+    write(root, b"cat/bad.png", b"\x89PNG\r\n\x1a\n" + bytes(40))  # dropped by the job
+    config = make_config(
+        "images",
+        output=str(tmp_path / "out"),
+        transforms=[],
+        splits={"fractions": {"train": 1.0}},
+        sharding={"num_shards": 1},
+        errors={"max_fraction": 0.2},
+    )
+    config_path = os.path.join(folder, b"config.yaml")
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f)  # JSON is YAML
+
+    result = build(os.fsdecode(config_path))
+
+    assert result.info.dropped == {"corrupt": 1}
+    assert result.info.splits["train"].num_examples == 9
+    shown = f"{tmp_path}/caf\\xe9 \\x1b[1m/images"
+    assert result.info.provenance["source"]["root"] == shown
+    with open(os.path.join(result.dataset_dir, "errors.jsonl"), encoding="utf-8") as f:
+        assert [json.loads(line) for line in f] == [
+            {
+                "key": "cat/bad.png",
+                "uri": f"{shown}/cat/bad.png",
+                "stage": "decode",
+                "reason": "corrupt",
+                "message": "PNG header is damaged or truncated (the first chunk is not a "
+                "13-byte IHDR)",
+            }
+        ]
+
+
+def test_a_build_of_masks_below_a_folder_whose_path_is_not_text(tmp_path):
+    # The rows' targets name their mask files by path: below such a folder,
+    # the listing's targets, its stamp and the job's elements hold the path.
+    folder = os.path.join(os.fsencode(tmp_path), b"m\xe9")
+    mask = np.zeros((16, 16, 1), np.uint8)
+    mask[4:8, 4:8] = 1
+    rows = []
+    for i in range(6):
+        write(folder, f"images/{i}.png".encode(), png(10 * i))
+        write(folder, f"masks/{i}.png".encode(), encode_image(mask, format="png"))
+        rows.append({"path": f"images/{i}.png", "label": "cat", "mask": f"masks/{i}.png"})
+    write(folder, b"images/bad.png", b"not an image")
+    rows.append({"path": "images/bad.png", "label": "cat", "mask": "masks/0.png"})
+    write(folder, b"m.jsonl", "".join(json.dumps(row) + "\n" for row in rows).encode())
+    config = make_config(
+        "unused",
+        output=str(tmp_path / "out"),
+        source={"type": "manifest", "path": "m.jsonl", "classes": ["background", "cat"]},
+        targets={"label": {}, "mask": {}},
+        transforms=[],
+        splits={"fractions": {"train": 1.0}},
+        sharding={"num_shards": 1},
+        errors={"max_fraction": 0.2},
+    )
+    config_path = os.path.join(folder, b"config.yaml")
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+
+    result = build(os.fsdecode(config_path))
+
+    assert result.info.dropped == {"not_an_image": 1}
+    assert result.info.splits["train"].num_examples == 6
+    with open(os.path.join(result.dataset_dir, "errors.jsonl"), encoding="utf-8") as f:
+        ((key, uri),) = [(row["key"], row["uri"]) for row in map(json.loads, f)]
+    assert (key, uri) == ("images/bad.png", f"{tmp_path}/m\\xe9/images/bad.png")
+
+
+def test_every_field_of_a_dropped_row_is_escaped_wherever_it_is_made():
+    row = error_report.DroppedFile(
+        "a\nb.png", "decode", "corrupt", "/data/caf\udce9/a\nb.png", "line 1\nline 2\x1b\x85"
+    )
+
+    assert row == error_report.DroppedFile(
+        "a\\nb.png", "decode", "corrupt", "/data/caf\\xe9/a\\nb.png", "line 1\\nline 2\\x1b\\x85"
+    )
+    assert error_report.as_text(row.message) == row.message  # escaping twice changes nothing
+    assert error_report.render([row]).decode("utf-8").count("\n") == 1
 
 
 def test_a_json_row_with_a_lone_surrogate_is_a_bad_row(tmp_path):
@@ -327,7 +508,7 @@ def test_class_folders_follow_the_rule_without_losing_their_files(tmp_path):
     assert class_names == ["cat"]
     assert files == ["cat /2.png", "cat/1.png"]  # each its own key
     assert {key: message for key, (_, _, message) in dropped.items()} == {
-        "tab\there/3.png": 'class folder name holds a control character (U+0009): "tab\\there"',
+        "tab\\there/3.png": 'class folder name holds a control character (U+0009): "tab\\there"',
         " /4.png": 'class folder name is only whitespace: " "',
     }
     assert {reason for reason, _, _ in dropped.values()} == {"bad_name"}

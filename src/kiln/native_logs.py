@@ -93,6 +93,12 @@ IMAGE_LIBRARY_LINES = re.compile(
     # libtiff's own warning handler, should a decoder not replace it as
     # OpenCV's does: ``TIFFReadDirectory: Warning, Unknown field with tag ...``.
     rb"|TIFF\w*: Warning, "
+    # libtiff's own error handler, as Pillow leaves it (a TIFF's strips are
+    # checked by decoding them with Pillow, `kiln.transforms.decode`):
+    # ``tempfile.tif: Using code not yet in table.`` (Pillow's name for data
+    # in memory), ``LZWDecode: Not enough data at scanline 0 (short 1525 bytes).``.
+    rb"|tempfile\.tif: "
+    rb"|(?:_?TIFF\w*|\w+Decode): .*\.$"
     rb")"
 )
 _QUIET_MODULES = ("tensorflow",)

@@ -7,7 +7,7 @@ holds three arrays that must be joined: ``images`` (id, file name),
 put ``categories`` last). `CocoFile.rows` never holds an array in memory:
 
 1. ``categories`` are read first (a few hundred entries at most: the one
-   array kept in memory).
+   array kept in memory), in a pass that also checks the top-level keys.
 2. ``images`` and then ``annotations`` are read item by item (ijson's C
    parser, one pass of the file per array) into a private temporary SQLite
    database (`kiln.pipeline.listing.scratch_database`), annotations
@@ -71,13 +71,24 @@ does not declare (``dangling_annotation``: one problem per missing image,
 naming its annotations, as it stands for one missing input image), an image
 or annotation entry that lacks its ids or file name, a repeated image id,
 an image with an annotation whose box is not four numbers (``bad_row``).
+
+A JSON object that gives a key twice (``{"bbox": [...], "bbox": [...]}``),
+which JSON parsers read as its last value without a word, is refused as
+the JSONL manifest refuses it (`_DuplicateKeys`, noted as ijson builds the
+items): an image entry that does is a ``bad_row``, and so is an image with
+an annotation that does (naming it); a ``categories`` entry that does, or a
+key given twice at the top level (two ``images`` arrays), is a
+`CocoFileError`, found in the first pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import json
 import logging
+import operator
 import posixpath
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -192,8 +203,10 @@ class CocoFile:
         if self._categories is None:
             categories: dict[Any, Category] = {}
             first_index: dict[Any, int] = {}
-            for index, item in enumerate(self._items("categories")):
+            for index, (item, repeated) in enumerate(self._categories_and_top_level()):
                 where = f"{self.name}:categories[{index}]"
+                if repeated is not None:
+                    raise CocoFileError(f"{where}: {_duplicate_message(repeated)}")
                 category = _category(item)
                 if isinstance(category, str):
                     raise CocoFileError(f"{where}: {category}")
@@ -249,25 +262,69 @@ class CocoFile:
 
     # --- reading ------------------------------------------------------------------
 
-    def _items(self, array: str) -> Iterator[Any]:
-        """The items of a top-level array, one at a time (an absent array has none)."""
+    def _items(self, array: str) -> Iterator[tuple[Any, str | None]]:
+        """The items of a top-level array, one at a time (an absent array has
+        none), each with the first key it gives twice in one of its objects
+        (None if none: see `_DuplicateKeys`)."""
+        duplicates = _DuplicateKeys()
+        with self._open() as f:
+            for item in ijson.items(f, f"{array}.item", use_float=True, map_type=duplicates.type):
+                yield item, duplicates.given_twice(item)
+
+    def _categories_and_top_level(self) -> Iterator[tuple[Any, str | None]]:
+        """`_items` of ``categories``, in a pass that also refuses a top-level
+        key given twice (two ``images`` arrays would be read as one, and a
+        whole-file parser keeps the last): ijson's events filtered to the
+        top level and ``categories`` in C, so Python sees only those few.
+
+        Raises:
+          CocoFileError: a top-level key is given twice, once the pass is done.
+        """
+        duplicates = _DuplicateKeys()
+        top_level: list[str] = []
+        with self._open() as f:
+            events, copy = itertools.tee(ijson.parse(f, use_float=True))
+            heads = map(_PREFIX_HEAD, map(_PREFIX, copy))
+            kept = itertools.compress(events, map(_KEPT_HEADS.__contains__, heads))
+            items = ijson.items(
+                _noting_top_level_keys(kept, top_level),
+                "categories.item",
+                map_type=duplicates.type,
+            )
+            for item in items:
+                yield item, duplicates.given_twice(item)
+        repeated = next((key for key, count in _counts(top_level) if count > 1), None)
+        if repeated is not None:
+            raise CocoFileError(
+                f"{self.path}: the top-level key {json.dumps(repeated)} is given twice; "
+                f"a JSON object's keys must be distinct"
+            )
+
+    @contextlib.contextmanager
+    def _open(self) -> Iterator[Any]:
+        """The file, open for one pass; its read and parse errors as `CocoFileError`."""
         try:
             f = FileSystems.open(self.path)
         except Exception as e:  # any filesystem's I/O error
             raise CocoFileError(f"cannot read {self.path}: {_short(e)}") from None
         with f:
             try:
-                yield from ijson.items(f, f"{array}.item", use_float=True)
+                yield f
             except ijson.JSONError as e:
                 raise CocoFileError(f"{self.path}: not valid JSON ({_short(e)})") from None
+            except CocoFileError:
+                raise
             except Exception as e:  # any filesystem's I/O error midway
                 raise CocoFileError(f"cannot read {self.path}: {_short(e)}") from None
 
     def _spill_images(self, spill: _Spill) -> Iterator[CocoProblem]:
         found_any = False
-        for index, item in enumerate(self._items("images")):
+        for index, (item, repeated) in enumerate(self._items("images")):
             found_any = True
             where = f"{self.name}:images[{index}]"
+            if repeated is not None:
+                yield CocoProblem(where, "bad_row", _duplicate_message(repeated), _canonical(item))
+                continue
             image_id = item.get("id") if isinstance(item, dict) else None
             file_name = item.get("file_name") if isinstance(item, dict) else None
             if not _is_id(image_id):
@@ -285,7 +342,7 @@ class CocoFile:
             raise CocoFileError(f"{self.path}: no 'images' array, or an empty one")
 
     def _spill_annotations(self, spill: _Spill) -> Iterator[CocoProblem]:
-        for index, item in enumerate(self._items("annotations")):
+        for index, (item, repeated) in enumerate(self._items("annotations")):
             image_id = item.get("image_id") if isinstance(item, dict) else None
             if not _is_id(image_id):
                 yield CocoProblem(
@@ -295,7 +352,9 @@ class CocoFile:
                     _canonical(item),
                 )
                 continue
-            spill.add_annotation(image_id, index, _compact(item))
+            # An annotation that gives a key twice makes its image a bad row
+            # (in `_join`, as a box that is not four numbers does).
+            spill.add_annotation(image_id, index, _compact(item), repeated)
 
     def _join(
         self, spill: _Spill, categories: dict[Any, Category]
@@ -324,6 +383,9 @@ class CocoFile:
             bad_box: str | None = None
             while pending is not None and _order(pending[0]) == _order(image_id):
                 annotation = json.loads(pending[2])
+                if bad_box is None and pending[3] is not None:
+                    named = _named(annotation, pending[1])
+                    bad_box = f"objects[{len(objects)}] ({named}): {_duplicate_message(pending[3])}"
                 if bad_box is None:
                     bad_box = _bbox_problem(annotation, len(objects), pending[1])
                 objects.append(self._object(annotation, pending[1], categories))
@@ -338,14 +400,14 @@ class CocoFile:
             yield problem
 
     def _dangling(
-        self, first: tuple[Any, int, str], annotations: Iterator[tuple[Any, int, str]]
-    ) -> tuple[CocoProblem, tuple[Any, int, str] | None]:
+        self, first: _Annotation, annotations: Iterator[_Annotation]
+    ) -> tuple[CocoProblem, _Annotation | None]:
         """The one problem of a missing image: `first` and the annotations after it
         that name the same image id (consecutive, in image id order); and the
         annotation after them."""
         image_id = first[0]
         indexes, entries = [], []
-        pending: tuple[Any, int, str] | None = first
+        pending: _Annotation | None = first
         while pending is not None and _order(pending[0]) == _order(image_id):
             indexes.append(pending[1])
             entries.append(_canonical(json.loads(pending[2])))
@@ -516,6 +578,82 @@ def _short(error: Exception) -> str:
     return text[:200]
 
 
+# A spilled annotation: (image id, position, entry, a key it gives twice or None).
+_Annotation = tuple[Any, int, str, "str | None"]
+
+# ijson's parse events (prefix, event, value): the first 10 characters of the
+# prefix, "" at the top level and "categories" in that array (or a key that
+# starts so: `ijson.items` picks the array itself).
+_PREFIX = operator.itemgetter(0)
+_PREFIX_HEAD = operator.itemgetter(slice(0, len("categories")))
+_KEPT_HEADS = frozenset({"", "categories"})
+
+
+def _noting_top_level_keys(events: Iterator[tuple], keys: list[str]) -> Iterator[tuple]:
+    """`events`, passed on, with every top-level key appended to `keys`."""
+    for event in events:
+        if event[1] == "map_key" and event[0] == "":
+            keys.append(event[2])
+        yield event
+
+
+def _counts(keys: list[str]) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    return list(counts.items())
+
+
+def _duplicate_message(key: str) -> str:
+    """The words of the JSONL manifest's bad row for the same problem."""
+    return f"duplicate key {json.dumps(key)} in a JSON object"
+
+
+class _DuplicateKeys:
+    """What ijson's object builder notes about keys given twice.
+
+    Python's `json` and ijson alike keep the last of two values of a key
+    (``{"bbox": [...], "bbox": [...]}``), silently; the JSONL manifest
+    refuses such an object, and so does a COCO file. `type` is the mapping
+    type ijson builds objects with (``map_type``): a dict whose item
+    assignment notes a key already there. ijson's C parser builds a few
+    items ahead of the one it yields, so what is noted is kept per object,
+    and `given_twice` looks for the objects of one item only when something
+    was noted: a file without duplicates costs one dict lookup per key.
+    """
+
+    def __init__(self):
+        found: dict[int, tuple[dict, str]] = {}  # id(object): (object, the first key repeated)
+
+        class _Object(dict):
+            __slots__ = ()
+
+            def __setitem__(self, key, value):
+                if key in self and id(self) not in found:
+                    found[id(self)] = (self, key)
+                dict.__setitem__(self, key, value)
+
+        self.type = _Object
+        self._found = found
+
+    def given_twice(self, item: Any) -> str | None:
+        """A key that an object of `item` (it or one inside it) gives twice, or None."""
+        if not self._found:
+            return None
+        repeated = None
+        stack = [item]
+        while stack:
+            value = stack.pop()
+            if isinstance(value, dict):
+                noted = self._found.pop(id(value), None)
+                if noted is not None and repeated is None:
+                    repeated = noted[1]
+                stack.extend(reversed(list(value.values())))
+            elif isinstance(value, list):
+                stack.extend(reversed(value))
+        return repeated
+
+
 class _Spill:
     """The images and annotations of one file in a scratch SQLite database."""
 
@@ -524,7 +662,7 @@ class _Spill:
         self._connection.executescript(
             """
             CREATE TABLE images (id, position INTEGER, file_name BLOB, entry BLOB);
-            CREATE TABLE annotations (image_id, position INTEGER, entry BLOB);
+            CREATE TABLE annotations (image_id, position INTEGER, entry BLOB, duplicate BLOB);
             """
         )
         self._connection.execute("BEGIN")
@@ -542,8 +680,13 @@ class _Spill:
         if len(self._images) >= _BATCH:
             self.flush()
 
-    def add_annotation(self, image_id: Any, position: int, entry: str) -> None:
-        self._annotations.append((image_id, position, _blob(entry)))
+    def add_annotation(
+        self, image_id: Any, position: int, entry: str, duplicate: str | None = None
+    ) -> None:
+        """`duplicate`: a key the annotation gives twice (`_DuplicateKeys`), or None."""
+        self._annotations.append(
+            (image_id, position, _blob(entry), None if duplicate is None else _blob(duplicate))
+        )
         if len(self._annotations) >= _BATCH:
             self.flush()
 
@@ -553,7 +696,7 @@ class _Spill:
             self._images.clear()
         if self._annotations:
             self._connection.executemany(
-                "INSERT INTO annotations VALUES (?, ?, ?)", self._annotations
+                "INSERT INTO annotations VALUES (?, ?, ?, ?)", self._annotations
             )
             self._annotations.clear()
 
@@ -564,12 +707,14 @@ class _Spill:
         ):
             yield image_id, position, _text(file_name), _text(entry)
 
-    def annotations(self) -> Iterator[tuple[Any, int, str]]:
-        """(image id, position, entry), by image id then position in the file."""
-        for image_id, position, entry in self._connection.execute(
-            "SELECT image_id, position, entry FROM annotations ORDER BY image_id, position"
+    def annotations(self) -> Iterator[_Annotation]:
+        """(image id, position, entry, key given twice or None), by image id then
+        position in the file."""
+        for image_id, position, entry, duplicate in self._connection.execute(
+            "SELECT image_id, position, entry, duplicate FROM annotations "
+            "ORDER BY image_id, position"
         ):
-            yield image_id, position, _text(entry)
+            yield image_id, position, _text(entry), None if duplicate is None else _text(duplicate)
 
 
 def _blob(text: str) -> bytes:

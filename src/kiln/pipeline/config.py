@@ -87,6 +87,7 @@ from kiln import transforms
 from kiln.errors import ConfigError, quote, quote_text
 from kiln.pipeline import storage, voc
 from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
+from kiln.pipeline.error_report import as_text
 from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, Source
 from kiln.pipeline.versioning import fingerprint
 from kiln.registry import ListError, describe_error
@@ -363,8 +364,18 @@ class BuildSpec:
 
     def provenance(self) -> dict[str, Any]:
         """Where the build read from, for kiln.json's ``provenance``: the
-        source's location fields (absolute), outside the fingerprint."""
-        return {"source": self.config.source.location()}
+        source's location fields (absolute), outside the fingerprint; a
+        local path that is not UTF-8 shown as `error_report.as_text` shows it
+        (kiln.json is UTF-8)."""
+        location = {
+            name: [as_text(item) for item in value]
+            if isinstance(value, list)
+            else as_text(value)
+            if isinstance(value, str)
+            else value
+            for name, value in self.config.source.location().items()
+        }
+        return {"source": location}
 
     def list_source(self) -> Listing:
         """Lists the source (`sources`).

@@ -1,6 +1,10 @@
 """The error reports: one row per dropped input file, written as errors.jsonl,
 and one per object dropped from a stored image, written as dropped_objects.jsonl.
 
+Every field of a row is one line of text, escaped by `as_text` wherever the
+row is made (`DroppedFile` does it), so a path that is not UTF-8 or a name
+with a newline shows in errors.jsonl as ``caf\\xe9`` or ``\\n``.
+
 A bad input file never fails the job. It becomes a `DroppedFile` row, is
 counted per reason, and lands in ``errors.jsonl`` beside the shards, sorted so
 the same inputs give the same bytes. Whether too many were dropped is decided
@@ -18,9 +22,10 @@ Stages and reasons (part of kiln's output format):
   ``unreadable`` (a local path that is not a regular file: a folder, a
   named pipe, a socket or a device; a broken symbolic link, or one to a
   folder that holds it, which is not followed), ``bad_name`` (an image folder's file
-  whose name, or a folder's on its path, is not valid UTF-8, or whose class
-  folder's name is not a class name: only whitespace, or with a control
-  character).
+  whose name, or a folder's on its path, is not valid UTF-8 or holds a
+  control character, or whose class folder's name is not a class name:
+  only whitespace). A row whose image path holds a control character is a
+  ``bad_row``.
 - ``read``: ``unreadable`` (permission denied, I/O error, vanished since listing).
 - ``decode``: the reasons of `kiln.transforms.decode.DecodeError` (``empty``,
   ``not_an_image``, ``unsupported_format``, ``corrupt``, ``too_many_pixels``,
@@ -55,10 +60,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kiln.lazy_import import LazyModule
 from kiln.pipeline import storage
+from kiln.pipeline.target_rows import CONTROL_CHARACTERS
 from kiln.schemas import DROPPED_OBJECTS_FILENAME, ERRORS_FILENAME
 
 if TYPE_CHECKING:
@@ -68,14 +75,25 @@ else:  # Beam on first use: validating a config needs none of it
 
 
 def as_text(value: str) -> str:
-    """`value` as text UTF-8 can hold: a lone surrogate shown as a backslash escape.
+    """`value` as one line of text UTF-8 can hold, for errors.jsonl and messages.
 
-    A local file name that is not UTF-8 arrives from the OS with its
-    undecodable bytes as surrogate escapes (``b"caf\\xe9.jpg"`` as
-    ``"caf\\udce9.jpg"``), shown as the bytes, ``caf\\xe9.jpg``; any other
-    lone surrogate (a JSON manifest's ``"\\ud800"``) as ``\\ud800``. Any
-    other text comes back unchanged.
+    What is not text is shown as a backslash escape: a local file name that
+    is not UTF-8 arrives from the OS with its undecodable bytes as surrogate
+    escapes (``b"caf\\xe9.jpg"`` as ``"caf\\udce9.jpg"``), shown as the bytes,
+    ``caf\\xe9.jpg``; any other lone surrogate (a JSON manifest's
+    ``"\\ud800"``) as ``\\ud800``. So is a control character (Unicode
+    category Cc), which a terminal would act on or a line would break at:
+    ``\\n``, ``\\r``, ``\\t``, and the others as ``\\x1b``. Any other text
+    comes back unchanged, and so does what this returns: escaping twice
+    changes nothing.
     """
+    return CONTROL_CHARACTERS.sub(_escaped_control, unicode_text(value))
+
+
+def unicode_text(value: str) -> str:
+    """`value` with its lone surrogates shown as `as_text` shows them, and
+    nothing else changed (control characters stay): the text a dropped row's
+    version entry holds, which must stay what it was."""
     try:
         value.encode("utf-8")
         return value
@@ -87,6 +105,19 @@ def as_text(value: str) -> str:
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def is_unicode(value: str) -> bool:
+    """Whether `value` is Unicode text: no lone surrogate (see `as_text`)."""
+    return unicode_text(value) == value
+
+
+_NAMED_CONTROLS = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped_control(found: re.Match[str]) -> str:
+    character = found.group()
+    return _NAMED_CONTROLS.get(character) or f"\\x{ord(character):02x}"
+
+
 @dataclasses.dataclass(frozen=True, order=True)
 class DroppedFile:
     """One dropped input file. Field order is the report's sort order."""
@@ -96,6 +127,15 @@ class DroppedFile:
     reason: str
     uri: str
     message: str
+
+    def __post_init__(self):
+        # Wherever a row is made (the listing, the job's steps), every field
+        # is text errors.jsonl can hold, on one line: `as_text`.
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            shown = as_text(value)
+            if shown != value:
+                object.__setattr__(self, field.name, shown)
 
     def to_json(self) -> dict[str, Any]:
         return {

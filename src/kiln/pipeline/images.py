@@ -55,6 +55,7 @@ from kiln.pipeline import record_index, target_rows, tfrecord, versioning
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.incremental import BaseFiles, frame_starts
+from kiln.pipeline.listing import read_uri
 from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
 from kiln.pipeline.relabel import Relabel
@@ -166,7 +167,7 @@ class ImageProcessor:
         """`before_decoding`: see `transforms.decode_image`. `read_base`: a
         base record's bytes by shard and position, or None when it cannot
         be read (then the file is processed): for relabelling (`relabel`)."""
-        key, uri, label = item["key"], item["uri"], int(item["label"])
+        key, uri, label = item["key"], read_uri(item["uri"]), int(item["label"])
         split = item.get("split")
         listed_text: str | None = item.get("targets")
 

@@ -57,6 +57,7 @@ from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.duplicates import DuplicateGroup, FindDuplicates, write_duplicate_report
 from kiln.pipeline.error_report import DroppedFile, write_dropped_objects, write_error_report
 from kiln.pipeline.images import ImageProcessor, ProcessImages
+from kiln.pipeline.listing import job_uri
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import Summary, SummaryCombineFn
 from kiln.pipeline.targets import TargetCodec
@@ -115,7 +116,10 @@ class _ParseListingFn(beam.DoFn):
             Metrics.counter("kiln", f"dropped_{dropped.reason}").inc()
             yield beam.pvalue.TaggedOutput("dropped", dropped)
         else:
-            yield row["files"]
+            files = row["files"]
+            for file in files:
+                file["uri"] = job_uri(file["uri"])
+            yield files
 
 
 def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
@@ -125,7 +129,8 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         pipeline
         | "ReadListing" >> beam.io.ReadFromText(plan.listing_uri, validate=False)  # JSON line
         | "ParseListing" >> beam.ParDo(_ParseListingFn()).with_outputs("dropped", main="files")
-        # files: [{key, uri, label, split, size}] (`listing.FILES_PER_LINE`); dropped: DroppedFile
+        # files: [{key, uri, label, split, size}] (`listing.FILES_PER_LINE`; uri: `job_uri`);
+        # dropped: DroppedFile
     )
     base_checks = None
     if plan.base is None:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from kiln.lazy_import import LazyModule
 from kiln.pipeline import splits, storage, versioning
 from kiln.pipeline.box_convention import BoxEvidence
-from kiln.pipeline.error_report import DroppedFile, as_text
+from kiln.pipeline.error_report import DroppedFile, as_text, is_unicode, unicode_text
 
 if TYPE_CHECKING:
     from apache_beam.io.filesystems import FileSystems
@@ -85,6 +85,21 @@ class SourceFile:
         if self.targets is not None:
             data["targets"] = self.targets
         return data
+
+
+def job_uri(uri: str) -> str | bytes:
+    """A listed file's URI as the job's elements carry it (`read_uri` turns it
+    back). Beam's coders write a string as UTF-8, which a local path that is
+    not UTF-8 (its undecodable bytes as surrogate escapes, e.g. below a
+    folder named so) is not: such a path travels as bytes."""
+    if uri.isascii() or is_unicode(uri):
+        return uri
+    return uri.encode("utf-8", "surrogatepass")
+
+
+def read_uri(carried: str | bytes) -> str:
+    """The URI `job_uri` carried, as the listing had it."""
+    return carried if isinstance(carried, str) else carried.decode("utf-8", "surrogatepass")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,9 +180,10 @@ def _optional_text(data: bytes | None) -> str | None:
 
 
 def _entry_as_text(entry: Any) -> Any:
-    """A dropped row's entry with its strings as `as_text` shows them."""
+    """A dropped row's entry with its strings as `unicode_text` shows them
+    (JSON holds control characters; what it cannot hold is a lone surrogate)."""
     if isinstance(entry, str):
-        return as_text(entry)
+        return unicode_text(entry)
     if isinstance(entry, list):
         return [_entry_as_text(item) for item in entry]
     return entry
@@ -542,8 +558,9 @@ class ListingWriter:
         """Records a dropped row and its `Listing.dropped_entries` entry.
 
         What a source drops may not be text (a file name that is not UTF-8,
-        a manifest's lone surrogate): its strings are stored as
-        `error_report.as_text` shows them, so that errors.jsonl and the
+        a manifest's lone surrogate) or may hold control characters: its
+        strings are stored as `error_report.as_text` shows them (the entry's
+        as `error_report.unicode_text` does), so that errors.jsonl and the
         version's hash can hold them.
         """
         self._num_dropped += 1

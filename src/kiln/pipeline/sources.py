@@ -62,7 +62,7 @@ from kiln.lazy_import import LazyModule
 from kiln.pipeline import box_convention, storage, target_rows, voc
 from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem
 from kiln.pipeline.config_paths import ConfigPath
-from kiln.pipeline.error_report import DroppedFile, as_text
+from kiln.pipeline.error_report import DroppedFile, as_text, is_unicode
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
 from kiln.pipeline.storage import is_remote
 from kiln.pipeline.target_rows import AnnotationError
@@ -244,11 +244,12 @@ class ImageFolderSource(_SourceModel):
     (5% by default): a file directly in `root` or in a subfolder of a class folder is
     `unexpected_location`; a file in a class folder is decoded whatever its name, so
     `Thumbs.db`, `desktop.ini` or `notes.txt` there is `not_an_image` (stage `decode`); a name
-    that is not UTF-8, or a class folder name that is not a class name (see `classes`), is
-    `bad_name`. Symbolic links to files and folders are followed, within `root` and
-    `allowed_roots` (else `outside_source`); a broken link, a named pipe or device, and a
-    link to a folder that holds it (a loop: not entered) are `unreadable`. Without `classes`,
-    a class folder with no file listed in it (empty, or only subfolders) is no class."""
+    that is not UTF-8 or holds a control character (a newline, a tab, an escape), or a class
+    folder name that is not a class name (see `classes`), is `bad_name`, shown escaped.
+    Symbolic links to files and folders are followed, within `root` and `allowed_roots` (else
+    `outside_source`); a broken link, a named pipe or device, and a link to a folder that
+    holds it (a loop: not entered) are `unreadable`. Without `classes`, a class folder with no
+    file listed in it (empty, or only subfolders) is no class."""
 
     listing: Literal["launcher", "job"] = "launcher"
     """Where the objects are listed. `launcher`: by `kiln build` itself, before the job.
@@ -659,7 +660,8 @@ class Misplaced(NamedTuple):
 def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Misplaced | None:
     """Where the file `key` (relative to an image folder's root) sits:
     ``(class name, split folder or None)``, `Misplaced` outside the layout
-    or with a name that is not UTF-8 or a class folder name that
+    or with a name that is not UTF-8 or holds a control character
+    (`bad_name`, before the layout is checked) or a class folder name that
     `target_rows.class_name` refuses (`bad_name`), or None for a hidden path
     (a name starting with '.'), which is skipped. The class name is the
     class folder's name read as every class name is (`target_rows.class_name`:
@@ -672,8 +674,8 @@ def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Mispla
     parts = key.split("/")
     if any(part.startswith(".") for part in parts):
         return None
-    if as_text(key) != key:
-        return _not_utf8(parts, from_source)
+    if not is_unicode(key) or target_rows.control_character(key) is not None:
+        return _bad_name(parts, from_source)
     if len(parts) != (3 if from_source else 2):
         layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
         return Misplaced("unexpected_location", f"not in the layout root/{layout}")
@@ -692,11 +694,17 @@ def _class_folder(name: str) -> str | Misplaced:
         return Misplaced("bad_name", str(e))
 
 
-def _not_utf8(parts: list[str], from_source: bool) -> Misplaced:
+def _bad_name(parts: list[str], from_source: bool) -> Misplaced:
     """`bad_name` for a path whose file or folder names are not all UTF-8
     (a local name's undecodable bytes arrive as surrogate escapes, which no
-    key, report or record can hold), naming the first such name."""
-    index = next(i for i, part in enumerate(parts) if as_text(part) != part)
+    key, report or record can hold) or hold a control character (a newline,
+    an escape: a key is a line of reports and a cell of tables), naming the
+    first such name, shown as `error_report.as_text` shows it."""
+    index, part = next(
+        (i, part)
+        for i, part in enumerate(parts)
+        if not is_unicode(part) or target_rows.control_character(part) is not None
+    )
     in_layout = len(parts) == (3 if from_source else 2)
     if index == len(parts) - 1:
         what = "file name"
@@ -706,7 +714,16 @@ def _not_utf8(parts: list[str], from_source: bool) -> Misplaced:
         what = "split folder name"
     else:
         what = "folder name"
-    return Misplaced("bad_name", f"{what} is not valid UTF-8: {as_text(parts[index])}")
+    control = target_rows.control_character(part)
+    if not is_unicode(part) or control is None:
+        return Misplaced("bad_name", f"{what} is not valid UTF-8: {as_text(part)}")
+    if what == "class folder name":
+        refused = _class_folder(part)  # the class name rule's own message
+        if isinstance(refused, Misplaced):
+            return refused
+    return Misplaced(
+        "bad_name", f"{what} holds a control character (U+{ord(control):04X}): {as_text(part)}"
+    )
 
 
 def place_problem(label: str, split: str | None, class_names: Collection[str]) -> Misplaced | None:
@@ -894,9 +911,15 @@ def row_problem(row: Row | _BadRow, path: str, from_source: bool) -> DroppedRow 
 
     if isinstance(row, _BadRow):
         return drop(row.reason, row.problem)
-    if as_text(row.path) != row.path:  # a JSON "\udce9": no key, record or report can hold it
+    if not is_unicode(row.path):  # a JSON "\udce9": no key, record or report can hold it
         return drop(
             "bad_row", f"path: {_json_text(row.path)} is not valid Unicode text (a lone surrogate)"
+        )
+    control = target_rows.control_character(row.path)
+    if control is not None:  # the key would be: a key is a line of reports and a cell of tables
+        return drop(
+            "bad_row",
+            f"path: {_json_text(row.path)} holds a control character (U+{ord(control):04X})",
         )
     split = row.split if from_source else None
     if from_source and split is None:

@@ -144,7 +144,16 @@ def canonical(row_targets: Mapping[str, Any]) -> str:
     """The targets as the listing stores them: canonical JSON (sorted keys, no
     spaces, non-finite numbers as Python's ``NaN``/``Infinity``, which the job
     reports as bad boxes)."""
-    return json.dumps(row_targets, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(row_targets, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate: a mask path below a local folder whose name is
+        # not UTF-8 (rows whose own values hold one are bad rows). As JSON's
+        # escape (\udce9): text that UTF-8, Beam's coders and the stamp hold.
+        # Every other targets' text stays what it was, and so their versions.
+        text = json.dumps(row_targets, sort_keys=True, separators=(",", ":"))
+    return text
 
 
 def class_names(row_targets: Mapping[str, Any]) -> Iterator[str]:
@@ -362,12 +371,12 @@ def class_name(value: Any, where: str) -> str:
 
 
 # Unicode's category Cc, exactly: C0 controls, DEL and C1 controls.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def control_character(text: str) -> str | None:
     """The first control character (Unicode category Cc) in `text`, or None."""
-    found = _CONTROL.search(text)
+    found = CONTROL_CHARACTERS.search(text)
     return found.group() if found else None
 
 

@@ -18,6 +18,11 @@ How it decodes, and why:
   Python API has no header-only read (`imdecodeWithMetadata` decodes the
   pixels too), and its own limit, ``OPENCV_IO_MAX_IMAGE_PIXELS``, is one
   process-wide setting read once, not a per-dataset value.
+- A TIFF's data is decoded by Pillow first (`_check_tiff_data`): OpenCV
+  reads most TIFFs through libtiff's RGBA interface, which only logs a strip
+  that fails to decompress and returns an image with garbage or black in
+  its place; Pillow's libtiff decoder stops there, and the file is
+  "corrupt". The pixels stored are still OpenCV's.
 - Then `cv2.imdecodeWithMetadata` with ``IMREAD_UNCHANGED``: the only mode
   that keeps alpha and 16-bit samples. It does not apply EXIF orientation
   (the colour modes do, but drop alpha), so the orientation tag is read
@@ -42,6 +47,7 @@ Pure and thread-safe: the same bytes always give the same array.
 
 from __future__ import annotations
 
+import io
 import logging
 import struct
 from collections.abc import Callable
@@ -62,7 +68,7 @@ REASONS = (
     "empty",  # zero bytes
     "not_an_image",  # no known image signature (text, HTML, random bytes)
     "unsupported_format",  # an image format (or variant) kiln does not decode (HEIC, PSD, SVG...)
-    "corrupt",  # an OpenCV format with a damaged header, or that fails to decode
+    "corrupt",  # a damaged header, or data that fails to decode (a TIFF's strips: see below)
     "too_many_pixels",  # width * height > max_pixels
     "too_small",  # height or width < min_size
 )
@@ -238,6 +244,8 @@ def _check_size(
 
 def _decode_with_opencv(data: bytes, format_name: str) -> tuple[np.ndarray, bytes | None]:
     """Pixels as OpenCV returns them (BGR[A], any depth) and the EXIF block, if any."""
+    if format_name == "TIFF":
+        _check_tiff_data(data)
     buffer = np.frombuffer(data, np.uint8)
     try:
         pixels, metadata_types, metadata = cv2.imdecodeWithMetadata(buffer, cv2.IMREAD_UNCHANGED)
@@ -252,6 +260,49 @@ def _decode_with_opencv(data: bytes, format_name: str) -> tuple[np.ndarray, byte
         if kind == cv2.IMAGE_METADATA_EXIF:
             exif = np.asarray(block, np.uint8).tobytes()
     return pixels, exif
+
+
+# What Pillow's errors say when libtiff, or Pillow's own reader of
+# uncompressed strips, fails on the image data (not on a variant it lacks).
+_DAMAGED_DATA = ("decoder error", "image file is truncated", "broken data stream")
+
+
+def _check_tiff_data(data: bytes) -> None:
+    """Refuses a TIFF whose first page's strips or tiles do not decode.
+
+    OpenCV reads most TIFFs through libtiff's RGBA interface, which reports
+    a strip that fails to decompress (LZW's "Using code not yet in table",
+    a truncated Deflate stream) to its log and goes on: the image comes back
+    whole, with garbage or black where the strip was, and no error. So the
+    data is first decoded by Pillow (a dependency of Beam, declared in the
+    pipeline extra), whose libtiff decoder stops at the first failure; only
+    then OpenCV decodes the pixels kiln stores (as before, the same bytes).
+    What Pillow cannot read at all (a variant it lacks) is left to OpenCV.
+    The price is a second decode of each TIFF.
+
+    Raises:
+      DecodeError: ``corrupt``, the data does not decode.
+    """
+    from PIL import TiffImagePlugin  # only for TIFFs: not a cost of importing kiln
+
+    try:
+        # Not `Image.open`: no format probing, and no decompression bomb
+        # check of Pillow's own (`image.max_pixels` was checked).
+        image = TiffImagePlugin.TiffImageFile(io.BytesIO(data))
+    except Exception as e:  # a variant Pillow does not read: OpenCV decides
+        logger.debug("TIFF data not checked: Pillow cannot read it (%s)", e)
+        return
+    try:
+        image.load()
+    except Exception as e:
+        if isinstance(e, OSError) and str(e).startswith(_DAMAGED_DATA):
+            raise DecodeError(
+                "corrupt",
+                f"TIFF image data is damaged: a strip or tile does not decode ({e})",
+            ) from None
+        logger.debug("TIFF data not checked: Pillow cannot decode it (%s)", e)
+    finally:
+        image.close()
 
 
 def _to_uint8(pixels: np.ndarray) -> np.ndarray:
