@@ -69,7 +69,8 @@ def test_user_ops_need_their_module_named_in_the_config(plugin_dir, demo_corpus,
     with pytest.raises(
         ConfigError,
         match=r"transforms\[0\]: unknown offline transform "
-        r"'invert_colours'",
+        r"'invert_colours' \(known: .*\); a transform of your own is registered with "
+        r"@kiln\.transforms\.register in a module the config names under plugins:",
     ):
         config.load({**base, "transforms": ["invert_colours"]})
     with pytest.raises(

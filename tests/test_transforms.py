@@ -287,7 +287,13 @@ def test_parse_builds_a_chain_with_defaults_filled_in():
 @pytest.mark.parametrize(
     "specs, message",
     [
-        (["blur"], r"^transforms\[0\]: unknown offline transform 'blur' \(known: center_crop, "),
+        (
+            ["blur"],
+            # Close to no known name: most likely one's own, not registered.
+            r"^transforms\[0\]: unknown offline transform 'blur' \(known: center_crop, .*, "
+            r"to_grayscale\); a transform of your own is registered with "
+            r"@kiln\.transforms\.register in a module the config names under plugins:$",
+        ),
         (
             ["resise"],
             r"^transforms\[0\]: unknown offline transform 'resise'; did you mean 'resize'\?$",

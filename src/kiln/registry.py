@@ -291,13 +291,24 @@ class Registry(Generic[R]):
       entry: The `Registered` (sub)class every registration records, built
         with the name, the function, its parameter model and the details
         given to `register`.
+      own: How a function of one's own gets registered: said after the
+        known names when an unknown name is close to none of them (it is
+        most likely one's own, not registered where it is looked up).
     """
 
-    def __init__(self, kind: str, noun: str, error: type[ListError], entry: Callable[..., R]):
+    def __init__(
+        self,
+        kind: str,
+        noun: str,
+        error: type[ListError],
+        entry: Callable[..., R],
+        own: str = "",
+    ):
         self.kind = kind
         self.noun = noun
         self.error = error
         self._entry = entry
+        self._own = own
         self._entries: dict[str, R] = {}
 
     def register(
@@ -354,7 +365,9 @@ class Registry(Generic[R]):
 
     def _unknown(self, name: Any) -> str:
         hint = did_you_mean(name, self.names()) if isinstance(name, str) else ""
-        return f"unknown {self.kind} {quote(name)}{hint or _known(self.names())}"
+        if not hint:
+            hint = _known(self.names()) + (f"; {self._own}" if self._own else "")
+        return f"unknown {self.kind} {quote(name)}{hint}"
 
     def parse(
         self,

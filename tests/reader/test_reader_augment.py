@@ -167,6 +167,14 @@ def test_an_unknown_op_is_offered_every_close_name(png_dataset):
     # An abbreviation of more names than are offered lists every op instead.
     with pytest.raises(AugmentConfigError, match=r"'random' \(known: color_jitter, cutmix"):
         validate(["random"])
+    # A name close to none: most likely the user's own op, not registered
+    # (or its module not imported): the message says how one is.
+    with pytest.raises(AugmentConfigError) as error:
+        validate(["my_posterize"])
+    assert str(error.value).endswith(
+        "; an op of your own is registered with @kiln.reader.register_augmentation in a module "
+        "that a build config names under plugins:, and training code imports before loading"
+    )
 
 
 # --- registration and first-use checks ---------------------------------------------------

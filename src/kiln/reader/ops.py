@@ -201,7 +201,12 @@ class OpDefinition(Registered):
 
 
 AUGMENTATIONS: Registry[OpDefinition] = Registry(
-    "augmentation op", "op", AugmentConfigError, entry=OpDefinition
+    "augmentation op",
+    "op",
+    AugmentConfigError,
+    entry=OpDefinition,
+    own="an op of your own is registered with @kiln.reader.register_augmentation in a module "
+    "that a build config names under plugins:, and training code imports before loading",
 )
 
 # The data each kind of op gets before its configurable parameters.

@@ -72,7 +72,12 @@ class RegisteredTransform(Registered):
 
 
 TRANSFORMS: Registry[RegisteredTransform] = Registry(
-    "offline transform", "transform", TransformConfigError, entry=RegisteredTransform
+    "offline transform",
+    "transform",
+    TransformConfigError,
+    entry=RegisteredTransform,
+    own="a transform of your own is registered with @kiln.transforms.register in a module "
+    "the config names under plugins:",
 )
 
 GEOMETRIC_TARGETS = ("boxes", "mask", "instance_masks", "keypoints")
