@@ -265,6 +265,29 @@ def test_replica_iterator_checkpoint_resumes_in_a_fresh_process(png_dataset, tmp
     assert max(collections.Counter(first + second).values()) == 2  # at most once per pass
 
 
+def test_replica_iterator_serves_the_default_strategy(png_dataset):
+    """The default strategy (no `tf.distribute` scope: one replica, here) has
+    no `worker_devices`; ReplicaIterator serves it as it says, with the one
+    replica reading the whole split."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+
+    def dataset_fn(context):
+        return kiln.reader.load(
+            png_dataset.dataset_dir,
+            batch_size=context.get_per_replica_batch_size(8),
+            seed=3,
+            input_context=context,
+            as_supervised=False,
+        )
+
+    inputs = kiln.reader.ReplicaIterator(strategy, dataset_fn)
+    keys = [key for batch in inputs for key in strategy.run(lambda b: b["key"], args=(batch,))]
+    plain = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=3, as_supervised=False)
+    assert [key.numpy() for key in keys] == [k for b in plain for k in b["key"].numpy()]
+
+
 # Keras fit under MirroredStrategy with kiln's per-replica pipelines: steps
 # announced (from the dataset's cardinality) and steps run, per epoch.
 KERAS_FIT_PER_REPLICA = """import json, sys, warnings

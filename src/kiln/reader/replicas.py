@@ -49,7 +49,7 @@ class ReplicaIterator(tf.Module):
     ):
         super().__init__()
         replicas = strategy.num_replicas_in_sync
-        local = len(strategy.extended.worker_devices)
+        local = local_replicas(strategy)
         if local != replicas:
             raise ValueError(
                 f"ReplicaIterator: this machine holds {local} of the strategy's {replicas} "
@@ -77,3 +77,18 @@ class ReplicaIterator(tf.Module):
         return self._strategy.experimental_distribute_values_from_function(
             lambda context: batches[context.replica_id_in_sync_group]
         )
+
+
+def local_replicas(strategy: tf.distribute.Strategy) -> int:
+    """How many of `strategy`'s replicas this machine holds.
+
+    The default strategy (``tf.distribute.get_strategy()`` outside any
+    scope) has one replica, here, but no `worker_devices`: it raises
+    RuntimeError for them.
+    """
+    try:
+        return len(strategy.extended.worker_devices)
+    except RuntimeError:
+        if strategy.num_replicas_in_sync == 1:
+            return 1
+        raise
