@@ -138,14 +138,17 @@ def load(
       drop_remainder: Drop the last partial batch, so every tensor in
         `element_spec` has a fully static shape (needed on TPU). Needs a known
         output size: a dataset stored at one size, or a crop op with a size.
+        A batch larger than all the read holds (no batch at all) is refused.
       input_context: From `tf.distribute` (e.g. in
         `distribute_datasets_from_function`): this input pipeline reads a
         disjoint share: whole files dealt round-robin, and every n-th record
         of the files left over. Every pipeline reads as many records per pass
         as the smallest share holds (a few records of the larger shares are
         skipped, different ones each shuffled pass), so all take the same
-        number of steps. Give each pipeline its per-replica batch size. Keras
-        takes its steps per epoch from the cardinality of one pipeline: exact
+        number of steps (more pipelines than the split has records, so
+        that none would read anything, is refused). Give each pipeline its
+        per-replica batch size. Keras takes its steps per epoch from the
+        cardinality of one pipeline: exact
         with one pipeline per replica (``InputReplicationMode.PER_REPLICA``),
         too many when one pipeline feeds several replicas.
       as_supervised: Yield ``(image, label)``; for a dataset with targets
@@ -444,6 +447,10 @@ def _read(
             "so there is no input_context share to read; pass one or the other"
         )
     share = _Share.of(dataset_dir, split_info, metadata, input_context)
+    if not dynamic_sharding:
+        _check_not_empty(
+            share, dataset_dir, split_info, input_context, repeat, batch_size, drop_remainder
+        )
 
     passes = _passes(
         share,
@@ -618,6 +625,35 @@ def _check_arguments(batch_size, repeat, drop_remainder) -> None:
         raise ValueError(f"repeat must be False, True or a number of passes >= 1, got {repeat!r}")
     if drop_remainder and batch_size is None:
         raise ValueError("drop_remainder=True needs a batch_size")
+
+
+def _check_not_empty(
+    share: _Share, dataset_dir, split_info, input_context, repeat, batch_size, drop_remainder
+) -> None:
+    """Refuses a read that would yield nothing: Keras trains and evaluates on
+    an empty dataset without an error (only "Your input ran out of data").
+
+    Two ways: more input pipelines than the smallest share has records (every
+    pipeline reads as many records as the smallest share: none), or
+    `drop_remainder` with a batch larger than all the read holds.
+    """
+    name = split_info.name
+    pipelines = 1 if input_context is None else input_context.num_input_pipelines
+    if share.num_records == 0 and pipelines > 1:
+        raise ValueError(
+            f"{dataset_dir}: split {name!r} has {split_info.num_examples} records for "
+            f"{pipelines} input pipelines (input_context): every pipeline reads as many "
+            f"records per pass as the smallest share, which holds none, so every pipeline "
+            f"would read nothing; read this split with fewer input pipelines"
+        )
+    if share.num_records > 0 and share.cardinality(repeat, batch_size, drop_remainder) == 0:
+        whose = "" if pipelines == 1 else " (this input pipeline's share)"
+        passes = "" if repeat is False or repeat == 1 else f" x {repeat} passes"
+        raise ValueError(
+            f"{dataset_dir}: split {name!r}: batch_size={batch_size} with drop_remainder=True "
+            f"yields no batch from {share.num_records} records{whose} per pass{passes}; pass "
+            f"a smaller batch_size, or drop_remainder=False"
+        )
 
 
 def _check_max_objects(max_objects: int | None, spec: TargetSpec) -> None:
