@@ -288,6 +288,26 @@ def test_replica_iterator_serves_the_default_strategy(png_dataset):
     assert [key.numpy() for key in keys] == [k for b in plain for k in b["key"].numpy()]
 
 
+def test_replica_iterator_refuses_a_second_loop_after_its_datasets_ended(png_dataset):
+    """An epoch loop over one ReplicaIterator of one-pass datasets ran its
+    first epoch, then every later one on nothing, silently."""
+    import tensorflow as tf
+
+    def dataset_fn(context):
+        return kiln.reader.load(
+            png_dataset.dataset_dir, batch_size=16, seed=3, input_context=context
+        )
+
+    inputs = kiln.reader.ReplicaIterator(tf.distribute.get_strategy(), dataset_fn)
+    total = png_dataset.info.splits["train"].num_examples
+    assert sum(1 for _ in inputs) == -(-total // 16)
+    with pytest.raises(StopIteration):
+        next(inputs)  # an iterator that ended stays ended
+    with pytest.raises(RuntimeError, match=r"iterated again after its datasets ended.*repeat=True"):
+        for _ in inputs:
+            pass
+
+
 # Keras fit under MirroredStrategy with kiln's per-replica pipelines: steps
 # announced (from the dataset's cardinality) and steps run, per epoch.
 KERAS_FIT_PER_REPLICA = """import json, sys, warnings

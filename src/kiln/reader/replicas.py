@@ -36,10 +36,15 @@ class ReplicaIterator(tf.Module):
         strategy.run(train_step, args=(next(inputs),))
 
     `next` returns per-replica values (what `strategy.run` distributes) and
-    raises `StopIteration` when the replicas' datasets end. For strategies
-    on one machine (`MirroredStrategy`, `OneDeviceStrategy`, the default
-    strategy); with several workers each would need its own share of the
-    replicas, which this does not assign.
+    raises `StopIteration` when the replicas' datasets end. It is one
+    iterator, not a dataset: a second ``for`` loop over it after that raises
+    RuntimeError (rather than run an epoch of nothing), and a new one calls
+    `dataset_fn` again, whose `load` starts again at pass 1. For epochs,
+    load with ``repeat=True`` and take one pass's steps per epoch.
+
+    For strategies on one machine (`MirroredStrategy`, `OneDeviceStrategy`,
+    the default strategy); with several workers each would need its own
+    share of the replicas, which this does not assign.
     """
 
     def __init__(
@@ -56,6 +61,7 @@ class ReplicaIterator(tf.Module):
                 f"replicas; it serves strategies on one machine (MirroredStrategy)"
             )
         self._strategy = strategy
+        self._ended = False
         self.iterators = [
             iter(
                 dataset_fn(
@@ -70,10 +76,22 @@ class ReplicaIterator(tf.Module):
         ]
 
     def __iter__(self) -> ReplicaIterator:
+        if self._ended:
+            # A second `for` loop would otherwise run an epoch of nothing, silently.
+            raise RuntimeError(
+                "ReplicaIterator: iterated again after its datasets ended; it is one "
+                "iterator over all the passes its datasets make, and a new one starts again "
+                "at pass 1 (the same order and augmentation): for epochs, load with "
+                "repeat=True and take a pass's steps per epoch"
+            )
         return self
 
     def __next__(self):
-        batches = [next(iterator) for iterator in self.iterators]
+        try:
+            batches = [next(iterator) for iterator in self.iterators]
+        except StopIteration:
+            self._ended = True
+            raise
         return self._strategy.experimental_distribute_values_from_function(
             lambda context: batches[context.replica_id_in_sync_group]
         )
