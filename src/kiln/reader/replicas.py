@@ -42,6 +42,9 @@ class ReplicaIterator(tf.Module):
     `dataset_fn` again, whose `load` starts again at pass 1. For epochs,
     load with ``repeat=True`` and take one pass's steps per epoch.
 
+    A checkpoint restores into as many replicas as it was written with:
+    another count raises ValueError when it is restored.
+
     For strategies on one machine (`MirroredStrategy`, `OneDeviceStrategy`,
     the default strategy); with several workers each would need its own
     share of the replicas, which this does not assign.
@@ -62,6 +65,8 @@ class ReplicaIterator(tf.Module):
             )
         self._strategy = strategy
         self._ended = False
+        # Before the iterators, so that it is restored first.
+        self.replicas = _ReplicaCount(replicas)
         self.iterators = [
             iter(
                 dataset_fn(
@@ -95,6 +100,34 @@ class ReplicaIterator(tf.Module):
         return self._strategy.experimental_distribute_values_from_function(
             lambda context: batches[context.replica_id_in_sync_group]
         )
+
+
+class _ReplicaCount(tf.train.experimental.PythonState):
+    """The replica count, saved beside the iterators and checked when restored.
+
+    Each replica's position is in its share of the data, which the replica
+    count decides. Restored into another count, TF restores the iterators it
+    finds by index, silently: into fewer replicas they read a wrong stream
+    (records repeated within a pass), into more the extra ones start afresh
+    or fail obscurely. (Checkpoints written before it existed restore
+    unchecked.)
+    """
+
+    def __init__(self, replicas: int):
+        self.replicas = replicas
+
+    def serialize(self) -> str:
+        return str(self.replicas)
+
+    def deserialize(self, string_value) -> None:
+        saved = int(string_value)
+        if saved != self.replicas:
+            raise ValueError(
+                f"ReplicaIterator: the checkpoint was written with {saved} replicas and this "
+                f"strategy has {self.replicas}: each replica's input position is in its share "
+                f"of the data, which the replica count decides; restore it with {saved} "
+                f"replicas, or restore the model without `data` and start the input afresh"
+            )
 
 
 def local_replicas(strategy: tf.distribute.Strategy) -> int:
