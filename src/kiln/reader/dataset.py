@@ -113,7 +113,9 @@ def load(
         or a NumPy integer (``np.int64(3)`` is seed 3). The same
         seed gives the same stream in any process; None draws a fresh one per
         call and logs it as a warning (on stderr by default), once per call,
-        so the run can be reproduced. See `kiln.reader.seeds`.
+        so the run can be reproduced (not with an `input_context`: every
+        input pipeline draws its own, as the warning says). See
+        `kiln.reader.seeds`.
       augment: ``"default"``: the list stored in the dataset (its build
         config's ``augment:``). A list in the YAML form
         (``["random_flip_left_right", {"random_crop": {"size": 56}}]``): your
@@ -440,7 +442,10 @@ def _read(
         )
     shuffle = (split == "train") if shuffle is None else bool(shuffle)
     random_ops = augmenter.training and bool(augmenter.augmentations)
-    base_seed = seeding.resolve(seed, matters=shuffle or random_ops)
+    pipeline = None
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        pipeline = (input_context.input_pipeline_id, input_context.num_input_pipelines)
+    base_seed = seeding.resolve(seed, matters=shuffle or random_ops, pipeline=pipeline)
     if dynamic_sharding and input_context is not None:
         raise ValueError(
             "ReadOptions(dynamic_sharding=True): tf.data service hands out the files, "
