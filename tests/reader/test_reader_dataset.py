@@ -310,6 +310,13 @@ def test_input_context_shares_are_disjoint_and_equal(png_dataset, pipelines):
         assert len(shares[0]) == min(counts[0], counts[1]) + counts[2] // 2
 
 
+def test_input_context_of_another_type_is_refused_naming_it(png_dataset):
+    with pytest.raises(
+        TypeError, match=r"input_context must be a tf\.distribute\.InputContext .* got int 2"
+    ):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1, input_context=2)
+
+
 def test_more_input_pipelines_than_records_is_refused(png_dataset):
     """Every pipeline reads as many records as the smallest share: with more
     pipelines than records that is none, an empty dataset Keras would train

@@ -442,6 +442,12 @@ def _read(
         )
     shuffle = (split == "train") if shuffle is None else bool(shuffle)
     random_ops = augmenter.training and bool(augmenter.augmentations)
+    if input_context is not None and not isinstance(input_context, tf.distribute.InputContext):
+        raise TypeError(
+            f"input_context must be a tf.distribute.InputContext (what "
+            f"distribute_datasets_from_function passes its dataset_fn) or None, got "
+            f"{type(input_context).__name__} {input_context!r}"
+        )
     pipeline = None
     if input_context is not None and input_context.num_input_pipelines > 1:
         pipeline = (input_context.input_pipeline_id, input_context.num_input_pipelines)
