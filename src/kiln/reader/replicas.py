@@ -57,7 +57,7 @@ class ReplicaIterator(tf.Module):
     ):
         super().__init__()
         replicas = strategy.num_replicas_in_sync
-        local = local_replicas(strategy)
+        local = _local_replicas(strategy)
         if local != replicas:
             raise ValueError(
                 f"ReplicaIterator: this machine holds {local} of the strategy's {replicas} "
@@ -130,7 +130,7 @@ class _ReplicaCount(tf.train.experimental.PythonState):
             )
 
 
-def local_replicas(strategy: tf.distribute.Strategy) -> int:
+def _local_replicas(strategy: tf.distribute.Strategy) -> int:
     """How many of `strategy`'s replicas this machine holds.
 
     The default strategy (``tf.distribute.get_strategy()`` outside any
