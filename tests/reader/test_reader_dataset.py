@@ -310,6 +310,50 @@ def test_input_context_shares_are_disjoint_and_equal(png_dataset, pipelines):
         assert len(shares[0]) == min(counts[0], counts[1]) + counts[2] // 2
 
 
+def test_input_context_of_another_type_is_refused_naming_it(png_dataset):
+    with pytest.raises(
+        TypeError, match=r"input_context must be a tf\.distribute\.InputContext .* got int 2"
+    ):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1, input_context=2)
+
+
+def test_more_input_pipelines_than_records_is_refused(png_dataset):
+    """Every pipeline reads as many records as the smallest share: with more
+    pipelines than records that is none, an empty dataset Keras would train
+    on silently."""
+    records = png_dataset.info.splits["validation"].num_examples
+    context = tf.distribute.InputContext(
+        num_input_pipelines=records + 1, input_pipeline_id=0, num_replicas_in_sync=records + 1
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"split 'validation' has {records} records for {records + 1} input pipelines "
+        r"\(input_context\): .* would read nothing",
+    ):
+        kiln.reader.load(png_dataset.dataset_dir, "validation", batch_size=1, input_context=context)
+
+
+def test_drop_remainder_with_a_batch_larger_than_the_read_is_refused(png_dataset):
+    records = png_dataset.info.splits["validation"].num_examples
+    with pytest.raises(
+        ValueError,
+        match=rf"batch_size={records + 1} with drop_remainder=True yields no batch from "
+        rf"{records} records per pass;",
+    ):
+        kiln.reader.load(
+            png_dataset.dataset_dir, "validation", batch_size=records + 1, drop_remainder=True
+        )
+    # Two passes hold one such batch.
+    twice = kiln.reader.load(
+        png_dataset.dataset_dir,
+        "validation",
+        batch_size=records + 1,
+        drop_remainder=True,
+        repeat=2,
+    )
+    assert len(list(twice)) == 1
+
+
 def test_repeat(png_dataset):
     total = png_dataset.info.splits["train"].num_examples
     twice = kiln.reader.load(

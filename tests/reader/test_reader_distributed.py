@@ -9,7 +9,7 @@ import json
 import pytest
 
 import kiln.reader
-from reader.builds import split_keys
+from reader.builds import TRAIN_AUGMENT, split_keys
 from reader.fresh_process import run_python
 
 
@@ -263,6 +263,103 @@ def test_replica_iterator_checkpoint_resumes_in_a_fresh_process(png_dataset, tmp
     total = png_dataset.info.splits["train"].num_examples
     assert len(first) == len(second) == 2 * (total // 2)
     assert max(collections.Counter(first + second).values()) == 2  # at most once per pass
+
+
+def test_replica_iterator_serves_the_default_strategy(png_dataset):
+    """The default strategy (no `tf.distribute` scope: one replica, here) has
+    no `worker_devices`; ReplicaIterator serves it as it says, with the one
+    replica reading the whole split."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+
+    def dataset_fn(context):
+        return kiln.reader.load(
+            png_dataset.dataset_dir,
+            batch_size=context.get_per_replica_batch_size(8),
+            seed=3,
+            input_context=context,
+            as_supervised=False,
+        )
+
+    inputs = kiln.reader.ReplicaIterator(strategy, dataset_fn)
+    keys = [key for batch in inputs for key in strategy.run(lambda b: b["key"], args=(batch,))]
+    plain = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=3, as_supervised=False)
+    assert [key.numpy() for key in keys] == [k for b in plain for k in b["key"].numpy()]
+
+
+def test_replica_iterator_refuses_a_second_loop_after_its_datasets_ended(png_dataset):
+    """An epoch loop over one ReplicaIterator of one-pass datasets ran its
+    first epoch, then every later one on nothing, silently."""
+    import tensorflow as tf
+
+    def dataset_fn(context):
+        return kiln.reader.load(
+            png_dataset.dataset_dir, batch_size=16, seed=3, input_context=context
+        )
+
+    inputs = kiln.reader.ReplicaIterator(tf.distribute.get_strategy(), dataset_fn)
+    total = png_dataset.info.splits["train"].num_examples
+    assert sum(1 for _ in inputs) == -(-total // 16)
+    with pytest.raises(StopIteration):
+        next(inputs)  # an iterator that ended stays ended
+    with pytest.raises(RuntimeError, match=r"iterated again after its datasets ended.*repeat=True"):
+        for _ in inputs:
+            pass
+
+
+# A ReplicaIterator checkpoint restored under another replica count: TF
+# restores the iterators it finds by index, silently, into other shares.
+REPLICA_COUNT_CHANGED = """
+import json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import kiln.reader
+
+path, directory = sys.argv[1:3]
+two = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+one = tf.distribute.get_strategy()
+
+def dataset_fn(context):
+    return kiln.reader.load(path, batch_size=context.get_per_replica_batch_size(4), seed=3,
+                            repeat=True, input_context=context)
+
+def written_with(strategy, name):
+    inputs = kiln.reader.ReplicaIterator(strategy, dataset_fn)
+    next(inputs)
+    return tf.train.Checkpoint(data=inputs).write(f"{directory}/{name}")
+
+def restored_into(strategy, checkpoint):
+    inputs = kiln.reader.ReplicaIterator(strategy, dataset_fn)
+    try:
+        tf.train.Checkpoint(data=inputs).restore(checkpoint)  # as the README restores
+    except ValueError as error:
+        return str(error)
+    next(inputs)
+    return "restored"
+
+from_two, from_one = written_with(two, "two"), written_with(one, "one")
+print(json.dumps({"two into one": restored_into(one, from_two),
+                  "one into two": restored_into(two, from_one),
+                  "two into two": restored_into(two, from_two)}))
+"""
+
+
+def test_replica_iterator_refuses_a_checkpoint_of_another_replica_count(build_dataset, tmp_path):
+    """Four shard files: one replica reads all four whole, two replicas two
+    each, so their pipelines have the same structure and TF restored two
+    replicas' positions into one without a word (a wrong stream: records
+    repeated within a pass)."""
+    four = build_dataset(sharding={"num_shards": {"train": 4}}, augment=TRAIN_AUGMENT)
+    out = json.loads(
+        run_python(REPLICA_COUNT_CHANGED, four.dataset_dir, str(tmp_path)).splitlines()[-1]
+    )
+    assert out["two into two"] == "restored"
+    assert out["two into one"].startswith(
+        "ReplicaIterator: the checkpoint was written with 2 replicas and this strategy has 1: "
+    )
+    assert "written with 1 replicas and this strategy has 2" in out["one into two"]
 
 
 # Keras fit under MirroredStrategy with kiln's per-replica pipelines: steps

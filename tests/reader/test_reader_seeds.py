@@ -116,6 +116,27 @@ def test_d_seed_none_is_fresh_per_run_and_logged(png_dataset, caplog):
     ) != keys_of(kiln.reader.load(path, batch_size=8, seed=drawn[0], as_supervised=False))
 
 
+def test_d_seed_none_under_several_input_pipelines_says_no_seed_reproduces_the_run(
+    png_dataset, caplog
+):
+    """Each pipeline's `load` draws its own seed: the usual "pass seed=N to
+    reproduce this stream" would promise what no single seed gives."""
+    import tensorflow as tf
+
+    with caplog.at_level(logging.WARNING, logger="kiln.reader.seeds"):
+        for index in range(2):
+            context = tf.distribute.InputContext(
+                num_input_pipelines=2, input_pipeline_id=index, num_replicas_in_sync=2
+            )
+            kiln.reader.load(png_dataset.dataset_dir, batch_size=8, input_context=context)
+    assert re.findall(
+        r"drew seed \d+ for input pipeline (\d) of 2: every pipeline draws its "
+        r"own, so no one seed reproduces this run",
+        caplog.text,
+    ) == ["0", "1"]
+    assert "to reproduce this stream" not in caplog.text
+
+
 def test_d_a_drawn_seed_is_shown_without_any_logging_set_up(png_dataset):
     # A training script that never configures logging: the seed must still
     # reach its stderr, once per load call, and only for seed=None and a

@@ -113,7 +113,9 @@ def load(
         or a NumPy integer (``np.int64(3)`` is seed 3). The same
         seed gives the same stream in any process; None draws a fresh one per
         call and logs it as a warning (on stderr by default), once per call,
-        so the run can be reproduced. See `kiln.reader.seeds`.
+        so the run can be reproduced (not with an `input_context`: every
+        input pipeline draws its own, as the warning says). See
+        `kiln.reader.seeds`.
       augment: ``"default"``: the list stored in the dataset (its build
         config's ``augment:``). A list in the YAML form
         (``["random_flip_left_right", {"random_crop": {"size": 56}}]``): your
@@ -138,14 +140,17 @@ def load(
       drop_remainder: Drop the last partial batch, so every tensor in
         `element_spec` has a fully static shape (needed on TPU). Needs a known
         output size: a dataset stored at one size, or a crop op with a size.
+        A batch larger than all the read holds (no batch at all) is refused.
       input_context: From `tf.distribute` (e.g. in
         `distribute_datasets_from_function`): this input pipeline reads a
         disjoint share: whole files dealt round-robin, and every n-th record
         of the files left over. Every pipeline reads as many records per pass
         as the smallest share holds (a few records of the larger shares are
         skipped, different ones each shuffled pass), so all take the same
-        number of steps. Give each pipeline its per-replica batch size. Keras
-        takes its steps per epoch from the cardinality of one pipeline: exact
+        number of steps (more pipelines than the split has records, so
+        that none would read anything, is refused). Give each pipeline its
+        per-replica batch size. Keras takes its steps per epoch from the
+        cardinality of one pipeline: exact
         with one pipeline per replica (``InputReplicationMode.PER_REPLICA``),
         too many when one pipeline feeds several replicas.
       as_supervised: Yield ``(image, label)``; for a dataset with targets
@@ -437,13 +442,26 @@ def _read(
         )
     shuffle = (split == "train") if shuffle is None else bool(shuffle)
     random_ops = augmenter.training and bool(augmenter.augmentations)
-    base_seed = seeding.resolve(seed, matters=shuffle or random_ops)
+    if input_context is not None and not isinstance(input_context, tf.distribute.InputContext):
+        raise TypeError(
+            f"input_context must be a tf.distribute.InputContext (what "
+            f"distribute_datasets_from_function passes its dataset_fn) or None, got "
+            f"{type(input_context).__name__} {input_context!r}"
+        )
+    pipeline = None
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        pipeline = (input_context.input_pipeline_id, input_context.num_input_pipelines)
+    base_seed = seeding.resolve(seed, matters=shuffle or random_ops, pipeline=pipeline)
     if dynamic_sharding and input_context is not None:
         raise ValueError(
             "ReadOptions(dynamic_sharding=True): tf.data service hands out the files, "
             "so there is no input_context share to read; pass one or the other"
         )
     share = _Share.of(dataset_dir, split_info, metadata, input_context)
+    if not dynamic_sharding:
+        _check_not_empty(
+            share, dataset_dir, split_info, input_context, repeat, batch_size, drop_remainder
+        )
 
     passes = _passes(
         share,
@@ -618,6 +636,35 @@ def _check_arguments(batch_size, repeat, drop_remainder) -> None:
         raise ValueError(f"repeat must be False, True or a number of passes >= 1, got {repeat!r}")
     if drop_remainder and batch_size is None:
         raise ValueError("drop_remainder=True needs a batch_size")
+
+
+def _check_not_empty(
+    share: _Share, dataset_dir, split_info, input_context, repeat, batch_size, drop_remainder
+) -> None:
+    """Refuses a read that would yield nothing: Keras trains and evaluates on
+    an empty dataset without an error (only "Your input ran out of data").
+
+    Two ways: more input pipelines than the smallest share has records (every
+    pipeline reads as many records as the smallest share: none), or
+    `drop_remainder` with a batch larger than all the read holds.
+    """
+    name = split_info.name
+    pipelines = 1 if input_context is None else input_context.num_input_pipelines
+    if share.num_records == 0 and pipelines > 1:
+        raise ValueError(
+            f"{dataset_dir}: split {name!r} has {split_info.num_examples} records for "
+            f"{pipelines} input pipelines (input_context): every pipeline reads as many "
+            f"records per pass as the smallest share, which holds none, so every pipeline "
+            f"would read nothing; read this split with fewer input pipelines"
+        )
+    if share.num_records > 0 and share.cardinality(repeat, batch_size, drop_remainder) == 0:
+        whose = "" if pipelines == 1 else " (this input pipeline's share)"
+        passes = "" if repeat is False or repeat == 1 else f" x {repeat} passes"
+        raise ValueError(
+            f"{dataset_dir}: split {name!r}: batch_size={batch_size} with drop_remainder=True "
+            f"yields no batch from {share.num_records} records{whose} per pass{passes}; pass "
+            f"a smaller batch_size, or drop_remainder=False"
+        )
 
 
 def _check_max_objects(max_objects: int | None, spec: TargetSpec) -> None:

@@ -36,10 +36,18 @@ class ReplicaIterator(tf.Module):
         strategy.run(train_step, args=(next(inputs),))
 
     `next` returns per-replica values (what `strategy.run` distributes) and
-    raises `StopIteration` when the replicas' datasets end. For strategies
-    on one machine (`MirroredStrategy`, `OneDeviceStrategy`, the default
-    strategy); with several workers each would need its own share of the
-    replicas, which this does not assign.
+    raises `StopIteration` when the replicas' datasets end. It is one
+    iterator, not a dataset: a second ``for`` loop over it after that raises
+    RuntimeError (rather than run an epoch of nothing), and a new one calls
+    `dataset_fn` again, whose `load` starts again at pass 1. For epochs,
+    load with ``repeat=True`` and take one pass's steps per epoch.
+
+    A checkpoint restores into as many replicas as it was written with:
+    another count raises ValueError when it is restored.
+
+    For strategies on one machine (`MirroredStrategy`, `OneDeviceStrategy`,
+    the default strategy); with several workers each would need its own
+    share of the replicas, which this does not assign.
     """
 
     def __init__(
@@ -49,13 +57,16 @@ class ReplicaIterator(tf.Module):
     ):
         super().__init__()
         replicas = strategy.num_replicas_in_sync
-        local = len(strategy.extended.worker_devices)
+        local = _local_replicas(strategy)
         if local != replicas:
             raise ValueError(
                 f"ReplicaIterator: this machine holds {local} of the strategy's {replicas} "
                 f"replicas; it serves strategies on one machine (MirroredStrategy)"
             )
         self._strategy = strategy
+        self._ended = False
+        # Before the iterators, so that it is restored first.
+        self.replicas = _ReplicaCount(replicas)
         self.iterators = [
             iter(
                 dataset_fn(
@@ -70,10 +81,65 @@ class ReplicaIterator(tf.Module):
         ]
 
     def __iter__(self) -> ReplicaIterator:
+        if self._ended:
+            # A second `for` loop would otherwise run an epoch of nothing, silently.
+            raise RuntimeError(
+                "ReplicaIterator: iterated again after its datasets ended; it is one "
+                "iterator over all the passes its datasets make, and a new one starts again "
+                "at pass 1 (the same order and augmentation): for epochs, load with "
+                "repeat=True and take a pass's steps per epoch"
+            )
         return self
 
     def __next__(self):
-        batches = [next(iterator) for iterator in self.iterators]
+        try:
+            batches = [next(iterator) for iterator in self.iterators]
+        except StopIteration:
+            self._ended = True
+            raise
         return self._strategy.experimental_distribute_values_from_function(
             lambda context: batches[context.replica_id_in_sync_group]
         )
+
+
+class _ReplicaCount(tf.train.experimental.PythonState):
+    """The replica count, saved beside the iterators and checked when restored.
+
+    Each replica's position is in its share of the data, which the replica
+    count decides. Restored into another count, TF restores the iterators it
+    finds by index, silently: into fewer replicas they read a wrong stream
+    (records repeated within a pass), into more the extra ones start afresh
+    or fail obscurely. (Checkpoints written before it existed restore
+    unchecked.)
+    """
+
+    def __init__(self, replicas: int):
+        self.replicas = replicas
+
+    def serialize(self) -> str:
+        return str(self.replicas)
+
+    def deserialize(self, string_value) -> None:
+        saved = int(string_value)
+        if saved != self.replicas:
+            raise ValueError(
+                f"ReplicaIterator: the checkpoint was written with {saved} replicas and this "
+                f"strategy has {self.replicas}: each replica's input position is in its share "
+                f"of the data, which the replica count decides; restore it with {saved} "
+                f"replicas, or restore the model without `data` and start the input afresh"
+            )
+
+
+def _local_replicas(strategy: tf.distribute.Strategy) -> int:
+    """How many of `strategy`'s replicas this machine holds.
+
+    The default strategy (``tf.distribute.get_strategy()`` outside any
+    scope) has one replica, here, but no `worker_devices`: it raises
+    RuntimeError for them.
+    """
+    try:
+        return len(strategy.extended.worker_devices)
+    except RuntimeError:
+        if strategy.num_replicas_in_sync == 1:
+            return 1
+        raise

@@ -71,7 +71,12 @@ _INT31 = 2**31
 STREAM_VERSION = 4
 
 
-def resolve(seed: int | numbers.Integral | None, *, matters: bool = True) -> int:
+def resolve(
+    seed: int | numbers.Integral | None,
+    *,
+    matters: bool = True,
+    pipeline: tuple[int, int] | None = None,
+) -> int:
     """The base seed: `seed` as a Python int, or a fresh random one when None.
 
     Any integer is a seed: an int or a NumPy integer (``np.int64(3)`` is
@@ -79,6 +84,9 @@ def resolve(seed: int | numbers.Integral | None, *, matters: bool = True) -> int
 
     `matters`: whether the stream depends on the seed (a shuffle or random
     augmentation); a drawn seed that changes nothing is not reported.
+    `pipeline`: ``(index, count)`` of this input pipeline among several (an
+    `input_context`): each pipeline's call draws its own seed, so no one
+    seed reproduces the run, and the warning says so.
 
     A drawn seed is logged as a WARNING: Python prints warnings to stderr
     even where logging was never configured, so whoever runs the training
@@ -88,6 +96,15 @@ def resolve(seed: int | numbers.Integral | None, *, matters: bool = True) -> int
     if seed is None:
         seed = secrets.randbits(63)
         if not matters:
+            return seed
+        if pipeline is not None:
+            logger.warning(
+                "kiln.reader: seed=None, drew seed %d for input pipeline %d of %d: every "
+                "pipeline draws its own, so no one seed reproduces this run (pass the same "
+                "seed to every pipeline's load)",
+                seed,
+                *pipeline,
+            )
             return seed
         logger.warning(
             "kiln.reader: seed=None, drew seed %d (pass seed=%d to reproduce this stream)",
