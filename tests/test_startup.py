@@ -212,3 +212,25 @@ def test_reading_commands_print_only_their_own_lines(tmp_path, build_dataset):
     sheet = str(tmp_path / "sheet.png")
     previewed = probe(tmp_path, "preview", result.dataset_root, "--n", "2", "-o", sheet)
     assert previewed["code"] == 0 and previewed["stderr"] == "", previewed["stderr"]
+
+
+def test_python_dash_m_kiln_is_the_kiln_command(tmp_path):
+    """``python -m kiln`` (no scripts folder on PATH) runs the same command
+    line: its --help answers without the heavy libraries, and a bad config
+    exits 2 with kiln's one line."""
+    env = dict(os.environ, PYTHONPATH=SOURCE_ROOT)
+    probe = "import runpy, sys\nsys.argv[0] = 'kiln'\n"
+    probe += "try:\n    runpy.run_module('kiln', run_name='__main__')\nexcept SystemExit as e:\n"
+    probe += f"    print(sorted(n for n in {HEAVY!r} if n in sys.modules), e.code)\n"
+    helped = subprocess.run(
+        [sys.executable, "-c", probe, "--help"], capture_output=True, text=True, env=env
+    )
+    assert helped.stdout.startswith("usage: kiln ") and helped.stdout.endswith("\n[] 0\n")
+    missing = subprocess.run(
+        [sys.executable, "-m", "kiln", "build", "--config", str(tmp_path / "nowhere.yaml")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.startswith("kiln build: error: ") and missing.stderr.count("\n") == 1
