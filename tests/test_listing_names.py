@@ -725,3 +725,28 @@ def test_a_split_column_the_build_does_not_use_is_named_once(tmp_path, caplog):
         with source.list_files(splits_from_source=True) as listing:
             assert listing.num_dropped == 1  # the row without a split: missing_split
     assert not [r for r in caplog.records if "does not use" in r.getMessage()]
+
+
+CAFE_NFC = "caf\u00e9"  # a precomposed é: how most tools write text
+CAFE_NFD = "cafe\u0301"  # e and a combining accent: how macOS names folders
+
+
+def test_class_names_that_differ_only_in_unicode_normalization_are_one_class(tmp_path):
+    root = tmp_path / "images"
+    write(root, f"{CAFE_NFD}/1.png".encode(), png(1))
+    write(root, f"{CAFE_NFC}/2.png".encode(), png(2))
+    write(root, b"tea/3.png", png(3))
+
+    files, dropped, class_names = listed(ImageFolderSource(type="image_folder", root=str(root)))
+
+    assert class_names == [CAFE_NFC, "tea"] and not dropped
+    assert sorted(files) == sorted([f"{CAFE_NFD}/1.png", f"{CAFE_NFC}/2.png", "tea/3.png"])
+
+    # A manifest's labels, and the declared class list, match by the same rule.
+    rows = [{"path": "images/tea/3.png", "label": CAFE_NFD}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    source = ManifestSource(
+        type="manifest", path=str(tmp_path / "m.jsonl"), classes=[CAFE_NFC, "tea"]
+    )
+    with source.list_files(splits_from_source=False) as listing:
+        assert [listing.class_names[f.label] for f in listing.files()] == [CAFE_NFC]

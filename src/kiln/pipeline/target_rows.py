@@ -29,6 +29,7 @@ import json
 import math
 import numbers
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -347,7 +348,10 @@ def class_name(value: Any, where: str) -> str:
     and refused when that leaves it empty, or when it holds a control
     character (Unicode category Cc: newline, tab, NUL...) or a lone
     surrogate: a class name is a line of the labels files and a cell of
-    ``kiln inspect``'s table.
+    ``kiln inspect``'s table. It is then put in Unicode normalization form
+    NFC: "café" written with a combining accent (as macOS names folders) and
+    with a precomposed "é" (as most tools write text) are one class, not
+    two that print alike.
 
     Raises:
       AnnotationError: naming `where`, e.g. ``objects[2].class is empty``.
@@ -367,7 +371,7 @@ def class_name(value: Any, where: str) -> str:
         raise AnnotationError(
             f"{where} holds a control character (U+{ord(control):04X}): {_short(value)}"
         )
-    return name
+    return unicodedata.normalize("NFC", name)
 
 
 # Unicode's category Cc, exactly: C0 controls, DEL and C1 controls.
