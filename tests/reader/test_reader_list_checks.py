@@ -9,10 +9,12 @@ the list entry (``augment[1].mixup``). Real builds, read by the real reader.
 from __future__ import annotations
 
 import pytest
+import tensorflow as tf
 
 import kiln.reader
 from kiln.reader import AugmentConfigError, TargetSpec, validate
 from kiln.reader.augmenter import Augmenter
+from kiln.reader.ops import AUGMENTATIONS
 from kiln.reader.targets import TargetError
 from reader import scene_records
 
@@ -93,3 +95,61 @@ def test_fill_modes_are_free_where_nothing_is_copied_or_nothing_has_a_box(
     wrap = [{"random_rotation": {"fill_mode": "wrap"}}]
     Augmenter(tuple(validate(wrap))).check_targets(TargetSpec(kinds=("mask",)))
     kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=1, augment=wrap)
+
+
+def test_a_users_op_that_needs_rgb_is_refused_on_grey_images_before_reading(grey_dataset):
+    @kiln.reader.register_augmentation("random_warm_tint", geometric=False, needs_rgb=True)
+    def random_warm_tint(image, seed, *, strength: float = 0.1):
+        # Red up, blue down: an RGB-only op.
+        amount = tf.random.stateless_uniform([], seed, 0.0, strength)
+        return tf.clip_by_value(image + amount * tf.constant([1.0, 0.0, -1.0]), 0.0, 1.0)
+
+    @kiln.reader.register_augmentation(
+        "random_maybe_tint", geometric=False, needs_rgb=lambda *, tint: tint
+    )
+    def random_maybe_tint(image, seed, *, tint: bool = True):
+        return image
+
+    try:
+        path = grey_dataset.dataset_dir
+        message = r"^augment\[1\]\.random_warm_tint: needs 3-channel \(RGB\) images; "
+        message += r"this dataset's images have 1 channel\(s\)"
+        ops = ["random_flip_left_right", "random_warm_tint"]
+        for load in (kiln.reader.load, kiln.reader.load_for_model):
+            with pytest.raises(AugmentConfigError, match=message):
+                load(path, batch_size=4, seed=1, augment=ops)
+        # The parameters decide when the op says how.
+        kiln.reader.load(
+            path, batch_size=4, seed=1, augment=[{"random_maybe_tint": {"tint": False}}]
+        )
+        with pytest.raises(AugmentConfigError, match=r"augment\[0\]\.random_maybe_tint: needs"):
+            kiln.reader.load(path, batch_size=4, seed=1, augment=["random_maybe_tint"])
+    finally:
+        AUGMENTATIONS.remove("random_warm_tint")
+        AUGMENTATIONS.remove("random_maybe_tint")
+
+
+@pytest.mark.parametrize(
+    "augment, shape, message",
+    [
+        (
+            ["random_flip_left_right", "random_hue"],
+            (32, 32, 1),
+            r"^AugmentationLayer\.augment\[1\]\.random_hue: needs 3-channel \(RGB\) images; "
+            r"the layer's input images have 1 channel\(s\)$",
+        ),
+        (
+            [{"random_crop": {"size": 48}}],
+            (32, 40, 3),
+            r"^AugmentationLayer\.augment\[0\]\.random_crop: .*the layer's input images",
+        ),
+    ],
+)
+def test_a_layer_made_directly_refuses_inputs_its_ops_cannot_take(augment, shape, message):
+    # Made by hand rather than by load_for_model, the layer knows the images
+    # only from the model's input: it checks them when the model is built.
+    layer = kiln.reader.AugmentationLayer(augment)
+    with pytest.raises(AugmentConfigError, match=message):
+        layer(tf.keras.Input(shape))
+    # Images it can take build as before.
+    kiln.reader.AugmentationLayer(augment)(tf.keras.Input((64, 64, 3)))

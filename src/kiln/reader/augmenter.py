@@ -372,12 +372,15 @@ class Augmenter:
         self.check_channels(channels, field)
         self.check_sizes(image_size, field, stored=stored)
 
-    def check_channels(self, channels: int, field: str = "augment") -> None:
+    def check_channels(
+        self, channels: int, field: str = "augment", *, whose: str = "this dataset's images"
+    ) -> None:
         """Refuses, before any data is read, an op that needs RGB images the
         dataset does not have (the op would fail when first traced).
 
         Only the ops that run are checked: all of them in training, those
-        with an inference form otherwise.
+        with an inference form otherwise. `whose`: the images the channels
+        are of, for the message.
 
         Raises:
           AugmentConfigError: naming the op and the channels.
@@ -391,8 +394,12 @@ class Augmenter:
             if definition.needs_rgb(**augmentation.kwargs):
                 raise AugmentConfigError(
                     f"{field}[{index}].{augmentation.name}: needs 3-channel (RGB) images; "
-                    f"this dataset's images have {channels} channel(s) (image.channels in "
-                    f"its build config)"
+                    f"{whose} have {channels} channel(s)"
+                    + (
+                        " (image.channels in its build config)"
+                        if whose == "this dataset's images"
+                        else ""
+                    )
                 )
 
     def check_sizes(

@@ -97,6 +97,28 @@ class AugmentationLayer(tf.keras.layers.Layer):
             self._random.check_targets(self._spec)
             self._inference.check_targets(self._spec)
 
+    def build(self, input_shape):
+        """Refuses, when the model is built, images the ops cannot take: an
+        op that needs RGB on 1-channel images, a crop larger than the
+        images (as `load` does for a dataset), when the shape says."""
+        shape = input_shape.get("image") if isinstance(input_shape, Mapping) else input_shape
+        if shape is not None:
+            shape = tf.TensorShape(shape)
+            if shape.rank == 4 and shape[-1] is not None:
+                whose = "the layer's input images"
+                for augmenter in (self._random, self._inference):
+                    augmenter.check_channels(
+                        int(shape[-1]), "AugmentationLayer.augment", whose=whose
+                    )
+            if shape.rank == 4 and shape[1] is not None and shape[2] is not None:
+                for augmenter in (self._random, self._inference):
+                    augmenter.check_sizes(
+                        (int(shape[1]), int(shape[2])),
+                        "AugmentationLayer.augment",
+                        stored="the layer's input images",
+                    )
+        super().build(input_shape)
+
     def call(self, inputs, training=None):
         images = inputs["image"] if isinstance(inputs, dict) else inputs
         _check_batch(images)

@@ -221,6 +221,7 @@ def register_augmentation(
     geometric: bool = True,
     with_targets: Callable[..., tuple[tf.Tensor, ElementTargets]] | None = None,
     supports: Iterable[str] | None = None,
+    needs_rgb: bool | Callable[..., bool] = False,
 ) -> Callable[[ElementFn], ElementFn]:
     """Decorator: registers ``fn(image, seed, *, param=default, ...)`` as an element op.
 
@@ -241,6 +242,11 @@ def register_augmentation(
         (``targets.crop``, ``flip_left_right``, ``warp``... do the moves).
       supports: The target kinds `with_targets` handles, e.g.
         ``["boxes", "keypoints"]``; required with `with_targets`.
+      needs_rgb: True if the op needs 3-channel (RGB) images (a hue or
+        saturation change), or ``needs_rgb(**params) -> bool`` when that
+        depends on its parameters: `load`, `load_for_model`, the
+        `AugmentationLayer` and ``kiln build`` then refuse it, naming it, for
+        grayscale images, before any data is read (not when first traced).
 
     Raises:
       ValueError: if the name is taken by another function, the signature is
@@ -259,6 +265,8 @@ def register_augmentation(
             f"register_augmentation: supports names unknown target kind(s) {unknown}; "
             f"expected some of {list(GEOMETRIC_KINDS)}"
         )
+    if isinstance(needs_rgb, bool):
+        needs_rgb = _always if needs_rgb else _never
     return AUGMENTATIONS.register(
         name,
         leading=_LEADING["element"],
@@ -267,7 +275,12 @@ def register_augmentation(
         geometric=geometric,
         with_targets=with_targets,
         supports=kinds,
+        needs_rgb=needs_rgb,
     )
+
+
+def _never(**_: Any) -> bool:
+    return False
 
 
 def builtin_op(name: str, *, kind: str = "element", **details: Any) -> Callable:
