@@ -239,29 +239,10 @@ class ImageProcessor:
             relabelled = self._relabelled(item, listed, label, base, read_base)
             if relabelled is not None:
                 record, counts = relabelled
+                sums = PixelSums(base.pixels, base.sums, base.squares)
                 return Outcome(
-                    ProcessedImage(
-                        key,
-                        label,
-                        self._splits.assign(key, sha256, split),
-                        sha256,
-                        record,
-                        base.height,
-                        base.width,
-                        PixelSums(base.pixels, base.sums, base.squares),
-                        record_index.entry(
-                            key=key,
-                            sha256=sha256,
-                            inputs=inputs,
-                            label=label,
-                            height=base.height,
-                            width=base.width,
-                            pixels=base.pixels,
-                            sums=base.sums,
-                            squares=base.squares,
-                            targets=counts,
-                        ),
-                        counts,
+                    self._stored(
+                        item, label, sha256, inputs, record, base.height, base.width, sums, counts
                     ),
                     None,
                     entry(sha256, content),
@@ -324,32 +305,49 @@ class ImageProcessor:
         sums = pixel_sums(image)
         record = self._schema.encode(fields)
         return Outcome(
-            ProcessedImage(
-                key,
-                label,
-                self._splits.assign(key, sha256, split),
-                sha256,
-                record,
-                height,
-                width,
-                sums,
-                record_index.entry(
-                    key=key,
-                    sha256=sha256,
-                    inputs=inputs,
-                    label=label,
-                    height=height,
-                    width=width,
-                    pixels=sums.pixels,
-                    sums=sums.sums,
-                    squares=sums.squares,
-                    targets=counts,
-                ),
-                counts,
-            ),
+            self._stored(item, label, sha256, inputs, record, height, width, sums, counts),
             None,
             entry(sha256, content),
             boxes=evidence,
+        )
+
+    def _stored(
+        self,
+        item: Mapping[str, Any],
+        label: int,
+        sha256: str,
+        inputs: str,
+        record: bytes,
+        height: int,
+        width: int,
+        sums: PixelSums,
+        counts: TargetCounts | None,
+    ) -> ProcessedImage:
+        """A record to store (encoded here, or relabelled), with its split
+        and its entry in the record index."""
+        key = item["key"]
+        return ProcessedImage(
+            key,
+            label,
+            self._splits.assign(key, sha256, item.get("split")),
+            sha256,
+            record,
+            height,
+            width,
+            sums,
+            record_index.entry(
+                key=key,
+                sha256=sha256,
+                inputs=inputs,
+                label=label,
+                height=height,
+                width=width,
+                pixels=sums.pixels,
+                sums=sums.sums,
+                squares=sums.squares,
+                targets=counts,
+            ),
+            counts,
         )
 
     def _relabelled(
