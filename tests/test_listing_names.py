@@ -91,18 +91,22 @@ def test_a_name_that_is_not_utf8_drops_its_file_with_the_bytes_escaped(tmp_path)
     }
 
 
-def test_a_split_folder_that_is_not_utf8_is_named(tmp_path):
+@pytest.mark.parametrize(
+    "name, shown, why",
+    [
+        (b"tr\xe4in", "tr\\xe4in", "is not valid UTF-8"),
+        (b"tr\x1bain", "tr\\x1bain", "holds a control character (U+001B)"),
+    ],
+)
+def test_a_split_folder_whose_name_is_not_text_is_named(tmp_path, name, shown, why):
     root = tmp_path / "images"
     write(root, b"train/cat/ok.png", png(1))
-    write(root, b"tr\xe4in/cat/x.png", png(2))
+    write(root, name + b"/cat/x.png", png(2))
 
     files, dropped, _ = listed(ImageFolderSource(type="image_folder", root=str(root)), splits=True)
 
     assert files == ["train/cat/ok.png"]
-    assert dropped["tr\\xe4in/cat/x.png"][::2] == (
-        "bad_name",
-        "split folder name is not valid UTF-8: tr\\xe4in",
-    )
+    assert dropped[f"{shown}/cat/x.png"][::2] == ("bad_name", f"split folder name {why}: {shown}")
 
 
 def test_a_build_drops_a_name_that_is_not_utf8_and_writes_its_report(tmp_path):
@@ -175,20 +179,6 @@ def test_a_name_with_a_control_character_drops_its_file_shown_escaped(tmp_path):
             "file name holds a control character (U+007F): loose\\x7f.png",
         ),
     }
-
-
-def test_a_split_folder_with_a_control_character_is_named(tmp_path):
-    root = tmp_path / "images"
-    write(root, b"train/cat/ok.png", png(1))
-    write(root, b"tr\x1bain/cat/x.png", png(2))
-
-    files, dropped, _ = listed(ImageFolderSource(type="image_folder", root=str(root)), splits=True)
-
-    assert files == ["train/cat/ok.png"]
-    assert dropped["tr\\x1bain/cat/x.png"][::2] == (
-        "bad_name",
-        "split folder name holds a control character (U+001B): tr\\x1bain",
-    )
 
 
 def test_a_manifest_path_with_a_control_character_is_a_bad_row(tmp_path):
