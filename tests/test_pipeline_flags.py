@@ -11,6 +11,7 @@ refused (`no_network_no_credentials`).
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 import yaml
@@ -52,6 +53,17 @@ def run_cli(capfd, *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))
     out, err = capfd.readouterr()
     return code, out, err
+
+
+def workers_package(tmp_path) -> pathlib.Path:
+    """A folder holding the setup.py of a small package, for --setup_file."""
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='workers', version='0.1', py_modules=[])\n"
+    )
+    (package / "README.md").write_text("workers\n")  # else sdist warns (written back)
+    return package
 
 
 def assert_nothing_done() -> None:
@@ -290,12 +302,7 @@ def test_a_quiet_dry_run_with_a_setup_file_prints_nothing(
     # and without the build module (Python says so on stderr) with
     # `setup.py sdist`: --quiet keeps that line off the console, the
     # report says it was hidden.
-    package = tmp_path / "package"
-    package.mkdir()
-    (package / "setup.py").write_text(
-        "from setuptools import setup\nsetup(name='workers', version='0.1', py_modules=[])\n"
-    )
-    (package / "README.md").write_text("workers\n")  # else sdist warns (written back)
+    package = workers_package(tmp_path)
     report = tmp_path / "report.json"
     flags = [
         *without(DATAFLOW, IMAGE, "--sdk_location=container"),
@@ -328,12 +335,7 @@ def test_a_dry_run_with_a_requirements_file_downloads_nothing(
     monkeypatch.setenv("PIP_TIMEOUT", "1")
     requirements = tmp_path / "worker-requirements.txt"
     requirements.write_text(f"kiln-test-unpublished-{tmp_path.name}==0.0.1\n")
-    package = tmp_path / "package"
-    package.mkdir()
-    (package / "setup.py").write_text(
-        "from setuptools import setup\nsetup(name='workers', version='0.1', py_modules=[])\n"
-    )
-    (package / "README.md").write_text("workers\n")
+    package = workers_package(tmp_path)
     flags = [
         *without(DATAFLOW, IMAGE, "--sdk_location=container"),
         f"--setup_file={package / 'setup.py'}",
@@ -394,12 +396,7 @@ def test_the_docs_worker_requirements_with_a_setup_file_are_not_warned_of(
     requirements = tmp_path / "worker-requirements.txt"
     requirements.write_text("opencv-python-headless>=5.0,<6\npyyaml>=6.0,<7\n")
     report = tmp_path / "report.json"
-    package = tmp_path / "package"
-    package.mkdir()
-    (package / "setup.py").write_text(
-        "from setuptools import setup\nsetup(name='workers', version='0.1', py_modules=[])\n"
-    )
-    (package / "README.md").write_text("workers\n")
+    package = workers_package(tmp_path)
     flags = [
         *without(DATAFLOW, IMAGE, "--sdk_location=container"),
         f"--setup_file={package / 'setup.py'}",
