@@ -132,11 +132,44 @@ def locate(path: str | os.PathLike) -> str:
         raise MetadataError(f"{path}: no such dataset folder")
     if not _is_dir(path):
         raise MetadataError(_file_passed_message(path))
-    raise MetadataError(
+    message = (
         f"{path} is not a kiln dataset: it has no {METADATA_FILENAME} and no {LATEST_FILENAME} "
-        f"naming a version folder. Pass the folder `kiln build` wrote "
-        f"(<output>/<name>/<version>) or its parent <output>/<name>."
+        f"naming a version folder."
     )
+    datasets = [] if is_remote(path) else _datasets_in(path)
+    if datasets:  # the config's `output`, which holds a folder per dataset
+        shown = ", ".join(join(path, name) for name in datasets[:_DATASETS_SHOWN])
+        hidden = len(datasets) - _DATASETS_SHOWN
+        more = f" and {hidden} more" if hidden > 0 else ""
+        raise MetadataError(
+            f"{message} It is an output folder holding {len(datasets)} dataset(s): pass one: "
+            f"{shown}{more}."
+        )
+    raise MetadataError(
+        f"{message} Pass the folder `kiln build` wrote (<output>/<name>/<version>) or its "
+        f"parent <output>/<name>."
+    )
+
+
+# How many datasets `locate` names when given the folder that holds them.
+_DATASETS_SHOWN = 5
+
+
+def _datasets_in(folder: str) -> list[str]:
+    """The names of the local `folder`'s subfolders that are dataset folders
+    (they hold a LATEST file), sorted."""
+    try:
+        with os.scandir(folder) as found:
+            entries = sorted(found, key=lambda entry: entry.name)
+    except OSError:
+        return []
+    return [
+        entry.name
+        for entry in entries
+        if not entry.name.startswith(".")
+        and entry.is_dir()
+        and os.path.isfile(os.path.join(entry.path, LATEST_FILENAME))
+    ]
 
 
 def _is_dir(path: str) -> bool:
