@@ -26,7 +26,7 @@ from kiln.schemas import (
     ordered_splits,
     share_text,
 )
-from kiln.schemas.location import exists, join, open_file
+from kiln.schemas.location import exists, incomplete_versions, join, open_file
 from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME, unsupported_reason
 
 # Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the
@@ -83,7 +83,9 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
       classification dataset), ``objects`` (per split: per class object
       count and size statistics, images without objects, objects dropped
       by reason; None without boxes) and ``warnings`` (inconsistencies
-      found between the files).
+      found between the files) and ``incomplete_versions`` (when `path` is
+      the dataset folder: its version folders without kiln.json, which the
+      next build deletes; `kiln.schemas.location.incomplete_versions`).
 
     Raises:
       MetadataError: naming the path, if it is not a complete kiln dataset.
@@ -165,6 +167,7 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
             if name in metadata.objects
         },
         "dropped_objects": dropped_objects,
+        "incomplete_versions": incomplete_versions(path),
         "warnings": (
             consistency_warnings(metadata, errors)
             + duplicate_warnings(metadata, duplicate_groups)
@@ -372,9 +375,21 @@ def render(summary: dict[str, Any]) -> str:
             else "no TFDS metadata (built by a kiln older than its TFDS support)"
         )
     )
+    incomplete = summary.get("incomplete_versions")
+    if incomplete:
+        lines.append(incomplete_versions_line(incomplete))
     for warning in summary["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
+
+
+def incomplete_versions_line(folders: list[str]) -> str:
+    """The line `kiln inspect` and `kiln verify` print about a dataset
+    folder's incomplete version folders (`incomplete_versions`)."""
+    return (
+        f"incomplete version folder(s), no kiln.json (left by an interrupted build or "
+        f"prune; never read; the next kiln build deletes them): {', '.join(folders)}"
+    )
 
 
 def _target_lines(summary: dict[str, Any]) -> list[str]:
