@@ -243,3 +243,60 @@ def test_cli_usage_errors_are_one_line(built, tmp_path, capsys, arguments, messa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kiln preview: error: ") and message in err[0]
     assert not os.path.exists(out)
+
+
+def test_class_names_that_are_not_ascii_are_drawn_as_their_ids(demo_corpus, tmp_path, capsys):
+    import shutil
+
+    import cv2
+
+    from conftest import make_config
+    from kiln.pipeline import build
+
+    # Class folders named in French and Chinese: OpenCV's fonts draw "caf?" and "?".
+    root = tmp_path / "images"
+    for folder, demo_class in [("café", "circle"), ("dog", "square"), ("猫", "star")]:
+        shutil.copytree(os.path.join(demo_corpus.out_dir, demo_class), root / folder)
+        for broken in (root / folder).glob("broken_*"):
+            broken.unlink()
+    result = build(make_config(root, output=str(tmp_path / "out")))
+    assert result.info.class_names == ["café", "dog", "猫"]
+
+    out = str(tmp_path / "sheet.png")
+    assert cli.main(["preview", result.dataset_root, "--n", "8", "-o", out]) == 0
+    stdout = capsys.readouterr().out
+    with open(out, "rb") as f:
+        sheet = tf.io.decode_png(f.read()).numpy()
+    preview = contact_sheet.gather(result.dataset_root, "train", n=8, epochs=3, seed=0)
+    _, layout = contact_sheet.compose(preview)
+
+    def caption(column, text):
+        """The caption strip of `column` with `text` drawn as the sheet draws it."""
+        strip = np.full((layout.caption_height + 4, layout.width, 3), 40, np.uint8)
+        _, x = layout.cell_origin(0, column)
+        font, scale = cv2.FONT_HERSHEY_SIMPLEX, contact_sheet._FONT_SCALE
+        cv2.putText(strip, text, (x, layout.caption_height), font, scale, (235,) * 3, 1, 16)
+        return strip[:, x : x + layout.cell_width]
+
+    drawn = {"café": "#0 cafe", "dog": "dog", "猫": "#2"}
+    question_marks = {"café": "caf?", "猫": "?"}
+    for column, label in enumerate(preview.labels):
+        name = result.info.class_names[label]
+        _, x = layout.cell_origin(0, column)
+        on_sheet = sheet[: layout.caption_height + 4, x : x + layout.cell_width]
+        np.testing.assert_array_equal(on_sheet, caption(column, drawn[name]), err_msg=name)
+        if name in question_marks:
+            assert not np.array_equal(on_sheet, caption(column, question_marks[name])), name
+    assert {result.info.class_names[label] for label in preview.labels} == set(drawn)
+
+    # The legend maps the ids back, its keys lined up after the wide 猫.
+    legend = stdout.splitlines()[1:]
+    assert legend[-1] == (
+        "  drawn (the sheet's font is ASCII only): 'café' as '#0 cafe', '猫' as '#2'"
+    )
+    for column, (key, label) in enumerate(zip(preview.keys, preview.labels, strict=True)):
+        line = legend[column]
+        assert line.startswith(f"  column {column + 1}: {result.info.class_names[label]}")
+        before_key = line[: line.index(key)]  # 猫 takes two columns on a terminal
+        columns = sum(2 if "\u4e00" <= c <= "\u9fff" else 1 for c in before_key)
+        assert columns == len("  column 1: café  "), line

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import unicodedata
 from typing import TYPE_CHECKING
 
 from kiln.errors import UsageError
@@ -30,8 +31,9 @@ is visible at a glance.
 
 If augmentation is on and an element comes out identical in every epoch,
 the command says so on stderr: that is what randomness baked in at trace
-time looks like. Label names are drawn when OpenCV is installed; the
-legend is printed either way."""
+time looks like. Label names are drawn when OpenCV is installed (a name
+that is not ASCII as its class id: the font is ASCII only); the legend is
+printed either way, with the names as they are."""
 
 EPILOG = """\
 PATH is a version folder (<output>/<name>/<version>) or <output>/<name>.
@@ -183,10 +185,25 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             " ".join(filter(None, [name, _targets_summary(targets)]))
             for name, targets in zip(names, preview.stored_targets, strict=True)
         ]
-    width = max(len(name) for name in names)
+    width = max(_display_width(name) for name in names)
     for column, (name, key) in enumerate(zip(names, preview.keys, strict=True)):
-        print(f"  column {column + 1}: {name:<{width}}  {key}")
+        padding = " " * (width - _display_width(name))
+        print(f"  column {column + 1}: {name}{padding}  {key}")
+    drawn = contact_sheet.drawn_class_names(preview.class_names)
+    renamed = [
+        f"{name!r} as {shown!r}"
+        for name, shown in zip(preview.class_names, drawn, strict=True)
+        if shown != name
+    ]
+    if renamed and contact_sheet.draws_text():
+        print(f"  drawn (the sheet's font is ASCII only): {', '.join(renamed)}")
     return _check_epochs(preview, strict=args.strict, training=args.training)
+
+
+def _display_width(text: str) -> int:
+    """Terminal columns `text` takes: wide (CJK) characters take two, so
+    the legend's keys line up after names such as 猫."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def _check_output(path: str) -> None:
