@@ -87,7 +87,12 @@ def test_text_summary(built, demo_corpus, capsys):
             line.split()[:6] == [name, str(split.num_examples), str(len(split.shards)), *fraction]
             for line in out.splitlines()
         ), name
-    assert "  not stratified: every class within " in out
+    # Hashed splits: the gap is chance, and the line says what balances it.
+    (balance,) = [line for line in out.splitlines() if "of its share per split" in line]
+    assert balance.startswith("  split by hash, not stratified: every class within ")
+    assert balance.endswith(
+        " examples of its share per split (splits.stratify: true balances them)"
+    )
     for label, class_name in enumerate(info.class_names):
         counts = [
             str(info.splits[s].class_counts[class_name]) for s in ("train", "validation", "test")

@@ -347,10 +347,12 @@ def render(summary: dict[str, Any]) -> str:
     ]
     lines += _splits_table(summary["splits"])
     if summary["largest_class_deviation"] is not None:
-        how = "stratified" if summary["stratified"] else "not stratified"
+        # Without stratify the gap is chance, not a fault: say so, and what balances it.
+        how = "stratified" if summary["stratified"] else "split by hash, not stratified"
         lines.append(
             f"  {how}: every class within {summary['largest_class_deviation']:.2f} examples "
             f"of its share per split"
+            + ("" if summary["stratified"] else " (splits.stratify: true balances them)")
         )
     lines.append("")
     lines += _classes_table(summary)
