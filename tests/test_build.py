@@ -601,3 +601,19 @@ def test_local_jobs_sample_beam_state_every_few_ms_and_restore_the_default():
     remote = launcher.pipeline_options(["--runner=DataflowRunner"])
     with launcher._short_state_sampling(remote):
         assert statesampler.StateSampler("remote", None).sampling_period_ms == default
+
+
+def test_the_first_builds_summary_says_what_to_do_next(demo_corpus, tmp_path):
+    from kiln.pipeline.command import summary
+
+    output = tmp_path / "my datasets"  # a space: the commands are quoted for the shell
+    config = make_config(demo_corpus.out_dir, output=str(output))
+    first = build(config)
+    root = str(output / "shapes")
+    assert summary(first).splitlines()[-1] == (
+        f"  next: kiln inspect '{root}'; kiln preview '{root}' -o preview.png; "
+        f"train with kiln.reader.load('{root}', \"train\", batch_size=64, seed=1)"
+    )
+    # Later builds (here: up to date) are a scheduler's routine: no such line.
+    again = build(config)
+    assert again.up_to_date and "  next: " not in summary(again)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+import shlex
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -492,4 +493,12 @@ def summary(result: BuildResult) -> str:
         lines.extend(f"  {line}" for line in result.changes.summary_lines())
     if result.pruned:
         lines.append(f"  pruned: {len(result.pruned)} old version(s): {', '.join(result.pruned)}")
+    if result.previous_version is None and not result.up_to_date:
+        # The dataset's first version: where to look next (README, "Quick start").
+        root = result.dataset_root
+        shell = shlex.quote(root)
+        lines.append(
+            f"  next: kiln inspect {shell}; kiln preview {shell} -o preview.png; train with "
+            f'kiln.reader.load({root!r}, "train", batch_size=64, seed=1)'
+        )
     return "\n".join(lines)
