@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from kiln import console
 from kiln.reader import info as read_info
 from kiln.reader import locate
 from kiln.schemas import (
@@ -411,7 +412,7 @@ def _target_lines(summary: dict[str, Any]) -> list[str]:
     if not objects:
         return [*lines, ""]
     edges = next(iter(objects.values()))["size_edges"]
-    width = max([len("class")] + [len(name) for name in summary["class_names"]])
+    width = max([len("class")] + [console.width(name) for name in summary["class_names"]])
     lines.append(
         f"  {'class':<{width}}  {'objects':>8}  {'size mean':>9}  {'min':>6}  {'max':>6}  "
         f"sizes (sqrt(area), stored pixels) from {', '.join(f'{e:g}' for e in edges)}"
@@ -421,12 +422,12 @@ def _target_lines(summary: dict[str, Any]) -> list[str]:
         entries = [e for e in entries if e and e["count"]]
         count = sum(e["count"] for e in entries)
         if not count:
-            lines.append(f"  {name:<{width}}  {0:>8}")
+            lines.append(f"  {console.pad(name, width)}  {0:>8}")
             continue
         mean = sum(e["size_mean"] * e["count"] for e in entries) / count
         histogram = [sum(e["size_histogram"][i] for e in entries) for i in range(len(edges))]
         lines.append(
-            f"  {name:<{width}}  {count:>8}  {mean:>9.1f}  "
+            f"  {console.pad(name, width)}  {count:>8}  {mean:>9.1f}  "
             f"{min(e['size_min'] for e in entries):>6.1f}  "
             f"{max(e['size_max'] for e in entries):>6.1f}  {histogram}"
         )
@@ -519,7 +520,7 @@ def _classes_table(summary: dict[str, Any]) -> list[str]:
     splits = summary["splits"]
     names = summary["class_names"]
     title = f"classes ({len(names)})"
-    width = max([len(title) - 2] + [len(name) for name in names] + [len("total")])
+    width = max([len(title) - 2] + [console.width(name) for name in names] + [len("total")])
     columns = list(splits) + ["total"]
     widths = [max(len(column), 6) for column in columns]
     header = "  ".join(f"{column:>{w}}" for column, w in zip(columns, widths, strict=True))
@@ -528,7 +529,7 @@ def _classes_table(summary: dict[str, Any]) -> list[str]:
         counts = [splits[split]["class_counts"].get(name, 0) for split in splits]
         counts.append(summary["class_counts"][name])
         cells = "  ".join(f"{count:>{w}}" for count, w in zip(counts, widths, strict=True))
-        lines.append(f"  {name:<{width}}  {cells}  (label {label})")
+        lines.append(f"  {console.pad(name, width)}  {cells}  (label {label})")
     without = [splits[split]["images_without_classes"] for split in splits]
     if any(count is not None for count in without):
         # The images no row above counts: a multi-label or detection dataset's negatives.

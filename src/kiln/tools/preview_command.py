@@ -6,9 +6,9 @@ import argparse
 import json
 import os
 import sys
-import unicodedata
 from typing import TYPE_CHECKING
 
+from kiln import console
 from kiln.errors import UsageError
 
 if TYPE_CHECKING:
@@ -185,10 +185,9 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             " ".join(filter(None, [name, _targets_summary(targets)]))
             for name, targets in zip(names, preview.stored_targets, strict=True)
         ]
-    width = max(_display_width(name) for name in names)
+    width = max(console.width(name) for name in names)
     for column, (name, key) in enumerate(zip(names, preview.keys, strict=True)):
-        padding = " " * (width - _display_width(name))
-        print(f"  column {column + 1}: {name}{padding}  {key}")
+        print(f"  column {column + 1}: {console.pad(name, width)}  {key}")
     drawn = contact_sheet.drawn_class_names(preview.class_names)
     renamed = [
         f"{name!r} as {shown!r}"
@@ -198,12 +197,6 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     if renamed and contact_sheet.draws_text():
         print(f"  drawn (the sheet's font is ASCII only): {', '.join(renamed)}")
     return _check_epochs(preview, strict=args.strict, training=args.training)
-
-
-def _display_width(text: str) -> int:
-    """Terminal columns `text` takes: wide (CJK) characters take two, so
-    the legend's keys line up after names such as 猫."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def _check_output(path: str) -> None:
