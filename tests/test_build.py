@@ -372,6 +372,29 @@ def test_split_names_that_differ_only_in_case_are_refused(demo_corpus, tmp_path)
     assert not (tmp_path / "out" / "shapes" / "LATEST").exists()  # nothing was built
 
 
+def test_a_build_that_drops_too_much_quotes_the_first_row_of_its_main_reason(demo_corpus, tmp_path):
+    # Paths written relative to the folder above the manifest's (a newcomer's
+    # mistake): every row is missing, and the failure line shows where kiln
+    # looked, without opening errors.jsonl.
+    copy_corpus(demo_corpus, tmp_path / "data" / "images")
+    good = sorted(k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken)[:6]
+    rows = [f"data/images/{k},{k.split('/')[0]}" for k in good]
+    manifest = write_manifest(tmp_path / "data" / "manifest.csv", rows, header="path,label")
+    config = make_config(
+        tmp_path, output=str(tmp_path / "out"), source={"type": "manifest", "path": manifest}
+    )
+    with pytest.raises(BuildError) as raised:
+        build(config)
+    message = str(raised.value)
+    looked_for = tmp_path / "data" / "data" / "images" / good[0]
+    assert (
+        f"(missing: 6); nothing was published. The first missing: data/images/{good[0]}: "
+        f"listed in manifest.csv but not found ([Errno 2] No such file or directory: "
+        f"'{looked_for}'). The rows are in "
+    ) in message, message
+    assert "\n" not in message
+
+
 def test_manifest_source_with_splits_and_bad_rows(demo_corpus, tmp_path):
     # The manifest lives beside a copy of the corpus; paths are relative to it.
     images = copy_corpus(demo_corpus, tmp_path / "data" / "images")
@@ -578,3 +601,19 @@ def test_local_jobs_sample_beam_state_every_few_ms_and_restore_the_default():
     remote = launcher.pipeline_options(["--runner=DataflowRunner"])
     with launcher._short_state_sampling(remote):
         assert statesampler.StateSampler("remote", None).sampling_period_ms == default
+
+
+def test_the_first_builds_summary_says_what_to_do_next(demo_corpus, tmp_path):
+    from kiln.pipeline.command import summary
+
+    output = tmp_path / "my datasets"  # a space: the commands are quoted for the shell
+    config = make_config(demo_corpus.out_dir, output=str(output))
+    first = build(config)
+    root = str(output / "shapes")
+    assert summary(first).splitlines()[-1] == (
+        f"  next: kiln inspect '{root}'; kiln preview '{root}' -o preview.png; "
+        f"train with kiln.reader.load('{root}', \"train\", batch_size=64, seed=1)"
+    )
+    # Later builds (here: up to date) are a scheduler's routine: no such line.
+    again = build(config)
+    assert again.up_to_date and "  next: " not in summary(again)

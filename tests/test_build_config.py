@@ -64,6 +64,14 @@ CASES = [
         {"splits": {"fraction": {"train": 1.0}}},
         "splits.fraction: unknown field; did you mean 'fractions'?",
     ),
+    # The fractions one level too high: not "did you mean 'stratify'?".
+    (
+        {"splits": {"train": 0.8, "validation": 0.2}},
+        "2 problems:\n  splits.train: unknown field; a split's fraction goes under "
+        "splits.fractions: splits: {fractions: {train: 0.8, ...}}\n  splits.validation: "
+        "unknown field; a split's fraction goes under splits.fractions: "
+        "splits: {fractions: {validation: 0.2, ...}}",
+    ),
     (
         {"source": {"type": "image_folder", "rot": "x"}},
         "2 problems:\n  source.rot: unknown field; did you mean 'root'?\n"

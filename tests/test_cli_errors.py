@@ -73,6 +73,37 @@ def test_unknown_flags_are_usage_errors(tmp_path, config, capfd, flags, named, h
     assert not (tmp_path / "elsewhere").exists()
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # Beam drops an argument that is not a flag without a word: only
+        # config.yaml was built, or --save_main_session ignored its "false".
+        (
+            ["--config", "{config}", "other.yaml"],
+            "unexpected argument 'other.yaml': kiln build takes no positional argument",
+        ),
+        (
+            ["--config", "{config}", "--save_main_session", "false"],
+            "unexpected argument 'false': kiln build takes no positional argument",
+        ),
+        # The config as a positional argument: the line says how to give it.
+        (
+            ["{config}"],
+            "--config FILE is required: the config is not a positional argument; "
+            "run kiln build --config {config}",
+        ),
+        ([], "--config FILE is required: the build config, e.g. --config configs/demo.yaml"),
+    ],
+)
+def test_arguments_that_are_not_flags_are_usage_errors(tmp_path, config, capfd, args, message):
+    args = [arg.format(config=config) for arg in args]
+    code, out, err = run_cli(capfd, "build", *args)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"kiln build: error: {message.format(config=config)}"), err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_beam_flags_still_pass(tmp_path, config, capfd):
     code, out, err = run_cli(
         capfd,

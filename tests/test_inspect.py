@@ -87,7 +87,12 @@ def test_text_summary(built, demo_corpus, capsys):
             line.split()[:6] == [name, str(split.num_examples), str(len(split.shards)), *fraction]
             for line in out.splitlines()
         ), name
-    assert "  not stratified: every class within " in out
+    # Hashed splits: the gap is chance, and the line says what balances it.
+    (balance,) = [line for line in out.splitlines() if "of its share per split" in line]
+    assert balance.startswith("  split by hash, not stratified: every class within ")
+    assert balance.endswith(
+        " examples of its share per split (splits.stratify: true balances them)"
+    )
     for label, class_name in enumerate(info.class_names):
         counts = [
             str(info.splits[s].class_counts[class_name]) for s in ("train", "validation", "test")
@@ -238,3 +243,46 @@ def test_inspect_says_why_tfds_cannot_read_a_dataset(build_dataset, capsys):
     assert f"TFDS: not readable: {why}\n" in capsys.readouterr().out
     summary = inspection.inspect_dataset(gzip.dataset_dir)
     assert summary["tfds"] is False and summary["tfds_unsupported"] == why
+
+
+def incomplete_copy(dataset_dir, dataset_root, version="0123456789ab"):
+    """What a build killed while it copied its version to an object store
+    leaves: a version folder with shards and no kiln.json."""
+    folder = os.path.join(dataset_root, version)
+    shutil.copytree(dataset_dir, folder)
+    os.remove(os.path.join(folder, METADATA_FILENAME))
+    return folder
+
+
+def test_incomplete_version_folders_are_named_until_the_next_build_deletes_them(
+    demo_corpus, tmp_path, capsys
+):
+    from conftest import make_config
+    from kiln.pipeline import build
+
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    result = build(config)
+    root = result.dataset_root
+    incomplete = incomplete_copy(result.dataset_dir, root)
+    os.mkdir(os.path.join(root, "notes"))  # not named like a version: never deleted, not named
+
+    line = (
+        "incomplete version folder(s), no kiln.json (left by an interrupted build or prune; "
+        f"never read; the next kiln build deletes them): {incomplete}"
+    )
+    assert cli.main(["inspect", root]) == 0
+    assert line in capsys.readouterr().out.splitlines()
+    assert inspection.inspect_dataset(root)["incomplete_versions"] == [incomplete]
+    # A version folder is only that version: nothing about its neighbours.
+    assert cli.main(["inspect", result.dataset_dir]) == 0
+    assert "incomplete version folder" not in capsys.readouterr().out
+    # The folder itself is refused, saying what it is.
+    assert cli.main(["inspect", incomplete]) == 2
+    assert f"It is an incomplete version folder of the dataset {root}" in capsys.readouterr().err
+
+    # What the line promises: the next build (up to date here) deletes it.
+    assert build(config).up_to_date
+    visible = sorted(name for name in os.listdir(root) if not name.startswith("."))
+    assert visible == sorted(["LATEST", "notes", result.version])
+    assert cli.main(["inspect", root]) == 0
+    assert "incomplete version folder" not in capsys.readouterr().out

@@ -58,3 +58,18 @@ def test_diff_also_finds_a_bare_version_id_beside_the_other_version(tmp_path):
     assert version_diff.locate("0a1b2c3d4e5f", relative_to=str(second)) == str(first)
     with pytest.raises(MetadataError, match="no version ffffffffffff beside"):
         version_diff.locate("ffffffffffff", relative_to=str(second))
+
+
+def test_the_output_folder_names_the_datasets_it_holds(tmp_path):
+    # `kiln inspect build/datasets`: the config's `output`, one level above a dataset.
+    for name in ("shapes", "flowers"):
+        version_folder(tmp_path / name, "0a1b2c3d4e5f")
+        (tmp_path / name / LATEST_FILENAME).write_text("0a1b2c3d4e5f\n")
+    (tmp_path / "notes").mkdir()  # not a dataset: not named
+    for find in (locate, kiln.reader.locate, version_diff.locate):
+        kind, message = outcome(find, tmp_path)
+        assert kind == "refused"
+        assert message.endswith(
+            f"It is an output folder holding 2 dataset(s): pass one: "
+            f"{tmp_path / 'flowers'}, {tmp_path / 'shapes'}."
+        ), message

@@ -243,3 +243,104 @@ def test_cli_usage_errors_are_one_line(built, tmp_path, capsys, arguments, messa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kiln preview: error: ") and message in err[0]
     assert not os.path.exists(out)
+
+
+def non_ascii_corpus(demo_corpus, root):
+    """The demo's circles, squares and stars in class folders named in French
+    and Chinese (OpenCV's fonts draw them "caf?" and "?")."""
+    import shutil
+
+    for folder, demo_class in [("café", "circle"), ("dog", "square"), ("猫", "star")]:
+        shutil.copytree(os.path.join(demo_corpus.out_dir, demo_class), root / folder)
+        for broken in (root / folder).glob("broken_*"):
+            broken.unlink()
+    return root
+
+
+def test_class_names_that_are_not_ascii_are_drawn_as_their_ids(demo_corpus, tmp_path, capsys):
+    import cv2
+
+    from conftest import make_config
+    from kiln.pipeline import build
+
+    root = non_ascii_corpus(demo_corpus, tmp_path / "images")
+    result = build(make_config(root, output=str(tmp_path / "out")))
+    assert result.info.class_names == ["café", "dog", "猫"]
+
+    out = str(tmp_path / "sheet.png")
+    assert cli.main(["preview", result.dataset_root, "--n", "8", "-o", out]) == 0
+    stdout = capsys.readouterr().out
+    with open(out, "rb") as f:
+        sheet = tf.io.decode_png(f.read()).numpy()
+    preview = contact_sheet.gather(result.dataset_root, "train", n=8, epochs=3, seed=0)
+    _, layout = contact_sheet.compose(preview)
+
+    def caption(column, text):
+        """The caption strip of `column` with `text` drawn as the sheet draws it."""
+        strip = np.full((layout.caption_height + 4, layout.width, 3), 40, np.uint8)
+        _, x = layout.cell_origin(0, column)
+        font, scale = cv2.FONT_HERSHEY_SIMPLEX, contact_sheet._FONT_SCALE
+        cv2.putText(strip, text, (x, layout.caption_height), font, scale, (235,) * 3, 1, 16)
+        return strip[:, x : x + layout.cell_width]
+
+    drawn = {"café": "#0 cafe", "dog": "dog", "猫": "#2"}
+    question_marks = {"café": "caf?", "猫": "?"}
+    for column, label in enumerate(preview.labels):
+        name = result.info.class_names[label]
+        _, x = layout.cell_origin(0, column)
+        on_sheet = sheet[: layout.caption_height + 4, x : x + layout.cell_width]
+        np.testing.assert_array_equal(on_sheet, caption(column, drawn[name]), err_msg=name)
+        if name in question_marks:
+            assert not np.array_equal(on_sheet, caption(column, question_marks[name])), name
+    assert {result.info.class_names[label] for label in preview.labels} == set(drawn)
+
+    # The legend maps the ids back, its keys lined up after the wide 猫.
+    legend = stdout.splitlines()[1:]
+    assert legend[-1] == (
+        "  drawn (the sheet's font is ASCII only): 'café' as '#0 cafe', '猫' as '#2'"
+    )
+    for column, (key, label) in enumerate(zip(preview.keys, preview.labels, strict=True)):
+        line = legend[column]
+        assert line.startswith(f"  column {column + 1}: {result.info.class_names[label]}")
+        before_key = line[: line.index(key)]  # 猫 takes two columns on a terminal
+        columns = sum(2 if "\u4e00" <= c <= "\u9fff" else 1 for c in before_key)
+        assert columns == len("  column 1: café  "), line
+
+
+def test_tables_line_up_after_wide_class_names(demo_corpus, tmp_path, capsys):
+    """`kiln inspect` and `kiln diff` pad class names by terminal columns: 猫 takes two."""
+    import shutil
+    import unicodedata
+
+    from conftest import make_config
+    from kiln.pipeline import build
+
+    def columns(text):  # what a terminal gives `text`
+        return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+    root = non_ascii_corpus(demo_corpus, tmp_path / "images")
+    config = make_config(root, output=str(tmp_path / "out"))
+    first = build(config)
+    star = sorted((root / "猫").iterdir())[0]
+    shutil.copy(star, root / "猫" / "again.png")  # one more star: a row in every diff table
+    (root / "猫" / "again.png").write_bytes(star.read_bytes() + b"\0")  # not a duplicate
+    second = build(config)
+
+    def rows_of(lines, names):
+        return [line for line in lines if line.strip().split(" ")[0] in names]
+
+    assert cli.main(["inspect", second.dataset_root]) == 0
+    table = rows_of(capsys.readouterr().out.splitlines(), {"café", "dog", "猫"})
+    assert len(table) == 3
+    # The first count ends in the same terminal column on every row.
+    ends = {columns(line[: line.index("  (label")]) for line in table}
+    assert len(ends) == 1, table
+
+    assert cli.main(["diff", first.dataset_dir, second.dataset_root]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    shares = [line for line in rows_of(lines, {"café", "dog", "猫"}) if " -> " in line]
+    assert len(shares) == 3, lines  # the class shares table: old -> new
+    assert len({columns(line[: line.index(" -> ")]) for line in shares}) == 1, shares
+    changes = [line for line in rows_of(lines, {"café", "dog", "猫"}) if " -> " not in line]
+    assert len(changes) >= 3, lines  # split / class rows: seven right-aligned counts each
+    assert len({columns(line) for line in changes}) == 1, changes

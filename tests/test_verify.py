@@ -15,7 +15,13 @@ import tensorflow as tf
 import kiln
 import kiln.reader
 from kiln import cli
-from kiln.schemas import RECORD, DatasetInfo, MetadataChecksumError, MetadataError
+from kiln.schemas import (
+    METADATA_FILENAME,
+    RECORD,
+    DatasetInfo,
+    MetadataChecksumError,
+    MetadataError,
+)
 from kiln.schemas.metadata import content_checksum
 from kiln.tools import verify
 
@@ -449,3 +455,20 @@ def rows_sha(rows, keys):
 def split_keys(result, split):
     paths = [os.path.join(result.dataset_dir, s.filename) for s in result.info.splits[split].shards]
     return [RECORD.parse(r)["key"].numpy().decode() for r in tf.data.TFRecordDataset(paths)]
+
+
+def test_incomplete_version_folders_are_a_note_not_a_failure(build_dataset, tmp_path, capsys):
+    result = build_dataset()
+    root = str(tmp_path / "shapes")
+    shutil.copytree(result.dataset_root, root)
+    # A build killed while it copied its version to an object store left it.
+    incomplete = os.path.join(root, "0123456789ab")
+    shutil.copytree(result.dataset_dir, incomplete)
+    os.remove(os.path.join(incomplete, METADATA_FILENAME))
+    code, out = run_cli(root, capsys)
+    assert code == 0
+    assert out.splitlines()[1:] == [
+        "note: incomplete version folder(s), no kiln.json (left by an interrupted build or "
+        f"prune; never read; the next kiln build deletes them): {incomplete}"
+    ]
+    assert run_cli(root, capsys, "--quiet") == (0, "")  # for cron: the dataset is intact

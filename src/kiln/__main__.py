@@ -1,8 +1,8 @@
-"""``python -m kiln``: the command line, the same as the ``kiln`` script
-(for an environment whose scripts folder is not on PATH)."""
+"""`python -m kiln ...`: the same as the `kiln` command (no entry point needed)."""
 
 import sys
 
-from kiln.cli import main
+from kiln import cli
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(cli.main())

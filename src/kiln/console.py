@@ -1,4 +1,5 @@
-"""Writing to stdout and stderr when their reader may have gone away.
+"""Writing to stdout and stderr when their reader may have gone away, and
+lining up text in a terminal's columns.
 
 ``kiln build ... 2>&1 | head -3`` closes the pipe after three lines; every
 later write to it fails with EPIPE (Python ignores SIGPIPE, so it raises
@@ -8,11 +9,16 @@ writes its ``--report``) and the rest of the output is dropped, as
 command-line tools do. The stream's file descriptor is pointed at
 ``/dev/null``, so that nothing written to it later (a log line, the
 interpreter's last flush) fails again.
+
+Tables the commands print (class names in `kiln inspect`, `kiln diff`, the
+legend of `kiln preview`) pad names by the columns a terminal gives them
+(`width`, `pad`), not by their length: a wide character such as 猫 takes two.
 """
 
 from __future__ import annotations
 
 import os
+import unicodedata
 from typing import TextIO
 
 
@@ -39,3 +45,18 @@ def discard(fd: int) -> None:
         os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+def width(text: str) -> int:
+    """The terminal columns `text` takes: two for a wide or full-width
+    character (CJK), none for a combining mark, one for any other."""
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
+
+
+def pad(text: str, columns: int) -> str:
+    """`text` followed by spaces up to `columns` terminal columns (`width`):
+    what ``f"{text:<{columns}}"`` does for ASCII."""
+    return text + " " * max(columns - width(text), 0)

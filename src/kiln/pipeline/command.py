@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+import shlex
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -108,9 +109,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     parser.add_argument(
         "--config",
-        required=True,
         metavar="FILE",
-        help="the build config (YAML), e.g. configs/demo.yaml",
+        help="the build config (YAML), e.g. configs/demo.yaml (required)",
     )
     parser.add_argument(
         "--output",
@@ -311,6 +311,8 @@ def _build_quietly(args: argparse.Namespace, extra_argv: list[str]) -> BuildResu
 
 
 def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
+    if args.config is None:
+        raise UsageError(_missing_config(extra_argv))
     if args.image_threads is not None and args.image_threads < 1:
         raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
     if args.progress_every < 0:
@@ -356,6 +358,25 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
         base=args.base,
         full=args.full,
         gate=Thresholds(**gate),
+    )
+
+
+def _missing_config(extra_argv: list[str]) -> str:
+    """What ``kiln build`` without ``--config`` says: given a YAML file as a
+    positional argument (``kiln build my.yaml``), the command to type instead."""
+    given = next(
+        (
+            arg
+            for arg in extra_argv
+            if not arg.startswith("-") and arg.lower().endswith((".yaml", ".yml"))
+        ),
+        None,
+    )
+    if given is None:
+        return "--config FILE is required: the build config, e.g. --config configs/demo.yaml"
+    return (
+        f"--config FILE is required: the config is not a positional argument; "
+        f"run kiln build --config {given}"
     )
 
 
@@ -472,4 +493,12 @@ def summary(result: BuildResult) -> str:
         lines.extend(f"  {line}" for line in result.changes.summary_lines())
     if result.pruned:
         lines.append(f"  pruned: {len(result.pruned)} old version(s): {', '.join(result.pruned)}")
+    if result.previous_version is None and not result.up_to_date:
+        # The dataset's first version: where to look next (README, "Quick start").
+        root = result.dataset_root
+        shell = shlex.quote(root)
+        lines.append(
+            f"  next: kiln inspect {shell}; kiln preview {shell} -o preview.png; train with "
+            f'kiln.reader.load({root!r}, "train", batch_size=64, seed=1)'
+        )
     return "\n".join(lines)

@@ -714,9 +714,21 @@ def _describe(error: ErrorDetails) -> tuple[str, str]:
             + (", '.', '-'" if loc == ["name"] else "")
             + ")"
         )
+    elif kind == "extra_forbidden" and _is_split_fraction(loc, error.get("input")):
+        # `splits: {train: 0.8, ...}`: the fractions, one level too high.
+        message = (
+            f"unknown field; a split's fraction goes under splits.fractions: "
+            f"splits: {{fractions: {{{loc[1]}: {error['input']}, ...}}}}"
+        )
     else:
         message = describe_error(error, known=_known_keys(error["loc"][:-1]))
     return (str(loc[0]) if loc else ""), f"{where}: {message}"
+
+
+def _is_split_fraction(loc: Sequence[int | str], value: object) -> bool:
+    """Whether an unknown key of `splits` holds what looks like a split's fraction."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return len(loc) == 2 and loc[0] == "splits" and is_number
 
 
 def _known_keys(loc: Sequence[int | str]) -> list[str]:

@@ -46,6 +46,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
@@ -57,7 +59,7 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.runners.runner import PipelineState
 
 import kiln
-from kiln.errors import DryRun, Failure, UsageError
+from kiln.errors import DryRun, Failure, UsageError, quote_text, unexpected
 from kiln.pipeline import (
     box_convention,
     incremental,
@@ -772,7 +774,8 @@ def _build_locked(
             raise BuildError(
                 f"no example was stored (all {listing.total} input files were "
                 f"dropped); an empty dataset is published only with "
-                f"errors.allow_empty: true. The rows are in "
+                f"errors.allow_empty: true. "
+                f"{_first_dropped(report, transaction.staging_dir)}The rows are in "
                 f"{transaction.staging_dir.rstrip('/')}/{ERRORS_FILENAME}"
             )
         _check_augment_fits(spec, report)
@@ -1295,8 +1298,36 @@ def _too_many_dropped(report: job.JobReport, total: int, max_fraction: float, st
     return (
         f"dropped {dropped} of {total} input files ({dropped / total:.1%}), more than "
         f"errors.max_fraction {max_fraction:.1%} ({reasons}); nothing was published. "
+        f"{_first_dropped(report, staging)}"
         f"The rows are in {staging.rstrip('/')}/{ERRORS_FILENAME}"
     )
+
+
+# How much of a dropped file's message the failure line quotes.
+_QUOTED_MESSAGE_CHARACTERS = 300
+
+
+def _first_dropped(report: job.JobReport, staging: str) -> str:
+    """``"The first <reason>: <key>: <message>. "`` for the reason that
+    dropped the most files, from the staging folder's errors.jsonl: a
+    build that drops most of its files usually drops them all for one
+    mistake (manifest paths relative to another folder than the
+    manifest's), which its row shows. ``""`` if the file cannot be read."""
+    if not report.dropped:
+        return ""
+    reason = min(report.dropped.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+    path = f"{staging.rstrip('/')}/{ERRORS_FILENAME}"
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            for line in f:
+                row = json.loads(line)
+                if row.get("reason") == reason:
+                    message = str(row.get("message", "")).replace("\n", " ")
+                    message = quote_text(message, _QUOTED_MESSAGE_CHARACTERS)
+                    return f"The first {reason}: {row.get('key')}: {message}. "
+    except Exception as e:  # the failure line is worth more than its example
+        logger.debug("could not read %s for an example: %s", path, unexpected(e))
+    return ""
 
 
 def _counters(result) -> dict[str, int]:

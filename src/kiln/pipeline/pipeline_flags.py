@@ -108,7 +108,8 @@ def check_flags(pipeline_args: Sequence[str], own_flags: Sequence[str] = ()) -> 
 
     Raises:
       UsageError: one line naming the first unknown flag (with the closest
-        known one), the flag whose value is wrong, or the unknown runner;
+        known one), the flag whose value is wrong, the unknown runner, or
+        the first argument that is neither a flag nor a flag's value;
         nothing was done.
     """
     args = list(pipeline_args)
@@ -118,15 +119,24 @@ def check_flags(pipeline_args: Sequence[str], own_flags: Sequence[str] = ()) -> 
     parser = _beam_parser()
     known, unknown = parser.parse_known_args(args)
     dry_run_value(known.dry_run)
-    unknown = [arg for arg in unknown if arg.startswith("-")]
-    if unknown:
+    flags = [arg for arg in unknown if arg.startswith("-")]
+    if flags:
         options = [option for action in parser._actions for option in action.option_strings]
-        name = unknown[0].split("=", 1)[0]
+        name = flags[0].split("=", 1)[0]
         close = difflib.get_close_matches(name, [*own_flags, *options], n=1, cutoff=0.75)
         hint = f"; did you mean {close[0]}?" if close else ""
         raise UsageError(
             f"unknown flag {name}: neither kiln nor Beam's pipeline options know it{hint} "
             f"(`kiln build --help` lists kiln's)"
+        )
+    if unknown:
+        # Neither a flag nor a flag's value, which Beam would drop without a
+        # word: a second config (`--config a.yaml b.yaml` builds only a.yaml),
+        # or a value after an on/off flag (`--streaming false` turns it on).
+        raise UsageError(
+            f"unexpected argument {unknown[0]!r}: kiln build takes no positional argument "
+            f"(the config is --config FILE, one per build; an on/off flag such as "
+            f"--save_main_session takes no value)"
         )
 
 

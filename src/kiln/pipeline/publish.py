@@ -34,7 +34,7 @@ import secrets
 import types
 from collections.abc import Callable, Sequence
 
-from kiln.pipeline import storage, versioning
+from kiln.pipeline import storage
 from kiln.pipeline.tfds_export import write_tfds_metadata
 from kiln.schemas import (
     LATEST_FILENAME,
@@ -43,6 +43,7 @@ from kiln.schemas import (
     DatasetInfo,
     MetadataError,
 )
+from kiln.schemas.location import is_version_name
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ class DatasetRoot:
         alone: the version LATEST names, whatever its state (a reader
         following LATEST would fail either way; a rebuild of it replaces
         it), complete versions, and anything not named like a version
-        (`versioning.is_version_name`).
+        (`kiln.schemas.location.is_version_name`).
 
         Call it only while holding the dataset's lock (`lock.DatasetLock`).
         """
@@ -184,7 +185,7 @@ class DatasetRoot:
         complete = self.complete_versions(versions)
         deleted = []
         for version in versions:
-            if version in complete or version == latest or not versioning.is_version_name(version):
+            if version in complete or version == latest or not is_version_name(version):
                 continue
             directory = self.version_dir(version)
             logger.warning(

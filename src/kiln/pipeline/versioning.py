@@ -37,15 +37,13 @@ listing or Beam's workers see the files.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable
 from typing import Any
 
 import kiln
+from kiln.schemas.location import VERSION_LENGTH
 from kiln.schemas.metadata import canonical_json
 
-VERSION_LENGTH = 12  # hex digits: 48 bits, no collision among a dataset's versions
-_VERSION_NAME = re.compile(f"[0-9a-f]{{{VERSION_LENGTH}}}")
 _MODULUS = 1 << 256
 
 
@@ -90,12 +88,6 @@ def version_name(config_fingerprint: str, inputs_hash: int, *, processing: str) 
             "inputs": format(inputs_hash, "064x"),
         }
     )[:VERSION_LENGTH]
-
-
-def is_version_name(name: str) -> bool:
-    """Whether `name` has the shape of a version (`version_name`): what kiln
-    may delete as an incomplete version folder, never a folder a user made."""
-    return _VERSION_NAME.fullmatch(name) is not None
 
 
 def stamp(config_fingerprint: str, listing_entries: Iterable[Any], *, processing: str) -> str:

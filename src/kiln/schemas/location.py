@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
@@ -37,6 +38,19 @@ T = TypeVar("T")
 # file for S3, and for GCS on Cloud TPU hosts.)
 LOCAL_READ_BUFFER_BYTES = 256 * 1024
 REMOTE_READ_BUFFER_BYTES = 16 * 1024 * 1024
+
+
+# A version folder's name: the first hex digits of the hash of what was
+# built (`kiln.pipeline.versioning.version_name`); 48 bits, no collision
+# among a dataset's versions.
+VERSION_LENGTH = 12
+_VERSION_NAME = re.compile(f"[0-9a-f]{{{VERSION_LENGTH}}}")
+
+
+def is_version_name(name: str) -> bool:
+    """Whether `name` has the shape of a version: what a build may delete as
+    an incomplete version folder, never a folder a user made."""
+    return _VERSION_NAME.fullmatch(name) is not None
 
 
 def is_remote(path: str) -> bool:
@@ -132,11 +146,85 @@ def locate(path: str | os.PathLike) -> str:
         raise MetadataError(f"{path}: no such dataset folder")
     if not _is_dir(path):
         raise MetadataError(_file_passed_message(path))
-    raise MetadataError(
+    message = (
         f"{path} is not a kiln dataset: it has no {METADATA_FILENAME} and no {LATEST_FILENAME} "
-        f"naming a version folder. Pass the folder `kiln build` wrote "
-        f"(<output>/<name>/<version>) or its parent <output>/<name>."
+        f"naming a version folder."
     )
+    parent, name = (posixpath if is_remote(path) else os.path).split(path)
+    if is_version_name(name) and exists(join(parent, LATEST_FILENAME)):
+        raise MetadataError(
+            f"{message} It is an incomplete version folder of the dataset {parent} (left by an "
+            f"interrupted build or prune; the next kiln build deletes it): pass {parent}, "
+            f"whose LATEST names its newest version."
+        )
+    datasets = [] if is_remote(path) else _datasets_in(path)
+    if datasets:  # the config's `output`, which holds a folder per dataset
+        shown = ", ".join(join(path, name) for name in datasets[:_DATASETS_SHOWN])
+        hidden = len(datasets) - _DATASETS_SHOWN
+        more = f" and {hidden} more" if hidden > 0 else ""
+        raise MetadataError(
+            f"{message} It is an output folder holding {len(datasets)} dataset(s): pass one: "
+            f"{shown}{more}."
+        )
+    raise MetadataError(
+        f"{message} Pass the folder `kiln build` wrote (<output>/<name>/<version>) or its "
+        f"parent <output>/<name>."
+    )
+
+
+# How many datasets `locate` names when given the folder that holds them.
+_DATASETS_SHOWN = 5
+
+
+def _datasets_in(folder: str) -> list[str]:
+    """The names of the local `folder`'s subfolders that are dataset folders
+    (they hold a LATEST file), sorted."""
+    try:
+        with os.scandir(folder) as found:
+            entries = sorted(found, key=lambda entry: entry.name)
+    except OSError:
+        return []
+    return [
+        entry.name
+        for entry in entries
+        if not entry.name.startswith(".")
+        and entry.is_dir()
+        and os.path.isfile(os.path.join(entry.path, LATEST_FILENAME))
+    ]
+
+
+def incomplete_versions(path: str | os.PathLike) -> list[str]:
+    """The incomplete version folders of the dataset folder `path`, sorted.
+
+    Named like a version, without kiln.json, and not the version LATEST
+    names: what a build killed while it copied its version to an object
+    store, or a ``--keep`` prune stopped half-way, leaves. No reader uses
+    such a folder, and the next `kiln build` of the dataset deletes it
+    (`kiln.pipeline.publish.DatasetRoot.clean_incomplete_versions`, the
+    same rule). Empty when `path` is a version folder (it holds kiln.json)
+    or holds no LATEST.
+
+    Raises:
+      MetadataError: naming `path`, when its object store cannot be reached.
+    """
+    path = os.fspath(path)
+    if not path.endswith("://"):
+        path = path.rstrip("/") or "/"
+    latest = join(path, LATEST_FILENAME)
+    if exists(join(path, METADATA_FILENAME)) or not exists(latest):
+        return []
+    named = read_text(latest).strip()
+    if is_remote(path):
+        names = [n.rstrip("/") for n in _remote(path, lambda: tf.io.gfile.listdir(path))]
+    else:
+        names = os.listdir(path)
+    return [
+        join(path, name)
+        for name in sorted(set(names))
+        if is_version_name(name)
+        and name != named
+        and not exists(join(join(path, name), METADATA_FILENAME))
+    ]
 
 
 def _is_dir(path: str) -> bool:

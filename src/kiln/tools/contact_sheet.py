@@ -18,7 +18,10 @@ not follow its object is visible at a glance.
 encodes it with TensorFlow (PNG or JPEG, as the file name says). Label
 names and row titles are drawn with OpenCV's `putText` when OpenCV is
 installed; the reader-only install has no OpenCV, and then the sheet has
-no text (`kiln preview` prints the legend).
+no text (`kiln preview` prints the legend). OpenCV's Hershey fonts draw
+ASCII only, so a class name that is not ASCII is drawn as its class id and
+what of it is ASCII once accents are taken off (`drawn_class_names`:
+``café`` is ``#0 cafe``, ``猫`` is ``#1``), which the legend maps back.
 
 `unchanged_columns` is the check the sheet exists for: an element that comes
 out identical in every epoch while augmentation is on means the randomness
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import unicodedata
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -365,6 +369,8 @@ def compose(
     if zoom <= 0:
         raise ValueError(f"zoom must be positive, got {zoom}")
     put_text = _text_renderer() if text else None
+    if put_text:  # what the ASCII-only font can draw of each class name
+        preview = dataclasses.replace(preview, class_names=drawn_class_names(preview.class_names))
     probe = Layout(len(rows), len(preview.stored), 0, 0, zoom, 0, 0)
     sizes = [probe.zoomed_size(*image.shape[:2]) for image in images]
     layout = Layout(
@@ -505,6 +511,31 @@ def _zoomed(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         return np.repeat(np.repeat(image, size[0] // height, axis=0), size[1] // width, axis=1)
     resized = tf.image.resize(image, size, method="area" if size[0] < height else "bilinear")
     return np.clip(np.round(resized.numpy()), 0, 255).astype(np.uint8)
+
+
+def drawn_class_names(class_names: Sequence[str]) -> list[str]:
+    """Each class name as the sheet draws it: an ASCII name as it is; any
+    other as ``#<class id>`` followed by its ASCII letters once accents are
+    taken off (NFKD without combining marks: ``café`` is ``#0 cafe``, ``猫``
+    is ``#1``). OpenCV's fonts draw ASCII only (anything else comes out as
+    ``?``); the id comes first so that a name cut to the cell's width keeps
+    it, and `kiln preview` prints which name each id is."""
+    drawn = []
+    for class_id, name in enumerate(class_names):
+        if name.isascii():
+            drawn.append(name)
+            continue
+        decomposed = unicodedata.normalize("NFKD", name)
+        plain = "".join(c for c in decomposed if not unicodedata.combining(c))
+        ascii_part = " ".join(plain.encode("ascii", "ignore").decode("ascii").split())
+        has_letters = any(c.isalnum() for c in ascii_part)
+        drawn.append(f"#{class_id} {ascii_part}" if has_letters else f"#{class_id}")
+    return drawn
+
+
+def draws_text() -> bool:
+    """Whether `compose` can draw text here (OpenCV is installed)."""
+    return _text_renderer() is not None
 
 
 def _text_renderer():

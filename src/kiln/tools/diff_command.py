@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from kiln import gate_flags
+from kiln import console, gate_flags
 from kiln.errors import EXIT_FAILED, UsageError
 from kiln.schemas import MetadataError, version_diff
 from kiln.schemas.version_diff import Thresholds, VersionDiff, size_text
@@ -145,12 +145,12 @@ def _changes_table(data: dict) -> list[str]:
         for label, cell in change["classes"].items():
             if any(cell[column] for column in _COLUMNS):
                 rows.append((f"  {label}", cell))
-    width = max([len("split / class")] + [len(name) for name, _ in rows])
+    width = max([len("split / class")] + [console.width(name) for name, _ in rows])
     header = "  ".join(f"{column:>9}" for column in _COLUMNS)
     lines = [f"  {'split / class':<{width}}  {header}"]
     for name, cell in rows:
         cells = "  ".join(f"{cell[column]:>9}" for column in _COLUMNS)
-        lines.append(f"  {name:<{width}}  {cells}")
+        lines.append(f"  {console.pad(name, width)}  {cells}")
     return lines
 
 
@@ -158,11 +158,11 @@ def _shares_table(data: dict) -> list[str]:
     classes = data["classes"]
     if not classes:
         return []
-    width = max(len(name) for name in classes)
+    width = max(console.width(name) for name in classes)
     lines = ["class shares of the dataset (percent of the examples; shift in points):"]
     for name, share in classes.items():
         lines.append(
-            f"  {name:<{width}}  {share['old']:>7} -> {share['new']:<7}  "
+            f"  {console.pad(name, width)}  {share['old']:>7} -> {share['new']:<7}  "
             f"{share['old_share']:6.2f}% -> {share['new_share']:6.2f}%  "
             f"{share['shift_points']:+6.2f}"
         )
@@ -173,12 +173,12 @@ def _objects_table(data: dict) -> list[str]:
     objects = data["objects"]
     if not objects:
         return []
-    width = max(len(name) for name in objects)
+    width = max(console.width(name) for name in objects)
     lines = ["objects per class (all splits; change in percent of the old count):"]
     for name, count in objects.items():
         percent = count["change_percent"]
         lines.append(
-            f"  {name:<{width}}  {count['old']:>7} -> {count['new']:<7}  "
+            f"  {console.pad(name, width)}  {count['old']:>7} -> {count['new']:<7}  "
             + ("" if percent is None else f"{percent:+7.2f}%")
         )
     return lines

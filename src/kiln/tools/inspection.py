@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from kiln import console
 from kiln.reader import info as read_info
 from kiln.reader import locate
 from kiln.schemas import (
@@ -26,7 +27,7 @@ from kiln.schemas import (
     ordered_splits,
     share_text,
 )
-from kiln.schemas.location import exists, join, open_file
+from kiln.schemas.location import exists, incomplete_versions, join, open_file
 from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME, unsupported_reason
 
 # Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the
@@ -83,7 +84,9 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
       classification dataset), ``objects`` (per split: per class object
       count and size statistics, images without objects, objects dropped
       by reason; None without boxes) and ``warnings`` (inconsistencies
-      found between the files).
+      found between the files) and ``incomplete_versions`` (when `path` is
+      the dataset folder: its version folders without kiln.json, which the
+      next build deletes; `kiln.schemas.location.incomplete_versions`).
 
     Raises:
       MetadataError: naming the path, if it is not a complete kiln dataset.
@@ -165,6 +168,7 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
             if name in metadata.objects
         },
         "dropped_objects": dropped_objects,
+        "incomplete_versions": incomplete_versions(path),
         "warnings": (
             consistency_warnings(metadata, errors)
             + duplicate_warnings(metadata, duplicate_groups)
@@ -344,10 +348,12 @@ def render(summary: dict[str, Any]) -> str:
     ]
     lines += _splits_table(summary["splits"])
     if summary["largest_class_deviation"] is not None:
-        how = "stratified" if summary["stratified"] else "not stratified"
+        # Without stratify the gap is chance, not a fault: say so, and what balances it.
+        how = "stratified" if summary["stratified"] else "split by hash, not stratified"
         lines.append(
             f"  {how}: every class within {summary['largest_class_deviation']:.2f} examples "
             f"of its share per split"
+            + ("" if summary["stratified"] else " (splits.stratify: true balances them)")
         )
     lines.append("")
     lines += _classes_table(summary)
@@ -372,9 +378,21 @@ def render(summary: dict[str, Any]) -> str:
             else "no TFDS metadata (built by a kiln older than its TFDS support)"
         )
     )
+    incomplete = summary.get("incomplete_versions")
+    if incomplete:
+        lines.append(incomplete_versions_line(incomplete))
     for warning in summary["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
+
+
+def incomplete_versions_line(folders: list[str]) -> str:
+    """The line `kiln inspect` and `kiln verify` print about a dataset
+    folder's incomplete version folders (`incomplete_versions`)."""
+    return (
+        f"incomplete version folder(s), no kiln.json (left by an interrupted build or "
+        f"prune; never read; the next kiln build deletes them): {', '.join(folders)}"
+    )
 
 
 def _target_lines(summary: dict[str, Any]) -> list[str]:
@@ -394,7 +412,7 @@ def _target_lines(summary: dict[str, Any]) -> list[str]:
     if not objects:
         return [*lines, ""]
     edges = next(iter(objects.values()))["size_edges"]
-    width = max([len("class")] + [len(name) for name in summary["class_names"]])
+    width = max([len("class")] + [console.width(name) for name in summary["class_names"]])
     lines.append(
         f"  {'class':<{width}}  {'objects':>8}  {'size mean':>9}  {'min':>6}  {'max':>6}  "
         f"sizes (sqrt(area), stored pixels) from {', '.join(f'{e:g}' for e in edges)}"
@@ -404,12 +422,12 @@ def _target_lines(summary: dict[str, Any]) -> list[str]:
         entries = [e for e in entries if e and e["count"]]
         count = sum(e["count"] for e in entries)
         if not count:
-            lines.append(f"  {name:<{width}}  {0:>8}")
+            lines.append(f"  {console.pad(name, width)}  {0:>8}")
             continue
         mean = sum(e["size_mean"] * e["count"] for e in entries) / count
         histogram = [sum(e["size_histogram"][i] for e in entries) for i in range(len(edges))]
         lines.append(
-            f"  {name:<{width}}  {count:>8}  {mean:>9.1f}  "
+            f"  {console.pad(name, width)}  {count:>8}  {mean:>9.1f}  "
             f"{min(e['size_min'] for e in entries):>6.1f}  "
             f"{max(e['size_max'] for e in entries):>6.1f}  {histogram}"
         )
@@ -502,7 +520,7 @@ def _classes_table(summary: dict[str, Any]) -> list[str]:
     splits = summary["splits"]
     names = summary["class_names"]
     title = f"classes ({len(names)})"
-    width = max([len(title) - 2] + [len(name) for name in names] + [len("total")])
+    width = max([len(title) - 2] + [console.width(name) for name in names] + [len("total")])
     columns = list(splits) + ["total"]
     widths = [max(len(column), 6) for column in columns]
     header = "  ".join(f"{column:>{w}}" for column, w in zip(columns, widths, strict=True))
@@ -511,7 +529,7 @@ def _classes_table(summary: dict[str, Any]) -> list[str]:
         counts = [splits[split]["class_counts"].get(name, 0) for split in splits]
         counts.append(summary["class_counts"][name])
         cells = "  ".join(f"{count:>{w}}" for count, w in zip(counts, widths, strict=True))
-        lines.append(f"  {name:<{width}}  {cells}  (label {label})")
+        lines.append(f"  {console.pad(name, width)}  {cells}  (label {label})")
     without = [splits[split]["images_without_classes"] for split in splits]
     if any(count is not None for count in without):
         # The images no row above counts: a multi-label or detection dataset's negatives.

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from kiln import console
 from kiln.errors import UsageError
 
 if TYPE_CHECKING:
@@ -30,8 +31,9 @@ is visible at a glance.
 
 If augmentation is on and an element comes out identical in every epoch,
 the command says so on stderr: that is what randomness baked in at trace
-time looks like. Label names are drawn when OpenCV is installed; the
-legend is printed either way."""
+time looks like. Label names are drawn when OpenCV is installed (a name
+that is not ASCII as its class id: the font is ASCII only); the legend is
+printed either way, with the names as they are."""
 
 EPILOG = """\
 PATH is a version folder (<output>/<name>/<version>) or <output>/<name>.
@@ -183,9 +185,17 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             " ".join(filter(None, [name, _targets_summary(targets)]))
             for name, targets in zip(names, preview.stored_targets, strict=True)
         ]
-    width = max(len(name) for name in names)
+    width = max(console.width(name) for name in names)
     for column, (name, key) in enumerate(zip(names, preview.keys, strict=True)):
-        print(f"  column {column + 1}: {name:<{width}}  {key}")
+        print(f"  column {column + 1}: {console.pad(name, width)}  {key}")
+    drawn = contact_sheet.drawn_class_names(preview.class_names)
+    renamed = [
+        f"{name!r} as {shown!r}"
+        for name, shown in zip(preview.class_names, drawn, strict=True)
+        if shown != name
+    ]
+    if renamed and contact_sheet.draws_text():
+        print(f"  drawn (the sheet's font is ASCII only): {', '.join(renamed)}")
     return _check_epochs(preview, strict=args.strict, training=args.training)
 
 

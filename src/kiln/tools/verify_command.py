@@ -48,10 +48,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     # Here, not at the top: `kiln verify --help` needs none of it (TensorFlow, NumPy).
     from kiln.schemas import MetadataError
+    from kiln.schemas.location import incomplete_versions
     from kiln.tools import verify
+    from kiln.tools.inspection import incomplete_versions_line
 
     try:
         result = verify.verify(args.path)
+        # Not a problem of the version checked (readers never use them), so
+        # not under --quiet: the next build deletes them.
+        incomplete = [] if args.quiet else incomplete_versions(args.path)
     except MetadataError as e:
         raise UsageError(str(e)) from None
     if result.ok:
@@ -61,11 +66,13 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             f"kiln verify: OK: {result.dataset_dir}: {result.num_shards} shards, "
             f"{result.num_records} records match kiln.json"
         )
-        return 0
-    first, *others = result.problems
-    print(f"kiln verify: FAILED: {result.dataset_dir}: {first}")
-    if others:
-        print(f"{len(others)} more problem(s):")
-        for problem in others:
-            print(f"  {problem}")
-    return 1
+    else:
+        first, *others = result.problems
+        print(f"kiln verify: FAILED: {result.dataset_dir}: {first}")
+        if others:
+            print(f"{len(others)} more problem(s):")
+            for problem in others:
+                print(f"  {problem}")
+    if incomplete:
+        print(f"note: {incomplete_versions_line(incomplete)}")
+    return 0 if result.ok else 1
