@@ -740,3 +740,23 @@ def test_class_names_that_differ_only_in_unicode_normalization_are_one_class(tmp
     )
     with source.list_files(splits_from_source=False) as listing:
         assert [listing.class_names[f.label] for f in listing.files()] == [CAFE_NFC]
+
+
+@pytest.mark.parametrize(
+    "splits, deeper", [(False, "all/flowers"), (True, "all")], ids=["classes", "splits"]
+)
+def test_images_one_folder_too_deep_name_the_folder_that_holds_the_layout(tmp_path, splits, deeper):
+    root = tmp_path / "images"
+    for name in ("roses", "tulips"):
+        write(root, f"all/flowers/{name}/1.png".encode(), png(1))
+    source = ImageFolderSource(type="image_folder", root=str(root))
+
+    with pytest.raises(ConfigError) as error:
+        source.list_files(splits_from_source=splits).close()
+
+    layout = "<split>/<class>/<image>" if splits else "<class>/<image>"
+    assert str(error.value) == (
+        f"source.root: {root}: no usable input image (2 dropped while listing, e.g. "
+        f"all/flowers/roses/1.png: not in the layout root/{layout}); if {root}/{deeper} "
+        f"holds that layout, make it source.root"
+    )

@@ -278,6 +278,19 @@ class ImageFolderSource(_SourceModel):
     def describe(self) -> str:
         return f"source.root: {self.root}"
 
+    def no_usable_image(self, num_dropped: int, first: DroppedFile | None) -> str:
+        """With the folder the images seem to be in when they sit deeper
+        than the layout (``root/all/flowers/<class>/<image>``)."""
+        message = super().no_usable_image(num_dropped, first)
+        if first is None or first.reason != "unexpected_location":
+            return message
+        depth = len(_SPLIT_LAYOUT.split("/")) if _SPLIT_LAYOUT in first.message else 2
+        parts = first.key.split("/")
+        if len(parts) <= depth:
+            return message
+        deeper = storage.join(self.root, *parts[: len(parts) - depth])
+        return f"{message}; if {deeper} holds that layout, make it source.root"
+
     def resolved(self) -> ImageFolderSource:
         return self.model_copy(
             update={
@@ -657,6 +670,10 @@ class Misplaced(NamedTuple):
     message: str
 
 
+_LAYOUT = "<class>/<image>"
+_SPLIT_LAYOUT = "<split>/<class>/<image>"
+
+
 def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Misplaced | None:
     """Where the file `key` (relative to an image folder's root) sits:
     ``(class name, split folder or None)``, `Misplaced` outside the layout
@@ -677,7 +694,7 @@ def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Mispla
     if not is_unicode(key) or target_rows.control_character(key) is not None:
         return _bad_name(parts, from_source)
     if len(parts) != (3 if from_source else 2):
-        layout = "<split>/<class>/<image>" if from_source else "<class>/<image>"
+        layout = _SPLIT_LAYOUT if from_source else _LAYOUT
         return Misplaced("unexpected_location", f"not in the layout root/{layout}")
     label = _class_folder(parts[-2])
     if isinstance(label, Misplaced):
