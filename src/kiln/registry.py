@@ -183,12 +183,17 @@ class Registered:
       check: Optional ``check(**params)`` for rules between parameters (e.g.
         "exactly one of size and to_square") that annotations cannot
         express; raises ValueError with a message naming the parameters.
+      notes: What a parameter means, by name, said after any error about
+        it; a name the function does not take may have one too, for a
+        parameter of the same idea elsewhere (Keras' ``factor`` of a
+        rotation, in turns, where kiln's ``angle_range`` is in degrees).
     """
 
     name: str
     fn: Callable[..., Any]
     parameters: type[pydantic.BaseModel]
     check: Callable[..., None] | None = None
+    notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -433,6 +438,7 @@ class Registry(Generic[R]):
                 *(
                     f"{where}.{'.'.join(str(part) for part in error['loc'])}: "
                     f"{describe_error(error, known=known, noun='parameter')}"
+                    f"{_note(entry, error['loc'])}"
                     for error in errors
                 )
             ) from None
@@ -443,6 +449,12 @@ class Registry(Generic[R]):
             except ValueError as e:
                 raise self.error(f"{where}: {e}") from None
         return tuple(sorted(params.items()))
+
+
+def _note(entry: Registered, location: tuple[int | str, ...]) -> str:
+    """The entry's note on the parameter an error is about, as the message's last clause."""
+    note = entry.notes.get(str(location[0])) if location else None
+    return f"; {note}" if note else ""
 
 
 _BOUNDS = {
