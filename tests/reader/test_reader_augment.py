@@ -197,6 +197,53 @@ def test_keras_parameters_are_translated_in_the_error(spec, message):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        (
+            "Resizing",
+            "unknown augmentation op 'Resizing'; resizing is not random, so kiln does it once, "
+            "in the build: the config's transforms: [resize: {size: [height, width]}] "
+            "(random_crop and random_resized_crop take a size online)",
+        ),
+        (
+            "resize",
+            "unknown augmentation op 'resize'; resizing is not random, so kiln does it once, "
+            "in the build: the config's transforms: [resize: {size: [height, width]}] "
+            "(random_crop and random_resized_crop take a size online)",
+        ),
+        (
+            "center_crop",
+            "unknown augmentation op 'center_crop'; a centre crop is not random, so kiln does "
+            "it once, in the build: the config's transforms: [center_crop: {size: [height, "
+            "width]}] (random_crop becomes a centre crop of its size outside training)",
+        ),
+        (
+            "Rescaling",
+            "unknown augmentation op 'Rescaling'; not needed: kiln.reader's images are float32 "
+            "in [0, 1] already (normalize=True standardizes them, dtype='uint8' gives 0..255)",
+        ),
+        (
+            "RandomFlip",
+            "unknown augmentation op 'RandomFlip'; Keras' RandomFlip('horizontal') is "
+            "random_flip_left_right, 'vertical' random_flip_up_down",
+        ),
+        # A close registered name still wins: it is the likelier meaning.
+        (
+            "RandomRotation",
+            "unknown augmentation op 'RandomRotation'; did you mean 'random_rotation'?",
+        ),
+    ],
+)
+def test_keras_layers_that_are_not_ops_say_what_to_do_instead(name, message):
+    """Keras' Resizing, CenterCrop and Rescaling sit among its random layers;
+    ported one by one into an augmentation list, they are refused with where
+    their work goes in kiln, not with the list of ops and how to register one."""
+    with pytest.raises(AugmentConfigError) as error:
+        validate(["random_flip_left_right", {name: {}}])
+    assert str(error.value) == f"augment[1]: {message}"
+
+
 def test_an_unknown_op_is_offered_every_close_name(png_dataset):
     """``random_flip`` begins both flips: `load` offers both, not only the first."""
     with pytest.raises(AugmentConfigError) as error:

@@ -207,6 +207,23 @@ AUGMENTATIONS: Registry[OpDefinition] = Registry(
     entry=OpDefinition,
     own="an op of your own is registered with @kiln.reader.register_augmentation in a module "
     "that a build config names under plugins:, and training code imports before loading",
+    elsewhere={
+        # Keras preprocessing layers whose work is not random: done once, in
+        # the build (docs/migrating.md), or not at all.
+        **dict.fromkeys(
+            ("resizing", "resize"),
+            "resizing is not random, so kiln does it once, in the build: the config's "
+            "transforms: [resize: {size: [height, width]}] (random_crop and random_resized_crop "
+            "take a size online)",
+        ),
+        "centercrop": "a centre crop is not random, so kiln does it once, in the build: the "
+        "config's transforms: [center_crop: {size: [height, width]}] (random_crop becomes a "
+        "centre crop of its size outside training)",
+        "rescaling": "not needed: kiln.reader's images are float32 in [0, 1] already "
+        "(normalize=True standardizes them, dtype='uint8' gives 0..255)",
+        "randomflip": "Keras' RandomFlip('horizontal') is random_flip_left_right, 'vertical' "
+        "random_flip_up_down",
+    },
 )
 
 # The data each kind of op gets before its configurable parameters.
