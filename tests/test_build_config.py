@@ -138,6 +138,17 @@ CASES = [
         "augment[0]: unknown augmentation op 'random_grey'; "
         "did you mean 'random_hue', 'random_grayscale' or 'random_crop'?",
     ),
+    # Keras' deterministic layers ported into the list: the build does their work.
+    (
+        {"augment": ["random_flip_left_right", {"resize": {"size": 64}}]},
+        "augment[1]: unknown augmentation op 'resize'; resizing is not random, so kiln does it "
+        "once, in the build: the config's transforms: [resize: {size: [height, width]}]",
+    ),
+    (
+        {"augment": [{"random_contrast": {"factor": 0.2}}]},
+        "augment[0].random_contrast.factor: unknown parameter; did you mean 'factor_range'?; "
+        "Keras' RandomContrast(f) is factor_range [1 - f, 1 + f]",
+    ),
     (
         {"augment": [{"random_crop": {"size": "big"}}]},
         "augment[0].random_crop.size: expected a positive integer or [height, width], got 'big'",

@@ -260,6 +260,17 @@ def test_unknown_split_lists_the_known_ones():
         make_info().split("validation")
 
 
+@pytest.mark.parametrize("name, closest", [("training", "train"), ("testing", "test")])
+def test_unknown_split_offers_the_closest(name, closest):
+    """Keras' subset names ("training") miss kiln's split names by a suffix."""
+    with pytest.raises(MetadataError) as error:
+        make_info().split(name)
+    assert str(error.value) == (
+        f"dataset 'shapes' has no split {name!r}; it has ['test', 'train']; "
+        f"did you mean {closest!r}?"
+    )
+
+
 CANONICAL_SAMPLES = [
     {"key": "part0/img_000123.jpg", "label": 3},
     ["file", "a/b.jpg", "cat", None, "a" * 64],

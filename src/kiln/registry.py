@@ -183,12 +183,17 @@ class Registered:
       check: Optional ``check(**params)`` for rules between parameters (e.g.
         "exactly one of size and to_square") that annotations cannot
         express; raises ValueError with a message naming the parameters.
+      notes: What a parameter means, by name, said after any error about
+        it; a name the function does not take may have one too, for a
+        parameter of the same idea elsewhere (Keras' ``factor`` of a
+        rotation, in turns, where kiln's ``angle_range`` is in degrees).
     """
 
     name: str
     fn: Callable[..., Any]
     parameters: type[pydantic.BaseModel]
     check: Callable[..., None] | None = None
+    notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +299,12 @@ class Registry(Generic[R]):
       own: How a function of one's own gets registered: said after the
         known names when an unknown name is close to none of them (it is
         most likely one's own, not registered where it is looked up).
+      elsewhere: What to use instead of a name that is not registered but
+        is one a user brings from elsewhere (Keras' ``Resizing`` in an
+        augmentation list), said in place of the known names when no
+        registered name is close (a did-you-mean wins). Keyed by the
+        name in lower case without ``_`` and ``-`` (`fold_name`), so that
+        ``Resizing``, ``resizing`` and ``RESIZING`` all find it.
     """
 
     def __init__(
@@ -303,12 +314,14 @@ class Registry(Generic[R]):
         error: type[ListError],
         entry: Callable[..., R],
         own: str = "",
+        elsewhere: Mapping[str, str] | None = None,
     ):
         self.kind = kind
         self.noun = noun
         self.error = error
         self._entry = entry
         self._own = own
+        self._elsewhere = {fold_name(name): note for name, note in (elsewhere or {}).items()}
         self._entries: dict[str, R] = {}
 
     def register(
@@ -365,6 +378,9 @@ class Registry(Generic[R]):
 
     def _unknown(self, name: Any) -> str:
         hint = did_you_mean(name, self.names()) if isinstance(name, str) else ""
+        note = self._elsewhere.get(fold_name(name)) if isinstance(name, str) else None
+        if not hint and note:
+            return f"unknown {self.kind} {quote(name)}; {note}"
         if not hint:
             hint = _known(self.names()) + (f"; {self._own}" if self._own else "")
         return f"unknown {self.kind} {quote(name)}{hint}"
@@ -433,6 +449,7 @@ class Registry(Generic[R]):
                 *(
                     f"{where}.{'.'.join(str(part) for part in error['loc'])}: "
                     f"{describe_error(error, known=known, noun='parameter')}"
+                    f"{_note(entry, error['loc'])}"
                     for error in errors
                 )
             ) from None
@@ -443,6 +460,17 @@ class Registry(Generic[R]):
             except ValueError as e:
                 raise self.error(f"{where}: {e}") from None
         return tuple(sorted(params.items()))
+
+
+def fold_name(name: str) -> str:
+    """`name` in lower case without ``_`` and ``-``: how `Registry` matches names from elsewhere."""
+    return name.lower().replace("_", "").replace("-", "")
+
+
+def _note(entry: Registered, location: tuple[int | str, ...]) -> str:
+    """The entry's note on the parameter an error is about, as the message's last clause."""
+    note = entry.notes.get(str(location[0])) if location else None
+    return f"; {note}" if note else ""
 
 
 _BOUNDS = {

@@ -152,6 +152,98 @@ def test_validate_names_entry_and_parameter(specs, message):
     assert isinstance(error.value, ValueError)  # what the build config checker catches
 
 
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        # Keras' parameter names, and its numbers where kiln's mean something else.
+        (
+            {"random_rotation": {"factor": 0.1}},
+            "augment[0].random_rotation.factor: unknown parameter (known: angle_range, "
+            "fill_mode, fill_value, interpolation); angle_range is in degrees, "
+            "counter-clockwise: Keras' RandomRotation(factor=f), in turns, is "
+            "angle_range [-360 f, 360 f]",
+        ),
+        (
+            {"random_rotation": {"angle_range": 0.1}},
+            "augment[0].random_rotation.angle_range: expected two numbers [low, high], got 0.1; "
+            "angle_range is in degrees",
+        ),
+        (
+            {"random_zoom": {"height_factor": 0.1}},
+            "augment[0].random_zoom.height_factor: unknown parameter (known: factor_range, "
+            "fill_mode, fill_value, interpolation); factor_range is a scale factor, above 1 "
+            "zooming in: Keras' RandomZoom(h), whose positive h zooms out, is factor_range "
+            "[1 / (1 + h), 1 / (1 - h)], [0.909, 1.111] for h = 0.1",
+        ),
+        (
+            {"random_zoom": {"factor_range": [-0.1, 0.1]}},
+            "augment[0].random_zoom.factor_range: both ends must be > 0, got [-0.1, 0.1]; "
+            "factor_range is a scale factor",
+        ),
+        (
+            {"random_contrast": {"factor": 0.2}},
+            "augment[0].random_contrast.factor: unknown parameter; did you mean "
+            "'factor_range'?; Keras' RandomContrast(f) is factor_range [1 - f, 1 + f]",
+        ),
+    ],
+)
+def test_keras_parameters_are_translated_in_the_error(spec, message):
+    """A user porting Keras preprocessing layers is told kiln's parameter and
+    the conversion, on the one line that names the entry (docs/migrating.md
+    checks each conversion numerically against Keras)."""
+    with pytest.raises(AugmentConfigError) as error:
+        validate([spec])
+    assert str(error.value).startswith(message)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        (
+            "Resizing",
+            "unknown augmentation op 'Resizing'; resizing is not random, so kiln does it once, "
+            "in the build: the config's transforms: [resize: {size: [height, width]}] "
+            "(random_crop and random_resized_crop take a size online)",
+        ),
+        (
+            "resize",
+            "unknown augmentation op 'resize'; resizing is not random, so kiln does it once, "
+            "in the build: the config's transforms: [resize: {size: [height, width]}] "
+            "(random_crop and random_resized_crop take a size online)",
+        ),
+        (
+            "center_crop",
+            "unknown augmentation op 'center_crop'; a centre crop is not random, so kiln does "
+            "it once, in the build: the config's transforms: [center_crop: {size: [height, "
+            "width]}] (random_crop becomes a centre crop of its size outside training)",
+        ),
+        (
+            "Rescaling",
+            "unknown augmentation op 'Rescaling'; not needed: kiln.reader's images are float32 "
+            "in [0, 1] already (normalize=True standardizes them, dtype='uint8' gives 0..255)",
+        ),
+        (
+            "RandomFlip",
+            "unknown augmentation op 'RandomFlip'; Keras' RandomFlip('horizontal') is "
+            "random_flip_left_right, 'vertical' random_flip_up_down",
+        ),
+        # A close registered name still wins: it is the likelier meaning.
+        (
+            "RandomRotation",
+            "unknown augmentation op 'RandomRotation'; did you mean 'random_rotation'?",
+        ),
+    ],
+)
+def test_keras_layers_that_are_not_ops_say_what_to_do_instead(name, message):
+    """Keras' Resizing, CenterCrop and Rescaling sit among its random layers;
+    ported one by one into an augmentation list, they are refused with where
+    their work goes in kiln, not with the list of ops and how to register one."""
+    with pytest.raises(AugmentConfigError) as error:
+        validate(["random_flip_left_right", {name: {}}])
+    assert str(error.value) == f"augment[1]: {message}"
+
+
 def test_an_unknown_op_is_offered_every_close_name(png_dataset):
     """``random_flip`` begins both flips: `load` offers both, not only the first."""
     with pytest.raises(AugmentConfigError) as error:

@@ -207,6 +207,23 @@ AUGMENTATIONS: Registry[OpDefinition] = Registry(
     entry=OpDefinition,
     own="an op of your own is registered with @kiln.reader.register_augmentation in a module "
     "that a build config names under plugins:, and training code imports before loading",
+    elsewhere={
+        # Keras preprocessing layers whose work is not random: done once, in
+        # the build (docs/migrating.md), or not at all.
+        **dict.fromkeys(
+            ("resizing", "resize"),
+            "resizing is not random, so kiln does it once, in the build: the config's "
+            "transforms: [resize: {size: [height, width]}] (random_crop and random_resized_crop "
+            "take a size online)",
+        ),
+        "centercrop": "a centre crop is not random, so kiln does it once, in the build: the "
+        "config's transforms: [center_crop: {size: [height, width]}] (random_crop becomes a "
+        "centre crop of its size outside training)",
+        "rescaling": "not needed: kiln.reader's images are float32 in [0, 1] already "
+        "(normalize=True standardizes them, dtype='uint8' gives 0..255)",
+        "randomflip": "Keras' RandomFlip('horizontal') is random_flip_left_right, 'vertical' "
+        "random_flip_up_down",
+    },
 )
 
 # The data each kind of op gets before its configurable parameters.
@@ -352,6 +369,19 @@ HueTurns = Annotated[float, Field(ge=0.0, le=0.5)]  # a hue amount in turns, hal
 AreaRange = Annotated[tuple[float, float], Range(0.0, 1.0)]  # fractions of the image area
 RatioRange = Annotated[tuple[float, float], Range(positive=True)]  # aspect ratios
 FactorRange = Annotated[tuple[float, float], Range(minimum=0.0)]  # scale factors
+
+# What a Keras user's parameter is in kiln's terms, said after an error about
+# it (docs/migrating.md checks each conversion against Keras).
+_KERAS_ROTATION = (
+    "angle_range is in degrees, counter-clockwise: Keras' RandomRotation(factor=f), "
+    "in turns, is angle_range [-360 f, 360 f]"
+)
+_KERAS_ZOOM = (
+    "factor_range is a scale factor, above 1 zooming in: Keras' RandomZoom(h), whose "
+    "positive h zooms out, is factor_range [1 / (1 + h), 1 / (1 - h)], "
+    "[0.909, 1.111] for h = 0.1"
+)
+_KERAS_CONTRAST = "Keras' RandomContrast(f) is factor_range [1 - f, 1 + f]"
 
 
 def _uniform(seed: tf.Tensor, low: float = 0.0, high: float = 1.0) -> tf.Tensor:
@@ -777,7 +807,11 @@ def random_brightness(image, seed, *, max_delta: Fraction = 0.2):
     return color_twist(image, brightness=_uniform(seed, -max_delta, max_delta))
 
 
-@builtin_op("random_contrast", pixelwise=True)
+@builtin_op(
+    "random_contrast",
+    pixelwise=True,
+    notes={"factor_range": _KERAS_CONTRAST, "factor": _KERAS_CONTRAST},
+)
 def random_contrast(image, seed, *, factor_range: FactorRange = (0.8, 1.2)):
     """Scales each pixel's distance from the image's mean luma by a factor from
     `factor_range`."""
@@ -936,7 +970,10 @@ def _rotation_targets(image, targets, seed, *, angle_range, **params):
 
 
 @builtin_op(
-    "random_rotation", with_targets=_rotation_targets, targets_problem=_rotation_targets_problem
+    "random_rotation",
+    with_targets=_rotation_targets,
+    targets_problem=_rotation_targets_problem,
+    notes={"angle_range": _KERAS_ROTATION, "factor": _KERAS_ROTATION},
 )
 def random_rotation(
     image,
@@ -1049,7 +1086,14 @@ def _zoom_targets(image, targets, seed, *, factor_range, **params):
     return _warp_targets(image, targets, transform, **params)
 
 
-@builtin_op("random_zoom", with_targets=_zoom_targets, targets_problem=_zoom_targets_problem)
+@builtin_op(
+    "random_zoom",
+    with_targets=_zoom_targets,
+    targets_problem=_zoom_targets_problem,
+    notes={
+        name: _KERAS_ZOOM for name in ("factor_range", "factor", "height_factor", "width_factor")
+    },
+)
 def random_zoom(
     image,
     seed,

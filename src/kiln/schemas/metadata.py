@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kiln
+from kiln.errors import did_you_mean
 from kiln.schemas.targets import CLASSIFICATION, TargetsConfig
 
 METADATA_FILENAME = "kiln.json"
@@ -367,8 +368,10 @@ class DatasetInfo:
 
     def split(self, name: str) -> SplitInfo:
         if name not in self.splits:
+            # Keras' subset names ("training") are a common near miss of "train".
             raise MetadataError(
                 f"dataset {self.name!r} has no split {name!r}; it has {sorted(self.splits)}"
+                f"{did_you_mean(name, self.splits) if isinstance(name, str) else ''}"
             )
         return self.splits[name]
 
