@@ -143,3 +143,26 @@ def test_moving_the_source_keeps_the_version(demo_corpus, tmp_path):
     other = sorted(k for k in corpus_listing(str(copied_root)) if k not in demo_corpus.broken)[-1]
     shutil.copyfile(copied_root / other, copied_root / changed)
     assert build(config).version != first.version
+
+
+def test_a_square_size_written_as_a_pair_is_the_same_config(demo_corpus, tmp_path):
+    """A size is one int for a square or ``[height, width]`` (docs/transforms.md):
+    ``size: 32`` and ``size: [32, 32]`` are one config, so they give one
+    version and byte-identical files, and a rebuild with the other spelling
+    is up to date instead of a new version that processes every image again."""
+    as_int = make_config(demo_corpus.out_dir, output=str(tmp_path / "as-int"))
+    first = build(as_int)
+
+    as_pair = make_config(
+        demo_corpus.out_dir,
+        output=str(tmp_path / "as-pair"),
+        transforms=[{"resize": {"shorter_side": 40}}, {"center_crop": {"size": [32, 32]}}],
+    )
+    second = build(as_pair)
+    assert second.version == first.version
+    assert digests(second) == digests(first)
+    assert second.info.config["transforms"][1] == {"center_crop": {"size": 32}}
+
+    as_pair["output"] = as_int["output"]
+    again = build(as_pair)
+    assert again.up_to_date and again.version == first.version
