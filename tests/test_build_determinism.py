@@ -8,7 +8,7 @@ import random
 import shutil
 
 from conftest import make_config
-from kiln.pipeline import build
+from kiln.pipeline import build, demo_targets
 
 
 def digests(result):
@@ -165,4 +165,42 @@ def test_a_square_size_written_as_a_pair_is_the_same_config(demo_corpus, tmp_pat
 
     as_pair["output"] = as_int["output"]
     again = build(as_pair)
+    assert again.up_to_date and again.version == first.version
+
+
+
+def test_a_flip_pair_written_the_other_way_round_is_the_same_config(tmp_path):
+    """A flip pair swaps two keypoints, so ``[[left, right]]`` and
+    ``[[right, left]]`` are one config: one version, byte-identical files, and
+    a rebuild with the other spelling is up to date instead of a new version
+    that processes every image again."""
+    data = tmp_path / "data"
+    demo_targets.generate(data, num_images=6, seed=3, include_broken=False)
+
+    def config(output, flip_pairs):
+        return {
+            "name": "scenes",
+            "source": {
+                "type": "manifest",
+                "path": str(data / demo_targets.MANIFEST),
+                "classes": list(demo_targets.CLASSES),
+            },
+            "output": str(tmp_path / output),
+            "encoding": {"format": "png"},
+            "targets": {
+                "boxes": {},
+                "keypoints": {"names": list(demo_targets.KEYPOINTS), "flip_pairs": flip_pairs},
+            },
+        }
+
+    as_named = config("as-named", [["left", "right"]])
+    first = build(as_named)
+    swapped = config("swapped", [["right", "left"]])
+    second = build(swapped)
+    assert second.version == first.version
+    assert digests(second) == digests(first)
+    assert second.info.config["targets"]["keypoints"]["flip_pairs"] == [["left", "right"]]
+
+    swapped["output"] = as_named["output"]
+    again = build(swapped)
     assert again.up_to_date and again.version == first.version
