@@ -3,12 +3,13 @@ kiln.json, whatever the runner mode, the number of workers, the order in
 which the input files were created, or the order of manifest rows."""
 
 import hashlib
+import json
 import os
 import random
 import shutil
 
-from conftest import make_config
-from kiln.pipeline import build
+from conftest import make_config, run_kiln
+from kiln.pipeline import build, demo_targets
 
 
 def digests(result):
@@ -143,3 +144,100 @@ def test_moving_the_source_keeps_the_version(demo_corpus, tmp_path):
     other = sorted(k for k in corpus_listing(str(copied_root)) if k not in demo_corpus.broken)[-1]
     shutil.copyfile(copied_root / other, copied_root / changed)
     assert build(config).version != first.version
+
+
+def test_a_square_size_written_as_a_pair_is_the_same_config(demo_corpus, tmp_path):
+    """A size is one int for a square or ``[height, width]`` (docs/transforms.md):
+    ``size: 32`` and ``size: [32, 32]`` are one config, so they give one
+    version and byte-identical files, and a rebuild with the other spelling
+    is up to date instead of a new version that processes every image again."""
+    as_int = make_config(demo_corpus.out_dir, output=str(tmp_path / "as-int"))
+    first = build(as_int)
+
+    as_pair = make_config(
+        demo_corpus.out_dir,
+        output=str(tmp_path / "as-pair"),
+        transforms=[{"resize": {"shorter_side": 40}}, {"center_crop": {"size": [32, 32]}}],
+    )
+    second = build(as_pair)
+    assert second.version == first.version
+    assert digests(second) == digests(first)
+    assert second.info.config["transforms"][1] == {"center_crop": {"size": 32}}
+
+    as_pair["output"] = as_int["output"]
+    again = build(as_pair)
+    assert again.up_to_date and again.version == first.version
+
+
+def test_a_flip_pair_written_the_other_way_round_is_the_same_config(tmp_path):
+    """A flip pair swaps two keypoints, so ``[[left, right]]`` and
+    ``[[right, left]]`` are one config: one version, byte-identical files, and
+    a rebuild with the other spelling is up to date instead of a new version
+    that processes every image again."""
+    data = tmp_path / "data"
+    demo_targets.generate(data, num_images=6, seed=3, include_broken=False)
+
+    def config(output, flip_pairs):
+        return {
+            "name": "scenes",
+            "source": {
+                "type": "manifest",
+                "path": str(data / demo_targets.MANIFEST),
+                "classes": list(demo_targets.CLASSES),
+            },
+            "output": str(tmp_path / output),
+            "encoding": {"format": "png"},
+            "targets": {
+                "boxes": {},
+                "keypoints": {"names": list(demo_targets.KEYPOINTS), "flip_pairs": flip_pairs},
+            },
+        }
+
+    as_named = config("as-named", [["left", "right"]])
+    first = build(as_named)
+    swapped = config("swapped", [["right", "left"]])
+    second = build(swapped)
+    assert second.version == first.version
+    assert digests(second) == digests(first)
+    assert second.info.config["targets"]["keypoints"]["flip_pairs"] == [["left", "right"]]
+
+    swapped["output"] = as_named["output"]
+    again = build(swapped)
+    assert again.up_to_date and again.version == first.version
+
+
+def test_file_names_are_read_as_utf8_or_the_build_is_refused(demo_corpus, tmp_path):
+    """Keys and class names are file names read as UTF-8. Where Python's
+    locale decodes them otherwise (here C, with UTF-8 mode and locale
+    coercion off: ASCII), a build of the same files would make another
+    dataset (the names dropped as not UTF-8, or read as Latin-1), so it is
+    refused, saying how to run it; with PYTHONUTF8=1 the same locale builds
+    the names as they are."""
+    images = tmp_path / "images"
+    shutil.copytree(demo_corpus.out_dir, images)
+    first = sorted(
+        n for n in os.listdir(images / "circle") if f"circle/{n}" not in demo_corpus.broken
+    )[0]
+    os.rename(images / "circle" / first, images / "circle" / ("ñandú" + os.path.splitext(first)[1]))
+    config = tmp_path / "build.yaml"
+    config.write_text(
+        json.dumps(make_config(str(images), output=str(tmp_path / "out"))), encoding="utf-8"
+    )
+    ascii_locale = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0"}
+
+    refused = run_kiln("build", "--config", str(config), PYTHONUTF8="0", **ascii_locale)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "kiln build: error: source.root is local and Python reads local file names as ascii, "
+        "not UTF-8 (the locale's encoding): the same files would give other keys and another "
+        "version; run kiln with PYTHONUTF8=1, or in a UTF-8 locale (LC_ALL=C.UTF-8)"
+    )
+    assert not (tmp_path / "out").exists()
+
+    built = run_kiln("build", "--config", str(config), "--quiet", PYTHONUTF8="1", **ascii_locale)
+    assert built.returncode == 0, built.stderr
+    dataset = tmp_path / "out" / "shapes"
+    version = (dataset / "LATEST").read_text().strip()
+    with open(dataset / version / "index.jsonl", encoding="utf-8") as f:
+        keys = {json.loads(line)["key"] for line in f}
+    assert any(key.startswith("circle/ñandú.") for key in keys)

@@ -231,3 +231,19 @@ def test_dataset_info_leaves_absent_targets_out_of_kiln_json():
         DatasetInfo(**{**info.__dict__, "targets": EVERYTHING.to_json()}).dumps()
     )
     assert with_targets.targets_config == EVERYTHING
+
+
+def test_flip_pairs_are_stored_in_one_order():
+    """Pairs swap, so neither their order nor the order within each is part of
+    the config: both follow ``names``, and one dataset has one fingerprint."""
+    names = ["nose", "left_eye", "right_eye", "left_ear", "right_ear"]
+    stored = [
+        TargetsConfig.model_validate(
+            {"boxes": {}, "keypoints": {"names": names, "flip_pairs": pairs}}
+        ).model_dump(mode="json")["keypoints"]["flip_pairs"]
+        for pairs in (
+            [["left_eye", "right_eye"], ["left_ear", "right_ear"]],
+            [["right_ear", "left_ear"], ["right_eye", "left_eye"]],
+        )
+    ]
+    assert stored == [[["left_eye", "right_eye"], ["left_ear", "right_ear"]]] * 2

@@ -70,7 +70,10 @@ def _size(value: Any) -> int | tuple[int, int]:
         and len(value) == 2
         and all(_is_integer(v) and v > 0 for v in value)
     ):
-        return (int(value[0]), int(value[1]))
+        height, width = int(value[0]), int(value[1])
+        # A square is one int however it is written: ``[64, 64]`` and ``64``
+        # are one config, so one fingerprint and one version.
+        return height if height == width else (height, width)
     raise ValueError(f"expected a positive integer or [height, width], got {value!r}")
 
 
@@ -82,8 +85,10 @@ def _height_width(value: Any) -> tuple[int, int]:
 # One validator per union (not pydantic's Union) so a mistake gets one message
 # saying what is expected instead of one per union branch.
 Size = Annotated[int | tuple[int, int], PlainValidator(_size)]
-"""One positive int (a square) or ``[height, width]``; kept as written (an
-int stays an int), so a resolved config reads like its YAML."""
+"""One positive int (a square) or ``[height, width]``, in one canonical form:
+an int for a square (``[64, 64]`` becomes ``64``), else the pair. A resolved
+config reads like its YAML, and two spellings of one size are one config (one
+fingerprint, one version)."""
 
 HeightWidth = Annotated[tuple[int, int], PlainValidator(_height_width)]
 """What `Size` accepts, always as ``(height, width)``: ``56`` becomes ``(56, 56)``."""

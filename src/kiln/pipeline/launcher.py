@@ -33,6 +33,7 @@ passed through unchanged.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
 import functools
@@ -41,6 +42,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
@@ -447,6 +449,7 @@ def build(
     # publishing) with the same filesystem options as the job's workers.
     storage.use_pipeline_options(pipeline_args)
     spec = _spec(config, output)
+    _check_file_name_encoding(spec)
     check_pipeline_args(pipeline_args)
     _check_output_folders(spec)
     options = pipeline_options(pipeline_args)
@@ -944,6 +947,36 @@ def _previous_splits(
 def _check_keep(keep: int | None) -> None:
     if keep is not None and keep < 1:
         raise UsageError(f"--keep must be at least 1 (LATEST's version), got {keep}")
+
+
+def _check_file_name_encoding(spec: BuildSpec) -> None:
+    """Refuses a local source where Python decodes file names otherwise than as UTF-8.
+
+    Keys, class names and so the version are made of file names read as
+    UTF-8. Under a locale whose encoding is not UTF-8 (Latin-1, or C with
+    Python's UTF-8 mode and locale coercion turned off), Python decodes the
+    same bytes otherwise: the same files would give other keys and another
+    version, or be dropped as `bad_name`. Object stores name objects in UTF-8
+    whatever the locale.
+
+    Raises:
+      UsageError: naming the encoding and the remedy.
+    """
+    encoding = sys.getfilesystemencoding()
+    if codecs.lookup(encoding).name == "utf-8":
+        return
+    local = [
+        field
+        for field, value in spec.config.source.location().items()
+        for place in (value if isinstance(value, list) else [value])
+        if isinstance(place, str) and not storage.is_remote(place)
+    ]
+    if local:
+        raise UsageError(
+            f"source.{local[0]} is local and Python reads local file names as {encoding}, not "
+            "UTF-8 (the locale's encoding): the same files would give other keys and another "
+            "version; run kiln with PYTHONUTF8=1, or in a UTF-8 locale (LC_ALL=C.UTF-8)"
+        )
 
 
 def _spec(

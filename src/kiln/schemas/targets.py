@@ -149,7 +149,25 @@ class KeypointsTarget(_Model):
     """The keypoint names in the order each object lists its points, e.g.
     `[nose, left_eye, right_eye]`."""
     flip_pairs: list[tuple[FieldName, FieldName]] = []
-    """Pairs of names that swap under a horizontal flip, e.g. `[[left_eye, right_eye]]`."""
+    """Pairs of names that swap under a horizontal flip, e.g. `[[left_eye, right_eye]]`. Stored
+    in the order of `names` (`[[right_eye, left_eye]]` is the same config, the same version)."""
+
+    @pydantic.field_validator("flip_pairs")
+    @classmethod
+    def _in_names_order(
+        cls, pairs: list[tuple[str, str]], info: pydantic.ValidationInfo
+    ) -> list[tuple[str, str]]:
+        # A pair swaps, so [[b, a]] and [[a, b]] (and pairs in any order) are
+        # one config: stored in the order of `names`, they get one fingerprint
+        # and one version. Unknown names are left for `_names_known` to report.
+        position = {name: index for index, name in enumerate(info.data.get("names") or ())}
+        if not all(name in position for pair in pairs for name in pair):
+            return pairs
+        ordered = [
+            (left, right) if position[left] <= position[right] else (right, left)
+            for left, right in pairs
+        ]
+        return sorted(ordered, key=lambda pair: position[pair[0]])
 
     @pydantic.model_validator(mode="after")
     def _names_known(self):
