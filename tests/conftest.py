@@ -230,3 +230,14 @@ def duplicates_build(demo_corpus, tmp_path_factory):
         groups.append(sorted([original, *keys]))
     config = make_config(root, output=str(tmp_path_factory.mktemp("duplicates-out")))
     return build(config), groups
+
+
+def read_tree(root) -> dict[str, bytes]:
+    """Relative path ('/'-separated) -> bytes of every file below `root`."""
+    files = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
+    return files

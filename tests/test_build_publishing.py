@@ -18,7 +18,7 @@ import yaml
 
 import kiln.reader
 import object_store
-from conftest import make_config
+from conftest import make_config, read_tree
 from kiln import cli
 from kiln.pipeline import build, publish
 from kiln.schemas import MetadataError
@@ -413,17 +413,6 @@ def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path
     assert again.info.splits["train"].num_examples == len(keys) + trials + 1
 
 
-def _tree(folder):
-    """Every file below `folder` -> its bytes."""
-    found = {}
-    for directory, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(directory, name)
-            with open(path, "rb") as f:
-                found[os.path.relpath(path, folder)] = f.read()
-    return found
-
-
 def test_what_a_prune_killed_half_way_leaves_is_deleted_by_the_next_build(
     demo_corpus, tmp_path, caplog
 ):
@@ -448,7 +437,7 @@ def test_what_a_prune_killed_half_way_leaves_is_deleted_by_the_next_build(
     assert first.version in {p.read_text() for p in stamps.iterdir()}
     published = tmp_path / "out" / "shapes" / ".published"
     assert sorted(os.listdir(published)) == sorted([first.version, second])
-    kept = _tree(dataset.version_dir(second))
+    kept = read_tree(dataset.version_dir(second))
 
     again = build(config)  # up to date: no new version, and the leftover goes
     assert again.up_to_date and again.version == second
@@ -456,7 +445,7 @@ def test_what_a_prune_killed_half_way_leaves_is_deleted_by_the_next_build(
     assert {p.read_text() for p in stamps.iterdir()} == {second}
     assert os.listdir(published) == [second]
     assert dataset.versions() == [second] and dataset.latest() == second
-    assert _tree(dataset.version_dir(second)) == kept  # what readers use is untouched
+    assert read_tree(dataset.version_dir(second)) == kept  # what readers use is untouched
     assert verify.verify(again.dataset_dir).ok
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any(

@@ -1,27 +1,16 @@
 """The demo-data generator: deterministic, decodable, with broken files that fail as declared."""
 
 import io
-import os
 
 import cv2
 import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
+from conftest import read_tree
 from kiln import cli
 from kiln.pipeline import demo_data
 from kiln.transforms import DecodeError, decode_image
-
-
-def read_tree(root):
-    """Relative path -> bytes of every file under root."""
-    files = {}
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                files[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
-    return files
 
 
 @pytest.fixture(scope="module")

@@ -624,19 +624,23 @@ def test_process_images_outputs_runs_drops_and_a_summary(tmp_path):
         assert_that(summary, check_summary, label="CheckSummary")
 
 
-def test_the_image_step_holds_opencv_to_one_thread_per_call_and_restores_it(tmp_path):
-    import cv2
-
-    from kiln.pipeline.images import ProcessImagesFn
-
-    chain = transforms.parse([])
-    processor = ImageProcessor(
-        chain,
+def small_png_processor() -> ImageProcessor:
+    """An `ImageProcessor` of small images, one class, stored as PNG, all in train."""
+    return ImageProcessor(
+        transforms.parse([]),
         ImageConfig(channels=3, max_pixels=10_000, min_size=1),
         EncodingConfig(format="png"),
         ["a"],
         SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})),
     )
+
+
+def test_the_image_step_holds_opencv_to_one_thread_per_call_and_restores_it(tmp_path):
+    import cv2
+
+    from kiln.pipeline.images import ProcessImagesFn
+
+    processor = small_png_processor()
     fn = ProcessImagesFn(processor, threads=2, runs_folder=str(tmp_path), run_bytes=1 << 20)
     before = cv2.getNumThreads()
     cv2.setNumThreads(3)
@@ -658,13 +662,7 @@ def test_the_image_step_keeps_opencvs_log_lines_off_stderr_unless_the_user_set_a
 
     from kiln.pipeline.images import ProcessImagesFn
 
-    processor = ImageProcessor(
-        transforms.parse([]),
-        ImageConfig(channels=3, max_pixels=10_000, min_size=1),
-        EncodingConfig(format="png"),
-        ["a"],
-        SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})),
-    )
+    processor = small_png_processor()
     fn = ProcessImagesFn(processor, threads=1, runs_folder=str(tmp_path), run_bytes=1 << 20)
     levels = cv2.utils.logging
     before = levels.getLogLevel()
@@ -762,13 +760,7 @@ def test_the_image_threads_decode_within_a_budget_of_pixels(
     monkeypatch.setattr(transforms, "decode_image", counting_decode)
     monkeypatch.setattr(transforms, "encode_image", counting_encode)
     monkeypatch.setattr(ProcessImagesFn, "PIXELS_IN_FLIGHT", budget)
-    processor = ImageProcessor(
-        transforms.parse([]),
-        ImageConfig(channels=3, max_pixels=10_000, min_size=1),
-        EncodingConfig(format="png"),
-        ["a"],
-        SplitPolicy.from_config(SplitsConfig(fractions={"train": 1.0})),
-    )
+    processor = small_png_processor()
     fn = ProcessImagesFn(processor, threads=4, runs_folder=str(tmp_path), run_bytes=1 << 20)
     fn.setup()
     try:
