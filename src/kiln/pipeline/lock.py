@@ -21,10 +21,11 @@ holds `DatasetLock` from before it lists the source until it has published
   the object only if it still holds what was read
   (`storage.Store.replace_if_unchanged`): two builds breaking one stale lock
   take it once, and a holder that stalled past the limit stops beating
-  instead of writing its lock back over the new holder's. A builder on the same machine need not
-  wait that long: the lock names the holder's pid, host and pid namespace
-  (`Holder.namespace`), and where all three are this process's, a pid that
-  is not alive is a dead holder, whose lock is broken at once (logged).
+  instead of writing its lock back over the new holder's. A builder on the
+  same machine need not wait that long: the lock names the holder's pid,
+  host and pid namespace (`Holder.namespace`), and where all three are this
+  process's, a pid that is not alive is a dead holder, whose lock is broken
+  at once (logged).
   Before publishing, the holder checks that the lock is still its own
   (`DatasetLock.check`).
 """
