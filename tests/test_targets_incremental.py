@@ -509,3 +509,20 @@ def test_objects_of_a_class_the_base_did_not_know_are_processed_not_relabelled(c
     assert report.used and report.changed == len(with_red)
     assert report.relabelled > 0 and report.reused + report.relabelled + len(with_red) == COUNT
     assert_same_dataset(incremental, build(dict(spec, output=str(tmp_path / "full"))))
+
+
+def test_how_boxes_follow_instance_masks_is_in_the_fingerprint_of_such_datasets(monkeypatch):
+    """A base whose cut boxes were not tightened to their instance masks is
+    not reused (`INSTANCE_BOXES_VERSION`); datasets without instance masks
+    keep their fingerprint (and version names)."""
+    from kiln.pipeline import incremental
+
+    with_masks = {"targets": {"boxes": {}, "instance_masks": {}}}
+    boxes_only = {"targets": {"boxes": {}}}
+    before = {
+        name: incremental.processing_fingerprint(config)
+        for name, config in (("with_masks", with_masks), ("boxes_only", boxes_only))
+    }
+    monkeypatch.setattr(incremental, "INSTANCE_BOXES_VERSION", 0)
+    assert incremental.processing_fingerprint(with_masks) != before["with_masks"]
+    assert incremental.processing_fingerprint(boxes_only) == before["boxes_only"]

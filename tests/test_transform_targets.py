@@ -180,12 +180,13 @@ def check_follows(
         # The box encloses the shape (within the masks' resampling error)...
         assert box[0] <= mask_box[0] + tolerance and box[1] <= mask_box[1] + tolerance
         assert box[2] >= mask_box[2] - tolerance and box[3] >= mask_box[3] - tolerance
-        # ...tightly. A cut ellipse or triangle keeps its clipped box, larger than
-        # what is left of the shape: tightness is checked where nothing was cut.
+        # ...tightly, also where a crop cut the shape: the box of what is left of
+        # a cut ellipse or house is its mask's, not the clipped box.
+        assert iou(box, mask_box) >= 0.9, (index, box, mask_box)
+        assert iou(box, image_box) >= 0.9, (index, box, image_box)
         cut = whole is not None and index + 1 not in whole.objects["classes"]
-        if scene.rectangle[index] or not cut:
-            assert iou(box, mask_box) >= 0.9, (index, box, mask_box)
-            assert iou(box, image_box) >= 0.9, (index, box, image_box)
+        if cut:  # tightened to the moved mask's pixels: every side on them
+            np.testing.assert_allclose(box, mask_box, atol=tolerance)
         # The masks agree with the image's pixels of the shape.
         assert mask_iou(out.instance_masks[row] == 1, shown) >= 0.9, index
         assert mask_iou(out.mask == index + 1, shown) >= 0.9, index
@@ -499,6 +500,30 @@ def test_min_visibility_keeps_and_clips_what_is_visible_enough():
     assert box_of(out.instance_masks[0]).tolist() == [0, 0, 4, 10]
 
 
+def test_a_cut_box_is_tightened_to_what_is_left_of_its_instance_mask():
+    """A right triangle (right angle bottom-left) of a 20x20 image, center_crop
+    to 20x10 (columns 5..14): what is left is a trapezoid whose top is lower
+    than the clipped box's. An uncut box and a box whose mask has no pixel
+    keep their boxes."""
+    triangle = np.zeros((20, 20), np.uint8)
+    cv2.fillPoly(triangle, [np.array([[0, 0], [0, 19], [19, 19]], np.int32)], 1)
+    square = np.zeros((20, 20), np.uint8)
+    square[8:12, 7:11] = 1
+    targets = Targets(
+        boxes=[[0.0, 0.0, 20.0, 20.0], [7.0, 8.0, 11.0, 12.0], [2.0, 2.0, 19.0, 4.0]],
+        instance_masks=np.stack([triangle, square, np.zeros((20, 20), np.uint8)]),
+    )
+    _, out = transforms.parse([{"center_crop": {"size": [20, 10]}}]).apply(
+        np.zeros((20, 20, 1), np.uint8), targets, min_visibility=0.0
+    )
+    assert out.instance_masks is not None
+    expected = box_of(out.instance_masks[0])
+    assert expected is not None and expected[1] == 5.0  # the row where column 5 starts
+    np.testing.assert_array_equal(out.boxes[0], expected)
+    np.testing.assert_array_equal(out.boxes[1], [2.0, 8.0, 6.0, 12.0])  # uncut: moved only
+    np.testing.assert_array_equal(out.boxes[2], [0.0, 2.0, 10.0, 4.0])  # no pixel: clipped
+
+
 def test_an_object_cut_out_entirely_is_dropped_even_with_min_visibility_zero():
     targets = Targets(boxes=[[0.0, 0.0, 4.0, 4.0], [16.0, 0.0, 20.0, 0.0]])
     _, out = transforms.parse([{"center_crop": {"size": 10}}]).apply(
@@ -681,11 +706,10 @@ def test_a_user_transform_with_an_affine_geometry(user_transforms, angle):
         assert mask_iou(out.instance_masks[row] == 1, shown) >= 0.85
         mask_box = box_of(out.instance_masks[row])
         box = out.boxes[row]
-        # The enclosing box of the rotated corners holds the rotated shape.
-        assert box[0] <= mask_box[0] + 1 and box[1] <= mask_box[1] + 1
-        assert box[2] >= mask_box[2] - 1 and box[3] >= mask_box[3] - 1
-        if angle == 90.0:
-            assert iou(box, mask_box) >= 0.9
+        # A turned box is tightened to the rotated mask's pixels (the enclosing
+        # box of the rotated corners of an ellipse or a house is not tight).
+        np.testing.assert_allclose(box, mask_box, atol=1.0)
+        assert iou(box, box_of(shown)) >= 0.9
 
 
 def test_coordinate_map_composition_and_checks():

@@ -111,6 +111,12 @@ PROCESSING_VERSION = 2
 # 1: an image counts in class_counts for the classes its mask shows.
 MASK_COUNTS_VERSION = 1
 
+# Bump when how boxes follow instance masks changes: only datasets with an
+# `instance_masks` target then get another fingerprint and rebuild once.
+# 1: a box that a transform cuts (clips) or turns is tightened to its moved
+#    instance mask's pixels (`kiln.transforms.targets.tightened`).
+INSTANCE_BOXES_VERSION = 1
+
 # Config sections that decide a record's bytes (see the module docstring).
 _PROCESSING_SECTIONS = ("image", "transforms", "encoding", "targets", "plugins")
 
@@ -133,6 +139,8 @@ def processing_fingerprint(config: Mapping[str, Any]) -> str:
     }
     if _has_mask(config):
         data["mask_counts_version"] = MASK_COUNTS_VERSION
+    if (config.get("targets") or {}).get("instance_masks") is not None:
+        data["instance_boxes_version"] = INSTANCE_BOXES_VERSION
     if config.get("plugins"):
         data["plugin_sources"] = plugin_sources(config["plugins"])
     return versioning.fingerprint(data)

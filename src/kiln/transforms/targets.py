@@ -16,7 +16,12 @@ centre is ``(i + 0.5, j + 0.5)``.
 The rules, applied after each transform that moves pixels:
 
 - **Boxes** become the box enclosing their mapped corners, clipped to the
-  image.
+  image. With instance masks, the box of an object that a step cut (the
+  image edge clipped its box) or turned (a map that is not axis-aligned)
+  is then tightened to its moved mask's pixels: the intersection of the
+  box and the mask's pixel box (a crop through a triangle leaves a smaller
+  piece than the clipped box, and the corners' box of a turned ellipse is
+  not tight). A mask left without a pixel keeps the box.
 - **Visible fraction** of a box = its area after clipping / its area as
   mapped, before clipping; computed at each step from the box that step
   mapped (so two crops that each keep 60% of a box keep it at a threshold
@@ -285,10 +290,18 @@ class Targets:
             keypoints[keypoints[:, :, 2] == 0, :2] = 0.0
             if not every:
                 keypoints = keypoints[keep]
+        moved_boxes = clipped if every else clipped[keep]
+        if instance_masks is not None and len(moved_boxes):
+            changed: np.ndarray = np.any(clipped != boxes, axis=1)
+            if not coordinate_map.is_axis_aligned:
+                changed = np.ones_like(changed)
+            moved_boxes = tightened(
+                moved_boxes, instance_masks, changed if every else changed[keep]
+            )
         # Every array is new or unchanged (never the caller's: the
         # constructor copied those), so no validation or copy again.
         return _trusted(
-            boxes=clipped if every else clipped[keep],
+            boxes=moved_boxes,
             objects=self.objects if every else {n: c[keep] for n, c in self.objects.items()},
             keypoints=keypoints,
             mask=mask,
@@ -321,6 +334,42 @@ def visible_fraction(boxes: np.ndarray, clipped: np.ndarray, height: int, width:
                 np.where(length > 0, kept / np.where(length > 0, length, 1.0), point_inside)
             )
     return np.clip(fractions[0] * fractions[1], 0.0, 1.0)
+
+
+def tightened(boxes: np.ndarray, instance_masks: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """`boxes` (``[N, 4]`` pixels) where `which` (bool ``[N]``) cut to their
+    ``[N, H, W]`` instance mask's pixels: the intersection of the box and
+    the pixel box of the mask. A box whose mask has no pixel, or whose
+    intersection with it is empty, stays as it is. Returns a new array when
+    anything changes, else `boxes`."""
+    index = np.flatnonzero(which)
+    if not len(index):
+        return boxes
+    masks: np.ndarray = instance_masks[index] > 0
+    rows: np.ndarray = np.any(masks, axis=2)  # [M, H]
+    cols: np.ndarray = np.any(masks, axis=1)  # [M, W]
+    filled = rows.any(axis=1)
+    if not filled.any():
+        return boxes
+    height, width = rows.shape[1], cols.shape[1]
+    pixel_boxes = np.stack(
+        [
+            cols.argmax(axis=1),
+            rows.argmax(axis=1),
+            width - cols[:, ::-1].argmax(axis=1),
+            height - rows[:, ::-1].argmax(axis=1),
+        ],
+        axis=1,
+    ).astype(np.float64)
+    box = boxes[index]
+    cut = np.concatenate(
+        [np.maximum(box[:, :2], pixel_boxes[:, :2]), np.minimum(box[:, 2:], pixel_boxes[:, 2:])],
+        axis=1,
+    )
+    valid = filled & (cut[:, 2] > cut[:, 0]) & (cut[:, 3] > cut[:, 1])
+    out = boxes.copy()
+    out[index[valid]] = cut[valid]
+    return out
 
 
 def _clip_boxes(boxes: np.ndarray, height: int, width: int) -> np.ndarray:
