@@ -30,8 +30,9 @@ GOLDEN_SHARDS = {
 }
 
 # The stream version these values pin (unchanged from version 3: version 4
-# changed only mixup and cutmix, which GOLDEN_AUGMENT does not use).
-GOLDEN_STREAM_VERSION = 4
+# changed only mixup and cutmix, version 5 only boxes of objects with instance
+# masks, neither of which this dataset and GOLDEN_AUGMENT have).
+GOLDEN_STREAM_VERSION = 5
 
 # load(seed=2024, batch_size=4, repeat=2), augment = builds.GOLDEN_AUGMENT
 # (random_resized_crop 12, flip, color_jitter, random_erasing): per batch the

@@ -464,6 +464,10 @@ class ElementTargets:
         if moves is None or not objects:
             return ElementTargets(out, self.spec, None, moves)
         moved, keep = move_objects(out, self.spec, moves)
+        if moves.window is not None and "instance_masks" in moved and "boxes" in moved:
+            moved["boxes"] = tightened(
+                moved["boxes"], moved["instance_masks"], _cut(out["boxes"], moves.window)
+            )
         result = ElementTargets(moved, self.spec)
         return result.keep_objects(keep) if keep is not None else result
 
@@ -510,6 +514,10 @@ class ElementTargets:
                 out["instance_masks"] = _slice_window(
                     out["instance_masks"], offset, size, batched=True
                 )
+                if moves is None and "boxes" in out:
+                    out["boxes"] = tightened(
+                        out["boxes"], out["instance_masks"], _cut(self.tensors["boxes"], window)
+                    )
         result = ElementTargets(out, self.spec, grid, moves)
         return result.keep_objects(keep) if keep is not None else result
 
@@ -845,6 +853,28 @@ def _clip_boxes(boxes: tf.Tensor, min_visibility: float) -> tuple[tf.Tensor, tf.
     fraction = tf.math.divide_no_nan(kept_area, area)
     keep = tf.where(area > 0.0, (kept_area > 0.0) & (fraction >= min_visibility), inside)
     return clipped, keep
+
+
+def _cut(boxes: tf.Tensor, window: tf.Tensor) -> tf.Tensor:
+    """bool ``[N]``: whether the crop `window` (`ObjectMoves.window`) cuts each box."""
+    offset, scale = window[:2], window[2:]
+    moved = (boxes - tf.concat([offset, offset], 0)) * tf.concat([scale, scale], 0)
+    return tf.reduce_any((moved < 0.0) | (moved > 1.0), axis=-1)
+
+
+def tightened(boxes: tf.Tensor, masks: tf.Tensor, which: tf.Tensor) -> tf.Tensor:
+    """`boxes` where the bool ``[N]`` `which` cut to their ``[N, H, W, 1]``
+    instance masks' pixels: the intersection of the box and the mask's
+    pixel box, as the build does (`kiln.transforms.targets.tightened`). A
+    box whose mask has no pixel, or whose intersection with it is empty,
+    stays as it is."""
+    from_masks, filled = mask_boxes(masks)
+    cut = tf.concat(
+        [tf.maximum(boxes[:, :2], from_masks[:, :2]), tf.minimum(boxes[:, 2:], from_masks[:, 2:])],
+        axis=-1,
+    )
+    valid = which & filled & (cut[:, 2] > cut[:, 0]) & (cut[:, 3] > cut[:, 1])
+    return tf.where(valid[:, None], cut, boxes)
 
 
 def _hide_outside(points: tf.Tensor, visibility: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
