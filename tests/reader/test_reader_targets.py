@@ -182,6 +182,32 @@ def test_a_box_the_crop_cuts_is_tightened_to_its_instance_mask(triangles_dataset
     assert checked >= 24 and tightened >= 3, (checked, tightened)
 
 
+def test_cutmix_tightens_a_pasted_box_the_rectangle_cuts(triangles_dataset):
+    """A partner's triangle cut by the pasted rectangle: its box is its
+    pasted mask's (an element's own objects keep their boxes: their extent
+    did not change, only what shows of it)."""
+    kwargs = {"batch_size": 4, "seed": 7, "repeat": 8, "augment": ["cutmix"]}
+    pasted = 0
+    for images, targets in kiln.reader.load(triangles_dataset.dataset_dir, **kwargs):
+        for image, moved in unbatch(images, targets):
+            height, width = image.shape[:2]
+            scale = np.array([height, width, height, width])
+            for row, (box, mask) in enumerate(
+                zip(moved["boxes"], moved["instance_masks"], strict=True)
+            ):
+                reference = scenes.pixel_box(mask[..., 0] > 0)
+                if reference is None:  # an own triangle the rectangle hides, not its box
+                    continue
+                if row == len(moved["boxes"]) - 1 and len(moved["boxes"]) == 2:  # the partner's
+                    off = np.abs(box - reference) * scale
+                    assert np.all(off <= scenes.EDGE_PX), (box, reference)
+                    pasted += 1
+                else:  # encloses what shows of it
+                    assert np.all(box[:2] <= reference[:2] + 1e-6)
+                    assert np.all(box[2:] >= reference[2:] - 1e-6)
+    assert pasted >= 4, pasted
+
+
 # None: ragged objects. 5: padded to static shapes (more than any scene has,
 # so none is cut before the augmentation: see load_for_model).
 @pytest.mark.parametrize("max_objects", [None, 5])

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from kiln.lazy_import import LazyModule
 from kiln.reader.ops import builtin_op
-from kiln.reader.targets import BatchTargets, zero_unlabelled
+from kiln.reader.targets import BatchTargets, tightened, zero_unlabelled
 from kiln.registry import Probability
 
 if TYPE_CHECKING:
@@ -156,7 +156,8 @@ def _cutmix_targets(images, targets: BatchTargets, seed, *, alpha, probability):
     clipped to the rectangle and kept when at least ``min_visibility`` of
     their box shows. Per-object columns follow their boxes; instance masks
     keep only the pixels that show (own: outside the rectangle, partner's:
-    inside), and keypoints that do not show get visibility 0.
+    inside), and a partner's box that the rectangle cuts is tightened to its
+    mask's pixels (as a crop's); keypoints that do not show get visibility 0.
     """
     inside, partners, pasted, region = _cutmix_region(
         images, seed, alpha=alpha, probability=probability
@@ -204,7 +205,8 @@ def _paste_objects(tensors, partners, region, inside, spec) -> dict:
     own = {name: tensors[name] for name in columns}
     partner = {name: tf.gather(tensors[name], partners) for name in columns}
     keep_partner = tf.ragged.map_flat_values(partner_kept, partner["boxes"])
-    partner["boxes"] = tf.ragged.map_flat_values(lambda b: _clip_to(b, region), partner["boxes"])
+    whole_boxes = partner["boxes"]
+    partner["boxes"] = tf.ragged.map_flat_values(lambda b: _clip_to(b, region), whole_boxes)
     height_width = tf.shape(inside)
     if "keypoints" in columns:
         # Own keypoints under the pasted rectangle and the partner's outside it are hidden.
@@ -228,6 +230,11 @@ def _paste_objects(tensors, partners, region, inside, spec) -> dict:
         partner["instance_masks"] = tf.ragged.map_flat_values(
             lambda masks: tf.where(inside[None, :, :, None], masks, tf.zeros_like(masks)),
             partner["instance_masks"],
+        )
+        clipped = partner["boxes"].flat_values
+        cut = tf.reduce_any(tf.not_equal(clipped, whole_boxes.flat_values), axis=-1)
+        partner["boxes"] = partner["boxes"].with_flat_values(
+            tightened(clipped, partner["instance_masks"].flat_values, cut)
         )
     return {
         name: tf.concat(
