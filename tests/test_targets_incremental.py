@@ -511,6 +511,30 @@ def test_objects_of_a_class_the_base_did_not_know_are_processed_not_relabelled(c
     assert_same_dataset(incremental, build(dict(spec, output=str(tmp_path / "full"))))
 
 
+def test_a_base_built_before_boxes_followed_instance_masks_is_not_reused(
+    corpus, tmp_path, monkeypatch
+):
+    """Its cut boxes were not tightened: processed again, and the reason
+    names kiln's change rather than the user's config."""
+    from kiln.pipeline import incremental
+
+    assert "instance_masks" in data.TARGETS
+    manifest = str(corpus / "manifest.jsonl")
+    with monkeypatch.context() as before:
+        before.setattr(incremental, "INSTANCE_BOXES_VERSION", 0)
+        base = build(config(manifest, tmp_path / "out"))
+    assert base.info.processing["instance_boxes"] == 0
+
+    result = build(config(manifest, tmp_path / "out"))
+
+    assert not result.incremental.used and result.incremental.base == base.version
+    assert result.incremental.reason == (
+        "it was built with kiln's instance-mask box handling version 0, this kiln's is 1"
+    )
+    assert result.info.processing["instance_boxes"] == 1
+    assert result.counters["images_decoded"] == COUNT
+
+
 def test_how_boxes_follow_instance_masks_is_in_the_fingerprint_of_such_datasets(monkeypatch):
     """A base whose cut boxes were not tightened to their instance masks is
     not reused (`INSTANCE_BOXES_VERSION`); datasets without instance masks

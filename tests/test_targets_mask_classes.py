@@ -126,6 +126,9 @@ def test_a_base_counted_before_mask_classes_is_not_reused(scenes, tmp_path, monk
         extra.unlink()
         (scenes / "masks" / "extra.png").unlink()
     assert new.version != old.version
+    assert new.incremental.reason == (
+        "it was built with kiln's mask class counting version 0, this kiln's is 1"
+    )
     background = sum(s.class_counts.get("background", 0) for s in new.info.splits.values())
     assert background == sum(s.num_examples for s in new.info.splits.values())
     assert verify(new.dataset_dir).ok

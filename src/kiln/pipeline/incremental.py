@@ -139,7 +139,7 @@ def processing_fingerprint(config: Mapping[str, Any]) -> str:
     }
     if _has_mask(config):
         data["mask_counts_version"] = MASK_COUNTS_VERSION
-    if (config.get("targets") or {}).get("instance_masks") is not None:
+    if _has_instance_masks(config):
         data["instance_boxes_version"] = INSTANCE_BOXES_VERSION
     if config.get("plugins"):
         data["plugin_sources"] = plugin_sources(config["plugins"])
@@ -175,13 +175,21 @@ def _has_mask(config: Mapping[str, Any]) -> bool:
     return (config.get("targets") or {}).get("mask") is not None
 
 
+def _has_instance_masks(config: Mapping[str, Any]) -> bool:
+    return (config.get("targets") or {}).get("instance_masks") is not None
+
+
 def processing(config: Mapping[str, Any]) -> dict[str, Any]:
     """kiln.json's ``processing`` block for a resolved config: with a semantic
     mask also ``mask_counts`` (`MASK_COUNTS_VERSION`), which tells `kiln
-    verify` how the dataset's class_counts were counted."""
+    verify` how the dataset's class_counts were counted; with instance masks
+    ``instance_boxes`` (`INSTANCE_BOXES_VERSION`), which names why a base
+    built before is not reused."""
     out = {"version": PROCESSING_VERSION, "fingerprint": processing_fingerprint(config)}
     if _has_mask(config):
         out["mask_counts"] = MASK_COUNTS_VERSION
+    if _has_instance_masks(config):
+        out["instance_boxes"] = INSTANCE_BOXES_VERSION
     return out
 
 
@@ -229,6 +237,14 @@ class BaseChoice:
     reason: str = ""
 
 
+# The parts of kiln's own processing that a dataset's kiln.json versions
+# (`processing`), and what each is, for the reason a base is not reused.
+_KILN_CHANGES = (
+    ("mask_counts", "mask class counting"),
+    ("instance_boxes", "instance-mask box handling"),
+)
+
+
 def choose_base(
     dataset_root: str,
     read_info,
@@ -268,6 +284,14 @@ def choose_base(
             f"it was built with kiln processing version {info.processing.get('version')}, "
             f"this kiln's is {wanted['version']}",
         )
+    for name, what in _KILN_CHANGES:
+        if name in wanted and info.processing.get(name, 0) != wanted[name]:
+            return BaseChoice(
+                None,
+                version,
+                f"it was built with kiln's {what} version {info.processing.get(name, 0)}, "
+                f"this kiln's is {wanted[name]}",
+            )
     if info.processing.get("fingerprint") != wanted["fingerprint"]:
         return BaseChoice(
             None,
