@@ -306,8 +306,10 @@ class Registry(Generic[R]):
         most likely one's own, not registered where it is looked up).
       elsewhere: What to use instead of a name that is not registered but
         is one a user brings from elsewhere (Keras' ``Resizing`` in an
-        augmentation list), said in place of the known names when no
-        registered name is close (a did-you-mean wins). Keyed by the
+        augmentation list), said in place of the known names and of
+        names merely close to it (``RandomTranslation`` is not a
+        ``random_rotation``); only registered names that begin with it
+        (an abbreviation) are offered instead. Keyed by the
         name in lower case without ``_`` and ``-`` (`fold_name`), so that
         ``Resizing``, ``resizing`` and ``RESIZING`` all find it.
     """
@@ -384,7 +386,9 @@ class Registry(Generic[R]):
     def _unknown(self, name: Any) -> str:
         hint = did_you_mean(name, self.names()) if isinstance(name, str) else ""
         note = self._elsewhere.get(fold_name(name)) if isinstance(name, str) else None
-        if not hint and note:
+        # The note was written for this very name; only registered names it
+        # begins (an abbreviation: random_flip) are likelier meant.
+        if note and not any(known.startswith(name) for known in self.names()):
             return f"unknown {self.kind} {quote(name)}; {note}"
         if not hint:
             hint = _known(self.names()) + (f"; {self._own}" if self._own else "")

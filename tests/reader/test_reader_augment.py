@@ -185,6 +185,22 @@ def test_validate_names_entry_and_parameter(specs, message):
             "augment[0].random_contrast.factor: unknown parameter; did you mean "
             "'factor_range'?; Keras' RandomContrast(f) is factor_range [1 - f, 1 + f]",
         ),
+        (
+            {"random_brightness": {"factor": 0.2}},
+            "augment[0].random_brightness.factor: unknown parameter (known: max_delta); "
+            "max_delta is on kiln's [0, 1] scale: Keras' RandomBrightness(f), a fraction of "
+            "its value_range, is max_delta f",
+        ),
+        (
+            {"random_brightness": {"max_delta": 0.2, "value_range": [0, 255]}},
+            "augment[0].random_brightness.value_range: unknown parameter (known: max_delta); "
+            "max_delta is on kiln's [0, 1] scale",
+        ),
+        (
+            {"random_crop": {"size": 48, "height": 48}},
+            "augment[0].random_crop.height: unknown parameter (known: size); Keras' "
+            "RandomCrop(height, width) is size [height, width]",
+        ),
     ],
 )
 def test_keras_parameters_are_translated_in_the_error(spec, message):
@@ -227,6 +243,26 @@ def test_keras_parameters_are_translated_in_the_error(spec, message):
             "RandomFlip",
             "unknown augmentation op 'RandomFlip'; Keras' RandomFlip('horizontal') is "
             "random_flip_left_right, 'vertical' random_flip_up_down",
+        ),
+        (
+            "Normalization",
+            "unknown augmentation op 'Normalization'; not random, and not an op: load(..., "
+            "normalize=True) standardizes with the train split's per-channel mean and std "
+            "that the build stored (Keras' Normalization(mean=mean, variance=std ** 2) on "
+            "0..255)",
+        ),
+        # Not 'did you mean random_rotation': the note is about this very name.
+        (
+            "RandomTranslation",
+            "unknown augmentation op 'RandomTranslation'; kiln has no translation op: "
+            "register one with @kiln.reader.register_augmentation (docs/migrating.md has "
+            "random_translation, with Keras' RandomTranslation pixels)",
+        ),
+        (
+            "random_translation",
+            "unknown augmentation op 'random_translation'; kiln has no translation op: "
+            "register one with @kiln.reader.register_augmentation (docs/migrating.md has "
+            "random_translation, with Keras' RandomTranslation pixels)",
         ),
         # A close registered name still wins: it is the likelier meaning.
         (

@@ -223,6 +223,14 @@ AUGMENTATIONS: Registry[OpDefinition] = Registry(
         "(normalize=True standardizes them, dtype='uint8' gives 0..255)",
         "randomflip": "Keras' RandomFlip('horizontal') is random_flip_left_right, 'vertical' "
         "random_flip_up_down",
+        "normalization": "not random, and not an op: load(..., normalize=True) standardizes "
+        "with the train split's per-channel mean and std that the build stored (Keras' "
+        "Normalization(mean=mean, variance=std ** 2) on 0..255)",
+        **dict.fromkeys(
+            ("randomtranslation", "translation", "randomshift"),
+            "kiln has no translation op: register one with @kiln.reader.register_augmentation "
+            "(docs/migrating.md has random_translation, with Keras' RandomTranslation pixels)",
+        ),
     },
 )
 
@@ -382,6 +390,11 @@ _KERAS_ZOOM = (
     "[0.909, 1.111] for h = 0.1"
 )
 _KERAS_CONTRAST = "Keras' RandomContrast(f) is factor_range [1 - f, 1 + f]"
+_KERAS_BRIGHTNESS = (
+    "max_delta is on kiln's [0, 1] scale: Keras' RandomBrightness(f), a fraction of its "
+    "value_range, is max_delta f"
+)
+_KERAS_CROP = "Keras' RandomCrop(height, width) is size [height, width]"
 
 
 def _uniform(seed: tf.Tensor, low: float = 0.0, high: float = 1.0) -> tf.Tensor:
@@ -496,6 +509,7 @@ def _crop_size(*, size, **_):
     inference_window=_CENTER_CROP,
     smallest_input=_crop_size,
     output_size=_crop_size,
+    notes=dict.fromkeys(("size", "height", "width"), _KERAS_CROP),
 )
 def random_crop(image, seed, *, size: HeightWidth):
     """A uniformly placed ``size`` window (``[height, width]``); where no
@@ -801,7 +815,11 @@ def _channel_means(pixels: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(tf.reshape(row, [-1, channels]), 0)  # [channels]
 
 
-@builtin_op("random_brightness", pixelwise=True)
+@builtin_op(
+    "random_brightness",
+    pixelwise=True,
+    notes=dict.fromkeys(("max_delta", "factor", "value_range"), _KERAS_BRIGHTNESS),
+)
 def random_brightness(image, seed, *, max_delta: Fraction = 0.2):
     """Adds one delta drawn from ``[-max_delta, max_delta]`` to every pixel."""
     return color_twist(image, brightness=_uniform(seed, -max_delta, max_delta))

@@ -10,7 +10,7 @@ values.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
@@ -18,9 +18,10 @@ import tensorflow as tf
 class ReplicaIterator(tf.Module):
     """One input pipeline per replica, its position saved by `tf.train.Checkpoint`.
 
-    `dataset_fn` is called once per replica with a `tf.distribute.InputContext`
-    whose input pipelines are the replicas (pipeline i feeds replica i), as
-    `distribute_datasets_from_function` with
+    `dataset_fn` is called once per replica of this machine with a
+    `tf.distribute.InputContext` whose input pipelines are the strategy's
+    replicas (pipeline i feeds replica i, its ``replica_id_in_sync_group``),
+    as `distribute_datasets_from_function` with
     ``InputReplicationMode.PER_REPLICA`` calls it. Passed on to
     ``kiln.reader.load(input_context=...)``, every replica reads a disjoint
     share of the same number of records, so all replicas run out together
@@ -45,9 +46,12 @@ class ReplicaIterator(tf.Module):
     A checkpoint restores into as many replicas as it was written with:
     another count raises ValueError when it is restored.
 
-    For strategies on one machine (`MirroredStrategy`, `OneDeviceStrategy`,
-    the default strategy); with several workers each would need its own
-    share of the replicas, which this does not assign.
+    Serves strategies on one machine (`MirroredStrategy`, `OneDeviceStrategy`,
+    the default strategy) and `MultiWorkerMirroredStrategy`: each worker
+    makes its own, whose pipelines feed its own replicas, so the workers read
+    disjoint shares of the same number of records. Each worker's checkpoint
+    holds its own replicas' positions: restore every worker from the one it
+    wrote (another worker's raises ValueError).
     """
 
     def __init__(
@@ -57,16 +61,13 @@ class ReplicaIterator(tf.Module):
     ):
         super().__init__()
         replicas = strategy.num_replicas_in_sync
-        local = _local_replicas(strategy)
-        if local != replicas:
-            raise ValueError(
-                f"ReplicaIterator: this machine holds {local} of the strategy's {replicas} "
-                f"replicas; it serves strategies on one machine (MirroredStrategy)"
-            )
         self._strategy = strategy
         self._ended = False
+        # This machine's replicas by their ids in the sync group: all of them on
+        # one machine, on worker k of a multi-worker strategy its own (global) ids.
+        self._local_ids = _local_replica_ids(strategy)
         # Before the iterators, so that it is restored first.
-        self.replicas = _ReplicaCount(replicas)
+        self.replicas = _ReplicaCount(replicas, self._local_ids)
         self.iterators = [
             iter(
                 dataset_fn(
@@ -77,7 +78,7 @@ class ReplicaIterator(tf.Module):
                     )
                 )
             )
-            for replica in range(replicas)
+            for replica in self._local_ids
         ]
 
     def __iter__(self) -> ReplicaIterator:
@@ -97,30 +98,43 @@ class ReplicaIterator(tf.Module):
         except StopIteration:
             self._ended = True
             raise
+        local = {replica: batch for replica, batch in zip(self._local_ids, batches, strict=True)}
         return self._strategy.experimental_distribute_values_from_function(
-            lambda context: batches[context.replica_id_in_sync_group]
+            lambda context: local[context.replica_id_in_sync_group]
         )
 
 
 class _ReplicaCount(tf.train.experimental.PythonState):
-    """The replica count, saved beside the iterators and checked when restored.
+    """The replica count (and, on a worker of several, its replicas' ids),
+    saved beside the iterators and checked when restored.
 
     Each replica's position is in its share of the data, which the replica
-    count decides. Restored into another count, TF restores the iterators it
-    finds by index, silently: into fewer replicas they read a wrong stream
-    (records repeated within a pass), into more the extra ones start afresh
-    or fail obscurely. (Checkpoints written before it existed restore
-    unchecked.)
+    count and the replica's id decide. Restored into another count, TF
+    restores the iterators it finds by index, silently: into fewer replicas
+    they read a wrong stream (records repeated within a pass), into more the
+    extra ones start afresh or fail obscurely. Under a multi-worker strategy
+    every worker saves its own replicas' positions, and one worker's restored
+    on another would read the other worker's share. (Checkpoints written
+    before it existed restore unchecked.)
+
+    Saved as ``"<count>"`` when this machine holds every replica (as before
+    workers were served), ``"<count>:<id>,<id>..."`` otherwise.
     """
 
-    def __init__(self, replicas: int):
+    def __init__(self, replicas: int, local_ids: Sequence[int]):
         self.replicas = replicas
+        self.local_ids = tuple(local_ids)
 
     def serialize(self) -> str:
-        return str(self.replicas)
+        if self.local_ids == tuple(range(self.replicas)):
+            return str(self.replicas)
+        return f"{self.replicas}:{','.join(map(str, self.local_ids))}"
 
     def deserialize(self, string_value) -> None:
-        saved = int(string_value)
+        if isinstance(string_value, bytes):
+            string_value = string_value.decode()
+        count, _, ids = string_value.partition(":")
+        saved = int(count)
         if saved != self.replicas:
             raise ValueError(
                 f"ReplicaIterator: the checkpoint was written with {saved} replicas and this "
@@ -128,18 +142,24 @@ class _ReplicaCount(tf.train.experimental.PythonState):
                 f"of the data, which the replica count decides; restore it with {saved} "
                 f"replicas, or restore the model without `data` and start the input afresh"
             )
+        saved_ids = tuple(map(int, ids.split(","))) if ids else tuple(range(saved))
+        if saved_ids != self.local_ids:
+            raise ValueError(
+                f"ReplicaIterator: the checkpoint holds the input positions of replicas "
+                f"{list(saved_ids)} and this worker holds replicas {list(self.local_ids)}: "
+                f"each worker saves its own replicas' positions, in their shares of the data; "
+                f"restore every worker from the checkpoint it wrote itself"
+            )
 
 
-def _local_replicas(strategy: tf.distribute.Strategy) -> int:
-    """How many of `strategy`'s replicas this machine holds.
+def _local_replica_ids(strategy: tf.distribute.Strategy) -> tuple[int, ...]:
+    """The ids in the sync group of the replicas this machine holds.
 
-    The default strategy (``tf.distribute.get_strategy()`` outside any
-    scope) has one replica, here, but no `worker_devices`: it raises
-    RuntimeError for them.
+    Every replica on one machine; on a worker of `MultiWorkerMirroredStrategy`
+    its own, numbered across the workers (``replica_id_in_sync_group``), which
+    is how each worker's replicas find their shares of the data.
     """
-    try:
-        return len(strategy.extended.worker_devices)
-    except RuntimeError:
-        if strategy.num_replicas_in_sync == 1:
-            return 1
-        raise
+    ids = strategy.experimental_distribute_values_from_function(
+        lambda context: context.replica_id_in_sync_group
+    )
+    return tuple(int(replica) for replica in strategy.experimental_local_results(ids))
