@@ -10,7 +10,11 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import kiln
+
+# The sources of the kiln this process imported (this checkout's src, or
+# another tree's put first on PYTHONPATH): fresh interpreters import the same.
+KILN_SRC = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
 
 # The pipeline extra's packages: absent from a reader-only install (`pip install kiln`).
 # (pydantic is a base dependency: augmentation parameters are validated with it.)
@@ -37,10 +41,11 @@ def reader_only_install(script: str) -> str:
 
 
 def fresh_environment(env: dict | None = None) -> dict:
-    """The environment of a fresh interpreter: this checkout's kiln first, TF's C++ logs off."""
+    """The environment of a fresh interpreter: the kiln this process imported
+    first (`KILN_SRC`), TF's C++ logs off."""
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONHASHSEED="0")
     full_env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(REPO, "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+        [KILN_SRC] + [p for p in [os.environ.get("PYTHONPATH")] if p]
     )
     full_env.update(env or {})
     return full_env

@@ -8,20 +8,16 @@ multi-machine job runs, and reads what each worker reports on its last line.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
 
 import pytest
 
-import kiln
 from reader.builds import split_keys
 from reader.fresh_process import fresh_environment
 
 pytestmark = pytest.mark.slow
-
-KILN_SOURCES = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
 
 # The supported path: a custom training loop whose input is a ReplicaIterator
 # (each worker's own replicas, each on its share), then, in the same workers,
@@ -165,8 +161,6 @@ def run_workers(script: str, *args: str, timeout: int = 120) -> list[dict]:
             {
                 "TF_CONFIG": json.dumps(config),
                 "CUDA_VISIBLE_DEVICES": "",
-                # The kiln this test imported (a checkout's src, or another revision's).
-                "PYTHONPATH": os.pathsep.join([KILN_SOURCES, os.environ.get("PYTHONPATH", "")]),
             }
         )
         workers.append(
