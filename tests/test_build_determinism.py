@@ -7,9 +7,14 @@ import json
 import os
 import random
 import shutil
+import textwrap
 
-from conftest import make_config, read_tree, run_kiln
-from kiln.pipeline import build, config, demo_targets
+import pytest
+
+from conftest import BASE_CONFIG, make_config, read_tree, run_kiln
+from kiln.pipeline import ConfigError, build, config, demo_targets
+
+BASE_TRANSFORMS = BASE_CONFIG["transforms"]
 
 
 def digests(result):
@@ -311,3 +316,92 @@ def test_sharding_spellings_share_a_fingerprint_only_for_the_same_shards(demo_co
     assert fingerprint({"num_shards": {"train": 2}}, from_source) != fingerprint(
         {"num_shards": {"train": 2}, "target_shard_mb": 7}, from_source
     )
+
+
+# Two plugin modules, each registering an offline transform.
+PLUGIN_SOURCES = {
+    "kiln_test_order_a": """
+        import numpy as np
+        from kiln.transforms import register
+
+        @register()
+        def order_a_invert(image: np.ndarray) -> np.ndarray:
+            return 255 - image
+    """,
+    "kiln_test_order_b": """
+        import numpy as np
+        from kiln.transforms import register
+
+        @register()
+        def order_b_darken(image: np.ndarray) -> np.ndarray:
+            return image // 2
+    """,
+    # Register the same name as each other: whichever comes second fails.
+    "kiln_test_clash_c": """
+        import numpy as np
+        from kiln.transforms import register
+
+        @register()
+        def kiln_test_clash(image: np.ndarray) -> np.ndarray:
+            return image
+    """,
+    "kiln_test_clash_d": """
+        import numpy as np
+        from kiln.transforms import register
+
+        @register()
+        def kiln_test_clash(image: np.ndarray) -> np.ndarray:
+            return 255 - image
+    """,
+}
+
+
+@pytest.fixture
+def plugin_modules(tmp_path, monkeypatch):
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    for name, source in PLUGIN_SOURCES.items():
+        (folder / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(folder))
+
+
+def test_the_order_plugins_are_listed_in_is_not_part_of_the_config(
+    plugin_modules, demo_corpus, tmp_path
+):
+    """``plugins:`` are imported in name order, each once, whatever the order
+    written: [b, a] and [a, b] (and [a, b, a]) register the same functions,
+    so they are one config, one version, byte-identical files."""
+
+    def with_plugins(output, plugins):
+        return make_config(
+            demo_corpus.out_dir,
+            output=str(tmp_path / output),
+            plugins=plugins,
+            transforms=[*BASE_TRANSFORMS, "order_a_invert", "order_b_darken"],
+        )
+
+    first = build(with_plugins("ab", ["kiln_test_order_a", "kiln_test_order_b"]))
+    second = build(
+        with_plugins("ba", ["kiln_test_order_b", "kiln_test_order_a", "kiln_test_order_b"])
+    )
+    assert second.version == first.version
+    assert read_tree(second.dataset_dir) == read_tree(first.dataset_dir)
+    assert second.info.config["plugins"] == ["kiln_test_order_a", "kiln_test_order_b"]
+
+
+@pytest.mark.parametrize("order", [["c", "d"], ["d", "c"]])
+def test_two_plugins_registering_one_name_are_a_config_error_in_either_order(
+    plugin_modules, demo_corpus, order
+):
+    # Imported in name order, the second of the pair to register the name is
+    # refused, whichever order the config lists them in: never a build whose
+    # transform depends on the order written.
+    plugins = [f"kiln_test_clash_{letter}" for letter in order]
+    with pytest.raises(ConfigError) as refused:
+        config.load(make_config(demo_corpus.out_dir, output="out", plugins=plugins))
+    index = plugins.index("kiln_test_clash_d")
+    assert (
+        f"plugins[{index}]: importing module 'kiln_test_clash_d' raised ValueError: an offline "
+        "transform named 'kiln_test_clash' is already registered"
+    ) in str(refused.value)
+    assert "kiln_test_clash_c'" not in str(refused.value)

@@ -279,7 +279,17 @@ class BuildConfig(_Model):
     """What to do about bad input files."""
     plugins: list[Annotated[str, Field(min_length=1)]] = []
     """Python modules to import before validating: they register your own offline transforms
-    (and augmentation ops). Only modules named here are imported."""
+    (and augmentation ops). Only modules named here are imported, each once, in name order: the
+    order they are written in does not matter (one config, one version). Two modules that
+    register the same name are a config error."""
+
+    @pydantic.field_validator("plugins")
+    @classmethod
+    def _in_name_order(cls, modules: list[str]) -> list[str]:
+        # Imported in this order (`transforms.import_plugins`), so the order
+        # written cannot change what registers: [b, a] and [a, b] are one
+        # config, one fingerprint and one version.
+        return sorted(set(modules))
 
 
 @dataclasses.dataclass(frozen=True)
