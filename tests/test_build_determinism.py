@@ -336,23 +336,6 @@ PLUGIN_SOURCES = {
         def order_b_darken(image: np.ndarray) -> np.ndarray:
             return image // 2
     """,
-    # Register the same name as each other: whichever comes second fails.
-    "kiln_test_clash_c": """
-        import numpy as np
-        from kiln.transforms import register
-
-        @register()
-        def kiln_test_clash(image: np.ndarray) -> np.ndarray:
-            return image
-    """,
-    "kiln_test_clash_d": """
-        import numpy as np
-        from kiln.transforms import register
-
-        @register()
-        def kiln_test_clash(image: np.ndarray) -> np.ndarray:
-            return 255 - image
-    """,
 }
 
 
@@ -389,19 +372,36 @@ def test_the_order_plugins_are_listed_in_is_not_part_of_the_config(
     assert second.info.config["plugins"] == ["kiln_test_order_a", "kiln_test_order_b"]
 
 
+# Registers a transform of the name given: two such modules clash.
+CLASHING_SOURCE = """
+import numpy as np
+from kiln.transforms import register
+
+@register("{name}")
+def clashing(image: np.ndarray) -> np.ndarray:
+    return image
+"""
+
+
 @pytest.mark.parametrize("order", [["c", "d"], ["d", "c"]])
 def test_two_plugins_registering_one_name_are_a_config_error_in_either_order(
-    plugin_modules, demo_corpus, order
+    demo_corpus, tmp_path, monkeypatch, order
 ):
     # Imported in name order, the second of the pair to register the name is
     # refused, whichever order the config lists them in: never a build whose
-    # transform depends on the order written.
-    plugins = [f"kiln_test_clash_{letter}" for letter in order]
+    # transform depends on the order written. (Modules and name of their own
+    # per case: a module imported once stays registered.)
+    tag = "".join(order)
+    for letter in "cd":
+        source = CLASHING_SOURCE.format(name=f"kiln_test_clash_{tag}")
+        (tmp_path / f"kiln_test_clash_{tag}_{letter}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = [f"kiln_test_clash_{tag}_{letter}" for letter in order]
     with pytest.raises(ConfigError) as refused:
         config.load(make_config(demo_corpus.out_dir, output="out", plugins=plugins))
-    index = plugins.index("kiln_test_clash_d")
+    index = plugins.index(f"kiln_test_clash_{tag}_d")
     assert (
-        f"plugins[{index}]: importing module 'kiln_test_clash_d' raised ValueError: an offline "
-        "transform named 'kiln_test_clash' is already registered"
+        f"plugins[{index}]: importing module 'kiln_test_clash_{tag}_d' raised ValueError: an "
+        f"offline transform named 'kiln_test_clash_{tag}' is already registered"
     ) in str(refused.value)
-    assert "kiln_test_clash_c'" not in str(refused.value)
+    assert f"kiln_test_clash_{tag}_c'" not in str(refused.value)
