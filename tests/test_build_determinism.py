@@ -7,9 +7,14 @@ import json
 import os
 import random
 import shutil
+import textwrap
 
-from conftest import make_config, run_kiln
-from kiln.pipeline import build, demo_targets
+import pytest
+
+from conftest import BASE_CONFIG, make_config, read_tree, run_kiln
+from kiln.pipeline import ConfigError, build, config, demo_targets
+
+BASE_TRANSFORMS = BASE_CONFIG["transforms"]
 
 
 def digests(result):
@@ -241,3 +246,162 @@ def test_file_names_are_read_as_utf8_or_the_build_is_refused(demo_corpus, tmp_pa
     with open(dataset / version / "index.jsonl", encoding="utf-8") as f:
         keys = {json.loads(line)["key"] for line in f}
     assert any(key.startswith("circle/ñandú.") for key in keys)
+
+
+def test_sharding_written_another_way_for_the_same_shards_is_the_same_config(demo_corpus, tmp_path):
+    """``num_shards: 1`` and ``num_shards: {train: 1, validation: 1, test: 1}``
+    cut every split alike, and ``target_shard_mb`` sizes nothing when
+    ``num_shards`` fixes every split (nor does a count for a split the build
+    does not have): one config, so one version and byte-identical files (the
+    tiny target here spills a run per record, which changes no byte), and a
+    rebuild with the other spelling is up to date instead of a new version
+    that processes every image again."""
+    one = make_config(demo_corpus.out_dir, output=str(tmp_path / "one"), sharding={"num_shards": 1})
+    first = build(one)
+    per_split = make_config(
+        demo_corpus.out_dir,
+        output=str(tmp_path / "per-split"),
+        sharding={
+            "num_shards": {"train": 1, "validation": 1, "test": 1, "holdout": 4},
+            "target_shard_mb": 0.001,
+        },
+    )
+    second = build(per_split)
+    assert second.version == first.version
+    assert read_tree(second.dataset_dir) == read_tree(first.dataset_dir)
+    assert second.info.config["sharding"] == {
+        "num_shards": 1,
+        "target_shard_mb": 128.0,
+        "compression": "none",
+    }
+    per_split["output"] = one["output"]
+    again = build(per_split)
+    assert again.up_to_date and again.version == first.version
+
+
+def test_sharding_spellings_share_a_fingerprint_only_for_the_same_shards(demo_corpus):
+    """Which spellings of ``sharding`` are one config (see the test above), and
+    which are not: a count per split that leaves a split to ``target_shard_mb``,
+    or counts that differ, or splits that come from the source (their names
+    are known only from the listing)."""
+
+    def fingerprint(sharding, splits=None):
+        overrides = {"sharding": sharding} | ({"splits": splits} if splits else {})
+        return config.load(make_config(demo_corpus.out_dir, output="out", **overrides)).fingerprint
+
+    every = {"train": 2, "validation": 2, "test": 2}
+    assert (
+        fingerprint({"num_shards": 2})
+        == fingerprint({"num_shards": every})
+        == fingerprint({"num_shards": every, "target_shard_mb": 7})
+        == fingerprint({"num_shards": 2, "target_shard_mb": 7})
+        == fingerprint({"num_shards": {**every, "other": 9}})
+    )
+    uneven = {"train": 3, "validation": 1, "test": 1}
+    assert fingerprint({"num_shards": uneven}) == fingerprint(
+        {"num_shards": uneven, "target_shard_mb": 0.5}
+    )
+    assert fingerprint({"num_shards": uneven}) != fingerprint({"num_shards": 3})
+    assert fingerprint({}) == fingerprint({"num_shards": {}}) == fingerprint({"num_shards": None})
+    assert fingerprint({"num_shards": {"other": 2}}) == fingerprint({})
+    # A split left to target_shard_mb: it sizes that split's shards.
+    some = {"num_shards": {"train": 2}}
+    assert fingerprint(some) != fingerprint({**some, "target_shard_mb": 7})
+    assert fingerprint(some) != fingerprint({"num_shards": 2})
+    # Splits from the source: a count per split may leave one to the target.
+    from_source = {"from_source": True}
+    assert fingerprint({"num_shards": 2}, from_source) == fingerprint(
+        {"num_shards": 2, "target_shard_mb": 7}, from_source
+    )
+    assert fingerprint({"num_shards": {"train": 2}}, from_source) != fingerprint(
+        {"num_shards": {"train": 2}, "target_shard_mb": 7}, from_source
+    )
+
+
+# Two plugin modules, each registering an offline transform.
+PLUGIN_SOURCES = {
+    "kiln_test_order_a": """
+        import numpy as np
+        from kiln.transforms import register
+
+        @register()
+        def order_a_invert(image: np.ndarray) -> np.ndarray:
+            return 255 - image
+    """,
+    "kiln_test_order_b": """
+        import numpy as np
+        from kiln.transforms import register
+
+        @register()
+        def order_b_darken(image: np.ndarray) -> np.ndarray:
+            return image // 2
+    """,
+}
+
+
+@pytest.fixture
+def plugin_modules(tmp_path, monkeypatch):
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    for name, source in PLUGIN_SOURCES.items():
+        (folder / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(folder))
+
+
+def test_the_order_plugins_are_listed_in_is_not_part_of_the_config(
+    plugin_modules, demo_corpus, tmp_path
+):
+    """``plugins:`` are imported in name order, each once, whatever the order
+    written: [b, a] and [a, b] (and [a, b, a]) register the same functions,
+    so they are one config, one version, byte-identical files."""
+
+    def with_plugins(output, plugins):
+        return make_config(
+            demo_corpus.out_dir,
+            output=str(tmp_path / output),
+            plugins=plugins,
+            transforms=[*BASE_TRANSFORMS, "order_a_invert", "order_b_darken"],
+        )
+
+    first = build(with_plugins("ab", ["kiln_test_order_a", "kiln_test_order_b"]))
+    second = build(
+        with_plugins("ba", ["kiln_test_order_b", "kiln_test_order_a", "kiln_test_order_b"])
+    )
+    assert second.version == first.version
+    assert read_tree(second.dataset_dir) == read_tree(first.dataset_dir)
+    assert second.info.config["plugins"] == ["kiln_test_order_a", "kiln_test_order_b"]
+
+
+# Registers a transform of the name given: two such modules clash.
+CLASHING_SOURCE = """
+import numpy as np
+from kiln.transforms import register
+
+@register("{name}")
+def clashing(image: np.ndarray) -> np.ndarray:
+    return image
+"""
+
+
+@pytest.mark.parametrize("order", [["c", "d"], ["d", "c"]])
+def test_two_plugins_registering_one_name_are_a_config_error_in_either_order(
+    demo_corpus, tmp_path, monkeypatch, order
+):
+    # Imported in name order, the second of the pair to register the name is
+    # refused, whichever order the config lists them in: never a build whose
+    # transform depends on the order written. (Modules and name of their own
+    # per case: a module imported once stays registered.)
+    tag = "".join(order)
+    for letter in "cd":
+        source = CLASHING_SOURCE.format(name=f"kiln_test_clash_{tag}")
+        (tmp_path / f"kiln_test_clash_{tag}_{letter}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = [f"kiln_test_clash_{tag}_{letter}" for letter in order]
+    with pytest.raises(ConfigError) as refused:
+        config.load(make_config(demo_corpus.out_dir, output="out", plugins=plugins))
+    index = plugins.index(f"kiln_test_clash_{tag}_d")
+    assert (
+        f"plugins[{index}]: importing module 'kiln_test_clash_{tag}_d' raised ValueError: an "
+        f"offline transform named 'kiln_test_clash_{tag}' is already registered"
+    ) in str(refused.value)
+    assert f"kiln_test_clash_{tag}_c'" not in str(refused.value)

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -43,7 +44,8 @@ BUCKET = "kiln-test"
 
 # Reads every split of each dataset given with TensorFlow's GCS filesystem
 # and runs `kiln verify` and `kiln inspect --json` on it (mode "read"), or
-# only `kiln verify` (mode "verify"): one child process,
+# only `kiln verify` (mode "verify"), or `kiln verify`, `kiln inspect` and
+# `kiln inspect --json` (mode "inspect"): one child process,
 # so TensorFlow is imported once, with the tunnel's settings from the start.
 TENSORFLOW_CHILD = """
     import contextlib, hashlib, io, json, sys
@@ -61,6 +63,13 @@ TENSORFLOW_CHILD = """
     for path in paths:
         if mode == "verify":
             results[path] = {"verify": run(["verify", path])}
+            continue
+        if mode == "inspect":
+            results[path] = {
+                "verify": run(["verify", path]),
+                "inspect": run(["inspect", path]),
+                "json": run(["inspect", path, "--json"]),
+            }
             continue
         info = kiln.reader.info(path)
         splits = {}
@@ -560,3 +569,103 @@ def test_a_source_in_a_missing_bucket_is_a_config_error(on_emulator, tmp_path, c
     )
     assert err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+def _copy(source_prefix: str, target_prefix: str, skip: tuple[str, ...] = ()) -> None:
+    """Copies every object under `source_prefix` to `target_prefix`, but
+    those whose name ends with one of `skip`."""
+    bucket = _client().bucket(BUCKET)
+    for name in _names(source_prefix):
+        if not name.endswith(skip):
+            bucket.copy_blob(bucket.blob(name), bucket, target_prefix + name[len(source_prefix) :])
+
+
+def test_inspect_and_verify_name_what_killed_builds_left_on_the_emulator(
+    on_emulator, emulator, demo_corpus
+):
+    # What `kiln inspect gs://...` and `kiln verify gs://...` say, through
+    # TensorFlow's GCS filesystem, of a dataset folder where builds were
+    # killed: one while it copied its version (shards, no kiln.json), one
+    # while its job ran (its staging folder). In "dead", the killed build's
+    # lock is still there, without a heartbeat for an hour (stale); in
+    # "live", a build holds the lock and beats.
+    folder = "leftovers"
+    _upload_corpus(demo_corpus.out_dir, f"{folder}/images")
+    config = make_config(f"gs://{BUCKET}/{folder}/images", output=f"gs://{BUCKET}/{folder}")
+    first = build(config)
+    roots = {}
+    bucket = _client().bucket(BUCKET)
+    for state, heartbeat in (("dead", time.time() - 3600), ("live", time.time())):
+        prefix = f"{folder}/{state}/shapes"
+        _copy(f"{folder}/shapes/", f"{prefix}/")
+        _copy(f"{folder}/shapes/{first.version}/", f"{prefix}/0123456789ab/", skip=("kiln.json",))
+        staging = f"{prefix}/.staging-0123456789ab-dead"
+        bucket.blob(f"{staging}/.work/listing.sqlite").upload_from_string(b"x" * 3000)
+        bucket.blob(f"{staging}/shapes-train.tfrecord-x").upload_from_string(b"x" * 72)
+        holder = Holder(
+            pid=4321, host="elsewhere", started="2026-01-01T00:00:00+00:00", token=state
+        )
+        holder = dataclasses.replace(holder, heartbeat=heartbeat)
+        bucket.blob(f"{prefix}/.lock").upload_from_string(holder.to_bytes())
+        roots[state] = f"gs://{BUCKET}/{prefix}"
+
+    results = _read_with_tensorflow(emulator, "inspect", *roots.values())
+    assert emulator[3].refused == []  # every request went to the emulator
+    for state, root in roots.items():
+        result = results[root]
+        incomplete = f"{root}/0123456789ab"
+        staging = f"{root}/.staging-0123456789ab-dead"
+        summary = json.loads(result["json"]["stdout"])
+        assert summary["incomplete_versions"] == [incomplete]
+        (found,) = summary["staging_folders"]
+        assert (found["path"], found["num_files"], found["num_bytes"]) == (staging, 2, 3072)
+        assert abs(found["modified"] - time.time()) < 600
+        lock = summary["lock"]
+        assert lock["held"] is (state == "live") and lock["holder"]["token"] == state
+
+        seconds = "<N> s"  # a number of seconds: how long ago depends on the clock
+        if state == "dead":
+            lock_line = (
+                "  the dataset's lock is stale (pid 4321 on elsewhere, started "
+                f"2026-01-01T00:00:00+00:00; no heartbeat for {seconds}): its build is dead, "
+                "and the next build breaks the lock: left by a build that was killed, or kept "
+                "for its errors.jsonl by one that dropped too many files. The next kiln build "
+                "of the dataset deletes them; to free the space now, while no build runs: "
+                f"gcloud storage rm -r {staging}"
+            )
+        else:
+            lock_line = (
+                "  a build holds the dataset's lock (pid 4321 on elsewhere, started "
+                f"2026-01-01T00:00:00+00:00, last heartbeat {seconds} ago): it may be running; "
+                "leave them: it deletes those of earlier builds itself, its own when it ends"
+            )
+        expected = [
+            "incomplete version folder(s), no kiln.json (left by an interrupted build or prune; "
+            f"never read; the next kiln build deletes them): {incomplete}",
+            "staging folder(s) of builds that did not finish (never read):",
+            f"  {staging}  2 file(s), 3.0 KiB, last written {seconds} ago",
+            lock_line,
+        ]
+
+        def matches(lines, patterns):
+            return len(lines) == len(patterns) and all(
+                re.fullmatch(re.escape(pattern).replace("<N>", r"\d+"), line)
+                for line, pattern in zip(lines, patterns, strict=True)
+            )
+
+        printed = result["inspect"]["stdout"].splitlines()
+        at = printed.index(expected[1])
+        assert matches(printed[at - 1 :], expected), printed[at - 1 :]
+        verified = result["verify"]
+        assert verified["code"] == 0, verified
+        first_line, *notes = verified["stdout"].splitlines()
+        assert first_line.startswith(f"kiln verify: OK: {root}/{first.version}: ")
+        noted = ["note: " + expected[0], "note: " + expected[1], *expected[2:]]
+        assert matches(notes, noted), notes
+
+    # What the lines promise: the next build breaks the dead build's lock
+    # and deletes both (up to date: the stamp is there, no job runs).
+    again = build(dict(config, output=f"gs://{BUCKET}/{folder}/dead"))
+    assert again.up_to_date and again.version == first.version
+    left = _names(f"{folder}/dead/shapes/")
+    assert not [n for n in left if "/.staging-" in n or "/0123456789ab/" in n], left

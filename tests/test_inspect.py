@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import tracemalloc
 
 import pytest
@@ -286,3 +287,71 @@ def test_incomplete_version_folders_are_named_until_the_next_build_deletes_them(
     assert visible == sorted(["LATEST", "notes", result.version])
     assert cli.main(["inspect", root]) == 0
     assert "incomplete version folder" not in capsys.readouterr().out
+
+
+def stale_staging(dataset_root, age_seconds=2 * 3600 + 5 * 60, size=1000):
+    """What a build killed with SIGKILL leaves: its staging folder, with a
+    work file last written `age_seconds` ago."""
+    folder = os.path.join(dataset_root, ".staging-0123456789ab-dead")
+    os.makedirs(os.path.join(folder, ".work"))
+    work_file = os.path.join(folder, ".work", "listing.sqlite")
+    with open(work_file, "wb") as f:
+        f.write(b"x" * size)
+    then = time.time() - age_seconds
+    os.utime(work_file, (then, then))
+    os.utime(folder, (then, then))
+    return folder, then
+
+
+def test_staging_folders_are_named_with_whether_a_build_holds_the_lock(
+    build_dataset, demo_corpus, tmp_path, capsys
+):
+    from conftest import make_config
+    from kiln.pipeline import build
+    from kiln.pipeline.lock import DatasetLock
+
+    result = build_dataset()
+    root = str(tmp_path / "out" / "shapes")
+    shutil.copytree(result.dataset_root, root)
+    staging, written = stale_staging(root)
+
+    assert cli.main(["inspect", root]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("staging folder(s) of builds that did not finish (never read):")
+    assert lines[at + 1 :] == [
+        f"  {staging}  1 file(s), 1000 B, last written 2 h 5 min ago",
+        "  no build holds the dataset's lock: left by a build that was killed, or kept for its "
+        "errors.jsonl by one that dropped too many files. The next kiln build of the dataset "
+        f"deletes them; to free the space now, while no build runs: rm -r {staging}",
+    ]
+    summary = inspection.inspect_dataset(root)
+    assert summary["staging_folders"] == [
+        {"path": staging, "num_files": 1, "num_bytes": 1000, "modified": written}
+    ]
+    assert summary["lock"]["held"] is False
+
+    # While a build holds the lock, the folder may be its own: leave it.
+    with DatasetLock(root) as held:
+        assert cli.main(["inspect", root]) == 0
+        out = capsys.readouterr().out
+        summary = inspection.inspect_dataset(root)
+    me = held._me.describe()
+    assert (
+        f"  a build of the dataset is running: it holds the lock ({me}); leave them: it "
+        "deletes those of earlier builds itself, its own when it ends\n"
+    ) in out
+    assert "rm -r" not in out
+    assert summary["lock"]["held"] is True and summary["lock"]["holder"]["pid"] == os.getpid()
+
+    # A version folder is only that version: nothing about its neighbours.
+    version_dir = os.path.join(root, result.version)
+    assert cli.main(["inspect", version_dir]) == 0
+    assert "staging folder" not in capsys.readouterr().out
+    assert inspection.inspect_dataset(version_dir)["staging_folders"] == []
+
+    # What the line promises: the next build (up to date here) deletes it.
+    assert build(make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))).up_to_date
+    assert not os.path.exists(staging)
+    assert cli.main(["inspect", root]) == 0
+    assert "staging folder" not in capsys.readouterr().out
+    assert inspection.inspect_dataset(root)["lock"] is None

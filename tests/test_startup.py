@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -234,3 +235,17 @@ def test_python_dash_m_kiln_is_the_kiln_command(tmp_path):
     )
     assert missing.returncode == 2 and missing.stdout == ""
     assert missing.stderr.startswith("kiln build: error: ") and missing.stderr.count("\n") == 1
+
+
+def test_inspect_names_staging_folders_without_tensorflow(tmp_path, build_dataset):
+    # The staging folders' sizes and times, and the lock's state, are plain
+    # Python on a local disk too.
+    result = build_dataset()
+    root = tmp_path / "shapes"
+    shutil.copytree(result.dataset_root, root)
+    (root / ".staging-0123456789ab-dead").mkdir()
+    (root / ".staging-0123456789ab-dead" / "shard").write_bytes(b"x")
+    probed = probe(tmp_path, "inspect", str(root))
+    assert probed["code"] == 0, probed["stderr"]
+    assert probed["heavy"] == []
+    assert "staging folder(s) of builds that did not finish" in probed["stdout"]

@@ -472,3 +472,31 @@ def test_incomplete_version_folders_are_a_note_not_a_failure(build_dataset, tmp_
         f"prune; never read; the next kiln build deletes them): {incomplete}"
     ]
     assert run_cli(root, capsys, "--quiet") == (0, "")  # for cron: the dataset is intact
+
+
+def test_staging_folders_are_a_note_not_a_failure(build_dataset, tmp_path, capsys):
+    from kiln.pipeline.lock import DatasetLock
+
+    result = build_dataset()
+    root = str(tmp_path / "shapes")
+    shutil.copytree(result.dataset_root, root)
+    # A build killed with SIGKILL left it; the next build deletes it.
+    staging = os.path.join(root, ".staging-0123456789ab-dead")
+    os.makedirs(os.path.join(staging, ".work"))
+    with open(os.path.join(staging, ".work", "listing.sqlite"), "wb") as f:
+        f.write(b"x" * 2048)
+    code, out = run_cli(root, capsys)
+    assert code == 0
+    lines = out.splitlines()[1:]
+    assert lines[0] == "note: staging folder(s) of builds that did not finish (never read):"
+    assert re.fullmatch(
+        rf"  {re.escape(staging)}  1 file\(s\), 2\.0 KiB, last written \d+ s ago", lines[1]
+    )
+    assert lines[2].startswith("  no build holds the dataset's lock: left by a build that was")
+    assert lines[2].endswith(f"while no build runs: rm -r {staging}")
+    assert len(lines) == 3
+    with DatasetLock(root):
+        code, out = run_cli(root, capsys)
+    assert code == 0
+    assert out.splitlines()[-1].startswith("  a build of the dataset is running: it holds the lock")
+    assert run_cli(root, capsys, "--quiet") == (0, "")  # for cron: the dataset is intact

@@ -8,6 +8,8 @@ the list entry (``augment[1].mixup``). Real builds, read by the real reader.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import tensorflow as tf
 
@@ -153,3 +155,52 @@ def test_a_layer_made_directly_refuses_inputs_its_ops_cannot_take(augment, shape
         layer(tf.keras.Input(shape))
     # Images it can take build as before.
     kiln.reader.AugmentationLayer(augment)(tf.keras.Input((64, 64, 3)))
+
+
+def test_a_rotation_of_less_than_a_degree_is_warned_once(png_dataset, caplog):
+    # Keras' RandomRotation(0.1) is a tenth of a turn (36 degrees); copied as
+    # kiln's angle_range [-0.1, 0.1] it is a tenth of a degree: valid, so
+    # not refused, but said once, naming the entry, when the list is checked
+    # (not per epoch, nor per element).
+    augment = [
+        "random_flip_left_right",
+        {"random_rotation": {"angle_range": [-0.1, 0.1], "fill_mode": "reflect"}},
+    ]
+    with caplog.at_level(logging.WARNING, logger="kiln.reader"):
+        for _ in range(2):
+            dataset = kiln.reader.load(
+                png_dataset.dataset_dir, "train", batch_size=4, seed=0, augment=augment
+            )
+            next(iter(dataset))
+        validate(augment)
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warned] == [
+        "augment[1].random_rotation.angle_range: [-0.1, 0.1] rotates by 0.1 degree at most; "
+        "angle_range is in degrees, counter-clockwise: Keras' RandomRotation(factor=f), in "
+        "turns, is angle_range [-360 f, 360 f] (docs/migrating.md)"
+    ]
+    assert warned[0].name == "kiln.reader.ops"
+
+
+@pytest.mark.parametrize(
+    "angle_range",
+    [[-0.3, 0.0], [0.0, 0.0], [-1.0, 1.0], [-0.5, 2.0], [-15.0, 15.0]],
+    ids=["a_zero_bound", "none", "a_degree", "one_bound_of_degrees", "default"],
+)
+def test_rotations_of_a_degree_or_with_a_zero_bound_are_not_warned(angle_range, caplog):
+    with caplog.at_level(logging.WARNING, logger="kiln.reader"):
+        validate([{"random_rotation": {"angle_range": angle_range}}])
+    assert caplog.records == []
+
+
+def test_a_build_warns_of_a_rotation_of_less_than_a_degree(demo_corpus, tmp_path, caplog):
+    # The build checks the list with the reader's validate: said before it runs.
+    from conftest import make_config
+    from kiln.pipeline import config
+
+    augment = [{"random_rotation": {"angle_range": [-0.2, 0.25]}}]
+    with caplog.at_level(logging.WARNING, logger="kiln.reader"):
+        config.load(make_config(demo_corpus.out_dir, output=str(tmp_path), augment=augment))
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [
+        "augment[0].random_rotation.angle_range: [-0.2, 0.25] rotates by 0.25 degree at most"
+    ]

@@ -188,13 +188,15 @@ class SplitsConfig(_Model):
 
 class ShardingConfig(_Model):
     target_shard_mb: pydantic.PositiveFloat = 128.0
-    """Shards per split = ceil(split bytes / this many MB)."""
+    """Shards per split = ceil(split bytes / this many MB). When `num_shards` fixes every
+    split's count it sizes no shard, and is not part of the dataset's version."""
     # A positive int, or split name -> positive int (splits not named are
     # sized by target_shard_mb). Checked by hand: pydantic's messages for a
     # union name its internal member types, not the user's mistake.
     num_shards: Any = None
     """A fixed shard count instead: one positive int for every split, or `{split: count}`
-    (splits not named use `target_shard_mb`)."""
+    (splits not named use `target_shard_mb`). A mapping that gives every split of
+    `splits.fractions` one count is the same config as that count (one version)."""
     compression: Literal["none", "gzip"] = "none"
     """`gzip` compresses the shards (`.gz` suffix). TFDS cannot read gzip shards, so such
     builds get no TFDS metadata."""
@@ -277,7 +279,17 @@ class BuildConfig(_Model):
     """What to do about bad input files."""
     plugins: list[Annotated[str, Field(min_length=1)]] = []
     """Python modules to import before validating: they register your own offline transforms
-    (and augmentation ops). Only modules named here are imported."""
+    (and augmentation ops). Only modules named here are imported, each once, in name order: the
+    order they are written in does not matter (one config, one version). Two modules that
+    register the same name are a config error."""
+
+    @pydantic.field_validator("plugins")
+    @classmethod
+    def _in_name_order(cls, modules: list[str]) -> list[str]:
+        # Imported in this order (`transforms.import_plugins`), so the order
+        # written cannot change what registers: [b, a] and [a, b] are one
+        # config, one fingerprint and one version.
+        return sorted(set(modules))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,7 +367,36 @@ class BuildSpec:
         if self.config.encoding.format != "jpeg":
             # Only JPEG is lossy: keep unused knobs out of the fingerprint.
             data["encoding"]["quality"] = None
+        data["sharding"] = self._sharding_json(data["sharding"])
         return data
+
+    def _sharding_json(self, sharding: dict[str, Any]) -> dict[str, Any]:
+        """``sharding`` in one form per set of shard counts, so that two
+        spellings of one layout (the same shards, the same bytes) are one
+        config, one fingerprint, one version:
+
+        - ``num_shards`` per split that names every split with one count is
+          that count (``{train: 2, test: 2}`` is ``2``), and counts for
+          splits the build does not have are left out (``{}`` is null);
+        - ``target_shard_mb``, when ``num_shards`` fixes every split's count,
+          sizes nothing that is stored: it is written as its default.
+
+        A config written so already keeps its fingerprint. With
+        ``splits.from_source`` the splits are known only from the listing:
+        a per-split ``num_shards`` stays as written there.
+        """
+        splits = self.config.splits.fractions  # None: splits from the source
+        fixed = sharding["num_shards"]
+        if isinstance(fixed, dict) and splits is not None:
+            fixed = {split: count for split, count in fixed.items() if split in splits} or None
+            if fixed is not None and set(fixed) == set(splits) and len(set(fixed.values())) == 1:
+                fixed = next(iter(fixed.values()))
+        every_split = isinstance(fixed, int) or (
+            isinstance(fixed, dict) and splits is not None and set(fixed) == set(splits)
+        )
+        if every_split:
+            sharding["target_shard_mb"] = ShardingConfig.model_fields["target_shard_mb"].default
+        return {**sharding, "num_shards": fixed}
 
     @functools.cached_property
     def fingerprint(self) -> str:

@@ -34,113 +34,32 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import errno
-import json
 import logging
 import os
-import secrets
-import socket
 import threading
 import time
 import types
 
 from kiln.errors import Busy, Failure, UsageError
 from kiln.pipeline import storage
+from kiln.schemas.dataset_lock import LOCK_FILENAME, STALE_AFTER_SECONDS, Holder, stale_reason
+
+__all__ = ["HEARTBEAT_SECONDS", "LOCK_FILENAME", "STALE_AFTER_SECONDS", "DatasetLock", "Holder"]
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILENAME = ".lock"
 HEARTBEAT_SECONDS = 30.0
-STALE_AFTER_SECONDS = 600.0
 _POLL_SECONDS = 0.5
-
-
-@dataclasses.dataclass(frozen=True)
-class Holder:
-    """Who holds (or last held) a dataset's lock."""
-
-    pid: int
-    host: str
-    started: str  # ISO 8601, UTC
-    token: str = ""
-    heartbeat: float = 0.0  # time.time() of the holder's last sign of life (object stores)
-    # Where `pid` names the holder (`process_namespace`); "" if unknown.
-    namespace: str = ""
-
-    @classmethod
-    def me(cls) -> Holder:
-        return cls(
-            pid=os.getpid(),
-            host=socket.gethostname(),
-            started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            token=secrets.token_hex(8),
-            heartbeat=time.time(),
-            namespace=process_namespace(),
-        )
-
-    def to_bytes(self) -> bytes:
-        return (json.dumps(dataclasses.asdict(self), sort_keys=True) + "\n").encode("utf-8")
-
-    @classmethod
-    def from_bytes(cls, data: bytes | None) -> Holder | None:
-        try:
-            fields = json.loads((data or b"").decode("utf-8"))
-            known = {field.name for field in dataclasses.fields(cls)}
-            # Fields a later kiln added are ignored, so that it and this one
-            # can take turns at a dataset.
-            return cls(**{name: value for name, value in fields.items() if name in known})
-        except (ValueError, TypeError, AttributeError):  # empty (being written) or not ours
-            return None
-
-    def describe(self) -> str:
-        return f"pid {self.pid} on {self.host}, started {self.started}"
-
-    def dead_here(self) -> bool:
-        """Whether this holder is a process of this machine (same host name)
-        and pid namespace (`process_namespace`) that is no longer alive.
-        False whenever that cannot be known: another machine or container,
-        a lock written by a kiln that did not record its namespace."""
-        here = self.host == socket.gethostname() and self.namespace == process_namespace()
-        if not here or self.pid <= 0:
-            return False
-        try:
-            os.kill(self.pid, 0)  # signal 0: only asks whether the process exists
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # alive, another user's
-            return False
-        return False
 
 
 def _describe(holder: Holder | None) -> str:
     return "nobody" if holder is None else holder.describe()
 
 
-def process_namespace() -> str:
-    """Where a pid names one process: this boot of this machine and this
-    process's pid namespace (a container has its own, and may share the
-    host's name: ``docker run --network host``). On Linux
-    ``<boot id>/pid:[<inode>]``; elsewhere "", where a host name without
-    containers of its own is enough."""
-    if not os.path.exists("/proc/self/ns/pid"):
-        return ""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            boot = f.read().strip()
-        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
-    except OSError:  # unknown: equal to no other process's
-        return f"unknown {secrets.token_hex(8)}"
-
-
 def _stale(holder: Holder) -> str | None:
     """Why an object store lock's `holder` is dead, or None if it may be alive."""
-    silent = time.time() - holder.heartbeat
-    if silent > STALE_AFTER_SECONDS:
-        return f"no heartbeat for {silent:.0f} s"
-    if holder.dead_here():
-        return f"its process {holder.pid} on this machine is not running"
-    return None
+    return stale_reason(holder, STALE_AFTER_SECONDS)
 
 
 class DatasetLock:

@@ -53,6 +53,7 @@ cannot move a dataset's targets before reading any data.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Annotated, Any
@@ -78,6 +79,8 @@ if TYPE_CHECKING:
     import tensorflow as tf
 else:  # imported when an op runs: validating a list of ops needs only the declarations
     tf = LazyModule("tensorflow")
+
+logger = logging.getLogger(__name__)
 
 ElementFn = Callable[..., "tf.Tensor"]
 
@@ -181,6 +184,10 @@ class OpDefinition(Registered):
         why the op, with these parameters, cannot keep a dataset's targets
         of `kinds` consistent with its pixels (None: it can), for limits
         that `supports` cannot say (a fill mode that copies objects).
+      doubt: ``doubt(**params) -> str | None``: what in valid parameters is
+        probably not what was meant (a rotation of a tenth of a degree:
+        Keras' turns written as kiln's degrees), as
+        ``<parameter>: <why>``; `validate` logs it as a warning, once.
     """
 
     kind: str = "element"
@@ -198,6 +205,7 @@ class OpDefinition(Registered):
     output_size: Callable[..., tuple[int, int]] | None = None
     needs_rgb: Callable[..., bool] | None = None
     targets_problem: Callable[..., str | None] | None = None
+    doubt: Callable[..., str | None] | None = None
 
 
 AUGMENTATIONS: Registry[OpDefinition] = Registry(
@@ -312,7 +320,7 @@ def builtin_op(name: str, *, kind: str = "element", **details: Any) -> Callable:
     """Decorator for kiln's own ops: trusted (no first-use check), and free to
     declare what the reader may do with them (`OpDefinition`'s window,
     inference_window, mirror, pixelwise, with_targets, smallest_input,
-    output_size, needs_rgb, targets_problem). Colour ops
+    output_size, needs_rgb, targets_problem, doubt). Colour ops
     (pixelwise) are not geometric; element ops move every target kind."""
     details.setdefault("geometric", not details.get("pixelwise", False))
     if kind == "element":
@@ -366,7 +374,26 @@ def validate(specs: Iterable[Any] | None, field: str = "augment") -> list[Augmen
                 f"{field}[{index}].{augmentation.name}: element ops must come before batch ops "
                 f"(mixup, cutmix), which run on whole batches at the end"
             )
+    for index, augmentation in enumerate(resolved):
+        _warn_doubt(augmentation, f"{field}[{index}]")
     return resolved
+
+
+# The ops and parameters `_warn_doubt` has warned about in this process.
+_doubted: set[Augmentation] = set()
+
+
+def _warn_doubt(augmentation: Augmentation, where: str) -> None:
+    """Logs the op's `OpDefinition.doubt` about its parameters, if any, as a
+    warning naming the entry: once per process for each op and parameters
+    (a training script's `load` per epoch, or the build's and the reader's
+    checks of one list, say it once)."""
+    doubt = augmentation.definition.doubt
+    message = None if doubt is None else doubt(**augmentation.kwargs)
+    if message is None or augmentation in _doubted:
+        return
+    _doubted.add(augmentation)
+    logger.warning("%s.%s.%s", where, augmentation.name, message)
 
 
 # --- kiln's element ops ---------------------------------------------------------------
@@ -981,6 +1008,19 @@ def _zoom_targets_problem(kinds, *, factor_range, fill_mode, **_: Any) -> str | 
     return _fill_mode_problem(kinds, fill_mode) if factor_range[0] < 1.0 else None
 
 
+def _rotation_doubt(*, angle_range, **_: Any) -> str | None:
+    """A range of sub-degree angles, none of them 0: Keras' RandomRotation
+    factor (in turns) written as kiln's angle_range (in degrees)."""
+    if not all(0 < abs(angle) < 1 for angle in angle_range):
+        return None
+    written = ", ".join(f"{angle:g}" for angle in angle_range)
+    largest = max(abs(angle) for angle in angle_range)
+    return (
+        f"angle_range: [{written}] rotates by {largest:g} degree at most; {_KERAS_ROTATION} "
+        f"(docs/migrating.md)"
+    )
+
+
 def _rotation_targets(image, targets, seed, *, angle_range, **params):
     low, high = (a * math.pi / 180.0 for a in angle_range)
     transform = rotation_transform(tf.shape(image), _uniform(seed, low, high))
@@ -992,6 +1032,7 @@ def _rotation_targets(image, targets, seed, *, angle_range, **params):
     with_targets=_rotation_targets,
     targets_problem=_rotation_targets_problem,
     notes={"angle_range": _KERAS_ROTATION, "factor": _KERAS_ROTATION},
+    doubt=_rotation_doubt,
 )
 def random_rotation(
     image,

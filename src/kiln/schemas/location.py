@@ -78,7 +78,7 @@ def exists(path: str) -> bool:
         (no network, no credentials, no such bucket).
     """
     if is_remote(path):
-        return bool(_remote(path, lambda: tf.io.gfile.exists(path)))
+        return bool(remote_call(path, lambda: tf.io.gfile.exists(path)))
     return os.path.exists(path)
 
 
@@ -89,7 +89,7 @@ def read_text(path: str) -> str:
       OSError: locally. MetadataError: for a URI that cannot be read.
     """
     with open_file(path) as f:
-        return _remote(path, f.read) if is_remote(path) else f.read()
+        return remote_call(path, f.read) if is_remote(path) else f.read()
 
 
 def open_file(path: str, mode: str = "r") -> IO[Any]:
@@ -99,12 +99,13 @@ def open_file(path: str, mode: str = "r") -> IO[Any]:
       OSError: locally. MetadataError: for a URI that cannot be opened.
     """
     if is_remote(path):
-        return _remote(path, lambda: tf.io.gfile.GFile(path, mode))
+        return remote_call(path, lambda: tf.io.gfile.GFile(path, mode))
     return open(path, mode, encoding=None if "b" in mode else "utf-8")
 
 
-def _remote(path: str, operation: Callable[[], T]) -> T:
-    """`operation()` on an object store, its failure as one line naming `path`."""
+def remote_call(path: str, operation: Callable[[], T]) -> T:
+    """`operation()` on an object store (through `tf.io.gfile`), its failure
+    as a `MetadataError`: one line naming `path`."""
     try:
         return operation()
     except tf.errors.OpError as e:
@@ -214,10 +215,7 @@ def incomplete_versions(path: str | os.PathLike) -> list[str]:
     if exists(join(path, METADATA_FILENAME)) or not exists(latest):
         return []
     named = read_text(latest).strip()
-    if is_remote(path):
-        names = [n.rstrip("/") for n in _remote(path, lambda: tf.io.gfile.listdir(path))]
-    else:
-        names = os.listdir(path)
+    names = children(path)
     return [
         join(path, name)
         for name in sorted(set(names))
@@ -227,10 +225,22 @@ def incomplete_versions(path: str | os.PathLike) -> list[str]:
     ]
 
 
+def children(path: str) -> list[str]:
+    """The names of what the folder `path` holds (files and folders, no
+    trailing slash), in no particular order.
+
+    Raises:
+      OSError: locally. MetadataError: for a URI that cannot be listed.
+    """
+    if is_remote(path):
+        return [n.rstrip("/") for n in remote_call(path, lambda: tf.io.gfile.listdir(path))]
+    return os.listdir(path)
+
+
 def _is_dir(path: str) -> bool:
     """Whether the existing `path` is a folder (object stores: a prefix with objects under it)."""
     if is_remote(path):
-        return bool(_remote(path, lambda: tf.io.gfile.isdir(path)))
+        return bool(remote_call(path, lambda: tf.io.gfile.isdir(path)))
     return os.path.isdir(path)
 
 

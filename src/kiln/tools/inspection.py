@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
+import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
@@ -27,7 +29,8 @@ from kiln.schemas import (
     ordered_splits,
     share_text,
 )
-from kiln.schemas.location import exists, incomplete_versions, join, open_file
+from kiln.schemas.leftovers import leftovers
+from kiln.schemas.location import exists, incomplete_versions, is_remote, join, open_file
 from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME, unsupported_reason
 
 # Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the
@@ -84,9 +87,14 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
       classification dataset), ``objects`` (per split: per class object
       count and size statistics, images without objects, objects dropped
       by reason; None without boxes) and ``warnings`` (inconsistencies
-      found between the files) and ``incomplete_versions`` (when `path` is
+      found between the files), ``incomplete_versions`` (when `path` is
       the dataset folder: its version folders without kiln.json, which the
-      next build deletes; `kiln.schemas.location.incomplete_versions`).
+      next build deletes; `kiln.schemas.location.incomplete_versions`),
+      ``staging_folders`` (when `path` is the dataset folder: the staging
+      folders in it, each with ``path``, ``num_files``, ``num_bytes`` and
+      ``modified``, a Unix time) and ``lock`` (when there are any: whether
+      a build holds the dataset's lock now, ``held``, ``text`` and
+      ``holder``, else None; `kiln.schemas.leftovers`).
 
     Raises:
       MetadataError: naming the path, if it is not a complete kiln dataset.
@@ -169,6 +177,7 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
         },
         "dropped_objects": dropped_objects,
         "incomplete_versions": incomplete_versions(path),
+        **leftovers(path).to_json(),
         "warnings": (
             consistency_warnings(metadata, errors)
             + duplicate_warnings(metadata, duplicate_groups)
@@ -381,6 +390,7 @@ def render(summary: dict[str, Any]) -> str:
     incomplete = summary.get("incomplete_versions")
     if incomplete:
         lines.append(incomplete_versions_line(incomplete))
+    lines += staging_lines(summary.get("staging_folders") or [], summary.get("lock"))
     for warning in summary["warnings"]:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
@@ -393,6 +403,71 @@ def incomplete_versions_line(folders: list[str]) -> str:
         f"incomplete version folder(s), no kiln.json (left by an interrupted build or "
         f"prune; never read; the next kiln build deletes them): {', '.join(folders)}"
     )
+
+
+def staging_lines(
+    folders: list[dict[str, Any]], lock: dict[str, Any] | None, now: float | None = None
+) -> list[str]:
+    """The lines `kiln inspect` and `kiln verify` print about a dataset
+    folder's staging folders (`Leftovers.to_json`): one per folder, with its
+    size and age, then whether a build holds the lock and what to do."""
+    if not folders:
+        return []
+    now = time.time() if now is None else now
+    lines = ["staging folder(s) of builds that did not finish (never read):"]
+    for folder in folders:
+        age = _age_text(now - folder["modified"])
+        lines.append(
+            f"  {folder['path']}  {folder['num_files']} file(s), "
+            f"{_bytes_text(folder['num_bytes'])}, last written {age} ago"
+        )
+    held = None if lock is None else lock["held"]
+    state = "" if lock is None else lock["text"]
+    if held:
+        lines.append(
+            f"  {state}; leave them: it deletes those of earlier builds itself, its own "
+            f"when it ends"
+        )
+        return lines
+    remove = _remove_command([folder["path"] for folder in folders])
+    who = (
+        f"{state}: left by a build that was killed, or kept for its errors.jsonl by one that "
+        f"dropped too many files"
+        if held is False
+        else f"{state}; if no build of the dataset is running, they were left by one that was "
+        f"killed, or kept for its errors.jsonl by one that dropped too many files"
+    )
+    lines.append(
+        f"  {who}. The next kiln build of the dataset deletes them; to free the space now, "
+        f"while no build runs: {remove}"
+    )
+    return lines
+
+
+def _remove_command(folders: list[str]) -> str:
+    """The shell command that deletes these staging folders (by name: a
+    pattern would match a build that starts meanwhile)."""
+    paths = " ".join(shlex.quote(path) for path in folders)
+    if not is_remote(folders[0]):
+        return f"rm -r {paths}"
+    if folders[0].startswith("gs://"):
+        return f"gcloud storage rm -r {paths}"
+    return f"delete {paths}"
+
+
+def _age_text(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``3 h 5 min``, ``2 days 4 h``."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} day{'s' if days > 1 else ''} {hours} h"
 
 
 def _target_lines(summary: dict[str, Any]) -> list[str]:

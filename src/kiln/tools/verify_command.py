@@ -48,15 +48,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     # Here, not at the top: `kiln verify --help` needs none of it (TensorFlow, NumPy).
     from kiln.schemas import MetadataError
+    from kiln.schemas.leftovers import Leftovers, leftovers
     from kiln.schemas.location import incomplete_versions
     from kiln.tools import verify
-    from kiln.tools.inspection import incomplete_versions_line
+    from kiln.tools.inspection import incomplete_versions_line, staging_lines
 
     try:
         result = verify.verify(args.path)
-        # Not a problem of the version checked (readers never use them), so
+        # Not problems of the version checked (readers never use them), so
         # not under --quiet: the next build deletes them.
         incomplete = [] if args.quiet else incomplete_versions(args.path)
+        left = Leftovers() if args.quiet else leftovers(args.path)
     except MetadataError as e:
         raise UsageError(str(e)) from None
     if result.ok:
@@ -75,4 +77,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
                 print(f"  {problem}")
     if incomplete:
         print(f"note: {incomplete_versions_line(incomplete)}")
+    found = left.to_json()
+    for line in staging_lines(found["staging_folders"], found["lock"]):
+        print(f"note: {line}" if not line.startswith(" ") else line)
     return 0 if result.ok else 1

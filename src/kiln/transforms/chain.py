@@ -134,18 +134,24 @@ def get(name: str) -> TransformFn:
 
 
 def import_plugins(modules: Iterable[str]) -> None:
-    """Imports the user modules the config names, so their `@register` runs.
+    """Imports the user modules the config names, so their `@register` runs:
+    each once, in name order, whatever order they are listed in (the order
+    the config stores them in, `BuildConfig.plugins`). Which module's import
+    fails when two register one name is then the same for every order.
 
     Raises:
-      TransformConfigError: naming every module that cannot be imported.
+      TransformConfigError: naming every module that cannot be imported, by
+        its index in `modules`.
     """
+    listed = list(modules)
+    position = {module: listed.index(module) for module in listed}
     problems = []
-    for index, module in enumerate(modules):
+    for module in sorted(position):
         problem = import_plugin(module)
         if problem:
-            problems.append(f"plugins[{index}]: {problem}")
+            problems.append((position[module], f"plugins[{position[module]}]: {problem}"))
     if problems:
-        raise TransformConfigError(*problems)
+        raise TransformConfigError(*(message for _, message in sorted(problems)))
 
 
 class Transform(Spec):
