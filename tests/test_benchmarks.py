@@ -56,11 +56,13 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     # 32 is twice the quick corpus: its second half are linked copies, all built.
     assert [s["images"] for s in build["scaling"]] == [8, 16, 32]
     incremental = build["incremental"]["rows"]
-    # The smallest size again with the added images of a new class.
-    assert [(row["images"], row["new_class"]) for row in incremental] == [
-        (16, False),
-        (32, False),
-        (16, True),
+    # The smallest size again with the added images of a new class, and
+    # with a class folder of a tenth of the images renamed.
+    assert [(row["images"], row["new_class"], row["renamed_class"]) for row in incremental] == [
+        (16, False, False),
+        (32, False, False),
+        (16, True, False),
+        (16, False, True),
     ]
     for row in incremental:
         assert row["incremental_seconds"] > 0 and row["full_seconds"] > 0
@@ -68,6 +70,10 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     # Every record of the new-class build moved up one class id: relabelled.
     relabelled = incremental[2]["runs"][0]["incremental"]
     assert relabelled["relabelled"] > 0 and relabelled["changed"] > 0
+    # The renamed class folder's records moved, nothing was decoded.
+    moved = incremental[3]["runs"][0]["incremental"]
+    assert moved["moved"] == incremental[3]["changes"] == 2
+    assert moved["processed"] == 0
     reader = results["reader"]
     assert sorted(reader["rows"]) == ["jpeg", "raw"]
     for rows in reader["rows"].values():

@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 import targets_data as data
@@ -44,7 +45,14 @@ def stored(result) -> int:
     return sum(split.num_examples for split in result.info.splits.values())
 
 
-def test_a_file_renamed_in_its_class_folder_is_moved_not_decoded(demo_corpus, tmp_path):
+@pytest.mark.parametrize(
+    "pipeline_args",
+    [[], ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]],
+    ids=["in-process", "two-worker-processes"],
+)
+def test_a_file_renamed_in_its_class_folder_is_moved_not_decoded(
+    demo_corpus, tmp_path, pipeline_args
+):
     images = copy_corpus(demo_corpus, tmp_path)
     config = make_config(images, output=str(tmp_path / "out"), sharding={"num_shards": 2})
     base = build(config)
@@ -52,7 +60,7 @@ def test_a_file_renamed_in_its_class_folder_is_moved_not_decoded(demo_corpus, tm
     new = old.replace(".", "_renamed.", 1)
     os.rename(images / old, images / new)
 
-    incremental = build(config)
+    incremental = build(config, pipeline_args)
 
     assert decoded(incremental) == 0
     report = incremental.incremental
@@ -261,3 +269,58 @@ def test_a_moved_file_takes_the_base_record_whose_key_sorts_first(tmp_path):
         )
         assert outcome.moved and reads == ["a/beta.png", "b/alpha.png"]
         assert outcome.image.record == fresh.record
+
+
+def test_a_copy_of_a_file_that_stays_is_processed(demo_corpus, tmp_path):
+    """Only base records whose key is gone serve a moved file: a copy of a
+    file still listed under its own key is decoded (and reported as a
+    duplicate)."""
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    build(config)
+    original = good_keys(demo_corpus, images)[7]
+    shutil.copyfile(images / original, images / "star/zz_copy.png")
+
+    incremental = build(config)
+
+    assert decoded(incremental) == 1
+    assert (incremental.incremental.moved, incremental.incremental.added) == (0, 1)
+    assert incremental.info.duplicates == 1
+    assert_same_tree(incremental, full_build(config, tmp_path))
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["without-mask", "semantic-mask"])
+def test_files_moved_while_a_class_was_added(tmp_path, mask):
+    """Every image moved to another folder and a class added that shifts
+    every class id. Without a semantic mask each record is moved, its key
+    and class ids (label, labels, the objects' classes) rewritten; with one
+    (its pixel values are ids of the list) each is processed from its file."""
+    folder = tmp_path / "data"
+    manifest, _ = data.corpus(folder, COUNT)
+    targets = {kind: value for kind, value in data.TARGETS.items() if mask or kind != "mask"}
+    spec = targets_config(manifest, tmp_path / "out", targets=targets)
+    build(spec)
+    rows = read_rows(folder)
+    os.rename(folder / "images", folder / "moved")
+    for row in rows:
+        row["path"] = row["path"].replace("images/", "moved/", 1)
+    # "amber" sorts first: every class id of the corpus moves up by one.
+    data.write_png(
+        folder / "moved" / "amber.png", np.full((data.HEIGHT, data.WIDTH, 3), 90, np.uint8)
+    )
+    data.write_png(folder / "masks" / "amber.png", data.semantic_mask_of([]))
+    rows.append(dict(rows[0], path="moved/amber.png", label="amber", labels=["amber"], objects=[]))
+    rows[-1]["mask"] = "masks/amber.png"
+    write_rows(folder, rows)
+
+    incremental = build(spec)
+
+    assert incremental.info.class_names[0] == "amber"
+    report = incremental.incremental
+    if mask:
+        assert decoded(incremental) == COUNT + 1
+        assert (report.moved, report.added) == (0, COUNT + 1)
+    else:
+        assert decoded(incremental) == 1
+        assert (report.moved, report.added) == (COUNT, 1)
+    assert_same_tree(incremental, build(dict(spec, output=str(tmp_path / "full"))))
