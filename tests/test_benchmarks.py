@@ -94,7 +94,7 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     # The cost of targets, with the class mask stored as PNG and raw.
     assert sorted(reader["targets"]) == ["b_targets", "b_targets_raw"]
     assert all(row["cost_vs_b"] > 0 for row in reader["targets"].values())
-    # Every target is judged, met or not: build (4), incremental (3), reader per
+    # Every target is judged, met or not: build (4), incremental (4), reader per
     # encoding (3 x 2), the reader's cost with targets (2: PNG and raw class
     # mask), and per peers' dataset kiln vs the limit and vs each kind of peer
     # that ran (the peers are installed by `make bench`, not `make test`).
@@ -103,7 +103,7 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     ran = {key for key, row in peers["224x224"].items() if row["not_run"] is None}
     # (kiln float32 is judged in the default process and with pool_host_memory().)
     per_dataset = 2 + 2 * bool(ran & {"grain", "dali"}) + ("grain_uint8" in ran)
-    assert len(results["targets"]) == 4 + 3 + 3 * 2 + 2 + 2 * per_dataset
+    assert len(results["targets"]) == 4 + 4 + 3 * 2 + 2 + 2 * per_dataset
     assert all(isinstance(t["met"], bool) for t in results["targets"])
     # Any of them may be missed on some machine: each has its "why not met" note.
     from benchmarks import report
