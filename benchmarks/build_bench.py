@@ -303,6 +303,29 @@ def _changed_copy(source: str, target: str, flip: int) -> None:
 # before every class of the corpus in sorted order.
 NEW_CLASS = "0-added-class"
 
+# A ``renamed_class`` incremental measurement: every tenth image of the
+# corpus is in a class folder of its own, whose name changes after the base
+# build. Both names sort between the corpus's classes star and triangle, so
+# no other class id shifts: what is measured is moving records alone.
+RENAMED_CLASS = ("tenth", "tenth-renamed")
+RENAMED_FRACTION = 0.1
+
+
+def renamed_count(images: int) -> int:
+    """Images in the renamed class folder (`renamed_rows`)."""
+    step = round(1 / RENAMED_FRACTION)
+    return len(range(0, images, step))
+
+
+def renamed_rows(rows: list[tuple[str, str]], name: str) -> list[tuple[str, str]]:
+    """The manifest's ``(path, label)`` rows with every tenth image in the
+    class folder `name` (`RENAMED_CLASS`), labelled so."""
+    step = round(1 / RENAMED_FRACTION)
+    return [
+        (f"{name}/{path}", name) if index % step == 0 else (path, label)
+        for index, (path, label) in enumerate(rows)
+    ]
+
 
 def _run_incremental(spec: dict[str, Any]) -> dict[str, Any]:
     """A base build of the manifest's images (not timed); then `changed`
@@ -310,7 +333,10 @@ def _run_incremental(spec: dict[str, Any]) -> dict[str, Any]:
     are deleted; then the incremental build (timed) and a from-scratch
     build of the same inputs (timed), whose datasets must be identical.
     With ``new_class``, the added images are of a class that sorts before
-    every other: each record's class id moves up one (`kiln.pipeline.relabel`)."""
+    every other: each record's class id moves up one (`kiln.pipeline.relabel`).
+    With ``renamed_class``, nothing changes but the name of a class folder
+    of a tenth of the images (`renamed_rows`): their records are moved
+    (`kiln.pipeline.moves`)."""
     import csv
 
     import kiln.pipeline.command  # noqa: F401  (cli.main imports it; not on the clock)
@@ -320,13 +346,18 @@ def _run_incremental(spec: dict[str, Any]) -> dict[str, Any]:
     with open(spec["manifest"], newline="") as f:
         rows = [(row["path"], row["label"]) for row in csv.DictReader(f)]
     inputs = os.path.join(spec["output"], "inputs")
-    for path, _ in rows:  # a private copy (hard links) the changes can edit
+    original = rows
+    sources = [path for path, _ in rows]
+    if spec.get("renamed_class"):
+        rows = renamed_rows(original, RENAMED_CLASS[0])
+    for (path, _), source in zip(rows, sources, strict=True):
+        # A private copy (hard links) the changes can edit.
         target = os.path.join(inputs, path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         try:
-            os.link(os.path.join(corpus_root, path), target)
+            os.link(os.path.join(corpus_root, source), target)
         except OSError:
-            shutil.copyfile(os.path.join(corpus_root, path), target)
+            shutil.copyfile(os.path.join(corpus_root, source), target)
     manifest = os.path.join(inputs, "manifest.csv")
 
     def write_manifest(listed):
@@ -337,6 +368,11 @@ def _run_incremental(spec: dict[str, Any]) -> dict[str, Any]:
     output = os.path.join(spec["output"], "incremental")
     _kiln_build(manifest, output)
 
+    if spec.get("renamed_class"):
+        old, new = RENAMED_CLASS
+        os.rename(os.path.join(inputs, old), os.path.join(inputs, new))
+        write_manifest(renamed_rows(original, new))
+        return _timed_incremental(spec, manifest, output)
     step = max(1, len(rows) // max(1, int(spec["changes"])))
     deleted = set(range(0, len(rows), step))
     changed = set(range(step // 3, len(rows), step)) - deleted
@@ -350,7 +386,12 @@ def _run_incremental(spec: dict[str, Any]) -> dict[str, Any]:
         path = rows[index][0]
         _changed_copy(os.path.join(inputs, path), os.path.join(inputs, path), 1)
     write_manifest([row for i, row in enumerate(rows) if i not in deleted] + added)
+    return _timed_incremental(spec, manifest, output)
 
+
+def _timed_incremental(spec: dict[str, Any], manifest: str, output: str) -> dict[str, Any]:
+    """The incremental build of `manifest` into `output` (which holds its
+    base) and a from-scratch build, timed; their datasets must be identical."""
     seconds, built = _kiln_build(manifest, output)
     full_seconds, full = _kiln_build(manifest, os.path.join(spec["output"], "full"))
     if built["version"] != full["version"] or not built["incremental"]["used"]:

@@ -222,44 +222,50 @@ def measure_incremental(settings: Settings, source: corpus.Corpus, scratch: str)
     """Incremental build time next to a from-scratch build of the same
     changed inputs, per size, `incremental_repeats` rounds round-robin
     (`build_bench._run_incremental`)."""
-    sizes = [(n, False) for n in settings.incremental]
+    smallest = settings.incremental[0]
+    sizes = [(n, "") for n in settings.incremental]
     # The smallest size again with the added images of a new class that
     # shifts every class id: the records are relabelled, not decoded.
-    sizes.append((settings.incremental[0], True))
+    sizes.append((smallest, "new_class"))
+    # And a night where nothing changed but the name of a class folder of
+    # a tenth of the images: the records are moved, not decoded.
+    sizes.append((smallest, "renamed_class"))
     jobs = [
         (
-            (n, new_class),
+            (n, scenario),
             {
                 "kind": "incremental",
                 "manifest": source.manifest(n),
-                "changes": max(1, round(n * INCREMENTAL_CHANGES)),
-                "new_class": new_class,
+                "changes": _changes(n, scenario),
+                "new_class": scenario == "new_class",
+                "renamed_class": scenario == "renamed_class",
             },
         )
-        for n, new_class in sizes
+        for n, scenario in sizes
     ]
-    runs: dict[tuple[int, bool], list[build_bench.BuildRun]] = {key: [] for key, _ in jobs}
+    runs: dict[tuple[int, str], list[build_bench.BuildRun]] = {key: [] for key, _ in jobs}
     for round_index in range(settings.incremental_repeats):
-        for (n, new_class), spec in jobs:
+        for (n, scenario), spec in jobs:
             run = build_bench.measure(spec, scratch)
-            runs[n, new_class].append(run)
+            runs[n, scenario].append(run)
             logger.info(
                 "incremental round %d, %d images%s: %.2f s incremental, %.2f s full",
                 round_index + 1,
                 n,
-                ", added of a new class" if new_class else "",
+                f", {scenario.replace('_', ' ')}" if scenario else "",
                 run.seconds,
                 run.full_seconds,
             )
     rows = []
-    for (n, new_class), key_runs in runs.items():
+    for (n, scenario), key_runs in runs.items():
         incremental = _median([r.seconds for r in key_runs])
         full = _median([r.full_seconds for r in key_runs])
         rows.append(
             {
                 "images": n,
-                "new_class": new_class,
-                "changes": max(1, round(n * INCREMENTAL_CHANGES)),
+                "new_class": scenario == "new_class",
+                "renamed_class": scenario == "renamed_class",
+                "changes": _changes(n, scenario),
                 "incremental_seconds": incremental,
                 "full_seconds": full,
                 "ratio": incremental / full,
@@ -269,9 +275,18 @@ def measure_incremental(settings: Settings, source: corpus.Corpus, scratch: str)
         )
     return {
         "fraction": INCREMENTAL_CHANGES,
+        "renamed_fraction": build_bench.RENAMED_FRACTION,
         "repeats": settings.incremental_repeats,
         "rows": rows,
     }
+
+
+def _changes(images: int, scenario: str) -> int:
+    """Images changed, added and deleted each; with ``renamed_class``, images
+    whose class folder is renamed (`build_bench.renamed_rows`)."""
+    if scenario == "renamed_class":
+        return build_bench.renamed_count(images)
+    return max(1, round(images * INCREMENTAL_CHANGES))
 
 
 def _linear_fit(points):

@@ -56,11 +56,13 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     # 32 is twice the quick corpus: its second half are linked copies, all built.
     assert [s["images"] for s in build["scaling"]] == [8, 16, 32]
     incremental = build["incremental"]["rows"]
-    # The smallest size again with the added images of a new class.
-    assert [(row["images"], row["new_class"]) for row in incremental] == [
-        (16, False),
-        (32, False),
-        (16, True),
+    # The smallest size again with the added images of a new class, and
+    # with a class folder of a tenth of the images renamed.
+    assert [(row["images"], row["new_class"], row["renamed_class"]) for row in incremental] == [
+        (16, False, False),
+        (32, False, False),
+        (16, True, False),
+        (16, False, True),
     ]
     for row in incremental:
         assert row["incremental_seconds"] > 0 and row["full_seconds"] > 0
@@ -68,6 +70,10 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     # Every record of the new-class build moved up one class id: relabelled.
     relabelled = incremental[2]["runs"][0]["incremental"]
     assert relabelled["relabelled"] > 0 and relabelled["changed"] > 0
+    # The renamed class folder's records moved, nothing was decoded.
+    moved = incremental[3]["runs"][0]["incremental"]
+    assert moved["moved"] == incremental[3]["changes"] == 2
+    assert moved["processed"] == 0
     reader = results["reader"]
     assert sorted(reader["rows"]) == ["jpeg", "raw"]
     for rows in reader["rows"].values():
@@ -88,7 +94,7 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     # The cost of targets, with the class mask stored as PNG and raw.
     assert sorted(reader["targets"]) == ["b_targets", "b_targets_raw"]
     assert all(row["cost_vs_b"] > 0 for row in reader["targets"].values())
-    # Every target is judged, met or not: build (4), incremental (3), reader per
+    # Every target is judged, met or not: build (4), incremental (4), reader per
     # encoding (3 x 2), the reader's cost with targets (2: PNG and raw class
     # mask), and per peers' dataset kiln vs the limit and vs each kind of peer
     # that ran (the peers are installed by `make bench`, not `make test`).
@@ -97,7 +103,7 @@ def test_quick_benchmark_writes_every_row(tmp_path):
     ran = {key for key, row in peers["224x224"].items() if row["not_run"] is None}
     # (kiln float32 is judged in the default process and with pool_host_memory().)
     per_dataset = 2 + 2 * bool(ran & {"grain", "dali"}) + ("grain_uint8" in ran)
-    assert len(results["targets"]) == 4 + 3 + 3 * 2 + 2 + 2 * per_dataset
+    assert len(results["targets"]) == 4 + 4 + 3 * 2 + 2 + 2 * per_dataset
     assert all(isinstance(t["met"], bool) for t in results["targets"])
     # Any of them may be missed on some machine: each has its "why not met" note.
     from benchmarks import report

@@ -22,7 +22,12 @@ and its statistics come from the row. A file whose sha256 matches and whose
 listing inputs match with the base's class ids (a class added or removed
 shifted them) is not decoded either: its base record is read (`_base_record`)
 and rewritten with this build's class ids (`relabel`), into the runs like a
-new record.
+new record. A file whose key found no such record but whose bytes are a
+record's the base no longer lists under its key (it moved: `moves`) is
+handed on (``deferred``) to be joined with those records by sha256; the
+same step, run again on what the join gives (each file with the base rows
+of its bytes under ``moved_from``), rewrites the matching record's key and
+class ids, or processes the file.
 
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
 output, counted per reason. What the job counts about every file (its
@@ -51,13 +56,14 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from kiln import transforms
-from kiln.pipeline import record_index, target_rows, tfrecord, versioning
+from kiln.pipeline import moves, record_index, target_rows, tfrecord, versioning
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.incremental import BaseFiles, frame_starts
 from kiln.pipeline.listing import read_uri
 from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
+from kiln.pipeline.record_index import IndexRow
 from kiln.pipeline.relabel import Relabel
 from kiln.pipeline.sharding import ReusedRun, RunWriter, sort_key
 from kiln.pipeline.splits import SplitPolicy
@@ -74,6 +80,7 @@ logger = logging.getLogger(__name__)
 DROPPED = "dropped"
 SUMMARY = "summary"
 REUSED = "reused"
+DEFERRED = "deferred"
 
 
 class ProcessedImage(NamedTuple):
@@ -112,6 +119,11 @@ class Outcome(NamedTuple):
     boxes: BoxEvidence | None = None
     # The record is the base's with this build's class ids (`relabel`): not decoded.
     relabelled: bool = False
+    # The record is a base record of the same bytes under another key, rewritten (`moves`).
+    moved: bool = False
+    # The file's sha256, when it is handed on to be matched with the base
+    # records it may have moved from (`moves`): nothing else is set then.
+    deferred: str | None = None
 
 
 class ImageProcessor:
@@ -127,7 +139,8 @@ class ImageProcessor:
         None for classification (the records of `kiln.schemas.RECORD`).
       base_class_names: An incremental build's base version's class names:
         when they differ from `class_names`, records whose class ids alone
-        changed are rewritten from the base's (`relabel`), not decoded.
+        changed are rewritten from the base's (`relabel`), not decoded; a
+        moved file's record is rewritten with them (`moves`).
     """
 
     def __init__(
@@ -151,6 +164,12 @@ class ImageProcessor:
         self._quality = encoding.quality
         self._class_names = list(class_names)
         self._relabel = None
+        # The base's ids -> this build's, for moved files: also when the lists
+        # are the same (then it maps each id to itself).
+        self._base_ids = None
+        if base_class_names is not None:
+            self._base_ids = Relabel(base_class_names, self._class_names, self._schema)
+        self._same_classes = base_class_names is None or list(base_class_names) == self._class_names
         if (
             base_class_names is not None
             and list(base_class_names) != self._class_names
@@ -163,10 +182,18 @@ class ImageProcessor:
         item: Mapping[str, Any],
         before_decoding: Callable[[int], None] | None = None,
         read_base: Callable[[str, int], bytes | None] | None = None,
+        moved_candidate: Callable[[str], bool] | None = None,
     ) -> Outcome:
         """`before_decoding`: see `transforms.decode_image`. `read_base`: a
         base record's bytes by shard and position, or None when it cannot
-        be read (then the file is processed): for relabelling (`relabel`)."""
+        be read (then the file is processed): for relabelling (`relabel`)
+        and moved files (`moves`). `moved_candidate`: whether a sha256 may
+        be a base record's that moved: then a file no base record of its
+        key serves is handed on (`Outcome.deferred`), not decoded.
+
+        An item with ``moved_from`` (`incremental.JoinMoved`: its sha256,
+        as read before, and the base rows of that sha256 whose keys are no
+        longer listed) is not read again unless no row serves it."""
         key, uri, label = item["key"], read_uri(item["uri"]), int(item["label"])
         split = item.get("split")
         listed_text: str | None = item.get("targets")
@@ -176,17 +203,23 @@ class ImageProcessor:
             data = versioning.file_entry(key, name, split, sha256)
             return versioning.entry_hash(data if targets is None else [*data, targets])
 
-        try:
-            # UNCOMPRESSED: a file named x.gz is an image file, not gzip.
-            with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                data = f.read()
-        except Exception as e:  # permission denied, vanished, network: any I/O error
+        def unreadable(e: Exception) -> Outcome:
             # Its targets as listed, without where its masks are (not read).
             unread = None if listed_text is None else location_free(listed_text)
             return Outcome(
                 None, DroppedFile(key, "read", "unreadable", uri, _describe(e)), entry(None, unread)
             )
-        sha256 = hashlib.sha256(data).hexdigest()
+
+        moved_from: tuple[str, Sequence[Any]] | None = item.get("moved_from")
+        data: bytes | None = None
+        if moved_from is not None:
+            sha256 = moved_from[0]
+        else:
+            try:
+                data = _read(uri)
+            except Exception as e:  # permission denied, vanished, network: any I/O error
+                return unreadable(e)
+            sha256 = hashlib.sha256(data).hexdigest()
         listed = None
         inputs = record_index.inputs_fingerprint(item)
         if self._codec is not None and listed_text is not None:
@@ -248,6 +281,29 @@ class ImageProcessor:
                     entry(sha256, content),
                     relabelled=True,
                 )
+        if moved_from is not None and read_base is not None:
+            rows = [record_index.IndexRow(*row) for row in moved_from[1]]
+            found = self._moved(item, listed, label, sha256, rows, read_base)
+            if found is not None:
+                record, row, counts = found
+                sums = PixelSums(row.pixels, row.sums, row.squares)
+                return Outcome(
+                    self._stored(
+                        item, label, sha256, inputs, record, row.height, row.width, sums, counts
+                    ),
+                    None,
+                    entry(sha256, content),
+                    moved=True,
+                )
+        elif moved_candidate is not None and moved_candidate(sha256):
+            return Outcome(None, None, 0, deferred=sha256)
+
+        if data is None:  # handed on, and no base record served it: read it now
+            try:
+                data = _read(uri)
+            except Exception as e:
+                return unreadable(e)
+            sha256 = hashlib.sha256(data).hexdigest()  # changed since, if it differs
 
         try:
             image, orientation = self._decode(data, before_decoding)
@@ -385,6 +441,55 @@ class ImageProcessor:
             return None
         return record, relabel.counts(base.targets)
 
+    def _moved(
+        self,
+        item: Mapping[str, Any],
+        listed: ListedTargets | None,
+        label: int,
+        sha256: str,
+        rows: Sequence[record_index.IndexRow],
+        read_base: Callable[[str, int], bytes | None],
+    ) -> tuple[bytes, record_index.IndexRow, TargetCounts | None] | None:
+        """The record of a file that moved: the first of the base `rows`
+        (`moves.candidates`) of the same bytes whose listing inputs equal the
+        file's with the key and class id replaced by the row's (and with
+        targets, its annotations' class ids by the base's), rewritten with
+        this build's key and class ids; with the row and the statistics
+        counts. None when no row serves (`moves`: then the file is
+        processed)."""
+        ids = self._base_ids
+        if ids is None:
+            return None
+        codec = self._codec
+        if codec is not None and codec.config.mask is not None and not self._same_classes:
+            return None  # a semantic mask's pixel values are ids of the list (`relabel`)
+        names = [] if listed is None else target_rows.class_names(listed.row)
+        if not ids.covers(names):
+            return None
+        base_targets = None
+        if listed is not None and codec is not None:
+            base_targets = codec.reuse_key(listed, ids.base_ids)
+        name = self._class_names[label] if label >= 0 else None
+        for row in moves.candidates(rows, sha256):
+            if (row.targets is None) != (codec is None):
+                continue
+            if codec is not None and ids.base_name(row.label) != name:
+                continue  # the image's class is among the classes its statistics count
+            as_base = dict(item, key=row.key, label=row.label)
+            if base_targets is not None:
+                as_base["targets"] = base_targets
+            if record_index.inputs_fingerprint(as_base) != row.inputs:
+                continue
+            serialized = read_base(row.shard, row.position)
+            if serialized is None:
+                continue
+            try:
+                record = ids.record(serialized, label, item["key"], base_key=row.key)
+            except (KeyError, ValueError):  # not the record the index says
+                continue
+            return record, row, ids.counts(row.targets)
+        return None
+
     def _decode(
         self, data: bytes, before_decoding: Callable[[int], None] | None
     ) -> tuple[np.ndarray, int]:
@@ -425,6 +530,17 @@ class ImageProcessor:
         return self._chain.apply(image, geometry, min_visibility=min_visibility, mask_fill=fill)
 
 
+def _likely_reused(item: Mapping[str, Any]) -> bool:
+    moved_from = item.get("moved_from")
+    return item.get("base") is not None or bool(moved_from and moved_from[1])
+
+
+def _read(uri: str) -> bytes:
+    # UNCOMPRESSED: a file named x.gz is an image file, not gzip.
+    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
 def _stored_size(image: np.ndarray, orientation: int) -> tuple[int, int]:
     """``(height, width)`` of the file's pixels as stored, before `image` was
     turned upright: orientations 5 to 8 transpose."""
@@ -459,16 +575,20 @@ def _describe(error: Exception) -> str:
 class ProcessImagesFn(beam.DoFn):
     """Groups of listed files -> sorted runs of their records (`SpilledRun`);
     tagged outputs ``dropped`` (DroppedFile), ``summary`` (one `Summary`
-    per bundle) and ``reused`` (a `sharding.ReusedRun` per base shard the
+    per bundle), ``reused`` (a `sharding.ReusedRun` per base shard the
     bundle reuses records of), the last two emitted when the bundle
     finishes (a retried bundle's outputs, summary and runs included, are
-    discarded with it).
+    discarded with it), and ``deferred``: ``(sha256, file)`` for the files
+    that may have moved (`moves`), to be joined with the base's records of
+    their bytes and processed by this DoFn again (`incremental.JoinMoved`).
 
     With a base, the ``base_checks`` side input maps each base file to the
     problem its check found ("" when none) and, for a shard, where its
     records' frames are (`incremental.VerifyBaseFiles`): the records of a
     shard that failed are processed, and none is reused if the index
-    failed.
+    failed. The ``moved_digests`` side input, when given, holds the
+    `moves.digest_prefix` of every base record whose key is no longer
+    listed: a file of those bytes is deferred.
 
     Each input element is a list of listed files (the listing has several
     per line), and each stored image goes straight into a `RunWriter`, so
@@ -529,6 +649,8 @@ class ProcessImagesFn(beam.DoFn):
         self._bytes = Metrics.counter("kiln", "bytes_read")
         self._reused = Metrics.counter("kiln", "records_reused")
         self._relabelled = Metrics.counter("kiln", "records_relabelled")
+        self._moved = Metrics.counter("kiln", "records_moved")
+        self._digests: moves.Digests | None = None
         self._changed = Metrics.counter("kiln", "images_changed")
         self._added = Metrics.counter("kiln", "images_added")
         self._not_trusted = Metrics.counter("kiln", "records_not_trusted")
@@ -579,27 +701,31 @@ class ProcessImagesFn(beam.DoFn):
         window=beam.DoFn.WindowParam,
         timestamp=beam.DoFn.TimestampParam,
         base_checks: Mapping[str, tuple[str, bytes]] | None = None,
+        moved_digests: Sequence[int] | None = None,
     ):
+        if moved_digests is not None and self._digests is None:
+            # The same for every element of the job: made once per instance.
+            self._digests = moves.Digests(moved_digests)
         if base_checks is not None:
             # Kept for results taken later in the bundle (finish_bundle has
             # no side inputs); the same for every element of the job.
             self._base_checks = base_checks
-            files = [
-                item if item.get("base") is None else self._trusted_base(item, base_checks)
-                for item in files
-            ]
+            files = [self._trusted(item, base_checks) for item in files]
         if self._pool is None:
             for item in files:
-                outcome = self._processor(item, read_base=self._base_reader())
+                outcome = self._processor(
+                    item, read_base=self._base_reader(), moved_candidate=self._moved_candidate()
+                )
                 yield from self._take(item, outcome, window, timestamp)
             return
         # A file with a base row is most likely reused: hashed, not decoded,
-        # a fraction of a millisecond. The element's such files go to the
-        # pool as one task, so the hand-over (a queue, a future, waking this
-        # thread) is paid once for them, not per file; every other file is a
-        # task of its own (decoded: milliseconds each, spread over the threads).
-        likely_reused = [item for item in files if item.get("base") is not None]
-        tasks = [[item] for item in files if item.get("base") is None]
+        # a fraction of a millisecond (a file with rows it may have moved
+        # from, rewritten: not even hashed). The element's such files go to
+        # the pool as one task, so the hand-over (a queue, a future, waking
+        # this thread) is paid once for them, not per file; every other file
+        # is a task of its own (decoded: milliseconds each, spread over the threads).
+        likely_reused = [item for item in files if _likely_reused(item)]
+        tasks = [[item] for item in files if not _likely_reused(item)]
         if likely_reused:
             tasks.append(likely_reused)
         limit = self.IN_FLIGHT_PER_THREAD * self._threads
@@ -637,23 +763,31 @@ class ProcessImagesFn(beam.DoFn):
             )
         self._reuse = {}
 
-    def _trusted_base(
+    def _trusted(
         self, item: Mapping[str, Any], checks: Mapping[str, tuple[str, bytes]]
     ) -> Mapping[str, Any]:
         """The item, without its base row if the base's index or the row's
         shard failed its check, or the shard has no record at the row's
-        position (then the image is processed)."""
-        row = item["base"]
+        position (then the image is processed); with ``moved_from``, only
+        the rows that pass the same checks."""
+        if item.get("base") is not None and not self._trusted_row(item["base"], checks):
+            self._not_trusted.inc()
+            item = dict(item, base=None)
+        moved_from = item.get("moved_from")
+        if moved_from is not None:
+            sha256, rows = moved_from
+            rows = tuple(row for row in rows if self._trusted_row(IndexRow(*row), checks))
+            item = dict(item, moved_from=(sha256, rows))
+        return item
+
+    def _trusted_row(self, row: IndexRow, checks: Mapping[str, tuple[str, bytes]]) -> bool:
         index_problem, _ = checks.get(INDEX_FILENAME, ("", b""))
         shard_problem, _ = checks.get(row.shard, ("missing from the base's kiln.json", b""))
-        if (
-            index_problem
-            or shard_problem
-            or not 0 <= row.position < len(self._starts(row.shard)) - 1
-        ):
-            self._not_trusted.inc()
-            return dict(item, base=None)
-        return item
+        return (
+            not index_problem
+            and not shard_problem
+            and 0 <= row.position < len(self._starts(row.shard)) - 1
+        )
 
     def _starts(self, shard: str):
         """Where the base shard's frames start (`incremental.frame_starts`)."""
@@ -668,12 +802,26 @@ class ProcessImagesFn(beam.DoFn):
         # the end of its encoding.
         outcomes = []
         read_base = self._base_reader()
+        moved_candidate = self._moved_candidate()
         for item in task:
             with self._budget.reservation() as reservation:
                 outcomes.append(
-                    self._processor(item, before_decoding=reservation.acquire, read_base=read_base)
+                    self._processor(
+                        item,
+                        before_decoding=reservation.acquire,
+                        read_base=read_base,
+                        moved_candidate=moved_candidate,
+                    )
                 )
         return outcomes
+
+    def _moved_candidate(self) -> Callable[[str], bool] | None:
+        """`ImageProcessor`'s ``moved_candidate``: None without the orphans'
+        digests (the second pass: `incremental.JoinMoved`), or when base
+        records cannot be read one by one (`_base_reader`)."""
+        if not self._digests or self._base_reader() is None:
+            return None
+        return self._digests.__contains__
 
     def _base_reader(self) -> Callable[[str, int], bytes | None] | None:
         """`ImageProcessor`'s ``read_base``: None without a base, or with a
@@ -686,7 +834,7 @@ class ProcessImagesFn(beam.DoFn):
     def _base_record(self, shard: str, position: int) -> bytes | None:
         """The record at `position` of the base's `shard` (uncompressed),
         read from the frame the base's check found, or None when it cannot
-        be read or its frame is not intact. Only rows `_trusted_base`
+        be read or its frame is not intact. Only rows `_trusted`
         passed get here: their shard's frames are known."""
         base = self._base
         starts = self._frames.get(shard)
@@ -719,7 +867,13 @@ class ProcessImagesFn(beam.DoFn):
     def _take(self, item: Mapping[str, Any], outcome: Outcome, window, timestamp):
         """Counts one finished file and stores or drops it. Outputs carry the
         input's window and timestamp themselves (they may leave in a later
-        `process` call or in `finish_bundle`)."""
+        `process` call or in `finish_bundle`). A deferred file is counted
+        where it is processed (`incremental.JoinMoved`)."""
+        if outcome.deferred is not None:
+            yield beam.pvalue.TaggedOutput(
+                DEFERRED, WindowedValue((outcome.deferred, item), timestamp, (window,))
+            )
+            return
         self._summary.add(outcome.entry_hash, outcome.image, outcome.boxes)
         if self._counter is not None:
             self._counter.add()
@@ -755,6 +909,8 @@ class ProcessImagesFn(beam.DoFn):
             return
         if outcome.relabelled:
             self._relabelled.inc()
+        elif outcome.moved:
+            self._moved.inc()
         else:
             if "base" in item:  # an incremental build: say why this one was processed
                 (self._added if item["base"] is None else self._changed).inc()
@@ -774,9 +930,10 @@ class ProcessImagesFn(beam.DoFn):
 class ProcessImages(beam.PTransform):
     """Lists of listed files (dicts) -> sorted runs of their records
     (`sharding.SpilledRun`, written to `runs_folder`), with ``dropped``,
-    ``summary`` and ``reused`` outputs (a DoOutputsTuple: ``result.runs``,
-    ``result.dropped``, ``result.summary``, ``result.reused``; merge the
-    partial summaries with `statistics.SummaryCombineFn`).
+    ``summary``, ``reused`` and ``deferred`` outputs (a DoOutputsTuple:
+    ``result.runs``, ``result.dropped``, ``result.summary``,
+    ``result.reused``, ``result.deferred``; merge the partial summaries
+    with `statistics.SummaryCombineFn`).
 
     Args:
       processor: The per-file work.
@@ -787,6 +944,9 @@ class ProcessImages(beam.PTransform):
       base: The base version to reuse records from (`incremental`), or None.
       base_checks: With a base: PCollection[(base file, (problem or "",
         frames))] (`incremental.VerifyBaseFiles`); None without a base.
+      moved_digests: With a base: PCollection[int], the `moves.digest_prefix`
+        of each base record whose key is no longer listed; files of those
+        bytes go to ``deferred``. None: nothing is deferred (the second pass).
     """
 
     def __init__(
@@ -798,6 +958,7 @@ class ProcessImages(beam.PTransform):
         progress_path: str | None = None,
         base: BaseFiles | None = None,
         base_checks: beam.PCollection | None = None,
+        moved_digests: beam.PCollection | None = None,
     ):
         super().__init__()
         self._fn_args = (
@@ -809,17 +970,20 @@ class ProcessImages(beam.PTransform):
             base,
         )
         self._base_checks = base_checks
+        self._moved_digests = moved_digests
 
     def expand(self, files):
-        side_inputs = {}
+        side_inputs: dict[str, Any] = {}
         if self._base_checks is not None:
             side_inputs["base_checks"] = beam.pvalue.AsDict(self._base_checks)
+        if self._moved_digests is not None:
+            side_inputs["moved_digests"] = beam.pvalue.AsList(self._moved_digests)
         return (
             files
             | "DecodeTransformEncode"
             >> beam.ParDo(ProcessImagesFn(*self._fn_args), **side_inputs).with_outputs(
-                DROPPED, SUMMARY, REUSED, main="runs"
+                DROPPED, SUMMARY, REUSED, DEFERRED, main="runs"
             )
             # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle;
-            # reused: ReusedRun per base shard per bundle
+            # reused: ReusedRun per base shard per bundle; deferred: (sha256, file)
         )

@@ -9,7 +9,9 @@ in the base is copied from the base's shards without decoding; only new and
 changed files are decoded, transformed and encoded, and files gone from the
 source are gone from the new version. A record whose listing inputs differ
 only by class ids (a class added or removed shifted them) is read from the
-base's shard and rewritten with the new ids, not decoded (`relabel`).
+base's shard and rewritten with the new ids, not decoded (`relabel`); so is
+the record of a file that moved to another key (renamed, moved to another
+folder or class, listed under another path) with its key (`moves`).
 The result is byte-identical to a from-scratch build of the same inputs
 and config, kiln.json included: the records are the same bytes, the shards
 are cut and ordered by the same rules, and the statistics are merged from
@@ -56,9 +58,18 @@ In the job (`job.construct`), with a base::
 
     base files -> VerifyBaseFiles ─────────────────────┐ (side input: problems, frames)
     listed files ─┐                                    v
-    base index ───┴─> JoinBase (by key) -> ProcessImages ─┬─> runs of new records
-                                                          └─> reused records (ReusedRun)
-    both -> WriteShards (copies the reused records' frames from the base shards)
+    base index ───┴─> JoinBase (by key) ─┬─> ProcessImages ─┬─> runs of new records
+                                         │     ^            ├─> reused records (ReusedRun)
+                                         │     │ (digests)  └─> deferred ─┐
+                                         └─> orphans ───────> JoinMoved (by sha256)
+                                                                          v
+                                                 ProcessMovedImages ─> runs of moved records
+    all runs -> WriteShards (copies the reused records' frames from the base shards)
+
+The orphans are the base's rows whose key is no longer listed; a file whose
+key found no reusable row but whose sha256 is an orphan's (by its first 8
+bytes: the side input) is deferred, joined with the orphans of its sha256,
+and its record rewritten from the matching one (`moves`).
 
 The check that hashes each base shard also finds where each of its records'
 TFRecord frames starts (`_FrameScanner`), so the image step hands a reused
@@ -91,7 +102,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import kiln
-from kiln.pipeline import record_index, storage, tfrecord, versioning
+from kiln.pipeline import moves, record_index, storage, tfrecord, versioning
 from kiln.pipeline.listing import FILES_PER_LINE
 from kiln.registry import import_plugin
 from kiln.schemas import INDEX_FILENAME, RECORD, DatasetInfo
@@ -442,8 +453,13 @@ def _rows_by_bucket(line: str, buckets: int):
     yield _bucket(row.key, buckets), (1, tuple(row))
 
 
+ORPHANS = "orphans"
+
+
 def _attach_base(bucket_and_values):
-    """One bucket's files, each with its base row (None if new) under ``base``."""
+    """One bucket's files, each with its base row (None if new) under
+    ``base``; tagged ``orphans``, ``(sha256, row fields)`` of each base row
+    whose key is not listed (what a moved file may be served by: `moves`)."""
     _, values = bucket_and_values
     rows: dict[str, record_index.IndexRow] = {}
     files = []
@@ -458,6 +474,9 @@ def _attach_base(bucket_and_values):
         out.append(dict(item, base=rows.pop(item["key"], None)))
     if rows:
         Metrics.counter("kiln", "records_deleted").inc(len(rows))
+    for row in rows.values():
+        # Without the line as read: a moved record gets an index entry of its own.
+        yield beam.pvalue.TaggedOutput(ORPHANS, (row.sha256, tuple(row._replace(line=""))))
     if out:
         yield out
 
@@ -465,7 +484,9 @@ def _attach_base(bucket_and_values):
 class JoinBase(beam.PTransform):
     """Lists of listed files -> lists of the same files, each with its base
     index row (or None) under ``base``: joined by key in `buckets` buckets,
-    which also spreads the files over the workers."""
+    which also spreads the files over the workers. A DoOutputsTuple:
+    ``files``, and ``orphans``: ``(sha256, row fields)`` of the base rows
+    whose key is not listed (`JoinMoved`)."""
 
     def __init__(self, base: BaseFiles, buckets: int):
         super().__init__()
@@ -484,7 +505,64 @@ class JoinBase(beam.PTransform):
             (listed, rows)
             | "MergeFilesAndRows" >> beam.Flatten()  # (bucket, (0, file) or (1, IndexRow fields))
             | "GroupByBucket" >> beam.GroupByKey()
-            | "AttachBase" >> beam.FlatMap(_attach_base)  # [{key, uri, ..., base}]
+            | "AttachBase" >> beam.FlatMap(_attach_base).with_outputs(ORPHANS, main="files")
+            # files: [{key, uri, ..., base}]; orphans: (sha256, IndexRow fields)
+        )
+
+
+def orphan_digest(sha256_and_row: tuple[str, tuple]) -> int:
+    """An orphan's `moves.digest_prefix`: the side input that decides which
+    files are deferred."""
+    return moves.digest_prefix(sha256_and_row[0])
+
+
+def _by_sha256_bucket(sha256_and_value: tuple[str, Any], kind: int, buckets: int):
+    sha256, value = sha256_and_value
+    return _bucket(sha256, buckets), (kind, (sha256, value))
+
+
+def _attach_moved(bucket_and_values):
+    """One bucket's deferred files, each with the orphans of its sha256 under
+    ``moved_from``: ``(sha256, (row fields, ...))``, maybe empty (a
+    `moves.Digests` false positive: the file is processed)."""
+    _, values = bucket_and_values
+    rows: dict[str, list[tuple]] = {}
+    files = []
+    for kind, (sha256, value) in values:
+        if kind:
+            rows.setdefault(sha256, []).append(value)
+        else:
+            files.append((sha256, value))
+    out = [dict(item, moved_from=(sha256, tuple(rows.get(sha256, ())))) for sha256, item in files]
+    if out:
+        yield out
+
+
+class JoinMoved(beam.PTransform):
+    """(deferred files, orphans) -> lists of the deferred files, each with the
+    base rows it may have moved from under ``moved_from`` (`moves`): joined
+    by sha256 in `buckets` buckets.
+
+    Input: a pair of PCollections, ``(sha256, file)`` from the image step's
+    ``deferred`` output and ``(sha256, row fields)`` from `JoinBase`'s
+    ``orphans``."""
+
+    def __init__(self, buckets: int):
+        super().__init__()
+        self._buckets = buckets
+
+    def expand(self, deferred_and_orphans):
+        deferred, orphans = deferred_and_orphans
+        buckets = self._buckets
+        files = deferred | "DeferredBySha256" >> beam.Map(
+            _by_sha256_bucket, kind=0, buckets=buckets
+        )
+        rows = orphans | "OrphansBySha256" >> beam.Map(_by_sha256_bucket, kind=1, buckets=buckets)
+        return (
+            (files, rows)
+            | "MergeDeferredAndOrphans" >> beam.Flatten()  # (bucket, (kind, (sha256, value)))
+            | "GroupBySha256Bucket" >> beam.GroupByKey()
+            | "AttachMovedFrom" >> beam.FlatMap(_attach_moved)  # [{key, ..., moved_from}]
         )
 
 
@@ -507,6 +585,10 @@ class IncrementalReport:
       relabelled: Records rewritten from the base's with new class ids (a
         class added or removed shifted them), without decoding
         (`kiln.pipeline.relabel`).
+      moved: Records rewritten from the base's record of the same bytes
+        under another key (the file moved; with new class ids too, if it
+        changed class or the class list changed), without decoding
+        (`kiln.pipeline.moves`). Their old keys count in `deleted`.
       processed: Files read and processed (decoded, or dropped).
       added: Of those, files stored that the base did not have.
       changed: Of those, files stored whose bytes or listing inputs changed
@@ -519,6 +601,7 @@ class IncrementalReport:
     reason: str = ""
     reused: int = 0
     relabelled: int = 0
+    moved: int = 0
     processed: int = 0
     added: int = 0
     changed: int = 0
@@ -530,6 +613,7 @@ class IncrementalReport:
     ) -> IncrementalReport:
         reused = counters.get("records_reused", 0)
         relabelled = counters.get("records_relabelled", 0)
+        moved = counters.get("records_moved", 0)
         reason = choice.reason
         if choice.base is not None and problems:
             shown = "; ".join(problems[name] for name in sorted(problems)[:3])
@@ -541,7 +625,8 @@ class IncrementalReport:
             reason=reason,
             reused=reused,
             relabelled=relabelled,
-            processed=counters.get("files_read", 0) - reused - relabelled,
+            moved=moved,
+            processed=counters.get("files_read", 0) - reused - relabelled - moved,
             added=counters.get("images_added", 0),
             changed=counters.get("images_changed", 0),
             deleted=counters.get("records_deleted", 0),
@@ -558,8 +643,9 @@ class IncrementalReport:
             return f"  full build: base {self.base} not used: {self.reason}"
         dropped = self.processed - self.added - self.changed
         relabelled = f"relabelled {self.relabelled}, " if self.relabelled else ""
+        moved = f"moved {self.moved}, " if self.moved else ""
         line = (
-            f"  incremental from {self.base}: reused {self.reused}, {relabelled}processed "
+            f"  incremental from {self.base}: reused {self.reused}, {relabelled}{moved}processed "
             f"{self.processed} ({self.added} new, {self.changed} changed, {dropped} dropped), "
             f"{self.deleted} gone"
         )

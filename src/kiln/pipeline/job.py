@@ -27,7 +27,11 @@ joined with the base's record index instead of spread (``JoinBase``), the
 base's files are checked first (``VerifyBaseFiles``, which also finds where
 each record of a base shard is), and the image step hands on the records it
 reuses as byte ranges of the base's shards (`sharding.ReusedRun`), which
-``WriteShards`` copies from there into the new shards.
+``WriteShards`` copies from there into the new shards. Files that may have
+moved (their bytes are those of a base record whose key is gone: `moves`)
+are handed on, joined with those records by sha256 (``JoinMoved``) and go
+through the image step a second time (``ProcessMovedImages``), which
+rewrites the matching records.
 ``WriteReports`` also joins the shards' parts of the record index into
 ``index.jsonl``.
 
@@ -133,6 +137,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         # dropped: DroppedFile
     )
     base_checks = None
+    orphans = None
     if plan.base is None:
         # The listing is one file, read as one bundle; spread it so several
         # workers (and Dataflow's autoscaling) share the images.
@@ -141,44 +146,65 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     else:
         base_checks = pipeline | "VerifyBaseFiles" >> incremental.VerifyBaseFiles(plan.base)
         # (base file name, (problem or "", frames))
-        files = listing.files | "JoinBase" >> incremental.JoinBase(
+        joined = listing.files | "JoinBase" >> incremental.JoinBase(
             plan.base, incremental.bucket_count(plan.num_files)
-        )  # [{key, uri, label, split, size, base: IndexRow or None}], spread by bucket
-    processed = files | "ProcessImages" >> ProcessImages(
-        ImageProcessor(
-            plan.spec.chain,
-            config.image,
-            config.encoding,
-            plan.class_names,
-            SplitPolicy.from_config(config.splits),
-            None
-            if config.targets is None
-            else TargetCodec(config.targets, plan.class_names, config.image.max_pixels),
-            base_class_names=None if plan.base is None else plan.base.class_names,
-        ),
-        threads=plan.image_threads,
-        runs_folder=plan.temp_dir,
-        run_bytes=sharding.run_bytes(config.sharding),
-        progress_path=plan.progress_uri,
-        base=plan.base,
-        base_checks=base_checks,
+        )
+        # files: [{key, uri, label, split, size, base: IndexRow or None}], spread by bucket;
+        # orphans: (sha256, IndexRow fields) of the base rows whose key is not listed
+        files, orphans = joined.files, joined.orphans
+    processor = ImageProcessor(
+        plan.spec.chain,
+        config.image,
+        config.encoding,
+        plan.class_names,
+        SplitPolicy.from_config(config.splits),
+        None
+        if config.targets is None
+        else TargetCodec(config.targets, plan.class_names, config.image.max_pixels),
+        base_class_names=None if plan.base is None else plan.base.class_names,
     )
+
+    def process_images(moved_digests: beam.PCollection | None = None) -> ProcessImages:
+        return ProcessImages(
+            processor,
+            threads=plan.image_threads,
+            runs_folder=plan.temp_dir,
+            run_bytes=sharding.run_bytes(config.sharding),
+            progress_path=plan.progress_uri,
+            base=plan.base,
+            base_checks=base_checks,
+            moved_digests=moved_digests,
+        )
+
+    moved_digests = None
+    if orphans is not None:
+        moved_digests = orphans | "OrphanDigests" >> beam.Map(incremental.orphan_digest)  # int
+    processed = files | "ProcessImages" >> process_images(moved_digests)
     runs = processed.runs  # SpilledRun: sorted runs of records, with their contents
+    summaries = processed.summary
+    dropped = (listing.dropped, processed.dropped) | "AllDropped" >> beam.Flatten()
+    # DroppedFile
     if plan.base is not None:
-        # ReusedRun: the records kept from the base, where they are in its shards
-        runs = (runs, processed.reused) | "AllRuns" >> beam.Flatten()
+        moved_files = (processed.deferred, orphans) | "JoinMoved" >> incremental.JoinMoved(
+            incremental.bucket_count(plan.num_files)
+        )  # [{key, uri, ..., base, moved_from: (sha256, (IndexRow fields, ...))}]
+        # The files that may have moved, through the same step again: their
+        # records rewritten from the base's, or processed.
+        moved = moved_files | "ProcessMovedImages" >> process_images()
+        runs = (
+            (runs, processed.reused, moved.runs, moved.reused) | "AllRuns" >> beam.Flatten()
+        )  # SpilledRun, and ReusedRun: the records kept from the base, where they are in its shards
+        summaries = (summaries, moved.summary) | "AllSummaries" >> beam.Flatten()
+        dropped = (dropped, moved.dropped) | "AllDroppedAndMoved" >> beam.Flatten()
     shards = runs | "WriteShards" >> sharding.ShardRuns(
         plan.staging_dir, plan.temp_dir, config.name, config.sharding, plan.image_threads
     )  # (split, index, ShardInfo)
     # Without a default for empty input: no separate stage to make one; an
     # empty list stands for "no bundles" below.
     summary = (
-        processed.summary
-        | "Summarize" >> beam.CombineGlobally(SummaryCombineFn()).without_defaults()
+        summaries | "Summarize" >> beam.CombineGlobally(SummaryCombineFn()).without_defaults()
     )  # Summary
     duplicates = runs | "FindDuplicates" >> FindDuplicates()  # DuplicateGroup
-    dropped = (listing.dropped, processed.dropped) | "AllDropped" >> beam.Flatten()
-    # DroppedFile
     base_side_inputs = {}
     if base_checks is not None:
         base_side_inputs["base_checks"] = beam.pvalue.AsList(base_checks)

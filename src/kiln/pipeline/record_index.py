@@ -65,8 +65,9 @@ from kiln.schemas.metadata import canonical_json
 
 # Listing fields that do not go into a record: where the file was read
 # (`uri`), its size (implied by its sha256), the split the source named (a
-# record's bytes do not depend on its split) and what the job attached.
-_NOT_RECORD_INPUTS = frozenset({"uri", "size", "split", "base"})
+# record's bytes do not depend on its split) and what the job attached
+# (its base row, and the base rows it may have moved from: `moves`).
+_NOT_RECORD_INPUTS = frozenset({"uri", "size", "split", "base", "moved_from"})
 _COPY_CHUNK = 1 << 20
 
 

@@ -48,6 +48,7 @@ class Relabel:
 
     def __init__(self, base_names: Sequence[str], names: Sequence[str], schema: Schema):
         self.base_ids = {name: i for i, name in enumerate(base_names)}
+        self._base_names = list(base_names)
         new_ids = {name: i for i, name in enumerate(names)}
         self._names = list(names)
         self._new_ids = new_ids
@@ -61,14 +62,19 @@ class Relabel:
         build would)."""
         return all(name in self.base_ids and name in self._new_ids for name in names)
 
+    def base_name(self, label: int) -> str | None:
+        """The base's class name of its class id `label` (None: no label)."""
+        return None if label < 0 else self._base_names[label]
+
     def base_label(self, label: int) -> int:
         """The base's id of this build's class id `label` (-1: no label)."""
         return label if label < 0 else self.base_ids[self._names[label]]
 
-    def record(self, serialized: bytes, label: int, key: str) -> bytes:
-        """The base's record of `key` with this build's class ids: `label`
-        (the image's class id, -1 for none) and every id in ``labels`` and
-        ``classes`` mapped.
+    def record(self, serialized: bytes, label: int, key: str, base_key: str | None = None) -> bytes:
+        """The base's record of `base_key` (default: `key`) as the record of
+        `key` with this build's class ids: `label` (the image's class id, -1
+        for none) and every id in ``labels`` and ``classes`` mapped. A
+        `base_key` other than `key` is a file that moved (`moves`).
 
         Raises:
           KeyError: an id in the record is not in both lists (a caller
@@ -77,8 +83,10 @@ class Relabel:
             another key (`kiln.schemas.SchemaError` is one).
         """
         fields = self._schema.decode(serialized)
-        if fields["key"] != key.encode("utf-8"):
-            raise ValueError(f"the base's record is of key {fields['key']!r}, not {key!r}")
+        expected = key if base_key is None else base_key
+        if fields["key"] != expected.encode("utf-8"):
+            raise ValueError(f"the base's record is of key {fields['key']!r}, not {expected!r}")
+        fields["key"] = key
         if "label" in fields:
             fields["label"] = label
         for name in self._id_features:
