@@ -292,7 +292,9 @@ def test_transform_and_augment_lists_report_every_wrong_entry(demo_corpus, tmp_p
         "2 problems:\n"
         "  augment[0]: unknown augmentation op 'random_flip_up_dwn'; did you mean "
         "'random_flip_up_down'?\n"
-        "  augment[1].random_brightness.max_delta: expected a number, got 'a lot'"
+        "  augment[1].random_brightness.max_delta: expected a number, got 'a lot'; max_delta is "
+        "on kiln's [0, 1] scale: Keras' RandomBrightness(f), a fraction of its value_range, is "
+        "max_delta f"
     )
 
 

@@ -268,33 +268,26 @@ class ImageProcessor:
                 entry(sha256, content),
                 Reuse(base.shard, base.position),
             )
+
+        def rewritten(record, row, counts, *, relabelled=False, moved=False) -> Outcome:
+            """A base record rewritten (relabelled or moved): stored as it comes."""
+            sums = PixelSums(row.pixels, row.sums, row.squares)
+            stored = self._stored(
+                item, label, sha256, inputs, record, row.height, row.width, sums, counts
+            )
+            return Outcome(stored, None, entry(sha256, content), relabelled=relabelled, moved=moved)
+
         if base is not None and base.sha256 == sha256 and read_base is not None:
             relabelled = self._relabelled(item, listed, label, base, read_base)
             if relabelled is not None:
                 record, counts = relabelled
-                sums = PixelSums(base.pixels, base.sums, base.squares)
-                return Outcome(
-                    self._stored(
-                        item, label, sha256, inputs, record, base.height, base.width, sums, counts
-                    ),
-                    None,
-                    entry(sha256, content),
-                    relabelled=True,
-                )
+                return rewritten(record, base, counts, relabelled=True)
         if moved_from is not None and read_base is not None:
             rows = [record_index.IndexRow(*row) for row in moved_from[1]]
             found = self._moved(item, listed, label, sha256, rows, read_base)
             if found is not None:
                 record, row, counts = found
-                sums = PixelSums(row.pixels, row.sums, row.squares)
-                return Outcome(
-                    self._stored(
-                        item, label, sha256, inputs, record, row.height, row.width, sums, counts
-                    ),
-                    None,
-                    entry(sha256, content),
-                    moved=True,
-                )
+                return rewritten(record, row, counts, moved=True)
         elif moved_candidate is not None and moved_candidate(sha256):
             return Outcome(None, None, 0, deferred=sha256)
 
