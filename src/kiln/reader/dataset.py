@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import os
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import tensorflow as tf
 
 from kiln.reader import host_memory
@@ -104,7 +106,8 @@ def load(
       path: A dataset version folder, or ``<output>/<name>`` with a `LATEST`
         file (see `locate`). Local or ``gs://``.
       split: Split name, e.g. ``"train"``, ``"validation"``.
-      batch_size: Elements per batch. None (the default, as in `tfds.load`
+      batch_size: Elements per batch (an int or a NumPy integer, as are
+        `repeat` and `max_objects`). None (the default, as in `tfds.load`
         and `tf.data`) yields single elements: pass the batch size you train
         with (Keras' `fit` needs batches).
       shuffle: Shuffle file and record order each pass. Default: True for
@@ -152,7 +155,11 @@ def load(
         per-replica batch size. Keras takes its steps per epoch from the
         cardinality of one pipeline: exact
         with one pipeline per replica (``InputReplicationMode.PER_REPLICA``),
-        too many when one pipeline feeds several replicas.
+        too many when one pipeline feeds several replicas. Without
+        `tf.distribute` (JAX, PyTorch), make one per host:
+        ``tf.distribute.InputContext(num_input_pipelines=hosts,
+        input_pipeline_id=host)``; an id outside ``0 .. hosts - 1`` is
+        refused.
       as_supervised: Yield ``(image, label)``; for a dataset with targets
         (boxes, masks, keypoints, multi-label, extras) ``(image, targets)``
         with `targets` a dict: ``label``, ``labels``, ``boxes``, ``classes``,
@@ -413,12 +420,12 @@ def _read(
     dataset_dir = locate(path)
     metadata = info(dataset_dir)
     split_info = metadata.split(split)
-    _check_arguments(batch_size, repeat, drop_remainder)
+    batch_size, repeat = _checked_arguments(batch_size, repeat, drop_remainder)
     spec = target_spec(metadata)
     augmenter = _augmenter(metadata, split, augment, dataset_dir, training, spec)
     with_targets = not spec.classification_only
     schema = schema_for(metadata.targets_config) if with_targets else RECORD
-    _check_max_objects(max_objects, spec)
+    max_objects = _checked_max_objects(max_objects, spec)
     _warn_about_cut_objects(max_objects, metadata, split, augmenter)
     if augmenter.batch_ops and model_side:
         raise ValueError(
@@ -442,12 +449,7 @@ def _read(
         )
     shuffle = (split == "train") if shuffle is None else bool(shuffle)
     random_ops = augmenter.training and bool(augmenter.augmentations)
-    if input_context is not None and not isinstance(input_context, tf.distribute.InputContext):
-        raise TypeError(
-            f"input_context must be a tf.distribute.InputContext (what "
-            f"distribute_datasets_from_function passes its dataset_fn) or None, got "
-            f"{type(input_context).__name__} {input_context!r}"
-        )
+    _check_input_context(input_context)
     pipeline = None
     if input_context is not None and input_context.num_input_pipelines > 1:
         pipeline = (input_context.input_pipeline_id, input_context.num_input_pipelines)
@@ -627,15 +629,49 @@ def _read(
 _unconverted = tf.autograph.experimental.do_not_convert
 
 
-def _check_arguments(batch_size, repeat, drop_remainder) -> None:
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
-    ):
+def _is_count(value) -> bool:
+    """Whether `value` is an integer (an int or a NumPy integer, as in
+    ``global_batch // np.int64(hosts)``), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _checked_arguments(batch_size, repeat, drop_remainder) -> tuple[int | None, bool | int]:
+    """`batch_size` and `repeat` as Python values, or ValueError naming the one that is wrong."""
+    if batch_size is not None and (not _is_count(batch_size) or batch_size <= 0):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    if not isinstance(repeat, bool) and (not isinstance(repeat, int) or repeat < 1):
+    if not isinstance(repeat, bool) and (not _is_count(repeat) or repeat < 1):
         raise ValueError(f"repeat must be False, True or a number of passes >= 1, got {repeat!r}")
     if drop_remainder and batch_size is None:
         raise ValueError("drop_remainder=True needs a batch_size")
+    return (
+        None if batch_size is None else int(batch_size),
+        repeat if isinstance(repeat, bool) else int(repeat),
+    )
+
+
+def _check_input_context(input_context) -> None:
+    """Refuses what `tf.distribute.InputContext` accepts but cannot be a share:
+    an id outside ``0 .. num_input_pipelines - 1`` would read another
+    pipeline's share again (ids are taken modulo the count), silently."""
+    if input_context is not None and not isinstance(input_context, tf.distribute.InputContext):
+        raise TypeError(
+            f"input_context must be a tf.distribute.InputContext (what "
+            f"distribute_datasets_from_function passes its dataset_fn) or None, got "
+            f"{type(input_context).__name__} {input_context!r}"
+        )
+    if input_context is None:
+        return
+    count, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    if not _is_count(count) or count < 1:
+        raise ValueError(
+            f"input_context.num_input_pipelines must be a positive int (the number of "
+            f"input pipelines, e.g. hosts), got {count!r}"
+        )
+    if not _is_count(index) or not 0 <= index < count:
+        raise ValueError(
+            f"input_context.input_pipeline_id must be 0 to {count - 1} (this pipeline among "
+            f"num_input_pipelines={count}), got {index!r}"
+        )
 
 
 def _check_not_empty(
@@ -667,15 +703,16 @@ def _check_not_empty(
         )
 
 
-def _check_max_objects(max_objects: int | None, spec: TargetSpec) -> None:
+def _checked_max_objects(max_objects: int | None, spec: TargetSpec) -> int | None:
     if max_objects is None:
-        return
-    if isinstance(max_objects, bool) or not isinstance(max_objects, int) or max_objects < 1:
+        return None
+    if not _is_count(max_objects) or max_objects < 1:
         raise ValueError(f"max_objects must be a positive int or None, got {max_objects!r}")
     if "boxes" not in spec.kinds:
         raise TargetError(
             f"max_objects={max_objects}: this dataset has no objects (targets {list(spec.kinds)})"
         )
+    return int(max_objects)
 
 
 def _warn_about_cut_objects(
