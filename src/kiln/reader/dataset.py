@@ -87,6 +87,7 @@ def load(
     normalize: bool = False,
     repeat: bool | int = False,
     drop_remainder: bool = False,
+    skip: int = 0,
     input_context: tf.distribute.InputContext | None = None,
     as_supervised: bool = True,
     max_objects: int | None = None,
@@ -144,6 +145,15 @@ def load(
         `element_spec` has a fully static shape (needed on TPU). Needs a known
         output size: a dataset stored at one size, or a crop op with a size.
         A batch larger than all the read holds (no batch at all) is refused.
+      skip: Batches (elements without `batch_size`) to leave out at the
+        start: the dataset yields what ``load(...).skip(skip)`` yields, the
+        same batches with the same augmentation, without reading the passes
+        before the one it starts in or decoding the records it skips in that
+        one. To resume a ``repeat=True`` run after an interruption without
+        an iterator checkpoint, pass the steps it had taken (each host the
+        same number, with `input_context`). Exact with the default
+        deterministic order (`ReadOptions`). Refused if it leaves nothing
+        of a finite read, and with tf.data service dynamic sharding.
       input_context: From `tf.distribute` (e.g. in
         `distribute_datasets_from_function`): this input pipeline reads a
         disjoint share: whole files dealt round-robin, and every n-th record
@@ -258,6 +268,7 @@ def load(
         normalize=normalize,
         repeat=repeat,
         drop_remainder=drop_remainder,
+        skip=skip,
         input_context=input_context,
         as_supervised=as_supervised,
         max_objects=max_objects,
@@ -283,6 +294,7 @@ def load_for_model(
     normalize: bool = False,
     repeat: bool | int = False,
     drop_remainder: bool = False,
+    skip: int = 0,
     input_context: tf.distribute.InputContext | None = None,
     as_supervised: bool = True,
     max_objects: int | None = None,
@@ -342,6 +354,7 @@ def load_for_model(
         normalize=normalize,
         repeat=repeat,
         drop_remainder=drop_remainder,
+        skip=skip,
         input_context=input_context,
         as_supervised=as_supervised,
         max_objects=max_objects,
@@ -402,6 +415,7 @@ def _read(
     normalize: bool,
     repeat: bool | int,
     drop_remainder: bool,
+    skip: int,
     input_context: tf.distribute.InputContext | None,
     as_supervised: bool,
     max_objects: int | None,
@@ -421,6 +435,7 @@ def _read(
     metadata = info(dataset_dir)
     split_info = metadata.split(split)
     batch_size, repeat = _checked_arguments(batch_size, repeat, drop_remainder)
+    skip = _checked_skip(skip)
     spec = target_spec(metadata)
     augmenter = _augmenter(metadata, split, augment, dataset_dir, training, spec)
     with_targets = not spec.classification_only
@@ -459,11 +474,17 @@ def _read(
             "ReadOptions(dynamic_sharding=True): tf.data service hands out the files, "
             "so there is no input_context share to read; pass one or the other"
         )
+    if dynamic_sharding and skip:
+        raise ValueError(
+            f"skip={skip} with ReadOptions(dynamic_sharding=True): tf.data service hands out "
+            f"the files at run time, so a read has no position to skip to; pass one or the other"
+        )
     share = _Share.of(dataset_dir, split_info, metadata, input_context)
     if not dynamic_sharding:
         _check_not_empty(
             share, dataset_dir, split_info, input_context, repeat, batch_size, drop_remainder
         )
+        _check_skip(skip, share, dataset_dir, split_info, repeat, batch_size, drop_remainder)
 
     passes = _passes(
         share,
@@ -474,6 +495,7 @@ def _read(
         shuffle_buffer=shuffle_buffer,
         compression=metadata.compression,
         dynamic_sharding=dynamic_sharding,
+        skip_records=skip * (1 if batch_size is None else batch_size),
     )
 
     decoding = _Decoding(
@@ -598,6 +620,8 @@ def _read(
     )
     if not dynamic_sharding:
         cardinality = share.cardinality(repeat, batch_size, drop_remainder)
+        if cardinality != tf.data.INFINITE_CARDINALITY:
+            cardinality -= skip
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
     data_options = tf.data.Options()
@@ -672,6 +696,28 @@ def _check_input_context(input_context) -> None:
             f"input_context.input_pipeline_id must be 0 to {count - 1} (this pipeline among "
             f"num_input_pipelines={count}), got {index!r}"
         )
+
+
+def _checked_skip(skip) -> int:
+    if not _is_count(skip) or skip < 0:
+        raise ValueError(f"skip must be an int >= 0 (batches to leave out), got {skip!r}")
+    return int(skip)
+
+
+def _check_skip(
+    skip: int, share: _Share, dataset_dir, split_info, repeat, batch_size, drop_remainder
+) -> None:
+    """Refuses a `skip` that leaves nothing of a finite read: a resumed run
+    would otherwise train on an empty dataset without an error."""
+    total = share.cardinality(repeat, batch_size, drop_remainder)
+    if skip == 0 or total == tf.data.INFINITE_CARDINALITY or skip < total:
+        return
+    unit = "elements" if batch_size is None else "batches"
+    passes = "one pass" if repeat is False or repeat == 1 else f"{repeat} passes"
+    raise ValueError(
+        f"{dataset_dir}: split {split_info.name!r}: skip={skip} leaves nothing of this read's "
+        f"{total} {unit} ({passes}); skip fewer, or read more passes (repeat)"
+    )
 
 
 def _check_not_empty(
@@ -1114,7 +1160,7 @@ class _Share:
         fits = int(SHUFFLE_BUFFER_BYTES // max(self.record_bytes, 1.0))
         return max(1, min(self.num_records, DEFAULT_SHUFFLE_BUFFER, max(_MIN_SHUFFLE_BUFFER, fits)))
 
-    def cardinality(self, repeat, batch_size, drop_remainder) -> int | None:
+    def cardinality(self, repeat, batch_size, drop_remainder) -> int:
         if repeat is True:
             return tf.data.INFINITE_CARDINALITY
         elements = self.num_records * (1 if repeat is False else repeat)
@@ -1133,8 +1179,10 @@ def _passes(
     shuffle_buffer: int | None,
     compression: str | None,
     dynamic_sharding: bool,
+    skip_records: int = 0,
 ) -> tf.data.Dataset:
-    """`repeat`'s passes over this pipeline's records: ``(serialized, pass_word)``.
+    """`repeat`'s passes over this pipeline's records: ``(serialized, pass_word)``,
+    less the first `skip_records`.
 
     Each pass is built from its epoch key (`seeding.epoch_keys`, a new one
     per iteration and per `repeat` round): its file order, record order and
@@ -1150,12 +1198,21 @@ def _passes(
     (inside `flat_map` it would not be split): there the pass is repeated
     with reshuffling shuffles, as before; the order is the dispatcher's
     anyway. Each record's word, hence its augmentation, is the same in both.
+
+    Skipped records cost little: whole passes are skipped by their keys
+    (each pass is made from its key alone), and the rest of them, in the
+    pass the read starts in, are skipped as serialized records, before
+    anything is parsed or decoded.
     """
     reading = _Reading(share, shuffle, deterministic, shuffle_buffer, compression)
     if dynamic_sharding:
         return _repeated(reading.reshuffled_pass(base_seed), repeat)
     keys = _repeated(seeding.epoch_keys(base_seed), repeat)
-    return keys.flat_map(lambda key: reading.seeded_pass(base_seed, key))
+    whole_passes, records = divmod(skip_records, share.num_records)
+    if whole_passes:
+        keys = keys.skip(whole_passes)
+    passes = keys.flat_map(lambda key: reading.seeded_pass(base_seed, key))
+    return passes.skip(records) if records else passes
 
 
 def _repeated(dataset: tf.data.Dataset, repeat: bool | int) -> tf.data.Dataset:
