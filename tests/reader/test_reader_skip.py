@@ -138,3 +138,10 @@ def test_skip_takes_a_numpy_integer_and_is_endless_with_repeat(png_dataset):
     assert dataset.cardinality() == tf.data.INFINITE_CARDINALITY
     images, _ = next(iter(dataset))
     assert images.shape[0] == 4
+
+
+def test_load_for_model_skips_alike(png_dataset):
+    path = png_dataset.dataset_dir
+    whole, _ = kiln.reader.load_for_model(path, batch_size=6, seed=3, repeat=2)
+    skipped, _ = kiln.reader.load_for_model(path, batch_size=6, seed=3, repeat=2, skip=4)
+    assert_same_batches(batches(skipped), batches(whole.skip(4)))
