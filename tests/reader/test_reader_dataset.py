@@ -317,6 +317,42 @@ def test_input_context_of_another_type_is_refused_naming_it(png_dataset):
         kiln.reader.load(png_dataset.dataset_dir, batch_size=8, seed=1, input_context=2)
 
 
+@pytest.mark.parametrize(
+    "pipelines, index, message",
+    [
+        (2, 2, r"input_context.input_pipeline_id must be 0 to 1 .*, got 2"),
+        (2, 5, r"input_context.input_pipeline_id must be 0 to 1 .*, got 5"),
+        (2, -1, r"input_context.input_pipeline_id must be 0 to 1 .*, got -1"),
+        (0, 0, r"input_context.num_input_pipelines must be a positive int .*, got 0"),
+    ],
+)
+def test_an_input_pipeline_id_outside_the_pipelines_is_refused(
+    png_dataset, pipelines, index, message
+):
+    """`tf.distribute.InputContext` takes any numbers; an id past the count
+    read another pipeline's share again (host 2 of 2 read host 0's
+    records), and a count of 0 divided by zero."""
+    context = tf.distribute.InputContext(
+        num_input_pipelines=pipelines, input_pipeline_id=index, num_replicas_in_sync=2
+    )
+    with pytest.raises(ValueError, match=message):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=1, input_context=context)
+
+
+def test_numpy_integers_are_taken_for_sizes_and_passes(png_dataset):
+    """``global_batch // np.int64(hosts)`` is a NumPy integer: taken as the seed is."""
+    path = png_dataset.dataset_dir
+    expected = keys_of(kiln.reader.load(path, batch_size=8, seed=1, repeat=2, as_supervised=False))
+    dataset = kiln.reader.load(
+        path, batch_size=np.int64(8), seed=1, repeat=np.int32(2), as_supervised=False
+    )
+    assert keys_of(dataset) == expected
+    assert dataset.element_spec["image"].shape[0] is None
+    for value in (np.bool_(True), 8.0):
+        with pytest.raises(ValueError, match="batch_size must be a positive int or None"):
+            kiln.reader.load(path, batch_size=value)
+
+
 def test_more_input_pipelines_than_records_is_refused(png_dataset):
     """Every pipeline reads as many records as the smallest share: with more
     pipelines than records that is none, an empty dataset Keras would train

@@ -688,3 +688,15 @@ def test_golden_stream_with_targets(scenes_dataset):
         points = batch["keypoints"].flat_values.numpy().astype(np.float64)
         assert float(points.sum()) == pytest.approx(keypoints, rel=1e-6)
         assert int(batch["keypoint_visibility"].flat_values.numpy().sum()) == visible
+
+
+def test_max_objects_takes_a_numpy_integer(objects_dataset):
+    dataset = kiln.reader.load(
+        objects_dataset.dataset_dir,
+        batch_size=np.int64(4),
+        seed=1,
+        max_objects=np.int64(5),
+        drop_remainder=True,
+    )
+    _, targets = dataset.element_spec
+    assert targets["boxes"].shape.as_list() == [4, 5, 4]

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 import os
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import tensorflow as tf
 
 from kiln.reader import host_memory
@@ -85,6 +87,7 @@ def load(
     normalize: bool = False,
     repeat: bool | int = False,
     drop_remainder: bool = False,
+    skip: int = 0,
     input_context: tf.distribute.InputContext | None = None,
     as_supervised: bool = True,
     max_objects: int | None = None,
@@ -104,7 +107,8 @@ def load(
       path: A dataset version folder, or ``<output>/<name>`` with a `LATEST`
         file (see `locate`). Local or ``gs://``.
       split: Split name, e.g. ``"train"``, ``"validation"``.
-      batch_size: Elements per batch. None (the default, as in `tfds.load`
+      batch_size: Elements per batch (an int or a NumPy integer, as are
+        `repeat` and `max_objects`). None (the default, as in `tfds.load`
         and `tf.data`) yields single elements: pass the batch size you train
         with (Keras' `fit` needs batches).
       shuffle: Shuffle file and record order each pass. Default: True for
@@ -141,6 +145,15 @@ def load(
         `element_spec` has a fully static shape (needed on TPU). Needs a known
         output size: a dataset stored at one size, or a crop op with a size.
         A batch larger than all the read holds (no batch at all) is refused.
+      skip: Batches (elements without `batch_size`) to leave out at the
+        start: the dataset yields what ``load(...).skip(skip)`` yields, the
+        same batches with the same augmentation, without reading the passes
+        before the one it starts in or decoding the records it skips in that
+        one. To resume a ``repeat=True`` run after an interruption without
+        an iterator checkpoint, pass the steps it had taken (each host the
+        same number, with `input_context`). Exact with the default
+        deterministic order (`ReadOptions`). Refused if it leaves nothing
+        of a finite read, and with tf.data service dynamic sharding.
       input_context: From `tf.distribute` (e.g. in
         `distribute_datasets_from_function`): this input pipeline reads a
         disjoint share: whole files dealt round-robin, and every n-th record
@@ -152,7 +165,11 @@ def load(
         per-replica batch size. Keras takes its steps per epoch from the
         cardinality of one pipeline: exact
         with one pipeline per replica (``InputReplicationMode.PER_REPLICA``),
-        too many when one pipeline feeds several replicas.
+        too many when one pipeline feeds several replicas. Without
+        `tf.distribute` (JAX, PyTorch), make one per host:
+        ``tf.distribute.InputContext(num_input_pipelines=hosts,
+        input_pipeline_id=host)``; an id outside ``0 .. hosts - 1`` is
+        refused.
       as_supervised: Yield ``(image, label)``; for a dataset with targets
         (boxes, masks, keypoints, multi-label, extras) ``(image, targets)``
         with `targets` a dict: ``label``, ``labels``, ``boxes``, ``classes``,
@@ -251,6 +268,7 @@ def load(
         normalize=normalize,
         repeat=repeat,
         drop_remainder=drop_remainder,
+        skip=skip,
         input_context=input_context,
         as_supervised=as_supervised,
         max_objects=max_objects,
@@ -276,6 +294,7 @@ def load_for_model(
     normalize: bool = False,
     repeat: bool | int = False,
     drop_remainder: bool = False,
+    skip: int = 0,
     input_context: tf.distribute.InputContext | None = None,
     as_supervised: bool = True,
     max_objects: int | None = None,
@@ -335,6 +354,7 @@ def load_for_model(
         normalize=normalize,
         repeat=repeat,
         drop_remainder=drop_remainder,
+        skip=skip,
         input_context=input_context,
         as_supervised=as_supervised,
         max_objects=max_objects,
@@ -395,6 +415,7 @@ def _read(
     normalize: bool,
     repeat: bool | int,
     drop_remainder: bool,
+    skip: int,
     input_context: tf.distribute.InputContext | None,
     as_supervised: bool,
     max_objects: int | None,
@@ -413,12 +434,13 @@ def _read(
     dataset_dir = locate(path)
     metadata = info(dataset_dir)
     split_info = metadata.split(split)
-    _check_arguments(batch_size, repeat, drop_remainder)
+    batch_size, repeat = _checked_arguments(batch_size, repeat, drop_remainder)
+    skip = _checked_skip(skip)
     spec = target_spec(metadata)
     augmenter = _augmenter(metadata, split, augment, dataset_dir, training, spec)
     with_targets = not spec.classification_only
     schema = schema_for(metadata.targets_config) if with_targets else RECORD
-    _check_max_objects(max_objects, spec)
+    max_objects = _checked_max_objects(max_objects, spec)
     _warn_about_cut_objects(max_objects, metadata, split, augmenter)
     if augmenter.batch_ops and model_side:
         raise ValueError(
@@ -442,12 +464,7 @@ def _read(
         )
     shuffle = (split == "train") if shuffle is None else bool(shuffle)
     random_ops = augmenter.training and bool(augmenter.augmentations)
-    if input_context is not None and not isinstance(input_context, tf.distribute.InputContext):
-        raise TypeError(
-            f"input_context must be a tf.distribute.InputContext (what "
-            f"distribute_datasets_from_function passes its dataset_fn) or None, got "
-            f"{type(input_context).__name__} {input_context!r}"
-        )
+    _check_input_context(input_context)
     pipeline = None
     if input_context is not None and input_context.num_input_pipelines > 1:
         pipeline = (input_context.input_pipeline_id, input_context.num_input_pipelines)
@@ -457,11 +474,17 @@ def _read(
             "ReadOptions(dynamic_sharding=True): tf.data service hands out the files, "
             "so there is no input_context share to read; pass one or the other"
         )
+    if dynamic_sharding and skip:
+        raise ValueError(
+            f"skip={skip} with ReadOptions(dynamic_sharding=True): tf.data service hands out "
+            f"the files at run time, so a read has no position to skip to; pass one or the other"
+        )
     share = _Share.of(dataset_dir, split_info, metadata, input_context)
     if not dynamic_sharding:
         _check_not_empty(
             share, dataset_dir, split_info, input_context, repeat, batch_size, drop_remainder
         )
+        _check_skip(skip, share, dataset_dir, split_info, repeat, batch_size, drop_remainder)
 
     passes = _passes(
         share,
@@ -472,6 +495,7 @@ def _read(
         shuffle_buffer=shuffle_buffer,
         compression=metadata.compression,
         dynamic_sharding=dynamic_sharding,
+        skip_records=skip * (1 if batch_size is None else batch_size),
     )
 
     decoding = _Decoding(
@@ -596,6 +620,8 @@ def _read(
     )
     if not dynamic_sharding:
         cardinality = share.cardinality(repeat, batch_size, drop_remainder)
+        if cardinality != tf.data.INFINITE_CARDINALITY:
+            cardinality -= skip
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
     data_options = tf.data.Options()
@@ -627,15 +653,71 @@ def _read(
 _unconverted = tf.autograph.experimental.do_not_convert
 
 
-def _check_arguments(batch_size, repeat, drop_remainder) -> None:
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
-    ):
+def _is_count(value) -> bool:
+    """Whether `value` is an integer (an int or a NumPy integer, as in
+    ``global_batch // np.int64(hosts)``), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _checked_arguments(batch_size, repeat, drop_remainder) -> tuple[int | None, bool | int]:
+    """`batch_size` and `repeat` as Python values, or ValueError naming the one that is wrong."""
+    if batch_size is not None and (not _is_count(batch_size) or batch_size <= 0):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    if not isinstance(repeat, bool) and (not isinstance(repeat, int) or repeat < 1):
+    if not isinstance(repeat, bool) and (not _is_count(repeat) or repeat < 1):
         raise ValueError(f"repeat must be False, True or a number of passes >= 1, got {repeat!r}")
     if drop_remainder and batch_size is None:
         raise ValueError("drop_remainder=True needs a batch_size")
+    return (
+        None if batch_size is None else int(batch_size),
+        repeat if isinstance(repeat, bool) else int(repeat),
+    )
+
+
+def _check_input_context(input_context) -> None:
+    """Refuses what `tf.distribute.InputContext` accepts but cannot be a share:
+    an id outside ``0 .. num_input_pipelines - 1`` would read another
+    pipeline's share again (ids are taken modulo the count), silently."""
+    if input_context is not None and not isinstance(input_context, tf.distribute.InputContext):
+        raise TypeError(
+            f"input_context must be a tf.distribute.InputContext (what "
+            f"distribute_datasets_from_function passes its dataset_fn) or None, got "
+            f"{type(input_context).__name__} {input_context!r}"
+        )
+    if input_context is None:
+        return
+    count, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    if not _is_count(count) or count < 1:
+        raise ValueError(
+            f"input_context.num_input_pipelines must be a positive int (the number of "
+            f"input pipelines, e.g. hosts), got {count!r}"
+        )
+    if not _is_count(index) or not 0 <= index < count:
+        raise ValueError(
+            f"input_context.input_pipeline_id must be 0 to {count - 1} (this pipeline among "
+            f"num_input_pipelines={count}), got {index!r}"
+        )
+
+
+def _checked_skip(skip) -> int:
+    if not _is_count(skip) or skip < 0:
+        raise ValueError(f"skip must be an int >= 0 (batches to leave out), got {skip!r}")
+    return int(skip)
+
+
+def _check_skip(
+    skip: int, share: _Share, dataset_dir, split_info, repeat, batch_size, drop_remainder
+) -> None:
+    """Refuses a `skip` that leaves nothing of a finite read: a resumed run
+    would otherwise train on an empty dataset without an error."""
+    total = share.cardinality(repeat, batch_size, drop_remainder)
+    if skip == 0 or total == tf.data.INFINITE_CARDINALITY or skip < total:
+        return
+    unit = "elements" if batch_size is None else "batches"
+    passes = "one pass" if repeat is False or repeat == 1 else f"{repeat} passes"
+    raise ValueError(
+        f"{dataset_dir}: split {split_info.name!r}: skip={skip} leaves nothing of this read's "
+        f"{total} {unit} ({passes}); skip fewer, or read more passes (repeat)"
+    )
 
 
 def _check_not_empty(
@@ -667,15 +749,16 @@ def _check_not_empty(
         )
 
 
-def _check_max_objects(max_objects: int | None, spec: TargetSpec) -> None:
+def _checked_max_objects(max_objects: int | None, spec: TargetSpec) -> int | None:
     if max_objects is None:
-        return
-    if isinstance(max_objects, bool) or not isinstance(max_objects, int) or max_objects < 1:
+        return None
+    if not _is_count(max_objects) or max_objects < 1:
         raise ValueError(f"max_objects must be a positive int or None, got {max_objects!r}")
     if "boxes" not in spec.kinds:
         raise TargetError(
             f"max_objects={max_objects}: this dataset has no objects (targets {list(spec.kinds)})"
         )
+    return int(max_objects)
 
 
 def _warn_about_cut_objects(
@@ -1077,7 +1160,7 @@ class _Share:
         fits = int(SHUFFLE_BUFFER_BYTES // max(self.record_bytes, 1.0))
         return max(1, min(self.num_records, DEFAULT_SHUFFLE_BUFFER, max(_MIN_SHUFFLE_BUFFER, fits)))
 
-    def cardinality(self, repeat, batch_size, drop_remainder) -> int | None:
+    def cardinality(self, repeat, batch_size, drop_remainder) -> int:
         if repeat is True:
             return tf.data.INFINITE_CARDINALITY
         elements = self.num_records * (1 if repeat is False else repeat)
@@ -1096,8 +1179,10 @@ def _passes(
     shuffle_buffer: int | None,
     compression: str | None,
     dynamic_sharding: bool,
+    skip_records: int = 0,
 ) -> tf.data.Dataset:
-    """`repeat`'s passes over this pipeline's records: ``(serialized, pass_word)``.
+    """`repeat`'s passes over this pipeline's records: ``(serialized, pass_word)``,
+    less the first `skip_records`.
 
     Each pass is built from its epoch key (`seeding.epoch_keys`, a new one
     per iteration and per `repeat` round): its file order, record order and
@@ -1113,12 +1198,21 @@ def _passes(
     (inside `flat_map` it would not be split): there the pass is repeated
     with reshuffling shuffles, as before; the order is the dispatcher's
     anyway. Each record's word, hence its augmentation, is the same in both.
+
+    Skipped records cost little: whole passes are skipped by their keys
+    (each pass is made from its key alone), and the rest of them, in the
+    pass the read starts in, are skipped as serialized records, before
+    anything is parsed or decoded.
     """
     reading = _Reading(share, shuffle, deterministic, shuffle_buffer, compression)
     if dynamic_sharding:
         return _repeated(reading.reshuffled_pass(base_seed), repeat)
     keys = _repeated(seeding.epoch_keys(base_seed), repeat)
-    return keys.flat_map(lambda key: reading.seeded_pass(base_seed, key))
+    whole_passes, records = divmod(skip_records, share.num_records)
+    if whole_passes:
+        keys = keys.skip(whole_passes)
+    passes = keys.flat_map(lambda key: reading.seeded_pass(base_seed, key))
+    return passes.skip(records) if records else passes
 
 
 def _repeated(dataset: tf.data.Dataset, repeat: bool | int) -> tf.data.Dataset:
