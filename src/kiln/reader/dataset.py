@@ -156,12 +156,13 @@ def load(
         of a finite read, and with tf.data service dynamic sharding.
       input_context: From `tf.distribute` (e.g. in
         `distribute_datasets_from_function`): this input pipeline reads a
-        disjoint share: whole files dealt round-robin, and every n-th record
-        of the files left over. Every pipeline reads as many records per pass
-        as the smallest share holds (a few records of the larger shares are
-        skipped, different ones each shuffled pass), so all take the same
-        number of steps (more pipelines than the split has records, so
-        that none would read anything, is refused). Give each pipeline its
+        disjoint share: a contiguous range of the split's records in shard
+        order, the ranges of the pipelines differing by at most one record.
+        Every pipeline reads ``records // pipelines`` of its range per pass
+        (fewer than `pipelines` records wait, different ones each shuffled
+        pass), so all take the same number of steps (more pipelines than
+        the split has records, so that none would read anything, is
+        refused). Give each pipeline its
         per-replica batch size. Keras takes its steps per epoch from the
         cardinality of one pipeline: exact
         with one pipeline per replica (``InputReplicationMode.PER_REPLICA``),
@@ -726,8 +727,8 @@ def _check_not_empty(
     """Refuses a read that would yield nothing: Keras trains and evaluates on
     an empty dataset without an error (only "Your input ran out of data").
 
-    Two ways: more input pipelines than the smallest share has records (every
-    pipeline reads as many records as the smallest share: none), or
+    Two ways: more input pipelines than the split has records (every
+    pipeline reads ``records // pipelines`` records per pass: none), or
     `drop_remainder` with a batch larger than all the read holds.
     """
     name = split_info.name
@@ -735,9 +736,9 @@ def _check_not_empty(
     if share.num_records == 0 and pipelines > 1:
         raise ValueError(
             f"{dataset_dir}: split {name!r} has {split_info.num_examples} records for "
-            f"{pipelines} input pipelines (input_context): every pipeline reads as many "
-            f"records per pass as the smallest share, which holds none, so every pipeline "
-            f"would read nothing; read this split with fewer input pipelines"
+            f"{pipelines} input pipelines (input_context): every pipeline reads records // "
+            f"pipelines of them per pass, none, so every pipeline would read nothing; read "
+            f"this split with fewer input pipelines"
         )
     if share.num_records > 0 and share.cardinality(repeat, batch_size, drop_remainder) == 0:
         whose = "" if pipelines == 1 else " (this input pipeline's share)"
@@ -1080,20 +1081,24 @@ def _shaped_like(targets: ElementTargets, image: tf.Tensor) -> ElementTargets:
 class _Share:
     """What one input pipeline reads per pass: its files, and how many records.
 
-    With several pipelines (an `input_context`), each reads whole files
-    dealt round-robin plus every n-th record of the files left over (all of
-    them when there are fewer files than pipelines), and every pipeline
-    reads as many records per pass as the smallest share holds, so replicas
-    fed by different pipelines take the same number of steps.
+    With several pipelines (an `input_context`), each reads one contiguous
+    range of the split's records in shard order (the shards' record counts
+    are in kiln.json): pipeline i of n the records ``i * total // n`` up to
+    ``(i + 1) * total // n``, whole shards and at most one part of a shard
+    at each end of its range. The ranges differ by at most one record, and
+    every pipeline reads ``total // n`` of its records per pass (so that
+    replicas fed by different pipelines take the same number of steps):
+    fewer than n records of the split wait for a later pass, other ones
+    in each shuffled pass. (Shards dealt whole would leave out what the
+    shards' sizes differ by: with 7 shards of 22 to 39 records on 4
+    pipelines, 18% of the split every pass.)
     """
 
-    def __init__(
-        self, files, num_records, record_bytes, strides=None, offsets=None, available=None
-    ):
+    def __init__(self, files, num_records, record_bytes, skips=None, takes=None, available=None):
         self.files = files
-        # Per file: stride 1 reads it whole, n every n-th record from its offset.
-        self.strides = strides or [1] * len(files)
-        self.offsets = offsets or [0] * len(files)
+        # Per file: the records it reads, `takes` (-1: to the end) after `skips`.
+        self.skips = skips or [0] * len(files)
+        self.takes = takes or [-1] * len(files)
         self.num_records = num_records  # records per pass
         self.available = num_records if available is None else available
         self.record_bytes = record_bytes  # average encoded record size in the split
@@ -1115,45 +1120,28 @@ class _Share:
         if input_context is None or input_context.num_input_pipelines == 1:
             return cls(files, sum(counts), record_bytes)
         num, index = input_context.num_input_pipelines, input_context.input_pipeline_id
-        whole = len(files) - len(files) % num
-        shared = range(whole, len(files))
-        # The files left over are strided as if they were one file, so their
-        # records divide among the pipelines as evenly as possible.
-        starts = [sum(counts[whole:i]) for i in shared]
-        shared_records = sum(counts[whole:])
-
-        def share_of(pipeline):
-            mine = [i for i in range(whole) if i % num == pipeline]
-            by_record = len(range(pipeline, shared_records, num))
-            return mine, sum(counts[i] for i in mine) + by_record
-
-        mine, available = share_of(index)
-        equal = min(share_of(pipeline)[1] for pipeline in range(num))
-        if whole < len(files):
-            logger.info(
-                "kiln.reader: %d file(s) for %d input pipelines: %d read whole, %d by record",
-                len(files),
-                num,
-                whole,
-                len(files) - whole,
-            )
-        if available > equal:
+        total = sum(counts)
+        low, high = index * total // num, (index + 1) * total // num
+        mine, skips, takes = [], [], []
+        start = 0
+        for file, count in zip(files, counts, strict=True):
+            first, last = max(low, start), min(high, start + count)
+            if first < last:
+                mine.append(file)
+                skips.append(first - start)
+                takes.append(-1 if last == start + count else last - first)
+            start += count
+        equal = total // num
+        if high - low > equal:
             logger.info(
                 "kiln.reader: input pipeline %d of %d reads %d of its %d records per pass, "
-                "as many as the smallest share, so that replicas step together",
+                "as many as every pipeline, so that replicas step together",
                 index,
                 num,
                 equal,
-                available,
+                high - low,
             )
-        return cls(
-            [files[i] for i in mine] + [files[i] for i in shared],
-            equal,
-            record_bytes,
-            strides=[1] * len(mine) + [num] * len(shared),
-            offsets=[0] * len(mine) + [(index - start) % num for start in starts],
-            available=available,
-        )
+        return cls(mine, equal, record_bytes, skips, takes, available=high - low)
 
     @property
     def default_shuffle_buffer(self) -> int:
@@ -1261,20 +1249,20 @@ class _Reading:
         files = tf.data.Dataset.from_tensor_slices(
             (
                 share.files,
-                tf.constant(share.strides, tf.int64),
-                tf.constant(share.offsets, tf.int64),
+                tf.constant(share.skips, tf.int64),
+                tf.constant(share.takes, tf.int64),
             )
         )
         if self.shuffle:
             files = order(files, len(share.files), "files")
-        strided = any(stride > 1 for stride in share.strides)
+        partial = any(share.skips) or any(take >= 0 for take in share.takes)
 
-        def read(filename, stride, offset):
+        def read(filename, skip, take):
             records = tf.data.TFRecordDataset(
                 filename, compression_type=self.compression_type, buffer_size=self.buffer_size
             )
-            # Striding within each file keeps the shares disjoint in any file order.
-            return records.shard(stride, offset) if strided else records
+            # The ends of a pipeline's range: part of a shard (read past, not parsed).
+            return records.skip(skip).take(take) if partial else records
 
         # Parallel also when deterministic: under tf.data service dynamic
         # sharding with two workers, the sequential interleave after a file

@@ -41,9 +41,11 @@ mixup and cutmix draw their ``lam ~ Beta(alpha, alpha)`` in log space (two
 Gamma(alpha) draws underflowed float32 for small alpha, giving exactly 0.5):
 every stream with mixup or cutmix changes, the others stay as in version 3.
 Version 5: the box of an object that a crop (or cutmix's rectangle) cuts is
-tightened to its moved instance mask's pixels (`kiln.reader.targets.tightened`):
-streams of datasets with instance masks whose crops cut objects change, the
-others stay as in version 4.
+tightened to its moved instance mask's pixels (`kiln.reader.targets.tightened`),
+and each of several input pipelines reads a contiguous range of records
+(`kiln.reader.dataset._Share`): streams of datasets with instance masks whose
+crops cut objects change, and those of several pipelines; a single
+pipeline's stream otherwise stays as in version 4.
 
 TensorFlow mixes the global seed (`tf.random.set_seed`), when one is set,
 into `Dataset.random` (so into every pass's key and orders) and
