@@ -269,7 +269,8 @@ def test_quiet_hides_what_image_libraries_print_about_files(demo_corpus, tmp_pat
     report = json.loads(report_path.read_text())
     assert report["status"] == "built" and report["dropped_total"] == 0
     (hidden,) = report["warnings"]
-    assert hidden.startswith("--quiet hid 3 line(s) that image libraries wrote to stderr")
+    # Three warnings, on fewer lines where image threads interleaved them.
+    assert re.match(r"--quiet hid [123] line\(s\) that image libraries wrote to stderr", hidden)
 
     # A failure under --quiet: its one line, and only that.
     (root / "circle" / "notes.png").write_text("not a picture\n")
@@ -282,17 +283,17 @@ def test_quiet_hides_what_image_libraries_print_about_files(demo_corpus, tmp_pat
     assert failed.stderr.startswith("kiln build: failed: dropped 1 of ")
     assert failed.stderr.count("\n") == 1, failed.stderr
 
-    # Without --quiet, the libraries' lines show as they come.
+    # Without --quiet, the libraries' lines show as they come. (libpng writes a
+    # warning and its newline in two calls: image threads may interleave them,
+    # so the messages are looked for in the text, not as whole lines.)
     loud_config = dict(strict, output=str(tmp_path / "loud"), errors={"max_fraction": 0.2})
     loud = run_kiln("build", "--config", write_config(tmp_path / "loud.yaml", loud_config))
     assert loud.returncode == 0, loud.stderr
-    lines = loud.stderr.splitlines()
-    assert "libpng warning: tEXt: CRC error" in lines, loud.stderr
-    assert "libpng warning: iCCP: too short" in lines, loud.stderr
-    assert any(
-        re.fullmatch(r"Corrupt JPEG data: \d+ extraneous bytes before marker 0xd9", line)
-        for line in lines
-    ), loud.stderr
+    assert "libpng warning: tEXt: CRC error" in loud.stderr, loud.stderr
+    assert "libpng warning: iCCP: too short" in loud.stderr, loud.stderr
+    assert re.search(r"Corrupt JPEG data: \d+ extraneous bytes before marker 0xd9", loud.stderr), (
+        loud.stderr
+    )
 
 
 def test_quiet_success_with_warnings_prints_nothing(demo_corpus, tmp_path):

@@ -48,6 +48,24 @@ def test_image_library_lines_are_dropped_and_counted_and_the_rest_written_back(c
     assert dropped.first == "libpng warning: iCCP: too short"
 
 
+def test_line_ends_of_warnings_two_threads_interleaved_are_dropped_with_them(capfd):
+    """libpng writes a warning and its line end in two calls: two decoding
+    threads can leave both warnings on one line and their line ends after
+    it. No blank line is left behind (cron mails any output of --quiet)."""
+    with native_logs.filtered_stderr(native_logs.IMAGE_LIBRARY_LINES) as dropped:
+        for piece in (
+            b"libpng warning: iCCP: too short",
+            b"libpng warning: tEXt: CRC error",
+            b"\n",
+            b"\n",
+            b"kept\n",
+            b"\n",
+        ):
+            os.write(2, piece)
+    assert capfd.readouterr().err == "kept\n\n"
+    assert dropped.count == 1
+
+
 def test_fd_2_is_restored_when_the_block_raises(capfd):
     with pytest.raises(KeyboardInterrupt):
         with native_logs.filtered_stderr(native_logs.IMAGE_LIBRARY_LINES) as dropped:

@@ -159,12 +159,20 @@ def _write_back(captured: IO[bytes], drop: re.Pattern[bytes], dropped: DroppedLi
     captured.seek(0)
     kept: list[bytes] = []
     size = 0
+    after_drop = False
     for line in captured:
         if drop.match(line):
             if not dropped.count:
                 dropped.first = line.rstrip(b"\r\n").decode("utf-8", "replace")
             dropped.count += 1
+            after_drop = True
             continue
+        # libpng writes a warning and its line end in two calls: threads
+        # decoding at once can put two warnings on one line and their line
+        # ends after it, a blank line that belongs to what was dropped.
+        if after_drop and not line.strip(b"\r\n"):
+            continue
+        after_drop = False
         kept.append(line)
         size += len(line)
         if size >= _WRITE_BACK_BYTES:
