@@ -13,7 +13,8 @@ Public API:
   load: the `tf.data.Dataset` of a split (see `kiln.reader.dataset.load`).
   load_for_model: ``(dataset, layer)``: unaugmented uint8 batches with
     their seeds, and the Keras layer that augments them inside the model.
-  ReadOptions: the rarely changed options of `load` (shuffle buffer, order).
+  ReadOptions: the rarely changed options of `load` (shuffle buffer, order,
+    the class ids' dtype).
   info: the dataset's `kiln.schemas.DatasetInfo` without building a dataset.
   class_counts, class_weights: a split's images per class id, and
     per-class weights ("balanced") for `load(class_weight=...)` or Keras.

@@ -214,8 +214,9 @@ def load(
         or ``"channels_first"`` ``[batch, channels, height, width]``; masks
         (``mask``, ``instance_masks``) move their channel axis likewise.
       options: `ReadOptions`: the shuffle buffer's size, whether the
-        element order is fixed, and tf.data service's dynamic sharding;
-        the defaults suit almost every job. A dict is refused with a
+        element order is fixed, tf.data service's dynamic sharding, and
+        the class ids' dtype (int32 for JAX without x64); the defaults
+        suit almost every job. A dict is refused with a
         TypeError spelling the `ReadOptions` to pass (see `ReadOptions`).
       augment_on: Deprecated: ``"model"`` returns what `load_for_model`
         returns (with a DeprecationWarning); call that instead.
@@ -227,7 +228,8 @@ def load(
     Returns:
       The dataset. Images are float32 ``[batch, height, width, channels]``
       unless `dtype` or `data_format` say otherwise. Labels are int64 class
-      ids (indices into ``info(path).class_names``), or float32 one-hot
+      ids (indices into ``info(path).class_names``; int32 with
+      ``ReadOptions(label_dtype="int32")``, as are ``classes``), or float32 one-hot
       ``[batch, num_classes]`` when the list has mixup or cutmix (in its
       inference form too, which mixes nothing: validation batches get the
       training batches' label format) or with `one_hot`. Multi-label ``labels`` are the
@@ -456,6 +458,7 @@ def _read(
             one_hot=one_hot,
             label_smoothing=label_smoothing,
             mixes_labels=augmenter.mixes_labels,
+            id_dtype=options.label_dtype,
         ),
         _example_weights(class_weight, metadata, split, spec, as_supervised),
     )
