@@ -42,7 +42,8 @@ Keras layer, `saving` makes it loadable, `options` holds `ReadOptions`,
 `seeds` derives per-element seeds, `targets` moves boxes, masks and
 keypoints with the image; `labels` (one-hot, multi-hot, smoothing),
 `class_weights` and `output` (image dtype and layout) give the last step the
-form a trainer asked for. Importing the package registers kiln's own ops and
+form a trainer asked for, and `padding` fills the last batches of a read that
+counts every record (``pad_remainder``). Importing the package registers kiln's own ops and
 the layer's Keras name without importing TensorFlow (`kiln.lazy_import`,
 `kiln.reader.saving`): validating an augmentation list, `info` and `locate`
 on local paths do not need it; `load` and the layer do, and import it when
