@@ -157,3 +157,94 @@ def test_one_hot_needs_per_image_labels(tmp_path_factory):
     )
     with pytest.raises(TargetError, match="no per-image class ids"):
         kiln.reader.load(boxes_only.dataset_dir, batch_size=2, seed=1, one_hot=True)
+
+
+# --- class ids as int32 (ReadOptions.label_dtype) ----------------------------------------
+
+
+def int32() -> kiln.reader.ReadOptions:
+    return kiln.reader.ReadOptions(label_dtype="int32")
+
+
+def test_label_dtype_int32_gives_labels_as_int32_with_the_same_ids(png_dataset):
+    path = png_dataset.dataset_dir
+    plain = {"batch_size": 8, "seed": 1}
+    ids = labels_of(kiln.reader.load(path, **plain))
+    narrow = kiln.reader.load(path, options=int32(), **plain)
+    assert narrow.element_spec[1] == tf.TensorSpec([None], tf.int32)
+    np.testing.assert_array_equal(labels_of(narrow), ids.astype(np.int32))
+    # The dict of features, single elements, the model-side dataset, class weights: int32.
+    features = kiln.reader.load(path, as_supervised=False, options=int32(), **plain)
+    assert features.element_spec["label"].dtype == tf.int32
+    assert kiln.reader.load(path, options=int32()).element_spec[1].dtype == tf.int32
+    for_model, _ = kiln.reader.load_for_model(path, options=int32(), **plain)
+    assert for_model.element_spec[1].dtype == tf.int32
+    weighted = kiln.reader.load(path, options=int32(), class_weight="balanced", **plain)
+    assert weighted.element_spec[1].dtype == tf.int32
+    # Vectors stay float32.
+    hot = kiln.reader.load(path, one_hot=True, options=int32(), **plain)
+    assert hot.element_spec[1] == tf.TensorSpec([None, png_dataset.info.num_classes], tf.float32)
+
+
+def test_label_dtype_int32_gives_multi_labels_as_int32(multilabel_dataset):
+    path = multilabel_dataset.dataset_dir
+    read = {"batch_size": 8, "seed": 1, "as_supervised": False}
+    wide = list(kiln.reader.load(path, **read).as_numpy_iterator())
+    narrow = kiln.reader.load(path, options=int32(), **read)
+    assert narrow.element_spec["labels"].dtype == tf.int32
+    assert narrow.element_spec["label"].dtype == tf.int32
+    for ours, theirs in zip(narrow.as_numpy_iterator(), wide, strict=True):
+        assert ours["label"].dtype == np.int32  # ragged labels: an array per image
+        for row, expected in zip(ours["labels"], theirs["labels"], strict=True):
+            assert row.dtype == np.int32
+            np.testing.assert_array_equal(row, expected)
+
+
+@pytest.fixture(scope="module")
+def boxes_dataset(tmp_path_factory):
+    from reader import scene_records
+
+    return scene_records.build_scenes(
+        str(tmp_path_factory.mktemp("boxes")), {"boxes": {}}, [], count=3, num_shards=1
+    )
+
+
+@pytest.mark.parametrize("max_objects", [None, 6])
+def test_label_dtype_int32_gives_object_classes_as_int32(boxes_dataset, max_objects):
+    read = {"batch_size": 3, "seed": 1, "max_objects": max_objects}
+    _, wide = next(iter(kiln.reader.load(boxes_dataset.dataset_dir, **read)))
+    _, narrow = next(iter(kiln.reader.load(boxes_dataset.dataset_dir, options=int32(), **read)))
+    assert narrow["classes"].dtype == tf.int32
+    if max_objects is not None:  # padded objects' classes are -1, as in int64
+        assert (wide["classes"].numpy() == -1).any()
+    np.testing.assert_array_equal(
+        narrow["classes"].numpy() if max_objects else narrow["classes"].flat_values.numpy(),
+        (wide["classes"] if max_objects else wide["classes"].flat_values).numpy(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("label_dtype", "expected"),
+    [
+        ("int32", "int32"),
+        (np.int32, "int32"),
+        (np.dtype("int32"), "int32"),
+        (tf.int32, "int32"),
+        ("int64", "int64"),
+        (tf.int64, "int64"),
+    ],
+)
+def test_label_dtype_is_a_name_or_a_numpy_or_tensorflow_dtype(label_dtype, expected):
+    options = kiln.reader.ReadOptions(label_dtype=label_dtype)
+    assert options.label_dtype == expected
+    assert options == kiln.reader.ReadOptions(label_dtype=expected)
+
+
+@pytest.mark.parametrize("label_dtype", ["int16", np.float32, tf.uint8, 32, None])
+def test_other_label_dtypes_are_refused_when_the_options_are_made(label_dtype):
+    with pytest.raises(
+        ValueError,
+        match=r"^ReadOptions\.label_dtype must be one of \('int64', 'int32'\) \(the class ids' "
+        r"dtype\), got ",
+    ):
+        kiln.reader.ReadOptions(label_dtype=label_dtype)

@@ -13,7 +13,8 @@ Public API:
   load: the `tf.data.Dataset` of a split (see `kiln.reader.dataset.load`).
   load_for_model: ``(dataset, layer)``: unaugmented uint8 batches with
     their seeds, and the Keras layer that augments them inside the model.
-  ReadOptions: the rarely changed options of `load` (shuffle buffer, order).
+  ReadOptions: the rarely changed options of `load` (shuffle buffer, order,
+    the class ids' dtype).
   info: the dataset's `kiln.schemas.DatasetInfo` without building a dataset.
   class_counts, class_weights: a split's images per class id, and
     per-class weights ("balanced") for `load(class_weight=...)` or Keras.
@@ -41,7 +42,8 @@ Keras layer, `saving` makes it loadable, `options` holds `ReadOptions`,
 `seeds` derives per-element seeds, `targets` moves boxes, masks and
 keypoints with the image; `labels` (one-hot, multi-hot, smoothing),
 `class_weights` and `output` (image dtype and layout) give the last step the
-form a trainer asked for. Importing the package registers kiln's own ops and
+form a trainer asked for, and `padding` fills the last batches of a read that
+counts every record (``pad_remainder``). Importing the package registers kiln's own ops and
 the layer's Keras name without importing TensorFlow (`kiln.lazy_import`,
 `kiln.reader.saving`): validating an augmentation list, `info` and `locate`
 on local paths do not need it; `load` and the layer do, and import it when

@@ -35,6 +35,7 @@ from kiln.reader.location import info
 from kiln.reader.ops import AugmentConfigError, to_float, validate
 from kiln.reader.options import ReadOptions, as_read_options
 from kiln.reader.output import ImageFormat, Output
+from kiln.reader.padding import RemainderPadding
 from kiln.reader.targets import (
     BatchTargets,
     ElementTargets,
@@ -87,6 +88,7 @@ def load(
     normalize: bool = False,
     repeat: bool | int = False,
     drop_remainder: bool = False,
+    pad_remainder: bool = False,
     skip: int = 0,
     input_context: tf.distribute.InputContext | None = None,
     as_supervised: bool = True,
@@ -145,6 +147,26 @@ def load(
         `element_spec` has a fully static shape (needed on TPU). Needs a known
         output size: a dataset stored at one size, or a crop op with a size.
         A batch larger than all the read holds (no batch at all) is refused.
+        For evaluation, `pad_remainder` keeps every record instead.
+      pad_remainder: Evaluation that counts every record, in batches of
+        static shape: this pipeline reads every record of its range once
+        per pass (with `input_context` the pipelines' ranges together are
+        the split: none left out, none twice), fills its last partial batch
+        up to `batch_size` with padding, and a pipeline with a record fewer
+        than another adds a batch of padding alone where needed, so that
+        every pipeline yields the same number of full batches,
+        ``ceil(ceil(records / pipelines) / batch_size)`` per pass. Padding
+        is generated, not read: zeros (image, label 0, boxes, masks, key
+        ``b""``), dense ``classes`` -1 and no objects, and it is marked:
+        ``(image, label, weight)`` (``(image, targets, weight)``), the
+        float32 weight 1 for a record (its class weight, with
+        `class_weight`) and 0 for padding, the sample weight Keras's
+        `evaluate` and ``weighted_metrics`` count with; a dict
+        (`as_supervised` False) gets ``valid``, bool, False for padding.
+        Needs `batch_size`; refused with `drop_remainder`, `repeat`
+        (iterate once per evaluation: each iteration reads a pass), tf.data
+        service dynamic sharding, and mixup or cutmix in training (their
+        inference form mixes nothing). See `kiln.reader.padding`.
       skip: Batches (elements without `batch_size`) to leave out at the
         start: the dataset yields what ``load(...).skip(skip)`` yields, the
         same batches with the same augmentation, without reading the passes
@@ -162,11 +184,11 @@ def load(
         (fewer than `pipelines` records wait, different ones each shuffled
         pass), so all take the same number of steps (more pipelines than
         the split has records, so that none would read anything, is
-        refused). Give each pipeline its
-        per-replica batch size. Keras takes its steps per epoch from the
-        cardinality of one pipeline: exact
-        with one pipeline per replica (``InputReplicationMode.PER_REPLICA``),
-        too many when one pipeline feeds several replicas. Without
+        refused); with `pad_remainder`, all of its range, padded. Give
+        each pipeline its per-replica batch size. Keras takes its steps per
+        epoch from the cardinality of one pipeline: exact with one pipeline
+        per replica (``InputReplicationMode.PER_REPLICA``), too many when
+        one pipeline feeds several replicas. Without
         `tf.distribute` (JAX, PyTorch), make one per host:
         ``tf.distribute.InputContext(num_input_pipelines=hosts,
         input_pipeline_id=host)``; an id outside ``0 .. hosts - 1`` is
@@ -214,8 +236,9 @@ def load(
         or ``"channels_first"`` ``[batch, channels, height, width]``; masks
         (``mask``, ``instance_masks``) move their channel axis likewise.
       options: `ReadOptions`: the shuffle buffer's size, whether the
-        element order is fixed, and tf.data service's dynamic sharding;
-        the defaults suit almost every job. A dict is refused with a
+        element order is fixed, tf.data service's dynamic sharding, and
+        the class ids' dtype (int32 for JAX without x64); the defaults
+        suit almost every job. A dict is refused with a
         TypeError spelling the `ReadOptions` to pass (see `ReadOptions`).
       augment_on: Deprecated: ``"model"`` returns what `load_for_model`
         returns (with a DeprecationWarning); call that instead.
@@ -227,14 +250,16 @@ def load(
     Returns:
       The dataset. Images are float32 ``[batch, height, width, channels]``
       unless `dtype` or `data_format` say otherwise. Labels are int64 class
-      ids (indices into ``info(path).class_names``), or float32 one-hot
+      ids (indices into ``info(path).class_names``; int32 with
+      ``ReadOptions(label_dtype="int32")``, as are ``classes``), or float32 one-hot
       ``[batch, num_classes]`` when the list has mixup or cutmix (in its
       inference form too, which mixes nothing: validation batches get the
       training batches' label format) or with `one_hot`. Multi-label ``labels`` are the
       int64 ids of the image's classes, ascending (ragged ``[batch,
       (labels)]`` when batched), or float32 multi-hot ``[batch,
       num_classes]`` (mixed) with mixup or cutmix or `one_hot`. With
-      `class_weight` each element has a third member, its weight.
+      `class_weight` or `pad_remainder` each element has a third member,
+      its weight.
 
     Raises:
       MetadataError: for a path that is not a kiln dataset, or a missing split.
@@ -269,6 +294,7 @@ def load(
         normalize=normalize,
         repeat=repeat,
         drop_remainder=drop_remainder,
+        pad_remainder=pad_remainder,
         skip=skip,
         input_context=input_context,
         as_supervised=as_supervised,
@@ -295,6 +321,7 @@ def load_for_model(
     normalize: bool = False,
     repeat: bool | int = False,
     drop_remainder: bool = False,
+    pad_remainder: bool = False,
     skip: int = 0,
     input_context: tf.distribute.InputContext | None = None,
     as_supervised: bool = True,
@@ -321,7 +348,8 @@ def load_for_model(
 
     The arguments are `load`'s; `training` (None: True for ``"train"``)
     decides whether the layer may augment randomly at all. `one_hot`,
-    `label_smoothing` and `class_weight` shape the labels as in `load`;
+    `label_smoothing` and `class_weight` shape the labels as in `load`,
+    and `pad_remainder` pads as there (padding's ``augment_seed`` is 0);
     `dtype` and `data_format` must stay at their defaults (the layer takes
     uint8 channels-last images: cast or transpose its output in the model).
 
@@ -355,6 +383,7 @@ def load_for_model(
         normalize=normalize,
         repeat=repeat,
         drop_remainder=drop_remainder,
+        pad_remainder=pad_remainder,
         skip=skip,
         input_context=input_context,
         as_supervised=as_supervised,
@@ -416,6 +445,7 @@ def _read(
     normalize: bool,
     repeat: bool | int,
     drop_remainder: bool,
+    pad_remainder: bool,
     skip: int,
     input_context: tf.distribute.InputContext | None,
     as_supervised: bool,
@@ -456,6 +486,7 @@ def _read(
             one_hot=one_hot,
             label_smoothing=label_smoothing,
             mixes_labels=augmenter.mixes_labels,
+            id_dtype=options.label_dtype,
         ),
         _example_weights(class_weight, metadata, split, spec, as_supervised),
     )
@@ -480,7 +511,18 @@ def _read(
             f"skip={skip} with ReadOptions(dynamic_sharding=True): tf.data service hands out "
             f"the files at run time, so a read has no position to skip to; pass one or the other"
         )
-    share = _Share.of(dataset_dir, split_info, metadata, input_context)
+    _check_pad_remainder(
+        pad_remainder, batch_size, drop_remainder, repeat, dynamic_sharding, augmenter
+    )
+    share = _Share.of(dataset_dir, split_info, metadata, input_context, whole=pad_remainder)
+    padding = (
+        RemainderPadding.for_share(share.num_records, share.most_records, batch_size, skip)
+        if pad_remainder and batch_size is not None
+        else None
+    )
+    skip_records = skip * (1 if batch_size is None else batch_size)
+    if padding is not None:  # batches of padding alone hold no record to skip
+        skip_records = min(skip_records, share.num_records)
     if not dynamic_sharding:
         _check_not_empty(
             share, dataset_dir, split_info, input_context, repeat, batch_size, drop_remainder
@@ -496,7 +538,7 @@ def _read(
         shuffle_buffer=shuffle_buffer,
         compression=metadata.compression,
         dynamic_sharding=dynamic_sharding,
-        skip_records=skip * (1 if batch_size is None else batch_size),
+        skip_records=skip_records,
     )
 
     decoding = _Decoding(
@@ -613,12 +655,16 @@ def _read(
             decoded = ragged.decode(encoded, batch_size if drop_remainder else None)
             parts = decoded if isinstance(decoded, tuple) else (decoded,)
         if len(parts) == 2:  # the features and the objects' deferred moves
-            return output.apply(finish_with_targets(*parts))
-        return output.apply(finish(parts[0]))
+            out = output.apply(finish_with_targets(*parts))
+        else:
+            out = output.apply(finish(parts[0]))
+        return out if padding is None else padding.filled(out)
 
     dataset = dataset.map(
         _unconverted(finished), num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
     )
+    if padding is not None:
+        dataset = padding.with_padding_batches(dataset)
     if not dynamic_sharding:
         cardinality = share.cardinality(repeat, batch_size, drop_remainder)
         if cardinality != tf.data.INFINITE_CARDINALITY:
@@ -705,6 +751,42 @@ def _checked_skip(skip) -> int:
     return int(skip)
 
 
+def _check_pad_remainder(
+    pad_remainder, batch_size, drop_remainder, repeat, dynamic_sharding, augmenter: Augmenter
+) -> None:
+    """Refuses what `pad_remainder` cannot be combined with, naming the other option."""
+    if not isinstance(pad_remainder, bool):
+        raise ValueError(f"pad_remainder must be True or False, got {pad_remainder!r}")
+    if not pad_remainder:
+        return
+    if batch_size is None:
+        raise ValueError(
+            "pad_remainder=True fills the last batch up to batch_size: pass a batch_size"
+        )
+    if drop_remainder:
+        raise ValueError(
+            "drop_remainder=True and pad_remainder=True: one drops the last partial batch, the "
+            "other fills it (every batch is full with either); pass one of them"
+        )
+    if repeat is True or (repeat is not False and repeat > 1):
+        raise ValueError(
+            f"pad_remainder=True pads the end of one pass, and with repeat={repeat!r} batches "
+            f"run on across passes; leave repeat=False and iterate the dataset once per "
+            f"evaluation (each iteration reads a pass)"
+        )
+    if dynamic_sharding:
+        raise ValueError(
+            "pad_remainder=True with ReadOptions(dynamic_sharding=True): tf.data service hands "
+            "out the files at run time, so no worker knows how much to pad; pass one or the other"
+        )
+    if augmenter.batch_ops:
+        raise ValueError(
+            f"pad_remainder=True with {[a.name for a in augmenter.batch_ops]} in training: they "
+            f"would mix padding into the records; pad evaluation reads (training=False), where "
+            f"they mix nothing"
+        )
+
+
 def _check_skip(
     skip: int, share: _Share, dataset_dir, split_info, repeat, batch_size, drop_remainder
 ) -> None:
@@ -733,12 +815,13 @@ def _check_not_empty(
     """
     name = split_info.name
     pipelines = 1 if input_context is None else input_context.num_input_pipelines
-    if share.num_records == 0 and pipelines > 1:
+    if share.num_records == 0 and pipelines > 1 and share.most_records is None:
         raise ValueError(
             f"{dataset_dir}: split {name!r} has {split_info.num_examples} records for "
             f"{pipelines} input pipelines (input_context): every pipeline reads records // "
             f"pipelines of them per pass, none, so every pipeline would read nothing; read "
-            f"this split with fewer input pipelines"
+            f"this split with fewer input pipelines, or pass pad_remainder=True (the "
+            f"pipelines without a record yield a batch of padding)"
         )
     if share.num_records > 0 and share.cardinality(repeat, batch_size, drop_remainder) == 0:
         whose = "" if pipelines == 1 else " (this input pipeline's share)"
@@ -1092,9 +1175,24 @@ class _Share:
     in each shuffled pass. (Shards dealt whole would leave out what the
     shards' sizes differ by: with 7 shards of 22 to 39 records on 4
     pipelines, 18% of the split every pass.)
+
+    ``whole=True`` (``load(pad_remainder=True)``): every pipeline reads its
+    whole range, and `most_records`, the largest range's size, is what
+    `kiln.reader.padding` pads each pipeline's batches to. A pipeline
+    whose range is empty (fewer records than pipelines) reads nothing and
+    yields padding alone.
     """
 
-    def __init__(self, files, num_records, record_bytes, skips=None, takes=None, available=None):
+    def __init__(
+        self,
+        files,
+        num_records,
+        record_bytes,
+        skips=None,
+        takes=None,
+        available=None,
+        most_records=None,
+    ):
         self.files = files
         # Per file: the records it reads, `takes` (-1: to the end) after `skips`.
         self.skips = skips or [0] * len(files)
@@ -1102,9 +1200,11 @@ class _Share:
         self.num_records = num_records  # records per pass
         self.available = num_records if available is None else available
         self.record_bytes = record_bytes  # average encoded record size in the split
+        # With padding (`whole`): the records every pipeline's pass is padded to.
+        self.most_records = most_records
 
     @classmethod
-    def of(cls, dataset_dir, split_info, metadata, input_context) -> _Share:
+    def of(cls, dataset_dir, split_info, metadata, input_context, whole=False) -> _Share:
         files = [join(dataset_dir, s.filename) for s in split_info.shards]
         counts = [s.num_records for s in split_info.shards]
         present = set(tf.io.gfile.listdir(dataset_dir))
@@ -1117,10 +1217,10 @@ class _Share:
         if not files:
             raise MetadataError(f"{dataset_dir}: split {split_info.name!r} has no shards")
         record_bytes = sum(s.num_bytes for s in split_info.shards) / max(1, sum(counts))
-        if input_context is None or input_context.num_input_pipelines == 1:
-            return cls(files, sum(counts), record_bytes)
-        num, index = input_context.num_input_pipelines, input_context.input_pipeline_id
         total = sum(counts)
+        if input_context is None or input_context.num_input_pipelines == 1:
+            return cls(files, total, record_bytes, most_records=total if whole else None)
+        num, index = input_context.num_input_pipelines, input_context.input_pipeline_id
         low, high = index * total // num, (index + 1) * total // num
         mine, skips, takes = [], [], []
         start = 0
@@ -1131,6 +1231,10 @@ class _Share:
                 skips.append(first - start)
                 takes.append(-1 if last == start + count else last - first)
             start += count
+        if whole:
+            if not mine:  # no record: a read of nothing, for the element structure
+                mine, skips, takes = files[:1], [0], [0]
+            return cls(mine, high - low, record_bytes, skips, takes, most_records=-(-total // num))
         equal = total // num
         if high - low > equal:
             logger.info(
@@ -1151,7 +1255,9 @@ class _Share:
     def cardinality(self, repeat, batch_size, drop_remainder) -> int:
         if repeat is True:
             return tf.data.INFINITE_CARDINALITY
-        elements = self.num_records * (1 if repeat is False else repeat)
+        # With padding, every pipeline yields as many batches as the largest share.
+        records = self.num_records if self.most_records is None else self.most_records
+        elements = records * (1 if repeat is False else repeat)
         if batch_size is None:
             return elements
         return elements // batch_size if drop_remainder else -(-elements // batch_size)
@@ -1196,7 +1302,7 @@ def _passes(
     if dynamic_sharding:
         return _repeated(reading.reshuffled_pass(base_seed), repeat)
     keys = _repeated(seeding.epoch_keys(base_seed), repeat)
-    whole_passes, records = divmod(skip_records, share.num_records)
+    whole_passes, records = divmod(skip_records, share.num_records) if skip_records else (0, 0)
     if whole_passes:
         keys = keys.skip(whole_passes)
     passes = keys.flat_map(lambda key: reading.seeded_pass(base_seed, key))

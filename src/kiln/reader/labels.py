@@ -11,6 +11,9 @@ the reader yields into those vectors:
   multi-hot float32 ``[batch, num_classes]``, 1 for each class the image
   carries; smoothing as Keras's `BinaryCrossentropy` does it,
   ``y * (1 - s) + s / 2``.
+- class ids that stay ids (``label``, ``labels`` without `one_hot`,
+  per-object ``classes``) in int32 instead of int64, when asked
+  (``ReadOptions(label_dtype="int32")``: JAX without x64, TPU pipelines).
 
 A ``label`` or ``labels`` that mixup or cutmix already mixed is a float32
 one-hot or multi-hot vector: it is only smoothed. Per-object ``classes`` of
@@ -46,11 +49,14 @@ class LabelEncoding:
       label_smoothing: In [0, 1): the share of each vector spread evenly
         (see the module docstring). Needs vectors: `one_hot`, or a batch op
         that mixes labels (mixup, cutmix), which one-hots ``label`` itself.
+      id_dtype: The dtype of the ids that stay ids: ``"int64"`` (as stored)
+        or ``"int32"`` (`kiln.reader.ReadOptions.label_dtype`).
     """
 
     num_classes: int
     one_hot: bool = False
     label_smoothing: float = 0.0
+    id_dtype: str = "int64"
 
     @classmethod
     def checked(
@@ -61,6 +67,7 @@ class LabelEncoding:
         one_hot: Any,
         label_smoothing: Any,
         mixes_labels: bool,
+        id_dtype: str = "int64",
     ) -> LabelEncoding:
         """The encoding, after checking the options against the dataset.
 
@@ -99,18 +106,22 @@ class LabelEncoding:
                 f"(and a loss that takes them, e.g. CategoricalCrossentropy) or use mixup/cutmix, "
                 f"which one-hot the label"
             )
-        return cls(num_classes, one_hot, float(label_smoothing))
+        return cls(num_classes, one_hot, float(label_smoothing), id_dtype)
 
     @property
     def changes_labels(self) -> bool:
-        return self.one_hot or self.label_smoothing > 0.0
+        return self.one_hot or self.label_smoothing > 0.0 or self.id_dtype != "int64"
+
+    def ids(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor | tf.RaggedTensor:
+        """Class ids (int64 as parsed) in `id_dtype`."""
+        return ids if ids.dtype.name == self.id_dtype else tf.cast(ids, self.id_dtype)
 
     def label(self, label: tf.Tensor) -> tf.Tensor:
         """One-hot (smoothed) ``label``: int ids ``[...]`` -> float32 ``[..., num_classes]``;
         an already mixed float32 one-hot label is only smoothed."""
         if label.dtype.is_integer:
             if not self.one_hot:
-                return label
+                return self.ids(label)
             label = tf.one_hot(label, self.num_classes, dtype=tf.float32)
         if self.label_smoothing:
             label = label * (1.0 - self.label_smoothing) + self.label_smoothing / self.num_classes
@@ -123,7 +134,7 @@ class LabelEncoding:
         if labels.dtype.is_floating:
             hot = labels
         elif not self.one_hot:
-            return labels
+            return self.ids(labels)
         else:
             hot = tf.math.bincount(
                 tf.cast(labels, tf.int32),
@@ -139,10 +150,13 @@ class LabelEncoding:
         return hot
 
     def targets(self, targets: Mapping[str, Any]) -> dict[str, Any]:
-        """A targets (or record features) dict with ``label`` and ``labels`` encoded."""
+        """A targets (or record features) dict with ``label`` and ``labels``
+        encoded, per-object ``classes`` in `id_dtype`."""
         out = dict(targets)
         if "label" in out:
             out["label"] = self.label(out["label"])
         if "labels" in out:
             out["labels"] = self.labels(out["labels"])
+        if "classes" in out:
+            out["classes"] = self.ids(out["classes"])
         return out

@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+# The dtypes `ReadOptions.label_dtype` takes for class ids.
+LABEL_DTYPES = ("int64", "int32")
+
 
 @dataclasses.dataclass(frozen=True)
 class ReadOptions:
-    """How `load` reads the records, beyond what changes what you get.
+    """How `load` reads the records, and the class ids' dtype.
 
     Frozen and checked when made: ``ReadOptions(shuffle_buffer=0)`` raises
     at once, naming the field, not when the dataset is first iterated.
@@ -39,11 +42,19 @@ class ReadOptions:
         expected to contain N elements"). Each element's augmentation
         depends on the seed, the pass and its record's key only, so it is
         the same whichever worker reads it. Excludes an `input_context`.
+      label_dtype: The dtype of class ids: ``label``, multi-label
+        ``labels`` and per-object ``classes`` (one-hot and multi-hot
+        vectors stay float32). ``"int64"`` (the default, as stored, as
+        PyTorch's losses take them) or ``"int32"`` (as JAX holds them
+        without ``jax_enable_x64``, where int64 arrays are converted with a
+        warning, and as TPU input pipelines often carry them). By name, or
+        a NumPy or TensorFlow dtype (``np.int32``, ``tf.int32``).
     """
 
     shuffle_buffer: int | None = None
     deterministic: bool = True
     dynamic_sharding: bool = False
+    label_dtype: str = "int64"
 
     def __post_init__(self) -> None:
         buffer = self.shuffle_buffer
@@ -59,6 +70,23 @@ class ReadOptions:
             raise ValueError(
                 f"ReadOptions.dynamic_sharding must be True or False, got {self.dynamic_sharding!r}"
             )
+        # Stored by name, so that equal options compare equal however given.
+        object.__setattr__(self, "label_dtype", _label_dtype_name(self.label_dtype))
+
+
+def _label_dtype_name(dtype: object) -> str:
+    """The name in `LABEL_DTYPES` of `dtype`: a name, a NumPy dtype or scalar type
+    (``np.dtype("int32")``, ``np.int32``) or a TensorFlow dtype (``tf.int32``),
+    all read by name, so that checking it needs neither NumPy nor TensorFlow."""
+    name = dtype if isinstance(dtype, str) else getattr(dtype, "name", None)
+    if not isinstance(name, str) and isinstance(dtype, type):
+        name = dtype.__name__  # np.int32
+    if name not in LABEL_DTYPES:
+        raise ValueError(
+            f"ReadOptions.label_dtype must be one of {LABEL_DTYPES} (the class ids' dtype), "
+            f"got {dtype!r}"
+        )
+    return name
 
 
 def as_read_options(options: object) -> ReadOptions:
