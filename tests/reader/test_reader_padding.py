@@ -215,8 +215,10 @@ def test_detection_batches_with_max_objects_are_padded_to_static_shapes(scenes_d
             padding = ~batch["valid"]
             assert (batch["classes"][padding] == -1).all()
             assert (batch["num_objects"][padding] == 0).all()
-            for name in ("image", "boxes", "keypoints", "mask", "instance_masks"):
+            for name in ("image", "boxes", "keypoints", "instance_masks"):
                 assert (batch[name][padding] == 0).all(), name
+            # The class mask's padding is the ignore value: a loss that skips it skips padding.
+            assert (batch["mask"][padding] == 255).all()
             for index in np.flatnonzero(batch["valid"]):
                 key = batch["key"][index]
                 keys.append(key)

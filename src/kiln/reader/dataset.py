@@ -516,7 +516,13 @@ def _read(
     )
     share = _Share.of(dataset_dir, split_info, metadata, input_context, whole=pad_remainder)
     padding = (
-        RemainderPadding.for_share(share.num_records, share.most_records, batch_size, skip)
+        RemainderPadding.for_share(
+            share.num_records,
+            share.most_records,
+            batch_size,
+            skip,
+            mask_fill=spec.ignore_value if "mask" in spec.kinds else 0,
+        )
         if pad_remainder and batch_size is not None
         else None
     )

@@ -10,8 +10,10 @@ pipeline takes the same number of steps, and the records of all pipelines
 together are the split's, each once: what `clu`'s ``pad_up_to_batches``
 and TFDS's ``even_splits(drop_remainder=False)`` give, without reading
 anything twice. Padding is made, not read: zeros in every tensor (image,
-label 0, boxes, masks, an empty key), except dense per-object ``classes``,
--1 as `max_objects` pads objects, and an element of padding has no objects.
+label 0, boxes, instance masks, an empty key), except dense per-object
+``classes``, -1 as `max_objects` pads objects, and the class ``mask``, the
+dataset's ignore value (a loss that skips it skips padding too); an element
+of padding has no objects.
 
 The padding is marked for the consumer:
 
@@ -42,6 +44,8 @@ VALID = "valid"
 # Dense per-object class ids pad with -1 (as `max_objects` pads objects), so
 # that padding cannot pass for class 0.
 _PADDED_CLASSES = "classes"
+# The class mask pads with the dataset's ignore value (`RemainderPadding.mask_fill`).
+_MASK = "mask"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,27 +56,29 @@ class RemainderPadding:
       batch_size: Elements in every batch, padding included.
       batches: Batches the pipeline yields (all pipelines the same number).
       padding_batches: Of them, the batches of padding alone at the end.
+      mask_fill: The class mask's padding: the dataset's ignore value.
     """
 
     batch_size: int
     batches: int
     padding_batches: int
+    mask_fill: int = 0
 
     @classmethod
     def for_share(
-        cls, records: int, most_records: int, batch_size: int, skip: int = 0
+        cls, records: int, most_records: int, batch_size: int, skip: int = 0, mask_fill: int = 0
     ) -> RemainderPadding:
         """The padding of a pipeline that reads `records` of a split whose
         largest share is `most_records`, after `skip` batches."""
         batches = -(-most_records // batch_size) - skip
         left = max(0, records - skip * batch_size)
         with_records = -(-left // batch_size)  # the last one filled up with padding
-        return cls(batch_size, batches, batches - with_records)
+        return cls(batch_size, batches, batches - with_records, mask_fill)
 
     def filled(self, batch: Any) -> Any:
         """A finished batch (`kiln.reader.output.Output.apply`'s), marked and
         filled up to `batch_size` with padding."""
-        return _each_filled(_marked(batch), self.batch_size)
+        return _each_filled(_marked(batch), self.batch_size, self.mask_fill)
 
     def with_padding_batches(self, dataset: tf.data.Dataset) -> tf.data.Dataset:
         """`dataset` (of `filled` batches) followed by the batches of padding alone."""
@@ -81,7 +87,9 @@ class RemainderPadding:
         spec = dataset.element_spec
 
         def padding(_):
-            return _each_filled(tf.nest.map_structure(_empty, spec), self.batch_size)
+            return _each_filled(
+                tf.nest.map_structure(_empty, spec), self.batch_size, self.mask_fill
+            )
 
         padding = tf.autograph.experimental.do_not_convert(padding)
         return dataset.concatenate(tf.data.Dataset.range(self.padding_batches).map(padding))
@@ -111,18 +119,21 @@ def _rows(value: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
     return tf.shape(value, out_type=tf.int64)[0]
 
 
-def _each_filled(structure: Any, size: int, name: str | None = None) -> Any:
+def _each_filled(structure: Any, size: int, mask_fill: int, name: str | None = None) -> Any:
     """Every tensor of a batch's tuples and dicts `_filled`; `name`: its dict key."""
     if isinstance(structure, Mapping):
-        return {key: _each_filled(value, size, key) for key, value in structure.items()}
+        return {key: _each_filled(value, size, mask_fill, key) for key, value in structure.items()}
     if isinstance(structure, tuple):
-        return tuple(_each_filled(value, size) for value in structure)
-    return _filled(structure, size, _pad_value(name, structure))
+        return tuple(_each_filled(value, size, mask_fill) for value in structure)
+    return _filled(structure, size, _pad_value(name, structure, mask_fill))
 
 
-def _pad_value(name: str | None, value: tf.Tensor | tf.RaggedTensor) -> int:
-    dense = not isinstance(value, tf.RaggedTensor)
-    return -1 if name == _PADDED_CLASSES and dense and value.dtype.is_integer else 0
+def _pad_value(name: str | None, value: tf.Tensor | tf.RaggedTensor, mask_fill: int) -> int:
+    if isinstance(value, tf.RaggedTensor) or not value.dtype.is_integer:
+        return 0
+    if name == _PADDED_CLASSES:
+        return -1
+    return mask_fill if name == _MASK else 0
 
 
 def _filled(value: tf.Tensor | tf.RaggedTensor, size: int, pad: int) -> Any:
