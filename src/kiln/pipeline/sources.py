@@ -1457,6 +1457,12 @@ def _jsonl_rows(
         except _DuplicateKey as e:
             yield _BadRow(line, raw, f"duplicate key {_json_text(e.key)} in a JSON object")
             continue
+        except RecursionError:
+            yield _BadRow(line, raw, "nested more deeply than Python reads")
+            continue
+        except ValueError as e:  # an integer of more than 4300 digits
+            yield _BadRow(line, raw, f"holds a number too long to read ({_short(e)[:60]})")
+            continue
         if not isinstance(row, dict):
             yield _BadRow(line, raw, "expected a JSON object")
             continue
