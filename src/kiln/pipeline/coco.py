@@ -283,11 +283,23 @@ class CocoFile:
         duplicates = _DuplicateKeys()
         top_level: list[str] = []
         with self._open() as f:
-            events, copy = itertools.tee(ijson.parse(f, use_float=True))
-            heads = map(_PREFIX_HEAD, map(_PREFIX, copy))
-            kept = itertools.compress(events, map(_KEPT_HEADS.__contains__, heads))
+            # A small read buffer: ijson's C parser makes the events of a
+            # whole buffer before Python sees one, each with its prefix, so a
+            # buffer of 64 KiB of "[" would hold 64 Ki prefixes of up to 320
+            # KB (gigabytes) before `_refusing_deep_nesting` could refuse it.
+            events, copy = itertools.tee(ijson.parse(f, use_float=True, buf_size=_BUFFER_BYTES))
+            prefixes, lengths = itertools.tee(map(_PREFIX, copy))
+            heads = map(_PREFIX_HEAD, prefixes)
+            kept = itertools.compress(
+                events,
+                map(
+                    operator.or_,
+                    map(_KEPT_HEADS.__contains__, heads),
+                    map(bool, map(_PAST_MAX_PREFIX, lengths)),
+                ),
+            )
             items = ijson.items(
-                _noting_top_level_keys(kept, top_level),
+                _noting_top_level_keys(_refusing_deep_nesting(kept, self.path), top_level),
                 "categories.item",
                 map_type=duplicates.type,
             )
@@ -587,6 +599,30 @@ _Annotation = tuple[Any, int, str, "str | None"]
 _PREFIX = operator.itemgetter(0)
 _PREFIX_HEAD = operator.itemgetter(slice(0, len("categories")))
 _KEPT_HEADS = frozenset({"", "categories"})
+# Events whose prefix is longer than this are passed to Python too, which
+# refuses them (`_refusing_deep_nesting`): "annotations.item.segmentation.item"
+# is 35 characters.
+_MAX_PREFIX = 4096
+_PAST_MAX_PREFIX = operator.itemgetter(slice(_MAX_PREFIX, _MAX_PREFIX + 1))
+_BUFFER_BYTES = 1024
+
+
+def _refusing_deep_nesting(events: Iterator[tuple], path: str) -> Iterator[tuple]:
+    """`events`, passed on, refused from the first whose prefix is longer
+    than `_MAX_PREFIX` characters: ijson keeps the prefix of every open
+    level, so a file nested 100,000 levels deep (200 KB of ``[``) would take
+    tens of gigabytes of prefixes; a COCO file is a few levels deep.
+
+    Raises:
+      CocoFileError: naming the file and what is wrong.
+    """
+    for event in events:
+        if len(event[0]) > _MAX_PREFIX:
+            raise CocoFileError(
+                f"{path}: nested too deeply (the path of keys to a value is longer than "
+                f"{_MAX_PREFIX} characters: {event[0][:60]}...); a COCO file is a few levels deep"
+            )
+        yield event
 
 
 def _noting_top_level_keys(events: Iterator[tuple], keys: list[str]) -> Iterator[tuple]:

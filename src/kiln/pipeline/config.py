@@ -615,6 +615,22 @@ class _ConfigLoader(yaml.SafeLoader):
                     continue
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        """An integer; one of more digits than Python converts (4300) is a
+        `ConstructorError` at its line, not a `ValueError` from nowhere."""
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"a number of {len(str(node.value))} digits, more than Python reads",
+                node.start_mark,
+            ) from None
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
+
 
 def _yaml_problem(error: yaml.YAMLError) -> str:
     """A YAML parser's error on one line: where, what, and while doing what

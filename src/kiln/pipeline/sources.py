@@ -766,7 +766,7 @@ def _list_image_folder(
         def drop(key, uri, reason, message):
             writer.drop(DroppedFile(key, "list", reason, uri, message), ["dropped", reason, key])
 
-        for position, metadata in enumerate(_walk_files(root)):
+        for position, metadata in enumerate(_walk_files(root, from_source)):
             key = _relative(metadata.path, root)
             place = folder_place(key, from_source)
             if place is None:
@@ -821,14 +821,19 @@ def _list_image_folder(
         return writer.finish(class_names, from_source)
 
 
-def _walk_files(root: str) -> Iterator[FileMetadata]:
+def _walk_files(root: str, from_source: bool) -> Iterator[FileMetadata]:
     """Every file under `root`, hidden folders not entered, in no particular order.
 
     A file the store cannot stat (a dangling symbolic link) is listed with
     size 0 rather than skipped, so `_file_status` reports it with its reason
     instead of it vanishing without a word as in Beam's own local listing.
+    Symbolic links to folders are followed where the layout has folders
+    (split and class folders); a linked folder inside a class folder, where
+    the layout has only images, is listed as one entry, not entered: it
+    may lead anywhere (``/``), and its files would be misplaced anyway.
     """
-    return storage.store_for(root).walk_tree(root, skip_hidden=True)
+    layout_folders = 2 if from_source else 1
+    return storage.store_for(root).walk_tree(root, skip_hidden=True, links_above=layout_folders + 1)
 
 
 def _file_status(uri: str) -> tuple[int, float, str | None]:
@@ -1451,6 +1456,12 @@ def _jsonl_rows(
             continue
         except _DuplicateKey as e:
             yield _BadRow(line, raw, f"duplicate key {_json_text(e.key)} in a JSON object")
+            continue
+        except RecursionError:
+            yield _BadRow(line, raw, "nested more deeply than Python reads")
+            continue
+        except ValueError as e:  # an integer of more than 4300 digits
+            yield _BadRow(line, raw, f"holds a number too long to read ({_short(e)[:60]})")
             continue
         if not isinstance(row, dict):
             yield _BadRow(line, raw, "expected a JSON object")

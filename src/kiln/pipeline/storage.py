@@ -258,13 +258,23 @@ class Store(abc.ABC):
         return sorted(self.walk_tree(folder, skip_hidden=skip_hidden), key=lambda m: m.path)
 
     @abc.abstractmethod
-    def walk_tree(self, folder: str, *, skip_hidden: bool = False) -> Iterator[FileMetadata]:
+    def walk_tree(
+        self, folder: str, *, skip_hidden: bool = False, links_above: int | None = None
+    ) -> Iterator[FileMetadata]:
         """Every file below `folder`, recursively, in no particular order.
 
         With `skip_hidden`, files and folders whose name starts with '.' are
         left out (and, where the store has folders, not entered). A file that
         cannot be stat'ed (a dangling link), or a link to a folder above it,
         which is not entered, is listed with size 0.
+
+        With `links_above` (stores with symbolic links), a folder
+        `links_above` or more levels below `folder` is entered only if it
+        is where its path says, reached through no symbolic link; else it
+        is listed itself, with size 0, for the caller to report. Links are
+        then followed only at the first levels (an image folder's class and
+        split folders): one deeper can lead anywhere, ``/`` included, or
+        make a tree of links whose paths double at every level.
         """
 
     @abc.abstractmethod
@@ -352,22 +362,40 @@ class LocalStore(Store):
     def has_files(self, folder: str) -> bool:
         return any(files for _, _, files in os.walk(folder))
 
-    def walk_tree(self, folder: str, *, skip_hidden: bool = False) -> Iterator[FileMetadata]:
+    def walk_tree(
+        self, folder: str, *, skip_hidden: bool = False, links_above: int | None = None
+    ) -> Iterator[FileMetadata]:
         from apache_beam.io.filesystem import FileMetadata
 
         # Symbolic links to folders are followed (a linked class folder is
         # listed, not skipped without a word), except a link back to one of
-        # its own ancestors, which would loop: it is listed itself, with
-        # size 0 as a dangling link is, for the caller to report (as a
-        # folder, `file_status`), rather than vanish. Callers decide what a
-        # link that leads elsewhere may read (`sources` confines inputs).
+        # its own ancestors, which would loop, and (with `links_above`) a
+        # linked folder deeper than that: it is listed itself, with size 0
+        # as a dangling link is, for the caller to report (as a folder,
+        # `file_status`, or by where it is), rather than vanish. Callers
+        # decide what a link that leads elsewhere may read (`sources`
+        # confines inputs).
         top = os.path.abspath(folder)
+        real_top = os.path.realpath(top)
         for directory, folders, names in os.walk(top, followlinks=True):
             if _loops(directory, top):
                 folders[:] = []
                 yield FileMetadata(directory, 0, 0.0)
                 continue
             folders[:] = sorted(f for f in folders if not (skip_hidden and f.startswith(".")))
+            relative = os.path.relpath(directory, top)
+            depth = 0 if relative == "." else relative.count(os.sep) + 1
+            if links_above is not None and depth + 1 >= links_above:
+                # One realpath per folder at these levels, none per file.
+                linked = [
+                    f
+                    for f in folders
+                    if os.path.realpath(os.path.join(directory, f))
+                    != os.path.normpath(os.path.join(real_top, relative, f))
+                ]
+                for name in linked:
+                    yield FileMetadata(os.path.join(directory, name), 0, 0.0)
+                folders[:] = [f for f in folders if f not in linked]
             for name in sorted(names):
                 if skip_hidden and name.startswith("."):
                     continue
@@ -454,8 +482,10 @@ class ObjectStore(Store):
     def has_files(self, folder: str) -> bool:
         return bool(FileSystems.match([folder.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
 
-    def walk_tree(self, folder: str, *, skip_hidden: bool = False) -> Iterator[FileMetadata]:
-        root = folder.rstrip("/")
+    def walk_tree(
+        self, folder: str, *, skip_hidden: bool = False, links_above: int | None = None
+    ) -> Iterator[FileMetadata]:
+        root = folder.rstrip("/")  # objects have no links: `links_above` changes nothing
         if root.startswith("gs://"):
             # The first level by one delimiter listing, then every folder
             # there listed concurrently (`walk_prefixes`).
