@@ -393,6 +393,9 @@ LABELS = {
     "c1\x85c1": "'label' holds a control character (U+0085)",
     True: "'label': expected a class name, got true",
     None: "'label': expected a class name, got null",
+    # A broken row's megabytes of text, not a class (labels files, kiln.json).
+    "x" * 1024: "x" * 1024,
+    "y" * 1025: "'label' is 1025 characters long, more than a class name's 1024",
 }
 
 

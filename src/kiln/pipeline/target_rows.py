@@ -345,10 +345,13 @@ def class_name(value: Any, where: str) -> str:
 
     An integer is its decimal text (``3`` is the class ``"3"``). A string
     is stripped of surrounding whitespace (`str.strip`, as a CSV cell is),
-    and refused when that leaves it empty, or when it holds a control
+    and refused when that leaves it empty, when it holds a control
     character (Unicode category Cc: newline, tab, NUL...) or a lone
-    surrogate: a class name is a line of the labels files and a cell of
-    ``kiln inspect``'s table. It is then put in Unicode normalization form
+    surrogate, or when it is longer than `MAX_CLASS_NAME` characters: a
+    class name is a line of the labels files, a cell of ``kiln inspect``'s
+    table and an entry of kiln.json (a folder's name has at most 255 bytes;
+    a manifest's label of megabytes is a broken row, not a class). It is
+    then put in Unicode normalization form
     NFC: "café" written with a combining accent (as macOS names folders) and
     with a precomposed "é" (as most tools write text) are one class, not
     two that print alike.
@@ -365,6 +368,11 @@ def class_name(value: Any, where: str) -> str:
         raise AnnotationError(f"{where} is empty")
     if not name:
         raise AnnotationError(f"{where} is only whitespace: {_short(value)}")
+    if len(name) > MAX_CLASS_NAME:
+        raise AnnotationError(
+            f"{where} is {len(name)} characters long, more than a class name's "
+            f"{MAX_CLASS_NAME}: {_short(name)}"
+        )
     _unicode(name, where)
     control = control_character(name)
     if control is not None:
@@ -373,6 +381,9 @@ def class_name(value: Any, where: str) -> str:
         )
     return unicodedata.normalize("NFC", name)
 
+
+# The longest class name, in characters (see `class_name`).
+MAX_CLASS_NAME = 1024
 
 # Unicode's category Cc, exactly: C0 controls, DEL and C1 controls.
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
