@@ -94,6 +94,29 @@ def test_a_folder_reads_every_xml_file_in_order_and_reports_bad_ones(tmp_path):
     assert problems["f.xml"].startswith("not well-formed XML")
 
 
+def test_a_linked_folder_inside_the_annotations_folder_is_a_problem_not_entered(tmp_path):
+    """A link can lead anywhere (``/`` would walk the machine and parse every
+    .xml on it): named, not entered. The annotations folder itself may be a link."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret.xml").write_bytes(GOOD)
+    folder = tmp_path / "annotations"
+    folder.mkdir()
+    (folder / "b.xml").write_bytes(GOOD)
+    (folder / "more").symlink_to(elsewhere, target_is_directory=True)
+    (folder / "root").symlink_to("/", target_is_directory=True)
+    linked_top = tmp_path / "linked-annotations"
+    linked_top.symlink_to(folder, target_is_directory=True)
+
+    for top in (folder, linked_top):
+        found = list(voc.read_folder(str(top)))
+        assert [f.where for f in found] == ["b.xml", "more", "root"]
+        assert isinstance(found[0], VocRow)
+        for problem in found[1:]:
+            assert isinstance(problem, VocProblem)
+            assert problem.message.startswith("a linked folder: not entered")
+
+
 def test_an_oversized_file_is_refused_unread(tmp_path):
     (tmp_path / "big.xml").write_bytes(b" " * (voc.MAX_FILE_BYTES + 1))
     (found,) = voc.read_folder(str(tmp_path))

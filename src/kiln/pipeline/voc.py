@@ -37,6 +37,7 @@ a file larger than `MAX_FILE_BYTES` is refused unread.
 from __future__ import annotations
 
 import dataclasses
+import os
 import posixpath
 import pyexpat
 import xml.etree.ElementTree as ElementTree
@@ -85,15 +86,26 @@ class VocProblem:
 
 def read_folder(folder: str) -> Iterator[VocRow | VocProblem]:
     """Every ``.xml`` file below `folder` (hidden ones skipped), as a row or a problem,
-    in path order."""
+    in path order.
+
+    A symbolic link to a folder inside `folder` is not entered (it can lead
+    anywhere, ``/`` included): it is a problem of its own.
+    """
     folder = folder.rstrip("/")
-    paths = sorted(
-        metadata.path
-        for metadata in storage.store_for(folder).walk_tree(folder, skip_hidden=True)
-        if metadata.path.lower().endswith(".xml")
-    )
-    for path in paths:
+    store = storage.store_for(folder)
+    paths, linked = [], set()
+    for metadata in store.walk_tree(folder, skip_hidden=True, links_above=1):
+        if metadata.path.lower().endswith(".xml"):
+            paths.append(metadata.path)
+        elif not metadata.size_in_bytes and os.path.islink(metadata.path):
+            linked.add(metadata.path)
+    for path in sorted([*paths, *linked]):
         where = posixpath.relpath(path.replace("\\", "/"), folder.replace("\\", "/"))
+        if path in linked:
+            yield VocProblem(
+                where, path, "a linked folder: not entered (name the folder it links to instead)"
+            )
+            continue
         try:
             yield VocRow(where, path, parse(_read(path)))
         except _VocError as e:
