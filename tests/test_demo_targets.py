@@ -18,21 +18,12 @@ import pytest
 import yaml
 from pycocotools import mask as coco_mask
 
+from conftest import read_tree
 from kiln import cli
 from kiln.pipeline import build, demo_targets
 from kiln.pipeline.coco import CocoFile, CocoRow
 
 NUM_IMAGES = 40
-
-
-def read_tree(root) -> dict[str, bytes]:
-    files = {}
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as f:
-                files[os.path.relpath(path, root).replace(os.sep, "/")] = f.read()
-    return files
 
 
 def stored_pixels(data: bytes) -> np.ndarray:

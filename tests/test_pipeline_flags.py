@@ -55,6 +55,22 @@ def run_cli(capfd, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def dataflow_dry_run(capfd, config, report, *flags: str) -> tuple[int, str, str]:
+    """``kiln build`` of `config` as a Dataflow dry run from scratch (the docs'
+    flags, no container image), its report written to `report`, with `flags`."""
+    return run_cli(
+        capfd,
+        "build",
+        "--config",
+        config,
+        *without(DATAFLOW, IMAGE, "--sdk_location=container"),
+        *flags,
+        "--dry_run=True",
+        "--full",
+        *("--report", str(report)),
+    )
+
+
 def workers_package(tmp_path) -> pathlib.Path:
     """A folder holding the setup.py of a small package, for --setup_file."""
     package = tmp_path / "package"
@@ -304,15 +320,9 @@ def test_a_quiet_dry_run_with_a_setup_file_prints_nothing(
     # report says it was hidden.
     package = workers_package(tmp_path)
     report = tmp_path / "report.json"
-    flags = [
-        *without(DATAFLOW, IMAGE, "--sdk_location=container"),
-        f"--setup_file={package / 'setup.py'}",
-        "--dry_run=True",
-        "--full",
-        "--quiet",
-        *("--report", str(report)),
-    ]
-    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags)
+    code, out, err = dataflow_dry_run(
+        capfd, on_store, report, f"--setup_file={package / 'setup.py'}", "--quiet"
+    )
     assert (code, out, err) == (0, "", "")
     written = json.loads(report.read_text())
     assert written["status"] == "dry_run"
@@ -337,16 +347,14 @@ def test_a_dry_run_with_a_requirements_file_downloads_nothing(
     requirements.write_text(f"kiln-test-unpublished-{tmp_path.name}==0.0.1\n")
     package = workers_package(tmp_path)
     report = tmp_path / "report.json"
-    flags = [
-        *without(DATAFLOW, IMAGE, "--sdk_location=container"),
+    code, out, err = dataflow_dry_run(
+        capfd,
+        on_store,
+        report,
         f"--setup_file={package / 'setup.py'}",
         f"--requirements_file={requirements}",
-        "--dry_run=True",
-        "--full",
         "--quiet",
-        *("--report", str(report)),
-    ]
-    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags)
+    )
     assert (code, out, err) == (0, "", "")
     # The docs' recipe: worker requirements (no kiln) beside the --setup_file
     # that installs kiln are not warned of.
@@ -377,14 +385,9 @@ def test_a_requirements_file_alone_that_names_no_kiln_is_warned_of(
     requirements = tmp_path / "worker-requirements.txt"
     requirements.write_text("\n".join(lines) + "\n")
     report = tmp_path / "report.json"
-    flags = [
-        *without(DATAFLOW, IMAGE, "--sdk_location=container"),
-        f"--requirements_file={requirements}",
-        "--dry_run=True",
-        "--full",
-        *("--report", str(report)),
-    ]
-    code, out, err = run_cli(capfd, "build", "--config", on_store, *flags)
+    code, out, err = dataflow_dry_run(
+        capfd, on_store, report, f"--requirements_file={requirements}"
+    )
     assert code == 0 and out.startswith("kiln build: dry run:")
     warning = (
         f"--requirements_file: {requirements} names no kiln package, and no --setup_file, "
