@@ -867,14 +867,22 @@ def tightened(boxes: tf.Tensor, masks: tf.Tensor, which: tf.Tensor) -> tf.Tensor
     instance masks' pixels: the intersection of the box and the mask's
     pixel box, as the build does (`kiln.transforms.targets.tightened`). A
     box whose mask has no pixel, or whose intersection with it is empty,
-    stays as it is."""
-    from_masks, filled = mask_boxes(masks)
-    cut = tf.concat(
-        [tf.maximum(boxes[:, :2], from_masks[:, :2]), tf.minimum(boxes[:, 2:], from_masks[:, 2:])],
-        axis=-1,
-    )
-    valid = which & filled & (cut[:, 2] > cut[:, 0]) & (cut[:, 3] > cut[:, 1])
-    return tf.where(valid[:, None], cut, boxes)
+    stays as it is. The masks are read only when a box was cut (most crops
+    cut none)."""
+
+    def cut_boxes():
+        from_masks, filled = mask_boxes(masks)
+        cut = tf.concat(
+            [
+                tf.maximum(boxes[:, :2], from_masks[:, :2]),
+                tf.minimum(boxes[:, 2:], from_masks[:, 2:]),
+            ],
+            axis=-1,
+        )
+        valid = which & filled & (cut[:, 2] > cut[:, 0]) & (cut[:, 3] > cut[:, 1])
+        return tf.where(valid[:, None], cut, boxes)
+
+    return tf.cond(tf.reduce_any(which), cut_boxes, lambda: boxes)
 
 
 def _hide_outside(points: tf.Tensor, visibility: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
