@@ -201,6 +201,15 @@ WHY_NOT_MET = {
         "index vectors batched, then one `batch_dims` gather, transpose, gather, transpose "
         "for the batch) measured slower again: 154 us per element against 63 us in a "
         "tf.data loop of its own (the batch's 6.4 MB transposes leave the cache)."
+        " On the faster host of 2026-12-05 (`python -m benchmarks.mask_encoding_ab`, 6 "
+        "rounds, load ~1.3): (b) 419 us of CPU per image, the targets 1.285x (PNG) and "
+        "1.238x (raw), +114 and +91 us: the PNG inflate is now ~23 us of it, and the "
+        "rest is per-element work: the targets' element function runs 45 more ops than (b)'s "
+        "(plus 42 constants: the record's extra features, the mask's window and its two "
+        "gathers and transposes, two ragged encodings), each with tf.data's per-op "
+        "cost. `ResizeNearestNeighbor` on the sliced, flipped window measured again "
+        "there, in a tf.data loop on one thread (7 rounds): 306 us against the gathers' "
+        "122 us per element (equal outputs on 300 windows)."
     ),
     "reader_kiln_vs_best_peer": (
         "See the peers' table: each loader gets the same cores; which one is limited by "
