@@ -5,21 +5,26 @@ bytes, not decoded (`kiln.pipeline.moves`), and every file of the version
 is byte-identical to a from-scratch build of the same inputs (real
 DirectRunner builds)."""
 
+import array
 import csv
 import hashlib
 import os
 import shutil
 
+import apache_beam as beam
 import numpy as np
 import pytest
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import assert_that
 
 import targets_data as data
 from conftest import make_config, read_tree
 from kiln import transforms
-from kiln.pipeline import build, record_index
+from kiln.pipeline import build, moves, record_index
 from kiln.pipeline.command import summary
 from kiln.pipeline.config import EncodingConfig, ImageConfig, SplitsConfig
 from kiln.pipeline.images import ImageProcessor
+from kiln.pipeline.incremental import PackDigestsFn
 from kiln.pipeline.splits import SplitPolicy
 from test_build_incremental import copy_corpus, good_keys, index_rows, stored_per_class
 from test_targets_build import config as targets_config
@@ -324,3 +329,36 @@ def test_files_moved_while_a_class_was_added(tmp_path, mask):
         assert decoded(incremental) == 1
         assert (report.moved, report.added) == (COUNT, 1)
     assert_same_tree(incremental, build(dict(spec, output=str(tmp_path / "full"))))
+
+
+def test_the_orphans_digests_reach_the_image_step_packed_8_bytes_each():
+    """The moved-files side input is one bytes value: the orphans' sha256
+    prefixes, sorted, 8 bytes each (as Python ints in a list side input
+    they would take about 36 bytes each, on every worker), the same bytes
+    whatever order they come in, and `moves.Digests` answers from it as it
+    is."""
+    count = 30_000
+    sha256s = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(count)]
+    # A sha256 of several orphans (duplicate files) is one prefix.
+    orphans = [(sha256, ()) for sha256 in sha256s + sha256s[:100]]
+    others = [hashlib.sha256(f"other {i}".encode()).hexdigest() for i in range(1000)]
+
+    def check(values):
+        (packed,) = values
+        assert isinstance(packed, bytes) and len(packed) == 8 * count
+        prefixes = array.array("Q", packed)
+        assert list(prefixes) == sorted({moves.digest_prefix(s) for s in sha256s})
+        assert packed == moves.pack(array.array("Q", reversed(prefixes)))
+        digests = moves.Digests(packed)
+        assert len(digests) == count and digests.nbytes == len(packed)
+        assert all(sha256 in digests for sha256 in sha256s)
+        assert not any(sha256 in digests for sha256 in others)
+
+    with test_pipeline.TestPipeline(runner="FnApiRunner") as p:
+        packed = (
+            p
+            | beam.Create(orphans, reshuffle=True)
+            | beam.CombineGlobally(PackDigestsFn()).without_defaults()
+        )
+        assert_that(packed, check)
+    assert len(moves.Digests()) == 0 and "0" * 64 not in moves.Digests(b"")

@@ -694,10 +694,10 @@ class ProcessImagesFn(beam.DoFn):
         window=beam.DoFn.WindowParam,
         timestamp=beam.DoFn.TimestampParam,
         base_checks: Mapping[str, tuple[str, bytes]] | None = None,
-        moved_digests: Sequence[int] | None = None,
+        moved_digests: bytes | None = None,
     ):
         if moved_digests is not None and self._digests is None:
-            # The same for every element of the job: made once per instance.
+            # The same for every element of the job: wrapped once per instance.
             self._digests = moves.Digests(moved_digests)
         if base_checks is not None:
             # Kept for results taken later in the bundle (finish_bundle has
@@ -937,9 +937,10 @@ class ProcessImages(beam.PTransform):
       base: The base version to reuse records from (`incremental`), or None.
       base_checks: With a base: PCollection[(base file, (problem or "",
         frames))] (`incremental.VerifyBaseFiles`); None without a base.
-      moved_digests: With a base: PCollection[int], the `moves.digest_prefix`
-        of each base record whose key is no longer listed; files of those
-        bytes go to ``deferred``. None: nothing is deferred (the second pass).
+      moved_digests: With a base: a PCollection of one bytes value (or
+        none), `incremental.PackDigestsFn` of the base records whose key is
+        no longer listed; files of those bytes go to ``deferred``. None:
+        nothing is deferred (the second pass).
     """
 
     def __init__(
@@ -970,7 +971,11 @@ class ProcessImages(beam.PTransform):
         if self._base_checks is not None:
             side_inputs["base_checks"] = beam.pvalue.AsDict(self._base_checks)
         if self._moved_digests is not None:
-            side_inputs["moved_digests"] = beam.pvalue.AsList(self._moved_digests)
+            # One bytes value, 8 bytes per orphan (`incremental.PackDigestsFn`);
+            # none when no base record's key is gone.
+            side_inputs["moved_digests"] = beam.pvalue.AsSingleton(
+                self._moved_digests, default_value=b""
+            )
         return (
             files
             | "DecodeTransformEncode"

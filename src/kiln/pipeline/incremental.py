@@ -68,8 +68,9 @@ In the job (`job.construct`), with a base::
 
 The orphans are the base's rows whose key is no longer listed; a file whose
 key found no reusable row but whose sha256 is an orphan's (by its first 8
-bytes: the side input) is deferred, joined with the orphans of its sha256,
-and its record rewritten from the matching one (`moves`).
+bytes: the side input, one packed bytes value, `PackDigestsFn`) is
+deferred, joined with the orphans of its sha256, and its record rewritten
+from the matching one (`moves`).
 
 The check that hashes each base shard also finds where each of its records'
 TFRecord frames starts (`_FrameScanner`), so the image step hands a reused
@@ -80,7 +81,8 @@ reused record is read once, never decoded, re-framed or written to a run.
 Sharding, duplicates and the index are decided by the same steps as in a
 full build. Everything is read through Beam's FileSystems inside the job:
 the launcher reads only the base's kiln.json. The frames reach every
-image-step worker as a side input, 8 bytes per base record.
+image-step worker as a side input, 8 bytes per base record, and so do the
+orphans' digests, 8 bytes per orphan.
 """
 
 from __future__ import annotations
@@ -510,10 +512,30 @@ class JoinBase(beam.PTransform):
         )
 
 
-def orphan_digest(sha256_and_row: tuple[str, tuple]) -> int:
-    """An orphan's `moves.digest_prefix`: the side input that decides which
-    files are deferred."""
-    return moves.digest_prefix(sha256_and_row[0])
+class PackDigestsFn(beam.CombineFn):
+    """Orphans ``(sha256, row fields)`` -> one `moves.pack` of their
+    `moves.digest_prefix`: the side input that decides which files are
+    deferred (`moves.Digests` wraps it as it is), 8 bytes per orphan on
+    every worker that reads it, not a Python int each. The accumulators are
+    `array.array("Q")` (8 bytes a prefix, and pickled as their bytes where
+    a runner moves them between workers); the output is sorted, so the same
+    orphans give the same bytes in any order and on any runner."""
+
+    def create_accumulator(self) -> array.array:
+        return array.array("Q")
+
+    def add_input(self, accumulator: array.array, orphan: tuple[str, tuple]) -> array.array:
+        accumulator.append(moves.digest_prefix(orphan[0]))
+        return accumulator
+
+    def merge_accumulators(self, accumulators) -> array.array:
+        merged = array.array("Q")
+        for accumulator in accumulators:
+            merged.extend(accumulator)
+        return merged
+
+    def extract_output(self, accumulator: array.array) -> bytes:
+        return moves.pack(accumulator)
 
 
 def _by_sha256_bucket(sha256_and_value: tuple[str, Any], kind: int, buckets: int):

@@ -178,7 +178,11 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
 
     moved_digests = None
     if orphans is not None:
-        moved_digests = orphans | "OrphanDigests" >> beam.Map(incremental.orphan_digest)  # int
+        moved_digests = (
+            orphans
+            | "PackOrphanDigests"
+            >> beam.CombineGlobally(incremental.PackDigestsFn()).without_defaults()
+        )  # bytes: the orphans' sorted 8-byte sha256 prefixes (or none)
     processed = files | "ProcessImages" >> process_images(moved_digests)
     runs = processed.runs  # SpilledRun: sorted runs of records, with their contents
     summaries = processed.summary
