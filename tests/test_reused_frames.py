@@ -75,6 +75,23 @@ def test_the_base_check_does_not_trust_a_shard_that_is_not_kilns_framing(tmp_pat
     assert "cannot be read" in problem
 
 
+def test_a_gzip_shard_that_does_not_inflate_is_named_by_its_sha256(tmp_path):
+    """A byte flipped inside a gzip shard's deflate stream: the check names
+    the sha256 that differs (not "cannot be read (error)", zlib's error
+    class); a file that matches its sha256 yet is no gzip is not a TFRecord
+    file."""
+    _, info = write_base_shard(tmp_path, "zipped", records(30), "gzip")
+    data = bytearray((tmp_path / "zipped").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (tmp_path / "zipped").write_bytes(data)
+    _, (problem, frames) = check(tmp_path, "zipped", info.sha256, "gzip")
+    assert problem == "zipped: sha256 differs from the base's kiln.json" and frames == b""
+    raw = b"".join(tfrecord.frame(r) for r in records(3))
+    (tmp_path / "plain").write_bytes(raw)
+    _, (problem, _) = check(tmp_path, "plain", hashlib.sha256(raw).hexdigest(), "gzip")
+    assert problem.startswith("plain: not a TFRecord file (Error -3")
+
+
 def reused_slice(path, starts, positions, compression=None):
     entries = tuple(
         (f"{position:016x}", starts[position], starts[position + 1] - starts[position], b"{}")

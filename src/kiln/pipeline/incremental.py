@@ -386,14 +386,21 @@ def _check_file(
     digest = hashlib.sha256()
     scanner = None if name == INDEX_FILENAME else _FrameScanner()
     inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if compression == "gzip" else None
+    # Why a gzip shard does not inflate: told only if its sha256 matches (a
+    # damaged shard is named by its sha256, which says more).
+    not_gzip: zlib.error | None = None
     try:
         with FileSystems.open(
             FileSystems.join(folder, name), compression_type=CompressionTypes.UNCOMPRESSED
         ) as f:
             while chunk := f.read(_CHUNK_BYTES):
                 digest.update(chunk)
-                if scanner is not None:
+                if scanner is None or not_gzip is not None:
+                    continue
+                try:
                     scanner.feed(inflate.decompress(chunk) if inflate is not None else chunk)
+                except zlib.error as e:
+                    not_gzip = e
     except Exception as e:  # missing, unreadable: not trusted
         return name, (f"{name} cannot be read ({type(e).__name__})", b"")
     if digest.hexdigest() != expected:
@@ -401,6 +408,8 @@ def _check_file(
     if scanner is None:
         return name, ("", b"")
     try:
+        if not_gzip is not None:
+            raise not_gzip
         if inflate is not None:
             scanner.feed(inflate.flush())
         return name, ("", scanner.frames())
