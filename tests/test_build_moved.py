@@ -26,7 +26,13 @@ from kiln.pipeline.config import EncodingConfig, ImageConfig, SplitsConfig
 from kiln.pipeline.images import ImageProcessor
 from kiln.pipeline.incremental import PackDigestsFn
 from kiln.pipeline.splits import SplitPolicy
-from test_build_incremental import copy_corpus, good_keys, index_rows, stored_per_class
+from test_build_incremental import (
+    copy_corpus,
+    good_keys,
+    index_rows,
+    shards_holding,
+    stored_per_class,
+)
 from test_targets_build import config as targets_config
 from test_targets_incremental import COUNT, read_rows, write_rows
 
@@ -85,7 +91,8 @@ def test_a_class_folder_renamed_moves_its_records_with_new_class_ids(
     """square -> box: [box, circle, star, triangle]. The square records move
     to the new key and id (1 -> 0), circle's are relabelled (0 -> 1), star
     and triangle keep theirs. From a gzip base, where one record cannot be
-    read alone, the moved records are processed from their files."""
+    read alone, each base shard holding records to move or relabel is
+    inflated once for all of them."""
     images = copy_corpus(demo_corpus, tmp_path)
     config = make_config(
         images, output=str(tmp_path / "out"), sharding={"num_shards": 3, "compression": compression}
@@ -98,15 +105,16 @@ def test_a_class_folder_renamed_moves_its_records_with_new_class_ids(
 
     assert incremental.info.class_names == ["box", "circle", "star", "triangle"]
     report = incremental.incremental
-    if compression == "none":
-        assert decoded(incremental) == 0
-        assert (report.moved, report.relabelled) == (before["square"], before["circle"])
-        assert f"relabelled {before['circle']}, moved {before['square']}, processed" in summary(
-            incremental
-        )
-    else:
-        assert decoded(incremental) == before["square"] + before["circle"]
-        assert (report.moved, report.relabelled) == (0, 0)
+    assert decoded(incremental) == 0
+    assert (report.moved, report.relabelled) == (before["square"], before["circle"])
+    assert f"relabelled {before['circle']}, moved {before['square']}, processed" in summary(
+        incremental
+    )
+    if compression == "gzip":  # one pass per base shard, moved and relabelled alike
+        keys = {
+            row.key for row in index_rows(base) if row.key.split("/")[0] in {"square", "circle"}
+        }
+        assert incremental.counters["base_shards_read"] == len(shards_holding(base, keys))
     assert report.reused == before["star"] + before["triangle"]
     assert report.deleted == before["square"]
     assert_same_tree(incremental, full_build(config, tmp_path))
@@ -274,6 +282,19 @@ def test_a_moved_file_takes_the_base_record_whose_key_sorts_first(tmp_path):
         )
         assert outcome.moved and reads == ["a/beta.png", "b/alpha.png"]
         assert outcome.image.record == fresh.record
+
+        # From a gzip base no record is read here: the file is handed on with
+        # where the record it wants is, and run again with that record.
+        later = processor(moved, read_later=True)
+        assert (later.image, later.deferred) == (None, sha256)
+        assert later.wanted == ("shard", base_keys.index("a/beta.png"))
+        wanted = later.wanted
+        outcome = processor(
+            moved,
+            read_base=lambda s, p, wanted=wanted: records[(s, p)] if (s, p) == wanted else None,
+        )
+        assert outcome.moved and outcome.image.record == fresh.record
+        assert outcome.image.index_entry == fresh.index_entry
 
 
 def test_a_copy_of_a_file_that_stays_is_processed(demo_corpus, tmp_path):

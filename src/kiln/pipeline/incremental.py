@@ -72,6 +72,15 @@ bytes: the side input, one packed bytes value, `PackDigestsFn`) is
 deferred, joined with the orphans of its sha256, and its record rewritten
 from the matching one (`moves`).
 
+An uncompressed base's record is read where its frame is (`BaseShard`: a
+seek and a read). One record of a gzip-compressed base cannot be read
+without inflating its shard from the start, so there the image steps hand
+on each file whose record would be rewritten (relabelled or moved) with
+where that record is, the files are grouped by base shard, and each such
+shard is inflated once, its wanted records read in ascending position
+(`images.RewriteFromBaseShards`, with the same `BaseShard`): one pass per
+shard, whatever the number of records wanted from it.
+
 The check that hashes each base shard also finds where each of its records'
 TFRecord frames starts (`_FrameScanner`), so the image step hands a reused
 record on as a byte range of a base shard (`sharding.ReusedRun`), and the
@@ -373,6 +382,78 @@ def frame_starts(frames: bytes) -> array.array:
     starts = array.array("Q")
     starts.frombytes(frames)
     return starts
+
+
+class BaseShard:
+    """Reads records of one base shard by position, the file opened once.
+
+    Where each record's frame is comes from the base's check (`frame_starts`).
+    Records asked for in ascending position cost one pass over the file
+    whatever their number: an uncompressed shard is read by a seek and a
+    read per record; a gzip-compressed one is inflated once from its start
+    as the positions go up (Beam's compressed file seeks forward by
+    inflating and dropping what it skips), holding a read buffer and one
+    record, never the shard. A position asked for again is served from the
+    last read; an earlier one would inflate from the start again, so
+    callers sort what they want by position.
+
+    `record` never raises: a record that cannot be read or whose frame is
+    not intact is None (its file is then processed from its source), and
+    after a read error every later one is None too.
+
+    Args:
+      uri: The base shard file.
+      compression: Its compression (None or "gzip": `BaseFiles.compression`).
+      starts: Its `frame_starts`.
+    """
+
+    def __init__(self, uri: str, compression: str | None, starts: array.array):
+        self._uri = uri
+        self._compression = compression
+        self._starts = starts
+        self._file: Any = None
+        self._failed = False
+        self._last: tuple[int, bytes | None] | None = None
+
+    def __enter__(self) -> BaseShard:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def record(self, position: int) -> bytes | None:
+        """The serialized record at `position`, or None (see the class docstring)."""
+        if self._last is not None and self._last[0] == position:
+            return self._last[1]
+        record = self._read(position)
+        self._last = (position, record)
+        return record
+
+    def _read(self, position: int) -> bytes | None:
+        if self._failed or not 0 <= position < len(self._starts) - 1:
+            return None
+        start, end = self._starts[position], self._starts[position + 1]
+        try:
+            if self._file is None:
+                self._file = FileSystems.open(
+                    self._uri,
+                    compression_type=CompressionTypes.GZIP
+                    if self._compression == "gzip"
+                    else CompressionTypes.UNCOMPRESSED,
+                )
+            self._file.seek(start)
+            framed = self._file.read(end - start)
+        except Exception as e:  # vanished, unreadable, not gzip: processed from the files
+            self._failed = True
+            logger.warning(
+                "cannot read the records of base shard %s: %s: %s", self._uri, type(e).__name__, e
+            )
+            return None
+        if not tfrecord.is_frame(framed):
+            return None
+        return bytes(tfrecord.unframe(framed))
 
 
 def _check_file(

@@ -27,8 +27,7 @@ the same bytes anyway (same source bytes, same inputs but the key and class,
 same processing): the rule only fixes which base shard is read.
 
 Processed from their files instead are, besides what `relabel` excludes
-(records of a gzip-compressed base; a semantic ``mask`` dataset whose
-class list changed):
+(a semantic ``mask`` dataset whose class list changed):
 - a file of a dataset with targets whose image class changed (the image's
   class is one of the classes its statistics count);
 - a file whose bytes match a base record that is still listed under its own
@@ -41,7 +40,11 @@ first 8 bytes are among the orphans' (`Digests`, a side input of one bytes
 value, 8 bytes per orphan: `incremental.PackDigestsFn`);
 `incremental.JoinMoved` joins those files with the orphans by sha256, and a
 second image step rewrites the matching records (or, with none, processes
-the file).
+the file). From a gzip-compressed base, that step hands the files on once
+more, grouped by the base shard that holds the matching record, and each
+such shard is inflated once (`images.RewriteFromBaseShards`). When that
+read fails (the shard changed since its check), the file is processed; the
+other matching records of its bytes, if any, are not tried.
 """
 
 from __future__ import annotations
