@@ -1032,10 +1032,11 @@ def _only(reader: BaseShard, shard: str, position: int) -> Callable[[str, int], 
 class ProcessImages(beam.PTransform):
     """Lists of listed files (dicts) -> sorted runs of their records
     (`sharding.SpilledRun`, written to `runs_folder`), with ``dropped``,
-    ``summary``, ``reused`` and ``deferred`` outputs (a DoOutputsTuple:
-    ``result.runs``, ``result.dropped``, ``result.summary``,
-    ``result.reused``, ``result.deferred``; merge the partial summaries
-    with `statistics.SummaryCombineFn`).
+    ``summary``, ``reused``, ``deferred`` and ``base_reads`` outputs (a
+    DoOutputsTuple: ``result.runs``, ``result.dropped``,
+    ``result.summary``, ``result.reused``, ``result.deferred``,
+    ``result.base_reads``: files for `RewriteFromBaseShards`, from a gzip
+    base only; merge the partial summaries with `statistics.SummaryCombineFn`).
 
     Args:
       processor: The per-file work.
