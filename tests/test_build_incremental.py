@@ -483,12 +483,18 @@ def stored_per_class(result) -> dict[str, int]:
     return counts
 
 
+def shards_holding(result, keys) -> set[str]:
+    """The shards of `result` that hold a record of one of `keys`."""
+    return {row.shard for row in index_rows(result) if row.key in keys}
+
+
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_a_new_class_relabels_the_records_whose_ids_it_shifts(demo_corpus, tmp_path, compression):
     """ "oval" sorts between circle and square: square, star and triangle
     move up one id. Their records are rewritten from the base's with the new
-    id, not decoded; from a gzip base, where one record cannot be read alone,
-    they are processed from their files. Both give a full build's bytes."""
+    id, not decoded; from a gzip base, where one record cannot be read
+    alone, each base shard holding such records is inflated once for all
+    of them. Both give a full build's bytes."""
     images = copy_corpus(demo_corpus, tmp_path)
     config = make_config(
         images, output=str(tmp_path / "out"), sharding={"num_shards": 2, "compression": compression}
@@ -504,13 +510,74 @@ def test_a_new_class_relabels_the_records_whose_ids_it_shifts(demo_corpus, tmp_p
     report = incremental.incremental
     shifted = before["square"] + before["star"] + before["triangle"]
     assert report.used and report.reused == before["circle"]
-    if compression == "none":
-        assert (report.relabelled, report.changed, report.added) == (shifted, 0, 1)
-        assert incremental.counters["images_decoded"] == 1
-        assert f"relabelled {shifted}, processed" in summary(incremental)
+    assert (report.relabelled, report.changed, report.added) == (shifted, 0, 1)
+    assert incremental.counters["images_decoded"] == 1
+    assert f"relabelled {shifted}, processed" in summary(incremental)
+    if compression == "gzip":  # one pass per base shard, not one per record
+        keys = {row.key for row in index_rows(base) if not row.key.startswith("circle/")}
+        assert incremental.counters["base_shards_read"] == len(shards_holding(base, keys)) < shifted
     else:
-        assert (report.relabelled, report.changed, report.added) == (0, shifted, 1)
-        assert incremental.counters["images_decoded"] == shifted + 1
+        assert "base_shards_read" not in incremental.counters
+    assert_same_dataset(incremental, full_build(config, tmp_path))
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "after-its-check"])
+def test_a_damaged_gzip_base_shard_has_the_records_to_relabel_processed(
+    demo_corpus, tmp_path, monkeypatch, damage
+):
+    """A class that sorts first shifts every id: every record is relabelled
+    from the gzip base, except those of a damaged shard, which are processed
+    from their files: a shard whose sha256 differs (a byte flipped, cut
+    short) is not trusted; one replaced after its check fails its read. The
+    result is a full build's bytes."""
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(
+        images, output=str(tmp_path / "out"), sharding={"num_shards": 2, "compression": "gzip"}
+    )
+    base = build(config)
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    damaged = base.info.splits["train"].shards[1]
+    path = os.path.join(base.dataset_dir, damaged.filename)
+    os.chmod(path, 0o644)
+
+    def spoil():
+        data = bytearray(open(path, "rb").read())
+        if damage == "flipped":
+            data[len(data) // 2] ^= 0xFF  # inside the compressed records
+        elif damage == "truncated":
+            del data[len(data) // 2 :]
+        else:  # replaced: none of its records can be read any more
+            data = bytearray(b"no longer a shard")
+        with open(path, "wb") as f:
+            f.write(data)
+
+    if damage == "after-its-check":
+        check = incremental_module._check_file
+
+        def check_then_damage(name_and_sha256, folder, compression):
+            result = check(name_and_sha256, folder, compression)
+            if name_and_sha256[0] == damaged.filename:
+                spoil()
+            return result
+
+        monkeypatch.setattr(incremental_module, "_check_file", check_then_damage)
+    else:
+        spoil()
+    (images / "aaa").mkdir()
+    (images / "aaa" / "aaa_0000.png").write_bytes(new_png(3))
+
+    incremental = build(config)
+
+    report = incremental.incremental
+    assert report.used and report.reused == 0
+    assert report.relabelled == stored_before - damaged.num_records
+    # Stored from their files: the new image and the damaged shard's.
+    assert report.added + report.changed == damaged.num_records + 1
+    assert incremental.counters["images_decoded"] == damaged.num_records + 1
+    if damage == "after-its-check":
+        assert report.reason == ""
+    else:  # named by its sha256 even where it no longer inflates
+        assert f"{damaged.filename}: sha256 differs" in report.reason
     assert_same_dataset(incremental, full_build(config, tmp_path))
 
 

@@ -5,23 +5,34 @@ bytes, not decoded (`kiln.pipeline.moves`), and every file of the version
 is byte-identical to a from-scratch build of the same inputs (real
 DirectRunner builds)."""
 
+import array
 import csv
 import hashlib
 import os
 import shutil
 
+import apache_beam as beam
 import numpy as np
 import pytest
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import assert_that
 
 import targets_data as data
 from conftest import make_config, read_tree
 from kiln import transforms
-from kiln.pipeline import build, record_index
+from kiln.pipeline import build, moves, record_index
 from kiln.pipeline.command import summary
 from kiln.pipeline.config import EncodingConfig, ImageConfig, SplitsConfig
 from kiln.pipeline.images import ImageProcessor
+from kiln.pipeline.incremental import PackDigestsFn
 from kiln.pipeline.splits import SplitPolicy
-from test_build_incremental import copy_corpus, good_keys, index_rows, stored_per_class
+from test_build_incremental import (
+    copy_corpus,
+    good_keys,
+    index_rows,
+    shards_holding,
+    stored_per_class,
+)
 from test_targets_build import config as targets_config
 from test_targets_incremental import COUNT, read_rows, write_rows
 
@@ -80,7 +91,8 @@ def test_a_class_folder_renamed_moves_its_records_with_new_class_ids(
     """square -> box: [box, circle, star, triangle]. The square records move
     to the new key and id (1 -> 0), circle's are relabelled (0 -> 1), star
     and triangle keep theirs. From a gzip base, where one record cannot be
-    read alone, the moved records are processed from their files."""
+    read alone, each base shard holding records to move or relabel is
+    inflated once for all of them."""
     images = copy_corpus(demo_corpus, tmp_path)
     config = make_config(
         images, output=str(tmp_path / "out"), sharding={"num_shards": 3, "compression": compression}
@@ -93,15 +105,16 @@ def test_a_class_folder_renamed_moves_its_records_with_new_class_ids(
 
     assert incremental.info.class_names == ["box", "circle", "star", "triangle"]
     report = incremental.incremental
-    if compression == "none":
-        assert decoded(incremental) == 0
-        assert (report.moved, report.relabelled) == (before["square"], before["circle"])
-        assert f"relabelled {before['circle']}, moved {before['square']}, processed" in summary(
-            incremental
-        )
-    else:
-        assert decoded(incremental) == before["square"] + before["circle"]
-        assert (report.moved, report.relabelled) == (0, 0)
+    assert decoded(incremental) == 0
+    assert (report.moved, report.relabelled) == (before["square"], before["circle"])
+    assert f"relabelled {before['circle']}, moved {before['square']}, processed" in summary(
+        incremental
+    )
+    if compression == "gzip":  # one pass per base shard, moved and relabelled alike
+        keys = {
+            row.key for row in index_rows(base) if row.key.split("/")[0] in {"square", "circle"}
+        }
+        assert incremental.counters["base_shards_read"] == len(shards_holding(base, keys))
     assert report.reused == before["star"] + before["triangle"]
     assert report.deleted == before["square"]
     assert_same_tree(incremental, full_build(config, tmp_path))
@@ -270,6 +283,19 @@ def test_a_moved_file_takes_the_base_record_whose_key_sorts_first(tmp_path):
         assert outcome.moved and reads == ["a/beta.png", "b/alpha.png"]
         assert outcome.image.record == fresh.record
 
+        # From a gzip base no record is read here: the file is handed on with
+        # where the record it wants is, and run again with that record.
+        later = processor(moved, read_later=True)
+        assert (later.image, later.deferred) == (None, sha256)
+        assert later.wanted == ("shard", base_keys.index("a/beta.png"))
+        wanted = later.wanted
+        outcome = processor(
+            moved,
+            read_base=lambda s, p, wanted=wanted: records[(s, p)] if (s, p) == wanted else None,
+        )
+        assert outcome.moved and outcome.image.record == fresh.record
+        assert outcome.image.index_entry == fresh.index_entry
+
 
 def test_a_copy_of_a_file_that_stays_is_processed(demo_corpus, tmp_path):
     """Only base records whose key is gone serve a moved file: a copy of a
@@ -324,3 +350,36 @@ def test_files_moved_while_a_class_was_added(tmp_path, mask):
         assert decoded(incremental) == 1
         assert (report.moved, report.added) == (COUNT, 1)
     assert_same_tree(incremental, build(dict(spec, output=str(tmp_path / "full"))))
+
+
+def test_the_orphans_digests_reach_the_image_step_packed_8_bytes_each():
+    """The moved-files side input is one bytes value: the orphans' sha256
+    prefixes, sorted, 8 bytes each (as Python ints in a list side input
+    they would take about 36 bytes each, on every worker), the same bytes
+    whatever order they come in, and `moves.Digests` answers from it as it
+    is."""
+    count = 30_000
+    sha256s = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(count)]
+    # A sha256 of several orphans (duplicate files) is one prefix.
+    orphans = [(sha256, ()) for sha256 in sha256s + sha256s[:100]]
+    others = [hashlib.sha256(f"other {i}".encode()).hexdigest() for i in range(1000)]
+
+    def check(values):
+        (packed,) = values
+        assert isinstance(packed, bytes) and len(packed) == 8 * count
+        prefixes = array.array("Q", packed)
+        assert list(prefixes) == sorted({moves.digest_prefix(s) for s in sha256s})
+        assert packed == moves.pack(array.array("Q", reversed(prefixes)))
+        digests = moves.Digests(packed)
+        assert len(digests) == count and digests.nbytes == len(packed)
+        assert all(sha256 in digests for sha256 in sha256s)
+        assert not any(sha256 in digests for sha256 in others)
+
+    with test_pipeline.TestPipeline(runner="FnApiRunner") as p:
+        packed = (
+            p
+            | beam.Create(orphans, reshuffle=True)
+            | beam.CombineGlobally(PackDigestsFn()).without_defaults()
+        )
+        assert_that(packed, check)
+    assert len(moves.Digests()) == 0 and "0" * 64 not in moves.Digests(b"")

@@ -102,9 +102,13 @@ def test_dataflow_dry_run_translates_the_job(demo_corpus, no_network_no_credenti
     assert decoded["key"].decode() == key.key and (decoded["height"], decoded["width"]) == (32, 32)
 
 
-def test_dataflow_dry_run_translates_an_incremental_job(demo_corpus, no_network_no_credentials):
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_dataflow_dry_run_translates_an_incremental_job(
+    demo_corpus, no_network_no_credentials, compression
+):
     # The base is read inside the job, through FileSystems on gs://: the
-    # launcher hands the job only the base's file names and sha256.
+    # launcher hands the job only the base's file names and sha256. A gzip
+    # base's records to relabel or move are read shard by shard.
     options = launcher.pipeline_options(DATAFLOW_ARGS)
     resolved = config.load(make_config(demo_corpus.out_dir, output="gs://fake-bucket/datasets"))
     listing = resolved.list_source()
@@ -113,7 +117,7 @@ def test_dataflow_dry_run_translates_an_incremental_job(demo_corpus, no_network_
         version="0123456789ab",
         folder="gs://fake-bucket/datasets/shapes/0123456789ab",
         files=(("shapes-train.tfrecord-00000-of-00001", "a" * 64), ("index.jsonl", "b" * 64)),
-        compression=None,
+        compression=compression,
     )
     plan = launcher.make_plan(resolved, listing, staging, options, base=base)
 
@@ -125,10 +129,14 @@ def test_dataflow_dry_run_translates_an_incremental_job(demo_corpus, no_network_
         "JoinBase/ReadBaseIndex",
         "JoinBase/GroupByBucket",
         "ProcessImages/DecodeTransformEncode",
+        "PackOrphanDigests",
+        "ProcessMovedImages/DecodeTransformEncode",
         "WriteShards/WriteShardFiles",
         "WriteReports",
     ]:
         assert step in names, step
+    rewrite = {"RewriteFromBaseShards/GroupByBaseShard", "RewriteFromBaseShards/ReadBaseShards"}
+    assert rewrite <= names if compression else not rewrite & names
     assert "SpreadFiles" not in names  # the join spreads the files
     # The reused records are copied by the shard writer, not by a step of their own.
     assert not any(name.startswith("ExtractReused") for name in names)

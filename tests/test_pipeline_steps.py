@@ -866,7 +866,9 @@ class _StubProcessor:
         self.release = threading.Event()
         self.threads: dict[str, int] = {}
 
-    def __call__(self, item, before_decoding=None, read_base=None, moved_candidate=None):
+    def __call__(
+        self, item, before_decoding=None, read_base=None, moved_candidate=None, read_later=False
+    ):
         import threading
 
         from kiln.pipeline.images import Outcome

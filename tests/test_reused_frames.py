@@ -75,6 +75,23 @@ def test_the_base_check_does_not_trust_a_shard_that_is_not_kilns_framing(tmp_pat
     assert "cannot be read" in problem
 
 
+def test_a_gzip_shard_that_does_not_inflate_is_named_by_its_sha256(tmp_path):
+    """A byte flipped inside a gzip shard's deflate stream: the check names
+    the sha256 that differs (not "cannot be read (error)", zlib's error
+    class); a file that matches its sha256 yet is no gzip is not a TFRecord
+    file."""
+    _, info = write_base_shard(tmp_path, "zipped", records(30), "gzip")
+    data = bytearray((tmp_path / "zipped").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (tmp_path / "zipped").write_bytes(data)
+    _, (problem, frames) = check(tmp_path, "zipped", info.sha256, "gzip")
+    assert problem == "zipped: sha256 differs from the base's kiln.json" and frames == b""
+    raw = b"".join(tfrecord.frame(r) for r in records(3))
+    (tmp_path / "plain").write_bytes(raw)
+    _, (problem, _) = check(tmp_path, "plain", hashlib.sha256(raw).hexdigest(), "gzip")
+    assert problem.startswith("plain: not a TFRecord file (Error -3")
+
+
 def reused_slice(path, starts, positions, compression=None):
     entries = tuple(
         (f"{position:016x}", starts[position], starts[position + 1] - starts[position], b"{}")
@@ -114,6 +131,41 @@ def test_a_base_shard_changed_after_its_check_is_refused(tmp_path):
     os.remove(path)
     with pytest.raises(OSError):
         sharding.read_reused([reused_slice(path, starts, [3])])
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_a_base_shard_reads_its_records_by_position_in_one_pass(tmp_path, compression):
+    """`BaseShard`, which relabelled and moved records are read with: the
+    record at each position asked for, ascending (repeats served from the
+    last read), from a plain shard or by one inflate of a gzip one; None,
+    never an exception, for a position it does not have and, once the file
+    is cut short after its check, for every record past the cut."""
+    data = records(40, size=300)
+    gzip = None if compression == "none" else "gzip"
+    path, info = write_base_shard(tmp_path, "base", data, compression)
+    _, (_, frames) = check(tmp_path, "base", info.sha256, gzip)
+    starts = incremental.frame_starts(frames)
+    positions = [0, 3, 3, 4, 17, 39]
+    with incremental.BaseShard(path, gzip, starts) as shard:
+        assert [shard.record(p) for p in positions] == [data[p] for p in positions]
+        assert shard.record(40) is None and shard.record(-1) is None
+
+    raw = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(raw[: len(raw) // 2])
+    with incremental.BaseShard(path, gzip, starts) as shard:
+        read = [shard.record(p) for p in range(len(data))]
+    assert read[0] == data[0] and read[-1] is None
+    cut = read.index(None)
+    assert read[:cut] == data[:cut] and read[cut:] == [None] * (len(data) - cut)
+
+    with open(path, "wb") as f:
+        f.write(b"not a shard at all" * 100)
+    with incremental.BaseShard(path, gzip, starts) as shard:
+        assert [shard.record(p) for p in positions] == [None] * len(positions)
+    os.remove(path)
+    with incremental.BaseShard(path, gzip, starts) as shard:
+        assert shard.record(3) is None
 
 
 def test_merging_sorts_as_a_full_build_sorts_records_even_on_equal_sort_keys():

@@ -27,7 +27,10 @@ record's the base no longer lists under its key (it moved: `moves`) is
 handed on (``deferred``) to be joined with those records by sha256; the
 same step, run again on what the join gives (each file with the base rows
 of its bytes under ``moved_from``), rewrites the matching record's key and
-class ids, or processes the file.
+class ids, or processes the file. A gzip-compressed base's record is not
+read alone: both steps hand such a file on (``base_reads``, with where the
+record is) and `RewriteFromBaseShardsFn` runs it again with the record,
+reading each base shard once.
 
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
 output, counted per reason. What the job counts about every file (its
@@ -43,7 +46,7 @@ import concurrent.futures
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import apache_beam as beam
@@ -56,10 +59,10 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from kiln import transforms
-from kiln.pipeline import moves, record_index, target_rows, tfrecord, versioning
+from kiln.pipeline import moves, record_index, target_rows, versioning
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
-from kiln.pipeline.incremental import BaseFiles, frame_starts
+from kiln.pipeline.incremental import BaseFiles, BaseShard, frame_starts
 from kiln.pipeline.listing import read_uri
 from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
@@ -81,6 +84,7 @@ DROPPED = "dropped"
 SUMMARY = "summary"
 REUSED = "reused"
 DEFERRED = "deferred"
+BASE_READS = "base_reads"
 
 
 class ProcessedImage(NamedTuple):
@@ -122,8 +126,11 @@ class Outcome(NamedTuple):
     # The record is a base record of the same bytes under another key, rewritten (`moves`).
     moved: bool = False
     # The file's sha256, when it is handed on to be matched with the base
-    # records it may have moved from (`moves`): nothing else is set then.
+    # records it may have moved from (`moves`), or, with `wanted`, to be
+    # rewritten from that base record once its shard is read (a gzip base):
+    # nothing else is set then.
     deferred: str | None = None
+    wanted: Reuse | None = None
 
 
 class ImageProcessor:
@@ -183,17 +190,25 @@ class ImageProcessor:
         before_decoding: Callable[[int], None] | None = None,
         read_base: Callable[[str, int], bytes | None] | None = None,
         moved_candidate: Callable[[str], bool] | None = None,
+        read_later: bool = False,
+        read_sha256: str | None = None,
     ) -> Outcome:
         """`before_decoding`: see `transforms.decode_image`. `read_base`: a
         base record's bytes by shard and position, or None when it cannot
         be read (then the file is processed): for relabelling (`relabel`)
-        and moved files (`moves`). `moved_candidate`: whether a sha256 may
-        be a base record's that moved: then a file no base record of its
-        key serves is handed on (`Outcome.deferred`), not decoded.
+        and moved files (`moves`). `read_later`: instead of reading the
+        base record the file's record would be rewritten from, hand the
+        file on with where that record is (`Outcome.wanted`), to be run
+        again with the record once its shard is read (a gzip-compressed
+        base: `RewriteFromBaseShardsFn`). `moved_candidate`: whether a
+        sha256 may be a base record's that moved: then a file no base
+        record of its key serves is handed on (`Outcome.deferred`), not
+        decoded.
 
-        An item with ``moved_from`` (`incremental.JoinMoved`: its sha256,
-        as read before, and the base rows of that sha256 whose keys are no
-        longer listed) is not read again unless no row serves it."""
+        A file handed on is not read again unless no base record serves
+        it: an item with ``moved_from`` (`incremental.JoinMoved`: its
+        sha256, as read before, and the base rows of that sha256 whose keys
+        are no longer listed), or given its `read_sha256` as read before."""
         key, uri, label = item["key"], read_uri(item["uri"]), int(item["label"])
         split = item.get("split")
         listed_text: str | None = item.get("targets")
@@ -214,6 +229,8 @@ class ImageProcessor:
         data: bytes | None = None
         if moved_from is not None:
             sha256 = moved_from[0]
+        elif read_sha256 is not None:
+            sha256 = read_sha256
         else:
             try:
                 data = _read(uri)
@@ -269,25 +286,40 @@ class ImageProcessor:
                 Reuse(base.shard, base.position),
             )
 
-        def rewritten(record, row, counts, *, relabelled=False, moved=False) -> Outcome:
-            """A base record rewritten (relabelled or moved): stored as it comes."""
-            sums = PixelSums(row.pixels, row.sums, row.squares)
-            stored = self._stored(
-                item, label, sha256, inputs, record, row.height, row.width, sums, counts
-            )
-            return Outcome(stored, None, entry(sha256, content), relabelled=relabelled, moved=moved)
+        def rewritten(rows: Sequence[IndexRow], moved: bool) -> Outcome | None:
+            """The record of the first of the base `rows` that can be read,
+            rewritten with this build's key and class ids (relabelled, or
+            moved), stored as it comes; or the file handed on to read it
+            later. None: no row serves."""
+            for row in rows:
+                if read_later:
+                    return Outcome(
+                        None, None, 0, deferred=sha256, wanted=Reuse(row.shard, row.position)
+                    )
+                serialized = read_base(row.shard, row.position) if read_base else None
+                found = None if serialized is None else self._rewrite(serialized, row, label, key)
+                if found is None:
+                    continue
+                record, counts = found
+                sums = PixelSums(row.pixels, row.sums, row.squares)
+                stored = self._stored(
+                    item, label, sha256, inputs, record, row.height, row.width, sums, counts
+                )
+                return Outcome(
+                    stored, None, entry(sha256, content), relabelled=not moved, moved=moved
+                )
+            return None
 
-        if base is not None and base.sha256 == sha256 and read_base is not None:
-            relabelled = self._relabelled(item, listed, label, base, read_base)
-            if relabelled is not None:
-                record, counts = relabelled
-                return rewritten(record, base, counts, relabelled=True)
-        if moved_from is not None and read_base is not None:
-            rows = [record_index.IndexRow(*row) for row in moved_from[1]]
-            found = self._moved(item, listed, label, sha256, rows, read_base)
-            if found is not None:
-                record, row, counts = found
-                return rewritten(record, row, counts, moved=True)
+        reads_base = read_base is not None or read_later
+        if base is not None and base.sha256 == sha256 and reads_base:
+            outcome = rewritten(self._relabelled(item, listed, label, base), moved=False)
+            if outcome is not None:
+                return outcome
+        if moved_from is not None and reads_base:
+            rows = [IndexRow(*row) for row in moved_from[1]]
+            outcome = rewritten(self._moved(item, listed, label, sha256, rows), moved=True)
+            if outcome is not None:
+                return outcome
         elif moved_candidate is not None and moved_candidate(sha256):
             return Outcome(None, None, 0, deferred=sha256)
 
@@ -404,35 +436,27 @@ class ImageProcessor:
         item: Mapping[str, Any],
         listed: ListedTargets | None,
         label: int,
-        base: record_index.IndexRow,
-        read_base: Callable[[str, int], bytes | None],
-    ) -> tuple[bytes, TargetCounts | None] | None:
-        """The base's record of a file with the same bytes, rewritten with
-        this build's class ids, and its statistics counts; None when its
-        listing inputs differ by more than class ids, or it cannot be
-        relabelled (`relabel`: then the file is processed)."""
+        base: IndexRow,
+    ) -> list[IndexRow]:
+        """``[base]``, the base's row of a file with the same bytes, when its
+        record is to be rewritten with this build's class ids (`_rewrite`);
+        empty when its listing inputs differ by more than class ids, or it
+        cannot be relabelled (`relabel`: then the file is processed)."""
         relabel = self._relabel
         if relabel is None or (base.targets is None) != (self._codec is None):
-            return None
+            return []
         names = [] if label < 0 else [self._class_names[label]]
         if listed is not None:
             names += target_rows.class_names(listed.row)
         if not relabel.covers(names):
-            return None
+            return []
         # The listing inputs as the base computed them: with its class ids.
         as_base = dict(item, label=relabel.base_label(label))
         if listed is not None and self._codec is not None:
             as_base["targets"] = self._codec.reuse_key(listed, relabel.base_ids)
         if record_index.inputs_fingerprint(as_base) != base.inputs:
-            return None
-        serialized = read_base(base.shard, base.position)
-        if serialized is None:
-            return None
-        try:
-            record = relabel.record(serialized, label, item["key"])
-        except (KeyError, ValueError):  # not the record the index says (SchemaError is one)
-            return None
-        return record, relabel.counts(base.targets)
+            return []
+        return [base]
 
     def _moved(
         self,
@@ -440,29 +464,28 @@ class ImageProcessor:
         listed: ListedTargets | None,
         label: int,
         sha256: str,
-        rows: Sequence[record_index.IndexRow],
-        read_base: Callable[[str, int], bytes | None],
-    ) -> tuple[bytes, record_index.IndexRow, TargetCounts | None] | None:
-        """The record of a file that moved: the first of the base `rows`
-        (`moves.candidates`) of the same bytes whose listing inputs equal the
-        file's with the key and class id replaced by the row's (and with
-        targets, its annotations' class ids by the base's), rewritten with
-        this build's key and class ids; with the row and the statistics
-        counts. None when no row serves (`moves`: then the file is
-        processed)."""
+        rows: Sequence[IndexRow],
+    ) -> list[IndexRow]:
+        """The base rows a file that moved may have its record rewritten
+        from (`_rewrite`), in the order they are tried: those of `rows`
+        (`moves.candidates`) of the same bytes whose listing inputs equal
+        the file's with the key and class id replaced by the row's (and
+        with targets, its annotations' class ids by the base's). Empty when
+        none can serve (`moves`: then the file is processed)."""
         ids = self._base_ids
         if ids is None:
-            return None
+            return []
         codec = self._codec
         if codec is not None and codec.config.mask is not None and not self._same_classes:
-            return None  # a semantic mask's pixel values are ids of the list (`relabel`)
+            return []  # a semantic mask's pixel values are ids of the list (`relabel`)
         names = [] if listed is None else target_rows.class_names(listed.row)
         if not ids.covers(names):
-            return None
+            return []
         base_targets = None
         if listed is not None and codec is not None:
             base_targets = codec.reuse_key(listed, ids.base_ids)
         name = self._class_names[label] if label >= 0 else None
+        serving = []
         for row in moves.candidates(rows, sha256):
             if (row.targets is None) != (codec is None):
                 continue
@@ -471,17 +494,25 @@ class ImageProcessor:
             as_base = dict(item, key=row.key, label=row.label)
             if base_targets is not None:
                 as_base["targets"] = base_targets
-            if record_index.inputs_fingerprint(as_base) != row.inputs:
-                continue
-            serialized = read_base(row.shard, row.position)
-            if serialized is None:
-                continue
-            try:
-                record = ids.record(serialized, label, item["key"], base_key=row.key)
-            except (KeyError, ValueError):  # not the record the index says
-                continue
-            return record, row, ids.counts(row.targets)
-        return None
+            if record_index.inputs_fingerprint(as_base) == row.inputs:
+                serving.append(row)
+        return serving
+
+    def _rewrite(
+        self, serialized: bytes, row: IndexRow, label: int, key: str
+    ) -> tuple[bytes, TargetCounts | None] | None:
+        """The base's record of `row` (relabelled: of the file's own key;
+        moved: of another) as the record of `key` with this build's class
+        ids, and its statistics counts; None when it is not the record the
+        index says (then the next row is tried, or the file processed)."""
+        ids = self._base_ids
+        if ids is None:
+            return None
+        try:
+            record = ids.record(serialized, label, key, base_key=row.key)
+        except (KeyError, ValueError):  # not the record the index says (SchemaError is one)
+            return None
+        return record, ids.counts(row.targets)
 
     def _decode(
         self, data: bytes, before_decoding: Callable[[int], None] | None
@@ -565,48 +596,17 @@ def _describe(error: Exception) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-class ProcessImagesFn(beam.DoFn):
-    """Groups of listed files -> sorted runs of their records (`SpilledRun`);
-    tagged outputs ``dropped`` (DroppedFile), ``summary`` (one `Summary`
-    per bundle), ``reused`` (a `sharding.ReusedRun` per base shard the
-    bundle reuses records of), the last two emitted when the bundle
-    finishes (a retried bundle's outputs, summary and runs included, are
-    discarded with it), and ``deferred``: ``(sha256, file)`` for the files
-    that may have moved (`moves`), to be joined with the base's records of
-    their bytes and processed by this DoFn again (`incremental.JoinMoved`).
-
-    With a base, the ``base_checks`` side input maps each base file to the
-    problem its check found ("" when none) and, for a shard, where its
-    records' frames are (`incremental.VerifyBaseFiles`): the records of a
-    shard that failed are processed, and none is reused if the index
-    failed. The ``moved_digests`` side input, when given, holds the
-    `moves.digest_prefix` of every base record whose key is no longer
-    listed: a file of those bytes is deferred.
-
-    Each input element is a list of listed files (the listing has several
-    per line), and each stored image goes straight into a `RunWriter`, so
-    no Beam step sees single images: every step an element passes through
-    costs time on the bundle's thread, which holds the GIL the image
-    threads need too.
-
-    With one thread, each file is processed in `process`. With more, files
-    are handed to a thread pool as they arrive (an element's files with a
-    base row as one task, every other file as a task of its own), at most
-    `IN_FLIGHT_PER_THREAD` tasks per thread, and their results are taken as
-    they complete, in whatever order (the rest at the end of the bundle).
-    Every thread stays busy across elements, unlike processing a batch at a
-    time, where threads idle at the end of every batch; a file that takes
-    long (an image decoded among records reused from a base) does not hold
-    back the files after it, as it would if results were taken in input
-    order; and files that are only hashed pay the hand-over to the pool
-    once per element. The order results are taken in changes nothing
-    written: runs are sorted, the summary merges in any order, and the
-    reports are sorted.
-
-    The pool is created in `setup`, once per DoFn instance (Beam reuses
-    instances across bundles). Counters are incremented on the bundle's
-    thread: Beam's metrics belong to the thread that runs the bundle.
+class _ImageStepFn(beam.DoFn):
+    """What the image steps share (`ProcessImagesFn`, `RewriteFromBaseShardsFn`):
+    the per-file work (`ImageProcessor`), the thread pool, the sorted runs
+    the records go into, the per-bundle `Summary` and the counters; and
+    `_take`, which counts each finished file and stores, drops or hands it
+    on. Subclasses define `process`, for their kind of element.
     """
+
+    # Whether the files whose records would be rewritten from a record of a
+    # compressed base are handed on (`BASE_READS`) rather than read here.
+    HANDS_ON_BASE_READS = True
 
     IN_FLIGHT_PER_THREAD = 2
     # Pixels being decoded at once across the threads (`PixelBudget`): about
@@ -624,6 +624,11 @@ class ProcessImagesFn(beam.DoFn):
     ):
         self._processor = processor
         self._base = base
+        # One record of a compressed base is not read alone: the files whose
+        # records would be rewritten from one are handed on (`BASE_READS`).
+        self._read_later = (
+            self.HANDS_ON_BASE_READS and base is not None and base.compression is not None
+        )
         self._threads = max(1, int(threads))
         self._runs = RunWriter(runs_folder, run_bytes)
         self._counter = FileCounter(progress_path) if progress_path else None
@@ -647,6 +652,7 @@ class ProcessImagesFn(beam.DoFn):
         self._changed = Metrics.counter("kiln", "images_changed")
         self._added = Metrics.counter("kiln", "images_added")
         self._not_trusted = Metrics.counter("kiln", "records_not_trusted")
+        self._shards_read = Metrics.counter("kiln", "base_shards_read")
 
     def setup(self):
         # The parallelism is across images (this pool; on Dataflow, a worker
@@ -688,48 +694,6 @@ class ProcessImagesFn(beam.DoFn):
         self._reuse = {}
         self._frames = {}
 
-    def process(
-        self,
-        files: Sequence[Mapping[str, Any]],
-        window=beam.DoFn.WindowParam,
-        timestamp=beam.DoFn.TimestampParam,
-        base_checks: Mapping[str, tuple[str, bytes]] | None = None,
-        moved_digests: Sequence[int] | None = None,
-    ):
-        if moved_digests is not None and self._digests is None:
-            # The same for every element of the job: made once per instance.
-            self._digests = moves.Digests(moved_digests)
-        if base_checks is not None:
-            # Kept for results taken later in the bundle (finish_bundle has
-            # no side inputs); the same for every element of the job.
-            self._base_checks = base_checks
-            files = [self._trusted(item, base_checks) for item in files]
-        if self._pool is None:
-            for item in files:
-                outcome = self._processor(
-                    item, read_base=self._base_reader(), moved_candidate=self._moved_candidate()
-                )
-                yield from self._take(item, outcome, window, timestamp)
-            return
-        # A file with a base row is most likely reused: hashed, not decoded,
-        # a fraction of a millisecond (a file with rows it may have moved
-        # from, rewritten: not even hashed). The element's such files go to
-        # the pool as one task, so the hand-over (a queue, a future, waking
-        # this thread) is paid once for them, not per file; every other file
-        # is a task of its own (decoded: milliseconds each, spread over the threads).
-        likely_reused = [item for item in files if _likely_reused(item)]
-        tasks = [[item] for item in files if not _likely_reused(item)]
-        if likely_reused:
-            tasks.append(likely_reused)
-        limit = self.IN_FLIGHT_PER_THREAD * self._threads
-        for task in tasks:
-            self._pending[self._pool.submit(self._process_in_budget, task)] = (
-                task,
-                window,
-                timestamp,
-            )
-            yield from self._take_done(wait=len(self._pending) > limit)
-
     def finish_bundle(self):
         while self._pending:
             yield from self._take_done(wait=True)
@@ -756,32 +720,6 @@ class ProcessImagesFn(beam.DoFn):
             )
         self._reuse = {}
 
-    def _trusted(
-        self, item: Mapping[str, Any], checks: Mapping[str, tuple[str, bytes]]
-    ) -> Mapping[str, Any]:
-        """The item, without its base row if the base's index or the row's
-        shard failed its check, or the shard has no record at the row's
-        position (then the image is processed); with ``moved_from``, only
-        the rows that pass the same checks."""
-        if item.get("base") is not None and not self._trusted_row(item["base"], checks):
-            self._not_trusted.inc()
-            item = dict(item, base=None)
-        moved_from = item.get("moved_from")
-        if moved_from is not None:
-            sha256, rows = moved_from
-            rows = tuple(row for row in rows if self._trusted_row(IndexRow(*row), checks))
-            item = dict(item, moved_from=(sha256, rows))
-        return item
-
-    def _trusted_row(self, row: IndexRow, checks: Mapping[str, tuple[str, bytes]]) -> bool:
-        index_problem, _ = checks.get(INDEX_FILENAME, ("", b""))
-        shard_problem, _ = checks.get(row.shard, ("missing from the base's kiln.json", b""))
-        return (
-            not index_problem
-            and not shard_problem
-            and 0 <= row.position < len(self._starts(row.shard)) - 1
-        )
-
     def _starts(self, shard: str):
         """Where the base shard's frames start (`incremental.frame_starts`)."""
         starts = self._frames.get(shard)
@@ -790,63 +728,13 @@ class ProcessImagesFn(beam.DoFn):
             starts = self._frames[shard] = frame_starts(frames)
         return starts
 
-    def _process_in_budget(self, task: Sequence[Mapping[str, Any]]) -> list[Outcome]:
-        # On a pool thread: a file's pixels count from its header check to
-        # the end of its encoding.
-        outcomes = []
-        read_base = self._base_reader()
-        moved_candidate = self._moved_candidate()
-        for item in task:
-            with self._budget.reservation() as reservation:
-                outcomes.append(
-                    self._processor(
-                        item,
-                        before_decoding=reservation.acquire,
-                        read_base=read_base,
-                        moved_candidate=moved_candidate,
-                    )
-                )
-        return outcomes
-
-    def _moved_candidate(self) -> Callable[[str], bool] | None:
-        """`ImageProcessor`'s ``moved_candidate``: None without the orphans'
-        digests (the second pass: `incremental.JoinMoved`), or when base
-        records cannot be read one by one (`_base_reader`)."""
-        if not self._digests or self._base_reader() is None:
-            return None
-        return self._digests.__contains__
-
-    def _base_reader(self) -> Callable[[str, int], bytes | None] | None:
-        """`ImageProcessor`'s ``read_base``: None without a base, or with a
-        compressed one (reading a record would inflate its shard from the
-        start: such records are processed instead, `relabel`)."""
-        if self._base is None or self._base.compression is not None:
-            return None
-        return self._base_record
-
-    def _base_record(self, shard: str, position: int) -> bytes | None:
-        """The record at `position` of the base's `shard` (uncompressed),
-        read from the frame the base's check found, or None when it cannot
-        be read or its frame is not intact. Only rows `_trusted`
-        passed get here: their shard's frames are known."""
-        base = self._base
-        starts = self._frames.get(shard)
-        if base is None or starts is None:
-            return None
-        start, end = starts[position], starts[position + 1]
-        try:
-            with FileSystems.open(
-                FileSystems.join(base.folder, shard),
-                compression_type=CompressionTypes.UNCOMPRESSED,
-            ) as f:
-                f.seek(start)
-                framed = f.read(end - start)
-        except Exception as e:  # vanished, unreadable: processed from its file instead
-            logger.warning("cannot read a record of base shard %s: %s", shard, _describe(e))
-            return None
-        if not tfrecord.is_frame(framed):
-            return None
-        return bytes(tfrecord.unframe(framed))
+    def _base_shard(self, shard: str) -> BaseShard:
+        """A reader of the base's `shard`, at the frames its check found."""
+        if self._base is None:
+            raise ValueError("a base shard read without a base")
+        return BaseShard(
+            FileSystems.join(self._base.folder, shard), self._base.compression, self._starts(shard)
+        )
 
     def _take_done(self, wait: bool):
         """Takes every finished file; with `wait`, waits for at least one first."""
@@ -862,6 +750,12 @@ class ProcessImagesFn(beam.DoFn):
         input's window and timestamp themselves (they may leave in a later
         `process` call or in `finish_bundle`). A deferred file is counted
         where it is processed (`incremental.JoinMoved`)."""
+        if outcome.wanted is not None:
+            shard, position = outcome.wanted
+            # (base shard, (position, sha256, file)): `RewriteFromBaseShards`.
+            waiting = (shard, (position, outcome.deferred, item))
+            yield beam.pvalue.TaggedOutput(BASE_READS, WindowedValue(waiting, timestamp, (window,)))
+            return
         if outcome.deferred is not None:
             yield beam.pvalue.TaggedOutput(
                 DEFERRED, WindowedValue((outcome.deferred, item), timestamp, (window,))
@@ -920,13 +814,229 @@ class ProcessImagesFn(beam.DoFn):
             yield from self._runs.flush()
 
 
+class ProcessImagesFn(_ImageStepFn):
+    """Groups of listed files -> sorted runs of their records (`SpilledRun`);
+    tagged outputs ``dropped`` (DroppedFile), ``summary`` (one `Summary`
+    per bundle), ``reused`` (a `sharding.ReusedRun` per base shard the
+    bundle reuses records of), the last two emitted when the bundle
+    finishes (a retried bundle's outputs, summary and runs included, are
+    discarded with it), ``deferred``: ``(sha256, file)`` for the files
+    that may have moved (`moves`), to be joined with the base's records of
+    their bytes and processed by this DoFn again (`incremental.JoinMoved`),
+    and ``base_reads``: with a gzip-compressed base, ``(base shard,
+    (position, sha256, file))`` for the files whose record is rewritten
+    from that base record (relabelled or moved), read shard by shard
+    (`RewriteFromBaseShards`).
+
+    With a base, the ``base_checks`` side input maps each base file to the
+    problem its check found ("" when none) and, for a shard, where its
+    records' frames are (`incremental.VerifyBaseFiles`): the records of a
+    shard that failed are processed, and none is reused if the index
+    failed. The ``moved_digests`` side input, when given, holds the
+    `moves.digest_prefix` of every base record whose key is no longer
+    listed: a file of those bytes is deferred.
+
+    Each input element is a list of listed files (the listing has several
+    per line), and each stored image goes straight into a `RunWriter`, so
+    no Beam step sees single images: every step an element passes through
+    costs time on the bundle's thread, which holds the GIL the image
+    threads need too.
+
+    With one thread, each file is processed in `process`. With more, files
+    are handed to a thread pool as they arrive (an element's files with a
+    base row as one task, every other file as a task of its own), at most
+    `IN_FLIGHT_PER_THREAD` tasks per thread, and their results are taken as
+    they complete, in whatever order (the rest at the end of the bundle).
+    Every thread stays busy across elements, unlike processing a batch at a
+    time, where threads idle at the end of every batch; a file that takes
+    long (an image decoded among records reused from a base) does not hold
+    back the files after it, as it would if results were taken in input
+    order; and files that are only hashed pay the hand-over to the pool
+    once per element. The order results are taken in changes nothing
+    written: runs are sorted, the summary merges in any order, and the
+    reports are sorted.
+
+    The pool is created in `setup`, once per DoFn instance (Beam reuses
+    instances across bundles). Counters are incremented on the bundle's
+    thread: Beam's metrics belong to the thread that runs the bundle.
+    """
+
+    def process(
+        self,
+        files: Sequence[Mapping[str, Any]],
+        window=beam.DoFn.WindowParam,
+        timestamp=beam.DoFn.TimestampParam,
+        base_checks: Mapping[str, tuple[str, bytes]] | None = None,
+        moved_digests: bytes | None = None,
+    ):
+        if moved_digests is not None and self._digests is None:
+            # The same for every element of the job: wrapped once per instance.
+            self._digests = moves.Digests(moved_digests)
+        if base_checks is not None:
+            # Kept for results taken later in the bundle (finish_bundle has
+            # no side inputs); the same for every element of the job.
+            self._base_checks = base_checks
+            files = [self._trusted(item, base_checks) for item in files]
+        if self._pool is None:
+            for item in files:
+                outcome = self._processor(
+                    item,
+                    read_base=self._base_reader(),
+                    moved_candidate=self._moved_candidate(),
+                    read_later=self._read_later,
+                )
+                yield from self._take(item, outcome, window, timestamp)
+            return
+        # A file with a base row is most likely reused: hashed, not decoded,
+        # a fraction of a millisecond (a file with rows it may have moved
+        # from, rewritten: not even hashed). The element's such files go to
+        # the pool as one task, so the hand-over (a queue, a future, waking
+        # this thread) is paid once for them, not per file; every other file
+        # is a task of its own (decoded: milliseconds each, spread over the threads).
+        likely_reused = [item for item in files if _likely_reused(item)]
+        tasks = [[item] for item in files if not _likely_reused(item)]
+        if likely_reused:
+            tasks.append(likely_reused)
+        limit = self.IN_FLIGHT_PER_THREAD * self._threads
+        for task in tasks:
+            self._pending[self._pool.submit(self._process_in_budget, task)] = (
+                task,
+                window,
+                timestamp,
+            )
+            yield from self._take_done(wait=len(self._pending) > limit)
+
+    def _trusted(
+        self, item: Mapping[str, Any], checks: Mapping[str, tuple[str, bytes]]
+    ) -> Mapping[str, Any]:
+        """The item, without its base row if the base's index or the row's
+        shard failed its check, or the shard has no record at the row's
+        position (then the image is processed); with ``moved_from``, only
+        the rows that pass the same checks."""
+        if item.get("base") is not None and not self._trusted_row(item["base"], checks):
+            self._not_trusted.inc()
+            item = dict(item, base=None)
+        moved_from = item.get("moved_from")
+        if moved_from is not None:
+            sha256, rows = moved_from
+            rows = tuple(row for row in rows if self._trusted_row(IndexRow(*row), checks))
+            item = dict(item, moved_from=(sha256, rows))
+        return item
+
+    def _trusted_row(self, row: IndexRow, checks: Mapping[str, tuple[str, bytes]]) -> bool:
+        index_problem, _ = checks.get(INDEX_FILENAME, ("", b""))
+        shard_problem, _ = checks.get(row.shard, ("missing from the base's kiln.json", b""))
+        return (
+            not index_problem
+            and not shard_problem
+            and 0 <= row.position < len(self._starts(row.shard)) - 1
+        )
+
+    def _process_in_budget(self, task: Sequence[Mapping[str, Any]]) -> list[Outcome]:
+        # On a pool thread: a file's pixels count from its header check to
+        # the end of its encoding.
+        outcomes = []
+        read_base = self._base_reader()
+        moved_candidate = self._moved_candidate()
+        for item in task:
+            with self._budget.reservation() as reservation:
+                outcomes.append(
+                    self._processor(
+                        item,
+                        before_decoding=reservation.acquire,
+                        read_base=read_base,
+                        moved_candidate=moved_candidate,
+                        read_later=self._read_later,
+                    )
+                )
+        return outcomes
+
+    def _moved_candidate(self) -> Callable[[str], bool] | None:
+        """`ImageProcessor`'s ``moved_candidate``: None without the orphans'
+        digests (the second pass: `incremental.JoinMoved`)."""
+        if not self._digests or self._base is None:
+            return None
+        return self._digests.__contains__
+
+    def _base_reader(self) -> Callable[[str, int], bytes | None] | None:
+        """`ImageProcessor`'s ``read_base``: None without a base, or with a
+        compressed one (one record is not read alone: the files are handed
+        on, ``read_later``, and each shard read once, `RewriteFromBaseShards`)."""
+        if self._base is None or self._read_later:
+            return None
+        return self._base_record
+
+    def _base_record(self, shard: str, position: int) -> bytes | None:
+        """The record at `position` of the base's `shard` (uncompressed),
+        read from the frame the base's check found, or None when it cannot
+        be read or its frame is not intact. Only rows `_trusted`
+        passed get here: their shard's frames are known."""
+        with self._base_shard(shard) as reader:
+            return reader.record(position)
+
+
+class RewriteFromBaseShardsFn(_ImageStepFn):
+    """``(base shard, [(position, sha256, file)])`` -> what `ProcessImagesFn`
+    gives (runs, ``dropped``, ``summary``): the files whose records are
+    rewritten from a record of a gzip-compressed base (relabelled or moved),
+    handed on by the image steps (`BASE_READS`) because one record of such
+    a shard cannot be read without inflating it from its start.
+
+    Each element is one base shard and every file that wants a record of
+    it: the shard is read once (`incremental.BaseShard`), its records in
+    ascending position, each file run through the same `ImageProcessor`
+    again with the record it wants as ``read_base`` (the file is not read
+    again: its sha256 is as the first pass read it). A record that cannot
+    be read (the shard changed or vanished since its check) is None: that
+    file is processed from its source, as with an uncompressed base. The
+    files are processed on the bundle's thread, in shard order: most are
+    only rewritten (a record parsed and serialized again, a fraction of a
+    millisecond), and the shards are spread over the workers by the
+    grouping.
+    """
+
+    # This step is where the records are read.
+    HANDS_ON_BASE_READS = False
+
+    def process(
+        self,
+        shard_and_files: tuple[str, Iterable[tuple[int, str, Mapping[str, Any]]]],
+        window=beam.DoFn.WindowParam,
+        timestamp=beam.DoFn.TimestampParam,
+        base_checks: Mapping[str, tuple[str, bytes]] | None = None,
+    ):
+        shard, files = shard_and_files
+        if base_checks is not None:
+            self._base_checks = base_checks
+        # By position: one pass over the shard (by key too, so the order is fixed).
+        wanted = sorted(files, key=lambda file: (file[0], file[2]["key"]))
+        self._shards_read.inc()
+        with self._base_shard(shard) as reader:
+            for position, sha256, item in wanted:
+                outcome = self._processor(
+                    item, read_base=_only(reader, shard, position), read_sha256=sha256
+                )
+                yield from self._take(item, outcome, window, timestamp)
+
+
+def _only(reader: BaseShard, shard: str, position: int) -> Callable[[str, int], bytes | None]:
+    """`ImageProcessor`'s ``read_base`` for a file handed on with the base
+    record it wants: that record, from `reader`; any other is None."""
+
+    def read_base(name: str, at: int) -> bytes | None:
+        return reader.record(at) if (name, at) == (shard, position) else None
+
+    return read_base
+
+
 class ProcessImages(beam.PTransform):
     """Lists of listed files (dicts) -> sorted runs of their records
     (`sharding.SpilledRun`, written to `runs_folder`), with ``dropped``,
-    ``summary``, ``reused`` and ``deferred`` outputs (a DoOutputsTuple:
-    ``result.runs``, ``result.dropped``, ``result.summary``,
-    ``result.reused``, ``result.deferred``; merge the partial summaries
-    with `statistics.SummaryCombineFn`).
+    ``summary``, ``reused``, ``deferred`` and ``base_reads`` outputs (a
+    DoOutputsTuple: ``result.runs``, ``result.dropped``,
+    ``result.summary``, ``result.reused``, ``result.deferred``,
+    ``result.base_reads``: files for `RewriteFromBaseShards`, from a gzip
+    base only; merge the partial summaries with `statistics.SummaryCombineFn`).
 
     Args:
       processor: The per-file work.
@@ -937,9 +1047,10 @@ class ProcessImages(beam.PTransform):
       base: The base version to reuse records from (`incremental`), or None.
       base_checks: With a base: PCollection[(base file, (problem or "",
         frames))] (`incremental.VerifyBaseFiles`); None without a base.
-      moved_digests: With a base: PCollection[int], the `moves.digest_prefix`
-        of each base record whose key is no longer listed; files of those
-        bytes go to ``deferred``. None: nothing is deferred (the second pass).
+      moved_digests: With a base: a PCollection of one bytes value (or
+        none), `incremental.PackDigestsFn` of the base records whose key is
+        no longer listed; files of those bytes go to ``deferred``. None:
+        nothing is deferred (the second pass).
     """
 
     def __init__(
@@ -970,13 +1081,44 @@ class ProcessImages(beam.PTransform):
         if self._base_checks is not None:
             side_inputs["base_checks"] = beam.pvalue.AsDict(self._base_checks)
         if self._moved_digests is not None:
-            side_inputs["moved_digests"] = beam.pvalue.AsList(self._moved_digests)
+            # One bytes value, 8 bytes per orphan (`incremental.PackDigestsFn`);
+            # none when no base record's key is gone.
+            side_inputs["moved_digests"] = beam.pvalue.AsSingleton(
+                self._moved_digests, default_value=b""
+            )
         return (
             files
             | "DecodeTransformEncode"
             >> beam.ParDo(ProcessImagesFn(*self._fn_args), **side_inputs).with_outputs(
-                DROPPED, SUMMARY, REUSED, DEFERRED, main="runs"
+                DROPPED, SUMMARY, REUSED, DEFERRED, BASE_READS, main="runs"
             )
             # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle;
-            # reused: ReusedRun per base shard per bundle; deferred: (sha256, file)
+            # reused: ReusedRun per base shard per bundle; deferred: (sha256, file);
+            # base_reads: (base shard, (position, sha256, file)), a gzip base's
+        )
+
+
+class RewriteFromBaseShards(ProcessImages):
+    """``(base shard, (position, sha256, file))`` from the image steps'
+    `BASE_READS` outputs -> sorted runs of the rewritten records, with
+    ``dropped`` and ``summary`` outputs as `ProcessImages` (a
+    DoOutputsTuple): grouped by base shard, each shard read once
+    (`RewriteFromBaseShardsFn`, on one thread). Only a build with a
+    gzip-compressed base hands files on so. Takes the image steps'
+    arguments (`ProcessImages`); ``base`` and ``base_checks`` are needed.
+    """
+
+    def expand(self, waiting):
+        if self._base_checks is None:
+            raise ValueError("records are read from base shards without the base's checks")
+        processor, _, runs_folder, run_bytes, progress_path, base = self._fn_args
+        return (
+            waiting
+            | "GroupByBaseShard" >> beam.GroupByKey()  # (shard, [(position, sha256, file)])
+            | "ReadBaseShards"
+            >> beam.ParDo(
+                RewriteFromBaseShardsFn(processor, 1, runs_folder, run_bytes, progress_path, base),
+                base_checks=beam.pvalue.AsDict(self._base_checks),
+            ).with_outputs(DROPPED, SUMMARY, main="runs")
+            # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle
         )

@@ -68,8 +68,18 @@ In the job (`job.construct`), with a base::
 
 The orphans are the base's rows whose key is no longer listed; a file whose
 key found no reusable row but whose sha256 is an orphan's (by its first 8
-bytes: the side input) is deferred, joined with the orphans of its sha256,
-and its record rewritten from the matching one (`moves`).
+bytes: the side input, one packed bytes value, `PackDigestsFn`) is
+deferred, joined with the orphans of its sha256, and its record rewritten
+from the matching one (`moves`).
+
+An uncompressed base's record is read where its frame is (`BaseShard`: a
+seek and a read). One record of a gzip-compressed base cannot be read
+without inflating its shard from the start, so there the image steps hand
+on each file whose record would be rewritten (relabelled or moved) with
+where that record is, the files are grouped by base shard, and each such
+shard is inflated once, its wanted records read in ascending position
+(`images.RewriteFromBaseShards`, with the same `BaseShard`): one pass per
+shard, whatever the number of records wanted from it.
 
 The check that hashes each base shard also finds where each of its records'
 TFRecord frames starts (`_FrameScanner`), so the image step hands a reused
@@ -80,7 +90,8 @@ reused record is read once, never decoded, re-framed or written to a run.
 Sharding, duplicates and the index are decided by the same steps as in a
 full build. Everything is read through Beam's FileSystems inside the job:
 the launcher reads only the base's kiln.json. The frames reach every
-image-step worker as a side input, 8 bytes per base record.
+image-step worker as a side input, 8 bytes per base record, and so do the
+orphans' digests, 8 bytes per orphan.
 """
 
 from __future__ import annotations
@@ -373,6 +384,78 @@ def frame_starts(frames: bytes) -> array.array:
     return starts
 
 
+class BaseShard:
+    """Reads records of one base shard by position, the file opened once.
+
+    Where each record's frame is comes from the base's check (`frame_starts`).
+    Records asked for in ascending position cost one pass over the file
+    whatever their number: an uncompressed shard is read by a seek and a
+    read per record; a gzip-compressed one is inflated once from its start
+    as the positions go up (Beam's compressed file seeks forward by
+    inflating and dropping what it skips), holding a read buffer and one
+    record, never the shard. A position asked for again is served from the
+    last read; an earlier one would inflate from the start again, so
+    callers sort what they want by position.
+
+    `record` never raises: a record that cannot be read or whose frame is
+    not intact is None (its file is then processed from its source), and
+    after a read error every later one is None too.
+
+    Args:
+      uri: The base shard file.
+      compression: Its compression (None or "gzip": `BaseFiles.compression`).
+      starts: Its `frame_starts`.
+    """
+
+    def __init__(self, uri: str, compression: str | None, starts: array.array):
+        self._uri = uri
+        self._compression = compression
+        self._starts = starts
+        self._file: Any = None
+        self._failed = False
+        self._last: tuple[int, bytes | None] | None = None
+
+    def __enter__(self) -> BaseShard:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def record(self, position: int) -> bytes | None:
+        """The serialized record at `position`, or None (see the class docstring)."""
+        if self._last is not None and self._last[0] == position:
+            return self._last[1]
+        record = self._read(position)
+        self._last = (position, record)
+        return record
+
+    def _read(self, position: int) -> bytes | None:
+        if self._failed or not 0 <= position < len(self._starts) - 1:
+            return None
+        start, end = self._starts[position], self._starts[position + 1]
+        try:
+            if self._file is None:
+                self._file = FileSystems.open(
+                    self._uri,
+                    compression_type=CompressionTypes.GZIP
+                    if self._compression == "gzip"
+                    else CompressionTypes.UNCOMPRESSED,
+                )
+            self._file.seek(start)
+            framed = self._file.read(end - start)
+        except Exception as e:  # vanished, unreadable, not gzip: processed from the files
+            self._failed = True
+            logger.warning(
+                "cannot read the records of base shard %s: %s: %s", self._uri, type(e).__name__, e
+            )
+            return None
+        if not tfrecord.is_frame(framed):
+            return None
+        return bytes(tfrecord.unframe(framed))
+
+
 def _check_file(
     name_and_sha256: tuple[str, str], folder: str, compression: str | None
 ) -> tuple[str, tuple[str, bytes]]:
@@ -384,14 +467,21 @@ def _check_file(
     digest = hashlib.sha256()
     scanner = None if name == INDEX_FILENAME else _FrameScanner()
     inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if compression == "gzip" else None
+    # Why a gzip shard does not inflate: told only if its sha256 matches (a
+    # damaged shard is named by its sha256, which says more).
+    not_gzip: zlib.error | None = None
     try:
         with FileSystems.open(
             FileSystems.join(folder, name), compression_type=CompressionTypes.UNCOMPRESSED
         ) as f:
             while chunk := f.read(_CHUNK_BYTES):
                 digest.update(chunk)
-                if scanner is not None:
+                if scanner is None or not_gzip is not None:
+                    continue
+                try:
                     scanner.feed(inflate.decompress(chunk) if inflate is not None else chunk)
+                except zlib.error as e:
+                    not_gzip = e
     except Exception as e:  # missing, unreadable: not trusted
         return name, (f"{name} cannot be read ({type(e).__name__})", b"")
     if digest.hexdigest() != expected:
@@ -399,6 +489,8 @@ def _check_file(
     if scanner is None:
         return name, ("", b"")
     try:
+        if not_gzip is not None:
+            raise not_gzip
         if inflate is not None:
             scanner.feed(inflate.flush())
         return name, ("", scanner.frames())
@@ -510,10 +602,30 @@ class JoinBase(beam.PTransform):
         )
 
 
-def orphan_digest(sha256_and_row: tuple[str, tuple]) -> int:
-    """An orphan's `moves.digest_prefix`: the side input that decides which
-    files are deferred."""
-    return moves.digest_prefix(sha256_and_row[0])
+class PackDigestsFn(beam.CombineFn):
+    """Orphans ``(sha256, row fields)`` -> one `moves.pack` of their
+    `moves.digest_prefix`: the side input that decides which files are
+    deferred (`moves.Digests` wraps it as it is), 8 bytes per orphan on
+    every worker that reads it, not a Python int each. The accumulators are
+    `array.array("Q")` (8 bytes a prefix, and pickled as their bytes where
+    a runner moves them between workers); the output is sorted, so the same
+    orphans give the same bytes in any order and on any runner."""
+
+    def create_accumulator(self) -> array.array:
+        return array.array("Q")
+
+    def add_input(self, accumulator: array.array, orphan: tuple[str, tuple]) -> array.array:
+        accumulator.append(moves.digest_prefix(orphan[0]))
+        return accumulator
+
+    def merge_accumulators(self, accumulators) -> array.array:
+        merged = array.array("Q")
+        for accumulator in accumulators:
+            merged.extend(accumulator)
+        return merged
+
+    def extract_output(self, accumulator: array.array) -> bytes:
+        return moves.pack(accumulator)
 
 
 def _by_sha256_bucket(sha256_and_value: tuple[str, Any], kind: int, buckets: int):

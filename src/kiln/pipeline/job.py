@@ -31,7 +31,10 @@ reuses as byte ranges of the base's shards (`sharding.ReusedRun`), which
 moved (their bytes are those of a base record whose key is gone: `moves`)
 are handed on, joined with those records by sha256 (``JoinMoved``) and go
 through the image step a second time (``ProcessMovedImages``), which
-rewrites the matching records.
+rewrites the matching records. One record of a gzip-compressed base cannot
+be read alone: there both image steps hand on the files whose records they
+would rewrite (relabelled or moved), grouped by the base shard holding the
+record, and each such shard is inflated once (``RewriteFromBaseShards``).
 ``WriteReports`` also joins the shards' parts of the record index into
 ``index.jsonl``.
 
@@ -60,7 +63,7 @@ from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.duplicates import DuplicateGroup, FindDuplicates, write_duplicate_report
 from kiln.pipeline.error_report import DroppedFile, write_dropped_objects, write_error_report
-from kiln.pipeline.images import ImageProcessor, ProcessImages
+from kiln.pipeline.images import ImageProcessor, ProcessImages, RewriteFromBaseShards
 from kiln.pipeline.listing import job_uri
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import Summary, SummaryCombineFn
@@ -164,8 +167,11 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         base_class_names=None if plan.base is None else plan.base.class_names,
     )
 
-    def process_images(moved_digests: beam.PCollection | None = None) -> ProcessImages:
-        return ProcessImages(
+    def process_images(
+        moved_digests: beam.PCollection | None = None,
+        step: type[ProcessImages] = ProcessImages,
+    ) -> ProcessImages:
+        return step(
             processor,
             threads=plan.image_threads,
             runs_folder=plan.temp_dir,
@@ -178,7 +184,11 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
 
     moved_digests = None
     if orphans is not None:
-        moved_digests = orphans | "OrphanDigests" >> beam.Map(incremental.orphan_digest)  # int
+        moved_digests = (
+            orphans
+            | "PackOrphanDigests"
+            >> beam.CombineGlobally(incremental.PackDigestsFn()).without_defaults()
+        )  # bytes: the orphans' sorted 8-byte sha256 prefixes (or none)
     processed = files | "ProcessImages" >> process_images(moved_digests)
     runs = processed.runs  # SpilledRun: sorted runs of records, with their contents
     summaries = processed.summary
@@ -191,11 +201,25 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         # The files that may have moved, through the same step again: their
         # records rewritten from the base's, or processed.
         moved = moved_files | "ProcessMovedImages" >> process_images()
-        runs = (
-            (runs, processed.reused, moved.runs, moved.reused) | "AllRuns" >> beam.Flatten()
-        )  # SpilledRun, and ReusedRun: the records kept from the base, where they are in its shards
-        summaries = (summaries, moved.summary) | "AllSummaries" >> beam.Flatten()
-        dropped = (dropped, moved.dropped) | "AllDroppedAndMoved" >> beam.Flatten()
+        all_runs = [runs, processed.reused, moved.runs, moved.reused]
+        all_summaries = [summaries, moved.summary]
+        all_dropped = [dropped, moved.dropped]
+        if plan.base.compression is not None:
+            # One record of a gzip base is not read alone: the files whose
+            # records are rewritten from one (relabelled or moved) were handed
+            # on, and each base shard they want is read once.
+            rewritten = (
+                (processed.base_reads, moved.base_reads)
+                | "AllBaseReads" >> beam.Flatten()  # (base shard, (position, sha256, file))
+                | "RewriteFromBaseShards" >> process_images(step=RewriteFromBaseShards)
+            )  # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle
+            all_runs.append(rewritten.runs)
+            all_summaries.append(rewritten.summary)
+            all_dropped.append(rewritten.dropped)
+        runs = tuple(all_runs) | "AllRuns" >> beam.Flatten()
+        # SpilledRun, and ReusedRun: the records kept from the base, where they are in its shards
+        summaries = tuple(all_summaries) | "AllSummaries" >> beam.Flatten()
+        dropped = tuple(all_dropped) | "AllDroppedAndMoved" >> beam.Flatten()
     shards = runs | "WriteShards" >> sharding.ShardRuns(
         plan.staging_dir, plan.temp_dir, config.name, config.sharding, plan.image_threads
     )  # (split, index, ShardInfo)

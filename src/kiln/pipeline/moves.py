@@ -27,8 +27,7 @@ the same bytes anyway (same source bytes, same inputs but the key and class,
 same processing): the rule only fixes which base shard is read.
 
 Processed from their files instead are, besides what `relabel` excludes
-(records of a gzip-compressed base; a semantic ``mask`` dataset whose
-class list changed):
+(a semantic ``mask`` dataset whose class list changed):
 - a file of a dataset with targets whose image class changed (the image's
   class is one of the classes its statistics count);
 - a file whose bytes match a base record that is still listed under its own
@@ -37,10 +36,15 @@ class list changed):
 
 In the job (`job.construct`) the first image step hands a file on
 (``deferred``, with its sha256) instead of decoding it when its sha256's
-first 8 bytes are among the orphans' (`Digests`, a side input of 8 bytes
-per orphan); `incremental.JoinMoved` joins those files with the orphans by
-sha256, and a second image step rewrites the matching records (or, with
-none, processes the file).
+first 8 bytes are among the orphans' (`Digests`, a side input of one bytes
+value, 8 bytes per orphan: `incremental.PackDigestsFn`);
+`incremental.JoinMoved` joins those files with the orphans by sha256, and a
+second image step rewrites the matching records (or, with none, processes
+the file). From a gzip-compressed base, that step hands the files on once
+more, grouped by the base shard that holds the matching record, and each
+such shard is inflated once (`images.RewriteFromBaseShards`). When that
+read fails (the shard changed since its check), the file is processed; the
+other matching records of its bytes, if any, are not tried.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from __future__ import annotations
 import array
 import bisect
 from collections.abc import Iterable
+
+import numpy as np
 
 from kiln.pipeline.record_index import IndexRow
 
@@ -57,19 +63,33 @@ def digest_prefix(sha256: str) -> int:
     return int(sha256[:16], 16)
 
 
+def pack(prefixes: array.array) -> bytes:
+    """`digest_prefix` values (an ``array.array("Q")``) as what `Digests`
+    wraps: sorted, each once, 8 bytes each in the machine's order (as
+    `array.array("Q")` writes them; every Beam runner's workers are
+    little-endian). Sorted without making a Python int of each."""
+    return np.unique(np.frombuffer(prefixes, dtype=np.uint64)).tobytes()
+
+
 class Digests:
-    """The orphans' sha256 prefixes (`digest_prefix`), sorted: 8 bytes each.
+    """The orphans' sha256 prefixes (`digest_prefix`), as `pack` gives them:
+    8 bytes each, wrapped where they are (a view, not a copy).
 
     Membership may be a false positive (another sha256 with the same first
     8 bytes): such a file takes the detour through `incremental.JoinMoved`
     and is processed from its file there, as it would have been.
     """
 
-    def __init__(self, prefixes: Iterable[int]):
-        self._sorted = array.array("Q", sorted(prefixes))
+    def __init__(self, packed: bytes = b""):
+        self._sorted = memoryview(packed).cast("Q")
 
     def __len__(self) -> int:
         return len(self._sorted)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the prefixes take (8 each)."""
+        return self._sorted.nbytes
 
     def __contains__(self, sha256: object) -> bool:
         if not isinstance(sha256, str) or not self._sorted:

@@ -18,9 +18,12 @@ Not relabelled, and processed from their files instead:
   class ids of the source's own numbering: what they mean moves with the
   list, not with a mapping kiln could apply);
 - records using a class that is not in both lists (an object whose class
-  was unknown to the base was dropped from it, and is kept now);
-- records of a gzip-compressed base (reading one record means inflating
-  its shard from the start).
+  was unknown to the base was dropped from it, and is kept now).
+
+A gzip-compressed base's records are relabelled too: reading one means
+inflating its shard from the start, so the files to relabel are grouped by
+the base shard that holds their records and each such shard is inflated
+once (`images.RewriteFromBaseShards`), not once per record.
 """
 
 from __future__ import annotations
