@@ -7,9 +7,13 @@ tests/test_hostile_inputs.py builds one over the real cap."""
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
+import lzma
 import os
 import tracemalloc
+import zlib
 
 import pytest
 
@@ -199,3 +203,59 @@ def test_a_csv_manifest_whose_header_is_over_the_cap_is_a_config_error(tmp_path,
 def test_the_cap_the_config_reference_states_is_the_cap():
     described = sources.ManifestSource.model_fields["path"].description or ""
     assert f"({text_lines.MAX_LINE_BYTES} bytes)" in described
+
+
+def compress(data: bytes, suffix: str) -> bytes:
+    """`data` compressed as Beam reads a file with `suffix`."""
+    import zstandard
+
+    compressors = {
+        ".gz": gzip.compress,
+        ".bz2": bz2.compress,
+        ".xz": lzma.compress,
+        ".lzma": lambda data: lzma.compress(data, format=lzma.FORMAT_ALONE),
+        ".deflate": zlib.compress,
+        ".zst": zstandard.ZstdCompressor().compress,
+    }
+    return compressors[suffix](data)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz", ".lzma", ".deflate", ".zst"])
+def test_a_compressed_manifest_is_decompressed_a_piece_at_a_time(tmp_path, low_cap, suffix):
+    # A bomb: 64 MiB of NUL on one line, some KB compressed. Beam's reader
+    # decompressed 16 MiB of the file at a time whole, before the cap applied.
+    rows = "path,label\na.png,a\n"
+    small = tmp_path / f"small.csv{suffix}"
+    small.write_bytes(compress(rows.encode(), suffix))
+    assert [row.path for row in sources.manifest_rows(str(small))[0]] == ["a.png"]
+    size = 64 << 20
+    manifest = tmp_path / f"manifest.csv{suffix}"
+    # Two streams one after the other, as `cat a.gz b.gz` makes: both are read.
+    manifest.write_bytes(
+        compress(b"path,label\n" + b"\0" * size + b"\n", suffix) + compress(b"a.png,a\n", suffix)
+    )
+
+    tracemalloc.start()
+    try:
+        found = [(type(row).__name__, row.line) for row in sources.manifest_rows(str(manifest))[0]]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert found == [("_BadRow", 2), ("Row", 3)]
+    # xz and lzma hold their dictionary (8 MiB at the default preset).
+    assert peak < size / 4, peak
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz", ".deflate"])
+def test_a_compressed_manifest_cut_short_is_a_config_error(tmp_path, suffix):
+    # Beam's reader took a cut file for a shorter manifest (or an empty one).
+    # (zstandard's stream reader still does: a cut .zst is not caught.)
+    manifest = tmp_path / f"m.csv{suffix}"
+    rows = "".join(f"{i}.png,a\n" for i in range(1000))
+    manifest.write_bytes(compress(f"path,label\n{rows}".encode(), suffix)[:-40])
+
+    with pytest.raises(ConfigError, match=r"^source\.path: cannot read manifest .*m\.csv\."):
+        sources.ManifestSource.model_validate(
+            {"type": "manifest", "path": str(manifest)}
+        ).list_files(splits_from_source=False)

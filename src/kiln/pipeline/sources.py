@@ -59,8 +59,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kiln.errors import ConfigError
-from kiln.lazy_import import LazyModule
-from kiln.pipeline import box_convention, storage, target_rows, text_lines, voc
+from kiln.pipeline import box_convention, compressed, storage, target_rows, text_lines, voc
 from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem
 from kiln.pipeline.config_paths import ConfigPath
 from kiln.pipeline.error_report import DroppedFile, as_text, is_unicode
@@ -72,9 +71,6 @@ from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
 
 if TYPE_CHECKING:
     from apache_beam.io.filesystem import FileMetadata
-    from apache_beam.io.filesystems import FileSystems
-else:  # Beam on first use: validating a config needs none of it
-    FileSystems = LazyModule("apache_beam.io.filesystems", "FileSystems")
 
 logger = logging.getLogger(__name__)
 
@@ -1263,13 +1259,15 @@ def _mask_files(
 def _manifest_lines(path: str) -> Iterator[str | LongLine]:
     """The manifest's text line by line, read as it is used (`text_lines`):
     UTF-8 (a BOM dropped), lines ending at '\n' only (as `io.StringIO` splits
-    them), a line longer than `text_lines.MAX_LINE_BYTES` as a `LongLine`.
+    them), a line longer than `text_lines.MAX_LINE_BYTES` as a `LongLine`. A
+    compressed manifest (``.gz``, ...) is decompressed a piece at a time
+    (`compressed.open_decompressed`), so the cap holds for it too.
 
     Raises:
       ManifestError: the file cannot be read or is not UTF-8.
     """
     try:
-        f = FileSystems.open(path)
+        f = compressed.open_decompressed(path)
     except Exception as e:  # any filesystem's I/O error
         raise ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
     with f:
