@@ -10,7 +10,7 @@ import pytest
 import object_store
 from conftest import make_config, put_folder
 from kiln.errors import ConfigError
-from kiln.pipeline import BuildError, build, job, sources
+from kiln.pipeline import BuildError, build, job, sources, text_lines
 from test_build_listing_job import _no_listing_on_the_launcher, _published
 
 BUCKET = f"{object_store.SCHEME}://bucket"
@@ -142,6 +142,39 @@ def test_a_csv_manifest_with_splits_and_classes_as_the_launcher_lists_it(store):
     assert {"missing_split", "bad_row", "unknown_label"} <= set(by_job.info.dropped)
     assert by_job.info.dropped["bad_row"] == 2
     assert _published(by_job) == _published(by_launcher)
+
+
+def test_a_line_over_the_cap_is_dropped_by_the_job_as_by_the_launcher(
+    store, demo_corpus, monkeypatch
+):
+    """A JSONL row with a huge embedded string, 50 times the cap (lowered to
+    64 KiB here): one ``line_too_long`` row, read through on the worker
+    without being held, and the row after it keeps its line number."""
+    cap = 64 * 1024
+    monkeypatch.setattr(text_lines, "MAX_LINE_BYTES", cap)
+    keys = sorted(
+        key for in_class in _images().values() for key in in_class if key not in demo_corpus.broken
+    )[::5]
+    rows = [json.dumps({"path": key, "label": key.split("/")[0]}) for key in keys]
+    huge = json.dumps({"path": keys[0], "label": "x", "notes": "x" * (50 * cap)})
+    manifest = f"{ROOT}/manifest.jsonl"
+    lines = [*rows[:3], huge, "{not json", *rows[3:]]
+    object_store.put(manifest, ("\n".join(lines) + "\n").encode())
+
+    by_launcher = build(_config(manifest, "launcher", "launcher"))
+    by_job = build(_config(manifest, "job", "job"))
+
+    assert by_job.version == by_launcher.version
+    assert by_job.info.dropped == {"line_too_long": 1, "bad_row": 1}
+    published = _published(by_job)
+    assert published == _published(by_launcher)
+    errors = [json.loads(line) for line in published["errors.jsonl"].decode().splitlines()]
+    assert [(row["key"], row["reason"]) for row in errors] == [
+        ("manifest.jsonl:4", "line_too_long"),
+        ("manifest.jsonl:5", "bad_row"),
+    ]
+    assert f"the line is {len(huge)} bytes long, more than the {cap} bytes" in errors[0]["message"]
+    assert sum(split.num_examples for split in by_job.info.splits.values()) == len(keys)
 
 
 @pytest.mark.parametrize(

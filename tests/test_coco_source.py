@@ -10,6 +10,7 @@ annotations) is read with the memory of a small one, measured with tracemalloc.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tracemalloc
@@ -700,3 +701,24 @@ def test_a_key_given_twice_at_the_top_or_in_a_category_is_a_config_error(tmp_pat
     assert str(raised.value).startswith("source.annotations: ")
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+def test_a_gzipped_coco_file_is_read_as_the_plain_one_a_piece_at_a_time(tmp_path):
+    # 64 MiB of JSON whitespace, some KB gzipped: Beam's reader decompressed
+    # 16 MiB of the file at a time whole, so a gzip bomb took memory at once.
+    plain = write_coco(tmp_path / "plain.json")
+    text = open(plain).read()
+    packed = tmp_path / "instances.json.gz"
+    packed.write_bytes(gzip.compress(text[:-1].encode() + b" " * (64 << 20) + b"}"))
+    expected = read_all(CocoFile(plain))
+
+    tracemalloc.start()
+    try:
+        found = read_all(CocoFile(str(packed)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert [row.row for row in found[0]] == [row.row for row in expected[0]]
+    assert [p.message for p in found[1]] == [p.message for p in expected[1]]
+    assert peak < 16 << 20, peak

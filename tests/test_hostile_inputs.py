@@ -185,3 +185,30 @@ def test_a_jsonl_row_nested_too_deeply_or_with_a_huge_number_is_a_bad_row(tmp_pa
     assert (deep["reason"], deep["message"]) == ("bad_row", "nested more deeply than Python reads")
     assert long["reason"] == "bad_row"
     assert long["message"].startswith("holds a number too long to read (Exceeds the limit")
+
+
+def test_a_manifest_line_of_a_gibibyte_is_one_line_too_long_row_read_in_little_memory(tmp_path):
+    # A GiB of NUL bytes between two line breaks (a file truncated or
+    # preallocated by a crashed export; sparse here, so the disk stays
+    # empty). It was read whole, decoded, and its text escaped into the
+    # listing: the build died of MemoryError (exit 70) under the limit, or
+    # took the machine's memory without it.
+    images = write_images(tmp_path / "images")
+    rows = [json.dumps({"path": f"images/{p}", "label": p.split("/")[0]}) for p in images]
+    with open(tmp_path / "manifest.jsonl", "wb") as f:
+        f.write(("\n".join(rows[:3]) + "\n").encode())
+        f.seek(1 << 30, os.SEEK_CUR)
+        f.write(("\n{not json\n" + "\n".join(rows[3:]) + "\n").encode())
+    completed = build(
+        base_config({"type": "manifest", "path": "manifest.jsonl"}), tmp_path, memory_gib=4
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    errors = errors_of(tmp_path)
+    assert {key: row["reason"] for key, row in errors.items()} == {
+        "manifest.jsonl:4": "line_too_long",
+        "manifest.jsonl:5": "bad_row",
+    }
+    assert errors["manifest.jsonl:4"]["message"] == (
+        f"the line is {1 << 30} bytes long, more than the {16 << 20} bytes a line may hold "
+        f"(one row per line): skipped unread"
+    )

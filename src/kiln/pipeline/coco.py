@@ -91,18 +91,12 @@ import logging
 import operator
 import posixpath
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ijson
 
-from kiln.lazy_import import LazyModule
-from kiln.pipeline import target_rows
+from kiln.pipeline import compressed, target_rows
 from kiln.pipeline.listing import scratch_database
-
-if TYPE_CHECKING:
-    from apache_beam.io.filesystems import FileSystems
-else:  # Beam on first use: validating a config needs none of it
-    FileSystems = LazyModule("apache_beam.io.filesystems", "FileSystems")
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +310,7 @@ class CocoFile:
     def _open(self) -> Iterator[Any]:
         """The file, open for one pass; its read and parse errors as `CocoFileError`."""
         try:
-            f = FileSystems.open(self.path)
+            f = compressed.open_decompressed(self.path)  # a .json.gz too, in bounded memory
         except Exception as e:  # any filesystem's I/O error
             raise CocoFileError(f"cannot read {self.path}: {_short(e)}") from None
         with f:

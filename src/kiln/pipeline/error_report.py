@@ -13,7 +13,9 @@ by the launcher (``errors.max_fraction``), after the job.
 Stages and reasons (part of kiln's output format):
 
 - ``list``: ``bad_row`` (a manifest row that does not parse, or a COCO or
-  VOC entry), ``dangling_annotation`` (an image id that COCO annotations
+  VOC entry), ``line_too_long`` (a manifest line longer than
+  `kiln.pipeline.text_lines.MAX_LINE_BYTES`, read through but never held),
+  ``dangling_annotation`` (an image id that COCO annotations
   name but the file's images lack: one row per missing image), ``missing`` (a
   manifest names a file that does not exist), ``unknown_label`` (not in the
   class list), ``unexpected_location`` (a file outside the folder layout),

@@ -24,6 +24,8 @@ to disk as they come (`kiln.pipeline.listing`).
   targets (``targets:``), a JSONL line also carries its objects, masks and
   extra columns, a CSV row its ``labels`` and extra columns
   (`kiln.pipeline.target_rows`); mask paths are confined like image paths.
+  A line longer than `text_lines.MAX_LINE_BYTES` is never held: it is one
+  ``line_too_long`` row, and the line numbers after it stay those of the file.
 
 Class names are sorted, so label ids are stable: the config's
 ``source.classes`` if given, else every label found. Every source reads a
@@ -41,7 +43,6 @@ such as broken symbolic links, are reported.)
 
 from __future__ import annotations
 
-import codecs
 import csv
 import dataclasses
 import errno
@@ -58,21 +59,18 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kiln.errors import ConfigError
-from kiln.lazy_import import LazyModule
-from kiln.pipeline import box_convention, storage, target_rows, voc
+from kiln.pipeline import box_convention, compressed, storage, target_rows, text_lines, voc
 from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem
 from kiln.pipeline.config_paths import ConfigPath
 from kiln.pipeline.error_report import DroppedFile, as_text, is_unicode
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
 from kiln.pipeline.storage import is_remote
 from kiln.pipeline.target_rows import AnnotationError
+from kiln.pipeline.text_lines import LongLine
 from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
 
 if TYPE_CHECKING:
     from apache_beam.io.filesystem import FileMetadata
-    from apache_beam.io.filesystems import FileSystems
-else:  # Beam on first use: validating a config needs none of it
-    FileSystems = LazyModule("apache_beam.io.filesystems", "FileSystems")
 
 logger = logging.getLogger(__name__)
 
@@ -321,7 +319,10 @@ class ManifestSource(_SourceModel):
     "split"]}`; `.jsonl`/`.json` means JSONL)."""
     path: ConfigPath
     """The manifest file (a local path relative to the config file's folder, or a `gs://`
-    URI); relative image paths in it resolve against the manifest's own folder."""
+    URI); relative image paths in it resolve against the manifest's own folder. A line may
+    hold 16 MiB (16777216 bytes); a longer one (a file that is no manifest, a row with a huge
+    embedded string) is read through without being kept and dropped as `line_too_long`,
+    counted against `errors.max_fraction` (a CSV header that long is a config error)."""
 
     listing: Literal["launcher", "job"] = "launcher"
     """Where the rows' objects are looked up. `launcher`: by `kiln build` itself, before the
@@ -1255,31 +1256,32 @@ def _mask_files(
     return None, (json.dumps(stamps) if stamps else None)
 
 
-def _manifest_lines(path: str) -> Iterator[str]:
-    """The manifest's text line by line, read as it is used: UTF-8 (a BOM
-    dropped), lines ending at '\n' only (as `io.StringIO` splits them).
+def _manifest_lines(path: str) -> Iterator[str | LongLine]:
+    """The manifest's text line by line, read as it is used (`text_lines`):
+    UTF-8 (a BOM dropped), lines ending at '\n' only (as `io.StringIO` splits
+    them), a line longer than `text_lines.MAX_LINE_BYTES` as a `LongLine`. A
+    compressed manifest (``.gz``, ...) is decompressed a piece at a time
+    (`compressed.open_decompressed`), so the cap holds for it too.
 
     Raises:
       ManifestError: the file cannot be read or is not UTF-8.
     """
     try:
-        f = FileSystems.open(path)
+        f = compressed.open_decompressed(path)
     except Exception as e:  # any filesystem's I/O error
         raise ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
-    decoder = codecs.getincrementaldecoder("utf-8-sig")()
     with f:
+        lines = text_lines.text_lines(f.read, text_lines.MAX_LINE_BYTES)
         while True:
             try:
-                raw = f.readline()
-                text = decoder.decode(raw, final=not raw)
+                line = next(lines)
+            except StopIteration:
+                return
             except UnicodeDecodeError as e:
                 raise ManifestError(f"{path}: not UTF-8 text ({e.reason})") from None
             except Exception as e:  # any filesystem's I/O error
                 raise ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
-            if text:
-                yield text
-            if not raw:
-                return
+            yield line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1291,9 +1293,11 @@ class _CsvRecord:
     last_line: int
     fields: list[str]
     error: str | None = None  # the csv module's message; `fields` is then []
-    text: str = ""  # with `error`: the record's lines as written, for its row text
+    text: str = ""  # with `error` or `long_line`: the record's lines, for its row text
+    # The first of its lines over the cap, and its number; `fields` is then [].
+    long_line: tuple[int, LongLine] | None = None
 
-    def bad_row(self, text: str, problem: str) -> _BadRow:
+    def bad_row(self, text: str, problem: str, reason: str = "bad_row") -> _BadRow:
         """The record as a bad row at its first line. A record over several
         lines says so: a quoted field that runs on, mostly an unterminated
         quote, swallows the lines after it, and its problem shows where
@@ -1304,21 +1308,48 @@ class _CsvRecord:
                 f" (a quoted field runs on over {lines} lines, to line {self.last_line}: "
                 f"an unterminated quote?)"
             )
-        return _BadRow(self.first_line, text, problem)
+        return _BadRow(self.first_line, text, problem, reason)
+
+    def unread(self) -> _BadRow | None:
+        """The record as a bad row if it could not be read: a line over the
+        cap (``line_too_long``), or the csv module refused it."""
+        if self.long_line is not None:
+            number, long_line = self.long_line
+            where = "" if number == self.first_line else f"line {number}: "
+            return self.bad_row(self.text, where + _skipped(long_line), "line_too_long")
+        if self.error is not None:
+            return self.bad_row(self.text, f"not valid CSV: {self.error}")
+        return None
 
 
-def _csv_records(lines: Iterator[str]) -> Iterator[_CsvRecord]:
+def _skipped(long_line: LongLine) -> str:
+    """The message of a manifest line over the cap (``line_too_long``)."""
+    return f"{long_line.problem} (one row per line): skipped unread"
+
+
+def _csv_records(lines: Iterator[str | LongLine]) -> Iterator[_CsvRecord]:
     """The CSV records of `lines`, with their line numbers.
 
     A record the csv module refuses (a field beyond its field size limit of
     128 KiB, a stray line break inside an unquoted field) comes back with its
     error, and reading goes on at the next line: the reader starts each
-    record afresh, after the lines it has already taken.
+    record afresh, after the lines it has already taken. A line over the cap
+    (`LongLine`) ends the record it is in (`_CsvRecord.long_line`), whose
+    quotes it may have closed, and a new reader starts after it.
     """
+    lines = iter(lines)
     taken: list[str] = []
+    number = 0  # of the lines taken
+    long_lines: list[tuple[int, LongLine]] = []  # the one that ended the record, with its number
 
     def taking() -> Iterator[str]:
+        nonlocal number
         for line in lines:
+            number += 1
+            if isinstance(line, LongLine):
+                long_lines.append((number, line))
+                taken.append(line.text + "\n")
+                return  # the end of this reader's input
             taken.append(line)
             yield line
 
@@ -1326,34 +1357,45 @@ def _csv_records(lines: Iterator[str]) -> Iterator[_CsvRecord]:
     last_line = 0
     while True:
         taken.clear()
+        long_lines.clear()
+        error = None
         try:
             fields = next(reader)
         except StopIteration:
-            return
+            if not long_lines:
+                return
         except csv.Error as e:
-            text = "".join(taken).rstrip("\r\n")
-            yield _CsvRecord(last_line + 1, reader.line_num, [], str(e), text)
+            error = str(e)
+        if error is None and not long_lines:
+            yield _CsvRecord(last_line + 1, number, fields)
         else:
-            yield _CsvRecord(last_line + 1, reader.line_num, fields)
-        last_line = reader.line_num
+            text = "".join(taken).rstrip("\r\n")
+            long_line = long_lines[0] if long_lines else None
+            yield _CsvRecord(last_line + 1, number, [], error, text, long_line)
+        if long_lines:
+            reader = csv.reader(taking())
+        last_line = number
 
 
 def _csv_header(records: Iterator[_CsvRecord], name: str) -> list[str] | None:
     """The header's fields, or None for an empty file.
 
     Raises:
-      ManifestError: the header is not valid CSV.
+      ManifestError: the header is not valid CSV, or longer than a line may be.
     """
     header = next(records, None)
     if header is None:
         return None
+    if header.long_line is not None:
+        number, long_line = header.long_line
+        raise ManifestError(f"{name}: line {number}: {long_line.problem}; not a CSV header")
     if header.error is not None:
         raise ManifestError(f"{name}: line {header.first_line}: not valid CSV: {header.error}")
     return header.fields
 
 
 def _csv_rows(
-    lines: Iterator[str], name: str, targets: TargetsConfig | None = None
+    lines: Iterator[str | LongLine], name: str, targets: TargetsConfig | None = None
 ) -> Iterator[Row | _BadRow]:
     records = _csv_records(lines)
     header = _csv_header(records, name)
@@ -1369,8 +1411,9 @@ def _csv_rows(
         )
     index = {c: columns.index(c) for c in ("path", "label", "split") if c in columns}
     for record in records:
-        if record.error is not None:
-            yield record.bad_row(record.text, f"not valid CSV: {record.error}")
+        unread = record.unread()
+        if unread is not None:
+            yield unread
             continue
         fields, line = record.fields, record.first_line
         text_line = ",".join(fields)
@@ -1412,8 +1455,9 @@ def _csv_target_rows(
         )
     index = {c: names.index(c) for c in [*needed, "split"] if c in names}
     for record in records:
-        if record.error is not None:
-            yield record.bad_row(record.text, f"not valid CSV: {record.error}")
+        unread = record.unread()
+        if unread is not None:
+            yield unread
             continue
         fields, line = record.fields, record.first_line
         text_line = ",".join(fields)
@@ -1439,14 +1483,14 @@ def _csv_target_rows(
 
 
 def _jsonl_rows(
-    lines: Iterator[str],
+    lines: Iterator[str | LongLine],
     targets: TargetsConfig | None = None,
     resolve=lambda path: path,
 ) -> Iterator[Row | _BadRow]:
-    # str.splitlines also ends a line at \r, \x0b, \x0c, \x1c-\x1e, \x85, \u2028
-    # and \u2029; line numbers count those breaks too.
-    logical_lines = (part for text in lines for part in text.splitlines())
-    for line, raw in enumerate(logical_lines, start=1):
+    for line, raw in _logical_lines(lines):
+        if isinstance(raw, LongLine):
+            yield _BadRow(line, raw.text, _skipped(raw), "line_too_long")
+            continue
         if not raw.strip():
             continue
         try:
@@ -1492,6 +1536,21 @@ def _jsonl_rows(
                 yield _BadRow(line, raw, str(e))
                 continue
         yield Row(line, raw, path, label, split or None, row_targets)
+
+
+def _logical_lines(lines: Iterator[str | LongLine]) -> Iterator[tuple[int, str | LongLine]]:
+    """The lines of a JSONL manifest with their numbers. `str.splitlines` also
+    ends a line at \\r, \\x0b, \\x0c, \\x1c-\\x1e, \\x85, \\u2028 and \\u2029; line
+    numbers count those breaks too, in a line over the cap as well (`LongLine.lines`)."""
+    number = 1
+    for text in lines:
+        if isinstance(text, LongLine):
+            yield number, text
+            number += text.lines
+            continue
+        for part in text.splitlines():
+            yield number, part
+            number += 1
 
 
 class _DuplicateKey(Exception):
