@@ -66,6 +66,9 @@ setuptools.setup(
             "ijson>=3.3,<4",
             # Reads a --requirements_file's lines (does it name kiln?).
             "packaging>=22",
+            # .zst manifests and COCO files, decompressed in bounded memory
+            # (kiln.pipeline.compressed). apache-beam already requires it.
+            "zstandard>=0.18,<1",
         ],
         "gcp": [
             f"apache-beam[gcp]=={BEAM_VERSION}",
