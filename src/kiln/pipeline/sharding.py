@@ -377,13 +377,14 @@ def read_reused(slices: list[ReusedSlice]) -> list[tuple[str, bytes | memoryview
     ascending offset, each a copy of its bytes: memory holds the wanted
     frames and an inflate buffer of about a MB, never the shard, and the
     pass stops after the last wanted frame. Each call makes its own pass
-    over each gzip base shard it copies from: as a shard's records are a
-    hash range, a base shard holds records for the one or few new shards
-    whose ranges overlap its own (all of one split), so a base shard is
-    inflated at most once per new shard that copies from it, about once in
-    all when the shard count did not change (`WriteShardFn` counts the
-    passes, ``base_shard_inflations``). Sharing one pass between new shards
-    would mean moving their records through Beam's shuffle instead.
+    over each gzip base shard it copies from, so a base shard is inflated
+    at most once per new shard that copies from it (`WriteShardFn` counts
+    the passes, ``base_shard_inflations``). As a shard's records are a hash
+    range, those are the one or few new shards of its split whose ranges
+    overlap its own (more only where records changed split: new fractions
+    or salt): about one pass per base shard when the shard count did not
+    change. Sharing one pass between new shards would mean moving their
+    records through Beam's shuffle instead.
 
     Raises:
       OSError: a frame is not where the base's check found it, or a gzip
