@@ -46,8 +46,10 @@ def build_config(
     encoding: str = "jpeg",
     augment: Sequence[Any] = (),
     target_shard_mb: float = TARGET_SHARD_MB,
+    compression: str = "none",
 ) -> dict[str, Any]:
-    """The benchmark's build config for a manifest of the corpus."""
+    """The benchmark's build config for a manifest of the corpus (`compression`:
+    the shards', ``none`` or ``gzip``)."""
     return {
         "name": name,
         "source": {"type": "manifest", "path": manifest},
@@ -56,7 +58,10 @@ def build_config(
         "transforms": BUILD_TRANSFORMS,
         "encoding": {"format": encoding, "quality": JPEG_QUALITY},  # ignored unless jpeg
         "splits": {"fractions": {"train": 1.0}},
-        "sharding": {"target_shard_mb": target_shard_mb},
+        "sharding": {
+            "target_shard_mb": target_shard_mb,
+            **({"compression": compression} if compression != "none" else {}),
+        },
         "augment": list(augment),
     }
 
@@ -268,8 +273,11 @@ def _run_kiln(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _kiln_build(manifest: str, output: str, args: Sequence[str] = ()) -> tuple[float, dict]:
-    """One `kiln build` of `manifest` into `output`/datasets: (seconds, its --report)."""
+def _kiln_build(
+    manifest: str, output: str, args: Sequence[str] = (), compression: str = "none"
+) -> tuple[float, float, dict]:
+    """One `kiln build` of `manifest` into `output`/datasets: (seconds, CPU
+    seconds of the process's threads meanwhile, its --report)."""
     import yaml
 
     from kiln import cli
@@ -277,15 +285,16 @@ def _kiln_build(manifest: str, output: str, args: Sequence[str] = ()) -> tuple[f
     os.makedirs(output, exist_ok=True)
     config_path = os.path.join(output, "bench.yaml")
     with open(config_path, "w") as f:
-        yaml.safe_dump(build_config(manifest, os.path.join(output, "datasets")), f)
+        config = build_config(manifest, os.path.join(output, "datasets"), compression=compression)
+        yaml.safe_dump(config, f)
     report = os.path.join(output, "report.json")
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     code = cli.main(["build", "--config", config_path, "--quiet", "--report", report, *args])
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     if code != 0:
         raise SystemExit(f"kiln build exited {code}")
     with open(report) as f:
-        return seconds, json.load(f)
+        return seconds, cpu_seconds, json.load(f)
 
 
 def _changed_copy(source: str, target: str, flip: int) -> None:
@@ -366,7 +375,7 @@ def _run_incremental(spec: dict[str, Any]) -> dict[str, Any]:
 
     write_manifest(rows)
     output = os.path.join(spec["output"], "incremental")
-    _kiln_build(manifest, output)
+    _kiln_build(manifest, output, compression=spec.get("compression", "none"))
 
     if spec.get("renamed_class"):
         old, new = RENAMED_CLASS
@@ -391,9 +400,13 @@ def _run_incremental(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _timed_incremental(spec: dict[str, Any], manifest: str, output: str) -> dict[str, Any]:
     """The incremental build of `manifest` into `output` (which holds its
-    base) and a from-scratch build, timed; their datasets must be identical."""
-    seconds, built = _kiln_build(manifest, output)
-    full_seconds, full = _kiln_build(manifest, os.path.join(spec["output"], "full"))
+    base) and a from-scratch build, timed; their datasets must be identical.
+    ``cpu_seconds`` is the incremental build's."""
+    compression = spec.get("compression", "none")
+    seconds, cpu_seconds, built = _kiln_build(manifest, output, compression=compression)
+    full_seconds, _, full = _kiln_build(
+        manifest, os.path.join(spec["output"], "full"), compression=compression
+    )
     if built["version"] != full["version"] or not built["incremental"]["used"]:
         raise SystemExit(f"the incremental build differs from the full one: {built} {full}")
     with (
@@ -402,8 +415,12 @@ def _timed_incremental(spec: dict[str, Any], manifest: str, output: str) -> dict
     ):
         if a.read() != b.read():
             raise SystemExit("the incremental build's kiln.json differs from the full one's")
+    import kiln
+
     return {
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "kiln_module": kiln.__file__,
         "full_seconds": full_seconds,
         "images": sum(split["num_examples"] for split in built["splits"].values()),
         "incremental": built["incremental"],

@@ -142,6 +142,41 @@ def test_two_worker_processes_and_gzip_shards_give_the_same_bytes(demo_corpus, t
     assert_same_dataset(incremental, full_build(config, tmp_path))
 
 
+def test_a_resharded_gzip_build_copies_from_each_base_shard_once_per_new_shard(
+    demo_corpus, tmp_path
+):
+    """More shards than the base: each new shard copies records from two
+    base shards, each base shard feeds two new shards. Each gzip base
+    shard is inflated once per new shard that copies from it (streamed,
+    `sharding.read_reused`), never more, and the output is a full build's."""
+    images = copy_corpus(demo_corpus, tmp_path)
+    gzip = {"compression": "gzip"}
+    config = make_config(
+        images,
+        output=str(tmp_path / "out"),
+        sharding={"num_shards": {"train": 3, "validation": 2, "test": 1}, **gzip},
+    )
+    base = build(config)
+    change_add_delete(demo_corpus, images)
+    resharded = dict(
+        config, sharding={"num_shards": {"train": 5, "validation": 3, "test": 1}, **gzip}
+    )
+
+    incremental = build(resharded)
+
+    base_rows = {row.key: row for row in index_rows(base)}
+    pairs = {
+        (base_rows[row.key].shard, row.shard)
+        for row in index_rows(incremental)
+        if row.key in base_rows and base_rows[row.key].sha256 == row.sha256
+    }
+    assert len({new for _, new in pairs}) == 5 + 3 + 1
+    assert len(pairs) > len({old for old, _ in pairs}) == 3 + 2 + 1  # several passes, bounded
+    assert incremental.counters["base_shard_inflations"] == len(pairs)
+    assert incremental.incremental.reused == incremental.counters["records_copied"] > 50
+    assert_same_dataset(incremental, full_build(resharded, tmp_path))
+
+
 def test_reused_records_are_not_decoded(demo_corpus, tmp_path, calls_plugin, monkeypatch):
     calls = tmp_path / "calls.txt"
     monkeypatch.setenv("KILN_TEST_CALLS", str(calls))

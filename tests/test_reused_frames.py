@@ -2,9 +2,13 @@
 record's frame, and the shard writer copies the frames straight into the new
 shard, checking each, in the order a full build sorts records in."""
 
+import array
 import hashlib
 import itertools
 import os
+import random
+import re
+import tracemalloc
 
 import pytest
 
@@ -114,6 +118,44 @@ def test_reused_frames_are_copied_exactly_across_gaps(tmp_path, monkeypatch, com
     )
     assert [tfrecord.unframe(framed) for _, framed, _ in copied] == [data[p] for p in positions]
     assert [framed for _, framed, _ in copied] == [tfrecord.frame(data[p]) for p in positions]
+
+
+def test_reused_frames_of_a_large_gzip_shard_stream_in_bounded_memory(tmp_path):
+    """A few records wanted from a 48 MB gzip shard of incompressible
+    records: read in one forward inflate, holding the wanted frames and an
+    inflate buffer, not the shard (nor its compressed bytes) in memory."""
+    rng = random.Random(0)
+    data = [rng.randbytes(1 << 20) for _ in range(48)]
+    path, _ = write_base_shard(tmp_path, "big", data, "gzip")
+    starts = array.array("Q", [0])
+    for record in data:
+        starts.append(starts[-1] + tfrecord.framed_size(len(record)))
+    positions = [0, 1, 24, 47]
+    wanted = [reused_slice(path, starts, positions, "gzip")]
+    tracemalloc.start()
+    try:
+        copied = sharding.read_reused(wanted)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [framed for _, framed, _ in copied] == [tfrecord.frame(data[p]) for p in positions]
+    shard_bytes = starts[-1]
+    # The four frames copied are 4 MB, the inflate buffer a few more; read
+    # whole and inflated, the shard would take 96 MB.
+    assert peak < shard_bytes / 4, f"peak {peak / 2**20:.1f} MB"
+
+
+def test_a_gzip_base_shard_that_no_longer_inflates_is_refused(tmp_path):
+    data = records(200, size=400)
+    path, info = write_base_shard(tmp_path, "base", data, "gzip")
+    _, (_, frames) = check(tmp_path, "base", info.sha256, "gzip")
+    starts = incremental.frame_starts(frames)
+    raw = bytearray(open(path, "rb").read())
+    raw[len(raw) // 2] ^= 0xFF  # inside the deflate stream
+    with open(path, "wb") as f:
+        f.write(raw)
+    with pytest.raises(OSError, match=re.escape(f"{path}: ")):
+        sharding.read_reused([reused_slice(path, starts, [0, 199], "gzip")])
 
 
 def test_a_base_shard_changed_after_its_check_is_refused(tmp_path):

@@ -87,6 +87,10 @@ record on as a byte range of a base shard (`sharding.ReusedRun`), and the
 shard writer copies those bytes straight into the new shard (checking each
 frame's length and CRCs) next to the new records from the sorted runs: a
 reused record is read once, never decoded, re-framed or written to a run.
+From a gzip base the shard writer streams them (`open_base_shard`, as
+`BaseShard` reads): one forward inflate of each base shard per new shard
+that copies from it, holding the records copied, never the base shard
+(`sharding.read_reused`).
 Sharding, duplicates and the index are decided by the same steps as in a
 full build. Everything is read through Beam's FileSystems inside the job:
 the launcher reads only the base's kiln.json. The frames reach every
@@ -108,7 +112,7 @@ from typing import Any
 
 import apache_beam as beam
 import cv2
-from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystem import CompressedFile, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
@@ -384,6 +388,29 @@ def frame_starts(frames: bytes) -> array.array:
     return starts
 
 
+# A gzip base shard is inflated this many compressed bytes at a time. Beam's
+# default read size (16 MB) makes its read buffer hold a few times that: for
+# a shard writer thread or an image step reading a base shard, tens of MB.
+_INFLATE_READ_BYTES = 1 << 20
+
+
+def open_base_shard(uri: str, compression: str | None) -> Any:
+    """A base shard opened to read its uncompressed bytes (where `frame_starts`
+    and `sharding.ReusedRun` offsets point): a plain file as it is, a gzip
+    one through Beam's `CompressedFile`, which inflates as it is read.
+
+    Reading a gzip shard at ascending offsets is one forward pass (a forward
+    seek inflates and drops what it skips; a backward one starts over from
+    the file's start), holding the read buffer (about `_INFLATE_READ_BYTES`
+    of compressed bytes, inflated) and what is read, never the shard. The
+    one reader of base shards: `BaseShard` and `sharding.read_reused` use it.
+    """
+    raw = FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED)
+    if compression != "gzip":
+        return raw
+    return CompressedFile(raw, CompressionTypes.GZIP, read_size=_INFLATE_READ_BYTES)
+
+
 class BaseShard:
     """Reads records of one base shard by position, the file opened once.
 
@@ -391,9 +418,8 @@ class BaseShard:
     Records asked for in ascending position cost one pass over the file
     whatever their number: an uncompressed shard is read by a seek and a
     read per record; a gzip-compressed one is inflated once from its start
-    as the positions go up (Beam's compressed file seeks forward by
-    inflating and dropping what it skips), holding a read buffer and one
-    record, never the shard. A position asked for again is served from the
+    as the positions go up (`open_base_shard`), holding a read buffer and
+    one record, never the shard. A position asked for again is served from the
     last read; an earlier one would inflate from the start again, so
     callers sort what they want by position.
 
@@ -437,12 +463,7 @@ class BaseShard:
         start, end = self._starts[position], self._starts[position + 1]
         try:
             if self._file is None:
-                self._file = FileSystems.open(
-                    self._uri,
-                    compression_type=CompressionTypes.GZIP
-                    if self._compression == "gzip"
-                    else CompressionTypes.UNCOMPRESSED,
-                )
+                self._file = open_base_shard(self._uri, self._compression)
             self._file.seek(start)
             framed = self._file.read(end - start)
         except Exception as e:  # vanished, unreadable, not gzip: processed from the files

@@ -39,9 +39,10 @@ An incremental build's reused records (`kiln.pipeline.incremental`) skip
 the runs: they are already framed in the base version's shards, so the
 image step passes on where they are (`ReusedRun`: split, hash, offset and
 frame length per record), they are sliced per shard like runs
-(`ReusedSlice`), and `WriteShardFn` copies their frames from the base shard,
-a read per range of neighbouring frames, checking each frame's length and
-CRCs, and merges them with the new records by hash.
+(`ReusedSlice`), and `WriteShardFn` copies their frames from the base shard
+(a read per range of neighbouring frames; a gzip shard in one forward
+inflate, `read_reused`), checking each frame's length and CRCs, and merges
+them with the new records by hash.
 
 Beside each shard `WriteShardFn` writes the shard's part of the record
 index (one line per record, in shard order) to the temp folder
@@ -57,6 +58,7 @@ import hashlib
 import logging
 import math
 import uuid
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -66,7 +68,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
-from kiln.pipeline import memory, record_index, storage, tfrecord
+from kiln.pipeline import incremental, memory, record_index, storage, tfrecord
 from kiln.schemas import ShardInfo, shard_filename
 
 if TYPE_CHECKING:
@@ -363,46 +365,87 @@ def _spans(entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(start, end) for start, end in spans]
 
 
-def read_reused(slices: list[ReusedSlice]) -> list[tuple[str, memoryview, bytes]]:
+def read_reused(slices: list[ReusedSlice]) -> list[tuple[str, bytes | memoryview, bytes]]:
     """``(sort_key, framed record, index entry)`` of every record in `slices`,
-    copied from their base shards: one read per range of neighbouring
-    frames (a gzip shard is read whole and decompressed), each frame a view
-    into its read. Each frame's length and data CRC are checked (the base
-    was checked before the image step decided to reuse it; a file changed
-    since fails here).
+    copied from their base shards. Each frame's length and data CRC are
+    checked (the base was checked before the image step decided to reuse
+    it; a file changed since fails here).
+
+    An uncompressed base shard is read a range of neighbouring frames at a
+    time, each frame a view into its read. A gzip one is read in one
+    forward pass (`incremental.open_base_shard`), its wanted frames in
+    ascending offset, each a copy of its bytes: memory holds the wanted
+    frames and an inflate buffer of about a MB, never the shard, and the
+    pass stops after the last wanted frame. Each call makes its own pass
+    over each gzip base shard it copies from, so a base shard is inflated
+    at most once per new shard that copies from it (`WriteShardFn` counts
+    the passes, ``base_shard_inflations``). As a shard's records are a hash
+    range, those are the one or few new shards of its split whose ranges
+    overlap its own (more only where records changed split: new fractions
+    or salt): about one pass per base shard when the shard count did not
+    change. Sharing one pass between new shards would mean moving their
+    records through Beam's shuffle instead.
 
     Raises:
-      OSError: a frame is not where the base's check found it.
+      OSError: a frame is not where the base's check found it, or a gzip
+        shard does not inflate.
     """
     by_source: dict[tuple[str, str | None], list[tuple[str, int, int, bytes]]] = {}
     for piece in slices:
         by_source.setdefault((piece.source, piece.compression), []).extend(piece.entries)
-    out = []
+    out: list[tuple[str, bytes | memoryview, bytes]] = []
     for (source, compression), entries in sorted(by_source.items()):
-        with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            if compression == "gzip":
-                whole = gzip.decompress(f.read())
-                spans = {(0, len(whole)): whole}
-            else:
-                spans = {}
-                for start, end in _spans([(offset, length) for _, offset, length, _ in entries]):
-                    f.seek(start)
-                    spans[(start, end)] = f.read(end - start)
-        ordered = sorted(spans)
-        span_index = 0
-        for key, offset, length, index_entry in sorted(entries, key=lambda e: e[1]):
-            while ordered[span_index][1] < offset + length:
-                span_index += 1
-            start = ordered[span_index][0]
-            framed = memoryview(spans[ordered[span_index]])[
-                offset - start : offset - start + length
-            ]
-            if not tfrecord.is_frame(framed):
-                raise OSError(
-                    f"{source}: no intact record of {length} bytes at offset {offset} "
-                    "(the file changed after its check)"
-                )
-            out.append((key, framed, index_entry))
+        if compression == "gzip":
+            out.extend(_inflated_frames(source, entries))
+        else:
+            out.extend(_plain_frames(source, entries))
+    return out
+
+
+def _check_frame(source: str, framed: bytes | memoryview, offset: int, length: int) -> None:
+    if not tfrecord.is_frame(framed):
+        raise OSError(
+            f"{source}: no intact record of {length} bytes at offset {offset} "
+            "(the file changed after its check)"
+        )
+
+
+def _plain_frames(
+    source: str, entries: list[tuple[str, int, int, bytes]]
+) -> list[tuple[str, memoryview, bytes]]:
+    """`read_reused` of an uncompressed base shard: a read per `_spans` range."""
+    spans = {}
+    with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        for start, end in _spans([(offset, length) for _, offset, length, _ in entries]):
+            f.seek(start)
+            spans[(start, end)] = f.read(end - start)
+    ordered = sorted(spans)
+    span_index = 0
+    out = []
+    for key, offset, length, index_entry in sorted(entries, key=lambda e: e[1]):
+        while ordered[span_index][1] < offset + length:
+            span_index += 1
+        start = ordered[span_index][0]
+        framed = memoryview(spans[ordered[span_index]])[offset - start : offset - start + length]
+        _check_frame(source, framed, offset, length)
+        out.append((key, framed, index_entry))
+    return out
+
+
+def _inflated_frames(
+    source: str, entries: list[tuple[str, int, int, bytes]]
+) -> list[tuple[str, bytes, bytes]]:
+    """`read_reused` of a gzip base shard: one forward pass, ascending offsets."""
+    out = []
+    try:
+        with incremental.open_base_shard(source, "gzip") as f:
+            for key, offset, length, index_entry in sorted(entries, key=lambda e: e[1]):
+                f.seek(offset)
+                framed = f.read(length)
+                _check_frame(source, framed, offset, length)
+                out.append((key, framed, index_entry))
+    except zlib.error as e:
+        raise OSError(f"{source}: does not inflate ({e}; the file changed after its check)") from e
     return out
 
 
@@ -468,6 +511,7 @@ class WriteShardFn(beam.DoFn):
         self._shards = Metrics.counter("kiln", "shards_written")
         self._records = Metrics.counter("kiln", "records_written")
         self._copied = Metrics.counter("kiln", "records_copied")
+        self._inflations = Metrics.counter("kiln", "base_shard_inflations")
 
     def setup(self):
         if self._threads > 1:
@@ -506,14 +550,17 @@ class WriteShardFn(beam.DoFn):
             yield WindowedValue(result[0], timestamp, (window,))
 
     def _count(self, result) -> None:
-        (_, _, info), copied = result
+        (_, _, info), copied, inflations = result
         self._shards.inc()
         self._records.inc(info.num_records)
         if copied:
             self._copied.inc(copied)
+        if inflations:
+            self._inflations.inc(inflations)
 
-    def _write(self, element) -> tuple[tuple[str, int, ShardInfo], int]:
-        """Writes one shard: ((split, index, ShardInfo), records copied from a base)."""
+    def _write(self, element) -> tuple[tuple[str, int, ShardInfo], int, int]:
+        """Writes one shard: ((split, index, ShardInfo), records copied from a
+        base, gzip base shards inflated for them: one pass each, `read_reused`)."""
         (split, index, num_shards), values = element
         # What the image step's threads (and the shard before) freed goes
         # back to the system before this shard is read (`memory`).
@@ -542,7 +589,8 @@ class WriteShardFn(beam.DoFn):
             filename,
             [index_entry for _, _, index_entry in ordered],
         )
-        return (split, index, info), sum(len(piece.entries) for piece in reused)
+        inflated = {piece.source for piece in reused if piece.compression == "gzip"}
+        return (split, index, info), sum(len(piece.entries) for piece in reused), len(inflated)
 
 
 def _merge(
