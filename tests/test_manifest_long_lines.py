@@ -19,7 +19,7 @@ import pytest
 
 from conftest import make_config
 from kiln.errors import ConfigError
-from kiln.pipeline import build, sources, text_lines
+from kiln.pipeline import build, compressed, sources, text_lines
 
 CAP = 64 * 1024
 
@@ -259,3 +259,17 @@ def test_a_compressed_manifest_cut_short_is_a_config_error(tmp_path, suffix):
         sources.ManifestSource.model_validate(
             {"type": "manifest", "path": str(manifest)}
         ).list_files(splits_from_source=False)
+
+
+def test_a_manifest_s_format_is_told_by_its_suffix_once_decompressed():
+    from apache_beam.io.filesystem import CompressionTypes
+
+    for suffix in compressed.SUFFIXES:
+        # The suffixes looked past are those Beam's reader decompresses by.
+        assert CompressionTypes.detect_compression_type(f"m.csv{suffix}") != (
+            CompressionTypes.UNCOMPRESSED
+        )
+        assert sources.is_jsonl(f"m.jsonl{suffix}")
+        assert sources.is_jsonl(f"m.json{suffix.upper()}")
+        assert not sources.is_jsonl(f"m.csv{suffix}")
+    assert sources.is_jsonl("m.jsonl") and not sources.is_jsonl("m.jsonl.tar")

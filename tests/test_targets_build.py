@@ -7,6 +7,7 @@ decodes the records with `Schema.from_json(info.schema).decode`.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -72,6 +73,28 @@ def corpus(tmp_path_factory):
 def plain_build(corpus, tmp_path_factory):
     _, manifest, _ = corpus
     return build(config(manifest, tmp_path_factory.mktemp("out")))
+
+
+def serialized_records(result) -> list[bytes]:
+    """Every record of every split as stored, sorted."""
+    out = []
+    for split in result.info.splits.values():
+        paths = [os.path.join(result.dataset_dir, shard.filename) for shard in split.shards]
+        out.extend(serialized.numpy() for serialized in tf.data.TFRecordDataset(paths))
+    return sorted(out)
+
+
+def test_a_compressed_jsonl_manifest_is_jsonl(corpus, plain_build, tmp_path):
+    # `manifest.jsonl.gz` holds JSONL once decompressed: read as CSV (its last
+    # suffix), targets were refused ("a CSV manifest holds label ... only").
+    folder, manifest, _ = corpus
+    packed = folder / "manifest.jsonl.gz"
+    packed.write_bytes(gzip.compress(pathlib.Path(manifest).read_bytes()))
+
+    result = build(config(str(packed), tmp_path / "out"))
+
+    assert result.info.dropped == plain_build.info.dropped
+    assert serialized_records(result) == serialized_records(plain_build)
 
 
 def test_every_target_round_trips_exactly_without_transforms(corpus, plain_build):

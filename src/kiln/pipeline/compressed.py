@@ -31,6 +31,20 @@ else:  # Beam on first use: validating a config needs none of it
 # Compressed bytes read from the file at a time.
 _PIECE_BYTES = 64 * 1024
 
+# The suffixes by which `FileSystems.open` decompresses a file
+# (`CompressionTypes.detect_compression_type`), compared in lower case.
+SUFFIXES = (".bz2", ".deflate", ".gz", ".zst", ".zstd", ".xz", ".lzma")
+
+
+def without_suffix(path: str) -> str:
+    """`path` without the suffix it is decompressed by, if any (``m.jsonl.gz``
+    -> ``m.jsonl``): what the file holds once read, for choosing its format."""
+    lower = path.lower()
+    for suffix in SUFFIXES:
+        if lower.endswith(suffix):
+            return path[: -len(suffix)]
+    return path
+
 
 def open_decompressed(path: str) -> Any:
     """`path` open for reading (``read``, ``close``, a context manager),

@@ -88,7 +88,7 @@ from kiln.errors import ConfigError, quote, quote_text
 from kiln.pipeline import storage, voc
 from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
 from kiln.pipeline.error_report import as_text
-from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, Source
+from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, Source, is_jsonl
 from kiln.pipeline.versioning import fingerprint
 from kiln.registry import ListError, describe_error
 from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
@@ -989,7 +989,7 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain) -> None:
             f"targets.{kind}: an image_folder source gives one class per image only; "
             f"list the images and their targets in a manifest (type: manifest, a .jsonl file)"
         )
-    if source.type == "manifest" and not source.path.endswith((".jsonl", ".json")):
+    if source.type == "manifest" and not is_jsonl(source.path):
         for kind in ("boxes", "mask"):
             if getattr(targets, kind) is not None:
                 raise ListError(

@@ -311,12 +311,14 @@ class ImageFolderSource(_SourceModel):
 
 class ManifestSource(_SourceModel):
     """A CSV (header ``path,label[,split]``) or JSONL (``{"path", "label"[, "split"]}``)
-    file; ``.jsonl``/``.json`` means JSONL, anything else CSV. Class names are
+    file; ``.jsonl``/``.json`` means JSONL (compressed too: ``.jsonl.gz``), anything
+    else CSV. Class names are
     `classes` if given, else the sorted distinct labels."""
 
     type: Literal["manifest"]
     """`manifest`: a CSV (header `path,label[,split]`) or JSONL file (`{"path", "label"[,
-    "split"]}`; `.jsonl`/`.json` means JSONL)."""
+    "split"]}`; `.jsonl`/`.json` means JSONL). Either may be compressed, read by its suffix
+    (`.gz`, `.bz2`, `.xz`, `.lzma`, `.deflate`, `.zst`): `manifest.jsonl.gz` is JSONL."""
     path: ConfigPath
     """The manifest file (a local path relative to the config file's folder, or a `gs://`
     URI); relative image paths in it resolve against the manifest's own folder. A line may
@@ -911,10 +913,16 @@ def manifest_rows(
     with_targets = not targets.is_classification
     rows = (
         _jsonl_rows(lines, targets if with_targets else None, lambda p: _resolve(p, base))
-        if path.endswith((".jsonl", ".json"))
+        if is_jsonl(path)
         else _csv_rows(lines, name, targets if with_targets else None)
     )
     return rows, base
+
+
+def is_jsonl(path: str) -> bool:
+    """Whether the manifest `path` is JSONL: it ends in ``.jsonl`` or ``.json``,
+    compressed too (``manifest.jsonl.gz``: `compressed.without_suffix`); else CSV."""
+    return compressed.without_suffix(path).endswith((".jsonl", ".json"))
 
 
 # A row dropped while listing: what the errors file says of it, and its
