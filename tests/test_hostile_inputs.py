@@ -107,6 +107,32 @@ def test_a_coco_file_nested_100000_levels_deep_is_a_config_error_in_little_memor
     )
 
 
+def test_a_coco_file_with_a_100_mb_string_is_a_config_error_at_once(tmp_path):
+    # ijson's C parser lexes a string again from its start after each read
+    # that ends inside it: a 100 MB file_name (an image embedded in the file,
+    # a corrupt file) did not finish reading in 10 minutes.
+    images = write_images(tmp_path / "images")
+    coco = {
+        "images": [
+            {"id": i, "file_name": p, "width": 24, "height": 24} for i, p in enumerate(images)
+        ],
+        "annotations": [],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
+    coco["images"][3]["file_name"] = "x" * 100_000_000
+    (tmp_path / "instances.json").write_text(json.dumps(coco))
+    config = base_config(
+        {"type": "coco", "annotations": "instances.json", "images": "images"},
+        targets={"boxes": {}},
+    )
+    completed = build(config, tmp_path, timeout=90, memory_gib=4)
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "source.annotations" in lines[0], lines[0]
+    assert "instances.json: more than 1048576 bytes without a JSON delimiter" in lines[0]
+
+
 def test_a_link_to_a_folder_inside_a_class_folder_is_one_entry_never_entered(tmp_path):
     # A scraper's class folder holding links: one to "/" (walking it took
     # the whole filesystem, /proc included: the build never ended), one to a

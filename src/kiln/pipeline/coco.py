@@ -315,7 +315,7 @@ class CocoFile:
             raise CocoFileError(f"cannot read {self.path}: {_short(e)}") from None
         with f:
             try:
-                yield f
+                yield _TokenGuard(f, self.path)
             except ijson.JSONError as e:
                 raise CocoFileError(f"{self.path}: not valid JSON ({_short(e)})") from None
             except CocoFileError:
@@ -577,6 +577,50 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON: {value!r}")
+
+
+# The most bytes one run between JSON's delimiters may hold (a string, a
+# number, spaces). A COCO file's are names, numbers and RLE strings (whose
+# alphabet holds ':', '[' and ']'), far shorter; see `_TokenGuard`.
+_MAX_RUN_BYTES = 1 << 20
+_DELIMITERS = tuple(bytes([c]) for c in b'",:[]{}')
+
+
+class _TokenGuard:
+    """A COCO file read for ijson, refusing a run of more than `_MAX_RUN_BYTES`
+    without any of JSON's delimiters (``"``, ``,``, ``:``, brackets, braces).
+
+    yajl, ijson's C parser, lexes a token again from its start whenever a
+    read ends inside it, so a token's cost grows with its square: a 20 MB
+    string took 0.8 s, a 100 MB ``file_name`` (a file that embeds an image,
+    a corrupt one) did not finish in 10 minutes. Such a run is refused once
+    it passes the cap, in a fraction of a second. Reads of spaces alone do
+    not count (spaces between tokens are not lexed again), so a string whose
+    content holds delimiters (escaped quotes, commas) or reads' worth of
+    spaces passes this check and costs what it costs.
+
+    Raises (from `read`):
+      CocoFileError: such a run; its message names the file.
+    """
+
+    def __init__(self, f: Any, path: str):
+        self._f = f
+        self._path = path
+        self._run = 0  # bytes since the last delimiter
+
+    def read(self, size: int = -1) -> bytes:
+        chunk = self._f.read(size)
+        last = max(chunk.rfind(delimiter) for delimiter in _DELIMITERS)
+        if last >= 0:
+            self._run = len(chunk) - last - 1
+        elif chunk.strip():  # spaces alone between tokens cost yajl nothing
+            self._run += len(chunk)
+        if self._run > _MAX_RUN_BYTES:
+            raise CocoFileError(
+                f"{self._path}: more than {_MAX_RUN_BYTES} bytes without a JSON delimiter "
+                f"(a string, number or space run this long is not a COCO file's)"
+            )
+        return chunk
 
 
 def _short(error: Exception) -> str:
