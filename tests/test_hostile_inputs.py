@@ -79,28 +79,41 @@ def errors_of(folder) -> dict[str, dict]:
     return {row["key"]: row for row in map(json.loads, lines)}
 
 
-def test_a_coco_file_nested_100000_levels_deep_is_a_config_error_in_little_memory(tmp_path):
-    # 200 KB of "[": ijson keeps the prefix of every open level, so reading
-    # it took tens of gigabytes (the kernel's OOM killer ended the build).
-    images = write_images(tmp_path / "images")
-    coco = {
+def coco_of(images: list[str]) -> dict:
+    """A COCO file's content naming `images`, without annotations."""
+    return {
         "images": [
             {"id": i, "file_name": p, "width": 24, "height": 24} for i, p in enumerate(images)
         ],
         "annotations": [],
         "categories": [{"id": 1, "name": "thing"}],
     }
-    text = json.dumps(coco)[:-1] + ', "notes": ' + "[" * 100_000 + "]" * 100_000 + "}"
-    (tmp_path / "instances.json").write_text(text)
+
+
+def coco_config_error(text: str, folder, *, timeout: float) -> list[str]:
+    """A build of the COCO file `text` (`folder`/instances.json, images in
+    `folder`/images) with 4 GiB of address space: it must stop with a config
+    error (exit 2) of one line naming ``source.annotations``; those lines."""
+    (folder / "instances.json").write_text(text)
     config = base_config(
         {"type": "coco", "annotations": "instances.json", "images": "images"},
         targets={"boxes": {}},
     )
-    completed = build(config, tmp_path, timeout=120, memory_gib=4)
+    completed = build(config, folder, timeout=timeout, memory_gib=4)
     assert completed.returncode == 2, completed.stderr[-2000:]
     lines = completed.stderr.strip().splitlines()
     assert len(lines) == 1, lines
-    assert "source.annotations" in lines[0] and "instances.json: nested too deeply" in lines[0]
+    assert "source.annotations" in lines[0], lines[0]
+    return lines
+
+
+def test_a_coco_file_nested_100000_levels_deep_is_a_config_error_in_little_memory(tmp_path):
+    # 200 KB of "[": ijson keeps the prefix of every open level, so reading
+    # it took tens of gigabytes (the kernel's OOM killer ended the build).
+    coco = coco_of(write_images(tmp_path / "images"))
+    text = json.dumps(coco)[:-1] + ', "notes": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    lines = coco_config_error(text, tmp_path, timeout=120)
+    assert "instances.json: nested too deeply" in lines[0]
     assert "notes.item.item" in lines[0]
     assert not (tmp_path / "out" / "hostile").exists() or not any(
         (tmp_path / "out" / "hostile").glob("*/kiln.json")
@@ -111,25 +124,9 @@ def test_a_coco_file_with_a_100_mb_string_is_a_config_error_at_once(tmp_path):
     # ijson's C parser lexes a string again from its start after each read
     # that ends inside it: a 100 MB file_name (an image embedded in the file,
     # a corrupt file) did not finish reading in 10 minutes.
-    images = write_images(tmp_path / "images")
-    coco = {
-        "images": [
-            {"id": i, "file_name": p, "width": 24, "height": 24} for i, p in enumerate(images)
-        ],
-        "annotations": [],
-        "categories": [{"id": 1, "name": "thing"}],
-    }
+    coco = coco_of(write_images(tmp_path / "images"))
     coco["images"][3]["file_name"] = "x" * 100_000_000
-    (tmp_path / "instances.json").write_text(json.dumps(coco))
-    config = base_config(
-        {"type": "coco", "annotations": "instances.json", "images": "images"},
-        targets={"boxes": {}},
-    )
-    completed = build(config, tmp_path, timeout=90, memory_gib=4)
-    assert completed.returncode == 2, completed.stderr[-2000:]
-    lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert "source.annotations" in lines[0], lines[0]
+    lines = coco_config_error(json.dumps(coco), tmp_path, timeout=90)
     assert "instances.json: more than 1048576 bytes without a JSON delimiter" in lines[0]
 
 
