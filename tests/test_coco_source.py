@@ -11,13 +11,16 @@ annotations) is read with the memory of a small one, measured with tracemalloc.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
+import random
 import tracemalloc
 
 import pytest
 
 from kiln.errors import ConfigError
+from kiln.pipeline import coco as coco_module
 from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem, CocoRow
 from kiln.pipeline.config import load as load_config
 from kiln.pipeline.sources import CocoSource
@@ -722,3 +725,67 @@ def test_a_gzipped_coco_file_is_read_as_the_plain_one_a_piece_at_a_time(tmp_path
     assert [row.row for row in found[0]] == [row.row for row in expected[0]]
     assert [p.message for p in found[1]] == [p.message for p in expected[1]]
     assert peak < 16 << 20, peak
+
+
+def lexed_token_lengths(data: bytes) -> list[int]:
+    """After each byte of JSON text, the length of the token it ends inside
+    (a string from its opening quote, or a run after the last delimiter
+    outside strings): a byte-by-byte lexer to check `_TokenGuard` against."""
+    lengths, in_string, escaped, run = [], False, False, 0
+    for byte in data:
+        if in_string:
+            run += 1
+            if escaped:
+                escaped = False
+            elif byte == ord("\\"):
+                escaped = True
+            elif byte == ord('"'):
+                in_string, run = False, 0
+        elif byte == ord('"'):
+            in_string, run = True, 0
+        elif byte in b",:[]{}":
+            run = 0
+        else:
+            run += 1
+        lengths.append(run)
+    return lengths
+
+
+def test_the_token_guard_measures_strings_whatever_they_hold_and_however_reads_split_them():
+    # Strings of quotes, backslashes, spaces and delimiters, with numbers
+    # between them: after every read, the guard's token is the lexer's.
+    rng = random.Random(7)
+    pieces = [
+        [
+            '"' + "".join(rng.choice('ab,[]{}:"\\ ') for _ in range(rng.randint(0, 40))) + '"',
+            rng.randint(0, 10**9),
+        ]
+        for _ in range(300)
+    ]
+    data = json.dumps(pieces, separators=(",", ":")).encode()
+    expected = lexed_token_lengths(data)
+    assert max(expected) > 40  # strings with escapes, measured from their opening quote
+    for trial in range(200):
+        guard = coco_module._TokenGuard(io.BytesIO(data), "x.json")
+        position = 0
+        while chunk := guard.read(rng.randint(1, 9)):
+            position += len(chunk)
+            assert guard._run == expected[position - 1], (trial, position)
+        assert position == len(data)
+
+
+@pytest.mark.parametrize("content", ["x", 'a,b\\"[]{}:\\\\ '], ids=["letters", "delimiters"])
+def test_a_string_of_more_than_1_mib_is_refused_whatever_it_holds(tmp_path, content):
+    # yajl lexes a string again from its start after every read that ends
+    # inside it, so a long one costs its square (80 MB of "a," took 11.5 s):
+    # a string is refused past 1 MiB, commas, brackets and escaped quotes
+    # in it or not. One just under stays a file name like any other.
+    cap = 1 << 20
+    short = content * ((cap - 300) // (len(json.dumps(content)) - 2))  # as written, < 1 MiB
+    images = [{"id": 1, "file_name": short, "width": 4, "height": 4}]
+    rows, _ = read_all(CocoFile(write_coco(tmp_path / "short.json", images=images)))
+    assert [row.row["path"] for row in rows] == [short]
+    long = short * 2
+    images = [{"id": 1, "file_name": long, "width": 4, "height": 4}]
+    with pytest.raises(CocoFileError, match=r"long\.json: a token of more than 1048576 bytes"):
+        read_all(CocoFile(write_coco(tmp_path / "long.json", images=images)))

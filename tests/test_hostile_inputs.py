@@ -15,6 +15,7 @@ import sys
 
 import cv2
 import numpy as np
+import pytest
 import yaml
 
 import kiln
@@ -120,14 +121,24 @@ def test_a_coco_file_nested_100000_levels_deep_is_a_config_error_in_little_memor
     )
 
 
-def test_a_coco_file_with_a_100_mb_string_is_a_config_error_at_once(tmp_path):
+@pytest.mark.parametrize(
+    "file_name",
+    [
+        "x" * 100_000_000,
+        # Commas and escaped quotes in it: a delimiter every other byte
+        # (this one took ~18 s, an 80 MB one 11.5 s: its square).
+        'a,"' * 33_000_000,
+    ],
+    ids=["letters", "delimiters"],
+)
+def test_a_coco_file_with_a_100_mb_string_is_a_config_error_at_once(tmp_path, file_name):
     # ijson's C parser lexes a string again from its start after each read
     # that ends inside it: a 100 MB file_name (an image embedded in the file,
     # a corrupt file) did not finish reading in 10 minutes.
     coco = coco_of(write_images(tmp_path / "images"))
-    coco["images"][3]["file_name"] = "x" * 100_000_000
+    coco["images"][3]["file_name"] = file_name
     lines = coco_config_error(json.dumps(coco), tmp_path, timeout=90)
-    assert "instances.json: more than 1048576 bytes without a JSON delimiter" in lines[0]
+    assert "instances.json: a token of more than 1048576 bytes" in lines[0]
 
 
 def test_a_link_to_a_folder_inside_a_class_folder_is_one_entry_never_entered(tmp_path):

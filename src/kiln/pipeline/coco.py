@@ -579,48 +579,109 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON: {value!r}")
 
 
-# The most bytes one run between JSON's delimiters may hold (a string, a
-# number, spaces). A COCO file's are names, numbers and RLE strings (whose
-# alphabet holds ':', '[' and ']'), far shorter; see `_TokenGuard`.
+# The most bytes one token may hold (a string, a number) and one run of
+# spaces that is read with something else. A COCO file's are names, numbers
+# and RLE strings, far shorter; see `_TokenGuard`.
 _MAX_RUN_BYTES = 1 << 20
 _DELIMITERS = tuple(bytes([c]) for c in b'",:[]{}')
+_QUOTE = b'"'
+_BACKSLASH = 0x5C
 
 
 class _TokenGuard:
-    """A COCO file read for ijson, refusing a run of more than `_MAX_RUN_BYTES`
-    without any of JSON's delimiters (``"``, ``,``, ``:``, brackets, braces).
+    """A COCO file read for ijson, refusing a token of more than `_MAX_RUN_BYTES`.
 
     yajl, ijson's C parser, lexes a token again from its start whenever a
     read ends inside it, so a token's cost grows with its square: a 20 MB
-    string took 0.8 s, a 100 MB ``file_name`` (a file that embeds an image,
-    a corrupt one) did not finish in 10 minutes. Such a run is refused once
-    it passes the cap, in a fraction of a second. Reads of spaces alone do
-    not count (spaces between tokens are not lexed again), so a string whose
-    content holds delimiters (escaped quotes, commas) or reads' worth of
-    spaces passes this check and costs what it costs.
+    string took 0.8 s, an 80 MB one 11.5 s, and a 100 MB ``file_name`` (a
+    file that embeds an image, a corrupt one) did not finish in 10 minutes.
+    Such a token is refused once it passes the cap, in a fraction of a
+    second, whatever it holds: the guard follows whether each read ends
+    inside a string (the parity of the unescaped quotes before it, counted
+    with `bytes.count`, so a read costs a few passes in C), and measures a
+    string from its opening quote, commas, brackets and escaped quotes
+    included. Outside strings a run is what lies after the last delimiter
+    (``"``, ``,``, ``:``, brackets, braces): a number, a literal or spaces.
+    Reads of spaces alone between tokens do not count (yajl does not lex
+    them again).
 
     Raises (from `read`):
-      CocoFileError: such a run; its message names the file.
+      CocoFileError: such a token; its message names the file.
     """
 
     def __init__(self, f: Any, path: str):
         self._f = f
         self._path = path
-        self._run = 0  # bytes since the last delimiter
+        self._run = 0  # bytes of the token the last read ended in
+        self._in_string = False  # whether the last read ended inside a string
+        self._backslashes = 0  # backslashes that ended the last read
 
     def read(self, size: int = -1) -> bytes:
         chunk = self._f.read(size)
-        last = max(chunk.rfind(delimiter) for delimiter in _DELIMITERS)
-        if last >= 0:
-            self._run = len(chunk) - last - 1
-        elif chunk.strip():  # spaces alone between tokens cost yajl nothing
-            self._run += len(chunk)
+        quotes = _unescaped_quotes(chunk, self._backslashes)
+        if quotes % 2:
+            self._in_string = not self._in_string
+        if self._in_string:
+            opening = _last_unescaped_quote(chunk, self._backslashes) if quotes else -1
+            self._run = len(chunk) - opening - 1 if opening >= 0 else self._run + len(chunk)
+        else:
+            last = max(chunk.rfind(delimiter) for delimiter in _DELIMITERS)
+            if last >= 0:
+                self._run = len(chunk) - last - 1
+            elif chunk.strip():  # spaces alone between tokens cost yajl nothing
+                self._run += len(chunk)
+        stripped = chunk.rstrip(b"\\")
+        trailing = len(chunk) - len(stripped)
+        self._backslashes = trailing if stripped or not chunk else self._backslashes + trailing
         if self._run > _MAX_RUN_BYTES:
             raise CocoFileError(
-                f"{self._path}: more than {_MAX_RUN_BYTES} bytes without a JSON delimiter "
+                f"{self._path}: a token of more than {_MAX_RUN_BYTES} bytes "
                 f"(a string, number or space run this long is not a COCO file's)"
             )
         return chunk
+
+
+def _unescaped_quotes(chunk: bytes, backslashes: int) -> int:
+    """How many of `chunk`'s quotes are not escaped, the chunk following
+    `backslashes` backslashes. A quote is escaped by an odd run of
+    backslashes before it: with ``c[k]`` the number of quotes after at least
+    ``k`` backslashes (``bytes.count`` of k backslashes and a quote: these
+    never overlap, each ends at its own quote), the escaped ones are
+    ``c[1] - c[2] + c[3] - ...``."""
+    total = chunk.count(_QUOTE)
+    if not total or (not backslashes and _BACKSLASH not in chunk):  # most reads: no escapes
+        return total
+    escaped, sign, k = 0, 1, 1
+    while True:
+        count = chunk.count(b"\\" * k + _QUOTE)
+        if not count:
+            break
+        escaped += sign * count
+        sign, k = -sign, k + 1
+    # A quote among the first bytes, after backslashes that ended the last read.
+    if backslashes:
+        lead = len(chunk) - len(chunk.lstrip(b"\\"))
+        if lead < len(chunk) and chunk[lead] == _QUOTE[0]:
+            before = (lead % 2) == 1  # as counted above, from this chunk alone
+            after = ((lead + backslashes) % 2) == 1
+            escaped += int(after) - int(before)
+    return total - escaped
+
+
+def _last_unescaped_quote(chunk: bytes, backslashes: int) -> int:
+    """The position of `chunk`'s last unescaped quote, or -1."""
+    end = len(chunk)
+    while True:
+        position = chunk.rfind(_QUOTE, 0, end)
+        if position < 0:
+            return -1
+        start = position
+        while start > 0 and chunk[start - 1] == _BACKSLASH:
+            start -= 1
+        run = position - start + (backslashes if start == 0 else 0)
+        if run % 2 == 0:
+            return position
+        end = position
 
 
 def _short(error: Exception) -> str:
