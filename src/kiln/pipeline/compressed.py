@@ -8,6 +8,11 @@ before any cap on a line (`text_lines`) could apply. `open_decompressed`
 opens the file as stored and decompresses it with readers whose
 ``read(n)`` holds about `n` bytes of output: Python's own for gzip, bzip2
 and xz/lzma, zstandard's stream reader, and `_ZlibReader` for deflate.
+
+A file that ends inside a compressed stream is an error (`EOFError`), never
+a shorter file. zstandard's reader alone does not say so (its read returns
+``b""`` at the end of the input inside a frame), so `_ZstdFrames` follows
+the frames' layout in the bytes it is given and `_ZstdReader` raises.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ import bz2
 import gzip
 import lzma
 import zlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, BinaryIO
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, cast
 
 from kiln.lazy_import import LazyModule
 
@@ -30,6 +35,8 @@ else:  # Beam on first use: validating a config needs none of it
 
 # Compressed bytes read from the file at a time.
 _PIECE_BYTES = 64 * 1024
+
+_CUT_SHORT = "the file ends inside a compressed stream"
 
 # The suffixes by which `FileSystems.open` decompresses a file
 # (`CompressionTypes.detect_compression_type`), compared in lower case.
@@ -53,7 +60,8 @@ def open_decompressed(path: str) -> Any:
 
     Raises:
       Exception: what the file system raises opening it; reading raises what
-        the store or the decompressor does (`OSError`, `EOFError`, ...).
+        the store or the decompressor does (`OSError`, ...), `EOFError` if
+        the file ends inside a compressed stream.
     """
     kind = CompressionTypes.detect_compression_type(path)
     raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
@@ -74,7 +82,10 @@ class _Decompressed:
         self._raw = raw
 
     def read(self, size: int = -1) -> bytes:
-        return self._reader.read(size)
+        try:
+            return self._reader.read(size)
+        except EOFError:  # in the same words for every format
+            raise EOFError(_CUT_SHORT) from None
 
     def close(self) -> None:
         try:
@@ -108,7 +119,7 @@ class _ZlibReader:
                 self._input = self._raw.read(_PIECE_BYTES)
                 if not self._input:
                     if self._fed and not self._decompressor.eof:
-                        raise EOFError("the file ends inside a compressed stream")
+                        raise EOFError(_CUT_SHORT)
                     return b""
             out = self._decompressor.decompress(self._input, limit)
             self._fed = True
@@ -123,18 +134,110 @@ class _ZlibReader:
         """Nothing to release: `_Decompressed` closes the file."""
 
 
-def _zstd_reader(raw: BinaryIO) -> Any:
-    import zstandard  # Beam's dependency, for .zst files only
+class _ZstdReader:
+    """A .zst file's frames' bytes, one after another, at most the size
+    asked for at a time, by zstandard's stream reader; its end inside a
+    frame is an error (see `_ZstdFrames`)."""
 
-    return zstandard.ZstdDecompressor().stream_reader(
-        raw, read_size=_PIECE_BYTES, read_across_frames=True, closefd=False
-    )
+    def __init__(self, raw: BinaryIO):
+        import zstandard  # Beam's dependency, for .zst files only
+
+        self._frames = _ZstdFrames(raw)
+        self._reader = zstandard.ZstdDecompressor().stream_reader(
+            cast(BinaryIO, self._frames),  # it calls `read(size)` only
+            read_size=_PIECE_BYTES,
+            read_across_frames=True,
+            closefd=False,
+        )
+
+    def read(self, size: int = -1) -> bytes:
+        out = self._reader.read(size)
+        if not out and size != 0 and not self._frames.ended_at_a_frame_edge:
+            raise EOFError(_CUT_SHORT)
+        return out
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+class _Field(NamedTuple):
+    """The next part of a .zst file's layout: its size, and whether its bytes
+    are wanted (a header) or only counted (a block's content)."""
+
+    size: int
+    wanted: bool
+    frame_edge: bool = False  # whether it starts a frame
+
+
+class _ZstdFrames:
+    """A .zst file's bytes as they are read, its frames' layout followed (RFC
+    8878: each frame's header, its blocks' headers and sizes, its checksum;
+    skippable frames), so that its end can be told to fall between frames
+    or inside one. Only headers are kept: a block's content is counted."""
+
+    def __init__(self, raw: BinaryIO):
+        self._raw = raw
+        self._layout = _zstd_layout()
+        self._field = next(self._layout)
+        self._left = self._field.size  # bytes of the field still to come
+        self._kept = bytearray()  # a wanted field's bytes so far
+        self._exhausted = False
+
+    @property
+    def ended_at_a_frame_edge(self) -> bool:
+        """Whether the file was read to its end, and it ends between frames."""
+        return self._exhausted and self._field.frame_edge and self._left == self._field.size
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        self._exhausted = not data
+        start = 0
+        while start < len(data):
+            taken = min(self._left, len(data) - start)
+            if self._field.wanted:
+                self._kept += data[start : start + taken]
+            start += taken
+            self._left -= taken
+            while self._left == 0:  # the field is whole (or empty): the next one
+                self._field = self._layout.send(bytes(self._kept))
+                self._left = self._field.size
+                self._kept.clear()
+        return data
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+_SKIPPABLE_MAGIC = 0x184D2A50  # the 16 values from it up
+_NOT_FOLLOWED = 1 << 62  # a field larger than any file: what is not zstd
+
+
+def _zstd_layout() -> Generator[_Field, bytes, None]:
+    """The fields of a .zst file one after another: yields the next, and is
+    sent the bytes of a wanted one (and ``b""`` for one only counted)."""
+    while True:
+        magic = int.from_bytes((yield _Field(4, True, frame_edge=True)), "little")
+        if magic & ~0xF == _SKIPPABLE_MAGIC:
+            size = int.from_bytes((yield _Field(4, True)), "little")
+            yield _Field(size, False)
+            continue
+        if magic != _ZSTD_MAGIC:  # the decompressor refuses it
+            while True:
+                yield _Field(_NOT_FOLLOWED, False)
+        descriptor = (yield _Field(1, True))[0]
+        single_segment = descriptor >> 5 & 1
+        content_size_bytes = (single_segment, 2, 4, 8)[descriptor >> 6]
+        yield _Field(1 - single_segment + (0, 1, 2, 4)[descriptor & 3] + content_size_bytes, False)
+        last = False
+        while not last:
+            block = int.from_bytes((yield _Field(3, True)), "little")
+            last, kind, size = bool(block & 1), block >> 1 & 3, block >> 3
+            yield _Field(1 if kind == 1 else size, False)  # an RLE block's content is 1 byte
+        yield _Field(4 if descriptor >> 2 & 1 else 0, False)  # the content's checksum
 
 
 _READERS: dict[str, Callable[[BinaryIO], Any]] = {
     "gzip": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
     "bzip2": bz2.BZ2File,
     "lzma": lzma.LZMAFile,
-    "zstd": _zstd_reader,
+    "zstd": _ZstdReader,
     "deflate": _ZlibReader,
 }
