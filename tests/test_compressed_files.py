@@ -1,17 +1,26 @@
 """Compressed manifests and COCO files (`kiln.pipeline.compressed`) read
 honestly: a file cut short is a config error naming it, never a shorter
-file, whatever its format."""
+file, whatever its format; a header that asks the decompressor for more
+than `compressed.MAX_WINDOW_BYTES` (an xz/lzma dictionary, a zstd window)
+is a config error naming the limit, and files within it are read.
+tests/test_hostile_inputs.py builds such files under a memory limit."""
 
 from __future__ import annotations
 
 import json
+import lzma
 
 import pytest
 import zstandard
 
-from compressed_data import zstd_streamed
+from compressed_data import (
+    HOSTILE_MESSAGES,
+    hostile_files,
+    xz_with_a_dictionary_of,
+    zstd_streamed,
+)
 from kiln.errors import ConfigError
-from kiln.pipeline import sources
+from kiln.pipeline import compressed, sources
 from kiln.pipeline.sources import CocoSource
 from kiln.schemas import TargetsConfig
 
@@ -126,3 +135,57 @@ def test_a_zstd_coco_file_cut_inside_a_frame_is_a_config_error_naming_it(tmp_pat
     assert str(raised.value) == (
         f"source.annotations: cannot read {annotations}: the file ends inside a compressed stream"
     )
+
+
+@pytest.mark.parametrize("suffix", [".xz", ".lzma", ".zst"])
+def test_a_manifest_asking_for_a_dictionary_or_window_over_the_limit_is_a_config_error(
+    tmp_path, suffix
+):
+    # lzma's decoder has no memory limit of its own: it allocated what the
+    # header asked, up to 4 GiB for a few dozen bytes (a MemoryError, or the
+    # machine's memory); zstandard's refused a window with no word of why.
+    manifest = tmp_path / f"m.csv{suffix}"
+    manifest.write_bytes(hostile_files(b"path,label\n" + csv_rows(3))[suffix])
+    assert manifest.stat().st_size < 500
+
+    with pytest.raises(ConfigError) as raised:
+        list_manifest(manifest)
+
+    assert str(raised.value) == (
+        f"source.path: cannot read manifest {manifest}: {HOSTILE_MESSAGES[suffix]}"
+    )
+
+
+def test_a_coco_file_asking_for_a_dictionary_over_the_limit_is_a_config_error(tmp_path):
+    annotations = tmp_path / "instances.json.xz"
+    annotations.write_bytes(hostile_files(coco_text(3))[".xz"])
+
+    with pytest.raises(ConfigError) as raised:
+        list_coco(annotations)
+
+    assert str(raised.value) == (
+        f"source.annotations: cannot read {annotations}: {HOSTILE_MESSAGES['.xz']}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("suffix", "packed"),
+    [
+        (".xz", lambda data: lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)),  # 64 MiB
+        (".xz", lambda data: xz_with_a_dictionary_of(128 << 20, data)),
+        (".lzma", lambda data: xz_with_a_dictionary_of(128 << 20, data, alone=True)),
+        (".zst", lambda data: zstd_streamed(data, window_log=27)),  # zstd --long's 128 MiB
+    ],
+)
+def test_files_with_a_dictionary_or_window_up_to_the_limit_are_read(tmp_path, suffix, packed):
+    rows = b"path,label\n" + csv_rows(3)
+    manifest = tmp_path / f"m.csv{suffix}"
+    manifest.write_bytes(packed(rows))
+
+    assert manifest_paths(manifest) == [f"{'x' * 100}/{i}.png" for i in range(3)]
+
+
+def test_the_limit_the_config_reference_states_is_the_limit():
+    described = sources.ManifestSource.model_fields["type"].description or ""
+    assert f"over {compressed.MAX_WINDOW_BYTES >> 20} MiB" in described
+    assert compressed.MAX_WINDOW_BYTES >> 20 << 20 == compressed.MAX_WINDOW_BYTES
