@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 import kiln
+from compressed_data import HOSTILE_MESSAGES, hostile_files
 
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
 
@@ -246,3 +247,31 @@ def test_a_manifest_line_of_a_gibibyte_is_one_line_too_long_row_read_in_little_m
         f"the line is {1 << 30} bytes long, more than the {16 << 20} bytes a line may hold "
         f"(one row per line): skipped unread"
     )
+
+
+def test_compressed_annotations_asking_for_gibibytes_to_decompress_are_config_errors(tmp_path):
+    # lzma's decoder allocated the dictionary a .lzma header declares, 4 GiB
+    # for a file of some hundred bytes: under this limit a MemoryError (the
+    # config error said only that), without one 4 GiB taken from the machine.
+    # A zstd frame can declare a 2 GiB window.
+    images = write_images(tmp_path / "images")
+    rows = "path,label\n" + "".join(f"images/{p},{p.split('/')[0]}\n" for p in images)
+    (tmp_path / "manifest.csv.lzma").write_bytes(hostile_files(rows.encode())[".lzma"])
+    coco = json.dumps(coco_of(images)).encode()
+    (tmp_path / "instances.json.zst").write_bytes(hostile_files(coco)[".zst"])
+    configs = {
+        "manifest.csv.lzma": base_config({"type": "manifest", "path": "manifest.csv.lzma"}),
+        "instances.json.zst": base_config(
+            {"type": "coco", "annotations": "instances.json.zst", "images": "images"},
+            targets={"boxes": {}},
+        ),
+    }
+
+    for name, config in configs.items():
+        completed = build(config, tmp_path, timeout=120, memory_gib=4)
+        assert completed.returncode == 2, completed.stderr[-2000:]
+        lines = completed.stderr.strip().splitlines()
+        assert len(lines) == 1, lines
+        assert f"{tmp_path / name}: {HOSTILE_MESSAGES[os.path.splitext(name)[1]]}" in lines[0], (
+            lines[0]
+        )

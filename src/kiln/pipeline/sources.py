@@ -318,7 +318,9 @@ class ManifestSource(_SourceModel):
     type: Literal["manifest"]
     """`manifest`: a CSV (header `path,label[,split]`) or JSONL file (`{"path", "label"[,
     "split"]}`; `.jsonl`/`.json` means JSONL). Either may be compressed, read by its suffix
-    (`.gz`, `.bz2`, `.xz`, `.lzma`, `.deflate`, `.zst`): `manifest.jsonl.gz` is JSONL."""
+    (`.gz`, `.bz2`, `.xz`, `.lzma`, `.deflate`, `.zst`): `manifest.jsonl.gz` is JSONL. A
+    compressed file cut short, or one whose xz/lzma dictionary or zstd window is over 128 MiB
+    (`xz -9` writes 64 MiB, `zstd --long` 128 MiB), is a config error."""
     path: ConfigPath
     """The manifest file (a local path relative to the config file's folder, or a `gs://`
     URI); relative image paths in it resolve against the manifest's own folder. A line may
@@ -377,7 +379,8 @@ class _ObjectSource(_SourceModel):
     annotations: ConfigPath
     """coco: the instances JSON file (e.g. `annotations/instances_train2017.json`), read item
     by item (three passes), never whole into memory; its declared category names, sorted, are
-    the class list unless `classes` is given. voc: the folder of XML files (e.g.
+    the class list unless `classes` is given. It may be compressed as a manifest may
+    (`instances.json.gz`: the same suffixes and limits). voc: the folder of XML files (e.g.
     `VOCdevkit/VOC2012/Annotations`), each `.xml` file below it one image. A local path
     (relative to the config file's folder) or `gs://...`."""
     images: ConfigPath
