@@ -102,6 +102,24 @@ def test_batch_size_defaults_to_single_elements(png_dataset):
     assert dataset.cardinality() == png_dataset.info.splits["train"].num_examples
 
 
+@pytest.mark.parametrize("flag", ["shuffle", "normalize", "drop_remainder", "as_supervised"])
+def test_a_flag_that_is_not_a_bool_is_refused_naming_it(png_dataset, flag):
+    # A string is true to Python: shuffle="no" shuffled, as_supervised="false"
+    # yielded (image, label), drop_remainder="yes" failed inside TensorFlow.
+    allowed = "True, False or None" if flag == "shuffle" else "True or False"
+    for read in (kiln.reader.load, kiln.reader.load_for_model):
+        with pytest.raises(ValueError, match=rf"^{flag} must be {allowed}, got 'no'$"):
+            read(png_dataset.dataset_dir, batch_size=8, seed=1, **{flag: "no"})
+        with pytest.raises(ValueError, match=rf"^{flag} must be {allowed}, got 0$"):
+            read(png_dataset.dataset_dir, batch_size=8, seed=1, **{flag: 0})
+    # NumPy's bools are bools.
+    unshuffled = kiln.reader.load(
+        png_dataset.dataset_dir, batch_size=8, seed=1, shuffle=np.False_, augment=None
+    )
+    in_order = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, shuffle=False, augment=None)
+    np.testing.assert_array_equal(images_of(unshuffled), images_of(in_order))
+
+
 def test_read_options_check_themselves_when_made():
     with pytest.raises(ValueError, match=r"ReadOptions\.shuffle_buffer must be a positive int"):
         ReadOptions(shuffle_buffer=0)

@@ -459,6 +459,12 @@ def _read(
 ):
     """`load`'s work: ``(dataset, layer)``, the layer None unless `model_side`."""
     host_memory.warn_if_too_late()
+    _check_flags(
+        shuffle=shuffle,
+        normalize=normalize,
+        drop_remainder=drop_remainder,
+        as_supervised=as_supervised,
+    )
     deterministic = options.deterministic
     shuffle_buffer = options.shuffle_buffer
     dynamic_sharding = options.dynamic_sharding
@@ -710,6 +716,18 @@ def _is_count(value) -> bool:
     """Whether `value` is an integer (an int or a NumPy integer, as in
     ``global_batch // np.int64(hosts)``), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_flags(**flags) -> None:
+    """Refuses a flag that is neither a bool nor None (where None is its default):
+    any string is true to Python, so ``shuffle="no"`` or ``normalize="false"``
+    would silently do the opposite of what it says."""
+    for name, value in flags.items():
+        if value is None and name == "shuffle":
+            continue
+        if not isinstance(value, (bool, np.bool_)):
+            allowed = "True, False or None" if name == "shuffle" else "True or False"
+            raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 def _checked_arguments(batch_size, repeat, drop_remainder) -> tuple[int | None, bool | int]:
