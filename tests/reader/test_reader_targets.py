@@ -308,6 +308,31 @@ def test_model_layer_refuses_targets_beside_the_image(scenes_dataset):
         np.testing.assert_allclose(actual.numpy(), wanted.numpy(), atol=1e-6, err_msg=name)
 
 
+def test_model_layer_refuses_targets_the_dataset_does_not_declare(scenes_dataset, png_dataset):
+    """A target the layer does not know would come back as it went in, beside
+    images it cropped and flipped: a mask for a classification dataset, a
+    misspelt name on a detection one."""
+    dataset, layer = kiln.reader.load_for_model(png_dataset.dataset_dir, batch_size=4, seed=1)
+    inputs, labels = next(iter(dataset))
+    mask = tf.zeros([4, 32, 32, 1], tf.uint8)
+    with pytest.raises(
+        ValueError,
+        match=r"AugmentationLayer: the targets \['mask'\] are not among this dataset's "
+        r"targets \['label'\] \(kiln.json targets\); the layer moves only those",
+    ):
+        layer({**inputs, "targets": {"label": labels, "mask": mask}}, training=True)
+    images, passed = layer({**inputs, "targets": {"label": labels}}, training=True)
+    np.testing.assert_array_equal(passed["label"].numpy(), labels.numpy())
+
+    kwargs = {"batch_size": 4, "seed": 5, "augment": LISTS["geometry"]}
+    dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **kwargs)
+    inputs, targets = next(iter(dataset))
+    misspelt = dict(targets, masks=targets.pop("mask"))
+    for training in (True, False):
+        with pytest.raises(ValueError, match=r"the targets \['masks'\] are not among"):
+            layer({**inputs, "targets": misspelt}, training=training)
+
+
 @pytest.fixture(scope="session")
 def every_target_dataset(tmp_path_factory):
     """tests/targets_data.py's corpus built with every kind of target: label,
