@@ -333,6 +333,32 @@ def test_model_layer_refuses_targets_the_dataset_does_not_declare(scenes_dataset
             layer({**inputs, "targets": misspelt}, training=training)
 
 
+def test_model_layer_refuses_to_move_images_alone_in_training(scenes_dataset):
+    """The README's classification model, ``network(layer(inputs))``, on a
+    detection dataset: fit would train on flipped images and unflipped boxes.
+    In training the layer refuses images without their targets; outside
+    training (predict, serving) it takes images alone."""
+    kwargs = {"batch_size": 4, "seed": 5, "augment": LISTS["geometry"]}
+    dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **kwargs)
+    inputs, targets = next(iter(dataset))
+    with pytest.raises(
+        ValueError,
+        match=r"AugmentationLayer\(training=True\) got images without this dataset's targets "
+        r"\['boxes', 'mask', 'instance_masks', 'keypoints'\], and \['random_resized_crop', "
+        r"'random_flip_left_right', 'random_rotation', 'random_flip_up_down', 'random_zoom'\] "
+        r"move pixels",
+    ):
+        layer(inputs, training=True)
+    assert layer(inputs["image"], training=False).shape == (4, 56, 56, 3)
+    images, _ = layer({**inputs, "targets": targets}, training=True)
+    assert images.shape == (4, 56, 56, 3)
+    # Colour ops move no pixel: images alone are fine then.
+    colour = {"batch_size": 4, "seed": 5, "augment": [{"random_brightness": {"max_delta": 0.2}}]}
+    dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **colour)
+    inputs, _ = next(iter(dataset))
+    assert layer(inputs, training=True).shape == (4, 64, 64, 3)
+
+
 @pytest.fixture(scope="session")
 def every_target_dataset(tmp_path_factory):
     """tests/targets_data.py's corpus built with every kind of target: label,
