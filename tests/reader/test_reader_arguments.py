@@ -129,6 +129,10 @@ def test_read_options_check_themselves_when_made():
         ReadOptions(deterministic="yes")
     with pytest.raises(dataclasses.FrozenInstanceError):
         ReadOptions().deterministic = False  # type: ignore[misc]
+    # A NumPy integer is a count, as load's batch_size and repeat take it.
+    numpy_count = ReadOptions(shuffle_buffer=np.int64(200))
+    assert numpy_count == ReadOptions(shuffle_buffer=200)
+    assert type(numpy_count.shuffle_buffer) is int
 
 
 def test_a_dict_of_options_is_refused_with_the_read_options_call_to_write(png_dataset):
