@@ -123,9 +123,21 @@ def locate(path: str | os.PathLike) -> str:
         LATEST is read with or without a trailing newline.
 
     Raises:
-      MetadataError: naming the path, when neither holds.
+      MetadataError: naming the path, when neither holds; for an empty path
+        (an unset variable), which would otherwise be looked for at ``/``.
+      TypeError: for a path that is not a str or `os.PathLike` (None).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"a dataset path must be a str or os.PathLike (a local folder or a gs:// URI), "
+            f"got {type(path).__name__} {path!r}"
+        )
     path = os.fspath(path)
+    if not path:
+        raise MetadataError(
+            "the dataset path is empty (an unset variable?): pass the folder `kiln build` "
+            "wrote (<output>/<name>/<version>) or its parent <output>/<name>"
+        )
     if not path.endswith("://"):
         path = path.rstrip("/") or "/"
     if exists(join(path, METADATA_FILENAME)):
