@@ -257,8 +257,15 @@ def _is_dir(path: str) -> bool:
 
 
 def _file_passed_message(path: str) -> str:
-    """What `locate` says when given a file (kiln.json itself, a shard) instead of a folder."""
+    """What `locate` says when given a file (kiln.json, a shard, LATEST) instead of a folder."""
     parent = posixpath.dirname(path) if is_remote(path) else os.path.dirname(path)
+    if os.path.basename(path) == LATEST_FILENAME:
+        here = f" ({parent})" if parent and exists(path) else ""
+        return (
+            f"{path} is the dataset's {LATEST_FILENAME} file, not a dataset folder. Pass the "
+            f"folder that holds it{here}, which follows it to the newest version, or a version "
+            f"folder (the folder that holds {METADATA_FILENAME})."
+        )
     holding = parent if parent and exists(join(parent, METADATA_FILENAME)) else None
     what = (
         f"the dataset's {METADATA_FILENAME} file"
