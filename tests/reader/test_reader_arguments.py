@@ -102,22 +102,38 @@ def test_batch_size_defaults_to_single_elements(png_dataset):
     assert dataset.cardinality() == png_dataset.info.splits["train"].num_examples
 
 
-@pytest.mark.parametrize("flag", ["shuffle", "normalize", "drop_remainder", "as_supervised"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "shuffle",
+        "training",
+        "normalize",
+        "drop_remainder",
+        "pad_remainder",
+        "as_supervised",
+        "one_hot",
+    ],
+)
 def test_a_flag_that_is_not_a_bool_is_refused_naming_it(png_dataset, flag):
     # A string is true to Python: shuffle="no" shuffled, as_supervised="false"
     # yielded (image, label), drop_remainder="yes" failed inside TensorFlow.
-    allowed = "True, False or None" if flag == "shuffle" else "True or False"
+    allowed = "True, False or None" if flag in ("shuffle", "training") else "True or False"
     for read in (kiln.reader.load, kiln.reader.load_for_model):
         with pytest.raises(ValueError, match=rf"^{flag} must be {allowed}, got 'no'$"):
             read(png_dataset.dataset_dir, batch_size=8, seed=1, **{flag: "no"})
         with pytest.raises(ValueError, match=rf"^{flag} must be {allowed}, got 0$"):
             read(png_dataset.dataset_dir, batch_size=8, seed=1, **{flag: 0})
-    # NumPy's bools are bools.
-    unshuffled = kiln.reader.load(
-        png_dataset.dataset_dir, batch_size=8, seed=1, shuffle=np.False_, augment=None
-    )
-    in_order = kiln.reader.load(png_dataset.dataset_dir, batch_size=8, shuffle=False, augment=None)
+        # NumPy's bools are bools, for every flag alike.
+        assert read(png_dataset.dataset_dir, batch_size=8, seed=1, **{flag: np.False_}) is not None
+
+
+def test_a_numpy_bool_means_what_the_bool_does(png_dataset):
+    path = png_dataset.dataset_dir
+    unshuffled = kiln.reader.load(path, batch_size=8, seed=1, shuffle=np.False_, augment=None)
+    in_order = kiln.reader.load(path, batch_size=8, shuffle=False, augment=None)
     np.testing.assert_array_equal(images_of(unshuffled), images_of(in_order))
+    padded = kiln.reader.load(path, "validation", batch_size=8, pad_remainder=np.True_)
+    assert len(padded.element_spec) == 3  # (image, label, weight)
 
 
 def test_read_options_check_themselves_when_made():

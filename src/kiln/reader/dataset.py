@@ -459,12 +459,13 @@ def _read(
 ):
     """`load`'s work: ``(dataset, layer)``, the layer None unless `model_side`."""
     host_memory.warn_if_too_late()
-    _check_flags(
-        shuffle=shuffle,
-        normalize=normalize,
-        drop_remainder=drop_remainder,
-        as_supervised=as_supervised,
-    )
+    shuffle = _flag("shuffle", shuffle, optional=True)
+    training = _flag("training", training, optional=True)
+    normalize = _flag("normalize", normalize)
+    drop_remainder = _flag("drop_remainder", drop_remainder)
+    pad_remainder = _flag("pad_remainder", pad_remainder)
+    as_supervised = _flag("as_supervised", as_supervised)
+    one_hot = _flag("one_hot", one_hot)
     deterministic = options.deterministic
     shuffle_buffer = options.shuffle_buffer
     dynamic_sharding = options.dynamic_sharding
@@ -718,16 +719,17 @@ def _is_count(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
-def _check_flags(**flags) -> None:
-    """Refuses a flag that is neither a bool nor None (where None is its default):
-    any string is true to Python, so ``shuffle="no"`` or ``normalize="false"``
-    would silently do the opposite of what it says."""
-    for name, value in flags.items():
-        if value is None and name == "shuffle":
-            continue
-        if not isinstance(value, (bool, np.bool_)):
-            allowed = "True, False or None" if name == "shuffle" else "True or False"
-            raise ValueError(f"{name} must be {allowed}, got {value!r}")
+def _flag(name: str, value: Any, optional: bool = False) -> Any:
+    """`value` as a Python bool (None stays None where `optional`), or
+    ValueError naming the argument: any string is true to Python, so
+    ``shuffle="no"`` or ``normalize="false"`` would silently do the opposite
+    of what it says. NumPy's bools are bools."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        allowed = "True, False or None" if optional else "True or False"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return bool(value)
 
 
 def _checked_arguments(batch_size, repeat, drop_remainder) -> tuple[int | None, bool | int]:
@@ -779,8 +781,6 @@ def _check_pad_remainder(
     pad_remainder, batch_size, drop_remainder, repeat, dynamic_sharding, augmenter: Augmenter
 ) -> None:
     """Refuses what `pad_remainder` cannot be combined with, naming the other option."""
-    if not isinstance(pad_remainder, bool):
-        raise ValueError(f"pad_remainder must be True or False, got {pad_remainder!r}")
     if not pad_remainder:
         return
     if batch_size is None:
@@ -930,8 +930,6 @@ def _augmenter(
 ) -> Augmenter:
     """The validated list, checked against the dataset (`Augmenter.check_dataset`:
     the same checks as `kiln build`'s), for `load` and `load_for_model` alike."""
-    if training is not None and not isinstance(training, bool):
-        raise ValueError(f"training must be True, False or None, got {training!r}")
     randomly = (split == "train") if training is None else training
     field = "augment"
     if isinstance(augment, str):
