@@ -267,8 +267,12 @@ def load(
         a crop that does not fit in the stored images, or an RGB-only op on
         grey images.
       AugmentOpError: for a user op that ignores its seed or cannot be traced.
-      ValueError: for argument combinations that cannot work, with the reason.
-      TypeError: for `options` that is not a `ReadOptions` (e.g. a dict).
+      ValueError: for an argument of the wrong type or value (a flag that is
+        not a bool, such as ``shuffle="no"``; ``batch_size=0``), or
+        argument combinations that cannot work, with the reason.
+      TypeError: for `options` that is not a `ReadOptions` (e.g. a dict), a
+        `seed` that is not an integer, or a `path` that is not a str or
+        `os.PathLike`.
       TargetError: for an option the dataset's targets do not allow (e.g.
         `one_hot` without per-image labels, `class_weight` without ``label``),
         or an op that cannot move or mix them.
