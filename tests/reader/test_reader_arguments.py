@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import kiln.reader
 from kiln.reader import AugmentConfigError, ReadOptions
@@ -134,6 +135,8 @@ def test_a_numpy_bool_means_what_the_bool_does(png_dataset):
     np.testing.assert_array_equal(images_of(unshuffled), images_of(in_order))
     padded = kiln.reader.load(path, "validation", batch_size=8, pad_remainder=np.True_)
     assert len(padded.element_spec) == 3  # (image, label, weight)
+    endless = kiln.reader.load(path, batch_size=8, seed=1, repeat=np.True_)
+    assert endless.cardinality() == tf.data.INFINITE_CARDINALITY
 
 
 def test_read_options_check_themselves_when_made():

@@ -738,6 +738,8 @@ def _flag(name: str, value: Any, optional: bool = False) -> Any:
 
 def _checked_arguments(batch_size, repeat, drop_remainder) -> tuple[int | None, bool | int]:
     """`batch_size` and `repeat` as Python values, or ValueError naming the one that is wrong."""
+    if isinstance(repeat, np.bool_):  # a bool, as for load's flags
+        repeat = bool(repeat)
     if batch_size is not None and (not _is_count(batch_size) or batch_size <= 0):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
     if not isinstance(repeat, bool) and (not _is_count(repeat) or repeat < 1):
