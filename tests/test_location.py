@@ -73,3 +73,15 @@ def test_the_output_folder_names_the_datasets_it_holds(tmp_path):
             f"It is an output folder holding 2 dataset(s): pass one: "
             f"{tmp_path / 'flowers'}, {tmp_path / 'shapes'}."
         ), message
+
+
+def test_an_empty_path_or_none_is_refused_as_such():
+    # An unset variable (os.environ.get("DATA", "")) was looked for at "/":
+    # "/ is not a kiln dataset".
+    for find in (locate, kiln.reader.locate, kiln.reader.info, version_diff.locate):
+        with pytest.raises(MetadataError, match=r"^the dataset path is empty \(an unset"):
+            find("")
+        with pytest.raises(
+            TypeError, match=r"^a dataset path must be a str or os\.PathLike .*, got NoneType None$"
+        ):
+            find(None)

@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import kiln.reader
 from kiln.reader import AugmentConfigError, ReadOptions
@@ -102,6 +103,42 @@ def test_batch_size_defaults_to_single_elements(png_dataset):
     assert dataset.cardinality() == png_dataset.info.splits["train"].num_examples
 
 
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "shuffle",
+        "training",
+        "normalize",
+        "drop_remainder",
+        "pad_remainder",
+        "as_supervised",
+        "one_hot",
+    ],
+)
+def test_a_flag_that_is_not_a_bool_is_refused_naming_it(png_dataset, flag):
+    # A string is true to Python: shuffle="no" shuffled, as_supervised="false"
+    # yielded (image, label), drop_remainder="yes" failed inside TensorFlow.
+    allowed = "True, False or None" if flag in ("shuffle", "training") else "True or False"
+    for read in (kiln.reader.load, kiln.reader.load_for_model):
+        with pytest.raises(ValueError, match=rf"^{flag} must be {allowed}, got 'no'$"):
+            read(png_dataset.dataset_dir, batch_size=8, seed=1, **{flag: "no"})
+        with pytest.raises(ValueError, match=rf"^{flag} must be {allowed}, got 0$"):
+            read(png_dataset.dataset_dir, batch_size=8, seed=1, **{flag: 0})
+        # NumPy's bools are bools, for every flag alike.
+        assert read(png_dataset.dataset_dir, batch_size=8, seed=1, **{flag: np.False_}) is not None
+
+
+def test_a_numpy_bool_means_what_the_bool_does(png_dataset):
+    path = png_dataset.dataset_dir
+    unshuffled = kiln.reader.load(path, batch_size=8, seed=1, shuffle=np.False_, augment=None)
+    in_order = kiln.reader.load(path, batch_size=8, shuffle=False, augment=None)
+    np.testing.assert_array_equal(images_of(unshuffled), images_of(in_order))
+    padded = kiln.reader.load(path, "validation", batch_size=8, pad_remainder=np.True_)
+    assert len(padded.element_spec) == 3  # (image, label, weight)
+    endless = kiln.reader.load(path, batch_size=8, seed=1, repeat=np.True_)
+    assert endless.cardinality() == tf.data.INFINITE_CARDINALITY
+
+
 def test_read_options_check_themselves_when_made():
     with pytest.raises(ValueError, match=r"ReadOptions\.shuffle_buffer must be a positive int"):
         ReadOptions(shuffle_buffer=0)
@@ -111,6 +148,10 @@ def test_read_options_check_themselves_when_made():
         ReadOptions(deterministic="yes")
     with pytest.raises(dataclasses.FrozenInstanceError):
         ReadOptions().deterministic = False  # type: ignore[misc]
+    # A NumPy integer is a count, as load's batch_size and repeat take it.
+    numpy_count = ReadOptions(shuffle_buffer=np.int64(200))
+    assert numpy_count == ReadOptions(shuffle_buffer=200)
+    assert type(numpy_count.shuffle_buffer) is int
 
 
 def test_a_dict_of_options_is_refused_with_the_read_options_call_to_write(png_dataset):

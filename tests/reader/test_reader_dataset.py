@@ -89,6 +89,17 @@ def test_a_file_passed_as_the_dataset_names_the_folder_to_pass(png_dataset, tmp_
             assert "has no kiln.json" not in message
     with pytest.raises(MetadataError, match=r"is the dataset's kiln\.json file, not a dataset"):
         kiln.reader.locate(metadata)
+    # LATEST is the file a dataset folder holds: that folder is the one to pass.
+    latest = tmp_path / "shapes" / LATEST_FILENAME
+    latest.parent.mkdir()
+    latest.write_text(os.path.basename(version_dir))
+    with pytest.raises(MetadataError) as raised:
+        kiln.reader.load(latest, batch_size=4)
+    assert str(raised.value) == (
+        f"{latest} is the dataset's LATEST file, not a dataset folder. Pass the folder that "
+        f"holds it ({latest.parent}), which follows it to the newest version, or a version "
+        f"folder (the folder that holds kiln.json)."
+    )
     stray = tmp_path / "notes.txt"
     stray.write_text("not a dataset")
     with pytest.raises(MetadataError) as raised:

@@ -288,6 +288,25 @@ def test_replica_iterator_serves_the_default_strategy(png_dataset):
     assert [key.numpy() for key in keys] == [k for b in plain for k in b["key"].numpy()]
 
 
+def test_replica_iterator_names_a_misplaced_argument(png_dataset):
+    """The arguments swapped failed with "'function' object has no attribute
+    'num_replicas_in_sync'", a dataset for the function with "not callable"."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+
+    def dataset_fn(context):
+        return kiln.reader.load(png_dataset.dataset_dir, batch_size=8, input_context=context)
+
+    with pytest.raises(
+        TypeError, match=r"strategy must be a tf\.distribute\.Strategy, got function"
+    ):
+        kiln.reader.ReplicaIterator(dataset_fn, strategy)
+    dataset = kiln.reader.load(png_dataset.dataset_dir, batch_size=8)
+    with pytest.raises(TypeError, match=r"dataset_fn must be a function of a tf\.distribute\."):
+        kiln.reader.ReplicaIterator(strategy, dataset)
+
+
 def test_replica_iterator_refuses_a_second_loop_after_its_datasets_ended(png_dataset):
     """An epoch loop over one ReplicaIterator of one-pass datasets ran its
     first epoch, then every later one on nothing, silently."""

@@ -157,6 +157,13 @@ def test_one_hot_needs_per_image_labels(tmp_path_factory):
     )
     with pytest.raises(TargetError, match="no per-image class ids"):
         kiln.reader.load(boxes_only.dataset_dir, batch_size=2, seed=1, one_hot=True)
+    # Not "pass one_hot=True", which this dataset refuses as above.
+    with pytest.raises(
+        TargetError,
+        match=r"^label_smoothing=0\.1: this dataset has no per-image class ids to encode "
+        r"\(label or labels; targets \['boxes'\]\)",
+    ):
+        kiln.reader.load(boxes_only.dataset_dir, batch_size=2, seed=1, label_smoothing=0.1)
 
 
 # --- class ids as int32 (ReadOptions.label_dtype) ----------------------------------------

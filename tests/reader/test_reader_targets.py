@@ -308,6 +308,57 @@ def test_model_layer_refuses_targets_beside_the_image(scenes_dataset):
         np.testing.assert_allclose(actual.numpy(), wanted.numpy(), atol=1e-6, err_msg=name)
 
 
+def test_model_layer_refuses_targets_the_dataset_does_not_declare(scenes_dataset, png_dataset):
+    """A target the layer does not know would come back as it went in, beside
+    images it cropped and flipped: a mask for a classification dataset, a
+    misspelt name on a detection one."""
+    dataset, layer = kiln.reader.load_for_model(png_dataset.dataset_dir, batch_size=4, seed=1)
+    inputs, labels = next(iter(dataset))
+    mask = tf.zeros([4, 32, 32, 1], tf.uint8)
+    with pytest.raises(
+        ValueError,
+        match=r"AugmentationLayer: the targets \['mask'\] are not among this dataset's "
+        r"targets \['label'\] \(kiln.json targets\); the layer moves only those",
+    ):
+        layer({**inputs, "targets": {"label": labels, "mask": mask}}, training=True)
+    images, passed = layer({**inputs, "targets": {"label": labels}}, training=True)
+    np.testing.assert_array_equal(passed["label"].numpy(), labels.numpy())
+
+    kwargs = {"batch_size": 4, "seed": 5, "augment": LISTS["geometry"]}
+    dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **kwargs)
+    inputs, targets = next(iter(dataset))
+    misspelt = dict(targets, masks=targets.pop("mask"))
+    for training in (True, False):
+        with pytest.raises(ValueError, match=r"the targets \['masks'\] are not among"):
+            layer({**inputs, "targets": misspelt}, training=training)
+
+
+def test_model_layer_refuses_to_move_images_alone_in_training(scenes_dataset):
+    """The README's classification model, ``network(layer(inputs))``, on a
+    detection dataset: fit would train on flipped images and unflipped boxes.
+    In training the layer refuses images without their targets; outside
+    training (predict, serving) it takes images alone."""
+    kwargs = {"batch_size": 4, "seed": 5, "augment": LISTS["geometry"]}
+    dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **kwargs)
+    inputs, targets = next(iter(dataset))
+    with pytest.raises(
+        ValueError,
+        match=r"AugmentationLayer\(training=True\) got images without this dataset's targets "
+        r"\['boxes', 'mask', 'instance_masks', 'keypoints'\], and \['random_resized_crop', "
+        r"'random_flip_left_right', 'random_rotation', 'random_flip_up_down', 'random_zoom'\] "
+        r"move pixels",
+    ):
+        layer(inputs, training=True)
+    assert layer(inputs["image"], training=False).shape == (4, 56, 56, 3)
+    images, _ = layer({**inputs, "targets": targets}, training=True)
+    assert images.shape == (4, 56, 56, 3)
+    # Colour ops move no pixel: images alone are fine then.
+    colour = {"batch_size": 4, "seed": 5, "augment": [{"random_brightness": {"max_delta": 0.2}}]}
+    dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **colour)
+    inputs, _ = next(iter(dataset))
+    assert layer(inputs, training=True).shape == (4, 64, 64, 3)
+
+
 @pytest.fixture(scope="session")
 def every_target_dataset(tmp_path_factory):
     """tests/targets_data.py's corpus built with every kind of target: label,

@@ -44,7 +44,7 @@ import dataclasses
 import logging
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -573,7 +573,7 @@ class Augmenter:
         if augmentation.definition.builtin:
             return run()
         try:
-            return run()
+            out = run()
         except (
             AttributeError,
             NotImplementedError,
@@ -581,6 +581,23 @@ class Augmenter:
             tf.errors.OperatorNotAllowedInGraphError,
         ) as e:
             raise trace_error(augmentation.name, e) from e
+        _check_output(augmentation.name, out[0] if isinstance(out, tuple) else out)
+        return out
+
+
+def _check_output(name: str, image: Any) -> None:
+    """Refuses a user op's image that is not float32: every op takes and returns
+    float32 in [0, 1], which the next op, ``normalize`` and the output `dtype`
+    rely on (a uint8 0..255 image came out as "float" 0..255 in bfloat16)."""
+    dtype = getattr(image, "dtype", None)
+    if dtype != tf.float32:
+        got = getattr(dtype, "name", type(image).__name__)
+        raise AugmentOpError(
+            f"augmentation op {name!r} returned a {got} image; augmentation ops take and return "
+            f"float32 images in [0, 1] (the next op, normalize and the output dtype rely on "
+            f"it): compute in float32, or return tf.image.convert_image_dtype(image, "
+            f"tf.float32) for a uint8 image"
+        )
 
 
 def check_stored_list(
@@ -709,8 +726,10 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
     outputs = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
     if all(np.array_equal(outputs[0], out) for out in outputs[1:]):
         _check_deterministic(augmentation, image, seeds[0], outputs[0], drew)
-    again = concrete(image, seeds[1]).numpy()
-    if not np.array_equal(outputs[1], again):
+    # Every seed again: a stateful coin (``tf.random.uniform([]) < 0.5``) gives
+    # one seed's output again half the time, and 64 of them all alike hardly ever.
+    again = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
+    if not all(np.array_equal(out, repeat) for out, repeat in zip(outputs, again, strict=True)):
         raise AugmentOpError(
             f"augmentation op {name!r} gave different outputs for the same seed: it uses "
             f"stateful randomness (tf.random.uniform, tf.random.Generator, a Keras random "

@@ -267,8 +267,12 @@ def load(
         a crop that does not fit in the stored images, or an RGB-only op on
         grey images.
       AugmentOpError: for a user op that ignores its seed or cannot be traced.
-      ValueError: for argument combinations that cannot work, with the reason.
-      TypeError: for `options` that is not a `ReadOptions` (e.g. a dict).
+      ValueError: for an argument of the wrong type or value (a flag that is
+        not a bool, such as ``shuffle="no"``; ``batch_size=0``), or
+        argument combinations that cannot work, with the reason.
+      TypeError: for `options` that is not a `ReadOptions` (e.g. a dict), a
+        `seed` that is not an integer, or a `path` that is not a str or
+        `os.PathLike`.
       TargetError: for an option the dataset's targets do not allow (e.g.
         `one_hot` without per-image labels, `class_weight` without ``label``),
         or an op that cannot move or mix them.
@@ -459,6 +463,13 @@ def _read(
 ):
     """`load`'s work: ``(dataset, layer)``, the layer None unless `model_side`."""
     host_memory.warn_if_too_late()
+    shuffle = _flag("shuffle", shuffle, optional=True)
+    training = _flag("training", training, optional=True)
+    normalize = _flag("normalize", normalize)
+    drop_remainder = _flag("drop_remainder", drop_remainder)
+    pad_remainder = _flag("pad_remainder", pad_remainder)
+    as_supervised = _flag("as_supervised", as_supervised)
+    one_hot = _flag("one_hot", one_hot)
     deterministic = options.deterministic
     shuffle_buffer = options.shuffle_buffer
     dynamic_sharding = options.dynamic_sharding
@@ -712,8 +723,23 @@ def _is_count(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
+def _flag(name: str, value: Any, optional: bool = False) -> Any:
+    """`value` as a Python bool (None stays None where `optional`), or
+    ValueError naming the argument: any string is true to Python, so
+    ``shuffle="no"`` or ``normalize="false"`` would silently do the opposite
+    of what it says. NumPy's bools are bools."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        allowed = "True, False or None" if optional else "True or False"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return bool(value)
+
+
 def _checked_arguments(batch_size, repeat, drop_remainder) -> tuple[int | None, bool | int]:
     """`batch_size` and `repeat` as Python values, or ValueError naming the one that is wrong."""
+    if isinstance(repeat, np.bool_):  # a bool, as for load's flags
+        repeat = bool(repeat)
     if batch_size is not None and (not _is_count(batch_size) or batch_size <= 0):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
     if not isinstance(repeat, bool) and (not _is_count(repeat) or repeat < 1):
@@ -761,8 +787,6 @@ def _check_pad_remainder(
     pad_remainder, batch_size, drop_remainder, repeat, dynamic_sharding, augmenter: Augmenter
 ) -> None:
     """Refuses what `pad_remainder` cannot be combined with, naming the other option."""
-    if not isinstance(pad_remainder, bool):
-        raise ValueError(f"pad_remainder must be True or False, got {pad_remainder!r}")
     if not pad_remainder:
         return
     if batch_size is None:
@@ -912,8 +936,6 @@ def _augmenter(
 ) -> Augmenter:
     """The validated list, checked against the dataset (`Augmenter.check_dataset`:
     the same checks as `kiln build`'s), for `load` and `load_for_model` alike."""
-    if training is not None and not isinstance(training, bool):
-        raise ValueError(f"training must be True, False or None, got {training!r}")
     randomly = (split == "train") if training is None else training
     field = "augment"
     if isinstance(augment, str):

@@ -82,7 +82,8 @@ class LabelEncoding:
         Raises:
           ValueError: for an option of the wrong type or range, or label
             smoothing on class ids.
-          TargetError: for `one_hot` on a dataset without per-image labels.
+          TargetError: for `one_hot` or `label_smoothing` on a dataset without
+            per-image labels.
         """
         if not isinstance(one_hot, bool):
             raise ValueError(f"one_hot must be True or False, got {one_hot!r}")
@@ -93,10 +94,12 @@ class LabelEncoding:
         ):
             raise ValueError(f"label_smoothing must be a number in [0, 1), got {label_smoothing!r}")
         present = [kind for kind in LABEL_KINDS if kind in spec.kinds]
-        if one_hot and not present:
+        if not present and (one_hot or label_smoothing):
+            # Checked before the hint below to pass one_hot=True, refused here too.
+            asked = "one_hot=True" if one_hot else f"label_smoothing={label_smoothing}"
             raise TargetError(
-                f"one_hot=True: this dataset has no per-image class ids to encode (targets "
-                f"{list(spec.kinds)}); per-object classes stay ids"
+                f"{asked}: this dataset has no per-image class ids to encode (label or labels; "
+                f"targets {list(spec.kinds)}); per-object classes stay ids"
             )
         if mixes_labels and present:
             one_hot = True

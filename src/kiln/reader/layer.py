@@ -55,7 +55,11 @@ class AugmentationLayer(tf.keras.layers.Layer):
     would move (boxes and the other per-object columns, masks) anywhere
     else in the dict, as in the flat dict of ``load_for_model(...,
     as_supervised=False)``, are refused: the layer returns images only,
-    and those targets would no longer match them.
+    and those targets would no longer match them. So are targets under
+    ``"targets"`` that the dataset does not declare (a ``mask`` for a
+    classification dataset, a misspelt name), which it would return unmoved,
+    and, in training, images alone of a dataset whose boxes, masks or
+    keypoints its ops would move.
 
     Args:
       augment: Augmentation list in YAML form (element ops only).
@@ -125,6 +129,7 @@ class AugmentationLayer(tf.keras.layers.Layer):
         if isinstance(inputs, dict):
             images, seeds = inputs["image"], inputs.get("augment_seed")
             if inputs.get("targets") is not None:
+                _check_known_targets(inputs["targets"], self._spec)
                 return self._call_with_targets(images, seeds, inputs["targets"], training)
             _check_no_loose_targets(inputs, self._spec)
         else:
@@ -132,6 +137,7 @@ class AugmentationLayer(tf.keras.layers.Layer):
         if training and self.random:
             if seeds is None:
                 raise ValueError(_NEEDS_SEEDS)
+            _check_targets_follow(self._random, self._spec)
             seeds = tf.cast(seeds, tf.int32)
             out = tf.map_fn(
                 _unconverted(lambda pair: self._random.apply(pair[0], pair[1])),
@@ -234,6 +240,38 @@ def _check_batch(images: Any) -> None:
             f"yields single elements; pass batch_size (or batch the dataset), or add a batch "
             f"dimension to a single image"
         )
+
+
+def _check_targets_follow(augmenter: Augmenter, spec: TargetSpec) -> None:
+    """Refuses to move a detection or segmentation dataset's images randomly
+    without its targets: the boxes, masks and keypoints the loss compares
+    with would stay where the images' objects no longer are."""
+    moving = [a.name for a in augmenter.element_ops if a.definition.geometric]
+    if not spec.geometric or not moving:
+        return
+    raise ValueError(
+        f"AugmentationLayer(training=True) got images without this dataset's targets "
+        f"{list(spec.geometric)}, and {moving} move pixels: the targets would no longer match "
+        f"the images. Pass them and take both back: images, targets = layer({{**inputs, "
+        f"'targets': targets}}, training=True) (load_for_model yields (inputs, targets))"
+    )
+
+
+def _check_known_targets(targets: Mapping[str, Any], spec: TargetSpec) -> None:
+    """Refuses targets the dataset does not declare (a mask on a classification
+    dataset, a misspelt name): the layer moves only the targets it knows and
+    would return the others as they were, no longer matching the images."""
+    known = (*spec.names, "num_objects")
+    unknown = [name for name in targets if name not in known]
+    if not unknown:
+        return
+    raise ValueError(
+        f"AugmentationLayer: the targets {unknown} are not among this dataset's targets "
+        f"{list(spec.names)} (kiln.json targets); the layer moves only those and would return "
+        f"{unknown} as they were, no longer matching the augmented images. Pass the targets "
+        f"load_for_model yields (a dataset with masks or boxes is built with them: "
+        f"targets: in the build config)"
+    )
 
 
 def _check_no_loose_targets(inputs: Mapping[str, Any], spec: TargetSpec) -> None:

@@ -31,7 +31,9 @@ def info(path: str | os.PathLike) -> DatasetInfo:
     Raises:
       MetadataError: naming the file, if it is missing, malformed, modified
         after it was written (`kiln.schemas.MetadataChecksumError`), written
-        by a newer kiln, or declares a record schema this reader cannot parse.
+        by a newer kiln, or declares a record schema this reader cannot parse;
+        for an empty path or one that holds no dataset (see `locate`).
+      TypeError: for a path that is not a str or `os.PathLike` (None).
     """
     dataset_dir = locate(path)
     source = join(dataset_dir, METADATA_FILENAME)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Mapping
 
 # The dtypes `ReadOptions.label_dtype` takes for class ids.
@@ -26,7 +27,8 @@ class ReadOptions:
     unknown key is named by the TypeError of ``__init__``).
 
     Attributes:
-      shuffle_buffer: Records in the shuffle buffer. None: as many records
+      shuffle_buffer: Records in the shuffle buffer (an int or a NumPy
+        integer). None: as many records
         as fit in 256 MB (by the shards' average record size), at least 1000
         and at most 10000, and at most this pipeline's share (which is then
         shuffled completely). A larger buffer mixes more and costs memory
@@ -57,11 +59,19 @@ class ReadOptions:
     label_dtype: str = "int64"
 
     def __post_init__(self) -> None:
-        buffer = self.shuffle_buffer
-        if buffer is not None and (isinstance(buffer, bool) or not isinstance(buffer, int)):
-            raise ValueError(f"ReadOptions.shuffle_buffer must be an int or None, got {buffer!r}")
-        if buffer is not None and buffer < 1:
-            raise ValueError(f"ReadOptions.shuffle_buffer must be a positive int, got {buffer!r}")
+        # numbers.Integral: an int or a NumPy integer (``records // np.int64(4)``),
+        # as `load` takes its counts; stored as an int.
+        buffer: object = self.shuffle_buffer
+        if buffer is not None:
+            if isinstance(buffer, bool) or not isinstance(buffer, numbers.Integral):
+                raise ValueError(
+                    f"ReadOptions.shuffle_buffer must be an int or None, got {buffer!r}"
+                )
+            if buffer < 1:
+                raise ValueError(
+                    f"ReadOptions.shuffle_buffer must be a positive int, got {buffer!r}"
+                )
+            object.__setattr__(self, "shuffle_buffer", int(buffer))
         if not isinstance(self.deterministic, bool):
             raise ValueError(
                 f"ReadOptions.deterministic must be True or False, got {self.deterministic!r}"

@@ -60,6 +60,7 @@ class ReplicaIterator(tf.Module):
         dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
     ):
         super().__init__()
+        _check_arguments(strategy, dataset_fn)
         replicas = strategy.num_replicas_in_sync
         self._strategy = strategy
         self._ended = False
@@ -101,6 +102,24 @@ class ReplicaIterator(tf.Module):
         local = {replica: batch for replica, batch in zip(self._local_ids, batches, strict=True)}
         return self._strategy.experimental_distribute_values_from_function(
             lambda context: local[context.replica_id_in_sync_group]
+        )
+
+
+def _check_arguments(strategy, dataset_fn) -> None:
+    """Refuses the mix-ups an AttributeError or "not callable" would report
+    without naming the argument: the arguments swapped, or a dataset (what
+    ``experimental_distribute_dataset`` takes) for the function."""
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(
+            f"ReplicaIterator(strategy, dataset_fn): strategy must be a tf.distribute.Strategy, "
+            f"got {type(strategy).__name__}"
+        )
+    if isinstance(dataset_fn, tf.data.Dataset) or not callable(dataset_fn):
+        raise TypeError(
+            f"ReplicaIterator(strategy, dataset_fn): dataset_fn must be a function of a "
+            f"tf.distribute.InputContext that returns that replica's dataset (as "
+            f"distribute_datasets_from_function takes), got {type(dataset_fn).__name__}; pass "
+            f"lambda context: kiln.reader.load(path, ..., input_context=context)"
         )
 
 

@@ -123,9 +123,21 @@ def locate(path: str | os.PathLike) -> str:
         LATEST is read with or without a trailing newline.
 
     Raises:
-      MetadataError: naming the path, when neither holds.
+      MetadataError: naming the path, when neither holds; for an empty path
+        (an unset variable), which would otherwise be looked for at ``/``.
+      TypeError: for a path that is not a str or `os.PathLike` (None).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"a dataset path must be a str or os.PathLike (a local folder or a gs:// URI), "
+            f"got {type(path).__name__} {path!r}"
+        )
     path = os.fspath(path)
+    if not path:
+        raise MetadataError(
+            "the dataset path is empty (an unset variable?): pass the folder `kiln build` "
+            "wrote (<output>/<name>/<version>) or its parent <output>/<name>"
+        )
     if not path.endswith("://"):
         path = path.rstrip("/") or "/"
     if exists(join(path, METADATA_FILENAME)):
@@ -245,8 +257,15 @@ def _is_dir(path: str) -> bool:
 
 
 def _file_passed_message(path: str) -> str:
-    """What `locate` says when given a file (kiln.json itself, a shard) instead of a folder."""
+    """What `locate` says when given a file (kiln.json, a shard, LATEST) instead of a folder."""
     parent = posixpath.dirname(path) if is_remote(path) else os.path.dirname(path)
+    if os.path.basename(path) == LATEST_FILENAME:
+        here = f" ({parent})" if parent and exists(path) else ""
+        return (
+            f"{path} is the dataset's {LATEST_FILENAME} file, not a dataset folder. Pass the "
+            f"folder that holds it{here}, which follows it to the newest version, or a version "
+            f"folder (the folder that holds {METADATA_FILENAME})."
+        )
     holding = parent if parent and exists(join(parent, METADATA_FILENAME)) else None
     what = (
         f"the dataset's {METADATA_FILENAME} file"
