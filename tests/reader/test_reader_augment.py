@@ -475,6 +475,27 @@ def test_an_op_returning_another_dtype_is_refused_naming_it(user_ops, png_datase
         layer(inputs, training=True)
 
 
+def test_an_op_changing_the_channels_is_refused_naming_it(user_ops, png_dataset):
+    # An RGB to gray op made 1-channel batches from a dataset kiln.json says
+    # has 3 channels: normalize's per-channel statistics and the model's
+    # input no longer match, and nothing said so.
+    @register_augmentation("random_gray")
+    def random_gray(image, seed):
+        gray = tf.image.rgb_to_grayscale(image)
+        return tf.where(tf.random.stateless_uniform([], seed) < 0.5, gray, gray * 0.5)
+
+    path = png_dataset.dataset_dir
+    with pytest.raises(
+        AugmentOpError,
+        match=r"^augmentation op 'random_gray' returned an image of 1 channels from one of 3",
+    ):
+        kiln.reader.load(path, batch_size=8, seed=1, augment=["random_gray"])
+    dataset, layer = kiln.reader.load_for_model(path, batch_size=8, seed=1, augment=["random_gray"])
+    inputs, _ = next(iter(dataset))
+    with pytest.raises(AugmentOpError, match="returned an image of 1 channels"):
+        layer(inputs, training=True)
+
+
 def test_op_calling_numpy_fails_at_trace_time_with_an_explanation(user_ops):
     @register_augmentation("numpy_brightness")
     def numpy_brightness(image, seed):

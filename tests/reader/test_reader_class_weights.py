@@ -108,7 +108,11 @@ def test_load_yields_each_examples_weight(png_dataset):
         ({0: float("nan")}, "finite number >= 0"),
         ({"circle": 2.0}, "keys are class ids"),
         ([1.0, 2.0], "'balanced' or a"),
-        ("inverse", "method must be one of"),
+        # Named as load's argument, with the dict form, not as class_weights' method.
+        (
+            "inverse",
+            r"^class_weight must be 'balanced' or a \{class id: weight\} dict, got 'inverse'",
+        ),
     ],
 )
 def test_class_weight_is_checked_before_reading(png_dataset, class_weight, message):

@@ -302,14 +302,14 @@ class Augmenter:
                 # The crop's finish is the last step: straight to uint8.
                 window_image = image
                 finished = self._call(
-                    crop, lambda: window.finish_uint8(window_image, **crop.kwargs)
+                    crop, lambda: window.finish_uint8(window_image, **crop.kwargs), window_image
                 )
             if finished is not None:
                 if targets is not None:
                     targets = _finish_targets(targets, finished)
                 return finished, targets
             image = to_float(image)
-            image = self._call(crop, lambda: window.finish(image, **crop.kwargs))
+            image = self._call(crop, lambda: window.finish(image, **crop.kwargs), image)
             if targets is not None:
                 targets = _finish_targets(targets, image)
             return self._run(image, seed, targets, first=index)
@@ -530,7 +530,7 @@ class Augmenter:
             op_seed = self._op_seed(seed, index)
             if targets is None:
                 return self._call(
-                    augmentation, lambda: definition.fn(image, op_seed, **kwargs)
+                    augmentation, lambda: definition.fn(image, op_seed, **kwargs), image
                 ), None
             if definition.window is not None:
                 return self._window_with_targets(
@@ -539,19 +539,21 @@ class Augmenter:
             with_targets = definition.with_targets
             if with_targets is not None:
                 return self._call(
-                    augmentation, lambda: with_targets(image, targets, op_seed, **kwargs)
+                    augmentation, lambda: with_targets(image, targets, op_seed, **kwargs), image
                 )
             # Checked by `check_targets`: the op moves no pixels, or the
             # dataset has no geometric targets.
-            return self._call(augmentation, lambda: definition.fn(image, op_seed, **kwargs)), (
-                targets
-            )
+            return self._call(
+                augmentation, lambda: definition.fn(image, op_seed, **kwargs), image
+            ), targets
         if targets is not None and definition.inference_window is not None:
             return self._window_with_targets(
                 augmentation, definition.inference_window, image, targets, None
             )
         if definition.inference is not None:
-            return self._call(augmentation, lambda: definition.inference(image, **kwargs)), targets
+            return self._call(
+                augmentation, lambda: definition.inference(image, **kwargs), image
+            ), targets
         return image, targets
 
     def _window_with_targets(
@@ -561,7 +563,9 @@ class Augmenter:
         shape = tf.shape(image)[:2]
         offset, size = window.sample(shape, seed, **augmentation.kwargs)
         cropped = slice_window(image, offset, size)
-        out = self._call(augmentation, lambda: window.finish(cropped, **augmentation.kwargs))
+        out = self._call(
+            augmentation, lambda: window.finish(cropped, **augmentation.kwargs), cropped
+        )
         return out, _finish_targets(targets.deferring_moves().crop(offset, size, shape), out)
 
     @staticmethod
@@ -569,7 +573,8 @@ class Augmenter:
         return tf.random.fold_in(seed, tf.constant(index, tf.int32))
 
     @staticmethod
-    def _call(augmentation: Augmentation, run):
+    def _call(augmentation: Augmentation, run, image: tf.Tensor):
+        """`run()`: the op applied to `image` (a user op's output checked)."""
         if augmentation.definition.builtin:
             return run()
         try:
@@ -581,14 +586,17 @@ class Augmenter:
             tf.errors.OperatorNotAllowedInGraphError,
         ) as e:
             raise trace_error(augmentation.name, e) from e
-        _check_output(augmentation.name, out[0] if isinstance(out, tuple) else out)
+        _check_output(augmentation.name, out[0] if isinstance(out, tuple) else out, image)
         return out
 
 
-def _check_output(name: str, image: Any) -> None:
+def _check_output(name: str, image: Any, given: tf.Tensor) -> None:
     """Refuses a user op's image that is not float32: every op takes and returns
     float32 in [0, 1], which the next op, ``normalize`` and the output `dtype`
-    rely on (a uint8 0..255 image came out as "float" 0..255 in bfloat16)."""
+    rely on (a uint8 0..255 image came out as "float" 0..255 in bfloat16); or
+    whose channels are not those of the image it was `given` (an RGB to gray
+    op's output would not be the dataset's ``channels``, which kiln.json,
+    ``normalize`` and the model's input declare)."""
     dtype = getattr(image, "dtype", None)
     if dtype != tf.float32:
         got = getattr(dtype, "name", type(image).__name__)
@@ -597,6 +605,15 @@ def _check_output(name: str, image: Any) -> None:
             f"float32 images in [0, 1] (the next op, normalize and the output dtype rely on "
             f"it): compute in float32, or return tf.image.convert_image_dtype(image, "
             f"tf.float32) for a uint8 image"
+        )
+    channels = image.shape[-1] if image.shape.rank else None
+    expected = given.shape[-1] if given.shape.rank else None
+    if channels is not None and expected is not None and channels != expected:
+        raise AugmentOpError(
+            f"augmentation op {name!r} returned an image of {channels} channels from one "
+            f"of {expected}; augmentation ops keep the dataset's channels (kiln.json "
+            f"'channels', which normalize and the model's input rely on): convert channels "
+            f"in the model, or store them so with the build's transforms"
         )
 
 

@@ -184,7 +184,7 @@ class ExampleWeights:
           ValueError: for ids outside the classes, or weights that are not
             finite non-negative numbers. TargetError: without a ``label``.
         """
-        if isinstance(class_weight, str):
+        if isinstance(class_weight, str) and class_weight in METHODS:
             return cls(tuple(class_weights(metadata, split, class_weight).values()))
         if not isinstance(class_weight, Mapping):
             raise ValueError(
