@@ -612,7 +612,7 @@ def test_the_first_builds_summary_says_what_to_do_next(demo_corpus, tmp_path):
     root = str(output / "shapes")
     assert summary(first).splitlines()[-1] == (
         f"  next: kiln inspect '{root}'; kiln preview '{root}' -o preview.png; "
-        f"train with kiln.reader.load('{root}', \"train\", batch_size=64, seed=1)"
+        f'train with kiln.reader.load("{root}", "train", batch_size=64, seed=1)'
     )
     # Later builds (here: up to date) are a scheduler's routine: no such line.
     again = build(config)

@@ -44,6 +44,7 @@ SIGTERM (nothing published).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import shlex
@@ -499,6 +500,7 @@ def summary(result: BuildResult) -> str:
         shell = shlex.quote(root)
         lines.append(
             f"  next: kiln inspect {shell}; kiln preview {shell} -o preview.png; train with "
-            f'kiln.reader.load({root!r}, "train", batch_size=64, seed=1)'
+            f'kiln.reader.load({json.dumps(root, ensure_ascii=False)}, "train", '
+            f"batch_size=64, seed=1)"
         )
     return "\n".join(lines)
