@@ -650,6 +650,24 @@ def test_batch_ops_are_checked_against_the_targets_also_where_they_do_not_run(sc
     kiln.reader.load(path, batch_size=4, augment=["cutmix"], training=False)
 
 
+def test_erase_targets_on_a_dataset_without_targets_to_erase_is_refused(png_dataset):
+    """erase_targets on a classification dataset did nothing, silently: a
+    config that asks for what cannot happen is refused before any data."""
+    erase = {"random_erasing": {"probability": 1.0, "erase_targets": True}}
+    with pytest.raises(
+        TargetError,
+        match=r"^augment\[1\]\.random_erasing: erase_targets: true erases masks, keypoints and "
+        r"objects under the rectangle, and this dataset has none \(its targets: \['label'\]\)",
+    ):
+        kiln.reader.load(
+            png_dataset.dataset_dir, batch_size=4, augment=["random_flip_left_right", erase]
+        )
+    plain = {"random_erasing": {"probability": 1.0}}
+    kiln.reader.load(
+        png_dataset.dataset_dir, batch_size=4, augment=["random_flip_left_right", plain]
+    )
+
+
 def test_random_erasing_of_zero_area_leaves_image_and_targets_alone(scenes_dataset):
     erase = {"probability": 1.0, "scale_range": [0.0, 0.0], "value": 0.5, "erase_targets": True}
     kwargs = {"batch_size": 4, "seed": 1, "as_supervised": False}

@@ -1096,7 +1096,26 @@ def _erasing_targets(
     return _targets_with_probability(probability, draw, erase, image, targets)
 
 
-@builtin_op("random_erasing", geometric=False, with_targets=_erasing_targets)
+# What `ElementTargets.erase` changes: the others (labels, extras) are of the
+# whole image.
+_ERASABLE = ("mask", "instance_masks", "keypoints", "boxes")
+
+
+def _erasing_targets_problem(kinds, *, erase_targets, **_: Any) -> str | None:
+    if not erase_targets or any(kind in _ERASABLE for kind in kinds):
+        return None
+    return (
+        f"erase_targets: true erases masks, keypoints and objects under the rectangle, and "
+        f"this dataset has none (its targets: {list(kinds)}); drop erase_targets"
+    )
+
+
+@builtin_op(
+    "random_erasing",
+    geometric=False,
+    with_targets=_erasing_targets,
+    targets_problem=_erasing_targets_problem,
+)
 def random_erasing(
     image,
     seed,
