@@ -857,8 +857,8 @@ class ProcessImagesFn(_ImageStepFn):
     their bytes and processed by this DoFn again (`incremental.JoinMoved`),
     and ``base_reads``: with a gzip-compressed base, ``(base shard,
     (position, sha256, file))`` for the files whose record is rewritten
-    from that base record (relabelled or moved), read shard by shard
-    (`RewriteFromBaseShards`).
+    from that base record (moved, or relabelled where an id changes its
+    varint width: `relabel`), read shard by shard (`RewriteFromBaseShards`).
 
     With a base, the ``base_checks`` side input maps each base file to the
     problem its check found ("" when none) and, for a shard, where its
@@ -1010,9 +1010,10 @@ class ProcessImagesFn(_ImageStepFn):
 class RewriteFromBaseShardsFn(_ImageStepFn):
     """``(base shard, [(position, sha256, file)])`` -> what `ProcessImagesFn`
     gives (runs, ``dropped``, ``summary``): the files whose records are
-    rewritten from a record of a gzip-compressed base (relabelled or moved),
-    handed on by the image steps (`BASE_READS`) because one record of such
-    a shard cannot be read without inflating it from its start.
+    rewritten from a record of a gzip-compressed base (moved, or relabelled
+    where an id changes its varint width: `relabel`), handed on by the
+    image steps (`BASE_READS`) because one record of such a shard cannot be
+    read without inflating it from its start.
 
     Each element is one base shard and every file that wants a record of
     it: the shard is read once (`incremental.BaseShard`), its records in

@@ -208,8 +208,9 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         all_dropped = [dropped, moved.dropped]
         if plan.base.compression is not None:
             # One record of a gzip base is not read alone: the files whose
-            # records are rewritten from one (relabelled or moved) were handed
-            # on, and each base shard they want is read once.
+            # records are rewritten from one (moved, or relabelled where an
+            # id changes its varint width) were handed on, and each base
+            # shard they want is read once.
             rewritten = (
                 (processed.base_reads, moved.base_reads)
                 | "AllBaseReads" >> beam.Flatten()  # (base shard, (position, sha256, file))
