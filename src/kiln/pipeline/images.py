@@ -20,17 +20,20 @@ writer (a `sharding.ReusedRun` on the ``reused`` output, per base shard per
 bundle: where its frame is in the base shard, found by the base's check),
 and its statistics come from the row. A file whose sha256 matches and whose
 listing inputs match with the base's class ids (a class added or removed
-shifted them) is not decoded either: its base record is read (`_base_record`)
-and rewritten with this build's class ids (`relabel`), into the runs like a
-new record. A file whose key found no such record but whose bytes are a
-record's the base no longer lists under its key (it moved: `moves`) is
-handed on (``deferred``) to be joined with those records by sha256; the
-same step, run again on what the join gives (each file with the base rows
-of its bytes under ``moved_from``), rewrites the matching record's key and
-class ids, or processes the file. A gzip-compressed base's record is not
-read alone: both steps hand such a file on (``base_reads``, with where the
-record is) and `RewriteFromBaseShardsFn` runs it again with the record,
-reading each base shard once.
+shifted them) is not decoded either: its record is copied so too, marked
+to have its class ids rewritten by the shard writer as it copies it
+(`relabel.FrameRelabel`); only where an id changes its varint width is its
+base record read here (`_base_record`) and rewritten with this build's
+class ids (`relabel`), into the runs like a new record. A file whose key
+found no such record but whose bytes are a record's the base no longer
+lists under its key (it moved: `moves`) is handed on (``deferred``) to be
+joined with those records by sha256; the same step, run again on what the
+join gives (each file with the base rows of its bytes under
+``moved_from``), rewrites the matching record's key and class ids, or
+processes the file. A gzip-compressed base's record is not read alone:
+both steps hand such a file on (``base_reads``, with where the record is)
+and `RewriteFromBaseShardsFn` runs it again with the record, reading each
+base shard once.
 
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
 output, counted per reason. What the job counts about every file (its
@@ -67,7 +70,7 @@ from kiln.pipeline.listing import read_uri
 from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
 from kiln.pipeline.record_index import IndexRow
-from kiln.pipeline.relabel import Relabel
+from kiln.pipeline.relabel import FrameRelabel, Relabel
 from kiln.pipeline.sharding import ReusedRun, RunWriter, sort_key
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import PixelSums, Summary, TargetCounts, pixel_sums
@@ -112,7 +115,8 @@ class Reuse(NamedTuple):
 class Outcome(NamedTuple):
     """What processing one file produced: an image or a dropped row, and
     the file's entry hash for the version. A reused image (`reused` set)
-    has no record bytes: they are copied from the base."""
+    has no record bytes: they are copied from the base (with `relabelled`,
+    and its class ids rewritten as they are: `relabel.FrameRelabel`)."""
 
     image: ProcessedImage | None
     dropped: DroppedFile | None
@@ -183,6 +187,15 @@ class ImageProcessor:
             and (targets is None or targets.config.mask is None)
         ):
             self._relabel = Relabel(base_class_names, self._class_names, self._schema)
+        # Relabelled records keep their length: their ids are rewritten where
+        # the shard writer copies their frames, not here.
+        self._frame_relabel = None if self._relabel is None else self._relabel.frame_relabel()
+
+    @property
+    def frame_relabel(self) -> FrameRelabel | None:
+        """What the shard writer rewrites relabelled records' class ids with
+        (`sharding.ShardRuns`); None when they are rewritten here, or none is."""
+        return self._frame_relabel
 
     def __call__(
         self,
@@ -312,7 +325,23 @@ class ImageProcessor:
 
         reads_base = read_base is not None or read_later
         if base is not None and base.sha256 == sha256 and reads_base:
-            outcome = rewritten(self._relabelled(item, listed, label, base), moved=False)
+            relabelled = self._relabelled(item, listed, label, base)
+            if relabelled and self._relabel is not None and self._frame_relabel is not None:
+                # Copied from the base like a reused record, its ids
+                # rewritten in the copy; what it counts is this build's.
+                sums = PixelSums(base.pixels, base.sums, base.squares)
+                counts = self._relabel.counts(base.targets)
+                stored = self._stored(
+                    item, label, sha256, inputs, b"", base.height, base.width, sums, counts
+                )
+                return Outcome(
+                    stored,
+                    None,
+                    entry(sha256, content),
+                    Reuse(base.shard, base.position),
+                    relabelled=True,
+                )
+            outcome = rewritten(relabelled, moved=False)
             if outcome is not None:
                 return outcome
         if moved_from is not None and reads_base:
@@ -638,8 +667,9 @@ class _ImageStepFn(beam.DoFn):
         # Tasks on the pool: future -> (files, window, timestamp), in submission order.
         self._pending: dict[concurrent.futures.Future, tuple] = {}
         self._summary = Summary()
-        # Per base shard: the reused records' ReusedRun entries and contents.
-        self._reuse: dict[str, tuple[list, list]] = {}
+        # Per base shard and whether relabelled: the reused records'
+        # ReusedRun entries and contents.
+        self._reuse: dict[tuple[str, bool], tuple[list, list]] = {}
         self._base_checks: Mapping[str, tuple[str, bytes]] = {}
         self._frames: dict[str, Any] = {}  # base shard -> `incremental.frame_starts`
         self._read = Metrics.counter("kiln", "files_read")
@@ -705,7 +735,7 @@ class _ImageStepFn(beam.DoFn):
             SUMMARY, WindowedValue(self._summary, MIN_TIMESTAMP, (GlobalWindow(),))
         )
         base = self._base
-        for shard, (entries, contents) in sorted(self._reuse.items()):
+        for (shard, relabelled), (entries, contents) in sorted(self._reuse.items()):
             if base is None:
                 raise ValueError("records reused without a base")
             order = sorted(range(len(entries)), key=lambda i: entries[i][:2])
@@ -714,6 +744,7 @@ class _ImageStepFn(beam.DoFn):
                 base.compression,
                 tuple(entries[i] for i in order),
                 tuple(contents[i] for i in order),
+                relabelled,
             )
             yield beam.pvalue.TaggedOutput(
                 REUSED, WindowedValue(run, MIN_TIMESTAMP, (GlobalWindow(),))
@@ -777,11 +808,11 @@ class _ImageStepFn(beam.DoFn):
         if image is None:
             raise ValueError("an Outcome holds an image or a dropped file, never neither")
         if outcome.reused is not None:
-            self._reused.inc()
+            (self._relabelled if outcome.relabelled else self._reused).inc()
             shard, position = outcome.reused
             starts = self._starts(shard)
             start = starts[position]
-            entries, contents = self._reuse.setdefault(shard, ([], []))
+            entries, contents = self._reuse.setdefault((shard, outcome.relabelled), ([], []))
             # Plain tuples: Beam's coder writes them without pickling.
             entries.append(
                 (
@@ -818,15 +849,16 @@ class ProcessImagesFn(_ImageStepFn):
     """Groups of listed files -> sorted runs of their records (`SpilledRun`);
     tagged outputs ``dropped`` (DroppedFile), ``summary`` (one `Summary`
     per bundle), ``reused`` (a `sharding.ReusedRun` per base shard the
-    bundle reuses records of), the last two emitted when the bundle
+    bundle reuses records of, and one more per base shard it relabels
+    records of as they are copied), the last two emitted when the bundle
     finishes (a retried bundle's outputs, summary and runs included, are
     discarded with it), ``deferred``: ``(sha256, file)`` for the files
     that may have moved (`moves`), to be joined with the base's records of
     their bytes and processed by this DoFn again (`incremental.JoinMoved`),
     and ``base_reads``: with a gzip-compressed base, ``(base shard,
     (position, sha256, file))`` for the files whose record is rewritten
-    from that base record (relabelled or moved), read shard by shard
-    (`RewriteFromBaseShards`).
+    from that base record (moved, or relabelled where an id changes its
+    varint width: `relabel`), read shard by shard (`RewriteFromBaseShards`).
 
     With a base, the ``base_checks`` side input maps each base file to the
     problem its check found ("" when none) and, for a shard, where its
@@ -978,9 +1010,10 @@ class ProcessImagesFn(_ImageStepFn):
 class RewriteFromBaseShardsFn(_ImageStepFn):
     """``(base shard, [(position, sha256, file)])`` -> what `ProcessImagesFn`
     gives (runs, ``dropped``, ``summary``): the files whose records are
-    rewritten from a record of a gzip-compressed base (relabelled or moved),
-    handed on by the image steps (`BASE_READS`) because one record of such
-    a shard cannot be read without inflating it from its start.
+    rewritten from a record of a gzip-compressed base (moved, or relabelled
+    where an id changes its varint width: `relabel`), handed on by the
+    image steps (`BASE_READS`) because one record of such a shard cannot be
+    read without inflating it from its start.
 
     Each element is one base shard and every file that wants a record of
     it: the shard is read once (`incremental.BaseShard`), its records in

@@ -8,10 +8,11 @@ same listing inputs (key, class id: `record_index.inputs_fingerprint`) as
 in the base is copied from the base's shards without decoding; only new and
 changed files are decoded, transformed and encoded, and files gone from the
 source are gone from the new version. A record whose listing inputs differ
-only by class ids (a class added or removed shifted them) is read from the
-base's shard and rewritten with the new ids, not decoded (`relabel`); so is
-the record of a file that moved to another key (renamed, moved to another
-folder or class, listed under another path) with its key (`moves`).
+only by class ids (a class added or removed shifted them) is copied so
+too, its ids rewritten in the copy by the shard writer, not decoded
+(`relabel`); the record of a file that moved to another key (renamed,
+moved to another folder or class, listed under another path) is read from
+the base's shard and rewritten with its key (`moves`).
 The result is byte-identical to a from-scratch build of the same inputs
 and config, kiln.json included: the records are the same bytes, the shards
 are cut and ordered by the same rules, and the statistics are merged from
@@ -72,10 +73,11 @@ bytes: the side input, one packed bytes value, `PackDigestsFn`) is
 deferred, joined with the orphans of its sha256, and its record rewritten
 from the matching one (`moves`).
 
-An uncompressed base's record is read where its frame is (`BaseShard`: a
-seek and a read). One record of a gzip-compressed base cannot be read
-without inflating its shard from the start, so there the image steps hand
-on each file whose record would be rewritten (relabelled or moved) with
+An uncompressed base's record to rewrite (moved, or relabelled where an
+id changes its varint width: `relabel`) is read where its frame is
+(`BaseShard`: a seek and a read). One record of a gzip-compressed base
+cannot be read without inflating its shard from the start, so there the
+image steps hand on each file whose record would be rewritten so with
 where that record is, the files are grouped by base shard, and each such
 shard is inflated once, its wanted records read in ascending position
 (`images.RewriteFromBaseShards`, with the same `BaseShard`): one pass per

@@ -27,16 +27,18 @@ joined with the base's record index instead of spread (``JoinBase``), the
 base's files are checked first (``VerifyBaseFiles``, which also finds where
 each record of a base shard is), and the image step hands on the records it
 reuses as byte ranges of the base's shards (`sharding.ReusedRun`), which
-``WriteShards`` copies from there into the new shards. Files that may have
-moved (their bytes are those of a base record whose key is gone: `moves`)
-are handed on, joined with those records by sha256 (``JoinMoved``) and go
-through the image step a second time (``ProcessMovedImages``), which
-rewrites the matching records. One record of a gzip-compressed base cannot
-be read alone: there both image steps hand on the files whose records they
-would rewrite (relabelled or moved), grouped by the base shard holding the
-record, and each such shard is inflated once (``RewriteFromBaseShards``).
-``WriteReports`` also joins the shards' parts of the record index into
-``index.jsonl``.
+``WriteShards`` copies from there into the new shards (and the records
+relabelled, a class added or removed having shifted their ids, which it
+rewrites as it copies them: `relabel`). Files that may have moved (their
+bytes are those of a base record whose key is gone: `moves`) are handed on,
+joined with those records by sha256 (``JoinMoved``) and go through the
+image step a second time (``ProcessMovedImages``), which rewrites the
+matching records. One record of a gzip-compressed base cannot be read
+alone: there both image steps hand on the files whose records they would
+rewrite (moved, or relabelled where an id changes its varint width),
+grouped by the base shard holding the record, and each such shard is
+inflated once (``RewriteFromBaseShards``). ``WriteReports`` also joins the
+shards' parts of the record index into ``index.jsonl``.
 
 Per image, all the work is in `ProcessImages` (on a thread pool): the
 listing holds several files per line, the records go straight into sorted
@@ -206,8 +208,9 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         all_dropped = [dropped, moved.dropped]
         if plan.base.compression is not None:
             # One record of a gzip base is not read alone: the files whose
-            # records are rewritten from one (relabelled or moved) were handed
-            # on, and each base shard they want is read once.
+            # records are rewritten from one (moved, or relabelled where an
+            # id changes its varint width) were handed on, and each base
+            # shard they want is read once.
             rewritten = (
                 (processed.base_reads, moved.base_reads)
                 | "AllBaseReads" >> beam.Flatten()  # (base shard, (position, sha256, file))
@@ -221,7 +224,13 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         summaries = tuple(all_summaries) | "AllSummaries" >> beam.Flatten()
         dropped = tuple(all_dropped) | "AllDroppedAndMoved" >> beam.Flatten()
     shards = runs | "WriteShards" >> sharding.ShardRuns(
-        plan.staging_dir, plan.temp_dir, config.name, config.sharding, plan.image_threads
+        plan.staging_dir,
+        plan.temp_dir,
+        config.name,
+        config.sharding,
+        plan.image_threads,
+        # Rewrites the class ids of the records relabelled as they are copied.
+        relabel=processor.frame_relabel,
     )  # (split, index, ShardInfo)
     # Without a default for empty input: no separate stage to make one; an
     # empty list stands for "no bundles" below.

@@ -42,7 +42,10 @@ frame length per record), they are sliced per shard like runs
 (`ReusedSlice`), and `WriteShardFn` copies their frames from the base shard
 (a read per range of neighbouring frames; a gzip shard in one forward
 inflate, `read_reused`), checking each frame's length and CRCs, and merges
-them with the new records by hash.
+them with the new records by hash. Records relabelled (`relabel`: a class
+added or removed shifted the class ids) travel the same way, their runs
+marked ``relabelled``: the shard writer rewrites their ids in the copied
+frame (`relabel.FrameRelabel`) after checking it.
 
 Beside each shard `WriteShardFn` writes the shard's part of the record
 index (one line per record, in shard order) to the temp folder
@@ -73,6 +76,7 @@ from kiln.schemas import ShardInfo, shard_filename
 
 if TYPE_CHECKING:
     from kiln.pipeline.config import ShardingConfig
+    from kiln.pipeline.relabel import FrameRelabel
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +102,7 @@ class ReusedSlice(NamedTuple):
     compression: str | None  # its compression (offsets are in its uncompressed bytes)
     # (sort_key, offset, framed length, index entry) of each record, sorted.
     entries: tuple[tuple[str, int, int, bytes], ...]
+    relabelled: bool = False  # class ids to rewrite as they are copied (`ReusedRun`)
 
 
 class SpilledRun(NamedTuple):
@@ -120,12 +125,18 @@ class ReusedRun(NamedTuple):
     framed length, index entry)``, sorted, the offset and length those of
     the record's TFRecord frame in the base shard's uncompressed bytes;
     ``contents`` are ``(source file's sha256, key)`` in the same order, as in
-    a `SpilledRun`."""
+    a `SpilledRun`.
+
+    ``relabelled``: the records' class ids are the base's, to be mapped to
+    this build's as they are copied (`relabel.FrameRelabel`, which keeps
+    their length: the framed lengths are the new records' too); their
+    index entries are this build's already."""
 
     source: str
     compression: str | None
     entries: tuple[tuple[str, str, int, int, bytes], ...]
     contents: tuple[tuple[str, str], ...]
+    relabelled: bool = False
 
 
 def sort_key(key: str) -> str:
@@ -341,11 +352,14 @@ def _reused_slices(run: ReusedRun, num_shards: Mapping[str, int]):
         this = (split, shard_index(key, n), n)
         if this != shard:
             if entries:
-                yield shard, ReusedSlice(run.source, run.compression, tuple(entries))
+                yield (
+                    shard,
+                    ReusedSlice(run.source, run.compression, tuple(entries), run.relabelled),
+                )
             shard, entries = this, []
         entries.append((key, offset, length, index_entry))
     if entries:
-        yield shard, ReusedSlice(run.source, run.compression, tuple(entries))
+        yield shard, ReusedSlice(run.source, run.compression, tuple(entries), run.relabelled)
 
 
 # Reading a base shard, a gap of less than this between two wanted frames
@@ -365,11 +379,15 @@ def _spans(entries: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(start, end) for start, end in spans]
 
 
-def read_reused(slices: list[ReusedSlice]) -> list[tuple[str, bytes | memoryview, bytes]]:
+def read_reused(
+    slices: list[ReusedSlice], relabel: FrameRelabel | None = None
+) -> list[tuple[str, bytes | memoryview, bytes]]:
     """``(sort_key, framed record, index entry)`` of every record in `slices`,
     copied from their base shards. Each frame's length and data CRC are
     checked (the base was checked before the image step decided to reuse
-    it; a file changed since fails here).
+    it; a file changed since fails here); then the frames of a
+    ``relabelled`` slice have their class ids rewritten by `relabel` (a
+    new frame each, of the same length).
 
     An uncompressed base shard is read a range of neighbouring frames at a
     time, each frame a view into its read. A gzip one is read in one
@@ -387,66 +405,91 @@ def read_reused(slices: list[ReusedSlice]) -> list[tuple[str, bytes | memoryview
     records through Beam's shuffle instead.
 
     Raises:
-      OSError: a frame is not where the base's check found it, or a gzip
-        shard does not inflate.
+      OSError: a frame is not where the base's check found it, a gzip
+        shard does not inflate, or a relabelled record's ids cannot be
+        mapped (it is not the record the base's index says).
     """
-    by_source: dict[tuple[str, str | None], list[tuple[str, int, int, bytes]]] = {}
+    by_source: dict[tuple[str, str | None], list[tuple[str, int, int, bytes, bool]]] = {}
     for piece in slices:
-        by_source.setdefault((piece.source, piece.compression), []).extend(piece.entries)
+        if piece.relabelled and relabel is None:
+            raise ValueError(f"{piece.source}: records to relabel, without the class id map")
+        by_source.setdefault((piece.source, piece.compression), []).extend(
+            (*entry, piece.relabelled) for entry in piece.entries
+        )
     out: list[tuple[str, bytes | memoryview, bytes]] = []
     for (source, compression), entries in sorted(by_source.items()):
+        copied = _Copier(source, relabel)
         if compression == "gzip":
-            out.extend(_inflated_frames(source, entries))
+            _inflated_frames(source, entries, copied)
         else:
-            out.extend(_plain_frames(source, entries))
+            _plain_frames(source, entries, copied)
+        out.extend(copied.frames)
     return out
 
 
-def _check_frame(source: str, framed: bytes | memoryview, offset: int, length: int) -> None:
-    if not tfrecord.is_frame(framed):
-        raise OSError(
-            f"{source}: no intact record of {length} bytes at offset {offset} "
-            "(the file changed after its check)"
-        )
+class _Copier:
+    """Collects the frames `read_reused` copies from one base shard: checks
+    each, and rewrites the class ids of a relabelled one."""
+
+    def __init__(self, source: str, relabel: FrameRelabel | None):
+        self.source = source
+        self.relabel = relabel
+        self.frames: list[tuple[str, bytes | memoryview, bytes]] = []
+
+    def add(
+        self,
+        key: str,
+        framed: bytes | memoryview,
+        index_entry: bytes,
+        offset: int,
+        length: int,
+        relabelled: bool,
+    ) -> None:
+        if not tfrecord.is_frame(framed):
+            raise OSError(
+                f"{self.source}: no intact record of {length} bytes at offset {offset} "
+                "(the file changed after its check)"
+            )
+        if relabelled and self.relabel is not None:
+            try:
+                framed = self.relabel.frame(framed)
+            except ValueError as e:
+                raise OSError(
+                    f"{self.source}: the record at offset {offset} cannot be relabelled ({e})"
+                ) from e
+        self.frames.append((key, framed, index_entry))
 
 
 def _plain_frames(
-    source: str, entries: list[tuple[str, int, int, bytes]]
-) -> list[tuple[str, memoryview, bytes]]:
+    source: str, entries: list[tuple[str, int, int, bytes, bool]], copied: _Copier
+) -> None:
     """`read_reused` of an uncompressed base shard: a read per `_spans` range."""
     spans = {}
     with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        for start, end in _spans([(offset, length) for _, offset, length, _ in entries]):
+        for start, end in _spans([(offset, length) for _, offset, length, _, _ in entries]):
             f.seek(start)
             spans[(start, end)] = f.read(end - start)
     ordered = sorted(spans)
     span_index = 0
-    out = []
-    for key, offset, length, index_entry in sorted(entries, key=lambda e: e[1]):
+    for key, offset, length, index_entry, relabelled in sorted(entries, key=lambda e: e[1]):
         while ordered[span_index][1] < offset + length:
             span_index += 1
         start = ordered[span_index][0]
         framed = memoryview(spans[ordered[span_index]])[offset - start : offset - start + length]
-        _check_frame(source, framed, offset, length)
-        out.append((key, framed, index_entry))
-    return out
+        copied.add(key, framed, index_entry, offset, length, relabelled)
 
 
 def _inflated_frames(
-    source: str, entries: list[tuple[str, int, int, bytes]]
-) -> list[tuple[str, bytes, bytes]]:
+    source: str, entries: list[tuple[str, int, int, bytes, bool]], copied: _Copier
+) -> None:
     """`read_reused` of a gzip base shard: one forward pass, ascending offsets."""
-    out = []
     try:
         with incremental.open_base_shard(source, "gzip") as f:
-            for key, offset, length, index_entry in sorted(entries, key=lambda e: e[1]):
+            for key, offset, length, index_entry, relabelled in sorted(entries, key=lambda e: e[1]):
                 f.seek(offset)
-                framed = f.read(length)
-                _check_frame(source, framed, offset, length)
-                out.append((key, framed, index_entry))
+                copied.add(key, f.read(length), index_entry, offset, length, relabelled)
     except zlib.error as e:
         raise OSError(f"{source}: does not inflate ({e}; the file changed after its check)") from e
-    return out
 
 
 def read_run_frames(slices: list[RunSlice]) -> list[tuple[str, memoryview, bytes]]:
@@ -496,16 +539,27 @@ class WriteShardFn(beam.DoFn):
     GIL), their results emitted as they finish or when the bundle ends;
     memory then holds up to `threads` shards. Counters are incremented on
     the bundle's thread, where Beam's metrics live.
+
+    `relabel` rewrites the class ids of the records of ``relabelled``
+    slices as they are copied (`read_reused`); None when the build
+    relabels none that way.
     """
 
     def __init__(
-        self, folder: str, temp_folder: str, name: str, compression: str, threads: int = 1
+        self,
+        folder: str,
+        temp_folder: str,
+        name: str,
+        compression: str,
+        threads: int = 1,
+        relabel: FrameRelabel | None = None,
     ):
         self._folder = folder
         self._temp_folder = temp_folder
         self._name = name
         self._compression = compression
         self._threads = max(1, int(threads))
+        self._relabel = relabel
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: dict[concurrent.futures.Future, tuple] = {}
         self._shards = Metrics.counter("kiln", "shards_written")
@@ -567,7 +621,7 @@ class WriteShardFn(beam.DoFn):
         memory.release_free_memory()
         runs = [v for v in values if isinstance(v, RunSlice)]
         reused = [v for v in values if isinstance(v, ReusedSlice)]
-        ordered = _merge(read_run_frames(runs), read_reused(reused))
+        ordered = _merge(read_run_frames(runs), read_reused(reused, self._relabel))
         filename = shard_filename(
             self._name,
             split,
@@ -635,6 +689,8 @@ class ShardRuns(beam.PTransform):
       name: Dataset name, the first part of the file names.
       sharding: The ``sharding`` config.
       threads: Shards written at once per DoFn instance (`WriteShardFn`).
+      relabel: Rewrites the class ids of relabelled records as they are
+        copied (`WriteShardFn`), or None.
     """
 
     def __init__(
@@ -644,6 +700,7 @@ class ShardRuns(beam.PTransform):
         name: str,
         sharding: ShardingConfig,
         threads: int = 1,
+        relabel: FrameRelabel | None = None,
     ):
         super().__init__()
         self._folder = folder
@@ -651,6 +708,7 @@ class ShardRuns(beam.PTransform):
         self._name = name
         self._sharding = sharding
         self._threads = threads
+        self._relabel = relabel
 
     def expand(self, runs):
         sharding = self._sharding
@@ -675,7 +733,7 @@ class ShardRuns(beam.PTransform):
             (keyed, every_shard)
             | "MergeShardMarkers" >> beam.Flatten()
             | "GroupShards" >> beam.GroupByKey()
-            # ((split, index, num_shards), [RunSlice or None])
+            # ((split, index, num_shards), [RunSlice, ReusedSlice or None])
             | "WriteShardFiles"
             >> beam.ParDo(
                 WriteShardFn(
@@ -684,6 +742,7 @@ class ShardRuns(beam.PTransform):
                     self._name,
                     sharding.compression,
                     self._threads,
+                    self._relabel,
                 )
             )
             # (split, index, ShardInfo)

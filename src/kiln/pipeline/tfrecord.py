@@ -51,7 +51,12 @@ def header_and_footer(record: bytes) -> tuple[bytes, bytes]:
     """The bytes around `record` in its frame: `frame` is ``header + record +
     footer`` (for writing a frame without copying the record into one)."""
     length = _LENGTH.pack(len(record))
-    return length + _CRC.pack(masked_crc32c(length)), _CRC.pack(masked_crc32c(record))
+    return length + _CRC.pack(masked_crc32c(length)), crc_bytes(record)
+
+
+def crc_bytes(record: bytes | memoryview) -> bytes:
+    """A frame's footer: the masked CRC32C of `record`, as stored."""
+    return _CRC.pack(masked_crc32c(record))
 
 
 def framed_size(record_size: int) -> int:
