@@ -66,12 +66,13 @@ WHY_NOT_MET = {
     "build_incremental_new_class": (
         "Each record whose class id moved is copied from the base's shard as a reused record "
         "is (no sorted run, no read of its own): the shard writer rewrites the id in the "
-        "copied frame after checking it (`kiln.pipeline.relabel.FrameRelabel`: the id "
-        "varints overwritten in place, the record's CRC computed again). Over a plain night "
-        "it still pays, per record, that second CRC and an index entry serialized in the "
-        "image step (a reused record passes the base's line on as it is): what the ratio can "
-        "miss by. Where an id changes its varint width (127 -> 128 classes) records still "
-        "take the old way: read, parsed and serialized again in the image step, through a run."
+        "copied frame after checking it (`kiln.pipeline.relabel.FrameRelabel`: the record "
+        "parsed and serialized by protobuf with its ids mapped, its CRC computed again). Over "
+        "a plain night it still pays, per record, that parse and second CRC and an index "
+        "entry serialized in the image step (a reused record passes the base's line on as it "
+        "is): what the ratio can miss by. Where an id changes its varint width (127 -> 128 "
+        "classes) records still take the old way: read, parsed and serialized again in the "
+        "image step, through a run."
     ),
     "build_incremental_renamed_class": (
         "Each moved record is read from the base's shard on its own, parsed, its key and "

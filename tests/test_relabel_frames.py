@@ -107,7 +107,9 @@ def test_a_record_with_an_id_the_map_does_not_know_is_not_rewritten():
     with pytest.raises(ValueError, match="class id 0 is not one of the base's classes"):
         frames.frame(tfrecord.frame(classification_record(0)))  # c000 is gone
     with pytest.raises(ValueError, match=r"not a tf\.train\.Example"):
-        frames.frame(tfrecord.frame(b"\x10\x01"))
+        frames.frame(tfrecord.frame(b"\x0a\xff"))  # a field longer than the record
+    with pytest.raises(ValueError, match=r"no int64 feature 'image/class/label'"):
+        frames.frame(tfrecord.frame(b"\x10\x01"))  # protobuf, but not a kiln record
 
 
 def relabelled_slice(path, starts, positions, compression=None):

@@ -23,14 +23,14 @@ Not relabelled, and processed from their files instead:
 **Where the rewrite happens.** When the change of list keeps every id's
 width as a protobuf varint (`FrameRelabel.for_map`: always when both lists
 have at most 128 classes), a relabelled record keeps its length: only the
-id bytes change, in place. The image step then hands it on like a reused
+id bytes change. The image step then hands it on like a reused
 record, as where its frame is in the base shard (`sharding.ReusedRun`,
 marked ``relabelled``), with its index entry, statistics and counts as this
 build's; the shard writer, while it copies the base's frames, checks the
-frame (length and CRCs), rewrites the ids in the record's bytes
-(`FrameRelabel.frame`: the record's protobuf walked to the int64 lists of
-``label``, ``labels`` and ``classes``, nothing decoded or serialized again)
-and frames it with its new CRC. The record never goes through a sorted run,
+frame (length and CRCs), maps the ids of the record's ``label``, ``labels``
+and ``classes`` (`FrameRelabel.frame`: the `tf.train.Example` parsed and
+serialized by protobuf, its image bytes untouched, no schema decode) and
+frames it with its new CRC. The record never goes through a sorted run,
 and a gzip base's shards are streamed as for reused records. A base shard
 changed after its check fails the build there, as it does for reused
 records (`sharding.read_reused`).
@@ -50,6 +50,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import tensorflow as tf
 
 from kiln.pipeline import tfrecord
 from kiln.pipeline.statistics import TargetCounts
@@ -145,69 +146,20 @@ def _varint_size(value: int) -> int:
     return max(1, (value.bit_length() + 6) // 7)
 
 
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _read_varint(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
-    """The varint at `pos` and where it ends; ValueError if it runs past `end`."""
-    value = shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            raise ValueError(f"a varint runs past its field at byte {pos}")
-        byte = data[pos]
-        value |= (byte & 0x7F) << shift
-        pos += 1
-        shift += 7
-        if byte < 0x80:
-            return value, pos
-
-
-def _fields(data: bytes | memoryview, start: int, end: int):
-    """``(field number, wire type, value start, value end)`` of each field of
-    the protobuf message in ``data[start:end]`` (a varint's own bytes for
-    wire type 0, a length-delimited field's contents for 2)."""
-    pos = start
-    while pos < end:
-        tag, pos = _read_varint(data, pos, end)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            _, after = _read_varint(data, pos, end)
-        elif wire == 2:
-            length, pos = _read_varint(data, pos, end)
-            after = pos + length
-        elif wire == 1:
-            after = pos + 8
-        elif wire == 5:
-            after = pos + 4
-        else:
-            raise ValueError(f"wire type {wire} at byte {pos}")
-        if after > end:
-            raise ValueError(f"field {number} runs past its message at byte {pos}")
-        yield number, wire, pos, after
-        pos = after
-
-
 class FrameRelabel:
-    """Rewrites the class ids of a framed record of a base version in its
-    bytes: `frame` maps every id of the int64 lists the record holds under
-    `keys` (``image/class/label``, ``image/class/labels``,
-    ``objects/label``: the features `Relabel` maps) through `id_map`, and
-    frames the record again. Picklable: the shard writer carries it.
+    """Rewrites the class ids of a framed record of a base version: `frame`
+    maps every id of the int64 lists the record holds under `keys`
+    (``image/class/label``, ``image/class/labels``, ``objects/label``: the
+    features `Relabel` maps) through `id_map`, and frames the record again.
+    Picklable: the shard writer carries it.
 
+    The record is parsed and serialized by protobuf (`tf.train.Example`,
+    deterministic), its other features untouched: the bytes `Relabel.record`
+    gives, whose serializer's layout depends on the features present and
+    their lengths, not their values (``labels`` stays ascending, as the map
+    is monotone: both lists are sorted). A negative id (no class) is kept.
     Only made for a map that keeps every id's varint width (`for_map`), so
-    the record keeps its length: the ids are overwritten where they are,
-    and every length in the record and the frame's header stay as they
-    were. Those are the bytes `Relabel.record` gives (the serializer's
-    layout depends on the features present and their lengths, not their
-    values; ``labels`` stays ascending, as the map is monotone: both lists
-    are sorted). A negative id (no class) is kept.
+    the record keeps its length, which the shard count was computed with.
 
     Args:
       id_map: The base's class id -> this build's.
@@ -216,7 +168,7 @@ class FrameRelabel:
 
     def __init__(self, id_map: Mapping[int, int], keys: Iterable[str]):
         self._map = dict(id_map)
-        self._keys = frozenset(key.encode("utf-8") for key in keys)
+        self._keys = tuple(keys)
 
     @classmethod
     def for_map(cls, id_map: Mapping[int, int], keys: Iterable[str]) -> FrameRelabel | None:
@@ -227,63 +179,33 @@ class FrameRelabel:
 
     def frame(self, framed: bytes | memoryview) -> bytes:
         """`framed` (one intact frame: `tfrecord.is_frame`) with its record's
-        class ids mapped, and the record's CRC computed again.
+        class ids mapped, framed again (its CRCs computed anew).
 
         Raises:
-          ValueError: the record is not a `tf.train.Example` as kiln writes
-            them, or holds an id the map does not know (it is not the
-            record the base's index says).
+          ValueError: the record is not a `tf.train.Example` with the
+            features of `keys`, or holds an id the map does not know (it is
+            not the record the base's index says).
         """
         record = tfrecord.unframe(framed)
-        start = tfrecord.HEADER_SIZE
-        pieces: list[bytes | memoryview] = []
-        done = 0
-        for at, end, value in self._ids(record):
-            new = self._mapped(value)
-            if len(new) != end - at:  # `for_map` rules this out
-                raise ValueError(f"class id {value} -> {new!r} changes the record's length")
-            pieces += (record[done:at], new)
-            done = end
-        pieces.append(record[done:])
-        data = b"".join(pieces)
-        return b"".join((framed[:start], data, tfrecord.crc_bytes(data)))
+        try:
+            example = tf.train.Example.FromString(record)
+        except Exception as e:  # protobuf's DecodeError, whose module has no type stubs here
+            raise ValueError(f"not a tf.train.Example ({e})") from None
+        features = example.features.feature
+        for key in self._keys:
+            # An empty list may be stored as a Feature with no kind set.
+            if key not in features or features[key].WhichOneof("kind") not in ("int64_list", None):
+                raise ValueError(f"not a record of this dataset: no int64 feature {key!r}")
+            values = features[key].int64_list.value
+            values[:] = [self._mapped(value) for value in values]
+        data = example.SerializeToString(deterministic=True)
+        if len(data) != len(record):  # `for_map` rules this out
+            raise ValueError("the class ids' new values change the record's length")
+        return tfrecord.frame(data)
 
-    def _mapped(self, value: int) -> bytes:
-        if value >= 1 << 63:  # negative: no class
-            return _varint(value)
+    def _mapped(self, value: int) -> int:
+        if value < 0:  # no class
+            return value
         if value not in self._map:
             raise ValueError(f"class id {value} is not one of the base's classes this build keeps")
-        return _varint(self._map[value])
-
-    def _ids(self, record: bytes | memoryview):
-        """``(start, end, value)`` of each class id's varint in `record`, in order."""
-        end = len(record)
-        for number, wire, start, stop in _fields(record, 0, end):
-            if (number, wire) != (1, 2):  # Example.features
-                raise ValueError(f"not a tf.train.Example (field {number}, wire type {wire})")
-            for number, wire, entry, entry_end in _fields(record, start, stop):
-                if (number, wire) != (1, 2):  # Features.feature: map entries
-                    raise ValueError(f"not a tf.train.Features (field {number})")
-                yield from self._entry_ids(record, entry, entry_end)
-
-    def _entry_ids(self, record: bytes | memoryview, start: int, end: int):
-        key = None
-        values: list[tuple[int, int]] = []
-        for number, wire, at, stop in _fields(record, start, end):
-            if number == 1 and wire == 2:
-                key = bytes(record[at:stop])
-            elif number == 2 and wire == 2:
-                values.append((at, stop))
-        if key not in self._keys:
-            return
-        for at, stop in values:  # the Feature message
-            for number, wire, lists, lists_end in _fields(record, at, stop):
-                if (number, wire) != (3, 2):  # Feature.int64_list
-                    raise ValueError(f"{key!r} holds no int64 list (field {number})")
-                for number, wire, pos, pos_end in _fields(record, lists, lists_end):
-                    if number != 1 or wire not in (0, 2):  # Int64List.value
-                        raise ValueError(f"{key!r}: not an Int64List (field {number})")
-                    while pos < pos_end:  # packed: varints back to back; or one
-                        value, after = _read_varint(record, pos, pos_end)
-                        yield pos, after, value
-                        pos = after
+        return self._map[value]
