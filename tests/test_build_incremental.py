@@ -70,6 +70,21 @@ def new_png(seed):
     return data.tobytes()
 
 
+def spilled_keys(monkeypatch) -> list[str]:
+    """The keys of the records that go through a sorted run (decoded, or
+    rewritten in the image step) in the builds that follow, in order: the
+    real `RunWriter.add`, noted."""
+    spilled: list[str] = []
+    add = sharding.RunWriter.add
+
+    def counting_add(self, window, split, key, record, *rest):
+        spilled.append(key)
+        return add(self, window, split, key, record, *rest)
+
+    monkeypatch.setattr(sharding.RunWriter, "add", counting_add)
+    return spilled
+
+
 def change_add_delete(corpus, images):
     """One file changed, one added, one deleted; returns their keys."""
     keys = good_keys(corpus, images)
@@ -207,14 +222,7 @@ def test_reused_records_are_copied_from_the_base_shards_not_spilled_to_runs(
     config = make_config(images, output=str(tmp_path / "out"))
     base = build(config)
     change_add_delete(demo_corpus, images)
-    spilled: list[str] = []
-    add = sharding.RunWriter.add
-
-    def counting_add(self, window, split, key, record, *rest):
-        spilled.append(key)
-        return add(self, window, split, key, record, *rest)
-
-    monkeypatch.setattr(sharding.RunWriter, "add", counting_add)
+    spilled = spilled_keys(monkeypatch)
 
     incremental = build(config)
 
@@ -541,14 +549,7 @@ def test_a_new_class_relabels_the_records_whose_ids_it_shifts(
     before = stored_per_class(base)
     (images / "oval").mkdir()
     (images / "oval" / "oval_0000.png").write_bytes(new_png(3))
-    spilled: list[str] = []
-    add = sharding.RunWriter.add
-
-    def counting_add(self, window, split, key, record, *rest):
-        spilled.append(key)
-        return add(self, window, split, key, record, *rest)
-
-    monkeypatch.setattr(sharding.RunWriter, "add", counting_add)
+    spilled = spilled_keys(monkeypatch)
 
     incremental = build(config)
 

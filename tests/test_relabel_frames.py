@@ -19,7 +19,7 @@ from conftest import make_config
 from kiln.pipeline import BuildError, build, incremental, publish, sharding, tfrecord
 from kiln.pipeline.relabel import Relabel
 from kiln.schemas import RECORD, TargetsConfig, schema_for
-from test_build_incremental import assert_same_dataset, new_png
+from test_build_incremental import assert_same_dataset, new_png, spilled_keys
 from test_targets_build import config as targets_config
 from test_targets_incremental import COUNT, read_rows, write_rows
 
@@ -178,14 +178,7 @@ def test_a_class_added_across_the_one_byte_ids_gives_a_full_builds_bytes(
     build(config)
     (images / "a").mkdir()
     (images / "a" / "img.png").write_bytes(new_png(7))
-    spilled: list[str] = []
-    add = sharding.RunWriter.add
-
-    def counting_add(self, window, split, key, record, *rest):
-        spilled.append(key)
-        return add(self, window, split, key, record, *rest)
-
-    monkeypatch.setattr(sharding.RunWriter, "add", counting_add)
+    spilled = spilled_keys(monkeypatch)
 
     result = build(config)
 
