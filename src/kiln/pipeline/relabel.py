@@ -48,13 +48,19 @@ inflated once (`images.RewriteFromBaseShards`), not once per record.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
 
+from kiln.lazy_import import LazyModule
 from kiln.pipeline import tfrecord
 from kiln.pipeline.statistics import TargetCounts
 from kiln.schemas import Schema
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:  # on first use: validating a config imports this module, and needs no TensorFlow
+    tf = LazyModule("tensorflow")
 
 # Record features that hold class ids (`kiln.schemas.schema_for`).
 _ID_FEATURES = ("labels", "classes")
