@@ -85,6 +85,28 @@ def spilled_keys(monkeypatch) -> list[str]:
     return spilled
 
 
+def damage_records_after_their_check(monkeypatch) -> None:
+    """In the builds that follow, every base shard passes its check and then
+    has one byte of each record's data flipped (the base's index is left
+    alone): a shard that changed after its check."""
+    check = incremental_module._check_file
+
+    def check_then_damage(name_and_sha256, folder, compression):
+        result = check(name_and_sha256, folder, compression)
+        name = name_and_sha256[0]
+        if name != INDEX_FILENAME:
+            _, (_, frames) = result
+            path = os.path.join(folder, name)
+            data = bytearray(open(path, "rb").read())
+            for start in incremental_module.frame_starts(frames)[:-1]:
+                data[start + 12] ^= 0xFF
+            with open(path, "wb") as f:
+                f.write(data)
+        return result
+
+    monkeypatch.setattr(incremental_module, "_check_file", check_then_damage)
+
+
 def change_add_delete(corpus, images):
     """One file changed, one added, one deleted; returns their keys."""
     keys = good_keys(corpus, images)
@@ -239,23 +261,7 @@ def test_a_base_shard_changed_after_its_check_fails_the_build(demo_corpus, tmp_p
     config = make_config(images, output=str(tmp_path / "out"))
     base = build(config)
     change_add_delete(demo_corpus, images)
-    check = incremental_module._check_file
-
-    def check_then_damage(name_and_sha256, folder, compression):
-        result = check(name_and_sha256, folder, compression)
-        name = name_and_sha256[0]
-        if name != INDEX_FILENAME:  # every record's data: one byte flipped
-            _, (_, frames) = result
-            starts = incremental_module.frame_starts(frames)
-            path = os.path.join(folder, name)
-            data = bytearray(open(path, "rb").read())
-            for start in starts[:-1]:
-                data[start + 12] ^= 0xFF
-            with open(path, "wb") as f:
-                f.write(data)
-        return result
-
-    monkeypatch.setattr(incremental_module, "_check_file", check_then_damage)
+    damage_records_after_their_check(monkeypatch)
 
     with pytest.raises(BuildError, match="changed after its check"):
         build(config)

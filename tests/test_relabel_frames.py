@@ -8,7 +8,6 @@ scratch."""
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import numpy as np
@@ -19,7 +18,12 @@ from conftest import make_config
 from kiln.pipeline import BuildError, build, incremental, publish, sharding, tfrecord
 from kiln.pipeline.relabel import Relabel
 from kiln.schemas import RECORD, TargetsConfig, schema_for
-from test_build_incremental import assert_same_dataset, new_png, spilled_keys
+from test_build_incremental import (
+    assert_same_dataset,
+    damage_records_after_their_check,
+    new_png,
+    spilled_keys,
+)
 from test_targets_build import config as targets_config
 from test_targets_incremental import COUNT, read_rows, write_rows
 
@@ -245,22 +249,7 @@ def test_a_relabelled_records_base_shard_changed_after_its_check_fails_the_build
     base = build(config)
     (images / "aaa").mkdir()
     (images / "aaa" / "aaa_0000.png").write_bytes(new_png(3))
-    check = incremental._check_file
-
-    def check_then_damage(name_and_sha256, folder, compression):
-        result = check(name_and_sha256, folder, compression)
-        _, (_, frames) = result
-        if frames:
-            path = os.path.join(folder, name_and_sha256[0])
-            os.chmod(path, 0o644)
-            raw = bytearray(open(path, "rb").read())
-            for start in incremental.frame_starts(frames)[:-1]:
-                raw[start + 12] ^= 0xFF
-            with open(path, "wb") as f:
-                f.write(raw)
-        return result
-
-    monkeypatch.setattr(incremental, "_check_file", check_then_damage)
+    damage_records_after_their_check(monkeypatch)
 
     with pytest.raises(BuildError, match="changed after its check"):
         build(config)
