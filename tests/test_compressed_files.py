@@ -2,7 +2,8 @@
 honestly: a file cut short is a config error naming it, never a shorter
 file, whatever its format; a header that asks the decompressor for more
 than `compressed.MAX_WINDOW_BYTES` (an xz/lzma dictionary, a zstd window)
-is a config error naming the limit, and files within it are read.
+is a config error naming the limit, and files within it are read; xz's
+stream padding is passed over.
 tests/test_hostile_inputs.py builds such files under a memory limit."""
 
 from __future__ import annotations
@@ -96,6 +97,44 @@ def test_a_zstd_manifest_cut_inside_a_frame_is_a_config_error(tmp_path, cut):
 
     assert str(raised.value) == (
         f"source.path: cannot read manifest {manifest}: the file ends inside a compressed stream"
+    )
+
+
+# xz's stream padding: NUL bytes after a stream, a multiple of 4 of them
+# (``xz`` reads them; some writers pad to a block or a tape record).
+XZ_FIRST, XZ_SECOND = lzma.compress(FIRST), lzma.compress(csv_rows(5, start=10))
+
+
+@pytest.mark.parametrize(
+    ("padding", "streams"),
+    [
+        (4, 1),  # after the only stream
+        (8, 2),  # between two streams and after the second
+        (100 << 10 | 4, 2),  # more than a piece of the file read at a time
+    ],
+)
+def test_an_xz_manifest_with_stream_padding_is_read_whole(tmp_path, padding, streams):
+    # The padding at the end was "the file ends inside a compressed stream";
+    # between streams, lzma's "Input format not supported by decoder".
+    manifest = tmp_path / "m.csv.xz"
+    pad = b"\0" * padding
+    manifest.write_bytes(XZ_FIRST + pad + (XZ_SECOND + pad if streams == 2 else b""))
+
+    rows = 10 + (5 if streams == 2 else 0)
+    assert manifest_paths(manifest) == [f"{'x' * 100}/{i}.png" for i in range(rows)]
+
+
+@pytest.mark.parametrize("between", [False, True])
+def test_nul_bytes_after_an_xz_stream_that_are_not_padding_are_a_config_error(tmp_path, between):
+    manifest = tmp_path / "m.csv.xz"
+    manifest.write_bytes(XZ_FIRST + b"\0" * 6 + (XZ_SECOND if between else b""))
+
+    with pytest.raises(ConfigError) as raised:
+        list_manifest(manifest)
+
+    assert str(raised.value) == (
+        f"source.path: cannot read manifest {manifest}: the 6 NUL bytes after an xz stream are "
+        f"not stream padding (a multiple of 4 bytes): the data is corrupt"
     )
 
 

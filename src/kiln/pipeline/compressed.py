@@ -19,7 +19,9 @@ before the memory is taken.
 A file that ends inside a compressed stream is an error (`EOFError`), never
 a shorter file. zstandard's reader alone does not say so (its read returns
 ``b""`` at the end of the input inside a frame), so `_ZstdFrames` follows
-the frames' layout in the bytes it is given and `_ZstdReader` raises.
+the frames' layout in the bytes it is given and `_ZstdReader` raises. NUL
+bytes after an xz stream are its stream padding, passed over when a
+multiple of 4 (as ``xz`` does), an error otherwise.
 """
 
 from __future__ import annotations
@@ -144,20 +146,33 @@ class _Decompressor(Protocol):
 
 class _StreamsReader:
     """Compressed streams' bytes, at most the size asked for at a time;
-    concatenated streams (``cat a.xz b.xz``) are read one after another."""
+    concatenated streams (``cat a.xz b.xz``) are read one after another.
+    With `padded`, NUL bytes after a stream, a multiple of 4 of them, are
+    passed over: xz's stream padding (the .xz format, section 2.2), which
+    ``xz`` reads and some writers append to fill a block or a tape record."""
 
-    def __init__(self, raw: BinaryIO, new_decompressor: Callable[[], _Decompressor]):
+    def __init__(
+        self,
+        raw: BinaryIO,
+        new_decompressor: Callable[[], _Decompressor],
+        *,
+        padded: bool = False,
+    ):
         self._raw = raw
         self._new_decompressor = new_decompressor
         self._decompressor = new_decompressor()
         self._fed = False  # whether the decompressor was given input
         self._input = b""  # compressed bytes it has not been given yet
+        self._padded = padded
+        self._after_a_stream = False  # whether padding may come next
 
     def read(self, size: int = -1) -> bytes:
         if size == 0:
             return b""
         limit = size if size > 0 else _PIECE_BYTES
         while True:
+            if self._after_a_stream:
+                self._pass_padding()
             if not self._input and self._decompressor.needs_input:
                 self._input = self._raw.read(_PIECE_BYTES)
                 if not self._input:
@@ -177,8 +192,34 @@ class _StreamsReader:
             if self._decompressor.eof:  # what follows is another stream
                 self._input = self._decompressor.unused_data
                 self._decompressor, self._fed = self._new_decompressor(), False
+                self._after_a_stream = self._padded
             if out:
                 return out
+
+    def _pass_padding(self) -> None:
+        """Passes over the NUL bytes that follow a stream, reading as far as
+        needed, up to the next stream or the file's end.
+
+        Raises:
+          lzma.LZMAError: their count is not a multiple of 4 (as ``xz`` says).
+        """
+        count = 0
+        while True:
+            if not self._input:
+                self._input = self._raw.read(_PIECE_BYTES)
+                if not self._input:
+                    break
+            rest = self._input.lstrip(b"\0")
+            count += len(self._input) - len(rest)
+            self._input = rest
+            if rest:
+                break
+        if count % 4:
+            raise lzma.LZMAError(
+                f"the {count} NUL bytes after an xz stream are not stream padding "
+                f"(a multiple of 4 bytes): the data is corrupt"
+            )
+        self._after_a_stream = False
 
     def close(self) -> None:
         """Nothing to release: `_Decompressed` closes the file."""
@@ -343,7 +384,7 @@ def _in_mib(size: int) -> str:
 _READERS: dict[str, Callable[[BinaryIO], Any]] = {
     "gzip": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"),
     "bzip2": bz2.BZ2File,
-    "lzma": lambda raw: _StreamsReader(raw, _lzma_decompressor),
+    "lzma": lambda raw: _StreamsReader(raw, _lzma_decompressor, padded=True),
     "zstd": _ZstdReader,
     "deflate": lambda raw: _StreamsReader(raw, _ZlibDecompressor),
 }
