@@ -327,6 +327,63 @@ def test_replica_iterator_refuses_a_second_loop_after_its_datasets_ended(png_dat
             pass
 
 
+# dataset_fns that read the same records on both replicas, and two that do not.
+REPLICA_CONTEXT_IGNORED = """
+import json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import kiln.reader
+
+path = sys.argv[1]
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+load = lambda **kwargs: kiln.reader.load(path, batch_size=4, seed=3, **kwargs)
+dataset_fns = {
+    "ignored": lambda context: load(),
+    "ignored, then prefetched": lambda context: load().prefetch(1),
+    "replica 0's": lambda context: load(input_context=tf.distribute.InputContext(2, 0, 2)),
+    "passed on": lambda context: load(input_context=context),
+    "tf.data service's": lambda context: load(
+        options=kiln.reader.ReadOptions(dynamic_sharding=True)),
+}
+out = {}
+for name, dataset_fn in dataset_fns.items():
+    try:
+        next(kiln.reader.ReplicaIterator(strategy, dataset_fn))
+        out[name] = "read"
+    except ValueError as error:
+        out[name] = str(error)
+print(json.dumps(out))
+"""
+
+
+def test_replica_iterator_refuses_a_dataset_fn_that_does_not_pass_on_its_context(png_dataset):
+    """A dataset_fn that did not pass its context to `load` had both
+    replicas read the whole split: the same records in every step, silently."""
+    path = png_dataset.dataset_dir
+    out = json.loads(run_python(REPLICA_CONTEXT_IGNORED, path).strip().splitlines()[-1])
+    advice = (
+        "in every step; pass on the context it is given: "
+        "kiln.reader.load(path, ..., input_context=context)"
+    )
+    ignored = (
+        f"ReplicaIterator: dataset_fn read split 'train' of {path} without the "
+        f"tf.distribute.InputContext it was given (pipeline 0 of 2, for replica 0): every "
+        f"replica would read the whole split, the same records {advice}"
+    )
+    assert out == {
+        "ignored": ignored,
+        "ignored, then prefetched": ignored,
+        "replica 0's": (
+            f"ReplicaIterator: dataset_fn read split 'train' of {path} with an input_context "
+            f"for pipeline 0 of 2, not the one it was given (pipeline 1 of 2, for replica 1): "
+            f"replicas would read the same share, the same records {advice}"
+        ),
+        "passed on": "read",
+        "tf.data service's": "read",
+    }
+
+
 # A ReplicaIterator checkpoint restored under another replica count: TF
 # restores the iterators it finds by index, silently, into other shares.
 REPLICA_COUNT_CHANGED = """

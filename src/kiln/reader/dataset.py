@@ -14,12 +14,14 @@ replica: `kiln.reader.ReplicaIterator`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import numbers
 import os
+import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -508,6 +510,7 @@ def _read(
     shuffle = (split == "train") if shuffle is None else bool(shuffle)
     random_ops = augmenter.training and bool(augmenter.augmentations)
     _check_input_context(input_context)
+    _record(dataset_dir, split, input_context, dynamic_sharding)
     pipeline = None
     if input_context is not None and input_context.num_input_pipelines > 1:
         pipeline = (input_context.input_pipeline_id, input_context.num_input_pipelines)
@@ -775,6 +778,45 @@ def _check_input_context(input_context) -> None:
             f"input_context.input_pipeline_id must be 0 to {count - 1} (this pipeline among "
             f"num_input_pipelines={count}), got {index!r}"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadShare:
+    """What one `load` (or `load_for_model`) call was asked to read, as
+    `recorded_reads` notes it."""
+
+    dataset_dir: str
+    split: str
+    # (input_pipeline_id, num_input_pipelines) of its input_context; None without one.
+    pipeline: tuple[int, int] | None
+    dynamic_sharding: bool  # tf.data service hands out its files instead
+
+
+_recording = threading.local()
+
+
+@contextlib.contextmanager
+def recorded_reads() -> Iterator[list[ReadShare]]:
+    """The reads `load` and `load_for_model` are asked for in this thread
+    while in it, one `ReadShare` each: how `kiln.reader.ReplicaIterator`
+    tells that a dataset_fn passed on the input context it was given."""
+    reads: list[ReadShare] = []
+    outer = getattr(_recording, "reads", None)
+    _recording.reads = reads
+    try:
+        yield reads
+    finally:
+        _recording.reads = outer
+
+
+def _record(dataset_dir: str, split: str, input_context, dynamic_sharding: bool) -> None:
+    reads = getattr(_recording, "reads", None)
+    if reads is None:
+        return
+    pipeline = None
+    if input_context is not None:
+        pipeline = (input_context.input_pipeline_id, input_context.num_input_pipelines)
+    reads.append(ReadShare(dataset_dir, split, pipeline, dynamic_sharding))
 
 
 def _checked_skip(skip) -> int:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
+from kiln.reader import dataset
+
 
 class ReplicaIterator(tf.Module):
     """One input pipeline per replica, its position saved by `tf.train.Checkpoint`.
@@ -43,6 +45,11 @@ class ReplicaIterator(tf.Module):
     `dataset_fn` again, whose `load` starts again at pass 1. For epochs,
     load with ``repeat=True`` and take one pass's steps per epoch.
 
+    A dataset_fn whose `load` does not pass on the context it is given (no
+    ``input_context``, or another replica's) is refused with ValueError:
+    every replica would read the same records, silently. (One that builds
+    its dataset otherwise than with `load` cannot be told.)
+
     A checkpoint restores into as many replicas as it was written with:
     another count raises ValueError when it is restored.
 
@@ -70,16 +77,7 @@ class ReplicaIterator(tf.Module):
         # Before the iterators, so that it is restored first.
         self.replicas = _ReplicaCount(replicas, self._local_ids)
         self.iterators = [
-            iter(
-                dataset_fn(
-                    tf.distribute.InputContext(
-                        num_input_pipelines=replicas,
-                        input_pipeline_id=replica,
-                        num_replicas_in_sync=replicas,
-                    )
-                )
-            )
-            for replica in self._local_ids
+            _replica_iterator(dataset_fn, replica, replicas) for replica in self._local_ids
         ]
 
     def __iter__(self) -> ReplicaIterator:
@@ -102,6 +100,47 @@ class ReplicaIterator(tf.Module):
         local = {replica: batch for replica, batch in zip(self._local_ids, batches, strict=True)}
         return self._strategy.experimental_distribute_values_from_function(
             lambda context: local[context.replica_id_in_sync_group]
+        )
+
+
+def _replica_iterator(dataset_fn, replica: int, replicas: int) -> tf.data.Iterator:
+    """An iterator over `dataset_fn`'s dataset for `replica`, refusing one whose
+    kiln reads did not take the context it was given (see `_check_reads`)."""
+    context = tf.distribute.InputContext(
+        num_input_pipelines=replicas, input_pipeline_id=replica, num_replicas_in_sync=replicas
+    )
+    with dataset.recorded_reads() as reads:
+        data = dataset_fn(context)
+    _check_reads(reads, replica, replicas)
+    return iter(data)
+
+
+def _check_reads(reads: Sequence[dataset.ReadShare], replica: int, replicas: int) -> None:
+    """Refuses a dataset_fn whose `load` calls did not pass on the input
+    context it was given: every replica would read the whole split (or
+    another replica's share), the same records in every step's batches,
+    silently. A read that tf.data service hands files to is its own share;
+    a dataset_fn that reads otherwise than with `load` cannot be told."""
+    if replicas == 1:
+        return
+    given = (replica, replicas)
+    for read in reads:
+        if read.dynamic_sharding or read.pipeline == given:
+            continue
+        if read.pipeline is None:
+            how = "without the tf.distribute.InputContext it was given"
+            result = "every replica would read the whole split, the same records"
+        else:
+            how = (
+                f"with an input_context for pipeline {read.pipeline[0]} of {read.pipeline[1]}, "
+                f"not the one it was given"
+            )
+            result = "replicas would read the same share, the same records"
+        raise ValueError(
+            f"ReplicaIterator: dataset_fn read split {read.split!r} of {read.dataset_dir} "
+            f"{how} (pipeline {replica} of {replicas}, for replica {replica}): {result} in "
+            f"every step; pass on the context it is given: "
+            f"kiln.reader.load(path, ..., input_context=context)"
         )
 
 
