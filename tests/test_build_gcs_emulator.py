@@ -36,7 +36,7 @@ from conftest import make_config
 from kiln.errors import Busy, DryRun
 from kiln.pipeline import build, sources, storage
 from kiln.pipeline.lock import DatasetLock, Holder
-from kiln.pipeline.publish import PUBLISHED_FOLDER, STAMPS_FOLDER
+from kiln.pipeline.publish import FILE_STAMPS_FOLDER, PUBLISHED_FOLDER, STAMPS_FOLDER
 
 pytestmark = pytest.mark.slow
 
@@ -198,11 +198,15 @@ def test_the_whole_cycle_on_the_emulator(emulator, on_emulator, build_dataset, d
     # beside the version only LATEST and the publisher's records.
     stamps = _names(f"datasets/shapes/{STAMPS_FOLDER}/")
     assert len(stamps) == 1 and _get(stamps[0]).decode().strip() == first.version
+    # The listing the version was built from, moved out of the staging folder.
+    file_stamps = [f"datasets/shapes/{FILE_STAMPS_FOLDER}/{first.version}/listing.jsonl"]
+    assert b'"mtime"' in _get(file_stamps[0])
     everything = sorted(
         [
             "datasets/shapes/LATEST",
             f"datasets/shapes/{PUBLISHED_FOLDER}/{first.version}",
             *stamps,
+            *file_stamps,
             *published,
         ]
     )

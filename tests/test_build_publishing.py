@@ -399,8 +399,16 @@ def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path
     final = assert_nothing_half_written(dataset_root, latest, verified)
     assert final != latest
     hidden = sorted(e for e in os.listdir(dataset_root) if e.startswith("."))
-    assert hidden == [".lock", ".published", ".stamps"]
+    assert hidden == [".file-stamps", ".lock", ".published", ".stamps"]
     assert not [e for e in os.listdir(os.path.join(dataset_root, ".stamps")) if "tmp" in e]
+    # File stamps only of complete versions, the new one's among them.
+    complete = {
+        e
+        for e in os.listdir(dataset_root)
+        if os.path.exists(os.path.join(dataset_root, e, "kiln.json"))
+    }
+    file_stamps = set(os.listdir(os.path.join(dataset_root, ".file-stamps")))
+    assert final in file_stamps and file_stamps <= complete
     info = kiln.reader.info(dataset_root)
     assert info.splits["train"].num_examples == len(keys) + trials + len(PRECISE_KILLS)
 

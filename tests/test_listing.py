@@ -88,6 +88,7 @@ def expected_listing(root: str, real: list[str], missing: list[str]) -> tuple[li
             "key": key,
             "label": CLASSES.index(label(key)),
             "size": SIZE,
+            "mtime": MTIME,
             "split": None,
             "uri": f"{root}/{key}",
         }

@@ -11,6 +11,7 @@ Locally (Beam's local batch engine, every core; no download, no service)::
     kiln build --config configs/demo.yaml --keep 3          # then delete all but 3 versions
     kiln build --config configs/demo.yaml --max-changed-percent 10   # a publish gate
     kiln build --config configs/demo.yaml --full            # reuse nothing of LATEST
+    kiln build --config configs/demo.yaml --rehash          # read every file, trust no stamp
 
 On Dataflow (the source and output in gs://; needs ``pip install 'kiln[gcp]'``
 and a container image built from the Dockerfile, see its header)::
@@ -24,7 +25,10 @@ and a container image built from the Dockerfile, see its header)::
 A build reuses the records of LATEST (or ``--base VERSION``) whose source
 files and processing are unchanged, without decoding them, and processes
 only new and changed files: the result is byte-identical to a build from
-scratch. The summary says how many records were reused, or why none was.
+scratch. A file whose size and modification time are those the base
+listed is not even read (as make and rsync trust them): ``--rehash`` reads
+and hashes every file. The summary says how many records were reused, or
+why none was.
 
 kiln's own flags are below; every other flag goes to Beam's PipelineOptions
 unchanged (a flag neither knows is a usage error, with a did-you-mean). The
@@ -105,7 +109,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.usage = (
         "kiln build --config FILE [--output ROOT] [--image-threads N] [--quiet] "
         "[--progress-every SECONDS] [--report FILE] [--keep N] [--wait SECONDS] "
-        "[--base VERSION | --full] [publish gate flags] [Beam pipeline options...]"
+        "[--base VERSION | --full] [--rehash] [publish gate flags] [Beam pipeline options...]"
     )
     parser.epilog = EPILOG
     parser.add_argument(
@@ -165,6 +169,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--full",
         action="store_true",
         help="build from scratch: reuse no record of a published version",
+    )
+    parser.add_argument(
+        "--rehash",
+        action="store_true",
+        help="read and hash every source file to find those that changed (default: a "
+        "file with the size and modification time the base listed is not read)",
     )
     parser.add_argument(
         "--keep",
@@ -359,6 +369,7 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
         base=args.base,
         full=args.full,
         gate=Thresholds(**gate),
+        rehash=args.rehash,
     )
 
 

@@ -15,7 +15,9 @@ With a base version (`incremental`), each listed file arrives with its row
 of the base's record index (``base``); a file whose sha256 and listing
 inputs match it (with targets: the annotations, the sha256 of every mask
 file they name and the class ids they use, `targets.TargetCodec.reuse_key`)
-is not decoded: its record is copied from the base's shard by the shard
+is not decoded (nor read, when its size and modification time are those
+the base listed: its sha256 is then the row's, `incremental.STAMP_UNCHANGED`):
+its record is copied from the base's shard by the shard
 writer (a `sharding.ReusedRun` on the ``reused`` output, per base shard per
 bundle: where its frame is in the base shard, found by the base's check),
 and its statistics come from the row. A file whose sha256 matches and whose
@@ -65,7 +67,7 @@ from kiln import transforms
 from kiln.pipeline import moves, record_index, target_rows, versioning
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
-from kiln.pipeline.incremental import BaseFiles, BaseShard, frame_starts
+from kiln.pipeline.incremental import STAMP_UNCHANGED, BaseFiles, BaseShard, frame_starts
 from kiln.pipeline.listing import read_uri
 from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
@@ -135,6 +137,9 @@ class Outcome(NamedTuple):
     # nothing else is set then.
     deferred: str | None = None
     wanted: Reuse | None = None
+    # Stored or dropped without the file being read: its stamp is the
+    # base's (`incremental.STAMP_UNCHANGED`), its sha256 the base row's.
+    unread: bool = False
 
 
 class ImageProcessor:
@@ -221,7 +226,30 @@ class ImageProcessor:
         A file handed on is not read again unless no base record serves
         it: an item with ``moved_from`` (`incremental.JoinMoved`: its
         sha256, as read before, and the base rows of that sha256 whose keys
-        are no longer listed), or given its `read_sha256` as read before."""
+        are no longer listed), or given its `read_sha256` as read before.
+        Nor is a file whose size and modification time are those the base
+        listed (`incremental.STAMP_UNCHANGED`): its sha256 is its base
+        row's, and it is read only if no base record serves it
+        (`Outcome.unread` says it was not)."""
+        reads: list[str] = []
+        outcome = self._outcome(
+            item, before_decoding, read_base, moved_candidate, read_later, read_sha256, reads
+        )
+        if item.get(STAMP_UNCHANGED) and not reads and outcome.deferred is None:
+            return outcome._replace(unread=True)
+        return outcome
+
+    def _outcome(
+        self,
+        item: Mapping[str, Any],
+        before_decoding: Callable[[int], None] | None,
+        read_base: Callable[[str, int], bytes | None] | None,
+        moved_candidate: Callable[[str], bool] | None,
+        read_later: bool,
+        read_sha256: str | None,
+        reads: list[str],
+    ) -> Outcome:
+        """`__call__`'s work; appends the file's URI to `reads` each time it reads it."""
         key, uri, label = item["key"], read_uri(item["uri"]), int(item["label"])
         split = item.get("split")
         listed_text: str | None = item.get("targets")
@@ -239,13 +267,19 @@ class ImageProcessor:
             )
 
         moved_from: tuple[str, Sequence[Any]] | None = item.get("moved_from")
+        base: record_index.IndexRow | None = item.get("base")
         data: bytes | None = None
         if moved_from is not None:
             sha256 = moved_from[0]
         elif read_sha256 is not None:
             sha256 = read_sha256
+        elif base is not None and item.get(STAMP_UNCHANGED):
+            # The size and modification time the base listed: its bytes are
+            # taken to be the base's, as the up-to-date stamp takes them.
+            sha256 = base.sha256
         else:
             try:
+                reads.append(uri)
                 data = _read(uri)
             except Exception as e:  # permission denied, vanished, network: any I/O error
                 return unreadable(e)
@@ -271,7 +305,6 @@ class ImageProcessor:
                 boxes=evidence,
             )
 
-        base: record_index.IndexRow | None = item.get("base")
         if (
             base is not None
             and base.sha256 == sha256
@@ -352,8 +385,9 @@ class ImageProcessor:
         elif moved_candidate is not None and moved_candidate(sha256):
             return Outcome(None, None, 0, deferred=sha256)
 
-        if data is None:  # handed on, and no base record served it: read it now
+        if data is None:  # handed on or trusted, and no base record served it: read it now
             try:
+                reads.append(uri)
                 data = _read(uri)
             except Exception as e:
                 return unreadable(e)
@@ -682,6 +716,7 @@ class _ImageStepFn(beam.DoFn):
         self._changed = Metrics.counter("kiln", "images_changed")
         self._added = Metrics.counter("kiln", "images_added")
         self._not_trusted = Metrics.counter("kiln", "records_not_trusted")
+        self._not_read = Metrics.counter("kiln", "files_not_read")
         self._shards_read = Metrics.counter("kiln", "base_shards_read")
 
     def setup(self):
@@ -797,7 +832,10 @@ class _ImageStepFn(beam.DoFn):
             self._counter.add()
         if outcome.dropped is None or outcome.dropped.stage != "read":
             self._read.inc()
-            self._bytes.inc(int(item.get("size", 0)))
+            if outcome.unread:
+                self._not_read.inc()
+            else:
+                self._bytes.inc(int(item.get("size", 0)))
         if outcome.dropped is not None:
             Metrics.counter("kiln", f"dropped_{outcome.dropped.reason}").inc()
             yield beam.pvalue.TaggedOutput(
@@ -947,7 +985,9 @@ class ProcessImagesFn(_ImageStepFn):
         the rows that pass the same checks."""
         if item.get("base") is not None and not self._trusted_row(item["base"], checks):
             self._not_trusted.inc()
-            item = dict(item, base=None)
+            # Its stamp says nothing without the row: the file is read.
+            item = {name: value for name, value in item.items() if name != STAMP_UNCHANGED}
+            item["base"] = None
         moved_from = item.get("moved_from")
         if moved_from is not None:
             sha256, rows = moved_from

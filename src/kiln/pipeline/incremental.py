@@ -55,11 +55,22 @@ built from scratch. Code they import from elsewhere is not: after changing
 it, change a parameter (or its default); ``--full`` does not help, the
 unchanged stamp finds the published version up to date.
 
+**File stamps**: a file is not read to learn its sha256 when its key,
+size and modification time are those the base listed (the listing the
+base was built from is kept in ``<output>/<name>/.file-stamps/<version>/``,
+`publish.DatasetRoot.file_stamps`): its sha256 is its base row's, trusted
+as the launcher's up-to-date stamp trusts the same stamps (`JoinBase`
+joins the listing by key with the files and rows; ``--rehash`` leaves it
+out, and a base kept without one has every file read). It is read after
+all if no base record serves it (its listing inputs changed). Mask files
+are read and hashed as before: the reuse key holds their sha256.
+
 In the job (`job.construct`), with a base::
 
     base files -> VerifyBaseFiles ─────────────────────┐ (side input: problems, frames)
     listed files ─┐                                    v
-    base index ───┴─> JoinBase (by key) ─┬─> ProcessImages ─┬─> runs of new records
+    base index ───┤                                    │
+    base listing ─┴─> JoinBase (by key) ─┬─> ProcessImages ─┬─> runs of new records
                                          │     ^            ├─> reused records (ReusedRun)
                                          │     │ (digests)  └─> deferred ─┐
                                          └─> orphans ───────> JoinMoved (by sha256)
@@ -105,6 +116,7 @@ from __future__ import annotations
 import array
 import dataclasses
 import hashlib
+import json
 import logging
 import math
 import sys
@@ -233,6 +245,11 @@ class BaseFiles:
       compression: Its shards' compression (None or "gzip").
       class_names: Its sorted class names: a record whose class ids alone
         changed is relabelled (`kiln.pipeline.relabel`).
+      stamps: The files of the listing it was built from, as the dataset
+        keeps them (`publish.DatasetRoot.file_stamps`): a file listed now
+        with the size and modification time listed there is not read, its
+        sha256 taken from its base row (`JoinBase`). Empty: every file is
+        read and hashed (``--rehash``, or a base kept without them).
     """
 
     version: str
@@ -240,6 +257,7 @@ class BaseFiles:
     files: tuple[tuple[str, str], ...]
     compression: str | None
     class_names: tuple[str, ...] = ()
+    stamps: tuple[str, ...] = ()
 
     @property
     def index_uri(self) -> str:
@@ -258,11 +276,23 @@ class BaseChoice:
       base: The base, or None (a from-scratch build).
       version: The version considered (None: there was none).
       reason: Why it is not used ("" when it is).
+      hashed_all: Why every listed file is read and hashed rather than
+        trusting the stamps the base listed (`BaseFiles.stamps`); "" when
+        they are trusted, or no base is used.
     """
 
     base: BaseFiles | None
     version: str | None = None
     reason: str = ""
+    hashed_all: str = ""
+
+    def with_stamps(self, stamps: Sequence[str], hashed_all: str = "") -> BaseChoice:
+        """This choice with the base's listing files to trust stamps from
+        (`BaseFiles.stamps`), or, with none, the reason every file is read."""
+        if self.base is None:
+            return self
+        base = dataclasses.replace(self.base, stamps=tuple(stamps))
+        return dataclasses.replace(self, base=base, hashed_all="" if stamps else hashed_all)
 
 
 # The parts of kiln's own processing that a dataset's kiln.json versions
@@ -551,9 +581,19 @@ class VerifyBaseFiles(beam.PTransform):
         )
 
 
+# What `JoinBase` groups by bucket: a listed file, a base index row, and a
+# file's stamp as the base listed it.
+_FILE, _ROW, _STAMP = 0, 1, 2
+
+# The item field `JoinBase` sets on a listed file whose key has a base row
+# and whose size and modification time are those the base listed: the job
+# takes its sha256 from the row instead of reading it (`images.ImageProcessor`).
+STAMP_UNCHANGED = "stamp_unchanged"
+
+
 def _files_by_bucket(files, buckets: int):
     for item in files:
-        yield _bucket(item["key"], buckets), (0, item)
+        yield _bucket(item["key"], buckets), (_FILE, item)
 
 
 def _rows_by_bucket(line: str, buckets: int):
@@ -565,7 +605,69 @@ def _rows_by_bucket(line: str, buckets: int):
         return
     # As a plain tuple: Beam's coder writes that without pickling (an
     # IndexRow it would pickle, class and all, several times slower).
-    yield _bucket(row.key, buckets), (1, tuple(row))
+    yield _bucket(row.key, buckets), (_ROW, tuple(row))
+
+
+def _stamps_by_bucket(uri: str, buckets: int):
+    """A file of the listing the base was built from (`BaseFiles.stamps`:
+    lines of ``{"files": [...]}``, and of dropped rows, which list no file)
+    -> ``(bucket, (2, (key, size, mtime)))`` per file it lists.
+
+    Never fails the build: a line that is not such a listing line is
+    counted (``base_stamps_bad_lines``) and passed over, a file that
+    cannot be read is logged and counted (``base_stamps_unreadable``); the
+    files whose stamps are not found so are read and hashed."""
+    try:
+        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            for line in f:
+                stamps = _listed_stamps(line)
+                if stamps is None:
+                    Metrics.counter("kiln", "base_stamps_bad_lines").inc()
+                    continue
+                for key, size, mtime in stamps:
+                    yield _bucket(key, buckets), (_STAMP, (key, size, mtime))
+    except Exception as e:  # vanished, unreadable: its files are hashed
+        Metrics.counter("kiln", "base_stamps_unreadable").inc()
+        logger.warning(
+            "cannot read the base's file stamps %s (%s): the files it lists are read and hashed",
+            uri,
+            type(e).__name__,
+        )
+
+
+def _listed_stamps(line: bytes) -> list[tuple[str, int, float]] | None:
+    """``(key, size, mtime)`` of each file a listing line lists (none for a
+    dropped row's line), or None when the line is not a listing line."""
+    try:
+        row = json.loads(line)
+        if not isinstance(row, dict):
+            return None
+        if "files" not in row:
+            return [] if "dropped" in row else None
+        stamps = []
+        for file in row["files"]:
+            key, size, mtime = file["key"], file["size"], file["mtime"]
+            if not (
+                isinstance(key, str)
+                and isinstance(size, int)
+                and isinstance(mtime, (int, float))
+                and not isinstance(size, bool)
+            ):
+                return None
+            stamps.append((key, size, float(mtime)))
+        return stamps
+    except (ValueError, TypeError, KeyError):  # not JSON, not a listing line
+        return None
+
+
+def _stamp_unchanged(item: Mapping[str, Any], base_stamp: tuple[int, float] | None) -> bool:
+    """Whether a listed file's size and modification time are `base_stamp`,
+    those the base listed for its key. A modification time of 0 or less is
+    no stamp (a store that gives none): never trusted."""
+    mtime = item.get("mtime")
+    if base_stamp is None or mtime is None or float(mtime) <= 0:
+        return False
+    return (item.get("size"), float(mtime)) == base_stamp
 
 
 ORPHANS = "orphans"
@@ -573,20 +675,33 @@ ORPHANS = "orphans"
 
 def _attach_base(bucket_and_values):
     """One bucket's files, each with its base row (None if new) under
-    ``base``; tagged ``orphans``, ``(sha256, row fields)`` of each base row
-    whose key is not listed (what a moved file may be served by: `moves`)."""
+    ``base``, and `STAMP_UNCHANGED` set where the row's file has the size
+    and modification time the base listed; tagged ``orphans``, ``(sha256,
+    row fields)`` of each base row whose key is not listed (what a moved
+    file may be served by: `moves`)."""
     _, values = bucket_and_values
     rows: dict[str, record_index.IndexRow] = {}
+    # Key -> (size, mtime) as the base listed it; None for a key listed
+    # twice with two stamps (a damaged listing: neither is trusted).
+    stamps: dict[str, tuple[int, float] | None] = {}
     files = []
     for kind, value in values:
-        if kind:
+        if kind == _ROW:
             row = record_index.IndexRow(*value)
             rows[row.key] = row
+        elif kind == _STAMP:
+            key, size, mtime = value
+            stamp = (size, mtime)
+            stamps[key] = stamp if stamps.get(key, stamp) == stamp else None
         else:
             files.append(value)
     out = []
     for item in files:
-        out.append(dict(item, base=rows.pop(item["key"], None)))
+        found = rows.pop(item["key"], None)
+        if found is not None and _stamp_unchanged(item, stamps.get(item["key"])):
+            out.append(dict(item, base=found, **{STAMP_UNCHANGED: True}))
+        else:
+            out.append(dict(item, base=found))
     if rows:
         Metrics.counter("kiln", "records_deleted").inc(len(rows))
     for row in rows.values():
@@ -601,7 +716,19 @@ class JoinBase(beam.PTransform):
     index row (or None) under ``base``: joined by key in `buckets` buckets,
     which also spreads the files over the workers. A DoOutputsTuple:
     ``files``, and ``orphans``: ``(sha256, row fields)`` of the base rows
-    whose key is not listed (`JoinMoved`)."""
+    whose key is not listed (`JoinMoved`).
+
+    The stamps the base listed (`BaseFiles.stamps`, its listing's lines)
+    join in the same buckets: a file with a base row whose size and
+    modification time are those the base listed for its key gets
+    `STAMP_UNCHANGED`, and the image step takes its sha256 from the row
+    without reading it (as the launcher's up-to-date stamp trusts them).
+    Bounded memory: a bucket holds about one listing line's worth of
+    files, rows and stamps; no worker holds the base's stamps as a whole."""
+
+    # Up to this many listing files (the launcher's one, a listing job's
+    # few) are read in the step that lists them (see `VerifyBaseFiles`).
+    FUSED_STAMP_FILES = 16
 
     def __init__(self, base: BaseFiles, buckets: int):
         super().__init__()
@@ -616,12 +743,22 @@ class JoinBase(beam.PTransform):
             | "ReadBaseIndex" >> beam.io.ReadFromText(self._base.index_uri, validate=False)
             | "RowsByBucket" >> beam.FlatMap(_rows_by_bucket, buckets=buckets)
         )
+        merged = [listed, rows]
+        stamps = list(self._base.stamps)
+        if stamps:
+            merged.append(
+                files.pipeline
+                | "ListBaseStamps"
+                >> beam.Create(stamps, reshuffle=len(stamps) > self.FUSED_STAMP_FILES)  # uri
+                | "StampsByBucket" >> beam.FlatMap(_stamps_by_bucket, buckets=buckets)
+            )
         return (
-            (listed, rows)
-            | "MergeFilesAndRows" >> beam.Flatten()  # (bucket, (0, file) or (1, IndexRow fields))
+            tuple(merged)
+            | "MergeFilesAndRows" >> beam.Flatten()
+            # (bucket, (0, file), (1, IndexRow fields) or (2, (key, size, mtime)))
             | "GroupByBucket" >> beam.GroupByKey()
             | "AttachBase" >> beam.FlatMap(_attach_base).with_outputs(ORPHANS, main="files")
-            # files: [{key, uri, ..., base}]; orphans: (sha256, IndexRow fields)
+            # files: [{key, uri, ..., base, stamp_unchanged?}]; orphans: (sha256, IndexRow fields)
         )
 
 
@@ -729,6 +866,12 @@ class IncrementalReport:
       changed: Of those, files stored whose bytes or listing inputs changed
         (the rest of `processed` was dropped: unreadable, corrupt...).
       deleted: Base records whose file is no longer listed.
+      not_read: Of the records reused, relabelled or moved, those whose
+        file was not read: its size and modification time are those the
+        base listed, so its sha256 was taken from the base's record index
+        (`JoinBase`; ``kiln build --rehash`` reads every file).
+      hashed_all: Why every file was read and hashed instead ("" when the
+        base's stamps were trusted, or no base was used).
     """
 
     base: str | None
@@ -741,6 +884,8 @@ class IncrementalReport:
     added: int = 0
     changed: int = 0
     deleted: int = 0
+    not_read: int = 0
+    hashed_all: str = ""
 
     @classmethod
     def from_run(
@@ -765,6 +910,8 @@ class IncrementalReport:
             added=counters.get("images_added", 0),
             changed=counters.get("images_changed", 0),
             deleted=counters.get("records_deleted", 0),
+            not_read=counters.get("files_not_read", 0),
+            hashed_all=choice.hashed_all if choice.base is not None else "",
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -786,4 +933,11 @@ class IncrementalReport:
         )
         if self.reason:
             line += f"\n  base {self.reason}"
+        if self.hashed_all:
+            line += f"\n  every file read and hashed: {self.hashed_all}"
+        elif self.not_read:
+            line += (
+                f"\n  not read: {self.not_read} files, their size and modification time "
+                f"those the base listed (--rehash reads them)"
+            )
         return line

@@ -397,6 +397,7 @@ def build(
     base: str | None = None,
     full: bool = False,
     gate: version_diff.Thresholds | None = None,
+    rehash: bool = False,
 ) -> BuildResult:
     """Builds (or finds up to date) the dataset a config describes.
 
@@ -419,6 +420,9 @@ def build(
       base: The published version to reuse unchanged records from
         (`incremental`); None: the one LATEST names, if any.
       full: Build from scratch, reusing nothing.
+      rehash: Read and hash every listed file, also those whose size and
+        modification time are those the base listed (by default their
+        sha256 is taken from the base's record index: `incremental.JoinBase`).
       gate: Thresholds (as `kiln diff` takes them) the new version must pass
         against the version LATEST names before LATEST may name it; None,
         or none set, publishes whatever the build made. A version that
@@ -456,7 +460,9 @@ def build(
     # Before anything is done: Beam checks most flags only as the job starts.
     pipeline_flags.check(options, spec)
     if is_dry_run(options):
-        _translate_only(spec, options, image_threads=image_threads, base=base, full=full)
+        _translate_only(
+            spec, options, image_threads=image_threads, base=base, full=full, rehash=rehash
+        )
     try:
         # The listing's rows are on disk until the build ends, failed or not.
         with DatasetLock(spec.dataset_root, wait=wait) as held, _listed(spec, options) as listing:
@@ -472,6 +478,7 @@ def build(
                 base=base,
                 full=full,
                 gate=gate,
+                rehash=rehash,
             )
     except OSError as e:  # a full disk, a read-only or unwritable output...
         raise BuildError(f"{storage.describe_os_error(e)}; nothing was published") from e
@@ -484,6 +491,7 @@ def _translate_only(
     image_threads: int | None,
     base: str | None,
     full: bool,
+    rehash: bool = False,
 ) -> NoReturn:
     """A dry run (`is_dry_run`): the job the build would run, translated
     for its runner and not submitted, touching nothing of the output.
@@ -516,6 +524,7 @@ def _translate_only(
         choice = incremental.choose_base(
             dataset.path, dataset.read_info, previous, base, spec.to_json(), full
         )
+        choice = _with_file_stamps(dataset, choice, rehash)
     except Exception as e:  # the first access to the output
         reason = storage.unreachable_reason(e)
         if reason is None:
@@ -716,6 +725,7 @@ def _build_locked(
     base: str | None = None,
     full: bool = False,
     gate: version_diff.Thresholds | None = None,
+    rehash: bool = False,
 ) -> BuildResult:
     _warn_about_shard_counts(spec, listing)
     _check_listed_box_convention(spec, listing)
@@ -753,6 +763,7 @@ def _build_locked(
     choice = incremental.choose_base(
         dataset.path, dataset.read_info, previous, base, spec.to_json(), full
     )
+    choice = _with_file_stamps(dataset, choice, rehash)
     _log_base(choice)
     with publish.PublishTransaction(dataset, stamp) as transaction:
         plan = make_plan(
@@ -785,7 +796,7 @@ def _build_locked(
         info = dataset_info(spec, listing, report, _version(spec, processing, listing, report))
         _warn_about_empty_classes(info)
         held.check()
-        target = transaction.commit(info, gate=check_gate)
+        target = transaction.commit(info, gate=check_gate, listing_files=_listing_files(plan))
     by_hand = dataset.latest_set_by_hand(info.version)  # a rollback stands
     return BuildResult(
         dataset_dir=target,
@@ -806,6 +817,49 @@ def _build_locked(
 def _check_base(dataset: publish.DatasetRoot, base: str | None) -> None:
     if base is not None and not dataset.is_complete(base):
         raise UsageError(f"--base {base}: no complete version {base} in {dataset.path}")
+
+
+def _with_file_stamps(
+    dataset: publish.DatasetRoot, choice: incremental.BaseChoice, rehash: bool
+) -> incremental.BaseChoice:
+    """`choice` with the listing its base was built from, whose files'
+    stamps the job trusts (`incremental.JoinBase`); without one (``--rehash``,
+    a base built before kiln kept them, an output that cannot be listed),
+    with the reason every file is read and hashed."""
+    if choice.base is None:
+        return choice
+    if rehash:
+        return choice.with_stamps((), "--rehash")
+    try:
+        stamps = dataset.file_stamps(choice.base.version)
+    except Exception as e:  # never fails the build: the files are hashed
+        logger.warning(
+            "cannot list the file stamps of base %s: %s", choice.base.version, _last_line(e)
+        )
+        return choice.with_stamps(
+            (), f"the file stamps of base {choice.base.version} cannot be listed"
+        )
+    if not stamps:
+        logger.info(
+            "base %s keeps no file stamps: every file is read and hashed", choice.base.version
+        )
+        return choice.with_stamps(
+            (),
+            f"base {choice.base.version} keeps no file stamps (built by an older kiln, or "
+            f"{publish.FILE_STAMPS_FOLDER}/{choice.base.version} was deleted)",
+        )
+    return choice.with_stamps(stamps)
+
+
+def _listing_files(plan: job.JobPlan) -> list[str]:
+    """The files of the job's listing (the launcher's one, or a listing
+    job's), to keep with the version (`publish.DatasetRoot.record_file_stamps`);
+    none if they cannot be found (logged: the next build reads every file)."""
+    try:
+        return sorted(m.path for m in FileSystems.match([plan.listing_uri])[0].metadata_list)
+    except Exception as e:
+        logger.warning("cannot find the job's listing %s: %s", plan.listing_uri, _last_line(e))
+        return []
 
 
 def _log_base(choice: incremental.BaseChoice) -> None:

@@ -55,7 +55,11 @@ class SourceFile:
       label: Class id: index into the listing's `class_names`.
       split: Split named by the source (folder or manifest column), or None.
       size: Size in bytes when listed.
-      mtime: Modification time when listed (seconds); only for the stamp.
+      mtime: Modification time when listed (seconds; an object's update
+        time): for the up-to-date stamp, and for the job, which takes the
+        sha256 of a file whose size and modification time are those the
+        base version listed from the base's record index instead of reading
+        it (`incremental.JoinBase`).
       targets: The row's targets as canonical JSON (`target_rows.canonical`),
         or None for a dataset without ``targets:``.
       mask_stamp: The sizes and modification times of the mask files the
@@ -81,6 +85,7 @@ class SourceFile:
             "label": self.label,
             "split": self.split,
             "size": self.size,
+            "mtime": self.mtime,
         }
         if self.targets is not None:
             data["targets"] = self.targets

@@ -7,6 +7,9 @@ A dataset root ``<output>/<name>/`` holds::
     LATEST                  the name of the version readers should use
     .staging-<stamp>-<rnd>/ a build in progress (never read)
     .stamps/<stamp>         the version an input listing was built into
+    .file-stamps/<version>/ the listing the version was last built from (each file's
+                            key, size and modification time), for the next build to
+                            trust unchanged files' stamps (`incremental.JoinBase`)
     .listings/<rnd>/        a listing job's files, while its build runs (``source.listing: job``)
     .published/<version>    when LATEST last named the version (a sequence
                             number), so `DatasetRoot.prune` keeps the newest
@@ -48,6 +51,7 @@ from kiln.schemas.location import is_version_name
 logger = logging.getLogger(__name__)
 
 STAMPS_FOLDER = ".stamps"
+FILE_STAMPS_FOLDER = ".file-stamps"
 PUBLISHED_FOLDER = ".published"
 WORK_FOLDER = ".work"  # inside staging: listing, temp shards, job report
 LISTINGS_FOLDER = ".listings"  # a listing job's files (`listing_job`), until its build ends
@@ -94,6 +98,30 @@ class DatasetRoot:
         been pruned or damaged since: check it with `read_info`)."""
         text = self.store.read_text(storage.join(self.path, STAMPS_FOLDER, stamp))
         return text.strip() or None if text else None
+
+    def file_stamps_dir(self, version: str) -> str:
+        """Where the listing `version` was last built from is kept (`record_file_stamps`)."""
+        return storage.join(self.path, FILE_STAMPS_FOLDER, version)
+
+    def file_stamps(self, version: str) -> list[str]:
+        """The files of the listing `version` was last built from (lines of
+        the job's listing: each file's key, size and modification time),
+        sorted; empty when none are kept (a version built before kiln kept
+        them, or they were deleted)."""
+        folder = self.file_stamps_dir(version)
+        return [
+            storage.join(folder, name)
+            for name in self.store.children(folder)
+            if not name.startswith(".")
+        ]
+
+    def record_file_stamps(self, version: str, listing_files: Sequence[str]) -> None:
+        """Keeps `listing_files` (the job's listing, moved: a build's own
+        files, in its staging or listing folder) as the listing `version`
+        was built from, replacing what was kept for it before."""
+        folder = self.file_stamps_dir(version)
+        self.store.delete_tree(folder)
+        self.store.move_files(listing_files, folder)
 
     def versions(self) -> list[str]:
         """Names of the version folders, complete or not, sorted."""
@@ -164,9 +192,9 @@ class DatasetRoot:
 
     def clean_incomplete_versions(self) -> list[str]:
         """Deletes the version folders without kiln.json, the publication
-        records of versions that are not complete and the stamps of those
-        versions. Returns the folders and records deleted; logs a warning
-        per folder.
+        records of versions that are not complete and the stamps and file
+        stamps of those versions. Returns the folders and records deleted;
+        logs a warning per folder.
 
         Under the dataset's lock only this build writes version folders, and
         it has not begun to, so such a folder is what an interrupted build
@@ -214,7 +242,16 @@ class DatasetRoot:
         if stale:
             logger.info("deleting %d stamp(s) and record(s) of gone versions", len(stale))
             self.store.delete(stale)
-        return [self.version_dir(version) for version in deleted] + stale
+        # The file stamps of versions that are not complete (gone, or a
+        # build that stopped before its version was).
+        stale_listings = [
+            self.file_stamps_dir(version)
+            for version in self.store.children(storage.join(self.path, FILE_STAMPS_FOLDER))
+            if is_version_name(version) and version not in complete and version != latest
+        ]
+        for folder in stale_listings:
+            self.store.delete_tree(folder)
+        return [self.version_dir(version) for version in deleted] + stale + stale_listings
 
     def point_latest(self, version: str) -> None:
         """Makes LATEST name `version`, atomically: one line, ending in a newline
@@ -322,6 +359,7 @@ class DatasetRoot:
                 [path for path, stamped in stamps.items() if stamped == version]
                 + [storage.join(self.path, PUBLISHED_FOLDER, version)]
             )
+            self.store.delete_tree(self.file_stamps_dir(version))
         return pruned
 
 
@@ -353,6 +391,7 @@ class PublishTransaction:
         self.staging_dir = ""
         self._keep: tuple[str, ...] | None = None
         self._moving_to: str | None = None  # the version being moved into place
+        self._file_stamps_of: str | None = None  # the version its listing was kept for
 
     @property
     def work_dir(self) -> str:
@@ -370,7 +409,12 @@ class PublishTransaction:
         files named `only` (directly in it; see the class docstring)."""
         self._keep = tuple(only)
 
-    def commit(self, info: DatasetInfo, gate: Callable[[str], None] | None = None) -> str:
+    def commit(
+        self,
+        info: DatasetInfo,
+        gate: Callable[[str], None] | None = None,
+        listing_files: Sequence[str] = (),
+    ) -> str:
         """Publishes the staged folder as `info.version`; returns its folder.
 
         LATEST is left as it is if it was pointed by hand at another
@@ -385,8 +429,26 @@ class PublishTransaction:
             that version by its stamp without running a job: with the same
             gate it checks it again (the same verdict), without it publishes
             it (the launcher's up-to-date path).
+          listing_files: The job's listing (in the work folder, or a
+            listing job's folder), kept as the listing the version was
+            built from (`DatasetRoot.record_file_stamps`), replacing an
+            existing version's: the next build trusts the stamps of the
+            files it lists. Failing to keep it is logged, not raised: the
+            next build then reads the files whose stamps it lacks.
         """
         store = self.dataset.store
+        if listing_files:
+            self._file_stamps_of = info.version
+            try:
+                self.dataset.record_file_stamps(info.version, listing_files)
+            except Exception as e:  # the next build reads and hashes every file
+                logger.warning(
+                    "could not keep the listing of version %s (%s: %s): the next build "
+                    "reads and hashes every file",
+                    info.version,
+                    type(e).__name__,
+                    e,
+                )
         store.delete_tree(self.work_dir)
         write_tfds_metadata(self.staging_dir, info)  # TFDS-readable too
         # kiln.json last: its presence marks the folder complete.
@@ -441,6 +503,10 @@ class PublishTransaction:
             if version is not None and not self.dataset.is_complete(version):
                 logger.info("deleting the partial copy %s", self.dataset.version_dir(version))
                 self.dataset.store.delete_tree(self.dataset.version_dir(version))
+            # The listing kept for a version that did not become complete.
+            stamped = self._file_stamps_of
+            if stamped is not None and not self.dataset.is_complete(stamped):
+                self.dataset.store.delete_tree(self.dataset.file_stamps_dir(stamped))
             if self._keep is None:
                 self.dataset.store.delete_tree(self.staging_dir)
             else:

@@ -64,10 +64,14 @@ from kiln.schemas import INDEX_FILENAME
 from kiln.schemas.metadata import canonical_json
 
 # Listing fields that do not go into a record: where the file was read
-# (`uri`), its size (implied by its sha256), the split the source named (a
-# record's bytes do not depend on its split) and what the job attached
-# (its base row, and the base rows it may have moved from: `moves`).
-_NOT_RECORD_INPUTS = frozenset({"uri", "size", "split", "base", "moved_from"})
+# (`uri`), its size and modification time (its bytes are named by their
+# sha256), the split the source named (a record's bytes do not depend on
+# its split) and what the job attached (its base row, whether its stamp is
+# the base's: `incremental.STAMP_UNCHANGED`, and the base rows it may have
+# moved from: `moves`).
+_NOT_RECORD_INPUTS = frozenset(
+    {"uri", "size", "mtime", "split", "base", "stamp_unchanged", "moved_from"}
+)
 _COPY_CHUNK = 1 << 20
 
 

@@ -322,6 +322,11 @@ class Store(abc.ABC):
         file named `last` (directly in `source`) made visible last."""
 
     @abc.abstractmethod
+    def move_files(self, paths: Sequence[str], folder: str) -> None:
+        """Moves the files `paths` into `folder` (created if missing), each
+        under its own name."""
+
+    @abc.abstractmethod
     def clean_temp_files(self, folder: str) -> list[str]:
         """Deletes the temp files unfinished `write_atomic` calls left directly
         in `folder`; returns their paths."""
@@ -458,6 +463,11 @@ class LocalStore(Store):
         # One rename: the whole folder appears at once, `last` included.
         os.rename(source, target)
 
+    def move_files(self, paths: Sequence[str], folder: str) -> None:
+        os.makedirs(folder, exist_ok=True)
+        for path in paths:
+            os.replace(path, os.path.join(folder, os.path.basename(path)))
+
     def clean_temp_files(self, folder: str) -> list[str]:
         removed = []
         for name in self.children(folder):
@@ -560,6 +570,11 @@ class ObjectStore(Store):
         for group in ([path for path in files if path not in final], final):
             if group:
                 FileSystems.rename(group, [target + path[len(root) :] for path in group])
+
+    def move_files(self, paths: Sequence[str], folder: str) -> None:
+        if paths:
+            root = folder.rstrip("/")
+            FileSystems.rename(list(paths), [f"{root}/{basename(path)}" for path in paths])
 
     def clean_temp_files(self, folder: str) -> list[str]:
         return []  # object writes leave no temp names

@@ -1,0 +1,294 @@
+"""Incremental builds trust file stamps: a listed file whose key, size and
+modification time are those the base build listed is not read, its sha256
+taken from the base's record index (the listing the base was built from is
+kept in ``<output>/<name>/.file-stamps/<version>/``). ``--rehash`` reads
+every file; a touched file, a base without its listing, or a damaged one
+is read and hashed as before. Real builds throughout; the proof that a file
+was not read is a same-size file of garbage under the base's stamp (read, it
+would be dropped as corrupt) and the image step's own reads, noted."""
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+import object_store
+from conftest import make_config, put_folder
+from kiln.pipeline import build, images, publish
+from kiln.pipeline.command import summary
+from test_build_incremental import copy_corpus, good_keys, index_rows, new_png
+
+SAME_SIZE = "circle/zz_same_size.png"
+
+
+def same_size_png(seed: int) -> bytes:
+    """A PNG without compression: its size depends on its shape alone, so
+    two seeds give two images of the same byte size."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+    ok, data = cv2.imencode(".png", pixels, [cv2.IMWRITE_PNG_COMPRESSION, 0])
+    assert ok
+    return data.tobytes()
+
+
+def rewrite_keeping_stamp(path, data: bytes) -> None:
+    """Writes `data` (of the file's size) to `path` and gives it back its
+    modification time: a change its stamp does not show."""
+    before = os.stat(path)
+    assert len(data) == before.st_size
+    with open(path, "wb") as f:
+        f.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def garbage_of_size(path) -> bytes:
+    """Bytes of `path`'s size that no decoder reads as an image."""
+    return b"\x00garbage" * (os.path.getsize(path) // 8) + b"!" * (os.path.getsize(path) % 8)
+
+
+def noted_reads(monkeypatch) -> list[str]:
+    """The paths the image step reads in the builds that follow (the real
+    `images._read`, noted)."""
+    reads: list[str] = []
+    read = images._read
+
+    def noting_read(uri):
+        reads.append(uri)
+        return read(uri)
+
+    monkeypatch.setattr(images, "_read", noting_read)
+    return reads
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def row_of(result, key):
+    return next(row for row in index_rows(result) if row.key == key)
+
+
+def record_of(result, key):
+    """A record's index row without its placement (shard, position, line)."""
+    return row_of(result, key)._replace(shard="", position=0, line="")
+
+
+@pytest.fixture
+def stamped(demo_corpus, tmp_path):
+    """A copy of the demo corpus with `SAME_SIZE` added, built once: the
+    images folder, the config and the base build."""
+    images_dir = copy_corpus(demo_corpus, tmp_path)
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    return images_dir, config, build(config)
+
+
+def untrustworthy_night(demo_corpus, images_dir) -> tuple[str, str]:
+    """`SAME_SIZE` rewritten with other pixels and an unchanged key of the
+    corpus with garbage, both of the same size and with their modification
+    times restored; and a file added, so that the inputs' stamp changes.
+    Returns the garbage file's key and the added file's."""
+    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
+    unchanged = good_keys(demo_corpus, images_dir)[3]
+    rewrite_keeping_stamp(images_dir / unchanged, garbage_of_size(images_dir / unchanged))
+    added = "star/zz_added.png"
+    (images_dir / added).write_bytes(new_png(7))
+    return unchanged, added
+
+
+def test_a_file_with_the_base_stamp_is_not_read(demo_corpus, stamped, monkeypatch):
+    images_dir, config, base = stamped
+    garbage, added = untrustworthy_night(demo_corpus, images_dir)
+    reads = noted_reads(monkeypatch)
+
+    incremental = build(config)
+
+    # The rewritten files are the base's records (their stamps say
+    # unchanged), and were not read: the garbage is not dropped.
+    assert row_of(incremental, SAME_SIZE).sha256 == sha256_of(same_size_png(1))
+    assert record_of(incremental, garbage) == record_of(base, garbage)
+    assert incremental.info.dropped == base.info.dropped
+    # Read: the added file and the broken files (dropped, so no base row).
+    read_keys = {os.path.relpath(uri, images_dir) for uri in reads}
+    assert read_keys == {added, *demo_corpus.broken}
+    report = incremental.incremental
+    assert report.used and report.hashed_all == ""
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert report.reused == report.not_read == stored_before
+    assert (report.added, report.changed) == (1, 0)
+    assert incremental.counters["files_not_read"] == stored_before
+    assert f"not read: {stored_before} files" in summary(incremental)
+    stamps = os.path.join(base.dataset_root, publish.FILE_STAMPS_FOLDER)
+    assert sorted(os.listdir(stamps)) == sorted([base.version, incremental.version])
+
+
+def test_rehash_reads_every_file(demo_corpus, stamped, monkeypatch):
+    images_dir, config, base = stamped
+    garbage, _ = untrustworthy_night(demo_corpus, images_dir)
+    reads = noted_reads(monkeypatch)
+
+    rehashed = build(config, rehash=True)
+
+    report = rehashed.incremental
+    assert report.used and report.not_read == 0 and report.hashed_all == "--rehash"
+    assert row_of(rehashed, SAME_SIZE).sha256 == sha256_of(same_size_png(2))  # its new pixels
+    assert garbage not in {row.key for row in index_rows(rehashed)}
+    assert sum(rehashed.info.dropped.values()) == sum(base.info.dropped.values()) + 1
+    assert len(reads) == len(good_keys(demo_corpus, images_dir)) + len(demo_corpus.broken)
+    assert "every file read and hashed: --rehash" in summary(rehashed)
+
+
+def test_honest_stamps_give_the_bytes_of_a_rehashed_and_a_full_build(demo_corpus, tmp_path):
+    """With the stamps telling the truth (a file changed, one added, one
+    deleted, the rest untouched), trusting them changes no byte."""
+    from test_build_incremental import assert_same_dataset, change_add_delete, full_build
+
+    images_dir = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    build(config)
+    rehash_config = dict(config, output=str(tmp_path / "rehash"))
+    shutil.copytree(tmp_path / "out", tmp_path / "rehash")  # the same base, stamps and all
+    change_add_delete(demo_corpus, images_dir)
+
+    trusted = build(config)
+    rehashed = build(rehash_config, rehash=True)
+
+    assert trusted.incremental.not_read == trusted.incremental.reused > 50
+    assert rehashed.incremental.not_read == 0
+    assert_same_dataset(trusted, rehashed)
+    assert_same_dataset(trusted, full_build(config, tmp_path))
+
+
+def test_a_touched_file_is_read_and_reused(demo_corpus, stamped, monkeypatch):
+    images_dir, config, base = stamped
+    touched = good_keys(demo_corpus, images_dir)[8]
+    later = os.stat(images_dir / touched).st_mtime + 60
+    os.utime(images_dir / touched, (later, later))
+    (images_dir / "star/zz_added.png").write_bytes(new_png(7))
+    reads = noted_reads(monkeypatch)
+
+    incremental = build(config)
+
+    report = incremental.incremental
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert report.reused == stored_before and report.not_read == stored_before - 1
+    assert str(images_dir / touched) in reads
+    assert record_of(incremental, touched) == record_of(base, touched)
+
+
+def test_a_base_without_its_listing_reads_every_file(demo_corpus, stamped, monkeypatch):
+    images_dir, config, base = stamped
+    shutil.rmtree(os.path.join(base.dataset_root, publish.FILE_STAMPS_FOLDER, base.version))
+    garbage, _ = untrustworthy_night(demo_corpus, images_dir)
+
+    incremental = build(config)
+
+    report = incremental.incremental
+    assert report.used and report.not_read == 0
+    assert "keeps no file stamps" in report.hashed_all
+    assert row_of(incremental, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    assert garbage not in {row.key for row in index_rows(incremental)}
+    assert "every file read and hashed: base" in summary(incremental)
+    # This build keeps its own listing: the next one trusts it.
+    kept = os.listdir(os.path.join(base.dataset_root, publish.FILE_STAMPS_FOLDER))
+    assert kept == [incremental.version]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "folder"])
+def test_a_damaged_listing_of_the_base_reads_its_files(demo_corpus, stamped, damage):
+    """Lines that are not listing lines, or a listing that cannot be read
+    (here a folder where its file was): its files are read and hashed, the
+    build does not fail."""
+    images_dir, config, base = stamped
+    folder = os.path.join(base.dataset_root, publish.FILE_STAMPS_FOLDER, base.version)
+    (name,) = os.listdir(folder)
+    os.remove(os.path.join(folder, name))
+    if damage == "garbage":
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(b'{"files": [{"key": 3}]}\n\xff\xfe not json\n[1, 2]\n')
+    else:
+        os.makedirs(os.path.join(folder, name, "inside"))
+    untrustworthy_night(demo_corpus, images_dir)
+
+    incremental = build(config)
+
+    assert incremental.incremental.not_read == 0
+    assert row_of(incremental, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    if damage == "garbage":
+        assert incremental.counters["base_stamps_bad_lines"] == 3
+    else:
+        assert incremental.counters["base_stamps_unreadable"] == 1
+
+
+def test_file_stamps_go_with_their_version(demo_corpus, tmp_path):
+    """Pruned with their version (``--keep``), deleted with a version found
+    incomplete, never kept for a build that failed."""
+    images_dir = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    first = build(config)
+    stamps = os.path.join(first.dataset_root, publish.FILE_STAMPS_FOLDER)
+    (images_dir / "star/zz_added.png").write_bytes(new_png(7))
+    second = build(config)
+    assert sorted(os.listdir(stamps)) == sorted([first.version, second.version])
+
+    (images_dir / "star/zz_added_too.png").write_bytes(new_png(8))
+    third = build(config, keep=1)
+    assert third.pruned == (second.version, first.version)
+    assert os.listdir(stamps) == [third.version]
+
+    # A version folder without kiln.json (an interrupted prune) loses its stamps too.
+    (images_dir / "star/zz_added_3.png").write_bytes(new_png(9))
+    fourth = build(config)
+    os.remove(os.path.join(third.dataset_dir, "kiln.json"))
+    (images_dir / "star/zz_added_4.png").write_bytes(new_png(10))
+    fifth = build(config)
+    assert sorted(os.listdir(stamps)) == sorted([fourth.version, fifth.version])
+
+    # A build that fails keeps none.
+    for key in good_keys(demo_corpus, images_dir):
+        (images_dir / key).write_bytes(b"not an image")
+    with pytest.raises(Exception, match="dropped"):
+        build(config)
+    assert sorted(os.listdir(stamps)) == sorted([fourth.version, fifth.version])
+
+
+BUCKET = f"{object_store.SCHEME}://bucket"
+ROOT = f"{BUCKET}/images"
+
+
+@pytest.fixture
+def store(demo_corpus):
+    object_store.reset()
+    put_folder(demo_corpus.out_dir, ROOT)
+    yield
+    object_store.reset()
+
+
+def test_a_listing_job_trusts_the_stamps_too(demo_corpus, store, monkeypatch):
+    """``source.listing: job``: the listing job's files are kept with the
+    version, and an object whose update time and size are the base's is
+    not read."""
+    config = make_config(ROOT, output=f"{BUCKET}/out")
+    config["source"] = dict(config["source"], listing="job")
+    base = build(config)
+    unchanged = f"{ROOT}/{good_keys(demo_corpus, Path(demo_corpus.out_dir))[3]}"
+    data, updated = object_store.OBJECTS[unchanged]
+    object_store.OBJECTS[unchanged] = (b"\x00" * len(data), updated)  # garbage, same stamp
+    object_store.put(f"{ROOT}/star/zz_added.png", new_png(7))
+    reads = noted_reads(monkeypatch)
+
+    incremental = build(config)
+
+    assert unchanged not in reads
+    assert f"{ROOT}/star/zz_added.png" in reads
+    assert incremental.info.dropped == base.info.dropped  # the garbage was not read
+    report = incremental.incremental
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert report.reused == report.not_read == stored_before
+    folder = f"{base.dataset_root}/{publish.FILE_STAMPS_FOLDER}/"
+    kept = {name[len(folder) :].split("/")[0] for name in object_store.names(folder)}
+    assert kept == {base.version, incremental.version}
