@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 import object_store
-from conftest import make_config, put_folder
+from conftest import make_config
 from kiln.pipeline import build, images, publish
 from kiln.pipeline.command import summary
 from test_build_incremental import copy_corpus, good_keys, index_rows, new_png
+from test_build_listing_job import BUCKET, ROOT, store  # noqa: F401 (a fixture)
 
 SAME_SIZE = "circle/zz_same_size.png"
 
@@ -256,19 +257,8 @@ def test_file_stamps_go_with_their_version(demo_corpus, tmp_path):
     assert sorted(os.listdir(stamps)) == sorted([fourth.version, fifth.version])
 
 
-BUCKET = f"{object_store.SCHEME}://bucket"
-ROOT = f"{BUCKET}/images"
-
-
-@pytest.fixture
-def store(demo_corpus):
-    object_store.reset()
-    put_folder(demo_corpus.out_dir, ROOT)
-    yield
-    object_store.reset()
-
-
-def test_a_listing_job_trusts_the_stamps_too(demo_corpus, store, monkeypatch):
+@pytest.mark.usefixtures("store")
+def test_a_listing_job_trusts_the_stamps_too(demo_corpus, monkeypatch):
     """``source.listing: job``: the listing job's files are kept with the
     version, and an object whose update time and size are the base's is
     not read."""
