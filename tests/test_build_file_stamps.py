@@ -65,6 +65,18 @@ def noted_reads(monkeypatch) -> list[str]:
     return reads
 
 
+def backdated(images_dir: Path) -> Path:
+    """`images_dir` with every file's modification time an hour back: files
+    written long before the build (a stamp within `incremental.RACY_SECONDS`
+    of a build's start is not trusted by the next build)."""
+    for directory, _, names in os.walk(images_dir):
+        for name in names:
+            path = os.path.join(directory, name)
+            earlier = os.stat(path).st_mtime - 3600
+            os.utime(path, (earlier, earlier))
+    return images_dir
+
+
 def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -84,6 +96,7 @@ def stamped(demo_corpus, tmp_path):
     images folder, the config and the base build."""
     images_dir = copy_corpus(demo_corpus, tmp_path)
     (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    backdated(images_dir)
     config = make_config(images_dir, output=str(tmp_path / "out"))
     return images_dir, config, build(config)
 
@@ -148,7 +161,7 @@ def test_honest_stamps_give_the_bytes_of_a_rehashed_and_a_full_build(demo_corpus
     deleted, the rest untouched), trusting them changes no byte."""
     from test_build_incremental import assert_same_dataset, change_add_delete, full_build
 
-    images_dir = copy_corpus(demo_corpus, tmp_path)
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
     config = make_config(images_dir, output=str(tmp_path / "out"))
     build(config)
     rehash_config = dict(config, output=str(tmp_path / "rehash"))
@@ -199,19 +212,47 @@ def test_a_base_without_its_listing_reads_every_file(demo_corpus, stamped, monke
     assert kept == [incremental.version]
 
 
-@pytest.mark.parametrize("damage", ["garbage", "folder"])
+def test_a_file_modified_as_its_base_build_started_is_read(demo_corpus, tmp_path, monkeypatch):
+    """A stamp at or after the start of the build that listed it (here one
+    a minute ahead, standing for a file modified as the base build ran,
+    within the clock's tick) is not trusted: the file may have been
+    rewritten after that build read it, its size and modification time as
+    listed. It is read, and its new pixels stored."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    ahead = os.stat(images_dir / SAME_SIZE).st_mtime + 60
+    os.utime(images_dir / SAME_SIZE, (ahead, ahead))
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
+    (images_dir / "star/zz_added.png").write_bytes(new_png(7))
+    reads = noted_reads(monkeypatch)
+
+    incremental = build(config)
+
+    assert row_of(incremental, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    assert str(images_dir / SAME_SIZE) in reads
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert incremental.incremental.not_read == stored_before - 1
+    assert incremental.counters["base_stamps_too_recent"] == 1
+
+
+@pytest.mark.parametrize("damage", ["garbage", "folder", "no start time"])
 def test_a_damaged_listing_of_the_base_reads_its_files(demo_corpus, stamped, damage):
-    """Lines that are not listing lines, or a listing that cannot be read
-    (here a folder where its file was): its files are read and hashed, the
-    build does not fail."""
+    """Lines that are not listing lines, a listing that cannot be read (here
+    a folder where its file was), or no record of when the base's build
+    started: its files are read and hashed, the build does not fail."""
     images_dir, config, base = stamped
     folder = os.path.join(base.dataset_root, publish.FILE_STAMPS_FOLDER, base.version)
-    (name,) = os.listdir(folder)
-    os.remove(os.path.join(folder, name))
+    (name,) = [name for name in os.listdir(folder) if not name.startswith(".")]
+    if damage == "no start time":
+        os.remove(os.path.join(folder, publish.LISTED_FROM_FILE))
+    else:
+        os.remove(os.path.join(folder, name))
     if damage == "garbage":
         with open(os.path.join(folder, name), "wb") as f:
             f.write(b'{"files": [{"key": 3}]}\n\xff\xfe not json\n[1, 2]\n')
-    else:
+    elif damage == "folder":
         os.makedirs(os.path.join(folder, name, "inside"))
     untrustworthy_night(demo_corpus, images_dir)
 
@@ -221,8 +262,10 @@ def test_a_damaged_listing_of_the_base_reads_its_files(demo_corpus, stamped, dam
     assert row_of(incremental, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
     if damage == "garbage":
         assert incremental.counters["base_stamps_bad_lines"] == 3
-    else:
+    elif damage == "folder":
         assert incremental.counters["base_stamps_unreadable"] == 1
+    else:
+        assert "keeps no file stamps" in incremental.incremental.hashed_all
 
 
 def test_file_stamps_go_with_their_version(demo_corpus, tmp_path):
@@ -264,6 +307,8 @@ def test_a_listing_job_trusts_the_stamps_too(demo_corpus, monkeypatch):
     not read."""
     config = make_config(ROOT, output=f"{BUCKET}/out")
     config["source"] = dict(config["source"], listing="job")
+    for name, (data, updated) in list(object_store.OBJECTS.items()):  # put an hour ago
+        object_store.OBJECTS[name] = (data, updated - 3600)
     base = build(config)
     unchanged = f"{ROOT}/{good_keys(demo_corpus, Path(demo_corpus.out_dir))[3]}"
     data, updated = object_store.OBJECTS[unchanged]

@@ -36,7 +36,12 @@ from conftest import make_config
 from kiln.errors import Busy, DryRun
 from kiln.pipeline import build, sources, storage
 from kiln.pipeline.lock import DatasetLock, Holder
-from kiln.pipeline.publish import FILE_STAMPS_FOLDER, PUBLISHED_FOLDER, STAMPS_FOLDER
+from kiln.pipeline.publish import (
+    FILE_STAMPS_FOLDER,
+    LISTED_FROM_FILE,
+    PUBLISHED_FOLDER,
+    STAMPS_FOLDER,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -199,7 +204,8 @@ def test_the_whole_cycle_on_the_emulator(emulator, on_emulator, build_dataset, d
     stamps = _names(f"datasets/shapes/{STAMPS_FOLDER}/")
     assert len(stamps) == 1 and _get(stamps[0]).decode().strip() == first.version
     # The listing the version was built from, moved out of the staging folder.
-    file_stamps = [f"datasets/shapes/{FILE_STAMPS_FOLDER}/{first.version}/listing.jsonl"]
+    kept = f"datasets/shapes/{FILE_STAMPS_FOLDER}/{first.version}"
+    file_stamps = [f"{kept}/listing.jsonl", f"{kept}/{LISTED_FROM_FILE}"]
     assert b'"mtime"' in _get(file_stamps[0])
     everything = sorted(
         [

@@ -38,7 +38,12 @@ from kiln import cli
 from kiln.errors import Busy
 from kiln.pipeline import build, storage
 from kiln.pipeline.lock import DatasetLock, Holder
-from kiln.pipeline.publish import FILE_STAMPS_FOLDER, PUBLISHED_FOLDER, STAMPS_FOLDER
+from kiln.pipeline.publish import (
+    FILE_STAMPS_FOLDER,
+    LISTED_FROM_FILE,
+    PUBLISHED_FOLDER,
+    STAMPS_FOLDER,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -158,7 +163,8 @@ def test_the_whole_cycle_on_moto(s3, endpoint, build_dataset, demo_corpus, tmp_p
     stamps = _names(s3, f"datasets/shapes/{STAMPS_FOLDER}/")
     assert len(stamps) == 1 and _get(s3, stamps[0]).decode().strip() == version
     # The listing the version was built from, moved out of the staging folder.
-    file_stamps = [f"datasets/shapes/{FILE_STAMPS_FOLDER}/{version}/listing.jsonl"]
+    kept = f"datasets/shapes/{FILE_STAMPS_FOLDER}/{version}"
+    file_stamps = [f"{kept}/listing.jsonl", f"{kept}/{LISTED_FROM_FILE}"]
     assert b'"mtime"' in _get(s3, file_stamps[0])
     everything = sorted(
         ["datasets/shapes/LATEST", f"datasets/shapes/{PUBLISHED_FOLDER}/{version}", *stamps]

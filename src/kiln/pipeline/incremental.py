@@ -62,8 +62,9 @@ base was built from is kept in ``<output>/<name>/.file-stamps/<version>/``,
 as the launcher's up-to-date stamp trusts the same stamps (`JoinBase`
 joins the listing by key with the files and rows; ``--rehash`` leaves it
 out, and a base kept without one has every file read). It is read after
-all if no base record serves it (its listing inputs changed). Mask files
-are read and hashed as before: the reuse key holds their sha256.
+all if no base record serves it (its listing inputs changed), and so is a
+file whose stamp is no older than the base build's start (`RACY_SECONDS`).
+Mask files are read and hashed as before: the reuse key holds their sha256.
 
 In the job (`job.construct`), with a base::
 
@@ -250,6 +251,8 @@ class BaseFiles:
         with the size and modification time listed there is not read, its
         sha256 taken from its base row (`JoinBase`). Empty: every file is
         read and hashed (``--rehash``, or a base kept without them).
+      stamps_before: Only a modification time before it is trusted: the
+        time the build that listed them started, less `RACY_SECONDS`.
     """
 
     version: str
@@ -258,6 +261,9 @@ class BaseFiles:
     compression: str | None
     class_names: tuple[str, ...] = ()
     stamps: tuple[str, ...] = ()
+    # Stamps at or after this time (seconds since the epoch) are not trusted
+    # (`RACY_SECONDS`): the build that listed them started just after it.
+    stamps_before: float = 0.0
 
     @property
     def index_uri(self) -> str:
@@ -286,12 +292,17 @@ class BaseChoice:
     reason: str = ""
     hashed_all: str = ""
 
-    def with_stamps(self, stamps: Sequence[str], hashed_all: str = "") -> BaseChoice:
+    def with_stamps(
+        self, stamps: Sequence[str], hashed_all: str = "", *, listed_from: float = 0.0
+    ) -> BaseChoice:
         """This choice with the base's listing files to trust stamps from
-        (`BaseFiles.stamps`), or, with none, the reason every file is read."""
+        (`BaseFiles.stamps`; `listed_from`: when the build that listed them
+        started), or, with none, the reason every file is read."""
         if self.base is None:
             return self
-        base = dataclasses.replace(self.base, stamps=tuple(stamps))
+        base = dataclasses.replace(
+            self.base, stamps=tuple(stamps), stamps_before=listed_from - RACY_SECONDS
+        )
         return dataclasses.replace(self, base=base, hashed_all="" if stamps else hashed_all)
 
 
@@ -585,6 +596,16 @@ class VerifyBaseFiles(beam.PTransform):
 # file's stamp as the base listed it.
 _FILE, _ROW, _STAMP = 0, 1, 2
 
+RACY_SECONDS = 2.0
+"""How close to the start of the build that listed it a file's modification
+time may be and still be trusted: not at all. Such a file may have been
+rewritten after that build read it, within the same tick of the file
+system's clock (two seconds on FAT, a few milliseconds on ext4), so with
+the same size and modification time as listed: its stamp cannot tell (git
+calls such index entries "racily clean"). It is read and hashed instead.
+A file modified just before a build is read again by the next one; older
+files are trusted."""
+
 # The item field `JoinBase` sets on a listed file whose key has a base row
 # and whose size and modification time are those the base listed: the job
 # takes its sha256 from the row instead of reading it (`images.ImageProcessor`).
@@ -608,10 +629,12 @@ def _rows_by_bucket(line: str, buckets: int):
     yield _bucket(row.key, buckets), (_ROW, tuple(row))
 
 
-def _stamps_by_bucket(uri: str, buckets: int):
+def _stamps_by_bucket(uri: str, buckets: int, before: float):
     """A file of the listing the base was built from (`BaseFiles.stamps`:
     lines of ``{"files": [...]}``, and of dropped rows, which list no file)
-    -> ``(bucket, (2, (key, size, mtime)))`` per file it lists.
+    -> ``(bucket, (2, (key, size, mtime)))`` per file it lists whose
+    modification time is before `before` (`RACY_SECONDS`; the others are
+    counted, ``base_stamps_too_recent``, and their files read).
 
     Never fails the build: a line that is not such a listing line is
     counted (``base_stamps_bad_lines``) and passed over, a file that
@@ -625,6 +648,9 @@ def _stamps_by_bucket(uri: str, buckets: int):
                     Metrics.counter("kiln", "base_stamps_bad_lines").inc()
                     continue
                 for key, size, mtime in stamps:
+                    if mtime >= before:
+                        Metrics.counter("kiln", "base_stamps_too_recent").inc()
+                        continue
                     yield _bucket(key, buckets), (_STAMP, (key, size, mtime))
     except Exception as e:  # vanished, unreadable: its files are hashed
         Metrics.counter("kiln", "base_stamps_unreadable").inc()
@@ -750,7 +776,8 @@ class JoinBase(beam.PTransform):
                 files.pipeline
                 | "ListBaseStamps"
                 >> beam.Create(stamps, reshuffle=len(stamps) > self.FUSED_STAMP_FILES)  # uri
-                | "StampsByBucket" >> beam.FlatMap(_stamps_by_bucket, buckets=buckets)
+                | "StampsByBucket"
+                >> beam.FlatMap(_stamps_by_bucket, buckets=buckets, before=self._base.stamps_before)
             )
         return (
             tuple(merged)

@@ -44,6 +44,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -765,6 +766,9 @@ def _build_locked(
     )
     choice = _with_file_stamps(dataset, choice, rehash)
     _log_base(choice)
+    # Before the job reads any file: the next build trusts only stamps older
+    # than this (`incremental.RACY_SECONDS`).
+    started = time.time()
     with publish.PublishTransaction(dataset, stamp) as transaction:
         plan = make_plan(
             spec, listing, transaction.staging_dir, options, image_threads, choice.base
@@ -796,7 +800,9 @@ def _build_locked(
         info = dataset_info(spec, listing, report, _version(spec, processing, listing, report))
         _warn_about_empty_classes(info)
         held.check()
-        target = transaction.commit(info, gate=check_gate, listing_files=_listing_files(plan))
+        target = transaction.commit(
+            info, gate=check_gate, listing_files=_listing_files(plan), listed_from=started
+        )
     by_hand = dataset.latest_set_by_hand(info.version)  # a rollback stands
     return BuildResult(
         dataset_dir=target,
@@ -832,6 +838,7 @@ def _with_file_stamps(
         return choice.with_stamps((), "--rehash")
     try:
         stamps = dataset.file_stamps(choice.base.version)
+        listed_from = dataset.file_stamps_listed_from(choice.base.version) if stamps else None
     except Exception as e:  # never fails the build: the files are hashed
         logger.warning(
             "cannot list the file stamps of base %s: %s", choice.base.version, _last_line(e)
@@ -839,7 +846,7 @@ def _with_file_stamps(
         return choice.with_stamps(
             (), f"the file stamps of base {choice.base.version} cannot be listed"
         )
-    if not stamps:
+    if not stamps or listed_from is None:
         logger.info(
             "base %s keeps no file stamps: every file is read and hashed", choice.base.version
         )
@@ -848,7 +855,7 @@ def _with_file_stamps(
             f"base {choice.base.version} keeps no file stamps (built by an older kiln, or "
             f"{publish.FILE_STAMPS_FOLDER}/{choice.base.version} was deleted)",
         )
-    return choice.with_stamps(stamps)
+    return choice.with_stamps(stamps, listed_from=listed_from)
 
 
 def _listing_files(plan: job.JobPlan) -> list[str]:

@@ -8,8 +8,9 @@ A dataset root ``<output>/<name>/`` holds::
     .staging-<stamp>-<rnd>/ a build in progress (never read)
     .stamps/<stamp>         the version an input listing was built into
     .file-stamps/<version>/ the listing the version was last built from (each file's
-                            key, size and modification time), for the next build to
-                            trust unchanged files' stamps (`incremental.JoinBase`)
+                            key, size and modification time) and when that build
+                            started (``.build-started``), for the next build to trust
+                            unchanged files' stamps (`incremental.JoinBase`)
     .listings/<rnd>/        a listing job's files, while its build runs (``source.listing: job``)
     .published/<version>    when LATEST last named the version (a sequence
                             number), so `DatasetRoot.prune` keeps the newest
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 
 STAMPS_FOLDER = ".stamps"
 FILE_STAMPS_FOLDER = ".file-stamps"
+# In a version's file stamps: when the build that listed them started.
+LISTED_FROM_FILE = ".build-started"
 PUBLISHED_FOLDER = ".published"
 WORK_FOLDER = ".work"  # inside staging: listing, temp shards, job report
 LISTINGS_FOLDER = ".listings"  # a listing job's files (`listing_job`), until its build ends
@@ -115,13 +118,28 @@ class DatasetRoot:
             if not name.startswith(".")
         ]
 
-    def record_file_stamps(self, version: str, listing_files: Sequence[str]) -> None:
+    def file_stamps_listed_from(self, version: str) -> float | None:
+        """When the build that listed `version`'s file stamps started
+        (seconds since the epoch; `record_file_stamps`), or None."""
+        path = storage.join(self.file_stamps_dir(version), LISTED_FROM_FILE)
+        try:
+            return float((self.store.read_text(path) or "").strip())
+        except ValueError:  # missing or damaged: its stamps are not trusted
+            return None
+
+    def record_file_stamps(
+        self, version: str, listing_files: Sequence[str], listed_from: float
+    ) -> None:
         """Keeps `listing_files` (the job's listing, moved: a build's own
         files, in its staging or listing folder) as the listing `version`
-        was built from, replacing what was kept for it before."""
+        was built from, replacing what was kept for it before, and
+        `listed_from`, when that build started (`incremental.RACY_SECONDS`)."""
         folder = self.file_stamps_dir(version)
         self.store.delete_tree(folder)
         self.store.move_files(listing_files, folder)
+        self.store.write_atomic(
+            storage.join(folder, LISTED_FROM_FILE), f"{listed_from!r}\n".encode()
+        )
 
     def versions(self) -> list[str]:
         """Names of the version folders, complete or not, sorted."""
@@ -414,6 +432,7 @@ class PublishTransaction:
         info: DatasetInfo,
         gate: Callable[[str], None] | None = None,
         listing_files: Sequence[str] = (),
+        listed_from: float = 0.0,
     ) -> str:
         """Publishes the staged folder as `info.version`; returns its folder.
 
@@ -435,12 +454,14 @@ class PublishTransaction:
             existing version's: the next build trusts the stamps of the
             files it lists. Failing to keep it is logged, not raised: the
             next build then reads the files whose stamps it lacks.
+          listed_from: When the build started (before its job read any
+            file), kept with the listing.
         """
         store = self.dataset.store
         if listing_files:
             self._file_stamps_of = info.version
             try:
-                self.dataset.record_file_stamps(info.version, listing_files)
+                self.dataset.record_file_stamps(info.version, listing_files, listed_from)
             except Exception as e:  # the next build reads and hashes every file
                 logger.warning(
                     "could not keep the listing of version %s (%s: %s): the next build "
