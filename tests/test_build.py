@@ -309,7 +309,7 @@ def test_too_many_dropped_files_fail_the_build_and_publish_nothing(demo_corpus, 
     config["errors"] = {"max_fraction": 0.1}
     result = build(config)
     assert sorted(os.listdir(dataset_root)) == sorted(
-        [".lock", ".published", ".stamps", "LATEST", result.version]
+        [".file-stamps", ".lock", ".published", ".stamps", "LATEST", result.version]
     )
 
 
