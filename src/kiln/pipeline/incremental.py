@@ -606,10 +606,7 @@ calls such index entries "racily clean"). It is read and hashed instead.
 A file modified just before a build is read again by the next one; older
 files are trusted."""
 
-# The item field `JoinBase` sets on a listed file whose key has a base row
-# and whose size and modification time are those the base listed: the job
-# takes its sha256 from the row instead of reading it (`images.ImageProcessor`).
-STAMP_UNCHANGED = "stamp_unchanged"
+STAMP_UNCHANGED = record_index.STAMP_UNCHANGED  # what `JoinBase` marks a trusted file with
 
 
 def _files_by_bucket(files, buckets: int):

@@ -63,14 +63,19 @@ from kiln.pipeline.statistics import TargetCounts
 from kiln.schemas import INDEX_FILENAME
 from kiln.schemas.metadata import canonical_json
 
+# The item field `incremental.JoinBase` sets on a listed file whose key has
+# a base row and whose size and modification time are those the base
+# listed: the job takes its sha256 from the row instead of reading it
+# (`images.ImageProcessor`).
+STAMP_UNCHANGED = "stamp_unchanged"
+
 # Listing fields that do not go into a record: where the file was read
 # (`uri`), its size and modification time (its bytes are named by their
 # sha256), the split the source named (a record's bytes do not depend on
 # its split) and what the job attached (its base row, whether its stamp is
-# the base's: `incremental.STAMP_UNCHANGED`, and the base rows it may have
-# moved from: `moves`).
+# the base's, and the base rows it may have moved from: `moves`).
 _NOT_RECORD_INPUTS = frozenset(
-    {"uri", "size", "mtime", "split", "base", "stamp_unchanged", "moved_from"}
+    {"uri", "size", "mtime", "split", "base", STAMP_UNCHANGED, "moved_from"}
 )
 _COPY_CHUNK = 1 << 20
 
