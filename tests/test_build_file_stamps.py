@@ -134,7 +134,12 @@ def test_a_file_with_the_base_stamp_is_not_read(demo_corpus, stamped, monkeypatc
     stored_before = sum(s.num_examples for s in base.info.splits.values())
     assert report.reused == report.not_read == stored_before
     assert (report.added, report.changed) == (1, 0)
-    assert incremental.counters["files_not_read"] == stored_before
+    # The counters tell a cost watcher the same: the files read (and their
+    # bytes) are the added and broken ones only.
+    counters = incremental.counters
+    assert counters["files_not_read"] == stored_before
+    assert counters["files_read"] == len(read_keys)
+    assert counters["bytes_read"] == sum(os.path.getsize(images_dir / key) for key in read_keys)
     assert f"not read: {stored_before} files" in summary(incremental)
     stamps = os.path.join(base.dataset_root, publish.FILE_STAMPS_FOLDER)
     assert sorted(os.listdir(stamps)) == sorted([base.version, incremental.version])

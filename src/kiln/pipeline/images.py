@@ -830,12 +830,11 @@ class _ImageStepFn(beam.DoFn):
         self._summary.add(outcome.entry_hash, outcome.image, outcome.boxes)
         if self._counter is not None:
             self._counter.add()
-        if outcome.dropped is None or outcome.dropped.stage != "read":
+        if outcome.unread:
+            self._not_read.inc()
+        elif outcome.dropped is None or outcome.dropped.stage != "read":
             self._read.inc()
-            if outcome.unread:
-                self._not_read.inc()
-            else:
-                self._bytes.inc(int(item.get("size", 0)))
+            self._bytes.inc(int(item.get("size", 0)))
         if outcome.dropped is not None:
             Metrics.counter("kiln", f"dropped_{outcome.dropped.reason}").inc()
             yield beam.pvalue.TaggedOutput(

@@ -930,7 +930,11 @@ class IncrementalReport:
             reused=reused,
             relabelled=relabelled,
             moved=moved,
-            processed=counters.get("files_read", 0) - reused - relabelled - moved,
+            processed=counters.get("files_read", 0)
+            + counters.get("files_not_read", 0)
+            - reused
+            - relabelled
+            - moved,
             added=counters.get("images_added", 0),
             changed=counters.get("images_changed", 0),
             deleted=counters.get("records_deleted", 0),
