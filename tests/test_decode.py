@@ -13,6 +13,7 @@ import pytest
 from PIL import Image, ImageOps
 
 import bombs
+from kiln import transforms
 from kiln.transforms import DecodeError, decode_image, image_header
 from kiln.transforms import decode as decode_module
 from kiln.transforms.functional import to_grayscale
@@ -218,6 +219,18 @@ def test_orientation_applies_with_alpha_and_one_channel():
     rgba = np.dstack([BLOCKS, np.full(BLOCKS.shape[:2], 255, np.uint8)])
     out = decode_image(pillow_bytes(rgba, "PNG", exif=exif.tobytes()), channels=1)
     np.testing.assert_array_equal(out, to_grayscale(np.ascontiguousarray(np.rot90(BLOCKS, k=-1))))
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_oriented_pixels_are_a_contiguous_copy_of_the_upright_view(orientation, channels):
+    # The decoder turns pixels upright with OpenCV's calls (a new array)
+    # rather than by copying `orient`'s strided view: the same pixels.
+    stored = np.ascontiguousarray(BLOCKS[:, :, :channels])
+    out = transforms.oriented(stored, orientation)
+    np.testing.assert_array_equal(out, UPRIGHT[orientation](stored))
+    np.testing.assert_array_equal(out, transforms.orient(stored, orientation))
+    assert out.flags.c_contiguous and out.dtype == np.uint8
 
 
 def test_invalid_orientation_value_is_ignored():

@@ -35,6 +35,7 @@ from kiln.transforms.decode import (
     decode_image,
     decode_with_orientation,
     orient,
+    oriented,
 )
 from kiln.transforms.encode import EncodeError, encode_image
 from kiln.transforms.geometry import NO_GEOMETRY, CoordinateMap
@@ -76,6 +77,7 @@ __all__ = [
     "import_plugins",
     "names",
     "orient",
+    "oriented",
     "orient_targets",
     "parse",
     "polygons_to_mask",

@@ -194,7 +194,7 @@ def decode_with_orientation(
     image = _to_uint8(pixels)
     image = _to_rgb_or_gray(image, channels)
     orientation = _exif_orientation(exif) if exif is not None else 1
-    return DecodedImage(np.ascontiguousarray(orient(image, orientation)), orientation)
+    return DecodedImage(oriented(image, orientation), orientation)
 
 
 def _read_header(data: bytes) -> image_header.ImageHeader:
@@ -372,6 +372,31 @@ def _exif_orientation(exif: bytes) -> int:
     except (struct.error, ValueError) as e:
         logger.debug("ignoring unreadable EXIF block (%s)", e)
     return 1
+
+
+# `orient`'s moves as OpenCV calls, each making a new contiguous array: on a
+# 4000x3000 photo 4-12x faster than NumPy's copy of the view (~45 ms for a
+# transposed one), which copies element by element across the strides.
+_OPENCV_ORIENTATIONS: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    2: lambda image: cv2.flip(image, 1),
+    3: lambda image: cv2.rotate(image, cv2.ROTATE_180),
+    4: lambda image: cv2.flip(image, 0),
+    5: cv2.transpose,
+    6: lambda image: cv2.rotate(image, cv2.ROTATE_90_CLOCKWISE),
+    7: lambda image: cv2.flip(cv2.transpose(image), -1),
+    8: lambda image: cv2.rotate(image, cv2.ROTATE_90_COUNTERCLOCKWISE),
+}
+
+
+def oriented(image: np.ndarray, orientation: int) -> np.ndarray:
+    """`orient`'s pixels as a new C-contiguous array (`image` itself for
+    orientation 1, made contiguous if it is not)."""
+    move = _OPENCV_ORIENTATIONS.get(orientation)
+    if move is None:
+        return np.ascontiguousarray(image)
+    moved = move(image)
+    # OpenCV hands a one-channel image back as HxW.
+    return moved.reshape(*moved.shape[:2], image.shape[2]) if image.ndim == 3 else moved
 
 
 def orient(image: np.ndarray, orientation: int) -> np.ndarray:
