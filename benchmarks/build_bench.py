@@ -47,14 +47,16 @@ def build_config(
     augment: Sequence[Any] = (),
     target_shard_mb: float = TARGET_SHARD_MB,
     compression: str = "none",
+    jpeg_scaled_decode: bool = False,
 ) -> dict[str, Any]:
     """The benchmark's build config for a manifest of the corpus (`compression`:
-    the shards', ``none`` or ``gzip``)."""
+    the shards', ``none`` or ``gzip``; `jpeg_scaled_decode`: the image option,
+    written only when on)."""
     return {
         "name": name,
         "source": {"type": "manifest", "path": manifest},
         "output": output,
-        "image": {"channels": 3},
+        "image": {"channels": 3, **({"jpeg_scaled_decode": True} if jpeg_scaled_decode else {})},
         "transforms": BUILD_TRANSFORMS,
         "encoding": {"format": encoding, "quality": JPEG_QUALITY},  # ignored unless jpeg
         "splits": {"fractions": {"train": 1.0}},
@@ -116,7 +118,8 @@ def measure(spec: dict[str, Any], scratch: str, *, kiln_src: str | None = None) 
     ``opencv_threads`` (threads OpenCV may use inside one call; None leaves
     its default, one per core), for the baseline ``threads`` (images
     processed at once; default 1), and for kiln ``args`` (extra `kiln build`
-    flags, e.g. ``["--image-threads", "1"]``).
+    flags, e.g. ``["--image-threads", "1"]``) and ``jpeg_scaled_decode``
+    (the config's ``image.jpeg_scaled_decode``; default off).
     """
     output = os.path.join(scratch, "build-output")
     shutil.rmtree(output, ignore_errors=True)
@@ -252,7 +255,9 @@ def _run_kiln(spec: dict[str, Any]) -> dict[str, Any]:
     if "config" in spec:
         config = dict(spec["config"], output=datasets)
     else:
-        config = build_config(spec["manifest"], datasets)
+        config = build_config(
+            spec["manifest"], datasets, jpeg_scaled_decode=spec.get("jpeg_scaled_decode", False)
+        )
     with open(config_path, "w") as f:
         yaml.safe_dump(config, f)
     report = os.path.join(spec["output"], "report.json")

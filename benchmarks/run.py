@@ -130,6 +130,11 @@ BUILD_VARIANTS = (
     ),
     ("kiln", "kiln build, local defaults", {"kind": "kiln", "args": []}),
     (
+        "kiln_scaled_decode",
+        "kiln build, local defaults, image.jpeg_scaled_decode",
+        {"kind": "kiln", "args": [], "jpeg_scaled_decode": True},
+    ),
+    (
         "kiln_one_thread",
         "kiln build --image-threads 1 (OpenCV on 1 thread, as A)",
         {"kind": "kiln", "args": ["--image-threads", "1"], "opencv_threads": 1},

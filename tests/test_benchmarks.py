@@ -17,7 +17,14 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-BUILD_ROWS = ["baseline", "kiln", "kiln_one_thread", "baseline_opencv_threads", "baseline_threads"]
+BUILD_ROWS = [
+    "baseline",
+    "kiln",
+    "kiln_scaled_decode",
+    "kiln_one_thread",
+    "baseline_opencv_threads",
+    "baseline_threads",
+]
 READER_ROWS = ["a", "kiln_plain", "b", "c", "d"]
 
 

@@ -126,6 +126,16 @@ class ImageConfig(_Model):
     limit."""
     min_size: pydantic.PositiveInt = 1
     """Images whose shorter side is below this are dropped as `too_small`."""
+    jpeg_scaled_decode: bool = False
+    """Decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg's DCT scaling, as Pillow's
+    `draft` and TensorFlow's `decode_jpeg(ratio=)` do) when `transforms:` starts with a
+    `resize` (any interpolation but `nearest`) that shrinks it at least that much in both sides
+    (whatever its EXIF orientation): the largest such factor. Much faster for large photos (the
+    README's "Performance"), and the records keep the size a full decode gives; the pixels
+    differ slightly (about 0.5/255 on average). Other formats, and JPEGs the resize does not
+    shrink enough, are decoded in full. `max_pixels` and `min_size` apply to the size the
+    header declares; boxes, keypoints and masks follow. Changes the dataset's version when on
+    (a new fingerprint: records are not reused from a build without it)."""
 
 
 class EncodingConfig(_Model):
@@ -364,6 +374,9 @@ class BuildSpec:
         if not self.config.splits.stratify:
             # Written only when on: a config without it keeps its fingerprint.
             del data["splits"]["stratify"]
+        if not self.config.image.jpeg_scaled_decode:
+            # Written only when on: a config without it keeps its fingerprint.
+            del data["image"]["jpeg_scaled_decode"]
         if self.config.encoding.format != "jpeg":
             # Only JPEG is lossy: keep unused knobs out of the fingerprint.
             data["encoding"]["quality"] = None

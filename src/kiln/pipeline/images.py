@@ -48,6 +48,7 @@ statistic.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import logging
 import os
@@ -176,6 +177,7 @@ class ImageProcessor:
         self._channels = image.channels
         self._max_pixels = image.max_pixels
         self._min_size = image.min_size
+        self._scaled_decode = image.jpeg_scaled_decode
         self._format = encoding.format
         self._quality = encoding.quality
         self._class_names = list(class_names)
@@ -394,7 +396,7 @@ class ImageProcessor:
             sha256 = hashlib.sha256(data).hexdigest()  # changed since, if it differs
 
         try:
-            image, orientation = self._decode(data, before_decoding)
+            decoded = self._decode(data, before_decoding)
         except transforms.DecodeError as e:
             return drop("decode", e.reason, str(e))
 
@@ -402,21 +404,25 @@ class ImageProcessor:
         if self._codec is not None:
             if listed is None:
                 listed = self._codec.read("{}")
-            stored_size = _stored_size(image, orientation)
             # Before the per-object checks: a box they refuse is evidence too.
-            evidence = self._codec.box_evidence(listed, *stored_size)
+            evidence = self._codec.box_evidence(listed, *decoded.stored_size)
             try:
-                loaded = self._codec.load(listed, *stored_size)
+                loaded = self._codec.load(listed, *decoded.stored_size)
             except BadAnnotation as e:
                 return drop("targets", e.reason, e.located)
 
         moved = None
-        decoded_size = image.shape[:2]
+        decoded_size = transforms.decode_scale.upright_size(decoded)
         try:
             if loaded is None or loaded.geometry is None:
-                image = self._chain(image)
+                chain = self._chain
+                if decoded.reduction > 1:
+                    # Resized to the size the full decode gets, not to what the
+                    # first resize would make of the reduced size (rounded otherwise).
+                    chain = transforms.decode_scale.with_resize_to(chain, *decoded_size)
+                image = chain(decoded.image)
             else:
-                image, moved = self._apply(image, orientation, loaded.geometry)
+                image, moved = self._apply(decoded, loaded.geometry)
             _check_output(image, self._channels)
         except Exception as e:  # TransformError, or a plugin's own failure
             return drop("transform", "transform_failed", _describe(e))
@@ -579,42 +585,43 @@ class ImageProcessor:
 
     def _decode(
         self, data: bytes, before_decoding: Callable[[int], None] | None
-    ) -> tuple[np.ndarray, int]:
-        """The upright image, and the EXIF orientation that made it upright
-        (targets annotated on the stored pixels need it; 1 without targets)."""
-        if self._codec is None:
-            image = transforms.decode_image(
-                data,
-                channels=self._channels,
-                max_pixels=self._max_pixels,
-                min_size=self._min_size,
-                before_decoding=before_decoding,
-            )
-            return image, 1
-        decoded = transforms.decode_with_orientation(
+    ) -> transforms.DecodedImage:
+        """The upright image, the EXIF orientation that made it upright
+        (targets annotated on the stored pixels need it), the stored size,
+        and the factor a JPEG was decoded smaller by (``jpeg_scaled_decode``)."""
+        reduction = None
+        if self._scaled_decode:
+            reduction = functools.partial(transforms.decode_scale.jpeg_reduction, self._chain)
+        return transforms.decode_with_orientation(
             data,
             channels=self._channels,
             max_pixels=self._max_pixels,
             min_size=self._min_size,
             before_decoding=before_decoding,
+            jpeg_reduction=reduction,
         )
-        return decoded.image, decoded.orientation
 
     def _apply(
-        self, image: np.ndarray, orientation: int, geometry: transforms.Targets
+        self, decoded: transforms.DecodedImage, geometry: transforms.Targets
     ) -> tuple[np.ndarray, transforms.Targets]:
         """Moves targets annotated on the stored pixels with the EXIF
-        orientation (already applied to `image`) and the transforms."""
+        orientation (already applied to the image), the reduction of a JPEG
+        decoded smaller, and the transforms."""
         if self._codec is None:
             raise ValueError("a dataset without targets has no geometry to move")
         targets = self._codec.config
-        source_height, source_width = _stored_size(image, orientation)
-        geometry = transforms.orient_targets(geometry, orientation, source_height, source_width)
         min_visibility = targets.boxes.min_visibility if targets.boxes is not None else 0.0
         fill = 0
         if targets.mask is not None and targets.mask.ignore_value is not None:
             fill = targets.mask.ignore_value
-        return self._chain.apply(image, geometry, min_visibility=min_visibility, mask_fill=fill)
+        if decoded.reduction > 1:
+            return transforms.decode_scale.apply_reduced(
+                self._chain, decoded, geometry, min_visibility=min_visibility, mask_fill=fill
+            )
+        geometry = transforms.orient_targets(geometry, decoded.orientation, *decoded.stored_size)
+        return self._chain.apply(
+            decoded.image, geometry, min_visibility=min_visibility, mask_fill=fill
+        )
 
 
 def _likely_reused(item: Mapping[str, Any]) -> bool:
@@ -626,13 +633,6 @@ def _read(uri: str) -> bytes:
     # UNCOMPRESSED: a file named x.gz is an image file, not gzip.
     with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return f.read()
-
-
-def _stored_size(image: np.ndarray, orientation: int) -> tuple[int, int]:
-    """``(height, width)`` of the file's pixels as stored, before `image` was
-    turned upright: orientations 5 to 8 transpose."""
-    height, width = image.shape[:2]
-    return (width, height) if orientation in (5, 6, 7, 8) else (height, width)
 
 
 def _check_output(image: Any, channels: int) -> None:

@@ -4,6 +4,8 @@ Used only by the build job (`kiln.pipeline`); never imported by the reader.
 Images are uint8 ``HxWxC`` NumPy arrays in RGB order (C is 1 or 3).
 
 - `decode`: bytes -> RGB (or grayscale) uint8 array, EXIF orientation applied.
+- `decode_scale`: how much smaller a JPEG may be decoded when the chain's
+  first resize shrinks it anyway (``image.jpeg_scaled_decode``).
 - `functional`: the built-in kernels (resize, center_crop, pad, letterbox,
   to_grayscale, equalize).
 - `chain`: transforms by name, validated from the YAML `transforms:` list
@@ -53,6 +55,7 @@ from kiln.transforms.threads import set_opencv_threads
 # Importing the package registers the built-in kernels, so `parse` and
 # `names` know them without a lazy import.
 from kiln.transforms import functional  # noqa: F401  isort: skip
+from kiln.transforms import decode_scale  # isort: skip
 
 __all__ = [
     "GEOMETRIC_TARGETS",
@@ -71,6 +74,7 @@ __all__ = [
     "TransformError",
     "decode_image",
     "decode_mask_file",
+    "decode_scale",
     "decode_with_orientation",
     "encode_image",
     "get",

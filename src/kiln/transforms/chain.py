@@ -251,6 +251,7 @@ class Chain:
         *,
         min_visibility: float,
         mask_fill: int = 0,
+        start: int = 0,
     ) -> tuple[np.ndarray, Targets]:
         """Transforms the image and moves its targets with it, transform by transform.
 
@@ -270,6 +271,9 @@ class Chain:
             (`Targets.dropped_objects`).
           mask_fill: Semantic-mask value for pixels a transform adds (pad,
             letterbox): the dataset's ignore value.
+          start: Apply the transforms from this index on: the image and the
+            targets are those the earlier ones made (`decode_scale` applies
+            the first itself), and errors still name each by its index.
 
         Raises:
           TargetsError: if the masks are not the image's size.
@@ -281,7 +285,7 @@ class Chain:
             import_plugins(self.plugins)
         targets.check_size(image.shape[0], image.shape[1])
         targets = targets.clipped(image.shape[0], image.shape[1], min_visibility=min_visibility)
-        for index, transform in enumerate(self.transforms):
+        for index, transform in enumerate(self.transforms[start:], start):
             image, targets = transform.apply(
                 image, targets, min_visibility=min_visibility, mask_fill=mask_fill
             )

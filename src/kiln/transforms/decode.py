@@ -41,6 +41,14 @@ How it decodes, and why:
   weights.
 - Multi-frame files (GIF, multi-page TIFF, animated WebP and PNG) give the
   first frame, decoded onto a canvas of the header's size.
+- On request (``jpeg_reduction``: the build's ``image.jpeg_scaled_decode``,
+  see `decode_scale`), a JPEG is decoded at 1/2, 1/4 or 1/8 of its size by
+  libjpeg (OpenCV's ``IMREAD_REDUCED_COLOR_*``, with
+  ``IMREAD_IGNORE_ORIENTATION``: the orientation is applied here, as for a
+  full decode). The size limits still apply to the size the header
+  declares. Anything unexpected (a decoder error, a size other than
+  libjpeg's ``ceil(side / f)``) falls back to a full decode, which reports
+  what is wrong with the file.
 
 Pure and thread-safe: the same bytes always give the same array.
 """
@@ -97,17 +105,25 @@ class DecodeError(ValueError):
 
 
 class DecodedImage(NamedTuple):
-    """A decoded image and the EXIF orientation applied to it.
+    """A decoded image, the EXIF orientation applied to it and how much it was reduced.
 
     Attributes:
       image: Upright uint8 ``HxWxC`` (see `decode_image`).
       orientation: The EXIF orientation (1..8) turned upright; 1 when the
         file has none. Annotations made on the stored pixels follow with
         `kiln.transforms.orient_targets`.
+      stored_size: ``(height, width)`` of the file's pixels as stored:
+        before the orientation and any reduction.
+      reduction: 1, or the factor the JPEG was decoded smaller by (2, 4 or
+        8): then `image` is the stored pixels at ``ceil(side / reduction)``
+        (`reduced_size`), turned upright, and stored
+        coordinates map to it by exactly ``1 / reduction``.
     """
 
     image: np.ndarray
     orientation: int
+    stored_size: tuple[int, int]
+    reduction: int = 1
 
 
 def decode_image(
@@ -139,6 +155,7 @@ def decode_with_orientation(
     max_pixels: int | None = None,
     min_size: int = 1,
     before_decoding: Callable[[int], None] | None = None,
+    jpeg_reduction: Callable[[int, int], int] | None = None,
 ) -> DecodedImage:
     """Decodes an image file's bytes to a uint8 ``HxWxchannels`` array and its orientation.
 
@@ -153,10 +170,15 @@ def decode_with_orientation(
       before_decoding: Called with the pixels decoding allocates, once the
         header checks pass and before OpenCV runs; it may block (the build
         job waits there for room in its budget of pixels in flight).
+      jpeg_reduction: For a JPEG: called with its stored ``(height, width)``
+        (the header's), returns the factor to decode it smaller by: 1 (a
+        full decode), 2, 4 or 8 (`decode_scale.jpeg_reduction`). Not called
+        for other formats. None: every image is decoded in full.
 
     Returns:
       A C-contiguous uint8 array, RGB order, upright (EXIF orientation
-      applied), alpha composited over white; and the orientation applied.
+      applied), alpha composited over white; the orientation applied, the
+      stored size and the reduction (`DecodedImage`).
 
     Raises:
       DecodeError: with `.reason` one of `REASONS` and a message saying what
@@ -185,16 +207,26 @@ def decode_with_orientation(
     if before_decoding is not None:
         before_decoding(header.decode_pixels)
 
-    pixels, exif = _decode_with_opencv(data, header.format)
-    height, width = pixels.shape[:2]
-    # The readers follow the decoders; should one ever disagree, the size
-    # decoded is checked too.
-    _check_size(width, height, max_pixels=max_pixels, min_size=min_size, when="is")
+    reduction = 1
+    if jpeg_reduction is not None and header.format == "JPEG":
+        reduction = jpeg_reduction(header.height, header.width)
+    reduced = _decode_reduced(data, header, reduction) if reduction > 1 else None
+    if reduced is not None:
+        pixels, exif = reduced
+        stored_size = (header.height, header.width)
+    else:
+        reduction = 1
+        pixels, exif = _decode_with_opencv(data, header.format)
+        height, width = pixels.shape[:2]
+        # The readers follow the decoders; should one ever disagree, the size
+        # decoded is checked too.
+        _check_size(width, height, max_pixels=max_pixels, min_size=min_size, when="is")
+        stored_size = (height, width)
 
     image = _to_uint8(pixels)
     image = _to_rgb_or_gray(image, channels)
     orientation = _exif_orientation(exif) if exif is not None else 1
-    return DecodedImage(oriented(image, orientation), orientation)
+    return DecodedImage(oriented(image, orientation), orientation, stored_size, reduction)
 
 
 def _read_header(data: bytes) -> image_header.ImageHeader:
@@ -255,11 +287,56 @@ def _decode_with_opencv(data: bytes, format_name: str) -> tuple[np.ndarray, byte
     if pixels is None or pixels.size == 0:
         detail = f" ({failure})" if failure else ""
         raise DecodeError("corrupt", f"{format_name} data is truncated or damaged{detail}")
+    return pixels, _exif_block(metadata_types, metadata)
+
+
+def reduced_size(height: int, width: int, reduction: int) -> tuple[int, int]:
+    """``(height, width)`` of a ``height x width`` JPEG decoded at ``1 / reduction``:
+    libjpeg rounds each side up."""
+    return -(-height // reduction), -(-width // reduction)
+
+
+_REDUCED_COLOR = {
+    2: cv2.IMREAD_REDUCED_COLOR_2,
+    4: cv2.IMREAD_REDUCED_COLOR_4,
+    8: cv2.IMREAD_REDUCED_COLOR_8,
+}
+
+
+def _decode_reduced(
+    data: bytes, header: image_header.ImageHeader, reduction: int
+) -> tuple[np.ndarray, bytes | None] | None:
+    """A JPEG's pixels decoded at ``1 / reduction`` (BGR) and its EXIF block;
+    None when that fails or gives another size than libjpeg's (then the
+    file is decoded in full, which says what is wrong with it).
+
+    Colour even for a gray JPEG: libjpeg repeats the gray level in the
+    three channels, and `to_grayscale` gives it back exactly (its weights
+    sum to one in fixed point). ``IMREAD_IGNORE_ORIENTATION``: with it
+    the reduced modes return the stored pixels, as ``IMREAD_UNCHANGED``
+    does, and the orientation is applied as for a full decode.
+    """
+    flags = _REDUCED_COLOR[reduction] | cv2.IMREAD_IGNORE_ORIENTATION
+    try:
+        pixels, metadata_types, metadata = cv2.imdecodeWithMetadata(
+            np.frombuffer(data, np.uint8), flags
+        )
+    except cv2.error as e:
+        logger.debug("reduced JPEG decode failed, decoding in full (%s)", e)
+        return None
+    expected = reduced_size(header.height, header.width, reduction)
+    if pixels is None or pixels.ndim != 3 or pixels.shape[:2] != expected:
+        logger.debug("reduced JPEG decode gave no image of %s, decoding in full", expected)
+        return None
+    return pixels, _exif_block(metadata_types, metadata)
+
+
+def _exif_block(metadata_types, metadata) -> bytes | None:
     exif = None
     for kind, block in zip(metadata_types, metadata, strict=True):
         if kind == cv2.IMAGE_METADATA_EXIF:
             exif = np.asarray(block, np.uint8).tobytes()
-    return pixels, exif
+    return exif
 
 
 # What Pillow's errors say when libtiff, or Pillow's own reader of

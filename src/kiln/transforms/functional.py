@@ -148,8 +148,25 @@ def _resize_size(
     size: int | tuple[int, int] | None,
 ) -> tuple[int, int]:
     """The (height, width) `resize` produces."""
-    _only_one_size(shorter_side=shorter_side, longer_side=longer_side, size=size)
     in_height, in_width = image.shape[:2]
+    return resize_output_size(
+        in_height, in_width, shorter_side=shorter_side, longer_side=longer_side, size=size
+    )
+
+
+def resize_output_size(
+    in_height: int,
+    in_width: int,
+    *,
+    shorter_side: int | None = None,
+    longer_side: int | None = None,
+    size: int | tuple[int, int] | None = None,
+    interpolation: str = "auto",
+) -> tuple[int, int]:
+    """The (height, width) `resize` makes of an ``in_height x in_width``
+    image, without the image (takes `resize`'s parameters; `interpolation`
+    changes nothing here)."""
+    _only_one_size(shorter_side=shorter_side, longer_side=longer_side, size=size)
     if size is not None:
         return _hw(size)
     if shorter_side is not None:
