@@ -756,8 +756,8 @@ def test_the_image_threads_decode_within_a_budget_of_pixels(
             active[0] -= 1
         return real_encode(*args, **kwargs)
 
-    real_decode = transforms.decode_image
-    monkeypatch.setattr(transforms, "decode_image", counting_decode)
+    real_decode = transforms.decode_with_orientation
+    monkeypatch.setattr(transforms, "decode_with_orientation", counting_decode)
     monkeypatch.setattr(transforms, "encode_image", counting_encode)
     monkeypatch.setattr(ProcessImagesFn, "PIXELS_IN_FLIGHT", budget)
     processor = small_png_processor()
