@@ -156,6 +156,28 @@ def test_rehash_reads_every_file(demo_corpus, stamped, monkeypatch):
     assert "every file read and hashed: --rehash" in summary(rehashed)
 
 
+def test_rehash_finds_a_rewrite_the_inputs_stamp_does_not_show(stamped, monkeypatch):
+    """The one change of the night is a file rewritten with its size and
+    modification time restored (``cp -p``, ``rsync -t``): the inputs' stamp
+    is the base's, which a plain build calls up to date. ``--rehash``
+    trusts no stamp, that one included: it runs the job, reads every file
+    and publishes the new pixels; the next plain build is up to date on
+    that version, not on the base."""
+    images_dir, config, base = stamped
+    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
+    assert build(config).up_to_date  # as documented: make and rsync trust it too
+    reads = noted_reads(monkeypatch)
+
+    rehashed = build(config, rehash=True)
+
+    assert not rehashed.up_to_date and rehashed.version != base.version
+    assert row_of(rehashed, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    assert str(images_dir / SAME_SIZE) in reads
+    assert rehashed.incremental.hashed_all == "--rehash"
+    again = build(config)
+    assert again.up_to_date and again.version == rehashed.version
+
+
 def test_honest_stamps_give_the_bytes_of_a_rehashed_and_a_full_build(demo_corpus, tmp_path):
     """With the stamps telling the truth (a file changed, one added, one
     deleted, the rest untouched), trusting them changes no byte."""

@@ -423,7 +423,10 @@ def build(
       full: Build from scratch, reusing nothing.
       rehash: Read and hash every listed file, also those whose size and
         modification time are those the base listed (by default their
-        sha256 is taken from the base's record index: `incremental.JoinBase`).
+        sha256 is taken from the base's record index: `incremental.JoinBase`),
+        and never find the dataset up to date by the inputs' stamp, which
+        trusts the same sizes and times: the job runs, and publishes the
+        same version again if no file's bytes changed.
       gate: Thresholds (as `kiln diff` takes them) the new version must pass
         against the version LATEST names before LATEST may name it; None,
         or none set, publishes whatever the build made. A version that
@@ -543,7 +546,7 @@ def _translate_only(
         plan = make_plan(
             spec, listing, dataset.new_staging_dir(stamp), options, image_threads, choice.base
         )
-        built = None if full else _built_from(dataset, stamp)
+        built = None if full or rehash else _built_from(dataset, stamp)
         try:
             _run_job(plan, listing, options, show_progress=False, progress_every=0)
         except DryRun as e:
@@ -739,7 +742,9 @@ def _build_locked(
     processing = incremental.processing_fingerprint(spec.to_json())
     stamp = versioning.stamp_of(spec.fingerprint, listing.listing_hash(), processing=processing)
 
-    existing = dataset.stamped_version(stamp)
+    # --rehash trusts no stamp, the inputs' as a whole included: a file
+    # rewritten with its size and modification time restored is found.
+    existing = None if rehash else dataset.stamped_version(stamp)
     built = dataset.read_info(existing) if existing else None
     if built is not None:
         dataset.clean_leftovers()
