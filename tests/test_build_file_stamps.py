@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import object_store
+import targets_data
 from conftest import make_config
-from kiln.pipeline import build, images, publish
+from kiln.pipeline import build, images, incremental, publish
 from kiln.pipeline.command import summary
 from test_build_incremental import copy_corpus, good_keys, index_rows, new_png
 from test_build_listing_job import BUCKET, ROOT, store  # noqa: F401 (a fixture)
@@ -259,6 +260,85 @@ def test_a_file_modified_as_its_base_build_started_is_read(demo_corpus, tmp_path
     assert incremental.counters["base_stamps_too_recent"] == 1
 
 
+def test_a_build_started_just_after_a_file_was_written_waits_before_reading_it(
+    demo_corpus, tmp_path
+):
+    """A file written just before a build may be rewritten after the job
+    read it within the same tick of the clock, unseen by its stamp: the
+    build starts its job (and the time the next build trusts stamps
+    before) only once its newest file is older than `RACY_SECONDS`. So
+    the next build of the same inputs is up to date, and trusts that file."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    written = os.stat(images_dir / SAME_SIZE).st_mtime
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+
+    base = build(config)
+
+    folder = os.path.join(base.dataset_root, publish.FILE_STAMPS_FOLDER, base.version)
+    with open(os.path.join(folder, publish.LISTED_FROM_FILE)) as f:
+        started = float(f.read())
+    assert started - incremental.RACY_SECONDS > written
+    assert build(config).up_to_date
+    (images_dir / "star/zz_added.png").write_bytes(new_png(7))
+    night = build(config)
+    assert night.counters.get("base_stamps_too_recent", 0) == 0
+    assert night.incremental.not_read == night.incremental.reused
+
+
+def test_a_file_modified_as_its_base_build_started_is_read_though_nothing_else_changed(
+    demo_corpus, tmp_path, monkeypatch
+):
+    """The same, when that rewrite is the night's only change: the inputs'
+    stamp is the base's, yet the dataset is not up to date (the base build
+    did not record its stamp, its newest file being dated after its
+    start). The next build runs the job, reads the file and stores its
+    new pixels."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    ahead = os.stat(images_dir / SAME_SIZE).st_mtime + 60
+    os.utime(images_dir / SAME_SIZE, (ahead, ahead))
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
+    reads = noted_reads(monkeypatch)
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version != base.version
+    assert row_of(night, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    read_keys = {os.path.relpath(uri, images_dir) for uri in reads}
+    assert read_keys == {SAME_SIZE, *demo_corpus.broken}
+
+
+def test_a_mask_file_modified_as_its_base_build_started_is_read_though_nothing_else_changed(
+    tmp_path,
+):
+    """Mask files are in the inputs' stamp too: one dated after the base
+    build started and rewritten unseen makes the next build run the job,
+    which stores it."""
+    from test_targets_build import config as targets_config
+    from test_targets_incremental import png, read_rows
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    targets_data.corpus(folder, 4)
+    backdated(folder)
+    mask_path = folder / read_rows(folder)[1]["mask"]
+    ahead = os.stat(mask_path).st_mtime + 3600 + 60
+    os.utime(mask_path, (ahead, ahead))
+    config = targets_config(str(folder / "manifest.jsonl"), tmp_path / "out")
+    base = build(config)
+    mask = cv2.imread(str(mask_path), cv2.IMREAD_UNCHANGED)
+    mask[0, :] = 1 - mask[0, :].clip(0, 1)
+    rewrite_keeping_stamp(mask_path, png(mask))  # the same size: checked there
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version != base.version
+    assert night.incremental.changed == 1
+
+
 @pytest.mark.parametrize("damage", ["garbage", "folder", "no start time"])
 def test_a_damaged_listing_of_the_base_reads_its_files(demo_corpus, stamped, damage):
     """Lines that are not listing lines, a listing that cannot be read (here
@@ -349,3 +429,26 @@ def test_a_listing_job_trusts_the_stamps_too(demo_corpus, monkeypatch):
     folder = f"{base.dataset_root}/{publish.FILE_STAMPS_FOLDER}/"
     kept = {name[len(folder) :].split("/")[0] for name in object_store.names(folder)}
     assert kept == {base.version, incremental.version}
+
+
+@pytest.mark.usefixtures("store")
+def test_a_listing_job_keeps_a_dataset_whose_newest_object_is_too_recent_from_being_up_to_date(
+    demo_corpus,
+):
+    """``source.listing: job``: the listing job finds the newest update time
+    too. An object dated after the base build started and rewritten
+    unseen (its size and update time as listed) is read by the next build."""
+    config = make_config(ROOT, output=f"{BUCKET}/out")
+    config["source"] = dict(config["source"], listing="job")
+    for name, (data, updated) in list(object_store.OBJECTS.items()):  # put an hour ago
+        object_store.OBJECTS[name] = (data, updated - 3600)
+    changed = f"{ROOT}/{good_keys(demo_corpus, Path(demo_corpus.out_dir))[3]}"
+    data, updated = object_store.OBJECTS[changed]
+    object_store.OBJECTS[changed] = (data, updated + 3600 + 60)  # as the build ran
+    base = build(config)
+    object_store.OBJECTS[changed] = (b"\x00" * len(data), updated + 3600 + 60)
+
+    night = build(config)
+
+    assert not night.up_to_date
+    assert sum(night.info.dropped.values()) == sum(base.info.dropped.values()) + 1

@@ -773,7 +773,7 @@ def _build_locked(
     _log_base(choice)
     # Before the job reads any file: the next build trusts only stamps older
     # than this (`incremental.RACY_SECONDS`).
-    started = time.time()
+    started = _settled_start(listing)
     with publish.PublishTransaction(dataset, stamp) as transaction:
         plan = make_plan(
             spec, listing, transaction.staging_dir, options, image_threads, choice.base
@@ -806,7 +806,11 @@ def _build_locked(
         _warn_about_empty_classes(info)
         held.check()
         target = transaction.commit(
-            info, gate=check_gate, listing_files=_listing_files(plan), listed_from=started
+            info,
+            gate=check_gate,
+            listing_files=_listing_files(plan),
+            listed_from=started,
+            record_stamp=_stamp_settled(listing, started),
         )
     by_hand = dataset.latest_set_by_hand(info.version)  # a rollback stands
     return BuildResult(
@@ -823,6 +827,50 @@ def _build_locked(
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
         latest_set_by_hand=by_hand,
     )
+
+
+def _settled_start(listing: SourceListing) -> float:
+    """When the job may start reading files (now, as seconds since the
+    epoch), once every listed file's modification time is more than
+    `incremental.RACY_SECONDS` before it: a file modified that recently
+    may be rewritten after the job reads it, within the same tick of the
+    file system's clock, so with the size and modification time listed.
+    A build started just after files were written waits up to that long
+    (logged); a file dated further in the future is not waited for (see
+    `_stamp_settled`)."""
+    wait = listing.newest_mtime + incremental.RACY_SECONDS - time.time()
+    if 0 <= wait <= 2 * incremental.RACY_SECONDS:
+        logger.info(
+            "waiting %.1f s: a listed file was modified just now, and the job reads files only "
+            "after its modification time's clock tick (%g s) has passed",
+            wait,
+            incremental.RACY_SECONDS,
+        )
+        time.sleep(wait + _SETTLE_MARGIN_SECONDS)
+    return time.time()
+
+
+# Slept beyond the racy window, so that a clock read after it is strictly past.
+_SETTLE_MARGIN_SECONDS = 0.01
+
+
+def _stamp_settled(listing: SourceListing, started: float) -> bool:
+    """Whether every listed file (and mask file) was last modified before
+    `started` less `incremental.RACY_SECONDS` (`_settled_start` waits for
+    it). Otherwise one is dated in the future, and could be rewritten
+    unseen by its stamp once the clock reaches its time: the build's input
+    stamp is not recorded, so the next build of the same inputs runs the
+    job instead of finding the dataset up to date, and reads such files
+    (`incremental.JoinBase` does not trust their stamps either)."""
+    newest = listing.newest_mtime
+    if newest < started - incremental.RACY_SECONDS:
+        return True
+    logger.warning(
+        "a listed file is dated %.0f s after this build started: the next build reads it "
+        "again rather than find the dataset up to date, until the clock passes its time",
+        newest - started,
+    )
+    return False
 
 
 def _check_base(dataset: publish.DatasetRoot, base: str | None) -> None:

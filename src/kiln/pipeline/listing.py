@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import sqlite3
@@ -271,6 +272,20 @@ class Listing:
     def total(self) -> int:
         """Listed inputs: the files to process plus those already dropped."""
         return self.num_files + self.num_dropped
+
+    @functools.cached_property
+    def newest_mtime(self) -> float:
+        """The latest modification time of the files to process and of the
+        mask files their annotations name (0.0: none listed): what says
+        whether a build started soon enough after a file changed that the
+        file may change again unseen by its stamp (`incremental.RACY_SECONDS`)."""
+        (newest,) = self._connection.execute("SELECT MAX(mtime) FROM files").fetchone()
+        newest = float(newest or 0.0)
+        for (stamps,) in self._query(
+            "SELECT mask_stamp FROM files WHERE mask_stamp IS NOT NULL"
+        ):  # [[size, mtime], ...] per file
+            newest = max([newest, *(float(mtime) for _, mtime in json.loads(_text(stamps)))])
+        return newest
 
     def files(self) -> Iterator[SourceFile]:
         """The images to process, sorted by key."""
