@@ -339,6 +339,40 @@ def test_a_mask_file_modified_as_its_base_build_started_is_read_though_nothing_e
     assert night.incremental.changed == 1
 
 
+def test_a_trusted_image_whose_annotations_or_mask_changed_gets_them(tmp_path, monkeypatch):
+    """With targets, an image file's stamp vouches for its bytes only: a
+    box edited in the manifest, or a mask file edited, beside an image file
+    that is not read, gives the record of a build from scratch."""
+    from test_targets_build import config as targets_config
+    from test_targets_build import digests
+    from test_targets_incremental import png, read_rows, write_rows
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    targets_data.corpus(folder, 6)
+    backdated(folder)
+    config = targets_config(str(folder / "manifest.jsonl"), tmp_path / "out")
+    build(config)
+    rows = read_rows(folder)
+    box = rows[2]["objects"][1]["bbox"]
+    rows[2]["objects"][1]["bbox"] = [box[0] + 1, box[1], box[2] + 1, box[3]]
+    write_rows(folder, rows)
+    mask = cv2.imread(str(folder / rows[3]["mask"]), cv2.IMREAD_UNCHANGED)
+    mask[0, :] = 1
+    (folder / rows[3]["mask"]).write_bytes(png(mask))
+    reads = noted_reads(monkeypatch)
+
+    night = build(config)
+
+    assert night.incremental.changed == 2 and night.incremental.not_read == 4
+    assert sorted(os.path.relpath(uri, folder) for uri in reads) == [
+        rows[2]["path"],
+        rows[3]["path"],
+    ]
+    full = build(dict(config, output=str(tmp_path / "full")))
+    assert night.version == full.version and digests(night) == digests(full)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "folder", "no start time"])
 def test_a_damaged_listing_of_the_base_reads_its_files(demo_corpus, stamped, damage):
     """Lines that are not listing lines, a listing that cannot be read (here
