@@ -6,8 +6,7 @@ A dataset root ``<output>/<name>/`` holds::
                             index.jsonl, dropped_objects.jsonl (with boxes), kiln.json
     LATEST                  the name of the version readers should use
     .staging-<stamp>-<rnd>/ a build in progress (never read)
-    .stamps/<stamp>         the version an input listing was built into (not kept
-                            when a listed file is dated after that build started)
+    .stamps/<stamp>         the version an input listing was built into
     .file-stamps/<version>/ the listing the version was last built from (each file's
                             key, size and modification time) and when that build
                             started (``.build-started``), for the next build to trust
@@ -280,10 +279,6 @@ class DatasetRoot:
     def record_stamp(self, stamp: str, version: str) -> None:
         storage.write_text(storage.join(self.path, STAMPS_FOLDER, stamp), version)
 
-    def forget_stamp(self, stamp: str) -> None:
-        """No version is found up to date by this input stamp any more."""
-        self.store.delete([storage.join(self.path, STAMPS_FOLDER, stamp)])
-
     def record_published(self, version: str) -> None:
         """Notes that LATEST is about to name `version`: the newest publication.
 
@@ -438,7 +433,6 @@ class PublishTransaction:
         gate: Callable[[str], None] | None = None,
         listing_files: Sequence[str] = (),
         listed_from: float = 0.0,
-        record_stamp: bool = True,
     ) -> str:
         """Publishes the staged folder as `info.version`; returns its folder.
 
@@ -462,12 +456,6 @@ class PublishTransaction:
             next build then reads the files whose stamps it lacks.
           listed_from: When the build started (before its job read any
             file), kept with the listing.
-          record_stamp: Record the transaction's input stamp as built into
-            `info.version` (the next build of the same inputs is up to
-            date). False forgets it instead: the inputs may change after
-            the job read them without their stamp showing it (a file
-            dated after the build started: `incremental.RACY_SECONDS`),
-            so the next build runs the job.
         """
         store = self.dataset.store
         if listing_files:
@@ -500,10 +488,7 @@ class PublishTransaction:
             store.move_tree(self.staging_dir, target, last=METADATA_FILENAME)
             self._moving_to = None
             store.delete_tree(self.staging_dir)
-        if record_stamp:
-            self.dataset.record_stamp(self.stamp, info.version)
-        else:
-            self.dataset.forget_stamp(self.stamp)
+        self.dataset.record_stamp(self.stamp, info.version)
         if self.dataset.latest_set_by_hand(info.version) is not None:
             # The same version as one LATEST was rolled back from (a file
             # touched, the same bytes): the rollback stands.
