@@ -5,11 +5,13 @@ kept in ``<output>/<name>/.file-stamps/<version>/``). ``--rehash`` reads
 every file; a touched file, a base without its listing, or a damaged one
 is read and hashed as before. Real builds throughout; the proof that a file
 was not read is a same-size file of garbage under the base's stamp (read, it
-would be dropped as corrupt) and the image step's own reads, noted."""
+would be dropped as corrupt) and the reads of the image step and of the
+up-to-date check, noted."""
 
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 import cv2
@@ -18,8 +20,8 @@ import pytest
 
 import object_store
 import targets_data
-from conftest import make_config
-from kiln.pipeline import build, images, incremental, publish
+from conftest import backdated, make_config
+from kiln.pipeline import build, images, incremental, publish, up_to_date
 from kiln.pipeline.command import summary
 from test_build_incremental import copy_corpus, good_keys, index_rows, new_png
 from test_build_listing_job import BUCKET, ROOT, store  # noqa: F401 (a fixture)
@@ -53,29 +55,23 @@ def garbage_of_size(path) -> bytes:
 
 
 def noted_reads(monkeypatch) -> list[str]:
-    """The paths the image step reads in the builds that follow (the real
-    `images._read`, noted)."""
+    """The paths whose bytes the builds that follow read: in the image step
+    (the real `images._read`, noted) and in the up-to-date check (the real
+    `up_to_date._file_sha256`, noted)."""
     reads: list[str] = []
-    read = images._read
+    read, file_sha256 = images._read, up_to_date._file_sha256
 
     def noting_read(uri):
         reads.append(uri)
         return read(uri)
 
+    def noting_sha256(uri):
+        reads.append(uri)
+        return file_sha256(uri)
+
     monkeypatch.setattr(images, "_read", noting_read)
+    monkeypatch.setattr(up_to_date, "_file_sha256", noting_sha256)
     return reads
-
-
-def backdated(images_dir: Path) -> Path:
-    """`images_dir` with every file's modification time an hour back: files
-    written long before the build (a stamp within `incremental.RACY_SECONDS`
-    of a build's start is not trusted by the next build)."""
-    for directory, _, names in os.walk(images_dir):
-        for name in names:
-            path = os.path.join(directory, name)
-            earlier = os.stat(path).st_mtime - 3600
-            os.utime(path, (earlier, earlier))
-    return images_dir
 
 
 def sha256_of(data: bytes) -> str:
@@ -260,40 +256,125 @@ def test_a_file_modified_as_its_base_build_started_is_read(demo_corpus, tmp_path
     assert incremental.counters["base_stamps_too_recent"] == 1
 
 
-def test_a_build_started_just_after_a_file_was_written_waits_before_reading_it(
-    demo_corpus, tmp_path
+def build_started(result) -> float:
+    """When the build that made `result`'s version started, as kept with its
+    file stamps (`publish.LISTED_FROM_FILE`)."""
+    folder = os.path.join(result.dataset_root, publish.FILE_STAMPS_FOLDER, result.version)
+    with open(os.path.join(folder, publish.LISTED_FROM_FILE)) as f:
+        return float(f.read())
+
+
+def test_a_build_right_after_files_were_written_reads_them_to_be_up_to_date(
+    demo_corpus, tmp_path, monkeypatch
 ):
-    """A file written just before a build may be rewritten after the job
-    read it within the same tick of the clock, unseen by its stamp: the
-    build starts its job (and the time the next build trusts stamps
-    before) only once its newest file is older than `RACY_SECONDS`. So
-    the next build of the same inputs is up to date, and trusts that file."""
+    """Files written just before a build are racily clean to the next one
+    (their stamps could hide a rewrite in the same clock tick): it reads
+    exactly those, finds them as the version's records, and is up to date.
+    The first build did not wait for them to age: it started (and
+    recorded its start) within `RACY_SECONDS` of their modification. Once
+    every file is older than a build's start, the check reads nothing."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    fresh = sorted([SAME_SIZE, "star/zz_added.png"])
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    (images_dir / "star/zz_added.png").write_bytes(new_png(7))
+    newest = max(os.stat(images_dir / key).st_mtime for key in fresh)
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    reads = noted_reads(monkeypatch)
+
+    again = build(config)
+
+    assert again.up_to_date and again.version == base.version
+    assert sorted(os.path.relpath(uri, images_dir) for uri in reads) == fresh
+    assert build_started(base) - incremental.RACY_SECONDS <= newest  # no wait
+    backdated(images_dir)  # new stamps: the job runs, and reads every file
+    rebuilt = build(config)
+    assert not rebuilt.up_to_date and rebuilt.version == base.version
+    reads.clear()
+    assert build(config).up_to_date and reads == []
+
+
+def test_a_file_rewritten_unseen_after_a_build_just_after_it_was_written_is_found(
+    demo_corpus, tmp_path, monkeypatch
+):
+    """A file written just before a build and rewritten after the job read
+    it, in the same clock tick (so with its size and modification time as
+    listed; here they are restored): the inputs' stamp is the version's,
+    yet the next build reads the file, finds other bytes than its record's,
+    and runs the job, which stores them. The build after it verifies the
+    file again, against the new version: up to date."""
     images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
     (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
-    written = os.stat(images_dir / SAME_SIZE).st_mtime
     config = make_config(images_dir, output=str(tmp_path / "out"))
-
     base = build(config)
+    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
+    reads = noted_reads(monkeypatch)
 
-    folder = os.path.join(base.dataset_root, publish.FILE_STAMPS_FOLDER, base.version)
-    with open(os.path.join(folder, publish.LISTED_FROM_FILE)) as f:
-        started = float(f.read())
-    assert started - incremental.RACY_SECONDS > written
-    assert build(config).up_to_date
-    (images_dir / "star/zz_added.png").write_bytes(new_png(7))
     night = build(config)
-    assert night.counters.get("base_stamps_too_recent", 0) == 0
-    assert night.incremental.not_read == night.incremental.reused
+
+    assert not night.up_to_date and night.version != base.version
+    assert row_of(night, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    assert {os.path.relpath(uri, images_dir) for uri in reads} == {
+        SAME_SIZE,
+        *demo_corpus.broken,
+    }
+    again = build(config)
+    assert again.up_to_date and again.version == night.version
+
+
+def test_a_recently_written_file_without_a_record_is_not_verified(demo_corpus, tmp_path, caplog):
+    """A file modified as the version's build started that has no record
+    (dropped: here a broken file) cannot be compared with one: the next
+    build runs the job (and publishes the same version again)."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    broken = sorted(demo_corpus.broken)[0]
+    (images_dir / broken).write_bytes((images_dir / broken).read_bytes())
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    caplog.set_level("INFO", logger="kiln.pipeline.up_to_date")
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version == base.version
+    assert f"{broken}: modified as that version's build started" in caplog.text
+
+
+@pytest.mark.parametrize("start", ["damaged", "missing"])
+def test_a_version_without_its_build_start_time(demo_corpus, tmp_path, start):
+    """Its racily clean files are unknown. A start time that cannot be read
+    makes the next build run the job, which keeps its own; without one (a
+    version built by a kiln that kept none, or its ``.file-stamps`` folder
+    deleted) the inputs' stamp is trusted as it was then: a file rewritten
+    unseen is not found."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    folder = os.path.join(base.dataset_root, publish.FILE_STAMPS_FOLDER, base.version)
+    if start == "damaged":
+        with open(os.path.join(folder, publish.LISTED_FROM_FILE), "w") as f:
+            f.write("half a ti")
+    else:
+        shutil.rmtree(folder)
+    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
+
+    night = build(config)
+
+    if start == "damaged":
+        assert not night.up_to_date
+        assert row_of(night, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    else:
+        assert night.up_to_date and night.version == base.version
 
 
 def test_a_file_modified_as_its_base_build_started_is_read_though_nothing_else_changed(
     demo_corpus, tmp_path, monkeypatch
 ):
     """The same, when that rewrite is the night's only change: the inputs'
-    stamp is the base's, yet the dataset is not up to date (the base build
-    did not record its stamp, its newest file being dated after its
-    start). The next build runs the job, reads the file and stores its
-    new pixels."""
+    stamp is the base's, yet the dataset is not up to date (the up-to-date
+    check reads the file, dated after the base build started, and finds
+    other bytes than its record's). The next build runs the job, reads the
+    file and stores its new pixels."""
     images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
     (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
     ahead = os.stat(images_dir / SAME_SIZE).st_mtime + 60
@@ -315,8 +396,9 @@ def test_a_mask_file_modified_as_its_base_build_started_is_read_though_nothing_e
     tmp_path,
 ):
     """Mask files are in the inputs' stamp too: one dated after the base
-    build started and rewritten unseen makes the next build run the job,
-    which stores it."""
+    build started cannot be verified (the record index keeps no mask
+    file's sha256 by itself), so the next build runs the job, which stores
+    it rewritten unseen."""
     from test_targets_build import config as targets_config
     from test_targets_incremental import png, read_rows
 
@@ -443,8 +525,6 @@ def test_a_listing_job_trusts_the_stamps_too(demo_corpus, monkeypatch):
     not read."""
     config = make_config(ROOT, output=f"{BUCKET}/out")
     config["source"] = dict(config["source"], listing="job")
-    for name, (data, updated) in list(object_store.OBJECTS.items()):  # put an hour ago
-        object_store.OBJECTS[name] = (data, updated - 3600)
     base = build(config)
     unchanged = f"{ROOT}/{good_keys(demo_corpus, Path(demo_corpus.out_dir))[3]}"
     data, updated = object_store.OBJECTS[unchanged]
@@ -470,17 +550,17 @@ def test_a_listing_job_keeps_a_dataset_whose_newest_object_is_too_recent_from_be
     demo_corpus,
 ):
     """``source.listing: job``: the listing job finds the newest update time
-    too. An object dated after the base build started and rewritten
-    unseen (its size and update time as listed) is read by the next build."""
+    too, and the up-to-date check reads its files for the recent objects.
+    An object dated after the base build started and rewritten unseen (its
+    size and update time as listed) is read by the next build."""
     config = make_config(ROOT, output=f"{BUCKET}/out")
     config["source"] = dict(config["source"], listing="job")
-    for name, (data, updated) in list(object_store.OBJECTS.items()):  # put an hour ago
-        object_store.OBJECTS[name] = (data, updated - 3600)
     changed = f"{ROOT}/{good_keys(demo_corpus, Path(demo_corpus.out_dir))[3]}"
-    data, updated = object_store.OBJECTS[changed]
-    object_store.OBJECTS[changed] = (data, updated + 3600 + 60)  # as the build ran
+    data, _ = object_store.OBJECTS[changed]
+    ahead = time.time() + 60  # updated as the build ran
+    object_store.OBJECTS[changed] = (data, ahead)
     base = build(config)
-    object_store.OBJECTS[changed] = (b"\x00" * len(data), updated + 3600 + 60)
+    object_store.OBJECTS[changed] = (b"\x00" * len(data), ahead)
 
     night = build(config)
 

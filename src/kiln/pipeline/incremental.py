@@ -605,9 +605,8 @@ the same size and modification time as listed: its stamp cannot tell (git
 calls such index entries "racily clean"). It is read and hashed instead.
 A file modified just before a build is read again by the next one; older
 files are trusted. The inputs' stamp (the launcher's up-to-date check)
-has the same blind spot: a build waits until its newest listed file is
-that old before its job reads any (`launcher._settled_start`), and one
-with a file dated further ahead records no stamp (`launcher._stamp_settled`)."""
+has the same blind spot: there such files are read and compared with the
+version's record index (`up_to_date`)."""
 
 STAMP_UNCHANGED = record_index.STAMP_UNCHANGED  # what `JoinBase` marks a trusted file with
 

@@ -11,8 +11,9 @@
 A build, as `build` tells it: validate the config into a `BuildSpec` (a
 bad config raises `ConfigError` before anything else happens); list the
 source and stamp the listing; if a complete version was already built from
-this stamp, point LATEST at it and stop (``up_to_date``, without starting
-Beam), unless someone pointed LATEST at another version by hand after that
+this stamp (the files modified as its build started read and found as its
+records: `up_to_date`), point LATEST at it and stop (``up_to_date``,
+without starting Beam), unless someone pointed LATEST at another version by hand after that
 version was published: a rollback stands until the inputs or config change.
 Otherwise, inside a `publish.PublishTransaction`: run the job
 (`job.construct`) into the staging folder, read its typed `job.JobReport`,
@@ -75,6 +76,7 @@ from kiln.pipeline import (
     splits,
     storage,
     target_rows,
+    up_to_date,
     versioning,
 )
 from kiln.pipeline import config as config_module
@@ -546,7 +548,7 @@ def _translate_only(
         plan = make_plan(
             spec, listing, dataset.new_staging_dir(stamp), options, image_threads, choice.base
         )
-        built = None if full or rehash else _built_from(dataset, stamp)
+        built = None if full or rehash else _built_from(dataset, stamp, listing)
         try:
             _run_job(plan, listing, options, show_progress=False, progress_every=0)
         except DryRun as e:
@@ -554,10 +556,10 @@ def _translate_only(
     raise AssertionError("a dry run's job ends in DryRun (_check_finished)")
 
 
-def _built_from(dataset: publish.DatasetRoot, stamp: str) -> str | None:
-    """The complete version already built from the input stamp `stamp`, or None."""
-    existing = dataset.stamped_version(stamp)
-    info = dataset.read_info(existing) if existing else None
+def _built_from(dataset: publish.DatasetRoot, stamp: str, listing: SourceListing) -> str | None:
+    """The complete version already built from the input stamp `stamp`, or
+    None: what a build finds up to date (`up_to_date.check`)."""
+    info = up_to_date.check(dataset, stamp, listing).info
     return info.version if info is not None else None
 
 
@@ -744,8 +746,7 @@ def _build_locked(
 
     # --rehash trusts no stamp, the inputs' as a whole included: a file
     # rewritten with its size and modification time restored is found.
-    existing = None if rehash else dataset.stamped_version(stamp)
-    built = dataset.read_info(existing) if existing else None
+    built = None if rehash else up_to_date.check(dataset, stamp, listing).info
     if built is not None:
         dataset.clean_leftovers()
         by_hand = dataset.latest_set_by_hand(built.version)  # a rollback stands
@@ -773,7 +774,7 @@ def _build_locked(
     _log_base(choice)
     # Before the job reads any file: the next build trusts only stamps older
     # than this (`incremental.RACY_SECONDS`).
-    started = _settled_start(listing)
+    started = time.time()
     with publish.PublishTransaction(dataset, stamp) as transaction:
         plan = make_plan(
             spec, listing, transaction.staging_dir, options, image_threads, choice.base
@@ -806,11 +807,7 @@ def _build_locked(
         _warn_about_empty_classes(info)
         held.check()
         target = transaction.commit(
-            info,
-            gate=check_gate,
-            listing_files=_listing_files(plan),
-            listed_from=started,
-            record_stamp=_stamp_settled(listing, started),
+            info, gate=check_gate, listing_files=_listing_files(plan), listed_from=started
         )
     by_hand = dataset.latest_set_by_hand(info.version)  # a rollback stands
     return BuildResult(
@@ -827,50 +824,6 @@ def _build_locked(
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
         latest_set_by_hand=by_hand,
     )
-
-
-def _settled_start(listing: SourceListing) -> float:
-    """When the job may start reading files (now, as seconds since the
-    epoch), once every listed file's modification time is more than
-    `incremental.RACY_SECONDS` before it: a file modified that recently
-    may be rewritten after the job reads it, within the same tick of the
-    file system's clock, so with the size and modification time listed.
-    A build started just after files were written waits up to that long
-    (logged); a file dated further in the future is not waited for (see
-    `_stamp_settled`)."""
-    wait = listing.newest_mtime + incremental.RACY_SECONDS - time.time()
-    if 0 <= wait <= 2 * incremental.RACY_SECONDS:
-        logger.info(
-            "waiting %.1f s: a listed file was modified just now, and the job reads files only "
-            "after its modification time's clock tick (%g s) has passed",
-            wait,
-            incremental.RACY_SECONDS,
-        )
-        time.sleep(wait + _SETTLE_MARGIN_SECONDS)
-    return time.time()
-
-
-# Slept beyond the racy window, so that a clock read after it is strictly past.
-_SETTLE_MARGIN_SECONDS = 0.01
-
-
-def _stamp_settled(listing: SourceListing, started: float) -> bool:
-    """Whether every listed file (and mask file) was last modified before
-    `started` less `incremental.RACY_SECONDS` (`_settled_start` waits for
-    it). Otherwise one is dated in the future, and could be rewritten
-    unseen by its stamp once the clock reaches its time: the build's input
-    stamp is not recorded, so the next build of the same inputs runs the
-    job instead of finding the dataset up to date, and reads such files
-    (`incremental.JoinBase` does not trust their stamps either)."""
-    newest = listing.newest_mtime
-    if newest < started - incremental.RACY_SECONDS:
-        return True
-    logger.warning(
-        "a listed file is dated %.0f s after this build started: the next build reads it "
-        "again rather than find the dataset up to date, until the clock passes its time",
-        newest - started,
-    )
-    return False
 
 
 def _check_base(dataset: publish.DatasetRoot, base: str | None) -> None:

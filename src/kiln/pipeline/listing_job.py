@@ -46,6 +46,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 
 from kiln.pipeline import storage, versioning
 from kiln.pipeline.error_report import DroppedFile
@@ -195,6 +197,30 @@ class ListedInJob:
 
     def listing_hash(self) -> int:
         return self.stamp_hash
+
+    def files_modified_since(self, since: float) -> Iterator[SourceFile]:
+        """The images to process last modified at or after `since` (seconds
+        since the epoch), as `listing.Listing.files_modified_since`, in no
+        particular order: the listing job's files read line by line.
+
+        Raises:
+          OSError, ValueError, BeamIOError: a listing file cannot be read or
+            holds a line that is not a listing line.
+        """
+        found = FileSystems.match([self.listing_uri])[0].metadata_list
+        for path in sorted(metadata.path for metadata in found):
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                for line in f:
+                    for row in json.loads(line).get("files", ()):
+                        if float(row["mtime"]) >= since:
+                            yield SourceFile(
+                                key=row["key"],
+                                uri=row["uri"],
+                                label=row["label"],
+                                split=row["split"],
+                                size=row["size"],
+                                mtime=float(row["mtime"]),
+                            )
 
     def dropped_entries_hash(self) -> int:
         return self.dropped_hash
