@@ -265,7 +265,7 @@ def build_started(result) -> float:
 
 
 def test_a_build_right_after_files_were_written_reads_them_to_be_up_to_date(
-    demo_corpus, tmp_path, monkeypatch
+    demo_corpus, tmp_path, monkeypatch, caplog
 ):
     """Files written just before a build are racily clean to the next one
     (their stamps could hide a rewrite in the same clock tick): it reads
@@ -281,11 +281,15 @@ def test_a_build_right_after_files_were_written_reads_them_to_be_up_to_date(
     config = make_config(images_dir, output=str(tmp_path / "out"))
     base = build(config)
     reads = noted_reads(monkeypatch)
+    caplog.set_level("INFO", logger="kiln.pipeline.up_to_date")
 
     again = build(config)
 
     assert again.up_to_date and again.version == base.version
     assert sorted(os.path.relpath(uri, images_dir) for uri in reads) == fresh
+    assert f"read the 2 files modified within 2 s of the start of version {base.version}'s" in (
+        caplog.text
+    )
     assert build_started(base) - incremental.RACY_SECONDS <= newest  # no wait
     backdated(images_dir)  # new stamps: the job runs, and reads every file
     rebuilt = build(config)

@@ -10,7 +10,8 @@ A dataset root ``<output>/<name>/`` holds::
     .file-stamps/<version>/ the listing the version was last built from (each file's
                             key, size and modification time) and when that build
                             started (``.build-started``), for the next build to trust
-                            unchanged files' stamps (`incremental.JoinBase`)
+                            unchanged files' stamps (`incremental.JoinBase`) and to
+                            verify the inputs' stamp (`up_to_date`)
     .listings/<rnd>/        a listing job's files, while its build runs (``source.listing: job``)
     .published/<version>    when LATEST last named the version (a sequence
                             number), so `DatasetRoot.prune` keeps the newest

@@ -81,8 +81,8 @@ def check(dataset: publish.DatasetRoot, stamp: str, listing: StampedListing) -> 
         logger.info("not up to date with version %s: %s", info.version, verdict.problem)
     elif verdict.verified:
         logger.info(
-            "%d file%s modified within %g s of the start of the build of version %s read: "
-            "as its records",
+            "read the %d file%s modified within %g s of the start of version %s's build: "
+            "their bytes are its records'",
             verdict.verified,
             "" if verdict.verified == 1 else "s",
             incremental.RACY_SECONDS,
