@@ -83,11 +83,48 @@ BASE_CONFIG = {
 
 @pytest.fixture(scope="session")
 def demo_corpus(tmp_path_factory):
+    """The demo corpus, its files dated an hour back: written long before
+    any build. (A file modified within `incremental.RACY_SECONDS` of a
+    build's start is read by the next build's up-to-date check, and one it
+    cannot verify, such as a broken file, makes that build run the job.)"""
     from kiln.pipeline import demo_data
 
-    return demo_data.generate(
+    corpus = demo_data.generate(
         tmp_path_factory.mktemp("demo-corpus") / "images", num_images=NUM_DEMO_IMAGES, seed=0
     )
+    backdated(corpus.out_dir)
+    return corpus
+
+
+AN_HOUR = 3600.0
+
+
+def backdated(folder):
+    """`folder` with every file's modification time an hour back: files
+    written long before the build. (A file modified within
+    `incremental.RACY_SECONDS` of a build's start is read by the next
+    build: by its up-to-date check, whose stamps cannot vouch for it, and
+    by its job, which does not trust the file's stamp either.)"""
+    for directory, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(directory, name)
+            earlier = os.stat(path).st_mtime - AN_HOUR
+            os.utime(path, (earlier, earlier))
+    return folder
+
+
+def let_uploads_age() -> None:
+    """Waits until objects just uploaded to a storage server, whose update
+    times a test cannot set back, are older than `incremental.RACY_SECONDS`
+    (plus a margin): written long before the build that follows, as
+    `demo_corpus` dates its files, so that a rebuild is up to date (the
+    up-to-date check cannot verify the broken files of a version built
+    right after they were written: the build drops them, they have no record)."""
+    import time
+
+    from kiln.pipeline import incremental
+
+    time.sleep(incremental.RACY_SECONDS + 0.1)
 
 
 def run_kiln(*argv: str, pythonpath=(), **env: str) -> subprocess.CompletedProcess:
@@ -165,14 +202,15 @@ def corpus_on_memgs(demo_corpus):
 
 def put_folder(folder, prefix: str) -> None:
     """Copies every file below the local `folder` into the in-memory object
-    store (`object_store`) under `prefix`, keeping their relative paths."""
+    store (`object_store`) under `prefix`, keeping their relative paths,
+    as objects put an hour ago (as `demo_corpus` dates its files)."""
     import object_store
 
     for directory, _, files in os.walk(folder):
         for name in files:
             path = os.path.join(directory, name)
             with open(path, "rb") as f:
-                object_store.put(f"{prefix}/{os.path.relpath(path, folder)}", f.read())
+                object_store.put(f"{prefix}/{os.path.relpath(path, folder)}", f.read(), ago=AN_HOUR)
 
 
 def make_config(corpus_dir, **overrides) -> dict:

@@ -50,9 +50,10 @@ def reset() -> None:
         LIST_REQUESTS.clear()
 
 
-def put(path: str, data: bytes) -> None:
+def put(path: str, data: bytes, ago: float = 0.0) -> None:
+    """Puts an object, updated now or `ago` seconds back."""
     with _LOCK:
-        OBJECTS[path] = (bytes(data), time.time())
+        OBJECTS[path] = (bytes(data), time.time() - ago)
 
 
 def get(path: str) -> bytes:

@@ -5,11 +5,13 @@ kept in ``<output>/<name>/.file-stamps/<version>/``). ``--rehash`` reads
 every file; a touched file, a base without its listing, or a damaged one
 is read and hashed as before. Real builds throughout; the proof that a file
 was not read is a same-size file of garbage under the base's stamp (read, it
-would be dropped as corrupt) and the image step's own reads, noted."""
+would be dropped as corrupt) and the reads of the image step and of the
+up-to-date check, noted."""
 
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 import cv2
@@ -17,8 +19,9 @@ import numpy as np
 import pytest
 
 import object_store
-from conftest import make_config
-from kiln.pipeline import build, images, publish
+import targets_data
+from conftest import backdated, make_config
+from kiln.pipeline import build, images, incremental, publish, up_to_date
 from kiln.pipeline.command import summary
 from test_build_incremental import copy_corpus, good_keys, index_rows, new_png
 from test_build_listing_job import BUCKET, ROOT, store  # noqa: F401 (a fixture)
@@ -52,29 +55,23 @@ def garbage_of_size(path) -> bytes:
 
 
 def noted_reads(monkeypatch) -> list[str]:
-    """The paths the image step reads in the builds that follow (the real
-    `images._read`, noted)."""
+    """The paths whose bytes the builds that follow read: in the image step
+    (the real `images._read`, noted) and in the up-to-date check (the real
+    `up_to_date._file_sha256`, noted)."""
     reads: list[str] = []
-    read = images._read
+    read, file_sha256 = images._read, up_to_date._file_sha256
 
     def noting_read(uri):
         reads.append(uri)
         return read(uri)
 
+    def noting_sha256(uri):
+        reads.append(uri)
+        return file_sha256(uri)
+
     monkeypatch.setattr(images, "_read", noting_read)
+    monkeypatch.setattr(up_to_date, "_file_sha256", noting_sha256)
     return reads
-
-
-def backdated(images_dir: Path) -> Path:
-    """`images_dir` with every file's modification time an hour back: files
-    written long before the build (a stamp within `incremental.RACY_SECONDS`
-    of a build's start is not trusted by the next build)."""
-    for directory, _, names in os.walk(images_dir):
-        for name in names:
-            path = os.path.join(directory, name)
-            earlier = os.stat(path).st_mtime - 3600
-            os.utime(path, (earlier, earlier))
-    return images_dir
 
 
 def sha256_of(data: bytes) -> str:
@@ -161,6 +158,28 @@ def test_rehash_reads_every_file(demo_corpus, stamped, monkeypatch):
     assert "every file read and hashed: --rehash" in summary(rehashed)
 
 
+def test_rehash_finds_a_rewrite_the_inputs_stamp_does_not_show(stamped, monkeypatch):
+    """The one change of the night is a file rewritten with its size and
+    modification time restored (``cp -p``, ``rsync -t``): the inputs' stamp
+    is the base's, which a plain build calls up to date. ``--rehash``
+    trusts no stamp, that one included: it runs the job, reads every file
+    and publishes the new pixels; the next plain build is up to date on
+    that version, not on the base."""
+    images_dir, config, base = stamped
+    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
+    assert build(config).up_to_date  # as documented: make and rsync trust it too
+    reads = noted_reads(monkeypatch)
+
+    rehashed = build(config, rehash=True)
+
+    assert not rehashed.up_to_date and rehashed.version != base.version
+    assert row_of(rehashed, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    assert str(images_dir / SAME_SIZE) in reads
+    assert rehashed.incremental.hashed_all == "--rehash"
+    again = build(config)
+    assert again.up_to_date and again.version == rehashed.version
+
+
 def test_honest_stamps_give_the_bytes_of_a_rehashed_and_a_full_build(demo_corpus, tmp_path):
     """With the stamps telling the truth (a file changed, one added, one
     deleted, the rest untouched), trusting them changes no byte."""
@@ -242,6 +261,209 @@ def test_a_file_modified_as_its_base_build_started_is_read(demo_corpus, tmp_path
     assert incremental.counters["base_stamps_too_recent"] == 1
 
 
+def build_started(result) -> float:
+    """When the build that made `result`'s version started, as kept with its
+    file stamps (`publish.LISTED_FROM_FILE`)."""
+    folder = os.path.join(result.dataset_root, publish.FILE_STAMPS_FOLDER, result.version)
+    with open(os.path.join(folder, publish.LISTED_FROM_FILE)) as f:
+        return float(f.read())
+
+
+def test_a_build_right_after_files_were_written_reads_them_to_be_up_to_date(
+    demo_corpus, tmp_path, monkeypatch, caplog
+):
+    """Files written just before a build are racily clean to the next one
+    (their stamps could hide a rewrite in the same clock tick): it reads
+    exactly those, finds them as the version's records, and is up to date.
+    The first build did not wait for them to age: it started (and
+    recorded its start) within `RACY_SECONDS` of their modification. Once
+    every file is older than a build's start, the check reads nothing."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    fresh = sorted([SAME_SIZE, "star/zz_added.png"])
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    (images_dir / "star/zz_added.png").write_bytes(new_png(7))
+    newest = max(os.stat(images_dir / key).st_mtime for key in fresh)
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    reads = noted_reads(monkeypatch)
+    caplog.set_level("INFO", logger="kiln.pipeline.up_to_date")
+
+    again = build(config)
+
+    assert again.up_to_date and again.version == base.version
+    assert sorted(os.path.relpath(uri, images_dir) for uri in reads) == fresh
+    assert f"read the 2 files modified within 2 s of the start of version {base.version}'s" in (
+        caplog.text
+    )
+    assert build_started(base) - incremental.RACY_SECONDS <= newest  # no wait
+    backdated(images_dir)  # new stamps: the job runs, and reads every file
+    rebuilt = build(config)
+    assert not rebuilt.up_to_date and rebuilt.version == base.version
+    reads.clear()
+    assert build(config).up_to_date and reads == []
+
+
+def test_a_file_rewritten_unseen_after_a_build_just_after_it_was_written_is_found(
+    demo_corpus, tmp_path, monkeypatch
+):
+    """A file written just before a build and rewritten after the job read
+    it, in the same clock tick (so with its size and modification time as
+    listed; here they are restored): the inputs' stamp is the version's,
+    yet the next build reads the file, finds other bytes than its record's,
+    and runs the job, which stores them. The build after it verifies the
+    file again, against the new version: up to date."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
+    reads = noted_reads(monkeypatch)
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version != base.version
+    assert row_of(night, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    assert {os.path.relpath(uri, images_dir) for uri in reads} == {
+        SAME_SIZE,
+        *demo_corpus.broken,
+    }
+    again = build(config)
+    assert again.up_to_date and again.version == night.version
+
+
+def test_a_recently_written_file_without_a_record_is_not_verified(demo_corpus, tmp_path, caplog):
+    """A file modified as the version's build started that has no record
+    (dropped: here a broken file) cannot be compared with one: the next
+    build runs the job (and publishes the same version again)."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    broken = sorted(demo_corpus.broken)[0]
+    (images_dir / broken).write_bytes((images_dir / broken).read_bytes())
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    caplog.set_level("INFO", logger="kiln.pipeline.up_to_date")
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version == base.version
+    assert f"{broken}: modified as that version's build started" in caplog.text
+
+
+@pytest.mark.parametrize("start", ["damaged", "missing"])
+def test_a_version_without_its_build_start_time(demo_corpus, tmp_path, start):
+    """Its racily clean files are unknown. A start time that cannot be read
+    makes the next build run the job, which keeps its own; without one (a
+    version built by a kiln that kept none, or its ``.file-stamps`` folder
+    deleted) the inputs' stamp is trusted as it was then: a file rewritten
+    unseen is not found."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    folder = os.path.join(base.dataset_root, publish.FILE_STAMPS_FOLDER, base.version)
+    if start == "damaged":
+        with open(os.path.join(folder, publish.LISTED_FROM_FILE), "w") as f:
+            f.write("half a ti")
+    else:
+        shutil.rmtree(folder)
+    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
+
+    night = build(config)
+
+    if start == "damaged":
+        assert not night.up_to_date
+        assert row_of(night, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    else:
+        assert night.up_to_date and night.version == base.version
+
+
+def test_a_file_modified_as_its_base_build_started_is_read_though_nothing_else_changed(
+    demo_corpus, tmp_path, monkeypatch
+):
+    """The same, when that rewrite is the night's only change: the inputs'
+    stamp is the base's, yet the dataset is not up to date (the up-to-date
+    check reads the file, dated after the base build started, and finds
+    other bytes than its record's). The next build runs the job, reads the
+    file and stores its new pixels."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    ahead = os.stat(images_dir / SAME_SIZE).st_mtime + 60
+    os.utime(images_dir / SAME_SIZE, (ahead, ahead))
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
+    reads = noted_reads(monkeypatch)
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version != base.version
+    assert row_of(night, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    read_keys = {os.path.relpath(uri, images_dir) for uri in reads}
+    assert read_keys == {SAME_SIZE, *demo_corpus.broken}
+
+
+def test_a_mask_file_modified_as_its_base_build_started_is_read_though_nothing_else_changed(
+    tmp_path,
+):
+    """Mask files are in the inputs' stamp too: one dated after the base
+    build started cannot be verified (the record index keeps no mask
+    file's sha256 by itself), so the next build runs the job, which stores
+    it rewritten unseen."""
+    from test_targets_build import config as targets_config
+    from test_targets_incremental import png, read_rows
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    targets_data.corpus(folder, 4)
+    backdated(folder)
+    mask_path = folder / read_rows(folder)[1]["mask"]
+    ahead = os.stat(mask_path).st_mtime + 3600 + 60
+    os.utime(mask_path, (ahead, ahead))
+    config = targets_config(str(folder / "manifest.jsonl"), tmp_path / "out")
+    base = build(config)
+    mask = cv2.imread(str(mask_path), cv2.IMREAD_UNCHANGED)
+    mask[0, :] = 1 - mask[0, :].clip(0, 1)
+    rewrite_keeping_stamp(mask_path, png(mask))  # the same size: checked there
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version != base.version
+    assert night.incremental.changed == 1
+
+
+def test_a_trusted_image_whose_annotations_or_mask_changed_gets_them(tmp_path, monkeypatch):
+    """With targets, an image file's stamp vouches for its bytes only: a
+    box edited in the manifest, or a mask file edited, beside an image file
+    that is not read, gives the record of a build from scratch."""
+    from test_targets_build import config as targets_config
+    from test_targets_build import digests
+    from test_targets_incremental import png, read_rows, write_rows
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    targets_data.corpus(folder, 6)
+    backdated(folder)
+    config = targets_config(str(folder / "manifest.jsonl"), tmp_path / "out")
+    build(config)
+    rows = read_rows(folder)
+    box = rows[2]["objects"][1]["bbox"]
+    rows[2]["objects"][1]["bbox"] = [box[0] + 1, box[1], box[2] + 1, box[3]]
+    write_rows(folder, rows)
+    mask = cv2.imread(str(folder / rows[3]["mask"]), cv2.IMREAD_UNCHANGED)
+    mask[0, :] = 1
+    (folder / rows[3]["mask"]).write_bytes(png(mask))
+    reads = noted_reads(monkeypatch)
+
+    night = build(config)
+
+    assert night.incremental.changed == 2 and night.incremental.not_read == 4
+    assert sorted(os.path.relpath(uri, folder) for uri in reads) == [
+        rows[2]["path"],
+        rows[3]["path"],
+    ]
+    full = build(dict(config, output=str(tmp_path / "full")))
+    assert night.version == full.version and digests(night) == digests(full)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "folder", "no start time"])
 def test_a_damaged_listing_of_the_base_reads_its_files(demo_corpus, stamped, damage):
     """Lines that are not listing lines, a listing that cannot be read (here
@@ -312,8 +534,6 @@ def test_a_listing_job_trusts_the_stamps_too(demo_corpus, monkeypatch):
     not read."""
     config = make_config(ROOT, output=f"{BUCKET}/out")
     config["source"] = dict(config["source"], listing="job")
-    for name, (data, updated) in list(object_store.OBJECTS.items()):  # put an hour ago
-        object_store.OBJECTS[name] = (data, updated - 3600)
     base = build(config)
     unchanged = f"{ROOT}/{good_keys(demo_corpus, Path(demo_corpus.out_dir))[3]}"
     data, updated = object_store.OBJECTS[unchanged]
@@ -332,3 +552,26 @@ def test_a_listing_job_trusts_the_stamps_too(demo_corpus, monkeypatch):
     folder = f"{base.dataset_root}/{publish.FILE_STAMPS_FOLDER}/"
     kept = {name[len(folder) :].split("/")[0] for name in object_store.names(folder)}
     assert kept == {base.version, incremental.version}
+
+
+@pytest.mark.usefixtures("store")
+def test_a_listing_job_keeps_a_dataset_whose_newest_object_is_too_recent_from_being_up_to_date(
+    demo_corpus,
+):
+    """``source.listing: job``: the listing job finds the newest update time
+    too, and the up-to-date check reads its files for the recent objects.
+    An object dated after the base build started and rewritten unseen (its
+    size and update time as listed) is read by the next build."""
+    config = make_config(ROOT, output=f"{BUCKET}/out")
+    config["source"] = dict(config["source"], listing="job")
+    changed = f"{ROOT}/{good_keys(demo_corpus, Path(demo_corpus.out_dir))[3]}"
+    data, _ = object_store.OBJECTS[changed]
+    ahead = time.time() + 60  # updated as the build ran
+    object_store.OBJECTS[changed] = (data, ahead)
+    base = build(config)
+    object_store.OBJECTS[changed] = (b"\x00" * len(data), ahead)
+
+    night = build(config)
+
+    assert not night.up_to_date
+    assert sum(night.info.dropped.values()) == sum(base.info.dropped.values()) + 1

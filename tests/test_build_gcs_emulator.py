@@ -32,7 +32,7 @@ import pytest
 
 import gcs_emulator
 import kiln
-from conftest import make_config
+from conftest import let_uploads_age, make_config
 from kiln.errors import Busy, DryRun
 from kiln.pipeline import build, sources, storage
 from kiln.pipeline.lock import DatasetLock, Holder
@@ -147,6 +147,7 @@ def _upload_corpus(corpus_dir: str, prefix: str) -> None:
             path = os.path.join(directory, name)
             key = os.path.relpath(path, corpus_dir).replace(os.sep, "/")
             bucket.blob(f"{prefix}/{key}").upload_from_filename(path)
+    let_uploads_age()
 
 
 def _read_with_tensorflow(emulator, mode: str, *paths: str) -> dict:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import kiln
-from conftest import NUM_DEMO_IMAGES, make_config, run_kiln
+from conftest import NUM_DEMO_IMAGES, backdated, make_config, run_kiln
 from kiln import cli
 from kiln.pipeline import build, progress
 from kiln.transforms import encode_image
@@ -310,6 +310,7 @@ def test_quiet_success_with_warnings_prints_nothing(demo_corpus, tmp_path):
     (output / "shapes" / "LATEST").write_text("deadbeef0000\n")  # removed by hand
     (root / "hexagon").mkdir()
     (root / "hexagon" / "only.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)  # corrupt
+    backdated(root / "hexagon")  # long before: the next build can then be up to date
     report_path = tmp_path / "report.json"
 
     quiet = _cli_process("build", "--config", config_path, "--quiet", "--report", str(report_path))

@@ -33,7 +33,7 @@ import yaml
 from moto import server as moto_server
 
 import kiln
-from conftest import make_config
+from conftest import let_uploads_age, make_config
 from kiln import cli
 from kiln.errors import Busy
 from kiln.pipeline import build, storage
@@ -111,6 +111,7 @@ def _upload_corpus(client, corpus_dir: str, prefix: str) -> None:
             path = os.path.join(directory, name)
             key = os.path.relpath(path, corpus_dir).replace(os.sep, "/")
             client.upload_file(path, BUCKET, f"{prefix}/{key}")
+    let_uploads_age()
 
 
 def _download(client, prefix: str, folder) -> None:

@@ -323,3 +323,36 @@ def test_a_dry_run_that_must_read_the_output_says_so(
         f"translate the job that reuses its records (--full translates a build from scratch "
         f"without reading the output); nothing was done\n"
     )
+
+
+def test_a_dry_run_verifies_recent_objects_as_a_build_does(
+    demo_corpus, corpus_on_memgs, tmp_path, capfd
+):
+    # An object updated as the published version's build started is read by
+    # the up-to-date check, in a dry run as in a build: up to date while its
+    # bytes are its record's; once rewritten unseen (its size and update
+    # time as listed), a build would run the job, and one does.
+    output = f"{corpus_on_memgs}/datasets"
+    first = make_config(f"{corpus_on_memgs}/images", output=output)
+    recent = next(
+        name
+        for name in sorted(object_store.OBJECTS)
+        if name.split("/images/", 1)[1] not in demo_corpus.broken
+    )
+    object_store.put(recent, object_store.get(recent))  # updated now
+    published = launcher.build(first)  # on the local runner
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(first))
+    lines = []
+    for rewrite in (False, True):
+        if rewrite:
+            data, updated = object_store.OBJECTS[recent]
+            object_store.OBJECTS[recent] = (b"\x00" * len(data), updated)
+        assert cli.main(["build", "--config", str(config_path), *DATAFLOW_ARGS]) == 0
+        lines.append(capfd.readouterr().out.split(" (", 1)[1])
+    assert lines == [
+        f"up to date: a build would run no job and point LATEST at version {published.version})\n",
+        f"a build would run the job over 63 listed files, reusing the unchanged records of "
+        f"version {published.version})\n",
+    ]
+    assert not launcher.build(first).up_to_date

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import kiln.reader
 import targets_data as data
+from conftest import backdated
 from kiln.errors import ConfigError
 from kiln.pipeline import build
 from kiln.schemas import Schema, decode_mask
@@ -36,7 +37,7 @@ RAW_TARGETS = {**data.TARGETS, "mask": {"ignore_value": data.IGNORE, "encoding":
 def corpus(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mask-raw-corpus")
     manifest, rows = data.corpus(folder, 12)
-    return folder, manifest, rows
+    return backdated(folder), manifest, rows
 
 
 @pytest.fixture(scope="module")

@@ -173,8 +173,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rehash",
         action="store_true",
-        help="read and hash every source file to find those that changed (default: a "
-        "file with the size and modification time the base listed is not read)",
+        help="read and hash every source file to find those that changed, also when "
+        "the dataset looks up to date (default: a file with the size and modification "
+        "time the base listed is not read)",
     )
     parser.add_argument(
         "--keep",

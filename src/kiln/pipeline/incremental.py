@@ -604,7 +604,9 @@ system's clock (two seconds on FAT, a few milliseconds on ext4), so with
 the same size and modification time as listed: its stamp cannot tell (git
 calls such index entries "racily clean"). It is read and hashed instead.
 A file modified just before a build is read again by the next one; older
-files are trusted."""
+files are trusted. The inputs' stamp (the launcher's up-to-date check)
+has the same blind spot: there such files are read and compared with the
+version's record index (`up_to_date`)."""
 
 STAMP_UNCHANGED = record_index.STAMP_UNCHANGED  # what `JoinBase` marks a trusted file with
 

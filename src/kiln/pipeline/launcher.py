@@ -11,8 +11,9 @@
 A build, as `build` tells it: validate the config into a `BuildSpec` (a
 bad config raises `ConfigError` before anything else happens); list the
 source and stamp the listing; if a complete version was already built from
-this stamp, point LATEST at it and stop (``up_to_date``, without starting
-Beam), unless someone pointed LATEST at another version by hand after that
+this stamp (the files modified as its build started read and found as its
+records: `up_to_date`), point LATEST at it and stop (``up_to_date``,
+without starting Beam), unless someone pointed LATEST at another version by hand after that
 version was published: a rollback stands until the inputs or config change.
 Otherwise, inside a `publish.PublishTransaction`: run the job
 (`job.construct`) into the staging folder, read its typed `job.JobReport`,
@@ -75,6 +76,7 @@ from kiln.pipeline import (
     splits,
     storage,
     target_rows,
+    up_to_date,
     versioning,
 )
 from kiln.pipeline import config as config_module
@@ -423,7 +425,10 @@ def build(
       full: Build from scratch, reusing nothing.
       rehash: Read and hash every listed file, also those whose size and
         modification time are those the base listed (by default their
-        sha256 is taken from the base's record index: `incremental.JoinBase`).
+        sha256 is taken from the base's record index: `incremental.JoinBase`),
+        and never find the dataset up to date by the inputs' stamp, which
+        trusts the same sizes and times: the job runs, and publishes the
+        same version again if no file's bytes changed.
       gate: Thresholds (as `kiln diff` takes them) the new version must pass
         against the version LATEST names before LATEST may name it; None,
         or none set, publishes whatever the build made. A version that
@@ -543,7 +548,7 @@ def _translate_only(
         plan = make_plan(
             spec, listing, dataset.new_staging_dir(stamp), options, image_threads, choice.base
         )
-        built = None if full else _built_from(dataset, stamp)
+        built = None if full or rehash else _built_from(dataset, stamp, listing)
         try:
             _run_job(plan, listing, options, show_progress=False, progress_every=0)
         except DryRun as e:
@@ -551,10 +556,10 @@ def _translate_only(
     raise AssertionError("a dry run's job ends in DryRun (_check_finished)")
 
 
-def _built_from(dataset: publish.DatasetRoot, stamp: str) -> str | None:
-    """The complete version already built from the input stamp `stamp`, or None."""
-    existing = dataset.stamped_version(stamp)
-    info = dataset.read_info(existing) if existing else None
+def _built_from(dataset: publish.DatasetRoot, stamp: str, listing: SourceListing) -> str | None:
+    """The complete version already built from the input stamp `stamp`, or
+    None: what a build finds up to date (`up_to_date.check`)."""
+    info = up_to_date.check(dataset, stamp, listing).info
     return info.version if info is not None else None
 
 
@@ -739,8 +744,9 @@ def _build_locked(
     processing = incremental.processing_fingerprint(spec.to_json())
     stamp = versioning.stamp_of(spec.fingerprint, listing.listing_hash(), processing=processing)
 
-    existing = dataset.stamped_version(stamp)
-    built = dataset.read_info(existing) if existing else None
+    # --rehash trusts no stamp, the inputs' as a whole included: a file
+    # rewritten with its size and modification time restored is found.
+    built = None if rehash else up_to_date.check(dataset, stamp, listing).info
     if built is not None:
         dataset.clean_leftovers()
         by_hand = dataset.latest_set_by_hand(built.version)  # a rollback stands

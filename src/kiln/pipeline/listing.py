@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import sqlite3
@@ -77,6 +78,14 @@ class SourceFile:
     mtime: float
     targets: str | None = None
     mask_stamp: str | None = None
+
+    @property
+    def newest_mask_mtime(self) -> float:
+        """The latest modification time of the mask files its targets name
+        (`mask_stamp`), 0.0 when they name none."""
+        if self.mask_stamp is None:
+            return 0.0
+        return max((float(mtime) for _, mtime in json.loads(self.mask_stamp)), default=0.0)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -234,6 +243,15 @@ def scratch_database() -> sqlite3.Connection:
     return _connect()
 
 
+# `Listing`'s files in key order (the position is the key's rank), all or
+# `_RECENT`: modified at or after a time (or naming mask files).
+_FILES_QUERY = (
+    "SELECT key, uri, label, split, size, mtime, targets, mask_stamp FROM files "
+    "{where} ORDER BY position"
+)
+_RECENT = "WHERE mtime >= ? OR mask_stamp IS NOT NULL"
+
+
 class Listing:
     """Everything the launcher learned about the inputs before the job.
 
@@ -272,11 +290,36 @@ class Listing:
         """Listed inputs: the files to process plus those already dropped."""
         return self.num_files + self.num_dropped
 
+    @functools.cached_property
+    def newest_mtime(self) -> float:
+        """The latest modification time of the files to process and of the
+        mask files their annotations name (0.0: none listed): what says
+        whether a build started soon enough after a file changed that the
+        file may change again unseen by its stamp (`incremental.RACY_SECONDS`)."""
+        (newest,) = self._connection.execute("SELECT MAX(mtime) FROM files").fetchone()
+        newest = float(newest or 0.0)
+        for (stamps,) in self._query(
+            "SELECT mask_stamp FROM files WHERE mask_stamp IS NOT NULL"
+        ):  # [[size, mtime], ...] per file
+            newest = max([newest, *(float(mtime) for _, mtime in json.loads(_text(stamps)))])
+        return newest
+
     def files(self) -> Iterator[SourceFile]:
         """The images to process, sorted by key."""
-        for key, uri, label, split, size, mtime, targets, mask_stamp in self._query(
-            "SELECT key, uri, label, split, size, mtime, targets, mask_stamp FROM files "
-            "ORDER BY position"
+        return self._files(_FILES_QUERY.format(where=""))
+
+    def files_modified_since(self, since: float) -> Iterator[SourceFile]:
+        """The images to process last modified at or after `since` (seconds
+        since the epoch), or whose targets name a mask file that was, sorted
+        by key: those a stamp kept from a build started just after `since`
+        cannot vouch for (`incremental.RACY_SECONDS`)."""
+        for file in self._files(_FILES_QUERY.format(where=_RECENT), (since,)):
+            if file.mtime >= since or file.newest_mask_mtime >= since:
+                yield file
+
+    def _files(self, query: str, parameters: tuple[Any, ...] = ()) -> Iterator[SourceFile]:
+        for key, uri, label, split, size, mtime, targets, mask_stamp in self._connection.execute(
+            query, parameters
         ):
             yield SourceFile(
                 _text(key),

@@ -46,6 +46,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 
 from kiln.pipeline import storage, versioning
 from kiln.pipeline.error_report import DroppedFile
@@ -174,6 +176,8 @@ class ListedInJob:
       dropped_hash: The multiset hash of the dropped files' entries, for the version.
       first_dropped: The first dropped file by key, for messages; None if none.
       listing_uri: The listing's files, as a pattern (the build job's input).
+      newest_mtime: The latest modification time of the files listed (0.0:
+        none), as `listing.Listing.newest_mtime`.
     """
 
     class_names: list[str]
@@ -184,6 +188,7 @@ class ListedInJob:
     dropped_hash: int
     first_dropped: DroppedFile | None
     listing_uri: str
+    newest_mtime: float = 0.0
 
     @property
     def total(self) -> int:
@@ -192,6 +197,30 @@ class ListedInJob:
 
     def listing_hash(self) -> int:
         return self.stamp_hash
+
+    def files_modified_since(self, since: float) -> Iterator[SourceFile]:
+        """The images to process last modified at or after `since` (seconds
+        since the epoch), as `listing.Listing.files_modified_since`, in no
+        particular order: the listing job's files read line by line.
+
+        Raises:
+          OSError, ValueError, BeamIOError: a listing file cannot be read or
+            holds a line that is not a listing line.
+        """
+        found = FileSystems.match([self.listing_uri])[0].metadata_list
+        for path in sorted(metadata.path for metadata in found):
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                for line in f:
+                    for row in json.loads(line).get("files", ()):
+                        if float(row["mtime"]) >= since:
+                            yield SourceFile(
+                                key=row["key"],
+                                uri=row["uri"],
+                                label=row["label"],
+                                split=row["split"],
+                                size=row["size"],
+                                mtime=float(row["mtime"]),
+                            )
 
     def dropped_entries_hash(self) -> int:
         return self.dropped_hash
@@ -206,6 +235,7 @@ class ListedInJob:
             "dropped_hash": format(self.dropped_hash, "064x"),
             "first_dropped": self.first_dropped.to_json() if self.first_dropped else None,
             "listing_uri": self.listing_uri,
+            "newest_mtime": self.newest_mtime,
         }
 
     @classmethod
@@ -220,6 +250,7 @@ class ListedInJob:
             dropped_hash=int(data["dropped_hash"], 16),
             first_dropped=None if first is None else DroppedFile.from_json(first),
             listing_uri=data["listing_uri"],
+            newest_mtime=float(data["newest_mtime"]),
         )
 
 
@@ -296,7 +327,7 @@ class _ClassNamesFn(beam.CombineFn):
 class _CheckFileFn(beam.DoFn):
     """A candidate -> the build job's row of a file (`SourceFile.to_json`), or
     a `DroppedFile` (``dropped``); and its stamp entry's hash with its split
-    (``entries``: ``(split, hash)``)."""
+    (``entries``: ``(split, hash, mtime)``)."""
 
     def __init__(self) -> None:
         self._class_names: list[str] | None = None
@@ -328,10 +359,13 @@ def _folder_dropped(key: str, uri: str, problem: Misplaced) -> DroppedRow:
 
 def _file_outputs(file: SourceFile, label: str) -> Iterator[Any]:
     """A file to process: its row of the build job's listing, and its stamp
-    entry's hash with its split (``entries``: ``(split, hash)``)."""
+    entry's hash with its split and its modification time (``entries``:
+    ``(split, hash, mtime)``)."""
     # `listing.Listing.stamp_entries` of a file without targets.
     entry = ["file", file.key, label, file.split, file.size, file.mtime]
-    yield beam.pvalue.TaggedOutput("entries", (file.split, versioning.entry_hash(entry)))
+    yield beam.pvalue.TaggedOutput(
+        "entries", (file.split, versioning.entry_hash(entry), file.mtime)
+    )
     yield file.to_json()
 
 
@@ -345,12 +379,13 @@ class _Tally:
     stamp_hash: int = 0
     dropped_hash: int = 0
     first_dropped: DroppedFile | None = None
+    newest_mtime: float = 0.0
 
 
 class _SummaryFn(beam.CombineFn):
-    """Stamp entries of files ``(split, hash)`` and dropped files
+    """Stamp entries of files ``(split, hash, mtime)`` and dropped files
     (`DroppedRow`: the file and its entry) -> their `_Tally`: counts,
-    splits, multiset hashes."""
+    splits, multiset hashes, the newest modification time."""
 
     def create_accumulator(self) -> _Tally:
         return _Tally()
@@ -364,8 +399,9 @@ class _SummaryFn(beam.CombineFn):
             if tally.first_dropped is None or dropped < tally.first_dropped:
                 tally.first_dropped = dropped
         else:
-            split, value = item
+            split, value, mtime = item
             tally.files += 1
+            tally.newest_mtime = max(tally.newest_mtime, mtime)
             if split is not None:
                 tally.splits.add(split)
         tally.stamp_hash = versioning.combine_hashes([tally.stamp_hash, value])
@@ -377,6 +413,7 @@ class _SummaryFn(beam.CombineFn):
             merged.files += tally.files
             merged.dropped += tally.dropped
             merged.splits |= tally.splits
+            merged.newest_mtime = max(merged.newest_mtime, tally.newest_mtime)
             merged.stamp_hash = versioning.combine_hashes([merged.stamp_hash, tally.stamp_hash])
             merged.dropped_hash = versioning.combine_hashes(
                 [merged.dropped_hash, tally.dropped_hash]
@@ -407,6 +444,7 @@ def _write_summary(tally: _Tally, class_names: list[str], *, listing_plan: _Writ
         dropped_hash=tally.dropped_hash,
         first_dropped=tally.first_dropped,
         listing_uri=listing_plan.listing_pattern,
+        newest_mtime=tally.newest_mtime,
     )
     storage.write_text(listing_plan.summary_uri, json.dumps(summary.to_json(), sort_keys=True))
 
@@ -443,7 +481,7 @@ def construct(pipeline: beam.Pipeline, listing_plan: ListingJobPlan) -> None:
     checked = placed.candidates | "CheckFiles" >> beam.ParDo(
         _CheckFileFn(), class_names=beam.pvalue.AsSingleton(class_names)
     ).with_outputs("dropped", "entries", main="files")
-    # files: {key, uri, label, split, size}; dropped: DroppedRow; entries: (split, hash)
+    # files: {key, uri, label, split, size}; dropped: DroppedRow; entries: (split, hash, mtime)
     dropped = (placed.misplaced, checked.dropped) | "AllDropped" >> beam.Flatten()  # DroppedRow
     _write(listing_plan, checked.files, checked.entries, dropped, class_names)
 
@@ -457,7 +495,7 @@ def _write(
 ) -> None:
     """The listing job's last steps: the build's listing from the files'
     rows (`SourceFile.to_json`) and the dropped rows (`DroppedRow`), and
-    the summary from them, the stamp entries ``(split, hash)`` and the class
+    the summary from them, the stamp entries ``(split, hash, mtime)`` and the class
     names (one list)."""
     file_lines = (
         files

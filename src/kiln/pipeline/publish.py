@@ -10,7 +10,8 @@ A dataset root ``<output>/<name>/`` holds::
     .file-stamps/<version>/ the listing the version was last built from (each file's
                             key, size and modification time) and when that build
                             started (``.build-started``), for the next build to trust
-                            unchanged files' stamps (`incremental.JoinBase`)
+                            unchanged files' stamps (`incremental.JoinBase`) and to
+                            verify the inputs' stamp (`up_to_date`)
     .listings/<rnd>/        a listing job's files, while its build runs (``source.listing: job``)
     .published/<version>    when LATEST last named the version (a sequence
                             number), so `DatasetRoot.prune` keeps the newest
@@ -121,11 +122,27 @@ class DatasetRoot:
     def file_stamps_listed_from(self, version: str) -> float | None:
         """When the build that listed `version`'s file stamps started
         (seconds since the epoch; `record_file_stamps`), or None."""
-        path = storage.join(self.file_stamps_dir(version), LISTED_FROM_FILE)
         try:
-            return float((self.store.read_text(path) or "").strip())
-        except ValueError:  # missing or damaged: its stamps are not trusted
+            return self.build_started(version)
+        except ValueError:  # damaged: its stamps are not trusted
             return None
+
+    def build_started(self, version: str) -> float | None:
+        """When the build that last built `version` started, as kept with
+        its file stamps (`record_file_stamps`); None when none is kept (a
+        version built before kiln kept it, or its folder was deleted).
+
+        Raises:
+          ValueError: the file is there but holds no time (damaged).
+        """
+        path = storage.join(self.file_stamps_dir(version), LISTED_FROM_FILE)
+        text = self.store.read_text(path)
+        if text is None:
+            return None
+        try:
+            return float(text.strip())
+        except ValueError:
+            raise ValueError(f"{path}: not a time: {text.strip()[:40]!r}") from None
 
     def record_file_stamps(
         self, version: str, listing_files: Sequence[str], listed_from: float

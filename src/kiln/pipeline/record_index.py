@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -290,6 +290,64 @@ def write_part(path: str, temp_path: str, split: str, shard: str, entries: Seque
     with storage.create(temp_path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         f.write(part_bytes(split, shard, entries))
     FileSystems.rename([temp_path], [path])
+
+
+class IndexSha256s(NamedTuple):
+    """What `sha256s_of` found: the source files' sha256 (hex) by key, for
+    the keys asked for that have a row, and the index file's own sha256
+    (hex), to check against kiln.json's ``index_sha256``."""
+
+    by_key: dict[str, str]
+    index_sha256: str
+
+
+# Where a line's key is: "height" (a number) and "inputs" (a hex string) come
+# before it, so the first match is the top level's; a comma followed by a
+# quote only occurs between members, so the next one ends the key.
+_KEY = b',"key":'
+
+
+def sha256s_of(uri: str, keys: Collection[str]) -> IndexSha256s:
+    """The source files' sha256 that the index `uri` records for `keys`,
+    streamed a chunk at a time: however large the index, what is held is a
+    chunk and the rows of `keys`. A line is parsed only when its key is one
+    of `keys` (or its key cannot be found by its layout).
+
+    Raises:
+      ValueError: a line asked for is not an index row.
+      OSError, BeamIOError: the file cannot be read.
+    """
+    wanted = set(keys)
+    found: dict[str, str] = {}
+    digest = hashlib.sha256()
+    tail = b""
+    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        while chunk := f.read(_COPY_CHUNK):
+            digest.update(chunk)
+            lines = (tail + chunk).split(b"\n")
+            tail = lines.pop()
+            for line in lines:
+                _note_sha256(line, wanted, found)
+    if tail:
+        _note_sha256(tail, wanted, found)
+    return IndexSha256s(found, digest.hexdigest())
+
+
+def _note_sha256(line: bytes, wanted: set[str], found: dict[str, str]) -> None:
+    start = line.find(_KEY)
+    end = line.find(b',"', start + len(_KEY)) if start > 0 else -1
+    if end > 0:
+        try:
+            key = json.loads(line[start + len(_KEY) : end])
+        except ValueError:
+            key = None
+        if isinstance(key, str) and key not in wanted:
+            return
+    if not line.strip():
+        return
+    row = parse_line(line.decode("utf-8"))
+    if row.key in wanted:
+        found[row.key] = row.sha256
 
 
 class JoinedIndex(NamedTuple):

@@ -1,0 +1,157 @@
+"""The up-to-date check: the version an inputs' stamp names, its racily clean files verified.
+
+A build whose inputs' stamp (`versioning.stamp_of`: the config and every
+listed file's key, size and modification time) names a complete version
+runs no job (`launcher.build`). That trusts the stamps, as make and rsync
+do, with one blind spot that git calls "racily clean": a file modified
+within a tick of the file system's clock of the start of the build that
+made the version may have been rewritten after that build read it, in
+the same tick, so with the size and modification time listed. Such a file
+(modified at or after that start less `incremental.RACY_SECONDS`, dated in
+the future included) is not trusted: it is read and hashed now and
+compared with the sha256 the version's record index keeps for its key, as
+git compares a racily clean entry's content. If all are equal the version
+is up to date; if one differs, or cannot be verified so (no record for its
+key: a file the build dropped; a mask file, whose sha256 the index does
+not keep by itself; a file that cannot be read), the build runs, and its
+job reads such files again (`incremental.JoinBase`).
+
+When no listed file is that recent (`newest_mtime`, which the listing
+knows without reading a file) nothing is read. A version whose start is
+not kept (`publish.LISTED_FROM_FILE`: built by a kiln before it kept one,
+or its ``.file-stamps`` folder was deleted) is trusted as it was before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from kiln.pipeline import incremental, publish, record_index, storage
+from kiln.pipeline.listing import SourceFile
+from kiln.schemas import INDEX_FILENAME, DatasetInfo
+
+logger = logging.getLogger(__name__)
+
+_CHUNK_BYTES = 1 << 20
+
+
+class StampedListing(Protocol):
+    """What the check needs of a listing (`listing.Listing`, `listing_job.ListedInJob`)."""
+
+    @property
+    def newest_mtime(self) -> float: ...
+
+    def files_modified_since(self, since: float) -> Iterator[SourceFile]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Whether the version an input stamp names is up to date.
+
+    Attributes:
+      info: The version's kiln.json when it is up to date, else None.
+      verified: Files read and found equal to the version's records (the
+        racily clean ones; 0 when none was that recent).
+      problem: Why a version the stamp names is not up to date ("" when
+        it is, or when the stamp names none).
+    """
+
+    info: DatasetInfo | None
+    verified: int = 0
+    problem: str = ""
+
+
+def check(dataset: publish.DatasetRoot, stamp: str, listing: StampedListing) -> Verdict:
+    """The complete version `stamp` was built into, if its files are as
+    that build read them (see the module docstring); logs how many files
+    were verified, or why the version is not up to date."""
+    existing = dataset.stamped_version(stamp)
+    info = dataset.read_info(existing) if existing else None
+    if info is None:
+        return Verdict(None)
+    verdict = _verified(dataset, info, listing)
+    if verdict.problem:
+        logger.info("not up to date with version %s: %s", info.version, verdict.problem)
+    elif verdict.verified:
+        logger.info(
+            "read the %d file%s modified within %g s of the start of version %s's build: "
+            "their bytes are its records'",
+            verdict.verified,
+            "" if verdict.verified == 1 else "s",
+            incremental.RACY_SECONDS,
+            info.version,
+        )
+    return verdict
+
+
+def _verified(dataset: publish.DatasetRoot, info: DatasetInfo, listing: StampedListing) -> Verdict:
+    try:
+        started = dataset.build_started(info.version)
+    except Exception as e:  # damaged, unreadable: its racily clean files are unknown
+        return Verdict(None, problem=f"its build's start time cannot be read ({_short(e)})")
+    if started is None:  # an older kiln's version: trusted, as it was then
+        return Verdict(info)
+    since = started - incremental.RACY_SECONDS
+    if listing.newest_mtime < since:
+        return Verdict(info)
+    try:
+        racy = {file.key: file for file in listing.files_modified_since(since)}
+    except Exception as e:  # a listing job's file vanished...: not verified
+        return Verdict(None, problem=f"the listing cannot be read ({_short(e)})")
+    problem = _problem(dataset, info, since, racy.values())
+    return Verdict(None, problem=problem) if problem else Verdict(info, verified=len(racy))
+
+
+def _problem(
+    dataset: publish.DatasetRoot, info: DatasetInfo, since: float, racy: Iterable[SourceFile]
+) -> str:
+    """Why the racily clean files do not verify against `info`'s record
+    index, or "" when every one does."""
+    racy = list(racy)
+    for file in racy:
+        if file.newest_mask_mtime >= since:
+            return f"{file.key}: a mask file it names was modified as that version's build started"
+    if not racy:
+        return ""
+    if info.index_sha256 is None:
+        return "it keeps no record index to verify recently modified files with"
+    index_uri = storage.join(dataset.version_dir(info.version), INDEX_FILENAME)
+    try:
+        recorded = record_index.sha256s_of(index_uri, [file.key for file in racy])
+    except Exception as e:  # vanished, damaged: nothing to verify with
+        return f"its record index cannot be read ({_short(e)})"
+    if recorded.index_sha256 != info.index_sha256:
+        return f"{INDEX_FILENAME}: sha256 differs from its kiln.json"
+    for file in racy:
+        expected = recorded.by_key.get(file.key)
+        if expected is None:
+            return f"{file.key}: modified as that version's build started, and it has no record"
+        try:
+            sha256 = _file_sha256(file.uri)
+        except Exception as e:  # vanished, unreadable: the build says what
+            return f"{file.key}: cannot be read ({_short(e)})"
+        if sha256 != expected:
+            return f"{file.key}: its bytes differ from its record's, its size and time the same"
+    return ""
+
+
+def _file_sha256(uri: str) -> str:
+    """The sha256 (hex) of a listed file's bytes, read a chunk at a time."""
+    digest = hashlib.sha256()
+    # UNCOMPRESSED: a file named x.gz is an image file, not gzip.
+    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _short(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[-1]}" if lines else type(error).__name__
