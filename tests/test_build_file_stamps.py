@@ -285,6 +285,7 @@ def test_a_build_right_after_files_were_written_reads_them_to_be_up_to_date(
     newest = max(os.stat(images_dir / key).st_mtime for key in fresh)
     config = make_config(images_dir, output=str(tmp_path / "out"))
     base = build(config)
+    assert build_started(base) - incremental.RACY_SECONDS <= newest  # no wait
     reads = noted_reads(monkeypatch)
     caplog.set_level("INFO", logger="kiln.pipeline.up_to_date")
 
@@ -295,12 +296,41 @@ def test_a_build_right_after_files_were_written_reads_them_to_be_up_to_date(
     assert f"read the 2 files modified within 2 s of the start of version {base.version}'s" in (
         caplog.text
     )
-    assert build_started(base) - incremental.RACY_SECONDS <= newest  # no wait
     backdated(images_dir)  # new stamps: the job runs, and reads every file
     rebuilt = build(config)
     assert not rebuilt.up_to_date and rebuilt.version == base.version
     reads.clear()
     assert build(config).up_to_date and reads == []
+
+
+def test_a_build_that_verified_recent_files_does_not_read_them_again(
+    demo_corpus, tmp_path, monkeypatch
+):
+    """A build that found racily clean files equal to their records keeps
+    the time it started reading them as the version's build start: the
+    files are older than it less `RACY_SECONDS`, so the next build is up to
+    date without reading them again. Rewritten after that, the file is
+    found by its new stamp, as any other."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    written = os.stat(images_dir / SAME_SIZE).st_mtime
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    started = build_started(base)
+    assert started - incremental.RACY_SECONDS <= written  # racily clean to the next build
+    time.sleep(max(0.0, written + incremental.RACY_SECONDS + 0.05 - time.time()))
+    reads = noted_reads(monkeypatch)
+    verifying = time.time()
+    again = build(config)
+    assert again.up_to_date and [os.path.relpath(uri, images_dir) for uri in reads] == [SAME_SIZE]
+    assert started < verifying <= build_started(base) <= time.time()
+    reads.clear()
+
+    assert build(config).up_to_date and reads == []
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(2))
+    night = build(config)
+    assert not night.up_to_date
+    assert row_of(night, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
 
 
 def test_a_file_rewritten_unseen_after_a_build_just_after_it_was_written_is_found(

@@ -330,7 +330,8 @@ def test_a_dry_run_verifies_recent_objects_as_a_build_does(
 ):
     # An object updated as the published version's build started is read by
     # the up-to-date check, in a dry run as in a build: up to date while its
-    # bytes are its record's; once rewritten unseen (its size and update
+    # bytes are its record's (unlike a build, it keeps no time it verified
+    # it at: `up_to_date.check`'s refresh); once rewritten unseen (its size and update
     # time as listed), a build would run the job, and one does.
     output = f"{corpus_on_memgs}/datasets"
     first = make_config(f"{corpus_on_memgs}/images", output=output)
@@ -343,6 +344,8 @@ def test_a_dry_run_verifies_recent_objects_as_a_build_does(
     published = launcher.build(first)  # on the local runner
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(first))
+    dataset = publish.DatasetRoot(published.dataset_root)
+    started = dataset.build_started(published.version)
     lines = []
     for rewrite in (False, True):
         if rewrite:
@@ -350,6 +353,8 @@ def test_a_dry_run_verifies_recent_objects_as_a_build_does(
             object_store.OBJECTS[recent] = (b"\x00" * len(data), updated)
         assert cli.main(["build", "--config", str(config_path), *DATAFLOW_ARGS]) == 0
         lines.append(capfd.readouterr().out.split(" (", 1)[1])
+        # A dry run writes nothing: not the time it verified the object at.
+        assert dataset.build_started(published.version) == started
     assert lines == [
         f"up to date: a build would run no job and point LATEST at version {published.version})\n",
         f"a build would run the job over 63 listed files, reusing the unchanged records of "

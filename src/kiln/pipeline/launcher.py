@@ -746,7 +746,7 @@ def _build_locked(
 
     # --rehash trusts no stamp, the inputs' as a whole included: a file
     # rewritten with its size and modification time restored is found.
-    built = None if rehash else up_to_date.check(dataset, stamp, listing).info
+    built = None if rehash else up_to_date.check(dataset, stamp, listing, refresh=True).info
     if built is not None:
         dataset.clean_leftovers()
         by_hand = dataset.latest_set_by_hand(built.version)  # a rollback stands

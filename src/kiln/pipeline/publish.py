@@ -9,7 +9,8 @@ A dataset root ``<output>/<name>/`` holds::
     .stamps/<stamp>         the version an input listing was built into
     .file-stamps/<version>/ the listing the version was last built from (each file's
                             key, size and modification time) and when that build
-                            started (``.build-started``), for the next build to trust
+                            started (``.build-started``; or, later, when a build
+                            verified its recent files: `up_to_date`), for the next build to trust
                             unchanged files' stamps (`incremental.JoinBase`) and to
                             verify the inputs' stamp (`up_to_date`)
     .listings/<rnd>/        a listing job's files, while its build runs (``source.listing: job``)
@@ -154,9 +155,21 @@ class DatasetRoot:
         folder = self.file_stamps_dir(version)
         self.store.delete_tree(folder)
         self.store.move_files(listing_files, folder)
-        self.store.write_atomic(
-            storage.join(folder, LISTED_FROM_FILE), f"{listed_from!r}\n".encode()
-        )
+        self._write_build_started(version, listed_from)
+
+    def mark_verified(self, version: str, since: float) -> None:
+        """Keeps `since` as `version`'s build start (`build_started`), when
+        it is later than the one kept: every file its listing names that was
+        last modified before `since` less `incremental.RACY_SECONDS` was
+        read since then and found to hold its record's bytes (`up_to_date`).
+        Hold the dataset's lock."""
+        started = self.build_started(version)
+        if started is not None and since > started:
+            self._write_build_started(version, since)
+
+    def _write_build_started(self, version: str, started: float) -> None:
+        path = storage.join(self.file_stamps_dir(version), LISTED_FROM_FILE)
+        self.store.write_atomic(path, f"{started!r}\n".encode())
 
     def versions(self) -> list[str]:
         """Names of the version folders, complete or not, sorted."""

@@ -17,7 +17,11 @@ not keep by itself; a file that cannot be read), the build runs, and its
 job reads such files again (`incremental.JoinBase`).
 
 When no listed file is that recent (`newest_mtime`, which the listing
-knows without reading a file) nothing is read. A version whose start is
+knows without reading a file) nothing is read. A build that verified its
+racily clean files so keeps the time it started verifying as the
+version's build start (`publish.DatasetRoot.mark_verified`), as git
+refreshes its index: the files it read are then older than that start,
+and the next check reads them again only if they are still that recent. A version whose start is
 not kept (`publish.LISTED_FROM_FILE`: built by a kiln before it kept one,
 or its ``.file-stamps`` folder was deleted) is trusted as it was before.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
@@ -66,17 +71,27 @@ class Verdict:
     info: DatasetInfo | None
     verified: int = 0
     problem: str = ""
+    verified_from: float = 0.0  # when the reading of the `verified` files started
 
 
-def check(dataset: publish.DatasetRoot, stamp: str, listing: StampedListing) -> Verdict:
+def check(
+    dataset: publish.DatasetRoot, stamp: str, listing: StampedListing, *, refresh: bool = False
+) -> Verdict:
     """The complete version `stamp` was built into, if its files are as
     that build read them (see the module docstring); logs how many files
-    were verified, or why the version is not up to date."""
+    were verified, or why the version is not up to date.
+
+    `refresh`: when racily clean files were verified, keep the time their
+    reading started as the version's build start, so the next check does
+    not read them again (a build holding the dataset's lock; never a dry
+    run, which writes nothing)."""
     existing = dataset.stamped_version(stamp)
     info = dataset.read_info(existing) if existing else None
     if info is None:
         return Verdict(None)
     verdict = _verified(dataset, info, listing)
+    if refresh and verdict.verified:
+        _mark_verified(dataset, info.version, verdict.verified_from)
     if verdict.problem:
         logger.info("not up to date with version %s: %s", info.version, verdict.problem)
     elif verdict.verified:
@@ -101,12 +116,28 @@ def _verified(dataset: publish.DatasetRoot, info: DatasetInfo, listing: StampedL
     since = started - incremental.RACY_SECONDS
     if listing.newest_mtime < since:
         return Verdict(info)
+    # Before any file is read: a file last modified before this time less
+    # RACY_SECONDS is read after its last write (`mark_verified`).
+    verified_from = time.time()
     try:
         racy = {file.key: file for file in listing.files_modified_since(since)}
     except Exception as e:  # a listing job's file vanished...: not verified
         return Verdict(None, problem=f"the listing cannot be read ({_short(e)})")
     problem = _problem(dataset, info, since, racy.values())
-    return Verdict(None, problem=problem) if problem else Verdict(info, verified=len(racy))
+    if problem:
+        return Verdict(None, problem=problem)
+    return Verdict(info, verified=len(racy), verified_from=verified_from)
+
+
+def _mark_verified(dataset: publish.DatasetRoot, version: str, verified_from: float) -> None:
+    """Keeps `verified_from` as `version`'s build start; a failure to write
+    it costs the next check the same reads, not the build."""
+    try:
+        dataset.mark_verified(version, verified_from)
+    except Exception as e:  # a read-only or flaky store: the next check reads them again
+        logger.warning(
+            "%s: the time its files were verified cannot be kept (%s)", version, _short(e)
+        )
 
 
 def _problem(
