@@ -361,21 +361,64 @@ def test_a_file_rewritten_unseen_after_a_build_just_after_it_was_written_is_foun
     assert again.up_to_date and again.version == night.version
 
 
-def test_a_recently_written_file_without_a_record_is_not_verified(demo_corpus, tmp_path, caplog):
-    """A file modified as the version's build started that has no record
-    (dropped: here a broken file) cannot be compared with one: the next
-    build runs the job (and publishes the same version again)."""
+@pytest.mark.parametrize("rewritten", [False, True])
+def test_a_recently_written_file_the_build_dropped_is_verified_by_its_kept_sha256(
+    demo_corpus, tmp_path, monkeypatch, caplog, rewritten
+):
+    """A file modified as the version's build started that the build
+    dropped (here a broken file) has no record: it is compared with the
+    sha256 the job kept for the files it dropped, beside the version
+    (not in errors.jsonl). The same bytes: up to date, the file read and
+    nothing else; rewritten unseen (other bytes, its size and modification
+    time as listed): the job runs, and drops those bytes."""
+    images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
+    broken = sorted(demo_corpus.broken)[-1]
+    (images_dir / broken).write_bytes((images_dir / broken).read_bytes())
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    kept = Path(base.dataset_root, publish.FILE_STAMPS_FOLDER, base.version)
+    assert broken in (kept / publish.DROPPED_SHA256S_FILE).read_text()
+    if rewritten:
+        other = b"\x00" + (images_dir / broken).read_bytes()[1:]
+        assert other != (images_dir / broken).read_bytes()
+        rewrite_keeping_stamp(images_dir / broken, other)
+    reads = noted_reads(monkeypatch)
+    caplog.set_level("INFO", logger="kiln.pipeline.up_to_date")
+
+    night = build(config)
+
+    if rewritten:  # other bytes dropped: a version names them (its entries' sha256)
+        assert not night.up_to_date and night.version != base.version
+        assert f"{broken}: its bytes differ from its record's" in caplog.text
+    else:
+        assert night.up_to_date and night.version == base.version
+        assert [os.path.relpath(uri, images_dir) for uri in reads] == [broken]
+
+
+def test_a_recently_written_dropped_file_without_its_kept_sha256_is_not_verified(
+    demo_corpus, tmp_path, caplog
+):
+    """A version kept without the sha256 of the files it dropped (built by
+    a kiln before it kept them, or the file deleted): a dropped file
+    modified as its build started cannot be compared, and the next build
+    runs the job (publishing the same version again)."""
     images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
     broken = sorted(demo_corpus.broken)[0]
     (images_dir / broken).write_bytes((images_dir / broken).read_bytes())
     config = make_config(images_dir, output=str(tmp_path / "out"))
     base = build(config)
+    kept = Path(base.dataset_root, publish.FILE_STAMPS_FOLDER, base.version)
+    (kept / publish.DROPPED_SHA256S_FILE).unlink()
     caplog.set_level("INFO", logger="kiln.pipeline.up_to_date")
 
     night = build(config)
 
     assert not night.up_to_date and night.version == base.version
-    assert f"{broken}: modified as that version's build started" in caplog.text
+    assert f"{broken}: modified as that version's build started, and it has no record" in (
+        caplog.text
+    )
+    assert (kept / publish.DROPPED_SHA256S_FILE).exists()  # kept again by the new build
+    assert build(config).up_to_date
 
 
 @pytest.mark.parametrize("start", ["damaged", "missing"])

@@ -122,13 +122,20 @@ def _escaped_control(found: re.Match[str]) -> str:
 
 @dataclasses.dataclass(frozen=True, order=True)
 class DroppedFile:
-    """One dropped input file. Field order is the report's sort order."""
+    """One dropped input file. Field order is the report's sort order.
+
+    `sha256`: the bytes the job dropped (hex), "" when it did not read them
+    (dropped while listing, unreadable). Not in errors.jsonl: it is kept
+    beside the version (`up_to_date.write_dropped_sha256s`), for the up-to-date check
+    to verify a recently modified file it dropped (`up_to_date`).
+    """
 
     key: str
     stage: str
     reason: str
     uri: str
     message: str
+    sha256: str = dataclasses.field(default="", compare=False)
 
     def __post_init__(self):
         # Wherever a row is made (the listing, the job's steps), every field

@@ -302,7 +302,7 @@ class ImageProcessor:
         def drop(stage: str, reason: str, message: str) -> Outcome:
             return Outcome(
                 None,
-                DroppedFile(key, stage, reason, uri, message),
+                DroppedFile(key, stage, reason, uri, message, sha256=sha256),
                 entry(sha256, content),
                 boxes=evidence,
             )

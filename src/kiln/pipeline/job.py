@@ -67,9 +67,11 @@ from kiln.pipeline.duplicates import DuplicateGroup, FindDuplicates, write_dupli
 from kiln.pipeline.error_report import DroppedFile, write_dropped_objects, write_error_report
 from kiln.pipeline.images import ImageProcessor, ProcessImages, RewriteFromBaseShards
 from kiln.pipeline.listing import job_uri
+from kiln.pipeline.publish import DROPPED_SHA256S_FILE
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import Summary, SummaryCombineFn
 from kiln.pipeline.targets import TargetCodec
+from kiln.pipeline.up_to_date import write_dropped_sha256s
 from kiln.schemas import ChannelStatistics, ObjectStatistics, ShardInfo
 
 logger = logging.getLogger(__name__)
@@ -112,6 +114,12 @@ class JobPlan:
     @property
     def report_uri(self) -> str:
         return FileSystems.join(self.work_dir, REPORT_FILENAME)
+
+    @property
+    def dropped_sha256s_uri(self) -> str:
+        """The sha256 of the files the job dropped having read them
+        (`up_to_date.write_dropped_sha256s`), kept with the version's file stamps."""
+        return FileSystems.join(self.work_dir, DROPPED_SHA256S_FILE)
 
 
 class _ParseListingFn(beam.DoFn):
@@ -252,6 +260,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
             _write_reports,
             staging_dir=plan.staging_dir,
             report_uri=plan.report_uri,
+            dropped_sha256s_uri=plan.dropped_sha256s_uri,
             temp_dir=plan.temp_dir,
             objects=config.targets is not None and config.targets.boxes is not None,
             shards=beam.pvalue.AsList(shards),
@@ -414,6 +423,7 @@ def _write_reports(
     *,
     staging_dir: str,
     report_uri: str,
+    dropped_sha256s_uri: str,
     temp_dir: str,
     shards,
     summary,
@@ -423,6 +433,7 @@ def _write_reports(
     base_checks: Sequence[tuple[str, tuple[str, bytes]]] = (),
 ) -> None:
     errors = write_error_report(staging_dir, dropped)
+    write_dropped_sha256s(dropped_sha256s_uri, dropped)
     parts = [
         sharding.index_part_path(temp_dir, info.filename)
         for _, _, info in sorted(shards, key=lambda s: (s[0], s[1]))

@@ -807,7 +807,11 @@ def _build_locked(
         _warn_about_empty_classes(info)
         held.check()
         target = transaction.commit(
-            info, gate=check_gate, listing_files=_listing_files(plan), listed_from=started
+            info,
+            gate=check_gate,
+            listing_files=_listing_files(plan),
+            listed_from=started,
+            dropped_sha256s=plan.dropped_sha256s_uri,
         )
     by_hand = dataset.latest_set_by_hand(info.version)  # a rollback stands
     return BuildResult(

@@ -10,7 +10,8 @@ A dataset root ``<output>/<name>/`` holds::
     .file-stamps/<version>/ the listing the version was last built from (each file's
                             key, size and modification time) and when that build
                             started (``.build-started``; or, later, when a build
-                            verified its recent files: `up_to_date`), for the next build to trust
+                            verified its recent files: `up_to_date`) and the sha256
+                            of the files it dropped, for the next build to trust
                             unchanged files' stamps (`incremental.JoinBase`) and to
                             verify the inputs' stamp (`up_to_date`)
     .listings/<rnd>/        a listing job's files, while its build runs (``source.listing: job``)
@@ -57,6 +58,9 @@ STAMPS_FOLDER = ".stamps"
 FILE_STAMPS_FOLDER = ".file-stamps"
 # In a version's file stamps: when the build that listed them started.
 LISTED_FROM_FILE = ".build-started"
+# In a version's file stamps: the key and sha256 of each file its build
+# dropped having read it (`up_to_date.write_dropped_sha256s`).
+DROPPED_SHA256S_FILE = ".dropped-sha256.jsonl"
 PUBLISHED_FOLDER = ".published"
 WORK_FOLDER = ".work"  # inside staging: listing, temp shards, job report
 LISTINGS_FOLDER = ".listings"  # a listing job's files (`listing_job`), until its build ends
@@ -146,15 +150,23 @@ class DatasetRoot:
             raise ValueError(f"{path}: not a time: {text.strip()[:40]!r}") from None
 
     def record_file_stamps(
-        self, version: str, listing_files: Sequence[str], listed_from: float
+        self,
+        version: str,
+        listing_files: Sequence[str],
+        listed_from: float,
+        dropped_sha256s: str | None = None,
     ) -> None:
         """Keeps `listing_files` (the job's listing, moved: a build's own
         files, in its staging or listing folder) as the listing `version`
         was built from, replacing what was kept for it before, and
-        `listed_from`, when that build started (`incremental.RACY_SECONDS`)."""
+        `listed_from`, when that build started (`incremental.RACY_SECONDS`);
+        and the job's `dropped_sha256s` file (`DROPPED_SHA256S_FILE`), moved
+        too, where there is one."""
         folder = self.file_stamps_dir(version)
         self.store.delete_tree(folder)
         self.store.move_files(listing_files, folder)
+        if dropped_sha256s is not None and self.store.exists(dropped_sha256s):
+            self.store.move_files([dropped_sha256s], folder)
         self._write_build_started(version, listed_from)
 
     def mark_verified(self, version: str, since: float) -> None:
@@ -463,6 +475,7 @@ class PublishTransaction:
         gate: Callable[[str], None] | None = None,
         listing_files: Sequence[str] = (),
         listed_from: float = 0.0,
+        dropped_sha256s: str | None = None,
     ) -> str:
         """Publishes the staged folder as `info.version`; returns its folder.
 
@@ -486,12 +499,17 @@ class PublishTransaction:
             next build then reads the files whose stamps it lacks.
           listed_from: When the build started (before its job read any
             file), kept with the listing.
+          dropped_sha256s: The job's file of the sha256 of the files it
+            dropped (`DROPPED_SHA256S_FILE`, in the work folder), kept with
+            the listing.
         """
         store = self.dataset.store
         if listing_files:
             self._file_stamps_of = info.version
             try:
-                self.dataset.record_file_stamps(info.version, listing_files, listed_from)
+                self.dataset.record_file_stamps(
+                    info.version, listing_files, listed_from, dropped_sha256s
+                )
             except Exception as e:  # the next build reads and hashes every file
                 logger.warning(
                     "could not keep the listing of version %s (%s: %s): the next build "

@@ -10,11 +10,15 @@ the same tick, so with the size and modification time listed. Such a file
 (modified at or after that start less `incremental.RACY_SECONDS`, dated in
 the future included) is not trusted: it is read and hashed now and
 compared with the sha256 the version's record index keeps for its key, as
-git compares a racily clean entry's content. If all are equal the version
-is up to date; if one differs, or cannot be verified so (no record for its
-key: a file the build dropped; a mask file, whose sha256 the index does
-not keep by itself; a file that cannot be read), the build runs, and its
-job reads such files again (`incremental.JoinBase`).
+git compares a racily clean entry's content. A file the build dropped
+having read it has no record: its sha256 is the one the job kept for it
+beside the version (`write_dropped_sha256s`, in the version's
+``.file-stamps`` folder: not errors.jsonl, whose bytes are the version's).
+If all are equal the version is up to date; if one differs, or cannot be
+verified so (a file dropped unread, or by a kiln that kept no such
+sha256; a mask file, whose sha256 the index does not keep by itself; a
+file that cannot be read), the build runs, and its job reads such files
+again (`incremental.JoinBase`).
 
 When no listed file is that recent (`newest_mtime`, which the listing
 knows without reading a file) nothing is read. A build that verified its
@@ -30,15 +34,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Protocol
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from kiln.pipeline import incremental, publish, record_index, storage
+from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.listing import SourceFile
 from kiln.schemas import INDEX_FILENAME, DatasetInfo
 
@@ -160,10 +166,23 @@ def _problem(
         return f"its record index cannot be read ({_short(e)})"
     if recorded.index_sha256 != info.index_sha256:
         return f"{INDEX_FILENAME}: sha256 differs from its kiln.json"
+    unrecorded = [file.key for file in racy if file.key not in recorded.by_key]
+    dropped: dict[str, str] = {}
+    if unrecorded:
+        try:
+            dropped = read_dropped_sha256s(
+                storage.join(dataset.file_stamps_dir(info.version), publish.DROPPED_SHA256S_FILE),
+                unrecorded,
+            )
+        except Exception as e:  # missing (an older kiln's), damaged: not verified
+            logger.debug("dropped files' sha256 not read: %s", e)
     for file in racy:
-        expected = recorded.by_key.get(file.key)
+        expected = recorded.by_key.get(file.key) or dropped.get(file.key)
         if expected is None:
-            return f"{file.key}: modified as that version's build started, and it has no record"
+            return (
+                f"{file.key}: modified as that version's build started, and it has no "
+                f"record (nor the sha256 of a file it dropped)"
+            )
         try:
             sha256 = _file_sha256(file.uri)
         except Exception as e:  # vanished, unreadable: the build says what
@@ -171,6 +190,46 @@ def _problem(
         if sha256 != expected:
             return f"{file.key}: its bytes differ from its record's, its size and time the same"
     return ""
+
+
+def write_dropped_sha256s(path: str, rows: Iterable[DroppedFile]) -> None:
+    """Writes, to `path`, the key and sha256 of each of `rows` whose bytes
+    the job read (`DroppedFile.sha256`), one JSON object a line, sorted by
+    key (an empty file for none): what `read_dropped_sha256s` reads."""
+    found = sorted({(row.key, row.sha256) for row in rows if row.sha256})
+    data = "".join(
+        json.dumps({"key": key, "sha256": sha256}, sort_keys=True) + "\n" for key, sha256 in found
+    )
+    with storage.create(path) as f:
+        f.write(data.encode("ascii"))
+
+
+def read_dropped_sha256s(path: str, keys: Collection[str]) -> dict[str, str]:
+    """The sha256 `write_dropped_sha256s` kept in `path` for those of
+    `keys` it holds, read a line at a time.
+
+    Raises:
+      ValueError: a line is not what it writes.
+      OSError, BeamIOError: the file cannot be read.
+    """
+    wanted = set(keys)
+    found: dict[str, str] = {}
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                row = json.loads(line)
+                key, sha256 = row["key"], row["sha256"]
+            except (ValueError, TypeError, KeyError):
+                key = sha256 = None
+            if not (isinstance(key, str) and _is_sha256(sha256)):
+                raise ValueError(f"{path}: line {number} is not a key and its sha256")
+            if key in wanted:
+                found[key] = sha256
+    return found
+
+
+def _is_sha256(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= set("0123456789abcdef")
 
 
 def _file_sha256(uri: str) -> str:
