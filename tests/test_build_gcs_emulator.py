@@ -37,6 +37,7 @@ from kiln.errors import Busy, DryRun
 from kiln.pipeline import build, sources, storage
 from kiln.pipeline.lock import DatasetLock, Holder
 from kiln.pipeline.publish import (
+    DROPPED_SHA256S_FILE,
     FILE_STAMPS_FOLDER,
     LISTED_FROM_FILE,
     PUBLISHED_FOLDER,
@@ -206,7 +207,11 @@ def test_the_whole_cycle_on_the_emulator(emulator, on_emulator, build_dataset, d
     assert len(stamps) == 1 and _get(stamps[0]).decode().strip() == first.version
     # The listing the version was built from, moved out of the staging folder.
     kept = f"datasets/shapes/{FILE_STAMPS_FOLDER}/{first.version}"
-    file_stamps = [f"{kept}/listing.jsonl", f"{kept}/{LISTED_FROM_FILE}"]
+    file_stamps = [
+        f"{kept}/listing.jsonl",
+        f"{kept}/{LISTED_FROM_FILE}",
+        f"{kept}/{DROPPED_SHA256S_FILE}",
+    ]
     assert b'"mtime"' in _get(file_stamps[0])
     everything = sorted(
         [

@@ -39,6 +39,7 @@ from kiln.errors import Busy
 from kiln.pipeline import build, storage
 from kiln.pipeline.lock import DatasetLock, Holder
 from kiln.pipeline.publish import (
+    DROPPED_SHA256S_FILE,
     FILE_STAMPS_FOLDER,
     LISTED_FROM_FILE,
     PUBLISHED_FOLDER,
@@ -165,7 +166,11 @@ def test_the_whole_cycle_on_moto(s3, endpoint, build_dataset, demo_corpus, tmp_p
     assert len(stamps) == 1 and _get(s3, stamps[0]).decode().strip() == version
     # The listing the version was built from, moved out of the staging folder.
     kept = f"datasets/shapes/{FILE_STAMPS_FOLDER}/{version}"
-    file_stamps = [f"{kept}/listing.jsonl", f"{kept}/{LISTED_FROM_FILE}"]
+    file_stamps = [
+        f"{kept}/listing.jsonl",
+        f"{kept}/{LISTED_FROM_FILE}",
+        f"{kept}/{DROPPED_SHA256S_FILE}",
+    ]
     assert b'"mtime"' in _get(s3, file_stamps[0])
     everything = sorted(
         ["datasets/shapes/LATEST", f"datasets/shapes/{PUBLISHED_FOLDER}/{version}", *stamps]
