@@ -10,11 +10,13 @@ the same tick, so with the size and modification time listed. Such a file
 (modified at or after that start less `incremental.RACY_SECONDS`, dated in
 the future included) is not trusted: it is read and hashed now and
 compared with the sha256 the version's record index keeps for its key, as
-git compares a racily clean entry's content. If all are equal the version
-is up to date; if one differs, or cannot be verified so (no record for its
-key: a file the build dropped; a mask file, whose sha256 the index does
-not keep by itself; a file that cannot be read), the build runs, and its
-job reads such files again (`incremental.JoinBase`).
+git compares a racily clean entry's content; so is such a mask file, with
+the sha256 the record of its image keeps of it (`record_index.IndexRow.masks`).
+If all are equal the version is up to date; if one differs, or cannot be
+verified so (no record for its key: a file the build dropped; a mask file
+of a record that keeps no mask sha256s, written by a kiln before it kept
+them; a file that cannot be read), the build runs, and its job reads such
+files again (`incremental.JoinBase`).
 
 When no listed file is that recent (`newest_mtime`, which the listing
 knows without reading a file) nothing is read. A version whose start is
@@ -26,14 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from kiln.pipeline import incremental, publish, record_index, storage
+from kiln.pipeline import incremental, publish, record_index, storage, target_rows
 from kiln.pipeline.listing import SourceFile
 from kiln.schemas import INDEX_FILENAME, DatasetInfo
 
@@ -105,19 +108,22 @@ def _verified(dataset: publish.DatasetRoot, info: DatasetInfo, listing: StampedL
         racy = {file.key: file for file in listing.files_modified_since(since)}
     except Exception as e:  # a listing job's file vanished...: not verified
         return Verdict(None, problem=f"the listing cannot be read ({_short(e)})")
-    problem = _problem(dataset, info, since, racy.values())
-    return Verdict(None, problem=problem) if problem else Verdict(info, verified=len(racy))
+    read: list[str] = []
+    problem = _problem(dataset, info, since, racy.values(), read)
+    return Verdict(None, problem=problem) if problem else Verdict(info, verified=len(read))
 
 
 def _problem(
-    dataset: publish.DatasetRoot, info: DatasetInfo, since: float, racy: Iterable[SourceFile]
+    dataset: publish.DatasetRoot,
+    info: DatasetInfo,
+    since: float,
+    racy: Iterable[SourceFile],
+    read: list[str],
 ) -> str:
-    """Why the racily clean files do not verify against `info`'s record
-    index, or "" when every one does."""
+    """Why the racily clean files (and mask files) do not verify against
+    `info`'s record index, or "" when every one does; appends each file it
+    reads to `read`."""
     racy = list(racy)
-    for file in racy:
-        if file.newest_mask_mtime >= since:
-            return f"{file.key}: a mask file it names was modified as that version's build started"
     if not racy:
         return ""
     if info.index_sha256 is None:
@@ -133,12 +139,48 @@ def _problem(
         expected = recorded.by_key.get(file.key)
         if expected is None:
             return f"{file.key}: modified as that version's build started, and it has no record"
+        if file.mtime >= since:
+            read.append(file.uri)
+            try:
+                sha256 = _file_sha256(file.uri)
+            except Exception as e:  # vanished, unreadable: the build says what
+                return f"{file.key}: cannot be read ({_short(e)})"
+            if sha256 != expected:
+                return f"{file.key}: its bytes differ from its record's, its size and time the same"
+        problem = _masks_problem(file, since, recorded.masks_by_key.get(file.key), read)
+        if problem:
+            return problem
+    return ""
+
+
+def _masks_problem(
+    file: SourceFile, since: float, expected: Sequence[str | None] | None, read: list[str]
+) -> str:
+    """Why the mask files of `file` modified at or after `since` do not
+    verify against the sha256s its record keeps of them (`expected`, in
+    `target_rows.mask_uris` order), or "" when every one does."""
+    if file.mask_stamp is None or file.targets is None:
+        return ""
+    stamps = json.loads(file.mask_stamp)  # [[size, mtime], ...], in the same order
+    uris = [uri for _, uri in target_rows.mask_uris(json.loads(file.targets))]
+    for index, uri in enumerate(uris):
+        if index < len(stamps) and float(stamps[index][1]) < since:
+            continue
+        if expected is None or len(expected) != len(uris) or expected[index] is None:
+            return (
+                f"{file.key}: a mask file it names was modified as that version's build "
+                f"started, and its record keeps no sha256 of it"
+            )
+        read.append(uri)
         try:
-            sha256 = _file_sha256(file.uri)
+            sha256 = _file_sha256(uri)
         except Exception as e:  # vanished, unreadable: the build says what
-            return f"{file.key}: cannot be read ({_short(e)})"
-        if sha256 != expected:
-            return f"{file.key}: its bytes differ from its record's, its size and time the same"
+            return f"{file.key}: its mask file {uri} cannot be read ({_short(e)})"
+        if sha256 != expected[index]:
+            return (
+                f"{file.key}: the bytes of its mask file {uri} differ from its record's, "
+                f"its size and time the same"
+            )
     return ""
 
 
