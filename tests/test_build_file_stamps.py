@@ -478,9 +478,9 @@ def test_a_mask_file_modified_as_its_base_build_started_is_read_though_nothing_e
     tmp_path,
 ):
     """Mask files are in the inputs' stamp too: one dated after the base
-    build started cannot be verified (the record index keeps no mask
-    file's sha256 by itself), so the next build runs the job, which stores
-    it rewritten unseen."""
+    build started is read and compared with the sha256 its image's record
+    keeps of it; rewritten unseen, it differs, so the next build runs the
+    job, which reads it (its stamp too recent to trust) and stores it."""
     from test_targets_build import config as targets_config
     from test_targets_incremental import png, read_rows
 

@@ -16,7 +16,8 @@ of the base's record index (``base``); a file whose sha256 and listing
 inputs match it (with targets: the annotations, the sha256 of every mask
 file they name and the class ids they use, `targets.TargetCodec.reuse_key`)
 is not decoded (nor read, when its size and modification time are those
-the base listed: its sha256 is then the row's, `incremental.STAMP_UNCHANGED`):
+the base listed: its sha256 is then the row's, `incremental.STAMP_UNCHANGED`;
+nor its mask files, likewise: `incremental.base_masks`):
 its record is copied from the base's shard by the shard
 writer (a `sharding.ReusedRun` on the ``reused`` output, per base shard per
 bundle: where its frame is in the base shard, found by the base's check),
@@ -68,7 +69,14 @@ from kiln import transforms
 from kiln.pipeline import moves, record_index, target_rows, versioning
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
-from kiln.pipeline.incremental import STAMP_UNCHANGED, BaseFiles, BaseShard, frame_starts
+from kiln.pipeline.incremental import (
+    BASE_MASK_STAMPS,
+    STAMP_UNCHANGED,
+    BaseFiles,
+    BaseShard,
+    base_masks,
+    frame_starts,
+)
 from kiln.pipeline.listing import read_uri
 from kiln.pipeline.pixel_budget import PixelBudget
 from kiln.pipeline.progress import FileCounter
@@ -77,7 +85,13 @@ from kiln.pipeline.relabel import FrameRelabel, Relabel
 from kiln.pipeline.sharding import ReusedRun, RunWriter, sort_key
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import PixelSums, Summary, TargetCounts, pixel_sums
-from kiln.pipeline.targets import BadAnnotation, ListedTargets, TargetCodec, location_free
+from kiln.pipeline.targets import (
+    BadAnnotation,
+    ListedTargets,
+    MaskFiles,
+    TargetCodec,
+    location_free,
+)
 from kiln.schemas import INDEX_FILENAME, RECORD, schema_for
 from kiln.transforms import opencv_log
 
@@ -141,6 +155,10 @@ class Outcome(NamedTuple):
     # Stored or dropped without the file being read: its stamp is the
     # base's (`incremental.STAMP_UNCHANGED`), its sha256 the base row's.
     unread: bool = False
+    # Mask files its targets name that were read, and that were not (their
+    # stamps the base's, their sha256 the base row's: `incremental.base_masks`).
+    masks_read: int = 0
+    masks_not_read: int = 0
 
 
 class ImageProcessor:
@@ -232,12 +250,19 @@ class ImageProcessor:
         Nor is a file whose size and modification time are those the base
         listed (`incremental.STAMP_UNCHANGED`): its sha256 is its base
         row's, and it is read only if no base record serves it
-        (`Outcome.unread` says it was not)."""
-        reads: list[str] = []
+        (`Outcome.unread` says it was not). The same holds for each mask
+        file its targets name whose path, size and modification time are
+        those the base listed (`incremental.base_masks`; counted in
+        `Outcome.masks_read` and `Outcome.masks_not_read`)."""
+        reads = _Reads()
         outcome = self._outcome(
             item, before_decoding, read_base, moved_candidate, read_later, read_sha256, reads
         )
-        if item.get(STAMP_UNCHANGED) and not reads and outcome.deferred is None:
+        if reads.masks is not None:
+            outcome = outcome._replace(
+                masks_read=reads.masks.read_count, masks_not_read=reads.masks.unread_count
+            )
+        if item.get(STAMP_UNCHANGED) and not reads.files and outcome.deferred is None:
             return outcome._replace(unread=True)
         return outcome
 
@@ -249,9 +274,10 @@ class ImageProcessor:
         moved_candidate: Callable[[str], bool] | None,
         read_later: bool,
         read_sha256: str | None,
-        reads: list[str],
+        reads: _Reads,
     ) -> Outcome:
-        """`__call__`'s work; appends the file's URI to `reads` each time it reads it."""
+        """`__call__`'s work; notes in `reads` each time it reads the file,
+        and the mask files as last read."""
         key, uri, label = item["key"], read_uri(item["uri"]), int(item["label"])
         split = item.get("split")
         listed_text: str | None = item.get("targets")
@@ -281,7 +307,7 @@ class ImageProcessor:
             sha256 = base.sha256
         else:
             try:
-                reads.append(uri)
+                reads.files.append(uri)
                 data = _read(uri)
             except Exception as e:  # permission denied, vanished, network: any I/O error
                 return unreadable(e)
@@ -290,8 +316,12 @@ class ImageProcessor:
         inputs = record_index.inputs_fingerprint(item)
         if self._codec is not None and listed_text is not None:
             # Masks are read before the image is decoded: their sha256 is part
-            # of the version entry and of the reuse key.
-            listed = self._codec.read(listed_text)
+            # of the version entry and of the reuse key. Those whose stamps
+            # are the base's are not: their sha256 is the base row's.
+            known = {}
+            if base is not None:
+                known = base_masks(item.get(BASE_MASK_STAMPS, ()), base.masks)
+            listed = reads.masks_of(self._codec.read(listed_text, item.get("mask_stamp"), known))
             inputs = record_index.inputs_fingerprint(
                 dict(item, targets=self._codec.reuse_key(listed))
             )
@@ -315,7 +345,15 @@ class ImageProcessor:
         ):
             # Same bytes, same listing inputs (with targets: same annotations,
             # mask files and class ids), same processing (the launcher checked
-            # the base's fingerprint): the record is the base's.
+            # the base's fingerprint): the record is the base's. Its index
+            # line too, but for a base line that keeps no mask sha256s (a
+            # kiln before kept them): a build from scratch writes them.
+            masks = None if listed is None else listed.mask_sha256s
+            index_entry = (
+                base.reused_entry()
+                if base.masks == masks
+                else base._replace(masks=masks, line="").entry()
+            )
             return Outcome(
                 ProcessedImage(
                     key,
@@ -326,7 +364,7 @@ class ImageProcessor:
                     base.height,
                     base.width,
                     PixelSums(base.pixels, base.sums, base.squares),
-                    base.reused_entry(),
+                    index_entry,
                     base.targets,
                 ),
                 None,
@@ -351,7 +389,7 @@ class ImageProcessor:
                 record, counts = found
                 sums = PixelSums(row.pixels, row.sums, row.squares)
                 stored = self._stored(
-                    item, label, sha256, inputs, record, row.height, row.width, sums, counts
+                    item, label, sha256, inputs, record, row.height, row.width, sums, counts, listed
                 )
                 return Outcome(
                     stored, None, entry(sha256, content), relabelled=not moved, moved=moved
@@ -367,7 +405,7 @@ class ImageProcessor:
                 sums = PixelSums(base.pixels, base.sums, base.squares)
                 counts = self._relabel.counts(base.targets)
                 stored = self._stored(
-                    item, label, sha256, inputs, b"", base.height, base.width, sums, counts
+                    item, label, sha256, inputs, b"", base.height, base.width, sums, counts, listed
                 )
                 return Outcome(
                     stored,
@@ -389,11 +427,19 @@ class ImageProcessor:
 
         if data is None:  # handed on or trusted, and no base record served it: read it now
             try:
-                reads.append(uri)
+                reads.files.append(uri)
                 data = _read(uri)
             except Exception as e:
                 return unreadable(e)
             sha256 = hashlib.sha256(data).hexdigest()  # changed since, if it differs
+        if self._codec is not None and listed is not None and listed.masks.unread_count:
+            # Decoded: the masks not read are needed, and their content is
+            # what they hold now (changed since, if it differs).
+            listed = reads.masks_of(self._codec.completed(listed))
+            inputs = record_index.inputs_fingerprint(
+                dict(item, targets=self._codec.reuse_key(listed))
+            )
+            content = listed.content
 
         try:
             decoded = self._decode(data, before_decoding)
@@ -455,7 +501,7 @@ class ImageProcessor:
         sums = pixel_sums(image)
         record = self._schema.encode(fields)
         return Outcome(
-            self._stored(item, label, sha256, inputs, record, height, width, sums, counts),
+            self._stored(item, label, sha256, inputs, record, height, width, sums, counts, listed),
             None,
             entry(sha256, content),
             boxes=evidence,
@@ -472,9 +518,11 @@ class ImageProcessor:
         width: int,
         sums: PixelSums,
         counts: TargetCounts | None,
+        listed: ListedTargets | None,
     ) -> ProcessedImage:
         """A record to store (encoded here, or relabelled), with its split
-        and its entry in the record index."""
+        and its entry in the record index (`listed`: the targets, whose
+        mask files' sha256s it keeps)."""
         key = item["key"]
         return ProcessedImage(
             key,
@@ -496,6 +544,7 @@ class ImageProcessor:
                 sums=sums.sums,
                 squares=sums.squares,
                 targets=counts,
+                masks=None if listed is None else listed.mask_sha256s,
             ),
             counts,
         )
@@ -624,6 +673,20 @@ class ImageProcessor:
         )
 
 
+class _Reads:
+    """What `ImageProcessor` read of one file: its URI each time it read the
+    file, and the mask files as last read."""
+
+    def __init__(self) -> None:
+        self.files: list[str] = []
+        self.masks: MaskFiles | None = None
+
+    def masks_of(self, listed: ListedTargets) -> ListedTargets:
+        """Notes `listed`'s mask files; returns `listed`."""
+        self.masks = listed.masks
+        return listed
+
+
 def _likely_reused(item: Mapping[str, Any]) -> bool:
     moved_from = item.get("moved_from")
     return item.get("base") is not None or bool(moved_from and moved_from[1])
@@ -717,6 +780,8 @@ class _ImageStepFn(beam.DoFn):
         self._added = Metrics.counter("kiln", "images_added")
         self._not_trusted = Metrics.counter("kiln", "records_not_trusted")
         self._not_read = Metrics.counter("kiln", "files_not_read")
+        self._masks_read = Metrics.counter("kiln", "masks_read")
+        self._masks_not_read = Metrics.counter("kiln", "masks_not_read")
         self._shards_read = Metrics.counter("kiln", "base_shards_read")
 
     def setup(self):
@@ -815,7 +880,13 @@ class _ImageStepFn(beam.DoFn):
         """Counts one finished file and stores or drops it. Outputs carry the
         input's window and timestamp themselves (they may leave in a later
         `process` call or in `finish_bundle`). A deferred file is counted
-        where it is processed (`incremental.JoinMoved`)."""
+        where it is processed (`incremental.JoinMoved`); its mask files
+        are counted as read where they are (a deferred file's, again where
+        it is processed)."""
+        if outcome.masks_read:
+            self._masks_read.inc(outcome.masks_read)
+        if outcome.masks_not_read and outcome.wanted is None and outcome.deferred is None:
+            self._masks_not_read.inc(outcome.masks_not_read)
         if outcome.wanted is not None:
             shard, position = outcome.wanted
             # (base shard, (position, sha256, file)): `RewriteFromBaseShards`.
@@ -984,8 +1055,12 @@ class ProcessImagesFn(_ImageStepFn):
         the rows that pass the same checks."""
         if item.get("base") is not None and not self._trusted_row(item["base"], checks):
             self._not_trusted.inc()
-            # Its stamp says nothing without the row: the file is read.
-            item = {name: value for name, value in item.items() if name != STAMP_UNCHANGED}
+            # Its stamps say nothing without the row: the file and its masks are read.
+            item = {
+                name: value
+                for name, value in item.items()
+                if name not in (STAMP_UNCHANGED, BASE_MASK_STAMPS)
+            }
             item["base"] = None
         moved_from = item.get("moved_from")
         if moved_from is not None:

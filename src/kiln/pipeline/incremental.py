@@ -22,8 +22,9 @@ the exact per-record sums in the base's record index (`record_index`).
 inputs); with ``targets:`` the listing inputs also hold the image's
 annotations as listed (canonical JSON: boxes, classes, fields, keypoints,
 polygons/RLE, labels, extras), every mask file they name by the sha256 of
-its bytes (read, not decoded, for every image: a mask edited in place is
-noticed, a mask moved with its image is not a change), the class id of
+its bytes (read, not decoded, unless its stamp is the base's: see "File
+stamps"; a mask edited in place is noticed, a mask moved with its image is
+not a change), the class id of
 every class name they use, and with a semantic mask the class list's length
 (`targets.TargetCodec.reuse_key`); the base's
 index row carries what the object statistics count of the record (classes,
@@ -64,7 +65,21 @@ joins the listing by key with the files and rows; ``--rehash`` leaves it
 out, and a base kept without one has every file read). It is read after
 all if no base record serves it (its listing inputs changed), and so is a
 file whose stamp is no older than the base build's start (`RACY_SECONDS`).
-Mask files are read and hashed as before: the reuse key holds their sha256.
+
+Mask files are trusted the same way. Their sha256 is in the reuse key and
+the version, so a build needs it for every image; the base's record index
+keeps it (`IndexRow.masks`, per mask file the targets name), and the
+listing keeps each mask file's size and modification time beside the
+targets that name it (``mask_stamp``: `listing.SourceFile`). `JoinBase`
+hands each file with a base row that keeps mask sha256s the stamps the
+base listed for its masks (`BASE_MASK_STAMPS`, by path, those too recent
+left out); a mask file listed now with the same path, size and
+modification time is not read, its sha256 the row's (`base_masks`,
+`targets.MaskFiles.read`). If the record is then processed after all, the
+masks are read then (the pixels need them), their sha256 as read. A base
+whose rows keep no mask sha256s (built by a kiln before them) or whose
+listing is not kept has every mask read; its reused records' index lines
+are written with the sha256s, as a build from scratch writes them.
 
 In the job (`job.construct`), with a base::
 
@@ -132,7 +147,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import kiln
-from kiln.pipeline import moves, record_index, storage, tfrecord, versioning
+from kiln.pipeline import moves, record_index, storage, target_rows, tfrecord, versioning
 from kiln.pipeline.listing import FILES_PER_LINE
 from kiln.registry import import_plugin
 from kiln.schemas import INDEX_FILENAME, RECORD, DatasetInfo
@@ -609,6 +624,7 @@ has the same blind spot: there such files are read and compared with the
 version's record index (`up_to_date`)."""
 
 STAMP_UNCHANGED = record_index.STAMP_UNCHANGED  # what `JoinBase` marks a trusted file with
+BASE_MASK_STAMPS = record_index.BASE_MASK_STAMPS  # its mask files' stamps as the base listed them
 
 
 def _files_by_bucket(files, buckets: int):
@@ -631,9 +647,12 @@ def _rows_by_bucket(line: str, buckets: int):
 def _stamps_by_bucket(uri: str, buckets: int, before: float):
     """A file of the listing the base was built from (`BaseFiles.stamps`:
     lines of ``{"files": [...]}``, and of dropped rows, which list no file)
-    -> ``(bucket, (2, (key, size, mtime)))`` per file it lists whose
-    modification time is before `before` (`RACY_SECONDS`; the others are
-    counted, ``base_stamps_too_recent``, and their files read).
+    -> ``(bucket, (2, (key, (size, mtime) or None, masks)))`` per file it
+    lists: its stamp if its modification time is before `before`
+    (`RACY_SECONDS`; the others are counted, ``base_stamps_too_recent``,
+    and their files read), and ``masks``: per mask file its targets name,
+    ``(uri, size, mtime)`` likewise (None when too recent: counted,
+    ``base_mask_stamps_too_recent``). A file with nothing to trust is left out.
 
     Never fails the build: a line that is not such a listing line is
     counted (``base_stamps_bad_lines``) and passed over, a file that
@@ -646,11 +665,20 @@ def _stamps_by_bucket(uri: str, buckets: int, before: float):
                 if stamps is None:
                     Metrics.counter("kiln", "base_stamps_bad_lines").inc()
                     continue
-                for key, size, mtime in stamps:
+                for key, size, mtime, listed_masks in stamps:
+                    stamp: tuple[int, float] | None = (size, mtime)
                     if mtime >= before:
                         Metrics.counter("kiln", "base_stamps_too_recent").inc()
+                        stamp = None
+                    masks = tuple(
+                        None if mask is None or mask[2] >= before else mask for mask in listed_masks
+                    )
+                    too_recent = sum(mask is None for mask in masks)
+                    if too_recent:
+                        Metrics.counter("kiln", "base_mask_stamps_too_recent").inc(too_recent)
+                    if stamp is None and too_recent == len(masks):
                         continue
-                    yield _bucket(key, buckets), (_STAMP, (key, size, mtime))
+                    yield _bucket(key, buckets), (_STAMP, (key, stamp, masks))
     except Exception as e:  # vanished, unreadable: its files are hashed
         Metrics.counter("kiln", "base_stamps_unreadable").inc()
         logger.warning(
@@ -660,9 +688,10 @@ def _stamps_by_bucket(uri: str, buckets: int, before: float):
         )
 
 
-def _listed_stamps(line: bytes) -> list[tuple[str, int, float]] | None:
-    """``(key, size, mtime)`` of each file a listing line lists (none for a
-    dropped row's line), or None when the line is not a listing line."""
+def _listed_stamps(line: bytes) -> list[tuple[str, int, float, MaskStamps]] | None:
+    """``(key, size, mtime, masks)`` of each file a listing line lists (none
+    for a dropped row's line), or None when the line is not a listing line;
+    ``masks``: `_listed_mask_stamps`."""
     try:
         row = json.loads(line)
         if not isinstance(row, dict):
@@ -672,17 +701,74 @@ def _listed_stamps(line: bytes) -> list[tuple[str, int, float]] | None:
         stamps = []
         for file in row["files"]:
             key, size, mtime = file["key"], file["size"], file["mtime"]
-            if not (
-                isinstance(key, str)
-                and isinstance(size, int)
-                and isinstance(mtime, (int, float))
-                and not isinstance(size, bool)
-            ):
+            if not (isinstance(key, str) and _is_size(size) and _is_time(mtime)):
                 return None
-            stamps.append((key, size, float(mtime)))
+            stamps.append((key, size, float(mtime), _listed_mask_stamps(file)))
         return stamps
     except (ValueError, TypeError, KeyError):  # not JSON, not a listing line
         return None
+
+
+# Per mask file a listed file's targets name (`target_rows.mask_uris`):
+# ``(uri, size, mtime)`` as listed, or None (not to be trusted).
+MaskStamps = tuple[tuple[str, int, float] | None, ...]
+
+
+def _listed_mask_stamps(file: Mapping[str, Any]) -> MaskStamps:
+    """``(uri, size, mtime)`` of each mask file a listed file's targets name,
+    from its listing line (``targets`` and ``mask_stamp``: see
+    `listing.SourceFile`); empty for a line without them (no mask file, or
+    written by a kiln before it listed them) or whose stamps do not match
+    its targets (then its masks are read)."""
+    listed = file.get("mask_stamp")
+    if not isinstance(listed, list) or not isinstance(file.get("targets"), str):
+        return ()
+    uris = [uri for _, uri in target_rows.mask_uris(json.loads(file["targets"]))]
+    if len(uris) != len(listed):
+        return ()
+    masks = []
+    for uri, stamp in zip(uris, listed, strict=True):
+        if not (
+            isinstance(uri, str)
+            and isinstance(stamp, list)
+            and len(stamp) == 2
+            and _is_size(stamp[0])
+            and _is_time(stamp[1])
+        ):
+            return ()
+        masks.append((uri, stamp[0], float(stamp[1])))
+    return tuple(masks)
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def base_masks(
+    stamps: MaskStamps, sha256s: Sequence[str | None] | None
+) -> dict[str, tuple[int, float, str]]:
+    """What the base vouches for of a file's mask files: URI -> ``(size,
+    mtime, sha256)``, from the mask stamps the base listed for its key
+    (`record_index.BASE_MASK_STAMPS`, `JoinBase`) and the sha256s its
+    record keeps of the same masks, in the same order (`IndexRow.masks`).
+    Empty when the row keeps none (a base built before kiln kept them) or
+    they do not pair up. A mask file the base could not read, whose stamp
+    is too recent, or that the base lists twice with two stamps is left
+    out: it is read (`targets.MaskFiles.read`)."""
+    if not stamps or sha256s is None or len(stamps) != len(sha256s):
+        return {}
+    found: dict[str, tuple[int, float, str] | None] = {}
+    for stamp, sha256 in zip(stamps, sha256s, strict=True):
+        if stamp is None or sha256 is None:
+            continue
+        uri, size, mtime = stamp
+        value = (size, mtime, sha256)
+        found[uri] = value if found.get(uri, value) == value else None
+    return {uri: value for uri, value in found.items() if value is not None}
 
 
 def _stamp_unchanged(item: Mapping[str, Any], base_stamp: tuple[int, float] | None) -> bool:
@@ -700,33 +786,40 @@ ORPHANS = "orphans"
 
 def _attach_base(bucket_and_values):
     """One bucket's files, each with its base row (None if new) under
-    ``base``, and `STAMP_UNCHANGED` set where the row's file has the size
-    and modification time the base listed; tagged ``orphans``, ``(sha256,
-    row fields)`` of each base row whose key is not listed (what a moved
-    file may be served by: `moves`)."""
+    ``base``, `STAMP_UNCHANGED` set where the row's file has the size
+    and modification time the base listed, and `BASE_MASK_STAMPS` where
+    the row keeps its mask files' sha256s and the base listed their stamps;
+    tagged ``orphans``, ``(sha256, row fields)`` of each base row whose key
+    is not listed (what a moved file may be served by: `moves`)."""
     _, values = bucket_and_values
     rows: dict[str, record_index.IndexRow] = {}
     # Key -> (size, mtime) as the base listed it; None for a key listed
-    # twice with two stamps (a damaged listing: neither is trusted).
+    # twice with two stamps, or too recent (neither is trusted).
     stamps: dict[str, tuple[int, float] | None] = {}
+    # Key -> its mask files' stamps as the base listed them (`MaskStamps`):
+    # none trusted for a key listed twice with two.
+    mask_stamps: dict[str, MaskStamps] = {}
     files = []
     for kind, value in values:
         if kind == _ROW:
             row = record_index.IndexRow(*value)
             rows[row.key] = row
         elif kind == _STAMP:
-            key, size, mtime = value
-            stamp = (size, mtime)
+            key, stamp, masks = value
             stamps[key] = stamp if stamps.get(key, stamp) == stamp else None
+            mask_stamps[key] = masks if mask_stamps.get(key, masks) == masks else ()
         else:
             files.append(value)
     out = []
     for item in files:
-        found = rows.pop(item["key"], None)
-        if found is not None and _stamp_unchanged(item, stamps.get(item["key"])):
-            out.append(dict(item, base=found, **{STAMP_UNCHANGED: True}))
-        else:
-            out.append(dict(item, base=found))
+        key = item["key"]
+        found = rows.pop(key, None)
+        attached = dict(item, base=found)
+        if found is not None and _stamp_unchanged(item, stamps.get(key)):
+            attached[STAMP_UNCHANGED] = True
+        if found is not None and found.masks is not None and mask_stamps.get(key):
+            attached[BASE_MASK_STAMPS] = mask_stamps[key]
+        out.append(attached)
     if rows:
         Metrics.counter("kiln", "records_deleted").inc(len(rows))
     for row in rows.values():
@@ -896,6 +989,9 @@ class IncrementalReport:
         file was not read: its size and modification time are those the
         base listed, so its sha256 was taken from the base's record index
         (`JoinBase`; ``kiln build --rehash`` reads every file).
+      masks_not_read: Mask files their targets name that were not read
+        likewise: their sha256 was taken from the base's record
+        (`base_masks`).
       hashed_all: Why every file was read and hashed instead ("" when the
         base's stamps were trusted, or no base was used).
     """
@@ -911,6 +1007,7 @@ class IncrementalReport:
     changed: int = 0
     deleted: int = 0
     not_read: int = 0
+    masks_not_read: int = 0
     hashed_all: str = ""
 
     @classmethod
@@ -941,6 +1038,7 @@ class IncrementalReport:
             changed=counters.get("images_changed", 0),
             deleted=counters.get("records_deleted", 0),
             not_read=counters.get("files_not_read", 0),
+            masks_not_read=counters.get("masks_not_read", 0),
             hashed_all=choice.hashed_all if choice.base is not None else "",
         )
 
@@ -965,9 +1063,10 @@ class IncrementalReport:
             line += f"\n  base {self.reason}"
         if self.hashed_all:
             line += f"\n  every file read and hashed: {self.hashed_all}"
-        elif self.not_read:
+        elif self.not_read or self.masks_not_read:
+            masks = f" and {self.masks_not_read} mask files" if self.masks_not_read else ""
             line += (
-                f"\n  not read: {self.not_read} files, their size and modification time "
+                f"\n  not read: {self.not_read} files{masks}, their size and modification time "
                 f"those the base listed (--rehash reads them)"
             )
         return line

@@ -64,8 +64,13 @@ class SourceFile:
       targets: The row's targets as canonical JSON (`target_rows.canonical`),
         or None for a dataset without ``targets:``.
       mask_stamp: The sizes and modification times of the mask files the
-        targets name, as JSON, for the up-to-date stamp only (a mask edited
-        in place changes no row); None when there are none.
+        targets name, as JSON (``[[size, mtime], ...]``, one per
+        `target_rows.mask_uris` of `targets`, in their order; a mask that
+        cannot be found is ``[-1, 0.0]``), None when there are none: for
+        the up-to-date stamp (a mask edited in place changes no row), and
+        in the job's listing line, where the next incremental build takes
+        an unchanged mask file's sha256 from this build's record index
+        instead of reading it (`incremental.JoinBase`).
 
     A file of a dataset whose targets have no ``label`` has label -1.
     """
@@ -98,6 +103,8 @@ class SourceFile:
         }
         if self.targets is not None:
             data["targets"] = self.targets
+        if self.mask_stamp is not None:
+            data["mask_stamp"] = json.loads(self.mask_stamp)
         return data
 
 

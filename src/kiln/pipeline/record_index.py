@@ -30,6 +30,13 @@ targets     datasets with ``targets:`` only: what the split's statistics
             objects removed while the image was kept) and, when some
             were, ``dropped_objects`` (per object removed: ``object``, its
             index in the listed objects, ``reason`` and ``message``)
+masks       records whose targets name mask files only: the sha256 (hex) of
+            each mask file's bytes, in the order the targets name them
+            (`kiln.pipeline.target_rows.mask_uris`), null for one that could
+            not be read: what the next incremental build takes a mask
+            file's sha256 from when its stamp is the one this build listed
+            (`kiln.pipeline.incremental.JoinBase`), and what the up-to-date
+            check compares a recently modified mask file with
 =========== ==================================================================
 
 ``pixels``, ``sums``, ``squares`` and ``targets`` are the record's share of
@@ -40,7 +47,9 @@ so it reads back as the same float).
 
 For a dataset with targets, ``inputs`` covers the targets' content (mask
 files by the sha256 of their bytes) and the class ids they use
-(`kiln.pipeline.targets.TargetCodec.reuse_key`).
+(`kiln.pipeline.targets.TargetCodec.reuse_key`); ``masks`` is the same
+sha256s in the clear (``inputs`` is a hash), so a mask file need not be
+read again to learn them.
 
 Inside the job a record's entry (`entry`: the fields that do not depend on
 where the record lands) travels in the sorted runs right after the record;
@@ -69,13 +78,30 @@ from kiln.schemas.metadata import canonical_json
 # (`images.ImageProcessor`).
 STAMP_UNCHANGED = "stamp_unchanged"
 
+# The item field `incremental.JoinBase` sets on a listed file whose key has
+# a base row and whose targets' mask files the base listed:
+# ``((uri, size, mtime) or None, ...)``, per mask the base's targets name
+# (`target_rows.mask_uris`), None where its stamp is too recent to trust.
+BASE_MASK_STAMPS = "base_mask_stamps"
+
 # Listing fields that do not go into a record: where the file was read
-# (`uri`), its size and modification time (its bytes are named by their
-# sha256), the split the source named (a record's bytes do not depend on
-# its split) and what the job attached (its base row, whether its stamp is
-# the base's, and the base rows it may have moved from: `moves`).
+# (`uri`), its size and modification time and those of its mask files
+# (bytes are named by their sha256), the split the source named (a
+# record's bytes do not depend on its split) and what the job attached (its
+# base row, whether its stamp is the base's, its masks' stamps as the base
+# listed them, and the base rows it may have moved from: `moves`).
 _NOT_RECORD_INPUTS = frozenset(
-    {"uri", "size", "mtime", "split", "base", STAMP_UNCHANGED, "moved_from"}
+    {
+        "uri",
+        "size",
+        "mtime",
+        "mask_stamp",
+        "split",
+        "base",
+        STAMP_UNCHANGED,
+        BASE_MASK_STAMPS,
+        "moved_from",
+    }
 )
 _COPY_CHUNK = 1 << 20
 
@@ -101,9 +127,12 @@ def entry(
     sums: Sequence[int],
     squares: Sequence[int],
     targets: TargetCounts | None = None,
+    masks: Sequence[str | None] | None = None,
 ) -> bytes:
     """The placement-free part of a record's index line, as canonical JSON bytes
-    (`targets`: a dataset with targets, what its statistics count)."""
+    (`targets`: a dataset with targets, what its statistics count; `masks`:
+    the sha256 of each mask file its targets name, None or empty when they
+    name none)."""
     data: dict[str, Any] = {
         "key": key,
         "sha256": sha256,
@@ -117,6 +146,8 @@ def entry(
     }
     if targets is not None:
         data["targets"] = _targets_json(targets)
+    if masks:
+        data["masks"] = list(masks)
     return canonical_json(data).encode("utf-8")
 
 
@@ -164,6 +195,10 @@ class IndexRow(NamedTuple):
     sums: tuple[int, ...]
     squares: tuple[int, ...]
     targets: TargetCounts | None = None
+    # The sha256 of each mask file the targets name, in their order (None:
+    # one could not be read); None when they name none, or a line of a kiln
+    # before it kept them.
+    masks: tuple[str | None, ...] | None = None
     line: str = ""  # the line as read (`parse_line`)
 
     def reused_entry(self) -> bytes:
@@ -186,6 +221,7 @@ class IndexRow(NamedTuple):
             sums=self.sums,
             squares=self.squares,
             targets=self.targets,
+            masks=self.masks,
         )
 
 
@@ -212,17 +248,25 @@ def parse_line(line: str) -> IndexRow:
             sums=tuple(int(v) for v in data["sums"]),
             squares=tuple(int(v) for v in data["squares"]),
             targets=_targets_from_json(data["targets"]) if "targets" in data else None,
+            masks=_masks_from_json(data["masks"]) if "masks" in data else None,
             line=line.rstrip("\n"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ValueError(f"not a record index line ({type(e).__name__}: {e})") from None
 
 
+def _masks_from_json(data: Any) -> tuple[str | None, ...]:
+    if not isinstance(data, list):
+        raise TypeError(f"masks is a {type(data).__name__}, not a list")
+    return tuple(None if sha256 is None else str(sha256) for sha256 in data)
+
+
 # Where the placement goes in an entry's canonical JSON (keys sorted):
 # "position" between "pixels" and "sha256", "shard" and "split" between
 # "sha256" and "squares". A comma followed by a quote only occurs between
-# members (inside a string a quote is escaped), and every member before
-# "squares" is a number or a string, so the first match is the top level's.
+# members (inside a string a quote is escaped) and between the hex strings
+# of "masks", and every other member before "squares" is a number or a
+# string, so the first match is the top level's.
 _SHA256 = b',"sha256":'
 _SQUARES = b',"squares":'
 _POSITION = b',"position":'
@@ -295,10 +339,12 @@ def write_part(path: str, temp_path: str, split: str, shard: str, entries: Seque
 class IndexSha256s(NamedTuple):
     """What `sha256s_of` found: the source files' sha256 (hex) by key, for
     the keys asked for that have a row, and the index file's own sha256
-    (hex), to check against kiln.json's ``index_sha256``."""
+    (hex), to check against kiln.json's ``index_sha256``; `masks_by_key`:
+    the rows' `IndexRow.masks`, for those that keep them."""
 
     by_key: dict[str, str]
     index_sha256: str
+    masks_by_key: dict[str, tuple[str | None, ...]]
 
 
 # Where a line's key is: "height" (a number) and "inputs" (a hex string) come
@@ -308,7 +354,7 @@ _KEY = b',"key":'
 
 
 def sha256s_of(uri: str, keys: Collection[str]) -> IndexSha256s:
-    """The source files' sha256 that the index `uri` records for `keys`,
+    """The source files' sha256 (and their mask files') that the index `uri` records for `keys`,
     streamed a chunk at a time: however large the index, what is held is a
     chunk and the rows of `keys`. A line is parsed only when its key is one
     of `keys` (or its key cannot be found by its layout).
@@ -318,7 +364,7 @@ def sha256s_of(uri: str, keys: Collection[str]) -> IndexSha256s:
       OSError, BeamIOError: the file cannot be read.
     """
     wanted = set(keys)
-    found: dict[str, str] = {}
+    found: dict[str, IndexRow] = {}
     digest = hashlib.sha256()
     tail = b""
     with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
@@ -330,10 +376,14 @@ def sha256s_of(uri: str, keys: Collection[str]) -> IndexSha256s:
                 _note_sha256(line, wanted, found)
     if tail:
         _note_sha256(tail, wanted, found)
-    return IndexSha256s(found, digest.hexdigest())
+    return IndexSha256s(
+        {key: row.sha256 for key, row in found.items()},
+        digest.hexdigest(),
+        {key: row.masks for key, row in found.items() if row.masks is not None},
+    )
 
 
-def _note_sha256(line: bytes, wanted: set[str], found: dict[str, str]) -> None:
+def _note_sha256(line: bytes, wanted: set[str], found: dict[str, IndexRow]) -> None:
     start = line.find(_KEY)
     end = line.find(b',"', start + len(_KEY)) if start > 0 else -1
     if end > 0:
@@ -347,7 +397,7 @@ def _note_sha256(line: bytes, wanted: set[str], found: dict[str, str]) -> None:
         return
     row = parse_line(line.decode("utf-8"))
     if row.key in wanted:
-        found[row.key] = row.sha256
+        found[row.key] = row._replace(line="")
 
 
 class JoinedIndex(NamedTuple):

@@ -38,12 +38,20 @@ box_mask_mismatch    an instance mask whose pixels' box overlaps its
 The semantic mask and image-level labels always drop the image: there is
 no object to drop instead.
 
-Mask files are read once per image, before its pixels are decoded
+Mask files are read at most once per image, before its pixels are decoded
 (`TargetCodec.read`): their sha256 names them in the targets' *content*
 (`ListedTargets.content`, the listed targets with every mask path replaced
 by its file's sha256), which is both the file's version entry and part of
 the key an incremental build reuses a record by (`TargetCodec.reuse_key`),
-and their bytes are what `TargetCodec.load` decodes.
+and their bytes are what `TargetCodec.load` decodes. In an incremental
+build a mask file whose path, size and modification time are those the
+base version listed for the image is not read: its sha256 is the one the
+base's record index keeps (`MaskFiles.read`'s ``base``, from
+`kiln.pipeline.incremental.base_masks`), as an image file's is taken from
+its row. If the record is then reused (or relabelled, or moved) its bytes
+are never needed; if the image is processed after all, the masks not read
+are read then (`TargetCodec.completed`), and the content follows their
+bytes as read.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Any
 
 import cv2
@@ -111,42 +119,102 @@ class BadAnnotation(Exception):
 
 
 class MaskFiles:
-    """The bytes of the mask files an image's targets name, read once.
+    """The bytes of the mask files an image's targets name, read once; or,
+    for those whose stamps an incremental build trusts, their sha256 alone.
 
     Args:
       contents: URI -> the file's bytes, or why it could not be read
         (text: a missing mask is a bad annotation only where it is used,
         see `data`).
+      unread: URI -> the sha256 of a file not read (its stamp is the one
+        the base version listed: `read`).
+      reads: How many files were read to make it (`read_count`).
     """
 
-    def __init__(self, contents: Mapping[str, bytes | str]):
+    def __init__(
+        self,
+        contents: Mapping[str, bytes | str],
+        unread: Mapping[str, str] | None = None,
+        reads: int = 0,
+    ):
         self._contents = dict(contents)
         self._sha256 = {
             uri: hashlib.sha256(data).hexdigest()
             for uri, data in self._contents.items()
             if isinstance(data, bytes)
         }
+        self._unread = {
+            uri: sha256 for uri, sha256 in (unread or {}).items() if uri not in contents
+        }
+        self._reads = reads
 
     @classmethod
-    def read(cls, row: Mapping[str, Any]) -> MaskFiles:
-        """Reads every mask file the targets `row` names (each once)."""
-        contents: dict[str, bytes | str] = {}
-        for _, uri in target_rows.mask_uris(row):
-            if uri in contents:
-                continue
-            try:
-                with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                    contents[uri] = f.read()
-            except Exception as e:  # any I/O error: missing, permission, network
-                contents[uri] = _first_line(e)
-        return cls(contents)
+    def read(
+        cls,
+        row: Mapping[str, Any],
+        stamps: Sequence[Sequence[float]] | None = None,
+        base: Mapping[str, tuple[int, float, str]] | None = None,
+    ) -> MaskFiles:
+        """Reads every mask file the targets `row` names (each once), but
+        those `base` vouches for.
+
+        Args:
+          row: The targets.
+          stamps: ``[size, mtime]`` of each mask file `row` names, in
+            `target_rows.mask_uris` order, as listed now
+            (`listing.SourceFile.mask_stamp`).
+          base: URI -> ``(size, mtime, sha256)`` of the mask files the base
+            version listed for the image, their sha256 as its record index
+            keeps them (`kiln.pipeline.incremental.base_masks`). A file
+            listed now with that size and modification time (a time of 0
+            or less is no stamp) is not read: its sha256 is the base's.
+        """
+        named = list(target_rows.mask_uris(row))
+        if stamps is None or len(stamps) != len(named):
+            stamps = [(-1, 0.0)] * len(named)  # none to compare: every file is read
+        unread: dict[str, str] = {}
+        for (_, uri), (size, mtime) in zip(named, stamps, strict=True):
+            found = (base or {}).get(uri)
+            if found is not None and float(mtime) > 0 and (size, float(mtime)) == found[:2]:
+                unread.setdefault(uri, found[2])
+        contents, reads = _read_files((uri for _, uri in named), skip=unread)
+        return cls(contents, unread=unread, reads=reads)
+
+    def completed(self) -> MaskFiles:
+        """The same files with those not read (`unread_count`) read now."""
+        if not self._unread:
+            return self
+        contents, reads = _read_files(self._unread, skip=self._contents)
+        return MaskFiles({**self._contents, **contents}, reads=self._reads + reads)
+
+    @property
+    def read_count(self) -> int:
+        """Mask files read (opened; whether they could be read or not)."""
+        return self._reads
+
+    @property
+    def unread_count(self) -> int:
+        """Mask files not read: their sha256 is the base's."""
+        return len(self._unread)
+
+    def sha256s(self, row: Mapping[str, Any]) -> tuple[str | None, ...] | None:
+        """The sha256 of each mask file the targets `row` names, in their
+        order (None: it could not be read), or None when they name none:
+        the record index's ``masks`` (`record_index.entry`)."""
+        found = tuple(
+            self._sha256.get(uri) or self._unread.get(uri) for _, uri in target_rows.mask_uris(row)
+        )
+        return found or None
 
     def data(self, uri: str, where: str) -> bytes:
         """The bytes of the mask file at `uri`.
 
         Raises:
           BadAnnotation: ``missing_mask``, it could not be read.
+          ValueError: it was not read (`completed` reads it).
         """
+        if uri in self._unread:
+            raise ValueError(f"{where}: the mask file {uri} was not read")
         found = self._contents.get(uri, "not read")
         if isinstance(found, str):
             name = _base_name(uri)
@@ -160,7 +228,22 @@ class MaskFiles:
     def content_name(self, uri: str) -> str:
         """How the targets' content names a mask file: its bytes' sha256, or
         its base name if it could not be read (never where it is)."""
-        return self._sha256.get(uri) or _base_name(uri)
+        return self._sha256.get(uri) or self._unread.get(uri) or _base_name(uri)
+
+
+def _read_files(uris: Iterable[str], skip: Container[str]) -> tuple[dict[str, bytes | str], int]:
+    """The bytes of each of `uris` not in `skip` (each once), or why it could
+    not be read, and how many were read."""
+    contents: dict[str, bytes | str] = {}
+    for uri in uris:
+        if uri in contents or uri in skip:
+            continue
+        try:
+            with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                contents[uri] = f.read()
+        except Exception as e:  # any I/O error: missing, permission, network
+            contents[uri] = _first_line(e)
+    return contents, len(contents)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +261,11 @@ class ListedTargets:
     row: Mapping[str, Any]
     masks: MaskFiles
     content: str
+
+    @property
+    def mask_sha256s(self) -> tuple[str | None, ...] | None:
+        """The record index's ``masks`` (`MaskFiles.sha256s`)."""
+        return self.masks.sha256s(self.row)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,12 +316,26 @@ class TargetCodec:
             return None
         return box_convention.count(target_rows.convention_boxes(listed.row), height, width)
 
-    def read(self, text: str) -> ListedTargets:
+    def read(
+        self,
+        text: str,
+        stamps: Sequence[Sequence[float]] | None = None,
+        base: Mapping[str, tuple[int, float, str]] | None = None,
+    ) -> ListedTargets:
         """The listed targets (canonical JSON, `target_rows.canonical`) with
-        the mask files they name read."""
+        the mask files they name read, but those whose `stamps` are `base`'s
+        (`MaskFiles.read`)."""
         row = json.loads(text)
-        masks = MaskFiles.read(row)
+        masks = MaskFiles.read(row, stamps, base)
         return ListedTargets(row, masks, _content(row, masks))
+
+    def completed(self, listed: ListedTargets) -> ListedTargets:
+        """`listed` with the mask files `read` did not read read now, its
+        content following their bytes as read (`load` needs every file)."""
+        masks = listed.masks.completed()
+        if masks is listed.masks:
+            return listed
+        return ListedTargets(listed.row, masks, _content(listed.row, masks))
 
     def reuse_key(self, listed: ListedTargets, class_ids: Mapping[str, int] | None = None) -> str:
         """What of the targets decides the record's target features besides

@@ -10,15 +10,17 @@ the same tick, so with the size and modification time listed. Such a file
 (modified at or after that start less `incremental.RACY_SECONDS`, dated in
 the future included) is not trusted: it is read and hashed now and
 compared with the sha256 the version's record index keeps for its key, as
-git compares a racily clean entry's content. A file the build dropped
-having read it has no record: its sha256 is the one the job kept for it
-beside the version (`write_dropped_sha256s`, in the version's
-``.file-stamps`` folder: not errors.jsonl, whose bytes are the version's).
-If all are equal the version is up to date; if one differs, or cannot be
-verified so (a file dropped unread, or by a kiln that kept no such
-sha256; a mask file, whose sha256 the index does not keep by itself; a
-file that cannot be read), the build runs, and its job reads such files
-again (`incremental.JoinBase`).
+git compares a racily clean entry's content; so is such a mask file, with
+the sha256 the record of its image keeps of it (`record_index.IndexRow.masks`).
+A file the build dropped having read it has no record: its sha256 is the
+one the job kept for it beside the version (`write_dropped_sha256s`, in
+the version's ``.file-stamps`` folder: not errors.jsonl, whose bytes are
+the version's). If all are equal the version is up to date; if one
+differs, or cannot be verified so (a file dropped unread, or by a kiln
+that kept no such sha256; a mask file of a record that keeps no mask
+sha256s, written by a kiln before it kept them; a file that cannot be
+read), the build runs, and its job reads such files again
+(`incremental.JoinBase`).
 
 When no listed file is that recent (`newest_mtime`, which the listing
 knows without reading a file) nothing is read. A build that verified its
@@ -37,13 +39,13 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Protocol
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from kiln.pipeline import incremental, publish, record_index, storage
+from kiln.pipeline import incremental, publish, record_index, storage, target_rows
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.listing import SourceFile
 from kiln.schemas import INDEX_FILENAME, DatasetInfo
@@ -129,10 +131,11 @@ def _verified(dataset: publish.DatasetRoot, info: DatasetInfo, listing: StampedL
         racy = {file.key: file for file in listing.files_modified_since(since)}
     except Exception as e:  # a listing job's file vanished...: not verified
         return Verdict(None, problem=f"the listing cannot be read ({_short(e)})")
-    problem = _problem(dataset, info, since, racy.values())
+    read: list[str] = []
+    problem = _problem(dataset, info, since, racy.values(), read)
     if problem:
         return Verdict(None, problem=problem)
-    return Verdict(info, verified=len(racy), verified_from=verified_from)
+    return Verdict(info, verified=len(read), verified_from=verified_from)
 
 
 def _mark_verified(dataset: publish.DatasetRoot, version: str, verified_from: float) -> None:
@@ -147,14 +150,16 @@ def _mark_verified(dataset: publish.DatasetRoot, version: str, verified_from: fl
 
 
 def _problem(
-    dataset: publish.DatasetRoot, info: DatasetInfo, since: float, racy: Iterable[SourceFile]
+    dataset: publish.DatasetRoot,
+    info: DatasetInfo,
+    since: float,
+    racy: Iterable[SourceFile],
+    read: list[str],
 ) -> str:
-    """Why the racily clean files do not verify against `info`'s record
-    index, or "" when every one does."""
+    """Why the racily clean files (and mask files) do not verify against
+    `info`'s record index, or "" when every one does; appends each file it
+    reads to `read`."""
     racy = list(racy)
-    for file in racy:
-        if file.newest_mask_mtime >= since:
-            return f"{file.key}: a mask file it names was modified as that version's build started"
     if not racy:
         return ""
     if info.index_sha256 is None:
@@ -183,12 +188,48 @@ def _problem(
                 f"{file.key}: modified as that version's build started, and it has no "
                 f"record (nor the sha256 of a file it dropped)"
             )
+        if file.mtime >= since:
+            read.append(file.uri)
+            try:
+                sha256 = _file_sha256(file.uri)
+            except Exception as e:  # vanished, unreadable: the build says what
+                return f"{file.key}: cannot be read ({_short(e)})"
+            if sha256 != expected:
+                return f"{file.key}: its bytes differ from its record's, its size and time the same"
+        problem = _masks_problem(file, since, recorded.masks_by_key.get(file.key), read)
+        if problem:
+            return problem
+    return ""
+
+
+def _masks_problem(
+    file: SourceFile, since: float, expected: Sequence[str | None] | None, read: list[str]
+) -> str:
+    """Why the mask files of `file` modified at or after `since` do not
+    verify against the sha256s its record keeps of them (`expected`, in
+    `target_rows.mask_uris` order), or "" when every one does."""
+    if file.mask_stamp is None or file.targets is None:
+        return ""
+    stamps = json.loads(file.mask_stamp)  # [[size, mtime], ...], in the same order
+    uris = [uri for _, uri in target_rows.mask_uris(json.loads(file.targets))]
+    for index, uri in enumerate(uris):
+        if index < len(stamps) and float(stamps[index][1]) < since:
+            continue
+        if expected is None or len(expected) != len(uris) or expected[index] is None:
+            return (
+                f"{file.key}: a mask file it names was modified as that version's build "
+                f"started, and its record keeps no sha256 of it"
+            )
+        read.append(uri)
         try:
-            sha256 = _file_sha256(file.uri)
+            sha256 = _file_sha256(uri)
         except Exception as e:  # vanished, unreadable: the build says what
-            return f"{file.key}: cannot be read ({_short(e)})"
-        if sha256 != expected:
-            return f"{file.key}: its bytes differ from its record's, its size and time the same"
+            return f"{file.key}: its mask file {uri} cannot be read ({_short(e)})"
+        if sha256 != expected[index]:
+            return (
+                f"{file.key}: the bytes of its mask file {uri} differ from its record's, "
+                f"its size and time the same"
+            )
     return ""
 
 
