@@ -267,7 +267,8 @@ class Listing:
     their disk space back.
 
     Attributes:
-      class_names: Sorted class names; a label is an index into it.
+      class_names: The class names (`source.classes`, or those found, sorted); a
+        label is an index into it.
       split_names: Sorted split names found in the source (only with
         ``splits.from_source``), else None.
       num_files: The images to process.

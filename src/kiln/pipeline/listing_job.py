@@ -109,7 +109,7 @@ class ListingJobPlan(_Written):
     Attributes:
       root: The image folder (an object store URI), without a trailing '/'.
       from_source: ``splits.from_source``: files sit in ``<split>/<class>/``.
-      classes: ``source.classes``, sorted; None: every class folder found.
+      classes: ``source.classes``, in its order; None: every class folder found.
       prefixes: The folders listed by the job, one element each ('/'-ended).
       strays: Objects the launcher's folder listing found above the class
         folders: outside the layout (or hidden), whatever their size.
@@ -137,7 +137,7 @@ def plan(
     top = storage.folder_level(root + "/")
     if top is None:
         logger.info("listing %s in the job as one prefix (the store lists no folders)", root)
-        return ListingJobPlan(listing_dir, from_source, root, _sorted(classes), (root + "/",), ())
+        return ListingJobPlan(listing_dir, from_source, root, _declared(classes), (root + "/",), ())
     strays, folders = top
     if from_source:
         split_folders, folders = _visible(folders), []
@@ -148,7 +148,7 @@ def plan(
     prefixes = _visible(folders)
     logger.info("the listing job lists %d folders of %s", len(prefixes), root)
     return ListingJobPlan(
-        listing_dir, from_source, root, _sorted(classes), tuple(prefixes), tuple(strays)
+        listing_dir, from_source, root, _declared(classes), tuple(prefixes), tuple(strays)
     )
 
 
@@ -156,8 +156,8 @@ def _visible(folders: list[str]) -> list[str]:
     return [f for f in folders if not storage.basename(f.rstrip("/")).startswith(".")]
 
 
-def _sorted(classes: Sequence[str] | None) -> tuple[str, ...] | None:
-    return tuple(sorted(set(classes))) if classes else None
+def _declared(classes: Sequence[str] | None) -> tuple[str, ...] | None:
+    return tuple(classes) if classes else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +168,8 @@ class ListedInJob:
     few numbers and names; the rows are in the listing job's files.
 
     Attributes:
-      class_names: Sorted class names; a label is an index into it.
+      class_names: The class names (`source.classes`, or those found, sorted); a
+        label is an index into it.
       split_names: Sorted split names of the files (``splits.from_source``), else None.
       num_files: The images to process.
       num_dropped: Files dropped while listing.
@@ -556,7 +557,7 @@ def manifest_plan(
     listing_dir: str,
 ) -> ManifestListingPlan:
     return ManifestListingPlan(
-        listing_dir, from_source, path, _sorted(classes), tuple(allowed_roots)
+        listing_dir, from_source, path, _declared(classes), tuple(allowed_roots)
     )
 
 

@@ -1,6 +1,7 @@
 """Records of a base version rewritten with this build's class ids, without decoding their images.
 
-Class ids index the sorted class list, so a class added to a dataset (or
+Class ids index the class list (the sorted names found, or
+``source.classes`` in its order), so a class added to a dataset (or
 removed from it) shifts the ids of every class after it: ``[cat, dog]``
 becomes ``[ant, cat, dog]`` and every cat and dog record's ``label`` changes.
 Their listing inputs hold the class id (`record_index.inputs_fingerprint`),
@@ -72,8 +73,8 @@ class Relabel:
     """Maps a base version's class ids to this build's.
 
     Args:
-      base_names: The base version's sorted class names (its kiln.json).
-      names: This build's sorted class names.
+      base_names: The base version's class names (its kiln.json).
+      names: This build's class names.
       schema: The record schema (the same for both: the processing
         fingerprints are equal).
     """

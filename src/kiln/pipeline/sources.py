@@ -27,8 +27,9 @@ to disk as they come (`kiln.pipeline.listing`).
   A line longer than `text_lines.MAX_LINE_BYTES` is never held: it is one
   ``line_too_long`` row, and the line numbers after it stay those of the file.
 
-Class names are sorted, so label ids are stable: the config's
-``source.classes`` if given, else every label found. Every source reads a
+Label ids are stable: they index the config's ``source.classes`` in the
+order it lists them (a semantic mask's pixel values are ids into it, in
+the masks' order), else every label found, sorted. Every source reads a
 class name by one rule (`target_rows.class_name`: stripped, refused when
 empty or with a control character). Problems with single
 files (a row that does not parse, a missing file, an unknown label, a file
@@ -97,11 +98,12 @@ class _SourceModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     classes: list[str] | None = None
-    """The class list. Files with other labels are dropped (`unknown_label`). Default: every
-    folder name (image_folder) or distinct label (manifest), sorted; a label is the index
-    into the sorted list. A semantic mask's pixel values index it too: a dataset whose only
-    targets are masks must declare it. Every class name read from a source (a class folder's
-    name; a manifest's `label`, `labels` and objects' `class`, CSV and JSONL alike; a COCO
+    """The class list, in id order: a label is its index in the list as written, and a
+    semantic mask's pixel values index it too (list the classes in the masks' id order, e.g.
+    `[background, road, car]`; a dataset whose only targets are masks must declare it). A name
+    listed twice is an error. Files with other labels are dropped (`unknown_label`). Default:
+    every folder name (image_folder) or distinct label (manifest), sorted. Every class name
+    read from a source (a class folder's name; a manifest's `label`, `labels` and objects' `class`, CSV and JSONL alike; a COCO
     category's or VOC object's name) follows one rule: an integer is its decimal text, a
     string is stripped of surrounding whitespace (`" cat "` is `cat`), and a name that is
     empty, only whitespace, or holds a control character (newline, tab, NUL: Unicode
@@ -129,6 +131,7 @@ class _SourceModel(BaseModel):
     def _class_names_as_data_names_them(cls, classes: list[str] | None) -> list[str] | None:
         """Refuses a name no input could carry: the rule of the names read from
         data (`target_rows.class_name`), which are stripped of whitespace."""
+        first: dict[str, int] = {}
         for i, name in enumerate(classes or ()):
             try:
                 read = target_rows.class_name(name, f"item {i}")
@@ -139,6 +142,12 @@ class _SourceModel(BaseModel):
                     f"item {i}: {name!r} has surrounding whitespace; class names read "
                     f"from the source are stripped, so no input would be {name!r}"
                 )
+            if name in first:
+                raise ValueError(
+                    f"item {i}: {name!r} is listed twice (item {first[name]}); a class's id "
+                    f"is its place in the list"
+                )
+            first[name] = i
         return classes
 
     def location(self) -> dict[str, Any]:
@@ -195,7 +204,7 @@ class _SourceModel(BaseModel):
         raise NotImplementedError
 
     def resolved(self) -> _SourceModel:
-        """The same source with its location absolute and its classes sorted."""
+        """The same source with its location absolute."""
         raise NotImplementedError
 
     def check(self, output_root: str) -> str | None:
@@ -293,7 +302,7 @@ class ImageFolderSource(_SourceModel):
         return self.model_copy(
             update={
                 "root": storage.absolute(self.root),
-                "classes": _sorted(self.classes),
+                "classes": _copied(self.classes),
                 "allowed_roots": _absolute_all(self.allowed_roots),
             }
         )
@@ -313,7 +322,7 @@ class ManifestSource(_SourceModel):
     """A CSV (header ``path,label[,split]``) or JSONL (``{"path", "label"[, "split"]}``)
     file; ``.jsonl``/``.json`` means JSONL (compressed too: ``.jsonl.gz``), anything
     else CSV. Class names are
-    `classes` if given, else the sorted distinct labels."""
+    `classes` if given (in its order), else the sorted distinct labels."""
 
     type: Literal["manifest"]
     """`manifest`: a CSV (header `path,label[,split]`) or JSONL file (`{"path", "label"[,
@@ -359,7 +368,7 @@ class ManifestSource(_SourceModel):
         return self.model_copy(
             update={
                 "path": storage.absolute(self.path),
-                "classes": _sorted(self.classes),
+                "classes": _copied(self.classes),
                 "allowed_roots": _absolute_all(self.allowed_roots),
             }
         )
@@ -428,7 +437,7 @@ class _ObjectSource(_SourceModel):
             update={
                 "annotations": storage.absolute(self.annotations),
                 "images": storage.absolute(self.images),
-                "classes": _sorted(self.classes),
+                "classes": _copied(self.classes),
                 "allowed_roots": _absolute_all(self.allowed_roots),
             }
         )
@@ -589,8 +598,8 @@ def _annotated_row(
     return Row(position, text, row["path"], "", split, row_targets, where)
 
 
-def _sorted(classes: list[str] | None) -> list[str] | None:
-    return None if classes is None else sorted(set(classes))
+def _copied(classes: list[str] | None) -> list[str] | None:
+    return None if classes is None else list(classes)
 
 
 def _absolute_all(paths: list[str]) -> list[str]:
@@ -792,7 +801,7 @@ def _list_image_folder(
                 )
             )
 
-        class_names = sorted(set(classes)) if classes else writer.candidate_labels()
+        class_names = list(classes) if classes else writer.candidate_labels()
         label_ids = {name: i for i, name in enumerate(class_names)}
         for (found,) in writer.candidates():  # a folder lists each path once
             key, uri, split = found.key, found.uri, found.split
@@ -1089,7 +1098,7 @@ def _list_rows(
                 ignored_split.split,
             )
 
-        class_names = sorted(set(classes)) if classes else writer.candidate_labels()
+        class_names = list(classes) if classes else writer.candidate_labels()
         label_ids = {label: i for i, label in enumerate(class_names)}
         statuses.resolve_objects()
         for group in writer.candidates():

@@ -244,7 +244,8 @@ class DatasetInfo:
         it nor of the version (see `provenance`).
       config_fingerprint: sha256 of the canonical JSON of `config`.
       schema: `kiln.schemas.RECORD.to_json()` of the writer.
-      class_names: Sorted class names; a label is an index into this list.
+      class_names: The class names (``source.classes`` in its order, or the
+        names found, sorted); a label is an index into this list.
       encoding: ``{"format": "jpeg"|"png"|"raw", "quality": int|None}``.
       channels: Stored channels (1 or 3).
       image_size: ``[height, width]`` if every stored image has that size,
