@@ -103,12 +103,12 @@ class _SourceModel(BaseModel):
     `[background, road, car]`; a dataset whose only targets are masks must declare it). A name
     listed twice is an error. Files with other labels are dropped (`unknown_label`). Default:
     every folder name (image_folder) or distinct label (manifest), sorted. Every class name
-    read from a source (a class folder's name; a manifest's `label`, `labels` and objects' `class`, CSV and JSONL alike; a COCO
-    category's or VOC object's name) follows one rule: an integer is its decimal text, a
-    string is stripped of surrounding whitespace (`" cat "` is `cat`), and a name that is
-    empty, only whitespace, or holds a control character (newline, tab, NUL: Unicode
-    category Cc) drops its input (`bad_row`; `bad_name` for a class folder; a COCO category
-    stops the build). The names listed here must already be in that form."""
+    read from a source (a class folder's name; a manifest's `label`, `labels` and objects'
+    `class`, CSV and JSONL alike; a COCO category's or VOC object's name) follows one rule: an
+    integer is its decimal text, a string is stripped of surrounding whitespace (`" cat "` is
+    `cat`), and a name that is empty, only whitespace, or holds a control character (newline,
+    tab, NUL: Unicode category Cc) drops its input (`bad_row`; `bad_name` for a class folder;
+    a COCO category stops the build). The names listed here must already be in that form."""
     allowed_roots: list[ConfigPath] = []
     """More folders (or `gs://` prefixes) inputs may be read from. By default a source reads
     only below its own folder (the image folder, or the manifest's folder), after following
