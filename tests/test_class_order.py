@@ -120,3 +120,51 @@ def test_a_class_listed_twice_is_a_config_error(tmp_path, capfd):
     assert err.count("\n") == 1
     assert "source.classes" in err and "'cat' is listed twice (item 0)" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def numbered(tmp_path):
+    """A CSV manifest of 12 images labelled 0 to 11."""
+    lines = ["path,label"]
+    for i in range(12):
+        cv2.imwrite(str(tmp_path / f"digit{i}.png"), street_scene(i)[0])
+        lines.append(f"digit{i}.png,{i}")
+    manifest = tmp_path / "digits.csv"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_numbered_classes_sorted_as_text_are_warned_about(numbered, tmp_path, caplog, declared):
+    """Found, the names 0..11 sort as text (class 2 gets id 4), as in Keras:
+    the build says so, naming the order that makes ids equal numbers.
+    Declared in that order, each id is its number and nothing is said."""
+    numeric = [str(i) for i in range(12)]
+    source = {"type": "manifest", "path": str(numbered)}
+    if declared:
+        source["classes"] = numeric
+    config = make_config(
+        tmp_path,
+        source=source,
+        transforms=[],
+        splits={"fractions": {"train": 1.0}},
+        sharding={"num_shards": {"train": 1}},
+        output=str(tmp_path / "out"),
+    )
+    caplog.set_level("WARNING", logger="kiln.pipeline.launcher")
+
+    result = build(config)
+
+    names = list(result.info.class_names)
+    warned = "the class names are numbers, sorted as text (0, 1, 10, 11, 2," in caplog.text
+    if declared:
+        assert names == numeric and not warned
+    else:
+        assert names == sorted(numeric) and names.index("2") == 4
+        assert warned and "declare source.classes in numeric order ([0, 1, 2, 3," in caplog.text
+    dataset = kiln.reader.load(
+        result.dataset_dir, "train", augment=None, shuffle=False, as_supervised=False
+    )
+    for example in dataset:
+        number = example["key"].numpy().decode()[len("digit") : -len(".png")]
+        assert names[int(example["label"])] == number

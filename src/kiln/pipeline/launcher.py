@@ -42,6 +42,7 @@ import gc
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -805,6 +806,7 @@ def _build_locked(
         _check_augment_fits(spec, report)
         info = dataset_info(spec, listing, report, _version(spec, processing, listing, report))
         _warn_about_empty_classes(info)
+        _warn_about_numbers_sorted_as_text(spec, info.class_names)
         held.check()
         target = transaction.commit(
             info,
@@ -1217,6 +1219,30 @@ def _warn_about_shard_counts(spec: BuildSpec, listing: SourceListing) -> None:
             "a split gets at most one shard per record",
             listing.num_files,
         )
+
+
+def _warn_about_numbers_sorted_as_text(spec: BuildSpec, class_names: Sequence[str]) -> None:
+    """Class names found (not declared) that are all integers sort as text
+    (``0, 1, 10, 11, 2``), so the id of class ``2`` is not 2: worth a line,
+    since a model's outputs are read by id. Declaring ``source.classes`` in
+    numeric order makes each id its number."""
+    if spec.config.source.classes is not None or len(class_names) < 2:
+        return
+    if not all(_INTEGER_NAME.fullmatch(name) for name in class_names):
+        return
+    numeric = sorted(class_names, key=int)
+    if list(class_names) != numeric:
+        shown = ", ".join(class_names[:12]) + (", ..." if len(class_names) > 12 else "")
+        logger.warning(
+            "the class names are numbers, sorted as text (%s): a class's label id is its "
+            "place in that order, not its number; to make them equal, declare source.classes "
+            "in numeric order ([%s])",
+            shown,
+            ", ".join(numeric[:12]) + (", ..." if len(numeric) > 12 else ""),
+        )
+
+
+_INTEGER_NAME = re.compile(r"-?[0-9]+")
 
 
 def _warn_about_empty_classes(info: DatasetInfo) -> None:
