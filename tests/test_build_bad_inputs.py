@@ -238,6 +238,8 @@ def test_image_folder_special_files_and_misplaced_files(demo_corpus, tmp_path):
     good = copy_good_images(demo_corpus, root)
     os.mkfifo(root / "circle" / "pipe.jpg")
     os.symlink(root / "circle" / "deleted.png", root / "square" / "link.png")  # broken link
+    # Broken, to a path outside the source: unreadable too (there is no folder to allow).
+    os.symlink(tmp_path / "elsewhere" / "gone.png", root / "star" / "far_link.png")
     (root / "hexagon").mkdir()
     shutil.copyfile(os.path.join(demo_corpus.out_dir, good[0]), root / "hexagon" / "h.png")
     shutil.copyfile(os.path.join(demo_corpus.out_dir, good[0]), root / "loose.png")
@@ -260,10 +262,11 @@ def test_image_folder_special_files_and_misplaced_files(demo_corpus, tmp_path):
     assert rows == {
         "circle/pipe.jpg": ("list", "unreadable"),
         "square/link.png": ("list", "unreadable"),
+        "star/far_link.png": ("list", "unreadable"),
         "hexagon/h.png": ("list", "unknown_label"),
         "loose.png": ("list", "unexpected_location"),
     }
-    assert result.info.dropped == {"unreadable": 2, "unknown_label": 1, "unexpected_location": 1}
+    assert result.info.dropped == {"unreadable": 3, "unknown_label": 1, "unexpected_location": 1}
     assert sum(s.num_examples for s in result.info.splits.values()) == len(good)
 
 

@@ -669,6 +669,15 @@ class _Confinement:
         )
 
 
+def broken_link(uri: str) -> str | None:
+    """Why a local path that confinement refused cannot be read anyway, if it
+    is a symbolic link to nothing (a broken link is ``unreadable``, wherever
+    it points: there is no folder to allow); None otherwise."""
+    if is_remote(uri) or not os.path.islink(uri) or os.path.exists(uri):
+        return None
+    return f"a broken symbolic link (to {os.path.realpath(uri)}, which does not exist)"
+
+
 def manifest_confinement(path: str, allowed_roots: list[str]) -> _Confinement:
     """Where a manifest's rows may point: its own folder and `allowed_roots`."""
     return _Confinement.of(path.rstrip("/").rsplit("/", 1)[0], allowed_roots)
@@ -811,7 +820,11 @@ def _list_image_folder(
                 continue
             outside = confinement.problem(uri)
             if outside:
-                drop(key, uri, "outside_source", outside)
+                broken = broken_link(uri)
+                if broken:
+                    drop(key, uri, "unreadable", broken)
+                else:
+                    drop(key, uri, "outside_source", outside)
                 continue
             # On an object store the listing holds every object's size and
             # time, and an object is always readable: no request per file.
