@@ -84,7 +84,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import ErrorDetails
 
 from kiln import transforms
-from kiln.errors import ConfigError, quote, quote_text
+from kiln.errors import ConfigError, did_you_mean, quote, quote_text
 from kiln.pipeline import storage, voc
 from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
 from kiln.pipeline.error_report import as_text
@@ -206,7 +206,10 @@ class ShardingConfig(_Model):
     num_shards: Any = None
     """A fixed shard count instead: one positive int for every split, or `{split: count}`
     (splits not named use `target_shard_mb`). A mapping that gives every split of
-    `splits.fractions` one count is the same config as that count (one version)."""
+    `splits.fractions` one count is the same config as that count (one version). A name that
+    is not a split of `splits.fractions` (or `train`, its default) is a config error; with
+    `splits.from_source` the build warns, once the source is listed, of a name that matches
+    no split."""
     compression: Literal["none", "gzip"] = "none"
     """`gzip` compresses the shards (`.gz` suffix). TFDS cannot read gzip shards, so such
     builds get no TFDS metadata."""
@@ -389,8 +392,9 @@ class BuildSpec:
         config, one fingerprint, one version:
 
         - ``num_shards`` per split that names every split with one count is
-          that count (``{train: 2, test: 2}`` is ``2``), and counts for
-          splits the build does not have are left out (``{}`` is null);
+          that count (``{train: 2, test: 2}`` is ``2``), and ``{}`` is null
+          (`load` refuses a count for a split ``splits.fractions`` does
+          not have: `_shard_count_problems`);
         - ``target_shard_mb``, when ``num_shards`` fixes every split's count,
           sizes nothing that is stored: it is written as its default.
 
@@ -521,6 +525,8 @@ def load(
         problems.check("targets", lambda: _check_targets(model, chain))
     if model is not None:
         problems.check("source", lambda: _check_listing(model))
+        for problem in _shard_count_problems(model):
+            problems.add("sharding", problem)
 
     if model is None:
         raise ConfigError.of(origin, problems.sorted())
@@ -542,6 +548,31 @@ def load(
     if problems:
         raise ConfigError.of(origin, problems.sorted())
     return spec
+
+
+def _shard_count_problems(model: BuildConfig) -> list[str]:
+    """A problem for each split that ``sharding.num_shards`` gives a count
+    but the build does not have, when the splits are known from the config
+    (``splits.fractions``, or its default ``{train: 1}``): a misspelt name
+    would leave its split to ``target_shard_mb`` without a word. With
+    ``splits.from_source`` the names are known once the source is listed,
+    and the launcher warns instead (`launcher._warn_about_shard_counts`)."""
+    counts = model.sharding.num_shards
+    if not isinstance(counts, dict) or model.splits.from_source:
+        return []
+    fractions = model.splits.fractions
+    splits = sorted(fractions) if fractions is not None else ["train"]
+    names = (
+        f"splits.fractions names {', '.join(splits)}"
+        if fractions is not None
+        else "without splits.fractions every image is in train"
+    )
+    return [
+        f"sharding.num_shards.{split}: not a split of this build{did_you_mean(split, splits)} "
+        f"({names})"
+        for split in counts
+        if split not in splits
+    ]
 
 
 class _Problems:
