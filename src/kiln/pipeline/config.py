@@ -1,8 +1,9 @@
 """The build config: YAML in, a validated and resolved config out.
 
-A config file is data (read with `yaml.safe_load`); the pydantic models below
-are its schema. Everything is checked before any work starts, and every
-problem is reported at once, each on one line naming the field, e.g.::
+A config file is data (read with a `yaml.SafeLoader`, whose numbers are YAML
+1.2's: ``1e-9`` is a number, not a string); the pydantic models below are its
+schema. Everything is checked before any work starts, and every problem is
+reported at once, each on one line naming the field, e.g.::
 
     config error in configs/x.yaml: splits.fractions: must sum to 1, got 0.9
 
@@ -674,6 +675,16 @@ class _ConfigLoader(yaml.SafeLoader):
 
 
 _ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
+
+# YAML 1.2's floats that YAML 1.1 (PyYAML) reads as strings: an exponent
+# without a dot (`1e-9`, `1E12`) or without a sign (`1.5e9`, `.5e3`). Without
+# this, `target_shard_mb: 1e-9` was "expected a number, got '1e-9'". Added to
+# this loader only (PyYAML copies the table on the first addition); the
+# pattern needs an exponent, so integers stay integers.
+_YAML_12_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", _YAML_12_FLOAT, list("-+.0123456789")
+)
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:
