@@ -93,6 +93,7 @@ from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, So
 from kiln.pipeline.versioning import fingerprint
 from kiln.registry import ListError, describe_error
 from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
+from kiln.transforms import encode
 
 if TYPE_CHECKING:
     from kiln.reader.ops import Augmentation
@@ -124,7 +125,9 @@ class ImageConfig(_Model):
     max_pixels: pydantic.PositiveInt = DEFAULT_MAX_PIXELS
     """Images with more pixels (width x height, read from the header) are dropped as
     `too_many_pixels` before decoding: a decompression-bomb guard. 89478485 is Pillow's
-    limit."""
+    limit. The offline transforms may not make larger images either: a `pad`, `resize`,
+    `center_crop` or `letterbox` whose parameters alone make images of more pixels (a fixed
+    size, or a shorter side's square) is a config error naming it."""
     min_size: pydantic.PositiveInt = 1
     """Images whose shorter side is below this are dropped as `too_small`."""
     jpeg_scaled_decode: bool = False
@@ -143,7 +146,8 @@ class EncodingConfig(_Model):
     format: Literal["jpeg", "png", "raw"] = "jpeg"
     """`jpeg` (small, lossy), `png` (lossless) or `raw` (uint8 pixels with their shape:
     largest, fastest to read). JPEG stores at most 65500 pixels per side, PNG 1000000: a
-    longer image (after the transforms) is dropped as `encode_failed`."""
+    longer image (after the transforms) is dropped as `encode_failed`, and transforms whose
+    parameters alone make every image longer are a config error."""
     quality: Annotated[int, Field(ge=1, le=100)] = 95
     """JPEG quality. Ignored (and left out of the fingerprint) for png and raw."""
 
@@ -524,6 +528,8 @@ def load(
     augment = [augmentation.to_json() for augmentation in augmentations or ()]
     if model is not None and parsed is not None:
         problems.check("targets", lambda: _check_targets(model, chain))
+        for problem in _size_limit_problems(chain, model.image.max_pixels, model.encoding.format):
+            problems.add("transforms", problem)
     if model is not None:
         problems.check("source", lambda: _check_listing(model))
         for problem in _shard_count_problems(model):
@@ -909,9 +915,10 @@ def _size_after(made: _Made | None, transform: Any, where: str) -> _Made | None:
     """What is known of every image's size after `transform`, given `made` before it.
 
     The sizes come from the built-ins that set one: `resize` (``size``
-    exactly, or the shorter or longer side), `center_crop` and `letterbox`
-    (exactly). `to_grayscale` and `equalize` keep the size; after `pad` or
-    a user transform it is not known.
+    exactly, or the shorter or longer side), `center_crop`, `letterbox` and
+    `pad` with a ``size`` (exactly: a larger image is dropped). `to_grayscale`
+    and `equalize` keep the size; after ``pad: {to_square: true}`` or a user
+    transform it is not known.
     """
     params = transform.kwargs
     if transform.name == "resize":
@@ -920,7 +927,9 @@ def _size_after(made: _Made | None, transform: Any, where: str) -> _Made | None:
         if params.get("shorter_side") is not None:
             return (where, "shorter", params["shorter_side"])
         return (where, "longer", params["longer_side"])
-    if transform.name in ("center_crop", "letterbox"):
+    if transform.name in ("center_crop", "letterbox") or (
+        transform.name == "pad" and params.get("size") is not None
+    ):
         return (where, "exact", _height_width(params["size"]))
     if transform.name in ("to_grayscale", "equalize"):
         return made
@@ -976,6 +985,68 @@ def _crop_problem(chain: transforms.Chain) -> str | None:
                 )
         made = _size_after(made, transform, where)
     return None
+
+
+def _size_limit_problems(chain: transforms.Chain, max_pixels: int, format: str) -> list[str]:
+    """Why transforms make images larger than kiln handles, known from the
+    config alone (`_size_after`), before any file is read: a ``pad: {size:
+    100000}`` would allocate 28 GiB for every file, and drop each with a
+    MemoryError.
+
+    A transform that sets the size may make no image of more pixels than
+    ``image.max_pixels`` (the bound on every image a build holds, decoded
+    or made); the last one none longer than ``encoding.format`` stores
+    (`encode.MAX_SIDE`, which would drop every file). A shorter side makes images of at least its
+    square, a longer side images that long; a size that depends on the
+    input otherwise (``to_square``, a user transform) is not refused.
+    """
+    problems = []
+    made: _Made | None = None
+    for index, transform in enumerate(chain.transforms):
+        where = f"transforms[{index}].{transform.name}"
+        made = _size_after(made, transform, where)
+        if made is None or made[0] != where:
+            continue
+        parameter = f"{where}.{_size_parameter(transform)}"
+        kind, value = made[1], made[2]
+        pixels, images = (
+            (value[0] * value[1], f"{value[0]}x{value[1]} (HxW) images")
+            if kind == "exact"
+            else (value * value, f"images of at least {value}x{value} pixels")
+            if kind == "shorter"
+            else (value, f"images {value} pixels long")
+        )
+        if pixels > max_pixels:
+            problems.append(
+                f"{parameter}: makes {images}, more pixels than image.max_pixels "
+                f"({max_pixels}) allows an image; make them smaller, or raise image.max_pixels"
+            )
+            continue
+        longest = max(value) if kind == "exact" else value
+        limit = encode.MAX_SIDE.get(format)
+        last = all(_size_after(made, later, "") == made for later in chain.transforms[index + 1 :])
+        if last and limit is not None and longest > limit:
+            others = [
+                name if name not in encode.MAX_SIDE else f"{name} (up to {encode.MAX_SIDE[name]})"
+                for name in encode.FORMATS
+                if name != format and encode.MAX_SIDE.get(name, longest) >= longest
+            ]
+            problems.append(
+                f"{parameter}: makes {images}, longer than the {limit} pixels per side "
+                f"that encoding.format {format} stores (every file would be dropped); make "
+                f"them smaller, or store {' or '.join(others)}"
+            )
+    return problems
+
+
+def _size_parameter(transform: Any) -> str:
+    """The parameter that sets the size a transform makes (`_size_after`)."""
+    params = transform.kwargs
+    if transform.name == "resize":
+        return next(
+            name for name in ("size", "shorter_side", "longer_side") if params.get(name) is not None
+        )
+    return "size"
 
 
 def _height_width(size: Any) -> tuple[int, int]:
