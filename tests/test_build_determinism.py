@@ -251,18 +251,18 @@ def test_file_names_are_read_as_utf8_or_the_build_is_refused(demo_corpus, tmp_pa
 def test_sharding_written_another_way_for_the_same_shards_is_the_same_config(demo_corpus, tmp_path):
     """``num_shards: 1`` and ``num_shards: {train: 1, validation: 1, test: 1}``
     cut every split alike, and ``target_shard_mb`` sizes nothing when
-    ``num_shards`` fixes every split (nor does a count for a split the build
-    does not have): one config, so one version and byte-identical files (the
-    tiny target here spills a run per record, which changes no byte), and a
-    rebuild with the other spelling is up to date instead of a new version
-    that processes every image again."""
+    ``num_shards`` fixes every split: one config, so one version and
+    byte-identical files (the tiny target here spills a run per record, which
+    changes no byte), and a rebuild with the other spelling is up to date
+    instead of a new version that processes every image again. (A count for a
+    split the build does not have is a config error: tests/test_config_checks.py.)"""
     one = make_config(demo_corpus.out_dir, output=str(tmp_path / "one"), sharding={"num_shards": 1})
     first = build(one)
     per_split = make_config(
         demo_corpus.out_dir,
         output=str(tmp_path / "per-split"),
         sharding={
-            "num_shards": {"train": 1, "validation": 1, "test": 1, "holdout": 4},
+            "num_shards": {"train": 1, "validation": 1, "test": 1},
             "target_shard_mb": 0.001,
         },
     )
@@ -295,7 +295,6 @@ def test_sharding_spellings_share_a_fingerprint_only_for_the_same_shards(demo_co
         == fingerprint({"num_shards": every})
         == fingerprint({"num_shards": every, "target_shard_mb": 7})
         == fingerprint({"num_shards": 2, "target_shard_mb": 7})
-        == fingerprint({"num_shards": {**every, "other": 9}})
     )
     uneven = {"train": 3, "validation": 1, "test": 1}
     assert fingerprint({"num_shards": uneven}) == fingerprint(
@@ -303,7 +302,6 @@ def test_sharding_spellings_share_a_fingerprint_only_for_the_same_shards(demo_co
     )
     assert fingerprint({"num_shards": uneven}) != fingerprint({"num_shards": 3})
     assert fingerprint({}) == fingerprint({"num_shards": {}}) == fingerprint({"num_shards": None})
-    assert fingerprint({"num_shards": {"other": 2}}) == fingerprint({})
     # A split left to target_shard_mb: it sizes that split's shards.
     some = {"num_shards": {"train": 2}}
     assert fingerprint(some) != fingerprint({**some, "target_shard_mb": 7})

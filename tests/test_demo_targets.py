@@ -186,6 +186,35 @@ def test_a_folder_with_other_files_is_never_touched(tmp_path):
     assert read_tree(tmp_path) == {"images/holiday.jpg": b"precious"}
 
 
+def test_each_mode_says_what_to_do_with_the_other_modes_folder(tmp_path, capsys):
+    """The classification demo and the detection demo (``--targets``) refuse
+    each other's folder: written by kiln demo-data, but another dataset. The
+    line says which, and what to do; neither folder is touched."""
+    detection, shapes = tmp_path / "detection", tmp_path / "shapes"
+    assert cli.main(["demo-data", str(detection), "--targets", "--num-images", "2", "--quiet"]) == 0
+    assert cli.main(["demo-data", str(shapes), "--num-images", "4", "--quiet"]) == 0
+    before = read_tree(tmp_path)
+    assert cli.main(["demo-data", str(detection), "--num-images", "4"]) == 2
+    assert capsys.readouterr().err == (
+        f"kiln demo-data: error: {detection} holds the detection demo that kiln demo-data "
+        f"--targets writes, not class folders; pass --targets to write that demo again, or "
+        f"choose another folder\n"
+    )
+    assert cli.main(["demo-data", str(shapes), "--targets", "--num-images", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"kiln demo-data: error: {shapes} holds the class folders that kiln demo-data writes "
+        f"without --targets, not the detection demo of --targets; drop --targets to write "
+        f"that demo again, or choose another folder\n"
+    )
+    assert read_tree(tmp_path) == before
+    # A stranger's folder is still just that.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    for args in (["--targets"], []):
+        assert cli.main(["demo-data", str(tmp_path / "mine"), *args]) == 2
+        assert "notes.txt was not written by kiln demo-data" in capsys.readouterr().err
+
+
 def test_configs_demo_detection_builds_the_demo(tmp_path):
     top = pathlib.Path(__file__).resolve().parent.parent
     demo_targets.generate(tmp_path / "demo-detection", num_images=12, seed=1)

@@ -94,6 +94,15 @@ def test_config_errors_are_found_before_beam_and_tensorflow(tmp_path, demo_corpu
         "crop larger than the stored images": write_config(
             tmp_path, "crop.yaml", dict(good, augment=[{"random_crop": {"size": 400}}])
         ),
+        # What the config alone says of the shard counts and the images' sizes.
+        "count for a misspelt split": write_config(
+            tmp_path, "shards.yaml", dict(good, sharding={"num_shards": {"tran": 2}})
+        ),
+        "pad beyond max_pixels": write_config(
+            tmp_path,
+            "pad.yaml",
+            dict(good, image={"max_pixels": 40000}, transforms=[{"pad": {"size": 250}}]),
+        ),
         "no source": write_config(
             tmp_path,
             "source.yaml",

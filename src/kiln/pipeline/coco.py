@@ -90,6 +90,7 @@ import json
 import logging
 import operator
 import posixpath
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -111,6 +112,29 @@ _MAX_ID = 2**63 - 1
 
 UNDECLARED_CATEGORY = "undeclared category_id {}"
 """The class an annotation gets when its category is not declared (see the module docstring)."""
+
+
+# How much of a file `looks_like_coco` reads: COCO's first keys (info,
+# licenses) are short, and its arrays start within the first few KB.
+_SNIFF_BYTES = 64 << 10
+_COCO_ARRAY = re.compile(rb'"(?:images|annotations)"\s*:\s*\[')
+
+
+def looks_like_coco(path: str) -> bool:
+    """Whether the file `path` (compressed too, `compressed.without_suffix`)
+    is named ``*.json`` and starts like a COCO instances file: a JSON object
+    with an ``images`` or ``annotations`` array among its first
+    `_SNIFF_BYTES` bytes. Reads only those, never the whole file; a file
+    that cannot be read does not look like one."""
+    if not compressed.without_suffix(path).lower().endswith(".json"):
+        return False
+    try:
+        with compressed.open_decompressed(path) as f:
+            head = f.read(_SNIFF_BYTES)
+    except Exception:  # any filesystem's or decompressor's error: no hint, not a new error
+        logger.debug("could not read the start of %s", path, exc_info=True)
+        return False
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{") and bool(_COCO_ARRAY.search(head))
 
 
 class CocoFileError(Exception):

@@ -1,8 +1,9 @@
 """The build config: YAML in, a validated and resolved config out.
 
-A config file is data (read with `yaml.safe_load`); the pydantic models below
-are its schema. Everything is checked before any work starts, and every
-problem is reported at once, each on one line naming the field, e.g.::
+A config file is data (read with a `yaml.SafeLoader`, whose numbers are YAML
+1.2's: ``1e-9`` is a number, not a string); the pydantic models below are its
+schema. Everything is checked before any work starts, and every problem is
+reported at once, each on one line naming the field, e.g.::
 
     config error in configs/x.yaml: splits.fractions: must sum to 1, got 0.9
 
@@ -84,7 +85,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import ErrorDetails
 
 from kiln import transforms
-from kiln.errors import ConfigError, quote, quote_text
+from kiln.errors import ConfigError, did_you_mean, quote, quote_text
 from kiln.pipeline import storage, voc
 from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
 from kiln.pipeline.error_report import as_text
@@ -92,6 +93,7 @@ from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, So
 from kiln.pipeline.versioning import fingerprint
 from kiln.registry import ListError, describe_error
 from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
+from kiln.transforms import encode
 
 if TYPE_CHECKING:
     from kiln.reader.ops import Augmentation
@@ -123,7 +125,9 @@ class ImageConfig(_Model):
     max_pixels: pydantic.PositiveInt = DEFAULT_MAX_PIXELS
     """Images with more pixels (width x height, read from the header) are dropped as
     `too_many_pixels` before decoding: a decompression-bomb guard. 89478485 is Pillow's
-    limit."""
+    limit. The offline transforms may not make larger images either: a `pad`, `resize`,
+    `center_crop` or `letterbox` whose parameters alone make images of more pixels (a fixed
+    size, or a shorter side's square) is a config error naming it."""
     min_size: pydantic.PositiveInt = 1
     """Images whose shorter side is below this are dropped as `too_small`."""
     jpeg_scaled_decode: bool = False
@@ -142,7 +146,8 @@ class EncodingConfig(_Model):
     format: Literal["jpeg", "png", "raw"] = "jpeg"
     """`jpeg` (small, lossy), `png` (lossless) or `raw` (uint8 pixels with their shape:
     largest, fastest to read). JPEG stores at most 65500 pixels per side, PNG 1000000: a
-    longer image (after the transforms) is dropped as `encode_failed`."""
+    longer image (after the transforms) is dropped as `encode_failed`, and transforms whose
+    parameters alone make every image longer are a config error."""
     quality: Annotated[int, Field(ge=1, le=100)] = 95
     """JPEG quality. Ignored (and left out of the fingerprint) for png and raw."""
 
@@ -206,7 +211,10 @@ class ShardingConfig(_Model):
     num_shards: Any = None
     """A fixed shard count instead: one positive int for every split, or `{split: count}`
     (splits not named use `target_shard_mb`). A mapping that gives every split of
-    `splits.fractions` one count is the same config as that count (one version)."""
+    `splits.fractions` one count is the same config as that count (one version). A name that
+    is not a split of `splits.fractions` (or `train`, its default) is a config error; with
+    `splits.from_source` the build warns, once the source is listed, of a name that matches
+    no split."""
     compression: Literal["none", "gzip"] = "none"
     """`gzip` compresses the shards (`.gz` suffix). TFDS cannot read gzip shards, so such
     builds get no TFDS metadata."""
@@ -389,8 +397,9 @@ class BuildSpec:
         config, one fingerprint, one version:
 
         - ``num_shards`` per split that names every split with one count is
-          that count (``{train: 2, test: 2}`` is ``2``), and counts for
-          splits the build does not have are left out (``{}`` is null);
+          that count (``{train: 2, test: 2}`` is ``2``), and ``{}`` is null
+          (`load` refuses a count for a split ``splits.fractions`` does
+          not have: `_shard_count_problems`);
         - ``target_shard_mb``, when ``num_shards`` fixes every split's count,
           sizes nothing that is stored: it is written as its default.
 
@@ -519,8 +528,12 @@ def load(
     augment = [augmentation.to_json() for augmentation in augmentations or ()]
     if model is not None and parsed is not None:
         problems.check("targets", lambda: _check_targets(model, chain))
+        for problem in _size_limit_problems(chain, model.image.max_pixels, model.encoding.format):
+            problems.add("transforms", problem)
     if model is not None:
         problems.check("source", lambda: _check_listing(model))
+        for problem in _shard_count_problems(model):
+            problems.add("sharding", problem)
 
     if model is None:
         raise ConfigError.of(origin, problems.sorted())
@@ -542,6 +555,31 @@ def load(
     if problems:
         raise ConfigError.of(origin, problems.sorted())
     return spec
+
+
+def _shard_count_problems(model: BuildConfig) -> list[str]:
+    """A problem for each split that ``sharding.num_shards`` gives a count
+    but the build does not have, when the splits are known from the config
+    (``splits.fractions``, or its default ``{train: 1}``): a misspelt name
+    would leave its split to ``target_shard_mb`` without a word. With
+    ``splits.from_source`` the names are known once the source is listed,
+    and the launcher warns instead (`launcher._warn_about_shard_counts`)."""
+    counts = model.sharding.num_shards
+    if not isinstance(counts, dict) or model.splits.from_source:
+        return []
+    fractions = model.splits.fractions
+    splits = sorted(fractions) if fractions is not None else ["train"]
+    names = (
+        f"splits.fractions names {', '.join(splits)}"
+        if fractions is not None
+        else "without splits.fractions every image is in train"
+    )
+    return [
+        f"sharding.num_shards.{split}: not a split of this build{did_you_mean(split, splits)} "
+        f"({names})"
+        for split in counts
+        if split not in splits
+    ]
 
 
 class _Problems:
@@ -643,6 +681,16 @@ class _ConfigLoader(yaml.SafeLoader):
 
 
 _ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
+
+# YAML 1.2's floats that YAML 1.1 (PyYAML) reads as strings: an exponent
+# without a dot (`1e-9`, `1E12`) or without a sign (`1.5e9`, `.5e3`). Without
+# this, `target_shard_mb: 1e-9` was "expected a number, got '1e-9'". Added to
+# this loader only (PyYAML copies the table on the first addition); the
+# pattern needs an exponent, so integers stay integers.
+_YAML_12_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", _YAML_12_FLOAT, list("-+.0123456789")
+)
 
 
 def _yaml_problem(error: yaml.YAMLError) -> str:
@@ -867,9 +915,10 @@ def _size_after(made: _Made | None, transform: Any, where: str) -> _Made | None:
     """What is known of every image's size after `transform`, given `made` before it.
 
     The sizes come from the built-ins that set one: `resize` (``size``
-    exactly, or the shorter or longer side), `center_crop` and `letterbox`
-    (exactly). `to_grayscale` and `equalize` keep the size; after `pad` or
-    a user transform it is not known.
+    exactly, or the shorter or longer side), `center_crop`, `letterbox` and
+    `pad` with a ``size`` (exactly: a larger image is dropped). `to_grayscale`
+    and `equalize` keep the size; after ``pad: {to_square: true}`` or a user
+    transform it is not known.
     """
     params = transform.kwargs
     if transform.name == "resize":
@@ -878,7 +927,9 @@ def _size_after(made: _Made | None, transform: Any, where: str) -> _Made | None:
         if params.get("shorter_side") is not None:
             return (where, "shorter", params["shorter_side"])
         return (where, "longer", params["longer_side"])
-    if transform.name in ("center_crop", "letterbox"):
+    if transform.name in ("center_crop", "letterbox") or (
+        transform.name == "pad" and params.get("size") is not None
+    ):
         return (where, "exact", _height_width(params["size"]))
     if transform.name in ("to_grayscale", "equalize"):
         return made
@@ -934,6 +985,68 @@ def _crop_problem(chain: transforms.Chain) -> str | None:
                 )
         made = _size_after(made, transform, where)
     return None
+
+
+def _size_limit_problems(chain: transforms.Chain, max_pixels: int, format: str) -> list[str]:
+    """Why transforms make images larger than kiln handles, known from the
+    config alone (`_size_after`), before any file is read: a ``pad: {size:
+    100000}`` would allocate 28 GiB for every file, and drop each with a
+    MemoryError.
+
+    A transform that sets the size may make no image of more pixels than
+    ``image.max_pixels`` (the bound on every image a build holds, decoded
+    or made); the last one none longer than ``encoding.format`` stores
+    (`encode.MAX_SIDE`, which would drop every file). A shorter side makes images of at least its
+    square, a longer side images that long; a size that depends on the
+    input otherwise (``to_square``, a user transform) is not refused.
+    """
+    problems = []
+    made: _Made | None = None
+    for index, transform in enumerate(chain.transforms):
+        where = f"transforms[{index}].{transform.name}"
+        made = _size_after(made, transform, where)
+        if made is None or made[0] != where:
+            continue
+        parameter = f"{where}.{_size_parameter(transform)}"
+        kind, value = made[1], made[2]
+        pixels, images = (
+            (value[0] * value[1], f"{value[0]}x{value[1]} (HxW) images")
+            if kind == "exact"
+            else (value * value, f"images of at least {value}x{value} pixels")
+            if kind == "shorter"
+            else (value, f"images {value} pixels long")
+        )
+        if pixels > max_pixels:
+            problems.append(
+                f"{parameter}: makes {images}, more pixels than image.max_pixels "
+                f"({max_pixels}) allows an image; make them smaller, or raise image.max_pixels"
+            )
+            continue
+        longest = max(value) if kind == "exact" else value
+        limit = encode.MAX_SIDE.get(format)
+        last = all(_size_after(made, later, "") == made for later in chain.transforms[index + 1 :])
+        if last and limit is not None and longest > limit:
+            others = [
+                name if name not in encode.MAX_SIDE else f"{name} (up to {encode.MAX_SIDE[name]})"
+                for name in encode.FORMATS
+                if name != format and encode.MAX_SIDE.get(name, longest) >= longest
+            ]
+            problems.append(
+                f"{parameter}: makes {images}, longer than the {limit} pixels per side "
+                f"that encoding.format {format} stores (every file would be dropped); make "
+                f"them smaller, or store {' or '.join(others)}"
+            )
+    return problems
+
+
+def _size_parameter(transform: Any) -> str:
+    """The parameter that sets the size a transform makes (`_size_after`)."""
+    params = transform.kwargs
+    if transform.name == "resize":
+        return next(
+            name for name in ("size", "shorter_side", "longer_side") if params.get(name) is not None
+        )
+    return "size"
 
 
 def _height_width(size: Any) -> tuple[int, int]:

@@ -57,6 +57,10 @@ one line:
 kiln build: error: config error in configs/x.yaml: line 12: duplicate key 'name' (first on line 1)
 ```
 
+Numbers are read as YAML 1.2 reads them: `1e-9`, `1E12` and `2.5e3` are numbers
+(YAML 1.1, PyYAML's default, reads them as strings: its floats need a dot and a
+signed exponent, `1.0e-9`), and integers stay integers.
+
 Relative paths in the file (`source.root`, `source.path`, `source.allowed_roots`,
 `output`) resolve against the folder that holds the config file, as in docker
 compose or GitHub Actions, so a build does not depend on the directory it is

@@ -330,6 +330,20 @@ def _prepare_out_dir(out_dir: str) -> None:
         return
     if not os.path.isdir(out_dir):
         raise FileExistsError(f"{out_dir} exists and is not a folder")
+    foreign = foreign_entry(out_dir)
+    if foreign is not None:
+        raise FileExistsError(
+            f"{out_dir} is not empty and {foreign} was not written by kiln demo-data; "
+            f"choose an empty or new folder"
+        )
+    for entry in os.listdir(out_dir):
+        shutil.rmtree(os.path.join(out_dir, entry))
+
+
+def foreign_entry(out_dir: str) -> str | None:
+    """The first path in the folder `out_dir` that `generate` and
+    `generate_photos` do not write (they write class folders of their own
+    images), or None: the folder is empty or an earlier demo of theirs."""
     for entry in sorted(os.listdir(out_dir)):
         path = os.path.join(out_dir, entry)
         foreign = (
@@ -338,12 +352,30 @@ def _prepare_out_dir(out_dir: str) -> None:
             or any(not _OWN_FILE.match(name) for name in os.listdir(path))
         )
         if foreign:
-            raise FileExistsError(
-                f"{out_dir} is not empty and {path} was not written by kiln demo-data; "
-                f"choose an empty or new folder"
-            )
-    for entry in os.listdir(out_dir):
-        shutil.rmtree(os.path.join(out_dir, entry))
+            return path
+    return None
+
+
+def _other_demo(out_dir: str, targets: bool) -> str | None:
+    """What to do instead when `out_dir` holds the demo the other mode
+    writes (``--targets`` or not): each mode refuses the other's folder,
+    which it did not write, but the folder is no stranger's either; else None."""
+    from kiln.pipeline import demo_targets
+
+    if not os.path.isdir(out_dir) or not os.listdir(out_dir):
+        return None
+    if targets and foreign_entry(out_dir) is None:
+        return (
+            f"{out_dir} holds the class folders that kiln demo-data writes without --targets, "
+            f"not the detection demo of --targets; drop --targets to write that demo again, "
+            f"or choose another folder"
+        )
+    if not targets and demo_targets.foreign_entry(out_dir) is None:
+        return (
+            f"{out_dir} holds the detection demo that kiln demo-data --targets writes, not "
+            f"class folders; pass --targets to write that demo again, or choose another folder"
+        )
+    return None
 
 
 def _write(out_dir: str, relative_path: str, data: bytes) -> None:
@@ -450,7 +482,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
                 progress=progress,
             )
     except FileExistsError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(_other_demo(args.out, args.targets) or str(e)) from None
     finally:
         shown.close()
     if not args.quiet:

@@ -462,6 +462,23 @@ def _prepare_out_dir(out_dir: str) -> None:
         return
     if not os.path.isdir(out_dir):
         raise FileExistsError(f"{out_dir} exists and is not a folder")
+    foreign = foreign_entry(out_dir)
+    if foreign is not None:
+        raise FileExistsError(
+            f"{out_dir} is not empty and {foreign} was not written by kiln demo-data --targets; "
+            f"choose an empty or new folder"
+        )
+    for entry in os.listdir(out_dir):
+        path = os.path.join(out_dir, entry)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+
+
+def foreign_entry(out_dir: str) -> str | None:
+    """The first path in the folder `out_dir` that `generate` does not
+    write, or None: the folder is empty or an earlier demo of its."""
     for entry in sorted(os.listdir(out_dir)):
         path = os.path.join(out_dir, entry)
         foreign = not _OWN_ENTRY.match(entry) or (
@@ -470,16 +487,8 @@ def _prepare_out_dir(out_dir: str) -> None:
             or os.path.isdir(path) != (entry in ("images", "masks"))
         )
         if foreign:
-            raise FileExistsError(
-                f"{out_dir} is not empty and {path} was not written by kiln demo-data --targets; "
-                f"choose an empty or new folder"
-            )
-    for entry in os.listdir(out_dir):
-        path = os.path.join(out_dir, entry)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        else:
-            os.remove(path)
+            return path
+    return None
 
 
 def _write(out_dir: str, relative_path: str, data: bytes) -> None:

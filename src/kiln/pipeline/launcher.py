@@ -64,7 +64,7 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.runners.runner import PipelineState
 
 import kiln
-from kiln.errors import DryRun, Failure, UsageError, quote_text, unexpected
+from kiln.errors import DryRun, Failure, UsageError, did_you_mean, quote_text, unexpected
 from kiln.pipeline import (
     box_convention,
     incremental,
@@ -1211,6 +1211,10 @@ class _Interruption:
 
 
 def _warn_about_shard_counts(spec: BuildSpec, listing: SourceListing) -> None:
+    """Warns of shard counts that cannot be what was meant: more shards than
+    files, or (``splits.from_source``, whose names only the listing knows; the
+    config refuses them with ``splits.fractions``) a count for a split the
+    source does not have, which shards nothing."""
     fixed = spec.config.sharding.num_shards
     counts = fixed.values() if isinstance(fixed, Mapping) else [fixed] if fixed else []
     if any(count > listing.num_files for count in counts):
@@ -1219,6 +1223,17 @@ def _warn_about_shard_counts(spec: BuildSpec, listing: SourceListing) -> None:
             "a split gets at most one shard per record",
             listing.num_files,
         )
+    if isinstance(fixed, Mapping) and listing.split_names is not None:
+        splits = listing.split_names
+        for split in sorted(set(fixed) - set(splits)):
+            logger.warning(
+                "sharding.num_shards.%s: the source has no split %r%s (its splits: %s); "
+                "that count is not used",
+                split,
+                split,
+                did_you_mean(split, splits),
+                ", ".join(splits) or "none",
+            )
 
 
 def _warn_about_numbers_sorted_as_text(spec: BuildSpec, class_names: Sequence[str]) -> None:

@@ -61,7 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kiln.errors import ConfigError
 from kiln.pipeline import box_convention, compressed, storage, target_rows, text_lines, voc
-from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem
+from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem, looks_like_coco
 from kiln.pipeline.config_paths import ConfigPath
 from kiln.pipeline.error_report import DroppedFile, as_text, is_unicode
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
@@ -363,6 +363,19 @@ class ManifestSource(_SourceModel):
 
     def describe(self) -> str:
         return f"source.path: {self.path}"
+
+    def no_usable_image(self, num_dropped: int, first: DroppedFile | None) -> str:
+        """The message for a listing without a file to process, saying so when
+        the manifest is a COCO instances file (`coco.looks_like_coco`): every
+        line of it is dropped as a row, for want of a ``path``."""
+        message = super().no_usable_image(num_dropped, first)
+        if looks_like_coco(self.path):
+            message += (
+                "; it looks like a COCO instances file: use source.type: coco, with "
+                "annotations: (this file) and images: (the images' folder), see "
+                "docs/detection-sources.md"
+            )
+        return message
 
     def resolved(self) -> ManifestSource:
         return self.model_copy(
