@@ -1351,38 +1351,54 @@ def _check_box_convention(
 
 
 def _check_augment_fits(spec: BuildSpec, report: job.JobReport) -> None:
-    """Stops the build when the reader would refuse its stored augment list
-    on the images the job stored: a crop larger than their one size.
+    """Stops the build when its stored augment list does not fit the images
+    the job stored: a crop larger than their one size, which the reader
+    would refuse, or, when their sizes vary, larger than the smallest of
+    them, which would fail training at the first such image.
 
     The config checks the list before the job (`config.check_augment`) with
     the stored size when the transforms fix it; when they do not (no resize
-    to an exact size, crop or letterbox at the end) but every stored image
-    has one size all the same, only the job's report knows that size, and
-    the reader (`load`) would check it against ``image_size``. Publishing a
-    dataset whose own default list `load` refuses would waste more than
-    the job: every training run on it.
+    to an exact size, crop or letterbox at the end), only the job's report
+    knows the stored sizes. When every image has one size, the reader
+    (`load`) would check it against ``image_size``; when they vary, `load`
+    has no size to check and the crop fails on the first smaller image
+    (TensorFlow's InvalidArgumentError, in training): the build checks the
+    list against the least height and the least width stored, which every
+    image has at least. Publishing a dataset whose own default list fails
+    would waste more than the job: every training run on it.
 
     Raises:
-      BuildError: naming the op and the size.
+      BuildError: naming the op, its size and the stored size.
     """
-    if not spec.augment or report.image_size is None:
+    if not spec.augment:
+        return
+    if report.image_size is not None:
+        height, width = report.image_size
+        size = report.image_size
+        stored = f"the images the job stored (all {height}x{width})"
+        consequence = "kiln.reader.load would refuse this augment list on the dataset"
+    elif report.smallest_size is not None:
+        height, width = report.smallest_size
+        size = report.smallest_size
+        stored = (
+            f"the smallest images the job stored (their sizes vary: the least height "
+            f"{height}, the least width {width})"
+        )
+        consequence = (
+            "training on the dataset would fail at the first image smaller than the crop "
+            "(kiln.reader.load cannot check images of varying size before reading them)"
+        )
+    else:
         return
     from kiln import reader
 
-    height, width = report.image_size
     try:
-        config_module.check_augment(
-            spec.config,
-            reader.validate(spec.augment),
-            report.image_size,
-            stored=f"the images the job stored (all {height}x{width})",
-        )
+        config_module.check_augment(spec.config, reader.validate(spec.augment), size, stored=stored)
     except ListError as e:
         raise BuildError(
-            f"{e}; kiln.reader.load would refuse this augment list on the dataset, so "
-            f"nothing was published. Make the crop smaller, or end the transforms with a "
-            f"fixed size (resize: {{size: ...}}, center_crop, letterbox) so that the config "
-            f"check finds this before the job"
+            f"{e}; {consequence}, so nothing was published. Make the crop smaller, or end "
+            f"the transforms with a fixed size (resize: {{size: ...}}, center_crop, "
+            f"letterbox) so that the config check finds this before the job"
         ) from None
 
 
