@@ -9,7 +9,9 @@
     print(result.dataset_dir, result.info.splits["train"].num_examples)
 
 A build, as `build` tells it: validate the config into a `BuildSpec` (a
-bad config raises `ConfigError` before anything else happens); list the
+bad config raises `ConfigError` before anything else happens); take the
+dataset's lock and check ``base`` (a version that is not there is a
+`UsageError` even when the dataset is up to date); list the
 source and stamp the listing; if a complete version was already built from
 this stamp (the files modified as its build started read and found as its
 records: `up_to_date`), point LATEST at it and stop (``up_to_date``,
@@ -443,6 +445,8 @@ def build(
       UsageError: a pipeline flag is unknown or cannot work with this
         runner and config (`pipeline_flags.FlagsError`, one line per
         problem): checked before the lock and the listing, nothing was done.
+      UsageError: ``base`` names no complete version of the dataset
+        (checked under the lock before the listing, up to date or not).
       Busy: another build of the dataset is running (nothing was done).
       DryRun: the pipeline options ask for a dry run (``--dry_run=True``
         on Dataflow): the job was translated, not submitted, without a lock
@@ -470,22 +474,26 @@ def build(
             spec, options, image_threads=image_threads, base=base, full=full, rehash=rehash
         )
     try:
-        # The listing's rows are on disk until the build ends, failed or not.
-        with DatasetLock(spec.dataset_root, wait=wait) as held, _listed(spec, options) as listing:
-            return _build_locked(
-                spec,
-                listing,
-                options,
-                held,
-                image_threads=image_threads,
-                show_progress=show_progress,
-                progress_every=progress_every,
-                keep=keep,
-                base=base,
-                full=full,
-                gate=gate,
-                rehash=rehash,
-            )
+        with DatasetLock(spec.dataset_root, wait=wait) as held:
+            # Before the listing and the up-to-date check: a --base that names
+            # no version fails the first run, not the first one with changes.
+            _check_base(publish.DatasetRoot(spec.dataset_root), base)
+            # The listing's rows are on disk until the build ends, failed or not.
+            with _listed(spec, options) as listing:
+                return _build_locked(
+                    spec,
+                    listing,
+                    options,
+                    held,
+                    image_threads=image_threads,
+                    show_progress=show_progress,
+                    progress_every=progress_every,
+                    keep=keep,
+                    base=base,
+                    full=full,
+                    gate=gate,
+                    rehash=rehash,
+                )
     except OSError as e:  # a full disk, a read-only or unwritable output...
         raise BuildError(f"{storage.describe_os_error(e)}; nothing was published") from e
 
@@ -766,7 +774,6 @@ def _build_locked(
             latest_set_by_hand=by_hand,
         )
 
-    _check_base(dataset, base)
     choice = incremental.choose_base(
         dataset.path, dataset.read_info, previous, base, spec.to_json(), full
     )
