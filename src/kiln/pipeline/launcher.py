@@ -22,8 +22,10 @@ Otherwise, inside a `publish.PublishTransaction`: run the job
 refuse too many dropped files (`BuildError`; the staging folder is kept
 with its errors.jsonl only, until the next build), refuse an augment list
 the reader would refuse on the stored images' size when only the job could
-know it (`BuildError`), derive the content-addressed version
-(`versioning`) and the `DatasetInfo`, and commit (kiln.json last, LATEST
+know it, or, when their sizes vary, a crop larger than the smallest of
+them (`BuildError`), derive the content-addressed version
+(`versioning`) and the `DatasetInfo`, warn about classes and splits
+without an example and split names that look misspelt, and commit (kiln.json last, LATEST
 last of all). With ``keep``, prune all but the newest versions.
 
 The local default runner is Beam's FnApiRunner, the batch engine inside the
@@ -39,6 +41,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
+import difflib
 import functools
 import gc
 import json
@@ -93,6 +96,7 @@ from kiln.schemas import (
     MetadataError,
     ObjectStatistics,
     SplitInfo,
+    ordered_splits,
     schema_for,
     version_diff,
 )
@@ -812,6 +816,8 @@ def _build_locked(
         _check_augment_fits(spec, report)
         info = dataset_info(spec, listing, report, _version(spec, processing, listing, report))
         _warn_about_empty_classes(info)
+        _warn_about_empty_splits(spec, info)
+        _warn_about_split_names(spec, info)
         held.check()
         target = transaction.commit(
             info,
@@ -1240,6 +1246,84 @@ def _warn_about_empty_classes(info: DatasetInfo) -> None:
             "their label ids",
             ", ".join(empty),
         )
+
+
+def _warn_about_empty_splits(spec: BuildSpec, info: DatasetInfo) -> None:
+    """One warning naming the splits the build stored no example in, which
+    `kiln.reader.load` cannot read: too few images for a split's fraction (each
+    image draws its split by a hash), or every file a source's split lists
+    dropped. Not for an empty dataset (``errors.allow_empty``), which is
+    empty as asked."""
+    total = sum(split.num_examples for split in info.splits.values())
+    empty = [name for name in ordered_splits(info.splits) if not info.splits[name].num_examples]
+    if not empty or not total:
+        return
+    fractions = spec.config.splits.fractions
+    if fractions is None:  # splits.from_source
+        named = ", ".join(empty)
+        why = "every file the source lists in it was dropped (errors.jsonl names them)"
+        remedy = "fix or add its files"
+    else:
+        named = ", ".join(f"{name} ({fractions.get(name, 0.0):.0%})" for name in empty)
+        why = (
+            f"{total} example{' is' if total == 1 else 's are'} too few for "
+            f"{'its share' if len(empty) == 1 else 'their shares'} of splits.fractions"
+        )
+        remedy = "add images, or raise its fraction"
+    logger.warning(
+        "split(s) with no example: %s: %s; kiln.reader.load cannot read an empty split: %s",
+        named,
+        why,
+        remedy,
+    )
+
+
+# The split names a typo is most often of (`_warn_about_split_names`).
+USUAL_SPLIT_NAMES = ("train", "validation", "test")
+# How close a name must be to another to be taken for its misspelling
+# (difflib's ratio: ``tarin``/``train`` 0.8, ``tset``/``test`` 0.75, while
+# ``valid``/``validation`` 0.67 and ``val``/``validation`` 0.46 are names of
+# their own), and how much smaller than that other split it must be.
+_CLOSE_NAME_RATIO = 0.75
+_MUCH_SMALLER = 10
+
+
+def _warn_about_split_names(spec: BuildSpec, info: DatasetInfo) -> None:
+    """A warning per split of the source (``splits.from_source``) whose name
+    looks like a misspelling of another: close to the name of a split at
+    least `_MUCH_SMALLER` times its size (``tarin``, 1 example, beside
+    ``train``), or to a usual name (`USUAL_SPLIT_NAMES`) the dataset lacks
+    while the split is that much smaller than the largest. Not refused: a
+    small split of its own may be intended. (Names that differ only in case
+    are refused before the job: `_check_split_names`.)"""
+    if not spec.config.splits.from_source:
+        return
+    sizes = {name: split.num_examples for name, split in info.splits.items()}
+    largest = max(sizes.values(), default=0)
+    for name in ordered_splits(info.splits):
+        candidates = [
+            other for other in dict.fromkeys([*sizes, *USUAL_SPLIT_NAMES]) if other != name
+        ]
+        for close in difflib.get_close_matches(name, candidates, n=3, cutoff=_CLOSE_NAME_RATIO):
+            if close in sizes:
+                if sizes[name] * _MUCH_SMALLER > sizes[close]:
+                    continue
+                beside = f"split {close!r} has {sizes[close]}"
+            elif sizes[name] * _MUCH_SMALLER <= largest:
+                beside = f"this dataset has no split {close!r}"
+            else:
+                continue
+            logger.warning(
+                "split %r (%d example%s) looks like a misspelling of %r (%s): %s names it; "
+                "if it is a typo, correct it there",
+                name,
+                sizes[name],
+                "" if sizes[name] == 1 else "s",
+                close,
+                beside,
+                spec.config.source.describe(),
+            )
+            break
 
 
 def _last_line(error: BaseException) -> str:
