@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import yaml
 
+import kiln.reader
 import targets_data as data
 from conftest import make_config
 from kiln import cli
 from kiln.pipeline import ConfigError, config
+from kiln.transforms import encode_image
 
 DETECTION_TARGETS = {"boxes": {"min_visibility": 0.25}, "mask": {"ignore_value": 255}}
 
@@ -122,3 +125,75 @@ def test_a_crop_only_the_job_can_find_too_large_fails_the_build(objects_manifest
     assert err.count("\n") == 1
     # Nothing published: no version folder, no LATEST.
     assert sorted(os.listdir(output / "objects")) == [".lock"]
+
+
+# Stored as they are (no transforms): (height, width), the least height and
+# the least width on different images.
+VARYING_SIZES = [(40, 90), (70, 30), (100, 100), (64, 48)]
+
+
+@pytest.fixture(scope="module")
+def varying_sizes(tmp_path_factory):
+    """An image folder whose images keep sizes that vary (`VARYING_SIZES`)."""
+    root = tmp_path_factory.mktemp("varying") / "images"
+    rng = np.random.default_rng(0)
+    for index, (height, width) in enumerate(VARYING_SIZES):
+        folder = root / ("wide" if width > height else "tall")
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        (folder / f"{index}.png").write_bytes(encode_image(pixels, format="png"))
+    return root
+
+
+def varying_config(root, output, augment) -> dict:
+    return {
+        "name": "varying",
+        "source": {"type": "image_folder", "root": str(root)},
+        "output": str(output),
+        "encoding": {"format": "png"},
+        "sharding": {"num_shards": 1},
+        "augment": augment,
+    }
+
+
+@pytest.mark.parametrize("crop", [1000, [41, 20], [30, 31]], ids=["1000", "height", "width"])
+def test_a_crop_larger_than_the_smallest_of_images_of_varying_size_fails_the_build(
+    varying_sizes, tmp_path, capsys, crop
+):
+    """With no size the reader can check (the stored sizes vary), a fixed crop
+    that does not fit the smallest height or width would fail training at
+    the first such image: the build refuses it, naming the smallest size."""
+    output = tmp_path / "out"
+    augment = [{"random_crop": {"size": crop}}]
+    path = write(
+        tmp_path, varying_config(varying_sizes, output, ["random_flip_left_right", *augment])
+    )
+    config.load(path)  # the config alone cannot tell
+    assert cli.main(["build", "--config", path, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    height = min(h for h, _ in VARYING_SIZES)
+    width = min(w for _, w in VARYING_SIZES)
+    size = crop if isinstance(crop, list) else [crop, crop]
+    assert err.startswith(
+        f"kiln build: failed: augment[1].random_crop: size {size} (height, width) does not "
+        f"fit in [{height}, {width}], the size of the smallest images the job stored (their "
+        f"sizes vary: the least height {height}, the least width {width}); training on the "
+        f"dataset would fail at the first image smaller than the crop"
+    ), err
+    assert "nothing was published" in err
+    assert err.count("\n") == 1
+    assert sorted(os.listdir(output / "varying")) == [".lock"]
+
+
+def test_a_crop_that_fits_the_smallest_of_images_of_varying_size_is_published(
+    varying_sizes, tmp_path
+):
+    height = min(h for h, _ in VARYING_SIZES)
+    width = min(w for _, w in VARYING_SIZES)
+    augment = [{"random_crop": {"size": [height, width]}}]
+    path = write(tmp_path, varying_config(varying_sizes, tmp_path / "out", augment))
+    assert cli.main(["build", "--config", path, "--quiet"]) == 0
+    dataset = kiln.reader.load(str(tmp_path / "out" / "varying"), "train", training=True, seed=1)
+    images = [image for image, _ in dataset.as_numpy_iterator()]
+    assert len(images) == len(VARYING_SIZES)
+    assert {image.shape[:2] for image in images} == {(height, width)}

@@ -512,6 +512,21 @@ def test_summary_image_size_is_set_only_when_every_image_has_it():
         same.add(0, stored(np.zeros((4, 6, 1), np.uint8), "train"))
 
 
+def test_summary_smallest_size_takes_the_least_height_and_width_apart():
+    sizes = [(40, 90), (70, 30), (100, 100), (55, 31)]
+    partials = []
+    for height, width in sizes:
+        partial = statistics.Summary()
+        partial.add(0, stored(np.zeros((height, width, 3), np.uint8), "train"))
+        partials.append(pickle.loads(pickle.dumps(partial)))  # as Beam ships them
+    least = [min(h for h, _ in sizes), min(w for _, w in sizes)]
+    assert summarize(partials).smallest_size == least
+    assert summarize(partials[::-1]).smallest_size == least
+    assert summarize(partials).image_size is None
+    assert statistics.Summary().smallest_size is None
+    assert summarize([statistics.Summary(), partials[0]]).smallest_size == list(sizes[0])
+
+
 # --- image processing ---------------------------------------------------------------
 
 

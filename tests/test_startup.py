@@ -130,6 +130,29 @@ def test_inspect_reads_metadata_without_tensorflow(tmp_path, build_dataset):
         assert result.version in probed["stdout"]
 
 
+def test_reading_commands_refuse_a_path_without_a_dataset_before_tensorflow(tmp_path):
+    # A mistyped path in a cron line: one usage line at once, not after
+    # TensorFlow's seconds of import (verify, preview and diff run TF ops on
+    # a dataset; inspect never needs it).
+    missing = str(tmp_path / "nonexistent")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    sheet = str(tmp_path / "sheet.png")
+    for args in (
+        ["verify", missing],
+        ["verify", "--quiet", str(empty)],
+        ["inspect", missing],
+        ["diff", missing, str(empty)],
+        ["preview", missing, "-o", sheet],
+    ):
+        result = probe(tmp_path, *args)
+        assert result["code"] == 2, (args, result["stderr"])
+        assert result["stderr"].startswith(f"kiln {args[0]}: error: "), result["stderr"]
+        assert result["stderr"].count("\n") == 1, (args, result["stderr"])
+        assert result["stdout"] == "", args
+        assert "tensorflow" not in result["heavy"], args
+
+
 def test_validating_an_augment_list_needs_no_tensorflow(tmp_path):
     # The declarations are importable alone; the op bodies import TF when they run.
     out = tmp_path / "validated.json"

@@ -24,7 +24,7 @@ from kiln.schemas.targets import MaskTarget
 from kiln.tools.verify import verify
 
 TOP = pathlib.Path(__file__).resolve().parents[1]
-EMPTY_WARNING = "with no example"
+EMPTY_WARNING = "class(es) with no example"
 
 
 @pytest.fixture(scope="module")

@@ -159,7 +159,8 @@ class SplitsConfig(_Model):
     from_source: bool = False
     """Take splits from the source: `root/<split>/<class>/<image>` folders or the manifest's
     `split` column. Excludes `fractions`. Names that differ only in case (`Train`, `train`)
-    are a config error."""
+    are a config error; a small split whose name looks misspelt (`tarin` beside `train`) is a
+    build warning."""
     split_by: Literal["content", "key"] = "content"
     """What the fractions hash: `content` (the file's sha256: identical files always share a
     split, so duplicates cannot leak between train and test) or `key` (the path: stable when
@@ -288,7 +289,9 @@ class BuildConfig(_Model):
     """The reader's default augmentation for the train split (random TF ops, every epoch),
     stored in `kiln.json`; validated at build time, and checked against the dataset as
     `kiln.reader.load` checks it (targets, channels, crop sizes), so the build never publishes
-    a list `load` refuses. See [augmentations.md](augmentations.md)."""
+    a list `load` refuses; when the stored images vary in size, nor a fixed crop larger than
+    the least height or width among them, which would fail training at the first such image.
+    See [augmentations.md](augmentations.md)."""
     targets: TargetsConfig | None = None
     """What each record carries besides the image: `label` (one class), `labels` (several),
     `boxes`, `mask`, `instance_masks`, `keypoints`, `extra` columns. Absent: `label` only,

@@ -318,6 +318,8 @@ class JobReport:
       duplicates: Extra copies of identical content.
       duplicates_across_splits: Of those, copies in another split than the first.
       image_size: ``[height, width]`` if every stored image has that size.
+      smallest_size: ``[least height, least width]`` of the stored images
+        (of two images, maybe); None if none was stored.
       inputs_hash: Multiset hash of every file's version entry.
       errors_sha256: sha256 of the errors.jsonl written.
       duplicates_sha256: sha256 of the duplicates.jsonl written.
@@ -343,6 +345,7 @@ class JobReport:
     dropped_objects_sha256: str = ""
     base_problems: Mapping[str, str] = dataclasses.field(default_factory=dict)
     boxes: BoxEvidence = BoxEvidence()
+    smallest_size: list[int] | None = None
 
     @property
     def dropped_total(self) -> int:
@@ -374,6 +377,7 @@ class JobReport:
             "duplicates": self.duplicates,
             "duplicates_across_splits": self.duplicates_across_splits,
             "image_size": self.image_size,
+            "smallest_size": self.smallest_size,
             "inputs_hash": format(self.inputs_hash, "064x"),
             "errors_sha256": self.errors_sha256,
             "duplicates_sha256": self.duplicates_sha256,
@@ -408,6 +412,7 @@ class JobReport:
             duplicates=int(data["duplicates"]),
             duplicates_across_splits=int(data["duplicates_across_splits"]),
             image_size=data["image_size"],
+            smallest_size=data.get("smallest_size"),
             inputs_hash=int(data["inputs_hash"], 16),
             errors_sha256=data["errors_sha256"],
             duplicates_sha256=data["duplicates_sha256"],
@@ -497,6 +502,7 @@ def _assemble_report(
             group.extra_copies for group in duplicates if group.across_splits
         ),
         image_size=merged.image_size,
+        smallest_size=merged.smallest_size,
         inputs_hash=merged.inputs_hash,
         errors_sha256=errors_sha256,
         duplicates_sha256=duplicates_sha256,

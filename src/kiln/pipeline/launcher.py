@@ -9,7 +9,9 @@
     print(result.dataset_dir, result.info.splits["train"].num_examples)
 
 A build, as `build` tells it: validate the config into a `BuildSpec` (a
-bad config raises `ConfigError` before anything else happens); list the
+bad config raises `ConfigError` before anything else happens); take the
+dataset's lock and check ``base`` (a version that is not there is a
+`UsageError` even when the dataset is up to date); list the
 source and stamp the listing; if a complete version was already built from
 this stamp (the files modified as its build started read and found as its
 records: `up_to_date`), point LATEST at it and stop (``up_to_date``,
@@ -20,8 +22,10 @@ Otherwise, inside a `publish.PublishTransaction`: run the job
 refuse too many dropped files (`BuildError`; the staging folder is kept
 with its errors.jsonl only, until the next build), refuse an augment list
 the reader would refuse on the stored images' size when only the job could
-know it (`BuildError`), derive the content-addressed version
-(`versioning`) and the `DatasetInfo`, and commit (kiln.json last, LATEST
+know it, or, when their sizes vary, a crop larger than the smallest of
+them (`BuildError`), derive the content-addressed version
+(`versioning`) and the `DatasetInfo`, warn about classes and splits
+without an example and split names that look misspelt, and commit (kiln.json last, LATEST
 last of all). With ``keep``, prune all but the newest versions.
 
 The local default runner is Beam's FnApiRunner, the batch engine inside the
@@ -37,6 +41,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import dataclasses
+import difflib
 import functools
 import gc
 import json
@@ -92,6 +97,7 @@ from kiln.schemas import (
     MetadataError,
     ObjectStatistics,
     SplitInfo,
+    ordered_splits,
     schema_for,
     version_diff,
 )
@@ -444,6 +450,8 @@ def build(
       UsageError: a pipeline flag is unknown or cannot work with this
         runner and config (`pipeline_flags.FlagsError`, one line per
         problem): checked before the lock and the listing, nothing was done.
+      UsageError: ``base`` names no complete version of the dataset
+        (checked under the lock before the listing, up to date or not).
       Busy: another build of the dataset is running (nothing was done).
       DryRun: the pipeline options ask for a dry run (``--dry_run=True``
         on Dataflow): the job was translated, not submitted, without a lock
@@ -471,22 +479,26 @@ def build(
             spec, options, image_threads=image_threads, base=base, full=full, rehash=rehash
         )
     try:
-        # The listing's rows are on disk until the build ends, failed or not.
-        with DatasetLock(spec.dataset_root, wait=wait) as held, _listed(spec, options) as listing:
-            return _build_locked(
-                spec,
-                listing,
-                options,
-                held,
-                image_threads=image_threads,
-                show_progress=show_progress,
-                progress_every=progress_every,
-                keep=keep,
-                base=base,
-                full=full,
-                gate=gate,
-                rehash=rehash,
-            )
+        with DatasetLock(spec.dataset_root, wait=wait) as held:
+            # Before the listing and the up-to-date check: a --base that names
+            # no version fails the first run, not the first one with changes.
+            _check_base(publish.DatasetRoot(spec.dataset_root), base)
+            # The listing's rows are on disk until the build ends, failed or not.
+            with _listed(spec, options) as listing:
+                return _build_locked(
+                    spec,
+                    listing,
+                    options,
+                    held,
+                    image_threads=image_threads,
+                    show_progress=show_progress,
+                    progress_every=progress_every,
+                    keep=keep,
+                    base=base,
+                    full=full,
+                    gate=gate,
+                    rehash=rehash,
+                )
     except OSError as e:  # a full disk, a read-only or unwritable output...
         raise BuildError(f"{storage.describe_os_error(e)}; nothing was published") from e
 
@@ -767,7 +779,6 @@ def _build_locked(
             latest_set_by_hand=by_hand,
         )
 
-    _check_base(dataset, base)
     choice = incremental.choose_base(
         dataset.path, dataset.read_info, previous, base, spec.to_json(), full
     )
@@ -807,6 +818,8 @@ def _build_locked(
         info = dataset_info(spec, listing, report, _version(spec, processing, listing, report))
         _warn_about_empty_classes(info)
         _warn_about_numbers_sorted_as_text(spec, info.class_names)
+        _warn_about_empty_splits(spec, info)
+        _warn_about_split_names(spec, info)
         held.check()
         target = transaction.commit(
             info,
@@ -1276,6 +1289,84 @@ def _warn_about_empty_classes(info: DatasetInfo) -> None:
         )
 
 
+def _warn_about_empty_splits(spec: BuildSpec, info: DatasetInfo) -> None:
+    """One warning naming the splits the build stored no example in, which
+    `kiln.reader.load` cannot read: too few images for a split's fraction (each
+    image draws its split by a hash), or every file a source's split lists
+    dropped. Not for an empty dataset (``errors.allow_empty``), which is
+    empty as asked."""
+    total = sum(split.num_examples for split in info.splits.values())
+    empty = [name for name in ordered_splits(info.splits) if not info.splits[name].num_examples]
+    if not empty or not total:
+        return
+    fractions = spec.config.splits.fractions
+    if fractions is None:  # splits.from_source
+        named = ", ".join(empty)
+        why = "every file the source lists in it was dropped (errors.jsonl names them)"
+        remedy = "fix or add its files"
+    else:
+        named = ", ".join(f"{name} ({fractions.get(name, 0.0):.0%})" for name in empty)
+        why = (
+            f"{total} example{' is' if total == 1 else 's are'} too few for "
+            f"{'its share' if len(empty) == 1 else 'their shares'} of splits.fractions"
+        )
+        remedy = "add images, or raise its fraction"
+    logger.warning(
+        "split(s) with no example: %s: %s; kiln.reader.load cannot read an empty split: %s",
+        named,
+        why,
+        remedy,
+    )
+
+
+# The split names a typo is most often of (`_warn_about_split_names`).
+USUAL_SPLIT_NAMES = ("train", "validation", "test")
+# How close a name must be to another to be taken for its misspelling
+# (difflib's ratio: ``tarin``/``train`` 0.8, ``tset``/``test`` 0.75, while
+# ``valid``/``validation`` 0.67 and ``val``/``validation`` 0.46 are names of
+# their own), and how much smaller than that other split it must be.
+_CLOSE_NAME_RATIO = 0.75
+_MUCH_SMALLER = 10
+
+
+def _warn_about_split_names(spec: BuildSpec, info: DatasetInfo) -> None:
+    """A warning per split of the source (``splits.from_source``) whose name
+    looks like a misspelling of another: close to the name of a split at
+    least `_MUCH_SMALLER` times its size (``tarin``, 1 example, beside
+    ``train``), or to a usual name (`USUAL_SPLIT_NAMES`) the dataset lacks
+    while the split is that much smaller than the largest. Not refused: a
+    small split of its own may be intended. (Names that differ only in case
+    are refused before the job: `_check_split_names`.)"""
+    if not spec.config.splits.from_source:
+        return
+    sizes = {name: split.num_examples for name, split in info.splits.items()}
+    largest = max(sizes.values(), default=0)
+    for name in ordered_splits(info.splits):
+        candidates = [
+            other for other in dict.fromkeys([*sizes, *USUAL_SPLIT_NAMES]) if other != name
+        ]
+        for close in difflib.get_close_matches(name, candidates, n=3, cutoff=_CLOSE_NAME_RATIO):
+            if close in sizes:
+                if sizes[name] * _MUCH_SMALLER > sizes[close]:
+                    continue
+                beside = f"split {close!r} has {sizes[close]}"
+            elif sizes[name] * _MUCH_SMALLER <= largest:
+                beside = f"this dataset has no split {close!r}"
+            else:
+                continue
+            logger.warning(
+                "split %r (%d example%s) looks like a misspelling of %r (%s): %s names it; "
+                "if it is a typo, correct it there",
+                name,
+                sizes[name],
+                "" if sizes[name] == 1 else "s",
+                close,
+                beside,
+                spec.config.source.describe(),
+            )
+            break
+
+
 def _last_line(error: BaseException) -> str:
     """The one line that says what went wrong: an OS error's own words, else
     the last line of the message (runners put the worker's traceback first)."""
@@ -1392,38 +1483,54 @@ def _check_box_convention(
 
 
 def _check_augment_fits(spec: BuildSpec, report: job.JobReport) -> None:
-    """Stops the build when the reader would refuse its stored augment list
-    on the images the job stored: a crop larger than their one size.
+    """Stops the build when its stored augment list does not fit the images
+    the job stored: a crop larger than their one size, which the reader
+    would refuse, or, when their sizes vary, larger than the smallest of
+    them, which would fail training at the first such image.
 
     The config checks the list before the job (`config.check_augment`) with
     the stored size when the transforms fix it; when they do not (no resize
-    to an exact size, crop or letterbox at the end) but every stored image
-    has one size all the same, only the job's report knows that size, and
-    the reader (`load`) would check it against ``image_size``. Publishing a
-    dataset whose own default list `load` refuses would waste more than
-    the job: every training run on it.
+    to an exact size, crop or letterbox at the end), only the job's report
+    knows the stored sizes. When every image has one size, the reader
+    (`load`) would check it against ``image_size``; when they vary, `load`
+    has no size to check and the crop fails on the first smaller image
+    (TensorFlow's InvalidArgumentError, in training): the build checks the
+    list against the least height and the least width stored, which every
+    image has at least. Publishing a dataset whose own default list fails
+    would waste more than the job: every training run on it.
 
     Raises:
-      BuildError: naming the op and the size.
+      BuildError: naming the op, its size and the stored size.
     """
-    if not spec.augment or report.image_size is None:
+    if not spec.augment:
+        return
+    if report.image_size is not None:
+        height, width = report.image_size
+        size = report.image_size
+        stored = f"the images the job stored (all {height}x{width})"
+        consequence = "kiln.reader.load would refuse this augment list on the dataset"
+    elif report.smallest_size is not None:
+        height, width = report.smallest_size
+        size = report.smallest_size
+        stored = (
+            f"the smallest images the job stored (their sizes vary: the least height "
+            f"{height}, the least width {width})"
+        )
+        consequence = (
+            "training on the dataset would fail at the first image smaller than the crop "
+            "(kiln.reader.load cannot check images of varying size before reading them)"
+        )
+    else:
         return
     from kiln import reader
 
-    height, width = report.image_size
     try:
-        config_module.check_augment(
-            spec.config,
-            reader.validate(spec.augment),
-            report.image_size,
-            stored=f"the images the job stored (all {height}x{width})",
-        )
+        config_module.check_augment(spec.config, reader.validate(spec.augment), size, stored=stored)
     except ListError as e:
         raise BuildError(
-            f"{e}; kiln.reader.load would refuse this augment list on the dataset, so "
-            f"nothing was published. Make the crop smaller, or end the transforms with a "
-            f"fixed size (resize: {{size: ...}}, center_crop, letterbox) so that the config "
-            f"check finds this before the job"
+            f"{e}; {consequence}, so nothing was published. Make the crop smaller, or end "
+            f"the transforms with a fixed size (resize: {{size: ...}}, center_crop, "
+            f"letterbox) so that the config check finds this before the job"
         ) from None
 
 

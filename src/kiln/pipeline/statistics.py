@@ -258,6 +258,9 @@ class Summary:
       class_counts: ``{(split, label id): count}``.
       sizes: The distinct stored ``(height, width)``; at most two are kept
         (enough to tell whether every image has one size).
+      smallest: ``(least height, least width)`` of the stored images (of
+        two images, maybe), or None before any: what a fixed crop must fit
+        in when the sizes vary.
       inputs_hash: The multiset hash of every file's version entry, stored
         or dropped (`versioning.combine_hashes`).
       files: How many files were read, stored or dropped: with the rows
@@ -274,6 +277,7 @@ class Summary:
         "pixels",
         "class_counts",
         "sizes",
+        "smallest",
         "inputs_hash",
         "files",
         "objects",
@@ -293,6 +297,7 @@ class Summary:
         images=None,
         boxes=(),
         unclassed=None,
+        smallest=None,
     ):
         self.pixels: dict[str, PixelSums] = dict(pixels or {})
         self.class_counts: dict[tuple[str, int], int] = dict(class_counts or {})
@@ -303,6 +308,7 @@ class Summary:
         self.images: dict[str, int] = dict(images or {})
         self.boxes = BoxEvidence(*boxes)
         self.unclassed: dict[str, int] = dict(unclassed or {})
+        self.smallest: tuple[int, int] | None = None if smallest is None else tuple(smallest)
 
     def __reduce__(self):  # plain data when Beam pickles accumulators
         return Summary, (
@@ -315,6 +321,7 @@ class Summary:
             self.images,
             tuple(self.boxes),
             self.unclassed,
+            self.smallest,
         )
 
     def __eq__(self, other):
@@ -353,6 +360,7 @@ class Summary:
         size = (image.height, image.width)
         if size not in self.sizes:
             self.sizes = _two_smallest(self.sizes | {size})
+        self.smallest = _least(self.smallest, size)
 
     def merged(self, other: Summary) -> Summary:
         pixels = dict(self.pixels)
@@ -380,6 +388,7 @@ class Summary:
             images,
             self.boxes.merged(other.boxes),
             unclassed,
+            _least(self.smallest, other.smallest),
         )
 
     def channel_statistics(self) -> dict[str, ChannelStatistics | None]:
@@ -390,6 +399,18 @@ class Summary:
     def image_size(self) -> list[int] | None:
         """[height, width] if every stored image has it, else None."""
         return list(next(iter(self.sizes))) if len(self.sizes) == 1 else None
+
+    @property
+    def smallest_size(self) -> list[int] | None:
+        """[least height, least width] of the stored images, or None without any."""
+        return None if self.smallest is None else list(self.smallest)
+
+
+def _least(one: tuple[int, int] | None, other: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Height and width, each the least of the two (None: no image yet)."""
+    if one is None or other is None:
+        return one if other is None else other
+    return (min(one[0], other[0]), min(one[1], other[1]))
 
 
 def _two_smallest(sizes: frozenset) -> frozenset:

@@ -52,6 +52,7 @@ from kiln.schemas import (
     DatasetInfo,
     MetadataError,
     Schema,
+    SplitInfo,
     decode_mask,
     schema_for,
 )
@@ -1231,6 +1232,31 @@ def _shaped_like(targets: ElementTargets, image: tf.Tensor) -> ElementTargets:
     return targets.replace(**out) if out else targets
 
 
+def _no_shards_message(dataset_dir: str, split_info: SplitInfo, metadata: DatasetInfo) -> str:
+    """Why a split without shards cannot be read: as a rule, the build stored
+    no example in it (too few images for its fraction, every file of it
+    dropped), which the build warned about; the message names the splits
+    that can be read."""
+    name = split_info.name
+    if split_info.num_examples:  # kiln.json counts examples it lists no shard of
+        return f"{dataset_dir}: split {name!r} has no shards"
+    others = [
+        f"{other!r} ({split.num_examples})"
+        for other, split in metadata.splits.items()
+        if split.num_examples
+    ]
+    readable = (
+        f"the splits with examples: {', '.join(others)}"
+        if others
+        else "no split has one (an empty dataset, built with errors.allow_empty)"
+    )
+    return (
+        f"{dataset_dir}: split {name!r} has 0 examples in this version "
+        f"({metadata.version}): the build stored none in it, so there is nothing to read; "
+        f"{readable}"
+    )
+
+
 class _Share:
     """What one input pipeline reads per pass: its files, and how many records.
 
@@ -1285,7 +1311,7 @@ class _Share:
                 f"{missing[:5]}{' ...' if len(missing) > 5 else ''}"
             )
         if not files:
-            raise MetadataError(f"{dataset_dir}: split {split_info.name!r} has no shards")
+            raise MetadataError(_no_shards_message(dataset_dir, split_info, metadata))
         record_bytes = sum(s.num_bytes for s in split_info.shards) / max(1, sum(counts))
         total = sum(counts)
         if input_context is None or input_context.num_input_pipelines == 1:

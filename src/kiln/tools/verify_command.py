@@ -48,13 +48,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     # Here, not at the top: `kiln verify --help` needs none of it (TensorFlow, NumPy).
     from kiln.schemas import MetadataError
+    from kiln.schemas.location import locate
+
+    # The path first, with plain Python: a path that holds no dataset is a
+    # usage error in a fraction of a second, not after TensorFlow's import.
+    try:
+        dataset_dir = locate(args.path)
+    except MetadataError as e:
+        raise UsageError(str(e)) from None
+
     from kiln.schemas.leftovers import Leftovers, leftovers
     from kiln.schemas.location import incomplete_versions
     from kiln.tools import verify
     from kiln.tools.inspection import incomplete_versions_line, staging_lines
 
     try:
-        result = verify.verify(args.path)
+        result = verify.verify(dataset_dir)
         # Not problems of the version checked (readers never use them), so
         # not under --quiet: the next build deletes them.
         incomplete = [] if args.quiet else incomplete_versions(args.path)
