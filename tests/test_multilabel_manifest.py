@@ -14,12 +14,14 @@ import pathlib
 import numpy as np
 import tensorflow as tf
 
+import kiln.reader
 import targets_data as data
 from kiln import cli
 from kiln.pipeline import build
 from kiln.pipeline.command import summary
 from kiln.schemas import METADATA_FILENAME, Schema
 from kiln.tools import inspection
+from test_build_incremental import assert_same_dataset
 from test_targets_build import error_rows, records
 
 TARGETS = {"labels": {}, "extra": {"camera": "int", "exposure": "float"}}
@@ -210,3 +212,30 @@ def test_a_classification_kiln_json_has_no_count_of_images_without_classes(build
     with open(os.path.join(result.dataset_dir, METADATA_FILENAME)) as f:
         assert "images_without_classes" not in f.read()
     assert all(s.images_without_classes is None for s in result.info.splits.values())
+
+
+def test_a_reordered_class_list_gives_a_full_builds_bytes(tmp_path):
+    """`source.classes` keeps its declared order, so reordering it permutes
+    the class ids (not a monotone map): the records copied from the base
+    with their ids rewritten keep ``labels`` ascending, byte for byte what a
+    build from scratch stores."""
+    paths = images(tmp_path, 4)
+    manifest = tmp_path / "tags.csv"
+    rows = [f"{paths[0]},bird|cat|dog,1,0.5", f"{paths[1]},cat|dog,2,0.5", f"{paths[2]},bird,3,0.5"]
+    manifest.write_text("path,labels,camera,exposure\n" + "\n".join(rows) + "\n")
+    build(config(manifest, tmp_path / "out"))
+    source = {"type": "manifest", "path": str(manifest), "classes": ["dog", "bird", "cat"]}
+
+    reordered = build(config(manifest, tmp_path / "out", source=source))
+    full = build(config(manifest, tmp_path / "full", source=source))
+
+    assert reordered.incremental.relabelled == 3
+    assert_same_dataset(reordered, full)
+    stored = {
+        example["key"].numpy().decode(): list(example["labels"].numpy())
+        for example in kiln.reader.load(
+            reordered.dataset_dir, "train", augment=None, shuffle=False, as_supervised=False
+        )
+    }
+    assert stored[paths[0]] == [0, 1, 2]  # dog, bird, cat: ascending ids
+    assert stored[paths[1]] == [0, 2]

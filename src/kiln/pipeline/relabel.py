@@ -124,7 +124,7 @@ class Relabel:
             fields["label"] = label
         for name in self._id_features:
             ids = [self._map[int(i)] for i in fields[name]]
-            if name == "labels":  # ascending (a monotone map keeps it so; sorted to be sure)
+            if name == "labels":  # ascending: a declared class list reordered permutes ids
                 ids.sort()
             fields[name] = np.asarray(ids, dtype=np.int64)
         return self._schema.encode(fields)
@@ -134,7 +134,10 @@ class Relabel:
         writer copies it (`FrameRelabel`), or None when some id's varint
         width changes (then records are rewritten by `record`)."""
         names = [name for name in (_LABEL, *_ID_FEATURES) if name in self._schema.names]
-        return FrameRelabel.for_map(self._map, [self._schema.key(name) for name in names])
+        ascending = [self._schema.key(name) for name in names if name == "labels"]
+        return FrameRelabel.for_map(
+            self._map, [self._schema.key(name) for name in names], ascending
+        )
 
     def counts(self, counts: TargetCounts | None) -> TargetCounts | None:
         """A base record's statistics counts with this build's class ids."""
@@ -163,26 +166,34 @@ class FrameRelabel:
     The record is parsed and serialized by protobuf (`tf.train.Example`,
     deterministic), its other features untouched: the bytes `Relabel.record`
     gives, whose serializer's layout depends on the features present and
-    their lengths, not their values (``labels`` stays ascending, as the map
-    is monotone: both lists are sorted). A negative id (no class) is kept.
+    their lengths, not their values. The lists under `ascending`
+    (``labels``, a set stored in ascending order) are sorted again: the map
+    need not keep the order (``source.classes`` is kept as declared, so a
+    reordered list permutes the ids). A negative id (no class) is kept.
     Only made for a map that keeps every id's varint width (`for_map`), so
     the record keeps its length, which the shard count was computed with.
 
     Args:
       id_map: The base's class id -> this build's.
       keys: The record keys of the features holding class ids.
+      ascending: Those of `keys` whose ids are kept in ascending order.
     """
 
-    def __init__(self, id_map: Mapping[int, int], keys: Iterable[str]):
+    def __init__(
+        self, id_map: Mapping[int, int], keys: Iterable[str], ascending: Iterable[str] = ()
+    ):
         self._map = dict(id_map)
         self._keys = tuple(keys)
+        self._ascending = frozenset(ascending)
 
     @classmethod
-    def for_map(cls, id_map: Mapping[int, int], keys: Iterable[str]) -> FrameRelabel | None:
+    def for_map(
+        cls, id_map: Mapping[int, int], keys: Iterable[str], ascending: Iterable[str] = ()
+    ) -> FrameRelabel | None:
         """A `FrameRelabel`, or None when an id would change its varint width."""
         if any(_varint_size(old) != _varint_size(new) for old, new in id_map.items()):
             return None
-        return cls(id_map, keys)
+        return cls(id_map, keys, ascending)
 
     def frame(self, framed: bytes | memoryview) -> bytes:
         """`framed` (one intact frame: `tfrecord.is_frame`) with its record's
@@ -204,7 +215,8 @@ class FrameRelabel:
             if key not in features or features[key].WhichOneof("kind") not in ("int64_list", None):
                 raise ValueError(f"not a record of this dataset: no int64 feature {key!r}")
             values = features[key].int64_list.value
-            values[:] = [self._mapped(value) for value in values]
+            mapped = [self._mapped(value) for value in values]
+            values[:] = sorted(mapped) if key in self._ascending else mapped
         data = example.SerializeToString(deterministic=True)
         if len(data) != len(record):  # `for_map` rules this out
             raise ValueError("the class ids' new values change the record's length")
