@@ -313,3 +313,31 @@ def test_voc_palette_masks_build_and_read_back_as_their_indices(tmp_path):
         plane = (semantic(index) == 1).astype(np.uint8)
         (instance,) = record["instance_masks"]
         np.testing.assert_array_equal(png_pixels(instance), plane)
+
+
+@pytest.mark.timeout(120)
+def test_a_mask_path_that_is_a_named_pipe_is_a_missing_mask_not_a_hang(tmp_path):
+    """Reading a named pipe blocks until someone writes to it: a mask file
+    that is one (put there by mistake, or since the listing) is refused
+    without being read, and its image dropped as a mask that cannot be read,
+    while the other images are stored."""
+    manifest = segmentation_corpus(tmp_path)
+    pipe = tmp_path / "masks" / "2.png"
+    pipe.unlink()
+    os.mkfifo(pipe)
+    result = build(
+        {
+            "name": "pipes",
+            "source": {"type": "manifest", "path": manifest, "classes": CLASSES},
+            "output": str(tmp_path / "out"),
+            "encoding": {"format": "png"},
+            "targets": {"mask": {"ignore_value": 255}},
+            "splits": {"fractions": {"train": 1.0}},
+            "errors": {"max_fraction": 0.5},
+        }
+    )
+
+    dropped = {row["key"]: row for row in error_rows(result)}
+    assert dropped["images/2.png"]["reason"] == "missing_mask"
+    assert "not a regular file but a named pipe (FIFO)" in dropped["images/2.png"]["message"]
+    assert result.info.splits["train"].num_examples == 6 - len(dropped)

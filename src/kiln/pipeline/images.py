@@ -58,7 +58,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
@@ -66,7 +65,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from kiln import transforms
-from kiln.pipeline import moves, record_index, target_rows, versioning
+from kiln.pipeline import moves, record_index, storage, target_rows, versioning
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.incremental import (
@@ -693,8 +692,7 @@ def _likely_reused(item: Mapping[str, Any]) -> bool:
 
 
 def _read(uri: str) -> bytes:
-    # UNCOMPRESSED: a file named x.gz is an image file, not gzip.
-    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with storage.open_input(uri) as f:
         return f.read()
 
 

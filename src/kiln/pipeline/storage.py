@@ -821,6 +821,34 @@ def _links_to_ancestor(path: str) -> bool:
     return folder == target or folder.startswith(target.rstrip(os.sep) + os.sep)
 
 
+def open_input(path: str) -> BinaryIO:
+    """An input file (an image, a mask) open for reading its bytes as they
+    are (a name ending in ``.gz`` is not decompressed).
+
+    A local path is opened without blocking and refused unless it is a
+    regular file: the listing drops named pipes and devices, but one put in
+    a listed file's place since (or a mask file, which the job reads) would
+    block the job until someone wrote to it.
+
+    Raises:
+      OSError: the path cannot be opened, or is not a regular file.
+      BeamIOError: an object cannot be read.
+    """
+    if is_remote(path):
+        from apache_beam.io.filesystem import CompressionTypes
+
+        return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        problem = _special_file_problem(os.fstat(fd).st_mode)
+        if problem:
+            raise OSError(errno.EINVAL, problem, path)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _special_file_problem(mode: int) -> str | None:
     """Why a file of this mode cannot be read as an image, or None.
 

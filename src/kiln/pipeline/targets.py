@@ -66,11 +66,9 @@ from typing import Any
 
 import cv2
 import numpy as np
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 from kiln import transforms
-from kiln.pipeline import box_convention, target_rows
+from kiln.pipeline import box_convention, storage, target_rows
 from kiln.pipeline.box_convention import FAR_OUTSIDE
 from kiln.pipeline.statistics import TargetCounts
 from kiln.schemas import TargetsConfig
@@ -239,7 +237,7 @@ def _read_files(uris: Iterable[str], skip: Container[str]) -> tuple[dict[str, by
         if uri in contents or uri in skip:
             continue
         try:
-            with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            with storage.open_input(uri) as f:  # never blocks on a named pipe
                 contents[uri] = f.read()
         except Exception as e:  # any I/O error: missing, permission, network
             contents[uri] = _first_line(e)

@@ -276,8 +276,7 @@ def _is_sha256(value: object) -> bool:
 def _file_sha256(uri: str) -> str:
     """The sha256 (hex) of a listed file's bytes, read a chunk at a time."""
     digest = hashlib.sha256()
-    # UNCOMPRESSED: a file named x.gz is an image file, not gzip.
-    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with storage.open_input(uri) as f:
         while chunk := f.read(_CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
