@@ -27,7 +27,6 @@ import logging
 import math
 import os
 import re
-import shutil
 from collections.abc import Callable
 
 import cv2
@@ -38,7 +37,9 @@ from kiln.pipeline.demo_drawing import (
     as_stored_for,
     contrasting_colour,
     draw_background,
+    prepare_folder,
     with_exif_orientation,
+    write_file,
 )
 from kiln.pipeline.progress import DEFAULT_EVERY_SECONDS, LoopProgress
 from kiln.transforms import encode_image
@@ -124,13 +125,13 @@ def generate(
     """
     _check_counts(num_images, seed)
     out_dir = os.fspath(out_dir)
-    _prepare_out_dir(out_dir)
+    prepare_folder(out_dir, foreign_entry, "kiln demo-data")
     counts = dict.fromkeys(CLASSES, 0)
     for index in range(num_images):
         class_name = CLASSES[index % len(CLASSES)]
         rng = np.random.default_rng([seed, _SHAPES_STREAM, index])
         name, data = _shape_file(rng, class_name, index)
-        _write(out_dir, f"{class_name}/{name}", data)
+        write_file(out_dir, f"{class_name}/{name}", data)
         counts[class_name] += 1
         if progress is not None:
             progress(index + 1)
@@ -147,7 +148,7 @@ def generate(
             "not_an_image": _NOT_AN_IMAGE,
         }
         for path, reason in _BROKEN_FILES.items():
-            _write(out_dir, path, contents[reason])
+            write_file(out_dir, path, contents[reason])
         broken = dict(_BROKEN_FILES)
     summary = DemoSummary(out_dir, counts, broken)
     logger.info("%s", summary.describe())
@@ -182,13 +183,13 @@ def generate_photos(
     if width < 16 or height < 16:
         raise ValueError(f"size must be at least 16x16, got {size}")
     out_dir = os.fspath(out_dir)
-    _prepare_out_dir(out_dir)
+    prepare_folder(out_dir, foreign_entry, "kiln demo-data")
     counts = dict.fromkeys(CLASSES, 0)
     for index in range(num_images):
         class_name = CLASSES[index % len(CLASSES)]
         rng = np.random.default_rng([seed, _PHOTOS_STREAM, index])
         image = _photo_image(rng, class_name, width, height)
-        _write(
+        write_file(
             out_dir,
             f"{class_name}/photo_{index:04d}.jpg",
             encode_image(image, format="jpeg", quality=90),
@@ -323,23 +324,6 @@ def _photo_image(rng: np.random.Generator, class_name: str, width: int, height: 
 # --- files ------------------------------------------------------------------------
 
 
-def _prepare_out_dir(out_dir: str) -> None:
-    """Empties a previous demo folder; refuses to touch anything else."""
-    if not os.path.exists(out_dir):
-        os.makedirs(out_dir)
-        return
-    if not os.path.isdir(out_dir):
-        raise FileExistsError(f"{out_dir} exists and is not a folder")
-    foreign = foreign_entry(out_dir)
-    if foreign is not None:
-        raise FileExistsError(
-            f"{out_dir} is not empty and {foreign} was not written by kiln demo-data; "
-            f"choose an empty or new folder"
-        )
-    for entry in os.listdir(out_dir):
-        shutil.rmtree(os.path.join(out_dir, entry))
-
-
 def foreign_entry(out_dir: str) -> str | None:
     """The first path in the folder `out_dir` that `generate` and
     `generate_photos` do not write (they write class folders of their own
@@ -376,13 +360,6 @@ def _other_demo(out_dir: str, targets: bool) -> str | None:
             f"class folders; pass --targets to write that demo again, or choose another folder"
         )
     return None
-
-
-def _write(out_dir: str, relative_path: str, data: bytes) -> None:
-    path = os.path.join(out_dir, *relative_path.split("/"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 # --- command ----------------------------------------------------------------------

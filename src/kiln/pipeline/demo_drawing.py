@@ -1,10 +1,14 @@
 """Drawing shared by the demo generators (`demo_data`, `demo_targets`): the shape
-classes, backgrounds, contrasting colours and EXIF orientation of stored pixels."""
+classes, backgrounds, contrasting colours and EXIF orientation of stored pixels;
+and the folder they write to (`prepare_folder`, `write_file`)."""
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import struct
+from collections.abc import Callable
 
 import numpy as np
 
@@ -71,3 +75,44 @@ def with_exif_orientation(jpeg: bytes, orientation: int) -> bytes:
     if jpeg[2:4] == b"\xff\xe0":
         insert_at = 4 + struct.unpack(">H", jpeg[4:6])[0]
     return jpeg[:insert_at] + segment + jpeg[insert_at:]
+
+
+def prepare_folder(out_dir: str, foreign_entry: Callable[[str], str | None], command: str) -> None:
+    """Creates `out_dir`, or empties an earlier demo in it; refuses to touch
+    anything else.
+
+    Args:
+      out_dir: The folder to write the demo to.
+      foreign_entry: The first path in a folder that the demo does not
+        write, or None.
+      command: The command that writes the demo, for the error message.
+
+    Raises:
+      FileExistsError: `out_dir` is a file, or holds something `command`
+        did not write.
+    """
+    if not os.path.exists(out_dir):
+        os.makedirs(out_dir)
+        return
+    if not os.path.isdir(out_dir):
+        raise FileExistsError(f"{out_dir} exists and is not a folder")
+    foreign = foreign_entry(out_dir)
+    if foreign is not None:
+        raise FileExistsError(
+            f"{out_dir} is not empty and {foreign} was not written by {command}; "
+            f"choose an empty or new folder"
+        )
+    for entry in os.listdir(out_dir):
+        path = os.path.join(out_dir, entry)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+
+
+def write_file(out_dir: str, relative_path: str, data: bytes) -> None:
+    """Writes `data` to `relative_path` ("/"-separated) under `out_dir`, creating folders."""
+    path = os.path.join(out_dir, *relative_path.split("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)

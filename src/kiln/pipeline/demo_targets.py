@@ -35,7 +35,6 @@ import logging
 import math
 import os
 import re
-import shutil
 from typing import Any
 
 import cv2
@@ -157,7 +156,7 @@ def generate(
     if num_images < 0 or seed < 0:
         raise ValueError(f"num_images and seed must be >= 0, got {num_images} and {seed}")
     out_dir = os.fspath(out_dir)
-    _prepare_out_dir(out_dir)
+    demo_drawing.prepare_folder(out_dir, foreign_entry, "kiln demo-data --targets")
     scenes = [
         draw_scene(np.random.default_rng([seed, _SCENES_STREAM, index]), f"scene_{index:04d}")
         for index in range(num_images)
@@ -175,8 +174,10 @@ def generate(
         coco.add(scene, image_file)
     if include_broken:
         coco.add_dangling()
-    _write(out_dir, MANIFEST, "".join(json.dumps(row) + "\n" for row in manifest_rows).encode())
-    _write(out_dir, COCO, (json.dumps(coco.document(), indent=1) + "\n").encode())
+    demo_drawing.write_file(
+        out_dir, MANIFEST, "".join(json.dumps(row) + "\n" for row in manifest_rows).encode()
+    )
+    demo_drawing.write_file(out_dir, COCO, (json.dumps(coco.document(), indent=1) + "\n").encode())
     counts = dict.fromkeys(SHAPES, 0)
     for scene in scenes:
         for found in scene.objects:
@@ -328,7 +329,7 @@ def _write_image(out_dir: str, scene: DemoScene) -> str:
         data = encode_image(scene.image, format="jpeg", quality=92)
         if scene.orientation != 1:
             data = demo_drawing.with_exif_orientation(data, scene.orientation)
-    _write(out_dir, f"images/{name}", data)
+    demo_drawing.write_file(out_dir, f"images/{name}", data)
     return name
 
 
@@ -336,7 +337,7 @@ def _manifest_row(out_dir: str, scene: DemoScene, image_file: str) -> dict[str, 
     semantic = scene.semantic_mask
     if scene.name == "broken_mask_size":
         semantic = semantic[:-8, :-8]
-    _write(
+    demo_drawing.write_file(
         out_dir, f"masks/{scene.name}.png", encode_image(semantic[:, :, np.newaxis], format="png")
     )
     objects = []
@@ -352,7 +353,7 @@ def _manifest_row(out_dir: str, scene: DemoScene, image_file: str) -> dict[str, 
         elif index == 1 and scene.name == "broken_missing_mask":
             entry["mask"] = "masks/missing.png"
         else:
-            _write(
+            demo_drawing.write_file(
                 out_dir,
                 mask_file,
                 encode_image(found.mask.astype(np.uint8)[:, :, np.newaxis], format="png"),
@@ -455,27 +456,6 @@ def uncompressed_rle(mask: np.ndarray) -> dict[str, Any]:
 # --- files ------------------------------------------------------------------------
 
 
-def _prepare_out_dir(out_dir: str) -> None:
-    """Empties a previous detection demo folder; refuses to touch anything else."""
-    if not os.path.exists(out_dir):
-        os.makedirs(out_dir)
-        return
-    if not os.path.isdir(out_dir):
-        raise FileExistsError(f"{out_dir} exists and is not a folder")
-    foreign = foreign_entry(out_dir)
-    if foreign is not None:
-        raise FileExistsError(
-            f"{out_dir} is not empty and {foreign} was not written by kiln demo-data --targets; "
-            f"choose an empty or new folder"
-        )
-    for entry in os.listdir(out_dir):
-        path = os.path.join(out_dir, entry)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        else:
-            os.remove(path)
-
-
 def foreign_entry(out_dir: str) -> str | None:
     """The first path in the folder `out_dir` that `generate` does not
     write, or None: the folder is empty or an earlier demo of its."""
@@ -489,10 +469,3 @@ def foreign_entry(out_dir: str) -> str | None:
         if foreign:
             return path
     return None
-
-
-def _write(out_dir: str, relative_path: str, data: bytes) -> None:
-    path = os.path.join(out_dir, *relative_path.split("/"))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data)
