@@ -1112,7 +1112,7 @@ class IncrementalReport:
         elif self.not_read or self.masks_not_read:
             masks = f" and {self.masks_not_read} mask files" if self.masks_not_read else ""
             line += (
-                f"\n  not read: {self.not_read} files{masks}, their stamps (size, modification "
-                f"time, inode and ctime) those the base listed (--rehash reads them)"
+                f"\n  not read: {self.not_read} files{masks}, their stamps those the base "
+                f"listed (--rehash reads them)"
             )
         return line
