@@ -15,6 +15,7 @@ object of garbage under the base's stamp (read, it would be dropped as
 corrupt)."""
 
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -705,6 +706,57 @@ def test_a_trusted_image_whose_annotations_or_mask_changed_gets_them(tmp_path, m
     ]
     full = build(dict(config, output=str(tmp_path / "full")))
     assert night.version == full.version and digests(night) == digests(full)
+
+
+def without_inode_ctime(result) -> None:
+    """Rewrites the listing kept beside `result`'s version as a kiln that
+    listed no inode and ctime wrote it: without ``inode_ctime``, and mask
+    stamps of ``[size, mtime]``."""
+    folder = Path(result.dataset_root, publish.FILE_STAMPS_FOLDER, result.version)
+    for path in folder.iterdir():
+        if path.name.startswith("."):
+            continue
+        lines = []
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            for file in row.get("files", ()):
+                file.pop("inode_ctime", None)
+                if "mask_stamp" in file:
+                    file["mask_stamp"] = [stamp[:2] for stamp in file["mask_stamp"]]
+            lines.append(json.dumps(row, sort_keys=True) + "\n")
+        path.write_text("".join(lines))
+
+
+def test_a_base_listed_without_inode_and_ctime_has_its_files_read_once(
+    demo_corpus, stamped, monkeypatch
+):
+    """A base kept by a kiln before the stamps held inode and ctime: its
+    local files' stamps are not trusted, so each is read once (its record
+    reused, not decoded); the build keeps its own listing, and the next
+    build reads none of them."""
+    images_dir, config, base = stamped
+    without_inode_ctime(base)
+    (images_dir / "star/zz_added.png").write_bytes(new_png(7))  # the job runs
+    earlier = time.time() - 3600  # not racily clean to the build after
+    os.utime(images_dir / "star/zz_added.png", (earlier, earlier))
+    reads = noted_reads(monkeypatch)
+
+    night = build(config)
+
+    report = night.incremental
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert report.used and report.hashed_all == ""
+    assert (report.reused, report.changed, report.added) == (stored_before, 0, 1)
+    assert report.not_read == 0
+    assert len(reads) == stored_before + 1 + len(demo_corpus.broken)
+    reads.clear()
+    (images_dir / "star/zz_added_too.png").write_bytes(new_png(8))
+
+    again = build(config)
+
+    assert again.incremental.not_read == stored_before + 1
+    read_keys = {os.path.relpath(uri, images_dir) for uri in reads}
+    assert read_keys == {"star/zz_added_too.png", *demo_corpus.broken}
 
 
 @pytest.mark.parametrize("damage", ["garbage", "folder", "no start time"])

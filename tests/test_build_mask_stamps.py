@@ -27,7 +27,12 @@ import targets_data as data
 from conftest import backdated
 from kiln.pipeline import build, incremental, publish, target_rows
 from kiln.pipeline.command import summary
-from test_build_file_stamps import replace_keeping_stamp, rewrite_keeping_stamp, swap_by_renames
+from test_build_file_stamps import (
+    replace_keeping_stamp,
+    rewrite_keeping_stamp,
+    swap_by_renames,
+    without_inode_ctime,
+)
 from test_targets_build import config as targets_config
 from test_targets_incremental import assert_same_dataset, index_rows, read_rows
 
@@ -303,3 +308,26 @@ def test_a_base_whose_index_keeps_no_mask_sha256s_reads_every_mask(corpus, tmp_p
     assert night.counters.get("masks_not_read", 0) == 0
     assert all(row.masks for row in index_rows(night))
     assert_same_dataset(night, build(config_of(corpus, tmp_path, "full"), full=True))
+
+
+def test_a_base_listed_without_inode_and_ctime_reads_every_mask_once(corpus, tmp_path):
+    """A base kept by a kiln before the mask stamps held inode and ctime:
+    every mask file is read once (the records reused but the touched
+    image's), and trusted by the next build."""
+    config = config_of(corpus, tmp_path)
+    base = build(config)
+    without_inode_ctime(base)
+    rows = read_rows(corpus)
+    touch_an_image(corpus, rows[2])
+
+    night = build(config)
+
+    assert (night.incremental.changed, night.incremental.reused) == (1, COUNT - 1)
+    assert night.counters["masks_read"] == len(all_masks(rows))
+    assert night.counters.get("masks_not_read", 0) == 0
+    touch_an_image(corpus, rows[3])
+
+    again = build(config)
+
+    assert again.counters["masks_read"] == len(masks_of(rows[3]))
+    assert again.counters["masks_not_read"] == len(all_masks(rows)) - len(masks_of(rows[3]))
