@@ -1,14 +1,21 @@
-"""Incremental builds trust file stamps: a listed file whose key, size and
-modification time are those the base build listed is not read, its sha256
-taken from the base's record index (the listing the base was built from is
-kept in ``<output>/<name>/.file-stamps/<version>/``). ``--rehash`` reads
-every file; a touched file, a base without its listing, or a damaged one
-is read and hashed as before. Real builds throughout; the proof that a file
-was not read is a same-size file of garbage under the base's stamp (read, it
-would be dropped as corrupt) and the reads of the image step and of the
-up-to-date check, noted."""
+"""Incremental builds trust file stamps: a listed file whose key and stamp
+(size, modification time and, for a local file, inode and ctime) are those
+the base build listed is not read, its sha256 taken from the base's record
+index (the listing the base was built from is kept in
+``<output>/<name>/.file-stamps/<version>/``). ``--rehash`` reads every
+file; a touched file, a base without its listing, or a damaged one is read
+and hashed as before. So is a local file whose size and modification time
+are as listed but not its inode or ctime: two same-size files swapped by
+renames, a file replaced by a copy with its time restored (``cp -p``,
+``tar x``, ``touch -r``), a ``chmod`` (read, its record still reused).
+Real builds throughout; the proof that a file was not read is the reads of
+the image step and of the up-to-date check, noted, and on the in-memory
+object store (where a test can set an object's update time) a same-size
+object of garbage under the base's stamp (read, it would be dropped as
+corrupt)."""
 
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -41,12 +48,35 @@ def same_size_png(seed: int) -> bytes:
 
 def rewrite_keeping_stamp(path, data: bytes) -> None:
     """Writes `data` (of the file's size) to `path` and gives it back its
-    modification time: a change its stamp does not show."""
+    modification time (``cp -p`` over it, ``touch -r``): a change its size
+    and modification time do not show; its ctime does."""
     before = os.stat(path)
     assert len(data) == before.st_size
     with open(path, "wb") as f:
         f.write(data)
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def replace_keeping_stamp(path, data: bytes) -> None:
+    """Puts a new file with `data` (of the file's size) and the old file's
+    modification time in `path`'s place (``tar x``, ``rsync -a``): another
+    inode under the same size and modification time."""
+    before = os.stat(path)
+    assert len(data) == before.st_size
+    new = f"{path}.new"
+    with open(new, "wb") as f:
+        f.write(data)
+    os.utime(new, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(new, path)
+    assert os.stat(path).st_ino != before.st_ino
+
+
+def swap_by_renames(first, second) -> None:
+    """``mv a t; mv b a; mv t b``."""
+    between = f"{first}.swap"
+    os.rename(first, between)
+    os.rename(second, first)
+    os.rename(between, second)
 
 
 def garbage_of_size(path) -> bytes:
@@ -99,13 +129,13 @@ def stamped(demo_corpus, tmp_path):
 
 
 def untrustworthy_night(demo_corpus, images_dir) -> tuple[str, str]:
-    """`SAME_SIZE` rewritten with other pixels and an unchanged key of the
-    corpus with garbage, both of the same size and with their modification
-    times restored; and a file added, so that the inputs' stamp changes.
+    """`SAME_SIZE` rewritten with other pixels in place and an unchanged key
+    of the corpus replaced by a new file of garbage, both of the same size
+    and with their modification times restored; and a file added.
     Returns the garbage file's key and the added file's."""
     rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
     unchanged = good_keys(demo_corpus, images_dir)[3]
-    rewrite_keeping_stamp(images_dir / unchanged, garbage_of_size(images_dir / unchanged))
+    replace_keeping_stamp(images_dir / unchanged, garbage_of_size(images_dir / unchanged))
     added = "star/zz_added.png"
     (images_dir / added).write_bytes(new_png(7))
     return unchanged, added
@@ -113,15 +143,13 @@ def untrustworthy_night(demo_corpus, images_dir) -> tuple[str, str]:
 
 def test_a_file_with_the_base_stamp_is_not_read(demo_corpus, stamped, monkeypatch):
     images_dir, config, base = stamped
-    garbage, added = untrustworthy_night(demo_corpus, images_dir)
+    added = "star/zz_added.png"
+    (images_dir / added).write_bytes(new_png(7))
     reads = noted_reads(monkeypatch)
 
     incremental = build(config)
 
-    # The rewritten files are the base's records (their stamps say
-    # unchanged), and were not read: the garbage is not dropped.
-    assert row_of(incremental, SAME_SIZE).sha256 == sha256_of(same_size_png(1))
-    assert record_of(incremental, garbage) == record_of(base, garbage)
+    assert record_of(incremental, SAME_SIZE) == record_of(base, SAME_SIZE)
     assert incremental.info.dropped == base.info.dropped
     # Read: the added file and the broken files (dropped, so no base row).
     read_keys = {os.path.relpath(uri, images_dir) for uri in reads}
@@ -158,23 +186,135 @@ def test_rehash_reads_every_file(demo_corpus, stamped, monkeypatch):
     assert "every file read and hashed: --rehash" in summary(rehashed)
 
 
-def test_rehash_finds_a_rewrite_the_inputs_stamp_does_not_show(stamped, monkeypatch):
-    """The one change of the night is a file rewritten with its size and
-    modification time restored (``cp -p``, ``rsync -t``): the inputs' stamp
-    is the base's, which a plain build calls up to date. ``--rehash``
-    trusts no stamp, that one included: it runs the job, reads every file
-    and publishes the new pixels; the next plain build is up to date on
-    that version, not on the base."""
+def test_a_file_rewritten_with_its_stamp_restored_is_read_without_rehash(
+    demo_corpus, stamped, tmp_path, monkeypatch
+):
+    """A file rewritten in place with its modification time restored
+    (``cp -p`` over it, ``touch -r``: a new ctime) and one replaced by a new
+    file so (``tar x``, ``rsync -a``: a new inode) keep their size and
+    modification time, not their status-change identity: the inputs' stamp
+    differs, and the job reads both (the new pixels stored, the garbage
+    dropped), giving a build from scratch's bytes. No other file is read."""
+    from test_build_incremental import assert_same_dataset, full_build
+
     images_dir, config, base = stamped
-    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
-    assert build(config).up_to_date  # as documented: make and rsync trust it too
+    garbage, added = untrustworthy_night(demo_corpus, images_dir)
+    reads = noted_reads(monkeypatch)
+
+    night = build(config)
+
+    assert not night.up_to_date and night.incremental.hashed_all == ""
+    assert row_of(night, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
+    assert garbage not in {row.key for row in index_rows(night)}
+    assert sum(night.info.dropped.values()) == sum(base.info.dropped.values()) + 1
+    read_keys = {os.path.relpath(uri, images_dir) for uri in reads}
+    assert read_keys == {added, SAME_SIZE, garbage, *demo_corpus.broken}
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert night.incremental.not_read == stored_before - 2
+    assert_same_dataset(night, full_build(config, tmp_path))
+
+
+def test_two_same_size_files_swapped_by_renames_are_read(demo_corpus, tmp_path, monkeypatch):
+    """``mv a t; mv b a; mv t b`` of two same-size images with the same
+    modification time: each key keeps its size and time, not its inode.
+    The incremental build reads both and gives a full build's bytes."""
+    from test_build_incremental import assert_same_dataset, full_build
+
+    images_dir = copy_corpus(demo_corpus, tmp_path)
+    other = "circle/zz_same_size_too.png"
+    (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
+    (images_dir / other).write_bytes(same_size_png(2))
+    backdated(images_dir)
+    when = os.stat(images_dir / SAME_SIZE).st_mtime_ns
+    os.utime(images_dir / other, ns=(when, when))
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    swap_by_renames(images_dir / SAME_SIZE, images_dir / other)
+    for key in (SAME_SIZE, other):
+        assert (os.path.getsize(images_dir / key), os.stat(images_dir / key).st_mtime_ns) == (
+            len(same_size_png(1)),
+            when,
+        )
+    reads = noted_reads(monkeypatch)
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version != base.version
+    assert row_of(night, SAME_SIZE).sha256 == row_of(base, other).sha256
+    assert row_of(night, other).sha256 == row_of(base, SAME_SIZE).sha256
+    read_keys = {os.path.relpath(uri, images_dir) for uri in reads}
+    assert read_keys == {SAME_SIZE, other, *demo_corpus.broken}
+    assert night.incremental.changed == 2
+    assert_same_dataset(night, full_build(config, tmp_path))
+
+
+def test_the_inputs_stamp_is_not_up_to_date_after_a_swap(demo_corpus, tmp_path):
+    """The swap as the night's only change: the up-to-date check does not
+    name the base version (it would have published its records under the
+    swapped keys); the build after is up to date on the new version."""
+    images_dir = copy_corpus(demo_corpus, tmp_path)
+    first, second = SAME_SIZE, "star/zz_same_size.png"  # of two classes
+    (images_dir / first).write_bytes(same_size_png(3))
+    (images_dir / second).write_bytes(same_size_png(4))
+    backdated(images_dir)
+    when = os.stat(images_dir / first).st_mtime_ns
+    os.utime(images_dir / second, ns=(when, when))
+    config = make_config(images_dir, output=str(tmp_path / "out"))
+    base = build(config)
+    swap_by_renames(images_dir / first, images_dir / second)
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version != base.version
+    assert row_of(night, first).sha256 == sha256_of(same_size_png(4))
+    assert build(config).up_to_date
+
+
+def test_a_chmod_costs_one_read_not_a_record(demo_corpus, stamped, monkeypatch):
+    """A ``chmod`` sets a file's ctime: the stamp differs, the file is read
+    and hashed, its sha256 is its record's, and the record is reused: the
+    same version, byte for byte."""
+    images_dir, config, base = stamped
+    chmodded = good_keys(demo_corpus, images_dir)[5]
+    os.chmod(images_dir / chmodded, 0o600)
+    reads = noted_reads(monkeypatch)
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version == base.version
+    read_keys = {os.path.relpath(uri, images_dir) for uri in reads}
+    assert read_keys == {chmodded, *demo_corpus.broken}
+    report = night.incremental
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert (report.reused, report.changed, report.added) == (stored_before, 0, 0)
+    assert report.not_read == stored_before - 1
+    assert night.counters["records_reused"] == stored_before
+    assert night.info == base.info  # the shards' sha256s included
+    assert record_of(night, chmodded) == record_of(base, chmodded)
+
+
+@pytest.mark.usefixtures("store")
+def test_rehash_finds_a_rewrite_the_inputs_stamp_does_not_show(demo_corpus, monkeypatch):
+    """On an object store a stamp is the size and update time: an object
+    rewritten with both as listed (which a test can do to the in-memory
+    store) is not seen by the inputs' stamp, which a plain build calls up
+    to date. ``--rehash`` trusts no stamp, that one included: it runs the
+    job, reads every object and drops the garbage; the next plain build is
+    up to date on that version, not on the base."""
+    config = make_config(ROOT, output=f"{BUCKET}/out")
+    config["source"] = dict(config["source"], listing="job")
+    base = build(config)
+    rewritten = f"{ROOT}/{good_keys(demo_corpus, Path(demo_corpus.out_dir))[3]}"
+    data, updated = object_store.OBJECTS[rewritten]
+    object_store.OBJECTS[rewritten] = (b"\x00" * len(data), updated)
+    assert build(config).up_to_date
     reads = noted_reads(monkeypatch)
 
     rehashed = build(config, rehash=True)
 
     assert not rehashed.up_to_date and rehashed.version != base.version
-    assert row_of(rehashed, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
-    assert str(images_dir / SAME_SIZE) in reads
+    assert rewritten in reads
+    assert sum(rehashed.info.dropped.values()) == sum(base.info.dropped.values()) + 1
     assert rehashed.incremental.hashed_all == "--rehash"
     again = build(config)
     assert again.up_to_date and again.version == rehashed.version
@@ -337,11 +477,12 @@ def test_a_file_rewritten_unseen_after_a_build_just_after_it_was_written_is_foun
     demo_corpus, tmp_path, monkeypatch
 ):
     """A file written just before a build and rewritten after the job read
-    it, in the same clock tick (so with its size and modification time as
-    listed; here they are restored): the inputs' stamp is the version's,
-    yet the next build reads the file, finds other bytes than its record's,
-    and runs the job, which stores them. The build after it verifies the
-    file again, against the new version: up to date."""
+    it, with its size and modification time as listed (here restored; its
+    ctime is not: the inputs' stamp differs, as it would not for an object
+    rewritten in the same clock tick, whose racy check the listing job's
+    tests show): the next build reads the file and runs the job, which
+    stores its bytes. The build after it verifies the file again, against
+    the new version: up to date."""
     images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
     (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
     config = make_config(images_dir, output=str(tmp_path / "out"))
@@ -369,8 +510,10 @@ def test_a_recently_written_file_the_build_dropped_is_verified_by_its_kept_sha25
     dropped (here a broken file) has no record: it is compared with the
     sha256 the job kept for the files it dropped, beside the version
     (not in errors.jsonl). The same bytes: up to date, the file read and
-    nothing else; rewritten unseen (other bytes, its size and modification
-    time as listed): the job runs, and drops those bytes."""
+    nothing else. Rewritten with its size and modification time restored,
+    its ctime is not as listed: the inputs' stamp differs, and the job runs
+    and drops those bytes (the stamp found it: nothing was compared; for a
+    rewrite the stamp cannot see, see the object store's test below)."""
     images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
     broken = sorted(demo_corpus.broken)[-1]
     (images_dir / broken).write_bytes((images_dir / broken).read_bytes())
@@ -389,10 +532,34 @@ def test_a_recently_written_file_the_build_dropped_is_verified_by_its_kept_sha25
 
     if rewritten:  # other bytes dropped: a version names them (its entries' sha256)
         assert not night.up_to_date and night.version != base.version
-        assert f"{broken}: its bytes differ from its record's" in caplog.text
+        assert "its bytes differ" not in caplog.text
     else:
         assert night.up_to_date and night.version == base.version
         assert [os.path.relpath(uri, images_dir) for uri in reads] == [broken]
+
+
+@pytest.mark.usefixtures("store")
+def test_a_recently_updated_dropped_object_rewritten_unseen_is_found_by_its_kept_sha256(
+    demo_corpus, caplog
+):
+    """On an object store a rewrite can keep the stamp (size and update time
+    as listed) when the object was updated as the base build started: the
+    up-to-date check compares the dropped object with the sha256 the job
+    kept for it, finds other bytes and runs the job."""
+    config = make_config(ROOT, output=f"{BUCKET}/out")
+    config["source"] = dict(config["source"], listing="job")
+    broken = f"{ROOT}/{sorted(demo_corpus.broken)[-1]}"
+    data, _ = object_store.OBJECTS[broken]
+    ahead = time.time() + 60  # updated as the build ran
+    object_store.OBJECTS[broken] = (data, ahead)
+    base = build(config)
+    object_store.OBJECTS[broken] = (b"\x00" + data[1:], ahead)
+    caplog.set_level("INFO", logger="kiln.pipeline.up_to_date")
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version != base.version
+    assert f"{sorted(demo_corpus.broken)[-1]}: its bytes differ from its record's" in caplog.text
 
 
 def test_a_recently_written_dropped_file_without_its_kept_sha256_is_not_verified(
@@ -422,41 +589,44 @@ def test_a_recently_written_dropped_file_without_its_kept_sha256_is_not_verified
 
 
 @pytest.mark.parametrize("start", ["damaged", "missing"])
-def test_a_version_without_its_build_start_time(demo_corpus, tmp_path, start):
+def test_a_version_without_its_build_start_time(demo_corpus, tmp_path, monkeypatch, start):
     """Its racily clean files are unknown. A start time that cannot be read
     makes the next build run the job, which keeps its own; without one (a
     version built by a kiln that kept none, or its ``.file-stamps`` folder
-    deleted) the inputs' stamp is trusted as it was then: a file rewritten
-    unseen is not found."""
+    deleted) the inputs' stamp is trusted as it was then: the file written
+    just before the build is not read to verify it."""
     images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
     (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
     config = make_config(images_dir, output=str(tmp_path / "out"))
     base = build(config)
+    assert (
+        build_started(base) - incremental.RACY_SECONDS <= os.stat(images_dir / SAME_SIZE).st_mtime
+    )
     folder = os.path.join(base.dataset_root, publish.FILE_STAMPS_FOLDER, base.version)
     if start == "damaged":
         with open(os.path.join(folder, publish.LISTED_FROM_FILE), "w") as f:
             f.write("half a ti")
     else:
         shutil.rmtree(folder)
-    rewrite_keeping_stamp(images_dir / SAME_SIZE, same_size_png(2))
+    reads = noted_reads(monkeypatch)
 
     night = build(config)
 
+    assert night.version == base.version
     if start == "damaged":
         assert not night.up_to_date
-        assert row_of(night, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
     else:
-        assert night.up_to_date and night.version == base.version
+        assert night.up_to_date and reads == []
 
 
 def test_a_file_modified_as_its_base_build_started_is_read_though_nothing_else_changed(
     demo_corpus, tmp_path, monkeypatch
 ):
-    """The same, when that rewrite is the night's only change: the inputs'
-    stamp is the base's, yet the dataset is not up to date (the up-to-date
-    check reads the file, dated after the base build started, and finds
-    other bytes than its record's). The next build runs the job, reads the
-    file and stores its new pixels."""
+    """The same, when that rewrite is the night's only change: the dataset
+    is not up to date (the rewrite's ctime changes the inputs' stamp; had
+    it not, the up-to-date check would read the file, dated after the base
+    build started). The next build runs the job, reads the file and stores
+    its new pixels."""
     images_dir = backdated(copy_corpus(demo_corpus, tmp_path))
     (images_dir / SAME_SIZE).write_bytes(same_size_png(1))
     ahead = os.stat(images_dir / SAME_SIZE).st_mtime + 60
@@ -478,9 +648,10 @@ def test_a_mask_file_modified_as_its_base_build_started_is_read_though_nothing_e
     tmp_path,
 ):
     """Mask files are in the inputs' stamp too: one dated after the base
-    build started is read and compared with the sha256 its image's record
-    keeps of it; rewritten unseen, it differs, so the next build runs the
-    job, which reads it (its stamp too recent to trust) and stores it."""
+    build started and rewritten with its size and time restored (its ctime
+    is not: the stamp differs) makes the next build run the job, which
+    reads it (its stamp too recent to trust, and not the base's) and
+    stores it."""
     from test_targets_build import config as targets_config
     from test_targets_incremental import png, read_rows
 
@@ -535,6 +706,57 @@ def test_a_trusted_image_whose_annotations_or_mask_changed_gets_them(tmp_path, m
     ]
     full = build(dict(config, output=str(tmp_path / "full")))
     assert night.version == full.version and digests(night) == digests(full)
+
+
+def without_inode_ctime(result) -> None:
+    """Rewrites the listing kept beside `result`'s version as a kiln that
+    listed no inode and ctime wrote it: without ``inode_ctime``, and mask
+    stamps of ``[size, mtime]``."""
+    folder = Path(result.dataset_root, publish.FILE_STAMPS_FOLDER, result.version)
+    for path in folder.iterdir():
+        if path.name.startswith("."):
+            continue
+        lines = []
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            for file in row.get("files", ()):
+                file.pop("inode_ctime", None)
+                if "mask_stamp" in file:
+                    file["mask_stamp"] = [stamp[:2] for stamp in file["mask_stamp"]]
+            lines.append(json.dumps(row, sort_keys=True) + "\n")
+        path.write_text("".join(lines))
+
+
+def test_a_base_listed_without_inode_and_ctime_has_its_files_read_once(
+    demo_corpus, stamped, monkeypatch
+):
+    """A base kept by a kiln before the stamps held inode and ctime: its
+    local files' stamps are not trusted, so each is read once (its record
+    reused, not decoded); the build keeps its own listing, and the next
+    build reads none of them."""
+    images_dir, config, base = stamped
+    without_inode_ctime(base)
+    (images_dir / "star/zz_added.png").write_bytes(new_png(7))  # the job runs
+    earlier = time.time() - 3600  # not racily clean to the build after
+    os.utime(images_dir / "star/zz_added.png", (earlier, earlier))
+    reads = noted_reads(monkeypatch)
+
+    night = build(config)
+
+    report = night.incremental
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert report.used and report.hashed_all == ""
+    assert (report.reused, report.changed, report.added) == (stored_before, 0, 1)
+    assert report.not_read == 0
+    assert len(reads) == stored_before + 1 + len(demo_corpus.broken)
+    reads.clear()
+    (images_dir / "star/zz_added_too.png").write_bytes(new_png(8))
+
+    again = build(config)
+
+    assert again.incremental.not_read == stored_before + 1
+    read_keys = {os.path.relpath(uri, images_dir) for uri in reads}
+    assert read_keys == {"star/zz_added_too.png", *demo_corpus.broken}
 
 
 @pytest.mark.parametrize("damage", ["garbage", "folder", "no start time"])

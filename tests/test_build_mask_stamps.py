@@ -1,7 +1,10 @@
 """Incremental builds trust mask files' stamps as they trust images': a mask
-file whose path, size and modification time are those the base build listed
-for its image is not read, its sha256 taken from the base's record index
-(``masks``), unless the record is processed after all. The cost of a nightly
+file whose path and stamp (size, modification time, and a local file's
+inode and ctime) are those the base build listed for its image is not
+read, its sha256 taken from the base's record index (``masks``), unless
+the record is processed after all. A mask rewritten or replaced with its
+size and modification time restored, or swapped with another by renames,
+is read. The cost of a nightly
 rebuild of a segmentation dataset then follows what changed, not its size:
 the ``masks_read`` / ``masks_not_read`` counters show it. ``--rehash`` reads
 every mask; a mask modified as the base build started is read by the job and
@@ -24,7 +27,12 @@ import targets_data as data
 from conftest import backdated
 from kiln.pipeline import build, incremental, publish, target_rows
 from kiln.pipeline.command import summary
-from test_build_file_stamps import rewrite_keeping_stamp
+from test_build_file_stamps import (
+    replace_keeping_stamp,
+    rewrite_keeping_stamp,
+    swap_by_renames,
+    without_inode_ctime,
+)
 from test_targets_build import config as targets_config
 from test_targets_incremental import assert_same_dataset, index_rows, read_rows
 
@@ -153,34 +161,59 @@ def test_a_mask_edited_in_place_is_read_and_its_record_rebuilt(corpus, tmp_path)
     assert_same_dataset(night, build(config_of(corpus, tmp_path, "full"), full=True))
 
 
-def test_a_mask_rewritten_with_its_stamp_restored_is_found_by_rehash_only(corpus, tmp_path):
-    """``cp -p``: other pixels, the same size and modification time. Like an
-    image's, that change is not seen without ``--rehash``."""
+@pytest.mark.parametrize("how", ["rewritten", "replaced"])
+def test_a_mask_rewritten_with_its_stamp_restored_is_read_without_rehash(corpus, tmp_path, how):
+    """``cp -p`` over it, ``touch -r`` (a new ctime) or ``tar x`` (a new
+    inode): other pixels, the same size and modification time. The inputs'
+    stamp differs, and the job reads that mask (and no other), its record
+    rebuilt as a build from scratch builds it."""
     config = config_of(corpus, tmp_path)
     base = build(config)
     rows = read_rows(corpus)
     rewritten = rows[4]
     path = corpus / rewritten["mask"]
     before = sha256_of(path)
-    rewrite_keeping_stamp(path, stored_png(edited_mask(corpus, rewritten["mask"])))
+    restored = rewrite_keeping_stamp if how == "rewritten" else replace_keeping_stamp
+    restored(path, stored_png(edited_mask(corpus, rewritten["mask"])))
     assert sha256_of(path) != before
-    touch_an_image(corpus, rows[1])  # a change the stamps show: the job runs
 
     night = build(config)
 
     key = key_of(corpus, rewritten)
-    assert night.incremental.changed == 1  # the touched image only
-    assert row_of(night, key).masks == row_of(base, key).masks
-    assert night.counters["masks_read"] == len(masks_of(rows[1]))
+    assert not night.up_to_date and night.incremental.hashed_all == ""
+    assert (night.incremental.changed, night.incremental.reused) == (1, COUNT - 1)
+    assert row_of(night, key).masks[0] == sha256_of(path) != row_of(base, key).masks[0]
+    # The rewritten mask was read; its image then, to be decoded, and its other masks.
+    assert night.counters["masks_read"] == len(masks_of(rewritten))
+    assert night.counters["masks_not_read"] == len(all_masks(rows)) - len(masks_of(rewritten))
+    assert_same_dataset(night, build(config_of(corpus, tmp_path, "full"), full=True))
 
-    rehashed = build(config, rehash=True)
 
-    assert rehashed.incremental.hashed_all == "--rehash"
-    assert rehashed.incremental.changed == 1  # the rewritten mask's record
-    assert row_of(rehashed, key).masks[0] == sha256_of(path)
-    assert rehashed.counters["masks_read"] == len(all_masks(rows))
-    assert rehashed.counters.get("masks_not_read", 0) == 0
-    assert_same_dataset(rehashed, build(config_of(corpus, tmp_path, "full"), full=True))
+def test_two_same_size_masks_swapped_by_renames_are_read(corpus, tmp_path):
+    """Two semantic masks of the same size and modification time swapped by
+    renames: each path keeps its size and time, not its inode. Both are
+    read, both records rebuilt, as a build from scratch builds them."""
+    rows = read_rows(corpus)
+    first, second = corpus / rows[4]["mask"], corpus / rows[5]["mask"]
+    second.write_bytes(stored_png(edited_mask(corpus, rows[4]["mask"])))
+    assert first.stat().st_size == second.stat().st_size
+    assert sha256_of(first) != sha256_of(second)
+    when = first.stat().st_mtime_ns - 3600 * 10**9
+    os.utime(first, ns=(when, when))
+    os.utime(second, ns=(when, when))
+    config = config_of(corpus, tmp_path)
+    base = build(config)
+    swap_by_renames(first, second)
+
+    night = build(config)
+
+    assert not night.up_to_date and night.version != base.version
+    keys = key_of(corpus, rows[4]), key_of(corpus, rows[5])
+    assert row_of(night, keys[0]).masks[0] == row_of(base, keys[1]).masks[0]
+    assert row_of(night, keys[1]).masks[0] == row_of(base, keys[0]).masks[0]
+    assert night.incremental.changed == 2
+    assert night.counters["masks_read"] == len(masks_of(rows[4])) + len(masks_of(rows[5]))
+    assert_same_dataset(night, build(config_of(corpus, tmp_path, "full"), full=True))
 
 
 def test_a_mask_modified_as_the_base_build_started_is_read_by_the_job(corpus, tmp_path):
@@ -211,8 +244,9 @@ def build_started(result) -> float:
 def test_a_mask_written_just_before_a_build_is_verified_by_content(corpus, tmp_path, caplog):
     """The up-to-date check reads a racily clean mask file and compares it
     with the sha256 its image's record keeps: equal, the version is up to
-    date; rewritten unseen (its size and time restored), the job runs and
-    stores the new mask."""
+    date. Rewritten with its size and time restored, its ctime is not as
+    listed: the inputs' stamp differs (nothing to verify), and the job
+    runs and stores the new mask."""
     config = config_of(corpus, tmp_path)
     rows = read_rows(corpus)
     racy = corpus / rows[4]["mask"]
@@ -231,7 +265,7 @@ def test_a_mask_written_just_before_a_build_is_verified_by_content(corpus, tmp_p
     night = build(config)
 
     assert not night.up_to_date and night.version != base.version
-    assert "the bytes of its mask file" in caplog.text
+    assert "the bytes of its mask file" not in caplog.text
     key = key_of(corpus, rows[4])
     assert row_of(night, key).masks[0] == sha256_of(racy)
     assert night.incremental.changed == 1
@@ -274,3 +308,26 @@ def test_a_base_whose_index_keeps_no_mask_sha256s_reads_every_mask(corpus, tmp_p
     assert night.counters.get("masks_not_read", 0) == 0
     assert all(row.masks for row in index_rows(night))
     assert_same_dataset(night, build(config_of(corpus, tmp_path, "full"), full=True))
+
+
+def test_a_base_listed_without_inode_and_ctime_reads_every_mask_once(corpus, tmp_path):
+    """A base kept by a kiln before the mask stamps held inode and ctime:
+    every mask file is read once (the records reused but the touched
+    image's), and trusted by the next build."""
+    config = config_of(corpus, tmp_path)
+    base = build(config)
+    without_inode_ctime(base)
+    rows = read_rows(corpus)
+    touch_an_image(corpus, rows[2])
+
+    night = build(config)
+
+    assert (night.incremental.changed, night.incremental.reused) == (1, COUNT - 1)
+    assert night.counters["masks_read"] == len(all_masks(rows))
+    assert night.counters.get("masks_not_read", 0) == 0
+    touch_an_image(corpus, rows[3])
+
+    again = build(config)
+
+    assert again.counters["masks_read"] == len(masks_of(rows[3]))
+    assert again.counters["masks_not_read"] == len(all_masks(rows)) - len(masks_of(rows[3]))

@@ -82,7 +82,11 @@ def label(key: str) -> str:
 
 
 def expected_listing(root: str, real: list[str], missing: list[str]) -> tuple[list[str], str]:
-    """The job's listing lines and the stamp these rows must give (`listing.Listing`)."""
+    """The job's listing lines and the stamp these rows must give (`listing.Listing`).
+    The real files are hard links of one: one inode, one ctime (that of the
+    last link made), their status-change identity."""
+    status = os.stat(f"{root}/real/original")
+    identity = f"{status.st_ino}:{status.st_ctime_ns}"
     files = [
         {
             "key": key,
@@ -91,6 +95,7 @@ def expected_listing(root: str, real: list[str], missing: list[str]) -> tuple[li
             "mtime": MTIME,
             "split": None,
             "uri": f"{root}/{key}",
+            "inode_ctime": identity,
         }
         for key in real
     ]
@@ -115,7 +120,7 @@ def expected_listing(root: str, real: list[str], missing: list[str]) -> tuple[li
                 sort_keys=True,
             )
         )
-    entries = [["file", key, label(key), None, SIZE, MTIME] for key in real] + [
+    entries = [["file", key, label(key), None, SIZE, MTIME, identity] for key in real] + [
         ["dropped", "missing", key] for key in missing
     ]
     return lines, versioning.stamp("config", entries, processing="p")

@@ -15,8 +15,9 @@ With a base version (`incremental`), each listed file arrives with its row
 of the base's record index (``base``); a file whose sha256 and listing
 inputs match it (with targets: the annotations, the sha256 of every mask
 file they name and the class ids they use, `targets.TargetCodec.reuse_key`)
-is not decoded (nor read, when its size and modification time are those
-the base listed: its sha256 is then the row's, `incremental.STAMP_UNCHANGED`;
+is not decoded (nor read, when its stamp is the one the base listed: its
+size, modification time and, a local file's, inode and ctime; its sha256
+is then the row's, `incremental.STAMP_UNCHANGED`;
 nor its mask files, likewise: `incremental.base_masks`):
 its record is copied from the base's shard by the shard
 writer (a `sharding.ReusedRun` on the ``reused`` output, per base shard per
@@ -246,12 +247,13 @@ class ImageProcessor:
         it: an item with ``moved_from`` (`incremental.JoinMoved`: its
         sha256, as read before, and the base rows of that sha256 whose keys
         are no longer listed), or given its `read_sha256` as read before.
-        Nor is a file whose size and modification time are those the base
-        listed (`incremental.STAMP_UNCHANGED`): its sha256 is its base
+        Nor is a file whose stamp is the one the base listed (size,
+        modification time, a local file's inode and ctime:
+        `incremental.STAMP_UNCHANGED`): its sha256 is its base
         row's, and it is read only if no base record serves it
         (`Outcome.unread` says it was not). The same holds for each mask
-        file its targets name whose path, size and modification time are
-        those the base listed (`incremental.base_masks`; counted in
+        file its targets name whose path and stamp are those the base
+        listed (`incremental.base_masks`; counted in
         `Outcome.masks_read` and `Outcome.masks_not_read`)."""
         reads = _Reads()
         outcome = self._outcome(
@@ -301,8 +303,8 @@ class ImageProcessor:
         elif read_sha256 is not None:
             sha256 = read_sha256
         elif base is not None and item.get(STAMP_UNCHANGED):
-            # The size and modification time the base listed: its bytes are
-            # taken to be the base's, as the up-to-date stamp takes them.
+            # The stamp the base listed: its bytes are taken to be the
+            # base's, as the up-to-date stamp takes them.
             sha256 = base.sha256
         else:
             try:

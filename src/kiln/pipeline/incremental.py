@@ -56,30 +56,52 @@ built from scratch. Code they import from elsewhere is not: after changing
 it, change a parameter (or its default); ``--full`` does not help, the
 unchanged stamp finds the published version up to date.
 
-**File stamps**: a file is not read to learn its sha256 when its key,
-size and modification time are those the base listed (the listing the
-base was built from is kept in ``<output>/<name>/.file-stamps/<version>/``,
+**File stamps**: a file is not read to learn its sha256 when its key and
+stamp are those the base listed (the listing the base was built from is
+kept in ``<output>/<name>/.file-stamps/<version>/``,
 `publish.DatasetRoot.file_stamps`): its sha256 is its base row's, trusted
 as the launcher's up-to-date stamp trusts the same stamps (`JoinBase`
 joins the listing by key with the files and rows; ``--rehash`` leaves it
 out, and a base kept without one has every file read). It is read after
 all if no base record serves it (its listing inputs changed), and so is a
-file whose stamp is no older than the base build's start (`RACY_SECONDS`).
+file whose modification time is no older than the base build's start
+(`RACY_SECONDS`).
+
+A stamp is what the listing learns without reading the file: its size
+and modification time and, for a local file, as git's index keeps them,
+its inode number and status-change time (ctime, in nanoseconds:
+``inode_ctime``, `storage.inode_ctime`), compared for equality only. Size
+and modification time alone miss two same-size files swapped by renames
+(``mv a t; mv b a; mv t b``) and a file replaced by a same-size copy with
+its time restored (``cp -p``, ``tar x``, ``rsync -a``, ``touch -r``):
+either gives the key another inode, or the inode a new ctime, which no
+call can set back. A file whose identity differs from the one the base
+listed is read and hashed; its record is still reused when its sha256 is
+unchanged, so a ``chmod`` or a ``touch -r`` to the same time costs one
+read, never a decode. On an object store (gs://, s3://) a stamp is the
+object's size and update time, which every write changes. A base whose
+listing lines predate the identity (written by an older kiln) is not
+trusted for local files: each is read once, and the new build's listing,
+kept for the next, has it. (The racy rule stays on the modification time:
+a file replaced twice within one tick of the clock that dates ctime, the
+first time just before the base build listed it, with its modification
+time restored both times, is the one change left to ``--rehash``.)
 
 Mask files are trusted the same way. Their sha256 is in the reuse key and
 the version, so a build needs it for every image; the base's record index
 keeps it (`IndexRow.masks`, per mask file the targets name), and the
-listing keeps each mask file's size and modification time beside the
-targets that name it (``mask_stamp``: `listing.SourceFile`). `JoinBase`
-hands each file with a base row that keeps mask sha256s the stamps the
-base listed for its masks (`BASE_MASK_STAMPS`, by path, those too recent
-left out); a mask file listed now with the same path, size and
-modification time is not read, its sha256 the row's (`base_masks`,
-`targets.MaskFiles.read`). If the record is then processed after all, the
-masks are read then (the pixels need them), their sha256 as read. A base
-whose rows keep no mask sha256s (built by a kiln before them) or whose
-listing is not kept has every mask read; its reused records' index lines
-are written with the sha256s, as a build from scratch writes them.
+listing keeps each mask file's stamp (size, modification time, and a
+local one's ``inode_ctime``) beside the targets that name it
+(``mask_stamp``: `listing.SourceFile`). `JoinBase` hands each file with a
+base row that keeps mask sha256s the stamps the base listed for its masks
+(`BASE_MASK_STAMPS`, by path, those too recent left out); a mask file
+listed now with the same path and stamp is not read, its sha256 the row's
+(`base_masks`, `targets.MaskFiles.read`). If the record is then processed
+after all, the masks are read then (the pixels need them), their sha256 as
+read. A base whose rows keep no mask sha256s (built by a kiln before
+them) or whose listing is not kept has every mask read; its reused
+records' index lines are written with the sha256s, as a build from
+scratch writes them.
 
 In the job (`job.construct`), with a base::
 
@@ -263,8 +285,9 @@ class BaseFiles:
         changed is relabelled (`kiln.pipeline.relabel`).
       stamps: The files of the listing it was built from, as the dataset
         keeps them (`publish.DatasetRoot.file_stamps`): a file listed now
-        with the size and modification time listed there is not read, its
-        sha256 taken from its base row (`JoinBase`). Empty: every file is
+        with the stamp listed there (size, modification time, a local
+        file's inode and ctime) is not read, its sha256 taken from its base
+        row (`JoinBase`). Empty: every file is
         read and hashed (``--rehash``, or a base kept without them).
       stamps_before: Only a modification time before it is trusted: the
         time the build that listed them started, less `RACY_SECONDS`.
@@ -647,12 +670,15 @@ def _rows_by_bucket(line: str, buckets: int):
 def _stamps_by_bucket(uri: str, buckets: int, before: float):
     """A file of the listing the base was built from (`BaseFiles.stamps`:
     lines of ``{"files": [...]}``, and of dropped rows, which list no file)
-    -> ``(bucket, (2, (key, (size, mtime) or None, masks)))`` per file it
-    lists: its stamp if its modification time is before `before`
-    (`RACY_SECONDS`; the others are counted, ``base_stamps_too_recent``,
-    and their files read), and ``masks``: per mask file its targets name,
-    ``(uri, size, mtime)`` likewise (None when too recent: counted,
-    ``base_mask_stamps_too_recent``). A file with nothing to trust is left out.
+    -> ``(bucket, (2, (key, (size, mtime, inode_ctime) or None, masks)))``
+    per file it lists: its stamp if its modification time is before
+    `before` (`RACY_SECONDS`; the others are counted,
+    ``base_stamps_too_recent``, and their files read), and ``masks``: per
+    mask file its targets name, ``(uri, size, mtime, inode_ctime)``
+    likewise (None when too recent: counted, ``base_mask_stamps_too_recent``).
+    ``inode_ctime`` is None where the line has none (an object's, or a line
+    written by a kiln before it listed them). A file with nothing to trust
+    is left out.
 
     Never fails the build: a line that is not such a listing line is
     counted (``base_stamps_bad_lines``) and passed over, a file that
@@ -665,8 +691,8 @@ def _stamps_by_bucket(uri: str, buckets: int, before: float):
                 if stamps is None:
                     Metrics.counter("kiln", "base_stamps_bad_lines").inc()
                     continue
-                for key, size, mtime, listed_masks in stamps:
-                    stamp: tuple[int, float] | None = (size, mtime)
+                for key, size, mtime, inode_ctime, listed_masks in stamps:
+                    stamp: FileStamp | None = (size, mtime, inode_ctime)
                     if mtime >= before:
                         Metrics.counter("kiln", "base_stamps_too_recent").inc()
                         stamp = None
@@ -688,9 +714,12 @@ def _stamps_by_bucket(uri: str, buckets: int, before: float):
         )
 
 
-def _listed_stamps(line: bytes) -> list[tuple[str, int, float, MaskStamps]] | None:
-    """``(key, size, mtime, masks)`` of each file a listing line lists (none
-    for a dropped row's line), or None when the line is not a listing line;
+def _listed_stamps(
+    line: bytes,
+) -> list[tuple[str, int, float, str | None, MaskStamps]] | None:
+    """``(key, size, mtime, inode_ctime, masks)`` of each file a listing
+    line lists (none for a dropped row's line), or None when the line is
+    not a listing line; ``inode_ctime`` None when the line has none,
     ``masks``: `_listed_mask_stamps`."""
     try:
         row = json.loads(line)
@@ -701,23 +730,35 @@ def _listed_stamps(line: bytes) -> list[tuple[str, int, float, MaskStamps]] | No
         stamps = []
         for file in row["files"]:
             key, size, mtime = file["key"], file["size"], file["mtime"]
-            if not (isinstance(key, str) and _is_size(size) and _is_time(mtime)):
+            inode_ctime = file.get("inode_ctime")
+            if not (
+                isinstance(key, str)
+                and _is_size(size)
+                and _is_time(mtime)
+                and (inode_ctime is None or isinstance(inode_ctime, str))
+            ):
                 return None
-            stamps.append((key, size, float(mtime), _listed_mask_stamps(file)))
+            stamps.append((key, size, float(mtime), inode_ctime, _listed_mask_stamps(file)))
         return stamps
     except (ValueError, TypeError, KeyError):  # not JSON, not a listing line
         return None
 
 
+# A file's stamp as listed: ``(size, mtime, inode_ctime)``; inode_ctime
+# (`storage.inode_ctime`) None for an object, or in a listing line written
+# by a kiln before it listed them.
+FileStamp = tuple[int, float, str | None]
+
 # Per mask file a listed file's targets name (`target_rows.mask_uris`):
-# ``(uri, size, mtime)`` as listed, or None (not to be trusted).
-MaskStamps = tuple[tuple[str, int, float] | None, ...]
+# ``(uri, size, mtime, inode_ctime)`` as listed, or None (not to be trusted).
+MaskStamps = tuple[tuple[str, int, float, str | None] | None, ...]
 
 
 def _listed_mask_stamps(file: Mapping[str, Any]) -> MaskStamps:
-    """``(uri, size, mtime)`` of each mask file a listed file's targets name,
-    from its listing line (``targets`` and ``mask_stamp``: see
-    `listing.SourceFile`); empty for a line without them (no mask file, or
+    """``(uri, size, mtime, inode_ctime)`` of each mask file a listed
+    file's targets name, from its listing line (``targets`` and
+    ``mask_stamp``: see `listing.SourceFile`; inode_ctime None where a
+    stamp has none); empty for a line without them (no mask file, or
     written by a kiln before it listed them) or whose stamps do not match
     its targets (then its masks are read)."""
     listed = file.get("mask_stamp")
@@ -731,12 +772,13 @@ def _listed_mask_stamps(file: Mapping[str, Any]) -> MaskStamps:
         if not (
             isinstance(uri, str)
             and isinstance(stamp, list)
-            and len(stamp) == 2
+            and len(stamp) in (2, 3)
             and _is_size(stamp[0])
             and _is_time(stamp[1])
+            and (len(stamp) == 2 or isinstance(stamp[2], str))
         ):
             return ()
-        masks.append((uri, stamp[0], float(stamp[1])))
+        masks.append((uri, stamp[0], float(stamp[1]), stamp[2] if len(stamp) == 3 else None))
     return tuple(masks)
 
 
@@ -750,9 +792,9 @@ def _is_time(value: Any) -> bool:
 
 def base_masks(
     stamps: MaskStamps, sha256s: Sequence[str | None] | None
-) -> dict[str, tuple[int, float, str]]:
+) -> dict[str, tuple[int, float, str | None, str]]:
     """What the base vouches for of a file's mask files: URI -> ``(size,
-    mtime, sha256)``, from the mask stamps the base listed for its key
+    mtime, inode_ctime, sha256)``, from the mask stamps the base listed for its key
     (`record_index.BASE_MASK_STAMPS`, `JoinBase`) and the sha256s its
     record keeps of the same masks, in the same order (`IndexRow.masks`).
     Empty when the row keeps none (a base built before kiln kept them) or
@@ -761,24 +803,27 @@ def base_masks(
     out: it is read (`targets.MaskFiles.read`)."""
     if not stamps or sha256s is None or len(stamps) != len(sha256s):
         return {}
-    found: dict[str, tuple[int, float, str] | None] = {}
+    found: dict[str, tuple[int, float, str | None, str] | None] = {}
     for stamp, sha256 in zip(stamps, sha256s, strict=True):
         if stamp is None or sha256 is None:
             continue
-        uri, size, mtime = stamp
-        value = (size, mtime, sha256)
+        uri, size, mtime, inode_ctime = stamp
+        value = (size, mtime, inode_ctime, sha256)
         found[uri] = value if found.get(uri, value) == value else None
     return {uri: value for uri, value in found.items() if value is not None}
 
 
-def _stamp_unchanged(item: Mapping[str, Any], base_stamp: tuple[int, float] | None) -> bool:
-    """Whether a listed file's size and modification time are `base_stamp`,
-    those the base listed for its key. A modification time of 0 or less is
-    no stamp (a store that gives none): never trusted."""
+def _stamp_unchanged(item: Mapping[str, Any], base_stamp: FileStamp | None) -> bool:
+    """Whether a listed file's size, modification time and status-change
+    identity (``inode_ctime``, a local file's) are `base_stamp`, those the
+    base listed for its key. A modification time of 0 or less is no stamp
+    (a store that gives none): never trusted. A local file the base listed
+    without its identity (a kiln before it listed them) is not trusted
+    either: it is read once, and the build's own listing has it."""
     mtime = item.get("mtime")
     if base_stamp is None or mtime is None or float(mtime) <= 0:
         return False
-    return (item.get("size"), float(mtime)) == base_stamp
+    return (item.get("size"), float(mtime), item.get("inode_ctime")) == base_stamp
 
 
 ORPHANS = "orphans"
@@ -786,16 +831,16 @@ ORPHANS = "orphans"
 
 def _attach_base(bucket_and_values):
     """One bucket's files, each with its base row (None if new) under
-    ``base``, `STAMP_UNCHANGED` set where the row's file has the size
-    and modification time the base listed, and `BASE_MASK_STAMPS` where
+    ``base``, `STAMP_UNCHANGED` set where the row's file has the stamp
+    (`_stamp_unchanged`) the base listed, and `BASE_MASK_STAMPS` where
     the row keeps its mask files' sha256s and the base listed their stamps;
     tagged ``orphans``, ``(sha256, row fields)`` of each base row whose key
     is not listed (what a moved file may be served by: `moves`)."""
     _, values = bucket_and_values
     rows: dict[str, record_index.IndexRow] = {}
-    # Key -> (size, mtime) as the base listed it; None for a key listed
-    # twice with two stamps, or too recent (neither is trusted).
-    stamps: dict[str, tuple[int, float] | None] = {}
+    # Key -> (size, mtime, inode_ctime) as the base listed it; None for a
+    # key listed twice with two stamps, or too recent (neither is trusted).
+    stamps: dict[str, FileStamp | None] = {}
     # Key -> its mask files' stamps as the base listed them (`MaskStamps`):
     # none trusted for a key listed twice with two.
     mask_stamps: dict[str, MaskStamps] = {}
@@ -837,9 +882,9 @@ class JoinBase(beam.PTransform):
     whose key is not listed (`JoinMoved`).
 
     The stamps the base listed (`BaseFiles.stamps`, its listing's lines)
-    join in the same buckets: a file with a base row whose size and
-    modification time are those the base listed for its key gets
-    `STAMP_UNCHANGED`, and the image step takes its sha256 from the row
+    join in the same buckets: a file with a base row whose size,
+    modification time and (a local file's) inode and ctime are those the
+    base listed for its key gets `STAMP_UNCHANGED`, and the image step takes its sha256 from the row
     without reading it (as the launcher's up-to-date stamp trusts them).
     Bounded memory: a bucket holds about one listing line's worth of
     files, rows and stamps; no worker holds the base's stamps as a whole."""
@@ -874,7 +919,7 @@ class JoinBase(beam.PTransform):
         return (
             tuple(merged)
             | "MergeFilesAndRows" >> beam.Flatten()
-            # (bucket, (0, file), (1, IndexRow fields) or (2, (key, size, mtime)))
+            # (bucket, (0, file), (1, IndexRow fields) or (2, (key, stamp, masks)))
             | "GroupByBucket" >> beam.GroupByKey()
             | "AttachBase" >> beam.FlatMap(_attach_base).with_outputs(ORPHANS, main="files")
             # files: [{key, uri, ..., base, stamp_unchanged?}]; orphans: (sha256, IndexRow fields)
@@ -986,9 +1031,10 @@ class IncrementalReport:
         (the rest of `processed` was dropped: unreadable, corrupt...).
       deleted: Base records whose file is no longer listed.
       not_read: Of the records reused, relabelled or moved, those whose
-        file was not read: its size and modification time are those the
-        base listed, so its sha256 was taken from the base's record index
-        (`JoinBase`; ``kiln build --rehash`` reads every file).
+        file was not read: its stamp (size, modification time, a local
+        file's inode and ctime) is the one the base listed, so its sha256
+        was taken from the base's record index (`JoinBase`; ``kiln build
+        --rehash`` reads every file).
       masks_not_read: Mask files their targets name that were not read
         likewise: their sha256 was taken from the base's record
         (`base_masks`).
@@ -1066,7 +1112,7 @@ class IncrementalReport:
         elif self.not_read or self.masks_not_read:
             masks = f" and {self.masks_not_read} mask files" if self.masks_not_read else ""
             line += (
-                f"\n  not read: {self.not_read} files{masks}, their size and modification time "
-                f"those the base listed (--rehash reads them)"
+                f"\n  not read: {self.not_read} files{masks}, their stamps those the base "
+                f"listed (--rehash reads them)"
             )
         return line

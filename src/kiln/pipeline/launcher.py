@@ -430,12 +430,13 @@ def build(
       base: The published version to reuse unchanged records from
         (`incremental`); None: the one LATEST names, if any.
       full: Build from scratch, reusing nothing.
-      rehash: Read and hash every listed file, also those whose size and
-        modification time are those the base listed (by default their
-        sha256 is taken from the base's record index: `incremental.JoinBase`),
-        and never find the dataset up to date by the inputs' stamp, which
-        trusts the same sizes and times: the job runs, and publishes the
-        same version again if no file's bytes changed.
+      rehash: Read and hash every listed file, also those whose stamps
+        (size, modification time, a local file's inode and ctime) are those
+        the base listed (by default their sha256 is taken from the base's
+        record index: `incremental.JoinBase`), and never find the dataset
+        up to date by the inputs' stamp, which trusts the same stamps: the
+        job runs, and publishes the same version again if no file's bytes
+        changed.
       gate: Thresholds (as `kiln diff` takes them) the new version must pass
         against the version LATEST names before LATEST may name it; None,
         or none set, publishes whatever the build made. A version that
@@ -757,8 +758,8 @@ def _build_locked(
     processing = incremental.processing_fingerprint(spec.to_json())
     stamp = versioning.stamp_of(spec.fingerprint, listing.listing_hash(), processing=processing)
 
-    # --rehash trusts no stamp, the inputs' as a whole included: a file
-    # rewritten with its size and modification time restored is found.
+    # --rehash trusts no stamp, the inputs' as a whole included: an object
+    # rewritten with its size and update time as listed is found.
     built = None if rehash else up_to_date.check(dataset, stamp, listing, refresh=True).info
     if built is not None:
         dataset.clean_leftovers()

@@ -65,12 +65,19 @@ class SourceFile:
         or None for a dataset without ``targets:``.
       mask_stamp: The sizes and modification times of the mask files the
         targets name, as JSON (``[[size, mtime], ...]``, one per
-        `target_rows.mask_uris` of `targets`, in their order; a mask that
+        `target_rows.mask_uris` of `targets`, in their order; a local
+        mask file's with its `inode_ctime` as a third item; a mask that
         cannot be found is ``[-1, 0.0]``), None when there are none: for
         the up-to-date stamp (a mask edited in place changes no row), and
         in the job's listing line, where the next incremental build takes
         an unchanged mask file's sha256 from this build's record index
         instead of reading it (`incremental.JoinBase`).
+      inode_ctime: A local file's status-change identity, its inode number
+        and ctime (`storage.inode_ctime`); None for an object (its update
+        time changes on every write). Part of the stamp as size and
+        modification time are: a file swapped with another by renames, or
+        replaced by a copy with its time restored (``cp -p``, ``tar x``,
+        ``touch -r``), keeps those two but not this.
 
     A file of a dataset whose targets have no ``label`` has label -1.
     """
@@ -83,6 +90,7 @@ class SourceFile:
     mtime: float
     targets: str | None = None
     mask_stamp: str | None = None
+    inode_ctime: str | None = None
 
     @property
     def newest_mask_mtime(self) -> float:
@@ -90,7 +98,7 @@ class SourceFile:
         (`mask_stamp`), 0.0 when they name none."""
         if self.mask_stamp is None:
             return 0.0
-        return max((float(mtime) for _, mtime in json.loads(self.mask_stamp)), default=0.0)
+        return max((float(stamp[1]) for stamp in json.loads(self.mask_stamp)), default=0.0)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -105,6 +113,8 @@ class SourceFile:
             data["targets"] = self.targets
         if self.mask_stamp is not None:
             data["mask_stamp"] = json.loads(self.mask_stamp)
+        if self.inode_ctime is not None:
+            data["inode_ctime"] = self.inode_ctime
         return data
 
 
@@ -168,7 +178,8 @@ _SCHEMA = """
 CREATE TABLE candidates (key BLOB, position INTEGER, uri BLOB, label BLOB, split BLOB,
                          size INTEGER, mtime REAL, targets BLOB, "where" BLOB);
 CREATE TABLE files (position INTEGER PRIMARY KEY, key BLOB, uri BLOB, label INTEGER,
-                    split BLOB, size INTEGER, mtime REAL, targets BLOB, mask_stamp BLOB);
+                    split BLOB, size INTEGER, mtime REAL, targets BLOB, mask_stamp BLOB,
+                    inode_ctime BLOB);
 CREATE TABLE dropped (key BLOB, stage BLOB, reason BLOB, uri BLOB, message BLOB, entry TEXT);
 CREATE TABLE class_names (name BLOB PRIMARY KEY);
 CREATE TABLE named_objects (folder BLOB, name BLOB, PRIMARY KEY (folder, name)) WITHOUT ROWID;
@@ -176,7 +187,7 @@ CREATE TABLE objects (uri BLOB PRIMARY KEY, size INTEGER, mtime REAL) WITHOUT RO
 """
 _INSERT = {
     "candidates": "INSERT INTO candidates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    "files": "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    "files": "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "dropped": "INSERT INTO dropped VALUES (?, ?, ?, ?, ?, ?)",
     "class_names": "INSERT OR IGNORE INTO class_names VALUES (?)",
     "named_objects": "INSERT OR IGNORE INTO named_objects VALUES (?, ?)",
@@ -253,7 +264,7 @@ def scratch_database() -> sqlite3.Connection:
 # `Listing`'s files in key order (the position is the key's rank), all or
 # `_RECENT`: modified at or after a time (or naming mask files).
 _FILES_QUERY = (
-    "SELECT key, uri, label, split, size, mtime, targets, mask_stamp FROM files "
+    "SELECT key, uri, label, split, size, mtime, targets, mask_stamp, inode_ctime FROM files "
     "{where} ORDER BY position"
 )
 _RECENT = "WHERE mtime >= ? OR mask_stamp IS NOT NULL"
@@ -308,8 +319,8 @@ class Listing:
         newest = float(newest or 0.0)
         for (stamps,) in self._query(
             "SELECT mask_stamp FROM files WHERE mask_stamp IS NOT NULL"
-        ):  # [[size, mtime], ...] per file
-            newest = max([newest, *(float(mtime) for _, mtime in json.loads(_text(stamps)))])
+        ):  # [[size, mtime(, inode_ctime)], ...] per file
+            newest = max([newest, *(float(stamp[1]) for stamp in json.loads(_text(stamps)))])
         return newest
 
     def files(self) -> Iterator[SourceFile]:
@@ -326,9 +337,8 @@ class Listing:
                 yield file
 
     def _files(self, query: str, parameters: tuple[Any, ...] = ()) -> Iterator[SourceFile]:
-        for key, uri, label, split, size, mtime, targets, mask_stamp in self._connection.execute(
-            query, parameters
-        ):
+        for row in self._connection.execute(query, parameters):
+            key, uri, label, split, size, mtime, targets, mask_stamp, inode_ctime = row
             yield SourceFile(
                 _text(key),
                 _text(uri),
@@ -338,6 +348,7 @@ class Listing:
                 mtime,
                 _optional_text(targets),
                 _optional_text(mask_stamp),
+                _optional_text(inode_ctime),
             )
 
     def dropped(self) -> Iterator[DroppedFile]:
@@ -356,11 +367,15 @@ class Listing:
             yield json.loads(entry)
 
     def stamp_entries(self) -> Iterator[list]:
-        """Listing data for the up-to-date stamp (`versioning.stamp`)."""
+        """Listing data for the up-to-date stamp (`versioning.stamp`): a
+        local file's status-change identity last (the entry of an object,
+        which has none, is as a listing job's: `listing_job._file_outputs`)."""
         for f in self.files():
             label = self.class_names[f.label] if f.label >= 0 else None
             entry = ["file", f.key, label, f.split, f.size, f.mtime]
-            yield entry if f.targets is None else [*entry, f.targets, f.mask_stamp]
+            if f.targets is not None:
+                entry += [f.targets, f.mask_stamp]
+            yield entry if f.inode_ctime is None else [*entry, f.inode_ctime]
         yield from self.dropped_entries()
 
     def listing_hash(self) -> int:
@@ -728,6 +743,7 @@ class ListingWriter:
                 file.mtime,
                 _optional_blob(file.targets),
                 _optional_blob(file.mask_stamp),
+                _optional_blob(file.inode_ctime),
             ),
         )
         self._num_files += 1

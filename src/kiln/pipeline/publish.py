@@ -8,7 +8,8 @@ A dataset root ``<output>/<name>/`` holds::
     .staging-<stamp>-<rnd>/ a build in progress (never read)
     .stamps/<stamp>         the version an input listing was built into
     .file-stamps/<version>/ the listing the version was last built from (each file's
-                            key, size and modification time) and when that build
+                            key and stamp: size, modification time and, locally,
+                            inode and ctime) and when that build
                             started (``.build-started``; or, later, when a build
                             verified its recent files: `up_to_date`) and the sha256
                             of the files it dropped, for the next build to trust
@@ -114,7 +115,7 @@ class DatasetRoot:
 
     def file_stamps(self, version: str) -> list[str]:
         """The files of the listing `version` was last built from (lines of
-        the job's listing: each file's key, size and modification time),
+        the job's listing: each file's key and stamp),
         sorted; empty when none are kept (a version built before kiln kept
         them, or they were deleted)."""
         folder = self.file_stamps_dir(version)

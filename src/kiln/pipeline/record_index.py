@@ -73,20 +73,21 @@ from kiln.schemas import INDEX_FILENAME
 from kiln.schemas.metadata import canonical_json
 
 # The item field `incremental.JoinBase` sets on a listed file whose key has
-# a base row and whose size and modification time are those the base
-# listed: the job takes its sha256 from the row instead of reading it
-# (`images.ImageProcessor`).
+# a base row and whose stamp (size, modification time and, locally, inode
+# and ctime) is the one the base listed: the job takes its sha256 from the
+# row instead of reading it (`images.ImageProcessor`).
 STAMP_UNCHANGED = "stamp_unchanged"
 
 # The item field `incremental.JoinBase` sets on a listed file whose key has
 # a base row and whose targets' mask files the base listed:
-# ``((uri, size, mtime) or None, ...)``, per mask the base's targets name
-# (`target_rows.mask_uris`), None where its stamp is too recent to trust.
+# ``((uri, size, mtime, inode_ctime) or None, ...)``, per mask the base's
+# targets name (`target_rows.mask_uris`; inode_ctime None for an object, or
+# when the base listed none), None where its stamp is too recent to trust.
 BASE_MASK_STAMPS = "base_mask_stamps"
 
 # Listing fields that do not go into a record: where the file was read
-# (`uri`), its size and modification time and those of its mask files
-# (bytes are named by their sha256), the split the source named (a
+# (`uri`), its stamp (size, modification time, inode and ctime) and those
+# of its mask files (bytes are named by their sha256), the split the source named (a
 # record's bytes do not depend on its split) and what the job attached (its
 # base row, whether its stamp is the base's, its masks' stamps as the base
 # listed them, and the base rows it may have moved from: `moves`).
@@ -95,6 +96,7 @@ _NOT_RECORD_INPUTS = frozenset(
         "uri",
         "size",
         "mtime",
+        "inode_ctime",
         "mask_stamp",
         "split",
         "base",

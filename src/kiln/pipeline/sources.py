@@ -841,9 +841,11 @@ def _list_image_folder(
                 continue
             # On an object store the listing holds every object's size and
             # time, and an object is always readable: no request per file.
+            # A local file's stamp is its status's, identity and all.
+            size, mtime, inode_ctime = found.size, found.mtime, None
             if has_special_files:
                 try:
-                    problem = _file_status(uri)[2]
+                    size, mtime, problem, inode_ctime = _file_status(uri)
                 except OSError as e:  # vanished since listing, or a dangling symbolic link
                     problem = f"cannot stat the file: {e.strerror}"
                 if problem:
@@ -855,8 +857,9 @@ def _list_image_folder(
                     uri=uri,
                     label=label_ids[found.label],
                     split=split,
-                    size=found.size,
-                    mtime=found.mtime,
+                    size=size,
+                    mtime=mtime,
+                    inode_ctime=inode_ctime,
                 )
             )
         return writer.finish(class_names, from_source)
@@ -877,9 +880,10 @@ def _walk_files(root: str, from_source: bool) -> Iterator[FileMetadata]:
     return storage.store_for(root).walk_tree(root, skip_hidden=True, links_above=layout_folders + 1)
 
 
-def _file_status(uri: str) -> tuple[int, float, str | None]:
-    """Size, modification time, and why the path cannot be read as an image
-    file (None if it can); see `storage.Store.file_status`.
+def _file_status(uri: str) -> storage.FileStatus:
+    """Size, modification time, why the path cannot be read as an image
+    file (None if it can), and a local file's status-change identity; see
+    `storage.Store.file_status`.
 
     Raises:
       OSError, BeamIOError: the path does not exist (or cannot be stat'ed).
@@ -1142,7 +1146,7 @@ def _list_rows(
                 drop(outside_row(key, uri, outside))
                 continue
             try:
-                size, mtime, problem_text = statuses.status(uri)
+                size, mtime, problem_text, inode_ctime = statuses.status(uri)
             except Exception as e:  # OSError locally, FileNotFoundError or BeamIOError remotely
                 drop(missing_row(key, uri, path, e))
                 continue
@@ -1162,6 +1166,7 @@ def _list_rows(
                     mtime=mtime,
                     targets=row_targets,
                     mask_stamp=mask_stamp,
+                    inode_ctime=inode_ctime,
                 )
             )
         return writer.finish(class_names, from_source, boxes)
@@ -1242,9 +1247,10 @@ class _RowStatuses:
         asked = [uri for folder in asked_folders for uri in self._writer.named_objects_in(folder)]
         return listed, asked
 
-    def status(self, uri: str) -> tuple[int, float, str | None]:
-        """Size, modification time, and why the path cannot be read as an
-        image file (None if it can); see `storage.Store.file_status`.
+    def status(self, uri: str) -> storage.FileStatus:
+        """Size, modification time, why the path cannot be read as an image
+        file (None if it can), and a local file's status-change identity;
+        see `storage.Store.file_status`.
 
         Raises:
           OSError, BeamIOError: the path does not exist (or cannot be stat'ed).
@@ -1254,7 +1260,7 @@ class _RowStatuses:
         found = self._writer.object_status(uri)
         if found is None:
             raise object_not_found(uri)
-        return found[0], found[1], None  # an object store holds plain objects only
+        return storage.FileStatus(found[0], found[1], None)  # plain objects only
 
 
 def lookup_plan(
@@ -1282,7 +1288,9 @@ def _mask_files(
     row_targets: str | None, confinement: _Confinement, statuses: _RowStatuses
 ) -> tuple[str | None, str | None]:
     """The mask files a row names: why one may not be read (or None), and
-    their sizes and modification times for the stamp (None: no mask file).
+    their stamps (None: no mask file): ``[size, mtime]`` of each, and of a
+    local one its status-change identity too (``[size, mtime,
+    inode_ctime]``: `storage.inode_ctime`).
 
     A mask file that is missing is not dropped here: the job reports it as
     a bad annotation (``missing_mask``), under ``targets.bad_objects``.
@@ -1295,10 +1303,10 @@ def _mask_files(
         if problem:
             return f"{field}: {problem}", None
         try:
-            size, mtime, _ = statuses.status(uri)
+            size, mtime, _, inode_ctime = statuses.status(uri)
         except Exception:  # missing: the job says so
-            size, mtime = -1, 0.0
-        stamps.append([size, mtime])
+            size, mtime, inode_ctime = -1, 0.0, None
+        stamps.append([size, mtime] if inode_ctime is None else [size, mtime, inode_ctime])
     return None, (json.dumps(stamps) if stamps else None)
 
 

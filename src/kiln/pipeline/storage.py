@@ -33,7 +33,7 @@ import stat
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, NamedTuple, cast
 
 from kiln.lazy_import import LazyModule
 
@@ -52,6 +52,38 @@ TEMP_MARK = ".tmp-"  # hidden temp names of small writes: ``.<name>.tmp-<random>
 
 # What Beam's FileSystems.get_scheme recognizes as a URI's scheme.
 _SCHEME = re.compile(r"(?P<scheme>[a-zA-Z][-a-zA-Z0-9+.]*)://.*")
+
+
+class FileStatus(NamedTuple):
+    """What one status request says of a listed file.
+
+    Attributes:
+      size: Its size in bytes.
+      mtime: Its modification time (seconds; an object's update time).
+      problem: Why it cannot be read as a plain file (a folder, a named
+        pipe, a device), or None if it can.
+      inode_ctime: A local file's status-change identity (`inode_ctime`),
+        None for an object (its update time changes on every write).
+    """
+
+    size: int
+    mtime: float
+    problem: str | None
+    inode_ctime: str | None = None
+
+
+def inode_ctime(status: os.stat_result) -> str:
+    """A local file's status-change identity: ``"<inode>:<ctime in ns>"``,
+    compared for equality only, as git's index keeps them beside a file's
+    size and modification time.
+
+    Whatever keeps a file's size and modification time while changing its
+    bytes changes this: a new file (``cp -p``, ``tar x``, ``rsync -a``
+    write one, or a rename puts another in its place) has another inode,
+    and writing to a file, renaming it, setting its times (``touch -r``,
+    `os.utime`) or its mode set its ctime to the time of the change, which
+    no call can set back."""
+    return f"{status.st_ino}:{status.st_ctime_ns}"
 
 
 # The build's pipeline flags, until they are handed to Beam's FileSystems (`use_pipeline_options`).
@@ -278,9 +310,10 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def file_status(self, path: str) -> tuple[int, float, str | None]:
-        """Size, modification time, and why `path` cannot be read as a plain
-        file (a folder, a named pipe, a device), or None if it can.
+    def file_status(self, path: str) -> FileStatus:
+        """Size, modification time, why `path` cannot be read as a plain
+        file (a folder, a named pipe, a device) or None if it can, and a
+        local file's `inode_ctime`.
 
         Raises:
           OSError, BeamIOError: the path does not exist.
@@ -412,13 +445,13 @@ class LocalStore(Store):
                     continue
                 yield FileMetadata(path, status.st_size, status.st_mtime)
 
-    def file_status(self, path: str) -> tuple[int, float, str | None]:
+    def file_status(self, path: str) -> FileStatus:
         # One os.stat: a manifest of a million local files lists in seconds.
         status = os.stat(path)
         problem = _special_file_problem(status.st_mode)
         if stat.S_ISDIR(status.st_mode) and _links_to_ancestor(path):
             problem = "a symbolic link to a folder that holds it (not followed: it would loop)"
-        return status.st_size, status.st_mtime, problem
+        return FileStatus(status.st_size, status.st_mtime, problem, inode_ctime(status))
 
     def children(self, folder: str) -> list[str]:
         try:
@@ -513,10 +546,12 @@ class ObjectStore(Store):
             ):
                 yield metadata
 
-    def file_status(self, path: str) -> tuple[int, float, str | None]:
+    def file_status(self, path: str) -> FileStatus:
         # Object stores hold plain objects only: nothing to refuse.
         metadata = FileSystems.get_filesystem(path).metadata(path)
-        return int(metadata.size_in_bytes), float(metadata.last_updated_in_seconds), None
+        return FileStatus(
+            int(metadata.size_in_bytes), float(metadata.last_updated_in_seconds), None
+        )
 
     def existing(self, paths: Sequence[str]) -> set[str]:
         # One metadata request per object, concurrently (`walk_prefixes`).

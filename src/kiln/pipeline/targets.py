@@ -44,14 +44,14 @@ Mask files are read at most once per image, before its pixels are decoded
 by its file's sha256), which is both the file's version entry and part of
 the key an incremental build reuses a record by (`TargetCodec.reuse_key`),
 and their bytes are what `TargetCodec.load` decodes. In an incremental
-build a mask file whose path, size and modification time are those the
-base version listed for the image is not read: its sha256 is the one the
-base's record index keeps (`MaskFiles.read`'s ``base``, from
-`kiln.pipeline.incremental.base_masks`), as an image file's is taken from
-its row. If the record is then reused (or relabelled, or moved) its bytes
-are never needed; if the image is processed after all, the masks not read
-are read then (`TargetCodec.completed`), and the content follows their
-bytes as read.
+build a mask file whose path and stamp (size, modification time and, for a
+local file, inode and ctime) are those the base version listed for the
+image is not read: its sha256 is the one the base's record index keeps
+(`MaskFiles.read`'s ``base``, from `kiln.pipeline.incremental.base_masks`),
+as an image file's is taken from its row. If the record is then reused
+(or relabelled, or moved) its bytes are never needed; if the image is
+processed after all, the masks not read are read then
+(`TargetCodec.completed`), and the content follows their bytes as read.
 """
 
 from __future__ import annotations
@@ -150,31 +150,36 @@ class MaskFiles:
     def read(
         cls,
         row: Mapping[str, Any],
-        stamps: Sequence[Sequence[float]] | None = None,
-        base: Mapping[str, tuple[int, float, str]] | None = None,
+        stamps: Sequence[Sequence[Any]] | None = None,
+        base: Mapping[str, tuple[int, float, str | None, str]] | None = None,
     ) -> MaskFiles:
         """Reads every mask file the targets `row` names (each once), but
         those `base` vouches for.
 
         Args:
           row: The targets.
-          stamps: ``[size, mtime]`` of each mask file `row` names, in
+          stamps: ``[size, mtime]`` of each mask file `row` names (a
+            local one's ``[size, mtime, inode_ctime]``), in
             `target_rows.mask_uris` order, as listed now
             (`listing.SourceFile.mask_stamp`).
-          base: URI -> ``(size, mtime, sha256)`` of the mask files the base
-            version listed for the image, their sha256 as its record index
-            keeps them (`kiln.pipeline.incremental.base_masks`). A file
-            listed now with that size and modification time (a time of 0
-            or less is no stamp) is not read: its sha256 is the base's.
+          base: URI -> ``(size, mtime, inode_ctime, sha256)`` of the mask
+            files the base version listed for the image, their sha256 as
+            its record index keeps them
+            (`kiln.pipeline.incremental.base_masks`). A file listed now with
+            that size, modification time and status-change identity (a time
+            of 0 or less is no stamp; a local file the base listed without
+            its identity is read) is not read: its sha256 is the base's.
         """
         named = list(target_rows.mask_uris(row))
         if stamps is None or len(stamps) != len(named):
             stamps = [(-1, 0.0)] * len(named)  # none to compare: every file is read
         unread: dict[str, str] = {}
-        for (_, uri), (size, mtime) in zip(named, stamps, strict=True):
+        for (_, uri), stamp in zip(named, stamps, strict=True):
+            size, mtime = stamp[0], float(stamp[1])
+            inode_ctime = stamp[2] if len(stamp) > 2 else None
             found = (base or {}).get(uri)
-            if found is not None and float(mtime) > 0 and (size, float(mtime)) == found[:2]:
-                unread.setdefault(uri, found[2])
+            if found is not None and mtime > 0 and (size, mtime, inode_ctime) == found[:3]:
+                unread.setdefault(uri, found[3])
         contents, reads = _read_files((uri for _, uri in named), skip=unread)
         return cls(contents, unread=unread, reads=reads)
 
@@ -317,8 +322,8 @@ class TargetCodec:
     def read(
         self,
         text: str,
-        stamps: Sequence[Sequence[float]] | None = None,
-        base: Mapping[str, tuple[int, float, str]] | None = None,
+        stamps: Sequence[Sequence[Any]] | None = None,
+        base: Mapping[str, tuple[int, float, str | None, str]] | None = None,
     ) -> ListedTargets:
         """The listed targets (canonical JSON, `target_rows.canonical`) with
         the mask files they name read, but those whose `stamps` are `base`'s

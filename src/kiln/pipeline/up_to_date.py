@@ -1,9 +1,12 @@
 """The up-to-date check: the version an inputs' stamp names, its racily clean files verified.
 
 A build whose inputs' stamp (`versioning.stamp_of`: the config and every
-listed file's key, size and modification time) names a complete version
-runs no job (`launcher.build`). That trusts the stamps, as make and rsync
-do, with one blind spot that git calls "racily clean": a file modified
+listed file's key, size and modification time, and a local file's inode
+and ctime) names a complete version runs no job (`launcher.build`). That
+trusts the stamps, as git does (a local file swapped with another by
+renames, or replaced by a copy with its time restored, has another inode
+or ctime: the stamp differs, and the job reads it), with one blind spot
+that git calls "racily clean": a file modified
 within a tick of the file system's clock of the start of the build that
 made the version may have been rewritten after that build read it, in
 the same tick, so with the size and modification time listed. Such a file
@@ -210,7 +213,7 @@ def _masks_problem(
     `target_rows.mask_uris` order), or "" when every one does."""
     if file.mask_stamp is None or file.targets is None:
         return ""
-    stamps = json.loads(file.mask_stamp)  # [[size, mtime], ...], in the same order
+    stamps = json.loads(file.mask_stamp)  # [[size, mtime(, inode_ctime)], ...], in order
     uris = [uri for _, uri in target_rows.mask_uris(json.loads(file.targets))]
     for index, uri in enumerate(uris):
         if index < len(stamps) and float(stamps[index][1]) < since:

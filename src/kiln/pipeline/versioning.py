@@ -20,14 +20,21 @@ Two fingerprints, for two jobs:
   records the location as ``provenance``, outside the fingerprint.
 - The **stamp** decides whether a rebuild can be skipped without running the
   job. It hashes what the launcher learns from listing alone: keys, label
-  names, splits, byte sizes and modification times, plus the config and
-  processing fingerprints and the format version (after a kiln upgrade that
-  changes the processing, an unchanged source is built again). A build
-  records ``.stamps/<stamp>`` -> version. Listing a million objects on
-  gs:// is quick; reading them is not.
-  Like make or rsync, a file rewritten with the same size and modification
-  time is not noticed by the stamp; touching it forces a rebuild (which then
-  finds the same version).
+  names, splits, byte sizes and modification times and, for local files,
+  their inode numbers and status-change times (``inode_ctime``, as git's
+  index keeps them: `storage.inode_ctime`), plus the config and processing
+  fingerprints and the format version (after a kiln upgrade that changes
+  the processing, an unchanged source is built again). A build records
+  ``.stamps/<stamp>`` -> version. Listing a million objects on gs:// is
+  quick; reading them is not.
+  A local file rewritten with its size and modification time restored
+  (``cp -p``, ``tar x``, ``touch -r``), or two same-size files swapped by
+  renames, change the stamp by their inode or ctime: the job runs, and
+  reads those files (`incremental.JoinBase`). An object's stamp is its
+  size and update time, which every write sets (a write within a tick of
+  the clock of a build's start is read by the racy check: `up_to_date`).
+  ``--rehash`` reads every file whatever its stamp. Touching a file, or a
+  ``chmod``, forces a rebuild (which then finds the same version).
 
 The per-input hashes are combined as a multiset (a sum of sha256 values
 modulo 2**256), so the result does not depend on the order in which the
