@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 
+import object_store
 from conftest import backdated, make_config
-from kiln.pipeline import build, publish
+from kiln.pipeline import build, publish, record_index
+from kiln.schemas import INDEX_FILENAME
 from test_build_file_stamps import SAME_SIZE, rewrite_keeping_stamp, same_size_png
 from test_build_incremental import (
     assert_same_dataset,
@@ -36,6 +38,7 @@ from test_build_incremental import (
     index_rows,
     new_png,
 )
+from test_build_listing_job import BUCKET, ROOT, store  # noqa: F401 (a fixture)
 from test_build_mask_stamps import config_of, corpus, pristine  # noqa: F401 (fixtures)
 from test_targets_incremental import read_rows
 
@@ -204,6 +207,46 @@ def test_a_recent_file_rewritten_as_the_up_to_date_check_reads_it_is_not_verifie
     assert not again.up_to_date
     assert row_of(again, SAME_SIZE).sha256 == sha256_of(same_size_png(2))
     assert_same_dataset(again, full_build(config, tmp_path))
+
+
+@pytest.mark.usefixtures("store")
+def test_an_object_rewritten_with_another_size_between_the_listing_and_its_read(demo_corpus):
+    """On an object store the job compares an object's size as read (its
+    update time would cost a request): an object replaced by one of
+    another size before the job reads it, then put back as it was (its
+    update time too), leaves the version not up to date, and the next
+    build stores the listed bytes again."""
+    for name, (data, updated) in list(object_store.OBJECTS.items()):
+        object_store.OBJECTS[name] = (data, updated - 3600)  # uploaded long ago
+    config = make_config(ROOT, output=f"{BUCKET}/out")
+    key = good_keys(demo_corpus, Path(demo_corpus.out_dir))[4]
+    uri = f"{ROOT}/{key}"
+    listed = object_store.OBJECTS[uri]
+
+    with before_the_job(lambda: object_store.OBJECTS.__setitem__(uri, (new_png(7), listed[1]))):
+        raced = build(config)
+
+    assert row_of_object(raced, key).sha256 == sha256_of(new_png(7))
+    object_store.OBJECTS[uri] = listed
+
+    night = build(config)
+
+    assert not night.up_to_date
+    assert night.counters["base_stamps_disagreed"] == 1
+    assert row_of_object(night, key).sha256 == sha256_of(listed[0])
+    kept = f"{raced.dataset_root}/{publish.FILE_STAMPS_FOLDER}/{raced.version}/"
+    (line,) = object_store.get(kept + publish.STAMP_DISAGREEMENTS_FILE).decode().splitlines()
+    found = json.loads(line)
+    assert (found["key"], found["uri"], found["mask"]) == (key, uri, False)
+    assert found["listed"] == [len(listed[0]), listed[1]]
+    assert found["read"] == [len(new_png(7)), None]  # no update time: not asked for
+
+
+def row_of_object(result, key: str):
+    """`key`'s record index row in a version on the object store."""
+    index = object_store.get(f"{result.dataset_dir}/{INDEX_FILENAME}").decode()
+    rows = [record_index.parse_line(line) for line in index.splitlines(keepends=True)]
+    return next(row for row in rows if row.key == key)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "unreadable"])
