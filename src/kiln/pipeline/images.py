@@ -38,6 +38,13 @@ both steps hand such a file on (``base_reads``, with where the record is)
 and `RewriteFromBaseShardsFn` runs it again with the record, reading each
 base shard once.
 
+Every file read (an image, a mask file) is compared, as it is read, with
+the size and modification time its listing gave (the open file's fstat: no
+request, no stat more); one that changed between the listing and the read
+is logged as a warning and handed on (``stamp_disagreements``), kept beside
+the version so that the next build trusts neither the version nor that
+file's stamp (`stamp_disagreements`). A file not read is not compared.
+
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
 output, counted per reason. What the job counts about every file (its
 entry in the dataset version, and each stored image's split, class, size

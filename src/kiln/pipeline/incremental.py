@@ -64,7 +64,12 @@ as the launcher's up-to-date stamp trusts the same stamps (`JoinBase`
 joins the listing by key with the files and rows; ``--rehash`` leaves it
 out, and a base kept without one has every file read). It is read after
 all if no base record serves it (its listing inputs changed), and so is a
-file whose stamp is no older than the base build's start (`RACY_SECONDS`).
+file whose stamp is no older than the base build's start (`RACY_SECONDS`),
+and a file (or mask file) that the base's job, reading it, found not as
+its listing stamped it: changed between the listing and the read (kept
+beside the listing, `publish.STAMP_DISAGREEMENTS_FILE`; `JoinBase` leaves
+those stamps out, counted ``base_stamps_disagreed``; a record of them that
+cannot be read leaves out every stamp: `stamp_disagreements`).
 
 Mask files are trusted the same way. Their sha256 is in the reuse key and
 the version, so a build needs it for every image; the base's record index

@@ -22,6 +22,12 @@ aggregate the launcher needs for `kiln.json`). The steps::
                                 (errors.jsonl, duplicates.jsonl, index.jsonl,
                                 dropped_objects.jsonl with boxes, and the report)
 
+``WriteReports`` also writes, into the work folder, what the launcher keeps
+beside the version rather than in it: the sha256 of the files dropped
+having been read (`up_to_date.write_dropped_sha256s`), and the files read
+that were not as listed, when there are any (`stamp_disagreements`, from
+the image steps' ``stamp_disagreements`` outputs).
+
 With a base version to reuse records from (`incremental`), the files are
 joined with the base's record index instead of spread (``JoinBase``), the
 base's files are checked first (``VerifyBaseFiles``, which also finds where

@@ -51,7 +51,9 @@ base's record index keeps (`MaskFiles.read`'s ``base``, from
 its row. If the record is then reused (or relabelled, or moved) its bytes
 are never needed; if the image is processed after all, the masks not read
 are read then (`TargetCodec.completed`), and the content follows their
-bytes as read.
+bytes as read. Each mask file read is compared with its listed stamp (one
+listed as not found that is found, or the reverse, or another size or
+time: `MaskFiles.disagreements`, `kiln.pipeline.stamp_disagreements`).
 """
 
 from __future__ import annotations

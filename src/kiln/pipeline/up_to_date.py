@@ -22,6 +22,22 @@ sha256s, written by a kiln before it kept them; a file that cannot be
 read), the build runs, and its job reads such files again
 (`incremental.JoinBase`).
 
+A file the check reads is also compared with what the listing said of it
+(size and modification time, as the open file gives them: `storage.input_stamp`);
+one that changed since it was listed is not verified, whatever its bytes:
+the bytes read are not those of the listed stamp.
+
+The stamp also cannot tell a file that changed between the listing and the
+job's read of it (a mask file that appeared, an image rewritten and
+restored, time and all): the version holds bytes the listing never
+stamped. The job compares each file it reads with its listing and keeps
+those that disagree beside the version (`stamp_disagreements`,
+`publish.STAMP_DISAGREEMENTS_FILE`); a version that has one (or whose
+record of them cannot be read) is not up to date: the build runs the job,
+which reads those files again (`incremental.JoinBase`) and reuses the
+records whose bytes did not change. That is read first, one small file
+that exists only after such a race.
+
 When no listed file is that recent (`newest_mtime`, which the listing
 knows without reading a file) nothing is read. A build that verified its
 racily clean files so keeps the time it started verifying as the
