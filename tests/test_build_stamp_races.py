@@ -39,7 +39,13 @@ from test_build_incremental import (
     new_png,
 )
 from test_build_listing_job import BUCKET, ROOT, store  # noqa: F401 (a fixture)
-from test_build_mask_stamps import config_of, corpus, pristine  # noqa: F401 (fixtures)
+from test_build_mask_stamps import (  # noqa: F401 (corpus, pristine: fixtures)
+    config_of,
+    corpus,
+    edited_mask,
+    png,
+    pristine,
+)
 from test_targets_incremental import read_rows
 
 
@@ -135,6 +141,39 @@ def test_a_mask_file_that_appears_after_the_listing_keeps_its_version_from_being
     (found,) = disagreements(raced)
     assert (found["key"], Path(found["uri"]), found["mask"]) == (key, mask, True)
     assert found["listed"] == [-1, 0.0] and found["read"][0] == size
+
+
+def test_a_mask_file_rewritten_between_the_listing_and_its_read_and_restored_is_read_again(
+    corpus,  # noqa: F811 (the fixture)
+    tmp_path,
+):
+    """A mask file rewritten (other pixels) after the listing and before the
+    job reads it, then restored with its time: the next build is not up to
+    date, and does not trust the mask's listed stamp (the base's record
+    keeps the other bytes' sha256): it reads the mask file and stores what
+    a build from scratch stores."""
+    config = config_of(corpus, tmp_path)
+    rows = read_rows(corpus)
+    key, mask = rows[3]["path"], corpus / rows[3]["mask"]
+    original, listed = mask.read_bytes(), mask.stat()
+    other = png(edited_mask(corpus, rows[3]["mask"]))
+
+    with before_the_job(lambda: mask.write_bytes(other)):
+        raced = build(config)
+
+    assert row_of(raced, key).masks[0] == sha256_of(other)
+    mask.write_bytes(original)
+    os.utime(mask, ns=(listed.st_atime_ns, listed.st_mtime_ns))
+
+    night = build(config)
+
+    assert not night.up_to_date
+    assert row_of(night, key).masks[0] == sha256_of(original)
+    assert night.incremental.changed == 1 and night.counters["base_stamps_disagreed"] == 1
+    assert_same_dataset(night, build(config_of(corpus, tmp_path, "full"), full=True))
+    (found,) = disagreements(raced)
+    assert (found["key"], Path(found["uri"]), found["mask"]) == (key, mask, True)
+    assert found["listed"] == [listed.st_size, listed.st_mtime]
 
 
 def test_an_image_rewritten_between_the_listing_and_its_read_and_restored_is_read_again(

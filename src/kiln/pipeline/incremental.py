@@ -757,15 +757,13 @@ def _distrust(
             Metrics.counter("kiln", "base_stamps_disagreed").inc()
             stamps[key] = None
         masks = {uri for uri, mask in files if mask}
-        if masks and key in mask_stamps:
-            kept = tuple(
-                None if stamp is not None and stamp[0] in masks else stamp
-                for stamp in mask_stamps[key]
+        listed = mask_stamps.get(key, ())
+        left_out = [i for i, stamp in enumerate(listed) if stamp is not None and stamp[0] in masks]
+        if left_out:
+            Metrics.counter("kiln", "base_stamps_disagreed").inc(len(left_out))
+            mask_stamps[key] = tuple(
+                None if i in left_out else stamp for i, stamp in enumerate(listed)
             )
-            Metrics.counter("kiln", "base_stamps_disagreed").inc(
-                sum(stamp is None for stamp in kept) - sum(s is None for s in mask_stamps[key])
-            )
-            mask_stamps[key] = kept
 
 
 def _listed_stamps(line: bytes) -> list[tuple[str, int, float, MaskStamps]] | None:
