@@ -39,6 +39,13 @@ both steps hand such a file on (``base_reads``, with where the record is)
 and `RewriteFromBaseShardsFn` runs it again with the record, reading each
 base shard once.
 
+Every file read (an image, a mask file) is compared, as it is read, with
+the size and modification time its listing gave (the open file's fstat: no
+request, no stat more); one that changed between the listing and the read
+is logged as a warning and handed on (``stamp_disagreements``), kept beside
+the version so that the next build trusts neither the version nor that
+file's stamp (`stamp_disagreements`). A file not read is not compared.
+
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
 output, counted per reason. What the job counts about every file (its
 entry in the dataset version, and each stored image's split, class, size
@@ -66,7 +73,14 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from kiln import transforms
-from kiln.pipeline import moves, record_index, storage, target_rows, versioning
+from kiln.pipeline import (
+    moves,
+    record_index,
+    stamp_disagreements,
+    storage,
+    target_rows,
+    versioning,
+)
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.incremental import (
@@ -105,6 +119,7 @@ SUMMARY = "summary"
 REUSED = "reused"
 DEFERRED = "deferred"
 BASE_READS = "base_reads"
+STAMP_DISAGREEMENTS = "stamp_disagreements"
 
 
 class ProcessedImage(NamedTuple):
@@ -159,6 +174,8 @@ class Outcome(NamedTuple):
     # stamps the base's, their sha256 the base row's: `incremental.base_masks`).
     masks_read: int = 0
     masks_not_read: int = 0
+    # The file and mask files it read that were not as listed (`stamp_disagreements`).
+    disagreements: tuple[stamp_disagreements.StampDisagreement, ...] = ()
 
 
 class ImageProcessor:
@@ -254,8 +271,12 @@ class ImageProcessor:
         (`Outcome.unread` says it was not). The same holds for each mask
         file its targets name whose path and stamp are those the base
         listed (`incremental.base_masks`; counted in
-        `Outcome.masks_read` and `Outcome.masks_not_read`)."""
-        reads = _Reads()
+        `Outcome.masks_read` and `Outcome.masks_not_read`).
+
+        Each file read (the image, a mask file) is compared as it is read
+        with what the listing said of it: those that disagree are in
+        `Outcome.disagreements` (`stamp_disagreements`)."""
+        reads = _Reads(item)
         outcome = self._outcome(
             item, before_decoding, read_base, moved_candidate, read_later, read_sha256, reads
         )
@@ -263,6 +284,9 @@ class ImageProcessor:
             outcome = outcome._replace(
                 masks_read=reads.masks.read_count, masks_not_read=reads.masks.unread_count
             )
+        disagreements = reads.disagreements()
+        if disagreements:
+            outcome = outcome._replace(disagreements=disagreements)
         if item.get(STAMP_UNCHANGED) and not reads.files and outcome.deferred is None:
             return outcome._replace(unread=True)
         return outcome
@@ -308,8 +332,7 @@ class ImageProcessor:
             sha256 = base.sha256
         else:
             try:
-                reads.files.append(uri)
-                data = _read(uri)
+                data = reads.read(uri)
             except Exception as e:  # permission denied, vanished, network: any I/O error
                 return unreadable(e)
             sha256 = hashlib.sha256(data).hexdigest()
@@ -428,8 +451,7 @@ class ImageProcessor:
 
         if data is None:  # handed on or trusted, and no base record served it: read it now
             try:
-                reads.files.append(uri)
-                data = _read(uri)
+                data = reads.read(uri)
             except Exception as e:
                 return unreadable(e)
             sha256 = hashlib.sha256(data).hexdigest()  # changed since, if it differs
@@ -675,17 +697,48 @@ class ImageProcessor:
 
 
 class _Reads:
-    """What `ImageProcessor` read of one file: its URI each time it read the
-    file, and the mask files as last read."""
+    """What `ImageProcessor` read of one listed file (`item`): its URI each
+    time it read the file, what each read found of the file that the
+    listing did not say, and the mask files as last read."""
 
-    def __init__(self) -> None:
+    def __init__(self, item: Mapping[str, Any]) -> None:
         self.files: list[str] = []
         self.masks: MaskFiles | None = None
+        self._item = item
+        self._found: list[stamp_disagreements.StampDisagreement] = []
+
+    def read(self, uri: str) -> bytes:
+        """The file's bytes (`_read`), noted, and compared with its listed
+        size and modification time (`stamp_disagreements.compare`).
+
+        Raises:
+          Exception: any I/O error of the read (the file vanished: noted).
+        """
+        self.files.append(uri)
+        key = self._item["key"]
+        listed = stamp_disagreements.listed_stamp(self._item.get("size"), self._item.get("mtime"))
+        try:
+            data, seen = _read(uri)
+        except Exception as e:
+            if storage.is_missing_input(e):
+                self._note(stamp_disagreements.compare(key, uri, listed, None))
+            raise
+        self._note(stamp_disagreements.compare(key, uri, listed, seen))
+        return data
+
+    def _note(self, found: stamp_disagreements.StampDisagreement | None) -> None:
+        if found is not None:
+            self._found.append(found)
 
     def masks_of(self, listed: ListedTargets) -> ListedTargets:
         """Notes `listed`'s mask files; returns `listed`."""
         self.masks = listed.masks
         return listed
+
+    def disagreements(self) -> tuple[stamp_disagreements.StampDisagreement, ...]:
+        """The files read (the file, its mask files) that were not as listed."""
+        masks = [] if self.masks is None else self.masks.disagreements(self._item["key"])
+        return tuple(dict.fromkeys([*self._found, *masks]))
 
 
 def _likely_reused(item: Mapping[str, Any]) -> bool:
@@ -693,9 +746,12 @@ def _likely_reused(item: Mapping[str, Any]) -> bool:
     return item.get("base") is not None or bool(moved_from and moved_from[1])
 
 
-def _read(uri: str) -> bytes:
+def _read(uri: str) -> tuple[bytes, stamp_disagreements.Seen]:
+    """A file's bytes, and its size and modification time as the read found
+    them (`storage.input_stamp`: no request, no stat more)."""
     with storage.open_input(uri) as f:
-        return f.read()
+        data = f.read()
+        return data, storage.input_stamp(f, uri, len(data))
 
 
 def _check_output(image: Any, channels: int) -> None:
@@ -783,6 +839,7 @@ class _ImageStepFn(beam.DoFn):
         self._masks_read = Metrics.counter("kiln", "masks_read")
         self._masks_not_read = Metrics.counter("kiln", "masks_not_read")
         self._shards_read = Metrics.counter("kiln", "base_shards_read")
+        self._disagreed = Metrics.counter("kiln", "stamp_disagreements")
 
     def setup(self):
         # The parallelism is across images (this pool; on Dataflow, a worker
@@ -882,7 +939,17 @@ class _ImageStepFn(beam.DoFn):
         `process` call or in `finish_bundle`). A deferred file is counted
         where it is processed (`incremental.JoinMoved`); its mask files
         are counted as read where they are (a deferred file's, again where
-        it is processed)."""
+        it is processed). A file read that was not as listed is logged and
+        handed on (`STAMP_DISAGREEMENTS`) wherever it was read."""
+        for found in outcome.disagreements:
+            self._disagreed.inc()
+            logger.warning(
+                "%s: the next build reads it again and does not take this version as up to date",
+                found.describe(),
+            )
+            yield beam.pvalue.TaggedOutput(
+                STAMP_DISAGREEMENTS, WindowedValue(found, timestamp, (window,))
+            )
         if outcome.masks_read:
             self._masks_read.inc(outcome.masks_read)
         if outcome.masks_not_read and outcome.wanted is None and outcome.deferred is None:
@@ -966,7 +1033,10 @@ class ProcessImagesFn(_ImageStepFn):
     and ``base_reads``: with a gzip-compressed base, ``(base shard,
     (position, sha256, file))`` for the files whose record is rewritten
     from that base record (moved, or relabelled where an id changes its
-    varint width: `relabel`), read shard by shard (`RewriteFromBaseShards`).
+    varint width: `relabel`), read shard by shard (`RewriteFromBaseShards`);
+    and ``stamp_disagreements``: each file read (an image, a mask file)
+    that was not as the listing stamped it
+    (`stamp_disagreements.StampDisagreement`, also logged as a warning).
 
     With a base, the ``base_checks`` side input maps each base file to the
     problem its check found ("" when none) and, for a shard, where its
@@ -1179,11 +1249,13 @@ def _only(reader: BaseShard, shard: str, position: int) -> Callable[[str, int], 
 class ProcessImages(beam.PTransform):
     """Lists of listed files (dicts) -> sorted runs of their records
     (`sharding.SpilledRun`, written to `runs_folder`), with ``dropped``,
-    ``summary``, ``reused``, ``deferred`` and ``base_reads`` outputs (a
-    DoOutputsTuple: ``result.runs``, ``result.dropped``,
-    ``result.summary``, ``result.reused``, ``result.deferred``,
-    ``result.base_reads``: files for `RewriteFromBaseShards`, from a gzip
-    base only; merge the partial summaries with `statistics.SummaryCombineFn`).
+    ``summary``, ``reused``, ``deferred``, ``base_reads`` and
+    ``stamp_disagreements`` outputs (a DoOutputsTuple: ``result.runs``,
+    ``result.dropped``, ``result.summary``, ``result.reused``,
+    ``result.deferred``, ``result.base_reads``: files for
+    `RewriteFromBaseShards`, from a gzip base only,
+    ``result.stamp_disagreements``: the files read that were not as
+    listed; merge the partial summaries with `statistics.SummaryCombineFn`).
 
     Args:
       processor: The per-file work.
@@ -1237,19 +1309,20 @@ class ProcessImages(beam.PTransform):
             files
             | "DecodeTransformEncode"
             >> beam.ParDo(ProcessImagesFn(*self._fn_args), **side_inputs).with_outputs(
-                DROPPED, SUMMARY, REUSED, DEFERRED, BASE_READS, main="runs"
+                DROPPED, SUMMARY, REUSED, DEFERRED, BASE_READS, STAMP_DISAGREEMENTS, main="runs"
             )
             # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle;
             # reused: ReusedRun per base shard per bundle; deferred: (sha256, file);
-            # base_reads: (base shard, (position, sha256, file)), a gzip base's
+            # base_reads: (base shard, (position, sha256, file)), a gzip base's;
+            # stamp_disagreements: StampDisagreement
         )
 
 
 class RewriteFromBaseShards(ProcessImages):
     """``(base shard, (position, sha256, file))`` from the image steps'
     `BASE_READS` outputs -> sorted runs of the rewritten records, with
-    ``dropped`` and ``summary`` outputs as `ProcessImages` (a
-    DoOutputsTuple): grouped by base shard, each shard read once
+    ``dropped``, ``summary`` and ``stamp_disagreements`` outputs as
+    `ProcessImages` (a DoOutputsTuple): grouped by base shard, each shard read once
     (`RewriteFromBaseShardsFn`, on one thread). Only a build with a
     gzip-compressed base hands files on so. Takes the image steps'
     arguments (`ProcessImages`); ``base`` and ``base_checks`` are needed.
@@ -1266,6 +1339,7 @@ class RewriteFromBaseShards(ProcessImages):
             >> beam.ParDo(
                 RewriteFromBaseShardsFn(processor, 1, runs_folder, run_bytes, progress_path, base),
                 base_checks=beam.pvalue.AsDict(self._base_checks),
-            ).with_outputs(DROPPED, SUMMARY, main="runs")
-            # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle
+            ).with_outputs(DROPPED, SUMMARY, STAMP_DISAGREEMENTS, main="runs")
+            # runs: SpilledRun; dropped: DroppedFile; summary: Summary per bundle;
+            # stamp_disagreements: StampDisagreement
         )

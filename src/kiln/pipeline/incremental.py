@@ -65,7 +65,12 @@ joins the listing by key with the files and rows; ``--rehash`` leaves it
 out, and a base kept without one has every file read). It is read after
 all if no base record serves it (its listing inputs changed), and so is a
 file whose modification time is no older than the base build's start
-(`RACY_SECONDS`).
+(`RACY_SECONDS`), and a file (or mask file) that the base's job, reading
+it, found not as its listing stamped it: changed between the listing and
+the read (kept beside the listing, `publish.STAMP_DISAGREEMENTS_FILE`;
+`JoinBase` leaves those stamps out, counted ``base_stamps_disagreed``; a
+record of them that cannot be read leaves out every stamp:
+`stamp_disagreements`).
 
 A stamp is what the listing learns without reading the file: its size
 and modification time and, for a local file, as git's index keeps them,
@@ -169,7 +174,15 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 import kiln
-from kiln.pipeline import moves, record_index, storage, target_rows, tfrecord, versioning
+from kiln.pipeline import (
+    moves,
+    record_index,
+    stamp_disagreements,
+    storage,
+    target_rows,
+    tfrecord,
+    versioning,
+)
 from kiln.pipeline.listing import FILES_PER_LINE
 from kiln.registry import import_plugin
 from kiln.schemas import INDEX_FILENAME, RECORD, DatasetInfo
@@ -291,6 +304,9 @@ class BaseFiles:
         read and hashed (``--rehash``, or a base kept without them).
       stamps_before: Only a modification time before it is trusted: the
         time the build that listed them started, less `RACY_SECONDS`.
+      disagreements: The files its job read that were not as listed
+        (`publish.STAMP_DISAGREEMENTS_FILE`), or "" when there were none:
+        their listed stamps are not trusted (`JoinBase`).
     """
 
     version: str
@@ -302,6 +318,7 @@ class BaseFiles:
     # Stamps at or after this time (seconds since the epoch) are not trusted
     # (`RACY_SECONDS`): the build that listed them started just after it.
     stamps_before: float = 0.0
+    disagreements: str = ""
 
     @property
     def index_uri(self) -> str:
@@ -331,15 +348,25 @@ class BaseChoice:
     hashed_all: str = ""
 
     def with_stamps(
-        self, stamps: Sequence[str], hashed_all: str = "", *, listed_from: float = 0.0
+        self,
+        stamps: Sequence[str],
+        hashed_all: str = "",
+        *,
+        listed_from: float = 0.0,
+        disagreements: str = "",
     ) -> BaseChoice:
         """This choice with the base's listing files to trust stamps from
         (`BaseFiles.stamps`; `listed_from`: when the build that listed them
-        started), or, with none, the reason every file is read."""
+        started; `disagreements`: the file of those not to trust,
+        `BaseFiles.disagreements`), or, with none, the reason every file is
+        read."""
         if self.base is None:
             return self
         base = dataclasses.replace(
-            self.base, stamps=tuple(stamps), stamps_before=listed_from - RACY_SECONDS
+            self.base,
+            stamps=tuple(stamps),
+            stamps_before=listed_from - RACY_SECONDS,
+            disagreements=disagreements if stamps else "",
         )
         return dataclasses.replace(self, base=base, hashed_all="" if stamps else hashed_all)
 
@@ -633,6 +660,9 @@ class VerifyBaseFiles(beam.PTransform):
 # What `JoinBase` groups by bucket: a listed file, a base index row, and a
 # file's stamp as the base listed it.
 _FILE, _ROW, _STAMP = 0, 1, 2
+# And a file whose stamp the base listed that its job found otherwise as it
+# read it (`BaseFiles.disagreements`): that stamp is not trusted.
+_DISAGREED = 3
 
 RACY_SECONDS = 2.0
 """How close to the start of the build that listed it a file's modification
@@ -712,6 +742,54 @@ def _stamps_by_bucket(uri: str, buckets: int, before: float):
             uri,
             type(e).__name__,
         )
+
+
+def _disagreements_by_bucket(uri: str, buckets: int):
+    """The base's stamp disagreements (`BaseFiles.disagreements`) ->
+    ``(bucket, (3, (key, uri, mask)))`` per file its job read that was not
+    as listed: `_attach_base` trusts no such stamp. Never fails the build:
+    if the file cannot be read (or a line is damaged), every bucket gets
+    ``(3, None)``, and no stamp of the base is trusted (counted,
+    ``base_disagreements_unreadable``): every file is read."""
+    try:
+        for found in stamp_disagreements.read(uri):
+            yield _bucket(found.key, buckets), (_DISAGREED, (found.key, found.uri, found.mask))
+    except Exception as e:  # vanished, unreadable, damaged: trust no stamp
+        Metrics.counter("kiln", "base_disagreements_unreadable").inc()
+        logger.warning(
+            "cannot read the base's stamp disagreements %s (%s): every file is read and hashed",
+            uri,
+            type(e).__name__,
+        )
+        for bucket in range(buckets):
+            yield bucket, (_DISAGREED, None)
+
+
+def _distrust(
+    stamps: dict[str, FileStamp | None],
+    mask_stamps: dict[str, MaskStamps],
+    disagreed: Mapping[str, set[tuple[str, bool]]] | None,
+) -> None:
+    """Leaves out of a bucket's base stamps (`_attach_base`) those the
+    base's job found otherwise as it read the file (`disagreed`: key ->
+    ``(uri, mask)``; None: all of them), counted (``base_stamps_disagreed``)."""
+    if disagreed is None:
+        Metrics.counter("kiln", "base_stamps_disagreed").inc(len(stamps))
+        stamps.clear()
+        mask_stamps.clear()
+        return
+    for key, files in disagreed.items():
+        if any(not mask for _, mask in files) and stamps.get(key) is not None:
+            Metrics.counter("kiln", "base_stamps_disagreed").inc()
+            stamps[key] = None
+        masks = {uri for uri, mask in files if mask}
+        listed = mask_stamps.get(key, ())
+        left_out = [i for i, stamp in enumerate(listed) if stamp is not None and stamp[0] in masks]
+        if left_out:
+            Metrics.counter("kiln", "base_stamps_disagreed").inc(len(left_out))
+            mask_stamps[key] = tuple(
+                None if i in left_out else stamp for i, stamp in enumerate(listed)
+            )
 
 
 def _listed_stamps(
@@ -844,17 +922,28 @@ def _attach_base(bucket_and_values):
     # Key -> its mask files' stamps as the base listed them (`MaskStamps`):
     # none trusted for a key listed twice with two.
     mask_stamps: dict[str, MaskStamps] = {}
+    # Key -> (uri, mask) of the files whose stamps the base's job found
+    # otherwise (`_DISAGREED`); None: trust none of the bucket's stamps.
+    disagreed: dict[str, set[tuple[str, bool]]] | None = {}
     files = []
     for kind, value in values:
         if kind == _ROW:
             row = record_index.IndexRow(*value)
             rows[row.key] = row
+        elif kind == _DISAGREED:
+            if value is None or disagreed is None:
+                disagreed = None
+            else:
+                key, uri, mask = value
+                disagreed.setdefault(key, set()).add((uri, mask))
         elif kind == _STAMP:
             key, stamp, masks = value
             stamps[key] = stamp if stamps.get(key, stamp) == stamp else None
             mask_stamps[key] = masks if mask_stamps.get(key, masks) == masks else ()
         else:
             files.append(value)
+    if disagreed != {}:
+        _distrust(stamps, mask_stamps, disagreed)
     out = []
     for item in files:
         key = item["key"]
@@ -908,6 +997,12 @@ class JoinBase(beam.PTransform):
         )
         merged = [listed, rows]
         stamps = list(self._base.stamps)
+        if stamps and self._base.disagreements:
+            merged.append(
+                files.pipeline
+                | "ListBaseDisagreements" >> beam.Create([self._base.disagreements])  # uri
+                | "DisagreementsByBucket" >> beam.FlatMap(_disagreements_by_bucket, buckets=buckets)
+            )
         if stamps:
             merged.append(
                 files.pipeline
@@ -919,7 +1014,8 @@ class JoinBase(beam.PTransform):
         return (
             tuple(merged)
             | "MergeFilesAndRows" >> beam.Flatten()
-            # (bucket, (0, file), (1, IndexRow fields) or (2, (key, stamp, masks)))
+            # (bucket, (0, file), (1, IndexRow fields), (2, (key, stamp, masks))
+            # or (3, (key, uri, mask) or None))
             | "GroupByBucket" >> beam.GroupByKey()
             | "AttachBase" >> beam.FlatMap(_attach_base).with_outputs(ORPHANS, main="files")
             # files: [{key, uri, ..., base, stamp_unchanged?}]; orphans: (sha256, IndexRow fields)

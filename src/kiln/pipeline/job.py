@@ -22,6 +22,12 @@ aggregate the launcher needs for `kiln.json`). The steps::
                                 (errors.jsonl, duplicates.jsonl, index.jsonl,
                                 dropped_objects.jsonl with boxes, and the report)
 
+``WriteReports`` also writes, into the work folder, what the launcher keeps
+beside the version rather than in it: the sha256 of the files dropped
+having been read (`up_to_date.write_dropped_sha256s`), and the files read
+that were not as listed, when there are any (`stamp_disagreements`, from
+the image steps' ``stamp_disagreements`` outputs).
+
 With a base version to reuse records from (`incremental`), the files are
 joined with the base's record index instead of spread (``JoinBase``), the
 base's files are checked first (``VerifyBaseFiles``, which also finds where
@@ -60,14 +66,21 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from kiln.pipeline import incremental, record_index, sharding, storage, versioning
+from kiln.pipeline import (
+    incremental,
+    record_index,
+    sharding,
+    stamp_disagreements,
+    storage,
+    versioning,
+)
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.config import BuildSpec
 from kiln.pipeline.duplicates import DuplicateGroup, FindDuplicates, write_duplicate_report
 from kiln.pipeline.error_report import DroppedFile, write_dropped_objects, write_error_report
 from kiln.pipeline.images import ImageProcessor, ProcessImages, RewriteFromBaseShards
 from kiln.pipeline.listing import job_uri
-from kiln.pipeline.publish import DROPPED_SHA256S_FILE
+from kiln.pipeline.publish import DROPPED_SHA256S_FILE, STAMP_DISAGREEMENTS_FILE
 from kiln.pipeline.splits import SplitPolicy
 from kiln.pipeline.statistics import Summary, SummaryCombineFn
 from kiln.pipeline.targets import TargetCodec
@@ -120,6 +133,13 @@ class JobPlan:
         """The sha256 of the files the job dropped having read them
         (`up_to_date.write_dropped_sha256s`), kept with the version's file stamps."""
         return FileSystems.join(self.work_dir, DROPPED_SHA256S_FILE)
+
+    @property
+    def stamp_disagreements_uri(self) -> str:
+        """The files the job read that were not as listed
+        (`stamp_disagreements.write`: only when there were such files),
+        kept with the version's file stamps."""
+        return FileSystems.join(self.work_dir, STAMP_DISAGREEMENTS_FILE)
 
 
 class _ParseListingFn(beam.DoFn):
@@ -204,6 +224,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     summaries = processed.summary
     dropped = (listing.dropped, processed.dropped) | "AllDropped" >> beam.Flatten()
     # DroppedFile
+    disagreements = processed.stamp_disagreements  # StampDisagreement
     if plan.base is not None:
         moved_files = (processed.deferred, orphans) | "JoinMoved" >> incremental.JoinMoved(
             incremental.bucket_count(plan.num_files)
@@ -214,6 +235,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         all_runs = [runs, processed.reused, moved.runs, moved.reused]
         all_summaries = [summaries, moved.summary]
         all_dropped = [dropped, moved.dropped]
+        all_disagreements = [disagreements, moved.stamp_disagreements]
         if plan.base.compression is not None:
             # One record of a gzip base is not read alone: the files whose
             # records are rewritten from one (moved, or relabelled where an
@@ -227,10 +249,12 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
             all_runs.append(rewritten.runs)
             all_summaries.append(rewritten.summary)
             all_dropped.append(rewritten.dropped)
+            all_disagreements.append(rewritten.stamp_disagreements)
         runs = tuple(all_runs) | "AllRuns" >> beam.Flatten()
         # SpilledRun, and ReusedRun: the records kept from the base, where they are in its shards
         summaries = tuple(all_summaries) | "AllSummaries" >> beam.Flatten()
         dropped = tuple(all_dropped) | "AllDroppedAndMoved" >> beam.Flatten()
+        disagreements = tuple(all_disagreements) | "AllStampDisagreements" >> beam.Flatten()
     shards = runs | "WriteShards" >> sharding.ShardRuns(
         plan.staging_dir,
         plan.temp_dir,
@@ -261,12 +285,14 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
             staging_dir=plan.staging_dir,
             report_uri=plan.report_uri,
             dropped_sha256s_uri=plan.dropped_sha256s_uri,
+            stamp_disagreements_uri=plan.stamp_disagreements_uri,
             temp_dir=plan.temp_dir,
             objects=config.targets is not None and config.targets.boxes is not None,
             shards=beam.pvalue.AsList(shards),
             summary=beam.pvalue.AsList(summary),
             duplicates=beam.pvalue.AsList(duplicates),
             dropped=beam.pvalue.AsList(dropped),
+            disagreements=beam.pvalue.AsList(disagreements),
             **base_side_inputs,
         )  # nothing: the reports and the record index in the staging folder, the job's
         # report in the work folder
@@ -436,9 +462,13 @@ def _write_reports(
     dropped: list[DroppedFile],
     objects: bool = False,
     base_checks: Sequence[tuple[str, tuple[str, bytes]]] = (),
+    stamp_disagreements_uri: str = "",
+    disagreements: Sequence[stamp_disagreements.StampDisagreement] = (),
 ) -> None:
     errors = write_error_report(staging_dir, dropped)
     write_dropped_sha256s(dropped_sha256s_uri, dropped)
+    if stamp_disagreements_uri:
+        stamp_disagreements.write(stamp_disagreements_uri, disagreements)
     parts = [
         sharding.index_part_path(temp_dir, info.filename)
         for _, _, info in sorted(shards, key=lambda s: (s[0], s[1]))

@@ -828,6 +828,7 @@ def _build_locked(
             listing_files=_listing_files(plan),
             listed_from=started,
             dropped_sha256s=plan.dropped_sha256s_uri,
+            stamp_disagreements=plan.stamp_disagreements_uri,
         )
     by_hand = dataset.latest_set_by_hand(info.version)  # a rollback stands
     return BuildResult(
@@ -855,9 +856,10 @@ def _with_file_stamps(
     dataset: publish.DatasetRoot, choice: incremental.BaseChoice, rehash: bool
 ) -> incremental.BaseChoice:
     """`choice` with the listing its base was built from, whose files'
-    stamps the job trusts (`incremental.JoinBase`); without one (``--rehash``,
-    a base built before kiln kept them, an output that cannot be listed),
-    with the reason every file is read and hashed."""
+    stamps the job trusts (`incremental.JoinBase`), but those its job found
+    otherwise as it read them (`stamp_disagreements`); without one
+    (``--rehash``, a base built before kiln kept them, an output that
+    cannot be listed), with the reason every file is read and hashed."""
     if choice.base is None:
         return choice
     if rehash:
@@ -865,6 +867,9 @@ def _with_file_stamps(
     try:
         stamps = dataset.file_stamps(choice.base.version)
         listed_from = dataset.file_stamps_listed_from(choice.base.version) if stamps else None
+        disagreements = dataset.stamp_disagreements(choice.base.version)
+        if not (stamps and dataset.store.exists(disagreements)):
+            disagreements = ""
     except Exception as e:  # never fails the build: the files are hashed
         logger.warning(
             "cannot list the file stamps of base %s: %s", choice.base.version, _last_line(e)
@@ -881,7 +886,7 @@ def _with_file_stamps(
             f"base {choice.base.version} keeps no file stamps (built by an older kiln, or "
             f"{publish.FILE_STAMPS_FOLDER}/{choice.base.version} was deleted)",
         )
-    return choice.with_stamps(stamps, listed_from=listed_from)
+    return choice.with_stamps(stamps, listed_from=listed_from, disagreements=disagreements)
 
 
 def _listing_files(plan: job.JobPlan) -> list[str]:

@@ -62,6 +62,9 @@ LISTED_FROM_FILE = ".build-started"
 # In a version's file stamps: the key and sha256 of each file its build
 # dropped having read it (`up_to_date.write_dropped_sha256s`).
 DROPPED_SHA256S_FILE = ".dropped-sha256.jsonl"
+# In a version's file stamps: the files its job read that were not as listed
+# (`stamp_disagreements`); there only when there were such files.
+STAMP_DISAGREEMENTS_FILE = ".stamp-disagreements.jsonl"
 PUBLISHED_FOLDER = ".published"
 WORK_FOLDER = ".work"  # inside staging: listing, temp shards, job report
 LISTINGS_FOLDER = ".listings"  # a listing job's files (`listing_job`), until its build ends
@@ -156,19 +159,30 @@ class DatasetRoot:
         listing_files: Sequence[str],
         listed_from: float,
         dropped_sha256s: str | None = None,
+        stamp_disagreements: str | None = None,
     ) -> None:
         """Keeps `listing_files` (the job's listing, moved: a build's own
         files, in its staging or listing folder) as the listing `version`
         was built from, replacing what was kept for it before, and
         `listed_from`, when that build started (`incremental.RACY_SECONDS`);
-        and the job's `dropped_sha256s` file (`DROPPED_SHA256S_FILE`), moved
-        too, where there is one."""
+        and the job's `dropped_sha256s` file (`DROPPED_SHA256S_FILE`) and
+        `stamp_disagreements` file (`STAMP_DISAGREEMENTS_FILE`), moved too,
+        where there is one."""
         folder = self.file_stamps_dir(version)
         self.store.delete_tree(folder)
+        # The disagreements first: kept alone, they still keep the version
+        # from being found up to date (`up_to_date`).
+        for path in (stamp_disagreements, dropped_sha256s):
+            if path is not None and self.store.exists(path):
+                self.store.move_files([path], folder)
         self.store.move_files(listing_files, folder)
-        if dropped_sha256s is not None and self.store.exists(dropped_sha256s):
-            self.store.move_files([dropped_sha256s], folder)
         self._write_build_started(version, listed_from)
+
+    def stamp_disagreements(self, version: str) -> str:
+        """Where the files `version`'s job found not as listed are kept
+        (`STAMP_DISAGREEMENTS_FILE`, `stamp_disagreements`): a path that
+        exists only when there were such files."""
+        return storage.join(self.file_stamps_dir(version), STAMP_DISAGREEMENTS_FILE)
 
     def mark_verified(self, version: str, since: float) -> None:
         """Keeps `since` as `version`'s build start (`build_started`), when
@@ -477,6 +491,7 @@ class PublishTransaction:
         listing_files: Sequence[str] = (),
         listed_from: float = 0.0,
         dropped_sha256s: str | None = None,
+        stamp_disagreements: str | None = None,
     ) -> str:
         """Publishes the staged folder as `info.version`; returns its folder.
 
@@ -503,13 +518,17 @@ class PublishTransaction:
           dropped_sha256s: The job's file of the sha256 of the files it
             dropped (`DROPPED_SHA256S_FILE`, in the work folder), kept with
             the listing.
+          stamp_disagreements: The job's file of the files it read that were
+            not as listed (`STAMP_DISAGREEMENTS_FILE`, in the work folder,
+            when there were such files), kept with the listing: the next
+            build trusts neither the version nor those files' stamps.
         """
         store = self.dataset.store
         if listing_files:
             self._file_stamps_of = info.version
             try:
                 self.dataset.record_file_stamps(
-                    info.version, listing_files, listed_from, dropped_sha256s
+                    info.version, listing_files, listed_from, dropped_sha256s, stamp_disagreements
                 )
             except Exception as e:  # the next build reads and hashes every file
                 logger.warning(

@@ -884,6 +884,30 @@ def open_input(path: str) -> BinaryIO:
         raise
 
 
+def input_stamp(f: BinaryIO, path: str, size_read: int) -> tuple[int, float | None]:
+    """The size and modification time of an input `open_input` opened, as
+    known without another request, to compare with what the listing said
+    of it (`stamp_disagreements`): a local file's own, from the open file
+    (`os.fstat`, taken after `size_read` bytes were read, so a write during
+    the read shows); an object's size as read (`size_read`, the whole
+    object), and no time (None): Beam's readers keep no metadata of the
+    object, and asking for its update time would cost a request per object.
+    """
+    if is_remote(path):
+        return size_read, None
+    status = os.fstat(f.fileno())
+    return status.st_size, status.st_mtime
+
+
+def is_missing_input(error: BaseException) -> bool:
+    """Whether opening or reading an input (`open_input`) failed because
+    nothing is there: not a file that exists and cannot be read."""
+    details = getattr(error, "exception_details", None) or {}  # Beam's BeamIOError
+    if details:
+        return all(_is_not_found(problem) for problem in details.values())
+    return _is_not_found(error)
+
+
 def _special_file_problem(mode: int) -> str | None:
     """Why a file of this mode cannot be read as an image, or None.
 

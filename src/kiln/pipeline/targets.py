@@ -52,6 +52,9 @@ as an image file's is taken from its row. If the record is then reused
 (or relabelled, or moved) its bytes are never needed; if the image is
 processed after all, the masks not read are read then
 (`TargetCodec.completed`), and the content follows their bytes as read.
+Each mask file read is compared with its listed stamp (one listed as not
+found that is found, or the reverse, or another size or time:
+`MaskFiles.disagreements`, `kiln.pipeline.stamp_disagreements`).
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ import cv2
 import numpy as np
 
 from kiln import transforms
-from kiln.pipeline import box_convention, storage, target_rows
+from kiln.pipeline import box_convention, stamp_disagreements, storage, target_rows
 from kiln.pipeline.box_convention import FAR_OUTSIDE
 from kiln.pipeline.statistics import TargetCounts
 from kiln.schemas import TargetsConfig
@@ -127,6 +130,10 @@ class MaskFiles:
       unread: URI -> the sha256 of a file not read (its stamp is the one
         the base version listed: `read`).
       reads: How many files were read to make it (`read_count`).
+      listed: URI -> ``(size, mtime)`` as listed (`read`'s ``stamps``).
+      seen: URI -> ``(size, mtime)`` of a file read as its read found it
+        (`storage.input_stamp`), or None: not found. Compared with
+        `listed` by `disagreements`.
     """
 
     def __init__(
@@ -134,6 +141,8 @@ class MaskFiles:
         contents: Mapping[str, bytes | str],
         unread: Mapping[str, str] | None = None,
         reads: int = 0,
+        listed: Mapping[str, stamp_disagreements.Stamp] | None = None,
+        seen: Mapping[str, stamp_disagreements.Seen | None] | None = None,
     ):
         self._contents = dict(contents)
         self._sha256 = {
@@ -145,6 +154,8 @@ class MaskFiles:
             uri: sha256 for uri, sha256 in (unread or {}).items() if uri not in contents
         }
         self._reads = reads
+        self._listed = dict(listed or {})
+        self._seen = dict(seen or {})
 
     @classmethod
     def read(
@@ -171,8 +182,12 @@ class MaskFiles:
             its identity is read) is not read: its sha256 is the base's.
         """
         named = list(target_rows.mask_uris(row))
+        listed: dict[str, stamp_disagreements.Stamp] = {}
         if stamps is None or len(stamps) != len(named):
             stamps = [(-1, 0.0)] * len(named)  # none to compare: every file is read
+        else:
+            for (_, uri), stamp in zip(named, stamps, strict=True):
+                listed.setdefault(uri, (int(stamp[0]), float(stamp[1])))
         unread: dict[str, str] = {}
         for (_, uri), stamp in zip(named, stamps, strict=True):
             size, mtime = stamp[0], float(stamp[1])
@@ -180,15 +195,29 @@ class MaskFiles:
             found = (base or {}).get(uri)
             if found is not None and mtime > 0 and (size, mtime, inode_ctime) == found[:3]:
                 unread.setdefault(uri, found[3])
-        contents, reads = _read_files((uri for _, uri in named), skip=unread)
-        return cls(contents, unread=unread, reads=reads)
+        contents, seen = _read_files((uri for _, uri in named), skip=unread)
+        return cls(contents, unread=unread, reads=len(contents), listed=listed, seen=seen)
 
     def completed(self) -> MaskFiles:
         """The same files with those not read (`unread_count`) read now."""
         if not self._unread:
             return self
-        contents, reads = _read_files(self._unread, skip=self._contents)
-        return MaskFiles({**self._contents, **contents}, reads=self._reads + reads)
+        contents, seen = _read_files(self._unread, skip=self._contents)
+        return MaskFiles(
+            {**self._contents, **contents},
+            reads=self._reads + len(contents),
+            listed=self._listed,
+            seen={**self._seen, **seen},
+        )
+
+    def disagreements(self, key: str) -> list[stamp_disagreements.StampDisagreement]:
+        """The files read that were not as listed (`stamp_disagreements.compare`),
+        for the image of `key`; none when the listing gave no stamps."""
+        found = (
+            stamp_disagreements.compare(key, uri, self._listed.get(uri), seen, mask=True)
+            for uri, seen in self._seen.items()
+        )
+        return [disagreement for disagreement in found if disagreement is not None]
 
     @property
     def read_count(self) -> int:
@@ -234,19 +263,28 @@ class MaskFiles:
         return self._sha256.get(uri) or self._unread.get(uri) or _base_name(uri)
 
 
-def _read_files(uris: Iterable[str], skip: Container[str]) -> tuple[dict[str, bytes | str], int]:
+def _read_files(
+    uris: Iterable[str], skip: Container[str]
+) -> tuple[dict[str, bytes | str], dict[str, stamp_disagreements.Seen | None]]:
     """The bytes of each of `uris` not in `skip` (each once), or why it could
-    not be read, and how many were read."""
+    not be read; and what each read found of the file's size and
+    modification time (`storage.input_stamp`; None: not found), to compare
+    with the listing's (a file that exists and cannot be read: nothing)."""
     contents: dict[str, bytes | str] = {}
+    seen: dict[str, stamp_disagreements.Seen | None] = {}
     for uri in uris:
         if uri in contents or uri in skip:
             continue
         try:
             with storage.open_input(uri) as f:  # never blocks on a named pipe
-                contents[uri] = f.read()
+                data = f.read()
+                seen[uri] = storage.input_stamp(f, uri, len(data))
+            contents[uri] = data
         except Exception as e:  # any I/O error: missing, permission, network
             contents[uri] = _first_line(e)
-    return contents, len(contents)
+            if storage.is_missing_input(e):
+                seen[uri] = None
+    return contents, seen
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,22 @@ sha256s, written by a kiln before it kept them; a file that cannot be
 read), the build runs, and its job reads such files again
 (`incremental.JoinBase`).
 
+A file the check reads is also compared with what the listing said of it
+(size and modification time, as the open file gives them: `storage.input_stamp`);
+one that changed since it was listed is not verified, whatever its bytes:
+the bytes read are not those of the listed stamp.
+
+The stamp also cannot tell a file that changed between the listing and the
+job's read of it (a mask file that appeared, an image rewritten and
+restored, time and all): the version holds bytes the listing never
+stamped. The job compares each file it reads with its listing and keeps
+those that disagree beside the version (`stamp_disagreements`,
+`publish.STAMP_DISAGREEMENTS_FILE`); a version that has one (or whose
+record of them cannot be read) is not up to date: the build runs the job,
+which reads those files again (`incremental.JoinBase`) and reuses the
+records whose bytes did not change. That is read first, one small file
+that exists only after such a race.
+
 When no listed file is that recent (`newest_mtime`, which the listing
 knows without reading a file) nothing is read. A build that verified its
 racily clean files so keeps the time it started verifying as the
@@ -48,7 +64,14 @@ from typing import Protocol
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from kiln.pipeline import incremental, publish, record_index, storage, target_rows
+from kiln.pipeline import (
+    incremental,
+    publish,
+    record_index,
+    stamp_disagreements,
+    storage,
+    target_rows,
+)
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.listing import SourceFile
 from kiln.schemas import INDEX_FILENAME, DatasetInfo
@@ -118,6 +141,9 @@ def check(
 
 
 def _verified(dataset: publish.DatasetRoot, info: DatasetInfo, listing: StampedListing) -> Verdict:
+    problem = _disagreement(dataset, info.version)
+    if problem:
+        return Verdict(None, problem=problem)
     try:
         started = dataset.build_started(info.version)
     except Exception as e:  # damaged, unreadable: its racily clean files are unknown
@@ -139,6 +165,18 @@ def _verified(dataset: publish.DatasetRoot, info: DatasetInfo, listing: StampedL
     if problem:
         return Verdict(None, problem=problem)
     return Verdict(info, verified=len(read), verified_from=verified_from)
+
+
+def _disagreement(dataset: publish.DatasetRoot, version: str) -> str:
+    """Why `version` is not as its listing stamped it: a file its job read
+    was not as listed (`stamp_disagreements`), or the record of those
+    cannot be read; "" when there was none."""
+    path = dataset.stamp_disagreements(version)
+    try:
+        first = next(stamp_disagreements.read(path), None)
+    except Exception as e:  # unreadable, damaged: not known to be as listed
+        return f"the files its job found changed cannot be read ({_short(e)})"
+    return "" if first is None else f"its job read a file not as listed: {first.describe()}"
 
 
 def _mark_verified(dataset: publish.DatasetRoot, version: str, verified_from: float) -> None:
@@ -194,9 +232,12 @@ def _problem(
         if file.mtime >= since:
             read.append(file.uri)
             try:
-                sha256 = _file_sha256(file.uri)
+                sha256, seen = _file_sha256(file.uri)
             except Exception as e:  # vanished, unreadable: the build says what
                 return f"{file.key}: cannot be read ({_short(e)})"
+            changed = stamp_disagreements.compare(file.key, file.uri, (file.size, file.mtime), seen)
+            if changed is not None:  # the bytes read are not those listed
+                return changed.describe()
             if sha256 != expected:
                 return f"{file.key}: its bytes differ from its record's, its size and time the same"
         problem = _masks_problem(file, since, recorded.masks_by_key.get(file.key), read)
@@ -225,9 +266,13 @@ def _masks_problem(
             )
         read.append(uri)
         try:
-            sha256 = _file_sha256(uri)
+            sha256, seen = _file_sha256(uri)
         except Exception as e:  # vanished, unreadable: the build says what
             return f"{file.key}: its mask file {uri} cannot be read ({_short(e)})"
+        listed = (int(stamps[index][0]), float(stamps[index][1])) if index < len(stamps) else None
+        changed = stamp_disagreements.compare(file.key, uri, listed, seen, mask=True)
+        if changed is not None:  # the bytes read are not those listed
+            return changed.describe()
         if sha256 != expected[index]:
             return (
                 f"{file.key}: the bytes of its mask file {uri} differ from its record's, "
@@ -276,13 +321,17 @@ def _is_sha256(value: object) -> bool:
     return isinstance(value, str) and len(value) == 64 and set(value) <= set("0123456789abcdef")
 
 
-def _file_sha256(uri: str) -> str:
-    """The sha256 (hex) of a listed file's bytes, read a chunk at a time."""
+def _file_sha256(uri: str) -> tuple[str, stamp_disagreements.Seen]:
+    """The sha256 (hex) of a listed file's bytes, read a chunk at a time, and
+    its size and modification time as the read found them
+    (`storage.input_stamp`), to compare with the listing's."""
     digest = hashlib.sha256()
+    size = 0
     with storage.open_input(uri) as f:
         while chunk := f.read(_CHUNK_BYTES):
             digest.update(chunk)
-    return digest.hexdigest()
+            size += len(chunk)
+        return digest.hexdigest(), storage.input_stamp(f, uri, size)
 
 
 def _short(error: BaseException) -> str:
