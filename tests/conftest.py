@@ -127,9 +127,10 @@ def let_uploads_age() -> None:
     time.sleep(incremental.RACY_SECONDS + 0.1)
 
 
-def run_kiln(*argv: str, pythonpath=(), **env: str) -> subprocess.CompletedProcess:
+def run_kiln(*argv: str, pythonpath=(), preexec_fn=None, **env: str) -> subprocess.CompletedProcess:
     """`kiln ARGV` in a subprocess: this checkout's kiln, then the folders
-    `pythonpath`, with the environment variables `env` set."""
+    `pythonpath`, with the environment variables `env` set (and
+    `preexec_fn` run in the child before it starts)."""
     source_root = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
     return subprocess.run(
         [sys.executable, "-m", "kiln.cli", *argv],
@@ -139,6 +140,7 @@ def run_kiln(*argv: str, pythonpath=(), **env: str) -> subprocess.CompletedProce
             os.environ, PYTHONPATH=os.pathsep.join([source_root, *map(str, pythonpath)]), **env
         ),
         timeout=600,
+        preexec_fn=preexec_fn,
     )
 
 

@@ -171,11 +171,18 @@ class _SourceModel(BaseModel):
 
         Raises:
           ConfigError: the source cannot be read at all (the manifest is
-            unreadable) or names nothing to build (`names_nothing`), with the
-            message naming the field, e.g. ``source.path: ...``; the caller
-            adds the config's name.
+            unreadable, a folder below an image folder's root cannot be
+            listed: `storage.UnlistableFolder`) or names nothing to build
+            (`names_nothing`), with the message naming the field, e.g.
+            ``source.path: ...``; the caller adds the config's name.
         """
-        listing = self._list(splits_from_source, targets)
+        try:
+            listing = self._list(splits_from_source, targets)
+        except storage.UnlistableFolder as e:
+            raise ConfigError(
+                f"{self.describe()}: {e.strerror}; nothing was built (its files would be "
+                f"missing from the dataset without a word)"
+            ) from None
         if names_nothing(listing.num_files, listing.num_dropped, listing.class_names):
             with listing:
                 first = next(listing.dropped(), None)
@@ -308,8 +315,9 @@ class ImageFolderSource(_SourceModel):
         )
 
     def check(self, output_root: str) -> str | None:
-        if not storage.store_for(self.root).has_files(self.root):
-            return f"source.root: folder not found or empty: {self.root}"
+        problem = _no_files_problem("source.root", self.root)
+        if problem:
+            return problem
         if storage.inside(output_root, self.root):
             return (
                 f"output: {output_root} is inside the source folder {self.root}; "
@@ -524,9 +532,7 @@ class VocSource(_ObjectSource):
                 f"source.annotations: {self.annotations} is a file; a voc source reads a "
                 f"folder of XML files, one per image"
             )
-        if not storage.store_for(self.annotations).has_files(self.annotations):
-            return f"source.annotations: folder not found or empty: {self.annotations}"
-        return None
+        return _no_files_problem("source.annotations", self.annotations)
 
 
 Source = Annotated[
@@ -543,6 +549,17 @@ def _check_split(split: str | None, splits_from_source: bool) -> None:
         )
 
 
+def _no_files_problem(field: str, folder: str) -> str | None:
+    """Why the folder a source field names holds nothing to list (not found,
+    empty, or it or a folder below it cannot be listed), or None."""
+    try:
+        if storage.store_for(folder).has_files(folder):
+            return None
+    except storage.UnlistableFolder as e:
+        return f"{field}: {e.strerror}"
+    return f"{field}: folder not found or empty: {folder}"
+
+
 def _local_folder(path: str) -> bool:
     return not is_remote(path) and os.path.isdir(path)
 
@@ -554,8 +571,9 @@ def _local_file(path: str) -> bool:
 def _check_images_folder(images: str, output_root: str) -> str | None:
     if _local_file(images):
         return f"source.images: {images} is a file, not the folder of the images"
-    if not storage.store_for(images).has_files(images):
-        return f"source.images: folder not found or empty: {images}"
+    problem = _no_files_problem("source.images", images)
+    if problem:
+        return problem
     if storage.inside(output_root, images):
         return (
             f"output: {output_root} is inside the source folder {images}; "

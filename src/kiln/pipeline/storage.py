@@ -54,6 +54,33 @@ TEMP_MARK = ".tmp-"  # hidden temp names of small writes: ``.<name>.tmp-<random>
 _SCHEME = re.compile(r"(?P<scheme>[a-zA-Z][-a-zA-Z0-9+.]*)://.*")
 
 
+class UnlistableFolder(OSError):
+    """A folder below a listed one that cannot be listed (permission
+    denied, an I/O error, gone since its parent was listed): its files
+    would be missing from the listing without a word (a whole class of an
+    image folder), so the listing stops instead."""
+
+
+def _unlistable(error: OSError) -> None:
+    """`os.walk`'s ``onerror``: a folder it cannot list stops the walk,
+    except a file system's own ``lost+found`` (`is_lost_and_found`)."""
+    if is_lost_and_found(error.filename):
+        logger.debug("not listed: %s (%s)", error.filename, error.strerror)
+        return
+    raise UnlistableFolder(
+        error.errno, f"cannot list folder {error.filename}: {error.strerror}", error.filename
+    ) from error
+
+
+def is_lost_and_found(path: str | None) -> bool:
+    """Whether `path` is the ``lost+found`` folder at the top of a file
+    system (fsck's, readable by root only): a source folder that is a mount
+    point has one, and no image in it."""
+    if not path or os.path.basename(path) != "lost+found":
+        return False
+    return os.path.ismount(os.path.dirname(os.path.abspath(path)))
+
+
 class FileStatus(NamedTuple):
     """What one status request says of a listed file.
 
@@ -283,7 +310,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def has_files(self, folder: str) -> bool:
-        """Whether anything is stored below `folder`."""
+        """Whether anything is stored below `folder`.
+
+        Raises:
+          UnlistableFolder: a local folder below it cannot be listed.
+        """
 
     def list_tree(self, folder: str, *, skip_hidden: bool = False) -> list[FileMetadata]:
         """Every file below `folder`, recursively, sorted by path (see `walk_tree`)."""
@@ -307,6 +338,12 @@ class Store(abc.ABC):
         then followed only at the first levels (an image folder's class and
         split folders): one deeper can lead anywhere, ``/`` included, or
         make a tree of links whose paths double at every level.
+
+        Raises:
+          UnlistableFolder: a local folder below `folder` (or `folder`
+            itself) cannot be listed: permission denied, an I/O error, or
+            gone since its parent was listed. Its files are not skipped
+            without a word.
         """
 
     @abc.abstractmethod
@@ -398,7 +435,9 @@ class LocalStore(Store):
         return os.path.lexists(path)
 
     def has_files(self, folder: str) -> bool:
-        return any(files for _, _, files in os.walk(folder))
+        if not os.path.isdir(folder):
+            return False
+        return any(files for _, _, files in os.walk(folder, onerror=_unlistable))
 
     def walk_tree(
         self, folder: str, *, skip_hidden: bool = False, links_above: int | None = None
@@ -415,7 +454,7 @@ class LocalStore(Store):
         # confines inputs).
         top = os.path.abspath(folder)
         real_top = os.path.realpath(top)
-        for directory, folders, names in os.walk(top, followlinks=True):
+        for directory, folders, names in os.walk(top, followlinks=True, onerror=_unlistable):
             if _loops(directory, top):
                 folders[:] = []
                 yield FileMetadata(directory, 0, 0.0)
