@@ -8,6 +8,7 @@ command imports before it refuses) run in a fresh interpreter.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -406,6 +407,42 @@ def test_a_report_on_an_unreachable_object_store_stops_the_build_before_it_start
     assert not (tmp_path / "out").exists()
 
 
+MULTI_PROCESSING = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
+
+
+def sdk_workers_below(pid: int) -> list[int]:
+    """The Beam SDK worker processes below `pid` (its descendants running
+    ``sdk_worker_main``)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        status = proc_file(int(entry), "stat")
+        if status:
+            parent = int(status[status.rindex(b")") + 2 :].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    found, stack = [], list(children.get(pid, ()))
+    while stack:
+        child = stack.pop()
+        stack.extend(children.get(child, ()))
+        if b"sdk_worker_main" in proc_file(child, "cmdline"):
+            found.append(child)
+    return found
+
+
+def proc_file(pid: int, name: str) -> bytes:
+    """``/proc/<pid>/<name>``, or b"" when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended but not yet reaped, does not)."""
+    status = proc_file(pid, "stat")
+    return bool(status) and status[status.rindex(b")") + 2 :].split()[0] != b"Z"
+
+
 SLOW_IMAGES = (
     "import time\n"
     "from kiln.transforms import register\n\n"
@@ -424,11 +461,16 @@ SLOW_IMAGES = (
         (signal.SIGTERM, 143, "kiln build: terminated (SIGTERM)", ()),
         # --quiet builds with stderr captured (native_logs): the line still shows.
         (signal.SIGTERM, 143, "kiln build: terminated (SIGTERM)", ("--quiet",)),
+        # Beam's worker processes (multi_processing) get no signal sent to the
+        # launcher alone; Beam's shutdown waited for them forever, lock held.
+        (signal.SIGTERM, 143, "kiln build: terminated (SIGTERM)", MULTI_PROCESSING),
+        (signal.SIGINT, 130, "kiln build: interrupted", MULTI_PROCESSING),
     ],
 )
 def test_ctrl_c_during_a_build(tmp_path, signum, code, line, flags):
     """SIGINT (or SIGTERM) while the job runs: its exit code, one line, no
-    traceback, nothing published, no staging folder, and the report."""
+    traceback, nothing published, no staging folder, the report, and no
+    worker process left running."""
     from kiln.pipeline import demo_data
 
     images = tmp_path / "images"
@@ -467,9 +509,20 @@ def test_ctrl_c_during_a_build(tmp_path, signum, code, line, flags):
             break
         time.sleep(0.05)
     time.sleep(0.5)
+    workers = sdk_workers_below(process.pid)
+    while flags == MULTI_PROCESSING and not workers and time.monotonic() < deadline:
+        time.sleep(0.05)  # the job is under way: its workers are starting
+        workers = sdk_workers_below(process.pid)
+    assert bool(workers) == (flags == MULTI_PROCESSING)
     process.send_signal(signum)
-    out, err = process.communicate(timeout=120)
+    try:
+        out, err = process.communicate(timeout=120)
+    finally:
+        for pid in [process.pid, *workers]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)  # a hung build must not outlive the test
     assert process.returncode == code, err
+    assert not [pid for pid in workers if running(pid)]
     assert err == f"{line}\n"  # one line, no traceback
     assert out == ""
     assert_no_dataset(output)

@@ -1215,6 +1215,8 @@ class _Interruption:
 
     def _interrupt(self, signum, frame) -> None:
         previous = self._previous.get(signum)
+        if self.seen is None:
+            _stop_sdk_workers()
         try:
             if callable(previous):
                 previous(signum, frame)
@@ -1227,6 +1229,49 @@ class _Interruption:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+
+
+_SDK_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
+
+
+def _stop_sdk_workers() -> None:
+    """Kills the Beam SDK worker processes this process started (the local
+    runner's ``--direct_running_mode=multi_processing``, a portable runner's
+    subprocess workers), on a Ctrl-C or SIGTERM sent to this process alone
+    (a scheduler's, `timeout`'s, ``kill``): Beam's shutdown waits for its
+    workers, which did not get the signal and run on, so the build would
+    never end and would keep its lock. A Ctrl-C in a terminal reaches them
+    too; then there is nothing left to kill. Their work was for the staging
+    folder, which is deleted on the way out. Linux only (``/proc``)."""
+    try:
+        parents: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    status = f.read()
+            except OSError:  # ended meanwhile
+                continue
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            parent = int(status[status.rindex(b")") + 2 :].split()[1])
+            parents.setdefault(parent, []).append(int(entry))
+    except (OSError, ValueError, IndexError):  # no /proc: not Linux
+        return
+    below, stack = [], list(parents.get(os.getpid(), ()))
+    while stack:
+        pid = stack.pop()
+        below.append(pid)
+        stack.extend(parents.get(pid, ()))
+    for pid in below:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read()
+            if _SDK_WORKER_MODULE in command:
+                os.kill(pid, signal.SIGKILL)
+                logger.debug("stopped the SDK worker process %d", pid)
+        except OSError:  # ended meanwhile, or not ours to kill
+            continue
 
 
 def _warn_about_shard_counts(spec: BuildSpec, listing: SourceListing) -> None:
