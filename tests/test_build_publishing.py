@@ -150,6 +150,34 @@ def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys
     assert publish.DatasetRoot(dataset_root).versions() == [fifth["version"]]
 
 
+def test_a_latest_that_is_not_text_is_a_bogus_latest(demo_corpus, tmp_path, capfd):
+    """A LATEST holding bytes that are not UTF-8 (a damaged file, a bad
+    rollback by hand) was an internal error (exit 70, UnicodeDecodeError) of
+    build, inspect and verify. The build takes it as a LATEST naming a
+    version that is not there; inspect and verify refuse the path as no
+    dataset (exit 2), in one line naming LATEST."""
+    _, _, _, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    assert cli.main(["build", "--config", str(path), "--quiet"]) == 0
+    dataset_root = tmp_path / "out" / "shapes"
+    version = (dataset_root / "LATEST").read_text().strip()
+    capfd.readouterr()
+    for command in (["verify", "--quiet"], ["inspect"]):
+        (dataset_root / "LATEST").write_bytes(b"\xff\n")
+        assert cli.main([*command, str(dataset_root)]) == 2
+        out, err = capfd.readouterr()
+        assert out == ""
+        assert err.startswith(f"kiln {command[0]}: error: {dataset_root / 'LATEST'} is not text")
+        assert err.count("\n") == 1, err
+
+    report = tmp_path / "report.json"
+    assert cli.main(["build", "--config", str(path), "--report", str(report)]) == 0
+    written = json.loads(report.read_text())
+    assert (written["status"], written["version"]) == ("up_to_date", version)
+    assert written["previous_version"] == "\\xff"  # what LATEST named, shown escaped
+    assert (dataset_root / "LATEST").read_text() == version + "\n"
+    assert verify.verify(str(dataset_root)).ok
+
+
 def roll_back(dataset_root, version):
     """What a user does to roll back: write the old version into LATEST, atomically."""
     time.sleep(0.05)  # later than the publication: file times tick in milliseconds

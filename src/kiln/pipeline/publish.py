@@ -85,9 +85,20 @@ class DatasetRoot:
         return self.store.exists(storage.join(self.version_dir(version), METADATA_FILENAME))
 
     def latest(self) -> str | None:
-        """The version LATEST names, or None."""
-        text = self.store.read_text(storage.join(self.path, LATEST_FILENAME))
+        """The version LATEST names, or None. A damaged LATEST (bytes that
+        are not UTF-8: shown escaped) names a version that is not there, as
+        one naming a deleted version does."""
+        text = self._read_small_file(storage.join(self.path, LATEST_FILENAME))
         return text.strip() or None if text else None
+
+    def _read_small_file(self, path: str) -> str | None:
+        """The text of one of the root's small files (LATEST, a stamp, a
+        publication record), or None if it does not exist. Bytes that are
+        not UTF-8 (a damaged file, a bad edit by hand) come back escaped
+        (``\\xff``): such a file names no version, like any other bogus text,
+        rather than stopping the build."""
+        data = self.store.read_bytes(path)
+        return None if data is None else data.decode("utf-8", errors="backslashreplace")
 
     def read_info(self, version: str) -> DatasetInfo | None:
         """A version's `kiln.json`, or None if it is missing or does not check
@@ -106,7 +117,7 @@ class DatasetRoot:
     def stamped_version(self, stamp: str) -> str | None:
         """The version this input stamp was built into, or None (it may have
         been pruned or damaged since: check it with `read_info`)."""
-        text = self.store.read_text(storage.join(self.path, STAMPS_FOLDER, stamp))
+        text = self._read_small_file(storage.join(self.path, STAMPS_FOLDER, stamp))
         return text.strip() or None if text else None
 
     def file_stamps_dir(self, version: str) -> str:
@@ -370,7 +381,7 @@ class DatasetRoot:
             for name in self.store.children(folder)
             if not name.startswith(".")
         ]
-        return {path: (self.store.read_text(path) or "").strip() for path in paths}
+        return {path: (self._read_small_file(path) or "").strip() for path in paths}
 
     def _published_marks(self) -> dict[str, int]:
         """Version -> its publication's sequence number."""
