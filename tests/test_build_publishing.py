@@ -380,6 +380,44 @@ def assert_nothing_half_written(dataset_root, previous, verified):
     return latest
 
 
+def test_a_version_is_on_disk_before_latest_names_it(demo_corpus, tmp_path, monkeypatch):
+    """A power loss cannot be staged here; what is observable is the order
+    of the fsyncs: every file of the published version and its folder are
+    fsynced before LATEST is written (LATEST's own fsync), and the dataset
+    folder (LATEST's rename) after it. Shards used to be fsynced never."""
+    synced = []  # (device, inode) of each fsync, in order
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        status = os.fstat(fd)
+        synced.append((status.st_dev, status.st_ino))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    root, keys, config, _ = one_split_corpus(demo_corpus, tmp_path, num_shards=2)
+    build(config)
+    add_image(demo_corpus, root, keys, "added.png")
+    synced.clear()
+    result = build(config)  # a second version: LATEST replaced, not created
+    monkeypatch.undo()
+
+    def last_fsync(path):
+        status = os.stat(path)
+        identity = (status.st_dev, status.st_ino)
+        assert identity in synced, f"{path} was never fsynced"
+        return max(i for i, synced_id in enumerate(synced) if synced_id == identity)
+
+    version_paths = [result.dataset_dir] + [
+        os.path.join(directory, name)
+        for directory, _, names in os.walk(result.dataset_dir)
+        for name in names
+    ]
+    assert len(version_paths) > 3  # shards, reports, kiln.json
+    latest = last_fsync(os.path.join(result.dataset_root, "LATEST"))
+    assert max(last_fsync(path) for path in version_paths) < latest
+    assert last_fsync(result.dataset_root) > latest
+
+
 def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path):
     root, keys, config, config_path = one_split_corpus(demo_corpus, tmp_path, num_shards=2)
     dataset_root = str(tmp_path / "out" / "shapes")

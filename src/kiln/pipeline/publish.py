@@ -21,7 +21,11 @@ A dataset root ``<output>/<name>/`` holds::
 
 A build writes everything into its staging folder inside a
 `PublishTransaction`; `commit` writes `kiln.json` last, moves the folder to
-``<version>/`` and replaces LATEST, last of all. A reader following LATEST
+``<version>/`` and replaces LATEST, last of all. Locally every file of the
+version and its folder are fsynced before the move, the dataset folder after
+it and after LATEST's replacement, so a power loss cannot leave LATEST naming
+files that never reached the disk (object stores: a write that returned is
+durable). A reader following LATEST
 therefore never sees a half-written version, and a build killed at any moment
 leaves the previous LATEST intact. How the folder moves depends on the store
 (`storage`): one atomic rename locally; file by file with `kiln.json` last on
@@ -326,9 +330,11 @@ class DatasetRoot:
         return [self.version_dir(version) for version in deleted] + stale + stale_listings
 
     def point_latest(self, version: str) -> None:
-        """Makes LATEST name `version`, atomically: one line, ending in a newline
+        """Makes LATEST name `version`, atomically and durably (its file and
+        the folder's entry fsynced, locally): one line, ending in a newline
         (readers strip it, and accept LATEST files from before it had one)."""
         storage.write_text(storage.join(self.path, LATEST_FILENAME), version + "\n")
+        self.store.sync_folder(self.path)  # the rename of LATEST's new file, durable too
 
     def record_stamp(self, stamp: str, version: str) -> None:
         storage.write_text(storage.join(self.path, STAMPS_FOLDER, stamp), version)
@@ -545,7 +551,12 @@ class PublishTransaction:
             # object store) is replaced.
             store.delete_tree(target)
             self._moving_to = info.version
+            # On disk before LATEST may name it: after a power loss, LATEST
+            # must not name a folder whose files were still in the page
+            # cache (one pass; nothing on an object store).
+            store.sync_tree(self.staging_dir)
             store.move_tree(self.staging_dir, target, last=METADATA_FILENAME)
+            store.sync_folder(self.dataset.path)  # the rename itself
             self._moving_to = None
             store.delete_tree(self.staging_dir)
         self.dataset.record_stamp(self.stamp, info.version)
