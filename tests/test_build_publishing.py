@@ -178,6 +178,42 @@ def test_a_latest_that_is_not_text_is_a_bogus_latest(demo_corpus, tmp_path, capf
     assert verify.verify(str(dataset_root)).ok
 
 
+def test_keep_prunes_the_stamps_no_build_can_use_again(demo_corpus, tmp_path):
+    """Each build of touched, unchanged files records another input stamp
+    of the same version (one a night): --keep deleted those of pruned
+    versions only, so they piled up. Kept: each kept version's newest
+    stamp, which is the one a build of those files finds again."""
+    root, keys, config, _ = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    stamps = tmp_path / "out" / "shapes" / ".stamps"
+
+    def stamped():
+        return sorted(path.read_text() for path in stamps.iterdir())
+
+    first = build(config)
+    for night in range(3):  # touched, not changed: the same version, a new stamp each
+        os.utime(root / keys[night], (1000 + night, 1000 + night))
+        again = build(config, keep=2)
+        assert (again.version, again.up_to_date) == (first.version, False)
+        assert stamped() == [first.version]
+
+    add_image(demo_corpus, root, keys, "added.png")
+    second = build(config, keep=2)
+    assert stamped() == sorted([first.version, second.version])
+    # The inputs of the last night again: the stamp kept finds first's version up to date.
+    os.remove(root / keys[0].split("/")[0] / "added.png")
+    back = build(config, keep=2)
+    assert (back.version, back.up_to_date) == (first.version, True)
+    assert stamped() == sorted([first.version, second.version])
+
+    # Stamps naming no kept version (a version deleted by hand, a damaged file) go too.
+    (stamps / ("0" * 64)).write_text("ffffffffffff")
+    (stamps / ("1" * 64)).write_bytes(b"\xff")
+    add_image(demo_corpus, root, keys, "another.png")
+    third = build(config, keep=2)  # first was published again after second: second goes
+    assert third.pruned == (second.version,)
+    assert stamped() == sorted([first.version, third.version])
+
+
 def roll_back(dataset_root, version):
     """What a user does to roll back: write the old version into LATEST, atomically."""
     time.sleep(0.05)  # later than the publication: file times tick in milliseconds

@@ -398,9 +398,10 @@ class DatasetRoot:
             if text.isdigit()
         }
 
-    def prune(self, keep: int) -> list[str]:
+    def prune(self, keep: int, current_stamp: str | None = None) -> list[str]:
         """Deletes all but the `keep` most recently published complete versions,
-        never the one LATEST names. Returns the pruned version names.
+        never the one LATEST names, and the input stamps no build can use
+        again (`prune_stamps`). Returns the pruned version names.
 
         Recency is the order in which LATEST named them (`record_published`);
         versions published before kiln recorded it count as older than any that
@@ -427,18 +428,49 @@ class DatasetRoot:
         newest_first = sorted(complete, key=recency, reverse=True)
         kept = set(newest_first[:keep]) | ({latest} if latest else set())
         pruned = [v for v in newest_first if v not in kept]
-        stamps = self._small_files(storage.join(self.path, STAMPS_FOLDER))  # path -> version
         for version in pruned:
             logger.info("pruning version %s", version)
             directory = self.version_dir(version)
             self.store.delete([storage.join(directory, METADATA_FILENAME)])
             self.store.delete_tree(directory)
-            self.store.delete(
-                [path for path, stamped in stamps.items() if stamped == version]
-                + [storage.join(self.path, PUBLISHED_FOLDER, version)]
-            )
+            self.store.delete([storage.join(self.path, PUBLISHED_FOLDER, version)])
             self.store.delete_tree(self.file_stamps_dir(version))
+        self.prune_stamps(set(complete) - set(pruned), current_stamp)
         return pruned
+
+    def prune_stamps(self, kept: set[str], current_stamp: str | None = None) -> list[str]:
+        """Deletes the input stamps (``.stamps/``) no build can use again;
+        returns their paths.
+
+        Those are the stamps that name a version not in `kept` (pruned,
+        deleted, or never complete), and the stamps of a kept version but
+        its newest: every build whose files were touched, not changed,
+        records another stamp of the same version (one a night, for a
+        nightly build), and an older one describes modification times (and,
+        locally, ctimes) that the files have left and cannot go back to.
+        Kept: the newest stamp of each kept version (by the time it was
+        written; all of them if tied) and `current_stamp`, the one this
+        build was found up to date by or recorded. Hold the dataset's lock.
+        """
+        folder = storage.join(self.path, STAMPS_FOLDER)
+        written = {
+            metadata.path: float(metadata.last_updated_in_seconds)
+            for metadata in self.store.list_tree(folder, skip_hidden=True)
+        }
+        named = {path: (self._read_small_file(path) or "").strip() for path in written}
+        newest: dict[str, float] = {}
+        for path, version in named.items():
+            newest[version] = max(newest.get(version, written[path]), written[path])
+        stale = [
+            path
+            for path, version in sorted(named.items())
+            if storage.basename(path) != current_stamp
+            and (version not in kept or written[path] < newest[version])
+        ]
+        if stale:
+            logger.info("deleting %d input stamp(s) no build can use again", len(stale))
+            self.store.delete(stale)
+        return stale
 
 
 class PublishTransaction:
