@@ -150,6 +150,70 @@ def test_keep_prunes_old_versions_but_never_latest(demo_corpus, tmp_path, capsys
     assert publish.DatasetRoot(dataset_root).versions() == [fifth["version"]]
 
 
+def test_a_latest_that_is_not_text_is_a_bogus_latest(demo_corpus, tmp_path, capfd):
+    """A LATEST holding bytes that are not UTF-8 (a damaged file, a bad
+    rollback by hand) was an internal error (exit 70, UnicodeDecodeError) of
+    build, inspect and verify. The build takes it as a LATEST naming a
+    version that is not there; inspect and verify refuse the path as no
+    dataset (exit 2), in one line naming LATEST."""
+    _, _, _, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    assert cli.main(["build", "--config", str(path), "--quiet"]) == 0
+    dataset_root = tmp_path / "out" / "shapes"
+    version = (dataset_root / "LATEST").read_text().strip()
+    capfd.readouterr()
+    for command in (["verify", "--quiet"], ["inspect"]):
+        (dataset_root / "LATEST").write_bytes(b"\xff\n")
+        assert cli.main([*command, str(dataset_root)]) == 2
+        out, err = capfd.readouterr()
+        assert out == ""
+        assert err.startswith(f"kiln {command[0]}: error: {dataset_root / 'LATEST'} is not text")
+        assert err.count("\n") == 1, err
+
+    report = tmp_path / "report.json"
+    assert cli.main(["build", "--config", str(path), "--report", str(report)]) == 0
+    written = json.loads(report.read_text())
+    assert (written["status"], written["version"]) == ("up_to_date", version)
+    assert written["previous_version"] == "\\xff"  # what LATEST named, shown escaped
+    assert (dataset_root / "LATEST").read_text() == version + "\n"
+    assert verify.verify(str(dataset_root)).ok
+
+
+def test_keep_prunes_the_stamps_no_build_can_use_again(demo_corpus, tmp_path):
+    """Each build of touched, unchanged files records another input stamp
+    of the same version (one a night): --keep deleted those of pruned
+    versions only, so they piled up. Kept: each kept version's newest
+    stamp, which is the one a build of those files finds again."""
+    root, keys, config, _ = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    stamps = tmp_path / "out" / "shapes" / ".stamps"
+
+    def stamped():
+        return sorted(path.read_text() for path in stamps.iterdir())
+
+    first = build(config)
+    for night in range(3):  # touched, not changed: the same version, a new stamp each
+        os.utime(root / keys[night], (1000 + night, 1000 + night))
+        again = build(config, keep=2)
+        assert (again.version, again.up_to_date) == (first.version, False)
+        assert stamped() == [first.version]
+
+    add_image(demo_corpus, root, keys, "added.png")
+    second = build(config, keep=2)
+    assert stamped() == sorted([first.version, second.version])
+    # The inputs of the last night again: the stamp kept finds first's version up to date.
+    os.remove(root / keys[0].split("/")[0] / "added.png")
+    back = build(config, keep=2)
+    assert (back.version, back.up_to_date) == (first.version, True)
+    assert stamped() == sorted([first.version, second.version])
+
+    # Stamps naming no kept version (a version deleted by hand, a damaged file) go too.
+    (stamps / ("0" * 64)).write_text("ffffffffffff")
+    (stamps / ("1" * 64)).write_bytes(b"\xff")
+    add_image(demo_corpus, root, keys, "another.png")
+    third = build(config, keep=2)  # first was published again after second: second goes
+    assert third.pruned == (second.version,)
+    assert stamped() == sorted([first.version, third.version])
+
+
 def roll_back(dataset_root, version):
     """What a user does to roll back: write the old version into LATEST, atomically."""
     time.sleep(0.05)  # later than the publication: file times tick in milliseconds
@@ -350,6 +414,44 @@ def assert_nothing_half_written(dataset_root, previous, verified):
     records = kiln.reader.load(dataset_root, "train", batch_size=None, shuffle=False, augment=None)
     assert sum(1 for _ in records) == info.splits["train"].num_examples
     return latest
+
+
+def test_a_version_is_on_disk_before_latest_names_it(demo_corpus, tmp_path, monkeypatch):
+    """A power loss cannot be staged here; what is observable is the order
+    of the fsyncs: every file of the published version and its folder are
+    fsynced before LATEST is written (LATEST's own fsync), and the dataset
+    folder (LATEST's rename) after it. Shards used to be fsynced never."""
+    synced = []  # (device, inode) of each fsync, in order
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        status = os.fstat(fd)
+        synced.append((status.st_dev, status.st_ino))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    root, keys, config, _ = one_split_corpus(demo_corpus, tmp_path, num_shards=2)
+    build(config)
+    add_image(demo_corpus, root, keys, "added.png")
+    synced.clear()
+    result = build(config)  # a second version: LATEST replaced, not created
+    monkeypatch.undo()
+
+    def last_fsync(path):
+        status = os.stat(path)
+        identity = (status.st_dev, status.st_ino)
+        assert identity in synced, f"{path} was never fsynced"
+        return max(i for i, synced_id in enumerate(synced) if synced_id == identity)
+
+    version_paths = [result.dataset_dir] + [
+        os.path.join(directory, name)
+        for directory, _, names in os.walk(result.dataset_dir)
+        for name in names
+    ]
+    assert len(version_paths) > 3  # shards, reports, kiln.json
+    latest = last_fsync(os.path.join(result.dataset_root, "LATEST"))
+    assert max(last_fsync(path) for path in version_paths) < latest
+    assert last_fsync(result.dataset_root) > latest
 
 
 def test_a_build_killed_at_any_moment_leaves_latest_intact(demo_corpus, tmp_path):

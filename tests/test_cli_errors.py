@@ -9,9 +9,11 @@ command imports before it refuses) run in a fresh interpreter.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -529,6 +531,80 @@ def test_ctrl_c_during_a_build(tmp_path, signum, code, line, flags):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "interrupted" and report["exit_code"] == code
     assert report["error"] == line[len("kiln build: ") :]
+
+
+WAIT_FOR_GO = (
+    "import os, time\n"
+    "from kiln.transforms import register\n\n"
+    "@register()\n"
+    "def wait_for_go(image):\n"
+    "    deadline = time.monotonic() + 120  # a process left over stops in the end\n"
+    "    while not os.path.exists(os.environ['KILN_TEST_GO']) and time.monotonic() < deadline:\n"
+    "        time.sleep(0.05)\n"
+    "    return image\n"
+)
+
+
+def test_a_build_killed_outright_leaves_a_running_report_not_the_last_success(
+    tmp_path, demo_corpus
+):
+    """SIGKILL (the OOM killer, a preempted machine, `timeout -s KILL`) gives
+    a build no chance to write its end: the report it wrote as it started,
+    `running`, naming its process, stays. It used to be the previous night's
+    `built`, exit_code 0, which a scheduler read as tonight's success."""
+    images = tmp_path / "images"
+    shutil.copytree(demo_corpus.out_dir, images)  # copy2: dated back as the corpus is
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "kiln_test_wait_for_go.py").write_text(WAIT_FOR_GO)
+    go = tmp_path / "go"
+    output = tmp_path / "out"
+    config = make_config(images, output=str(output), plugins=["kiln_test_wait_for_go"])
+    config["transforms"] = [*config["transforms"], "wait_for_go"]
+    path = write_config(tmp_path, config)
+    report_path = tmp_path / "report.json"
+    argv = ("build", "--config", path, "--quiet", "--report", str(report_path))
+    env = {"KILN_TEST_GO": str(go)}
+
+    go.touch()  # night 1: the transform waits for nothing
+    night1 = run_kiln(*argv, pythonpath=[plugins], **env)
+    assert night1.returncode == 0, night1.stderr
+    built = json.loads(report_path.read_text())
+    assert built["status"] == "built" and built["exit_code"] == 0
+    # The final report has the shape it always had: nothing of the running one.
+    assert not {"pid", "host", "argv", "started"} & set(built), sorted(built)
+
+    go.unlink()  # night 2: a new file, whose processing waits until the kill
+    shutil.copy(images / "circle" / "circle_0000.png", images / "circle" / "new.png")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kiln.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([SOURCE_ROOT, str(plugins)]), **env),
+        start_new_session=True,  # its own process group: Beam's workers die with it
+    )
+    dataset = output / "shapes"
+    deadline = time.monotonic() + 240
+    try:
+        # Wait for the job to be under way: its staging folder holds the listing.
+        while time.monotonic() < deadline and process.poll() is None:
+            staging = [e for e in os.listdir(dataset) if e.startswith(".staging-")]
+            if staging and os.path.exists(dataset / staging[0] / ".work" / "listing.jsonl"):
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, process.communicate()
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    report = json.loads(report_path.read_text())
+    assert report["status"] == "running" and report["exit_code"] is None, report
+    assert report["pid"] == process.pid
+    assert report["name"] == "shapes" and report["dataset_root"] == str(dataset)
+    assert report["argv"][-len(argv) :] == list(argv)
+    assert datetime.datetime.fromisoformat(report["started"]).utcoffset() == datetime.timedelta(0)
+    assert report["warnings"] == []
 
 
 @pytest.mark.parametrize("lines_read", [3, 0])

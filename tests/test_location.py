@@ -43,6 +43,20 @@ def test_latest_is_followed_alike_by_the_reader_and_diff(tmp_path, latest, found
         assert (kind, value) == ("found", str(tmp_path / found))
 
 
+@pytest.mark.parametrize("latest", [b"\xff\n", b"0a1b2c3d4e5f\xfe\n"])
+def test_a_latest_that_is_not_text_is_refused_alike(tmp_path, latest):
+    # A damaged LATEST (or a bad rollback by hand) was a UnicodeDecodeError.
+    version_folder(tmp_path, "0a1b2c3d4e5f")
+    (tmp_path / LATEST_FILENAME).write_bytes(latest)
+    results = {
+        outcome(find, tmp_path) for find in (locate, kiln.reader.locate, version_diff.locate)
+    }
+    assert len(results) == 1, results
+    ((kind, message),) = results
+    assert kind == "refused"
+    assert message.startswith(f"{tmp_path / LATEST_FILENAME} is not text"), message
+
+
 def test_what_is_not_a_dataset_is_refused_alike(tmp_path):
     (tmp_path / "empty").mkdir()
     for path in (tmp_path / "empty", tmp_path / "missing"):

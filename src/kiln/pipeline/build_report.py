@@ -16,7 +16,11 @@ nothing was published: exit 0), ``failed`` (exit 1, nothing published),
 ``usage_error`` (a bad config or flag: exit 2), ``busy`` (another build of
 the dataset holds its lock: exit 3), ``internal_error`` (an exception kiln
 does not expect, a bug: exit 70, nothing published; ``traceback`` holds its
-traceback) or ``interrupted`` (Ctrl-C: exit 130; SIGTERM: exit 143).
+traceback) or ``interrupted`` (Ctrl-C: exit 130; SIGTERM: exit 143); or
+``running`` (``exit_code`` null): the build started and has not ended, or
+was killed outright (SIGKILL, the OOM killer, a lost machine) and could
+not replace it; ``pid``, ``host`` and ``argv`` name its process,
+``started`` when it began (UTC).
 ``latest`` is the version LATEST names after the build: ``version``, unless
 someone pointed LATEST at another version by hand after ``version`` was
 published (a rollback), which the build leaves as is
@@ -33,8 +37,11 @@ dataset.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import socket
+import sys
 import traceback
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +136,26 @@ def interrupted(message: str, exit_code: int, elapsed_seconds: float) -> dict[st
         "exit_code": exit_code,
         "error": message,
         "elapsed_seconds": round(elapsed_seconds, 3),
+    }
+
+
+def running(name: str, dataset_root: str, config: str) -> dict[str, Any]:
+    """The report of a build under way, written once its config checks out
+    and replaced when it ends, whatever the end: a build killed outright
+    (SIGKILL, the OOM killer, a lost machine) leaves this one, not the
+    previous run's. ``pid`` and ``host`` say which process to look for,
+    ``argv`` its command line as the system started it."""
+    return {
+        "report_format": REPORT_FORMAT,
+        "status": "running",
+        "exit_code": None,
+        "name": name,
+        "dataset_root": dataset_root,
+        "config": os.path.abspath(config) if not storage.is_remote(config) else config,
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "argv": list(sys.orig_argv),
     }
 
 

@@ -148,8 +148,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--report",
         metavar="FILE",
         help="write the end-of-build summary as JSON to FILE (also when the "
-        "build fails), for schedulers; local path or gs://. Checked before the "
-        "build: a folder, or a place that cannot be written, is exit 2",
+        "build fails; status running while it runs), for schedulers; local path or "
+        "gs://. Checked before the build: a folder, or a place that cannot be "
+        "written, is exit 2",
     )
     parser.add_argument(
         "--wait",
@@ -201,7 +202,8 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     quiet = args.quiet and not getattr(args, "verbose", False)
     with _Warnings(silence=quiet) as warnings:
         try:
-            result = _build_quietly(args, extra_argv) if quiet else _build(args, extra_argv)
+            build = _build_quietly if quiet else _build
+            result = build(args, extra_argv, warnings.messages)
         except DryRun as e:  # --dry_run=True: translated, not submitted, nothing published
             _report(
                 args, build_report.dry_run(str(e), time.monotonic() - started), warnings.messages
@@ -290,7 +292,9 @@ class _Warnings(logging.Handler):
 _STAGER_WITHOUT_BUILD = re.compile(rb"\S*: No module named build$")
 
 
-def _build_quietly(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
+def _build_quietly(
+    args: argparse.Namespace, extra_argv: list[str], warnings: list[str]
+) -> BuildResult:
     """`_build` for ``--quiet``, with what image libraries write to stderr
     kept off it (`native_logs.IMAGE_LIBRARY_LINES`): libpng and libjpeg print
     warnings about the files they read, and Beam's worker processes inherit
@@ -304,7 +308,7 @@ def _build_quietly(args: argparse.Namespace, extra_argv: list[str]) -> BuildResu
     try:
         with native_logs.filtered_stderr(native_logs.IMAGE_LIBRARY_LINES) as dropped:
             with native_logs.filtered_stderr(_STAGER_WITHOUT_BUILD) as staged:
-                return _build(args, extra_argv)
+                return _build(args, extra_argv, warnings)
     finally:
         if dropped.count:
             logger.warning(
@@ -322,7 +326,12 @@ def _build_quietly(args: argparse.Namespace, extra_argv: list[str]) -> BuildResu
             )
 
 
-def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
+def _build(args: argparse.Namespace, extra_argv: list[str], warnings: list[str]) -> BuildResult:
+    """Validates the flags and the config, then builds.
+
+    `warnings` is the list the run collects the logged warnings in, for
+    the ``running`` report written once the config checks out.
+    """
     if args.config is None:
         raise UsageError(_missing_config(extra_argv))
     if args.image_threads is not None and args.image_threads < 1:
@@ -353,6 +362,18 @@ def _build(args: argparse.Namespace, extra_argv: list[str]) -> BuildResult:
     # The whole config first, before Beam and TensorFlow are imported: a
     # mistake is reported in a fraction of a second.
     spec = config_module.load(args.config, output=args.output)
+    if args.report:
+        # Replaced when the build ends, whatever the end: one that never
+        # comes (SIGKILL, the OOM killer, a lost VM) leaves `running`, not
+        # the previous run's success, for a scheduler to read.
+        _write_report(
+            args.report,
+            {
+                **build_report.running(spec.name, spec.dataset_root, args.config),
+                "warnings": list(warnings),
+            },
+            problem_ends_build=True,
+        )
     # Beam lists the source; TensorFlow is imported only if the job runs
     # (`launcher`), so a source found up to date costs a listing.
     from kiln.pipeline import launcher
@@ -413,13 +434,32 @@ def _report(
         succeeded (which the message says). After a failed build it is
         logged: the build's own error is what the run reports.
     """
-    from kiln.pipeline import build_report, storage
-
     if not args.report:
         return
-    report = {**report, "warnings": list(warnings)}
     try:
-        build_report.write(args.report, report)
+        _write_report(args.report, {**report, "warnings": list(warnings)})
+    except _ReportFailed as e:
+        if result is not None:  # published, but the scheduler would not hear of it
+            raise ReportNotWritten(f"{e}; {_succeeded(result)}") from None
+        logger.error("%s", e)
+
+
+class _ReportFailed(Exception):
+    """The report could not be written (the message says why)."""
+
+
+def _write_report(path: str, report: dict, problem_ends_build: bool = False) -> None:
+    """Writes `report` to `path` (``--report``), atomically.
+
+    Raises:
+      _UnwritableReport: it could not be written and `problem_ends_build`
+        (the ``running`` report: nothing was done yet).
+      _ReportFailed: it could not be written (otherwise).
+    """
+    from kiln.pipeline import build_report, storage
+
+    try:
+        build_report.write(path, report)
     except Exception as e:
         if isinstance(e, OSError):
             # The report's own path: the OS error may name the temp file it was written to.
@@ -428,10 +468,10 @@ def _report(
                 reason = e.strerror or reason
         else:  # an object store's error
             reason = storage.unreachable_reason(e) or unexpected(e)
-        problem = f"--report {args.report}: cannot write it: {reason}"
-        if result is not None:  # published, but the scheduler would not hear of it
-            raise ReportNotWritten(f"{problem}; {_succeeded(result)}") from None
-        logger.error("%s", problem)
+        problem = f"--report {path}: cannot write it: {reason}"
+        if problem_ends_build:
+            raise _UnwritableReport(f"{problem}; nothing was done") from None
+        raise _ReportFailed(problem) from None
 
 
 def _succeeded(result: BuildResult) -> str:

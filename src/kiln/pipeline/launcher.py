@@ -776,7 +776,7 @@ def _build_locked(
             up_to_date=True,
             previous_version=previous,
             changes=None if by_hand else _changes(dataset, previous, built.version),
-            pruned=_prune(dataset, keep),
+            pruned=_prune(dataset, keep, stamp),
             latest_set_by_hand=by_hand,
         )
 
@@ -841,7 +841,7 @@ def _build_locked(
         previous_version=previous,
         # Before pruning `previous`.
         changes=None if by_hand else _changes(dataset, previous, info.version),
-        pruned=_prune(dataset, keep),
+        pruned=_prune(dataset, keep, stamp),
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
         latest_set_by_hand=by_hand,
     )
@@ -1473,11 +1473,13 @@ def _version(
     return versioning.version_name(spec.fingerprint, inputs_hash, processing=processing)
 
 
-def _prune(dataset: publish.DatasetRoot, keep: int | None) -> tuple[str, ...]:
+def _prune(dataset: publish.DatasetRoot, keep: int | None, stamp: str) -> tuple[str, ...]:
+    """``--keep``: `publish.DatasetRoot.prune`, `stamp` (the build's input
+    stamp) kept; a failure is a warning, the build succeeded."""
     if keep is None:
         return ()
     try:
-        return tuple(dataset.prune(keep))
+        return tuple(dataset.prune(keep, current_stamp=stamp))
     except Exception as e:  # e.g. permission denied on one file: the build itself succeeded
         logger.warning("could not prune old versions of %s: %s", dataset.path, _last_line(e))
         logger.debug("pruning %s failed", dataset.path, exc_info=True)

@@ -21,7 +21,11 @@ A dataset root ``<output>/<name>/`` holds::
 
 A build writes everything into its staging folder inside a
 `PublishTransaction`; `commit` writes `kiln.json` last, moves the folder to
-``<version>/`` and replaces LATEST, last of all. A reader following LATEST
+``<version>/`` and replaces LATEST, last of all. Locally every file of the
+version and its folder are fsynced before the move, the dataset folder after
+it and after LATEST's replacement, so a power loss cannot leave LATEST naming
+files that never reached the disk (object stores: a write that returned is
+durable). A reader following LATEST
 therefore never sees a half-written version, and a build killed at any moment
 leaves the previous LATEST intact. How the folder moves depends on the store
 (`storage`): one atomic rename locally; file by file with `kiln.json` last on
@@ -88,9 +92,20 @@ class DatasetRoot:
         return self.store.exists(storage.join(self.version_dir(version), METADATA_FILENAME))
 
     def latest(self) -> str | None:
-        """The version LATEST names, or None."""
-        text = self.store.read_text(storage.join(self.path, LATEST_FILENAME))
+        """The version LATEST names, or None. A damaged LATEST (bytes that
+        are not UTF-8: shown escaped) names a version that is not there, as
+        one naming a deleted version does."""
+        text = self._read_small_file(storage.join(self.path, LATEST_FILENAME))
         return text.strip() or None if text else None
+
+    def _read_small_file(self, path: str) -> str | None:
+        """The text of one of the root's small files (LATEST, a stamp, a
+        publication record), or None if it does not exist. Bytes that are
+        not UTF-8 (a damaged file, a bad edit by hand) come back escaped
+        (``\\xff``): such a file names no version, like any other bogus text,
+        rather than stopping the build."""
+        data = self.store.read_bytes(path)
+        return None if data is None else data.decode("utf-8", errors="backslashreplace")
 
     def read_info(self, version: str) -> DatasetInfo | None:
         """A version's `kiln.json`, or None if it is missing or does not check
@@ -109,7 +124,7 @@ class DatasetRoot:
     def stamped_version(self, stamp: str) -> str | None:
         """The version this input stamp was built into, or None (it may have
         been pruned or damaged since: check it with `read_info`)."""
-        text = self.store.read_text(storage.join(self.path, STAMPS_FOLDER, stamp))
+        text = self._read_small_file(storage.join(self.path, STAMPS_FOLDER, stamp))
         return text.strip() or None if text else None
 
     def file_stamps_dir(self, version: str) -> str:
@@ -329,9 +344,11 @@ class DatasetRoot:
         return [self.version_dir(version) for version in deleted] + stale + stale_listings
 
     def point_latest(self, version: str) -> None:
-        """Makes LATEST name `version`, atomically: one line, ending in a newline
+        """Makes LATEST name `version`, atomically and durably (its file and
+        the folder's entry fsynced, locally): one line, ending in a newline
         (readers strip it, and accept LATEST files from before it had one)."""
         storage.write_text(storage.join(self.path, LATEST_FILENAME), version + "\n")
+        self.store.sync_folder(self.path)  # the rename of LATEST's new file, durable too
 
     def record_stamp(self, stamp: str, version: str) -> None:
         storage.write_text(storage.join(self.path, STAMPS_FOLDER, stamp), version)
@@ -384,7 +401,7 @@ class DatasetRoot:
             for name in self.store.children(folder)
             if not name.startswith(".")
         ]
-        return {path: (self.store.read_text(path) or "").strip() for path in paths}
+        return {path: (self._read_small_file(path) or "").strip() for path in paths}
 
     def _published_marks(self) -> dict[str, int]:
         """Version -> its publication's sequence number."""
@@ -395,9 +412,10 @@ class DatasetRoot:
             if text.isdigit()
         }
 
-    def prune(self, keep: int) -> list[str]:
+    def prune(self, keep: int, current_stamp: str | None = None) -> list[str]:
         """Deletes all but the `keep` most recently published complete versions,
-        never the one LATEST names. Returns the pruned version names.
+        never the one LATEST names, and the input stamps no build can use
+        again (`prune_stamps`). Returns the pruned version names.
 
         Recency is the order in which LATEST named them (`record_published`);
         versions published before kiln recorded it count as older than any that
@@ -424,18 +442,49 @@ class DatasetRoot:
         newest_first = sorted(complete, key=recency, reverse=True)
         kept = set(newest_first[:keep]) | ({latest} if latest else set())
         pruned = [v for v in newest_first if v not in kept]
-        stamps = self._small_files(storage.join(self.path, STAMPS_FOLDER))  # path -> version
         for version in pruned:
             logger.info("pruning version %s", version)
             directory = self.version_dir(version)
             self.store.delete([storage.join(directory, METADATA_FILENAME)])
             self.store.delete_tree(directory)
-            self.store.delete(
-                [path for path, stamped in stamps.items() if stamped == version]
-                + [storage.join(self.path, PUBLISHED_FOLDER, version)]
-            )
+            self.store.delete([storage.join(self.path, PUBLISHED_FOLDER, version)])
             self.store.delete_tree(self.file_stamps_dir(version))
+        self.prune_stamps(set(complete) - set(pruned), current_stamp)
         return pruned
+
+    def prune_stamps(self, kept: set[str], current_stamp: str | None = None) -> list[str]:
+        """Deletes the input stamps (``.stamps/``) no build can use again;
+        returns their paths.
+
+        Those are the stamps that name a version not in `kept` (pruned,
+        deleted, or never complete), and the stamps of a kept version but
+        its newest: every build whose files were touched, not changed,
+        records another stamp of the same version (one a night, for a
+        nightly build), and an older one describes modification times (and,
+        locally, ctimes) that the files have left and cannot go back to.
+        Kept: the newest stamp of each kept version (by the time it was
+        written; all of them if tied) and `current_stamp`, the one this
+        build was found up to date by or recorded. Hold the dataset's lock.
+        """
+        folder = storage.join(self.path, STAMPS_FOLDER)
+        written = {
+            metadata.path: float(metadata.last_updated_in_seconds)
+            for metadata in self.store.list_tree(folder, skip_hidden=True)
+        }
+        named = {path: (self._read_small_file(path) or "").strip() for path in written}
+        newest: dict[str, float] = {}
+        for path, version in named.items():
+            newest[version] = max(newest.get(version, written[path]), written[path])
+        stale = [
+            path
+            for path, version in sorted(named.items())
+            if storage.basename(path) != current_stamp
+            and (version not in kept or written[path] < newest[version])
+        ]
+        if stale:
+            logger.info("deleting %d input stamp(s) no build can use again", len(stale))
+            self.store.delete(stale)
+        return stale
 
 
 class PublishTransaction:
@@ -553,7 +602,12 @@ class PublishTransaction:
             # object store) is replaced.
             store.delete_tree(target)
             self._moving_to = info.version
+            # On disk before LATEST may name it: after a power loss, LATEST
+            # must not name a folder whose files were still in the page
+            # cache (one pass; nothing on an object store).
+            store.sync_tree(self.staging_dir)
             store.move_tree(self.staging_dir, target, last=METADATA_FILENAME)
+            store.sync_folder(self.dataset.path)  # the rename itself
             self._moving_to = None
             store.delete_tree(self.staging_dir)
         self.dataset.record_stamp(self.stamp, info.version)

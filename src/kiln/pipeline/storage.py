@@ -392,6 +392,20 @@ class Store(abc.ABC):
         file named `last` (directly in `source`) made visible last."""
 
     @abc.abstractmethod
+    def sync_tree(self, folder: str) -> None:
+        """Makes what is below `folder` durable: on disk, not only in the
+        page cache, so that a power loss after a later step (LATEST naming
+        the folder) cannot leave that step without the files it names.
+        Locally: an fsync of every file and folder, one pass. Object
+        stores: nothing, a write that returned is durable."""
+
+    @abc.abstractmethod
+    def sync_folder(self, folder: str) -> None:
+        """Makes the entries of `folder` durable: what was renamed into it
+        or created in it (`sync_tree` of the folder alone). Object stores:
+        nothing."""
+
+    @abc.abstractmethod
     def move_files(self, paths: Sequence[str], folder: str) -> None:
         """Moves the files `paths` into `folder` (created if missing), each
         under its own name."""
@@ -426,6 +440,20 @@ class Store(abc.ABC):
         present = [path for path in paths if self.exists(path)]
         if present:
             FileSystems.delete(present)
+
+
+def _fsync(path: str, flags: int) -> None:
+    """fsync of the file or folder `path`. A filesystem that cannot fsync a
+    folder (EINVAL: some network and FUSE filesystems) is left to its own
+    guarantees."""
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP) or not os.path.isdir(path):
+            raise
+    finally:
+        os.close(fd)
 
 
 class LocalStore(Store):
@@ -535,6 +563,15 @@ class LocalStore(Store):
         # One rename: the whole folder appears at once, `last` included.
         os.rename(source, target)
 
+    def sync_tree(self, folder: str) -> None:
+        for directory, _, names in os.walk(folder):
+            for name in names:
+                _fsync(os.path.join(directory, name), os.O_RDONLY)
+            self.sync_folder(directory)
+
+    def sync_folder(self, folder: str) -> None:
+        _fsync(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
     def move_files(self, paths: Sequence[str], folder: str) -> None:
         os.makedirs(folder, exist_ok=True)
         for path in paths:
@@ -636,6 +673,12 @@ class ObjectStore(Store):
         files = [m.path for m in self.list_tree(folder)]
         if files:
             FileSystems.delete(files)
+
+    def sync_tree(self, folder: str) -> None:
+        pass  # an object's write that returned is durable
+
+    def sync_folder(self, folder: str) -> None:
+        pass  # no folders: an object's name is durable with it
 
     def move_tree(self, source: str, target: str, last: str) -> None:
         root, target = source.rstrip("/"), target.rstrip("/")

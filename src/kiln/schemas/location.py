@@ -92,6 +92,25 @@ def read_text(path: str) -> str:
         return remote_call(path, f.read) if is_remote(path) else f.read()
 
 
+def read_latest(path: str) -> str:
+    """The version the LATEST file at `path` names (stripped; may be empty).
+
+    Raises:
+      MetadataError: naming `path`, when it is not UTF-8 text (a damaged
+        file, a bad rollback by hand), or its object store cannot be read.
+      OSError: locally.
+    """
+    with open_file(path, "rb") as f:
+        data = remote_call(path, f.read) if is_remote(path) else f.read()
+    try:
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError as e:
+        raise MetadataError(
+            f"{path} is not text (byte {data[e.start]:#04x} at position {e.start} is not "
+            f"UTF-8); it should name a version folder"
+        ) from None
+
+
 def open_file(path: str, mode: str = "r") -> IO[Any]:
     """The file at `path`, open for reading (``"r"``: UTF-8 text, ``"rb"``: bytes).
 
@@ -144,7 +163,7 @@ def locate(path: str | os.PathLike) -> str:
         return path
     latest = join(path, LATEST_FILENAME)
     if exists(latest):
-        version = read_text(latest).strip()
+        version = read_latest(latest)
         if not version:
             raise MetadataError(f"{latest} is empty; it should name a version folder")
         absolute = is_remote(version) or os.path.isabs(version)
@@ -226,7 +245,7 @@ def incomplete_versions(path: str | os.PathLike) -> list[str]:
     latest = join(path, LATEST_FILENAME)
     if exists(join(path, METADATA_FILENAME)) or not exists(latest):
         return []
-    named = read_text(latest).strip()
+    named = read_latest(latest)
     names = children(path)
     return [
         join(path, name)
