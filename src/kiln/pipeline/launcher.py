@@ -1205,6 +1205,7 @@ class _Interruption:
     def __init__(self) -> None:
         self.seen: KeyboardInterrupt | None = None
         self._previous: dict[int, Any] = {}
+        self._excepthook: Any = None  # while `_quiet_about_killed_workers` stands in
 
     def __enter__(self) -> _Interruption:
         if threading.current_thread() is threading.main_thread():
@@ -1215,8 +1216,9 @@ class _Interruption:
 
     def _interrupt(self, signum, frame) -> None:
         previous = self._previous.get(signum)
-        if self.seen is None:
-            _stop_sdk_workers()
+        if self.seen is None and _stop_sdk_workers() and self._excepthook is None:
+            self._excepthook = threading.excepthook
+            threading.excepthook = _quiet_about_killed_workers(self._excepthook)
         try:
             if callable(previous):
                 previous(signum, frame)
@@ -1229,12 +1231,14 @@ class _Interruption:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+        if self._excepthook is not None:
+            threading.excepthook, self._excepthook = self._excepthook, None
 
 
 _SDK_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
 
 
-def _stop_sdk_workers() -> None:
+def _stop_sdk_workers() -> bool:
     """Kills the Beam SDK worker processes this process started (the local
     runner's ``--direct_running_mode=multi_processing``, a portable runner's
     subprocess workers), on a Ctrl-C or SIGTERM sent to this process alone
@@ -1242,7 +1246,8 @@ def _stop_sdk_workers() -> None:
     workers, which did not get the signal and run on, so the build would
     never end and would keep its lock. A Ctrl-C in a terminal reaches them
     too; then there is nothing left to kill. Their work was for the staging
-    folder, which is deleted on the way out. Linux only (``/proc``)."""
+    folder, which is deleted on the way out. Linux only (``/proc``).
+    Whether it killed one."""
     try:
         parents: dict[int, list[int]] = {}
         for entry in os.listdir("/proc"):
@@ -1257,21 +1262,39 @@ def _stop_sdk_workers() -> None:
             parent = int(status[status.rindex(b")") + 2 :].split()[1])
             parents.setdefault(parent, []).append(int(entry))
     except (OSError, ValueError, IndexError):  # no /proc: not Linux
-        return
+        return False
     below, stack = [], list(parents.get(os.getpid(), ()))
     while stack:
         pid = stack.pop()
         below.append(pid)
         stack.extend(parents.get(pid, ()))
+    killed = False
     for pid in below:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read()
             if _SDK_WORKER_MODULE in command:
                 os.kill(pid, signal.SIGKILL)
+                killed = True
                 logger.debug("stopped the SDK worker process %d", pid)
         except OSError:  # ended meanwhile, or not ours to kill
             continue
+    return killed
+
+
+def _quiet_about_killed_workers(previous: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A `threading.excepthook` that passes over what Beam's thread running
+    a worker process raises when `_stop_sdk_workers` killed it ("Worker
+    subprocess exited with return code -9", a traceback on stderr under the
+    one line an interrupted build prints); `previous` for anything else."""
+
+    def hook(args: Any) -> None:
+        if args.thread is not None and args.thread.name == "run_worker":
+            logger.debug("a stopped worker's thread: %s", args.exc_value)
+            return
+        previous(args)
+
+    return hook
 
 
 def _warn_about_shard_counts(spec: BuildSpec, listing: SourceListing) -> None:
