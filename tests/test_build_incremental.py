@@ -147,12 +147,12 @@ def test_changes_additions_and_deletions_give_a_full_builds_bytes(demo_corpus, t
     assert report.used and report.base == base.version and report.reason == ""
     stored_before = sum(s.num_examples for s in base.info.splits.values())
     assert report.reused == stored_before - 2  # all but the changed and the deleted
-    # Processed: the changed and the added file, and the three broken files
-    # (dropped, so the base has no record of them).
+    # Processed: the changed and the added file. The three broken files
+    # (dropped, so the base has no record of them) are dropped again unread.
     assert (report.added, report.changed, report.deleted) == (1, 1, 1)
-    assert report.processed == 5
+    assert report.processed == 2 and report.dropped_again == 3
     assert incremental.counters["images_decoded"] == 2
-    assert f"reused {report.reused}, processed 5 (1 new, 1 changed, 3 dropped), 1 gone" in summary(
+    assert f"reused {report.reused}, processed 2 (1 new, 1 changed, 0 dropped), 1 gone" in summary(
         incremental
     )
     keys = {row.key for row in index_rows(incremental)}

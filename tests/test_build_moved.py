@@ -77,9 +77,9 @@ def test_a_file_renamed_in_its_class_folder_is_moved_not_decoded(
     report = incremental.incremental
     assert (report.moved, report.added, report.deleted) == (1, 0, 1)
     assert report.reused == stored(base) - 1
-    # Processed: only the three broken files (dropped, as in the base).
-    assert report.processed == 3
-    assert "moved 1, processed 3 (0 new, 0 changed, 3 dropped), 1 gone" in summary(incremental)
+    # Processed: none (the three broken files are dropped again unread).
+    assert report.processed == 0 and report.dropped_again == 3
+    assert "moved 1, processed 0 (0 new, 0 changed, 0 dropped), 1 gone" in summary(incremental)
     assert new in {row.key for row in index_rows(incremental)}
     assert_same_tree(incremental, full_build(config, tmp_path))
 

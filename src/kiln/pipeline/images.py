@@ -84,6 +84,7 @@ from kiln.pipeline import (
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.incremental import (
+    BASE_DROPPED,
     BASE_MASK_STAMPS,
     STAMP_UNCHANGED,
     BaseFiles,
@@ -168,7 +169,8 @@ class Outcome(NamedTuple):
     deferred: str | None = None
     wanted: Reuse | None = None
     # Stored or dropped without the file being read: its stamp is the
-    # base's (`incremental.STAMP_UNCHANGED`), its sha256 the base row's.
+    # base's (`incremental.STAMP_UNCHANGED`), its sha256 the base row's; or
+    # dropped as the base dropped the same bytes (`incremental.BASE_DROPPED`).
     unread: bool = False
     # Mask files its targets name that were read, and that were not (their
     # stamps the base's, their sha256 the base row's: `incremental.base_masks`).
@@ -271,7 +273,10 @@ class ImageProcessor:
         (`Outcome.unread` says it was not). The same holds for each mask
         file its targets name whose path and stamp are those the base
         listed (`incremental.base_masks`; counted in
-        `Outcome.masks_read` and `Outcome.masks_not_read`).
+        `Outcome.masks_read` and `Outcome.masks_not_read`). A file of a
+        dataset without targets that the base dropped as undecodable, its
+        stamp the one the base listed (`incremental.BASE_DROPPED`), is
+        dropped again as the base dropped it, unread.
 
         Each file read (the image, a mask file) is compared as it is read
         with what the listing said of it: those that disagree are in
@@ -287,7 +292,8 @@ class ImageProcessor:
         disagreements = reads.disagreements()
         if disagreements:
             outcome = outcome._replace(disagreements=disagreements)
-        if item.get(STAMP_UNCHANGED) and not reads.files and outcome.deferred is None:
+        trusted = item.get(STAMP_UNCHANGED) or item.get(BASE_DROPPED)
+        if trusted and not reads.files and outcome.deferred is None:
             return outcome._replace(unread=True)
         return outcome
 
@@ -322,6 +328,16 @@ class ImageProcessor:
         moved_from: tuple[str, Sequence[Any]] | None = item.get("moved_from")
         base: record_index.IndexRow | None = item.get("base")
         data: bytes | None = None
+        dropped_before: tuple[str, str, str] | None = item.get(BASE_DROPPED)
+        if dropped_before is not None and self._codec is None and base is None:
+            # The bytes the base dropped as undecodable (its stamp the one
+            # the base listed), and the same processing: the same drop.
+            sha256, reason, message = dropped_before
+            return Outcome(
+                None,
+                DroppedFile(key, "decode", reason, uri, message, sha256=sha256),
+                entry(sha256, None),
+            )
         if moved_from is not None:
             sha256 = moved_from[0]
         elif read_sha256 is not None:
@@ -836,6 +852,7 @@ class _ImageStepFn(beam.DoFn):
         self._added = Metrics.counter("kiln", "images_added")
         self._not_trusted = Metrics.counter("kiln", "records_not_trusted")
         self._not_read = Metrics.counter("kiln", "files_not_read")
+        self._dropped_again = Metrics.counter("kiln", "files_dropped_again")
         self._masks_read = Metrics.counter("kiln", "masks_read")
         self._masks_not_read = Metrics.counter("kiln", "masks_not_read")
         self._shards_read = Metrics.counter("kiln", "base_shards_read")
@@ -969,7 +986,8 @@ class _ImageStepFn(beam.DoFn):
         if self._counter is not None:
             self._counter.add()
         if outcome.unread:
-            self._not_read.inc()
+            # Dropped again as the base dropped it, or its record reused.
+            (self._not_read if outcome.image is not None else self._dropped_again).inc()
         elif outcome.dropped is None or outcome.dropped.stage != "read":
             self._read.inc()
             self._bytes.inc(int(item.get("size", 0)))

@@ -307,6 +307,11 @@ class BaseFiles:
       disagreements: The files its job read that were not as listed
         (`publish.STAMP_DISAGREEMENTS_FILE`), or "" when there were none:
         their listed stamps are not trusted (`JoinBase`).
+      dropped: The key, sha256 and reason of each file its job read and
+        dropped (`publish.DROPPED_SHA256S_FILE`), or "" when none is kept:
+        a file listed now with the stamp the base listed that the base
+        dropped as undecodable is dropped again without being read
+        (`dropped_again`).
     """
 
     version: str
@@ -319,6 +324,7 @@ class BaseFiles:
     # (`RACY_SECONDS`): the build that listed them started just after it.
     stamps_before: float = 0.0
     disagreements: str = ""
+    dropped: str = ""
 
     @property
     def index_uri(self) -> str:
@@ -354,11 +360,13 @@ class BaseChoice:
         *,
         listed_from: float = 0.0,
         disagreements: str = "",
+        dropped: str = "",
     ) -> BaseChoice:
         """This choice with the base's listing files to trust stamps from
         (`BaseFiles.stamps`; `listed_from`: when the build that listed them
         started; `disagreements`: the file of those not to trust,
-        `BaseFiles.disagreements`), or, with none, the reason every file is
+        `BaseFiles.disagreements`; `dropped`: the files its job dropped,
+        `BaseFiles.dropped`), or, with none, the reason every file is
         read."""
         if self.base is None:
             return self
@@ -367,6 +375,7 @@ class BaseChoice:
             stamps=tuple(stamps),
             stamps_before=listed_from - RACY_SECONDS,
             disagreements=disagreements if stamps else "",
+            dropped=dropped if stamps else "",
         )
         return dataclasses.replace(self, base=base, hashed_all="" if stamps else hashed_all)
 
@@ -663,6 +672,19 @@ _FILE, _ROW, _STAMP = 0, 1, 2
 # And a file whose stamp the base listed that its job found otherwise as it
 # read it (`BaseFiles.disagreements`): that stamp is not trusted.
 _DISAGREED = 3
+# And a file the base's job read and dropped as undecodable (`dropped_again`).
+_DROPPED = 4
+
+DROPPED_AGAIN_STAGES = frozenset({"decode"})
+"""The stages at which a file the base's job dropped is dropped again,
+unread, when its stamp is the one the base listed (`dropped_again`): a
+file that does not decode (empty, not an image, corrupt, too many pixels,
+too small) gives the same reason and message for the same bytes and the
+same processing (the base's fingerprint is this build's), as the record of
+the same bytes is the same. Not the others: a ``read`` failure may pass
+(permission, network), a ``transform`` failure may be a plugin's passing
+one, and a dataset with targets (which `JoinBase` is not asked to drop
+again for) checks its annotations and masks, not only the image's bytes."""
 
 RACY_SECONDS = 2.0
 """How close to the start of the build that listed it a file's modification
@@ -677,6 +699,7 @@ has the same blind spot: there such files are read and compared with the
 version's record index (`up_to_date`)."""
 
 STAMP_UNCHANGED = record_index.STAMP_UNCHANGED  # what `JoinBase` marks a trusted file with
+BASE_DROPPED = record_index.BASE_DROPPED  # how the base dropped an unchanged file: `dropped_again`
 BASE_MASK_STAMPS = record_index.BASE_MASK_STAMPS  # its mask files' stamps as the base listed them
 
 
@@ -763,6 +786,48 @@ def _disagreements_by_bucket(uri: str, buckets: int):
         )
         for bucket in range(buckets):
             yield bucket, (_DISAGREED, None)
+
+
+def dropped_again(uri: str, buckets: int):
+    """The base's dropped files (`BaseFiles.dropped`: lines of ``{"key",
+    "sha256", "stage", "reason", "message"}``) -> ``(bucket, (4, (key,
+    (sha256, reason, message))))`` per file dropped at one of
+    `DROPPED_AGAIN_STAGES`: `_attach_base` marks such a file listed now
+    with the stamp the base listed (`BASE_DROPPED`), and the image step
+    drops it again as the base did without reading it. The rows of the
+    other stages are passed over, as are lines written by a kiln before
+    they kept the reason (their files are read).
+
+    Never fails the build: if the file cannot be read, or a line is
+    damaged, nothing is dropped unread (counted, ``base_drops_unreadable``):
+    every such file is read, as without the file."""
+    found: list[tuple[str, tuple[str, str, str]]] = []
+    try:
+        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            for number, line in enumerate(f, start=1):
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"line {number} is not a JSON object")
+                key, sha256 = row.get("key"), row.get("sha256")
+                if not (isinstance(key, str) and isinstance(sha256, str)):
+                    raise ValueError(f"line {number} holds no key and sha256")
+                reason, message = row.get("reason"), row.get("message")
+                if (
+                    row.get("stage") in DROPPED_AGAIN_STAGES
+                    and isinstance(reason, str)
+                    and isinstance(message, str)
+                ):
+                    found.append((key, (sha256, reason, message)))
+    except Exception as e:  # vanished, unreadable, damaged: the files are read
+        Metrics.counter("kiln", "base_drops_unreadable").inc()
+        logger.warning(
+            "cannot read the files base dropped %s (%s): those listed are read again",
+            uri,
+            type(e).__name__,
+        )
+        return
+    for key, dropped in found:
+        yield _bucket(key, buckets), (_DROPPED, (key, dropped))
 
 
 def _distrust(
@@ -913,7 +978,10 @@ def _attach_base(bucket_and_values):
     (`_stamp_unchanged`) the base listed, and `BASE_MASK_STAMPS` where
     the row keeps its mask files' sha256s and the base listed their stamps;
     tagged ``orphans``, ``(sha256, row fields)`` of each base row whose key
-    is not listed (what a moved file may be served by: `moves`)."""
+    is not listed (what a moved file may be served by: `moves`).
+    `BASE_DROPPED` is set on a file without a base row that has the stamp
+    the base listed and that the base's job dropped as undecodable
+    (`dropped_again`)."""
     _, values = bucket_and_values
     rows: dict[str, record_index.IndexRow] = {}
     # Key -> (size, mtime, inode_ctime) as the base listed it; None for a
@@ -925,6 +993,9 @@ def _attach_base(bucket_and_values):
     # Key -> (uri, mask) of the files whose stamps the base's job found
     # otherwise (`_DISAGREED`); None: trust none of the bucket's stamps.
     disagreed: dict[str, set[tuple[str, bool]]] | None = {}
+    # Key -> (sha256, reason, message) as the base's job dropped it; None
+    # for a key dropped twice otherwise (not trusted).
+    dropped: dict[str, tuple[str, str, str] | None] = {}
     files = []
     for kind, value in values:
         if kind == _ROW:
@@ -940,6 +1011,10 @@ def _attach_base(bucket_and_values):
             key, stamp, masks = value
             stamps[key] = stamp if stamps.get(key, stamp) == stamp else None
             mask_stamps[key] = masks if mask_stamps.get(key, masks) == masks else ()
+        elif kind == _DROPPED:
+            key, how = value
+            how = tuple(how)
+            dropped[key] = how if dropped.get(key, how) == how else None
         else:
             files.append(value)
     if disagreed != {}:
@@ -953,6 +1028,9 @@ def _attach_base(bucket_and_values):
             attached[STAMP_UNCHANGED] = True
         if found is not None and found.masks is not None and mask_stamps.get(key):
             attached[BASE_MASK_STAMPS] = mask_stamps[key]
+        how = dropped.get(key)
+        if found is None and how is not None and _stamp_unchanged(item, stamps.get(key)):
+            attached[BASE_DROPPED] = how
         out.append(attached)
     if rows:
         Metrics.counter("kiln", "records_deleted").inc(len(rows))
@@ -976,16 +1054,22 @@ class JoinBase(beam.PTransform):
     base listed for its key gets `STAMP_UNCHANGED`, and the image step takes its sha256 from the row
     without reading it (as the launcher's up-to-date stamp trusts them).
     Bounded memory: a bucket holds about one listing line's worth of
-    files, rows and stamps; no worker holds the base's stamps as a whole."""
+    files, rows and stamps; no worker holds the base's stamps as a whole.
+
+    With `drop_again` (a dataset without targets), the files the base's job
+    dropped as undecodable join likewise (`dropped_again`): one listed now
+    with the stamp the base listed is marked `BASE_DROPPED`, and dropped
+    again without being read."""
 
     # Up to this many listing files (the launcher's one, a listing job's
     # few) are read in the step that lists them (see `VerifyBaseFiles`).
     FUSED_STAMP_FILES = 16
 
-    def __init__(self, base: BaseFiles, buckets: int):
+    def __init__(self, base: BaseFiles, buckets: int, drop_again: bool = False):
         super().__init__()
         self._base = base
         self._buckets = buckets
+        self._drop_again = drop_again
 
     def expand(self, files):
         buckets = self._buckets
@@ -1011,11 +1095,17 @@ class JoinBase(beam.PTransform):
                 | "StampsByBucket"
                 >> beam.FlatMap(_stamps_by_bucket, buckets=buckets, before=self._base.stamps_before)
             )
+        if stamps and self._drop_again and self._base.dropped:
+            merged.append(
+                files.pipeline
+                | "ListBaseDrops" >> beam.Create([self._base.dropped])  # uri
+                | "DropsByBucket" >> beam.FlatMap(dropped_again, buckets=buckets)
+            )
         return (
             tuple(merged)
             | "MergeFilesAndRows" >> beam.Flatten()
             # (bucket, (0, file), (1, IndexRow fields), (2, (key, stamp, masks))
-            # or (3, (key, uri, mask) or None))
+            # or (3, (key, uri, mask) or None), or (4, (key, (sha256, reason, message))))
             | "GroupByBucket" >> beam.GroupByKey()
             | "AttachBase" >> beam.FlatMap(_attach_base).with_outputs(ORPHANS, main="files")
             # files: [{key, uri, ..., base, stamp_unchanged?}]; orphans: (sha256, IndexRow fields)
@@ -1122,6 +1212,9 @@ class IncrementalReport:
         changed class or the class list changed), without decoding
         (`kiln.pipeline.moves`). Their old keys count in `deleted`.
       processed: Files read and processed (decoded, or dropped).
+      dropped_again: Files dropped as the base dropped them, not read: the
+        base's job dropped them as undecodable and their stamps are those
+        it listed (`dropped_again`); not in `processed`.
       added: Of those, files stored that the base did not have.
       changed: Of those, files stored whose bytes or listing inputs changed
         (the rest of `processed` was dropped: unreadable, corrupt...).
@@ -1145,6 +1238,7 @@ class IncrementalReport:
     relabelled: int = 0
     moved: int = 0
     processed: int = 0
+    dropped_again: int = 0
     added: int = 0
     changed: int = 0
     deleted: int = 0
@@ -1159,6 +1253,7 @@ class IncrementalReport:
         reused = counters.get("records_reused", 0)
         relabelled = counters.get("records_relabelled", 0)
         moved = counters.get("records_moved", 0)
+        dropped_again = counters.get("files_dropped_again", 0)
         reason = choice.reason
         if choice.base is not None and problems:
             shown = "; ".join(problems[name] for name in sorted(problems)[:3])
@@ -1171,11 +1266,13 @@ class IncrementalReport:
             reused=reused,
             relabelled=relabelled,
             moved=moved,
+            # Files dropped again are in neither: not read, not processed.
             processed=counters.get("files_read", 0)
             + counters.get("files_not_read", 0)
             - reused
             - relabelled
             - moved,
+            dropped_again=dropped_again,
             added=counters.get("images_added", 0),
             changed=counters.get("images_changed", 0),
             deleted=counters.get("records_deleted", 0),
@@ -1201,6 +1298,9 @@ class IncrementalReport:
             f"{self.processed} ({self.added} new, {self.changed} changed, {dropped} dropped), "
             f"{self.deleted} gone"
         )
+        if self.dropped_again:
+            again = self.dropped_again
+            line += f"\n  dropped again as the base dropped them: {again} files, not read"
         if self.reason:
             line += f"\n  base {self.reason}"
         if self.hashed_all:

@@ -180,7 +180,9 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         base_checks = pipeline | "VerifyBaseFiles" >> incremental.VerifyBaseFiles(plan.base)
         # (base file name, (problem or "", frames))
         joined = listing.files | "JoinBase" >> incremental.JoinBase(
-            plan.base, incremental.bucket_count(plan.num_files)
+            plan.base,
+            incremental.bucket_count(plan.num_files),
+            drop_again=config.targets is None,
         )
         # files: [{key, uri, label, split, size, base: IndexRow or None}], spread by bucket;
         # orphans: (sha256, IndexRow fields) of the base rows whose key is not listed

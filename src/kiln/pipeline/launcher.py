@@ -859,7 +859,9 @@ def _with_file_stamps(
     stamps the job trusts (`incremental.JoinBase`), but those its job found
     otherwise as it read them (`stamp_disagreements`); without one
     (``--rehash``, a base built before kiln kept them, an output that
-    cannot be listed), with the reason every file is read and hashed."""
+    cannot be listed), with the reason every file is read and hashed; and
+    the files its job dropped, those it dropped as undecodable dropped again
+    unread where their stamps are unchanged (`incremental.dropped_again`)."""
     if choice.base is None:
         return choice
     if rehash:
@@ -870,6 +872,9 @@ def _with_file_stamps(
         disagreements = dataset.stamp_disagreements(choice.base.version)
         if not (stamps and dataset.store.exists(disagreements)):
             disagreements = ""
+        dropped = dataset.dropped_sha256s(choice.base.version)
+        if not (stamps and dataset.store.exists(dropped)):
+            dropped = ""
     except Exception as e:  # never fails the build: the files are hashed
         logger.warning(
             "cannot list the file stamps of base %s: %s", choice.base.version, _last_line(e)
@@ -886,7 +891,9 @@ def _with_file_stamps(
             f"base {choice.base.version} keeps no file stamps (built by an older kiln, or "
             f"{publish.FILE_STAMPS_FOLDER}/{choice.base.version} was deleted)",
         )
-    return choice.with_stamps(stamps, listed_from=listed_from, disagreements=disagreements)
+    return choice.with_stamps(
+        stamps, listed_from=listed_from, disagreements=disagreements, dropped=dropped
+    )
 
 
 def _listing_files(plan: job.JobPlan) -> list[str]:

@@ -199,6 +199,13 @@ class DatasetRoot:
         exists only when there were such files."""
         return storage.join(self.file_stamps_dir(version), STAMP_DISAGREEMENTS_FILE)
 
+    def dropped_sha256s(self, version: str) -> str:
+        """Where the sha256 and reason of each file `version`'s job read and
+        dropped are kept (`DROPPED_SHA256S_FILE`,
+        `up_to_date.write_dropped_sha256s`): a path that exists only for a
+        version built since kiln kept them."""
+        return storage.join(self.file_stamps_dir(version), DROPPED_SHA256S_FILE)
+
     def mark_verified(self, version: str, since: float) -> None:
         """Keeps `since` as `version`'s build start (`build_started`), when
         it is later than the one kept: every file its listing names that was

@@ -85,12 +85,20 @@ STAMP_UNCHANGED = "stamp_unchanged"
 # when the base listed none), None where its stamp is too recent to trust.
 BASE_MASK_STAMPS = "base_mask_stamps"
 
+# The item field `incremental.JoinBase` sets on a listed file that has no
+# base row, whose stamp is the one the base listed, and that the base's job
+# dropped as undecodable (a dataset without targets): ``(sha256, reason,
+# message)`` as it dropped it. The job drops it again without reading it
+# (`images.ImageProcessor`).
+BASE_DROPPED = "base_dropped"
+
 # Listing fields that do not go into a record: where the file was read
 # (`uri`), its stamp (size, modification time, inode and ctime) and those
 # of its mask files (bytes are named by their sha256), the split the source named (a
 # record's bytes do not depend on its split) and what the job attached (its
 # base row, whether its stamp is the base's, its masks' stamps as the base
-# listed them, and the base rows it may have moved from: `moves`).
+# listed them, how the base dropped it, and the base rows it may have moved
+# from: `moves`).
 _NOT_RECORD_INPUTS = frozenset(
     {
         "uri",
@@ -102,6 +110,7 @@ _NOT_RECORD_INPUTS = frozenset(
         "base",
         STAMP_UNCHANGED,
         BASE_MASK_STAMPS,
+        BASE_DROPPED,
         "moved_from",
     }
 )

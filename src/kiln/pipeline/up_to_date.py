@@ -217,7 +217,7 @@ def _problem(
     if unrecorded:
         try:
             dropped = read_dropped_sha256s(
-                storage.join(dataset.file_stamps_dir(info.version), publish.DROPPED_SHA256S_FILE),
+                dataset.dropped_sha256s(info.version),
                 unrecorded,
             )
         except Exception as e:  # missing (an older kiln's), damaged: not verified
@@ -283,11 +283,21 @@ def _masks_problem(
 
 def write_dropped_sha256s(path: str, rows: Iterable[DroppedFile]) -> None:
     """Writes, to `path`, the key and sha256 of each of `rows` whose bytes
-    the job read (`DroppedFile.sha256`), one JSON object a line, sorted by
-    key (an empty file for none): what `read_dropped_sha256s` reads."""
-    found = sorted({(row.key, row.sha256) for row in rows if row.sha256})
+    the job read (`DroppedFile.sha256`), with the stage, reason and message
+    it was dropped with, one JSON object a line, sorted by key (an empty
+    file for none): what `read_dropped_sha256s` reads, and what the next
+    build's `incremental.JoinBase` drops a file again by without reading
+    it (`incremental.dropped_again`)."""
+    found = sorted(
+        {(row.key, row.sha256, row.stage, row.reason, row.message) for row in rows if row.sha256}
+    )
     data = "".join(
-        json.dumps({"key": key, "sha256": sha256}, sort_keys=True) + "\n" for key, sha256 in found
+        json.dumps(
+            {"key": key, "sha256": sha256, "stage": stage, "reason": reason, "message": message},
+            sort_keys=True,
+        )
+        + "\n"
+        for key, sha256, stage, reason, message in found
     )
     with storage.create(path) as f:
         f.write(data.encode("ascii"))
