@@ -226,7 +226,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     summaries = processed.summary
     dropped = (listing.dropped, processed.dropped) | "AllDropped" >> beam.Flatten()
     # DroppedFile
-    disagreements = processed.stamp_disagreements  # StampDisagreement
+    all_disagreements = [processed.stamp_disagreements]  # StampDisagreement
     if plan.base is not None:
         moved_files = (processed.deferred, orphans) | "JoinMoved" >> incremental.JoinMoved(
             incremental.bucket_count(plan.num_files)
@@ -237,7 +237,7 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         all_runs = [runs, processed.reused, moved.runs, moved.reused]
         all_summaries = [summaries, moved.summary]
         all_dropped = [dropped, moved.dropped]
-        all_disagreements = [disagreements, moved.stamp_disagreements]
+        all_disagreements.append(moved.stamp_disagreements)
         if plan.base.compression is not None:
             # One record of a gzip base is not read alone: the files whose
             # records are rewritten from one (moved, or relabelled where an
@@ -256,7 +256,12 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         # SpilledRun, and ReusedRun: the records kept from the base, where they are in its shards
         summaries = tuple(all_summaries) | "AllSummaries" >> beam.Flatten()
         dropped = tuple(all_dropped) | "AllDroppedAndMoved" >> beam.Flatten()
-        disagreements = tuple(all_disagreements) | "AllStampDisagreements" >> beam.Flatten()
+    # A side input below: never an image step's own output. Beam's
+    # BundleBasedDirectRunner adds every output of a bundle to the side input
+    # of a step's FIRST output (`EvaluationContext._update_side_inputs_container`
+    # reads `uncommitted_output_bundles[0]` only), so WriteReports got runs and
+    # summaries among the disagreements; through a Flatten, it gets its own.
+    disagreements = tuple(all_disagreements) | "AllStampDisagreements" >> beam.Flatten()
     shards = runs | "WriteShards" >> sharding.ShardRuns(
         plan.staging_dir,
         plan.temp_dir,
