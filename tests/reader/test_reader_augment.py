@@ -369,6 +369,34 @@ def test_op_drawing_at_trace_time_is_refused_however_rarely_its_draw_shows(user_
         run("fresh_generator_noise", image(), seeds(1)[0])
 
 
+def test_op_using_its_seed_and_a_global_draw_at_trace_time_is_refused(user_ops, png_dataset):
+    # Its outputs follow the seed, but the gain is drawn once, while tracing:
+    # one constant for every element and epoch, another in every process.
+    @register_augmentation("flip_and_numpy_gain")
+    def flip_and_numpy_gain(image, seed):
+        gain = np.random.uniform(0.5, 1.5)
+        flip = tf.random.stateless_uniform([], seed) < 0.5
+        return tf.clip_by_value(tf.where(flip, image[:, ::-1], image) * gain, 0.0, 1.0)
+
+    @register_augmentation("flip_and_python_shift")
+    def flip_and_python_shift(image, seed):
+        shift = random.uniform(0.0, 0.1)
+        flip = tf.random.stateless_uniform([], seed) < 0.5
+        return tf.where(flip, image[:, ::-1], image) * (1.0 - shift)
+
+    refused = (
+        r"augmentation op '{}' draws from Python's or NumPy's global random generator while "
+        r"being traced: .*another in every process.*baked into the graph as a constant.*"
+        r"tf\.random\.stateless_uniform"
+    )
+    for name in ("flip_and_numpy_gain", "flip_and_python_shift"):
+        with pytest.raises(AugmentOpError, match=refused.format(name)):
+            run(name, image(), seeds(1)[0])
+    # Raised by load(), before anything is read.
+    with pytest.raises(AugmentOpError, match=refused.format("flip_and_numpy_gain")):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=4, augment=["flip_and_numpy_gain"])
+
+
 def _documented_ops(folder) -> None:
     """Registers the ops of every example of docs/augmentations.md, in one process, as a
     project importing both example modules would."""

@@ -712,8 +712,11 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
     randomness drawn while tracing gives another graph, hence another output,
     on some trace (or moves Python's or NumPy's global random state while
     tracing); a deterministic op gives the same output on every trace, and is
-    accepted (logged at INFO). kiln's own ops are trusted and skipped;
-    results are cached per (function, params, shape).
+    accepted (logged at INFO). An op whose outputs do follow its seed is
+    refused too when tracing it moved Python's or NumPy's global random
+    state: that draw is a constant of the process, another in every run.
+    kiln's own ops are trusted and skipped; results are cached per
+    (function, params, shape).
 
     Args:
       augmentation: The configured op.
@@ -722,7 +725,8 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
 
     Raises:
       AugmentOpError: if the op's output changes from trace to trace but
-        not with the seed (randomness baked in while tracing), if the same
+        not with the seed (randomness baked in while tracing), if tracing
+        it draws from Python's or NumPy's global random generator, if the same
         seed gives different outputs (stateful randomness), or if tracing
         fails because the op converts a tensor to a Python/NumPy value.
     """
@@ -743,6 +747,18 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
     outputs = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
     if all(np.array_equal(outputs[0], out) for out in outputs[1:]):
         _check_deterministic(augmentation, image, seeds[0], outputs[0], drew)
+    if drew:
+        # It uses its seed, and a global draw besides: a constant of this
+        # trace, so of this process; another process (a rerun, another
+        # host) bakes in another value, and the same seed another stream.
+        raise AugmentOpError(
+            f"augmentation op {name!r} draws from Python's or NumPy's global random generator "
+            f"while being traced: the value it draws is the same for every element and epoch, "
+            f"and another in every process, so the same seed gives another stream in every "
+            f"run. {_TRACE_PITFALL} Draw every random value from the `seed` argument with "
+            f"tf.random.stateless_uniform / tf.random.stateless_* or "
+            f"tf.image.stateless_random_* (split it with tf.random.split for several draws)."
+        )
     # Every seed again: a stateful coin (``tf.random.uniform([]) < 0.5``) gives
     # one seed's output again half the time, and 64 of them all alike hardly ever.
     again = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
