@@ -397,6 +397,39 @@ def test_op_using_its_seed_and_a_global_draw_at_trace_time_is_refused(user_ops, 
         kiln.reader.load(png_dataset.dataset_dir, batch_size=4, augment=["flip_and_numpy_gain"])
 
 
+def test_op_changing_the_size_without_an_inference_form_is_refused(user_ops, png_dataset):
+    # Skipped where no random augmentation runs, it would leave validation at
+    # the stored size while training's images shrink.
+    @register_augmentation("random_shrink")
+    def random_shrink(image, seed, *, size: int = 16):
+        small = tf.image.resize(image, [size, size])
+        return tf.where(tf.random.stateless_uniform([], seed) < 0.5, small, small[:, ::-1])
+
+    path = png_dataset.dataset_dir
+    stored = (
+        kiln.reader.load(path, "validation", batch_size=4, augment=[]).element_spec[0].shape[1:3]
+    )
+    refused = (
+        rf"augmentation op 'random_shrink' changes the image size \({stored[0]}x{stored[1]} in, "
+        r"16x16 out\) and was registered without an inference= form: .*"
+        r"register_augmentation\('random_shrink', inference=fn\)"
+    )
+    with pytest.raises(AugmentOpError, match=refused):
+        kiln.reader.load(path, batch_size=4, seed=1, augment=["random_shrink"])
+    with pytest.raises(AugmentOpError, match=refused):
+        run("random_shrink", image(*stored), seeds(1)[0])
+
+    # With an inference form of the same size, both splits come out alike.
+    AUGMENTATIONS.remove("random_shrink")
+    register_augmentation(
+        "random_shrink", inference=lambda image, *, size=16: tf.image.resize(image, [size, size])
+    )(random_shrink)
+    train = kiln.reader.load(path, batch_size=4, seed=1, augment=["random_shrink"])
+    validation = kiln.reader.load(path, "validation", batch_size=4, augment=["random_shrink"])
+    assert train.element_spec[0].shape[1:3] == validation.element_spec[0].shape[1:3] == (16, 16)
+    assert next(iter(train))[0].shape[1:3] == (16, 16)
+
+
 def _documented_ops(folder) -> None:
     """Registers the ops of every example of docs/augmentations.md, in one process, as a
     project importing both example modules would."""

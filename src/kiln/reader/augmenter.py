@@ -728,7 +728,8 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
         not with the seed (randomness baked in while tracing), if tracing
         it draws from Python's or NumPy's global random generator, if the same
         seed gives different outputs (stateful randomness), or if tracing
-        fails because the op converts a tensor to a Python/NumPy value.
+        fails because the op converts a tensor to a Python/NumPy value,
+        or if an op without an inference form changes the image size.
     """
     definition = augmentation.definition
     if definition.builtin or definition.kind != "element":
@@ -770,7 +771,34 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
             f"values from the `seed` argument with tf.random.stateless_* or "
             f"tf.image.stateless_random_* instead."
         )
+    _check_size_kept(augmentation, shape, outputs)
     _CHECKED.add(cache_key)
+
+
+def _check_size_kept(
+    augmentation: Augmentation, shape: Sequence[int], outputs: Sequence[np.ndarray]
+) -> None:
+    """Refuses an op without an inference form that changes the image size:
+    where no random augmentation runs (other splits, ``training=False``, the
+    layer outside training) it is skipped, and those images would keep
+    their size while training's change."""
+    if augmentation.definition.inference is not None:
+        return
+    size = (int(shape[0]), int(shape[1]))
+    changed = [out.shape[:2] for out in outputs if tuple(out.shape[:2]) != size]
+    if not changed:
+        return
+    name = augmentation.name
+    out_height, out_width = changed[0]
+    raise AugmentOpError(
+        f"augmentation op {name!r} changes the image size ({size[0]}x{size[1]} in, "
+        f"{out_height}x{out_width} out) and was registered without an inference= form: where "
+        f"no random augmentation runs (other splits, training=False, the model's layer outside "
+        f"training) it is skipped, and those images keep their size, so the model would train "
+        f"and evaluate on two scales. Give it a deterministic form with the same output size: "
+        f"register_augmentation({name!r}, inference=fn), fn(image, **params) (a centre crop or "
+        f"a resize)."
+    )
 
 
 def _trace(augmentation: Augmentation, image: tf.Tensor):
