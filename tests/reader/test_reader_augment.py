@@ -1011,3 +1011,47 @@ def test_mixup_and_cutmix_mix_labels_by_the_pixels_they_mix():
         assert out_labels[i, i].numpy() == pytest.approx(own, abs=1e-6) or own == 1.0
     both, both_labels = augmenter.apply_batch(images, labels, element_seeds)
     np.testing.assert_allclose(tf.reduce_sum(both_labels, 1), 1.0, atol=1e-6)
+
+
+def _prose(name: str) -> str:
+    """A doc of the repository with its line breaks (and comment marks) as single spaces."""
+    text = (pathlib.Path(__file__).parents[2] / name).read_text(encoding="utf-8")
+    return re.sub(r"\s+(?:# )?", " ", text)
+
+
+def test_the_docs_give_random_resized_crops_inference_form_as_validation_gets_it(png_dataset):
+    path = png_dataset.dataset_dir
+    crop = [{"random_resized_crop": {"size": 24, "scale_range": [0.5, 1.0]}}]
+    validation = next(iter(kiln.reader.load(path, "validation", batch_size=4, augment=crop)))[0]
+    stored = next(iter(kiln.reader.load(path, "validation", batch_size=4, augment=None)))[0]
+    assert stored.shape[1] == stored.shape[2]  # square images, square output
+    # The whole image resized, not a centre crop of the output's size.
+    np.testing.assert_array_equal(validation, tf.image.resize(stored, [24, 24]))
+    margin = (stored.shape[1] - 24) // 2
+    assert not np.allclose(validation, stored[:, margin : margin + 24, margin : margin + 24])
+    described = (
+        "`random_resized_crop` the largest centred window of the output's aspect ratio "
+        "resized to its size"
+    )
+    for doc in ("README.md", "docs/augmentations.md"):
+        assert described in _prose(doc), doc
+    # The README's load_for_model example: the demo's stored list starts with
+    # random_resized_crop to 56x56 from 64x64 images.
+    assert "deterministic form (here random_resized_crop's: the whole 64x64 image resized" in (
+        _prose("README.md")
+    )
+
+
+def test_the_docs_derive_element_seeds_from_the_record_key_not_its_position():
+    # kiln.reader.seeds: (seed, pass, the record's key); the element's position
+    # and the input pipeline reading it play no part.
+    for doc in ("README.md", "docs/augmentations.md"):
+        derivations = re.findall(
+            r"derived with stateless (?:TF )?ops from \(([^)]*)\)", _prose(doc)
+        )
+        assert derivations, doc
+        for inputs in derivations:
+            assert "key" in inputs and "position" not in inputs and "pipeline" not in inputs, (
+                doc,
+                inputs,
+            )
