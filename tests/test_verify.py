@@ -398,6 +398,41 @@ def test_lowering_the_format_version_does_not_skip_the_checksum(version_copy):
         kiln.reader.info(folder)
 
 
+@pytest.mark.parametrize("value", [0, -3, 1.5, True, "2", None])
+@pytest.mark.parametrize("checksum", ["dropped", "resealed"])
+def test_a_format_version_no_kiln_writes_is_refused_everywhere(
+    version_copy, capsys, value, checksum
+):
+    # 0, a negative number, a fraction or a boolean read as a number would
+    # pass for format 1, which has no checksum: the file is refused instead,
+    # by the reader, `kiln inspect` and `kiln verify` alike.
+    folder, _ = version_copy
+
+    def change(data):
+        data["format_version"] = value
+        if checksum == "dropped":
+            del data["checksum"]
+
+    edit_metadata(folder, change, reseal=checksum == "resealed")
+    source = os.path.join(folder, METADATA_FILENAME)
+    message = (
+        f"{source}: format_version must be a positive integer (this kiln writes "
+        f"{kiln.FORMAT_VERSION}), got {json.dumps(value)}"
+    )
+    with pytest.raises(MetadataError) as raised:
+        kiln.reader.info(folder)
+    assert str(raised.value) == message
+    with pytest.raises(MetadataError, match=re.escape(message)):
+        kiln.reader.load(folder, batch_size=4)
+    assert cli.main(["inspect", folder]) != 0
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"kiln inspect: error: {message}"], err
+    # verify reports a kiln.json that does not load as the dataset's problem.
+    assert verify.verify(folder).problems == [verify.Problem(METADATA_FILENAME, message)]
+    code, out = run_cli(folder, capsys)
+    assert code != 0 and message in out, out
+
+
 # --- the duplicates report --------------------------------------------------------------
 
 

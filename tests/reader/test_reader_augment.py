@@ -369,6 +369,67 @@ def test_op_drawing_at_trace_time_is_refused_however_rarely_its_draw_shows(user_
         run("fresh_generator_noise", image(), seeds(1)[0])
 
 
+def test_op_using_its_seed_and_a_global_draw_at_trace_time_is_refused(user_ops, png_dataset):
+    # Its outputs follow the seed, but the gain is drawn once, while tracing:
+    # one constant for every element and epoch, another in every process.
+    @register_augmentation("flip_and_numpy_gain")
+    def flip_and_numpy_gain(image, seed):
+        gain = np.random.uniform(0.5, 1.5)
+        flip = tf.random.stateless_uniform([], seed) < 0.5
+        return tf.clip_by_value(tf.where(flip, image[:, ::-1], image) * gain, 0.0, 1.0)
+
+    @register_augmentation("flip_and_python_shift")
+    def flip_and_python_shift(image, seed):
+        shift = random.uniform(0.0, 0.1)
+        flip = tf.random.stateless_uniform([], seed) < 0.5
+        return tf.where(flip, image[:, ::-1], image) * (1.0 - shift)
+
+    refused = (
+        r"augmentation op '{}' draws from Python's or NumPy's global random generator while "
+        r"being traced: .*another in every process.*baked into the graph as a constant.*"
+        r"tf\.random\.stateless_uniform"
+    )
+    for name in ("flip_and_numpy_gain", "flip_and_python_shift"):
+        with pytest.raises(AugmentOpError, match=refused.format(name)):
+            run(name, image(), seeds(1)[0])
+    # Raised by load(), before anything is read.
+    with pytest.raises(AugmentOpError, match=refused.format("flip_and_numpy_gain")):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=4, augment=["flip_and_numpy_gain"])
+
+
+def test_op_changing_the_size_without_an_inference_form_is_refused(user_ops, png_dataset):
+    # Skipped where no random augmentation runs, it would leave validation at
+    # the stored size while training's images shrink.
+    @register_augmentation("random_shrink")
+    def random_shrink(image, seed, *, size: int = 16):
+        small = tf.image.resize(image, [size, size])
+        return tf.where(tf.random.stateless_uniform([], seed) < 0.5, small, small[:, ::-1])
+
+    path = png_dataset.dataset_dir
+    stored = (
+        kiln.reader.load(path, "validation", batch_size=4, augment=[]).element_spec[0].shape[1:3]
+    )
+    refused = (
+        rf"augmentation op 'random_shrink' changes the image size \({stored[0]}x{stored[1]} in, "
+        r"16x16 out\) and was registered without an inference= form: .*"
+        r"register_augmentation\('random_shrink', inference=fn\)"
+    )
+    with pytest.raises(AugmentOpError, match=refused):
+        kiln.reader.load(path, batch_size=4, seed=1, augment=["random_shrink"])
+    with pytest.raises(AugmentOpError, match=refused):
+        run("random_shrink", image(*stored), seeds(1)[0])
+
+    # With an inference form of the same size, both splits come out alike.
+    AUGMENTATIONS.remove("random_shrink")
+    register_augmentation(
+        "random_shrink", inference=lambda image, *, size=16: tf.image.resize(image, [size, size])
+    )(random_shrink)
+    train = kiln.reader.load(path, batch_size=4, seed=1, augment=["random_shrink"])
+    validation = kiln.reader.load(path, "validation", batch_size=4, augment=["random_shrink"])
+    assert train.element_spec[0].shape[1:3] == validation.element_spec[0].shape[1:3] == (16, 16)
+    assert next(iter(train))[0].shape[1:3] == (16, 16)
+
+
 def _documented_ops(folder) -> None:
     """Registers the ops of every example of docs/augmentations.md, in one process, as a
     project importing both example modules would."""
@@ -950,3 +1011,47 @@ def test_mixup_and_cutmix_mix_labels_by_the_pixels_they_mix():
         assert out_labels[i, i].numpy() == pytest.approx(own, abs=1e-6) or own == 1.0
     both, both_labels = augmenter.apply_batch(images, labels, element_seeds)
     np.testing.assert_allclose(tf.reduce_sum(both_labels, 1), 1.0, atol=1e-6)
+
+
+def _prose(name: str) -> str:
+    """A doc of the repository with its line breaks (and comment marks) as single spaces."""
+    text = (pathlib.Path(__file__).parents[2] / name).read_text(encoding="utf-8")
+    return re.sub(r"\s+(?:# )?", " ", text)
+
+
+def test_the_docs_give_random_resized_crops_inference_form_as_validation_gets_it(png_dataset):
+    path = png_dataset.dataset_dir
+    crop = [{"random_resized_crop": {"size": 24, "scale_range": [0.5, 1.0]}}]
+    validation = next(iter(kiln.reader.load(path, "validation", batch_size=4, augment=crop)))[0]
+    stored = next(iter(kiln.reader.load(path, "validation", batch_size=4, augment=None)))[0]
+    assert stored.shape[1] == stored.shape[2]  # square images, square output
+    # The whole image resized, not a centre crop of the output's size.
+    np.testing.assert_array_equal(validation, tf.image.resize(stored, [24, 24]))
+    margin = (stored.shape[1] - 24) // 2
+    assert not np.allclose(validation, stored[:, margin : margin + 24, margin : margin + 24])
+    described = (
+        "`random_resized_crop` the largest centred window of the output's aspect ratio "
+        "resized to its size"
+    )
+    for doc in ("README.md", "docs/augmentations.md"):
+        assert described in _prose(doc), doc
+    # The README's load_for_model example: the demo's stored list starts with
+    # random_resized_crop to 56x56 from 64x64 images.
+    assert "deterministic form (here random_resized_crop's: the whole 64x64 image resized" in (
+        _prose("README.md")
+    )
+
+
+def test_the_docs_derive_element_seeds_from_the_record_key_not_its_position():
+    # kiln.reader.seeds: (seed, pass, the record's key); the element's position
+    # and the input pipeline reading it play no part.
+    for doc in ("README.md", "docs/augmentations.md"):
+        derivations = re.findall(
+            r"derived with stateless (?:TF )?ops from \(([^)]*)\)", _prose(doc)
+        )
+        assert derivations, doc
+        for inputs in derivations:
+            assert "key" in inputs and "position" not in inputs and "pipeline" not in inputs, (
+                doc,
+                inputs,
+            )

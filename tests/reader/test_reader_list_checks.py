@@ -152,9 +152,9 @@ def test_a_layer_made_directly_refuses_inputs_its_ops_cannot_take(augment, shape
     # only from the model's input: it checks them when the model is built.
     layer = kiln.reader.AugmentationLayer(augment)
     with pytest.raises(AugmentConfigError, match=message):
-        layer(tf.keras.Input(shape))
+        layer(tf.keras.Input(shape, dtype="uint8"))
     # Images it can take build as before.
-    kiln.reader.AugmentationLayer(augment)(tf.keras.Input((64, 64, 3)))
+    kiln.reader.AugmentationLayer(augment)(tf.keras.Input((64, 64, 3), dtype="uint8"))
 
 
 def test_a_rotation_of_less_than_a_degree_is_warned_once(png_dataset, caplog):

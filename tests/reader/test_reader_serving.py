@@ -160,3 +160,38 @@ def test_training_without_seeds_says_how_to_build_the_two_models(png_dataset):
     images = tf.zeros([2, 32, 32, 3], tf.uint8)
     with pytest.raises(ValueError, match="predict or serve one on images only"):
         augment(images, training=True)
+
+
+def test_a_float_image_input_is_refused_naming_the_uint8_input(png_dataset):
+    # A Keras Input without dtype is float32: Keras casts the uint8 batch to
+    # float 0..255, which the layer would take for [0, 1] floats and clip.
+    train, augment = kiln.reader.load_for_model(
+        png_dataset.dataset_dir, batch_size=4, seed=0, normalize=True
+    )
+    inputs, _ = next(iter(train))
+    refused = r"takes uint8 images .* got float32: .*keras\.Input\(\.\.\., dtype=\"uint8\"\)"
+    image = keras.Input((32, 32, 3), name="image")
+    seed = keras.Input((2,), dtype="int32", name="augment_seed")
+    with pytest.raises(ValueError, match=refused):
+        keras.Model(
+            {"image": image, "augment_seed": seed}, augment({"image": image, "augment_seed": seed})
+        )
+    with pytest.raises(ValueError, match=refused):
+        keras.Model(image, augment(image))
+    # Called eagerly, in training and in inference, whatever float it is.
+    floats = tf.cast(inputs["image"], tf.float32)
+    with pytest.raises(ValueError, match=refused):
+        augment({"image": floats, "augment_seed": inputs["augment_seed"]}, training=True)
+    with pytest.raises(ValueError, match=refused):
+        augment(floats / 255.0, training=False)
+    with pytest.raises(ValueError, match=r"got int32"):
+        augment(tf.cast(inputs["image"], tf.int32), training=False)
+    # The uint8 input gives what `load` gives.
+    expected = next(
+        iter(kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=0, normalize=True))
+    )[0]
+    image = keras.Input((32, 32, 3), dtype="uint8", name="image")
+    trainer = keras.Model(
+        {"image": image, "augment_seed": seed}, augment({"image": image, "augment_seed": seed})
+    )
+    np.testing.assert_array_equal(trainer(inputs, training=True), expected)

@@ -504,3 +504,100 @@ def test_documented_random_shift_moves_targets_with_the_pixels(tmp_path):
         boxes.append(checked["boxes"])
     # The shift is drawn per seed: the boxes do move.
     assert len({box.round(4).tobytes() for box in boxes}) > SEEDS // 2
+
+
+def _triangle_batch(size: int = 32):
+    """Four images of objects whose instance masks fill only part of their
+    boxes (triangles), one filled box, and one with an empty stored mask;
+    each object of its own class id, to follow it through the paste."""
+    rows, cols = np.mgrid[0:size, 0:size]
+
+    def box_mask(top, left, bottom, right, shape):
+        inside = (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right)
+        r, c = (rows - top) / (bottom - top), (cols - left) / (right - left)
+        part = {"upper_left": r + c < 1.0, "lower_right": r + c >= 1.0, "full": r >= 0.0}
+        return inside & part[shape] if shape else np.zeros_like(inside)
+
+    layouts = [
+        ((2, 2, 22, 22, "upper_left"), (10, 10, 30, 30, "lower_right"), (3, 22, 12, 31, "full")),
+        ((0, 8, 24, 32, "lower_right"), (8, 0, 32, 24, "upper_left"), (24, 24, 31, 31, None)),
+    ]
+    images, boxes, masks, classes = [], [], [], []
+    for index in range(4):
+        layout = layouts[index % 2]
+        flip = index >= 2
+        image_masks, image_boxes = [], []
+        for top, left, bottom, right, shape in layout:
+            mask = box_mask(top, left, bottom, right, shape)
+            box = np.array([top, left, bottom, right], np.float32) / size
+            if flip:  # mirrored left-right
+                mask = mask[:, ::-1]
+                box = np.array([box[0], 1.0 - box[3], box[2], 1.0 - box[1]], np.float32)
+            image_masks.append(mask)
+            image_boxes.append(box)
+        images.append(np.full((size, size, 3), index / 4.0, np.float32))
+        boxes.append(np.stack(image_boxes))
+        masks.append(np.stack(image_masks)[..., None].astype(np.uint8))
+        classes.append(10 * index + np.arange(len(layout)))
+    tensors = {
+        "boxes": tf.ragged.constant(boxes, ragged_rank=1, dtype=tf.float32),
+        "classes": tf.ragged.constant(classes, dtype=tf.int64),
+        "instance_masks": tf.RaggedTensor.from_tensor(tf.constant(np.stack(masks))),
+    }
+    return tf.constant(np.stack(images)), tensors, np.stack(masks)[..., 0] > 0, boxes
+
+
+def _shown_by_box(box, region, own: bool, min_visibility: float) -> bool:
+    def area(b):
+        return max(b[2] - b[0], 0.0) * max(b[3] - b[1], 0.0)
+
+    clipped = [max(box[0], region[0]), max(box[1], region[1])]
+    clipped += [min(box[2], region[2]), min(box[3], region[3])]
+    if own:
+        hidden = area(clipped) / area(box)
+        return hidden < 1.0 and 1.0 - hidden >= min_visibility
+    return area(clipped) > 0.0 and area(clipped) / area(box) >= min_visibility
+
+
+def test_cutmix_judges_objects_by_their_instance_masks_as_erasing_does():
+    # random_erasing(erase_targets) keeps an object when at least
+    # min_visibility of its instance mask shows; cutmix the same, for its own
+    # objects (outside the rectangle) and its partner's (inside): a triangle
+    # whose box mostly shows but whose pixels are mostly covered is dropped.
+    from kiln.reader import mixing
+
+    spec = TargetSpec(kinds=("boxes", "instance_masks"), min_visibility=0.25)
+    images, tensors, masks, boxes = _triangle_batch()
+    with_targets = validate(["cutmix"])[0].definition.with_targets
+    box_rule_differs = 0
+    for index in range(40):
+        seed = tf.constant([7, index], tf.int32)
+        inside, partners, _, region = mixing._cutmix_region(
+            images, seed, alpha=1.0, probability=1.0
+        )
+        _, mixed = with_targets(
+            images, BatchTargets(tensors, spec), seed, alpha=1.0, probability=1.0
+        )
+        inside, partners, region = inside.numpy(), partners.numpy(), region.numpy()
+        for element in range(4):
+            expected_classes, expected_masks = [], []
+            for source, own in ((element, True), (int(partners[element]), False)):
+                for k, mask in enumerate(masks[source]):
+                    shows = mask & ~inside if own else mask & inside
+                    by_box = _shown_by_box(boxes[source][k], region, own, spec.min_visibility)
+                    if mask.any():
+                        kept = bool(shows.any()) and shows.sum() >= 0.25 * mask.sum()
+                        box_rule_differs += kept != by_box
+                    else:  # an empty stored mask: judged by the box
+                        kept = by_box
+                    if kept:
+                        expected_classes.append(10 * source + k)
+                        expected_masks.append(shows)
+            got = {name: value[element].numpy() for name, value in mixed.tensors.items()}
+            assert list(got["classes"]) == expected_classes, (index, element)
+            np.testing.assert_array_equal(
+                got["instance_masks"][..., 0] > 0,
+                np.reshape(expected_masks, (-1, *inside.shape)),
+            )
+    # The seeds tried include pastes where the box and the mask disagree.
+    assert box_rule_differs > 0

@@ -712,8 +712,11 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
     randomness drawn while tracing gives another graph, hence another output,
     on some trace (or moves Python's or NumPy's global random state while
     tracing); a deterministic op gives the same output on every trace, and is
-    accepted (logged at INFO). kiln's own ops are trusted and skipped;
-    results are cached per (function, params, shape).
+    accepted (logged at INFO). An op whose outputs do follow its seed is
+    refused too when tracing it moved Python's or NumPy's global random
+    state: that draw is a constant of the process, another in every run.
+    kiln's own ops are trusted and skipped; results are cached per
+    (function, params, shape).
 
     Args:
       augmentation: The configured op.
@@ -722,9 +725,11 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
 
     Raises:
       AugmentOpError: if the op's output changes from trace to trace but
-        not with the seed (randomness baked in while tracing), if the same
+        not with the seed (randomness baked in while tracing), if tracing
+        it draws from Python's or NumPy's global random generator, if the same
         seed gives different outputs (stateful randomness), or if tracing
-        fails because the op converts a tensor to a Python/NumPy value.
+        fails because the op converts a tensor to a Python/NumPy value,
+        or if an op without an inference form changes the image size.
     """
     definition = augmentation.definition
     if definition.builtin or definition.kind != "element":
@@ -743,6 +748,18 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
     outputs = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
     if all(np.array_equal(outputs[0], out) for out in outputs[1:]):
         _check_deterministic(augmentation, image, seeds[0], outputs[0], drew)
+    if drew:
+        # It uses its seed, and a global draw besides: a constant of this
+        # trace, so of this process; another process (a rerun, another
+        # host) bakes in another value, and the same seed another stream.
+        raise AugmentOpError(
+            f"augmentation op {name!r} draws from Python's or NumPy's global random generator "
+            f"while being traced: the value it draws is the same for every element and epoch, "
+            f"and another in every process, so the same seed gives another stream in every "
+            f"run. {_TRACE_PITFALL} Draw every random value from the `seed` argument with "
+            f"tf.random.stateless_uniform / tf.random.stateless_* or "
+            f"tf.image.stateless_random_* (split it with tf.random.split for several draws)."
+        )
     # Every seed again: a stateful coin (``tf.random.uniform([]) < 0.5``) gives
     # one seed's output again half the time, and 64 of them all alike hardly ever.
     again = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
@@ -754,7 +771,34 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
             f"values from the `seed` argument with tf.random.stateless_* or "
             f"tf.image.stateless_random_* instead."
         )
+    _check_size_kept(augmentation, shape, outputs)
     _CHECKED.add(cache_key)
+
+
+def _check_size_kept(
+    augmentation: Augmentation, shape: Sequence[int], outputs: Sequence[np.ndarray]
+) -> None:
+    """Refuses an op without an inference form that changes the image size:
+    where no random augmentation runs (other splits, ``training=False``, the
+    layer outside training) it is skipped, and those images would keep
+    their size while training's change."""
+    if augmentation.definition.inference is not None:
+        return
+    size = (int(shape[0]), int(shape[1]))
+    changed = [out.shape[:2] for out in outputs if tuple(out.shape[:2]) != size]
+    if not changed:
+        return
+    name = augmentation.name
+    out_height, out_width = changed[0]
+    raise AugmentOpError(
+        f"augmentation op {name!r} changes the image size ({size[0]}x{size[1]} in, "
+        f"{out_height}x{out_width} out) and was registered without an inference= form: where "
+        f"no random augmentation runs (other splits, training=False, the model's layer outside "
+        f"training) it is skipped, and those images keep their size, so the model would train "
+        f"and evaluate on two scales. Give it a deterministic form with the same output size: "
+        f"register_augmentation({name!r}, inference=fn), fn(image, **params) (a centre crop or "
+        f"a resize)."
+    )
 
 
 def _trace(augmentation: Augmentation, image: tf.Tensor):

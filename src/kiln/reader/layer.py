@@ -36,6 +36,11 @@ _NEEDS_SEEDS = (
 class AugmentationLayer(tf.keras.layers.Layer):
     """Augments ``{"image": uint8 [B, H, W, C], "augment_seed": int32 [B, 2]}``.
 
+    The images must be uint8 (declare the model's input ``keras.Input(...,
+    dtype="uint8")``): any other dtype is refused when the layer is called,
+    since a float image cannot tell 0..255 from [0, 1], and Keras' default
+    float32 Input turns the uint8 batch into float 0..255.
+
     With ``training=True`` (Keras passes it during `fit`) each image gets the
     element ops with its own seed; otherwise (evaluation, prediction, serving)
     each op's deterministic inference form runs and the seeds are not used:
@@ -126,6 +131,7 @@ class AugmentationLayer(tf.keras.layers.Layer):
     def call(self, inputs, training=None):
         images = inputs["image"] if isinstance(inputs, dict) else inputs
         _check_batch(images)
+        _check_uint8(images)
         if isinstance(inputs, dict):
             images, seeds = inputs["image"], inputs.get("augment_seed")
             if inputs.get("targets") is not None:
@@ -240,6 +246,23 @@ def _check_batch(images: Any) -> None:
             f"yields single elements; pass batch_size (or batch the dataset), or add a batch "
             f"dimension to a single image"
         )
+
+
+def _check_uint8(images: Any) -> None:
+    """Refuses images that are not uint8. The layer scales uint8 0..255 to
+    [0, 1]; a float image cannot say which scale it is on, and the usual one
+    is a uint8 batch that a Keras Input without ``dtype="uint8"`` (float32 by
+    default) cast to float 0..255, which the ops would clip to white."""
+    dtype = tf.as_dtype(images.dtype)
+    if dtype == tf.uint8:
+        return
+    raise ValueError(
+        f"AugmentationLayer takes uint8 images (0..255, as load_for_model yields them), got "
+        f"{dtype.name}: a float image may be a uint8 batch cast to 0..255 by a Keras Input "
+        f"without dtype (float32 by default), which the layer would take for [0, 1]. Declare "
+        f'the model\'s image input keras.Input(..., dtype="uint8"), and pass or serve uint8 '
+        f"images"
+    )
 
 
 def _check_targets_follow(augmenter: Augmenter, spec: TargetSpec) -> None:

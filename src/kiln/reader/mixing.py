@@ -158,6 +158,11 @@ def _cutmix_targets(images, targets: BatchTargets, seed, *, alpha, probability):
     keep only the pixels that show (own: outside the rectangle, partner's:
     inside), and a partner's box that the rectangle cuts is tightened to its
     mask's pixels (as a crop's); keypoints that do not show get visibility 0.
+    With instance masks, what shows of an object is judged by its mask, not
+    its box, as ``random_erasing(erase_targets=True)`` does: kept when at
+    least ``min_visibility`` of its mask's pixels show (an object whose stored
+    mask is empty, by its box). The own objects' boxes stay whole (the
+    object did not change, only what shows of it), as erasing leaves them.
     """
     inside, partners, pasted, region = _cutmix_region(
         images, seed, alpha=alpha, probability=probability
@@ -223,13 +228,32 @@ def _paste_objects(tensors, partners, region, inside, spec) -> dict:
                 _zero_hidden, group["keypoints"], group["keypoint_visibility"]
             )
     if "instance_masks" in columns:
+        own_before, partner_before = own["instance_masks"], partner["instance_masks"]
         own["instance_masks"] = tf.ragged.map_flat_values(
             lambda masks: tf.where(inside[None, :, :, None], tf.zeros_like(masks), masks),
-            own["instance_masks"],
+            own_before,
         )
         partner["instance_masks"] = tf.ragged.map_flat_values(
             lambda masks: tf.where(inside[None, :, :, None], masks, tf.zeros_like(masks)),
-            partner["instance_masks"],
+            partner_before,
+        )
+        # What shows of an object is what shows of its mask, as random_erasing
+        # judges it: kept when at least min_visibility of its pixels show.
+        keep_own = keep_own.with_flat_values(
+            _kept_by_mask(
+                own_before.flat_values,
+                own["instance_masks"].flat_values,
+                keep_own.flat_values,
+                min_visibility,
+            )
+        )
+        keep_partner = keep_partner.with_flat_values(
+            _kept_by_mask(
+                partner_before.flat_values,
+                partner["instance_masks"].flat_values,
+                keep_partner.flat_values,
+                min_visibility,
+            )
         )
         clipped = partner["boxes"].flat_values
         cut = tf.reduce_any(tf.not_equal(clipped, whole_boxes.flat_values), axis=-1)
@@ -246,6 +270,18 @@ def _paste_objects(tensors, partners, region, inside, spec) -> dict:
         )
         for name in columns
     }
+
+
+def _kept_by_mask(before, after, by_box, min_visibility):
+    """Which objects to keep, by their ``[N, H, W, 1]`` instance masks before
+    and after the paste: some pixels show, and at least `min_visibility` of
+    them (`kiln.reader.targets.ElementTargets.erase`'s rule). An object whose
+    stored mask is empty (a polygon too small to cover a pixel's centre) is
+    judged `by_box`."""
+    before = tf.reduce_sum(tf.cast(before, tf.float32), [1, 2, 3])
+    after = tf.reduce_sum(tf.cast(after, tf.float32), [1, 2, 3])
+    by_mask = (after > 0) & (after >= min_visibility * before)
+    return tf.where(before > 0, by_mask, by_box)
 
 
 def _area(boxes):

@@ -45,7 +45,10 @@ tightened to its moved instance mask's pixels (`kiln.reader.targets.tightened`),
 and each of several input pipelines reads a contiguous range of records
 (`kiln.reader.dataset._Share`): streams of datasets with instance masks whose
 crops cut objects change, and those of several pipelines; a single
-pipeline's stream otherwise stays as in version 4.
+pipeline's stream otherwise stays as in version 4. Version 6: cutmix judges
+whether an object still shows by its instance mask, not its box, on a
+dataset with instance masks (as random_erasing's ``erase_targets`` does):
+streams with cutmix on such datasets change, the others stay as in version 5.
 
 TensorFlow mixes the global seed (`tf.random.set_seed`), when one is set,
 into `Dataset.random` (so into every pass's key and orders) and
@@ -74,7 +77,7 @@ _INT31 = 2**31
 
 # Version of the seeded stream (order and augmentation) a seed gives: see the
 # module docstring; the golden stream test pins the current one.
-STREAM_VERSION = 5
+STREAM_VERSION = 6
 
 
 def resolve(

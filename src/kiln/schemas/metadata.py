@@ -229,6 +229,18 @@ class SplitInfo:
         return [s.filename for s in self.shards]
 
 
+def _format_version(value: Any, source: str) -> int:
+    """kiln.json's `format_version`: a positive JSON integer. A 0, a negative
+    number, a fraction or a boolean was written by no kiln, and read as a
+    number it would pass for format 1, whose files have no checksum."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise MetadataError(
+        f"{source}: format_version must be a positive integer (this kiln writes "
+        f"{kiln.FORMAT_VERSION}), got {json.dumps(value)}"
+    )
+
+
 @dataclasses.dataclass
 class DatasetInfo:
     """Everything `kiln.json` says about a dataset.
@@ -238,7 +250,8 @@ class DatasetInfo:
       version: Version id (derived from the input, config and processing
         fingerprints, `kiln.pipeline.versioning`).
       kiln_version: Version of kiln that wrote the dataset.
-      format_version: `kiln.FORMAT_VERSION` of the writer.
+      format_version: `kiln.FORMAT_VERSION` of the writer, a positive integer
+        (anything else in kiln.json is refused when it is read).
       config: The resolved build config (all defaults filled in), without
         locations: the output root and the source's location are not part of
         it nor of the version (see `provenance`).
@@ -507,7 +520,7 @@ class DatasetInfo:
                 raise MetadataError(f"{source}: missing field(s) {sorted(missing)}")
             kwargs = {k: v for k, v in data.items() if k in fields}
             kwargs["splits"] = splits
-            kwargs["format_version"] = int(data["format_version"])
+            kwargs["format_version"] = _format_version(data["format_version"], source)
             if data.get("objects") is not None:
                 kwargs["objects"] = {
                     split: ObjectStatistics.from_json(value)
