@@ -883,6 +883,7 @@ class _ImageStepFn(beam.DoFn):
         self._digests: moves.Digests | None = None
         self._changed = Metrics.counter("kiln", "images_changed")
         self._added = Metrics.counter("kiln", "images_added")
+        self._reprocessed = Metrics.counter("kiln", "images_reprocessed")
         self._not_trusted = Metrics.counter("kiln", "records_not_trusted")
         self._not_read = Metrics.counter("kiln", "files_not_read")
         self._masks_read = Metrics.counter("kiln", "masks_read")
@@ -1055,7 +1056,12 @@ class _ImageStepFn(beam.DoFn):
             self._moved.inc()
         else:
             if "base" in item:  # an incremental build: say why this one was processed
-                (self._added if item["base"] is None else self._changed).inc()
+                if item["base"] is not None:
+                    self._changed.inc()
+                elif item.get(record_index.BASE_UNTRUSTED):  # in the base, but not usable
+                    self._reprocessed.inc()
+                else:
+                    self._added.inc()
             self._decoded.inc()
         if self._runs.add(
             window,
@@ -1181,6 +1187,7 @@ class ProcessImagesFn(_ImageStepFn):
                 if name not in (STAMP_UNCHANGED, BASE_MASK_STAMPS)
             }
             item["base"] = None
+            item[record_index.BASE_UNTRUSTED] = True
         moved_from = item.get("moved_from")
         if moved_from is not None:
             sha256, rows = moved_from
