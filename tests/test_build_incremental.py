@@ -319,6 +319,35 @@ def test_a_corrupt_base_shard_is_not_trusted_and_its_records_are_processed(demo_
     assert_same_dataset(incremental, full_build(config, tmp_path))
 
 
+def test_records_of_a_deleted_base_shard_are_reprocessed_not_new(demo_corpus, tmp_path):
+    """A base shard deleted (by hand, a lost object): its records are
+    processed from their files again, and counted as `reprocessed`, apart
+    from the files the base did not have (`added`): they were counted as new."""
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(images, output=str(tmp_path / "out"))
+    base = build(config)
+    deleted = base.info.splits["train"].shards[1]
+    os.remove(os.path.join(base.dataset_dir, deleted.filename))
+    (images / "star" / "zz_added.png").write_bytes(new_png(2))
+
+    incremental = build(config)
+
+    report = incremental.incremental
+    assert report.used and deleted.filename in report.reason
+    assert report.added == 1, report  # it was 1 + the deleted shard's records
+    assert (report.changed, report.reprocessed) == (0, deleted.num_records)
+    stored_before = sum(s.num_examples for s in base.info.splits.values())
+    assert report.reused == stored_before - deleted.num_records
+    assert incremental.counters["images_decoded"] == deleted.num_records + 1
+    dropped = sum(incremental.info.dropped.values())
+    assert report.processed == deleted.num_records + 1 + dropped
+    assert (
+        f"processed {report.processed} (1 new, 0 changed, {deleted.num_records} reprocessed, "
+        f"{dropped} dropped)"
+    ) in summary(incremental)
+    assert report.to_json()["reprocessed"] == deleted.num_records
+
+
 def test_a_damaged_index_means_nothing_is_reused(demo_corpus, tmp_path):
     images = copy_corpus(demo_corpus, tmp_path)
     config = make_config(images, output=str(tmp_path / "out"))
@@ -629,8 +658,8 @@ def test_a_damaged_gzip_base_shard_has_the_records_to_relabel_processed(
     report = incremental.incremental
     assert report.used and report.reused == 0
     assert report.relabelled == stored_before - damaged.num_records
-    # Stored from their files: the new image and the damaged shard's.
-    assert report.added + report.changed == damaged.num_records + 1
+    # Stored from their files: the new image, and the damaged shard's (not new).
+    assert (report.added, report.changed, report.reprocessed) == (1, 0, damaged.num_records)
     assert incremental.counters["images_decoded"] == damaged.num_records + 1
     # Named by its sha256 even where it no longer inflates.
     assert f"{damaged.filename}: sha256 differs" in report.reason

@@ -4,7 +4,9 @@ worker processes; the reader never imports a module a dataset's files name."""
 
 import json
 import os
+import re
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -13,6 +15,7 @@ import yaml
 
 import kiln
 from conftest import make_config
+from kiln import cli
 from kiln.pipeline import ConfigError, build, config
 from reader.fresh_process import run_python
 from test_build import expected_pixels, read_split
@@ -215,3 +218,89 @@ def test_an_edit_to_a_plugin_module_makes_a_new_version(demo_corpus, tmp_path):
     assert before["processing"]["fingerprint"] != after["processing"]["fingerprint"]
     shards = [[s["sha256"] for s in info["splits"]["train"]["shards"]] for info in (before, after)]
     assert shards[0] != shards[1]
+
+
+STOPPING_MODULE = "kiln_test_stopping_plugin"
+STOPPING_SOURCE = """
+    import os
+    import sys
+
+    import numpy as np
+    from kiln.transforms import register
+
+    @register(geometry="none")
+    def stop_here(image: np.ndarray) -> np.ndarray:
+        if os.environ["KILN_TEST_STOP_WITH"] == "exit":
+            sys.exit(0)
+        raise KeyboardInterrupt  # no signal: the plugin's own
+"""
+STOPPED_LINE = re.compile(
+    r"kiln build: internal error: kiln\.pipeline\.images\.TransformAborted: stopped the job: "
+    r"offline transform 'stop_here' \(module 'kiln_test_stopping_plugin', "
+    r"kiln_test_stopping_plugin\.py, line (?P<line>\d+)\) raised (?P<raised>.+) on "
+    r"(?P<file>\S+); nothing was published \(unexpected; the traceback is in "
+    r"(?P<traceback>\S+\.traceback\.txt); --verbose prints it\)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def stopping_plugin(tmp_path_factory):
+    """The folder of `STOPPING_MODULE`, on sys.path (imported once: the
+    registry keeps its transform)."""
+    folder = tmp_path_factory.mktemp("stopping-plugin")
+    (folder / f"{STOPPING_MODULE}.py").write_text(textwrap.dedent(STOPPING_SOURCE))
+    sys.path.insert(0, str(folder))
+    yield folder
+    sys.path.remove(str(folder))
+
+
+@pytest.mark.parametrize(
+    "stop_with, pipeline_args",
+    [
+        ("exit", []),
+        ("keyboard_interrupt", []),
+        ("exit", ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]),
+    ],
+)
+def test_a_plugin_that_exits_is_an_internal_error_naming_it(
+    stopping_plugin, demo_corpus, tmp_path, monkeypatch, capfd, stop_with, pipeline_args
+):
+    # sys.exit() (or a KeyboardInterrupt that no Ctrl-C sent) in a plugin
+    # transform is no file's problem, nor an Exception the image step drops
+    # the file for: a bug in the plugin, exit 70 as docs/cli.md says, naming
+    # it. It was exit 1, "the Beam job failed ...: SystemExit: 0".
+    # multi_processing workers are new interpreters: they find it on PYTHONPATH.
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join([str(stopping_plugin)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+    )
+    monkeypatch.setenv("KILN_TEST_STOP_WITH", stop_with)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    data = make_config(
+        demo_corpus.out_dir,
+        output=str(tmp_path / "out"),
+        transforms=["stop_here"],
+        plugins=[STOPPING_MODULE],
+    )
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    report = tmp_path / "report.json"
+    code = cli.main(
+        ["build", "--config", str(config_path), "--quiet", "--report", str(report), *pipeline_args]
+    )
+    err = capfd.readouterr().err
+    assert code == 70, err
+    line = STOPPED_LINE.search(err)
+    assert line and err.endswith(line[0]), err  # the build's last word, one line
+    raised = {"exit": "SystemExit: 0", "keyboard_interrupt": "KeyboardInterrupt"}[stop_with]
+    assert line["raised"] == raised
+    raising_line = textwrap.dedent(STOPPING_SOURCE).splitlines()[int(line["line"]) - 1]
+    statement = {"exit": "sys.exit(0)", "keyboard_interrupt": "raise KeyboardInterrupt"}
+    assert raising_line.strip().startswith(statement[stop_with])
+    assert line["file"].startswith(str(demo_corpus.out_dir))
+    assert raised in open(line["traceback"], encoding="utf-8").read()
+    written = json.loads(report.read_text())
+    assert written["status"] == "internal_error" and written["exit_code"] == 70, written
+    # Nothing published, no staging folder left.
+    dataset = tmp_path / "out" / data["name"]
+    assert sorted(os.listdir(dataset)) == [".lock"]

@@ -178,6 +178,62 @@ def test_a_latest_that_is_not_text_is_a_bogus_latest(demo_corpus, tmp_path, capf
     assert verify.verify(str(dataset_root)).ok
 
 
+KILN_JSON_DAMAGES = {
+    # was an internal error (exit 70, a raw UnicodeDecodeError) everywhere
+    "not UTF-8 text (byte 0xff at position 10)": b'{"name": "\xff"}',
+    "not valid JSON": b'{"name": ',
+    "expected a JSON object": b"[1, 2]",
+}
+
+
+@pytest.mark.parametrize("problem", KILN_JSON_DAMAGES)
+def test_a_kiln_json_that_is_not_a_json_object_is_refused_in_one_line(
+    demo_corpus, tmp_path, capfd, problem
+):
+    """A published version's kiln.json that is not UTF-8, not JSON or not
+    an object: inspect and diff refuse it (exit 2) and verify fails it
+    (exit 1), each in one line naming the file and what is wrong; the
+    reader raises MetadataError so too. The build takes it as a damaged
+    version (as a kiln.json that does not check out): not up to date, not a
+    base, rebuilt and published again."""
+    _, _, _, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    assert cli.main(["build", "--config", str(path), "--quiet"]) == 0
+    dataset_root = tmp_path / "out" / "shapes"
+    version = (dataset_root / "LATEST").read_text().strip()
+    good = tmp_path / "good"
+    shutil.copytree(dataset_root / version, good)
+    kiln_json = dataset_root / version / "kiln.json"
+    os.chmod(kiln_json, 0o600)
+    kiln_json.write_bytes(KILN_JSON_DAMAGES[problem])
+    said = f"{kiln_json}: {problem}"
+    capfd.readouterr()
+    for command, code, line in (
+        (["inspect", str(dataset_root)], 2, f"kiln inspect: error: {said}"),
+        (["diff", str(good), str(dataset_root)], 2, f"kiln diff: error: {said}"),
+        (["verify", str(dataset_root)], 1, f"kiln verify: FAILED: {dataset_root / version}: "),
+    ):
+        assert cli.main(command) == code, command
+        out, err = capfd.readouterr()
+        printed = (out + err).strip("\n")
+        assert printed.count("\n") == 0 and printed.startswith(line), printed
+        assert said in printed
+    for read in (
+        lambda: kiln.reader.info(str(dataset_root)),
+        lambda: kiln.reader.load(str(dataset_root), "train", batch_size=2),
+    ):
+        with pytest.raises(MetadataError) as raised:
+            read()
+        assert str(raised.value).startswith(said)
+
+    report = tmp_path / "report.json"
+    assert cli.main(["build", "--config", str(path), "--quiet", "--report", str(report)]) == 0
+    written = json.loads(report.read_text())
+    assert (written["status"], written["version"]) == ("built", version)
+    assert written["incremental"]["used"] is False
+    assert said in "\n".join(written["warnings"])
+    assert verify.verify(str(dataset_root)).ok
+
+
 def test_keep_prunes_the_stamps_no_build_can_use_again(demo_corpus, tmp_path):
     """Each build of touched, unchanged files records another input stamp
     of the same version (one a night): --keep deleted those of pruned

@@ -47,7 +47,12 @@ the version so that the next build trusts neither the version nor that
 file's stamp (`stamp_disagreements`). A file not read is not compared.
 
 Bad files never raise: each becomes a `DroppedFile` on the ``dropped``
-output, counted per reason. What the job counts about every file (its
+output, counted per reason (an Exception a transform raises, a plugin's
+too, drops its file as ``transform_failed``). What a transform raises that
+is not an Exception (``sys.exit()``, a KeyboardInterrupt of its own, a
+BaseException) is no file's problem: it stops the job as a
+`TransformAborted`, which the launcher reports as an internal error naming
+the transform. What the job counts about every file (its
 entry in the dataset version, and each stored image's split, class, size
 and pixel sums) is added up per bundle into one `statistics.Summary` on the
 ``summary`` output, instead of sending each image through a Beam step per
@@ -61,6 +66,7 @@ import functools
 import hashlib
 import logging
 import os
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -73,6 +79,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from kiln import transforms
+from kiln.errors import unexpected
 from kiln.pipeline import (
     moves,
     record_index,
@@ -121,6 +128,19 @@ REUSED = "reused"
 DEFERRED = "deferred"
 BASE_READS = "base_reads"
 STAMP_DISAGREEMENTS = "stamp_disagreements"
+# Marks a `TransformAborted` in the job's error, however the runner wrapped
+# it (a worker process's error arrives as text), for the launcher's one line.
+TRANSFORM_ABORTED = "stopped the job: "
+
+
+class TransformAborted(Exception):
+    """A transform raised what is not an Exception (SystemExit,
+    KeyboardInterrupt, a BaseException of its own): a bug in it, not a bad
+    file, so the job stops rather than dropping the file. The message
+    starts with `TRANSFORM_ABORTED`, then names the transform, its module
+    and line, what it raised and the file (`_aborted`). A real Ctrl-C
+    raised inside a transform arrives so too; the launcher, which saw the
+    signal, reports it as an interruption."""
 
 
 class ProcessedImage(NamedTuple):
@@ -511,6 +531,8 @@ class ImageProcessor:
             _check_output(image, self._channels)
         except Exception as e:  # TransformError, or a plugin's own failure
             return drop("transform", "transform_failed", _describe(e))
+        except BaseException as e:  # sys.exit() in a plugin: not this file's problem
+            raise TransformAborted(_aborted(e, uri)) from e
 
         height, width, channels = image.shape
         fields: dict[str, Any] = {
@@ -789,6 +811,33 @@ def _check_output(image: Any, channels: int) -> None:
         )
 
 
+def _aborted(error: BaseException, uri: str) -> str:
+    """`TransformAborted`'s message: ``stopped the job: offline transform
+    'name' (module 'm', m.py, line 9) raised SystemExit: 0 on <uri>``.
+    The transform is the innermost `transforms.Transform` in the traceback
+    (none: the chain's own code raised), its line the innermost frame in its
+    function's file."""
+    name = None
+    tb = error.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, transforms.Transform):
+            name = owner.name
+        tb = tb.tb_next
+    what = "a transform"
+    if name is not None:
+        function = transforms.get(name)
+        where = [f"module {function.__module__!r}"]
+        filename = getattr(getattr(function, "__code__", None), "co_filename", None)
+        lines = [
+            f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == filename
+        ]
+        if filename and lines:
+            where.append(f"{os.path.basename(filename)}, line {lines[-1]}")
+        what = f"offline transform {name!r} ({', '.join(where)})"
+    return f"{TRANSFORM_ABORTED}{what} raised {unexpected(error)} on {uri}"
+
+
 def _describe(error: Exception) -> str:
     text = str(error).strip()
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
@@ -850,6 +899,7 @@ class _ImageStepFn(beam.DoFn):
         self._digests: moves.Digests | None = None
         self._changed = Metrics.counter("kiln", "images_changed")
         self._added = Metrics.counter("kiln", "images_added")
+        self._reprocessed = Metrics.counter("kiln", "images_reprocessed")
         self._not_trusted = Metrics.counter("kiln", "records_not_trusted")
         self._not_read = Metrics.counter("kiln", "files_not_read")
         self._dropped_again = Metrics.counter("kiln", "files_dropped_again")
@@ -1024,7 +1074,12 @@ class _ImageStepFn(beam.DoFn):
             self._moved.inc()
         else:
             if "base" in item:  # an incremental build: say why this one was processed
-                (self._added if item["base"] is None else self._changed).inc()
+                if item["base"] is not None:
+                    self._changed.inc()
+                elif item.get(record_index.BASE_UNTRUSTED):  # in the base, but not usable
+                    self._reprocessed.inc()
+                else:
+                    self._added.inc()
             self._decoded.inc()
         if self._runs.add(
             window,
@@ -1150,6 +1205,7 @@ class ProcessImagesFn(_ImageStepFn):
                 if name not in (STAMP_UNCHANGED, BASE_MASK_STAMPS)
             }
             item["base"] = None
+            item[record_index.BASE_UNTRUSTED] = True
         moved_from = item.get("moved_from")
         if moved_from is not None:
             sha256, rows = moved_from

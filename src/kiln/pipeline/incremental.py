@@ -1216,8 +1216,12 @@ class IncrementalReport:
         base's job dropped them as undecodable and their stamps are those
         it listed (`dropped_again`); not in `processed`.
       added: Of those, files stored that the base did not have.
-      changed: Of those, files stored whose bytes or listing inputs changed
-        (the rest of `processed` was dropped: unreadable, corrupt...).
+      changed: Of those, files stored whose bytes or listing inputs changed.
+      reprocessed: Of those, files stored whose base record could not be
+        used: its shard (or the record index) is missing, unreadable or not
+        what the base's kiln.json says (`reason` names it), so the file was
+        processed again, changed or not. Not new: the base had them. (The
+        rest of `processed` was dropped: unreadable, corrupt...)
       deleted: Base records whose file is no longer listed.
       not_read: Of the records reused, relabelled or moved, those whose
         file was not read: its stamp (size, modification time, a local
@@ -1241,6 +1245,7 @@ class IncrementalReport:
     dropped_again: int = 0
     added: int = 0
     changed: int = 0
+    reprocessed: int = 0
     deleted: int = 0
     not_read: int = 0
     masks_not_read: int = 0
@@ -1275,6 +1280,7 @@ class IncrementalReport:
             dropped_again=dropped_again,
             added=counters.get("images_added", 0),
             changed=counters.get("images_changed", 0),
+            reprocessed=counters.get("images_reprocessed", 0),
             deleted=counters.get("records_deleted", 0),
             not_read=counters.get("files_not_read", 0),
             masks_not_read=counters.get("masks_not_read", 0),
@@ -1290,12 +1296,14 @@ class IncrementalReport:
             if self.base is None:
                 return f"  full build: {self.reason}"
             return f"  full build: base {self.base} not used: {self.reason}"
-        dropped = self.processed - self.added - self.changed
+        dropped = self.processed - self.added - self.changed - self.reprocessed
+        reprocessed = f"{self.reprocessed} reprocessed, " if self.reprocessed else ""
         relabelled = f"relabelled {self.relabelled}, " if self.relabelled else ""
         moved = f"moved {self.moved}, " if self.moved else ""
         line = (
             f"  incremental from {self.base}: reused {self.reused}, {relabelled}{moved}processed "
-            f"{self.processed} ({self.added} new, {self.changed} changed, {dropped} dropped), "
+            f"{self.processed} ({self.added} new, {self.changed} changed, {reprocessed}"
+            f"{dropped} dropped), "
             f"{self.deleted} gone"
         )
         if self.dropped_again:

@@ -72,6 +72,7 @@ import kiln
 from kiln.errors import DryRun, Failure, UsageError, did_you_mean, quote_text, unexpected
 from kiln.pipeline import (
     box_convention,
+    images,
     incremental,
     job,
     listing_job,
@@ -721,10 +722,18 @@ def _listing_problem(error: BaseException) -> str | None:
     """``cannot list <prefix>: <why>`` (or ``manifest problem: <why>``) if
     `error` (or its cause) is a `listing_job.SourceListingError`, however
     the runner wrapped it."""
+    return _marked_line(error, listing_job.CANNOT_LIST, listing_job.MANIFEST_PROBLEM)
+
+
+def _marked_line(error: BaseException, *markers: str) -> str | None:
+    """The first line of `error`'s message (or its causes') holding one of
+    `markers`, from the marker on, without Beam's ``[while running ...]``:
+    a worker's error of kiln's own, however the runner wrapped it (a worker
+    process's error arrives as the text of its traceback)."""
     cause: BaseException | None = error
     while cause is not None:
         for line in str(cause).splitlines():
-            for marker in (listing_job.CANNOT_LIST, listing_job.MANIFEST_PROBLEM):
+            for marker in markers:
                 start = line.find(marker)
                 if start >= 0:
                     return line[start:].split(" [while running", 1)[0].strip()
@@ -1113,6 +1122,9 @@ def _run_job(
             try:
                 result, state = _run_pipeline(pipeline, options, display)
             except Exception as e:  # a worker's error, re-raised by the runner with its traceback
+                aborted = _marked_line(e, images.TRANSFORM_ABORTED)
+                if aborted:  # a bug in a transform: an internal error (exit 70), not a failure
+                    raise images.TransformAborted(f"{aborted}; nothing was published") from e
                 raise BuildError(
                     f"the Beam job failed writing under {plan.staging_dir}: "
                     f"{_last_line(e)}; nothing was published"

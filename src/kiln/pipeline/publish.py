@@ -55,7 +55,7 @@ from kiln.schemas import (
     DatasetInfo,
     MetadataError,
 )
-from kiln.schemas.location import is_version_name
+from kiln.schemas.location import decode_text, is_version_name
 
 logger = logging.getLogger(__name__)
 
@@ -112,12 +112,12 @@ class DatasetRoot:
         out (edited after it was written, damaged): such a version is rebuilt
         and replaced, never reused."""
         path = storage.join(self.version_dir(version), METADATA_FILENAME)
-        text = self.store.read_text(path)
-        if text is None:
+        data = self.store.read_bytes(path)
+        if data is None:
             return None
         try:
-            return DatasetInfo.loads(text, source=path)
-        except MetadataError as e:
+            return DatasetInfo.loads(decode_text(data, path), source=path)
+        except MetadataError as e:  # not UTF-8, not JSON, malformed, edited
             logger.warning("%s; the version will be rebuilt", e)
             return None
 

@@ -92,13 +92,19 @@ BASE_MASK_STAMPS = "base_mask_stamps"
 # (`images.ImageProcessor`).
 BASE_DROPPED = "base_dropped"
 
+# The item field the image step sets (True) on a listed file whose base row
+# it dropped because the row's shard (or the index) failed its check: the
+# base had its record, which could not be used, so the file is processed
+# again and counted as ``reprocessed``, not ``added`` (`images._ImageStepFn`).
+BASE_UNTRUSTED = "base_untrusted"
+
 # Listing fields that do not go into a record: where the file was read
 # (`uri`), its stamp (size, modification time, inode and ctime) and those
 # of its mask files (bytes are named by their sha256), the split the source named (a
 # record's bytes do not depend on its split) and what the job attached (its
 # base row, whether its stamp is the base's, its masks' stamps as the base
-# listed them, how the base dropped it, and the base rows it may have moved
-# from: `moves`).
+# listed them, how the base dropped it, whether its base row was untrusted,
+# and the base rows it may have moved from: `moves`).
 _NOT_RECORD_INPUTS = frozenset(
     {
         "uri",
@@ -111,6 +117,7 @@ _NOT_RECORD_INPUTS = frozenset(
         STAMP_UNCHANGED,
         BASE_MASK_STAMPS,
         BASE_DROPPED,
+        BASE_UNTRUSTED,
         "moved_from",
     }
 )

@@ -27,7 +27,7 @@ import secrets
 import socket
 import time
 
-from kiln.schemas.location import exists, is_remote, join, read_text
+from kiln.schemas.location import exists, is_remote, join, read_bytes
 
 LOCK_FILENAME = ".lock"
 # An object store lock whose heartbeat is older than this belonged to a dead
@@ -165,7 +165,7 @@ def lock_state(dataset_root: str) -> LockState:
     if is_remote(path):
         if not exists(path):
             return LockState(False, "no build holds the dataset's lock")
-        holder = Holder.from_bytes(read_text(path).encode("utf-8"))
+        holder = Holder.from_bytes(read_bytes(path))
         if holder is None:  # being written: someone is taking it
             return LockState(True, "a build is taking the dataset's lock")
         why = stale_reason(holder)

@@ -82,14 +82,42 @@ def exists(path: str) -> bool:
     return os.path.exists(path)
 
 
-def read_text(path: str) -> str:
-    """The text of the file at `path` (UTF-8).
+def read_bytes(path: str) -> bytes:
+    """The bytes of the file at `path`.
 
     Raises:
       OSError: locally. MetadataError: for a URI that cannot be read.
     """
-    with open_file(path) as f:
+    with open_file(path, "rb") as f:
         return remote_call(path, f.read) if is_remote(path) else f.read()
+
+
+def read_text(path: str) -> str:
+    """The text of the file at `path` (UTF-8: `decode_text`).
+
+    Raises:
+      MetadataError: naming `path`, when it is not UTF-8 text (a damaged
+        kiln.json), or, for a URI, it cannot be read.
+      OSError: locally.
+    """
+    return decode_text(read_bytes(path), path)
+
+
+def decode_text(data: bytes, path: str) -> str:
+    """`data`, the bytes of one of a dataset's small files (kiln.json, a
+    report), as text.
+
+    Raises:
+      MetadataError: ``<path>: not UTF-8 text (byte 0xff at position 10)``,
+        rather than Python's UnicodeDecodeError, which names neither the
+        file nor what kind of problem it is.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MetadataError(
+            f"{path}: not UTF-8 text (byte {data[e.start]:#04x} at position {e.start})"
+        ) from None
 
 
 def read_latest(path: str) -> str:
@@ -100,8 +128,7 @@ def read_latest(path: str) -> str:
         file, a bad rollback by hand), or its object store cannot be read.
       OSError: locally.
     """
-    with open_file(path, "rb") as f:
-        data = remote_call(path, f.read) if is_remote(path) else f.read()
+    data = read_bytes(path)
     try:
         return data.decode("utf-8").strip()
     except UnicodeDecodeError as e:
