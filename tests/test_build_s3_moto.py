@@ -388,3 +388,22 @@ def test_beams_s3_errors_say_the_store_cannot_be_reached():
     )
     assert storage.unreachable_reason(BeamIOError("x", {"s3://b/i": ValueError("bug")})) is None
 
+
+def test_a_report_into_a_missing_s3_bucket_is_one_line(s3, endpoint, demo_corpus, tmp_path):
+    # Beam's S3 filesystem logs the failed upload, with its traceback, on
+    # the root logger ("ERROR root: Error in _start_upload ...") before it
+    # raises the error kiln reports: in a fresh process, as a user runs it.
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    config_file = tmp_path / "s3.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    report = "s3://no-such-bucket/r.json"
+
+    completed = _kiln_without_aws_settings(
+        "build", "--config", str(config_file), *_flags(endpoint), "--report", report
+    )
+    err = completed.stderr
+    assert completed.returncode == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"kiln build: error: --report {report}: cannot write it: "), err
+    assert "NoSuchBucket" in err and err.endswith("; nothing was done\n"), err
+    assert not (tmp_path / "out").exists()

@@ -182,6 +182,24 @@ def _quiet_tensorflow(argv: list[str]) -> None:
         native_logs.install()
 
 
+class _BeamOnRootFilter(logging.Filter):
+    """Drops the records Beam's own modules log on the root logger
+    (``logging.error(...)``, not their module's logger), below CRITICAL, as
+    the ``apache_beam`` logger's are: its S3 filesystem logs a failed upload
+    with its traceback ("Error in _start_upload while inserting file ...")
+    before it raises the error kiln reports on one line. A filter of the
+    root logger sees only the records logged on it, never those of kiln's
+    loggers."""
+
+    _BEAM = f"{os.sep}apache_beam{os.sep}"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.CRITICAL or self._BEAM not in record.pathname
+
+
+_BEAM_ON_ROOT = _BeamOnRootFilter()
+
+
 def _missing_module(extra: str) -> str | None:
     """The first of `extra`'s modules (`EXTRA_MODULES`) that cannot be
     found, or None. Found, not imported: Beam's import takes seconds."""
@@ -337,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         # Beam logs a failing worker's traceback at ERROR before re-raising it;
         # kiln reports the failure itself, on one line (--verbose shows both).
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+        logging.getLogger().addFilter(_BEAM_ON_ROOT)
+    else:
+        logging.getLogger().removeFilter(_BEAM_ON_ROOT)
     previous_handlers = {}
     if threading.current_thread() is threading.main_thread():
         previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate(args.verbose))
