@@ -77,6 +77,10 @@ setuptools.setup(
         # for what Beam's lacks (an empty object, a create-if-absent).
         "aws": [
             f"apache-beam[aws]=={BEAM_VERSION}",
+            # The lock's put_object(IfNoneMatch=...) and (IfMatch=...): boto3
+            # 1.35.69 requires botocore 1.35.69, the first whose S3 model has
+            # both (IfNoneMatch since 1.35.2). Beam asks only boto3>=1.9.
+            "boto3>=1.35.69,<2",
         ],
         # COCO RLE segmentations (polygons need only OpenCV): the reference
         # decoder, imported only when a build meets an RLE.
@@ -98,7 +102,7 @@ setuptools.setup(
             # The s3:// tests: Beam's S3 filesystem against moto's S3 server
             # on 127.0.0.1 (tests/test_build_s3_moto.py).
             f"apache-beam[aws]=={BEAM_VERSION}",
-            "boto3>=1.35,<2",  # put_object's IfNoneMatch (the lock)
+            "boto3>=1.35.69,<2",  # as in aws: put_object's IfNoneMatch and IfMatch (the lock)
             "moto[server]>=5.1,<6",
             # The type checker and the linter, configured in pyproject.toml, and
             # the stubs of the libraries that ship no types of their own.

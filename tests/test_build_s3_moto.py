@@ -299,3 +299,111 @@ def test_the_lock_of_a_build_killed_on_this_machine_is_broken_at_once(s3, endpoi
             assert held.holder().pid == os.getpid()
     assert f"its process {holder.pid} on this machine is not running" in caplog.text
     assert _names(s3, "datasets/killed/") == []  # released
+
+
+def _kiln_without_aws_settings(*argv: str) -> subprocess.CompletedProcess:
+    """`python -m kiln ARGV` in a fresh process, as a user runs it, with
+    none of this machine's AWS settings: no AWS_* variables, no files, no
+    instance role (the metadata service is not asked)."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+    env.update(
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        AWS_EC2_METADATA_DISABLED="true",
+        PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__))),
+    )
+    # Beam's S3 filesystem retried these requests for about nine minutes;
+    # the timeout only stops a test that hangs.
+    return subprocess.run(
+        [sys.executable, "-m", "kiln", *argv], capture_output=True, text=True, env=env, timeout=240
+    )
+
+
+def test_an_s3_source_without_credentials_is_one_line(endpoint, tmp_path):
+    config = make_config(f"s3://{BUCKET}/images", output=str(tmp_path / "out"))
+    config_file = tmp_path / "s3.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+
+    completed = _kiln_without_aws_settings(
+        "build", "--config", str(config_file), f"--s3_endpoint_url={endpoint}"
+    )
+    err = completed.stderr
+    assert completed.returncode == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(
+        f"kiln build: error: config error in {config_file}: source.root: s3://{BUCKET}/images: "
+        "cannot reach it: no AWS credentials found: pass --s3_access_key_id and "
+        "--s3_secret_access_key"
+    ), err
+    assert "AWS_ACCESS_KEY_ID" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_s3_endpoint_that_is_down_is_one_line(tmp_path):
+    # Port 1 on this machine: nothing listens, the connection is refused.
+    config = make_config(f"s3://{BUCKET}/images", output=str(tmp_path / "out"))
+    config_file = tmp_path / "s3.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    down = _flags("http://127.0.0.1:1")
+
+    completed = _kiln_without_aws_settings("build", "--config", str(config_file), *down)
+    err = completed.stderr
+    assert completed.returncode == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(
+        f"kiln build: error: config error in {config_file}: source.root: s3://{BUCKET}/images: "
+        'cannot reach it: Could not connect to the endpoint URL: "http://127.0.0.1:1/'
+    ), err
+
+
+def test_an_output_on_s3_without_credentials_is_one_line(endpoint, demo_corpus, tmp_path):
+    # A local source: the first access to S3 is the lock's create, through boto3.
+    config = make_config(demo_corpus.out_dir, output=f"s3://{BUCKET}/datasets")
+    config_file = tmp_path / "s3.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+
+    completed = _kiln_without_aws_settings(
+        "build", "--config", str(config_file), f"--s3_endpoint_url={endpoint}"
+    )
+    err = completed.stderr
+    assert completed.returncode == 2, err
+    assert err.count("\n") == 1 and err.endswith("; nothing was done\n"), err
+    assert err.startswith(
+        f"kiln build: error: s3://{BUCKET}/datasets/shapes: cannot reach it: no AWS credentials "
+        "found: pass --s3_access_key_id and --s3_secret_access_key"
+    ), err
+
+
+def test_beams_s3_errors_say_the_store_cannot_be_reached():
+    # What Beam's S3 filesystem raises once its retries are spent: its own
+    # S3ClientError (whose str is the tuple of its arguments) in a
+    # BeamIOError, the boto3 error it wrapped no longer its context.
+    from apache_beam.io.aws.clients.s3.messages import S3ClientError
+    from apache_beam.io.filesystem import BeamIOError
+
+    refused = S3ClientError('Could not connect to the endpoint URL: "http://127.0.0.1:1/b"', None)
+    error = BeamIOError("List operation failed", {"s3://b/images": refused})
+    assert storage.unreachable_reason(error) == (
+        'Could not connect to the endpoint URL: "http://127.0.0.1:1/b"'
+    )
+    assert storage.unreachable_reason(BeamIOError("x", {"s3://b/i": ValueError("bug")})) is None
+
+
+def test_a_report_into_a_missing_s3_bucket_is_one_line(s3, endpoint, demo_corpus, tmp_path):
+    # Beam's S3 filesystem logs the failed upload, with its traceback, on
+    # the root logger ("ERROR root: Error in _start_upload ...") before it
+    # raises the error kiln reports: in a fresh process, as a user runs it.
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    config_file = tmp_path / "s3.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    report = "s3://no-such-bucket/r.json"
+
+    completed = _kiln_without_aws_settings(
+        "build", "--config", str(config_file), *_flags(endpoint), "--report", report
+    )
+    err = completed.stderr
+    assert completed.returncode == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"kiln build: error: --report {report}: cannot write it: "), err
+    assert "NoSuchBucket" in err and err.endswith("; nothing was done\n"), err
+    assert not (tmp_path / "out").exists()

@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import json
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -819,3 +820,68 @@ def test_a_preview_plugin_that_raises_at_import_is_a_usage_error(
     )
     assert (code, out) == (2, "")
     assert err == f"kiln preview: error: --plugin: {PLUGIN_RAISED}\n"
+
+
+# A fresh interpreter in which one top-level module cannot be imported, as on
+# an install without the extra that provides it: a finder placed first on
+# sys.meta_path refuses it (what Python says of a module it cannot find).
+WITHOUT_MODULE = (
+    "import importlib.abc, sys\n"
+    "hidden = sys.argv.pop(1)\n"
+    "class Hide(importlib.abc.MetaPathFinder):\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] == hidden:\n"
+    "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+    "sys.meta_path.insert(0, Hide())\n"
+    "from kiln import cli\n"
+    "sys.exit(cli.main(sys.argv[1:]))\n"
+)
+
+
+def run_without_module(module: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_MODULE, module, *argv],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=SOURCE_ROOT),
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("module", ["yaml", "cv2", "apache_beam"])
+def test_build_without_the_pipeline_extra_says_which_to_install(module, config, tmp_path):
+    completed = run_without_module(module, "build", "--config", config)
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr == (
+        f"kiln build: error: needs kiln's pipeline extra, which is not installed "
+        f"(no module named {module!r}): pip install 'kiln[pipeline]'\n"
+    )
+    assert completed.stdout == ""
+    assert not (tmp_path / "out").exists()
+    # Its help needs no extra.
+    helped = run_without_module(module, "build", "--help")
+    assert helped.returncode == 0 and "--config FILE" in helped.stdout, helped.stderr
+
+
+def test_the_pipeline_extra_modules_are_setup_pys():
+    # Every requirement of setup.py's pipeline extra provides one of the
+    # modules kiln looks for, and each of those comes from one of them.
+    import importlib.metadata
+
+    from packaging.utils import canonicalize_name
+
+    setup_py = (pathlib.Path(__file__).resolve().parent.parent / "setup.py").read_text()
+    listed = re.search(r'^\s+"pipeline": \[(.*?)^\s+\],', setup_py, re.M | re.S)
+    assert listed
+    required = {
+        canonicalize_name(re.match(r"[A-Za-z0-9_.-]+", requirement).group(0))
+        for requirement in re.findall(r'^\s+f?"([^"]+)",', listed.group(1), re.M)
+    }
+    providers = importlib.metadata.packages_distributions()
+    provided = {
+        canonicalize_name(dist)
+        for module in cli.EXTRA_MODULES["pipeline"]
+        for dist in providers.get(module, [])
+    }
+    assert "apache-beam" in required and "pyyaml" in required
+    assert provided == required

@@ -333,6 +333,29 @@ def test_a_quiet_dry_run_with_a_setup_file_prints_nothing(
         assert "No module named build" in warning
 
 
+def test_a_quiet_dry_run_with_a_build_folder_beside_the_setup_file_prints_nothing(
+    on_store, tmp_path, capfd, no_network_no_credentials
+):
+    # A `build/` folder beside setup.py (kiln's own checkout after `make
+    # demo`): Beam's stager runs `python -m build` in that folder, where the
+    # folder hides the build package, installed or not, and Python says so
+    # in another form. --quiet keeps that line off the console too.
+    package = workers_package(tmp_path)
+    (package / "build" / "demo-data").mkdir(parents=True)
+    report = tmp_path / "report.json"
+    code, out, err = dataflow_dry_run(
+        capfd, on_store, report, f"--setup_file={package / 'setup.py'}", "--quiet"
+    )
+    assert (code, out, err) == (0, "", "")
+    written = json.loads(report.read_text())
+    assert written["status"] == "dry_run"
+    (warning,) = [w for w in written["warnings"] if "python -m build" in w]
+    assert (
+        "No module named build.__main__; 'build' is a package and cannot be directly executed"
+        in warning
+    )
+
+
 def test_a_dry_run_with_a_requirements_file_downloads_nothing(
     on_store, tmp_path, capfd, no_network_no_credentials, monkeypatch
 ):

@@ -7,9 +7,11 @@ Each command lives in its own module, which provides::
 
 Modules are imported only for the command being run, so `kiln lint` does not
 pay for importing Beam, and the reader-only install can still run the commands
-that need nothing more. `extra_argv` holds the arguments the command's parser
-did not know (only commands with ``passes_extra_args`` accept them: `kiln
-build` hands them to Beam's PipelineOptions).
+that need nothing more; a command that needs an extra (`Command.extra`) says
+which to install, in one line, exit 2, before it runs. `extra_argv` holds
+the arguments the command's parser did not know (only commands with
+``passes_extra_args`` accept them: `kiln build` hands them to Beam's
+PipelineOptions).
 
 Exit codes (`kiln.errors`): 0 success; 1 the command ran and found a problem
 (failed build, lint findings, verification failure); 2 a usage or
@@ -32,6 +34,7 @@ import atexit
 import dataclasses
 import gc
 import importlib
+import importlib.util
 import logging
 import os
 import signal
@@ -59,14 +62,41 @@ __all__ = ["COMMANDS", "Command", "UsageError", "main"]
 
 @dataclasses.dataclass(frozen=True)
 class Command:
+    """A command: its module, its one-line help, whether it takes Beam's
+    flags, and the extra of setup.py it needs (`EXTRA_MODULES`), if any."""
+
     module: str
     help: str
     passes_extra_args: bool = False
+    extra: str | None = None
 
+
+# The top-level modules each extra of setup.py installs that kiln's commands
+# import (pipeline: Beam, OpenCV, PyYAML...). A command that needs an extra
+# looks for them before it runs (`_missing_module`): on the reader-only
+# install, `kiln build` says which extra to install, not, deep in a build,
+# which module it missed. tests/test_cli_errors.py checks this against setup.py.
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "pipeline": (
+        "apache_beam",
+        "cv2",
+        "imagesize",
+        "PIL",
+        "yaml",
+        "google_crc32c",
+        "ijson",
+        "packaging",
+        "zstandard",
+    ),
+}
 
 COMMANDS: dict[str, Command] = {
-    "build": Command("kiln.pipeline.command", "build a dataset with the Beam job", True),
-    "demo-data": Command("kiln.pipeline.demo_data", "generate the small demo image folder"),
+    "build": Command(
+        "kiln.pipeline.command", "build a dataset with the Beam job", True, extra="pipeline"
+    ),
+    "demo-data": Command(
+        "kiln.pipeline.demo_data", "generate the small demo image folder", extra="pipeline"
+    ),
     "lint": Command("kiln.tools.lint.command", "check training code for tf.data tracing pitfalls"),
     "inspect": Command("kiln.tools.inspect_command", "summarize a built dataset"),
     "diff": Command("kiln.tools.diff_command", "compare two versions of a dataset, with limits"),
@@ -150,6 +180,47 @@ def _quiet_tensorflow(argv: list[str]) -> None:
         os.environ.setdefault(name, value)
     if os.environ[native_logs.ENV] == "1":
         native_logs.install()
+
+
+class _BeamOnRootFilter(logging.Filter):
+    """Drops the records Beam's own modules log on the root logger
+    (``logging.error(...)``, not their module's logger), below CRITICAL, as
+    the ``apache_beam`` logger's are: its S3 filesystem logs a failed upload
+    with its traceback ("Error in _start_upload while inserting file ...")
+    before it raises the error kiln reports on one line. A filter of the
+    root logger sees only the records logged on it, never those of kiln's
+    loggers."""
+
+    _BEAM = f"{os.sep}apache_beam{os.sep}"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.CRITICAL or self._BEAM not in record.pathname
+
+
+_BEAM_ON_ROOT = _BeamOnRootFilter()
+
+
+def _missing_module(extra: str) -> str | None:
+    """The first of `extra`'s modules (`EXTRA_MODULES`) that cannot be
+    found, or None. Found, not imported: Beam's import takes seconds."""
+    for name in EXTRA_MODULES[extra]:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except (ImportError, ValueError):  # a finder that refuses it; a broken module
+            return name
+    return None
+
+
+def _needs_extra(command: str, extra: str, detail: str) -> int:
+    """Says, in one line, which extra `command` needs (`detail`: which
+    module is missing), and returns `EXIT_USAGE`."""
+    console.write(
+        f"kiln {command}: error: needs kiln's {extra} extra, which is not installed "
+        f"({detail}): pip install 'kiln[{extra}]'\n",
+        sys.stderr,
+    )
+    return EXIT_USAGE
 
 
 def _exit_without_collecting() -> None:
@@ -262,12 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 module = importlib.import_module(command.module)
             except ImportError as e:
-                print(
-                    f"kiln {name}: needs an extra that is not installed ({e}); "
-                    f"try: pip install 'kiln[pipeline]'",
-                    file=sys.stderr,
-                )
-                return EXIT_USAGE
+                return _needs_extra(name, command.extra or "pipeline", str(e))
             module.configure_parser(sub)
             sub.set_defaults(_module=module, _command=command, _parser=sub)
     if chosen is None:
@@ -277,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and not args._command.passes_extra_args:
         args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args._command.extra:  # after parsing: --help works without the extra
+        missing = _missing_module(args._command.extra)
+        if missing:
+            return _needs_extra(args.command, args._command.extra, f"no module named {missing!r}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -285,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         # Beam logs a failing worker's traceback at ERROR before re-raising it;
         # kiln reports the failure itself, on one line (--verbose shows both).
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+        logging.getLogger().addFilter(_BEAM_ON_ROOT)
+    else:
+        logging.getLogger().removeFilter(_BEAM_ON_ROOT)
     previous_handlers = {}
     if threading.current_thread() is threading.main_thread():
         previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate(args.verbose))

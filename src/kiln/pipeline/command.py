@@ -285,11 +285,16 @@ class _Warnings(logging.Handler):
 
 
 # What Python prints when Beam's stager builds the --setup_file package with
-# `python -m build` and the `build` module is not installed
-# (``/usr/bin/python3: No module named build``): the stager then builds it
-# with ``setup.py sdist``. Were that to fail too, the build fails with its
-# own line.
-_STAGER_WITHOUT_BUILD = re.compile(rb"\S*: No module named build$")
+# `python -m build` and cannot run the `build` module: it is not installed
+# (``/usr/bin/python3: No module named build``), or a `build/` folder beside
+# setup.py, where the stager runs it, hides the installed one
+# (``...: No module named build.__main__; 'build' is a package and cannot be
+# directly executed``). The stager then builds it with ``setup.py sdist``.
+# Were that to fail too, the build fails with its own line.
+_STAGER_WITHOUT_BUILD = re.compile(
+    rb"\S*: No module named build"
+    rb"(\.__main__; 'build' is a package and cannot be directly executed)?$"
+)
 
 
 def _build_quietly(

@@ -1041,24 +1041,98 @@ def delete_tree(folder: str) -> None:
 
 
 def check_credentials(path: str) -> None:
-    """Raises the store client's own error at once if `path` is on Cloud
-    Storage and no Google credentials can be found.
+    """Raises at once if `path` is on an object store that cannot be
+    reached for want of credentials (or, on S3, of a network).
 
-    Beam's GCS filesystem, which reads and writes for kiln, would instead
-    retry loading them for a minute, then go on anonymously and time out
-    after two more (offline): call this before a first read that is not
-    preceded by a write through Google's own client (the lock's).
-    Other stores and local paths: nothing to check.
+    Cloud Storage: the store client's own error if no Google credentials
+    can be found. Beam's GCS filesystem, which reads and writes for kiln,
+    would instead retry loading them for a minute, then go on anonymously
+    and time out after two more (offline).
+
+    S3: `MissingCredentials` if neither the pipeline flags
+    (``--s3_access_key_id``...) nor boto3's own search (environment,
+    ``~/.aws``, an instance role) give credentials, and botocore's error if
+    the endpoint cannot be reached by one bounded request (`_probe_s3`).
+    Beam's S3 filesystem retries every failed request that has no HTTP
+    status (no credentials, a refused connection) for about nine minutes.
+
+    Call this before a first read that is not preceded by a write through
+    the store's own client (the lock's). Other stores and local paths:
+    nothing to check.
     """
     if path.startswith("gs://"):
         import google.auth
 
         google.auth.default()
+    elif path.startswith("s3://"):
+        _apply_pipeline_options()
+        _probe_s3(path)
+
+
+class MissingCredentials(Exception):
+    """No credentials for an object store could be found (`check_credentials`)."""
+
+
+# How to give Beam's S3 filesystem (and kiln's boto3 calls) credentials: its
+# flags, or what boto3 searches when they are not given (docs/dataflow.md).
+_S3_CREDENTIALS_HINT = (
+    "no AWS credentials found: pass --s3_access_key_id and --s3_secret_access_key "
+    "(and --s3_session_token for temporary ones), or set AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY, or a profile (AWS_PROFILE, ~/.aws/credentials), or run "
+    "where an instance role gives them"
+)
+
+# The probe's limits: a refused connection fails at once, an endpoint that
+# does not answer within a minute or so, whatever Beam's retries would wait.
+_S3_PROBE_CONFIG = {
+    "connect_timeout": 5,
+    "read_timeout": 20,
+    "retries": {"max_attempts": 2, "mode": "standard"},
+}
+
+
+def _probe_s3(path: str) -> None:
+    """Raises `MissingCredentials` or botocore's connection error (an
+    endpoint that refuses or does not answer) for the bucket of `path`.
+
+    One ``HeadBucket`` through a client made as Beam's S3 filesystem makes
+    its own (`apache_beam.io.aws.clients.s3.boto3_client`), from the same
+    pipeline options, with short timeouts and one retry. Any answer of the
+    store (an access denied, no such bucket) means it was reached: that is
+    left to the request that needs the access, which Beam does not retry.
+    """
+    from apache_beam.options.pipeline_options import PipelineOptions, S3Options
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+    from botocore.session import get_session  # boto3's sessions are botocore's
+
+    bucket = path[len("s3://") :].partition("/")[0]
+    options = (FileSystems._pipeline_options or PipelineOptions([])).view_as(S3Options)
+    session = get_session()
+    if options.s3_access_key_id is None and session.get_credentials() is None:
+        raise MissingCredentials(_S3_CREDENTIALS_HINT)  # the caller names the path
+    client = session.create_client(
+        "s3",
+        region_name=options.s3_region_name,
+        api_version=options.s3_api_version,
+        use_ssl=not options.s3_disable_ssl,
+        verify=options.s3_verify,
+        endpoint_url=options.s3_endpoint_url,
+        aws_access_key_id=options.s3_access_key_id,
+        aws_secret_access_key=options.s3_secret_access_key,
+        aws_session_token=options.s3_session_token,
+        config=Config(**_S3_PROBE_CONFIG),
+    )
+    try:
+        client.head_bucket(Bucket=bucket)
+    except ClientError:
+        pass  # the store answered
 
 
 # The modules whose errors mean that an object store could not be reached or
 # refused access: its clients' (credentials, HTTP, API errors), by name, so
-# that none of them is imported to recognize them.
+# that none of them is imported to recognize them. Beam's S3 filesystem
+# wraps each boto3 error in its own S3ClientError (`apache_beam.io.aws.clients`).
 _STORE_CLIENT_MODULES = (
     "google.auth.",
     "google.api_core.",
@@ -1067,15 +1141,16 @@ _STORE_CLIENT_MODULES = (
     "boto3.",
     "requests.",
     "urllib3.",
+    "apache_beam.io.aws.clients.",
 )
 
 
 def unreachable_reason(error: BaseException) -> str | None:
     """Why an object store could not be reached, in one line, if `error`
     (or its cause, or a path's error inside Beam's ``BeamIOError``) was
-    raised by a store's client: no credentials, no network, access denied,
-    no such bucket. None for an error of any other kind (a bug is not
-    reported as an unreachable store).
+    raised by a store's client or is `MissingCredentials`: no credentials,
+    no network, access denied, no such bucket. None for an error of any
+    other kind (a bug is not reported as an unreachable store).
     """
     seen: set[int] = set()
     pending: list[BaseException] = [error]
@@ -1084,16 +1159,33 @@ def unreachable_reason(error: BaseException) -> str | None:
         if id(problem) in seen:
             continue
         seen.add(id(problem))
-        if isinstance(problem, ConnectionError) or any(
+        if isinstance(problem, (ConnectionError, MissingCredentials)) or any(
             cls.__module__.startswith(_STORE_CLIENT_MODULES) for cls in type(problem).__mro__
         ):
-            lines = [line.strip() for line in str(problem).splitlines() if line.strip()]
-            return (lines[0].rstrip(".") if lines else type(problem).__name__)[:500]
+            return _client_message(problem)
         details = getattr(problem, "exception_details", None)  # Beam's BeamIOError
         if isinstance(details, dict):
             pending += [p for p in details.values() if isinstance(p, BaseException)]
         pending += [p for p in (problem.__cause__, problem.__context__) if p is not None]
     return None
+
+
+def _client_message(problem: BaseException) -> str:
+    """The first line of a store client's error, at most 500 characters.
+
+    botocore's NoCredentialsError (a request through Beam's client, the
+    lock's) says how to give credentials, as `check_credentials` does.
+    Beam's S3ClientError keeps its text in ``message``: its ``str`` is the
+    tuple of its arguments (message, HTTP status)."""
+    if type(problem).__name__ == "NoCredentialsError":
+        return _S3_CREDENTIALS_HINT
+    text = str(problem)
+    if type(problem).__module__.startswith("apache_beam.io.aws.clients."):
+        text = str(getattr(problem, "message", None) or text)
+        if "Unable to locate credentials" in text:
+            return _S3_CREDENTIALS_HINT
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[0].rstrip(".") if lines else type(problem).__name__)[:500]
 
 
 def describe_os_error(error: OSError) -> str:
