@@ -193,6 +193,8 @@ def test_a_crop_that_fits_the_smallest_of_images_of_varying_size_is_published(
     augment = [{"random_crop": {"size": [height, width]}}]
     path = write(tmp_path, varying_config(varying_sizes, tmp_path / "out", augment))
     assert cli.main(["build", "--config", path, "--quiet"]) == 0
+    # The least height and the least width, of different images, in kiln.json for load.
+    assert kiln.reader.info(str(tmp_path / "out" / "varying")).smallest_size == [height, width]
     dataset = kiln.reader.load(str(tmp_path / "out" / "varying"), "train", training=True, seed=1)
     images = [image for image, _ in dataset.as_numpy_iterator()]
     assert len(images) == len(VARYING_SIZES)

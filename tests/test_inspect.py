@@ -45,6 +45,7 @@ def test_summary_matches_the_build(built, demo_corpus):
         "quality": None,
         "channels": 3,
         "image_size": [32, 32],
+        "smallest_size": None,  # one size: image_size says it
         "compression": None,
     }
     assert summary["transforms"] == info.config["transforms"]
@@ -244,6 +245,17 @@ def test_inspect_says_why_tfds_cannot_read_a_dataset(build_dataset, capsys):
     assert f"TFDS: not readable: {why}\n" in capsys.readouterr().out
     summary = inspection.inspect_dataset(gzip.dataset_dir)
     assert summary["tfds"] is False and summary["tfds_unsupported"] == why
+
+
+def test_images_of_varying_size_show_their_least_height_and_width(build_dataset, capsys):
+    varying = build_dataset(transforms=[], sharding={"num_shards": 1})
+    height, width = varying.info.smallest_size
+    assert cli.main(["inspect", varying.dataset_dir]) == 0
+    line = f"varying sizes (least height {height}, least width {width})"
+    assert line in capsys.readouterr().out
+    summary = inspection.inspect_dataset(varying.dataset_dir)
+    assert summary["encoding"]["image_size"] is None
+    assert summary["encoding"]["smallest_size"] == [height, width]
 
 
 def incomplete_copy(dataset_dir, dataset_root, version="0123456789ab"):

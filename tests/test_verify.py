@@ -92,6 +92,35 @@ def test_an_intact_build_passes(build_dataset, capsys, overrides):
     assert run_cli(result.dataset_dir, capsys, "--quiet") == (0, "")  # for cron
 
 
+def test_smallest_size_of_images_of_varying_size_is_checked(build_dataset, tmp_path):
+    """kiln.json's smallest_size (what load checks crops against when the
+    sizes vary) must be the least height and width the records hold: a
+    consistent forgery (checksum resealed) is found by reading the records,
+    and a malformed one is refused as metadata."""
+    result = build_dataset(transforms=[], sharding={"num_shards": 1})
+    least = result.info.smallest_size
+    assert result.info.image_size is None and least is not None
+    assert verify.verify(result.dataset_dir).ok
+    folder = str(tmp_path / "forged")
+    shutil.copytree(result.dataset_dir, folder)
+    edit_metadata(folder, lambda data: data.update(smallest_size=[least[0] - 1, least[1]]), True)
+    problem, found = only_problem(folder)
+    assert [str(p) for p in found.problems] == [
+        f"kiln.json: smallest_size is {[least[0] - 1, least[1]]}, the records' least height "
+        f"and least width are {least}"
+    ]
+    malformed = str(tmp_path / "malformed")
+    shutil.copytree(result.dataset_dir, malformed)
+    edit_metadata(malformed, lambda data: data.update(smallest_size=[0, least[1]]), True)
+    problem, _ = only_problem(malformed)
+    assert problem.message == (
+        f"{malformed}/kiln.json: smallest_size must be [height, width] of positive integers, "
+        f"got [0, {least[1]}]"
+    )
+    with pytest.raises(MetadataError, match="smallest_size must be"):
+        kiln.reader.load(malformed)
+
+
 def test_a_flipped_byte_is_a_crc_error_in_that_shard(version_copy, capsys):
     folder, info = version_copy
     path = shard_path(folder, info)

@@ -4,6 +4,7 @@ unbatched by default, `ReadOptions`, and the deprecated spellings that still wor
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -88,13 +89,37 @@ def test_a_crop_larger_than_the_stored_images_is_refused_by_load(png_dataset):
     assert full.element_spec[0].shape.as_list() == [None, 32, 32, 3]
 
 
-def test_images_of_varying_size_are_checked_while_reading_only(varying_dataset):
-    # kiln.json has no one size to check against: load cannot refuse it.
-    assert varying_dataset.info.image_size is None
-    dataset = kiln.reader.load(
-        varying_dataset.dataset_dir, batch_size=None, augment=[{"random_crop": {"size": 40}}]
+def test_crops_are_checked_against_the_least_size_of_images_of_varying_size(varying_dataset):
+    """With no one size, kiln.json keeps the least height and the least width
+    (smallest_size): a crop larger than either would fail at some image while
+    training, so load and load_for_model refuse it before reading."""
+    info, path = varying_dataset.info, varying_dataset.dataset_dir
+    assert info.image_size is None
+    shapes = [
+        image.shape[:2]
+        for split in info.splits
+        for image, _ in kiln.reader.load(path, split, augment=None, seed=0).as_numpy_iterator()
+    ]
+    least = [min(h for h, _ in shapes), min(w for _, w in shapes)]
+    assert len(set(shapes)) > 1
+    assert info.smallest_size == least
+    stored = (
+        f"does not fit in {least}, the size of the dataset's smallest stored images (their "
+        f"sizes vary: kiln.json smallest_size, the least height {least[0]}, the least width "
+        f"{least[1]})"
     )
-    assert dataset.element_spec[0].shape.as_list() == [40, 40, 3]
+    for crop in ([least[0] + 1, 1], [1, least[1] + 1]):
+        augment = [{"random_crop": {"size": crop}}]
+        with pytest.raises(
+            AugmentConfigError, match=re.escape(f"size {crop} (height, width) {stored}")
+        ):
+            kiln.reader.load(path, augment=augment, seed=0)
+        with pytest.raises(AugmentConfigError, match=re.escape(stored)):
+            kiln.reader.load_for_model(path, augment=augment, seed=0)
+    fitting = kiln.reader.load(path, augment=[{"random_crop": {"size": least}}], seed=0)
+    images = list(fitting.as_numpy_iterator())  # every image takes it
+    assert len(images) == info.splits["train"].num_examples
+    assert {image.shape[:2] for image, _ in images} == {tuple(least)}
 
 
 def test_batch_size_defaults_to_single_elements(png_dataset):

@@ -1742,6 +1742,7 @@ def dataset_info(
         targets=None if config.targets is None else config.targets.to_json(),
         objects=objects,
         provenance=spec.provenance(),
+        smallest_size=report.smallest_size if report.image_size is None else None,
     ).sealed()
 
 

@@ -131,7 +131,8 @@ def load(
         own. None or ``[]``: no augmentation. Either runs randomly or in its
         deterministic inference form, as `training` says. A list the dataset
         cannot take is refused here, before any data is read: a crop larger
-        than the stored images (kiln.json ``image_size``), an RGB-only op on
+        than the stored images (kiln.json ``image_size``; when their sizes
+        vary, than the least height or width, ``smallest_size``), an RGB-only op on
         grey images, an op that cannot move or mix the dataset's targets
         (the checks `kiln build` runs on the list it stores).
       training: True applies the list randomly; False applies only each op's
@@ -1002,10 +1003,25 @@ def _augmenter(
         augmenter = Augmenter(tuple(stored), training=randomly)
     else:
         augmenter = Augmenter(tuple(validate(augment)), training=randomly)
-    augmenter.check_dataset(
-        spec, channels=metadata.channels, image_size=metadata.image_size, field=field
-    )
+    augmenter.check_dataset(spec, channels=metadata.channels, field=field, **_stored_size(metadata))
     return augmenter
+
+
+def _stored_size(metadata: DatasetInfo) -> dict[str, Any]:
+    """What crops are checked against before reading: the one stored size,
+    or, when the sizes vary, the least height and the least width of the
+    stored images (kiln.json ``smallest_size``), which every image has at
+    least: a crop that does not fit them fails at some image."""
+    if metadata.image_size is not None or metadata.smallest_size is None:
+        return {"image_size": metadata.image_size}
+    height, width = metadata.smallest_size
+    return {
+        "image_size": metadata.smallest_size,
+        "stored": (
+            f"the dataset's smallest stored images (their sizes vary: kiln.json smallest_size, "
+            f"the least height {height}, the least width {width})"
+        ),
+    }
 
 
 def _statistics(metadata: DatasetInfo, split: str, dataset_dir: str):

@@ -241,6 +241,21 @@ def _format_version(value: Any, source: str) -> int:
     )
 
 
+def _size(value: Any, field: str, source: str) -> list[int]:
+    """A ``[height, width]`` of positive JSON integers (`smallest_size`):
+    anything else would let `kiln.reader.load` check crops against a size
+    no image has."""
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    ):
+        return [int(v) for v in value]
+    raise MetadataError(
+        f"{source}: {field} must be [height, width] of positive integers, got {json.dumps(value)}"
+    )
+
+
 @dataclasses.dataclass
 class DatasetInfo:
     """Everything `kiln.json` says about a dataset.
@@ -263,6 +278,12 @@ class DatasetInfo:
       channels: Stored channels (1 or 3).
       image_size: ``[height, width]`` if every stored image has that size,
         else None.
+      smallest_size: When the stored images vary in size (`image_size` is
+        None): ``[least height, least width]`` over every split, each the
+        least of its own (from two images, maybe), so that `kiln.reader.load`
+        refuses a crop larger than some image before reading any. None
+        (left out of the file) when `image_size` is set, with no image, and
+        in datasets written before kiln recorded it.
       compression: None or "gzip".
       splits: Split name -> `SplitInfo`.
       augment: Default augmentation list for the train split.
@@ -344,6 +365,7 @@ class DatasetInfo:
     targets: dict[str, Any] | None = None
     objects: dict[str, ObjectStatistics] | None = None
     provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    smallest_size: list[int] | None = None
     checksum: str | None = None
 
     @property
@@ -450,7 +472,7 @@ class DatasetInfo:
                 if data[name] is None:
                     del data[name]
         # Absent before kiln wrote them (and the dropped objects without boxes).
-        for name in ("index_sha256", "dropped_objects_sha256", "processing"):
+        for name in ("index_sha256", "dropped_objects_sha256", "processing", "smallest_size"):
             if data[name] is None:
                 del data[name]
         if not self.provenance:  # written before kiln recorded it
@@ -521,6 +543,8 @@ class DatasetInfo:
             kwargs = {k: v for k, v in data.items() if k in fields}
             kwargs["splits"] = splits
             kwargs["format_version"] = _format_version(data["format_version"], source)
+            if data.get("smallest_size") is not None:
+                kwargs["smallest_size"] = _size(data["smallest_size"], "smallest_size", source)
             if data.get("objects") is not None:
                 kwargs["objects"] = {
                     split: ObjectStatistics.from_json(value)

@@ -72,7 +72,7 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
       A dict with: ``path`` (as given), ``dataset_dir`` (the version folder),
       ``name``, ``version``, ``kiln_version``, ``format_version``,
       ``config_fingerprint``, ``source``, ``encoding`` (format, quality,
-      channels, image_size, compression), ``splits`` (per split: examples,
+      channels, image_size, smallest_size, compression), ``splits`` (per split: examples,
       shards, bytes, each shard's file, records and bytes, class counts,
       statistics), ``class_names``, ``class_counts`` (over all splits),
       ``transforms``, ``augment``, ``dropped`` (reason -> count, from
@@ -152,6 +152,7 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
             "quality": metadata.encoding.get("quality"),
             "channels": metadata.channels,
             "image_size": metadata.image_size,
+            "smallest_size": metadata.smallest_size,
             "compression": metadata.compression,
         },
         "splits": splits,
@@ -339,11 +340,13 @@ def render(summary: dict[str, Any]) -> str:
         f"(kiln {summary['kiln_version']}, format {summary['format_version']})"
     ]
     encoding = summary["encoding"]
-    size = (
-        "varying sizes"
-        if encoding["image_size"] is None
-        else "x".join(str(v) for v in encoding["image_size"])
-    )
+    if encoding["image_size"] is not None:
+        size = "x".join(str(v) for v in encoding["image_size"])
+    elif encoding.get("smallest_size") is not None:
+        height, width = encoding["smallest_size"]
+        size = f"varying sizes (least height {height}, least width {width})"
+    else:
+        size = "varying sizes"
     stored = encoding["format"] + (
         f" quality {encoding['quality']}" if encoding["quality"] is not None else ""
     )

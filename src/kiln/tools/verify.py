@@ -21,6 +21,9 @@ with `kiln.json`:
 - Per split, when all its shards read cleanly: ``num_examples``, the class
   counts, the per-class object counts and the statistics' pixel count
   equal what the records hold.
+- When every shard reads cleanly and the images vary in size: kiln.json's
+  ``smallest_size`` is the least height and the least width of the records
+  (`kiln.reader.load` checks crops against it).
 - The folder holds only what a build writes: the listed shards, kiln.json,
   errors.jsonl, duplicates.jsonl, index.jsonl, dropped_objects.jsonl and
   the TFDS metadata files. Anything else
@@ -155,10 +158,13 @@ class _DatasetTally:
       keys: Every key read, to find one that repeats.
       copies: Source content sha256 -> ``(key, split)`` of each record
         stored from it, to check duplicates.jsonl.
+      least: The least height and the least width of the records read, to
+        check kiln.json's ``smallest_size``.
     """
 
     keys: set[bytes] = dataclasses.field(default_factory=set)
     copies: dict[bytes, list[tuple[str, str]]] = dataclasses.field(default_factory=dict)
+    least: tuple[int, int] | None = None
 
 
 def verify(path: str) -> Verification:
@@ -215,6 +221,8 @@ def verify(path: str) -> Verification:
                 Problem(f"split {name!r}", message)
                 for message in _check_split(split, metadata, tally)
             ]
+    if complete:
+        result.problems += _check_smallest_size(metadata, seen.least)
     result.problems += _check_folder(dataset_dir, metadata)
     result.problems += _check_error_report(dataset_dir, metadata)
     result.problems += _check_report_sha256(dataset_dir, INDEX_FILENAME, metadata.index_sha256)
@@ -363,13 +371,37 @@ def _check_records(
         )
         count += 1
         tally.records += 1
-        tally.pixels += int(facts["height"]) * int(facts["width"])
+        height, width = int(facts["height"]), int(facts["width"])
+        tally.pixels += height * width
+        seen.least = (
+            (height, width)
+            if seen.least is None
+            else (min(seen.least[0], height), min(seen.least[1], width))
+        )
         classes = _image_classes(facts, metadata)
         for label in classes:
             tally.labels[label] = tally.labels.get(label, 0) + 1
         tally.without_classes += not classes
         for class_id in facts.get("classes", ()):
             tally.objects[int(class_id)] = tally.objects.get(int(class_id), 0) + 1
+
+
+def _check_smallest_size(metadata: DatasetInfo, least: tuple[int, int] | None) -> list[Problem]:
+    """kiln.json's ``smallest_size`` (images of varying size) against the
+    least height and width of every record read: `kiln.reader.load` checks
+    crops against it, so a wrong one passes a crop that fails in training
+    or refuses one that fits."""
+    if metadata.smallest_size is None or least is None:
+        return []  # one size for all (image_size, checked per record), or written before it
+    if tuple(metadata.smallest_size) == least:
+        return []
+    return [
+        Problem(
+            METADATA_FILENAME,
+            f"smallest_size is {list(metadata.smallest_size)}, the records' least height "
+            f"and least width are {list(least)}",
+        )
+    ]
 
 
 def _image_classes(facts: dict[str, Any], metadata: DatasetInfo) -> list[int]:
