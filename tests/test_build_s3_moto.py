@@ -23,9 +23,11 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import boto3
 import pytest
@@ -229,6 +231,33 @@ def test_an_image_folder_listed_by_the_job_on_moto(s3, endpoint, demo_corpus):
         assert _get(s3, ours) == _get(s3, theirs), ours
     assert build(in_job, _flags(endpoint)).up_to_date
     assert not [name for name in _names(s3, "by-job/") if "/.listings/" in name]
+
+
+def test_the_job_reads_each_image_with_one_get(s3, endpoint, demo_corpus, tmp_path, caplog):
+    # Beam's S3 filesystem sends a HEAD before each GET, through a boto3
+    # session and client it makes for every file (tenths of a second of CPU
+    # each: most of the build's time). The job reads each image with one GET,
+    # through one client, as moto's server (werkzeug's request log) saw it.
+    _upload_corpus(s3, demo_corpus.out_dir, "images")
+    config = make_config(f"s3://{BUCKET}/images", output=str(tmp_path / "out"))
+    caplog.set_level(logging.INFO, logger="werkzeug")
+    caplog.clear()  # the uploads
+    result = build(config, _flags(endpoint))
+    requests = Counter(
+        match.groups()
+        for record in caplog.records
+        if record.name == "werkzeug"
+        for match in [re.search(rf'"([A-Z]+) /{BUCKET}/images/([^ ?]+)', record.getMessage())]
+        if match
+    )
+    keys = {
+        os.path.relpath(os.path.join(folder, name), demo_corpus.out_dir)
+        for folder, _, names in os.walk(demo_corpus.out_dir)
+        for name in names
+    }
+    stored = sum(split.num_examples for split in result.info.splits.values())
+    assert stored == len(keys) - len(demo_corpus.broken)
+    assert requests == Counter({("GET", key): 1 for key in keys})
 
 
 def test_the_lock_is_an_exclusive_create_on_s3(s3, endpoint):

@@ -216,16 +216,110 @@ class _S3Writer(io.RawIOBase):
             super().close()
 
 
+# The pipeline options Beam's S3 client is made from (`S3Options`), in the
+# order of `_s3_client`'s key.
+_S3_SETTINGS = (
+    "s3_access_key_id",
+    "s3_secret_access_key",
+    "s3_session_token",
+    "s3_endpoint_url",
+    "s3_region_name",
+    "s3_api_version",
+    "s3_disable_ssl",
+    "s3_verify",
+)
+# Connections one client keeps open to the store: a job's threads share it
+# (botocore's default, 10, would drop and reopen connections beyond that).
+_S3_POOL_CONNECTIONS = 64
+_s3_clients: dict[tuple[Any, ...], Any] = {}
+_s3_clients_lock = threading.Lock()
+
+
 def _s3_client(path: str):
-    """The boto3 client Beam's S3 filesystem uses for `path`: configured by
-    the same pipeline options (``--s3_endpoint_url``, credentials...)."""
-    from apache_beam.io.aws import s3io
+    """A boto3 client for `path`, made as Beam's S3 filesystem makes its own
+    (`apache_beam.io.aws.clients.s3.boto3_client`) from the same pipeline
+    options (``--s3_endpoint_url``, credentials...), once per process and
+    settings and shared by its threads (boto3's clients are thread-safe).
+
+    Beam's filesystem makes a boto3 session and client for every file it
+    opens (botocore loads its service model each time: tenths of a second
+    of CPU), which was most of an s3:// build's time with small images.
+    """
+    from apache_beam.options.pipeline_options import PipelineOptions, S3Options
     from apache_beam.options.value_provider import RuntimeValueProvider
 
     # The options FileSystems.get_filesystem gives the S3 filesystem it makes
-    # (set by the launcher or Beam's worker); S3IO's client wraps boto3's.
-    options = FileSystems._pipeline_options or RuntimeValueProvider.runtime_options
-    return s3io.S3IO(options=options).client.client
+    # (set by the launcher or Beam's worker).
+    options: Any = FileSystems._pipeline_options or RuntimeValueProvider.runtime_options
+    if isinstance(options, PipelineOptions):
+        view = options.view_as(S3Options)
+        settings = tuple(getattr(view, name) for name in _S3_SETTINGS)
+    elif isinstance(options, dict):
+        settings = tuple(options.get(name) for name in _S3_SETTINGS)
+    else:
+        raise ValueError(f"{path}: no pipeline options to configure S3 with")
+    with _s3_clients_lock:
+        client = _s3_clients.get(settings)
+        if client is None:
+            client = _new_s3_client(dict(zip(_S3_SETTINGS, settings, strict=True)))
+            _s3_clients[settings] = client
+        return client
+
+
+def _new_s3_client(settings: dict[str, Any]):
+    from botocore.config import Config
+    from botocore.session import get_session  # boto3's sessions are botocore's
+
+    return get_session().create_client(
+        "s3",
+        region_name=settings["s3_region_name"],
+        api_version=settings["s3_api_version"],
+        use_ssl=not settings["s3_disable_ssl"],
+        verify=settings["s3_verify"],
+        endpoint_url=settings["s3_endpoint_url"],
+        aws_access_key_id=settings["s3_access_key_id"],
+        aws_secret_access_key=settings["s3_secret_access_key"],
+        aws_session_token=settings["s3_session_token"],
+        config=Config(max_pool_connections=_S3_POOL_CONNECTIONS),
+    )
+
+
+def _s3_open(path: str) -> BinaryIO:
+    """An S3 object open for reading its bytes: one GET through the
+    process's client (`_s3_client`), where Beam's filesystem makes a client
+    and sends a HEAD before its GET.
+
+    Raises:
+      FileNotFoundError: there is no such object.
+      botocore's errors: any other (access denied, no such bucket, the store
+        cannot be reached), which `unreachable_reason` recognizes.
+    """
+    from apache_beam.io.aws import s3io
+    from botocore.exceptions import ClientError
+
+    bucket, key = s3io.parse_s3_path(path)
+    try:
+        response = _s3_client(path).get_object(Bucket=bucket, Key=key)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            raise FileNotFoundError(errno.ENOENT, "no such object", path) from e
+        raise
+    return cast(BinaryIO, response["Body"])
+
+
+def _s3_exists(path: str) -> bool:
+    """Whether an S3 object exists: one HEAD through the process's client."""
+    from apache_beam.io.aws import s3io
+    from botocore.exceptions import ClientError
+
+    bucket, key = s3io.parse_s3_path(path)
+    try:
+        _s3_client(path).head_object(Bucket=bucket, Key=key)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return False
+        raise
+    return True
 
 
 def _s3_put(path: str, data: bytes, **conditions: str) -> None:
@@ -596,6 +690,8 @@ class ObjectStore(Store):
     has_special_files: ClassVar[bool] = False  # objects only: a listed one is readable
 
     def exists(self, path: str) -> bool:
+        if path.startswith("s3://"):
+            return _s3_exists(path)
         return FileSystems.exists(path)
 
     def has_files(self, folder: str) -> bool:
@@ -646,8 +742,20 @@ class ObjectStore(Store):
         return sorted({name for path in paths if (name := path[len(root) + 1 :].split("/", 1)[0])})
 
     def write_atomic(self, path: str, data: bytes) -> None:
+        if path.startswith("s3://"):
+            _s3_put(path, data)  # one PUT (Beam's writer: a multipart upload)
+            return
         with create(path) as f:  # one object write: visible whole, on close
             f.write(data)
+
+    def read_bytes(self, path: str) -> bytes | None:
+        if path.startswith("s3://"):  # one GET (Beam's reader: a HEAD first)
+            try:
+                with _s3_open(path) as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+        return super().read_bytes(path)
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         if path.startswith("gs://"):
@@ -945,12 +1053,16 @@ def open_input(path: str) -> BinaryIO:
     A local path is opened without blocking and refused unless it is a
     regular file: the listing drops named pipes and devices, but one put in
     a listed file's place since (or a mask file, which the job reads) would
-    block the job until someone wrote to it.
+    block the job until someone wrote to it. An S3 object is one GET
+    through a client shared by the process (`_s3_open`).
 
     Raises:
-      OSError: the path cannot be opened, or is not a regular file.
-      BeamIOError: an object cannot be read.
+      OSError: the path cannot be opened, or is not a regular file
+        (FileNotFoundError: no such file or S3 object).
+      BeamIOError: an object cannot be read (botocore's errors on S3).
     """
+    if path.startswith("s3://"):
+        return _s3_open(path)
     if is_remote(path):
         from apache_beam.io.filesystem import CompressionTypes
 
