@@ -26,6 +26,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -261,6 +262,40 @@ def test_the_whole_cycle_on_the_emulator(emulator, on_emulator, build_dataset, d
     blob.upload_from_string(bytes(data))
     corrupted = _read_with_tensorflow(emulator, "verify", root)[root]["verify"]
     assert corrupted["code"] == 1 and shard in corrupted["stdout"], corrupted
+
+
+def test_the_job_reads_each_image_with_one_request_on_shared_connections(
+    on_emulator, demo_corpus, tmp_path, caplog
+):
+    # Beam's GCS filesystem makes a client, with its own HTTP session, for
+    # every object it opens (on Cloud Storage a new TLS connection each) and
+    # asks for the object's metadata before its bytes. The job reads each
+    # image with one media GET on connections its threads share, as urllib3
+    # (under google-cloud-storage's session) logs the requests it sends.
+    _upload_corpus(demo_corpus.out_dir, "one-get")
+    config = make_config(f"gs://{BUCKET}/one-get", output=str(tmp_path / "out"))
+    caplog.set_level(logging.DEBUG, logger="urllib3.connectionpool")
+    caplog.clear()  # the uploads
+    result = build(config)
+    messages = [r.getMessage() for r in caplog.records if r.name == "urllib3.connectionpool"]
+    reads = Counter(
+        (match.group(1), match.group(2).replace("%2F", "/"))
+        for message in messages
+        for match in [re.search(rf'"([A-Z]+) \S*/b/{BUCKET}/o/one-get(?:%2F|/)([^ ?]+)', message)]
+        if match
+    )
+    keys = {
+        os.path.relpath(os.path.join(folder, name), demo_corpus.out_dir)
+        for folder, _, names in os.walk(demo_corpus.out_dir)
+        for name in names
+    }
+    assert reads == Counter({("GET", key): 1 for key in keys})
+    requests = [m for m in messages if f"/b/{BUCKET}/o/one-get" in m]
+    assert all("alt=media" in m for m in requests), requests[:3]  # no metadata request
+    connections = [m for m in messages if m.startswith("Starting new HTTP connection")]
+    assert len(connections) < len(keys) / 4, len(connections)
+    stored = sum(split.num_examples for split in result.info.splits.values())
+    assert stored == len(keys) - len(demo_corpus.broken)
 
 
 @pytest.mark.parametrize("per_row_max", [0, 1_000_000], ids=["listed", "asked_for"])

@@ -992,6 +992,52 @@ def _gcs_first_level(prefix: str) -> tuple[list[FileMetadata], list[str]]:
     return top, sorted(f"gs://{bucket_name}/{folder}" for folder in pages.prefixes)
 
 
+# One Cloud Storage client per process and pipeline options (`_gcs_open`):
+# id of the options -> (the options, kept alive so the id stays theirs; the client).
+_gcs_clients: dict[int, tuple[Any, Any]] = {}
+_gcs_clients_lock = threading.Lock()
+
+
+def _gcs_open(path: str) -> BinaryIO:
+    """A Cloud Storage object's bytes, open for reading: one media GET
+    through a client made as Beam's GCS filesystem makes its own
+    (`gcsio.create_storage_client`, from the same pipeline options), once
+    per process and options and shared by its threads.
+
+    Beam's filesystem makes a client (and its HTTP session: on Cloud
+    Storage, a new TLS connection) for every object it opens and asks for
+    the object's metadata before its bytes: ~9 ms of CPU per object against
+    ~1.5 ms (on the GCS emulator), around an image's own decode time.
+
+    Raises:
+      FileNotFoundError: there is no such object.
+      google-cloud-storage's errors: any other (access denied, no such
+        bucket, no network), which `unreachable_reason` recognizes.
+    """
+    from apache_beam.io.gcp import gcsio
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.value_provider import RuntimeValueProvider
+    from google.api_core import exceptions
+
+    options: Any = FileSystems._pipeline_options or RuntimeValueProvider.runtime_options
+    if options is None:
+        options = PipelineOptions([])
+    elif isinstance(options, dict):
+        options = PipelineOptions.from_dictionary(options)
+    with _gcs_clients_lock:
+        known = _gcs_clients.get(id(options))
+        if known is None or known[0] is not options:
+            known = (options, gcsio.create_storage_client(options))
+            _gcs_clients[id(options)] = known
+        client = known[1]
+    bucket, _, name = path[len("gs://") :].partition("/")
+    try:
+        data = client.bucket(bucket).blob(name).download_as_bytes()
+    except exceptions.NotFound as e:
+        raise FileNotFoundError(errno.ENOENT, "no such object", path) from e
+    return io.BytesIO(data)
+
+
 def _gcs_create_exclusive(path: str, data: bytes) -> bool:
     """Creates a GCS object only if no generation of it exists (``ifGenerationMatch=0``)."""
     from google.api_core import exceptions
@@ -1053,16 +1099,20 @@ def open_input(path: str) -> BinaryIO:
     A local path is opened without blocking and refused unless it is a
     regular file: the listing drops named pipes and devices, but one put in
     a listed file's place since (or a mask file, which the job reads) would
-    block the job until someone wrote to it. An S3 object is one GET
-    through a client shared by the process (`_s3_open`).
+    block the job until someone wrote to it. An S3 or Cloud Storage object
+    is one GET through a client shared by the process (`_s3_open`,
+    `_gcs_open`).
 
     Raises:
       OSError: the path cannot be opened, or is not a regular file
-        (FileNotFoundError: no such file or S3 object).
-      BeamIOError: an object cannot be read (botocore's errors on S3).
+        (FileNotFoundError: no such file or object).
+      BeamIOError: an object cannot be read (botocore's errors on S3,
+        google-cloud-storage's on gs://).
     """
     if path.startswith("s3://"):
         return _s3_open(path)
+    if path.startswith("gs://"):
+        return _gcs_open(path)
     if is_remote(path):
         from apache_beam.io.filesystem import CompressionTypes
 
