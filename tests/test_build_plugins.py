@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import kiln
-from conftest import make_config
+from conftest import make_config, run_kiln
 from kiln import cli
 from kiln.pipeline import ConfigError, build, config
 from reader.fresh_process import run_python
@@ -290,8 +290,8 @@ def test_a_plugin_that_exits_is_an_internal_error_naming_it(
     )
     err = capfd.readouterr().err
     assert code == 70, err
-    line = STOPPED_LINE.search(err)
-    assert line and err.endswith(line[0]), err  # the build's last word, one line
+    line = STOPPED_LINE.fullmatch(err)
+    assert line, err  # the build's only word, one line (no worker's traceback first)
     raised = {"exit": "SystemExit: 0", "keyboard_interrupt": "KeyboardInterrupt"}[stop_with]
     assert line["raised"] == raised
     raising_line = textwrap.dedent(STOPPING_SOURCE).splitlines()[int(line["line"]) - 1]
@@ -304,3 +304,43 @@ def test_a_plugin_that_exits_is_an_internal_error_naming_it(
     # Nothing published, no staging folder left.
     dataset = tmp_path / "out" / data["name"]
     assert sorted(os.listdir(dataset)) == [".lock"]
+
+
+@pytest.mark.parametrize("mode", ["multi_processing", "multi_threading"])
+def test_a_job_failing_on_local_workers_prints_only_kilns_line(
+    stopping_plugin, demo_corpus, tmp_path, monkeypatch, mode
+):
+    # Beam's SDK workers print the traceback of a bundle that raised on
+    # their stderr (the command's: they are its processes or its threads),
+    # whatever the log level, before kiln's line says what failed: ~90 lines
+    # a worker, under --quiet too. --verbose still shows them.
+    data = make_config(
+        demo_corpus.out_dir,
+        output=str(tmp_path / "out"),
+        transforms=["stop_here"],
+        plugins=[STOPPING_MODULE],
+    )
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    workers = (f"--direct_running_mode={mode}", "--direct_num_workers=2")
+    # As a shell starts it: not what an in-process kiln.cli.main set for its workers.
+    monkeypatch.delenv("KILN_QUIET_WORKER_TRACEBACKS", raising=False)
+
+    def failed(*argv):
+        completed = run_kiln(
+            *argv,
+            pythonpath=[stopping_plugin],
+            KILN_TEST_STOP_WITH="exit",
+            TMPDIR=str(tmp_path),  # where the traceback file goes
+        )
+        assert completed.returncode == 70 and completed.stdout == "", completed.stderr
+        return completed.stderr
+
+    quiet = failed("build", "--config", str(config_path), "--quiet", *workers)
+    assert STOPPED_LINE.fullmatch(quiet), quiet
+    loud = failed("build", "--config", str(config_path), "--progress-every", "0", *workers)
+    assert STOPPED_LINE.fullmatch(loud), loud
+    verbose = failed("-v", "build", "--config", str(config_path), "--progress-every", "0", *workers)
+    assert 'sdk_worker.py", line' in verbose and ", in _execute\n" in verbose
+    last = verbose.splitlines(keepends=True)[-1]
+    assert STOPPED_LINE.fullmatch(last), verbose[-2000:]

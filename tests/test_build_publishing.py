@@ -18,7 +18,7 @@ import yaml
 
 import kiln.reader
 import object_store
-from conftest import make_config, read_tree
+from conftest import make_config, read_tree, run_kiln
 from kiln import cli
 from kiln.pipeline import build, publish
 from kiln.schemas import MetadataError
@@ -230,7 +230,38 @@ def test_a_kiln_json_that_is_not_a_json_object_is_refused_in_one_line(
     written = json.loads(report.read_text())
     assert (written["status"], written["version"]) == ("built", version)
     assert written["incremental"]["used"] is False
-    assert said in "\n".join(written["warnings"])
+    # Read three times (up to date? the base? already published?), warned once.
+    assert [said in warning for warning in written["warnings"]].count(True) == 1, written
+    assert verify.verify(str(dataset_root)).ok
+
+
+@pytest.mark.parametrize("inputs", ["unchanged", "added"])
+def test_a_damaged_kiln_json_is_one_warning_line_per_build(demo_corpus, tmp_path, inputs):
+    """LATEST's version with a damaged kiln.json: the build reads it to see
+    whether it is up to date, whether to reuse its records, whether its
+    version is already published and what changed since: one warning line
+    on stderr and in the report's warnings, not one per read. Its inputs
+    unchanged, the version is rebuilt in place; a file added, a new version
+    is published (with no diff line: no second warning for the diff)."""
+    root, keys, _, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    assert cli.main(["build", "--config", str(path), "--quiet"]) == 0
+    dataset_root = tmp_path / "out" / "shapes"
+    version = (dataset_root / "LATEST").read_text().strip()
+    kiln_json = dataset_root / version / "kiln.json"
+    os.chmod(kiln_json, 0o600)
+    kiln_json.write_bytes(kiln_json.read_bytes()[:100])  # truncated
+    if inputs == "added":
+        add_image(demo_corpus, root, keys, "added.png")
+    report = tmp_path / "report.json"
+    built = run_kiln(
+        "build", "--config", str(path), "--progress-every", "0", "--report", str(report)
+    )
+    assert built.returncode == 0, built.stderr
+    warned = [line for line in built.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warned) == 1 and f"{kiln_json}: not valid JSON" in warned[0], built.stderr
+    written = json.loads(report.read_text())
+    assert written["warnings"] == [warned[0].split(": ", 1)[1]], written
+    assert (written["version"] == version) == (inputs == "unchanged")
     assert verify.verify(str(dataset_root)).ok
 
 

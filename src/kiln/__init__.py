@@ -25,3 +25,11 @@ if _os.environ.get("KILN_QUIET_NATIVE_LOGS") == "1":
     from kiln import native_logs as _native_logs
 
     _native_logs.install()
+
+# The kiln command line reports a failed job in one line of its own; Beam's
+# worker processes, which inherit the variable, print the failing bundle's
+# traceback on stderr first unless this drops it (`kiln.worker_tracebacks`).
+if _os.environ.get("KILN_QUIET_WORKER_TRACEBACKS") == "1":
+    from kiln import worker_tracebacks as _worker_tracebacks
+
+    _worker_tracebacks.install()

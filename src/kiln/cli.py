@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import dataclasses
 import gc
 import importlib
@@ -45,7 +46,7 @@ import time
 import traceback
 from typing import NoReturn
 
-from kiln import console, native_logs
+from kiln import console, native_logs, worker_tracebacks
 from kiln.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -170,6 +171,9 @@ _QUIET_TENSORFLOW = {
     "TF_CPP_MIN_LOG_LEVEL": "3",
     "GRPC_VERBOSITY": "ERROR",
     native_logs.ENV: "1",
+    # Not TensorFlow's, but passed on to Beam's workers the same way: the
+    # traceback a failing worker prints before kiln's line (`worker_tracebacks`).
+    worker_tracebacks.ENV: "1",
 }
 
 
@@ -198,6 +202,16 @@ class _BeamOnRootFilter(logging.Filter):
 
 
 _BEAM_ON_ROOT = _BeamOnRootFilter()
+
+
+def _without_worker_tracebacks(verbose: bool) -> contextlib.AbstractContextManager[None]:
+    """Where the command's Beam workers are threads of this process (the
+    local runner's ``multi_threading``), keeps the traceback each prints
+    off stderr (`worker_tracebacks`), as the variable `_quiet_tensorflow`
+    set does in worker processes; not with --verbose."""
+    if verbose or os.environ.get(worker_tracebacks.ENV) != "1":
+        return contextlib.nullcontext()
+    return worker_tracebacks.dropped()
 
 
 def _missing_module(extra: str) -> str | None:
@@ -364,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.verbose:
             previous_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_quietly)
     try:
-        return int(args._module.run(args, extra) or 0)
+        with _without_worker_tracebacks(args.verbose):
+            return int(args._module.run(args, extra) or 0)
     except KilnError as e:
         console.write(f"kiln {args.command}: {e.label}: {e}\n", sys.stderr)
         return e.exit_code

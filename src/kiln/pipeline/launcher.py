@@ -980,9 +980,10 @@ def _changes(
     A previous version that cannot be read (removed by hand, damaged) does
     not fail a build that published: the summary just has no diff line, and
     one warning line names the problem (the traceback is logged at DEBUG,
-    for ``--verbose``).
+    for ``--verbose``). A previous version whose kiln.json the build found
+    damaged was warned about then (`publish.DatasetRoot.read_info`): not again.
     """
-    if previous is None or previous == version:
+    if previous is None or previous == version or dataset.found_damaged(previous):
         return None
     try:
         return version_diff.compare(

@@ -76,9 +76,19 @@ LISTINGS_FOLDER = ".listings"  # a listing job's files (`listing_job`), until it
 
 @dataclasses.dataclass(frozen=True)
 class DatasetRoot:
-    """``<output>/<name>``: a dataset's versions, LATEST, stamps and staging folders."""
+    """``<output>/<name>``: a dataset's versions, LATEST, stamps and staging folders.
+
+    A build makes one and reads a version's kiln.json through it several
+    times (is it up to date, the base to reuse, is the version already
+    published): a damaged kiln.json is warned about once per instance
+    (`read_info`), not once per read.
+    """
 
     path: str
+    # The versions whose kiln.json `read_info` found damaged and warned about.
+    _damaged: set[str] = dataclasses.field(
+        default_factory=set, init=False, repr=False, compare=False
+    )
 
     @property
     def store(self) -> storage.Store:
@@ -110,7 +120,8 @@ class DatasetRoot:
     def read_info(self, version: str) -> DatasetInfo | None:
         """A version's `kiln.json`, or None if it is missing or does not check
         out (edited after it was written, damaged): such a version is rebuilt
-        and replaced, never reused."""
+        and replaced, never reused. A damaged one is warned about the first
+        time it is read (`found_damaged`)."""
         path = storage.join(self.version_dir(version), METADATA_FILENAME)
         data = self.store.read_bytes(path)
         if data is None:
@@ -118,8 +129,16 @@ class DatasetRoot:
         try:
             return DatasetInfo.loads(decode_text(data, path), source=path)
         except MetadataError as e:  # not UTF-8, not JSON, malformed, edited
-            logger.warning("%s; the version will be rebuilt", e)
+            if version not in self._damaged:
+                self._damaged.add(version)
+                logger.warning(
+                    "%s; that version is not used (a build of its inputs rebuilds it)", e
+                )
             return None
+
+    def found_damaged(self, version: str) -> bool:
+        """Whether `read_info` found `version`'s kiln.json damaged (and warned about it)."""
+        return version in self._damaged
 
     def stamped_version(self, stamp: str) -> str | None:
         """The version this input stamp was built into, or None (it may have
