@@ -1252,10 +1252,19 @@ class _Interruption:
             signal.signal(signum, previous)
         self._previous = {}
         if self._excepthook is not None:
+            # The threads that ran the killed workers raise when they notice:
+            # the quiet hook stays until they have (on a busy machine, after
+            # the job's own shutdown), or a few seconds have passed.
+            for thread in threading.enumerate():
+                if thread.name == "run_worker" and thread is not threading.current_thread():
+                    thread.join(_STOPPED_WORKER_THREAD_SECONDS)
             threading.excepthook, self._excepthook = self._excepthook, None
 
 
 _SDK_WORKER_MODULE = b"apache_beam.runners.worker.sdk_worker_main"
+# How long an interrupted build waits for the threads of its killed Beam
+# workers to notice (`_Interruption.__exit__`).
+_STOPPED_WORKER_THREAD_SECONDS = 10.0
 
 
 def _stop_sdk_workers() -> bool:
