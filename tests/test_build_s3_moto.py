@@ -38,7 +38,7 @@ import kiln
 from conftest import let_uploads_age, make_config
 from kiln import cli
 from kiln.errors import Busy
-from kiln.pipeline import build, storage
+from kiln.pipeline import build, command, storage
 from kiln.pipeline.lock import DatasetLock, Holder
 from kiln.pipeline.publish import (
     DROPPED_SHA256S_FILE,
@@ -217,6 +217,14 @@ def test_an_image_folder_listed_by_the_job_on_moto(s3, endpoint, demo_corpus):
     config = make_config(f"s3://{BUCKET}/images", output=f"s3://{BUCKET}/by-launcher")
     config["errors"] = {"max_fraction": 0.5}
     by_launcher = build(config, _flags(endpoint))
+    # Its first version: the summary's next steps are the ones that work on s3://.
+    (next_line,) = [line for line in command.summary(by_launcher).splitlines() if "next:" in line]
+    assert next_line == (
+        f"  next: TensorFlow has no s3:// filesystem: copy the version to local disk or gs:// "
+        f"(aws s3 sync s3://{BUCKET}/by-launcher/shapes/{by_launcher.version} "
+        f"{by_launcher.version}), then kiln inspect, kiln preview and kiln.reader.load read "
+        f"the copy"
+    )
     in_job = dict(
         config, output=f"s3://{BUCKET}/by-job", source=dict(config["source"], listing="job")
     )

@@ -555,6 +555,14 @@ def summary(result: BuildResult) -> str:
         # The dataset's first version: where to look next (README, "Quick start").
         root = result.dataset_root
         shell = shlex.quote(root)
+        if root.startswith("s3://"):  # TensorFlow reads no s3:// (docs/dataflow.md, S3)
+            version = f"{root.rstrip('/')}/{result.version}"
+            lines.append(
+                f"  next: TensorFlow has no s3:// filesystem: copy the version to local disk or "
+                f"gs:// (aws s3 sync {shlex.quote(version)} {shlex.quote(result.version)}), "
+                f"then kiln inspect, kiln preview and kiln.reader.load read the copy"
+            )
+            return "\n".join(lines)
         lines.append(
             f"  next: kiln inspect {shell}; kiln preview {shell} -o preview.png; train with "
             f'kiln.reader.load({json.dumps(root, ensure_ascii=False)}, "train", '
