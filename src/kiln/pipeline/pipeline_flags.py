@@ -224,6 +224,15 @@ def is_dataflow(runner: type) -> bool:
     return any(cls.__name__ == "DataflowRunner" for cls in runner.__mro__)
 
 
+def submits_job(runner: type) -> bool:
+    """Whether `runner` hands the job to a service that runs it apart from
+    this process (Dataflow's, or a portable runner's job service: Flink,
+    Spark): its ``run`` only submits the job, and a job that fails, fails
+    later, as its result is waited for. The local runners run the whole
+    job inside ``run``."""
+    return any(cls.__name__ in ("DataflowRunner", "PortableRunner") for cls in runner.__mro__)
+
+
 def check(options: PipelineOptions, spec: BuildSpec) -> None:
     """Everything about `options` that can be known before a build starts,
     for the runner they name and the build `spec` describes.
