@@ -42,6 +42,9 @@ setuptools.setup(
     python_requires=">=3.10",
     package_dir={"": "src"},
     packages=setuptools.find_packages("src"),
+    # PEP 561: kiln is typed (mypy --strict), so type checkers use its
+    # annotations in code that imports it, instead of treating it as Any.
+    package_data={"kiln": ["py.typed"]},
     install_requires=[
         "numpy>=1.26,<3",
         "tensorflow>=2.16,<2.22",

@@ -348,6 +348,25 @@ def test_unreachable_object_store_is_one_line(command):
     assert err.startswith(f"kiln {command}: error: {path}")
 
 
+@pytest.mark.parametrize("command", ["inspect", "verify", "diff", "preview"])
+def test_a_dataset_on_s3_is_one_line_saying_to_copy_it(command, tmp_path):
+    # TensorFlow has no s3:// filesystem: it was TensorFlow's raw "File
+    # system scheme 's3' not implemented (file: ...)". Refused before any
+    # request (the bucket does not exist), in a fresh process as a user runs it.
+    path = "s3://kiln-tests-no-such-bucket/datasets/shapes"
+    argv = [command, path, *([path] if command == "diff" else [])]
+    argv += ["-o", str(tmp_path / "sheet.png")] if command == "preview" else []
+    completed = run_kiln(*argv)
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr == (
+        f"kiln {command}: error: {path}/kiln.json: cannot read s3:// paths: this TensorFlow "
+        f"has no s3:// filesystem, and kiln reads datasets through TensorFlow; copy the "
+        f"version folder to local disk or gs:// first (e.g. aws s3 sync "
+        f"s3://.../<name>/<version> ./<version>, then read the copy; docs/dataflow.md)\n"
+    )
+    assert os.listdir(tmp_path) == []
+
+
 def test_build_into_an_unreachable_object_store_is_one_line(tmp_path, config):
     # Credentials that cannot be loaded fail offline, before any request;
     # the metadata server and any proxied HTTPS traffic point at a closed

@@ -116,3 +116,6 @@ def test_the_copied_files_are_enough_to_build_kiln(tmp_path):
         "kiln/errors.py",
     ):
         assert module in names, module
+    # PEP 561's marker: type checkers read kiln's annotations in code that
+    # imports the installed package (kiln is checked with mypy --strict).
+    assert "kiln/py.typed" in names

@@ -99,3 +99,14 @@ def test_an_empty_path_or_none_is_refused_as_such():
             TypeError, match=r"^a dataset path must be a str or os\.PathLike .*, got NoneType None$"
         ):
             find(None)
+
+
+@pytest.mark.parametrize("find", [locate, kiln.reader.info, kiln.reader.locate])
+def test_a_dataset_on_s3_is_refused_saying_to_copy_it(find):
+    # TensorFlow has no s3:// filesystem: the reader says so in kiln's words,
+    # with what to do, not as TensorFlow's "scheme 's3' not implemented".
+    path = "s3://kiln-tests-no-such-bucket/datasets/shapes"
+    found, message = outcome(find, path)
+    assert found == "refused"
+    assert message.startswith(f"{path}/{METADATA_FILENAME}: cannot read s3:// paths: "), message
+    assert "copy the version folder to local disk or gs:// first" in message

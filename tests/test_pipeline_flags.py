@@ -272,6 +272,105 @@ def test_a_staging_location_alone_will_do(on_store, capfd, no_network_no_credent
     assert (code, err) == (0, "") and out.startswith("kiln build: dry run: ")
 
 
+def replacing(*flags: str) -> list[str]:
+    """`DATAFLOW` with `flags` instead of those of the same names (a container
+    image instead of the other, which Beam refuses alongside)."""
+    names = {flag.split("=", 1)[0] for flag in flags}
+    if names & {"--sdk_container_image", "--worker_harness_container_image"}:
+        names.add("--sdk_container_image")
+    return [*(f for f in DATAFLOW if f.split("=", 1)[0] not in names), *flags]
+
+
+IMAGE_FORM = (
+    "[HOST[:PORT]/]PATH[:TAG][@sha256:DIGEST], PATH in lowercase letters, digits and . _ - "
+    "between slashes, e.g. europe-west1-docker.pkg.dev/my-project/kiln/kiln:0.1.0"
+)
+REGION_FORM = "expected lowercase words and a number joined by hyphens, e.g. europe-west1"
+
+
+@pytest.mark.parametrize(
+    "flag, line",
+    [
+        (
+            "--region=Europe_West1",
+            f"--region: 'Europe_West1' is not a Google Cloud region: {REGION_FORM}",
+        ),
+        (
+            "--region=europe-west1-b",
+            f"--region: 'europe-west1-b' is not a Google Cloud region: {REGION_FORM} "
+            f"(europe-west1-b is a zone, in region europe-west1)",
+        ),
+        (
+            "--worker_region=US-CENTRAL1",
+            f"--worker_region: 'US-CENTRAL1' is not a Google Cloud region: {REGION_FORM}",
+        ),
+        (
+            "--worker_zone=europe-west1",
+            "--worker_zone: 'europe-west1' is not a Google Cloud zone: expected a region and a "
+            "letter, e.g. europe-west1-b",
+        ),
+        (
+            "--sdk_container_image=kiln latest",
+            f"--sdk_container_image: 'kiln latest' is not a container image reference: "
+            f"expected {IMAGE_FORM}",
+        ),
+        (
+            "--sdk_container_image=http://x/y:1",
+            f"--sdk_container_image: 'http://x/y:1' is not a container image reference: "
+            f"expected {IMAGE_FORM}",
+        ),
+        (
+            "--sdk_container_image=gcr.io/my-project/Kiln:0.1.0",
+            f"--sdk_container_image: 'gcr.io/my-project/Kiln:0.1.0' is not a container image "
+            f"reference: expected {IMAGE_FORM}",
+        ),
+        (
+            "--sdk_container_image=gcr.io/p/kiln@sha256:abc",
+            f"--sdk_container_image: 'gcr.io/p/kiln@sha256:abc' is not a container image "
+            f"reference: expected {IMAGE_FORM}",
+        ),
+        (
+            "--worker_harness_container_image=gcr.io/p/kiln:",
+            f"--worker_harness_container_image: 'gcr.io/p/kiln:' is not a container image "
+            f"reference: expected {IMAGE_FORM}",
+        ),
+    ],
+)
+def test_a_dataflow_region_zone_or_image_of_the_wrong_form_is_refused(
+    on_store, tmp_path, capfd, no_network_no_credentials, flag, line
+):
+    # A dry run took them, and a build found out as Dataflow refused the job
+    # (or its workers could not pull the image), after the lock and the listing.
+    code, out, err = run_cli(
+        capfd, "build", "--config", on_store, *replacing(flag), "--dry_run=True", "--full"
+    )
+    assert (code, out, err) == (2, "", f"kiln build: error: {line}\n")
+    assert_nothing_done()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--sdk_container_image=gcr.io/p/i"],
+        [f"--sdk_container_image={CONTAINER}", "--region=northamerica-northeast2"],
+        ["--sdk_container_image=localhost:5000/i@sha256:" + "0123456789abcdef" * 4],
+        ["--sdk_container_image=apache/beam_python3.11_sdk:2.77.0", "--worker_zone=us-east1-b"],
+        ["--sdk_container_image=[::1]:5000/team/kiln__worker.v2:v1.2_3-rc.1", "--zone=me-west1-a"],
+        [
+            "--worker_harness_container_image=Registry.Example.com:443/kiln",
+            "--worker_region=us-central1",
+        ],
+    ],
+)
+def test_valid_dataflow_regions_zones_and_images_are_taken(
+    on_store, capfd, no_network_no_credentials, flags
+):
+    code, out, err = run_cli(
+        capfd, "build", "--config", on_store, *replacing(*flags), "--dry_run=True", "--full"
+    )
+    assert (code, err) == (0, "") and out.startswith("kiln build: dry run: "), err
+
+
 @pytest.mark.parametrize("local", ["source", "output"])
 def test_dataflow_refuses_a_local_source_or_output(
     corpus_on_memgs, demo_corpus, tmp_path, capfd, no_network_no_credentials, local

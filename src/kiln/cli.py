@@ -203,6 +203,9 @@ class _BeamOnRootFilter(logging.Filter):
 
 _BEAM_ON_ROOT = _BeamOnRootFilter()
 
+# The logger of Beam's Dataflow API client (`main` quiets it).
+_DATAFLOW_CLIENT = "apache_beam.runners.dataflow.internal.apiclient"
+
 
 def _without_worker_tracebacks(verbose: bool) -> contextlib.AbstractContextManager[None]:
     """Where the command's Beam workers are threads of this process (the
@@ -370,8 +373,12 @@ def main(argv: list[str] | None = None) -> int:
         # kiln reports the failure itself, on one line (--verbose shows both).
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
         logging.getLogger().addFilter(_BEAM_ON_ROOT)
+        # Dataflow's client logs the service's refusal of a job at CRITICAL
+        # before raising it: kiln's one line quotes it (JobNotSubmitted).
+        logging.getLogger(_DATAFLOW_CLIENT).setLevel(logging.CRITICAL + 1)
     else:
         logging.getLogger().removeFilter(_BEAM_ON_ROOT)
+        logging.getLogger(_DATAFLOW_CLIENT).setLevel(logging.NOTSET)
     previous_handlers = {}
     if threading.current_thread() is threading.main_thread():
         previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate(args.verbose))

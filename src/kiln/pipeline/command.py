@@ -87,8 +87,9 @@ EPILOG = (
 
 exit codes:
   0  built, or already up to date (or a dry run: --dry_run=True on Dataflow)
-  1  the build failed (the Beam job failed, the boxes look written in another
-     convention, or more than errors.max_fraction of the files were dropped):
+  1  the build failed (the Beam job failed, the runner could not submit it to
+     Dataflow or a job service, the boxes look written in another convention,
+     or more than errors.max_fraction of the files were dropped):
      nothing was published, LATEST is unchanged; or
      the new version crossed a publish-gate threshold: it is kept in its
      folder, LATEST is unchanged

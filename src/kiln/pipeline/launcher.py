@@ -121,6 +121,13 @@ class BuildError(Failure):
     """
 
 
+class JobNotSubmitted(BuildError):
+    """The runner could not submit the job (`pipeline_flags.submits_job`):
+    no credentials, the service refused it, or could not be reached. No
+    worker ran; nothing was published. The CLI prints the message and exits 1.
+    """
+
+
 class GateError(BuildError):
     """The new version crossed the publish gate (`build`'s ``gate``): it is
     complete in its folder, but LATEST still names the version it was
@@ -691,7 +698,9 @@ def list_in_job(
                 f"{source.describe()}: only an image_folder or a manifest is listed in a job"
             )
         try:
-            state = _run_pipeline(pipeline, options)[1]
+            state = _run_pipeline(pipeline, options, what="the listing job")[1]
+        except JobNotSubmitted:
+            raise
         except Exception as e:  # a worker's error, re-raised by the runner
             problem = _listing_problem(e)
             if problem and problem.startswith(listing_job.MANIFEST_PROBLEM):
@@ -1121,7 +1130,9 @@ def _run_job(
                 plan.progress_uri, listing.num_files, enabled=show_progress, every=progress_every
             )
             try:
-                result, state = _run_pipeline(pipeline, options, display)
+                result, state = _run_pipeline(pipeline, options, display, "the Beam job")
+            except JobNotSubmitted:
+                raise
             except Exception as e:  # a worker's error, re-raised by the runner with its traceback
                 aborted = _marked_line(e, images.TRANSFORM_ABORTED)
                 if aborted:  # a bug in a transform: an internal error (exit 70), not a failure
@@ -1168,10 +1179,14 @@ def _run_pipeline(
     pipeline: beam.Pipeline,
     options: PipelineOptions,
     display: contextlib.AbstractContextManager | None = None,
+    what: str = "the job",
 ) -> tuple[Any, str | None]:
-    """Runs `pipeline` to completion, within `display`: its result and end state.
+    """Runs `pipeline` (`what`, for messages) to completion, within
+    `display`: its result and end state.
 
     Raises:
+      JobNotSubmitted: the runner hands its jobs to a service
+        (`pipeline_flags.submits_job`) and could not submit this one.
       KeyboardInterrupt: on Ctrl-C (or `kiln.errors.Terminated` on SIGTERM,
         under the command line), which Beam re-raises as a step's RuntimeError.
       Exception: a worker's error, as the runner re-raises it.
@@ -1180,7 +1195,12 @@ def _run_pipeline(
     result = None
     try:
         with interruption, _short_state_sampling(options), display or contextlib.nullcontext():
-            result = pipeline.run()
+            try:
+                result = pipeline.run()
+            except Exception as e:
+                if interruption.seen is None:
+                    _raise_if_not_submitted(options, what, e)
+                raise
             return result, result.wait_until_finish()
     except KeyboardInterrupt:
         _cancel(result)
@@ -1191,6 +1211,21 @@ def _run_pipeline(
             # A fresh one: Beam appends the step's name to the one it re-raised.
             raise type(interruption.seen)() from None
         raise
+
+
+def _raise_if_not_submitted(options: PipelineOptions, what: str, error: Exception) -> None:
+    """Raises `JobNotSubmitted` if `error`, raised by ``pipeline.run()``,
+    means that the runner could not submit the job: on a runner that only
+    submits it there (`pipeline_flags.submits_job`), where a worker's error
+    would come later, from ``wait_until_finish``. On a local runner, which
+    runs the whole job in ``run()``, returns."""
+    given = options.view_as(StandardOptions).runner
+    if not pipeline_flags.submits_job(pipeline_flags.runner_class(given)):
+        return
+    raise JobNotSubmitted(
+        f"{what} could not be submitted to {pipeline_flags.runner_name(given)}: "
+        f"{_last_line(error).rstrip(' .')}; no worker ran, nothing was published"
+    ) from error
 
 
 def _cancel(result: Any) -> None:

@@ -15,8 +15,8 @@ nothing done.
 `PipelineOptionsValidator`), on a copy of the options, and adds what Beam
 checks too late or not at all: the files the flags name, a dry run on a
 runner that cannot do one, and what a Dataflow job needs (a staging
-location on Cloud Storage, kiln on the workers, and a source and output the
-workers can reach).
+location on Cloud Storage, a region and container image of the right form,
+kiln on the workers, and a source and output the workers can reach).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from apache_beam.options.pipeline_options_validator import PipelineOptionsValida
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from kiln.errors import MAX_PROBLEMS_SHOWN, UsageError
+from kiln.errors import MAX_PROBLEMS_SHOWN, UsageError, quote
 from kiln.pipeline import storage
 from kiln.pipeline.config import BuildSpec
 
@@ -64,6 +64,30 @@ _TEMP_LOCATION_EXAMPLE = "--temp_location=gs://my-bucket/tmp"
 # valid --temp_location nor --staging_location, Beam's check looks for (or
 # creates) a default bucket, which needs the network.
 _STAND_IN_LOCATION = "gs://kiln-check/tmp"
+
+# A Google Cloud region (europe-west1, northamerica-northeast2) and zone
+# (europe-west1-b): Dataflow takes any text and refuses an unknown one only
+# when the job is submitted, after the lock and the listing.
+_REGION = re.compile(r"[a-z]+(?:-[a-z]+)+[0-9]+")
+_ZONE = re.compile(rf"(?P<region>{_REGION.pattern})-[a-z]")
+
+# A container image reference, as Docker's distribution/reference grammar
+# has it: [HOST[:PORT]/]PATH[:TAG][@DIGEST]. PATH is lowercase components
+# separated by "/"; a HOST component may hold uppercase letters and "-".
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_HOST_COMPONENT}(?:\.{_HOST_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_IMAGE = re.compile(
+    rf"(?:{_HOST}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+# Docker refuses a name (the reference without its tag and digest) longer than this.
+_IMAGE_NAME_MAX_CHARS = 255
+_IMAGE_FORM = (
+    "[HOST[:PORT]/]PATH[:TAG][@sha256:DIGEST], PATH in lowercase letters, digits and . _ - "
+    "between slashes, e.g. europe-west1-docker.pkg.dev/my-project/kiln/kiln:0.1.0"
+)
 
 
 class FlagsError(UsageError):
@@ -224,6 +248,15 @@ def is_dataflow(runner: type) -> bool:
     return any(cls.__name__ == "DataflowRunner" for cls in runner.__mro__)
 
 
+def submits_job(runner: type) -> bool:
+    """Whether `runner` hands the job to a service that runs it apart from
+    this process (Dataflow's, or a portable runner's job service: Flink,
+    Spark): its ``run`` only submits the job, and a job that fails, fails
+    later, as its result is waited for. The local runners run the whole
+    job inside ``run``."""
+    return any(cls.__name__ in ("DataflowRunner", "PortableRunner") for cls in runner.__mro__)
+
+
 def check(options: PipelineOptions, spec: BuildSpec) -> None:
     """Everything about `options` that can be known before a build starts,
     for the runner they name and the build `spec` describes.
@@ -234,8 +267,9 @@ def check(options: PipelineOptions, spec: BuildSpec) -> None:
     ``--extra_package`` and a local ``--sdk_location`` name exist, and what
     Beam's `PipelineOptionsValidator` says of the options when the job
     starts. On Dataflow also: a staging location on Cloud Storage
-    (``--temp_location`` or ``--staging_location``), a way to install kiln
-    on the workers, and a source and output that are not local paths.
+    (``--temp_location`` or ``--staging_location``), regions, zones and a
+    container image of their form (`_dataflow_forms`), a way to install
+    kiln on the workers, and a source and output that are not local paths.
 
     Raises:
       FlagsError: every problem, one line each.
@@ -256,6 +290,7 @@ def check(options: PipelineOptions, spec: BuildSpec) -> None:
     problems += staging_problems
     problems += _beam_validation(options, runner if dataflow else None, bool(staging_problems))
     if dataflow:
+        problems += _dataflow_forms(options)
         problems += _dataflow_packaging(options)
         problems += _dataflow_locations(spec)
     if problems:
@@ -377,6 +412,52 @@ def _naming_its_flag(error: str, flags: dict[str, str]) -> str:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _dataflow_forms(options: PipelineOptions) -> list[str]:
+    """The Dataflow flags whose form is known, given in another: a region
+    or zone that is no Google Cloud region's or zone's name, and a container
+    image that is no image reference. Dataflow (or its workers, pulling the
+    image) would refuse them only when the job is submitted or started,
+    minutes later; a dry run would take them."""
+    google = options.view_as(GoogleCloudOptions)
+    worker = options.view_as(WorkerOptions)
+    problems = []
+    for flag, region in (("--region", google.region), ("--worker_region", worker.worker_region)):
+        if region is not None and not _REGION.fullmatch(region):
+            zone = _ZONE.fullmatch(region)
+            hint = f" ({region} is a zone, in region {zone['region']})" if zone else ""
+            problems.append(
+                f"{flag}: {quote(region)} is not a Google Cloud region: expected lowercase "
+                f"words and a number joined by hyphens, e.g. europe-west1{hint}"
+            )
+    for flag, zone_name in (("--worker_zone", worker.worker_zone), ("--zone", worker.zone)):
+        if zone_name is not None and not _ZONE.fullmatch(zone_name):
+            problems.append(
+                f"{flag}: {quote(zone_name)} is not a Google Cloud zone: expected a region "
+                f"and a letter, e.g. europe-west1-b"
+            )
+    for flag, image in (
+        ("--sdk_container_image", worker.sdk_container_image),
+        ("--worker_harness_container_image", worker.worker_harness_container_image),
+    ):
+        if image is not None and not _is_image_reference(image):
+            problems.append(
+                f"{flag}: {quote(image)} is not a container image reference: expected {_IMAGE_FORM}"
+            )
+    return problems
+
+
+def _is_image_reference(image: str) -> bool:
+    """Whether `image` is a container image reference (`_IMAGE`), its name
+    no longer than Docker takes."""
+    if not _IMAGE.fullmatch(image):
+        return False
+    name = image.split("@", 1)[0]
+    last = name.rfind(":")
+    if last > name.rfind("/"):  # a tag, not a host's port
+        name = name[:last]
+    return len(name) <= _IMAGE_NAME_MAX_CHARS
 
 
 def _dataflow_packaging(options: PipelineOptions) -> list[str]:

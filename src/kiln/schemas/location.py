@@ -149,14 +149,36 @@ def open_file(path: str, mode: str = "r") -> IO[Any]:
     return open(path, mode, encoding=None if "b" in mode else "utf-8")
 
 
+# TensorFlow's words for a URI scheme it has no filesystem for (s3:// since
+# TensorFlow moved that filesystem to tensorflow-io).
+_NO_FILESYSTEM = re.compile(r"scheme '(?P<scheme>[^']+)' not implemented")
+
+
 def remote_call(path: str, operation: Callable[[], T]) -> T:
     """`operation()` on an object store (through `tf.io.gfile`), its failure
-    as a `MetadataError`: one line naming `path`."""
+    as a `MetadataError`: one line naming `path`, in kiln's words when this
+    TensorFlow has no filesystem for its scheme (`_no_filesystem`)."""
     try:
         return operation()
     except tf.errors.OpError as e:
         reason = next((line.strip() for line in str(e.message).splitlines() if line.strip()), "")
+        unsupported = _NO_FILESYSTEM.search(reason)
+        if isinstance(e, tf.errors.UnimplementedError) and unsupported:
+            raise MetadataError(_no_filesystem(path, unsupported["scheme"])) from None
         raise MetadataError(f"{path}: cannot read it: {reason or type(e).__name__}") from None
+
+
+def _no_filesystem(path: str, scheme: str) -> str:
+    """Why the dataset at `path` cannot be read: this TensorFlow, which
+    kiln reads datasets with, has no filesystem for `scheme` (s3:// in
+    TensorFlow 2.21; tensorflow-io's would add it), and what to do instead
+    (docs/dataflow.md, "S3")."""
+    copy = "e.g. aws s3 sync s3://.../<name>/<version> ./<version>, " if scheme == "s3" else ""
+    return (
+        f"{path}: cannot read {scheme}:// paths: this TensorFlow has no {scheme}:// "
+        f"filesystem, and kiln reads datasets through TensorFlow; copy the version folder "
+        f"to local disk or gs:// first ({copy}then read the copy; docs/dataflow.md)"
+    )
 
 
 def locate(path: str | os.PathLike) -> str:

@@ -27,7 +27,9 @@ examples:
 
 exit codes:
   0  summary printed
-  2  PATH is not a complete kiln dataset (the message says why)"""
+  2  PATH is not a complete kiln dataset (the message says why), or cannot be
+     reached or read (s3://, which TensorFlow cannot read: copy the version
+     folder to local disk or gs:// first)"""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

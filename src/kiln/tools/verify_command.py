@@ -30,7 +30,9 @@ exit codes:
   1  something does not: the first line names the first bad file (kiln.json when
      it was edited, else a shard or report) and what is wrong, one line per
      problem follows
-  2  PATH is not a kiln dataset (no kiln.json, no LATEST naming a version)"""
+  2  PATH is not a kiln dataset (no kiln.json, no LATEST naming a version), or
+     cannot be reached or read (s3://, which TensorFlow cannot read: copy the
+     version folder to local disk or gs:// first)"""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
