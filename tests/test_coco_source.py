@@ -228,6 +228,33 @@ def test_keypoint_names_no_category_has_stop_the_reading(tmp_path):
     assert rows[0].row["objects"][0]["keypoints"] == ANNOTATIONS[0]["keypoints"]
 
 
+def test_keypoints_that_do_not_match_their_category_are_a_bad_row_naming_them(tmp_path):
+    """Triplets are matched to names by position: one missing would store the
+    others under the wrong names, even when the count fits the asked names."""
+    annotations = [
+        # 2 triplets for the 3 names of "person", as many as the asked names.
+        {"id": 1, "image_id": 10, "category_id": 1, "bbox": [1, 1, 9, 9],
+         "keypoints": [5, 5, 2, 8, 8, 2]},
+        {"id": 2, "image_id": 7, "category_id": 1, "bbox": [1, 1, 9, 9],
+         "keypoints": [5, 5, 2, 8, 8, 2, 9, 9, 1]},
+    ]  # fmt: skip
+    path = write_coco(tmp_path / "instances.json", annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    targets = TargetsConfig.model_validate(
+        {"boxes": {}, "keypoints": {"names": ["right_eye", "nose"]}}
+    )
+    files, dropped, _ = listed(source, targets)
+    assert sorted(files) == ["7.jpg", "empty.jpg"]
+    assert dropped["instances.json:images[0]"].reason == "bad_row"
+    assert dropped["instances.json:images[0]"].message == (
+        "objects[0] (annotations[0], id 1).keypoints: 6 numbers, expected 9 ([x, y, v] for "
+        "each of the 3 keypoints of category 1, 'person': nose, left_eye, right_eye)"
+    )
+    # Without asked keypoints the list is not read.
+    files, dropped, _ = listed(source, BOXES)
+    assert sorted(files) == ["7.jpg", "a/10.jpg", "empty.jpg"]
+
+
 def test_the_source_reports_keypoint_names_no_category_has_as_a_config_error(tmp_path):
     path = write_coco(tmp_path / "instances.json")
     source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))

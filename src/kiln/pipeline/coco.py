@@ -56,7 +56,10 @@ Each image becomes one row in the format of the JSONL manifest with targets
   category lacks is ``[0, 0, 0]`` (not labelled). A category without names
   takes the annotation's triplets in order. If categories name their
   keypoints and none of the asked names is among them, the file is refused
-  (`CocoFileError`): every keypoint would be "not labelled".
+  (`CocoFileError`): every keypoint would be "not labelled". An annotation
+  whose list is not one triplet per name of its category makes its image a
+  `CocoProblem` (``bad_row``, naming the annotation): triplets are matched
+  to names by position, so they would be stored under other names.
 
 A category's name is a class name as `target_rows.class_name` reads it
 (stripped; refused if empty or with a control character). A broken
@@ -70,7 +73,8 @@ row is a `CocoProblem`: an image id that annotations name but ``images``
 does not declare (``dangling_annotation``: one problem per missing image,
 naming its annotations, as it stands for one missing input image), an image
 or annotation entry that lacks its ids or file name, a repeated image id,
-an image with an annotation whose box is not four numbers (``bad_row``).
+an image with an annotation whose box is not four numbers or whose
+keypoints do not match its category's names (``bad_row``).
 
 A JSON object that gives a key twice (``{"bbox": [...], "bbox": [...]}``),
 which JSON parsers read as its last value without a word, is refused as
@@ -418,6 +422,8 @@ class CocoFile:
                     bad_box = f"objects[{len(objects)}] ({named}): {_duplicate_message(pending[3])}"
                 if bad_box is None:
                     bad_box = _bbox_problem(annotation, len(objects), pending[1])
+                if bad_box is None and self.keypoint_names is not None:
+                    bad_box = _keypoints_problem(annotation, len(objects), pending[1], categories)
                 objects.append(self._object(annotation, pending[1], categories))
                 pending = next(annotations, None)
             row = {"path": file_name, "objects": objects}
@@ -518,6 +524,35 @@ def _bbox_problem(annotation: dict[str, Any], number: int, index: int) -> str | 
     return (
         f"objects[{number}] ({_named(annotation, index)}).bbox: expected 4 numbers "
         f"[x, y, width, height], got {got}"
+    )
+
+
+def _keypoints_problem(
+    annotation: dict[str, Any], number: int, index: int, categories: dict[Any, Category]
+) -> str | None:
+    """What is wrong with an annotation's keypoints list as written (not one
+    ``[x, y, v]`` triplet per keypoint name of its category), naming the
+    object, the annotation and its id; None if nothing (or if its category
+    names no keypoints: the row validation then checks the length against
+    the asked names).
+
+    Triplets are matched to names by position: with one too few or too many,
+    every keypoint after the gap would be stored under another name."""
+    found = annotation.get("keypoints")
+    category_id = annotation.get("category_id")
+    category = categories.get(category_id) if _is_id(category_id) else None
+    if category is None or not category.keypoints or not isinstance(found, list):
+        return None
+    if len(found) == 3 * len(category.keypoints):
+        return None
+    names = ", ".join(category.keypoints[:_NAMED_KEYPOINTS])
+    if len(category.keypoints) > _NAMED_KEYPOINTS:
+        names += ", ..."
+    return (
+        f"objects[{number}] ({_named(annotation, index)}).keypoints: {len(found)} numbers, "
+        f"expected {3 * len(category.keypoints)} ([x, y, v] for each of the "
+        f"{len(category.keypoints)} keypoints of category {json.dumps(category_id)}, "
+        f"{category.name!r}: {names})"
     )
 
 
