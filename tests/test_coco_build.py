@@ -347,3 +347,49 @@ def test_a_voc_folder_builds_and_reads_back(tmp_path):
     # Pixels 11..30 and 1..40 counted from 1: [10, 0, 30, 40] from 0, normalized.
     np.testing.assert_allclose(record["boxes"], [[0, 10 / 50, 1, 30 / 50]])
     assert record["difficult"].tolist() == [1] and result.info.class_names == ["dog"]
+
+
+def test_a_coco_keypoint_marks_its_pixel_flipped_or_not(tmp_path):
+    """COCO's keypoints are pixel indices: [10, 10] marks the pixel of column 10,
+    row 10, whose centre is (10.5, 10.5) in kiln's continuous coordinates. Read
+    so, the reader's horizontal flip keeps the keypoint on the flipped pixel."""
+    import kiln.reader
+
+    height, width = 24, 32
+    pixels = np.zeros((height, width, 3), np.uint8)
+    pixels[10, 10] = 255  # the marked pixel
+    write_png(tmp_path / "images" / "a.png", pixels)
+    document = {
+        "images": [{"id": 1, "file_name": "a.png", "width": width, "height": height}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [5, 5, 15, 15],
+             "keypoints": [10, 10, 2, 0, 0, 0], "num_keypoints": 1}
+        ],
+        "categories": [{"id": 1, "name": "p", "keypoints": ["tip", "tail"]}],
+    }  # fmt: skip
+    (tmp_path / "instances.json").write_text(json.dumps(document))
+    result = build(
+        coco_config(
+            tmp_path / "instances.json",
+            tmp_path / "images",
+            tmp_path / "out",
+            targets={"boxes": {}, "keypoints": {"names": ["tip", "tail"]}},
+        )
+    )
+    (stored,) = records(result).values()
+    # [y, x] as fractions of the image's size; the unlabelled one stays (0, 0).
+    np.testing.assert_allclose(stored["keypoints"][0] * [height, width], [[10.5, 10.5], [0, 0]])
+    assert stored["keypoint_visibility"][0].tolist() == [2, 0]
+
+    (split,) = result.info.splits
+    dataset = kiln.reader.load(
+        result.dataset_dir, split, seed=3, repeat=8, augment=["random_flip_left_right"],
+        training=True,
+    )  # fmt: skip
+    columns = set()
+    for image, targets in dataset:
+        rows, marked = np.nonzero(image.numpy()[..., 0] > 0.5)
+        y, x = targets["keypoints"].numpy()[0][0] * [height, width]
+        assert (int(np.floor(y)), int(np.floor(x))) == (rows[0], marked[0])
+        columns.add(int(marked[0]))
+    assert columns == {10, width - 1 - 10}  # both flipped and not

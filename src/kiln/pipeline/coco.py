@@ -51,7 +51,10 @@ Each image becomes one row in the format of the JSONL manifest with targets
   reports them missing.
 - ``segmentation``: polygons and RLE (compressed or not) as written; the job
   rasterizes them. An empty list means no segmentation and is left out.
-- ``keypoints`` (only when keypoint names are asked for): reordered by name
+- ``keypoints`` (only when keypoint names are asked for): COCO's keypoints
+  are pixel indices, so a labelled one (v > 0) moves to its pixel's centre:
+  ``[10, 4, 2]`` becomes ``[10.5, 4.5, 2]`` (as detectron2 reads them), the
+  continuous coordinates of boxes and polygons. Then reordered by name
   from the category's ``keypoints`` list into the asked order; a name the
   category lacks is ``[0, 0, 0]`` (not labelled). A category without names
   takes the annotation's triplets in order. If categories name their
@@ -591,15 +594,35 @@ def _corners(bbox: Any) -> Any:
 
 
 def _keypoints(found: Any, category_names: tuple[str, ...], wanted: tuple[str, ...]) -> Any:
-    """The annotation's ``[x, y, v]`` triplets in the order of `wanted`."""
+    """The annotation's ``[x, y, v]`` triplets in the order of `wanted`, labelled
+    ones moved to their pixel's centre (`_pixel_centres`)."""
     if found is None:
         return [0] * (3 * len(wanted))
-    if not category_names or not isinstance(found, list) or len(found) != 3 * len(category_names):
-        return found  # as written: the row validation checks its length
+    if not isinstance(found, list) or (category_names and len(found) != 3 * len(category_names)):
+        return found  # as written: a bad row (`_keypoints_problem`, the row validation)
+    found = _pixel_centres(found)
+    if not category_names:
+        return found  # in order: the row validation checks its length
     by_name = {name: found[3 * i : 3 * i + 3] for i, name in enumerate(category_names)}
     out: list[Any] = []
     for name in wanted:
         out.extend(by_name.get(name, [0, 0, 0]))
+    return out
+
+
+def _pixel_centres(found: list) -> list:
+    """COCO's keypoints are pixel indices (integers in ``[0, width - 1]``), kiln's
+    are continuous coordinates whose pixel ``i`` spans ``[i, i + 1)``: a labelled
+    keypoint (v > 0) marking pixel ``i`` is at ``i + 0.5``, as detectron2's
+    ``load_coco_json`` reads them. Unlabelled triplets, and a list that is not
+    triplets of numbers (the row validation reports it), are left as written."""
+    if len(found) % 3 or not all(map(_is_number, found)):
+        return found
+    out = list(found)
+    for start in range(0, len(out), 3):
+        if out[start + 2] > 0:
+            out[start] += 0.5
+            out[start + 1] += 0.5
     return out
 
 
