@@ -305,6 +305,8 @@ BAD_OBJECTS = {
     "far_outside": ({"bbox": [200, 10, 220, 20]}, "bad_box"),
     "unknown_class": ({"class": "purple"}, "unknown_class"),
     "keypoint_nan": ({"keypoints": [float("nan"), 12.5, 2, 20.5, 20.5, 1]}, "bad_keypoints"),
+    # Beyond the slack a box has (10% of the 64x48 image's size): no point of the image.
+    "keypoint_far": ({"keypoints": [20.5, 20.5, 2, 71, 12.5, 1]}, "bad_keypoints"),
     "mask_size": ({"mask": "masks/small.png"}, "mask_size_mismatch"),
     "missing_mask": ({"mask": "masks/none.png"}, "missing_mask"),
     "corrupt_mask": ({"mask": "masks/corrupt.png"}, "corrupt_mask"),
@@ -392,6 +394,10 @@ def test_every_bad_annotation_drops_its_image_with_a_reason(tmp_path):
     assert rows["images/bad_keypoint_nan.png"]["message"] == (
         "objects[1].keypoints: tl (index 0) is labelled (visibility 2) but at [nan, 12.5]"
     )
+    assert rows["images/bad_keypoint_far.png"]["message"] == (
+        "objects[1].keypoints: br (index 1) is labelled (visibility 1) but at [71.0, 12.5], "
+        "more than 10% of the 64x48 (WxH) image's size beyond it"
+    )
     assert rows["manifest.jsonl:2"]["reason"] == "bad_row"
     assert "objects[0].bbox: expected 4 numbers" in rows["manifest.jsonl:2"]["message"]
     assert set(records(result)) == {f"images/{i:03d}.png" for i in (0, 2, 3, 4, 5)}
@@ -440,7 +446,7 @@ def test_drop_object_keeps_the_image_and_counts_the_object(tmp_path):
         os.path.join(result.dataset_dir, "dropped_objects.jsonl")
     )
     assert (
-        "  objects dropped from stored images: 11 (bad_box: 3, bad_keypoints: 1, bad_polygon: 1, "
+        "  objects dropped from stored images: 12 (bad_box: 3, bad_keypoints: 2, bad_polygon: 1, "
         "box_mask_mismatch: 1, corrupt_mask: 1, mask_size_mismatch: 2, missing_mask: 1, "
         "unknown_class: 1); see "
         f"{result.dataset_dir}/dropped_objects.jsonl"

@@ -23,7 +23,9 @@ bad_box              a coordinate is NaN or infinite, x_max < x_min or
 unknown_class        a class (object, label or labels) not in the class list,
                      or a semantic mask pixel that is neither a class id nor
                      the ignore value
-bad_keypoints        a labelled keypoint with a NaN or infinite coordinate
+bad_keypoints        a labelled keypoint with a NaN or infinite coordinate,
+                     or more than `FAR_OUTSIDE` of the image's size beyond it
+                     (nearer, outside the image, it is kept as not visible)
 missing_mask         a mask file that cannot be read
 corrupt_mask         a mask file that does not decode, is lossy (JPEG, lossy
                      WebP, AVIF, JPEG 2000) or is not one channel of at most
@@ -540,8 +542,12 @@ class TargetCodec:
             points = np.asarray(item["keypoints"], dtype=np.float64).reshape(-1, 3)
             labelled = points[:, 2] > 0
             broken = labelled & ~np.isfinite(points[:, :2]).all(axis=1)
-            if broken.any():
-                raise BadAnnotation("bad_keypoints", self._keypoints_problem(where, points, broken))
+            far = labelled & ~broken & _far_outside(points, height, width)
+            if broken.any() or far.any():
+                raise BadAnnotation(
+                    "bad_keypoints",
+                    self._keypoints_problem(where, points, broken | far, far, height, width),
+                )
             points[~labelled, :2] = 0.0
             out["keypoints"] = points
         if self._targets.instance_masks is not None:
@@ -587,15 +593,30 @@ class TargetCodec:
             instance_masks=instance_masks,
         )
 
-    def _keypoints_problem(self, where: str, points: np.ndarray, broken: np.ndarray) -> str:
+    def _keypoints_problem(
+        self,
+        where: str,
+        points: np.ndarray,
+        broken: np.ndarray,
+        far: np.ndarray,
+        height: int,
+        width: int,
+    ) -> str:
         """``objects[0].keypoints: nose (index 0) is labelled (visibility 2) but at
-        [nan, 12.0]``, naming every such keypoint."""
+        [nan, 12.0]``, naming every such keypoint (`broken`), and saying where the
+        image is for those far outside it (`far`)."""
         names = self._targets.keypoints.names if self._targets.keypoints is not None else []
         found = []
         for index in np.flatnonzero(broken):
             name = f"{names[index]} (index {index})" if index < len(names) else f"index {index}"
             x, y, visibility = points[index].tolist()
-            found.append(f"{name} is labelled (visibility {visibility:g}) but at [{x}, {y}]")
+            problem = f"{name} is labelled (visibility {visibility:g}) but at [{x}, {y}]"
+            if far[index]:
+                problem += (
+                    f", more than {FAR_OUTSIDE:.0%} of the {width}x{height} (WxH) image's size "
+                    f"beyond it"
+                )
+            found.append(problem)
         return f"{where}.keypoints: {'; '.join(found)}"
 
     def _mask_pixels(
@@ -733,6 +754,17 @@ def _check_box(
             f"{where}.bbox: {box} lies outside the {width}x{height} (WxH) image "
             f"(more than {FAR_OUTSIDE:.0%} of its size beyond it, or not inside at all)",
         )
+
+
+def _far_outside(points: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Per ``[x, y, v]`` point: whether it lies beyond the ``height x width`` image
+    by more than `FAR_OUTSIDE` of its size, the slack a box has (`_check_box`).
+    A labelled point there is no point of the image (a point in another frame
+    or convention), not one the image's edge cut off; nearer, a point outside
+    the image is kept as not visible (`kiln.transforms.Targets.clipped`)."""
+    x, y = points[:, 0], points[:, 1]
+    slack_x, slack_y = FAR_OUTSIDE * width, FAR_OUTSIDE * height
+    return (x < -slack_x) | (x > width + slack_x) | (y < -slack_y) | (y > height + slack_y)
 
 
 def _check_box_mask(box: list[float], mask: np.ndarray, where: str) -> None:
