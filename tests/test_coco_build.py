@@ -393,3 +393,60 @@ def test_a_coco_keypoint_marks_its_pixel_flipped_or_not(tmp_path):
         assert (int(np.floor(y)), int(np.floor(x))) == (rows[0], marked[0])
         columns.add(int(marked[0]))
     assert columns == {10, width - 1 - 10}  # both flipped and not
+
+
+def test_degenerate_objects_are_named_and_a_sub_pixel_one_is_kept(tmp_path):
+    """A zero-area box is a bad box, named as the file writes it; a polygon
+    wholly outside the image leaves an empty mask under a box that covers
+    pixels (box_mask_mismatch); a sub-pixel object, whose polygon covers no
+    pixel centre, keeps its empty mask."""
+    write_png(tmp_path / "images" / "a.png", np.full((40, 40, 3), 50, np.uint8))
+
+    def annotation(number, bbox, polygon):
+        return {"id": number, "image_id": 1, "category_id": 1, "bbox": bbox,
+                "segmentation": [polygon]}  # fmt: skip
+
+    document = {
+        "images": [{"id": 1, "file_name": "a.png", "width": 40, "height": 40}],
+        "annotations": [
+            annotation(1, [4, 4, 10, 10], [4, 4, 14, 4, 14, 14, 4, 14]),
+            annotation(2, [20, 20, 0, 0], [20, 20, 21, 20, 21, 21]),  # a point
+            annotation(3, [15, 10, 0, 20], [15, 10, 16, 10, 16, 30]),  # a line
+            annotation(4, [12, 12, 16, 16], [100, 100, 120, 100, 120, 120]),  # outside
+            annotation(5, [30.1, 30.1, 0.3, 0.3], [30.1, 30.1, 30.4, 30.1, 30.4, 30.4]),
+        ],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
+    (tmp_path / "instances.json").write_text(json.dumps(document))
+    result = build(
+        coco_config(
+            tmp_path / "instances.json",
+            tmp_path / "images",
+            tmp_path / "out",
+            targets={"boxes": {}, "instance_masks": {}, "bad_objects": "drop_object"},
+        )
+    )
+    with open(os.path.join(result.dataset_dir, "dropped_objects.jsonl")) as f:
+        dropped = {row["object"]: (row["reason"], row["message"]) for row in map(json.loads, f)}
+    assert dropped == {
+        1: (
+            "bad_box",
+            "objects[1] (annotations[1], id 2).bbox: [20, 20, 0, 0] has zero width or height "
+            "([x, y, width, height])",
+        ),
+        2: (
+            "bad_box",
+            "objects[2] (annotations[2], id 3).bbox: [15, 10, 0, 20] has zero width or height "
+            "([x, y, width, height])",
+        ),
+        3: (
+            "box_mask_mismatch",
+            "objects[3]: its instance mask is empty but its box [12, 12, 28, 28] covers pixel "
+            "centres (a polygon or mask outside the image, or of another image)",
+        ),
+    }
+    (stored,) = records(result).values()
+    np.testing.assert_allclose(
+        stored["boxes"] * 40, [[4, 4, 14, 14], [30.1, 30.1, 30.4, 30.4]], atol=1e-4
+    )
+    assert png_pixels(stored["instance_masks"][1]).sum() == 0

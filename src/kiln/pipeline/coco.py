@@ -31,9 +31,10 @@ Each image becomes one row in the format of the JSONL manifest with targets
 
 - ``bbox``: COCO's ``[x, y, width, height]`` becomes ``[x, y, x + width, y +
   height]`` (pixels of the file as stored). A negative width or height makes
-  a reversed box, which the job refuses (``bad_box``, per object as any bad
-  box); the object also carries the box as written and its annotation
-  (`target_rows.AS_WRITTEN`), so the message shows what the file says:
+  a reversed box, and a zero one a point or a line, which the job refuses
+  (``bad_box``, per object as any bad box); the object also carries the box
+  as written and its annotation (`target_rows.AS_WRITTEN`), so the message
+  shows what the file says:
   ``objects[1] (annotations[5], id 6).bbox: [120, 10, -40, 30] has a negative
   width or height ([x, y, width, height])``. An annotation without a box of
   four numbers makes its image a `CocoProblem` (``bad_row``, as the row
@@ -477,7 +478,7 @@ class CocoFile:
         }
         if "bbox" in annotation:
             found["bbox"] = _corners(annotation["bbox"])
-            if _negative_size(annotation["bbox"]):
+            if _not_positive_size(annotation["bbox"]):
                 # The job refuses the box (bad_box); its message shows it as written.
                 found[target_rows.AS_WRITTEN] = {
                     "annotation": _named(annotation, index),
@@ -567,13 +568,13 @@ def _named(annotation: dict[str, Any], index: int) -> str:
     return named
 
 
-def _negative_size(bbox: Any) -> bool:
-    """Whether a box of four numbers has a negative width or height."""
+def _not_positive_size(bbox: Any) -> bool:
+    """Whether a box of four numbers has a negative or zero width or height."""
     return (
         type(bbox) is list
         and len(bbox) == 4
         and all(map(_is_number, bbox))
-        and (bbox[2] < 0 or bbox[3] < 0)
+        and (bbox[2] <= 0 or bbox[3] <= 0)
     )
 
 
