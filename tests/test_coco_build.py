@@ -347,3 +347,106 @@ def test_a_voc_folder_builds_and_reads_back(tmp_path):
     # Pixels 11..30 and 1..40 counted from 1: [10, 0, 30, 40] from 0, normalized.
     np.testing.assert_allclose(record["boxes"], [[0, 10 / 50, 1, 30 / 50]])
     assert record["difficult"].tolist() == [1] and result.info.class_names == ["dog"]
+
+
+def test_a_coco_keypoint_marks_its_pixel_flipped_or_not(tmp_path):
+    """COCO's keypoints are pixel indices: [10, 10] marks the pixel of column 10,
+    row 10, whose centre is (10.5, 10.5) in kiln's continuous coordinates. Read
+    so, the reader's horizontal flip keeps the keypoint on the flipped pixel."""
+    import kiln.reader
+
+    height, width = 24, 32
+    pixels = np.zeros((height, width, 3), np.uint8)
+    pixels[10, 10] = 255  # the marked pixel
+    write_png(tmp_path / "images" / "a.png", pixels)
+    document = {
+        "images": [{"id": 1, "file_name": "a.png", "width": width, "height": height}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [5, 5, 15, 15],
+             "keypoints": [10, 10, 2, 0, 0, 0], "num_keypoints": 1}
+        ],
+        "categories": [{"id": 1, "name": "p", "keypoints": ["tip", "tail"]}],
+    }  # fmt: skip
+    (tmp_path / "instances.json").write_text(json.dumps(document))
+    result = build(
+        coco_config(
+            tmp_path / "instances.json",
+            tmp_path / "images",
+            tmp_path / "out",
+            targets={"boxes": {}, "keypoints": {"names": ["tip", "tail"]}},
+        )
+    )
+    (stored,) = records(result).values()
+    # [y, x] as fractions of the image's size; the unlabelled one stays (0, 0).
+    np.testing.assert_allclose(stored["keypoints"][0] * [height, width], [[10.5, 10.5], [0, 0]])
+    assert stored["keypoint_visibility"][0].tolist() == [2, 0]
+
+    (split,) = result.info.splits
+    dataset = kiln.reader.load(
+        result.dataset_dir, split, seed=3, repeat=8, augment=["random_flip_left_right"],
+        training=True,
+    )  # fmt: skip
+    columns = set()
+    for image, targets in dataset:
+        rows, marked = np.nonzero(image.numpy()[..., 0] > 0.5)
+        y, x = targets["keypoints"].numpy()[0][0] * [height, width]
+        assert (int(np.floor(y)), int(np.floor(x))) == (rows[0], marked[0])
+        columns.add(int(marked[0]))
+    assert columns == {10, width - 1 - 10}  # both flipped and not
+
+
+def test_degenerate_objects_are_named_and_a_sub_pixel_one_is_kept(tmp_path):
+    """A zero-area box is a bad box, named as the file writes it; a polygon
+    wholly outside the image leaves an empty mask under a box that covers
+    pixels (box_mask_mismatch); a sub-pixel object, whose polygon covers no
+    pixel centre, keeps its empty mask."""
+    write_png(tmp_path / "images" / "a.png", np.full((40, 40, 3), 50, np.uint8))
+
+    def annotation(number, bbox, polygon):
+        return {"id": number, "image_id": 1, "category_id": 1, "bbox": bbox,
+                "segmentation": [polygon]}  # fmt: skip
+
+    document = {
+        "images": [{"id": 1, "file_name": "a.png", "width": 40, "height": 40}],
+        "annotations": [
+            annotation(1, [4, 4, 10, 10], [4, 4, 14, 4, 14, 14, 4, 14]),
+            annotation(2, [20, 20, 0, 0], [20, 20, 21, 20, 21, 21]),  # a point
+            annotation(3, [15, 10, 0, 20], [15, 10, 16, 10, 16, 30]),  # a line
+            annotation(4, [12, 12, 16, 16], [100, 100, 120, 100, 120, 120]),  # outside
+            annotation(5, [30.1, 30.1, 0.3, 0.3], [30.1, 30.1, 30.4, 30.1, 30.4, 30.4]),
+        ],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
+    (tmp_path / "instances.json").write_text(json.dumps(document))
+    result = build(
+        coco_config(
+            tmp_path / "instances.json",
+            tmp_path / "images",
+            tmp_path / "out",
+            targets={"boxes": {}, "instance_masks": {}, "bad_objects": "drop_object"},
+        )
+    )
+    with open(os.path.join(result.dataset_dir, "dropped_objects.jsonl")) as f:
+        dropped = {row["object"]: (row["reason"], row["message"]) for row in map(json.loads, f)}
+    assert dropped == {
+        1: (
+            "bad_box",
+            "objects[1] (annotations[1], id 2).bbox: [20, 20, 0, 0] has zero width or height "
+            "([x, y, width, height])",
+        ),
+        2: (
+            "bad_box",
+            "objects[2] (annotations[2], id 3).bbox: [15, 10, 0, 20] has zero width or height "
+            "([x, y, width, height])",
+        ),
+        3: (
+            "box_mask_mismatch",
+            "objects[3]: its instance mask is empty but its box [12, 12, 28, 28] covers pixel "
+            "centres (a polygon or mask outside the image, or of another image)",
+        ),
+    }
+    (stored,) = records(result).values()
+    np.testing.assert_allclose(
+        stored["boxes"] * 40, [[4, 4, 14, 14], [30.1, 30.1, 30.4, 30.4]], atol=1e-4
+    )
+    assert png_pixels(stored["instance_masks"][1]).sum() == 0

@@ -195,7 +195,7 @@ def test_keypoints_follow_the_asked_names(tmp_path):
     rows, _ = read_all(coco)
     person = rows[0].row["objects"]
     # Reordered by name; a name the category lacks is "not labelled".
-    assert person[0]["keypoints"] == [0, 0, 0, 12, 14, 2, 0, 0, 0]
+    assert person[0]["keypoints"] == [0, 0, 0, 12.5, 14.5, 2, 0, 0, 0]
     # An annotation without keypoints has none labelled.
     assert person[1]["keypoints"] == [0] * 9
     # Without asked names, rows carry no keypoints.
@@ -220,12 +220,39 @@ def test_keypoint_names_no_category_has_stop_the_reading(tmp_path):
     )
     # One name found is enough: the others are "not labelled".
     rows, _ = read_all(CocoFile(path, keypoint_names=["left_hand", "nose"]))
-    assert rows[0].row["objects"][0]["keypoints"] == [11, 12, 1, 0, 0, 0]
+    assert rows[0].row["objects"][0]["keypoints"] == [11.5, 12.5, 1, 0, 0, 0]
     # Categories without keypoint names take the annotations' triplets in order.
     plain = [{"id": 1, "name": "person"}, {"id": 3, "name": "cat"}]
     path = write_coco(tmp_path / "plain.json", categories=plain)
     rows, _ = read_all(CocoFile(path, keypoint_names=["a", "b", "c"]))
-    assert rows[0].row["objects"][0]["keypoints"] == ANNOTATIONS[0]["keypoints"]
+    assert rows[0].row["objects"][0]["keypoints"] == [12.5, 14.5, 2, 11.5, 12.5, 1, 0, 0, 0]
+
+
+def test_keypoints_that_do_not_match_their_category_are_a_bad_row_naming_them(tmp_path):
+    """Triplets are matched to names by position: one missing would store the
+    others under the wrong names, even when the count fits the asked names."""
+    annotations = [
+        # 2 triplets for the 3 names of "person", as many as the asked names.
+        {"id": 1, "image_id": 10, "category_id": 1, "bbox": [1, 1, 9, 9],
+         "keypoints": [5, 5, 2, 8, 8, 2]},
+        {"id": 2, "image_id": 7, "category_id": 1, "bbox": [1, 1, 9, 9],
+         "keypoints": [5, 5, 2, 8, 8, 2, 9, 9, 1]},
+    ]  # fmt: skip
+    path = write_coco(tmp_path / "instances.json", annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    targets = TargetsConfig.model_validate(
+        {"boxes": {}, "keypoints": {"names": ["right_eye", "nose"]}}
+    )
+    files, dropped, _ = listed(source, targets)
+    assert sorted(files) == ["7.jpg", "empty.jpg"]
+    assert dropped["instances.json:images[0]"].reason == "bad_row"
+    assert dropped["instances.json:images[0]"].message == (
+        "objects[0] (annotations[0], id 1).keypoints: 6 numbers, expected 9 ([x, y, v] for "
+        "each of the 3 keypoints of category 1, 'person': nose, left_eye, right_eye)"
+    )
+    # Without asked keypoints the list is not read.
+    files, dropped, _ = listed(source, BOXES)
+    assert sorted(files) == ["7.jpg", "a/10.jpg", "empty.jpg"]
 
 
 def test_the_source_reports_keypoint_names_no_category_has_as_a_config_error(tmp_path):
@@ -526,7 +553,7 @@ def test_the_source_asks_for_instance_masks_and_keypoints(tmp_path):
     files, _, _ = listed(source, targets)
     person, crowd = json.loads(files["a/10.jpg"].targets)["objects"]
     assert person["segmentation"] == POLYGON and crowd["segmentation"] == CROWD_RLE
-    assert person["keypoints"] == [12, 14, 2, 11, 12, 1, 0, 0, 0]
+    assert person["keypoints"] == [12.5, 14.5, 2, 11.5, 12.5, 1, 0, 0, 0]
     assert crowd["keypoints"] == [0] * 9
 
 

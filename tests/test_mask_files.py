@@ -168,6 +168,21 @@ def test_a_mask_of_more_bits_or_channels_is_refused_saying_what_it_is(pixels, me
         decode_mask_file(encoded.tobytes(), 100)
 
 
+def test_a_gray_with_alpha_png_is_named_as_written():
+    """OpenCV decodes it as 4 channels (BGRA): named from the PNG's header."""
+    header = struct.pack(">IIBBBBB", 3, 2, 8, 4, 0, 0, 0)  # 3x2, 8 bits, gray with alpha
+    rows = b"".join(b"\x00" + bytes([1, 255] * 3) for _ in range(2))
+    encoded = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+    with pytest.raises(MaskFileError) as caught:
+        decode_mask_file(encoded, 100)
+    assert str(caught.value).startswith("a gray with alpha PNG (2 channels): a mask holds one")
+
+
 @pytest.mark.parametrize(
     "extension, name",
     [(".tiff", "TIFF"), (".bmp", "BMP"), (".pgm", "PNM")],

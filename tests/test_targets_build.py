@@ -303,8 +303,11 @@ BAD_OBJECTS = {
     "reversed": ({"bbox": [30, 10, 20, 20]}, "bad_box"),
     "nan": ({"bbox": [float("nan"), 10, 20, 20]}, "bad_box"),
     "far_outside": ({"bbox": [200, 10, 220, 20]}, "bad_box"),
+    "zero_width": ({"bbox": [20, 10, 20, 20]}, "bad_box"),  # a line
     "unknown_class": ({"class": "purple"}, "unknown_class"),
     "keypoint_nan": ({"keypoints": [float("nan"), 12.5, 2, 20.5, 20.5, 1]}, "bad_keypoints"),
+    # Beyond the slack a box has (10% of the 64x48 image's size): no point of the image.
+    "keypoint_far": ({"keypoints": [20.5, 20.5, 2, 71, 12.5, 1]}, "bad_keypoints"),
     "mask_size": ({"mask": "masks/small.png"}, "mask_size_mismatch"),
     "missing_mask": ({"mask": "masks/none.png"}, "missing_mask"),
     "corrupt_mask": ({"mask": "masks/corrupt.png"}, "corrupt_mask"),
@@ -312,6 +315,8 @@ BAD_OBJECTS = {
     "rle_size": ({"segmentation": {"size": [10, 10], "counts": [100]}}, "mask_size_mismatch"),
     # The mask of something at the left edge, the box of the object in the middle.
     "box_mask": ({"segmentation": [[0, 30, 8, 30, 8, 40, 0, 40]]}, "box_mask_mismatch"),
+    # A polygon wholly outside the image: an empty mask under a box inside it.
+    "empty_mask": ({"segmentation": [[100, 100, 120, 100, 120, 120]]}, "box_mask_mismatch"),
 }
 
 
@@ -392,17 +397,30 @@ def test_every_bad_annotation_drops_its_image_with_a_reason(tmp_path):
     assert rows["images/bad_keypoint_nan.png"]["message"] == (
         "objects[1].keypoints: tl (index 0) is labelled (visibility 2) but at [nan, 12.5]"
     )
+    assert re.fullmatch(
+        r"objects\[1\]\.bbox: \[20\.0, 10\.0, 20\.0, 20\.0\] has zero width or height",
+        rows["images/bad_zero_width.png"]["message"],
+    )
+    assert re.fullmatch(
+        r"objects\[1\]: its instance mask is empty but its box \[\d+, \d+, \d+, \d+\] covers "
+        r"pixel centres \(a polygon or mask outside the image, or of another image\)",
+        rows["images/bad_empty_mask.png"]["message"],
+    ), rows["images/bad_empty_mask.png"]["message"]
+    assert rows["images/bad_keypoint_far.png"]["message"] == (
+        "objects[1].keypoints: br (index 1) is labelled (visibility 1) but at [71.0, 12.5], "
+        "more than 10% of the 64x48 (WxH) image's size beyond it"
+    )
     assert rows["manifest.jsonl:2"]["reason"] == "bad_row"
     assert "objects[0].bbox: expected 4 numbers" in rows["manifest.jsonl:2"]["message"]
     assert set(records(result)) == {f"images/{i:03d}.png" for i in (0, 2, 3, 4, 5)}
-    assert result.info.dropped["bad_box"] == 3
+    assert result.info.dropped["bad_box"] == 4
 
 
 def test_bad_annotations_count_against_max_fraction(tmp_path):
     from kiln.pipeline import BuildError
 
     manifest, _ = bad_corpus(tmp_path)
-    with pytest.raises(BuildError, match=r"more than errors.max_fraction.*bad_box: 3"):
+    with pytest.raises(BuildError, match=r"more than errors.max_fraction.*bad_box: 4"):
         build(
             config(
                 manifest,
@@ -440,8 +458,8 @@ def test_drop_object_keeps_the_image_and_counts_the_object(tmp_path):
         os.path.join(result.dataset_dir, "dropped_objects.jsonl")
     )
     assert (
-        "  objects dropped from stored images: 11 (bad_box: 3, bad_keypoints: 1, bad_polygon: 1, "
-        "box_mask_mismatch: 1, corrupt_mask: 1, mask_size_mismatch: 2, missing_mask: 1, "
+        "  objects dropped from stored images: 14 (bad_box: 4, bad_keypoints: 2, bad_polygon: 1, "
+        "box_mask_mismatch: 2, corrupt_mask: 1, mask_size_mismatch: 2, missing_mask: 1, "
         "unknown_class: 1); see "
         f"{result.dataset_dir}/dropped_objects.jsonl"
     ) in command.summary(result).splitlines()
@@ -733,7 +751,7 @@ def test_inspect_names_dropped_objects_and_verify_checks_their_report(tmp_path):
     assert len(summary["dropped_objects"]) == len(expected) and not summary["warnings"]
     text = render(summary)
     assert "objects dropped from stored images (rows in dropped_objects.jsonl):" in text
-    assert "    bad_box  3" in text
+    assert "    bad_box  4" in text
     # An example per reason: the image, its split and what was wrong with the object.
     assert re.search(r"images/bad_polygon\.png \(train\): objects\[1\]\.segmentation", text)
 

@@ -550,3 +550,26 @@ def test_how_boxes_follow_instance_masks_is_in_the_fingerprint_of_such_datasets(
     monkeypatch.setattr(incremental, "INSTANCE_BOXES_VERSION", 0)
     assert incremental.processing_fingerprint(with_masks) != before["with_masks"]
     assert incremental.processing_fingerprint(boxes_only) == before["boxes_only"]
+
+
+def test_how_coco_keypoints_are_read_is_in_the_fingerprint_of_such_datasets(monkeypatch):
+    """A base built when COCO keypoints were read as continuous coordinates
+    (not moved to their pixel's centre) is not reused, nor is an unchanged
+    source taken as up to date (`COCO_KEYPOINTS_VERSION`); datasets with
+    another source or without keypoints keep their fingerprint."""
+    from kiln.pipeline import incremental
+
+    keypoints = {"boxes": {}, "keypoints": {"names": ["tip"]}}
+    configs = {
+        "coco_keypoints": {"source": {"type": "coco"}, "targets": keypoints},
+        "manifest_keypoints": {"source": {"type": "manifest"}, "targets": keypoints},
+        "coco_boxes": {"source": {"type": "coco"}, "targets": {"boxes": {}}},
+    }
+    before = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert incremental.processing(configs["coco_keypoints"])["coco_keypoints"] == 1
+    assert "coco_keypoints" not in incremental.processing(configs["manifest_keypoints"])
+    monkeypatch.setattr(incremental, "COCO_KEYPOINTS_VERSION", 0)
+    after = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert after["coco_keypoints"] != before["coco_keypoints"]
+    assert after["manifest_keypoints"] == before["manifest_keypoints"]
+    assert after["coco_boxes"] == before["coco_boxes"]

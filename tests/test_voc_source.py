@@ -94,6 +94,20 @@ def test_a_folder_reads_every_xml_file_in_order_and_reports_bad_ones(tmp_path):
     assert problems["f.xml"].startswith("not well-formed XML")
 
 
+def test_a_file_in_an_xml_namespace_is_named_so(tmp_path):
+    """Its <filename> is there, but as {namespace}filename: the message says why
+    it is not found."""
+    namespaced = GOOD.replace(b"<annotation>", b'<annotation xmlns="http://example.com/voc">', 1)
+    assert namespaced != GOOD
+    (tmp_path / "a.xml").write_bytes(namespaced)
+    (problem,) = voc.read_folder(str(tmp_path))
+    assert isinstance(problem, VocProblem)
+    assert problem.message == (
+        "<filename> is missing or empty: the file puts its elements in the XML namespace "
+        "'http://example.com/voc' (an xmlns attribute), where VOC's have none; remove it"
+    )
+
+
 def test_a_linked_folder_inside_the_annotations_folder_is_a_problem_not_entered(tmp_path):
     """A link can lead anywhere (``/`` would walk the machine and parse every
     .xml on it): named, not entered. The annotations folder itself may be a link."""

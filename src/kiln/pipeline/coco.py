@@ -31,9 +31,10 @@ Each image becomes one row in the format of the JSONL manifest with targets
 
 - ``bbox``: COCO's ``[x, y, width, height]`` becomes ``[x, y, x + width, y +
   height]`` (pixels of the file as stored). A negative width or height makes
-  a reversed box, which the job refuses (``bad_box``, per object as any bad
-  box); the object also carries the box as written and its annotation
-  (`target_rows.AS_WRITTEN`), so the message shows what the file says:
+  a reversed box, and a zero one a point or a line, which the job refuses
+  (``bad_box``, per object as any bad box); the object also carries the box
+  as written and its annotation (`target_rows.AS_WRITTEN`), so the message
+  shows what the file says:
   ``objects[1] (annotations[5], id 6).bbox: [120, 10, -40, 30] has a negative
   width or height ([x, y, width, height])``. An annotation without a box of
   four numbers makes its image a `CocoProblem` (``bad_row``, as the row
@@ -51,12 +52,18 @@ Each image becomes one row in the format of the JSONL manifest with targets
   reports them missing.
 - ``segmentation``: polygons and RLE (compressed or not) as written; the job
   rasterizes them. An empty list means no segmentation and is left out.
-- ``keypoints`` (only when keypoint names are asked for): reordered by name
+- ``keypoints`` (only when keypoint names are asked for): COCO's keypoints
+  are pixel indices, so a labelled one (v > 0) moves to its pixel's centre:
+  ``[10, 4, 2]`` becomes ``[10.5, 4.5, 2]`` (as detectron2 reads them), the
+  continuous coordinates of boxes and polygons. Then reordered by name
   from the category's ``keypoints`` list into the asked order; a name the
   category lacks is ``[0, 0, 0]`` (not labelled). A category without names
   takes the annotation's triplets in order. If categories name their
   keypoints and none of the asked names is among them, the file is refused
-  (`CocoFileError`): every keypoint would be "not labelled".
+  (`CocoFileError`): every keypoint would be "not labelled". An annotation
+  whose list is not one triplet per name of its category makes its image a
+  `CocoProblem` (``bad_row``, naming the annotation): triplets are matched
+  to names by position, so they would be stored under other names.
 
 A category's name is a class name as `target_rows.class_name` reads it
 (stripped; refused if empty or with a control character). A broken
@@ -70,7 +77,8 @@ row is a `CocoProblem`: an image id that annotations name but ``images``
 does not declare (``dangling_annotation``: one problem per missing image,
 naming its annotations, as it stands for one missing input image), an image
 or annotation entry that lacks its ids or file name, a repeated image id,
-an image with an annotation whose box is not four numbers (``bad_row``).
+an image with an annotation whose box is not four numbers or whose
+keypoints do not match its category's names (``bad_row``).
 
 A JSON object that gives a key twice (``{"bbox": [...], "bbox": [...]}``),
 which JSON parsers read as its last value without a word, is refused as
@@ -418,6 +426,8 @@ class CocoFile:
                     bad_box = f"objects[{len(objects)}] ({named}): {_duplicate_message(pending[3])}"
                 if bad_box is None:
                     bad_box = _bbox_problem(annotation, len(objects), pending[1])
+                if bad_box is None and self.keypoint_names is not None:
+                    bad_box = _keypoints_problem(annotation, len(objects), pending[1], categories)
                 objects.append(self._object(annotation, pending[1], categories))
                 pending = next(annotations, None)
             row = {"path": file_name, "objects": objects}
@@ -468,7 +478,7 @@ class CocoFile:
         }
         if "bbox" in annotation:
             found["bbox"] = _corners(annotation["bbox"])
-            if _negative_size(annotation["bbox"]):
+            if _not_positive_size(annotation["bbox"]):
                 # The job refuses the box (bad_box); its message shows it as written.
                 found[target_rows.AS_WRITTEN] = {
                     "annotation": _named(annotation, index),
@@ -521,6 +531,35 @@ def _bbox_problem(annotation: dict[str, Any], number: int, index: int) -> str | 
     )
 
 
+def _keypoints_problem(
+    annotation: dict[str, Any], number: int, index: int, categories: dict[Any, Category]
+) -> str | None:
+    """What is wrong with an annotation's keypoints list as written (not one
+    ``[x, y, v]`` triplet per keypoint name of its category), naming the
+    object, the annotation and its id; None if nothing (or if its category
+    names no keypoints: the row validation then checks the length against
+    the asked names).
+
+    Triplets are matched to names by position: with one too few or too many,
+    every keypoint after the gap would be stored under another name."""
+    found = annotation.get("keypoints")
+    category_id = annotation.get("category_id")
+    category = categories.get(category_id) if _is_id(category_id) else None
+    if category is None or not category.keypoints or not isinstance(found, list):
+        return None
+    if len(found) == 3 * len(category.keypoints):
+        return None
+    names = ", ".join(category.keypoints[:_NAMED_KEYPOINTS])
+    if len(category.keypoints) > _NAMED_KEYPOINTS:
+        names += ", ..."
+    return (
+        f"objects[{number}] ({_named(annotation, index)}).keypoints: {len(found)} numbers, "
+        f"expected {3 * len(category.keypoints)} ([x, y, v] for each of the "
+        f"{len(category.keypoints)} keypoints of category {json.dumps(category_id)}, "
+        f"{category.name!r}: {names})"
+    )
+
+
 def _named(annotation: dict[str, Any], index: int) -> str:
     """``annotations[5], id 6``: an annotation as messages name it."""
     named = f"annotations[{index}]"
@@ -529,13 +568,13 @@ def _named(annotation: dict[str, Any], index: int) -> str:
     return named
 
 
-def _negative_size(bbox: Any) -> bool:
-    """Whether a box of four numbers has a negative width or height."""
+def _not_positive_size(bbox: Any) -> bool:
+    """Whether a box of four numbers has a negative or zero width or height."""
     return (
         type(bbox) is list
         and len(bbox) == 4
         and all(map(_is_number, bbox))
-        and (bbox[2] < 0 or bbox[3] < 0)
+        and (bbox[2] <= 0 or bbox[3] <= 0)
     )
 
 
@@ -556,15 +595,35 @@ def _corners(bbox: Any) -> Any:
 
 
 def _keypoints(found: Any, category_names: tuple[str, ...], wanted: tuple[str, ...]) -> Any:
-    """The annotation's ``[x, y, v]`` triplets in the order of `wanted`."""
+    """The annotation's ``[x, y, v]`` triplets in the order of `wanted`, labelled
+    ones moved to their pixel's centre (`_pixel_centres`)."""
     if found is None:
         return [0] * (3 * len(wanted))
-    if not category_names or not isinstance(found, list) or len(found) != 3 * len(category_names):
-        return found  # as written: the row validation checks its length
+    if not isinstance(found, list) or (category_names and len(found) != 3 * len(category_names)):
+        return found  # as written: a bad row (`_keypoints_problem`, the row validation)
+    found = _pixel_centres(found)
+    if not category_names:
+        return found  # in order: the row validation checks its length
     by_name = {name: found[3 * i : 3 * i + 3] for i, name in enumerate(category_names)}
     out: list[Any] = []
     for name in wanted:
         out.extend(by_name.get(name, [0, 0, 0]))
+    return out
+
+
+def _pixel_centres(found: list) -> list:
+    """COCO's keypoints are pixel indices (integers in ``[0, width - 1]``), kiln's
+    are continuous coordinates whose pixel ``i`` spans ``[i, i + 1)``: a labelled
+    keypoint (v > 0) marking pixel ``i`` is at ``i + 0.5``, as detectron2's
+    ``load_coco_json`` reads them. Unlabelled triplets, and a list that is not
+    triplets of numbers (the row validation reports it), are left as written."""
+    if len(found) % 3 or not all(map(_is_number, found)):
+        return found
+    out = list(found)
+    for start in range(0, len(out), 3):
+        if out[start + 2] > 0:
+            out[start] += 0.5
+            out[start + 1] += 0.5
     return out
 
 

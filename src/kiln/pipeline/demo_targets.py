@@ -19,7 +19,10 @@ Every coordinate is in pixels of the file as stored, before its EXIF
 orientation (the kiln convention: a sideways file's targets are sideways
 too), continuous (pixel column i covers [i, i + 1)). Keypoints per object:
 ``center``, ``left`` (the leftmost point of the outline, as stored) and
-``right``; a horizontal flip swaps the last two (``flip_pairs``).
+``right``; a horizontal flip swaps the last two (``flip_pairs``). Each is
+the centre of the pixel the point falls in; the COCO file writes it as COCO
+does, as the integer indices of that pixel (kiln reads them back + 0.5:
+`kiln.pipeline.coco`).
 
 A few more images carry one broken annotation each (`BROKEN`), to show how a
 build reports them; ``--no-broken`` leaves them out. Everything is drawn from
@@ -289,13 +292,23 @@ def _stored_object(class_name, mask, centre, outline, orientation, upright_shape
     stored_centre, stored_outline = stored_points[0], stored_points[1:]
     left = stored_outline[np.argmin(stored_outline[:, 0])]
     right = stored_outline[np.argmax(stored_outline[:, 0])]
+    # Each keypoint at the centre of the pixel it falls in: COCO writes
+    # keypoints as pixel indices, so the COCO file holds them exactly too.
+    stored_height, stored_width = stored_mask.shape
     keypoints = tuple(
-        (round(float(x), 4), round(float(y), 4), 2) for x, y in (stored_centre, left, right)
+        (_pixel_centre(x, stored_width), _pixel_centre(y, stored_height), 2)
+        for x, y in (stored_centre, left, right)
     )
     polygon = None
     if class_name != "circle":
         polygon = tuple(round(float(v), 4) for v in stored_outline.reshape(-1))
     return DemoObject(class_name, box, stored_mask, keypoints, polygon)
+
+
+def _pixel_centre(value: float, size: int) -> float:
+    """The centre of the pixel a continuous coordinate falls in (the last
+    pixel for a point on the far edge)."""
+    return min(math.floor(value), size - 1) + 0.5
 
 
 def _mask_outline(mask: np.ndarray) -> np.ndarray:
@@ -405,7 +418,9 @@ class _CocoWriter:
                     "area": int(found.mask.sum()),
                     "iscrowd": 0,
                     "segmentation": segmentation,
-                    "keypoints": [value for point in found.keypoints for value in point],
+                    "keypoints": [
+                        value for point in found.keypoints for value in _pixel_index(point)
+                    ],
                     "num_keypoints": len(found.keypoints),
                 }
             )
@@ -439,6 +454,17 @@ class _CocoWriter:
                 for index, name in enumerate(SHAPES, start=1)
             ],
         }
+
+
+def _pixel_index(point: tuple[float, float, int]) -> tuple[int, int, int]:
+    """A keypoint as COCO writes it: the integer indices of its pixel, whose
+    centre (+ 0.5, as kiln reads COCO) is the continuous point. The demo's
+    keypoints are pixel centres, so the round trip is exact."""
+    x, y, visibility = point
+    column, row = math.floor(x), math.floor(y)
+    if (x - column, y - row) != (0.5, 0.5):
+        raise ValueError(f"keypoint {point} is not a pixel centre")
+    return column, row, visibility
 
 
 def uncompressed_rle(mask: np.ndarray) -> dict[str, Any]:

@@ -208,6 +208,14 @@ MASK_COUNTS_VERSION = 1
 #    instance mask's pixels (`kiln.transforms.targets.tightened`).
 INSTANCE_BOXES_VERSION = 1
 
+# Bump when how a COCO file's keypoints are read changes: only datasets
+# with a COCO source and a `keypoints` target then get another fingerprint
+# (so another version name and stamp: an unchanged source is built again)
+# and rebuild once from scratch.
+# 1: labelled COCO keypoints are pixel indices, moved to their pixel's
+#    centre (+ 0.5: `kiln.pipeline.coco`).
+COCO_KEYPOINTS_VERSION = 1
+
 # Config sections that decide a record's bytes (see the module docstring).
 _PROCESSING_SECTIONS = ("image", "transforms", "encoding", "targets", "plugins")
 
@@ -232,6 +240,8 @@ def processing_fingerprint(config: Mapping[str, Any]) -> str:
         data["mask_counts_version"] = MASK_COUNTS_VERSION
     if _has_instance_masks(config):
         data["instance_boxes_version"] = INSTANCE_BOXES_VERSION
+    if _has_coco_keypoints(config):
+        data["coco_keypoints_version"] = COCO_KEYPOINTS_VERSION
     if config.get("plugins"):
         data["plugin_sources"] = plugin_sources(config["plugins"])
     return versioning.fingerprint(data)
@@ -270,17 +280,25 @@ def _has_instance_masks(config: Mapping[str, Any]) -> bool:
     return (config.get("targets") or {}).get("instance_masks") is not None
 
 
+def _has_coco_keypoints(config: Mapping[str, Any]) -> bool:
+    source, targets = config.get("source") or {}, config.get("targets") or {}
+    return source.get("type") == "coco" and targets.get("keypoints") is not None
+
+
 def processing(config: Mapping[str, Any]) -> dict[str, Any]:
     """kiln.json's ``processing`` block for a resolved config: with a semantic
     mask also ``mask_counts`` (`MASK_COUNTS_VERSION`), which tells `kiln
     verify` how the dataset's class_counts were counted; with instance masks
-    ``instance_boxes`` (`INSTANCE_BOXES_VERSION`), which names why a base
-    built before is not reused."""
+    ``instance_boxes`` (`INSTANCE_BOXES_VERSION`), with a COCO source and
+    keypoints ``coco_keypoints`` (`COCO_KEYPOINTS_VERSION`): each names why a
+    base built before is not reused."""
     out = {"version": PROCESSING_VERSION, "fingerprint": processing_fingerprint(config)}
     if _has_mask(config):
         out["mask_counts"] = MASK_COUNTS_VERSION
     if _has_instance_masks(config):
         out["instance_boxes"] = INSTANCE_BOXES_VERSION
+    if _has_coco_keypoints(config):
+        out["coco_keypoints"] = COCO_KEYPOINTS_VERSION
     return out
 
 
@@ -385,6 +403,7 @@ class BaseChoice:
 _KILN_CHANGES = (
     ("mask_counts", "mask class counting"),
     ("instance_boxes", "instance-mask box handling"),
+    ("coco_keypoints", "COCO keypoint reading"),
 )
 
 

@@ -56,7 +56,8 @@ AS_WRITTEN = "bbox as written"
 """An object's key (never a field name: it has spaces) for a box the source
 converted, as its file writes it: ``{"annotation": "annotations[5], id 6",
 "bbox": [x, y, width, height]}``, so that the job's message about a bad box
-shows what the file says (a coco source's box of negative width or height)."""
+shows what the file says (a coco source's box of negative or zero width or
+height)."""
 
 
 class AnnotationError(ValueError):
@@ -168,7 +169,7 @@ def convention_boxes(row_targets: Mapping[str, Any]) -> Iterator[list[float]]:
     """The boxes of the objects, as listed, that say in which convention the
     source writes boxes (`kiln.pipeline.box_convention`): all but those a
     source has already turned into kiln's corners from its own convention
-    (a COCO box of negative width: `AS_WRITTEN`)."""
+    (a COCO box of negative or zero width or height: `AS_WRITTEN`)."""
     for item in row_targets.get("objects", ()):
         if AS_WRITTEN not in item:
             yield item["bbox"]

@@ -18,12 +18,15 @@ and are counted in kiln.json:
 reason               what
 ==================== =====================================================
 bad_box              a coordinate is NaN or infinite, x_max < x_min or
-                     y_max < y_min, the box lies outside the image or
+                     y_max < y_min, zero width or height (a point or a
+                     line), the box lies outside the image or
                      reaches more than `FAR_OUTSIDE` of its size beyond it
 unknown_class        a class (object, label or labels) not in the class list,
                      or a semantic mask pixel that is neither a class id nor
                      the ignore value
-bad_keypoints        a labelled keypoint with a NaN or infinite coordinate
+bad_keypoints        a labelled keypoint with a NaN or infinite coordinate,
+                     or more than `FAR_OUTSIDE` of the image's size beyond it
+                     (nearer, outside the image, it is kept as not visible)
 missing_mask         a mask file that cannot be read
 corrupt_mask         a mask file that does not decode, is lossy (JPEG, lossy
                      WebP, AVIF, JPEG 2000) or is not one channel of at most
@@ -32,7 +35,8 @@ mask_size_mismatch   a mask (file or RLE) whose size differs from its image
 bad_polygon          a polygon with fewer than 3 points or odd coordinates
 bad_segmentation     an RLE that does not decode
 box_mask_mismatch    an instance mask whose pixels' box overlaps its
-                     object's box by an IoU below `MIN_BOX_MASK_IOU`
+                     object's box by an IoU below `MIN_BOX_MASK_IOU`, or
+                     an empty one under a box that covers pixel centres
 ==================== =====================================================
 
 The semantic mask and image-level labels always drop the image: there is
@@ -540,8 +544,12 @@ class TargetCodec:
             points = np.asarray(item["keypoints"], dtype=np.float64).reshape(-1, 3)
             labelled = points[:, 2] > 0
             broken = labelled & ~np.isfinite(points[:, :2]).all(axis=1)
-            if broken.any():
-                raise BadAnnotation("bad_keypoints", self._keypoints_problem(where, points, broken))
+            far = labelled & ~broken & _far_outside(points, height, width)
+            if broken.any() or far.any():
+                raise BadAnnotation(
+                    "bad_keypoints",
+                    self._keypoints_problem(where, points, broken | far, far, height, width),
+                )
             points[~labelled, :2] = 0.0
             out["keypoints"] = points
         if self._targets.instance_masks is not None:
@@ -587,15 +595,30 @@ class TargetCodec:
             instance_masks=instance_masks,
         )
 
-    def _keypoints_problem(self, where: str, points: np.ndarray, broken: np.ndarray) -> str:
+    def _keypoints_problem(
+        self,
+        where: str,
+        points: np.ndarray,
+        broken: np.ndarray,
+        far: np.ndarray,
+        height: int,
+        width: int,
+    ) -> str:
         """``objects[0].keypoints: nose (index 0) is labelled (visibility 2) but at
-        [nan, 12.0]``, naming every such keypoint."""
+        [nan, 12.0]``, naming every such keypoint (`broken`), and saying where the
+        image is for those far outside it (`far`)."""
         names = self._targets.keypoints.names if self._targets.keypoints is not None else []
         found = []
         for index in np.flatnonzero(broken):
             name = f"{names[index]} (index {index})" if index < len(names) else f"index {index}"
             x, y, visibility = points[index].tolist()
-            found.append(f"{name} is labelled (visibility {visibility:g}) but at [{x}, {y}]")
+            problem = f"{name} is labelled (visibility {visibility:g}) but at [{x}, {y}]"
+            if far[index]:
+                problem += (
+                    f", more than {FAR_OUTSIDE:.0%} of the {width}x{height} (WxH) image's size "
+                    f"beyond it"
+                )
+            found.append(problem)
         return f"{where}.keypoints: {'; '.join(found)}"
 
     def _mask_pixels(
@@ -727,6 +750,17 @@ def _check_box(
             f"{where}.bbox: {box} has x_max < x_min or y_max < y_min "
             f"(expected [x_min, y_min, x_max, y_max])",
         )
+    if x_max == x_min or y_max == y_min:
+        # A point or a line: no area to learn from, and trainers that check
+        # (torchvision's detection models) refuse the whole batch for it.
+        if written is not None:
+            shown = json.dumps(written["bbox"])
+            raise BadAnnotation(
+                "bad_box",
+                f"{where} ({written['annotation']}).bbox: {shown} has zero width or height "
+                f"([x, y, width, height])",
+            )
+        raise BadAnnotation("bad_box", f"{where}.bbox: {box} has zero width or height")
     if not box_convention.lies_inside(box, height, width):
         raise BadAnnotation(
             "bad_box",
@@ -735,12 +769,32 @@ def _check_box(
         )
 
 
+def _far_outside(points: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Per ``[x, y, v]`` point: whether it lies beyond the ``height x width`` image
+    by more than `FAR_OUTSIDE` of its size, the slack a box has (`_check_box`).
+    A labelled point there is no point of the image (a point in another frame
+    or convention), not one the image's edge cut off; nearer, a point outside
+    the image is kept as not visible (`kiln.transforms.Targets.clipped`)."""
+    x, y = points[:, 0], points[:, 1]
+    slack_x, slack_y = FAR_OUTSIDE * width, FAR_OUTSIDE * height
+    return (x < -slack_x) | (x > width + slack_x) | (y < -slack_y) | (y > height + slack_y)
+
+
 def _check_box_mask(box: list[float], mask: np.ndarray, where: str) -> None:
-    """Refuses a box that does not enclose its instance mask's pixels (an empty
-    mask has nothing to compare with: a polygon too small to cover a pixel
-    centre is one)."""
+    """Refuses a box that does not enclose its instance mask's pixels, and an
+    empty mask under a box that covers pixel centres (a polygon or mask of
+    nothing in the image: outside it, or of another image). An empty mask
+    under a box that covers no pixel centre is a sub-pixel object's: its
+    polygon covers no centre either, so it is kept."""
     rows = np.flatnonzero(mask.any(axis=1))
     if rows.size == 0:
+        if _covers_pixel_centres(box, *mask.shape):
+            shown = "[" + ", ".join(f"{v:g}" for v in box) + "]"
+            raise BadAnnotation(
+                "box_mask_mismatch",
+                f"{where}: its instance mask is empty but its box {shown} covers pixel centres "
+                f"(a polygon or mask outside the image, or of another image)",
+            )
         return
     columns = np.flatnonzero(mask.any(axis=0))
     tight = [int(columns[0]), int(rows[0]), int(columns[-1]) + 1, int(rows[-1]) + 1]
@@ -755,6 +809,20 @@ def _check_box_mask(box: list[float], mask: np.ndarray, where: str) -> None:
             f"overlap by an IoU of {iou:.2f}, less than {MIN_BOX_MASK_IOU:g} (a box or mask "
             f"of another object, or a box in another convention)",
         )
+
+
+def _covers_pixel_centres(box: list[float], height: int, width: int) -> bool:
+    """Whether ``[x_min, y_min, x_max, y_max]`` holds the centre ``(i + 0.5, j +
+    0.5)`` of a pixel of a ``height x width`` image strictly inside it: what a
+    polygon of the box would fill (strictly, so a centre on its edge, which
+    rasterizers may leave out, does not count)."""
+
+    def covers(low: float, high: float, size: int) -> bool:
+        first = max(math.floor(low - 0.5) + 1, 0)  # the first pixel whose centre is above `low`
+        return first < size and first + 0.5 < high
+
+    x_min, y_min, x_max, y_max = box
+    return covers(x_min, x_max, width) and covers(y_min, y_max, height)
 
 
 def _iou(a: list[float], b: list[int]) -> float:

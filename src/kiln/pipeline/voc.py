@@ -25,8 +25,10 @@ continuous coordinates (column i covers [i, i + 1), from 0) the box is
 ``targets.boxes.fields`` (e.g. ``{difficult: int}``). They are all a VOC
 object gives: the config refuses any other field (`FLAGS`).
 
-A file that is not well-formed XML, lacks ``<filename>``, or has a box
-coordinate that is not a number is a `VocProblem` (``bad_row``); messages
+A file that is not well-formed XML, lacks ``<filename>`` (a file whose
+elements are in an XML namespace, ``<annotation xmlns="...">``, lacks them
+all: the message says so), or has a box coordinate that is not a number is
+a `VocProblem` (``bad_row``); messages
 name objects as a manifest's do, from 0 (``objects[0]: <xmin> must be a
 number``). Files are
 parsed with the standard library's expat parser, which (expat 2.4.1 and
@@ -145,6 +147,12 @@ def parse(data: bytes) -> dict[str, Any]:
         raise _VocError(f"not well-formed XML: {e}") from None
     filename = (root.findtext("filename") or "").strip()
     if not filename:
+        if root.tag.startswith("{"):  # every element's name is then in that namespace
+            namespace = root.tag[1:].partition("}")[0]
+            raise _VocError(
+                f"<filename> is missing or empty: the file puts its elements in the XML "
+                f"namespace {namespace!r} (an xmlns attribute), where VOC's have none; remove it"
+            )
         raise _VocError("<filename> is missing or empty")
     objects = []
     for index, element in enumerate(root.iter("object")):

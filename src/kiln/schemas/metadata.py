@@ -309,7 +309,10 @@ class DatasetInfo:
         version and the processing fingerprint
         (`kiln.pipeline.incremental`), which the version name hashes too;
         with a semantic mask also ``"mask_counts": 1``: its class_counts
-        count the classes each mask shows (absent before kiln did). An
+        count the classes each mask shows (absent before kiln did); with
+        instance masks ``"instance_boxes"``, with a COCO source and keypoints
+        ``"coco_keypoints"``: the versions of those parts of kiln's
+        processing (`kiln.pipeline.incremental`). An
         incremental build reuses records of a version only if both equal
         its own. None in datasets written before kiln recorded it.
       targets: The resolved ``targets:`` declaration (`TargetsConfig` as

@@ -99,7 +99,9 @@ class BoxesTarget(_Model):
     """Per-object columns read from each object of a JSONL line, e.g. `{iscrowd: int}`:
     stored as `objects/<name>`, one value per box. A coco source reads them from each
     annotation (any key, e.g. `area`; `iscrowd` is 0 when absent); a voc source gives
-    `difficult`, `truncated` and `occluded` only (0 when absent)."""
+    `difficult`, `truncated` and `occluded` only (0 when absent). Stored as written: the
+    transforms move boxes, not these values (a COCO `area` stays in the source file's
+    pixels after a resize; compute areas from the stored boxes or masks)."""
 
     @pydantic.field_validator("fields")
     @classmethod

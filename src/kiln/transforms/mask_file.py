@@ -59,6 +59,9 @@ _LOSSY_FORMATS = {
     "which the file does not say)",
 }
 _CHANNELS = {2: "gray with alpha", 3: "colour", 4: "colour with alpha"}
+# PNG colour types of more than one channel, and their channels: named from
+# the header, since OpenCV decodes gray with alpha as 4 channels (BGRA).
+_PNG_CHANNELS = {2: 3, 4: 2, 6: 4}
 
 
 class MaskFileError(ValueError):
@@ -115,11 +118,7 @@ def _single_channel(mask: np.ndarray, name: str) -> np.ndarray:
         mask = mask[:, :, 0]
     channels = 1 if mask.ndim == 2 else mask.shape[2]
     if channels != 1:
-        what = _CHANNELS.get(channels, f"{channels} channels")
-        raise MaskFileError(
-            f"a {what} {name} ({channels} channels): a mask holds one channel of class ids and "
-            f"kiln does not map colours to classes; save the ids as a grayscale or palette PNG"
-        )
+        raise _channels_error(channels, name)
     if mask.dtype != np.uint8:
         depth = f"{mask.dtype.itemsize * 8}-bit" if mask.dtype.kind == "u" else str(mask.dtype)
         raise MaskFileError(
@@ -129,11 +128,21 @@ def _single_channel(mask: np.ndarray, name: str) -> np.ndarray:
     return np.ascontiguousarray(mask)
 
 
+def _channels_error(channels: int, name: str) -> MaskFileError:
+    what = _CHANNELS.get(channels, f"{channels} channels")
+    return MaskFileError(
+        f"a {what} {name} ({channels} channels): a mask holds one channel of class ids and "
+        f"kiln does not map colours to classes; save the ids as a grayscale or palette PNG"
+    )
+
+
 def _png_class_ids(data: bytes) -> np.ndarray:
     """A single-channel PNG's samples as written (see the module docstring).
     `image_header` has checked that IHDR comes first and that every chunk
     lies inside the file."""
     depth, colour = data[24], data[25]
+    if colour in _PNG_CHANNELS:
+        raise _channels_error(_PNG_CHANNELS[colour], "PNG")
     if colour == _PNG_PALETTE:
         if depth not in (1, 2, 4, 8):
             raise MaskFileError(f"the mask file does not decode (a palette PNG of {depth} bits)")
