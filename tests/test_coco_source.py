@@ -789,3 +789,18 @@ def test_a_string_of_more_than_1_mib_is_refused_whatever_it_holds(tmp_path, cont
     images = [{"id": 1, "file_name": long, "width": 4, "height": 4}]
     with pytest.raises(CocoFileError, match=r"long\.json: a token of more than 1048576 bytes"):
         read_all(CocoFile(write_coco(tmp_path / "long.json", images=images)))
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_a_byte_order_mark_is_skipped(tmp_path, suffix):
+    """Windows tools write UTF-8 with a byte order mark (and CRLF line ends)."""
+    with open(write_coco(tmp_path / "written.json"), "rb") as f:
+        text = f.read()
+    paths = []
+    for folder, data in (("plain", text), ("bom", b"\xef\xbb\xbf" + text.replace(b"\n", b"\r\n"))):
+        (tmp_path / folder).mkdir()
+        paths.append(tmp_path / folder / f"instances.json{suffix}")
+        paths[-1].write_bytes(gzip.compress(data) if suffix else data)
+    plain, path = paths
+    assert read_all(CocoFile(str(path))) == read_all(CocoFile(str(plain)))
+    assert CocoFile(str(path)).class_names() == ["bicycle", "cat", "person"]

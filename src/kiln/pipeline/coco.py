@@ -16,6 +16,9 @@ put ``categories`` last). `CocoFile.rows` never holds an array in memory:
    annotations at a time in memory, linear in the number of rows (SQLite's
    sorts spill to disk), never one lookup per pair.
 
+A UTF-8 byte order mark at the start of the file (Windows tools write one)
+is skipped: ijson alone would refuse the file as not JSON.
+
 Three passes over the file cost less CPU than one pass that builds the
 items in Python from ijson's events (measured in BENCHMARKS.md); the price
 is reading the file three times, which on an object store means three
@@ -117,6 +120,7 @@ UNDECLARED_CATEGORY = "undeclared category_id {}"
 # How much of a file `looks_like_coco` reads: COCO's first keys (info,
 # licenses) are short, and its arrays start within the first few KB.
 _SNIFF_BYTES = 64 << 10
+_BOM = b"\xef\xbb\xbf"
 _COCO_ARRAY = re.compile(rb'"(?:images|annotations)"\s*:\s*\[')
 
 
@@ -134,7 +138,7 @@ def looks_like_coco(path: str) -> bool:
     except Exception:  # any filesystem's or decompressor's error: no hint, not a new error
         logger.debug("could not read the start of %s", path, exc_info=True)
         return False
-    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{") and bool(_COCO_ARRAY.search(head))
+    return head.lstrip(_BOM + b" \t\r\n").startswith(b"{") and bool(_COCO_ARRAY.search(head))
 
 
 class CocoFileError(Exception):
@@ -339,7 +343,9 @@ class CocoFile:
             raise CocoFileError(f"cannot read {self.path}: {_short(e)}") from None
         with f:
             try:
-                yield _TokenGuard(f, self.path)
+                # A UTF-8 byte order mark, as Windows tools write, is no JSON: skipped.
+                head = f.read(len(_BOM))
+                yield _TokenGuard(f, self.path, b"" if head == _BOM else head)
             except ijson.JSONError as e:
                 raise CocoFileError(f"{self.path}: not valid JSON ({_short(e)})") from None
             except CocoFileError:
@@ -633,15 +639,22 @@ class _TokenGuard:
       CocoFileError: such a token; its message names the file.
     """
 
-    def __init__(self, f: Any, path: str):
+    def __init__(self, f: Any, path: str, head: bytes = b""):
         self._f = f
         self._path = path
+        self._head = head  # bytes read from `f` before, read first
         self._run = 0  # bytes of the token the last read ended in
         self._in_string = False  # whether the last read ended inside a string
         self._backslashes = 0  # backslashes that ended the last read
 
     def read(self, size: int = -1) -> bytes:
-        chunk = self._f.read(size)
+        if not self._head:
+            chunk = self._f.read(size)
+        elif 0 <= size <= len(self._head):
+            chunk, self._head = self._head[:size], self._head[size:]
+        else:
+            chunk = self._head + self._f.read(size - len(self._head) if size > 0 else -1)
+            self._head = b""
         quotes = _unescaped_quotes(chunk, self._backslashes)
         if quotes % 2:
             self._in_string = not self._in_string
