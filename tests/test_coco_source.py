@@ -112,8 +112,14 @@ def test_rows_and_problems_read_back(tmp_path):
             {"class": "person", "bbox": [10, 10, 30, 25.5], "iscrowd": 0, "segmentation": POLYGON},
             {"class": "person", "bbox": [40, 2, 48, 32], "iscrowd": 1, "segmentation": CROWD_RLE},
         ],
+        # The image's width and height, for the job to compare with the image.
+        "size as declared": {"width": 64, "height": 48, "by": "images[].width/height"},
     }
-    assert rows[1].row == {"path": "empty.jpg", "objects": []}
+    assert rows[1].row == {
+        "path": "empty.jpg",
+        "objects": [],
+        "size as declared": {"width": 20, "height": 20, "by": "images[].width/height"},
+    }
 
     reasons = sorted((p.where, p.reason) for p in problems)
     assert reasons == [
@@ -415,7 +421,10 @@ def test_the_source_lists_every_image_with_its_targets(tmp_path):
     ]
     assert files["a/10.jpg"].uri == os.path.join(str(tmp_path), "images", "a", "10.jpg")
     assert files["a/10.jpg"].label == -1
-    assert json.loads(files["empty.jpg"].targets) == {"objects": []}
+    assert json.loads(files["empty.jpg"].targets) == {
+        "objects": [],
+        "size as declared": {"by": "images[].width/height", "height": 20, "width": 20},
+    }
     assert {key: d.reason for key, d in dropped.items()} == {
         "instances.json:annotations[3]": "dangling_annotation",
         "instances.json:annotations[6]": "bad_row",
