@@ -112,8 +112,14 @@ def test_rows_and_problems_read_back(tmp_path):
             {"class": "person", "bbox": [10, 10, 30, 25.5], "iscrowd": 0, "segmentation": POLYGON},
             {"class": "person", "bbox": [40, 2, 48, 32], "iscrowd": 1, "segmentation": CROWD_RLE},
         ],
+        # The image's width and height, for the job to compare with the image.
+        "size as declared": {"width": 64, "height": 48, "by": "images[].width/height"},
     }
-    assert rows[1].row == {"path": "empty.jpg", "objects": []}
+    assert rows[1].row == {
+        "path": "empty.jpg",
+        "objects": [],
+        "size as declared": {"width": 20, "height": 20, "by": "images[].width/height"},
+    }
 
     reasons = sorted((p.where, p.reason) for p in problems)
     assert reasons == [
@@ -442,7 +448,10 @@ def test_the_source_lists_every_image_with_its_targets(tmp_path):
     ]
     assert files["a/10.jpg"].uri == os.path.join(str(tmp_path), "images", "a", "10.jpg")
     assert files["a/10.jpg"].label == -1
-    assert json.loads(files["empty.jpg"].targets) == {"objects": []}
+    assert json.loads(files["empty.jpg"].targets) == {
+        "objects": [],
+        "size as declared": {"by": "images[].width/height", "height": 20, "width": 20},
+    }
     assert {key: d.reason for key, d in dropped.items()} == {
         "instances.json:annotations[3]": "dangling_annotation",
         "instances.json:annotations[6]": "bad_row",
@@ -816,3 +825,18 @@ def test_a_string_of_more_than_1_mib_is_refused_whatever_it_holds(tmp_path, cont
     images = [{"id": 1, "file_name": long, "width": 4, "height": 4}]
     with pytest.raises(CocoFileError, match=r"long\.json: a token of more than 1048576 bytes"):
         read_all(CocoFile(write_coco(tmp_path / "long.json", images=images)))
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_a_byte_order_mark_is_skipped(tmp_path, suffix):
+    """Windows tools write UTF-8 with a byte order mark (and CRLF line ends)."""
+    with open(write_coco(tmp_path / "written.json"), "rb") as f:
+        text = f.read()
+    paths = []
+    for folder, data in (("plain", text), ("bom", b"\xef\xbb\xbf" + text.replace(b"\n", b"\r\n"))):
+        (tmp_path / folder).mkdir()
+        paths.append(tmp_path / folder / f"instances.json{suffix}")
+        paths[-1].write_bytes(gzip.compress(data) if suffix else data)
+    plain, path = paths
+    assert read_all(CocoFile(str(path))) == read_all(CocoFile(str(plain)))
+    assert CocoFile(str(path)).class_names() == ["bicycle", "cat", "person"]

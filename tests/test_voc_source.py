@@ -68,6 +68,8 @@ def test_a_voc_file_becomes_a_manifest_row():
                 "occluded": 0,
             },
         ],
+        # <size>, for the job to compare with the image (targets.annotations_frame).
+        "size as declared": {"width": 486, "height": 500, "by": "<size>"},
     }
 
 

@@ -24,6 +24,15 @@ pixel, a box can be reversed by mistake), so a finding needs at least
 `MIN_EVIDENCE` boxes that fit the other convention and no explanation as
 kiln's (`Finding.certain`); fewer, and it is a warning.
 
+Boxes drawn on another frame than the one kiln reads them in look like
+the third convention: boxes drawn on a phone photo as viewers show it
+(upright) spill out of its stored pixels as transposed boxes would, and
+"swap x and y" would store them transposed, not turned. A COCO or VOC file
+says which frame it was drawn on in the size it declares, so the job checks
+that first (``size_mismatch``, `kiln.pipeline.targets`,
+``targets.annotations_frame``): an image it drops is not counted here, and
+boxes are counted in the frame the annotations are drawn on.
+
 Two of the conventions show without any image's size: normalized boxes
 (inside [0, 1] x [0, 1]) and ``[x, y, width, height]`` (reversed, with a
 positive width and height). The launcher counts those as it lists the

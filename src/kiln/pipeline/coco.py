@@ -16,6 +16,9 @@ put ``categories`` last). `CocoFile.rows` never holds an array in memory:
    annotations at a time in memory, linear in the number of rows (SQLite's
    sorts spill to disk), never one lookup per pair.
 
+A UTF-8 byte order mark at the start of the file (Windows tools write one)
+is skipped: ijson alone would refuse the file as not JSON.
+
 Three passes over the file cost less CPU than one pass that builds the
 items in Python from ijson's events (measured in BENCHMARKS.md); the price
 is reading the file three times, which on an object store means three
@@ -30,17 +33,23 @@ Each image becomes one row in the format of the JSONL manifest with targets
                   "keypoints": [x, y, v, ...]}]}
 
 - ``bbox``: COCO's ``[x, y, width, height]`` becomes ``[x, y, x + width, y +
-  height]`` (pixels of the file as stored). A negative width or height makes
-  a reversed box, and a zero one a point or a line, which the job refuses
-  (``bad_box``, per object as any bad box); the object also carries the box
-  as written and its annotation (`target_rows.AS_WRITTEN`), so the message
-  shows what the file says:
+  height]`` (pixels of the frame ``targets.annotations_frame`` names: the
+  file as stored, by default). A negative width or height makes a reversed
+  box, and a zero one a point or a line, which the job refuses (``bad_box``,
+  per object as any bad box); the object also carries the box as written and
+  its annotation (`target_rows.AS_WRITTEN`), so the message shows what the
+  file says:
   ``objects[1] (annotations[5], id 6).bbox: [120, 10, -40, 30] has a negative
   width or height ([x, y, width, height])``. An annotation without a box of
   four numbers makes its image a `CocoProblem` (``bad_row``, as the row
   validation would), whose message gives the box as written and names the
   annotation (``objects[2] (annotations[5], id 6).bbox: expected 4 numbers
   [x, y, width, height], got [0, 0, 5]``).
+- ``width``, ``height`` of the image entry (the size the annotation tool
+  saw), when both are positive whole numbers: carried to the job as the
+  row's `target_rows.DECLARED_SIZE`, which drops an image of another size
+  in the frame the annotations are drawn on (``size_mismatch``,
+  ``targets.annotations_frame``). Absent or 0, the size is not checked.
 - ``class``: the category's name. An annotation whose ``category_id`` is not
   declared in ``categories`` gets the class ``undeclared category_id <id>``,
   which is in no class list: the row validation reports it as an unknown
@@ -125,6 +134,7 @@ UNDECLARED_CATEGORY = "undeclared category_id {}"
 # How much of a file `looks_like_coco` reads: COCO's first keys (info,
 # licenses) are short, and its arrays start within the first few KB.
 _SNIFF_BYTES = 64 << 10
+_BOM = b"\xef\xbb\xbf"
 _COCO_ARRAY = re.compile(rb'"(?:images|annotations)"\s*:\s*\[')
 
 
@@ -142,7 +152,7 @@ def looks_like_coco(path: str) -> bool:
     except Exception:  # any filesystem's or decompressor's error: no hint, not a new error
         logger.debug("could not read the start of %s", path, exc_info=True)
         return False
-    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{") and bool(_COCO_ARRAY.search(head))
+    return head.lstrip(_BOM + b" \t\r\n").startswith(b"{") and bool(_COCO_ARRAY.search(head))
 
 
 class CocoFileError(Exception):
@@ -347,7 +357,9 @@ class CocoFile:
             raise CocoFileError(f"cannot read {self.path}: {_short(e)}") from None
         with f:
             try:
-                yield _TokenGuard(f, self.path)
+                # A UTF-8 byte order mark, as Windows tools write, is no JSON: skipped.
+                head = f.read(len(_BOM))
+                yield _TokenGuard(f, self.path, b"" if head == _BOM else head)
             except ijson.JSONError as e:
                 raise CocoFileError(f"{self.path}: not valid JSON ({_short(e)})") from None
             except CocoFileError:
@@ -375,7 +387,7 @@ class CocoFile:
                     where, "bad_row", "'file_name' must be a non-empty string", _canonical(item)
                 )
                 continue
-            spill.add_image(image_id, index, file_name, _compact(item))
+            spill.add_image(image_id, index, file_name, _compact(item), _declared_size(item))
         if not found_any:
             raise CocoFileError(f"{self.path}: no 'images' array, or an empty one")
 
@@ -402,7 +414,7 @@ class CocoFile:
         pending = next(annotations, None)
         previous_id: Any = None
         first_index = -1
-        for image_id, index, file_name, entry in spill.images():
+        for image_id, index, file_name, entry, size in spill.images():
             where = f"{self.name}:images[{index}]"
             if previous_id is not None and _order(image_id) == _order(previous_id):
                 yield CocoProblem(
@@ -430,11 +442,17 @@ class CocoFile:
                     bad_box = _keypoints_problem(annotation, len(objects), pending[1], categories)
                 objects.append(self._object(annotation, pending[1], categories))
                 pending = next(annotations, None)
-            row = {"path": file_name, "objects": objects}
+            row: dict[str, Any] = {"path": file_name, "objects": objects}
             if bad_box is not None:
                 yield CocoProblem(where, "bad_row", bad_box, _canonical(row))
-            else:
-                yield CocoRow(where, row)
+                continue
+            if size is not None:
+                row[target_rows.DECLARED_SIZE] = {
+                    "width": size[0],
+                    "height": size[1],
+                    "by": "images[].width/height",
+                }
+            yield CocoRow(where, row)
         while pending is not None:
             problem, pending = self._dangling(pending, annotations)
             yield problem
@@ -516,6 +534,18 @@ def _category(item: Any) -> tuple[Any, Category] | str:
     if not isinstance(keypoints, list) or not all(isinstance(k, str) for k in keypoints):
         return "'keypoints' must be a list of names"
     return category_id, Category(name, tuple(keypoints))
+
+
+def _declared_size(item: dict[str, Any]) -> tuple[int, int] | None:
+    """An image entry's ``(width, height)``, when both are positive whole
+    numbers (``640`` or ``640.0``); None otherwise: not checked."""
+    found = []
+    for name in ("width", "height"):
+        value: Any = item.get(name)
+        if not _is_number(value) or not float(value).is_integer() or value <= 0:
+            return None
+        found.append(int(value))
+    return found[0], found[1]
 
 
 def _bbox_problem(annotation: dict[str, Any], number: int, index: int) -> str | None:
@@ -692,15 +722,22 @@ class _TokenGuard:
       CocoFileError: such a token; its message names the file.
     """
 
-    def __init__(self, f: Any, path: str):
+    def __init__(self, f: Any, path: str, head: bytes = b""):
         self._f = f
         self._path = path
+        self._head = head  # bytes read from `f` before, read first
         self._run = 0  # bytes of the token the last read ended in
         self._in_string = False  # whether the last read ended inside a string
         self._backslashes = 0  # backslashes that ended the last read
 
     def read(self, size: int = -1) -> bytes:
-        chunk = self._f.read(size)
+        if not self._head:
+            chunk = self._f.read(size)
+        elif 0 <= size <= len(self._head):
+            chunk, self._head = self._head[:size], self._head[size:]
+        else:
+            chunk = self._head + self._f.read(size - len(self._head) if size > 0 else -1)
+            self._head = b""
         quotes = _unescaped_quotes(chunk, self._backslashes)
         if quotes % 2:
             self._in_string = not self._in_string
@@ -879,7 +916,8 @@ class _Spill:
         self._connection = scratch_database()
         self._connection.executescript(
             """
-            CREATE TABLE images (id, position INTEGER, file_name BLOB, entry BLOB);
+            CREATE TABLE images (id, position INTEGER, file_name BLOB, entry BLOB,
+                                 width INTEGER, height INTEGER);
             CREATE TABLE annotations (image_id, position INTEGER, entry BLOB, duplicate BLOB);
             """
         )
@@ -893,8 +931,17 @@ class _Spill:
     def __exit__(self, *exc) -> None:
         self._connection.close()
 
-    def add_image(self, image_id: Any, position: int, file_name: str, entry: str) -> None:
-        self._images.append((image_id, position, _blob(file_name), _blob(entry)))
+    def add_image(
+        self,
+        image_id: Any,
+        position: int,
+        file_name: str,
+        entry: str,
+        size: tuple[int, int] | None = None,
+    ) -> None:
+        """`size`: the image's declared ``(width, height)`` (`_declared_size`), or None."""
+        width, height = size if size is not None else (None, None)
+        self._images.append((image_id, position, _blob(file_name), _blob(entry), width, height))
         if len(self._images) >= _BATCH:
             self.flush()
 
@@ -910,7 +957,9 @@ class _Spill:
 
     def flush(self) -> None:
         if self._images:
-            self._connection.executemany("INSERT INTO images VALUES (?, ?, ?, ?)", self._images)
+            self._connection.executemany(
+                "INSERT INTO images VALUES (?, ?, ?, ?, ?, ?)", self._images
+            )
             self._images.clear()
         if self._annotations:
             self._connection.executemany(
@@ -918,12 +967,14 @@ class _Spill:
             )
             self._annotations.clear()
 
-    def images(self) -> Iterator[tuple[Any, int, str, str]]:
-        """(id, position, file name, entry), by id then position."""
-        for image_id, position, file_name, entry in self._connection.execute(
-            "SELECT id, position, file_name, entry FROM images ORDER BY id, position"
+    def images(self) -> Iterator[tuple[Any, int, str, str, tuple[int, int] | None]]:
+        """(id, position, file name, entry, declared (width, height) or None), by id
+        then position."""
+        for image_id, position, file_name, entry, width, height in self._connection.execute(
+            "SELECT id, position, file_name, entry, width, height FROM images ORDER BY id, position"
         ):
-            yield image_id, position, _text(file_name), _text(entry)
+            size = None if width is None else (width, height)
+            yield image_id, position, _text(file_name), _text(entry), size
 
     def annotations(self) -> Iterator[_Annotation]:
         """(image id, position, entry, key given twice or None), by image id then

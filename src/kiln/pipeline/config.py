@@ -377,6 +377,9 @@ class BuildSpec:
             # Written only when raw: a mask config from before the choice
             # keeps its fingerprint (and its version).
             del data["targets"]["mask"]["encoding"]
+        if self.config.targets is not None and self.config.targets.annotations_frame == "stored":
+            # Written only when upright: a config without it keeps its fingerprint.
+            del data["targets"]["annotations_frame"]
         data["transforms"] = self.chain.to_json()
         data["augment"] = list(self.augment)
         if self.config.errors.check_box_convention:

@@ -41,7 +41,7 @@ Stages and reasons (part of kiln's output format):
 - ``targets``: a bad annotation (`kiln.pipeline.targets.REASONS`:
   ``bad_box``, ``unknown_class``, ``bad_keypoints``, ``missing_mask``,
   ``corrupt_mask``, ``mask_size_mismatch``, ``bad_polygon``,
-  ``bad_segmentation``, ``box_mask_mismatch``).
+  ``bad_segmentation``, ``box_mask_mismatch``, ``size_mismatch``).
 
 ``dropped_objects.jsonl`` (datasets with ``targets.boxes``): an object
 removed while its image was stored is not a dropped file, so it is not in

@@ -504,15 +504,24 @@ class ImageProcessor:
             decoded = self._decode(data, before_decoding)
         except transforms.DecodeError as e:
             return drop("decode", e.reason, str(e))
+        orientation = decoded.orientation  # the file's, for messages
 
         loaded = None
         if self._codec is not None:
             if listed is None:
                 listed = self._codec.read("{}")
+            try:
+                # Before the box evidence: boxes of an image whose declared
+                # size says they are in another frame say nothing of their order.
+                self._codec.check_declared_size(listed, decoded)
+            except BadAnnotation as e:
+                return drop("targets", e.reason, e.located)
+            # Annotations drawn upright: the image as they see it (`TargetCodec.frame`).
+            decoded = self._codec.frame(decoded)
             # Before the per-object checks: a box they refuse is evidence too.
             evidence = self._codec.box_evidence(listed, *decoded.stored_size)
             try:
-                loaded = self._codec.load(listed, *decoded.stored_size)
+                loaded = self._codec.load(listed, *decoded.stored_size, orientation=orientation)
             except BadAnnotation as e:
                 return drop("targets", e.reason, e.located)
 

@@ -60,6 +60,17 @@ shows what the file says (a coco source's box of negative or zero width or
 height)."""
 
 
+DECLARED_SIZE = "size as declared"
+"""A row's key (never a column name: it has spaces) for the image's size as
+the source's annotations declare it (COCO's ``images[].width/height``, VOC's
+``<size>``): ``{"width": 640, "height": 480, "by": "images[].width/height"}``,
+``by`` naming where the source writes it, for messages. Carried in the
+targets to the job, which compares it with the decoded image's size in the
+frame the annotations are drawn on (`kiln.pipeline.targets`,
+``targets.annotations_frame``). Only a source that reads sizes writes it, and
+only when they are positive integers: a row without it is not checked."""
+
+
 class AnnotationError(ValueError):
     """A row's annotations do not have the declared structure; the message names
     the field, e.g. ``objects[2].bbox: expected 4 numbers, got 3``."""
@@ -104,7 +115,26 @@ def row_targets(
             name: _extra(_required(row, name, f"{_KIND_TEXT[kind]} (targets.extra)"), name, kind)
             for name, kind in sorted(targets.extra.items())
         }
+    declared: Any = row.get(DECLARED_SIZE)
+    size = declared_size(declared) if isinstance(declared, dict) else None
+    if size is not None:
+        by = declared.get("by")
+        out[DECLARED_SIZE] = {
+            "width": size[0],
+            "height": size[1],
+            "by": by if isinstance(by, str) else "the annotations",
+        }
     return out
+
+
+def declared_size(declared: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(width, height)`` of a `DECLARED_SIZE` value, or None if either is not
+    a positive integer (a tool that could not read the image writes 0)."""
+    width: Any = declared.get("width")
+    height: Any = declared.get("height")
+    if _is_integer(width) and _is_integer(height) and width > 0 and height > 0:
+        return int(width), int(height)
+    return None
 
 
 def csv_row_targets(fields: Mapping[str, str], targets: TargetsConfig) -> dict[str, Any]:

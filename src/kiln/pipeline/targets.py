@@ -2,9 +2,10 @@
 
 `TargetCodec` turns the targets a source listed for an image (canonical
 JSON, `kiln.pipeline.target_rows`) into `kiln.transforms.Targets` in the
-pixels of the source file as stored (`load`): it reads and decodes mask
-files, rasterizes polygons and RLE (`kiln.transforms.segmentation_to_mask`),
-maps class names to ids, and checks what needs the image. After EXIF
+pixels they are drawn on, the source file's as stored or upright (`load`,
+`TargetCodec.frame`): it reads and decodes mask files, rasterizes polygons
+and RLE (`kiln.transforms.segmentation_to_mask`), maps class names to ids,
+and checks what needs the image. After EXIF
 orientation and the offline transforms have moved them with the image
 (`kiln.transforms.orient_targets`, `Chain.apply`), `features` normalizes
 them to the stored image and returns the record's target features and what
@@ -37,7 +38,18 @@ bad_segmentation     an RLE that does not decode
 box_mask_mismatch    an instance mask whose pixels' box overlaps its
                      object's box by an IoU below `MIN_BOX_MASK_IOU`, or
                      an empty one under a box that covers pixel centres
+size_mismatch        the size the annotations declare for the image
+                     (`target_rows.DECLARED_SIZE`: COCO's width and height,
+                     VOC's ``<size>``) is not its size in the frame they
+                     are drawn on (`check_declared_size`)
 ==================== =====================================================
+
+Annotations are drawn on the file's stored pixels (``targets.annotations_frame:
+stored``, the default: the EXIF orientation moves them with the image) or
+on the image as viewers show it (``upright``: the orientation moves the
+pixels only). `TargetCodec.frame` gives the decoded image as the
+annotations see it, so the rest of the job (loading at its size, then
+`kiln.transforms.orient_targets`) serves both.
 
 The semantic mask and image-level labels always drop the image: there is
 no object to drop instead.
@@ -91,6 +103,7 @@ REASONS = (
     "bad_polygon",
     "bad_segmentation",
     "box_mask_mismatch",
+    "size_mismatch",
 )
 # An instance mask and its object's box disagree when the box around the
 # mask's pixels overlaps the object's box by less than this IoU and one of
@@ -315,7 +328,8 @@ class ListedTargets:
 
 @dataclasses.dataclass(frozen=True)
 class LoadedTargets:
-    """One image's targets as loaded, in the source file's stored pixels.
+    """One image's targets as loaded, in the pixels of the annotations' frame
+    (`TargetCodec.frame`: the source file's stored pixels by default).
 
     Attributes:
       geometry: Boxes, per-object columns (``classes``, fields),
@@ -351,6 +365,57 @@ class TargetCodec:
     @property
     def config(self) -> TargetsConfig:
         return self._targets
+
+    def check_declared_size(self, listed: ListedTargets, decoded: transforms.DecodedImage) -> None:
+        """Refuses an image whose size in the annotations' frame (stored, or
+        upright: ``annotations_frame``) is not the size they declare
+        (`target_rows.DECLARED_SIZE`; nothing to check without one): boxes
+        drawn on another frame, or on the image before it was resized, would
+        be stored silently wrong.
+
+        Raises:
+          BadAnnotation: ``size_mismatch``, naming both sizes and, when the
+            declared size is the image's in the other frame, the setting to change.
+        """
+        declared: Mapping[str, Any] | None = listed.row.get(target_rows.DECLARED_SIZE)
+        size = None if declared is None else target_rows.declared_size(declared)
+        if declared is None or size is None:
+            return
+        stored_height, stored_width = decoded.stored_size
+        stored = (stored_width, stored_height)
+        upright = stored if decoded.orientation < 5 else (stored_height, stored_width)
+        frame = self._targets.annotations_frame
+        expected, other = (stored, upright) if frame == "stored" else (upright, stored)
+        if size == expected:
+            return
+        said = f"the annotations declare the image {size[0]}x{size[1]} (WxH, {declared['by']})"
+        read = "as stored" if frame == "stored" else "upright"  # where the frame reads them
+        if size == other:
+            setting = "upright" if frame == "stored" else "stored"
+            drawn = "upright" if frame == "stored" else "as stored"
+            message = (
+                f"{said}, its size {drawn}: set targets.annotations_frame: {setting} (the "
+                f"annotations were drawn on the image {drawn}; {_frames(decoded)}, and "
+                f"targets.annotations_frame: {frame} reads them on the image {read})"
+            )
+        else:
+            message = (
+                f"{said}, but it is {expected[0]}x{expected[1]} {read} ({_frames(decoded)}): "
+                f"resized after it was annotated, or the annotations are another image's; "
+                f"their coordinates would not fit it"
+            )
+        raise BadAnnotation("size_mismatch", message)
+
+    def frame(self, decoded: transforms.DecodedImage) -> transforms.DecodedImage:
+        """`decoded` as the annotations see it: itself (``annotations_frame:
+        stored``), or (``upright``) with its upright size as its stored size and
+        no orientation, so that annotations drawn upright are loaded at that
+        size and not moved by the orientation, while its pixels were."""
+        if self._targets.annotations_frame == "stored" or decoded.orientation == 1:
+            return decoded
+        return decoded._replace(
+            orientation=1, stored_size=transforms.decode_scale.upright_size(decoded)
+        )
 
     def box_evidence(
         self, listed: ListedTargets, height: int, width: int
@@ -407,12 +472,25 @@ class TargetCodec:
             ensure_ascii=False,
         )
 
-    def load(self, listed: ListedTargets, height: int, width: int) -> LoadedTargets:
-        """The targets of an image whose stored pixels are ``height x width``.
+    def load(
+        self, listed: ListedTargets, height: int, width: int, orientation: int = 1
+    ) -> LoadedTargets:
+        """The targets of an image whose pixels in the annotations' frame
+        (`frame`) are ``height x width``; `orientation`: the file's EXIF
+        orientation, which a mask of another size is reported with.
 
         Raises:
           BadAnnotation: the image must be dropped (see the module docstring).
         """
+        try:
+            return self._load(listed, height, width, orientation)
+        except BadAnnotation as e:
+            frame = self._targets.annotations_frame
+            raise _with_orientation(e, orientation, frame, height, width) from None
+
+    def _load(
+        self, listed: ListedTargets, height: int, width: int, orientation: int
+    ) -> LoadedTargets:
         row = listed.row
         dropped: list[tuple[int, str, str]] = []
         labels = None
@@ -434,6 +512,8 @@ class TargetCodec:
                 except BadAnnotation as e:
                     if not self._drop_object:
                         raise
+                    frame = self._targets.annotations_frame
+                    e = _with_orientation(e, orientation, frame, height, width)
                     dropped.append((index, e.reason, str(e)))
             geometry = self._geometry(kept, mask, height, width)
         return LoadedTargets(
@@ -701,6 +781,38 @@ class TargetCodec:
         if targets.instance_masks is not None and moved.instance_masks is not None:
             fields["instance_masks"] = [_encode_png(m) for m in moved.instance_masks]
         return fields
+
+
+def _frames(decoded: transforms.DecodedImage) -> str:
+    """``the file is stored 64x48 with EXIF orientation 6, 48x64 upright`` (WxH)."""
+    height, width = decoded.stored_size
+    if decoded.orientation == 1:
+        return f"the file is stored {width}x{height}, without EXIF orientation"
+    upright_height, upright_width = transforms.decode_scale.upright_size(decoded)
+    return (
+        f"the file is stored {width}x{height} with EXIF orientation {decoded.orientation}, "
+        f"{upright_width}x{upright_height} upright"
+    )
+
+
+def _with_orientation(
+    error: BadAnnotation, orientation: int, frame: str, height: int, width: int
+) -> BadAnnotation:
+    """A ``mask_size_mismatch`` of an image (``height x width`` in the frame
+    `frame`) whose file has an EXIF orientation other than 1, saying so and
+    what the image is in the other frame; any other error as it is."""
+    if error.reason != "mask_size_mismatch" or orientation == 1:
+        return error
+    other = "upright" if frame == "stored" else "stored"
+    other_height, other_width = (width, height) if orientation >= 5 else (height, width)
+    note = (
+        f" {'as stored' if frame == 'stored' else 'upright'} (targets.annotations_frame: "
+        f"{frame}); the file has EXIF orientation "
+        f"{orientation}: {other} it is {other_height}x{other_width} (HxW); masks drawn on "
+        f"the image {'as viewers show it' if other == 'upright' else 'as stored'} need "
+        f"targets.annotations_frame: {other}"
+    )
+    return BadAnnotation(error.reason, str(error) + note, located=error.located + note)
 
 
 def location_free(text: str) -> str:

@@ -25,6 +25,11 @@ continuous coordinates (column i covers [i, i + 1), from 0) the box is
 ``targets.boxes.fields`` (e.g. ``{difficult: int}``). They are all a VOC
 object gives: the config refuses any other field (`FLAGS`).
 
+``<size>`` (``<width>``, ``<height>``: the image's size as the annotation
+tool saw it) is carried to the job as the row's `target_rows.DECLARED_SIZE`,
+which drops an image of another size (``size_mismatch``); a size that is
+absent, not a whole number or 0 is not checked.
+
 A file that is not well-formed XML, lacks ``<filename>`` (a file whose
 elements are in an XML namespace, ``<annotation xmlns="...">``, lacks them
 all: the message says so), or has a box coordinate that is not a number is
@@ -47,7 +52,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kiln.lazy_import import LazyModule
-from kiln.pipeline import storage
+from kiln.pipeline import storage, target_rows
 
 if TYPE_CHECKING:
     from apache_beam.io.filesystems import FileSystems
@@ -168,7 +173,21 @@ def parse(data: bytes) -> dict[str, Any]:
         for flag in FLAGS:
             found[flag] = _flag(element.findtext(flag), f"{where}: <{flag}>")
         objects.append(found)
-    return {"path": filename, "objects": objects}
+    row: dict[str, Any] = {"path": filename, "objects": objects}
+    width, height = (_size(root.findtext(f"size/{name}")) for name in ("width", "height"))
+    if width and height:
+        row[target_rows.DECLARED_SIZE] = {"width": width, "height": height, "by": "<size>"}
+    return row
+
+
+def _size(text: str | None) -> int | None:
+    """A ``<size>`` side as a positive integer, or None (absent, not a whole
+    number, or 0, which tools that could not read the image write)."""
+    try:
+        value = float((text or "").strip())
+    except ValueError:
+        return None
+    return int(value) if value.is_integer() and value > 0 else None
 
 
 def _flag(text: str | None, where: str) -> int:

@@ -212,6 +212,13 @@ class TargetsConfig(_Model):
     list, a polygon with fewer than 3 points, ...) drops: the whole image (`drop_image`, the
     default: an object removed from the annotations stays in the pixels and teaches the model
     it is background) or only that object (`drop_object`)."""
+    annotations_frame: Literal["stored", "upright"] = "stored"
+    """Which pixels the boxes, keypoints and masks are drawn on: `stored` (the default), the
+    file's pixels as stored, moved with the EXIF orientation as the image is turned upright; or
+    `upright`, the image as viewers show it, the EXIF orientation applied (what CVAT, Label
+    Studio, Roboflow export; detectron2 and mmdetection read COCO so): the orientation moves the
+    pixels only. A size the annotations declare (COCO `images[].width/height`, VOC `<size>`)
+    must be the image's size in this frame, or the image is dropped (`size_mismatch`)."""
 
     @pydantic.model_validator(mode="after")
     def _relations(self):
@@ -244,8 +251,12 @@ class TargetsConfig(_Model):
         return self.kinds == ("label",)
 
     def to_json(self) -> dict:
-        """The resolved declaration, as ``kiln.json`` stores it."""
-        return self.model_dump(mode="json")
+        """The resolved declaration, as ``kiln.json`` stores it (``annotations_frame``
+        only when ``upright``: a declaration without it keeps its kiln.json and fingerprint)."""
+        data = self.model_dump(mode="json")
+        if self.annotations_frame == "stored":
+            del data["annotations_frame"]
+        return data
 
 
 CLASSIFICATION = TargetsConfig(label=LabelTarget())
