@@ -640,6 +640,29 @@ def test_cutmix_mixes_targets_with_the_pixels_and_mixup_is_refused(scenes_datase
         kiln.reader.load(scenes_dataset.dataset_dir, batch_size=4, augment=["mixup"])
 
 
+def test_cutmix_leaves_a_batch_of_one_as_it_is(scenes_dataset):
+    """One image has no other to mix with: it comes out as without cutmix, not
+    pasted into itself (which doubled each object the rectangle cut)."""
+
+    def read(augment):
+        dataset = kiln.reader.load(
+            scenes_dataset.dataset_dir,
+            batch_size=1,
+            seed=3,
+            augment=augment,
+            as_supervised=False,
+        )
+        return [{name: value[0] for name, value in batch.items()} for batch in dataset]
+
+    plain = read([{"random_crop": {"size": 64}}])
+    mixed = read([{"random_crop": {"size": 64}}, {"cutmix": {"alpha": 1.0}}])
+    assert len(mixed) == len(plain) == NUM_SCENES
+    for one, other in zip(mixed, plain, strict=True):
+        assert one["key"] == other["key"]
+        for name in ("image", "boxes", "classes", "instance_masks", "mask", "keypoints"):
+            np.testing.assert_array_equal(one[name].numpy(), other[name].numpy(), err_msg=name)
+
+
 def test_batch_ops_are_checked_against_the_targets_also_where_they_do_not_run(scenes_dataset):
     """Outside training (an evaluation script, a validation split) batch ops do
     not run, but a list that cannot train on the dataset is refused there too."""
