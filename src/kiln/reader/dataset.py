@@ -370,6 +370,12 @@ def load_for_model(
     (`load` after it), so the two agree when no image has more objects
     than `max_objects`.
 
+    The dataset batches the images as stored, before any crop (the crops
+    run in the layer): on a dataset whose images vary in size (kiln.json
+    ``image_size`` null) a `batch_size` is refused. Resize or crop to one
+    size in the build's transforms, or pass ``batch_size=None``; `load`,
+    whose crops run before batching, takes such datasets batched.
+
     Returns:
       ``(dataset, layer)``.
 
@@ -377,7 +383,8 @@ def load_for_model(
       As `load`, from the same checks of the list against the dataset (an
       RGB-only op on grey images, a crop that does not fit, targets it
       cannot move), raised here rather than at the layer's first call;
-      ValueError for batch ops in the list.
+      ValueError for batch ops in the list, and for a `batch_size` on a
+      dataset whose images vary in size.
     """
     return _read(
         path,
@@ -402,6 +409,46 @@ def load_for_model(
         dtype=dtype,
         data_format=data_format,
         options=as_read_options(options),
+    )
+
+
+def _unbatchable(
+    dataset_dir: str,
+    split: str,
+    image_size: Sequence[int] | None,
+    augmenter: Augmenter,
+    model_side: bool,
+) -> str:
+    """Why the images of a batched read have no static size, and what to do."""
+    if image_size is not None:
+        # The stored size is fixed: an op's output lost it.
+        users = [a.name for a in augmenter.element_ops if not a.definition.builtin]
+        users = users or [a.name for a in augmenter.element_ops]
+        which = f"the op {users[0]!r}" if len(users) == 1 else f"one of the ops {users}"
+        return (
+            f"{dataset_dir}: images in split {split!r} are stored {image_size[0]}x"
+            f"{image_size[1]} (kiln.json image_size), but the output of {which} has no static "
+            f"size (its height or width is unknown when traced, e.g. a crop whose size is a "
+            f"tensor), so the images cannot be batched. Give the op's output a static shape "
+            f"where it returns, e.g. image = tf.ensure_shape(image, [height, width, "
+            f"channels]) (and so its inference form), or pass batch_size=None for "
+            f"unbatched elements."
+        )
+    if model_side:
+        return (
+            f"{dataset_dir}: images in split {split!r} vary in size (kiln.json image_size is "
+            f"null), and load_for_model's dataset yields them as stored: its augmentation, "
+            f"crops included, runs in the model (the layer), so the dataset cannot batch "
+            f"them. Resize or crop them to one size in the build's transforms, pass "
+            f"batch_size=None for unbatched elements (the layer takes each as a batch of "
+            f"one, image[None]), or use load, whose crops set the size before batching."
+        )
+    return (
+        f"{dataset_dir}: images in split {split!r} vary in size (kiln.json image_size "
+        f"is null) and no augmentation op sets an output size, so they cannot be "
+        f"batched. Add random_resized_crop or random_crop with a size to `augment` "
+        f"(or a resize/crop to the build's transforms), or pass batch_size=None for "
+        f"unbatched elements."
     )
 
 
@@ -613,11 +660,7 @@ def _read(
         image_shape = decoding.features_spec(element_spec)["image"].shape
         if batch_size is not None and not image_shape.is_fully_defined():
             raise ValueError(
-                f"{dataset_dir}: images in split {split!r} vary in size (kiln.json image_size "
-                f"is null) and no augmentation op sets an output size, so they cannot be "
-                f"batched. Add random_resized_crop or random_crop with a size to `augment` "
-                f"(or a resize/crop to the build's transforms), or pass batch_size=None for "
-                f"unbatched elements."
+                _unbatchable(dataset_dir, split, metadata.image_size, augmenter, model_side)
             )
         if batch_size is not None:
             # A plain batch right after the element map, so that tf.data fuses
