@@ -148,8 +148,11 @@ def load(
         Keras epoch, and you get a new shuffle and new augmentation). An int:
         that many passes. True: endless.
       drop_remainder: Drop the last partial batch, so every tensor in
-        `element_spec` has a fully static shape (needed on TPU). Needs a known
-        output size: a dataset stored at one size, or a crop op with a size.
+        `element_spec` has a fully static shape (needed on TPU), except what
+        varies per image: per-object values (ragged unless `max_objects`) and
+        multi-label ``labels`` (a ragged row of ids, ``[batch, (labels)]``,
+        unless `one_hot`). Needs a known output size: a dataset stored at one
+        size, or a crop op with a size.
         A batch larger than all the read holds (no batch at all) is refused.
         For evaluation, `pad_remainder` keeps every record instead.
       pad_remainder: Evaluation that counts every record, in batches of
@@ -208,8 +211,9 @@ def load(
         (``image`` replaced by the decoded, augmented image, targets by the
         augmented targets; ``height``/``width`` stay the stored size).
       max_objects: For datasets with boxes: pad (or cut) every element's
-        objects to this many, so every tensor has a static shape (TPU, with
-        ``drop_remainder=True``), and add ``num_objects`` (int32, the count
+        objects to this many, so every per-object tensor has a static shape
+        (TPU, with ``drop_remainder=True``; multi-label ``labels`` are not
+        objects and need `one_hot` for one), and add ``num_objects`` (int32, the count
         before padding, at most `max_objects`). Padded ``classes`` are -1,
         everything else padded is 0. Objects beyond it are cut, the first
         ones kept: choose it from kiln.json's object statistics. cutmix
