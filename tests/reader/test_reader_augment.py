@@ -942,8 +942,8 @@ def own_weights(spec, count: int = 4000) -> np.ndarray:
     """The weight each element keeps of its own label, one batch of 8 per seed.
 
     The smallest diagonal entry of the mixed one-hot labels: an element
-    whose partner is itself keeps weight 1, the others ``lam`` (mixup) or
-    ``1 - pasted`` (cutmix).
+    keeps ``lam`` (mixup) or ``1 - pasted`` (cutmix) of its own label: its
+    partner is always another element.
     """
     augmenter = Augmenter(tuple(validate([spec])))
     images = tf.stack([tf.fill([8, 8, 3], i / 8) for i in range(8)])

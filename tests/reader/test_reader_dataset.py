@@ -260,6 +260,66 @@ def test_images_of_varying_size(varying_dataset):
     assert next(iter(cropped))[0].shape == (4, 20, 20, 3)
 
 
+def test_load_for_model_on_images_of_varying_size_says_the_crop_runs_in_the_model(
+    varying_dataset,
+):
+    """load_for_model's dataset yields the stored images and its crops run in
+    the layer: a crop in the list does not make the batches (as with load)."""
+    path = varying_dataset.dataset_dir
+    augment = [{"random_resized_crop": {"size": 20}}, "random_flip_left_right"]
+    assert kiln.reader.load(path, batch_size=4, augment=augment).element_spec[0].shape[1:] == (
+        20,
+        20,
+        3,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"vary in size \(kiln.json image_size is null\), and load_for_model's dataset "
+        r"yields them as stored: its augmentation, crops included, runs in the model .* "
+        r"build's transforms, pass batch_size=None",
+    ):
+        kiln.reader.load_for_model(path, batch_size=4, augment=augment)
+    dataset, layer = kiln.reader.load_for_model(path, batch_size=None, augment=augment, seed=1)
+    inputs, _ = next(iter(dataset))
+    assert layer({k: v[None] for k, v in inputs.items()}, training=True).shape == (1, 20, 20, 3)
+
+
+def test_an_op_whose_output_has_no_static_size_is_named_on_fixed_size_images(png_dataset):
+    """On a dataset of one stored size, unbatchable images come from an op
+    whose output lost its static shape: the message names it and
+    tf.ensure_shape, not a size that is not null."""
+    from kiln.reader.ops import AUGMENTATIONS
+
+    def crop(image, seed, *, size: int = 20):
+        # The size is a tensor: the output's height and width are unknown when traced.
+        size = tf.constant(size) + tf.random.stateless_uniform([], seed, 0, 1, tf.int32)
+        return image[:size, :size]
+
+    kiln.reader.register_augmentation(
+        "random_dynamic_crop", inference=lambda image, size=20: image
+    )(crop)
+    try:
+        path = png_dataset.dataset_dir
+        with pytest.raises(
+            ValueError,
+            match=r"are stored 32x32 \(kiln.json image_size\), but the output of the op "
+            r"'random_dynamic_crop' has no static size .* tf.ensure_shape\(image",
+        ):
+            kiln.reader.load(path, batch_size=4, augment=["random_dynamic_crop"], seed=1)
+
+        def fixed(image, seed, *, size: int = 20):
+            return tf.ensure_shape(crop(image, seed, size=size), [size, size, 3])
+
+        AUGMENTATIONS.remove("random_dynamic_crop")
+        kiln.reader.register_augmentation(
+            "random_dynamic_crop", inference=lambda image, size=20: image[:size, :size]
+        )(fixed)
+        dataset = kiln.reader.load(path, batch_size=4, augment=["random_dynamic_crop"], seed=1)
+        assert next(iter(dataset))[0].shape == (4, 20, 20, 3)
+    finally:
+        AUGMENTATIONS.remove("random_dynamic_crop")
+
+
 def test_normalize_uses_the_stored_train_statistics(png_dataset):
     statistics = png_dataset.info.splits["train"].statistics
     mean, std = np.array(statistics.mean), np.array(statistics.std)

@@ -31,9 +31,9 @@ GOLDEN_SHARDS = {
 
 # The stream version these values pin (unchanged from version 3: version 4
 # changed only mixup and cutmix, version 5 only boxes of objects with instance
-# masks, version 6 only cutmix on datasets with instance masks, none of which
-# this dataset and GOLDEN_AUGMENT have).
-GOLDEN_STREAM_VERSION = 6
+# masks, version 6 only cutmix on datasets with instance masks, version 7 only
+# mixup and cutmix, none of which this dataset and GOLDEN_AUGMENT have).
+GOLDEN_STREAM_VERSION = 7
 
 # load(seed=2024, batch_size=4, repeat=2), augment = builds.GOLDEN_AUGMENT
 # (random_resized_crop 12, flip, color_jitter, random_erasing): per batch the

@@ -333,6 +333,64 @@ def test_model_layer_refuses_targets_the_dataset_does_not_declare(scenes_dataset
             layer({**inputs, "targets": misspelt}, training=training)
 
 
+def test_model_layer_refuses_padded_objects_without_num_objects(scenes_dataset):
+    """``load_for_model(max_objects=M)`` pads each element's objects to M rows:
+    without ``num_objects`` the layer cannot tell padding from objects (it
+    moved the padding rows as objects of class -1)."""
+    kwargs = {"batch_size": 4, "seed": 5, "augment": ["random_flip_left_right"]}
+    dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, max_objects=5, **kwargs)
+    inputs, targets = next(iter(dataset))
+    assert int(tf.reduce_min(targets["num_objects"])) < 5  # padding rows present
+    without_count = {name: value for name, value in targets.items() if name != "num_objects"}
+    for training in (True, False):
+        with pytest.raises(
+            ValueError,
+            match=r"AugmentationLayer: the targets \['boxes', 'classes', 'keypoints', "
+            r"'keypoint_visibility', 'instance_masks'\] are padded .* but 'num_objects' is "
+            r"missing",
+        ):
+            layer({**inputs, "targets": without_count}, training=training)
+    # Ragged targets (no max_objects) need no count.
+    dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **kwargs)
+    inputs, targets = next(iter(dataset))
+    assert "num_objects" not in targets
+    layer({**inputs, "targets": targets}, training=True)
+
+
+def test_model_layer_refuses_some_of_the_columns_that_move_objects_together(scenes_dataset):
+    """Which objects a move keeps is decided by their boxes and instance masks
+    (to whose pixels the boxes are re-fitted); keypoints move with their
+    visibility. Given part of them, the layer moved other boxes than `load`
+    (or failed with a KeyError): it refuses, naming what the columns need;
+    the others (classes, keypoints, the class mask) may be left out."""
+    augment = [{"random_rotation": {"angle_range": [-40, 40]}}]
+    kwargs = {"batch_size": 4, "seed": 1, "augment": augment}
+    dataset, layer = kiln.reader.load_for_model(scenes_dataset.dataset_dir, **kwargs)
+    inputs, targets = next(iter(dataset))
+    refused = {
+        ("boxes", "classes"): r"\['boxes', 'instance_masks'\] beside them, missing "
+        r"\['instance_masks'\]: which objects a move keeps is decided by their boxes and "
+        r"instance masks",
+        ("instance_masks",): r"missing \['boxes'\]",
+        ("boxes", "instance_masks", "keypoints"): r"need \['boxes', 'keypoints', "
+        r"'keypoint_visibility', 'instance_masks'\] beside them, missing "
+        r"\['keypoint_visibility'\]: .*keypoints move with their visibility",
+    }
+    for names, message in refused.items():
+        for training in (True, False):
+            with pytest.raises(ValueError, match=message):
+                layer(
+                    {**inputs, "targets": {name: targets[name] for name in names}},
+                    training=training,
+                )
+    _, whole = layer({**inputs, "targets": targets}, training=True)
+    names = ("boxes", "instance_masks")
+    _, part = layer({**inputs, "targets": {name: targets[name] for name in names}}, training=True)
+    assert sorted(part) == sorted(names)
+    for name in names:
+        assert part[name].to_list() == whole[name].to_list(), name
+
+
 def test_model_layer_refuses_to_move_images_alone_in_training(scenes_dataset):
     """The README's classification model, ``network(layer(inputs))``, on a
     detection dataset: fit would train on flipped images and unflipped boxes.
@@ -638,6 +696,29 @@ def test_cutmix_mixes_targets_with_the_pixels_and_mixup_is_refused(scenes_datase
             assert not scenes.check_element(image, one)
     with pytest.raises(TargetError, match=r"mixup.*'boxes'"):
         kiln.reader.load(scenes_dataset.dataset_dir, batch_size=4, augment=["mixup"])
+
+
+def test_cutmix_leaves_a_batch_of_one_as_it_is(scenes_dataset):
+    """One image has no other to mix with: it comes out as without cutmix, not
+    pasted into itself (which doubled each object the rectangle cut)."""
+
+    def read(augment):
+        dataset = kiln.reader.load(
+            scenes_dataset.dataset_dir,
+            batch_size=1,
+            seed=3,
+            augment=augment,
+            as_supervised=False,
+        )
+        return [{name: value[0] for name, value in batch.items()} for batch in dataset]
+
+    plain = read([{"random_crop": {"size": 64}}])
+    mixed = read([{"random_crop": {"size": 64}}, {"cutmix": {"alpha": 1.0}}])
+    assert len(mixed) == len(plain) == NUM_SCENES
+    for one, other in zip(mixed, plain, strict=True):
+        assert one["key"] == other["key"]
+        for name in ("image", "boxes", "classes", "instance_masks", "mask", "keypoints"):
+            np.testing.assert_array_equal(one[name].numpy(), other[name].numpy(), err_msg=name)
 
 
 def test_batch_ops_are_checked_against_the_targets_also_where_they_do_not_run(scenes_dataset):

@@ -601,3 +601,58 @@ def test_cutmix_judges_objects_by_their_instance_masks_as_erasing_does():
             )
     # The seeds tried include pastes where the box and the mask disagree.
     assert box_rule_differs > 0
+
+
+@pytest.mark.parametrize("batch", [2, 3, 4, 5])
+def test_cutmix_never_pastes_an_image_into_itself(batch):
+    # A random permutation maps some image to itself in most batches: its
+    # pixels stayed, while every object the rectangle cut came out twice
+    # (once its own, once as the "partner's"). Each image of _triangle_batch
+    # has its own grey level and each object its own class id (10 * image + k).
+    spec = TargetSpec(kinds=("boxes", "instance_masks"), min_visibility=0.25)
+    images, tensors, _, _ = _triangle_batch()
+    images = tf.concat([images, images * 0.5 + 0.1], 0)[:batch]  # each its own grey
+    tensors = {name: tf.concat([value, value], 0)[:batch] for name, value in tensors.items()}
+    tensors["classes"] = tf.ragged.map_flat_values(
+        lambda c: c + 100 * tf.cast(tf.repeat(tf.range(batch) >= 4, 3), tf.int64),
+        tensors["classes"],
+    )
+    with_targets = validate(["cutmix"])[0].definition.with_targets
+    for index in range(30):
+        seed = tf.constant([3, index], tf.int32)
+        mixed_images, mixed = with_targets(
+            images, BatchTargets(tensors, spec), seed, alpha=1.0, probability=1.0
+        )
+        changed = np.any(mixed_images.numpy() != images.numpy(), axis=(1, 2, 3))
+        classes = mixed.tensors["classes"]
+        for element in range(batch):
+            ids = classes[element].numpy().tolist()
+            assert len(ids) == len(set(ids)), (index, element, ids)
+            sources = {(i % 100) // 10 + 4 * (i >= 100) for i in ids}
+            # Its own objects and at most one other image's.
+            assert len(sources - {element}) <= 1, (index, element, ids)
+            if sources - {element}:
+                assert changed[element], (index, element)
+
+
+def test_batch_ops_leave_a_batch_of_one_alone():
+    spec = TargetSpec(kinds=("boxes", "instance_masks"), min_visibility=0.25)
+    images, tensors, _, _ = _triangle_batch()
+    images, tensors = images[:1], {name: value[:1] for name, value in tensors.items()}
+    labels = tf.constant([[0.0, 1.0, 0.0]])
+    for name in ("cutmix", "mixup"):
+        definition = validate([name])[0].definition
+        for index in range(10):
+            seed = tf.constant([5, index], tf.int32)
+            out, out_labels = definition.fn(images, labels, seed, alpha=1.0, probability=1.0)
+            np.testing.assert_array_equal(out.numpy(), images.numpy())
+            np.testing.assert_array_equal(out_labels.numpy(), labels.numpy())
+            if name == "cutmix":
+                out, moved = definition.with_targets(
+                    images, BatchTargets(tensors, spec), seed, alpha=1.0, probability=1.0
+                )
+                np.testing.assert_array_equal(out.numpy(), images.numpy())
+                for column, value in tensors.items():
+                    np.testing.assert_array_equal(
+                        moved.tensors[column].to_tensor().numpy(), value.to_tensor().numpy()
+                    )

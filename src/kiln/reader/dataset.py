@@ -148,8 +148,11 @@ def load(
         Keras epoch, and you get a new shuffle and new augmentation). An int:
         that many passes. True: endless.
       drop_remainder: Drop the last partial batch, so every tensor in
-        `element_spec` has a fully static shape (needed on TPU). Needs a known
-        output size: a dataset stored at one size, or a crop op with a size.
+        `element_spec` has a fully static shape (needed on TPU), except what
+        varies per image: per-object values (ragged unless `max_objects`) and
+        multi-label ``labels`` (a ragged row of ids, ``[batch, (labels)]``,
+        unless `one_hot`). Needs a known output size: a dataset stored at one
+        size, or a crop op with a size.
         A batch larger than all the read holds (no batch at all) is refused.
         For evaluation, `pad_remainder` keeps every record instead.
       pad_remainder: Evaluation that counts every record, in batches of
@@ -208,8 +211,9 @@ def load(
         (``image`` replaced by the decoded, augmented image, targets by the
         augmented targets; ``height``/``width`` stay the stored size).
       max_objects: For datasets with boxes: pad (or cut) every element's
-        objects to this many, so every tensor has a static shape (TPU, with
-        ``drop_remainder=True``), and add ``num_objects`` (int32, the count
+        objects to this many, so every per-object tensor has a static shape
+        (TPU, with ``drop_remainder=True``; multi-label ``labels`` are not
+        objects and need `one_hot` for one), and add ``num_objects`` (int32, the count
         before padding, at most `max_objects`). Padded ``classes`` are -1,
         everything else padded is 0. Objects beyond it are cut, the first
         ones kept: choose it from kiln.json's object statistics. cutmix
@@ -370,6 +374,12 @@ def load_for_model(
     (`load` after it), so the two agree when no image has more objects
     than `max_objects`.
 
+    The dataset batches the images as stored, before any crop (the crops
+    run in the layer): on a dataset whose images vary in size (kiln.json
+    ``image_size`` null) a `batch_size` is refused. Resize or crop to one
+    size in the build's transforms, or pass ``batch_size=None``; `load`,
+    whose crops run before batching, takes such datasets batched.
+
     Returns:
       ``(dataset, layer)``.
 
@@ -377,7 +387,8 @@ def load_for_model(
       As `load`, from the same checks of the list against the dataset (an
       RGB-only op on grey images, a crop that does not fit, targets it
       cannot move), raised here rather than at the layer's first call;
-      ValueError for batch ops in the list.
+      ValueError for batch ops in the list, and for a `batch_size` on a
+      dataset whose images vary in size.
     """
     return _read(
         path,
@@ -402,6 +413,46 @@ def load_for_model(
         dtype=dtype,
         data_format=data_format,
         options=as_read_options(options),
+    )
+
+
+def _unbatchable(
+    dataset_dir: str,
+    split: str,
+    image_size: Sequence[int] | None,
+    augmenter: Augmenter,
+    model_side: bool,
+) -> str:
+    """Why the images of a batched read have no static size, and what to do."""
+    if image_size is not None:
+        # The stored size is fixed: an op's output lost it.
+        users = [a.name for a in augmenter.element_ops if not a.definition.builtin]
+        users = users or [a.name for a in augmenter.element_ops]
+        which = f"the op {users[0]!r}" if len(users) == 1 else f"one of the ops {users}"
+        return (
+            f"{dataset_dir}: images in split {split!r} are stored {image_size[0]}x"
+            f"{image_size[1]} (kiln.json image_size), but the output of {which} has no static "
+            f"size (its height or width is unknown when traced, e.g. a crop whose size is a "
+            f"tensor), so the images cannot be batched. Give the op's output a static shape "
+            f"where it returns, e.g. image = tf.ensure_shape(image, [height, width, "
+            f"channels]) (and so its inference form), or pass batch_size=None for "
+            f"unbatched elements."
+        )
+    if model_side:
+        return (
+            f"{dataset_dir}: images in split {split!r} vary in size (kiln.json image_size is "
+            f"null), and load_for_model's dataset yields them as stored: its augmentation, "
+            f"crops included, runs in the model (the layer), so the dataset cannot batch "
+            f"them. Resize or crop them to one size in the build's transforms, pass "
+            f"batch_size=None for unbatched elements (the layer takes each as a batch of "
+            f"one, image[None]), or use load, whose crops set the size before batching."
+        )
+    return (
+        f"{dataset_dir}: images in split {split!r} vary in size (kiln.json image_size "
+        f"is null) and no augmentation op sets an output size, so they cannot be "
+        f"batched. Add random_resized_crop or random_crop with a size to `augment` "
+        f"(or a resize/crop to the build's transforms), or pass batch_size=None for "
+        f"unbatched elements."
     )
 
 
@@ -613,11 +664,7 @@ def _read(
         image_shape = decoding.features_spec(element_spec)["image"].shape
         if batch_size is not None and not image_shape.is_fully_defined():
             raise ValueError(
-                f"{dataset_dir}: images in split {split!r} vary in size (kiln.json image_size "
-                f"is null) and no augmentation op sets an output size, so they cannot be "
-                f"batched. Add random_resized_crop or random_crop with a size to `augment` "
-                f"(or a resize/crop to the build's transforms), or pass batch_size=None for "
-                f"unbatched elements."
+                _unbatchable(dataset_dir, split, metadata.image_size, augmenter, model_side)
             )
         if batch_size is not None:
             # A plain batch right after the element map, so that tf.data fuses

@@ -62,8 +62,11 @@ class AugmentationLayer(tf.keras.layers.Layer):
     as_supervised=False)``, are refused: the layer returns images only,
     and those targets would no longer match them. So are targets under
     ``"targets"`` that the dataset does not declare (a ``mask`` for a
-    classification dataset, a misspelt name), which it would return unmoved,
-    and, in training, images alone of a dataset whose boxes, masks or
+    classification dataset, a misspelt name), which it would return unmoved;
+    some of the columns that move objects together without the others (boxes
+    without the dataset's instance masks, keypoints without their
+    visibility: `_check_whole_objects`); padded per-object columns without
+    ``num_objects``; and, in training, images alone of a dataset whose boxes, masks or
     keypoints its ops would move.
 
     Args:
@@ -136,6 +139,8 @@ class AugmentationLayer(tf.keras.layers.Layer):
             images, seeds = inputs["image"], inputs.get("augment_seed")
             if inputs.get("targets") is not None:
                 _check_known_targets(inputs["targets"], self._spec)
+                _check_padding_counted(inputs["targets"], self._spec)
+                _check_whole_objects(inputs["targets"], self._spec)
                 return self._call_with_targets(images, seeds, inputs["targets"], training)
             _check_no_loose_targets(inputs, self._spec)
         else:
@@ -312,6 +317,61 @@ def _check_no_loose_targets(inputs: Mapping[str, Any], spec: TargetSpec) -> None
         f"d['augment_seed'], 'targets': {{name: d[name] for name in {carried}}}}} and take "
         f"(images, targets) back, or use load_for_model(..., as_supervised=True), whose "
         f"dataset yields (inputs, targets) for layer({{**inputs, 'targets': targets}})"
+    )
+
+
+def _check_padding_counted(targets: Mapping[str, Any], spec: TargetSpec) -> None:
+    """Refuses padded per-object columns (``load_for_model(max_objects=M)``:
+    dense ``[B, M, ...]``) without ``num_objects``: the layer could not tell
+    the padding rows from objects and would move them as objects (class -1,
+    zero boxes, which a flip turns into boxes inside the image)."""
+    padded = [
+        name
+        for name in spec.object_columns
+        if name in targets and not isinstance(targets[name], tf.RaggedTensor)
+    ]
+    if "num_objects" in targets or not padded:
+        return
+    raise ValueError(
+        f"AugmentationLayer: the targets {padded} are padded (load_for_model(max_objects=...) "
+        f"pads each element's objects to [batch, max_objects, ...]) but 'num_objects' is "
+        f"missing: without it the layer cannot tell the padding rows from objects and would "
+        f"move them as objects (class -1, empty boxes). Pass 'num_objects' with them, as "
+        f"load_for_model yields it"
+    )
+
+
+def _check_whole_objects(targets: Mapping[str, Any], spec: TargetSpec) -> None:
+    """Refuses per-object columns without the others that decide how objects
+    move. Which objects a move keeps is decided by their boxes, and on a
+    dataset with instance masks by the masks too, to whose pixels the boxes
+    are re-fitted: without them the layer would keep other objects, or other
+    boxes, than the tf.data path. Keypoints move with their visibility."""
+    given = [name for name in spec.object_columns if name in targets]
+    if not given:
+        return
+    needed = {name for name in ("boxes", "instance_masks") if name in spec.kinds}
+    if {"keypoints", "keypoint_visibility"} & set(given):
+        needed |= {"keypoints", "keypoint_visibility"}
+    missing = [name for name in spec.object_columns if name in needed and name not in given]
+    if not missing:
+        return
+    needed_in_order = [name for name in spec.object_columns if name in needed]
+    reasons = []
+    if {"boxes", "instance_masks"} <= needed:
+        reasons.append(
+            "which objects a move keeps is decided by their boxes and instance masks, and "
+            "the boxes are re-fitted to the masks' pixels"
+        )
+    elif needed & {"boxes", "instance_masks"}:
+        decided = "boxes" if "boxes" in needed else "instance masks"
+        reasons.append(f"which objects a move keeps is decided by their {decided}")
+    if "keypoints" in needed:
+        reasons.append("keypoints move with their visibility")
+    raise ValueError(
+        f"AugmentationLayer: the targets {given} need {needed_in_order} beside them, missing "
+        f"{missing}: {'; '.join(reasons)}, so without them the layer would not move the "
+        f"objects as load does. Pass {missing} too (load_for_model yields them with the rest)"
     )
 
 

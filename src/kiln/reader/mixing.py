@@ -3,9 +3,10 @@
 A batch op is ``fn(images, labels, seed, **params) -> (images, labels)`` on a
 float32 ``[batch, height, width, channels]`` batch and float32 one-hot (or
 already mixed) ``[batch, num_classes]`` labels, with one shape-[2] int32 seed
-per batch. Each image is mixed with the image at a seeded permutation of the
-batch; the mixing weight comes from Beta(alpha, alpha), drawn as a ratio of
-two stateless Gamma samples taken in log space (exact for small alpha).
+per batch. Each image is mixed with a partner: another image of the batch,
+never itself (`_partners`), so a batch of one is left as it is. The mixing
+weight comes from Beta(alpha, alpha), drawn as a ratio of two stateless Gamma
+samples taken in log space (exact for small alpha).
 
 On a dataset with targets an op mixes `BatchTargets` instead of labels
 (``with_targets``). Class vectors mix like labels: ``label`` (one-hot) and
@@ -60,7 +61,28 @@ def _beta(seed: tf.Tensor, alpha: float) -> tf.Tensor:
 
 
 def _partners(seed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
-    return tf.argsort(tf.random.stateless_uniform([batch], seed=seed))
+    """Each element's partner, never the element itself (for ``batch >= 2``).
+
+    The batch is put in a seeded random order and each element is paired with
+    the one ``offset`` places after it in that order (cyclically), ``offset``
+    uniform in ``[1, batch - 1]``. A plain random permutation maps some
+    element to itself in most batches (always in a batch of one): its pixels
+    stayed the same while cutmix doubled every object the rectangle cut. A
+    batch of one has no other partner: the ops leave it alone (`_mixes`).
+    """
+    seeds = tf.random.split(seed, 2)
+    order = tf.argsort(tf.random.stateless_uniform([batch], seed=seeds[0]))
+    offset = tf.random.stateless_uniform(
+        [], seed=seeds[1], minval=1, maxval=tf.maximum(batch, 2), dtype=tf.int32
+    )
+    place = tf.argsort(order)  # where each element is in `order`
+    return tf.gather(order, (place + offset) % batch)
+
+
+def _mixes(seed: tf.Tensor, probability: float, batch: tf.Tensor) -> tf.Tensor:
+    """Whether a batch op mixes this batch: with `probability`, and only when
+    the batch has two or more images (one image has no partner)."""
+    return _applies(seed, probability) & (batch > 1)
 
 
 def _applies(seed: tf.Tensor, probability: float) -> tf.Tensor:
@@ -85,8 +107,9 @@ def _mix_class_vectors(tensors: dict, partners, own_weight, partner_weight) -> d
 def _mixup_weights(images, seed, *, alpha, probability):
     """mixup's draws: the weight of each image's own pixels and its partners."""
     seeds = tf.random.split(seed, 3)
-    lam = tf.where(_applies(seeds[2], probability), _beta(seeds[0], alpha), 1.0)
-    return lam, _partners(seeds[1], tf.shape(images)[0])
+    batch = tf.shape(images)[0]
+    lam = tf.where(_mixes(seeds[2], probability, batch), _beta(seeds[0], alpha), 1.0)
+    return lam, _partners(seeds[1], batch)
 
 
 def _mixup_targets(images, targets: BatchTargets, seed, *, alpha, probability):
@@ -109,10 +132,10 @@ def mixup(
 ):
     """Blends each image with a partner: ``lam * x + (1 - lam) * x[partner]``,
     labels alike, one ``lam ~ Beta(alpha, alpha)`` per batch (Zhang et al. 2018).
-    With `probability` per batch; otherwise the batch is unchanged.
-    Multi-label ``labels`` (multi-hot) mix alike. Refused for boxes, masks
-    and keypoints: a blend of two images' objects has no single right
-    target."""
+    With `probability` per batch; otherwise (and in a batch of one) the
+    batch is unchanged. Multi-label ``labels`` (multi-hot) mix alike.
+    Refused for boxes, masks and keypoints: a blend of two images' objects
+    has no single right target."""
     lam, partners = _mixup_weights(images, seed, alpha=alpha, probability=probability)
     images = lam * images + (1.0 - lam) * tf.gather(images, partners)
     labels = lam * labels + (1.0 - lam) * tf.gather(labels, partners)
@@ -137,7 +160,7 @@ def _cutmix_region(images, seed, *, alpha, probability):
     rows = tf.range(height)[:, None]
     cols = tf.range(width)[None, :]
     inside = (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right)
-    applies = _applies(seeds[4], probability)
+    applies = _mixes(seeds[4], probability, shape[0])
     inside &= applies
     partners = _partners(seeds[3], shape[0])
     pasted = tf.reduce_sum(tf.cast(inside, tf.float32)) / (height * width)
@@ -318,7 +341,8 @@ def cutmix(
     The rectangle has area ``1 - lam`` of the image (``lam ~ Beta(alpha,
     alpha)``, one per batch), a uniform centre, and is clipped to the image;
     labels are mixed by the area actually pasted. With `probability` per
-    batch; otherwise the batch is unchanged. On detection and segmentation
+    batch; otherwise (and in a batch of one) the batch is unchanged. The
+    partner is always another image. On detection and segmentation
     datasets the class mask is pasted with the pixels, and objects follow
     (see `_cutmix_targets`); multi-label ``labels`` (multi-hot) are mixed by
     the pasted area like labels.

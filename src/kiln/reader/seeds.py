@@ -49,6 +49,9 @@ pipeline's stream otherwise stays as in version 4. Version 6: cutmix judges
 whether an object still shows by its instance mask, not its box, on a
 dataset with instance masks (as random_erasing's ``erase_targets`` does):
 streams with cutmix on such datasets change, the others stay as in version 5.
+Version 7: mixup and cutmix never pair an image with itself (`kiln.reader.mixing._partners`:
+a seeded order of the batch, each paired with the one a seeded offset after it), and leave a
+batch of one alone: every stream with mixup or cutmix changes, the others stay as in version 6.
 
 TensorFlow mixes the global seed (`tf.random.set_seed`), when one is set,
 into `Dataset.random` (so into every pass's key and orders) and
@@ -77,7 +80,7 @@ _INT31 = 2**31
 
 # Version of the seeded stream (order and augmentation) a seed gives: see the
 # module docstring; the golden stream test pins the current one.
-STREAM_VERSION = 6
+STREAM_VERSION = 7
 
 
 def resolve(
