@@ -226,8 +226,9 @@ def gather(
 
 def _check_batch_ops(ops, random: bool, count: int, n: int, split: str) -> None:
     """Refuses random batch ops on one column: they mix each image with
-    another of its batch, and a batch of one can only pair with itself, so
-    the sheet would show them doing nothing (and every epoch alike)."""
+    another of its batch, and a batch of one has no other (the reader leaves
+    it alone), so the sheet would show them doing nothing (and every epoch
+    alike)."""
     names = [op.name for op in ops if op.definition.kind == "batch"]
     if not random or not names or count >= 2:
         return
