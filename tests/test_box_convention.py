@@ -222,9 +222,23 @@ def rectangle(x0, y0, x1, y1):
 
 def test_a_box_around_its_mask_is_good_down_to_a_pixel_or_two():
     assert load_object([10, 5, 30, 25], rectangle(10, 5, 30, 25)).geometry.num_objects == 1
-    # A box drawn a little loose around a tiny object, a mask of no pixel at all.
+    # A box drawn a little loose around a tiny object; a sub-pixel object's
+    # box and mask, which cover no pixel centre.
     assert load_object([10, 5, 13.5, 8], rectangle(11, 6, 12, 7)).geometry.num_objects == 1
-    assert load_object([10, 5, 30, 25], rectangle(20.1, 9.1, 20.2, 9.2)).geometry.num_objects == 1
+    assert (
+        load_object([20, 9, 20.4, 9.4], rectangle(20.1, 9.1, 20.2, 9.2)).geometry.num_objects == 1
+    )
+
+
+def test_an_empty_mask_under_a_box_that_covers_pixels_is_a_bad_annotation():
+    # A mask of no pixel at all (a polygon of a tenth of a pixel) under a box
+    # of 20x20 pixels: not a tiny object, a box and a mask that disagree.
+    with pytest.raises(BadAnnotation) as raised:
+        load_object([10, 5, 30, 25], rectangle(20.1, 9.1, 20.2, 9.2))
+    assert raised.value.reason == "box_mask_mismatch"
+    assert "its instance mask is empty but its box [10, 5, 30, 25] covers pixel centres" in str(
+        raised.value
+    )
 
 
 @pytest.mark.parametrize(
