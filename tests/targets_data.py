@@ -12,6 +12,7 @@ mask holds its class id there (255 elsewhere), and its two keypoints
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import cv2
@@ -121,3 +122,25 @@ def corpus(folder: pathlib.Path, count: int) -> tuple[str, list[dict]]:
     """Writes `count` images and a manifest; returns its path and the rows."""
     rows = [manifest_row(index, folder) for index in range(count)]
     return write_manifest(folder, rows), rows
+
+
+def records(result) -> dict[str, dict]:
+    """key -> decoded record of a build's `result`, every split."""
+    import tensorflow as tf
+
+    from kiln.schemas import Schema
+
+    schema = Schema.from_json(result.info.schema)
+    out = {}
+    for split in result.info.splits.values():
+        paths = [os.path.join(result.dataset_dir, shard.filename) for shard in split.shards]
+        for serialized in tf.data.TFRecordDataset(paths):
+            record = schema.decode(serialized.numpy())
+            out[record["key"].decode()] = record
+    return out
+
+
+def error_rows(result) -> dict[str, dict]:
+    """key -> errors.jsonl row of a build's `result`."""
+    with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
+        return {row["key"]: row for row in map(json.loads, f)}

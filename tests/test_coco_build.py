@@ -15,31 +15,13 @@ import os
 import cv2
 import numpy as np
 import pytest
-import tensorflow as tf
 from pycocotools import mask as coco_mask
 
 from kiln.errors import ConfigError
 from kiln.pipeline import build, demo_targets
-from kiln.schemas import Schema
+from targets_data import error_rows, records
 
 KEYPOINTS = {"names": list(demo_targets.KEYPOINTS), "flip_pairs": [["left", "right"]]}
-
-
-def records(result) -> dict[str, dict]:
-    """key -> decoded record, every split."""
-    schema = Schema.from_json(result.info.schema)
-    out = {}
-    for split in result.info.splits.values():
-        paths = [os.path.join(result.dataset_dir, shard.filename) for shard in split.shards]
-        for serialized in tf.data.TFRecordDataset(paths):
-            record = schema.decode(serialized.numpy())
-            out[record["key"].decode()] = record
-    return out
-
-
-def error_rows(result) -> dict[str, dict]:
-    with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
-        return {row["key"]: row for row in map(json.loads, f)}
 
 
 def png_pixels(data: bytes) -> np.ndarray:

@@ -21,27 +21,10 @@ import tensorflow as tf
 from PIL import Image
 
 from kiln.pipeline import build
-from kiln.schemas import Schema
+from targets_data import error_rows, records
 
 STORED = (48, 64)  # the phone photo's stored pixels, HxW
 RED = (255, 0, 0)
-
-
-def records(result) -> dict[str, dict]:
-    """key -> decoded record, every split."""
-    schema = Schema.from_json(result.info.schema)
-    out = {}
-    for split in result.info.splits.values():
-        paths = [os.path.join(result.dataset_dir, shard.filename) for shard in split.shards]
-        for serialized in tf.data.TFRecordDataset(paths):
-            record = schema.decode(serialized.numpy())
-            out[record["key"].decode()] = record
-    return out
-
-
-def error_rows(result) -> dict[str, dict]:
-    with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
-        return {row["key"]: row for row in map(json.loads, f)}
 
 
 def tight_box(binary: np.ndarray) -> list[int]:

@@ -28,18 +28,7 @@ from kiln.pipeline import build, build_report, command
 from kiln.pipeline.statistics import ObjectSums
 from kiln.schemas import Schema
 from kiln.schemas.metadata import OBJECT_SIZE_EDGES
-
-
-def records(result) -> dict[str, dict]:
-    """key -> decoded record, every split."""
-    schema = Schema.from_json(result.info.schema)
-    out = {}
-    for split in result.info.splits.values():
-        paths = [os.path.join(result.dataset_dir, shard.filename) for shard in split.shards]
-        for serialized in tf.data.TFRecordDataset(paths):
-            record = schema.decode(serialized.numpy())
-            out[record["key"].decode()] = record
-    return out
+from targets_data import records
 
 
 def png_pixels(data_bytes: bytes) -> np.ndarray:
