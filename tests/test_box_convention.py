@@ -228,6 +228,9 @@ def test_a_box_around_its_mask_is_good_down_to_a_pixel_or_two():
     assert (
         load_object([20, 9, 20.4, 9.4], rectangle(20.1, 9.1, 20.2, 9.2)).geometry.num_objects == 1
     )
+    # A box of 2x2 pixels drawn loose around a speck whose mask is empty: the
+    # slack a tiny object's box has, as for a mask with pixels.
+    assert load_object([20, 9, 22, 11], rectangle(20.1, 9.1, 20.2, 9.2)).geometry.num_objects == 1
 
 
 def test_an_empty_mask_under_a_box_that_covers_pixels_is_a_bad_annotation():

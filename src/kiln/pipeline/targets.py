@@ -37,7 +37,8 @@ bad_polygon          a polygon with fewer than 3 points or odd coordinates
 bad_segmentation     an RLE that does not decode
 box_mask_mismatch    an instance mask whose pixels' box overlaps its
                      object's box by an IoU below `MIN_BOX_MASK_IOU`, or
-                     an empty one under a box that covers pixel centres
+                     an empty one under a box that covers pixel centres,
+                     larger than `BOX_MASK_TOLERANCE` on a side
 size_mismatch        the size the annotations declare for the image
                      (`target_rows.DECLARED_SIZE`: COCO's width and height,
                      VOC's ``<size>``) is not its size in the frame they
@@ -897,10 +898,13 @@ def _check_box_mask(box: list[float], mask: np.ndarray, where: str) -> None:
     empty mask under a box that covers pixel centres (a polygon or mask of
     nothing in the image: outside it, or of another image). An empty mask
     under a box that covers no pixel centre is a sub-pixel object's: its
-    polygon covers no centre either, so it is kept."""
+    polygon covers no centre either, so it is kept; so is one under a box of
+    at most `BOX_MASK_TOLERANCE` pixels a side, the slack a tiny object's
+    box has around its mask's pixels (a box drawn loose around a speck)."""
     rows = np.flatnonzero(mask.any(axis=1))
     if rows.size == 0:
-        if _covers_pixel_centres(box, *mask.shape):
+        tiny = max(box[2] - box[0], box[3] - box[1]) <= BOX_MASK_TOLERANCE
+        if not tiny and _covers_pixel_centres(box, *mask.shape):
             shown = "[" + ", ".join(f"{v:g}" for v in box) + "]"
             raise BadAnnotation(
                 "box_mask_mismatch",
