@@ -12,6 +12,7 @@ import tracemalloc
 
 import pytest
 
+from conftest import make_config
 from kiln import cli
 from kiln.schemas import ERRORS_FILENAME, METADATA_FILENAME, MetadataError
 from kiln.tools import inspection
@@ -123,6 +124,30 @@ def test_not_a_dataset_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert cli.main(["inspect", str(tmp_path / "empty")]) == 2
     assert "is not a kiln dataset" in capsys.readouterr().err
+
+
+def test_a_dataset_whose_first_build_failed_says_so_and_names_the_error_report(
+    demo_corpus, tmp_path, capsys
+):
+    from kiln.pipeline import BuildError, build
+
+    # Every file of the demo corpus's broken ones is dropped: too many for max_fraction 0.
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path), errors={"max_fraction": 0})
+    with pytest.raises(BuildError, match="nothing was published"):
+        build(config)
+    root = str(tmp_path / "shapes")
+    (staging,) = [name for name in os.listdir(root) if name.startswith(".staging-")]
+    report = os.path.join(root, staging, ERRORS_FILENAME)
+    for command in ("inspect", "verify", "preview"):
+        args = [command, root] + (
+            ["-o", str(tmp_path / "sheet.png")] if command == "preview" else []
+        )
+        assert cli.main(args) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"{root} is a dataset folder with no published version yet" in line, command
+        assert f"A failed build's error report is {report}." in line, command
+    with pytest.raises(MetadataError, match="no published version yet"):
+        inspection.inspect_dataset(root)
 
 
 def test_inconsistent_error_report_is_flagged(built, tmp_path, capsys):

@@ -28,8 +28,8 @@ import socket
 import time
 
 from kiln.schemas.location import exists, is_remote, join, read_bytes
+from kiln.schemas.metadata import LOCK_FILENAME
 
-LOCK_FILENAME = ".lock"
 # An object store lock whose heartbeat is older than this belonged to a dead
 # builder (its holder beats every 30 s): the next build breaks it.
 STALE_AFTER_SECONDS = 600.0

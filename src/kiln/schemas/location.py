@@ -18,7 +18,14 @@ from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from kiln.lazy_import import LazyModule
-from kiln.schemas.metadata import LATEST_FILENAME, METADATA_FILENAME, MetadataError
+from kiln.schemas.metadata import (
+    ERRORS_FILENAME,
+    LATEST_FILENAME,
+    LOCK_FILENAME,
+    METADATA_FILENAME,
+    STAGING_PREFIX,
+    MetadataError,
+)
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -238,6 +245,9 @@ def locate(path: str | os.PathLike) -> str:
             f"interrupted build or prune; the next kiln build deletes it): pass {parent}, "
             f"whose LATEST names its newest version."
         )
+    unpublished = _unpublished_message(path)
+    if unpublished:
+        raise MetadataError(unpublished)
     datasets = [] if is_remote(path) else _datasets_in(path)
     if datasets:  # the config's `output`, which holds a folder per dataset
         shown = ", ".join(join(path, name) for name in datasets[:_DATASETS_SHOWN])
@@ -251,6 +261,26 @@ def locate(path: str | os.PathLike) -> str:
         f"{message} Pass the folder `kiln build` wrote (<output>/<name>/<version>) or its "
         f"parent <output>/<name>."
     )
+
+
+def _unpublished_message(path: str) -> str | None:
+    """What `locate` says of a dataset folder whose builds have not published a
+    version yet (it holds a build's lock or staging folders but no LATEST), or
+    None when `path` is not one."""
+    names = children(path)
+    staging = sorted(name for name in names if name.startswith(STAGING_PREFIX))
+    if not staging and LOCK_FILENAME not in names:
+        return None
+    message = (
+        f"{path} is a dataset folder with no published version yet: no build of it has "
+        f"finished (one may be running now, or they failed)."
+    )
+    reports = [join(join(path, name), ERRORS_FILENAME) for name in staging]
+    kept = [report for report in reports if exists(report)]
+    if kept:
+        newest = kept[-1] if is_remote(path) else max(kept, key=os.path.getmtime)
+        message += f" A failed build's error report is {newest}."
+    return message
 
 
 # How many datasets `locate` names when given the folder that holds them.

@@ -29,6 +29,8 @@ INDEX_FILENAME = "index.jsonl"
 DROPPED_OBJECTS_FILENAME = "dropped_objects.jsonl"
 LATEST_FILENAME = "LATEST"
 STAGING_PREFIX = ".staging-"
+# A dataset folder's build lock (kiln.schemas.dataset_lock).
+LOCK_FILENAME = ".lock"
 
 # The first format whose kiln.json carries `checksum`, `errors_sha256` and
 # `duplicates_sha256`; older files load without them (nothing to check).
