@@ -120,6 +120,17 @@ def test_a_second_build_is_busy_while_the_first_holds_the_lock(demo_corpus, tmp_
         err = capsys.readouterr().err
         assert err.startswith("kiln build: busy: another build of") and err.count("\n") == 1
         assert json.loads(report.read_text())["status"] == "busy"
+        # The report of the build that holds the lock (as it wrote it when it
+        # started) stays: a busy run over it did nothing, and a scheduler
+        # reading `busy` would lose track of the running (or killed) build.
+        from kiln.pipeline import build_report
+
+        running = build_report.running("shapes", dataset_root, str(config_path))
+        running["pid"] = os.getpid() + 1
+        build_report.write(str(report), running)
+        assert cli.main(["build", "--config", str(config_path), "--report", str(report)]) == 3
+        assert capsys.readouterr().err.startswith("kiln build: busy: another build of")
+        assert json.loads(report.read_text()) == running
         started = time.monotonic()
         with pytest.raises(Busy, match="after waiting 1 s"):
             build(config, wait=1)

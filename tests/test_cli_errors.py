@@ -16,6 +16,7 @@ import pathlib
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -148,12 +149,26 @@ def test_report_with_a_bare_file_name(tmp_path, config, capfd, monkeypatch):
     assert report["status"] == "usage_error" and report["exit_code"] == 2
 
 
+def test_a_report_through_a_symbolic_link_replaces_the_file_it_points_to(tmp_path, config, capfd):
+    (tmp_path / "reports").mkdir()
+    target = tmp_path / "reports" / "nightly-2026-12-06.json"
+    target.write_text("{}")
+    link = tmp_path / "latest-report.json"
+    link.symlink_to(target)
+    code, out, err = run_cli(capfd, "build", "--config", config, "--quiet", "--report", str(link))
+    assert (code, out, err) == (0, "", "")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads(target.read_text())["status"] == "built"
+
+
 @pytest.mark.parametrize(
     "where, problem",
     [
         ("reports", "it is a folder; name a file in it"),  # an existing folder
         ("taken/r.json", "{tmp}/taken is not a folder"),  # below a file
         ("taken/sub/r.json", "{tmp}/taken is not a folder"),
+        # Replaced by the atomic write, not written to (a scheduler's pipe, /dev/stdout).
+        ("fifo", "it is not a regular file (a pipe, device or socket); name a file"),
     ],
 )
 def test_a_report_that_cannot_be_written_stops_the_build_before_it_starts(
@@ -161,6 +176,7 @@ def test_a_report_that_cannot_be_written_stops_the_build_before_it_starts(
 ):
     (tmp_path / "reports").mkdir()
     (tmp_path / "taken").write_text("a file")
+    os.mkfifo(tmp_path / "fifo")
     report = tmp_path / where
     code, out, err = run_cli(capfd, "build", "--config", config, "--quiet", "--report", str(report))
     assert (code, out) == (2, "")
@@ -170,6 +186,7 @@ def test_a_report_that_cannot_be_written_stops_the_build_before_it_starts(
     )
     assert os.listdir(tmp_path / "reports") == [] and not (tmp_path / "out").exists()
     assert (tmp_path / "taken").read_text() == "a file"
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode)
     # A folder of the path that does not exist yet is created, as before.
     report = tmp_path / "new" / "folder" / "r.json"
     code, out, err = run_cli(capfd, "build", "--config", config, "--quiet", "--report", str(report))

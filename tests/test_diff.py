@@ -260,3 +260,26 @@ def test_diff_reads_no_shard_without_need(versions):
     code, heavy = heavy_modules_of_diff(first.dataset_dir, second.dataset_dir)
     assert code == 0 and "apache_beam" not in heavy
     assert ("tensorflow" in heavy) == (not indexed)
+
+
+def test_a_reader_that_goes_away_changes_neither_the_verdict_nor_the_violations(versions):
+    """`kiln diff OLD NEW | head -1`: the closed pipe made every diff exit 1
+    and lost the violation lines on stderr."""
+    (_, second, third), _, _ = versions
+
+    def diff_into_a_closed_pipe(*flags):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kiln.cli", "diff", second.dataset_dir, third.dataset_dir]
+            + list(flags),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        process.stdout.close()  # as `head` exits before the first line
+        err = process.stderr.read()
+        return process.wait(timeout=300), err
+
+    assert diff_into_a_closed_pipe() == (0, "")
+    code, err = diff_into_a_closed_pipe("--fail-on-vanished-class", "--json")
+    assert code == 1
+    assert err == "kiln diff: threshold crossed: class 'star' vanished: it has no example left\n"

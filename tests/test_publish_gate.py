@@ -61,7 +61,14 @@ def test_a_version_that_crosses_the_gate_is_kept_but_not_published(nightly, caps
     assert cli.main([*gated, "--report", str(report)]) == 1
     assert "crossed the publish gate" in capsys.readouterr().err
     assert latest(dataset) == first
-    assert json.loads(report.read_text())["status"] == "failed"
+    failed = json.loads(report.read_text())
+    assert failed["status"] == "failed"
+    # What a scheduler needs without parsing the line: the version kept, why, against what.
+    gate = failed["gate"]
+    assert gate["version"] == kept and gate["previous_version"] == first
+    assert gate["violations"] == ["class 'star' vanished: it has no example left"]
+    assert gate["changes"]["vanished_classes"] == ["star"]
+    assert gate["changes"]["old"]["version"] == first and gate["changes"]["new"]["version"] == kept
 
     # Without the flag the operator publishes it: the same version, found
     # by its stamp, without reading an image again.

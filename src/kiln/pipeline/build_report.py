@@ -14,7 +14,8 @@ can read what happened without parsing the console::
 ``dry_run`` (``--dry_run=True``: the job was translated, not submitted, and
 nothing was published: exit 0), ``failed`` (exit 1, nothing published),
 ``usage_error`` (a bad config or flag: exit 2), ``busy`` (another build of
-the dataset holds its lock: exit 3), ``internal_error`` (an exception kiln
+the dataset holds its lock: exit 3; a ``running`` report found at the path,
+that build's or a killed one's, is left as it was), ``internal_error`` (an exception kiln
 does not expect, a bug: exit 70, nothing published; ``traceback`` holds its
 traceback) or ``interrupted`` (Ctrl-C: exit 130; SIGTERM: exit 143); or
 ``running`` (``exit_code`` null): the build started and has not ended, or
@@ -28,7 +29,9 @@ published (a rollback), which the build leaves as is
 ``changes`` is what changed since the version LATEST named before the build
 (``previous_version``), as `kiln diff --json` prints it
 (`kiln.schemas.version_diff.VersionDiff.to_json`), or null when there was
-none. ``warnings`` lists the warnings the build logged (one line each: a
+none. A failure of the publish gate adds ``gate`` (`gate_crossed`): the
+version kept unpublished, the thresholds it crossed, and the comparison.
+``warnings`` lists the warnings the build logged (one line each: a
 previous version that could not be compared, a class left without examples),
 in every report: ``kiln build --quiet`` prints none of them. Unlike
 `kiln.json` it holds the wall-clock duration: it describes a run, not the
@@ -101,15 +104,37 @@ def succeeded(result: BuildResult, elapsed_seconds: float) -> dict[str, Any]:
 _STATUS = {EXIT_FAILED: "failed", EXIT_USAGE: "usage_error", EXIT_BUSY: "busy"}
 
 
-def failed(error: str, exit_code: int, elapsed_seconds: float) -> dict[str, Any]:
+def failed(
+    error: str, exit_code: int, elapsed_seconds: float, gate: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The report of a build that published nothing (exit 1), never started
-    (exit 2) or found another build of the dataset running (exit 3)."""
-    return {
+    (exit 2) or found another build of the dataset running (exit 3).
+    `gate`: what `gate_crossed` says of a version the publish gate held back."""
+    report = {
         "report_format": REPORT_FORMAT,
         "status": _STATUS.get(exit_code, "failed"),
         "exit_code": exit_code,
         "error": error,
         "elapsed_seconds": round(elapsed_seconds, 3),
+    }
+    if gate is not None:
+        report["gate"] = gate
+    return report
+
+
+def gate_crossed(
+    version: str, violations: list[str], previous: str | None, changes: dict | None
+) -> dict[str, Any]:
+    """A failed report's ``gate``: the `version` the publish gate kept
+    unpublished in its folder, the thresholds it crossed (`violations`, one
+    line each; empty when LATEST's version could not be compared), the
+    `previous` version LATEST still names and the comparison (`changes`, as
+    `kiln diff --json` prints it, or None)."""
+    return {
+        "version": version,
+        "violations": violations,
+        "previous_version": previous,
+        "changes": changes,
     }
 
 
@@ -173,7 +198,10 @@ def dry_run(message: str, elapsed_seconds: float) -> dict[str, Any]:
 
 def write(path: str, report: dict[str, Any]) -> None:
     """Writes the report atomically (local path or gs://); a missing local
-    folder is created."""
+    folder is created. A local symbolic link is written through: the file it
+    points to is replaced, the link stays."""
+    if not storage.is_remote(path):
+        path = os.path.realpath(path)
     storage.write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
@@ -182,11 +210,13 @@ def destination_problem(path: str) -> str | None:
     checks before it starts, so that a report it cannot write stops it
     before anything is done rather than after it published.
 
-    Locally: `path` must not be a folder, and the nearest folder of its
-    path that exists must be one this process can write in (`write`
-    creates the rest). On an object store: its folder must be reachable
-    (credentials, network, bucket), by one listing; whether the store
-    allows this writer to create the object is known only by writing it.
+    Locally (through symbolic links, as `write` writes): `path` must not be
+    a folder, nor a file other than a regular one (a pipe or a device, which
+    the atomic write would replace), and the nearest folder of its path that
+    exists must be one this process can write in (`write` creates the rest).
+    On an object store: its folder must be reachable (credentials, network,
+    bucket), by one listing; whether the store allows this writer to create
+    the object is known only by writing it.
 
     Raises:
       Exception: an error of the store that does not say it is unreachable
@@ -203,9 +233,13 @@ def destination_problem(path: str) -> str | None:
                 raise
             return f"cannot reach {folder}: {reason}"
         return None
-    path = os.path.abspath(path)
+    path = os.path.realpath(path)
     if os.path.isdir(path):
         return "it is a folder; name a file in it"
+    if os.path.exists(path) and not os.path.isfile(path):
+        # Written as a temp file renamed over it: a FIFO or a device
+        # (/dev/stdout) would be replaced by a regular file, not written to.
+        return "it is not a regular file (a pipe, device or socket); name a file"
     folder = os.path.dirname(path)
     while not os.path.lexists(folder):
         folder = os.path.dirname(folder)

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 
 from kiln import console, gate_flags, native_logs
 from kiln.errors import (
+    Busy,
     DryRun,
     KilnError,
     ReportNotWritten,
@@ -215,8 +216,19 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         except _UnwritableReport:  # nowhere to write that: printed by kiln.cli
             raise
         except KilnError as e:  # printed by kiln.cli, with its exit code
-            report = build_report.failed(str(e), e.exit_code, time.monotonic() - started)
-            _report(args, report, warnings.messages)
+            from kiln.pipeline.launcher import GateError
+
+            gate = None
+            if isinstance(e, GateError):
+                gate = build_report.gate_crossed(e.version, e.violations, e.previous, e.changes)
+            report = build_report.failed(str(e), e.exit_code, time.monotonic() - started, gate)
+            if isinstance(e, Busy) and args.running_report_found is not None:
+                # The report of the build that holds the lock (running, or
+                # killed since): this run did nothing, and a scheduler that
+                # reads `busy` there would lose track of that build.
+                _restore_report(args.report, args.running_report_found)
+            else:
+                _report(args, report, warnings.messages)
             raise
         except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: printed by kiln.cli
             what, code = interruption(e)
@@ -368,7 +380,9 @@ def _build(args: argparse.Namespace, extra_argv: list[str], warnings: list[str])
     # The whole config first, before Beam and TensorFlow are imported: a
     # mistake is reported in a fraction of a second.
     spec = config_module.load(args.config, output=args.output)
+    args.running_report_found = None
     if args.report:
+        args.running_report_found = _running_report(args.report)
         # Replaced when the build ends, whatever the end: one that never
         # comes (SIGKILL, the OOM killer, a lost VM) leaves `running`, not
         # the previous run's success, for a scheduler to read.
@@ -448,6 +462,30 @@ def _report(
         if result is not None:  # published, but the scheduler would not hear of it
             raise ReportNotWritten(f"{e}; {_succeeded(result)}") from None
         logger.error("%s", e)
+
+
+def _running_report(path: str) -> dict | None:
+    """The report at `path` if it is a ``running`` one (another build's,
+    under way or killed), else None (none, another status, or unreadable:
+    then this run's report replaces it as usual)."""
+    from kiln.pipeline import storage
+
+    try:
+        text = storage.read_text(path)
+        report = None if text is None else json.loads(text)
+    except Exception:  # not a report: replaced by this run's
+        return None
+    return report if isinstance(report, dict) and report.get("status") == "running" else None
+
+
+def _restore_report(path: str, report: dict) -> None:
+    """Puts back the ``running`` `report` a busy run found at `path`."""
+    from kiln.pipeline import build_report
+
+    try:
+        build_report.write(path, report)
+    except Exception as e:
+        logger.error("--report %s: cannot put back the running build's report: %s", path, e)
 
 
 class _ReportFailed(Exception):

@@ -136,12 +136,24 @@ class GateError(BuildError):
     Attributes:
       version: The new version, kept in its folder.
       violations: One line per threshold crossed.
+      previous: The version LATEST names, that it was compared with.
+      changes: The comparison (`kiln diff --json`'s document), or None when
+        the versions could not be compared.
     """
 
-    def __init__(self, message: str, version: str, violations: Sequence[str] = ()):
+    def __init__(
+        self,
+        message: str,
+        version: str,
+        violations: Sequence[str] = (),
+        previous: str | None = None,
+        changes: dict | None = None,
+    ):
         super().__init__(message)
         self.version = version
         self.violations = list(violations)
+        self.previous = previous
+        self.changes = changes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -955,6 +967,7 @@ def _publish_gate(
                 f"version {version} is in {version_dir} but was not published: repair "
                 f"LATEST, or build without the gate flags",
                 version,
+                previous=previous,
             ) from None
         violations = diff.violations(thresholds)
         if violations:
@@ -966,6 +979,8 @@ def _publish_gate(
                 f"without the gate flags to publish it",
                 version,
                 violations,
+                previous=previous,
+                changes=diff.to_json(),
             )
 
     return check

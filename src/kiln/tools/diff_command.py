@@ -75,13 +75,15 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             file=sys.stderr,
         )
     if args.json:
-        json.dump(diff.to_json(thresholds), sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        document = json.dumps(diff.to_json(thresholds), indent=2, sort_keys=True)
     else:
-        print(render(diff))
+        document = render(diff)
+    # A reader that goes away (`kiln diff ... | head`) changes neither the
+    # verdict (the exit code) nor the violations on stderr.
+    console.write(document + "\n", sys.stdout)
     violations = diff.violations(thresholds)
     for violation in violations:
-        print(f"kiln diff: threshold crossed: {violation}", file=sys.stderr)
+        console.write(f"kiln diff: threshold crossed: {violation}\n", sys.stderr)
     return EXIT_FAILED if violations else 0
 
 
