@@ -47,7 +47,7 @@ def warnings_of(stderr: str) -> list[str]:
 
 
 def test_a_base_that_names_no_version_fails_also_when_the_dataset_is_up_to_date(
-    demo_corpus, tmp_path, capsys
+    demo_corpus, tmp_path, capsys, monkeypatch
 ):
     """A cron line with a bad ``--base`` fails the first night, not the first
     night the inputs change."""
@@ -71,11 +71,25 @@ def test_a_base_that_names_no_version_fails_also_when_the_dataset_is_up_to_date(
     written = json.loads(report.read_text())
     assert (written["status"], written["exit_code"]) == ("usage_error", 2)
     assert (output / "shapes" / "LATEST").read_text().strip() == version
+    # A version folder outside the dataset's folder: the message says what --base takes.
+    elsewhere = str(tmp_path / "copy" / version)
+    assert cli.main(["build", "--config", config, "--quiet", "--base", elsewhere]) == 2
+    assert capsys.readouterr().err == (
+        f"kiln build: error: --base {elsewhere}: not a version folder of {output / 'shapes'}: "
+        f"--base takes the id of one of its versions (the name of its folder, e.g. "
+        f"--base {version})\n"
+    )
 
     # A base that is a complete version: the up-to-date dataset stays so.
     assert cli.main(["build", "--config", config, "--quiet", "--base", version]) == 0
     assert capsys.readouterr().err == ""
     assert (output / "shapes" / "LATEST").read_text().strip() == version
+    # Its folder, relative to the current folder, is the same base.
+    monkeypatch.chdir(tmp_path)
+    argv = ["build", "--config", config, "--quiet", "--report", str(report)]
+    assert cli.main([*argv, "--base", f"out/shapes/{version}/"]) == 0
+    assert capsys.readouterr().err == ""
+    assert json.loads(report.read_text())["version"] == version
 
 
 # --- splits without an example ------------------------------------------------------------

@@ -144,6 +144,14 @@ def test_diff_counts_records_per_split_and_class(versions, capsys):
     assert code == 0
     assert "records: +2 added, -1 removed, 1 changed, 0 moved" in out
     assert f"{first.version} -> shapes {second.version}" in out
+    # Two bare ids: nothing to look them up beside, and the message says so.
+    code, _, err = run_cli(capsys, "diff", first.version, second.version)
+    assert code == 2
+    assert err == (
+        f"kiln diff: error: {first.version} and {second.version} are both bare version ids: "
+        f"give one of them as a folder (the dataset folder <output>/<name>, or a version "
+        f"folder), and the other's id is looked up beside it\n"
+    )
 
 
 def test_diff_thresholds_set_the_exit_code(versions, capsys):
@@ -153,6 +161,11 @@ def test_diff_thresholds_set_the_exit_code(versions, capsys):
     assert code == 1
     assert "kiln diff: threshold crossed: 10.00% of the records changed" in err
     assert run_cli(capsys, "diff", old, new, "--max-changed-percent", "10")[0] == 0
+    # Just under: as many decimals as it takes not to read "10.00% ..., more than 10.00".
+    code, _, err = run_cli(capsys, "diff", old, new, "--max-changed-percent", "9.999")
+    assert code == 1
+    assert "threshold crossed: 10.000% of the records changed" in err
+    assert err.endswith("more than --max-changed-percent 9.999\n")
 
     code, out, err = run_cli(capsys, "diff", old, new, "--max-share-shift", "1", "--json")
     assert code == 1

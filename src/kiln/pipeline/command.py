@@ -165,8 +165,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--base",
         metavar="VERSION",
-        help="reuse the unchanged records of this published version (default: "
-        "the one LATEST names); only new and changed files are processed",
+        help="reuse the unchanged records of this published version, by id or by its "
+        "folder (default: the one LATEST names); only new and changed files are processed",
     )
     parser.add_argument(
         "--full",

@@ -47,6 +47,7 @@ import gc
 import json
 import logging
 import os
+import posixpath
 import re
 import signal
 import sys
@@ -448,7 +449,8 @@ def build(
       wait: Seconds to wait while another build of the dataset holds its
         lock (`lock.DatasetLock`); 0 raises `Busy` at once.
       base: The published version to reuse unchanged records from
-        (`incremental`); None: the one LATEST names, if any.
+        (`incremental`), by id or by its folder; None: the one LATEST
+        names, if any.
       full: Build from scratch, reusing nothing.
       rehash: Read and hash every listed file, also those whose stamps
         (size, modification time, a local file's inode and ctime) are those
@@ -489,6 +491,7 @@ def build(
     # publishing) with the same filesystem options as the job's workers.
     storage.use_pipeline_options(pipeline_args)
     spec = _spec(config, output)
+    base = _base_id(spec.dataset_root, base)
     _check_file_name_encoding(spec)
     check_pipeline_args(pipeline_args)
     _check_output_folders(spec)
@@ -875,6 +878,30 @@ def _build_locked(
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
         latest_set_by_hand=by_hand,
     )
+
+
+def _base_id(dataset_root: str, base: str | None) -> str | None:
+    """``--base`` as a version id: given as a version folder of the dataset
+    (``out/photos/3f2a9c1b0d4e``), its name.
+
+    Raises:
+      UsageError: `base` is a path to a folder outside the dataset folder.
+    """
+    if base is None or ("/" not in base and os.sep not in base):
+        return base
+    remote = storage.is_remote(base) or storage.is_remote(dataset_root)
+    parent, name = (posixpath if remote else os.path).split(base.rstrip("/" + os.sep))
+    same = (
+        parent.rstrip("/") == dataset_root.rstrip("/")
+        if remote
+        else (os.path.abspath(parent) == os.path.abspath(dataset_root))
+    )
+    if not same:
+        raise UsageError(
+            f"--base {base}: not a version folder of {dataset_root}: --base takes the id of "
+            f"one of its versions (the name of its folder, e.g. --base {name})"
+        )
+    return name
 
 
 def _check_base(dataset: publish.DatasetRoot, base: str | None) -> None:

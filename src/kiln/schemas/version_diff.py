@@ -78,6 +78,21 @@ class Version:
         return self.info.version
 
 
+def _limit(limit: float) -> str:
+    """A threshold as the user typed it (``6.3333333``, ``10``)."""
+    return f"{limit:.15g}"
+
+
+def _beyond(value: float, limit: float, sign: str = "") -> str:
+    """`value`, which crossed `limit`, with two decimals, or as many more as
+    it takes (up to 6) for the line not to read "6.33 ... more than 6.33"."""
+    for digits in range(2, 7):
+        text = f"{value:{sign}.{digits}f}"
+        if abs(float(text)) != abs(float(f"{limit:.{digits}f}")):
+            break
+    return text
+
+
 def locate(path: str, relative_to: str | None = None) -> str:
     """The version folder `path` names.
 
@@ -92,6 +107,12 @@ def locate(path: str, relative_to: str | None = None) -> str:
       MetadataError: naming the path, when it is none of these.
     """
     if relative_to is not None and _VERSION_ID.match(path) and not exists(path):
+        if _VERSION_ID.match(relative_to) and not exists(relative_to):
+            raise MetadataError(
+                f"{path} and {relative_to} are both bare version ids: give one of them as a "
+                f"folder (the dataset folder <output>/<name>, or a version folder), and the "
+                f"other's id is looked up beside it"
+            )
         other = location.locate(relative_to)
         candidate = join(other.rstrip("/").rsplit("/", 1)[0], path)
         if exists(join(candidate, METADATA_FILENAME)):
@@ -457,17 +478,18 @@ class VersionDiff:
                 shift = float(share["shift_points"])
                 if abs(shift) > thresholds.max_share_shift:
                     found.append(
-                        f"class {name!r} share moved {shift:+.2f} points "
+                        f"class {name!r} share moved "
+                        f"{_beyond(shift, thresholds.max_share_shift, '+')} points "
                         f"({share['old_share']:.2f}% -> {share['new_share']:.2f}%), "
-                        f"more than --max-share-shift {thresholds.max_share_shift:g}"
+                        f"more than --max-share-shift {_limit(thresholds.max_share_shift)}"
                     )
         if thresholds.max_changed_percent is not None:
             percent = self.changed_percent()
             if percent > thresholds.max_changed_percent:
                 found.append(
-                    f"{percent:.2f}% of the records changed (added, removed, changed or "
-                    f"moved), more than --max-changed-percent "
-                    f"{thresholds.max_changed_percent:g}"
+                    f"{_beyond(percent, thresholds.max_changed_percent)}% of the records "
+                    f"changed (added, removed, changed or moved), more than "
+                    f"--max-changed-percent {_limit(thresholds.max_changed_percent)}"
                 )
         if thresholds.fail_on_vanished_class:
             for name in self.vanished_classes():
@@ -478,8 +500,8 @@ class VersionDiff:
                 if percent is not None and abs(percent) > thresholds.max_object_change:
                     found.append(
                         f"class {name!r} has {count['new']} objects, {count['old']} before "
-                        f"({percent:+.2f}%), a change of more than --max-object-change "
-                        f"{thresholds.max_object_change:g}%"
+                        f"({_beyond(percent, thresholds.max_object_change, '+')}%), a change "
+                        f"of more than --max-object-change {_limit(thresholds.max_object_change)}%"
                     )
         if thresholds.fail_on_label_change:
             old_ids = {name: i for i, name in enumerate(self.old.info.class_names)}
