@@ -113,3 +113,57 @@ def test_multi_label_columns_are_captioned_with_their_labels(tmp_path, capsys):
     stdout = capsys.readouterr().out
     for column, key in enumerate(preview.keys):
         assert f"column {column + 1}: {expected[key]}" in stdout
+
+
+@pytest.fixture(scope="module")
+def instance_dataset_dir(tmp_path_factory):
+    """Four scenes with boxes and an instance mask per object (no class mask), flipped."""
+    root = str(tmp_path_factory.mktemp("preview-instances"))
+    targets = {"boxes": {"min_visibility": 0.25}, "instance_masks": {}}
+    return scene_records.build_scenes(root, targets, FLIP, count=4).dataset_dir
+
+
+def test_instance_masks_are_drawn_where_the_objects_are(instance_dataset_dir, tmp_path, capsys):
+    out = str(tmp_path / "sheet.png")
+    # One epoch: the stored flip (probability 1) is the same in every epoch.
+    arguments = ["--n", "3", "--epochs", "1", "-o", out]
+    assert cli.main(["preview", instance_dataset_dir, *arguments]) == 0
+    stdout = capsys.readouterr().out
+    with open(out, "rb") as f:
+        sheet = tf.io.decode_png(f.read()).numpy()
+    preview = contact_sheet.gather(instance_dataset_dir, "train", n=3, epochs=1, seed=0)
+    _, layout = contact_sheet.compose(preview)
+    zoom = int(layout.zoom)
+    rows = [preview.stored_targets, *preview.epoch_targets]
+    images = [preview.stored, *preview.epochs]
+    alpha = contact_sheet._MASK_ALPHA
+    for row_index, (row, row_images) in enumerate(zip(rows, images, strict=True)):
+        for column, (targets, image) in enumerate(zip(row, row_images, strict=True)):
+            cell = sheet[layout.image_box(row_index, column, *image.shape[:2])].astype(float)
+            plain = np.repeat(np.repeat(image, zoom, 0), zoom, 1).astype(float)
+            height, width = cell.shape[:2]
+            expected = plain.copy()
+            covered = np.zeros((height, width), bool)
+            checked = np.ones((height, width), bool)  # off frames and class names
+            for instance, box, class_id in zip(
+                targets["instance_masks"], targets["boxes"], targets["classes"], strict=True
+            ):
+                assert instance.sum() > 0
+                inside = np.repeat(np.repeat(instance[..., 0] > 0, zoom, 0), zoom, 1)
+                colour = contact_sheet._PALETTE[class_id % len(contact_sheet._PALETTE)]
+                expected[inside] = np.round((1 - alpha) * plain[inside] + alpha * colour)
+                covered |= inside
+                top, left = int(box[0] * height), int(box[1] * width)
+                bottom = int(np.ceil(box[2] * height)) - 1
+                right = int(np.ceil(box[3] * width)) - 1
+                checked[max(top - 14, 0) : top + 15] = False  # the class name's band
+                checked[[top, bottom], left : right + 1] = False
+                checked[top : bottom + 1, [left, right]] = False
+            assert (covered & checked).sum() > 0.3 * covered.sum()
+            # The overlay in the class colour where an object's mask is, nowhere else.
+            np.testing.assert_array_equal(cell[covered & checked], expected[covered & checked])
+            np.testing.assert_array_equal(cell[~covered & checked], plain[~covered & checked])
+    # The flip moved the masks with the objects: epoch cells differ from the stored ones.
+    stored, flipped = preview.stored_targets[0], preview.epoch_targets[0][0]
+    np.testing.assert_array_equal(flipped["instance_masks"], stored["instance_masks"][:, :, ::-1])
+    assert "column 1: (3 object(s), instance masks)" in stdout

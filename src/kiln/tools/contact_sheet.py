@@ -10,9 +10,11 @@ augmentation epoch after epoch. (With shuffling, training applies the same
 ops with other seeds: positions, and so seeds, change with the order.)
 
 For datasets with targets every cell also shows them (`draw_targets`): the
-class mask as a coloured overlay, boxes with their class names, keypoints as
-dots, as the reader yields them for that element and epoch: a box that does
-not follow its object is visible at a glance.
+class mask and each object's instance mask as a translucent overlay in its
+class's colour (an instance mask over the class mask where both exist),
+boxes with their class names, keypoints as dots, as the reader yields them
+for that element and epoch: a box or mask that does not follow its object is
+visible at a glance.
 
 `compose` lays the rows out on one uint8 sheet with NumPy; `write_image`
 encodes it with TensorFlow (PNG or JPEG, as the file name says). Label
@@ -439,22 +441,22 @@ _MASK_ALPHA = 0.45
 def draw_targets(image: np.ndarray, targets: dict, class_names: Sequence[str], put_text=None):
     """Draws one element's targets onto its (zoomed) uint8 RGB image; returns a new array.
 
-    The class mask is a coloured overlay (class 0, the background, and the
-    ignore value are left clear), each box a one-pixel frame in its class's
+    The class mask and each object's instance mask are a translucent
+    overlay in the class's colour (class 0, the background, and the ignore
+    value are left clear; an instance mask over the class mask where both
+    exist: `_overlay`), each box a one-pixel frame in its class's
     colour with the class name above it (when text can be drawn), each
     labelled keypoint a 3x3 dot (visible: filled; hidden: hollow).
     """
     out = image.copy()
     height, width = out.shape[:2]
-    if "mask" in targets:
-        mask = _nearest(np.asarray(targets["mask"])[..., 0], height, width).astype(np.int64)
-        labelled = (mask > 0) & (mask < len(class_names) if class_names else mask > 0)
-        colours = _PALETTE[mask % len(_PALETTE)]
+    overlay = _overlay(targets, len(class_names), height, width)
+    if overlay is not None:
+        labelled, colours = overlay
         blended = (1 - _MASK_ALPHA) * out + _MASK_ALPHA * colours
         out = np.where(labelled[..., None], np.round(blended), out).astype(np.uint8)
     if "boxes" in targets:
-        classes = np.asarray(targets.get("classes", np.zeros(len(targets["boxes"]), np.int64)))
-        count = int(targets.get("num_objects", len(targets["boxes"])))
+        classes, count = _object_classes(targets, len(targets["boxes"]))
         for box, class_id in zip(
             np.asarray(targets["boxes"])[:count], classes[:count], strict=True
         ):
@@ -491,6 +493,42 @@ def draw_targets(image: np.ndarray, targets: dict, class_names: Sequence[str], p
                 if visible == 1 and ring.shape[0] == 3 and ring.shape[1] == 3:
                     ring[1, 1] = image[row, col]  # hidden: hollow
     return out
+
+
+def _object_classes(targets: dict, objects: int) -> tuple[np.ndarray, int]:
+    """The objects' class ids (0 without ``classes``) and how many objects are real
+    (``num_objects`` where the reader pads them)."""
+    classes = np.asarray(targets.get("classes", np.zeros(objects, np.int64)))
+    return classes, int(targets.get("num_objects", objects))
+
+
+def _overlay(targets: dict, num_classes: int, height: int, width: int):
+    """Which pixels of a ``height x width`` cell the masks colour, and in which colours.
+
+    Returns ``(labelled [height, width] bool, colours [height, width, 3] uint8)``,
+    or None without masks. The class mask colours its labelled pixels (not
+    class 0, the background, nor the ignore value); each object's instance
+    mask then colours its pixels in its class's colour, over the class mask's
+    (a later object over an earlier one). Where the two agree, as they do
+    when both move with the image, the overlay is the same as either alone;
+    a mask that did not follow its object shows as colour off the object.
+    """
+    if "mask" not in targets and "instance_masks" not in targets:
+        return None
+    labelled = np.zeros((height, width), bool)
+    colours = np.zeros((height, width, 3), np.uint8)
+    if "mask" in targets:
+        mask = _nearest(np.asarray(targets["mask"])[..., 0], height, width).astype(np.int64)
+        labelled = (mask > 0) & (mask < num_classes if num_classes else mask > 0)
+        colours = _PALETTE[mask % len(_PALETTE)]
+    if "instance_masks" in targets:
+        masks = np.asarray(targets["instance_masks"])
+        classes, count = _object_classes(targets, len(masks))
+        for instance, class_id in zip(masks[:count], classes[:count], strict=True):
+            covered = _nearest(instance[..., 0], height, width) > 0
+            labelled = labelled | covered
+            colours = np.where(covered[..., None], _PALETTE[int(class_id) % len(_PALETTE)], colours)
+    return labelled, colours
 
 
 def _nearest(mask: np.ndarray, height: int, width: int) -> np.ndarray:

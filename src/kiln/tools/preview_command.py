@@ -25,8 +25,10 @@ as kiln.reader augments them in epochs 1, 2, ... (the reader's own code,
 seeded, reading the split unshuffled so each column is one element).
 
 On a detection or segmentation dataset every cell also shows its targets
-as the reader yields them: boxes with class names, the class mask as a
-coloured overlay, keypoints as dots. A box that does not follow its object
+as the reader yields them: boxes with class names, the class mask and
+each object's instance mask as a translucent overlay in the class's colour
+(an object's instance mask over the class mask where both exist),
+keypoints as dots. A box that does not follow its object
 is visible at a glance.
 
 If augmentation is on and an element comes out identical in every epoch,
@@ -222,6 +224,8 @@ def _targets_summary(targets: dict) -> str:
         parts.append(f"{len(targets['boxes'])} object(s)")
     if "mask" in targets:
         parts.append("mask")
+    if "instance_masks" in targets:
+        parts.append("instance masks")
     return "(" + ", ".join(parts) + ")" if parts else ""
 
 
