@@ -133,6 +133,8 @@ def test_instance_masks_are_drawn_where_the_objects_are(instance_dataset_dir, tm
         sheet = tf.io.decode_png(f.read()).numpy()
     preview = contact_sheet.gather(instance_dataset_dir, "train", n=3, epochs=1, seed=0)
     _, layout = contact_sheet.compose(preview)
+    renderer = contact_sheet._text_renderer()
+    assert renderer is not None  # OpenCV is installed here: the sheet has class names
     zoom = int(layout.zoom)
     rows = [preview.stored_targets, *preview.epoch_targets]
     images = [preview.stored, *preview.epochs]
@@ -156,10 +158,16 @@ def test_instance_masks_are_drawn_where_the_objects_are(instance_dataset_dir, tm
                 top, left = int(box[0] * height), int(box[1] * width)
                 bottom = int(np.ceil(box[2] * height)) - 1
                 right = int(np.ceil(box[3] * width)) - 1
-                checked[max(top - 14, 0) : top + 15] = False  # the class name's band
+                # The class name, on its backing (`label_origin` is tested below).
+                size = renderer.size(preview.class_names[class_id])
+                x, y = contact_sheet.label_origin(size, top, left, height, width)
+                pad = contact_sheet._LABEL_PAD
+                checked[
+                    max(y - size[1] - pad, 0) : y + size[2] + pad, x - pad : x + size[0] + pad
+                ] = False
                 checked[[top, bottom], left : right + 1] = False
                 checked[top : bottom + 1, [left, right]] = False
-            assert (covered & checked).sum() > 0.3 * covered.sum()
+            assert (covered & checked).sum() > 0.8 * covered.sum()
             # The overlay in the class colour where an object's mask is, nowhere else.
             np.testing.assert_array_equal(cell[covered & checked], expected[covered & checked])
             np.testing.assert_array_equal(cell[~covered & checked], plain[~covered & checked])
@@ -167,3 +175,38 @@ def test_instance_masks_are_drawn_where_the_objects_are(instance_dataset_dir, tm
     stored, flipped = preview.stored_targets[0], preview.epoch_targets[0][0]
     np.testing.assert_array_equal(flipped["instance_masks"], stored["instance_masks"][:, :, ::-1])
     assert "column 1: (3 object(s), instance masks)" in stdout
+
+
+def test_box_labels_are_whole_inside_the_cell_and_readable_on_light_images():
+    renderer = contact_sheet._text_renderer()
+    assert renderer is not None  # OpenCV is installed here
+    image = np.full((96, 96, 3), 250, np.uint8)  # light: white text alone vanishes on it
+    name = "pedestrian"
+    top = int(0.4 * 96)
+    targets = {"boxes": np.array([[0.4, 0.85, 0.8, 1.0]], np.float32), "classes": np.array([0])}
+    out = contact_sheet.draw_targets(image, targets, [name], renderer)
+    import cv2
+
+    font, scale = cv2.FONT_HERSHEY_SIMPLEX, contact_sheet._FONT_SCALE
+    (text_width, text_height), _ = cv2.getTextSize(name, font, scale, 1)
+    assert text_width > 0.15 * 96  # wider than the room right of the box's left edge
+    # The label is what changed above the box (its frame starts on its top row).
+    changed = (out[:top] != image[:top]).any(axis=-1)
+    rows, columns = np.flatnonzero(changed.any(axis=1)), np.flatnonzero(changed.any(axis=0))
+    assert columns[-1] - columns[0] + 1 >= text_width  # the whole name, not cut at the edge
+    assert rows.size >= text_height
+    label = out[rows[0] : rows[-1] + 1, columns[0] : columns[-1] + 1].max(axis=-1)
+    # Readable: light letters on a dark backing, the letters across the whole name.
+    assert (label < 100).mean() > 0.3
+    letters = np.flatnonzero((label > 150).any(axis=0))
+    assert letters[-1] - letters[0] + 1 >= 0.9 * text_width
+
+    # Where each name goes: in the cell, moved left at the right edge, inside
+    # the box under its top edge when there is no room above it.
+    size = renderer.size(name)
+    x, y = contact_sheet.label_origin(size, top, 90, 96, 96)
+    assert x + text_width < 96 and y < top
+    x, y = contact_sheet.label_origin(size, 0, 10, 96, 96)
+    assert x == 11 and y - text_height > 0
+    x, _ = contact_sheet.label_origin(size, 50, 30, 96, 40)  # wider than the cell
+    assert x >= 0

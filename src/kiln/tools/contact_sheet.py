@@ -60,6 +60,10 @@ _TEXT_COLOR = (235, 235, 235)
 _CAPTION_HEIGHT = 16
 _HEADER_WIDTH = 64
 _FONT_SCALE = 0.4
+# A box's class name sits on its image's pixels darkened to this fraction,
+# this many pixels around the text.
+_LABEL_SHADE = 0.25
+_LABEL_PAD = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,14 +442,21 @@ _PALETTE = np.array(
 _MASK_ALPHA = 0.45
 
 
-def draw_targets(image: np.ndarray, targets: dict, class_names: Sequence[str], put_text=None):
+def draw_targets(
+    image: np.ndarray,
+    targets: dict,
+    class_names: Sequence[str],
+    put_text: _TextRenderer | None = None,
+):
     """Draws one element's targets onto its (zoomed) uint8 RGB image; returns a new array.
 
     The class mask and each object's instance mask are a translucent
     overlay in the class's colour (class 0, the background, and the ignore
     value are left clear; an instance mask over the class mask where both
     exist: `_overlay`), each box a one-pixel frame in its class's
-    colour with the class name above it (when text can be drawn), each
+    colour with the class name on a dark backing above it, or inside it when
+    there is no room above, moved left to fit in the image
+    (`label_origin`; when text can be drawn), each
     labelled keypoint a 3x3 dot (visible: filled; hidden: hollow).
     """
     out = image.copy()
@@ -457,6 +468,7 @@ def draw_targets(image: np.ndarray, targets: dict, class_names: Sequence[str], p
         out = np.where(labelled[..., None], np.round(blended), out).astype(np.uint8)
     if "boxes" in targets:
         classes, count = _object_classes(targets, len(targets["boxes"]))
+        labels = []
         for box, class_id in zip(
             np.asarray(targets["boxes"])[:count], classes[:count], strict=True
         ):
@@ -470,7 +482,10 @@ def draw_targets(image: np.ndarray, targets: dict, class_names: Sequence[str], p
             out[top : bottom + 1, left] = colour
             out[top : bottom + 1, right] = colour
             if put_text is not None and 0 <= class_id < len(class_names):
-                put_text(out, class_names[int(class_id)], (left + 1, max(top - 2, 8)), width - left)
+                labels.append((class_names[int(class_id)], top, left))
+        if put_text is not None:  # over every frame, so that no frame cuts a name
+            for name, top, left in labels:
+                put_text.label(out, name, top, left)
     if "keypoints" in targets:
         points = np.asarray(targets["keypoints"])
         visibility = np.asarray(targets.get("keypoint_visibility", np.full(points.shape[:2], 2)))
@@ -577,25 +592,94 @@ def draws_text() -> bool:
     return _text_renderer() is not None
 
 
-def _text_renderer():
-    """``put_text(sheet, text, (x, baseline_y), max_width)`` with OpenCV, or None without it."""
+def label_origin(
+    text_size: tuple[int, int, int], top: int, left: int, height: int, width: int
+) -> tuple[int, int]:
+    """Where a box's class name goes in a ``height x width`` cell: ``(x, baseline_y)``.
+
+    Above the box's top-left corner when it fits there, else just inside
+    the box, below its top edge; moved left as far as needed for the whole
+    name (and its backing, `_LABEL_PAD` pixels around it) to stay inside
+    the cell, so a box at the right edge keeps its full name rather than a
+    cut one. A name wider than the cell starts at its left edge.
+
+    Args:
+      text_size: ``(text_width, text_height, descent)`` in pixels, as OpenCV
+        measures the text (height above the baseline, descent below it).
+      top, left: The box's top-left pixel in the cell.
+      height, width: The cell's size.
+    """
+    text_width, text_height, descent = text_size
+    x = max(min(left + _LABEL_PAD, width - text_width - _LABEL_PAD), _LABEL_PAD)
+    above = top - _LABEL_PAD - descent
+    if above - text_height - _LABEL_PAD < 0:  # no room above: inside, under the top edge
+        above = min(top + 1, height - 1) + _LABEL_PAD + text_height
+    return x, above
+
+
+class _TextRenderer:
+    """Draws ASCII text with OpenCV's Hershey font: plain (`__call__`, on the
+    sheet's dark margins) or as a box's label (`label`, on any image)."""
+
+    def __init__(self, cv2) -> None:
+        self._cv2 = cv2
+
+    def size(self, text: str) -> tuple[int, int, int]:
+        """``(width, height above the baseline, descent)`` of `text`, in pixels."""
+        (text_width, text_height), descent = self._cv2.getTextSize(
+            text, self._cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE, 1
+        )
+        return text_width, text_height, descent
+
+    def fitted(self, text: str, max_width: int) -> str:
+        """`text` in ASCII (the font's), cut to at most `max_width` pixels."""
+        text = text.encode("ascii", "replace").decode("ascii")  # Hershey fonts are ASCII
+        while text and self.size(text)[0] > max_width:
+            text = text[:-1]
+        return text
+
+    def __call__(
+        self, sheet: np.ndarray, text: str, origin: tuple[int, int], max_width: int
+    ) -> None:
+        """Draws `text` (cut to `max_width`) with its baseline starting at ``origin (x, y)``."""
+        self._cv2.putText(
+            sheet,
+            self.fitted(text, max_width),
+            origin,
+            self._cv2.FONT_HERSHEY_SIMPLEX,
+            _FONT_SCALE,
+            _TEXT_COLOR,
+            1,
+            self._cv2.LINE_AA,
+        )
+
+    def label(self, image: np.ndarray, text: str, top: int, left: int) -> None:
+        """Draws a box's class name where `label_origin` puts it, on a dark backing.
+
+        The backing (the pixels under the name, `_LABEL_PAD` around it,
+        darkened to `_LABEL_SHADE`) keeps the light text readable on light
+        images as on dark ones, and still shows what is under it.
+        """
+        height, width = image.shape[:2]
+        text = self.fitted(text, width - 2 * _LABEL_PAD)
+        if not text:
+            return
+        text_size = self.size(text)
+        x, y = label_origin(text_size, top, left, height, width)
+        text_width, text_height, descent = text_size
+        rows = slice(max(y - text_height - _LABEL_PAD, 0), min(y + descent + _LABEL_PAD, height))
+        columns = slice(max(x - _LABEL_PAD, 0), min(x + text_width + _LABEL_PAD, width))
+        image[rows, columns] = np.round(image[rows, columns] * _LABEL_SHADE).astype(np.uint8)
+        self(image, text, (x, y), width)
+
+
+def _text_renderer() -> _TextRenderer | None:
+    """The text renderer with OpenCV, or None without it."""
     try:
         import cv2  # optional: the reader-only install has no OpenCV
     except ImportError:
         return None
-
-    def put_text(sheet: np.ndarray, text: str, origin: tuple[int, int], max_width: int) -> None:
-        text = text.encode("ascii", "replace").decode("ascii")  # Hershey fonts are ASCII
-        while (
-            text
-            and cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE, 1)[0][0] > max_width
-        ):
-            text = text[:-1]
-        cv2.putText(
-            sheet, text, origin, cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE, _TEXT_COLOR, 1, cv2.LINE_AA
-        )
-
-    return put_text
+    return _TextRenderer(cv2)
 
 
 # What `write_image` writes, by the file name's extension.
