@@ -210,3 +210,36 @@ def test_box_labels_are_whole_inside_the_cell_and_readable_on_light_images():
     assert x == 11 and y - text_height > 0
     x, _ = contact_sheet.label_origin(size, 50, 30, 96, 40)  # wider than the cell
     assert x >= 0
+
+
+def test_keypoints_stand_out_on_a_box_and_mask_of_their_own_colour():
+    """Keypoint k's dot has the colour of a class (class k + 3): on that class's
+    frame or mask it must still be seen."""
+    palette = contact_sheet._PALETTE
+    class_id = 3  # the colour keypoint 0's dot is drawn in
+    np.testing.assert_array_equal(palette[class_id], palette[(0 + 3) % len(palette)])
+    image = np.full((64, 64, 3), 128, np.uint8)
+    mask = np.zeros((64, 64, 1), np.uint8)
+    mask[16:48, 16:48] = class_id
+    # Keypoint 0 on the box's left edge (the frame) and at the middle of the mask.
+    points = np.array([[[32.5 / 64, 16.5 / 64], [32.5 / 64, 32.5 / 64]]], np.float32)
+    targets = {
+        "boxes": np.array([[0.25, 0.25, 0.75, 0.75]], np.float32),
+        "classes": np.array([class_id]),
+        "mask": mask,
+        "keypoints": points[:, :1],
+        "keypoint_visibility": np.array([[2]]),
+    }
+    names = ["background", "a", "b", "c"]
+    on_frame = contact_sheet.draw_targets(image, targets, names)
+    on_mask = contact_sheet.draw_targets(image, {**targets, "keypoints": points[:, 1:]}, names)
+    without = contact_sheet.draw_targets(
+        image, {**targets, "keypoint_visibility": np.array([[0]])}, names
+    )
+    for out, (row, col) in [(on_frame, (32, 16)), (on_mask, (32, 32))]:
+        window = out[row - 2 : row + 3, col - 2 : col + 3].reshape(-1, 3).astype(int)
+        around = without[row - 2 : row + 3, col - 2 : col + 3].reshape(-1, 3).astype(int)
+        # Some pixels of the marker differ strongly from everything that was there.
+        distance = np.abs(window[:, None] - around[None]).sum(axis=-1).min(axis=1)
+        assert distance.max() > 150, (row, col)
+        np.testing.assert_array_equal(out[row, col], palette[3])  # the dot keeps its colour

@@ -12,7 +12,7 @@ ops with other seeds: positions, and so seeds, change with the order.)
 For datasets with targets every cell also shows them (`draw_targets`): the
 class mask and each object's instance mask as a translucent overlay in its
 class's colour (an instance mask over the class mask where both exist),
-boxes with their class names, keypoints as dots, as the reader yields them
+boxes with their class names, keypoints as ringed dots, as the reader yields them
 for that element and epoch: a box or mask that does not follow its object is
 visible at a glance.
 
@@ -440,6 +440,7 @@ _PALETTE = np.array(
     np.uint8,
 )
 _MASK_ALPHA = 0.45
+_KEYPOINT_RING = np.array((0, 0, 0), np.uint8)
 
 
 def draw_targets(
@@ -457,7 +458,9 @@ def draw_targets(
     colour with the class name on a dark backing above it, or inside it when
     there is no room above, moved left to fit in the image
     (`label_origin`; when text can be drawn), each
-    labelled keypoint a 3x3 dot (visible: filled; hidden: hollow).
+    labelled keypoint a 3x3 dot in its keypoint's colour (visible: filled;
+    hidden: hollow) in a one-pixel black ring, which keeps it visible on a
+    box or mask of any colour, its own included.
     """
     out = image.copy()
     height, width = out.shape[:2]
@@ -501,12 +504,14 @@ def draw_targets(
                 row, col = int(y * height), int(x * width)
                 if not (0 <= row < height and 0 <= col < width):
                     continue
-                colour = _PALETTE[(index + 3) % len(_PALETTE)]
-                top, left = max(row - 1, 0), max(col - 1, 0)
-                ring = out[top : row + 2, left : col + 2]
-                ring[...] = colour
-                if visible == 1 and ring.shape[0] == 3 and ring.shape[1] == 3:
-                    ring[1, 1] = image[row, col]  # hidden: hollow
+                # A black ring around the dot: the dot's colour is also a
+                # class's, and without the ring a keypoint on a frame or mask
+                # of that colour would vanish into it.
+                out[max(row - 2, 0) : row + 3, max(col - 2, 0) : col + 3] = _KEYPOINT_RING
+                dot = out[max(row - 1, 0) : row + 2, max(col - 1, 0) : col + 2]
+                dot[...] = _PALETTE[(index + 3) % len(_PALETTE)]
+                if visible == 1 and dot.shape[0] == 3 and dot.shape[1] == 3:
+                    dot[1, 1] = image[row, col]  # hidden: hollow
     return out
 
 

@@ -28,8 +28,8 @@ On a detection or segmentation dataset every cell also shows its targets
 as the reader yields them: boxes with class names, the class mask and
 each object's instance mask as a translucent overlay in the class's colour
 (an object's instance mask over the class mask where both exist),
-keypoints as dots. A box that does not follow its object
-is visible at a glance.
+keypoints as dots in a black ring (visible on any class colour). A box or
+mask that does not follow its object is visible at a glance.
 
 If augmentation is on and an element comes out identical in every epoch,
 the command says so on stderr: that is what randomness baked in at trace
