@@ -60,6 +60,9 @@ _TEXT_COLOR = (235, 235, 235)
 _CAPTION_HEIGHT = 16
 _HEADER_WIDTH = 64
 _FONT_SCALE = 0.4
+# Columns per band of a sheet (`compose`'s default `wrap`): 16 cells of at
+# most 256 px (`_LARGEST`) keep a sheet within about 4200 px wide.
+WRAP = 16
 # A box's class name sits on its image's pixels darkened to this fraction,
 # this many pixels around the text.
 _LABEL_SHADE = 0.25
@@ -150,8 +153,9 @@ def gather(
       MetadataError: for a path that is not a dataset or a missing split.
       AugmentConfigError, AugmentOpError, ValueError: from the reader, for a
         bad list, a user op that ignores its seed, or sizes that cannot be
-        batched for mixup/cutmix; ValueError for random batch ops on fewer
-        than 2 images.
+        batched for mixup/cutmix; ValueError, before anything is read, for
+        random batch ops on fewer than 2 images or on images of varying
+        sizes that no op of the list crops to one size.
     """
     if n < 1 or epochs < 1:
         raise ValueError(f"n and epochs must be at least 1, got n={n}, epochs={epochs}")
@@ -162,6 +166,7 @@ def gather(
     if not random:
         epochs = 1  # deterministic: every epoch would draw the same row
     _check_batch_ops(ops, random, count, n, split)
+    _check_batchable(ops, random, metadata.image_size, split)
 
     stored_dataset = kiln.reader.load(
         dataset_dir, split, batch_size=None, shuffle=False, augment=None, as_supervised=False
@@ -251,6 +256,40 @@ def _check_batch_ops(ops, random: bool, count: int, n: int, split: str) -> None:
     )
 
 
+def _check_batchable(ops, random: bool, image_size, split: str) -> None:
+    """Refuses, before anything is read, random batch ops on images of varying size.
+
+    The preview reads its columns as one batch for them, and images of
+    varying sizes (kiln.json ``image_size`` null) batch only once an op of
+    the list gives them one size (a crop with a ``size``). The reader
+    would refuse the batch too, but only once it is read, and in its own
+    terms (its ``batch_size``, which a preview does not take). An op of
+    your own after the last sized one may give a size: the reader decides.
+    """
+    names = [op.name for op in ops if op.definition.kind == "batch"]
+    if not random or not names or image_size is not None:
+        return
+    sized = False
+    for op in ops:
+        definition = op.definition
+        if definition.kind != "element":
+            continue
+        if definition.output_size is not None:
+            sized = True
+        elif not definition.builtin:
+            return
+    if sized:
+        return
+    raise ValueError(
+        f"batch ops mix the images of a batch, and the preview reads its columns as "
+        f"one batch for {', '.join(names)}; but split {split!r} stores images of varying "
+        f"sizes (kiln.json image_size is null) and no op of the list gives them one size. "
+        f"Put random_resized_crop or random_crop with a size before "
+        f"{'it' if len(names) == 1 else 'them'} in the list, e.g. --augment "
+        f'\'[{{"random_crop": {{"size": 32}}}}, "{names[0]}"]\''
+    )
+
+
 def _numpy(value) -> np.ndarray:
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
@@ -311,6 +350,10 @@ class Layout:
 
     Row 0 holds the stored images, rows 1..epochs the augmented ones. Every
     image is zoomed by `zoom` and centred in a cell of the largest zoomed size.
+    More columns than `wrap` are wrapped: the sheet holds bands of `wrap`
+    columns one under the other, each with its own captions, stored row and
+    augmented rows (column `wrap` starts the second band), so that a long
+    preview stays a sheet rather than one very wide strip.
     """
 
     rows: int
@@ -321,19 +364,37 @@ class Layout:
     header_width: int  # row titles at the left (0 without text)
     caption_height: int  # label names above the stored row (0 without text)
     gap: int = _GAP
+    wrap: int = 0  # columns per band; 0: one band of every column
+
+    @property
+    def band_columns(self) -> int:
+        """Columns in a (full) band."""
+        return min(self.columns, self.wrap) if self.wrap > 0 else self.columns
+
+    @property
+    def bands(self) -> int:
+        return -(-self.columns // max(self.band_columns, 1))
+
+    @property
+    def band_height(self) -> int:
+        return self.caption_height + self.rows * (self.cell_height + self.gap)
 
     @property
     def height(self) -> int:
-        return self.caption_height + self.rows * (self.cell_height + self.gap) + self.gap
+        return self.bands * self.band_height + self.gap
 
     @property
     def width(self) -> int:
-        return self.header_width + self.columns * (self.cell_width + self.gap) + self.gap
+        return self.header_width + self.band_columns * (self.cell_width + self.gap) + self.gap
 
     def cell_origin(self, row: int, column: int) -> tuple[int, int]:
         """``(y, x)`` of the top-left corner of a cell."""
+        band, column = divmod(column, max(self.band_columns, 1))
         return (
-            self.caption_height + self.gap + row * (self.cell_height + self.gap),
+            band * self.band_height
+            + self.caption_height
+            + self.gap
+            + row * (self.cell_height + self.gap),
             self.header_width + self.gap + column * (self.cell_width + self.gap),
         )
 
@@ -359,7 +420,7 @@ def auto_zoom(longest_side: int) -> float:
 
 
 def compose(
-    preview: Preview, *, zoom: float | None = None, text: bool = True
+    preview: Preview, *, zoom: float | None = None, text: bool = True, wrap: int = WRAP
 ) -> tuple[np.ndarray, Layout]:
     """Draws the sheet: a uint8 ``[height, width, 3]`` array and its `Layout`.
 
@@ -368,7 +429,11 @@ def compose(
       zoom: Scale of every image; None: `auto_zoom` of the largest image.
       text: Draw label names and row titles (needs OpenCV; without it the
         sheet simply has none).
+      wrap: Columns per band: more elements wrap into further bands, one
+        under the other (see `Layout`).
     """
+    if wrap < 1:
+        raise ValueError(f"wrap must be at least 1, got {wrap}")
     rows = [preview.stored] + list(preview.epochs)
     images = [image for row in rows for image in row]
     if zoom is None:
@@ -388,6 +453,7 @@ def compose(
         zoom=zoom,
         header_width=_HEADER_WIDTH if put_text else 0,
         caption_height=_CAPTION_HEIGHT if put_text else 0,
+        wrap=wrap,
     )
     sheet = np.full((layout.height, layout.width, 3), _BACKGROUND, np.uint8)
     target_rows = (
@@ -409,17 +475,18 @@ def compose(
             titles = ["stored"] + [f"epoch {epoch}" for epoch in range(1, len(rows))]
         else:
             titles = ["stored", "as read"]
-        for row_index, title in enumerate(titles):
-            y, _ = layout.cell_origin(row_index, 0)
-            put_text(
-                sheet,
-                title,
-                (layout.gap, y + layout.cell_height // 2 + 4),
-                layout.header_width - layout.gap,
-            )
+        for band in range(layout.bands):
+            for row_index, title in enumerate(titles):
+                y, _ = layout.cell_origin(row_index, band * layout.band_columns)
+                put_text(
+                    sheet,
+                    title,
+                    (layout.gap, y + layout.cell_height // 2 + 4),
+                    layout.header_width - layout.gap,
+                )
         for column, name in enumerate(preview.label_names):
-            _, x = layout.cell_origin(0, column)
-            put_text(sheet, name, (x, layout.caption_height), layout.cell_width)
+            y, x = layout.cell_origin(0, column)
+            put_text(sheet, name, (x, y - layout.gap), layout.cell_width)
     return sheet, layout
 
 
