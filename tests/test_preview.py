@@ -344,3 +344,75 @@ def test_tables_line_up_after_wide_class_names(demo_corpus, tmp_path, capsys):
     changes = [line for line in rows_of(lines, {"café", "dog", "猫"}) if " -> " not in line]
     assert len(changes) >= 3, lines  # split / class rows: seven right-aligned counts each
     assert len({columns(line) for line in changes}) == 1, changes
+
+
+def test_many_columns_wrap_into_bands(built, tmp_path, capsys):
+    """More elements than --columns wrap into bands, one under the other, each
+    with its own stored and augmented rows, instead of one very wide strip."""
+    preview = contact_sheet.gather(built.dataset_dir, "train", n=5, epochs=2, seed=0)
+    sheet, layout = contact_sheet.compose(preview, zoom=1, text=False, wrap=2)
+    assert (layout.bands, layout.band_columns) == (3, 2)
+    one_band = contact_sheet.compose(preview, zoom=1, text=False)[1]
+    assert one_band.bands == 1 and layout.width < one_band.width and layout.height > one_band.height
+    assert sheet.shape == (layout.height, layout.width, 3)
+    boxes = set()
+    for row_index, row in enumerate([preview.stored, *preview.epochs]):
+        for column, image in enumerate(row):
+            box = layout.image_box(row_index, column, *image.shape[:2])
+            np.testing.assert_array_equal(sheet[box], image)
+            boxes.add((box[0].start, box[1].start))
+    assert len(boxes) == 3 * 5  # no two cells overlap
+    # The stored row of the second band comes under the first band's last row.
+    assert layout.cell_origin(0, 2)[0] > layout.cell_origin(2, 0)[0]
+
+    out = str(tmp_path / "sheet.png")
+    args = ["preview", built.dataset_dir, "--n", "5", "--epochs", "2", "--columns", "2"]
+    assert cli.main([*args, "-o", out]) == 0
+    with open(out, "rb") as f:
+        written = tf.io.decode_png(f.read()).numpy()
+    np.testing.assert_array_equal(written, contact_sheet.compose(preview, wrap=2)[0])
+    assert "5 elements x 2 epoch(s)" in capsys.readouterr().out
+    assert cli.main([*args, "--columns", "0", "-o", out]) == 2
+    assert "--columns must be at least 1" in capsys.readouterr().err
+
+
+def test_sheets_wrap_after_16_columns_by_default(built):
+    preview = contact_sheet.gather(built.dataset_dir, "train", n=17, epochs=1, seed=0)
+    assert len(preview.keys) == 17
+    _, layout = contact_sheet.compose(preview, zoom=1, text=False)
+    assert (layout.bands, layout.band_columns) == (2, contact_sheet.WRAP) == (2, 16)
+    assert layout.width == 4 + 16 * (32 + 4)
+
+
+def test_batch_ops_on_images_of_varying_sizes_are_refused_before_reading(
+    build_dataset, tmp_path, capsys
+):
+    varying = build_dataset(transforms=[], sharding={"num_shards": 1})  # image_size null
+    assert varying.info.image_size is None
+    out = str(tmp_path / "sheet.png")
+    assert cli.main(["preview", varying.dataset_dir, "--augment", '["mixup"]', "-o", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kiln preview: error: "), err
+    assert "split 'train' stores images of varying sizes" in err[0]
+    assert "Put random_resized_crop or random_crop with a size before it" in err[0]
+    assert "batch_size" not in err[0]  # a reader argument that preview does not take
+    assert not os.path.exists(out)
+    # With a crop to one size first, they mix.
+    mixing = '[{"random_crop": {"size": 32}}, "mixup"]'
+    arguments = ["--n", "2", "--epochs", "2", "--augment", mixing, "-o", out]
+    assert cli.main(["preview", varying.dataset_dir, *arguments]) == 0
+
+
+def test_quiet_prints_nothing_when_all_is_well(built, tmp_path, capsys):
+    out = str(tmp_path / "sheet.png")
+    args = ["preview", built.dataset_dir, "--n", "2", "--epochs", "2", "--quiet", "-o", out]
+    assert cli.main(args) == 0
+    assert capsys.readouterr() == ("", "")
+    assert os.path.exists(out)
+    # Problems are still said: augmentation that never changes is exit 1.
+    never = '[{"random_flip_left_right": {"probability": 0.0}}]'
+    assert cli.main([*args, "--augment", never]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "every element came out identical" in captured.err
+    assert cli.main([*args[:-2], "--split", "validation", "-o", out]) == 0  # no note
+    assert capsys.readouterr() == ("", "")

@@ -10,9 +10,11 @@ augmentation epoch after epoch. (With shuffling, training applies the same
 ops with other seeds: positions, and so seeds, change with the order.)
 
 For datasets with targets every cell also shows them (`draw_targets`): the
-class mask as a coloured overlay, boxes with their class names, keypoints as
-dots, as the reader yields them for that element and epoch: a box that does
-not follow its object is visible at a glance.
+class mask and each object's instance mask as a translucent overlay in its
+class's colour (an instance mask over the class mask where both exist),
+boxes with their class names, keypoints as ringed dots, as the reader yields them
+for that element and epoch: a box or mask that does not follow its object is
+visible at a glance.
 
 `compose` lays the rows out on one uint8 sheet with NumPy; `write_image`
 encodes it with TensorFlow (PNG or JPEG, as the file name says). Label
@@ -58,6 +60,13 @@ _TEXT_COLOR = (235, 235, 235)
 _CAPTION_HEIGHT = 16
 _HEADER_WIDTH = 64
 _FONT_SCALE = 0.4
+# Columns per band of a sheet (`compose`'s default `wrap`): 16 cells of at
+# most 256 px (`_LARGEST`) keep a sheet within about 4200 px wide.
+WRAP = 16
+# A box's class name sits on its image's pixels darkened to this fraction,
+# this many pixels around the text.
+_LABEL_SHADE = 0.25
+_LABEL_PAD = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,8 +153,9 @@ def gather(
       MetadataError: for a path that is not a dataset or a missing split.
       AugmentConfigError, AugmentOpError, ValueError: from the reader, for a
         bad list, a user op that ignores its seed, or sizes that cannot be
-        batched for mixup/cutmix; ValueError for random batch ops on fewer
-        than 2 images.
+        batched for mixup/cutmix; ValueError, before anything is read, for
+        random batch ops on fewer than 2 images or on images of varying
+        sizes that no op of the list crops to one size.
     """
     if n < 1 or epochs < 1:
         raise ValueError(f"n and epochs must be at least 1, got n={n}, epochs={epochs}")
@@ -156,6 +166,7 @@ def gather(
     if not random:
         epochs = 1  # deterministic: every epoch would draw the same row
     _check_batch_ops(ops, random, count, n, split)
+    _check_batchable(ops, random, metadata.image_size, split)
 
     stored_dataset = kiln.reader.load(
         dataset_dir, split, batch_size=None, shuffle=False, augment=None, as_supervised=False
@@ -245,6 +256,40 @@ def _check_batch_ops(ops, random: bool, count: int, n: int, split: str) -> None:
     )
 
 
+def _check_batchable(ops, random: bool, image_size, split: str) -> None:
+    """Refuses, before anything is read, random batch ops on images of varying size.
+
+    The preview reads its columns as one batch for them, and images of
+    varying sizes (kiln.json ``image_size`` null) batch only once an op of
+    the list gives them one size (a crop with a ``size``). The reader
+    would refuse the batch too, but only once it is read, and in its own
+    terms (its ``batch_size``, which a preview does not take). An op of
+    your own after the last sized one may give a size: the reader decides.
+    """
+    names = [op.name for op in ops if op.definition.kind == "batch"]
+    if not random or not names or image_size is not None:
+        return
+    sized = False
+    for op in ops:
+        definition = op.definition
+        if definition.kind != "element":
+            continue
+        if definition.output_size is not None:
+            sized = True
+        elif not definition.builtin:
+            return
+    if sized:
+        return
+    raise ValueError(
+        f"batch ops mix the images of a batch, and the preview reads its columns as "
+        f"one batch for {', '.join(names)}; but split {split!r} stores images of varying "
+        f"sizes (kiln.json image_size is null) and no op of the list gives them one size. "
+        f"Put random_resized_crop or random_crop with a size before "
+        f"{'it' if len(names) == 1 else 'them'} in the list, e.g. --augment "
+        f'\'[{{"random_crop": {{"size": 32}}}}, "{names[0]}"]\''
+    )
+
+
 def _numpy(value) -> np.ndarray:
     return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
 
@@ -305,6 +350,10 @@ class Layout:
 
     Row 0 holds the stored images, rows 1..epochs the augmented ones. Every
     image is zoomed by `zoom` and centred in a cell of the largest zoomed size.
+    More columns than `wrap` are wrapped: the sheet holds bands of `wrap`
+    columns one under the other, each with its own captions, stored row and
+    augmented rows (column `wrap` starts the second band), so that a long
+    preview stays a sheet rather than one very wide strip.
     """
 
     rows: int
@@ -315,19 +364,37 @@ class Layout:
     header_width: int  # row titles at the left (0 without text)
     caption_height: int  # label names above the stored row (0 without text)
     gap: int = _GAP
+    wrap: int = 0  # columns per band; 0: one band of every column
+
+    @property
+    def band_columns(self) -> int:
+        """Columns in a (full) band."""
+        return min(self.columns, self.wrap) if self.wrap > 0 else self.columns
+
+    @property
+    def bands(self) -> int:
+        return -(-self.columns // max(self.band_columns, 1))
+
+    @property
+    def band_height(self) -> int:
+        return self.caption_height + self.rows * (self.cell_height + self.gap)
 
     @property
     def height(self) -> int:
-        return self.caption_height + self.rows * (self.cell_height + self.gap) + self.gap
+        return self.bands * self.band_height + self.gap
 
     @property
     def width(self) -> int:
-        return self.header_width + self.columns * (self.cell_width + self.gap) + self.gap
+        return self.header_width + self.band_columns * (self.cell_width + self.gap) + self.gap
 
     def cell_origin(self, row: int, column: int) -> tuple[int, int]:
         """``(y, x)`` of the top-left corner of a cell."""
+        band, column = divmod(column, max(self.band_columns, 1))
         return (
-            self.caption_height + self.gap + row * (self.cell_height + self.gap),
+            band * self.band_height
+            + self.caption_height
+            + self.gap
+            + row * (self.cell_height + self.gap),
             self.header_width + self.gap + column * (self.cell_width + self.gap),
         )
 
@@ -353,7 +420,7 @@ def auto_zoom(longest_side: int) -> float:
 
 
 def compose(
-    preview: Preview, *, zoom: float | None = None, text: bool = True
+    preview: Preview, *, zoom: float | None = None, text: bool = True, wrap: int = WRAP
 ) -> tuple[np.ndarray, Layout]:
     """Draws the sheet: a uint8 ``[height, width, 3]`` array and its `Layout`.
 
@@ -362,7 +429,11 @@ def compose(
       zoom: Scale of every image; None: `auto_zoom` of the largest image.
       text: Draw label names and row titles (needs OpenCV; without it the
         sheet simply has none).
+      wrap: Columns per band: more elements wrap into further bands, one
+        under the other (see `Layout`).
     """
+    if wrap < 1:
+        raise ValueError(f"wrap must be at least 1, got {wrap}")
     rows = [preview.stored] + list(preview.epochs)
     images = [image for row in rows for image in row]
     if zoom is None:
@@ -382,6 +453,7 @@ def compose(
         zoom=zoom,
         header_width=_HEADER_WIDTH if put_text else 0,
         caption_height=_CAPTION_HEIGHT if put_text else 0,
+        wrap=wrap,
     )
     sheet = np.full((layout.height, layout.width, 3), _BACKGROUND, np.uint8)
     target_rows = (
@@ -403,17 +475,18 @@ def compose(
             titles = ["stored"] + [f"epoch {epoch}" for epoch in range(1, len(rows))]
         else:
             titles = ["stored", "as read"]
-        for row_index, title in enumerate(titles):
-            y, _ = layout.cell_origin(row_index, 0)
-            put_text(
-                sheet,
-                title,
-                (layout.gap, y + layout.cell_height // 2 + 4),
-                layout.header_width - layout.gap,
-            )
+        for band in range(layout.bands):
+            for row_index, title in enumerate(titles):
+                y, _ = layout.cell_origin(row_index, band * layout.band_columns)
+                put_text(
+                    sheet,
+                    title,
+                    (layout.gap, y + layout.cell_height // 2 + 4),
+                    layout.header_width - layout.gap,
+                )
         for column, name in enumerate(preview.label_names):
-            _, x = layout.cell_origin(0, column)
-            put_text(sheet, name, (x, layout.caption_height), layout.cell_width)
+            y, x = layout.cell_origin(0, column)
+            put_text(sheet, name, (x, y - layout.gap), layout.cell_width)
     return sheet, layout
 
 
@@ -434,27 +507,38 @@ _PALETTE = np.array(
     np.uint8,
 )
 _MASK_ALPHA = 0.45
+_KEYPOINT_RING = np.array((0, 0, 0), np.uint8)
 
 
-def draw_targets(image: np.ndarray, targets: dict, class_names: Sequence[str], put_text=None):
+def draw_targets(
+    image: np.ndarray,
+    targets: dict,
+    class_names: Sequence[str],
+    put_text: _TextRenderer | None = None,
+):
     """Draws one element's targets onto its (zoomed) uint8 RGB image; returns a new array.
 
-    The class mask is a coloured overlay (class 0, the background, and the
-    ignore value are left clear), each box a one-pixel frame in its class's
-    colour with the class name above it (when text can be drawn), each
-    labelled keypoint a 3x3 dot (visible: filled; hidden: hollow).
+    The class mask and each object's instance mask are a translucent
+    overlay in the class's colour (class 0, the background, and the ignore
+    value are left clear; an instance mask over the class mask where both
+    exist: `_overlay`), each box a one-pixel frame in its class's
+    colour with the class name on a dark backing above it, or inside it when
+    there is no room above, moved left to fit in the image
+    (`label_origin`; when text can be drawn), each
+    labelled keypoint a 3x3 dot in its keypoint's colour (visible: filled;
+    hidden: hollow) in a one-pixel black ring, which keeps it visible on a
+    box or mask of any colour, its own included.
     """
     out = image.copy()
     height, width = out.shape[:2]
-    if "mask" in targets:
-        mask = _nearest(np.asarray(targets["mask"])[..., 0], height, width).astype(np.int64)
-        labelled = (mask > 0) & (mask < len(class_names) if class_names else mask > 0)
-        colours = _PALETTE[mask % len(_PALETTE)]
+    overlay = _overlay(targets, len(class_names), height, width)
+    if overlay is not None:
+        labelled, colours = overlay
         blended = (1 - _MASK_ALPHA) * out + _MASK_ALPHA * colours
         out = np.where(labelled[..., None], np.round(blended), out).astype(np.uint8)
     if "boxes" in targets:
-        classes = np.asarray(targets.get("classes", np.zeros(len(targets["boxes"]), np.int64)))
-        count = int(targets.get("num_objects", len(targets["boxes"])))
+        classes, count = _object_classes(targets, len(targets["boxes"]))
+        labels = []
         for box, class_id in zip(
             np.asarray(targets["boxes"])[:count], classes[:count], strict=True
         ):
@@ -468,7 +552,10 @@ def draw_targets(image: np.ndarray, targets: dict, class_names: Sequence[str], p
             out[top : bottom + 1, left] = colour
             out[top : bottom + 1, right] = colour
             if put_text is not None and 0 <= class_id < len(class_names):
-                put_text(out, class_names[int(class_id)], (left + 1, max(top - 2, 8)), width - left)
+                labels.append((class_names[int(class_id)], top, left))
+        if put_text is not None:  # over every frame, so that no frame cuts a name
+            for name, top, left in labels:
+                put_text.label(out, name, top, left)
     if "keypoints" in targets:
         points = np.asarray(targets["keypoints"])
         visibility = np.asarray(targets.get("keypoint_visibility", np.full(points.shape[:2], 2)))
@@ -484,13 +571,51 @@ def draw_targets(image: np.ndarray, targets: dict, class_names: Sequence[str], p
                 row, col = int(y * height), int(x * width)
                 if not (0 <= row < height and 0 <= col < width):
                     continue
-                colour = _PALETTE[(index + 3) % len(_PALETTE)]
-                top, left = max(row - 1, 0), max(col - 1, 0)
-                ring = out[top : row + 2, left : col + 2]
-                ring[...] = colour
-                if visible == 1 and ring.shape[0] == 3 and ring.shape[1] == 3:
-                    ring[1, 1] = image[row, col]  # hidden: hollow
+                # A black ring around the dot: the dot's colour is also a
+                # class's, and without the ring a keypoint on a frame or mask
+                # of that colour would vanish into it.
+                out[max(row - 2, 0) : row + 3, max(col - 2, 0) : col + 3] = _KEYPOINT_RING
+                dot = out[max(row - 1, 0) : row + 2, max(col - 1, 0) : col + 2]
+                dot[...] = _PALETTE[(index + 3) % len(_PALETTE)]
+                if visible == 1 and dot.shape[0] == 3 and dot.shape[1] == 3:
+                    dot[1, 1] = image[row, col]  # hidden: hollow
     return out
+
+
+def _object_classes(targets: dict, objects: int) -> tuple[np.ndarray, int]:
+    """The objects' class ids (0 without ``classes``) and how many objects are real
+    (``num_objects`` where the reader pads them)."""
+    classes = np.asarray(targets.get("classes", np.zeros(objects, np.int64)))
+    return classes, int(targets.get("num_objects", objects))
+
+
+def _overlay(targets: dict, num_classes: int, height: int, width: int):
+    """Which pixels of a ``height x width`` cell the masks colour, and in which colours.
+
+    Returns ``(labelled [height, width] bool, colours [height, width, 3] uint8)``,
+    or None without masks. The class mask colours its labelled pixels (not
+    class 0, the background, nor the ignore value); each object's instance
+    mask then colours its pixels in its class's colour, over the class mask's
+    (a later object over an earlier one). Where the two agree, as they do
+    when both move with the image, the overlay is the same as either alone;
+    a mask that did not follow its object shows as colour off the object.
+    """
+    if "mask" not in targets and "instance_masks" not in targets:
+        return None
+    labelled = np.zeros((height, width), bool)
+    colours = np.zeros((height, width, 3), np.uint8)
+    if "mask" in targets:
+        mask = _nearest(np.asarray(targets["mask"])[..., 0], height, width).astype(np.int64)
+        labelled = (mask > 0) & (mask < num_classes if num_classes else mask > 0)
+        colours = _PALETTE[mask % len(_PALETTE)]
+    if "instance_masks" in targets:
+        masks = np.asarray(targets["instance_masks"])
+        classes, count = _object_classes(targets, len(masks))
+        for instance, class_id in zip(masks[:count], classes[:count], strict=True):
+            covered = _nearest(instance[..., 0], height, width) > 0
+            labelled = labelled | covered
+            colours = np.where(covered[..., None], _PALETTE[int(class_id) % len(_PALETTE)], colours)
+    return labelled, colours
 
 
 def _nearest(mask: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -539,25 +664,94 @@ def draws_text() -> bool:
     return _text_renderer() is not None
 
 
-def _text_renderer():
-    """``put_text(sheet, text, (x, baseline_y), max_width)`` with OpenCV, or None without it."""
+def label_origin(
+    text_size: tuple[int, int, int], top: int, left: int, height: int, width: int
+) -> tuple[int, int]:
+    """Where a box's class name goes in a ``height x width`` cell: ``(x, baseline_y)``.
+
+    Above the box's top-left corner when it fits there, else just inside
+    the box, below its top edge; moved left as far as needed for the whole
+    name (and its backing, `_LABEL_PAD` pixels around it) to stay inside
+    the cell, so a box at the right edge keeps its full name rather than a
+    cut one. A name wider than the cell starts at its left edge.
+
+    Args:
+      text_size: ``(text_width, text_height, descent)`` in pixels, as OpenCV
+        measures the text (height above the baseline, descent below it).
+      top, left: The box's top-left pixel in the cell.
+      height, width: The cell's size.
+    """
+    text_width, text_height, descent = text_size
+    x = max(min(left + _LABEL_PAD, width - text_width - _LABEL_PAD), _LABEL_PAD)
+    above = top - _LABEL_PAD - descent
+    if above - text_height - _LABEL_PAD < 0:  # no room above: inside, under the top edge
+        above = min(top + 1, height - 1) + _LABEL_PAD + text_height
+    return x, above
+
+
+class _TextRenderer:
+    """Draws ASCII text with OpenCV's Hershey font: plain (`__call__`, on the
+    sheet's dark margins) or as a box's label (`label`, on any image)."""
+
+    def __init__(self, cv2) -> None:
+        self._cv2 = cv2
+
+    def size(self, text: str) -> tuple[int, int, int]:
+        """``(width, height above the baseline, descent)`` of `text`, in pixels."""
+        (text_width, text_height), descent = self._cv2.getTextSize(
+            text, self._cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE, 1
+        )
+        return text_width, text_height, descent
+
+    def fitted(self, text: str, max_width: int) -> str:
+        """`text` in ASCII (the font's), cut to at most `max_width` pixels."""
+        text = text.encode("ascii", "replace").decode("ascii")  # Hershey fonts are ASCII
+        while text and self.size(text)[0] > max_width:
+            text = text[:-1]
+        return text
+
+    def __call__(
+        self, sheet: np.ndarray, text: str, origin: tuple[int, int], max_width: int
+    ) -> None:
+        """Draws `text` (cut to `max_width`) with its baseline starting at ``origin (x, y)``."""
+        self._cv2.putText(
+            sheet,
+            self.fitted(text, max_width),
+            origin,
+            self._cv2.FONT_HERSHEY_SIMPLEX,
+            _FONT_SCALE,
+            _TEXT_COLOR,
+            1,
+            self._cv2.LINE_AA,
+        )
+
+    def label(self, image: np.ndarray, text: str, top: int, left: int) -> None:
+        """Draws a box's class name where `label_origin` puts it, on a dark backing.
+
+        The backing (the pixels under the name, `_LABEL_PAD` around it,
+        darkened to `_LABEL_SHADE`) keeps the light text readable on light
+        images as on dark ones, and still shows what is under it.
+        """
+        height, width = image.shape[:2]
+        text = self.fitted(text, width - 2 * _LABEL_PAD)
+        if not text:
+            return
+        text_size = self.size(text)
+        x, y = label_origin(text_size, top, left, height, width)
+        text_width, text_height, descent = text_size
+        rows = slice(max(y - text_height - _LABEL_PAD, 0), min(y + descent + _LABEL_PAD, height))
+        columns = slice(max(x - _LABEL_PAD, 0), min(x + text_width + _LABEL_PAD, width))
+        image[rows, columns] = np.round(image[rows, columns] * _LABEL_SHADE).astype(np.uint8)
+        self(image, text, (x, y), width)
+
+
+def _text_renderer() -> _TextRenderer | None:
+    """The text renderer with OpenCV, or None without it."""
     try:
         import cv2  # optional: the reader-only install has no OpenCV
     except ImportError:
         return None
-
-    def put_text(sheet: np.ndarray, text: str, origin: tuple[int, int], max_width: int) -> None:
-        text = text.encode("ascii", "replace").decode("ascii")  # Hershey fonts are ASCII
-        while (
-            text
-            and cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE, 1)[0][0] > max_width
-        ):
-            text = text[:-1]
-        cv2.putText(
-            sheet, text, origin, cv2.FONT_HERSHEY_SIMPLEX, _FONT_SCALE, _TEXT_COLOR, 1, cv2.LINE_AA
-        )
-
-    return put_text
+    return _TextRenderer(cv2)
 
 
 # What `write_image` writes, by the file name's extension.

@@ -25,9 +25,11 @@ as kiln.reader augments them in epochs 1, 2, ... (the reader's own code,
 seeded, reading the split unshuffled so each column is one element).
 
 On a detection or segmentation dataset every cell also shows its targets
-as the reader yields them: boxes with class names, the class mask as a
-coloured overlay, keypoints as dots. A box that does not follow its object
-is visible at a glance.
+as the reader yields them: boxes with class names, the class mask and
+each object's instance mask as a translucent overlay in the class's colour
+(an object's instance mask over the class mask where both exist),
+keypoints as dots in a black ring (visible on any class colour). A box or
+mask that does not follow its object is visible at a glance.
 
 If augmentation is on and an element comes out identical in every epoch,
 the command says so on stderr: that is what randomness baked in at trace
@@ -42,6 +44,7 @@ examples:
   kiln preview build/datasets/shapes -o preview.png
   kiln preview build/datasets/shapes --split train --n 8 --epochs 3 -o preview.png
   kiln preview build/datasets/shapes --seed 7 --zoom 2 -o preview.png
+  kiln preview build/datasets/shapes --n 48 --columns 12 -o many.png   # 4 bands of 12
   kiln preview build/datasets/shapes -o try.png \\
       --augment '[{"random_rotation": {"angle_range": [-30, 30]}}, "random_flip_up_down"]'
   kiln preview build/datasets/shapes -o mine.png --plugin my_project.augmentations
@@ -52,7 +55,8 @@ exit codes:
      epochs (with --strict: any element); or a registered augmentation op
      ignores its seed (the reader refuses it)
   2  usage error: PATH is not a dataset, unknown split, bad --augment,
-     batch ops (mixup, cutmix) with --n 1"""
+     batch ops (mixup, cutmix) with --n 1 or on images of varying sizes
+     that no op of the list crops to one size (refused before reading)"""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -114,6 +118,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "96 px, shrink large ones to 256 px)",
     )
     parser.add_argument(
+        "--columns",
+        type=int,
+        default=None,
+        metavar="C",
+        help="columns per band: more elements wrap into further bands, one under the "
+        "other, each with its stored and augmented rows (default: 16)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print nothing when the sheet is written and nothing is wrong (no summary, "
+        "no legend, no notes); problems (exit 1, exit 2) are still printed",
+    )
+    parser.add_argument(
         "--strict",
         action="store_true",
         help="exit 1 if any element is identical in every epoch, not only when all are",
@@ -127,6 +145,8 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         raise UsageError(f"--epochs must be at least 1, got {args.epochs}")
     if args.zoom is not None and args.zoom <= 0:
         raise UsageError(f"--zoom must be positive, got {args.zoom}")
+    if args.columns is not None and args.columns < 1:
+        raise UsageError(f"--columns must be at least 1, got {args.columns}")
     from kiln.registry import import_plugin
 
     for module in args.plugin:
@@ -156,8 +176,11 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         return 1
     except ValueError as e:  # e.g. mixup/cutmix on images of varying sizes, or on boxes
         raise UsageError(str(e)) from None
-    sheet, layout = contact_sheet.compose(preview, zoom=args.zoom)
+    wrap = contact_sheet.WRAP if args.columns is None else args.columns
+    sheet, layout = contact_sheet.compose(preview, zoom=args.zoom, wrap=wrap)
     contact_sheet.write_image(args.output, sheet)
+    if args.quiet:
+        return _check_epochs(preview, strict=args.strict, training=args.training, quiet=True)
 
     if preview.random:
         rows = f"{len(preview.epochs)} epoch(s), seed {preview.seed}"
@@ -222,6 +245,8 @@ def _targets_summary(targets: dict) -> str:
         parts.append(f"{len(targets['boxes'])} object(s)")
     if "mask" in targets:
         parts.append("mask")
+    if "instance_masks" in targets:
+        parts.append("instance masks")
     return "(" + ", ".join(parts) + ")" if parts else ""
 
 
@@ -245,10 +270,15 @@ def _op_name(op) -> str:
     return op if isinstance(op, str) else next(iter(op))
 
 
-def _check_epochs(preview: contact_sheet.Preview, *, strict: bool, training: bool | None) -> int:
-    """Says, on stderr, when augmentation is on but elements do not change between epochs."""
+def _check_epochs(
+    preview: contact_sheet.Preview, *, strict: bool, training: bool | None, quiet: bool = False
+) -> int:
+    """Says, on stderr, when augmentation is on but elements do not change between epochs.
+
+    With `quiet` only what makes the exit code 1 is said (no notes, and
+    the warning about some columns only under `strict`)."""
     if not preview.random:
-        if preview.augment and training is None:
+        if preview.augment and training is None and not quiet:
             print(
                 f"kiln preview: note: split {preview.split!r} gets no random augmentation "
                 f"by default (the reader applies the deterministic inference form of the "
@@ -257,6 +287,8 @@ def _check_epochs(preview: contact_sheet.Preview, *, strict: bool, training: boo
             )
         return 0
     if len(preview.epochs) < 2:
+        if quiet:
+            return 0
         print(
             "kiln preview: note: one epoch cannot show whether augmentation changes "
             "between epochs; use --epochs 2 or more",
@@ -280,6 +312,8 @@ def _check_epochs(preview: contact_sheet.Preview, *, strict: bool, training: boo
             file=sys.stderr,
         )
         return 1
+    if quiet and not strict:
+        return 0
     print(
         f"kiln preview: warning: column(s) {listed} came out identical in all {epochs} "
         f"epochs. Ops that apply with a probability can do that by chance (a flip with "
