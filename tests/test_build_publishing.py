@@ -811,3 +811,40 @@ def test_a_published_version_whose_kiln_json_was_edited_is_rebuilt_not_reused(
     assert kiln.reader.info(again.dataset_dir).splits == first.info.splits
     assert verify.verify(again.dataset_dir).ok
     assert build(config).up_to_date
+
+
+# --- repair -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--rehash", "--full"])
+def test_a_damaged_published_version_is_repaired_by_rehash_or_full(
+    demo_corpus, tmp_path, capsys, flag
+):
+    """A shard of LATEST's version truncated, another deleted: `kiln verify`
+    fails; `kiln build --rehash` (or `--full`) builds the same version again
+    and replaces the damaged files with its copy, so verify passes and the
+    folder holds a clean build's bytes."""
+    _, _, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=3)
+    first = build(config)
+    shards = first.info.splits["train"].filenames
+    with open(os.path.join(first.dataset_dir, shards[0]), "r+b") as f:
+        f.truncate(100)
+    os.remove(os.path.join(first.dataset_dir, shards[2]))
+    assert cli.main(["verify", first.dataset_root]) == 1
+    assert build(config).up_to_date  # the stamp and kiln.json are trusted
+    capsys.readouterr()
+
+    report = tmp_path / "report.json"
+    assert cli.main(["build", "--config", str(path), flag, "--report", str(report)]) == 0
+    result = json.loads(report.read_text())
+    assert result["status"] == "built" and result["version"] == first.version
+    repaired = [w for w in result["warnings"] if w.startswith(f"repaired version {first.version}")]
+    assert len(repaired) == 1 and shards[0] in repaired[0] and shards[2] in repaired[0]
+    assert shards[1] not in repaired[0]
+    dataset = publish.DatasetRoot(first.dataset_root)
+    assert dataset.latest() == first.version and dataset.staging_dirs() == []
+    capsys.readouterr()
+    assert cli.main(["verify", first.dataset_root]) == 0
+    clean = build(dict(config, output=str(tmp_path / "clean")))
+    assert clean.version == first.version
+    assert read_tree(first.dataset_dir) == read_tree(clean.dataset_dir)

@@ -777,8 +777,10 @@ def _build_locked(
     stamp = versioning.stamp_of(spec.fingerprint, listing.listing_hash(), processing=processing)
 
     # --rehash trusts no stamp, the inputs' as a whole included: an object
-    # rewritten with its size and update time as listed is found.
-    built = None if rehash else up_to_date.check(dataset, stamp, listing, refresh=True).info
+    # rewritten with its size and update time as listed is found. --full
+    # trusts no published file: an unchanged dataset is built again, and
+    # its published version repaired where damaged (`PublishTransaction.commit`).
+    built = None if rehash or full else up_to_date.check(dataset, stamp, listing, refresh=True).info
     if built is not None:
         dataset.clean_leftovers()
         by_hand = dataset.latest_set_by_hand(built.version)  # a rollback stands
@@ -847,6 +849,7 @@ def _build_locked(
             listed_from=started,
             dropped_sha256s=plan.dropped_sha256s_uri,
             stamp_disagreements=plan.stamp_disagreements_uri,
+            checked=_checked_files(choice, info.version, report.base_problems),
         )
     by_hand = dataset.latest_set_by_hand(info.version)  # a rollback stands
     return BuildResult(
@@ -863,6 +866,17 @@ def _build_locked(
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
         latest_set_by_hand=by_hand,
     )
+
+
+def _checked_files(
+    choice: incremental.BaseChoice, version: str, problems: Mapping[str, str]
+) -> dict[str, str]:
+    """The files of `version` the job already hashed against its kiln.json
+    (name -> problem, "" when it matched): its base's, when the base is
+    that version (a rebuild of the same inputs), else none."""
+    if choice.base is None or choice.base.version != version:
+        return {}
+    return {name: problems.get(name, "") for name, _ in choice.base.files}
 
 
 def _check_base(dataset: publish.DatasetRoot, base: str | None) -> None:
