@@ -125,3 +125,51 @@ def test_gate_flags_are_checked_before_any_work(nightly, capsys):
     _, config, _ = nightly
     assert cli.main(["build", "--config", str(config), "--max-share-shift", "-1"]) == 2
     assert "--max-share-shift must be 0 or more, got -1.0" in capsys.readouterr().err
+
+
+def write_latest(dataset, text: str | None) -> None:
+    """LATEST with `text`, or no LATEST (None)."""
+    if text is None:
+        os.remove(dataset / LATEST_FILENAME)
+    else:
+        (dataset / LATEST_FILENAME).write_text(text)
+
+
+@pytest.mark.parametrize("text", ["", "\n", None], ids=["empty", "blank-line", "missing"])
+def test_the_gate_fails_closed_when_latest_names_no_version(nightly, capsys, text):
+    """LATEST empty or missing while published versions are there: the gate
+    has nothing to compare with, so it publishes nothing (as for a LATEST
+    naming a version that is not there); without gate flags, a warning."""
+    images, config, dataset = nightly
+    first = latest(dataset)
+    write_latest(dataset, text)
+    shutil.rmtree(images / "star")  # an export that lost a class
+    gated = ["build", "--config", str(config), "--quiet", "--fail-on-vanished-class"]
+
+    for _ in range(2):  # the job's build, then the version found by its stamp
+        assert cli.main(gated) == 1
+        out, err = capsys.readouterr()
+        (line,) = err.strip().splitlines()
+        assert out == "" and line.startswith("kiln build: ")
+        assert "the publish gate cannot compare with LATEST's version" in line
+        assert str(dataset / LATEST_FILENAME) in line and first in line
+        assert "repair LATEST" in line
+        assert not (dataset / LATEST_FILENAME).exists() if text is None else latest(dataset) == ""
+
+    report = config.parent / "report.json"
+    assert cli.main(["build", "--config", str(config), "--quiet", "--report", str(report)]) == 0
+    published = json.loads(report.read_text())
+    assert latest(dataset) == published["version"] != first
+    (warning,) = [w for w in published["warnings"] if str(dataset / LATEST_FILENAME) in w]
+    assert first in warning and "nothing to reuse records from or compare with" in warning
+
+
+def test_a_missing_latest_with_only_the_same_version_passes_the_gate(nightly, capsys):
+    """LATEST gone, the inputs unchanged: the build finds the one published
+    version, which is all there is to compare with, and names it again."""
+    _, config, dataset = nightly
+    first = latest(dataset)
+    write_latest(dataset, None)
+    gated = ["build", "--config", str(config), "--quiet", "--fail-on-vanished-class"]
+    assert cli.main(gated) == 0
+    assert latest(dataset) == first

@@ -770,6 +770,15 @@ def _build_locked(
     dataset = publish.DatasetRoot(spec.dataset_root)
     previous = dataset.latest()
     check_gate = _publish_gate(dataset, previous, gate)
+    no_latest = None if previous is not None else dataset.latest_names_none()
+    if no_latest is not None:
+        logger.warning(
+            "%s, though version(s) were published (%s): nothing to reuse records from or "
+            "compare with; this build makes LATEST name the version it publishes (write one "
+            "of those into LATEST to go back to it)",
+            no_latest,
+            ", ".join(dataset.published_versions()),
+        )
     # The config refuses stratify with a listing by the job (`ListedInJob`).
     if spec.config.splits.stratify and isinstance(listing, sources.Listing):
         _stratify(spec, listing, dataset, previous)
@@ -951,13 +960,27 @@ def _publish_gate(
 ) -> Callable[[str], None] | None:
     """The check a new version's folder must pass before LATEST names it
     (`build`'s ``gate``), or None where there is nothing to check."""
-    if thresholds is None or not thresholds.any or previous is None:
+    if thresholds is None or not thresholds.any:
         return None
+    no_latest = None if previous is not None else dataset.latest_names_none()
+    if previous is None and no_latest is None:
+        return None  # the first version: nothing to compare with
 
     def check(version_dir: str) -> None:
         version = version_dir.rstrip("/").rsplit("/", 1)[-1]
         if version == previous:
             return
+        if previous is None:
+            others = [v for v in dataset.published_versions() if v != version]
+            if not others:  # the one version published is this one: as before
+                return
+            raise GateError(
+                f"the publish gate cannot compare with LATEST's version: {no_latest}, "
+                f"though version(s) were published ({', '.join(others)}); version {version} "
+                f"is in {version_dir} but was not published: repair LATEST (write the "
+                f"version to compare with into it), or build without the gate flags",
+                version,
+            )
         try:
             diff = version_diff.compare(
                 version_diff.open_version(dataset.version_dir(previous)),

@@ -115,6 +115,25 @@ class DatasetRoot:
         text = self._read_small_file(storage.join(self.path, LATEST_FILENAME))
         return text.strip() or None if text else None
 
+    def latest_names_none(self) -> str | None:
+        """Why LATEST names no version while versions were published
+        (``"<root>/LATEST is empty"`` or ``"... is missing"``), or None: it
+        names one (there or not), or no version was ever published (a first
+        build, or one killed before LATEST named its version)."""
+        path = storage.join(self.path, LATEST_FILENAME)
+        text = self._read_small_file(path)
+        if text is not None and text.strip():
+            return None
+        if not self.published_versions():
+            return None
+        return f"{path} is {'missing' if text is None else 'empty'}"
+
+    def published_versions(self) -> list[str]:
+        """The complete versions LATEST has named (their publication
+        records, `record_published`), sorted."""
+        marked = sorted(self._published_marks())
+        return sorted(self.complete_versions(marked)) if marked else []
+
     def _read_small_file(self, path: str) -> str | None:
         """The text of one of the root's small files (LATEST, a stamp, a
         publication record), or None if it does not exist. Bytes that are
