@@ -173,3 +173,59 @@ def test_a_missing_latest_with_only_the_same_version_passes_the_gate(nightly, ca
     gated = ["build", "--config", str(config), "--quiet", "--fail-on-vanished-class"]
     assert cli.main(gated) == 0
     assert latest(dataset) == first
+
+
+def test_a_vanished_split_crosses_the_gate_and_kiln_diff(tmp_path, capsys):
+    """``splits.from_source`` with train/ and test/ folders; test/ removed:
+    --fail-on-vanished-split stops the build and `kiln diff`, and without it
+    the build warns."""
+    demo = tmp_path / "demo"
+    demo_data.generate(demo, num_images=40, include_broken=False)
+    images = tmp_path / "images"
+    held_out = 0
+    for folder in sorted(demo.iterdir()):
+        if not folder.is_dir():
+            continue
+        for i, image in enumerate(sorted(folder.iterdir())):
+            split = "test" if i % 4 == 0 else "train"
+            held_out += split == "test"
+            (images / split / folder.name).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(image, images / split / folder.name / image.name)
+    config = make_config(
+        str(images), output=str(tmp_path / "datasets"), splits={"from_source": True}
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert cli.main(["build", "--config", str(path), "--quiet"]) == 0
+    dataset = tmp_path / "datasets" / "shapes"
+    first = latest(dataset)
+    shutil.rmtree(images / "test")
+    everything = ["--fail-on-vanished-class", "--fail-on-label-change", "--max-share-shift", "5"]
+    capsys.readouterr()
+
+    # Every class keeps its share: only the split limit sees it.
+    gated = ["build", "--config", str(path), "--quiet", *everything]
+    assert cli.main([*gated, "--fail-on-vanished-split"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"split 'test' vanished: it has no example left ({held_out} before)" in line
+    assert latest(dataset) == first
+    (kept,) = {p for p in os.listdir(dataset) if is_version_name(p) and p != first}
+
+    diff = ["diff", str(dataset / first), str(dataset / kept), "--json", *everything]
+    assert cli.main(diff) == 0
+    assert json.loads(capsys.readouterr().out)["vanished_splits"] == ["test"]
+    assert cli.main([*diff, "--fail-on-vanished-split"]) == 1
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data["thresholds"]["fail_on_vanished_split"] is True
+    assert data["violations"] == [
+        f"split 'test' vanished: it has no example left ({held_out} before)"
+    ]
+    assert "threshold crossed: split 'test' vanished" in err
+
+    report = tmp_path / "report.json"
+    assert cli.main([*gated, "--report", str(report)]) == 0  # published, with a warning
+    published = json.loads(report.read_text())
+    assert latest(dataset) == kept == published["version"]
+    (warning,) = [w for w in published["warnings"] if "split(s) with no example left" in w]
+    assert f"version {first} had: test ({held_out} before)" in warning

@@ -798,13 +798,15 @@ def _build_locked(
                 check_gate(dataset.version_dir(built.version))
             dataset.name_latest(built.version)
         logger.info("up to date: %s", built.version)
+        changes = None if by_hand else _changes(dataset, previous, built.version)
+        _warn_about_vanished_splits(changes)
         return BuildResult(
             dataset.version_dir(built.version),
             built.version,
             built,
             up_to_date=True,
             previous_version=previous,
-            changes=None if by_hand else _changes(dataset, previous, built.version),
+            changes=changes,
             pruned=_prune(dataset, keep, stamp),
             latest_set_by_hand=by_hand,
         )
@@ -861,6 +863,9 @@ def _build_locked(
             checked=_checked_files(choice, info.version, report.base_problems),
         )
     by_hand = dataset.latest_set_by_hand(info.version)  # a rollback stands
+    # Before pruning `previous`.
+    changes = None if by_hand else _changes(dataset, previous, info.version)
+    _warn_about_vanished_splits(changes)
     return BuildResult(
         dataset_dir=target,
         version=info.version,
@@ -869,8 +874,7 @@ def _build_locked(
         duplicates_across_splits=report.duplicates_across_splits,
         counters=counters,
         previous_version=previous,
-        # Before pruning `previous`.
-        changes=None if by_hand else _changes(dataset, previous, info.version),
+        changes=changes,
         pruned=_prune(dataset, keep, stamp),
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
         latest_set_by_hand=by_hand,
@@ -1502,6 +1506,24 @@ USUAL_SPLIT_NAMES = ("train", "validation", "test")
 # their own), and how much smaller than that other split it must be.
 _CLOSE_NAME_RATIO = 0.75
 _MUCH_SMALLER = 10
+
+
+def _warn_about_vanished_splits(changes: version_diff.VersionDiff | None) -> None:
+    """One warning naming the splits the version LATEST named before had
+    examples in and the new one has none in: with ``splits.from_source``, a
+    split folder gone from the source (`_warn_about_empty_splits` sees only
+    the splits the source still lists). ``--fail-on-vanished-split`` makes
+    it a publish gate."""
+    if changes is None:
+        return
+    vanished = changes.vanished_splits()
+    if vanished:
+        logger.warning(
+            "split(s) with no example left, that version %s had: %s; a training job that "
+            "reads them fails (--fail-on-vanished-split keeps such a version from LATEST)",
+            changes.old.version,
+            ", ".join(f"{name} ({changes.splits[name].old} before)" for name in vanished),
+        )
 
 
 def _warn_about_split_names(spec: BuildSpec, info: DatasetInfo) -> None:
