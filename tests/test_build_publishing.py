@@ -848,3 +848,43 @@ def test_a_damaged_published_version_is_repaired_by_rehash_or_full(
     clean = build(dict(config, output=str(tmp_path / "clean")))
     assert clean.version == first.version
     assert read_tree(first.dataset_dir) == read_tree(clean.dataset_dir)
+
+
+def test_a_damaged_published_version_is_repaired_on_an_object_store(demo_corpus):
+    """No rename there: each damaged object is written again whole, by the
+    build's copy, and the version's objects end as a clean build's."""
+    bucket = f"{object_store.SCHEME}://bucket"
+    object_store.reset()
+    keys = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken][::6]
+    for key in keys:
+        with open(os.path.join(demo_corpus.out_dir, key), "rb") as f:
+            object_store.put(f"{bucket}/images/{key}", f.read())
+    try:
+        config = make_config(
+            f"{bucket}/images",
+            output=f"{bucket}/datasets",
+            sharding={"num_shards": 2},
+            splits={"fractions": {"train": 1.0}},
+        )
+        first = build(config)
+        shards = [f"{first.dataset_dir}/{name}" for name in first.info.splits["train"].filenames]
+        object_store.put(shards[0], object_store.get(shards[0])[:100])
+        del object_store.OBJECTS[shards[1]]
+        errors = f"{first.dataset_dir}/errors.jsonl"
+        object_store.put(errors, b'{"edited": true}\n')
+
+        again = build(config, rehash=True)
+        assert again.version == first.version and not again.up_to_date
+        clean = build(dict(config, output=f"{bucket}/clean"))
+        assert clean.version == first.version
+
+        def objects(folder):
+            return {
+                name[len(folder) :]: object_store.get(name)
+                for name in object_store.names(folder + "/")
+            }
+
+        assert objects(first.dataset_dir) == objects(clean.dataset_dir)
+        assert publish.DatasetRoot(first.dataset_root).latest() == first.version
+    finally:
+        object_store.reset()
