@@ -811,3 +811,80 @@ def test_a_published_version_whose_kiln_json_was_edited_is_rebuilt_not_reused(
     assert kiln.reader.info(again.dataset_dir).splits == first.info.splits
     assert verify.verify(again.dataset_dir).ok
     assert build(config).up_to_date
+
+
+# --- repair -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--rehash", "--full"])
+def test_a_damaged_published_version_is_repaired_by_rehash_or_full(
+    demo_corpus, tmp_path, capsys, flag
+):
+    """A shard of LATEST's version truncated, another deleted: `kiln verify`
+    fails; `kiln build --rehash` (or `--full`) builds the same version again
+    and replaces the damaged files with its copy, so verify passes and the
+    folder holds a clean build's bytes."""
+    _, _, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=3)
+    first = build(config)
+    shards = first.info.splits["train"].filenames
+    with open(os.path.join(first.dataset_dir, shards[0]), "r+b") as f:
+        f.truncate(100)
+    os.remove(os.path.join(first.dataset_dir, shards[2]))
+    assert cli.main(["verify", first.dataset_root]) == 1
+    assert build(config).up_to_date  # the stamp and kiln.json are trusted
+    capsys.readouterr()
+
+    report = tmp_path / "report.json"
+    assert cli.main(["build", "--config", str(path), flag, "--report", str(report)]) == 0
+    result = json.loads(report.read_text())
+    assert result["status"] == "built" and result["version"] == first.version
+    repaired = [w for w in result["warnings"] if w.startswith(f"repaired version {first.version}")]
+    assert len(repaired) == 1 and shards[0] in repaired[0] and shards[2] in repaired[0]
+    assert shards[1] not in repaired[0]
+    dataset = publish.DatasetRoot(first.dataset_root)
+    assert dataset.latest() == first.version and dataset.staging_dirs() == []
+    capsys.readouterr()
+    assert cli.main(["verify", first.dataset_root]) == 0
+    clean = build(dict(config, output=str(tmp_path / "clean")))
+    assert clean.version == first.version
+    assert read_tree(first.dataset_dir) == read_tree(clean.dataset_dir)
+
+
+def test_a_damaged_published_version_is_repaired_on_an_object_store(demo_corpus):
+    """No rename there: each damaged object is written again whole, by the
+    build's copy, and the version's objects end as a clean build's."""
+    bucket = f"{object_store.SCHEME}://bucket"
+    object_store.reset()
+    keys = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken][::6]
+    for key in keys:
+        with open(os.path.join(demo_corpus.out_dir, key), "rb") as f:
+            object_store.put(f"{bucket}/images/{key}", f.read())
+    try:
+        config = make_config(
+            f"{bucket}/images",
+            output=f"{bucket}/datasets",
+            sharding={"num_shards": 2},
+            splits={"fractions": {"train": 1.0}},
+        )
+        first = build(config)
+        shards = [f"{first.dataset_dir}/{name}" for name in first.info.splits["train"].filenames]
+        object_store.put(shards[0], object_store.get(shards[0])[:100])
+        del object_store.OBJECTS[shards[1]]
+        errors = f"{first.dataset_dir}/errors.jsonl"
+        object_store.put(errors, b'{"edited": true}\n')
+
+        again = build(config, rehash=True)
+        assert again.version == first.version and not again.up_to_date
+        clean = build(dict(config, output=f"{bucket}/clean"))
+        assert clean.version == first.version
+
+        def objects(folder):
+            return {
+                name[len(folder) :]: object_store.get(name)
+                for name in object_store.names(folder + "/")
+            }
+
+        assert objects(first.dataset_dir) == objects(clean.dataset_dir)
+        assert publish.DatasetRoot(first.dataset_root).latest() == first.version
+    finally:
+        object_store.reset()

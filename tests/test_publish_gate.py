@@ -132,3 +132,107 @@ def test_gate_flags_are_checked_before_any_work(nightly, capsys):
     _, config, _ = nightly
     assert cli.main(["build", "--config", str(config), "--max-share-shift", "-1"]) == 2
     assert "--max-share-shift must be 0 or more, got -1.0" in capsys.readouterr().err
+
+
+def write_latest(dataset, text: str | None) -> None:
+    """LATEST with `text`, or no LATEST (None)."""
+    if text is None:
+        os.remove(dataset / LATEST_FILENAME)
+    else:
+        (dataset / LATEST_FILENAME).write_text(text)
+
+
+@pytest.mark.parametrize("text", ["", "\n", None], ids=["empty", "blank-line", "missing"])
+def test_the_gate_fails_closed_when_latest_names_no_version(nightly, capsys, text):
+    """LATEST empty or missing while published versions are there: the gate
+    has nothing to compare with, so it publishes nothing (as for a LATEST
+    naming a version that is not there); without gate flags, a warning."""
+    images, config, dataset = nightly
+    first = latest(dataset)
+    write_latest(dataset, text)
+    shutil.rmtree(images / "star")  # an export that lost a class
+    gated = ["build", "--config", str(config), "--quiet", "--fail-on-vanished-class"]
+
+    for _ in range(2):  # the job's build, then the version found by its stamp
+        assert cli.main(gated) == 1
+        out, err = capsys.readouterr()
+        (line,) = err.strip().splitlines()
+        assert out == "" and line.startswith("kiln build: ")
+        assert "the publish gate cannot compare with LATEST's version" in line
+        assert str(dataset / LATEST_FILENAME) in line and first in line
+        assert "repair LATEST" in line
+        assert not (dataset / LATEST_FILENAME).exists() if text is None else latest(dataset) == ""
+
+    report = config.parent / "report.json"
+    assert cli.main(["build", "--config", str(config), "--quiet", "--report", str(report)]) == 0
+    published = json.loads(report.read_text())
+    assert latest(dataset) == published["version"] != first
+    (warning,) = [w for w in published["warnings"] if str(dataset / LATEST_FILENAME) in w]
+    assert first in warning and "nothing to reuse records from or compare with" in warning
+
+
+def test_a_missing_latest_with_only_the_same_version_passes_the_gate(nightly, capsys):
+    """LATEST gone, the inputs unchanged: the build finds the one published
+    version, which is all there is to compare with, and names it again."""
+    _, config, dataset = nightly
+    first = latest(dataset)
+    write_latest(dataset, None)
+    gated = ["build", "--config", str(config), "--quiet", "--fail-on-vanished-class"]
+    assert cli.main(gated) == 0
+    assert latest(dataset) == first
+
+
+def test_a_vanished_split_crosses_the_gate_and_kiln_diff(tmp_path, capsys):
+    """``splits.from_source`` with train/ and test/ folders; test/ removed:
+    --fail-on-vanished-split stops the build and `kiln diff`, and without it
+    the build warns."""
+    demo = tmp_path / "demo"
+    demo_data.generate(demo, num_images=40, include_broken=False)
+    images = tmp_path / "images"
+    held_out = 0
+    for folder in sorted(demo.iterdir()):
+        if not folder.is_dir():
+            continue
+        for i, image in enumerate(sorted(folder.iterdir())):
+            split = "test" if i % 4 == 0 else "train"
+            held_out += split == "test"
+            (images / split / folder.name).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(image, images / split / folder.name / image.name)
+    config = make_config(
+        str(images), output=str(tmp_path / "datasets"), splits={"from_source": True}
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert cli.main(["build", "--config", str(path), "--quiet"]) == 0
+    dataset = tmp_path / "datasets" / "shapes"
+    first = latest(dataset)
+    shutil.rmtree(images / "test")
+    everything = ["--fail-on-vanished-class", "--fail-on-label-change", "--max-share-shift", "5"]
+    capsys.readouterr()
+
+    # Every class keeps its share: only the split limit sees it.
+    gated = ["build", "--config", str(path), "--quiet", *everything]
+    assert cli.main([*gated, "--fail-on-vanished-split"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"split 'test' vanished: it has no example left ({held_out} before)" in line
+    assert latest(dataset) == first
+    (kept,) = {p for p in os.listdir(dataset) if is_version_name(p) and p != first}
+
+    diff = ["diff", str(dataset / first), str(dataset / kept), "--json", *everything]
+    assert cli.main(diff) == 0
+    assert json.loads(capsys.readouterr().out)["vanished_splits"] == ["test"]
+    assert cli.main([*diff, "--fail-on-vanished-split"]) == 1
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data["thresholds"]["fail_on_vanished_split"] is True
+    assert data["violations"] == [
+        f"split 'test' vanished: it has no example left ({held_out} before)"
+    ]
+    assert "threshold crossed: split 'test' vanished" in err
+
+    report = tmp_path / "report.json"
+    assert cli.main([*gated, "--report", str(report)]) == 0  # published, with a warning
+    published = json.loads(report.read_text())
+    assert latest(dataset) == kept == published["version"]
+    (warning,) = [w for w in published["warnings"] if "split(s) with no example left" in w]
+    assert f"version {first} had: test ({held_out} before)" in warning

@@ -11,7 +11,12 @@ from typing import Any
 
 # The flags that take a limit (0 or more); the others are switches.
 _LIMITS = ("max_share_shift", "max_changed_percent", "max_object_change")
-_SWITCHES = ("fail_on_vanished_class", "fail_on_label_change", "fail_on_config_change")
+_SWITCHES = (
+    "fail_on_vanished_class",
+    "fail_on_vanished_split",
+    "fail_on_label_change",
+    "fail_on_config_change",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser | Any, *, crossing: str) -> None:
@@ -38,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser | Any, *, crossing: str) -> No
         "--fail-on-vanished-class",
         action="store_true",
         help=f"{crossing} if a class that had examples has none now",
+    )
+    parser.add_argument(
+        "--fail-on-vanished-split",
+        action="store_true",
+        help=f"{crossing} if a split that had examples has none now (a source's split folder gone)",
     )
     parser.add_argument(
         "--max-object-change",

@@ -785,6 +785,15 @@ def _build_locked(
     dataset = publish.DatasetRoot(spec.dataset_root)
     previous = dataset.latest()
     check_gate = _publish_gate(dataset, previous, gate)
+    no_latest = None if previous is not None else dataset.latest_names_none()
+    if no_latest is not None:
+        logger.warning(
+            "%s, though version(s) were published (%s): nothing to reuse records from or "
+            "compare with; this build makes LATEST name the version it publishes (write one "
+            "of those into LATEST to go back to it)",
+            no_latest,
+            ", ".join(dataset.published_versions()),
+        )
     # The config refuses stratify with a listing by the job (`ListedInJob`).
     if spec.config.splits.stratify and isinstance(listing, sources.Listing):
         _stratify(spec, listing, dataset, previous)
@@ -792,8 +801,10 @@ def _build_locked(
     stamp = versioning.stamp_of(spec.fingerprint, listing.listing_hash(), processing=processing)
 
     # --rehash trusts no stamp, the inputs' as a whole included: an object
-    # rewritten with its size and update time as listed is found.
-    built = None if rehash else up_to_date.check(dataset, stamp, listing, refresh=True).info
+    # rewritten with its size and update time as listed is found. --full
+    # trusts no published file: an unchanged dataset is built again, and
+    # its published version repaired where damaged (`PublishTransaction.commit`).
+    built = None if rehash or full else up_to_date.check(dataset, stamp, listing, refresh=True).info
     if built is not None:
         dataset.clean_leftovers()
         by_hand = dataset.latest_set_by_hand(built.version)  # a rollback stands
@@ -802,13 +813,15 @@ def _build_locked(
                 check_gate(dataset.version_dir(built.version))
             dataset.name_latest(built.version)
         logger.info("up to date: %s", built.version)
+        changes = None if by_hand else _changes(dataset, previous, built.version)
+        _warn_about_vanished_splits(changes)
         return BuildResult(
             dataset.version_dir(built.version),
             built.version,
             built,
             up_to_date=True,
             previous_version=previous,
-            changes=None if by_hand else _changes(dataset, previous, built.version),
+            changes=changes,
             pruned=_prune(dataset, keep, stamp),
             latest_set_by_hand=by_hand,
         )
@@ -862,8 +875,12 @@ def _build_locked(
             listed_from=started,
             dropped_sha256s=plan.dropped_sha256s_uri,
             stamp_disagreements=plan.stamp_disagreements_uri,
+            checked=_checked_files(choice, info.version, report.base_problems),
         )
     by_hand = dataset.latest_set_by_hand(info.version)  # a rollback stands
+    # Before pruning `previous`.
+    changes = None if by_hand else _changes(dataset, previous, info.version)
+    _warn_about_vanished_splits(changes)
     return BuildResult(
         dataset_dir=target,
         version=info.version,
@@ -872,8 +889,7 @@ def _build_locked(
         duplicates_across_splits=report.duplicates_across_splits,
         counters=counters,
         previous_version=previous,
-        # Before pruning `previous`.
-        changes=None if by_hand else _changes(dataset, previous, info.version),
+        changes=changes,
         pruned=_prune(dataset, keep, stamp),
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
         latest_set_by_hand=by_hand,
@@ -902,6 +918,17 @@ def _base_id(dataset_root: str, base: str | None) -> str | None:
             f"one of its versions (the name of its folder, e.g. --base {name})"
         )
     return name
+
+
+def _checked_files(
+    choice: incremental.BaseChoice, version: str, problems: Mapping[str, str]
+) -> dict[str, str]:
+    """The files of `version` the job already hashed against its kiln.json
+    (name -> problem, "" when it matched): its base's, when the base is
+    that version (a rebuild of the same inputs), else none."""
+    if choice.base is None or choice.base.version != version:
+        return {}
+    return {name: problems.get(name, "") for name, _ in choice.base.files}
 
 
 def _check_base(dataset: publish.DatasetRoot, base: str | None) -> None:
@@ -976,13 +1003,27 @@ def _publish_gate(
 ) -> Callable[[str], None] | None:
     """The check a new version's folder must pass before LATEST names it
     (`build`'s ``gate``), or None where there is nothing to check."""
-    if thresholds is None or not thresholds.any or previous is None:
+    if thresholds is None or not thresholds.any:
         return None
+    no_latest = None if previous is not None else dataset.latest_names_none()
+    if previous is None and no_latest is None:
+        return None  # the first version: nothing to compare with
 
     def check(version_dir: str) -> None:
         version = version_dir.rstrip("/").rsplit("/", 1)[-1]
         if version == previous:
             return
+        if previous is None:
+            others = [v for v in dataset.published_versions() if v != version]
+            if not others:  # the one version published is this one: as before
+                return
+            raise GateError(
+                f"the publish gate cannot compare with LATEST's version: {no_latest}, "
+                f"though version(s) were published ({', '.join(others)}); version {version} "
+                f"is in {version_dir} but was not published: repair LATEST (write the "
+                f"version to compare with into it), or build without the gate flags",
+                version,
+            )
         try:
             diff = version_diff.compare(
                 version_diff.open_version(dataset.version_dir(previous)),
@@ -1507,6 +1548,24 @@ USUAL_SPLIT_NAMES = ("train", "validation", "test")
 # their own), and how much smaller than that other split it must be.
 _CLOSE_NAME_RATIO = 0.75
 _MUCH_SMALLER = 10
+
+
+def _warn_about_vanished_splits(changes: version_diff.VersionDiff | None) -> None:
+    """One warning naming the splits the version LATEST named before had
+    examples in and the new one has none in: with ``splits.from_source``, a
+    split folder gone from the source (`_warn_about_empty_splits` sees only
+    the splits the source still lists). ``--fail-on-vanished-split`` makes
+    it a publish gate."""
+    if changes is None:
+        return
+    vanished = changes.vanished_splits()
+    if vanished:
+        logger.warning(
+            "split(s) with no example left, that version %s had: %s; a training job that "
+            "reads them fails (--fail-on-vanished-split keeps such a version from LATEST)",
+            changes.old.version,
+            ", ".join(f"{name} ({changes.splits[name].old} before)" for name in vanished),
+        )
 
 
 def _warn_about_split_names(spec: BuildSpec, info: DatasetInfo) -> None:

@@ -41,14 +41,21 @@ SIGTERM while it copies its version deletes the partial copy itself.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import secrets
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+from apache_beam.io.filesystems import FileSystems
 
 from kiln.pipeline import storage
 from kiln.pipeline.tfds_export import write_tfds_metadata
 from kiln.schemas import (
+    DROPPED_OBJECTS_FILENAME,
+    DUPLICATES_FILENAME,
+    ERRORS_FILENAME,
+    INDEX_FILENAME,
     LATEST_FILENAME,
     METADATA_FILENAME,
     STAGING_PREFIX,
@@ -107,6 +114,25 @@ class DatasetRoot:
         one naming a deleted version does."""
         text = self._read_small_file(storage.join(self.path, LATEST_FILENAME))
         return text.strip() or None if text else None
+
+    def latest_names_none(self) -> str | None:
+        """Why LATEST names no version while versions were published
+        (``"<root>/LATEST is empty"`` or ``"... is missing"``), or None: it
+        names one (there or not), or no version was ever published (a first
+        build, or one killed before LATEST named its version)."""
+        path = storage.join(self.path, LATEST_FILENAME)
+        text = self._read_small_file(path)
+        if text is not None and text.strip():
+            return None
+        if not self.published_versions():
+            return None
+        return f"{path} is {'missing' if text is None else 'empty'}"
+
+    def published_versions(self) -> list[str]:
+        """The complete versions LATEST has named (their publication
+        records, `record_published`), sorted."""
+        marked = sorted(self._published_marks())
+        return sorted(self.complete_versions(marked)) if marked else []
 
     def _read_small_file(self, path: str) -> str | None:
         """The text of one of the root's small files (LATEST, a stamp, a
@@ -513,6 +539,67 @@ class DatasetRoot:
         return stale
 
 
+_HASH_CHUNK_BYTES = 1 << 20
+
+
+def recorded_files(info: DatasetInfo) -> dict[str, tuple[int | None, str]]:
+    """File name -> (size or None, sha256): the files of a version whose
+    bytes its kiln.json records (the shards, and the reports whose sha256 it
+    holds)."""
+    files: dict[str, tuple[int | None, str]] = {
+        shard.filename: (shard.num_bytes, shard.sha256)
+        for split in info.splits.values()
+        for shard in split.shards
+    }
+    for name, sha256 in (
+        (ERRORS_FILENAME, info.errors_sha256),
+        (DUPLICATES_FILENAME, info.duplicates_sha256),
+        (INDEX_FILENAME, info.index_sha256),
+        (DROPPED_OBJECTS_FILENAME, info.dropped_objects_sha256),
+    ):
+        if sha256 is not None:
+            files[name] = (None, sha256)
+    return files
+
+
+def _sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with FileSystems.open(path, compression_type="uncompressed") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def damaged_files(
+    store: storage.Store, folder: str, info: DatasetInfo, checked: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """File name -> what is wrong with it, for the files of the version in
+    `folder` that do not match its kiln.json (`info`): missing, another size,
+    another sha256. `checked`: files already hashed against `info` (an
+    incremental job's check of its base: name -> problem, "" when it
+    matched), not read again; every other recorded file is read and hashed."""
+    sizes = {storage.basename(m.path): m.size_in_bytes for m in store.list_tree(folder)}
+    checked = checked or {}
+    problems = {}
+    for name, (size, sha256) in sorted(recorded_files(info).items()):
+        if name not in sizes:
+            problems[name] = f"{name} is missing"
+        elif size is not None and sizes[name] != size:
+            problems[name] = f"{name} has {sizes[name]} bytes, not {size}"
+        elif name in checked:
+            if checked[name]:
+                problems[name] = checked[name]
+        else:
+            try:
+                actual = _sha256_of(storage.join(folder, name))
+            except Exception as e:  # unreadable: as damaged
+                problems[name] = f"{name} cannot be read ({type(e).__name__})"
+                continue
+            if actual != sha256:
+                problems[name] = f"{name}: sha256 differs from its kiln.json"
+    return problems
+
+
 class PublishTransaction:
     """Stage a build, then publish it whole or not at all.
 
@@ -525,7 +612,8 @@ class PublishTransaction:
     Entering deletes what earlier builds left behind
     (`DatasetRoot.clean_leftovers`) and creates a unique staging folder
     name. `commit` writes the TFDS files, `kiln.json` last, moves the folder
-    into place (or keeps an identical published copy), records the stamp and
+    into place (or keeps an identical published copy, its files that do not
+    match its kiln.json replaced by the staged ones), records the stamp and
     replaces LATEST, last of all. Leaving with an exception (Ctrl-C and
     SIGTERM included) deletes the staging folder, and the part of the version
     folder moved so far if the exception came while it was moved file by
@@ -567,6 +655,7 @@ class PublishTransaction:
         listed_from: float = 0.0,
         dropped_sha256s: str | None = None,
         stamp_disagreements: str | None = None,
+        checked: Mapping[str, str] | None = None,
     ) -> str:
         """Publishes the staged folder as `info.version`; returns its folder.
 
@@ -597,6 +686,12 @@ class PublishTransaction:
             not as listed (`STAMP_DISAGREEMENTS_FILE`, in the work folder,
             when there were such files), kept with the listing: the next
             build trusts neither the version nor those files' stamps.
+          checked: When `info.version` is already published: its files the
+            job already hashed against its kiln.json (the base's check, the
+            base being that version), name -> problem ("" when it matched).
+            Its other files are checked now (`damaged_files`); those that
+            are missing or damaged are replaced by the staged copy's
+            (`_repair`), each atomically.
         """
         store = self.dataset.store
         if listing_files:
@@ -618,10 +713,15 @@ class PublishTransaction:
         # kiln.json last: its presence marks the folder complete.
         storage.write_text(storage.join(self.staging_dir, METADATA_FILENAME), info.dumps())
         target = self.dataset.version_dir(info.version)
-        if self.dataset.read_info(info.version) is not None:
+        existing = self.dataset.read_info(info.version)
+        if existing is not None:
             # Same content and config as an existing version (e.g. the files
-            # were touched): same bytes, keep the published copy.
+            # were touched): same bytes, keep the published copy, repaired
+            # where its files are not what its kiln.json says.
             logger.info("version %s already exists; reusing it", info.version)
+            damaged = damaged_files(store, target, existing, checked)
+            if damaged:
+                self._repair(info, existing, damaged)
             store.delete_tree(self.staging_dir)
         else:
             # An incomplete folder of this version (a copy interrupted on an
@@ -646,6 +746,36 @@ class PublishTransaction:
             gate(target)
         self.dataset.name_latest(info.version)  # last of all
         return target
+
+    def _repair(self, info: DatasetInfo, existing: DatasetInfo, damaged: Mapping[str, str]) -> None:
+        """Replaces the published version's `damaged` files with the staged
+        copy's, each with one rename (atomic locally; one object write on an
+        object store), its kiln.json kept: the staged files are the same
+        bytes (the same version) as it records, checked against `info`."""
+        store = self.dataset.store
+        target = self.dataset.version_dir(info.version)
+        staged = recorded_files(info)
+        recorded = recorded_files(existing)
+        names = sorted(name for name in damaged if staged.get(name) == recorded[name])
+        left = sorted(set(damaged) - set(names))
+        if left:  # not the same bytes: cannot happen for one version id
+            logger.warning(
+                "cannot repair %s: the build's copy of %s differs from its kiln.json",
+                target,
+                ", ".join(left),
+            )
+        if not names:
+            return
+        paths = [storage.join(self.staging_dir, name) for name in names]
+        store.sync_tree(self.staging_dir)
+        store.move_files(paths, target)
+        store.sync_folder(target)
+        logger.warning(
+            "repaired version %s: replaced %d damaged file(s) with this build's copy: %s",
+            info.version,
+            len(names),
+            "; ".join(damaged[name] for name in names),
+        )
 
     def _delete_all_but(self, names: Sequence[str]) -> None:
         """Deletes everything in the staging folder but the files `names`."""

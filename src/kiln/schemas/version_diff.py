@@ -323,6 +323,9 @@ class Thresholds:
       fail_on_config_change: Build config sections that differ (the
         transforms, the image size, the encoding...: records whose source
         did not change are then stored otherwise) are a violation.
+      fail_on_vanished_split: A split that had examples and has none now (a
+        source's split folder gone) is a violation: what a share or
+        class limit does not see when the classes keep their shares.
     """
 
     max_share_shift: float | None = None
@@ -331,6 +334,7 @@ class Thresholds:
     max_object_change: float | None = None
     fail_on_label_change: bool = False
     fail_on_config_change: bool = False
+    fail_on_vanished_split: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -427,6 +431,13 @@ class VersionDiff:
             name for name, share in self.class_shares().items() if share["old"] and not share["new"]
         ]
 
+    def vanished_splits(self) -> list[str]:
+        """Splits with examples in the old version and none in the new (or
+        no longer there)."""
+        return [
+            name for name in self.split_names if self.splits[name].old and not self.splits[name].new
+        ]
+
     def label_ids_changed(self) -> list[str]:
         """Classes in both versions whose label id (index in class_names) differs."""
         old = {name: i for i, name in enumerate(self.old.info.class_names)}
@@ -494,6 +505,12 @@ class VersionDiff:
         if thresholds.fail_on_vanished_class:
             for name in self.vanished_classes():
                 found.append(f"class {name!r} vanished: it has no example left")
+        if thresholds.fail_on_vanished_split:
+            for name in self.vanished_splits():
+                found.append(
+                    f"split {name!r} vanished: it has no example left "
+                    f"({self.splits[name].old} before)"
+                )
         if thresholds.max_object_change is not None:
             for name, count in (self.object_counts() or {}).items():
                 percent = count["change_percent"]
@@ -531,6 +548,7 @@ class VersionDiff:
         ``shards``), ``totals`` and ``splits`` (each a `CellChange`; splits
         also have ``classes``: class -> `CellChange`), ``changed_percent``,
         ``classes`` (`class_shares`), ``vanished_classes``,
+        ``vanished_splits``,
         ``added_classes`` / ``removed_classes`` (in class_names),
         ``label_ids_changed``, ``config_changes`` (`config_changes`),
         ``image_size`` (old and new), ``statistics`` (`statistics_drift`),
@@ -559,6 +577,7 @@ class VersionDiff:
             },
             "classes": self.class_shares(),
             "vanished_classes": self.vanished_classes(),
+            "vanished_splits": self.vanished_splits(),
             "added_classes": [n for n in new_info.class_names if n not in old_info.class_names],
             "removed_classes": [n for n in old_info.class_names if n not in new_info.class_names],
             "label_ids_changed": self.label_ids_changed(),
@@ -581,7 +600,7 @@ class VersionDiff:
     def summary_lines(self) -> list[str]:
         """One or two lines for a build's summary: the record changes and
         the largest class-share shift (or that no share moved); then vanished
-        classes, label ids changed, config changes, drops, duplicates and the
+        splits and classes, label ids changed, config changes, drops, duplicates and the
         train split's mean drift, when any of them moved."""
         totals = self.totals()
         shares = self.class_shares()
@@ -604,6 +623,12 @@ class VersionDiff:
                 )
         lines = [line]
         details = []
+        splits = self.vanished_splits()
+        if splits:
+            details.append(
+                "vanished splits: "
+                + ", ".join(f"{name} ({self.splits[name].old} before)" for name in splits)
+            )
         vanished = self.vanished_classes()
         if vanished:
             details.append(f"vanished classes: {', '.join(vanished)}")

@@ -110,6 +110,7 @@ def render(diff: VersionDiff) -> str:
     lines.extend(_shares_table(data))
     lines.extend(_objects_table(data))
     for key, title in (
+        ("vanished_splits", "vanished splits (examples before, none now)"),
         ("vanished_classes", "vanished classes (examples before, none now)"),
         ("added_classes", "new classes"),
         ("removed_classes", "classes no longer listed"),
