@@ -1,6 +1,8 @@
 """Config mistakes found before any work, from a new user's review: a misspelt
 split in ``sharding.num_shards``, YAML 1.2 numbers (``1e-9``), transforms that
-make images larger than kiln handles, and a COCO file given as a manifest.
+make images larger than kiln handles, a COCO file given as a manifest; and from
+a later review: a semantic mask without its class list, COCO keypoint names and
+image folder classes that name nothing, misspelt values.
 
 Each is one line naming the key and what is wrong; the builds are real
 (`kiln.cli.main`, the DirectRunner) on small copies of the demo corpus.
@@ -304,3 +306,35 @@ def test_a_broken_jsonl_manifest_gets_no_coco_hint(tmp_path, capsys):
         }
         line = refused(capsys, write_config(tmp_path, data))
         assert "no usable input image" in line and "COCO" not in line, line
+
+
+# --- a semantic mask whose class list would be made from the rows' names ----------------
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def demo_detection(tmp_path, **changes) -> dict:
+    """configs/demo-detection.yaml on a small `kiln demo-data --targets` corpus."""
+    demo_targets.generate(tmp_path / "demo", num_images=3, seed=0)
+    with open(os.path.join(TOP, "configs", "demo-detection.yaml"), encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    data["source"]["path"] = str(tmp_path / "demo" / demo_targets.MANIFEST)
+    data["output"] = str(tmp_path / "out")
+    data.update(changes)
+    return data
+
+
+def test_a_semantic_mask_without_source_classes_is_refused(tmp_path, capsys):
+    """Without `classes:`, the demo's class list was its rows' names sorted,
+    [circle, square, star, triangle], and its masks' background (0) was
+    stored as circle: the build succeeded with every mask mislabelled."""
+    data = demo_detection(tmp_path)
+    del data["source"]["classes"]
+    path = write_config(tmp_path, data)
+    line = refused(capsys, path)
+    assert line.startswith(f"kiln build: error: config error in {path}: targets.mask: "), line
+    assert "without source.classes" in line and "by chance only" in line, line
+    assert line.endswith(
+        "declare source.classes, in the masks' id order (e.g. [background, road, car])"
+    )
+    assert not (tmp_path / "out").exists()

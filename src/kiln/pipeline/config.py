@@ -1128,14 +1128,23 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain) -> None:
                     f"targets.{kind}: a CSV manifest holds label, labels and extra columns "
                     f"only; objects and masks need a JSONL manifest (.jsonl)"
                 )
-    names_classes = targets.label or targets.labels or targets.boxes
-    if targets.mask is not None and source.classes is None and not names_classes:
-        # The class list defaults to the names the rows use, and a mask's
-        # pixel values are ids into it: without names it would be empty.
+    if targets.mask is not None and source.classes is None:
+        # Without source.classes the class list is the names the rows use,
+        # sorted, and a mask's pixel values are ids into it: they would match
+        # the ids the masks were drawn with by chance only (mask files carry
+        # no names), and a mismatch mislabels every pixel without an error.
+        # COCO and VOC give no semantic masks (_OBJECT_SOURCES).
+        names_classes = targets.label or targets.labels or targets.boxes
+        made_from = (
+            "would be the class names the rows use, sorted, which match the masks' ids "
+            "by chance only (class 0 is often the masks' background)"
+            if names_classes
+            else "would be made from the class names the rows use, and these targets name none"
+        )
         raise ListError(
-            "targets.mask: a mask's pixel values are class ids, indexes into the class list, "
-            "and these targets name no class to make the list from; declare "
-            "source.classes, in the masks' id order (e.g. [background, road, car])"
+            f"targets.mask: a mask's pixel values are class ids, indexes into the class list, "
+            f"and without source.classes that list {made_from}; declare "
+            f"source.classes, in the masks' id order (e.g. [background, road, car])"
         )
 
 

@@ -100,7 +100,8 @@ class _SourceModel(BaseModel):
     classes: list[str] | None = None
     """The class list, in id order: a label is its index in the list as written, and a
     semantic mask's pixel values index it too (list the classes in the masks' id order, e.g.
-    `[background, road, car]`; a dataset whose only targets are masks must declare it). A name
+    `[background, road, car]`; a dataset with `targets.mask` must declare it: mask files name
+    no classes, and the sorted names of the rows would match their ids by chance only). A name
     listed twice is an error. Files with other labels are dropped (`unknown_label`). Default:
     every folder name (image_folder) or distinct label (manifest), sorted. Every class name
     read from a source (a class folder's name; a manifest's `label`, `labels` and objects'
