@@ -338,3 +338,28 @@ def test_a_semantic_mask_without_source_classes_is_refused(tmp_path, capsys):
         "declare source.classes, in the masks' id order (e.g. [background, road, car])"
     )
     assert not (tmp_path / "out").exists()
+
+
+# --- a misspelt COCO keypoint name ------------------------------------------------------
+
+
+def test_a_misspelt_coco_keypoint_name_stops_the_build_before_the_job(tmp_path, capsys):
+    """`centre` for the categories' `center` built with exit 0, every object's
+    center keypoint stored as "not labelled"."""
+    data = demo_detection(tmp_path)
+    data["source"] = {
+        "type": "coco",
+        "annotations": str(tmp_path / "demo" / demo_targets.COCO),
+        "images": str(tmp_path / "demo" / "images"),
+    }
+    del data["targets"]["mask"]  # COCO has no semantic masks
+    data["targets"]["keypoints"]["names"] = ["centre", "left", "right"]
+    path = write_config(tmp_path, data)
+    assert refused(capsys, path) == (
+        f"kiln build: error: config error in {path}: source.annotations: instances.json: "
+        "targets.keypoints.names: "
+        "'centre' is a keypoint of no category; did you mean 'center'? (its categories' "
+        "keypoints are center, left, right)"
+    )
+    # Refused while the launcher lists the file, before the job: only its lock was taken.
+    assert os.listdir(tmp_path / "out" / data["name"]) == [".lock"]
