@@ -22,6 +22,7 @@ from conftest import make_config
 from kiln import cli
 from kiln.errors import ConfigError
 from kiln.pipeline import build, config, demo_targets
+from kiln.pipeline.sources import ImageFolderSource
 
 
 def write_config(tmp_path, data, name="config.yaml") -> str:
@@ -363,3 +364,46 @@ def test_a_misspelt_coco_keypoint_name_stops_the_build_before_the_job(tmp_path, 
     )
     # Refused while the launcher lists the file, before the job: only its lock was taken.
     assert os.listdir(tmp_path / "out" / data["name"]) == [".lock"]
+
+
+# --- an image folder's declared class that names no class folder -------------------------
+
+
+def test_a_misspelt_image_folder_class_is_refused_before_the_job(demo_corpus, tmp_path, capsys):
+    """`squares` for the folder `square` ran the whole job, then failed with
+    exit 1: "dropped 228 of 303 ... unknown_label"."""
+    root = demo_corpus.out_dir
+    data = make_config(
+        root,
+        output=str(tmp_path / "out"),
+        source={"type": "image_folder", "root": root, "classes": ["circle", "squares"]},
+    )
+    path = write_config(tmp_path, data)
+    assert refused(capsys, path) == (
+        f"kiln build: error: config error in {path}: source.classes: 'squares' names no class "
+        f"folder of {root}; did you mean 'square'?"
+    )
+    assert os.listdir(tmp_path / "out" / data["name"]) == [".lock"]  # no job ran
+
+
+def listed_classes(root, classes, from_source=False) -> list[str]:
+    source = ImageFolderSource(type="image_folder", root=str(root), classes=classes)
+    with source.list_files(splits_from_source=from_source) as listing:
+        return list(listing.class_names)
+
+
+def test_an_empty_class_folder_declares_its_class(tmp_path):
+    for folder in ("flat/cat", "flat/bird", "split/train/cat", "split/test/dog"):
+        os.makedirs(tmp_path / folder)
+    for image in ("flat/cat/1.png", "split/train/cat/1.png"):
+        (tmp_path / image).write_bytes(b"not decoded while listing")
+    # bird's folder is empty: a class with no image yet.
+    assert listed_classes(tmp_path / "flat", ["bird", "cat"]) == ["bird", "cat"]
+    # With split folders a class folder in any split will do.
+    assert listed_classes(tmp_path / "split", ["cat", "dog"], from_source=True) == ["cat", "dog"]
+    with pytest.raises(ConfigError) as raised:
+        listed_classes(tmp_path / "split", ["cat", "dgo", "eel"], from_source=True)
+    assert str(raised.value) == (
+        f"source.classes: 'dgo' (did you mean 'dog'?), 'eel' name no class folder of "
+        f"{tmp_path / 'split'}/<split>"
+    )
