@@ -46,7 +46,7 @@ import pydantic
 from pydantic import Field, PlainValidator
 from pydantic_core import ErrorDetails, core_schema
 
-from kiln.errors import did_you_mean, quote, unexpected
+from kiln.errors import close_names, did_you_mean, quote, unexpected
 
 logger = logging.getLogger(__name__)
 
@@ -449,11 +449,8 @@ class Registry(Generic[R]):
         try:
             model = entry.parameters.model_validate(dict(raw))
         except pydantic.ValidationError as e:
-            # Unknown parameters first: each is usually a typo of one reported missing.
-            errors = sorted(
-                e.errors(include_url=False), key=lambda err: err["type"] != "extra_forbidden"
-            )
             known = list(entry.parameters.model_fields)
+            errors = unknown_names_first(e.errors(include_url=False), lambda _: known)
             raise self.error(
                 *(
                     f"{where}.{'.'.join(str(part) for part in error['loc'])}: "
@@ -547,6 +544,27 @@ def _raised_at(error: BaseException) -> str:
     for frame in (users or frames)[-1:]:
         return f"{os.path.basename(frame.filename)}, line {frame.lineno}; "
     return ""
+
+
+def unknown_names_first(
+    errors: Sequence[ErrorDetails], known: Callable[[tuple[int | str, ...]], Sequence[str]]
+) -> list[ErrorDetails]:
+    """Validation errors with unknown names first, each usually a typo of a
+    name reported missing, and without a missing name that an unknown one's
+    did-you-mean offers (``rot: unknown field; did you mean 'root'?`` says
+    all there is: ``root: required field is missing`` would count one
+    mistake twice). `known` gives the names valid in a location's section.
+    """
+    offered = {
+        (*error["loc"][:-1], name)
+        for error in errors
+        if error["type"] == "extra_forbidden" and error["loc"]
+        for name in close_names(str(error["loc"][-1]), known(tuple(error["loc"][:-1])))
+    }
+    return sorted(
+        (e for e in errors if not (e["type"] == "missing" and tuple(e["loc"]) in offered)),
+        key=lambda error: error["type"] != "extra_forbidden",
+    )
 
 
 def describe_error(error: ErrorDetails, *, known: Sequence[str] = (), noun: str = "field") -> str:

@@ -91,7 +91,7 @@ from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
 from kiln.pipeline.error_report import as_text
 from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, Source, is_jsonl
 from kiln.pipeline.versioning import fingerprint
-from kiln.registry import ListError, describe_error
+from kiln.registry import ListError, describe_error, unknown_names_first
 from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
 from kiln.transforms import encode
 
@@ -506,9 +506,7 @@ def load(
         model: BuildConfig | None = BuildConfig.model_validate(raw)
     except pydantic.ValidationError as e:
         model = None
-        # Unknown keys first: each is usually a typo of one reported missing.
-        errors = e.errors(include_url=False)
-        for error in sorted(errors, key=lambda error: error["type"] != "extra_forbidden"):
+        for error in unknown_names_first(e.errors(include_url=False), _known_keys):
             problems.add(*_describe(error))
 
     # The lists are checked even when other keys are wrong, so that one run
