@@ -95,6 +95,15 @@ CASES = [
         {"encoding": {"format": "gif"}},
         "encoding.format: expected 'jpeg', 'png' or 'raw', got 'gif'",
     ),
+    # A misspelt value gets a did-you-mean; one in another case, its value first.
+    (
+        {"encoding": {"format": "PNG"}},
+        "encoding.format: expected 'jpeg', 'png' or 'raw', got 'PNG'; did you mean 'png'?",
+    ),
+    (
+        {"splits": {"fractions": {"train": 1.0}, "split_by": "contents"}},
+        "splits.split_by: expected 'content' or 'key', got 'contents'; did you mean 'content'?",
+    ),
     (
         {"encoding": {"format": "jpeg", "quality": 101}},
         "encoding.quality: must be <= 100, got 101",
@@ -115,6 +124,11 @@ CASES = [
     (
         {"source": {"type": "folder", "root": "x"}},
         "source: type must be 'image_folder', 'manifest', 'coco' or 'voc', got 'folder'",
+    ),
+    (
+        {"source": {"type": "imagefolder", "root": "x"}},
+        "source: type must be 'image_folder', 'manifest', 'coco' or 'voc', got "
+        "'imagefolder'; did you mean 'image_folder'?",
     ),
     ({"source": {"type": "image_folder"}}, "source.root: required field is missing"),
     (

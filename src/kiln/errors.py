@@ -98,8 +98,13 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
 
 
 def close_names(word: str, known: Iterable[str]) -> list[str]:
-    """The known names `did_you_mean` offers for `word`, closest first (maybe none)."""
+    """The known names `did_you_mean` offers for `word`, closest first (maybe
+    none). A name that differs from `word` in case only (``PNG`` for ``png``)
+    is the closest, whatever difflib's ratio says (it compares characters)."""
     known = sorted(set(known))
+    same = [name for name in known if name.casefold() == word.casefold()]
+    if same:
+        return same[:MAX_SUGGESTIONS]
     matches = [name for name in known if name.startswith(word)] if len(word) >= 3 else []
     if len(matches) > MAX_SUGGESTIONS:
         return []

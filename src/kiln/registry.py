@@ -36,6 +36,7 @@ import inspect
 import logging
 import numbers
 import os
+import re
 import sysconfig
 import traceback
 import typing
@@ -596,7 +597,11 @@ def describe_error(error: ErrorDetails, *, known: Sequence[str] = (), noun: str 
         key, sign = _BOUNDS[kind]
         return f"must be {sign} {context[key]}, got {given}"
     if kind == "literal_error":
-        return f"expected {context['expected']}, got {given}"
+        value = error.get("input")
+        # pydantic gives the choices as their reprs: 'jpeg', 'png' or 'raw'.
+        choices = re.findall(r"'([^']*)'", str(context["expected"]))
+        hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+        return f"expected {context['expected']}, got {given}{hint}"
     if kind == "string_too_short" and context.get("min_length") == 1:
         return "must not be empty"
     message = error["msg"]

@@ -827,7 +827,9 @@ def _describe(error: ErrorDetails) -> tuple[str, str]:
     where = ".".join(str(part) for part in loc) or "(top level)"
     kind = error["type"]
     if kind == "union_tag_invalid":
-        message = f"type must be {_one_of(_tags(loc))}, got {quote(error['input'].get('type'))}"
+        tag = error["input"].get("type")
+        hint = did_you_mean(tag, _tags(loc)) if isinstance(tag, str) else ""
+        message = f"type must be {_one_of(_tags(loc))}, got {quote(tag)}{hint}"
     elif kind == "union_tag_not_found":
         message = f"needs a type: {_one_of(_tags(loc))}"
     elif kind == "string_pattern_mismatch":
