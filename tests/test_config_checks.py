@@ -2,7 +2,7 @@
 split in ``sharding.num_shards``, YAML 1.2 numbers (``1e-9``), transforms that
 make images larger than kiln handles, a COCO file given as a manifest; and from
 a later review: a semantic mask without its class list, COCO keypoint names and
-image folder classes that name nothing, misspelt values.
+image folder classes that name nothing (misspelt keys and values: test_build_config).
 
 Each is one line naming the key and what is wrong; the builds are real
 (`kiln.cli.main`, the DirectRunner) on small copies of the demo corpus.
