@@ -34,7 +34,7 @@ def objects_manifest(tmp_path_factory):
 def detection_config(manifest: str, output, **overrides) -> dict:
     return {
         "name": "objects",
-        "source": {"type": "manifest", "path": manifest},
+        "source": {"type": "manifest", "path": manifest, "classes": data.CLASSES},
         "output": str(output),
         "encoding": {"format": "png"},
         "splits": {"fractions": {"train": 1.0}},

@@ -53,10 +53,10 @@ CASES = [
         "transforms[0]: unknown offline transform 'resise'; did you mean 'resize'?",
     ),
     ({"transforms": [{"resize": {"shorter_side": "big"}}]}, "transforms[0].resize.shorter_side"),
+    # A missing name the did-you-mean offers is one mistake: one line, not two.
     (
         {"transforms": [{"center_crop": {"sise": 32}}]},
-        "2 problems:\n  transforms[0].center_crop.sise: unknown parameter; did you mean 'size'?"
-        "\n  transforms[0].center_crop.size: required parameter is missing",
+        "transforms[0].center_crop.sise: unknown parameter; did you mean 'size'?",
     ),
     ({"colour": "red"}, "colour: unknown field (known: name, source, output, image, transforms"),
     ({"trasforms": []}, "trasforms: unknown field; did you mean 'transforms'?"),
@@ -74,8 +74,12 @@ CASES = [
     ),
     (
         {"source": {"type": "image_folder", "rot": "x"}},
-        "2 problems:\n  source.rot: unknown field; did you mean 'root'?\n"
-        "  source.root: required field is missing",
+        "source.rot: unknown field; did you mean 'root'?",
+    ),
+    (
+        {"source": {"type": "image_folder", "folder": "x"}},
+        "2 problems:\n  source.folder: unknown field (known: classes, allowed_roots, type, "
+        "root, listing)\n  source.root: required field is missing",
     ),
     (
         {"sharding": {"target_shard_mb": "lots"}},
@@ -90,6 +94,15 @@ CASES = [
     (
         {"encoding": {"format": "gif"}},
         "encoding.format: expected 'jpeg', 'png' or 'raw', got 'gif'",
+    ),
+    # A misspelt value gets a did-you-mean; one in another case, its value first.
+    (
+        {"encoding": {"format": "PNG"}},
+        "encoding.format: expected 'jpeg', 'png' or 'raw', got 'PNG'; did you mean 'png'?",
+    ),
+    (
+        {"splits": {"fractions": {"train": 1.0}, "split_by": "contents"}},
+        "splits.split_by: expected 'content' or 'key', got 'contents'; did you mean 'content'?",
     ),
     (
         {"encoding": {"format": "jpeg", "quality": 101}},
@@ -111,6 +124,11 @@ CASES = [
     (
         {"source": {"type": "folder", "root": "x"}},
         "source: type must be 'image_folder', 'manifest', 'coco' or 'voc', got 'folder'",
+    ),
+    (
+        {"source": {"type": "imagefolder", "root": "x"}},
+        "source: type must be 'image_folder', 'manifest', 'coco' or 'voc', got "
+        "'imagefolder'; did you mean 'image_folder'?",
     ),
     ({"source": {"type": "image_folder"}}, "source.root: required field is missing"),
     (

@@ -187,7 +187,11 @@ def test_targets_follow_the_reduced_pixels(tmp_path):
         return build(
             {
                 "name": "objects",
-                "source": {"type": "manifest", "path": manifest},
+                "source": {
+                    "type": "manifest",
+                    "path": manifest,
+                    "classes": targets_data.CLASSES,
+                },
                 "output": str(tmp_path / output),
                 "encoding": {"format": "png"},
                 "targets": targets_data.TARGETS,

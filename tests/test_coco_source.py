@@ -194,8 +194,11 @@ def test_the_annotations_of_one_missing_image_are_one_problem(tmp_path):
 
 
 def test_keypoints_follow_the_asked_names(tmp_path):
+    # left_ear is a cat's keypoint: a person lacks it.
+    cat = {"id": 3, "name": "cat", "keypoints": ["left_ear"]}
+    categories = [CATEGORIES[0], cat, CATEGORIES[2]]
     coco = CocoFile(
-        write_coco(tmp_path / "instances.json"),
+        write_coco(tmp_path / "instances.json", categories=categories),
         keypoint_names=["right_eye", "nose", "left_ear"],
     )
     rows, _ = read_all(coco)
@@ -224,9 +227,31 @@ def test_keypoint_names_no_category_has_stop_the_reading(tmp_path):
         "for (nose, left_eye, right_eye); its categories' keypoints are head, left_hand, "
         "right_hand, tail"
     )
-    # One name found is enough: the others are "not labelled".
-    rows, _ = read_all(CocoFile(path, keypoint_names=["left_hand", "nose"]))
+    # A name of another category is "not labelled" for a person.
+    rows, _ = read_all(CocoFile(path, keypoint_names=["left_hand", "tail"]))
     assert rows[0].row["objects"][0]["keypoints"] == [11.5, 12.5, 1, 0, 0, 0]
+
+
+def test_a_keypoint_name_no_category_has_is_refused_with_a_did_you_mean(tmp_path):
+    """One misspelt name among found ones (`centre` for `center`) was read as
+    "not labelled" in every object: the keypoint was dropped without a word."""
+    categories = [
+        {"id": 1, "name": "person", "keypoints": ["center", "left", "right"]},
+        {"id": 3, "name": "cat", "keypoints": ["center", "tail"]},
+    ]
+    path = write_coco(tmp_path / "instances.json", categories=categories)
+    with pytest.raises(CocoFileError) as raised:
+        read_all(CocoFile(path, keypoint_names=["centre", "left", "right"]))
+    assert str(raised.value) == (
+        "instances.json: targets.keypoints.names: 'centre' is a keypoint of no category; "
+        "did you mean 'center'? (its categories' keypoints are center, left, right, tail)"
+    )
+    with pytest.raises(CocoFileError) as raised:
+        read_all(CocoFile(path, keypoint_names=["center", "lfet", "wing"]))
+    assert str(raised.value) == (
+        "instances.json: targets.keypoints.names: 'lfet' (did you mean 'left'?), 'wing' are "
+        "keypoints of no category (its categories' keypoints are center, left, right, tail)"
+    )
     # Categories without keypoint names take the annotations' triplets in order.
     plain = [{"id": 1, "name": "person"}, {"id": 3, "name": "cat"}]
     path = write_coco(tmp_path / "plain.json", categories=plain)

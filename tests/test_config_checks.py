@@ -1,6 +1,8 @@
 """Config mistakes found before any work, from a new user's review: a misspelt
 split in ``sharding.num_shards``, YAML 1.2 numbers (``1e-9``), transforms that
-make images larger than kiln handles, and a COCO file given as a manifest.
+make images larger than kiln handles, a COCO file given as a manifest; and from
+a later review: a semantic mask without its class list, COCO keypoint names and
+image folder classes that name nothing (misspelt keys and values: test_build_config).
 
 Each is one line naming the key and what is wrong; the builds are real
 (`kiln.cli.main`, the DirectRunner) on small copies of the demo corpus.
@@ -20,6 +22,7 @@ from conftest import make_config
 from kiln import cli
 from kiln.errors import ConfigError
 from kiln.pipeline import build, config, demo_targets
+from kiln.pipeline.sources import ImageFolderSource
 
 
 def write_config(tmp_path, data, name="config.yaml") -> str:
@@ -304,3 +307,103 @@ def test_a_broken_jsonl_manifest_gets_no_coco_hint(tmp_path, capsys):
         }
         line = refused(capsys, write_config(tmp_path, data))
         assert "no usable input image" in line and "COCO" not in line, line
+
+
+# --- a semantic mask whose class list would be made from the rows' names ----------------
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def demo_detection(tmp_path, **changes) -> dict:
+    """configs/demo-detection.yaml on a small `kiln demo-data --targets` corpus."""
+    demo_targets.generate(tmp_path / "demo", num_images=3, seed=0)
+    with open(os.path.join(TOP, "configs", "demo-detection.yaml"), encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    data["source"]["path"] = str(tmp_path / "demo" / demo_targets.MANIFEST)
+    data["output"] = str(tmp_path / "out")
+    data.update(changes)
+    return data
+
+
+def test_a_semantic_mask_without_source_classes_is_refused(tmp_path, capsys):
+    """Without `classes:`, the demo's class list was its rows' names sorted,
+    [circle, square, star, triangle], and its masks' background (0) was
+    stored as circle: the build succeeded with every mask mislabelled."""
+    data = demo_detection(tmp_path)
+    del data["source"]["classes"]
+    path = write_config(tmp_path, data)
+    line = refused(capsys, path)
+    assert line.startswith(f"kiln build: error: config error in {path}: targets.mask: "), line
+    assert "without source.classes" in line and "by chance only" in line, line
+    assert line.endswith(
+        "declare source.classes, in the masks' id order (e.g. [background, road, car])"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+# --- a misspelt COCO keypoint name ------------------------------------------------------
+
+
+def test_a_misspelt_coco_keypoint_name_stops_the_build_before_the_job(tmp_path, capsys):
+    """`centre` for the categories' `center` built with exit 0, every object's
+    center keypoint stored as "not labelled"."""
+    data = demo_detection(tmp_path)
+    data["source"] = {
+        "type": "coco",
+        "annotations": str(tmp_path / "demo" / demo_targets.COCO),
+        "images": str(tmp_path / "demo" / "images"),
+    }
+    del data["targets"]["mask"]  # COCO has no semantic masks
+    data["targets"]["keypoints"]["names"] = ["centre", "left", "right"]
+    path = write_config(tmp_path, data)
+    assert refused(capsys, path) == (
+        f"kiln build: error: config error in {path}: source.annotations: instances.json: "
+        "targets.keypoints.names: "
+        "'centre' is a keypoint of no category; did you mean 'center'? (its categories' "
+        "keypoints are center, left, right)"
+    )
+    # Refused while the launcher lists the file, before the job: only its lock was taken.
+    assert os.listdir(tmp_path / "out" / data["name"]) == [".lock"]
+
+
+# --- an image folder's declared class that names no class folder -------------------------
+
+
+def test_a_misspelt_image_folder_class_is_refused_before_the_job(demo_corpus, tmp_path, capsys):
+    """`squares` for the folder `square` ran the whole job, then failed with
+    exit 1: "dropped 228 of 303 ... unknown_label"."""
+    root = demo_corpus.out_dir
+    data = make_config(
+        root,
+        output=str(tmp_path / "out"),
+        source={"type": "image_folder", "root": root, "classes": ["circle", "squares"]},
+    )
+    path = write_config(tmp_path, data)
+    assert refused(capsys, path) == (
+        f"kiln build: error: config error in {path}: source.classes: 'squares' names no class "
+        f"folder of {root}; did you mean 'square'?"
+    )
+    assert os.listdir(tmp_path / "out" / data["name"]) == [".lock"]  # no job ran
+
+
+def listed_classes(root, classes, from_source=False) -> list[str]:
+    source = ImageFolderSource(type="image_folder", root=str(root), classes=classes)
+    with source.list_files(splits_from_source=from_source) as listing:
+        return list(listing.class_names)
+
+
+def test_an_empty_class_folder_declares_its_class(tmp_path):
+    for folder in ("flat/cat", "flat/bird", "split/train/cat", "split/test/dog"):
+        os.makedirs(tmp_path / folder)
+    for image in ("flat/cat/1.png", "split/train/cat/1.png"):
+        (tmp_path / image).write_bytes(b"not decoded while listing")
+    # bird's folder is empty: a class with no image yet.
+    assert listed_classes(tmp_path / "flat", ["bird", "cat"]) == ["bird", "cat"]
+    # With split folders a class folder in any split will do.
+    assert listed_classes(tmp_path / "split", ["cat", "dog"], from_source=True) == ["cat", "dog"]
+    with pytest.raises(ConfigError) as raised:
+        listed_classes(tmp_path / "split", ["cat", "dgo", "eel"], from_source=True)
+    assert str(raised.value) == (
+        f"source.classes: 'dgo' (did you mean 'dog'?), 'eel' name no class folder of "
+        f"{tmp_path / 'split'}/<split>"
+    )

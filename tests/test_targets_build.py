@@ -40,9 +40,13 @@ def image_pixels(record) -> np.ndarray:
 
 
 def config(manifest: str, output: pathlib.Path, **overrides) -> dict:
+    # A semantic mask's pixel values are ids into source.classes, which it
+    # needs: the corpus's masks use the ids of data.CLASSES.
+    with_mask = "mask" in overrides.get("targets", data.TARGETS)
     base = {
         "name": "objects",
-        "source": {"type": "manifest", "path": manifest},
+        "source": {"type": "manifest", "path": manifest}
+        | ({"classes": data.CLASSES} if with_mask else {}),
         "output": str(output),
         "encoding": {"format": "png"},
         "targets": data.TARGETS,
@@ -572,7 +576,8 @@ def test_stratify_needs_classes_the_listing_knows(tmp_path):
         return config_module.load(
             {
                 "name": "x",
-                "source": {"type": "manifest", "path": "m.jsonl"},
+                # A mask's ids index source.classes (test_a_mask_needs_its_class_list).
+                "source": {"type": "manifest", "path": "m.jsonl", "classes": ["bg", "a"]},
                 "output": str(tmp_path),
                 "splits": {
                     "fractions": {"train": 0.5, "test": 0.5},
@@ -590,10 +595,11 @@ def test_stratify_needs_classes_the_listing_knows(tmp_path):
         assert load(targets).config.splits.stratify
 
 
-def test_a_mask_only_dataset_needs_its_class_list(tmp_path):
-    """The class list defaults to the class names the rows use, and a mask's
-    pixel values index it: with masks only, the list was empty, and the
-    build stored every mask with 0 classes in kiln.json."""
+def test_a_mask_needs_its_class_list(tmp_path):
+    """The class list defaults to the class names the rows use, sorted, and
+    a mask's pixel values index it: with masks only, the list was empty, and
+    the build stored every mask with 0 classes in kiln.json; with labels or
+    objects, it matched the ids the masks were drawn with by chance only."""
     from kiln.pipeline import config as config_module
 
     def load(targets, classes=None):
@@ -614,7 +620,10 @@ def test_a_mask_only_dataset_needs_its_class_list(tmp_path):
         {"labels": {}, "mask": {}},
         {"boxes": {}, "mask": {}},
     ):
-        assert load(targets).config.targets.mask
+        with pytest.raises(ConfigError, match=r"targets.mask: .* by chance only") as raised:
+            load(targets)
+        assert str(raised.value).count("\n") == 0 and "source.classes" in str(raised.value)
+        assert load(targets, classes=["background", "road"]).config.targets.mask
 
 
 def test_csv_manifest_carries_labels_and_extras(tmp_path):

@@ -89,10 +89,25 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
     `MAX_SUGGESTIONS` names (an abbreviation: prob -> probability) offers
     those names; one that begins more offers none (the caller lists all).
     """
+    matches = close_names(word, known)
+    if not matches:
+        return ""
+    names = [repr(name) for name in matches]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return f"; did you mean {listed}?"
+
+
+def close_names(word: str, known: Iterable[str]) -> list[str]:
+    """The known names `did_you_mean` offers for `word`, closest first (maybe
+    none). A name that differs from `word` in case only (``PNG`` for ``png``)
+    is the closest, whatever difflib's ratio says (it compares characters)."""
     known = sorted(set(known))
+    same = [name for name in known if name.casefold() == word.casefold()]
+    if same:
+        return same[:MAX_SUGGESTIONS]
     matches = [name for name in known if name.startswith(word)] if len(word) >= 3 else []
     if len(matches) > MAX_SUGGESTIONS:
-        return ""
+        return []
     if not matches:
         matcher = difflib.SequenceMatcher()
         matcher.set_seq2(word)
@@ -107,11 +122,7 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
             for ratio, name in scored[:MAX_SUGGESTIONS]
             if ratio >= 0.6 and ratio >= best - SUGGESTION_MARGIN
         ]
-    if not matches:
-        return ""
-    names = [repr(name) for name in matches]
-    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-    return f"; did you mean {listed}?"
+    return matches
 
 
 class Terminated(KeyboardInterrupt):

@@ -36,6 +36,7 @@ import inspect
 import logging
 import numbers
 import os
+import re
 import sysconfig
 import traceback
 import typing
@@ -46,7 +47,7 @@ import pydantic
 from pydantic import Field, PlainValidator
 from pydantic_core import ErrorDetails, core_schema
 
-from kiln.errors import did_you_mean, quote, unexpected
+from kiln.errors import close_names, did_you_mean, quote, unexpected
 
 logger = logging.getLogger(__name__)
 
@@ -449,11 +450,8 @@ class Registry(Generic[R]):
         try:
             model = entry.parameters.model_validate(dict(raw))
         except pydantic.ValidationError as e:
-            # Unknown parameters first: each is usually a typo of one reported missing.
-            errors = sorted(
-                e.errors(include_url=False), key=lambda err: err["type"] != "extra_forbidden"
-            )
             known = list(entry.parameters.model_fields)
+            errors = unknown_names_first(e.errors(include_url=False), lambda _: known)
             raise self.error(
                 *(
                     f"{where}.{'.'.join(str(part) for part in error['loc'])}: "
@@ -549,6 +547,27 @@ def _raised_at(error: BaseException) -> str:
     return ""
 
 
+def unknown_names_first(
+    errors: Sequence[ErrorDetails], known: Callable[[tuple[int | str, ...]], Sequence[str]]
+) -> list[ErrorDetails]:
+    """Validation errors with unknown names first, each usually a typo of a
+    name reported missing, and without a missing name that an unknown one's
+    did-you-mean offers (``rot: unknown field; did you mean 'root'?`` says
+    all there is: ``root: required field is missing`` would count one
+    mistake twice). `known` gives the names valid in a location's section.
+    """
+    offered = {
+        (*error["loc"][:-1], name)
+        for error in errors
+        if error["type"] == "extra_forbidden" and error["loc"]
+        for name in close_names(str(error["loc"][-1]), known(tuple(error["loc"][:-1])))
+    }
+    return sorted(
+        (e for e in errors if not (e["type"] == "missing" and tuple(e["loc"]) in offered)),
+        key=lambda error: error["type"] != "extra_forbidden",
+    )
+
+
 def describe_error(error: ErrorDetails, *, known: Sequence[str] = (), noun: str = "field") -> str:
     """One pydantic validation error in kiln's words: what was expected, and what was given.
 
@@ -578,7 +597,11 @@ def describe_error(error: ErrorDetails, *, known: Sequence[str] = (), noun: str 
         key, sign = _BOUNDS[kind]
         return f"must be {sign} {context[key]}, got {given}"
     if kind == "literal_error":
-        return f"expected {context['expected']}, got {given}"
+        value = error.get("input")
+        # pydantic gives the choices as their reprs: 'jpeg', 'png' or 'raw'.
+        choices = re.findall(r"'([^']*)'", str(context["expected"]))
+        hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+        return f"expected {context['expected']}, got {given}{hint}"
     if kind == "string_too_short" and context.get("min_length") == 1:
         return "must not be empty"
     message = error["msg"]

@@ -68,8 +68,9 @@ Each image becomes one row in the format of the JSONL manifest with targets
   from the category's ``keypoints`` list into the asked order; a name the
   category lacks is ``[0, 0, 0]`` (not labelled). A category without names
   takes the annotation's triplets in order. If categories name their
-  keypoints and none of the asked names is among them, the file is refused
-  (`CocoFileError`): every keypoint would be "not labelled". An annotation
+  keypoints and an asked name is none of them, the file is refused
+  (`CocoFileError`, with a did-you-mean): that keypoint would be "not
+  labelled" in every object. An annotation
   whose list is not one triplet per name of its category makes its image a
   `CocoProblem` (``bad_row``, naming the annotation): triplets are matched
   to names by position, so they would be stored under other names.
@@ -113,6 +114,7 @@ from typing import Any
 
 import ijson
 
+from kiln.errors import did_you_mean, quote
 from kiln.pipeline import compressed, target_rows
 from kiln.pipeline.listing import scratch_database
 
@@ -270,7 +272,7 @@ class CocoFile:
         Raises:
           CocoFileError: the file cannot be read or parsed (also midway:
             a file cut short is not half read), its categories are broken
-            (`categories`), or they name keypoints and none of those asked.
+            (`categories`), or they name keypoints and one asked is none of them.
         """
         categories = self.categories()
         self._check_keypoint_names(categories)
@@ -281,19 +283,35 @@ class CocoFile:
             yield from self._join(spill, categories)
 
     def _check_keypoint_names(self, categories: dict[Any, Category]) -> None:
-        """Refuses asked keypoint names that no category has, where categories name
-        their keypoints: every keypoint of every object would be "not labelled"."""
+        """Refuses an asked keypoint name that no category has, where categories
+        name their keypoints: that keypoint of every object would be "not
+        labelled" (a typo, ``centre`` for ``center``, drops it silently)."""
         if self.keypoint_names is None:
             return
         names = list(dict.fromkeys(k for c in categories.values() for k in c.keypoints))
-        if not names or set(self.keypoint_names) & set(names):
+        unknown = [name for name in self.keypoint_names if name not in names]
+        if not names or not unknown:
             return
         shown = ", ".join(names[:_NAMED_KEYPOINTS])
         if len(names) > _NAMED_KEYPOINTS:
             shown += f", ... ({len(names)} in all)"
+        if len(unknown) == len(self.keypoint_names):
+            raise CocoFileError(
+                f"{self.name}: no category has any of the keypoints targets.keypoints.names "
+                f"asks for ({', '.join(self.keypoint_names)}); its categories' keypoints are "
+                f"{shown}"
+            )
+        if len(unknown) == 1:
+            (name,) = unknown
+            which = f"{quote(name)} is a keypoint of no category{did_you_mean(name, names)}"
+        else:
+            guesses = [
+                quote(name) + (f" ({hint[2:]})" if (hint := did_you_mean(name, names)) else "")
+                for name in unknown
+            ]
+            which = f"{', '.join(guesses)} are keypoints of no category"
         raise CocoFileError(
-            f"{self.name}: no category has any of the keypoints targets.keypoints.names asks "
-            f"for ({', '.join(self.keypoint_names)}); its categories' keypoints are {shown}"
+            f"{self.name}: targets.keypoints.names: {which} (its categories' keypoints are {shown})"
         )
 
     # --- reading ------------------------------------------------------------------

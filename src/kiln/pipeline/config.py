@@ -91,7 +91,7 @@ from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
 from kiln.pipeline.error_report import as_text
 from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, Source, is_jsonl
 from kiln.pipeline.versioning import fingerprint
-from kiln.registry import ListError, describe_error
+from kiln.registry import ListError, describe_error, unknown_names_first
 from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
 from kiln.transforms import encode
 
@@ -506,9 +506,7 @@ def load(
         model: BuildConfig | None = BuildConfig.model_validate(raw)
     except pydantic.ValidationError as e:
         model = None
-        # Unknown keys first: each is usually a typo of one reported missing.
-        errors = e.errors(include_url=False)
-        for error in sorted(errors, key=lambda error: error["type"] != "extra_forbidden"):
+        for error in unknown_names_first(e.errors(include_url=False), _known_keys):
             problems.add(*_describe(error))
 
     # The lists are checked even when other keys are wrong, so that one run
@@ -829,7 +827,9 @@ def _describe(error: ErrorDetails) -> tuple[str, str]:
     where = ".".join(str(part) for part in loc) or "(top level)"
     kind = error["type"]
     if kind == "union_tag_invalid":
-        message = f"type must be {_one_of(_tags(loc))}, got {quote(error['input'].get('type'))}"
+        tag = error["input"].get("type")
+        hint = did_you_mean(tag, _tags(loc)) if isinstance(tag, str) else ""
+        message = f"type must be {_one_of(_tags(loc))}, got {quote(tag)}{hint}"
     elif kind == "union_tag_not_found":
         message = f"needs a type: {_one_of(_tags(loc))}"
     elif kind == "string_pattern_mismatch":
@@ -1128,14 +1128,23 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain) -> None:
                     f"targets.{kind}: a CSV manifest holds label, labels and extra columns "
                     f"only; objects and masks need a JSONL manifest (.jsonl)"
                 )
-    names_classes = targets.label or targets.labels or targets.boxes
-    if targets.mask is not None and source.classes is None and not names_classes:
-        # The class list defaults to the names the rows use, and a mask's
-        # pixel values are ids into it: without names it would be empty.
+    if targets.mask is not None and source.classes is None:
+        # Without source.classes the class list is the names the rows use,
+        # sorted, and a mask's pixel values are ids into it: they would match
+        # the ids the masks were drawn with by chance only (mask files carry
+        # no names), and a mismatch mislabels every pixel without an error.
+        # COCO and VOC give no semantic masks (_OBJECT_SOURCES).
+        names_classes = targets.label or targets.labels or targets.boxes
+        made_from = (
+            "would be the class names the rows use, sorted, which match the masks' ids "
+            "by chance only (class 0 is often the masks' background)"
+            if names_classes
+            else "would be made from the class names the rows use, and these targets name none"
+        )
         raise ListError(
-            "targets.mask: a mask's pixel values are class ids, indexes into the class list, "
-            "and these targets name no class to make the list from; declare "
-            "source.classes, in the masks' id order (e.g. [background, road, car])"
+            f"targets.mask: a mask's pixel values are class ids, indexes into the class list, "
+            f"and without source.classes that list {made_from}; declare "
+            f"source.classes, in the masks' id order (e.g. [background, road, car])"
         )
 
 

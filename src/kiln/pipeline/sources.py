@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kiln.errors import ConfigError
+from kiln.errors import ConfigError, did_you_mean, quote
 from kiln.pipeline import box_convention, compressed, storage, target_rows, text_lines, voc
 from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem, looks_like_coco
 from kiln.pipeline.config_paths import ConfigPath
@@ -100,8 +100,12 @@ class _SourceModel(BaseModel):
     classes: list[str] | None = None
     """The class list, in id order: a label is its index in the list as written, and a
     semantic mask's pixel values index it too (list the classes in the masks' id order, e.g.
-    `[background, road, car]`; a dataset whose only targets are masks must declare it). A name
-    listed twice is an error. Files with other labels are dropped (`unknown_label`). Default:
+    `[background, road, car]`; a dataset with `targets.mask` must declare it: mask files name
+    no classes, and the sorted names of the rows would match their ids by chance only). A name
+    listed twice is an error. Files with other labels are dropped (`unknown_label`). An
+    image_folder listed by the launcher must have a class folder for each class listed (an
+    empty one will do: a class with no image yet), else the build stops before any work
+    (`source.classes: 'squares' names no class folder of ROOT; did you mean 'square'?`). Default:
     every folder name (image_folder) or distinct label (manifest), sorted. Every class name
     read from a source (a class folder's name; a manifest's `label`, `labels` and objects'
     `class`, CSV and JSONL alike; a COCO category's or VOC object's name) follows one rule: an
@@ -841,6 +845,8 @@ def _list_image_folder(
                 )
             )
 
+        if classes:
+            _check_class_folders(root, classes, writer.candidate_labels(), from_source)
         class_names = list(classes) if classes else writer.candidate_labels()
         label_ids = {name: i for i, name in enumerate(class_names)}
         for (found,) in writer.candidates():  # a folder lists each path once
@@ -881,6 +887,47 @@ def _list_image_folder(
                 )
             )
         return writer.finish(class_names, from_source)
+
+
+def _check_class_folders(
+    root: str, classes: Sequence[str], labels: Sequence[str], from_source: bool
+) -> None:
+    """Refuses a declared class that names no class folder of the image
+    folder: almost surely a typo (``squares`` for ``square``), whose folder's
+    files the job would drop as ``unknown_label`` one by one, failing the
+    build at its end. An empty class folder declares its class (a class with
+    no image yet). `labels` are the classes of the files listed.
+
+    Raises:
+      ConfigError: naming each such class, with a did-you-mean.
+    """
+    missing = [name for name in classes if name not in set(labels)]
+    if not missing:
+        return
+    store = storage.store_for(root)
+    parents = [root]
+    if from_source:
+        parents = [storage.join(root, s) for s in store.children(root) if not s.startswith(".")]
+    folders = set(labels)
+    for parent in parents:
+        for name in store.children(parent):
+            found = None if name.startswith(".") else _class_folder(name)
+            if isinstance(found, str):
+                folders.add(found)
+    missing = [name for name in missing if name not in folders]
+    if not missing:
+        return
+    where = f"{root}/<split>" if from_source else root
+    if len(missing) == 1:
+        (name,) = missing
+        which = f"{quote(name)} names no class folder of {where}{did_you_mean(name, folders)}"
+    else:
+        named = [
+            quote(name) + (f" ({hint[2:]})" if (hint := did_you_mean(name, folders)) else "")
+            for name in missing
+        ]
+        which = f"{', '.join(named)} name no class folder of {where}"
+    raise ConfigError(f"source.classes: {which}")
 
 
 def _walk_files(root: str, from_source: bool) -> Iterator[FileMetadata]:
