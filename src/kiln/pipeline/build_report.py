@@ -29,8 +29,9 @@ published (a rollback), which the build leaves as is
 ``changes`` is what changed since the version LATEST named before the build
 (``previous_version``), as `kiln diff --json` prints it
 (`kiln.schemas.version_diff.VersionDiff.to_json`), or null when there was
-none. A failure of the publish gate adds ``gate`` (`gate_crossed`): the
-version kept unpublished, the thresholds it crossed, and the comparison.
+none. A failure of the publish gate adds ``gate``
+(`launcher.GateError.gate_report`): the version kept unpublished, the
+thresholds it crossed, and the comparison.
 ``warnings`` lists the warnings the build logged (one line each: a
 previous version that could not be compared, a class left without examples),
 in every report: ``kiln build --quiet`` prints none of them. Unlike
@@ -109,7 +110,8 @@ def failed(
 ) -> dict[str, Any]:
     """The report of a build that published nothing (exit 1), never started
     (exit 2) or found another build of the dataset running (exit 3).
-    `gate`: what `gate_crossed` says of a version the publish gate held back."""
+    `gate`: what a publish gate failure says of the version it held back
+    (`kiln.pipeline.launcher.GateError.gate_report`)."""
     report = {
         "report_format": REPORT_FORMAT,
         "status": _STATUS.get(exit_code, "failed"),
@@ -120,22 +122,6 @@ def failed(
     if gate is not None:
         report["gate"] = gate
     return report
-
-
-def gate_crossed(
-    version: str, violations: list[str], previous: str | None, changes: dict | None
-) -> dict[str, Any]:
-    """A failed report's ``gate``: the `version` the publish gate kept
-    unpublished in its folder, the thresholds it crossed (`violations`, one
-    line each; empty when LATEST's version could not be compared), the
-    `previous` version LATEST still names and the comparison (`changes`, as
-    `kiln diff --json` prints it, or None)."""
-    return {
-        "version": version,
-        "violations": violations,
-        "previous_version": previous,
-        "changes": changes,
-    }
 
 
 def internal_error(error: BaseException, elapsed_seconds: float) -> dict[str, Any]:

@@ -216,11 +216,9 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         except _UnwritableReport:  # nowhere to write that: printed by kiln.cli
             raise
         except KilnError as e:  # printed by kiln.cli, with its exit code
-            from kiln.pipeline.launcher import GateError
-
-            gate = None
-            if isinstance(e, GateError):
-                gate = build_report.gate_crossed(e.version, e.violations, e.previous, e.changes)
+            # A publish gate failure's `gate` (`launcher.GateError.gate_report`),
+            # without importing the launcher (Beam) for a config error.
+            gate = getattr(e, "gate_report", None)
             report = build_report.failed(str(e), e.exit_code, time.monotonic() - started, gate)
             if isinstance(e, Busy) and args.running_report_found is not None:
                 # The report of the build that holds the lock (running, or

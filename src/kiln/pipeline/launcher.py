@@ -156,6 +156,16 @@ class GateError(BuildError):
         self.previous = previous
         self.changes = changes
 
+    @property
+    def gate_report(self) -> dict:
+        """The ``gate`` of the build's ``--report`` (`build_report.failed`)."""
+        return {
+            "version": self.version,
+            "violations": self.violations,
+            "previous_version": self.previous,
+            "changes": self.changes,
+        }
+
 
 @dataclasses.dataclass(frozen=True)
 class BuildResult:
