@@ -108,7 +108,12 @@ def test_config_errors_are_found_before_beam_and_tensorflow(tmp_path, demo_corpu
             "source.yaml",
             dict(good, source={"type": "image_folder", "root": str(tmp_path / "none")}),
         ),
+        "output is a file": write_config(
+            tmp_path, "output.yaml", dict(good, output=str(tmp_path / "output.yaml"))
+        ),
+        "empty file": str(tmp_path / "empty.yaml"),
     }
+    (tmp_path / "empty.yaml").write_text("")
     for case, path in cases.items():
         result = probe(tmp_path, "build", "--config", path)
         assert result["code"] == 2, (case, result["stderr"])

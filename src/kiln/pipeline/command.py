@@ -378,6 +378,7 @@ def _build(args: argparse.Namespace, extra_argv: list[str], warnings: list[str])
     # The whole config first, before Beam and TensorFlow are imported: a
     # mistake is reported in a fraction of a second.
     spec = config_module.load(args.config, output=args.output)
+    config_module.check_output_folders(spec)
     args.running_report_found = None
     if args.report:
         args.running_report_found = _running_report(args.report)

@@ -85,7 +85,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import ErrorDetails
 
 from kiln import transforms
-from kiln.errors import ConfigError, did_you_mean, quote, quote_text
+from kiln.errors import ConfigError, UsageError, did_you_mean, quote, quote_text
 from kiln.pipeline import storage, voc
 from kiln.pipeline.config_paths import ConfigPath, Rebased, rebase
 from kiln.pipeline.error_report import as_text
@@ -1297,3 +1297,20 @@ def _check_manifest_listing(model: BuildConfig, source: ManifestSource) -> None:
             "a manifest with targets (boxes, masks, extra columns) is listed by the "
             "launcher: use listing: launcher"
         )
+
+
+def check_output_folders(spec: BuildSpec) -> None:
+    """Refuses a local output root (or dataset folder) that is an existing
+    file: checked as soon as the config loads (`kiln build`), before the
+    job's modules are imported, and again by `launcher.build`.
+
+    Raises:
+      UsageError: naming the file.
+    """
+    for folder in (spec.output_root, spec.dataset_root):
+        if not storage.is_remote(folder) and os.path.lexists(folder) and not os.path.isdir(folder):
+            raise UsageError(
+                f"output {folder} is a file, not a folder: the dataset goes to "
+                f"<output>/{spec.name}/<version>/; choose another output (the config's "
+                f"output, or --output ROOT)"
+            )

@@ -504,7 +504,7 @@ def build(
     base = _base_id(spec.dataset_root, base)
     _check_file_name_encoding(spec)
     check_pipeline_args(pipeline_args)
-    _check_output_folders(spec)
+    config_module.check_output_folders(spec)
     options = pipeline_options(pipeline_args)
     # Before anything is done: Beam checks most flags only as the job starts.
     pipeline_flags.check(options, spec)
@@ -1062,16 +1062,6 @@ def _publish_gate(
             )
 
     return check
-
-
-def _check_output_folders(spec: BuildSpec) -> None:
-    """Refuses a local output root (or dataset folder) that is an existing file."""
-    for folder in (spec.output_root, spec.dataset_root):
-        if not storage.is_remote(folder) and os.path.lexists(folder) and not os.path.isdir(folder):
-            raise UsageError(
-                f"output {folder} is a file, not a folder: the dataset goes to "
-                f"<output>/{spec.name}/<version>/; choose another output (--output ROOT)"
-            )
 
 
 def _changes(
