@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kiln.lazy_import import LazyModule
-from kiln.pipeline import splits, storage, versioning
+from kiln.pipeline import splits, storage, target_rows, versioning
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile, as_text, is_unicode, unicode_text
 
@@ -377,6 +377,36 @@ class Listing:
                 entry += [f.targets, f.mask_stamp]
             yield entry if f.inode_ctime is None else [*entry, f.inode_ctime]
         yield from self.dropped_entries()
+
+    @functools.cached_property
+    def class_names_implied(self) -> bool:
+        """Whether the files to process name `class_names` exactly: every
+        class in it is a file's label or a class its targets use, and it is
+        sorted. Then the class list is in the stamp's and the version's file
+        entries already; otherwise (a COCO category no annotation uses, a
+        class only a dropped row names) it is not, and `class_names_hash`
+        must say it."""
+        wanted = set(self.class_names)
+        seen: set[str] = set()
+        ordered = self.class_names == sorted(wanted)
+        for label, targets in self._query("SELECT label, targets FROM files"):
+            if ordered and len(seen) == len(wanted):
+                break  # every class seen: the rest need not be parsed
+            if label >= 0:
+                seen.add(self.class_names[label])
+            if targets is not None:
+                names = target_rows.class_names(json.loads(_text(targets)))
+                seen.update(name for name in names if name in wanted)
+        return ordered and seen == wanted
+
+    def class_names_hash(self) -> int:
+        """What the class list adds to the stamp and the version (a multiset
+        member, `versioning.entry_hash`): 0 (nothing) when the files name it
+        (`class_names_implied`), so that a dataset whose class list follows
+        from its files keeps its version."""
+        if self.class_names_implied:
+            return 0
+        return versioning.entry_hash(["class_names", self.class_names])
 
     def listing_hash(self) -> int:
         """The multiset hash of `stamp_entries`, for `versioning.stamp_of`."""
