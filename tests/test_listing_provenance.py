@@ -166,3 +166,80 @@ def test_a_class_only_a_dropped_voc_file_names_is_in_the_version(voc, tmp_path):
     assert not incremental.up_to_date
     assert incremental.info.class_names == ["thing", "zz_other"]
     assert_same_dataset(incremental, build(dict(config, output=str(tmp_path / "full"))))
+
+
+def dangling_one_place_earlier(document) -> None:
+    annotations = document["annotations"]
+    i = next(
+        i for i, a in enumerate(annotations) if a["image_id"] == demo_targets.COCO_DANGLING_IMAGE_ID
+    )
+    annotations[i - 1], annotations[i] = annotations[i], annotations[i - 1]
+
+
+def a_box_of_three_numbers(document) -> None:
+    document["annotations"][3]["bbox"] = [1, 2, 3]  # its image: bad_row, keyed images[k]
+
+
+def images_reversed(document) -> None:
+    document["images"].reverse()
+
+
+def listing_errors(result) -> list[dict]:
+    with open(os.path.join(result.dataset_dir, "errors.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [row for row in rows if row["stage"] == "list"]
+
+
+@pytest.mark.parametrize(
+    ("before", "change"),
+    [
+        pytest.param(None, dangling_one_place_earlier, id="dangling-annotation-moved"),
+        pytest.param(a_box_of_three_numbers, images_reversed, id="bad-image-moved"),
+    ],
+)
+def test_a_dropped_coco_item_moved_in_its_file_rewrites_errors_jsonl(
+    demo, tmp_path, before, change
+):
+    if before is not None:
+        edit_coco(demo, before)
+    config = coco_config(demo, tmp_path / "out")
+    base = build(config)
+    assert build(config).up_to_date
+
+    edit_coco(demo, change)
+    incremental = build(config)
+
+    assert not incremental.up_to_date
+    assert incremental.version != base.version
+    keys = {row["key"] for row in listing_errors(incremental)}
+    assert keys != {row["key"] for row in listing_errors(base)}
+    assert all(key.startswith(f"{demo_targets.COCO}:") for key in keys)
+    assert_same_dataset(incremental, build(dict(config, output=str(tmp_path / "full"))))
+
+
+def test_a_voc_file_renamed_renames_it_in_a_duplicate_key_message(voc, tmp_path):
+    config = voc_config(voc, tmp_path / "out")
+    base = build(config)
+    (duplicate,) = listing_errors(base)
+    assert duplicate["reason"] == "duplicate_key" and "dup.xml" in duplicate["message"]
+    assert build(config).up_to_date
+
+    os.rename(voc / "Annotations" / "dup.xml", voc / "Annotations" / "zz_dup.xml")
+    incremental = build(config)
+
+    assert not incremental.up_to_date
+    (renamed,) = listing_errors(incremental)
+    assert "zz_dup.xml" in renamed["message"] and renamed["key"] == duplicate["key"]
+    assert_same_dataset(incremental, build(dict(config, output=str(tmp_path / "full"))))
+
+
+def test_a_missing_file_keeps_its_version_when_the_data_moves(voc, tmp_path):
+    """A message that names where a file is (``missing``: the system's error
+    with its path) is left out of the version: moved data, same version."""
+    os.remove(voc / "images" / "3.png")
+    base = build(voc_config(voc, tmp_path / "out"))
+    assert "missing" in {row["reason"] for row in listing_errors(base)}
+    moved = tmp_path / "moved"
+    shutil.copytree(voc, moved)
+    again = build(voc_config(moved, tmp_path / "out-moved"))
+    assert again.version == base.version
