@@ -121,7 +121,9 @@ def expected_listing(root: str, real: list[str], missing: list[str]) -> tuple[li
             )
         )
     entries = [["file", key, label(key), None, SIZE, MTIME, identity] for key in real] + [
-        ["dropped", "missing", key] for key in missing
+        # A missing file's message names its path: left out (`listing.dropped_entry`).
+        [["dropped", "missing", key], key, ""]
+        for key in missing
     ]
     return lines, versioning.stamp("config", entries, processing="p")
 

@@ -591,7 +591,9 @@ def _translate_only(
     with _listed(spec, options) as listing:
         _warn_about_shard_counts(spec, listing)
         processing = incremental.processing_fingerprint(spec.to_json())
-        stamp = versioning.stamp_of(spec.fingerprint, listing.listing_hash(), processing=processing)
+        stamp = versioning.stamp_of(
+            spec.fingerprint, _listing_hash(spec, listing), processing=processing
+        )
         plan = make_plan(
             spec, listing, dataset.new_staging_dir(stamp), options, image_threads, choice.base
         )
@@ -808,7 +810,9 @@ def _build_locked(
     if spec.config.splits.stratify and isinstance(listing, sources.Listing):
         _stratify(spec, listing, dataset, previous)
     processing = incremental.processing_fingerprint(spec.to_json())
-    stamp = versioning.stamp_of(spec.fingerprint, listing.listing_hash(), processing=processing)
+    stamp = versioning.stamp_of(
+        spec.fingerprint, _listing_hash(spec, listing), processing=processing
+    )
 
     # --rehash trusts no stamp, the inputs' as a whole included: an object
     # rewritten with its size and update time as listed is found. --full
@@ -1657,8 +1661,32 @@ def _version(
 ) -> str:
     """The content-addressed version: the config, the processing fingerprint
     and every input's entry."""
-    inputs_hash = versioning.combine_hashes([report.inputs_hash, listing.dropped_entries_hash()])
+    inputs_hash = versioning.combine_hashes(
+        [report.inputs_hash, listing.dropped_entries_hash(), _class_names_hash(spec, listing)]
+    )
     return versioning.version_name(spec.fingerprint, inputs_hash, processing=processing)
+
+
+def _listing_hash(spec: BuildSpec, listing: SourceListing) -> int:
+    """The multiset hash the up-to-date stamp takes from the listing: its
+    entries and the class list (`_class_names_hash`)."""
+    return versioning.combine_hashes([listing.listing_hash(), _class_names_hash(spec, listing)])
+
+
+def _class_names_hash(spec: BuildSpec, listing: SourceListing) -> int:
+    """What the class list adds to the stamp and the version where neither
+    the config nor every file entry holds it: a COCO file's categories or a
+    VOC folder's object names, without ``source.classes`` (a category no
+    annotation uses, a class only a dropped file names, shifts every class
+    id: `listing.Listing.class_names_hash`). 0 for other sources, whose
+    versions are the same whichever lists them (`ListedInJob` cannot say
+    which classes its files name)."""
+    source = spec.config.source
+    if source.classes or not isinstance(source, sources.CocoSource | sources.VocSource):
+        return 0
+    if not isinstance(listing, sources.Listing):  # only image folders and manifests list in a job
+        return 0
+    return listing.class_names_hash()
 
 
 def _prune(dataset: publish.DatasetRoot, keep: int | None, stamp: str) -> tuple[str, ...]:

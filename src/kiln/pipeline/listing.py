@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kiln.lazy_import import LazyModule
-from kiln.pipeline import splits, storage, versioning
+from kiln.pipeline import splits, storage, target_rows, versioning
 from kiln.pipeline.box_convention import BoxEvidence
 from kiln.pipeline.error_report import DroppedFile, as_text, is_unicode, unicode_text
 
@@ -211,6 +211,25 @@ def _optional_text(data: bytes | None) -> str | None:
     return None if data is None else _text(data)
 
 
+# The reasons whose messages say where a file is (an absolute path, the
+# system's error naming it): the location is not part of the version
+# (`versioning`), so `dropped_entry` leaves their message out.
+_WHEREABOUTS_REASONS = frozenset({"missing", "outside_source", "unreadable"})
+
+
+def dropped_entry(dropped: DroppedFile, entry: Any) -> list:
+    """What a row dropped while listing adds to the version and the stamp:
+    the source's `entry` (what the row holds), the row's key (a COCO item's
+    position, ``instances.json:annotations[3]``; a manifest's line) and its
+    message (a VOC ``duplicate_key`` names its XML files), both as
+    errors.jsonl shows them: the same version holds the same errors.jsonl
+    (but for the location, in ``uri`` and in the messages of
+    `_WHEREABOUTS_REASONS`, left out). The launcher's listing and the
+    listing job (`listing_job`) both hash this."""
+    message = "" if dropped.reason in _WHEREABOUTS_REASONS else dropped.message
+    return _entry_as_text([entry, as_text(dropped.key), as_text(message)])
+
+
 def _entry_as_text(entry: Any) -> Any:
     """A dropped row's entry with its strings as `unicode_text` shows them
     (JSON holds control characters; what it cannot hold is a lone surrogate)."""
@@ -360,9 +379,9 @@ class Listing:
             yield DroppedFile(*map(_text, row))
 
     def dropped_entries(self) -> Iterator[list]:
-        """What each dropped row contributes to the version and stamp (row
-        text for unparsable rows, so line numbers do not matter), sorted by
-        their JSON text."""
+        """What each dropped row contributes to the version and stamp
+        (`dropped_entry`: the row's text for an unparsable row, its key and
+        its message), sorted by their JSON text."""
         for (entry,) in self._query("SELECT entry FROM dropped ORDER BY entry"):
             yield json.loads(entry)
 
@@ -377,6 +396,36 @@ class Listing:
                 entry += [f.targets, f.mask_stamp]
             yield entry if f.inode_ctime is None else [*entry, f.inode_ctime]
         yield from self.dropped_entries()
+
+    @functools.cached_property
+    def class_names_implied(self) -> bool:
+        """Whether the files to process name `class_names` exactly: every
+        class in it is a file's label or a class its targets use, and it is
+        sorted. Then the class list is in the stamp's and the version's file
+        entries already; otherwise (a COCO category no annotation uses, a
+        class only a dropped row names) it is not, and `class_names_hash`
+        must say it."""
+        wanted = set(self.class_names)
+        seen: set[str] = set()
+        ordered = self.class_names == sorted(wanted)
+        for label, targets in self._query("SELECT label, targets FROM files"):
+            if ordered and len(seen) == len(wanted):
+                break  # every class seen: the rest need not be parsed
+            if label >= 0:
+                seen.add(self.class_names[label])
+            if targets is not None:
+                names = target_rows.class_names(json.loads(_text(targets)))
+                seen.update(name for name in names if name in wanted)
+        return ordered and seen == wanted
+
+    def class_names_hash(self) -> int:
+        """What the class list adds to the stamp and the version (a multiset
+        member, `versioning.entry_hash`): 0 (nothing) when the files name it
+        (`class_names_implied`), so that a dataset whose class list follows
+        from its files keeps its version."""
+        if self.class_names_implied:
+            return 0
+        return versioning.entry_hash(["class_names", self.class_names])
 
     def listing_hash(self) -> int:
         """The multiset hash of `stamp_entries`, for `versioning.stamp_of`."""
@@ -626,7 +675,8 @@ class ListingWriter:
             self._add("class_names", (_blob(name),))
 
     def drop(self, dropped: DroppedFile, entry: Any) -> None:
-        """Records a dropped row and its `Listing.dropped_entries` entry.
+        """Records a dropped row and its `Listing.dropped_entries` entry
+        (`dropped_entry` of the source's `entry`).
 
         What a source drops may not be text (a file name that is not UTF-8,
         a manifest's lone surrogate) or may hold control characters: its
@@ -648,7 +698,7 @@ class ListingWriter:
                         dropped.message,
                     )
                 ),
-                json.dumps(_entry_as_text(entry), sort_keys=True),
+                json.dumps(dropped_entry(dropped, entry), sort_keys=True),
             ),
         )
 

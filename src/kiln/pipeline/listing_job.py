@@ -51,7 +51,13 @@ from apache_beam.io.filesystems import FileSystems
 
 from kiln.pipeline import storage, versioning
 from kiln.pipeline.error_report import DroppedFile
-from kiln.pipeline.listing import FILES_PER_LINE, Candidate, SourceFile, folder_order
+from kiln.pipeline.listing import (
+    FILES_PER_LINE,
+    Candidate,
+    SourceFile,
+    dropped_entry,
+    folder_order,
+)
 from kiln.pipeline.sources import (
     DroppedRow,
     ManifestError,
@@ -394,7 +400,7 @@ class _SummaryFn(beam.CombineFn):
     def add_input(self, tally: _Tally, item) -> _Tally:
         if isinstance(item[0], DroppedFile):
             dropped, entry = item
-            value = versioning.entry_hash(entry)  # `listing.Listing.dropped_entries`
+            value = versioning.entry_hash(dropped_entry(dropped, entry))  # as the launcher's
             tally.dropped += 1
             tally.dropped_hash = versioning.combine_hashes([tally.dropped_hash, value])
             if tally.first_dropped is None or dropped < tally.first_dropped:

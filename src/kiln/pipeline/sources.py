@@ -1033,7 +1033,8 @@ def is_jsonl(path: str) -> bool:
 
 
 # A row dropped while listing: what the errors file says of it, and its
-# `Listing.dropped_entries` entry (for the version and the stamp).
+# part of its `Listing.dropped_entries` entry (`listing.dropped_entry`: for the
+# version and the stamp).
 DroppedRow = tuple[DroppedFile, Any]
 
 

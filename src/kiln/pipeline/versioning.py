@@ -9,7 +9,9 @@ Two fingerprints, for two jobs:
   processing config, so a kiln upgrade that changes what the kernels write
   gives another version, never other bytes under the same name),
   `kiln.FORMAT_VERSION` and, for every input, its key, label name, split from
-  the source and the sha256 of its bytes (plus what the listing dropped). The
+  the source and the sha256 of its bytes (plus what the listing dropped, and
+  the class list where neither the config nor the files' entries imply it: a
+  COCO category no annotation uses, `launcher._class_names_hash`). The
   job hashes every file's bytes anyway, so the version costs nothing extra and
   identical inputs give the identical version (and identical `kiln.json`) on
   any machine, whatever the files' modification times. Versions name content
@@ -22,7 +24,8 @@ Two fingerprints, for two jobs:
   job. It hashes what the launcher learns from listing alone: keys, label
   names, splits, byte sizes and modification times and, for local files,
   their inode numbers and status-change times (``inode_ctime``, as git's
-  index keeps them: `storage.inode_ctime`), plus the config and processing
+  index keeps them: `storage.inode_ctime`), the class list as the version
+  takes it, plus the config and processing
   fingerprints and the format version (after a kiln upgrade that changes
   the processing, an unchanged source is built again). A build records
   ``.stamps/<stamp>`` -> version. Listing a million objects on gs:// is
