@@ -357,22 +357,34 @@ def test_a_rollback_by_hand_stands_until_the_inputs_change(demo_corpus, tmp_path
     assert dataset.latest() == second.version
 
 
-def test_keep_on_an_object_store(demo_corpus):
-    """No directories, no atomic rename: each pruned version loses its kiln.json
-    first, then every other object under its prefix."""
+def images_on_the_object_store(demo_corpus):
+    """An emptied in-memory store (`object_store`) holding every sixth good
+    demo image under ``<bucket>/images``: the bucket and the keys."""
     bucket = f"{object_store.SCHEME}://bucket"
     object_store.reset()
     keys = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken][::6]
     for key in keys:
         with open(os.path.join(demo_corpus.out_dir, key), "rb") as f:
             object_store.put(f"{bucket}/images/{key}", f.read())
+    return bucket, keys
+
+
+def memgs_config(bucket, num_shards):
+    """A config building `images_on_the_object_store` into ``<bucket>/datasets``."""
+    return make_config(
+        f"{bucket}/images",
+        output=f"{bucket}/datasets",
+        sharding={"num_shards": num_shards},
+        splits={"fractions": {"train": 1.0}},
+    )
+
+
+def test_keep_on_an_object_store(demo_corpus):
+    """No directories, no atomic rename: each pruned version loses its kiln.json
+    first, then every other object under its prefix."""
+    bucket, keys = images_on_the_object_store(demo_corpus)
     try:
-        config = make_config(
-            f"{bucket}/images",
-            output=f"{bucket}/datasets",
-            sharding={"num_shards": 1},
-            splits={"fractions": {"train": 1.0}},
-        )
+        config = memgs_config(bucket, num_shards=1)
         first = build(config)
         object_store.put(
             f"{bucket}/images/{keys[0].split('/')[0]}/added.png",
@@ -853,19 +865,9 @@ def test_a_damaged_published_version_is_repaired_by_rehash_or_full(
 def test_a_damaged_published_version_is_repaired_on_an_object_store(demo_corpus):
     """No rename there: each damaged object is written again whole, by the
     build's copy, and the version's objects end as a clean build's."""
-    bucket = f"{object_store.SCHEME}://bucket"
-    object_store.reset()
-    keys = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken][::6]
-    for key in keys:
-        with open(os.path.join(demo_corpus.out_dir, key), "rb") as f:
-            object_store.put(f"{bucket}/images/{key}", f.read())
+    bucket, _ = images_on_the_object_store(demo_corpus)
     try:
-        config = make_config(
-            f"{bucket}/images",
-            output=f"{bucket}/datasets",
-            sharding={"num_shards": 2},
-            splits={"fractions": {"train": 1.0}},
-        )
+        config = memgs_config(bucket, num_shards=2)
         first = build(config)
         shards = [f"{first.dataset_dir}/{name}" for name in first.info.splits["train"].filenames]
         object_store.put(shards[0], object_store.get(shards[0])[:100])

@@ -97,6 +97,21 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
     return f"; did you mean {listed}?"
 
 
+def unknown_names(unknown: Sequence[str], known: Iterable[str], one: str, many: str) -> str:
+    """What a message says of `unknown` names, each with its did-you-mean
+    among `known`: ``"'centre' is a keypoint of no category; did you mean
+    'center'?"`` for one (``one`` is what follows the name), ``"'a' ('did you
+    mean ...'), 'b' are keypoints of no category"`` for more (``many``)."""
+    known = list(known)
+    if len(unknown) == 1:
+        return f"{quote(unknown[0])} {one}{did_you_mean(unknown[0], known)}"
+    named = [
+        quote(name) + (f" ({hint[2:]})" if (hint := did_you_mean(name, known)) else "")
+        for name in unknown
+    ]
+    return f"{', '.join(named)} {many}"
+
+
 def close_names(word: str, known: Iterable[str]) -> list[str]:
     """The known names `did_you_mean` offers for `word`, closest first (maybe
     none). A name that differs from `word` in case only (``PNG`` for ``png``)

@@ -114,7 +114,7 @@ from typing import Any
 
 import ijson
 
-from kiln.errors import did_you_mean, quote
+from kiln.errors import unknown_names
 from kiln.pipeline import compressed, target_rows
 from kiln.pipeline.listing import scratch_database
 
@@ -301,15 +301,9 @@ class CocoFile:
                 f"asks for ({', '.join(self.keypoint_names)}); its categories' keypoints are "
                 f"{shown}"
             )
-        if len(unknown) == 1:
-            (name,) = unknown
-            which = f"{quote(name)} is a keypoint of no category{did_you_mean(name, names)}"
-        else:
-            guesses = [
-                quote(name) + (f" ({hint[2:]})" if (hint := did_you_mean(name, names)) else "")
-                for name in unknown
-            ]
-            which = f"{', '.join(guesses)} are keypoints of no category"
+        which = unknown_names(
+            list(unknown), names, "is a keypoint of no category", "are keypoints of no category"
+        )
         raise CocoFileError(
             f"{self.name}: targets.keypoints.names: {which} (its categories' keypoints are {shown})"
         )

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kiln.errors import ConfigError, did_you_mean, quote
+from kiln.errors import ConfigError, unknown_names
 from kiln.pipeline import box_convention, compressed, storage, target_rows, text_lines, voc
 from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem, looks_like_coco
 from kiln.pipeline.config_paths import ConfigPath
@@ -918,15 +918,9 @@ def _check_class_folders(
     if not missing:
         return
     where = f"{root}/<split>" if from_source else root
-    if len(missing) == 1:
-        (name,) = missing
-        which = f"{quote(name)} names no class folder of {where}{did_you_mean(name, folders)}"
-    else:
-        named = [
-            quote(name) + (f" ({hint[2:]})" if (hint := did_you_mean(name, folders)) else "")
-            for name in missing
-        ]
-        which = f"{', '.join(named)} name no class folder of {where}"
+    which = unknown_names(
+        missing, folders, f"names no class folder of {where}", f"name no class folder of {where}"
+    )
     raise ConfigError(f"source.classes: {which}")
 
 
