@@ -190,6 +190,33 @@ def test_diff_thresholds_set_the_exit_code(versions, capsys):
     assert same[0] == 0 and "the same version: nothing changed" in same[1]
 
 
+def test_a_split_that_shrank_crosses_max_split_shrink(versions, capsys):
+    """The star class removed: every split lost its star records. The limit
+    is a split's loss in percent of its old count, checked against the counts
+    `--json` reports."""
+    (_, second, third), _, _ = versions
+    code, out, _ = run_cli(capsys, "diff", second.dataset_dir, third.dataset_dir, "--json")
+    assert code == 0
+    splits = json.loads(out)["splits"]
+    shrink = {name: 100 * (s["old"] - s["new"]) / s["old"] for name, s in splits.items()}
+    worst = max(shrink, key=shrink.get)
+    assert 0 < shrink[worst] < 100
+    under = f"{shrink[worst] - 0.5:.6f}"
+    argv = ["diff", second.dataset_dir, third.dataset_dir, "--max-split-shrink"]
+    assert run_cli(capsys, *argv, f"{shrink[worst] + 1e-6:.6f}")[0] == 0  # just above: passes
+    code, _, err = run_cli(capsys, *argv, under)
+    assert code == 1
+    crossed = [name for name, value in shrink.items() if value > float(under)]
+    lines = err.splitlines()
+    assert len(lines) == len(crossed)
+    old, new = splits[worst]["old"], splits[worst]["new"]
+    assert (
+        f"kiln diff: threshold crossed: split {worst!r} has {new} records, {old} before: "
+        f"it shrank by {shrink[worst]:.2f}%, more than --max-split-shrink {float(under):.15g}%"
+    ) in lines
+    assert run_cli(capsys, *argv, "-1")[0] == 2
+
+
 def test_diff_notes_two_different_datasets(versions, capsys, tmp_path):
     (first, *_), _, _ = versions
     other = build(

@@ -229,6 +229,14 @@ def test_a_vanished_split_crosses_the_gate_and_kiln_diff(tmp_path, capsys):
         f"split 'test' vanished: it has no example left ({held_out} before)"
     ]
     assert "threshold crossed: split 'test' vanished" in err
+    # A vanished split lost all of its records: any --max-split-shrink under 100 stops it.
+    assert cli.main([*gated, "--max-split-shrink", "99.5"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert (
+        f"split 'test' has 0 records, {held_out} before: it shrank by 100.00%, more than "
+        f"--max-split-shrink 99.5%"
+    ) in line
+    assert latest(dataset) == first
 
     report = tmp_path / "report.json"
     assert cli.main([*gated, "--report", str(report)]) == 0  # published, with a warning

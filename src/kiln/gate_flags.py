@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 # The flags that take a limit (0 or more); the others are switches.
-_LIMITS = ("max_share_shift", "max_changed_percent", "max_object_change")
+_LIMITS = ("max_share_shift", "max_changed_percent", "max_object_change", "max_split_shrink")
 _SWITCHES = (
     "fail_on_vanished_class",
     "fail_on_vanished_split",
@@ -48,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser | Any, *, crossing: str) -> No
         "--fail-on-vanished-split",
         action="store_true",
         help=f"{crossing} if a split that had examples has none now (a source's split folder gone)",
+    )
+    parser.add_argument(
+        "--max-split-shrink",
+        type=float,
+        metavar="PERCENT",
+        help=f"{crossing} if a split lost more than PERCENT%% of its records (a vanished "
+        f"split lost 100%%)",
     )
     parser.add_argument(
         "--max-object-change",

@@ -326,6 +326,8 @@ class Thresholds:
       fail_on_vanished_split: A split that had examples and has none now (a
         source's split folder gone) is a violation: what a share or
         class limit does not see when the classes keep their shares.
+      max_split_shrink: Largest allowed loss of a split's records, in
+        percent of its old count (None: no limit; a vanished split lost 100).
     """
 
     max_share_shift: float | None = None
@@ -335,6 +337,7 @@ class Thresholds:
     fail_on_label_change: bool = False
     fail_on_config_change: bool = False
     fail_on_vanished_split: bool = False
+    max_split_shrink: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -505,6 +508,16 @@ class VersionDiff:
         if thresholds.fail_on_vanished_class:
             for name in self.vanished_classes():
                 found.append(f"class {name!r} vanished: it has no example left")
+        if thresholds.max_split_shrink is not None:
+            for name in self.split_names:
+                old, new = self.splits[name].old, self.splits[name].new
+                shrink = 100 * (old - new) / old if old else 0.0
+                if shrink > thresholds.max_split_shrink:
+                    found.append(
+                        f"split {name!r} has {new} records, {old} before: it shrank by "
+                        f"{_beyond(shrink, thresholds.max_split_shrink)}%, more than "
+                        f"--max-split-shrink {_limit(thresholds.max_split_shrink)}%"
+                    )
         if thresholds.fail_on_vanished_split:
             for name in self.vanished_splits():
                 found.append(
