@@ -209,6 +209,17 @@ def test_targets_validation_names_the_problem(targets, message):
         TargetsConfig.model_validate(targets)
 
 
+def test_one_pair_written_without_its_brackets_is_one_problem_with_the_fix():
+    keypoints = {"names": ["left", "right"], "flip_pairs": ["left", "right"]}
+    with pytest.raises(pydantic.ValidationError) as raised:
+        TargetsConfig.model_validate({"boxes": {}, "keypoints": keypoints})
+    (error,) = raised.value.errors()  # not one "expected a tuple" per name
+    assert error["loc"] == ("keypoints", "flip_pairs")
+    assert error["msg"].endswith(
+        "a list of [left, right] pairs, got [left, right]; did you mean [[left, right]]?"
+    )
+
+
 def test_dataset_info_leaves_absent_targets_out_of_kiln_json():
     info = DatasetInfo(
         name="d",

@@ -30,7 +30,7 @@ Plain Python and pydantic: the reader imports it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -153,6 +153,17 @@ class KeypointsTarget(_Model):
     flip_pairs: list[tuple[FieldName, FieldName]] = []
     """Pairs of names that swap under a horizontal flip, e.g. `[[left_eye, right_eye]]`. Stored
     in the order of `names` (`[[right_eye, left_eye]]` is the same config, the same version)."""
+
+    @pydantic.field_validator("flip_pairs", mode="before")
+    @classmethod
+    def _pairs_not_names(cls, pairs: Any) -> Any:
+        # `flip_pairs: [left, right]` (one pair without its brackets) would
+        # otherwise be two "expected a valid tuple" lines.
+        if isinstance(pairs, list) and pairs and all(isinstance(name, str) for name in pairs):
+            shown = "[" + ", ".join(pairs) + "]"
+            hint = f"; did you mean [{shown}]?" if len(pairs) == 2 else ""
+            raise ValueError(f"a list of [left, right] pairs, got {shown}{hint}")
+        return pairs
 
     @pydantic.field_validator("flip_pairs")
     @classmethod
