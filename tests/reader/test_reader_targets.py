@@ -428,7 +428,8 @@ def every_target_dataset(tmp_path_factory):
     manifest, _ = targets_data.corpus(folder, 12)
     config = {
         "name": "every-target",
-        "source": {"type": "manifest", "path": manifest},
+        # The semantic mask's pixel values are ids into this list.
+        "source": {"type": "manifest", "path": manifest, "classes": targets_data.CLASSES},
         "output": str(folder / "datasets"),
         "encoding": {"format": "png"},
         "splits": {"fractions": {"train": 1.0}},
