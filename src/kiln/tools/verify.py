@@ -7,9 +7,7 @@ with `kiln.json`:
   and later), so an edit of anything the files cannot contradict (a
   statistics mean, the augment list, the config) is found too. The other
   checks still run, against the edited values, to say what else disagrees.
-- The version is where kiln put it: a folder named with a version id is
-  named with its own, and a version inside a dataset folder (one with a
-  LATEST) is a version of that dataset.
+- A folder named with a version id is named with its own version's.
 - Per shard, in split order: the file exists; its size and sha256 are the
   ones recorded; every record's TFRecord CRCs (of the length and of the
   data) are valid and no record is cut short; the number of records is the
@@ -70,7 +68,6 @@ from kiln.schemas import (
     DUPLICATES_FILENAME,
     ERRORS_FILENAME,
     INDEX_FILENAME,
-    LATEST_FILENAME,
     METADATA_FILENAME,
     DatasetInfo,
     MetadataChecksumError,
@@ -81,7 +78,7 @@ from kiln.schemas import (
     decode_mask,
     shard_filename,
 )
-from kiln.schemas.location import exists, is_remote, is_version_name, read_buffer_bytes
+from kiln.schemas.location import is_remote, is_version_name, read_buffer_bytes
 from kiln.schemas.tfds_metadata import (
     TFDS_DATASET_INFO_FILENAME,
     TFDS_FEATURES_FILENAME,
@@ -242,32 +239,22 @@ def verify(path: str) -> Verification:
 
 
 def _check_place(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
-    """A version in the wrong place: a folder named for another version, or
-    inside another dataset's folder (a copy or a rollback by hand gone
-    wrong: LATEST would then name records of another version or dataset)."""
+    """A version folder named for another version (a rollback or copy by hand
+    gone wrong: LATEST would then name records of another version). The
+    dataset folder's own name is not checked: a dataset copied under another
+    name (a download from a bucket) is intact."""
     split = posixpath.split if is_remote(dataset_dir) else os.path.split
-    parent, folder = split(dataset_dir.rstrip("/"))
-    problems = []
+    folder = split(dataset_dir.rstrip("/"))[1]
     if is_version_name(folder) and folder != metadata.version:
-        problems.append(
+        return [
             Problem(
                 METADATA_FILENAME,
                 f"it is version {metadata.version}, but its folder is named {folder} "
                 f"(builds and LATEST find a version by its folder's name: a renamed or "
                 f"misplaced copy?)",
             )
-        )
-    dataset_folder = split(parent)[1]
-    if dataset_folder != metadata.name and exists(_join(parent, LATEST_FILENAME)):
-        problems.append(
-            Problem(
-                METADATA_FILENAME,
-                f"it is a version of dataset {metadata.name!r}, but it is in the folder of "
-                f"dataset {dataset_folder!r} ({parent}; builds of {metadata.name!r} write to "
-                f"<output>/{metadata.name}): copied from another dataset?",
-            )
-        )
-    return problems
+        ]
+    return []
 
 
 def _join(directory: str, name: str) -> str:
