@@ -137,6 +137,29 @@ def test_a_flipped_byte_is_a_crc_error_in_that_shard(version_copy, capsys):
     assert run_cli(folder, capsys, "--quiet") == (code, out)  # problems are never quiet
 
 
+def test_quiet_prints_one_line_however_many_problems(version_copy, capsys):
+    """Cron mails whatever verify prints: under --quiet a damaged dataset is
+    one line, the first problem and how many more there are; without it
+    every problem has its line."""
+    folder, info = version_copy
+    for index in (0, 1):
+        with open(shard_path(folder, info, index=index), "r+b") as f:
+            f.truncate(f.seek(0, os.SEEK_END) - 3)
+    problems = verify.verify(folder).problems
+    assert len(problems) >= 2
+    code, out = run_cli(folder, capsys)
+    lines = out.splitlines()
+    assert code == 1 and lines[0] == f"kiln verify: FAILED: {folder}: {problems[0]}"
+    assert lines[1:] == [f"{len(problems) - 1} more problem(s):"] + [
+        f"  {problem}" for problem in problems[1:]
+    ]
+    assert run_cli(folder, capsys, "--quiet") == (
+        1,
+        f"kiln verify: FAILED: {folder}: {problems[0]} (and {len(problems) - 1} more "
+        f"problem(s): `kiln verify {folder}` lists them)\n",
+    )
+
+
 def test_a_flipped_byte_in_a_gzip_shard(build_dataset, tmp_path):
     result = build_dataset(**GZIP)
     folder = str(tmp_path / "gz")

@@ -29,7 +29,7 @@ exit codes:
   0  every shard and count matches kiln.json
   1  something does not: the first line names the first bad file (kiln.json when
      it was edited, else a shard or report) and what is wrong, one line per
-     problem follows
+     further problem follows (under --quiet, that one line only, with their number)
   2  PATH is not a kiln dataset (no kiln.json, no LATEST naming a version), or
      cannot be reached or read (s3://, which TensorFlow cannot read: copy the
      version folder to local disk or gs:// first)"""
@@ -43,7 +43,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--quiet",
         action="store_true",
         help="print nothing when the dataset is intact (for cron, which mails any output); "
-        "problems are still printed",
+        "a damaged one prints one line: the first problem and how many more there are",
     )
 
 
@@ -81,8 +81,11 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         )
     else:
         first, *others = result.problems
-        print(f"kiln verify: FAILED: {result.dataset_dir}: {first}")
-        if others:
+        line = f"kiln verify: FAILED: {result.dataset_dir}: {first}"
+        if args.quiet and others:  # cron mails the output: one line, as a failed build's
+            line += f" (and {len(others)} more problem(s): `kiln verify {args.path}` lists them)"
+        print(line)
+        if others and not args.quiet:
             print(f"{len(others)} more problem(s):")
             for problem in others:
                 print(f"  {problem}")
