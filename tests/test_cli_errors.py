@@ -899,6 +899,21 @@ def test_build_without_the_pipeline_extra_says_which_to_install(module, config, 
     assert helped.returncode == 0 and "--config FILE" in helped.stdout, helped.stderr
 
 
+@pytest.mark.parametrize(
+    "command", sorted(name for name, command in cli.COMMANDS.items() if command.extra)
+)
+@pytest.mark.parametrize("module", ["cv2", "yaml", "apache_beam"])
+def test_help_of_commands_that_need_an_extra_works_without_it(command, module):
+    """docs/cli.md: ``--help`` needs no extra (the reader-only install shows
+    every command's options, and says which extra a command needs only when
+    it is run)."""
+    helped = run_without_module(module, command, "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith(f"usage: kiln {command} ") and helped.stderr == ""
+    ran = run_without_module(module, command, "out")
+    assert ran.returncode == 2 and "extra" in ran.stderr and ran.stdout == ""
+
+
 def test_the_pipeline_extra_modules_are_setup_pys():
     # Every requirement of setup.py's pipeline extra provides one of the
     # modules kiln looks for, and each of those comes from one of them.

@@ -96,7 +96,7 @@ COMMANDS: dict[str, Command] = {
         "kiln.pipeline.command", "build a dataset with the Beam job", True, extra="pipeline"
     ),
     "demo-data": Command(
-        "kiln.pipeline.demo_data", "generate the small demo image folder", extra="pipeline"
+        "kiln.pipeline.demo_data_command", "generate the small demo image folder", extra="pipeline"
     ),
     "lint": Command("kiln.tools.lint.command", "check training code for tf.data tracing pitfalls"),
     "inspect": Command("kiln.tools.inspect_command", "summarize a built dataset"),
