@@ -146,6 +146,24 @@ def test_cli_says_so_when_augmentation_never_changes(built, tmp_path, capsys):
     assert os.path.exists(out)  # the sheet is written all the same, to look at
 
 
+def test_cli_strict_fails_on_columns_that_never_changed(built, tmp_path, capsys):
+    """A flip with probability 0.5 leaves some columns alone in 2 epochs by
+    chance: a warning (exit 0), silent under --quiet; --strict makes it a
+    failure, one line labelled as one (docs/cli.md: error|failed|busy)."""
+    out = str(tmp_path / "sheet.png")
+    flip = '["random_flip_left_right"]'
+    argv = ["preview", built.dataset_dir, "--n", "8", "--epochs", "2", "--augment", flip]
+    assert cli.main([*argv, "-o", out]) == 0
+    warned = capsys.readouterr().err
+    assert warned.startswith("kiln preview: warning: column(s) ")
+    assert cli.main([*argv, "-o", out, "--quiet"]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert cli.main([*argv, "-o", out, "--quiet", "--strict"]) == 1
+    failed = capsys.readouterr()
+    assert failed.out == "" and failed.err.count("\n") == 1
+    assert failed.err == warned.replace("kiln preview: warning: ", "kiln preview: error: ", 1)
+
+
 def test_cli_other_splits_get_the_inference_form(built, tmp_path, capsys):
     out = str(tmp_path / "sheet.png")
     assert (

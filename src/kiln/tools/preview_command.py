@@ -315,7 +315,8 @@ def _check_epochs(
     if quiet and not strict:
         return 0
     print(
-        f"kiln preview: warning: column(s) {listed} came out identical in all {epochs} "
+        f"kiln preview: {'error' if strict else 'warning'}: column(s) {listed} came out "
+        f"identical in all {epochs} "
         f"epochs. Ops that apply with a probability can do that by chance (a flip with "
         f"probability 0.5: 1 in {2 ** (epochs - 1)}); more --epochs tell chance from "
         f"a bug.",
