@@ -123,7 +123,8 @@ EPILOG = """examples:
 
 exit codes: 0 ok, 1 the command found a problem, 2 usage or config error,
   3 another build of the dataset is running, 70 internal error (a bug: one line
-  naming the file that holds the traceback), 130 interrupted, 143 terminated (SIGTERM)"""
+  naming the file that holds the traceback), 73 the build succeeded but its --report
+  could not be written, 130 interrupted, 143 terminated (SIGTERM)"""
 
 
 class _Parser(argparse.ArgumentParser):
