@@ -842,6 +842,52 @@ def test_a_plugin_that_raises_at_import_is_a_config_error(
     assert err.endswith(f"plugins[0]: {PLUGIN_RAISED}\n")
 
 
+@pytest.mark.parametrize(
+    "exit_call, raised",
+    [
+        ("sys.exit(3)", "SystemExit: 3"),
+        ("sys.exit('MODEL_DIR is not set')", "SystemExit: MODEL_DIR is not set"),
+        ("sys.exit()", "SystemExit"),
+    ],
+)
+def test_a_plugin_that_exits_at_import_is_a_config_error(
+    tmp_path, demo_corpus, capfd, monkeypatch, exit_call, raised
+):
+    # sys.exit() while imported set kiln's exit code (3 is "busy"), printed a
+    # bare line or nothing, and wrote no --report: last night's stayed.
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "kiln_test_exits_at_import.py").write_text(f"import sys\n\n{exit_call}\n")
+    monkeypatch.syspath_prepend(str(plugins))
+    monkeypatch.delitem(sys.modules, "kiln_test_exits_at_import", raising=False)
+    data = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    path = write_config(tmp_path, {**data, "plugins": ["kiln_test_exits_at_import"]})
+    report = tmp_path / "report.json"
+    report.write_text('{"status": "built", "exit_code": 0}\n')
+    code, out, err = run_cli(capfd, "build", "--config", path, "--quiet", "--report", str(report))
+    problem = (
+        f"importing module 'kiln_test_exits_at_import' raised {raised} "
+        "(kiln_test_exits_at_import.py, line 3; --verbose prints the traceback)"
+    )
+    assert (code, out) == (2, "")
+    assert err == f"kiln build: error: config error in {path}: plugins[0]: {problem}\n"
+    written = json.loads(report.read_text())
+    assert (written["status"], written["exit_code"]) == ("usage_error", 2), written
+    assert written["error"].endswith(f"plugins[0]: {problem}")
+    assert not (tmp_path / "out").exists()  # nothing done
+    monkeypatch.delitem(sys.modules, "kiln_test_exits_at_import", raising=False)
+    code, out, err = run_cli(
+        capfd,
+        "preview",
+        str(tmp_path / "x"),
+        "-o",
+        str(tmp_path / "p.png"),
+        "--plugin",
+        "kiln_test_exits_at_import",
+    )
+    assert (code, out, err) == (2, "", f"kiln preview: error: --plugin: {problem}\n")
+
+
 def test_a_preview_plugin_that_raises_at_import_is_a_usage_error(
     tmp_path, capfd, plugin_that_raises
 ):
