@@ -306,6 +306,96 @@ def test_a_plugin_that_exits_is_an_internal_error_naming_it(
     assert sorted(os.listdir(dataset)) == [".lock"]
 
 
+SPOILING_MODULE = "kiln_test_report_spoiler"
+# A transform that, as a build runs, puts a file where the folder of its
+# --report is (a disk gone read-only, a volume unmounted), then ends the
+# build as KILN_TEST_END_WITH says.
+SPOILING_SOURCE = """
+    import os
+    import shutil
+    import signal
+    import sys
+
+    import numpy as np
+    from kiln.transforms import register
+
+    @register(geometry="none")
+    def spoil_report(image: np.ndarray) -> np.ndarray:
+        folder = os.environ["KILN_TEST_REPORT_FOLDER"]
+        try:
+            shutil.rmtree(folder)
+            with open(folder, "x") as f:
+                f.write("a file where the report's folder was")
+        except OSError:  # another worker's call did it
+            pass
+        end_with = os.environ["KILN_TEST_END_WITH"]
+        if end_with == "exit":
+            sys.exit(0)
+        if end_with == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
+        raise ValueError("not this image")
+"""
+
+
+@pytest.fixture(scope="module")
+def spoiling_plugin(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("spoiling-plugin")
+    (folder / f"{SPOILING_MODULE}.py").write_text(textwrap.dedent(SPOILING_SOURCE))
+    sys.path.insert(0, str(folder))
+    yield folder
+    sys.path.remove(str(folder))
+
+
+@pytest.mark.parametrize(
+    "end_with, code, line",
+    [
+        ("raise", 1, r"kiln build: failed: dropped \d+ of \d+ input files .*"),
+        (
+            "exit",
+            70,
+            r"kiln build: internal error: .* raised SystemExit: 0 on .*--verbose prints it\)",
+        ),
+        ("sigterm", 143, r"kiln build: terminated \(SIGTERM\)"),
+    ],
+    ids=["failed", "internal_error", "terminated"],
+)
+def test_a_failed_build_whose_report_cannot_be_written_says_so_in_its_line(
+    spoiling_plugin, demo_corpus, tmp_path, monkeypatch, capfd, end_with, code, line
+):
+    # The report stayed `running` and, under --quiet, only the build's line
+    # showed: the report's failure was logged, and --quiet drops logs. The
+    # build's own exit code stands (nothing was published; 73 would say it was).
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    report = reports / "report.json"
+    data = make_config(
+        demo_corpus.out_dir,
+        output=str(tmp_path / "out"),
+        transforms=["spoil_report"],
+        plugins=[SPOILING_MODULE],
+    )
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    argv = ["build", "--config", str(config_path), "--quiet", "--report", str(report)]
+    env = {"KILN_TEST_REPORT_FOLDER": str(reports), "KILN_TEST_END_WITH": end_with}
+    if end_with == "sigterm":  # the signal is the process's: a process of its own
+        completed = run_kiln(*argv, pythonpath=[spoiling_plugin], **env)
+        returncode, out, err = completed.returncode, completed.stdout, completed.stderr
+    else:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        returncode = cli.main(argv)
+        out, err = capfd.readouterr()
+    assert (returncode, out) == (code, ""), err
+    assert re.fullmatch(
+        line + re.escape(f"; --report {report}: cannot write it: ") + r"[^;\n]+\n", err
+    ), err
+    assert reports.is_file()  # what the plugin made of it
+    dataset = tmp_path / "out" / data["name"]
+    assert not (dataset / "LATEST").exists()
+
+
 @pytest.mark.parametrize("mode", ["multi_processing", "multi_threading"])
 def test_a_job_failing_on_local_workers_prints_only_kilns_line(
     stopping_plugin, demo_corpus, tmp_path, monkeypatch, mode

@@ -294,6 +294,73 @@ def test_usage_errors_are_one_line(config, capfd, flags, message):
     assert capfd.readouterr().err == f"kiln build: error: {message}; see kiln build --help\n"
 
 
+LAST_NIGHTS_REPORT = '{"status": "built", "exit_code": 0, "version": "last-night"}\n'
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--keep", "two"], "argument --keep: invalid int value: 'two'"),
+        (["--keep", "2.5"], "argument --keep: invalid int value: '2.5'"),
+        (["--wait", "abc"], "argument --wait: invalid float value: 'abc'"),
+        (["--progress-every", "x"], "argument --progress-every: invalid float value: 'x'"),
+        (["--image-threads", "many"], "argument --image-threads: invalid int value: 'many'"),
+        (["--max-split-shrink", "x"], "argument --max-split-shrink: invalid float value: 'x'"),
+        (["--keep"], "argument --keep: expected one argument"),
+    ],
+)
+@pytest.mark.parametrize("spelling", ["--report FILE", "--report=FILE", "--rep FILE"])
+def test_a_flag_value_argparse_refuses_writes_the_usage_error_report(
+    tmp_path, config, capfd, flags, message, spelling
+):
+    # argparse refuses these before `kiln build` runs: the report stayed
+    # last night's (a scheduler read "built"), while --wait -1 wrote usage_error.
+    report = tmp_path / "report.json"
+    report.write_text(LAST_NIGHTS_REPORT)
+    given = [part.replace("FILE", str(report)) for part in spelling.split()]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build", "--config", config, "--quiet", *given, *flags])
+    assert exit_info.value.code == 2
+    out, err = capfd.readouterr()
+    line = f"kiln build: error: {message}; see kiln build --help\n"
+    assert (out, err) == ("", line)
+    written = json.loads(report.read_text())
+    assert (written["status"], written["exit_code"]) == ("usage_error", 2), written
+    assert written["error"] == line[len("kiln build: error: ") :].strip()
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_refused_flag_value_says_when_the_report_cannot_be_written(tmp_path, config, capfd):
+    (tmp_path / "taken").write_text("a file, not a folder")
+    report = tmp_path / "taken" / "report.json"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build", "--config", config, "--quiet", "--report", str(report), "--wait", "x"])
+    assert exit_info.value.code == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(
+        "kiln build: error: argument --wait: invalid float value: 'x'; see kiln build --help; "
+        f"--report {report}: cannot write it: "
+    ), err
+
+
+def test_a_refused_flag_value_leaves_a_report_it_cannot_find_alone(tmp_path, config, capfd):
+    # After `--`, or where `--report` is the value another flag refused, or a
+    # `--re` argparse would find ambiguous (--report, --rehash): no report to write.
+    report = tmp_path / "report.json"
+    for flags in (
+        ["--keep", "x", "--", "--report", str(report)],
+        ["--re", str(report), "--keep", "x"],
+        ["--keep", "x", "--report"],
+    ):
+        report.write_text(LAST_NIGHTS_REPORT)
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["build", "--config", config, *flags])
+        assert exit_info.value.code == 2
+        assert capfd.readouterr().err.count("\n") == 1
+        assert report.read_text() == LAST_NIGHTS_REPORT
+
+
 def test_diff_usage_error_is_one_line(capfd):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["diff", "a", "b", "--max-changed-percent", "abc"])
@@ -840,6 +907,52 @@ def test_a_plugin_that_raises_at_import_is_a_config_error(
     assert "Traceback (most recent call last):" in err
     assert 'kiln_test_needs_a_setting.py", line 3, in <module>' in err
     assert err.endswith(f"plugins[0]: {PLUGIN_RAISED}\n")
+
+
+@pytest.mark.parametrize(
+    "exit_call, raised",
+    [
+        ("sys.exit(3)", "SystemExit: 3"),
+        ("sys.exit('MODEL_DIR is not set')", "SystemExit: MODEL_DIR is not set"),
+        ("sys.exit()", "SystemExit"),
+    ],
+)
+def test_a_plugin_that_exits_at_import_is_a_config_error(
+    tmp_path, demo_corpus, capfd, monkeypatch, exit_call, raised
+):
+    # sys.exit() while imported set kiln's exit code (3 is "busy"), printed a
+    # bare line or nothing, and wrote no --report: last night's stayed.
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "kiln_test_exits_at_import.py").write_text(f"import sys\n\n{exit_call}\n")
+    monkeypatch.syspath_prepend(str(plugins))
+    monkeypatch.delitem(sys.modules, "kiln_test_exits_at_import", raising=False)
+    data = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    path = write_config(tmp_path, {**data, "plugins": ["kiln_test_exits_at_import"]})
+    report = tmp_path / "report.json"
+    report.write_text('{"status": "built", "exit_code": 0}\n')
+    code, out, err = run_cli(capfd, "build", "--config", path, "--quiet", "--report", str(report))
+    problem = (
+        f"importing module 'kiln_test_exits_at_import' raised {raised} "
+        "(kiln_test_exits_at_import.py, line 3; --verbose prints the traceback)"
+    )
+    assert (code, out) == (2, "")
+    assert err == f"kiln build: error: config error in {path}: plugins[0]: {problem}\n"
+    written = json.loads(report.read_text())
+    assert (written["status"], written["exit_code"]) == ("usage_error", 2), written
+    assert written["error"].endswith(f"plugins[0]: {problem}")
+    assert not (tmp_path / "out").exists()  # nothing done
+    monkeypatch.delitem(sys.modules, "kiln_test_exits_at_import", raising=False)
+    code, out, err = run_cli(
+        capfd,
+        "preview",
+        str(tmp_path / "x"),
+        "-o",
+        str(tmp_path / "p.png"),
+        "--plugin",
+        "kiln_test_exits_at_import",
+    )
+    assert (code, out, err) == (2, "", f"kiln preview: error: --plugin: {problem}\n")
 
 
 def test_a_preview_plugin_that_raises_at_import_is_a_usage_error(

@@ -33,6 +33,7 @@ import argparse
 import atexit
 import contextlib
 import dataclasses
+import functools
 import gc
 import importlib
 import importlib.util
@@ -44,6 +45,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import NoReturn
 
 from kiln import console, native_logs, worker_tracebacks
@@ -54,6 +56,7 @@ from kiln.errors import (
     KilnError,
     Terminated,
     UsageError,
+    also_not_written,
     interruption,
     unexpected,
 )
@@ -131,10 +134,21 @@ class _Parser(argparse.ArgumentParser):
     """argparse's parser, whose usage errors are one line (not the usage
     block first: a cron mail or CI log should say what was wrong at once),
     with a pointer to --help, and exit `EXIT_USAGE`. Each command's parser
-    is one too (argparse makes subparsers of the parent's class)."""
+    is one too (argparse makes subparsers of the parent's class).
+
+    A command's module may define ``usage_error(argv, message) -> str``,
+    called with the arguments after the command and the error (what the
+    line says after ``error: ``) before the line is printed: `kiln build`
+    writes its ``--report`` there, as its `run` does for the usage errors
+    it finds; what it returns ends the line."""
+
+    on_error: Callable[[str], str] | None = None
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message}; see {self.prog} --help", file=sys.stderr)
+        message = f"{message}; see {self.prog} --help"
+        if self.on_error is not None:
+            message += self.on_error(message)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
 
 
@@ -298,7 +312,7 @@ def _internal_error(command: str, error: Exception, verbose: bool) -> int:
     where = f"the traceback is in {saved}" if saved else "the traceback could not be saved"
     console.write(
         f"kiln {command}: internal error: {unexpected(error)} "
-        f"(unexpected; {where}; --verbose prints it)\n",
+        f"(unexpected; {where}; --verbose prints it){also_not_written(error)}\n",
         sys.stderr,
     )
     return EXIT_INTERNAL
@@ -353,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError as e:
                 return _needs_extra(name, command.extra or "pipeline", str(e))
             module.configure_parser(sub)
+            if hasattr(module, "usage_error"):
+                sub.on_error = functools.partial(  # type: ignore[attr-defined]
+                    module.usage_error, argv[argv.index(name) + 1 :]
+                )
             sub.set_defaults(_module=module, _command=command, _parser=sub)
     if chosen is None:
         parser.parse_args(argv)  # --help and --version exit 0 here; anything else is an error
@@ -389,11 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         with _without_worker_tracebacks(args.verbose):
             return int(args._module.run(args, extra) or 0)
     except KilnError as e:
-        console.write(f"kiln {args.command}: {e.label}: {e}\n", sys.stderr)
+        console.write(f"kiln {args.command}: {e.label}: {e}{also_not_written(e)}\n", sys.stderr)
         return e.exit_code
     except KeyboardInterrupt as e:
         what, code = interruption(e)
-        console.write(f"kiln {args.command}: {what}\n", sys.stderr)
+        console.write(f"kiln {args.command}: {what}{also_not_written(e)}\n", sys.stderr)
         atexit.register(_end_interrupted_process, code)
         return code
     except BrokenPipeError:

@@ -20,7 +20,8 @@ Exit codes (the same for every command, documented in docs/cli.md):
       saved (`unexpected`); sysexits.h's EX_SOFTWARE
 73    `kiln build` succeeded (published, or found up to date), but the file
       ``--report`` names could not be written (`ReportNotWritten`);
-      sysexits.h's EX_CANTCREAT
+      sysexits.h's EX_CANTCREAT. After a failed build the build's own code
+      stands, its line saying the report was not written (`also_not_written`)
 130   interrupted (Ctrl-C): one line, no traceback; a build publishes nothing
 143   terminated (SIGTERM): handled as Ctrl-C, one line (`Terminated`)
 ====  ==========================================================================
@@ -168,6 +169,19 @@ def unexpected(error: BaseException) -> str:
         name = f"{kind.__module__}.{name}"
     message = " ".join(str(error).split())
     return quote_text(f"{name}: {message}" if message else name)
+
+
+# The attribute a failure carries when a file the command promised could not
+# be written either (`kiln build --report` after a failed build): said at the
+# end of the failure's one line (`also_not_written`), the exit code unchanged.
+REPORT_PROBLEM = "kiln_report_problem"
+
+
+def also_not_written(error: BaseException) -> str:
+    """``; <why the report could not be written>`` for the end of `error`'s
+    one line (`REPORT_PROBLEM`), or ''."""
+    problem = getattr(error, REPORT_PROBLEM, None)
+    return f"; {problem}" if problem else ""
 
 
 class KilnError(Exception):

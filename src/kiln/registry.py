@@ -513,13 +513,17 @@ def import_plugin(module: str) -> str | None:
     it is imported (a setting it reads, a file it opens) is the user's code to
     fix, not a bug of kiln's, so it is a config problem too, naming the
     exception and the file and line it was raised at; the traceback is
-    logged at DEBUG (``--verbose``).
+    logged at DEBUG (``--verbose``). So is a module that calls ``sys.exit()``
+    (``raised SystemExit: <its argument>``): left to propagate, its argument
+    would become kiln's exit code (3, "busy") or a bare line, and no
+    ``--report`` would be written. A KeyboardInterrupt is the user's Ctrl-C
+    and propagates.
     """
     try:
         importlib.import_module(module)
     except ImportError as e:
         return f"cannot import module {module!r}: {e}"
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         logger.debug("importing module %r raised", module, exc_info=True)
         return (
             f"importing module {module!r} raised {unexpected(e)} "

@@ -58,11 +58,13 @@ from typing import TYPE_CHECKING
 
 from kiln import console, gate_flags, native_logs
 from kiln.errors import (
+    REPORT_PROBLEM,
     Busy,
     DryRun,
     KilnError,
     ReportNotWritten,
     UsageError,
+    also_not_written,
     interruption,
     unexpected,
 )
@@ -101,7 +103,8 @@ exit codes:
       (--report has it too; --verbose prints it); nothing was published
   73  the build succeeded (published, or up to date), but the --report file
       could not be written: one line saying both (a report path found
-      unwritable before the build is exit 2, nothing done)
+      unwritable before the build is exit 2, nothing done; after a failed
+      build, its own code stands, its line saying the report was not written)
   130  interrupted (Ctrl-C): nothing was published, LATEST is unchanged
   143  terminated (SIGTERM, from a scheduler): handled as Ctrl-C"""
 )
@@ -226,18 +229,18 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
                 # reads `busy` there would lose track of that build.
                 _restore_report(args.report, args.running_report_found)
             else:
-                _report(args, report, warnings.messages)
+                _report(args, report, warnings.messages, failure=e)
             raise
         except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: printed by kiln.cli
             what, code = interruption(e)
             report = build_report.interrupted(what, code, time.monotonic() - started)
-            _report(args, report, warnings.messages)
+            _report(args, report, warnings.messages, failure=e)
             raise
         except BrokenPipeError:  # stdout's reader went away: not the build's outcome
             raise
         except Exception as e:  # a bug: printed by kiln.cli, with the traceback saved
             report = build_report.internal_error(e, time.monotonic() - started)
-            _report(args, report, warnings.messages)
+            _report(args, report, warnings.messages, failure=e)
             raise
         if not args.quiet:
             # A reader that went away (`| head`) does not keep the report
@@ -246,6 +249,51 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         report = build_report.succeeded(result, time.monotonic() - started)
         _report(args, report, warnings.messages, result)
     return 0
+
+
+def usage_error(argv: list[str], message: str) -> str:
+    """Writes the ``usage_error`` report of a command line argparse refused
+    (``--keep two``, ``--wait`` without its value: `kiln.cli` calls this
+    before it exits 2, as `run` never runs), if `argv` (the arguments after
+    ``build``) gives ``--report``, so that the last run's report does not
+    stay; `message` is the line's, after its label. Returns
+    `kiln.errors.also_not_written`'s end of that line: '' or why the report
+    could not be written."""
+    path = _report_flag(argv)
+    if path is None:
+        return ""
+    from kiln.pipeline import build_report
+
+    error = UsageError(message)
+    # Nothing ran: no time to report.
+    report = build_report.failed(str(error), error.exit_code, 0.0)
+    _report(argparse.Namespace(report=path), report, [], failure=error)
+    return also_not_written(error)
+
+
+def _report_flag(argv: list[str]) -> str | None:
+    """The FILE of the last ``--report FILE`` or ``--report=FILE`` in `argv`,
+    or of an abbreviation of it that names no other flag of kiln's (argparse
+    takes ``--rep FILE`` too), read without the parser, which refused
+    `argv`; None if there is none before ``--``, or it has no value."""
+    others = [flag for flag in _own_flags() if flag != "--report"]
+    found = None
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            break
+        flag, equals, value = arg.partition("=")
+        if not (
+            flag.startswith("--")
+            and "--report".startswith(flag)
+            and (flag == "--report" or not any(o.startswith(flag) for o in others))
+            and len(flag) > 2
+        ):
+            continue
+        if not equals:  # the next argument, unless argparse would take it for a flag
+            following = argv[index + 1 : index + 2]
+            value = following[0] if following and not following[0].startswith("-") else ""
+        found = value or None
+    return found
 
 
 class _UnwritableReport(UsageError):
@@ -445,13 +493,19 @@ def _report(
     report: dict,
     warnings: list[str],
     result: BuildResult | None = None,
+    failure: BaseException | None = None,
 ) -> None:
     """Writes the report ``--report`` names, if any.
 
     Raises:
       ReportNotWritten: it could not be written after the build `result`
-        succeeded (which the message says). After a failed build it is
-        logged: the build's own error is what the run reports.
+        succeeded (which the message says). After a build that ended with
+        the exception `failure`, the build's own exit code stands (1, 70,
+        130...: nothing was published, which 73 would hide), and why the
+        report could not be written is set on `failure` for the end of the
+        one line `kiln.cli` prints of it (`kiln.errors.REPORT_PROBLEM`):
+        under ``--quiet`` a logged error would not show, and the report
+        left at ``running`` would say nothing of this run's end.
     """
     if not args.report:
         return
@@ -460,7 +514,10 @@ def _report(
     except _ReportFailed as e:
         if result is not None:  # published, but the scheduler would not hear of it
             raise ReportNotWritten(f"{e}; {_succeeded(result)}") from None
-        logger.error("%s", e)
+        if failure is None:
+            logger.error("%s", e)
+        else:
+            setattr(failure, REPORT_PROBLEM, str(e))
 
 
 def _running_report(path: str) -> dict | None:
