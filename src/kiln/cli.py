@@ -395,15 +395,12 @@ def main(argv: list[str] | None = None) -> int:
         console.write(f"kiln {args.command}: {what}\n", sys.stderr)
         atexit.register(_end_interrupted_process, code)
         return code
-    except BrokenPipeError:
-        # The reader of our output went away (`kiln inspect --json | head`):
-        # not an error of ours. Point stdout at devnull so the interpreter's
-        # final flush does not raise again. (`kiln build` writes through
-        # `console`: its reader going away neither stops the build nor
-        # changes its exit code.)
-        console.discard(sys.stdout.fileno())
-        return 1
     except Exception as e:  # not a KilnError: unexpected (a bug, here or in a plugin or library)
+        # Commands write through `console`, so output that cannot be written
+        # (`| head`, a full disk) never ends up here: a write that failed
+        # here bypassed it (a plugin's print()). What it left in stdout's
+        # buffer would fail again at the interpreter's last flush.
+        console.write("", sys.stdout)
         return _internal_error(args.command, e, verbose=args.verbose)
     finally:
         for signum, handler in previous_handlers.items():

@@ -27,11 +27,13 @@ import logging
 import math
 import os
 import re
+import sys
 from collections.abc import Callable
 
 import cv2
 import numpy as np
 
+from kiln import console
 from kiln.pipeline.demo_drawing import (
     CLASSES,
     as_stored_for,
@@ -444,7 +446,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
                 include_broken=not args.no_broken,
             )
             if not args.quiet:
-                print(written.describe())
+                console.write(written.describe() + "\n", sys.stdout)
             return 0
         if args.photos:
             summary = generate_photos(
@@ -463,5 +465,5 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     finally:
         shown.close()
     if not args.quiet:
-        print(summary.describe())
+        console.write(summary.describe() + "\n", sys.stdout)
     return 0
