@@ -16,10 +16,14 @@ PipelineOptions).
 Exit codes (`kiln.errors`): 0 success; 1 the command ran and found a problem
 (failed build, lint findings, verification failure); 2 a usage or
 configuration error; 3 another build of the dataset is running; 70 an
-internal error; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM, handled
-as Ctrl-C). Errors are `kiln.errors.KilnError`s, mapped here once: one line,
-no traceback. Any other exception is an internal error: one line too,
-naming it and the file its traceback was saved to (``--verbose`` prints it).
+internal error; 73 the command succeeded but what it was asked to write
+could not be written (a build's ``--report``, ``--json`` on stdout); 130
+interrupted (Ctrl-C); 143 terminated (SIGTERM, handled as Ctrl-C). Output
+for a person that cannot be written (a reader gone, a full disk) is dropped
+and changes no exit code (`kiln.console`). Errors are
+`kiln.errors.KilnError`s, mapped here once: one line, no traceback. Any
+other exception is an internal error: one line too, naming it and the file
+its traceback was saved to (``--verbose`` prints it).
 
 Nothing heavy is imported before the command's own module asks for it:
 ``--help`` of any command, a config error and `kiln inspect` answer without
@@ -123,7 +127,8 @@ EPILOG = """examples:
 
 exit codes: 0 ok, 1 the command found a problem, 2 usage or config error,
   3 another build of the dataset is running, 70 internal error (a bug: one line
-  naming the file that holds the traceback), 130 interrupted, 143 terminated (SIGTERM)"""
+  naming the file that holds the traceback), 73 succeeded but --report or
+  --json's output could not be written, 130 interrupted, 143 terminated (SIGTERM)"""
 
 
 class _Parser(argparse.ArgumentParser):
