@@ -323,3 +323,39 @@ def test_a_reader_that_goes_away_changes_neither_the_verdict_nor_the_violations(
     code, err = diff_into_a_closed_pipe("--fail-on-vanished-class", "--json")
     assert code == 1
     assert err == "kiln diff: threshold crossed: class 'star' vanished: it has no example left\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_diff_that_cannot_be_written_is_exit_73_for_json_and_keeps_the_verdict(versions):
+    """`kiln diff OLD NEW --json > diff.json` on a full disk: a script must
+    not read half a document as the answer (exit 73, one line). A crossed
+    threshold stays exit 1 with its line, the lost document logged; the
+    text, for a person, is dropped. All were exit 70 (internal error)."""
+    (_, second, third), _, _ = versions
+
+    def diff_into_a_full_disk(*flags):
+        with open("/dev/full", "w") as full:
+            completed = subprocess.run(
+                [sys.executable, "-m", "kiln.cli", "diff", second.dataset_dir, third.dataset_dir]
+                + list(flags),
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=300,
+            )
+        return completed.returncode, completed.stderr
+
+    assert diff_into_a_full_disk() == (0, "")
+    code, err = diff_into_a_full_disk("--json")
+    assert code == 73
+    assert err == (
+        "kiln diff: output not written: stdout: cannot write the JSON document: No space left "
+        "on device; what was written is incomplete\n"
+    )
+    code, err = diff_into_a_full_disk("--json", "--fail-on-vanished-class")
+    assert code == 1
+    assert err.splitlines() == [
+        "kiln diff: threshold crossed: class 'star' vanished: it has no example left",
+        "ERROR kiln.console: stdout: cannot write the JSON document: No space left on device; "
+        "what was written is incomplete",
+    ]

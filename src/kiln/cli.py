@@ -16,10 +16,14 @@ PipelineOptions).
 Exit codes (`kiln.errors`): 0 success; 1 the command ran and found a problem
 (failed build, lint findings, verification failure); 2 a usage or
 configuration error; 3 another build of the dataset is running; 70 an
-internal error; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM, handled
-as Ctrl-C). Errors are `kiln.errors.KilnError`s, mapped here once: one line,
-no traceback. Any other exception is an internal error: one line too,
-naming it and the file its traceback was saved to (``--verbose`` prints it).
+internal error; 73 the command succeeded but what it was asked to write
+could not be written (a build's ``--report``, ``--json`` on stdout); 130
+interrupted (Ctrl-C); 143 terminated (SIGTERM, handled as Ctrl-C). Output
+for a person that cannot be written (a reader gone, a full disk) is dropped
+and changes no exit code (`kiln.console`). Errors are
+`kiln.errors.KilnError`s, mapped here once: one line, no traceback. Any
+other exception is an internal error: one line too, naming it and the file
+its traceback was saved to (``--verbose`` prints it).
 
 Nothing heavy is imported before the command's own module asks for it:
 ``--help`` of any command, a config error and `kiln inspect` answer without
@@ -126,8 +130,8 @@ EPILOG = """examples:
 
 exit codes: 0 ok, 1 the command found a problem, 2 usage or config error,
   3 another build of the dataset is running, 70 internal error (a bug: one line
-  naming the file that holds the traceback), 73 the build succeeded but its --report
-  could not be written, 130 interrupted, 143 terminated (SIGTERM)"""
+  naming the file that holds the traceback), 73 succeeded but --report or
+  --json's output could not be written, 130 interrupted, 143 terminated (SIGTERM)"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -148,7 +152,7 @@ class _Parser(argparse.ArgumentParser):
         message = f"{message}; see {self.prog} --help"
         if self.on_error is not None:
             message += self.on_error(message)
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        console.write(f"{self.prog}: error: {message}\n", sys.stderr)  # a full disk: still 2
         sys.exit(EXIT_USAGE)
 
 
@@ -414,15 +418,12 @@ def main(argv: list[str] | None = None) -> int:
         console.write(f"kiln {args.command}: {what}{also_not_written(e)}\n", sys.stderr)
         atexit.register(_end_interrupted_process, code)
         return code
-    except BrokenPipeError:
-        # The reader of our output went away (`kiln inspect --json | head`):
-        # not an error of ours. Point stdout at devnull so the interpreter's
-        # final flush does not raise again. (`kiln build` writes through
-        # `console`: its reader going away neither stops the build nor
-        # changes its exit code.)
-        console.discard(sys.stdout.fileno())
-        return 1
     except Exception as e:  # not a KilnError: unexpected (a bug, here or in a plugin or library)
+        # Commands write through `console`, so output that cannot be written
+        # (`| head`, a full disk) never ends up here: a write that failed
+        # here bypassed it (a plugin's print()). What it left in stdout's
+        # buffer would fail again at the interpreter's last flush.
+        console.write("", sys.stdout)
         return _internal_error(args.command, e, verbose=args.verbose)
     finally:
         for signum, handler in previous_handlers.items():

@@ -18,8 +18,11 @@ Exit codes (the same for every command, documented in docs/cli.md):
 70    internal error: an exception that is not a `KilnError` (a bug in kiln, or
       in a plugin it ran): one line naming it and where its traceback was
       saved (`unexpected`); sysexits.h's EX_SOFTWARE
-73    `kiln build` succeeded (published, or found up to date), but the file
-      ``--report`` names could not be written (`ReportNotWritten`);
+73    the command succeeded but what it was asked to write could not be
+      written: `kiln build`'s ``--report`` file after the dataset was
+      published or found up to date (`ReportNotWritten`), or a command's
+      product on stdout (``--json``, ``--format json``) for a reason other
+      than a reader that went away (`OutputNotWritten`, `kiln.console`);
       sysexits.h's EX_CANTCREAT. After a failed build the build's own code
       stands, its line saying the report was not written (`also_not_written`)
 130   interrupted (Ctrl-C): one line, no traceback; a build publishes nothing
@@ -41,8 +44,9 @@ EXIT_BUSY = 3
 # An exception kiln did not expect (not a KilnError): sysexits.h's EX_SOFTWARE,
 # apart from 1 so that a scheduler can tell a bug from a failed build.
 EXIT_INTERNAL = 70
-# The build succeeded but its --report file could not be written: sysexits.h's
-# EX_CANTCREAT, apart from 1 and 70, which mean that nothing was published.
+# The build succeeded but its --report file could not be written, or a command
+# succeeded but its product on stdout could not be: sysexits.h's EX_CANTCREAT,
+# apart from 1 and 70, which mean that nothing was published.
 EXIT_NOT_REPORTED = 73
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): 128 + the signal's number, as shells report it
 EXIT_TERMINATED = 143  # SIGTERM (a scheduler, Kubernetes, `timeout`): 128 + 15
@@ -274,3 +278,14 @@ class ReportNotWritten(KilnError):
 
     exit_code = EXIT_NOT_REPORTED
     label = "report not written"
+
+
+class OutputNotWritten(KilnError):
+    """A command succeeded, but its product on stdout (``kiln inspect
+    --json``, ``kiln diff --json``, ``kiln lint --format json``) could not
+    be written for a reason other than a reader that went away (a full
+    disk, an I/O error): exit 73, one line. Not 0, since a script would
+    read an incomplete document as the answer (`kiln.console.Output`)."""
+
+    exit_code = EXIT_NOT_REPORTED
+    label = "output not written"

@@ -236,15 +236,14 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             report = build_report.interrupted(what, code, time.monotonic() - started)
             _report(args, report, warnings.messages, failure=e)
             raise
-        except BrokenPipeError:  # stdout's reader went away: not the build's outcome
-            raise
         except Exception as e:  # a bug: printed by kiln.cli, with the traceback saved
             report = build_report.internal_error(e, time.monotonic() - started)
             _report(args, report, warnings.messages, failure=e)
             raise
         if not args.quiet:
-            # A reader that went away (`| head`) does not keep the report
-            # from being written, nor change the build's exit code.
+            # A reader that went away (`| head`), or a stdout that cannot be
+            # written (a full disk), does not keep the report from being
+            # written, nor change the build's exit code (`kiln.console`).
             console.write(summary(result) + "\n", sys.stdout)
         report = build_report.succeeded(result, time.monotonic() - started)
         _report(args, report, warnings.messages, result)

@@ -8,7 +8,9 @@ pipeline extra (docs/cli.md).
 from __future__ import annotations
 
 import argparse
+import sys
 
+from kiln import console
 from kiln.pipeline.progress import DEFAULT_EVERY_SECONDS
 
 
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
                 include_broken=not args.no_broken,
             )
             if not args.quiet:
-                print(written.describe())
+                console.write(written.describe() + "\n", sys.stdout)
             return 0
         if args.photos:
             summary = generate_photos(
@@ -113,5 +115,5 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     finally:
         shown.close()
     if not args.quiet:
-        print(summary.describe())
+        console.write(summary.describe() + "\n", sys.stdout)
     return 0

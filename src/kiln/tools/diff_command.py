@@ -7,7 +7,7 @@ import json
 import sys
 
 from kiln import console, gate_flags
-from kiln.errors import EXIT_FAILED, UsageError
+from kiln.errors import EXIT_FAILED, EXIT_OK, UsageError
 from kiln.schemas import MetadataError, version_diff
 from kiln.schemas.version_diff import Thresholds, VersionDiff, size_text
 
@@ -43,7 +43,9 @@ exit codes:
   0  compared; no threshold crossed
   1  a threshold was crossed (each one is a line on stderr, and in --json's
      "violations")
-  2  OLD or NEW is not a complete kiln dataset, or a bad flag"""
+  2  OLD or NEW is not a complete kiln dataset, or a bad flag
+  73 --json, no threshold crossed: stdout could not be written (a full
+     disk; not a reader that went away, as `| head` does)"""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -69,22 +71,24 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     except MetadataError as e:
         raise UsageError(str(e)) from None
     if old.info.name != new.info.name:
-        print(
+        console.write(
             f"kiln diff: note: OLD is dataset {old.info.name!r} and NEW is {new.info.name!r}: "
-            f"records match by key across two datasets",
-            file=sys.stderr,
+            f"records match by key across two datasets\n",
+            sys.stderr,
         )
-    if args.json:
-        document = json.dumps(diff.to_json(thresholds), indent=2, sort_keys=True)
-    else:
-        document = render(diff)
     # A reader that goes away (`kiln diff ... | head`) changes neither the
-    # verdict (the exit code) nor the violations on stderr.
-    console.write(document + "\n", sys.stdout)
+    # verdict (the exit code) nor the violations on stderr; nor does a text
+    # diff that cannot be written. The JSON document that cannot be is exit 73
+    # when no threshold was crossed (`console.Output`).
+    out = console.Output(sys.stdout, "the JSON document")
+    if args.json:
+        out.write(json.dumps(diff.to_json(thresholds), indent=2, sort_keys=True) + "\n")
+    else:
+        console.write(render(diff) + "\n", sys.stdout)
     violations = diff.violations(thresholds)
     for violation in violations:
         console.write(f"kiln diff: threshold crossed: {violation}\n", sys.stderr)
-    return EXIT_FAILED if violations else 0
+    return out.finish(EXIT_FAILED if violations else EXIT_OK)
 
 
 def render(diff: VersionDiff) -> str:

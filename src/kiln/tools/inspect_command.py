@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kiln import console
 from kiln.errors import UsageError
 
 DESCRIPTION = """\
@@ -29,7 +30,9 @@ exit codes:
   0  summary printed
   2  PATH is not a complete kiln dataset (the message says why), or cannot be
      reached or read (s3://, which TensorFlow cannot read: copy the version
-     folder to local disk or gs:// first)"""
+     folder to local disk or gs:// first)
+  73 --json: stdout could not be written (a full disk; not a reader that
+     went away, as `| head` does): what was written is incomplete"""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -54,10 +57,12 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         # or summed up (`render`): memory does not grow with them.
         summary = inspection.inspect_dataset(args.path, stream=True)
         if args.json:
-            inspection.write_json(summary, sys.stdout)
-            sys.stdout.write("\n")
-        else:
-            print(inspection.render(summary))
+            out = console.Output(sys.stdout, "the JSON summary")
+            inspection.write_json(summary, out)
+            out.write("\n")
+            return out.finish()
+        # Text for a person: a reader that went away, or a full disk, drops it.
+        console.write(inspection.render(summary) + "\n", sys.stdout)
     except MetadataError as e:
         raise UsageError(str(e)) from None
     return 0

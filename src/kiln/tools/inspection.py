@@ -15,7 +15,7 @@ import json
 import shlex
 import time
 from collections.abc import Iterable, Iterator
-from typing import IO, Any
+from typing import Any
 
 from kiln import console
 from kiln.reader import info as read_info
@@ -228,7 +228,7 @@ def iter_jsonl(path: str) -> Iterator[dict[str, Any]]:
             yield row
 
 
-def write_json(summary: dict[str, Any], out: IO[str]) -> None:
+def write_json(summary: dict[str, Any], out: console.Writer) -> None:
     """Writes `summary` to `out` as ``json.dump(summary, out, indent=2,
     sort_keys=True)`` does, character for character, with the rows of its
     `ReportRows` values (`inspect_dataset` with ``stream=True``) written
@@ -244,7 +244,7 @@ def write_json(summary: dict[str, Any], out: IO[str]) -> None:
     out.write("\n}" if summary else "}")
 
 
-def _write_rows(rows: Iterable[dict[str, Any]], out: IO[str]) -> None:
+def _write_rows(rows: Iterable[dict[str, Any]], out: console.Writer) -> None:
     """A list of rows at the summary's second level, as `json.dump` indents it."""
     empty = True
     for row in rows:

@@ -172,7 +172,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     except (MetadataError, AugmentConfigError) as e:
         raise UsageError(str(e)) from None
     except AugmentOpError as e:
-        print(f"kiln preview: error: {e}", file=sys.stderr)
+        _warn(f"kiln preview: error: {e}")
         return 1
     except ValueError as e:  # e.g. mixup/cutmix on images of varying sizes, or on boxes
         raise UsageError(str(e)) from None
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     else:
         rows = "1 row as read"
         augmentation = "augmentation off"
-    print(
+    _say(
         f"kiln preview: wrote {args.output} ({layout.width}x{layout.height}): split "
         f"{preview.split!r}, {len(preview.keys)} elements x {rows}; {augmentation}"
     )
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         ]
     width = max(console.width(name) for name in names)
     for column, (name, key) in enumerate(zip(names, preview.keys, strict=True)):
-        print(f"  column {column + 1}: {console.pad(name, width)}  {key}")
+        _say(f"  column {column + 1}: {console.pad(name, width)}  {key}")
     drawn = contact_sheet.drawn_class_names(preview.class_names)
     renamed = [
         f"{name!r} as {shown!r}"
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         if shown != name
     ]
     if renamed and contact_sheet.draws_text():
-        print(f"  drawn (the sheet's font is ASCII only): {', '.join(renamed)}")
+        _say(f"  drawn (the sheet's font is ASCII only): {', '.join(renamed)}")
     return _check_epochs(preview, strict=args.strict, training=args.training)
 
 
@@ -279,20 +279,18 @@ def _check_epochs(
     the warning about some columns only under `strict`)."""
     if not preview.random:
         if preview.augment and training is None and not quiet:
-            print(
+            _warn(
                 f"kiln preview: note: split {preview.split!r} gets no random augmentation "
                 f"by default (the reader applies the deterministic inference form of the "
                 f"list); pass --training to draw the random ops on it",
-                file=sys.stderr,
             )
         return 0
     if len(preview.epochs) < 2:
         if quiet:
             return 0
-        print(
+        _warn(
             "kiln preview: note: one epoch cannot show whether augmentation changes "
             "between epochs; use --epochs 2 or more",
-            file=sys.stderr,
         )
         return 0
     from kiln.tools import contact_sheet
@@ -303,23 +301,32 @@ def _check_epochs(
     epochs = len(preview.epochs)
     listed = ", ".join(f"{column + 1} ({preview.keys[column]})" for column in unchanged)
     if len(unchanged) == len(preview.keys):
-        print(
+        _warn(
             f"kiln preview: error: augmentation is on, but every element came out identical "
             f"in all {epochs} epochs: the randomness does not reach the elements. This is "
             f"what augmentation baked in at trace time looks like (Python or NumPy random "
             f"values drawn once while tf.data traces the function), or ops whose "
             f"parameters make them deterministic (e.g. probability 0 or 1).",
-            file=sys.stderr,
         )
         return 1
     if quiet and not strict:
         return 0
-    print(
+    _warn(
         f"kiln preview: {'error' if strict else 'warning'}: column(s) {listed} came out "
         f"identical in all {epochs} "
         f"epochs. Ops that apply with a probability can do that by chance (a flip with "
         f"probability 0.5: 1 in {2 ** (epochs - 1)}); more --epochs tell chance from "
         f"a bug.",
-        file=sys.stderr,
     )
     return 1 if strict else 0
+
+
+# The sheet is the product (written to -o); these lines are for a person. A
+# line that cannot be written (a reader gone, a full disk) is dropped, and the
+# command still returns its verdict (`kiln.console`).
+def _say(line: str) -> None:
+    console.write(line + "\n", sys.stdout)
+
+
+def _warn(line: str) -> None:
+    console.write(line + "\n", sys.stderr)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+from kiln import console
 from kiln.errors import UsageError
 
 DESCRIPTION = """\
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     if result.ok:
         if args.quiet:
             return 0
-        print(
+        _say(
             f"kiln verify: OK: {result.dataset_dir}: {result.num_shards} shards, "
             f"{result.num_records} records match kiln.json"
         )
@@ -84,14 +86,20 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         line = f"kiln verify: FAILED: {result.dataset_dir}: {first}"
         if args.quiet and others:  # cron mails the output: one line, as a failed build's
             line += f" (and {len(others)} more problem(s): `kiln verify {args.path}` lists them)"
-        print(line)
+        _say(line)
         if others and not args.quiet:
-            print(f"{len(others)} more problem(s):")
+            _say(f"{len(others)} more problem(s):")
             for problem in others:
-                print(f"  {problem}")
+                _say(f"  {problem}")
     if incomplete:
-        print(f"note: {incomplete_versions_line(incomplete)}")
+        _say(f"note: {incomplete_versions_line(incomplete)}")
     found = left.to_json()
     for line in staging_lines(found["staging_folders"], found["lock"]):
-        print(f"note: {line}" if not line.startswith(" ") else line)
+        _say(f"note: {line}" if not line.startswith(" ") else line)
     return 0 if result.ok else 1
+
+
+def _say(line: str) -> None:
+    # The verdict is the exit code: a line that cannot be written (a reader
+    # gone, a full disk) is dropped, and the check still reports its verdict.
+    console.write(line + "\n", sys.stdout)

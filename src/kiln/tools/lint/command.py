@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from kiln import console
 from kiln.errors import UsageError
 from kiln.tools import lint
 
@@ -43,7 +44,9 @@ exit codes:
   1  findings (a file that cannot be parsed is reported as K000 and counts
      as a finding; the other files are still checked)
   2  usage error: a path does not exist, an unknown code in --select/--ignore,
-     no Python file found, or no file could be parsed"""
+     no Python file found, or no file could be parsed
+  73 --format json, no findings: stdout could not be written (a full disk;
+     not a reader that went away, as `| head` does)"""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -98,29 +101,28 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     findings.sort()
     checked = len(files) - unparsable
 
+    verdict = 2 if checked == 0 else 1 if findings else 0
     if args.format == "json":
+        out = console.Output(sys.stdout, "the JSON document")
         json.dump(
             {
                 "files_checked": checked,
                 "files_unparsable": unparsable,
                 "findings": [f.to_dict() for f in findings],
             },
-            sys.stdout,
+            out,
             indent=2,
         )
-        sys.stdout.write("\n")
-    else:
-        for finding in findings:
-            print(finding.format())
-        problems = len(findings) - unparsable
-        summary = (
-            f"kiln lint: {problems} finding{'s' * (problems != 1)} in {checked} "
-            f"checked file{'s' * (checked != 1)}"
-        )
-        if unparsable:
-            summary += f"; {unparsable} file{'s' * (unparsable != 1)} could not be parsed (K000)"
-        print(summary, file=sys.stderr)
-
-    if checked == 0:
-        return 2
-    return 1 if findings else 0
+        out.write("\n")
+        return out.finish(verdict)
+    # Text for a person: a reader that went away, or a full disk, drops it.
+    console.write("".join(finding.format() + "\n" for finding in findings), sys.stdout)
+    problems = len(findings) - unparsable
+    summary = (
+        f"kiln lint: {problems} finding{'s' * (problems != 1)} in {checked} "
+        f"checked file{'s' * (checked != 1)}"
+    )
+    if unparsable:
+        summary += f"; {unparsable} file{'s' * (unparsable != 1)} could not be parsed (K000)"
+    console.write(summary + "\n", sys.stderr)
+    return verdict
