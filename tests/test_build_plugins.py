@@ -50,14 +50,20 @@ SOURCES = {
 }
 
 
-@pytest.fixture(scope="module")
-def plugin_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("plugins")
-    for name, source in SOURCES.items():
-        (folder / f"{name}.py").write_text(textwrap.dedent(source))
+def modules_on_sys_path(tmp_path_factory, name: str, sources: dict[str, str]):
+    """A new folder holding one module per ``{module: source}``, on
+    sys.path while the fixture that yields from this lives."""
+    folder = tmp_path_factory.mktemp(name)
+    for module, source in sources.items():
+        (folder / f"{module}.py").write_text(textwrap.dedent(source))
     sys.path.insert(0, str(folder))
     yield folder
     sys.path.remove(str(folder))
+
+
+@pytest.fixture(scope="module")
+def plugin_dir(tmp_path_factory):
+    yield from modules_on_sys_path(tmp_path_factory, "plugins", SOURCES)
 
 
 @pytest.fixture
@@ -247,11 +253,9 @@ STOPPED_LINE = re.compile(
 def stopping_plugin(tmp_path_factory):
     """The folder of `STOPPING_MODULE`, on sys.path (imported once: the
     registry keeps its transform)."""
-    folder = tmp_path_factory.mktemp("stopping-plugin")
-    (folder / f"{STOPPING_MODULE}.py").write_text(textwrap.dedent(STOPPING_SOURCE))
-    sys.path.insert(0, str(folder))
-    yield folder
-    sys.path.remove(str(folder))
+    yield from modules_on_sys_path(
+        tmp_path_factory, "stopping-plugin", {STOPPING_MODULE: STOPPING_SOURCE}
+    )
 
 
 @pytest.mark.parametrize(
@@ -339,11 +343,9 @@ SPOILING_SOURCE = """
 
 @pytest.fixture(scope="module")
 def spoiling_plugin(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("spoiling-plugin")
-    (folder / f"{SPOILING_MODULE}.py").write_text(textwrap.dedent(SPOILING_SOURCE))
-    sys.path.insert(0, str(folder))
-    yield folder
-    sys.path.remove(str(folder))
+    yield from modules_on_sys_path(
+        tmp_path_factory, "spoiling-plugin", {SPOILING_MODULE: SPOILING_SOURCE}
+    )
 
 
 @pytest.mark.parametrize(

@@ -943,30 +943,22 @@ def test_a_plugin_that_exits_at_import_is_a_config_error(
     assert written["error"].endswith(f"plugins[0]: {problem}")
     assert not (tmp_path / "out").exists()  # nothing done
     monkeypatch.delitem(sys.modules, "kiln_test_exits_at_import", raising=False)
-    code, out, err = run_cli(
-        capfd,
-        "preview",
-        str(tmp_path / "x"),
-        "-o",
-        str(tmp_path / "p.png"),
-        "--plugin",
-        "kiln_test_exits_at_import",
-    )
+    code, out, err = preview_with_plugin(capfd, tmp_path, "kiln_test_exits_at_import")
     assert (code, out, err) == (2, "", f"kiln preview: error: --plugin: {problem}\n")
+
+
+def preview_with_plugin(capfd, tmp_path, plugin: str) -> tuple[int, str, str]:
+    """`kiln preview` of a dataset that is not there with ``--plugin PLUGIN``:
+    the plugin is imported before the dataset is looked for."""
+    return run_cli(
+        capfd, "preview", str(tmp_path / "x"), "-o", str(tmp_path / "p.png"), "--plugin", plugin
+    )
 
 
 def test_a_preview_plugin_that_raises_at_import_is_a_usage_error(
     tmp_path, capfd, plugin_that_raises
 ):
-    code, out, err = run_cli(
-        capfd,
-        "preview",
-        str(tmp_path / "x"),
-        "-o",
-        str(tmp_path / "p.png"),
-        "--plugin",
-        plugin_that_raises,
-    )
+    code, out, err = preview_with_plugin(capfd, tmp_path, plugin_that_raises)
     assert (code, out) == (2, "")
     assert err == f"kiln preview: error: --plugin: {PLUGIN_RAISED}\n"
 
