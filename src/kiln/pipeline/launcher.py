@@ -1760,13 +1760,13 @@ def _check_augment_fits(spec: BuildSpec, report: job.JobReport) -> None:
     The config checks the list before the job (`config.check_augment`) with
     the stored size when the transforms fix it; when they do not (no resize
     to an exact size, crop or letterbox at the end), only the job's report
-    knows the stored sizes. When every image has one size, the reader
-    (`load`) would check it against ``image_size``; when they vary, `load`
-    has no size to check and the crop fails on the first smaller image
-    (TensorFlow's InvalidArgumentError, in training): the build checks the
-    list against the least height and the least width stored, which every
-    image has at least. Publishing a dataset whose own default list fails
-    would waste more than the job: every training run on it.
+    knows the stored sizes. The reader (`load`) would refuse the list on the
+    published dataset, against ``image_size`` when every image has one size
+    and against ``smallest_size`` (the least height and the least width
+    stored, which every image has at least) when they vary; the build
+    checks the list against the same size first. Publishing a dataset whose
+    own default list `load` refuses would waste more than the job: every
+    training run on it.
 
     Raises:
       BuildError: naming the op, its size and the stored size.
@@ -1777,17 +1777,12 @@ def _check_augment_fits(spec: BuildSpec, report: job.JobReport) -> None:
         height, width = report.image_size
         size = report.image_size
         stored = f"the images the job stored (all {height}x{width})"
-        consequence = "kiln.reader.load would refuse this augment list on the dataset"
     elif report.smallest_size is not None:
         height, width = report.smallest_size
         size = report.smallest_size
         stored = (
             f"the smallest images the job stored (their sizes vary: the least height "
             f"{height}, the least width {width})"
-        )
-        consequence = (
-            "training on the dataset would fail at the first image smaller than the crop "
-            "(kiln.reader.load cannot check images of varying size before reading them)"
         )
     else:
         return
@@ -1797,7 +1792,8 @@ def _check_augment_fits(spec: BuildSpec, report: job.JobReport) -> None:
         config_module.check_augment(spec.config, reader.validate(spec.augment), size, stored=stored)
     except ListError as e:
         raise BuildError(
-            f"{e}; {consequence}, so nothing was published. Make the crop smaller, or end "
+            f"{e}; kiln.reader.load would refuse this augment list on the dataset, so "
+            f"nothing was published. Make the crop smaller, or end "
             f"the transforms with a fixed size (resize: {{size: ...}}, center_crop, "
             f"letterbox) so that the config check finds this before the job"
         ) from None
