@@ -433,6 +433,8 @@ def test_import_plugins_reports_a_missing_module():
 def test_register_refuses_bad_signatures_and_taken_names():
     with pytest.raises(ValueError, match="must be keyword-only"):
         transforms.register("kiln_test_positional")(lambda image, size: image)
+    with pytest.raises(ValueError, match=r"parameter 'level' has no type annotation"):
+        transforms.register("kiln_test_unannotated")(lambda image, *, level=3: image)
     with pytest.raises(ValueError, match="already registered"):
         transforms.register("resize")(lambda image: image)
 

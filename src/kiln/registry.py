@@ -243,7 +243,8 @@ def parameter_model(
         image, a seed), which a config does not set.
 
     Raises:
-      ValueError: if the signature has another shape.
+      ValueError: if the signature has another shape, or a parameter has no
+        annotation.
     """
     params = list(inspect.signature(fn).parameters.values())
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -268,8 +269,16 @@ def parameter_model(
                 f"{kind} {name!r}: parameter {param.name!r} must be keyword-only "
                 f"(put it after a bare '*')"
             )
+        if param.name not in hints:
+            # Without one a config's value would pass unchecked ("x" for a
+            # count), to fail (or not) inside the op, at its first use.
+            raise ValueError(
+                f"{kind} {name!r}: parameter {param.name!r} has no type annotation: "
+                f"annotate it (e.g. '{param.name}: int'), which validates the values "
+                f"configs give it ('typing.Any' accepts every value)"
+            )
         default = ... if param.default is _NO_DEFAULT else param.default
-        fields[param.name] = (_strict_scalars(hints.get(param.name, Any)), default)
+        fields[param.name] = (_strict_scalars(hints[param.name]), default)
     return pydantic.create_model(
         f"{name}_parameters",
         __config__=pydantic.ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True),

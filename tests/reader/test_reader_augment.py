@@ -329,6 +329,10 @@ def test_registration_rejects_bad_signatures_and_duplicates(user_ops):
         register_augmentation("no_seed")(lambda image, *, p=1: image)
     with pytest.raises(ValueError, match="'p' must be keyword-only"):
         register_augmentation("positional")(lambda image, seed, p=1: image)
+    # Without an annotation a config's "x" would reach the op unchecked.
+    with pytest.raises(ValueError, match=r"'unannotated': parameter 'k' has no type annotation"):
+        register_augmentation("unannotated")(lambda image, seed, *, k=1: image)
+    assert "unannotated" not in kiln.reader.names()
     with pytest.raises(ValueError, match="already registered"):
         register_augmentation("random_crop")(lambda image, seed: image)
 
