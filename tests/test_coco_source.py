@@ -108,7 +108,7 @@ def test_rows_and_problems_read_back(tmp_path):
     assert rows[0].row == {
         "path": "a/10.jpg",
         "objects": [
-            # Objects in the order of the file; boxes from xywh to corners.
+            # Objects in annotation id order; boxes from xywh to corners.
             {"class": "person", "bbox": [10, 10, 30, 25.5], "iscrowd": 0, "segmentation": POLYGON},
             {"class": "person", "bbox": [40, 2, 48, 32], "iscrowd": 1, "segmentation": CROWD_RLE},
         ],
@@ -299,6 +299,31 @@ def test_the_order_of_the_arrays_does_not_matter(tmp_path):
     first = read_all(CocoFile(write_coco(tmp_path / "first.json", categories_first=True)))
     assert [r.row for r in first[0]] == [r.row for r in last[0]]
     assert [(p.reason, p.entry) for p in first[1]] == [(p.reason, p.entry) for p in last[1]]
+
+
+def test_an_images_objects_are_in_annotation_id_order_however_the_file_orders_them(tmp_path):
+    """A tool that exports the same annotations in another order (by image,
+    by category, as edited) gives the same rows: the objects of an image in
+    annotation id order, so the records, and the version, stay the same."""
+    written = read_all(CocoFile(write_coco(tmp_path / "written.json")))
+    reordered = read_all(
+        CocoFile(write_coco(tmp_path / "reordered.json", annotations=ANNOTATIONS[::-1]))
+    )
+    assert [r.row for r in reordered[0]] == [r.row for r in written[0]]
+    assert sorted((p.reason, p.entry) for p in reordered[1]) == sorted(
+        (p.reason, p.entry) for p in written[1]
+    )
+    # Ids decide, not the position: integers in order, then strings (as SQLite
+    # orders them), then the annotations without an id, in file order.
+    images = [{"id": 1, "file_name": "1.png"}]
+    annotations = [
+        {"id": id_, "image_id": 1, "category_id": 3, "bbox": [x, 0, 1, 1]}
+        for x, id_ in enumerate([30, "a", 5, None, 12, None])
+    ]
+    rows, _ = read_all(
+        CocoFile(write_coco(tmp_path / "ids.json", images=images, annotations=annotations))
+    )
+    assert [o["bbox"][0] for o in rows[0].row["objects"]] == [2, 4, 0, 1, 3, 5]
 
 
 def test_string_ids_join_too(tmp_path):

@@ -416,7 +416,14 @@ class CocoFile:
                 continue
             # An annotation that gives a key twice makes its image a bad row
             # (in `_join`, as a box that is not four numbers does).
-            spill.add_annotation(image_id, index, _compact(item), repeated)
+            annotation_id = item.get("id")
+            spill.add_annotation(
+                image_id,
+                annotation_id if _is_id(annotation_id) else None,
+                index,
+                _compact(item),
+                repeated,
+            )
 
     def _join(
         self, spill: _Spill, categories: dict[Any, Category]
@@ -482,6 +489,7 @@ class CocoFile:
             indexes.append(pending[1])
             entries.append(_canonical(json.loads(pending[2])))
             pending = next(annotations, None)
+        indexes.sort()  # in file order (they come in id order)
         shown = ", ".join(f"annotations[{index}]" for index in indexes[:_NAMED])
         if len(indexes) > _NAMED:
             shown += f", ... (the first {_NAMED})"
@@ -930,7 +938,8 @@ class _Spill:
             """
             CREATE TABLE images (id, position INTEGER, file_name BLOB, entry BLOB,
                                  width INTEGER, height INTEGER);
-            CREATE TABLE annotations (image_id, position INTEGER, entry BLOB, duplicate BLOB);
+            CREATE TABLE annotations (image_id, id, position INTEGER, entry BLOB,
+                                      duplicate BLOB);
             """
         )
         self._connection.execute("BEGIN")
@@ -958,11 +967,24 @@ class _Spill:
             self.flush()
 
     def add_annotation(
-        self, image_id: Any, position: int, entry: str, duplicate: str | None = None
+        self,
+        image_id: Any,
+        annotation_id: Any,
+        position: int,
+        entry: str,
+        duplicate: str | None = None,
     ) -> None:
-        """`duplicate`: a key the annotation gives twice (`_DuplicateKeys`), or None."""
+        """`annotation_id`: the annotation's ``id`` (an integer or a string), or
+        None; `duplicate`: a key the annotation gives twice (`_DuplicateKeys`),
+        or None."""
         self._annotations.append(
-            (image_id, position, _blob(entry), None if duplicate is None else _blob(duplicate))
+            (
+                image_id,
+                annotation_id,
+                position,
+                _blob(entry),
+                None if duplicate is None else _blob(duplicate),
+            )
         )
         if len(self._annotations) >= _BATCH:
             self.flush()
@@ -975,7 +997,7 @@ class _Spill:
             self._images.clear()
         if self._annotations:
             self._connection.executemany(
-                "INSERT INTO annotations VALUES (?, ?, ?, ?)", self._annotations
+                "INSERT INTO annotations VALUES (?, ?, ?, ?, ?)", self._annotations
             )
             self._annotations.clear()
 
@@ -989,11 +1011,13 @@ class _Spill:
             yield image_id, position, _text(file_name), _text(entry), size
 
     def annotations(self) -> Iterator[_Annotation]:
-        """(image id, position, entry, key given twice or None), by image id then
-        position in the file."""
+        """(image id, position, entry, key given twice or None), by image id,
+        then annotation id (an image's objects in the same order however a tool
+        ordered the array: a file exported again is the same input; integers
+        before strings, those without an id last), then position in the file."""
         for image_id, position, entry, duplicate in self._connection.execute(
             "SELECT image_id, position, entry, duplicate FROM annotations "
-            "ORDER BY image_id, position"
+            "ORDER BY image_id, id IS NULL, id, position"
         ):
             yield image_id, position, _text(entry), None if duplicate is None else _text(duplicate)
 
