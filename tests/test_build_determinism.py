@@ -1,6 +1,7 @@
 """Determinism: the same inputs and config give byte-identical shards and
 kiln.json, whatever the runner mode, the number of workers, the order in
-which the input files were created, or the order of manifest rows."""
+which the input files were created, or the order of the rows of a manifest
+none of whose rows is dropped (a dropped row's key names its line)."""
 
 import hashlib
 import json
