@@ -29,45 +29,44 @@ GOLDEN_SHARDS = {
     ),
 }
 
-# The stream version these values pin (unchanged from version 3: version 4
-# changed only mixup and cutmix, version 5 only boxes of objects with instance
-# masks, version 6 only cutmix on datasets with instance masks, version 7 only
-# mixup and cutmix, none of which this dataset and GOLDEN_AUGMENT have).
-GOLDEN_STREAM_VERSION = 7
+# The stream version these values pin (version 8 gave every pass a 64-bit
+# identity, so every seeded stream changed; later versions that change only
+# ops this dataset and GOLDEN_AUGMENT lack keep these values and say so here).
+GOLDEN_STREAM_VERSION = 8
 
 # load(seed=2024, batch_size=4, repeat=2), augment = builds.GOLDEN_AUGMENT
 # (random_resized_crop 12, flip, color_jitter, random_erasing): per batch the
 # keys, the sum of all pixels, and pixel (5, 7) of channel 1 of each image.
 GOLDEN_STREAM = [
     (
-        ["a/img_06.png", "b/img_03.png", "a/img_08.png", "a/img_00.png"],
-        909.1139829616227,
-        [0.12763, 0.985897, 0.186087, 0.237279],
+        ["a/img_02.png", "a/img_08.png", "a/img_10.png", "a/img_04.png"],
+        972.2666060974971,
+        [1.0, 0.0, 0.76477, 0.0],
     ),
     (
-        ["a/img_02.png", "b/img_07.png", "b/img_05.png", "b/img_01.png"],
-        858.8596515448298,
-        [0.0, 0.358812, 1.0, 0.0],
+        ["a/img_06.png", "b/img_03.png", "b/img_11.png", "b/img_05.png"],
+        1020.0316246142611,
+        [1.0, 0.400538, 0.755814, 1.0],
     ),
     (
-        ["b/img_11.png", "b/img_09.png", "a/img_10.png", "a/img_04.png"],
-        821.3705280145368,
-        [0.685685, 0.057603, 0.254076, 1.0],
+        ["b/img_01.png", "b/img_07.png", "a/img_00.png", "b/img_09.png"],
+        785.3481261522975,
+        [0.0, 0.0, 0.795279, 0.987136],
     ),
     (
-        ["b/img_05.png", "b/img_11.png", "a/img_08.png", "a/img_02.png"],
-        776.712342068975,
-        [0.0, 0.880638, 0.10881, 0.580484],
+        ["b/img_07.png", "b/img_03.png", "a/img_08.png", "a/img_04.png"],
+        650.445551314464,
+        [0.0, 0.947478, 0.011386, 1.0],
     ),
     (
-        ["a/img_10.png", "a/img_06.png", "a/img_04.png", "b/img_01.png"],
-        816.3296591714025,
-        [0.362518, 0.0, 0.0, 0.562695],
+        ["b/img_05.png", "b/img_11.png", "a/img_10.png", "a/img_02.png"],
+        812.6827295525,
+        [1.0, 0.238034, 0.681515, 1.0],
     ),
     (
-        ["b/img_09.png", "b/img_03.png", "a/img_00.png", "b/img_07.png"],
-        638.7638233729958,
-        [0.0, 0.814777, 0.585952, 0.263727],
+        ["b/img_01.png", "a/img_06.png", "b/img_09.png", "a/img_00.png"],
+        973.2345994416391,
+        [0.873886, 0.443129, 0.0, 0.312684],
     ),
 ]
 

@@ -13,9 +13,11 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import kiln.reader
-from reader.builds import keys_of
+from kiln.reader import seeds as seeding
+from reader.builds import keys_of, split_keys
 from reader.fresh_process import fresh_environment, run_python
 
 pytestmark = pytest.mark.usefixtures("no_global_seed")
@@ -67,6 +69,55 @@ def test_b_every_epoch_differs(jpeg_dataset):
     # Pass k is the same whether it comes from iterating k times (Keras
     # epochs) or from repeat=k: both are a function of the seed and k.
     assert streams["repeated"] == first + second
+
+
+def test_b_passes_far_apart_differ_too(golden_dataset):
+    # Passes 6250 and 117780 of seed 1: their epoch keys agree mod 2**31,
+    # all that version 7 used of them, so they gave the same orders and
+    # augmentation (on any dataset). Each read starts at its pass by `skip=`.
+    path = golden_dataset.dataset_dir
+    total = golden_dataset.info.splits["train"].num_examples
+
+    def pass_number(number):
+        dataset = kiln.reader.load(
+            path, seed=1, repeat=True, as_supervised=False, skip=(number - 1) * total
+        )
+        return [
+            (element["key"].numpy().decode(), hashlib.sha256(element["image"].numpy()).hexdigest())
+            for element in dataset.take(total)
+        ]
+
+    early, late = pass_number(6250), pass_number(117780)
+    stored = sorted(key.decode() for key in split_keys(golden_dataset, "train"))
+    assert sorted(dict(early)) == sorted(dict(late)) == stored
+    assert [key for key, _ in early] != [key for key, _ in late]
+    assert all(dict(early)[key] != digest for key, digest in late)
+
+
+def test_b_the_first_120000_passes_have_distinct_words_and_orders():
+    # Every pass's identity, as the reader derives it from its epoch key:
+    # the word its element seeds are mixed from and its shuffles' seeds.
+    # (Version 7 had at most 2**31 identities: passes 6250 and 117780 were one.)
+    count = 120_000
+    batches = seeding.epoch_keys(1).repeat().take(count).batch(8192)
+    keys = tf.constant(np.concatenate([batch.numpy() for batch in batches]))
+
+    @tf.function
+    def identities(keys):
+        return tf.map_fn(
+            lambda key: (
+                seeding.pass_word(1, key),
+                seeding.pass_shuffle_seed(1, key, "files"),
+                seeding.pass_shuffle_seed(1, key, "records"),
+            ),
+            keys,
+            fn_output_signature=(tf.int32, tf.int64, tf.int64),
+            parallel_iterations=64,
+        )
+
+    words, files, records = (values.numpy().reshape(count, -1) for values in identities(keys))
+    for values in (words, files, records):
+        assert len({tuple(row) for row in values.tolist()}) == count
 
 
 def test_c_every_element_gets_its_own_seed_and_its_own_augmentation(png_dataset):

@@ -802,15 +802,24 @@ GOLDEN_SHARDS = {
 }
 # load(seed=2024, batch_size=4, repeat=2, augment=LISTS["geometry"]): per
 # batch the keys, the sum of the boxes, the sum of the class masks, the sum
-# of the keypoints and of their visibilities. If this fails the seeded
-# stream of targets changed (see test_reader_golden.py); these values are of
-# stream version 5 (as of version 3: version 4 changed only mixup and cutmix,
-# version 5 boxes that crops cut, which these rectangles' instance masks fill).
+# of the keypoints and of their visibilities, and each image's classes (an
+# object the crop cuts below min_visibility is dropped). If this fails the
+# seeded stream of targets changed (see test_reader_golden.py); these values
+# are of stream version 8 (which gave every pass a 64-bit identity: every
+# seeded stream changed).
+KEPT = [1, 2, 3]  # every object kept
 GOLDEN_STREAM = [
-    (["02", "06", "05", "04"], 26.55357150360942, 404556, 23.995054323226213, 42),
-    (["03", "01", "00", "07"], 21.160714201629162, 542747, 15.988365918397903, 34),
-    (["02", "00", "01", "07"], 20.17857146449387, 74922, 15.703437142074108, 34),
-    (["06", "03", "05", "04"], 21.750000074505806, 635559, 20.49553845077753, 44),
+    (["01", "03", "05", "00"], 23.732142884284258, 246806, 20.277561612427235, 36, [KEPT] * 4),
+    (
+        ["02", "04", "06", "07"],
+        21.642857326194644,
+        194077,
+        16.719410877674818,
+        36,
+        [KEPT, KEPT, [1, 2], KEPT],
+    ),
+    (["05", "07", "01", "02"], 22.910714346915483, 475993, 17.786245971918106, 38, [KEPT] * 4),
+    (["00", "06", "03", "04"], 22.607142996042967, 311203, 15.747628062963486, 32, [KEPT] * 4),
 ]
 
 
@@ -827,11 +836,13 @@ def test_golden_stream_with_targets(scenes_dataset):
     )
     batches = list(dataset)
     assert len(batches) == len(GOLDEN_STREAM)
-    for batch, (keys, boxes, mask, keypoints, visible) in zip(batches, GOLDEN_STREAM, strict=True):
+    for batch, (keys, boxes, mask, keypoints, visible, classes) in zip(
+        batches, GOLDEN_STREAM, strict=True
+    ):
         assert [k.decode() for k in batch["key"].numpy()] == [
             f"images/scene_{key}.png" for key in keys
         ]
-        assert batch["classes"].to_list() == [[1, 2, 3]] * 4
+        assert batch["classes"].to_list() == classes
         flat = batch["boxes"].flat_values.numpy().astype(np.float64)
         # Tolerances allow for float rounding on other CPUs, nothing more.
         assert float(flat.sum()) == pytest.approx(boxes, rel=1e-6)

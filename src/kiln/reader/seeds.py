@@ -11,16 +11,18 @@ Pass k of a seed is the same whether it comes from iterating the dataset k
 times (Keras epochs) or from ``repeat=k``.
 
 An element's seed is a function of (seed, pass, the record's key) only: the
-pass word ``fold_in(fold_in(base, epoch_key), 0)[0]`` (`tf.random.fold_in`
-is stateless, so it is the same on any tf.data thread) mixed with a 62-bit
-fingerprint of the key. Not of the element's position in the stream nor of
-the input pipeline reading it: a record gets the same augmentation in pass
-k however the files are shared out (input pipelines, tf.data service
-workers handed files at run time), so any worker can augment any record.
-``epoch_key`` is drawn once per pass over the data by
+pass's 64-bit word, drawn from ``fold_in(fold_in(base, epoch_key[0]),
+epoch_key[1])`` (`tf.random.fold_in` and the draw are stateless, so the same
+on any tf.data thread), mixed with a 62-bit fingerprint of the key. Not of
+the element's position in the stream nor of the input pipeline reading it:
+a record gets the same augmentation in pass k however the files are shared
+out (input pipelines, tf.data service workers handed files at run time), so
+any worker can augment any record.
+``epoch_key``, two 32-bit values, is drawn once per pass over the data by
 ``tf.data.Dataset.random(seed, rerandomize_each_iteration=True)``: its
 sequence of per-pass values is fixed by the seed, and iterator checkpoints
-save its position.
+save its position. A pass's identity thus has 64 bits: two passes of a seed
+are the same with a chance of about ``passes**2 / 2**65``.
 
 The pass's file and record orders are functions of (seed, epoch_key) too
 (`pass_shuffle_seed`): each pass is built anew from its key, with shuffles
@@ -52,6 +54,10 @@ streams with cutmix on such datasets change, the others stay as in version 5.
 Version 7: mixup and cutmix never pair an image with itself (`kiln.reader.mixing._partners`:
 a seeded order of the batch, each paired with the one a seeded offset after it), and leave a
 batch of one alone: every stream with mixup or cutmix changes, the others stay as in version 6.
+Version 8: a pass's identity is two draws of ``Dataset.random`` (64 bits), used whole by its
+word and its shuffle seeds: until version 7 it was one draw taken mod 2**31, so passes repeated
+(seed 1's passes 6250 and 117780 were equal; some two of 100,000 passes were equal with a
+chance of 0.9). Every seeded stream changes: orders and augmentation.
 
 TensorFlow mixes the global seed (`tf.random.set_seed`), when one is set,
 into `Dataset.random` (so into every pass's key and orders) and
@@ -80,7 +86,7 @@ _INT31 = 2**31
 
 # Version of the seeded stream (order and augmentation) a seed gives: see the
 # module docstring; the golden stream test pins the current one.
-STREAM_VERSION = 7
+STREAM_VERSION = 8
 
 
 def resolve(
@@ -142,15 +148,17 @@ def derive(seed: int, purpose: str) -> int:
 
 
 def epoch_keys(seed: int) -> tf.data.Dataset:
-    """One int64 key per iteration: the pass's identity, a new one each time.
+    """One shape-[2] int64 key per iteration: the pass's identity, a new one each time.
 
-    The first element of ``Dataset.random(rerandomize_each_iteration=True)``:
-    iterating it again (the next Keras epoch, or the next round of a
-    `repeat` around it) draws the next key of a sequence the seed fixes, and
-    iterator checkpoints save its position.
+    The first two elements of ``Dataset.random(rerandomize_each_iteration=True)``
+    (each below 2**32, so 64 bits in all: with one element, 32 bits, some
+    two of 2**16 passes would likely be equal): iterating it again (the next
+    Keras epoch, or the next round of a `repeat` around it) draws the next
+    key of a sequence the seed fixes, and iterator checkpoints save its
+    position.
 
     It is read through ``Dataset.range(1).flat_map`` (the same key as
-    ``take(1)`` alone), because tf.data service's ``distributed_epoch``
+    the random dataset alone), because tf.data service's ``distributed_epoch``
     splits a pipeline by its first source and cannot split
     ``Dataset.random``: it gave every worker the whole pass (each record
     once per worker, silently). ``range(1)`` is one split: one worker reads
@@ -158,23 +166,33 @@ def epoch_keys(seed: int) -> tf.data.Dataset:
     assertion (docs/reader.md). Not a zip with ``range(1)``: an iterator
     checkpoint of a zip restores another key (TF 2.21).
     """
-    first = _keys(seed).take(1)
+    first = _first_two(_keys(seed))
     return tf.data.Dataset.range(1).flat_map(lambda _: first)
 
 
 def _keys(seed: int) -> tf.data.Dataset:
-    """The endless random sequence whose first element is each iteration's
-    epoch key. No split provider: under tf.data service every worker reads
-    it whole."""
+    """The endless random sequence whose first two elements are each
+    iteration's epoch key. No split provider: under tf.data service every
+    worker reads it whole."""
     return tf.data.Dataset.random(seed=derive(seed, "epochs"), rerandomize_each_iteration=True)
+
+
+def _first_two(keys: tf.data.Dataset) -> tf.data.Dataset:
+    """The epoch key: the first two elements of `keys`, as one ``[2]`` int64."""
+    return keys.take(2).batch(2, drop_remainder=True)
 
 
 def _pair(value: int) -> tf.Tensor:
     return tf.constant([value % _INT31, (value >> 31) % _INT31], tf.int32)
 
 
-def _key31(key: tf.Tensor) -> tf.Tensor:
-    return tf.cast(key % _INT31, tf.int32)
+def _folded(pair: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
+    """``fold_in(fold_in(pair, key[0]), key[1])``: a shape-[2] int64 seed of
+    (pair, both 32-bit halves of the epoch key), so of the pass's whole
+    64-bit identity (until version 7 the key was folded in mod 2**31: at
+    most 2**31 distinct passes, and a seed's passes 6250 and 117780 were the
+    same)."""
+    return tf.random.fold_in(tf.random.fold_in(pair, key[0]), key[1])
 
 
 def base_pair(seed: int) -> tf.Tensor:
@@ -183,22 +201,25 @@ def base_pair(seed: int) -> tf.Tensor:
 
 
 def pass_word(seed: int, key: tf.Tensor) -> tf.Tensor:
-    """The int32 word of the pass with epoch `key`: the first half of
-    ``fold_in(fold_in(base_pair(seed), key), 0)``."""
-    pass_seed = tf.random.fold_in(base_pair(seed), _key31(key))
-    return tf.random.fold_in(pass_seed, tf.constant(0, tf.int32))[0]
+    """The shape-[2] int32 word of the pass with epoch `key`: 64 bits drawn
+    statelessly from ``fold_in(fold_in(base_pair(seed), key[0]), key[1])``."""
+    return tf.random.stateless_uniform(
+        [2], _folded(base_pair(seed), key), minval=None, maxval=None, dtype=tf.int32
+    )
 
 
 def pass_shuffle_seed(seed: int, key: tf.Tensor, purpose: str) -> tf.Tensor:
     """The int64 seed of one shuffle (``"files"``, ``"records"``) in the pass of `key`.
 
-    ``fold_in(pair(derive(seed, purpose)), key)`` as a non-negative 62-bit
-    integer: a pure function of (seed, pass), for a ``Dataset.shuffle`` with
+    An int64 drawn statelessly from ``fold_in(fold_in(pair(derive(seed,
+    purpose)), key[0]), key[1])``, as a non-negative 62-bit integer: a pure
+    function of (seed, pass), for a ``Dataset.shuffle`` with
     ``reshuffle_each_iteration=False`` made anew for each pass.
     """
-    folded = tf.cast(tf.random.fold_in(_pair(derive(seed, purpose)), _key31(key)), tf.int64)
-    low = tf.bitwise.bitwise_and(folded, _INT31 - 1)
-    return tf.bitwise.bitwise_or(tf.bitwise.left_shift(low[0], 31), low[1])
+    drawn = tf.random.stateless_uniform(
+        [], _folded(_pair(derive(seed, purpose)), key), minval=None, maxval=None, dtype=tf.int64
+    )
+    return tf.bitwise.bitwise_and(drawn, tf.constant(2**62 - 1, tf.int64))
 
 
 def pass_words(seed: int) -> tf.data.Dataset:
@@ -209,27 +230,27 @@ def pass_words(seed: int) -> tf.data.Dataset:
     """
     # Not `epoch_keys`: with dynamic sharding the file list is split among
     # the workers, and every worker needs the word (range(1) would be split too).
-    return (
-        _keys(seed)
-        .take(1)
-        .flat_map(lambda key: tf.data.Dataset.from_tensors(pass_word(seed, key)).repeat())
+    return _first_two(_keys(seed)).flat_map(
+        lambda key: tf.data.Dataset.from_tensors(pass_word(seed, key)).repeat()
     )
 
 
 def element_seed(word: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
     """Seed(s) of the record(s) with `key` in the pass of `word`.
 
-    ``[word ^ high, low]`` with `high` and `low` the two 31-bit halves of
-    the key's 62-bit FarmHash fingerprint (`tf.strings.to_hash_bucket_fast`:
-    the same on every platform and TF version): distinct keys get distinct
-    seeds (a collision is as likely as in a 62-bit hash), and every pass
-    another set. Works on scalars (one ``[2]`` seed) and on vectors
-    (``[n, 2]`` seeds), as a batch of raw records is seeded at once.
+    ``[word[0] ^ high, word[1] ^ low]`` with `high` and `low` the two 31-bit
+    halves of the key's 62-bit FarmHash fingerprint
+    (`tf.strings.to_hash_bucket_fast`: the same on every platform and TF
+    version): distinct keys get distinct seeds (a collision is as likely as
+    in a 62-bit hash), and every pass, whose word has 64 bits, another set.
+    Works on scalars (a ``[2]`` word, one ``[2]`` seed) and on vectors
+    (``[n, 2]`` words, ``[n, 2]`` seeds), as a batch of raw records is
+    seeded at once.
     """
     fingerprint = tf.strings.to_hash_bucket_fast(key, 2**62)
     low = tf.cast(fingerprint % _INT31, tf.int32)
     high = tf.cast(fingerprint // _INT31, tf.int32)
-    return tf.stack([tf.bitwise.bitwise_xor(word, high), low], axis=-1)
+    return tf.bitwise.bitwise_xor(word, tf.stack([high, low], axis=-1))
 
 
 def batch_seed(element_seeds: tf.Tensor) -> tf.Tensor:
