@@ -648,7 +648,11 @@ def _batch_input(dataset) -> tuple[str, set[str]]:
     graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())
     nodes = {node.name: node for node in graph.node}
     functions = {function.signature.name: function for function in graph.library.function}
-    (batch,) = [node for node in graph.node if node.op == "BatchDatasetV2"]
+    # The output's batch: up the chain of first inputs from the result (the
+    # seeds' datasets hold batches of their own).
+    (batch,) = [node for node in graph.node if node.op == "_Retval"]
+    while batch.op != "BatchDatasetV2":
+        batch = nodes[batch.input[0]]
     source = nodes[batch.input[0]]
     function = functions.get(source.attr["f"].func.name) if "f" in source.attr else None
     return source.op, {node.op for node in function.node_def} if function else set()
