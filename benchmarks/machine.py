@@ -28,11 +28,40 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _vector_extensions() -> str | None:
+    """The widest x86 vector instructions the CPU has (``AVX-512``, ``AVX2``,
+    ``AVX``), or None (no /proc/cpuinfo, or none of them). OpenCV dispatches
+    its kernels to the widest; TensorFlow's pip kernels use AVX at most
+    (its start-up log names the rest), so the reader's ratios against
+    OpenCV-based loaders move with it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+            else:
+                return None
+    except OSError:
+        return None
+    for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX")):
+        if flag in flags:
+            return name
+    return None
+
+
 def _memory_gb() -> float | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def cpu_name(described: dict) -> str:
+    """`describe`'s CPU model, with its vector extensions when known:
+    ``AMD EPYC (AVX-512)``."""
+    vector = described.get("vector_extensions")  # absent from older results
+    return f"{described['cpu']} ({vector})" if vector else described["cpu"]
 
 
 def usable_cores() -> int:
@@ -50,7 +79,8 @@ def load_average() -> list[float] | None:
 
 
 def describe() -> dict:
-    """CPU model, cores, memory, OS and the versions of Python and the libraries measured."""
+    """CPU model and vector extensions, cores, memory, OS, and the versions
+    of Python and of the libraries measured."""
     versions = {"python": platform.python_version()}
     for module, name in _LIBRARIES:
         try:
@@ -60,6 +90,7 @@ def describe() -> dict:
     memory = _memory_gb()
     return {
         "cpu": _cpu_model(),
+        "vector_extensions": _vector_extensions(),
         "cores": usable_cores(),
         "memory_gb": round(memory, 1) if memory else None,
         "os": platform.platform(),

@@ -517,7 +517,7 @@ def _machine(results: dict[str, Any]) -> str:
     )
     load = results["load_average"]
     return (
-        f"{described['cores']} cores of {described['cpu']} ({versions}; load average "
+        f"{described['cores']} cores of {machine.cpu_name(described)} ({versions}; load average "
         f"{load[0] if load else '?'} at the end)"
     )
 
