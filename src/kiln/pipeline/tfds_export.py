@@ -4,6 +4,8 @@ The launcher calls `write_tfds_metadata` just before `kiln.json`, which
 stays the last file written. The file contents come from
 `kiln.schemas.tfds_metadata`; datasets TFDS cannot read (gzip shards, raw
 pixels of varying sizes) get none, and the build says so in the log.
+`repair_tfds_metadata` rewrites those of a published version that no longer
+match its kiln.json, when a build makes that version again.
 """
 
 from __future__ import annotations
@@ -33,3 +35,42 @@ def write_tfds_metadata(directory: str, info: DatasetInfo) -> list[str]:
     for name in sorted(files):
         storage.write_text(storage.join(directory, name), files[name])
     return sorted(files)
+
+
+def repair_tfds_metadata(directory: str, info: DatasetInfo) -> list[str]:
+    """Rewrites the TFDS metadata files of the published version in `directory`
+    whose bytes differ from what its kiln.json (`info`) describes.
+
+    kiln.json records no sha256 of these files, so the shards' repair
+    (`kiln.pipeline.publish.damaged_files`) does not see them; `kiln verify`
+    does, and fails on them, since TFDS would read other class names, splits
+    or counts than kiln.json's. They are a pure function of kiln.json, so
+    `kiln build --rehash` or ``--full`` making the same version writes them
+    again, each atomically, and logs a warning naming them. A missing file
+    is left missing, as `kiln verify` accepts it (versions built before
+    kiln wrote TFDS metadata have none).
+
+    Returns:
+      The names of the files rewritten.
+    """
+    try:
+        files = tfds_files(info)
+    except TfdsUnsupported:
+        return []
+    store = storage.store_for(directory)
+    repaired = []
+    for name in sorted(files):
+        path = storage.join(directory, name)
+        found = store.read_bytes(path)
+        if found is not None and found != files[name].encode("utf-8"):
+            storage.write_text(path, files[name])
+            repaired.append(name)
+    if repaired:
+        logger.warning(
+            "repaired version %s: rewrote %d TFDS metadata file(s) that differed from its "
+            "kiln.json: %s",
+            info.version,
+            len(repaired),
+            ", ".join(repaired),
+        )
+    return repaired
