@@ -46,29 +46,29 @@ def repair_tfds_metadata(directory: str, info: DatasetInfo) -> list[str]:
     does, and fails on them, since TFDS would read other class names, splits
     or counts than kiln.json's. They are a pure function of kiln.json, so
     `kiln build --rehash` or ``--full`` making the same version writes them
-    again, each atomically, and logs a warning naming them. A missing file
-    is left missing, as `kiln verify` accepts it (versions built before
-    kiln wrote TFDS metadata have none).
+    again, each atomically, and logs a warning naming them. A file missing
+    beside the others (TFDS cannot read the version without it) is written
+    too; a version without any (built before kiln wrote TFDS metadata) is
+    left without, as `kiln verify` accepts it.
 
     Returns:
-      The names of the files rewritten.
+      The names of the files written.
     """
     try:
         files = tfds_files(info)
     except TfdsUnsupported:
         return []
     store = storage.store_for(directory)
-    repaired = []
-    for name in sorted(files):
-        path = storage.join(directory, name)
-        found = store.read_bytes(path)
-        if found is not None and found != files[name].encode("utf-8"):
-            storage.write_text(path, files[name])
-            repaired.append(name)
+    found = {name: store.read_bytes(storage.join(directory, name)) for name in sorted(files)}
+    if all(data is None for data in found.values()):
+        return []
+    repaired = [name for name, data in found.items() if data != files[name].encode("utf-8")]
+    for name in repaired:
+        storage.write_text(storage.join(directory, name), files[name])
     if repaired:
         logger.warning(
-            "repaired version %s: rewrote %d TFDS metadata file(s) that differed from its "
-            "kiln.json: %s",
+            "repaired version %s: wrote %d TFDS metadata file(s) missing or differing from "
+            "its kiln.json again: %s",
             info.version,
             len(repaired),
             ", ".join(repaired),
