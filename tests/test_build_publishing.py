@@ -862,6 +862,48 @@ def test_a_damaged_published_version_is_repaired_by_rehash_or_full(
     assert read_tree(first.dataset_dir) == read_tree(clean.dataset_dir)
 
 
+@pytest.mark.parametrize("full", [True, False], ids=["--full", "--rehash"])
+def test_damaged_tfds_metadata_is_repaired_by_rehash_or_full(demo_corpus, tmp_path, caplog, full):
+    """kiln.json records no sha256 of the TFDS files, but `kiln verify` fails
+    on one that differs from it (TFDS would name the classes otherwise) or
+    is missing beside the others: `--rehash` or `--full` builds the same
+    version and writes them again from its kiln.json, as it replaces a
+    damaged shard."""
+    import tensorflow_datasets as tfds  # test-only dependency (the dev extra)
+
+    root = tmp_path / "images"
+    small_corpus(demo_corpus, root)
+    config = make_config(root, output=str(tmp_path / "out"))
+    first = build(config)
+    labels = os.path.join(first.dataset_dir, "image.class.label.labels.txt")
+    features = os.path.join(first.dataset_dir, "features.json")
+    with open(labels, "w") as f:  # reversed: other names for the ids
+        f.write("".join(f"{name}\n" for name in reversed(first.info.class_names)))
+    with open(features, "a") as f:
+        f.write(" ")
+    os.remove(os.path.join(first.dataset_dir, "dataset_info.json"))  # beside the others
+
+    def tfds_class_names():
+        builder = tfds.builder_from_directory(first.dataset_dir)
+        return builder.info.features["image/class/label"].names
+
+    with pytest.raises(tfds.core.dataset_info.DatasetInfoFileError):
+        tfds_class_names()
+    problems = [problem.where for problem in verify.verify(first.dataset_dir).problems]
+    assert problems == ["dataset_info.json", "features.json", "image.class.label.labels.txt"]
+
+    with caplog.at_level("WARNING", logger="kiln.pipeline.tfds_export"):
+        again = build(config, full=full, rehash=not full)
+    assert again.version == first.version and not again.up_to_date
+    repaired = [r.getMessage() for r in caplog.records if "TFDS metadata" in r.getMessage()]
+    assert len(repaired) == 1 and repaired[0].startswith(f"repaired version {first.version}")
+    assert repaired[0].endswith(": dataset_info.json, features.json, image.class.label.labels.txt")
+    assert verify.verify(first.dataset_dir).ok
+    assert tfds_class_names() == first.info.class_names
+    clean = build(dict(config, output=str(tmp_path / "clean")))
+    assert read_tree(first.dataset_dir) == read_tree(clean.dataset_dir)
+
+
 def test_a_damaged_published_version_is_repaired_on_an_object_store(demo_corpus):
     """No rename there: each damaged object is written again whole, by the
     build's copy, and the version's objects end as a clean build's."""
@@ -874,6 +916,8 @@ def test_a_damaged_published_version_is_repaired_on_an_object_store(demo_corpus)
         del object_store.OBJECTS[shards[1]]
         errors = f"{first.dataset_dir}/errors.jsonl"
         object_store.put(errors, b'{"edited": true}\n')
+        # Not recorded in kiln.json: written again from it.
+        object_store.put(f"{first.dataset_dir}/features.json", b"{}\n")
 
         again = build(config, rehash=True)
         assert again.version == first.version and not again.up_to_date

@@ -255,6 +255,37 @@ def test_documented_verify_output_is_the_demos(workspace):
     assert documented and all(line == printed for line in documented), (printed, documented)
 
 
+def test_the_readmes_own_record_parser_reads_gzip_compressed_shards(workspace):
+    """The README's parser "without kiln.reader", built from kiln.json alone,
+    pasted for a build of the detection demo with `sharding.compression: gzip`
+    (a documented option): it reads the shards as kiln.json says they are
+    stored, not as uncompressed TFRecords ("corrupted record at 0")."""
+    from kiln import cli
+
+    (block,) = [b for b in RUN if b.document == "README.md" and "schema.parse(" in b.source]
+    demo = "build/datasets/shapes-detection"
+    assert f'"{demo}"' in block.source
+    config = (workspace / "configs" / "demo-detection.yaml").read_text()
+    assert "\nname: shapes-detection\n" in config and "\nsharding:\n" in config
+    config = config.replace("\nname: shapes-detection\n", "\nname: shapes-detection-gzip\n")
+    config = config.replace("\nsharding:\n", "\nsharding:\n  compression: gzip\n")
+    (workspace / "configs" / "demo-detection-gzip.yaml").write_text(config)
+    previous = os.getcwd()
+    os.chdir(workspace)
+    try:
+        assert cli.main(["build", "--config", "configs/demo-detection-gzip.yaml", "--quiet"]) == 0
+    finally:
+        os.chdir(previous)
+    gzip_block = dataclasses.replace(
+        block,
+        document=f"{block.document}-gzip",
+        source=block.source.replace(f'"{demo}"', f'"{demo}-gzip"'),
+    )
+    completed = run(gzip_block, workspace)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.splitlines()[-1] == "8 8 8"
+
+
 def test_no_placeholder_looks_like_a_real_version():
     # A made-up version id (`.../shapes/3f2a9c1b0d4e`) fails when pasted: docs
     # write <version>, or <output>/<name>, which follows LATEST.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -192,3 +193,36 @@ def test_tfds_reads_kilns_unshuffled_order_with_block_length_one(build_dataset):
     assert tfds_order(read_config=same) == kiln_order
     default = tfds_order()
     assert default != kiln_order and sorted(default) == sorted(kiln_order)
+
+
+def test_a_tfds_file_missing_beside_the_others_is_damage_to_verify_and_inspect(
+    build_dataset, tmp_path
+):
+    """TFDS cannot read a version whose features.json is gone: `kiln verify`
+    fails naming it and `kiln inspect` says TFDS cannot read it, where a
+    version without any TFDS file (built before kiln wrote them) passes."""
+    from kiln.tools import inspection, verify
+
+    result = build_dataset()
+    copy = tmp_path / result.version  # verify wants the folder named for its version
+    shutil.copytree(result.dataset_dir, copy)
+    os.remove(copy / TFDS_FEATURES_FILENAME)
+    with pytest.raises(ValueError, match="likely means the dataset was generated with an old"):
+        tfds.builder_from_directory(str(copy))
+    problems = verify.verify(str(copy)).problems
+    assert [str(problem) for problem in problems] == [
+        f"{TFDS_FEATURES_FILENAME}: missing, though the other TFDS files are there: "
+        f"tfds.builder_from_directory cannot read the version"
+    ]
+    summary = inspection.inspect_dataset(str(copy))
+    assert summary["tfds"] is False
+    assert summary["tfds_unsupported"].startswith(
+        f"{TFDS_FEATURES_FILENAME} missing beside the other TFDS files"
+    )
+
+    for name in tfds_files(result.info):  # none at all: an older build's version
+        if os.path.exists(copy / name):
+            os.remove(copy / name)
+    assert verify.verify(str(copy)).ok
+    summary = inspection.inspect_dataset(str(copy))
+    assert summary["tfds"] is False and summary["tfds_unsupported"] is None

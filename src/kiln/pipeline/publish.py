@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from apache_beam.io.filesystems import FileSystems
 
 from kiln.pipeline import storage
-from kiln.pipeline.tfds_export import write_tfds_metadata
+from kiln.pipeline.tfds_export import repair_tfds_metadata, write_tfds_metadata
 from kiln.schemas import (
     DROPPED_OBJECTS_FILENAME,
     DUPLICATES_FILENAME,
@@ -691,7 +691,9 @@ class PublishTransaction:
             base being that version), name -> problem ("" when it matched).
             Its other files are checked now (`damaged_files`); those that
             are missing or damaged are replaced by the staged copy's
-            (`_repair`), each atomically.
+            (`_repair`), each atomically; its TFDS metadata files that
+            differ from its kiln.json are written again from it
+            (`repair_tfds_metadata`).
         """
         store = self.dataset.store
         if listing_files:
@@ -722,6 +724,8 @@ class PublishTransaction:
             damaged = damaged_files(store, target, existing, checked)
             if damaged:
                 self._repair(info, existing, damaged)
+            # Not recorded in kiln.json, so not among `damaged`: made from it.
+            repair_tfds_metadata(target, existing)
             store.delete_tree(self.staging_dir)
         else:
             # An incomplete folder of this version (a copy interrupted on an

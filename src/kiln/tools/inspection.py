@@ -31,7 +31,7 @@ from kiln.schemas import (
 )
 from kiln.schemas.leftovers import leftovers
 from kiln.schemas.location import exists, incomplete_versions, is_remote, join, open_file
-from kiln.schemas.tfds_metadata import TFDS_DATASET_INFO_FILENAME, unsupported_reason
+from kiln.schemas.tfds_metadata import tfds_files, unsupported_reason
 
 # Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the
 # text summary (JSON has all).
@@ -81,8 +81,9 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
       ``duplicate_groups`` (every duplicates.jsonl row: ``sha256``, ``keys``
       sorted, ``splits`` (the split of each key); None if the file is
       missing, as in datasets of format 1), ``tfds`` (whether TFDS metadata
-      is present), ``tfds_unsupported`` (without it: why TFDS cannot read
-      the dataset, or None: a build older than kiln's TFDS metadata),
+      is present, every file of it), ``tfds_unsupported`` (without it: why
+      TFDS cannot read the dataset, a file of it missing included, or None:
+      a build older than kiln's TFDS metadata),
       ``targets`` (the declared targets from kiln.json, None for a
       classification dataset), ``objects`` (per split: per class object
       count and size statistics, images without objects, objects dropped
@@ -101,7 +102,7 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
     """
     dataset_dir = locate(path)
     metadata = read_info(dataset_dir)
-    tfds = exists(join(dataset_dir, TFDS_DATASET_INFO_FILENAME))
+    tfds, tfds_unsupported = _tfds_readable(dataset_dir, metadata)
     rows = report_rows if stream else read_jsonl
     errors = rows(join(dataset_dir, ERRORS_FILENAME))
     duplicate_groups = rows(join(dataset_dir, DUPLICATES_FILENAME))
@@ -167,7 +168,7 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
         "duplicates": metadata.duplicates,
         "duplicate_groups": duplicate_groups,
         "tfds": tfds,
-        "tfds_unsupported": None if tfds else unsupported_reason(metadata),
+        "tfds_unsupported": tfds_unsupported,
         "targets": metadata.targets,
         "objects": None
         if metadata.objects is None
@@ -185,6 +186,25 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
             + dropped_object_warnings(metadata, dropped_objects)
         ),
     }
+
+
+def _tfds_readable(dataset_dir: str, metadata: DatasetInfo) -> tuple[bool, str | None]:
+    """Whether the version has its TFDS metadata (all of it: TFDS cannot read
+    it without any one file), and if not, why TFDS cannot read it (None: a
+    build older than kiln's TFDS metadata, which wrote none)."""
+    reason = unsupported_reason(metadata)
+    if reason is not None:
+        return False, reason
+    names = sorted(tfds_files(metadata))
+    missing = [name for name in names if not exists(join(dataset_dir, name))]
+    if not missing:
+        return True, None
+    if len(missing) == len(names):
+        return False, None
+    return False, (
+        f"{', '.join(missing)} missing beside the other TFDS files (kiln build --rehash "
+        f"with the build's config writes it again)"
+    )
 
 
 def split_order(metadata: DatasetInfo) -> list[str]:

@@ -744,11 +744,22 @@ def _check_tfds_files(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
         expected = tfds_files(metadata)
     except TfdsUnsupported:
         return []
+    present = {name for name in expected if tf.io.gfile.exists(_join(dataset_dir, name))}
     found = []
     for name, text in sorted(expected.items()):
         path = _join(dataset_dir, name)
-        if not tf.io.gfile.exists(path):
-            continue  # written by builds since TFDS interop; optional for older ones
+        if name not in present:
+            # Written by builds since TFDS interop (none in older versions),
+            # all of them: one missing beside the others is damage.
+            if present:
+                found.append(
+                    Problem(
+                        name,
+                        "missing, though the other TFDS files are there: "
+                        "tfds.builder_from_directory cannot read the version",
+                    )
+                )
+            continue
         with tf.io.gfile.GFile(path, "r") as f:
             if f.read() != text:
                 found.append(
