@@ -14,7 +14,7 @@ import logging
 
 from kiln.pipeline import storage
 from kiln.schemas import DatasetInfo
-from kiln.schemas.tfds_metadata import TfdsUnsupported, tfds_files
+from kiln.schemas.tfds_metadata import TfdsUnsupported, missing_tfds_files, tfds_files
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def repair_tfds_metadata(directory: str, info: DatasetInfo) -> list[str]:
         return []
     store = storage.store_for(directory)
     found = {name: store.read_bytes(storage.join(directory, name)) for name in sorted(files)}
-    if all(data is None for data in found.values()):
+    if missing_tfds_files(found, lambda name: found[name] is not None) is None:
         return []
     repaired = [name for name, data in found.items() if data != files[name].encode("utf-8")]
     for name in repaired:

@@ -35,6 +35,7 @@ for these, and the build then writes no TFDS files:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kiln.schemas.features import RECORD, Feature, Schema
@@ -106,6 +107,17 @@ def tfds_files(info: DatasetInfo) -> dict[str, str]:
         if feature.name in _CLASS_FEATURES:
             files[labels_filename(feature.key)] = names
     return files
+
+
+def missing_tfds_files(names: Iterable[str], exists: Callable[[str], bool]) -> list[str] | None:
+    """Which of a version's TFDS files `names` (`tfds_files`) `exists` does
+    not find, sorted: any one missing beside the others is damage, as TFDS
+    cannot read the version without it. None when none of them is there: a
+    version built before kiln wrote TFDS metadata, which is not damage
+    (verify accepts it, a rebuild leaves it as it is)."""
+    names = sorted(names)
+    missing = [name for name in names if not exists(name)]
+    return None if len(missing) == len(names) else missing
 
 
 # Features whose values are class ids (ClassLabel in TFDS).

@@ -31,7 +31,7 @@ from kiln.schemas import (
 )
 from kiln.schemas.leftovers import leftovers
 from kiln.schemas.location import exists, incomplete_versions, is_remote, join, open_file
-from kiln.schemas.tfds_metadata import tfds_files, unsupported_reason
+from kiln.schemas.tfds_metadata import missing_tfds_files, tfds_files, unsupported_reason
 
 # Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the
 # text summary (JSON has all).
@@ -195,12 +195,11 @@ def _tfds_readable(dataset_dir: str, metadata: DatasetInfo) -> tuple[bool, str |
     reason = unsupported_reason(metadata)
     if reason is not None:
         return False, reason
-    names = sorted(tfds_files(metadata))
-    missing = [name for name in names if not exists(join(dataset_dir, name))]
+    missing = missing_tfds_files(tfds_files(metadata), lambda name: exists(join(dataset_dir, name)))
+    if missing is None:
+        return False, None
     if not missing:
         return True, None
-    if len(missing) == len(names):
-        return False, None
     return False, (
         f"{', '.join(missing)} missing beside the other TFDS files (kiln build --rehash "
         f"with the build's config writes it again)"

@@ -84,6 +84,7 @@ from kiln.schemas.tfds_metadata import (
     TFDS_FEATURES_FILENAME,
     TfdsUnsupported,
     labels_filename,
+    missing_tfds_files,
     tfds_files,
 )
 from kiln.tools.inspection import (
@@ -744,21 +745,22 @@ def _check_tfds_files(dataset_dir: str, metadata: DatasetInfo) -> list[Problem]:
         expected = tfds_files(metadata)
     except TfdsUnsupported:
         return []
-    present = {name for name in expected if tf.io.gfile.exists(_join(dataset_dir, name))}
+    missing = missing_tfds_files(
+        expected, lambda name: tf.io.gfile.exists(_join(dataset_dir, name))
+    )
+    if missing is None:  # a version built before kiln wrote them
+        return []
     found = []
     for name, text in sorted(expected.items()):
         path = _join(dataset_dir, name)
-        if name not in present:
-            # Written by builds since TFDS interop (none in older versions),
-            # all of them: one missing beside the others is damage.
-            if present:
-                found.append(
-                    Problem(
-                        name,
-                        "missing, though the other TFDS files are there: "
-                        "tfds.builder_from_directory cannot read the version",
-                    )
+        if name in missing:
+            found.append(
+                Problem(
+                    name,
+                    "missing, though the other TFDS files are there: "
+                    "tfds.builder_from_directory cannot read the version",
                 )
+            )
             continue
         with tf.io.gfile.GFile(path, "r") as f:
             if f.read() != text:
