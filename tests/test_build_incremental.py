@@ -468,6 +468,49 @@ def test_processing_fingerprint_ignores_where_the_files_are(demo_corpus, tmp_pat
     )
 
 
+def test_processing_fingerprint_follows_the_schemas_layout_not_its_prose(
+    demo_corpus, tmp_path, monkeypatch
+):
+    """A corrected feature description (kiln.json's schema) reuses every
+    record; a changed key or dtype, which changes the records' bytes, does not."""
+    import dataclasses
+
+    from kiln.pipeline import config as config_module
+    from kiln.pipeline import incremental
+    from kiln.schemas import RECORD
+
+    config = config_module.load(make_config(demo_corpus.out_dir, output=str(tmp_path))).to_json()
+    before = incremental.processing_fingerprint(config)
+
+    def edited(**change):
+        features = tuple(
+            dataclasses.replace(f, **change) if f.name == "label" else f for f in RECORD.features
+        )
+        return dataclasses.replace(RECORD, features=features)
+
+    monkeypatch.setattr(incremental, "RECORD", edited(description="Reworded."))
+    assert incremental.processing_fingerprint(config) == before
+    monkeypatch.setattr(incremental, "RECORD", edited(key="image/class/id"))
+    assert incremental.processing_fingerprint(config) != before
+    monkeypatch.setattr(incremental, "RECORD", edited(dtype="float32"))
+    assert incremental.processing_fingerprint(config) != before
+
+
+def test_label_description_names_where_the_class_names_are(demo_corpus, tmp_path):
+    """With ``source.classes`` in an order of its own the ids are not indices
+    into sorted names: kiln.json's schema points at its ``class_names``."""
+    classes = ["triangle", "circle", "star", "square"]
+    config = make_config(demo_corpus.out_dir, output=str(tmp_path))
+    config["source"]["classes"] = classes
+    result = build(config)
+    with open(os.path.join(result.dataset_dir, "kiln.json")) as f:
+        info = json.load(f)
+    assert info["class_names"] == classes
+    (label,) = [f for f in info["schema"]["features"] if f["name"] == "label"]
+    assert "sorted" not in label["description"]
+    assert "class_names" in label["description"]
+
+
 def test_record_index_lines_round_trip():
     entry = record_index.entry(
         key="a/1.png",

@@ -36,7 +36,8 @@ the run, not of the dataset: it is in the build's summary and ``--report``
 **Processing fingerprint** (`processing_fingerprint`): what decides a
 record's bytes given its source file: the ``image``, ``transforms``,
 ``encoding`` (and ``targets``) sections of the resolved config, the plugins
-named and their modules' files, the record schema, `kiln.FORMAT_VERSION`, `PROCESSING_VERSION` and
+named and their modules' files, the record schema (its layout, not the
+features' descriptions), `kiln.FORMAT_VERSION`, `PROCESSING_VERSION` and
 OpenCV's version (its codecs and resizers write the pixels). It leaves out
 where the files are (``source``), the splits (a reused record may move to
 another split: its bytes do not change), sharding, augmentation and error
@@ -233,7 +234,7 @@ def processing_fingerprint(config: Mapping[str, Any]) -> str:
         "processing_version": PROCESSING_VERSION,
         "format_version": kiln.FORMAT_VERSION,
         "opencv": cv2.__version__,
-        "schema": RECORD.to_json(),
+        "schema": RECORD.layout_json(),
         "config": {name: config.get(name) for name in _PROCESSING_SECTIONS},
     }
     if _has_mask(config):

@@ -319,6 +319,16 @@ class Schema:
     def to_json(self) -> dict:
         return {"version": self.version, "features": [f.to_json() for f in self.features]}
 
+    def layout_json(self) -> dict:
+        """`to_json` without the features' descriptions: what a record's
+        bytes depend on (names, keys, dtypes, shapes), for fingerprints that
+        decide whether records can be reused. Prose is documentation: a
+        corrected description must not make every dataset build again."""
+        data = self.to_json()
+        for feature in data["features"]:
+            del feature["description"]
+        return data
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Schema:
         """The schema a `kiln.json` records (`DatasetInfo.schema`).
@@ -351,7 +361,7 @@ RECORD = Schema(
             "label",
             "image/class/label",
             "int64",
-            "Class id: index into the dataset's sorted class names.",
+            "Class id: index into the dataset's class names (kiln.json's class_names).",
         ),
         Feature(
             "key",
