@@ -313,7 +313,7 @@ class BaseFiles:
       files: ``(file name, sha256)`` of its shards and its record index,
         as its kiln.json records them: the job checks each before use.
       compression: Its shards' compression (None or "gzip").
-      class_names: Its sorted class names: a record whose class ids alone
+      class_names: Its class names, in id order: a record whose class ids alone
         changed is relabelled (`kiln.pipeline.relabel`).
       stamps: The files of the listing it was built from, as the dataset
         keeps them (`publish.DatasetRoot.file_stamps`): a file listed now
