@@ -53,7 +53,6 @@ SHAPES = demo_drawing.CLASSES
 BACKGROUND = "background"
 CLASSES = (BACKGROUND, *SHAPES)  # sorted: the semantic mask's values index this
 KEYPOINTS = ("center", "left", "right")
-FLIP_PAIRS = (("left", "right"),)
 MANIFEST = "manifest.jsonl"
 COCO = "instances.json"
 

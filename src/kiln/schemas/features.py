@@ -81,10 +81,6 @@ class Feature:
         return getattr(tf, _DTYPES[self.dtype])
 
     @property
-    def is_scalar(self) -> bool:
-        return not self.shape
-
-    @property
     def item_size(self) -> int:
         """Values per item of a variable-length feature (4 for ``(None, 4)``)."""
         size = 1
