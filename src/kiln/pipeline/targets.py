@@ -763,20 +763,15 @@ class TargetCodec:
         targets = self._targets
         fields: dict[str, Any] = {}
         if targets.boxes is not None:
-            boxes = moved.boxes
-            # [x_min, y_min, x_max, y_max] pixels -> [y_min, x_min, y_max, x_max] in [0, 1].
-            scale = np.array([height, width, height, width], dtype=np.float64)
-            normalized = boxes[:, [1, 0, 3, 2]] / scale
-            fields["boxes"] = np.clip(normalized, 0.0, 1.0).astype(np.float32)
+            fields["boxes"] = moved.normalized_boxes(height, width)
             fields["classes"] = moved.objects["classes"].astype(np.int64)
             for name, kind in sorted(targets.boxes.fields.items()):
                 column = moved.objects[name]
                 fields[name] = column.astype(np.int64 if kind == "int" else np.float32)
         if targets.keypoints is not None and moved.keypoints is not None:
-            points = moved.keypoints
-            yx = np.stack([points[:, :, 1] / height, points[:, :, 0] / width], axis=-1)
-            fields["keypoints"] = np.clip(yx, 0.0, 1.0).astype(np.float32)
-            fields["keypoint_visibility"] = points[:, :, 2].astype(np.int64)
+            points, visibility = moved.normalized_keypoints(height, width)
+            fields["keypoints"] = points
+            fields["keypoint_visibility"] = visibility
         if targets.mask is not None and moved.mask is not None:
             fields["mask"] = _encode_mask(moved.mask, targets.mask.encoding)
         if targets.instance_masks is not None and moved.instance_masks is not None:
