@@ -88,6 +88,7 @@ import cv2
 import numpy as np
 
 from kiln import transforms
+from kiln.errors import first_line
 from kiln.pipeline import box_convention, stamp_disagreements, storage, target_rows
 from kiln.pipeline.box_convention import FAR_OUTSIDE
 from kiln.pipeline.statistics import TargetCounts
@@ -299,7 +300,7 @@ def _read_files(
                 seen[uri] = storage.input_stamp(f, uri, len(data))
             contents[uri] = data
         except Exception as e:  # any I/O error: missing, permission, network
-            contents[uri] = _first_line(e)
+            contents[uri] = first_line(e)
             if storage.is_missing_input(e):
                 seen[uri] = None
     return contents, seen
@@ -1007,8 +1008,3 @@ def _encode_mask(mask: np.ndarray, encoding: str) -> bytes:
     if encoding == "raw":
         return np.ascontiguousarray(mask, dtype=np.uint8).tobytes()
     return _encode_png(mask)
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:200]
