@@ -344,8 +344,9 @@ def test_shards_written_on_several_threads_are_the_same_files(tmp_path, monkeypa
 
 def test_gzip_shards_are_readable_and_deterministic(tmp_path):
     records = [r.record for r in sharded_records(30)]
-    first = sharding.write_shard(str(tmp_path / "a.gz"), str(tmp_path / "a.tmp"), records, "gzip")
-    second = sharding.write_shard(str(tmp_path / "b.gz"), str(tmp_path / "b.tmp"), records, "gzip")
+    frames = [tfrecord.frame(r) for r in records]
+    first = sharding.write_frames(str(tmp_path / "a.gz"), str(tmp_path / "a.tmp"), frames, "gzip")
+    second = sharding.write_frames(str(tmp_path / "b.gz"), str(tmp_path / "b.tmp"), frames, "gzip")
     assert first.sha256 == second.sha256
     with open(tmp_path / "a.gz", "rb") as f:
         data = f.read()
@@ -356,13 +357,14 @@ def test_gzip_shards_are_readable_and_deterministic(tmp_path):
 
 def test_a_retried_shard_write_leaves_one_correct_file(tmp_path):
     records = [r.record for r in sharded_records(10)]
+    frames = [tfrecord.frame(r) for r in records]
     target = str(tmp_path / "ds-train.tfrecord-00000-of-00001")
     # A first attempt died after writing part of its temp file...
     with open(tmp_path / "ds-train.tfrecord-00000-of-00001.attempt1", "wb") as f:
         f.write(b"half a shard")
     # ...two later attempts both completed (Beam may run a bundle twice).
     infos = [
-        sharding.write_shard(target, str(tmp_path / f"attempt{i}"), records, "none") for i in (2, 3)
+        sharding.write_frames(target, str(tmp_path / f"attempt{i}"), frames, "none") for i in (2, 3)
     ]
     assert infos[0] == infos[1]
     assert read_tfrecords(target) == records

@@ -135,7 +135,8 @@ def test_the_shard_writer_relabels_checked_frames_and_refuses_damaged_ones(tmp_p
     frames = relabel.frame_relabel()
     records = [classification_record(i % 5, f"k{i}") for i in range(8)]
     path = str(tmp_path / "base")
-    info = sharding.write_shard(path, str(tmp_path / "base.tmp"), records, compression)
+    record_frames = [tfrecord.frame(record) for record in records]
+    info = sharding.write_frames(path, str(tmp_path / "base.tmp"), record_frames, compression)
     _, (problem, found) = incremental._check_file(("base", info.sha256), str(tmp_path), gzip)
     assert problem == ""
     starts = incremental.frame_starts(found)

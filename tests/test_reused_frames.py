@@ -21,7 +21,8 @@ def records(n, size=50):
 
 def write_base_shard(tmp_path, name, data, compression="none"):
     path = str(tmp_path / name)
-    info = sharding.write_shard(path, str(tmp_path / f"{name}.tmp"), data, compression)
+    frames = [tfrecord.frame(record) for record in data]
+    info = sharding.write_frames(path, str(tmp_path / f"{name}.tmp"), frames, compression)
     return path, info
 
 

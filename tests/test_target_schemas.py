@@ -140,6 +140,20 @@ def test_every_target_round_trips_through_decode_and_parse(num_objects):
         assert masks.shape == (num_objects, 6, 8) and set(np.unique(masks)) <= {0, 1}
 
 
+def test_decode_masks_of_a_record_without_objects_is_empty():
+    """An image without objects (common in detection data) stores no
+    instance mask: `decode_masks` gives ``[0, 0, 0]``, eagerly and in
+    tf.data, as it gives ``[N, H, W]`` for the others."""
+    schema = schema_for(EVERYTHING)
+    serialized = [schema.encode(record(n, seed=n)) for n in (0, 3)]
+    empty = decode_masks(schema.parse(tf.constant(serialized[0]))["instance_masks"])
+    assert empty.shape == (0, 0, 0) and empty.dtype == tf.uint8
+    dataset = tf.data.Dataset.from_tensor_slices(serialized).map(
+        lambda one: decode_masks(schema.parse(one)["instance_masks"])
+    )
+    assert [tuple(masks.shape) for masks in dataset] == [(0, 0, 0), (3, 6, 8)]
+
+
 def test_a_batch_parses_to_ragged_tensors_of_the_item_shape():
     schema = schema_for(EVERYTHING)
     records = [record(n, seed=n) for n in (2, 0, 3)]

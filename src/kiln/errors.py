@@ -175,6 +175,14 @@ def unexpected(error: BaseException) -> str:
     return quote_text(f"{name}: {message}" if message else name)
 
 
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of `error`'s message (its type's name when it has
+    none), cut to `limit` characters: a library's error (an OSError, an HTTP
+    client's, a JSON parser's) quoted inside one of kiln's own lines."""
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:limit]
+
+
 # The attribute a failure carries when a file the command promised could not
 # be written either (`kiln build --report` after a failed build): said at the
 # end of the failure's one line (`also_not_written`), the exit code unchanged.

@@ -13,6 +13,9 @@ import sys
 from kiln.reader import host_memory
 from reader.fresh_process import fresh_environment, run_python
 
+# TensorFlow's oneDNN switch: on, its host allocator is oneDNN's (pooling).
+ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
+
 # Batches above glibc's largest mmap threshold (32 MB): 3072 float32 images of
 # 32x32x3 are 37.7 MB, fresh pages from the kernel every batch by default.
 READ = """
@@ -52,7 +55,7 @@ def _read(dataset_dir: str, mode: str, onednn: str = "0") -> tuple[dict, str]:
     pools already: see the last test)."""
     env = fresh_environment()
     env.pop(host_memory.ENVIRONMENT_VARIABLE, None)
-    env[host_memory.ONEDNN_VARIABLE] = onednn
+    env[ONEDNN_VARIABLE] = onednn
     completed = subprocess.run(
         [sys.executable, "-c", READ, dataset_dir, mode],
         capture_output=True,

@@ -114,7 +114,7 @@ from typing import Any
 
 import ijson
 
-from kiln.errors import unknown_names
+from kiln.errors import first_line, unknown_names
 from kiln.pipeline import compressed, target_rows
 from kiln.pipeline.listing import scratch_database
 
@@ -366,18 +366,18 @@ class CocoFile:
         try:
             f = compressed.open_decompressed(self.path)  # a .json.gz too, in bounded memory
         except Exception as e:  # any filesystem's I/O error
-            raise CocoFileError(f"cannot read {self.path}: {_short(e)}") from None
+            raise CocoFileError(f"cannot read {self.path}: {first_line(e)}") from None
         with f:
             try:
                 # A UTF-8 byte order mark, as Windows tools write, is no JSON: skipped.
                 head = f.read(len(_BOM))
                 yield _TokenGuard(f, self.path, b"" if head == _BOM else head)
             except ijson.JSONError as e:
-                raise CocoFileError(f"{self.path}: not valid JSON ({_short(e)})") from None
+                raise CocoFileError(f"{self.path}: not valid JSON ({first_line(e)})") from None
             except CocoFileError:
                 raise
             except Exception as e:  # any filesystem's I/O error midway
-                raise CocoFileError(f"cannot read {self.path}: {_short(e)}") from None
+                raise CocoFileError(f"cannot read {self.path}: {first_line(e)}") from None
 
     def _spill_images(self, spill: _Spill) -> Iterator[CocoProblem]:
         found_any = False
@@ -822,11 +822,6 @@ def _last_unescaped_quote(chunk: bytes, backslashes: int) -> int:
         if run % 2 == 0:
             return position
         end = position
-
-
-def _short(error: Exception) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return text[:200]
 
 
 # A spilled annotation: (image id, position, entry, a key it gives twice or None).

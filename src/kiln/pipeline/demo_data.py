@@ -33,10 +33,12 @@ import numpy as np
 
 from kiln.pipeline.demo_drawing import (
     CLASSES,
+    SUBPIXEL_BITS,
     as_stored_for,
     contrasting_colour,
     draw_background,
     prepare_folder,
+    shape_vertices,
     with_exif_orientation,
     write_file,
 )
@@ -241,11 +243,8 @@ def _draw_shape_image(rng: np.random.Generator, class_name: str) -> np.ndarray:
     return image
 
 
-_SUBPIXEL_BITS = 4  # OpenCV draws at 1/16 pixel: smooth, still integer coordinates
-
-
 def _draw_shape(image, class_name, centre, radius, angle, colour) -> None:
-    scale = 1 << _SUBPIXEL_BITS
+    scale = 1 << SUBPIXEL_BITS
     cx, cy = centre
     if class_name == "circle":
         cv2.circle(
@@ -255,25 +254,11 @@ def _draw_shape(image, class_name, centre, radius, angle, colour) -> None:
             colour,
             thickness=-1,
             lineType=cv2.LINE_AA,
-            shift=_SUBPIXEL_BITS,
+            shift=SUBPIXEL_BITS,
         )
         return
-    if class_name == "star":
-        radii = [radius if i % 2 == 0 else radius * 0.45 for i in range(10)]
-    else:
-        radii = [radius] * {"square": 4, "triangle": 3}[class_name]
-    step = 2 * math.pi / len(radii)
-    points = np.array(
-        [
-            [
-                round((cx + r * math.cos(angle + i * step)) * scale),
-                round((cy + r * math.sin(angle + i * step)) * scale),
-            ]
-            for i, r in enumerate(radii)
-        ],
-        np.int32,
-    )
-    cv2.fillPoly(image, [points], colour, lineType=cv2.LINE_AA, shift=_SUBPIXEL_BITS)
+    points = shape_vertices(class_name, centre, radius, angle)
+    cv2.fillPoly(image, [points], colour, lineType=cv2.LINE_AA, shift=SUBPIXEL_BITS)
 
 
 def _photo_image(rng: np.random.Generator, class_name: str, width: int, height: int) -> np.ndarray:

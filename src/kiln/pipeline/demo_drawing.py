@@ -15,6 +15,32 @@ import numpy as np
 from kiln.transforms.functional import to_grayscale
 
 CLASSES = ("circle", "square", "star", "triangle")  # sorted: label ids follow this order
+SUBPIXEL_BITS = 4  # OpenCV draws at 1/16 pixel: smooth, still integer coordinates
+
+
+def shape_vertices(
+    class_name: str, centre: tuple[float, float], radius: float, angle: float
+) -> np.ndarray:
+    """The int32 ``[V, 2]`` x, y vertices of a square, star or triangle in
+    OpenCV's fixed-point coordinates (`SUBPIXEL_BITS`), for ``cv2.fillPoly``:
+    the image (`demo_data`) and the mask (`demo_targets`) draw the same ones."""
+    scale = 1 << SUBPIXEL_BITS
+    cx, cy = centre
+    if class_name == "star":
+        radii = [radius if i % 2 == 0 else radius * 0.45 for i in range(10)]
+    else:
+        radii = [radius] * {"square": 4, "triangle": 3}[class_name]
+    step = 2 * math.pi / len(radii)
+    return np.array(
+        [
+            [
+                round((cx + r * math.cos(angle + i * step)) * scale),
+                round((cy + r * math.sin(angle + i * step)) * scale),
+            ]
+            for i, r in enumerate(radii)
+        ],
+        np.int32,
+    )
 
 
 def draw_background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:

@@ -53,7 +53,6 @@ SHAPES = demo_drawing.CLASSES
 BACKGROUND = "background"
 CLASSES = (BACKGROUND, *SHAPES)  # sorted: the semantic mask's values index this
 KEYPOINTS = ("center", "left", "right")
-FLIP_PAIRS = (("left", "right"),)
 MANIFEST = "manifest.jsonl"
 COCO = "instances.json"
 
@@ -232,9 +231,6 @@ def draw_scene(rng: np.random.Generator, name: str, *, oriented: bool = True) ->
     )
 
 
-_SUBPIXEL_BITS = 4
-
-
 def _shape_mask(
     shape: tuple[int, int],
     class_name: str,
@@ -244,7 +240,7 @@ def _shape_mask(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The shape's pixels (drawn without anti-aliasing: exact) and its
     vertices in continuous coordinates (None for a circle)."""
-    scale = 1 << _SUBPIXEL_BITS
+    scale = 1 << demo_drawing.SUBPIXEL_BITS
     canvas = np.zeros(shape, np.uint8)
     cx, cy = centre
     if class_name == "circle":
@@ -255,25 +251,11 @@ def _shape_mask(
             1,
             thickness=-1,
             lineType=cv2.LINE_8,
-            shift=_SUBPIXEL_BITS,
+            shift=demo_drawing.SUBPIXEL_BITS,
         )
         return canvas.astype(bool), None
-    if class_name == "star":
-        radii = [radius if i % 2 == 0 else radius * 0.45 for i in range(10)]
-    else:
-        radii = [radius] * {"square": 4, "triangle": 3}[class_name]
-    step = 2 * math.pi / len(radii)
-    fixed = np.array(
-        [
-            [
-                round((cx + r * math.cos(angle + i * step)) * scale),
-                round((cy + r * math.sin(angle + i * step)) * scale),
-            ]
-            for i, r in enumerate(radii)
-        ],
-        np.int32,
-    )
-    cv2.fillPoly(canvas, [fixed], 1, lineType=cv2.LINE_8, shift=_SUBPIXEL_BITS)
+    fixed = demo_drawing.shape_vertices(class_name, centre, radius, angle)
+    cv2.fillPoly(canvas, [fixed], 1, lineType=cv2.LINE_8, shift=demo_drawing.SUBPIXEL_BITS)
     # OpenCV's integer coordinates are pixel centres: + 0.5 in continuous ones.
     return canvas.astype(bool), fixed / scale + 0.5
 

@@ -349,10 +349,6 @@ class BaseFiles:
     def index_uri(self) -> str:
         return storage.join(self.folder, INDEX_FILENAME)
 
-    @property
-    def shard_sha256(self) -> dict[str, str]:
-        return {name: sha256 for name, sha256 in self.files if name != INDEX_FILENAME}
-
 
 @dataclasses.dataclass(frozen=True)
 class BaseChoice:

@@ -49,6 +49,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from kiln.errors import first_line
 from kiln.pipeline import storage, versioning
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.listing import (
@@ -289,8 +290,7 @@ def _found(
                 float(metadata.last_updated_in_seconds),
             )
     except Exception as e:  # Beam's BeamIOError, the client's HTTP error...
-        problem = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SourceListingError(f"{CANNOT_LIST}{what}: {problem[:300]}") from e
+        raise SourceListingError(f"{CANNOT_LIST}{what}: {first_line(e, 300)}") from e
 
 
 class _PlaceFileFn(beam.DoFn):

@@ -187,12 +187,6 @@ class _HashingWriter:
         pass  # the raw file is flushed when closed
 
 
-def write_shard(path: str, temp_path: str, records: list[bytes], compression: str) -> ShardInfo:
-    """Writes `records` in order as a TFRecord file at `path`, via `temp_path`."""
-    frames = [tfrecord.frame(record) for record in records]
-    return write_frames(path, temp_path, frames, compression)
-
-
 def write_frames(
     path: str, temp_path: str, frames: Sequence[bytes | memoryview], compression: str
 ) -> ShardInfo:

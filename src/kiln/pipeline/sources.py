@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kiln.errors import ConfigError, unknown_names
+from kiln.errors import ConfigError, first_line, unknown_names
 from kiln.pipeline import box_convention, compressed, storage, target_rows, text_lines, voc
 from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem, looks_like_coco
 from kiln.pipeline.config_paths import ConfigPath
@@ -1121,7 +1121,7 @@ def outside_row(key: str, uri: str, problem: str) -> DroppedRow:
 def missing_row(key: str, uri: str, path: str, error: Exception) -> DroppedRow:
     """A row whose file `error` says is not found."""
     name = posixpath.basename(path.rstrip("/"))
-    message = f"listed in {name} but not found ({_short(error)})"
+    message = f"listed in {name} but not found ({first_line(error)})"
     return DroppedFile(key, "list", "missing", uri, message), ["dropped", "missing", key]
 
 
@@ -1383,7 +1383,7 @@ def _manifest_lines(path: str) -> Iterator[str | LongLine]:
     try:
         f = compressed.open_decompressed(path)
     except Exception as e:  # any filesystem's I/O error
-        raise ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
+        raise ManifestError(f"cannot read manifest {path}: {first_line(e)}") from None
     with f:
         lines = text_lines.text_lines(f.read, text_lines.MAX_LINE_BYTES)
         while True:
@@ -1394,7 +1394,7 @@ def _manifest_lines(path: str) -> Iterator[str | LongLine]:
             except UnicodeDecodeError as e:
                 raise ManifestError(f"{path}: not UTF-8 text ({e.reason})") from None
             except Exception as e:  # any filesystem's I/O error
-                raise ManifestError(f"cannot read manifest {path}: {_short(e)}") from None
+                raise ManifestError(f"cannot read manifest {path}: {first_line(e)}") from None
             yield line
 
 
@@ -1619,7 +1619,7 @@ def _jsonl_rows(
             yield _BadRow(line, raw, "nested more deeply than Python reads")
             continue
         except ValueError as e:  # an integer of more than 4300 digits
-            yield _BadRow(line, raw, f"holds a number too long to read ({_short(e)[:60]})")
+            yield _BadRow(line, raw, f"holds a number too long to read ({first_line(e, 60)})")
             continue
         if not isinstance(row, dict):
             yield _BadRow(line, raw, "expected a JSON object")
@@ -1713,8 +1713,3 @@ def _resolve(path: str, base: str) -> str:
 
 def _local_dirname(path: str) -> str:
     return os.path.dirname(os.path.abspath(path))
-
-
-def _short(error: Exception) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return text[:200]

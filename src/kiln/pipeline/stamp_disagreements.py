@@ -43,9 +43,6 @@ from kiln.pipeline import storage
 
 logger = logging.getLogger(__name__)
 
-# The size a listing gives a mask file it did not find (`listing.SourceFile.mask_stamp`).
-MISSING_SIZE = -1
-
 Stamp = tuple[int, float]  # (size, modification time) as listed
 Seen = tuple[int, float | None]  # (size, modification time or None: not known) as read
 
@@ -57,7 +54,7 @@ class StampDisagreement(NamedTuple):
       key: The listed file's key (for a mask file, its image's).
       uri: The file read (the image, or the mask file).
       mask: Whether it is a mask file the image's targets name.
-      listed: ``(size, mtime)`` as listed (size `MISSING_SIZE`: not found).
+      listed: ``(size, mtime)`` as listed (size -1: not found).
       read: ``(size, mtime)`` as the job found it (mtime None: not known,
         an object store), or None: not found.
     """
@@ -125,12 +122,12 @@ def compare(
     """The disagreement between what the listing stamped of a file and what
     its read found (`read` None: not found), or None when they agree.
 
-    A file listed as not found (a mask file: size `MISSING_SIZE`) disagrees
-    when it is found; one listed with a time (above 0) disagrees when it is
-    not found, or is found with another size or another time (where the
-    read knows one). A file listed without a time (0: a dangling link, a
-    store that gives none) is compared by its size alone, and not being
-    found is what its listing said.
+    A file listed as not found (a mask file of size -1 in
+    `listing.SourceFile.mask_stamp`) disagrees when it is found; one listed
+    with a time (above 0) disagrees when it is not found, or is found with
+    another size or another time (where the read knows one). A file listed
+    without a time (0: a dangling link, a store that gives none) is compared
+    by its size alone, and not being found is what its listing said.
     """
     if listed is None:
         return None

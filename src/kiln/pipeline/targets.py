@@ -88,6 +88,7 @@ import cv2
 import numpy as np
 
 from kiln import transforms
+from kiln.errors import first_line
 from kiln.pipeline import box_convention, stamp_disagreements, storage, target_rows
 from kiln.pipeline.box_convention import FAR_OUTSIDE
 from kiln.pipeline.statistics import TargetCounts
@@ -299,7 +300,7 @@ def _read_files(
                 seen[uri] = storage.input_stamp(f, uri, len(data))
             contents[uri] = data
         except Exception as e:  # any I/O error: missing, permission, network
-            contents[uri] = _first_line(e)
+            contents[uri] = first_line(e)
             if storage.is_missing_input(e):
                 seen[uri] = None
     return contents, seen
@@ -763,20 +764,15 @@ class TargetCodec:
         targets = self._targets
         fields: dict[str, Any] = {}
         if targets.boxes is not None:
-            boxes = moved.boxes
-            # [x_min, y_min, x_max, y_max] pixels -> [y_min, x_min, y_max, x_max] in [0, 1].
-            scale = np.array([height, width, height, width], dtype=np.float64)
-            normalized = boxes[:, [1, 0, 3, 2]] / scale
-            fields["boxes"] = np.clip(normalized, 0.0, 1.0).astype(np.float32)
+            fields["boxes"] = moved.normalized_boxes(height, width)
             fields["classes"] = moved.objects["classes"].astype(np.int64)
             for name, kind in sorted(targets.boxes.fields.items()):
                 column = moved.objects[name]
                 fields[name] = column.astype(np.int64 if kind == "int" else np.float32)
         if targets.keypoints is not None and moved.keypoints is not None:
-            points = moved.keypoints
-            yx = np.stack([points[:, :, 1] / height, points[:, :, 0] / width], axis=-1)
-            fields["keypoints"] = np.clip(yx, 0.0, 1.0).astype(np.float32)
-            fields["keypoint_visibility"] = points[:, :, 2].astype(np.int64)
+            points, visibility = moved.normalized_keypoints(height, width)
+            fields["keypoints"] = points
+            fields["keypoint_visibility"] = visibility
         if targets.mask is not None and moved.mask is not None:
             fields["mask"] = _encode_mask(moved.mask, targets.mask.encoding)
         if targets.instance_masks is not None and moved.instance_masks is not None:
@@ -1012,8 +1008,3 @@ def _encode_mask(mask: np.ndarray, encoding: str) -> bytes:
     if encoding == "raw":
         return np.ascontiguousarray(mask, dtype=np.uint8).tobytes()
     return _encode_png(mask)
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:200]

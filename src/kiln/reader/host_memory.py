@@ -27,8 +27,6 @@ logger = logging.getLogger(__name__)
 # TensorFlow's switch for its CPU allocator (tensorflow/core/common_runtime/
 # process_state.cc), read once, when the allocator is created.
 ENVIRONMENT_VARIABLE = "TF_CPU_ALLOCATOR_USE_BFC"
-# TensorFlow's oneDNN switch: on, its host allocator is oneDNN's (pooling).
-ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
 
 _requested = False
 _checked = False

@@ -415,10 +415,6 @@ class ElementTargets:
     def replace(self, **tensors: tf.Tensor) -> ElementTargets:
         return ElementTargets({**self.tensors, **tensors}, self.spec, self.grid, self.moves)
 
-    def with_tensors(self, tensors: Mapping[str, tf.Tensor]) -> ElementTargets:
-        """The same spec with these tensors (e.g. the outputs of a `tf.cond`)."""
-        return ElementTargets(dict(tensors), self.spec, self.grid, self.moves)
-
     def get(self, name: str) -> tf.Tensor | None:
         return self.materialized().tensors.get(name)
 
@@ -1057,9 +1053,6 @@ def mask_boxes(masks: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 # --- declaring what an op does to targets ---------------------------------------------
-
-
-TargetsFn = Callable[..., "tuple[tf.Tensor, ElementTargets]"]
 
 
 def refuse_unsupported(

@@ -81,10 +81,6 @@ class Feature:
         return getattr(tf, _DTYPES[self.dtype])
 
     @property
-    def is_scalar(self) -> bool:
-        return not self.shape
-
-    @property
     def item_size(self) -> int:
         """Values per item of a variable-length feature (4 for ``(None, 4)``)."""
         size = 1
@@ -536,13 +532,19 @@ def decode_masks(encoded: tf.Tensor) -> tf.Tensor:
     """Decodes one record's instance masks (``[N]`` PNGs: instance masks are
     PNG in every dataset) to uint8 ``[N, height, width]``.
 
-    N may be 0; the height and width then come out 0 (the caller knows the
-    image's size and may reshape).
+    N may be 0 (an image without objects); the height and width then come
+    out 0 (the caller knows the image's size and may reshape): `tf.map_fn`
+    of no element cannot stack masks of unknown size, so that case is an
+    empty tensor, as in the reader.
     """
-    return tf.map_fn(
-        decode_mask,
-        encoded,
-        fn_output_signature=tf.TensorSpec([None, None], tf.uint8),
+    return tf.cond(
+        tf.size(encoded) > 0,
+        lambda: tf.map_fn(
+            decode_mask,
+            encoded,
+            fn_output_signature=tf.TensorSpec([None, None], tf.uint8),
+        ),
+        lambda: tf.zeros([0, 0, 0], tf.uint8),
     )
 
 
