@@ -865,6 +865,58 @@ def test_a_sigterm_while_comparing_with_the_previous_version_publishes_nothing(
     assert verify.verify(first.dataset_root).ok
 
 
+# `kiln build` in a process of its own that sends itself a real SIGTERM as soon
+# as the build's listing has been moved beside an existing version (into
+# `.file-stamps/<version>/`): the moment a scheduler's stop can come while the
+# build keeps the listing a version was built from.
+SIGTERM_AFTER_KEEPING_THE_LISTING = textwrap.dedent("""
+    import os, signal, sys
+    from kiln import cli
+
+    replace = os.replace
+
+    def replace_then_sigterm(source, target, *args, **kwargs):
+        replace(source, target, *args, **kwargs)
+        parts = str(target).split(os.sep)
+        if ".file-stamps" in parts and parts[-1] == "listing.jsonl":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    os.replace = replace_then_sigterm
+    sys.exit(cli.main(sys.argv[1:]))
+""")
+
+
+def test_a_sigterm_while_keeping_a_listing_never_leaves_it_without_its_build_start(
+    demo_corpus, tmp_path
+):
+    """A version's kept listing without `.build-started` is trusted by its
+    stamps alone, with no check of the stamps as recent as the build that
+    listed them ("racily clean"). A build of an existing version (a file
+    touched) replaces that version's listing; stopped between moving the
+    listing there and writing when the build started, it left exactly that."""
+    root, keys, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    first = build(config)
+    dataset = publish.DatasetRoot(first.dataset_root)
+    assert dataset.file_stamps(first.version) and dataset.build_started(first.version)
+    os.utime(root / keys[1], (1, 1))  # a new stamp, the same bytes: the same version
+    stopped = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AFTER_KEEPING_THE_LISTING]
+        + ["build", "--config", str(path)],
+        env=dict(os.environ, PYTHONPATH=SOURCE_ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (stopped.returncode, stopped.stderr) == (143, "kiln build: terminated (SIGTERM)\n")
+    assert dataset.latest() == first.version and dataset.is_complete(first.version)
+    if dataset.file_stamps(first.version):
+        assert dataset.build_started(first.version) is not None
+    # The next build finishes what was stopped: the same version, its listing kept whole.
+    again = build(config)
+    assert again.version == first.version and dataset.latest() == first.version
+    assert dataset.file_stamps(first.version) and dataset.build_started(first.version)
+
+
 def test_a_published_version_whose_kiln_json_was_edited_is_rebuilt_not_reused(
     demo_corpus, tmp_path
 ):
