@@ -1175,6 +1175,25 @@ def _previous_splits(
     if base.info.config.get("splits") != spec.to_json()["splits"]:
         logger.info("LATEST (%s) was split with another splits config: assigning afresh", latest)
         return
+    # A record index deleted or damaged by hand (`kiln verify` fails) is
+    # what --full and --rehash repair: the splits are in the shards too, each
+    # record in its split's. Refusing here, every build of the dataset failed,
+    # the repair included.
+    problem = version_diff.index_problem(base)
+    if problem is not None:
+        logger.warning(
+            "splits.stratify: the record index of LATEST (%s) cannot be read (%s): the "
+            "splits of its records are read from its shards",
+            latest,
+            problem,
+        )
+        base = dataclasses.replace(base, index_sha256=None)
+        try:
+            for record in version_diff.records(base):
+                yield record.key, record.split
+        except Exception as e:  # a shard cut short, deleted: TensorFlow's errors
+            raise MetadataError(f"{problem}; nor can its shards: {_last_line(e)}") from e
+        return
     for record in version_diff.records(base):
         yield record.key, record.split
 
