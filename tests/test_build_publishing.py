@@ -803,6 +803,120 @@ def test_a_publish_or_prune_stopped_by_sigterm_on_an_object_store(demo_corpus, t
     ), reports["after"]["warnings"]
 
 
+# `kiln build` in a process of its own that sends itself a real SIGTERM as the
+# build starts comparing its version with the previous one (for the summary's
+# "changes since" and the report's `changes`), as a scheduler stopping the task
+# then would; the comparison itself runs as always.
+SIGTERM_WHILE_COMPARING = textwrap.dedent("""
+    import os, signal, sys
+    from kiln import cli
+    from kiln.schemas import version_diff
+
+    compare = version_diff.compare
+
+    def compare_after_sigterm(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return compare(*args, **kwargs)
+
+    version_diff.compare = compare_after_sigterm
+    sys.exit(cli.main(sys.argv[1:]))
+""")
+
+
+def test_a_sigterm_while_comparing_with_the_previous_version_publishes_nothing(
+    demo_corpus, tmp_path
+):
+    """The comparison with the previous version reads both record indexes
+    (seconds for a large dataset). It came after LATEST was written: a
+    SIGTERM then exited 143, "nothing was published", with the new version
+    published. Now it comes before: LATEST stays, and the next build
+    publishes the complete version as up to date."""
+    root, keys, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    first = build(config)
+    dataset = publish.DatasetRoot(first.dataset_root)
+    add_image(demo_corpus, root, keys, "added.png")
+    env = dict(os.environ, PYTHONPATH=SOURCE_ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+
+    def stopped_build(report):
+        argv = ["build", "--config", str(path), "--report", str(report)]
+        return subprocess.run(
+            [sys.executable, "-c", SIGTERM_WHILE_COMPARING, *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    # Stopped after the job, while comparing; and then stopped on the up-to-date
+    # path, which also compares before naming the version.
+    for report in (tmp_path / "job.json", tmp_path / "up-to-date.json"):
+        stopped = stopped_build(report)
+        assert (stopped.returncode, stopped.stderr) == (143, "kiln build: terminated (SIGTERM)\n")
+        assert json.loads(report.read_text())["status"] == "interrupted"
+        assert dataset.latest() == first.version
+        assert not [e for e in os.listdir(first.dataset_root) if e.startswith(".staging-")]
+    new = [v for v in dataset.versions() if v != first.version]
+    assert len(new) == 1 and dataset.is_complete(new[0])
+
+    # The next build of the same inputs publishes it, as up to date.
+    again = build(config)
+    assert again.up_to_date and again.version == new[0] and dataset.latest() == new[0]
+    assert again.previous_version == first.version and again.changes is not None
+    assert verify.verify(first.dataset_root).ok
+
+
+# `kiln build` in a process of its own that sends itself a real SIGTERM as soon
+# as the build's listing has been moved beside an existing version (into
+# `.file-stamps/<version>/`): the moment a scheduler's stop can come while the
+# build keeps the listing a version was built from.
+SIGTERM_AFTER_KEEPING_THE_LISTING = textwrap.dedent("""
+    import os, signal, sys
+    from kiln import cli
+
+    replace = os.replace
+
+    def replace_then_sigterm(source, target, *args, **kwargs):
+        replace(source, target, *args, **kwargs)
+        parts = str(target).split(os.sep)
+        if ".file-stamps" in parts and parts[-1] == "listing.jsonl":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    os.replace = replace_then_sigterm
+    sys.exit(cli.main(sys.argv[1:]))
+""")
+
+
+def test_a_sigterm_while_keeping_a_listing_never_leaves_it_without_its_build_start(
+    demo_corpus, tmp_path
+):
+    """A version's kept listing without `.build-started` is trusted by its
+    stamps alone, with no check of the stamps as recent as the build that
+    listed them ("racily clean"). A build of an existing version (a file
+    touched) replaces that version's listing; stopped between moving the
+    listing there and writing when the build started, it left exactly that."""
+    root, keys, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    first = build(config)
+    dataset = publish.DatasetRoot(first.dataset_root)
+    assert dataset.file_stamps(first.version) and dataset.build_started(first.version)
+    os.utime(root / keys[1], (1, 1))  # a new stamp, the same bytes: the same version
+    stopped = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AFTER_KEEPING_THE_LISTING]
+        + ["build", "--config", str(path)],
+        env=dict(os.environ, PYTHONPATH=SOURCE_ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (stopped.returncode, stopped.stderr) == (143, "kiln build: terminated (SIGTERM)\n")
+    assert dataset.latest() == first.version and dataset.is_complete(first.version)
+    if dataset.file_stamps(first.version):
+        assert dataset.build_started(first.version) is not None
+    # The next build finishes what was stopped: the same version, its listing kept whole.
+    again = build(config)
+    assert again.version == first.version and dataset.latest() == first.version
+    assert dataset.file_stamps(first.version) and dataset.build_started(first.version)
+
+
 def test_a_published_version_whose_kiln_json_was_edited_is_rebuilt_not_reused(
     demo_corpus, tmp_path
 ):

@@ -300,3 +300,45 @@ def test_a_detection_dataset_stratifies_by_the_classes_of_its_objects(tmp_path):
     after = splits_of(second)
     assert len(after) == 90 and {key: after[key] for key in before} == before
     assert second.info.largest_class_deviation() < 1.5
+
+
+@pytest.mark.parametrize("damage", ["deleted", "edited"])
+def test_a_latest_whose_record_index_is_damaged_is_repaired_by_full(corpora, tmp_path, damage):
+    """LATEST's record index deleted or edited by hand: `kiln verify` fails,
+    and `kiln build --full` (or --rehash) repairs the version. With stratify
+    every build read LATEST's splits from that index first and failed
+    (exit 1, "repair it"), the repair included. The splits are in the shards
+    too: the build reads them there, keeps every file's split, and finds or
+    makes the same version."""
+    from kiln.tools import verify
+
+    images = tmp_path / "images"
+    shutil.copytree(corpora / "images", images)
+    splits = {"fractions": FRACTIONS, "split_by": "key", "stratify": True}
+    settings = make_config(
+        str(images), output=str(tmp_path / "out"), splits=splits, sharding=SHARDS
+    )
+    first = build(settings)
+    index = os.path.join(first.dataset_dir, "index.jsonl")
+    intact = open(index, "rb").read()
+
+    def spoil():
+        if damage == "deleted":
+            os.remove(index)
+        else:
+            with open(index, "ab") as f:
+                f.write(b"\n")
+        assert not verify.verify(first.dataset_root).ok
+
+    spoil()
+    repaired = build(settings, full=True)
+    assert repaired.version == first.version
+    assert open(index, "rb").read() == intact
+    assert verify.verify(first.dataset_root).ok
+
+    # The nightly build after new files came: every split of LATEST's records kept.
+    spoil()
+    added = add_new_files(corpora, images)
+    second = build(settings)
+    assert {key: splits_of(second)[key] for key in splits_of(first)} == splits_of(first)
+    assert set(splits_of(second)) == set(splits_of(first)) | set(added)

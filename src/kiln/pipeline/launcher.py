@@ -822,12 +822,14 @@ def _build_locked(
     if built is not None:
         dataset.clean_leftovers()
         by_hand = dataset.latest_set_by_hand(built.version)  # a rollback stands
+        changes = None
         if by_hand is None:
             if check_gate is not None and built.version != previous:
                 check_gate(dataset.version_dir(built.version))
+            # Before LATEST names it (`_comparing_first`).
+            changes = _changes(dataset, previous, built.version)
             dataset.name_latest(built.version)
         logger.info("up to date: %s", built.version)
-        changes = None if by_hand else _changes(dataset, previous, built.version)
         _warn_about_vanished_splits(changes)
         return BuildResult(
             dataset.version_dir(built.version),
@@ -882,9 +884,12 @@ def _build_locked(
         _warn_about_empty_splits(spec, info)
         _warn_about_split_names(spec, info)
         held.check()
+        compared: list[version_diff.VersionDiff | None] = []
         target = transaction.commit(
             info,
-            gate=check_gate,
+            gate=_comparing_first(
+                check_gate, lambda: _changes(dataset, previous, info.version), compared
+            ),
             listing_files=_listing_files(plan),
             listed_from=started,
             dropped_sha256s=plan.dropped_sha256s_uri,
@@ -892,8 +897,8 @@ def _build_locked(
             checked=_checked_files(choice, info.version, report.base_problems),
         )
     by_hand = dataset.latest_set_by_hand(info.version)  # a rollback stands
-    # Before pruning `previous`.
-    changes = None if by_hand else _changes(dataset, previous, info.version)
+    # Compared before LATEST named it (none when a rollback stood: not named).
+    changes = compared[0] if compared and by_hand is None else None
     _warn_about_vanished_splits(changes)
     return BuildResult(
         dataset_dir=target,
@@ -1068,6 +1073,31 @@ def _publish_gate(
     return check
 
 
+def _comparing_first(
+    gate: Callable[[str], None] | None,
+    compare: Callable[[], version_diff.VersionDiff | None],
+    compared: list[version_diff.VersionDiff | None],
+) -> Callable[[str], None]:
+    """The check `publish.PublishTransaction.commit` runs before LATEST names
+    the new version: the publish `gate`, if any, then the comparison with the
+    previous version for the summary and the report (`_changes`), appended
+    to `compared`.
+
+    Compared before, not after: the comparison reads both versions' record
+    indexes, seconds for a large dataset, and a Ctrl-C or SIGTERM then
+    (exit 130 or 143, "nothing was published") must find LATEST as it was,
+    the complete version left for the next build to publish as up to date.
+    After LATEST was written it exited 143 with the new version published.
+    """
+
+    def check(version_dir: str) -> None:
+        if gate is not None:
+            gate(version_dir)
+        compared.append(compare())
+
+    return check
+
+
 def _changes(
     dataset: publish.DatasetRoot, previous: str | None, version: str
 ) -> version_diff.VersionDiff | None:
@@ -1144,6 +1174,25 @@ def _previous_splits(
     base = version_diff.open_version(dataset.version_dir(latest))
     if base.info.config.get("splits") != spec.to_json()["splits"]:
         logger.info("LATEST (%s) was split with another splits config: assigning afresh", latest)
+        return
+    # A record index deleted or damaged by hand (`kiln verify` fails) is
+    # what --full and --rehash repair: the splits are in the shards too, each
+    # record in its split's. Refusing here, every build of the dataset failed,
+    # the repair included.
+    problem = version_diff.index_problem(base)
+    if problem is not None:
+        logger.warning(
+            "splits.stratify: the record index of LATEST (%s) cannot be read (%s): the "
+            "splits of its records are read from its shards",
+            latest,
+            problem,
+        )
+        base = dataclasses.replace(base, index_sha256=None)
+        try:
+            for record in version_diff.records(base):
+                yield record.key, record.split
+        except Exception as e:  # a shard cut short, deleted: TensorFlow's errors
+            raise MetadataError(f"{problem}; nor can its shards: {_last_line(e)}") from e
         return
     for record in version_diff.records(base):
         yield record.key, record.split

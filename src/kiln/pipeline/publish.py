@@ -230,13 +230,17 @@ class DatasetRoot:
         where there is one."""
         folder = self.file_stamps_dir(version)
         self.store.delete_tree(folder)
+        # When the build started before the listing: a listing kept without
+        # it is trusted by its stamps alone (`build_started`), and a build
+        # stopped in between (SIGTERM) left the listing of a version that
+        # was already complete so. Alone, it trusts no stamp: none is listed.
+        self._write_build_started(version, listed_from)
         # The disagreements first: kept alone, they still keep the version
         # from being found up to date (`up_to_date`).
         for path in (stamp_disagreements, dropped_sha256s):
             if path is not None and self.store.exists(path):
                 self.store.move_files([path], folder)
         self.store.move_files(listing_files, folder)
-        self._write_build_started(version, listed_from)
 
     def stamp_disagreements(self, version: str) -> str:
         """Where the files `version`'s job found not as listed are kept

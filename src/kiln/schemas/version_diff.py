@@ -182,6 +182,28 @@ def _shard_ids(info: DatasetInfo) -> set[tuple[str, str, str]]:
     }
 
 
+def index_problem(version: Version) -> str | None:
+    """Why `version`'s record index cannot be read (missing, or not the
+    bytes kiln.json records a sha256 of), or None when it can or the version
+    has none. One pass over the file: for a caller that must know before it
+    uses any of `records`' (which checks the sha256 only at the end)."""
+    if version.index_sha256 is None:
+        return None
+    path = join(version.dataset_dir, INDEX_FILENAME)
+    if not exists(path):
+        return f"{path} is missing, but kiln.json records its sha256"
+    digest = hashlib.sha256()
+    with open_file(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != version.index_sha256:
+        return (
+            f"{path} does not match the sha256 kiln.json records for it "
+            f"({version.index_sha256}): it was changed after the build"
+        )
+    return None
+
+
 def records(
     version: Version, skip_shards: AbstractSet[tuple[str, str]] = frozenset()
 ) -> Iterator[RecordIdentity]:
