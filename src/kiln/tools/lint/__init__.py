@@ -108,7 +108,7 @@ def lint_tree(tree: ast.Module, source: str, filename: str) -> list[Finding]:
     except RecursionError:
         # Machine-generated code can nest deeper than the checker recurses.
         return [rules.nested_too_deeply_to_check(filename)]
-    noqa = NoqaComments(source)
+    noqa = NoqaComments(source, tree)
     return [f for f in findings if not noqa.silences(f)]
 
 
