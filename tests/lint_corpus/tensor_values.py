@@ -3,6 +3,8 @@
 import cv2
 import numpy as np
 import tensorflow as tf
+from tensorflow import keras
+from tensorflow.keras.preprocessing.image import random_rotation
 
 
 def parse(serialized):
@@ -27,3 +29,16 @@ def resize(image):
 
 ds = tf.data.Dataset.list_files("*.tfrecord").map(parse)
 ds = ds.map(resize)
+
+
+def keras_utilities(image, label):
+    # Keras's legacy image augmentations and array helpers are NumPy/SciPy code.
+    image = tf.keras.preprocessing.image.random_zoom(image, (0.9, 1.1))  # expect: K108
+    image = random_rotation(image, 30)  # expect: K108
+    array = keras.utils.img_to_array(image)  # expect: K108
+    image = tf.keras.preprocessing.image.smart_resize(image, (32, 32))  # TF ops: fine
+    label = keras.utils.to_categorical(label, 10)  # handles tensors: fine
+    return image, label, array
+
+
+ds = ds.map(keras_utilities)

@@ -238,6 +238,34 @@ def comprehension_condition_violation(condition: ast.expr, is_tensor: IsTensor) 
 PY_FUNCTION_NAMES = frozenset({"py_function", "numpy_function", "py_func", "eager_py_func"})
 _CONCRETE_VALUE_BUILTINS = frozenset({"int", "float", "bool", "complex"})
 _HOST_ARRAY_LIBRARIES = ("numpy.", "cv2.", "scipy.", "skimage.", "PIL.")
+# Keras's image utilities that are NumPy/SciPy/PIL code, not ops (the legacy
+# `preprocessing.image` augmentations: 'Cannot convert a symbolic tf.Tensor'
+# in a map), under each Keras a user may import. `smart_resize` and
+# `to_categorical` accept tensors and are not listed.
+_KERAS_ROOTS = ("tensorflow.keras.", "keras.", "tf_keras.")
+_KERAS_HOST_ARRAY_FUNCTIONS = frozenset(
+    {
+        *(
+            f"preprocessing.image.{name}"
+            for name in (
+                "random_rotation",
+                "random_shift",
+                "random_shear",
+                "random_zoom",
+                "random_channel_shift",
+                "random_brightness",
+                "apply_affine_transform",
+                "apply_channel_shift",
+                "apply_brightness_shift",
+                "img_to_array",
+                "array_to_img",
+                "load_img",
+                "save_img",
+            )
+        ),
+        *(f"utils.{name}" for name in ("img_to_array", "array_to_img", "load_img", "save_img")),
+    }
+)
 
 
 def call_violation(
@@ -296,7 +324,7 @@ def call_violation(
         )
     if (
         qualified
-        and qualified.startswith(_HOST_ARRAY_LIBRARIES)
+        and (qualified.startswith(_HOST_ARRAY_LIBRARIES) or _is_keras_host_array(qualified))
         and any(is_tensor(a) for a in [*call.args, *(k.value for k in call.keywords)])
     ):
         return Violation(
@@ -305,6 +333,14 @@ def call_violation(
             f"arrays ('Cannot convert a symbolic tf.Tensor to a numpy array')",
         )
     return None
+
+
+def _is_keras_host_array(qualified: str) -> bool:
+    """Whether a dotted name is one of Keras's NumPy-based image utilities."""
+    for root in _KERAS_ROOTS:
+        if qualified.startswith(root):
+            return qualified[len(root) :] in _KERAS_HOST_ARRAY_FUNCTIONS
+    return False
 
 
 def _is_py_function(qualified: str | None) -> bool:
