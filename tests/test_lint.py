@@ -228,6 +228,17 @@ def test_cli_unknown_code_is_a_usage_error(capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("select", ["", " ", ","])
+def test_cli_empty_select_is_a_usage_error_not_a_silent_pass(capsys, select):
+    # `kiln lint --select "$CODES" src/` with an empty variable must not pass CI.
+    assert cli.main(["lint", "--select", select, str(CORPUS / "noqa.py")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("kiln lint: error: select: no code given")
+    assert len(err.strip().splitlines()) == 1
+    assert cli.main(["lint", "--ignore", select, str(CORPUS / "noqa.py")]) == 1
+
+
 def test_cli_missing_path_is_a_usage_error(capsys, tmp_path):
     missing = tmp_path / "nope.py"
     assert cli.main(["lint", str(CORPUS / "noqa.py"), str(missing)]) == 2

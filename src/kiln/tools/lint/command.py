@@ -44,7 +44,7 @@ exit codes:
   1  findings (a file that cannot be parsed is reported as K000 and counts
      as a finding; the other files are still checked)
   2  usage error: a path does not exist, an unknown code in --select/--ignore,
-     no Python file found, or no file could be parsed
+     a --select naming no code, no Python file found, or no file could be parsed
   73 --format json, no findings: stdout could not be written (a full disk;
      not a reader that went away, as `| head` does)"""
 
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     for path in files:
         try:
             found = lint.lint_file(path, select=args.select, ignore=args.ignore)
-        except ValueError as e:  # an unknown code in --select/--ignore
+        except ValueError as e:  # an unknown code in --select/--ignore, an empty --select
             raise UsageError(str(e)) from None
         unparsable += any(f.code == lint.SYNTAX_ERROR_CODE for f in found)
         findings.extend(found)
