@@ -13,7 +13,7 @@ K101   `random.*` / `numpy.random.*` (or a NumPy/Python generator object)
 K102   `.numpy()`, or `int()` / `float()` / `bool()` of a tensor
 K103   `print(...)`
 K104   Python `if` / conditional expression / `and`-`or` / comprehension
-       `if` on a tensor value
+       `if` / `match` (a value `case`, a guard) on a tensor value
 K105   Python `while` on a tensor value
 K106   `assert` on a tensor value
 K107   `tf.py_function` / `tf.numpy_function` / `tf.compat.v1.py_func`

@@ -198,6 +198,42 @@ def statement_violation(statement: ast.stmt, is_tensor: IsTensor) -> Violation |
     return None
 
 
+def match_violation(statement: ast.Match, subject_is_tensor: bool) -> Violation | None:
+    """A `match` on a tensor with a `case` that compares by value (`case 0:`)."""
+    if not subject_is_tensor or not any(_compares_by_value(c.pattern) for c in statement.cases):
+        return None
+    return Violation(
+        "K104",
+        "`match` on a tensor: `case <value>` compares with == and takes the result's Python "
+        "truth value, and AutoGraph does not convert `match` ('symbolic tf.Tensor as a "
+        "Python bool')",
+        "use tf.switch_case(index, branches) or tf.cond(pred, true_fn, false_fn)",
+    )
+
+
+def guard_violation(guard: ast.expr, is_tensor: IsTensor) -> Violation | None:
+    """A `case ... if guard:` whose guard is a tensor."""
+    if not is_tensor(guard):
+        return None
+    return Violation(
+        "K104",
+        "`case ... if` guard on a tensor takes its Python truth value, and AutoGraph does "
+        "not convert `match` ('symbolic tf.Tensor as a Python bool')",
+        "use tf.cond(pred, true_fn, false_fn), or tf.where(pred, x, y) element-wise",
+    )
+
+
+def _compares_by_value(pattern: ast.pattern) -> bool:
+    """Whether a case pattern tests its subject with == (`case 0`, `case 0 | 1`)."""
+    if isinstance(pattern, ast.MatchValue):
+        return True
+    if isinstance(pattern, ast.MatchOr):
+        return any(_compares_by_value(p) for p in pattern.patterns)
+    if isinstance(pattern, ast.MatchAs) and pattern.pattern is not None:
+        return _compares_by_value(pattern.pattern)
+    return False
+
+
 def expression_violation(expression: ast.AST, is_tensor: IsTensor) -> Violation | None:
     """A conditional expression, or an `and`/`or` that takes a tensor's truth value."""
     if isinstance(expression, ast.IfExp) and is_tensor(expression.test):

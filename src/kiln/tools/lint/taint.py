@@ -299,11 +299,18 @@ class _FunctionBodyChecker:
                 self._check_store(target, "deleting from")
         if isinstance(node, ast.Match):
             check(node.subject, tainted)
+            subject_is_tensor = self.is_tensor(node.subject, tainted)
+            self.module.report(node, rules.match_violation(node, subject_is_tensor))
             after = set(tainted)
             for case in node.cases:
+                # `case x if x > 0:` binds the subject (or a part of it) to x.
+                in_case = tainted | _captured_names(case.pattern) if subject_is_tensor else tainted
                 if case.guard is not None:
-                    check(case.guard, tainted)
-                after |= self.block(case.body, tainted)
+                    check(case.guard, in_case)
+                    self.module.report(
+                        case.guard, rules.guard_violation(case.guard, self._tensor_test(in_case))
+                    )
+                after |= self.block(case.body, in_case)
             return after
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.expr):
@@ -667,3 +674,14 @@ def _is_generator(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         if not isinstance(node, (*FUNCTION_NODES, ast.ClassDef, ast.Lambda)):
             pending.extend(ast.iter_child_nodes(node))
     return False
+
+
+def _captured_names(pattern: ast.pattern) -> set[str]:
+    """The names a `case` pattern binds (`case x`, `case [first, *rest]`, `case {**rest}`)."""
+    names = set()
+    for node in ast.walk(pattern):
+        if isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+    return names
