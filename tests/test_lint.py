@@ -77,6 +77,9 @@ def test_syntax_error_is_one_k000_finding_at_the_error_line():
     assert finding.code == "K000"
     assert finding.line == 6
     assert "syntax error" in finding.message
+    # Code valid for a newer Python (PEP 695 on 3.11) is a syntax error here: say which Python.
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert f"syntax error (as Python {version} reads it): " in finding.message
 
 
 def test_finding_reported_inside_the_callee_not_at_the_map_call():
@@ -186,6 +189,7 @@ def test_undecodable_file_is_reported_not_raised(tmp_path):
     path.write_bytes(b"# -*- coding: utf-8 -*-\nname = '\xff'\n")
     [finding] = lint.lint_file(path)
     assert finding.code == "K000" and "decode" in finding.message
+    assert (finding.line, finding.col) == (2, 9)  # the first byte not in UTF-8
 
 
 # --- the command ---------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import sys
 from collections.abc import Callable
 
 from kiln.tools.lint.resolution import ModuleIndex
@@ -146,7 +147,9 @@ def file_not_checked(path: str, error: Exception) -> Finding:
     reason = getattr(error, "msg", None) or str(error)
     fix = RULES[SYNTAX_ERROR_CODE].fix
     if isinstance(error, SyntaxError):
-        message = f"syntax error: {reason}"
+        # Valid code for a newer Python (PEP 695's `type X = ...` on 3.11) fails here too.
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        message = f"syntax error (as Python {version} reads it): {reason}"
     elif isinstance(error, RecursionError):
         message = "nested too deeply to parse"
         fix = "split the deepest expressions"
@@ -155,6 +158,11 @@ def file_not_checked(path: str, error: Exception) -> Finding:
         fix = "check the path and its permissions"
     else:
         message = f"cannot decode the file: {reason}"
+        if isinstance(error, UnicodeDecodeError) and isinstance(error.object, bytes):
+            # The line of the first byte that is not in the file's encoding.
+            before = error.object[: error.start]
+            line = before.count(b"\n") + 1
+            col = error.start - (before.rfind(b"\n") + 1) + 1
         fix = "save it as UTF-8, or declare its encoding in a coding comment (PEP 263)"
     return Finding(path, int(line), int(col), SYNTAX_ERROR_CODE, message, fix)
 
