@@ -33,7 +33,7 @@ class NoqaComments:
                     self._read(token)
         except (tokenize.TokenError, SyntaxError):
             pass  # the source parsed, so this cannot happen short of a tokenizer bug
-        if tree is not None:
+        if tree is not None and self._silenced:  # most files have no such comment
             self._extend_to_statements(tree)
 
     def _read(self, comment: tokenize.TokenInfo) -> None:
