@@ -1,5 +1,8 @@
 """Asking a symbolic tensor for a Python value, printing it, NumPy/OpenCV on it."""
 
+import logging
+import os
+
 import cv2
 import numpy as np
 import tensorflow as tf
@@ -42,3 +45,25 @@ def keras_utilities(image, label):
 
 
 ds = ds.map(keras_utilities)
+
+
+ROOT = "/data/images"
+
+
+def load_by_name(name, label):
+    path = f"{ROOT}/{name}.jpg"  # expect: K102
+    other = "%s/%s.png" % (ROOT, name)  # expect: K102
+    joined = os.path.join(ROOT, name)  # expect: K102
+    text = name.decode("utf-8")  # expect: K102
+    shown = str(label)  # expect: K102
+    template = "{}/{}".format(ROOT, name)  # expect: K102
+    good = tf.strings.join([ROOT, "/", name, ".jpg"])  # TF ops: fine
+    shape_note = f"{ROOT} {name.shape}"  # a static property: fine
+    logging.info(f"tracing with {name}")  # a log line: not this code's business
+    error_message = f"bad label {label}"  # a message for a person: fine
+    if label.shape.rank != 0:
+        raise ValueError(f"label {label} must be a scalar")  # fine
+    return tf.io.read_file(path), other, joined, text, shown, template, good, shape_note
+
+
+ds = ds.map(load_by_name)

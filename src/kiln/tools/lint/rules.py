@@ -345,6 +345,9 @@ def call_violation(
             "`.numpy()` in traced code: the tensor is symbolic and has no value "
             "(AttributeError in graph mode)",
         )
+    text = _text_violation(call, index, is_tensor)
+    if text is not None:
+        return text
     if any(index.is_builtin(func, name) for name in _CONCRETE_VALUE_BUILTINS) and any(
         is_tensor(a) for a in call.args
     ):
@@ -377,6 +380,60 @@ def call_violation(
             f"arrays ('Cannot convert a symbolic tf.Tensor to a numpy array')",
         )
     return None
+
+
+_STRING_FIX = (
+    "build strings with tf.strings.join / tf.strings.format / tf.strings.as_string (a path: "
+    "tf.strings.join([root, '/', name])), decode with tf.io.decode_* or tf.strings ops"
+)
+_PATH_FUNCTIONS = frozenset({"os.path.join", "posixpath.join", "pathlib.Path", "pathlib.PurePath"})
+
+
+def _text_violation(call: ast.Call, index: ModuleIndex, is_tensor: IsTensor) -> Violation | None:
+    """A tensor made into Python text: `str(t)`, `"...".format(t)`, `t.decode()`,
+    `os.path.join(root, t)`: the symbolic Tensor's repr, or a TypeError/AttributeError."""
+    func = call.func
+    arguments = [*call.args, *(k.value for k in call.keywords)]
+    if index.is_builtin(func, "str") and any(is_tensor(a) for a in call.args):
+        what = "`str()` of a tensor gives the symbolic Tensor's repr"
+    elif (
+        isinstance(func, ast.Attribute)
+        and func.attr == "format"
+        and isinstance(func.value, ast.Constant)
+        and isinstance(func.value.value, str)
+        and any(is_tensor(a) for a in arguments)
+    ):
+        what = "`str.format()` of a tensor writes the symbolic Tensor's repr"
+    elif isinstance(func, ast.Attribute) and func.attr == "decode" and is_tensor(func.value):
+        what = "`.decode()` on a tensor fails (AttributeError: a tensor is not bytes)"
+    elif index.qualify(func) in _PATH_FUNCTIONS and any(is_tensor(a) for a in arguments):
+        what = (
+            f"`{_shown_name(func)}()` of a tensor fails "
+            f"(TypeError: expected str, bytes or os.PathLike object, not Tensor)"
+        )
+    else:
+        return None
+    return Violation(
+        "K102", f"{what}: in traced code the tensor is symbolic and has no value", _STRING_FIX
+    )
+
+
+def formatted_string_violation(
+    text: ast.JoinedStr | ast.BinOp, is_tensor: IsTensor
+) -> Violation | None:
+    """An f-string (or `"..." % t`) that formats a tensor: the symbolic Tensor's repr."""
+    if isinstance(text, ast.JoinedStr):
+        values = [v.value for v in text.values if isinstance(v, ast.FormattedValue)]
+    else:
+        values = [text.right]
+    if not any(is_tensor(v) for v in values):
+        return None
+    return Violation(
+        "K102",
+        "a string formatted from a tensor in traced code holds the symbolic Tensor's repr "
+        "('Tensor(\"args_0:0\", ...)'), the same for every element, not its value",
+        _STRING_FIX,
+    )
 
 
 def _is_keras_host_array(qualified: str) -> bool:

@@ -113,6 +113,12 @@ _STATIC_ATTRIBUTES = frozenset(
 )
 _STATIC_METHODS = frozenset({"get_shape", "numpy"})
 
+# Strings made for a person, not for the graph (K102's formatted strings skip them).
+_MESSAGE_MODULES = frozenset({"logging", "warnings", "absl"})
+_LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical"})
+_ERRORS = ("Error", "Exception", "Warning")
+_MESSAGE_NAMES = ("msg", "message", "error", "err")
+
 _COMPREHENSION_NODES = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _Comprehension: TypeAlias = ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
 # `try: ... except* E:` is a node of its own since Python 3.11.
@@ -487,6 +493,18 @@ class _FunctionBodyChecker:
             return
         if isinstance(node, (ast.IfExp, ast.BoolOp)):
             self.module.report(node, rules.expression_violation(node, self._tensor_test(tainted)))
+        elif (
+            isinstance(node, ast.JoinedStr)
+            or (
+                isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Mod)
+                and isinstance(node.left, ast.Constant)
+                and isinstance(node.left.value, str)
+            )
+        ) and not self._is_diagnostic_text(node):
+            self.module.report(
+                node, rules.formatted_string_violation(node, self._tensor_test(tainted))
+            )
         elif isinstance(node, ast.NamedExpr):
             self.expression(node.value, tainted)
             self._bind(node.target, self.is_tensor(node.value, tainted), tainted)
@@ -499,6 +517,38 @@ class _FunctionBodyChecker:
             return
         for child in ast.iter_child_nodes(node):
             self.expression(child, tainted)
+
+    def _is_diagnostic_text(self, node: ast.AST) -> bool:
+        """Whether a string is a message (an exception's, a log line, print's, an
+        assertion's), where the symbolic Tensor's repr is harmless or reported as K103."""
+        child, parent = node, self.index.parents.get(node)
+        while parent is not None and not isinstance(parent, (*FUNCTION_NODES, ast.Lambda)):
+            if isinstance(parent, ast.Raise) or (
+                isinstance(parent, ast.Assert) and child is parent.msg
+            ):
+                return True
+            if isinstance(parent, ast.keyword) and parent.arg in ("message", "msg"):
+                return True
+            if isinstance(parent, ast.Call) and child is not parent.func:
+                name = (self.index.qualify(parent.func) or "").split(".")
+                called = parent.func.attr if isinstance(parent.func, ast.Attribute) else None
+                if (
+                    self.index.is_builtin(parent.func, "print")
+                    or name[0] in _MESSAGE_MODULES
+                    or called in _LOG_METHODS
+                    or (isinstance(parent.func, ast.Name) and parent.func.id.endswith(_ERRORS))
+                ):
+                    return True
+            if isinstance(parent, (ast.Assign, ast.AnnAssign)):
+                targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+                return any(
+                    isinstance(t, ast.Name) and any(w in t.id.lower() for w in _MESSAGE_NAMES)
+                    for t in targets
+                )
+            if isinstance(parent, ast.stmt):
+                return False
+            child, parent = parent, self.index.parents.get(parent)
+        return False
 
     def _comprehension(self, node: _Comprehension, tainted: set[str]) -> None:
         local = set(tainted)
