@@ -18,7 +18,8 @@ def augment(image):
         [random.randint(1, 3), 4])  # expect: K101
     if angle > 0.5:  # kiln: noqa
         print("a header's comment does not cover the body")  # expect: K103
-    return image + angle + other + both + size + other_size
+    spaced = random.random() + print()  # kiln: noqa[K101 K103]
+    return image + angle + other + both + size + other_size + spaced
 
 
 ds = tf.data.Dataset.range(3).map(augment)

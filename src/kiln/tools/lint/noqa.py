@@ -47,7 +47,8 @@ class NoqaComments:
             return
         already = self._silenced.get(line, frozenset())
         if already is not None:  # else a bare noqa on this line silences everything
-            named = frozenset(c.strip().upper() for c in codes.split(",") if c.strip())
+            # `[K101,K103]`, and `[K101 K103]` as people also write it.
+            named = frozenset(c.upper() for c in codes.replace(",", " ").split())
             self._silenced[line] = already | named
 
     def _extend_to_statements(self, tree: ast.Module) -> None:
