@@ -77,6 +77,9 @@ def test_syntax_error_is_one_k000_finding_at_the_error_line():
     assert finding.code == "K000"
     assert finding.line == 6
     assert "syntax error" in finding.message
+    # Code valid for a newer Python (PEP 695 on 3.11) is a syntax error here: say which Python.
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert f"syntax error (as Python {version} reads it): " in finding.message
 
 
 def test_finding_reported_inside_the_callee_not_at_the_map_call():
@@ -186,6 +189,7 @@ def test_undecodable_file_is_reported_not_raised(tmp_path):
     path.write_bytes(b"# -*- coding: utf-8 -*-\nname = '\xff'\n")
     [finding] = lint.lint_file(path)
     assert finding.code == "K000" and "decode" in finding.message
+    assert (finding.line, finding.col) == (2, 9)  # the first byte not in UTF-8
 
 
 # --- the command ---------------------------------------------------------------
@@ -226,6 +230,17 @@ def test_cli_unknown_code_is_a_usage_error(capsys):
     err = capsys.readouterr().err
     assert err.startswith("kiln lint: error: ignore: unknown code 'X1'")
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("select", ["", " ", ","])
+def test_cli_empty_select_is_a_usage_error_not_a_silent_pass(capsys, select):
+    # `kiln lint --select "$CODES" src/` with an empty variable must not pass CI.
+    assert cli.main(["lint", "--select", select, str(CORPUS / "noqa.py")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("kiln lint: error: select: no code given")
+    assert len(err.strip().splitlines()) == 1
+    assert cli.main(["lint", "--ignore", select, str(CORPUS / "noqa.py")]) == 1
 
 
 def test_cli_missing_path_is_a_usage_error(capsys, tmp_path):
@@ -370,3 +385,111 @@ def test_deeply_nested_generated_code_is_reported_not_a_crash():
         )
         [finding] = lint.lint_source(source, "generated.py")
         assert finding.code == "K000" and "nested too deeply" in finding.message
+
+
+# --- functions imported from another checked file --------------------------------------
+
+
+def _write_files(root: pathlib.Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def test_function_imported_from_another_checked_file_is_checked_there(tmp_path):
+    _write_files(
+        tmp_path,
+        {
+            "imgutils.py": """\
+                import cv2
+
+                def blur(image, size=5):
+                    if size > 3:  # configuration from the caller: fine
+                        size = 3
+                    return cv2.GaussianBlur(image, (size, size), 0)
+
+                def to_label(label):
+                    return label.numpy().decode()
+
+                def unused(image):
+                    print("not called from traced code")
+                """,
+            "train.py": """\
+                import tensorflow as tf
+                import imgutils
+                from imgutils import blur
+
+                def preprocess(image, label):
+                    return image, imgutils.to_label(label)
+
+                ds = tf.data.Dataset.from_tensor_slices(([0.0], ["a"]))
+                ds = ds.map(preprocess).map(lambda image, label: (image, label)).map(blur)
+                """,
+        },
+    )
+    found = [(pathlib.Path(f.path).name, f.line, f.code) for f in lint.lint_paths([tmp_path])]
+    assert found == [("imgutils.py", 6, "K108"), ("imgutils.py", 9, "K102")]
+    # Alone, a file does not have the other's source (and flake8 checks files alone).
+    assert lint.lint_file(tmp_path / "train.py") == []
+    assert lint.lint_file(tmp_path / "imgutils.py") == []
+
+
+def test_imported_function_followed_through_packages_and_relative_imports(tmp_path):
+    _write_files(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .ops.colour import jitter\n",
+            "pkg/ops/__init__.py": "",
+            "pkg/ops/colour.py": """\
+                import random
+
+                def jitter(image):
+                    return image * random.uniform(0.9, 1.1)
+                """,
+            "pkg/ops/geometry.py": """\
+                from . import colour
+                from ..ops.colour import jitter
+
+                def flip_and_jitter(image):
+                    print("tracing")
+                    return colour.jitter(jitter(image))
+                """,
+            "pkg/train.py": """\
+                import tensorflow as tf
+                from pkg import jitter
+                from pkg.ops import geometry
+
+                ds = tf.data.Dataset.range(3).map(jitter).map(geometry.flip_and_jitter)
+                """,
+            # Two scripts' helpers.py: the one next to the importing script is used.
+            "scripts/helpers.py": "def same(image):\n    return image\n",
+            "scripts/run.py": (
+                "import tensorflow as tf\nimport helpers\n"
+                "ds = tf.data.Dataset.range(3).map(helpers.same)\n"
+            ),
+            "tools/helpers.py": "def same(image):\n    print(image)\n    return image\n",
+        },
+    )
+    found = [
+        (pathlib.Path(f.path).relative_to(tmp_path).as_posix(), f.line, f.code)
+        for f in lint.lint_paths([tmp_path])
+    ]
+    assert found == [("pkg/ops/colour.py", 4, "K101"), ("pkg/ops/geometry.py", 5, "K103")]
+
+
+def test_cli_reports_findings_in_the_imported_file(capsys, tmp_path):
+    _write_files(
+        tmp_path,
+        {
+            "helpers.py": "def show(image):\n    print(image)\n    return image\n",
+            "train.py": (
+                "import tensorflow as tf\nfrom helpers import show\n"
+                "ds = tf.data.Dataset.range(3).map(show)\n"
+            ),
+        },
+    )
+    assert cli.main(["lint", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{tmp_path / 'helpers.py'}:2:5: K103 ")
+    assert "1 finding in 2 checked files" in err

@@ -93,3 +93,28 @@ def with_helpers(image):
 
 
 ds3 = tf.data.Dataset.from_tensor_slices([[0.0]]).map(with_helpers)
+
+
+def with_match(features, kind="rgb"):
+    match kind:  # configuration: fine
+        case "rgb":
+            image = features["image"]
+        case _:
+            image = tf.image.rgb_to_grayscale(features["image"])
+    match features["label"]:  # expect: K104
+        case 0 | 1:
+            image = -image
+        case _:
+            pass
+    match features:
+        case {"weight": weight} if weight > 0.5:  # expect: K104
+            image = image * weight
+        case {"mask": None}:  # structure, then identity: fine
+            pass
+    match image.shape.rank:  # a static property: fine
+        case 3:
+            image = image[None]
+    return image
+
+
+ds4 = tf.data.Dataset.from_tensor_slices({"image": [[0.0]], "label": [1]}).map(with_match)

@@ -13,7 +13,7 @@ K101   `random.*` / `numpy.random.*` (or a NumPy/Python generator object)
 K102   `.numpy()`, or `int()` / `float()` / `bool()` of a tensor
 K103   `print(...)`
 K104   Python `if` / conditional expression / `and`-`or` / comprehension
-       `if` on a tensor value
+       `if` / `match` (a value `case`, a guard) on a tensor value
 K105   Python `while` on a tensor value
 K106   `assert` on a tensor value
 K107   `tf.py_function` / `tf.numpy_function` / `tf.compat.v1.py_func`
@@ -30,6 +30,7 @@ The modules, in the order a file goes through them:
 - `traced_functions`: which functions TensorFlow traces (`tf.function`, and the
   functions given to a tf.data `Dataset.map` rather than another library's);
 - `taint`: which values in traced code are tensors, following same-module calls;
+- `project`: following calls of imported functions into the other files of a run;
 - `rules`: the codes, and which statement, expression or call is which pitfall;
 - `noqa` and `selection`: ``# kiln: noqa`` comments, ``--select`` / ``--ignore``;
 - `command` (``kiln lint``) and `flake8_plugin` (the same checks under flake8).
@@ -44,7 +45,7 @@ import ast
 import os
 from collections.abc import Iterable
 
-from kiln.tools.lint import rules, taint
+from kiln.tools.lint import project, rules, taint
 from kiln.tools.lint.files import SKIPPED_DIRECTORIES, python_files, read_source
 from kiln.tools.lint.noqa import NoqaComments
 from kiln.tools.lint.rules import RULES, SYNTAX_ERROR_CODE, Finding, Rule
@@ -59,6 +60,7 @@ __all__ = [
     "Finding",
     "Rule",
     "lint_file",
+    "lint_files",
     "lint_paths",
     "lint_source",
     "lint_tree",
@@ -108,7 +110,7 @@ def lint_tree(tree: ast.Module, source: str, filename: str) -> list[Finding]:
     except RecursionError:
         # Machine-generated code can nest deeper than the checker recurses.
         return [rules.nested_too_deeply_to_check(filename)]
-    noqa = NoqaComments(source)
+    noqa = NoqaComments(source, tree)
     return [f for f in findings if not noqa.silences(f)]
 
 
@@ -127,20 +129,65 @@ def lint_file(
     return lint_source(source, name, select=select, ignore=ignore)
 
 
+def lint_files(
+    paths: Iterable[str | os.PathLike],
+    *,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
+) -> list[Finding]:
+    """Checks files together; findings sorted by file and line.
+
+    Unlike `lint_file` on each, a function one of them imports from another
+    (``from augment import blur``; ``ds.map(blur)``) is checked as traced code
+    in its own file (see `project`). A file that cannot be read, decoded or
+    parsed gives one K000 finding; the others are still checked.
+
+    Raises:
+      ValueError: if `select` or `ignore` name a code prefix no rule has.
+    """
+    code_filter = CodeFilter(select, ignore)
+    names = list(dict.fromkeys(str(path) for path in paths))
+    run = project.Project(names)
+    results: dict[str, list[Finding]] = {}
+    for name in names:
+        try:
+            tree, source = _load(name)
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError) as e:
+            results[name] = [rules.file_not_checked(name, e)]  # ValueError: null bytes
+            continue
+        results[name] = _kept(name, run.check(name, tree), tree, source, code_filter)
+    for name, (found, tree, source) in run.follow(_load).items():
+        results[name] = _kept(name, found, tree, source, code_filter)
+    return sorted(f for found in results.values() for f in found)
+
+
+def _load(path: str) -> tuple[ast.Module, str]:
+    source = read_source(path)
+    return ast.parse(source, filename=path), source
+
+
+def _kept(
+    path: str, found: list[Finding] | None, tree: ast.Module, source: str, code_filter: CodeFilter
+) -> list[Finding]:
+    """The findings not silenced by a noqa comment and selected; K000 for None."""
+    if found is None:
+        return [rules.nested_too_deeply_to_check(path)]
+    noqa = NoqaComments(source, tree)
+    return [f for f in found if not noqa.silences(f) and code_filter.wants(f.code)]
+
+
 def lint_paths(
     paths: Iterable[str | os.PathLike],
     *,
     select: Iterable[str] | None = None,
     ignore: Iterable[str] | None = None,
 ) -> list[Finding]:
-    """Checks files and directories (see `python_files`); findings sorted by file and line.
+    """Checks files and directories (see `python_files`) together, as `lint_files`;
+    findings sorted by file and line.
 
     Raises:
       FileNotFoundError: if a path does not exist (nothing is checked then).
       ValueError: if `select` or `ignore` name a code prefix no rule has.
     """
     CodeFilter(select, ignore)  # validate before doing any work
-    findings: list[Finding] = []
-    for path in python_files(paths):
-        findings.extend(lint_file(path, select=select, ignore=ignore))
-    return sorted(findings)
+    return lint_files(python_files(paths), select=select, ignore=ignore)

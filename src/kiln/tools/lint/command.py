@@ -16,8 +16,9 @@ Statically check your own training code for the tf.data tracing pitfalls.
 Dataset.map (filter, flat_map, interleave) and tf.function trace a Python
 function once into a graph, so plain Python in it runs once, at trace time.
 This command reads the source (Python's ast; it imports neither your code nor
-TensorFlow) and reports, inside every traced function and the same-module
-functions it calls: Python/NumPy randomness, .numpy(), print(), Python
+TensorFlow) and reports, inside every traced function and the functions it
+calls (in its module, or in the other files checked in the same run: lint the
+helper modules with the script): Python/NumPy randomness, .numpy(), print(), Python
 if/while/assert on tensors, tf.py_function, NumPy/OpenCV on tensors, and
 Python state (globals, module-level lists and dicts, self.*) changed."""
 
@@ -44,7 +45,7 @@ exit codes:
   1  findings (a file that cannot be parsed is reported as K000 and counts
      as a finding; the other files are still checked)
   2  usage error: a path does not exist, an unknown code in --select/--ignore,
-     no Python file found, or no file could be parsed
+     a --select naming no code, no Python file found, or no file could be parsed
   73 --format json, no findings: stdout could not be written (a full disk;
      not a reader that went away, as `| head` does)"""
 
@@ -89,16 +90,12 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         raise UsageError(str(e)) from None
     if not files:
         raise UsageError(f"no Python files found in: {' '.join(args.paths)}")
-    findings: list[lint.Finding] = []
-    unparsable = 0
-    for path in files:
-        try:
-            found = lint.lint_file(path, select=args.select, ignore=args.ignore)
-        except ValueError as e:  # an unknown code in --select/--ignore
-            raise UsageError(str(e)) from None
-        unparsable += any(f.code == lint.SYNTAX_ERROR_CODE for f in found)
-        findings.extend(found)
-    findings.sort()
+    try:
+        # Together: a function one file imports from another is checked in its own file.
+        findings = lint.lint_files(files, select=args.select, ignore=args.ignore)
+    except ValueError as e:  # an unknown code in --select/--ignore, an empty --select
+        raise UsageError(str(e)) from None
+    unparsable = len({f.path for f in findings if f.code == lint.SYNTAX_ERROR_CODE})
     checked = len(files) - unparsable
 
     verdict = 2 if checked == 0 else 1 if findings else 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import sys
 from collections.abc import Callable
 
 from kiln.tools.lint.resolution import ModuleIndex
@@ -146,7 +147,9 @@ def file_not_checked(path: str, error: Exception) -> Finding:
     reason = getattr(error, "msg", None) or str(error)
     fix = RULES[SYNTAX_ERROR_CODE].fix
     if isinstance(error, SyntaxError):
-        message = f"syntax error: {reason}"
+        # Valid code for a newer Python (PEP 695's `type X = ...` on 3.11) fails here too.
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        message = f"syntax error (as Python {version} reads it): {reason}"
     elif isinstance(error, RecursionError):
         message = "nested too deeply to parse"
         fix = "split the deepest expressions"
@@ -155,6 +158,11 @@ def file_not_checked(path: str, error: Exception) -> Finding:
         fix = "check the path and its permissions"
     else:
         message = f"cannot decode the file: {reason}"
+        if isinstance(error, UnicodeDecodeError) and isinstance(error.object, bytes):
+            # The line of the first byte that is not in the file's encoding.
+            before = error.object[: error.start]
+            line = before.count(b"\n") + 1
+            col = error.start - (before.rfind(b"\n") + 1) + 1
         fix = "save it as UTF-8, or declare its encoding in a coding comment (PEP 263)"
     return Finding(path, int(line), int(col), SYNTAX_ERROR_CODE, message, fix)
 
@@ -198,6 +206,42 @@ def statement_violation(statement: ast.stmt, is_tensor: IsTensor) -> Violation |
     return None
 
 
+def match_violation(statement: ast.Match, subject_is_tensor: bool) -> Violation | None:
+    """A `match` on a tensor with a `case` that compares by value (`case 0:`)."""
+    if not subject_is_tensor or not any(_compares_by_value(c.pattern) for c in statement.cases):
+        return None
+    return Violation(
+        "K104",
+        "`match` on a tensor: `case <value>` compares with == and takes the result's Python "
+        "truth value, and AutoGraph does not convert `match` ('symbolic tf.Tensor as a "
+        "Python bool')",
+        "use tf.switch_case(index, branches) or tf.cond(pred, true_fn, false_fn)",
+    )
+
+
+def guard_violation(guard: ast.expr, is_tensor: IsTensor) -> Violation | None:
+    """A `case ... if guard:` whose guard is a tensor."""
+    if not is_tensor(guard):
+        return None
+    return Violation(
+        "K104",
+        "`case ... if` guard on a tensor takes its Python truth value, and AutoGraph does "
+        "not convert `match` ('symbolic tf.Tensor as a Python bool')",
+        "use tf.cond(pred, true_fn, false_fn), or tf.where(pred, x, y) element-wise",
+    )
+
+
+def _compares_by_value(pattern: ast.pattern) -> bool:
+    """Whether a case pattern tests its subject with == (`case 0`, `case 0 | 1`)."""
+    if isinstance(pattern, ast.MatchValue):
+        return True
+    if isinstance(pattern, ast.MatchOr):
+        return any(_compares_by_value(p) for p in pattern.patterns)
+    if isinstance(pattern, ast.MatchAs) and pattern.pattern is not None:
+        return _compares_by_value(pattern.pattern)
+    return False
+
+
 def expression_violation(expression: ast.AST, is_tensor: IsTensor) -> Violation | None:
     """A conditional expression, or an `and`/`or` that takes a tensor's truth value."""
     if isinstance(expression, ast.IfExp) and is_tensor(expression.test):
@@ -238,6 +282,34 @@ def comprehension_condition_violation(condition: ast.expr, is_tensor: IsTensor) 
 PY_FUNCTION_NAMES = frozenset({"py_function", "numpy_function", "py_func", "eager_py_func"})
 _CONCRETE_VALUE_BUILTINS = frozenset({"int", "float", "bool", "complex"})
 _HOST_ARRAY_LIBRARIES = ("numpy.", "cv2.", "scipy.", "skimage.", "PIL.")
+# Keras's image utilities that are NumPy/SciPy/PIL code, not ops (the legacy
+# `preprocessing.image` augmentations: 'Cannot convert a symbolic tf.Tensor'
+# in a map), under each Keras a user may import. `smart_resize` and
+# `to_categorical` accept tensors and are not listed.
+_KERAS_ROOTS = ("tensorflow.keras.", "keras.", "tf_keras.")
+_KERAS_HOST_ARRAY_FUNCTIONS = frozenset(
+    {
+        *(
+            f"preprocessing.image.{name}"
+            for name in (
+                "random_rotation",
+                "random_shift",
+                "random_shear",
+                "random_zoom",
+                "random_channel_shift",
+                "random_brightness",
+                "apply_affine_transform",
+                "apply_channel_shift",
+                "apply_brightness_shift",
+                "img_to_array",
+                "array_to_img",
+                "load_img",
+                "save_img",
+            )
+        ),
+        *(f"utils.{name}" for name in ("img_to_array", "array_to_img", "load_img", "save_img")),
+    }
+)
 
 
 def call_violation(
@@ -273,6 +345,9 @@ def call_violation(
             "`.numpy()` in traced code: the tensor is symbolic and has no value "
             "(AttributeError in graph mode)",
         )
+    text = _text_violation(call, index, is_tensor)
+    if text is not None:
+        return text
     if any(index.is_builtin(func, name) for name in _CONCRETE_VALUE_BUILTINS) and any(
         is_tensor(a) for a in call.args
     ):
@@ -296,7 +371,7 @@ def call_violation(
         )
     if (
         qualified
-        and qualified.startswith(_HOST_ARRAY_LIBRARIES)
+        and (qualified.startswith(_HOST_ARRAY_LIBRARIES) or _is_keras_host_array(qualified))
         and any(is_tensor(a) for a in [*call.args, *(k.value for k in call.keywords)])
     ):
         return Violation(
@@ -305,6 +380,68 @@ def call_violation(
             f"arrays ('Cannot convert a symbolic tf.Tensor to a numpy array')",
         )
     return None
+
+
+_STRING_FIX = (
+    "build strings with tf.strings.join / tf.strings.format / tf.strings.as_string (a path: "
+    "tf.strings.join([root, '/', name])), decode with tf.io.decode_* or tf.strings ops"
+)
+_PATH_FUNCTIONS = frozenset({"os.path.join", "posixpath.join", "pathlib.Path", "pathlib.PurePath"})
+
+
+def _text_violation(call: ast.Call, index: ModuleIndex, is_tensor: IsTensor) -> Violation | None:
+    """A tensor made into Python text: `str(t)`, `"...".format(t)`, `t.decode()`,
+    `os.path.join(root, t)`: the symbolic Tensor's repr, or a TypeError/AttributeError."""
+    func = call.func
+    arguments = [*call.args, *(k.value for k in call.keywords)]
+    if index.is_builtin(func, "str") and any(is_tensor(a) for a in call.args):
+        what = "`str()` of a tensor gives the symbolic Tensor's repr"
+    elif (
+        isinstance(func, ast.Attribute)
+        and func.attr == "format"
+        and isinstance(func.value, ast.Constant)
+        and isinstance(func.value.value, str)
+        and any(is_tensor(a) for a in arguments)
+    ):
+        what = "`str.format()` of a tensor writes the symbolic Tensor's repr"
+    elif isinstance(func, ast.Attribute) and func.attr == "decode" and is_tensor(func.value):
+        what = "`.decode()` on a tensor fails (AttributeError: a tensor is not bytes)"
+    elif index.qualify(func) in _PATH_FUNCTIONS and any(is_tensor(a) for a in arguments):
+        what = (
+            f"`{_shown_name(func)}()` of a tensor fails "
+            f"(TypeError: expected str, bytes or os.PathLike object, not Tensor)"
+        )
+    else:
+        return None
+    return Violation(
+        "K102", f"{what}: in traced code the tensor is symbolic and has no value", _STRING_FIX
+    )
+
+
+def formatted_string_violation(
+    text: ast.JoinedStr | ast.BinOp, is_tensor: IsTensor
+) -> Violation | None:
+    """An f-string (or `"..." % t`) that formats a tensor: the symbolic Tensor's repr."""
+    if isinstance(text, ast.JoinedStr):
+        values = [v.value for v in text.values if isinstance(v, ast.FormattedValue)]
+    else:
+        values = [text.right]
+    if not any(is_tensor(v) for v in values):
+        return None
+    return Violation(
+        "K102",
+        "a string formatted from a tensor in traced code holds the symbolic Tensor's repr "
+        "('Tensor(\"args_0:0\", ...)'), the same for every element, not its value",
+        _STRING_FIX,
+    )
+
+
+def _is_keras_host_array(qualified: str) -> bool:
+    """Whether a dotted name is one of Keras's NumPy-based image utilities."""
+    for root in _KERAS_ROOTS:
+        if qualified.startswith(root):
+            return qualified[len(root) :] in _KERAS_HOST_ARRAY_FUNCTIONS
+    return False
 
 
 def _is_py_function(qualified: str | None) -> bool:

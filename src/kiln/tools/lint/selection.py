@@ -11,7 +11,8 @@ class CodeFilter:
     """`select` / `ignore` by code prefix. K000 is never filtered.
 
     Raises:
-      ValueError: from the constructor, if a prefix matches no rule's code.
+      ValueError: from the constructor, if a prefix matches no rule's code, or
+        `select` is given but names no code.
     """
 
     def __init__(self, select: Iterable[str] | None, ignore: Iterable[str] | None):
@@ -23,6 +24,13 @@ class CodeFilter:
         if codes is None:
             return None
         cleaned = tuple(c.strip().upper() for c in codes if c.strip())
+        if what == "select" and not cleaned:
+            # `--select "$CODES"` with an empty variable would report nothing and
+            # pass in CI: an empty selection is a mistake, not "no codes".
+            raise ValueError(
+                f"{what}: no code given (known: {', '.join(sorted(RULES))}); "
+                f"leave it out to report every code"
+            )
         for prefix in cleaned:
             if not any(code.startswith(prefix) for code in RULES):
                 raise ValueError(

@@ -13,12 +13,15 @@ parameters with defaults, constants) are not tensors, so branching on them is
 fine and not reported. Across calls in the same module, a callee's parameter
 is a tensor exactly when the caller passes one, and a call returns a tensor
 only if the callee may return one. Same-module functions are followed up to
-`MAX_CALL_DEPTH` calls deep; names imported from other modules are not.
+`MAX_CALL_DEPTH` calls deep; calls of functions imported from other modules
+are noted as `ExternalCall`s, which `project` follows into the other files of
+a run.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TypeAlias
@@ -110,6 +113,12 @@ _STATIC_ATTRIBUTES = frozenset(
 )
 _STATIC_METHODS = frozenset({"get_shape", "numpy"})
 
+# Strings made for a person, not for the graph (K102's formatted strings skip them).
+_MESSAGE_MODULES = frozenset({"logging", "warnings", "absl"})
+_LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical"})
+_ERRORS = ("Error", "Exception", "Warning")
+_MESSAGE_NAMES = ("msg", "message", "error", "err")
+
 _COMPREHENSION_NODES = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _Comprehension: TypeAlias = ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
 # `try: ... except* E:` is a node of its own since Python 3.11.
@@ -122,18 +131,39 @@ else:
 _AnalysisKey = tuple[int, frozenset[str], frozenset[str]]
 
 
+@dataclasses.dataclass(frozen=True)
+class ExternalCall:
+    """A function imported from another module that traced code calls or traces.
+
+    `kiln lint` follows it when that module is among the files it checks
+    (`project`). Attributes:
+      qualified: its dotted import path as written (``.helpers.blur`` for a
+        relative import).
+      tensor_positions: the positional arguments that are tensors; None when it
+        is traced on dataset elements (``ds.map(blur)``): its parameters without
+        a default value are.
+      tensor_keywords: the keyword arguments that are tensors.
+      depth: the call depth of the calling function.
+    """
+
+    qualified: str
+    tensor_positions: frozenset[int] | None
+    tensor_keywords: frozenset[str]
+    depth: int
+
+
 def check_module(tree: ast.Module, path: str) -> list[Finding]:
     """The findings in one parsed module, in no particular order, before noqa and selection.
 
     Raises:
       RecursionError: for expressions nested deeper than the checker recurses.
     """
-    checker = _ModuleChecker(tree, path)
+    checker = ModuleChecker(tree, path)
     checker.run()
     return checker.findings()
 
 
-class _ModuleChecker:
+class ModuleChecker:
     """Finds the traced functions of one module and checks each of them."""
 
     def __init__(self, tree: ast.Module, filename: str):
@@ -145,6 +175,9 @@ class _ModuleChecker:
         self._returns: dict[_AnalysisKey, bool] = {}
         # Functions run while tracing: their locals are rebuilt on every trace.
         self.traced_nodes: set[ast.AST] = set()
+        # Imported functions traced code calls, for `project` to follow.
+        self.external_calls: list[ExternalCall] = []
+        self._module_level_names: dict[str, ast.Name] = {}
 
     def findings(self) -> list[Finding]:
         return list(self._findings.values())
@@ -159,8 +192,33 @@ class _ModuleChecker:
             self._findings[key] = finding
 
     def run(self) -> None:
-        for function in traced_functions(self.index):
+        imported: list[str] = []
+        for function in traced_functions(self.index, imported):
             self.analyse(function, function.element_params(), frozenset(), depth=0)
+        self.external_calls.extend(ExternalCall(q, None, frozenset(), -1) for q in imported)
+
+    def analyse_external(self, name: str, call: ExternalCall) -> None:
+        """Checks the module-level function `name` as another module's traced code calls it."""
+        # One node per name: resolve_callables caches by the node's id.
+        reference = self._module_level_names.setdefault(name, ast.Name(id=name, ctx=ast.Load()))
+        callees = self.index.resolve_callables(reference, self.index.tree)
+        if not callees and name in self.index.imports:
+            # Imported here in turn, as a package's __init__ re-exports its modules' names.
+            imported = self.index.imports[name]
+            self.external_calls.append(dataclasses.replace(call, qualified=imported))
+        for callee in callees:
+            if call.tensor_positions is None:
+                params = callee.element_params()
+            else:
+                positional = callee.positional_params()
+                params = {
+                    positional[i][0].arg for i in call.tensor_positions if i < len(positional)
+                }
+                vararg = callee.node.args.vararg
+                if vararg is not None and any(i >= len(positional) for i in call.tensor_positions):
+                    params.add(vararg.arg)
+                params |= call.tensor_keywords
+            self.analyse(callee, params, frozenset(), call.depth + 1)
 
     @staticmethod
     def analysis_key(
@@ -211,7 +269,7 @@ class _ModuleChecker:
 class _FunctionBodyChecker:
     """Walks one traced function body in order, tracking which names hold tensors."""
 
-    def __init__(self, module: _ModuleChecker, function: ast.AST, depth: int):
+    def __init__(self, module: ModuleChecker, function: ast.AST, depth: int):
         self.module = module
         self.index = module.index
         self.function = function
@@ -299,11 +357,18 @@ class _FunctionBodyChecker:
                 self._check_store(target, "deleting from")
         if isinstance(node, ast.Match):
             check(node.subject, tainted)
+            subject_is_tensor = self.is_tensor(node.subject, tainted)
+            self.module.report(node, rules.match_violation(node, subject_is_tensor))
             after = set(tainted)
             for case in node.cases:
+                # `case x if x > 0:` binds the subject (or a part of it) to x.
+                in_case = tainted | _captured_names(case.pattern) if subject_is_tensor else tainted
                 if case.guard is not None:
-                    check(case.guard, tainted)
-                after |= self.block(case.body, tainted)
+                    check(case.guard, in_case)
+                    self.module.report(
+                        case.guard, rules.guard_violation(case.guard, self._tensor_test(in_case))
+                    )
+                after |= self.block(case.body, in_case)
             return after
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.expr):
@@ -428,6 +493,18 @@ class _FunctionBodyChecker:
             return
         if isinstance(node, (ast.IfExp, ast.BoolOp)):
             self.module.report(node, rules.expression_violation(node, self._tensor_test(tainted)))
+        elif (
+            isinstance(node, ast.JoinedStr)
+            or (
+                isinstance(node, ast.BinOp)
+                and isinstance(node.op, ast.Mod)
+                and isinstance(node.left, ast.Constant)
+                and isinstance(node.left.value, str)
+            )
+        ) and not self._is_diagnostic_text(node):
+            self.module.report(
+                node, rules.formatted_string_violation(node, self._tensor_test(tainted))
+            )
         elif isinstance(node, ast.NamedExpr):
             self.expression(node.value, tainted)
             self._bind(node.target, self.is_tensor(node.value, tainted), tainted)
@@ -440,6 +517,38 @@ class _FunctionBodyChecker:
             return
         for child in ast.iter_child_nodes(node):
             self.expression(child, tainted)
+
+    def _is_diagnostic_text(self, node: ast.AST) -> bool:
+        """Whether a string is a message (an exception's, a log line, print's, an
+        assertion's), where the symbolic Tensor's repr is harmless or reported as K103."""
+        child, parent = node, self.index.parents.get(node)
+        while parent is not None and not isinstance(parent, (*FUNCTION_NODES, ast.Lambda)):
+            if isinstance(parent, ast.Raise) or (
+                isinstance(parent, ast.Assert) and child is parent.msg
+            ):
+                return True
+            if isinstance(parent, ast.keyword) and parent.arg in ("message", "msg"):
+                return True
+            if isinstance(parent, ast.Call) and child is not parent.func:
+                name = (self.index.qualify(parent.func) or "").split(".")
+                called = parent.func.attr if isinstance(parent.func, ast.Attribute) else None
+                if (
+                    self.index.is_builtin(parent.func, "print")
+                    or name[0] in _MESSAGE_MODULES
+                    or called in _LOG_METHODS
+                    or (isinstance(parent.func, ast.Name) and parent.func.id.endswith(_ERRORS))
+                ):
+                    return True
+            if isinstance(parent, (ast.Assign, ast.AnnAssign)):
+                targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+                return any(
+                    isinstance(t, ast.Name) and any(w in t.id.lower() for w in _MESSAGE_NAMES)
+                    for t in targets
+                )
+            if isinstance(parent, ast.stmt):
+                return False
+            child, parent = parent, self.index.parents.get(parent)
+        return False
 
     def _comprehension(self, node: _Comprehension, tainted: set[str]) -> None:
         local = set(tainted)
@@ -483,8 +592,11 @@ class _FunctionBodyChecker:
                 skipped.add(python_function)  # runs eagerly, per element: not traced code
 
         scope = self.function
-        for callee in index.resolve_callables(func, scope):
+        callees = index.resolve_callables(func, scope)
+        for callee in callees:
             self._follow(callee, self._bind_arguments(callee, node, tainted), tainted)
+        if not callees and qualified:
+            self.module.external_calls.append(self._external_call(qualified, node, tainted))
         # Functions handed to another call (tf.cond, tf.map_fn, map, ...) run at trace
         # time too, on the call's other arguments: tensors if any of those is one.
         arguments = [*node.args, *(k.value for k in node.keywords)]
@@ -495,16 +607,34 @@ class _FunctionBodyChecker:
                 isinstance(argument, ast.Call) and index.qualify(argument.func) in PARTIAL
             ):
                 callees = index.resolve_callables(argument, scope)
-                if not callees:
+                handed_on = index.qualify(argument)
+                if not callees and not handed_on:
                     continue
                 gets_tensors = any(
                     self.is_tensor(other, tainted) for other in arguments if other is not argument
                 )
+                if not callees and handed_on:
+                    positions = None if gets_tensors else frozenset[int]()
+                    self.module.external_calls.append(
+                        ExternalCall(handed_on, positions, frozenset(), self.depth)
+                    )
                 for callee in callees:
                     self._follow(
                         callee, callee.element_params() if gets_tensors else set(), tainted
                     )
         return skipped
+
+    def _external_call(self, qualified: str, call: ast.Call, tainted: set[str]) -> ExternalCall:
+        positions = set()
+        for position, argument in enumerate(call.args):
+            if isinstance(argument, ast.Starred):
+                break  # where the rest lands is unknown without the callee
+            if self.is_tensor(argument, tainted):
+                positions.add(position)
+        keywords = {
+            k.arg for k in call.keywords if k.arg is not None and self.is_tensor(k.value, tainted)
+        }
+        return ExternalCall(qualified, frozenset(positions), frozenset(keywords), self.depth)
 
     def _follow(self, callee: ResolvedFunction, tensor_params: set[str], tainted: set[str]) -> None:
         self.module.analyse(callee, tensor_params, self._closure(callee, tainted), self.depth + 1)
@@ -667,3 +797,14 @@ def _is_generator(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         if not isinstance(node, (*FUNCTION_NODES, ast.ClassDef, ast.Lambda)):
             pending.extend(ast.iter_child_nodes(node))
     return False
+
+
+def _captured_names(pattern: ast.pattern) -> set[str]:
+    """The names a `case` pattern binds (`case x`, `case [first, *rest]`, `case {**rest}`)."""
+    names = set()
+    for node in ast.walk(pattern):
+        if isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.add(node.rest)
+    return names

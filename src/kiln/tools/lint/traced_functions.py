@@ -8,9 +8,8 @@ the `inference=` function given to it: the reader maps them), and those
 passed to `.map` / `.filter` / `.flat_map` / `.interleave` of something that
 looks like a tf.data Dataset rather than another library's object with a
 `.map` (see `DatasetEvidence`). `taint` starts from these and follows the
-same-module functions they call. Names imported from other modules are not
-followed: lint those modules too (their own `map` calls and `tf.function`s are
-checked where they are).
+same-module functions they call. Functions imported from other modules are
+followed by `project`, into the files checked in the same run.
 """
 
 from __future__ import annotations
@@ -139,10 +138,16 @@ _OTHER_CONSTRUCTOR = re.compile(
 )
 
 
-def traced_functions(index: ModuleIndex) -> Iterator[ResolvedFunction]:
+def traced_functions(
+    index: ModuleIndex, imported: list[str] | None = None
+) -> Iterator[ResolvedFunction]:
     """The functions TensorFlow traces: tf.function-decorated or -wrapped ones,
     kiln augmentation ops, and those passed to a tf.data Dataset's
-    map/filter/flat_map/interleave."""
+    map/filter/flat_map/interleave.
+
+    The dotted import paths of traced functions imported from other modules
+    (``ds.map(helpers.augment)``) are appended to `imported`, if given.
+    """
     evidence = DatasetEvidence(index)
     for node in ast.walk(index.tree):
         if isinstance(node, FUNCTION_NODES):
@@ -158,7 +163,9 @@ def traced_functions(index: ModuleIndex) -> Iterator[ResolvedFunction]:
             scope = index.scope_of(node)
             if _is_tf_function_wrapper(index, node.func) and node.args:
                 # tf.function(fn, ...) and tf.function(input_signature=...)(fn)
-                yield from index.resolve_callables(node.args[0], scope)
+                callables = index.resolve_callables(node.args[0], scope)
+                yield from callables
+                _note_imported(index, node.args[0], callables, imported)
             elif (
                 isinstance(node.func, ast.Attribute) and node.func.attr in _DATASET_FUNCTION_METHODS
             ):
@@ -171,8 +178,22 @@ def traced_functions(index: ModuleIndex) -> Iterator[ResolvedFunction]:
                 if function is None:
                     continue
                 callables = index.resolve_callables(function, scope)
-                if callables and evidence.is_dataset_call(node):
+                if evidence.is_dataset_call(node):
                     yield from callables
+                    _note_imported(index, function, callables, imported)
+
+
+def _note_imported(
+    index: ModuleIndex,
+    function: ast.AST,
+    callables: list[ResolvedFunction],
+    imported: list[str] | None,
+) -> None:
+    """Appends a traced function's import path to `imported` when it is not this module's."""
+    if imported is not None and not callables:
+        qualified = index.qualify(function)
+        if qualified:
+            imported.append(qualified)
 
 
 def _inference_forms(index: ModuleIndex, op: ast.AST) -> Iterator[ResolvedFunction]:
