@@ -64,13 +64,8 @@ class Project:
 
     def check(self, path: str, tree: ast.Module) -> list[Finding] | None:
         """A file's findings before noqa and selection; None if nested too deeply to check."""
-        checker = ModuleChecker(tree, path)
-        try:
-            checker.run()
-        except RecursionError:
-            return None
-        self._note(path, checker.external_calls)
-        return checker.findings()
+        checker = self._checked(path, tree)
+        return None if checker is None else checker.findings()
 
     def follow(self, load: Loader) -> dict[str, tuple[list[Finding] | None, ast.Module, str]]:
         """The files that define imported traced functions, checked again with them:
@@ -89,7 +84,7 @@ class Project:
                     tree, source = load(path)
                 except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError):
                     continue  # reported by the run's own reading of it
-                checkers[path] = (self._checked_again(path, tree), tree, source)
+                checkers[path] = (self._checked(path, tree), tree, source)
             checker = checkers[path][0]
             if checker is None:
                 continue  # nested too deeply to check
@@ -105,7 +100,8 @@ class Project:
             for path, (checker, tree, source) in checkers.items()
         }
 
-    def _checked_again(self, path: str, tree: ast.Module) -> ModuleChecker | None:
+    def _checked(self, path: str, tree: ast.Module) -> ModuleChecker | None:
+        """`path` checked, its calls of other files' functions noted; None if nested too deeply."""
         checker = ModuleChecker(tree, path)
         try:
             checker.run()
