@@ -119,7 +119,7 @@ setuptools.setup(
     entry_points={
         "console_scripts": ["kiln=kiln.cli:main"],
         # `flake8 --select K`: kiln lint's checks under flake8. flake8 names a
-        # plugin by the prefix of its codes (K000, K101-K109).
+        # plugin by the prefix of its codes (K000, K101-K110).
         "flake8.extension": ["K = kiln.tools.lint.flake8_plugin:Flake8Plugin"],
     },
     classifiers=[

@@ -21,6 +21,8 @@ K108   a NumPy / OpenCV / SciPy / scikit-image / PIL call on a tensor value
 K109   Python state changed: a `global`/`nonlocal` name assigned, or a
        module-level, enclosing or `self.*` object mutated (`append`,
        `update`, `x[k] = v`, `+=`, ...)
+K110   `time.time()`, `datetime.now()`, `uuid.uuid4()`, `os.urandom()`,
+       `secrets.*`: a clock, unique id or OS entropy
 =====  =================================================================
 
 The modules, in the order a file goes through them:

@@ -1,7 +1,7 @@
 """`kiln lint` as a flake8 plugin: the same checks and codes, reported by flake8.
 
 setup.py registers `Flake8Plugin` as the ``flake8.extension`` entry point ``K``,
-the prefix of every kiln lint code (K000, K101-K109), so after installing kiln::
+the prefix of every kiln lint code (K000, K101-K110), so after installing kiln::
 
     flake8 --select K train.py src/
 

@@ -79,6 +79,12 @@ RULES: dict[str, Rule] = {
             "updated with assign_add / assign, or carry it in the dataset (Dataset.scan, "
             "Dataset.enumerate)",
         ),
+        Rule(
+            "K110",
+            "Python clock, unique id or OS entropy in traced code",
+            "use tf.timestamp() for the time; for an id or a seed, the element's index "
+            "(Dataset.enumerate) or its record's key",
+        ),
     )
 }
 
@@ -312,12 +318,39 @@ _KERAS_HOST_ARRAY_FUNCTIONS = frozenset(
 )
 
 
+# Python calls whose value differs per call but is taken once, at trace time
+# (K110): clocks, unique ids and the OS's entropy.
+_TRACE_TIME_VALUES = frozenset(
+    {
+        *(
+            f"time.{name}{suffix}"
+            for name in ("time", "perf_counter", "monotonic", "process_time", "thread_time")
+            for suffix in ("", "_ns")
+        ),
+        "datetime.datetime.now",
+        "datetime.datetime.utcnow",
+        "datetime.datetime.today",
+        "datetime.date.today",
+        "uuid.uuid1",
+        "uuid.uuid4",
+        "os.urandom",
+        "os.getrandom",
+    }
+)
+
+
 def call_violation(
     call: ast.Call, index: ModuleIndex, scope: ast.AST, is_tensor: IsTensor
 ) -> Violation | None:
     """The pitfall a call in traced code is, if any; `scope` is the traced function."""
     qualified = index.qualify(call.func)
     func = call.func
+    if qualified and (qualified in _TRACE_TIME_VALUES or qualified.startswith("secrets.")):
+        return Violation(
+            "K110",
+            f"`{_shown_name(func)}()` runs once, at trace time: its value is baked into the graph "
+            f"as a constant, the same for every element and epoch",
+        )
     if qualified and (
         qualified.startswith("numpy.random.")
         or qualified == "random"
