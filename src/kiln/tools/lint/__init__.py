@@ -17,7 +17,8 @@ K104   Python `if` / conditional expression / `and`-`or` / comprehension
 K105   Python `while` on a tensor value
 K106   `assert` on a tensor value
 K107   `tf.py_function` / `tf.numpy_function` / `tf.compat.v1.py_func`
-K108   a NumPy / OpenCV / SciPy / scikit-image / PIL call on a tensor value
+K108   a NumPy / OpenCV / SciPy / scikit-image / PIL call on a tensor value,
+       or an albumentations / imgaug / torchvision transform called on one
 K109   Python state changed: a `global`/`nonlocal` name assigned, or a
        module-level, enclosing or `self.*` object mutated (`append`,
        `update`, `x[k] = v`, `+=`, ...)

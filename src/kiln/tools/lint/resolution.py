@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeAlias
 
 MAX_RESOLVE_DEPTH = 8
@@ -53,6 +53,9 @@ _PYTHON_RNG_CONSTRUCTORS = frozenset(
         "random.SystemRandom",
     }
 )
+
+# Image augmentation libraries whose objects run NumPy/PIL code when called.
+_HOST_IMAGE_PIPELINES = ("albumentations.", "imgaug.", "torchvision.transforms.")
 
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef)
 _SCOPE_NODES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
@@ -380,23 +383,39 @@ class ModuleIndex:
                 return classes
         return []
 
-    def is_python_rng(self, node: ast.AST, scope: ast.AST, depth: int = 0) -> bool:
+    def is_python_rng(self, node: ast.AST, scope: ast.AST) -> bool:
         """Whether `node`, seen from `scope`, is a NumPy Generator or RandomState, or a
         random.Random."""
+        return self._made_by(node, scope, lambda name: name in _PYTHON_RNG_CONSTRUCTORS)
+
+    def is_host_image_pipeline(self, node: ast.AST, scope: ast.AST) -> bool:
+        """Whether `node`, seen from `scope`, is an object of a NumPy/PIL image
+        augmentation library (``albumentations.Compose([...])``, an imgaug
+        augmenter, a torchvision transform): calling it runs NumPy code."""
+        return self._made_by(node, scope, lambda name: name.startswith(_HOST_IMAGE_PIPELINES))
+
+    def _made_by(
+        self, node: ast.AST, scope: ast.AST, constructor: Callable[[str], bool], depth: int = 0
+    ) -> bool:
+        """Whether `node`, seen from `scope`, is the value of a call of a name
+        `constructor` accepts: directly, through a name bound to it, or
+        through an attribute of ``self`` set to it."""
         if depth > MAX_RESOLVE_DEPTH:
             return False
         if isinstance(node, ast.Call):
-            return self.qualify(node.func) in _PYTHON_RNG_CONSTRUCTORS
+            qualified = self.qualify(node.func)
+            return qualified is not None and constructor(qualified)
         if isinstance(node, ast.Name):
             return any(
-                isinstance(b, ast.expr) and self.is_python_rng(b, scope, depth + 1)
+                isinstance(b, ast.expr) and self._made_by(b, scope, constructor, depth + 1)
                 for b in self.lookup(node.id, scope)
             )
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             owner = self.method_receiver(scope, node.value.id)
             if owner is not None:
                 return any(
-                    isinstance(value, ast.expr) and self.is_python_rng(value, scope, depth + 1)
+                    isinstance(value, ast.expr)
+                    and self._made_by(value, scope, constructor, depth + 1)
                     for value, _ in self.class_member(owner, node.attr)
                 )
         return False

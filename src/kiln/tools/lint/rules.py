@@ -412,6 +412,14 @@ def call_violation(
             f"`{_shown_name(func)}()` on a tensor in traced code: NumPy/OpenCV need concrete "
             f"arrays ('Cannot convert a symbolic tf.Tensor to a numpy array')",
         )
+    if index.is_host_image_pipeline(func, scope) and any(
+        is_tensor(a) for a in [*call.args, *(k.value for k in call.keywords)]
+    ):
+        return Violation(
+            "K108",
+            f"`{_shown_name(func)}(...)` calls an albumentations/imgaug/torchvision transform on a "
+            f"tensor in traced code: it runs NumPy/PIL code, which needs concrete arrays",
+        )
     return None
 
 
