@@ -2,6 +2,7 @@
 moment never harms what readers see, a retried shard write leaves one correct
 file, and --keep prunes old versions but never LATEST's."""
 
+import dataclasses
 import json
 import os
 import random
@@ -412,6 +413,40 @@ def test_keep_on_an_object_store(demo_corpus):
         assert again.up_to_date and again.version == third.version
         assert again.latest_set_by_hand == second.version and again.pruned == ()
         assert object_store.get(f"{second.dataset_root}/LATEST").decode() == second.version + "\n"
+    finally:
+        object_store.reset()
+
+
+def test_a_lock_taken_while_the_version_was_copied_stops_the_build_before_latest(demo_corpus):
+    """On an object store a stalled build's lock can be broken and taken by
+    the next build. Taken while this one copied its version into place
+    (minutes on a large dataset, after its last check), it must not write
+    LATEST over the new holder's: it fails, naming the lock, and publishes
+    nothing."""
+    from kiln.pipeline import lock
+
+    bucket, _ = images_on_the_object_store(demo_corpus)
+    config = memgs_config(bucket, num_shards=1)
+    lock_path = f"{bucket}/datasets/shapes/.lock"
+    taker = lock.Holder.me()
+    taker = dataclasses.replace(taker, token=taker.token + "-taker")
+    taken = []
+
+    def take_the_lock(kind, path):
+        # The copy's last object: the version's kiln.json, not the staging one.
+        if kind == "write" and re.fullmatch(
+            rf"{bucket}/datasets/shapes/[0-9a-f]{{12}}/kiln.json", path
+        ):
+            taken.append(path)
+            object_store.put(lock_path, taker.to_bytes())
+
+    try:
+        object_store.WATCHERS[:] = [take_the_lock]
+        with pytest.raises(Exception, match=f"lost the lock {re.escape(lock_path)}"):
+            build(config)
+        assert taken
+        assert not object_store.names(f"{bucket}/datasets/shapes/LATEST")
+        assert lock.Holder.from_bytes(object_store.get(lock_path)).token == taker.token
     finally:
         object_store.reset()
 

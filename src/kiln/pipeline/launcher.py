@@ -828,6 +828,7 @@ def _build_locked(
                 check_gate(dataset.version_dir(built.version))
             # Before LATEST names it (`_comparing_first`).
             changes = _changes(dataset, previous, built.version)
+            held.check()
             dataset.name_latest(built.version)
         logger.info("up to date: %s", built.version)
         _warn_about_vanished_splits(changes)
@@ -888,7 +889,10 @@ def _build_locked(
         target = transaction.commit(
             info,
             gate=_comparing_first(
-                check_gate, lambda: _changes(dataset, previous, info.version), compared
+                check_gate,
+                lambda: _changes(dataset, previous, info.version),
+                compared,
+                still_held=held.check,
             ),
             listing_files=_listing_files(plan),
             listed_from=started,
@@ -1077,11 +1081,16 @@ def _comparing_first(
     gate: Callable[[str], None] | None,
     compare: Callable[[], version_diff.VersionDiff | None],
     compared: list[version_diff.VersionDiff | None],
+    *,
+    still_held: Callable[[], None],
 ) -> Callable[[str], None]:
     """The check `publish.PublishTransaction.commit` runs before LATEST names
     the new version: the publish `gate`, if any, then the comparison with the
     previous version for the summary and the report (`_changes`), appended
-    to `compared`.
+    to `compared`, and last `still_held` (`DatasetLock.check`): on an object
+    store the version's copy and the comparison take minutes on a large
+    dataset, long enough for a stalled build's lock to be broken and taken
+    by the next build, which must then be the one that writes LATEST.
 
     Compared before, not after: the comparison reads both versions' record
     indexes, seconds for a large dataset, and a Ctrl-C or SIGTERM then
@@ -1094,6 +1103,7 @@ def _comparing_first(
         if gate is not None:
             gate(version_dir)
         compared.append(compare())
+        still_held()
 
     return check
 
