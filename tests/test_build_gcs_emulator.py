@@ -376,6 +376,34 @@ def test_an_image_folder_listed_by_the_job_on_the_emulator(on_emulator, demo_cor
     assert not [name for name in _names("by-job/") if "/.listings/" in name]
 
 
+@pytest.mark.parametrize("listing", ["launcher", "job"])
+def test_folder_placeholders_are_folders_on_the_emulator(
+    on_emulator, build_dataset, demo_corpus, listing
+):
+    # The Cloud Console's "Create folder" (and gcsfuse's mkdir) write an
+    # empty object named like the folder, which stays when the folder's
+    # files are deleted. They were read as files: each an `empty` drop (the
+    # root's own `unexpected_location`), and a class made of each folder, so
+    # a class emptied on the store stayed a class with no example. Now they
+    # are folders, as on a disk: the version of the same files, where the
+    # placeholders of the root, a class folder and an empty folder are.
+    folder = f"placeholders-{listing}"
+    _upload_corpus(demo_corpus.out_dir, f"{folder}/images")
+    bucket = _client().bucket(BUCKET)
+    for name in ("images/", "images/circle/", "images/zebra/"):
+        bucket.blob(f"{folder}/{name}").upload_from_string(b"")
+    let_uploads_age()
+    config = make_config(f"gs://{BUCKET}/{folder}/images", output=f"gs://{BUCKET}/{folder}")
+    config["source"]["listing"] = listing
+
+    result = build(config)
+
+    local = build_dataset()
+    assert result.version == local.version
+    assert result.info.class_names == local.info.class_names
+    assert result.info.dropped == local.info.dropped
+
+
 @pytest.mark.parametrize("per_row_max", [0, None], ids=["listed", "asked_for"])
 def test_a_manifest_listed_by_the_job_on_the_emulator(
     on_emulator, demo_corpus, monkeypatch, per_row_max

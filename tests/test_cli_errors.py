@@ -134,6 +134,29 @@ def test_output_that_is_a_file(tmp_path, demo_corpus, capfd):
     assert taken.read_text() == "not a folder"
 
 
+@pytest.mark.parametrize("where", ["output", "config_folder"])
+def test_output_with_a_wildcard_is_refused_before_the_build(tmp_path, demo_corpus, capfd, where):
+    # Beam's filesystems read a path as a glob pattern where they list,
+    # delete or finalize files: under such a root the build failed after
+    # its job ran, on its own staging folder ("the job did not account for
+    # every input file", "Delete operation failed ...: No files found to
+    # delete"), and left that folder behind. The root is
+    # checked as resolved: a relative output in a config whose folder holds
+    # the wildcard too.
+    if where == "output":
+        folder, output = tmp_path, str(tmp_path / "runs[1]")
+    else:
+        folder, output = tmp_path / "configs[1]", "out"
+        folder.mkdir()
+    path = write_config(folder, make_config(demo_corpus.out_dir, output=output))
+    code, out, err = run_cli(capfd, "build", "--config", path, "--quiet")
+    assert (code, out) == (2, ""), err
+    assert err.count("\n") == 1, err
+    root = os.path.join(folder, output)
+    assert f"output {root} holds '[', which Beam's filesystems read as a wildcard" in err
+    assert not os.path.exists(root)
+
+
 def test_report_with_a_bare_file_name(tmp_path, config, capfd, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = run_cli(capfd, "build", "--config", config, "--quiet", "--report", "r.json")

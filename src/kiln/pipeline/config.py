@@ -1304,9 +1304,23 @@ def check_output_folders(spec: BuildSpec) -> None:
     file: checked as soon as the config loads (`kiln build`), before the
     job's modules are imported, and again by `launcher.build`.
 
+    Also refuses an output root that holds a glob wildcard (``*``, ``?``,
+    ``[``): Beam's filesystems read a path as a pattern where they list,
+    delete or finalize files (`FileSystems.match`, a sink's rename), so under
+    such a root a build failed after its job had run, on its own staging
+    folder ("the job did not account for every input file", "Delete
+    operation failed"), and left that folder behind.
+
     Raises:
-      UsageError: naming the file.
+      UsageError: naming the file, or the wildcard.
     """
+    wildcards = sorted({c for c in spec.output_root if c in "*?["})
+    if wildcards:
+        raise UsageError(
+            f"output {spec.output_root} holds {', '.join(repr(c) for c in wildcards)}, which "
+            f"Beam's filesystems read as a wildcard; choose another output (the config's "
+            f"output, or --output ROOT) without * ? ["
+        )
     for folder in (spec.output_root, spec.dataset_root):
         if not storage.is_remote(folder) and os.path.lexists(folder) and not os.path.isdir(folder):
             raise UsageError(

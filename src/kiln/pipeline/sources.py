@@ -746,7 +746,17 @@ def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Mispla
     The first of an image folder's two checks, before the class names are
     known; the launcher's listing and the listing job (`listing_job`) apply
     the same rules.
+
+    An object whose name ends in '/' (``key`` empty for the root's own) is
+    an object store's folder placeholder, skipped as a folder is: the Cloud
+    Console's "Create folder", gcsfuse's ``mkdir`` and S3's console write
+    one, and it stays when the folder's files are deleted. Read as a file,
+    it was an ``empty`` drop (``unexpected_location`` for the root's), and
+    it made its folder a class: a class folder emptied on the store stayed
+    a class with no example, where a local folder emptied is no class.
     """
+    if not key or key.endswith("/"):
+        return None
     parts = key.split("/")
     if any(part.startswith(".") for part in parts):
         return None
