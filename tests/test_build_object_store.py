@@ -9,7 +9,7 @@ import pytest
 from apache_beam.io.filesystem import BeamIOError
 
 import object_store
-from conftest import make_config
+from conftest import make_config, put_folder
 from kiln.pipeline import build, sources, storage
 from kiln.pipeline.error_report import DroppedFile
 from kiln.pipeline.launcher import BuildError
@@ -68,6 +68,21 @@ def test_build_publishes_on_an_object_store(store, build_dataset, demo_corpus):
     # The lock object is created and deleted around the check.
     assert [e for e in object_store.EVENTS if e[1] not in (f"{root}/LATEST", f"{root}/.lock")] == []
     assert f"{root}/.lock" not in object_store.names(root)
+
+
+@pytest.mark.parametrize("folder", ["scans[2024]", "scans*", "scans?"])
+def test_a_source_folder_whose_name_holds_a_wildcard_is_read_as_named(
+    store, build_dataset, demo_corpus, folder
+):
+    """Beam reads * ? [ in a match pattern as wildcards: the folder
+    ``scans[2024]`` was 'not found or empty' (its pattern matched
+    ``scans2``...), though its files were there."""
+    put_folder(demo_corpus.out_dir, f"{BUCKET}/{folder}")
+    # Beside it, what the unescaped pattern would match instead.
+    put_folder(demo_corpus.out_dir, f"{BUCKET}/scans2")
+    result = build(make_config(f"{BUCKET}/{folder}", output=f"{BUCKET}/datasets"))
+    local = build_dataset()
+    assert result.info.splits == local.info.splits
 
 
 def test_a_failed_build_keeps_only_its_error_report_on_an_object_store(store):

@@ -527,7 +527,7 @@ class Store(abc.ABC):
         return None if data is None else data.decode("utf-8")
 
     def modified_time(self, path: str) -> float:
-        return FileSystems.match([path])[0].metadata_list[0].last_updated_in_seconds
+        return FileSystems.get_filesystem(path).metadata(path).last_updated_in_seconds
 
     def delete(self, paths: Iterable[str]) -> None:
         """Deletes files that exist; missing ones are not an error."""
@@ -695,7 +695,8 @@ class ObjectStore(Store):
         return FileSystems.exists(path)
 
     def has_files(self, folder: str) -> bool:
-        return bool(FileSystems.match([folder.rstrip("/") + "/**"], limits=[1])[0].metadata_list)
+        # A prefix listing, not `FileSystems.match`: see `list_prefix`.
+        return next(iter(list_prefix(folder.rstrip("/") + "/")), None) is not None
 
     def walk_tree(
         self, folder: str, *, skip_hidden: bool = False, links_above: int | None = None
@@ -710,7 +711,7 @@ class ObjectStore(Store):
             listed: Iterable[FileMetadata] = itertools.chain(top, walk_prefixes(folders))
         else:
             # Beam's match returns the whole listing at once (one metadata object per file).
-            listed = FileSystems.match([root + "/**"])[0].metadata_list
+            listed = list_prefix(root + "/")
         for metadata in listed:
             if not (
                 skip_hidden
@@ -863,7 +864,9 @@ def list_prefix(prefix: str) -> Iterator[FileMetadata]:
 
     Beam's filesystems list a prefix with ``_list``, a generator over the
     store's pages (what `FileSystems.match` collects into one list before
-    it filters it with the glob's pattern).
+    it filters it with the glob's pattern). The prefix is taken as it is:
+    `FileSystems.match` reads ``*``, ``?`` and ``[`` as wildcards and has
+    no escape, so a folder named ``scans[2024]`` was not found through it.
     """
     return FileSystems.get_filesystem(prefix)._list(prefix)
 
