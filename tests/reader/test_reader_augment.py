@@ -35,6 +35,17 @@ BUILTINS = [
     "random_saturation",
 ]
 
+# kiln's colour ops (`OpDefinition.pixelwise`), each with a coin where it has one.
+COLOUR_SPECS = [
+    "random_brightness",
+    "random_contrast",
+    "random_saturation",
+    "random_hue",
+    "color_jitter",
+    {"color_jitter": {"probability": 0.5}},
+    {"random_grayscale": {"probability": 0.5}},
+]
+
 
 @pytest.fixture
 def user_ops():
@@ -702,18 +713,7 @@ def test_fused_jpeg_window_decoding_equals_decode_then_crop(spec, training):
         np.testing.assert_array_equal(fused, augmenter.apply(full, s))
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [
-        "random_brightness",
-        "random_contrast",
-        "random_saturation",
-        "random_hue",
-        "color_jitter",
-        {"color_jitter": {"probability": 0.5}},
-        {"random_grayscale": {"probability": 0.5}},
-    ],
-)
+@pytest.mark.parametrize("spec", COLOUR_SPECS)
 def test_colour_ops_read_uint8_as_pixel_over_255(spec):
     # The reader hands colour ops the uint8 crop window.
     pixels = tf.cast(tf.random.stateless_uniform([20, 16, 3], [7, 8], maxval=256), tf.uint8)
@@ -723,6 +723,62 @@ def test_colour_ops_read_uint8_as_pixel_over_255(spec):
         out = op.definition.fn(pixels, s, **op.kwargs)
         assert out.dtype == tf.float32
         np.testing.assert_allclose(out, op.definition.fn(as_float, s, **op.kwargs), atol=2e-6)
+
+
+def test_every_colour_op_has_a_levels_form():
+    names = {name for name in AUGMENTATIONS.names() if AUGMENTATIONS.get(name).pixelwise}
+    assert names == {next(iter(s)) if isinstance(s, dict) else s for s in COLOUR_SPECS}
+    assert all(AUGMENTATIONS.get(name).levels is not None for name in names)
+
+
+@pytest.mark.parametrize("spec", COLOUR_SPECS)
+@pytest.mark.parametrize("dtype", [tf.uint8, tf.float32])
+def test_a_colour_ops_levels_form_is_its_output_times_255_plus_a_half(spec, dtype):
+    # For uint8 output the reader runs the last colour op before the crop's
+    # resize as levels (255 x + 0.5), so a truncating cast rounds.
+    pixels = tf.cast(tf.random.stateless_uniform([20, 16, 3], [7, 8], maxval=256), tf.uint8)
+    image = pixels if dtype == tf.uint8 else tf.cast(pixels, tf.float32) / 255.0
+    (op,) = validate([spec])
+    for s in seeds(8):
+        levels = op.definition.levels(image, s, **op.kwargs)
+        assert levels.dtype == tf.float32 and levels.shape == image.shape
+        out = op.definition.fn(image, s, **op.kwargs)
+        np.testing.assert_allclose(levels, 255.0 * out + 0.5, atol=2e-4)
+        assert 0.5 <= float(tf.reduce_min(levels)) and float(tf.reduce_max(levels)) <= 255.5
+    # The form leaves nothing behind: the op alone gives floats in [0, 1] again.
+    assert float(tf.reduce_max(op.definition.fn(image, seeds(1)[0], **op.kwargs))) <= 1.0
+
+
+def test_uint8_output_after_colour_ops_rounds_by_the_cast_alone():
+    # The levels form's point: no pass to scale the window, none to round the
+    # output. Pinned in the graph, values as the float path's, rounded.
+    pixels = tf.cast(tf.random.stateless_uniform([40, 36, 3], [1, 9], maxval=256), tf.uint8)
+    features = {"image": tf.io.encode_jpeg(pixels, quality=95)}
+    augmenter = Augmenter(
+        tuple(
+            validate(
+                [{"random_resized_crop": {"size": 24}}, "random_flip_left_right", "color_jitter"]
+            )
+        )
+    )
+
+    def decode(seed, uint8):
+        return augmenter.decode_and_apply(
+            features, seed, encoding="jpeg", channels=3, image_size=None, uint8=uint8
+        )
+
+    graph = (
+        tf.function(lambda s: decode(s, True))
+        .get_concrete_function(tf.TensorSpec([2], tf.int32))
+        .graph
+    )
+    assert "Round" not in {op.type for op in graph.get_operations()}
+    for s in seeds(12):
+        small = decode(s, True).numpy().astype(np.int16)
+        scaled = decode(s, False).numpy() * 255.0
+        difference = np.abs(small - np.round(scaled))
+        assert difference.max() <= 1
+        assert np.all(np.abs(scaled - np.floor(scaled) - 0.5)[difference > 0] < 1e-3)
 
 
 def test_flips_and_colour_run_on_the_window_before_its_resize():

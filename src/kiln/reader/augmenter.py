@@ -26,7 +26,10 @@ clipped and in the mean it scales contrast about (the window's, not its
 resized copy's). The order of the list is otherwise kept: an op is moved
 only past the crop's resize, never past another op. Every op after a crop
 is a full pass over its image, so passes over the smaller uint8 window
-instead of the float output are most of what the reader can save.
+instead of the float output are most of what the reader can save. For
+uint8 output the last of those colour ops gives levels (``255 * x + 0.5``,
+`OpDefinition.levels`): the resize keeps them, and the cast to uint8
+rounds, with no pass of its own to scale or round.
 
 Targets (boxes, masks, keypoints: `kiln.reader.targets`) take the same path
 (`apply_with_targets`): the leading crop's window crops them, the mirror
@@ -291,14 +294,26 @@ class Augmenter:
             while index < len(ops) and ops[index].definition.mirror:
                 image, targets = self._run_one(image, seed, targets, index)
                 index += 1
-            # The first colour op scales the uint8 window inside its own pass.
-            while index < len(ops) and ops[index].definition.pixelwise:
-                image, targets = self._run_one(image, seed, targets, index)
-                index += 1
+            end = index
+            while end < len(ops) and ops[end].definition.pixelwise:
+                end += 1
             window = self._leading_window()
             crop = ops[0]
+            # uint8 output right after the colour ops: the last one gives
+            # levels, which the crop's resize keeps and a cast rounds.
+            last = ops[end - 1].definition.levels if index < end == len(ops) else None
+            finish_levels = window.finish_levels if uint8 and self.training else None
+            if last is None or finish_levels is None:
+                last = finish_levels = None
+            # The first colour op scales the uint8 window inside its own pass.
+            while index < end - (last is not None):
+                image, targets = self._run_one(image, seed, targets, index)
+                index += 1
             finished = None
-            if uint8 and index == len(ops) and window.finish_uint8 is not None:
+            if last is not None and finish_levels is not None:
+                image = last(image, self._op_seed(seed, index), **ops[index].kwargs)
+                finished = finish_levels(image, **crop.kwargs)
+            elif uint8 and index == len(ops) and window.finish_uint8 is not None:
                 # The crop's finish is the last step: straight to uint8.
                 window_image = image
                 finished = self._call(

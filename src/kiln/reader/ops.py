@@ -52,6 +52,7 @@ cannot move a dataset's targets before reading any data.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import math
@@ -119,6 +120,13 @@ class Window:
     rounds other float values than the float path's: where the exact value
     is a half level the two can round apart, by one level
     (docs/reader.md)."""
+    finish_levels: Callable[..., tf.Tensor] | None = None
+    """Optional: `finish_uint8` of a window given as levels (``255 * x +
+    0.5``, float32 in [0.5, 255.5]: an `OpDefinition.levels` op's output),
+    where a linear finish (a resize) keeps the half and a truncating cast
+    rounds: the same values as `finish_uint8`, but for halves (rounded up)
+    and float error, with no pass over the window before the resize and
+    none after it but the cast."""
 
     def crop(self, image: tf.Tensor, seed: tf.Tensor | None, **params: Any) -> tf.Tensor:
         """The cropping op on a decoded image: sample the window, slice, finish.
@@ -188,6 +196,11 @@ class OpDefinition(Registered):
         probably not what was meant (a rotation of a tenth of a degree:
         Keras' turns written as kiln's degrees), as
         ``<parameter>: <why>``; `validate` logs it as a warning, once.
+      levels: ``levels(image, seed, **params)``: a pixelwise op's output
+        ``x`` as levels, ``255 * x + 0.5`` (float32 in [0.5, 255.5]), from
+        the same draws: for uint8 output, the reader hands the last colour
+        op before a crop's resize this form (`Window.finish_levels`), so the
+        scale and the rounding cost no passes of their own.
     """
 
     kind: str = "element"
@@ -206,6 +219,7 @@ class OpDefinition(Registered):
     needs_rgb: Callable[..., bool] | None = None
     targets_problem: Callable[..., str | None] | None = None
     doubt: Callable[..., str | None] | None = None
+    levels: Callable[..., tf.Tensor] | None = None
 
 
 AUGMENTATIONS: Registry[OpDefinition] = Registry(
@@ -321,11 +335,34 @@ def builtin_op(name: str, *, kind: str = "element", **details: Any) -> Callable:
     declare what the reader may do with them (`OpDefinition`'s window,
     inference_window, mirror, pixelwise, with_targets, smallest_input,
     output_size, needs_rgb, targets_problem, doubt). Colour ops
-    (pixelwise) are not geometric; element ops move every target kind."""
+    (pixelwise) are not geometric, and have a levels form (the op run with
+    `_LEVELS` set: its `color_twist` and unchanged images give levels);
+    element ops move every target kind."""
     details.setdefault("geometric", not details.get("pixelwise", False))
     if kind == "element":
         details.setdefault("supports", GEOMETRIC_KINDS)
-    return AUGMENTATIONS.register(name, leading=_LEADING[kind], kind=kind, builtin=True, **details)
+
+    def decorator(fn: ElementFn) -> ElementFn:
+        if details.get("pixelwise"):
+            details["levels"] = _levels_form(fn)
+        return AUGMENTATIONS.register(
+            name, leading=_LEADING[kind], kind=kind, builtin=True, **details
+        )(fn)
+
+    return decorator
+
+
+def _levels_form(fn: ElementFn) -> ElementFn:
+    """A colour op's `OpDefinition.levels` form: the op run with `_LEVELS` set."""
+
+    def levels(image: tf.Tensor, seed: tf.Tensor, **params: Any) -> tf.Tensor:
+        token = _LEVELS.set(True)
+        try:
+            return fn(image, seed, **params)
+        finally:
+            _LEVELS.reset(token)
+
+    return levels
 
 
 def names() -> list[str]:
@@ -479,6 +516,24 @@ def to_float(image: tf.Tensor) -> tf.Tensor:
     return tf.cast(image, tf.float32)
 
 
+# Set while a colour op runs as its levels form (`OpDefinition.levels`):
+# read by `color_twist` and `_unchanged`, the two ways a colour op makes
+# its output, so each op is written once.
+_LEVELS: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_levels", default=False)
+
+
+def _unchanged(image: tf.Tensor) -> tf.Tensor:
+    """A colour op's output where it changes nothing: float, or levels."""
+    return to_levels(image) if _LEVELS.get() else to_float(image)
+
+
+def to_levels(image: tf.Tensor) -> tf.Tensor:
+    """`to_float`'s image as levels, ``255 * x + 0.5`` (see `OpDefinition.levels`)."""
+    if image.dtype == tf.uint8:
+        return tf.cast(image, tf.float32) + 0.5
+    return tf.cast(image, tf.float32) * 255.0 + 0.5
+
+
 # --- windows (crops) ------------------------------------------------------------------
 
 
@@ -600,9 +655,26 @@ def _finish_resized_crop_uint8(image, *, size, scale_range, ratio_range, method,
     return tf.ensure_shape(out, [size[0], size[1], image.shape[-1]])
 
 
-_RESIZED_CROP = Window(_resized_crop_window, _finish_resized_crop, _finish_resized_crop_uint8)
+def _finish_resized_crop_levels(image, *, size, scale_range, ratio_range, method, antialias):
+    del scale_range, ratio_range
+    resized = tf.image.resize(image, size, method=method, antialias=antialias)
+    if method in _OVERSHOOTING_METHODS:
+        resized = tf.clip_by_value(resized, 0.5, 255.5)
+    # Levels hold the half: the cast's truncation rounds.
+    return tf.ensure_shape(tf.cast(resized, tf.uint8), [size[0], size[1], image.shape[-1]])
+
+
+_RESIZED_CROP = Window(
+    _resized_crop_window,
+    _finish_resized_crop,
+    _finish_resized_crop_uint8,
+    _finish_resized_crop_levels,
+)
 _CENTRAL_RESIZED_CROP = Window(
-    _central_aspect_window, _finish_resized_crop, _finish_resized_crop_uint8
+    _central_aspect_window,
+    _finish_resized_crop,
+    _finish_resized_crop_uint8,
+    _finish_resized_crop_levels,
 )
 
 
@@ -727,6 +799,7 @@ def color_twist(
     contrast: tf.Tensor | None = None,
     saturation: tf.Tensor | None = None,
     hue: tf.Tensor | None = None,
+    levels: bool | None = None,
 ) -> tf.Tensor:
     """Brightness, contrast, saturation and hue changes, in that order, in one pass.
 
@@ -741,6 +814,9 @@ def color_twist(
         (0 gives grey, 1 leaves it). RGB only.
       hue: Rotation of the chroma (I, Q) plane of YIQ, in turns (1 = 360°).
         RGB only.
+      levels: Return ``255 * out + 0.5`` (`OpDefinition.levels`), the
+        scale and the half folded into the matrix, the offset and the clip.
+        None: whether the calling op runs as its levels form.
 
     Returns:
       float32 ``clip(c * H S pixel + brightness + (1 - c) * mean_luma, 0, 1)``.
@@ -750,7 +826,11 @@ def color_twist(
     rgb = saturation is not None or hue is not None
     if rgb:
         _require_rgb("color_twist (saturation, hue)", image)
+    if levels is None:
+        levels = _LEVELS.get()
     scale = 1.0 / 255.0 if image.dtype == tf.uint8 else 1.0
+    # Levels: the output is 255 times larger; the input's mean keeps its scale.
+    gain = 255.0 if levels else 1.0
     if rgb:
         # Padded for `_mix_channels` before the cast (in uint8: a quarter of
         # the bytes); `pixels` is the padding's prefix (a slice at offset 0,
@@ -786,18 +866,22 @@ def color_twist(
         else:
             turn = [chroma, chroma, tf.constant(0.0)]  # FIXED + COS is the identity
         weights = tf.stack(turn + [grey])[None]
-        basis = tf.constant(_COLOR_BASIS * scale, tf.float32)
+        basis = tf.constant(_COLOR_BASIS * (scale * gain), tf.float32)
         matrix = tf.reshape(tf.matmul(weights, basis), [3, 3])
         out = _mix_channels(padded, matrix, tf.shape(pixels))
     elif contrast is not None:
-        out = (contrast * scale if scale != 1.0 else contrast) * pixels  # one channel: no matrix
+        # One channel: no matrix.
+        out = (contrast * (scale * gain) if scale * gain != 1.0 else contrast) * pixels
     else:
-        out = pixels * scale if scale != 1.0 else pixels
+        out = pixels * (scale * gain) if scale * gain != 1.0 else pixels
+    if levels:
+        offsets = [tf.reduce_sum(tf.stack(offsets)) * gain + 0.5] if offsets else [0.5]
     if offsets:
         # One Add: Grappler rewrites chains of Adds into AddN in its own order,
         # which would round differently here and in the Keras layer.
         out += offsets[0] if len(offsets) == 1 else tf.reduce_sum(tf.stack(offsets))
-    return tf.ensure_shape(tf.clip_by_value(out, 0.0, 1.0), image.shape)
+    low, high = (0.5, 255.5) if levels else (0.0, 1.0)
+    return tf.ensure_shape(tf.clip_by_value(out, low, high), image.shape)
 
 
 # Pixels per row of `_mix_channels`' matmul.
@@ -919,7 +1003,7 @@ def color_jitter(
 
     if probability >= 1.0:
         return jitter()
-    return tf.cond(draws[4] < probability, jitter, lambda: to_float(image))
+    return tf.cond(draws[4] < probability, jitter, lambda: _unchanged(image))
 
 
 @builtin_op("random_grayscale", pixelwise=True, needs_rgb=_always)
@@ -931,7 +1015,7 @@ def random_grayscale(image, seed, *, probability: Probability = 0.1):
         seed,
         lambda: color_twist(image, saturation=tf.constant(0.0)),
         image,
-        otherwise=lambda: to_float(image),
+        otherwise=lambda: _unchanged(image),
     )
 
 
