@@ -858,6 +858,10 @@ def markdown(results: dict[str, Any]) -> str:
         "pattern kiln exists to replace; (d) uses Keras 3 preprocessing layers on each "
         "batch in `Dataset.map` (RandomZoom stands in for random_resized_crop, which Keras 3 "
         "does not have).",
+        "- The targets rows: each round measures the targets variant and (b) on the same "
+        "images without targets one right after the other (which first alternates between "
+        "rounds); the cost is the median of the rounds' ratios, (b)'s images/s over the "
+        "variant's.",
         "",
         "### Augmentation on the accelerator",
         "",

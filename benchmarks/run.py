@@ -340,24 +340,41 @@ def measure_readers(
     target_dirs = target_dirs or {}
     target_variants = [v for v in reader_bench.TARGET_VARIANTS if v.key in target_dirs]
     target_runs: dict[str, list[float]] = {v.key: [] for v in target_variants}
+    # (b) measured next to each targets variant, for its cost ratio.
+    paired_b: dict[str, list[float]] = {v.key: [] for v in target_variants}
+    plain_b = next(v for v in reader_bench.VARIANTS if v.key == "b")
     runs: dict[str, dict[str, list[float]]] = {
         encoding: {v.key: [] for v in reader_bench.VARIANTS} for encoding in datasets
     }
     layer_runs: list[float] = []
     background: list[float] = []
     for round_index in range(settings.reader_repeats):
-        for variant in target_variants:
-            with _Background(background):
-                value = reader_bench.measure_variant(
-                    variant,
-                    target_dirs[variant.key],
-                    "jpeg",
-                    batch_size=settings.batch_size,
-                    batches=settings.reader_batches,
-                )
-            target_runs[variant.key].append(value)
+        for index, variant in enumerate(target_variants):
+            # A pair: the targets variant and (b) on the same images without
+            # targets, one right after the other, which first alternating,
+            # so that a burst of load or the previous pipeline's wind-down
+            # hits both alike.
+            pair = [(variant, target_dirs[variant.key]), (plain_b, datasets["jpeg"])]
+            if (round_index + index) % 2:
+                pair.reverse()
+            measured = {}
+            for measured_variant, directory in pair:
+                with _Background(background):
+                    measured[measured_variant.key] = reader_bench.measure_variant(
+                        measured_variant,
+                        directory,
+                        "jpeg",
+                        batch_size=settings.batch_size,
+                        batches=settings.reader_batches,
+                    )
+            target_runs[variant.key].append(measured[variant.key])
+            paired_b[variant.key].append(measured["b"])
             logger.info(
-                "reader round %d targets %s: %.0f images/s", round_index + 1, variant.key, value
+                "reader round %d targets %s: %.0f images/s (next to it, (b): %.0f)",
+                round_index + 1,
+                variant.key,
+                measured[variant.key],
+                measured["b"],
             )
         for encoding, directory in datasets.items():
             for variant in reader_bench.VARIANTS:
@@ -401,14 +418,17 @@ def measure_readers(
         }
     with_targets = None
     if target_variants:
-        plain = rows["jpeg"]["b"]["images_per_second"]
         with_targets = {
             v.key: {
                 "title": v.title,
                 "images_per_second": _median(target_runs[v.key]),
-                # Per-image cost relative to (b) on the same JPEG images without targets.
-                "cost_vs_b": plain / _median(target_runs[v.key]),
+                # Per-image cost relative to (b) on the same JPEG images without
+                # targets: the median of the pairs' ratios.
+                "cost_vs_b": _median(
+                    [b / t for b, t in zip(paired_b[v.key], target_runs[v.key], strict=True)]
+                ),
                 "runs": target_runs[v.key],
+                "paired_b_runs": paired_b[v.key],
             }
             for v in target_variants
         }
