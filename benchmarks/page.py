@@ -30,7 +30,15 @@ def replace_section(page: str, title: str, section: str, after: str | None = Non
         return own.sub(lambda _: section, page, count=1)
     match = _section(after).search(page) if after else None
     if match:
-        return page[: match.end()].rstrip("\n") + "\n\n" + section + "\n" + page[match.end() :]
+        rest = page[match.end() :]
+        # One blank line between sections, however many the section found
+        # elsewhere ends with (each regeneration used to add one).
+        return (
+            page[: match.end()].rstrip("\n")
+            + "\n\n"
+            + section.rstrip("\n")
+            + ("\n\n" + rest if rest else "\n")
+        )
     return page.rstrip("\n") + "\n\n" + section
 
 

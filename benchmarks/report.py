@@ -42,7 +42,18 @@ WHY_NOT_MET = {
         "16 files, and the fixed start and finish costs ({fixed:.1f} s)."
     ),
     "build_linear": "The cost per image grew with the dataset: see the scaling table.",
-    "build_memory": "Peak memory grew with the dataset: see the scaling table.",
+    "build_memory": (
+        "The growth is the difference of two medians of the peaks of 5 builds, and "
+        "identical builds of one size peak up to 10 MB apart (see the memory note under the "
+        "scaling table): the same code measured +12 MB and +13 MB in the two runs before "
+        "this one. What does grow is the shard writer's part (two shards written at once, "
+        "each the split's bytes over the target rounded up to whole shards: ~13 MB at 4000 "
+        "images, ~14.5 MB at 8000) and the holes the image threads leave in glibc's "
+        "per-thread arenas, which grow with the image step's length; Python's heap itself "
+        "grew ~270 bytes per image. Next lever: the shard writer writing one shard at a "
+        "time once the image step is done with the arenas (or MALLOC_ARENA_MAX=2 in the "
+        "launcher, 4-6 MB less growth when measured)."
+    ),
     "build_incremental": (
         "An incremental build still lists the source, starts the Beam job, checks the "
         "base's files and joins the files with the base's record index (and with the "

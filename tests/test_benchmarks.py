@@ -232,6 +232,23 @@ def test_a_benchmark_run_alone_rewrites_only_its_own_section():
     assert page.replace_section(text, "## D", "## D\n\nd\n").endswith("## C\n\nc\n\n## D\n\nd\n")
 
 
+def test_a_kept_section_moved_into_a_new_page_adds_no_blank_lines():
+    # make bench writes a new page and moves the image folder's listing
+    # section (measured by another command) into it, found with the blank
+    # lines before the next heading: regenerating must not pile them up.
+    from benchmarks import page
+
+    new = "# kiln\n\n## A\n\na\n\n## C\n\nc\n"
+    old = "# kiln\n\n## A\n\nold a\n\n## B\n\nb\n\n## C\n\nold c\n"
+    for _ in range(3):
+        kept = page.find_section(old, "## B")
+        old = page.replace_section(new, "## B", kept, after="## A")
+        assert old == "# kiln\n\n## A\n\na\n\n## B\n\nb\n\n## C\n\nc\n"
+    assert page.replace_section(new, "## B", "## B\n\nb\n\n", after="## C").endswith(
+        "## C\n\nc\n\n## B\n\nb\n"
+    )
+
+
 def test_the_opencv_peer_jitters_colour_as_kiln_does():
     """The Grain peer's colour matrix is kiln's `color_twist` (same work, same result)."""
     import cv2
