@@ -54,22 +54,24 @@ logger = logging.getLogger(__name__)
 # --- parameter types ---------------------------------------------------------------
 
 
-def _is_integer(value: Any) -> bool:
-    # bool is an int subclass, but ``size: true`` is a config mistake, not 1.
+def is_integer(value: Any) -> bool:
+    """An integer of a config or a manifest: bool is an int subclass, but
+    ``size: true`` is a mistake, not 1."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A real number of a config or a manifest (not a bool)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _size(value: Any) -> int | tuple[int, int]:
-    if _is_integer(value) and value > 0:
+    if is_integer(value) and value > 0:
         return int(value)
     if (
         isinstance(value, (list, tuple))
         and len(value) == 2
-        and all(_is_integer(v) and v > 0 for v in value)
+        and all(is_integer(v) and v > 0 for v in value)
     ):
         height, width = int(value[0]), int(value[1])
         # A square is one int however it is written: ``[64, 64]`` and ``64``
@@ -129,7 +131,7 @@ class Range(_Validator):
         if (
             not isinstance(value, (list, tuple))
             or len(value) != 2
-            or not all(_is_number(v) for v in value)
+            or not all(is_number(v) for v in value)
         ):
             raise ValueError(f"expected two numbers [low, high], got {value!r}")
         low, high = float(value[0]), float(value[1])

@@ -116,7 +116,7 @@ import ijson
 
 from kiln.errors import first_line, unknown_names
 from kiln.pipeline import compressed, target_rows
-from kiln.pipeline.listing import scratch_database
+from kiln.pipeline.listing import as_blob, from_blob, scratch_database
 
 logger = logging.getLogger(__name__)
 
@@ -957,7 +957,7 @@ class _Spill:
     ) -> None:
         """`size`: the image's declared ``(width, height)`` (`_declared_size`), or None."""
         width, height = size if size is not None else (None, None)
-        self._images.append((image_id, position, _blob(file_name), _blob(entry), width, height))
+        self._images.append((image_id, position, as_blob(file_name), as_blob(entry), width, height))
         if len(self._images) >= _BATCH:
             self.flush()
 
@@ -977,8 +977,8 @@ class _Spill:
                 image_id,
                 annotation_id,
                 position,
-                _blob(entry),
-                None if duplicate is None else _blob(duplicate),
+                as_blob(entry),
+                None if duplicate is None else as_blob(duplicate),
             )
         )
         if len(self._annotations) >= _BATCH:
@@ -1003,7 +1003,7 @@ class _Spill:
             "SELECT id, position, file_name, entry, width, height FROM images ORDER BY id, position"
         ):
             size = None if width is None else (width, height)
-            yield image_id, position, _text(file_name), _text(entry), size
+            yield image_id, position, from_blob(file_name), from_blob(entry), size
 
     def annotations(self) -> Iterator[_Annotation]:
         """(image id, position, entry, key given twice or None), by image id,
@@ -1014,12 +1014,9 @@ class _Spill:
             "SELECT image_id, position, entry, duplicate FROM annotations "
             "ORDER BY image_id, id IS NULL, id, position"
         ):
-            yield image_id, position, _text(entry), None if duplicate is None else _text(duplicate)
-
-
-def _blob(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")
-
-
-def _text(data: bytes) -> str:
-    return data.decode("utf-8", "surrogatepass")
+            yield (
+                image_id,
+                position,
+                from_blob(entry),
+                None if duplicate is None else from_blob(duplicate),
+            )

@@ -195,20 +195,23 @@ _INSERT = {
 }
 
 
-def _blob(text: str) -> bytes:
+def as_blob(text: str) -> bytes:
+    """Text as a scratch database's BLOB: UTF-8 that keeps lone surrogates (a
+    file name that is not valid UTF-8 keeps its bytes; SQLite's TEXT would not)."""
     return text.encode("utf-8", "surrogatepass")
 
 
-def _text(data: bytes) -> str:
+def from_blob(data: bytes) -> str:
+    """`as_blob`'s text back."""
     return data.decode("utf-8", "surrogatepass")
 
 
 def _optional_blob(text: str | None) -> bytes | None:
-    return None if text is None else _blob(text)
+    return None if text is None else as_blob(text)
 
 
 def _optional_text(data: bytes | None) -> str | None:
-    return None if data is None else _text(data)
+    return None if data is None else from_blob(data)
 
 
 # The reasons whose messages say where a file is (an absolute path, the
@@ -339,7 +342,7 @@ class Listing:
         for (stamps,) in self._query(
             "SELECT mask_stamp FROM files WHERE mask_stamp IS NOT NULL"
         ):  # [[size, mtime(, inode_ctime)], ...] per file
-            newest = max([newest, *(float(stamp[1]) for stamp in json.loads(_text(stamps)))])
+            newest = max([newest, *(float(stamp[1]) for stamp in json.loads(from_blob(stamps)))])
         return newest
 
     def files(self) -> Iterator[SourceFile]:
@@ -359,8 +362,8 @@ class Listing:
         for row in self._connection.execute(query, parameters):
             key, uri, label, split, size, mtime, targets, mask_stamp, inode_ctime = row
             yield SourceFile(
-                _text(key),
-                _text(uri),
+                from_blob(key),
+                from_blob(uri),
                 label,
                 _optional_text(split),
                 size,
@@ -376,7 +379,7 @@ class Listing:
             "SELECT key, stage, reason, uri, message FROM dropped "
             "ORDER BY key, stage, reason, uri, message"
         ):
-            yield DroppedFile(*map(_text, row))
+            yield DroppedFile(*map(from_blob, row))
 
     def dropped_entries(self) -> Iterator[list]:
         """What each dropped row contributes to the version and stamp
@@ -414,7 +417,7 @@ class Listing:
             if label >= 0:
                 seen.add(self.class_names[label])
             if targets is not None:
-                names = target_rows.class_names(json.loads(_text(targets)))
+                names = target_rows.class_names(json.loads(from_blob(targets)))
                 seen.update(name for name in names if name in wanted)
         return ordered and seen == wanted
 
@@ -465,7 +468,7 @@ class Listing:
                 "SELECT f.label, p.split, COUNT(*) FROM files f JOIN previous p ON p.key = f.key "
                 "GROUP BY f.label, p.split"
             ):
-                kept.setdefault(label, {})[_text(split)] = count
+                kept.setdefault(label, {})[from_blob(split)] = count
             sizes = dict(connection.execute("SELECT label, COUNT(*) FROM files GROUP BY label"))
             rows = connection.execute(
                 "SELECT f.label, f.position, p.split FROM files f LEFT JOIN previous p "
@@ -518,7 +521,7 @@ class Listing:
                     for c in classes:
                         sizes[c] = sizes.get(c, 0) + 1
                     if split is not None:
-                        name = _text(split)
+                        name = from_blob(split)
                         kept_files[name] = kept_files.get(name, 0) + 1
                         for c in classes:
                             kept.setdefault(c, {})[name] = kept.get(c, {}).get(name, 0) + 1
@@ -553,7 +556,7 @@ class Listing:
         ``(position, split)`` pairs; on leaving, every file gets its split, in
         one transaction."""
         connection = self._connection
-        connection.create_function("draw", 1, lambda key: draw(_text(key)), deterministic=True)
+        connection.create_function("draw", 1, lambda key: draw(from_blob(key)), deterministic=True)
         connection.execute(
             "CREATE TEMP TABLE previous (key BLOB PRIMARY KEY, split BLOB) WITHOUT ROWID"
         )
@@ -562,14 +565,14 @@ class Listing:
         for chunk in _chunks(previous):
             connection.executemany(
                 "INSERT OR REPLACE INTO previous VALUES (?, ?)",
-                [(_blob(key), _blob(split)) for key, split in chunk],
+                [(as_blob(key), as_blob(split)) for key, split in chunk],
             )
 
         def assigned(pairs: Iterable[tuple[int, str]]) -> None:
             for chunk in _chunks(pairs):
                 connection.executemany(
                     "INSERT INTO assigned VALUES (?, ?)",
-                    [(position, _blob(split)) for position, split in chunk],
+                    [(position, as_blob(split)) for position, split in chunk],
                 )
 
         yield assigned
@@ -656,10 +659,10 @@ class ListingWriter:
         self._add(
             "candidates",
             (
-                _blob(candidate.key),
+                as_blob(candidate.key),
                 candidate.position,
-                _blob(candidate.uri),
-                _blob(candidate.label),
+                as_blob(candidate.uri),
+                as_blob(candidate.label),
                 _optional_blob(candidate.split),
                 candidate.size,
                 candidate.mtime,
@@ -672,7 +675,7 @@ class ListingWriter:
         """Records class names a row's targets use (labels, object classes):
         `candidate_labels` returns them with the candidates' labels."""
         for name in names:
-            self._add("class_names", (_blob(name),))
+            self._add("class_names", (as_blob(name),))
 
     def drop(self, dropped: DroppedFile, entry: Any) -> None:
         """Records a dropped row and its `Listing.dropped_entries` entry
@@ -689,7 +692,7 @@ class ListingWriter:
             "dropped",
             (
                 *(
-                    _blob(as_text(text))
+                    as_blob(as_text(text))
                     for text in (
                         dropped.key,
                         dropped.stage,
@@ -709,7 +712,7 @@ class ListingWriter:
         rows = self._connection.execute(
             "SELECT label FROM candidates WHERE label != x'' UNION SELECT name FROM class_names"
         )
-        return sorted(_text(label) for (label,) in rows)
+        return sorted(from_blob(label) for (label,) in rows)
 
     def candidates(self) -> Iterator[list[Candidate]]:
         """The candidates grouped by key, in key order; a group in position order."""
@@ -721,10 +724,10 @@ class ListingWriter:
         for _, group in itertools.groupby(rows, key=lambda row: row[0]):
             yield [
                 Candidate(
-                    _text(key),
+                    from_blob(key),
                     position,
-                    _text(uri),
-                    _text(label),
+                    from_blob(uri),
+                    from_blob(label),
                     _optional_text(split),
                     size,
                     mtime,
@@ -738,7 +741,7 @@ class ListingWriter:
         """Records an object store URI that a row names (its image, a mask),
         under its folder (name prefix, without its '/'): `named_objects`."""
         folder, name = uri.rsplit("/", 1)
-        self._add("named_objects", (_blob(folder), _blob(name)))
+        self._add("named_objects", (as_blob(folder), as_blob(name)))
 
     def named_object_folders(self) -> list[tuple[str, int]]:
         """The recorded folders, each with the number of distinct objects
@@ -752,28 +755,28 @@ class ListingWriter:
         counted = self._connection.execute(
             "SELECT folder, COUNT(*) FROM named_objects GROUP BY folder"
         )
-        return sorted(((_text(data), count) for data, count in counted), key=folder_order)
+        return sorted(((from_blob(data), count) for data, count in counted), key=folder_order)
 
     def named_objects_in(self, folder: str) -> list[str]:
         """The URIs recorded directly in `folder` (see `add_named_object`), sorted."""
         self._flush("named_objects")
         return [
-            f"{folder}/{_text(name)}"
+            f"{folder}/{from_blob(name)}"
             for (name,) in self._connection.execute(
-                "SELECT name FROM named_objects WHERE folder = ? ORDER BY name", (_blob(folder),)
+                "SELECT name FROM named_objects WHERE folder = ? ORDER BY name", (as_blob(folder),)
             )
         ]
 
     def add_object(self, uri: str, size: int, mtime: float) -> None:
         """Records an object a listing or a metadata request found, for `object_status`."""
-        self._add("objects", (_blob(uri), size, mtime))
+        self._add("objects", (as_blob(uri), size, mtime))
 
     def object_status(self, uri: str) -> tuple[int, float] | None:
         """The size and modification time of a listed object, or None if no
         listing found it (one lookup in the listing's database)."""
         self._flush("objects")
         found = self._connection.execute(
-            "SELECT size, mtime FROM objects WHERE uri = ?", (_blob(uri),)
+            "SELECT size, mtime FROM objects WHERE uri = ?", (as_blob(uri),)
         ).fetchone()
         return None if found is None else (found[0], found[1])
 
@@ -785,8 +788,8 @@ class ListingWriter:
             "files",
             (
                 self._num_files,
-                _blob(file.key),
-                _blob(file.uri),
+                as_blob(file.key),
+                as_blob(file.uri),
                 file.label,
                 _optional_blob(file.split),
                 file.size,

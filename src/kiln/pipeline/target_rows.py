@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import json
 import math
-import numbers
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from kiln.registry import is_integer, is_number
 from kiln.schemas import TargetsConfig
 
 _KIND_TEXT = {"int": "an integer", "float": "a number", "string": "a string"}
@@ -132,7 +132,7 @@ def declared_size(declared: Mapping[str, Any]) -> tuple[int, int] | None:
     a positive integer (a tool that could not read the image writes 0)."""
     width: Any = declared.get("width")
     height: Any = declared.get("height")
-    if _is_integer(width) and _is_integer(height) and width > 0 and height > 0:
+    if is_integer(width) and is_integer(height) and width > 0 and height > 0:
         return int(width), int(height)
     return None
 
@@ -220,7 +220,7 @@ def _object(
     if not isinstance(item, dict):
         raise AnnotationError(f"{where}: expected an object ({{...}}), got {_kind(item)}")
     bbox = item.get("bbox")
-    if not isinstance(bbox, list) or len(bbox) != 4 or not all(map(_is_number, bbox)):
+    if not isinstance(bbox, list) or len(bbox) != 4 or not all(map(is_number, bbox)):
         raise AnnotationError(
             f"{where}.bbox: expected 4 numbers [x_min, y_min, x_max, y_max], got {_short(bbox)}"
         )
@@ -243,7 +243,7 @@ def _object(
         and isinstance(written.get("annotation"), str)
         and isinstance(written.get("bbox"), list)
         and len(written["bbox"]) == 4
-        and all(map(_is_number, written["bbox"]))
+        and all(map(is_number, written["bbox"]))
     ):
         out[AS_WRITTEN] = {"annotation": written["annotation"], "bbox": written["bbox"]}
     if targets.keypoints is not None:
@@ -252,7 +252,7 @@ def _object(
         if (
             not isinstance(points, list)
             or len(points) != 3 * count
-            or not all(map(_is_number, points))
+            or not all(map(is_number, points))
         ):
             raise AnnotationError(
                 f"{where}.keypoints: expected {3 * count} numbers (x, y, visibility for each of "
@@ -281,7 +281,7 @@ def _object(
 def _segmentation(value: Any, where: str) -> Any:
     if isinstance(value, list):
         for i, polygon in enumerate(value):
-            if not isinstance(polygon, list) or not all(map(_is_number, polygon)):
+            if not isinstance(polygon, list) or not all(map(is_number, polygon)):
                 raise AnnotationError(f"{where}[{i}]: expected a list of numbers x1, y1, x2, ...")
         return value
     if isinstance(value, dict):
@@ -289,12 +289,12 @@ def _segmentation(value: Any, where: str) -> Any:
         if (
             not isinstance(size, list)
             or len(size) != 2
-            or not all(_is_integer(v) and v > 0 for v in size)
+            or not all(is_integer(v) and v > 0 for v in size)
         ):
             raise AnnotationError(f"{where}.size: expected [height, width], got {_short(size)}")
         if not (
             isinstance(counts, str)
-            or (isinstance(counts, list) and all(_is_integer(v) and v >= 0 for v in counts))
+            or (isinstance(counts, list) and all(is_integer(v) and v >= 0 for v in counts))
         ):
             raise AnnotationError(
                 f"{where}.counts: expected a compressed RLE string or a list of run lengths"
@@ -310,11 +310,11 @@ def _segmentation(value: Any, where: str) -> Any:
 
 def _extra(value: Any, name: str, kind: str) -> Any:
     if kind == "int":
-        if not _is_integer(value):
+        if not is_integer(value):
             raise AnnotationError(f"{name}: expected an integer, got {_short(value)}")
         return _int64(int(value), name)
     if kind == "float":
-        if not _is_number(value) or not math.isfinite(_as_float(value)):
+        if not is_number(value) or not math.isfinite(_as_float(value)):
             raise AnnotationError(f"{name}: expected {_EXPECTED[kind]}, got {_short(value)}")
         return _float32(float(value), name)
     if not isinstance(value, str):
@@ -390,7 +390,7 @@ def class_name(value: Any, where: str) -> str:
     Raises:
       AnnotationError: naming `where`, e.g. ``objects[2].class is empty``.
     """
-    if _is_integer(value):
+    if is_integer(value):
         return str(value)
     if not isinstance(value, str):
         raise AnnotationError(f"{where}: expected a class name, got {_short(value)}")
@@ -444,20 +444,12 @@ def _unicode(text: str, where: str) -> str:
     return text
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def _as_float(value: Any) -> float:
     """A JSON number as a float; an integer beyond float's range is infinite."""
     try:
         return float(value)
     except OverflowError:
         return math.inf
-
-
-def _is_integer(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _kind(value: Any) -> str:
