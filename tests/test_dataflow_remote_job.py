@@ -19,6 +19,7 @@ import http.server
 import json
 import os
 import signal
+import socket
 import threading
 
 import pytest
@@ -216,3 +217,34 @@ def test_sigterm_cancels_the_dataflow_job(
     assert len(cancels) == 1 and cancels[0].get("requestedState") in CANCELLED, cancels
     assert report["status"] == "interrupted" and report["exit_code"] == 143
     assert object_store.names(output) == []
+
+
+def test_a_runner_the_launcher_cannot_download_says_from_where(
+    demo_corpus, no_network_no_credentials, tmp_path, monkeypatch, capfd
+):
+    # Prism's binary is downloaded from GitHub when the job starts; here
+    # through a proxy on a closed port of 127.0.0.1 (nothing leaves the
+    # machine), into an empty cache under this test's HOME. It was "could
+    # not be submitted to PrismRunner: Connection refused", naming neither
+    # the download nor its URL.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{port}")
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(make_config(demo_corpus.out_dir)))
+    output = tmp_path / "datasets"
+    argv = ["build", "--config", str(config_path), "--output", str(output)]
+    assert cli.main([*argv, "--runner=PrismRunner"]) == 1
+    line = _one_line(capfd)
+    head = "kiln build: failed: the Beam job could not be submitted to PrismRunner: "
+    assert line.startswith(head + "Unable to fetch remote prism binary at https://github.com/"), (
+        line
+    )
+    assert line.endswith("Connection refused>; no worker ran, nothing was published"), line
+    # Nothing published, no staging folder: only the local lock's file stays.
+    assert sorted(os.listdir(output / "shapes")) == [".lock"]

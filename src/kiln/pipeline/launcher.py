@@ -1370,8 +1370,21 @@ def _raise_if_not_submitted(options: PipelineOptions, what: str, error: Exceptio
         return
     raise JobNotSubmitted(
         f"{what} could not be submitted to {pipeline_flags.runner_name(given)}: "
-        f"{_last_line(error).rstrip(' .')}; no worker ran, nothing was published"
+        f"{_submit_error(error).rstrip(' .')}; no worker ran, nothing was published"
     ) from error
+
+
+def _submit_error(error: BaseException) -> str:
+    """`_last_line` of why a runner could not submit a job, unless the
+    runner's own last line already quotes that OS error with what it was
+    doing: Prism's "Unable to fetch remote prism binary at <url>: <urlopen
+    error [Errno 111] Connection refused>" over a bare "Connection refused",
+    which says neither that the launcher downloads the runner nor from where."""
+    line = _last_line(error)
+    lines = [text.strip() for text in str(error).splitlines() if text.strip()]
+    own = lines[-1][:500] if lines else ""
+    reason = line.rsplit(": ", 1)[-1]
+    return own if own != line and reason and reason in own else line
 
 
 def _cancel(result: Any) -> None:
