@@ -201,21 +201,56 @@ def test_a_job_cancelled_on_dataflow_says_so(
     assert object_store.names(output) == []
 
 
-def test_sigterm_cancels_the_dataflow_job(
+def test_a_job_that_failed_with_nothing_in_its_log_names_its_end_state(
     corpus_on_memgs, no_network_no_credentials, staging_bucket, dataflow, tmp_path, capfd
 ):
-    def terminate_once_polled() -> None:
-        if _Dataflow.polled.wait(120):
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=terminate_once_polled, daemon=True).start()
+    # Beam's client waits 50 seconds for an error message, then raises
+    # "State: FAILED, Error: None" (the workers never logged one: e.g. their
+    # container image could not be pulled).
+    _Dataflow.state = "JOB_STATE_FAILED"
     code, output, report = _build(corpus_on_memgs, staging_bucket, dataflow, tmp_path)
     line = _one_line(capfd)
-    assert code == 143, line
-    assert line == "kiln build: terminated (SIGTERM)"
+    assert code == 1, line
+    assert line.endswith(
+        ": the job ended in state FAILED on Dataflow with no error in its log (see its logs); "
+        "nothing was published"
+    ), line
+    assert object_store.names(output) == []
+
+
+@pytest.mark.parametrize(
+    "signum, code, said",
+    [
+        (signal.SIGTERM, 143, "kiln build: terminated (SIGTERM)"),
+        (signal.SIGINT, 130, "kiln build: interrupted"),
+    ],
+    ids=["SIGTERM", "SIGINT"],
+)
+def test_a_signal_cancels_the_dataflow_job(
+    corpus_on_memgs,
+    no_network_no_credentials,
+    staging_bucket,
+    dataflow,
+    tmp_path,
+    capfd,
+    signum,
+    code,
+    said,
+):
+    # The job runs on Dataflow, apart from kiln: a scheduler's stop or a
+    # Ctrl-C must cancel it, not leave it running (billing, racing the retry).
+    def signal_once_polled() -> None:
+        if _Dataflow.polled.wait(120):
+            os.kill(os.getpid(), signum)
+
+    threading.Thread(target=signal_once_polled, daemon=True).start()
+    exit_code, output, report = _build(corpus_on_memgs, staging_bucket, dataflow, tmp_path)
+    line = _one_line(capfd)
+    assert exit_code == code, line
+    assert line == said
     cancels = [body for method, _, body in _Dataflow.requests if method == "PUT"]
     assert len(cancels) == 1 and cancels[0].get("requestedState") in CANCELLED, cancels
-    assert report["status"] == "interrupted" and report["exit_code"] == 143
+    assert report["status"] == "interrupted" and report["exit_code"] == code
     assert object_store.names(output) == []
 
 
