@@ -738,7 +738,7 @@ def list_in_job(
             if problem:
                 raise spec.error(f"{source.describe()}: {problem}") from e
             raise BuildError(
-                f"the listing job failed writing under {listing_dir}: {_last_line(e)}; "
+                f"the listing job failed writing under {listing_dir}: {_job_error(e)}; "
                 f"nothing was published"
             ) from e
     _check_finished(options, state, "the listing job")
@@ -1285,7 +1285,7 @@ def _run_job(
                     raise images.TransformAborted(f"{aborted}; nothing was published") from e
                 raise BuildError(
                     f"the Beam job failed writing under {plan.staging_dir}: "
-                    f"{_last_line(e)}; nothing was published"
+                    f"{_job_error(e)}; nothing was published"
                 ) from e
         _check_finished(options, state, "the job")
         return job.read_report(plan.report_uri), _counters(result)
@@ -1370,8 +1370,21 @@ def _raise_if_not_submitted(options: PipelineOptions, what: str, error: Exceptio
         return
     raise JobNotSubmitted(
         f"{what} could not be submitted to {pipeline_flags.runner_name(given)}: "
-        f"{_last_line(error).rstrip(' .')}; no worker ran, nothing was published"
+        f"{_submit_error(error).rstrip(' .')}; no worker ran, nothing was published"
     ) from error
+
+
+def _submit_error(error: BaseException) -> str:
+    """`_last_line` of why a runner could not submit a job, unless the
+    runner's own last line already quotes that OS error with what it was
+    doing: Prism's "Unable to fetch remote prism binary at <url>: <urlopen
+    error [Errno 111] Connection refused>" over a bare "Connection refused",
+    which says neither that the launcher downloads the runner nor from where."""
+    line = _last_line(error)
+    lines = [text.strip() for text in str(error).splitlines() if text.strip()]
+    own = lines[-1][:500] if lines else ""
+    reason = line.rsplit(": ", 1)[-1]
+    return own if own != line and reason and reason in own else line
 
 
 def _cancel(result: Any) -> None:
@@ -1679,6 +1692,30 @@ def _last_line(error: BaseException) -> str:
         cause = cause.__cause__ or cause.__context__
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return (lines[-1] if lines else type(error).__name__)[:500]
+
+
+# What Beam's DataflowRunner raises for a job that ended other than done
+# (`DataflowPipelineResult.wait_until_finish`): the state, then the worker's
+# error message it found in the job's log, or None if it found none.
+_DATAFLOW_END = re.compile(r"Dataflow pipeline failed\. State: (\w+), Error:\s*(\S.*)?\Z", re.S)
+
+
+def _job_error(error: BaseException) -> str:
+    """`_last_line` of a worker's error that a runner re-raised, except where
+    the runner had none to give. Dataflow reports a job that ended without an
+    error message in its log (cancelled in the Cloud Console or with gcloud,
+    or failed before any worker logged one) as ``Error: None``, which would
+    read as the worker's last line: "...: None; nothing was published"."""
+    ended = _DATAFLOW_END.search(str(error))
+    if ended is None or ended.group(2) not in (None, "None"):
+        return _last_line(error)
+    state = ended.group(1)
+    if state == "CANCELLED":
+        return (
+            "the job was cancelled on Dataflow, not by kiln (in the Cloud Console or with "
+            "gcloud dataflow jobs cancel)"
+        )
+    return f"the job ended in state {state} on Dataflow with no error in its log (see its logs)"
 
 
 def _check_accounted(listing: SourceListing, report: job.JobReport) -> None:
