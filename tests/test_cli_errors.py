@@ -970,6 +970,27 @@ def test_a_plugin_that_exits_at_import_is_a_config_error(
     assert (code, out, err) == (2, "", f"kiln preview: error: --plugin: {problem}\n")
 
 
+def test_a_plugin_that_does_not_compile_names_its_line_once(
+    tmp_path, demo_corpus, capfd, monkeypatch
+):
+    # The line named importlib/__init__.py's frame after the plugin's own
+    # (".. (kiln_test_bad_syntax.py, line 3) (__init__.py, line 126; ..."):
+    # a SyntaxError's traceback holds only the import machinery.
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "kiln_test_bad_syntax.py").write_text("import os\n\ndef broken(:\n    pass\n")
+    monkeypatch.syspath_prepend(str(plugins))
+    monkeypatch.delitem(sys.modules, "kiln_test_bad_syntax", raising=False)
+    data = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    path = write_config(tmp_path, {**data, "plugins": ["kiln_test_bad_syntax"]})
+    code, out, err = run_cli(capfd, "build", "--config", path)
+    assert (code, out) == (2, ""), err
+    prefix = f"kiln build: error: config error in {path}: plugins[0]: importing module "
+    assert err.startswith(prefix + "'kiln_test_bad_syntax' raised SyntaxError: "), err
+    assert err.endswith("(kiln_test_bad_syntax.py, line 3) (--verbose prints the traceback)\n")
+    assert "__init__.py" not in err and err.count("\n") == 1
+
+
 def preview_with_plugin(capfd, tmp_path, plugin: str) -> tuple[int, str, str]:
     """`kiln preview` of a dataset that is not there with ``--plugin PLUGIN``:
     the plugin is imported before the dataset is looked for."""

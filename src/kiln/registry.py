@@ -555,6 +555,11 @@ def _raised_at(error: BaseException) -> str:
         f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<")
     ]
     users = [f for f in frames if not os.path.realpath(f.filename).startswith(library)]
+    if not users and isinstance(error, SyntaxError):
+        # A plugin that does not compile: its message names the file and line
+        # already, and its traceback holds only the import machinery's frames
+        # (importlib/__init__.py), no line of the user's to name.
+        return ""
     for frame in (users or frames)[-1:]:
         return f"{os.path.basename(frame.filename)}, line {frame.lineno}; "
     return ""
