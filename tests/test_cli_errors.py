@@ -991,6 +991,52 @@ def test_a_plugin_that_does_not_compile_names_its_line_once(
     assert "__init__.py" not in err and err.count("\n") == 1
 
 
+def test_a_plugin_not_on_sys_path_says_where_plugins_are_imported_from(
+    tmp_path, demo_corpus, capfd, monkeypatch
+):
+    # The kiln command's sys.path holds no current directory (python -m kiln's
+    # does): a plugin package beside the config, run from its folder, was
+    # "No module named 'my_project'" with one and imported with the other.
+    (tmp_path / "my_project").mkdir()
+    (tmp_path / "my_project" / "__init__.py").write_text("")
+    (tmp_path / "my_project" / "kiln_transforms.py").write_text(
+        "import no_such_dependency_for_kiln\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    here = {"", ".", str(tmp_path)}
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in here])
+    monkeypatch.delitem(sys.modules, "my_project", raising=False)
+    data = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    path = write_config(tmp_path, {**data, "plugins": ["my_project.kiln_transforms"]})
+    code, out, err = run_cli(capfd, "build", "--config", path)
+    assert (code, out) == (2, ""), err
+    assert err == (
+        f"kiln build: error: config error in {path}: plugins[0]: cannot import module "
+        "'my_project.kiln_transforms': No module named 'my_project'; it is in the current "
+        "directory, which the kiln command does not import from (python -m kiln does): add the "
+        "folder to PYTHONPATH (PYTHONPATH=. kiln ...), which Beam's worker processes read too\n"
+    )
+    # Found (on PYTHONPATH): a module the plugin imports is its own to fix, no hint.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run_cli(capfd, "build", "--config", path)
+    assert (code, out) == (2, ""), err
+    assert err.endswith(
+        "plugins[0]: cannot import module 'my_project.kiln_transforms': "
+        "No module named 'no_such_dependency_for_kiln'\n"
+    )
+    monkeypatch.delitem(sys.modules, "my_project", raising=False)
+    # Found nowhere: where plugins are imported from.
+    code, out, err = run_cli(
+        capfd, "preview", str(tmp_path / "x"), "-o", "p.png", "--plugin", "nowhere_for_kiln.t"
+    )
+    assert (code, out) == (2, ""), err
+    assert err == (
+        "kiln preview: error: --plugin: cannot import module 'nowhere_for_kiln.t': No module "
+        "named 'nowhere_for_kiln'; plugins are imported from sys.path: install the package that "
+        "holds it, or add its folder to PYTHONPATH\n"
+    )
+
+
 def preview_with_plugin(capfd, tmp_path, plugin: str) -> tuple[int, str, str]:
     """`kiln preview` of a dataset that is not there with ``--plugin PLUGIN``:
     the plugin is imported before the dataset is looked for."""
