@@ -1636,12 +1636,14 @@ def _jsonl_rows(
             continue
         path, split = row.get("path"), row.get("split")
         if not isinstance(path, str) or not path:
-            yield _BadRow(line, raw, "'path' must be a non-empty string")
+            where = target_rows.misspelt("path", row) if "path" not in row else ""
+            yield _BadRow(line, raw, f"'path' must be a non-empty string{where}")
             continue
         if targets is not None and targets.label is None:
             label = ""  # the dataset has no image class
         elif "label" not in row:
-            yield _BadRow(line, raw, "'label' is missing: expected a class name")
+            where = target_rows.misspelt("label", row)
+            yield _BadRow(line, raw, f"'label' is missing: expected a class name{where}")
             continue
         else:
             try:
