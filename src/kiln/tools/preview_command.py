@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from kiln import console
-from kiln.errors import UsageError
+from kiln.errors import Failure, UsageError
 
 if TYPE_CHECKING:
     from kiln.tools import contact_sheet
@@ -176,6 +176,9 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         return 1
     except ValueError as e:  # e.g. mixup/cutmix on images of varying sizes, or on boxes
         raise UsageError(str(e)) from None
+    except Exception as e:
+        _raise_if_damaged(e, args.path, args.split)
+        raise
     wrap = contact_sheet.WRAP if args.columns is None else args.columns
     sheet, layout = contact_sheet.compose(preview, zoom=args.zoom, wrap=wrap)
     contact_sheet.write_image(args.output, sheet)
@@ -220,6 +223,23 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     if renamed and contact_sheet.draws_text():
         _say(f"  drawn (the sheet's font is ASCII only): {', '.join(renamed)}")
     return _check_epochs(preview, strict=args.strict, training=args.training)
+
+
+def _raise_if_damaged(error: Exception, path: str, split: str) -> None:
+    """A shard damaged or cut short since the build is the dataset's fault,
+    not kiln's: a failure naming what is wrong (it was exit 70, "internal
+    error", with TF's op text). TF's message names no file; ``kiln verify``
+    names it and its checksum. Only looked at once TensorFlow is imported, so
+    that a path that holds no dataset is still refused before it is."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not isinstance(error, tf.errors.DataLossError):
+        return
+    from kiln.tools.verify import tf_message
+
+    raise Failure(
+        f"{path}: a shard of split {split!r} cannot be read: {tf_message(error)}; "
+        f"nothing was written; kiln verify {path} names the file"
+    ) from None
 
 
 def _check_output(path: str) -> None:
