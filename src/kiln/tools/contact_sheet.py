@@ -309,9 +309,22 @@ def _augmentation(metadata, split: str, augment, dataset_dir: str, training: boo
             raise kiln.reader.AugmentConfigError(
                 f"augment must be 'default', a list of ops, or None; got {augment!r}"
             )
-        ops = kiln.reader.validate(
-            metadata.augment, field=tf.io.gfile.join(dataset_dir, METADATA_FILENAME) + ": augment"
-        )
+        try:
+            ops = kiln.reader.validate(
+                metadata.augment,
+                field=tf.io.gfile.join(dataset_dir, METADATA_FILENAME) + ": augment",
+            )
+        except kiln.reader.AugmentConfigError as e:
+            plugins = metadata.config.get("plugins") or []
+            if plugins and "unknown augmentation op" in str(e):
+                # As kiln.reader.load says it, in the preview's own terms: its
+                # did-you-means name built-in ops, not the plugin's.
+                flags = " ".join(f"--plugin {module}" for module in plugins)
+                raise kiln.reader.AugmentConfigError(
+                    f"{e}. The dataset was built with plugins: {plugins}; a dataset's files "
+                    f"import nothing: pass the one that registers the op ({flags})"
+                ) from None
+            raise
         return ops, random and bool(ops)
     ops = kiln.reader.validate(augment)
     return ops, random and bool(ops)
