@@ -783,6 +783,22 @@ def test_class_names_that_differ_only_in_unicode_normalization_are_one_class(tmp
         assert [listing.class_names[f.label] for f in listing.files()] == [CAFE_NFC]
 
 
+def test_split_folders_without_from_source_suggest_it(tmp_path):
+    # root/train/<class>/<image> without splits.from_source said only "if
+    # root/train holds that layout, make it source.root": a build of train alone.
+    root = tmp_path / "images"
+    for split in ("train", "val"):
+        write(root, f"{split}/roses/1.png".encode(), png(1))
+    source = ImageFolderSource(type="image_folder", root=str(root))
+    with pytest.raises(ConfigError) as error:
+        source.list_files(splits_from_source=False).close()
+    assert str(error.value).endswith(
+        "not in the layout root/<class>/<image>); if "
+        f"{root}/train holds that layout, make it source.root; if 'train' is a split, "
+        "set splits.from_source: true"
+    ), str(error.value)
+
+
 @pytest.mark.parametrize(
     "splits, deeper", [(False, "all/flowers"), (True, "all")], ids=["classes", "splits"]
 )

@@ -307,7 +307,12 @@ class ImageFolderSource(_SourceModel):
         if len(parts) <= depth:
             return message
         deeper = storage.join(self.root, *parts[: len(parts) - depth])
-        return f"{message}; if {deeper} holds that layout, make it source.root"
+        message = f"{message}; if {deeper} holds that layout, make it source.root"
+        if depth == 2 and len(parts) == 3 and parts[0].casefold() in _SPLIT_LIKE_NAMES:
+            # root/train/<class>/<image> without splits.from_source: the
+            # likelier meaning is a folder of splits, not one split's classes.
+            message += f"; if {parts[0]!r} is a split, set splits.from_source: true"
+        return message
 
     def resolved(self) -> ImageFolderSource:
         return self.model_copy(
@@ -731,6 +736,10 @@ class Misplaced(NamedTuple):
 
 _LAYOUT = "<class>/<image>"
 _SPLIT_LAYOUT = "<split>/<class>/<image>"
+# Folder names that say "split" when images sit one folder deeper than classes.
+_SPLIT_LIKE_NAMES = frozenset(
+    ["train", "training", "val", "valid", "validation", "dev", "eval", "test", "testing"]
+)
 
 
 def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Misplaced | None:
