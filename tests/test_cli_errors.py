@@ -400,6 +400,26 @@ def test_a_negative_wait_is_refused(tmp_path, config, capfd):
     assert_no_dataset(tmp_path / "out")
 
 
+@pytest.mark.parametrize(
+    "command, flag, value, shown",
+    [
+        ("build", "--wait", "nan", "nan"),
+        ("build", "--progress-every", "nan", "nan"),
+        ("demo-data", "--progress-every", "-1", "-1.0"),
+        ("demo-data", "--progress-every", "nan", "nan"),
+    ],
+)
+def test_a_negative_or_nan_period_is_refused(tmp_path, config, capfd, command, flag, value, shown):
+    # float() reads "nan", which passed "< 0"; demo-data checked no period at all
+    # (kiln demo-data --progress-every -1 wrote its demo, exit 0).
+    target = ["--config", config] if command == "build" else [str(tmp_path / "demo")]
+    code, out, err = run_cli(capfd, command, *target, flag, value)
+    assert (code, out) == (2, "")
+    assert err == f"kiln {command}: error: {flag} must be 0 or more, got {shown}\n"
+    assert_no_dataset(tmp_path / "out")
+    assert not (tmp_path / "demo").exists()
+
+
 def test_preview_output_is_checked_before_the_work(tmp_path, build_dataset):
     result = build_dataset()
     probe = (
