@@ -247,6 +247,11 @@ def test_cli_batch_ops_are_shown_on_one_batch(built, tmp_path):
         (["--split", "nope"], "has no split 'nope'"),
         (["--n", "0"], "--n must be at least 1"),
         (["--plugin", "no.such.module"], "--plugin: cannot import module 'no.such.module'"),
+        # float() reads nan and inf (exit 70: cannot convert float NaN to integer), and a
+        # huge zoom asked numpy for petabytes (exit 70: _ArrayMemoryError).
+        (["--zoom", "nan"], "--zoom must be positive and finite, got nan"),
+        (["--zoom", "inf"], "--zoom must be positive and finite, got inf"),
+        (["--zoom", "1e6"], "--zoom: zoom 1e+06 makes a sheet of "),
         # One image can only mix with itself: not "randomness baked in at trace time".
         (
             ["--n", "1", "--augment", '["cutmix"]'],

@@ -56,6 +56,9 @@ _SMALLEST = 96
 _LARGEST = 256
 _GAP = 4
 _BACKGROUND = 40
+# The most pixels a sheet may have (about 300 MB of RGB): a larger --zoom is a
+# mistake, not a picture anyone opens (zoom 1e6 asked numpy for 349 PiB).
+MAX_SHEET_PIXELS = 100_000_000
 _TEXT_COLOR = (235, 235, 235)
 _CAPTION_HEIGHT = 16
 _HEADER_WIDTH = 64
@@ -451,8 +454,8 @@ def compose(
     images = [image for row in rows for image in row]
     if zoom is None:
         zoom = auto_zoom(max(max(image.shape[:2]) for image in images))
-    if zoom <= 0:
-        raise ValueError(f"zoom must be positive, got {zoom}")
+    if not 0 < zoom < math.inf:  # NaN too
+        raise ValueError(f"zoom must be positive and finite, got {zoom}")
     put_text = _text_renderer() if text else None
     if put_text:  # what the ASCII-only font can draw of each class name
         preview = dataclasses.replace(preview, class_names=drawn_class_names(preview.class_names))
@@ -468,6 +471,11 @@ def compose(
         caption_height=_CAPTION_HEIGHT if put_text else 0,
         wrap=wrap,
     )
+    if layout.height * layout.width > MAX_SHEET_PIXELS:
+        raise ValueError(
+            f"zoom {zoom:g} makes a sheet of {layout.width}x{layout.height} pixels, more than "
+            f"the {MAX_SHEET_PIXELS // 1_000_000} million a sheet may have: zoom less"
+        )
     sheet = np.full((layout.height, layout.width, 3), _BACKGROUND, np.uint8)
     target_rows = (
         [preview.stored_targets, *preview.epoch_targets]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -143,8 +144,8 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         raise UsageError(f"--n must be at least 1, got {args.n}")
     if args.epochs < 1:
         raise UsageError(f"--epochs must be at least 1, got {args.epochs}")
-    if args.zoom is not None and args.zoom <= 0:
-        raise UsageError(f"--zoom must be positive, got {args.zoom}")
+    if args.zoom is not None and not 0 < args.zoom < math.inf:  # float() reads nan, inf
+        raise UsageError(f"--zoom must be positive and finite, got {args.zoom}")
     if args.columns is not None and args.columns < 1:
         raise UsageError(f"--columns must be at least 1, got {args.columns}")
     from kiln.registry import import_plugin
@@ -180,7 +181,10 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         _raise_if_damaged(e, args.path, args.split)
         raise
     wrap = contact_sheet.WRAP if args.columns is None else args.columns
-    sheet, layout = contact_sheet.compose(preview, zoom=args.zoom, wrap=wrap)
+    try:
+        sheet, layout = contact_sheet.compose(preview, zoom=args.zoom, wrap=wrap)
+    except ValueError as e:  # a --zoom that makes a sheet too large to hold
+        raise UsageError(f"--zoom: {e}") from None
     contact_sheet.write_image(args.output, sheet)
     if args.quiet:
         return _check_epochs(preview, strict=args.strict, training=args.training, quiet=True)
