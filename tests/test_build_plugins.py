@@ -167,6 +167,29 @@ def test_plugin_transforms_run_on_fresh_worker_processes(
     assert f"built with plugins: ['{AUGMENT_MODULE}', '{TRANSFORMS_MODULE}']" in lines[0]
     assert lines[1:] == ["imported: False", "batch: (4, 32, 32, 3)"]
 
+    # kiln preview: the same refusal, naming the --plugin flags that pass them
+    # (it suggested built-in ops only: "did you mean 'random_hue', ...?").
+    sheet = str(tmp_path / "sheet.png")
+    previewed = run_kiln("preview", result.dataset_root, "-o", sheet, "--n", "2")
+    assert previewed.returncode == 2, previewed.stderr
+    assert previewed.stderr.endswith(
+        f"built with plugins: ['{AUGMENT_MODULE}', '{TRANSFORMS_MODULE}']; a dataset's files "
+        "import nothing: pass the one that registers the op "
+        f"(--plugin {AUGMENT_MODULE} --plugin {TRANSFORMS_MODULE})\n"
+    ), previewed.stderr
+    previewed = run_kiln(
+        "preview",
+        result.dataset_root,
+        "-o",
+        sheet,
+        "--n",
+        "2",
+        "--plugin",
+        AUGMENT_MODULE,
+        pythonpath=[plugin_dir],
+    )
+    assert previewed.returncode == 0 and os.path.exists(sheet), previewed.stderr
+
 
 EDITED_MODULE = "kiln_test_edited_plugin"
 EDITED_SOURCE = """

@@ -400,6 +400,26 @@ def test_a_negative_wait_is_refused(tmp_path, config, capfd):
     assert_no_dataset(tmp_path / "out")
 
 
+@pytest.mark.parametrize(
+    "command, flag, value, shown",
+    [
+        ("build", "--wait", "nan", "nan"),
+        ("build", "--progress-every", "nan", "nan"),
+        ("demo-data", "--progress-every", "-1", "-1.0"),
+        ("demo-data", "--progress-every", "nan", "nan"),
+    ],
+)
+def test_a_negative_or_nan_period_is_refused(tmp_path, config, capfd, command, flag, value, shown):
+    # float() reads "nan", which passed "< 0"; demo-data checked no period at all
+    # (kiln demo-data --progress-every -1 wrote its demo, exit 0).
+    target = ["--config", config] if command == "build" else [str(tmp_path / "demo")]
+    code, out, err = run_cli(capfd, command, *target, flag, value)
+    assert (code, out) == (2, "")
+    assert err == f"kiln {command}: error: {flag} must be 0 or more, got {shown}\n"
+    assert_no_dataset(tmp_path / "out")
+    assert not (tmp_path / "demo").exists()
+
+
 def test_preview_output_is_checked_before_the_work(tmp_path, build_dataset):
     result = build_dataset()
     probe = (
@@ -968,6 +988,73 @@ def test_a_plugin_that_exits_at_import_is_a_config_error(
     monkeypatch.delitem(sys.modules, "kiln_test_exits_at_import", raising=False)
     code, out, err = preview_with_plugin(capfd, tmp_path, "kiln_test_exits_at_import")
     assert (code, out, err) == (2, "", f"kiln preview: error: --plugin: {problem}\n")
+
+
+def test_a_plugin_that_does_not_compile_names_its_line_once(
+    tmp_path, demo_corpus, capfd, monkeypatch
+):
+    # The line named importlib/__init__.py's frame after the plugin's own
+    # (".. (kiln_test_bad_syntax.py, line 3) (__init__.py, line 126; ..."):
+    # a SyntaxError's traceback holds only the import machinery.
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "kiln_test_bad_syntax.py").write_text("import os\n\ndef broken(:\n    pass\n")
+    monkeypatch.syspath_prepend(str(plugins))
+    monkeypatch.delitem(sys.modules, "kiln_test_bad_syntax", raising=False)
+    data = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    path = write_config(tmp_path, {**data, "plugins": ["kiln_test_bad_syntax"]})
+    code, out, err = run_cli(capfd, "build", "--config", path)
+    assert (code, out) == (2, ""), err
+    prefix = f"kiln build: error: config error in {path}: plugins[0]: importing module "
+    assert err.startswith(prefix + "'kiln_test_bad_syntax' raised SyntaxError: "), err
+    assert err.endswith("(kiln_test_bad_syntax.py, line 3) (--verbose prints the traceback)\n")
+    assert "__init__.py" not in err and err.count("\n") == 1
+
+
+def test_a_plugin_not_on_sys_path_says_where_plugins_are_imported_from(
+    tmp_path, demo_corpus, capfd, monkeypatch
+):
+    # The kiln command's sys.path holds no current directory (python -m kiln's
+    # does): a plugin package beside the config, run from its folder, was
+    # "No module named 'my_project'" with one and imported with the other.
+    (tmp_path / "my_project").mkdir()
+    (tmp_path / "my_project" / "__init__.py").write_text("")
+    (tmp_path / "my_project" / "kiln_transforms.py").write_text(
+        "import no_such_dependency_for_kiln\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    here = {"", ".", str(tmp_path)}
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in here])
+    monkeypatch.delitem(sys.modules, "my_project", raising=False)
+    data = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    path = write_config(tmp_path, {**data, "plugins": ["my_project.kiln_transforms"]})
+    code, out, err = run_cli(capfd, "build", "--config", path)
+    assert (code, out) == (2, ""), err
+    assert err == (
+        f"kiln build: error: config error in {path}: plugins[0]: cannot import module "
+        "'my_project.kiln_transforms': No module named 'my_project'; it is in the current "
+        "directory, which the kiln command does not import from (python -m kiln does): add the "
+        "folder to PYTHONPATH (PYTHONPATH=. kiln ...), which Beam's worker processes read too\n"
+    )
+    # Found (on PYTHONPATH): a module the plugin imports is its own to fix, no hint.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run_cli(capfd, "build", "--config", path)
+    assert (code, out) == (2, ""), err
+    assert err.endswith(
+        "plugins[0]: cannot import module 'my_project.kiln_transforms': "
+        "No module named 'no_such_dependency_for_kiln'\n"
+    )
+    monkeypatch.delitem(sys.modules, "my_project", raising=False)
+    # Found nowhere: where plugins are imported from.
+    code, out, err = run_cli(
+        capfd, "preview", str(tmp_path / "x"), "-o", "p.png", "--plugin", "nowhere_for_kiln.t"
+    )
+    assert (code, out) == (2, ""), err
+    assert err == (
+        "kiln preview: error: --plugin: cannot import module 'nowhere_for_kiln.t': No module "
+        "named 'nowhere_for_kiln'; plugins are imported from sys.path: install the package that "
+        "holds it, or add its folder to PYTHONPATH\n"
+    )
 
 
 def preview_with_plugin(capfd, tmp_path, plugin: str) -> tuple[int, str, str]:

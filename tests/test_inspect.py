@@ -272,6 +272,23 @@ def test_inspect_says_why_tfds_cannot_read_a_dataset(build_dataset, capsys):
     assert summary["tfds"] is False and summary["tfds_unsupported"] == why
 
 
+def test_inspect_names_the_folder_tfds_reads(built, capsys):
+    # Given <output>/<name>, the line said "tfds.builder_from_directory(folder)",
+    # and that folder is the one TFDS cannot read (it does not follow LATEST):
+    # DatasetInfoFileError. It names the version folder, which TFDS reads.
+    import ast
+
+    import tensorflow_datasets as tfds
+
+    assert cli.main(["inspect", built.dataset_root]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("TFDS: ")]
+    call = "TFDS: readable with tfds.builder_from_directory("
+    assert line == f"{call}{built.dataset_dir!r})"
+    folder = ast.literal_eval(line.removeprefix(call)[:-1])
+    builder = tfds.builder_from_directory(folder)
+    assert builder.info.splits["train"].num_examples == built.info.splits["train"].num_examples
+
+
 def test_images_of_varying_size_show_their_least_height_and_width(build_dataset, capsys):
     varying = build_dataset(transforms=[], sharding={"num_shards": 1})
     height, width = varying.info.smallest_size

@@ -489,6 +489,44 @@ def test_target_class_names_follow_the_rule(tmp_path):
     assert dropped["m.csv:3"][2] == 'labels holds a control character (U+001F): "a\\u001fb"'
 
 
+def test_a_missing_jsonl_key_names_the_rows_misspelt_key(tmp_path):
+    # A JSONL row's unknown keys are not read, so a misspelt key showed only as
+    # the key it was meant to be, missing, in every row ("'objects' is
+    # missing"), the misspelling in no message.
+    for i in range(5):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    rows = [
+        {"path": "images/0.png", "label": "cat"},
+        {"path": "images/1.png", "lable": "cat"},
+        {"pth": "images/2.png", "label": "cat"},
+        {"path": "images/3.png", "labels": ["cat"]},
+        {"path": "images/4.png", "category": "cat"},  # nothing close: as before
+    ]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    files, dropped, _ = listed(ManifestSource(type="manifest", path=str(tmp_path / "m.jsonl")))
+    assert files == ["images/0.png"]
+    assert {key: message for key, (_, _, message) in dropped.items()} == {
+        "m.jsonl:2": "'label' is missing: expected a class name; the row has 'lable' (misspelt?)",
+        "m.jsonl:3": "'path' must be a non-empty string; the row has 'pth' (misspelt?)",
+        "m.jsonl:4": "'label' is missing: expected a class name; the row has 'labels' (misspelt?)",
+        "m.jsonl:5": "'label' is missing: expected a class name",
+    }
+
+    boxes = TargetsConfig.model_validate({"label": {}, "boxes": {}})
+    targets_rows = [
+        {"path": "images/0.png", "label": "cat", "objects": []},
+        {"path": "images/1.png", "label": "cat", "objcts": []},
+    ]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(row) + "\n" for row in targets_rows))
+    files, dropped, _ = listed(
+        ManifestSource(type="manifest", path=str(tmp_path / "t.jsonl")), targets=boxes
+    )
+    assert files == ["images/0.png"] and dropped["t.jsonl:2"][2] == (
+        "'objects' is missing: expected a list of objects (\"objects\": [] for none); "
+        "the row has 'objcts' (misspelt?)"
+    )
+
+
 def test_class_folders_follow_the_rule_without_losing_their_files(tmp_path):
     root = tmp_path / "images"
     write(root, b"cat/1.png", png(1))
@@ -743,6 +781,22 @@ def test_class_names_that_differ_only_in_unicode_normalization_are_one_class(tmp
     )
     with source.list_files(splits_from_source=False) as listing:
         assert [listing.class_names[f.label] for f in listing.files()] == [CAFE_NFC]
+
+
+def test_split_folders_without_from_source_suggest_it(tmp_path):
+    # root/train/<class>/<image> without splits.from_source said only "if
+    # root/train holds that layout, make it source.root": a build of train alone.
+    root = tmp_path / "images"
+    for split in ("train", "val"):
+        write(root, f"{split}/roses/1.png".encode(), png(1))
+    source = ImageFolderSource(type="image_folder", root=str(root))
+    with pytest.raises(ConfigError) as error:
+        source.list_files(splits_from_source=False).close()
+    assert str(error.value).endswith(
+        "not in the layout root/<class>/<image>); if "
+        f"{root}/train holds that layout, make it source.root; if 'train' is a split, "
+        "set splits.from_source: true"
+    ), str(error.value)
 
 
 @pytest.mark.parametrize(

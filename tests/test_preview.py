@@ -247,6 +247,11 @@ def test_cli_batch_ops_are_shown_on_one_batch(built, tmp_path):
         (["--split", "nope"], "has no split 'nope'"),
         (["--n", "0"], "--n must be at least 1"),
         (["--plugin", "no.such.module"], "--plugin: cannot import module 'no.such.module'"),
+        # float() reads nan and inf (exit 70: cannot convert float NaN to integer), and a
+        # huge zoom asked numpy for petabytes (exit 70: _ArrayMemoryError).
+        (["--zoom", "nan"], "--zoom must be positive and finite, got nan"),
+        (["--zoom", "inf"], "--zoom must be positive and finite, got inf"),
+        (["--zoom", "1e6"], "--zoom: zoom 1e+06 makes a sheet of "),
         # One image can only mix with itself: not "randomness baked in at trace time".
         (
             ["--n", "1", "--augment", '["cutmix"]'],
@@ -261,6 +266,35 @@ def test_cli_usage_errors_are_one_line(built, tmp_path, capsys, arguments, messa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kiln preview: error: ") and message in err[0]
     assert not os.path.exists(out)
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "cut short"])
+def test_a_damaged_shard_is_a_failed_preview_not_an_internal_error(built, tmp_path, capsys, damage):
+    # A shard damaged after the build was exit 70, "internal error:
+    # ...DataLossError: {{function_node __wrapped__IteratorGetNext...}}
+    # corrupted record at 4806 [Op:IteratorGetNext]": a bug of kiln's, to a user.
+    import shutil
+
+    copy = tmp_path / "version"
+    shutil.copytree(built.dataset_dir, copy)
+    for shard in built.info.splits["train"].shards:  # whichever the preview reads first
+        data = bytearray((copy / shard.filename).read_bytes())
+        if damage == "flipped byte":
+            data[20] ^= 0xFF  # in the first record, which the preview reads
+        else:
+            data = data[:100]
+        (copy / shard.filename).write_bytes(bytes(data))
+    out = tmp_path / "sheet.png"
+    assert cli.main(["preview", str(copy), "-o", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    why = "(the file is damaged)" if damage == "flipped byte" else "(the file is truncated)"
+    assert captured.err.startswith(
+        f"kiln preview: failed: {copy}: a shard of split 'train' cannot be read: "
+    ), captured.err
+    assert captured.err.endswith(f"{why}; nothing was written; kiln verify {copy} names the file\n")
+    assert captured.err.count("\n") == 1
+    assert not out.exists()
 
 
 def non_ascii_corpus(demo_corpus, root):

@@ -533,7 +533,7 @@ def import_plugin(module: str) -> str | None:
     try:
         importlib.import_module(module)
     except ImportError as e:
-        return f"cannot import module {module!r}: {e}"
+        return f"cannot import module {module!r}: {e}{_where_plugins_are_found(module, e)}"
     except (Exception, SystemExit) as e:
         logger.debug("importing module %r raised", module, exc_info=True)
         return (
@@ -541,6 +541,31 @@ def import_plugin(module: str) -> str | None:
             f"({_raised_at(e)}--verbose prints the traceback)"
         )
     return None
+
+
+def _where_plugins_are_found(module: str, error: ImportError) -> str:
+    """What to do when `module` itself (or a package it is in) is not found,
+    as opposed to a module it imports: '' for the latter.
+
+    The ``kiln`` command's ``sys.path`` holds no current directory, while
+    ``python -m kiln`` puts it first, so a plugin beside the config imports
+    with one and not the other; say so when that is the case, since the text
+    promises the two are the same command."""
+    if not isinstance(error, ModuleNotFoundError) or error.name is None:
+        return ""
+    if not (module == error.name or module.startswith(error.name + ".")):
+        return ""
+    top = os.path.join(os.getcwd(), error.name.replace(".", os.sep))
+    if os.path.isdir(top) or os.path.isfile(top + ".py"):
+        return (
+            "; it is in the current directory, which the kiln command does not import from "
+            "(python -m kiln does): add the folder to PYTHONPATH (PYTHONPATH=. kiln ...), "
+            "which Beam's worker processes read too"
+        )
+    return (
+        "; plugins are imported from sys.path: install the package that holds it, "
+        "or add its folder to PYTHONPATH"
+    )
 
 
 def _raised_at(error: BaseException) -> str:
@@ -557,6 +582,11 @@ def _raised_at(error: BaseException) -> str:
         f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<")
     ]
     users = [f for f in frames if not os.path.realpath(f.filename).startswith(library)]
+    if not users and isinstance(error, SyntaxError):
+        # A plugin that does not compile: its message names the file and line
+        # already, and its traceback holds only the import machinery's frames
+        # (importlib/__init__.py), no line of the user's to name.
+        return ""
     for frame in (users or frames)[-1:]:
         return f"{os.path.basename(frame.filename)}, line {frame.lineno}; "
     return ""

@@ -399,9 +399,10 @@ def _build(args: argparse.Namespace, extra_argv: list[str], warnings: list[str])
         raise UsageError(_missing_config(extra_argv))
     if args.image_threads is not None and args.image_threads < 1:
         raise UsageError(f"--image-threads must be at least 1, got {args.image_threads}")
-    if args.progress_every < 0:
+    # `not >= 0`, not `< 0`: NaN (`--wait nan`, which float() reads) is neither.
+    if not args.progress_every >= 0:
         raise UsageError(f"--progress-every must be 0 or more, got {args.progress_every}")
-    if args.wait < 0:
+    if not args.wait >= 0:
         raise UsageError(f"--wait must be 0 or more, got {args.wait:g}")
     try:
         gate = gate_flags.values(args)

@@ -81,6 +81,8 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         raise UsageError(
             f"--num-images and --seed must be >= 0, got {args.num_images} and {args.seed}"
         )
+    if not args.progress_every >= 0:  # as kiln build's (NaN included): it was ignored
+        raise UsageError(f"--progress-every must be 0 or more, got {args.progress_every}")
     shown = LoopProgress(
         args.num_images, prefix="kiln demo-data: ", unit="images", every=args.progress_every
     )

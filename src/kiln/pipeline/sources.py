@@ -307,7 +307,12 @@ class ImageFolderSource(_SourceModel):
         if len(parts) <= depth:
             return message
         deeper = storage.join(self.root, *parts[: len(parts) - depth])
-        return f"{message}; if {deeper} holds that layout, make it source.root"
+        message = f"{message}; if {deeper} holds that layout, make it source.root"
+        if depth == 2 and len(parts) == 3 and parts[0].casefold() in _SPLIT_LIKE_NAMES:
+            # root/train/<class>/<image> without splits.from_source: the
+            # likelier meaning is a folder of splits, not one split's classes.
+            message += f"; if {parts[0]!r} is a split, set splits.from_source: true"
+        return message
 
     def resolved(self) -> ImageFolderSource:
         return self.model_copy(
@@ -731,6 +736,10 @@ class Misplaced(NamedTuple):
 
 _LAYOUT = "<class>/<image>"
 _SPLIT_LAYOUT = "<split>/<class>/<image>"
+# Folder names that say "split" when images sit one folder deeper than classes.
+_SPLIT_LIKE_NAMES = frozenset(
+    ["train", "training", "val", "valid", "validation", "dev", "eval", "test", "testing"]
+)
 
 
 def folder_place(key: str, from_source: bool) -> tuple[str, str | None] | Misplaced | None:
@@ -1636,12 +1645,14 @@ def _jsonl_rows(
             continue
         path, split = row.get("path"), row.get("split")
         if not isinstance(path, str) or not path:
-            yield _BadRow(line, raw, "'path' must be a non-empty string")
+            where = target_rows.misspelt("path", row) if "path" not in row else ""
+            yield _BadRow(line, raw, f"'path' must be a non-empty string{where}")
             continue
         if targets is not None and targets.label is None:
             label = ""  # the dataset has no image class
         elif "label" not in row:
-            yield _BadRow(line, raw, "'label' is missing: expected a class name")
+            where = target_rows.misspelt("label", row)
+            yield _BadRow(line, raw, f"'label' is missing: expected a class name{where}")
             continue
         else:
             try:

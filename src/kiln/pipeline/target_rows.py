@@ -32,6 +32,7 @@ import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from kiln.errors import close_names, quote
 from kiln.registry import is_integer, is_number
 from kiln.schemas import TargetsConfig
 
@@ -365,8 +366,20 @@ def _label_set(names: Iterable[str]) -> list[str]:
 
 def _required(row: Mapping[str, Any], name: str, what: str) -> Any:
     if name not in row:
-        raise AnnotationError(f"'{name}' is missing: expected {what}")
+        raise AnnotationError(f"'{name}' is missing: expected {what}{misspelt(name, row)}")
     return row[name]
+
+
+def misspelt(name: str, row: Mapping[str, Any]) -> str:
+    """``"; the row has 'objcts' (misspelt?)"`` for the keys of a JSONL row
+    close to the missing key `name`, or ``""``: a row's unknown keys are
+    not read (extra columns are named in the config), so a misspelt key
+    shows only as the key it was meant to be, missing, in every row."""
+    keys = [key for key in row if isinstance(key, str)]
+    close = close_names(name, keys)
+    if not close:
+        return ""
+    return f"; the row has {' and '.join(quote(key) for key in close)} (misspelt?)"
 
 
 def class_name(value: Any, where: str) -> str:

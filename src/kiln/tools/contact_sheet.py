@@ -56,6 +56,9 @@ _SMALLEST = 96
 _LARGEST = 256
 _GAP = 4
 _BACKGROUND = 40
+# The most pixels a sheet may have (about 300 MB of RGB): a larger --zoom is a
+# mistake, not a picture anyone opens (zoom 1e6 asked numpy for 349 PiB).
+MAX_SHEET_PIXELS = 100_000_000
 _TEXT_COLOR = (235, 235, 235)
 _CAPTION_HEIGHT = 16
 _HEADER_WIDTH = 64
@@ -309,9 +312,22 @@ def _augmentation(metadata, split: str, augment, dataset_dir: str, training: boo
             raise kiln.reader.AugmentConfigError(
                 f"augment must be 'default', a list of ops, or None; got {augment!r}"
             )
-        ops = kiln.reader.validate(
-            metadata.augment, field=tf.io.gfile.join(dataset_dir, METADATA_FILENAME) + ": augment"
-        )
+        try:
+            ops = kiln.reader.validate(
+                metadata.augment,
+                field=tf.io.gfile.join(dataset_dir, METADATA_FILENAME) + ": augment",
+            )
+        except kiln.reader.AugmentConfigError as e:
+            plugins = metadata.config.get("plugins") or []
+            if plugins and "unknown augmentation op" in str(e):
+                # As kiln.reader.load says it, in the preview's own terms: its
+                # did-you-means name built-in ops, not the plugin's.
+                flags = " ".join(f"--plugin {module}" for module in plugins)
+                raise kiln.reader.AugmentConfigError(
+                    f"{e}. The dataset was built with plugins: {plugins}; a dataset's files "
+                    f"import nothing: pass the one that registers the op ({flags})"
+                ) from None
+            raise
         return ops, random and bool(ops)
     ops = kiln.reader.validate(augment)
     return ops, random and bool(ops)
@@ -438,8 +454,8 @@ def compose(
     images = [image for row in rows for image in row]
     if zoom is None:
         zoom = auto_zoom(max(max(image.shape[:2]) for image in images))
-    if zoom <= 0:
-        raise ValueError(f"zoom must be positive, got {zoom}")
+    if not 0 < zoom < math.inf:  # NaN too
+        raise ValueError(f"zoom must be positive and finite, got {zoom}")
     put_text = _text_renderer() if text else None
     if put_text:  # what the ASCII-only font can draw of each class name
         preview = dataclasses.replace(preview, class_names=drawn_class_names(preview.class_names))
@@ -455,6 +471,11 @@ def compose(
         caption_height=_CAPTION_HEIGHT if put_text else 0,
         wrap=wrap,
     )
+    if layout.height * layout.width > MAX_SHEET_PIXELS:
+        raise ValueError(
+            f"zoom {zoom:g} makes a sheet of {layout.width}x{layout.height} pixels, more than "
+            f"the {MAX_SHEET_PIXELS // 1_000_000} million a sheet may have: zoom less"
+        )
     sheet = np.full((layout.height, layout.width, 3), _BACKGROUND, np.uint8)
     target_rows = (
         [preview.stored_targets, *preview.epoch_targets]

@@ -402,7 +402,9 @@ def render(summary: dict[str, Any]) -> str:
     lines.append(
         "TFDS: "
         + (
-            "readable with tfds.builder_from_directory(folder)"
+            # The version folder itself: TFDS does not follow LATEST, so the
+            # <output>/<name> a user just inspected is the folder it cannot read.
+            f"readable with tfds.builder_from_directory({summary['dataset_dir']!r})"
             if summary["tfds"]
             else f"not readable: {summary['tfds_unsupported']}"
             if summary.get("tfds_unsupported")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import TYPE_CHECKING
 
 from kiln import console
-from kiln.errors import UsageError
+from kiln.errors import Failure, UsageError
 
 if TYPE_CHECKING:
     from kiln.tools import contact_sheet
@@ -143,8 +144,8 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         raise UsageError(f"--n must be at least 1, got {args.n}")
     if args.epochs < 1:
         raise UsageError(f"--epochs must be at least 1, got {args.epochs}")
-    if args.zoom is not None and args.zoom <= 0:
-        raise UsageError(f"--zoom must be positive, got {args.zoom}")
+    if args.zoom is not None and not 0 < args.zoom < math.inf:  # float() reads nan, inf
+        raise UsageError(f"--zoom must be positive and finite, got {args.zoom}")
     if args.columns is not None and args.columns < 1:
         raise UsageError(f"--columns must be at least 1, got {args.columns}")
     from kiln.registry import import_plugin
@@ -176,8 +177,14 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         return 1
     except ValueError as e:  # e.g. mixup/cutmix on images of varying sizes, or on boxes
         raise UsageError(str(e)) from None
+    except Exception as e:
+        _raise_if_damaged(e, args.path, args.split)
+        raise
     wrap = contact_sheet.WRAP if args.columns is None else args.columns
-    sheet, layout = contact_sheet.compose(preview, zoom=args.zoom, wrap=wrap)
+    try:
+        sheet, layout = contact_sheet.compose(preview, zoom=args.zoom, wrap=wrap)
+    except ValueError as e:  # a --zoom that makes a sheet too large to hold
+        raise UsageError(f"--zoom: {e}") from None
     contact_sheet.write_image(args.output, sheet)
     if args.quiet:
         return _check_epochs(preview, strict=args.strict, training=args.training, quiet=True)
@@ -220,6 +227,23 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     if renamed and contact_sheet.draws_text():
         _say(f"  drawn (the sheet's font is ASCII only): {', '.join(renamed)}")
     return _check_epochs(preview, strict=args.strict, training=args.training)
+
+
+def _raise_if_damaged(error: Exception, path: str, split: str) -> None:
+    """A shard damaged or cut short since the build is the dataset's fault,
+    not kiln's: a failure naming what is wrong (it was exit 70, "internal
+    error", with TF's op text). TF's message names no file; ``kiln verify``
+    names it and its checksum. Only looked at once TensorFlow is imported, so
+    that a path that holds no dataset is still refused before it is."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not isinstance(error, tf.errors.DataLossError):
+        return
+    from kiln.tools.verify import tf_message
+
+    raise Failure(
+        f"{path}: a shard of split {split!r} cannot be read: {tf_message(error)}; "
+        f"nothing was written; kiln verify {path} names the file"
+    ) from None
 
 
 def _check_output(path: str) -> None:

@@ -272,7 +272,7 @@ def _size_and_sha256(path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _tf_message(error: tf.errors.OpError) -> str:
+def tf_message(error: tf.errors.OpError) -> str:
     """The reason in a TF error, in words for the two ways a shard's framing breaks."""
     match = _TF_MESSAGE.match(error.message.strip())
     text = match.group(1).strip() if match else error.message.strip()
@@ -385,7 +385,7 @@ def _check_records(
         except tf.errors.OpError as e:
             # A bad CRC or a cut-off record (DataLossError), or a record that
             # does not parse or decode (InvalidArgumentError).
-            return count, f"record {count}: {_tf_message(e)}"
+            return count, f"record {count}: {tf_message(e)}"
         problem = _record_problem(facts, metadata, image_size, seen.keys)
         if problem is not None:
             key = facts["key"].decode("utf-8", "replace")
