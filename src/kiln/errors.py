@@ -126,6 +126,11 @@ def close_names(word: str, known: Iterable[str]) -> list[str]:
     if same:
         return same[:MAX_SUGGESTIONS]
     matches = [name for name in known if name.startswith(word)] if len(word) >= 3 else []
+    if not matches and len(word) >= 4:
+        # A prefix with a slip in its last character (``random_flipp``):
+        # the names it begins, rather than difflib's ratio, which favours
+        # the shortest (``random_flip_up_down`` over ``..._left_right``).
+        matches = [name for name in known if name.startswith(word[:-1])]
     if len(matches) > MAX_SUGGESTIONS:
         return []
     if not matches:

@@ -299,6 +299,12 @@ def test_an_unknown_op_is_offered_every_close_name(png_dataset):
         "augment[0]: unknown augmentation op 'random_flip'; "
         "did you mean 'random_flip_left_right' or 'random_flip_up_down'?"
     )
+    # The same with a slip in its last character: both, not the shorter one.
+    with pytest.raises(AugmentConfigError) as error:
+        validate(["random_flipp"])
+    assert str(error.value).endswith(
+        "; did you mean 'random_flip_left_right' or 'random_flip_up_down'?"
+    )
     # A plain typo keeps its one suggestion: the other flip is much less close.
     with pytest.raises(AugmentConfigError) as error:
         validate(["random_flip_left_rigth"])
