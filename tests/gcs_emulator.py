@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import http.client
+import http.server
 import json
 import os
 import signal
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 GOOGLE_API_HOSTS = ("www.googleapis.com", "storage.googleapis.com")
@@ -158,6 +160,37 @@ class FakeGcsServer(Emulator):
         if data is not None:  # <data>/<bucket>/<name>: loaded as objects at the start
             command.append(f"-data={data}")
         super().__init__(command, port, log)
+
+
+@contextlib.contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A stand-in for a Google API (Dataflow's): `handler` served on
+    127.0.0.1 from a thread, for the ``with`` block. Its URL says
+    "localhost": Beam's client speaks plain HTTP (REST) to a local endpoint."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://localhost:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def staging_bucket(folder: Path, monkeypatch, bucket: str) -> Iterator[str]:
+    """``gs://<bucket>`` on a `StorageEmulator` (its log in `folder`), Beam's
+    client pointed at it through `monkeypatch`'d environment variables, for
+    the ``with`` block (a Dataflow job's staging and temp location)."""
+    server = StorageEmulator(folder / "emulator.log")
+    try:
+        server.create_bucket(bucket)
+        credentials = authorized_user_credentials(folder / "adc.json")
+        for name, value in server.client_env(credentials).items():
+            monkeypatch.setenv(name, value)
+        yield f"gs://{bucket}"
+    finally:
+        server.stop()
 
 
 def authorized_user_credentials(path: Path) -> Path:

@@ -107,30 +107,17 @@ class _Dataflow(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def dataflow():
     """The fake Dataflow API on 127.0.0.1: its URL; the class holds the job."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dataflow)
     _Dataflow.state, _Dataflow.messages, _Dataflow.requests = "JOB_STATE_RUNNING", [], []
     _Dataflow.polled = threading.Event()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://localhost:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with gcs_emulator.serving(_Dataflow) as url:
+        yield url
 
 
 @pytest.fixture
 def staging_bucket(tmp_path, monkeypatch):
     """gs://`BUCKET` on a Cloud Storage emulator, Beam's client pointed at it."""
-    server = gcs_emulator.StorageEmulator(tmp_path / "emulator.log")
-    try:
-        server.create_bucket(BUCKET)
-        credentials = gcs_emulator.authorized_user_credentials(tmp_path / "adc.json")
-        for name, value in server.client_env(credentials).items():
-            monkeypatch.setenv(name, value)
-        yield f"gs://{BUCKET}"
-    finally:
-        server.stop()
+    with gcs_emulator.staging_bucket(tmp_path, monkeypatch, BUCKET) as bucket:
+        yield bucket
 
 
 def _build(corpus, staging_bucket, endpoint, tmp_path) -> tuple[int, str, dict]:

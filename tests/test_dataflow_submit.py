@@ -16,7 +16,6 @@ from __future__ import annotations
 import http.server
 import json
 import logging
-import threading
 
 import pytest
 import yaml
@@ -62,30 +61,16 @@ class _RefusingDataflow(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def dataflow_endpoint():
     """The refusing Dataflow API on 127.0.0.1: (its URL, the requests it got)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingDataflow)
     _RefusingDataflow.requests = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        # "localhost": Beam's client speaks plain HTTP (REST) to a local endpoint.
-        yield f"http://localhost:{server.server_port}", _RefusingDataflow.requests
-    finally:
-        server.shutdown()
-        server.server_close()
+    with gcs_emulator.serving(_RefusingDataflow) as url:
+        yield url, _RefusingDataflow.requests
 
 
 @pytest.fixture
 def staging_bucket(tmp_path, monkeypatch):
     """gs://`BUCKET` on a Cloud Storage emulator, Beam's client pointed at it."""
-    server = gcs_emulator.StorageEmulator(tmp_path / "emulator.log")
-    try:
-        server.create_bucket(BUCKET)
-        credentials = gcs_emulator.authorized_user_credentials(tmp_path / "adc.json")
-        for name, value in server.client_env(credentials).items():
-            monkeypatch.setenv(name, value)
-        yield f"gs://{BUCKET}"
-    finally:
-        server.stop()
+    with gcs_emulator.staging_bucket(tmp_path, monkeypatch, BUCKET) as bucket:
+        yield bucket
 
 
 def test_a_job_dataflow_refuses_is_not_submitted_in_one_line(
