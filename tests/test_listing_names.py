@@ -758,6 +758,49 @@ def test_a_split_column_the_build_does_not_use_is_named_once(tmp_path, caplog):
     assert not [r for r in caplog.records if "does not use" in r.getMessage()]
 
 
+@pytest.mark.parametrize(
+    "name, text, targets",
+    [
+        ("m.csv", "path,label,splt\nimages/0.png,a,train\nimages/1.png,a,test\n", None),
+        (
+            "m.csv",
+            "path,labels,Splits\nimages/0.png,a|b,train\nimages/1.png,a,test\n",
+            {"labels": {}},
+        ),
+        (
+            "m.jsonl",
+            '{"path": "images/0.png", "label": "a", "split": "train"}\n'
+            '{"path": "images/1.png", "label": "a", "spilt": "test"}\n',
+            None,
+        ),
+    ],
+    ids=["csv", "csv-targets", "jsonl"],
+)
+def test_a_misspelt_split_column_is_named_where_the_split_is_missing(tmp_path, name, text, targets):
+    # With splits.from_source, a manifest whose column (or a JSONL row's key)
+    # is misspelt lost every such row as "needs a split for every row", with
+    # nothing naming the column the build did not read.
+    for i in range(2):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    (tmp_path / name).write_text(text)
+    kwargs = {} if targets is None else {"targets": TargetsConfig.model_validate(targets)}
+    source = ManifestSource(type="manifest", path=str(tmp_path / name))
+    said = "splits.from_source needs a split for every row; the row has '{}' (misspelt?)"
+    if name == "m.csv":  # a column: every row lost, so no usable image
+        with pytest.raises(ConfigError) as raised:
+            listed(source, splits=True, **kwargs)
+        column = text.split("\n")[0].split(",")[-1]
+        assert str(raised.value).endswith(
+            f"no usable input image (2 dropped while listing, e.g. m.csv:2: {said.format(column)})"
+        ), raised.value
+        return
+    files, dropped, _ = listed(source, splits=True, **kwargs)
+    assert files == ["images/0.png"]
+    assert dropped == {
+        "m.jsonl:2": ("missing_split", str(tmp_path / name), said.format("spilt"))
+    }, dropped
+
+
 CAFE_NFC = "caf\u00e9"  # a precomposed é: how most tools write text
 CAFE_NFD = "cafe\u0301"  # e and a combining accent: how macOS names folders
 

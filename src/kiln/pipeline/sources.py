@@ -993,6 +993,9 @@ class Row:
     split: str | None
     targets: dict | None = None  # `target_rows.row_targets`, None without targets:
     where: str | None = None  # for messages; None: ``<manifest>:<line>``
+    # Without a split: the row's keys (a CSV's header), whose names close to
+    # "split" the message of a missing split offers (``'splt' (misspelt?)``).
+    columns: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1075,7 +1078,8 @@ def row_problem(row: Row | _BadRow, path: str, from_source: bool) -> DroppedRow 
         )
     split = row.split if from_source else None
     if from_source and split is None:
-        return drop("missing_split", "splits.from_source needs a split for every row")
+        hint = target_rows.misspelt("split", row.columns)
+        return drop("missing_split", f"splits.from_source needs a split for every row{hint}")
     if split is not None and not _SPLIT_NAME.match(split):
         return drop("bad_row", f"split {split!r} is not a valid split name (letters, digits, '_')")
     return None
@@ -1543,6 +1547,7 @@ def _csv_rows(
             f"path,label[,split]; got {','.join(header)!r}"
         )
     index = {c: columns.index(c) for c in ("path", "label", "split") if c in columns}
+    no_split = () if "split" in index else tuple(c for c in header if c.strip())
     for record in records:
         unread = record.unread()
         if unread is not None:
@@ -1566,7 +1571,7 @@ def _csv_rows(
         except AnnotationError as e:
             yield record.bad_row(text_line, str(e))
             continue
-        yield Row(line, text_line, path, label, split or None)
+        yield Row(line, text_line, path, label, split or None, columns=no_split)
 
 
 def _csv_target_rows(
@@ -1587,6 +1592,7 @@ def _csv_target_rows(
             f"(targets:); missing {','.join(missing)}, got {','.join(header)!r}"
         )
     index = {c: names.index(c) for c in [*needed, "split"] if c in names}
+    no_split = () if "split" in index else tuple(c for c in header if c.strip())
     for record in records:
         unread = record.unread()
         if unread is not None:
@@ -1612,7 +1618,8 @@ def _csv_target_rows(
         except AnnotationError as e:
             yield record.bad_row(text_line, str(e))
             continue
-        yield Row(line, text_line, path, label, cells.get("split", "").strip() or None, row_targets)
+        split = cells.get("split", "").strip() or None
+        yield Row(line, text_line, path, label, split, row_targets, columns=no_split)
 
 
 def _jsonl_rows(
@@ -1670,7 +1677,8 @@ def _jsonl_rows(
             except AnnotationError as e:
                 yield _BadRow(line, raw, str(e))
                 continue
-        yield Row(line, raw, path, label, split or None, row_targets)
+        columns = () if split else tuple(key for key in row if isinstance(key, str))
+        yield Row(line, raw, path, label, split or None, row_targets, columns=columns)
 
 
 def _logical_lines(lines: Iterator[str | LongLine]) -> Iterator[tuple[int, str | LongLine]]:

@@ -370,11 +370,12 @@ def _required(row: Mapping[str, Any], name: str, what: str) -> Any:
     return row[name]
 
 
-def misspelt(name: str, row: Mapping[str, Any]) -> str:
+def misspelt(name: str, row: Iterable[Any]) -> str:
     """``"; the row has 'objcts' (misspelt?)"`` for the keys of a JSONL row
-    close to the missing key `name`, or ``""``: a row's unknown keys are
-    not read (extra columns are named in the config), so a misspelt key
-    shows only as the key it was meant to be, missing, in every row."""
+    (or a CSV's columns) close to the missing key `name`, or ``""``: a row's
+    unknown keys are not read (extra columns are named in the config), so a
+    misspelt key shows only as the key it was meant to be, missing, in every
+    row."""
     keys = [key for key in row if isinstance(key, str)]
     close = close_names(name, keys)
     if not close:
