@@ -67,23 +67,31 @@ def scene(variant: int) -> tuple[np.ndarray, np.ndarray, list[dict], list[np.nda
     return image, mask, objects, instance_masks
 
 
-@pytest.fixture(scope="session")
-def wide_dataset(tmp_path_factory):
-    """The wide scenes built by `kiln build` from a JSONL manifest: PNG, 48x80, train only."""
+def build_scenes(root: str, count: int, transforms: list, orientations: bool = False):
+    """`count` scenes built by `kiln build` from a JSONL manifest (PNG, train only).
+
+    With `orientations`, scene ``i``'s file is tagged with EXIF orientation
+    ``i % 8 + 1``: its targets are annotated on the stored pixels, and the
+    build turns both upright.
+    """
+    from PIL import Image
+
     from kiln.pipeline import build
 
-    root = str(tmp_path_factory.mktemp("wide"))
     source = os.path.join(root, "source")
     os.makedirs(source)
 
-    def png(name, array):
-        with open(os.path.join(source, name), "wb") as f:
-            f.write(tf.io.encode_png(array).numpy())
+    def png(name, array, orientation=1):
+        exif = Image.Exif()
+        if orientation != 1:
+            exif[0x0112] = orientation
+        pixels = array[..., 0] if array.shape[-1] == 1 else array
+        Image.fromarray(pixels).save(os.path.join(source, name), "PNG", exif=exif.tobytes())
 
     lines = []
-    for index in range(NUM_SCENES):
+    for index in range(count):
         image, mask, objects, instance_masks = scene(index)
-        png(f"scene_{index}.png", image)
+        png(f"scene_{index}.png", image, index % 8 + 1 if orientations else 1)
         png(f"scene_{index}_mask.png", mask)
         for slot, (obj, instance) in enumerate(zip(objects, instance_masks, strict=True)):
             obj["mask"] = f"scene_{index}_{slot}.png"
@@ -97,6 +105,7 @@ def wide_dataset(tmp_path_factory):
         "name": "wide",
         "source": {"type": "manifest", "path": manifest, "classes": list(CLASSES)},
         "output": os.path.join(root, "datasets"),
+        "transforms": transforms,
         "encoding": {"format": "png"},
         "splits": {"fractions": {"train": 1.0}},
         "sharding": {"num_shards": 1},
@@ -108,6 +117,12 @@ def wide_dataset(tmp_path_factory):
         },
     }
     return build(config, [])
+
+
+@pytest.fixture(scope="session")
+def wide_dataset(tmp_path_factory):
+    """The wide scenes built by `kiln build` from a JSONL manifest: PNG, 48x80, train only."""
+    return build_scenes(str(tmp_path_factory.mktemp("wide")), NUM_SCENES, [])
 
 
 _PALETTE = np.array([(0, 0, 0), *OBJECT_COLOURS.values(), *MARKER_COLOURS], np.float64)
@@ -143,14 +158,18 @@ def interior(flags: np.ndarray) -> np.ndarray:
     return out
 
 
-def check(image: np.ndarray, targets: dict, *, mirrored: bool | None) -> list[str]:
+def check(
+    image: np.ndarray, targets: dict, *, mirrored: bool | None, turned_over: bool = False
+) -> list[str]:
     """Every way the targets disagree with the pixels (empty: they agree).
 
     `mirrored`: whether the element went through an odd number of flips
     (then "left" lies on the yellow marker and "right" on the white one), or
     None when the list flips at random: then every "left" of the element
     must lie on one colour and every "right" on the other. In both cases
-    the three keypoints of an object must turn as they did when stored.
+    the three keypoints of an object must turn as they did when stored, or
+    the other way with `turned_over` (pixels mirrored by an EXIF
+    orientation, which swaps no names).
     """
     problems = []
     height, width = image.shape[:2]
@@ -202,13 +221,13 @@ def check(image: np.ndarray, targets: dict, *, mirrored: bool | None) -> list[st
                 continue
             on_colour[k].add(int(np.argmin(nearest)))
     # Turns, scales and flips that swap the pair keep the way left -> right
-    # -> top turns (clockwise on screen); a mirror that does not swap it
-    # reverses it, whatever the flips drawn.
+    # -> top turns (counter-clockwise on screen); a mirror that does not
+    # swap it reverses it, whatever the flips drawn.
     visibility = np.asarray(targets["keypoint_visibility"])
     for index, points in enumerate(np.asarray(targets["keypoints"], np.float64)):
         if visibility[index].all():
             (ly, lx), (ry, rx), (ty, tx) = points * [height, width]
-            if (rx - lx) * (ty - ly) - (ry - ly) * (tx - lx) >= 0:
+            if ((rx - lx) * (ty - ly) - (ry - ly) * (tx - lx) >= 0) != turned_over:
                 problems.append(f"object {index}: left, right, top turn the other way (mirrored)")
     expected = {0: {0}, 1: {1}, 2: {2}} if not mirrored else {0: {1}, 1: {0}, 2: {2}}
     for k, colours in on_colour.items():
@@ -332,3 +351,36 @@ def test_uint8_and_channels_first_have_the_float_paths_geometry(wide_dataset):
             assert not check(image8[row].numpy(), one, mirrored=None)
             compared += 1
     assert compared == 2 * NUM_SCENES
+
+
+@pytest.mark.parametrize(
+    "transforms",
+    [
+        [],
+        [{"letterbox": {"size": 61}}],
+        [{"resize": {"longer_side": 100}}, {"center_crop": {"size": [41, 59]}}],
+        [{"pad": {"to_square": True}}, {"resize": {"size": [50, 70]}}],
+    ],
+    ids=["orientation", "letterbox", "resize_crop", "pad_resize"],
+)
+def test_stored_targets_follow_every_exif_orientation_and_the_transforms(tmp_path, transforms):
+    """The build turns each file upright and transforms it, and its targets
+    with it: in the stored records every box, mask and keypoint lies on its
+    pixels. Orientations 2, 4, 5 and 7 mirror the pixels but swap no names
+    (the file was annotated as stored), so "left" stays on its own marker
+    and the keypoints turn the other way round."""
+    result = build_scenes(str(tmp_path), 8, transforms, orientations=True)
+    dataset = kiln.reader.load(result.dataset_dir, augment=None, as_supervised=False)
+    seen = set()
+    for element in dataset:
+        element = {name: value.numpy() for name, value in element.items()}
+        index = int(element["key"].decode().split("_")[1].split(".")[0])
+        orientation = index % 8 + 1
+        image = element["image"]
+        if not transforms:
+            sideways = orientation >= 5
+            assert image.shape[:2] == ((WIDTH, HEIGHT) if sideways else (HEIGHT, WIDTH))
+        problems = check(image, element, mirrored=False, turned_over=orientation in (2, 4, 5, 7))
+        assert not problems, f"orientation {orientation}: {problems}"
+        seen.add(orientation)
+    assert seen == set(range(1, 9))
