@@ -599,3 +599,29 @@ def test_how_reduced_decodes_move_masks_is_in_the_fingerprint_of_such_datasets(m
     assert after["scaled_instances"] != before["scaled_instances"]
     assert after["scaled_boxes"] == before["scaled_boxes"]
     assert after["full_mask"] == before["full_mask"]
+
+
+def test_how_nearest_resizes_pick_pixels_is_in_the_fingerprint_of_such_datasets(monkeypatch):
+    """A base whose nearest-neighbour resizes were OpenCV's (a neighbour of
+    the masks' pixel at some rows and columns) is not reused
+    (`NEAREST_RESIZE_VERSION`); other interpolations keep their fingerprint."""
+    from kiln.pipeline import incremental
+
+    def transforms(interpolation):
+        return [{"letterbox": {"size": 64, "value": 0, "interpolation": interpolation}}]
+
+    configs = {
+        "nearest": {"transforms": transforms("nearest")},
+        "resize_nearest": {"transforms": [{"resize": {"size": 8, "interpolation": "nearest"}}]},
+        "area": {"transforms": transforms("area")},
+        "none": {"transforms": []},
+    }
+    before = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert incremental.processing(configs["nearest"])["nearest_resize"] == 1
+    assert "nearest_resize" not in incremental.processing(configs["area"])
+    monkeypatch.setattr(incremental, "NEAREST_RESIZE_VERSION", 0)
+    after = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert after["nearest"] != before["nearest"]
+    assert after["resize_nearest"] != before["resize_nearest"]
+    assert after["area"] == before["area"]
+    assert after["none"] == before["none"]

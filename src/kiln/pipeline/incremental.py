@@ -226,6 +226,14 @@ COCO_KEYPOINTS_VERSION = 1
 #    an output pixel's centre falls between two stored pixels.
 REDUCED_MASKS_VERSION = 1
 
+# Bump when how `resize` and `letterbox` pick pixels with `interpolation:
+# nearest` changes: only datasets whose transforms use it then get another
+# fingerprint and rebuild once.
+# 1: the image copies the input pixel its masks copy (the masks' index
+#    arithmetic, `geometry.resize_indices`), not OpenCV's INTER_NEAREST_EXACT,
+#    which picked a neighbour of it at some rows and columns.
+NEAREST_RESIZE_VERSION = 1
+
 # Config sections that decide a record's bytes (see the module docstring).
 _PROCESSING_SECTIONS = ("image", "transforms", "encoding", "targets", "plugins")
 
@@ -254,6 +262,8 @@ def processing_fingerprint(config: Mapping[str, Any]) -> str:
         data["coco_keypoints_version"] = COCO_KEYPOINTS_VERSION
     if _has_reduced_masks(config):
         data["reduced_masks_version"] = REDUCED_MASKS_VERSION
+    if _has_nearest_resize(config):
+        data["nearest_resize_version"] = NEAREST_RESIZE_VERSION
     if config.get("plugins"):
         data["plugin_sources"] = plugin_sources(config["plugins"])
     return versioning.fingerprint(data)
@@ -297,6 +307,16 @@ def _has_coco_keypoints(config: Mapping[str, Any]) -> bool:
     return source.get("type") == "coco" and targets.get("keypoints") is not None
 
 
+def _has_nearest_resize(config: Mapping[str, Any]) -> bool:
+    return any(
+        isinstance(entry, Mapping)
+        and isinstance(entry.get(name), Mapping)
+        and entry[name].get("interpolation") == "nearest"
+        for entry in config.get("transforms") or ()
+        for name in ("resize", "letterbox")
+    )
+
+
 def _has_reduced_masks(config: Mapping[str, Any]) -> bool:
     targets = config.get("targets") or {}
     masks = targets.get("mask") is not None or targets.get("instance_masks") is not None
@@ -310,8 +330,9 @@ def processing(config: Mapping[str, Any]) -> dict[str, Any]:
     ``instance_boxes`` (`INSTANCE_BOXES_VERSION`), with a COCO source and
     keypoints ``coco_keypoints`` (`COCO_KEYPOINTS_VERSION`), with
     ``image.jpeg_scaled_decode`` and masks ``reduced_masks``
-    (`REDUCED_MASKS_VERSION`): each names why a base built before is not
-    reused."""
+    (`REDUCED_MASKS_VERSION`), with a nearest-neighbour `resize` or
+    `letterbox` ``nearest_resize`` (`NEAREST_RESIZE_VERSION`): each names why
+    a base built before is not reused."""
     out = {"version": PROCESSING_VERSION, "fingerprint": processing_fingerprint(config)}
     if _has_mask(config):
         out["mask_counts"] = MASK_COUNTS_VERSION
@@ -321,6 +342,8 @@ def processing(config: Mapping[str, Any]) -> dict[str, Any]:
         out["coco_keypoints"] = COCO_KEYPOINTS_VERSION
     if _has_reduced_masks(config):
         out["reduced_masks"] = REDUCED_MASKS_VERSION
+    if _has_nearest_resize(config):
+        out["nearest_resize"] = NEAREST_RESIZE_VERSION
     return out
 
 
@@ -423,6 +446,7 @@ _KILN_CHANGES = (
     ("instance_boxes", "instance-mask box handling"),
     ("coco_keypoints", "COCO keypoint reading"),
     ("reduced_masks", "reduced-decode mask resampling"),
+    ("nearest_resize", "nearest-neighbour resize"),
 )
 
 
