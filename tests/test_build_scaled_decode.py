@@ -215,3 +215,56 @@ def test_targets_follow_the_reduced_pixels(tmp_path):
                     np.asarray(other[field]), np.asarray(record[field]), err_msg=f"{key} {field}"
                 )
         assert other["image"] != record["image"]  # reduced: other pixels, the same targets
+
+
+def test_targets_of_turned_photos_are_the_full_paths_where_a_pixel_is_half_covered(tmp_path):
+    """A rectangle whose edges fall in the middle of the 4x4 blocks a 4x
+    reduction averages: each such output pixel is half inside, and its
+    centre's preimage lies exactly on an edge between two stored pixels.
+    The full path turns the masks upright pixel for pixel, then resamples:
+    the reduced path must pick the same pixel for every EXIF orientation,
+    mirrored ones too (resampling through the turn's map put the tie on
+    the other side, a mask edge one pixel off the full path's)."""
+    height, width, scale = 96, 128, 4
+    left, top, right, bottom = 18, 10, 70, 58  # 2 mod 4: half of a block
+    rows = []
+    for orientation in range(1, 9):
+        image = np.full((height, width, 3), 30, np.uint8)
+        image[top:bottom, left:right] = (200, 40, 40)
+        save(image, tmp_path / "images" / f"{orientation}.jpg", orientation)
+        mask = np.zeros((height, width), np.uint8)
+        mask[top:bottom, left:right] = 1
+        Image.fromarray(mask).save(tmp_path / f"{orientation}_mask.png")
+        keypoints = [left + 0.5, top + 0.5, 2, right - 0.5, bottom - 0.5, 2]
+        obj = {"bbox": [left, top, right, bottom], "class": "thing", "keypoints": keypoints}
+        obj["mask"] = f"{orientation}_mask.png"
+        rows.append({"path": f"images/{orientation}.jpg", "objects": [obj], "mask": obj["mask"]})
+    manifest = targets_data.write_manifest(tmp_path, rows)
+
+    def targets_build(scaled: bool) -> dict[str, dict]:
+        result = build(
+            {
+                "name": "turned",
+                "source": {"type": "manifest", "path": manifest, "classes": ["other", "thing"]},
+                "output": str(tmp_path / f"out-{scaled}"),
+                "encoding": {"format": "png"},
+                "targets": {
+                    "boxes": {},
+                    "mask": {},
+                    "instance_masks": {},
+                    "keypoints": {"names": ["tl", "br"]},
+                },
+                "transforms": [{"resize": {"shorter_side": height // scale}}],
+                "image": {"jpeg_scaled_decode": scaled},
+                "sharding": {"num_shards": 1},
+            }
+        )
+        return target_records(result)
+
+    full, scaled = targets_build(False), targets_build(True)
+    assert sorted(full) == sorted(scaled) and len(full) == 8
+    for key, record in full.items():
+        for field in ("boxes", "keypoints", "mask", "instance_masks"):
+            np.testing.assert_array_equal(
+                np.asarray(scaled[key][field]), np.asarray(record[field]), err_msg=f"{key} {field}"
+            )

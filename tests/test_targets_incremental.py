@@ -573,3 +573,55 @@ def test_how_coco_keypoints_are_read_is_in_the_fingerprint_of_such_datasets(monk
     assert after["coco_keypoints"] != before["coco_keypoints"]
     assert after["manifest_keypoints"] == before["manifest_keypoints"]
     assert after["coco_boxes"] == before["coco_boxes"]
+
+
+def test_how_reduced_decodes_move_masks_is_in_the_fingerprint_of_such_datasets(monkeypatch):
+    """A base whose masks of mirrored JPEGs decoded reduced broke ties
+    otherwise than the full decode is not reused, nor is an unchanged source
+    taken as up to date (`REDUCED_MASKS_VERSION`); datasets without
+    ``image.jpeg_scaled_decode`` or without masks keep their fingerprint."""
+    from kiln.pipeline import incremental
+
+    scaled = {"jpeg_scaled_decode": True}
+    configs = {
+        "scaled_mask": {"image": scaled, "targets": {"mask": {}}},
+        "scaled_instances": {"image": scaled, "targets": {"boxes": {}, "instance_masks": {}}},
+        "scaled_boxes": {"image": scaled, "targets": {"boxes": {}}},
+        "full_mask": {"image": {}, "targets": {"mask": {}}},
+    }
+    before = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert incremental.processing(configs["scaled_mask"])["reduced_masks"] == 1
+    assert "reduced_masks" not in incremental.processing(configs["full_mask"])
+    assert "reduced_masks" not in incremental.processing(configs["scaled_boxes"])
+    monkeypatch.setattr(incremental, "REDUCED_MASKS_VERSION", 0)
+    after = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert after["scaled_mask"] != before["scaled_mask"]
+    assert after["scaled_instances"] != before["scaled_instances"]
+    assert after["scaled_boxes"] == before["scaled_boxes"]
+    assert after["full_mask"] == before["full_mask"]
+
+
+def test_how_nearest_resizes_pick_pixels_is_in_the_fingerprint_of_such_datasets(monkeypatch):
+    """A base whose nearest-neighbour resizes were OpenCV's (a neighbour of
+    the masks' pixel at some rows and columns) is not reused
+    (`NEAREST_RESIZE_VERSION`); other interpolations keep their fingerprint."""
+    from kiln.pipeline import incremental
+
+    def transforms(interpolation):
+        return [{"letterbox": {"size": 64, "value": 0, "interpolation": interpolation}}]
+
+    configs = {
+        "nearest": {"transforms": transforms("nearest")},
+        "resize_nearest": {"transforms": [{"resize": {"size": 8, "interpolation": "nearest"}}]},
+        "area": {"transforms": transforms("area")},
+        "none": {"transforms": []},
+    }
+    before = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert incremental.processing(configs["nearest"])["nearest_resize"] == 1
+    assert "nearest_resize" not in incremental.processing(configs["area"])
+    monkeypatch.setattr(incremental, "NEAREST_RESIZE_VERSION", 0)
+    after = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert after["nearest"] != before["nearest"]
+    assert after["resize_nearest"] != before["resize_nearest"]
+    assert after["area"] == before["area"]
+    assert after["none"] == before["none"]

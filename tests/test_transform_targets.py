@@ -353,6 +353,30 @@ def test_targets_follow_fixed_chains(specs):
     check_follows(scene, image, out, chain, resampling_error(specs, 96, 120), whole)
 
 
+@pytest.mark.parametrize("transform", ["resize", "letterbox"])
+def test_nearest_resizes_copy_the_same_input_pixel_into_the_image_and_its_masks(transform):
+    """With ``interpolation: nearest`` the image and its masks both copy
+    input pixels: each output pixel must copy the same one into both. (The
+    image was OpenCV's INTER_NEAREST_EXACT, whose fixed-point scale picked a
+    neighbour of the masks' pixel at some rows and columns of one size pair
+    in five: 48 -> 77 rows, row 38; 80 -> 131 columns, column 65.)"""
+    rng = np.random.default_rng(5)
+    sizes = [(48, 80, 77, 131), (48, 80, 29, 50), (60, 90, 31, 47)]
+    sizes += [tuple(int(v) for v in rng.integers(2, 200, 4)) for _ in range(40)]
+    for in_height, in_width, height, width in sizes:
+        labels = rng.integers(1, 256, (in_height, in_width), np.uint8)
+        image = np.repeat(labels[:, :, None], 3, axis=2)
+        targets = transforms.Targets(boxes=np.zeros((0, 4)), mask=labels)
+        size = [height, width]
+        chain = transforms.parse([{transform: {"size": size, "interpolation": "nearest"}}])
+        out_image, out = chain.apply(image, targets, min_visibility=0.0, mask_fill=0)
+        assert out.mask is not None and out_image.shape[:2] == out.mask.shape
+        # Letterbox bars: the fill, 0, in both.
+        np.testing.assert_array_equal(
+            out_image[..., 0], out.mask, err_msg=f"{transform} {in_height}x{in_width} -> {size}"
+        )
+
+
 def test_pad_and_letterbox_fill_the_semantic_mask_with_the_fill_value():
     scene = draw_scene(96, 96, seed=1)
     for specs in ([{"pad": {"size": [110, 100]}}], [{"letterbox": {"size": [96, 140]}}]):

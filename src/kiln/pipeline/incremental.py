@@ -217,6 +217,23 @@ INSTANCE_BOXES_VERSION = 1
 #    centre (+ 0.5: `kiln.pipeline.coco`).
 COCO_KEYPOINTS_VERSION = 1
 
+# Bump when how the masks of a JPEG decoded reduced (`image.jpeg_scaled_decode`)
+# follow it changes: only datasets with the option and a `mask` or
+# `instance_masks` target then get another fingerprint and rebuild once.
+# 1: turned upright pixel for pixel before the one resampling, as the full
+#    decode's are (`decode_scale.apply_reduced`): the masks of photos with a
+#    mirroring EXIF orientation no longer differ from the full path's where
+#    an output pixel's centre falls between two stored pixels.
+REDUCED_MASKS_VERSION = 1
+
+# Bump when how `resize` and `letterbox` pick pixels with `interpolation:
+# nearest` changes: only datasets whose transforms use it then get another
+# fingerprint and rebuild once.
+# 1: the image copies the input pixel its masks copy (the masks' index
+#    arithmetic, `geometry.resize_indices`), not OpenCV's INTER_NEAREST_EXACT,
+#    which picked a neighbour of it at some rows and columns.
+NEAREST_RESIZE_VERSION = 1
+
 # Config sections that decide a record's bytes (see the module docstring).
 _PROCESSING_SECTIONS = ("image", "transforms", "encoding", "targets", "plugins")
 
@@ -243,6 +260,10 @@ def processing_fingerprint(config: Mapping[str, Any]) -> str:
         data["instance_boxes_version"] = INSTANCE_BOXES_VERSION
     if _has_coco_keypoints(config):
         data["coco_keypoints_version"] = COCO_KEYPOINTS_VERSION
+    if _has_reduced_masks(config):
+        data["reduced_masks_version"] = REDUCED_MASKS_VERSION
+    if _has_nearest_resize(config):
+        data["nearest_resize_version"] = NEAREST_RESIZE_VERSION
     if config.get("plugins"):
         data["plugin_sources"] = plugin_sources(config["plugins"])
     return versioning.fingerprint(data)
@@ -286,13 +307,32 @@ def _has_coco_keypoints(config: Mapping[str, Any]) -> bool:
     return source.get("type") == "coco" and targets.get("keypoints") is not None
 
 
+def _has_nearest_resize(config: Mapping[str, Any]) -> bool:
+    return any(
+        isinstance(entry, Mapping)
+        and isinstance(entry.get(name), Mapping)
+        and entry[name].get("interpolation") == "nearest"
+        for entry in config.get("transforms") or ()
+        for name in ("resize", "letterbox")
+    )
+
+
+def _has_reduced_masks(config: Mapping[str, Any]) -> bool:
+    targets = config.get("targets") or {}
+    masks = targets.get("mask") is not None or targets.get("instance_masks") is not None
+    return bool((config.get("image") or {}).get("jpeg_scaled_decode")) and masks
+
+
 def processing(config: Mapping[str, Any]) -> dict[str, Any]:
     """kiln.json's ``processing`` block for a resolved config: with a semantic
     mask also ``mask_counts`` (`MASK_COUNTS_VERSION`), which tells `kiln
     verify` how the dataset's class_counts were counted; with instance masks
     ``instance_boxes`` (`INSTANCE_BOXES_VERSION`), with a COCO source and
-    keypoints ``coco_keypoints`` (`COCO_KEYPOINTS_VERSION`): each names why a
-    base built before is not reused."""
+    keypoints ``coco_keypoints`` (`COCO_KEYPOINTS_VERSION`), with
+    ``image.jpeg_scaled_decode`` and masks ``reduced_masks``
+    (`REDUCED_MASKS_VERSION`), with a nearest-neighbour `resize` or
+    `letterbox` ``nearest_resize`` (`NEAREST_RESIZE_VERSION`): each names why
+    a base built before is not reused."""
     out = {"version": PROCESSING_VERSION, "fingerprint": processing_fingerprint(config)}
     if _has_mask(config):
         out["mask_counts"] = MASK_COUNTS_VERSION
@@ -300,6 +340,10 @@ def processing(config: Mapping[str, Any]) -> dict[str, Any]:
         out["instance_boxes"] = INSTANCE_BOXES_VERSION
     if _has_coco_keypoints(config):
         out["coco_keypoints"] = COCO_KEYPOINTS_VERSION
+    if _has_reduced_masks(config):
+        out["reduced_masks"] = REDUCED_MASKS_VERSION
+    if _has_nearest_resize(config):
+        out["nearest_resize"] = NEAREST_RESIZE_VERSION
     return out
 
 
@@ -401,6 +445,8 @@ _KILN_CHANGES = (
     ("mask_counts", "mask class counting"),
     ("instance_boxes", "instance-mask box handling"),
     ("coco_keypoints", "COCO keypoint reading"),
+    ("reduced_masks", "reduced-decode mask resampling"),
+    ("nearest_resize", "nearest-neighbour resize"),
 )
 
 

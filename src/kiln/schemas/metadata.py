@@ -313,7 +313,9 @@ class DatasetInfo:
         with a semantic mask also ``"mask_counts": 1``: its class_counts
         count the classes each mask shows (absent before kiln did); with
         instance masks ``"instance_boxes"``, with a COCO source and keypoints
-        ``"coco_keypoints"``: the versions of those parts of kiln's
+        ``"coco_keypoints"``, with ``image.jpeg_scaled_decode`` and masks
+        ``"reduced_masks"``, with a nearest-neighbour ``resize`` or
+        ``letterbox`` ``"nearest_resize"``: the versions of those parts of kiln's
         processing (`kiln.pipeline.incremental`). An
         incremental build reuses records of a version only if both equal
         its own. None in datasets written before kiln recorded it.

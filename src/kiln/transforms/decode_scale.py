@@ -38,7 +38,7 @@ from kiln.transforms.chain import Chain, Transform
 from kiln.transforms.decode import DecodedImage, reduced_size
 from kiln.transforms.functional import resize_output_size
 from kiln.transforms.geometry import CoordinateMap
-from kiln.transforms.targets import Targets
+from kiln.transforms.targets import Targets, orient_targets
 
 REDUCTIONS = (8, 4, 2)
 """The factors libjpeg decodes at (besides 1), largest first."""
@@ -119,12 +119,18 @@ def apply_reduced(
 ) -> tuple[np.ndarray, Targets]:
     """`Chain.apply` for an image decoded reduced, with targets annotated on
     its stored pixels: the image goes through `with_resize_to`'s chain, and
-    the targets, clipped to the stored image as `Chain.apply` clips, move
-    from the stored pixels onto the first resize's output in one map (the
-    reduction, the EXIF orientation and the resize), so a mask is resampled
-    once there, as on the full path, not once onto the reduced pixels and
-    again by the resize (two nearest-neighbour steps, each off by up to a
-    pixel). The rest of the chain moves them as `Chain.apply` does.
+    the targets, clipped to the stored image as `Chain.apply` clips, are
+    turned upright pixel for pixel (`orient_targets`, as on the full path),
+    then move onto the first resize's output in one map (the reduction, the
+    EXIF orientation and the resize, less the turn already made), so a mask
+    is resampled once there, as on the full path, not once onto the reduced
+    pixels and again by the resize (two nearest-neighbour steps, each off by
+    up to a pixel). Turning first keeps the full path's choice where an
+    output pixel's centre falls exactly between two stored pixels (a 4x
+    reduction puts every centre on such an edge): resampled through a
+    mirroring map, the tie went to the other pixel, and a mask edge came
+    out a pixel off the full path's. The rest of the chain moves them as
+    `Chain.apply` does.
 
     Raises:
       TargetsError: if the masks are not the stored size.
@@ -134,11 +140,17 @@ def apply_reduced(
     height, width = decoded.stored_size
     targets.check_size(height, width)
     targets = targets.clipped(height, width, min_visibility=min_visibility)
+    turn = CoordinateMap.for_orientation(decoded.orientation, height, width)
+    targets = orient_targets(targets, decoded.orientation, height, width)
     reduced_height, reduced_width = reduced_size(height, width, decoded.reduction)
     upright_height, upright_width = decoded.image.shape[:2]
     image = exact.transforms[0](decoded.image)
     out_height, out_width = image.shape[:2]
-    moves = (
+    # Orientations 6 and 8 undo each other; the others undo themselves.
+    unturn = CoordinateMap.for_orientation(
+        {6: 8, 8: 6}.get(decoded.orientation, decoded.orientation), turn.height, turn.width
+    )
+    moves = unturn.then(
         CoordinateMap.scale_translate(
             height=reduced_height,
             width=reduced_width,

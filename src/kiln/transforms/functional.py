@@ -28,7 +28,7 @@ from pydantic import Field, PlainValidator, StrictInt
 
 from kiln.registry import Choice, Size
 from kiln.transforms.chain import TransformError, register
-from kiln.transforms.geometry import NO_GEOMETRY, CoordinateMap
+from kiln.transforms.geometry import NO_GEOMETRY, CoordinateMap, resize_indices
 
 
 def _validate_fill(value: Any) -> int | tuple[int, int, int]:
@@ -49,15 +49,18 @@ Length = Annotated[StrictInt, Field(gt=0)]
 FillValue = Annotated[int | tuple[int, int, int], PlainValidator(_validate_fill)]
 Interpolation = Annotated[str, Choice(("auto", "area", "linear", "cubic", "nearest", "lanczos"))]
 
-# The *_EXACT variants are bit-exact across CPUs and SIMD paths (the plain
-# ones may differ in the last bit between, say, AVX2 and AVX-512 workers),
-# and INTER_NEAREST_EXACT samples pixel centres like Pillow and TensorFlow's
-# half-pixel resize instead of OpenCV's legacy top-left rule.
+# The *_EXACT variant is bit-exact across CPUs and SIMD paths (the plain one
+# may differ in the last bit between, say, AVX2 and AVX-512 workers).
+# "nearest" is not OpenCV's: `resize_to` copies the input pixel under each
+# output pixel's centre with the index arithmetic the masks are resampled
+# with (`geometry.resize_indices`), exact on every machine. OpenCV's
+# INTER_NEAREST_EXACT rounds its scale to 16-bit fixed point and picked a
+# neighbour of that pixel at some rows and columns (one size pair in five),
+# where the image then no longer lined up with its masks.
 _INTERPOLATIONS = {
     "area": cv2.INTER_AREA,
     "linear": cv2.INTER_LINEAR_EXACT,
     "cubic": cv2.INTER_CUBIC,
-    "nearest": cv2.INTER_NEAREST_EXACT,
     "lanczos": cv2.INTER_LANCZOS4,
 }
 
@@ -132,10 +135,13 @@ def resize_to(
     if interpolation == "auto":
         shrinking = height <= in_height and width <= in_width
         interpolation = "area" if shrinking else "cubic"
+    if interpolation == "nearest":
+        rows, cols = resize_indices(height, in_height), resize_indices(width, in_width)
+        return np.ascontiguousarray(image.take(rows, axis=0).take(cols, axis=1))
     if interpolation not in _INTERPOLATIONS:
         raise ValueError(
             f"unknown interpolation {interpolation!r}; "
-            f"expected auto or one of {sorted(_INTERPOLATIONS)}"
+            f"expected auto or one of {sorted([*_INTERPOLATIONS, 'nearest'])}"
         )
     result = cv2.resize(image, (width, height), interpolation=_INTERPOLATIONS[interpolation])
     return _with_channel_axis(result)

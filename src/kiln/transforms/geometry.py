@@ -260,6 +260,15 @@ class CoordinateMap:
         return out
 
 
+def resize_indices(length: int, source_length: int) -> np.ndarray:
+    """The input pixel under each output pixel's centre when ``source_length``
+    pixels are resized to ``length``: what `CoordinateMap.warp_masks` copies
+    for a resize's map (``scale = length / source_length``, the same float),
+    so a nearest-neighbour resize of the image copies the pixels its masks
+    copy, ties and all."""
+    return _source_indices(length, length / source_length, 0.0, source_length)[0]
+
+
 def _source_indices(
     length: int, scale: float, shift: float, source_length: int
 ) -> tuple[np.ndarray, np.ndarray]:
