@@ -73,6 +73,34 @@ def test_keras_fit_with_augmentation_in_the_model(png_dataset):
     assert augment(images, training=False).shape == (8, 24, 24, 3)
 
 
+def test_keras_fit_with_jit_compile_runs_the_layer_without_xla(png_dataset):
+    # Keras compiles fit's step with XLA where a GPU is present (jit_compile="auto")
+    # unless a layer says it cannot be: XLA has no kernel for random_resized_crop's
+    # StatelessSampleDistortedBoundingBox nor the rotation's ImageProjectiveTransformV3
+    # (fit failed before its first step), and its stateless random ops draw other
+    # numbers than the tf.data path's, so crops and flips differed from load's.
+    train, augment = kiln.reader.load_for_model(
+        png_dataset.dataset_dir, batch_size=8, seed=0, augment=EVERY_ELEMENT_OP
+    )
+    inputs = {
+        "image": keras.Input((32, 32, 3), dtype="uint8", name="image"),
+        "augment_seed": keras.Input((2,), dtype="int32", name="augment_seed"),
+    }
+    model = tiny_classifier(inputs, augment(inputs), png_dataset.info.num_classes)
+    with pytest.warns(UserWarning, match="doesn't support `jit_compile=True`"):
+        model.compile(
+            optimizer="adam",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=True,
+        )
+        history = model.fit(train, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert model.jit_compile is False
+    # So does a layer loaded from the model's config (a saved model).
+    clone = kiln.reader.AugmentationLayer.from_config(augment.get_config())
+    assert clone.supports_jit is False
+
+
 @pytest.mark.parametrize("fixture", ["jpeg_dataset", "raw_dataset"])
 def test_iterator_checkpoint_resumes_exactly(fixture, request, tmp_path):
     path = request.getfixturevalue(fixture).dataset_dir
