@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import kiln.reader
-from reader.builds import TRAIN_AUGMENT
+from reader.builds import TRAIN_AUGMENT, golden_config, write_golden_corpus
 
 keras = tf.keras
 
@@ -152,6 +152,55 @@ def test_checkpoint_at_any_step_restores_every_later_pass(raw_dataset, tmp_path)
         if keys(restored) != uninterrupted[step:]:
             wrong.append(step)
     assert wrong == []
+
+
+def test_an_iterator_checkpoint_restores_only_into_the_version_it_was_written_on(tmp_path):
+    """Restored into a dataset of another version (its path follows LATEST, and a
+    build published a version since), the iterator read on from positions in
+    the old version's files: records twice and others not at all, silently."""
+    from kiln.pipeline import build
+
+    write_golden_corpus(str(tmp_path / "images"))
+    first = build(golden_config(str(tmp_path)), [])
+    for index in range(6):  # new images: the next build publishes another version
+        image = np.full((16, 16, 3), 40 * index, np.uint8)
+        (tmp_path / "images" / "a" / f"new_{index}.png").write_bytes(
+            tf.io.encode_png(image).numpy()
+        )
+    second = build(golden_config(str(tmp_path)), [])
+    assert second.info.version != first.info.version
+    latest = str(tmp_path / "datasets" / "golden")
+    assert kiln.reader.locate(latest) == second.dataset_dir
+
+    def make(path):
+        return kiln.reader.load(path, batch_size=4, seed=5, repeat=True, as_supervised=False)
+
+    iterator = iter(make(first.dataset_dir))
+    next(iterator)
+    checkpoint = tf.train.Checkpoint(data=iterator).write(str(tmp_path / "checkpoints" / "c"))
+    following = [next(iterator)["key"].numpy() for _ in range(20)]
+
+    same = iter(make(first.dataset_dir))
+    tf.train.Checkpoint(data=same).read(checkpoint).assert_consumed()
+    for keys in following:
+        np.testing.assert_array_equal(next(same)["key"].numpy(), keys)
+
+    other = iter(make(latest))
+    tf.train.Checkpoint(data=other).read(checkpoint)
+    message = (
+        rf"restored from a checkpoint written while reading\] \[golden/{first.info.version}, "
+        rf"split train\] \[and this dataset reads\] \[golden/{second.info.version}, split "
+        rf"train\].*load the version folder the checkpoint was written with"
+    )
+    delivered = []
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        for _ in following:
+            delivered.append(next(other)["key"].numpy())
+    # Batches the checkpoint held in its buffers, made before it was written,
+    # are the old version's next ones; every batch made after the restore fails.
+    assert len(delivered) < len(following) // 2
+    for keys, expected in zip(delivered, following, strict=False):
+        np.testing.assert_array_equal(keys, expected)
 
 
 @pytest.mark.parametrize("fixture", ["png_dataset", "jpeg_dataset", "raw_dataset"])
