@@ -380,8 +380,60 @@ def test_replica_iterator_refuses_a_dataset_fn_that_does_not_pass_on_its_context
             f"replicas would read the same share, the same records {advice}"
         ),
         "passed on": "read",
-        "tf.data service's": "read",
+        "tf.data service's": service_refused(path, replica=0),
     }
+
+
+def service_refused(path: str, replica: int) -> str:
+    return (
+        f"ReplicaIterator: dataset_fn read split 'train' of {path} with "
+        f"ReadOptions(dynamic_sharding=True), for tf.data service (pipeline {replica} of 2, "
+        f"for replica {replica}): ReplicaIterator gives every replica its own input pipeline, "
+        f"so every replica's service job hands it every file (the same records on every "
+        f"replica), or, with a job_name they share, the replicas run out at different steps "
+        f"and the iterator stops at the first (records left unread); and an iterator reading "
+        f"from tf.data service cannot be checkpointed. Pass on the context it is given "
+        f"(kiln.reader.load(path, ..., input_context=context)), or distribute the service's "
+        f"dataset with strategy.distribute_datasets_from_function"
+    )
+
+
+# A ReplicaIterator over tf.data service reads: each replica's `distribute`
+# made its own job, and every job handed its replica every shard.
+REPLICA_SERVICE = """
+import collections, json, sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import kiln.reader
+
+path, target = sys.argv[1:3]
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+def dataset_fn(context):
+    dataset = kiln.reader.load(path, batch_size=4, seed=3, as_supervised=False,
+                               options=kiln.reader.ReadOptions(dynamic_sharding=True))
+    return dataset.apply(tf.data.experimental.service.distribute(
+        processing_mode="distributed_epoch", service=target))
+
+try:
+    inputs = kiln.reader.ReplicaIterator(strategy, dataset_fn)
+except ValueError as error:
+    print(json.dumps(str(error)))
+else:
+    keys = collections.Counter(
+        key for batch in inputs for values in strategy.experimental_local_results(batch)
+        for key in values["key"].numpy().tolist())
+    print(json.dumps(f"read: {len(keys)} records, each read {sorted(set(keys.values()))} times"))
+"""
+
+
+def test_replica_iterator_refuses_tf_data_service_reads(png_dataset, tf_data_service):
+    """Each replica's pipeline was its own service job, handed every shard:
+    both replicas trained on every record of the pass, silently."""
+    path = png_dataset.dataset_dir
+    out = json.loads(run_python(REPLICA_SERVICE, path, tf_data_service).strip().splitlines()[-1])
+    assert out == service_refused(path, replica=0)
 
 
 # A ReplicaIterator checkpoint restored under another replica count: TF

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import kiln.reader
-from reader.builds import TRAIN_AUGMENT
+from reader.builds import TRAIN_AUGMENT, golden_config, write_golden_corpus
 
 keras = tf.keras
 
@@ -73,6 +73,34 @@ def test_keras_fit_with_augmentation_in_the_model(png_dataset):
     assert augment(images, training=False).shape == (8, 24, 24, 3)
 
 
+def test_keras_fit_with_jit_compile_runs_the_layer_without_xla(png_dataset):
+    # Keras compiles fit's step with XLA where a GPU is present (jit_compile="auto")
+    # unless a layer says it cannot be: XLA has no kernel for random_resized_crop's
+    # StatelessSampleDistortedBoundingBox nor the rotation's ImageProjectiveTransformV3
+    # (fit failed before its first step), and its stateless random ops draw other
+    # numbers than the tf.data path's, so crops and flips differed from load's.
+    train, augment = kiln.reader.load_for_model(
+        png_dataset.dataset_dir, batch_size=8, seed=0, augment=EVERY_ELEMENT_OP
+    )
+    inputs = {
+        "image": keras.Input((32, 32, 3), dtype="uint8", name="image"),
+        "augment_seed": keras.Input((2,), dtype="int32", name="augment_seed"),
+    }
+    model = tiny_classifier(inputs, augment(inputs), png_dataset.info.num_classes)
+    with pytest.warns(UserWarning, match="doesn't support `jit_compile=True`"):
+        model.compile(
+            optimizer="adam",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=True,
+        )
+        history = model.fit(train, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert model.jit_compile is False
+    # So does a layer loaded from the model's config (a saved model).
+    clone = kiln.reader.AugmentationLayer.from_config(augment.get_config())
+    assert clone.supports_jit is False
+
+
 @pytest.mark.parametrize("fixture", ["jpeg_dataset", "raw_dataset"])
 def test_iterator_checkpoint_resumes_exactly(fixture, request, tmp_path):
     path = request.getfixturevalue(fixture).dataset_dir
@@ -124,6 +152,55 @@ def test_checkpoint_at_any_step_restores_every_later_pass(raw_dataset, tmp_path)
         if keys(restored) != uninterrupted[step:]:
             wrong.append(step)
     assert wrong == []
+
+
+def test_an_iterator_checkpoint_restores_only_into_the_version_it_was_written_on(tmp_path):
+    """Restored into a dataset of another version (its path follows LATEST, and a
+    build published a version since), the iterator read on from positions in
+    the old version's files: records twice and others not at all, silently."""
+    from kiln.pipeline import build
+
+    write_golden_corpus(str(tmp_path / "images"))
+    first = build(golden_config(str(tmp_path)), [])
+    for index in range(6):  # new images: the next build publishes another version
+        image = np.full((16, 16, 3), 40 * index, np.uint8)
+        (tmp_path / "images" / "a" / f"new_{index}.png").write_bytes(
+            tf.io.encode_png(image).numpy()
+        )
+    second = build(golden_config(str(tmp_path)), [])
+    assert second.info.version != first.info.version
+    latest = str(tmp_path / "datasets" / "golden")
+    assert kiln.reader.locate(latest) == second.dataset_dir
+
+    def make(path):
+        return kiln.reader.load(path, batch_size=4, seed=5, repeat=True, as_supervised=False)
+
+    iterator = iter(make(first.dataset_dir))
+    next(iterator)
+    checkpoint = tf.train.Checkpoint(data=iterator).write(str(tmp_path / "checkpoints" / "c"))
+    following = [next(iterator)["key"].numpy() for _ in range(20)]
+
+    same = iter(make(first.dataset_dir))
+    tf.train.Checkpoint(data=same).read(checkpoint).assert_consumed()
+    for keys in following:
+        np.testing.assert_array_equal(next(same)["key"].numpy(), keys)
+
+    other = iter(make(latest))
+    tf.train.Checkpoint(data=other).read(checkpoint)
+    message = (
+        rf"restored from a checkpoint written while reading\] \[golden/{first.info.version}, "
+        rf"split train\] \[and this dataset reads\] \[golden/{second.info.version}, split "
+        rf"train\].*load the version folder the checkpoint was written with"
+    )
+    delivered = []
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        for _ in following:
+            delivered.append(next(other)["key"].numpy())
+    # Batches the checkpoint held in its buffers, made before it was written,
+    # are the old version's next ones; every batch made after the restore fails.
+    assert len(delivered) < len(following) // 2
+    for keys, expected in zip(delivered, following, strict=False):
+        np.testing.assert_array_equal(keys, expected)
 
 
 @pytest.mark.parametrize("fixture", ["png_dataset", "jpeg_dataset", "raw_dataset"])

@@ -740,6 +740,7 @@ def _read(
             cardinality -= skip
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(cardinality))
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    dataset = _restored_only_into(dataset, f"{metadata.name}/{metadata.version}, split {split}")
     data_options = tf.data.Options()
     data_options.deterministic = deterministic
     # A strategy that shards this dataset itself (Keras's fit/evaluate under
@@ -767,6 +768,39 @@ def _read(
 
 
 _unconverted = tf.autograph.experimental.do_not_convert
+
+
+def _restored_only_into(dataset: tf.data.Dataset, identity: str) -> tf.data.Dataset:
+    """`dataset`, whose iterator, restored from a checkpoint written on
+    another version or split, fails at its first element naming both.
+
+    An iterator checkpoint holds positions in the files it read; TensorFlow
+    restores them into a dataset of another version without a word, and the
+    pass then read records twice and left others out (a script whose path
+    follows LATEST, restarted after a build published a version). The
+    identity rides along as a `scan`'s state, which the checkpoint saves and
+    restores; each element compares it with this dataset's own. Last, after
+    the prefetch, so that no element from a restored buffer gets past it.
+    """
+    expected = tf.constant(identity)
+
+    def check(state, element):
+        same = tf.debugging.Assert(
+            tf.equal(state, expected),
+            [
+                "kiln.reader: this iterator was restored from a checkpoint written while reading",
+                state,
+                "and this dataset reads",
+                expected,
+                "; the checkpoint's positions are in the other version's files (records "
+                "would repeat and go missing): load the version folder the checkpoint was "
+                "written with (kiln.reader.locate(path) when the run started)",
+            ],
+        )
+        with tf.control_dependencies([same]):
+            return tf.identity(state), element
+
+    return dataset.scan(expected, _unconverted(check))
 
 
 def _is_count(value) -> bool:

@@ -89,6 +89,14 @@ class AugmentationLayer(tf.keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        # Keras compiles a model's steps with XLA where a GPU is present
+        # (jit_compile="auto") unless a layer says it cannot be, as Keras' own
+        # RandomCrop and RandomRotation do. XLA has no kernel for
+        # random_resized_crop's StatelessSampleDistortedBoundingBox nor for the
+        # rotation's and zoom's ImageProjectiveTransformV3 (fit fails before its
+        # first step), and its stateless random ops draw other numbers than
+        # the tf.data path's (crops, flips and colours unlike load's).
+        self.supports_jit = False
         augmentations = tuple(validate(augment, field="AugmentationLayer.augment"))
         if any(a.definition.kind != "element" for a in augmentations):
             raise ValueError(

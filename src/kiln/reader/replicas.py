@@ -47,8 +47,11 @@ class ReplicaIterator(tf.Module):
 
     A dataset_fn whose `load` does not pass on the context it is given (no
     ``input_context``, or another replica's) is refused with ValueError:
-    every replica would read the same records, silently. (One that builds
-    its dataset otherwise than with `load` cannot be told.)
+    every replica would read the same records, silently. So is one whose
+    `load` reads for tf.data service (``ReadOptions(dynamic_sharding=True)``):
+    each replica's service job would hand it every file, and a service
+    iterator cannot be checkpointed. (One that builds its dataset otherwise
+    than with `load` cannot be told.)
 
     A checkpoint restores into as many replicas as it was written with:
     another count raises ValueError when it is restored.
@@ -119,13 +122,31 @@ def _check_reads(reads: Sequence[dataset.ReadShare], replica: int, replicas: int
     """Refuses a dataset_fn whose `load` calls did not pass on the input
     context it was given: every replica would read the whole split (or
     another replica's share), the same records in every step's batches,
-    silently. A read that tf.data service hands files to is its own share;
-    a dataset_fn that reads otherwise than with `load` cannot be told."""
+    silently. So, too, one that reads for tf.data service (dynamic
+    sharding): each replica's `distribute` is its own job, which hands that
+    replica every file (every replica trains on the whole pass);
+    replicas sharing a `job_name` split the files unevenly, and the iterator
+    stops at the first that runs out; and a service iterator cannot be
+    checkpointed, which is what ReplicaIterator is for. A dataset_fn that
+    reads otherwise than with `load` cannot be told."""
     if replicas == 1:
         return
     given = (replica, replicas)
     for read in reads:
-        if read.dynamic_sharding or read.pipeline == given:
+        if read.dynamic_sharding:
+            raise ValueError(
+                f"ReplicaIterator: dataset_fn read split {read.split!r} of {read.dataset_dir} "
+                f"with ReadOptions(dynamic_sharding=True), for tf.data service (pipeline "
+                f"{replica} of {replicas}, for replica {replica}): ReplicaIterator gives every "
+                f"replica its own input pipeline, so every replica's service job hands it every "
+                f"file (the same records on every replica), or, with a job_name they share, the "
+                f"replicas run out at different steps and the iterator stops at the first "
+                f"(records left unread); and an iterator reading from tf.data service cannot be "
+                f"checkpointed. Pass on the context it is given (kiln.reader.load(path, ..., "
+                f"input_context=context)), or distribute the service's dataset with "
+                f"strategy.distribute_datasets_from_function"
+            )
+        if read.pipeline == given:
             continue
         if read.pipeline is None:
             how = "without the tf.distribute.InputContext it was given"
