@@ -290,3 +290,33 @@ def test_a_rollback_while_the_job_runs_is_what_the_gate_compares_with(nightly, c
     assert latest(dataset) == built["version"] not in (good, bad)
     assert built["previous_version"] == good
     assert built["changes"]["vanished_classes"] == ["star"]
+
+
+def test_a_held_back_version_damaged_since_is_repaired_before_latest_names_it(nightly, capsys):
+    """The version the gate held back waits in its folder; the next build of
+    the same inputs without the gate publishes it as up to date, without a
+    job. A shard of it deleted meanwhile was published so: LATEST named a
+    version missing a shard. Now that build checks the version's files
+    first, builds it again and repairs it."""
+    from kiln.tools import verify
+
+    images, config, dataset = nightly
+    shutil.rmtree(images / "star")
+    assert cli.main(["build", "--config", str(config), "--quiet", "--fail-on-vanished-class"]) == 1
+    capsys.readouterr()
+    (held,) = {p for p in os.listdir(dataset) if is_version_name(p) and p != latest(dataset)}
+    shard = sorted(n for n in os.listdir(dataset / held) if ".tfrecord-" in n)[0]
+    os.remove(dataset / held / shard)
+
+    report = config.parent / "report.json"
+    assert cli.main(["build", "--config", str(config), "--quiet", "--report", str(report)]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert latest(dataset) == held
+    checked = verify.verify(str(dataset))
+    assert checked.ok, checked.problems
+    built = json.loads(report.read_text())
+    assert built["version"] == held and built["status"] == "built"
+    assert any(
+        f"version {held}, which these inputs were built into, is damaged" in w and shard in w
+        for w in built["warnings"]
+    ), built["warnings"]

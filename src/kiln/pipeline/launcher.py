@@ -819,6 +819,8 @@ def _build_locked(
     # trusts no published file: an unchanged dataset is built again, and
     # its published version repaired where damaged (`PublishTransaction.commit`).
     built = None if rehash or full else up_to_date.check(dataset, stamp, listing, refresh=True).info
+    if built is not None and _damaged_before_named(dataset, built, previous):
+        built = None  # the job makes it again, and its files are repaired
     if built is not None:
         dataset.clean_leftovers()
         by_hand = dataset.latest_set_by_hand(built.version)  # a rollback stands
@@ -923,6 +925,37 @@ def _build_locked(
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
         latest_set_by_hand=by_hand,
     )
+
+
+def _damaged_before_named(
+    dataset: publish.DatasetRoot, built: DatasetInfo, previous: str | None
+) -> bool:
+    """Whether the version the inputs' stamp found, which LATEST is about to
+    name, has files that are not what its kiln.json records (logged as a
+    warning naming them).
+
+    A plain build trusts the version LATEST names (`kiln verify` checks
+    it). Not one LATEST is about to name: a version the publish gate held
+    back, or one a build stopped just before LATEST, sat unpublished in its
+    folder, where a shard can have been deleted or damaged since; named as
+    up to date, every reader of LATEST would get it so. Checked like the
+    base of an incremental job (every file hashed), only when LATEST would
+    move. A damaged one is built again, and `publish.PublishTransaction.commit`
+    replaces its damaged files with the job's copy, as ``--rehash`` does.
+    """
+    if built.version == previous or dataset.latest_set_by_hand(built.version) is not None:
+        return False  # LATEST names it, or stays as set by hand
+    folder = dataset.version_dir(built.version)
+    damaged = publish.damaged_files(dataset.store, folder, built)
+    if not damaged:
+        return False
+    logger.warning(
+        "version %s, which these inputs were built into, is damaged (%s): it is built again "
+        "and repaired before LATEST may name it",
+        built.version,
+        "; ".join(damaged[name] for name in sorted(damaged)),
+    )
+    return True
 
 
 def _base_id(dataset_root: str, base: str | None) -> str | None:
