@@ -179,6 +179,32 @@ def test_a_latest_that_is_not_text_is_a_bogus_latest(demo_corpus, tmp_path, capf
     assert verify.verify(str(dataset_root)).ok
 
 
+def test_a_latest_that_is_a_link_to_the_version_folder_is_refused_in_one_line(
+    demo_corpus, tmp_path, capfd
+):
+    """A rollback by hand that made LATEST a symbolic link to the version
+    folder (``ln -s <version> LATEST``, as for a "current" link) was an
+    internal error (exit 70, IsADirectoryError) of verify, inspect and diff,
+    and a raw IsADirectoryError of the reader. Now the path is no dataset
+    (exit 2), in one line naming LATEST, and the reader's MetadataError."""
+    _, _, _, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    assert cli.main(["build", "--config", str(path), "--quiet"]) == 0
+    dataset_root = tmp_path / "out" / "shapes"
+    version = (dataset_root / "LATEST").read_text().strip()
+    (dataset_root / "LATEST").unlink()
+    (dataset_root / "LATEST").symlink_to(version)
+    capfd.readouterr()
+    latest = dataset_root / "LATEST"
+    for command in (["verify", "--quiet"], ["inspect"], ["diff", str(dataset_root / version)]):
+        assert cli.main([*command, str(dataset_root)]) == 2
+        out, err = capfd.readouterr()
+        assert out == ""
+        assert err.startswith(f"kiln {command[0]}: error: {latest} is a folder"), err
+        assert err.count("\n") == 1, err
+    with pytest.raises(MetadataError, match="write the version's name into it"):
+        kiln.reader.info(str(dataset_root))
+
+
 KILN_JSON_DAMAGES = {
     # was an internal error (exit 70, a raw UnicodeDecodeError) everywhere
     "not UTF-8 text (byte 0xff at position 10)": b'{"name": "\xff"}',
