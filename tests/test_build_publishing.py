@@ -406,6 +406,27 @@ def memgs_config(bucket, num_shards):
     )
 
 
+def test_a_rollback_whose_latest_keeps_an_old_file_time_stands(demo_corpus, tmp_path):
+    """A rollback that copies a saved LATEST back with its time (`cp -p`,
+    `rsync -a`, `tar x`) wrote a LATEST older than the publication it rolls
+    back: it was taken for a build stopped before writing LATEST, and the
+    next nightly build of the same inputs undid it."""
+    root, keys, config, _ = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    first = build(config)
+    saved = tmp_path / "LATEST.saved"
+    shutil.copy2(os.path.join(first.dataset_root, "LATEST"), saved)  # cp -p
+    os.utime(saved, (1, 1))  # as old as a backup is
+    add_image(demo_corpus, root, keys, "added.png")
+    second = build(config)
+    shutil.copy2(saved, os.path.join(first.dataset_root, "LATEST"))  # cp -p back: rolled back
+    dataset = publish.DatasetRoot(first.dataset_root)
+    assert dataset.latest() == first.version
+
+    again = build(config)  # the nightly run, the same inputs
+    assert (again.up_to_date, again.version) == (True, second.version)
+    assert again.latest_set_by_hand == first.version and dataset.latest() == first.version
+
+
 def test_keep_on_an_object_store(demo_corpus):
     """No directories, no atomic rename: each pruned version loses its kiln.json
     first, then every other object under its prefix."""
@@ -706,14 +727,18 @@ def test_what_a_prune_killed_half_way_leaves_is_deleted_by_the_next_build(
     stamps = tmp_path / "out" / "shapes" / ".stamps"
     assert first.version in {p.read_text() for p in stamps.iterdir()}
     published = tmp_path / "out" / "shapes" / ".published"
-    assert sorted(os.listdir(published)) == sorted([first.version, second])
+
+    def records():  # the publication records (not the hidden note of LATEST)
+        return sorted(n for n in os.listdir(published) if not n.startswith("."))
+
+    assert records() == sorted([first.version, second])
     kept = read_tree(dataset.version_dir(second))
 
     again = build(config)  # up to date: no new version, and the leftover goes
     assert again.up_to_date and again.version == second
     assert not os.path.exists(first.dataset_dir)
     assert {p.read_text() for p in stamps.iterdir()} == {second}
-    assert os.listdir(published) == [second]
+    assert records() == [second]
     assert dataset.versions() == [second] and dataset.latest() == second
     assert read_tree(dataset.version_dir(second)) == kept  # what readers use is untouched
     assert verify.verify(again.dataset_dir).ok
@@ -855,7 +880,10 @@ def test_a_publish_or_prune_stopped_by_sigterm_on_an_object_store(demo_corpus, t
     assert reports["after"]["version"] == v2
     assert under(after["names"], f"{root}/{v1}/") == []
     assert f"{root}/.published/{v1}" not in after["names"]
-    assert under(after["names"], f"{root}/.published/") == [f"{root}/.published/{v2}"]
+    assert under(after["names"], f"{root}/.published/") == [
+        f"{root}/.published/.named",  # the version kiln last wrote into LATEST
+        f"{root}/.published/{v2}",
+    ]
     assert len(under(after["names"], f"{root}/.stamps/")) == 1
     assert under(after["names"], f"{root}/{v2}/") == v2_files
     assert any(
