@@ -360,3 +360,42 @@ def test_two_builds_breaking_one_stale_lock_take_it_once():
         assert lock.Holder.from_bytes(object_store.get(path)).token == first._me.token
         first.check()
     object_store.reset()
+
+
+def test_a_lock_file_deleted_under_a_running_build_stops_it_before_it_publishes(
+    demo_corpus, tmp_path, capsys, monkeypatch
+):
+    """`rm .lock` while a build holds it (a "stale" lock cleared by hand, a
+    cleanup job): the next build locks a new file of that name and runs
+    beside it. The first one went on and published last, its LATEST over the
+    newer build's: readers went back to inputs without the file added since.
+    Now it finds its lock file gone before publishing and fails."""
+    from test_build_publishing import one_split_corpus
+
+    root, keys, _, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    assert cli.main(["build", "--config", str(path), "--quiet"]) == 0
+    dataset_root = tmp_path / "out" / "shapes"
+    add_image(demo_corpus, root, keys, "first.png")  # the running build lists it
+    enter = publish.PublishTransaction.__enter__
+    second = []
+
+    def lock_deleted_and_another_build_run(transaction):
+        entered = enter(transaction)
+        if not second:
+            os.remove(dataset_root / lock.LOCK_FILENAME)
+            add_image(demo_corpus, root, keys, "second.png")
+            process = run_kiln(["build", "--config", str(path), "--quiet"])
+            second.append((process.wait(timeout=600), process.stderr.read()))
+        return entered
+
+    monkeypatch.setattr(publish.PublishTransaction, "__enter__", lock_deleted_and_another_build_run)
+    code = cli.main(["build", "--config", str(path), "--quiet"])
+    assert second == [(0, "")]  # not busy: the lock file it found was a new one
+    newer = kiln.reader.info(str(dataset_root))
+    assert newer.splits["train"].num_examples == len(keys) + 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert code == 1, line
+    assert line.startswith(f"kiln build: failed: lost the lock {dataset_root / lock.LOCK_FILENAME}")
+    assert "nothing was published" in line
+    assert kiln.reader.info(str(dataset_root)).version == newer.version  # LATEST stays
+    assert verify.verify(str(dataset_root)).ok

@@ -217,6 +217,7 @@ def test_the_whole_cycle_on_the_emulator(emulator, on_emulator, build_dataset, d
     everything = sorted(
         [
             "datasets/shapes/LATEST",
+            f"datasets/shapes/{PUBLISHED_FOLDER}/.named",
             f"datasets/shapes/{PUBLISHED_FOLDER}/{first.version}",
             *stamps,
             *file_stamps,

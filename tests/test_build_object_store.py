@@ -55,11 +55,12 @@ def test_build_publishes_on_an_object_store(store, build_dataset, demo_corpus):
     key = RECORD.decode(first_shard[12 : 12 + int.from_bytes(first_shard[:8], "little")])["key"]
     assert not key.decode().startswith(("/", BUCKET))
 
-    # Visibility order: every file of the version before its kiln.json, LATEST last.
+    # Visibility order: every file of the version before its kiln.json, LATEST last
+    # (then only kiln's note that it wrote LATEST, which no reader reads).
     writes = [path for kind, path in object_store.EVENTS if kind == "write"]
     into_version = [p for p in writes if p.startswith(version_dir + "/")]
     assert into_version[-1] == f"{version_dir}/kiln.json"
-    assert writes[-1] == f"{root}/LATEST"
+    assert writes[-2:] == [f"{root}/LATEST", f"{root}/.published/.named"]
 
     # Unchanged: up to date, nothing written but (at most) LATEST.
     object_store.EVENTS.clear()

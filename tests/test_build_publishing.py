@@ -179,6 +179,32 @@ def test_a_latest_that_is_not_text_is_a_bogus_latest(demo_corpus, tmp_path, capf
     assert verify.verify(str(dataset_root)).ok
 
 
+def test_a_latest_that_is_a_link_to_the_version_folder_is_refused_in_one_line(
+    demo_corpus, tmp_path, capfd
+):
+    """A rollback by hand that made LATEST a symbolic link to the version
+    folder (``ln -s <version> LATEST``, as for a "current" link) was an
+    internal error (exit 70, IsADirectoryError) of verify, inspect and diff,
+    and a raw IsADirectoryError of the reader. Now the path is no dataset
+    (exit 2), in one line naming LATEST, and the reader's MetadataError."""
+    _, _, _, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    assert cli.main(["build", "--config", str(path), "--quiet"]) == 0
+    dataset_root = tmp_path / "out" / "shapes"
+    version = (dataset_root / "LATEST").read_text().strip()
+    (dataset_root / "LATEST").unlink()
+    (dataset_root / "LATEST").symlink_to(version)
+    capfd.readouterr()
+    latest = dataset_root / "LATEST"
+    for command in (["verify", "--quiet"], ["inspect"], ["diff", str(dataset_root / version)]):
+        assert cli.main([*command, str(dataset_root)]) == 2
+        out, err = capfd.readouterr()
+        assert out == ""
+        assert err.startswith(f"kiln {command[0]}: error: {latest} is a folder"), err
+        assert err.count("\n") == 1, err
+    with pytest.raises(MetadataError, match="write the version's name into it"):
+        kiln.reader.info(str(dataset_root))
+
+
 KILN_JSON_DAMAGES = {
     # was an internal error (exit 70, a raw UnicodeDecodeError) everywhere
     "not UTF-8 text (byte 0xff at position 10)": b'{"name": "\xff"}',
@@ -378,6 +404,27 @@ def memgs_config(bucket, num_shards):
         sharding={"num_shards": num_shards},
         splits={"fractions": {"train": 1.0}},
     )
+
+
+def test_a_rollback_whose_latest_keeps_an_old_file_time_stands(demo_corpus, tmp_path):
+    """A rollback that copies a saved LATEST back with its time (`cp -p`,
+    `rsync -a`, `tar x`) wrote a LATEST older than the publication it rolls
+    back: it was taken for a build stopped before writing LATEST, and the
+    next nightly build of the same inputs undid it."""
+    root, keys, config, _ = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    first = build(config)
+    saved = tmp_path / "LATEST.saved"
+    shutil.copy2(os.path.join(first.dataset_root, "LATEST"), saved)  # cp -p
+    os.utime(saved, (1, 1))  # as old as a backup is
+    add_image(demo_corpus, root, keys, "added.png")
+    second = build(config)
+    shutil.copy2(saved, os.path.join(first.dataset_root, "LATEST"))  # cp -p back: rolled back
+    dataset = publish.DatasetRoot(first.dataset_root)
+    assert dataset.latest() == first.version
+
+    again = build(config)  # the nightly run, the same inputs
+    assert (again.up_to_date, again.version) == (True, second.version)
+    assert again.latest_set_by_hand == first.version and dataset.latest() == first.version
 
 
 def test_keep_on_an_object_store(demo_corpus):
@@ -680,14 +727,18 @@ def test_what_a_prune_killed_half_way_leaves_is_deleted_by_the_next_build(
     stamps = tmp_path / "out" / "shapes" / ".stamps"
     assert first.version in {p.read_text() for p in stamps.iterdir()}
     published = tmp_path / "out" / "shapes" / ".published"
-    assert sorted(os.listdir(published)) == sorted([first.version, second])
+
+    def records():  # the publication records (not the hidden note of LATEST)
+        return sorted(n for n in os.listdir(published) if not n.startswith("."))
+
+    assert records() == sorted([first.version, second])
     kept = read_tree(dataset.version_dir(second))
 
     again = build(config)  # up to date: no new version, and the leftover goes
     assert again.up_to_date and again.version == second
     assert not os.path.exists(first.dataset_dir)
     assert {p.read_text() for p in stamps.iterdir()} == {second}
-    assert os.listdir(published) == [second]
+    assert records() == [second]
     assert dataset.versions() == [second] and dataset.latest() == second
     assert read_tree(dataset.version_dir(second)) == kept  # what readers use is untouched
     assert verify.verify(again.dataset_dir).ok
@@ -829,7 +880,10 @@ def test_a_publish_or_prune_stopped_by_sigterm_on_an_object_store(demo_corpus, t
     assert reports["after"]["version"] == v2
     assert under(after["names"], f"{root}/{v1}/") == []
     assert f"{root}/.published/{v1}" not in after["names"]
-    assert under(after["names"], f"{root}/.published/") == [f"{root}/.published/{v2}"]
+    assert under(after["names"], f"{root}/.published/") == [
+        f"{root}/.published/.named",  # the version kiln last wrote into LATEST
+        f"{root}/.published/{v2}",
+    ]
     assert len(under(after["names"], f"{root}/.stamps/")) == 1
     assert under(after["names"], f"{root}/{v2}/") == v2_files
     assert any(

@@ -175,7 +175,12 @@ def test_the_whole_cycle_on_moto(s3, endpoint, build_dataset, demo_corpus, tmp_p
     ]
     assert b'"mtime"' in _get(s3, file_stamps[0])
     everything = sorted(
-        ["datasets/shapes/LATEST", f"datasets/shapes/{PUBLISHED_FOLDER}/{version}", *stamps]
+        [
+            "datasets/shapes/LATEST",
+            f"datasets/shapes/{PUBLISHED_FOLDER}/.named",
+            f"datasets/shapes/{PUBLISHED_FOLDER}/{version}",
+            *stamps,
+        ]
         + file_stamps
         + published
     )

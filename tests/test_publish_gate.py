@@ -244,3 +244,79 @@ def test_a_vanished_split_crosses_the_gate_and_kiln_diff(tmp_path, capsys):
     assert latest(dataset) == kept == published["version"]
     (warning,) = [w for w in published["warnings"] if "split(s) with no example left" in w]
     assert f"version {first} had: test ({held_out} before)" in warning
+
+
+def test_a_rollback_while_the_job_runs_is_what_the_gate_compares_with(nightly, capsys, monkeypatch):
+    """LATEST rolled back by hand while a build's job runs: the new version
+    is compared with the version rolled back to, which readers are on, not
+    with the one LATEST named when the build began. It was compared with
+    that one: a version that crossed the gate against the rollback's was
+    published over it."""
+    images, config, dataset = nightly
+    good = latest(dataset)
+    shutil.rmtree(images / "star")  # a bad export, published by an ungated build
+    assert cli.main(["build", "--config", str(config), "--quiet"]) == 0
+    bad = latest(dataset)
+    assert bad != good
+
+    from kiln.pipeline import publish
+
+    enter = publish.PublishTransaction.__enter__
+
+    def rolled_back_as_the_job_starts(transaction):
+        entered = enter(transaction)
+        # README's rollback, while the build runs (it read LATEST already).
+        (dataset / ".LATEST.new").write_text(good + "\n")
+        os.replace(dataset / ".LATEST.new", dataset / LATEST_FILENAME)
+        return entered
+
+    monkeypatch.setattr(publish.PublishTransaction, "__enter__", rolled_back_as_the_job_starts)
+    os.remove(images / "circle" / sorted(os.listdir(images / "circle"))[0])  # a new version
+    report = config.parent / "report.json"
+    gated = ["build", "--config", str(config), "--quiet", "--report", str(report)]
+    assert cli.main([*gated, "--fail-on-vanished-class"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"crossed the publish gate against LATEST ({good})" in line, line
+    assert "class 'star' vanished" in line
+    assert latest(dataset) == good  # the rollback stands
+    failed = json.loads(report.read_text())
+    assert failed["gate"]["previous_version"] == good
+    assert any(f"it named {bad}, now {good}" in w for w in failed["warnings"]), failed["warnings"]
+
+    # Without gate flags the new inputs are published, as after any rollback;
+    # what changed is told against the version readers were on.
+    assert cli.main(gated) == 0
+    built = json.loads(report.read_text())
+    assert latest(dataset) == built["version"] not in (good, bad)
+    assert built["previous_version"] == good
+    assert built["changes"]["vanished_classes"] == ["star"]
+
+
+def test_a_held_back_version_damaged_since_is_repaired_before_latest_names_it(nightly, capsys):
+    """The version the gate held back waits in its folder; the next build of
+    the same inputs without the gate publishes it as up to date, without a
+    job. A shard of it deleted meanwhile was published so: LATEST named a
+    version missing a shard. Now that build checks the version's files
+    first, builds it again and repairs it."""
+    from kiln.tools import verify
+
+    images, config, dataset = nightly
+    shutil.rmtree(images / "star")
+    assert cli.main(["build", "--config", str(config), "--quiet", "--fail-on-vanished-class"]) == 1
+    capsys.readouterr()
+    (held,) = {p for p in os.listdir(dataset) if is_version_name(p) and p != latest(dataset)}
+    shard = sorted(n for n in os.listdir(dataset / held) if ".tfrecord-" in n)[0]
+    os.remove(dataset / held / shard)
+
+    report = config.parent / "report.json"
+    assert cli.main(["build", "--config", str(config), "--quiet", "--report", str(report)]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert latest(dataset) == held
+    checked = verify.verify(str(dataset))
+    assert checked.ok, checked.problems
+    built = json.loads(report.read_text())
+    assert built["version"] == held and built["status"] == "built"
+    assert any(
+        f"version {held}, which these inputs were built into, is damaged" in w and shard in w
+        for w in built["warnings"]
+    ), built["warnings"]

@@ -819,11 +819,16 @@ def _build_locked(
     # trusts no published file: an unchanged dataset is built again, and
     # its published version repaired where damaged (`PublishTransaction.commit`).
     built = None if rehash or full else up_to_date.check(dataset, stamp, listing, refresh=True).info
+    if built is not None and _damaged_before_named(dataset, built, previous):
+        built = None  # the job makes it again, and its files are repaired
     if built is not None:
         dataset.clean_leftovers()
         by_hand = dataset.latest_set_by_hand(built.version)  # a rollback stands
         changes = None
         if by_hand is None:
+            latest = _latest_now(dataset, previous)  # a rollback since it was read
+            if latest != previous:
+                previous, check_gate = latest, _publish_gate(dataset, latest, gate)
             if check_gate is not None and built.version != previous:
                 check_gate(dataset.version_dir(built.version))
             # Before LATEST names it (`_comparing_first`).
@@ -886,11 +891,14 @@ def _build_locked(
         _warn_about_split_names(spec, info)
         held.check()
         compared: list[version_diff.VersionDiff | None] = []
+        # What LATEST names as the version is about to be published: the
+        # version the build started from, unless it was set by hand meanwhile.
+        named: list[str | None] = []
         target = transaction.commit(
             info,
             gate=_comparing_first(
-                check_gate,
-                lambda: _changes(dataset, previous, info.version),
+                _gate_against_latest(dataset, previous, check_gate, gate, named),
+                lambda: _changes(dataset, named[-1], info.version),
                 compared,
                 still_held=held.check,
             ),
@@ -911,12 +919,43 @@ def _build_locked(
         up_to_date=False,
         duplicates_across_splits=report.duplicates_across_splits,
         counters=counters,
-        previous_version=previous,
+        previous_version=named[-1] if named else previous,
         changes=changes,
         pruned=_prune(dataset, keep, stamp),
         incremental=incremental.IncrementalReport.from_run(choice, counters, report.base_problems),
         latest_set_by_hand=by_hand,
     )
+
+
+def _damaged_before_named(
+    dataset: publish.DatasetRoot, built: DatasetInfo, previous: str | None
+) -> bool:
+    """Whether the version the inputs' stamp found, which LATEST is about to
+    name, has files that are not what its kiln.json records (logged as a
+    warning naming them).
+
+    A plain build trusts the version LATEST names (`kiln verify` checks
+    it). Not one LATEST is about to name: a version the publish gate held
+    back, or one a build stopped just before LATEST, sat unpublished in its
+    folder, where a shard can have been deleted or damaged since; named as
+    up to date, every reader of LATEST would get it so. Checked like the
+    base of an incremental job (every file hashed), only when LATEST would
+    move. A damaged one is built again, and `publish.PublishTransaction.commit`
+    replaces its damaged files with the job's copy, as ``--rehash`` does.
+    """
+    if built.version == previous or dataset.latest_set_by_hand(built.version) is not None:
+        return False  # LATEST names it, or stays as set by hand
+    folder = dataset.version_dir(built.version)
+    damaged = publish.damaged_files(dataset.store, folder, built)
+    if not damaged:
+        return False
+    logger.warning(
+        "version %s, which these inputs were built into, is damaged (%s): it is built again "
+        "and repaired before LATEST may name it",
+        built.version,
+        "; ".join(damaged[name] for name in sorted(damaged)),
+    )
+    return True
 
 
 def _base_id(dataset_root: str, base: str | None) -> str | None:
@@ -1073,6 +1112,53 @@ def _publish_gate(
                 previous=previous,
                 changes=diff.to_json(),
             )
+
+    return check
+
+
+def _latest_now(dataset: publish.DatasetRoot, previous: str | None) -> str | None:
+    """The version LATEST names now. When it is not `previous`, the one it
+    named when the build read it, someone wrote LATEST by hand while the
+    build ran (a rollback; under the lock no build did): logged as a warning."""
+    now = dataset.latest()
+    if now != previous:
+        logger.warning(
+            "LATEST was changed while this build ran (it named %s, now %s): the new version "
+            "is compared with %s before LATEST may name it",
+            previous or "no version",
+            now or "no version",
+            now or "nothing",
+        )
+    return now
+
+
+def _gate_against_latest(
+    dataset: publish.DatasetRoot,
+    previous: str | None,
+    check_gate: Callable[[str], None] | None,
+    thresholds: version_diff.Thresholds | None,
+    named: list[str | None],
+) -> Callable[[str], None] | None:
+    """The publish gate of a build that ran its job: against the version
+    LATEST names when the gate is checked, not only when the build began.
+
+    A job runs for minutes or hours; a rollback by hand meanwhile (LATEST
+    written back to an older version, as README's "Rolling back" does) must
+    be what the new version is compared with, as for a build started after
+    it: compared with the version LATEST named before, a version that crosses
+    the thresholds against the one readers are back on was published over
+    the rollback. Appends the version compared with to `named` (for the
+    report's `previous_version` and `changes`).
+    """
+
+    def check(version_dir: str) -> None:
+        current = _latest_now(dataset, previous)
+        gate_now = (
+            check_gate if current == previous else _publish_gate(dataset, current, thresholds)
+        )
+        named.append(current)
+        if gate_now is not None:
+            gate_now(version_dir)
 
     return check
 

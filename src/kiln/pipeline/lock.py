@@ -11,7 +11,10 @@ holds `DatasetLock` from before it lists the source until it has published
 - **Local disks**: ``<output>/<name>/.lock`` is locked with ``flock``. The
   kernel releases the lock when its holder exits, however it exits (SIGKILL
   and power loss included), so a dead builder never leaves a stale lock. The
-  file stays; its content names the last holder (pid, host, start time).
+  file stays; its content names the last holder (pid, host, start time). A
+  lock file deleted or replaced while its holder runs lets the next build
+  lock another file of that name: the holder checks that the path still
+  names its file (`DatasetLock.check`).
 - **Object stores**: the ``.lock`` object is created only if it does not
   exist (a GCS ``ifGenerationMatch=0`` create, `storage.Store.create_exclusive`),
   and deleted on release. A builder that dies cannot delete it, so the holder
@@ -126,9 +129,23 @@ class DatasetLock:
 
     def check(self) -> None:
         """Raises `Failure` if this build no longer holds the lock (an object
-        store lock broken as stale while this build was stalled)."""
+        store lock broken as stale while this build was stalled; a local
+        lock file deleted or replaced while it ran)."""
         if not self._remote:
-            return  # flock cannot be taken away from a live process
+            # flock cannot be taken away from a live process, but the file
+            # can: `rm .lock` (clearing a "stale" lock by hand, a cleanup
+            # job) lets the next build lock a new file of that name and run
+            # beside this one, deleting its staging folder as stale, or
+            # publishing before it does: this one's LATEST would then
+            # replace a newer build's.
+            if self._fd is not None and not self._same_file(self._fd):
+                raise Failure(
+                    f"lost the lock {self.path}: the file was deleted or replaced while this "
+                    f"build held it, so another build may have run beside it; nothing was "
+                    f"published (the lock file is kiln's: never delete it, a dead build's "
+                    f"lock is released by the kernel)"
+                )
+            return
         holder = self.holder()
         if holder is None or holder.token != self._me.token:
             raise Failure(
@@ -164,6 +181,12 @@ class DatasetLock:
             if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 return False
             raise
+        if not self._same_file(fd):
+            # Deleted or replaced between the open and the flock (by a
+            # holder's `rm`): a lock of a file no other build opens. The
+            # file now at the path is the one to lock.
+            os.close(fd)
+            return self._try_flock()
         # Overwrite in place, then cut what the last holder left beyond it:
         # the file is never empty while a waiting build reads who holds it.
         data = self._me.to_bytes()
@@ -171,6 +194,15 @@ class DatasetLock:
         os.ftruncate(fd, len(data))
         self._fd = fd
         return True
+
+    def _same_file(self, fd: int) -> bool:
+        """Whether the lock's path still names the file `fd` has open."""
+        try:
+            named = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        opened = os.fstat(fd)
+        return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
     def _try_object_lock(self) -> bool:
         store = storage.store_for(self.path)

@@ -40,6 +40,7 @@ SIGTERM while it copies its version deletes the partial copy itself.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -77,6 +78,9 @@ DROPPED_SHA256S_FILE = ".dropped-sha256.jsonl"
 # (`stamp_disagreements`); there only when there were such files.
 STAMP_DISAGREEMENTS_FILE = ".stamp-disagreements.jsonl"
 PUBLISHED_FOLDER = ".published"
+# In PUBLISHED_FOLDER (hidden: not a publication record): the version kiln
+# last wrote into LATEST, written right after it (`DatasetRoot.name_latest`).
+NAMED_FILE = ".named"
 WORK_FOLDER = ".work"  # inside staging: listing, temp shards, job report
 LISTINGS_FOLDER = ".listings"  # a listing job's files (`listing_job`), until its build ends
 
@@ -440,15 +444,41 @@ class DatasetRoot:
         marks = self._published_marks()
         if version not in marks or marks[version] != max(marks.values()):
             return None
+        # What kiln itself last wrote into LATEST: anything else there was
+        # written by hand, whatever its file's time (`cp -p` or `rsync -a`
+        # of a saved LATEST keeps an old one). A build stopped between the
+        # record and LATEST left LATEST as kiln last wrote it.
+        named = self._read_small_file(storage.join(self.path, PUBLISHED_FOLDER, NAMED_FILE))
+        if named is not None and named.strip():
+            return latest if latest != named.strip() else None
+        # Datasets published before kiln kept it: by the files' times.
         record = storage.join(self.path, PUBLISHED_FOLDER, version)
         written = self.store.modified_time(storage.join(self.path, LATEST_FILENAME))
         return latest if written > self.store.modified_time(record) else None
 
     def name_latest(self, version: str) -> None:
-        """Points LATEST at `version` (if it names another), noting the publication first."""
+        """Points LATEST at `version` (if it names another), noting the
+        publication first, and then that kiln wrote it (`NAMED_FILE`, which
+        `latest_set_by_hand` tells a rollback by; noted again when missing
+        or another, as after a build stopped just before noting it)."""
         if self.latest() != version:
             self.record_published(version)
             self.point_latest(version)
+        named = storage.join(self.path, PUBLISHED_FOLDER, NAMED_FILE)
+        if (self._read_small_file(named) or "").strip() == version:
+            return
+        try:
+            storage.write_text(named, version + "\n")
+        except Exception as e:  # published: rollbacks are told by the files' times
+            logger.warning(
+                "could not note that LATEST names %s in %s (%s: %s)",
+                version,
+                named,
+                type(e).__name__,
+                e,
+            )
+            with contextlib.suppress(Exception):
+                self.store.delete([named])
 
     def _small_files(self, folder: str) -> dict[str, str]:
         """Path -> text of every file directly in `folder` (hidden temp files left out)."""

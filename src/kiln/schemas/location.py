@@ -132,10 +132,18 @@ def read_latest(path: str) -> str:
 
     Raises:
       MetadataError: naming `path`, when it is not UTF-8 text (a damaged
-        file, a bad rollback by hand), or its object store cannot be read.
+        file, a bad rollback by hand), a folder (a rollback by hand that
+        made LATEST a symbolic link to the version folder), or its object
+        store cannot be read.
       OSError: locally.
     """
-    data = read_bytes(path)
+    try:
+        data = read_bytes(path)
+    except IsADirectoryError:
+        raise MetadataError(
+            f"{path} is a folder (or a symbolic link to one), not a file naming a version "
+            f"folder; write the version's name into it"
+        ) from None
     try:
         return data.decode("utf-8").strip()
     except UnicodeDecodeError as e:
