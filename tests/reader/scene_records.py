@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from reader import scenes
@@ -87,3 +88,14 @@ def build_scenes(root: str, targets: dict, augment: list, *, count: int, num_sha
         "augment": augment,
     }
     return build(config, [])
+
+
+def assert_same_targets(expected: dict, actual: dict) -> None:
+    """Every target of `expected` equal in `actual` (to float error): ragged
+    columns row by row, as the Keras layer must give what `load` gives."""
+    for name in sorted(expected):
+        want, got = expected[name], actual[name]
+        if isinstance(want, tf.RaggedTensor):
+            np.testing.assert_array_equal(got.row_lengths(), want.row_lengths(), err_msg=name)
+            want, got = want.flat_values, got.flat_values
+        np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, err_msg=name)

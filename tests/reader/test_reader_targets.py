@@ -229,12 +229,7 @@ def test_model_layer_moves_targets_exactly_as_the_data_path(scenes_dataset, max_
         assert sorted(layer_targets) == sorted(targets)
         if max_objects is not None:
             counts_moved += int((targets["num_objects"].numpy() < raw["num_objects"].numpy()).any())
-        for name in sorted(targets):
-            expected, actual = targets[name], layer_targets[name]
-            if isinstance(expected, tf.RaggedTensor):
-                np.testing.assert_array_equal(actual.row_lengths(), expected.row_lengths())
-                expected, actual = expected.flat_values, actual.flat_values
-            np.testing.assert_allclose(actual.numpy(), expected.numpy(), atol=1e-6, err_msg=name)
+        scene_records.assert_same_targets(targets, layer_targets)
         for image, moved in unbatch(layer_images, layer_targets):
             assert not scenes.check_element(image, moved, iou_side=40)
         compared += 1

@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 import kiln.reader
+from reader import scene_records
 
 pytestmark = pytest.mark.usefixtures("no_global_seed")
 
@@ -412,12 +413,7 @@ def test_model_layer_moves_wide_targets_as_the_data_path(wide_dataset, max_objec
     for (images, targets), (inputs, raw) in zip(data, model_dataset, strict=True):
         layer_images, layer_targets = step(inputs, raw)
         np.testing.assert_allclose(layer_images.numpy(), images.numpy(), atol=1e-6)
-        for name in sorted(targets):
-            expected, actual = targets[name], layer_targets[name]
-            if isinstance(expected, tf.RaggedTensor):
-                np.testing.assert_array_equal(actual.row_lengths(), expected.row_lengths())
-                expected, actual = expected.flat_values, actual.flat_values
-            np.testing.assert_allclose(actual.numpy(), expected.numpy(), atol=1e-6, err_msg=name)
+        scene_records.assert_same_targets(targets, layer_targets)
         for row in range(int(layer_images.shape[0])):
             count = None if max_objects is None else int(layer_targets["num_objects"][row])
             one = {}
