@@ -562,6 +562,56 @@ def test_beam_works_out_each_dofns_state_specs_once_while_a_job_is_built_and_run
     assert calls == [fn, other, fn]
 
 
+def test_signatures_are_worked_out_once_per_function_while_a_job_is_built_and_run(monkeypatch):
+    """Beam asks for the signature of the same few functions (DoFn's own
+    methods) thousands of times a build; while kiln builds and runs a job,
+    each function's is worked out once, a bound method's from its function
+    whatever it is bound to, with the answer Beam's own gives; after, every
+    Beam module that calls it has Beam's function back."""
+    import inspect
+
+    import apache_beam as beam
+    from apache_beam.transforms import core, ptransform, util
+    from apache_beam.typehints import decorators
+
+    calls = []
+    original = decorators.get_signature
+
+    def counting(func):
+        calls.append(func)
+        return original(func)
+
+    for module in (decorators, core, ptransform, util):
+        monkeypatch.setattr(module, "get_signature", counting)
+
+    class AddFn(beam.DoFn):
+        def process(self, element, offset=1):
+            yield element + offset
+
+    def plain(a, b=2):
+        return a + b
+
+    first, second = AddFn(), AddFn()
+    with launcher._beam_lookups_once():
+        answers = [
+            core.get_function_args_defaults(first.process),
+            core.get_function_args_defaults(second.process),
+            core.get_function_args_defaults(plain),
+            core.get_function_args_defaults(plain),
+        ]
+        signature = decorators.get_signature(first.process)
+        assert util.get_signature(plain) == inspect.signature(plain)
+        assert ptransform.get_signature is decorators.get_signature
+        assert len(calls) == 2  # once for AddFn.process, once for plain
+        assert calls[0] == first.process and calls[1] is plain
+    assert answers == [(["element", "offset"], [1])] * 2 + [(["a", "b"], [2])] * 2
+    assert signature == inspect.signature(second.process)  # without self
+    for module in (decorators, core, ptransform, util):
+        assert module.get_signature is counting
+    core.get_function_args_defaults(plain)
+    assert len(calls) == 3
+
+
 def test_pipeline_option_views_are_made_once_per_class_while_a_job_is_built_and_run():
     """A view of the pipeline options costs an argparse parser of every
     registered option, and Beam asks for one per step it applies; while kiln

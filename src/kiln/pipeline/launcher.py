@@ -44,6 +44,7 @@ import dataclasses
 import difflib
 import functools
 import gc
+import inspect
 import json
 import logging
 import os
@@ -343,27 +344,42 @@ def _short_state_sampling(options: PipelineOptions) -> Iterator[None]:
 # starts a job, each answer costly and fixed for the object asked about:
 # a DoFn's state and timer specs (`userstate.get_dofn_specs`: an
 # inspect.signature of every method of the DoFn, each time Beam builds,
-# validates or translates its step) and a view of the pipeline options
+# validates or translates its step), a view of the pipeline options
 # (`PipelineOptions.view_as`: a fresh argparse parser of every registered
-# option, for every step applied). Together about a tenth of a second of
-# every build's start. While kiln builds and runs a job, each is worked out
-# once per object.
+# option, for every step applied), and a function's signature
+# (`decorators.get_signature`: ~3,000 inspect.signature calls a build, of
+# ~120 functions, mostly DoFn's own methods; ~25 ms). Together over a tenth
+# of a second of every build's start. While kiln builds and runs a job,
+# each is worked out once per object.
 @contextlib.contextmanager
 def _beam_lookups_once() -> Iterator[None]:
     """While the job is built and run: `userstate.get_dofn_specs` answers
     from a cache per DoFn object, `PipelineOptions.view_as` from one per
-    options object and view class; Beam's own functions are restored after.
+    options object and view class, `decorators.get_signature` from one per
+    function (a bound method's is its function's, whatever it is bound to);
+    Beam's own functions are restored after.
 
     A view shares its options' values (Beam's views all do), so handing
-    out the same view twice changes nothing a caller sees.
+    out the same view twice changes nothing a caller sees; a signature is
+    immutable, and a bound method's is its function's without the first
+    parameter (`inspect.signature` does not look at what it is bound to).
     """
-    from apache_beam.transforms import userstate
+    from apache_beam.transforms import core, ptransform, userstate, util
+    from apache_beam.typehints import decorators
 
     get_specs = userstate.get_dofn_specs
     view_as = PipelineOptions.view_as
+    get_signature = decorators.get_signature
+    # Beam's modules that call it by a name of their own.
+    signature_users = [
+        module
+        for module in (decorators, core, ptransform, util)
+        if getattr(module, "get_signature", None) is get_signature
+    ]
     # id -> (the object, its answer): the object is held so its id is not reused.
     specs: dict[int, tuple[Any, tuple[Any, Any]]] = {}
     views: dict[tuple[int, type], tuple[Any, Any]] = {}
+    signatures: dict[tuple[bool, int], tuple[Any, inspect.Signature]] = {}
 
     def get_dofn_specs(dofn):
         known = specs.get(id(dofn))
@@ -378,13 +394,25 @@ def _beam_lookups_once() -> Iterator[None]:
             known = views[(id(options), cls)] = (options, view_as(options, cls))
         return known[1]
 
+    def cached_signature(func):
+        bound = inspect.ismethod(func)
+        held = func.__func__ if bound else func
+        known = signatures.get((bound, id(held)))
+        if known is None or known[0] is not held:
+            known = signatures[(bound, id(held))] = (held, get_signature(func))
+        return known[1]
+
     userstate.get_dofn_specs = get_dofn_specs
     PipelineOptions.view_as = cached_view_as  # type: ignore[method-assign]
+    for module in signature_users:
+        module.get_signature = cached_signature
     try:
         yield
     finally:
         userstate.get_dofn_specs = get_specs
         PipelineOptions.view_as = view_as  # type: ignore[method-assign]
+        for module in signature_users:
+            module.get_signature = get_signature
 
 
 def make_plan(
