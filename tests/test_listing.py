@@ -279,3 +279,47 @@ def test_a_link_to_a_folder_above_it_is_reported_as_a_real_subfolder_is(tmp_path
         "b/up": ("unreadable", loop),
         "top": ("unexpected_location", "not in the layout root/<class>/<image>"),
     }
+
+
+def test_a_manifest_row_is_stat_ed_once_and_links_are_stamped_as_what_they_point_to(
+    tmp_path, monkeypatch
+):
+    # Confinement lstat's each row's image; for a file that is not a link
+    # that is its stat too, so the listing takes its stamp from it rather
+    # than asking again (a million rows: seconds). A link's stamp is still
+    # its target's, and a folder is still refused.
+    root = tmp_path / "data"
+    (root / "a").mkdir(parents=True)
+    (root / "real").mkdir()
+    (root / "a" / "1.png").write_bytes(b"1" * 10)
+    (root / "real" / "2.png").write_bytes(b"2" * 20)
+    (root / "a" / "link.png").symlink_to(root / "real" / "2.png")  # a file link within
+    (root / "linked").symlink_to(root / "real", target_is_directory=True)  # a folder link
+    (root / "a" / "folder.png").mkdir()
+    os.utime(root / "real" / "2.png", (MTIME, MTIME))
+    manifest = root / "manifest.csv"
+    manifest.write_text(
+        "path,label\na/1.png,x\na/link.png,y\nlinked/2.png,y\na/folder.png,x\na/gone.png,x\n"
+    )
+    stats = []
+    real_stat = os.stat
+
+    def counting_stat(path, *args, **kwargs):
+        stats.append(os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counting_stat)
+    source = sources.ManifestSource(type="manifest", path=str(manifest))
+    with source.list_files(splits_from_source=False) as result:
+        files = {f.key: (f.size, f.mtime) for f in result.files()}
+        dropped = {d.key: d.reason for d in result.dropped()}
+    monkeypatch.undo()
+    assert files == {
+        "a/1.png": (10, real_stat(root / "a" / "1.png").st_mtime),
+        "a/link.png": (20, MTIME),  # the target's, not the link's
+        "linked/2.png": (20, MTIME),
+    }
+    assert dropped == {"a/folder.png": "unreadable", "a/gone.png": "missing"}
+    rows = [str(root / name) for name in ("a/1.png", "linked/2.png", "a/folder.png")]
+    assert [path for path in stats if path in rows] == []  # lstat'ed once, by confinement
+    assert str(root / "a" / "link.png") in stats  # a link is stat'ed: its target's stamp

@@ -655,26 +655,37 @@ class _RealPaths:
     its name, and the folder's real path is kept for the next file: a
     listing in key order goes folder by folder. A link (or a path that
     cannot be ``lstat``'ed, or ends in ``.`` or ``..``) is resolved whole.
+    The last path's ``lstat``, when it is not a link, is kept: it is that
+    path's ``os.stat`` too (`stat_of`), which the listing asks for next.
     Not thread-safe: one per listing.
     """
 
     def __init__(self):
         self._folder: str | None = None
         self._real_folder = ""
+        self._last: tuple[str, os.stat_result] | None = None
 
     def resolve(self, path: str) -> str:
+        self._last = None
         folder, name = os.path.split(path)
         if name in ("", ".", ".."):
             return os.path.realpath(path)
         try:
-            mode = os.lstat(path).st_mode
+            status = os.lstat(path)
         except OSError:
             return os.path.realpath(path)
-        if stat.S_ISLNK(mode):
+        if stat.S_ISLNK(status.st_mode):
             return os.path.realpath(path)
+        self._last = (path, status)
         if folder != self._folder:
             self._folder, self._real_folder = folder, os.path.realpath(folder)
         return os.path.join(self._real_folder, name)
+
+    def stat_of(self, path: str) -> os.stat_result | None:
+        """The ``os.stat`` of `path` if it is the last path resolved and not
+        a link (its ``lstat``, taken then); None otherwise."""
+        last = self._last
+        return last[1] if last is not None and last[0] == path else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1339,7 +1350,9 @@ class _RowStatuses:
           OSError, BeamIOError: the path does not exist (or cannot be stat'ed).
         """
         if not is_remote(uri):
-            return _file_status(uri)
+            # Confinement has just lstat'ed the row's image (`group_problem`).
+            known = self._confinement.real_paths.stat_of(uri)
+            return _file_status(uri) if known is None else storage.local_file_status(uri, known)
         found = self._writer.object_status(uri)
         if found is None:
             raise object_not_found(uri)

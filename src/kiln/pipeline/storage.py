@@ -608,11 +608,7 @@ class LocalStore(Store):
 
     def file_status(self, path: str) -> FileStatus:
         # One os.stat: a manifest of a million local files lists in seconds.
-        status = os.stat(path)
-        problem = _special_file_problem(status.st_mode)
-        if stat.S_ISDIR(status.st_mode) and _links_to_ancestor(path):
-            problem = "a symbolic link to a folder that holds it (not followed: it would loop)"
-        return FileStatus(status.st_size, status.st_mtime, problem, inode_ctime(status))
+        return local_file_status(path, os.stat(path))
 
     def children(self, folder: str) -> list[str]:
         try:
@@ -1084,6 +1080,15 @@ def _loops(directory: str, top: str) -> bool:
             return True
         parent = os.path.dirname(parent)
     return False
+
+
+def local_file_status(path: str, status: os.stat_result) -> FileStatus:
+    """`LocalStore.file_status` of `path` from its ``os.stat`` (or, when it
+    is not a symbolic link, its ``os.lstat``: the same)."""
+    problem = _special_file_problem(status.st_mode)
+    if stat.S_ISDIR(status.st_mode) and _links_to_ancestor(path):
+        problem = "a symbolic link to a folder that holds it (not followed: it would loop)"
+    return FileStatus(status.st_size, status.st_mtime, problem, inode_ctime(status))
 
 
 def _links_to_ancestor(path: str) -> bool:
