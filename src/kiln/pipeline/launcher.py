@@ -371,7 +371,7 @@ def _beam_lookups_once() -> Iterator[None]:
     view_as = PipelineOptions.view_as
     get_signature = decorators.get_signature
     # Beam's modules that call it by a name of their own.
-    signature_users = [
+    signature_users: list[Any] = [
         module
         for module in (decorators, core, ptransform, util)
         if getattr(module, "get_signature", None) is get_signature
