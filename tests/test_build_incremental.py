@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import textwrap
+import threading
 
 import cv2
 import numpy as np
@@ -266,6 +267,41 @@ def test_a_base_shard_changed_after_its_check_fails_the_build(demo_corpus, tmp_p
     with pytest.raises(BuildError, match="changed after its check"):
         build(config)
     assert publish.DatasetRoot(str(tmp_path / "out" / "shapes")).latest() == base.version
+
+
+def test_the_base_files_are_hashed_on_the_image_threads_at_once(
+    demo_corpus, tmp_path, monkeypatch
+):
+    # Hashing a base is a cost per byte of the dataset, not of what changed:
+    # a worker hashes its files on its image threads at once. Each check
+    # waits here for a second one to start: hashed one after another, the
+    # first would wait in vain and the build fail.
+    images = copy_corpus(demo_corpus, tmp_path)
+    config = make_config(
+        images,
+        output=str(tmp_path / "out"),
+        sharding={"num_shards": {"train": 3, "validation": 2, "test": 1}},
+    )
+    build(config)
+    change_add_delete(demo_corpus, images)
+    check = incremental_module._check_file
+    together = threading.Barrier(2, timeout=20)
+    threads = []
+
+    def check_with_another(name_and_sha256, folder, compression):
+        threads.append(threading.current_thread().name)
+        if len(threads) <= 2:  # the first two files: both must be under way at once
+            together.wait()
+        return check(name_and_sha256, folder, compression)
+
+    monkeypatch.setattr(incremental_module, "_check_file", check_with_another)
+    incremental = build(config, image_threads=2)
+    monkeypatch.undo()
+
+    report = incremental.incremental
+    assert report.used and report.reason == ""  # 6 shards and the index: every one trusted
+    assert len(threads) == 7 and len(set(threads)) == 2 and not together.broken
+    assert_same_dataset(incremental, full_build(config, tmp_path))
 
 
 def test_statistics_and_counts_equal_a_full_build(demo_corpus, tmp_path):

@@ -158,7 +158,9 @@ orphans' digests, 8 bytes per orphan.
 from __future__ import annotations
 
 import array
+import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -698,32 +700,57 @@ def _check_file(
         return name, (f"{name}: not a TFRecord file ({e})", b"")
 
 
+def _check_files(
+    names_and_sha256: list[tuple[str, str]], folder: str, compression: str | None, threads: int
+) -> list[tuple[str, tuple[str, bytes]]]:
+    """`_check_file` of each file, on up to `threads` threads at once
+    (hashing, inflating and reading release the GIL), in the given order."""
+    check = functools.partial(_check_file, folder=folder, compression=compression)
+    threads = min(threads, len(names_and_sha256))
+    if threads <= 1:
+        return [check(file) for file in names_and_sha256]
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="kiln-base") as pool:
+        return list(pool.map(check, names_and_sha256))
+
+
 class VerifyBaseFiles(beam.PTransform):
     """The base's shards and index checked against their recorded sha256:
     PCollection[(file name, (problem or "", frames))], one per file (a
     `BaseFileCheck`: the frames say where each record of a shard is, so
     the image step can hand reused records to the shard writer as byte
-    ranges of the base's shards)."""
+    ranges of the base's shards).
 
-    def __init__(self, base: BaseFiles):
+    Args:
+      threads: Files hashed at once by a worker (`JobPlan.image_threads`:
+        the image step's threads, idle while the base is checked).
+    """
+
+    def __init__(self, base: BaseFiles, threads: int = 1):
         super().__init__()
         self._base = base
+        self._threads = max(1, threads)
 
-    # Up to this many files (a base of a few shards) are checked in the
-    # step that lists them: a reshuffle to spread them over workers is a
-    # stage of its own (a shuffle the local runner runs as a separate
-    # bundle) and buys no parallelism for a handful of files. More are
+    # The files go in groups of up to this many, each hashed by a worker's
+    # threads (`_check_files`). A base of one group (a few shards) is
+    # checked in the step that lists it: a reshuffle to spread the groups
+    # over workers is a stage of its own (a shuffle the local runner runs
+    # as a separate bundle) and buys nothing for one group. More groups are
     # spread, so a base of many shards is hashed on several workers.
     FUSED_FILES = 16
 
     def expand(self, pipeline):
         files = list(self._base.files)
+        groups = [files[i : i + self.FUSED_FILES] for i in range(0, len(files), self.FUSED_FILES)]
         return (
             pipeline
-            | "ListBaseFiles"
-            >> beam.Create(files, reshuffle=len(files) > self.FUSED_FILES)  # (name, sha256)
+            | "ListBaseFiles" >> beam.Create(groups, reshuffle=len(groups) > 1)  # [(name, sha256)]
             | "HashBaseFiles"
-            >> beam.Map(_check_file, folder=self._base.folder, compression=self._base.compression)
+            >> beam.FlatMap(
+                _check_files,
+                folder=self._base.folder,
+                compression=self._base.compression,
+                threads=self._threads,
+            )
             # (name, (problem or "", frames))
         )
 

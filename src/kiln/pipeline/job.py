@@ -177,7 +177,9 @@ def construct(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         files = listing.files | "SpreadFiles" >> beam.Reshuffle()
         # [{key, uri, label, split, size}]
     else:
-        base_checks = pipeline | "VerifyBaseFiles" >> incremental.VerifyBaseFiles(plan.base)
+        base_checks = pipeline | "VerifyBaseFiles" >> incremental.VerifyBaseFiles(
+            plan.base, threads=plan.image_threads
+        )
         # (base file name, (problem or "", frames))
         joined = listing.files | "JoinBase" >> incremental.JoinBase(
             plan.base,
