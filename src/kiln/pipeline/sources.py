@@ -1561,18 +1561,12 @@ def _csv_rows(
         )
     index = {c: columns.index(c) for c in ("path", "label", "split") if c in columns}
     no_split = () if "split" in index else tuple(c for c in header if c.strip())
-    for record in records:
-        unread = record.unread()
-        if unread is not None:
-            yield unread
+    for record in _full_records(records, len(columns)):
+        if isinstance(record, _BadRow):
+            yield record
             continue
         fields, line = record.fields, record.first_line
         text_line = ",".join(fields)
-        if not fields or all(not f.strip() for f in fields):
-            continue
-        if len(fields) != len(columns):
-            yield record.bad_row(text_line, f"expected {len(columns)} fields, got {len(fields)}")
-            continue
         path = fields[index["path"]].strip()
         label = fields[index["label"]].strip()
         split = fields[index["split"]].strip() if "split" in index else None
@@ -1585,6 +1579,24 @@ def _csv_rows(
             yield record.bad_row(text_line, str(e))
             continue
         yield Row(line, text_line, path, label, split or None, columns=no_split)
+
+
+def _full_records(records: Iterator[_CsvRecord], columns: int) -> Iterator[_CsvRecord | _BadRow]:
+    """The records with a field per column; a record that could not be read
+    or has another number of fields as a bad row; blank records skipped."""
+    for record in records:
+        unread = record.unread()
+        if unread is not None:
+            yield unread
+            continue
+        fields = record.fields
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        if len(fields) != columns:
+            text_line = ",".join(fields)
+            yield record.bad_row(text_line, f"expected {columns} fields, got {len(fields)}")
+            continue
+        yield record
 
 
 def _csv_target_rows(
@@ -1606,18 +1618,12 @@ def _csv_target_rows(
         )
     index = {c: names.index(c) for c in [*needed, "split"] if c in names}
     no_split = () if "split" in index else tuple(c for c in header if c.strip())
-    for record in records:
-        unread = record.unread()
-        if unread is not None:
-            yield unread
+    for record in _full_records(records, len(columns)):
+        if isinstance(record, _BadRow):
+            yield record
             continue
         fields, line = record.fields, record.first_line
         text_line = ",".join(fields)
-        if not fields or all(not f.strip() for f in fields):
-            continue
-        if len(fields) != len(columns):
-            yield record.bad_row(text_line, f"expected {len(columns)} fields, got {len(fields)}")
-            continue
         cells = {c: fields[i] for c, i in index.items()}
         path = cells["path"].strip()
         label = cells["label"].strip() if targets.label is not None else ""
