@@ -571,13 +571,46 @@ def test_the_source_passes_every_declared_field_on(tmp_path):
         {"area": 4.0, "iscrowd": 0},  # iscrowd 0 when absent
         {"area": 1.0, "iscrowd": 1},
     ]
-    # A declared field an annotation lacks is a bad row, as in a JSONL manifest.
+    # A declared field an annotation lacks is a bad row, as in a JSONL manifest,
+    # its annotation named.
     assert dropped["instances.json:images[1]"].message == (
-        "objects[0].area: missing (targets.boxes.fields)"
+        "objects[0] (annotations[2], id 3).area: missing (targets.boxes.fields)"
     )
     # Undeclared keys stay out of the rows.
     rows, _ = read_all(CocoFile(path))
     assert "area" not in rows[1].row["objects"][0]
+
+
+def test_a_bad_row_names_the_annotation_of_its_object(tmp_path):
+    # An image's objects are in annotation id order, not the file's: "objects[0]"
+    # alone would send the reader to the image's first annotation in the file.
+    annotations = [
+        {"id": 7, "image_id": 10, "category_id": 1, "bbox": [0, 0, 2, 2], "segmentation": POLYGON},
+        {"id": 5, "image_id": 10, "category_id": 1, "bbox": [0, 0, 2, 2], "segmentation": []},
+        {"id": 9, "image_id": 7, "category_id": 3, "bbox": [0, 0, 1, 1], "segmentation": POLYGON},
+        {
+            "id": 2,
+            "image_id": 7,
+            "category_id": 3,
+            "bbox": [0, 0, 1, 1],
+            "segmentation": POLYGON,
+            "iscrowd": True,
+        },
+    ]
+    path = write_coco(tmp_path / "instances.json", annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    targets = TargetsConfig.model_validate(
+        {"boxes": {"fields": {"iscrowd": "int"}}, "instance_masks": {}}
+    )
+    files, dropped, _ = listed(source, targets)
+    assert sorted(files) == ["empty.jpg"]
+    assert dropped["instances.json:images[0]"].message == (
+        "objects[0] (annotations[1], id 5): give either 'mask' (a PNG path) or "
+        "'segmentation' (polygons or RLE)"
+    )
+    assert dropped["instances.json:images[1]"].message == (
+        "objects[0] (annotations[3], id 2).iscrowd: expected an integer, got true"
+    )
 
 
 def test_an_image_listed_twice_is_named_by_its_entries(tmp_path):

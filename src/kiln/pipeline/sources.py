@@ -61,7 +61,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kiln.errors import ConfigError, first_line, unknown_names
 from kiln.pipeline import box_convention, compressed, storage, target_rows, text_lines, voc
-from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem, looks_like_coco
+from kiln.pipeline.coco import (
+    CocoFile,
+    CocoFileError,
+    CocoProblem,
+    looks_like_coco,
+    naming_annotations,
+)
 from kiln.pipeline.config_paths import ConfigPath
 from kiln.pipeline.error_report import DroppedFile, as_text, is_unicode
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
@@ -603,7 +609,12 @@ def _coco_rows(
         if isinstance(found, CocoProblem):
             yield _BadRow(position, found.entry, found.message, found.reason, found.where)
             continue
-        yield _annotated_row(position, found.where, found.row, split, targets, resolve)
+        row = _annotated_row(position, found.where, found.row, split, targets, resolve)
+        if isinstance(row, _BadRow):  # its object named by its annotation, as in the file
+            row = dataclasses.replace(
+                row, problem=naming_annotations(row.problem, found.annotations)
+            )
+        yield row
 
 
 def _voc_rows(
