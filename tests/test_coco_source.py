@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import os
 import random
 import tracemalloc
@@ -374,6 +375,30 @@ def test_an_exact_repeat_of_a_category_is_ignored(tmp_path):
     assert [r.row for r in read_all(coco)[0]] == [
         r.row for r in read_all(CocoFile(write_coco(tmp_path / "plain.json")))[0]
     ]
+
+
+def test_two_category_ids_of_one_name_are_one_class_with_a_warning(tmp_path, caplog):
+    categories = [*CATEGORIES, {"id": 4, "name": " cat"}]  # "cat" once stripped
+    annotations = [
+        {"id": 1, "image_id": 10, "category_id": 3, "bbox": [0, 0, 2, 2]},
+        {"id": 2, "image_id": 10, "category_id": 4, "bbox": [0, 0, 1, 1]},
+    ]
+    path = write_coco(tmp_path / "i.json", categories=categories, annotations=annotations)
+    coco = CocoFile(path)
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.coco"):
+        assert coco.class_names() == ["bicycle", "cat", "person"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "i.json:categories[3]: category id 4 has the name 'cat' of category id 3 (categories[1]): "
+        "their annotations are one class"
+    ]
+    rows = {r.row["path"]: r.row for r in read_all(coco)[0]}
+    assert [o["class"] for o in rows["a/10.jpg"]["objects"]] == ["cat", "cat"]
+    # One name per id, however often an id is repeated exactly: no warning.
+    caplog.clear()
+    repeated = [*CATEGORIES, dict(CATEGORIES[1])]
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.coco"):
+        CocoFile(write_coco(tmp_path / "r.json", categories=repeated)).class_names()
+    assert caplog.records == []
 
 
 @pytest.mark.parametrize(

@@ -235,6 +235,12 @@ class CocoFile:
     def categories(self) -> dict[Any, Category]:
         """The declared categories by id (read once, on first use).
 
+        Two ids of one name (as a class name reads: stripped, NFC) are one
+        class, and their annotations one class's: allowed (a file merged from
+        two exports), but logged as a warning, as a merge no one meant (two
+        categories whose names differ only in spaces) would otherwise pass
+        silently.
+
         Raises:
           CocoFileError: the file cannot be read or parsed, or an entry of
             ``categories`` is broken (no id or name, keypoints that are not a
@@ -245,6 +251,7 @@ class CocoFile:
         if self._categories is None:
             categories: dict[Any, Category] = {}
             first_index: dict[Any, int] = {}
+            named: dict[str, Any] = {}  # a class name: the first category id of that name
             for index, (item, repeated) in enumerate(self._categories_and_top_level()):
                 where = f"{self.name}:categories[{index}]"
                 if repeated is not None:
@@ -255,6 +262,17 @@ class CocoFile:
                 category_id, found = category
                 if category_id not in categories:
                     categories[category_id], first_index[category_id] = found, index
+                    other = named.setdefault(found.name, category_id)
+                    if other != category_id:
+                        logger.warning(
+                            "%s: category id %s has the name %r of category id %s "
+                            "(categories[%d]): their annotations are one class",
+                            where,
+                            json.dumps(category_id),
+                            found.name,
+                            json.dumps(other),
+                            first_index[other],
+                        )
                     continue
                 first = first_index[category_id]
                 if found != categories[category_id]:
