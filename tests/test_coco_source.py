@@ -638,6 +638,31 @@ def test_a_bad_row_names_the_annotation_of_its_object(tmp_path):
     )
 
 
+def test_crowd_regions_without_the_iscrowd_field_are_counted_in_a_warning(tmp_path, caplog):
+    # Annotation 3 (image 10) is a crowd region; annotation 6's image is a bad row.
+    annotations = [
+        *ANNOTATIONS,
+        {"id": 9, "image_id": 7, "category_id": 3, "bbox": [0, 0, 1, 1], "iscrowd": 1},
+    ]
+    path = write_coco(tmp_path / "instances.json", annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.sources"):
+        listed(source, TargetsConfig.model_validate({"boxes": {}}))
+    assert [r.getMessage() for r in caplog.records] == [
+        "instances.json: 1 annotation(s) are crowd regions (iscrowd 1), stored as ordinary "
+        "objects: declare targets.boxes.fields: {iscrowd: int} to keep the flag, and skip "
+        "them in training as COCO's evaluation does"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.sources"):
+        files, _, _ = listed(source, BOXES)  # declared: kept, no warning
+    assert caplog.records == []
+    assert [o["fields"] for o in json.loads(files["a/10.jpg"].targets)["objects"]] == [
+        {"iscrowd": 0},
+        {"iscrowd": 1},
+    ]
+
+
 def test_an_image_listed_twice_is_named_by_its_entries(tmp_path):
     images = [
         {"id": 1, "file_name": "7.jpg"},
