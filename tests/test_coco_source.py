@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import os
 import random
 import tracemalloc
@@ -376,6 +377,30 @@ def test_an_exact_repeat_of_a_category_is_ignored(tmp_path):
     ]
 
 
+def test_two_category_ids_of_one_name_are_one_class_with_a_warning(tmp_path, caplog):
+    categories = [*CATEGORIES, {"id": 4, "name": " cat"}]  # "cat" once stripped
+    annotations = [
+        {"id": 1, "image_id": 10, "category_id": 3, "bbox": [0, 0, 2, 2]},
+        {"id": 2, "image_id": 10, "category_id": 4, "bbox": [0, 0, 1, 1]},
+    ]
+    path = write_coco(tmp_path / "i.json", categories=categories, annotations=annotations)
+    coco = CocoFile(path)
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.coco"):
+        assert coco.class_names() == ["bicycle", "cat", "person"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "i.json:categories[3]: category id 4 has the name 'cat' of category id 3 (categories[1]): "
+        "their annotations are one class"
+    ]
+    rows = {r.row["path"]: r.row for r in read_all(coco)[0]}
+    assert [o["class"] for o in rows["a/10.jpg"]["objects"]] == ["cat", "cat"]
+    # One name per id, however often an id is repeated exactly: no warning.
+    caplog.clear()
+    repeated = [*CATEGORIES, dict(CATEGORIES[1])]
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.coco"):
+        CocoFile(write_coco(tmp_path / "r.json", categories=repeated)).class_names()
+    assert caplog.records == []
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -571,13 +596,71 @@ def test_the_source_passes_every_declared_field_on(tmp_path):
         {"area": 4.0, "iscrowd": 0},  # iscrowd 0 when absent
         {"area": 1.0, "iscrowd": 1},
     ]
-    # A declared field an annotation lacks is a bad row, as in a JSONL manifest.
+    # A declared field an annotation lacks is a bad row, as in a JSONL manifest,
+    # its annotation named.
     assert dropped["instances.json:images[1]"].message == (
-        "objects[0].area: missing (targets.boxes.fields)"
+        "objects[0] (annotations[2], id 3).area: missing (targets.boxes.fields)"
     )
     # Undeclared keys stay out of the rows.
     rows, _ = read_all(CocoFile(path))
     assert "area" not in rows[1].row["objects"][0]
+
+
+def test_a_bad_row_names_the_annotation_of_its_object(tmp_path):
+    # An image's objects are in annotation id order, not the file's: "objects[0]"
+    # alone would send the reader to the image's first annotation in the file.
+    annotations = [
+        {"id": 7, "image_id": 10, "category_id": 1, "bbox": [0, 0, 2, 2], "segmentation": POLYGON},
+        {"id": 5, "image_id": 10, "category_id": 1, "bbox": [0, 0, 2, 2], "segmentation": []},
+        {"id": 9, "image_id": 7, "category_id": 3, "bbox": [0, 0, 1, 1], "segmentation": POLYGON},
+        {
+            "id": 2,
+            "image_id": 7,
+            "category_id": 3,
+            "bbox": [0, 0, 1, 1],
+            "segmentation": POLYGON,
+            "iscrowd": True,
+        },
+    ]
+    path = write_coco(tmp_path / "instances.json", annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    targets = TargetsConfig.model_validate(
+        {"boxes": {"fields": {"iscrowd": "int"}}, "instance_masks": {}}
+    )
+    files, dropped, _ = listed(source, targets)
+    assert sorted(files) == ["empty.jpg"]
+    assert dropped["instances.json:images[0]"].message == (
+        "objects[0] (annotations[1], id 5): give either 'mask' (a PNG path) or "
+        "'segmentation' (polygons or RLE)"
+    )
+    assert dropped["instances.json:images[1]"].message == (
+        "objects[0] (annotations[3], id 2).iscrowd: expected an integer, got true"
+    )
+
+
+def test_crowd_regions_without_the_iscrowd_field_are_counted_in_a_warning(tmp_path, caplog):
+    # Annotation 3 (image 10) is a crowd region; annotation 6's image is a bad row.
+    annotations = [
+        *ANNOTATIONS,
+        {"id": 9, "image_id": 7, "category_id": 3, "bbox": [0, 0, 1, 1], "iscrowd": 1},
+    ]
+    path = write_coco(tmp_path / "instances.json", annotations=annotations)
+    source = CocoSource(type="coco", annotations=path, images=image_folder(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.sources"):
+        listed(source, TargetsConfig.model_validate({"boxes": {}}))
+    assert [r.getMessage() for r in caplog.records] == [
+        "instances.json: 1 annotation(s) are crowd regions (iscrowd 1), stored as ordinary "
+        "objects: declare targets.boxes.fields: {iscrowd: int} to keep the flag, and skip "
+        "them in training as COCO's evaluation does"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kiln.pipeline.sources"):
+        files, _, _ = listed(source, BOXES)  # declared: kept, no warning
+    assert caplog.records == []
+    assert [o["fields"] for o in json.loads(files["a/10.jpg"].targets)["objects"]] == [
+        {"iscrowd": 0},
+        {"iscrowd": 1},
+    ]
 
 
 def test_an_image_listed_twice_is_named_by_its_entries(tmp_path):

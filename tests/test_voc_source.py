@@ -81,17 +81,32 @@ def test_a_folder_reads_every_xml_file_in_order_and_reports_bad_ones(tmp_path):
     (tmp_path / "d.xml").write_bytes(b"<annotation><object><name>a</name></object></annotation>")
     (tmp_path / "e.xml").write_bytes(GOOD.replace(b"<xmin>174</xmin>", b"<xmin>wide</xmin>", 1))
     (tmp_path / "f.xml").write_bytes(BILLION_LAUGHS)
+    (tmp_path / "g.xml").write_bytes(
+        GOOD.replace(b"<bndbox><xmin>1</xmin><ymin>1.5", b"<box><xmin>1</xmin><ymin>1.5").replace(
+            b"<ymax>20</ymax></bndbox>", b"<ymax>20</ymax></box>"
+        )
+    )
     (tmp_path / "notes.txt").write_text("not an annotation")
     (tmp_path / ".hidden.xml").write_bytes(GOOD)
 
     found = list(voc.read_folder(str(tmp_path)))
-    assert [f.where for f in found] == ["b.xml", "c.xml", "d.xml", "e.xml", "f.xml", "sub/a.xml"]
+    assert [f.where for f in found] == [
+        "b.xml",
+        "c.xml",
+        "d.xml",
+        "e.xml",
+        "f.xml",
+        "g.xml",
+        "sub/a.xml",
+    ]
     rows = [f for f in found if isinstance(f, VocRow)]
     assert [r.row["path"] for r in rows] == ["2007_000027.jpg", "other.jpg"]
     problems = {f.where: f.message for f in found if isinstance(f, VocProblem)}
     assert problems["c.xml"].startswith("not well-formed XML")
     assert problems["d.xml"] == "<filename> is missing or empty"
     assert problems["e.xml"] == "objects[0]: <xmin> must be a number, got 'wide'"
+    # In VOC's words, not the manifest's ("bbox: expected 4 numbers [x_min, ...], got null").
+    assert problems["g.xml"] == "objects[1]: no <bndbox>"
     # expat refuses the entity expansion bomb instead of building gigabytes.
     assert problems["f.xml"].startswith("not well-formed XML")
 

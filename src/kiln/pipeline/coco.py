@@ -169,10 +169,14 @@ class CocoRow:
     Attributes:
       where: ``<file>:images[<index>]``, for messages.
       row: The manifest row (``path``, ``objects``; see the module docstring).
+      annotations: Each object's annotation as messages name it
+        (``annotations[5], id 6``), in the order of ``objects``
+        (`naming_annotations`).
     """
 
     where: str
     row: dict[str, Any]
+    annotations: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +235,12 @@ class CocoFile:
     def categories(self) -> dict[Any, Category]:
         """The declared categories by id (read once, on first use).
 
+        Two ids of one name (as a class name reads: stripped, NFC) are one
+        class, and their annotations one class's: allowed (a file merged from
+        two exports), but logged as a warning, as a merge no one meant (two
+        categories whose names differ only in spaces) would otherwise pass
+        silently.
+
         Raises:
           CocoFileError: the file cannot be read or parsed, or an entry of
             ``categories`` is broken (no id or name, keypoints that are not a
@@ -241,6 +251,7 @@ class CocoFile:
         if self._categories is None:
             categories: dict[Any, Category] = {}
             first_index: dict[Any, int] = {}
+            named: dict[str, Any] = {}  # a class name: the first category id of that name
             for index, (item, repeated) in enumerate(self._categories_and_top_level()):
                 where = f"{self.name}:categories[{index}]"
                 if repeated is not None:
@@ -251,6 +262,17 @@ class CocoFile:
                 category_id, found = category
                 if category_id not in categories:
                     categories[category_id], first_index[category_id] = found, index
+                    other = named.setdefault(found.name, category_id)
+                    if other != category_id:
+                        logger.warning(
+                            "%s: category id %s has the name %r of category id %s "
+                            "(categories[%d]): their annotations are one class",
+                            where,
+                            json.dumps(category_id),
+                            found.name,
+                            json.dumps(other),
+                            first_index[other],
+                        )
                     continue
                 first = first_index[category_id]
                 if found != categories[category_id]:
@@ -449,6 +471,7 @@ class CocoFile:
                 problem, pending = self._dangling(pending, annotations)
                 yield problem
             objects: list[dict] = []
+            object_annotations: list[str] = []
             bad_box: str | None = None
             while pending is not None and _order(pending[0]) == _order(image_id):
                 annotation = json.loads(pending[2])
@@ -460,6 +483,7 @@ class CocoFile:
                 if bad_box is None and self.keypoint_names is not None:
                     bad_box = _keypoints_problem(annotation, len(objects), pending[1], categories)
                 objects.append(self._object(annotation, pending[1], categories))
+                object_annotations.append(_named(annotation, pending[1]))
                 pending = next(annotations, None)
             row: dict[str, Any] = {"path": file_name, "objects": objects}
             if bad_box is not None:
@@ -471,7 +495,7 @@ class CocoFile:
                     "height": size[1],
                     "by": "images[].width/height",
                 }
-            yield CocoRow(where, row)
+            yield CocoRow(where, row, tuple(object_annotations))
         while pending is not None:
             problem, pending = self._dangling(pending, annotations)
             yield problem
@@ -608,6 +632,23 @@ def _keypoints_problem(
         f"{len(category.keypoints)} keypoints of category {json.dumps(category_id)}, "
         f"{category.name!r}: {names})"
     )
+
+
+_OBJECT = re.compile(r"objects\[([0-9]+)\]")
+
+
+def naming_annotations(message: str, annotations: Sequence[str]) -> str:
+    """A message of the row validation about a `CocoRow`'s object
+    (``objects[0].area: missing ...``) with the object's annotation named, as
+    this module's own messages name it (``objects[0] (annotations[2], id
+    3).area: ...``): an image's objects are in annotation id order, not the
+    file's, so "objects[0]" alone would point to the image's first annotation
+    in the file, which may be another. `annotations`: `CocoRow.annotations`.
+    A message about no one object is returned as it is."""
+    match = _OBJECT.match(message)
+    if match is None or int(match.group(1)) >= len(annotations):
+        return message
+    return f"{match.group(0)} ({annotations[int(match.group(1))]}){message[match.end() :]}"
 
 
 def _named(annotation: dict[str, Any], index: int) -> str:

@@ -61,7 +61,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kiln.errors import ConfigError, first_line, unknown_names
 from kiln.pipeline import box_convention, compressed, storage, target_rows, text_lines, voc
-from kiln.pipeline.coco import CocoFile, CocoFileError, CocoProblem, looks_like_coco
+from kiln.pipeline.coco import (
+    CocoFile,
+    CocoFileError,
+    CocoProblem,
+    looks_like_coco,
+    naming_annotations,
+)
 from kiln.pipeline.config_paths import ConfigPath
 from kiln.pipeline.error_report import DroppedFile, as_text, is_unicode
 from kiln.pipeline.listing import Candidate, Listing, ListingWriter, SourceFile
@@ -598,12 +604,42 @@ def _folder(path: str) -> str:
 def _coco_rows(
     coco: CocoFile, split: str | None, targets: TargetsConfig, resolve
 ) -> Iterator[Row | _BadRow]:
-    """A COCO file's images as manifest rows, its problems as bad rows."""
+    """A COCO file's images as manifest rows, its problems as bad rows.
+
+    Crowd regions (``iscrowd`` 1: a group of objects under one RLE, which
+    detectors and COCO's evaluation ignore rather than learn as one object)
+    are stored as ordinary objects when ``iscrowd`` is not a declared field,
+    and nothing in the records tells them apart: a warning says how many,
+    once the file is read, and what to declare.
+    """
+    keeps_crowd = targets.boxes is not None and "iscrowd" in targets.boxes.fields
+    crowd = 0
     for position, found in enumerate(coco.rows()):
         if isinstance(found, CocoProblem):
             yield _BadRow(position, found.entry, found.message, found.reason, found.where)
             continue
-        yield _annotated_row(position, found.where, found.row, split, targets, resolve)
+        if not keeps_crowd:
+            crowd += sum(1 for item in found.row["objects"] if _is_crowd(item.get("iscrowd")))
+        row = _annotated_row(position, found.where, found.row, split, targets, resolve)
+        if isinstance(row, _BadRow):  # its object named by its annotation, as in the file
+            row = dataclasses.replace(
+                row, problem=naming_annotations(row.problem, found.annotations)
+            )
+        yield row
+    if crowd:
+        logger.warning(
+            "%s: %d annotation(s) are crowd regions (iscrowd 1), stored as ordinary objects: "
+            "declare targets.boxes.fields: {iscrowd: int} to keep the flag, and skip them in "
+            "training as COCO's evaluation does",
+            coco.name,
+            crowd,
+        )
+
+
+def _is_crowd(value: Any) -> bool:
+    """Whether an annotation's ``iscrowd`` as written marks a crowd region (1, or
+    another number that is not 0)."""
+    return type(value) in (int, float) and value != 0
 
 
 def _voc_rows(

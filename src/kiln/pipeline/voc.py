@@ -32,8 +32,8 @@ absent, not a whole number or 0 is not checked.
 
 A file that is not well-formed XML, lacks ``<filename>`` (a file whose
 elements are in an XML namespace, ``<annotation xmlns="...">``, lacks them
-all: the message says so), or has a box coordinate that is not a number is
-a `VocProblem` (``bad_row``); messages
+all: the message says so), has an object without ``<bndbox>`` or a box
+coordinate that is not a number is a `VocProblem` (``bad_row``); messages
 name objects as a manifest's do, from 0 (``objects[0]: <xmin> must be a
 number``). Files are
 parsed with the standard library's expat parser, which (expat 2.4.1 and
@@ -138,8 +138,8 @@ def parse(data: bytes) -> dict[str, Any]:
     """One VOC annotation file's manifest row.
 
     Raises:
-      _VocError: not well-formed XML, no ``<filename>``, a box coordinate
-        that is not a number.
+      _VocError: not well-formed XML, no ``<filename>``, an object without
+        ``<bndbox>``, a box coordinate that is not a number.
     """
     if pyexpat.version_info < SAFE_EXPAT:
         raise RuntimeError(
@@ -164,12 +164,13 @@ def parse(data: bytes) -> dict[str, Any]:
         where = f"objects[{index}]"
         found: dict[str, Any] = {"class": (element.findtext("name") or "").strip()}
         box = element.find("bndbox")
-        if box is not None:
-            xmin, ymin, xmax, ymax = (
-                _number(box.findtext(name), f"{where}: <{name}>")
-                for name in ("xmin", "ymin", "xmax", "ymax")
-            )
-            found["bbox"] = [xmin - 1, ymin - 1, xmax, ymax]
+        if box is None:  # in VOC's words, not the row check's ("bbox: ... got null")
+            raise _VocError(f"{where}: no <bndbox>")
+        xmin, ymin, xmax, ymax = (
+            _number(box.findtext(name), f"{where}: <{name}>")
+            for name in ("xmin", "ymin", "xmax", "ymax")
+        )
+        found["bbox"] = [xmin - 1, ymin - 1, xmax, ymax]
         for flag in FLAGS:
             found[flag] = _flag(element.findtext(flag), f"{where}: <{flag}>")
         objects.append(found)
