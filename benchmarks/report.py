@@ -361,6 +361,19 @@ average 2-7, so CPU time is the steadier figure):
   incremental build 1.13 -> 0.95 s wall, 1.41 -> 1.09 s CPU, over the full build (6.7-7.0 s)
   0.164 -> 0.140; every one of the 3920 reused files not read. On an object store the saving
   is the bucket's download.
+- Where the incremental build's time goes now (`py-spy` over 16 builds of the bench's 4000-image
+  scenario at load ~0.7, ~0.93 s each): the launcher's thread is busy ~0.86 s of it. The
+  listing 105 ms (one `lstat` per row ~25 ms, its SQLite tables ~40 ms, the CSV ~15 ms), its
+  hash and the job's listing file 33 ms, building the job 49 ms, the Beam job ~550 ms (its
+  stages' bundle processors ~50 ms, hashing the base ~35 ms, the image step's Python per file,
+  the shard writer), the comparison with the previous version 38 ms (both record indexes
+  parsed, `json.loads` ~4 us a line), publishing's fsyncs ~10 ms. Three levers from it: Beam's
+  `inspect.signature` answered once per function while a job is built and run (~3,200 calls
+  of ~120 functions, ~25 ms; full builds save the same), a manifest row's image stat'ed once
+  (confinement's `lstat` is its stat: 14 ms at 4000 rows), and the base's files hashed on the
+  image threads at once. Against 48ce6dc, 5 alternating rounds of 5 builds each in a fresh
+  process after a warm-up build, at load 1.2-2.5 (other jobs on the 2 cores): CPU 1.041 ->
+  1.022 s, wall 1.212 -> 1.157 s (medians; the quickest builds 1.120 -> 0.956 s).
 
 The next levers, by weight: the per-file Python under the GIL (~30 us per reused file) has no
 single large part left: computing
@@ -368,7 +381,9 @@ the listing inputs' fingerprint where the listing is written takes one hash of t
 image threads (~10 ms at 4000); folding the version entry's hash, the split draw and the
 summary into fewer calls would take a few more. The launcher's own work (listing, building
 and translating the job, the comparison with the previous version, publishing) is a fifth,
-the same in a full build. Then the base index, read and shuffled apart from the listing."""
+the same in a full build: parsing each record index's lines in blocks of a thousand (one
+`json.loads` a block) measured 11 -> 7 ms per 4000 lines. Then the base index, read and
+shuffled apart from the listing."""
 
 
 # The targets rows' names, by reader targets variant (`reader_bench.TARGET_VARIANTS`).
