@@ -269,9 +269,7 @@ def test_a_base_shard_changed_after_its_check_fails_the_build(demo_corpus, tmp_p
     assert publish.DatasetRoot(str(tmp_path / "out" / "shapes")).latest() == base.version
 
 
-def test_the_base_files_are_hashed_on_the_image_threads_at_once(
-    demo_corpus, tmp_path, monkeypatch
-):
+def test_the_base_files_are_hashed_on_the_image_threads_at_once(demo_corpus, tmp_path, monkeypatch):
     # Hashing a base is a cost per byte of the dataset, not of what changed:
     # a worker hashes its files on its image threads at once. Each check
     # waits here for a second one to start: hashed one after another, the
