@@ -379,3 +379,31 @@ def test_keys_on_an_object_store_are_below_the_parts_common_prefix():
     ]
     with pytest.raises(ConfigError, match="not in one bucket or file system"):
         sources._common_folder(["gs://one/train2017", "gs://two/val2017"])
+
+
+def test_parts_on_an_object_store_build_as_local_ones(tmp_path):
+    """``gs://`` paths through the in-memory ``memgs://`` store: the same code
+    paths (keys below the common prefix, objects looked up by prefix)."""
+    import object_store
+    from conftest import put_folder
+
+    coco_dataset(tmp_path / "data")
+    local = build(write_config(tmp_path))
+    bucket = f"{object_store.SCHEME}://bucket"
+    object_store.reset()
+    try:
+        put_folder(tmp_path / "data", f"{bucket}/coco")
+        parts = [
+            {
+                "annotations": f"{bucket}/coco/annotations/instances_{folder}.json",
+                "images": f"{bucket}/coco/{folder}",
+                "split": split,
+            }
+            for folder, split in (("train2017", "train"), ("val2017", "validation"))
+        ]
+        remote = build(write_config(tmp_path, parts, output=str(tmp_path / "remote")))
+    finally:
+        object_store.reset()
+
+    assert sorted(records(remote)) == sorted(records(local))
+    assert remote.version == local.version  # where the files are is not the dataset
