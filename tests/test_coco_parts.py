@@ -239,6 +239,18 @@ def test_a_part_without_a_split_stops_the_build_with_splits_from_source(tmp_path
     assert os.listdir(tmp_path / "out" / "coco") == [".lock"]  # nothing built
 
 
+def test_one_file_given_as_two_parts_stops_the_build(tmp_path):
+    coco_dataset(tmp_path / "data")
+    parts = [PARTS[0], {**PARTS[0], "split": "validation"}]
+    with pytest.raises(ConfigError) as raised:
+        build(write_config(tmp_path, parts))
+    train = tmp_path / "data" / "annotations" / "instances_train2017.json"
+    assert (
+        f"source.parts[1].annotations: {train} is the file of source.parts[0] too; list each "
+        f"instances file once"
+    ) in str(raised.value)
+
+
 def test_without_from_source_the_fractions_split_the_parts_images(tmp_path):
     coco_dataset(tmp_path / "data")
     result = build(write_config(tmp_path, splits={"fractions": {"train": 1.0}}))

@@ -617,8 +617,15 @@ class CocoSource(_ObjectSource):
         folder, so that keys stay apart (``train2017/1.jpg``,
         ``val2017/1.jpg``), and a dropped row names its part's file.
         """
+        first: dict[str, int] = {}
         for index, part in enumerate(parts):
             _check_split(part.split, splits_from_source, f"source.parts[{index}].split")
+            other = first.setdefault(part.annotations, index)
+            if other != index:  # its images would be listed twice, its problems reported twice
+                raise ConfigError(
+                    f"source.parts[{index}].annotations: {part.annotations} is the file of "
+                    f"source.parts[{other}] too; list each instances file once"
+                )
         folders = [_folder(part.images) for part in parts]
         base = _common_folder(folders)
         names = _distinct_names([part.annotations for part in parts])
