@@ -217,6 +217,10 @@ class CocoFile:
         None leaves keypoints out of the rows.
       fields: Per-object fields (``targets.boxes.fields``) to pass on from
         each annotation that has them (``iscrowd`` always is, 0 when absent).
+      name: The file's name in messages and in the keys of its problems
+        (``<name>:images[<i>]``); None: its base name. Files of one source
+        whose base names are alike (``train/_annotations.coco.json``,
+        ``valid/_annotations.coco.json``) need longer names to stay apart.
     """
 
     def __init__(
@@ -225,9 +229,10 @@ class CocoFile:
         *,
         keypoint_names: Sequence[str] | None = None,
         fields: Sequence[str] = (),
+        name: str | None = None,
     ):
         self.path = path
-        self.name = posixpath.basename(path.rstrip("/"))
+        self.name = posixpath.basename(path.rstrip("/")) if name is None else name
         self.keypoint_names = None if keypoint_names is None else tuple(keypoint_names)
         self.fields = tuple(name for name in fields if name != "iscrowd")
         self._categories: dict[Any, Category] | None = None

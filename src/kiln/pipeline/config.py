@@ -366,7 +366,7 @@ class BuildSpec:
             mode="json",
             exclude={
                 "output": True,
-                "source": {*source.LOCATION_FIELDS, *source.LISTING_FIELDS},
+                "source": source.fingerprint_exclude(),
             },
         )
         if self.config.targets is None:
@@ -436,15 +436,7 @@ class BuildSpec:
         source's location fields (absolute), outside the fingerprint; a
         local path that is not UTF-8 shown as `error_report.as_text` shows it
         (kiln.json is UTF-8)."""
-        location = {
-            name: [as_text(item) for item in value]
-            if isinstance(value, list)
-            else as_text(value)
-            if isinstance(value, str)
-            else value
-            for name, value in self.config.source.location().items()
-        }
-        return {"source": location}
+        return {"source": _as_texts(self.config.source.location())}
 
     def list_source(self) -> Listing:
         """Lists the source (`sources`).
@@ -463,6 +455,17 @@ class BuildSpec:
     def error(self, message: str) -> ConfigError:
         """A `ConfigError` naming this config: ``config error in <origin>: <message>``."""
         return ConfigError(f"config error in {self.origin}: {message}")
+
+
+def _as_texts(value: Any) -> Any:
+    """`value` with every string in it as `error_report.as_text` shows it."""
+    if isinstance(value, str):
+        return as_text(value)
+    if isinstance(value, list):
+        return [_as_texts(item) for item in value]
+    if isinstance(value, dict):
+        return {name: _as_texts(item) for name, item in value.items()}
+    return value
 
 
 def load(
@@ -824,7 +827,14 @@ def _describe(error: ErrorDetails) -> tuple[str, str]:
     loc = [part for index, part in enumerate(loc) if not (index and part in _tags(loc[:index]))]
     if loc and loc[-1] == "[key]":  # a mapping's key failed, e.g. a split name
         del loc[-1]
-    where = ".".join(str(part) for part in loc) or "(top level)"
+    # A list's item by its index, as messages name it elsewhere: source.parts[1].images.
+    where = (
+        "".join(
+            f"[{part}]" if isinstance(part, int) else f".{part}" if index else str(part)
+            for index, part in enumerate(loc)
+        )
+        or "(top level)"
+    )
     kind = error["type"]
     if kind == "union_tag_invalid":
         tag = error["input"].get("type")

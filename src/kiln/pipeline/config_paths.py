@@ -78,6 +78,14 @@ def rebase(model: M, folder: str, prefix: str = "") -> tuple[M, list[Rebased]]:
         elif isinstance(value, BaseModel):
             updates[name], inner = rebase(value, folder, prefix=f"{key}.")
             rebased.extend(inner)
+        elif isinstance(value, list) and value and all(isinstance(v, BaseModel) for v in value):
+            # A list of sections (a coco source's parts): source.parts[0].images.
+            items = []
+            for index, item in enumerate(value):
+                item, inner = rebase(item, folder, prefix=f"{key}[{index}].")
+                items.append(item)
+                rebased.extend(inner)
+            updates[name] = items
     return model.model_copy(update=updates), rebased
 
 

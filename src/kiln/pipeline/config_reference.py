@@ -23,6 +23,7 @@ from kiln.schemas import SPLIT_NAME_PATTERN
 # Keys whose schema says nothing useful about their type (validated by hand).
 TYPE_OVERRIDES = {
     "sharding.num_shards": "int > 0, or mapping split name → int > 0, or null",
+    "source.parts": "list of mappings `{annotations, images, split}` (at least one), or null",
 }
 
 INTRODUCTION = """\
@@ -162,10 +163,17 @@ def _variant_rows(root: dict, path: str, variants: list[dict]) -> Iterator[tuple
         key = f"{path}.{name}"
         variant = variants[kinds.index(having[0])]
         prop = variant["properties"][name]
-        required = name in variant.get("required", [])
+        # A key one kind requires and another may leave out (a coco source's
+        # annotations, which its parts may give instead): its type and
+        # "required" as the kind that requires it has them; the meaning says
+        # when it may be left out.
+        requiring = [
+            kind for kind in having if name in variants[kinds.index(kind)].get("required", [])
+        ]
+        typed = variants[kinds.index(requiring[0])]["properties"][name] if requiring else prop
         only = "" if len(having) == len(variants) else f" ({', '.join(having)} only)"
-        default = "required" if required else f"`{_json(prop.get('default'))}`"
-        yield key, _type_text(key, _resolve(root, prop)) + only, default, _meaning(key, prop)
+        default = "required" if requiring else f"`{_json(prop.get('default'))}`"
+        yield key, _type_text(key, _resolve(root, typed)) + only, default, _meaning(key, prop)
 
 
 def _optional_section(root: dict, prop: dict) -> dict | None:

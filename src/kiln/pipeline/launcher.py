@@ -1345,9 +1345,8 @@ def _check_file_name_encoding(spec: BuildSpec) -> None:
         return
     local = [
         field
-        for field, value in spec.config.source.location().items()
-        for place in (value if isinstance(value, list) else [value])
-        if isinstance(place, str) and not storage.is_remote(place)
+        for field, place in spec.config.source.location_paths()
+        if not storage.is_remote(place)
     ]
     if local:
         raise UsageError(

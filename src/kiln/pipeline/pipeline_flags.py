@@ -571,13 +571,7 @@ def _dataflow_locations(spec: BuildSpec) -> list[str]:
     source or output (a folder of the machine that runs `kiln build`) is
     not theirs to reach."""
     source = spec.config.source
-    places = []
-    for field in source.WORKER_FIELDS:
-        value = getattr(source, field)
-        if isinstance(value, list):
-            places += [(f"source.{field}[{i}]", path) for i, path in enumerate(value)]
-        else:
-            places.append((f"source.{field}", value))
+    places = [(f"source.{field}", path) for field, path in source.worker_paths()]
     problems = [
         f"{key}: {path} is a local path: on Dataflow the workers read the images there, "
         f"so it must be on Cloud Storage (gs://...)"

@@ -55,9 +55,9 @@ import posixpath
 import re
 import stat
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kiln.errors import ConfigError, first_line, unknown_names
 from kiln.pipeline import box_convention, compressed, storage, target_rows, text_lines, voc
@@ -164,6 +164,26 @@ class _SourceModel(BaseModel):
         """The location fields (`LOCATION_FIELDS`) as JSON: where this build read from."""
         return self.model_dump(mode="json", include=set(self.LOCATION_FIELDS))
 
+    def location_paths(self) -> list[tuple[str, str]]:
+        """Every path of `location`, with its field (``root``,
+        ``allowed_roots[0]``, ``parts[1].images``)."""
+        return list(_paths_in(self.location()))
+
+    def worker_paths(self) -> list[tuple[str, str]]:
+        """The paths below which the job's workers read files (`WORKER_FIELDS`),
+        each with its field as `location_paths` names it."""
+        found = [
+            (self.WORKER_FIELDS.index(name), field, path)
+            for field, path in self.location_paths()
+            if (name := re.sub(r"\[\d+\]", "", field).rsplit(".", 1)[-1]) in self.WORKER_FIELDS
+        ]
+        return [(field, path) for _, field, path in sorted(found, key=lambda item: item[0])]
+
+    def fingerprint_exclude(self) -> Any:
+        """What the config's fingerprint leaves out of this source, as pydantic's
+        ``exclude`` takes it: the location and listing fields (`BuildSpec.to_json`)."""
+        return {*self.LOCATION_FIELDS, *self.LISTING_FIELDS}
+
     def list_files(
         self, *, splits_from_source: bool, targets: TargetsConfig = CLASSIFICATION
     ) -> Listing:
@@ -241,10 +261,8 @@ class _SourceModel(BaseModel):
             (`storage.unreachable_reason`): a bug stays a bug.
         """
         try:
-            for value in self.location().values():
-                for path in value if isinstance(value, list) else [value]:
-                    if isinstance(path, str):
-                        storage.check_credentials(path)
+            for _, path in self.location_paths():
+                storage.check_credentials(path)
             return self.check(output_root)
         except Exception as e:
             reason = storage.unreachable_reason(e)
@@ -415,26 +433,34 @@ class ManifestSource(_SourceModel):
         return None
 
 
+SplitName = Annotated[str, Field(pattern=SPLIT_NAME_PATTERN)]
+
+# The meanings of the fields of a COCO or VOC source (`_ObjectSource`), which
+# a COCO source declares again, optional beside its `parts`.
+_ANNOTATIONS_MEANING = """coco: the instances JSON file (e.g. \
+`annotations/instances_train2017.json`), read item by item (three passes), never whole into \
+memory; its declared category names, sorted, are the class list unless `classes` is given. It \
+may be compressed as a manifest may (`instances.json.gz`: the same suffixes and limits). voc: \
+the folder of XML files (e.g. `VOCdevkit/VOC2012/Annotations`), each `.xml` file below it one \
+image. A local path (relative to the config file's folder) or `gs://...`. Required, but for a \
+coco source that gives `parts` instead."""
+_IMAGES_MEANING = """The folder the images' file names are relative to (coco: `file_name`, \
+e.g. `train2017`; voc: `<filename>`, e.g. `VOCdevkit/VOC2012/JPEGImages`); images are read \
+only below it (and `allowed_roots`). Required, but for a coco source that gives `parts` \
+instead."""
+_SPLIT_MEANING = """The split of every image (e.g. `train` for `instances_train2017.json`), \
+for `splits.from_source`."""
+
+
 class _ObjectSource(_SourceModel):
     """Objects annotated in their own files (`annotations`), beside the folder of the images
     (`images`): each image becomes a JSONL manifest row, its targets checked as a manifest
     line's are. A kind says how its annotations are read (`_rows`) and what makes them
     unreadable (`_annotations_problem`)."""
 
-    annotations: ConfigPath
-    """coco: the instances JSON file (e.g. `annotations/instances_train2017.json`), read item
-    by item (three passes), never whole into memory; its declared category names, sorted, are
-    the class list unless `classes` is given. It may be compressed as a manifest may
-    (`instances.json.gz`: the same suffixes and limits). voc: the folder of XML files (e.g.
-    `VOCdevkit/VOC2012/Annotations`), each `.xml` file below it one image. A local path
-    (relative to the config file's folder) or `gs://...`."""
-    images: ConfigPath
-    """The folder the images' file names are relative to (coco: `file_name`, e.g. `train2017`;
-    voc: `<filename>`, e.g. `VOCdevkit/VOC2012/JPEGImages`); images are read only below it (and
-    `allowed_roots`)."""
-    split: Annotated[str, Field(pattern=SPLIT_NAME_PATTERN)] | None = None
-    """The split of every image (e.g. `train` for `instances_train2017.json`), for
-    `splits.from_source`."""
+    annotations: ConfigPath = Field(description=_ANNOTATIONS_MEANING)
+    images: ConfigPath = Field(description=_IMAGES_MEANING)
+    split: SplitName | None = Field(None, description=_SPLIT_MEANING)
 
     LOCATION_FIELDS: ClassVar[tuple[str, ...]] = ("annotations", "images", "allowed_roots")
     # The annotations are read by the launcher, as it lists the source.
@@ -484,46 +510,327 @@ class _ObjectSource(_SourceModel):
         return "; ".join(p for p in problems if p) or None
 
 
+class CocoPart(BaseModel):
+    """One instances file of a COCO dataset, its image folder and its split (`source.parts`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    annotations: ConfigPath
+    """The instances JSON file, e.g. `annotations/instances_val2017.json`."""
+    images: ConfigPath
+    """The folder its images' `file_name` are relative to, e.g. `val2017`."""
+    split: SplitName | None = None
+    """The split of its images, e.g. `validation`, for `splits.from_source`."""
+
+
 class CocoSource(_ObjectSource):
     """A COCO instances JSON file (`annotations`) and the folder of its images (`images`),
-    read as a stream; each image becomes a JSONL manifest row (`kiln.pipeline.coco`)."""
+    read as a stream; each image becomes a JSONL manifest row (`kiln.pipeline.coco`). Or
+    several such files (`parts`: COCO ships one per split, each with its own folder), read
+    one after the other into one listing."""
 
     type: Literal["coco"]
     """`coco`: a COCO instances JSON file and its image folder: boxes (`[x, y, width, height]`
     becomes `[x_min, y_min, x_max, y_max]`), category names as classes, `iscrowd`, polygon and
     RLE segmentation, keypoints. Needs `targets.boxes`. See
     [detection-sources.md](detection-sources.md#coco)."""
+    # Optional here: `parts` may give them instead (`_one_form`).
+    annotations: ConfigPath | None = Field(  # type: ignore[assignment]
+        None, description=_ANNOTATIONS_MEANING
+    )
+    images: ConfigPath | None = Field(None, description=_IMAGES_MEANING)  # type: ignore[assignment]
+    parts: list[CocoPart] | None = None
+    """coco: instead of `annotations`, `images` and `split`, one instances file per split with
+    its own image folder, as COCO ships them: `[{annotations:
+    annotations/instances_train2017.json, images: train2017, split: train}, {annotations:
+    annotations/instances_val2017.json, images: val2017, split: validation}]`, one dataset.
+    Keys are relative to the common parent folder of the parts' image folders
+    (`train2017/000000000009.jpg`); the class list is the union of the parts' declared
+    category names, sorted (or `classes`); a category name whose keypoint names differ
+    between two parts stops the build. With `splits.from_source` every part names its split.
+    A file listed by two parts that share an image folder, with different splits, is a
+    `duplicate_key`. See [detection-sources.md](detection-sources.md#coco)."""
+
+    LOCATION_FIELDS: ClassVar[tuple[str, ...]] = (
+        "annotations",
+        "images",
+        "allowed_roots",
+        "parts",
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> CocoSource:
+        """One instances file (`annotations`, `images`) or `parts`: exactly one form."""
+        single = [name for name in ("annotations", "images", "split") if getattr(self, name)]
+        if self.parts == []:
+            raise ValueError("parts lists no instances file; give one part per file")
+        if self.parts is not None and single:
+            raise ValueError(
+                f"give either parts (one instances file per split) or {', '.join(single)} "
+                f"(one instances file), not both; with parts, each part names its "
+                f"annotations, images and split"
+            )
+        if self.parts is None:
+            missing = [name for name in ("annotations", "images") if getattr(self, name) is None]
+            if missing:
+                raise ValueError(
+                    f"a coco source needs annotations and images (one instances file), or "
+                    f"parts (one instances file per split); {' and '.join(missing)} missing"
+                )
+        return self
 
     def _list(self, splits_from_source: bool, targets: TargetsConfig) -> Listing:
+        if self.parts is not None:
+            return self._list_parts(self.parts, splits_from_source, targets)
         # The file is read while the rows are listed: its problems surface there.
         try:
             return super()._list(splits_from_source, targets)
         except CocoFileError as e:
             raise ConfigError(f"source.annotations: {e}") from None
 
+    def _coco_file(self, path: str, targets: TargetsConfig, name: str | None = None) -> CocoFile:
+        keypoint_names = targets.keypoints.names if targets.keypoints is not None else None
+        fields = sorted(targets.boxes.fields) if targets.boxes is not None else []
+        return CocoFile(path, keypoint_names=keypoint_names, fields=fields, name=name)
+
     def _rows(
         self, targets: TargetsConfig, resolve: Callable[[str], str]
     ) -> tuple[list[str] | None, Iterator[Row | _BadRow]]:
-        keypoint_names = targets.keypoints.names if targets.keypoints is not None else None
-        fields = sorted(targets.boxes.fields) if targets.boxes is not None else []
-        coco = CocoFile(self.annotations, keypoint_names=keypoint_names, fields=fields)
+        annotations = cast(str, self.annotations)  # given without parts (`_one_form`)
+        coco = self._coco_file(annotations, targets)
         classes = self.classes or coco.class_names()
         if not classes:
             raise ConfigError(
-                f"source.annotations: {self.annotations} declares no categories; "
+                f"source.annotations: {annotations} declares no categories; "
                 f"list the class names in source.classes"
             )
         return classes, _coco_rows(coco, self.split, targets, resolve)
 
-    def _annotations_problem(self) -> str | None:
-        if _local_folder(self.annotations):
-            return (
-                f"source.annotations: {self.annotations} is a folder; a coco source reads one "
-                f"instances JSON file (e.g. annotations/instances_train2017.json)"
+    def _list_parts(
+        self, parts: list[CocoPart], splits_from_source: bool, targets: TargetsConfig
+    ) -> Listing:
+        """The listing of every part's images, as if one file listed them all.
+
+        The rows of each part go into one listing, one part after the other
+        (their positions too, so that a key two parts list is ordered by
+        part); an image's path becomes relative to the parts' common image
+        folder, so that keys stay apart (``train2017/1.jpg``,
+        ``val2017/1.jpg``), and a dropped row names its part's file.
+        """
+        first: dict[str, int] = {}
+        for index, part in enumerate(parts):
+            _check_split(part.split, splits_from_source, f"source.parts[{index}].split")
+            other = first.setdefault(part.annotations, index)
+            if other != index:  # its images would be listed twice, its problems reported twice
+                raise ConfigError(
+                    f"source.parts[{index}].annotations: {part.annotations} is the file of "
+                    f"source.parts[{other}] too; list each instances file once"
+                )
+        folders = [_folder(part.images) for part in parts]
+        base = _common_folder(folders)
+        names = _distinct_names([part.annotations for part in parts])
+        files = [
+            self._coco_file(part.annotations, targets, name)
+            for part, name in zip(parts, names, strict=True)
+        ]
+        declared = self._parts_class_names(files)  # checks the parts agree, with classes too
+        classes = self.classes or declared
+        if not classes:
+            raise ConfigError(
+                f"source.parts: {', '.join(part.annotations for part in parts)} declare no "
+                f"categories; list the class names in source.classes"
             )
-        if not storage.exists(self.annotations):
-            return f"source.annotations: file not found: {self.annotations}"
-        return None
+
+        def rows() -> Iterator[Row | _BadRow]:
+            offset = 0
+            for index, (part, coco, folder) in enumerate(zip(parts, files, folders, strict=True)):
+                inside = _relative_folder(folder, base)
+                count = 0
+                try:
+                    for row in _coco_rows(
+                        coco, part.split, targets, lambda p, folder=folder: _resolve(p, folder)
+                    ):
+                        count += 1
+                        row = dataclasses.replace(
+                            row, line=offset + row.line, uri=row.uri or part.annotations
+                        )
+                        if isinstance(row, Row) and inside:
+                            row = dataclasses.replace(row, path=_in_folder(inside, row.path))
+                        yield row
+                except CocoFileError as e:
+                    raise ConfigError(f"source.parts[{index}].annotations: {e}") from None
+                offset += count
+
+        return _list_rows(
+            rows(),
+            self.describe(),
+            base,
+            classes,
+            splits_from_source,
+            _Confinement.of_folders(folders, self.allowed_roots),
+            targets,
+            file_of=lambda where: where.rsplit(":", 1)[0],
+        )
+
+    def _parts_class_names(self, files: list[CocoFile]) -> list[str]:
+        """The union of the parts' declared category names, sorted.
+
+        Raises:
+          ConfigError: a part's categories are broken (`CocoFile.categories`),
+            or two parts give one category name different keypoint names: an
+            object's keypoints are read by its category's names, which would
+            mean one thing in one part and another in the other.
+        """
+        keypoints: dict[str, tuple[int, tuple[str, ...]]] = {}  # name: first part, its keypoints
+        for index, coco in enumerate(files):
+            try:
+                categories = coco.categories()
+            except CocoFileError as e:
+                raise ConfigError(f"source.parts[{index}].annotations: {e}") from None
+            for category in categories.values():
+                first, names = keypoints.setdefault(category.name, (index, category.keypoints))
+                if first != index and names != category.keypoints:
+                    raise ConfigError(
+                        f"source.parts: category {category.name!r} has the keypoints "
+                        f"{list(names)} in source.parts[{first}] ({files[first].name}) and "
+                        f"{list(category.keypoints)} in source.parts[{index}] ({coco.name}); "
+                        f"the parts of one dataset must name a category's keypoints alike"
+                    )
+        return sorted(keypoints)
+
+    def _annotations_problem(self) -> str | None:
+        # Given without parts (`_one_form`).
+        return _coco_file_problem(cast(str, self.annotations), "source.annotations")
+
+    def describe(self) -> str:
+        if self.parts is None:
+            return super().describe()
+        return f"source.parts: {', '.join(part.annotations for part in self.parts)}"
+
+    def resolved(self) -> CocoSource:
+        if self.parts is None:
+            return cast(CocoSource, super().resolved())
+        parts = [
+            part.model_copy(
+                update={
+                    "annotations": storage.absolute(part.annotations),
+                    "images": storage.absolute(part.images),
+                }
+            )
+            for part in self.parts
+        ]
+        return self.model_copy(
+            update={
+                "parts": parts,
+                "classes": _copied(self.classes),
+                "allowed_roots": _absolute_all(self.allowed_roots),
+            }
+        )
+
+    def check(self, output_root: str) -> str | None:
+        if self.parts is None:
+            return super().check(output_root)
+        problems = []
+        for index, part in enumerate(self.parts):
+            field = f"source.parts[{index}]"
+            problems.append(_coco_file_problem(part.annotations, f"{field}.annotations"))
+            problems.append(_check_images_folder(part.images, output_root, f"{field}.images"))
+        return "; ".join(p for p in problems if p) or None
+
+    def location(self) -> dict[str, Any]:
+        """Without `parts` for one instances file (where it was before parts
+        existed), and with the parts' files and folders only for parts."""
+        if self.parts is None:
+            return self.model_dump(mode="json", include={"annotations", "images", "allowed_roots"})
+        return self.model_dump(
+            mode="json",
+            include={"allowed_roots": True, "parts": {"__all__": {"annotations", "images"}}},
+        )
+
+    def fingerprint_exclude(self) -> Any:
+        """One instances file: as before `parts` existed (the same version).
+        Parts: each part's split, not where its files are."""
+        if self.parts is None:
+            return {*self.LOCATION_FIELDS, *self.LISTING_FIELDS}
+        return {
+            "annotations": True,
+            "images": True,
+            "allowed_roots": True,
+            "parts": {"__all__": {"annotations", "images"}},
+        }
+
+
+def _coco_file_problem(path: str, field: str) -> str | None:
+    """Why an instances file cannot be read (a folder, not found), or None."""
+    if _local_folder(path):
+        return (
+            f"{field}: {path} is a folder; a coco source reads one "
+            f"instances JSON file (e.g. annotations/instances_train2017.json)"
+        )
+    if not storage.exists(path):
+        return f"{field}: file not found: {path}"
+    return None
+
+
+def _common_folder(folders: list[str]) -> str:
+    """The deepest folder that holds every one of `folders` (absolute local
+    paths, or URIs of one bucket).
+
+    Raises:
+      ConfigError: they have none (local and remote, or two buckets).
+    """
+    if all(not is_remote(folder) for folder in folders):
+        return os.path.commonpath(folders)
+    split = [folder.rstrip("/").split("/") for folder in folders]
+    # gs://bucket/a -> ["gs:", "", "bucket", "a"]: the scheme and bucket must agree.
+    if any(is_remote(folder) != is_remote(folders[0]) for folder in folders) or any(
+        parts[:3] != split[0][:3] for parts in split
+    ):
+        raise ConfigError(
+            f"source.parts: the parts' image folders ({', '.join(folders)}) are not in one "
+            f"bucket or file system; an image's key is its path below their common folder"
+        )
+    common = split[0]
+    for parts in split[1:]:
+        length = 0
+        while length < min(len(common), len(parts)) and common[length] == parts[length]:
+            length += 1
+        common = common[:length]
+    return "/".join(common)
+
+
+def _relative_folder(folder: str, base: str) -> str:
+    """`folder` relative to `base`, which holds it, with '/' separators ("" for `base`)."""
+    if folder == base:
+        return ""
+    relative = folder[len(base) :] if is_remote(base) else os.path.relpath(folder, base)
+    return relative.replace(os.sep, "/").strip("/")
+
+
+def _in_folder(folder: str, path: str) -> str:
+    """An image path of a part (relative to its own folder) relative to the
+    parts' common folder; an absolute path or URI as it is."""
+    if is_remote(path) or path.startswith("/"):
+        return path
+    return posixpath.join(folder, path.replace("\\", "/"))
+
+
+def _distinct_names(paths: list[str]) -> list[str]:
+    """The names of instances files in messages and keys: their paths below
+    their common folder, so the base name when they share one
+    (``instances_val2017.json``), else enough of the path to tell them apart
+    (``valid/_annotations.coco.json``)."""
+    names = [posixpath.basename(path.rstrip("/")) for path in paths]
+    if len(set(names)) == len(names):
+        return names
+    try:
+        common = _common_folder([_folder(posixpath.dirname(path)) for path in paths])
+    except ConfigError:
+        return paths
+    return [
+        posixpath.join(_relative_folder(_folder(posixpath.dirname(path)), common), name)
+        for path, name in zip(paths, names, strict=True)
+    ]
 
 
 class VocSource(_ObjectSource):
@@ -556,8 +863,13 @@ Source = Annotated[
 """The ``source:`` section: one of the source kinds, chosen by its ``type``."""
 
 
-def _check_split(split: str | None, splits_from_source: bool) -> None:
+def _check_split(split: str | None, splits_from_source: bool, field: str = "") -> None:
     if splits_from_source and split is None:
+        if field:  # a part of a coco source
+            raise ConfigError(
+                f"{field}: splits.from_source takes every image's split from the source; "
+                f"name the split of this part's images (e.g. split: validation)"
+            )
         raise ConfigError(
             "source.split: splits.from_source takes every image's split from the source; "
             "name the split of this file's images (e.g. split: train)"
@@ -583,10 +895,10 @@ def _local_file(path: str) -> bool:
     return not is_remote(path) and os.path.isfile(path)
 
 
-def _check_images_folder(images: str, output_root: str) -> str | None:
+def _check_images_folder(images: str, output_root: str, field: str = "source.images") -> str | None:
     if _local_file(images):
-        return f"source.images: {images} is a file, not the folder of the images"
-    problem = _no_files_problem("source.images", images)
+        return f"{field}: {images} is a file, not the folder of the images"
+    problem = _no_files_problem(field, images)
     if problem:
         return problem
     if storage.inside(output_root, images):
@@ -674,6 +986,19 @@ def _annotated_row(
     return Row(position, text, row["path"], "", split, row_targets, where)
 
 
+def _paths_in(value: Any, field: str = "") -> Iterator[tuple[str, str]]:
+    """The strings of a source's `location` (nested in lists and mappings),
+    each with its field: ``allowed_roots[0]``, ``parts[1].images``."""
+    if isinstance(value, str):
+        yield field, value
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _paths_in(item, f"{field}[{index}]")
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            yield from _paths_in(item, f"{field}.{name}" if field else name)
+
+
 def _copied(classes: list[str] | None) -> list[str] | None:
     return None if classes is None else list(classes)
 
@@ -743,6 +1068,12 @@ class _Confinement:
     def of(cls, source_root: str, allowed_roots: list[str]) -> _Confinement:
         roots = [source_root, *allowed_roots]
         return cls(source_root, tuple(_real(root) for root in roots))
+
+    @classmethod
+    def of_folders(cls, folders: list[str], allowed_roots: list[str]) -> _Confinement:
+        """Below any of `folders` (the image folders of a coco source's parts)."""
+        roots = [*dict.fromkeys(folders), *allowed_roots]
+        return cls(" or ".join(dict.fromkeys(folders)), tuple(_real(root) for root in roots))
 
     def problem(self, uri: str) -> str | None:
         """Why `uri` may not be read, or None if it may."""
@@ -1043,6 +1374,7 @@ class Row:
     # Without a split: the row's keys (a CSV's header), whose names close to
     # "split" the message of a missing split offers (``'splt' (misspelt?)``).
     columns: tuple[str, ...] = ()
+    uri: str | None = None  # the file it comes from; None: the source's (a manifest's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1106,7 +1438,7 @@ def row_problem(row: Row | _BadRow, path: str, from_source: bool) -> DroppedRow 
     looked up (it does not parse, its path is not text, its split is missing
     or invalid), or None."""
     where = row.where or f"{posixpath.basename(path.rstrip('/'))}:{row.line}"
-    uri = row.uri if isinstance(row, _BadRow) and row.uri is not None else path
+    uri = row.uri if row.uri is not None else path
 
     def drop(reason: str, message: str) -> DroppedRow:
         return DroppedFile(where, "list", reason, uri, message), ["dropped", reason, row.text]
@@ -1188,9 +1520,12 @@ def outside_row(key: str, uri: str, problem: str) -> DroppedRow:
     ]
 
 
-def missing_row(key: str, uri: str, path: str, error: Exception) -> DroppedRow:
-    """A row whose file `error` says is not found."""
-    name = posixpath.basename(path.rstrip("/"))
+def missing_row(
+    key: str, uri: str, path: str, error: Exception, name: str | None = None
+) -> DroppedRow:
+    """A row whose file `error` says is not found; `name`: the listing file's
+    name in the message (None: `path`'s base name)."""
+    name = name or posixpath.basename(path.rstrip("/"))
     message = f"listed in {name} but not found ({first_line(error)})"
     return DroppedFile(key, "list", "missing", uri, message), ["dropped", "missing", key]
 
@@ -1208,15 +1543,19 @@ def _list_rows(
     from_source: bool,
     confinement: _Confinement,
     targets: TargetsConfig,
+    file_of: Callable[[str], str] | None = None,
 ) -> Listing:
     """The listing of a source's rows (a manifest's, or a COCO or VOC file's).
 
     Args:
       rows: The rows, parsed, in the source's order.
-      path: The file the rows come from (named in dropped rows).
+      path: The file the rows come from (named in dropped rows, but for rows
+        that name their own file, `Row.uri`).
       base: The folder the rows' image paths are relative to.
       classes: The class list (``source.classes``, or a COCO file's
         categories); None: every class the rows name.
+      file_of: The name of a row's file from its ``where`` (several files
+        list the rows: a coco source's parts); None: `path`'s base name.
     """
     boxes = box_convention.BoxEvidence() if targets.boxes is not None else None
     with ListingWriter() as writer:
@@ -1278,7 +1617,10 @@ def _list_rows(
             try:
                 size, mtime, problem_text, inode_ctime = statuses.status(uri)
             except Exception as e:  # OSError locally, FileNotFoundError or BeamIOError remotely
-                drop(missing_row(key, uri, path, e))
+                listed_in = None
+                if file_of is not None and group[0].where is not None:
+                    listed_in = file_of(group[0].where)
+                drop(missing_row(key, uri, path, e, listed_in))
                 continue
             if problem_text:
                 writer.drop(

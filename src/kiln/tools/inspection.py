@@ -144,10 +144,9 @@ def inspect_dataset(path: str, stream: bool = False) -> dict[str, Any]:
         "format_version": metadata.format_version,
         "config_fingerprint": metadata.config_fingerprint,
         # The location is provenance (older datasets kept it in the config).
-        "source": {
-            **(metadata.config.get("source") or {}),
-            **metadata.provenance.get("source", {}),
-        },
+        "source": _source_with_location(
+            metadata.config.get("source") or {}, metadata.provenance.get("source", {})
+        ),
         "encoding": {
             "format": metadata.encoding.get("format"),
             "quality": metadata.encoding.get("quality"),
@@ -573,12 +572,32 @@ def _examples_by_reason(
     return counts, examples
 
 
+def _source_with_location(config: dict[str, Any], location: dict[str, Any]) -> dict[str, Any]:
+    """The source as configured, with where it was read from: a coco source's
+    parts each with its split (config) and its files (provenance)."""
+    source = {**config, **location}
+    parts, located = config.get("parts"), location.get("parts")
+    if isinstance(parts, list) and isinstance(located, list) and len(parts) == len(located):
+        source["parts"] = [
+            {**part, **where} if isinstance(part, dict) and isinstance(where, dict) else where
+            for part, where in zip(parts, located, strict=True)
+        ]
+    return source
+
+
 def _source_text(source: dict[str, Any] | None) -> str:
     if not source:
         return "(unknown)"
     location = source.get("root") or source.get("path")
     if location is None and source.get("annotations"):  # coco, voc: where each part is
         location = f"{source['annotations']} (images in {source.get('images')})"
+    if location is None and isinstance(source.get("parts"), list):  # coco, one file per split
+        location = ", ".join(
+            f"{part.get('annotations')} (images in {part.get('images')}"
+            + (f", split {part['split']})" if part.get("split") else ")")
+            for part in source["parts"]
+            if isinstance(part, dict)
+        )
     return f"{source.get('type')} {location or ''}".rstrip()
 
 
