@@ -965,7 +965,8 @@ SIGNAL_AFTER_PUBLISHING = textwrap.dedent("""
     succeeded = build_report.succeeded
 
     def succeeded_after_a_signal(*args, **kwargs):
-        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+        for signum in sys.argv[1].split(","):
+            os.kill(os.getpid(), getattr(signal, signum))
         return succeeded(*args, **kwargs)
 
     build_report.succeeded = succeeded_after_a_signal
@@ -1003,6 +1004,24 @@ def test_a_signal_once_the_version_is_published_leaves_a_true_report(
     assert (finished.stdout == "") == ("--quiet" in flags)
     if "--quiet" not in flags:
         assert finished.stdout.startswith(f"kiln build: built shapes version {written['version']}")
+
+
+def test_a_second_signal_once_the_version_is_published_still_stops_the_build(demo_corpus, tmp_path):
+    """The first signal waits for the report; a second one (a report write
+    that hangs on an unreachable bucket) stops the build as before: one
+    line, exit 143, the version published."""
+    root, keys, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    stopped = subprocess.run(
+        [sys.executable, "-c", SIGNAL_AFTER_PUBLISHING, "SIGINT,SIGTERM"]
+        + ["build", "--config", str(path), "--quiet"],
+        env=dict(os.environ, PYTHONPATH=SOURCE_ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (stopped.returncode, stopped.stderr) == (143, "kiln build: terminated (SIGTERM)\n")
+    dataset = publish.DatasetRoot(str(tmp_path / "out" / "shapes"))
+    assert dataset.latest() is not None and dataset.is_complete(dataset.latest())
 
 
 # `kiln build` in a process of its own that sends itself a real SIGTERM as soon

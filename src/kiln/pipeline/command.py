@@ -57,8 +57,9 @@ import signal
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kiln import console, gate_flags, native_logs
 from kiln.errors import (
@@ -268,16 +269,24 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
 
 @contextlib.contextmanager
 def _interrupts_held() -> Iterator[list[int]]:
-    """Holds SIGINT and SIGTERM for the block: each is noted in the list
-    yielded, not raised. Only in the main thread (where Python runs signal
-    handlers and `kiln.cli` installs its own); elsewhere nothing is held."""
+    """Holds SIGINT and SIGTERM for the block: the first is noted in the
+    list yielded, not raised; a second is handled as it was before the block
+    (a report write that hangs on an unreachable bucket can still be
+    stopped). Only in the main thread (where Python runs signal handlers
+    and `kiln.cli` installs its own); elsewhere nothing is held."""
     held: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield held
         return
-    previous = {
-        signum: signal.signal(signum, lambda signum, frame: held.append(signum))
-        for signum in (signal.SIGINT, signal.SIGTERM)
+
+    def hold(signum: int, frame: types.FrameType | None) -> None:
+        handler = previous.get(signum)
+        if held and callable(handler):
+            handler(signum, frame)
+        held.append(signum)
+
+    previous: dict[int, Any] = {
+        signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)
     }
     try:
         yield held
