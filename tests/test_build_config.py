@@ -655,6 +655,19 @@ def test_a_missing_folder_says_where_it_was_looked_for(tmp_path, monkeypatch):
         config.load(path)
 
 
+def test_a_source_root_that_is_a_file_says_so(tmp_path):
+    """It said "folder not found or empty" of a file that is there."""
+    project, path, _ = project_with_a_config(
+        tmp_path, {"type": "image_folder", "root": "../data/m.csv"}
+    )
+    with pytest.raises(ConfigError) as raised:
+        config.load(path)
+    assert str(raised.value).startswith(
+        f"config error in {path}: source.root: {project / 'data' / 'm.csv'} is a file, "
+        f"not a folder (source.root is '../data/m.csv': "
+    )
+
+
 def test_an_environment_variable_in_a_path_is_refused_not_made_a_folder(
     tmp_path, monkeypatch, capsys
 ):
