@@ -655,6 +655,53 @@ def test_a_missing_folder_says_where_it_was_looked_for(tmp_path, monkeypatch):
         config.load(path)
 
 
+def test_a_source_root_that_is_a_file_says_so(tmp_path):
+    """It said "folder not found or empty" of a file that is there."""
+    project, path, _ = project_with_a_config(
+        tmp_path, {"type": "image_folder", "root": "../data/m.csv"}
+    )
+    with pytest.raises(ConfigError) as raised:
+        config.load(path)
+    assert str(raised.value).startswith(
+        f"config error in {path}: source.root: {project / 'data' / 'm.csv'} is a file, "
+        f"not a folder (source.root is '../data/m.csv': "
+    )
+
+
+def test_an_environment_variable_in_a_path_is_refused_not_made_a_folder(
+    tmp_path, monkeypatch, capsys
+):
+    """kiln does not expand `$HOME` or `${HOME}` in a config's paths. An
+    `output: $HOME/datasets` used to be built, without a word, into a folder
+    named `$HOME` beside the config, and LATEST where training looks stayed
+    old. Now each such path is a config error naming its key; `~` still
+    expands."""
+    project, path, elsewhere = project_with_a_config(
+        tmp_path,
+        {"type": "image_folder", "root": "${KILN_TEST_DATA}/images", "allowed_roots": ["~/x"]},
+        output="$HOME/datasets",
+    )
+    monkeypatch.setenv("KILN_TEST_DATA", str(project))
+    monkeypatch.chdir(elsewhere)
+    assert cli.main(["build", "--config", path]) == 2
+    assert capsys.readouterr().err == (
+        f"kiln build: error: config error in {path}: 2 problems:\n"
+        "  source.root: '${KILN_TEST_DATA}/images' holds ${KILN_TEST_DATA}, an environment "
+        "variable, which kiln does not expand (it would be a folder named "
+        "'${KILN_TEST_DATA}'); write the path out (~ is expanded), or write the config "
+        "from a template\n"
+        "  output: '$HOME/datasets' holds $HOME, an environment variable, which kiln does not "
+        "expand (it would be a folder named '$HOME'); write the path out (~ is expanded), or "
+        "write the config from a template\n"
+    )
+    assert sorted(os.listdir(project / "configs")) == ["c.yaml"]
+    # A dollar sign that names no variable is a character of the name.
+    project, path, elsewhere = project_with_a_config(
+        tmp_path / "2", {"type": "image_folder", "root": "../images"}, output="../out$/1"
+    )
+    assert config.load(path).output_root == str(project / "out$" / "1")
+
+
 def test_the_demo_config_finds_the_repositorys_build_folder_from_anywhere(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = config.load(os.path.join(TOP, "configs", "demo.yaml"), check_paths=False)

@@ -954,6 +954,76 @@ def test_a_sigterm_while_comparing_with_the_previous_version_publishes_nothing(
     assert verify.verify(first.dataset_root).ok
 
 
+# `kiln build` in a process of its own that sends itself a real signal (argv[1])
+# once the build has published its version, as it writes the summary into its
+# report: a scheduler's stop or a Ctrl-C that comes in the build's last moment.
+SIGNAL_AFTER_PUBLISHING = textwrap.dedent("""
+    import os, signal, sys
+    from kiln import cli
+    from kiln.pipeline import build_report
+
+    succeeded = build_report.succeeded
+
+    def succeeded_after_a_signal(*args, **kwargs):
+        for signum in sys.argv[1].split(","):
+            os.kill(os.getpid(), getattr(signal, signum))
+        return succeeded(*args, **kwargs)
+
+    build_report.succeeded = succeeded_after_a_signal
+    sys.exit(cli.main(sys.argv[2:]))
+""")
+
+
+@pytest.mark.parametrize(
+    "signum, flags", [("SIGTERM", ("--quiet",)), ("SIGINT", ())], ids=["SIGTERM", "SIGINT"]
+)
+def test_a_signal_once_the_version_is_published_leaves_a_true_report(
+    demo_corpus, tmp_path, signum, flags
+):
+    """A SIGTERM or Ctrl-C that came after LATEST named the new version,
+    while the summary was printed and the report written, exited 143 or 130
+    ("terminated": nothing published, the docs say) and left the report
+    `running`, as a build killed outright does, though the version was
+    published. The build is done by then: it writes its report, `built`,
+    and exits 0."""
+    root, keys, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    report = tmp_path / "report.json"
+    finished = subprocess.run(
+        [sys.executable, "-c", SIGNAL_AFTER_PUBLISHING, signum]
+        + ["build", "--config", str(path), "--report", str(report), *flags],
+        env=dict(os.environ, PYTHONPATH=SOURCE_ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (finished.returncode, finished.stderr) == (0, ""), finished.stderr
+    written = json.loads(report.read_text())
+    assert (written["status"], written["exit_code"]) == ("built", 0)
+    dataset = publish.DatasetRoot(os.path.dirname(written["dataset_dir"]))
+    assert dataset.latest() == written["version"]
+    assert (finished.stdout == "") == ("--quiet" in flags)
+    if "--quiet" not in flags:
+        assert finished.stdout.startswith(f"kiln build: built shapes version {written['version']}")
+
+
+def test_a_second_signal_once_the_version_is_published_still_stops_the_build(demo_corpus, tmp_path):
+    """The first signal waits for the report; a second one (a report write
+    that hangs on an unreachable bucket) stops the build as before: one
+    line, exit 143, the version published."""
+    root, keys, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    stopped = subprocess.run(
+        [sys.executable, "-c", SIGNAL_AFTER_PUBLISHING, "SIGINT,SIGTERM"]
+        + ["build", "--config", str(path), "--quiet"],
+        env=dict(os.environ, PYTHONPATH=SOURCE_ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (stopped.returncode, stopped.stderr) == (143, "kiln build: terminated (SIGTERM)\n")
+    dataset = publish.DatasetRoot(str(tmp_path / "out" / "shapes"))
+    assert dataset.latest() is not None and dataset.is_complete(dataset.latest())
+
+
 # `kiln build` in a process of its own that sends itself a real SIGTERM as soon
 # as the build's listing has been moved beside an existing version (into
 # `.file-stamps/<version>/`): the moment a scheduler's stop can come while the

@@ -147,6 +147,20 @@ def test_command_refuses_a_foreign_folder_with_exit_code_2(tmp_path, capsys):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("flags", [(), ("--targets",)], ids=["folders", "targets"])
+def test_a_folder_that_cannot_be_written_is_one_line_not_an_internal_error(tmp_path, capsys, flags):
+    """OUT under a file (or in a read-only folder, on a full disk) was exit
+    70, "internal error: NotADirectoryError", as for a bug of kiln's."""
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "demo"
+    assert cli.main(["demo-data", str(out), "--num-images", "4", *flags]) == 1
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == (
+        "",
+        f"kiln demo-data: failed: cannot write {out}: Not a directory\n",
+    )
+
+
 def test_photos_are_deterministic_photo_like_jpegs(tmp_path):
     summary = demo_data.generate_photos(tmp_path / "a", num_images=4, size=(160, 120), seed=2)
     demo_data.generate_photos(tmp_path / "b", num_images=4, size=(160, 120), seed=2)

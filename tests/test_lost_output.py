@@ -80,6 +80,37 @@ def test_a_build_whose_stdout_is_full_publishes_reports_and_exits_0(tmp_path, de
     assert (output / "shapes" / "LATEST").read_text().strip() == written["version"]
 
 
+def test_a_summary_its_stdout_cannot_encode_is_escaped_not_an_internal_error(tmp_path, demo_corpus):
+    """With an ASCII stdout (``PYTHONIOENCODING=ascii``, a non-UTF-8 locale)
+    a build into a folder named ``café`` published, then exited 70
+    ("internal error: UnicodeEncodeError", which says nothing was published)
+    with its report left ``running``; `kiln inspect` of it was exit 70. The
+    character is printed escaped, as on stderr."""
+    config = tmp_path / "config.yaml"
+    output = tmp_path / "café"
+    config.write_text(yaml.safe_dump(make_config(demo_corpus.out_dir, output=str(output))))
+    report = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=SOURCE_ROOT, PYTHONIOENCODING="ascii")
+
+    def kiln_ascii(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "kiln.cli", *argv],
+            capture_output=True,
+            env=env,
+            timeout=600,
+        )
+
+    built = kiln_ascii("build", "--config", str(config), "--report", str(report))
+    assert (built.returncode, built.stderr) == (0, b""), built.stderr
+    written = json.loads(report.read_text())
+    assert (written["status"], written["exit_code"]) == ("built", 0), written
+    escaped = f"{tmp_path}/caf\\xe9/shapes/{written['version']}".encode()
+    assert escaped in built.stdout
+    inspected = kiln_ascii("inspect", str(output / "shapes"))
+    assert (inspected.returncode, inspected.stderr) == (0, b""), inspected.stderr
+    assert escaped in inspected.stdout
+
+
 def test_a_config_error_that_cannot_be_printed_is_still_exit_2(tmp_path):
     """It was exit 1 on a full stderr: the failure line's write raised."""
     config = tmp_path / "config.yaml"

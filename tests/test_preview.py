@@ -297,6 +297,28 @@ def test_a_damaged_shard_is_a_failed_preview_not_an_internal_error(built, tmp_pa
     assert not out.exists()
 
 
+def test_a_sheet_that_cannot_be_written_is_one_line_not_an_internal_error(built, tmp_path, capsys):
+    """`-o` that TensorFlow could not write once the dataset was read and
+    augmented (a full disk, a read-only folder) was exit 70, "internal
+    error: ...PermissionDeniedError", with a traceback file, a bug of kiln's
+    to a user; `-o` under a file said that file's folder "does not exist"."""
+    # A full disk: the sheet's file is /dev/full, which takes no byte (ENOSPC).
+    full = tmp_path / "full.png"
+    os.symlink("/dev/full", full)
+    assert cli.main(["preview", built.dataset_dir, "--n", "2", "-o", str(full)]) == 1
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == (
+        "",
+        f"kiln preview: failed: -o {full}: cannot write the sheet: No space left on device\n",
+    )
+    # Found before anything is read: a file where the folder should be.
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    out = a_file / "sheet.png"
+    assert cli.main(["preview", built.dataset_dir, "-o", str(out)]) == 2
+    assert capsys.readouterr().err == (f"kiln preview: error: -o {out}: {a_file} is not a folder\n")
+
+
 def non_ascii_corpus(demo_corpus, root):
     """The demo's circles, squares and stars in class folders named in French
     and Chinese (OpenCV's fonts draw them "caf?" and "?")."""

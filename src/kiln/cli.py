@@ -196,6 +196,21 @@ _QUIET_TENSORFLOW = {
 }
 
 
+def _escape_unencodable(stream: object) -> None:
+    """Makes `stream` write a character its encoding cannot hold as an
+    escape (``\\xe9``), as Python's stderr does, instead of raising.
+
+    With an ASCII or Latin-1 stdout (``PYTHONIOENCODING=ascii``, a
+    non-UTF-8 locale), a summary naming a path or class such as ``café``
+    raised UnicodeEncodeError: `kiln inspect` was exit 70, and `kiln build`
+    exit 70 ("nothing was published") after it published, its report left
+    ``running``. kiln's JSON documents are ASCII (escaped by `json`)."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+        with contextlib.suppress(ValueError, OSError):  # a closed or detached stream
+            reconfigure(errors="backslashreplace")
+
+
 def _quiet_tensorflow(argv: list[str]) -> None:
     if "-v" in argv or "--verbose" in argv:
         return
@@ -349,6 +364,7 @@ _EXIT_HOOK: list[bool] = []
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _escape_unencodable(sys.stdout)
     _quiet_tensorflow(argv)
     if not _EXIT_HOOK:
         atexit.register(_exit_without_collecting)

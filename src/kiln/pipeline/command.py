@@ -48,13 +48,18 @@ SIGTERM (nothing published).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import re
 import shlex
+import signal
 import sys
+import threading
 import time
-from typing import TYPE_CHECKING
+import types
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from kiln import console, gate_flags, native_logs
 from kiln.errors import (
@@ -240,14 +245,54 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             report = build_report.internal_error(e, time.monotonic() - started)
             _report(args, report, warnings.messages, failure=e)
             raise
-        if not args.quiet:
-            # A reader that went away (`| head`), or a stdout that cannot be
-            # written (a full disk), does not keep the report from being
-            # written, nor change the build's exit code (`kiln.console`).
-            console.write(summary(result) + "\n", sys.stdout)
-        report = build_report.succeeded(result, time.monotonic() - started)
-        _report(args, report, warnings.messages, result)
+        # LATEST names the version: the build is done, and a Ctrl-C or
+        # SIGTERM now has nothing left to stop. Raised here, it left the
+        # `running` report in place and said "terminated" of a published
+        # version; it waits until the summary and the report are written.
+        with _interrupts_held() as held:
+            if not args.quiet:
+                # A reader that went away (`| head`), or a stdout that cannot be
+                # written (a full disk), does not keep the report from being
+                # written, nor change the build's exit code (`kiln.console`).
+                console.write(summary(result) + "\n", sys.stdout)
+            report = build_report.succeeded(result, time.monotonic() - started)
+            _report(args, report, warnings.messages, result)
+        if held:
+            logger.info(
+                "%s came after %s version %s was published: the build had finished",
+                signal.Signals(held[0]).name,
+                result.info.name,
+                result.version,
+            )
     return 0
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[list[int]]:
+    """Holds SIGINT and SIGTERM for the block: the first is noted in the
+    list yielded, not raised; a second is handled as it was before the block
+    (a report write that hangs on an unreachable bucket can still be
+    stopped). Only in the main thread (where Python runs signal handlers
+    and `kiln.cli` installs its own); elsewhere nothing is held."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def hold(signum: int, frame: types.FrameType | None) -> None:
+        handler = previous.get(signum)
+        if held and callable(handler):
+            handler(signum, frame)
+        held.append(signum)
+
+    previous: dict[int, Any] = {
+        signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield held
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def usage_error(argv: list[str], message: str) -> str:

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from kiln.pipeline import storage
 
@@ -32,7 +33,28 @@ class _PathKey:
 
 _PATH_KEY = _PathKey()
 
-ConfigPath = Annotated[str, Field(min_length=1), _PATH_KEY]
+# `$NAME` or `${NAME}`, as a shell (or docker compose) would expand it.
+_VARIABLE = re.compile(r"\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _no_variables(path: str) -> str:
+    """Refuses an environment variable in a path (``output: $HOME/datasets``).
+
+    kiln does not expand them (``~`` it does), so such a path named a folder
+    called ``$HOME`` beside the config: the build published there, without
+    a word, and training that followed the real path read the old version.
+    """
+    found = _VARIABLE.search(path)
+    if found is not None:
+        raise ValueError(
+            f"{path!r} holds {found.group(0)}, an environment variable, which kiln does not "
+            f"expand (it would be a folder named {found.group(0)!r}); write the path out "
+            f"(~ is expanded), or write the config from a template"
+        )
+    return path
+
+
+ConfigPath = Annotated[str, Field(min_length=1), AfterValidator(_no_variables), _PATH_KEY]
 """A non-empty local path or URI; relative local paths resolve against the config's folder."""
 
 

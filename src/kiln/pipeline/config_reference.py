@@ -68,7 +68,11 @@ compose or GitHub Actions, so a build does not depend on the directory it is
 started from; a folder that is not found is reported with the path it resolved
 to. Image paths inside a manifest resolve against the manifest's folder; paths
 on the command line (`--output`) and in a config passed to
-`kiln.pipeline.build` as a mapping, against the current directory.
+`kiln.pipeline.build` as a mapping, against the current directory. A leading
+`~` (`~/datasets`) is your home folder; environment variables are not expanded,
+so a path that names one (`$HOME/datasets`, `${DATA}/images`) is refused, naming
+its key, rather than made a folder called `$HOME` beside the config: write the
+path out, or write the config from a template.
 **Upgrading:** earlier versions resolved a config's relative paths against the
 current directory: write them relative to the config's folder
 (configs/demo.yaml now says `../build/demo-data`), or make them absolute.

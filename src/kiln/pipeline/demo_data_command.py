@@ -25,6 +25,7 @@ examples:
 
 exit codes:
   0  written
+  1  a file could not be written (a read-only folder, a full disk)
   2  usage error: OUT holds files that are not an earlier demo folder, or a
      negative --num-images/--seed"""
     parser.add_argument(
@@ -69,7 +70,7 @@ exit codes:
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     # Here, not at the top: `kiln demo-data --help` needs none of it (OpenCV, NumPy).
-    from kiln.errors import UsageError
+    from kiln.errors import Failure, UsageError
     from kiln.pipeline.demo_data import generate, generate_photos, other_demo
     from kiln.pipeline.progress import LoopProgress
 
@@ -114,6 +115,9 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             )
     except FileExistsError as e:
         raise UsageError(other_demo(args.out, args.targets) or str(e)) from None
+    except OSError as e:  # a read-only folder, a full disk: no bug of kiln's (exit 70)
+        where = e.filename if e.filename is not None else args.out
+        raise Failure(f"cannot write {where}: {e.strerror or e}") from None
     finally:
         shown.close()
     if not args.quiet:

@@ -1543,9 +1543,14 @@ class _Interruption:
 
     def _interrupt(self, signum, frame) -> None:
         previous = self._previous.get(signum)
-        if self.seen is None and _stop_sdk_workers() and self._excepthook is None:
+        if self.seen is None and self._excepthook is None:
+            # In place before the first kill: a worker's thread that notices
+            # its death at once (a busy machine) raised under Python's own
+            # hook, two tracebacks above the one line.
             self._excepthook = threading.excepthook
             threading.excepthook = _quiet_about_killed_workers(self._excepthook)
+            if not _stop_sdk_workers():
+                threading.excepthook, self._excepthook = self._excepthook, None
         try:
             if callable(previous):
                 previous(signum, frame)

@@ -884,6 +884,8 @@ def _no_files_problem(field: str, folder: str) -> str | None:
             return None
     except storage.UnlistableFolder as e:
         return f"{field}: {e.strerror}"
+    if not is_remote(folder) and os.path.isfile(folder):
+        return f"{field}: {folder} is a file, not a folder"
     return f"{field}: folder not found or empty: {folder}"
 
 

@@ -54,10 +54,13 @@ exit codes:
   0  sheet written (warnings, if any, on stderr)
   1  sheet written, but augmentation is on and no element changed between
      epochs (with --strict: any element); or a registered augmentation op
-     ignores its seed (the reader refuses it)
+     ignores its seed (the reader refuses it); or nothing written: a shard
+     cannot be read (damaged since the build) or the sheet cannot be
+     written (a full disk)
   2  usage error: PATH is not a dataset, unknown split, bad --augment,
      batch ops (mixup, cutmix) with --n 1 or on images of varying sizes
-     that no op of the list crops to one size (refused before reading)"""
+     that no op of the list crops to one size (refused before reading),
+     an -o whose folder is missing or cannot be written in"""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -185,7 +188,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
         sheet, layout = contact_sheet.compose(preview, zoom=args.zoom, wrap=wrap)
     except ValueError as e:  # a --zoom that makes a sheet too large to hold
         raise UsageError(f"--zoom: {e}") from None
-    contact_sheet.write_image(args.output, sheet)
+    _write_sheet(args.output, sheet)
     if args.quiet:
         return _check_epochs(preview, strict=args.strict, training=args.training, quiet=True)
 
@@ -257,10 +260,32 @@ def _check_output(path: str) -> None:
     if is_remote(path):
         return
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UsageError(f"-o {path}: {folder} is not a folder")
     if not os.path.isdir(folder):
         raise UsageError(f"-o {path}: the folder {folder} does not exist")
     if os.path.isdir(path):
         raise UsageError(f"-o {path}: is a folder; give a file name")
+    # Found only when the sheet was written, after the dataset was read and
+    # augmented, this was an internal error (exit 70).
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        what = "write it" if os.path.exists(path) else f"create files in {folder}"
+        raise UsageError(f"-o {path}: cannot {what}")
+
+
+def _write_sheet(path: str, sheet) -> None:
+    """Writes the sheet; a failure (a full disk, a file system that refuses
+    it) is the command's one line, exit 1, not an internal error."""
+    import tensorflow as tf
+
+    from kiln.tools import contact_sheet
+
+    try:
+        contact_sheet.write_image(path, sheet)
+    except (OSError, tf.errors.OpError) as e:
+        reason = getattr(e, "message", None) or e.strerror or str(e)
+        reason = reason.removeprefix(f"{path}; ")
+        raise Failure(f"-o {path}: cannot write the sheet: {reason}") from None
 
 
 def _targets_summary(targets: dict) -> str:
