@@ -419,3 +419,32 @@ def test_parts_on_an_object_store_build_as_local_ones(tmp_path):
 
     assert sorted(records(remote)) == sorted(records(local))
     assert remote.version == local.version  # where the files are is not the dataset
+
+
+def test_a_single_file_config_resolves_its_paths_against_its_folder_as_before(
+    tmp_path, monkeypatch
+):
+    # Beside `parts`, a single file's annotations and images became optional
+    # fields (`ConfigPath | None`); they must still resolve against the
+    # config's folder, not the directory the build is started from.
+    coco_dataset(tmp_path / "data")
+    config = write_config(tmp_path)
+    single = yaml.safe_load(open(config))
+    single["source"] = {
+        "type": "coco",
+        "annotations": "data/annotations/instances_train2017.json",
+        "images": "data/train2017",
+        "split": "train",
+    }
+    (tmp_path / "coco.yaml").write_text(yaml.safe_dump(single))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+
+    spec = load_config(config)
+    assert spec.config.source.annotations == str(
+        tmp_path / "data" / "annotations" / "instances_train2017.json"
+    )
+    assert spec.config.source.images == str(tmp_path / "data" / "train2017")
+    result = build(config)
+    assert sorted(records(result)) == ["0.png", "1.png", "2.png"]

@@ -90,7 +90,7 @@ def rebase(model: M, folder: str, prefix: str = "") -> tuple[M, list[Rebased]]:
     for name, field in type(model).model_fields.items():
         value = getattr(model, name)
         key = f"{prefix}{name}"
-        if _PATH_KEY in field.metadata and isinstance(value, str):
+        if _is_path(field.metadata, field.annotation) and isinstance(value, str):
             updates[name] = _against(folder, value, key, rebased)
         elif _holds_paths(field.annotation) and isinstance(value, list):
             updates[name] = [
@@ -119,9 +119,22 @@ def _against(folder: str, path: str, key: str, rebased: list[Rebased]) -> str:
     return resolved
 
 
+def _is_path(metadata: list[Any], annotation: Any) -> bool:
+    """Whether a field is a `ConfigPath`, or an optional one (``ConfigPath |
+    None``: pydantic keeps the metadata of an ``Annotated`` inside a union
+    in the annotation, not in the field's metadata)."""
+    return _PATH_KEY in metadata or any(
+        _is_config_path(arg) for arg in typing.get_args(annotation) if arg is not type(None)
+    )
+
+
+def _is_config_path(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is Annotated and _PATH_KEY in typing.get_args(annotation)
+
+
 def _holds_paths(annotation: Any) -> bool:
     """Whether `annotation` is a list of `ConfigPath`."""
     if typing.get_origin(annotation) is not list:
         return False
     (item,) = typing.get_args(annotation)
-    return typing.get_origin(item) is Annotated and _PATH_KEY in typing.get_args(item)[1:]
+    return _is_config_path(item)
