@@ -545,7 +545,7 @@ class CocoSource(_ObjectSource):
     annotations/instances_train2017.json, images: train2017, split: train}, {annotations:
     annotations/instances_val2017.json, images: val2017, split: validation}]`, one dataset.
     Keys are relative to the common parent folder of the parts' image folders
-    (`train2017/000000000009.jpg`); the class list is the union of the parts' declared
+    (`train2017/<file_name>`); the class list is the union of the parts' declared
     category names, sorted (or `classes`); a category name whose keypoint names differ
     between two parts stops the build. With `splits.from_source` every part names its split.
     A file listed by two parts that share an image folder, with different splits, is a
