@@ -71,6 +71,8 @@ _MIN_SHUFFLE_BUFFER = 1_000
 SHUFFLE_BUFFER_BYTES = 256 << 20
 # Files read at once per input pipeline.
 _CYCLE_LENGTH = 16
+# `_static_parallelism`: tf.data runs an AUTOTUNE stage at min(this, cores).
+_PARALLELISM_ABOVE_ANY_HOST = 1 << 14
 _AUGMENT_ON = ("data", "model")
 
 
@@ -752,6 +754,7 @@ def _read(
     data_options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.DATA
     )
+    _static_parallelism(data_options)
     dataset = dataset.with_options(data_options)
     if model_side:
         from kiln.reader.layer import AugmentationLayer
@@ -768,6 +771,27 @@ def _read(
 
 
 _unconverted = tf.autograph.experimental.do_not_convert
+
+
+def _static_parallelism(data_options: tf.data.Options) -> None:
+    """Runs the pipeline's AUTOTUNE stages at one call per core, without
+    tf.data's autotuning.
+
+    Autotuning times every op of every map call (two clock reads and a
+    record per op, to model each stage's cost): for kiln's element map,
+    ~150 small ops, about 5% of the CPU per image and more on small images
+    (BENCHMARKS.md, the peers' levers). Its answer for these stages, which
+    are CPU-bound, is the cores anyway. Without it, each AUTOTUNE stage
+    starts and stays at ``min(initial_parallelism, cores)``, the cores
+    counted where the pipeline runs (a tf.data service worker's own), so
+    `initial_parallelism` is set above any core count (its default, 16,
+    would cap a larger host). A trainer who wants autotuning back (e.g.
+    for heavy stages of its own after `load`, or its RAM budget) sets
+    ``options.autotune.enabled = True`` in a later `with_options`, which
+    takes precedence.
+    """
+    data_options.autotune.enabled = False
+    data_options.autotune.initial_parallelism = _PARALLELISM_ABOVE_ANY_HOST
 
 
 def _restored_only_into(dataset: tf.data.Dataset, identity: str) -> tf.data.Dataset:
