@@ -627,6 +627,18 @@ Levers measured (kiln against itself, side by side; a busy shared machine, so pa
   neutral, CPU 0.99x-1.03x. `dct_method="INTEGER_FAST"` for the JPEG decode: the same pixels
   and no speed-up with TensorFlow's libjpeg-turbo; `fancy_upscaling=False` (other pixels, by
   up to 80 of 255): no gain either (CPU 0.98x and 0.97x, 5 rounds at load 7-9).
+- tf.data's autotuning off (2026-12-07): it times every op of every map call (two clock reads
+  and a record per op, to model each stage's cost), and its per-call bookkeeping cost more
+  still: a map of 200 trivial ops took 101 -> 61 us of CPU per element without it, one of 2 ops
+  ~30 -> ~12 us; on 16x16 images (pixel work negligible) the default augmentation's pipeline
+  118 -> 95 us per image. Without it each AUTOTUNE stage runs at one call per core, what
+  autotuning arrived at for these CPU-bound stages (`initial_parallelism` set above any core
+  count, so a larger host is not capped at tf.data's default of 16). The same pipelines in one
+  process, autotuned and not alternating (5 rounds of 24 batches, load 1.0-1.7): 341x256 uint8
+  1.04x-1.08x images/s (CPU per image 514 -> 491 us), 224x224 float32 0.92x-1.10x (445 -> 417
+  us); in a process that called `pool_host_memory()` 1.04x-1.08x (224x224, 392 -> 366 us) and
+  1.03x-1.06x (341x256, 515 -> 490 us). In place; a later `with_options` turns autotuning back
+  on (docs/reader.md). Per op, what is left is ~0.15 us of the executor's.
 - Where the time goes (224x224, the element function over in-memory records, each variant
   removing one op, CPU per image, 5 paired rounds at load ~3-4): the decode-only limit 747 us,
   kiln 1073 us; without `color_jitter` 869 us (the colour: ~200 us, ~160 of them the
