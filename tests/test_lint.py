@@ -202,6 +202,18 @@ def test_cli_clean_file_exits_0(capsys):
     assert "0 findings in 1 checked file" in err
 
 
+def test_cli_quiet_prints_nothing_when_clean_and_only_the_findings_otherwise(capsys):
+    # cron mails any output, and a pre-commit hook shows it on every commit.
+    assert cli.main(["lint", "--quiet", str(CORPUS / "clean_stateless.py")]) == 0
+    assert capsys.readouterr() == ("", "")
+    path = str(CORPUS / "resolution.py")
+    assert cli.main(["lint", "--quiet", path]) == 1
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert len(out.splitlines()) == len(expected_findings(CORPUS / "resolution.py")) > 0
+    assert all(line.startswith(path + ":") for line in out.splitlines())
+
+
 def test_cli_findings_exit_1_one_line_each_sorted(capsys):
     paths = [CORPUS / "resolution.py", CORPUS / "methods.py"]
     assert cli.main(["lint", *map(str, paths)]) == 1

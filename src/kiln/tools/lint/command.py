@@ -39,6 +39,7 @@ examples:
   kiln lint --ignore K103 src/
   kiln lint --select K101,K104 train.py
   kiln lint --format json src/ > lint.json
+  kiln lint --quiet src/          # a pre-commit hook or cron: silent when clean
 
 exit codes:
   0  no findings
@@ -76,6 +77,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         type=_codes,
         metavar="CODES",
         help="comma-separated codes or prefixes not to report",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print the findings only, without the summary line on stderr: nothing when "
+        "clean (for cron, which mails any output, and pre-commit hooks)",
     )
 
 
@@ -121,5 +128,6 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
     )
     if unparsable:
         summary += f"; {unparsable} file{'s' * (unparsable != 1)} could not be parsed (K000)"
-    console.write(summary + "\n", sys.stderr)
+    if not args.quiet:
+        console.write(summary + "\n", sys.stderr)
     return verdict
