@@ -775,10 +775,11 @@ ON_MEMGS = textwrap.dedent("""
         at = step.get("sigterm_at")
         fired = []
 
-        def watch(kind, path, at=at, fired=fired):
+        def watch(kind, path, at=at, fired=fired, count=step.get("sigterms", 1)):
             if at and not fired and kind == at[0] and re.fullmatch(at[1], path):
                 fired.append(path)
-                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(count):
+                    os.kill(os.getpid(), signal.SIGTERM)
 
         object_store.WATCHERS[:] = [watch]
         code = cli.main(step["argv"]) if "argv" in step else None
@@ -814,8 +815,9 @@ def run_on_memgs(steps, tmp_path):
 def test_a_publish_or_prune_stopped_by_sigterm_on_an_object_store(demo_corpus, tmp_path):
     """A version is copied into place file by file on an object store. SIGTERM
     during the copy: the build deletes the part it copied on its way out
-    (exit 143). SIGTERM during --keep's pruning: the half-pruned version is
-    deleted by the next build, with its records."""
+    (exit 143). During --keep's pruning, after publishing, a SIGTERM waits
+    for the build's end; a second one stops the prune (exit 143), and the
+    half-pruned version is deleted by the next build, with its records."""
     bucket = f"{object_store.SCHEME}://bucket"
     root = f"{bucket}/datasets/shapes"
     keys = [k for k in corpus_files(demo_corpus) if k not in demo_corpus.broken][::6]
@@ -843,6 +845,7 @@ def test_a_publish_or_prune_stopped_by_sigterm_on_an_object_store(demo_corpus, t
             {
                 "argv": argv("prune.json", "--keep", "1"),
                 "sigterm_at": ["delete", rf"{re.escape(root)}/[0-9a-f]{{12}}/kiln\.json"],
+                "sigterms": 2,
             },
             {"argv": argv("after.json")},
         ],
@@ -867,7 +870,7 @@ def test_a_publish_or_prune_stopped_by_sigterm_on_an_object_store(demo_corpus, t
     assert not [n for n in copy["names"] if "/.staging-" in n]
     assert copy["latest"] == v1 + "\n"
 
-    # Stopped while pruning v1 after publishing v2: v1 lost its kiln.json only.
+    # Stopped (a second signal) while pruning v1 after publishing v2: v1 lost its kiln.json only.
     assert prune["code"] == 143 and prune["fired"] == [f"{root}/{v1}/kiln.json"], (prune, err)
     v1_left = under(prune["names"], f"{root}/{v1}/")
     assert v1_left and f"{root}/{v1}/kiln.json" not in v1_left
@@ -1004,6 +1007,56 @@ def test_a_signal_once_the_version_is_published_leaves_a_true_report(
     assert (finished.stdout == "") == ("--quiet" in flags)
     if "--quiet" not in flags:
         assert finished.stdout.startswith(f"kiln build: built shapes version {written['version']}")
+
+
+# `kiln build` in a process of its own that sends itself a real signal (argv[1])
+# the moment LATEST names the new version, before the staging folder is
+# removed and old versions are pruned (seconds on a bucket).
+SIGNAL_AS_LATEST_IS_WRITTEN = textwrap.dedent("""
+    import os, signal, sys
+    from kiln import cli
+    from kiln.pipeline import publish
+
+    point_latest = publish.DatasetRoot.point_latest
+
+    def point_latest_then_a_signal(self, version):
+        point_latest(self, version)
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+
+    publish.DatasetRoot.point_latest = point_latest_then_a_signal
+    sys.exit(cli.main(sys.argv[2:]))
+""")
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_as_latest_is_written_lets_the_build_finish_its_cleanup(
+    demo_corpus, tmp_path, signum
+):
+    """Between LATEST naming the new version and the build's end, the
+    staging folder is removed and `--keep` prunes old versions: a stop
+    there exited 143 or 130 ("nothing was published") with a report
+    `interrupted`, of a published version, and left the old versions. The
+    build is done once LATEST is written: it finishes, its report says
+    `built`, and it exits 0."""
+    root, keys, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
+    first = build(config)
+    dataset = publish.DatasetRoot(first.dataset_root)
+    add_image(demo_corpus, root, keys, "added.png")
+    report = tmp_path / "report.json"
+    finished = subprocess.run(
+        [sys.executable, "-c", SIGNAL_AS_LATEST_IS_WRITTEN, signum]
+        + ["build", "--config", str(path), "--report", str(report), "--keep", "1", "--quiet"],
+        env=dict(os.environ, PYTHONPATH=SOURCE_ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (finished.returncode, finished.stdout, finished.stderr) == (0, "", "")
+    written = json.loads(report.read_text())
+    assert (written["status"], written["exit_code"]) == ("built", 0)
+    assert dataset.latest() == written["version"] != first.version
+    assert dataset.versions() == [written["version"]]  # --keep 1 pruned the first
+    assert not [e for e in os.listdir(first.dataset_root) if e.startswith(".staging-")]
 
 
 def test_a_second_signal_once_the_version_is_published_still_stops_the_build(demo_corpus, tmp_path):

@@ -48,18 +48,14 @@ SIGTERM (nothing published).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import re
 import shlex
 import signal
 import sys
-import threading
 import time
-import types
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kiln import console, gate_flags, native_logs
 from kiln.errors import (
@@ -73,6 +69,7 @@ from kiln.errors import (
     interruption,
     unexpected,
 )
+from kiln.pipeline import interrupts
 
 if TYPE_CHECKING:
     from kiln.pipeline.launcher import BuildResult
@@ -206,10 +203,28 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
-    from kiln.pipeline import build_report
-
     started = time.monotonic()
     quiet = args.quiet and not getattr(args, "verbose", False)
+    # Once LATEST names the new version, a Ctrl-C or SIGTERM waits until the
+    # summary and the report are written (`kiln.pipeline.interrupts`).
+    with interrupts.held_once_published() as held:
+        result = _run(args, extra_argv, quiet, started)
+    if held and result is not None:
+        logger.info(
+            "%s came after %s version %s was published: the build had finished",
+            signal.Signals(held[0]).name,
+            result.info.name,
+            result.version,
+        )
+    return 0
+
+
+def _run(
+    args: argparse.Namespace, extra_argv: list[str], quiet: bool, started: float
+) -> BuildResult | None:
+    """The build, its summary and its report; None for a dry run."""
+    from kiln.pipeline import build_report
+
     with _Warnings(silence=quiet) as warnings:
         try:
             build = _build_quietly if quiet else _build
@@ -220,7 +235,7 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             )
             if not args.quiet:
                 console.write(f"kiln build: {e.label}: {e}\n", sys.stdout)
-            return 0
+            return None
         except _UnwritableReport:  # nowhere to write that: printed by kiln.cli
             raise
         except KilnError as e:  # printed by kiln.cli, with its exit code
@@ -245,54 +260,17 @@ def run(args: argparse.Namespace, extra_argv: list[str]) -> int:
             report = build_report.internal_error(e, time.monotonic() - started)
             _report(args, report, warnings.messages, failure=e)
             raise
-        # LATEST names the version: the build is done, and a Ctrl-C or
-        # SIGTERM now has nothing left to stop. Raised here, it left the
-        # `running` report in place and said "terminated" of a published
-        # version; it waits until the summary and the report are written.
-        with _interrupts_held() as held:
-            if not args.quiet:
-                # A reader that went away (`| head`), or a stdout that cannot be
-                # written (a full disk), does not keep the report from being
-                # written, nor change the build's exit code (`kiln.console`).
-                console.write(summary(result) + "\n", sys.stdout)
-            report = build_report.succeeded(result, time.monotonic() - started)
-            _report(args, report, warnings.messages, result)
-        if held:
-            logger.info(
-                "%s came after %s version %s was published: the build had finished",
-                signal.Signals(held[0]).name,
-                result.info.name,
-                result.version,
-            )
-    return 0
-
-
-@contextlib.contextmanager
-def _interrupts_held() -> Iterator[list[int]]:
-    """Holds SIGINT and SIGTERM for the block: the first is noted in the
-    list yielded, not raised; a second is handled as it was before the block
-    (a report write that hangs on an unreachable bucket can still be
-    stopped). Only in the main thread (where Python runs signal handlers
-    and `kiln.cli` installs its own); elsewhere nothing is held."""
-    held: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield held
-        return
-
-    def hold(signum: int, frame: types.FrameType | None) -> None:
-        handler = previous.get(signum)
-        if held and callable(handler):
-            handler(signum, frame)
-        held.append(signum)
-
-    previous: dict[int, Any] = {
-        signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
-        yield held
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        # LATEST names the version (or named it already: up to date): the
+        # build is done, and a Ctrl-C or SIGTERM has nothing left to stop.
+        interrupts.published()
+        if not args.quiet:
+            # A reader that went away (`| head`), or a stdout that cannot be
+            # written (a full disk), does not keep the report from being
+            # written, nor change the build's exit code (`kiln.console`).
+            console.write(summary(result) + "\n", sys.stdout)
+        report = build_report.succeeded(result, time.monotonic() - started)
+        _report(args, report, warnings.messages, result)
+    return result
 
 
 def usage_error(argv: list[str], message: str) -> str:

@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from kiln.pipeline import storage
+from kiln.pipeline import interrupts, storage
 from kiln.pipeline.tfds_export import repair_tfds_metadata, write_tfds_metadata
 from kiln.schemas import (
     DROPPED_OBJECTS_FILENAME,
@@ -408,6 +408,8 @@ class DatasetRoot:
         the folder's entry fsynced, locally): one line, ending in a newline
         (readers strip it, and accept LATEST files from before it had one)."""
         storage.write_text(storage.join(self.path, LATEST_FILENAME), version + "\n")
+        # Published: a Ctrl-C or SIGTERM from now on waits for the build's end.
+        interrupts.published()
         self.store.sync_folder(self.path)  # the rename of LATEST's new file, durable too
 
     def record_stamp(self, stamp: str, version: str) -> None:
