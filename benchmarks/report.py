@@ -890,9 +890,10 @@ def markdown(results: dict[str, Any]) -> str:
         "batch in `Dataset.map` (RandomZoom stands in for random_resized_crop, which Keras 3 "
         "does not have).",
         "- The targets rows: each round measures the targets variant and (b) on the same "
-        "images without targets one right after the other (which first alternates between "
-        "rounds); the cost is the median of the rounds' ratios, (b)'s images/s over the "
-        "variant's.",
+        "images without targets one right after the other, "
+        + ("once" if reader.get("target_pairs", 1) == 1 else f"{reader['target_pairs']} times")
+        + " (which first alternates); the cost is the median of the pairs' ratios, (b)'s "
+        "images/s over the variant's.",
         "",
         "### Augmentation on the accelerator",
         "",

@@ -65,6 +65,9 @@ class Settings:
       scaling: Image counts of the scaling builds.
       build_repeats: Rounds of build measurements.
       reader_repeats: Rounds of reader measurements.
+      target_pairs: Pairs of a targets variant and (b) per round: the
+        targets rows' cost is a ratio of two short runs, the noisiest
+        measure here, so it takes the median of more of them.
       batch_size: Reader batch size.
       reader_batches: Batches timed per reader measurement; None: each
         variant's own (`reader_bench.Variant.batches`).
@@ -84,6 +87,7 @@ class Settings:
     scaling: tuple[int, ...]
     build_repeats: int
     reader_repeats: int
+    target_pairs: int = 1
     batch_size: int = reader_bench.BATCH_SIZE
     reader_batches: int | None = None
     layer_batches: int = 20
@@ -100,6 +104,7 @@ FULL = Settings(
     scaling=(500, 1000, 2000, 4000, 8000),
     build_repeats=5,
     reader_repeats=5,
+    target_pairs=2,
 )
 QUICK = Settings(
     corpus=corpus.CorpusSpec(parts=2, per_part=8, width=160, height=120),
@@ -349,13 +354,13 @@ def measure_readers(
     layer_runs: list[float] = []
     background: list[float] = []
     for round_index in range(settings.reader_repeats):
-        for index, variant in enumerate(target_variants):
+        for index, variant in enumerate(target_variants * settings.target_pairs):
             # A pair: the targets variant and (b) on the same images without
             # targets, one right after the other, which first alternating,
             # so that a burst of load or the previous pipeline's wind-down
             # hits both alike.
             pair = [(variant, target_dirs[variant.key]), (plain_b, datasets["jpeg"])]
-            if (round_index + index) % 2:
+            if (round_index + index // len(target_variants)) % 2:
                 pair.reverse()
             measured = {}
             for measured_variant, directory in pair:
@@ -438,6 +443,7 @@ def measure_readers(
         "targets": with_targets,
         "image_size": reader_bench.IMAGE_SIZE,
         "repeats": settings.reader_repeats,
+        "target_pairs": settings.target_pairs,
         "augment": reader_bench.AUGMENT,
         "dataset_mb": {e: reader_bench.dataset_size_mb(d) for e, d in datasets.items()},
         "rows": rows,
