@@ -957,23 +957,32 @@ def test_a_sigterm_while_comparing_with_the_previous_version_publishes_nothing(
     assert verify.verify(first.dataset_root).ok
 
 
-# `kiln build` in a process of its own that sends itself a real signal (argv[1])
-# once the build has published its version, as it writes the summary into its
-# report: a scheduler's stop or a Ctrl-C that comes in the build's last moment.
+# `kiln build` in a process of its own that sends itself real signals (argv[2],
+# comma-separated) right after a function of the build's end returns (argv[1]:
+# `build_report.succeeded`, as it writes the summary into its report;
+# `publish.DatasetRoot.point_latest`, the moment LATEST names the new version,
+# before the staging folder is removed and old versions are pruned): a
+# scheduler's stop or a Ctrl-C that comes once the build has published.
 SIGNAL_AFTER_PUBLISHING = textwrap.dedent("""
-    import os, signal, sys
+    import functools, os, signal, sys
     from kiln import cli
-    from kiln.pipeline import build_report
+    from kiln.pipeline import build_report, publish
 
-    succeeded = build_report.succeeded
+    owner, name = {
+        "succeeded": (build_report, "succeeded"),
+        "point_latest": (publish.DatasetRoot, "point_latest"),
+    }[sys.argv[1]]
+    original = getattr(owner, name)
 
-    def succeeded_after_a_signal(*args, **kwargs):
-        for signum in sys.argv[1].split(","):
+    @functools.wraps(original)
+    def then_signals(*args, **kwargs):
+        result = original(*args, **kwargs)
+        for signum in sys.argv[2].split(","):
             os.kill(os.getpid(), getattr(signal, signum))
-        return succeeded(*args, **kwargs)
+        return result
 
-    build_report.succeeded = succeeded_after_a_signal
-    sys.exit(cli.main(sys.argv[2:]))
+    setattr(owner, name, then_signals)
+    sys.exit(cli.main(sys.argv[3:]))
 """)
 
 
@@ -992,7 +1001,7 @@ def test_a_signal_once_the_version_is_published_leaves_a_true_report(
     root, keys, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
     report = tmp_path / "report.json"
     finished = subprocess.run(
-        [sys.executable, "-c", SIGNAL_AFTER_PUBLISHING, signum]
+        [sys.executable, "-c", SIGNAL_AFTER_PUBLISHING, "succeeded", signum]
         + ["build", "--config", str(path), "--report", str(report), *flags],
         env=dict(os.environ, PYTHONPATH=SOURCE_ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True,
@@ -1007,25 +1016,6 @@ def test_a_signal_once_the_version_is_published_leaves_a_true_report(
     assert (finished.stdout == "") == ("--quiet" in flags)
     if "--quiet" not in flags:
         assert finished.stdout.startswith(f"kiln build: built shapes version {written['version']}")
-
-
-# `kiln build` in a process of its own that sends itself a real signal (argv[1])
-# the moment LATEST names the new version, before the staging folder is
-# removed and old versions are pruned (seconds on a bucket).
-SIGNAL_AS_LATEST_IS_WRITTEN = textwrap.dedent("""
-    import os, signal, sys
-    from kiln import cli
-    from kiln.pipeline import publish
-
-    point_latest = publish.DatasetRoot.point_latest
-
-    def point_latest_then_a_signal(self, version):
-        point_latest(self, version)
-        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
-
-    publish.DatasetRoot.point_latest = point_latest_then_a_signal
-    sys.exit(cli.main(sys.argv[2:]))
-""")
 
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
@@ -1044,7 +1034,7 @@ def test_a_signal_as_latest_is_written_lets_the_build_finish_its_cleanup(
     add_image(demo_corpus, root, keys, "added.png")
     report = tmp_path / "report.json"
     finished = subprocess.run(
-        [sys.executable, "-c", SIGNAL_AS_LATEST_IS_WRITTEN, signum]
+        [sys.executable, "-c", SIGNAL_AFTER_PUBLISHING, "point_latest", signum]
         + ["build", "--config", str(path), "--report", str(report), "--keep", "1", "--quiet"],
         env=dict(os.environ, PYTHONPATH=SOURCE_ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True,
@@ -1065,7 +1055,7 @@ def test_a_second_signal_once_the_version_is_published_still_stops_the_build(dem
     line, exit 143, the version published."""
     root, keys, config, path = one_split_corpus(demo_corpus, tmp_path, num_shards=1)
     stopped = subprocess.run(
-        [sys.executable, "-c", SIGNAL_AFTER_PUBLISHING, "SIGINT,SIGTERM"]
+        [sys.executable, "-c", SIGNAL_AFTER_PUBLISHING, "succeeded", "SIGINT,SIGTERM"]
         + ["build", "--config", str(path), "--quiet"],
         env=dict(os.environ, PYTHONPATH=SOURCE_ROOT, TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True,
