@@ -53,9 +53,14 @@ WHY_NOT_MET = {
         "each the split's bytes over the target rounded up to whole shards: ~13 MB at 4000 "
         "images, ~14.5 MB at 8000) and the holes the image threads leave in glibc's "
         "per-thread arenas, which grow with the image step's length; Python's heap itself "
-        "grew ~270 bytes per image. Next lever: the shard writer writing one shard at a "
-        "time once the image step is done with the arenas (or MALLOC_ARENA_MAX=2 in the "
-        "launcher, 4-6 MB less growth when measured)."
+        "grew ~270 bytes per image. MALLOC_ARENA_MAX=2 measured 4-6 MB less growth "
+        "once, but on 2026-12-07 (5 alternating rounds of both sizes, each build in its "
+        "own process, load 0.8-1.8) 10.9 MB against 12.1 MB, within the spread: it "
+        "narrowed the spread of the peaks (742-744 and 753-755 MB against 742-748 and "
+        "754-761 MB) and left the time as it was (7.0 and 13.3 s against 6.9 and 13.9 s), "
+        "and on a host of many cores it would make the image threads share two arenas' "
+        "locks: not taken. Next lever: the shard writer writing one shard at a time once "
+        "the image step is done with the arenas."
     ),
     "build_incremental": (
         "An incremental build still lists the source, starts the Beam job, checks the "
