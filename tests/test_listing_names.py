@@ -706,20 +706,65 @@ def test_a_header_the_csv_module_refuses_is_a_config_error(tmp_path):
         csv_listing(tmp_path, f"path,label{'x' * 140_000}\nimages/0.png,cat\n")
 
 
-def test_an_unterminated_quote_is_reported_where_its_row_starts(tmp_path):
+def test_an_unterminated_quote_drops_its_line_and_the_rows_after_it_are_read(tmp_path):
+    # The quote runs on to the end of the file: the rows it swallowed are rows again.
     files, dropped, _ = csv_listing(
         tmp_path,
         'path,label\nimages/0.png,cat\n"images/1.png,cat\nimages/2.png,cat\nimages/3.png,dog\n',
     )
-    assert files == ["images/0.png"]
+    assert files == ["images/0.png", "images/2.png", "images/3.png"]
     assert dropped == {
         "m.csv:3": (
             "bad_row",
             str(tmp_path / "m.csv"),
-            "expected 2 fields, got 1 (a quoted field runs on over 3 lines, to line 5: "
-            "an unterminated quote?)",
+            "not valid CSV: unexpected end of data at line 5, in a quoted field that starts "
+            "on this line: an unterminated quote? (lines 4 to 5 are read as rows of their own)",
         )
     }
+
+
+def test_an_unterminated_quote_in_a_string_column_loses_no_row_and_no_value(tmp_path):
+    """A string column takes any text, line breaks too: an unterminated quote in it
+    ran on, silently, until a later row's quoted field closed it, and the rows between
+    were one value. A quote closed by text after it (``"b"x``) is not CSV: the line
+    that opened the quote is the bad row, the others are read as they were written."""
+    targets = TargetsConfig.model_validate({"label": {}, "extra": {"weather": "string"}})
+    text = (
+        "path,label,weather\n"
+        "images/0.png,cat,sunny\n"
+        'images/1.png,dog,"unterminated\n'
+        "images/2.png,cat,fog\r\n"
+        "images/3.png,cat,fog\n"
+        'images/4.png,dog,"quoted"\n'
+        'images/5.png,dog,"two\nlines"\n'  # a quoted line break is CSV: one value
+    )
+    (tmp_path / "images").mkdir()
+    for i in range(6):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    (tmp_path / "m.csv").write_text(text)
+    source = ManifestSource(type="manifest", path=str(tmp_path / "m.csv"))
+    with source.list_files(splits_from_source=False, targets=targets) as listing:
+        weathers = {f.key: json.loads(f.targets)["extra"]["weather"] for f in listing.files()}
+        dropped = {d.key: d.message for d in listing.dropped()}
+
+    assert weathers == {
+        "images/0.png": "sunny",
+        "images/2.png": "fog",
+        "images/3.png": "fog",
+        "images/4.png": "quoted",
+        "images/5.png": "two\nlines",
+    }
+    assert dropped == {
+        "m.csv:3": "not valid CSV: ',' expected after '\"' at line 6, in a quoted field that "
+        "starts on this line: an unterminated quote? (lines 4 to 6 are read as rows of their own)"
+    }
+
+
+def test_text_after_a_closing_quote_is_not_csv(tmp_path):
+    # The strict reading that ends a runaway quote refuses it on one line too.
+    files, dropped, _ = csv_listing(tmp_path, 'path,label\n"images/0.png"x,cat\nimages/1.png,cat\n')
+    assert files == ["images/1.png"]
+    assert dropped["m.csv:2"][2] == "not valid CSV: ',' expected after '\"'"
 
 
 def test_a_quoted_field_over_lines_is_one_row_at_its_first_line(tmp_path):

@@ -1826,13 +1826,23 @@ class _CsvRecord:
     text: str = ""  # with `error` or `long_line`: the record's lines, for its row text
     # The first of its lines over the cap, and its number; `fields` is then [].
     long_line: tuple[int, LongLine] | None = None
+    # With `error`: the line a quoted field starting on this record's one line
+    # ran on to before the csv module refused it (0: it did not run on). The
+    # lines after this one were read again as records of their own.
+    runs_on: int = 0
 
     def bad_row(self, text: str, problem: str, reason: str = "bad_row") -> _BadRow:
         """The record as a bad row at its first line. A record over several
         lines says so: a quoted field that runs on, mostly an unterminated
         quote, swallows the lines after it, and its problem shows where
         the swallowed text ends."""
-        if self.last_line > self.first_line:
+        if self.runs_on:
+            problem += (
+                f" at line {self.runs_on}, in a quoted field that starts on this line: an "
+                f"unterminated quote? (lines {self.first_line + 1} to {self.runs_on} are read "
+                f"as rows of their own)"
+            )
+        elif self.last_line > self.first_line:
             lines = self.last_line - self.first_line + 1
             problem += (
                 f" (a quoted field runs on over {lines} lines, to line {self.last_line}: "
@@ -1861,20 +1871,30 @@ def _csv_records(lines: Iterator[str | LongLine]) -> Iterator[_CsvRecord]:
     """The CSV records of `lines`, with their line numbers.
 
     A record the csv module refuses (a field beyond its field size limit of
-    128 KiB, a stray line break inside an unquoted field) comes back with its
-    error, and reading goes on at the next line: the reader starts each
-    record afresh, after the lines it has already taken. A line over the cap
-    (`LongLine`) ends the record it is in (`_CsvRecord.long_line`), whose
-    quotes it may have closed, and a new reader starts after it.
+    128 KiB, a stray line break inside an unquoted field, text after a
+    quoted field's closing quote) comes back with its error, and reading
+    goes on at the next line: the reader starts each record afresh, after
+    the lines it has already taken. A refused record of several lines is a
+    quoted field that ran on, nearly always from an unterminated quote:
+    left to run, it swallows the rows after it until a quote closes it and
+    breaks CSV's rules (``"x"y``) or the file ends (the reader is strict,
+    so neither passes as a field). Its first line comes back with the error
+    (`_CsvRecord.runs_on`) and the lines after it are read again, as the
+    rows they are. A line over the cap (`LongLine`) ends the record it is
+    in (`_CsvRecord.long_line`), whose quotes it may have closed, and a new
+    reader starts after it.
     """
     lines = iter(lines)
+    again: list[str] = []  # lines to read again, last first
     taken: list[str] = []
     number = 0  # of the lines taken
     long_lines: list[tuple[int, LongLine]] = []  # the one that ended the record, with its number
 
     def taking() -> Iterator[str]:
         nonlocal number
-        for line in lines:
+        while again or (line := next(lines, None)) is not None:
+            if again:
+                line = again.pop()
             number += 1
             if isinstance(line, LongLine):
                 long_lines.append((number, line))
@@ -1883,7 +1903,7 @@ def _csv_records(lines: Iterator[str | LongLine]) -> Iterator[_CsvRecord]:
             taken.append(line)
             yield line
 
-    reader = csv.reader(taking())
+    reader = csv.reader(taking(), strict=True)
     last_line = 0
     while True:
         taken.clear()
@@ -1898,12 +1918,19 @@ def _csv_records(lines: Iterator[str | LongLine]) -> Iterator[_CsvRecord]:
             error = str(e)
         if error is None and not long_lines:
             yield _CsvRecord(last_line + 1, number, fields)
+        elif not long_lines and len(taken) > 1:  # a quoted field ran on, then was refused
+            ran_to = number
+            number = last_line + 1
+            again.extend(reversed(taken[1:]))
+            text = taken[0].rstrip("\r\n")
+            yield _CsvRecord(number, number, [], error, text, runs_on=ran_to)
+            reader = csv.reader(taking(), strict=True)
         else:
             text = "".join(taken).rstrip("\r\n")
             long_line = long_lines[0] if long_lines else None
             yield _CsvRecord(last_line + 1, number, [], error, text, long_line)
         if long_lines:
-            reader = csv.reader(taking())
+            reader = csv.reader(taking(), strict=True)
         last_line = number
 
 
