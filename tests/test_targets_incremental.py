@@ -625,3 +625,29 @@ def test_how_nearest_resizes_pick_pixels_is_in_the_fingerprint_of_such_datasets(
     assert after["resize_nearest"] != before["resize_nearest"]
     assert after["area"] == before["area"]
     assert after["none"] == before["none"]
+
+
+def test_how_user_geometry_moves_targets_is_in_the_fingerprint_of_such_datasets(monkeypatch):
+    """A base whose plugin transforms moved targets through the half-pixel shift
+    `CoordinateMap.from_pixel_index_matrix` had backwards is not reused, nor is
+    an unchanged source up to date (`USER_GEOMETRY_VERSION`): the plugin's own
+    file did not change, kiln's code did. Datasets without plugins, or whose
+    targets no transform moves, keep their fingerprint."""
+    from kiln.pipeline import incremental
+
+    configs = {
+        "plugin_boxes": {"plugins": ["os"], "targets": {"boxes": {}}},
+        "plugin_mask": {"plugins": ["os"], "targets": {"mask": {}}},
+        "plugin_labels": {"plugins": ["os"], "targets": {"labels": {}}},
+        "boxes": {"targets": {"boxes": {}}},
+    }
+    before = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert incremental.processing(configs["plugin_boxes"])["user_geometry"] == 1
+    assert "user_geometry" not in incremental.processing(configs["plugin_labels"])
+    assert "user_geometry" not in incremental.processing(configs["boxes"])
+    monkeypatch.setattr(incremental, "USER_GEOMETRY_VERSION", 0)
+    after = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert after["plugin_boxes"] != before["plugin_boxes"]
+    assert after["plugin_mask"] != before["plugin_mask"]
+    assert after["plugin_labels"] == before["plugin_labels"]
+    assert after["boxes"] == before["boxes"]

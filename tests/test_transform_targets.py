@@ -716,6 +716,46 @@ def rotate_geometry(image: np.ndarray, *, angle: float = 30.0) -> CoordinateMap:
     )
 
 
+@pytest.mark.parametrize(
+    "kind", ["mirror", "upside_down", "half_turn", "quarter_turn", "quarter_turn_back"]
+)
+def test_a_pixel_index_matrix_moves_targets_onto_the_pixels_opencv_moves(kind):
+    """`CoordinateMap.from_pixel_index_matrix` of an OpenCV matrix that moves whole
+    pixels: the mask comes out as `cv2.warpAffine` moves it, pixel for pixel, and
+    a pixel's box and centre land on the pixel it moved to (docs/transforms.md's
+    rotate example builds its geometry this way)."""
+    height, width = (12, 12) if "quarter" in kind else (10, 17)
+    centre = ((width - 1) / 2, (height - 1) / 2)
+    matrix = {
+        "mirror": np.array([[-1.0, 0, width - 1], [0, 1, 0]]),
+        "upside_down": np.array([[1.0, 0, 0], [0, -1, height - 1]]),
+        "half_turn": cv2.getRotationMatrix2D(centre, 180, 1.0),
+        "quarter_turn": cv2.getRotationMatrix2D(centre, 90, 1.0),
+        "quarter_turn_back": cv2.getRotationMatrix2D(centre, -90, 1.0),
+    }[kind]
+    mask = np.random.default_rng(3).integers(0, 5, (height, width), dtype=np.uint8)
+    coordinate_map = CoordinateMap.from_pixel_index_matrix(matrix.tolist(), height, width)
+
+    moved = cv2.warpAffine(mask, matrix, (width, height), flags=cv2.INTER_NEAREST)
+    np.testing.assert_array_equal(coordinate_map.warp_mask(mask), moved)
+    for row, col in [(0, 0), (2, 5), (height - 1, 3)]:
+        marker = np.zeros_like(mask)
+        marker[row, col] = 1
+        (to_row,), (to_col,) = np.nonzero(
+            cv2.warpAffine(marker, matrix, (width, height), flags=cv2.INTER_NEAREST)
+        )
+        np.testing.assert_allclose(
+            coordinate_map.map_boxes(np.array([[col, row, col + 1, row + 1]])),
+            [[to_col, to_row, to_col + 1, to_row + 1]],
+            atol=1e-9,
+        )
+        np.testing.assert_allclose(
+            coordinate_map.map_points(np.array([[col + 0.5, row + 0.5]])),
+            [[to_col + 0.5, to_row + 0.5]],
+            atol=1e-9,
+        )
+
+
 @pytest.mark.parametrize("angle", [90.0, 30.0, -45.0])
 def test_a_user_transform_with_an_affine_geometry(user_transforms, angle):
     user_transforms("test_rotate", rotate, geometry=rotate_geometry)

@@ -236,6 +236,16 @@ REDUCED_MASKS_VERSION = 1
 #    which picked a neighbour of it at some rows and columns.
 NEAREST_RESIZE_VERSION = 1
 
+# Bump when how a user transform's declared geometry (`CoordinateMap`, built
+# in the plugin's code) moves targets changes: only datasets with plugins
+# and targets that a transform moves then get another fingerprint and
+# rebuild once.
+# 1: `CoordinateMap.from_pixel_index_matrix` shifts by ``0.5 - 0.5 * (xx +
+#    xy)``: it shifted by the opposite, so the targets of an OpenCV mirror or
+#    half turn landed 2 pixels from their pixels (and of a 90-degree turn 2
+#    pixels along one axis; of other angles up to 1.4).
+USER_GEOMETRY_VERSION = 1
+
 # Config sections that decide a record's bytes (see the module docstring).
 _PROCESSING_SECTIONS = ("image", "transforms", "encoding", "targets", "plugins")
 
@@ -266,6 +276,8 @@ def processing_fingerprint(config: Mapping[str, Any]) -> str:
         data["reduced_masks_version"] = REDUCED_MASKS_VERSION
     if _has_nearest_resize(config):
         data["nearest_resize_version"] = NEAREST_RESIZE_VERSION
+    if _has_user_geometry(config):
+        data["user_geometry_version"] = USER_GEOMETRY_VERSION
     if config.get("plugins"):
         data["plugin_sources"] = plugin_sources(config["plugins"])
     return versioning.fingerprint(data)
@@ -319,6 +331,12 @@ def _has_nearest_resize(config: Mapping[str, Any]) -> bool:
     )
 
 
+def _has_user_geometry(config: Mapping[str, Any]) -> bool:
+    targets = config.get("targets") or {}
+    moved = ("boxes", "mask", "instance_masks", "keypoints")
+    return bool(config.get("plugins")) and any(targets.get(kind) is not None for kind in moved)
+
+
 def _has_reduced_masks(config: Mapping[str, Any]) -> bool:
     targets = config.get("targets") or {}
     masks = targets.get("mask") is not None or targets.get("instance_masks") is not None
@@ -333,8 +351,9 @@ def processing(config: Mapping[str, Any]) -> dict[str, Any]:
     keypoints ``coco_keypoints`` (`COCO_KEYPOINTS_VERSION`), with
     ``image.jpeg_scaled_decode`` and masks ``reduced_masks``
     (`REDUCED_MASKS_VERSION`), with a nearest-neighbour `resize` or
-    `letterbox` ``nearest_resize`` (`NEAREST_RESIZE_VERSION`): each names why
-    a base built before is not reused."""
+    `letterbox` ``nearest_resize`` (`NEAREST_RESIZE_VERSION`), with plugins and
+    targets that transforms move ``user_geometry`` (`USER_GEOMETRY_VERSION`):
+    each names why a base built before is not reused."""
     out = {"version": PROCESSING_VERSION, "fingerprint": processing_fingerprint(config)}
     if _has_mask(config):
         out["mask_counts"] = MASK_COUNTS_VERSION
@@ -346,6 +365,8 @@ def processing(config: Mapping[str, Any]) -> dict[str, Any]:
         out["reduced_masks"] = REDUCED_MASKS_VERSION
     if _has_nearest_resize(config):
         out["nearest_resize"] = NEAREST_RESIZE_VERSION
+    if _has_user_geometry(config):
+        out["user_geometry"] = USER_GEOMETRY_VERSION
     return out
 
 

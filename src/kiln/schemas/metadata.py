@@ -315,7 +315,8 @@ class DatasetInfo:
         instance masks ``"instance_boxes"``, with a COCO source and keypoints
         ``"coco_keypoints"``, with ``image.jpeg_scaled_decode`` and masks
         ``"reduced_masks"``, with a nearest-neighbour ``resize`` or
-        ``letterbox`` ``"nearest_resize"``: the versions of those parts of kiln's
+        ``letterbox`` ``"nearest_resize"``, with plugins and targets that
+        transforms move ``"user_geometry"``: the versions of those parts of kiln's
         processing (`kiln.pipeline.incremental`). An
         incremental build reuses records of a version only if both equal
         its own. None in datasets written before kiln recorded it.

@@ -120,12 +120,14 @@ class CoordinateMap:
         """From a 2x3 matrix on pixel indices, as ``cv2.warpAffine`` and
         ``cv2.getRotationMatrix2D`` use (pixel ``i``'s centre is ``i``).
 
-        Continuous coordinates are indices plus 0.5, so the shift becomes
-        ``x0 + 0.5 * (xx + xy) - 0.5`` (and the same for y).
+        Continuous coordinates are indices plus 0.5: ``x' - 0.5 = xx * (x -
+        0.5) + xy * (y - 0.5) + x0``, so the shift becomes ``x0 + 0.5 - 0.5 *
+        (xx + xy)`` (and the same for y). A mirror ``[[-1, 0, W - 1], [0, 1,
+        0]]`` is ``x' = W - x``.
         """
         (xx, xy, x0), (yx, yy, y0) = matrix
         return cls(
-            (xx, xy, x0 + 0.5 * (xx + xy) - 0.5, yx, yy, y0 + 0.5 * (yx + yy) - 0.5),
+            (xx, xy, x0 + 0.5 - 0.5 * (xx + xy), yx, yy, y0 + 0.5 - 0.5 * (yx + yy)),
             height,
             width,
         )
