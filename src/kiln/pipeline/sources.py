@@ -1892,9 +1892,10 @@ def _csv_records(lines: Iterator[str | LongLine]) -> Iterator[_CsvRecord]:
 
     def taking() -> Iterator[str]:
         nonlocal number
-        while again or (line := next(lines, None)) is not None:
-            if again:
-                line = again.pop()
+        while True:
+            line = again.pop() if again else next(lines, None)
+            if line is None:
+                return
             number += 1
             if isinstance(line, LongLine):
                 long_lines.append((number, line))
