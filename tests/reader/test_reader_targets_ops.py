@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 from kiln.reader import register_augmentation
-from kiln.reader.augmenter import Augmenter
+from kiln.reader.augmenter import Augmenter, AugmentOpError
 from kiln.reader.ops import AUGMENTATIONS, validate
 from kiln.reader.targets import (
     BatchTargets,
@@ -254,6 +254,86 @@ def test_user_op_declaring_no_geometry_or_its_targets_is_accepted():
         Augmenter(tuple(validate(["test_shift_boxes"]))).check_targets(SPEC)
     with pytest.raises(ValueError, match="with_targets needs supports"):
         register_augmentation("test_no_supports", with_targets=lambda *a, **k: a)
+
+
+def _flip_op(name, targets_form):
+    """A user op whose image form draws from its seed and whose with_targets
+    form is `targets_form(image, targets, seed) -> (image, targets)`."""
+
+    def flip(image, seed):
+        return tf.where(tf.random.stateless_uniform([], seed) < 0.5, image[:, ::-1], image)
+
+    register_augmentation(
+        name, with_targets=targets_form, supports=["boxes", "mask", "instance_masks", "keypoints"]
+    )(flip)
+
+
+def _mirrored(image, targets, flip):
+    return tf.where(flip, image[:, ::-1], image), targets.flip_left_right(flip)
+
+
+def traced(ops, seed):
+    """`run` traced as tf.data traces a map (no autograph, whose StagingError
+    would wrap what the ops raise)."""
+    augmenter = Augmenter(tuple(validate(ops)), training=True)
+    image, targets = element()
+    apply = tf.function(
+        lambda image, seed: (lambda out: (out[0], dict(out[1].tensors)))(
+            augmenter.apply_with_targets(image, targets, seed)
+        ),
+        autograph=False,
+    )
+    out, moved = apply(image, tf.constant(seed, tf.int32))
+    return out.numpy(), {name: value.numpy() for name, value in moved.items()}
+
+
+@pytest.mark.usefixtures("user_ops")
+def test_the_with_targets_form_is_checked_for_its_randomness_on_first_use():
+    """On a dataset with targets the with_targets form is what runs: its
+    randomness must be its seed's, as the image form's is (checked on test
+    targets of the dataset's kinds). Both forms here draw their coin; only
+    the with_targets form does it wrongly."""
+    import random
+
+    _flip_op(
+        "test_stateful_targets",
+        lambda image, targets, seed: _mirrored(image, targets, tf.random.uniform([]) < 0.5),
+    )
+    _flip_op(
+        "test_python_targets",
+        lambda image, targets, seed: _mirrored(image, targets, tf.constant(random.random() < 0.5)),
+    )
+    _flip_op(
+        "test_seeded_targets",
+        lambda image, targets, seed: _mirrored(
+            image, targets, tf.random.stateless_uniform([], seed) < 0.5
+        ),
+    )
+
+    with pytest.raises(AugmentOpError, match="'test_stateful_targets' gave different outputs"):
+        traced(["test_stateful_targets"], [1, 2])
+    with pytest.raises(AugmentOpError, match="'test_python_targets' ignores its seed"):
+        traced(["test_python_targets"], [1, 2])
+    flips = {traced(["test_seeded_targets"], [1, seed])[1]["boxes"][0, 1] for seed in range(8)}
+    assert len(flips) == 2  # mirrored for some seeds, not for others
+
+
+@pytest.mark.usefixtures("user_ops")
+def test_a_with_targets_form_that_returns_something_else_is_refused_naming_the_op():
+    _flip_op("test_image_only", lambda image, targets, seed: image)
+    _flip_op("test_dict", lambda image, targets, seed: (image, dict(targets.tensors)))
+
+    with pytest.raises(
+        AugmentOpError,
+        match=r"the with_targets form of augmentation op 'test_image_only' returned a tensor; "
+        r"it returns \(image, targets\)",
+    ):
+        traced(["test_image_only"], [1, 2])
+    with pytest.raises(
+        AugmentOpError,
+        match=r"'test_dict' returned a tuple of tensor, dict; it returns \(image, targets\)",
+    ):
+        traced(["test_dict"], [1, 2])
 
 
 def test_mixup_is_refused_naming_the_target_and_cutmix_is_not():

@@ -541,7 +541,7 @@ class Augmenter:
                 # First use: check the user op on an image of the shape it
                 # gets here, eagerly, outside the graph being traced.
                 with tf.init_scope():
-                    check_op(augmentation, _shape_for_check(image.shape))
+                    check_op(augmentation, _shape_for_check(image.shape), targets)
             op_seed = self._op_seed(seed, index)
             if targets is None:
                 return self._call(
@@ -554,7 +554,11 @@ class Augmenter:
             with_targets = definition.with_targets
             if with_targets is not None:
                 return self._call(
-                    augmentation, lambda: with_targets(image, targets, op_seed, **kwargs), image
+                    augmentation,
+                    lambda: checked_with_targets(
+                        augmentation.name, with_targets(image, targets, op_seed, **kwargs)
+                    ),
+                    image,
                 )
             # Checked by `check_targets`: the op moves no pixels, or the
             # dataset has no geometric targets.
@@ -714,7 +718,9 @@ _TRACE_PITFALL = (
 )
 
 
-def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
+def check_op(
+    augmentation: Augmentation, shape: Sequence[int], targets: ElementTargets | None = None
+) -> None:
     """Rejects a user op whose randomness is not its seed's, or that needs Python values of tensors.
 
     Traces the op once, like `tf.data` does, and runs the trace on one input
@@ -731,12 +737,18 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
     refused too when tracing it moved Python's or NumPy's global random
     state: that draw is a constant of the process, another in every run.
     kiln's own ops are trusted and skipped; results are cached per
-    (function, params, shape).
+    (function, params, shape, targets).
+
+    On a dataset with targets an op with a ``with_targets`` form runs that
+    form, so that is what is checked: on the test image and test targets of
+    the dataset's kinds (`_test_targets`), every output tensor compared.
 
     Args:
       augmentation: The configured op.
       shape: ``[height, width, channels]`` of the test image (the dataset's
         image size when known).
+      targets: The targets the op gets in the pipeline (symbolic: their
+        names, dtypes and spec are what is used), or None.
 
     Raises:
       AugmentOpError: if the op's output changes from trace to trace but
@@ -749,20 +761,28 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
     definition = augmentation.definition
     if definition.builtin or definition.kind != "element":
         return
-    # Keyed by the function too: a new function under a known name is checked again.
-    cache_key = (definition.fn, augmentation, tuple(shape))
+    if targets is None or definition.with_targets is None:
+        targets = None
+    # Keyed by the functions too: a new function under a known name is checked again.
+    cache_key = (
+        definition.fn,
+        augmentation,
+        tuple(shape),
+        None if targets is None else _targets_key(definition.with_targets, targets),
+    )
     if cache_key in _CHECKED:
         return
     name = augmentation.name
     # A fixed, asymmetric image, so flips and crops visibly change it.
     image = tf.constant(np.random.default_rng(0).random(tuple(shape), dtype=np.float32))
+    test_targets = None if targets is None else _test_targets(targets, shape)
     seeds = tf.random.experimental.stateless_split(tf.constant([20240, 7], tf.int32), _CHECK_SEEDS)
     before = _global_random_state()
-    concrete = _trace(augmentation, image)
+    run = _trace(augmentation, image, test_targets)
     drew = _global_random_state() != before
-    outputs = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
-    if all(np.array_equal(outputs[0], out) for out in outputs[1:]):
-        _check_deterministic(augmentation, image, seeds[0], outputs[0], drew)
+    outputs = [run(image, seeds[i]) for i in range(_CHECK_SEEDS)]
+    if all(_equal(outputs[0], out) for out in outputs[1:]):
+        _check_deterministic(augmentation, image, test_targets, seeds[0], outputs[0], drew)
     if drew:
         # It uses its seed, and a global draw besides: a constant of this
         # trace, so of this process; another process (a rerun, another
@@ -777,8 +797,8 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
         )
     # Every seed again: a stateful coin (``tf.random.uniform([]) < 0.5``) gives
     # one seed's output again half the time, and 64 of them all alike hardly ever.
-    again = [concrete(image, seeds[i]).numpy() for i in range(_CHECK_SEEDS)]
-    if not all(np.array_equal(out, repeat) for out, repeat in zip(outputs, again, strict=True)):
+    again = [run(image, seeds[i]) for i in range(_CHECK_SEEDS)]
+    if not all(_equal(out, repeat) for out, repeat in zip(outputs, again, strict=True)):
         raise AugmentOpError(
             f"augmentation op {name!r} gave different outputs for the same seed: it uses "
             f"stateful randomness (tf.random.uniform, tf.random.Generator, a Keras random "
@@ -786,8 +806,64 @@ def check_op(augmentation: Augmentation, shape: Sequence[int]) -> None:
             f"values from the `seed` argument with tf.random.stateless_* or "
             f"tf.image.stateless_random_* instead."
         )
-    _check_size_kept(augmentation, shape, outputs)
+    _check_size_kept(augmentation, shape, [out[0] for out in outputs])
     _CHECKED.add(cache_key)
+
+
+def _equal(one: Sequence[np.ndarray], other: Sequence[np.ndarray]) -> bool:
+    """Whether two runs of an op gave the same tensors (`_trace`'s outputs)."""
+    return len(one) == len(other) and all(
+        np.array_equal(a, b) for a, b in zip(one, other, strict=True)
+    )
+
+
+def _targets_key(with_targets, targets: ElementTargets) -> tuple:
+    """What `check_op`'s test targets are made of: the op's targets form, the
+    spec, and each tensor's name and dtype."""
+    dtypes = tuple(sorted((name, t.dtype.name) for name, t in targets.tensors.items()))
+    return (with_targets, targets.spec, dtypes)
+
+
+# Test objects for `_test_targets`: ``[y_min, x_min, y_max, x_max]``, normalized.
+_TEST_BOXES = ((0.1, 0.2, 0.6, 0.7), (0.3, 0.1, 0.9, 0.5), (0.55, 0.5, 0.95, 0.9))
+
+
+def _test_targets(targets: ElementTargets, shape: Sequence[int]) -> ElementTargets:
+    """Targets of the same names, dtypes and spec as `targets` (the pipeline's,
+    symbolic), with values: three objects (boxes, classes, fields, keypoints
+    inside their boxes, instance masks filling them), a semantic mask of
+    the image's size with a few classes, zeros for labels and extras."""
+    height, width = int(shape[0]), int(shape[1])
+    rng = np.random.default_rng(1)
+    boxes = np.array(_TEST_BOXES, np.float32)
+    count = len(boxes)
+    points = max(len(targets.spec.keypoint_names), 1)
+    object_columns = targets.spec.object_columns
+    values = {}
+    for name, tensor in targets.materialized().tensors.items():
+        if name == "boxes":
+            value: Any = boxes
+        elif name == "keypoints":
+            low, high = boxes[:, None, :2], boxes[:, None, 2:]
+            value = low + rng.uniform(0.1, 0.9, (count, points, 2)) * (high - low)
+        elif name == "keypoint_visibility":
+            value = np.full((count, points), 2)
+        elif name == "mask":
+            value = rng.integers(0, 4, (height, width, 1))
+        elif name == "instance_masks":
+            value = np.zeros((count, height, width, 1))
+            for index, (y0, x0, y1, x1) in enumerate(boxes):
+                rows = slice(int(y0 * height), max(int(y1 * height), int(y0 * height) + 1))
+                cols = slice(int(x0 * width), max(int(x1 * width), int(x0 * width) + 1))
+                value[index, rows, cols] = 1
+        elif name in object_columns:  # classes and the declared fields
+            value = np.arange(1, count + 1)
+        else:  # label, labels, extras: passed through
+            rank = tensor.shape.rank or 0
+            dims = [d if d is not None else 2 for d in tensor.shape.as_list()] if rank else []
+            value = np.full(dims, b"" if tensor.dtype == tf.string else 0, object)
+        values[name] = tf.constant(value, dtype=tensor.dtype)
+    return ElementTargets(values, targets.spec)
 
 
 def _check_size_kept(
@@ -816,21 +892,72 @@ def _check_size_kept(
     )
 
 
-def _trace(augmentation: Augmentation, image: tf.Tensor):
-    """A fresh trace of the op (a new `tf.function`), as `tf.data` traces it."""
+def _trace(augmentation: Augmentation, image: tf.Tensor, targets: ElementTargets | None):
+    """A fresh trace of the op (a new `tf.function`), as `tf.data` traces it:
+    ``run(image, seed)`` gives its outputs as arrays, the image first; with
+    `targets`, of its ``with_targets`` form, then every target tensor by name."""
     definition, kwargs = augmentation.definition, augmentation.kwargs
+    name, with_targets = augmentation.name, definition.with_targets
+
+    def op(img, seed):
+        if targets is None or with_targets is None:
+            return [checked_image(name, definition.fn(img, seed, **kwargs))]
+        out = with_targets(img, targets, seed, **kwargs)
+        out_image, moved = checked_with_targets(name, out)
+        tensors = moved.materialized().tensors
+        return [out_image, *(tensors[key] for key in sorted(tensors))]
+
     # autograph=False: the reader does not convert ops either (see dataset.py).
-    traced = tf.function(lambda img, seed: definition.fn(img, seed, **kwargs), autograph=False)
+    traced = tf.function(op, autograph=False)
     try:
-        return traced.get_concrete_function(
+        concrete = traced.get_concrete_function(
             tf.TensorSpec(image.shape, tf.float32), tf.TensorSpec([2], tf.int32)
         )
+    except AugmentOpError:
+        raise
     except Exception as e:  # the message depends on what the op did; explain all alike
-        raise trace_error(augmentation.name, e) from e
+        raise trace_error(name, e) from e
+    return lambda img, seed: [t.numpy() for t in concrete(img, seed)]
+
+
+def checked_image(name: str, out: Any) -> Any:
+    """A user op's output, if it is one tensor (the image)."""
+    if not isinstance(out, (tf.Tensor, np.ndarray)):
+        raise AugmentOpError(
+            f"augmentation op {name!r} returned a {_type_name(out)}; an op returns the "
+            f"image, one float32 tensor"
+        )
+    return out
+
+
+def _type_name(value: Any) -> str:
+    return "tensor" if isinstance(value, tf.Tensor) else type(value).__name__
+
+
+def checked_with_targets(name: str, out: Any) -> tuple[Any, ElementTargets]:
+    """A user op's ``with_targets`` output, if it is ``(image, targets)``."""
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], ElementTargets)):
+        got = (
+            f"a tuple of {', '.join(map(_type_name, out))}"
+            if isinstance(out, tuple)
+            else f"a {_type_name(out)}"
+        )
+        raise AugmentOpError(
+            f"the with_targets form of augmentation op {name!r} returned {got}; it returns "
+            f"(image, targets): the image and the ElementTargets it was given, moved as the "
+            f"image was (targets.crop, targets.warp, ...)"
+        )
+    checked_image(name, out[0])
+    return out
 
 
 def _check_deterministic(
-    augmentation: Augmentation, image: tf.Tensor, seed: tf.Tensor, output: np.ndarray, drew: bool
+    augmentation: Augmentation,
+    image: tf.Tensor,
+    targets: ElementTargets | None,
+    seed: tf.Tensor,
+    output: Sequence[np.ndarray],
+    drew: bool,
 ) -> None:
     """For an op whose every seed gave `output`: refuses it if its randomness
     was drawn while tracing (`drew`: Python's or NumPy's global random state
@@ -843,10 +970,10 @@ def _check_deterministic(
         if observed is not None:
             break
         before = _global_random_state()
-        concrete = _trace(augmentation, image)
+        run = _trace(augmentation, image, targets)
         if _global_random_state() != before:
             observed = drawing
-        elif not np.array_equal(concrete(image, seed).numpy(), output):
+        elif not _equal(run(image, seed), output):
             observed = "a fresh trace gave another"
     if observed is None:
         logger.info(
