@@ -23,6 +23,7 @@ from test_build import expected_pixels, read_split
 TRANSFORMS_MODULE = "kiln_test_user_transforms"
 AUGMENT_MODULE = "kiln_test_user_augment"
 UNNAMED_MODULE = "kiln_test_never_named"
+FAULTY_MODULE = "kiln_test_faulty_augment"
 
 SOURCES = {
     TRANSFORMS_MODULE: """
@@ -41,6 +42,35 @@ SOURCES = {
         def random_invert_colours(image, seed, *, probability: float = 0.5):
             invert = tf.random.stateless_uniform([], seed) < probability
             return tf.where(invert, 1.0 - image, image)
+    """,
+    # Ops `load` refuses the first time it traces them (`check_op`).
+    FAULTY_MODULE: """
+        import tensorflow as tf
+        from kiln.reader import register_augmentation
+
+        @register_augmentation("stateful_gain", geometric=False)
+        def stateful_gain(image, seed):
+            return image * tf.random.uniform([], 0.5, 1.0)
+
+        @register_augmentation("half_size", geometric=False)
+        def half_size(image, seed):
+            return image[::2, ::2]
+
+        @register_augmentation("as_uint8", geometric=False)
+        def as_uint8(image, seed):
+            return tf.cast(image * 255.0, tf.uint8)
+
+        def _flip(image, seed):
+            flip = tf.random.stateless_uniform([], seed) < 0.5
+            return tf.where(flip, image[:, ::-1], image)
+
+        def _flip_targets(image, targets, seed):
+            flip = tf.random.uniform([]) < 0.5  # stateful: not the image form's coin
+            return tf.where(flip, image[:, ::-1], image), targets.flip_left_right(flip)
+
+        register_augmentation(
+            "stateful_mirror", with_targets=_flip_targets, supports=["boxes"]
+        )(_flip)
     """,
     # Would register the same names and leave a mark if it were ever imported.
     UNNAMED_MODULE: """
@@ -109,6 +139,51 @@ def test_user_ops_need_their_module_named_in_the_config(plugin_dir, demo_corpus,
         )
     # Nothing imports a module the config does not name.
     assert UNNAMED_MODULE not in sys.modules and not mark.exists()
+
+
+@pytest.mark.parametrize(
+    "op, refused",
+    [
+        ("stateful_gain", "gave different outputs for the same seed: it uses stateful"),
+        ("half_size", r"changes the image size \(32x32 in, 16x16 out\)"),
+        ("as_uint8", "returned a uint8 image"),
+    ],
+)
+def test_a_user_op_load_would_refuse_at_its_first_trace_is_a_config_error(
+    plugin_dir, demo_corpus, tmp_path, op, refused
+):
+    """`load` traces a list's own ops the first time and refuses those whose
+    randomness is not their seed's, whose output is not float32 or whose size
+    changes without an inference form: the build checks the same before any
+    work, not after publishing a default list that training cannot load."""
+    base = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    augment = ["random_flip_left_right", op]
+    with pytest.raises(ConfigError, match=rf"augment\[1\]\.{op}: augmentation op '{op}' {refused}"):
+        config.load({**base, "augment": augment, "plugins": [FAULTY_MODULE]})
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_with_targets_form_of_a_user_op_is_checked_before_the_build(plugin_dir, tmp_path):
+    """On a dataset with boxes the op's with_targets form is what `load`
+    runs, so that is the form checked, on the records' targets as `load`
+    decodes them."""
+    (tmp_path / "a.png").write_bytes(b"")  # never read: the config check lists nothing
+    (tmp_path / "m.jsonl").write_text(
+        json.dumps({"path": "a.png", "objects": [{"bbox": [1, 1, 5, 5], "class": "cat"}]}) + "\n"
+    )
+    base = {
+        "name": "boxes",
+        "source": {"type": "manifest", "path": str(tmp_path / "m.jsonl"), "classes": ["cat"]},
+        "output": str(tmp_path / "out"),
+        "targets": {"boxes": {}},
+        "plugins": [FAULTY_MODULE],
+    }
+    with pytest.raises(
+        ConfigError, match=r"augment\[0\]\.stateful_mirror: augmentation op 'stateful_mirror' gave"
+    ):
+        config.load({**base, "augment": ["stateful_mirror"]})
+    # Its image form alone (a classification dataset) passes: it draws from its seed.
+    config.load({**base, "targets": {"label": {}}, "augment": ["stateful_mirror"]})
 
 
 def test_plugin_transforms_run_on_fresh_worker_processes(

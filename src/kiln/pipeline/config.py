@@ -1235,14 +1235,40 @@ def _check_augment_at_config(
     made = None if chain is None else _stored_size(chain)
     if made is None:
         check_augment(model, augmentations, None)
+    else:
+        where, (height, width) = made
+        check_augment(
+            model,
+            augmentations,
+            (height, width),
+            stored=f"the stored images ({where} makes every image {height}x{width})",
+        )
+    _check_first_use(model, augmentations, None if made is None else made[1])
+
+
+def _check_first_use(
+    model: BuildConfig, augmentations: Sequence[Augmentation], image_size: Sequence[int] | None
+) -> None:
+    """The first-use checks `load` runs on the list's own element ops
+    (`kiln.reader.dataset.check_first_use`: randomness from the seed only,
+    float32 output, no size change without an inference form), traced on
+    the dataset's image and targets before any work. Lists of kiln's ops
+    only need no TensorFlow here.
+
+    Raises:
+      ListError: naming the entry and why `load` would refuse it.
+    """
+    if all(a.definition.builtin or a.definition.kind != "element" for a in augmentations):
         return
-    where, (height, width) = made
-    check_augment(
-        model,
-        augmentations,
-        (height, width),
-        stored=f"the stored images ({where} makes every image {height}x{width})",
-    )
+    from kiln.reader.augmenter import AugmentOpError
+    from kiln.reader.dataset import check_first_use
+
+    try:
+        check_first_use(
+            augmentations, model.targets, channels=model.image.channels, image_size=image_size
+        )
+    except AugmentOpError as e:
+        raise ListError(str(e)) from None
 
 
 def check_augment(

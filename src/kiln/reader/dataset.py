@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from kiln.reader import host_memory
 from kiln.reader import seeds as seeding
-from kiln.reader.augmenter import Augmenter, decode, standardize
+from kiln.reader.augmenter import Augmenter, AugmentOpError, decode, standardize
 from kiln.reader.batching import RaggedEncoding
 from kiln.reader.class_weights import ExampleWeights
 from kiln.reader.labels import LabelEncoding
@@ -60,6 +60,8 @@ from kiln.schemas.location import join, locate, read_buffer_bytes
 
 if TYPE_CHECKING:
     from kiln.reader.layer import AugmentationLayer
+    from kiln.reader.ops import Augmentation
+    from kiln.schemas import TargetsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -1300,6 +1302,60 @@ class _Decoding:
         if self.keep_seeds:
             out["augment_seed"] = seeding.element_seed(words, features["key"])
         return out
+
+
+def check_first_use(
+    augmentations: Sequence[Augmentation],
+    targets: TargetsConfig | None,
+    *,
+    channels: int,
+    image_size: Sequence[int] | None,
+    field: str = "augment",
+) -> None:
+    """The first-use checks of a list's own element ops (`augmenter.check_op`),
+    as `load`'s first trace of the train split runs them: the image and the
+    records' targets as `load` parses and decodes them (`stored_targets`),
+    traced, with nothing read. What `kiln build` runs before the job, so
+    that it does not publish a list `load` refuses at that trace (an op with
+    stateful or trace-time randomness, one that returns another dtype, one
+    that changes the size without an inference form).
+
+    Args:
+      augmentations: The list (`validate`'s).
+      targets: The dataset's targets declaration (None: classification).
+      channels: The stored images' channels.
+      image_size: Their one size, or None (the check's image is then 64x64).
+      field: How messages name the list.
+
+    Raises:
+      AugmentOpError: naming the entry (``augment[1].my_op: augmentation
+        op 'my_op' ...``), as `check_op`.
+    """
+    spec = TargetSpec.from_json(None if targets is None else targets.to_json())
+    schema = schema_for(targets)
+    height, width = (None, None) if image_size is None else image_size
+    signature = (
+        tf.TensorSpec([], tf.string),
+        tf.TensorSpec([height, width, channels], tf.uint8),
+        tf.TensorSpec([2], tf.int32),
+    )
+    elements = [a for a in augmentations if a.definition.kind == "element"]
+    for index, augmentation in enumerate(augmentations):
+        if augmentation.definition.builtin or augmentation.definition.kind != "element":
+            continue
+        # The list up to this op: its input is what the ops before it make.
+        augmenter = Augmenter(tuple(elements[: elements.index(augmentation) + 1]), training=True)
+
+        def element(serialized, image, seed, augmenter=augmenter):
+            if spec.classification_only:
+                return augmenter.apply(image, seed)
+            stored = stored_targets(schema.parse(serialized), spec, image_size)
+            return augmenter.apply_with_targets(image, stored, seed)[0]
+
+        try:
+            tf.function(element, autograph=False).get_concrete_function(*signature)
+        except AugmentOpError as e:
+            raise AugmentOpError(f"{field}[{index}].{augmentation.name}: {e}") from None
 
 
 def stored_targets(
