@@ -253,3 +253,40 @@ def test_class_weights_on_multi_label_point_to_positive_weights(tagged_dataset):
         kiln.reader.class_weights(path, "train")
     with pytest.raises(TargetError, match=hint):
         kiln.reader.load(path, "train", batch_size=4, seed=1, class_weight={0: 2.0})
+
+
+def test_an_extra_column_named_like_the_element_seeds_is_refused_not_overwritten(
+    tmp_path, monkeypatch
+):
+    """``augment_seed`` carries the element seeds to the model-side layer and to
+    batch ops, and replaced a user's extra column of that name without a word:
+    `kiln build` refuses the column, and `load` refuses to pass seeds over one
+    in a dataset built before (plain reads still give the column)."""
+    from kiln.pipeline import ConfigError, build
+    from kiln.pipeline import config as config_module
+
+    for index in range(2):
+        pixels = np.broadcast_to(colour(index), (SIZE, SIZE, 3)).copy()
+        (tmp_path / key_of(index)).write_bytes(tf.io.encode_png(pixels).numpy())
+    (tmp_path / "rows.csv").write_text(
+        f"path,labels,augment_seed\n{key_of(0)},cat,5\n{key_of(1)},dog,6\n"
+    )
+    config = {
+        "name": "seeded",
+        "source": {"type": "manifest", "path": str(tmp_path / "rows.csv"), "classes": CLASSES},
+        "output": str(tmp_path / "datasets"),
+        "splits": {"fractions": {"train": 1.0}},
+        "targets": {"labels": {}, "extra": {"augment_seed": "int"}},
+    }
+    with pytest.raises(ConfigError, match=r"targets\.extra: 'augment_seed' is the name of"):
+        build(config, [])
+
+    # As a kiln from before the check built it.
+    monkeypatch.setattr(config_module, "SEED_KEY", "not_a_column")
+    folder = str(build(config, []).dataset_dir)
+    plain = next(iter(kiln.reader.load(folder, batch_size=2, shuffle=False)))[1]
+    assert sorted(plain["augment_seed"].numpy().tolist()) == [5, 6]
+    with pytest.raises(TargetError, match="extra column named 'augment_seed'.*load_for_model"):
+        kiln.reader.load_for_model(folder, batch_size=2)
+    with pytest.raises(TargetError, match="extra column named 'augment_seed'.*batch ops"):
+        kiln.reader.load(folder, batch_size=2, augment=["cutmix"])

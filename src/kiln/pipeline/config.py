@@ -93,6 +93,7 @@ from kiln.pipeline.sources import ImageFolderSource, Listing, ManifestSource, So
 from kiln.pipeline.versioning import fingerprint
 from kiln.registry import ListError, describe_error, unknown_names_first
 from kiln.schemas import CLASSIFICATION, SPLIT_NAME_PATTERN, TargetsConfig
+from kiln.schemas.targets import SEED_KEY
 from kiln.transforms import encode
 
 if TYPE_CHECKING:
@@ -1115,6 +1116,12 @@ def _check_targets(model: BuildConfig, chain: transforms.Chain) -> None:
         _check_object_source(source.type, targets or CLASSIFICATION)
     if targets is None or targets.is_classification:
         return
+    if SEED_KEY in targets.extra:
+        raise ListError(
+            f"targets.extra: {SEED_KEY!r} is the name of the element seeds the reader "
+            f"passes to the model-side augmentation layer and to batch ops, which would "
+            f"replace the column; choose another column name"
+        )
     if model.splits.stratify and not (targets.label or targets.labels or targets.boxes):
         # The listing stratifies by the classes an image's annotations name:
         # a semantic mask's are only known once it is decoded, in the job.

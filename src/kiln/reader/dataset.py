@@ -57,6 +57,7 @@ from kiln.schemas import (
     schema_for,
 )
 from kiln.schemas.location import join, locate, read_buffer_bytes
+from kiln.schemas.targets import SEED_KEY
 
 if TYPE_CHECKING:
     from kiln.reader.layer import AugmentationLayer
@@ -618,12 +619,20 @@ def _read(
         skip_records=skip_records,
     )
 
+    keep_seeds = model_side or bool(augmenter.batch_ops)
+    if keep_seeds and SEED_KEY in spec.extras:
+        # Built before kiln reserved the name: the seeds would replace the column.
+        raise TargetError(
+            f"this dataset has an extra column named {SEED_KEY!r}, the name of the element "
+            f"seeds {'load_for_model passes to the layer' if model_side else 'batch ops take'} "
+            f"(the seeds would replace the column); rebuild it with the column renamed"
+        )
     decoding = _Decoding(
         augmenter=Augmenter(()) if model_side else augmenter,
         encoding=metadata.encoding["format"],
         channels=metadata.channels,
         image_size=metadata.image_size,
-        keep_seeds=model_side or bool(augmenter.batch_ops),
+        keep_seeds=keep_seeds,
         # uint8 output of unaugmented images skips the float round trip.
         as_float=not model_side and not output.image_format.keeps_stored_pixels(augmenter),
         schema=schema,
@@ -1218,7 +1227,7 @@ class _Decoding:
             )
         out = dict(features, image=self._cast(image))
         if self.keep_seeds:
-            out["augment_seed"] = seed
+            out[SEED_KEY] = seed
         return out
 
     def _element_with_targets(self, serialized, word):
@@ -1242,7 +1251,7 @@ class _Decoding:
             )
         out = dict(features, image=self._cast(image), **_shaped_like(targets, image).tensors)
         if self.keep_seeds:
-            out["augment_seed"] = seed
+            out[SEED_KEY] = seed
         moves = targets.moves
         if moves is None:
             return out
@@ -1300,7 +1309,7 @@ class _Decoding:
         image.set_shape([serialized.shape[0], height, width, self.channels])
         out = dict(features, image=to_float(image) if self.as_float else image)
         if self.keep_seeds:
-            out["augment_seed"] = seeding.element_seed(words, features["key"])
+            out[SEED_KEY] = seeding.element_seed(words, features["key"])
         return out
 
 

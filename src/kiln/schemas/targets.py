@@ -64,6 +64,10 @@ RESERVED_NAMES = frozenset(
         "split",
     }
 )
+# The key of the element seeds in the reader's elements that carry them (the
+# model-side layer's input, batch ops). Not a reserved name (datasets built
+# with such an extra column stay readable): `kiln build` refuses the column.
+SEED_KEY = "augment_seed"
 # Keys of one object in a JSONL manifest line.
 OBJECT_KEYS = frozenset({"bbox", "class", "keypoints", "mask", "segmentation"})
 
