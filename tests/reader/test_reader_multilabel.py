@@ -286,7 +286,7 @@ def test_an_extra_column_named_like_the_element_seeds_is_refused_not_overwritten
     folder = str(build(config, []).dataset_dir)
     plain = next(iter(kiln.reader.load(folder, batch_size=2, shuffle=False)))[1]
     assert sorted(plain["augment_seed"].numpy().tolist()) == [5, 6]
-    with pytest.raises(TargetError, match="extra column named 'augment_seed'.*load_for_model"):
+    with pytest.raises(TargetError, match=r"extra column named 'augment_seed'.*load_for_model"):
         kiln.reader.load_for_model(folder, batch_size=2)
-    with pytest.raises(TargetError, match="extra column named 'augment_seed'.*batch ops"):
+    with pytest.raises(TargetError, match=r"extra column named 'augment_seed'.*batch ops"):
         kiln.reader.load(folder, batch_size=2, augment=["cutmix"])
