@@ -336,6 +336,36 @@ def test_a_with_targets_form_that_returns_something_else_is_refused_naming_the_o
         traced(["test_dict"], [1, 2])
 
 
+@pytest.mark.parametrize("axis", [1, 0])
+def test_a_mirror_through_warp_swaps_flip_pairs_as_the_flips_do(axis):
+    """`ElementTargets.warp` is how a user op moves targets by any affine map;
+    one that mirrors swaps the subject's left and right as kiln's flips do."""
+    image, targets = element()
+    height, width = image.shape[:2]
+    # Each output pixel's source, in TF's convention: x -> W - 1 - x (or y).
+    mirror = (
+        [-1.0, 0.0, width - 1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+        if axis == 1
+        else [1.0, 0.0, 0.0, 0.0, -1.0, height - 1.0, 0.0, 0.0]
+    )
+    warped = targets.warp(tf.constant(mirror), tf.shape(image)[:2], fill_mode="constant")
+    flipped = targets.flip_left_right() if axis == 1 else targets.flip_up_down()
+    flipped = flipped.materialized()
+    for name in ("keypoints", "keypoint_visibility", "boxes", "mask"):
+        np.testing.assert_allclose(
+            warped.tensors[name].numpy(), flipped.tensors[name].numpy(), atol=1e-5, err_msg=name
+        )
+    # A turn is no mirror: the pairs keep their names.
+    turned = targets.warp(
+        tf.constant([1.0, 0.0, 2.0, 0.0, 1.0, 0.0, 0.0, 0.0]),  # a shift by 2 columns
+        tf.shape(image)[:2],
+        fill_mode="constant",
+    )
+    kept = turned.tensors["keypoint_visibility"].numpy() > 0
+    shifted = targets.tensors["keypoints"].numpy() - [0.0, 2.0 / width]
+    np.testing.assert_allclose(turned.tensors["keypoints"].numpy()[kept], shifted[kept], atol=1e-5)
+
+
 def test_mixup_is_refused_naming_the_target_and_cutmix_is_not():
     with pytest.raises(TargetError, match=r"mixup.*'boxes'"):
         Augmenter(tuple(validate(["mixup"]))).check_targets(BOXES_ONLY)

@@ -585,6 +585,9 @@ class ElementTargets:
             instance masks always fill 0 (a reflected copy of an object
             is not that object).
 
+        A mirror (a transform whose determinant is negative) swaps the
+        keypoints of each flip pair, as `flip_left_right` does.
+
         Boxes become the enclosing box of their four transformed corners
         (of the part of the transformed box inside the image, when it
         leaves the image), or, with instance masks, the box of the
@@ -602,9 +605,17 @@ class ElementTargets:
             _, keep = _clip_boxes(_extent(corners), self.spec.min_visibility)
             out["boxes"] = _visible_extent(corners)
         if "keypoints" in out:
-            out["keypoints"], out["keypoint_visibility"] = _hide_outside(
+            points, visibility = _hide_outside(
                 _apply_affine(out["keypoints"], forward), out["keypoint_visibility"]
             )
+            order = self.spec.keypoint_permutation()
+            if order != sorted(order):
+                # A mirror (the map's determinant is negative) swaps the
+                # subject's left and right, as the flips do.
+                mirrored = transform[0] * transform[4] - transform[1] * transform[3] < 0
+                points = tf.where(mirrored, tf.gather(points, order, axis=1), points)
+                visibility = tf.where(mirrored, tf.gather(visibility, order, axis=1), visibility)
+            out["keypoints"], out["keypoint_visibility"] = points, visibility
         if "mask" in out:
             out["mask"] = _warp_masks(
                 out["mask"][None], transform, shape, fill_mode, self.spec.ignore_value
