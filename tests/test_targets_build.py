@@ -834,6 +834,36 @@ def test_exif_orientation_moves_the_targets_with_the_pixels(tmp_path):
         )
 
 
+def test_a_mirroring_exif_orientation_swaps_the_flip_pairs_keypoints(tmp_path):
+    """A photo tagged "mirror to view" (2), annotated on its stored pixels: the
+    stored image is the mirror image of the one viewers show, so the point
+    named ``tl`` there is where ``br``'s name belongs after the mirror
+    (``flip_pairs: [[tl, br]]``), as the reader's flips swap them."""
+    import io
+
+    from PIL import Image
+
+    row = data.manifest_row(3, tmp_path)
+    objects = data.objects_of(3)
+    exif = Image.Exif()
+    exif[0x0112] = 2
+    buffer = io.BytesIO()
+    Image.fromarray(data.image_of(objects)).save(buffer, "PNG", exif=exif.tobytes())
+    (tmp_path / row["path"]).write_bytes(buffer.getvalue())
+    manifest = data.write_manifest(tmp_path, [row])
+    record = next(iter(records(build(config(manifest, tmp_path / "out"))).values()))
+    assert (record["height"], record["width"]) == (48, 64)
+    np.testing.assert_array_equal(image_pixels(record), data.image_of(objects)[:, ::-1])
+    for k, obj in enumerate(objects):
+        x0, y0, x1, y1 = obj["box"]
+        # Mirrored: x -> 64 - x; then tl takes br's point and br tl's.
+        np.testing.assert_allclose(
+            record["keypoints"][k],
+            [[(y1 - 0.5) / 48, (64 - x1 + 0.5) / 64], [(y0 + 0.5) / 48, (64 - x0 - 0.5) / 64]],
+            atol=1e-6,
+        )
+
+
 def test_a_transform_without_geometry_is_refused_for_geometric_targets(tmp_path):
     from kiln import transforms
     from kiln.pipeline import config as config_module

@@ -651,3 +651,22 @@ def test_how_user_geometry_moves_targets_is_in_the_fingerprint_of_such_datasets(
     assert after["plugin_mask"] != before["plugin_mask"]
     assert after["plugin_labels"] == before["plugin_labels"]
     assert after["boxes"] == before["boxes"]
+
+
+def test_how_mirrors_move_keypoints_is_in_the_fingerprint_of_such_datasets(monkeypatch):
+    """A base built before mirrors swapped flip pairs (an EXIF-mirrored photo's
+    keypoints kept their names) is not reused (`MIRRORED_KEYPOINTS_VERSION`);
+    keypoints without flip pairs keep their fingerprint."""
+    from kiln.pipeline import incremental
+
+    def keypoints(pairs):
+        return {"boxes": {}, "keypoints": {"names": ["l", "r"], "flip_pairs": pairs}}
+
+    configs = {"pairs": {"targets": keypoints([["l", "r"]])}, "none": {"targets": keypoints([])}}
+    before = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert incremental.processing(configs["pairs"])["mirrored_keypoints"] == 1
+    assert "mirrored_keypoints" not in incremental.processing(configs["none"])
+    monkeypatch.setattr(incremental, "MIRRORED_KEYPOINTS_VERSION", 0)
+    after = {name: incremental.processing_fingerprint(c) for name, c in configs.items()}
+    assert after["pairs"] != before["pairs"]
+    assert after["none"] == before["none"]

@@ -756,6 +756,26 @@ def test_a_pixel_index_matrix_moves_targets_onto_the_pixels_opencv_moves(kind):
         )
 
 
+def test_a_map_that_mirrors_swaps_the_keypoints_of_each_flip_pair():
+    keypoints = np.array([[[2.5, 3.5, 2], [7.5, 3.5, 1], [5.0, 8.0, 2]]])
+    targets = Targets(boxes=[[1, 1, 9, 9]], keypoints=keypoints, mirror_order=(1, 0, 2))
+    mirror = CoordinateMap.affine([[-1, 0, 10], [0, 1, 0]], 10, 10)
+    turn = CoordinateMap.affine([[0, -1, 10], [1, 0, 0]], 10, 10)  # a quarter turn
+
+    mirrored = targets.mapped(mirror, min_visibility=0.0).keypoints
+    # Point 0 (left) takes point 1's place mirrored, and the other way round.
+    np.testing.assert_array_equal(mirrored, [[[2.5, 3.5, 1], [7.5, 3.5, 2], [5.0, 8.0, 2]]])
+    assert mirror.mirrors and not turn.mirrors
+    turned = targets.mapped(turn, min_visibility=0.0).keypoints
+    np.testing.assert_array_equal(turned[0, :, :2], turn.map_points(keypoints[0, :, :2]))
+    # Twice mirrored is no mirror: the names are back.
+    twice = targets.mapped(mirror, min_visibility=0.0).mapped(mirror, min_visibility=0.0)
+    np.testing.assert_array_equal(twice.keypoints, keypoints)
+    assert twice.mirror_order == (1, 0, 2)
+    with pytest.raises(TargetsError, match="mirror_order must be an order of the 3 keypoints"):
+        Targets(boxes=[[1, 1, 9, 9]], keypoints=keypoints, mirror_order=(0, 0, 2))
+
+
 @pytest.mark.parametrize("angle", [90.0, 30.0, -45.0])
 def test_a_user_transform_with_an_affine_geometry(user_transforms, angle):
     user_transforms("test_rotate", rotate, geometry=rotate_geometry)

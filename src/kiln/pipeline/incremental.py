@@ -246,6 +246,13 @@ NEAREST_RESIZE_VERSION = 1
 #    pixels along one axis; of other angles up to 1.4).
 USER_GEOMETRY_VERSION = 1
 
+# Bump when how keypoints follow a mirror image changes: only datasets with
+# keypoints and flip pairs then get another fingerprint and rebuild once.
+# 1: a map that mirrors (an EXIF orientation of a photo annotated in its
+#    stored frame, a user transform's flip) swaps each flip pair's keypoints,
+#    as the reader's flips do.
+MIRRORED_KEYPOINTS_VERSION = 1
+
 # Config sections that decide a record's bytes (see the module docstring).
 _PROCESSING_SECTIONS = ("image", "transforms", "encoding", "targets", "plugins")
 
@@ -278,6 +285,8 @@ def processing_fingerprint(config: Mapping[str, Any]) -> str:
         data["nearest_resize_version"] = NEAREST_RESIZE_VERSION
     if _has_user_geometry(config):
         data["user_geometry_version"] = USER_GEOMETRY_VERSION
+    if _has_flip_pairs(config):
+        data["mirrored_keypoints_version"] = MIRRORED_KEYPOINTS_VERSION
     if config.get("plugins"):
         data["plugin_sources"] = plugin_sources(config["plugins"])
     return versioning.fingerprint(data)
@@ -331,6 +340,11 @@ def _has_nearest_resize(config: Mapping[str, Any]) -> bool:
     )
 
 
+def _has_flip_pairs(config: Mapping[str, Any]) -> bool:
+    keypoints = (config.get("targets") or {}).get("keypoints") or {}
+    return bool(keypoints.get("flip_pairs"))
+
+
 def _has_user_geometry(config: Mapping[str, Any]) -> bool:
     targets = config.get("targets") or {}
     moved = ("boxes", "mask", "instance_masks", "keypoints")
@@ -352,8 +366,10 @@ def processing(config: Mapping[str, Any]) -> dict[str, Any]:
     ``image.jpeg_scaled_decode`` and masks ``reduced_masks``
     (`REDUCED_MASKS_VERSION`), with a nearest-neighbour `resize` or
     `letterbox` ``nearest_resize`` (`NEAREST_RESIZE_VERSION`), with plugins and
-    targets that transforms move ``user_geometry`` (`USER_GEOMETRY_VERSION`):
-    each names why a base built before is not reused."""
+    targets that transforms move ``user_geometry`` (`USER_GEOMETRY_VERSION`),
+    with keypoint flip pairs ``mirrored_keypoints``
+    (`MIRRORED_KEYPOINTS_VERSION`): each names why a base built before is not
+    reused."""
     out = {"version": PROCESSING_VERSION, "fingerprint": processing_fingerprint(config)}
     if _has_mask(config):
         out["mask_counts"] = MASK_COUNTS_VERSION
@@ -367,6 +383,8 @@ def processing(config: Mapping[str, Any]) -> dict[str, Any]:
         out["nearest_resize"] = NEAREST_RESIZE_VERSION
     if _has_user_geometry(config):
         out["user_geometry"] = USER_GEOMETRY_VERSION
+    if _has_flip_pairs(config):
+        out["mirrored_keypoints"] = MIRRORED_KEYPOINTS_VERSION
     return out
 
 

@@ -316,7 +316,8 @@ class DatasetInfo:
         ``"coco_keypoints"``, with ``image.jpeg_scaled_decode`` and masks
         ``"reduced_masks"``, with a nearest-neighbour ``resize`` or
         ``letterbox`` ``"nearest_resize"``, with plugins and targets that
-        transforms move ``"user_geometry"``: the versions of those parts of kiln's
+        transforms move ``"user_geometry"``, with keypoint flip pairs
+        ``"mirrored_keypoints"``: the versions of those parts of kiln's
         processing (`kiln.pipeline.incremental`). An
         incremental build reuses records of a version only if both equal
         its own. None in datasets written before kiln recorded it.

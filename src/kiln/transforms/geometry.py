@@ -175,6 +175,13 @@ class CoordinateMap:
         return self.matrix == (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
 
     @property
+    def mirrors(self) -> bool:
+        """Makes a mirror image (a negative determinant: a flip, a transpose):
+        the subject's left and right swap."""
+        xx, xy, _, yx, yy, _ = self.matrix
+        return xx * yy - xy * yx < 0
+
+    @property
     def is_axis_aligned(self) -> bool:
         """Scales, shifts, flips and transposes: an axis-aligned box maps onto a box."""
         xx, xy, _, yx, yy, _ = self.matrix

@@ -33,7 +33,9 @@ The rules, applied after each transform that moves pixels:
   belongs to it (per-object columns, keypoints, instance mask), and counted
   in `Targets.dropped_objects`. Never silently: the job reports the count.
 - **Keypoints** map as points. A keypoint that leaves the image (outside
-  ``[0, width] x [0, height]``) becomes visibility 0. A keypoint with
+  ``[0, width] x [0, height]``) becomes visibility 0. A map that mirrors
+  (an EXIF orientation that does, a user transform's flip) swaps the
+  keypoints of each flip pair (`Targets.mirror_order`). A keypoint with
   visibility 0 carries no position: its coordinates are ``(0, 0)``, as in
   COCO, from the moment a `Targets` is made.
 - **Masks** (the semantic mask and the instance masks) are resampled with
@@ -85,6 +87,10 @@ class Targets:
       instance_masks: ``[N, H, W]`` uint8 0/1, one per object, or None.
       dropped_objects: Objects removed so far because too little of them was
         left in the image (`min_visibility`).
+      mirror_order: The keypoints' order after a mirror image (each flip pair
+        swapped: ``targets.keypoints.flip_pairs``), or None: a map that
+        mirrors (`CoordinateMap.mirrors`) reorders them, as the reader's
+        flips do, so a point named ``left_eye`` stays on the subject's left.
     """
 
     boxes: np.ndarray
@@ -93,6 +99,7 @@ class Targets:
     mask: np.ndarray | None = None
     instance_masks: np.ndarray | None = None
     dropped_objects: int = 0
+    mirror_order: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -127,6 +134,14 @@ class Targets:
                 raise TargetsError("keypoint visibilities must be 0, 1 or 2")
             keypoints[keypoints[:, :, 2] == 0, :2] = 0.0
             set_(self, "keypoints", keypoints)
+        if self.mirror_order is not None:
+            order = tuple(int(i) for i in self.mirror_order)
+            points = 0 if self.keypoints is None else self.keypoints.shape[1]
+            if sorted(order) != list(range(points)):
+                raise TargetsError(
+                    f"mirror_order must be an order of the {points} keypoints, got {order}"
+                )
+            set_(self, "mirror_order", order)
 
         if self.mask is not None:
             mask = _uint8_array(self.mask, "mask")
@@ -220,6 +235,7 @@ class Targets:
             mask=self.mask,
             instance_masks=None if self.instance_masks is None else self.instance_masks[keep],
             dropped_objects=self.dropped_objects + int((~keep).sum()),
+            mirror_order=self.mirror_order,
         )
 
     def clipped(self, height: int, width: int, *, min_visibility: float) -> Targets:
@@ -270,6 +286,9 @@ class Targets:
             labelled = keypoints[:, :, 2] > 0
             if not identity:
                 keypoints[:, :, :2] = coordinate_map.map_points(keypoints[:, :, :2])
+            if self.mirror_order is not None and coordinate_map.mirrors:
+                keypoints = keypoints[:, list(self.mirror_order)]
+                labelled = keypoints[:, :, 2] > 0
             x, y = keypoints[:, :, 0], keypoints[:, :, 1]
             inside = (x >= 0) & (x <= width) & (y >= 0) & (y <= height)
             keypoints[labelled & ~inside, 2] = 0  # coordinates zeroed below
@@ -307,6 +326,7 @@ class Targets:
             mask=mask,
             instance_masks=instance_masks,
             dropped_objects=self.dropped_objects + int((~keep).sum()),
+            mirror_order=self.mirror_order,
         )
 
 
