@@ -366,6 +366,67 @@ def test_a_mirror_through_warp_swaps_flip_pairs_as_the_flips_do(axis):
     np.testing.assert_allclose(turned.tensors["keypoints"].numpy()[kept], shifted[kept], atol=1e-5)
 
 
+def _crop_op(name, **declaration):
+    """A user crop: a random window in training, the centre one otherwise."""
+
+    def offset(shape, seed, size):
+        top = tf.random.stateless_uniform([], seed, 0, shape[0] - size + 1, tf.int32)
+        left = tf.random.stateless_uniform([], seed[::-1], 0, shape[1] - size + 1, tf.int32)
+        return tf.stack([top, left])
+
+    def window(image, corner, size):
+        return tf.slice(image, tf.concat([corner, [0]], 0), [size, size, -1])
+
+    def crop(image, seed, *, size: int = 40):
+        return window(image, offset(tf.shape(image)[:2], seed, size), size)
+
+    def crop_targets(image, targets, seed, *, size: int = 40):
+        shape = tf.shape(image)[:2]
+        corner = offset(shape, seed, size)
+        return window(image, corner, size), targets.crop(corner, tf.constant([size, size]), shape)
+
+    def centre(image, *, size: int = 40):
+        return window(image, (tf.shape(image)[:2] - size) // 2, size)
+
+    def centre_targets(image, targets, *, size: int = 40):
+        shape = tf.shape(image)[:2]
+        corner = (shape - size) // 2
+        return window(image, corner, size), targets.crop(corner, tf.constant([size, size]), shape)
+
+    kinds = ["boxes", "mask", "instance_masks", "keypoints"]
+    forms = {"with_targets": crop_targets, "supports": kinds, "inference": centre}
+    if declaration.pop("centre_targets", True):
+        forms["inference_with_targets"] = centre_targets
+    register_augmentation(name, **forms, **declaration)(crop)
+
+
+@pytest.mark.usefixtures("user_ops")
+def test_a_user_crop_moves_targets_in_its_inference_form_too():
+    """A user op that changes the size needs an inference form (other splits get
+    that size too); on a dataset with targets that form moves pixels, so it
+    needs a targets form as well: `inference_with_targets`."""
+    _crop_op("test_crop_no_targets", centre_targets=False)
+    with pytest.raises(
+        TargetError, match=r"augment\[0\]\.test_crop_no_targets: .*inference_with_targets=fn"
+    ):
+        Augmenter(tuple(validate(["test_crop_no_targets"])), training=False).check_targets(SPEC)
+
+    _crop_op("test_crop")
+    evaluation = Augmenter(tuple(validate(["test_crop"])), training=False)
+    evaluation.check_targets(SPEC)
+    image, targets = element()
+    out, moved = evaluation.apply_with_targets(image, targets, None)
+    assert out.shape[:2] == (40, 40)
+    problems = scenes.check_element(out.numpy(), numpy_targets(moved))
+    assert not problems, problems
+    # Training crops at random, the targets alike.
+    for seed in range(4):
+        out, moved = traced(["test_crop"], [3, seed])
+        assert not scenes.check_element(out, moved)
+    with pytest.raises(ValueError, match="inference_with_targets is the targets' form"):
+        register_augmentation("test_half", inference_with_targets=lambda *a, **k: a)
+
+
 def test_mixup_is_refused_naming_the_target_and_cutmix_is_not():
     with pytest.raises(TargetError, match=r"mixup.*'boxes'"):
         Augmenter(tuple(validate(["mixup"]))).check_targets(BOXES_ONLY)

@@ -491,12 +491,14 @@ class Augmenter:
                 and definition.geometric
                 and not definition.builtin
                 and definition.inference is not None
+                and definition.inference_with_targets is None
             ):
                 raise TargetError(
                     f"{where}: augmentation op {augmentation.name!r}: its inference form may "
                     f"move pixels and cannot move this dataset's {list(spec.geometric)}; "
-                    f"register it with geometric=False if it does not, or apply it to the "
-                    f"training split only"
+                    f"register it with inference_with_targets=fn(image, targets, **params) -> "
+                    f"(image, targets) (the inference form moving the targets too), or with "
+                    f"geometric=False if it moves no pixel"
                 )
         for index, augmentation in enumerate(self.augmentations):
             if augmentation.definition.kind != "batch":
@@ -568,6 +570,17 @@ class Augmenter:
         if targets is not None and definition.inference_window is not None:
             return self._window_with_targets(
                 augmentation, definition.inference_window, image, targets, None
+            )
+        inference_with_targets = definition.inference_with_targets
+        if targets is not None and inference_with_targets is not None:
+            return self._call(
+                augmentation,
+                lambda: checked_with_targets(
+                    augmentation.name,
+                    inference_with_targets(image, targets, **kwargs),
+                    "inference_with_targets",
+                ),
+                image,
             )
         if definition.inference is not None:
             return self._call(
@@ -934,8 +947,11 @@ def _type_name(value: Any) -> str:
     return "tensor" if isinstance(value, tf.Tensor) else type(value).__name__
 
 
-def checked_with_targets(name: str, out: Any) -> tuple[Any, ElementTargets]:
-    """A user op's ``with_targets`` output, if it is ``(image, targets)``."""
+def checked_with_targets(
+    name: str, out: Any, form: str = "with_targets"
+) -> tuple[Any, ElementTargets]:
+    """A user op's `form` output (``with_targets``, ``inference_with_targets``),
+    if it is ``(image, targets)``."""
     if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], ElementTargets)):
         got = (
             f"a tuple of {', '.join(map(_type_name, out))}"
@@ -943,7 +959,7 @@ def checked_with_targets(name: str, out: Any) -> tuple[Any, ElementTargets]:
             else f"a {_type_name(out)}"
         )
         raise AugmentOpError(
-            f"the with_targets form of augmentation op {name!r} returned {got}; it returns "
+            f"the {form} form of augmentation op {name!r} returned {got}; it returns "
             f"(image, targets): the image and the ElementTargets it was given, moved as the "
             f"image was (targets.crop, targets.warp, ...)"
         )

@@ -156,6 +156,10 @@ class OpDefinition(Registered):
         where no random augmentation runs (non-train splits, the Keras layer
         with ``training=False``), e.g. a crop's deterministic center crop to
         the same output size. None means "leave the image as it is".
+      inference_with_targets: ``inference_with_targets(image, targets,
+        **params) -> (image, targets)``: `inference` moving the image's
+        `kiln.reader.targets.ElementTargets` too (a user op whose inference
+        form crops or resizes, on a dataset with boxes, masks or keypoints).
       window: Set for cropping ops that can be fused into JPEG decoding.
       inference_window: Same, for `inference`.
       builtin: True for kiln's own ops, which skip the first-use check.
@@ -205,6 +209,7 @@ class OpDefinition(Registered):
 
     kind: str = "element"
     inference: Callable[..., tf.Tensor] | None = None
+    inference_with_targets: Callable[..., tuple[tf.Tensor, ElementTargets]] | None = None
     window: Window | None = None
     inference_window: Window | None = None
     builtin: bool = False
@@ -269,6 +274,7 @@ def register_augmentation(
     with_targets: Callable[..., tuple[tf.Tensor, ElementTargets]] | None = None,
     supports: Iterable[str] | None = None,
     needs_rgb: bool | Callable[..., bool] = False,
+    inference_with_targets: Callable[..., tuple[tf.Tensor, ElementTargets]] | None = None,
 ) -> Callable[[ElementFn], ElementFn]:
     """Decorator: registers ``fn(image, seed, *, param=default, ...)`` as an element op.
 
@@ -289,6 +295,12 @@ def register_augmentation(
         (``targets.crop``, ``flip_left_right``, ``warp``... do the moves).
       supports: The target kinds `with_targets` handles, e.g.
         ``["boxes", "keypoints"]``; required with `with_targets`.
+      inference_with_targets: ``inference_with_targets(image, targets, *,
+        params) -> (image, targets)``: `inference` moving the targets too,
+        for a geometric op whose inference form moves pixels (a centre
+        crop), so that other splits of datasets with boxes, masks or
+        keypoints can run it; needs `inference` (which it must equal on the
+        image) and `with_targets`, and handles the kinds of `supports`.
       needs_rgb: True if the op needs 3-channel (RGB) images (a hue or
         saturation change), or ``needs_rgb(**params) -> bool`` when that
         depends on its parameters: `load`, `load_for_model`, the
@@ -304,6 +316,11 @@ def register_augmentation(
         raise ValueError(
             "register_augmentation: with_targets needs supports=[...], the target kinds it "
             f"moves (of {list(GEOMETRIC_KINDS)})"
+        )
+    if inference_with_targets is not None and (inference is None or with_targets is None):
+        raise ValueError(
+            "register_augmentation: inference_with_targets is the targets' form of "
+            "inference=, next to with_targets=: give all three"
         )
     kinds = None if supports is None else tuple(supports)
     unknown = sorted(set(kinds or ()) - set(GEOMETRIC_KINDS))
@@ -323,6 +340,7 @@ def register_augmentation(
         with_targets=with_targets,
         supports=kinds,
         needs_rgb=needs_rgb,
+        inference_with_targets=inference_with_targets,
     )
 
 
