@@ -690,6 +690,54 @@ def test_geometry_none_that_changes_the_size_fails_the_image(user_transforms):
         )
 
 
+def test_a_user_transform_that_returns_no_image_is_named_with_targets_too(user_transforms):
+    """On a dataset with targets the chain reads the output's size to check the
+    declared geometry: an output that is not an image (None, a list) was an
+    AttributeError there, naming nothing."""
+
+    def shift(image, *, step: int = 1):
+        return CoordinateMap.scale_translate(height=image.shape[0], width=image.shape[1])
+
+    def as_list(image, *, step: int = 1):
+        return [image]
+
+    user_transforms("test_none", lambda image: None, geometry="none")
+    user_transforms("test_list", as_list, geometry=shift)
+    scene = draw_scene(96, 96, seed=2)
+    cases = {
+        "test_none": r"transforms\[1\]\.test_none returned a NoneType; a transform returns",
+        "test_list": r"transforms\[1\]\.test_list returned a list; a transform returns",
+    }
+    for name, message in cases.items():
+        chain = transforms.parse(["equalize", name])
+        with pytest.raises(TransformError, match=message):
+            chain.apply(scene.image, scene.targets, min_visibility=0.3)
+        with pytest.raises(TransformError, match=message):
+            chain(scene.image)
+
+
+def test_a_geometry_is_checked_when_registered_and_its_refusals_name_the_transform(
+    user_transforms,
+):
+    def flat(image, *, strength: float = 1.0):
+        return CoordinateMap.affine([[1, 0, 0], [0, 0, 0]], *image.shape[:2])  # not invertible
+
+    def keep(image, *, strength: float = 1.0):
+        return image
+
+    user_transforms("test_flat", keep, geometry=flat)
+    scene = draw_scene(96, 96, seed=2)
+    with pytest.raises(TransformError, match="test_flat: its geometry: a coordinate map must be"):
+        transforms.parse(["test_flat"]).apply(scene.image, scene.targets, min_visibility=0.3)
+
+    def no_strength(image):
+        return CoordinateMap.identity(*image.shape[:2])
+
+    with pytest.raises(ValueError, match=r"test_sig: its geometry must take the transform's "):
+        transforms.register("test_sig", geometry=no_strength)(keep)
+    assert "test_sig" not in transforms.names()
+
+
 def test_register_refuses_a_geometry_of_the_wrong_kind():
     with pytest.raises(ValueError, match="geometry must be None, 'none' or a function"):
         transforms.register("test_bad", geometry="affine")

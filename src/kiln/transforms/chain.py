@@ -31,6 +31,7 @@ still works for label-only datasets.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -120,7 +121,27 @@ def register(
             f"geometry must be None, {NO_GEOMETRY!r} or a function returning a "
             f"CoordinateMap, got {geometry!r}"
         )
-    return TRANSFORMS.register(name, leading=("image",), check=check, geometry=geometry)
+    registering = TRANSFORMS.register(name, leading=("image",), check=check, geometry=geometry)
+    if geometry is None or geometry == NO_GEOMETRY:
+        return registering
+
+    def checked(fn: TransformFn) -> TransformFn:
+        registered = registering(fn)  # its own signature checked first
+        # The geometry is called as the transform is: a signature that cannot
+        # take its parameters would fail on every image, one by one.
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        try:
+            inspect.signature(geometry).bind(None, **{p.name: p.default for p in params})
+        except (TypeError, ValueError) as e:
+            TRANSFORMS.remove(name or fn.__name__)
+            arguments = ", ".join(["image", *(f"{p.name}=..." for p in params)])
+            raise ValueError(
+                f"{name or fn.__name__}: its geometry must take the transform's arguments, "
+                f"geometry({arguments}): {e}"
+            ) from None
+        return registered
+
+    return checked
 
 
 def names() -> list[str]:
@@ -170,9 +191,18 @@ class Transform(Spec):
         return TRANSFORMS.get(self.name).geometry
 
     def apply(
-        self, image: np.ndarray, targets: Targets, *, min_visibility: float, mask_fill: int = 0
+        self,
+        image: np.ndarray,
+        targets: Targets,
+        *,
+        min_visibility: float,
+        mask_fill: int = 0,
+        check: Callable[[Any], np.ndarray] | None = None,
     ) -> tuple[np.ndarray, Targets]:
         """The transformed image, and the targets moved with it (see `Chain.apply`).
+
+        `check` refuses an output that is not an image (`Chain.apply` names
+        the transform by its place in the list), before its size is read.
 
         Raises:
           TransformConfigError: if the transform declares no geometry.
@@ -182,8 +212,9 @@ class Transform(Spec):
         geometry = self.geometry
         if geometry is None:
             raise TransformConfigError(_undeclared_message(self.name))
+        run = self if check is None else (lambda image: check(self(image)))
         if geometry == NO_GEOMETRY:
-            output = self(image)
+            output = run(image)
             if output.shape[:2] != image.shape[:2]:
                 raise TransformError(
                     f"{self.name}: declares geometry 'none' but changed the image size from "
@@ -192,13 +223,16 @@ class Transform(Spec):
             return output, targets
         if not callable(geometry):  # register accepts nothing else; for the type checker
             raise TransformConfigError(f"{self.name}: invalid geometry {geometry!r}")
-        coordinate_map = geometry(image, **self.kwargs)
+        try:
+            coordinate_map = geometry(image, **self.kwargs)
+        except ValueError as e:  # CoordinateMap's refusals: not invertible, a size of 0
+            raise TransformError(f"{self.name}: its geometry: {e}") from None
         if not isinstance(coordinate_map, CoordinateMap):
             raise TransformError(
                 f"{self.name}: its geometry returned a {type(coordinate_map).__name__}, "
                 f"not a CoordinateMap"
             )
-        output = self(image)
+        output = run(image)
         if output.shape[:2] != coordinate_map.size:
             raise TransformError(
                 f"{self.name}: its geometry maps into {_hxw(coordinate_map.size)} but the "
@@ -286,10 +320,13 @@ class Chain:
         targets.check_size(image.shape[0], image.shape[1])
         targets = targets.clipped(image.shape[0], image.shape[1], min_visibility=min_visibility)
         for index, transform in enumerate(self.transforms[start:], start):
+
+            def checked(output, index=index, name=transform.name):
+                return _checked(output, index, name)
+
             image, targets = transform.apply(
-                image, targets, min_visibility=min_visibility, mask_fill=mask_fill
+                image, targets, min_visibility=min_visibility, mask_fill=mask_fill, check=checked
             )
-            image = _checked(image, index, transform.name)
         return image, targets
 
     def undeclared_geometry(self) -> list[tuple[int, str]]:
