@@ -186,6 +186,18 @@ def test_a_float_image_input_is_refused_naming_the_uint8_input(png_dataset):
         augment(floats / 255.0, training=False)
     with pytest.raises(ValueError, match=r"got int32"):
         augment(tf.cast(inputs["image"], tf.int32), training=False)
+    with pytest.raises(ValueError) as outside:
+        augment(floats, training=False)
+    assert "strategy" not in str(outside.value)
+    # Under a strategy Keras' fit makes float images of a model not built yet
+    # (it averages a first batch across the replicas): the message says so.
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        with pytest.raises(
+            ValueError,
+            match=r"Under a tf\.distribute strategy Keras' fit .* "
+            r"calling it once on a uint8 batch inside strategy\.scope\(\)",
+        ):
+            augment(floats, training=False)
     # The uint8 input gives what `load` gives.
     expected = next(
         iter(kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=0, normalize=True))

@@ -269,12 +269,20 @@ def _check_uint8(images: Any) -> None:
     dtype = tf.as_dtype(images.dtype)
     if dtype == tf.uint8:
         return
+    hint = ""
+    if tf.distribute.has_strategy():
+        hint = (
+            ". Under a tf.distribute strategy Keras' fit is the other cause: a model not "
+            "built yet is built on a first batch that it averages across the replicas "
+            "(strategy.reduce), which makes uint8 images float32; build the model before "
+            "fit, calling it once on a uint8 batch inside strategy.scope()"
+        )
     raise ValueError(
         f"AugmentationLayer takes uint8 images (0..255, as load_for_model yields them), got "
         f"{dtype.name}: a float image may be a uint8 batch cast to 0..255 by a Keras Input "
         f"without dtype (float32 by default), which the layer would take for [0, 1]. Declare "
         f'the model\'s image input keras.Input(..., dtype="uint8"), and pass or serve uint8 '
-        f"images"
+        f"images{hint}"
     )
 
 
