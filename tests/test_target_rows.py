@@ -140,6 +140,17 @@ def without(row: dict, *names: str, index: int | None = None) -> dict:
             r"objects\[0\].iscrowd: 9223372036854775808 does not fit the record's 64-bit integer",
         ),
         (object_change(0, keypoints=[1, 2, 2]), r"objects\[0\].keypoints: expected 6 numbers"),
+        (object_change(0, keypoints=None), r"objects\[0\].keypoints: expected 6 .*, got null"),
+        # Missing is not null: the row does not say null.
+        (
+            without(good_row(), "keypoints", index=0),
+            r"objects\[0\].keypoints: missing \(targets.keypoints\): 6 numbers, x, y, visibility "
+            r"for each of 2 keypoints \(all 0 for an object none of whose keypoints is labelled\)",
+        ),
+        (
+            without(good_row(), "bbox", index=1),
+            r"objects\[1\].bbox: missing: every object needs 4 numbers",
+        ),
         (object_change(0, keypoints=[1, 2, 3, 1, 1, 1]), "visibility of 'a' must be 0, 1 or 2"),
         (object_change(0, segmentation=[[1, 2, 3, 4, 5, 6]]), r"objects\[0\]: give either"),
         (without(good_row(), "mask", index=0), r"objects\[0\]: give either"),

@@ -221,6 +221,10 @@ def _object(
     if not isinstance(item, dict):
         raise AnnotationError(f"{where}: expected an object ({{...}}), got {_kind(item)}")
     bbox = item.get("bbox")
+    if "bbox" not in item:
+        raise AnnotationError(
+            f"{where}.bbox: missing: every object needs 4 numbers [x_min, y_min, x_max, y_max]"
+        )
     if not isinstance(bbox, list) or len(bbox) != 4 or not all(map(is_number, bbox)):
         raise AnnotationError(
             f"{where}.bbox: expected 4 numbers [x_min, y_min, x_max, y_max], got {_short(bbox)}"
@@ -250,6 +254,12 @@ def _object(
     if targets.keypoints is not None:
         count = len(targets.keypoints.names)
         points = item.get("keypoints")
+        if "keypoints" not in item:
+            raise AnnotationError(
+                f"{where}.keypoints: missing (targets.keypoints): {3 * count} numbers, x, y, "
+                f"visibility for each of {count} keypoints (all 0 for an object none of whose "
+                f"keypoints is labelled)"
+            )
         if (
             not isinstance(points, list)
             or len(points) != 3 * count
