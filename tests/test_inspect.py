@@ -409,3 +409,18 @@ def test_staging_folders_are_named_with_whether_a_build_holds_the_lock(
     assert cli.main(["inspect", root]) == 0
     assert "staging folder" not in capsys.readouterr().out
     assert inspection.inspect_dataset(root)["lock"] is None
+
+
+def test_examples_of_a_reason_are_its_first_rows_by_line_number():
+    """errors.jsonl sorts keys as text (``m.jsonl:16`` before ``m.jsonl:6``);
+    the examples inspect shows are the first lines of the file, in order."""
+    rows = [
+        {"key": f"m.jsonl:{line}", "reason": "bad_row", "message": "x"}
+        for line in sorted(range(2, 40, 3), key=str)
+    ] + [{"key": "b/1.png", "reason": "missing", "message": "y"}]
+
+    counts, examples = inspection._examples_by_reason(iter(rows))
+
+    assert counts == {"bad_row": 13, "missing": 1}
+    assert [row["key"] for row in examples["bad_row"]] == ["m.jsonl:2", "m.jsonl:5", "m.jsonl:8"]
+    assert [row["key"] for row in examples["missing"]] == ["b/1.png"]

@@ -190,10 +190,14 @@ def test_images_with_no_class_are_counted_per_split_and_shown(tmp_path, capsys):
     assert {n: s.images_without_classes for n, s in result.info.splits.items()} == expected
 
     assert cli.main(["inspect", result.dataset_dir]) == 0
-    (row,) = [line for line in capsys.readouterr().out.splitlines() if "(no class)" in line]
+    lines = capsys.readouterr().out.splitlines()
+    (row,) = [line for line in lines if "(no class)" in line]
     order = list(inspection.inspect_dataset(result.dataset_dir)["splits"])
     counts = [str(expected[name]) for name in order] + ["4"]
     assert row.split() == ["(no", "class)", *counts, "(images", "with", "no", "class)"]
+    # In the columns of the class rows above it (class names shorter than it).
+    (cat,) = [line for line in lines if line.strip().startswith("cat ")]
+    assert row.index("(images") == cat.index("(label")
     assert cli.main(["verify", result.dataset_dir, "--quiet"]) == 0
 
     # An incremental build reuses most records: their classes come from the index.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import time
 from collections.abc import Iterable, Iterator
@@ -559,17 +560,35 @@ def _examples_by_reason(
     rows: Iterable[dict[str, Any]],
 ) -> tuple[dict[str, int], dict[str, list[dict[str, Any]]]]:
     """The rows counted by ``reason``, and the first `EXAMPLES_PER_REASON`
-    of each: one pass, holding no more rows than that (the rows may be
-    `ReportRows`, read from their file as they are iterated)."""
+    of each in the order of their keys' numbers (``m.csv:6`` before
+    ``m.csv:16``: the file sorts keys as text): one pass, holding no more
+    rows than that (the rows may be `ReportRows`, read from their file as
+    they are iterated)."""
     counts: dict[str, int] = {}
-    examples: dict[str, list[dict[str, Any]]] = {}
+    kept: dict[str, list[tuple[list[tuple[int, Any]], dict[str, Any]]]] = {}
     for row in rows:
         reason = str(row.get("reason"))
         counts[reason] = counts.get(reason, 0) + 1
-        kept = examples.setdefault(reason, [])
-        if len(kept) < EXAMPLES_PER_REASON:
-            kept.append(row)
+        shown = kept.setdefault(reason, [])
+        key = _natural_key(str(row.get("key")))
+        if len(shown) < EXAMPLES_PER_REASON:
+            shown.append((key, row))
+            continue
+        last = max(range(len(shown)), key=lambda i: shown[i][0])
+        if key < shown[last][0]:
+            shown[last] = (key, row)
+    examples = {
+        reason: [row for _, row in sorted(shown, key=lambda entry: entry[0])]
+        for reason, shown in kept.items()
+    }
     return counts, examples
+
+
+def _natural_key(key: str) -> list[tuple[int, Any]]:
+    """``m.csv:16`` as ``[(1, "m.csv:"), (0, 16)]``: numbers compare as numbers."""
+    return [
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", key) if part
+    ]
 
 
 def _source_with_location(config: dict[str, Any], location: dict[str, Any]) -> dict[str, Any]:
@@ -638,7 +657,12 @@ def _classes_table(summary: dict[str, Any]) -> list[str]:
     splits = summary["splits"]
     names = summary["class_names"]
     title = f"classes ({len(names)})"
-    width = max([len(title) - 2] + [console.width(name) for name in names] + [len("total")])
+    without = [splits[split]["images_without_classes"] for split in splits]
+    # The images no class row counts: a multi-label or detection dataset's negatives.
+    no_class = "(no class)" if any(count is not None for count in without) else ""
+    width = max(
+        [len(title) - 2, len(no_class), len("total")] + [console.width(name) for name in names]
+    )
     columns = list(splits) + ["total"]
     widths = [max(len(column), 6) for column in columns]
     header = "  ".join(f"{column:>{w}}" for column, w in zip(columns, widths, strict=True))
@@ -648,13 +672,11 @@ def _classes_table(summary: dict[str, Any]) -> list[str]:
         counts.append(summary["class_counts"][name])
         cells = "  ".join(f"{count:>{w}}" for count, w in zip(counts, widths, strict=True))
         lines.append(f"  {console.pad(name, width)}  {cells}  (label {label})")
-    without = [splits[split]["images_without_classes"] for split in splits]
-    if any(count is not None for count in without):
-        # The images no row above counts: a multi-label or detection dataset's negatives.
+    if no_class:
         counts = [count or 0 for count in without]
         counts.append(sum(counts))
         cells = "  ".join(f"{count:>{w}}" for count, w in zip(counts, widths, strict=True))
-        lines.append(f"  {'(no class)':<{width}}  {cells}  (images with no class)")
+        lines.append(f"  {no_class:<{width}}  {cells}  (images with no class)")
     return lines
 
 
