@@ -274,8 +274,7 @@ def test_a_file_two_parts_of_one_folder_list_with_other_splits_is_a_duplicate_ke
     duplicate = error_rows(result)["0.png"]
     assert duplicate["reason"] == "duplicate_key"
     assert duplicate["message"] == (
-        "listed 2 times with different labels, splits or targets "
-        "(train.json:images[0], val.json:images[0])"
+        "listed 2 times with different split (train.json:images[0], val.json:images[0])"
     )
 
 

@@ -676,8 +676,7 @@ def test_an_image_listed_twice_is_named_by_its_entries(tmp_path):
     assert sorted(files) == ["empty.jpg"]
     assert dropped["7.jpg"].reason == "duplicate_key"
     assert dropped["7.jpg"].message == (
-        "listed 2 times with different labels, splits or targets "
-        "(instances.json:images[0], instances.json:images[2])"
+        "listed 2 times with different objects (instances.json:images[0], instances.json:images[2])"
     )
 
 

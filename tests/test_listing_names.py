@@ -905,3 +905,30 @@ def test_images_one_folder_too_deep_name_the_folder_that_holds_the_layout(tmp_pa
         f"all/flowers/roses/1.png: not in the layout root/{layout}); if {root}/{deeper} "
         f"holds that layout, make it source.root"
     )
+
+
+def test_a_duplicate_key_names_what_its_rows_give_differently(tmp_path):
+    """Two rows of one image that differ only in an extra column's value (a
+    trailing space) were "different labels, splits or targets": the message
+    names the field to reconcile."""
+    targets = TargetsConfig.model_validate({"labels": {}, "extra": {"weather": "string"}})
+    rows = [
+        {"path": "images/0.png", "labels": ["cat"], "weather": "sun"},
+        {"path": "images/1.png", "labels": ["cat"], "weather": "sun"},
+        {"path": "images/1.png", "labels": ["cat"], "weather": "sun "},
+        {"path": "images/2.png", "labels": ["cat"], "weather": "fog"},
+        {"path": "images/2.png", "labels": ["dog"], "weather": "rain"},
+    ]
+    for i in range(3):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    source = ManifestSource(type="manifest", path=str(tmp_path / "m.jsonl"))
+    files, dropped, _ = listed(source, targets=targets)
+
+    assert files == ["images/0.png"]
+    assert dropped["images/1.png"][2] == (
+        "listed 2 times with different extra.weather (lines 2, 3)"
+    )
+    assert dropped["images/2.png"][2] == (
+        "listed 2 times with different extra.weather, labels (lines 4, 5)"
+    )

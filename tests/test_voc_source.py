@@ -230,6 +230,4 @@ def test_an_image_two_files_name_is_named_by_its_files(tmp_path):
         assert [f.key for f in listing.files()] == ["other.jpg"]
         (dropped,) = listing.dropped()
     assert (dropped.key, dropped.reason) == ("2007_000027.jpg", "duplicate_key")
-    assert dropped.message == (
-        "listed 2 times with different labels, splits or targets (one.xml, sub/two.xml)"
-    )
+    assert dropped.message == ("listed 2 times with different objects (one.xml, sub/two.xml)")

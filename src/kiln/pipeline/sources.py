@@ -1478,6 +1478,30 @@ def row_candidate(row: Row, base: str, from_source: bool) -> Candidate:
     )
 
 
+def _differing(group: list[Candidate]) -> str:
+    """What the candidates of one key give differently: ``label``, ``split``,
+    a target (``objects``, ``labels``, ``mask``) or an extra column
+    (``extra.weather``), so a duplicate's message names what to reconcile."""
+    fields = []
+    if len({row.label for row in group}) > 1:
+        fields.append("label")
+    if len({row.split for row in group}) > 1:
+        fields.append("split")
+    targets = [json.loads(row.targets) if row.targets else {} for row in group]
+    for name in sorted(set().union(*targets)):
+        values = [entry.get(name) for entry in targets]
+        if name == "extra" and all(isinstance(v, dict) or v is None for v in values):
+            columns = sorted(set().union(*(v or {} for v in values)))
+            fields += [
+                f"extra.{column}"
+                for column in columns
+                if len({json.dumps((v or {}).get(column), sort_keys=True) for v in values}) > 1
+            ]
+        elif len({json.dumps(value, sort_keys=True) for value in values}) > 1:
+            fields.append(name)
+    return ", ".join(fields) or "labels, splits or targets"
+
+
 def group_problem(
     group: list[Candidate], label_ids: dict[str, int] | None, confinement: _Confinement
 ) -> DroppedRow | None:
@@ -1492,9 +1516,7 @@ def group_problem(
             listed_at = ", ".join(str(row.where) for row in group)
         else:
             listed_at = "lines " + ", ".join(str(row.position) for row in group)
-        message = (
-            f"listed {len(group)} times with different labels, splits or targets ({listed_at})"
-        )
+        message = f"listed {len(group)} times with different {_differing(group)} ({listed_at})"
         return DroppedFile(key, "list", "duplicate_key", uri, message), [
             "dropped",
             "duplicate_key",
