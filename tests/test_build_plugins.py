@@ -71,6 +71,14 @@ SOURCES = {
         register_augmentation(
             "stateful_mirror", with_targets=_flip_targets, supports=["boxes"]
         )(_flip)
+
+        # A good op that needs images of 100 pixels.
+        def _centre(image, *, size: int = 100):
+            return image[:size, :size]
+
+        @register_augmentation("crop_100", geometric=False, inference=_centre)
+        def crop_100(image, seed, *, size: int = 100):
+            return tf.image.stateless_random_crop(image, [size, size, 3], seed)
     """,
     # Would register the same names and leave a mark if it were ever imported.
     UNNAMED_MODULE: """
@@ -161,6 +169,19 @@ def test_a_user_op_load_would_refuse_at_its_first_trace_is_a_config_error(
     with pytest.raises(ConfigError, match=rf"augment\[1\]\.{op}: augmentation op '{op}' {refused}"):
         config.load({**base, "augment": augment, "plugins": [FAULTY_MODULE]})
     assert not (tmp_path / "out").exists()
+
+
+def test_a_user_op_is_checked_on_a_large_enough_image_when_the_size_is_not_known(
+    plugin_dir, demo_corpus, tmp_path
+):
+    """Without transforms that fix the stored size, the check guesses one: a
+    crop of 100 pixels failed on its first guess (64x64) with TensorFlow's
+    error, and the build stopped as an internal error."""
+    base = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
+    loaded = config.load(
+        {**base, "transforms": [], "augment": ["crop_100"], "plugins": [FAULTY_MODULE]}
+    )
+    assert loaded.to_json()["augment"] == [{"crop_100": {"size": 100}}]
 
 
 def test_the_with_targets_form_of_a_user_op_is_checked_before_the_build(plugin_dir, tmp_path):

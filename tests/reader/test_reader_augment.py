@@ -496,6 +496,47 @@ def test_documented_ops_with_deterministic_parameters_are_accepted(
     assert len(accepted) == len(cases) and {r.levelno for r in accepted} == {logging.INFO}
 
 
+def test_an_op_that_needs_a_larger_image_is_checked_on_one_when_sizes_vary(user_ops, caplog):
+    """The first-use check runs the op on a test image of the size it gets;
+    when the dataset's sizes vary that is a guess (64x64), and a crop of 100
+    pixels failed on it with TensorFlow's error, refusing a good op (and
+    `kiln build` stopped on it as an internal error)."""
+    from kiln.reader.augmenter import check_op
+
+    def centre(image, *, size: int = 100):
+        return image[:size, :size]
+
+    @register_augmentation("crop_100", geometric=False, inference=centre)
+    def crop_100(image, seed, *, size: int = 100):
+        return tf.image.stateless_random_crop(image, [size, size, 3], seed)
+
+    @register_augmentation("stateful_crop_100", geometric=False, inference=centre)
+    def stateful_crop_100(image, seed, *, size: int = 100):
+        return tf.image.random_crop(image, [size, size, 3])
+
+    (crop,) = validate(["crop_100"])
+    check_op(crop, (64, 64, 3), known=False)  # checked on 256x256
+    (stateful,) = validate(["stateful_crop_100"])
+    with pytest.raises(AugmentOpError, match="'stateful_crop_100' gave different outputs"):
+        check_op(stateful, (64, 64, 3), known=False)
+    # Where 64x64 is the size the op gets, it fails there in training too.
+    with pytest.raises(
+        AugmentOpError,
+        match=r"'crop_100' failed on an image of the size it gets here \(64x64x3\): "
+        r"InvalidArgumentError: assertion failed: \[Need value.shape >= size",
+    ):
+        check_op(crop, (64, 64, 3))
+    # Larger than every test image: not checked, and said so.
+    (huge,) = validate([{"crop_100": {"size": 2000}}])
+    with caplog.at_level(logging.WARNING, logger="kiln.reader.augmenter"):
+        check_op(huge, (64, 64, 3), known=False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "augmentation op 'crop_100' could not be checked for its randomness: it failed on test "
+        "images of 64x64, 256x256, 1024x1024 pixels (the dataset's images vary in size): "
+        "assertion failed: [Need value.shape >= size, got ] [1024 1024 3] [2000 2000 3]"
+    ]
+
+
 def test_op_with_stateful_randomness_is_rejected(user_ops):
     @register_augmentation("stateful_noise")
     def stateful_noise(image, seed):

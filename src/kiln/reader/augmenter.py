@@ -46,11 +46,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kiln.errors import first_line
 from kiln.lazy_import import LazyModule
 from kiln.reader import seeds as seeding
 from kiln.reader.ops import Augmentation, AugmentConfigError, slice_window, to_float
@@ -542,8 +544,9 @@ class Augmenter:
             if not definition.builtin:
                 # First use: check the user op on an image of the shape it
                 # gets here, eagerly, outside the graph being traced.
+                known = image.shape.rank == 3 and image.shape[:2].is_fully_defined()
                 with tf.init_scope():
-                    check_op(augmentation, _shape_for_check(image.shape), targets)
+                    check_op(augmentation, _shape_for_check(image.shape), targets, known=known)
             op_seed = self._op_seed(seed, index)
             if targets is None:
                 return self._call(
@@ -721,6 +724,8 @@ def _shape_for_check(shape: tf.TensorShape) -> tuple[int, int, int]:
 
 _CHECKED: set = set()
 _CHECK_SEEDS = 64
+# The test images' sides when the op's input size is not known (`check_op`).
+_CHECK_SIDES = (64, 256, 1024)
 # Fresh traces compared when every seed gives one output (see `check_op`).
 _CHECK_TRACES = 8
 
@@ -732,7 +737,11 @@ _TRACE_PITFALL = (
 
 
 def check_op(
-    augmentation: Augmentation, shape: Sequence[int], targets: ElementTargets | None = None
+    augmentation: Augmentation,
+    shape: Sequence[int],
+    targets: ElementTargets | None = None,
+    *,
+    known: bool = True,
 ) -> None:
     """Rejects a user op whose randomness is not its seed's, or that needs Python values of tensors.
 
@@ -762,9 +771,14 @@ def check_op(
         image size when known).
       targets: The targets the op gets in the pipeline (symbolic: their
         names, dtypes and spec are what is used), or None.
+      known: Whether `shape` is the size the op gets. False (the images vary
+        in size): the test image is 64x64, or 256x256 or 1024x1024 if the op
+        fails on smaller ones; if it fails on all, the op is not checked
+        (a warning says so).
 
     Raises:
-      AugmentOpError: if the op's output changes from trace to trace but
+      AugmentOpError: if the op fails on an image of the size it gets, if
+        the op's output changes from trace to trace but
         not with the seed (randomness baked in while tracing), if tracing
         it draws from Python's or NumPy's global random generator, if the same
         seed gives different outputs (stateful randomness), or if tracing
@@ -781,10 +795,60 @@ def check_op(
         definition.fn,
         augmentation,
         tuple(shape),
+        known,
         None if targets is None else _targets_key(definition.with_targets, targets),
     )
     if cache_key in _CHECKED:
         return
+    name = augmentation.name
+    # The test image: the size the op gets, or when that varies (`known`
+    # False) the first size it runs on: an op may need a larger image (a
+    # crop of 100 pixels) than the first guess.
+    sizes = [tuple(shape)] if known else [(side, side, shape[2]) for side in _CHECK_SIDES]
+    for size in sizes:
+        try:
+            _check_on(augmentation, size, targets)
+        except tf.errors.OpError as e:  # the op failed running on the test image
+            if known:
+                raise AugmentOpError(
+                    f"augmentation op {name!r} failed on an image of the size it gets here "
+                    f"({size[0]}x{size[1]}x{size[2]}): {type(e).__name__}: {_op_error(e)}"
+                ) from None
+            failed: tf.errors.OpError | None = e
+            continue
+        break
+    else:
+        # Not checked: the images vary in size, and the op failed on every
+        # test size; training still runs it on the real images.
+        logger.warning(
+            "augmentation op %r could not be checked for its randomness: it failed on test "
+            "images of %s pixels (the dataset's images vary in size): %s",
+            name,
+            ", ".join(f"{side}x{side}" for side in _CHECK_SIDES),
+            _op_error(failed) if failed is not None else "",
+        )
+    _CHECKED.add(cache_key)
+
+
+def _op_error(error: tf.errors.OpError) -> str:
+    """What a TensorFlow op said (``assertion failed: [Need value.shape >=
+    size, ...]``), without the function it ran in or the stack of where it
+    was defined that TensorFlow puts first in a graph's errors."""
+    lines = [line.strip() for line in error.message.splitlines()]
+    said = [
+        line
+        for line in lines
+        if line
+        and not line.startswith(("Graph execution error", "Detected at node", "File ", "[["))
+    ]
+    text = first_line(RuntimeError(said[0] if said else error.message))
+    return re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", text)
+
+
+def _check_on(
+    augmentation: Augmentation, shape: Sequence[int], targets: ElementTargets | None
+) -> None:
+    """`check_op` on one test image of `shape`."""
     name = augmentation.name
     # A fixed, asymmetric image, so flips and crops visibly change it.
     image = tf.constant(np.random.default_rng(0).random(tuple(shape), dtype=np.float32))
@@ -820,7 +884,6 @@ def check_op(
             f"tf.image.stateless_random_* instead."
         )
     _check_size_kept(augmentation, shape, [out[0] for out in outputs])
-    _CHECKED.add(cache_key)
 
 
 def _equal(one: Sequence[np.ndarray], other: Sequence[np.ndarray]) -> bool:
