@@ -535,6 +535,26 @@ def test_a_base_built_before_boxes_followed_instance_masks_is_not_reused(
     assert result.counters["images_decoded"] == COUNT
 
 
+def test_a_base_built_before_mirrors_swapped_flip_pairs_says_so(corpus, tmp_path, monkeypatch):
+    """The reason a base is not reused names kiln's change (its keypoints under
+    mirrors, `MIRRORED_KEYPOINTS_VERSION`), not the user's config."""
+    from kiln.pipeline import incremental
+
+    assert data.TARGETS["keypoints"]["flip_pairs"]
+    manifest = str(corpus / "manifest.jsonl")
+    with monkeypatch.context() as before:
+        before.setattr(incremental, "MIRRORED_KEYPOINTS_VERSION", 0)
+        base = build(config(manifest, tmp_path / "out"))
+
+    result = build(config(manifest, tmp_path / "out"))
+
+    assert not result.incremental.used and result.incremental.base == base.version
+    assert result.incremental.reason == (
+        "it was built with kiln's mirrored keypoint version 0, this kiln's is 1"
+    )
+    assert result.info.processing["mirrored_keypoints"] == 1
+
+
 def test_how_boxes_follow_instance_masks_is_in_the_fingerprint_of_such_datasets(monkeypatch):
     """A base whose cut boxes were not tightened to their instance masks is
     not reused (`INSTANCE_BOXES_VERSION`); datasets without instance masks

@@ -488,6 +488,8 @@ _KILN_CHANGES = (
     ("coco_keypoints", "COCO keypoint reading"),
     ("reduced_masks", "reduced-decode mask resampling"),
     ("nearest_resize", "nearest-neighbour resize"),
+    ("user_geometry", "user transform geometry"),
+    ("mirrored_keypoints", "mirrored keypoint"),
 )
 
 
