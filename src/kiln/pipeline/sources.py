@@ -1900,7 +1900,9 @@ def _csv_records(lines: Iterator[str | LongLine]) -> Iterator[_CsvRecord]:
     quoted field that ran on, nearly always from an unterminated quote:
     left to run, it swallows the rows after it until a quote closes it and
     breaks CSV's rules (``"x"y``) or the file ends (the reader is strict,
-    so neither passes as a field). Its first line comes back with the error
+    so neither passes as a field; a record of one line that only the strict
+    reading refuses, ``"a" ,b``, is read leniently, as the csv module reads
+    it by default). Its first line comes back with the error
     (`_CsvRecord.runs_on`) and the lines after it are read again, as the
     rows they are. A line over the cap (`LongLine`) ends the record it is
     in (`_CsvRecord.long_line`), whose quotes it may have closed, and a new
@@ -1939,6 +1941,14 @@ def _csv_records(lines: Iterator[str | LongLine]) -> Iterator[_CsvRecord]:
                 return
         except csv.Error as e:
             error = str(e)
+        if error is not None and not long_lines and len(taken) == 1:
+            # Refused by the strict reading on its one line (``"a" ,b``, text
+            # after a closing quote): read as the csv module reads it leniently,
+            # as before; nothing ran on.
+            try:
+                fields, error = next(csv.reader(taken), []), None
+            except csv.Error as e:
+                error = str(e)
         if error is None and not long_lines:
             yield _CsvRecord(last_line + 1, number, fields)
         elif not long_lines and len(taken) > 1:  # a quoted field ran on, then was refused
