@@ -165,18 +165,15 @@ def interior(flags: np.ndarray) -> np.ndarray:
     return out
 
 
-def check(
-    image: np.ndarray, targets: dict, *, mirrored: bool | None, turned_over: bool = False
-) -> list[str]:
+def check(image: np.ndarray, targets: dict, *, mirrored: bool | None) -> list[str]:
     """Every way the targets disagree with the pixels (empty: they agree).
 
     `mirrored`: whether the element went through an odd number of flips
     (then "left" lies on the yellow marker and "right" on the white one), or
     None when the list flips at random: then every "left" of the element
     must lie on one colour and every "right" on the other. In both cases
-    the three keypoints of an object must turn as they did when stored, or
-    the other way with `turned_over` (pixels mirrored by an EXIF
-    orientation, which swaps no names).
+    the three keypoints of an object must turn as they did when stored:
+    every mirror swaps the pair.
     """
     problems = []
     height, width = image.shape[:2]
@@ -234,14 +231,14 @@ def check(
                 problems.append(f"keypoint {index}/{k} at pixel {(row, col)} is on no marker")
                 continue
             on_colour[k].add(int(np.argmin(nearest)))
-    # Turns, scales and flips that swap the pair keep the way left -> right
-    # -> top turns (counter-clockwise on screen); a mirror that does not
-    # swap it reverses it, whatever the flips drawn.
+    # Turns, scales and mirrors that swap the pair keep the way left -> right
+    # -> top turns (counter-clockwise on screen); a mirror that did not swap
+    # it would reverse it, whatever the flips drawn.
     visibility = np.asarray(targets["keypoint_visibility"])
     for index, points in enumerate(np.asarray(targets["keypoints"], np.float64)):
         if visibility[index].all():
             (ly, lx), (ry, rx), (ty, tx) = points * [height, width]
-            if ((rx - lx) * (ty - ly) - (ry - ly) * (tx - lx) >= 0) != turned_over:
+            if (rx - lx) * (ty - ly) - (ry - ly) * (tx - lx) >= 0:
                 problems.append(f"object {index}: left, right, top turn the other way (mirrored)")
     expected = {0: {0}, 1: {1}, 2: {2}} if not mirrored else {0: {1}, 1: {0}, 2: {2}}
     for k, colours in on_colour.items():
@@ -380,9 +377,10 @@ def test_uint8_and_channels_first_have_the_float_paths_geometry(wide_dataset):
 def test_stored_targets_follow_every_exif_orientation_and_the_transforms(tmp_path, transforms):
     """The build turns each file upright and transforms it, and its targets
     with it: in the stored records every box, mask and keypoint lies on its
-    pixels. Orientations 2, 4, 5 and 7 mirror the pixels but swap no names
-    (the file was annotated as stored), so "left" stays on its own marker
-    and the keypoints turn the other way round."""
+    pixels. Orientations 2, 4, 5 and 7 mirror the pixels, and a mirror image
+    swaps the subject's left and right, as the reader's flips do: the file
+    was annotated as stored, a mirror image of the scene viewers see, so
+    "left" moves to the other marker (flip_pairs)."""
     result = build_scenes(str(tmp_path), 8, transforms, orientations=True)
     dataset = kiln.reader.load(result.dataset_dir, augment=None, as_supervised=False)
     seen = set()
@@ -394,7 +392,7 @@ def test_stored_targets_follow_every_exif_orientation_and_the_transforms(tmp_pat
         if not transforms:
             sideways = orientation >= 5
             assert image.shape[:2] == ((WIDTH, HEIGHT) if sideways else (HEIGHT, WIDTH))
-        problems = check(image, element, mirrored=False, turned_over=orientation in (2, 4, 5, 7))
+        problems = check(image, element, mirrored=orientation in (2, 4, 5, 7))
         assert not problems, f"orientation {orientation}: {problems}"
         seen.add(orientation)
     assert seen == set(range(1, 9))
