@@ -417,10 +417,13 @@ def test_examples_of_a_reason_are_its_first_rows_by_line_number():
     rows = [
         {"key": f"m.jsonl:{line}", "reason": "bad_row", "message": "x"}
         for line in sorted(range(2, 40, 3), key=str)
-    ] + [{"key": "b/1.png", "reason": "missing", "message": "y"}]
+    ] + [
+        {"key": "b/1.png", "reason": "missing", "message": "y"},
+        {"key": "scans/page5\u00b2", "reason": "missing", "message": "y"},  # a superscript 2
+    ]
 
     counts, examples = inspection._examples_by_reason(iter(rows))
 
-    assert counts == {"bad_row": 13, "missing": 1}
+    assert counts == {"bad_row": 13, "missing": 2}
     assert [row["key"] for row in examples["bad_row"]] == ["m.jsonl:2", "m.jsonl:5", "m.jsonl:8"]
-    assert [row["key"] for row in examples["missing"]] == ["b/1.png"]
+    assert [row["key"] for row in examples["missing"]] == ["b/1.png", "scans/page5\u00b2"]
