@@ -184,6 +184,36 @@ def test_a_user_op_is_checked_on_a_large_enough_image_when_the_size_is_not_known
     assert loaded.to_json()["augment"] == [{"crop_100": {"size": 100}}]
 
 
+def test_a_user_op_refused_on_the_one_size_the_job_stored_is_not_published(plugin_dir, tmp_path):
+    """The config check guessed a size (no transform fixes it) and the op
+    passed on it; the job stored images of one size, 48x64, on which `load`
+    checks the op and refuses it: the build publishes nothing."""
+    import cv2
+
+    from kiln.pipeline import BuildError
+
+    for index in range(4):
+        folder = tmp_path / "images" / ("a" if index % 2 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(folder / f"{index}.png"), np.full((48, 64, 3), 40 * index, np.uint8))
+    spec = {
+        "name": "small",
+        "source": {"type": "image_folder", "root": str(tmp_path / "images")},
+        "output": str(tmp_path / "out"),
+        "encoding": {"format": "png"},
+        "augment": ["crop_100"],
+        "plugins": [FAULTY_MODULE],
+    }
+    with pytest.raises(
+        BuildError,
+        match=r"augment\[0\]\.crop_100: augmentation op 'crop_100' failed on an image of the "
+        r"size it gets here \(48x64x3\).*on the images the job stored \(all 48x64\), "
+        r"kiln.reader.load would refuse this augment list, so nothing was published",
+    ):
+        build(spec)
+    assert not [p for p in (tmp_path / "out" / "small").iterdir() if not p.name.startswith(".")]
+
+
 def test_the_with_targets_form_of_a_user_op_is_checked_before_the_build(plugin_dir, tmp_path):
     """On a dataset with boxes the op's with_targets form is what `load`
     runs, so that is the form checked, on the records' targets as `load`

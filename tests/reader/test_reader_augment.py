@@ -537,6 +537,43 @@ def test_an_op_that_needs_a_larger_image_is_checked_on_one_when_sizes_vary(user_
     ]
 
 
+def test_shape_errors_while_tracing_are_refused_in_words_or_retried_on_larger_images(user_ops):
+    """A crop that TensorFlow refuses while tracing (its size checked
+    statically) is retried on larger test images where sizes vary, as one
+    that fails running is; an op that cannot take an image of unknown size
+    (``tf.unstack`` of it) is refused naming it, not with a raw ValueError."""
+    from kiln.reader.augmenter import Augmenter, check_op
+
+    def corner(image, *, size: int = 100):
+        return image[:size, :size]
+
+    @register_augmentation("corner_crop", geometric=False, inference=corner)
+    def corner_crop(image, seed, *, size: int = 100):
+        return tf.image.crop_to_bounding_box(image, 0, 0, size, size)
+
+    @register_augmentation("per_row_gain", geometric=False)
+    def per_row_gain(image, seed):
+        rows = tf.unstack(image)  # needs a known height
+        return tf.stack([row * tf.random.stateless_uniform([], seed, 0.9, 1.0) for row in rows])
+
+    (crop,) = validate(["corner_crop"])
+    check_op(crop, (64, 64, 3), known=False)  # traced and checked on 256x256
+    with pytest.raises(AugmentOpError, match="tracing it failed with ValueError"):
+        check_op(crop, (64, 64, 3))  # 64x64 is the size it gets
+
+    augmenter = Augmenter(tuple(validate(["per_row_gain"])), training=True)
+    traced = tf.function(augmenter.apply, autograph=False)
+    with pytest.raises(
+        AugmentOpError,
+        match=r"'per_row_gain' cannot run inside tf.data: tracing it failed with ValueError: "
+        r"Cannot infer argument `num` from shape \(None, None, 3\).*take them from "
+        r"tf.shape\(image\)",
+    ):
+        traced.get_concrete_function(
+            tf.TensorSpec([None, None, 3], tf.uint8), tf.TensorSpec([2], tf.int32)
+        )
+
+
 def test_op_with_stateful_randomness_is_rejected(user_ops):
     @register_augmentation("stateful_noise")
     def stateful_noise(image, seed):

@@ -1250,17 +1250,18 @@ def _check_augment_at_config(
             (height, width),
             stored=f"the stored images ({where} makes every image {height}x{width})",
         )
-    _check_first_use(model, augmentations, None if made is None else made[1])
+    check_first_use(model, augmentations, None if made is None else made[1])
 
 
-def _check_first_use(
+def check_first_use(
     model: BuildConfig, augmentations: Sequence[Augmentation], image_size: Sequence[int] | None
 ) -> None:
     """The first-use checks `load` runs on the list's own element ops
     (`kiln.reader.dataset.check_first_use`: randomness from the seed only,
     float32 output, no size change without an inference form), traced on
-    the dataset's image and targets before any work. Lists of kiln's ops
-    only need no TensorFlow here.
+    the dataset's image and targets before any work, and again after the
+    job on the one size it stored (`image_size`), which `load` checks with.
+    Lists of kiln's ops only need no TensorFlow here.
 
     Raises:
       ListError: naming the entry and why `load` would refuse it.

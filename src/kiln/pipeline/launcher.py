@@ -2002,14 +2002,26 @@ def _check_augment_fits(spec: BuildSpec, report: job.JobReport) -> None:
         return
     from kiln import reader
 
+    augmentations = reader.validate(spec.augment)
     try:
-        config_module.check_augment(spec.config, reader.validate(spec.augment), size, stored=stored)
+        config_module.check_augment(spec.config, augmentations, size, stored=stored)
     except ListError as e:
         raise BuildError(
             f"{e}; kiln.reader.load would refuse this augment list on the dataset, so "
             f"nothing was published. Make the crop smaller, or end "
             f"the transforms with a fixed size (resize: {{size: ...}}, center_crop, "
             f"letterbox) so that the config check finds this before the job"
+        ) from None
+    if report.image_size is None:
+        return  # `load` checks your own ops on test images then, as the config did
+    try:
+        # Your own ops, on the size `load` checks them with (the config's
+        # check guessed one where the transforms do not fix it).
+        config_module.check_first_use(spec.config, augmentations, report.image_size)
+    except ListError as e:
+        raise BuildError(
+            f"{e}; on {stored}, kiln.reader.load would refuse this augment list, so nothing "
+            f"was published"
         ) from None
 
 

@@ -614,10 +614,13 @@ class Augmenter:
             return run()
         try:
             out = run()
+        except (AugmentOpError, TargetError, AugmentConfigError):
+            raise  # kiln's own refusals, already in words
         except (
             AttributeError,
             NotImplementedError,
             TypeError,
+            ValueError,
             tf.errors.OperatorNotAllowedInGraphError,
         ) as e:
             raise trace_error(augmentation.name, e) from e
@@ -805,6 +808,7 @@ def check_op(
     # False) the first size it runs on: an op may need a larger image (a
     # crop of 100 pixels) than the first guess.
     sizes = [tuple(shape)] if known else [(side, side, shape[2]) for side in _CHECK_SIDES]
+    failed: tf.errors.OpError | None = None
     for size in sizes:
         try:
             _check_on(augmentation, size, targets)
@@ -814,7 +818,13 @@ def check_op(
                     f"augmentation op {name!r} failed on an image of the size it gets here "
                     f"({size[0]}x{size[1]}x{size[2]}): {type(e).__name__}: {_op_error(e)}"
                 ) from None
-            failed: tf.errors.OpError | None = e
+            failed = e
+            continue
+        except AugmentOpError as e:
+            # A shape's ValueError while tracing (a crop larger than the test
+            # image, checked statically): another size may do, where it varies.
+            if known or not _shape_problem(e) or size == sizes[-1]:
+                raise
             continue
         break
     else:
@@ -828,6 +838,15 @@ def check_op(
             _op_error(failed) if failed is not None else "",
         )
     _CHECKED.add(cache_key)
+
+
+def _shape_problem(error: AugmentOpError) -> bool:
+    """Whether tracing an op failed with a ValueError of its own (a shape it
+    cannot take), not kiln's refusal of what it does."""
+    cause = error.__cause__
+    return isinstance(cause, ValueError) and not isinstance(
+        cause, (AugmentOpError, TargetError, AugmentConfigError)
+    )
 
 
 def _op_error(error: tf.errors.OpError) -> str:
@@ -1100,6 +1119,11 @@ def trace_error(name: str, error: Exception) -> AugmentOpError:
         hint = (
             "It uses a tensor as a Python value (`if tensor:`, `bool(tensor)`, a Python "
             "loop over a tensor). Use tf.cond / tf.where for data-dependent choices."
+        )
+    elif isinstance(error, ValueError):
+        hint = (
+            "Where the dataset's images vary in size, their height and width are unknown "
+            "while tracing (image.shape holds None): take them from tf.shape(image)."
         )
     else:
         hint = "Write it with TensorFlow ops only."

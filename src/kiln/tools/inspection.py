@@ -587,7 +587,9 @@ def _examples_by_reason(
 def _natural_key(key: str) -> list[tuple[int, Any]]:
     """``m.csv:16`` as ``[(1, "m.csv:"), (0, 16)]``: numbers compare as numbers."""
     return [
-        (0, int(part)) if part.isdecimal() else (1, part) for part in re.split(r"(\d+)", key) if part
+        (0, int(part)) if part.isdecimal() else (1, part)
+        for part in re.split(r"(\d+)", key)
+        if part
     ]
 
 
