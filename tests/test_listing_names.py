@@ -760,6 +760,22 @@ def test_an_unterminated_quote_in_a_string_column_loses_no_row_and_no_value(tmp_
     }
 
 
+def test_spaces_after_a_quote_closed_over_lines_read_as_before(tmp_path):
+    # A quoted line break, closed, then a space: a row, as the csv module's
+    # default reading takes it; not a runaway quote.
+    targets = TargetsConfig.model_validate({"label": {}, "extra": {"note": "string"}})
+    text = 'path,label,note\nimages/0.png,cat,"first line\nsecond line" \nimages/1.png,dog,x\n'
+    (tmp_path / "images").mkdir()
+    for i in range(2):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    (tmp_path / "m.csv").write_text(text)
+    source = ManifestSource(type="manifest", path=str(tmp_path / "m.csv"))
+    with source.list_files(splits_from_source=False, targets=targets) as listing:
+        notes = {f.key: json.loads(f.targets)["extra"]["note"] for f in listing.files()}
+        assert list(listing.dropped()) == []
+    assert notes == {"images/0.png": "first line\nsecond line ", "images/1.png": "x"}
+
+
 def test_text_after_a_closing_quote_on_one_line_is_read_as_before(tmp_path):
     # The strict reading that ends a runaway quote is for quotes that run on
     # over lines: on one line, a space after a closing quote is read leniently.

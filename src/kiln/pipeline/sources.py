@@ -1951,6 +1951,8 @@ def _csv_records(lines: Iterator[str | LongLine]) -> Iterator[_CsvRecord]:
                 error = str(e)
         if error is None and not long_lines:
             yield _CsvRecord(last_line + 1, number, fields)
+        elif not long_lines and len(taken) > 1 and _spaced_close(taken) is not None:
+            yield _CsvRecord(last_line + 1, number, _spaced_close(taken) or [])
         elif not long_lines and len(taken) > 1:  # a quoted field ran on, then was refused
             ran_to = number
             number = last_line + 1
@@ -1965,6 +1967,20 @@ def _csv_records(lines: Iterator[str | LongLine]) -> Iterator[_CsvRecord]:
         if long_lines:
             reader = csv.reader(taking(), strict=True)
         last_line = number
+
+
+def _spaced_close(lines: list[str]) -> list[str] | None:
+    """The fields of a record of several lines that the strict reading refused
+    only for spaces or tabs after a closing quote (``"two\nlines" ,x``), read
+    leniently as the csv module reads them by default; None when it refused
+    something else (a quote that ran on)."""
+    trimmed = re.sub(r'"[ \t]+(?=,|\r?\n|$)', '"', "".join(lines)).splitlines(keepends=True)
+    try:
+        if len(list(csv.reader(trimmed, strict=True))) != 1:
+            return None
+    except csv.Error:
+        return None
+    return next(csv.reader(lines), [])
 
 
 def _csv_header(records: Iterator[_CsvRecord], name: str) -> list[str] | None:
