@@ -149,7 +149,7 @@ def write_bad_corpus(corpus, folder, tmp_path):
         "images/bad/hexagon.png": ("list", "unknown_label", "'hexagon' is not in source.classes"),
         line(f"images/{good[2]},circle,extra"): ("list", "bad_row", "expected 2 fields, got 3"),
         line("images/bad/unlabelled.png,"): ("list", "bad_row", "empty path or label"),
-        f"images/{good[3]}": ("list", "duplicate_key", "different labels"),
+        f"images/{good[3]}": ("list", "duplicate_key", "different label ("),
     }
     kept = sorted(f"images/{k}" for k in good if k != good[3])
     return str(folder / "manifest.csv"), kept, expected

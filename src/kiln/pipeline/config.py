@@ -249,9 +249,14 @@ class ErrorsConfig(_Model):
     allow_empty: bool = False
     """Publish a dataset with no example at all (every input dropped, while listing or in the
     job; the rows are in `errors.jsonl`). Off: such a build fails (exit 1), so a broken source
-    never replaces a good dataset with an empty one. A source that names nothing to build (an
-    empty manifest, a folder without class folders) is a configuration error (exit 2) either
-    way."""
+    never replaces a good dataset with an empty one. A source that names nothing to build is a
+    configuration error (exit 2) either way, with the first dropped row in its one line and no
+    `errors.jsonl`: an empty manifest, a folder without class folders, or a source whose every
+    file or row was dropped without naming a class, with no `source.classes` to give the
+    dataset one (every row of a manifest missing a column or key the config asks for, a
+    misspelt one, a format kiln does not read; files outside any class folder). With
+    `source.classes` declared, rows dropped so are bad input like any other (exit 1, or an
+    empty dataset with this option)."""
     check_box_convention: bool = True
     """With `targets.boxes`: fail the build (exit 1, nothing published) when the boxes as a
     whole look written in another convention than `[x_min, y_min, x_max, y_max]` pixels:
@@ -289,8 +294,11 @@ class BuildConfig(_Model):
     augment: list[Any] = []
     """The reader's default augmentation for the train split (random TF ops, every epoch),
     stored in `kiln.json`; validated at build time, and checked against the dataset as
-    `kiln.reader.load` checks it (targets, channels, crop sizes), so the build never publishes
-    a list `load` refuses; when the stored images vary in size, nor a fixed crop larger than
+    `kiln.reader.load` checks it (targets, channels, crop sizes; your own ops also by the
+    checks of their first use, traced on the dataset's image and targets: randomness from the
+    seed only, float32 output, no size change without an inference form, which imports
+    TensorFlow, so such a config check takes a few seconds, and again after the job on the
+    one size it stored), so the build never publishes a list `load` refuses; when the stored images vary in size, nor a fixed crop larger than
     the least height or width among them, which would fail training at the first such image.
     See [augmentations.md](augmentations.md)."""
     targets: TargetsConfig | None = None

@@ -155,8 +155,11 @@ class KeypointsTarget(_Model):
     """The keypoint names in the order each object lists its points, e.g.
     `[nose, left_eye, right_eye]`."""
     flip_pairs: list[tuple[FieldName, FieldName]] = []
-    """Pairs of names that swap under a horizontal flip, e.g. `[[left_eye, right_eye]]`. Stored
-    in the order of `names` (`[[right_eye, left_eye]]` is the same config, the same version)."""
+    """Pairs of names that swap under any mirror image, e.g. `[[left_eye, right_eye]]`: the
+    reader's flips, a `warp` that mirrors, and in the build a mirroring EXIF orientation (2, 4,
+    5, 7) of a photo annotated in its stored frame and a user transform whose map mirrors.
+    Stored in the order of `names` (`[[right_eye, left_eye]]` is the same config, the same
+    version)."""
 
     @pydantic.field_validator("flip_pairs", mode="before")
     @classmethod
@@ -221,7 +224,10 @@ class TargetsConfig(_Model):
     """Named keypoints per object. Needs `boxes`."""
     extra: dict[FieldName, Literal["int", "float", "string"]] = {}
     """Per-image columns taken from the manifest by name with their type, e.g.
-    `{weather: string, altitude: float}`: stored as `extra/<name>`."""
+    `{weather: string, altitude: float}`: stored as `extra/<name>`. A name is a Python
+    identifier, and not one of the record's or the reader's own keys (`image`, `key`, `label`,
+    `boxes`, `path`, `split`, ... and `augment_seed`, the element seeds the model-side layer
+    and batch ops take): those are refused, naming the column."""
     bad_objects: Literal["drop_image", "drop_object"] = "drop_image"
     """What one bad object annotation (a reversed or non-finite box, a class not in the class
     list, a polygon with fewer than 3 points, ...) drops: the whole image (`drop_image`, the
