@@ -723,12 +723,24 @@ def test_an_unterminated_quote_drops_its_line_and_the_rows_after_it_are_read(tmp
     }
 
 
+def csv_extras(tmp_path, text: str, column: str, images: int) -> tuple[dict, dict]:
+    """The string extra `column` of each file a CSV manifest `text` lists (with
+    `images` images written), and the dropped rows' messages, by key."""
+    targets = TargetsConfig.model_validate({"label": {}, "extra": {column: "string"}})
+    for i in range(images):
+        write(tmp_path, f"images/{i}.png".encode(), png(i))
+    (tmp_path / "m.csv").write_text(text)
+    source = ManifestSource(type="manifest", path=str(tmp_path / "m.csv"))
+    with source.list_files(splits_from_source=False, targets=targets) as listing:
+        values = {f.key: json.loads(f.targets)["extra"][column] for f in listing.files()}
+        return values, {d.key: d.message for d in listing.dropped()}
+
+
 def test_an_unterminated_quote_in_a_string_column_loses_no_row_and_no_value(tmp_path):
     """A string column takes any text, line breaks too: an unterminated quote in it
     ran on, silently, until a later row's quoted field closed it, and the rows between
     were one value. A quote closed by text after it (``"b"x``) is not CSV: the line
     that opened the quote is the bad row, the others are read as they were written."""
-    targets = TargetsConfig.model_validate({"label": {}, "extra": {"weather": "string"}})
     text = (
         "path,label,weather\n"
         "images/0.png,cat,sunny\n"
@@ -738,14 +750,7 @@ def test_an_unterminated_quote_in_a_string_column_loses_no_row_and_no_value(tmp_
         'images/4.png,dog,"quoted"\n'
         'images/5.png,dog,"two\nlines"\n'  # a quoted line break is CSV: one value
     )
-    (tmp_path / "images").mkdir()
-    for i in range(6):
-        write(tmp_path, f"images/{i}.png".encode(), png(i))
-    (tmp_path / "m.csv").write_text(text)
-    source = ManifestSource(type="manifest", path=str(tmp_path / "m.csv"))
-    with source.list_files(splits_from_source=False, targets=targets) as listing:
-        weathers = {f.key: json.loads(f.targets)["extra"]["weather"] for f in listing.files()}
-        dropped = {d.key: d.message for d in listing.dropped()}
+    weathers, dropped = csv_extras(tmp_path, text, "weather", 6)
 
     assert weathers == {
         "images/0.png": "sunny",
@@ -763,16 +768,9 @@ def test_an_unterminated_quote_in_a_string_column_loses_no_row_and_no_value(tmp_
 def test_spaces_after_a_quote_closed_over_lines_read_as_before(tmp_path):
     # A quoted line break, closed, then a space: a row, as the csv module's
     # default reading takes it; not a runaway quote.
-    targets = TargetsConfig.model_validate({"label": {}, "extra": {"note": "string"}})
     text = 'path,label,note\nimages/0.png,cat,"first line\nsecond line" \nimages/1.png,dog,x\n'
-    (tmp_path / "images").mkdir()
-    for i in range(2):
-        write(tmp_path, f"images/{i}.png".encode(), png(i))
-    (tmp_path / "m.csv").write_text(text)
-    source = ManifestSource(type="manifest", path=str(tmp_path / "m.csv"))
-    with source.list_files(splits_from_source=False, targets=targets) as listing:
-        notes = {f.key: json.loads(f.targets)["extra"]["note"] for f in listing.files()}
-        assert list(listing.dropped()) == []
+    notes, dropped = csv_extras(tmp_path, text, "note", 2)
+    assert dropped == {}
     assert notes == {"images/0.png": "first line\nsecond line ", "images/1.png": "x"}
 
 

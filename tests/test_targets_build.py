@@ -800,22 +800,27 @@ def test_verify_finds_broken_targets(plain_build, tmp_path, change, message):
     assert any(shard.filename in p and re.search(message, p) for p in problems), problems
 
 
-def test_exif_orientation_moves_the_targets_with_the_pixels(tmp_path):
+def exif_record(tmp_path, orientation: int) -> tuple[dict, list[dict]]:
+    """The record of scene 3's stored pixels tagged with EXIF `orientation`,
+    annotated as stored (the contract's default), and the scene's objects."""
     import io
 
     from PIL import Image
 
     row = data.manifest_row(3, tmp_path)
     objects = data.objects_of(3)
-    # The same stored pixels, tagged "rotate 90 degrees clockwise to view" (6):
-    # the annotations are of the stored pixels, as the contract says.
     exif = Image.Exif()
-    exif[0x0112] = 6
+    exif[0x0112] = orientation
     buffer = io.BytesIO()
     Image.fromarray(data.image_of(objects)).save(buffer, "PNG", exif=exif.tobytes())
     (tmp_path / row["path"]).write_bytes(buffer.getvalue())
     manifest = data.write_manifest(tmp_path, [row])
-    record = next(iter(records(build(config(manifest, tmp_path / "out"))).values()))
+    return next(iter(records(build(config(manifest, tmp_path / "out"))).values())), objects
+
+
+def test_exif_orientation_moves_the_targets_with_the_pixels(tmp_path):
+    # Tagged "rotate 90 degrees clockwise to view" (6).
+    record, objects = exif_record(tmp_path, 6)
     assert (record["height"], record["width"]) == (64, 48)  # upright
     # Clockwise: upright x = 48 - stored y, upright y = stored x.
     expected = [
@@ -839,19 +844,7 @@ def test_a_mirroring_exif_orientation_swaps_the_flip_pairs_keypoints(tmp_path):
     stored image is the mirror image of the one viewers show, so the point
     named ``tl`` there is where ``br``'s name belongs after the mirror
     (``flip_pairs: [[tl, br]]``), as the reader's flips swap them."""
-    import io
-
-    from PIL import Image
-
-    row = data.manifest_row(3, tmp_path)
-    objects = data.objects_of(3)
-    exif = Image.Exif()
-    exif[0x0112] = 2
-    buffer = io.BytesIO()
-    Image.fromarray(data.image_of(objects)).save(buffer, "PNG", exif=exif.tobytes())
-    (tmp_path / row["path"]).write_bytes(buffer.getvalue())
-    manifest = data.write_manifest(tmp_path, [row])
-    record = next(iter(records(build(config(manifest, tmp_path / "out"))).values()))
+    record, objects = exif_record(tmp_path, 2)
     assert (record["height"], record["width"]) == (48, 64)
     np.testing.assert_array_equal(image_pixels(record), data.image_of(objects)[:, ::-1])
     for k, obj in enumerate(objects):

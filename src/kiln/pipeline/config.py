@@ -298,8 +298,9 @@ class BuildConfig(_Model):
     checks of their first use, traced on the dataset's image and targets: randomness from the
     seed only, float32 output, no size change without an inference form, which imports
     TensorFlow, so such a config check takes a few seconds, and again after the job on the
-    one size it stored), so the build never publishes a list `load` refuses; when the stored images vary in size, nor a fixed crop larger than
-    the least height or width among them, which would fail training at the first such image.
+    one size it stored), so the build never publishes a list `load` refuses; when the stored
+    images vary in size, nor a fixed crop larger than the least height or width among them,
+    which would fail training at the first such image.
     See [augmentations.md](augmentations.md)."""
     targets: TargetsConfig | None = None
     """What each record carries besides the image: `label` (one class), `labels` (several),
