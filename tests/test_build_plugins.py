@@ -56,8 +56,8 @@ SOURCES = {
         def half_size(image, seed):
             return image[::2, ::2]
 
-        @register_augmentation("as_uint8", geometric=False)
-        def as_uint8(image, seed):
+        @register_augmentation("uint8_output", geometric=False)
+        def uint8_output(image, seed):
             return tf.cast(image * 255.0, tf.uint8)
 
         def _flip(image, seed):
@@ -76,8 +76,8 @@ SOURCES = {
         def _centre(image, *, size: int = 100):
             return image[:size, :size]
 
-        @register_augmentation("crop_100", geometric=False, inference=_centre)
-        def crop_100(image, seed, *, size: int = 100):
+        @register_augmentation("user_crop_100", geometric=False, inference=_centre)
+        def user_crop_100(image, seed, *, size: int = 100):
             return tf.image.stateless_random_crop(image, [size, size, 3], seed)
     """,
     # Would register the same names and leave a mark if it were ever imported.
@@ -154,7 +154,7 @@ def test_user_ops_need_their_module_named_in_the_config(plugin_dir, demo_corpus,
     [
         ("stateful_gain", "gave different outputs for the same seed: it uses stateful"),
         ("half_size", r"changes the image size \(32x32 in, 16x16 out\)"),
-        ("as_uint8", "returned a uint8 image"),
+        ("uint8_output", "returned a uint8 image"),
     ],
 )
 def test_a_user_op_load_would_refuse_at_its_first_trace_is_a_config_error(
@@ -179,9 +179,9 @@ def test_a_user_op_is_checked_on_a_large_enough_image_when_the_size_is_not_known
     error, and the build stopped as an internal error."""
     base = make_config(demo_corpus.out_dir, output=str(tmp_path / "out"))
     loaded = config.load(
-        {**base, "transforms": [], "augment": ["crop_100"], "plugins": [FAULTY_MODULE]}
+        {**base, "transforms": [], "augment": ["user_crop_100"], "plugins": [FAULTY_MODULE]}
     )
-    assert loaded.to_json()["augment"] == [{"crop_100": {"size": 100}}]
+    assert loaded.to_json()["augment"] == [{"user_crop_100": {"size": 100}}]
 
 
 def test_a_user_op_refused_on_the_one_size_the_job_stored_is_not_published(plugin_dir, tmp_path):
@@ -201,13 +201,13 @@ def test_a_user_op_refused_on_the_one_size_the_job_stored_is_not_published(plugi
         "source": {"type": "image_folder", "root": str(tmp_path / "images")},
         "output": str(tmp_path / "out"),
         "encoding": {"format": "png"},
-        "augment": ["crop_100"],
+        "augment": ["user_crop_100"],
         "plugins": [FAULTY_MODULE],
     }
     with pytest.raises(
         BuildError,
-        match=r"augment\[0\]\.crop_100: augmentation op 'crop_100' failed on an image of the "
-        r"size it gets here \(48x64x3\).*on the images the job stored \(all 48x64\), "
+        match=r"augment\[0\]\.user_crop_100: augmentation op 'user_crop_100' failed on an image "
+        r"of the size it gets here \(48x64x3\).*on the images the job stored \(all 48x64\), "
         r"kiln.reader.load would refuse this augment list, so nothing was published",
     ):
         build(spec)
