@@ -1951,15 +1951,17 @@ def _csv_records(lines: Iterator[str | LongLine]) -> Iterator[_CsvRecord]:
                 error = str(e)
         if error is None and not long_lines:
             yield _CsvRecord(last_line + 1, number, fields)
-        elif not long_lines and len(taken) > 1 and _spaced_close(taken) is not None:
-            yield _CsvRecord(last_line + 1, number, _spaced_close(taken) or [])
-        elif not long_lines and len(taken) > 1:  # a quoted field ran on, then was refused
-            ran_to = number
-            number = last_line + 1
-            again.extend(reversed(taken[1:]))
-            text = taken[0].rstrip("\r\n")
-            yield _CsvRecord(number, number, [], error, text, runs_on=ran_to)
-            reader = csv.reader(taking(), strict=True)
+        elif not long_lines and len(taken) > 1:
+            spaced = _spaced_close(taken)
+            if spaced is not None:
+                yield _CsvRecord(last_line + 1, number, spaced)
+            else:  # a quoted field ran on, then was refused
+                ran_to = number
+                number = last_line + 1
+                again.extend(reversed(taken[1:]))
+                text = taken[0].rstrip("\r\n")
+                yield _CsvRecord(number, number, [], error, text, runs_on=ran_to)
+                reader = csv.reader(taking(), strict=True)
         else:
             text = "".join(taken).rstrip("\r\n")
             long_line = long_lines[0] if long_lines else None

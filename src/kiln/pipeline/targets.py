@@ -363,14 +363,8 @@ class TargetCodec:
         self._class_ids = {name: i for i, name in enumerate(class_names)}
         self._max_pixels = max_pixels
         self._drop_object = targets.bad_objects == "drop_object"
-        # The keypoints' order in a mirror image (`transforms.Targets.mirror_order`).
-        self._mirror_order: tuple[int, ...] | None = None
-        if targets.keypoints is not None and targets.keypoints.flip_pairs:
-            index = {name: i for i, name in enumerate(targets.keypoints.names)}
-            order = list(range(len(index)))
-            for left, right in targets.keypoints.flip_pairs:
-                order[index[left]], order[index[right]] = index[right], index[left]
-            self._mirror_order = tuple(order)
+        keypoints = targets.keypoints
+        self._mirror_order = None if keypoints is None else keypoints.mirror_order()
 
     @property
     def config(self) -> TargetsConfig:

@@ -1348,12 +1348,15 @@ def check_first_use(
         tf.TensorSpec([height, width, channels], tf.uint8),
         tf.TensorSpec([2], tf.int32),
     )
-    elements = [a for a in augmentations if a.definition.kind == "element"]
+    before: list[Augmentation] = []  # the element ops up to this one
     for index, augmentation in enumerate(augmentations):
-        if augmentation.definition.builtin or augmentation.definition.kind != "element":
+        if augmentation.definition.kind != "element":
+            continue
+        before.append(augmentation)
+        if augmentation.definition.builtin:
             continue
         # The list up to this op: its input is what the ops before it make.
-        augmenter = Augmenter(tuple(elements[: elements.index(augmentation) + 1]), training=True)
+        augmenter = Augmenter(tuple(before), training=True)
 
         def element(serialized, image, seed, augmenter=augmenter):
             if spec.classification_only:

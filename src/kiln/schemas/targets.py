@@ -205,6 +205,17 @@ class KeypointsTarget(_Model):
                 raise ValueError(f"flip_pairs: {left!r} is paired with itself")
         return self
 
+    def mirror_order(self) -> tuple[int, ...] | None:
+        """The keypoints' order in a mirror image (each flip pair swapped), or
+        None without flip pairs (`kiln.transforms.Targets.mirror_order`)."""
+        if not self.flip_pairs:
+            return None
+        index = {name: i for i, name in enumerate(self.names)}
+        order = list(range(len(self.names)))
+        for left, right in self.flip_pairs:
+            order[index[left]], order[index[right]] = index[right], index[left]
+        return tuple(order)
+
 
 class TargetsConfig(_Model):
     """What each record carries besides the image. Absent: `label` only."""
