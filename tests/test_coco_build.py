@@ -450,8 +450,9 @@ def test_degenerate_objects_are_named_and_a_sub_pixel_one_is_kept(tmp_path):
         ),
         3: (
             "box_mask_mismatch",
-            "objects[3]: its instance mask is empty but its box [12, 12, 28, 28] covers pixel "
-            "centres (a polygon or mask outside the image, or of another image)",
+            "objects[3] (annotations[3], id 4): its instance mask is empty but its box "
+            "[12, 12, 28, 28] covers pixel centres (a polygon or mask outside the image, or of "
+            "another image)",
         ),
     }
     (stored,) = records(result).values()
@@ -459,3 +460,66 @@ def test_degenerate_objects_are_named_and_a_sub_pixel_one_is_kept(tmp_path):
         stored["boxes"] * 40, [[4, 4, 14, 14], [30.1, 30.1, 30.4, 30.4]], atol=1e-4
     )
     assert png_pixels(stored["instance_masks"][1]).sum() == 0
+
+
+def test_the_jobs_messages_name_each_object_by_its_annotation_even_in_a_reused_record(tmp_path):
+    """An image's objects are in annotation id order, not the file's, so the
+    job's messages about one object (a box far outside the image, a box the
+    center crop leaves too little of) name its annotation as the file writes
+    it; a record reused by a later build from the same annotations written in
+    another order names them where they are now."""
+    write_png(tmp_path / "images" / "a.png", np.full((40, 40, 3), 50, np.uint8))
+
+    def annotation(number, image, bbox):
+        return {"id": number, "image_id": image, "category_id": 1, "bbox": bbox}
+
+    document = {
+        "images": [{"id": 1, "file_name": "a.png", "width": 40, "height": 40}],
+        "annotations": [
+            annotation(9, 1, [0, 0, 6, 6]),  # objects[2]: the crop leaves none of it
+            annotation(3, 1, [14, 14, 10, 10]),  # objects[0]: kept
+            annotation(5, 1, [100, 100, 10, 10]),  # objects[1]: far outside the image
+        ],
+        "categories": [{"id": 1, "name": "thing"}],
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(document))
+    spec = coco_config(
+        path,
+        tmp_path / "images",
+        tmp_path / "out",
+        transforms=[{"center_crop": {"size": 20}}],
+        targets={"boxes": {}, "bad_objects": "drop_object"},
+    )
+
+    def dropped(result):
+        with open(os.path.join(result.dataset_dir, "dropped_objects.jsonl")) as f:
+            return {row["object"]: (row["reason"], row["message"]) for row in map(json.loads, f)}
+
+    def expected(positions):
+        return {
+            1: (
+                "bad_box",
+                f"objects[1] (annotations[{positions[5]}], id 5).bbox: [100.0, 100.0, 110.0, "
+                f"110.0] lies outside the 40x40 (WxH) image (more than 10% of its size beyond "
+                f"it, or not inside at all)",
+            ),
+            2: (
+                "min_visibility",
+                f"objects[2] (annotations[{positions[9]}], id 9): too little of its box is left "
+                f"in the stored image after orientation and the transforms (less than "
+                f"boxes.min_visibility 0.25 of its area, or none)",
+            ),
+        }
+
+    base = build(spec)
+    assert dropped(base) == expected({9: 0, 3: 1, 5: 2})
+
+    # Exported again in another order, with one image more (a new version).
+    write_png(tmp_path / "images" / "b.png", np.full((40, 40, 3), 90, np.uint8))
+    document["images"].append({"id": 2, "file_name": "b.png", "width": 40, "height": 40})
+    document["annotations"] = [annotation(11, 2, [14, 14, 10, 10]), *document["annotations"][::-1]]
+    path.write_text(json.dumps(document))
+    again = build(spec)
+    assert again.incremental.used and again.incremental.reused == 1  # a.png's record
+    assert dropped(again) == expected({5: 1, 3: 2, 9: 3})

@@ -278,6 +278,27 @@ def test_a_file_two_parts_of_one_folder_list_with_other_splits_is_a_duplicate_ke
     )
 
 
+def test_two_parts_listing_an_image_alike_under_other_annotation_ids_agree(tmp_path):
+    # The job's messages name each object's annotation (its position and id
+    # in its file); that is not what the image's targets say, so the two
+    # listings of 0.png mean the same and it is built once.
+    data = tmp_path / "data"
+    person = [{"id": 1, "name": "person"}]
+    write_part(data, "train.json", "images", [[2, 3, 10, 8], [4, 4, 20, 12]], person)
+    more = write_part(data, "more.json", "images", [[2, 3, 10, 8]], person)
+    document = json.loads(more.read_text())
+    document["annotations"][0]["id"] = 700
+    more.write_text(json.dumps(document))
+    parts = [
+        {"annotations": f"data/annotations/{name}", "images": "data/images", "split": "train"}
+        for name in ("train.json", "more.json")
+    ]
+    result = build(write_config(tmp_path, parts))
+
+    assert sorted(records(result)) == ["0.png", "1.png"]
+    assert error_rows(result) == {}
+
+
 def test_parts_whose_files_have_one_name_are_told_apart_by_their_folders(tmp_path):
     """Roboflow's export: ``train/_annotations.coco.json`` beside its images."""
     data = tmp_path / "data"

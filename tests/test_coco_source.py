@@ -517,9 +517,22 @@ def test_the_source_lists_every_image_with_its_targets(tmp_path):
     assert class_names == ["bicycle", "cat", "person"]
     assert sorted(files) == ["a/10.jpg", "empty.jpg"]
     first = json.loads(files["a/10.jpg"].targets)
+    # Each object names its annotation for the job's messages (not part of
+    # what it means: `target_rows.unnamed`).
+    named = "annotation as named"
     assert first["objects"] == [
-        {"bbox": [10.0, 10.0, 30.0, 25.5], "class": "person", "fields": {"iscrowd": 0}},
-        {"bbox": [40.0, 2.0, 48.0, 32.0], "class": "person", "fields": {"iscrowd": 1}},
+        {
+            "bbox": [10.0, 10.0, 30.0, 25.5],
+            "class": "person",
+            "fields": {"iscrowd": 0},
+            named: "annotations[0], id 1",
+        },
+        {
+            "bbox": [40.0, 2.0, 48.0, 32.0],
+            "class": "person",
+            "fields": {"iscrowd": 1},
+            named: "annotations[2], id 3",
+        },
     ]
     assert files["a/10.jpg"].uri == os.path.join(str(tmp_path), "images", "a", "10.jpg")
     assert files["a/10.jpg"].label == -1
@@ -575,8 +588,14 @@ def test_a_box_of_negative_size_keeps_its_annotation_as_written(tmp_path):
             "class": "person",
             "fields": {"iscrowd": 0},
             "bbox as written": {"annotation": "annotations[0], id 1", "bbox": [30, 10, -20, 15.5]},
+            "annotation as named": "annotations[0], id 1",
         },
-        {"bbox": [1.0, 2.0, 4.0, 6.0], "class": "person", "fields": {"iscrowd": 0}},
+        {
+            "bbox": [1.0, 2.0, 4.0, 6.0],
+            "class": "person",
+            "fields": {"iscrowd": 0},
+            "annotation as named": "annotations[1], id 2",
+        },
     ]
 
 

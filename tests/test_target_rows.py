@@ -210,3 +210,29 @@ def test_a_csv_float_cell_reads_as_json_writes_it(cell, value):
     assert target_rows.csv_row_targets({"altitude": cell}, targets) == {
         "extra": {"altitude": value}
     }
+
+
+def test_a_kept_message_names_its_object_as_the_listing_does_now():
+    # A record reused from a base build keeps its dropped objects' messages;
+    # the same annotations may be elsewhere in this build's file.
+    named = target_rows.ANNOTATION
+    now = [{named: "annotations[7], id 3"}, {named: 'annotations[0], id "a) \\"b\\""'}, {}]
+    tail = ": too little of its box is left"
+    assert target_rows.renamed("objects[0] (annotations[2], id 3)" + tail, now) == (
+        "objects[0] (annotations[7], id 3)" + tail
+    )
+    assert target_rows.renamed('objects[1] (annotations[4], id "a) \\"b\\"").bbox: x', now) == (
+        'objects[1] (annotations[0], id "a) \\"b\\"").bbox: x'
+    )
+    assert target_rows.renamed("objects[1].bbox: x", now) == (
+        'objects[1] (annotations[0], id "a) \\"b\\"").bbox: x'
+    )
+    # An object listed without a name, one the listing no longer has, no object.
+    assert target_rows.renamed("objects[2] (annotations[9])" + tail, now) == "objects[2]" + tail
+    assert target_rows.renamed("objects[3]" + tail, now) == "objects[3]" + tail
+    assert target_rows.renamed("mask: wrong size", now) == "mask: wrong size"
+    # What the objects mean leaves the names out.
+    assert target_rows.unnamed({"objects": [{"class": "a", named: "x"}], "mask": "m"}) == {
+        "objects": [{"class": "a"}],
+        "mask": "m",
+    }

@@ -171,7 +171,8 @@ class CocoRow:
       row: The manifest row (``path``, ``objects``; see the module docstring).
       annotations: Each object's annotation as messages name it
         (``annotations[5], id 6``), in the order of ``objects``
-        (`naming_annotations`).
+        (`naming_annotations`); the listing hands them on to the job's
+        messages as each object's `target_rows.ANNOTATION`.
     """
 
     where: str
@@ -639,9 +640,6 @@ def _keypoints_problem(
     )
 
 
-_OBJECT = re.compile(r"objects\[([0-9]+)\]")
-
-
 def naming_annotations(message: str, annotations: Sequence[str]) -> str:
     """A message of the row validation about a `CocoRow`'s object
     (``objects[0].area: missing ...``) with the object's annotation named, as
@@ -650,10 +648,7 @@ def naming_annotations(message: str, annotations: Sequence[str]) -> str:
     file's, so "objects[0]" alone would point to the image's first annotation
     in the file, which may be another. `annotations`: `CocoRow.annotations`.
     A message about no one object is returned as it is."""
-    match = _OBJECT.match(message)
-    if match is None or int(match.group(1)) >= len(annotations):
-        return message
-    return f"{match.group(0)} ({annotations[int(match.group(1))]}){message[match.end() :]}"
+    return target_rows.renamed(message, [{target_rows.ANNOTATION: a} for a in annotations])
 
 
 def _named(annotation: dict[str, Any], index: int) -> str:

@@ -409,10 +409,11 @@ class ImageProcessor:
             # line too, but for a base line that keeps no mask sha256s (a
             # kiln before kept them): a build from scratch writes them.
             masks = None if listed is None else listed.mask_sha256s
+            counts = _named_now(base.targets, listed)
             index_entry = (
                 base.reused_entry()
-                if base.masks == masks
-                else base._replace(masks=masks, line="").entry()
+                if base.masks == masks and counts is base.targets
+                else base._replace(masks=masks, targets=counts, line="").entry()
             )
             return Outcome(
                 ProcessedImage(
@@ -425,7 +426,7 @@ class ImageProcessor:
                     base.width,
                     PixelSums(base.pixels, base.sums, base.squares),
                     index_entry,
-                    base.targets,
+                    counts,
                 ),
                 None,
                 entry(sha256, content),
@@ -594,6 +595,7 @@ class ImageProcessor:
         and its entry in the record index (`listed`: the targets, whose
         mask files' sha256s it keeps)."""
         key = item["key"]
+        counts = _named_now(counts, listed)
         return ProcessedImage(
             key,
             label,
@@ -845,6 +847,21 @@ def _aborted(error: BaseException, uri: str) -> str:
             where.append(f"{os.path.basename(filename)}, line {lines[-1]}")
         what = f"offline transform {name!r} ({', '.join(where)})"
     return f"{TRANSFORM_ABORTED}{what} raised {unexpected(error)} on {uri}"
+
+
+def _named_now(counts: TargetCounts | None, listed: ListedTargets | None) -> TargetCounts | None:
+    """`counts` (a record's, perhaps kept from the base) with its dropped
+    objects' messages naming each object as this build's listing does
+    (`target_rows.renamed`): the base's file may have written the same
+    annotations in another order. `counts` itself when nothing changes."""
+    if counts is None or listed is None or not counts.dropped_objects:
+        return counts
+    objects = listed.row.get("objects", ())
+    dropped = tuple(
+        (index, reason, target_rows.renamed(message, objects))
+        for index, reason, message in counts.dropped_objects
+    )
+    return counts if dropped == counts.dropped_objects else counts._replace(dropped_objects=dropped)
 
 
 def _describe(error: Exception) -> str:

@@ -939,6 +939,9 @@ def _coco_rows(
             row = dataclasses.replace(
                 row, problem=naming_annotations(row.problem, found.annotations)
             )
+        elif row.targets is not None:  # and so in the job's messages
+            for item, named in zip(row.targets.get("objects", ()), found.annotations, strict=True):
+                item[target_rows.ANNOTATION] = named
         yield row
     if crowd:
         logger.warning(
@@ -1487,7 +1490,7 @@ def _differing(group: list[Candidate]) -> str:
         fields.append("label")
     if len({row.split for row in group}) > 1:
         fields.append("split")
-    targets = [json.loads(row.targets) if row.targets else {} for row in group]
+    targets = [json.loads(_meaning(row.targets) or "{}") for row in group]
     for name in sorted(set().union(*targets)):
         values = [entry.get(name) for entry in targets]
         if name == "extra" and all(isinstance(v, dict) or v is None for v in values):
@@ -1502,6 +1505,15 @@ def _differing(group: list[Candidate]) -> str:
     return ", ".join(fields) or "labels, splits or targets"
 
 
+def _meaning(targets: str | None) -> str | None:
+    """A candidate's targets without what only names its objects' entries in
+    their file (`target_rows.unnamed`): two COCO files listing one image with
+    the same annotations under other ids say the same."""
+    if not targets or target_rows.ANNOTATION not in targets:
+        return targets
+    return target_rows.canonical(target_rows.unnamed(json.loads(targets)))
+
+
 def group_problem(
     group: list[Candidate], label_ids: dict[str, int] | None, confinement: _Confinement
 ) -> DroppedRow | None:
@@ -1510,7 +1522,7 @@ def group_problem(
     label (`label_ids` None: targets without a label), outside the source.
     None if kept."""
     key, uri = group[0].key, group[0].uri
-    meanings = {(row.label, row.split, row.targets) for row in group}
+    meanings = {(row.label, row.split, _meaning(row.targets)) for row in group}
     if len(meanings) > 1:
         if all(row.where is not None for row in group):  # a COCO or VOC file's entries
             listed_at = ", ".join(str(row.where) for row in group)

@@ -29,7 +29,7 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kiln.errors import close_names, quote
@@ -70,6 +70,48 @@ targets to the job, which compares it with the decoded image's size in the
 frame the annotations are drawn on (`kiln.pipeline.targets`,
 ``targets.annotations_frame``). Only a source that reads sizes writes it, and
 only when they are positive integers: a row without it is not checked."""
+
+
+ANNOTATION = "annotation as named"
+"""An object's key (never a field name: it has spaces) naming the entry of
+its source file it comes from, as messages name it: ``annotations[5], id 6``
+(a coco source, whose image's objects are in annotation id order, not the
+file's, so "objects[2]" alone would not find it). Carried to the job, whose
+messages about the object name it (`object_where`); not part of what the
+object means (`unnamed`): the same annotations written in another order keep
+their records, their version and their duplicates' agreement."""
+
+_NAMED = re.compile(
+    r"objects\[([0-9]+)\]( \(annotations\[[0-9]+\](, id (-?[0-9]+|\"([^\"\\]|\\.)*\"))?\))?"
+)
+
+
+def object_where(index: int, item: Mapping[str, Any]) -> str:
+    """``objects[2]``, or ``objects[2] (annotations[5], id 6)`` for an object
+    its source names (`ANNOTATION`): how messages about it begin."""
+    named = item.get(ANNOTATION)
+    return f"objects[{index}]" if not isinstance(named, str) else f"objects[{index}] ({named})"
+
+
+def unnamed(row_targets: Mapping[str, Any]) -> dict[str, Any]:
+    """`row_targets` without the objects' `ANNOTATION`: what they mean."""
+    out = dict(row_targets)
+    if any(ANNOTATION in item for item in out.get("objects", ())):
+        out["objects"] = [
+            {k: v for k, v in item.items() if k != ANNOTATION} for item in out["objects"]
+        ]
+    return out
+
+
+def renamed(message: str, objects: Sequence[Mapping[str, Any]]) -> str:
+    """A message about one object (``objects[2] (annotations[5], id 6): ...``,
+    kept from an earlier build) naming it as `objects` name it now
+    (`object_where`): a record reused from a file written in another order."""
+    match = _NAMED.match(message)
+    if match is None or int(match.group(1)) >= len(objects):
+        return message
+    index = int(match.group(1))
+    return object_where(index, objects[index]) + message[match.end() :]
 
 
 class AnnotationError(ValueError):

@@ -340,12 +340,15 @@ class LoadedTargets:
       extra: The extra columns, or None.
       dropped: The bad objects dropped (``bad_objects: drop_object``):
         ``(index in the listed objects, reason, message)``, by index.
+      wheres: How messages name each listed object
+        (`target_rows.object_where`).
     """
 
     geometry: transforms.Targets | None
     labels: np.ndarray | None
     extra: Mapping[str, Any] | None
     dropped: tuple[tuple[int, str, str], ...]
+    wheres: tuple[str, ...] = ()
 
 
 class TargetCodec:
@@ -502,16 +505,18 @@ class TargetCodec:
             ids = {self._class_id(name, "labels") for name in row["labels"]}
             labels = np.array(sorted(ids), dtype=np.int64)
         geometry = None
+        wheres: tuple[str, ...] = ()
         if self._targets.geometric:
             mask = None
             if self._targets.mask is not None:
                 mask = self._mask_pixels(listed.masks, row["mask"], "mask", height, width)
                 self._check_mask_classes(mask, row["mask"], self._targets.mask.ignore_value)
             objects = row.get("objects", [])
+            wheres = tuple(target_rows.object_where(i, item) for i, item in enumerate(objects))
             kept = []
-            for index, item in enumerate(objects):
+            for index, (item, where) in enumerate(zip(objects, wheres, strict=True)):
                 try:
-                    kept.append(self._object(item, index, height, width, listed.masks))
+                    kept.append(self._object(item, where, height, width, listed.masks))
                     kept[-1]["index"] = index
                 except BadAnnotation as e:
                     if not self._drop_object:
@@ -525,6 +530,7 @@ class TargetCodec:
             labels=labels,
             extra=row.get("extra"),
             dropped=tuple(dropped),
+            wheres=wheres,
         )
 
     def features(
@@ -568,7 +574,7 @@ class TargetCodec:
                     (int(c), float(s)) for c, s in zip(object_classes, sizes, strict=True)
                 )
                 if moved.dropped_objects:
-                    dropped += self._left_too_little(loaded.geometry, moved)
+                    dropped += self._left_too_little(loaded, moved)
         if loaded.extra is not None:
             fields.update(loaded.extra)
         counts: dict[str, int] = {}
@@ -583,11 +589,11 @@ class TargetCodec:
         )
 
     def _left_too_little(
-        self, loaded: transforms.Targets | None, moved: transforms.Targets
+        self, loaded: LoadedTargets, moved: transforms.Targets
     ) -> list[tuple[int, str, str]]:
         """The objects orientation and the transforms dropped (`MIN_VISIBILITY`),
         by their index in the listed objects (`SOURCE_INDEX`)."""
-        if loaded is None or self._targets.boxes is None:
+        if loaded.geometry is None or self._targets.boxes is None:
             return []
         left = set(moved.objects[SOURCE_INDEX].tolist())
         threshold = self._targets.boxes.min_visibility
@@ -595,11 +601,11 @@ class TargetCodec:
             (
                 index,
                 MIN_VISIBILITY,
-                f"objects[{index}]: too little of its box is left in the stored image after "
-                f"orientation and the transforms (less than boxes.min_visibility "
+                f"{loaded.wheres[index]}: too little of its box is left in the stored image "
+                f"after orientation and the transforms (less than boxes.min_visibility "
                 f"{threshold:g} of its area, or none)",
             )
-            for index in loaded.objects[SOURCE_INDEX].tolist()
+            for index in loaded.geometry.objects[SOURCE_INDEX].tolist()
             if index not in left
         ]
 
@@ -614,11 +620,13 @@ class TargetCodec:
         return class_id
 
     def _object(
-        self, item: Mapping[str, Any], index: int, height: int, width: int, masks: MaskFiles
+        self, item: Mapping[str, Any], where: str, height: int, width: int, masks: MaskFiles
     ) -> dict[str, Any]:
-        where = f"objects[{index}]"
         box = [float(v) for v in item["bbox"]]
-        _check_box(box, where, height, width, item.get(target_rows.AS_WRITTEN))
+        written = item.get(target_rows.AS_WRITTEN)
+        if written is not None and target_rows.ANNOTATION not in item:
+            where = f"{where} ({written['annotation']})"  # a row naming it there alone
+        _check_box(box, where, height, width, written)
         out: dict[str, Any] = {
             "box": box,
             "class": self._class_id(item["class"], f"{where}.class"),
@@ -824,7 +832,7 @@ def location_free(text: str) -> str:
 
 
 def _content(row: Mapping[str, Any], masks: MaskFiles) -> str:
-    content = copy.deepcopy(dict(row))
+    content = copy.deepcopy(target_rows.unnamed(row))
     if "mask" in content:
         content["mask"] = masks.content_name(content["mask"])
     for item in content.get("objects", ()):
@@ -853,8 +861,7 @@ def _check_box(
         shown = json.dumps(written["bbox"])
         raise BadAnnotation(
             "bad_box",
-            f"{where} ({written['annotation']}).bbox: {shown} has a negative width or height "
-            f"([x, y, width, height])",
+            f"{where}.bbox: {shown} has a negative width or height ([x, y, width, height])",
         )
     if x_max < x_min or y_max < y_min:
         raise BadAnnotation(
@@ -869,8 +876,7 @@ def _check_box(
             shown = json.dumps(written["bbox"])
             raise BadAnnotation(
                 "bad_box",
-                f"{where} ({written['annotation']}).bbox: {shown} has zero width or height "
-                f"([x, y, width, height])",
+                f"{where}.bbox: {shown} has zero width or height ([x, y, width, height])",
             )
         raise BadAnnotation("bad_box", f"{where}.bbox: {box} has zero width or height")
     if not box_convention.lies_inside(box, height, width):
