@@ -1522,8 +1522,7 @@ def group_problem(
     label (`label_ids` None: targets without a label), outside the source.
     None if kept."""
     key, uri = group[0].key, group[0].uri
-    meanings = {(row.label, row.split, _meaning(row.targets)) for row in group}
-    if len(meanings) > 1:
+    if len(group) > 1 and len({(r.label, r.split, _meaning(r.targets)) for r in group}) > 1:
         if all(row.where is not None for row in group):  # a COCO or VOC file's entries
             listed_at = ", ".join(str(row.where) for row in group)
         else:
