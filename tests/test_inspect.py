@@ -427,3 +427,26 @@ def test_examples_of_a_reason_are_its_first_rows_by_line_number():
     assert counts == {"bad_row": 13, "missing": 2}
     assert [row["key"] for row in examples["bad_row"]] == ["m.jsonl:2", "m.jsonl:5", "m.jsonl:8"]
     assert [row["key"] for row in examples["missing"]] == ["b/1.png", "scans/page5\u00b2"]
+
+
+def test_examples_of_a_reason_show_one_images_dropped_objects_in_their_order():
+    # dropped_objects.jsonl: one image's objects by index, whatever order the
+    # rows come in and whichever of them the first pass kept.
+    rows = [
+        {
+            "key": "b.png",
+            "object": index,
+            "reason": "min_visibility",
+            "message": f"objects[{index}]",
+        }
+        for index in (4, 3, 9, 1, 7)
+    ] + [{"key": "a.png", "object": None, "reason": "min_visibility", "message": "earlier kiln"}]
+
+    counts, examples = inspection._examples_by_reason(iter(rows))
+
+    assert counts == {"min_visibility": 6}
+    assert [(row["key"], row["object"]) for row in examples["min_visibility"]] == [
+        ("a.png", None),
+        ("b.png", 1),
+        ("b.png", 3),
+    ]

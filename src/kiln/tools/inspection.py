@@ -561,16 +561,17 @@ def _examples_by_reason(
 ) -> tuple[dict[str, int], dict[str, list[dict[str, Any]]]]:
     """The rows counted by ``reason``, and the first `EXAMPLES_PER_REASON`
     of each in the order of their keys' numbers (``m.csv:6`` before
-    ``m.csv:16``: the file sorts keys as text): one pass, holding no more
+    ``m.csv:16``: the file sorts keys as text), a key's dropped objects in
+    their order (``objects[1]`` before ``objects[3]``): one pass, holding no more
     rows than that (the rows may be `ReportRows`, read from their file as
     they are iterated)."""
     counts: dict[str, int] = {}
-    kept: dict[str, list[tuple[list[tuple[int, Any]], dict[str, Any]]]] = {}
+    kept: dict[str, list[tuple[tuple[list[tuple[int, Any]], int], dict[str, Any]]]] = {}
     for row in rows:
         reason = str(row.get("reason"))
         counts[reason] = counts.get(reason, 0) + 1
         shown = kept.setdefault(reason, [])
-        key = _natural_key(str(row.get("key")))
+        key = (_natural_key(str(row.get("key"))), _object_index(row))
         if len(shown) < EXAMPLES_PER_REASON:
             shown.append((key, row))
             continue
@@ -582,6 +583,13 @@ def _examples_by_reason(
         for reason, shown in kept.items()
     }
     return counts, examples
+
+
+def _object_index(row: dict[str, Any]) -> int:
+    """A dropped_objects.jsonl row's ``object`` (-1 for none: a row of an
+    earlier kiln, or of errors.jsonl)."""
+    index = row.get("object")
+    return index if isinstance(index, int) and not isinstance(index, bool) else -1
 
 
 def _natural_key(key: str) -> list[tuple[int, Any]]:
