@@ -231,8 +231,17 @@ def test_a_kept_message_names_its_object_as_the_listing_does_now():
     assert target_rows.renamed("objects[2] (annotations[9])" + tail, now) == "objects[2]" + tail
     assert target_rows.renamed("objects[3]" + tail, now) == "objects[3]" + tail
     assert target_rows.renamed("mask: wrong size", now) == "mask: wrong size"
-    # What the objects mean leaves the names out.
+    # What the objects mean leaves the names out, parsed or as text.
     assert target_rows.unnamed({"objects": [{"class": "a", named: "x"}], "mask": "m"}) == {
         "objects": [{"class": "a"}],
         "mask": "m",
     }
+    objects = [
+        {"bbox": [0, 0, 1, 1], "class": 'a "b"', "fields": {}, named: 'annotations[0], id "q\\"'},
+        {"bbox": [1, 1, 2, 2], "class": "c", "fields": {"n": 1}},
+        {"bbox": [2, 2, 3, 3], "class": "d", "fields": {}, named: "annotations[4], id 7"},
+    ]
+    for targets in ({"objects": objects, "mask": "m.png"}, {"objects": []}, {"labels": ["x"]}):
+        text = target_rows.canonical(targets)
+        assert target_rows.unnamed_text(text) == target_rows.canonical(target_rows.unnamed(targets))
+    assert named not in target_rows.unnamed_text(target_rows.canonical({"objects": objects}))

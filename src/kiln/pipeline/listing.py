@@ -395,8 +395,8 @@ class Listing:
         for f in self.files():
             label = self.class_names[f.label] if f.label >= 0 else None
             entry = ["file", f.key, label, f.split, f.size, f.mtime]
-            if f.targets is not None:
-                entry += [f.targets, f.mask_stamp]
+            if f.targets is not None:  # the names of COCO objects' annotations aside
+                entry += [target_rows.unnamed_text(f.targets), f.mask_stamp]
             yield entry if f.inode_ctime is None else [*entry, f.inode_ctime]
         yield from self.dropped_entries()
 

@@ -1507,11 +1507,9 @@ def _differing(group: list[Candidate]) -> str:
 
 def _meaning(targets: str | None) -> str | None:
     """A candidate's targets without what only names its objects' entries in
-    their file (`target_rows.unnamed`): two COCO files listing one image with
-    the same annotations under other ids say the same."""
-    if not targets or target_rows.ANNOTATION not in targets:
-        return targets
-    return target_rows.canonical(target_rows.unnamed(json.loads(targets)))
+    their file (`target_rows.unnamed_text`): two COCO files listing one image
+    with the same annotations under other ids say the same."""
+    return targets and target_rows.unnamed_text(targets)
 
 
 def group_problem(
