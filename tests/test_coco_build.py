@@ -197,6 +197,53 @@ def test_a_coco_file_exported_again_in_another_order_builds_the_same_version(tmp
     assert nightly.up_to_date and nightly.version == first.version
 
 
+def one_image_coco(tmp_path, annotations: list[dict], **overrides) -> tuple[dict, dict]:
+    """``a.png`` (40x40, image id 1) with `annotations` of category ``thing``,
+    written to ``instances.json``: the document and the build config (bad
+    objects dropped one by one)."""
+    write_png(tmp_path / "images" / "a.png", np.full((40, 40, 3), 50, np.uint8))
+    document = {
+        "images": [{"id": 1, "file_name": "a.png", "width": 40, "height": 40}],
+        "annotations": annotations,
+        "categories": [{"id": 1, "name": "thing"}],
+    }
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(document))
+    spec = coco_config(
+        path,
+        tmp_path / "images",
+        tmp_path / "out",
+        targets={"boxes": {}, "bad_objects": "drop_object"},
+        **overrides,
+    )
+    return document, spec
+
+
+def test_a_bad_box_exported_again_in_another_order_keeps_the_version(tmp_path):
+    """A box of negative width is carried as the file writes it, for its
+    message; where the file writes it (its annotation's position) is not part
+    of the version, so another order is up to date."""
+    document, spec = one_image_coco(
+        tmp_path,
+        [
+            {"id": 1, "image_id": 1, "category_id": 1, "bbox": [4, 4, 10, 10]},
+            {"id": 2, "image_id": 1, "category_id": 1, "bbox": [30, 10, -20, 15]},
+        ],
+    )
+    first = build(spec)
+    with open(os.path.join(first.dataset_dir, "dropped_objects.jsonl")) as f:
+        (row,) = map(json.loads, f)
+    assert row["message"] == (
+        "objects[1] (annotations[1], id 2).bbox: [30, 10, -20, 15] has a negative width or "
+        "height ([x, y, width, height])"
+    )
+
+    document["annotations"].reverse()
+    (tmp_path / "instances.json").write_text(json.dumps(document))
+    again = build(spec)
+    assert again.up_to_date and again.version == first.version
+
+
 def test_a_coco_file_that_cannot_be_read_stops_the_build(tmp_path):
     (tmp_path / "images").mkdir()
     write_png(tmp_path / "images" / "1.png", np.zeros((8, 8, 3), np.uint8))
@@ -474,28 +521,18 @@ def test_the_jobs_messages_name_each_object_by_its_annotation_even_in_a_reused_r
     center crop leaves too little of) name its annotation as the file writes
     it; a record reused by a later build from the same annotations written in
     another order names them where they are now."""
-    write_png(tmp_path / "images" / "a.png", np.full((40, 40, 3), 50, np.uint8))
 
     def annotation(number, image, bbox):
         return {"id": number, "image_id": image, "category_id": 1, "bbox": bbox}
 
-    document = {
-        "images": [{"id": 1, "file_name": "a.png", "width": 40, "height": 40}],
-        "annotations": [
+    document, spec = one_image_coco(
+        tmp_path,
+        [
             annotation(9, 1, [0, 0, 6, 6]),  # objects[2]: the crop leaves none of it
             annotation(3, 1, [14, 14, 10, 10]),  # objects[0]: kept
             annotation(5, 1, [100, 100, 10, 10]),  # objects[1]: far outside the image
         ],
-        "categories": [{"id": 1, "name": "thing"}],
-    }
-    path = tmp_path / "instances.json"
-    path.write_text(json.dumps(document))
-    spec = coco_config(
-        path,
-        tmp_path / "images",
-        tmp_path / "out",
         transforms=[{"center_crop": {"size": 20}}],
-        targets={"boxes": {}, "bad_objects": "drop_object"},
     )
 
     def dropped(result):
@@ -525,7 +562,7 @@ def test_the_jobs_messages_name_each_object_by_its_annotation_even_in_a_reused_r
     write_png(tmp_path / "images" / "b.png", np.full((40, 40, 3), 90, np.uint8))
     document["images"].append({"id": 2, "file_name": "b.png", "width": 40, "height": 40})
     document["annotations"] = [annotation(11, 2, [14, 14, 10, 10]), *document["annotations"][::-1]]
-    path.write_text(json.dumps(document))
+    (tmp_path / "instances.json").write_text(json.dumps(document))
     again = build(spec)
     assert again.incremental.used and again.incremental.reused == 1  # a.png's record
     assert dropped(again) == expected({5: 1, 3: 2, 9: 3})

@@ -36,9 +36,9 @@ Each image becomes one row in the format of the JSONL manifest with targets
   height]`` (pixels of the frame ``targets.annotations_frame`` names: the
   file as stored, by default). A negative width or height makes a reversed
   box, and a zero one a point or a line, which the job refuses (``bad_box``,
-  per object as any bad box); the object also carries the box as written and
-  its annotation (`target_rows.AS_WRITTEN`), so the message shows what the
-  file says:
+  per object as any bad box); the object also carries the box as written
+  (`target_rows.AS_WRITTEN`), so the message shows what the file says, naming
+  the annotation as every message of the job about one object does:
   ``objects[1] (annotations[5], id 6).bbox: [120, 10, -40, 30] has a negative
   width or height ([x, y, width, height])``. An annotation without a box of
   four numbers makes its image a `CocoProblem` (``bad_row``, as the row
@@ -548,10 +548,9 @@ class CocoFile:
             found["bbox"] = _corners(annotation["bbox"])
             if _not_positive_size(annotation["bbox"]):
                 # The job refuses the box (bad_box); its message shows it as written.
-                found[target_rows.AS_WRITTEN] = {
-                    "annotation": _named(annotation, index),
-                    "bbox": annotation["bbox"],
-                }
+                # Named as every object is (`target_rows.ANNOTATION`), not here:
+                # the name is no part of the version, the box is.
+                found[target_rows.AS_WRITTEN] = {"bbox": annotation["bbox"]}
         found["iscrowd"] = annotation.get("iscrowd", 0)
         for name in self.fields:
             if name in annotation:

@@ -55,10 +55,11 @@ _FLOAT32_MAX = 3.4028234663852886e38
 
 AS_WRITTEN = "bbox as written"
 """An object's key (never a field name: it has spaces) for a box the source
-converted, as its file writes it: ``{"annotation": "annotations[5], id 6",
-"bbox": [x, y, width, height]}``, so that the job's message about a bad box
-shows what the file says (a coco source's box of negative or zero width or
-height)."""
+converted, as its file writes it: ``{"bbox": [x, y, width, height]}``, so
+that the job's message about a bad box shows what the file says (a coco
+source's box of negative or zero width or height). A row may name the
+annotation there too (``"annotation"``), as the coco source did before
+`ANNOTATION` named every object."""
 
 
 DECLARED_SIZE = "size as declared"
@@ -299,12 +300,13 @@ def _object(
     written = item.get(AS_WRITTEN)
     if (
         isinstance(written, dict)
-        and isinstance(written.get("annotation"), str)
         and isinstance(written.get("bbox"), list)
         and len(written["bbox"]) == 4
         and all(map(is_number, written["bbox"]))
     ):
-        out[AS_WRITTEN] = {"annotation": written["annotation"], "bbox": written["bbox"]}
+        out[AS_WRITTEN] = {"bbox": written["bbox"]}
+        if isinstance(written.get("annotation"), str):
+            out[AS_WRITTEN]["annotation"] = written["annotation"]
     if targets.keypoints is not None:
         count = len(targets.keypoints.names)
         points = item.get("keypoints")

@@ -624,7 +624,7 @@ class TargetCodec:
     ) -> dict[str, Any]:
         box = [float(v) for v in item["bbox"]]
         written = item.get(target_rows.AS_WRITTEN)
-        if written is not None and target_rows.ANNOTATION not in item:
+        if written is not None and target_rows.ANNOTATION not in item and "annotation" in written:
             where = f"{where} ({written['annotation']})"  # a row naming it there alone
         _check_box(box, where, height, width, written)
         out: dict[str, Any] = {
