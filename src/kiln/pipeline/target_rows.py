@@ -57,9 +57,8 @@ AS_WRITTEN = "bbox as written"
 """An object's key (never a field name: it has spaces) for a box the source
 converted, as its file writes it: ``{"bbox": [x, y, width, height]}``, so
 that the job's message about a bad box shows what the file says (a coco
-source's box of negative or zero width or height). A row may name the
-annotation there too (``"annotation"``), as the coco source did before
-`ANNOTATION` named every object."""
+source's box of negative or zero width or height; the object's annotation
+is named by `ANNOTATION`, as every object's is)."""
 
 
 DECLARED_SIZE = "size as declared"
@@ -305,8 +304,6 @@ def _object(
         and all(map(is_number, written["bbox"]))
     ):
         out[AS_WRITTEN] = {"bbox": written["bbox"]}
-        if isinstance(written.get("annotation"), str):
-            out[AS_WRITTEN]["annotation"] = written["annotation"]
     if targets.keypoints is not None:
         count = len(targets.keypoints.names)
         points = item.get("keypoints")

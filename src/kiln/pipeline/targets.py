@@ -623,10 +623,7 @@ class TargetCodec:
         self, item: Mapping[str, Any], where: str, height: int, width: int, masks: MaskFiles
     ) -> dict[str, Any]:
         box = [float(v) for v in item["bbox"]]
-        written = item.get(target_rows.AS_WRITTEN)
-        if written is not None and target_rows.ANNOTATION not in item and "annotation" in written:
-            where = f"{where} ({written['annotation']})"  # a row naming it there alone
-        _check_box(box, where, height, width, written)
+        _check_box(box, where, height, width, item.get(target_rows.AS_WRITTEN))
         out: dict[str, Any] = {
             "box": box,
             "class": self._class_id(item["class"], f"{where}.class"),
