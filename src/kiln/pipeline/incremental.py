@@ -566,7 +566,10 @@ def bucket_count(num_files: int) -> int:
 
 
 def _bucket(key: str, buckets: int) -> int:
-    return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:15], 16) % buckets
+    # CRC-32: spread as evenly over the buckets as a sha256 (within one
+    # bucket's worth on real keys), in a tenth of its time: the join takes
+    # it three times per file. Only the grouping depends on it, never the output.
+    return zlib.crc32(key.encode("utf-8")) % buckets
 
 
 class _FrameScanner:
