@@ -20,7 +20,8 @@ import yaml
 from conftest import make_config
 from kiln import cli
 from kiln.pipeline import build, demo_data
-from kiln.schemas import INDEX_FILENAME, RECORD
+from kiln.schemas import INDEX_FILENAME, RECORD, version_diff
+from kiln.schemas.metadata import MetadataError
 
 SPLITS = {"fractions": {"train": 0.6, "validation": 0.2, "test": 0.2}, "split_by": "key"}
 SHARDS = {"num_shards": {"train": 2, "validation": 1, "test": 1}}
@@ -359,3 +360,31 @@ def test_a_diff_that_cannot_be_written_is_exit_73_for_json_and_keeps_the_verdict
         "ERROR kiln.console: stdout: cannot write the JSON document: No space left on device; "
         "what was written is incomplete",
     ]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda line: line[: len(line) // 2] + "\n",  # cut short
+        lambda line: line.rstrip("\n") + "," + line,  # two values on one line
+        lambda line: "\n",  # empty
+    ],
+    ids=["cut", "two-values", "empty"],
+)
+def test_a_damaged_record_index_line_is_named(versions, tmp_path, damage):
+    """The record index is parsed a block of lines at a time: a damaged
+    line still fails the diff with its own line number, not a block's."""
+    (first, second, _), _, _ = versions
+    copy = tmp_path / "version"
+    shutil.copytree(second.dataset_dir, copy)
+    index = copy / INDEX_FILENAME
+    lines = index.read_text().splitlines(keepends=True)
+    assert len(lines) > 7
+    lines[6] = damage(lines[6])
+    index.write_text("".join(lines))
+    old, new = version_diff.open_version(first.dataset_dir), version_diff.open_version(str(copy))
+    with pytest.raises(MetadataError, match=rf"{INDEX_FILENAME}:7: not a record index line"):
+        version_diff.compare(old, new)
+    # Undamaged, the copy compares as the version it was copied from.
+    shutil.copyfile(os.path.join(second.dataset_dir, INDEX_FILENAME), index)
+    assert version_diff.compare(old, version_diff.open_version(str(copy))).totals().added == 2

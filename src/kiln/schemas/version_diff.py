@@ -229,33 +229,62 @@ def _records_from_index(
     names = version.info.class_names
     with_targets = version.info.targets is not None
     digest = hashlib.sha256()
+    number = 0
     with open_file(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            digest.update(raw)
-            try:
-                row = json.loads(raw)
-                split, shard = str(row["split"]), str(row["shard"])
-                if (split, shard) in skip_shards:
-                    continue
-                yield RecordIdentity(
-                    str(row["key"]),
-                    str(row["sha256"]),
-                    split,
-                    _class_name(names, int(row["label"])),
-                    str(row["inputs"]) if with_targets else None,
-                    tuple(names[int(c)] for c in row["targets"]["classes"])
-                    if with_targets
-                    else None,
-                )
-            except (KeyError, TypeError, ValueError, IndexError) as e:
-                raise MetadataError(
-                    f"{path}:{number}: not a record index line ({type(e).__name__}: {e})"
-                ) from None
+        while block := f.readlines(_INDEX_BLOCK_BYTES):
+            for raw in block:
+                digest.update(raw)
+            for row in _parsed_lines(path, number, block):
+                number += 1
+                try:
+                    split, shard = str(row["split"]), str(row["shard"])
+                    if (split, shard) in skip_shards:
+                        continue
+                    yield RecordIdentity(
+                        str(row["key"]),
+                        str(row["sha256"]),
+                        split,
+                        _class_name(names, int(row["label"])),
+                        str(row["inputs"]) if with_targets else None,
+                        tuple(names[int(c)] for c in row["targets"]["classes"])
+                        if with_targets
+                        else None,
+                    )
+                except (KeyError, TypeError, ValueError, IndexError) as e:
+                    raise MetadataError(
+                        f"{path}:{number}: not a record index line ({type(e).__name__}: {e})"
+                    ) from None
     if digest.hexdigest() != version.index_sha256:
         raise MetadataError(
             f"{path} does not match the sha256 kiln.json records for it "
             f"({version.index_sha256}): it was changed after the build"
         )
+
+
+# Lines of a record index parsed by one `json.loads` (`_parsed_lines`):
+# about a thousand, a third less time than a call per line.
+_INDEX_BLOCK_BYTES = 256 * 1024
+
+
+def _parsed_lines(path: str, before: int, block: list[bytes]) -> list[Any]:
+    """The JSON values of `block`'s lines (lines ``before + 1`` on of
+    `path`), parsed as one JSON array; line by line when that fails or does
+    not give one value per line (a damaged line), so the error names it."""
+    try:
+        values = json.loads(b"[" + b",".join(block) + b"]")
+        if isinstance(values, list) and len(values) == len(block):
+            return values
+    except ValueError:
+        pass
+    values = []
+    for number, raw in enumerate(block, start=before + 1):
+        try:
+            values.append(json.loads(raw))
+        except ValueError as e:
+            raise MetadataError(
+                f"{path}:{number}: not a record index line ({type(e).__name__}: {e})"
+            ) from None
+    return values
 
 
 def _records_from_shards(
