@@ -38,3 +38,34 @@ def test_the_code_is_formatted_by_ruff():
     assert completed.returncode == 0, (
         completed.stdout + completed.stderr + "\nrun `ruff format src tests benchmarks`"
     )
+
+
+def test_mypy_checks_a_training_script_calls_to_the_reader(tmp_path):
+    """README: the package is typed, so mypy checks a user's calls to
+    `kiln.reader`. The names `kiln.reader` imports when first asked for
+    (`load`, `load_for_model`, the layer, ...) were Any to mypy: a misspelt
+    keyword passed unnoticed."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import kiln.reader\n"
+        "from kiln.reader import load_for_model\n"
+        "\n"
+        'kiln.reader.load("gs://b/shapes", batch_size=64, seed=1, shufle=True)\n'
+        'load_for_model("gs://b/shapes", batch_size="64")\n'
+        "layer: kiln.reader.AugmentationLayer\n"
+        "error: kiln.reader.AugmentOpError\n"
+        "replicas: kiln.reader.ReplicaIterator\n"
+        "buffer: str = kiln.reader.DEFAULT_SHUFFLE_BUFFER\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    errors = [line for line in completed.stdout.splitlines() if ": error:" in line]
+    assert [line.split(":")[1] for line in errors] == ["4", "5", "9"], completed.stdout
+    assert 'Unexpected keyword argument "shufle" for "load"' in errors[0]
+    assert 'Argument "batch_size" to "load_for_model"' in errors[1]
+    assert 'Incompatible types in assignment (expression has type "int"' in errors[2]

@@ -50,6 +50,8 @@ on local paths do not need it; `load` and the layer do, and import it when
 first asked for.
 """
 
+from typing import TYPE_CHECKING
+
 # Imported for their registrations: mixup and cutmix; the layer's name with Keras.
 from kiln.reader import mixing, saving  # noqa: F401
 from kiln.reader.class_weights import class_counts, class_weights, positive_weights
@@ -88,6 +90,16 @@ __all__ = [
     "register_augmentation",
     "validate",
 ]
+
+
+if TYPE_CHECKING:
+    # What `__getattr__` imports when first asked for, as type checkers must
+    # see it: without these, mypy and pyright type `kiln.reader.load` as Any
+    # and check no call to it.
+    from kiln.reader.augmenter import AugmentOpError
+    from kiln.reader.dataset import DEFAULT_SHUFFLE_BUFFER, load, load_for_model
+    from kiln.reader.layer import AugmentationLayer
+    from kiln.reader.replicas import ReplicaIterator
 
 
 def __getattr__(name: str):
