@@ -129,10 +129,10 @@ def test_reading_a_line_200_times_the_cap_holds_a_small_part_of_it(tmp_path, low
 
 
 def test_jsonl_line_numbers_after_a_long_line_count_its_line_breaks(tmp_path, low_cap):
-    # JSONL lines end where str.splitlines ends them, U+2028 too (inside a
+    # JSONL lines end at '\n', '\r\n' or a bare '\r', never at U+2028 (in a
     # JSON string, where it may stand unescaped): the long line counts as two.
     long_line = json.dumps({"path": "a.png", "label": "a", "notes": "x" * CAP + "\u2028 y"})
-    long_line = long_line.replace("\\u2028", "\u2028")
+    long_line = long_line.replace("\\u2028", "\u2028") + '\r{"path": "c.png"}'
     lines = [
         json.dumps({"path": "b.png", "label": "b"}),
         long_line,

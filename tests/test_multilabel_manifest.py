@@ -243,3 +243,28 @@ def test_a_reordered_class_list_gives_a_full_builds_bytes(tmp_path):
     }
     assert stored[paths[0]] == [0, 1, 2]  # dog, bird, cat: ascending ids
     assert stored[paths[1]] == [0, 2]
+
+
+def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path):
+    """JSON allows U+2028, U+2029 and U+0085 unescaped inside a string, and
+    ``json.dumps(..., ensure_ascii=False)`` (or pandas' ``to_json(force_ascii=
+    False)``) writes them so: such a row is one row, not two bad ones, and the
+    rows after it keep their line numbers."""
+    paths = images(tmp_path, 3)
+    rows = [
+        {"path": paths[0], "labels": ["cat"], "note": "plain"},
+        {"path": paths[1], "labels": ["dog"], "note": "two\u2028lines\u2029and\x85more"},
+        {"path": paths[2], "labels": ["bird"], "note": "x", "comment": "undeclared\u2028key"},
+    ]
+    manifest = tmp_path / "tags.jsonl"
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows) + "{not json\n"
+    assert "\u2028" in text and "\x85" in text
+    manifest.write_text(text, encoding="utf-8")
+    targets = {"labels": {}, "extra": {"note": "string"}}
+
+    result = build(config(manifest, tmp_path / "out", targets=targets))
+
+    stored = data.records(result)
+    assert sorted(stored) == sorted(paths)
+    assert stored[paths[1]]["note"].decode() == "two\u2028lines\u2029and\x85more"
+    assert [row["key"] for row in error_rows(result)] == ["tags.jsonl:4"]

@@ -2168,16 +2168,22 @@ def _jsonl_rows(
 
 
 def _logical_lines(lines: Iterator[str | LongLine]) -> Iterator[tuple[int, str | LongLine]]:
-    """The lines of a JSONL manifest with their numbers. `str.splitlines` also
-    ends a line at \\r, \\x0b, \\x0c, \\x1c-\\x1e, \\x85, \\u2028 and \\u2029; line
-    numbers count those breaks too, in a line over the cap as well (`LongLine.lines`)."""
+    """The lines of a JSONL manifest with their numbers. A line ends at
+    ``\n``, ``\r\n`` or ``\r`` (as Python's text files and the csv module
+    read lines), never inside a JSON string: U+2028, U+2029 and U+0085,
+    which JSON allows there unescaped (``json.dumps(..., ensure_ascii=False)``
+    writes them so), are text. Line numbers count the same breaks, in a line
+    over the cap as well (`LongLine.lines`)."""
     number = 1
     for text in lines:
         if isinstance(text, LongLine):
             yield number, text
             number += text.lines
             continue
-        for part in text.splitlines():
+        body = text[:-1] if text.endswith("\n") else text
+        if body.endswith("\r"):
+            body = body[:-1]
+        for part in body.split("\r"):
             yield number, part
             number += 1
 

@@ -27,9 +27,9 @@ a row takes some times its size in memory."""
 # Bytes read at a time: the memory a line being skipped takes.
 _CHUNK_BYTES = 64 * 1024
 
-# The characters other than '\n' at which `str.splitlines` ends a line: a JSONL
-# manifest's line numbers count them too.
-_OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+# The character other than '\n' that ends a line of a JSONL manifest (alone,
+# not before a '\n': `sources._logical_lines`): its line numbers count it too.
+_OTHER_BREAKS = "\r"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +41,9 @@ class LongLine:
       limit: The cap it exceeds (`MAX_LINE_BYTES`).
       sha256: The hex digest of those bytes: what identifies the line where
         its text would (a dropped row's version entry).
-      lines: The lines `str.splitlines` makes of its text (1 unless it holds a
-        ``\\r``, ``\\u2028`` or another break besides ``\\n``).
+      lines: The lines a JSONL manifest's reader makes of its text
+        (`sources._logical_lines`: 1 unless it holds a ``\\r`` not before
+        its ``\\n``).
     """
 
     size: int
@@ -143,7 +144,8 @@ class _LineSplitter:
 
 class _SkippedLine:
     """A line over the cap, counted as it is read and let go: its size, its
-    digest, and its line breaks as `str.splitlines` sees them."""
+    digest, and its line breaks as a JSONL manifest's reader sees them
+    (`sources._logical_lines`)."""
 
     def __init__(self, decoder: codecs.IncrementalDecoder):
         self._decoder = decoder
@@ -162,8 +164,8 @@ class _SkippedLine:
 
     def end(self, limit: int, *, newline: bool) -> LongLine:
         self._decoder.decode(b"\n" if newline else b"", final=not newline)
-        # str.splitlines makes a line of each break and of the text after the
-        # last one; "\r\n" is one break, so a '\r' before the '\n' adds none.
+        # A line of each break and of the text after the last one; "\r\n" is
+        # one break, so a '\r' before the '\n' adds none.
         ends_with_break = self._last == "\r" if newline else self._last in _OTHER_BREAKS
         lines = self._breaks + (0 if ends_with_break else 1)
         return LongLine(self._size, limit, self._digest.hexdigest(), lines)
