@@ -303,7 +303,10 @@ def test_a_detection_dataset_stratifies_by_the_classes_of_its_objects(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["deleted", "edited"])
-def test_a_latest_whose_record_index_is_damaged_is_repaired_by_full(corpora, tmp_path, damage):
+@pytest.mark.parametrize("kind", ["label", "boxes"])
+def test_a_latest_whose_record_index_is_damaged_is_repaired_by_full(
+    corpora, tmp_path, damage, kind
+):
     """LATEST's record index deleted or edited by hand: `kiln verify` fails,
     and `kiln build --full` (or --rehash) repairs the version. With stratify
     every build read LATEST's splits from that index first and failed
@@ -312,12 +315,23 @@ def test_a_latest_whose_record_index_is_damaged_is_repaired_by_full(corpora, tmp
     makes the same version."""
     from kiln.tools import verify
 
-    images = tmp_path / "images"
-    shutil.copytree(corpora / "images", images)
     splits = {"fractions": FRACTIONS, "split_by": "key", "stratify": True}
-    settings = make_config(
-        str(images), output=str(tmp_path / "out"), splits=splits, sharding=SHARDS
-    )
+    if kind == "label":
+        images = tmp_path / "images"
+        shutil.copytree(corpora / "images", images)
+        settings = make_config(
+            str(images), output=str(tmp_path / "out"), splits=splits, sharding=SHARDS
+        )
+    else:  # records without a label (their shards hold none to read back)
+        settings = {
+            "name": "boxes",
+            "source": {"type": "manifest", "path": write_detection_corpus(tmp_path / "data", 30)},
+            "output": str(tmp_path / "out"),
+            "encoding": {"format": "png"},
+            "targets": {"boxes": {}},
+            "splits": splits,
+            "sharding": SHARDS,
+        }
     first = build(settings)
     index = os.path.join(first.dataset_dir, "index.jsonl")
     intact = open(index, "rb").read()
@@ -338,7 +352,11 @@ def test_a_latest_whose_record_index_is_damaged_is_repaired_by_full(corpora, tmp
 
     # The nightly build after new files came: every split of LATEST's records kept.
     spoil()
-    added = add_new_files(corpora, images)
+    if kind == "label":
+        added = add_new_files(corpora, images)
+    else:
+        write_detection_corpus(tmp_path / "data", 10, start=30)
+        added = [f"{index:03d}.png" for index in range(30, 40)]
     second = build(settings)
     assert {key: splits_of(second)[key] for key in splits_of(first)} == splits_of(first)
     assert set(splits_of(second)) == set(splits_of(first)) | set(added)

@@ -294,7 +294,11 @@ def _records_from_shards(
 
     from kiln.schemas.features import RECORD
 
-    features = [RECORD.feature(name) for name in ("key", "sha256", "label")]
+    # A dataset whose targets have no image class (detection, segmentation,
+    # multi-label) writes no label: its records are of no class (`NO_CLASS`).
+    with_label = version.info.targets_config.label is not None
+    names_read = ("key", "sha256", "label") if with_label else ("key", "sha256")
+    features = [RECORD.feature(name) for name in names_read]
     spec = {feature.key: feature.parse_spec() for feature in features}
     names = version.info.class_names
     compression = "GZIP" if version.info.compression == "gzip" else ""
@@ -310,7 +314,8 @@ def _records_from_shards(
             files, compression_type=compression, buffer_size=read_buffer_bytes(files[0])
         ).batch(1024)
         for batch in batches.map(lambda serialized: tf.io.parse_example(serialized, spec)):
-            keys, hashes, labels = (batch[feature.key].numpy() for feature in features)
+            keys, hashes, *read = (batch[feature.key].numpy() for feature in features)
+            labels = read[0] if read else [-1] * len(keys)
             for key, content, label in zip(keys, hashes, labels, strict=True):
                 yield RecordIdentity(
                     key.decode(), content.decode(), split.name, _class_name(names, int(label))
