@@ -184,6 +184,59 @@ def test_the_source_lists_each_file_as_an_image_with_its_boxes(tmp_path):
     assert rows["unnamed.xml"].message == "objects[1].class is empty"
 
 
+def listed_objects(tmp_path, fields):
+    """key -> the objects' declared fields as listed, and key -> the message
+    of each file dropped, for a folder of VOC files whose flags vary."""
+    annotations, images = tmp_path / "Annotations", tmp_path / "JPEGImages"
+    annotations.mkdir(exist_ok=True)
+    images.mkdir(exist_ok=True)
+    flags = {  # as converters write them: KITTI's truncation is a fraction
+        "a": b"<truncated>0.00</truncated><difficult>0</difficult>",
+        "b": b"<truncated>0.5</truncated><difficult>1</difficult>",
+        "c": b"<difficult>yes</difficult>",
+    }
+    for name, written in flags.items():
+        xml = (
+            b"<annotation><filename>" + name.encode() + b".jpg</filename><object><name>car"
+            b"</name>" + written + b"<bndbox><xmin>1</xmin><ymin>1</ymin><xmax>5</xmax>"
+            b"<ymax>5</ymax></bndbox></object></annotation>"
+        )
+        (annotations / f"{name}.xml").write_bytes(xml)
+        (images / f"{name}.jpg").write_bytes(b"listing does not decode images")
+    source = VocSource(type="voc", annotations=str(annotations), images=str(images))
+    targets = TargetsConfig.model_validate({"boxes": {"fields": fields}})
+    with source.list_files(splits_from_source=False, targets=targets) as listing:
+        kept = {
+            f.key: [o["fields"] for o in json.loads(f.targets)["objects"]] for f in listing.files()
+        }
+        dropped = {d.key: d.message for d in listing.dropped()}
+    return kept, dropped
+
+
+def test_only_the_declared_flags_are_checked_against_their_declared_type(tmp_path):
+    """A fraction ``<truncated>0.00</truncated>`` dropped the file as a
+    bad row even where the config did not declare ``truncated``, or
+    declared it a float."""
+    kept, dropped = listed_objects(tmp_path, {"difficult": "int"})
+    assert kept == {"a.jpg": [{"difficult": 0}], "b.jpg": [{"difficult": 1}]}
+    assert dropped == {"c.xml": 'objects[0].difficult: expected an integer, got "yes"'}
+
+    kept, dropped = listed_objects(tmp_path, {"truncated": "float"})
+    assert kept == {
+        "a.jpg": [{"truncated": 0.0}],
+        "b.jpg": [{"truncated": 0.5}],
+        "c.jpg": [{"truncated": 0.0}],  # absent: 0
+    }
+    assert dropped == {}
+
+    kept, dropped = listed_objects(tmp_path, {"truncated": "int"})
+    assert kept == {"c.jpg": [{"truncated": 0}]}
+    assert dropped == {
+        "a.xml": "objects[0].truncated: expected an integer, got 0.0",
+        "b.xml": "objects[0].truncated: expected an integer, got 0.5",
+    }
+
+
 def test_the_config_accepts_boxes_only_from_voc(tmp_path):
     (tmp_path / "a.xml").write_bytes(GOOD)
     config = {

@@ -22,8 +22,9 @@ column ``xmin`` is the box's first, ``xmax`` its last, so in kiln's
 continuous coordinates (column i covers [i, i + 1), from 0) the box is
 ``[xmin - 1, ymin - 1, xmax, ymax]``. ``difficult``, ``truncated`` and
 ``occluded`` are 0 when absent; declare the ones to keep as
-``targets.boxes.fields`` (e.g. ``{difficult: int}``). They are all a VOC
-object gives: the config refuses any other field (`FLAGS`).
+``targets.boxes.fields`` (e.g. ``{difficult: int, truncated: float}``):
+only those are checked, against the declared type (`_flag`). They are all
+a VOC object gives: the config refuses any other field (`FLAGS`).
 
 ``<size>`` (``<width>``, ``<height>``: the image's size as the annotation
 tool saw it) is carried to the job as the row's `target_rows.DECLARED_SIZE`,
@@ -44,6 +45,7 @@ a file larger than `MAX_FILE_BYTES` is refused unread.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import posixpath
 import pyexpat
@@ -172,7 +174,7 @@ def parse(data: bytes) -> dict[str, Any]:
         )
         found["bbox"] = [xmin - 1, ymin - 1, xmax, ymax]
         for flag in FLAGS:
-            found[flag] = _flag(element.findtext(flag), f"{where}: <{flag}>")
+            found[flag] = _flag(element.findtext(flag))
         objects.append(found)
     row: dict[str, Any] = {"path": filename, "objects": objects}
     width, height = (_size(root.findtext(f"size/{name}")) for name in ("width", "height"))
@@ -191,12 +193,23 @@ def _size(text: str | None) -> int | None:
     return int(value) if value.is_integer() and value > 0 else None
 
 
-def _flag(text: str | None, where: str) -> int:
+def _flag(text: str | None) -> int | float | str:
+    """A ``<difficult>``, ``<truncated>`` or ``<occluded>`` as written: an
+    integer, else a number (converters from KITTI write a fraction
+    truncated, ``0.00``), else its text; 0 when absent. Only a field the
+    config declares is checked, against its declared type
+    (`target_rows.row_targets`: ``expected an integer, got 0.5``); the
+    others are not read."""
     text = (text or "0").strip()
     try:
         return int(text)
     except ValueError:
-        raise _VocError(f"{where} must be an integer, got {text[:40]!r}") from None
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if math.isfinite(value) else text
 
 
 def _number(text: str | None, where: str) -> float | int:
