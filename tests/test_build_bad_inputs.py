@@ -463,3 +463,42 @@ def test_a_tiff_with_damaged_strip_data_is_dropped_and_a_valid_one_stored_as_bef
     (stored,) = [r for r in read_all(result)["train"] if r["key"] == "cat/valid.tif"]
     # The bytes a build stored before the check: OpenCV's pixels, as PNG.
     assert stored["encoded"] == encode_image(np.ascontiguousarray(pixels[:, :, ::-1]), format="png")
+
+
+@pytest.mark.parametrize(("max_fraction", "published"), [(0.58, True), (0.57, False)])
+def test_max_fraction_is_compared_exactly(demo_corpus, tmp_path, capsys, max_fraction, published):
+    """29 of 50 files dropped is 0.58 of them, not more: in floats 0.58 * 50
+    is 28.999999999999996, and the build failed with "dropped 29 of 50
+    input files (58.0%), more than errors.max_fraction 58.0%"."""
+    keys = sorted(
+        f"{name}/{file}"
+        for name in CLASSES
+        for file in os.listdir(os.path.join(demo_corpus.out_dir, name))
+        if f"{name}/{file}" not in demo_corpus.broken
+    )[:21]
+    data = tmp_path / "data"
+    for key in keys:
+        os.makedirs(data / os.path.dirname(key), exist_ok=True)
+        shutil.copyfile(os.path.join(demo_corpus.out_dir, key), data / key)
+    missing = [f"circle/missing_{index:02d}.png" for index in range(29)]
+    rows = [f"{key},{key.split('/')[0]}" for key in keys + missing]
+    (data / "manifest.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    config = make_config(
+        demo_corpus.out_dir,
+        output=str(tmp_path / "out"),
+        source={"type": "manifest", "path": str(data / "manifest.csv"), "classes": CLASSES},
+        errors={"max_fraction": max_fraction},
+    )
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+
+    code = cli.main(["build", "--config", str(config_path), "--quiet"])
+    out, err = capsys.readouterr()
+
+    if published:
+        assert (code, out, err) == (0, "", "")
+    else:
+        assert code == 1 and err.startswith(
+            "kiln build: failed: dropped 29 of 50 input files (58.0%), more than "
+            "errors.max_fraction 57.0% (missing: 29)"
+        ), err

@@ -55,6 +55,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from fractions import Fraction
 from typing import Any, NoReturn
 
 import apache_beam as beam
@@ -895,7 +896,7 @@ def _build_locked(
         # Before the dropped files: boxes in another convention are the
         # reason many of them were dropped, and say what to change.
         _check_box_convention(spec, report, transaction)
-        if report.dropped_total > spec.config.errors.max_fraction * listing.total:
+        if _more_than(report.dropped_total, listing.total, spec.config.errors.max_fraction):
             transaction.keep_staging(only=[ERRORS_FILENAME])
             raise BuildError(
                 _too_many_dropped(
@@ -2030,6 +2031,13 @@ def _box_convention_problem(finding: box_convention.Finding, when: str = "") -> 
         f"{finding.message}; {when + '; ' if when else ''}nothing was published "
         f"(errors.check_box_convention: false builds them as they are)"
     )
+
+
+def _more_than(dropped: int, total: int, max_fraction: float) -> bool:
+    """Whether `dropped` of `total` is more than `max_fraction`, as the
+    config writes it (``0.29``: 29 of 100 is not more), in exact arithmetic:
+    in floats, ``0.29 * 100`` is 28.999999999999996."""
+    return Fraction(dropped, max(total, 1)) > Fraction(repr(max_fraction))
 
 
 def _too_many_dropped(report: job.JobReport, total: int, max_fraction: float, staging: str) -> str:
