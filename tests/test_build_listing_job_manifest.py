@@ -181,7 +181,7 @@ def test_a_line_over_the_cap_is_dropped_by_the_job_as_by_the_launcher(
     ("text", "problem"),
     [
         (b"file,class\na.png,x\n", "manifest.csv: the first line must be a header"),
-        (b"path,label\n\xff\xfe.png,x\n", "not UTF-8 text"),
+        (b"path,label\n\xff\xfe.png,x\n", "line 2 is not UTF-8 text (byte 0xff: invalid start"),
     ],
     ids=["no_header", "not_utf8"],
 )

@@ -1833,15 +1833,25 @@ def _manifest_lines(path: str) -> Iterator[str | LongLine]:
         raise ManifestError(f"cannot read manifest {path}: {first_line(e)}") from None
     with f:
         lines = text_lines.text_lines(f.read, text_lines.MAX_LINE_BYTES)
+        number = 0  # lines read, each ended by a '\n'
         while True:
             try:
                 line = next(lines)
             except StopIteration:
                 return
             except UnicodeDecodeError as e:
-                raise ManifestError(f"{path}: not UTF-8 text ({e.reason})") from None
+                # The file's encoding, not one row's mistake: every row of a
+                # file saved as Latin-1 would be a bad row. The line, so that
+                # a stray byte in a large export can be found.
+                byte = e.object[e.start] if e.start < len(e.object) else None
+                shown = f"byte {byte:#04x}: " if byte is not None else ""
+                raise ManifestError(
+                    f"{path}: line {number + 1} is not UTF-8 text ({shown}{e.reason}): "
+                    f"save the manifest as UTF-8"
+                ) from None
             except Exception as e:  # any filesystem's I/O error
                 raise ManifestError(f"cannot read manifest {path}: {first_line(e)}") from None
+            number += 1
             yield line
 
 
