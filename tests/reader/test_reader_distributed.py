@@ -540,3 +540,46 @@ def test_keras_fit_under_mirrored_strategy_runs_the_steps_it_announces(png_datas
     assert out["announced"] == -(-(total // 2) // 4)
     assert out["ran"] == [out["announced"]] * 2
     assert out["warnings"] == []
+
+
+def test_a_worker_in_another_working_directory_reads_a_relative_dataset_path(
+    png_dataset, tmp_path, monkeypatch
+):
+    """A trainer passes ``build/datasets/shapes`` and the tf.data service's
+    workers run elsewhere (their own processes, their own working
+    directories): the files in the graph must not be relative to the
+    trainer's. They were, and the worker failed with NotFoundError."""
+    import os
+    import subprocess
+    import sys
+
+    import tensorflow as tf
+
+    service = tf.data.experimental.service
+    dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
+    address = dispatcher.target.split("://")[1]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    worker = subprocess.Popen(  # TensorFlow alone: the graph holds no Python
+        [
+            sys.executable,
+            "-c",
+            "import tensorflow as tf; s = tf.data.experimental.service; "
+            f"s.WorkerServer(s.WorkerConfig(dispatcher_address={address!r}, port=0)).join()",
+        ],
+        cwd=elsewhere,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        parent, name = os.path.split(png_dataset.dataset_root)
+        monkeypatch.chdir(parent)
+        dataset = kiln.reader.load(name, batch_size=8, seed=4, as_supervised=False)
+        local = elements(dataset)
+        distributed = elements(through_service(dataset, dispatcher.target, "parallel_epochs"))
+        assert distributed == local
+    finally:
+        worker.kill()
+        worker.wait(timeout=60)
+        dispatcher._stop()
