@@ -585,6 +585,36 @@ def test_op_with_stateful_randomness_is_rejected(user_ops):
         run("stateful_noise", image(), seeds(1)[0])
 
 
+@pytest.mark.parametrize("call", ["numpy_function", "py_function_in_a_cond"])
+def test_an_op_calling_python_is_refused_when_the_dataset_is_made(user_ops, png_dataset, call):
+    """A seeded op whose work runs in NumPy through tf.numpy_function (or
+    tf.py_function, here inside a tf.cond's branch) passed every check, and
+    failed only later: a checkpoint of the iterator ("PyFunc is stateful"),
+    or a tf.data service worker. `kiln lint` flags it; `load` refuses it."""
+    name = f"numpy_gamma_{call}"
+
+    def gamma_in_numpy(image, gamma):
+        return np.power(image, gamma).astype(np.float32)
+
+    @register_augmentation(name)
+    def numpy_gamma(image, seed):
+        gamma = tf.random.stateless_uniform([], seed, 0.8, 1.2)
+        if call == "numpy_function":
+            out = tf.numpy_function(gamma_in_numpy, [image, gamma], tf.float32)
+        else:
+            out = tf.cond(
+                gamma > 1.0,
+                lambda: tf.py_function(gamma_in_numpy, [image, gamma], tf.float32),
+                lambda: image,
+            )
+        return tf.ensure_shape(out, image.shape)
+
+    with pytest.raises(
+        AugmentOpError, match=rf"augmentation op '{name}' calls Python per element .*\(K107\)"
+    ):
+        kiln.reader.load(png_dataset.dataset_dir, batch_size=4, seed=1, augment=[name])
+
+
 def test_a_stateful_coin_is_rejected_whatever_its_draws(user_ops):
     # A coin drawn from a stateful generator gives one seed's output again
     # half the time: checked on a single seed, most of these passed.

@@ -1012,7 +1012,30 @@ def _trace(augmentation: Augmentation, image: tf.Tensor, targets: ElementTargets
         raise
     except Exception as e:  # the message depends on what the op did; explain all alike
         raise trace_error(name, e) from e
+    _refuse_python_calls(name, concrete.graph.as_graph_def())
     return lambda img, seed: [t.numpy() for t in concrete(img, seed)]
+
+
+# The ops `tf.py_function`, `tf.numpy_function` and `tf.compat.v1.py_func` put in a graph.
+_PYTHON_CALL_OPS = frozenset({"EagerPyFunc", "PyFunc", "PyFuncStateless"})
+
+
+def _refuse_python_calls(name: str, graph: Any) -> None:
+    """Refuses an op whose graph (its nested functions too: a `tf.cond`'s
+    branches) calls back into Python: the call holds the GIL, and a dataset
+    holding it cannot be checkpointed ("PyFunc is stateful"), serialized or
+    run by a tf.data service worker, which is what kiln's ops promise."""
+    nodes = [*graph.node, *(node for f in graph.library.function for node in f.node_def)]
+    calls = sorted({node.op for node in nodes if node.op in _PYTHON_CALL_OPS})
+    if calls:
+        raise AugmentOpError(
+            f"augmentation op {name!r} calls Python per element (tf.py_function or "
+            f"tf.numpy_function: {', '.join(calls)} in its graph): it holds the GIL, loses "
+            f"static shapes, and a dataset running it cannot be checkpointed, serialized or "
+            f"run by a tf.data service worker. Write it in TensorFlow ops, or do the work "
+            f"offline in kiln build (a registered transform); `kiln lint` finds such calls "
+            f"(K107)."
+        )
 
 
 def checked_image(name: str, out: Any) -> Any:
