@@ -182,8 +182,9 @@ def test_a_line_over_the_cap_is_dropped_by_the_job_as_by_the_launcher(
     [
         (b"file,class\na.png,x\n", "manifest.csv: the first line must be a header"),
         (b"path,label\n\xff\xfe.png,x\n", "line 2 is not UTF-8 text (byte 0xff: invalid start"),
+        (b"path,label,Label\na.png,x,y\n", "names the column label 2 times (columns 2, 3 of"),
     ],
-    ids=["no_header", "not_utf8"],
+    ids=["no_header", "not_utf8", "a_column_twice"],
 )
 def test_an_unusable_manifest_is_the_launchers_one_line(store, text, problem):
     manifest = f"{ROOT}/manifest.csv"

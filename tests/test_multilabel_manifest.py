@@ -12,11 +12,13 @@ import os
 import pathlib
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import kiln.reader
 import targets_data as data
 from kiln import cli
+from kiln.errors import ConfigError
 from kiln.pipeline import build
 from kiln.pipeline.command import summary
 from kiln.schemas import METADATA_FILENAME, Schema
@@ -268,3 +270,12 @@ def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path):
     assert sorted(stored) == sorted(paths)
     assert stored[paths[1]]["note"].decode() == "two\u2028lines\u2029and\x85more"
     assert [row["key"] for row in error_rows(result)] == ["tags.jsonl:4"]
+
+
+def test_a_csv_header_naming_a_read_column_twice_is_refused(tmp_path):
+    """``path,labels,camera,labels``: the first column won, silently."""
+    paths = images(tmp_path, 1)
+    manifest = tmp_path / "tags.csv"
+    manifest.write_text(f"path,labels,camera,exposure,labels\n{paths[0]},cat,1,0.5,dog\n")
+    with pytest.raises(ConfigError, match=r"names the column labels 2 times \(columns 2, 5 of"):
+        build(config(manifest, tmp_path / "out"))

@@ -2036,6 +2036,7 @@ def _csv_rows(
             f"{name}: the first line must be a header naming the columns "
             f"path,label[,split]; got {','.join(header)!r}"
         )
+    _check_read_once(columns, ("path", "label", "split"), header, name)
     index = {c: columns.index(c) for c in ("path", "label", "split") if c in columns}
     no_split = () if "split" in index else tuple(c for c in header if c.strip())
     for record in _full_records(records, len(columns)):
@@ -2056,6 +2057,24 @@ def _csv_rows(
             yield record.bad_row(text_line, str(e))
             continue
         yield Row(line, text_line, path, label, split or None, columns=no_split)
+
+
+def _check_read_once(
+    names: Sequence[str], read: Sequence[str], header: Sequence[str], name: str
+) -> None:
+    """Refuses a header that names a column kiln reads twice (``path,label,
+    Label``): which one holds the labels is a guess.
+
+    Raises:
+      ManifestError: naming the column and where it is.
+    """
+    for column in read:
+        places = [i + 1 for i, c in enumerate(names) if c == column]
+        if len(places) > 1:
+            raise ManifestError(
+                f"{name}: the header names the column {column} {len(places)} times (columns "
+                f"{', '.join(map(str, places))} of {','.join(header)!r}); keep one"
+            )
 
 
 def _full_records(records: Iterator[_CsvRecord], columns: int) -> Iterator[_CsvRecord | _BadRow]:
@@ -2093,6 +2112,7 @@ def _csv_target_rows(
             f"{name}: the header must name the columns {','.join(needed)}[,split] "
             f"(targets:); missing {','.join(missing)}, got {','.join(header)!r}"
         )
+    _check_read_once(names, [*needed, "split"], header, name)
     index = {c: names.index(c) for c in [*needed, "split"] if c in names}
     no_split = () if "split" in index else tuple(c for c in header if c.strip())
     for record in _full_records(records, len(columns)):
