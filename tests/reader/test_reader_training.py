@@ -234,6 +234,11 @@ def test_layer_round_trips_through_keras_config(png_dataset):
     np.testing.assert_array_equal(clone(inputs, training=True), layer(inputs, training=True))
     with pytest.raises(ValueError, match="needs the batch's 'augment_seed'"):
         layer(batch, training=True)
+    # One int per image instead of a pair: TensorFlow said "seed must have
+    # shape [2], not []" from inside the layer's map.
+    for wrong in (tf.constant([1, 3], tf.int32), tf.constant([[1, 2, 3], [4, 5, 6]], tf.int32)):
+        with pytest.raises(ValueError, match=r"'augment_seed' as int32 \[batch, 2\].*got shape"):
+            layer({"image": batch, "augment_seed": wrong}, training=True)
 
 
 def test_layer_refuses_a_single_image_saying_it_needs_a_batch(png_dataset):

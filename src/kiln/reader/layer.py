@@ -156,6 +156,7 @@ class AugmentationLayer(tf.keras.layers.Layer):
         if training and self.random:
             if seeds is None:
                 raise ValueError(_NEEDS_SEEDS)
+            _check_seeds(seeds)
             _check_targets_follow(self._random, self._spec)
             seeds = tf.cast(seeds, tf.int32)
             out = tf.map_fn(
@@ -193,6 +194,7 @@ class AugmentationLayer(tf.keras.layers.Layer):
         augmenter = self._random if randomly else self._inference
         if seeds is None:
             seeds = tf.zeros([tf.shape(images)[0], 2], tf.int32)
+        _check_seeds(seeds)
         seeds = tf.cast(seeds, tf.int32)
         columns = set(spec.object_columns)
 
@@ -258,6 +260,18 @@ def _check_batch(images: Any) -> None:
             f"got shape {tf.TensorShape(images.shape)}: load_for_model without batch_size "
             f"yields single elements; pass batch_size (or batch the dataset), or add a batch "
             f"dimension to a single image"
+        )
+
+
+def _check_seeds(seeds: Any) -> None:
+    """Refuses seeds that are not one ``[2]`` pair per image: TensorFlow's
+    own words for ``[B]`` seeds are ``seed must have shape [2], not []``,
+    from inside the map."""
+    shape = tf.TensorShape(seeds.shape)
+    if shape.rank is not None and (shape.rank != 2 or shape[1] not in (None, 2)):
+        raise ValueError(
+            f"AugmentationLayer takes 'augment_seed' as int32 [batch, 2], one stateless seed "
+            f"pair per image (as load_for_model yields it), got shape {shape}"
         )
 
 
