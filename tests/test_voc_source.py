@@ -247,6 +247,20 @@ def test_the_config_accepts_boxes_only_from_voc(tmp_path):
     }
     with pytest.raises(ConfigError, match=r"targets.instance_masks: a voc source gives boxes only"):
         load_config(config)
+    # Every target it cannot give at once, as every other config problem.
+    config["targets"] = {
+        "boxes": {"fields": {"area": "float"}},
+        "labels": {},
+        "extra": {"camera": "int"},
+    }
+    with pytest.raises(ConfigError) as refused:
+        load_config(config)
+    assert str(refused.value).splitlines()[1:] == [
+        "  targets.labels: a voc source gives boxes only",
+        "  targets.extra: a voc source gives boxes only",
+        "  targets.boxes.fields.area: a voc object has no 'area'; it gives difficult, truncated, "
+        "occluded only",
+    ]
 
 
 @pytest.mark.parametrize("field", ["area", "pose"])

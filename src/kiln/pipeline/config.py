@@ -1203,24 +1203,33 @@ _OBJECT_SOURCES = {
 
 
 def _check_object_source(kind: str, targets: TargetsConfig) -> None:
-    """A COCO or VOC source gives objects, and only what its format holds."""
+    """A COCO or VOC source gives objects, and only what its format holds.
+
+    Raises:
+      ListError: naming every target it cannot give, at once.
+    """
+    problems = []
     if targets.boxes is None:
-        raise ListError(
+        problems.append(
             f"targets.boxes: a {kind} source lists objects with boxes; declare them "
             f"(targets: {{boxes: {{}}}}, see docs/detection-sources.md)"
         )
-    for name in targets.kinds:
-        if name not in _OBJECT_SOURCES[kind]:
-            gives = ", ".join(_OBJECT_SOURCES[kind])
-            raise ListError(f"targets.{name}: a {kind} source gives {gives} only")
-    if kind == "voc":
+    gives = ", ".join(_OBJECT_SOURCES[kind])
+    problems += [
+        f"targets.{name}: a {kind} source gives {gives} only"
+        for name in targets.kinds
+        if name not in _OBJECT_SOURCES[kind]
+    ]
+    if kind == "voc" and targets.boxes is not None:
         # A COCO annotation may hold any key; a VOC object its flags only.
-        for name in sorted(targets.boxes.fields):
-            if name not in voc.FLAGS:
-                raise ListError(
-                    f"targets.boxes.fields.{name}: a voc object has no {name!r}; it gives "
-                    f"{', '.join(voc.FLAGS)} only"
-                )
+        problems += [
+            f"targets.boxes.fields.{name}: a voc object has no {name!r}; it gives "
+            f"{', '.join(voc.FLAGS)} only"
+            for name in sorted(targets.boxes.fields)
+            if name not in voc.FLAGS
+        ]
+    if problems:
+        raise ListError(*problems)
 
 
 def _validate_augment(specs: list[Any] | None) -> list[Augmentation]:
