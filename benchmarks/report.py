@@ -416,16 +416,25 @@ average 2-7, so CPU time is the steadier figure):
   image threads at once. Against 48ce6dc, 5 alternating rounds of 5 builds each in a fresh
   process after a warm-up build, at load 1.2-2.5 (other jobs on the 2 cores): CPU 1.041 ->
   1.022 s, wall 1.212 -> 1.157 s (medians; the quickest builds 1.120 -> 0.956 s).
+- The join's buckets by CRC-32 of the key instead of its sha256 (taken three times per file:
+  the file, its base row, its stamp; 1.75 -> 0.2 us each), and the comparison with the
+  previous version parsing each record index a block of lines per `json.loads` (28 -> 21 ms
+  per 4000-line index, two indexes per build). Against 3ca1e2b, the bench's 4000-image
+  scenario, 4 alternating rounds of 3 builds each in a fresh process after a warm-up build,
+  at load 0.5-1.0: wall 1.365 -> 1.329 s, CPU 1.542 -> 1.519 s (medians; this driver restores
+  the base's output folder before each build, so its builds take longer than the table's).
+  About 2%: the ratio moves from ~0.152 to ~0.149 on the table's figures.
 
 The next levers, by weight: the per-file Python under the GIL (~30 us per reused file) has no
-single large part left: computing
+single large part left (a `py-spy` profile of the bench's scenario on 2026-12-08, all threads:
+decoding and transforming the 80 new and changed images ~25%, writing the shards with their
+sha256 ~6%, listing the source ~5%, the comparison ~3%, hashing the base's shards ~3%, the
+rest spread thin over Beam's stages and the per-file Python): computing
 the listing inputs' fingerprint where the listing is written takes one hash of three off the
 image threads (~10 ms at 4000); folding the version entry's hash, the split draw and the
 summary into fewer calls would take a few more. The launcher's own work (listing, building
 and translating the job, the comparison with the previous version, publishing) is a fifth,
-the same in a full build: parsing each record index's lines in blocks of a thousand (one
-`json.loads` a block) measured 11 -> 7 ms per 4000 lines. Then the base index, read and
-shuffled apart from the listing."""
+the same in a full build. Then the base index, read and shuffled apart from the listing."""
 
 
 # The targets rows' names, by reader targets variant (`reader_bench.TARGET_VARIANTS`).
