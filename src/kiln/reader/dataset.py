@@ -33,7 +33,7 @@ from kiln.reader.augmenter import Augmenter, AugmentOpError, decode, standardize
 from kiln.reader.batching import RaggedEncoding
 from kiln.reader.class_weights import ExampleWeights
 from kiln.reader.labels import LabelEncoding
-from kiln.reader.location import info
+from kiln.reader.location import info, locate
 from kiln.reader.ops import AugmentConfigError, to_float, validate
 from kiln.reader.options import ReadOptions, as_read_options
 from kiln.reader.output import ImageFormat, Output
@@ -56,7 +56,7 @@ from kiln.schemas import (
     decode_mask,
     schema_for,
 )
-from kiln.schemas.location import join, locate, read_buffer_bytes
+from kiln.schemas.location import join, read_buffer_bytes
 from kiln.schemas.targets import SEED_KEY
 
 if TYPE_CHECKING:

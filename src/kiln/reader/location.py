@@ -11,10 +11,23 @@ from __future__ import annotations
 import os
 
 import kiln
-from kiln.schemas import METADATA_FILENAME, DatasetInfo, MetadataError, schema_for
-from kiln.schemas.location import join, locate, read_text
+from kiln.schemas import METADATA_FILENAME, DatasetInfo, MetadataError, location, schema_for
+from kiln.schemas.location import is_remote, join, read_text
 
 __all__ = ["info", "locate"]
+
+
+def locate(path: str | os.PathLike) -> str:
+    """The dataset version folder for `path` (`kiln.schemas.location.locate`:
+    a version folder, or ``<output>/<name>`` whose LATEST names one), made
+    absolute if local: it goes into the reader's graph, which a tf.data
+    service worker in another working directory runs, and beside checkpoints.
+
+    Raises:
+      MetadataError: naming the path, when it holds no dataset.
+    """
+    found = location.locate(path)
+    return found if is_remote(found) else os.path.abspath(found)
 
 
 def info(path: str | os.PathLike) -> DatasetInfo:

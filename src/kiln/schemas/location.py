@@ -196,15 +196,9 @@ def _no_filesystem(path: str, scheme: str) -> str:
     )
 
 
-def _absolute(path: str) -> str:
-    """A local path made absolute; a URI as it is."""
-    return path if is_remote(path) else os.path.abspath(path)
-
-
 def locate(path: str | os.PathLike) -> str:
-    """The dataset version folder for `path`, absolute if local: it goes into
-    the reader's graph, which a tf.data service worker in another working
-    directory runs, and beside checkpoints.
+    """The dataset version folder for `path` (as given: relative if `path` is;
+    the reader's `kiln.reader.locate` makes it absolute).
 
     Args:
       path: A version folder written by `kiln build` (it contains
@@ -231,7 +225,7 @@ def locate(path: str | os.PathLike) -> str:
     if not path.endswith("://"):
         path = path.rstrip("/") or "/"
     if exists(join(path, METADATA_FILENAME)):
-        return _absolute(path)
+        return path
     latest = join(path, LATEST_FILENAME)
     if exists(latest):
         version = read_latest(latest)
@@ -244,7 +238,7 @@ def locate(path: str | os.PathLike) -> str:
                 f"{latest} names version {version!r}, but {version_dir} has no "
                 f"{METADATA_FILENAME} (the build did not finish, or the folder was removed)"
             )
-        return _absolute(version_dir)
+        return version_dir
     if not exists(path):
         raise MetadataError(f"{path}: no such dataset folder")
     if not _is_dir(path):
