@@ -20,7 +20,6 @@ from typing import Any
 
 from kiln import console
 from kiln.reader import info as read_info
-from kiln.reader import locate
 from kiln.schemas import (
     DROPPED_OBJECTS_FILENAME,
     DUPLICATES_FILENAME,
@@ -31,7 +30,7 @@ from kiln.schemas import (
     share_text,
 )
 from kiln.schemas.leftovers import leftovers
-from kiln.schemas.location import exists, incomplete_versions, is_remote, join, open_file
+from kiln.schemas.location import exists, incomplete_versions, is_remote, join, locate, open_file
 from kiln.schemas.tfds_metadata import missing_tfds_files, tfds_files, unsupported_reason
 
 # Rows of errors.jsonl shown per drop reason, and of duplicates.jsonl, in the

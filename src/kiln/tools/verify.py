@@ -62,7 +62,6 @@ from typing import Any
 import tensorflow as tf
 
 from kiln.reader import info as read_info
-from kiln.reader import locate
 from kiln.schemas import (
     DROPPED_OBJECTS_FILENAME,
     DUPLICATES_FILENAME,
@@ -78,7 +77,7 @@ from kiln.schemas import (
     decode_mask,
     shard_filename,
 )
-from kiln.schemas.location import is_remote, is_version_name, read_buffer_bytes
+from kiln.schemas.location import is_remote, is_version_name, locate, read_buffer_bytes
 from kiln.schemas.tfds_metadata import (
     TFDS_DATASET_INFO_FILENAME,
     TFDS_FEATURES_FILENAME,
