@@ -376,7 +376,11 @@ class ManifestSource(_SourceModel):
     URI); relative image paths in it resolve against the manifest's own folder. A line may
     hold 16 MiB (16777216 bytes); a longer one (a file that is no manifest, a row with a huge
     embedded string) is read through without being kept and dropped as `line_too_long`,
-    counted against `errors.max_fraction` (a CSV header that long is a config error)."""
+    counted against `errors.max_fraction` (a CSV header that long is a config error). The
+    file is read as UTF-8 (a BOM is dropped): a byte that is not is a config error naming its
+    line (`manifest.csv: line 5 is not UTF-8 text (byte 0xe9: invalid continuation byte):
+    save the manifest as UTF-8`), since a file saved in another encoding would make every
+    row with such a byte a bad row."""
 
     listing: Literal["launcher", "job"] = "launcher"
     """Where the rows' objects are looked up. `launcher`: by `kiln build` itself, before the
