@@ -253,9 +253,7 @@ def _records_from_index(
                         else None,
                     )
                 except (KeyError, TypeError, ValueError, IndexError) as e:
-                    raise MetadataError(
-                        f"{path}:{number}: not a record index line ({type(e).__name__}: {e})"
-                    ) from None
+                    raise _bad_line(path, number, e) from None
     if digest.hexdigest() != version.index_sha256:
         raise MetadataError(
             f"{path} does not match the sha256 kiln.json records for it "
@@ -283,10 +281,14 @@ def _parsed_lines(path: str, before: int, block: list[bytes]) -> list[Any]:
         try:
             values.append(json.loads(raw))
         except ValueError as e:
-            raise MetadataError(
-                f"{path}:{number}: not a record index line ({type(e).__name__}: {e})"
-            ) from None
+            raise _bad_line(path, number, e) from None
     return values
+
+
+def _bad_line(path: str, number: int, error: Exception) -> MetadataError:
+    return MetadataError(
+        f"{path}:{number}: not a record index line ({type(error).__name__}: {error})"
+    )
 
 
 def _records_from_shards(
